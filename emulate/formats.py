@@ -1,0 +1,363 @@
+"""Format records: the bit layout, range and exact embeddings of every element type.
+
+One frozen :class:`Format` per element type. The low-precision family (``LOW_PRECISION``)
+is what ``emulate`` decodes; the wide types (``bfloat16``, ``float16``, ``float32``,
+``int32``) are registered too so that every operand of a matmul has a record.
+
+Numeric fields are derived from ``ml_dtypes.finfo`` / ``ml_dtypes.iinfo``; the NaN and
+Inf code sets are read off ml_dtypes by enumerating every code. Nothing here needs JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+__all__ = [
+    "Format",
+    "dot_result",
+    "get",
+    "names",
+    "LOW_PRECISION",
+    "WIDE",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """One element type.
+
+    Attributes:
+      name: canonical name, the ml_dtypes / numpy spelling (``"float8_e4m3fn"``).
+      bits: storage width in bits (4, 6, 8, 16 or 32).
+      is_float: True for floating-point formats (including the scale type e8m0).
+      signed: whether the format has a sign (bit ``bits - 1`` for floats, two's
+        complement for integers).
+      exponent_bits, mantissa_bits: field widths (0 and ``bits`` for integers).
+      bias: exponent bias; a normal code with exponent field ``e`` and mantissa field
+        ``m`` has the value ``2**(e - bias) * (1 + m / 2**mantissa_bits)``. 0 for integers.
+      max: largest finite value. min: most negative finite value (``-max`` for signed
+        floats, 0 for unsigned formats).
+      min_normal: smallest positive normal value (1 for integers).
+      min_subnormal: smallest positive value, the format's quantum (1 for integers).
+      has_subnormals: False only for float8_e8m0fnu, whose exponent field 0 is
+        the normal value 2**-127.
+      has_inf: whether some code decodes to infinity.
+      nan_codes, inf_codes: the codes (as unsigned ints of ``bits`` bits) that decode
+        to NaN and to +-Inf.
+      signed_zero: whether a negative zero code exists (False for the ``fnuz`` formats,
+        whose would-be -0 code is their only NaN).
+      exact_in: names of the wider types that hold every finite value exactly.
+      int8_scale: ``k`` such that ``value * 2**k`` is an int8 for every finite value,
+        or None: the integer-scaled plan (int4 k=0, e2m1 k=1, e2m3 k=3).
+      xla_storable: whether XLA can hold arrays of this dtype (float6 cannot on CPU:
+        carry those as uint8 codes or :class:`emulate.Packed`).
+    """
+
+    name: str
+    bits: int
+    is_float: bool
+    signed: bool
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+    max: float
+    min: float
+    min_normal: float
+    min_subnormal: float
+    has_subnormals: bool
+    has_inf: bool
+    nan_codes: tuple[int, ...]
+    inf_codes: tuple[int, ...]
+    signed_zero: bool
+    exact_in: tuple[str, ...]
+    int8_scale: int | None
+    xla_storable: bool
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The numpy / ml_dtypes dtype of this format."""
+        return np.dtype(_DTYPES[self.name])
+
+    @property
+    def is_integer(self) -> bool:
+        return not self.is_float
+
+    @property
+    def is_low_precision(self) -> bool:
+        return self.name in LOW_PRECISION
+
+    @property
+    def code_mask(self) -> int:
+        return (1 << self.bits) - 1
+
+    @property
+    def has_nan(self) -> bool:
+        return bool(self.nan_codes)
+
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal value (``min_normal == 2**emin``)."""
+        return (0 if self.has_subnormals else -1) + 1 - self.bias
+
+    @property
+    def max_code(self) -> int:
+        """Largest code (sign bit clear) whose value is finite: the code of ``max``."""
+        return int(np.asarray(self.max, self.dtype).reshape(1).view(_uint(self.bits))[0])
+
+    @property
+    def packable(self) -> bool:
+        """Whether :func:`emulate.pack` stores it densely (4- and 6-bit formats)."""
+        return self.bits in (4, 6)
+
+    def __repr__(self) -> str:
+        return f"Format({self.name!r})"
+
+
+def _uint(bits: int) -> np.dtype:
+    return np.dtype({4: np.uint8, 6: np.uint8, 8: np.uint8, 16: np.uint16, 32: np.uint32}[bits])
+
+
+_DTYPES: dict[str, Any] = {
+    "int4": ml_dtypes.int4,
+    "uint4": ml_dtypes.uint4,
+    "int8": np.int8,
+    "uint8": np.uint8,
+    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+    "float8_e5m2": ml_dtypes.float8_e5m2,
+    "float8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
+    "float8_e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
+    "float8_e4m3b11fnuz": ml_dtypes.float8_e4m3b11fnuz,
+    "float8_e3m4": ml_dtypes.float8_e3m4,
+    "float6_e2m3fn": ml_dtypes.float6_e2m3fn,
+    "float6_e3m2fn": ml_dtypes.float6_e3m2fn,
+    "float4_e2m1fn": ml_dtypes.float4_e2m1fn,
+    "float8_e8m0fnu": ml_dtypes.float8_e8m0fnu,
+    "bfloat16": ml_dtypes.bfloat16,
+    "float16": np.float16,
+    "float32": np.float32,
+    "int32": np.int32,
+}
+
+#: The formats ``emulate`` decodes, in the order tables list them.
+LOW_PRECISION: tuple[str, ...] = (
+    "int4",
+    "uint4",
+    "int8",
+    "uint8",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e4m3b11fnuz",
+    "float8_e3m4",
+    "float6_e2m3fn",
+    "float6_e3m2fn",
+    "float4_e2m1fn",
+    "float8_e8m0fnu",
+)
+
+#: Types a matrix unit takes as they are; registered so every operand has a record.
+WIDE: tuple[str, ...] = ("bfloat16", "float16", "float32", "int32")
+
+_ALIASES = {
+    "s4": "int4",
+    "u4": "uint4",
+    "s8": "int8",
+    "u8": "uint8",
+    "e4m3": "float8_e4m3fn",
+    "e4m3fn": "float8_e4m3fn",
+    "fp8": "float8_e4m3fn",
+    "e5m2": "float8_e5m2",
+    "e4m3fnuz": "float8_e4m3fnuz",
+    "e5m2fnuz": "float8_e5m2fnuz",
+    "e4m3b11fnuz": "float8_e4m3b11fnuz",
+    "e3m4": "float8_e3m4",
+    "e2m3": "float6_e2m3fn",
+    "e2m3fn": "float6_e2m3fn",
+    "e3m2": "float6_e3m2fn",
+    "e3m2fn": "float6_e3m2fn",
+    "e2m1": "float4_e2m1fn",
+    "e2m1fn": "float4_e2m1fn",
+    "fp4": "float4_e2m1fn",
+    "e8m0": "float8_e8m0fnu",
+    "e8m0fnu": "float8_e8m0fnu",
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "fp16": "float16",
+    "f32": "float32",
+    "fp32": "float32",
+    "s32": "int32",
+}
+
+
+def _codes_where(dtype: Any, bits: int, pred) -> tuple[int, ...]:
+    # ml_dtypes stores 4- and 6-bit types one per byte, the code in the low bits.
+    codes = np.arange(1 << bits, dtype=_uint(bits))
+    with np.errstate(invalid="ignore"):
+        values = codes.view(dtype).astype(np.float64)
+    return tuple(int(c) for c in codes[pred(values)])
+
+
+def _make(name: str) -> Format:
+    dtype = np.dtype(_DTYPES[name])
+    bits = dtype.itemsize * 8 if name not in _SUB_BYTE else _SUB_BYTE[name]
+    if dtype.kind in "iu" or name in ("int4", "uint4"):
+        info = ml_dtypes.iinfo(dtype)
+        signed = info.min < 0
+        scale = 0 if bits <= 8 and info.max <= 127 else None
+        exact = ("bfloat16", "float32") if bits <= 8 else ("float32",) if bits <= 16 else ()
+        return Format(
+            name=name,
+            bits=bits,
+            is_float=False,
+            signed=signed,
+            exponent_bits=0,
+            mantissa_bits=bits,
+            bias=0,
+            max=float(info.max),
+            min=float(info.min),
+            min_normal=1.0,
+            min_subnormal=1.0,
+            has_subnormals=False,
+            has_inf=False,
+            nan_codes=(),
+            inf_codes=(),
+            signed_zero=False,
+            exact_in=exact,
+            int8_scale=scale,
+            xla_storable=True,
+        )
+    info = ml_dtypes.finfo(dtype)
+    has_subnormals = float(info.smallest_subnormal) < float(info.smallest_normal)
+    bias = (1 - int(info.minexp)) if has_subnormals else -int(info.minexp)
+    nan = _codes_where(dtype, bits, np.isnan) if bits <= 16 else ()
+    inf = _codes_where(dtype, bits, np.isinf) if bits <= 16 else ()
+    signed = name != "float8_e8m0fnu"
+    neg_zero_code = 1 << (bits - 1)
+    signed_zero = signed and neg_zero_code not in nan
+    exact = tuple(w for w in ("bfloat16", "float32") if _fits(info, w))
+    scale = _int8_scale(info, bits) if bits <= 8 and signed else None
+    return Format(
+        name=name,
+        bits=bits,
+        is_float=True,
+        signed=signed,
+        exponent_bits=int(info.nexp),
+        mantissa_bits=int(info.nmant),
+        bias=bias,
+        max=float(info.max),
+        min=-float(info.max) if signed else 0.0,
+        min_normal=float(info.smallest_normal),
+        min_subnormal=float(info.smallest_subnormal),
+        has_subnormals=has_subnormals,
+        has_inf=bool(inf),
+        nan_codes=nan,
+        inf_codes=inf,
+        signed_zero=signed_zero,
+        exact_in=exact,
+        int8_scale=scale,
+        xla_storable=bits != 6,
+    )
+
+
+_SUB_BYTE = {
+    "int4": 4,
+    "uint4": 4,
+    "float4_e2m1fn": 4,
+    "float6_e2m3fn": 6,
+    "float6_e3m2fn": 6,
+}
+
+
+def _fits(info: Any, wide: str) -> bool:
+    w = ml_dtypes.finfo(_DTYPES[wide])
+    return (
+        int(info.nmant) <= int(w.nmant)
+        and float(info.max) <= float(w.max)
+        and float(info.smallest_subnormal) >= float(w.smallest_subnormal)
+    )
+
+
+def _int8_scale(info: Any, bits: int) -> int | None:
+    """Smallest k with every finite value * 2**k an integer in [-127, 127], or None."""
+    quantum = float(info.smallest_subnormal)
+    k = 0
+    while quantum * 2.0**k < 1:
+        k += 1
+    return k if float(info.max) * 2.0**k <= 127 else None
+
+
+@functools.cache
+def _registry() -> dict[str, Format]:
+    return {n: _make(n) for n in LOW_PRECISION + WIDE}
+
+
+def names() -> tuple[str, ...]:
+    """Every registered format name: the low-precision family, then the wide types."""
+    return LOW_PRECISION + WIDE
+
+
+def get(fmt: Any) -> Format:
+    """Return the :class:`Format` for a name, alias, numpy/ml_dtypes/jnp dtype or Format.
+
+    Raises:
+      ValueError: for a name or dtype that is not a registered format; the message lists
+        the known names.
+    """
+    if isinstance(fmt, Format):
+        return fmt
+    reg = _registry()
+    if isinstance(fmt, str):
+        key = fmt.strip().lower()
+        key = _ALIASES.get(key, key)
+        if key in reg:
+            return reg[key]
+        raise ValueError(f"fmt: unknown format {fmt!r}; known formats: {', '.join(names())}")
+    try:
+        dt = np.dtype(fmt)
+    except TypeError:
+        raise TypeError(
+            f"fmt: expected a format name, a dtype or a Format, got {type(fmt).__name__} {fmt!r}"
+        ) from None
+    if dt.name in reg:
+        return reg[dt.name]
+    raise ValueError(f"fmt: dtype {dt.name} is not a supported format; known formats: {', '.join(names())}")
+
+
+def _rank(f: Format) -> tuple[int, int, int, bool]:
+    if f.is_float:
+        maxexp = int(ml_dtypes.finfo(f.dtype).maxexp)
+        return (maxexp, f.mantissa_bits, f.bits, True)
+    return (-1, -1, f.bits, f.signed)
+
+
+def dot_result(lhs: Any, rhs: Any, preferred_element_type: Any = None) -> Format:
+    """The element format ``jax.lax.dot_general`` returns for operands of these formats.
+
+    Mirrors XLA's rule (``primitive_util::HigherPrecisionType``): without
+    ``preferred_element_type`` the result is the operand type with the larger
+    (max exponent, mantissa bits, bit width, signedness) key; floats outrank integers.
+    So int8 x int8 gives int8 (the sum wraps) and e4m3fn x e5m2 gives e5m2.
+
+    Raises:
+      TypeError: operands of different types with equal keys, or an integer result
+        with a narrower ``preferred_element_type``, as JAX does.
+    """
+    a, b = get(lhs), get(rhs)
+    ra, rb = _rank(a), _rank(b)
+    if ra == rb and a != b:
+        raise TypeError(f"dot_general argument type error: {a.name}, {b.name}")
+    out = a if ra >= rb else b
+    if preferred_element_type is None:
+        return out
+    pref = get(preferred_element_type)
+    if out.is_integer and pref.bits < out.bits:
+        raise TypeError(
+            f"preferred_element_type: {pref.name} is narrower than the result type {out.name}"
+        )
+    return pref

@@ -326,7 +326,9 @@ def get(fmt: Any) -> Format:
         ) from None
     if dt.name in reg:
         return reg[dt.name]
-    raise ValueError(f"fmt: dtype {dt.name} is not a supported format; known formats: {', '.join(names())}")
+    raise ValueError(
+        f"fmt: dtype {dt.name} is not a supported format; known formats: {', '.join(names())}"
+    )
 
 
 def _rank(f: Format) -> tuple[int, int, int, bool]:

@@ -1,0 +1,287 @@
+"""decode and encode: low-precision codes <-> bf16 / f32 / int values, in pure jnp bit ops.
+
+No gathers, no lookup tables and no XLA conversion of a low-precision type: every step is
+an integer shift, mask, add or select on 32-bit words, plus (for subnormal codes) one f32
+subtraction and doubling whose operands and result are normal, so the decoding stays exact
+on backends that flush f32/bf16 denormals to zero (XLA on CPU and on TPU do).
+
+Decoding a float format with ``E`` exponent bits, ``M`` mantissa bits and bias ``b``::
+
+    x = bitcast_f32(((code & magnitude_mask) << (23 - M)) + ((127 - b) << 23))
+    value = x                      if the exponent field is not 0
+    value = 2 * (x - 2**-b)        if it is (subnormal codes and zero)
+
+then the sign, NaN and Inf codes are applied. bf16 results are the top 16 bits of the f32
+result, which is exact because no format has more than 4 mantissa bits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from emulate import formats
+from emulate.codes import from_codes, to_codes
+from emulate.formats import Format
+
+__all__ = ["decode", "encode"]
+
+_FLOAT_TARGETS = ("bfloat16", "float32")
+_INT_TARGETS = ("int8", "int32")
+_QNAN32 = 0x7FC00000
+_INF32 = 0x7F800000
+
+
+def _u32(v: int) -> jax.Array:
+    return jnp.uint32(v)
+
+
+def decode(x: Any, fmt: Any = None, *, to: Any = jnp.bfloat16) -> jax.Array:
+    """Decode low-precision values into ``to`` exactly.
+
+    Args:
+      x: an array of a low-precision dtype (jax or numpy, float6 numpy arrays included);
+        an unsigned integer array of raw codes with ``fmt`` naming the format; or a
+        :class:`emulate.Packed` array (unpacked on the fly). Arrays of a wide type
+        (bfloat16, float16, float32, int32) are converted with ``astype``.
+      fmt: the format of raw codes; optional otherwise (it must then agree with ``x``).
+      to: ``jnp.bfloat16`` (default) or ``jnp.float32``; integer formats may also decode
+        ``to=jnp.int8`` (not uint8, whose 255 does not fit) or ``to=jnp.int32``.
+
+    Returns:
+      An array of dtype ``to`` and ``x``'s logical shape. Every code maps to the value
+      ml_dtypes gives it, bit for bit: subnormal codes included, ``-0`` to ``-0``, Inf codes
+      to Inf, NaN codes to a quiet NaN of the code's sign. float8_e8m0fnu's code 0 is
+      2**-127, a denormal in bf16 and f32: its bits are produced exactly, but arithmetic
+      on it may flush it to zero.
+
+    Raises:
+      TypeError: ``x`` is not an array, or ``to`` is not an accepted type.
+      ValueError: ``fmt`` disagrees with ``x``, or ``to`` cannot hold the format.
+    """
+    from emulate.packing import Packed, unpack_codes
+
+    if isinstance(x, Packed):
+        if fmt is not None and formats.get(fmt) != x.format:
+            raise ValueError(
+                f"fmt: {formats.get(fmt).name} disagrees with the Packed array's format {x.format.name}"
+            )
+        codes, f = unpack_codes(x), x.format
+    else:
+        codes, f = to_codes(x, fmt)
+    out = _target(to, f)
+    if not f.is_low_precision:
+        return from_codes(codes, f).astype(out)
+    if f.is_integer:
+        return _decode_int(codes, f).astype(out)
+    bits32 = _decode_float_bits(codes, f)
+    if out == np.dtype(jnp.float32):
+        return lax.bitcast_convert_type(bits32, jnp.float32)
+    return lax.bitcast_convert_type((bits32 >> 16).astype(jnp.uint16), jnp.bfloat16)
+
+
+def _target(to: Any, f: Format) -> np.dtype:
+    try:
+        name = np.dtype(to).name
+    except TypeError:
+        name = repr(to)
+    accepted = _FLOAT_TARGETS + (_INT_TARGETS if f.is_integer else ())
+    if not f.is_low_precision:
+        accepted = _FLOAT_TARGETS + ("float16", "int32")
+    if name not in accepted:
+        raise ValueError(f"to: cannot decode {f.name} to {name}; accepted: {', '.join(accepted)}")
+    if name == "int8" and f.max > 127:
+        raise ValueError(f"to: int8 cannot hold every {f.name} value; use jnp.int32")
+    return np.dtype(to)
+
+
+def _decode_int(codes: jax.Array, f: Format) -> jax.Array:
+    c = codes.astype(jnp.int32)
+    if f.signed:
+        sign = 1 << (f.bits - 1)
+        c = (c ^ sign) - sign
+    return c
+
+
+def _decode_float_bits(codes: jax.Array, f: Format) -> jax.Array:
+    """The f32 bit pattern (uint32) of every code."""
+    c = codes.astype(jnp.uint32)
+    m_bits = f.mantissa_bits
+    mag_mask = (1 << (f.bits - 1)) - 1 if f.signed else f.code_mask
+    mag = c & _u32(mag_mask)
+    exp_field = mag >> m_bits
+    if f.has_subnormals:
+        x_bits = (mag << (23 - m_bits)) + _u32((127 - f.bias) << 23)
+        x = lax.bitcast_convert_type(x_bits, jnp.float32)
+        sub = 2.0 * (x - jnp.float32(2.0**-f.bias))
+        val = jnp.where(exp_field == 0, sub, x)
+        bits = lax.bitcast_convert_type(val, jnp.uint32)
+    else:  # float8_e8m0fnu: exponent only, field 0 is 2**-127 (f32 bits 0x00400000)
+        bits = jnp.where(mag == 0, _u32(0x00400000), mag << 23)
+    if f.signed:
+        bits = bits | ((c >> (f.bits - 1)) << 31)
+    is_nan, is_inf = _special(c, mag, exp_field, f)
+    if is_inf is not None:
+        bits = jnp.where(is_inf, (bits & _u32(0x80000000)) | _u32(_INF32), bits)
+    if is_nan is not None:
+        bits = jnp.where(is_nan, (bits & _u32(0x80000000)) | _u32(_QNAN32), bits)
+    return bits
+
+
+def _special(c, mag, exp_field, f: Format):
+    """Masks of NaN and Inf codes (None where the format has none)."""
+    all_ones_exp = (1 << f.exponent_bits) - 1
+    if f.has_inf:  # IEEE-like: exponent all ones, mantissa 0 is Inf, else NaN
+        top = exp_field == all_ones_exp
+        m = mag & _u32((1 << f.mantissa_bits) - 1)
+        return top & (m != 0), top & (m == 0)
+    if not f.has_nan:
+        return None, None
+    if not f.signed_zero and f.signed:  # fnuz: the would-be -0 code is the only NaN
+        return c == _u32(1 << (f.bits - 1)), None
+    # fn formats and e8m0: the all-ones magnitude is NaN
+    return mag == _u32((1 << (f.bits - 1)) - 1 if f.signed else f.code_mask), None
+
+
+def encode(x: Any, fmt: Any, *, saturate: bool = False) -> jax.Array:
+    """Round values into ``fmt``, round-to-nearest-even, as ml_dtypes' cast does by default.
+
+    Args:
+      x: a jax or numpy array of a float type (float32, bfloat16, float16; float64 numpy
+        input is first rounded to float32, so it may round twice) or of an integer type.
+      fmt: the target format (name, dtype or Format).
+      saturate: if True, finite values beyond the range and infinities become +-max
+        (NaN still follows the rules below). If False (default), ml_dtypes' behaviour:
+
+        * formats with Inf (float8_e5m2, float8_e3m4): overflow rounds to +-Inf;
+        * formats with NaN but no Inf (``*fn``, ``*fnuz``): overflow and Inf become NaN
+          (e4m3fn: 464 -> 448, 465 -> NaN);
+        * formats with neither (float6_*, float4_e2m1fn): overflow and Inf saturate to
+          +-max, and NaN becomes a zero of the *opposite* sign (ml_dtypes' quirk, kept
+          so that ``encode`` equals the reference cast bit for bit);
+        * ``fnuz`` formats have no -0: negative values that round to zero give +0;
+        * float8_e8m0fnu (a positive power-of-two scale): ties round up, values below
+          2**-127 give 2**-127, zero, negatives, Inf and NaN give its NaN code.
+        * integer formats: round half to even; NaN -> 0; out of range values wrap
+          modulo 2**bits (two's complement), or clamp with ``saturate=True``.
+
+    Returns:
+      An array of ``fmt``'s dtype; for float6 formats, which XLA cannot hold, uint8 codes.
+    """
+    f = formats.get(fmt)
+    xa = jnp.asarray(x)
+    if not (jnp.issubdtype(xa.dtype, jnp.floating) or jnp.issubdtype(xa.dtype, jnp.integer)):
+        raise TypeError(f"x: expected a float or integer array, got dtype {xa.dtype}")
+    if not f.is_low_precision:
+        return xa.astype(f.dtype)
+    if f.is_integer:
+        return _encode_int(xa, f, saturate)
+    if xa.dtype != jnp.float32:
+        xa = xa.astype(jnp.float32)
+    u = lax.bitcast_convert_type(xa, jnp.uint32)
+    codes = _encode_e8m0(u, saturate) if not f.has_subnormals else _encode_float(u, f, saturate)
+    return from_codes(codes.astype(jnp.uint8), f)
+
+
+def _encode_int(xa: jax.Array, f: Format, saturate: bool) -> jax.Array:
+    lo, hi = int(f.min), int(f.max)
+    if jnp.issubdtype(xa.dtype, jnp.floating):
+        r = jnp.round(xa.astype(jnp.float32))  # half to even
+        r = jnp.where(jnp.isnan(r), 0.0, r)
+        if saturate:
+            v = jnp.clip(r, lo, hi).astype(jnp.int32)
+        else:
+            # wrap: reduce modulo 2**bits in float (exact for |r| < 2**24), then to int
+            span = float(1 << f.bits)
+            r = jnp.clip(r, -(2.0**31), 2.0**31 - 1)
+            v = (r - span * jnp.floor(r / span)).astype(jnp.int32)
+    else:
+        v = xa.astype(jnp.int32)
+        if saturate:
+            v = jnp.clip(v, lo, hi)
+    codes = v.astype(jnp.uint32) & _u32(f.code_mask)
+    return from_codes(codes.astype(jnp.uint8), f)
+
+
+def _encode_float(u: jax.Array, f: Format, saturate: bool) -> jax.Array:
+    sign = u >> 31
+    mag = u & _u32(0x7FFFFFFF)
+    is_nan = mag > _u32(_INF32)
+    is_inf = mag == _u32(_INF32)
+    e32 = (mag >> 23).astype(jnp.int32)
+    frac = mag & _u32(0x7FFFFF)
+    e = jnp.where(e32 == 0, -126, e32 - 127)
+    full = jnp.where(e32 == 0, frac, frac | _u32(0x800000))
+    m_bits = f.mantissa_bits
+    shift = jnp.minimum((23 - m_bits) + jnp.maximum(f.emin - e, 0), 25).astype(jnp.uint32)
+    q = full >> shift
+    rem = full & ((_u32(1) << shift) - _u32(1))
+    half = _u32(1) << (shift - _u32(1))
+    up = (rem > half) | ((rem == half) & ((q & _u32(1)) == 1))
+    q = q + up.astype(jnp.uint32)
+    exp_part = (jnp.maximum(e, f.emin) + (f.bias - 1)).astype(jnp.uint32) << m_bits
+    code_mag = exp_part + q
+    max_mag = _u32(f.max_code)
+    overflow = (code_mag > max_mag) | is_inf
+    if saturate or not (f.has_inf or f.has_nan):
+        over_code = max_mag
+    elif f.has_inf:
+        over_code = _u32(((1 << f.exponent_bits) - 1) << m_bits)
+    else:
+        over_code = None  # becomes NaN below
+    sign_bit = _u32(1 << (f.bits - 1))
+    signed = jnp.where(sign == 1, sign_bit, _u32(0))
+    if not f.signed_zero:
+        signed = jnp.where(code_mag == 0, _u32(0), signed)
+    nan_code = _nan_code(f)
+    if over_code is None:
+        code = jnp.where(overflow, nan_code | sign_bit * sign, code_mag | signed)
+        if not f.signed_zero:  # fnuz: one NaN code, no sign
+            code = jnp.where(overflow, _u32(nan_code), code)
+    else:
+        code = jnp.where(
+            overflow, over_code | jnp.where(sign == 1, sign_bit, _u32(0)), code_mag | signed
+        )
+    if f.has_nan:
+        nan = _u32(nan_code) if not f.signed_zero else _u32(nan_code) | sign_bit * sign
+        code = jnp.where(is_nan, nan, code)
+    else:  # ml_dtypes: NaN -> zero of the opposite sign
+        code = jnp.where(is_nan, (sign ^ _u32(1)) * sign_bit, code)
+    return code
+
+
+def _nan_code(f: Format) -> int:
+    """The (positive) NaN code ml_dtypes produces: quiet NaN, all-ones fn magnitude, fnuz 0x80."""
+    if f.has_inf:
+        return (((1 << f.exponent_bits) - 1) << f.mantissa_bits) | (1 << (f.mantissa_bits - 1))
+    if not f.signed_zero:
+        return 1 << (f.bits - 1)
+    return (1 << (f.bits - 1)) - 1
+
+
+def _encode_e8m0(u: jax.Array, saturate: bool) -> jax.Array:
+    sign = u >> 31
+    mag = u & _u32(0x7FFFFFFF)
+    e32 = (mag >> 23).astype(jnp.int32)
+    frac = mag & _u32(0x7FFFFF)
+    # Normalise f32 denormals: leading bit position of frac gives the exponent.
+    lead = 31 - lax.clz(frac).astype(jnp.int32)
+    e = jnp.where(e32 == 0, lead - 149, e32 - 127)
+    below = jnp.where(
+        e32 == 0, frac & ((_u32(1) << jnp.maximum(lead, 0).astype(jnp.uint32)) - 1), frac
+    )
+    half = jnp.where(
+        e32 == 0, _u32(1) << jnp.maximum(lead - 1, 0).astype(jnp.uint32), _u32(0x400000)
+    )
+    up = (below >= half) & jnp.where(e32 == 0, lead >= 1, True)  # ties round up (to even 2**(e+1))
+    code = jnp.clip(e + 127 + up.astype(jnp.int32), 0, 255)
+    if saturate:
+        code = jnp.minimum(code, 254)
+    bad = (sign == 1) | (mag == 0) | (mag >= _u32(_INF32))
+    if saturate:
+        bad = bad & ~((sign == 0) & (mag == _u32(_INF32)))
+    return jnp.where(bad, 255, code).astype(jnp.uint32)

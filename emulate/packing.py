@@ -1,0 +1,164 @@
+"""Packed storage for sub-byte formats: two 4-bit codes per byte, four 6-bit codes per 3 bytes.
+
+Layout along the packed axis (little-endian bit stream): element ``i`` occupies bits
+``[bits*i, bits*(i+1))`` of the stream, byte ``j`` holds stream bits ``[8j, 8j+8)`` with
+the least significant bit first. So for 4-bit formats element ``2j`` is the LOW nibble of
+byte ``j`` and element ``2j+1`` the HIGH nibble; for 6-bit formats elements ``4g..4g+3``
+fill bytes ``3g..3g+2`` as ``c0 | c1 << 6 | c2 << 12 | c3 << 18``. A row of ``n`` elements
+takes ``ceil(bits * n / 8)`` bytes; unused high bits of the last byte are zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from emulate import formats
+from emulate.codes import from_codes, to_codes
+from emulate.formats import Format
+
+__all__ = ["Packed", "pack", "unpack", "unpack_codes"]
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True, eq=False)
+class Packed:
+    """A sub-byte array stored densely: uint8 ``data`` plus static format, axis and length.
+
+    ``data`` has the logical shape with the packed axis of length ``length`` replaced by
+    ``ceil(bits * length / 8)`` bytes. ``axis`` is stored counted from the end (negative),
+    so a leading batch axis added by ``vmap`` or by stacking keeps the record valid.
+    Being a pytree with ``data`` as its only leaf, it passes through ``jit``, ``vmap``,
+    ``device_put`` and shardings.
+    """
+
+    data: Any
+    format_name: str
+    axis: int
+    length: int
+
+    def tree_flatten(self):
+        return (self.data,), (self.format_name, self.axis, self.length)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(children[0], *aux)
+
+    @property
+    def format(self) -> Format:
+        return formats.get(self.format_name)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The logical element dtype (the format's ml_dtypes dtype)."""
+        return self.format.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The logical shape: ``data.shape`` with the packed axis at its element length."""
+        s = list(self.data.shape)
+        s[self.axis] = self.length
+        return tuple(s)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.data.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of storage: ``ceil(bits * length / 8)`` per packed row."""
+        return math.prod(self.data.shape)
+
+    def __repr__(self) -> str:
+        return (
+            f"Packed({self.format_name}, shape={self.shape}, axis={self.axis}, "
+            f"nbytes={self.nbytes})"
+        )
+
+
+def _packed_len(bits: int, n: int) -> int:
+    return -(-bits * n // 8)
+
+
+def pack(x: Any, fmt: Any = None, *, axis: int = -1) -> Packed:
+    """Pack a 4- or 6-bit array densely along ``axis``.
+
+    Args:
+      x: an array of int4, uint4, float4_e2m1fn, float6_e2m3fn or float6_e3m2fn (jax or
+        numpy), or uint8 codes with ``fmt``.
+      fmt: the format of raw codes.
+      axis: the axis to pack along; any length (odd lengths leave zero padding bits).
+
+    Returns:
+      A :class:`Packed` array (see the module docstring for the bit layout).
+
+    Raises:
+      ValueError: the format is not 4- or 6-bit, or ``axis`` is out of range.
+    """
+    codes, f = to_codes(x, fmt)
+    if not f.packable:
+        raise ValueError(
+            f"x: {f.name} is {f.bits}-bit; pack accepts the 4- and 6-bit formats "
+            "int4, uint4, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn"
+        )
+    ndim = codes.ndim
+    if ndim == 0 or not -ndim <= axis < ndim:
+        raise ValueError(f"axis: {axis} is out of range for an array of shape {codes.shape}")
+    neg_axis = axis - ndim if axis >= 0 else axis
+    c = jnp.moveaxis(codes, neg_axis, -1).astype(jnp.uint32)
+    n = c.shape[-1]
+    group = 2 if f.bits == 4 else 4  # elements per group of whole bytes
+    nbytes_group = f.bits * group // 8
+    pad = (-n) % group
+    c = jnp.pad(c, [(0, 0)] * (c.ndim - 1) + [(0, pad)])
+    c = c.reshape(c.shape[:-1] + (-1, group))
+    word = c[..., 0]
+    for i in range(1, group):
+        word = word | (c[..., i] << (f.bits * i))
+    byts = jnp.stack([(word >> (8 * j)) & 0xFF for j in range(nbytes_group)], axis=-1)
+    byts = byts.reshape(byts.shape[:-2] + (-1,))[..., : _packed_len(f.bits, n)]
+    data = jnp.moveaxis(byts.astype(jnp.uint8), -1, neg_axis)
+    return Packed(data, f.name, neg_axis, n)
+
+
+def unpack_codes(p: Packed) -> jax.Array:
+    """The uint8 codes of a :class:`Packed` array, in its logical shape."""
+    if not isinstance(p, Packed):
+        raise TypeError(f"p: expected a Packed array, got {type(p).__name__}")
+    f = p.format
+    data = jnp.asarray(p.data)
+    if data.dtype != jnp.uint8:
+        raise ValueError(f"p: Packed data must be uint8, got {data.dtype}")
+    expect = _packed_len(f.bits, p.length)
+    if data.shape[p.axis] != expect:
+        raise ValueError(
+            f"p: {p.length} {f.name} elements need {expect} bytes along axis {p.axis}, "
+            f"the data has {data.shape[p.axis]}"
+        )
+    group = 2 if f.bits == 4 else 4
+    nbytes_group = f.bits * group // 8
+    b = jnp.moveaxis(data, p.axis, -1).astype(jnp.uint32)
+    pad = (-b.shape[-1]) % nbytes_group
+    b = jnp.pad(b, [(0, 0)] * (b.ndim - 1) + [(0, pad)])
+    b = b.reshape(b.shape[:-1] + (-1, nbytes_group))
+    word = b[..., 0]
+    for j in range(1, nbytes_group):
+        word = word | (b[..., j] << (8 * j))
+    mask = (1 << f.bits) - 1
+    c = jnp.stack([(word >> (f.bits * i)) & mask for i in range(group)], axis=-1)
+    c = c.reshape(c.shape[:-2] + (-1,))[..., : p.length]
+    return jnp.moveaxis(c.astype(jnp.uint8), -1, p.axis)
+
+
+def unpack(p: Packed) -> jax.Array:
+    """Unpack to an array of the format's dtype (uint8 codes for float6, which XLA cannot hold)."""
+    return from_codes(unpack_codes(p), p.format)

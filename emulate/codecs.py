@@ -68,7 +68,8 @@ def decode(x: Any, fmt: Any = None, *, to: Any = jnp.bfloat16) -> jax.Array:
     if isinstance(x, Packed):
         if fmt is not None and formats.get(fmt) != x.format:
             raise ValueError(
-                f"fmt: {formats.get(fmt).name} disagrees with the Packed array's format {x.format.name}"
+                f"fmt: {formats.get(fmt).name} disagrees with the Packed array's format "
+                f"{x.format.name}"
             )
         codes, f = unpack_codes(x), x.format
     else:

@@ -1,0 +1,34 @@
+"""Shared pytest setup: hypothesis profiles.
+
+Profiles:
+  ci: derandomized, a fixed 30 examples per test, no deadline, failing examples printed
+      as reproduction blobs. Loaded when the environment has ``CI=true``.
+  dev: 50 random examples per test, no deadline. Loaded otherwise.
+``HYPOTHESIS_PROFILE=<name>`` picks a profile explicitly and wins over both.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    max_examples=30,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("dev", max_examples=50, deadline=None)
+
+
+def _profile() -> str:
+    explicit = os.environ.get("HYPOTHESIS_PROFILE")
+    if explicit:
+        return explicit
+    return "ci" if os.environ.get("CI", "").lower() == "true" else "dev"
+
+
+settings.load_profile(_profile())

@@ -1,0 +1,265 @@
+"""Decode throughput of every low-precision format, next to a memory copy in the same run.
+
+Run as ``python benchmarks/decode.py`` or ``python -m benchmarks.decode`` (from the repo
+root). For each format in ``emulate.formats.LOW_PRECISION`` it times the jitted
+``emulate.decode(x, fmt, to=...)`` into bf16 and into f32 for these inputs:
+
+  native  an array of the format's own dtype (not float6: XLA cannot hold float6 arrays)
+  codes   uint8 raw codes plus ``fmt`` (4- and 6-bit formats only; the only way for float6)
+  packed  an :class:`emulate.Packed` array, unpacked on the fly (4- and 6-bit formats)
+  convert XLA's own ``x.astype(to)`` of the native array, for comparison (not emulate's)
+
+The copy baseline is a jitted ``x + 1`` on a uint8 and on a uint32 array of the same byte
+size as the int8 input. An elementwise op, not ``jnp.copy``, so that XLA cannot elide it:
+it reads every input byte and writes a fresh output buffer of the same size.
+
+Bandwidth counts the bytes of the input as stored (``nbytes`` as JAX reports it; one byte
+per element for int4/uint4/float4 arrays, ``ceil(bits/8)`` per element in a Packed array)
+plus the bytes of the output written. ``ratio`` is that bandwidth over the uint32 copy's.
+Each timing is the median of interleaved repeats (every case once per round, rounds
+repeated) after a warm-up call that compiles; every call ends in ``block_until_ready``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from emulate import codecs, formats, packing  # noqa: E402
+
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "decode.json"
+TARGETS = {"bf16": jnp.bfloat16, "f32": jnp.float32}
+
+
+@dataclasses.dataclass
+class Case:
+    """One timed call: ``fn(arg)`` on ``n`` elements, reading ``bytes_in`` and writing
+    ``bytes_out``."""
+
+    fmt: str
+    kind: str
+    to: str
+    n: int
+    bytes_in: int
+    bytes_out: int
+    fn: Callable[[Any], jax.Array]
+    arg: Any
+    times: list[float] = dataclasses.field(default_factory=list)
+
+    def run(self) -> float:
+        t0 = time.perf_counter()
+        out = self.fn(self.arg)
+        out.block_until_ready()
+        dt = time.perf_counter() - t0
+        del out
+        return dt
+
+    def result(self, copy_gbs: float | None) -> dict[str, Any]:
+        med = statistics.median(self.times)
+        gbs = (self.bytes_in + self.bytes_out) / med / 1e9
+        return {
+            "format": self.fmt,
+            "input": self.kind,
+            "to": self.to,
+            "elements": self.n,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "median_s": med,
+            "min_s": min(self.times),
+            "elements_per_s": self.n / med,
+            "gb_per_s": gbs,
+            "ratio_to_copy": gbs / copy_gbs if copy_gbs else None,
+        }
+
+
+def _codes(n: int, bits: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` uniformly random codes of ``bits`` bits (NaN/Inf codes included) as uint8."""
+    return rng.integers(0, 1 << bits, size=n, dtype=np.uint8)
+
+
+def _decoder(fmt: str | None, to: Any) -> Callable[[Any], jax.Array]:
+    return jax.jit(lambda x: codecs.decode(x, fmt, to=to))
+
+
+def build_cases(n: int, seed: int = 0) -> tuple[list[Case], list[Case]]:
+    """The copy baselines and the decode cases for ``n`` elements."""
+    rng = np.random.default_rng(seed)
+    add1 = jax.jit(lambda x: x + 1)
+    u8 = jax.device_put(_codes(n, 8, rng))
+    u32 = jax.device_put(np.frombuffer(_codes(4 * (n // 4), 8, rng).tobytes(), np.uint32))
+    copies = [
+        Case("copy", "uint8 x+1", "uint8", n, n, n, add1, u8),
+        Case("copy", "uint32 x+1", "uint32", u32.size, u32.nbytes, u32.nbytes, add1, u32),
+    ]
+    cases: list[Case] = []
+    for name in formats.LOW_PRECISION:
+        f = formats.get(name)
+        codes = _codes(n, f.bits, rng)
+        inputs: list[tuple[str, Any, str | None, int]] = []
+        if f.xla_storable:
+            native = jax.device_put(codes.view(f.dtype))
+            inputs.append(("native", native, None, native.nbytes))
+        if f.packable:
+            dev_codes = jax.device_put(codes)
+            inputs.append(("codes", dev_codes, name, dev_codes.nbytes))
+            packed = jax.block_until_ready(packing.pack(dev_codes, name))
+            inputs.append(("packed", packed, None, packed.nbytes))
+        for to_name, to in TARGETS.items():
+            out_bytes = n * np.dtype(to).itemsize
+            for kind, arg, fmt_arg, in_bytes in inputs:
+                fn = _decoder(fmt_arg, to)
+                cases.append(Case(name, kind, to_name, n, in_bytes, out_bytes, fn, arg))
+            if f.xla_storable:
+                native_arg = inputs[0][1]
+                convert = jax.jit(lambda x, to=to: x.astype(to))
+                cases.append(
+                    Case(
+                        name,
+                        "convert",
+                        to_name,
+                        n,
+                        native_arg.nbytes,
+                        out_bytes,
+                        convert,
+                        native_arg,
+                    )
+                )
+    return copies, cases
+
+
+def measure(cases: Sequence[Case], repeats: int) -> list[Case]:
+    """Warm up (compile) each case, then time ``repeats`` interleaved rounds.
+
+    A case that fails to compile or run (e.g. XLA's own convert on a backend without
+    that type) is dropped and reported on stderr.
+    """
+    ok: list[Case] = []
+    for c in cases:
+        try:
+            c.run()
+            c.run()
+        except Exception as e:  # noqa: BLE001 - report and go on with the other cases
+            msg = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+            print(f"skipped {c.fmt} {c.kind} -> {c.to}: {msg}", file=sys.stderr)
+            continue
+        ok.append(c)
+    for _ in range(repeats):
+        for c in ok:
+            c.times.append(c.run())
+    return ok
+
+
+def _table(rows: Sequence[dict[str, Any]]) -> str:
+    headers = ["format", "input", "to", "ms", "Gelem/s", "GB/s", "ratio"]
+    cells = [
+        [
+            r["format"],
+            r["input"],
+            r["to"],
+            f"{r['median_s'] * 1e3:.3f}",
+            f"{r['elements_per_s'] / 1e9:.3f}",
+            f"{r['gb_per_s']:.2f}",
+            "-" if r["ratio_to_copy"] is None else f"{r['ratio_to_copy']:.2f}",
+        ]
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    right = {3, 4, 5, 6}
+
+    def line(vals: Sequence[str]) -> str:
+        return "  ".join(
+            v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(vals, widths))
+        ).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, cells)])
+
+
+def run(size: int, repeats: int, json_path: Path | None) -> dict[str, Any]:
+    """Build, measure, print the table; write JSON to ``json_path`` unless None."""
+    copies, cases = build_cases(size)
+    measured = measure([*copies, *cases], repeats)
+    copy_rows = {c.kind: c.result(None) for c in measured if c.fmt == "copy"}
+    ref = copy_rows.get("uint32 x+1", {}).get("gb_per_s")
+    rows = [c.result(ref) for c in measured if c.fmt != "copy"]
+    for r in copy_rows.values():
+        r["ratio_to_copy"] = r["gb_per_s"] / ref if ref else None
+    device = jax.devices()[0]
+    report = {
+        "benchmark": "decode",
+        "elements": size,
+        "repeats": repeats,
+        "statistic": "median of interleaved repeats after warm-up",
+        "copy_reference": "uint32 x+1 (jitted elementwise add; reads and writes every byte)",
+        "bytes": "input bytes as stored (jax nbytes; Packed data bytes) + output bytes",
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "device": device.device_kind,
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "copy": list(copy_rows.values()),
+        "decode": rows,
+    }
+    print(
+        f"decode benchmark: {size} elements, median of {repeats} interleaved repeats, "
+        f"jax {jax.__version__} on {jax.default_backend()} ({device.device_kind})"
+    )
+    print("ratio = GB/s (input read + output written) / GB/s of the uint32 x+1 copy\n")
+    print(_table([*copy_rows.values(), *rows]))
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nwrote {json_path}")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments and run the benchmark; returns the exit code."""
+    p = argparse.ArgumentParser(
+        prog="benchmarks.decode", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    p.add_argument("--size", type=int, help="elements per array (default 2**24)")
+    p.add_argument("--repeats", type=int, help="timed rounds (default 10)")
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=DEFAULT_JSON,
+        metavar="PATH",
+        help="where to write the results (default benchmarks/results/decode.json)",
+    )
+    p.add_argument("--no-json", action="store_true", help="do not write a JSON file")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 2**20 elements and 3 repeats unless --size/--repeats say otherwise",
+    )
+    args = p.parse_args(argv)
+    size = args.size if args.size is not None else 2**20 if args.quick else 2**24
+    repeats = args.repeats if args.repeats is not None else 3 if args.quick else 10
+    if size < 8 or size % 8:
+        p.error(f"--size must be a positive multiple of 8, got {size}")
+    if repeats < 1:
+        p.error(f"--repeats must be at least 1, got {repeats}")
+    run(size, repeats, None if args.no_json else args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

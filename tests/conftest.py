@@ -31,4 +31,10 @@ def _profile() -> str:
     return "ci" if os.environ.get("CI", "").lower() == "true" else "dev"
 
 
-settings.load_profile(_profile())
+PROFILE = _profile()
+settings.load_profile(PROFILE)
+
+
+def pytest_report_header() -> str:
+    """Name the hypothesis profile in pytest's header, so a CI log says which one ran."""
+    return f"hypothesis profile: {PROFILE} (max_examples={settings().max_examples})"

@@ -17,6 +17,7 @@ result, which is exact because no format has more than 4 mantissa bits.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -74,7 +75,13 @@ def decode(x: Any, fmt: Any = None, *, to: Any = jnp.bfloat16) -> jax.Array:
         codes, f = unpack_codes(x), x.format
     else:
         codes, f = to_codes(x, fmt)
-    out = _target(to, f)
+    return _decode_codes(codes, f.name, _target(to, f).name)
+
+
+@functools.partial(jax.jit, static_argnames=("name", "to"))
+def _decode_codes(codes: jax.Array, name: str, to: str) -> jax.Array:
+    f = formats.get(name)
+    out = jnp.dtype(to)
     if not f.is_low_precision:
         return from_codes(codes, f).astype(out)
     if f.is_integer:
@@ -177,6 +184,12 @@ def encode(x: Any, fmt: Any, *, saturate: bool = False) -> jax.Array:
     xa = jnp.asarray(x)
     if not (jnp.issubdtype(xa.dtype, jnp.floating) or jnp.issubdtype(xa.dtype, jnp.integer)):
         raise TypeError(f"x: expected a float or integer array, got dtype {xa.dtype}")
+    return _encode(xa, f.name, bool(saturate))
+
+
+@functools.partial(jax.jit, static_argnames=("name", "saturate"))
+def _encode(xa: jax.Array, name: str, saturate: bool) -> jax.Array:
+    f = formats.get(name)
     if not f.is_low_precision:
         return xa.astype(f.dtype)
     if f.is_integer:

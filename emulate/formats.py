@@ -40,15 +40,16 @@ class Format:
       exponent_bits, mantissa_bits: field widths (0 and ``bits`` for integers).
       bias: exponent bias; a normal code with exponent field ``e`` and mantissa field
         ``m`` has the value ``2**(e - bias) * (1 + m / 2**mantissa_bits)``. 0 for integers.
-      max: largest finite value. min: most negative finite value (``-max`` for signed
-        floats, 0 for unsigned formats).
+      max: largest finite value. min: smallest finite value (``-max`` for signed floats,
+        0 for unsigned integers, 2**-127 for float8_e8m0fnu, which has no zero).
       min_normal: smallest positive normal value (1 for integers).
       min_subnormal: smallest positive value, the format's quantum (1 for integers).
       has_subnormals: False only for float8_e8m0fnu, whose exponent field 0 is
         the normal value 2**-127.
       has_inf: whether some code decodes to infinity.
       nan_codes, inf_codes: the codes (as unsigned ints of ``bits`` bits) that decode
-        to NaN and to +-Inf.
+        to NaN and to +-Inf. float32's 2**24 NaN codes are not listed (``has_nan`` is
+        still True).
       signed_zero: whether a negative zero code exists (False for the ``fnuz`` formats,
         whose would-be -0 code is their only NaN).
       exact_in: names of the wider types that hold every finite value exactly.
@@ -97,7 +98,7 @@ class Format:
 
     @property
     def has_nan(self) -> bool:
-        return bool(self.nan_codes)
+        return bool(self.nan_codes) or self.bits == 32 and self.is_float
 
     @property
     def emin(self) -> int:
@@ -235,8 +236,9 @@ def _make(name: str) -> Format:
     info = ml_dtypes.finfo(dtype)
     has_subnormals = float(info.smallest_subnormal) < float(info.smallest_normal)
     bias = (1 - int(info.minexp)) if has_subnormals else -int(info.minexp)
+    # float32's codes are not enumerated (2**32); it is IEEE: Inf is 0x7f800000 / 0xff800000.
     nan = _codes_where(dtype, bits, np.isnan) if bits <= 16 else ()
-    inf = _codes_where(dtype, bits, np.isinf) if bits <= 16 else ()
+    inf = _codes_where(dtype, bits, np.isinf) if bits <= 16 else (0x7F800000, 0xFF800000)
     signed = name != "float8_e8m0fnu"
     neg_zero_code = 1 << (bits - 1)
     signed_zero = signed and neg_zero_code not in nan
@@ -251,7 +253,7 @@ def _make(name: str) -> Format:
         mantissa_bits=int(info.nmant),
         bias=bias,
         max=float(info.max),
-        min=-float(info.max) if signed else 0.0,
+        min=-float(info.max) if signed else float(info.smallest_normal),
         min_normal=float(info.smallest_normal),
         min_subnormal=float(info.smallest_subnormal),
         has_subnormals=has_subnormals,

@@ -11,6 +11,7 @@ takes ``ceil(bits * n / 8)`` bytes; unused high bits of the last byte are zero.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -114,20 +115,24 @@ def pack(x: Any, fmt: Any = None, *, axis: int = -1) -> Packed:
     if ndim == 0 or not -ndim <= axis < ndim:
         raise ValueError(f"axis: {axis} is out of range for an array of shape {codes.shape}")
     neg_axis = axis - ndim if axis >= 0 else axis
+    return Packed(_pack_codes(codes, f.bits, neg_axis), f.name, neg_axis, codes.shape[neg_axis])
+
+
+@functools.partial(jax.jit, static_argnames=("bits", "neg_axis"))
+def _pack_codes(codes: jax.Array, bits: int, neg_axis: int) -> jax.Array:
     c = jnp.moveaxis(codes, neg_axis, -1).astype(jnp.uint32)
     n = c.shape[-1]
-    group = 2 if f.bits == 4 else 4  # elements per group of whole bytes
-    nbytes_group = f.bits * group // 8
+    group = 2 if bits == 4 else 4  # elements per group of whole bytes
+    nbytes_group = bits * group // 8
     pad = (-n) % group
     c = jnp.pad(c, [(0, 0)] * (c.ndim - 1) + [(0, pad)])
     c = c.reshape(c.shape[:-1] + (-1, group))
     word = c[..., 0]
     for i in range(1, group):
-        word = word | (c[..., i] << (f.bits * i))
+        word = word | (c[..., i] << (bits * i))
     byts = jnp.stack([(word >> (8 * j)) & 0xFF for j in range(nbytes_group)], axis=-1)
-    byts = byts.reshape(byts.shape[:-2] + (-1,))[..., : _packed_len(f.bits, n)]
-    data = jnp.moveaxis(byts.astype(jnp.uint8), -1, neg_axis)
-    return Packed(data, f.name, neg_axis, n)
+    byts = byts.reshape(byts.shape[:-2] + (-1,))[..., : _packed_len(bits, n)]
+    return jnp.moveaxis(byts.astype(jnp.uint8), -1, neg_axis)
 
 
 def unpack_codes(p: Packed) -> jax.Array:
@@ -144,19 +149,24 @@ def unpack_codes(p: Packed) -> jax.Array:
             f"p: {p.length} {f.name} elements need {expect} bytes along axis {p.axis}, "
             f"the data has {data.shape[p.axis]}"
         )
-    group = 2 if f.bits == 4 else 4
-    nbytes_group = f.bits * group // 8
-    b = jnp.moveaxis(data, p.axis, -1).astype(jnp.uint32)
+    return _unpack_codes(data, f.bits, p.axis, p.length)
+
+
+@functools.partial(jax.jit, static_argnames=("bits", "axis", "length"))
+def _unpack_codes(data: jax.Array, bits: int, axis: int, length: int) -> jax.Array:
+    group = 2 if bits == 4 else 4
+    nbytes_group = bits * group // 8
+    b = jnp.moveaxis(data, axis, -1).astype(jnp.uint32)
     pad = (-b.shape[-1]) % nbytes_group
     b = jnp.pad(b, [(0, 0)] * (b.ndim - 1) + [(0, pad)])
     b = b.reshape(b.shape[:-1] + (-1, nbytes_group))
     word = b[..., 0]
     for j in range(1, nbytes_group):
         word = word | (b[..., j] << (8 * j))
-    mask = (1 << f.bits) - 1
-    c = jnp.stack([(word >> (f.bits * i)) & mask for i in range(group)], axis=-1)
-    c = c.reshape(c.shape[:-2] + (-1,))[..., : p.length]
-    return jnp.moveaxis(c.astype(jnp.uint8), -1, p.axis)
+    mask = (1 << bits) - 1
+    c = jnp.stack([(word >> (bits * i)) & mask for i in range(group)], axis=-1)
+    c = c.reshape(c.shape[:-2] + (-1,))[..., :length]
+    return jnp.moveaxis(c.astype(jnp.uint8), -1, axis)
 
 
 def unpack(p: Packed) -> jax.Array:

@@ -1,0 +1,110 @@
+"""pack / unpack round trips, the documented bit layout, and Packed as a pytree."""
+
+from __future__ import annotations
+
+import hypothesis.extra.numpy as hnp
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import emulate
+from emulate import formats
+from emulate.packing import unpack_codes
+
+PACKABLE = ["int4", "uint4", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"]
+
+
+# A fixed pool of awkward shapes (length 1, odd lengths, every remainder mod 4) so that
+# each compiled pack/unpack is reused across examples.
+SHAPES = [(1,), (7,), (2, 9), (5, 1), (3, 4, 6), (1, 1, 3), (2, 3, 2, 5), (4, 11)]
+
+
+@st.composite
+def codes_and_axis(draw):
+    name = draw(st.sampled_from(PACKABLE))
+    bits = formats.get(name).bits
+    shape = draw(st.sampled_from(SHAPES))
+    codes = draw(hnp.arrays(np.uint8, shape, elements=st.integers(0, (1 << bits) - 1)))
+    axis = draw(st.integers(-len(shape), len(shape) - 1))
+    return name, codes, axis
+
+
+@given(codes_and_axis())
+def test_pack_round_trips(case):
+    name, codes, axis = case
+    p = emulate.pack(codes, name, axis=axis)
+    np.testing.assert_array_equal(np.asarray(unpack_codes(p)), codes)
+    assert p.shape == codes.shape
+    n = codes.shape[axis]
+    bits = formats.get(name).bits
+    assert p.data.shape[axis] == -(-bits * n // 8)
+    assert p.nbytes == codes.size // n * -(-bits * n // 8)
+
+
+def test_nibble_order_low_first():
+    p = emulate.pack(np.array([0x1, 0x2, 0x3], np.uint8), "uint4")
+    assert np.asarray(p.data).tolist() == [0x21, 0x03]
+
+
+def test_six_bit_layout_little_endian_stream():
+    c = np.array([0x01, 0x02, 0x03, 0x3F, 0x15], np.uint8)
+    p = emulate.pack(c, "float6_e3m2fn")
+    word = 0x01 | 0x02 << 6 | 0x03 << 12 | 0x3F << 18
+    want = [word & 0xFF, word >> 8 & 0xFF, word >> 16 & 0xFF, 0x15]
+    assert np.asarray(p.data).tolist() == want
+
+
+def test_pack_typed_arrays_and_unpack_to_dtype():
+    x = np.array([[-8, 7, 0], [1, -1, 3]], ml_dtypes.int4)
+    p = emulate.pack(jnp.asarray(x), axis=0)
+    u = emulate.unpack(p)
+    assert u.dtype == jnp.int4
+    np.testing.assert_array_equal(np.asarray(u).astype(np.int32), x.astype(np.int32))
+    f6 = np.array([0.5, -3.0, 7.5], ml_dtypes.float6_e2m3fn)
+    u6 = emulate.unpack(emulate.pack(f6))
+    assert u6.dtype == jnp.uint8  # XLA cannot hold float6: codes come back
+    np.testing.assert_array_equal(np.asarray(u6), f6.view(np.uint8))
+
+
+def test_packed_through_jit_vmap_and_device_put():
+    codes = np.arange(2 * 3 * 5, dtype=np.uint8).reshape(2, 3, 5) % 16
+    want = emulate.decode(codes, "float4_e2m1fn", to=jnp.float32)
+    stacked = emulate.pack(codes, "float4_e2m1fn")  # (2, 3, 3) bytes
+    p = jax.device_put(stacked)
+    got = jax.jit(lambda q: emulate.decode(q, to=jnp.float32))(p)
+    np.testing.assert_array_equal(got, want)
+    per_row = jax.vmap(lambda q: emulate.decode(q, to=jnp.float32))(p)
+    np.testing.assert_array_equal(per_row, want)
+    out = jax.jit(lambda c: emulate.pack(c, "float4_e2m1fn"))(codes)
+    assert isinstance(out, emulate.Packed) and out.shape == (2, 3, 5)
+
+
+class TestBadInput:
+    def test_pack_8_bit(self):
+        with pytest.raises(ValueError, match=r"^x: int8 is 8-bit; pack accepts the 4- and 6-bit"):
+            emulate.pack(np.zeros(4, np.int8))
+
+    def test_axis_out_of_range(self):
+        with pytest.raises(
+            ValueError, match=r"^axis: 2 is out of range for an array of shape \(4,\)$"
+        ):
+            emulate.pack(np.zeros(4, np.uint8), "int4", axis=2)
+
+    def test_length_disagrees(self):
+        p = emulate.pack(np.zeros((2, 6), np.uint8), "int4")
+        bad = emulate.Packed(p.data, "int4", -1, 9)
+        with pytest.raises(
+            ValueError, match=r"^p: 9 int4 elements need 5 bytes along axis -1, the data has 3$"
+        ):
+            emulate.decode(bad)
+
+    def test_format_disagrees(self):
+        p = emulate.pack(np.zeros(4, np.uint8), "int4")
+        with pytest.raises(
+            ValueError, match=r"^fmt: uint4 disagrees with the Packed array's format int4$"
+        ):
+            emulate.decode(p, "uint4")

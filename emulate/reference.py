@@ -1,0 +1,443 @@
+"""The independent oracle: decoding and dot_general in numpy + ml_dtypes, exactly.
+
+Everything here is computed without JAX and without any other ``emulate`` module, so that
+the codecs and the matmul executors can be tested against it.
+
+* :func:`decode` turns values of a format, or raw codes, into float32, bfloat16 or float64
+  with ml_dtypes' own casts.
+* :func:`round_exact` rounds an exact dyadic value ``numerator * 2**exponent`` once,
+  to nearest with ties to even, into a float format, with that format's overflow rule.
+* :func:`exact_dot_general` is the exact sum of products, as :class:`fractions.Fraction`.
+* :func:`dot_general` has the semantics of ``jax.lax.dot_general``: its output dtype, its
+  integer wrap-around, and a float result that is the exact sum rounded once.
+
+``np.dot`` / ``np.matmul`` on ml_dtypes arrays are no reference. With numpy 2.4 and
+ml_dtypes 0.7 both accumulate in float32; ``np.dot`` then rounds that float32 sum into the
+input dtype (a double rounding) and ``np.matmul`` returns it as float32, not lax's result
+dtype. For float8_e5m2 ``[1, 1, 2**-16] . [1, 0.125, 2**-16]`` the exact sum
+``1.125 + 2**-32`` rounds to 1.25; ``np.dot`` gives 1.0, ``np.matmul`` 1.125 (float32).
+
+Every finite value of every format is an integer times a power of two, so the reference
+scales each operand to integers, sums with Python ints (or int64 where a bound proves it
+cannot overflow) and rounds that exact sum once.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from emulate import formats
+
+__all__ = ["decode", "dot_general", "exact_dot_general", "round_exact"]
+
+_DECODE_TARGETS: dict[str, Any] = {
+    "float32": np.float32,
+    "bfloat16": ml_dtypes.bfloat16,
+    "float64": np.float64,
+}
+
+_CODE_DTYPES = {8: np.dtype(np.uint8), 16: np.dtype(np.uint16), 32: np.dtype(np.uint32)}
+
+_Axes = tuple[int, ...]
+_DimensionNumbers = tuple[tuple[_Axes, _Axes], tuple[_Axes, _Axes]]
+
+
+def decode(x: Any, fmt: Any = None, *, to: Any = np.float32) -> np.ndarray:
+    """Decode values of a format, or raw codes of one, into ``to``.
+
+    Args:
+      x: an array of a registered format's dtype (any ml_dtypes type, including float6,
+        float4 and int4, or a wide type), or, with ``fmt``, an unsigned integer array of raw
+        codes: uint8 for formats of at most 8 bits (4-bit codes in the low nibble, 6-bit
+        codes in the low 6 bits, higher bits zero), uint16 for 16-bit and uint32 for 32-bit
+        formats. JAX arrays are accepted through ``np.asarray``.
+      fmt: the format (name, alias, dtype or :class:`emulate.formats.Format`). Optional when
+        ``x`` already has the format's dtype; then it must agree with it.
+      to: ``np.float32``, ``ml_dtypes.bfloat16`` or ``np.float64``.
+
+    Returns:
+      An array of dtype ``to`` and the shape of ``x``: ``codes.view(fmt.dtype).astype(to)``.
+      Exact when ``to`` is float64 or is listed in ``fmt.exact_in``; otherwise (int32 or
+      float32 into a narrower ``to``) it is ml_dtypes' round-to-nearest-even cast. NaN codes
+      give NaN and Inf codes give Inf; negative zero stays negative zero.
+
+    Raises:
+      TypeError: ``x`` is neither of a format's dtype nor of the code dtype of ``fmt``.
+      ValueError: an unknown ``fmt`` or ``to``, ``fmt`` disagreeing with ``x``'s format, or
+        codes with bits set above the format's width.
+    """
+    arr = np.asarray(x)
+    target = _decode_target(to)
+    if fmt is None:
+        try:
+            f = formats.get(arr.dtype)
+        except ValueError:
+            raise TypeError(
+                f"x: got an array of dtype {arr.dtype.name} and no fmt; pass an array of a "
+                f"format's dtype ({', '.join(formats.names())}) or raw unsigned codes with fmt"
+            ) from None
+        return _cast(arr, target)
+    f = _format(fmt, "fmt")
+    if arr.dtype == f.dtype:
+        return _cast(arr, target)
+    code_dtype = _CODE_DTYPES[max(8, f.bits)]
+    if arr.dtype != code_dtype:
+        raise TypeError(
+            f"x: got dtype {arr.dtype.name} with fmt={f.name}; accepted: {f.dtype.name} values "
+            f"or {code_dtype.name} raw codes"
+        )
+    if arr.size and int(arr.max()) > f.code_mask:
+        raise ValueError(
+            f"x: code {int(arr.max()):#x} does not fit the {f.bits}-bit format {f.name}; codes "
+            f"must lie in [0, {f.code_mask:#x}]"
+        )
+    return _cast(arr.view(f.dtype), target)
+
+
+def round_exact(numerator: int, exponent: int, fmt: Any) -> float:
+    """Round ``numerator * 2**exponent`` once, to nearest with ties to even, into ``fmt``.
+
+    The value is rounded to ``fmt``'s precision with an unbounded exponent range above and
+    the format's subnormals below (gradual underflow). If the rounded magnitude exceeds
+    ``fmt.max`` the format's overflow rule applies, as ml_dtypes' casts do: Inf where the
+    format has Inf (float32, bfloat16, float16, float8_e5m2, float8_e3m4), NaN where it has
+    NaN but no Inf (float8_e4m3fn and the fnuz formats: e4m3fn 464 -> 448, 465 -> NaN) and
+    ``+-max`` where it has neither (float6, float4).
+
+    Args:
+      numerator: any Python or numpy integer.
+      exponent: any Python or numpy integer.
+      fmt: a float format with zero and subnormals (every registered float format except
+        the scale type float8_e8m0fnu).
+
+    Returns:
+      A Python float exactly representable in ``fmt`` (or Inf/NaN per the overflow rule).
+      A zero numerator gives +0.0; a negative value that underflows gives -0.0 where the
+      format has a negative zero and +0.0 otherwise.
+
+    Raises:
+      TypeError: a non-integer ``numerator`` or ``exponent``.
+      ValueError: an integer format or float8_e8m0fnu as ``fmt``.
+    """
+    for arg, val in (("numerator", numerator), ("exponent", exponent)):
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)):
+            raise TypeError(f"{arg}: expected an integer, got {type(val).__name__} {val!r}")
+    return _round(int(numerator), int(exponent), _rounding_target(fmt, "fmt"))
+
+
+def _round(numerator: int, exponent: int, f: formats.Format) -> float:
+    """:func:`round_exact` for Python ints and a validated rounding target."""
+    if numerator == 0:
+        return 0.0
+    magnitude = abs(numerator)
+    top = magnitude.bit_length() - 1 + exponent
+    quantum = max(top, f.emin) - f.mantissa_bits
+    shift = quantum - exponent
+    if shift <= 0:
+        rounded = magnitude << -shift
+    else:
+        rounded = magnitude >> shift
+        remainder = magnitude - (rounded << shift)
+        half = 1 << (shift - 1)
+        if remainder > half or (remainder == half and rounded & 1):
+            rounded += 1
+    negative = numerator < 0
+    if rounded.bit_length() - 1 + quantum > _emax(f) or math.ldexp(rounded, quantum) > f.max:
+        return _overflow(f, negative)
+    value = math.ldexp(rounded, quantum)
+    if value == 0:
+        return -0.0 if negative and f.signed_zero else 0.0
+    return -value if negative else value
+
+
+def exact_dot_general(lhs: Any, rhs: Any, dimension_numbers: Any) -> np.ndarray:
+    """The exact value of ``lax.dot_general(lhs, rhs, dimension_numbers)`` before rounding.
+
+    Args:
+      lhs, rhs: arrays of any registered formats (they may differ); JAX arrays are accepted.
+      dimension_numbers: ``((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))``.
+
+    Returns:
+      A numpy object array with the shape of the dot_general result (batch dims, then lhs
+      free dims, then rhs free dims). Finite results are :class:`fractions.Fraction`; a
+      result that is NaN or +-Inf under IEEE rules (a NaN operand in the contraction,
+      ``0 * Inf``, ``Inf - Inf``) is the Python float NaN or +-Inf. An empty contraction
+      gives ``Fraction(0)``.
+
+    Raises:
+      ValueError: operands of unregistered dtypes, or malformed or mismatched
+        dimension numbers.
+    """
+    sums, quantum, specials, shape = _exact(lhs, rhs, dimension_numbers)
+    scale = Fraction(2) ** quantum
+    out = np.empty(sums.shape, dtype=object)
+    for i, s in enumerate(sums.flat):
+        out.flat[i] = Fraction(int(s)) * scale
+    if specials is not None:
+        nonfinite = ~np.isfinite(specials)
+        out[nonfinite] = specials[nonfinite].astype(object)
+    return out.reshape(shape)
+
+
+def dot_general(
+    lhs: Any,
+    rhs: Any,
+    dimension_numbers: Any,
+    preferred_element_type: Any = None,
+) -> np.ndarray:
+    """``jax.lax.dot_general`` computed exactly and rounded once.
+
+    Args:
+      lhs, rhs: arrays of any registered formats (low-precision, bfloat16, float16, float32,
+        int32, ...); they may differ. JAX arrays are accepted through ``np.asarray``.
+      dimension_numbers: ``((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))``, each a
+        sequence of distinct non-negative axis indices; paired axes must have equal sizes.
+      preferred_element_type: optional result format, as for ``lax.dot_general``.
+
+    Returns:
+      An array of dtype ``formats.dot_result(lhs.dtype, rhs.dtype, preferred).dtype``, with
+      axes: batch dims, then lhs free dims, then rhs free dims, each group in axis order.
+
+      * Integer result: the exact integer sum wrapped two's-complement into the result's
+        width (int32 mod 2**32, int8 mod 2**8, uint8 into [0, 256), ...).
+      * Float result: the exact sum of products rounded once, to nearest with ties to even,
+        into the result format with its overflow rule (see :func:`round_exact`).
+      * NaN and Inf follow IEEE: a NaN operand in the contraction, ``0 * Inf`` or
+        ``+Inf + -Inf`` give NaN; otherwise an infinite product gives that infinity. They
+        are then cast into the result format as ml_dtypes (and XLA) cast: Inf becomes NaN
+        in float8_e4m3fn and the fnuz formats and +-max in float6/float4, and NaN becomes
+        -0 in float6/float4, which have no NaN.
+      * An empty contraction gives zeros.
+      * Zero results are +0. The sign of a zero result is not part of the numerics
+        contract: accumulators start at +0, and an exact zero sum has no sign to keep.
+
+    ``np.dot`` / ``np.matmul`` on ml_dtypes arrays are no reference: both sum in float32,
+    so the sum is rounded twice (``np.dot``) or left in float32 (``np.matmul``).
+
+    Raises:
+      TypeError: operand types JAX rejects together (as :func:`formats.dot_result`).
+      ValueError: unregistered dtypes, malformed or mismatched dimension numbers, an
+        integer result with a float operand, or float8_e8m0fnu as the result format.
+    """
+    out_fmt = _result_format(lhs, rhs, preferred_element_type)
+    sums, quantum, specials, shape = _exact(lhs, rhs, dimension_numbers)
+    if out_fmt.is_integer:
+        return _wrap(sums, out_fmt).reshape(shape)
+    rounded = np.array(
+        [_positive_zero(_round(int(s), quantum, out_fmt)) for s in sums.flat],
+        dtype=np.float64,
+    ).reshape(sums.shape)
+    if specials is not None:
+        rounded = np.where(np.isfinite(specials), rounded, specials)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return rounded.astype(out_fmt.dtype).reshape(shape)
+
+
+def _decode_target(to: Any) -> Any:
+    try:
+        name = np.dtype(to).name
+    except TypeError:
+        name = None
+    if name not in _DECODE_TARGETS:
+        raise ValueError(f"to: got {to!r}; accepted: np.float32, ml_dtypes.bfloat16, np.float64")
+    return _DECODE_TARGETS[name]
+
+
+def _cast(arr: np.ndarray, target: Any) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return arr.astype(target)
+
+
+def _format(fmt: Any, arg: str) -> formats.Format:
+    try:
+        return formats.get(fmt)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{arg}: {err}") from None
+
+
+def _rounding_target(fmt: Any, arg: str) -> formats.Format:
+    f = _format(fmt, arg)
+    if f.is_integer or not f.has_subnormals:
+        raise ValueError(
+            f"{arg}: {f.name} is not a rounding target; accepted: float formats with zero "
+            "and subnormals (every registered float format except float8_e8m0fnu)"
+        )
+    return f
+
+
+def _emax(f: formats.Format) -> int:
+    return math.frexp(f.max)[1] - 1
+
+
+def _overflow(f: formats.Format, negative: bool) -> float:
+    """+-Inf where the format has infinities, else NaN where it has a NaN, else +-max.
+
+    Read off ml_dtypes' casts of Inf and NaN rather than the Format's code sets, which are
+    only enumerated for formats of at most 16 bits.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        inf, nan = np.array([np.inf, np.nan]).astype(f.dtype).astype(np.float64)
+    if math.isinf(inf):
+        return -math.inf if negative else math.inf
+    if math.isnan(nan):
+        return math.nan
+    return -f.max if negative else f.max
+
+
+def _quantum_exponent(f: formats.Format) -> int:
+    """``q`` with every finite value of ``f`` an integer multiple of ``2**q``."""
+    return math.frexp(f.min_subnormal)[1] - 1
+
+
+def _positive_zero(value: float) -> float:
+    return 0.0 if value == 0 else value
+
+
+def _operand(x: Any, arg: str) -> tuple[np.ndarray, formats.Format]:
+    arr = np.asarray(x)
+    try:
+        f = formats.get(arr.dtype)
+    except ValueError:
+        raise ValueError(
+            f"{arg}: dtype {arr.dtype.name} is not a registered format; accepted: "
+            f"{', '.join(formats.names())}"
+        ) from None
+    return arr, f
+
+
+def _result_format(lhs: Any, rhs: Any, preferred: Any) -> formats.Format:
+    lf = _operand(lhs, "lhs")[1]
+    rf = _operand(rhs, "rhs")[1]
+    pref = None if preferred is None else _format(preferred, "preferred_element_type")
+    out = formats.dot_result(lf, rf, pref)
+    if out.is_integer and (lf.is_float or rf.is_float):
+        raise ValueError(
+            f"preferred_element_type: integer result {out.name} with a float operand "
+            f"(lhs {lf.name}, rhs {rf.name}); accepted: a float result type"
+        )
+    if out.is_float and not out.has_subnormals:
+        raise ValueError(f"preferred_element_type: {out.name} is a scale type, not a result type")
+    return out
+
+
+def _axes(value: Any, arg: str, ndim: int) -> tuple[int, ...]:
+    try:
+        axes = tuple(value)
+    except TypeError:
+        raise ValueError(f"{arg}: expected a sequence of axis indices, got {value!r}") from None
+    for a in axes:
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not 0 <= a < ndim:
+            raise ValueError(
+                f"{arg}: axis {a!r} is not an integer in [0, {ndim}) for an operand of rank {ndim}"
+            )
+    return tuple(int(a) for a in axes)
+
+
+def _dimension_numbers(dn: Any, lshape: tuple, rshape: tuple) -> _DimensionNumbers:
+    try:
+        (lc, rc), (lb, rb) = dn
+    except (TypeError, ValueError):
+        raise ValueError(
+            "dimension_numbers: expected ((lhs_contract, rhs_contract), (lhs_batch, rhs_batch)),"
+            f" got {dn!r}"
+        ) from None
+    lc = _axes(lc, "dimension_numbers lhs_contract", len(lshape))
+    rc = _axes(rc, "dimension_numbers rhs_contract", len(rshape))
+    lb = _axes(lb, "dimension_numbers lhs_batch", len(lshape))
+    rb = _axes(rb, "dimension_numbers rhs_batch", len(rshape))
+    for kind, la, ra in (("contracting", lc, rc), ("batch", lb, rb)):
+        if len(la) != len(ra):
+            raise ValueError(
+                f"dimension_numbers: lhs has {len(la)} {kind} dims {la}, rhs has {len(ra)} {ra}"
+            )
+        for i, j in zip(la, ra, strict=True):
+            if lshape[i] != rshape[j]:
+                raise ValueError(
+                    f"dimension_numbers: {kind} dims differ in size: lhs axis {i} of shape "
+                    f"{lshape} vs rhs axis {j} of shape {rshape}"
+                )
+    for side, axes in (("lhs", lc + lb), ("rhs", rc + rb)):
+        if len(set(axes)) != len(axes):
+            raise ValueError(f"dimension_numbers: {side} axes repeat in contracting+batch {axes}")
+    return (lc, rc), (lb, rb)
+
+
+def _to_bmk(x: np.ndarray, contract: tuple, batch: tuple) -> tuple[np.ndarray, tuple]:
+    """Transpose to (batch..., free..., contract...) and reshape to (B, M, K)."""
+    free = tuple(a for a in range(x.ndim) if a not in contract + batch)
+    t = x.transpose(batch + free + contract)
+    sizes = [math.prod(x.shape[a] for a in axes) for axes in (batch, free, contract)]
+    return t.reshape(sizes), tuple(x.shape[a] for a in free)
+
+
+def _scaled(values: np.ndarray, f: formats.Format) -> tuple[np.ndarray, int]:
+    """Finite values as integer-valued float64 multiples of ``2**q`` (exact); non-finite -> 0."""
+    q = _quantum_exponent(f)
+    finite = np.where(np.isfinite(values), values, 0.0)
+    return np.ldexp(finite, -q), q
+
+
+def _integer_matmul(lm: np.ndarray, rm: np.ndarray) -> np.ndarray:
+    """Exact (B, M, K) x (B, K, N) matmul of integer-valued float64 arrays."""
+    lmax, rmax = int(np.abs(lm).max(initial=0)), int(np.abs(rm).max(initial=0))
+    if max(lmax, rmax, lmax * rmax * lm.shape[2]) < 2**63:
+        return np.matmul(lm.astype(np.int64), rm.astype(np.int64))
+    to_int = np.frompyfunc(int, 1, 1)
+    return np.matmul(to_int(lm).astype(object), to_int(rm).astype(object))
+
+
+def _specials(lv: np.ndarray, rv: np.ndarray) -> np.ndarray | None:
+    """NaN / +-Inf where the IEEE result is not finite, 0 elsewhere; None if all finite."""
+    if np.isfinite(lv).all() and np.isfinite(rv).all():
+        return None
+
+    def any_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.matmul(a.astype(np.int64), b.astype(np.int64)) > 0
+
+    linf, rinf = np.isinf(lv), np.isinf(rv)
+    lpos, lneg, rpos, rneg = lv > 0, lv < 0, rv > 0, rv < 0
+    nan = np.isnan(lv).any(axis=2)[:, :, None] | np.isnan(rv).any(axis=1)[:, None, :]
+    nan |= any_pair(linf, rv == 0) | any_pair(lv == 0, rinf)
+    pos = (
+        any_pair(linf & lpos, rpos)
+        | any_pair(linf & lneg, rneg)
+        | any_pair(lpos, rinf & rpos)
+        | any_pair(lneg, rinf & rneg)
+    )
+    neg = (
+        any_pair(linf & lpos, rneg)
+        | any_pair(linf & lneg, rpos)
+        | any_pair(lpos, rinf & rneg)
+        | any_pair(lneg, rinf & rpos)
+    )
+    nan |= pos & neg
+    return np.select([nan, pos, neg], [np.nan, np.inf, -np.inf], 0.0)
+
+
+def _exact(
+    lhs: Any, rhs: Any, dimension_numbers: Any
+) -> tuple[np.ndarray, int, np.ndarray | None, tuple]:
+    """(B, M, N) integer sums, their exponent q, the specials array, and the result shape."""
+    larr, lf = _operand(lhs, "lhs")
+    rarr, rf = _operand(rhs, "rhs")
+    (lc, rc), (lb, rb) = _dimension_numbers(dimension_numbers, larr.shape, rarr.shape)
+    lv, lfree = _to_bmk(_cast(larr, np.float64), lc, lb)
+    rv_t, rfree = _to_bmk(_cast(rarr, np.float64), rc, rb)
+    rv = rv_t.transpose(0, 2, 1)
+    lm, lq = _scaled(lv, lf)
+    rm, rq = _scaled(rv, rf)
+    shape = tuple(larr.shape[a] for a in lb) + lfree + rfree
+    return _integer_matmul(lm, rm), lq + rq, _specials(lv, rv), shape
+
+
+def _wrap(sums: np.ndarray, f: formats.Format) -> np.ndarray:
+    """Integer sums (int64 or Python ints) wrapped two's-complement into ``f``'s width."""
+    wrapped = sums & f.code_mask
+    if f.signed:
+        wrapped = np.where(wrapped >= 1 << (f.bits - 1), wrapped - (1 << f.bits), wrapped)
+    return wrapped.astype(np.int64).astype(f.dtype)

@@ -1,0 +1,626 @@
+"""Target profiles: which operand pairs a device's matrix unit runs natively, and how fast.
+
+One frozen :class:`Target` per hardware profile, in table order: the TPU generations
+``tpu_v2`` ... ``tpu_v8i``, the XLA CPU backend ``cpu``, and the NVIDIA GPU profiles
+``gpu_sm80``, ``gpu_sm89``, ``gpu_sm90``, ``gpu_sm100``.
+
+TPU profiles are derived from JAX's own table
+(``jax.experimental.pallas.tpu.get_tpu_info_for_chip(chip, 1)``, its ``is_matmul_supported``
+and op rates) when the installed JAX has it; otherwise, or if reading it raises anything,
+from this module's builtin copy of that table. :attr:`Target.source` records which
+(``"jax"`` or ``"builtin"``); the tests check that the copy agrees with JAX's table.
+TPU figures are per TensorCore, as JAX states them: multiply by
+:attr:`Target.cores_per_chip` for a whole chip.
+
+The ``cpu`` profile states what XLA's CPU backend compiles in jax 0.10, measured (see
+``tests/test_targets.py``). A pair is native there when ``lax.dot_general`` with
+``preferred_element_type`` float32 (int32 for two integer operands) reaches XLA with both
+operands in their own types and returns the exact-accumulator result: every pair of
+float32/bfloat16/float16; int8 x int8 and uint8 x uint8 (int32 sums, wrapping like int32;
+XLA widens uint8 to int32 itself);
+each float8 format with itself except e8m0 (XLA converts both operands to float32, exactly,
+and accumulates in float32). Not native: int4, uint4 and float4_e2m1fn pairs (the dot
+fails to compile: "custom element sizes on non-sub-byte types ... operand_upcaster");
+float6 (XLA cannot hold it); float8_e8m0fnu (a scale type; 2**-127 is a float32 denormal,
+flushed); and every mixed pair with a low-precision operand, which JAX's lowering converts
+to the accumulator type before XLA sees it (a full-size temporary the emulator does better).
+The CPU has no stated op rates or bandwidth: those fields are None.
+
+The GPU profiles are approximate, from public sources (NVIDIA datasheets' dense peak
+figures, XLA's GEMM rewriter): float32/bfloat16/float16 dots native everywhere; int8 x
+int8 -> int32 native through cuBLAS; float8 pairs with at least one e4m3fn operand
+(e4m3fn x e4m3fn, e4m3fn x e5m2, e5m2 x e4m3fn: cuBLASLt's FP8 GEMMs need one e4m3fn
+operand) native from sm89 on; int4, float6 and float4 never (XLA has no path).
+
+The current target lives in a :class:`contextvars.ContextVar`. :func:`current_target`
+resolves, in order: an explicit argument, the innermost ``with use_target(...)`` block of
+this context, the ``EMULATE_TARGET`` environment variable, then detection from
+``jax.devices()[0]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import importlib
+import itertools
+import os
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
+
+from emulate import formats as _formats
+
+__all__ = [
+    "OPERANDS",
+    "TPU_F32_PASSES",
+    "CapabilityRow",
+    "Target",
+    "all_targets",
+    "capability_matrix",
+    "current_target",
+    "detect",
+    "from_device",
+    "get",
+    "names",
+    "render_matrix",
+    "target",
+    "use_target",
+]
+
+#: The operand formats whose pairs a profile states: the low-precision family and the
+#: wide float types. Any other pair (int32 operands, say) is never native.
+OPERANDS: tuple[str, ...] = _formats.LOW_PRECISION + ("bfloat16", "float32", "float16")
+
+#: f32 x f32 at ``Precision.HIGHEST`` costs six bf16 passes on a TPU matrix unit.
+TPU_F32_PASSES = 6
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One hardware profile.
+
+    Rates are dense peak multiply-add rates counted as 2 ops per multiply-add, in ops/s:
+    0 means the target has no native path for that type, None that no figure is stated
+    (the ``cpu`` profile). TPU figures are per TensorCore (JAX's convention); GPU figures
+    per device, approximate.
+
+    Attributes:
+      name: canonical name (``"tpu_v5e"``).
+      kind: ``"tpu"``, ``"cpu"`` or ``"gpu"``.
+      generation: the TPU generation (2 ... 8); None for the CPU and GPUs (see
+        ``compute_capability``).
+      device_kinds: the ``jax.Device.device_kind`` strings :func:`detect` maps to this
+        profile (TPUs and the CPU; GPUs are matched by compute capability).
+      native_pairs: the (lhs, rhs) format-name pairs the matrix unit (TPU, at the
+        Pallas/Mosaic level) or the compiler (XLA CPU/GPU) runs without converting,
+        accumulating in int32 (two integer operands) or float32. Names as in
+        :mod:`emulate.formats`; only pairs of :data:`OPERANDS` appear.
+      bf16_ops_per_second: bf16 x bf16 rate.
+      f32_ops_per_second: float32 x float32 rate at full float32 precision; on TPUs
+        derived as ``bf16_ops_per_second // 6`` (XLA's six-pass bf16 scheme for
+        ``Precision.HIGHEST``); on GPUs the CUDA-core float32 rate (no TF32).
+      int8_ops_per_second, fp8_ops_per_second, int4_ops_per_second: rates for those
+        operand types.
+      mem_bw_bytes_per_second: main-memory (HBM) bandwidth, in bytes/s.
+      vmem_capacity_bytes: TPU vector memory per TensorCore, in bytes; None elsewhere.
+      mxu_column_size: width of a TPU matrix unit (128 or 256); None elsewhere.
+      cores_per_chip: TensorCores per TPU chip (1 for the CPU and GPUs).
+      compute_capability: the GPU profile's compute capability (``"9.0"``), else None.
+      source: ``"jax"`` where the profile was read from JAX's TPU table, else
+        ``"builtin"``.
+    """
+
+    name: str
+    kind: str
+    generation: int | None
+    device_kinds: tuple[str, ...]
+    native_pairs: frozenset[tuple[str, str]]
+    bf16_ops_per_second: int | None
+    f32_ops_per_second: int | None
+    int8_ops_per_second: int | None
+    fp8_ops_per_second: int | None
+    int4_ops_per_second: int | None
+    mem_bw_bytes_per_second: int | None
+    vmem_capacity_bytes: int | None = None
+    mxu_column_size: int | None = None
+    cores_per_chip: int = 1
+    compute_capability: str | None = None
+    source: str = "builtin"
+
+    def supports(self, lhs: Any, rhs: Any) -> bool:
+        """Whether ``lhs x rhs`` runs natively; operands as format names, dtypes or Formats.
+
+        Raises:
+          ValueError, TypeError: an operand that is not a registered format.
+        """
+        return (_formats.get(lhs).name, _formats.get(rhs).name) in self.native_pairs
+
+    def accumulator(self, lhs: Any, rhs: Any) -> str | None:
+        """The accumulator format of the native ``lhs x rhs`` dot, or None if not native.
+
+        ``"int32"`` for two integer operands, ``"float32"`` otherwise.
+        """
+        if not self.supports(lhs, rhs):
+            return None
+        both_int = _formats.get(lhs).is_integer and _formats.get(rhs).is_integer
+        return "int32" if both_int else "float32"
+
+    @property
+    def native_formats(self) -> tuple[str, ...]:
+        """The formats ``f`` of :data:`OPERANDS` with ``f x f`` native, in that order."""
+        return tuple(f for f in OPERANDS if (f, f) in self.native_pairs)
+
+    @property
+    def has_int8_matmul(self) -> bool:
+        """Whether int8 x int8 is native."""
+        return ("int8", "int8") in self.native_pairs
+
+    @property
+    def has_int4_matmul(self) -> bool:
+        """Whether int4 x int4 is native."""
+        return ("int4", "int4") in self.native_pairs
+
+    def __repr__(self) -> str:
+        return f"Target({self.name!r})"
+
+
+def _product(lhs: Iterable[str], rhs: Iterable[str]) -> frozenset[tuple[str, str]]:
+    return frozenset(itertools.product(tuple(lhs), tuple(rhs)))
+
+
+def _square(*groups: tuple[str, ...]) -> frozenset[tuple[str, str]]:
+    """Every pair with both operands in the same group."""
+    return frozenset().union(*(_product(g, g) for g in groups))
+
+
+_WIDE_FLOATS = ("float32", "bfloat16", "float16")
+_F32_BF16 = ("float32", "bfloat16")
+_E4M3FN_E5M2 = ("float8_e4m3fn", "float8_e5m2")
+
+# The builtin copy of JAX's TpuInfo.is_matmul_supported (jax 0.10), by generation.
+_TPU_V2_NATIVE = frozenset({("float32", "float32")})
+_TPU_V4_NATIVE = _product(_F32_BF16, _F32_BF16 + ("int8",))
+_TPU_V5_NATIVE = _square(
+    _F32_BF16 + ("float8_e5m2", "float8_e4m3b11fnuz"), ("int8", "uint8"), ("int4", "uint4")
+)
+_TPU_V7_NATIVE = _square(_F32_BF16) | _product(_F32_BF16 + _E4M3FN_E5M2, _E4M3FN_E5M2)
+
+_CPU_FLOAT8 = (
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e4m3b11fnuz",
+    "float8_e3m4",
+)
+_CPU_NATIVE = _square(_WIDE_FLOATS) | frozenset((f, f) for f in ("int8", "uint8") + _CPU_FLOAT8)
+_GPU_NATIVE = _square(_WIDE_FLOATS) | {("int8", "int8")}
+# cuBLASLt's FP8 GEMMs need at least one e4m3fn operand; XLA upcasts e5m2 x e5m2.
+_GPU_FP8_NATIVE = _GPU_NATIVE | (
+    _product(_E4M3FN_E5M2, _E4M3FN_E5M2) - {("float8_e5m2", "float8_e5m2")}
+)
+
+
+def _tpu(
+    name: str,
+    generation: int,
+    device_kinds: tuple[str, ...],
+    native: frozenset[tuple[str, str]],
+    bf16: float,
+    int8: float,
+    fp8: float,
+    int4: float,
+    mem_bw: float,
+    vmem: int,
+    mxu: int,
+    cores: int,
+) -> Target:
+    """A builtin TPU row; rates are written as floats but every one is an exact integer."""
+    return Target(
+        name=name,
+        kind="tpu",
+        generation=generation,
+        device_kinds=device_kinds,
+        native_pairs=native,
+        bf16_ops_per_second=int(bf16),
+        f32_ops_per_second=int(bf16) // TPU_F32_PASSES,
+        int8_ops_per_second=int(int8),
+        fp8_ops_per_second=int(fp8),
+        int4_ops_per_second=int(int4),
+        mem_bw_bytes_per_second=int(mem_bw),
+        vmem_capacity_bytes=vmem,
+        mxu_column_size=mxu,
+        cores_per_chip=cores,
+    )
+
+
+def _gpu(
+    name: str,
+    cc: str,
+    native: frozenset[tuple[str, str]],
+    bf16: float,
+    f32: float,
+    int8: float,
+    fp8: float,
+    mem_bw: float,
+) -> Target:
+    """A builtin GPU row; int4 has no XLA path on any of them."""
+    return Target(
+        name=name,
+        kind="gpu",
+        generation=None,
+        device_kinds=(),
+        native_pairs=native,
+        bf16_ops_per_second=int(bf16),
+        f32_ops_per_second=int(f32),
+        int8_ops_per_second=int(int8),
+        fp8_ops_per_second=int(fp8),
+        int4_ops_per_second=0,
+        mem_bw_bytes_per_second=int(mem_bw),
+        compute_capability=cc,
+    )
+
+
+_MiB = 1024 * 1024
+
+# The builtin table, in table order. TPU rows copy JAX 0.10's get_tpu_info_for_chip(chip, 1)
+# (per TensorCore); GPU rows are datasheet figures for A100 SXM, L40S, H100 SXM, HGX B200.
+# Rates in ops/s, bandwidth in bytes/s, VMEM in bytes.
+# fmt: off
+_BUILTIN: tuple[Target, ...] = (
+    #    name       gen device_kinds                 native          bf16      int8      fp8
+    #    int4      mem_bw    vmem       mxu  cores
+    _tpu("tpu_v2",  2, ("TPU v2",),                  _TPU_V2_NATIVE, 23e12,    0,        0,
+         0,        358e9,    16 * _MiB, 128, 2),
+    _tpu("tpu_v3",  3, ("TPU v3",),                  _TPU_V2_NATIVE, 70e12,    0,        0,
+         0,        412.5e9,  16 * _MiB, 128, 2),
+    _tpu("tpu_v4",  4, ("TPU v4",),                  _TPU_V4_NATIVE, 137.5e12, 0,        0,
+         0,        615e9,    16 * _MiB, 128, 2),
+    _tpu("tpu_v4i", 4, ("TPU v4 lite",),             _TPU_V4_NATIVE, 137e12,   0,        0,
+         0,        614e9,    16 * _MiB, 128, 1),
+    _tpu("tpu_v5e", 5, ("TPU v5e", "TPU v5 lite"),   _TPU_V5_NATIVE, 197e12,   394e12,   0,
+         788e12,   820e9,    128 * _MiB, 128, 1),
+    _tpu("tpu_v5p", 5, ("TPU v5p", "TPU v5"),        _TPU_V5_NATIVE, 229.5e12, 459e12,   0,
+         920e12,   1.23e12,  64 * _MiB, 128, 2),
+    _tpu("tpu_v6e", 6, ("TPU v6e", "TPU v6 lite"),   _TPU_V5_NATIVE, 920e12,   1.84e15,  920e12,
+         3.68e15,  1.64e12,  128 * _MiB, 256, 1),
+    _tpu("tpu_v7",  7, ("TPU7",),                    _TPU_V7_NATIVE, 1.155e15, 0,        2.3e15,
+         0,        3.7e12,   64 * _MiB, 256, 2),
+    _tpu("tpu_v7x", 7, ("TPU7x",),                   _TPU_V7_NATIVE, 1.155e15, 0,        2.3e15,
+         0,        3.7e12,   64 * _MiB, 256, 2),
+    _tpu("tpu_v8i", 8, ("TPU8i",),                   _TPU_V7_NATIVE, 550.5e12, 0,        4.404e15,
+         0,        4.3e12,   192 * _MiB, 256, 2),
+    Target(
+        name="cpu", kind="cpu", generation=None, device_kinds=("cpu",), native_pairs=_CPU_NATIVE,
+        bf16_ops_per_second=None, f32_ops_per_second=None, int8_ops_per_second=None,
+        fp8_ops_per_second=None, int4_ops_per_second=None, mem_bw_bytes_per_second=None,
+    ),
+    #    name         cc      native           bf16     f32      int8     fp8      mem_bw
+    _gpu("gpu_sm80",  "8.0",  _GPU_NATIVE,     312e12,  19.5e12, 624e12,  0,       2.039e12),
+    _gpu("gpu_sm89",  "8.9",  _GPU_FP8_NATIVE, 362e12,  91.6e12, 733e12,  733e12,  864e9),
+    _gpu("gpu_sm90",  "9.0",  _GPU_FP8_NATIVE, 989e12,  67e12,   1979e12, 1979e12, 3.35e12),
+    _gpu("gpu_sm100", "10.0", _GPU_FP8_NATIVE, 2.25e15, 75e12,   4.5e15,  4.5e15,  8e12),
+)
+# fmt: on
+
+# JAX's ChipVersion value for each TPU profile.
+_JAX_CHIP = {
+    "tpu_v2": "v2",
+    "tpu_v3": "v3",
+    "tpu_v4": "v4",
+    "tpu_v4i": "v4i",
+    "tpu_v5e": "v5e",
+    "tpu_v5p": "v5p",
+    "tpu_v6e": "v6e",
+    "tpu_v7": "7",
+    "tpu_v7x": "7x",
+    "tpu_v8i": "8i",
+}
+
+_EXTRA_ALIASES = {
+    "tpu_v2": ("v2",),
+    "tpu_v3": ("v3",),
+    "tpu_v4": ("v4",),
+    "tpu_v4i": ("v4i", "v4 lite"),
+    "tpu_v5e": ("v5e", "v5 lite", "v5litepod"),
+    "tpu_v5p": ("v5p",),
+    "tpu_v6e": ("v6e", "v6 lite", "trillium"),
+    "tpu_v7": ("v7",),
+    "tpu_v7x": ("v7x", "7x", "ironwood"),
+    "tpu_v8i": ("v8i", "8i"),
+    "cpu": ("host",),
+    "gpu_sm80": ("sm80", "sm_80", "a100", "ampere"),
+    "gpu_sm89": ("sm89", "sm_89", "l40s", "ada"),
+    "gpu_sm90": ("sm90", "sm_90", "h100", "h200", "hopper"),
+    "gpu_sm100": ("sm100", "sm_100", "b200", "blackwell"),
+}
+
+
+def _from_jax(t: Target) -> Target | None:
+    """``t`` with the fields JAX's TPU table states, or None if that table is unusable."""
+    try:
+        pltpu = importlib.import_module("jax.experimental.pallas.tpu")
+        info = pltpu.get_tpu_info_for_chip(pltpu.ChipVersion(_JAX_CHIP[t.name]), 1)
+        native = frozenset(
+            (a, b)
+            for a, b in itertools.product(OPERANDS, repeat=2)
+            if info.is_matmul_supported(_formats.get(a).dtype, _formats.get(b).dtype)
+        )
+        bf16 = int(info.bf16_ops_per_second)
+        return dataclasses.replace(
+            t,
+            generation=int(info.generation),
+            native_pairs=native,
+            bf16_ops_per_second=bf16,
+            f32_ops_per_second=bf16 // TPU_F32_PASSES,
+            int8_ops_per_second=int(info.int8_ops_per_second),
+            fp8_ops_per_second=int(info.fp8_ops_per_second),
+            int4_ops_per_second=int(info.int4_ops_per_second),
+            mem_bw_bytes_per_second=int(info.mem_bw_bytes_per_second),
+            vmem_capacity_bytes=int(info.vmem_capacity_bytes),
+            mxu_column_size=int(info.mxu_column_size),
+            source="jax",
+        )
+    except Exception:  # any change in JAX's private-ish API: keep the builtin copy
+        return None
+
+
+def _build_table() -> dict[str, Target]:
+    """The profiles by canonical name, in table order; TPU rows from JAX where it can."""
+    table = {}
+    for t in _BUILTIN:
+        table[t.name] = (_from_jax(t) if t.kind == "tpu" else None) or t
+    return table
+
+
+@functools.cache
+def _table() -> dict[str, Target]:
+    return _build_table()
+
+
+def _key(name: str) -> str:
+    """Normalized alias key: lower case, runs of spaces, dashes and underscores as ``_``."""
+    return re.sub(r"[\s_-]+", "_", name.strip().lower())
+
+
+@functools.cache
+def _aliases() -> dict[str, str]:
+    aliases: dict[str, str] = {}
+    for t in _BUILTIN:
+        for alias in (t.name, *t.device_kinds, *_EXTRA_ALIASES[t.name]):
+            key = _key(alias)
+            if aliases.setdefault(key, t.name) != t.name:
+                raise AssertionError(f"alias {alias!r} names both {aliases[key]} and {t.name}")
+    return aliases
+
+
+def names() -> tuple[str, ...]:
+    """The canonical target names, in table order."""
+    return tuple(t.name for t in _BUILTIN)
+
+
+def all_targets() -> tuple[Target, ...]:
+    """Every profile, in table order."""
+    return tuple(_table().values())
+
+
+def _unknown(arg: str, name: str) -> str:
+    return f"{arg}: unknown target {name!r}; known targets: {', '.join(names())}"
+
+
+def get(name: str | Target) -> Target:
+    """The profile for a canonical name or alias (case-insensitive), or a Target as is.
+
+    Aliases: short names (``"v5e"``), JAX device kinds (``"TPU v5 lite"``), code names
+    (``"trillium"``, ``"ironwood"``), GPU architectures (``"sm90"``, ``"h100"``).
+
+    Raises:
+      ValueError: an unknown name; the message lists the canonical names.
+      TypeError: anything but a string or Target.
+    """
+    if isinstance(name, Target):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(
+            f"target: expected a target name or Target, got {type(name).__name__} {name!r}"
+        )
+    canonical = _aliases().get(_key(name))
+    if canonical is None:
+        raise ValueError(_unknown("target", name))
+    return _table()[canonical]
+
+
+def _parse_cc(compute_capability: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", compute_capability)
+    if match is None:
+        raise ValueError(
+            f"compute_capability: expected 'major.minor' such as '9.0', got {compute_capability!r}"
+        )
+    return int(match[1]), int(match[2])
+
+
+def detect(platform: str, device_kind: str = "", compute_capability: str | None = None) -> Target:
+    """The profile for a device described by its JAX attributes; pure, needs no hardware.
+
+    Args:
+      platform: ``jax.Device.platform``: ``"cpu"``, ``"tpu"``, ``"gpu"`` or ``"cuda"``.
+      device_kind: ``jax.Device.device_kind``; for TPUs one of the profiles'
+        ``device_kinds`` (``"TPU v4"``, ``"TPU v5 lite"``, ``"TPU7x"``, ...).
+      compute_capability: a CUDA device's ``"major.minor"``. A GPU gets the newest profile
+        whose compute capability is at most this (so 8.6 -> sm80, 12.0 -> sm100), the
+        oldest profile (sm80) if none is, or if the capability is unknown.
+
+    Raises:
+      ValueError: an unknown TPU device kind or platform; set ``EMULATE_TARGET`` then.
+    """
+    table = _table()
+    kind = platform.strip().lower()
+    if kind == "cpu":
+        return table["cpu"]
+    if kind in ("gpu", "cuda"):
+        gpus = [
+            (_parse_cc(t.compute_capability), t) for t in table.values() if t.compute_capability
+        ]
+        if not compute_capability:
+            return gpus[0][1]
+        cc = _parse_cc(compute_capability)
+        fitting = [t for t_cc, t in gpus if t_cc <= cc]
+        return fitting[-1] if fitting else gpus[0][1]
+    if kind == "tpu":
+        for t in table.values():
+            if t.kind == "tpu" and device_kind in t.device_kinds:
+                return t
+        known = [k for t in table.values() if t.kind == "tpu" for k in t.device_kinds]
+        raise ValueError(
+            f"device_kind: unknown TPU device kind {device_kind!r}; known kinds: "
+            f"{', '.join(known)}; set EMULATE_TARGET to pick a profile"
+        )
+    raise ValueError(
+        f"platform: no target profile for platform {platform!r}; set EMULATE_TARGET to one "
+        f"of: {', '.join(names())}"
+    )
+
+
+def from_device(device: Any) -> Target:
+    """The profile for a ``jax.Device``: :func:`detect` on its attributes."""
+    cc = getattr(device, "compute_capability", None)
+    kind = getattr(device, "device_kind", "")
+    return detect(device.platform, kind, None if cc is None else str(cc))
+
+
+_CURRENT: contextvars.ContextVar[Target | None] = contextvars.ContextVar(
+    "emulate_target", default=None
+)
+
+
+@contextlib.contextmanager
+def use_target(name: str | Target) -> Iterator[Target]:
+    """Make ``name`` the current target inside a ``with`` block, for this context only.
+
+    Blocks nest; leaving one (also by an exception) restores the previous target. The
+    setting lives in a ContextVar: other threads, and asyncio tasks started before the
+    block, do not see it. Also exported as ``target`` (``with emulate.target("v5e"):``).
+
+    Raises:
+      ValueError: an unknown target name (before the block starts).
+    """
+    resolved = get(name)
+    token = _CURRENT.set(resolved)
+    try:
+        yield resolved
+    finally:
+        _CURRENT.reset(token)
+
+
+target = use_target
+
+
+def current_target(target: str | Target | None = None) -> Target:
+    """The target to plan for.
+
+    Resolution order: ``target`` if given; the innermost :func:`use_target` block of this
+    context; the ``EMULATE_TARGET`` environment variable (read at each call); else the
+    profile detected from ``jax.devices()[0]`` (:func:`from_device`).
+
+    Raises:
+      ValueError: an unknown ``target`` or ``EMULATE_TARGET`` value (the message names
+        which), or a device with no profile.
+    """
+    if target is not None:
+        return get(target)
+    chosen = _CURRENT.get()
+    if chosen is not None:
+        return chosen
+    env = os.environ.get("EMULATE_TARGET", "").strip()
+    if env:
+        try:
+            return get(env)
+        except ValueError:
+            raise ValueError(_unknown("EMULATE_TARGET", env)) from None
+    import jax
+
+    return from_device(jax.devices()[0])
+
+
+class CapabilityRow(NamedTuple):
+    """One (target, format) cell of :func:`capability_matrix`.
+
+    Statuses are ``"native"`` or ``"emulated"``; ``same_type`` is for ``fmt x fmt``,
+    ``weight_only`` for ``bfloat16 x fmt`` (bf16 activations, low-precision weights).
+    """
+
+    target: str
+    format: str
+    same_type: str
+    weight_only: str
+
+
+def _status(t: Target, lhs: str, rhs: str) -> str:
+    return "native" if t.supports(lhs, rhs) else "emulated"
+
+
+def _targets_and_formats(
+    targets: Iterable[str | Target] | None, formats: Iterable[Any] | None
+) -> tuple[list[Target], list[str]]:
+    ts = list(all_targets()) if targets is None else [get(t) for t in targets]
+    if formats is None:
+        return ts, list(_formats.LOW_PRECISION)
+    return ts, [_formats.get(f).name for f in formats]
+
+
+def capability_matrix(
+    targets: Iterable[str | Target] | None = None, formats: Iterable[Any] | None = None
+) -> list[CapabilityRow]:
+    """Native or emulated, per target and format, for ``fmt x fmt`` and ``bfloat16 x fmt``.
+
+    Args:
+      targets: names or Targets; default :func:`all_targets`.
+      formats: format names, dtypes or Formats; default ``formats.LOW_PRECISION``.
+
+    Returns:
+      Rows target-major, in the order given.
+    """
+    ts, fs = _targets_and_formats(targets, formats)
+    return [
+        CapabilityRow(t.name, f, _status(t, f, f), _status(t, "bfloat16", f))
+        for t in ts
+        for f in fs
+    ]
+
+
+def _short(fmt: str) -> str:
+    return fmt.split("_", 1)[1] if fmt.startswith(("float8_", "float6_", "float4_")) else fmt
+
+
+def render_matrix(
+    targets: Iterable[str | Target] | None = None, formats: Iterable[Any] | None = None
+) -> str:
+    """:func:`capability_matrix` as a plain-text table: targets as rows, formats as columns.
+
+    A cell reads ``same/weight-only`` with ``N`` native and ``e`` emulated: ``e/N`` means
+    ``fmt x fmt`` is emulated but ``bfloat16 x fmt`` native. The last column is the
+    profile's source. A legend follows the table.
+    """
+    ts, fs = _targets_and_formats(targets, formats)
+    mark = {"native": "N", "emulated": "e"}
+    header = ["target", *(_short(f) for f in fs), "source"]
+    rows = [
+        [
+            t.name,
+            *(f"{mark[_status(t, f, f)]}/{mark[_status(t, 'bfloat16', f)]}" for f in fs),
+            t.source,
+        ]
+        for t in ts
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+    legend = [
+        "",
+        "cell: fmt x fmt / bfloat16 x fmt; N native, e emulated",
+        "columns drop the float8_/float6_/float4_ prefix of the format names",
+        "source: jax = TPU row read from JAX's Pallas TPU table, builtin = emulate's own copy",
+    ]
+    return "\n".join(lines + legend) + "\n"

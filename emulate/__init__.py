@@ -1,23 +1,48 @@
 """emulate: low-precision matmuls with provable numerics on hardware that lacks them.
 
-The public surface: format records (:mod:`emulate.formats`), exact codecs
-(:func:`decode`, :func:`encode`), dense sub-byte storage (:func:`pack`, :func:`unpack`,
-:class:`Packed`) and the independent oracle (:mod:`emulate.reference`).
+The public surface:
+
+- formats and codecs: :mod:`emulate.formats`, :func:`decode`, :func:`encode`,
+  :func:`pack`, :func:`unpack`, :class:`Packed`;
+- the independent oracle :mod:`emulate.reference` and the fast-mode bound
+  :mod:`emulate.bounds`;
+- targets and plans: :mod:`emulate.targets`, :func:`current_target`, :func:`target`,
+  :func:`plan`, :class:`Plan`;
+- drop-in matmuls: :func:`dot_general`, :func:`matmul`, :func:`einsum`,
+  :func:`conv_general_dilated`.
 """
 
-from emulate import formats
+from emulate import bounds, formats, reference, targets
 from emulate.codecs import decode, encode
+from emulate.conv import conv_general_dilated
+from emulate.dot import dot_general, einsum, matmul
 from emulate.formats import Format
 from emulate.packing import Packed, pack, unpack
+from emulate.plan import Plan, plan
+from emulate.targets import Target, current_target, use_target
+from emulate.targets import use_target as target
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Format",
     "Packed",
+    "Plan",
+    "Target",
+    "bounds",
+    "conv_general_dilated",
+    "current_target",
     "decode",
+    "dot_general",
+    "einsum",
     "encode",
     "formats",
+    "matmul",
     "pack",
+    "plan",
+    "reference",
+    "target",
+    "targets",
     "unpack",
+    "use_target",
 ]

@@ -1,0 +1,77 @@
+"""The rigorous error bound of mode "fast", as a function the tests and users can call.
+
+For a dot product of K terms accumulated in f32 (unit roundoff ``u = 2**-24``) in any
+order, with products rounded or exact::
+
+    |r - exact| <= gamma_K * sum_k |a_k * b_k| + K * 2**-125
+    gamma_K = K * u / (1 - K * u)
+
+The second term covers underflow: each of the K products and K - 1 additions may lose
+up to 2**-126 where the backend flushes denormals (XLA on CPU and TPU), 2**-149 otherwise.
+This is the accumulator's bound; rounding the accumulator into a narrower result type is
+monotone, so a result ``q`` of that type is within the contract when it lies between the
+roundings of ``exact - bound`` and ``exact + bound``.
+
+numpy + ml_dtypes only, like :mod:`emulate.reference`.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from typing import Any
+
+import numpy as np
+
+__all__ = ["gamma", "U_F32", "UNDERFLOW_PER_TERM", "dot_general_bound", "einsum_subscripts"]
+
+U_F32 = 2.0**-24
+UNDERFLOW_PER_TERM = 2.0**-125
+
+
+def gamma(k: int, u: float = U_F32) -> float:
+    """``k*u / (1 - k*u)``; ``inf`` once ``k*u >= 1``."""
+    if k * u >= 1:
+        return math.inf
+    return k * u / (1 - k * u)
+
+
+def _abs64(x: Any) -> np.ndarray:
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = np.abs(np.asarray(x).astype(np.float64))
+    return np.where(np.isnan(v), 0.0, v)
+
+
+def dot_general_bound(lhs: Any, rhs: Any, dimension_numbers: Any) -> np.ndarray:
+    """Per-element bound on ``|r - exact|`` for an f32-accumulated ``dot_general``.
+
+    Args:
+      lhs, rhs: numpy arrays of any float format dtype (ml_dtypes included); integer
+        arrays are accepted too.
+      dimension_numbers: as in ``lax.dot_general``.
+
+    Returns:
+      float64 array of the result's shape. Elements whose exact value is not finite
+      (an Inf or NaN operand) get ``inf``: the bound says nothing there, IEEE rules do.
+    """
+    (lc, rc), _ = dimension_numbers
+    a, b = _abs64(lhs), _abs64(rhs)
+    k = math.prod(a.shape[d] for d in lc)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.einsum(einsum_subscripts(a.ndim, b.ndim, dimension_numbers), a, b)
+    # float64 rounding of a sum of K non-negative terms: relative 2K * 2**-53 at most.
+    s = s * (1 + 2 * max(k, 1) * 2.0**-53)
+    return gamma(k) * s + k * UNDERFLOW_PER_TERM
+
+
+def einsum_subscripts(lhs_ndim: int, rhs_ndim: int, dimension_numbers: Any) -> str:
+    """The ``np.einsum`` subscripts of a ``dot_general`` (output: batch, lhs free, rhs free)."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    la = list(string.ascii_letters[:lhs_ndim])
+    spare = iter(string.ascii_letters[lhs_ndim:])
+    shared = {r: la[l_] for l_, r in zip(lc, rc)} | {r: la[l_] for l_, r in zip(lb, rb)}
+    ra = [shared.get(d) or next(spare) for d in range(rhs_ndim)]
+    out = [la[d] for d in lb]
+    out += [la[d] for d in range(lhs_ndim) if d not in lc and d not in lb]
+    out += [ra[d] for d in range(rhs_ndim) if d not in rc and d not in rb]
+    return f"{''.join(la)},{''.join(ra)}->{''.join(out)}"

@@ -1,0 +1,324 @@
+"""Plans: how one operand pair runs on one target while keeping the numerics contract.
+
+A :class:`Plan` names the type each operand is decoded to, the accumulator, the K-chunk
+that keeps every partial sum exact, and the final rounding. :func:`plan` picks, among the
+candidates the target can run natively, the one with the highest matrix-unit rate that
+keeps the contract, and :meth:`Plan.explain` says why in words.
+
+The exact class (``Plan.exact``): both operands are integers, or values that become
+integers after an exact power-of-two scaling (int4, uint4, int8, uint8, float4_e2m1fn,
+float6_e2m3fn). Their products are integers in units of a common quantum
+``2**-(lhs_scale + rhs_scale)``, so a sum is exact while every partial sum stays within
+2**24 quanta in an f32 accumulator or 2**31 - 1 in an int32 one; longer contractions are
+cut into chunks of that length and the chunk sums combined exactly in int32 limbs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from emulate import formats, targets
+from emulate.formats import Format
+
+__all__ = ["Plan", "plan", "MODES"]
+
+MODES = ("fast", "exact")
+
+_F32_EXACT = 1 << 24  # an f32 accumulator holds every integer up to 2**24
+_I32_EXACT = (1 << 31) - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How to run ``lhs x rhs`` on ``target``.
+
+    Attributes:
+      target: the target name.
+      lhs, rhs: operand format names.
+      out: the result format name (what ``lax.dot_general`` returns for the call).
+      mode: "fast" or "exact".
+      method: "native" (operands go to the matrix unit as they are), "int8" (decoded to
+        integers, scaled by ``2**lhs_scale`` / ``2**rhs_scale``, int32 accumulation),
+        "bf16" or "f32" (decoded exactly to that type, f32 accumulation).
+      lhs_compute, rhs_compute: the dtypes the dot sees.
+      accumulator: "int32" or "float32".
+      lhs_scale, rhs_scale: the power-of-two exponents that make the decoded values
+        integers (exact class only; 0 otherwise).
+      k_chunk: the longest contraction whose partial sums are exact in the accumulator
+        (None: no chunking needed, integers wrap in int32 as the contract says, or the
+        plan is bounded rather than exact).
+      exact: True when the result is the correctly rounded exact sum for every K.
+      rate: the target's matrix-unit rate for the compute pair, in ops/s (0 if unknown).
+      candidates: (method, rate, why-not) for every method considered.
+      fallback: for a native plan whose pair the host CPU backend cannot compile (int4 x
+        int4 on a TPU target), the plan the same program runs when it is lowered for any
+        platform other than ``platform``: the result bits are the same (exact class) or
+        within the same bound. None otherwise.
+      platform: the JAX platform name of the target ("tpu", "cuda", "cpu").
+    """
+
+    target: str
+    lhs: str
+    rhs: str
+    out: str
+    mode: str
+    method: str
+    lhs_compute: str
+    rhs_compute: str
+    accumulator: str
+    lhs_scale: int
+    rhs_scale: int
+    k_chunk: int | None
+    exact: bool
+    rate: float
+    candidates: tuple[tuple[str, float, str], ...]
+    fallback: Plan | None = None
+    platform: str = "cpu"
+
+    @property
+    def decodes(self) -> bool:
+        return self.method != "native"
+
+    def explain(self) -> str:
+        """The plan and the reasons for it, in plain words."""
+        lines = [
+            f"{self.lhs} x {self.rhs} -> {self.out} on {self.target} (mode {self.mode!r})",
+            f"  method: {_METHOD_WORDS[self.method]}",
+            f"  matrix unit sees: {self.lhs_compute} x {self.rhs_compute}, "
+            f"accumulating in {self.accumulator}",
+        ]
+        if self.method == "int8" and (self.lhs_scale or self.rhs_scale):
+            lines.append(
+                f"  scaling: lhs x 2^{self.lhs_scale}, rhs x 2^{self.rhs_scale} makes every value "
+                f"an integer; the sum is scaled back by 2^-{self.lhs_scale + self.rhs_scale}"
+            )
+        if self.k_chunk is not None:
+            lines.append(
+                f"  K-chunk: {self.k_chunk} (longest contraction whose partial sums stay exact in "
+                f"{self.accumulator}); chunk sums are combined exactly in int32 limbs"
+            )
+        if self.exact:
+            lines.append("  numerics: exact; the result is the exact sum rounded once")
+        else:
+            lines.append(
+                "  numerics: bounded; |r - exact| <= gamma_K * sum|a*b| + underflow term, "
+                "gamma_K = K*2^-24/(1 - K*2^-24)"
+            )
+        if self.out not in ("float32", "int32") and self.out != self.accumulator:
+            lines.append(f"  result: rounded once from {self.accumulator} into {self.out}")
+        if self.fallback is not None:
+            lines.append(
+                f"  off {self.platform}: the host cannot compile {self.lhs} x {self.rhs}, so the "
+                f"program lowered elsewhere takes the {self.fallback.method} route"
+            )
+        lines.append("  candidates (rate in ops/s):")
+        for method, rate, why in self.candidates:
+            mark = "*" if method == self.method else " "
+            lines.append(f"   {mark} {method:<6} {_fmt_rate(rate):>10}  {why}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.explain()
+
+
+_METHOD_WORDS = {
+    "native": "native: the operands go to the matrix unit as they are",
+    "int8": "decode to int8 (exact power-of-two scaling), int32 accumulation",
+    "bf16": "decode to bfloat16 (exact), f32 accumulation",
+    "f32": "decode to float32 (exact), f32 accumulation",
+}
+
+
+def _fmt_rate(rate: float) -> str:
+    return f"{rate:.3g}" if rate else "-"
+
+
+def _exact_scale(f: Format) -> int | None:
+    """k with every value * 2**k an integer that int32 holds, or None (not exact class)."""
+    if f.is_integer:
+        return 0 if f.bits <= 8 else None
+    return f.int8_scale
+
+
+def _max_quanta(f: Format, k: int) -> int:
+    return int(max(abs(f.max), abs(f.min)) * 2**k)
+
+
+def _rate(t: targets.Target, compute: str) -> float:
+    attr = {
+        "int8": "int8_ops_per_second",
+        "int4": "int4_ops_per_second",
+        "bfloat16": "bf16_ops_per_second",
+        "float32": "f32_ops_per_second",
+        "fp8": "fp8_ops_per_second",
+    }[compute]
+    return float(getattr(t, attr, 0) or 0)
+
+
+def _native_rate(t: targets.Target, a: Format, b: Format) -> float:
+    name = a.name if a == b else max(a.name, b.name, key=lambda n: formats.get(n).bits)
+    if name in ("int8", "uint8"):
+        return _rate(t, "int8")
+    if name in ("int4", "uint4"):
+        return _rate(t, "int4")
+    if name.startswith("float8"):
+        return _rate(t, "fp8")
+    if name in ("bfloat16", "float16"):
+        return _rate(t, "bfloat16")
+    return _rate(t, "float32")
+
+
+def plan(
+    lhs: Any,
+    rhs: Any,
+    *,
+    target: Any = None,
+    preferred_element_type: Any = None,
+    mode: str = "fast",
+) -> Plan:
+    """Choose how to run a dot of ``lhs``-format by ``rhs``-format operands on ``target``.
+
+    Args:
+      lhs, rhs: format names, dtypes or Formats (low-precision or bfloat16/float16/float32).
+      target: a target name or :class:`emulate.targets.Target`; default the current one
+        (``emulate.current_target()``).
+      preferred_element_type: as in ``lax.dot_general``; sets the result format.
+      mode: "fast" (bounded for the float formats outside the exact class) or "exact".
+
+    Raises:
+      ValueError: an unknown mode, or a format that cannot be a matmul operand
+        (float8_e8m0fnu is a scale type).
+      TypeError: operand types ``lax.dot_general`` itself rejects.
+      NotImplementedError: ``mode="exact"`` for a pair outside the exact class (built in
+        a later release).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
+    t = targets.current_target(target)
+    a, b = formats.get(lhs), formats.get(rhs)
+    for arg, f in (("lhs", a), ("rhs", b)):
+        if f.name == "float8_e8m0fnu":
+            raise ValueError(
+                f"{arg}: float8_e8m0fnu is a scale type, not a matmul operand; "
+                "pass it as the scales of a scaled operand"
+            )
+    out = formats.dot_result(a, b, preferred_element_type)
+    if out.is_integer and not (a.is_integer and b.is_integer):
+        raise TypeError(
+            f"preferred_element_type: an integer result ({out.name}) needs integer operands, "
+            f"got {a.name} x {b.name}"
+        )
+    ka, kb = _exact_scale(a), _exact_scale(b)
+    exact = ka is not None and kb is not None
+    if mode == "exact" and not exact:
+        raise NotImplementedError(
+            f"mode='exact' for {a.name} x {b.name} is not built yet: today it covers the exact "
+            "class (int4, uint4, int8, uint8, float4_e2m1fn, float6_e2m3fn); use mode='fast'"
+        )
+    ints = a.is_integer and b.is_integer
+    # Largest |product| in units of the common quantum 2**-(ka + kb).
+    prod = _max_quanta(a, ka) * _max_quanta(b, kb) if exact else 0
+    cands = [
+        _native(t, a, b, exact, ints),
+        *([_int8(t, a, b, ka, kb, prod, ints)] if exact else []),
+        _widen(t, a, b, "bf16", "bfloat16", ka, kb, prod, exact),
+        _widen(t, a, b, "f32", "float32", ka, kb, prod, exact),
+    ]
+    usable = [c for c in cands if c.why == "ok"]
+    if not usable:
+        raise ValueError(
+            f"lhs/rhs: no way to run {a.name} x {b.name} on target {t.name}: "
+            + "; ".join(f"{c.method}: {c.why}" for c in cands)
+        )
+    best = max(usable, key=lambda c: c.rate)  # ties keep the order above
+    fallback = None
+    if (
+        best.method == "native"
+        and t.kind != "cpu"
+        and not targets.get("cpu").supports(a.name, b.name)
+    ):
+        rest = [c for c in usable if c.method != "native"]
+        if rest:
+            fallback = _make(t, a, b, out, mode, exact, max(rest, key=lambda c: c.rate), cands)
+    return _make(t, a, b, out, mode, exact, best, cands, fallback)
+
+
+_PLATFORMS = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}
+
+
+def _make(t, a, b, out, mode, exact, c, cands, fallback=None) -> Plan:
+    return Plan(
+        target=t.name,
+        lhs=a.name,
+        rhs=b.name,
+        out=out.name,
+        mode=mode,
+        method=c.method,
+        lhs_compute=c.compute[0],
+        rhs_compute=c.compute[1],
+        accumulator=c.accumulator,
+        lhs_scale=c.scales[0],
+        rhs_scale=c.scales[1],
+        k_chunk=c.k_chunk,
+        exact=exact,
+        rate=c.rate,
+        candidates=tuple((x.method, x.rate, x.why) for x in cands),
+        fallback=fallback,
+        platform=_PLATFORMS.get(t.kind, t.kind),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Candidate:
+    method: str
+    rate: float
+    why: str  # "ok", or why the target cannot take it
+    compute: tuple[str, str]
+    accumulator: str
+    k_chunk: int | None = None
+    scales: tuple[int, int] = (0, 0)
+
+
+def _native(t: targets.Target, a: Format, b: Format, exact: bool, ints: bool) -> _Candidate:
+    # Only same-type pairs: a quantized operand fed next to an unquantized one has given
+    # wrong results on TPUs. Exact-class floats (e2m1, e2m3) keep the integer route.
+    if a != b:
+        why = "mixed pair; decoded to one type instead"
+    elif exact and not ints:
+        why = f"{a.name} takes the exact integer route"
+    elif not t.supports(a.name, b.name):
+        why = f"{t.name} has no {a.name} x {b.name} unit"
+    else:
+        why = "ok"
+    acc = "int32" if ints else "float32"
+    return _Candidate("native", _native_rate(t, a, b), why, (a.name, b.name), acc)
+
+
+def _fits_int8(f: Format, k: int) -> bool:
+    return f.min * 2**k >= -128 and f.max * 2**k <= 127
+
+
+def _int8(t, a: Format, b: Format, ka: int, kb: int, prod: int, ints: bool) -> _Candidate:
+    if not (_fits_int8(a, ka) and _fits_int8(b, kb)):
+        why = "values do not fit int8"
+    elif not t.supports("int8", "int8"):
+        why = f"{t.name} has no int8 x int8 unit"
+    else:
+        why = "ok"
+    # Integer operands wrap in int32 as the contract says; scaled floats must not wrap.
+    chunk = None if ints else _I32_EXACT // prod
+    return _Candidate("int8", _rate(t, "int8"), why, ("int8", "int8"), "int32", chunk, (ka, kb))
+
+
+def _widen(t, a: Format, b: Format, method: str, compute: str, ka, kb, prod, exact) -> _Candidate:
+    lossy = [f.name for f in (a, b) if f.name != compute and compute not in f.exact_in]
+    if lossy:
+        why = f"{compute} does not hold every {lossy[0]} value"
+    elif not t.supports(compute, compute):
+        why = f"{t.name} has no {compute} x {compute} unit"
+    else:
+        why = "ok"
+    chunk = _F32_EXACT // prod if exact else None
+    scales = (ka, kb) if exact else (0, 0)
+    return _Candidate(method, _rate(t, compute), why, (compute, compute), "float32", chunk, scales)

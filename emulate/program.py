@@ -1,0 +1,80 @@
+"""Matmul sites of a JAX program: every ``dot_general`` and ``conv_general_dilated`` in a
+jaxpr, sub-jaxprs included (jit, scan, while, cond, remat, custom_jvp/vjp, shard_map, ...).
+
+Sub-jaxprs are found by walking every equation parameter that holds a ``Jaxpr`` or
+``ClosedJaxpr`` (or a sequence of them), not a fixed list of primitive names, so the walk
+survives JAX renaming its higher-order primitives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend import core as jex_core
+
+from emulate import targets
+
+__all__ = ["MATMUL_PRIMITIVES", "Site", "sites", "unsupported_sites"]
+
+MATMUL_PRIMITIVES = ("dot_general", "conv_general_dilated")
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """One matmul or convolution equation: its primitive, operand dtypes and shapes."""
+
+    primitive: str
+    lhs_dtype: str
+    rhs_dtype: str
+    lhs_shape: tuple[int, ...]
+    rhs_shape: tuple[int, ...]
+    equation: Any = dataclasses.field(compare=False, repr=False)
+
+
+def sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
+    """Every Jaxpr held by an equation's parameters (ClosedJaxprs unwrapped)."""
+    for value in params.values():
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        for item in items:
+            if isinstance(item, jex_core.ClosedJaxpr):
+                yield item.jaxpr
+            elif isinstance(item, jex_core.Jaxpr):
+                yield item
+
+
+def _walk(jaxpr: Any) -> Iterator[Any]:
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in sub_jaxprs(eqn.params):
+            yield from _walk(sub)
+
+
+def sites(program: Any) -> list[Site]:
+    """The matmul sites of a (Closed)Jaxpr, in program order, sub-jaxprs included."""
+    jaxpr = program.jaxpr if isinstance(program, jex_core.ClosedJaxpr) else program
+    found = []
+    for eqn in _walk(jaxpr):
+        if eqn.primitive.name in MATMUL_PRIMITIVES:
+            lhs, rhs = (v.aval for v in eqn.invars[:2])
+            found.append(
+                Site(
+                    eqn.primitive.name,
+                    np.dtype(lhs.dtype).name,
+                    np.dtype(rhs.dtype).name,
+                    tuple(lhs.shape),
+                    tuple(rhs.shape),
+                    eqn,
+                )
+            )
+    return found
+
+
+def unsupported_sites(fn: Callable[..., Any], *args: Any, target: Any = None) -> list[Site]:
+    """The sites of ``fn(*args)`` whose operand pair ``target`` does not run natively."""
+    t = targets.current_target(target)
+    closed = jax.make_jaxpr(fn)(*args)
+    return [s for s in sites(closed) if not t.supports(s.lhs_dtype, s.rhs_dtype)]

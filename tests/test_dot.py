@@ -1,0 +1,438 @@
+"""emulate.dot_general / matmul / einsum against the reference, on every target."""
+
+from __future__ import annotations
+
+import fractions
+import itertools
+
+import hypothesis.extra.numpy as hnp
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import emulate
+from emulate import bounds, formats, program, reference, targets
+from emulate import testing as et
+
+TARGETS = [t.name for t in targets.all_targets()]
+EXACT = ["int4", "uint4", "int8", "uint8", "float4_e2m1fn", "float6_e2m3fn"]
+BOUNDED = [
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e4m3b11fnuz",
+    "float8_e3m4",
+    "float6_e3m2fn",
+]
+INTS = {"int4", "uint4", "int8", "uint8"}
+
+
+def same_bits(got, want) -> bool:
+    got = np.asarray(got)
+    want = np.asarray(want)
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return False
+    if got.dtype.kind in "iu":
+        return np.array_equal(got, want)
+    g = got.astype(np.float32)
+    w = want.astype(np.float32)
+    both_nan = np.isnan(g) & np.isnan(w)
+    # The sign of a zero result is not part of the contract.
+    return bool(np.all(both_nan | (g == w) & ~(np.isnan(g) | np.isnan(w))))
+
+
+# A fixed pool of layouts, so compiled programs are reused across examples: K = 1, odd
+# sizes, contracting dims first, two contracting dims, batch dims not first, no free dims.
+LAYOUTS = [
+    ((3, 1), (1, 2), (((1,), (0,)), ((), ()))),
+    ((2, 5), (5, 3), (((1,), (0,)), ((), ()))),
+    ((5, 2), (3, 5), (((0,), (1,)), ((), ()))),
+    ((2, 3, 4), (4, 2, 3), (((1, 2), (2, 0)), ((0,), (1,)))),
+    ((4, 2, 3), (3, 2, 4), (((0,), (2,)), ((1,), (1,)))),
+    ((7,), (7,), (((0,), (0,)), ((), ()))),
+    ((2, 33), (33, 2), (((1,), (0,)), ((), ()))),
+]
+
+
+@st.composite
+def dot_problem(draw, lhs_fmt, rhs_fmt, *, elements="all"):
+    """Operands of two formats in one of LAYOUTS, values with special codes boosted."""
+    lshape, rshape, dn = draw(st.sampled_from(LAYOUTS))
+    lhs = draw(_array(lhs_fmt, lshape, elements))
+    rhs = draw(_array(rhs_fmt, rshape, elements))
+    return lhs, rhs, dn
+
+
+def representative_targets(lhs: str, rhs: str) -> list[str]:
+    """One target per distinct way the pair runs: targets with the same plan share code."""
+    seen: dict[tuple, str] = {}
+    for t in TARGETS:
+        p = emulate.plan(lhs, rhs, target=t, preferred_element_type=jnp.float32)
+        fb = p.fallback.method if p.fallback else None
+        key = (p.method, p.lhs_compute, p.rhs_compute, p.k_chunk, fb)
+        seen.setdefault(key, t)
+    return sorted(seen.values())
+
+
+def _array(fmt, shape, elements):
+    f = formats.get(fmt)
+    if f.is_low_precision:
+        return et.arrays(f, shape, elements=elements)
+    # Wide activations: bf16 / f32 values spread over many binades.
+    floats = st.floats(-1e4, 1e4, width=32, allow_subnormal=False)
+    return hnp.arrays(np.float32, shape, elements=floats).map(lambda a: a.astype(f.dtype))
+
+
+def out_types(lhs: str, rhs: str) -> list:
+    """preferred_element_type values worth checking for a pair."""
+    if lhs in INTS and rhs in INTS:
+        return [None, jnp.int32]
+    res = formats.dot_result(lhs, rhs)
+    return ([None] if res.xla_storable else []) + [jnp.float32, jnp.bfloat16]
+
+
+EXACT_PAIRS = [(a, b) for a, b in itertools.product(EXACT, EXACT)]
+
+
+EXACT_CASES = [(a, b, t) for a, b in EXACT_PAIRS for t in representative_targets(a, b)]
+
+
+@pytest.mark.parametrize("lhs,rhs,target", EXACT_CASES)
+@settings(max_examples=6)
+@given(data=st.data())
+def test_exact_classes_are_bit_identical_to_reference(lhs, rhs, target, data):
+    a, b, dn = data.draw(dot_problem(lhs, rhs, elements="finite"))
+    pet = data.draw(st.sampled_from(out_types(lhs, rhs)))
+    got = emulate.dot_general(a, b, dn, preferred_element_type=pet, target=target)
+    want = reference.dot_general(a, b, dn, preferred_element_type=pet)
+    assert same_bits(got, want), (pet, got, want)
+
+
+def within_bound(got, a, b, dn) -> bool:
+    """``got`` lies between the roundings of exact -+ bound into its own type."""
+    exact = reference.exact_dot_general(a, b, dn)
+    bnd = bounds.dot_general_bound(a, b, dn)
+    out = formats.get(np.asarray(got).dtype)
+    g = np.asarray(got).astype(np.float64).reshape(-1)
+    for e, bd, v in zip(
+        np.asarray(exact, dtype=object).reshape(-1), bnd.reshape(-1), g, strict=True
+    ):
+        if not isinstance(e, fractions.Fraction):  # NaN / Inf follow IEEE: compare as they are
+            if not (np.isnan(e) and np.isnan(v) or e == v):
+                return False
+            continue
+        lo = reference.round_exact(*_frac_parts(e - fractions.Fraction(bd)), out)
+        hi = reference.round_exact(*_frac_parts(e + fractions.Fraction(bd)), out)
+        # Past the format's range the rounding overflows to Inf or (fn/fnuz formats) NaN.
+        if not np.isfinite(v):
+            if np.isfinite(lo) and np.isfinite(hi):
+                return False
+            continue
+        lo = lo if np.isfinite(lo) else -np.inf
+        hi = hi if np.isfinite(hi) else np.inf
+        if not lo <= v <= hi:
+            return False
+    return True
+
+
+def _frac_parts(x: fractions.Fraction) -> tuple[int, int]:
+    # numerator * 2**exponent for a dyadic fraction (denominators here are powers of two)
+    den = x.denominator
+    assert den & (den - 1) == 0
+    return x.numerator, -(den.bit_length() - 1)
+
+
+BOUNDED_PAIRS = [(f, f) for f in BOUNDED] + [
+    ("bfloat16", "float8_e4m3fn"),
+    ("bfloat16", "float8_e5m2"),
+    ("float32", "float8_e4m3fn"),
+    ("float8_e4m3fn", "float8_e5m2"),
+    ("bfloat16", "int4"),
+    ("bfloat16", "float4_e2m1fn"),
+]
+
+
+BOUNDED_CASES = [(a, b, t) for a, b in BOUNDED_PAIRS for t in representative_targets(a, b)]
+
+
+@pytest.mark.parametrize("lhs,rhs,target", BOUNDED_CASES)
+@settings(max_examples=6)
+@given(data=st.data())
+def test_bounded_classes_are_within_the_bound(lhs, rhs, target, data):
+    a, b, dn = data.draw(dot_problem(lhs, rhs))
+    pet = data.draw(st.sampled_from(out_types(lhs, rhs)))
+    got = emulate.dot_general(a, b, dn, preferred_element_type=pet, target=target)
+    assert np.asarray(got).dtype == formats.dot_result(lhs, rhs, pet).dtype
+    assert within_bound(got, a, b, dn)
+
+
+DN = (((1,), (0,)), ((), ()))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_int8_all_minus_128_k4096_is_exact(target):
+    a = np.full((2, 4096), -128, np.int8)
+    b = np.full((4096, 3), -128, np.int8)
+    got = emulate.dot_general(a, b, DN, preferred_element_type=jnp.int32, target=target)
+    assert got.dtype == jnp.int32
+    assert np.asarray(got).tolist() == [[4096 * 16384] * 3] * 2
+    # f32 result: 2**26 is exact in f32 as well.
+    got32 = emulate.dot_general(a, b, DN, preferred_element_type=jnp.float32, target=target)
+    assert np.asarray(got32).tolist() == [[2.0**26] * 3] * 2
+
+
+def test_naive_f32_accumulation_is_wrong_where_emulate_is_exact():
+    # Past 2**24 an f32 running sum of int8 products drops odd units; int32 does not.
+    k = 1100
+    a = np.full((1, k), 127, np.int8)
+    b = np.full((k, 1), 127, np.int8)
+    a[0, -1] = b[-1, 0] = 1
+    exact = (k - 1) * 127 * 127 + 1
+    naive = np.float32(0)
+    for x, y in zip(a[0], b[:, 0], strict=True):
+        naive = np.float32(naive + np.float32(int(x) * int(y)))
+    assert int(naive) != exact
+    for target in ("tpu_v4", "tpu_v5e", "cpu"):
+        got = emulate.dot_general(a, b, DN, preferred_element_type=jnp.int32, target=target)
+        assert int(got[0, 0]) == exact
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_fp4_k8192_bit_identical(target):
+    rng = np.random.default_rng(8192)
+    a = rng.integers(0, 16, (3, 8192)).astype(np.uint8).view(ml_dtypes.float4_e2m1fn)
+    b = rng.integers(0, 16, (8192, 4)).astype(np.uint8).view(ml_dtypes.float4_e2m1fn)
+    for pet in (jnp.float32, jnp.bfloat16):
+        got = emulate.dot_general(a, b, DN, preferred_element_type=pet, target=target)
+        assert same_bits(got, reference.dot_general(a, b, DN, preferred_element_type=pet))
+
+
+@pytest.mark.parametrize("target", ["tpu_v4", "tpu_v2", "cpu"])
+def test_chunked_exact_path_with_ragged_last_chunk(target):
+    # e2m3 x e2m3 in f32 is exact for K <= 4660: K = 5003 takes two chunks, one ragged.
+    rng = np.random.default_rng(1)
+    codes_a = rng.integers(0, 64, (2, 5003)).astype(np.uint8)
+    codes_b = rng.integers(0, 64, (5003, 3)).astype(np.uint8)
+    codes_a[:, :2000] = 0x1F  # 7.5: big products so partial sums grow
+    codes_b[:2000, :] = 0x1F
+    a = codes_a.view(ml_dtypes.float6_e2m3fn)
+    b = codes_b.view(ml_dtypes.float6_e2m3fn)
+    for pet in (jnp.float32, jnp.bfloat16):
+        got = emulate.dot_general(a, b, DN, preferred_element_type=pet, target=target)
+        assert same_bits(got, reference.dot_general(a, b, DN, preferred_element_type=pet))
+
+
+def test_int8_output_wraps_and_fp8_output_rounds_once():
+    a = np.full((1, 3), 100, np.int8)
+    b = np.full((3, 1), 100, np.int8)
+    got = emulate.dot_general(a, b, DN, target="tpu_v4")
+    assert got.dtype == jnp.int8
+    assert int(got[0, 0]) == (30000 + 128) % 256 - 128
+    x = np.array([[448.0, 448.0, -0.5]], ml_dtypes.float8_e4m3fn)
+    y = np.array([[1.0], [-1.0], [1.0]], ml_dtypes.float8_e4m3fn)
+    r = emulate.dot_general(x, y, DN, target="tpu_v4")
+    assert r.dtype == jnp.float8_e4m3fn and float(r[0, 0]) == -0.5
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_program_holds_only_native_pairs(target):
+    t = targets.get(target)
+    cases = [(l_, r) for l_, r in EXACT_PAIRS] + BOUNDED_PAIRS
+    for lhs, rhs in cases:
+        a = np.zeros((4, 2000), formats.get(lhs).dtype)
+        b = np.zeros((2000, 3), formats.get(rhs).dtype)
+        codes_a = a.view(np.uint8) if formats.get(lhs).bits < 16 else a
+        codes_b = b.view(np.uint8) if formats.get(rhs).bits < 16 else b
+
+        def f(x, y, lhs=lhs, rhs=rhs):
+            fa = lhs if x.dtype == np.uint8 and lhs != "uint8" else None
+            fb = rhs if y.dtype == np.uint8 and rhs != "uint8" else None
+            return emulate.dot_general(
+                x, y, DN, preferred_element_type=jnp.float32, target=t, lhs_format=fa, rhs_format=fb
+            )
+
+        sites = program.sites(jax.make_jaxpr(f)(codes_a, codes_b))
+        assert sites, (lhs, rhs)
+        for s in sites:
+            assert t.supports(s.lhs_dtype, s.rhs_dtype), (target, lhs, rhs, s)
+
+
+def test_packed_and_code_operands():
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 16, (6, 5)).astype(np.uint8)
+    w = emulate.pack(codes, "int4", axis=0)
+    x = rng.integers(-5, 5, (2, 6)).astype(np.int8)
+    want = reference.dot_general(x, codes.view(ml_dtypes.int4), DN, preferred_element_type=np.int32)
+    got = emulate.dot_general(x, w, DN, preferred_element_type=jnp.int32, target="tpu_v5e")
+    np.testing.assert_array_equal(got, want)
+    got2 = emulate.dot_general(x, codes, DN, preferred_element_type=jnp.int32, rhs_format="int4")
+    np.testing.assert_array_equal(got2, want)
+
+
+def test_jit_vmap_and_no_retrace():
+    rng = np.random.default_rng(4)
+    a = jnp.asarray(rng.standard_normal((5, 2, 7)), jnp.bfloat16)
+    w = emulate.pack(rng.integers(0, 16, (7, 3)).astype(np.uint8), "float4_e2m1fn", axis=0)
+
+    def f(x, w):
+        return emulate.dot_general(x, w, DN, preferred_element_type=jnp.float32, target="tpu_v4")
+
+    eager = jnp.stack([f(a[i], w) for i in range(5)])
+    np.testing.assert_array_equal(jax.vmap(f, in_axes=(0, None))(a, w), eager)
+    np.testing.assert_array_equal(jax.jit(jax.vmap(f, in_axes=(0, None)))(a, w), eager)
+    from emulate.dot import _run
+
+    before = _run._cache_size()
+    for _ in range(3):
+        f(a[0], w)
+    assert _run._cache_size() == before
+
+
+def test_grad_through_bf16_activation_matches_decoded_computation():
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.standard_normal((3, 8)), jnp.float32)
+    wc = rng.integers(0, 256, (8, 4)).astype(np.uint8)
+    wc[(wc & 0x7F) == 0x7F] = 0  # no NaN codes
+    w = wc.view(ml_dtypes.float8_e4m3fn)
+
+    def loss(x):
+        y = emulate.dot_general(x, w, DN, preferred_element_type=jnp.float32, target="tpu_v4")
+        return jnp.sum(y * y)
+
+    def plain(x):
+        wd = emulate.decode(w, to=jnp.float32)
+        y = jax.lax.dot_general(x, wd, DN, preferred_element_type=jnp.float32)
+        return jnp.sum(y * y)
+
+    np.testing.assert_allclose(jax.grad(loss)(x), jax.grad(plain)(x), rtol=1e-6)
+
+
+def test_exact_mode():
+    a = np.array([[1.5, -2.0]], ml_dtypes.float4_e2m1fn)
+    b = np.array([[3.0], [0.5]], ml_dtypes.float4_e2m1fn)
+    got = emulate.dot_general(a, b, DN, preferred_element_type=jnp.float32, mode="exact")
+    assert float(got[0, 0]) == 3.5
+    with pytest.raises(
+        NotImplementedError,
+        match=r"^mode='exact' for float8_e4m3fn x float8_e4m3fn is not built yet",
+    ):
+        emulate.dot_general(
+            np.zeros((1, 2), ml_dtypes.float8_e4m3fn),
+            np.zeros((2, 1), ml_dtypes.float8_e4m3fn),
+            DN,
+            mode="exact",
+        )
+
+
+class TestMatmulEinsum:
+    def test_matmul_rules_match_reference(self):
+        rng = np.random.default_rng(6)
+        a = rng.integers(-8, 8, (2, 1, 3, 5)).astype(ml_dtypes.int4)
+        b = rng.integers(-8, 8, (4, 5, 2)).astype(ml_dtypes.int4)
+        got = emulate.matmul(a, b, preferred_element_type=jnp.int32, target="tpu_v4")
+        assert got.shape == (2, 4, 3, 2)
+        ab = np.broadcast_to(a, (2, 4, 3, 5))
+        bb = np.broadcast_to(b, (2, 4, 5, 2))
+        want = reference.dot_general(
+            ab, bb, (((3,), (2,)), ((0, 1), (0, 1))), preferred_element_type=np.int32
+        )
+        np.testing.assert_array_equal(got, want)
+        v = rng.integers(-8, 8, (5,)).astype(ml_dtypes.int4)
+        mv = emulate.matmul(a[0, 0], v, preferred_element_type=jnp.int32)
+        vm = emulate.matmul(v, b[0], preferred_element_type=jnp.int32)
+        vv = emulate.matmul(v, v, preferred_element_type=jnp.int32)
+        ai = a[0, 0].astype(np.int64)
+        vi = v.astype(np.int64)
+        assert mv.shape == (3,) and np.asarray(mv).tolist() == (ai @ vi).tolist()
+        assert vm.shape == (2,) and np.asarray(vm).tolist() == (vi @ b[0].astype(np.int64)).tolist()
+        assert vv.shape == () and int(vv) == int(vi @ vi)
+
+    @pytest.mark.parametrize(
+        "subscripts,sa,sb",
+        [
+            ("ij,jk->ik", (3, 4), (4, 2)),
+            ("ij,kj", (3, 4), (2, 4)),
+            ("bij,bjk->bki", (2, 3, 4), (2, 4, 5)),
+            ("...ij,jk->...ik", (2, 3, 4), (4, 5)),
+            ("ij,jk->k", (3, 4), (4, 2)),
+            ("i,i->", (7,), (7,)),
+        ],
+    )
+    def test_einsum_matches_numpy_on_integers(self, subscripts, sa, sb):
+        rng = np.random.default_rng(7)
+        a = rng.integers(-128, 128, sa).astype(np.int8)
+        b = rng.integers(-128, 128, sb).astype(np.int8)
+        got = emulate.einsum(subscripts, a, b, preferred_element_type=jnp.int32, target="tpu_v4")
+        want = np.einsum(subscripts, a.astype(np.int64), b.astype(np.int64))
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+class TestBadInput:
+    def test_contracting_size_mismatch(self):
+        with pytest.raises(
+            ValueError,
+            match=r"^dimension_numbers: lhs contracting dimension 1 has size 3 but rhs contracting "
+            r"dimension 0 has size 4; lhs int8\[2, 3\], rhs int8\[4, 5\], target tpu_v4$",
+        ):
+            emulate.dot_general(
+                np.zeros((2, 3), np.int8), np.zeros((4, 5), np.int8), DN, target="tpu_v4"
+            )
+
+    def test_unknown_target(self):
+        with pytest.raises(ValueError, match=r"unknown target 'tpu_v9'"):
+            emulate.dot_general(
+                np.zeros((2, 3), np.int8), np.zeros((3, 5), np.int8), DN, target="tpu_v9"
+            )
+
+    def test_complex_operand(self):
+        with pytest.raises(TypeError, match=r"^lhs: dtype complex64 is not a supported format"):
+            emulate.dot_general(np.zeros((2, 3), np.complex64), np.zeros((3, 5), np.int8), DN)
+
+    def test_bool_operand(self):
+        with pytest.raises(TypeError, match=r"^rhs: dtype bool is not a supported format"):
+            emulate.dot_general(np.zeros((2, 3), np.int8), np.zeros((3, 5), bool), DN)
+
+    def test_not_an_array(self):
+        with pytest.raises(
+            TypeError, match=r"^lhs: expected an array \(jax or numpy\), a Packed array"
+        ):
+            emulate.dot_general([[1, 2]], np.zeros((2, 5), np.int8), DN)
+
+    def test_float6_result_needs_preferred_type(self):
+        a = np.zeros((1, 2), ml_dtypes.float6_e3m2fn)
+        with pytest.raises(
+            ValueError, match=r"^preferred_element_type: the result type would be float6_e3m2fn"
+        ):
+            emulate.dot_general(a, a.T, DN)
+
+    def test_scale_type_is_not_an_operand(self):
+        a = np.ones((1, 2), ml_dtypes.float8_e8m0fnu)
+        with pytest.raises(ValueError, match=r"^lhs: float8_e8m0fnu is a scale type"):
+            emulate.dot_general(a, a.T, DN, preferred_element_type=jnp.float32)
+
+    def test_bad_mode(self):
+        with pytest.raises(
+            ValueError, match=r"^mode: expected one of 'fast', 'exact', got 'quick'$"
+        ):
+            emulate.dot_general(
+                np.zeros((1, 2), np.int8), np.zeros((2, 1), np.int8), DN, mode="quick"
+            )
+
+    def test_corrupt_packed(self):
+        p = emulate.pack(np.zeros((4, 6), np.uint8), "int4")
+        bad = emulate.Packed(p.data, "int4", -1, 11)
+        with pytest.raises(ValueError, match=r"^p: 11 int4 elements need 6 bytes along axis -1"):
+            emulate.dot_general(np.zeros((2, 4), np.int8), bad, DN)
+
+    def test_einsum_three_operands(self):
+        x = np.zeros((2, 2), np.int8)
+        with pytest.raises(
+            ValueError, match=r"^operands: emulate.einsum contracts exactly two operands, got 3"
+        ):
+            emulate.einsum("ij,jk,kl->il", x, x, x)

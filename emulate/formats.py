@@ -349,13 +349,17 @@ def dot_result(lhs: Any, rhs: Any, preferred_element_type: Any = None) -> Format
     So int8 x int8 gives int8 (the sum wraps) and e4m3fn x e5m2 gives e5m2.
 
     Raises:
-      TypeError: operands of different types with equal keys, or an integer result
-        with a narrower ``preferred_element_type``, as JAX does.
+      TypeError: operands of different types with equal keys and no
+        ``preferred_element_type`` (JAX rejects them even with one; emulate accepts
+        them then), or an integer result with a narrower ``preferred_element_type``.
     """
     a, b = get(lhs), get(rhs)
     ra, rb = _rank(a), _rank(b)
-    if ra == rb and a != b:
-        raise TypeError(f"dot_general argument type error: {a.name}, {b.name}")
+    if ra == rb and a != b and preferred_element_type is None:
+        raise TypeError(
+            f"dot_general argument type error: {a.name}, {b.name}; "
+            "pass preferred_element_type to choose the result type"
+        )
     out = a if ra >= rb else b
     if preferred_element_type is None:
         return out

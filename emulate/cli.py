@@ -3,7 +3,12 @@
 Each subcommand is one small ``_add_<name>`` function that builds its sub-parser and
 sets ``func`` (a ``Namespace -> int`` handler) as a default; ``_SUBCOMMANDS`` lists them
 in the one place where a new subcommand is registered. Handlers import what they need
-themselves, so ``emulate formats`` runs without importing JAX.
+themselves. The subcommands:
+
+- ``formats [FORMAT ...]``: the table of low-precision formats;
+- ``targets [--target T ...]``: native / emulated operand pairs per target and format, and
+  the plan method each format gets against itself and against bfloat16;
+- ``explain LHS RHS [--target T] [--out DTYPE] [--mode fast|exact]``: one plan, explained.
 
 Bad arguments print one line, ``emulate: error: <problem> (choose from ...)``, and exit
 with status 2; there is no traceback.
@@ -150,10 +155,253 @@ def _low_precision(name: str, parser: argparse.ArgumentParser) -> formats.Format
     return f
 
 
+# --------------------------------------------------------------------------- targets
+
+#: Output tables are split into column groups so that no line exceeds this width.
+_WIDTH = 100
+
+
+def _add_targets(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "targets",
+        help="which operand pairs each target runs natively, and the plan each format gets",
+        description=(
+            "Print, per target and format, whether fmt x fmt and bfloat16 x fmt run natively "
+            "on the target's matrix unit, then the plan method emulate.plan picks for each "
+            "low-precision format against itself and against bfloat16 (float32 results). "
+            "Lines stay within 100 columns: wide tables are split into column groups."
+        ),
+    )
+    p.add_argument(
+        "--target",
+        dest="targets",
+        action="extend",
+        nargs="+",
+        metavar="T",
+        help="targets to show (names or aliases such as v5e, h100); default: all",
+    )
+    p.set_defaults(func=_run_targets)
+
+
+def _column(name: str) -> str:
+    """A target's short column label: ``tpu_v5e`` -> ``v5e``, ``gpu_sm90`` -> ``sm90``."""
+    return name.removeprefix("tpu_").removeprefix("gpu_")
+
+
+def _grid(
+    title: str,
+    row_names: Sequence[str],
+    columns: Sequence[tuple[str, str]],
+    cell: Callable[[str, str], str],
+) -> list[str]:
+    """Tables of ``cell(row, column)`` titled ``title``, with lines of at most :data:`_WIDTH`.
+
+    ``columns`` are (name, kind) pairs. All columns go in one table if it fits; otherwise
+    one table per kind (TPUs, then the rest), each cut further where it still does not fit.
+    Every table repeats the title and the ``format`` column. The lines start with a blank
+    one.
+    """
+    cells = {(r, c): cell(r, c) for r in row_names for c, _ in columns}
+    first = max(len("format"), *(len(r) for r in row_names))
+    width = {
+        c: 2 + max(len(_column(c)), *(len(cells[r, c]) for r in row_names)) for c, _ in columns
+    }
+    if first + sum(width.values()) <= _WIDTH:
+        kinds = [[c for c, _ in columns]]
+    else:
+        kinds = [
+            [c for c, k in columns if k == kind] for kind in dict.fromkeys(k for _, k in columns)
+        ]
+    groups: list[list[str]] = []
+    for names in kinds:
+        groups.append([])
+        used = first
+        for c in names:
+            if groups[-1] and used + width[c] > _WIDTH:
+                groups.append([])
+                used = first
+            groups[-1].append(c)
+            used += width[c]
+    lines: list[str] = []
+    for group in groups:
+        rows = [{"format": r, **{_column(c): cells[r, c] for c in group}} for r in row_names]
+        lines += ["", title, _table(rows)]
+    return lines
+
+
+_METHOD_LEGEND = (
+    "method: native = operands go to the matrix unit as they are; int8 = decoded to int8 after "
+    "an\nexact power-of-two scaling, int32 accumulation; bf16 / f32 = decoded exactly to that "
+    "type,\nf32 accumulation; none = no route on that target."
+)
+
+
+def _run_targets(args: argparse.Namespace) -> int:
+    from emulate import targets
+    from emulate.plan import plan
+
+    chosen = []
+    for name in args.targets or targets.names():
+        try:
+            chosen.append(targets.get(name))
+        except ValueError:
+            args.parser.error(
+                f"unknown target {name!r} (choose from {', '.join(targets.names())}, "
+                "or an alias such as v5e)"
+            )
+    names = list(dict.fromkeys(t.name for t in chosen))
+    columns = [(t.name, "tpu" if t.kind == "tpu" else "other") for t in map(targets.get, names)]
+    operands = [f for f in targets.OPERANDS if f != "float8_e8m0fnu"]
+    low = [f for f in formats.LOW_PRECISION if f != "float8_e8m0fnu"]
+
+    mark = {"native": "N", "emulated": "e"}
+    status = {
+        (r.target, r.format): f"{mark[r.same_type]}/{mark[r.weight_only]}"
+        for r in targets.capability_matrix(names, operands)
+    }
+    lines = _grid(
+        "Native operand pairs (N native, e emulated); cell: fmt x fmt / bfloat16 x fmt",
+        operands,
+        columns,
+        lambda f, t: status[t, f],
+    )
+    lines.append("")
+    by_source: dict[str, list[str]] = {}
+    for name in names:
+        by_source.setdefault(targets.get(name).source, []).append(_column(name))
+    if "jax" in by_source:
+        lines.append(f"read from JAX's Pallas TPU table: {', '.join(by_source['jax'])}")
+    if "builtin" in by_source:
+        lines.append(f"emulate's builtin profiles: {', '.join(by_source['builtin'])}")
+    lines.append("float8_e8m0fnu, a scale type and never a matmul operand, is left out.")
+
+    # (lhs x rhs, fallback method, platform) -> targets whose native plan has that fallback
+    fallbacks: dict[tuple[str, str, str], list[str]] = {}
+    # format -> targets where fmt x fmt is native but the plan takes a faster route
+    passed_over: dict[str, list[str]] = {}
+
+    def method(lhs: str, rhs: str, t: str) -> str:
+        try:
+            p = plan(lhs, rhs, target=t, preferred_element_type="float32")
+        except ValueError:
+            return "none"
+        if p.fallback is not None:
+            key = (f"{lhs} x {rhs}", p.fallback.method, p.platform)
+            fallbacks.setdefault(key, []).append(_column(t))
+        if p.method != "native" and lhs == rhs and targets.get(t).supports(lhs, rhs):
+            passed_over.setdefault(lhs, []).append(_column(t))
+        return p.method
+
+    lines += _grid(
+        "Plan method, fmt x fmt (float32 result)", low, columns, lambda f, t: method(f, f, t)
+    )
+    lines += _grid(
+        "Plan method, bfloat16 x fmt (float32 result)",
+        low,
+        columns,
+        lambda f, t: method("bfloat16", f, t),
+    )
+    lines += ["", _METHOD_LEGEND]
+    if passed_over:
+        lines.append(
+            "native pairs planned another way (that route is faster by the target's rates):"
+        )
+        lines += [f"  {f} x {f} on {', '.join(ts)}" for f, ts in passed_over.items()]
+    if fallbacks:
+        lines.append(
+            "native plans the host CPU cannot compile take another route when the program is "
+            "lowered\nfor any other platform (Plan.fallback):"
+        )
+        lines += [
+            f"  {pair} on {', '.join(ts)}: the {m} route off {platform}"
+            for (pair, m, platform), ts in fallbacks.items()
+        ]
+    lines.append("Details of one pair: emulate explain LHS RHS --target T")
+    print("\n".join(lines[1:]))
+    return 0
+
+
+# --------------------------------------------------------------------------- explain
+
+
+def _add_explain(sub: argparse._SubParsersAction) -> None:
+    from emulate.plan import MODES
+
+    p = sub.add_parser(
+        "explain",
+        help="the plan for one operand pair on one target, and why",
+        description=(
+            "Print emulate.plan(LHS, RHS, ...).explain(): the method, the types the matrix "
+            "unit sees, the accumulator, the exact K-chunk, the numerics and the candidates "
+            "considered with their rates."
+        ),
+    )
+    p.add_argument("lhs", metavar="LHS", help="left operand format (name or alias)")
+    p.add_argument("rhs", metavar="RHS", help="right operand format (name or alias)")
+    p.add_argument(
+        "--target",
+        metavar="T",
+        help="target name or alias; default: the current target (EMULATE_TARGET or detection)",
+    )
+    p.add_argument(
+        "--out",
+        metavar="DTYPE",
+        help="preferred_element_type; default: what lax.dot_general returns for the pair",
+    )
+    p.add_argument("--mode", choices=MODES, default="fast", help="numerics mode (default fast)")
+    p.set_defaults(func=_run_explain)
+
+
+#: Formats that can be matmul operands (float8_e8m0fnu is a scale type).
+_OPERAND_CHOICES = tuple(n for n in formats.names() if n not in ("float8_e8m0fnu", "int32"))
+
+
+def _any_format(
+    name: str, parser: argparse.ArgumentParser, what: str, choices: Sequence[str]
+) -> str:
+    """The canonical name of format ``name`` (or alias), or a one-line usage error."""
+    try:
+        return formats.get(name).name
+    except ValueError:
+        parser.error(
+            f"unknown {what} format {name!r} "
+            f"(choose from {', '.join(choices)}, or an alias such as e4m3)"
+        )
+
+
+def _run_explain(args: argparse.Namespace) -> int:
+    from emulate import targets
+    from emulate.plan import plan
+
+    parser = args.parser
+    lhs = _any_format(args.lhs, parser, "operand", _OPERAND_CHOICES)
+    rhs = _any_format(args.rhs, parser, "operand", _OPERAND_CHOICES)
+    out = None if args.out is None else _any_format(args.out, parser, "result", formats.names())
+    target = None
+    if args.target is not None:
+        try:
+            target = targets.get(args.target)
+        except ValueError:
+            parser.error(
+                f"unknown target {args.target!r} (choose from {', '.join(targets.names())}, "
+                "or an alias such as v5e)"
+            )
+    try:
+        p = plan(lhs, rhs, target=target, preferred_element_type=out, mode=args.mode)
+    except (NotImplementedError, ValueError, TypeError) as e:
+        parser.error(" ".join(str(e).split()))
+    print(p.explain())
+    return 0
+
+
 # --------------------------------------------------------------------------- registry
 
 #: Every subcommand, in the order ``--help`` lists them. Add new ones here.
-_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_formats,)
+_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    _add_formats,
+    _add_targets,
+    _add_explain,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""The command line: the formats table and argument errors."""
+"""The command line: the formats, targets and explain subcommands, and argument errors."""
 
 from __future__ import annotations
 
@@ -82,8 +82,8 @@ def test_formats_selected_by_alias(capsys: pytest.CaptureFixture) -> None:
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["bogus"], "invalid choice: 'bogus' (choose from formats)"),
-        ([], "missing command (choose from formats)"),
+        (["bogus"], "invalid choice: 'bogus' (choose from formats, targets, explain)"),
+        ([], "missing command (choose from formats, targets, explain)"),
         (["formats", "float7"], "unknown low-precision format 'float7' (choose from int4,"),
         (["formats", "bf16"], "unknown low-precision format 'bf16'"),
         (["formats", "--nope"], "unrecognized arguments: --nope"),
@@ -99,7 +99,9 @@ def test_bad_arguments_exit_2_with_one_line(
     assert captured.out == ""
     err = captured.err.strip()
     assert "\n" not in err and err.startswith("emulate")
-    assert needle in err.replace("'formats'", "formats")
+    for command in ("formats", "targets", "explain"):
+        err = err.replace(f"'{command}'", command)
+    assert needle in err
     assert "Traceback" not in err
 
 
@@ -113,3 +115,279 @@ def test_python_dash_m_runs_without_traceback() -> None:
     )
     assert bad.returncode == 2
     assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- targets
+
+TPU_CHIPS = {  # column label -> JAX's ChipVersion value, written out independently of emulate
+    "v2": "v2",
+    "v3": "v3",
+    "v4": "v4",
+    "v4i": "v4i",
+    "v5e": "v5e",
+    "v5p": "v5p",
+    "v6e": "v6e",
+    "v7": "7",
+    "v7x": "7x",
+    "v8i": "8i",
+}
+ALL_COLUMNS = [*TPU_CHIPS, "cpu", "sm80", "sm89", "sm90", "sm100"]
+MATRIX_ROWS = [f for f in formats.LOW_PRECISION if f != "float8_e8m0fnu"] + [
+    "bfloat16",
+    "float32",
+    "float16",
+]
+PLAN_ROWS = [f for f in formats.LOW_PRECISION if f != "float8_e8m0fnu"]
+NATIVE = "Native operand pairs (N native, e emulated); cell: fmt x fmt / bfloat16 x fmt"
+SAME = "Plan method, fmt x fmt (float32 result)"
+WEIGHT = "Plan method, bfloat16 x fmt (float32 result)"
+
+
+def _tables(out: str) -> dict[str, dict[str, dict[str, str]]]:
+    """Every table in ``out`` as title -> row -> column -> cell.
+
+    A table is a title line, a header line, a dashes line and rows up to a blank line;
+    tables that share a title (column groups of one wide table) are merged.
+    """
+    lines = out.splitlines()
+    tables: dict[str, dict[str, dict[str, str]]] = {}
+    for i, line in enumerate(lines):
+        if not line or set(line) - {"-", " "}:
+            continue
+        title, header = lines[i - 2], lines[i - 1]
+        starts, pos = [], 0
+        for dashes in line.split("  "):
+            starts.append(pos)
+            pos += len(dashes) + 2
+        bounds = [*starts, None]
+        names = [header[a:b].strip() for a, b in zip(bounds, bounds[1:], strict=False)]
+        table = tables.setdefault(title, {})
+        for row in lines[i + 1 :]:
+            if not row:
+                break
+            cells = [row[a:b].strip() for a, b in zip(bounds, bounds[1:], strict=False)]
+            table.setdefault(cells[0], {}).update(zip(names[1:], cells[1:], strict=True))
+    return tables
+
+
+@pytest.fixture(scope="module")
+def targets_out() -> str:
+    # Run once for the module: every plan of every target is computed.
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli.main(["targets"]) == 0
+    return buf.getvalue()
+
+
+def test_targets_prints_three_tables_of_every_target(targets_out: str) -> None:
+    tables = _tables(targets_out)
+    assert list(tables) == [NATIVE, SAME, WEIGHT]
+    assert list(tables[NATIVE]) == MATRIX_ROWS
+    assert list(tables[SAME]) == list(tables[WEIGHT]) == PLAN_ROWS
+    for table in tables.values():
+        for row in table.values():
+            assert list(row) == ALL_COLUMNS
+    assert max(len(line) for line in targets_out.splitlines()) <= 100
+
+
+def test_targets_matrix_matches_jax_tpu_table(targets_out: str) -> None:
+    from jax.experimental.pallas import tpu as pltpu
+
+    matrix = _tables(targets_out)[NATIVE]
+    for column, chip in TPU_CHIPS.items():
+        info = pltpu.get_tpu_info_for_chip(pltpu.ChipVersion(chip), 1)
+        for f in MATRIX_ROWS:
+            dtype, bf16 = formats.get(f).dtype, formats.get("bfloat16").dtype
+            same = "N" if info.is_matmul_supported(dtype, dtype) else "e"
+            weight = "N" if info.is_matmul_supported(bf16, dtype) else "e"
+            assert matrix[f][column] == f"{same}/{weight}", (column, f)
+
+
+def test_targets_matrix_matches_profiles_elsewhere(targets_out: str) -> None:
+    from emulate import targets
+
+    matrix = _tables(targets_out)[NATIVE]
+    for name in ("cpu", "gpu_sm80", "gpu_sm89", "gpu_sm90", "gpu_sm100"):
+        t = targets.get(name)
+        for f in MATRIX_ROWS:
+            same = "N" if t.supports(f, f) else "e"
+            weight = "N" if t.supports("bfloat16", f) else "e"
+            assert matrix[f][name.removeprefix("gpu_")] == f"{same}/{weight}", (name, f)
+
+
+def test_targets_matrix_known_cells(targets_out: str) -> None:
+    m = _tables(targets_out)[NATIVE]
+    assert m["int8"]["v4"] == "e/N"  # int8 x int8 emulated; bf16 x int8 native
+    assert m["int8"]["v5e"] == "N/e"
+    assert m["int8"]["v7x"] == "e/e"
+    assert m["float8_e4m3fn"]["v7x"] == "N/N"
+    assert m["float8_e4m3fn"]["v5e"] == "e/e"
+    assert m["float4_e2m1fn"]["v5e"] == "e/e"
+    assert m["bfloat16"]["v2"] == "e/e"
+    assert m["float32"]["v2"] == "N/e"
+    assert m["int4"]["cpu"] == "e/e"
+    assert m["float8_e4m3fn"]["sm90"] == "N/e"
+
+
+def test_targets_plan_tables_are_what_plan_says(targets_out: str) -> None:
+    import emulate
+
+    tables = _tables(targets_out)
+    for column in ALL_COLUMNS:
+        name = f"tpu_{column}" if column in TPU_CHIPS else column
+        name = f"gpu_{column}" if column.startswith("sm") else name
+        for f in PLAN_ROWS:
+            same = emulate.plan(f, f, target=name, preferred_element_type="float32")
+            weight = emulate.plan("bfloat16", f, target=name, preferred_element_type="float32")
+            assert tables[SAME][f][column] == same.method, (column, f)
+            assert tables[WEIGHT][f][column] == weight.method, (column, f)
+
+
+def test_targets_plan_known_cells(targets_out: str) -> None:
+    tables = _tables(targets_out)
+    same, weight = tables[SAME], tables[WEIGHT]
+    assert same["float4_e2m1fn"]["v5e"] == "int8"
+    assert same["float6_e2m3fn"]["v6e"] == "int8"
+    assert same["float4_e2m1fn"]["v4"] == "bf16"
+    assert same["float8_e4m3fn"]["v4"] == "bf16"
+    assert same["float8_e4m3fn"]["v7x"] == "native"
+    assert same["int4"]["v5e"] == "native"
+    assert same["int8"]["v7x"] == "bf16"
+    assert same["int8"]["v2"] == "f32"
+    assert same["int4"]["cpu"] == "int8"
+    assert weight["int8"]["v2"] == "f32"
+    assert weight["int8"]["v4"] == "bf16"  # mixed pairs are decoded to one type
+
+
+def test_targets_notes(targets_out: str) -> None:
+    lines = targets_out.splitlines()
+    assert "read from JAX's Pallas TPU table: v2, v3, v4, v4i, v5e, v5p, v6e, v7, v7x, v8i" in lines
+    assert "emulate's builtin profiles: cpu, sm80, sm89, sm90, sm100" in lines
+    assert "  int4 x int4 on v5e, v5p, v6e: the int8 route off tpu" in lines
+    assert "  uint4 x uint4 on v5e, v5p, v6e: the int8 route off tpu" in lines
+
+
+def test_targets_selected_by_alias(capsys: pytest.CaptureFixture) -> None:
+    assert cli.main(["targets", "--target", "v5e", "--target", "host", "tpu_v5e"]) == 0
+    tables = _tables(capsys.readouterr().out)
+    assert list(tables) == [NATIVE, SAME, WEIGHT]
+    assert list(tables[NATIVE]["int8"]) == ["v5e", "cpu"]
+    assert tables[SAME]["float8_e5m2"] == {"v5e": "bf16", "cpu": "native"}
+
+
+# --------------------------------------------------------------------------- explain
+
+
+def test_explain_fp4_on_v5e_takes_the_exact_int8_route(capsys: pytest.CaptureFixture) -> None:
+    import emulate
+
+    assert cli.main(["explain", "float4_e2m1fn", "float4_e2m1fn", "--target", "tpu_v5e"]) == 0
+    out = capsys.readouterr().out
+    p = emulate.plan("float4_e2m1fn", "float4_e2m1fn", target="tpu_v5e")
+    assert out == p.explain() + "\n"
+    lines = out.splitlines()
+    assert lines[0] == "float4_e2m1fn x float4_e2m1fn -> float4_e2m1fn on tpu_v5e (mode 'fast')"
+    assert "  method: decode to int8 (exact power-of-two scaling), int32 accumulation" in lines
+    assert "  matrix unit sees: int8 x int8, accumulating in int32" in lines
+    assert "  numerics: exact; the result is the exact sum rounded once" in lines
+
+
+def test_explain_options(capsys: pytest.CaptureFixture) -> None:
+    import emulate
+
+    argv = ["explain", "e2m1", "int4", "--target", "v4", "--out", "f32", "--mode", "exact"]
+    assert cli.main(argv) == 0
+    p = emulate.plan(
+        "float4_e2m1fn", "int4", target="tpu_v4", preferred_element_type="float32", mode="exact"
+    )
+    assert capsys.readouterr().out == p.explain() + "\n"
+    assert p.out == "float32" and p.mode == "exact" and p.exact
+
+
+def test_explain_uses_the_current_target(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("EMULATE_TARGET", "ironwood")
+    assert cli.main(["explain", "e4m3", "e4m3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "float8_e4m3fn x float8_e4m3fn -> float8_e4m3fn on tpu_v7x (mode 'fast')"
+    assert lines[1] == "  method: native: the operands go to the matrix unit as they are"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["explain", "float7", "int8"],
+            "emulate explain: error: unknown operand format 'float7' (choose from int4, uint4, "
+            "int8, uint8, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz, "
+            "float8_e4m3b11fnuz, float8_e3m4, float6_e2m3fn, float6_e3m2fn, float4_e2m1fn, "
+            "bfloat16, float16, float32, or an alias such as e4m3)",
+        ),
+        (
+            ["explain", "int8", "int8", "--target", "tpu_v9"],
+            "emulate explain: error: unknown target 'tpu_v9' (choose from tpu_v2, tpu_v3, "
+            "tpu_v4, tpu_v4i, tpu_v5e, tpu_v5p, tpu_v6e, tpu_v7, tpu_v7x, tpu_v8i, cpu, "
+            "gpu_sm80, gpu_sm89, gpu_sm90, gpu_sm100, or an alias such as v5e)",
+        ),
+        (
+            ["explain", "e4m3", "e4m3", "--target", "v4", "--mode", "exact"],
+            "emulate explain: error: mode='exact' for float8_e4m3fn x float8_e4m3fn is not "
+            "built yet: today it covers the exact class (int4, uint4, int8, uint8, "
+            "float4_e2m1fn, float6_e2m3fn); use mode='fast'",
+        ),
+        (
+            ["explain", "e8m0", "int8", "--target", "v4"],
+            "emulate explain: error: lhs: float8_e8m0fnu is a scale type, not a matmul "
+            "operand; pass it as the scales of a scaled operand",
+        ),
+        (
+            ["explain", "int8", "e4m3", "--target", "v4", "--out", "int8"],
+            "emulate explain: error: preferred_element_type: an integer result (int8) needs "
+            "integer operands, got int8 x float8_e4m3fn",
+        ),
+        (
+            ["targets", "--target", "v4", "nope"],
+            "emulate targets: error: unknown target 'nope' (choose from tpu_v2, tpu_v3, "
+            "tpu_v4, tpu_v4i, tpu_v5e, tpu_v5p, tpu_v6e, tpu_v7, tpu_v7x, tpu_v8i, cpu, "
+            "gpu_sm80, gpu_sm89, gpu_sm90, gpu_sm100, or an alias such as v5e)",
+        ),
+    ],
+)
+def test_explain_and_targets_errors_are_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == message + "\n"
+
+
+def test_explain_bad_environment_target_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("EMULATE_TARGET", "tpu_v99")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["explain", "int8", "int8"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("emulate explain: error: EMULATE_TARGET: unknown target 'tpu_v99'")
+    assert err.count("\n") == 1
+
+
+def test_explain_exact_on_a_bounded_pair_exits_2_without_traceback() -> None:
+    argv = ["explain", "e5m2", "e5m2", "--target", "v5e", "--mode", "exact"]
+    bad = subprocess.run(
+        [sys.executable, "-m", "emulate", *argv], capture_output=True, text=True, check=False
+    )
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr == (
+        "emulate explain: error: mode='exact' for float8_e5m2 x float8_e5m2 is not built yet: "
+        "today it covers the exact class (int4, uint4, int8, uint8, float4_e2m1fn, "
+        "float6_e2m3fn); use mode='fast'\n"
+    )

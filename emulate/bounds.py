@@ -8,6 +8,10 @@ order, with products rounded or exact::
 
 The second term covers underflow: each of the K products and K - 1 additions may lose
 up to 2**-126 where the backend flushes denormals (XLA on CPU and TPU), 2**-149 otherwise.
+Those backends also read a subnormal f32 or bf16 *operand* as zero, so a product with
+such an operand may be lost whole: :func:`dot_general_bound` adds ``sum_k |a_k * b_k|``
+over the terms with an operand below 2**-126 (zero when no operand is subnormal, which
+is always the case for values decoded from the low-precision formats).
 This is the accumulator's bound; rounding the accumulator into a narrower result type is
 monotone, so a result ``q`` of that type is within the contract when it lies between the
 roundings of ``exact - bound`` and ``exact + bound``.
@@ -27,6 +31,7 @@ __all__ = ["gamma", "U_F32", "UNDERFLOW_PER_TERM", "dot_general_bound", "einsum_
 
 U_F32 = 2.0**-24
 UNDERFLOW_PER_TERM = 2.0**-125
+F32_MIN_NORMAL = 2.0**-126
 
 
 def gamma(k: int, u: float = U_F32) -> float:
@@ -36,10 +41,12 @@ def gamma(k: int, u: float = U_F32) -> float:
     return k * u / (1 - k * u)
 
 
-def _abs64(x: Any) -> np.ndarray:
+def _abs64(x: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``|x|`` as float64 with non-finite values replaced by 0, and where they were."""
     with np.errstate(invalid="ignore", over="ignore"):
         v = np.abs(np.asarray(x).astype(np.float64))
-    return np.where(np.isnan(v), 0.0, v)
+    finite = np.isfinite(v)
+    return np.where(finite, v, 0.0), ~finite
 
 
 def dot_general_bound(lhs: Any, rhs: Any, dimension_numbers: Any) -> np.ndarray:
@@ -55,13 +62,25 @@ def dot_general_bound(lhs: Any, rhs: Any, dimension_numbers: Any) -> np.ndarray:
       (an Inf or NaN operand) get ``inf``: the bound says nothing there, IEEE rules do.
     """
     (lc, rc), _ = dimension_numbers
-    a, b = _abs64(lhs), _abs64(rhs)
+    (a, a_bad), (b, b_bad) = _abs64(lhs), _abs64(rhs)
     k = math.prod(a.shape[d] for d in lc)
+    subs = einsum_subscripts(a.ndim, b.ndim, dimension_numbers)
     with np.errstate(invalid="ignore", over="ignore"):
-        s = np.einsum(einsum_subscripts(a.ndim, b.ndim, dimension_numbers), a, b)
+        s = np.einsum(subs, a, b)
+        # Products with a subnormal operand, which a flushing backend drops whole.
+        flushed = np.einsum(subs, _subnormal(a), b) + np.einsum(subs, a, _subnormal(b))
+    nonfinite = (
+        np.einsum(subs, a_bad, np.ones_like(b)) + np.einsum(subs, np.ones_like(a), b_bad)
+    ) > 0
     # float64 rounding of a sum of K non-negative terms: relative 2K * 2**-53 at most.
     s = s * (1 + 2 * max(k, 1) * 2.0**-53)
-    return gamma(k) * s + k * UNDERFLOW_PER_TERM
+    flushed = flushed * (1 + 2 * max(k, 1) * 2.0**-53)
+    return np.where(nonfinite, np.inf, gamma(k) * s + flushed + k * UNDERFLOW_PER_TERM)
+
+
+def _subnormal(v: np.ndarray) -> np.ndarray:
+    """``v`` where it is below the smallest normal f32 (2**-126), 0 elsewhere."""
+    return np.where(v < F32_MIN_NORMAL, v, 0.0)
 
 
 def einsum_subscripts(lhs_ndim: int, rhs_ndim: int, dimension_numbers: Any) -> str:

@@ -1,0 +1,256 @@
+"""emulate.program: matmul sites found through every higher-order primitive of a jaxpr."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import emulate
+from emulate import program, targets
+
+DN = (((1,), (0,)), ((), ()))
+
+# Operands with distinct dtype pairs, so each site says which dot it is and which
+# operand is lhs.
+F32 = jnp.ones((2, 3), jnp.float32)
+BF16 = jnp.ones((3, 2), jnp.bfloat16)
+F16 = jnp.ones((3, 2), jnp.float16)
+I8 = jnp.ones((2, 3), jnp.int8)
+I8R = jnp.ones((3, 2), jnp.int8)
+# Convolution operands, NCH / OIH (lax's convolution takes one dtype only).
+X = jnp.ones((1, 2, 5), jnp.int8)
+W = jnp.ones((4, 2, 3), jnp.int8)
+
+
+def dot(x, y, pet=jnp.float32):
+    return lax.dot_general(x, y, DN, preferred_element_type=pet)
+
+
+def conv(x, w):
+    out = lax.conv_general_dilated(x, w, (1,), "VALID", preferred_element_type=jnp.int32)
+    return out.astype(jnp.float32)
+
+
+def found(fn, *args) -> list[tuple[str, str, str]]:
+    return [
+        (s.primitive, s.lhs_dtype, s.rhs_dtype) for s in program.sites(jax.make_jaxpr(fn)(*args))
+    ]
+
+
+def test_top_level_sites_in_program_order_with_shapes():
+    def f(x, y, z):
+        return dot(x, y), conv(X, W), dot(x, z)
+
+    closed = jax.make_jaxpr(f)(F32, BF16, F16)
+    sites = program.sites(closed)
+    assert [(s.primitive, s.lhs_dtype, s.rhs_dtype) for s in sites] == [
+        ("dot_general", "float32", "bfloat16"),
+        ("conv_general_dilated", "int8", "int8"),
+        ("dot_general", "float32", "float16"),
+    ]
+    assert [(s.lhs_shape, s.rhs_shape) for s in sites] == [
+        ((2, 3), (3, 2)),
+        ((1, 2, 5), (4, 2, 3)),
+        ((2, 3), (3, 2)),
+    ]
+    assert sites[1].equation.primitive.name == "conv_general_dilated"
+    # A Jaxpr and its ClosedJaxpr give the same sites.
+    assert program.sites(closed.jaxpr) == sites
+
+
+def test_no_sites():
+    assert found(lambda x: jnp.sum(x * 2), F32) == []
+
+
+def test_inside_jit_nested():
+    inner = jax.jit(lambda x, y: dot(x, y))
+    outer = jax.jit(lambda x, y, z: (inner(x, y), dot(x, z)))
+    assert found(outer, F32, BF16, F16) == [
+        ("dot_general", "float32", "bfloat16"),
+        ("dot_general", "float32", "float16"),
+    ]
+
+
+def test_inside_scan():
+    def f(x, y):
+        def body(c, w):
+            return c + dot(x, w), conv(X, W)
+
+        return lax.scan(body, jnp.zeros((2, 2)), jnp.stack([y, y]))
+
+    assert found(f, F32, BF16) == [
+        ("dot_general", "float32", "bfloat16"),
+        ("conv_general_dilated", "int8", "int8"),
+    ]
+
+
+def test_inside_cond_both_branches():
+    def f(p, x, y, z):
+        # lax.cond's branches are (false_fn, true_fn): the false branch comes first.
+        return lax.cond(p, lambda: dot(x, y), lambda: dot(x, z))
+
+    assert found(f, True, F32, BF16, F16) == [
+        ("dot_general", "float32", "float16"),
+        ("dot_general", "float32", "bfloat16"),
+    ]
+
+
+def test_inside_switch():
+    def f(i, x, y, z):
+        return lax.switch(i, [lambda: dot(x, y), lambda: dot(x, z), lambda: conv(X, W)[0, :2, :2]])
+
+    assert found(f, 1, F32, BF16, F16) == [
+        ("dot_general", "float32", "bfloat16"),
+        ("dot_general", "float32", "float16"),
+        ("conv_general_dilated", "int8", "int8"),
+    ]
+
+
+def test_inside_while_cond_and_body():
+    def f(x, y, z):
+        def cond(c):
+            return jnp.sum(dot(I8, I8R, jnp.int32)) < c[1]
+
+        def body(c):
+            return c[0] + dot(x, y), c[1] - 1
+
+        return lax.while_loop(cond, body, (dot(x, z), 3))
+
+    # The init value's dot, then the loop's condition (evaluated first), then its body.
+    assert found(f, F32, BF16, F16) == [
+        ("dot_general", "float32", "float16"),
+        ("dot_general", "int8", "int8"),
+        ("dot_general", "float32", "bfloat16"),
+    ]
+
+
+def test_inside_fori_loop():
+    def f(x, y):
+        return lax.fori_loop(0, 3, lambda i, c: c + dot(x, y), jnp.zeros((2, 2)))
+
+    assert found(f, F32, BF16) == [("dot_general", "float32", "bfloat16")]
+
+
+def test_inside_remat():
+    f = jax.checkpoint(lambda x, y: dot(x, y) + conv(X, W)[0, :2, :2])
+    assert found(f, F32, BF16) == [
+        ("dot_general", "float32", "bfloat16"),
+        ("conv_general_dilated", "int8", "int8"),
+    ]
+
+
+def test_inside_custom_jvp():
+    @jax.custom_jvp
+    def g(x, y):
+        return dot(x, y)
+
+    @g.defjvp
+    def g_jvp(primals, tangents):
+        x, y = primals
+        return g(x, y), dot(tangents[0], y)
+
+    assert found(lambda x, y: g(x, y) * 2, F32, BF16) == [("dot_general", "float32", "bfloat16")]
+
+
+def test_inside_custom_vjp():
+    @jax.custom_vjp
+    def g(x, y):
+        return dot(x, y)
+
+    def fwd(x, y):
+        return dot(x, y), (x, y)
+
+    def bwd(res, ct):
+        x, y = res
+        return dot(ct, y.T.astype(jnp.float32)), None
+
+    g.defvjp(fwd, bwd)
+    # make_jaxpr traces the primal: the site is the call_jaxpr's dot.
+    assert found(lambda x, y: g(x, y) + 1, F32, BF16) == [("dot_general", "float32", "bfloat16")]
+
+
+def test_inside_shard_map():
+    mesh = jax.make_mesh((1,), ("x",))
+
+    def body(x, y, z):
+        return dot(x, y) + dot(x, z), conv(X, W)
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P()), out_specs=(P(), P()))
+    assert found(f, F32, BF16, F16) == [
+        ("dot_general", "float32", "bfloat16"),
+        ("dot_general", "float32", "float16"),
+        ("conv_general_dilated", "int8", "int8"),
+    ]
+
+
+def test_nested_everything():
+    mesh = jax.make_mesh((1,), ("x",))
+
+    @jax.custom_jvp
+    def g(x, y):
+        return dot(x, y)
+
+    g.defjvp(lambda p, t: (g(*p), dot(t[0], p[1])))
+
+    def f(x, y):
+        def body(c, _):
+            inner = jax.checkpoint(lambda: lax.cond(c[0, 0] > 0, lambda: g(x, y), lambda: c))
+            return inner(), None
+
+        sm = jax.shard_map(
+            lambda c: lax.scan(body, c, None, length=2)[0], mesh=mesh, in_specs=P(), out_specs=P()
+        )
+        return jax.jit(sm)(jnp.zeros((2, 2)))
+
+    assert found(f, F32, BF16) == [("dot_general", "float32", "bfloat16")]
+
+
+def test_unsupported_sites_flags_plain_int8_dot_on_tpu_v4():
+    def plain(x, y):
+        return lax.dot_general(x, y, DN, preferred_element_type=jnp.int32)
+
+    flagged = program.unsupported_sites(plain, I8, I8R, target="tpu_v4")
+    assert [(s.primitive, s.lhs_dtype, s.rhs_dtype) for s in flagged] == [
+        ("dot_general", "int8", "int8")
+    ]
+    assert [(s.lhs_shape, s.rhs_shape) for s in flagged] == [((2, 3), (3, 2))]
+    # tpu_v5e has an int8 x int8 unit; the CPU runs it natively too.
+    assert program.unsupported_sites(plain, I8, I8R, target="tpu_v5e") == []
+    assert program.unsupported_sites(plain, I8, I8R, target="cpu") == []
+
+
+@pytest.mark.parametrize("target", ["tpu_v4", "tpu_v2", "tpu_v5e", "cpu"])
+def test_unsupported_sites_finds_nothing_in_emulate_dot_general(target):
+    def emulated(x, y):
+        return emulate.dot_general(x, y, DN, preferred_element_type=jnp.int32, target=target)
+
+    assert program.unsupported_sites(emulated, I8, I8R, target=target) == []
+    # The emulated program still holds a matmul site, of a pair the target runs.
+    sites = program.sites(jax.make_jaxpr(emulated)(I8, I8R))
+    t = targets.get(target)
+    assert sites and all(t.supports(s.lhs_dtype, s.rhs_dtype) for s in sites)
+    want = {"tpu_v4": "bfloat16", "tpu_v2": "float32", "tpu_v5e": "int8", "cpu": "int8"}[target]
+    assert {(s.lhs_dtype, s.rhs_dtype) for s in sites} == {(want, want)}
+
+
+def test_unsupported_sites_uses_the_current_target():
+    def plain(x, y):
+        return lax.dot_general(x, y, DN, preferred_element_type=jnp.int32)
+
+    with emulate.use_target("tpu_v4"):
+        assert len(program.unsupported_sites(plain, I8, I8R)) == 1
+    with emulate.use_target("tpu_v5e"):
+        assert program.unsupported_sites(plain, I8, I8R) == []
+
+
+def test_emulated_result_matches_integer_sum():
+    # The flagged and the emulated programs compute the same exact int32 sums.
+    rng = np.random.default_rng(0)
+    a = rng.integers(-128, 128, (2, 3)).astype(np.int8)
+    b = rng.integers(-128, 128, (3, 2)).astype(np.int8)
+    got = emulate.dot_general(a, b, DN, preferred_element_type=jnp.int32, target="tpu_v4")
+    assert np.asarray(got).tolist() == (a.astype(np.int64) @ b.astype(np.int64)).tolist()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pathlib
+import re
 import subprocess
 import sys
 
@@ -391,3 +393,29 @@ def test_explain_exact_on_a_bounded_pair_exits_2_without_traceback() -> None:
         "today it covers the exact class (int4, uint4, int8, uint8, float4_e2m1fn, "
         "float6_e2m3fn); use mode='fast'\n"
     )
+
+
+# --------------------------------------------------------------------------- docs
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _fenced(path: pathlib.Path, lang: str) -> list[str]:
+    """The bodies of the ```lang fenced blocks of a Markdown file."""
+    return re.findall(rf"^```{lang}\n(.*?)^```$", path.read_text(), flags=re.M | re.S)
+
+
+def test_docs_targets_page_holds_the_current_targets_output(targets_out: str) -> None:
+    (block,) = _fenced(ROOT / "docs" / "targets.md", "text")
+    assert block == targets_out, "regenerate docs/targets.md with: python -m emulate targets"
+
+
+def test_readme_example_runs() -> None:
+    (example,) = _fenced(ROOT / "README.md", "python")
+    ran = subprocess.run(
+        [sys.executable, "-c", example], capture_output=True, text=True, check=False, cwd=ROOT
+    )
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[0].startswith("float32 (8, 256) ")
+    assert lines[1] == "float4_e2m1fn x float4_e2m1fn -> float4_e2m1fn on tpu_v5e (mode 'fast')"

@@ -9,7 +9,8 @@ The public surface:
 - targets and plans: :mod:`emulate.targets`, :func:`current_target`, :func:`target`,
   :func:`plan`, :class:`Plan`;
 - drop-in matmuls: :func:`dot_general`, :func:`matmul`, :func:`einsum`,
-  :func:`conv_general_dilated`.
+  :func:`conv_general_dilated`;
+- wrapping existing code: :func:`polyfill`.
 """
 
 from emulate import bounds, formats, reference, targets
@@ -19,6 +20,7 @@ from emulate.dot import dot_general, einsum, matmul
 from emulate.formats import Format
 from emulate.packing import Packed, pack, unpack
 from emulate.plan import Plan, plan
+from emulate.polyfill import polyfill
 from emulate.targets import Target, current_target, use_target
 from emulate.targets import use_target as target
 
@@ -40,6 +42,7 @@ __all__ = [
     "matmul",
     "pack",
     "plan",
+    "polyfill",
     "reference",
     "target",
     "targets",

@@ -329,11 +329,12 @@ def einsum(
     preferred_element_type: Any = None,
     target: Any = None,
     mode: str = "fast",
-    formats_: Sequence[Any] | None = None,
+    operand_formats: Sequence[Any] | None = None,
 ) -> jax.Array:
     """``jnp.einsum`` for two operands of any format, on any target.
 
     Supports explicit (``"bij,bjk->bik"``) and implicit (``"ij,jk"``) output, and ``...``.
+    ``operand_formats`` gives the formats of operands passed as uint8 codes.
     An index that appears in one operand only and not in the output is summed through
     the same exact contraction (the other operand is broadcast along it).
 
@@ -346,7 +347,7 @@ def einsum(
             f"operands: emulate.einsum contracts exactly two operands, got {len(operands)}; "
             "contract them pairwise"
         )
-    fm = list(formats_) if formats_ is not None else [None, None]
+    fm = list(operand_formats) if operand_formats is not None else [None, None]
     x = operand(operands[0], fm[0], arg="lhs")
     y = operand(operands[1], fm[1], arg="rhs")
     ins, out_idx = _parse_einsum(subscripts, (len(x.shape), len(y.shape)))

@@ -1,0 +1,203 @@
+"""``polyfill(fn)``: run a JAX program with every matmul the target lacks replaced by emulate's.
+
+The wrapped function traces ``fn`` to a jaxpr once per input signature and evaluates it
+with each ``dot_general`` / ``conv_general_dilated`` equation whose operand pair the
+target does not run natively replaced by :func:`emulate.dot_general` /
+:func:`emulate.conv_general_dilated` (same result dtype, the plan's numerics). Equations
+that the target runs natively, and everything else, are bound again as they are, with
+their parameters (shardings included). Sub-jaxprs (jit, scan, while, cond, remat,
+custom_jvp/vjp, shard_map, ...) that hold an unsupported site are rewritten the same way;
+the walk looks at every parameter holding a jaxpr, not at primitive names.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend import core as jex_core
+
+from emulate import program, targets
+from emulate.conv import conv_general_dilated
+from emulate.dot import dot_general
+
+__all__ = ["polyfill"]
+
+_ON_UNSUPPORTED = ("error", "ignore")
+
+
+def polyfill(
+    fn: Callable[..., Any] | None = None,
+    *,
+    target: Any = None,
+    mode: str = "fast",
+    on_unsupported: str = "error",
+) -> Any:
+    """Wrap ``fn`` so that every matmul and convolution runs on ``target``.
+
+    Args:
+      fn: the function; ``polyfill`` also works as a decorator with or without arguments.
+      target: target name or :class:`emulate.targets.Target`; default: the current target
+        when the wrapped function is called.
+      mode: "fast" or "exact", as in :func:`emulate.dot_general`.
+      on_unsupported: "error" (default): a site emulate cannot run either (e.g. complex
+        operands) raises; "ignore": such sites are left as they are.
+
+    Returns:
+      A function with ``fn``'s signature and outputs (the same avals). It composes with
+      ``jit``, ``grad`` and ``vmap`` in any order. The rewritten program is cached per
+      input signature (tree structure, shapes, dtypes), target and mode.
+
+    Notes:
+      Arguments are traced: Python scalars become weakly typed arrays, as under ``jit``.
+      A ``pallas_call`` is left alone (its kernels are not rewritten).
+    """
+    if on_unsupported not in _ON_UNSUPPORTED:
+        raise ValueError(
+            f"on_unsupported: expected one of {', '.join(map(repr, _ON_UNSUPPORTED))}, "
+            f"got {on_unsupported!r}"
+        )
+    if fn is None:
+        return functools.partial(polyfill, target=target, mode=mode, on_unsupported=on_unsupported)
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
+    cache: dict[Any, Callable[..., Any]] = {}
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        t = targets.current_target(target)
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        key = (tree, tuple(_aval_key(x) for x in leaves), t.name, mode)
+        run = cache.get(key)
+        if run is None:
+            run = _build(fn, tree, leaves, t, mode, on_unsupported)
+            cache[key] = run
+        return run(*leaves)
+
+    wrapped.cache_size = lambda: len(cache)  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _aval_key(x: Any) -> Any:
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return (tuple(x.shape), np.dtype(x.dtype).name, bool(getattr(x, "weak_type", False)))
+    return (type(x).__name__,)
+
+
+def _build(fn, tree, leaves, t, mode, on_unsupported) -> Callable[..., Any]:
+    def flat_fn(*flat):
+        args, kwargs = jax.tree_util.tree_unflatten(tree, flat)
+        return fn(*args, **kwargs)
+
+    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
+    out_tree = jax.tree_util.tree_structure(out_shape)
+    rewriter = _Rewriter(t, mode, on_unsupported)
+
+    @jax.jit
+    def run(*flat):
+        outs = rewriter.eval(closed.jaxpr, closed.consts, flat)
+        return jax.tree_util.tree_unflatten(out_tree, outs)
+
+    return run
+
+
+def _bind(eqn: Any, invals: list[Any], params: dict[str, Any]) -> Any:
+    # As jax.core.eval_jaxpr does: the equation's context (mesh, axis names) around bind.
+    with eqn.ctx.manager:
+        return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
+
+
+class _Rewriter:
+    def __init__(self, t: targets.Target, mode: str, on_unsupported: str):
+        self.t, self.mode, self.on_unsupported = t, mode, on_unsupported
+
+    def needs(self, jaxpr: Any) -> bool:
+        return any(not self.t.supports(s.lhs_dtype, s.rhs_dtype) for s in program.sites(jaxpr))
+
+    def eval(self, jaxpr: Any, consts: Any, args: Any) -> list[Any]:
+        env: dict[Any, Any] = {}
+
+        def read(v):
+            return v.val if isinstance(v, jex_core.Literal) else env[v]
+
+        for v, x in zip(jaxpr.constvars, consts, strict=True):
+            env[v] = x
+        for v, x in zip(jaxpr.invars, args, strict=True):
+            env[v] = x
+        for eqn in jaxpr.eqns:
+            invals = [read(v) for v in eqn.invars]
+            outs = self.equation(eqn, invals)
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+            for v, x in zip(eqn.outvars, outs, strict=True):
+                env[v] = x
+        return [read(v) for v in jaxpr.outvars]
+
+    def equation(self, eqn: Any, invals: list[Any]) -> Any:
+        name = eqn.primitive.name
+        if name in program.MATMUL_PRIMITIVES:
+            lhs, rhs = (v.aval for v in eqn.invars[:2])
+            if not self.t.supports(np.dtype(lhs.dtype), np.dtype(rhs.dtype)):
+                return self.emulated(eqn, invals)
+        params = {k: self.param(v) for k, v in eqn.params.items()}
+        return _bind(eqn, invals, params)
+
+    def emulated(self, eqn: Any, invals: list[Any]) -> Any:
+        p = eqn.params
+        try:
+            if eqn.primitive.name == "dot_general":
+                out = dot_general(
+                    *invals,
+                    p["dimension_numbers"],
+                    p["precision"],
+                    p["preferred_element_type"],
+                    target=self.t,
+                    mode=self.mode,
+                )
+            else:
+                out = conv_general_dilated(
+                    *invals,
+                    window_strides=p["window_strides"],
+                    padding=p["padding"],
+                    lhs_dilation=p["lhs_dilation"],
+                    rhs_dilation=p["rhs_dilation"],
+                    dimension_numbers=p["dimension_numbers"],
+                    feature_group_count=p["feature_group_count"],
+                    batch_group_count=p["batch_group_count"],
+                    precision=p["precision"],
+                    preferred_element_type=p["preferred_element_type"],
+                    target=self.t,
+                    mode=self.mode,
+                )
+        except (TypeError, ValueError):
+            if self.on_unsupported == "error":
+                raise
+            return _bind(eqn, invals, eqn.params)
+        want = eqn.outvars[0].aval.dtype
+        return out if out.dtype == want else out.astype(want)
+
+    def param(self, value: Any) -> Any:
+        if isinstance(value, jex_core.ClosedJaxpr):
+            return self.closed(value) if self.needs(value.jaxpr) else value
+        if isinstance(value, jex_core.Jaxpr):
+            if not self.needs(value):
+                return value
+            new = self.closed(jex_core.ClosedJaxpr(value, ()))
+            if new.consts:
+                raise NotImplementedError(
+                    "polyfill: rewriting an open sub-jaxpr produced constants; "
+                    "this primitive's body cannot take them"
+                )
+            return new.jaxpr
+        if isinstance(value, tuple) and any(
+            isinstance(v, (jex_core.ClosedJaxpr, jex_core.Jaxpr)) for v in value
+        ):
+            return tuple(self.param(v) for v in value)
+        return value
+
+    def closed(self, cj: Any) -> Any:
+        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in cj.in_avals]
+        return jax.make_jaxpr(lambda *a: self.eval(cj.jaxpr, cj.consts, a))(*avals)

@@ -1,0 +1,184 @@
+"""polyfill(fn): every unsupported matmul in a program is rewritten; the rest stays."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import emulate
+from emulate import bounds, program, reference, targets
+from emulate.polyfill import polyfill
+
+DN = (((1,), (0,)), ((), ()))
+RNG = np.random.default_rng(0)
+# K = 1500 > 1024: int8 x int8 in f32 needs chunking on tpu_v4 to stay exact.
+X = jnp.asarray(RNG.integers(-128, 128, (4, 1500)), jnp.int8)
+W = jnp.asarray(RNG.integers(-128, 128, (1500, 3)), jnp.int8)
+WANT = np.asarray(X).astype(np.int64) @ np.asarray(W).astype(np.int64)
+
+
+def idot(x, w):
+    return jax.lax.dot_general(x, w, DN, preferred_element_type=jnp.int32)
+
+
+def only_native(fn, *args, target):
+    t = targets.get(target)
+    sites = program.sites(jax.make_jaxpr(fn)(*args))
+    return bool(sites) and all(t.supports(s.lhs_dtype, s.rhs_dtype) for s in sites)
+
+
+def test_rewrites_inside_every_higher_order_primitive():
+    @jax.custom_jvp
+    def twice(x):
+        return idot(x, W) * 2
+
+    twice.defjvp(lambda p, t: (twice(p[0]), t[0]))
+
+    @jax.custom_vjp
+    def thrice(x):
+        return idot(x, W) * 3
+
+    thrice.defvjp(lambda x: (thrice(x), None), lambda _, g: (g,))
+
+    def f(x, w):
+        y = jax.jit(idot)(x, w)
+        z = jax.checkpoint(lambda x: idot(x, w))(x)
+        s = jax.lax.scan(
+            lambda c, _: (c + idot(x, w), None), jnp.zeros((4, 3), jnp.int32), None, length=2
+        )[0]
+        c = jax.lax.cond(x[0, 0] > 0, lambda: idot(x, w), lambda: -idot(x, w))
+        wl = jax.lax.while_loop(
+            lambda c: c[1] < 2,
+            lambda c: (c[0] + idot(x, w), c[1] + 1),
+            (jnp.zeros((4, 3), jnp.int32), 0),
+        )[0]
+        return y, z, s, c, wl, twice(x), thrice(x)
+
+    g = polyfill(f, target="tpu_v4")
+    y, z, s, c, wl, tw, th = g(X, W)
+    sign = 1 if int(X[0, 0]) > 0 else -1
+    for got, want in [
+        (y, WANT),
+        (z, WANT),
+        (s, 2 * WANT),
+        (c, sign * WANT),
+        (wl, 2 * WANT),
+        (tw, 2 * WANT),
+        (th, 3 * WANT),
+    ]:
+        assert got.dtype == jnp.int32
+        np.testing.assert_array_equal(got, want)
+    assert not only_native(f, X, W, target="tpu_v4")
+    assert only_native(g, X, W, target="tpu_v4")
+    assert jax.eval_shape(g, X, W) == jax.eval_shape(f, X, W)
+
+
+def test_native_sites_are_left_alone():
+    a = jnp.ones((2, 8), jnp.bfloat16)
+    b = jnp.ones((8, 3), jnp.bfloat16)
+
+    def f(a, b, x, w):
+        return a @ b, idot(x, w)
+
+    g = polyfill(f, target="tpu_v4")
+    sites = program.sites(jax.make_jaxpr(g)(a, b, X, W))
+    native = [s for s in sites if s.lhs_shape == (2, 8)]
+    assert [(s.lhs_dtype, s.rhs_dtype) for s in native] == [("bfloat16", "bfloat16")]
+
+
+def test_compositions_jit_grad_vmap():
+    f = polyfill(idot, target="tpu_v4")
+    np.testing.assert_array_equal(jax.jit(f)(X, W), WANT)
+    np.testing.assert_array_equal(polyfill(jax.jit(idot), target="tpu_v4")(X, W), WANT)
+    xb = X.reshape(2, 2, 1500)
+    np.testing.assert_array_equal(jax.vmap(f, in_axes=(0, None))(xb, W), WANT.reshape(2, 2, 3))
+    vf = polyfill(jax.vmap(idot, in_axes=(0, None)), target="tpu_v4")
+    np.testing.assert_array_equal(vf(xb, W), WANT.reshape(2, 2, 3))
+    # grad with respect to a bf16 activation against a float8 weight (a mixed pair)
+    act = jnp.asarray(RNG.standard_normal((3, 8)), jnp.float32)
+    codes = RNG.integers(0, 126, (8, 4)).astype(np.uint8)
+    w8 = jnp.asarray(codes.view(ml_dtypes.float8_e4m3fn))
+
+    def loss(a, w):
+        y = jax.lax.dot_general(a.astype(jnp.bfloat16), w, DN, preferred_element_type=jnp.float32)
+        return jnp.sum(y * y)
+
+    def plain(a):
+        wd = emulate.decode(w8, to=jnp.bfloat16)
+        y = jax.lax.dot_general(a.astype(jnp.bfloat16), wd, DN, preferred_element_type=jnp.float32)
+        return jnp.sum(y * y)
+
+    got = jax.grad(polyfill(loss, target="tpu_v4"))(act, w8)
+    np.testing.assert_allclose(got, jax.grad(plain)(act), rtol=1e-6)
+
+
+def test_bounded_pair_through_polyfill_is_within_bound():
+    a = RNG.standard_normal((3, 40)).astype(ml_dtypes.bfloat16)
+    codes = RNG.integers(0, 256, (40, 5)).astype(np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0
+    w = codes.view(ml_dtypes.float8_e4m3fn)
+
+    def f(a, w):
+        return jax.lax.dot_general(a, w, DN, preferred_element_type=jnp.float32)
+
+    got = np.asarray(polyfill(f, target="tpu_v4")(jnp.asarray(a), jnp.asarray(w)), np.float64)
+    exact = reference.exact_dot_general(a, w, DN).astype(np.float64)
+    assert np.all(np.abs(got - exact) <= bounds.dot_general_bound(a, w, DN))
+
+
+def test_convolution_is_rewritten():
+    x = jnp.asarray(RNG.integers(-128, 128, (1, 3, 9)), jnp.int8)
+    k = jnp.asarray(RNG.integers(-128, 128, (2, 3, 4)), jnp.int8)
+
+    def f(x, k):
+        return jax.lax.conv_general_dilated(x, k, (1,), "VALID", preferred_element_type=jnp.int32)
+
+    got = polyfill(f, target="tpu_v4")(x, k)
+    xi, ki = np.asarray(x).astype(np.int64), np.asarray(k).astype(np.int64)
+    want = [[int((xi[0, :, i : i + 4] * ki[o]).sum()) for i in range(6)] for o in range(2)]
+    assert got.dtype == jnp.int32 and np.asarray(got[0]).tolist() == want
+    assert only_native(polyfill(f, target="tpu_v4"), x, k, target="tpu_v4")
+
+
+def test_program_is_cached_per_signature():
+    traces = []
+
+    def f(x, w):
+        traces.append(1)
+        return idot(x, w)
+
+    g = polyfill(f, target="tpu_v4")
+    for _ in range(3):
+        g(X, W)
+    assert len(traces) == 1 and g.cache_size() == 1
+    g(X[:2], W)
+    assert len(traces) == 2 and g.cache_size() == 2
+
+
+def test_decorator_and_current_target():
+    @polyfill
+    def f(x, w):
+        return idot(x, w)
+
+    with emulate.target("tpu_v4"):
+        assert only_native(f, X, W, target="tpu_v4")
+    assert polyfill(target="tpu_v5e")(idot)(X, W).dtype == jnp.int32
+
+
+class TestBadInput:
+    def test_on_unsupported(self):
+        with pytest.raises(
+            ValueError, match=r"^on_unsupported: expected one of 'error', 'ignore', got 'warn'$"
+        ):
+            polyfill(idot, on_unsupported="warn")
+
+    def test_not_callable(self):
+        with pytest.raises(TypeError, match=r"^fn: expected a callable, got int$"):
+            polyfill(3)
+
+    def test_unknown_target_at_call(self):
+        with pytest.raises(ValueError, match=r"unknown target 'tpu_v99'"):
+            polyfill(idot, target="tpu_v99")(X, W)

@@ -17,7 +17,17 @@ import jax.numpy as jnp
 from jax import lax
 
 from emulate import accumulate
-from emulate.dot import Operand, _compute, _describe, _hashable, _plan_for, operand, per_platform
+from emulate.dot import (
+    Operand,
+    _compute,
+    _describe,
+    _hashable,
+    _plan_for,
+    check_k,
+    finish,
+    operand,
+    per_platform,
+)
 from emulate.plan import Plan
 
 __all__ = ["conv_general_dilated"]
@@ -74,6 +84,7 @@ def conv_general_dilated(
     p = _plan_for(a, b, target, preferred_element_type, mode)
     window = math.prod(b.shape[d] for d in dn.rhs_spec[2:])
     k = in_r * window
+    check_k(p, k)
     slice_features = None
     if p.k_chunk is not None and k > p.k_chunk:
         if feature_group_count != 1 or batch_group_count != 1:
@@ -115,10 +126,7 @@ def _conv(p: Plan, lhs: Operand, rhs: Operand, *, slice_features, params) -> jax
     acc_dtype = jnp.dtype(p.accumulator)
     scale = p.lhs_scale + p.rhs_scale
     if slice_features is None:
-        acc = lax.conv_general_dilated(x, w, preferred_element_type=acc_dtype, **kw)
-        if p.exact and scale and acc.dtype == jnp.int32:
-            return accumulate.round_limbs(*accumulate.split(acc), scale, p.out)
-        return accumulate.round_accumulator(acc, p.out)
+        return finish(p, lax.conv_general_dilated(x, w, preferred_element_type=acc_dtype, **kw))
     n = x.shape[dn.lhs_spec[1]]
     partials = []
     for start in range(0, n, slice_features):

@@ -119,13 +119,12 @@ def _contract(
     (lc, rc), (lb, rb) = dimension_numbers
     acc_dtype = jnp.dtype(p.accumulator)
     k = math.prod(lhs.shape[d] for d in lc)
+    check_k(p, k)
     if p.k_chunk is None or k <= p.k_chunk:
         acc = lax.dot_general(
             lhs, rhs, dimension_numbers, precision, preferred_element_type=acc_dtype
         )
-        if p.exact and (p.lhs_scale or p.rhs_scale) and acc.dtype == jnp.int32:
-            return accumulate.round_limbs(*accumulate.split(acc), p.lhs_scale + p.rhs_scale, p.out)
-        return accumulate.round_accumulator(acc, p.out)
+        return finish(p, acc)
     lhs3 = _canonical(lhs, lb, lc)
     rhs3 = _canonical(rhs, rb, rc)
     nb = len(lb)
@@ -146,6 +145,22 @@ def _contract(
         partial = (partial * jnp.float32(2.0**scale)).astype(jnp.int32)
     hi, lo = accumulate.combine_chunks(partial, axis=nb)
     return accumulate.round_limbs(hi, lo, p.lhs_scale + p.rhs_scale, p.out)
+
+
+def check_k(p: Plan, k: int) -> None:
+    if p.k_limit is not None and k > p.k_limit:
+        raise ValueError(
+            f"lhs, rhs: a contraction of K = {k} exceeds the {p.k_limit} that the exact "
+            f"{p.lhs} x {p.rhs} plan on {p.target} combines exactly; split the contraction"
+        )
+
+
+def finish(p: Plan, acc: jax.Array) -> jax.Array:
+    """Round an unchunked accumulator once into ``p.out``."""
+    if acc.dtype == jnp.int32 and not formats.get(p.out).is_integer:
+        # An exact int32 sum (in quanta): via limbs, so a narrow result rounds only once.
+        return accumulate.round_limbs(*accumulate.split(acc), p.lhs_scale + p.rhs_scale, p.out)
+    return accumulate.round_accumulator(acc, p.out)
 
 
 def _canonical(x: jax.Array, batch: Sequence[int], contract: Sequence[int]) -> jax.Array:

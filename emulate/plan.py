@@ -27,6 +27,8 @@ MODES = ("fast", "exact")
 
 _F32_EXACT = 1 << 24  # an f32 accumulator holds every integer up to 2**24
 _I32_EXACT = (1 << 31) - 1
+_MAX_CHUNKS = 1 << 15  # chunk sums combined exactly in int32 limbs (accumulate.combine_chunks)
+_MAX_TOTAL = 1 << 40  # limbs round exactly into a float while |total| < 2**40 quanta
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +50,9 @@ class Plan:
       k_chunk: the longest contraction whose partial sums are exact in the accumulator
         (None: no chunking needed, integers wrap in int32 as the contract says, or the
         plan is bounded rather than exact).
+      k_limit: the longest contraction the exact combination of chunk sums covers
+        (2**15 chunks, and |total| < 2**40 quanta for a float result); longer ones raise
+        ``ValueError``. None where there is no limit.
       exact: True when the result is the correctly rounded exact sum for every K.
       rate: the target's matrix-unit rate for the compute pair, in ops/s (0 if unknown).
       candidates: (method, rate, why-not) for every method considered.
@@ -70,6 +75,7 @@ class Plan:
     lhs_scale: int
     rhs_scale: int
     k_chunk: int | None
+    k_limit: int | None
     exact: bool
     rate: float
     candidates: tuple[tuple[str, float, str], ...]
@@ -95,17 +101,22 @@ class Plan:
             )
         if self.k_chunk is not None:
             lines.append(
-                f"  K-chunk: {self.k_chunk} (longest contraction whose partial sums stay exact in "
-                f"{self.accumulator}); chunk sums are combined exactly in int32 limbs"
+                f"  K-chunk: {self.k_chunk}, the longest contraction whose partial sums stay\n"
+                f"    exact in {self.accumulator}; chunk sums are combined exactly in int32\n"
+                f"    limbs, for K up to {self.k_limit}"
             )
-        if self.exact:
+        if self.exact and formats.get(self.out).is_integer:
+            lines.append(
+                f"  numerics: exact; the int32 sum wraps into {self.out} as XLA's integer dots do"
+            )
+        elif self.exact:
             lines.append("  numerics: exact; the result is the exact sum rounded once")
         else:
             lines.append(
                 "  numerics: bounded; |r - exact| <= gamma_K * sum|a*b| + underflow term, "
                 "gamma_K = K*2^-24/(1 - K*2^-24)"
             )
-        if self.out not in ("float32", "int32") and self.out != self.accumulator:
+        if formats.get(self.out).is_float and self.out != "float32":
             lines.append(f"  result: rounded once from {self.accumulator} into {self.out}")
         if self.fallback is not None:
             lines.append(
@@ -115,7 +126,8 @@ class Plan:
         lines.append("  candidates (rate in ops/s):")
         for method, rate, why in self.candidates:
             mark = "*" if method == self.method else " "
-            lines.append(f"   {mark} {method:<6} {_fmt_rate(rate):>10}  {why}")
+            shown = _fmt_rate(rate) if why == "ok" else "-"
+            lines.append(f"   {mark} {method:<6} {shown:>10}  {why}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -217,11 +229,14 @@ def plan(
             "class (int4, uint4, int8, uint8, float4_e2m1fn, float6_e2m3fn); use mode='fast'"
         )
     ints = a.is_integer and b.is_integer
+    # An integer result wraps in int32 as XLA's integer dots do; a float result of integer
+    # operands is the exact sum rounded once, so its int32 partial sums must not wrap.
+    wraps = ints and out.is_integer
     # Largest |product| in units of the common quantum 2**-(ka + kb).
     prod = _max_quanta(a, ka) * _max_quanta(b, kb) if exact else 0
     cands = [
-        _native(t, a, b, exact, ints),
-        *([_int8(t, a, b, ka, kb, prod, ints)] if exact else []),
+        _native(t, a, b, exact, ints, None if wraps or not ints else _I32_EXACT // prod),
+        *([_int8(t, a, b, ka, kb, None if wraps else _I32_EXACT // prod)] if exact else []),
         _widen(t, a, b, "bf16", "bfloat16", ka, kb, prod, exact),
         _widen(t, a, b, "f32", "float32", ka, kb, prod, exact),
     ]
@@ -240,14 +255,21 @@ def plan(
     ):
         rest = [c for c in usable if c.method != "native"]
         if rest:
-            fallback = _make(t, a, b, out, mode, exact, max(rest, key=lambda c: c.rate), cands)
-    return _make(t, a, b, out, mode, exact, best, cands, fallback)
+            fallback = _make(
+                t, a, b, out, mode, exact, prod, max(rest, key=lambda c: c.rate), cands
+            )
+    return _make(t, a, b, out, mode, exact, prod, best, cands, fallback)
 
 
 _PLATFORMS = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}
 
 
-def _make(t, a, b, out, mode, exact, c, cands, fallback=None) -> Plan:
+def _make(t, a, b, out, mode, exact, prod, c, cands, fallback=None) -> Plan:
+    k_limit = None
+    if c.k_chunk is not None:
+        k_limit = _MAX_CHUNKS * c.k_chunk
+        if out.is_float:
+            k_limit = min(k_limit, _MAX_TOTAL // prod)
     return Plan(
         target=t.name,
         lhs=a.name,
@@ -261,6 +283,7 @@ def _make(t, a, b, out, mode, exact, c, cands, fallback=None) -> Plan:
         lhs_scale=c.scales[0],
         rhs_scale=c.scales[1],
         k_chunk=c.k_chunk,
+        k_limit=k_limit,
         exact=exact,
         rate=c.rate,
         candidates=tuple((x.method, x.rate, x.why) for x in cands),
@@ -280,7 +303,7 @@ class _Candidate:
     scales: tuple[int, int] = (0, 0)
 
 
-def _native(t: targets.Target, a: Format, b: Format, exact: bool, ints: bool) -> _Candidate:
+def _native(t, a: Format, b: Format, exact: bool, ints: bool, chunk: int | None) -> _Candidate:
     # Only same-type pairs: a quantized operand fed next to an unquantized one has given
     # wrong results on TPUs. Exact-class floats (e2m1, e2m3) keep the integer route.
     if a != b:
@@ -292,22 +315,20 @@ def _native(t: targets.Target, a: Format, b: Format, exact: bool, ints: bool) ->
     else:
         why = "ok"
     acc = "int32" if ints else "float32"
-    return _Candidate("native", _native_rate(t, a, b), why, (a.name, b.name), acc)
+    return _Candidate("native", _native_rate(t, a, b), why, (a.name, b.name), acc, chunk)
 
 
 def _fits_int8(f: Format, k: int) -> bool:
     return f.min * 2**k >= -128 and f.max * 2**k <= 127
 
 
-def _int8(t, a: Format, b: Format, ka: int, kb: int, prod: int, ints: bool) -> _Candidate:
+def _int8(t, a: Format, b: Format, ka: int, kb: int, chunk: int | None) -> _Candidate:
     if not (_fits_int8(a, ka) and _fits_int8(b, kb)):
         why = "values do not fit int8"
     elif not t.supports("int8", "int8"):
         why = f"{t.name} has no int8 x int8 unit"
     else:
         why = "ok"
-    # Integer operands wrap in int32 as the contract says; scaled floats must not wrap.
-    chunk = None if ints else _I32_EXACT // prod
     return _Candidate("int8", _rate(t, "int8"), why, ("int8", "int8"), "int32", chunk, (ka, kb))
 
 

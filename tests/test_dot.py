@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fractions
+import functools
 import itertools
 
 import hypothesis.extra.numpy as hnp
@@ -184,6 +185,30 @@ def test_int8_all_minus_128_k4096_is_exact(target):
     # f32 result: 2**26 is exact in f32 as well.
     got32 = emulate.dot_general(a, b, DN, preferred_element_type=jnp.float32, target=target)
     assert np.asarray(got32).tolist() == [[2.0**26] * 3] * 2
+
+
+@pytest.mark.parametrize("target", ["cpu", "tpu_v5e", "tpu_v4"])
+def test_integer_pairs_with_a_float_result_do_not_wrap_or_round_twice(target):
+    # 2**18 products of (-128)**2 sum to 2**32: past int32, exact in f32.
+    a = np.full((1, 2**18), -128, np.int8)
+    got = emulate.dot_general(a, a.T, DN, preferred_element_type=jnp.float32, target=target)
+    assert float(got[0, 0]) == 2.0**32
+    # 2**25 + 2**17 + 1 rounds up to 2**25 + 2**18 in bf16; via f32 it would tie to 2**25.
+    v = np.array([[-128] * 2056 + [1]], np.int8)
+    got = emulate.dot_general(v, v.T, DN, preferred_element_type=jnp.bfloat16, target=target)
+    assert float(got[0, 0]) == 2.0**25 + 2.0**18
+
+
+def test_too_long_exact_contraction_is_refused():
+    p = emulate.plan("int8", "int8", target="tpu_v4", preferred_element_type=jnp.float32)
+    assert p.k_limit == 2**15 * 1024
+    a = jax.ShapeDtypeStruct((1, p.k_limit + 1), jnp.int8)
+    b = jax.ShapeDtypeStruct((p.k_limit + 1, 1), jnp.int8)
+    f = functools.partial(emulate.dot_general, dimension_numbers=DN, target="tpu_v4")
+    with pytest.raises(
+        ValueError, match=r"^lhs, rhs: a contraction of K = 33554433 exceeds the 33554432"
+    ):
+        jax.eval_shape(lambda x, y: f(x, y, preferred_element_type=jnp.float32), a, b)
 
 
 def test_naive_f32_accumulation_is_wrong_where_emulate_is_exact():

@@ -26,10 +26,11 @@ I32_MAX = 2**31 - 1
         ("float4_e2m1fn", "float4_e2m1fn", "tpu_v4", "bf16", "bfloat16", 2**24 // 144),
         ("float6_e2m3fn", "float6_e2m3fn", "tpu_v4", "bf16", "bfloat16", 2**24 // 3600),
         # v5e: int8 runs at twice the bf16 rate; e2m1 x2 and e2m3 x8 are int8 exactly.
-        ("int8", "int8", "tpu_v5e", "native", "int8", None),
+        # A float result of integers is the exact sum, so int32 partial sums must not wrap.
+        ("int8", "int8", "tpu_v5e", "native", "int8", I32_MAX // 2**14),
         ("float4_e2m1fn", "float4_e2m1fn", "tpu_v5e", "int8", "int8", I32_MAX // 144),
         ("float6_e2m3fn", "int8", "tpu_v5e", "int8", "int8", I32_MAX // (60 * 128)),
-        ("int4", "int4", "tpu_v5e", "native", "int4", None),
+        ("int4", "int4", "tpu_v5e", "native", "int4", I32_MAX // 64),
         # v2/v3: f32 only.
         ("int8", "int8", "tpu_v2", "f32", "float32", 1024),
         ("bfloat16", "float8_e4m3fn", "tpu_v3", "f32", "float32", None),
@@ -52,6 +53,11 @@ def test_route(lhs, rhs, target, method, compute, k_chunk):
     )
     t = targets.get(target)
     assert t.supports(p.lhs_compute, p.rhs_compute)
+
+
+def test_integer_result_wraps_without_chunks():
+    p = emulate.plan("int8", "int8", target="tpu_v5e", preferred_element_type=jnp.int32)
+    assert (p.method, p.k_chunk, p.k_limit) == ("native", None, None)
 
 
 def test_exact_classes_and_scales():

@@ -10,7 +10,7 @@ The public surface:
   :func:`plan`, :class:`Plan`;
 - drop-in matmuls: :func:`dot_general`, :func:`matmul`, :func:`einsum`,
   :func:`conv_general_dilated`;
-- wrapping existing code: :func:`polyfill`.
+- wrapping existing code: :func:`polyfill`, and :func:`inspect` to see its sites.
 """
 
 from emulate import bounds, formats, reference, targets
@@ -21,6 +21,7 @@ from emulate.formats import Format
 from emulate.packing import Packed, pack, unpack
 from emulate.plan import Plan, plan
 from emulate.polyfill import polyfill
+from emulate.report import inspect
 from emulate.targets import Target, current_target, use_target
 from emulate.targets import use_target as target
 
@@ -39,6 +40,7 @@ __all__ = [
     "einsum",
     "encode",
     "formats",
+    "inspect",
     "matmul",
     "pack",
     "plan",

@@ -18,7 +18,7 @@ from jax.extend import core as jex_core
 
 from emulate import targets
 
-__all__ = ["MATMUL_PRIMITIVES", "Site", "sites", "unsupported_sites"]
+__all__ = ["MATMUL_PRIMITIVES", "Site", "sites", "sub_jaxprs", "unsupported_sites", "walk"]
 
 MATMUL_PRIMITIVES = ("dot_general", "conv_general_dilated")
 
@@ -46,18 +46,19 @@ def sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
                 yield item
 
 
-def _walk(jaxpr: Any) -> Iterator[Any]:
+def walk(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of ``jaxpr`` and of its sub-jaxprs, depth first, in program order."""
     for eqn in jaxpr.eqns:
         yield eqn
         for sub in sub_jaxprs(eqn.params):
-            yield from _walk(sub)
+            yield from walk(sub)
 
 
 def sites(program: Any) -> list[Site]:
     """The matmul sites of a (Closed)Jaxpr, in program order, sub-jaxprs included."""
     jaxpr = program.jaxpr if isinstance(program, jex_core.ClosedJaxpr) else program
     found = []
-    for eqn in _walk(jaxpr):
+    for eqn in walk(jaxpr):
         if eqn.primitive.name in MATMUL_PRIMITIVES:
             lhs, rhs = (v.aval for v in eqn.invars[:2])
             found.append(

@@ -104,6 +104,10 @@ def _build(fn, tree, leaves, t, mode, on_unsupported) -> Callable[..., Any]:
     return run
 
 
+def _struct(aval: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
 def _bind(eqn: Any, invals: list[Any], params: dict[str, Any]) -> Any:
     # As jax.core.eval_jaxpr does: the equation's context (mesh, axis names) around bind.
     with eqn.ctx.manager:
@@ -142,8 +146,25 @@ class _Rewriter:
             lhs, rhs = (v.aval for v in eqn.invars[:2])
             if not self.t.supports(np.dtype(lhs.dtype), np.dtype(rhs.dtype)):
                 return self.emulated(eqn, invals)
+        if name == "shard_map" and self.needs(eqn.params["jaxpr"]):
+            return self.shard_map(eqn, invals)
         params = {k: self.param(v) for k, v in eqn.params.items()}
         return _bind(eqn, invals, params)
+
+    def shard_map(self, eqn: Any, invals: list[Any]) -> Any:
+        # A shard_map body can only be traced inside shard_map (its values vary over mesh
+        # axes): enter it again through the public API, with the same mesh and specs.
+        p = eqn.params
+        body = p["jaxpr"]
+        wrapped = jax.shard_map(
+            lambda *a: tuple(self.eval(body, (), a)),
+            mesh=p["mesh"],
+            in_specs=tuple(p["in_specs"]),
+            out_specs=tuple(p["out_specs"]),
+            check_vma=p["check_vma"],
+            axis_names=set(p["newly_manual_axes"]),
+        )
+        return list(wrapped(*invals))
 
     def emulated(self, eqn: Any, invals: list[Any]) -> Any:
         p = eqn.params

@@ -146,6 +146,8 @@ class _Rewriter:
             lhs, rhs = (v.aval for v in eqn.invars[:2])
             if not self.t.supports(np.dtype(lhs.dtype), np.dtype(rhs.dtype)):
                 return self.emulated(eqn, invals)
+        if name in program.OPAQUE_PRIMITIVES:  # Pallas kernels are left as they are
+            return _bind(eqn, invals, eqn.params)
         if name == "shard_map" and self.needs(eqn.params["jaxpr"]):
             return self.shard_map(eqn, invals)
         params = {k: self.param(v) for k, v in eqn.params.items()}

@@ -18,7 +18,15 @@ from jax.extend import core as jex_core
 
 from emulate import targets
 
-__all__ = ["MATMUL_PRIMITIVES", "Site", "sites", "sub_jaxprs", "unsupported_sites", "walk"]
+__all__ = [
+    "MATMUL_PRIMITIVES",
+    "OPAQUE_PRIMITIVES",
+    "Site",
+    "sites",
+    "sub_jaxprs",
+    "unsupported_sites",
+    "walk",
+]
 
 MATMUL_PRIMITIVES = ("dot_general", "conv_general_dilated")
 
@@ -46,10 +54,20 @@ def sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
                 yield item
 
 
+#: Primitives whose sub-jaxprs are kernels for another compiler (Mosaic, Triton): their
+#: matmuls are not XLA dots, so the walk does not enter them.
+OPAQUE_PRIMITIVES = ("pallas_call",)
+
+
 def walk(jaxpr: Any) -> Iterator[Any]:
-    """Every equation of ``jaxpr`` and of its sub-jaxprs, depth first, in program order."""
+    """Every equation of ``jaxpr`` and of its sub-jaxprs, depth first, in program order.
+
+    The kernels of ``pallas_call`` equations are not entered (see ``OPAQUE_PRIMITIVES``).
+    """
     for eqn in jaxpr.eqns:
         yield eqn
+        if eqn.primitive.name in OPAQUE_PRIMITIVES:
+            continue
         for sub in sub_jaxprs(eqn.params):
             yield from walk(sub)
 

@@ -182,3 +182,32 @@ class TestBadInput:
     def test_unknown_target_at_call(self):
         with pytest.raises(ValueError, match=r"unknown target 'tpu_v99'"):
             polyfill(idot, target="tpu_v99")(X, W)
+
+
+def test_pallas_call_is_left_alone_and_reported():
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def kernel(x_ref, w_ref, o_ref):
+        o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.int32)
+
+    def f(x, w):
+        out = jax.ShapeDtypeStruct((8, 128), jnp.int32)
+        y = pl.pallas_call(kernel, out_shape=out, interpret=pltpu.InterpretParams())(x, w)
+        return y + idot(x, w)
+
+    x = jnp.asarray(RNG.integers(-128, 128, (8, 128)), jnp.int8)
+    w = jnp.asarray(RNG.integers(-128, 128, (128, 128)), jnp.int8)
+    g = polyfill(f, target="tpu_v4")
+    want = 2 * (np.asarray(x).astype(np.int64) @ np.asarray(w).astype(np.int64))
+    np.testing.assert_array_equal(g(x, w), want)
+    closed = jax.make_jaxpr(g)(x, w)
+    kernels = [e for e in program.walk(closed.jaxpr) if e.primitive.name == "pallas_call"]
+    assert len(kernels) == 1
+    inner = [e.primitive.name for e in kernels[0].params["jaxpr"].eqns]
+    assert "dot_general" in inner  # the kernel's own int8 dot is untouched
+    report = emulate.inspect(f, x, w, target="tpu_v4")
+    assert [(r.primitive, r.status) for r in report.rows] == [
+        ("pallas_call", "left alone (pallas_call)"),
+        ("dot_general", "emulated"),
+    ]

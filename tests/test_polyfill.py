@@ -211,3 +211,70 @@ def test_pallas_call_is_left_alone_and_reported():
         ("pallas_call", "left alone (pallas_call)"),
         ("dot_general", "emulated"),
     ]
+
+
+A8 = jnp.asarray(RNG.integers(-128, 128, (3, 5)), jnp.int8)
+B8 = jnp.asarray(RNG.integers(-128, 128, (5, 4)), jnp.int8)
+
+
+@pytest.mark.parametrize(
+    "name,fn",
+    [
+        ("@", lambda a, b: a @ b),
+        ("jnp.matmul", jnp.matmul),
+        ("jnp.dot", jnp.dot),
+        ("jnp.einsum", lambda a, b: jnp.einsum("ij,jk->ik", a, b)),
+        ("lax.dot", jax.lax.dot),
+        ("lax.dot_general", lambda a, b: jax.lax.dot_general(a, b, DN)),
+    ],
+)
+def test_every_matmul_spelling_is_caught(name, fn):
+    g = polyfill(fn, target="tpu_v4")
+    got = g(A8, B8)
+    # jnp/lax return int8 for int8 x int8: the exact sum wrapped, as the reference does.
+    want = reference.dot_general(np.asarray(A8), np.asarray(B8), DN)
+    assert got.dtype == jnp.int8
+    np.testing.assert_array_equal(got, want)
+    assert only_native(g, A8, B8, target="tpu_v4")
+
+
+def test_lax_conv_spellings_are_caught():
+    x = jnp.asarray(RNG.integers(-128, 128, (1, 2, 7)), jnp.int8)
+    k = jnp.asarray(RNG.integers(-128, 128, (3, 2, 2)), jnp.int8)
+    for fn in (
+        lambda x, k: jax.lax.conv(x, k, (1,), "VALID"),
+        lambda x, k: jax.lax.conv_general_dilated(x, k, (1,), "VALID"),
+    ):
+        g = polyfill(fn, target="tpu_v4")
+        assert g(x, k).dtype == jnp.int8
+        assert only_native(g, x, k, target="tpu_v4")
+
+
+def test_flax_nnx_layers_with_low_precision_params():
+    from flax import nnx
+
+    def fp8(shape):
+        codes = RNG.integers(0, 126, shape).astype(np.uint8)
+        return jnp.asarray(codes.view(ml_dtypes.float8_e4m3fn))
+
+    x = fp8((2, 16))
+    lin = nnx.Linear(16, 4, use_bias=False, rngs=nnx.Rngs(0))
+    lin.kernel = nnx.Param(fp8((16, 4)))
+    ein = nnx.Einsum("ab,bc->ac", (16, 4), bias_shape=None, rngs=nnx.Rngs(0))
+    ein.kernel = nnx.Param(fp8((16, 4)))
+    conv = nnx.Conv(16, 3, kernel_size=(2,), use_bias=False, padding="VALID", rngs=nnx.Rngs(0))
+    conv.kernel = nnx.Param(fp8((2, 16, 3)))
+    xc = fp8((1, 5, 16))
+    for layer, arg in ((lin, x), (ein, x), (conv, xc)):
+        assert not only_native(layer, arg, target="tpu_v4")
+        g = polyfill(layer, target="tpu_v4")
+        assert only_native(g, arg, target="tpu_v4")
+        assert g(arg).dtype == jnp.float8_e4m3fn
+    # bf16 activations against an int4 kernel: flax's own promote_dtype would refuse the
+    # mixed pair, so the layer is built without promotion, as a quantized model would be.
+    mixed = nnx.Linear(16, 4, use_bias=False, rngs=nnx.Rngs(0), promote_dtype=lambda a, **_: a)
+    mixed.kernel = nnx.Param(jnp.asarray(RNG.integers(-8, 8, (16, 4)), jnp.int4))
+    xb = jnp.asarray(RNG.standard_normal((2, 16)), jnp.bfloat16)
+    got = polyfill(mixed, target="tpu_v4")(xb)
+    want = jnp.dot(xb, emulate.decode(mixed.kernel[...]), preferred_element_type=jnp.float32)
+    np.testing.assert_array_equal(got, want.astype(jnp.bfloat16))

@@ -8,7 +8,11 @@ themselves. The subcommands:
 - ``formats [FORMAT ...]``: the table of low-precision formats;
 - ``targets [--target T ...]``: native / emulated operand pairs per target and format, and
   the plan method each format gets against itself and against bfloat16;
-- ``explain LHS RHS [--target T] [--out DTYPE] [--mode fast|exact]``: one plan, explained.
+- ``explain LHS RHS [--target T] [--out DTYPE] [--mode fast|exact]``: one plan, explained;
+- ``validate [--target T ... | --target all] [--formats F ...] [--modes fast exact]
+  [--examples N] [--seed S] [--json PATH]``: property-based checks of every plan against
+  the reference oracle, as a table (see :mod:`emulate.validate`); exit status 1 on any
+  mismatch.
 
 Bad arguments print one line, ``emulate: error: <problem> (choose from ...)``, and exit
 with status 2; there is no traceback.
@@ -394,6 +398,200 @@ def _run_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- validate
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _add_validate(sub: argparse._SubParsersAction) -> None:
+    from emulate.plan import MODES
+    from emulate.validate import DEFAULT_EXAMPLES
+
+    p = sub.add_parser(
+        "validate",
+        help="check every plan against the reference oracle with property-based tests",
+        description=(
+            "For each target, operand pair (each format with itself, and bfloat16 x each) and "
+            "mode, run emulate.dot_general on hypothesis-drawn problems (special values, "
+            "permuted dimension numbers, K = 1 to 1100) and compare every result with "
+            "emulate.reference: bit for bit for the exact classes, within the mode 'fast' "
+            "bound for the others. Prints one row per check; a failing row prints a shrunk, "
+            "ready-to-run example. Exit status: 0 all passed, 1 a mismatch, 2 bad arguments."
+        ),
+    )
+    p.add_argument(
+        "--target",
+        dest="targets",
+        action="extend",
+        nargs="+",
+        metavar="T",
+        help="targets to check (names or aliases such as v5e, or 'all'); default: the "
+        "detected target and tpu_v4",
+    )
+    p.add_argument(
+        "--formats",
+        action="extend",
+        nargs="+",
+        metavar="F",
+        help="operand formats (names or aliases); default: every low-precision format "
+        "except float8_e8m0fnu",
+    )
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        metavar="MODE",
+        help="numerics modes to check: fast, exact (default: both)",
+    )
+    p.add_argument(
+        "--examples",
+        type=_positive_int,
+        default=DEFAULT_EXAMPLES,
+        metavar="N",
+        help=f"hypothesis examples per row (default {DEFAULT_EXAMPLES})",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, metavar="S", help="seed of the examples (default 0)"
+    )
+    p.add_argument("--json", metavar="PATH", help="also write the rows to PATH as JSON")
+    p.set_defaults(func=_run_validate)
+
+
+def _validate_targets(names: Sequence[str] | None, parser: argparse.ArgumentParser) -> list[str]:
+    from emulate import targets
+    from emulate.validate import default_targets
+
+    if not names:
+        try:
+            return default_targets()
+        except ValueError as e:
+            parser.error(" ".join(str(e).split()))
+    if any(n.lower() == "all" for n in names):
+        return list(targets.names())
+    chosen = []
+    for name in names:
+        try:
+            chosen.append(targets.get(name).name)
+        except ValueError:
+            parser.error(
+                f"unknown target {name!r} (choose from {', '.join(targets.names())}, all, "
+                "or an alias such as v5e)"
+            )
+    return list(dict.fromkeys(chosen))
+
+
+def _validate_formats(names: Sequence[str] | None, parser: argparse.ArgumentParser) -> list[str]:
+    from emulate.validate import default_formats
+
+    if not names:
+        return default_formats()
+    choices = [n for n in _OPERAND_CHOICES]
+    chosen = []
+    for name in names:
+        try:
+            f = formats.get(name).name
+        except ValueError:
+            f = None
+        if f not in choices:
+            what = "not a matmul operand format" if f is not None else "unknown format"
+            parser.error(
+                f"{what} {name!r} (choose from {', '.join(choices)}, or an alias such as e4m3)"
+            )
+        chosen.append(f)
+    return list(dict.fromkeys(chosen))
+
+
+def _run_validate(args: argparse.Namespace) -> int:
+    import json
+
+    from emulate import validate
+
+    parser = args.parser
+    target_names = _validate_targets(args.targets, parser)
+    format_names = _validate_formats(args.formats, parser)
+    modes = list(dict.fromkeys(args.modes or ("fast", "exact")))
+    out = None
+    if args.json is not None:
+        try:
+            out = open(args.json, "w")  # noqa: SIM115 - kept open until the rows are written
+        except OSError as e:
+            parser.error(
+                f"cannot write --json {args.json!r}: {e.strerror or e} (give a path to a file "
+                "in an existing, writable directory)"
+            )
+    try:
+        rows = _validate_with_progress(validate, target_names, format_names, modes, args)
+        print(validate.render(rows))
+        failed = [r for r in rows if r.status == "mismatch"]
+        for r in failed:
+            print(
+                f"\nMISMATCH {r.target} {r.lhs} x {r.rhs} mode {r.mode!r}: {r.mismatches} of "
+                f"{r.examples} examples broke the contract. Minimal example (hypothesis-shrunk):"
+            )
+            print(r.report)
+            print("\n# --- reproducer: save as repro.py and run python repro.py ---")
+            print(r.reproducer)
+        if out is not None:
+            payload = {
+                "seed": args.seed,
+                "examples": args.examples,
+                "targets": target_names,
+                "formats": format_names,
+                "modes": modes,
+                "rows": [r.to_json() for r in rows],
+            }
+            json.dump(payload, out, indent=1)
+            out.write("\n")
+    finally:
+        if out is not None:
+            out.close()
+    return 1 if failed else 0
+
+
+def _validate_with_progress(validate, target_names, format_names, modes, args):
+    """``validate.run`` with a progress bar on stderr when it is a terminal."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    n = len(target_names) * len(validate.pairs(format_names)) * len(modes)
+    progress = Progress(
+        TextColumn("validate"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+    with progress:
+        task = progress.add_task("", total=n)
+
+        def on_row(row, desc):
+            if row is None:
+                progress.update(task, description=desc)
+            else:
+                progress.advance(task)
+
+        return validate.run(
+            target_names,
+            format_names,
+            modes,
+            examples=args.examples,
+            seed=args.seed,
+            on_row=on_row,
+        )
+
+
 # --------------------------------------------------------------------------- registry
 
 #: Every subcommand, in the order ``--help`` lists them. Add new ones here.
@@ -401,6 +599,7 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_formats,
     _add_targets,
     _add_explain,
+    _add_validate,
 )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from emulate import formats, targets
 from emulate.formats import Format
 
-__all__ = ["Plan", "plan", "MODES"]
+__all__ = ["Plan", "plan", "exact_class", "MODES"]
 
 MODES = ("fast", "exact")
 
@@ -153,6 +153,18 @@ def _exact_scale(f: Format) -> int | None:
     return f.int8_scale
 
 
+def exact_class(lhs: Any, rhs: Any) -> bool:
+    """Whether ``lhs x rhs`` is in the exact class: every plan for it (``Plan.exact``) gives
+    the exact sum rounded once, in mode "fast" too.
+
+    True when both operands are integers of at most 8 bits or values that become integers
+    after an exact power-of-two scaling (int4, uint4, int8, uint8, float4_e2m1fn,
+    float6_e2m3fn); False for every other pair (the float8 family, float6_e3m2fn, and
+    pairs with a wide type such as bfloat16).
+    """
+    return _exact_scale(formats.get(lhs)) is not None and _exact_scale(formats.get(rhs)) is not None
+
+
 def _max_quanta(f: Format, k: int) -> int:
     return int(max(abs(f.max), abs(f.min)) * 2**k)
 
@@ -222,7 +234,7 @@ def plan(
             f"got {a.name} x {b.name}"
         )
     ka, kb = _exact_scale(a), _exact_scale(b)
-    exact = ka is not None and kb is not None
+    exact = exact_class(a, b)
     if mode == "exact" and not exact:
         raise NotImplementedError(
             f"mode='exact' for {a.name} x {b.name} is not built yet: today it covers the exact "

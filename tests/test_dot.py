@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import fractions
 import functools
 import itertools
 
-import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -16,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import emulate
-from emulate import bounds, formats, program, reference, targets
+from emulate import formats, program, reference, targets
 from emulate import testing as et
 
 TARGETS = [t.name for t in targets.all_targets()]
@@ -33,68 +31,9 @@ BOUNDED = [
 INTS = {"int4", "uint4", "int8", "uint8"}
 
 
-def same_bits(got, want) -> bool:
-    got = np.asarray(got)
-    want = np.asarray(want)
-    if got.dtype != want.dtype or got.shape != want.shape:
-        return False
-    if got.dtype.kind in "iu":
-        return np.array_equal(got, want)
-    g = got.astype(np.float32)
-    w = want.astype(np.float32)
-    both_nan = np.isnan(g) & np.isnan(w)
-    # The sign of a zero result is not part of the contract.
-    return bool(np.all(both_nan | (g == w) & ~(np.isnan(g) | np.isnan(w))))
-
-
-# A fixed pool of layouts, so compiled programs are reused across examples: K = 1, odd
-# sizes, contracting dims first, two contracting dims, batch dims not first, no free dims.
-LAYOUTS = [
-    ((3, 1), (1, 2), (((1,), (0,)), ((), ()))),
-    ((2, 5), (5, 3), (((1,), (0,)), ((), ()))),
-    ((5, 2), (3, 5), (((0,), (1,)), ((), ()))),
-    ((2, 3, 4), (4, 2, 3), (((1, 2), (2, 0)), ((0,), (1,)))),
-    ((4, 2, 3), (3, 2, 4), (((0,), (2,)), ((1,), (1,)))),
-    ((7,), (7,), (((0,), (0,)), ((), ()))),
-    ((2, 33), (33, 2), (((1,), (0,)), ((), ()))),
-]
-
-
-@st.composite
-def dot_problem(draw, lhs_fmt, rhs_fmt, *, elements="all"):
-    """Operands of two formats in one of LAYOUTS, values with special codes boosted."""
-    lshape, rshape, dn = draw(st.sampled_from(LAYOUTS))
-    lhs = draw(_array(lhs_fmt, lshape, elements))
-    rhs = draw(_array(rhs_fmt, rshape, elements))
-    return lhs, rhs, dn
-
-
 def representative_targets(lhs: str, rhs: str) -> list[str]:
     """One target per distinct way the pair runs: targets with the same plan share code."""
-    seen: dict[tuple, str] = {}
-    for t in TARGETS:
-        p = emulate.plan(lhs, rhs, target=t, preferred_element_type=jnp.float32)
-        fb = p.fallback.method if p.fallback else None
-        key = (p.method, p.lhs_compute, p.rhs_compute, p.k_chunk, fb)
-        seen.setdefault(key, t)
-    return sorted(seen.values())
-
-
-def _array(fmt, shape, elements):
-    f = formats.get(fmt)
-    if f.is_low_precision:
-        return et.arrays(f, shape, elements=elements)
-    # Wide activations: bf16 / f32 values spread over many binades.
-    floats = st.floats(-1e4, 1e4, width=32, allow_subnormal=False)
-    return hnp.arrays(np.float32, shape, elements=floats).map(lambda a: a.astype(f.dtype))
-
-
-def out_types(lhs: str, rhs: str) -> list:
-    """preferred_element_type values worth checking for a pair."""
-    if lhs in INTS and rhs in INTS:
-        return [None, jnp.int32]
-    res = formats.dot_result(lhs, rhs)
-    return ([None] if res.xla_storable else []) + [jnp.float32, jnp.bfloat16]
+    return sorted(et.representative_targets(lhs, rhs, TARGETS))
 
 
 EXACT_PAIRS = [(a, b) for a, b in itertools.product(EXACT, EXACT)]
@@ -107,45 +46,9 @@ EXACT_CASES = [(a, b, t) for a, b in EXACT_PAIRS for t in representative_targets
 @settings(max_examples=6)
 @given(data=st.data())
 def test_exact_classes_are_bit_identical_to_reference(lhs, rhs, target, data):
-    a, b, dn = data.draw(dot_problem(lhs, rhs, elements="finite"))
-    pet = data.draw(st.sampled_from(out_types(lhs, rhs)))
+    a, b, dn, pet = data.draw(et.dot_general_problems(lhs, rhs, elements="finite"))
     got = emulate.dot_general(a, b, dn, preferred_element_type=pet, target=target)
-    want = reference.dot_general(a, b, dn, preferred_element_type=pet)
-    assert same_bits(got, want), (pet, got, want)
-
-
-def within_bound(got, a, b, dn) -> bool:
-    """``got`` lies between the roundings of exact -+ bound into its own type."""
-    exact = reference.exact_dot_general(a, b, dn)
-    bnd = bounds.dot_general_bound(a, b, dn)
-    out = formats.get(np.asarray(got).dtype)
-    g = np.asarray(got).astype(np.float64).reshape(-1)
-    for e, bd, v in zip(
-        np.asarray(exact, dtype=object).reshape(-1), bnd.reshape(-1), g, strict=True
-    ):
-        if not isinstance(e, fractions.Fraction):  # NaN / Inf follow IEEE: compare as they are
-            if not (np.isnan(e) and np.isnan(v) or e == v):
-                return False
-            continue
-        lo = reference.round_exact(*_frac_parts(e - fractions.Fraction(bd)), out)
-        hi = reference.round_exact(*_frac_parts(e + fractions.Fraction(bd)), out)
-        # Past the format's range the rounding overflows to Inf or (fn/fnuz formats) NaN.
-        if not np.isfinite(v):
-            if np.isfinite(lo) and np.isfinite(hi):
-                return False
-            continue
-        lo = lo if np.isfinite(lo) else -np.inf
-        hi = hi if np.isfinite(hi) else np.inf
-        if not lo <= v <= hi:
-            return False
-    return True
-
-
-def _frac_parts(x: fractions.Fraction) -> tuple[int, int]:
-    # numerator * 2**exponent for a dyadic fraction (denominators here are powers of two)
-    den = x.denominator
-    assert den & (den - 1) == 0
-    return x.numerator, -(den.bit_length() - 1)
+    et.assert_matches_reference(got, a, b, dn, mode="fast", preferred_element_type=pet)
 
 
 BOUNDED_PAIRS = [(f, f) for f in BOUNDED] + [
@@ -165,11 +68,10 @@ BOUNDED_CASES = [(a, b, t) for a, b in BOUNDED_PAIRS for t in representative_tar
 @settings(max_examples=6)
 @given(data=st.data())
 def test_bounded_classes_are_within_the_bound(lhs, rhs, target, data):
-    a, b, dn = data.draw(dot_problem(lhs, rhs))
-    pet = data.draw(st.sampled_from(out_types(lhs, rhs)))
+    a, b, dn, pet = data.draw(et.dot_general_problems(lhs, rhs))
     got = emulate.dot_general(a, b, dn, preferred_element_type=pet, target=target)
     assert np.asarray(got).dtype == formats.dot_result(lhs, rhs, pet).dtype
-    assert within_bound(got, a, b, dn)
+    et.assert_matches_reference(got, a, b, dn, mode="fast", preferred_element_type=pet)
 
 
 DN = (((1,), (0,)), ((), ()))
@@ -234,7 +136,7 @@ def test_fp4_k8192_bit_identical(target):
     b = rng.integers(0, 16, (8192, 4)).astype(np.uint8).view(ml_dtypes.float4_e2m1fn)
     for pet in (jnp.float32, jnp.bfloat16):
         got = emulate.dot_general(a, b, DN, preferred_element_type=pet, target=target)
-        assert same_bits(got, reference.dot_general(a, b, DN, preferred_element_type=pet))
+        et.assert_matches_reference(got, a, b, DN, mode="fast", preferred_element_type=pet)
 
 
 @pytest.mark.parametrize("target", ["tpu_v4", "tpu_v2", "cpu"])
@@ -249,7 +151,7 @@ def test_chunked_exact_path_with_ragged_last_chunk(target):
     b = codes_b.view(ml_dtypes.float6_e2m3fn)
     for pet in (jnp.float32, jnp.bfloat16):
         got = emulate.dot_general(a, b, DN, preferred_element_type=pet, target=target)
-        assert same_bits(got, reference.dot_general(a, b, DN, preferred_element_type=pet))
+        et.assert_matches_reference(got, a, b, DN, mode="fast", preferred_element_type=pet)
 
 
 def test_int8_output_wraps_and_fp8_output_rounds_once():

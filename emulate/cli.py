@@ -411,8 +411,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _add_validate(sub: argparse._SubParsersAction) -> None:
+def _mode(text: str) -> str:
     from emulate.plan import MODES
+
+    if text not in MODES:
+        raise argparse.ArgumentTypeError(f"expected {' or '.join(MODES)}, got {text!r}")
+    return text
+
+
+def _add_validate(sub: argparse._SubParsersAction) -> None:
     from emulate.validate import DEFAULT_EXAMPLES
 
     p = sub.add_parser(
@@ -447,7 +454,7 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--modes",
         nargs="+",
-        choices=MODES,
+        type=_mode,
         metavar="MODE",
         help="numerics modes to check: fast, exact (default: both)",
     )

@@ -389,7 +389,8 @@ class Comparison:
             )
             if m.allowed is not None:
                 lines.append(f"allowed: [{m.allowed[0]!r}, {m.allowed[1]!r}] (bound {m.bound!r})")
-        lines.append(f"max error: {_ulps_words(self.max_ulps)} ulps of {self.out}")
+        ulps = _ulps_words(self.max_ulps)
+        lines.append(f"max error: {ulps} {'ulp' if ulps == '1' else 'ulps'} of {self.out}")
         return "\n".join(lines)
 
 

@@ -51,7 +51,7 @@ class Plan:
         (None: no chunking needed, integers wrap in int32 as the contract says, or the
         plan is bounded rather than exact).
       k_limit: the longest contraction the exact combination of chunk sums covers
-        (2**15 chunks, and |total| < 2**40 quanta for a float result); longer ones raise
+        (2**15 chunks, and ``|total| < 2**40`` quanta for a float result); longer ones raise
         ``ValueError``. None where there is no limit.
       exact: True when the result is the correctly rounded exact sum for every K.
       rate: the target's matrix-unit rate for the compute pair, in ops/s (0 if unknown).

@@ -1,0 +1,137 @@
+"""The docs site: it builds with sphinx -W, and its tables come from the code."""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import io
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from emulate import cli, targets
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+sys.path.insert(0, str(DOCS / "_ext"))
+
+import emulate_docs  # noqa: E402
+
+
+def _text(page: pathlib.Path) -> str:
+    """The text of an HTML page, tags dropped and entities decoded."""
+    return html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+
+
+def _stdout(argv: list[str]) -> str:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli.main(argv) == 0
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("html")
+    built = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "-b", "html", str(DOCS), str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    return out
+
+
+def test_docs_build_without_warnings(site) -> None:
+    for page in ("index", "quickstart", "testing", "porting", "numerics", "targets", "cli"):
+        assert (site / f"{page}.html").exists(), page
+    assert (site / "api.html").exists()
+
+
+def test_capability_tables_are_generated_from_the_code(site) -> None:
+    text = _text(site / "targets.html")
+    matrix = targets.render_matrix()
+    (v4_row,) = [line for line in matrix.splitlines() if line.startswith("tpu_v4 ")]
+    assert v4_row.split()[:5] == ["tpu_v4", "e/e", "e/e", "e/N", "e/e"]  # int8 x int8 emulated
+    assert v4_row in text
+    for line in _stdout(["targets"]).splitlines():
+        assert line in text, line
+    source = (DOCS / "targets.md").read_text()
+    assert "```{literalinclude} _generated/targets.txt" in source
+    assert "e/e  e/e  e/N" not in source  # not typed by hand
+
+
+def test_cli_reference_holds_every_command_help(site) -> None:
+    text = _text(site / "cli.html")
+    for command in cli.build_parser().get_default("commands"):
+        assert f"usage: emulate {command} [-h]" in text
+    assert "--examples N" in text and "--json PATH" in text
+
+
+def test_api_page_documents_the_public_api(site) -> None:
+    page = (site / "api.html").read_text()
+    import emulate
+    from emulate import testing
+
+    for name in emulate.__all__:
+        if name in ("bounds", "formats", "reference", "targets"):
+            assert f'id="module-emulate.{name}"' in page, name
+        else:
+            assert f'id="emulate.{name}"' in page, name
+    for name in testing.__all__:
+        assert f'id="emulate.testing.{name}"' in page, name
+
+
+def test_tutorial_is_shown_in_the_testing_page(site) -> None:
+    text = _text(site / "testing.html")
+    assert "def test_fp4_is_exact_on_every_deployed_target(target, problem):" in text
+
+
+def test_generated_files(tmp_path) -> None:
+    emulate_docs.write_generated(tmp_path)
+    assert (tmp_path / "targets.txt").read_text() == _stdout(["targets"])
+    assert (tmp_path / "matrix.txt").read_text() == targets.render_matrix()
+    validate = (tmp_path / "validate.txt").read_text()
+    assert validate.startswith("target  pair")
+    assert "cpu     int4 x int4      fast   int8    exact      4      0     0" in validate
+    md = (tmp_path / "cli.md").read_text()
+    assert md.startswith("## emulate\n\n```text\nusage: emulate [-h] COMMAND ...\n")
+    assert "\n## emulate validate\n\n```text\nusage: emulate validate [-h]" in md
+
+
+def test_index_toctree_takes_in_every_page() -> None:
+    index = (DOCS / "index.md").read_text()
+    block = index.split("```{toctree}\n", 1)[1].split("```", 1)[0]
+    assert [ln for ln in block.splitlines() if not ln.startswith(":")] == list(emulate_docs.PAGES)
+
+    class App:
+        srcdir = str(DOCS)
+
+    source = [index]
+    emulate_docs._complete_toctree(App(), "index", source)
+    extra = sorted(
+        p.stem for p in DOCS.glob("*.md") if p.stem not in (*emulate_docs.PAGES, "index")
+    )
+    listed = source[0].split("```{toctree}\n", 1)[1].split("```", 1)[0].splitlines()
+    assert [ln for ln in listed if not ln.startswith(":")] == [*emulate_docs.PAGES, *extra]
+
+
+def test_toctree_completion_adds_a_new_page(tmp_path) -> None:
+    (tmp_path / "index.md").write_text("x\n```{toctree}\n:caption: Contents\nquickstart\n```\n")
+    (tmp_path / "quickstart.md").write_text("# q\n")
+    (tmp_path / "performance.md").write_text("# p\n")
+
+    class App:
+        srcdir = str(tmp_path)
+
+    source = [(tmp_path / "index.md").read_text()]
+    emulate_docs._complete_toctree(App(), "index", source)
+    assert source[0] == "x\n```{toctree}\n:caption: Contents\nquickstart\nperformance\n```\n"
+    other = ["# not the index\n"]
+    emulate_docs._complete_toctree(App(), "quickstart", other)
+    assert other == ["# not the index\n"]

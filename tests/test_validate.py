@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import pathlib
 import re
 import subprocess
 import sys
@@ -342,3 +343,16 @@ def test_reproducer_passes_once_the_decoder_is_fixed(broken_decoder, monkeypatch
     monkeypatch.undo()
     jax.clear_caches()
     exec(compile(script, "<reproducer>", "exec"), {})
+
+
+def test_readme_quickstart_runs_validate_and_keeps_the_ci_test_command() -> None:
+    root = pathlib.Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    block = readme.split("## Quickstart", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    main, test = block.splitlines()
+    assert main == (
+        "python -m venv .venv && . .venv/bin/activate && pip install -e . && "
+        "python -m emulate validate"
+    )
+    ci = (root / ".ci" / "run").read_text().splitlines()
+    assert test in ci  # .ci/run runs the README's test command verbatim

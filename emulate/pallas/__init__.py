@@ -1,0 +1,20 @@
+"""Pallas TPU support: a mixed-input matmul kernel, an in-kernel ``dot``, a Mosaic check.
+
+- :func:`matmul`: ``x @ w`` as one ``pallas_call`` whose low-precision weight (int8,
+  float8 codes, or int4 / float4 / float6 kept packed) is decoded tile by tile in VMEM
+  into the type the target's matrix unit takes.
+- :func:`dot`: a ``jnp.dot`` for values loaded inside your own kernels that lowers to an
+  operand pair the target runs.
+- :func:`check`: lowers a function for TPU on any machine and reports each ``tpu.matmul``
+  whose operand types the target lacks, with the error Mosaic would give.
+
+Import it as ``import emulate.pallas`` (it imports ``jax.experimental.pallas``).
+"""
+
+from __future__ import annotations
+
+from emulate.pallas.check import Finding, MatmulSite, check, matmul_sites
+from emulate.pallas.dot import dot
+from emulate.pallas.matmul import matmul
+
+__all__ = ["Finding", "MatmulSite", "check", "dot", "matmul", "matmul_sites"]

@@ -1,0 +1,222 @@
+"""Kernel-side building blocks shared by :mod:`emulate.pallas.dot` and the matmul kernel.
+
+* :func:`route`: how one operand pair runs inside a Pallas TPU kernel on a target. It is
+  :func:`emulate.plan` with two kernel-level corrections: Pallas TPU ``dot`` treats every
+  integer operand as signed, so native uint8 / uint4 / int4 pairs (whose unsigned or
+  sub-byte values Mosaic would misread or cannot load from bytes) take the int8 route
+  when their values fit int8 and the bf16 (or f32) route otherwise.
+* :func:`decode_codes` / :func:`decode_values`: exact decoding of loaded tiles, on 32-bit
+  words, with the bit formulas of :mod:`emulate.codecs` (no gathers, no lookup tables,
+  no conversion of a low-precision type by the compiler), optionally scaled by ``2**k``
+  so that exact-class values become integers.
+* :func:`exact_dot`: a tile contraction whose partial sums stay exact (K cut into chunks
+  of ``Route.k_chunk``), returning the int32 sum in units of the products' quantum.
+
+Everything here runs on values already loaded from refs, inside a kernel (or outside one:
+it is plain ``jnp``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from emulate import codecs, formats, targets
+from emulate.formats import Format
+from emulate.plan import exact_class, plan
+
+__all__ = [
+    "Route",
+    "route",
+    "decode_codes",
+    "decode_values",
+    "exact_dot",
+    "exact_limit",
+    "float_dot",
+]
+
+_F32_EXACT = 1 << 24
+_MATMUL_DN = (((1,), (0,)), ((), ()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """How ``lhs x rhs`` runs inside a kernel on ``target``.
+
+    Attributes:
+      target, lhs, rhs, out: names (``out`` is the result format).
+      method: "native", "int8", "bf16" or "f32" (as :class:`emulate.Plan`).
+      lhs_compute, rhs_compute: the element types ``tpu.matmul`` sees.
+      accumulator: "int32" or "float32".
+      lhs_scale, rhs_scale: exact-class operands are decoded as ``value * 2**scale``
+        (integers); the sum is scaled back by ``2**-(lhs_scale + rhs_scale)`` once.
+      k_chunk: the longest contraction one float dot may take and still return an exact
+        sum (exact class on a bf16/f32 route); None where no cut is needed.
+      exact: whether the result is the exact sum rounded once.
+      note: why the route differs from :func:`emulate.plan`'s, or "".
+    """
+
+    target: str
+    lhs: str
+    rhs: str
+    out: str
+    method: str
+    lhs_compute: str
+    rhs_compute: str
+    accumulator: str
+    lhs_scale: int
+    rhs_scale: int
+    k_chunk: int | None
+    exact: bool
+    note: str = ""
+
+    @property
+    def scale(self) -> int:
+        return self.lhs_scale + self.rhs_scale
+
+    @property
+    def precision(self) -> Any:
+        """HIGHEST for f32 operands (a TPU otherwise multiplies them in one bf16 pass)."""
+        return lax.Precision.HIGHEST if self.lhs_compute == "float32" else None
+
+
+def _scale(f: Format) -> int:
+    """k with every value * 2**k an integer (exact-class formats), else 0."""
+    if f.is_integer:
+        return 0
+    return f.int8_scale or 0
+
+
+def _max_quanta(f: Format) -> int:
+    return int(max(abs(f.max), abs(f.min)) * 2 ** _scale(f))
+
+
+def _widest_float(t: targets.Target, lhs: Format, rhs: Format) -> str:
+    """bf16 if the target has bf16 x bf16 and both formats fit bf16, else f32."""
+    fits = all(f.name == "bfloat16" or "bfloat16" in f.exact_in for f in (lhs, rhs))
+    return "bfloat16" if fits and t.supports("bfloat16", "bfloat16") else "float32"
+
+
+def route(lhs: Any, rhs: Any, *, target: Any = None, preferred_element_type: Any = None) -> Route:
+    """The kernel route for ``lhs x rhs`` on ``target`` (a TPU profile or any other).
+
+    Raises:
+      ValueError, TypeError, NotImplementedError: as :func:`emulate.plan`.
+    """
+    t = targets.current_target(target)
+    a, b = formats.get(lhs), formats.get(rhs)
+    p = plan(a, b, target=t, preferred_element_type=preferred_element_type)
+    exact = exact_class(a, b)
+    ka, kb = (_scale(a), _scale(b)) if exact else (0, 0)
+    prod = _max_quanta(a) * _max_quanta(b) if exact else 0
+    method, lc, rc, note = p.method, p.lhs_compute, p.rhs_compute, ""
+    if method == "native" and a.is_integer and (a.name, b.name) != ("int8", "int8"):
+        note = (
+            f"Pallas TPU dot reads integer operands as signed int8/int4 vectors, so native "
+            f"{a.name} x {b.name} is not used"
+        )
+        if a.max <= 127 and b.max <= 127 and a.min >= -128 and b.min >= -128:
+            method, lc, rc = "int8", "int8", "int8"
+        else:
+            lc = rc = _widest_float(t, a, b)
+            method = "bf16" if lc == "bfloat16" else "f32"
+    if method in ("int8", "native") and exact:
+        acc, k_chunk = "int32", None
+    elif exact:
+        acc, k_chunk = "float32", _F32_EXACT // prod
+    else:
+        acc, k_chunk = ("int32" if a.is_integer and b.is_integer else "float32"), None
+    return Route(
+        target=t.name,
+        lhs=a.name,
+        rhs=b.name,
+        out=p.out,
+        method=method,
+        lhs_compute=lc,
+        rhs_compute=rc,
+        accumulator=acc,
+        lhs_scale=ka,
+        rhs_scale=kb,
+        k_chunk=k_chunk,
+        exact=exact,
+        note=note,
+    )
+
+
+def decode_codes(codes: jax.Array, fmt: Any, to: str, scale: int = 0) -> jax.Array:
+    """Decode a tile of raw codes (any integer dtype, the code in the low bits) into ``to``.
+
+    ``to`` is "bfloat16", "float32" or "int8"; the value is multiplied by ``2**scale``
+    first (exactly: exact-class values become integers, int8 holds every one of them).
+    Only 32-bit integer and f32 operations are used, plus the final conversion.
+    """
+    f = formats.get(fmt)
+    c = codes.astype(jnp.int32) & f.code_mask
+    if f.is_integer:
+        return _int_to(codecs._decode_int(c, f), to)
+    bits = codecs._decode_float_bits(c, f)
+    v = lax.bitcast_convert_type(bits, jnp.float32)
+    if scale:
+        v = v * jnp.float32(2.0**scale)
+    if to == "int8":
+        return v.astype(jnp.int32).astype(jnp.int8)
+    return v.astype(to)
+
+
+def decode_values(x: jax.Array, to: str, scale: int = 0) -> jax.Array:
+    """Decode loaded values of any XLA-holdable format into ``to`` (times ``2**scale``)."""
+    f = formats.get(x.dtype)
+    if x.dtype == jnp.dtype(to) and not scale:
+        return x
+    if not f.is_low_precision:  # bfloat16, float16, float32: exact widening only
+        return x.astype(jnp.float32).astype(to) if to != "float32" else x.astype(to)
+    if f.is_integer:
+        return _int_to(x.astype(jnp.int32), to)
+    if f.bits == 8:
+        codes = lax.bitcast_convert_type(x, jnp.uint8)
+    else:  # float4_e2m1fn: bitcast through the 4-bit container
+        codes = lax.bitcast_convert_type(x, jnp.uint4)
+    return decode_codes(codes, f, to, scale)
+
+
+def _int_to(v: jax.Array, to: str) -> jax.Array:
+    """int32 values (of at most 8 bits) into int8, f32 or bf16, exactly."""
+    if to == "int8":
+        return v.astype(jnp.int8)
+    return v.astype(jnp.float32).astype(to)
+
+
+def float_dot(a: jax.Array, b: jax.Array, precision: Any = None) -> jax.Array:
+    """``a @ b`` with an f32 (float operands) or int32 (integer operands) accumulator."""
+    acc = jnp.int32 if jnp.issubdtype(a.dtype, jnp.integer) else jnp.float32
+    return lax.dot_general(a, b, _MATMUL_DN, precision=precision, preferred_element_type=acc)
+
+
+def exact_dot(a: jax.Array, b: jax.Array, r: Route) -> jax.Array:
+    """The int32 sum of ``a @ b`` for decoded exact-class operands (integers in value).
+
+    Int8 operands accumulate in int32 (wrapping past 2**31 as XLA's integer dots do). Float
+    operands are contracted in chunks of at most ``r.k_chunk`` along K, each exact in f32,
+    converted to int32 exactly and summed in int32.
+    """
+    if a.dtype == jnp.int8:
+        return float_dot(a, b)
+    k = a.shape[1]
+    chunk = r.k_chunk or k
+    total = None
+    for start in range(0, k, chunk):
+        stop = min(start + chunk, k)
+        part = float_dot(a[:, start:stop], b[start:stop, :], r.precision).astype(jnp.int32)
+        total = part if total is None else total + part
+    if total is None:  # K == 0
+        return jnp.zeros((a.shape[0], b.shape[1]), jnp.int32)
+    return total
+
+
+def exact_limit(r: Route) -> int:
+    """The largest |product| in quanta (``2**-(lhs_scale + rhs_scale)``)."""
+    return _max_quanta(formats.get(r.lhs)) * _max_quanta(formats.get(r.rhs))

@@ -1,0 +1,432 @@
+"""``emulate.pallas.matmul``: ``x @ w`` with a low-precision weight decoded tile by tile in VMEM.
+
+One ``pallas_call``, grid ``(M / bm, N / bn, K / bk)``, K innermost ("arbitrary"), M and N
+"parallel":
+
+* ``x`` (M, K) is decoded once, outside the kernel, into the type the target's matrix unit
+  takes (it is the small operand), and split into ``group`` column planes
+  ``x[:, t::group]``. Block ``(bm, bk / group)`` of each plane, index ``(i, k)``.
+* ``w`` stays in HBM as it is stored: int8 / uint8 / float8 codes one per byte
+  (``group = 1``), 4-bit formats two per byte (``group = 2``) and 6-bit formats four per
+  three bytes (``group = 4``), packed along K as :func:`emulate.pack` lays them out. The
+  packed bytes are viewed, without a copy, as an array of ``nbytes`` byte planes side by
+  side, ``(K / group, nbytes * N)``; block ``(bk / group, bn)`` of plane ``p`` at index
+  ``(k, j + p * N / bn)``. In the kernel the planes are combined into 32-bit words, the
+  ``group`` codes cut out with shifts and masks (code ``t`` of a word is the weight row
+  that multiplies plane ``t`` of ``x``: no interleaving), and decoded exactly with the bit
+  formulas of :mod:`emulate.codecs` into int8 (x ``2**scale``), bf16 or f32.
+* Each step adds ``sum_t x_t @ w_t`` to a VMEM scratch accumulator: int32 for integer
+  pairs and the other exact-class pairs (each float dot cut at the plan's K-chunk so that
+  its f32 sum is exact, then converted), f32 otherwise. An exact pair with a float
+  result keeps the int32 sum as two limbs (``hi * 2**16 + lo``), so no step can overflow.
+  The accumulator is written to the output once, at the last K step.
+* Outside the kernel the padding is sliced off and the sum rounded once into the result
+  type (:mod:`emulate.accumulate`).
+
+Ragged shapes are padded with zero codes (value +0 in every format) and sliced back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from emulate import accumulate, formats, targets
+from emulate.codes import from_codes, is_array, to_codes
+from emulate.formats import Format
+from emulate.packing import Packed, unpack_codes
+from emulate.pallas import _tile
+
+__all__ = ["matmul", "Config", "config"]
+
+_LANES = 128
+_SUBLANES = {1: 32, 2: 16, 4: 8}  # second-minor tiling of a VMEM block, by element bytes
+_MAX_STEPS = 1 << 15  # limb accumulation: lo grows by < 2**16 per K step
+_MAX_QUANTA = 1 << 40  # limbs round exactly while |total| < 2**40 quanta
+_DEFAULT_SCOPED_VMEM = 16 << 20  # Mosaic's default scoped VMEM limit on v4 / v5e
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Everything static about one kernel call (hashable: the jit cache key).
+
+    Attributes:
+      route: the :class:`emulate.pallas._tile.Route` of the pair on the target.
+      m, n, k: the logical problem shape.
+      bm, bn, bk: the block shape.
+      group: weight codes per group of whole bytes along K (1, 2 or 4); nbytes: bytes
+        per group (1, 1 or 3).
+      w_passthrough: the weight goes to the matrix unit in its stored type (no decoding).
+      limbs: accumulate an exact int32 sum as two limbs (exact pair, float result).
+      interpret: whether to run in interpret mode (else compile for TPU).
+      vmem_bytes: the estimated VMEM footprint of one grid step.
+      vmem_limit: the scoped VMEM limit asked of Mosaic (None: its default, 16 MiB or
+        more, when twice the estimate fits in it).
+    """
+
+    route: _tile.Route
+    m: int
+    n: int
+    k: int
+    bm: int
+    bn: int
+    bk: int
+    group: int
+    nbytes: int
+    w_passthrough: bool
+    limbs: bool
+    interpret: bool
+    vmem_bytes: int
+    vmem_limit: int | None
+
+    @property
+    def padded(self) -> tuple[int, int, int]:
+        return _round_up(self.m, self.bm), _round_up(self.n, self.bn), _round_up(self.k, self.bk)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        mp, np_, kp = self.padded
+        return mp // self.bm, np_ // self.bn, kp // self.bk
+
+
+def _round_up(v: int, m: int) -> int:
+    return -(-v // m) * m
+
+
+def _itemsize(name: str) -> int:
+    return np.dtype(formats.get(name).dtype).itemsize
+
+
+def _weight(w: Any, w_format: Any) -> tuple[jax.Array, Format, int, int, int]:
+    """(storage, format, K, N, group) for the weight argument."""
+    if isinstance(w, Packed):
+        f = w.format
+        if w_format is not None and formats.get(w_format) != f:
+            raise ValueError(
+                f"w_format: {formats.get(w_format).name} disagrees with the Packed w's format "
+                f"{f.name}"
+            )
+        if w.ndim != 2 or w.axis != -2:
+            raise ValueError(
+                f"w: a Packed weight must be 2-D (K, N) and packed along K (axis 0); got "
+                f"shape {w.shape} packed along axis {w.axis + w.ndim}: pack it with "
+                "emulate.pack(w, axis=0)"
+            )
+        data = jnp.asarray(w.data)
+        if data.dtype != jnp.uint8:
+            raise ValueError(f"w: Packed data must be uint8, got {data.dtype}")
+        expect = -(-f.bits * w.length // 8)
+        if data.shape[0] != expect:
+            raise ValueError(
+                f"w: {w.length} {f.name} rows need {expect} bytes along K, the data has "
+                f"{data.shape[0]}"
+            )
+        group = 2 if f.bits == 4 else 4
+        return data, f, w.length, data.shape[1], group
+    if not is_array(w):
+        raise TypeError(
+            f"w: expected an array, uint8 codes with w_format=, or a Packed array; got "
+            f"{type(w).__name__}"
+        )
+    codes, f = to_codes(w, w_format, arg="w")
+    if not f.is_low_precision:
+        raise ValueError(
+            f"w: a {f.name} weight needs no decoding; pass a low-precision weight (int8, "
+            "float8 codes, or emulate.pack(w4, axis=0) for 4- and 6-bit formats)"
+        )
+    if codes.ndim != 2:
+        raise ValueError(f"w: expected a 2-D (K, N) weight, got shape {tuple(codes.shape)}")
+    return codes, f, codes.shape[0], codes.shape[1], 1
+
+
+def _activation(x: Any, x_format: Any) -> tuple[jax.Array, Format]:
+    """(values or codes, format) for the activation argument."""
+    if isinstance(x, Packed):
+        return unpack_codes(x), x.format
+    if not is_array(x):
+        raise TypeError(
+            f"x: expected an array, uint8 codes with x_format=, or a Packed array; got "
+            f"{type(x).__name__}"
+        )
+    dt = np.dtype(x.dtype)
+    if x_format is None and dt.name in formats.WIDE:
+        return jnp.asarray(x), formats.get(dt)
+    codes, f = to_codes(x, x_format, arg="x")
+    if not f.is_low_precision:
+        return jnp.asarray(x), f
+    return codes, f
+
+
+def _check_block(name: str, value: Any, multiple: int, why: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise TypeError(f"block_shape: {name} must be a positive int, got {value!r}")
+    if value % multiple:
+        raise ValueError(f"block_shape: {name} = {value} must be a multiple of {multiple} ({why})")
+    return int(value)
+
+
+def _vmem_bytes(r: _tile.Route, bm: int, bn: int, bk: int, group: int, limbs: bool) -> int:
+    x_block = bm * bk * _itemsize(r.lhs_compute)
+    w_block = bk * bn  # at most one byte per code
+    temps = 3 * bk * bn * 4  # int32 words, codes and the decoded tile
+    acc = bm * bn * 4 * (2 if limbs else 1)
+    return 2 * x_block + 2 * w_block + temps + acc + 2 * acc
+
+
+def config(
+    r: _tile.Route,
+    t: targets.Target,
+    m: int,
+    n: int,
+    k: int,
+    group: int,
+    nbytes: int,
+    w_passthrough: bool,
+    block_shape: Any,
+    interpret: bool,
+) -> Config:
+    """The :class:`Config` for one call: block shape defaults and checks."""
+    x_sub = _SUBLANES[_itemsize(r.lhs_compute)]
+    k_multiple = _LANES * group  # each x plane block is lane-dense
+    limbs = r.exact and formats.get(r.out).is_float
+    if block_shape is None:
+        mxu = t.mxu_column_size or _LANES
+        bm = min(_round_up(m, x_sub), 256)
+        bn = min(_round_up(n, _LANES), 2 * mxu)
+        bk = max(k_multiple, (512 * 512 // bn) // k_multiple * k_multiple)
+        bk = min(bk, _round_up(k, k_multiple))
+        cap = (t.vmem_capacity_bytes or 16 << 20) // 2
+        while bk > k_multiple and _vmem_bytes(r, bm, bn, bk, group, limbs) > cap:
+            bk -= k_multiple
+    else:
+        try:
+            bm, bn, bk = block_shape
+        except (TypeError, ValueError):
+            raise TypeError(f"block_shape: expected (bm, bn, bk), got {block_shape!r}") from None
+        bm = _check_block("bm", bm, x_sub, f"the sublane tiling of {r.lhs_compute} blocks")
+        bn = _check_block("bn", bn, _LANES, "the lane width")
+        bk = _check_block(
+            "bk",
+            bk,
+            k_multiple,
+            "the lane width"
+            + (f" times the {group} codes packed along K per byte group" if group > 1 else ""),
+        )
+    vmem = _vmem_bytes(r, bm, bn, bk, group, limbs)
+    if t.vmem_capacity_bytes and vmem > t.vmem_capacity_bytes:
+        raise ValueError(
+            f"block_shape: ({bm}, {bn}, {bk}) needs about {vmem} bytes of VMEM, more than "
+            f"{t.name}'s {t.vmem_capacity_bytes}; use smaller blocks"
+        )
+    limit = None
+    if 2 * vmem > _DEFAULT_SCOPED_VMEM:
+        limit = min(2 * vmem, t.vmem_capacity_bytes or 2 * vmem)
+    cfg = Config(
+        r, m, n, k, bm, bn, bk, group, nbytes, w_passthrough, limbs, interpret, vmem, limit
+    )
+    if limbs:
+        _, _, kp = cfg.padded
+        if kp // bk > _MAX_STEPS or k * _tile.exact_limit(r) >= _MAX_QUANTA:
+            raise ValueError(
+                f"x, w: a contraction of K = {k} in blocks of {bk} exceeds what the exact "
+                f"{r.lhs} x {r.rhs} kernel combines exactly (at most {_MAX_STEPS} K steps "
+                "and 2**40 quanta); use a larger bk or split the contraction"
+            )
+    return cfg
+
+
+def _split_codes(planes: list[jax.Array], cfg: Config, bits: int) -> list[jax.Array]:
+    """The ``group`` code tiles (int32) of the loaded byte planes."""
+    if cfg.group == 1:
+        return planes
+    words = [p.astype(jnp.int32) for p in planes]
+    if cfg.group == 2:
+        return [words[0] & 0xF, (words[0] >> 4) & 0xF]
+    word = words[0] | (words[1] << 8) | (words[2] << 16)
+    return [(word >> (bits * i)) & 0x3F for i in range(cfg.group)]
+
+
+def _kernel(cfg: Config, *refs: Any) -> None:
+    r = cfg.route
+    wf = formats.get(r.rhs)
+    xs = refs[: cfg.group]
+    ws = refs[cfg.group : cfg.group + cfg.nbytes]
+    rest = refs[cfg.group + cfg.nbytes :]
+    n_acc = 2 if cfg.limbs else 1
+    outs, accs = rest[:n_acc], rest[n_acc:]
+    k = pl.program_id(2)
+
+    @pl.when(k == 0)
+    def _init():
+        for a in accs:
+            a[...] = jnp.zeros(a.shape, a.dtype)
+
+    codes = _split_codes([w[...] for w in ws], cfg, wf.bits)
+    step = None
+    for t in range(cfg.group):
+        if cfg.w_passthrough:
+            wt = codes[t]
+        else:
+            wt = _tile.decode_codes(codes[t], wf, r.rhs_compute, r.rhs_scale)
+        xt = xs[t][...]
+        if r.exact:
+            d = _tile.exact_dot(xt, wt, r)
+        else:
+            d = _tile.float_dot(xt, wt, r.precision)
+        step = d if step is None else step + d
+    if cfg.limbs:
+        accs[0][...] += step >> 16
+        accs[1][...] += step & 0xFFFF
+    else:
+        accs[0][...] += step
+
+    @pl.when(k == pl.num_programs(2) - 1)
+    def _store():
+        for o, a in zip(outs, accs):
+            o[...] = a[...]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _run(x: jax.Array, w: jax.Array, cfg: Config) -> jax.Array:
+    r = cfg.route
+    mp, np_, kp = cfg.padded
+    nm, nn, nk = cfg.grid
+    bkg = cfg.bk // cfg.group
+    # x: pad, then one plane per code position in a byte group.
+    x = jnp.pad(x, ((0, mp - x.shape[0]), (0, kp - x.shape[1])))
+    planes = [x[:, t :: cfg.group] for t in range(cfg.group)]
+    # w: pad K (in byte groups) and N, then view the byte planes side by side.
+    rows = kp // cfg.group * cfg.nbytes
+    w = jnp.pad(w, ((0, rows - w.shape[0]), (0, np_ - w.shape[1])))
+    w = w.reshape(kp // cfg.group, cfg.nbytes * np_)
+    x_spec = pl.BlockSpec((cfg.bm, bkg), lambda i, j, k: (i, k))
+    w_specs = [
+        pl.BlockSpec((bkg, cfg.bn), functools.partial(lambda p, i, j, k: (k, j + p * nn), p))
+        for p in range(cfg.nbytes)
+    ]
+    acc_dtype = jnp.int32 if r.exact else jnp.float32
+    n_acc = 2 if cfg.limbs else 1
+    out_spec = pl.BlockSpec((cfg.bm, cfg.bn), lambda i, j, k: (i, j))
+    interpret = pltpu.InterpretParams() if cfg.interpret else False
+    outs = pl.pallas_call(
+        functools.partial(_kernel, cfg),
+        out_shape=[jax.ShapeDtypeStruct((mp, np_), acc_dtype)] * n_acc,
+        grid=(nm, nn, nk),
+        in_specs=[x_spec] * cfg.group + w_specs,
+        out_specs=[out_spec] * n_acc,
+        scratch_shapes=[pltpu.VMEM((cfg.bm, cfg.bn), acc_dtype)] * n_acc,
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=cfg.vmem_limit,
+        ),
+        interpret=interpret,
+        name="emulate_matmul",
+    )(*planes, *[w] * cfg.nbytes)
+    outs = [o[: cfg.m, : cfg.n] for o in outs]
+    if cfg.limbs:
+        hi, lo = accumulate.normalize(*outs)
+        return accumulate.round_limbs(hi, lo, r.scale, r.out)
+    return accumulate.round_accumulator(outs[0], r.out)
+
+
+def _interpret(interpret: Any) -> bool:
+    if interpret is None:
+        return jax.default_backend() != "tpu"
+    if isinstance(interpret, bool):
+        return interpret
+    raise TypeError(f"interpret: expected None, True or False, got {interpret!r}")
+
+
+def matmul(
+    x: Any,
+    w: Any,
+    *,
+    target: Any = None,
+    block_shape: Any = None,
+    out_dtype: Any = None,
+    interpret: Any = None,
+    x_format: Any = None,
+    w_format: Any = None,
+) -> jax.Array:
+    """``x @ w`` as one Pallas TPU kernel that decodes the low-precision weight in VMEM.
+
+    Args:
+      x: the (M, K) activations: bfloat16, float16 or float32 (weight-only
+        quantization), or a low-precision array (int8, float4_e2m1fn, ...; ``uint8``
+        codes with ``x_format``; or Packed) for the exact integer pairs. It is decoded
+        once, outside the kernel, into the type the matrix unit takes.
+      w: the (K, N) weight: an int8 / uint8 / float8 array, ``uint8`` codes with
+        ``w_format`` (float6 codes too), or an :class:`emulate.Packed` int4 / uint4 /
+        float4_e2m1fn / float6 array packed along K (``emulate.pack(w, axis=0)``), which
+        stays packed in HBM.
+      target: a TPU target name or Target; default the current target, which must then
+        be a TPU (``emulate.target("tpu_v5e")`` or ``EMULATE_TARGET``).
+      block_shape: ``(bm, bn, bk)``; default from the target: ``bn`` twice its MXU width,
+        ``bm`` up to 256 rows, ``bk`` as deep as half its VMEM allows (at most
+        ``2**18 / bn``). ``bm`` must be a multiple of the sublane tiling of the decoded
+        x type (8 for f32, 16 for bf16, 32 for int8), ``bn`` of 128, ``bk`` of 128 times
+        the codes per byte group (2 for 4-bit, 4 for 6-bit formats).
+      out_dtype: the result type (as ``preferred_element_type``); default what
+        ``lax.dot_general`` returns for the pair (bfloat16 for bf16 x int4, int8 for
+        int8 x int8: pass ``jnp.int32`` for the int32 sum).
+      interpret: None (default): interpret mode unless JAX's default backend is a TPU;
+        True / False to force it.
+      x_format, w_format: the formats of operands passed as raw uint8 codes.
+
+    Returns:
+      The (M, N) product. Exact-class pairs (integers with integers, float4_e2m1fn with
+      itself or integers) are exact: the int32 sum wrapped into an integer result, or the
+      exact sum rounded once into a float result, bit-identical to
+      :func:`emulate.reference.dot_general`. Other pairs accumulate exactly decoded
+      operands in f32, within the bound of mode "fast"
+      (:func:`emulate.bounds.dot_general_bound`).
+
+    Raises:
+      TypeError: an operand that is not an array, Packed or codes; a bad block_shape or
+        interpret type.
+      ValueError: shapes that are not (M, K) x (K, N); a weight packed along N; a wide
+        (bfloat16/float32) weight; a non-TPU target; block sizes off the tiling or too big
+        for VMEM; a contraction too long for the exact combination.
+    """
+    t = targets.current_target(target)
+    if t.kind != "tpu":
+        raise ValueError(
+            f"target: emulate.pallas.matmul is a TPU kernel and the target is {t.name}; pass "
+            "a TPU target (target='tpu_v5e', emulate.target(...) or EMULATE_TARGET); on a "
+            "machine without a TPU it runs in interpret mode"
+        )
+    wdata, wf, kw, n, group = _weight(w, w_format)
+    xv, xf = _activation(x, x_format)
+    if xv.ndim != 2:
+        raise ValueError(f"x: expected a 2-D (M, K) array, got shape {tuple(xv.shape)}")
+    m, k = xv.shape
+    if k != kw:
+        raise ValueError(
+            f"x, w: x's K ({k}) differs from w's K ({kw}); x {xf.name}{[m, k]}, "
+            f"w {wf.name}{[kw, n]}"
+        )
+    r = _tile.route(xf, wf, target=t, preferred_element_type=out_dtype)
+    if not formats.get(r.out).xla_storable:
+        raise ValueError(
+            f"out_dtype: the result type would be {r.out}, which XLA cannot hold; pass "
+            "out_dtype (e.g. jnp.float32)"
+        )
+    passthrough = r.rhs_compute == wf.name and not r.rhs_scale and group == 1
+    if passthrough:
+        wdata = from_codes(wdata, wf)
+    if not xf.is_low_precision:
+        xv = _tile.decode_values(xv, r.lhs_compute)
+    elif r.lhs_compute == xf.name and not r.lhs_scale:
+        xv = from_codes(xv, xf)
+    else:
+        xv = _tile.decode_codes(xv, xf, r.lhs_compute, r.lhs_scale)
+    nbytes = 3 if group == 4 else 1
+    cfg = config(r, t, m, n, k, group, nbytes, passthrough, block_shape, _interpret(interpret))
+    return _run(xv, wdata, cfg)

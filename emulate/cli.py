@@ -12,7 +12,10 @@ themselves. The subcommands:
 - ``validate [--target T ... | --target all] [--formats F ...] [--modes fast exact]
   [--examples N] [--seed S] [--json PATH]``: property-based checks of every plan against
   the reference oracle, as a table (see :mod:`emulate.validate`); exit status 1 on any
-  mismatch.
+  mismatch;
+- ``check-kernel MODULE:FUNCTION [--target T ... | --target all] [--shapes SPEC]``: lower a
+  function's Pallas kernels for TPU and report the ``tpu.matmul`` operand types each target
+  would reject (see :mod:`emulate.pallas.check`); exit status 1 on any finding.
 
 Bad arguments print one line, ``emulate: error: <problem> (choose from ...)``, and exit
 with status 2; there is no traceback.
@@ -599,6 +602,148 @@ def _validate_with_progress(validate, target_names, format_names, modes, args):
         )
 
 
+# --------------------------------------------------------------------------- check-kernel
+
+
+def _add_check_kernel(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "check-kernel",
+        help="predict Mosaic's 'Unsupported matmul ... type' errors of Pallas kernels (no TPU)",
+        description=(
+            "Lower MODULE:FUNCTION for TPU on this machine and report every tpu.matmul whose "
+            "operand types a TPU target does not run, with the error Mosaic would give, the "
+            "source line and the fix (emulate.pallas.check). Exit status 1 on any finding."
+        ),
+    )
+    p.add_argument(
+        "function",
+        metavar="MODULE:FUNCTION",
+        help="a module (pkg.kernels) or file (path/to/kernels.py), a colon, and the name of "
+        "the function that calls pallas_call",
+    )
+    p.add_argument(
+        "--target",
+        dest="targets",
+        action="extend",
+        nargs="+",
+        metavar="T",
+        help="TPU targets (names or aliases such as v4, v7x, or 'all'); default: the current "
+        "target (EMULATE_TARGET) if it is a TPU",
+    )
+    p.add_argument(
+        "--shapes",
+        metavar="SPEC",
+        help="the function's arguments, comma-separated SHAPE:DTYPE, e.g. "
+        "256x256:int8,256x256:int8 (':float32' is a scalar); default: no arguments",
+    )
+    p.set_defaults(func=_run_check_kernel)
+
+
+def _tpu_targets(names: Sequence[str] | None, parser: argparse.ArgumentParser) -> list[str]:
+    from emulate import targets
+
+    tpus = [n for n in targets.names() if targets.get(n).kind == "tpu"]
+    if not names:
+        try:
+            current = targets.current_target()
+        except ValueError as e:
+            parser.error(" ".join(str(e).split()))
+        if current.kind != "tpu":
+            parser.error(f"the current target is {current.name}; pass --target (a TPU, or all)")
+        return [current.name]
+    if any(n.lower() == "all" for n in names):
+        return tpus
+    chosen = []
+    for name in names:
+        try:
+            t = targets.get(name)
+        except ValueError:
+            t = None
+        if t is None or t.kind != "tpu":
+            parser.error(
+                f"not a TPU target: {name!r} (choose from {', '.join(tpus)}, all, or an alias "
+                "such as v5e)"
+            )
+        chosen.append(t.name)
+    return list(dict.fromkeys(chosen))
+
+
+def parse_shapes(spec: str) -> list:
+    """``"256x256:int8,8:bf16"`` -> ``jax.ShapeDtypeStruct`` arguments (ValueError if malformed)."""
+    import jax
+
+    args = []
+    for item in spec.split(","):
+        dims, sep, dtype = item.strip().partition(":")
+        if not sep or not dtype:
+            raise ValueError(f"{item.strip()!r} is not SHAPE:DTYPE (e.g. 256x256:int8)")
+        try:
+            shape = tuple(int(d) for d in dims.split("x")) if dims else ()
+        except ValueError:
+            shape = None
+        if shape is None or any(d <= 0 for d in shape):
+            raise ValueError(f"shape {dims!r} is not positive integers joined by x")
+        try:
+            f = formats.get(dtype)
+        except ValueError:
+            raise ValueError(f"unknown dtype {dtype!r}") from None
+        if not f.xla_storable:
+            raise ValueError(f"{f.name} arrays cannot be XLA arguments; pass uint8 codes")
+        args.append(jax.ShapeDtypeStruct(shape, f.dtype))
+    return args
+
+
+def _load_function(ref: str, parser: argparse.ArgumentParser) -> Callable:
+    import importlib
+    import importlib.util
+
+    module_name, sep, attr = ref.rpartition(":")
+    if not sep or not module_name or not attr:
+        parser.error(f"expected MODULE:FUNCTION, got {ref!r}")
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            name = os.path.splitext(os.path.basename(module_name))[0]
+            spec = importlib.util.spec_from_file_location(name, module_name)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {module_name}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except (ImportError, OSError) as e:
+        parser.error(f"cannot import {module_name!r}: {e}")
+    obj = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            parser.error(f"{module_name!r} has no attribute {attr!r}")
+    if not callable(obj):
+        parser.error(f"{ref!r} is not callable")
+    return obj
+
+
+def _run_check_kernel(args: argparse.Namespace) -> int:
+    from emulate.pallas import check
+
+    parser = args.parser
+    target_names = _tpu_targets(args.targets, parser)
+    try:
+        fn_args = parse_shapes(args.shapes) if args.shapes else []
+    except ValueError as e:
+        parser.error(f"--shapes: {e}")
+    fn = _load_function(args.function, parser)
+    found = 0
+    for name in target_names:
+        sites = check.matmul_sites(fn, *fn_args, target=name)
+        findings = [f for f in (check.diagnose(s, name) for s in sites) if f is not None]
+        found += len(findings)
+        verdict = f"{len(findings)} finding{'s' * (len(findings) != 1)}" if findings else "ok"
+        print(f"{name}: {len(sites)} tpu.matmul, {verdict}")
+        for f in findings:
+            print(f)
+    return 1 if found else 0
+
+
 # --------------------------------------------------------------------------- registry
 
 #: Every subcommand, in the order ``--help`` lists them. Add new ones here.
@@ -607,6 +752,7 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_targets,
     _add_explain,
     _add_validate,
+    _add_check_kernel,
 )
 
 

@@ -13,8 +13,8 @@ Import it as ``import emulate.pallas`` (it imports ``jax.experimental.pallas``).
 
 from __future__ import annotations
 
-from emulate.pallas.check import Finding, MatmulSite, check, matmul_sites
+from emulate.pallas.check import Finding, MatmulSite, check, diagnose, matmul_sites
 from emulate.pallas.dot import dot
 from emulate.pallas.matmul import matmul
 
-__all__ = ["Finding", "MatmulSite", "check", "dot", "matmul", "matmul_sites"]
+__all__ = ["Finding", "MatmulSite", "check", "diagnose", "dot", "matmul", "matmul_sites"]

@@ -40,6 +40,7 @@ __all__ = [
 ]
 
 _F32_EXACT = 1 << 24
+_LANES = 128
 _MATMUL_DN = (((1,), (0,)), ((), ()))
 
 
@@ -200,13 +201,16 @@ def exact_dot(a: jax.Array, b: jax.Array, r: Route) -> jax.Array:
     """The int32 sum of ``a @ b`` for decoded exact-class operands (integers in value).
 
     Int8 operands accumulate in int32 (wrapping past 2**31 as XLA's integer dots do). Float
-    operands are contracted in chunks of at most ``r.k_chunk`` along K, each exact in f32,
-    converted to int32 exactly and summed in int32.
+    operands are contracted in chunks of at most ``r.k_chunk`` along K (rounded down to a
+    multiple of 128 lanes), each exact in f32, converted to int32 exactly and summed in
+    int32.
     """
     if a.dtype == jnp.int8:
         return float_dot(a, b)
     k = a.shape[1]
     chunk = r.k_chunk or k
+    if chunk < k and chunk >= _LANES:  # lane-aligned slices of the loaded tiles
+        chunk = chunk // _LANES * _LANES
     total = None
     for start in range(0, k, chunk):
         stop = min(start + chunk, k)

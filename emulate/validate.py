@@ -20,15 +20,18 @@ ready-to-run script.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 import random
+import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, Verbosity, find, settings
+from hypothesis import HealthCheck, Phase, Verbosity, configuration, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
@@ -40,6 +43,7 @@ from emulate.plan import plan as make_plan
 __all__ = [
     "DEFAULT_EXAMPLES",
     "Row",
+    "check",
     "default_formats",
     "default_targets",
     "pairs",
@@ -301,23 +305,46 @@ def run(
     jobs = [(t, a, b, m) for t in target_names for a, b in pairs(format_names) for m in modes]
     done: dict[tuple, Row] = {}
     rows = []
-    for t, a, b, m in jobs:
-        desc = f"{t} {a} x {b} {m}"
-        if on_row is not None:
-            on_row(None, desc)
-        key = _key(t, a, b, m)
-        shared = done.get((a, b, m, key)) if key is not None else None
-        if shared is not None:
-            row = dataclasses.replace(shared, target=t, seconds=0.0, same_as=shared.target)
-            row = dataclasses.replace(row, reproducer=_retarget(shared, t))
-        else:
-            row = check(t, a, b, m, examples=examples, seed=seed)
-            if key is not None:
-                done[(a, b, m, key)] = row
-        rows.append(row)
-        if on_row is not None:
-            on_row(row, desc)
+    with _scratch_hypothesis_storage():
+        for t, a, b, m in jobs:
+            desc = f"{t} {a} x {b} {m}"
+            if on_row is not None:
+                on_row(None, desc)
+            key = _key(t, a, b, m)
+            shared = done.get((a, b, m, key)) if key is not None else None
+            if shared is not None:
+                row = dataclasses.replace(
+                    shared,
+                    target=t,
+                    seconds=0.0,
+                    same_as=shared.target,
+                    reproducer=_retarget(shared, t),
+                )
+            else:
+                row = check(t, a, b, m, examples=examples, seed=seed)
+                if key is not None:
+                    done[(a, b, m, key)] = row
+            rows.append(row)
+            if on_row is not None:
+                on_row(row, desc)
     return rows
+
+
+@contextlib.contextmanager
+def _scratch_hypothesis_storage():
+    """Point hypothesis' storage (its constants cache) at a temporary directory, so that
+    validate leaves no ``.hypothesis/`` behind in the working directory; restored after.
+    ``HYPOTHESIS_STORAGE_DIRECTORY``, where set, is respected."""
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        yield
+        return
+    previous = configuration.storage_directory(intent_to_write=False).home_directory
+    with tempfile.TemporaryDirectory(prefix="emulate-validate-") as scratch:
+        configuration.set_hypothesis_home_dir(scratch)
+        try:
+            yield
+        finally:
+            configuration.set_hypothesis_home_dir(previous)
 
 
 def _retarget(row: Row, target: str) -> str | None:

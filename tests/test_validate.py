@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -260,17 +261,21 @@ def test_unwritable_json_path(tmp_path, capsys) -> None:
         )
 
 
-def test_python_dash_m_validate_without_traceback() -> None:
+def test_python_dash_m_validate_without_traceback(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
     ok = subprocess.run(
         [sys.executable, "-m", "emulate", "validate", "--target", "cpu", "--formats", "uint4"]
         + ["--modes", "fast", "--examples", "2"],
         capture_output=True,
         text=True,
         check=False,
+        cwd=tmp_path,
+        env=env,
     )
     assert ok.returncode == 0, ok.stderr
     assert ok.stderr == ""  # no progress bar when stderr is not a terminal
     assert "cpu     uint4 x uint4  fast  int8" in ok.stdout
+    assert list(tmp_path.iterdir()) == []  # no .hypothesis/ left in the working directory
     bad = subprocess.run(
         [sys.executable, "-m", "emulate", "validate", "--examples", "0"],
         capture_output=True,

@@ -723,7 +723,7 @@ def _load_function(ref: str, parser: argparse.ArgumentParser) -> Callable:
 
 
 def _run_check_kernel(args: argparse.Namespace) -> int:
-    from emulate.pallas import check
+    import emulate.pallas
 
     parser = args.parser
     target_names = _tpu_targets(args.targets, parser)
@@ -734,8 +734,8 @@ def _run_check_kernel(args: argparse.Namespace) -> int:
     fn = _load_function(args.function, parser)
     found = 0
     for name in target_names:
-        sites = check.matmul_sites(fn, *fn_args, target=name)
-        findings = [f for f in (check.diagnose(s, name) for s in sites) if f is not None]
+        sites = emulate.pallas.matmul_sites(fn, *fn_args, target=name)
+        findings = [f for f in (emulate.pallas.diagnose(s, name) for s in sites) if f]
         found += len(findings)
         verdict = f"{len(findings)} finding{'s' * (len(findings) != 1)}" if findings else "ok"
         print(f"{name}: {len(sites)} tpu.matmul, {verdict}")

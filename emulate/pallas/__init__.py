@@ -8,7 +8,9 @@
 - :func:`check`: lowers a function for TPU on any machine and reports each ``tpu.matmul``
   whose operand types the target lacks, with the error Mosaic would give.
 
-Import it as ``import emulate.pallas`` (it imports ``jax.experimental.pallas``).
+Import it as ``import emulate.pallas`` (it imports ``jax.experimental.pallas``). The
+functions shadow the submodules of the same names (``emulate.pallas.check`` is the function);
+``importlib.import_module("emulate.pallas.check")`` reaches the module.
 """
 
 from __future__ import annotations

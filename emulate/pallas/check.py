@@ -293,14 +293,19 @@ def _fix(t: targets.Target, site: MatmulSite) -> str:
 def _note(t: targets.Target, site: MatmulSite) -> str:
     if t.generation != 7:
         return ""
-    if not any(_is_int(f) or f == "float4_e2m1fn" for f in (site.lhs, site.rhs)):
-        return ""
-    return (
-        "on TPU v7 Mosaic's compatibility mode (--xla_mosaic_compat_mode) may convert "
-        "integer and float4 operands itself (int8 to bf16, an int32 accumulator to f32); "
-        "the kernel then compiles, but an int32 sum is exact only while each dot's K "
-        "stays within 2**24 / max|product| (1024 for int8 x int8)"
-    )
+    if any(_is_int(f) or f == "float4_e2m1fn" for f in (site.lhs, site.rhs)):
+        return (
+            "on TPU v7 Mosaic's compatibility mode (--xla_mosaic_compat_mode) may convert "
+            "integer and float4 operands itself (int8 to bf16, an int32 accumulator to f32); "
+            "the kernel then compiles, but an int32 sum is exact only while each dot's K "
+            "stays within 2**24 / max|product| (1024 for int8 x int8)"
+        )
+    if (site.lhs or "").startswith("float8") and site.rhs in ("bfloat16", "float32"):
+        return (
+            "on TPU v7 Mosaic's compatibility mode (--xla_mosaic_compat_mode) may widen a "
+            "float8 LHS to bf16 itself when the RHS is bf16 or f32"
+        )
+    return ""
 
 
 def diagnose(site: MatmulSite, target: Any) -> Finding | None:

@@ -1,0 +1,361 @@
+"""emulate.pallas.check and check-kernel: the Mosaic module of each kernel, lowered for TPU on
+the CPU, and the tpu.matmul operand types each target rejects; emulate.pallas.dot and
+emulate.pallas.matmul lower to pairs every target runs."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import emulate
+import emulate.pallas
+from emulate import cli, formats, targets
+from emulate.packing import Packed
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _pallas_kernels as kernels  # noqa: E402
+
+pcheck = importlib.import_module("emulate.pallas.check")  # the function shadows the module
+KERNELS = pathlib.Path(kernels.__file__)
+TPUS = [n for n in targets.names() if targets.get(n).kind == "tpu"]
+I8 = jax.ShapeDtypeStruct((256, 256), jnp.int8)
+RAW_MESSAGE = "Unsupported matmul RHS type on target: 'vector<256x256xi8>'"
+
+
+def _line(marker: str) -> int:
+    lines = KERNELS.read_text().splitlines()
+    (found,) = [i + 1 for i, line in enumerate(lines) if f"# site: {marker}" in line]
+    return found
+
+
+@pytest.mark.parametrize("target", TPUS)
+def test_raw_int8_kernel_is_flagged_where_the_chip_has_no_int8_pair(target):
+    findings = emulate.pallas.check(kernels.raw_int8, I8, I8, target=target)
+    if targets.get(target).supports("int8", "int8"):
+        assert findings == []
+        return
+    (f,) = findings
+    assert f.target == target
+    assert f.operand == "RHS"
+    assert f.message == RAW_MESSAGE
+    assert f.site.kernel == "_raw_int8_kernel"
+    assert (f.site.lhs_type, f.site.rhs_type, f.site.acc_type) == (
+        "vector<256x256xi8>",
+        "vector<256x256xi8>",
+        "vector<256x256xi32>",
+    )
+    assert (f.site.lhs, f.site.rhs) == ("int8", "int8")
+    assert f.site.location == f"{KERNELS}:{_line('raw')}"
+    text = str(f)
+    assert text.splitlines()[0] == (
+        f"{KERNELS}:{_line('raw')}: kernel '_raw_int8_kernel' on {target}: "
+        f"Mosaic failed to compile TPU kernel: {RAW_MESSAGE}"
+    )
+    assert "emulate.pallas.dot(a, b, preferred_element_type=jnp.int32)" in f.fix
+
+
+def test_the_issue_targets():
+    # The acceptance line of the issue, spelled out.
+    for target in ("tpu_v4", "tpu_v7x"):
+        (f,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target=target)
+        assert f.message == RAW_MESSAGE
+    for target in ("tpu_v5e", "tpu_v6e"):
+        assert emulate.pallas.check(kernels.raw_int8, I8, I8, target=target) == []
+
+
+def test_fix_and_note_name_the_route_and_compatibility_mode():
+    (v4,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target="tpu_v4")
+    assert "on tpu_v4 it decodes the operands in registers to bfloat16 x bfloat16 with a " in (
+        v4.fix
+    )
+    assert "float32 accumulator (exact)" in v4.fix
+    assert v4.note == ""
+    (v7x,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target="tpu_v7x")
+    assert v7x.note.startswith("on TPU v7 Mosaic's compatibility mode")
+    assert "(1024 for int8 x int8)" in v7x.note
+
+
+@pytest.mark.parametrize("target", TPUS)
+def test_dot_kernel_lowers_to_a_pair_the_target_runs(target):
+    t = targets.get(target)
+    sites = emulate.pallas.matmul_sites(kernels.fixed_int8, I8, I8, target=target)
+    assert emulate.pallas.check(kernels.fixed_int8, I8, I8, target=target) == []
+    (site,) = sites  # K = 256 is within one exact chunk on every route
+    expect = {"int8": "i8", "bfloat16": "bf16", "float32": "f32"}
+    native = t.supports("int8", "int8")
+    compute = "int8" if native else "bfloat16" if t.supports("bfloat16", "bfloat16") else "float32"
+    e = expect[compute]
+    acc = "i32" if native else "f32"
+    assert (site.lhs_type, site.rhs_type, site.acc_type) == (
+        f"vector<256x256x{e}>",
+        f"vector<256x256x{e}>",
+        f"vector<256x256x{acc}>",
+    )
+    assert t.supports(site.lhs, site.rhs)
+
+
+def test_int8_dot_is_bf16_on_v4_and_v7x_and_int8_on_v5e_and_v6e():
+    expect = {"tpu_v4": "bf16", "tpu_v7x": "bf16", "tpu_v5e": "i8", "tpu_v6e": "i8"}
+    for target, e in expect.items():
+        (site,) = emulate.pallas.matmul_sites(kernels.fixed_int8, I8, I8, target=target)
+        assert site.lhs_type == site.rhs_type == f"vector<256x256x{e}>", target
+
+
+def test_traces_are_fresh_for_each_target():
+    # fixed_int8 reads the current target when traced; JAX would reuse a cached trace.
+    order = ["tpu_v5e", "tpu_v4", "tpu_v5e", "tpu_v7x"]
+    got = [
+        emulate.pallas.matmul_sites(kernels.fixed_int8, I8, I8, target=t)[0].lhs_type for t in order
+    ]
+    assert got == ["vector<256x256xi8>", "vector<256x256xbf16>"] * 2
+
+
+def test_current_target_is_the_default():
+    with emulate.target("tpu_v4"):
+        (f,) = emulate.pallas.check(kernels.raw_int8, I8, I8)
+        assert f.target == "tpu_v4"
+        (site,) = emulate.pallas.matmul_sites(kernels.fixed_int8, I8, I8)
+        assert site.lhs == "bfloat16"
+
+
+def test_sites_inside_jit_scan_and_a_kernel_loop_are_found():
+    x = jax.ShapeDtypeStruct((128, 256), jnp.int8)
+    w = jax.ShapeDtypeStruct((256, 128), jnp.int8)
+    sites = emulate.pallas.matmul_sites(kernels.looped_int8, x, w)
+    assert [s.lhs_type for s in sites] == ["vector<128x128xi8>"]
+    assert sites[0].location == f"{KERNELS}:{_line('looped')}"
+    (f,) = emulate.pallas.check(kernels.looped_int8, x, w, target="tpu_v4")
+    assert f.message == "Unsupported matmul RHS type on target: 'vector<128x128xi8>'"
+
+
+def _mixed(lhs, rhs):
+    a = jax.ShapeDtypeStruct((128, 128), lhs)
+    b = jax.ShapeDtypeStruct((128, 128), rhs)
+    return a, b
+
+
+def test_the_lhs_is_named_when_its_type_is_no_lhs_of_the_target():
+    a, b = _mixed(jnp.float8_e4m3fn, jnp.bfloat16)
+    (f,) = emulate.pallas.check(kernels.mixed, a, b, target="tpu_v5e")
+    assert f.operand == "LHS"
+    assert f.message == "Unsupported matmul LHS type on target: 'vector<128x128xf8E4M3FN>'"
+    assert f.site.location == f"{KERNELS}:{_line('mixed')}"
+    assert "to bfloat16 x bfloat16 with a float32 accumulator (within the bound" in f.fix
+    # On v7 float8_e4m3fn is a valid LHS (with a float8 RHS): the bf16 RHS is named.
+    (f7,) = emulate.pallas.check(kernels.mixed, a, b, target="tpu_v7x")
+    assert f7.message == "Unsupported matmul RHS type on target: 'vector<128x128xbf16>'"
+    assert f7.note.startswith("on TPU v7 Mosaic's compatibility mode (--xla_mosaic_compat_mode)")
+
+
+@pytest.mark.parametrize("target", ["tpu_v4", "tpu_v5e", "tpu_v7x"])
+def test_int_float_mixes_are_cast_by_compatibility_mode(target):
+    # bf16 x int8: Mosaic casts the int8 side to f32; every generation from v4 runs that.
+    for lhs, rhs in ((jnp.bfloat16, jnp.int8), (jnp.int8, jnp.bfloat16)):
+        assert emulate.pallas.check(kernels.mixed, *_mixed(lhs, rhs), target=target) == []
+
+
+def test_v2_has_only_f32():
+    (f,) = emulate.pallas.check(kernels.mixed, *_mixed(jnp.bfloat16, jnp.int8), target="tpu_v2")
+    assert f.message == "Unsupported matmul LHS type on target: 'vector<128x128xbf16>'"
+
+
+def test_mlir_element_types_map_to_formats():
+    for mlir, name in pcheck.MLIR_FORMATS.items():
+        assert formats.get(name).name == name, mlir
+    assert pcheck._element("vector<8x128xf8E4M3FN>") == "float8_e4m3fn"
+    assert pcheck._element("vector<2x8x128xi4>") == "int4"
+    assert pcheck._element("vector<8x128xi32>") is None
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match=r"^fn: expected a callable, got int$"):
+        emulate.pallas.check(3, I8, target="tpu_v4")
+    with pytest.raises(ValueError, match=r"^target: the check predicts Mosaic's TPU compiler, "):
+        emulate.pallas.check(kernels.raw_int8, I8, I8, target="cpu")
+    with pytest.raises(ValueError, match=r"^target: unknown target 'tpu_v9'"):
+        emulate.pallas.check(kernels.raw_int8, I8, I8, target="tpu_v9")
+
+
+# --------------------------------------------------------------------------- the kernel
+
+_MATMUL_PAIRS = [
+    ("bfloat16", "int4"),
+    ("bfloat16", "float8_e4m3fn"),
+    ("bfloat16", "float6_e3m2fn"),
+    ("float32", "int4"),
+    ("int8", "int8"),
+    ("int8", "int4"),
+    ("float4_e2m1fn", "float4_e2m1fn"),
+    ("uint8", "uint8"),
+    ("float8_e5m2", "float8_e5m2"),
+    ("float8_e4m3fn", "float8_e4m3fn"),
+]
+
+
+def _matmul_args(lhs: str, rhs: str, m=64, k=1024, n=512):
+    lf, rf = formats.get(lhs), formats.get(rhs)
+    x_dtype = lf.dtype if not lf.is_low_precision else jnp.uint8
+    x = jax.ShapeDtypeStruct((m, k), x_dtype)
+    if rf.packable:
+        w = Packed(jax.ShapeDtypeStruct((rf.bits * k // 8, n), jnp.uint8), rf.name, -2, k)
+    else:
+        w = jax.ShapeDtypeStruct((k, n), jnp.uint8)
+    out = jnp.int32 if lf.is_integer and rf.is_integer else jnp.float32
+    x_format = lf.name if lf.is_low_precision else None
+    w_format = None if rf.packable else rf.name
+
+    def fn(x, w):
+        return emulate.pallas.matmul(
+            x, w, out_dtype=out, interpret=False, x_format=x_format, w_format=w_format
+        )
+
+    return fn, x, w
+
+
+@pytest.mark.parametrize("target", TPUS)
+def test_matmul_kernel_lowers_to_pairs_every_target_runs(target):
+    t = targets.get(target)
+    for lhs, rhs in _MATMUL_PAIRS:
+        fn, x, w = _matmul_args(lhs, rhs)
+        sites = emulate.pallas.matmul_sites(fn, x, w, target=target)
+        assert sites, (lhs, rhs)
+        for s in sites:
+            assert s.kernel == "emulate_matmul"
+            assert t.supports(s.lhs, s.rhs), (lhs, rhs, s)
+        assert emulate.pallas.check(fn, x, w, target=target) == [], (lhs, rhs)
+
+
+def test_matmul_kernel_operand_types_per_generation():
+    fn, x, w = _matmul_args("int8", "int8")
+    got = {}
+    for t in ("tpu_v2", "tpu_v4", "tpu_v5e", "tpu_v7x"):
+        sites = emulate.pallas.matmul_sites(fn, x, w, target=t)
+        got[t] = {(s.lhs, s.rhs, s.acc_type[-4:]) for s in sites}
+    assert got == {
+        "tpu_v2": {("float32", "float32", "f32>")},
+        "tpu_v4": {("bfloat16", "bfloat16", "f32>")},
+        "tpu_v5e": {("int8", "int8", "i32>")},
+        "tpu_v7x": {("bfloat16", "bfloat16", "f32>")},
+    }
+    # Packed int4: one tpu.matmul per nibble plane, on (bm, bk/2) x (bk/2, bn) tiles.
+    fn, x, w = _matmul_args("bfloat16", "int4", m=64, k=1024, n=512)
+    sites = emulate.pallas.matmul_sites(fn, x, w, target="tpu_v5e")
+    assert [(s.lhs_type, s.rhs_type) for s in sites] == [
+        ("vector<64x512xbf16>", "vector<512x256xbf16>")
+    ] * 2
+    # e4m3fn x e4m3fn is native from v7 on: the codes go to the matrix unit as they are.
+    fn, x, w = _matmul_args("float8_e4m3fn", "float8_e4m3fn")
+    (s,) = emulate.pallas.matmul_sites(fn, x, w, target="tpu_v7x")
+    assert (s.lhs, s.rhs) == ("float8_e4m3fn", "float8_e4m3fn")
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as e:
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
+SHAPES = ["--shapes", "256x256:int8,256x256:int8"]
+
+
+def test_cli_flags_v4_and_passes_v5e():
+    code, out, _ = _cli(["check-kernel", f"{KERNELS}:raw_int8", "--target", "v4", *SHAPES])
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0] == "tpu_v4: 1 tpu.matmul, 1 finding"
+    assert lines[1] == (
+        f"{KERNELS}:{_line('raw')}: kernel '_raw_int8_kernel' on tpu_v4: "
+        f"Mosaic failed to compile TPU kernel: {RAW_MESSAGE}"
+    )
+    assert lines[3].startswith("  fix: call emulate.pallas.dot(")
+    code, out, _ = _cli(["check-kernel", f"{KERNELS}:raw_int8", "--target", "tpu_v5e", *SHAPES])
+    assert (code, out) == (0, "tpu_v5e: 1 tpu.matmul, ok\n")
+
+
+def test_cli_all_targets_and_the_fixed_kernel():
+    code, out, _ = _cli(["check-kernel", f"{KERNELS}:raw_int8", "--target", "all", *SHAPES])
+    assert code == 1
+    verdicts = [ln for ln in out.splitlines() if ln.startswith("tpu_")]
+    assert [v.split(":")[0] for v in verdicts] == TPUS
+    ok = {v.split(":")[0] for v in verdicts if v.endswith(", ok")}
+    assert ok == {"tpu_v5e", "tpu_v5p", "tpu_v6e"}
+    code, out, _ = _cli(["check-kernel", f"{KERNELS}:fixed_int8", "--target", "all", *SHAPES])
+    assert code == 0
+    assert out.count(", ok\n") == len(TPUS)
+
+
+def test_cli_module_path_form(monkeypatch):
+    monkeypatch.syspath_prepend(str(KERNELS.parent))
+    code, out, _ = _cli(["check-kernel", "_pallas_kernels:raw_int8", "--target", "v7x", *SHAPES])
+    assert code == 1 and out.startswith("tpu_v7x: 1 tpu.matmul, 1 finding\n")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            [f"{KERNELS}:raw_int8", "--target", "v4", "--shapes", "256x256:int9"],
+            "--shapes: unknown dtype 'int9'",
+        ),
+        (
+            [f"{KERNELS}:raw_int8", "--target", "v4", "--shapes", "256xa:int8"],
+            "--shapes: shape '256xa' is not positive integers joined by x",
+        ),
+        (
+            [f"{KERNELS}:raw_int8", "--target", "v4", "--shapes", "256x256"],
+            "--shapes: '256x256' is not SHAPE:DTYPE (e.g. 256x256:int8)",
+        ),
+        (
+            [f"{KERNELS}:nothing", "--target", "v4", *SHAPES],
+            f"'{KERNELS}' has no attribute 'nothing'",
+        ),
+        (["no_such_module_xyz:f", "--target", "v4"], "cannot import 'no_such_module_xyz': "),
+        (["raw_int8", "--target", "v4"], "expected MODULE:FUNCTION, got 'raw_int8'"),
+        ([f"{KERNELS}:raw_int8", "--target", "cpu", *SHAPES], "not a TPU target: 'cpu'"),
+    ],
+)
+def test_cli_bad_arguments_are_one_line(argv, message):
+    code, out, err = _cli(["check-kernel", *argv])
+    assert code == 2 and out == ""
+    assert err.startswith(f"emulate check-kernel: error: {message}")
+    assert err.count("\n") == 1
+
+
+def test_parse_shapes():
+    args = cli.parse_shapes("256x128:int8, 8:bf16,:float32,2x3x4:e4m3")
+    assert [(a.shape, jnp.dtype(a.dtype).name) for a in args] == [
+        ((256, 128), "int8"),
+        ((8,), "bfloat16"),
+        ((), "float32"),
+        ((2, 3, 4), "float8_e4m3fn"),
+    ]
+    with pytest.raises(ValueError, match=r"^float6_e2m3fn arrays cannot be XLA arguments"):
+        cli.parse_shapes("8:e2m3")
+
+
+def test_python_dash_m_exit_status():
+    done = subprocess.run(
+        [sys.executable, "-m", "emulate", "check-kernel", f"{KERNELS}:raw_int8"]
+        + ["--target", "tpu_v4", "tpu_v5e", *SHAPES],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.splitlines()[0] == "tpu_v4: 1 tpu.matmul, 1 finding"
+    assert "tpu_v5e: 1 tpu.matmul, ok" in done.stdout

@@ -25,11 +25,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +38,13 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._timing import (  # noqa: E402
+    environment,
+    interleave,
+    minor_faults,
+    text_table,
+    timed_call,
+)
 from emulate import codecs, formats, packing  # noqa: E402
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "decode.json"
@@ -61,13 +65,18 @@ class Case:
     fn: Callable[[Any], jax.Array]
     arg: Any
     times: list[float] = dataclasses.field(default_factory=list)
+    faults: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.fmt} {self.kind} -> {self.to}"
 
     def run(self) -> float:
-        t0 = time.perf_counter()
-        out = self.fn(self.arg)
-        out.block_until_ready()
-        dt = time.perf_counter() - t0
-        del out
+        before = minor_faults()
+        dt = timed_call(self.fn, self.arg)
+        after = minor_faults()
+        if before is not None and after is not None:
+            self.faults.append(after - before)
         return dt
 
     def result(self, copy_gbs: float | None) -> dict[str, Any]:
@@ -85,6 +94,9 @@ class Case:
             "elements_per_s": self.n / med,
             "gb_per_s": gbs,
             "ratio_to_copy": gbs / copy_gbs if copy_gbs else None,
+            "page_faults_per_call": statistics.median(self.faults[-len(self.times) :])
+            if self.faults
+            else None,
         }
 
 
@@ -149,24 +161,12 @@ def measure(cases: Sequence[Case], repeats: int) -> list[Case]:
     A case that fails to compile or run (e.g. XLA's own convert on a backend without
     that type) is dropped and reported on stderr.
     """
-    ok: list[Case] = []
-    for c in cases:
-        try:
-            c.run()
-            c.run()
-        except Exception as e:  # noqa: BLE001 - report and go on with the other cases
-            msg = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
-            print(f"skipped {c.fmt} {c.kind} -> {c.to}: {msg}", file=sys.stderr)
-            continue
-        ok.append(c)
-    for _ in range(repeats):
-        for c in ok:
-            c.times.append(c.run())
+    ok, _ = interleave(cases, repeats)
     return ok
 
 
 def _table(rows: Sequence[dict[str, Any]]) -> str:
-    headers = ["format", "input", "to", "ms", "Gelem/s", "GB/s", "ratio"]
+    headers = ["format", "input", "to", "ms", "Gelem/s", "GB/s", "ratio", "faults"]
     cells = [
         [
             r["format"],
@@ -176,18 +176,11 @@ def _table(rows: Sequence[dict[str, Any]]) -> str:
             f"{r['elements_per_s'] / 1e9:.3f}",
             f"{r['gb_per_s']:.2f}",
             "-" if r["ratio_to_copy"] is None else f"{r['ratio_to_copy']:.2f}",
+            "-" if r["page_faults_per_call"] is None else f"{r['page_faults_per_call']:.0f}",
         ]
         for r in rows
     ]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-    right = {3, 4, 5, 6}
-
-    def line(vals: Sequence[str]) -> str:
-        return "  ".join(
-            v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(vals, widths))
-        ).rstrip()
-
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, cells)])
+    return text_table(headers, cells, right={3, 4, 5, 6, 7})
 
 
 def run(size: int, repeats: int, json_path: Path | None) -> dict[str, Any]:
@@ -199,7 +192,7 @@ def run(size: int, repeats: int, json_path: Path | None) -> dict[str, Any]:
     rows = [c.result(ref) for c in measured if c.fmt != "copy"]
     for r in copy_rows.values():
         r["ratio_to_copy"] = r["gb_per_s"] / ref if ref else None
-    device = jax.devices()[0]
+    env = environment()
     report = {
         "benchmark": "decode",
         "elements": size,
@@ -207,21 +200,17 @@ def run(size: int, repeats: int, json_path: Path | None) -> dict[str, Any]:
         "statistic": "median of interleaved repeats after warm-up",
         "copy_reference": "uint32 x+1 (jitted elementwise add; reads and writes every byte)",
         "bytes": "input bytes as stored (jax nbytes; Packed data bytes) + output bytes",
-        "jax": jax.__version__,
-        "backend": jax.default_backend(),
-        "device": device.device_kind,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **env,
         "copy": list(copy_rows.values()),
         "decode": rows,
     }
     print(
         f"decode benchmark: {size} elements, median of {repeats} interleaved repeats, "
-        f"jax {jax.__version__} on {jax.default_backend()} ({device.device_kind})"
+        f"jax {env['jax']} on {env['backend']} ({env['device']})"
     )
-    print("ratio = GB/s (input read + output written) / GB/s of the uint32 x+1 copy\n")
+    print("ratio = GB/s (input read + output written) / GB/s of the uint32 x+1 copy")
+    print("faults = minor page faults per call (pages of buffers the allocator returned to")
+    print("         the OS after the previous call, faulted in and zeroed again)\n")
     print(_table([*copy_rows.values(), *rows]))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,731 @@
+"""Emulated low-precision matmuls side by side with what a user would do instead.
+
+Run as ``python benchmarks/matmul.py`` or ``python -m benchmarks.matmul`` (from the repo
+root); ``--quick`` for a run of under a minute. For each shape (M, K, N) and operand pair
+it times, in one process and interleaved (A B C A B C ... after two warm-up calls each):
+
+  (a) floor        both operands decoded to bf16 once, up front (not timed);
+                   ``jnp.dot(x, w_bf16, preferred_element_type=f32)``
+  (b) astype       ``jnp.dot(x.astype(bf16), w.astype(bf16), preferred_element_type=f32)``
+                   on the weight in its own dtype (int4/fp4 unpacked, one byte an element)
+  (c) xla          ``lax.dot_general`` on the raw dtypes, preferred f32 (int32 for int8 x
+                   int8); "n/a (does not compile: ...)" where XLA rejects it
+  (d) fast         ``emulate.dot_general(x, w, dn, preferred_element_type=..., target="cpu")``
+                   with the weight as stored (4-bit weights ``emulate.pack(w, axis=0)``)
+  (d') fast, unpacked  the same on the unpacked 4-bit array (4-bit weights only), to split
+                   the cost of unpacking from the cost of decoding
+  (e) exact        the same with ``mode="exact"``; "n/a" where it is not built
+  (f) decode only  ``emulate.decode(w, to=bf16)`` of the weight as (d) takes it, no dot
+                   (bf16-activation pairs only): what the decode alone costs
+
+Every contender is ``jax.jit(f).lower(x, w).compile()``-d once; the compiled program is
+what is timed, and its ``memory_analysis().temp_size_in_bytes`` is the "temp" figure.
+Ratios are medians over the floor's median. Weight bytes are the bytes of the weight as
+that contender's compiled program takes it: ``memory_analysis().argument_size_in_bytes``
+less the activations' bytes. (XLA on the CPU stores int4 and float4_e2m1fn arrays two
+elements a byte, although ``jax.Array.nbytes`` counts one byte an element; a
+:class:`emulate.Packed` weight's figure equals its ``nbytes``.)
+
+Writes JSON (default ``benchmarks/results/matmul.json``), a markdown table beside it
+(``.md``, also printed) and, if matplotlib is installed (the ``bench`` extra), a plot of
+ratio against M per pair (``.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax import lax
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import emulate  # noqa: E402
+from benchmarks._timing import (  # noqa: E402
+    environment,
+    interleave,
+    minor_faults,
+    short_error,
+    stats,
+    timed_call,
+)
+from emulate import formats  # noqa: E402
+
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "matmul.json"
+DN = (((1,), (0,)), ((), ()))
+BF16 = jnp.bfloat16
+F32 = jnp.float32
+
+SHAPES: tuple[tuple[int, int, int], ...] = (
+    (1, 4096, 4096),
+    (64, 4096, 4096),
+    (512, 4096, 4096),
+    (2048, 2048, 2048),
+)
+QUICK_SHAPES: tuple[tuple[int, int, int], ...] = ((1, 1024, 1024), (64, 1024, 1024))
+QUICK_PAIRS = ("float8_e4m3fn", "int4")
+QUICK_REPEATS = 10
+DEFAULT_REPEATS = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """An operand pair: activations ``lhs`` (M x K) times weights ``rhs`` (K x N)."""
+
+    name: str
+    lhs: str
+    rhs: str
+    packed: bool = False  # emulate takes the weight as emulate.pack(w, axis=0)
+
+    @property
+    def integer(self) -> bool:
+        return formats.get(self.lhs).is_integer and formats.get(self.rhs).is_integer
+
+    @property
+    def accumulator(self) -> Any:
+        """What contenders (c) to (e) ask for: int32 for integer pairs, else f32."""
+        return jnp.int32 if self.integer else F32
+
+    @property
+    def title(self) -> str:
+        return f"{_short(self.lhs)} x {_short(self.rhs)}" + (" (packed)" if self.packed else "")
+
+
+_SHORT = {"bfloat16": "bf16", "float8_e4m3fn": "e4m3fn", "float8_e5m2": "e5m2"}
+
+
+def _short(name: str) -> str:
+    return _SHORT.get(name, name.replace("float4_", ""))
+
+
+PAIRS: dict[str, Pair] = {
+    p.name: p
+    for p in (
+        Pair("int8", "bfloat16", "int8"),
+        Pair("int4", "bfloat16", "int4", packed=True),
+        Pair("float8_e4m3fn", "bfloat16", "float8_e4m3fn"),
+        Pair("float8_e5m2", "bfloat16", "float8_e5m2"),
+        Pair("float4_e2m1fn", "bfloat16", "float4_e2m1fn", packed=True),
+        Pair("int8xint8", "int8", "int8"),
+        Pair("fp8xfp8", "float8_e4m3fn", "float8_e4m3fn"),
+    )
+}
+# The pairs goal 1 is about: bf16 activations times fp8 / int8 / int4 / fp4 weights.
+WEIGHT_ONLY = ("int8", "int4", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn")
+
+
+@dataclasses.dataclass(frozen=True)
+class Contender:
+    key: str
+    label: str
+    doc: str
+
+
+CONTENDERS = (
+    Contender("floor", "(a) bf16 pre-decoded", "bf16 x bf16 dot on operands decoded up front"),
+    Contender("astype", "(b) astype + dot", "x.astype(bf16), w.astype(bf16), then the dot"),
+    Contender("xla", "(c) XLA dot", "lax.dot_general on the raw dtypes"),
+    Contender("fast", "(d) emulate fast", "emulate.dot_general, mode fast, target cpu"),
+    Contender("fast_unpacked", "(d') fast, unpacked", "(d) on the unpacked 4-bit array"),
+    Contender("exact", "(e) emulate exact", "emulate.dot_general, mode exact, target cpu"),
+    Contender("decode", "(f) decode only", "emulate.decode(w, to=bf16), no dot"),
+)
+LABELS = {c.key: c.label for c in CONTENDERS}
+COLORS = {c.key: f"C{i}" for i, c in enumerate(CONTENDERS)}
+
+
+def _values(fmt: str, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    """Realistic values of ``fmt`` (no NaN or Inf): normals scaled into the format's range,
+    uniform integers over the whole range."""
+    f = formats.get(fmt)
+    if f.is_integer:
+        return rng.integers(int(f.min), int(f.max) + 1, size=shape).astype(f.dtype)
+    scale = {"bfloat16": 1.0, "float4_e2m1fn": 2.0}.get(fmt, 8.0)
+    return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(f.dtype)
+
+
+@dataclasses.dataclass
+class Case:
+    """One contender on one pair and shape: compiled once, then timed."""
+
+    pair: Pair
+    shape: tuple[int, int, int]
+    contender: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    compiled: Any = None
+    weight_bytes: int | None = None
+    temp_bytes: int | None = None
+    status: str = "ok"
+    reason: str = ""
+    times: list[float] = dataclasses.field(default_factory=list)
+    faults: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        m, k, n = self.shape
+        return f"{self.pair.name} {m}x{k}x{n} {self.contender}"
+
+    def compile(self) -> bool:
+        """Lower and compile; on failure record why and return False."""
+        try:
+            lowered = jax.jit(self.fn).lower(*self.args)
+        except NotImplementedError as e:
+            self.status, self.reason = "n/a", f"not built: {_reason(e)}"
+            return False
+        except Exception as e:  # noqa: BLE001 - any rejection is a result here
+            self.status, self.reason = "n/a", f"does not trace: {_reason(e)}"
+            return False
+        try:
+            self.compiled = lowered.compile()
+        except Exception as e:  # noqa: BLE001
+            self.status, self.reason = "n/a", f"does not compile: {_reason(e)}"
+            return False
+        mem = self.compiled.memory_analysis()
+        temp = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None
+        self.temp_bytes = None if temp is None else int(temp)
+        self.weight_bytes = _weight_bytes(mem, self.args)
+        return True
+
+    def run(self) -> float:
+        before = minor_faults()
+        dt = timed_call(self.compiled, *self.args)
+        after = minor_faults()
+        if before is not None and after is not None:
+            self.faults.append(after - before)
+        return dt
+
+    def result(self, floor_median: float | None) -> dict[str, Any]:
+        m, k, n = self.shape
+        r: dict[str, Any] = {
+            "pair": self.pair.name,
+            "lhs": self.pair.lhs,
+            "rhs": self.pair.rhs,
+            "packed": self.pair.packed and self.contender in ("fast", "exact"),
+            "M": m,
+            "K": k,
+            "N": n,
+            "contender": self.contender,
+            "status": self.status,
+            "reason": self.reason,
+            "weight_bytes": self.weight_bytes,
+            "weight_bytes_per_element": None
+            if self.weight_bytes is None
+            else self.weight_bytes / (k * n),
+            "temp_bytes": self.temp_bytes,
+            "page_faults_per_call": statistics.median(self.faults[-len(self.times) :])
+            if self.faults and self.times
+            else None,
+            "temp_over_decoded_weight": None
+            if self.temp_bytes is None
+            else self.temp_bytes / (2 * k * n),
+        }
+        if self.status == "ok" and self.times:
+            s = stats(self.times)
+            r.update(s)
+            r["times_s"] = self.times
+            r["ratio"] = s["median_s"] / floor_median if floor_median else None
+            r["ratio_min"] = s["min_s"] / floor_median if floor_median else None
+            r["ratio_max"] = s["max_s"] / floor_median if floor_median else None
+        return r
+
+
+def _weight_bytes(mem: Any, args: tuple[Any, ...]) -> int | None:
+    """Bytes of the weight (the last argument) as the compiled program takes it.
+
+    XLA's argument bytes less the activations' (which are 8 or 16 bits an element here,
+    so ``nbytes`` is exact for them); ``nbytes`` of the weight if XLA does not say.
+    """
+    total = getattr(mem, "argument_size_in_bytes", None) if mem is not None else None
+    if total is None:
+        w = args[-1]
+        return int(w.nbytes) if hasattr(w, "nbytes") else None
+    return int(total) - sum(int(a.nbytes) for a in args[:-1])
+
+
+def _reason(e: BaseException) -> str:
+    """A short reason: the first line, without XLA's status prefix."""
+    text = short_error(e, limit=400)
+    for prefix in ("INTERNAL: ", "UNIMPLEMENTED: ", "INVALID_ARGUMENT: "):
+        text = text.removeprefix(prefix)
+    if "is not built yet" in text:  # emulate.plan's message for mode="exact"
+        return "exact mode covers only the integer / fp4 / fp6 pairs so far"
+    return text if len(text) <= 90 else text[:87] + "..."
+
+
+def build_cases(pair: Pair, shape: tuple[int, int, int], seed: int = 0) -> list[Case]:
+    """The contenders for one pair and shape, on fresh random operands."""
+    m, k, n = shape
+    rng = np.random.default_rng(seed)
+    x_np = _values(pair.lhs, (m, k), rng)
+    w_np = _values(pair.rhs, (k, n), rng)
+    x = jax.device_put(x_np)
+    w = jax.device_put(w_np)
+    x_bf16 = jax.device_put(x_np.astype(ml_dtypes.bfloat16))  # exact for every pair here
+    w_bf16 = jax.device_put(w_np.astype(ml_dtypes.bfloat16))
+    w_emu: Any = jax.block_until_ready(emulate.pack(w, axis=0)) if pair.packed else w
+    acc = pair.accumulator
+
+    def floor(x, w):
+        return jnp.dot(x, w, preferred_element_type=F32)
+
+    def astype(x, w):
+        return jnp.dot(x.astype(BF16), w.astype(BF16), preferred_element_type=F32)
+
+    def xla(x, w):
+        return lax.dot_general(x, w, DN, preferred_element_type=acc)
+
+    def fast(x, w):
+        return emulate.dot_general(x, w, DN, preferred_element_type=acc, target="cpu")
+
+    def exact(x, w):
+        return emulate.dot_general(x, w, DN, preferred_element_type=acc, target="cpu", mode="exact")
+
+    def decode(w):
+        return emulate.decode(w, to=BF16)
+
+    cases = [
+        Case(pair, shape, "floor", floor, (x_bf16, w_bf16)),
+        Case(pair, shape, "astype", astype, (x, w)),
+        Case(pair, shape, "xla", xla, (x, w)),
+        Case(pair, shape, "fast", fast, (x, w_emu)),
+    ]
+    if pair.packed:
+        cases.append(Case(pair, shape, "fast_unpacked", fast, (x, w)))
+    cases.append(Case(pair, shape, "exact", exact, (x, w_emu)))
+    if pair.lhs == "bfloat16":
+        cases.append(Case(pair, shape, "decode", decode, (w_emu,)))
+    return cases
+
+
+def measure(pair: Pair, shape: tuple[int, int, int], repeats: int) -> list[dict[str, Any]]:
+    """Compile, warm up and time every contender for one pair and shape; one row each."""
+    cases = build_cases(pair, shape)
+    ready = [c for c in cases if c.compile()]
+    _, failed = interleave(ready, repeats, report=False)
+    for c in ready:
+        if c.label in failed:
+            c.status, c.reason = "n/a", f"fails at run time: {failed[c.label]}"
+    floor = next((c for c in cases if c.contender == "floor" and c.times), None)
+    floor_median = stats(floor.times)["median_s"] if floor else None
+    rows = [c.result(floor_median) for c in cases]
+    for c in cases:
+        c.compiled = None  # let the buffers go before the next group
+    return rows
+
+
+def storage_rows(k: int, n: int) -> list[dict[str, Any]]:
+    """Bytes per element of ``emulate.pack(w, axis=0)`` for every packable format."""
+    rows = []
+    rng = np.random.default_rng(1)
+    for name in formats.LOW_PRECISION:
+        f = formats.get(name)
+        if not f.packable:
+            continue
+        codes = rng.integers(0, 1 << f.bits, size=(k, n), dtype=np.uint8)
+        p = emulate.pack(codes, name, axis=0)
+        rows.append(
+            {
+                "format": name,
+                "bits": f.bits,
+                "shape": [k, n],
+                "packed_bytes": p.nbytes,
+                "bytes_per_element": p.nbytes / (k * n),
+                "goal_bytes_per_element": f.bits / 8,
+            }
+        )
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# Goals
+
+
+def goals(rows: Sequence[dict[str, Any]], storage: Sequence[dict[str, Any]]) -> list[dict]:
+    """Goals 1 to 3 of issue 9, measured on these rows (goal 4 is benchmarks/decode.py's)."""
+    fast = [
+        r
+        for r in rows
+        if r["contender"] == "fast" and r["pair"] in WEIGHT_ONLY and r["status"] == "ok"
+    ]
+    out = []
+    for label, sel, limit in (
+        ("emulate fast / floor, M >= 64", lambda r: r["M"] >= 64, 1.25),
+        ("emulate fast / floor, M = 1", lambda r: r["M"] == 1, 1.5),
+    ):
+        got = [r for r in fast if sel(r) and r.get("ratio") is not None]
+        out.append(_goal(label, limit, got, "ratio", "x"))
+    temps = [r for r in fast if r["temp_over_decoded_weight"] is not None]
+    out.append(
+        _goal(
+            "emulate fast temp / one bf16 copy of the weight",
+            0.25,
+            temps,
+            "temp_over_decoded_weight",
+            "",
+        )
+    )
+    for bits, limit in ((4, 0.5), (6, 0.75)):
+        got = [
+            {**s, "pair": s["format"], "M": None, "K": s["shape"][0], "N": s["shape"][1]}
+            for s in storage
+            if s["bits"] == bits
+        ]
+        out.append(
+            _goal(
+                f"storage of {bits}-bit formats, bytes/element", limit, got, "bytes_per_element", ""
+            )
+        )
+    return out
+
+
+def _goal(label: str, limit: float, got: Sequence[dict], key: str, unit: str) -> dict:
+    if not got:
+        return {"goal": label, "limit": limit, "measured": None, "met": None, "worst": None}
+    worst = max(got, key=lambda r: r[key])
+    return {
+        "goal": label,
+        "limit": limit,
+        "measured": worst[key],
+        "met": worst[key] <= limit,
+        "worst": f"{worst['pair']} {_shape_str(worst)}".strip(),
+        "unit": unit,
+        "n": len(got),
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Output
+
+
+def _shape_str(r: dict[str, Any]) -> str:
+    if r.get("M") is None:
+        return f"{r['K']}x{r['N']}" if "K" in r else ""
+    return f"{r['M']}x{r['K']}x{r['N']}"
+
+
+def _ms(s: float) -> str:
+    v = s * 1e3
+    return f"{v:.3g}" if v < 100 else f"{v:.0f}"
+
+
+def _mb(b: int | None) -> str:
+    if b is None:
+        return "?"
+    return f"{b / 1e6:.2f}" if b < 10e6 else f"{b / 1e6:.1f}"
+
+
+def _time_cell(r: dict[str, Any]) -> str:
+    if r["status"] != "ok":
+        return f"n/a ({r['reason']})"
+    span = f"{_ms(r['min_s'])}-{_ms(r['max_s'])}"
+    if r["contender"] == "floor":
+        return f"{_ms(r['median_s'])} ms ({span})"
+    return f"**{r['ratio']:.2f}x** {_ms(r['median_s'])} ms ({span})"
+
+
+def _groups(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["pair"], r["M"], r["K"], r["N"]), []).append(r)
+    return list(groups.values())
+
+
+def _present(rows: Sequence[dict[str, Any]]) -> list[str]:
+    have = {r["contender"] for r in rows}
+    return [c.key for c in CONTENDERS if c.key in have]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    rows = report["results"]
+    env = report["environment"]
+    keys = _present(rows)
+    lines = [
+        "# matmul benchmark",
+        "",
+        f"`{report['command']}`, {env['time']}; jax {env['jax']} on {env['backend']} "
+        f"({env['device']}, {env['cpu_count']} cores, {env['machine']}), load average "
+        f"{env['load_average']} at the start and {report['load_average_end']} at the end; "
+        f"allocator environment {env.get('malloc_env') or 'default'}; "
+        f"median of {report['repeats']} interleaved repeats after 2 warm-up calls, "
+        "(min-max) in brackets; ratios are to the median of (a).",
+        "",
+        "## Time",
+        "",
+        "| pair | M x K x N | " + " | ".join(LABELS[k] for k in keys) + " |",
+        "|---|---|" + "---|" * len(keys),
+    ]
+    for g in _groups(rows):
+        by = {r["contender"]: r for r in g}
+        cells = [_time_cell(by[k]) if k in by else "" for k in keys]
+        lines.append(
+            f"| {PAIRS[g[0]['pair']].title} | {_shape_str(g[0])} | " + " | ".join(cells) + " |"
+        )
+    lines += [
+        "",
+        "## Memory",
+        "",
+        "Compiled temporaries (`memory_analysis().temp_size_in_bytes`) in MB, and in brackets "
+        "as a fraction of one bf16 copy of the weight (2*K*N bytes); weight storage in bytes "
+        "per element as each contender takes the weight; minor page faults per call (median), "
+        "which count the pages of temporaries the allocator returned to the OS after the "
+        "previous call and faults in again.",
+        "",
+        "| pair | M x K x N | " + " | ".join(LABELS[k] for k in keys) + " | weight B/elem "
+        "(a) / (b,c) / (d,e) | page faults/call (a) / (d) |",
+        "|---|---|" + "---|" * (len(keys) + 2),
+    ]
+    for g in _groups(rows):
+        by = {r["contender"]: r for r in g}
+        cells = []
+        for k in keys:
+            r = by.get(k)
+            if r is None or r["temp_bytes"] is None:
+                cells.append("" if r is None else "n/a")
+            else:
+                cells.append(f"{_mb(r['temp_bytes'])} ({r['temp_over_decoded_weight']:.2f})")
+        wb = [by[k]["weight_bytes_per_element"] for k in ("floor", "astype", "fast") if k in by]
+        pf = [by[k].get("page_faults_per_call") for k in ("floor", "fast") if k in by]
+        lines.append(
+            f"| {PAIRS[g[0]['pair']].title} | {_shape_str(g[0])} | "
+            + " | ".join(cells)
+            + " | "
+            + " / ".join("?" if v is None else f"{v:g}" for v in wb)
+            + " | "
+            + " / ".join("?" if v is None else f"{v:.0f}" for v in pf)
+            + " |"
+        )
+    lines += [
+        "",
+        "## Packed storage",
+        "",
+        "| format | bits | packed bytes / element | goal |",
+        "|---|---|---|---|",
+    ]
+    for s in report["storage"]:
+        lines.append(
+            f"| {s['format']} | {s['bits']} | {s['bytes_per_element']:g} | "
+            f"{s['goal_bytes_per_element']:g} |"
+        )
+    lines += [
+        "",
+        "## Goals (issue 9)",
+        "",
+        "| goal | limit | worst measured | where | met |",
+        "|---|---|---|---|---|",
+    ]
+    for g in report["goals"]:
+        if g["measured"] is None:
+            lines.append(f"| {g['goal']} | {g['limit']:g} | not measured | | |")
+            continue
+        lines.append(
+            f"| {g['goal']} | {g['limit']:g}{g['unit']} | {g['measured']:.3g}{g['unit']} | "
+            f"{g['worst']} | {'yes' if g['met'] else 'no'} |"
+        )
+    lines.append("")
+    lines.append("Goal 4 (decode throughput) is measured by `python benchmarks/decode.py`.")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], path: Path) -> Path | None:
+    """Ratio to the floor against M, one panel per pair; None if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e .[bench]); no PNG written")
+        return None
+    rows = [r for r in report["results"] if r["status"] == "ok" and r.get("ratio")]
+    pairs = [p for p in PAIRS if any(r["pair"] == p for r in rows)]
+    if not pairs:
+        return None
+    cols = min(4, len(pairs))
+    nrows = math.ceil(len(pairs) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.4 * nrows), squeeze=False)
+    for ax, name in zip(axes.flat, pairs):
+        mine = [r for r in rows if r["pair"] == name]
+        for key in _present(mine):
+            if key == "floor":
+                continue
+            pts = sorted((r["M"], r["ratio"]) for r in mine if r["contender"] == key)
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                marker="o",
+                label=LABELS[key],
+                color=COLORS[key],
+                lw=2.5 if key == "fast" else 1.2,
+                ls=":" if key == "decode" else "-",
+            )
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.axhline(1.25, color="grey", ls="--", lw=0.8)
+        ax.axhline(1.5, color="grey", ls=":", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_title(PAIRS[name].title)
+        ax.set_xlabel("M")
+        ax.set_ylabel("time / (a) bf16 pre-decoded")
+        ax.set_ylim(bottom=0)
+    for ax in list(axes.flat)[len(pairs) :]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    for ax in list(axes.flat)[1 : len(pairs)]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small")
+    env = report["environment"]
+    fig.suptitle(
+        f"matmul time / bf16 pre-decoded floor (dashed 1.25x, dotted 1.5x); "
+        f"{env['device']}, {env['cpu_count']} cores, {env['time'][:10]}",
+        fontsize="medium",
+    )
+    fig.tight_layout(rect=(0, 0.06, 1, 0.96))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# Driver
+
+
+def run(
+    shapes: Sequence[tuple[int, int, int]],
+    pair_names: Sequence[str],
+    repeats: int,
+    json_path: Path | None,
+    command: str,
+) -> dict[str, Any]:
+    """Measure every pair at every shape, print the markdown, write the files."""
+    env = environment()
+    t0 = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    for shape in shapes:
+        for name in pair_names:
+            t = time.perf_counter()
+            rows += measure(PAIRS[name], shape, repeats)
+            print(
+                f"  {name} {shape[0]}x{shape[1]}x{shape[2]}: {time.perf_counter() - t:.1f} s",
+                file=sys.stderr,
+            )
+    k, n = max((s[1], s[2]) for s in shapes)
+    storage = storage_rows(k, n)
+    report = {
+        "benchmark": "matmul",
+        "command": command,
+        "repeats": repeats,
+        "statistic": "median of interleaved repeats after 2 warm-up calls; ratio = "
+        "median / median of the floor",
+        "contenders": {c.key: f"{c.label}: {c.doc}" for c in CONTENDERS},
+        "environment": env,
+        "load_average_end": environment()["load_average"],
+        "wall_s": time.perf_counter() - t0,
+        "results": rows,
+        "storage": storage,
+    }
+    report["goals"] = goals(rows, storage)
+    md = markdown(report)
+    print(md)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        md_path = json_path.with_suffix(".md")
+        md_path.write_text(md)
+        print(f"wrote {json_path} and {md_path}")
+        png = plot(report, json_path.with_suffix(".png"))
+        if png is not None:
+            print(f"wrote {png}")
+    return report
+
+
+def _parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    shapes = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise argparse.ArgumentTypeError(
+                f"--shapes: expected MxKxN[,MxKxN...] of positive integers, got {item!r}"
+            )
+        m, k, n = (int(p) for p in parts)
+        shapes.append((m, k, n))
+    return shapes
+
+
+def _parse_pairs(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in names if t not in PAIRS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"--formats: unknown {', '.join(bad) or '(none)'}; choose from {', '.join(PAIRS)}"
+        )
+    return names
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments and run the benchmark; returns the exit code."""
+    p = argparse.ArgumentParser(
+        prog="benchmarks.matmul",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"M in (1, 64), K = N = 1024, pairs {', '.join(QUICK_PAIRS)}, "
+        f"{QUICK_REPEATS} repeats (unless --shapes/--formats/--repeats say otherwise)",
+    )
+    p.add_argument(
+        "--shapes",
+        type=_parse_shapes,
+        help="MxKxN[,MxKxN...] (default " + ",".join(f"{m}x{k}x{n}" for m, k, n in SHAPES) + ")",
+    )
+    p.add_argument(
+        "--formats",
+        type=_parse_pairs,
+        help=f"weight formats / pairs, comma-separated, from: {', '.join(PAIRS)} "
+        "(default all; the bare names have bf16 activations)",
+    )
+    p.add_argument("--repeats", type=int, help=f"timed rounds (default {DEFAULT_REPEATS})")
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=DEFAULT_JSON,
+        metavar="PATH",
+        help="where to write the JSON; the .md and .png go beside it "
+        "(default benchmarks/results/matmul.json)",
+    )
+    p.add_argument("--no-json", action="store_true", help="write no files, only print")
+    args = p.parse_args(argv)
+    shapes = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
+    pair_names = args.formats or (QUICK_PAIRS if args.quick else tuple(PAIRS))
+    repeats = (
+        args.repeats
+        if args.repeats is not None
+        else (QUICK_REPEATS if args.quick else DEFAULT_REPEATS)
+    )
+    if repeats < 1:
+        p.error(f"--repeats must be at least 1, got {repeats}")
+    prog = "python -m benchmarks.matmul" if __package__ else "python benchmarks/matmul.py"
+    command = prog + " " + " ".join(sys.argv[1:] if argv is None else list(argv))
+    run(shapes, pair_names, repeats, None if args.no_json else args.json, command.strip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""emulate.pallas.matmul in TPU interpret mode on the CPU: exact classes bit for bit against
+emulate.reference on each route (native int8, int8 after scaling, bf16 and f32 with exact
+K-chunks), ragged shapes and several block shapes; packed weights stay packed; defaults
+from the target; bad input.
+
+Interpret mode compiles each distinct kernel once (about 2 s here): every case below is a
+different route or layout, not a repeat.
+"""
+
+from __future__ import annotations
+
+import importlib
+import zlib
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import emulate
+import emulate.pallas
+from emulate import formats, reference, targets
+from emulate.pallas import _tile
+
+mm = importlib.import_module("emulate.pallas.matmul")  # the function shadows the module
+DN = (((1,), (0,)), ((), ()))
+
+
+def _draw(fmt: str, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    """Values of ``fmt``: uniform over the finite codes, a quarter of them the extreme."""
+    f = formats.get(fmt)
+    if f.is_integer:
+        v = rng.integers(int(f.min), int(f.max) + 1, shape)
+        v[rng.random(shape) < 0.25] = int(f.min) if f.signed else int(f.max)
+        return v.astype(f.dtype)
+    codes = rng.integers(0, 1 << f.bits, shape).astype(np.uint8)
+    extreme = np.array([f.max], np.float64).astype(f.dtype).view(np.uint8)[0]
+    codes[rng.random(shape) < 0.25] = extreme | (1 << (f.bits - 1))  # -max
+    return codes.view(f.dtype)
+
+
+def _weight(w: np.ndarray) -> object:
+    f = formats.get(w.dtype)
+    return emulate.pack(w, axis=0) if f.packable else w
+
+
+# (x format, w format, target, out dtype, (M, K, N), block shape): one per route / layout.
+EXACT_CASES = [
+    # bf16 route, int8 values exact in f32 for K <= 1024 per dot; K = 1100 passes 2**24.
+    ("int8", "int8", "tpu_v4", "int32", (37, 1100, 200), (32, 128, 512)),
+    # native int8 x int8, default blocks (one K step).
+    ("int8", "int8", "tpu_v5e", "int32", (5, 300, 130), None),
+    # f32 route (TPU v2 has only f32), exact int32 limbs rounded once into bf16.
+    ("int8", "int8", "tpu_v2", "bfloat16", (8, 1100, 130), (8, 128, 256)),
+    # packed int4 weight: two nibble planes, bf16 route.
+    ("int8", "int4", "tpu_v4", "int32", (16, 513, 129), (16, 128, 256)),
+    # packed int4, int8 route, float result from limbs.
+    ("int8", "int4", "tpu_v6e", "float32", (40, 700, 260), (32, 256, 256)),
+    # fp4 x fp4: int8 route, both sides scaled by 2.
+    ("float4_e2m1fn", "float4_e2m1fn", "tpu_v5e", "float32", (9, 260, 140), (32, 128, 256)),
+    # fp4 x fp4 on v7x: bf16 route, rounded once into bf16.
+    ("float4_e2m1fn", "float4_e2m1fn", "tpu_v7x", "bfloat16", (9, 600, 140), (16, 128, 512)),
+    # uint8 x uint8: Pallas' dot is signed, so bf16 with 256-deep chunks inside a 512 tile.
+    ("uint8", "uint8", "tpu_v5e", "int32", (8, 1000, 128), (16, 128, 512)),
+    # packed float6 (four codes in three bytes), x as float6 codes, scaled by 8 each.
+    ("float6_e2m3fn", "float6_e2m3fn", "tpu_v4", "float32", (8, 1030, 130), (16, 128, 512)),
+    # default result type: int8 x uint4 gives int8 (the int32 sum wrapped), as lax does.
+    ("int8", "uint4", "tpu_v5e", None, (8, 300, 128), (32, 128, 256)),
+]
+
+
+@pytest.mark.parametrize("lhs, rhs, target, out, shape, block", EXACT_CASES)
+def test_exact_classes_are_bit_identical_to_the_reference(lhs, rhs, target, out, shape, block):
+    m, k, n = shape
+    rng = np.random.default_rng(zlib.crc32(f"{lhs} {rhs} {target}".encode()))
+    x, w = _draw(lhs, (m, k), rng), _draw(rhs, (k, n), rng)
+    got = emulate.pallas.matmul(x, _weight(w), target=target, block_shape=block, out_dtype=out)
+    want = reference.dot_general(x, w, DN, preferred_element_type=out)
+    got = np.asarray(got)
+    assert got.dtype == want.dtype and got.shape == (m, n)
+    assert got.tobytes() == want.tobytes()
+
+
+def test_int8_sums_past_two_to_the_24_stay_exact():
+    # (-128)**2 = 2**14, 1099 times, plus 1: 18006017 is odd and past 2**24, so one f32
+    # dot over K = 1100 cannot return it; 1024-deep dots, each exact, summed in int32 do.
+    x = np.full((8, 1100), -128, np.int8)
+    w = np.full((1100, 128), -128, np.int8)
+    x[0, -1] = w[-1, 0] = 1
+    got = emulate.pallas.matmul(
+        x, w, target="tpu_v4", block_shape=(32, 128, 1100 // 128 * 128 + 128), out_dtype=jnp.int32
+    )
+    assert np.asarray(got[:2, :2]).tolist() == [
+        [1099 * 2**14 + 1, 1099 * 2**14 - 128],
+        [1099 * 2**14 - 128, 1100 * 2**14],
+    ]
+    r = _tile.route("int8", "int8", target="tpu_v4", preferred_element_type="int32")
+    assert (r.method, r.lhs_compute, r.k_chunk) == ("bf16", "bfloat16", 1024)
+
+
+def test_packed_weight_stays_packed_in_hbm():
+    k, n = 1024, 512
+    w = emulate.pack(np.zeros((k, n), ml_dtypes.int4), axis=0)
+    x = jnp.zeros((4, k), jnp.bfloat16)
+
+    def fn(x, w):
+        return emulate.pallas.matmul(x, w, target="tpu_v5e", interpret=False)
+
+    jaxpr = jax.make_jaxpr(fn)(x, w)
+    inner = jaxpr.eqns[0].params["jaxpr"]  # the jitted wrapper
+    (call,) = [e for e in inner.eqns if e.primitive.name == "pallas_call"]
+    avals = [(v.aval.shape, v.aval.dtype.name) for v in call.invars]
+    # two bf16 planes of x (even and odd K), one uint8 weight of K/2 x N bytes
+    assert avals == [((16, 512), "bfloat16")] * 2 + [((512, 512), "uint8")]
+    # no decoded weight anywhere in the program outside the kernel
+    for e in inner.eqns:
+        for v in e.outvars:
+            assert v.aval.size < k * n or v.aval.dtype == jnp.uint8, e
+    # float6: three byte planes of the same K/4 x 3N array
+    w6 = emulate.pack(np.zeros((k, n), ml_dtypes.float6_e2m3fn), axis=0)
+    jaxpr = jax.make_jaxpr(fn)(x, w6)
+    (call,) = [e for e in jaxpr.eqns[0].params["jaxpr"].eqns if e.primitive.name == "pallas_call"]
+    avals = [(v.aval.shape, v.aval.dtype.name) for v in call.invars]
+    assert avals == [((16, 256), "bfloat16")] * 4 + [((256, 3 * 512), "uint8")] * 3
+
+
+def _config(x_fmt, w_fmt, target, m, n, k, group=1, out=None):
+    t = targets.get(target)
+    r = _tile.route(x_fmt, w_fmt, target=t, preferred_element_type=out)
+    nbytes = 3 if group == 4 else 1
+    return mm.config(r, t, m, n, k, group, nbytes, False, None, True)
+
+
+def test_default_blocks_come_from_the_target():
+    # bn is twice the MXU width; bk fills 2**18 elements of weight tile; bm follows M.
+    c = _config("bfloat16", "int4", "tpu_v5e", 1, 4096, 4096, group=2)
+    assert (c.bm, c.bn, c.bk) == (16, 256, 1024)
+    assert c.grid == (1, 16, 4)
+    c = _config("bfloat16", "int4", "tpu_v6e", 512, 8192, 8192, group=2)
+    assert (c.bm, c.bn, c.bk) == (256, 512, 512)
+    c = _config("int8", "int8", "tpu_v5e", 3, 200, 300)
+    assert (c.bm, c.bn, c.bk) == (32, 256, 384)  # clamped to the padded problem
+    c = _config("float32", "int8", "tpu_v4", 3, 200, 300)
+    assert c.bm == 8  # f32 blocks tile by 8 rows
+    for t in ("tpu_v4", "tpu_v5e", "tpu_v6e", "tpu_v7x"):
+        c = _config("bfloat16", "float8_e4m3fn", t, 512, 8192, 8192)
+        assert c.vmem_bytes <= targets.get(t).vmem_capacity_bytes // 2
+        assert c.bn == 2 * targets.get(t).mxu_column_size
+
+
+def test_interpret_mode_is_the_default_off_tpu():
+    assert jax.default_backend() == "cpu"
+    assert mm._interpret(None) is True
+    assert mm._interpret(False) is False
+
+
+def _i8(*shape):
+    return np.ones(shape, np.int8)
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda: emulate.pallas.matmul(_i8(4, 8), _i8(8, 4), target="cpu"), ValueError,
+         r"^target: emulate.pallas.matmul is a TPU kernel and the target is cpu; "),
+        (lambda: emulate.pallas.matmul(_i8(4, 8), _i8(9, 4), target="v5e"), ValueError,
+         r"^x, w: x's K \(8\) differs from w's K \(9\); x int8\[4, 8\], w int8\[9, 4\]$"),
+        (lambda: emulate.pallas.matmul(
+            _i8(4, 8), emulate.pack(np.zeros((8, 4), ml_dtypes.int4), axis=1), target="v5e"),
+         ValueError, r"^w: a Packed weight must be 2-D \(K, N\) and packed along K \(axis 0\); "
+         r"got shape \(8, 4\) packed along axis 1"),
+        (lambda: emulate.pallas.matmul(_i8(4, 8), jnp.ones((8, 4), jnp.bfloat16), target="v5e"),
+         ValueError, r"^w: a bfloat16 weight needs no decoding"),
+        (lambda: emulate.pallas.matmul(_i8(4, 8), _i8(2, 8, 4), target="v5e"), ValueError,
+         r"^w: expected a 2-D \(K, N\) weight, got shape \(2, 8, 4\)$"),
+        (lambda: emulate.pallas.matmul([[1]], _i8(8, 4), target="v5e"), TypeError,
+         r"^x: expected an array, uint8 codes with x_format=, or a Packed array; got list$"),
+        (lambda: emulate.pallas.matmul(_i8(4, 8), "w", target="v5e"), TypeError,
+         r"^w: expected an array, uint8 codes with w_format=, or a Packed array; got str$"),
+        (lambda: emulate.pallas.matmul(
+            jnp.ones((4, 8), jnp.bfloat16), _i8(8, 4), target="v5e", block_shape=(10, 128, 128)),
+         ValueError, r"^block_shape: bm = 10 must be a multiple of 16 \(the sublane tiling of "
+         r"bfloat16 blocks\)$"),
+        (lambda: emulate.pallas.matmul(
+            _i8(4, 8), _i8(8, 4), target="v5e", block_shape=(32, 100, 128)),
+         ValueError, r"^block_shape: bn = 100 must be a multiple of 128 \(the lane width\)$"),
+        (lambda: emulate.pallas.matmul(
+            _i8(4, 8), emulate.pack(np.zeros((8, 4), ml_dtypes.int4), axis=0), target="v5e",
+            block_shape=(32, 128, 128)),
+         ValueError, r"^block_shape: bk = 128 must be a multiple of 256 \(the lane width times "
+         r"the 2 codes packed along K per byte group\)$"),
+        (lambda: emulate.pallas.matmul(_i8(4, 8), _i8(8, 4), target="v5e", block_shape=128),
+         TypeError, r"^block_shape: expected \(bm, bn, bk\), got 128$"),
+        (lambda: emulate.pallas.matmul(
+            _i8(4, 8), _i8(8, 4), target="v5e", block_shape=(32, 128, 0)),
+         TypeError, r"^block_shape: bk must be a positive int, got 0$"),
+        (lambda: emulate.pallas.matmul(
+            _i8(4, 8), _i8(8, 4), target="v4", block_shape=(1024, 4096, 4096)),
+         ValueError, r"^block_shape: \(1024, 4096, 4096\) needs about \d+ bytes of VMEM, more "
+         r"than tpu_v4's 16777216; use smaller blocks$"),
+        (lambda: emulate.pallas.matmul(_i8(4, 8), _i8(8, 4), target="v5e", interpret="yes"),
+         TypeError, r"^interpret: expected None, True or False, got 'yes'$"),
+        (lambda: emulate.pallas.matmul(
+            np.zeros((4, 8), np.uint8), np.zeros((8, 4), np.uint8), target="v5e",
+            x_format="e2m3", w_format="e2m3"),
+         ValueError, r"^out_dtype: the result type would be float6_e2m3fn, which XLA cannot "
+         r"hold; pass out_dtype \(e.g. jnp.float32\)$"),
+    ],
+)  # fmt: skip
+def test_bad_input_names_the_argument(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_too_long_exact_contraction_is_refused():
+    k = 2**26
+    x = jax.ShapeDtypeStruct((8, k), jnp.int8)
+    w = jax.ShapeDtypeStruct((k, 128), jnp.int8)
+
+    def fn(x, w):
+        return emulate.pallas.matmul(x, w, target="tpu_v5e", out_dtype=jnp.float32)
+
+    with pytest.raises(ValueError, match=r"^x, w: a contraction of K = 67108864 in blocks of "):
+        jax.eval_shape(fn, x, w)

@@ -178,3 +178,24 @@ def test_it_is_plain_jnp_outside_a_kernel_too():
     x = np.ones((2, 8), ml_dtypes.bfloat16)
     got = emulate.pallas.dot(x, np.full((8, 3), 0x38, np.uint8).view(ml_dtypes.float8_e4m3fn))
     assert np.asarray(got).tolist() == [[8.0] * 3] * 2  # e4m3fn 0x38 is 1.0
+
+
+def test_benchmark_runs_in_interpret_mode_and_says_so(capsys, monkeypatch):
+    import importlib.util
+    import pathlib
+    import sys
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "pallas_matmul.py"
+    spec = importlib.util.spec_from_file_location("pallas_matmul_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # dataclasses look their module up
+    spec.loader.exec_module(bench)
+    argv = ["--formats", "int4", "--m", "3", "--kn", "256", "--repeats", "1"]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("emulate.pallas.matmul benchmark: target tpu_v5e, backend cpu")
+    assert out[1].startswith("NOTE: no TPU here, so the kernel runs in Pallas TPU interpret mode")
+    header, row = out[2].split(), out[3].split()
+    assert header[:3] == ["format", "M", "K=N"]
+    assert row[:4] == ["int4", "3", "256", "0.03"]  # 256 * 256 / 2 bytes
+    assert row[-1] == "bounded" and row[-5:-3] == ["-", "-"]  # no GB/s in interpret mode

@@ -10,7 +10,9 @@ The public surface:
   :func:`plan`, :class:`Plan`;
 - drop-in matmuls: :func:`dot_general`, :func:`matmul`, :func:`einsum`,
   :func:`conv_general_dilated`;
-- wrapping existing code: :func:`polyfill`, and :func:`inspect` to see its sites.
+- wrapping existing code: :func:`polyfill`, and :func:`inspect` to see its sites;
+- Pallas TPU kernels: :mod:`emulate.pallas` (``matmul``, an in-kernel ``dot``, ``check``),
+  imported on first use of ``emulate.pallas`` because it imports ``jax.experimental.pallas``.
 """
 
 from emulate import bounds, formats, reference, targets
@@ -51,3 +53,12 @@ __all__ = [
     "unpack",
     "use_target",
 ]
+
+
+def __getattr__(name: str):
+    # emulate.pallas imports jax.experimental.pallas: load it on first use only.
+    if name == "pallas":
+        import importlib
+
+        return importlib.import_module("emulate.pallas")
+    raise AttributeError(f"module 'emulate' has no attribute {name!r}")

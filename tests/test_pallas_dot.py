@@ -120,7 +120,19 @@ def test_routes_per_target():
     assert compute("bfloat16", "int8", "tpu_v5e") == ("bfloat16", "bfloat16", None)
     r = _tile.route("uint4", "uint4", target="tpu_v5e")
     assert r.method == "int8"
-    assert r.note.startswith("Pallas TPU dot reads integer operands as signed")
+    assert r.note == (
+        "Pallas TPU dot reads integer operands as signed, so native uint4 x uint4 would "
+        "misread the values above 7"
+    )
+    r = _tile.route("uint8", "uint8", target="tpu_v6e")
+    assert r.note.endswith("would misread the values above 127")
+    r = _tile.route("int4", "int4", target="tpu_v5e")
+    assert (r.method, r.note) == (
+        "int8",
+        "int4 x int4 is widened to int8 (exactly): XLA's CPU backend, which runs kernels in "
+        "interpret mode, cannot compile a dot of 4-bit integers",
+    )
+    assert _tile.route("int8", "int8", target="tpu_v5e").note == ""
 
 
 def _same_bits(got: np.ndarray, want: np.ndarray) -> None:

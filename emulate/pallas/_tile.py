@@ -1,10 +1,11 @@
 """Kernel-side building blocks shared by :mod:`emulate.pallas.dot` and the matmul kernel.
 
 * :func:`route`: how one operand pair runs inside a Pallas TPU kernel on a target. It is
-  :func:`emulate.plan` with two kernel-level corrections: Pallas TPU ``dot`` treats every
-  integer operand as signed, so native uint8 / uint4 / int4 pairs (whose unsigned or
-  sub-byte values Mosaic would misread or cannot load from bytes) take the int8 route
-  when their values fit int8 and the bf16 (or f32) route otherwise.
+  :func:`emulate.plan` with one kernel-level correction: of the native integer pairs only
+  int8 x int8 is kept. Pallas TPU ``dot`` treats every integer operand as signed, so
+  uint8 and uint4 values above 127 / 7 would be misread; and XLA's CPU backend, which
+  runs kernels in interpret mode, cannot compile a dot of int4 operands. Those pairs take
+  the int8 route when their values fit int8 and the bf16 (or f32) route otherwise.
 * :func:`decode_codes` / :func:`decode_values`: exact decoding of loaded tiles, on 32-bit
   words, with the bit formulas of :mod:`emulate.codecs` (no gathers, no lookup tables,
   no conversion of a low-precision type by the compiler), optionally scaled by ``2**k``
@@ -116,10 +117,16 @@ def route(lhs: Any, rhs: Any, *, target: Any = None, preferred_element_type: Any
     prod = _max_quanta(a) * _max_quanta(b) if exact else 0
     method, lc, rc, note = p.method, p.lhs_compute, p.rhs_compute, ""
     if method == "native" and a.is_integer and (a.name, b.name) != ("int8", "int8"):
-        note = (
-            f"Pallas TPU dot reads integer operands as signed int8/int4 vectors, so native "
-            f"{a.name} x {b.name} is not used"
-        )
+        if not a.signed or not b.signed:
+            note = (
+                f"Pallas TPU dot reads integer operands as signed, so native {a.name} x "
+                f"{b.name} would misread the values above {int(a.max) // 2}"
+            )
+        else:
+            note = (
+                f"{a.name} x {b.name} is widened to int8 (exactly): XLA's CPU backend, which "
+                "runs kernels in interpret mode, cannot compile a dot of 4-bit integers"
+            )
         if a.max <= 127 and b.max <= 127 and a.min >= -128 and b.min >= -128:
             method, lc, rc = "int8", "int8", "int8"
         else:

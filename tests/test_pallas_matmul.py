@@ -223,3 +223,12 @@ def test_too_long_exact_contraction_is_refused():
 
     with pytest.raises(ValueError, match=r"^x, w: a contraction of K = 67108864 in blocks of "):
         jax.eval_shape(fn, x, w)
+
+
+def test_empty_dimensions_give_zeros_without_a_kernel():
+    got = emulate.pallas.matmul(np.ones((3, 0), np.int8), np.ones((0, 5), np.int8), target="v4")
+    assert got.dtype == jnp.int8 and np.asarray(got).tolist() == [[0] * 5] * 3
+    got = emulate.pallas.matmul(
+        jnp.ones((0, 4), jnp.bfloat16), np.ones((4, 2), np.int8), target="v4", out_dtype="f32"
+    )
+    assert got.shape == (0, 2) and got.dtype == jnp.float32

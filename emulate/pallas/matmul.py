@@ -172,7 +172,7 @@ def _check_block(name: str, value: Any, multiple: int, why: str) -> int:
     return int(value)
 
 
-def _vmem_bytes(r: _tile.Route, bm: int, bn: int, bk: int, group: int, limbs: bool) -> int:
+def _vmem_bytes(r: _tile.Route, bm: int, bn: int, bk: int, limbs: bool) -> int:
     x_block = bm * bk * _itemsize(r.lhs_compute)
     w_block = bk * bn  # at most one byte per code
     temps = 3 * bk * bn * 4  # int32 words, codes and the decoded tile
@@ -203,7 +203,7 @@ def config(
         bk = max(k_multiple, (512 * 512 // bn) // k_multiple * k_multiple)
         bk = min(bk, _round_up(k, k_multiple))
         cap = (t.vmem_capacity_bytes or 16 << 20) // 2
-        while bk > k_multiple and _vmem_bytes(r, bm, bn, bk, group, limbs) > cap:
+        while bk > k_multiple and _vmem_bytes(r, bm, bn, bk, limbs) > cap:
             bk -= k_multiple
     else:
         try:
@@ -219,7 +219,7 @@ def config(
             "the lane width"
             + (f" times the {group} codes packed along K per byte group" if group > 1 else ""),
         )
-    vmem = _vmem_bytes(r, bm, bn, bk, group, limbs)
+    vmem = _vmem_bytes(r, bm, bn, bk, limbs)
     if t.vmem_capacity_bytes and vmem > t.vmem_capacity_bytes:
         raise ValueError(
             f"block_shape: ({bm}, {bn}, {bk}) needs about {vmem} bytes of VMEM, more than "
@@ -418,6 +418,8 @@ def matmul(
             f"out_dtype: the result type would be {r.out}, which XLA cannot hold; pass "
             "out_dtype (e.g. jnp.float32)"
         )
+    if 0 in (m, n, k):  # nothing to launch: an empty contraction sums to zero
+        return jnp.zeros((m, n), formats.get(r.out).dtype)
     passthrough = r.rhs_compute == wf.name and not r.rhs_scale and group == 1
     if passthrough:
         wdata = from_codes(wdata, wf)

@@ -82,6 +82,11 @@ def conv_general_dilated(
             f"feature_group_count {feature_group_count}; {where}"
         )
     p = _plan_for(a, b, target, preferred_element_type, mode)
+    if p.slicing is not None:
+        raise NotImplementedError(
+            f"mode='exact' convolution of {p.lhs} x {p.rhs} is not built yet (dot_general, "
+            "matmul and einsum have it); use mode='fast'"
+        )
     window = math.prod(b.shape[d] for d in dn.rhs_spec[2:])
     k = in_r * window
     check_k(p, k)

@@ -61,6 +61,8 @@ class Plan:
         platform other than ``platform``: the result bits are the same (exact class) or
         within the same bound. None otherwise.
       platform: the JAX platform name of the target ("tpu", "cuda", "cpu").
+      slicing: for mode "exact" outside the exact class (methods "sliced-*"), the exponent
+        slice widths of lhs and rhs (see :mod:`emulate.exact`); None otherwise.
     """
 
     target: str
@@ -81,6 +83,7 @@ class Plan:
     candidates: tuple[tuple[str, float, str], ...]
     fallback: Plan | None = None
     platform: str = "cpu"
+    slicing: tuple[int, int] | None = None
 
     @property
     def decodes(self) -> bool:
@@ -99,7 +102,17 @@ class Plan:
                 f"  scaling: lhs x 2^{self.lhs_scale}, rhs x 2^{self.rhs_scale} makes every value "
                 f"an integer; the sum is scaled back by 2^-{self.lhs_scale + self.rhs_scale}"
             )
-        if self.k_chunk is not None:
+        if self.slicing is not None:
+            from emulate import exact as exact_mode
+
+            sa = exact_mode.slicing(self.lhs, self.slicing[0])
+            sb = exact_mode.slicing(self.rhs, self.slicing[1])
+            lines.append(
+                f"  exponent slicing: lhs {sa.count} slices of {sa.width} exponents, rhs "
+                f"{sb.count} of {sb.width}: {sa.count * sb.count} passes, each chunk of\n"
+                f"    {self.k_chunk} exact; all sums added exactly in 16-bit limbs"
+            )
+        elif self.k_chunk is not None:
             lines.append(
                 f"  K-chunk: {self.k_chunk}, the longest contraction whose partial sums stay\n"
                 f"    exact in {self.accumulator}; chunk sums are combined exactly in int32\n"
@@ -135,6 +148,9 @@ class Plan:
 
 
 _METHOD_WORDS = {
+    "sliced-int8": "exponent slices decoded to int8, int32 accumulation, exact combination",
+    "sliced-bf16": "exponent slices decoded to bfloat16, f32 accumulation, exact combination",
+    "sliced-f32": "exponent slices decoded to float32, f32 accumulation, exact combination",
     "native": "native: the operands go to the matrix unit as they are",
     "int8": "decode to int8 (exact power-of-two scaling), int32 accumulation",
     "bf16": "decode to bfloat16 (exact), f32 accumulation",
@@ -236,10 +252,13 @@ def plan(
     ka, kb = _exact_scale(a), _exact_scale(b)
     exact = exact_class(a, b)
     if mode == "exact" and not exact:
-        raise NotImplementedError(
-            f"mode='exact' for {a.name} x {b.name} is not built yet: today it covers the exact "
-            "class (int4, uint4, int8, uint8, float4_e2m1fn, float6_e2m3fn); use mode='fast'"
-        )
+        if not (_sliceable(a) and _sliceable(b)):
+            raise NotImplementedError(
+                f"mode='exact' for {a.name} x {b.name} is not built yet: today it covers the "
+                "low-precision formats (integers, float8, float6, float4) with each other; "
+                "an operand of a wide type (bfloat16, float16, float32) needs mode='fast'"
+            )
+        return _sliced(t, a, b, out, mode)
     ints = a.is_integer and b.is_integer
     # An integer result wraps in int32 as XLA's integer dots do; a float result of integer
     # operands is the exact sum rounded once, so its int32 partial sums must not wrap.
@@ -274,6 +293,43 @@ def plan(
 
 
 _PLATFORMS = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}
+
+
+def _sliceable(f: Format) -> bool:
+    return f.is_low_precision and (f.is_integer or f.has_subnormals)
+
+
+def _sliced(t, a: Format, b: Format, out: Format, mode: str) -> Plan:
+    """Mode "exact" outside the exact class: exponent slicing (see :mod:`emulate.exact`)."""
+    from emulate import exact as exact_mode
+
+    cands, options = [], []
+    for compute, rate_name, acc in (
+        ("int8", "int8", "int32"),
+        ("bfloat16", "bfloat16", "float32"),
+        ("float32", "float32", "float32"),
+    ):
+        chosen = exact_mode.choose(a, b, compute)
+        rate = _rate(t, rate_name)
+        ok = chosen is not None and t.supports(compute, compute)
+        if chosen is None:
+            why = f"{compute} cannot hold the slices"
+            sa = sb = None
+            chunk = None
+        else:
+            sa, sb, chunk = chosen
+            why = "ok" if ok else f"{t.name} has no {compute} x {compute} unit"
+        method = "sliced-" + {"int8": "int8", "bfloat16": "bf16", "float32": "f32"}[compute]
+        cands.append(_Candidate(method, rate, why, (compute, compute), acc, chunk))
+        if ok:
+            # Cost per pass is 1 / rate; unknown rates count alike, so fewer passes win.
+            passes = sa.count * sb.count
+            options.append((passes / (rate or 1.0), len(options), cands[-1], (sa.width, sb.width)))
+    if not options:
+        raise ValueError(f"lhs/rhs: no exact route for {a.name} x {b.name} on target {t.name}")
+    _, _, best, widths = min(options)
+    plan_ = _make(t, a, b, out, mode, True, 0, dataclasses.replace(best, k_chunk=None), cands)
+    return dataclasses.replace(plan_, slicing=widths, k_chunk=best.k_chunk)
 
 
 def _make(t, a, b, out, mode, exact, prod, c, cands, fallback=None) -> Plan:

@@ -145,20 +145,15 @@ def _limbs(part: jax.Array, shifts: np.ndarray, n_limbs: int, sign: int) -> list
         (jnp.sum(m & 0xFFFF, axis=-1, dtype=jnp.uint32), shifts),  # < 2**32: <= 2**16 chunks
         (jnp.sum(m >> 16, axis=-1, dtype=jnp.uint32), shifts + 16),
     )
-    extra = (1,) * (m.ndim - 3)
     limbs = [jnp.zeros(m.shape[2:-1], jnp.uint32) for _ in range(n_limbs)]
     for v, sh in values:
-        q = (sh // 16).reshape(sh.shape + extra)
-        r = jnp.asarray(sh % 16, jnp.uint32).reshape(sh.shape + extra)
-        v0, v1 = (v & 0xFFFF) << r, (v >> 16) << r  # each < 2**31
-        pieces = ((v0 & 0xFFFF, 0), ((v0 >> 16) + (v1 & 0xFFFF), 1), (v1 >> 16, 2))
-        for piece, offset in pieces:  # each piece < 2**17: limb sums stay far below 2**32
-            for i in range(n_limbs):
-                hit = q + offset == i
-                if hit.any():
-                    limbs[i] = limbs[i] + jnp.sum(
-                        jnp.where(hit, piece, 0), axis=(0, 1), dtype=jnp.uint32
-                    )
+        for i, j in np.ndindex(sh.shape):  # the shifts are static: place each pair directly
+            q, r = divmod(int(sh[i, j]), 16)
+            v0, v1 = (v[i, j] & 0xFFFF) << r, (v[i, j] >> 16) << r  # each < 2**31
+            # pieces < 2**17 each: a limb sums at most 6 per pair, far below 2**32
+            limbs[q] = limbs[q] + (v0 & 0xFFFF)
+            limbs[q + 1] = limbs[q + 1] + (v0 >> 16) + (v1 & 0xFFFF)
+            limbs[q + 2] = limbs[q + 2] + (v1 >> 16)
     for i in range(n_limbs - 1):
         limbs[i + 1] = limbs[i + 1] + (limbs[i] >> 16)
         limbs[i] = limbs[i] & 0xFFFF

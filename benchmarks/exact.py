@@ -1,0 +1,150 @@
+"""Cost of mode "exact" against mode "fast", per format pair, in one process.
+
+Run: ``python -m benchmarks.exact`` (or ``python benchmarks/exact.py``); ``--quick`` for a
+small shape. Both modes run ``emulate.dot_general`` on the same operands for the same
+target, interleaved after warm-up; the ratio is exact / fast of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import emulate
+from benchmarks._timing import environment, interleave, stats, text_table, timed_call
+from emulate import formats
+
+DN = (((1,), (0,)), ((), ()))
+PAIRS = [
+    ("float8_e4m3fn", "float8_e4m3fn"),
+    ("float8_e5m2", "float8_e5m2"),
+    ("float8_e4m3fn", "float8_e5m2"),
+    ("float8_e3m4", "float8_e3m4"),
+    ("float6_e3m2fn", "float6_e3m2fn"),
+]
+
+
+@dataclasses.dataclass
+class Case:
+    pair: tuple[str, str]
+    target: str
+    mode: str
+    fn: object
+    args: tuple
+    times: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.pair[0]} x {self.pair[1]} {self.target} {self.mode}"
+
+    def run(self) -> float:
+        return timed_call(self.fn, *self.args)
+
+
+def operand(name: str, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    f = formats.get(name)
+    codes = rng.integers(0, 1 << f.bits, shape).astype(np.uint8)
+    for bad in f.nan_codes + f.inf_codes:
+        codes[codes == bad] = 0
+    return jax.device_put(codes) if not f.xla_storable else jnp.asarray(codes.view(f.dtype))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="M = K = N = 256, 3 repeats")
+    ap.add_argument("--shape", default="64x4096x1024", help="MxKxN (default 64x4096x1024)")
+    ap.add_argument("--targets", default="tpu_v5e,tpu_v4", help="comma-separated targets")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", default="benchmarks/results/exact.json")
+    args = ap.parse_args(argv)
+    shape = "256x256x256" if args.quick else args.shape
+    repeats = 3 if args.quick else args.repeats
+    m, k, n = (int(v) for v in shape.split("x"))
+    rng = np.random.default_rng(0)
+    cases = []
+    for pair in PAIRS:
+        a, b = operand(pair[0], (m, k), rng), operand(pair[1], (k, n), rng)
+        fa = pair[0] if not formats.get(pair[0]).xla_storable else None
+        fb = pair[1] if not formats.get(pair[1]).xla_storable else None
+        for target in args.targets.split(","):
+            for mode in ("fast", "exact"):
+                fn = jax.jit(
+                    lambda x, y, t=target, md=mode, fa=fa, fb=fb: emulate.dot_general(
+                        x,
+                        y,
+                        DN,
+                        preferred_element_type=jnp.float32,
+                        target=t,
+                        mode=md,
+                        lhs_format=fa,
+                        rhs_format=fb,
+                    )
+                )
+                cases.append(Case(pair, target, mode, fn, (a, b)))
+    ok, failed = interleave(cases, repeats)
+    med = {c.label: stats(c.times)["median_s"] for c in ok}
+    rows, records = [], []
+    for c in ok:
+        if c.mode != "exact":
+            continue
+        fast = med[c.label.replace(" exact", " fast")]
+        p = emulate.plan(*c.pair, target=c.target, mode="exact")
+        sa = emulate.exact.slicing(c.pair[0], p.slicing[0]).count
+        sb = emulate.exact.slicing(c.pair[1], p.slicing[1]).count
+        ratio = med[c.label] / fast
+        rows.append(
+            [
+                f"{c.pair[0]} x {c.pair[1]}",
+                c.target,
+                p.method,
+                f"{sa}x{sb}",
+                f"{fast * 1e3:.2f}",
+                f"{med[c.label] * 1e3:.2f}",
+                f"{ratio:.1f}x",
+            ]
+        )
+        records.append(
+            dict(
+                pair=c.pair,
+                target=c.target,
+                method=p.method,
+                passes=sa * sb,
+                fast_s=fast,
+                exact_s=med[c.label],
+                ratio=ratio,
+            )
+        )
+    print(
+        f"mode exact against mode fast, (M, K, N) = ({m}, {k}, {n}), f32 result, "
+        f"medians of {repeats} interleaved rounds"
+    )
+    print(
+        text_table(
+            ["pair", "target", "route", "slices", "fast ms", "exact ms", "exact/fast"],
+            rows,
+            right={4, 5, 6},
+        )
+    )
+    for label, why in failed.items():
+        print(f"failed: {label}: {why}")
+    if args.json:
+        path = pathlib.Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            json.dumps({"env": environment(), "shape": [m, k, n], "rows": records}, indent=1)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

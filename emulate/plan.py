@@ -61,8 +61,9 @@ class Plan:
         platform other than ``platform``: the result bits are the same (exact class) or
         within the same bound. None otherwise.
       platform: the JAX platform name of the target ("tpu", "cuda", "cpu").
-      slicing: for mode "exact" outside the exact class (methods ``sliced-int8``, ``sliced-bf16``, ``sliced-f32``), the exponent
-        slice widths of lhs and rhs (see :mod:`emulate.exact`); None otherwise.
+      slicing: for mode "exact" outside the exact class (methods ``sliced-int8``,
+        ``sliced-bf16``, ``sliced-f32``), the exponent slice widths of lhs and rhs (see
+        :mod:`emulate.exact`); None otherwise.
     """
 
     target: str

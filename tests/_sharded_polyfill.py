@@ -101,4 +101,23 @@ for name, (x, w, out) in operands.items():
         want = np.asarray(x).astype(np.int64) @ np.asarray(w).astype(np.int64)
         result[name]["exact"] = np.asarray(unsharded).tolist() == want.tolist()
 
+# Mode "exact" for float8: the contraction sharded over "model" gives the same bits.
+e4 = rng.integers(0, 126, (8, 1024)).astype(np.uint8)
+e4[:, ::3] |= 0x80
+x8 = jnp.asarray(e4.view(ml_dtypes.float8_e4m3fn))
+w8 = jnp.asarray(rng.integers(0, 126, (1024, 16)).astype(np.uint8).view(ml_dtypes.float8_e4m3fn))
+
+
+def f8(x, w):
+    return jax.lax.dot_general(x, w, DN, preferred_element_type=jnp.float32)
+
+
+exact_plain = jax.jit(emulate.polyfill(f8, target="tpu_v4", mode="exact"))
+ex_unsharded = exact_plain(x8, w8)
+ex_sharded = jax.jit(
+    emulate.polyfill(f8, target="tpu_v4", mode="exact"),
+    in_shardings=(NamedSharding(mesh, P("data", "model")), NamedSharding(mesh, P("model", None))),
+    out_shardings=NamedSharding(mesh, P("data", None)),
+)(x8, w8)
+result["exact_fp8_same"] = bits(ex_sharded) == bits(ex_unsharded)
 print(json.dumps(result))

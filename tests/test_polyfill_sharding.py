@@ -49,3 +49,7 @@ def test_contraction_sharded_with_psum_is_exact(result):
     assert result["fp4_f32"]["shard_map_same"]
     # A bf16 psum rounds each shard's partial result: the user's program asked for that.
     assert not result["fp4"]["shard_map_same"]
+
+
+def test_exact_mode_float8_sharded_is_bit_identical(result):
+    assert result["exact_fp8_same"]

@@ -10,9 +10,9 @@ themselves. The subcommands:
   the plan method each format gets against itself and against bfloat16;
 - ``explain LHS RHS [--target T] [--out DTYPE] [--mode fast|exact]``: one plan, explained;
 - ``validate [--target T ... | --target all] [--formats F ...] [--modes fast exact]
-  [--examples N] [--seed S] [--json PATH]``: property-based checks of every plan against
-  the reference oracle, as a table (see :mod:`emulate.validate`); exit status 1 on any
-  mismatch;
+  [--examples N] [--seed S] [--json PATH] [--all-layouts]``: property-based checks of
+  every plan against the reference oracle, as a table (see :mod:`emulate.validate`); exit
+  status 1 on any mismatch;
 - ``check-kernel MODULE:FUNCTION [--target T ... | --target all] [--shapes SPEC]``: lower a
   function's Pallas kernels for TPU and report the ``tpu.matmul`` operand types each target
   would reject (see :mod:`emulate.pallas.check`); exit status 1 on any finding.
@@ -472,6 +472,12 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
         "--seed", type=int, default=0, metavar="S", help="seed of the examples (default 0)"
     )
     p.add_argument("--json", metavar="PATH", help="also write the rows to PATH as JSON")
+    p.add_argument(
+        "--all-layouts",
+        action="store_true",
+        help="draw from every layout in every row; by default a compile-heavy row (mode "
+        "exact for a pair outside the exact class) uses two programs",
+    )
     p.set_defaults(func=_run_validate)
 
 
@@ -553,6 +559,7 @@ def _run_validate(args: argparse.Namespace) -> int:
             payload = {
                 "seed": args.seed,
                 "examples": args.examples,
+                "all_layouts": args.all_layouts,
                 "targets": target_names,
                 "formats": format_names,
                 "modes": modes,
@@ -598,6 +605,7 @@ def _validate_with_progress(validate, target_names, format_names, modes, args):
             modes,
             examples=args.examples,
             seed=args.seed,
+            all_layouts=args.all_layouts,
             on_row=on_row,
         )
 

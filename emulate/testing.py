@@ -649,7 +649,8 @@ def representative_targets(
     returned, in the order given.
 
     Raises:
-      NotImplementedError: ``mode="exact"`` for a pair outside the exact class.
+      What :func:`emulate.plan` raises for the pair (``NotImplementedError`` where
+      ``mode="exact"`` is not built for it).
     """
     from emulate import targets as _targets
 

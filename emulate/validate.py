@@ -37,7 +37,7 @@ from hypothesis.errors import NoSuchExample
 
 from emulate import formats, targets
 from emulate import testing as et
-from emulate.plan import MODES, Plan
+from emulate.plan import MODES, Plan, exact_class
 from emulate.plan import plan as make_plan
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "Row",
     "check",
     "default_formats",
+    "heavy",
     "default_targets",
     "pairs",
     "render",
@@ -141,15 +142,34 @@ def _host_platform() -> str:
     return {"gpu": "cuda"}.get(backend, backend)
 
 
-def _strategy(lhs: str, rhs: str) -> st.SearchStrategy[et.DotProblem]:
+#: The layout of the reduced pool (see :func:`heavy`): two contracting dims in permuted
+#: order and a batch dim.
+_HEAVY_LAYOUT = et.DEFAULT_LAYOUTS[3]
+
+
+def heavy(lhs: str, rhs: str, mode: str) -> bool:
+    """Whether a row is compile-heavy: mode "exact" for a pair outside the exact class.
+
+    Its plans slice the operands' exponent range into several exact passes, and each
+    program takes seconds to compile (about 15 times a mode "fast" program), so by default
+    such a row draws from two programs only: two permuted contracting dims with a batch
+    dim (the result type of ``lax.dot_general``'s rule where XLA can hold it), and
+    K = 1100 with a float32 result. ``all_layouts=True`` (``--all-layouts``) gives it the
+    full pool.
+    """
+    return mode == "exact" and not exact_class(lhs, rhs)
+
+
+def _strategy(lhs: str, rhs: str, *, reduced: bool = False) -> st.SearchStrategy[et.DotProblem]:
     """Problems over the layout pool, each layout tied to one result type (few programs)."""
     pets = et.result_types(lhs, rhs)
     ints = formats.get(lhs).is_integer and formats.get(rhs).is_integer
+    combos = [(layout, pets[i % len(pets)]) for i, layout in enumerate(et.DEFAULT_LAYOUTS)]
+    if reduced:
+        combos = [(_HEAVY_LAYOUT, pets[0])]
     parts = [
-        et.dot_general_problems(
-            lhs, rhs, layouts=[layout], preferred_element_types=[pets[i % len(pets)]]
-        )
-        for i, layout in enumerate(et.DEFAULT_LAYOUTS)
+        et.dot_general_problems(lhs, rhs, layouts=[layout], preferred_element_types=[pet])
+        for layout, pet in combos
     ]
     parts.append(
         et.dot_general_problems(
@@ -198,7 +218,16 @@ def _settings(examples: int, phases: Sequence[Phase]) -> settings:
     )
 
 
-def check(target: str, lhs: str, rhs: str, mode: str, *, examples: int, seed: int) -> Row:
+def check(
+    target: str,
+    lhs: str,
+    rhs: str,
+    mode: str,
+    *,
+    examples: int,
+    seed: int,
+    all_layouts: bool = False,
+) -> Row:
     """Check one row (see the module docstring); never raises for a broken result."""
     start = time.perf_counter()
     try:
@@ -207,7 +236,7 @@ def check(target: str, lhs: str, rhs: str, mode: str, *, examples: int, seed: in
         return Row(target, lhs, rhs, mode, None, None, None, None, "not built")
     runs = _runs(p)
     contract = "exact" if p.exact or mode == "exact" else "bounded"
-    strategy = _strategy(lhs, rhs)
+    strategy = _strategy(lhs, rhs, reduced=heavy(lhs, rhs, mode) and not all_layouts)
     tally = _Tally()
 
     def record(problem: et.DotProblem) -> bool:
@@ -289,6 +318,7 @@ def run(
     *,
     examples: int = DEFAULT_EXAMPLES,
     seed: int = 0,
+    all_layouts: bool = False,
     on_row: Callable[[Row | None, str], None] | None = None,
 ) -> list[Row]:
     """Check every (target, pair, mode): rows in target, pair, mode order.
@@ -299,6 +329,7 @@ def run(
       modes: "fast" and/or "exact".
       examples: hypothesis examples per row.
       seed: the seed every row's examples derive from.
+      all_layouts: give compile-heavy rows (:func:`heavy`) the full layout pool too.
       on_row: called as ``on_row(None, description)`` before a row is checked and
         ``on_row(row, description)`` after (for a progress bar).
     """
@@ -321,7 +352,7 @@ def run(
                     reproducer=_retarget(shared, t),
                 )
             else:
-                row = check(t, a, b, m, examples=examples, seed=seed)
+                row = check(t, a, b, m, examples=examples, seed=seed, all_layouts=all_layouts)
                 if key is not None:
                     done[(a, b, m, key)] = row
             rows.append(row)

@@ -81,11 +81,14 @@ def test_formats_selected_by_alias(capsys: pytest.CaptureFixture) -> None:
     assert list(_rows(capsys.readouterr().out)) == ["float8_e4m3fn", "float4_e2m1fn"]
 
 
+COMMANDS = ", ".join(cli.build_parser().get_default("commands"))
+
+
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["bogus"], "invalid choice: 'bogus' (choose from formats, targets, explain, validate)"),
-        ([], "missing command (choose from formats, targets, explain, validate)"),
+        (["bogus"], f"invalid choice: 'bogus' (choose from {COMMANDS})"),
+        ([], f"missing command (choose from {COMMANDS})"),
         (["formats", "float7"], "unknown low-precision format 'float7' (choose from int4,"),
         (["formats", "bf16"], "unknown low-precision format 'bf16'"),
         (["formats", "--nope"], "unrecognized arguments: --nope"),
@@ -101,7 +104,7 @@ def test_bad_arguments_exit_2_with_one_line(
     assert captured.out == ""
     err = captured.err.strip()
     assert "\n" not in err and err.startswith("emulate")
-    for command in ("formats", "targets", "explain", "validate"):
+    for command in cli.build_parser().get_default("commands"):
         err = err.replace(f"'{command}'", command)
     assert needle in err
     assert "Traceback" not in err
@@ -336,10 +339,11 @@ def test_explain_uses_the_current_target(
             "gpu_sm80, gpu_sm89, gpu_sm90, gpu_sm100, or an alias such as v5e)",
         ),
         (
-            ["explain", "e4m3", "e4m3", "--target", "v4", "--mode", "exact"],
-            "emulate explain: error: mode='exact' for float8_e4m3fn x float8_e4m3fn is not "
-            "built yet: today it covers the exact class (int4, uint4, int8, uint8, "
-            "float4_e2m1fn, float6_e2m3fn); use mode='fast'",
+            ["explain", "bf16", "e4m3", "--target", "v4", "--mode", "exact"],
+            "emulate explain: error: mode='exact' for bfloat16 x float8_e4m3fn is not built "
+            "yet: today it covers the low-precision formats (integers, float8, float6, float4) "
+            "with each other; an operand of a wide type (bfloat16, float16, float32) needs "
+            "mode='fast'",
         ),
         (
             ["explain", "e8m0", "int8", "--target", "v4"],
@@ -383,15 +387,16 @@ def test_explain_bad_environment_target_is_one_line(
 
 
 def test_explain_exact_on_a_bounded_pair_exits_2_without_traceback() -> None:
-    argv = ["explain", "e5m2", "e5m2", "--target", "v5e", "--mode", "exact"]
+    argv = ["explain", "bf16", "e5m2", "--target", "v5e", "--mode", "exact"]
     bad = subprocess.run(
         [sys.executable, "-m", "emulate", *argv], capture_output=True, text=True, check=False
     )
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr == (
-        "emulate explain: error: mode='exact' for float8_e5m2 x float8_e5m2 is not built yet: "
-        "today it covers the exact class (int4, uint4, int8, uint8, float4_e2m1fn, "
-        "float6_e2m3fn); use mode='fast'\n"
+        "emulate explain: error: mode='exact' for bfloat16 x float8_e5m2 is not built yet: "
+        "today it covers the low-precision formats (integers, float8, float6, float4) with "
+        "each other; an operand of a wide type (bfloat16, float16, float32) needs "
+        "mode='fast'\n"
     )
 
 

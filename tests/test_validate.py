@@ -15,7 +15,9 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
+from hypothesis import given, settings
 
+import emulate
 from emulate import cli, codecs, formats, targets, validate
 
 LOW = [f for f in formats.LOW_PRECISION if f != "float8_e8m0fnu"]
@@ -56,6 +58,23 @@ def small_run(tmp_path_factory) -> tuple[int, str, dict]:
     return rc, out, json.loads(path.read_text())
 
 
+def _built(lhs: str, rhs: str, target: str, mode: str) -> bool:
+    """Whether emulate builds the pair in this mode (mode "exact" may not be built)."""
+    try:
+        emulate.plan(lhs, rhs, target=target, preferred_element_type="float32", mode=mode)
+    except NotImplementedError:
+        return False
+    return True
+
+
+SMALL_PAIRS = [
+    ("int8", "int8"),
+    ("float4_e2m1fn", "float4_e2m1fn"),
+    ("bfloat16", "int8"),
+    ("bfloat16", "float4_e2m1fn"),
+]
+
+
 def test_small_run_passes_and_lists_every_row(small_run) -> None:
     rc, out, data = small_run
     assert rc == 0
@@ -80,8 +99,16 @@ def test_small_run_passes_and_lists_every_row(small_run) -> None:
     assert re.fullmatch(r"\d+\.\ds", by["cpu", "int8 x int8", "fast"]["time"])
     assert by["tpu_v4", "e2m1fn x e2m1fn", "exact"]["plan"] == "bf16"
     assert by["cpu", "e2m1fn x e2m1fn", "exact"]["plan"] == "int8"
+    not_built = 0
     for t in ("cpu", "tpu_v4"):
-        for p in ("bf16 x int8", "bf16 x e2m1fn"):
+        for (lhs, rhs), p in zip(SMALL_PAIRS[2:], pairs[2:], strict=True):
+            assert by[t, p, "fast"]["contract"] == "bounded"
+            assert float(by[t, p, "fast"]["err/bound"]) <= 1
+            if _built(lhs, rhs, t, "exact"):
+                assert by[t, p, "exact"]["contract"] == "exact"
+                assert by[t, p, "exact"]["fail"] == "0"
+                continue
+            not_built += 1
             assert by[t, p, "exact"] == {
                 "target": t,
                 "pair": p,
@@ -94,17 +121,18 @@ def test_small_run_passes_and_lists_every_row(small_run) -> None:
                 "err/bound": "-",
                 "time": "-",
             }
-            assert by[t, p, "fast"]["contract"] == "bounded"
-            assert float(by[t, p, "fast"]["err/bound"]) <= 1
     # bf16 x int8 is the same bf16 program on both targets: checked once.
     assert by["tpu_v4", "bf16 x int8", "fast"]["time"] == "=cpu"
+    checked = [r for r in rows if r["contract"] != "not built"]
+    examples = sum(int(r["tried"]) for r in checked if not r["time"].startswith("="))
     assert out.splitlines()[-1] == (
-        "12 rows checked (40 examples), 0 with mismatches, 4 exact mode not built"
+        f"{16 - not_built} rows checked ({examples} examples), 0 with mismatches, "
+        f"{not_built} exact mode not built"
     )
 
 
 def test_json_rows(small_run) -> None:
-    _, _, data = small_run
+    _, out, data = small_run
     assert (data["seed"], data["examples"], data["modes"]) == (3, 4, ["fast", "exact"])
     assert data["targets"] == ["cpu", "tpu_v4"]
     assert data["formats"] == ["int8", "float4_e2m1fn"]
@@ -129,14 +157,17 @@ def test_json_rows(small_run) -> None:
         "reproducer": None,
         "report": None,
     }
-    statuses = [(r["target"], r["lhs"], r["rhs"], r["mode"], r["status"]) for r in rows]
-    assert ("cpu", "bfloat16", "int8", "exact", "not built") in statuses
-    assert sum(r["status"] == "ok" for r in rows) == 12
-    shared = [r for r in rows if r["same_as"] is not None]
-    assert [(r["target"], r["lhs"], r["rhs"], r["same_as"]) for r in shared] == [
-        ("tpu_v4", "bfloat16", "int8", "cpu"),
-        ("tpu_v4", "bfloat16", "float4_e2m1fn", "cpu"),
+    for r in rows:
+        built = _built(r["lhs"], r["rhs"], r["target"], r["mode"])
+        assert r["status"] == ("ok" if built else "not built"), r
+    table = _table_rows(out)
+    assert [r["status"] == "not built" for r in rows] == [
+        r["contract"] == "not built" for r in table
     ]
+    shared = {(r["target"], r["lhs"], r["rhs"], r["mode"]): r["same_as"] for r in rows}
+    assert shared["tpu_v4", "bfloat16", "int8", "fast"] == "cpu"
+    assert shared["tpu_v4", "bfloat16", "float4_e2m1fn", "fast"] == "cpu"
+    assert shared["tpu_v4", "int8", "int8", "fast"] is None  # bf16 on v4, native on cpu
 
 
 def _targets_cells(target: str) -> dict[tuple[str, str], str]:
@@ -261,6 +292,17 @@ def test_unwritable_json_path(tmp_path, capsys) -> None:
         )
 
 
+def test_bad_environment_target_is_one_line(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("EMULATE_TARGET", "tpu_v99")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["validate", "--formats", "int8"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (
+        f"emulate validate: error: EMULATE_TARGET: unknown target 'tpu_v99'; known targets: "
+        f"{TARGET_CHOICES}\n"
+    )
+
+
 def test_python_dash_m_validate_without_traceback(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
     ok = subprocess.run(
@@ -361,3 +403,21 @@ def test_readme_quickstart_runs_validate_and_keeps_the_ci_test_command() -> None
     )
     ci = (root / ".ci" / "run").read_text().splitlines()
     assert test in ci  # .ci/run runs the README's test command verbatim
+
+
+def test_compile_heavy_rows_draw_from_two_programs() -> None:
+    assert validate.heavy("float8_e4m3fn", "float8_e4m3fn", "exact")
+    assert not validate.heavy("float8_e4m3fn", "float8_e4m3fn", "fast")
+    assert not validate.heavy("int8", "float4_e2m1fn", "exact")
+    seen: set = set()
+
+    @settings(max_examples=40, database=None, deadline=None)
+    @given(validate._strategy("float8_e5m2", "float8_e5m2", reduced=True))
+    def draw(p):
+        seen.add((p.lhs.shape, p.rhs.shape, p.dimension_numbers, p.preferred_element_type))
+
+    draw()
+    assert seen == {
+        ((2, 3, 4), (4, 2, 3), (((1, 2), (2, 0)), ((0,), (1,))), None),
+        ((1, 1100), (1100, 2), (((1,), (0,)), ((), ())), "float32"),
+    }

@@ -10,8 +10,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 from emulate import cli, targets
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -33,9 +31,7 @@ def _stdout(argv: list[str]) -> str:
     return buf.getvalue()
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> pathlib.Path:
-    out = tmp_path_factory.mktemp("html")
+def _build(out: pathlib.Path) -> pathlib.Path:
     built = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "-b", "html", str(DOCS), str(out)],
         capture_output=True,
@@ -48,13 +44,25 @@ def site(tmp_path_factory) -> pathlib.Path:
     return out
 
 
-def test_docs_build_without_warnings(site) -> None:
+def test_docs_site(tmp_path) -> None:
+    """One build (about 15 s) checked for everything, so that pytest-xdist workers do not
+    each build the site."""
+    site = _build(tmp_path / "html")
+    _check_pages(site)
+    _check_capability_tables(site)
+    _check_cli_reference(site)
+    _check_api_page(site)
+    _check_tutorial(site)
+    _check_generated_files(DOCS / "_generated")
+
+
+def _check_pages(site) -> None:
     for page in ("index", "quickstart", "testing", "porting", "numerics", "targets", "cli"):
         assert (site / f"{page}.html").exists(), page
     assert (site / "api.html").exists()
 
 
-def test_capability_tables_are_generated_from_the_code(site) -> None:
+def _check_capability_tables(site) -> None:
     text = _text(site / "targets.html")
     matrix = targets.render_matrix()
     (v4_row,) = [line for line in matrix.splitlines() if line.startswith("tpu_v4 ")]
@@ -67,14 +75,14 @@ def test_capability_tables_are_generated_from_the_code(site) -> None:
     assert "e/e  e/e  e/N" not in source  # not typed by hand
 
 
-def test_cli_reference_holds_every_command_help(site) -> None:
+def _check_cli_reference(site) -> None:
     text = _text(site / "cli.html")
     for command in cli.build_parser().get_default("commands"):
         assert f"usage: emulate {command} [-h]" in text
     assert "--examples N" in text and "--json PATH" in text
 
 
-def test_api_page_documents_the_public_api(site) -> None:
+def _check_api_page(site) -> None:
     page = (site / "api.html").read_text()
     import emulate
     from emulate import testing
@@ -88,13 +96,12 @@ def test_api_page_documents_the_public_api(site) -> None:
         assert f'id="emulate.testing.{name}"' in page, name
 
 
-def test_tutorial_is_shown_in_the_testing_page(site) -> None:
+def _check_tutorial(site) -> None:
     text = _text(site / "testing.html")
     assert "def test_fp4_is_exact_on_every_deployed_target(target, problem):" in text
 
 
-def test_generated_files(tmp_path) -> None:
-    emulate_docs.write_generated(tmp_path)
+def _check_generated_files(tmp_path) -> None:
     assert (tmp_path / "targets.txt").read_text() == _stdout(["targets"])
     assert (tmp_path / "matrix.txt").read_text() == targets.render_matrix()
     validate = (tmp_path / "validate.txt").read_text()

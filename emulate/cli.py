@@ -490,17 +490,28 @@ def _validate_targets(names: Sequence[str] | None, parser: argparse.ArgumentPars
             return default_targets()
         except ValueError as e:
             parser.error(" ".join(str(e).split()))
+    return _resolve_targets(names, parser, list(targets.names()), "unknown target")
+
+
+def _resolve_targets(
+    names: Sequence[str], parser: argparse.ArgumentParser, pool: list[str], problem: str
+) -> list[str]:
+    """Target names (aliases and "all" accepted) within ``pool``, or a one-line error."""
+    from emulate import targets
+
     if any(n.lower() == "all" for n in names):
-        return list(targets.names())
+        return pool
     chosen = []
     for name in names:
         try:
-            chosen.append(targets.get(name).name)
+            t = targets.get(name).name
         except ValueError:
+            t = None
+        if t not in pool:
             parser.error(
-                f"unknown target {name!r} (choose from {', '.join(targets.names())}, all, "
-                "or an alias such as v5e)"
+                f"{problem} {name!r} (choose from {', '.join(pool)}, all, or an alias such as v5e)"
             )
+        chosen.append(t)
     return list(dict.fromkeys(chosen))
 
 
@@ -659,21 +670,7 @@ def _tpu_targets(names: Sequence[str] | None, parser: argparse.ArgumentParser) -
         if current.kind != "tpu":
             parser.error(f"the current target is {current.name}; pass --target (a TPU, or all)")
         return [current.name]
-    if any(n.lower() == "all" for n in names):
-        return tpus
-    chosen = []
-    for name in names:
-        try:
-            t = targets.get(name)
-        except ValueError:
-            t = None
-        if t is None or t.kind != "tpu":
-            parser.error(
-                f"not a TPU target: {name!r} (choose from {', '.join(tpus)}, all, or an alias "
-                "such as v5e)"
-            )
-        chosen.append(t.name)
-    return list(dict.fromkeys(chosen))
+    return _resolve_targets(names, parser, tpus, "not a TPU target:")
 
 
 def parse_shapes(spec: str) -> list:

@@ -104,10 +104,6 @@ def _build(fn, tree, leaves, t, mode, on_unsupported) -> Callable[..., Any]:
     return run
 
 
-def _struct(aval: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
-
-
 def _bind(eqn: Any, invals: list[Any], params: dict[str, Any]) -> Any:
     # As jax.core.eval_jaxpr does: the equation's context (mesh, axis names) around bind.
     with eqn.ctx.manager:

@@ -33,7 +33,7 @@ import numpy as np
 
 from emulate import formats
 
-__all__ = ["decode", "dot_general", "exact_dot_general", "round_exact"]
+__all__ = ["decode", "dequantize", "dot_general", "exact_dot_general", "quantize", "round_exact"]
 
 _DECODE_TARGETS: dict[str, Any] = {
     "float32": np.float32,
@@ -441,3 +441,131 @@ def _wrap(sums: np.ndarray, f: formats.Format) -> np.ndarray:
     if f.signed:
         wrapped = np.where(wrapped >= 1 << (f.bits - 1), wrapped - (1 << f.bits), wrapped)
     return wrapped.astype(np.int64).astype(f.dtype)
+
+
+# --- block-scaled quantization (independent of emulate.quant) ------------------------------
+
+_F32_TINY = 2.0**-126
+
+
+def _ml_dtype(name: str) -> np.dtype:
+    return np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)
+
+
+def _blockwise_max(a: np.ndarray, block: tuple[int, ...]) -> np.ndarray:
+    """Max of ``a`` (float64, >= 0 or NaN) over each block; ragged last blocks allowed."""
+    out = a
+    for d, b in enumerate(block):
+        n = out.shape[d]
+        starts = np.arange(0, n, b) if n else np.zeros(0, int)
+        if len(starts):
+            out = np.maximum.reduceat(out, starts, axis=d)
+    return out
+
+
+def _repeat_blocks(s: np.ndarray, block: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+    for d, b in enumerate(block):
+        s = np.repeat(s, b, axis=d)
+    return s[tuple(slice(0, n) for n in shape)]
+
+
+def _scale_exponent(amax: float, f: formats.Format, rule: str) -> int:
+    """The power-of-two scale exponent of one block, by the rule's definition."""
+    emax = math.floor(math.log2(float(f.max)))
+    m, e = math.frexp(amax)  # amax = m * 2**e, 0.5 <= m < 1
+    floor_log2 = e - 1
+    if rule == "ocp_floor":
+        return floor_log2 - emax
+    if rule == "ceil":
+        return floor_log2 - emax + (amax != 2.0**floor_log2)
+    if rule == "round_up":  # smallest E with amax <= max * 2**E
+        e0 = floor_log2 - emax
+        return e0 if amax <= math.ldexp(float(f.max), e0) else e0 + 1
+    if rule == "even":
+        mb = f.mantissa_bits if f.is_float else f.bits - 2
+        r = round(math.ldexp(amax, mb - floor_log2)) * 2.0 ** (floor_log2 - mb)
+        return math.floor(math.log2(r)) - emax
+    raise ValueError(f"scale_rule: unknown rule {rule!r}")
+
+
+def _scale_range(sf: formats.Format) -> tuple[int, int]:
+    if sf.name == "float8_e8m0fnu":
+        return -127, 127
+    return round(math.log2(float(sf.min_normal))), math.floor(math.log2(float(sf.max)))
+
+
+def quantize(
+    x: Any,
+    fmt: Any,
+    block_shape: tuple[int, ...],
+    *,
+    scale_fmt: Any = "float8_e8m0fnu",
+    scale_rule: str = "ocp_floor",
+    saturate: bool = True,
+    tensor_scale: bool = False,
+) -> tuple[np.ndarray, np.ndarray, float | None]:
+    """Block-scaled quantization by the rules of :mod:`emulate.quant`, in float64 numpy.
+
+    Returns ``(codes, scales, tensor_scale)``: ``codes`` an ml_dtypes array of ``fmt``
+    (int8 / int4 for integers), ``scales`` of ``scale_fmt``, shape
+    ``ceil(x.shape / block_shape)``; ``tensor_scale`` a float (or None).
+    """
+    f, sf = formats.get(fmt), formats.get(scale_fmt)
+    x = np.asarray(x, np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        x = np.where(np.abs(x) < _F32_TINY, 0.0 * x, x)
+    shape = x.shape
+    block = tuple(block_shape)
+    with np.errstate(invalid="ignore"):
+        amax = _blockwise_max(np.abs(x), block)
+    bad = ~np.isfinite(amax)
+    ts = None
+    if tensor_scale:
+        t_amax = float(np.max(np.where(bad, 0.0, amax), initial=0.0))
+        inv = np.float32(1.0 / (float(sf.max) * float(f.max)))
+        ts = 1.0 if t_amax == 0 else max(float(np.float32(t_amax) * inv), _F32_TINY)
+    if scale_rule == "absmax":
+        with np.errstate(invalid="ignore", over="ignore"):
+            s = np.float32(amax) * np.float32(1.0 / float(f.max))
+            if ts is not None:
+                s = s * (np.float32(1) / np.float32(ts))
+        s = np.clip(s, np.float32(_F32_TINY), np.float32(sf.max)).astype(sf.dtype)
+        s = s.astype(np.float64)
+        scale = np.where(s == 0, float(sf.min_subnormal), s)
+        eff = scale if ts is None else np.float32(scale) * np.float32(ts)
+        eff = np.maximum(np.asarray(eff, np.float32), np.float32(_F32_TINY))
+        inv_eff = np.float32(1) / eff
+        with np.errstate(invalid="ignore", over="ignore"):
+            y = (np.float32(x) * _repeat_blocks(inv_eff, block, shape)).astype(np.float64)
+    else:
+        lo, hi = _scale_range(sf)
+        exps = np.zeros(amax.shape, np.int64)
+        for idx in np.ndindex(amax.shape):
+            a = float(amax[idx])
+            if bad[idx] or a == 0:
+                exps[idx] = lo
+            else:
+                exps[idx] = min(max(_scale_exponent(a, f, scale_rule), lo), hi)
+        scale = np.ldexp(1.0, exps)
+        y = np.ldexp(x, -_repeat_blocks(exps, block, shape))
+    if saturate:
+        y = np.clip(y, -float(f.max), float(f.max))
+    y = np.where(_repeat_blocks(bad, block, shape), 0.0, y)
+    if f.is_integer:
+        codes = np.round(y).astype(np.int64).astype(f.dtype)
+    else:
+        codes = y.astype(f.dtype)
+    scale = np.where(bad, np.nan, scale)
+    return codes, scale.astype(sf.dtype), ts
+
+
+def dequantize(
+    codes: Any, scales: Any, block_shape: tuple[int, ...], tensor_scale: float | None = None
+) -> np.ndarray:
+    """``decode(codes) * (scale * tensor_scale)`` as float32, each product rounded once."""
+    v = np.asarray(codes).astype(np.float64)
+    s = np.asarray(scales).astype(np.float64)
+    if tensor_scale is not None:
+        s = (s * tensor_scale).astype(np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        return (v * _repeat_blocks(s, tuple(block_shape), v.shape)).astype(np.float32)

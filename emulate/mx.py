@@ -1,0 +1,99 @@
+"""Named quantization schemes: the OCP microscaling formats, NVFP4, group-wise int4 and
+block-128 fp8. Pass one to :func:`emulate.quantize` as ``fmt``::
+
+    w_q = emulate.quantize(w, emulate.mx.MXFP4, axis=0)   # blocks of 32 along K of (K, N)
+
+Every scheme's ``axes`` default is the last axis (the last two for the 2-D block); name
+the contraction axis with ``axis=`` for weights stored ``(K, N)``.
+
+=====================  =================  =====  ==============  ========  =============
+scheme                 elements           block  scale           rule      second level
+=====================  =================  =====  ==============  ========  =============
+``MXFP8_E4M3``         float8_e4m3fn      32     float8_e8m0fnu  ocp_floor
+``MXFP8_E5M2``         float8_e5m2        32     float8_e8m0fnu  ocp_floor
+``MXFP6_E2M3``         float6_e2m3fn      32     float8_e8m0fnu  ocp_floor
+``MXFP6_E3M2``         float6_e3m2fn      32     float8_e8m0fnu  ocp_floor
+``MXFP4``              float4_e2m1fn      32     float8_e8m0fnu  ocp_floor
+``MXINT8``             int8               32     float8_e8m0fnu  ocp_floor
+``NVFP4``              float4_e2m1fn      16     float8_e4m3fn   absmax    f32 tensor
+``INT4_G128``          int4               128    float16         absmax
+``FP8_BLOCK_128x128``  float8_e4m3fn      128²   float32         absmax
+=====================  =================  =====  ==============  ========  =============
+
+MXINT8: the OCP spec reads an int8 element as a fixed-point number with the implicit
+scale 2**-6; here codes are plain integers, so the stored scale is the spec's ``X``
+times 2**-6 (the same values; the e8m0 byte is 6 less).
+"""
+
+from __future__ import annotations
+
+from emulate.quant import Scheme
+
+__all__ = [
+    "MXFP8_E4M3",
+    "MXFP8_E5M2",
+    "MXFP6_E2M3",
+    "MXFP6_E3M2",
+    "MXFP4",
+    "MXINT8",
+    "NVFP4",
+    "INT4_G128",
+    "FP8_BLOCK_128x128",
+    "SCHEMES",
+    "Scheme",
+]
+
+
+def _mx(name: str, fmt: str) -> Scheme:
+    return Scheme(name, fmt, (32,), (-1,), "float8_e8m0fnu", "ocp_floor", doc="OCP MX v1.0")
+
+
+MXFP8_E4M3 = _mx("MXFP8_E4M3", "float8_e4m3fn")
+MXFP8_E5M2 = _mx("MXFP8_E5M2", "float8_e5m2")
+MXFP6_E2M3 = _mx("MXFP6_E2M3", "float6_e2m3fn")
+MXFP6_E3M2 = _mx("MXFP6_E3M2", "float6_e3m2fn")
+MXFP4 = _mx("MXFP4", "float4_e2m1fn")
+MXINT8 = _mx("MXINT8", "int8")
+NVFP4 = Scheme(
+    "NVFP4",
+    "float4_e2m1fn",
+    (16,),
+    (-1,),
+    "float8_e4m3fn",
+    "absmax",
+    tensor_scale=True,
+    doc="NVIDIA NVFP4: e4m3 block scales and an f32 tensor scale",
+)
+INT4_G128 = Scheme(
+    "INT4_G128",
+    "int4",
+    (128,),
+    (-1,),
+    "float16",
+    "absmax",
+    doc="symmetric group-wise int4 (AWQ/GPTQ without zero points)",
+)
+FP8_BLOCK_128x128 = Scheme(
+    "FP8_BLOCK_128x128",
+    "float8_e4m3fn",
+    (128, 128),
+    (-2, -1),
+    "float32",
+    "absmax",
+    doc="fp8 weights in 128x128 blocks with f32 scales (DeepSeek-V3 style)",
+)
+
+SCHEMES = {
+    s.name: s
+    for s in (
+        MXFP8_E4M3,
+        MXFP8_E5M2,
+        MXFP6_E2M3,
+        MXFP6_E3M2,
+        MXFP4,
+        MXINT8,
+        NVFP4,
+        INT4_G128,
+        FP8_BLOCK_128x128,
+    )
+}

@@ -1,0 +1,612 @@
+"""Quantized arrays: low-precision codes times block scales (:class:`QArray`), with
+:func:`quantize` and :func:`dequantize`.
+
+A :class:`QArray` of logical shape ``S`` holds codes of one element format (an array of
+that dtype, or :class:`emulate.Packed` for 4- and 6-bit formats), one scale per block of
+``block_shape`` elements (``scales.shape[d] == ceil(S[d] / block_shape[d])``), and an
+optional float32 ``tensor_scale``. Element ``i`` stands for::
+
+    decode(codes[i]) * (scales[block(i)] * tensor_scale)
+
+One ``block_shape`` covers every case: ``block_shape == S`` is one scale for the tensor,
+``(K, 1)`` one scale per column of a ``(K, N)`` weight (per output channel), ``(32, 1)``
+an OCP MX block of 32 along K, ``(128, 128)`` a 2-D block.
+
+How :func:`quantize` picks a block's scale (``scale_rule``), with ``amax`` the block's
+largest magnitude and ``emax``, ``M`` the element format's largest value written as
+``M * 2**emax`` (``1 <= M < 2``; integers: ``emax = floor(log2(max))``, so int8 gives 6
+and int4 2):
+
+=============  =========================================================  ==============
+rule           scale                                                      used by
+=============  =========================================================  ==============
+``ocp_floor``  ``2**(floor(log2 amax) - emax)``; values above ``M*2**emax``  OCP MX v1.0,
+               after scaling saturate                                     microxcaling
+``round_up``   ``2**ceil(log2(amax / max))``: the smallest power of two   cuBLAS, JAX's
+               at which nothing saturates                                 scaled_matmul,
+                                                                          torchao RCEIL
+``ceil``       ``2**(ceil(log2 amax) - emax)``                             torchao CEIL
+``even``       ``2**(floor(log2 r) - emax)``, ``r`` = ``amax`` rounded to  torchao EVEN
+               the element's mantissa width (carry into the next binade)
+``absmax``     ``amax / max`` rounded into the scale format (not a power  int8/int4
+               of two; NVFP4 divides by the tensor scale first)           per-channel,
+                                                                          NVFP4, fp8
+                                                                          block 128
+=============  =========================================================  ==============
+
+Power-of-two scales are clamped into the scale format's exponent range (e8m0:
+``[-127, 127]``); an all-zero block gets the smallest. Elements are then
+``round(x / scale)`` into the element format, round-to-nearest-even, saturating to
+``+-max`` (``saturate=True``). For power-of-two scales the division is exact (one
+rounding in all); for ``absmax`` it is an f32 division followed by the rounding into the
+element format. A block holding NaN or +-Inf gets a NaN scale and zero codes: the whole
+block dequantizes to NaN (the OCP rule for a NaN scale). Inputs below ``2**-126`` in
+magnitude (f32 subnormals) are read as zero, as XLA does on CPU and TPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from emulate import codecs, formats
+from emulate.codes import is_array
+from emulate.formats import Format
+from emulate.packing import Packed, pack, unpack_codes
+
+__all__ = [
+    "QArray",
+    "Scheme",
+    "quantize",
+    "dequantize",
+    "SCALE_RULES",
+    "SCALE_FORMATS",
+    "element_range",
+]
+
+SCALE_RULES = ("ocp_floor", "round_up", "ceil", "even", "absmax")
+POW2_RULES = ("ocp_floor", "round_up", "ceil", "even")
+SCALE_FORMATS = ("float8_e8m0fnu", "float8_e4m3fn", "bfloat16", "float16", "float32")
+ROUNDINGS = ("nearest_even",)
+_F32_MIN_NORMAL = 2.0**-126
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+    """A named quantization recipe: element format, block, scale format and rule.
+
+    ``block`` gives block lengths along ``axes`` (None: the whole axis). Pass a Scheme as
+    ``fmt`` to :func:`quantize`; keyword arguments given there override its fields.
+    """
+
+    name: str
+    format: str
+    block: tuple[int, ...] | None
+    axes: tuple[int, ...]
+    scale_format: str
+    scale_rule: str
+    tensor_scale: bool = False
+    doc: str = ""
+
+    def __repr__(self) -> str:
+        return f"Scheme({self.name!r})"
+
+
+def element_range(fmt: Any) -> tuple[int, float]:
+    """``(emax, M)`` with the format's largest value ``max == M * 2**emax``, ``1 <= M < 2``."""
+    f = formats.get(fmt)
+    emax = math.floor(math.log2(float(f.max)))
+    return emax, float(f.max) / 2.0**emax
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True, eq=False)
+class QArray:
+    """Codes of a low-precision format with block scales; see the module docstring.
+
+    Attributes:
+      codes: an array of the element format's dtype (uint8 codes for float6), or a
+        :class:`emulate.Packed` array, of logical shape ``shape``.
+      scales: an array of ``scale_format``'s dtype (``float8_e8m0fnu``, ``float8_e4m3fn``,
+        ``bfloat16``, ``float16`` or ``float32``), shape ``ceil(shape / block_shape)``.
+      tensor_scale: a float32 scalar multiplying everything (NVFP4), or None.
+      format_name, scale_format: format names.
+      block_shape: the block, one length per dimension.
+      shape: the logical shape. dtype: the type :func:`dequantize` returns by default and
+        the type the matmuls treat the array as (for the result type).
+
+    Build one with :func:`quantize`, or from stored parts with :meth:`from_parts`.
+    ``x @ q`` and ``q @ x`` run :func:`emulate.matmul`.
+    """
+
+    codes: Any
+    scales: Any
+    tensor_scale: Any
+    format_name: str
+    scale_format: str
+    block_shape: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def tree_flatten(self):
+        aux = (self.format_name, self.scale_format, self.block_shape, self.shape, self.dtype)
+        return (self.codes, self.scales, self.tensor_scale), aux
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children, *aux)
+
+    @classmethod
+    def from_parts(
+        cls,
+        codes: Any,
+        scales: Any,
+        *,
+        block_shape: Sequence[int],
+        fmt: Any = None,
+        tensor_scale: Any = None,
+        dtype: Any = jnp.float32,
+    ) -> QArray:
+        """A QArray from stored codes and scales (a checkpoint's blocks and scales).
+
+        Args:
+          codes: an array of a low-precision format dtype, uint8 codes with ``fmt``, or
+            a :class:`emulate.Packed` array.
+          scales: an array of one of ``SCALE_FORMATS``' dtypes, shape
+            ``ceil(codes.shape / block_shape)``.
+          block_shape: one block length per dimension of ``codes``.
+          fmt: the codes' format when ``codes`` are raw uint8 codes.
+          tensor_scale: an optional float32 scalar.
+          dtype: the logical dtype (what :func:`dequantize` returns by default).
+
+        Raises:
+          TypeError, ValueError: naming the argument, for a wrong type, dtype or shape.
+        """
+        from emulate.codes import to_codes
+
+        if isinstance(codes, Packed):
+            f = codes.format
+            if fmt is not None and formats.get(fmt) != f:
+                raise ValueError(f"fmt: {formats.get(fmt).name} disagrees with the Packed codes")
+            shape = _packed_shape(codes)
+        else:
+            if not is_array(codes):
+                raise TypeError(f"codes: expected an array or Packed, got {type(codes).__name__}")
+            raw, f = to_codes(codes, fmt, arg="codes")
+            if not f.is_low_precision:
+                raise ValueError(f"codes: expected a low-precision format, got {f.name}")
+            codes = _as_format_array(raw, f)
+            shape = tuple(raw.shape)
+        sf = _scale_format(scales, "scales")
+        block = _full_block(block_shape, shape, "block_shape")
+        want = tuple(-(-n // b) for n, b in zip(shape, block, strict=True))
+        if tuple(scales.shape) != want:
+            raise ValueError(
+                f"scales: expected shape {want} for codes of shape {shape} in blocks of "
+                f"{block}, got {tuple(scales.shape)}"
+            )
+        if tensor_scale is not None:
+            tensor_scale = jnp.asarray(tensor_scale, jnp.float32)
+            if tensor_scale.shape != ():
+                raise ValueError(f"tensor_scale: expected a scalar, got shape {tensor_scale.shape}")
+        return cls(
+            codes,
+            jnp.asarray(scales),
+            tensor_scale,
+            f.name,
+            sf.name,
+            block,
+            shape,
+            _logical_dtype(dtype),
+        )
+
+    @property
+    def format(self) -> Format:
+        return formats.get(self.format_name)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of storage: packed codes, scales and the tensor scale."""
+        data = self.codes.data if isinstance(self.codes, Packed) else self.codes
+        n = int(np.prod(data.shape)) * np.dtype(data.dtype).itemsize
+        if self.format.bits == 4 and not isinstance(self.codes, Packed):
+            n = -(-int(np.prod(data.shape)) // 2)  # XLA stores 4-bit arrays two a byte
+        n += int(np.prod(self.scales.shape)) * np.dtype(self.scales.dtype).itemsize
+        return n + (4 if self.tensor_scale is not None else 0)
+
+    @property
+    def axes(self) -> tuple[int, ...]:
+        """The dimensions along which the scale changes (more than one block)."""
+        return tuple(d for d, (n, b) in enumerate(zip(self.shape, self.block_shape)) if b < n)
+
+    def unpacked_codes(self) -> jax.Array:
+        """The codes as an array of the format (uint8 codes for float6), logical shape."""
+        if isinstance(self.codes, Packed):
+            return _as_format_array(unpack_codes(self.codes), self.format)
+        return self.codes
+
+    def full_scales(self) -> jax.Array:
+        """The scales as float32, one per element (``scales`` repeated over each block),
+        times the tensor scale."""
+        s = _block_scales_f32(self)
+        return broadcast_blocks(s, self.block_shape, self.shape)
+
+    def dequantize(self, to: Any = None) -> jax.Array:
+        return dequantize(self, to=to)
+
+    def __matmul__(self, other: Any) -> jax.Array:
+        from emulate.dot import matmul
+
+        return matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> jax.Array:
+        from emulate.dot import matmul
+
+        return matmul(other, self)
+
+    def __repr__(self) -> str:
+        ts = ", tensor_scale" if self.tensor_scale is not None else ""
+        return (
+            f"QArray({self.format_name}{list(self.shape)}, scales {self.scale_format}"
+            f"{list(np.shape(self.scales))} per block {self.block_shape}{ts}, "
+            f"dtype={self.dtype.name})"
+        )
+
+
+def _packed_shape(p: Packed) -> tuple[int, ...]:
+    s = list(p.data.shape)
+    s[p.axis] = p.length
+    return tuple(s)
+
+
+def _as_format_array(raw: jax.Array, f: Format) -> jax.Array:
+    return codecs.from_codes(jnp.asarray(raw), f)
+
+
+def _logical_dtype(dtype: Any) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt.name not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dt.name}")
+    return dt
+
+
+def _scale_format(scales: Any, arg: str) -> Format:
+    if not is_array(scales):
+        raise TypeError(f"{arg}: expected an array, got {type(scales).__name__}")
+    name = np.dtype(scales.dtype).name
+    if name not in SCALE_FORMATS:
+        raise ValueError(f"{arg}: dtype {name} is not a scale format; accepted: {SCALE_FORMATS}")
+    return formats.get(name)
+
+
+def _full_block(block: Any, shape: tuple[int, ...], arg: str) -> tuple[int, ...]:
+    try:
+        b = tuple(int(v) for v in block)
+    except TypeError:
+        raise TypeError(f"{arg}: expected a sequence of ints, got {block!r}") from None
+    if len(b) != len(shape) or any(v < 1 for v in b):
+        raise ValueError(
+            f"{arg}: expected {len(shape)} positive block lengths for shape {shape}, got {b}"
+        )
+    return tuple(min(v, n) if n else v for v, n in zip(b, shape, strict=True))
+
+
+def broadcast_blocks(s: jax.Array, block: tuple[int, ...], shape: tuple[int, ...]) -> jax.Array:
+    """Repeat a per-block array over its blocks and cut it to ``shape``."""
+    for d, b in enumerate(block):
+        if b > 1:
+            s = jnp.repeat(s, b, axis=d, total_repeat_length=s.shape[d] * b)
+    return s[tuple(slice(0, n) for n in shape)]
+
+
+def _block_scales_f32(q: QArray) -> jax.Array:
+    s = codecs.decode(q.scales, to=jnp.float32)
+    if q.tensor_scale is not None:
+        s = s * q.tensor_scale.astype(jnp.float32)
+    return s
+
+
+# --- quantize ----------------------------------------------------------------------------
+
+
+def _resolve(
+    fmt: Any, block_shape: Any, axis: Any, scale_fmt: Any, scale_rule: Any, tensor_scale: Any
+) -> tuple[Format, Any, Any, Format, str, bool]:
+    if isinstance(fmt, Scheme):
+        s = fmt
+        block_shape = s.block if block_shape is None else block_shape
+        axis = s.axes if axis is None else axis
+        scale_fmt = s.scale_format if scale_fmt is None else scale_fmt
+        scale_rule = s.scale_rule if scale_rule is None else scale_rule
+        tensor_scale = s.tensor_scale if tensor_scale is None else tensor_scale
+        fmt = s.format
+    f = formats.get(fmt)
+    if not f.is_low_precision or f.name == "float8_e8m0fnu":
+        raise ValueError(
+            f"fmt: expected a low-precision element format or an emulate.mx Scheme, got {f.name}"
+        )
+    scale_fmt = "float8_e8m0fnu" if scale_fmt is None else scale_fmt
+    try:
+        sf = formats.get(scale_fmt)
+    except (TypeError, ValueError):
+        sf = None
+    if sf is None or sf.name not in SCALE_FORMATS:
+        raise ValueError(f"scale_fmt: expected one of {SCALE_FORMATS}, got {scale_fmt!r}")
+    scale_rule = "ocp_floor" if scale_rule is None else scale_rule
+    if scale_rule not in SCALE_RULES:
+        raise ValueError(f"scale_rule: expected one of {SCALE_RULES}, got {scale_rule!r}")
+    if sf.name == "float8_e8m0fnu" and scale_rule == "absmax":
+        raise ValueError(
+            "scale_rule: 'absmax' makes scales that are not powers of two, which "
+            "float8_e8m0fnu cannot hold; use a power-of-two rule or another scale_fmt"
+        )
+    return f, block_shape, axis, sf, scale_rule, bool(tensor_scale)
+
+
+def _blocks(shape: tuple[int, ...], block_shape: Any, axis: Any, ragged: bool) -> tuple[int, ...]:
+    nd = len(shape)
+    if axis is None:
+        if block_shape is not None and not isinstance(block_shape, int):
+            full = tuple(block_shape)
+            if len(full) != nd:
+                raise ValueError(
+                    f"block_shape: {full} has {len(full)} lengths for a {nd}-dimensional x; "
+                    "give one per dimension, or name the blocked axes with axis="
+                )
+            axes, lens = tuple(range(nd)), full
+        elif block_shape is not None:
+            raise ValueError(
+                f"axis: block_shape={block_shape} needs axis= (the dimension it runs along)"
+            )
+        else:
+            return tuple(shape)  # one scale for the tensor
+    else:
+        axes_in = (axis,) if isinstance(axis, int) else tuple(axis)
+        axes = []
+        for a in axes_in:
+            if not isinstance(a, (int, np.integer)) or not -nd <= a < nd:
+                raise ValueError(f"axis: {axis!r} is not an axis of x with shape {shape}")
+            axes.append(int(a) % nd)
+        if len(set(axes)) != len(axes):
+            raise ValueError(f"axis: repeated axes in {axis!r}")
+        if block_shape is None:
+            lens = tuple(shape[a] for a in axes)
+        elif isinstance(block_shape, (int, np.integer)):
+            lens = (int(block_shape),) * len(axes)
+        else:
+            lens = tuple(block_shape)
+            if len(lens) != len(axes):
+                raise ValueError(
+                    f"block_shape: {block_shape} gives {len(lens)} lengths for the "
+                    f"{len(axes)} axes {tuple(axes_in)}"
+                )
+    block = [1] * nd  # one scale per index of the axes not named
+    for a, b in zip(axes, lens, strict=True):
+        if not isinstance(b, (int, np.integer)) or b < 1:
+            raise ValueError(f"block_shape: expected positive ints, got {block_shape!r}")
+        b = int(b)
+        if shape[a] % b and b < shape[a] and not ragged:
+            raise ValueError(
+                f"block_shape: {b} does not divide axis {a} of length {shape[a]}; pass "
+                "ragged=True to let the last block be shorter (it is quantized as if padded "
+                "with zeros)"
+            )
+        block[a] = min(b, shape[a]) if shape[a] else b
+    return tuple(block)
+
+
+def quantize(
+    x: Any,
+    fmt: Any,
+    *,
+    block_shape: Any = None,
+    axis: Any = None,
+    scale_fmt: Any = None,
+    scale_rule: str | None = None,
+    rounding: str = "nearest_even",
+    saturate: bool = True,
+    tensor_scale: bool | None = None,
+    ragged: bool = False,
+    packed: bool = True,
+) -> QArray:
+    """Quantize ``x`` into a :class:`QArray` of format ``fmt`` with block scales.
+
+    Args:
+      x: a float array (jax or numpy; float32, bfloat16, float16, float64 read as f32).
+      fmt: the element format (name, dtype or Format), or a :class:`Scheme` such as
+        ``emulate.mx.MXFP4`` whose fields are the defaults of the arguments below.
+      block_shape: block lengths along ``axis`` (an int for every named axis, or one
+        per axis); with ``axis=None``, one length per dimension of ``x``. None: each
+        named axis is one block (per-channel scales along the other axes).
+      axis: the axis or axes the blocks run along (negative counts from the end).
+        ``axis=None, block_shape=None``: one scale for the whole tensor.
+      scale_fmt: the scales' format, one of ``SCALE_FORMATS``; default float8_e8m0fnu.
+      scale_rule: one of ``SCALE_RULES`` (module docstring); default "ocp_floor".
+      rounding: "nearest_even" (the only one built).
+      saturate: True clamps scaled values to the format's range; False lets them
+        overflow to Inf or NaN as :func:`emulate.encode` does (formats without Inf or
+        NaN, such as float4_e2m1fn and the integers, always saturate, so False is an
+        error for them).
+      tensor_scale: also compute a float32 scale for the whole tensor,
+        ``amax(x) / (max(scale_fmt) * max(fmt))``, divided out before the block scales
+        (NVFP4's second level); needs ``scale_rule="absmax"``.
+      ragged: allow block lengths that do not divide their axis (the last block is
+        shorter).
+      packed: store 4- and 6-bit codes as :class:`emulate.Packed`, along the first
+        blocked axis (the last axis when there is none).
+
+    Returns:
+      A :class:`QArray` with ``dtype`` = ``x``'s dtype (float32 for float64 input).
+
+    Raises:
+      TypeError, ValueError: naming the argument, for an unknown format, rule or
+        rounding, axes that ``x`` lacks, a block that does not divide its axis, etc.
+    """
+    if not is_array(x):
+        raise TypeError(f"x: expected a jax or numpy array, got {type(x).__name__}")
+    dt = np.dtype(x.dtype)
+    if dt.kind != "f" and dt.name not in ("bfloat16",):
+        raise TypeError(f"x: expected a float array (float32, bfloat16, float16), got {dt.name}")
+    f, block_shape, axis, sf, rule, ts = _resolve(
+        fmt, block_shape, axis, scale_fmt, scale_rule, tensor_scale
+    )
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding: only {ROUNDINGS} is built, got {rounding!r}")
+    if not saturate and not (f.has_inf or f.has_nan):
+        raise ValueError(
+            f"saturate: {f.name} has neither Inf nor NaN, so values beyond its range must "
+            "saturate; pass saturate=True"
+        )
+    if ts and rule != "absmax":
+        raise ValueError(f"tensor_scale: needs scale_rule='absmax', got {rule!r}")
+    if ts and sf.name not in ("float8_e4m3fn", "float16"):
+        raise ValueError(
+            f"tensor_scale: needs a narrow scale format (float8_e4m3fn, as NVFP4, or "
+            f"float16), got scale_fmt={sf.name}"
+        )
+    shape = tuple(x.shape)
+    block = _blocks(shape, block_shape, axis, ragged)
+    logical = np.dtype(jnp.float32) if dt.name == "float64" else _logical_dtype(dt)
+    xf = jnp.asarray(np.asarray(x, np.float32) if isinstance(x, np.ndarray) else x)
+    codes, scales, tscale = _quantize(
+        xf.astype(jnp.float32), f.name, sf.name, rule, block, bool(saturate), ts
+    )
+    if packed and f.packable and codes.ndim:
+        blocked = [d for d in range(len(shape)) if block[d] < shape[d]]
+        codes = pack(codes, f.name, axis=blocked[0] if blocked else -1)
+    return QArray(codes, scales, tscale, f.name, sf.name, block, shape, logical)
+
+
+@functools.partial(jax.jit, static_argnames=("fmt", "scale_fmt", "rule", "block", "saturate", "ts"))
+def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts):
+    f, sf = formats.get(fmt), formats.get(scale_fmt)
+    x = jnp.where(jnp.abs(x) < _F32_MIN_NORMAL, x * 0.0, x)  # subnormals as XLA reads them
+    shape = x.shape
+    nblocks = tuple(-(-n // b) for n, b in zip(shape, block, strict=True))
+    pad = [(0, nb * b - n) for n, b, nb in zip(shape, block, nblocks, strict=True)]
+    xp = jnp.pad(x, pad) if any(p for _, p in pad) else x
+    split = []
+    for nb, b in zip(nblocks, block, strict=True):
+        split += [nb, b]
+    inner = tuple(range(1, 2 * len(shape), 2))
+    amax = jnp.max(jnp.abs(xp.reshape(split)), axis=inner) if x.size else jnp.zeros(nblocks)
+    bad = ~jnp.isfinite(amax)
+    tscale = None
+    if ts:
+        t_amax = jnp.max(jnp.where(bad, 0.0, amax)) if amax.size else jnp.float32(0)
+        tscale = t_amax * _reciprocal(float(sf.max) * float(f.max))
+        tscale = jnp.where(t_amax == 0, jnp.float32(1), jnp.maximum(tscale, _F32_MIN_NORMAL))
+    if rule in POW2_RULES:
+        e = _pow2_exponent(amax, f, rule)
+        lo, hi = _pow2_range(sf)
+        e = jnp.where((amax == 0) | bad, lo, jnp.clip(e, lo, hi))
+        s_codes = codecs.encode(jnp.where(bad, jnp.nan, _pow2(e)), sf.name)
+        y = _times_pow2(x, broadcast_blocks(-e, block, shape))
+    else:
+        # Multiplications by f32 reciprocals, not divisions: XLA rewrites a division by a
+        # constant or a broadcast into one anyway, so this is what it would compute.
+        s = amax * _reciprocal(float(f.max))
+        if ts:
+            s = s * (jnp.float32(1) / tscale)
+        s = jnp.clip(s, _F32_MIN_NORMAL, float(sf.max))  # zero blocks, f32 underflow
+        s_dec = codecs.decode(codecs.encode(s, sf.name), to=jnp.float32)
+        s_dec = jnp.where(s_dec == 0, jnp.float32(float(sf.min_subnormal)), s_dec)
+        s_codes = codecs.encode(jnp.where(bad, jnp.nan, s_dec), sf.name)
+        s_eff = jnp.maximum(s_dec * tscale if ts else s_dec, _F32_MIN_NORMAL)
+        y = x * broadcast_blocks(jnp.float32(1) / s_eff, block, shape)
+    if saturate:
+        y = jnp.clip(y, -float(f.max), float(f.max))
+    y = jnp.where(broadcast_blocks(bad, block, shape), 0.0, y)
+    return codecs.encode(y, f.name, saturate=saturate), s_codes, tscale
+
+
+def _reciprocal(v: float) -> jax.Array:
+    """``1 / v`` rounded once to f32."""
+    return jnp.float32(np.float32(1.0 / v)) if math.isfinite(1.0 / v) else jnp.float32(0)
+
+
+def _frexp_bits(a: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """For finite normal ``a > 0``: ``(m, e)`` with ``a == m * 2**e``, ``1 <= m < 2`` (exact)."""
+    u = lax.bitcast_convert_type(a, jnp.uint32)
+    e = (u >> 23).astype(jnp.int32) - 127
+    m = lax.bitcast_convert_type((u & jnp.uint32(0x7FFFFF)) | jnp.uint32(127 << 23), jnp.float32)
+    return m, e
+
+
+def _pow2_exponent(amax: jax.Array, f: Format, rule: str) -> jax.Array:
+    emax, big_m = element_range(f)
+    m, e = _frexp_bits(amax)
+    if rule == "ocp_floor":
+        return e - emax
+    if rule == "ceil":
+        return e - emax + (m > 1).astype(jnp.int32)
+    if rule == "round_up":
+        return e - emax + (m > big_m).astype(jnp.int32)
+    mb = f.mantissa_bits if f.is_float else f.bits - 2
+    return e - emax + (m >= 2.0 - 2.0 ** -(mb + 1)).astype(jnp.int32)  # "even"
+
+
+def _pow2_range(sf: Format) -> tuple[int, int]:
+    if sf.name == "float8_e8m0fnu":
+        return -127, 127
+    return sf.emin, math.floor(math.log2(float(sf.max)))
+
+
+def _pow2(e: jax.Array) -> jax.Array:
+    """``2**e`` as f32 for ``-127 <= e <= 127`` (2**-127 is an f32 subnormal: built from
+    its bits, which encode reads without arithmetic)."""
+    normal = lax.bitcast_convert_type(
+        (jnp.clip(e, -126, 127) + 127).astype(jnp.uint32) << 23, jnp.float32
+    )
+    sub = lax.bitcast_convert_type(jnp.uint32(1 << 22), jnp.float32)
+    return jnp.where(e < -126, sub, normal)
+
+
+def _times_pow2(x: jax.Array, n: jax.Array) -> jax.Array:
+    """``x * 2**n`` for integer ``|n| <= 254``, by two exact power-of-two factors, so no
+    factor is an f32 subnormal; results that underflow are far below every element
+    format's smallest value, so XLA flushing them changes no code."""
+    n1 = n // 2
+    n2 = n - n1
+    return x * _pow2_f32(n1) * _pow2_f32(n2)
+
+
+def _pow2_f32(n: jax.Array) -> jax.Array:
+    return lax.bitcast_convert_type((n + 127).astype(jnp.uint32) << 23, jnp.float32)
+
+
+# --- dequantize --------------------------------------------------------------------------
+
+
+def dequantize(q: QArray, to: Any = None) -> jax.Array:
+    """The values of ``q``: ``decode(codes) * scale * tensor_scale``, computed in float32
+    (each product rounded once; exact for power-of-two scales within range), then cast to
+    ``to`` (default ``q.dtype``). A NaN scale makes its whole block NaN."""
+    if not isinstance(q, QArray):
+        raise TypeError(f"q: expected an emulate.QArray, got {type(q).__name__}")
+    dt = q.dtype if to is None else np.dtype(to)
+    if dt.name not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"to: expected float32, bfloat16 or float16, got {dt.name}")
+    return _dequantize(q, dt.name)
+
+
+@functools.partial(jax.jit, static_argnames=("to",))
+def _dequantize(q: QArray, to: str) -> jax.Array:
+    v = codecs.decode(q.unpacked_codes(), q.format_name, to=jnp.float32)
+    return (v * q.full_scales()).astype(to)

@@ -3,7 +3,9 @@
 The wrapped function traces ``fn`` to a jaxpr once per input signature and evaluates it
 with each ``dot_general`` / ``conv_general_dilated`` equation whose operand pair the
 target does not run natively replaced by :func:`emulate.dot_general` /
-:func:`emulate.conv_general_dilated` (same result dtype, the plan's numerics). Equations
+:func:`emulate.conv_general_dilated` (same result dtype, the plan's numerics), and each
+block-scaled matmul of ``jax.nn.scaled_matmul`` / ``jax.nn.scaled_dot_general`` (which
+JAX lowers only for CUDA and ROCm) by :func:`emulate.scaled_matmul`. Equations
 that the target runs natively, and everything else, are bound again as they are, with
 their parameters (shardings included). Sub-jaxprs (jit, scan, while, cond, remat,
 custom_jvp/vjp, shard_map, ...) that hold an unsupported site are rewritten the same way;
@@ -23,6 +25,7 @@ from jax.extend import core as jex_core
 from emulate import program, targets
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general
+from emulate.scaled import scaled_matmul
 
 __all__ = ["polyfill"]
 
@@ -115,7 +118,7 @@ class _Rewriter:
         self.t, self.mode, self.on_unsupported = t, mode, on_unsupported
 
     def needs(self, jaxpr: Any) -> bool:
-        return any(not self.t.supports(s.lhs_dtype, s.rhs_dtype) for s in program.sites(jaxpr))
+        return any(program.needs_emulation(s, self.t) for s in program.sites(jaxpr))
 
     def eval(self, jaxpr: Any, consts: Any, args: Any) -> list[Any]:
         env: dict[Any, Any] = {}
@@ -142,6 +145,16 @@ class _Rewriter:
             lhs, rhs = (v.aval for v in eqn.invars[:2])
             if not self.t.supports(np.dtype(lhs.dtype), np.dtype(rhs.dtype)):
                 return self.emulated(eqn, invals)
+        if name in program.SCALED_PRIMITIVES:
+            out = scaled_matmul(
+                *invals,
+                preferred_element_type=eqn.params["preferred_element_type"],
+                target=self.t,
+                mode=self.mode,
+            )
+            want = eqn.outvars[0].aval.dtype
+            out = out if out.dtype == want else out.astype(want)
+            return [out] if eqn.primitive.multiple_results else out
         if name in program.OPAQUE_PRIMITIVES:  # Pallas kernels are left as they are
             return _bind(eqn, invals, eqn.params)
         if name == "shard_map" and self.needs(eqn.params["jaxpr"]):

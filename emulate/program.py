@@ -1,5 +1,6 @@
-"""Matmul sites of a JAX program: every ``dot_general`` and ``conv_general_dilated`` in a
-jaxpr, sub-jaxprs included (jit, scan, while, cond, remat, custom_jvp/vjp, shard_map, ...).
+"""Matmul sites of a JAX program: every ``dot_general``, ``conv_general_dilated`` and
+block-scaled matmul (``jax.nn.scaled_matmul``) in a jaxpr, sub-jaxprs included (jit,
+scan, while, cond, remat, custom_jvp/vjp, shard_map, ...).
 
 Sub-jaxprs are found by walking every equation parameter that holds a ``Jaxpr`` or
 ``ClosedJaxpr`` (or a sequence of them), not a fixed list of primitive names, so the walk
@@ -21,6 +22,7 @@ from emulate import targets
 __all__ = [
     "MATMUL_PRIMITIVES",
     "OPAQUE_PRIMITIVES",
+    "SCALED_PRIMITIVES",
     "Site",
     "sites",
     "sub_jaxprs",
@@ -29,6 +31,10 @@ __all__ = [
 ]
 
 MATMUL_PRIMITIVES = ("dot_general", "conv_general_dilated")
+
+#: Block-scaled matmuls (``jax.nn.scaled_matmul``): lowered by JAX only on CUDA and ROCm,
+#: so every one of them is a site to emulate.
+SCALED_PRIMITIVES = ("scaled_matmul_wrapper",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +83,7 @@ def sites(program: Any) -> list[Site]:
     jaxpr = program.jaxpr if isinstance(program, jex_core.ClosedJaxpr) else program
     found = []
     for eqn in walk(jaxpr):
-        if eqn.primitive.name in MATMUL_PRIMITIVES:
+        if eqn.primitive.name in MATMUL_PRIMITIVES + SCALED_PRIMITIVES:
             lhs, rhs = (v.aval for v in eqn.invars[:2])
             found.append(
                 Site(
@@ -96,4 +102,10 @@ def unsupported_sites(fn: Callable[..., Any], *args: Any, target: Any = None) ->
     """The sites of ``fn(*args)`` whose operand pair ``target`` does not run natively."""
     t = targets.current_target(target)
     closed = jax.make_jaxpr(fn)(*args)
-    return [s for s in sites(closed) if not t.supports(s.lhs_dtype, s.rhs_dtype)]
+    return [s for s in sites(closed) if needs_emulation(s, t)]
+
+
+def needs_emulation(site: Site, target: Any) -> bool:
+    """Whether ``target`` cannot run ``site`` as it is (a block-scaled matmul never can)."""
+    t = targets.current_target(target)
+    return site.primitive in SCALED_PRIMITIVES or not t.supports(site.lhs_dtype, site.rhs_dtype)

@@ -111,6 +111,8 @@ def _flops(eqn: Any) -> int:
     if eqn.primitive.name == "dot_general":
         (lc, _), _ = eqn.params["dimension_numbers"]
         k = math.prod(lhs.shape[d] for d in lc)
+    elif eqn.primitive.name in program.SCALED_PRIMITIVES:  # (B, M, K) x (B, N, K)
+        k = lhs.shape[-1]
     else:
         dn = eqn.params["dimension_numbers"]
         k = math.prod(rhs.shape[d] for d in dn.rhs_spec[1:])
@@ -137,10 +139,18 @@ def inspect(fn: Callable[..., Any], *args: Any, target: Any = None, mode: str = 
         if name == "pallas_call":
             rows.append(Row(name, _source(eqn), "", "", "left alone (pallas_call)", None, 0, None))
             continue
-        if name not in program.MATMUL_PRIMITIVES:
+        if name not in program.MATMUL_PRIMITIVES + program.SCALED_PRIMITIVES:
             continue
         lhs, rhs = (v.aval for v in eqn.invars[:2])
         flops = _flops(eqn)
+        if name in program.SCALED_PRIMITIVES:
+            p = plan(lhs.dtype, rhs.dtype, target=t, preferred_element_type="float32", mode=mode)
+            seconds = flops / p.rate if p.rate else None
+            status = "emulated"
+            rows.append(
+                Row(name, _source(eqn), _describe(lhs), _describe(rhs), status, p, flops, seconds)
+            )
+            continue
         if t.supports(np.dtype(lhs.dtype), np.dtype(rhs.dtype)):
             a, b = formats.get(lhs.dtype), formats.get(rhs.dtype)
             rate = _native_rate(t, a, b)

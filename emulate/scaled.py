@@ -1,0 +1,303 @@
+"""Matmuls on block-scaled operands: :class:`emulate.QArray` in ``dot_general`` /
+``matmul`` / ``einsum``, and ``scaled_matmul`` / ``scaled_dot_general`` with
+``jax.nn.scaled_matmul``'s signature.
+
+The contraction runs segment by segment along K, a segment being the longest run over
+which neither operand's scale changes (the block length, or the gcd of both operands'
+block lengths): the codes of each segment are contracted by the operand pair's own
+:class:`emulate.Plan` (so only operand pairs the target runs natively reach the matrix
+unit, and a float4_e2m1fn or float6_e2m3fn or integer segment sum is exact), each
+segment sum is multiplied by its two scales in f32, and the scaled sums are added in
+f32 and rounded once into the result type. Scales that do not change along K
+(per-tensor, per-row, per-output-channel) make one segment: the plan contracts all of K
+and the scales are applied once to its accumulator.
+
+Mode "fast": with ``S`` segments of length ``g`` and ``a``, ``b`` the dequantized values
+(``decode(code) * scale`` exactly), the f32 accumulator is within
+``gamma_(g + S + 3) * sum|a*b|`` of the exact sum (``g`` drops out where the segment
+sums are exact), plus the underflow term of :mod:`emulate.bounds`. Mode "exact" is not
+built for scaled operands yet and raises ``NotImplementedError``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from emulate import accumulate, codecs, formats
+from emulate.codes import to_codes
+from emulate.dot import Operand, _canonical, _normalize_dn, _run, operand
+from emulate.packing import Packed, unpack_codes
+from emulate.plan import plan
+from emulate.quant import QArray
+
+__all__ = ["dot_general", "scaled_matmul", "scaled_dot_general"]
+
+
+def _codes_operand(x: Any, arg: str) -> tuple[Operand, QArray | None]:
+    if isinstance(x, QArray):
+        c = x.codes
+        if isinstance(c, Packed):
+            return Operand(unpack_codes(c), x.format_name), x
+        f = x.format
+        if f.is_low_precision:
+            return Operand(to_codes(c, f)[0], f.name), x
+        return Operand(jnp.asarray(c), f.name), x
+    op = operand(x, arg=arg)
+    if isinstance(op.value, Packed):
+        op = Operand(op.codes(), op.format_name)
+    return op, None
+
+
+def _logical(op: Operand, q: QArray | None) -> str:
+    if q is not None:
+        return q.dtype.name
+    return op.format_name
+
+
+def dot_general(
+    lhs: Any,
+    rhs: Any,
+    dimension_numbers: Any,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    *,
+    target: Any = None,
+    mode: str = "fast",
+) -> jax.Array:
+    """``emulate.dot_general`` where one or both operands are :class:`emulate.QArray`.
+
+    The result type is ``lax.dot_general``'s for operands of the QArrays' ``dtype``
+    (and the other operand's type), or ``preferred_element_type``.
+    """
+    a, qa = _codes_operand(lhs, "lhs")
+    b, qb = _codes_operand(rhs, "rhs")
+    if mode not in ("fast", "exact"):
+        raise ValueError(f"mode: expected 'fast' or 'exact', got {mode!r}")
+    if mode == "exact":
+        raise NotImplementedError(
+            "mode: 'exact' is not built for QArray (block-scaled) operands yet; use mode="
+            "'fast' (its bound is in docs/numerics.md) or dequantize and contract the "
+            "values in mode 'exact' where their format has it"
+        )
+    dn = _normalize_dn(dimension_numbers, a, b, target)
+    out = formats.dot_result(_logical(a, qa), _logical(b, qb), preferred_element_type)
+    if not out.xla_storable or out.is_low_precision:
+        raise ValueError(
+            f"preferred_element_type: the result of a QArray matmul must be float32, "
+            f"bfloat16, float16 or int32, got {out.name}"
+        )
+    acc = "int32" if a.format.is_integer and b.format.is_integer and qa is qb is None else None
+    p = plan(a.format, b.format, target=target, preferred_element_type=acc or "float32", mode=mode)
+    segs = _segments(a.shape, b.shape, dn, qa, qb)
+    sa = _segment_scales(qa, dn[1][0], dn[0][0], segs, 0) if qa is not None else None
+    sb = _segment_scales(qb, dn[1][1], dn[0][1], segs, 1) if qb is not None else None
+    return _scaled_run(p, a, b, sa, sb, dn, _hashable(precision), segs.g, out.name)
+
+
+def _hashable(precision: Any) -> Any:
+    return tuple(precision) if isinstance(precision, list) else precision
+
+
+class _Segments:
+    """Segment length ``g`` along merged K, count, and each segment's block index per side."""
+
+    def __init__(self, k: int, g: int, index: tuple[np.ndarray | None, np.ndarray | None]):
+        self.k, self.g, self.index = k, g, index
+        self.count = -(-k // g) if k else 1
+
+
+def _block_index(
+    q: QArray | None, shape: tuple[int, ...], contract: tuple[int, ...]
+) -> np.ndarray | None:
+    """For each position of merged K (row-major over ``contract``), the flat index of the
+    scale block it falls in; None when ``q`` has no scales."""
+    if q is None:
+        return None
+    sizes = [shape[d] for d in contract]
+    nblk = [-(-shape[d] // q.block_shape[d]) for d in contract]
+    pos = np.indices(sizes).reshape(len(sizes), -1) if sizes else np.zeros((0, 1), int)
+    blk = [pos[i] // q.block_shape[d] for i, d in enumerate(contract)]
+    return np.ravel_multi_index(blk, nblk) if blk else np.zeros(1, int)
+
+
+def _segments(ashape, bshape, dn, qa: QArray | None, qb: QArray | None) -> _Segments:
+    (lc, rc), _ = dn
+    k = math.prod(ashape[d] for d in lc)
+    ia, ib = _block_index(qa, ashape, lc), _block_index(qb, bshape, rc)
+    if len(lc) == 1:
+        # one contracting dim: blocks of the gcd of the two block lengths, K padded
+        bl = [q.block_shape[d] for q, d in ((qa, lc[0]), (qb, rc[0])) if q is not None]
+        g = functools.reduce(math.gcd, [min(v, k) for v in bl], 0) or k
+        g = max(g, 1)
+    else:
+        changes = [
+            i for ids in (ia, ib) if ids is not None for i in np.flatnonzero(np.diff(ids)) + 1
+        ]
+        g = functools.reduce(math.gcd, [int(c) for c in changes], k) or 1
+    count = -(-k // g) if k else 1
+
+    def first(ids):
+        if ids is None:
+            return None
+        starts = np.minimum(np.arange(count) * g, max(k - 1, 0))
+        return ids[starts] if k else np.zeros(1, int)
+
+    return _Segments(k, g, (first(ia), first(ib)))
+
+
+def _segment_scales(q: QArray, batch, contract, segs: _Segments, side: int) -> jax.Array:
+    """The scales of ``q`` as f32, laid out (batch..., free..., segment): per element along
+    batch and free dims, per segment along K."""
+    s = codecs.decode(q.scales, to=jnp.float32)
+    if q.tensor_scale is not None:
+        s = s * q.tensor_scale.astype(jnp.float32)
+    nd = len(q.shape)
+    free = [d for d in range(nd) if d not in batch and d not in contract]
+    for d in tuple(batch) + tuple(free):
+        s = jnp.repeat(
+            s, q.block_shape[d], axis=d, total_repeat_length=s.shape[d] * q.block_shape[d]
+        )
+        s = lax.slice_in_dim(s, 0, q.shape[d], axis=d)
+    s = jnp.transpose(s, tuple(batch) + tuple(free) + tuple(contract))
+    keep = s.shape[: len(batch) + len(free)]
+    s = s.reshape(keep + (-1,))
+    return jnp.take(s, jnp.asarray(segs.index[side]), axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("p", "dimension_numbers", "precision", "g", "out"))
+def _scaled_run(p, a: Operand, b: Operand, sa, sb, dimension_numbers, precision, g, out):
+    (lc, rc), (lb, rb) = dimension_numbers
+    nb = len(lb)
+    a3 = _canonical(a.value, lb, lc)
+    b3 = _canonical(b.value, rb, rc)
+    k = a3.shape[-1]
+    n_seg = -(-k // g) if k else 1
+    pad = n_seg * g - k
+    if pad:
+        a3 = jnp.pad(a3, [(0, 0)] * (a3.ndim - 1) + [(0, pad)])
+        b3 = jnp.pad(b3, [(0, 0)] * (b3.ndim - 1) + [(0, pad)])
+    a4 = a3.reshape(a3.shape[:-1] + (n_seg, g))
+    b4 = b3.reshape(b3.shape[:-1] + (n_seg, g))
+    dn = (
+        ((a4.ndim - 1,), (b4.ndim - 1,)),
+        (tuple(range(nb)) + (a4.ndim - 2,), tuple(range(nb)) + (b4.ndim - 2,)),
+    )
+    partial = _run(p, Operand(a4, a.format_name), Operand(b4, b.format_name), dn, precision)
+    partial = partial.astype(jnp.float32)  # (batch..., seg, lfree..., rfree...)
+    fl, fr = a4.ndim - 2 - nb, b4.ndim - 2 - nb
+    if sa is not None:  # (batch..., lfree..., seg) -> (batch..., seg, lfree..., 1...)
+        sa = jnp.moveaxis(sa, -1, nb).reshape(
+            sa.shape[:nb] + (n_seg,) + sa.shape[nb:-1] + (1,) * fr
+        )
+        partial = partial * sa
+    if sb is not None:  # (batch..., rfree..., seg) -> (batch..., seg, 1..., rfree...)
+        sb = jnp.moveaxis(sb, -1, nb)
+        sb = sb.reshape(sb.shape[: nb + 1] + (1,) * fl + sb.shape[nb + 1 :])
+        partial = partial * sb
+    acc = jnp.sum(partial, axis=nb)
+    return accumulate.round_accumulator(acc, out)
+
+
+# --- jax.nn.scaled_matmul's interface ------------------------------------------------------
+
+
+def _as_qarray(x: Any, scales: Any, arg: str) -> QArray:
+    if not hasattr(x, "shape") or not hasattr(scales, "shape"):
+        raise TypeError(f"{arg}, {arg}_scales: expected arrays")
+    if x.ndim != 3 or scales.ndim != 3:
+        raise ValueError(
+            f"{arg}, {arg}_scales: expected 3-D arrays (B, rows, K) and (B, rows, K // block),"
+            f" got shapes {tuple(x.shape)} and {tuple(scales.shape)}"
+        )
+    k, kb = x.shape[-1], scales.shape[-1]
+    if tuple(scales.shape[:2]) != tuple(x.shape[:2]) or kb == 0 or k % kb:
+        raise ValueError(
+            f"{arg}_scales: expected shape ({x.shape[0]}, {x.shape[1]}, K_s) with K_s "
+            f"dividing K = {k}, got {tuple(scales.shape)}"
+        )
+    dt = np.dtype(x.dtype).name
+    if dt not in formats.names() or dt == "float8_e8m0fnu":
+        raise TypeError(f"{arg}: dtype {dt} is not an operand format")
+    if np.dtype(scales.dtype).name not in (
+        "float8_e8m0fnu",
+        "float8_e4m3fn",
+        "bfloat16",
+        "float16",
+        "float32",
+    ):
+        raise TypeError(f"{arg}_scales: dtype {np.dtype(scales.dtype).name} is not a scale format")
+    return QArray(
+        jnp.asarray(x),
+        jnp.asarray(scales),
+        None,
+        dt,
+        np.dtype(scales.dtype).name,
+        (1, 1, k // kb),
+        tuple(x.shape),
+        np.dtype(jnp.float32),
+    )
+
+
+def scaled_matmul(
+    lhs: Any,
+    rhs: Any,
+    lhs_scales: Any,
+    rhs_scales: Any,
+    preferred_element_type: Any = jnp.float32,
+    *,
+    target: Any = None,
+    mode: str = "fast",
+) -> jax.Array:
+    """``jax.nn.scaled_matmul`` on any target: ``lhs`` (B, M, K), ``rhs`` (B, N, K), scales
+    (B, M, K // block) and (B, N, K // block); returns (B, M, N) in
+    ``preferred_element_type`` (float32 by default), the contraction of
+    ``lhs * repeat(lhs_scales)`` with ``rhs * repeat(rhs_scales)`` over K.
+
+    Operands may be of any format (float8, float4_e2m1fn, int8, ... or wide types),
+    scales float8_e8m0fnu, float8_e4m3fn, bfloat16, float16 or float32. The numerics are
+    those of :func:`emulate.dot_general` on QArrays (module docstring).
+    """
+    qa = _as_qarray(lhs, lhs_scales, "lhs")
+    qb = _as_qarray(rhs, rhs_scales, "rhs")
+    if qa.shape[0] != qb.shape[0] or qa.shape[2] != qb.shape[2]:
+        raise ValueError(
+            f"lhs, rhs: expected (B, M, K) and (B, N, K) with the same B and K, got "
+            f"{qa.shape} and {qb.shape}"
+        )
+    dn = (((2,), (2,)), ((0,), (0,)))
+    return dot_general(qa, qb, dn, None, preferred_element_type, target=target, mode=mode)
+
+
+def scaled_dot_general(
+    lhs: Any,
+    rhs: Any,
+    dimension_numbers: Any,
+    preferred_element_type: Any = jnp.float32,
+    configs: Any = None,
+    *,
+    target: Any = None,
+    mode: str = "fast",
+) -> jax.Array:
+    """``jax.nn.scaled_dot_general`` on any target: JAX's own function (its quantizer for
+    ``configs`` from ``jax.nn.get_scaled_dot_general_config``, "mxfp8" or "nvfp4"), run
+    through :func:`emulate.polyfill` so that its ``scaled_matmul`` runs as
+    :func:`scaled_matmul` here. ``configs=None`` contracts the operands as they are."""
+    from emulate.polyfill import polyfill
+
+    def run(x, y):
+        return jax.nn.scaled_dot_general(
+            x,
+            y,
+            dimension_numbers,
+            preferred_element_type=preferred_element_type,
+            configs=configs,
+        )
+
+    return polyfill(run, target=target, mode=mode)(lhs, rhs)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import accumulate, codecs, exact, formats, targets
+from emulate import accumulate, codecs, exact, formats, targets, tiled
 from emulate.codes import from_codes, is_array, to_codes
 from emulate.formats import Format
 from emulate.packing import Packed, unpack_codes
@@ -56,7 +56,11 @@ class Operand:
 
     def codes(self) -> jax.Array:
         """Unpacked codes (or the wide array), ready for shape operations."""
-        return unpack_codes(self.value) if isinstance(self.value, Packed) else self.value
+        if isinstance(self.value, Packed):
+            return unpack_codes(self.value)
+        if self.format.is_low_precision:
+            return to_codes(self.value, self.format_name)[0]
+        return self.value
 
 
 def operand(x: Any, fmt: Any = None, *, arg: str = "x") -> Operand:
@@ -87,6 +91,11 @@ def operand(x: Any, fmt: Any = None, *, arg: str = "x") -> Operand:
         raise TypeError(f"{e}; the matmul operand types are: {', '.join(_OPERAND_NAMES)}") from None
     if not f.is_low_precision:
         return Operand(jnp.asarray(x), f.name)
+    if fmt is None and f.xla_storable and not isinstance(x, np.ndarray):
+        # Keep a jax array of the format's own dtype as it is: it is bitcast to codes where
+        # it is decoded, which lets a tiled decode read it tile by tile (emulate.tiled)
+        # instead of first writing a full uint8 copy of it.
+        return Operand(x, f.name)
     return Operand(codes, f.name)
 
 
@@ -99,6 +108,8 @@ def _compute(op: Operand, compute: str, scale: int) -> jax.Array:
     if not f.is_low_precision:
         return op.value if op.value.dtype == jnp.dtype(compute) else op.value.astype(compute)
     if compute == f.name:  # native: hand the matrix unit the format itself
+        if not isinstance(op.value, Packed) and op.value.dtype == f.dtype:
+            return op.value
         return from_codes(op.codes(), f)
     if compute == "int8":
         if f.is_integer:
@@ -180,15 +191,44 @@ def per_platform(p: Plan, run, lhs: Operand, rhs: Operand) -> jax.Array:
     return lax.platform_dependent(lhs, rhs, **branches, default=functools.partial(run, p.fallback))
 
 
-@functools.partial(jax.jit, static_argnames=("p", "dimension_numbers", "precision"))
-def _run(p: Plan, lhs: Operand, rhs: Operand, dimension_numbers, precision) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("p", "dimension_numbers", "precision", "tiling"))
+def _run(
+    p: Plan,
+    lhs: Operand,
+    rhs: Operand,
+    dimension_numbers,
+    precision,
+    tiling: tiled.Settings = tiled.DEFAULT,
+) -> jax.Array:
+    def untiled(q: Plan, lhs: Operand, rhs: Operand) -> jax.Array:
+        a = _compute(lhs, q.lhs_compute, q.lhs_scale)
+        b = _compute(rhs, q.rhs_compute, q.rhs_scale)
+        return _contract(q, a, b, dimension_numbers, precision)
+
     def run(q: Plan, lhs: Operand, rhs: Operand) -> jax.Array:
         if q.slicing is not None:  # mode "exact" outside the exact class
             a, b = _compute(lhs, "float32", 0), _compute(rhs, "float32", 0)
             return exact.contract(q, a, b, dimension_numbers, precision)
-        a = _compute(lhs, q.lhs_compute, q.lhs_scale)
-        b = _compute(rhs, q.rhs_compute, q.rhs_scale)
-        return _contract(q, a, b, dimension_numbers, precision)
+        t = tiled.choose(q, lhs, rhs, dimension_numbers, tiling)
+        if t is None:
+            return untiled(q, lhs, rhs)
+
+        def cpu(lhs: Operand, rhs: Operand) -> jax.Array:
+            # A large decoded operand: decode it tile by tile inside a loop (emulate.tiled).
+            return tiled.contract(
+                q,
+                t,
+                lhs,
+                rhs,
+                dimension_numbers,
+                precision,
+                decode=_compute,
+                contract_decoded=_contract,
+                finish=finish,
+            )
+
+        default = functools.partial(untiled, q)
+        return lax.platform_dependent(lhs, rhs, cpu=cpu, default=default)
 
     return per_platform(p, run, lhs, rhs)
 
@@ -277,7 +317,7 @@ def dot_general(
     b = operand(rhs, rhs_format, arg="rhs")
     dn = _normalize_dn(dimension_numbers, a, b, target)
     p = _plan_for(a, b, target, preferred_element_type, mode)
-    return _run(p, a, b, dn, _hashable(precision))
+    return _run(p, a, b, dn, _hashable(precision), tiled.current_settings())
 
 
 def _hashable(precision: Any) -> Any:

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from emulate import formats
 from emulate.codes import from_codes, to_codes
@@ -154,19 +155,27 @@ def unpack_codes(p: Packed) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("bits", "axis", "length"))
 def _unpack_codes(data: jax.Array, bits: int, axis: int, length: int) -> jax.Array:
+    # Interleave the codes in place, next to the packed axis (no transpose of the array to
+    # put that axis last: XLA would write a transposed copy, and fuse less).
+    ax = data.ndim + axis
     group = 2 if bits == 4 else 4
     nbytes_group = bits * group // 8
-    b = jnp.moveaxis(data, axis, -1).astype(jnp.uint32)
-    pad = (-b.shape[-1]) % nbytes_group
-    b = jnp.pad(b, [(0, 0)] * (b.ndim - 1) + [(0, pad)])
-    b = b.reshape(b.shape[:-1] + (-1, nbytes_group))
-    word = b[..., 0]
-    for j in range(1, nbytes_group):
-        word = word | (b[..., j] << (8 * j))
-    mask = (1 << bits) - 1
-    c = jnp.stack([(word >> (bits * i)) & mask for i in range(group)], axis=-1)
-    c = c.reshape(c.shape[:-2] + (-1,))[..., :length]
-    return jnp.moveaxis(c.astype(jnp.uint8), -1, axis)
+    b = data
+    pad = (-b.shape[ax]) % nbytes_group
+    if pad:
+        widths = [(0, 0)] * b.ndim
+        widths[ax] = (0, pad)
+        b = jnp.pad(b, widths)
+    b = b.reshape(b.shape[:ax] + (-1, nbytes_group) + b.shape[ax + 1 :])
+    parts = [lax.index_in_dim(b, j, ax + 1, keepdims=False) for j in range(nbytes_group)]
+    if bits == 4:
+        codes = [parts[0] & 0xF, parts[0] >> 4]
+    else:
+        b0, b1, b2 = parts
+        codes = [b0 & 0x3F, (b0 >> 6) | ((b1 & 0xF) << 2), (b1 >> 4) | ((b2 & 0x3) << 4), b2 >> 2]
+    c = jnp.stack(codes, axis=ax + 1)
+    c = c.reshape(c.shape[:ax] + (-1,) + c.shape[ax + 2 :])
+    return lax.slice_in_dim(c, 0, length, axis=ax)
 
 
 def unpack(p: Packed) -> jax.Array:

@@ -1,0 +1,437 @@
+"""Tiled execution of a decoding plan on the CPU: the decoded operand never exists in full.
+
+XLA on the CPU fuses a decode into a loop fusion but never into the dot (the dot is a
+YNNPACK custom fusion whose operands are buffers), so a plan that decodes a large operand
+first writes a full decoded copy of it, then reads it back; at 4096 x 4096 that copy is
+32 MiB, which glibc maps fresh (and the kernel zeroes) on every call. Here the decoded
+operand, the "weight" ``D``, is instead sliced into tiles inside a ``lax.fori_loop``; each
+step decodes one tile of codes (a few MiB, which stays in cache) and contracts it:
+
+* **K-tiling** (few output rows): tiles along a contracting dimension; each step adds the
+  tile's partial product into an accumulator of the plan's type (f32 or int32), which is
+  rounded into the result type once at the end. Used only where the plan's partial sums
+  are exact in any order (integer pairs, exact-class pairs within ``Plan.k_chunk``) or
+  bounded in any order (mode "fast" float pairs: ``gamma_K * sum|a*b|`` holds for every
+  summation order), so the result keeps the contract; the bits of the exact classes are
+  the same as untiled.
+* **N-tiling** (many output rows): tiles along a free dimension of ``D``; each step is the
+  whole untiled contraction (K-chunks and exact combination included) for a slice of the
+  output columns, so every output element is computed as it would be untiled (except
+  with planes, below, which are used only where K-tiling would be allowed).
+
+Packed 4- and 6-bit operands packed along the contracting dimension are decoded plane by
+plane (:func:`planes`): the low nibbles of a tile's bytes, then the high ones (for 6-bit
+codes, the four codes of each 3-byte group); each plane is contracted with the matching
+elements of the other operand (``x[..., j::g]``, cut once, up front) and the plane products
+are added. No interleaving is done on the weight (for XLA that is a transpose, which it
+fuses badly), and no concatenation either (a concatenating fusion ran 3x slower than two
+plain decodes here); a contraction does not depend on the order of K.
+
+Tiles are chosen from static shapes (:func:`choose`) so that the temporaries stay within
+a fraction of one decoded copy. The tiled program is used only when the computation is
+lowered for the CPU (``lax.platform_dependent``); other platforms keep the untiled program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from emulate import formats
+from emulate.codes import to_codes
+from emulate.packing import Packed
+
+__all__ = ["DEFAULT", "Settings", "Tiling", "choose", "current_settings", "planes", "settings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How the CPU path tiles (hashable: part of the jit cache key).
+
+    Attributes:
+      enabled: tile at all.
+      min_bytes: decoded operands smaller than this are decoded whole (they fit in cache).
+      budget: the temporaries a tiled program may hold, as a fraction of one decoded copy
+        of the tiled operand.
+      max_tile_bytes: the largest decoded tile (bytes), to keep a tile in cache.
+      min_tile: the fewest elements along the tiled dimension; thinner tiles are not used.
+      tile: force this tile length (tests); None chooses one from the budget.
+      kind: force "k" or "n" tiling (tests); None chooses.
+    """
+
+    enabled: bool = True
+    min_bytes: int = 2 << 20
+    budget: float = 0.24
+    max_tile_bytes: int = 4 << 20
+    min_tile: int = 8
+    tile: int | None = None
+    kind: str | None = None
+
+
+DEFAULT = Settings()
+_SETTINGS: contextvars.ContextVar[Settings | None] = contextvars.ContextVar(
+    "emulate_tiling", default=None
+)
+
+
+def current_settings() -> Settings:
+    """The :class:`Settings` in effect (:data:`DEFAULT` outside :func:`settings`)."""
+    return _SETTINGS.get() or DEFAULT
+
+
+@contextlib.contextmanager
+def settings(**kw: Any) -> Iterator[Settings]:
+    """Within the block, dots tile with these :class:`Settings` fields changed."""
+    s = dataclasses.replace(current_settings(), **kw)
+    token = _SETTINGS.set(s)
+    try:
+        yield s
+    finally:
+        _SETTINGS.reset(token)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    """A tiling of one dot: operand ``side`` (0 lhs, 1 rhs) is cut along its ``dim``.
+
+    ``kind`` "k": ``dim`` is contracting and ``other_dim`` the other operand's matching one;
+    "n": ``dim`` is free and ``out_dim`` the matching dimension of the result. ``planar``:
+    the operand is Packed along a contracting dimension (``packed_dim``, matched by the other
+    operand's ``other_packed_dim``) and decoded in planar order.
+    """
+
+    side: int
+    kind: str
+    dim: int
+    size: int
+    tile: int
+    other_dim: int | None = None
+    out_dim: int | None = None
+    planar: bool = False
+    packed_dim: int | None = None
+    other_packed_dim: int | None = None
+
+    @property
+    def n_full(self) -> int:
+        return self.size // self.tile
+
+
+def _itemsize(name: str) -> int:
+    return np.dtype(formats.get(name).dtype).itemsize
+
+
+def _packed_dim(op: Any) -> int | None:
+    v = op.value
+    return v.ndim + v.axis if isinstance(v, Packed) else None
+
+
+def _group(op: Any) -> int:
+    return 2 if op.format.bits == 4 else 4
+
+
+def choose(p: Any, lhs: Any, rhs: Any, dimension_numbers: Any, s: Settings) -> Tiling | None:
+    """The tiling for ``p`` on these operands (static shapes), or None to run untiled."""
+    if not s.enabled or p.slicing is not None:
+        return None
+    (lc, rc), (lb, rb) = dimension_numbers
+    sides = []
+    for side, op, compute in ((0, lhs, p.lhs_compute), (1, rhs, p.rhs_compute)):
+        f = op.format
+        if f.is_low_precision and compute != f.name:
+            sides.append((math.prod(op.shape) * _itemsize(compute), side))
+    if not sides:
+        return None
+    decoded, side = max(sides)
+    if decoded < s.min_bytes:
+        return None
+    d, o = (lhs, rhs) if side == 0 else (rhs, lhs)
+    dc, oc = (lc, rc) if side == 0 else (rc, lc)
+    db, ob = (lb, rb) if side == 0 else (rb, lb)
+    compute = p.lhs_compute if side == 0 else p.rhs_compute
+    o_compute = p.rhs_compute if side == 0 else p.lhs_compute
+    o_bytes = _itemsize(o_compute) if o.format.is_low_precision else _itemsize(o.format_name)
+    d_free = [i for i in range(len(d.shape)) if i not in dc and i not in db]
+    o_free = [i for i in range(len(o.shape)) if i not in oc and i not in ob]
+    batch = math.prod(d.shape[i] for i in db)
+    m = math.prod(o.shape[i] for i in o_free)
+    k = math.prod(d.shape[i] for i in dc)
+    n = math.prod(d.shape[i] for i in d_free)
+    acc_bytes = batch * m * n * 4
+    budget = s.budget * decoded
+    pdim = _packed_dim(d)
+    planar_dim = pdim if pdim is not None and pdim in dc else None
+    o_planar = None if planar_dim is None else oc[dc.index(planar_dim)]
+    # K-tiling keeps a running accumulator and one partial product (2 x acc_bytes); it is
+    # the choice while those take at most half the budget and the sum may be reordered.
+    k_ok = (p.k_chunk is None or k <= p.k_chunk) and len(dc) > 0
+    kind = s.kind or ("k" if k_ok and 2 * acc_bytes <= budget / 2 else "n")
+    if kind == "k":
+        if not k_ok:
+            return None
+        dim = planar_dim if planar_dim is not None else max(dc, key=lambda i: d.shape[i])
+        size = d.shape[dim]
+        slice_bytes = decoded // size
+        if m < 16 and compute == "bfloat16":
+            slice_bytes *= 2  # XLA CPU's matrix-vector dot converts a bf16 tile to f32
+        fixed = 2 * acc_bytes + (batch * m * k * o_bytes if planar_dim is not None else 0)
+        tile = _tile_len(
+            s,
+            size,
+            (budget - fixed) / slice_bytes,
+            s.max_tile_bytes / slice_bytes,
+            _group(d) if planar_dim is not None else 1,
+        )
+        if tile is None:
+            return None
+        return Tiling(
+            side,
+            "k",
+            dim,
+            size,
+            tile,
+            other_dim=oc[dc.index(dim)],
+            planar=planar_dim is not None,
+            packed_dim=planar_dim,
+            other_packed_dim=o_planar,
+        )
+    if not d_free:
+        return None
+    dim = max(d_free, key=lambda i: d.shape[i])
+    size = d.shape[dim]
+    slice_bytes = decoded // size
+    out_slice = batch * m * (n // size) * _itemsize(p.out)
+    # Planar decoding needs a permuted copy of the other operand: only when it is small.
+    # (A forced tile, for tests, always decodes in planes where it may.)
+    planar = (
+        k_ok
+        and planar_dim is not None
+        and (s.tile is not None or batch * m * k * o_bytes <= budget * 0.6)
+    )
+    fixed = batch * m * k * o_bytes if planar else 0
+    tile = _tile_len(
+        s,
+        size,
+        (budget - fixed) / (slice_bytes + out_slice),
+        s.max_tile_bytes / slice_bytes,
+        _group(d) if dim == pdim else 1,
+    )
+    if tile is None:
+        return None
+    free_before = [i for i in d_free if i < dim]
+    if side == 0:
+        out_dim = len(db) + len(free_before)
+    else:
+        out_dim = len(db) + len(o_free) + len(free_before)
+    return Tiling(
+        side,
+        "n",
+        dim,
+        size,
+        tile,
+        out_dim=out_dim,
+        planar=planar,
+        packed_dim=planar_dim if planar else None,
+        other_packed_dim=o_planar if planar else None,
+    )
+
+
+def _tile_len(
+    s: Settings, size: int, by_budget: float, by_cache: float, group: int = 1
+) -> int | None:
+    if s.tile is not None:
+        return s.tile if 0 < s.tile < size and s.tile % group == 0 else None
+    limit = min(by_budget, by_cache)
+    if limit < s.min_tile:
+        return None
+    tile = 1 << int(math.floor(math.log2(limit)))  # a power of two: whole bytes, whole groups
+    return tile if tile < size else None
+
+
+# ----------------------------------------------------------------------------- slicing
+
+
+def _slice(op: Any, dim: int, start: Any, length: int) -> Any:
+    """``op`` (an Operand) restricted to ``[start, start + length)`` along ``dim``; ``start``
+    may be traced. Along a packed dimension ``start`` and ``length`` are whole byte groups,
+    except for the final (static) tail."""
+    v = op.value
+    if isinstance(v, Packed) and dim == v.ndim + v.axis:
+        bits = v.format.bits
+        nbytes = -(-bits * length // 8)
+        data = _dyn_slice(v.data, dim, start * bits // 8, nbytes)
+        return type(op)(Packed(data, v.format_name, v.axis, length), op.format_name)
+    if isinstance(v, Packed):
+        return type(op)(
+            Packed(_dyn_slice(v.data, dim, start, length), v.format_name, v.axis, v.length),
+            op.format_name,
+        )
+    if op.format.is_low_precision and v.dtype == op.format.dtype:
+        if not isinstance(start, int):
+            _, v = lax.optimization_barrier((start, v))  # see _dyn_slice
+        v = to_codes(v, op.format_name)[0]
+    return type(op)(_dyn_slice(v, dim, start, length), op.format_name)
+
+
+def _dyn_slice(x: jax.Array, dim: int, start: Any, length: int) -> jax.Array:
+    if isinstance(start, int):
+        return lax.slice_in_dim(x, start, start + length, axis=dim)
+    # The barrier (tied to the loop index) keeps XLA from hoisting what comes next out of
+    # the loop: the bitcast of an fp8 array to codes, or the conversion that XLA CPU puts
+    # around a dynamic slice of a bf16 or float8 array, would otherwise be done on the whole
+    # operand before the loop, writing the full copy that tiling avoids.
+    _, x = lax.optimization_barrier((start, x))
+    dt = x.dtype
+    if jnp.issubdtype(dt, jnp.floating) and dt.itemsize < 4:
+        u = lax.bitcast_convert_type(x, _UINT[dt.itemsize])
+        return lax.bitcast_convert_type(lax.dynamic_slice_in_dim(u, start, length, axis=dim), dt)
+    return lax.dynamic_slice_in_dim(x, start, length, axis=dim)
+
+
+_UINT = {1: jnp.uint8, 2: jnp.uint16}
+
+
+def planes(p: Packed) -> list[jax.Array]:
+    """The uint8 codes of ``p`` split by position in their byte group, without interleaving:
+    plane ``j`` holds elements ``j, j + g, j + 2g, ...`` along the packed axis (``g`` = 2
+    for 4-bit formats: the low and the high nibbles; 4 for 6-bit ones), ``ceil((length -
+    j) / g)`` of them. Empty planes (a length below ``g``) are left out."""
+    bits, length = p.format.bits, p.length
+    axis = p.data.ndim + p.axis
+    b = p.data
+    if bits == 4:
+        parts = [b & 0xF, b >> 4]
+    else:
+        pad = (-b.shape[axis]) % 3
+        if pad:
+            widths = [(0, 0)] * b.ndim
+            widths[axis] = (0, pad)
+            b = jnp.pad(b, widths)
+        b3 = b.reshape(b.shape[:axis] + (-1, 3) + b.shape[axis + 1 :])
+        b0, b1, b2 = (lax.index_in_dim(b3, j, axis + 1, keepdims=False) for j in range(3))
+        parts = [
+            b0 & 0x3F,
+            (b0 >> 6) | ((b1 & 0xF) << 2),
+            (b1 >> 4) | ((b2 & 0x3) << 4),
+            b2 >> 2,
+        ]
+    g = len(parts)
+    return [
+        lax.slice_in_dim(q, 0, -(-(length - j) // g), axis=axis)
+        for j, q in enumerate(parts)
+        if j < length
+    ]
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def contract(
+    p: Any,
+    t: Tiling,
+    lhs: Any,
+    rhs: Any,
+    dimension_numbers: Any,
+    precision: Any,
+    *,
+    decode: Callable[..., jax.Array],
+    contract_decoded: Callable[..., jax.Array],
+    finish: Callable[..., jax.Array],
+) -> jax.Array:
+    """Run plan ``p`` tiled as ``t``.
+
+    ``decode(op, compute, scale)`` decodes an operand to the plan's type,
+    ``contract_decoded(p, a, b, dn, precision)`` is the untiled contraction of decoded
+    operands (rounded into ``p.out``), ``finish(p, acc)`` rounds an accumulator once.
+    """
+    d, o = (lhs, rhs) if t.side == 0 else (rhs, lhs)
+    d_compute, d_scale = (
+        (p.lhs_compute, p.lhs_scale) if t.side == 0 else (p.rhs_compute, p.rhs_scale)
+    )
+    o_compute, o_scale = (
+        (p.rhs_compute, p.rhs_scale) if t.side == 0 else (p.lhs_compute, p.lhs_scale)
+    )
+    o_dec = decode(o, o_compute, o_scale)
+    acc_dtype = jnp.dtype(p.accumulator)
+    g = _group(d) if t.planar else 1
+    if t.planar:  # the other operand's matching dimension, split the same way as the planes
+        length = d.shape[t.packed_dim]
+        o_planes = [
+            lax.slice_in_dim(o_dec, j, length, stride=g, axis=t.other_packed_dim)
+            for j in range(min(g, length))
+        ]
+
+    def pair(dd: jax.Array, oo: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return (dd, oo) if t.side == 0 else (oo, dd)
+
+    def dot(dd: jax.Array, oo: jax.Array) -> jax.Array:
+        return lax.dot_general(
+            *pair(dd, oo), dimension_numbers, precision, preferred_element_type=acc_dtype
+        )
+
+    def planar_sum(piece: Any, start: Any) -> jax.Array:
+        """Sum over the planes of ``piece`` (a tile whose packed axis starts at element
+        ``start`` of the whole operand, a multiple of ``g``) of plane x matching slice."""
+        axis = piece.value.ndim + piece.value.axis
+        total = None
+        for j, codes in enumerate(planes(piece.value)):
+            dd = decode(type(piece)(codes, piece.format_name), d_compute, d_scale)
+            oo = o_planes[j]
+            if t.kind == "k":
+                oo = _dyn_slice(oo, t.other_dim, start // g, codes.shape[axis])
+            r = dot(dd, oo)
+            total = r if total is None else total + r
+        return total
+
+    if t.kind == "k":
+
+        def partial(start: Any, length: int) -> jax.Array:
+            piece = _slice(d, t.dim, start, length)
+            if t.planar:
+                return planar_sum(piece, start)
+            oo = _dyn_slice(o_dec, t.other_dim, start, length)
+            return dot(decode(piece, d_compute, d_scale), oo)
+
+        acc = lax.fori_loop(
+            1,
+            t.n_full,
+            lambda i, acc: acc + partial(i * t.tile, t.tile),
+            partial(0, t.tile),
+        )
+        rest = t.size - t.n_full * t.tile
+        if rest:
+            acc = acc + partial(t.n_full * t.tile, rest)
+        return finish(p, acc)
+
+    def columns(start: Any, length: int) -> jax.Array:
+        piece = _slice(d, t.dim, start, length)
+        if t.planar:
+            return finish(p, planar_sum(piece, 0))
+        dd = decode(piece, d_compute, d_scale)
+        return contract_decoded(p, *pair(dd, o_dec), dimension_numbers, precision)
+
+    shape = jax.eval_shape(lambda: columns(0, t.tile))
+    out_shape = list(shape.shape)
+    out_shape[t.out_dim] = t.size
+    out = lax.fori_loop(
+        0,
+        t.n_full,
+        lambda i, out: lax.dynamic_update_slice_in_dim(
+            out, columns(i * t.tile, t.tile), i * t.tile, axis=t.out_dim
+        ),
+        jnp.zeros(out_shape, shape.dtype),
+    )
+    rest = t.size - t.n_full * t.tile
+    if rest:
+        out = lax.dynamic_update_slice_in_dim(
+            out, columns(t.n_full * t.tile, rest), t.n_full * t.tile, axis=t.out_dim
+        )
+    return out

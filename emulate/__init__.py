@@ -10,12 +10,15 @@ The public surface:
   :func:`plan`, :class:`Plan`;
 - drop-in matmuls: :func:`dot_general`, :func:`matmul`, :func:`einsum`,
   :func:`conv_general_dilated`;
+- quantized operands: :class:`QArray`, :func:`quantize`, :func:`dequantize`, the
+  schemes of :mod:`emulate.mx` (MXFP8/6/4, MXINT8, NVFP4, INT4_G128, FP8_BLOCK_128x128),
+  and :func:`scaled_matmul` / :func:`scaled_dot_general` (``jax.nn``'s signatures);
 - wrapping existing code: :func:`polyfill`, and :func:`inspect` to see its sites;
 - Pallas TPU kernels: :mod:`emulate.pallas` (``matmul``, an in-kernel ``dot``, ``check``),
   imported on first use of ``emulate.pallas`` because it imports ``jax.experimental.pallas``.
 """
 
-from emulate import bounds, formats, reference, targets
+from emulate import bounds, formats, mx, reference, targets
 from emulate.codecs import decode, encode
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general, einsum, matmul
@@ -23,7 +26,9 @@ from emulate.formats import Format
 from emulate.packing import Packed, pack, unpack
 from emulate.plan import Plan, plan
 from emulate.polyfill import polyfill
+from emulate.quant import QArray, dequantize, quantize
 from emulate.report import inspect
+from emulate.scaled import scaled_dot_general, scaled_matmul
 from emulate.targets import Target, current_target, use_target
 from emulate.targets import use_target as target
 
@@ -33,21 +38,27 @@ __all__ = [
     "Format",
     "Packed",
     "Plan",
+    "QArray",
     "Target",
     "bounds",
     "conv_general_dilated",
     "current_target",
     "decode",
+    "dequantize",
     "dot_general",
     "einsum",
     "encode",
     "formats",
     "inspect",
     "matmul",
+    "mx",
     "pack",
     "plan",
     "polyfill",
+    "quantize",
     "reference",
+    "scaled_dot_general",
+    "scaled_matmul",
     "target",
     "targets",
     "unpack",

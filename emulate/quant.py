@@ -232,8 +232,13 @@ class QArray:
 
     @property
     def axes(self) -> tuple[int, ...]:
-        """The dimensions along which the scale changes (more than one block)."""
-        return tuple(d for d, (n, b) in enumerate(zip(self.shape, self.block_shape)) if b < n)
+        """The dimensions cut into blocks of more than one element (and more than one block):
+        (0,) for MX blocks along K of a (K, N) weight, () for per-tensor or per-channel."""
+        return tuple(
+            d
+            for d, (n, b) in enumerate(zip(self.shape, self.block_shape, strict=True))
+            if 1 < b < n
+        )
 
     def unpacked_codes(self) -> jax.Array:
         """The codes as an array of the format (uint8 codes for float6), logical shape."""
@@ -241,11 +246,12 @@ class QArray:
             return _as_format_array(unpack_codes(self.codes), self.format)
         return self.codes
 
-    def full_scales(self) -> jax.Array:
-        """The scales as float32, one per element (``scales`` repeated over each block),
-        times the tensor scale."""
-        s = _block_scales_f32(self)
-        return broadcast_blocks(s, self.block_shape, self.shape)
+    def scale_parts(self) -> tuple[jax.Array, jax.Array]:
+        """Each block's scale (times the tensor scale) as ``(m, e)``: an f32 ``m`` and an
+        int32 ``e`` with ``scale == m * 2**e``, ``1 <= |m| < 4`` (0, Inf or NaN for those
+        scales). Kept apart so that scales down to 2**-127 (e8m0) and their products
+        with the tensor scale survive backends that flush f32 subnormals."""
+        return scale_parts(self)
 
     def dequantize(self, to: Any = None) -> jax.Array:
         return dequantize(self, to=to)
@@ -315,11 +321,29 @@ def broadcast_blocks(s: jax.Array, block: tuple[int, ...], shape: tuple[int, ...
     return s[tuple(slice(0, n) for n in shape)]
 
 
-def _block_scales_f32(q: QArray) -> jax.Array:
-    s = codecs.decode(q.scales, to=jnp.float32)
+def scale_parts(q: QArray) -> tuple[jax.Array, jax.Array]:
+    """See :meth:`QArray.scale_parts`."""
+    from emulate.codes import to_codes
+
+    if q.scale_format == "float8_e8m0fnu":
+        c = to_codes(q.scales, q.scale_format)[0].astype(jnp.int32)
+        m = jnp.where(c == 255, jnp.float32(jnp.nan), jnp.float32(1))
+        e = jnp.where(c == 255, 0, c - 127)
+    else:
+        m, e = _frexp_any(codecs.decode(q.scales, to=jnp.float32))
     if q.tensor_scale is not None:
-        s = s * q.tensor_scale.astype(jnp.float32)
-    return s
+        mt, et = _frexp_any(jnp.asarray(q.tensor_scale, jnp.float32))
+        m, e = m * mt, e + et
+    return m, e
+
+
+def _frexp_any(s: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(m, e)`` with ``s == m * 2**e`` for normal f32 ``s``; zero, subnormal, Inf and
+    NaN give ``(s flushed, 0)``."""
+    m, e = _frexp_bits(jnp.abs(s))
+    normal = jnp.isfinite(s) & (jnp.abs(s) >= _F32_MIN_NORMAL)
+    m = jnp.where(normal, jnp.where(s < 0, -m, m), jnp.where(jnp.isfinite(s), 0 * s, s))
+    return m, jnp.where(normal, e, 0)
 
 
 # --- quantize ----------------------------------------------------------------------------
@@ -448,8 +472,8 @@ def quantize(
         (NVFP4's second level); needs ``scale_rule="absmax"``.
       ragged: allow block lengths that do not divide their axis (the last block is
         shorter).
-      packed: store 4- and 6-bit codes as :class:`emulate.Packed`, along the first
-        blocked axis (the last axis when there is none).
+      packed: store 4- and 6-bit codes as :class:`emulate.Packed`, along the first axis
+        whose blocks are longer than one element (the last axis when there is none).
 
     Returns:
       A :class:`QArray` with ``dtype`` = ``x``'s dtype (float32 for float64 input).
@@ -488,8 +512,8 @@ def quantize(
         xf.astype(jnp.float32), f.name, sf.name, rule, block, bool(saturate), ts
     )
     if packed and f.packable and codes.ndim:
-        blocked = [d for d in range(len(shape)) if block[d] < shape[d]]
-        codes = pack(codes, f.name, axis=blocked[0] if blocked else -1)
+        along = [d for d in range(len(shape)) if block[d] > 1]
+        codes = pack(codes, f.name, axis=along[0] if along else -1)
     return QArray(codes, scales, tscale, f.name, sf.name, block, shape, logical)
 
 
@@ -517,7 +541,7 @@ def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts):
         lo, hi = _pow2_range(sf)
         e = jnp.where((amax == 0) | bad, lo, jnp.clip(e, lo, hi))
         s_codes = codecs.encode(jnp.where(bad, jnp.nan, _pow2(e)), sf.name)
-        y = _times_pow2(x, broadcast_blocks(-e, block, shape))
+        y = times_pow2(x, broadcast_blocks(-e, block, shape))
     else:
         # Multiplications by f32 reciprocals, not divisions: XLA rewrites a division by a
         # constant or a broadcast into one anyway, so this is what it would compute.
@@ -578,13 +602,16 @@ def _pow2(e: jax.Array) -> jax.Array:
     return jnp.where(e < -126, sub, normal)
 
 
-def _times_pow2(x: jax.Array, n: jax.Array) -> jax.Array:
-    """``x * 2**n`` for integer ``|n| <= 254``, by two exact power-of-two factors, so no
-    factor is an f32 subnormal; results that underflow are far below every element
-    format's smallest value, so XLA flushing them changes no code."""
-    n1 = n // 2
-    n2 = n - n1
-    return x * _pow2_f32(n1) * _pow2_f32(n2)
+def times_pow2(x: jax.Array, n: jax.Array) -> jax.Array:
+    """``x * 2**n`` for integer ``|n| <= 500``, by four power-of-two factors that are all
+    normal f32 numbers: exact unless the result overflows or is below 2**-126 (which
+    XLA flushes to zero on CPU and TPU)."""
+    n = n.astype(jnp.int32)
+    for parts in (4, 3, 2):
+        k = n // parts
+        x = x * _pow2_f32(k)
+        n = n - k
+    return x * _pow2_f32(n)
 
 
 def _pow2_f32(n: jax.Array) -> jax.Array:
@@ -595,9 +622,10 @@ def _pow2_f32(n: jax.Array) -> jax.Array:
 
 
 def dequantize(q: QArray, to: Any = None) -> jax.Array:
-    """The values of ``q``: ``decode(codes) * scale * tensor_scale``, computed in float32
-    (each product rounded once; exact for power-of-two scales within range), then cast to
-    ``to`` (default ``q.dtype``). A NaN scale makes its whole block NaN."""
+    """The values of ``q``: ``decode(codes) * (scale * tensor_scale)``, each product rounded
+    once to f32 precision (exact for power-of-two scales), values below 2**-126 flushed to
+    zero as XLA does, then cast to ``to`` (default ``q.dtype``). A NaN scale makes its
+    whole block NaN."""
     if not isinstance(q, QArray):
         raise TypeError(f"q: expected an emulate.QArray, got {type(q).__name__}")
     dt = q.dtype if to is None else np.dtype(to)
@@ -609,4 +637,6 @@ def dequantize(q: QArray, to: Any = None) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("to",))
 def _dequantize(q: QArray, to: str) -> jax.Array:
     v = codecs.decode(q.unpacked_codes(), q.format_name, to=jnp.float32)
-    return (v * q.full_scales()).astype(to)
+    m, e = scale_parts(q)
+    v = v * broadcast_blocks(m, q.block_shape, q.shape)
+    return times_pow2(v, broadcast_blocks(e, q.block_shape, q.shape)).astype(to)

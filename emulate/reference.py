@@ -559,13 +559,24 @@ def quantize(
     return codes, scale.astype(sf.dtype), ts
 
 
+def _round24(v: np.ndarray) -> np.ndarray:
+    """Round float64 values to 24 significant bits (f32 precision, unbounded exponent)."""
+    with np.errstate(invalid="ignore"):
+        m, e = np.frexp(v)
+        r = np.ldexp(np.round(np.ldexp(m, 24)), e - 24)
+    return np.where(np.isfinite(v), r, v)
+
+
 def dequantize(
     codes: Any, scales: Any, block_shape: tuple[int, ...], tensor_scale: float | None = None
 ) -> np.ndarray:
-    """``decode(codes) * (scale * tensor_scale)`` as float32, each product rounded once."""
+    """``decode(codes) * (scale * tensor_scale)`` as float32: each product rounded to 24
+    significant bits, results below ``2**-126`` in magnitude flushed to (signed) zero."""
     v = np.asarray(codes).astype(np.float64)
     s = np.asarray(scales).astype(np.float64)
     if tensor_scale is not None:
-        s = (s * tensor_scale).astype(np.float32).astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        return (v * _repeat_blocks(s, tuple(block_shape), v.shape)).astype(np.float32)
+        s = _round24(s * tensor_scale)
+    with np.errstate(invalid="ignore", over="ignore"):
+        r = _round24(v * _repeat_blocks(s, tuple(block_shape), v.shape))
+        r = np.where(np.abs(r) < _F32_TINY, 0.0 * r, r)
+        return r.astype(np.float32)

@@ -30,12 +30,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import accumulate, codecs, formats
+from emulate import accumulate, formats
 from emulate.codes import to_codes
 from emulate.dot import Operand, _canonical, _normalize_dn, _run, operand
 from emulate.packing import Packed, unpack_codes
 from emulate.plan import plan
-from emulate.quant import QArray
+from emulate.quant import QArray, times_pow2
 
 __all__ = ["dot_general", "scaled_matmul", "scaled_dot_general"]
 
@@ -152,23 +152,23 @@ def _segments(ashape, bshape, dn, qa: QArray | None, qb: QArray | None) -> _Segm
     return _Segments(k, g, (first(ia), first(ib)))
 
 
-def _segment_scales(q: QArray, batch, contract, segs: _Segments, side: int) -> jax.Array:
-    """The scales of ``q`` as f32, laid out (batch..., free..., segment): per element along
-    batch and free dims, per segment along K."""
-    s = codecs.decode(q.scales, to=jnp.float32)
-    if q.tensor_scale is not None:
-        s = s * q.tensor_scale.astype(jnp.float32)
+def _segment_scales(q: QArray, batch, contract, segs: _Segments, side: int):
+    """The scales of ``q`` as ``(m, e)`` (:meth:`QArray.scale_parts`), laid out
+    (batch..., free..., segment): per element along batch and free dims, per segment
+    along K."""
     nd = len(q.shape)
     free = [d for d in range(nd) if d not in batch and d not in contract]
-    for d in tuple(batch) + tuple(free):
-        s = jnp.repeat(
-            s, q.block_shape[d], axis=d, total_repeat_length=s.shape[d] * q.block_shape[d]
-        )
-        s = lax.slice_in_dim(s, 0, q.shape[d], axis=d)
-    s = jnp.transpose(s, tuple(batch) + tuple(free) + tuple(contract))
-    keep = s.shape[: len(batch) + len(free)]
-    s = s.reshape(keep + (-1,))
-    return jnp.take(s, jnp.asarray(segs.index[side]), axis=-1)
+    idx = jnp.asarray(segs.index[side])
+    out = []
+    for s in q.scale_parts():
+        for d in tuple(batch) + tuple(free):
+            b = q.block_shape[d]
+            s = jnp.repeat(s, b, axis=d, total_repeat_length=s.shape[d] * b)
+            s = lax.slice_in_dim(s, 0, q.shape[d], axis=d)
+        s = jnp.transpose(s, tuple(batch) + tuple(free) + tuple(contract))
+        s = s.reshape(s.shape[: len(batch) + len(free)] + (-1,))
+        out.append(jnp.take(s, idx, axis=-1))
+    return tuple(out)
 
 
 @functools.partial(jax.jit, static_argnames=("p", "dimension_numbers", "precision", "g", "out"))
@@ -192,17 +192,26 @@ def _scaled_run(p, a: Operand, b: Operand, sa, sb, dimension_numbers, precision,
     partial = _run(p, Operand(a4, a.format_name), Operand(b4, b.format_name), dn, precision)
     partial = partial.astype(jnp.float32)  # (batch..., seg, lfree..., rfree...)
     fl, fr = a4.ndim - 2 - nb, b4.ndim - 2 - nb
-    if sa is not None:  # (batch..., lfree..., seg) -> (batch..., seg, lfree..., 1...)
-        sa = jnp.moveaxis(sa, -1, nb).reshape(
-            sa.shape[:nb] + (n_seg,) + sa.shape[nb:-1] + (1,) * fr
-        )
-        partial = partial * sa
-    if sb is not None:  # (batch..., rfree..., seg) -> (batch..., seg, 1..., rfree...)
-        sb = jnp.moveaxis(sb, -1, nb)
-        sb = sb.reshape(sb.shape[: nb + 1] + (1,) * fl + sb.shape[nb + 1 :])
-        partial = partial * sb
+    exp = None
+    for parts, lhs_side in ((sa, True), (sb, False)):
+        if parts is None:
+            continue
+        m, e = (_to_partial(v, nb, fl, fr, lhs_side) for v in parts)
+        partial = partial * m
+        exp = e if exp is None else exp + e
+    if exp is not None:
+        partial = times_pow2(partial, exp)
     acc = jnp.sum(partial, axis=nb)
     return accumulate.round_accumulator(acc, out)
+
+
+def _to_partial(v, nb: int, fl: int, fr: int, lhs_side: bool):
+    """(batch..., free..., seg) -> the partial sums' layout (batch..., seg, lfree..., rfree...),
+    with ones for the other operand's free dims."""
+    v = jnp.moveaxis(v, -1, nb)
+    if lhs_side:
+        return v.reshape(v.shape + (1,) * fr)
+    return v.reshape(v.shape[: nb + 1] + (1,) * fl + v.shape[nb + 1 :])
 
 
 # --- jax.nn.scaled_matmul's interface ------------------------------------------------------

@@ -1,0 +1,254 @@
+"""quantize / dequantize / QArray against the independent numpy oracle (emulate.reference),
+and the OCP MX rules on hand-worked values."""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import emulate
+from emulate import mx, reference
+from emulate.quant import QArray
+
+# (element format, scale_rule, scale_fmt, tensor_scale): every element format with the
+# OCP rule, every rule with an 8-bit, a 4-bit and an integer element format.
+CASES = (
+    [
+        (f, "ocp_floor", "float8_e8m0fnu", False)
+        for f in (
+            "float8_e4m3fn",
+            "float8_e5m2",
+            "float6_e2m3fn",
+            "float6_e3m2fn",
+            "float4_e2m1fn",
+            "int8",
+            "int4",
+        )
+    ]
+    + [
+        (f, rule, sf, ts)
+        for f in ("float8_e4m3fn", "float4_e2m1fn", "int8")
+        for rule, sf, ts in (
+            ("round_up", "float8_e8m0fnu", False),
+            ("ceil", "float8_e8m0fnu", False),
+            ("even", "float8_e8m0fnu", False),
+            ("ocp_floor", "float32", False),
+            ("absmax", "float32", False),
+            ("absmax", "bfloat16", False),
+            ("absmax", "float8_e4m3fn", True),
+        )
+    ]
+    + [("float6_e2m3fn", "absmax", "float16", True), ("int4", "absmax", "float16", False)]
+)
+# (shape, axis, block): a fixed pool, so compiled programs are reused across examples
+LAYOUTS = [
+    ((33, 5), 0, 16),  # ragged last block
+    ((6, 7), 1, 1),  # a scale per element
+    ((4, 40), -1, 16),  # ragged, blocks along the last axis
+]
+SPECIAL = [np.nan, np.inf, -np.inf, 0.0, -0.0, 2.0**-130, -(2.0**-127), 3.0e38, 1.0e-30]
+
+
+def _bits(a) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype.name.startswith("float6"):
+        return a.view(np.uint8)
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+
+
+def _codes(q: QArray) -> np.ndarray:
+    """The QArray's codes as an ml_dtypes array of its format (float6 included)."""
+    c = np.asarray(emulate.unpack(q.codes) if isinstance(q.codes, emulate.Packed) else q.codes)
+    if q.format_name.startswith("float6"):
+        return c.astype(np.uint8).view(getattr(ml_dtypes, q.format_name))
+    return c
+
+
+@st.composite
+def _inputs(draw):
+    shape, axis, block = draw(st.sampled_from(LAYOUTS))
+    n = int(np.prod(shape))
+    scale = draw(st.sampled_from([1.0, 2.0**-40, 2.0**40, 1e-3]))
+    base = draw(
+        st.lists(
+            st.floats(-8, 8, allow_nan=False, width=32) | st.sampled_from(SPECIAL),
+            min_size=n,
+            max_size=n,
+        )
+    )
+    x = (np.asarray(base, np.float64) * scale).astype(np.float32).reshape(shape)
+    if draw(st.booleans()):  # a zero block
+        idx = [slice(None)] * len(shape)
+        idx[axis] = slice(0, block)
+        x[tuple(idx)] = 0.0
+    return x, axis, block
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda r: "-".join(map(str, r)))
+@settings(max_examples=8)
+@given(data=_inputs())
+def test_quantize_matches_reference(case, data):
+    x, axis, block = data
+    fmt, scale_rule, scale_fmt, ts = case
+    q = emulate.quantize(
+        x,
+        fmt,
+        block_shape=block,
+        axis=axis,
+        scale_fmt=scale_fmt,
+        scale_rule=scale_rule,
+        tensor_scale=ts,
+        ragged=True,
+    )
+    codes, scales, t = reference.quantize(
+        x, fmt, q.block_shape, scale_fmt=scale_fmt, scale_rule=scale_rule, tensor_scale=ts
+    )
+    np.testing.assert_array_equal(_bits(_codes(q)), _bits(codes))
+    np.testing.assert_array_equal(_bits(q.scales), _bits(scales))
+    if ts:
+        assert float(q.tensor_scale) == t
+    else:
+        assert q.tensor_scale is None
+    want = reference.dequantize(codes, scales, q.block_shape, t)
+    np.testing.assert_array_equal(_bits(emulate.dequantize(q)), _bits(want))
+
+
+@pytest.mark.parametrize("scheme", list(mx.SCHEMES.values()), ids=lambda s: s.name)
+def test_presets_round_trip_against_reference(scheme):
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((256, 256)) * np.exp2(rng.integers(-6, 6, (256, 1)))).astype(
+        np.float32
+    )
+    x[3, :40] = 0.0
+    q = emulate.quantize(x, scheme)
+    assert q.format_name == scheme.format and q.scale_format == scheme.scale_format
+    codes, scales, t = reference.quantize(
+        x,
+        scheme.format,
+        q.block_shape,
+        scale_fmt=scheme.scale_format,
+        scale_rule=scheme.scale_rule,
+        tensor_scale=scheme.tensor_scale,
+    )
+    np.testing.assert_array_equal(_bits(_codes(q)), _bits(codes))
+    np.testing.assert_array_equal(_bits(q.scales), _bits(scales))
+    deq = emulate.dequantize(q)
+    np.testing.assert_array_equal(
+        _bits(deq), _bits(reference.dequantize(codes, scales, q.block_shape, t))
+    )
+    # The round trip loses at most half a step of the element grid (plus saturation).
+    assert np.all(np.isfinite(np.asarray(deq)))
+
+
+def _mx_by_hand(values, emax):
+    """OCP MX v1.0 section 6.3, the shared scale of one block, in Fractions:
+    X = 2**(floor(log2 amax) - emax)."""
+    amax = max(abs(Fraction(float(v))) for v in values)
+    e = amax.numerator.bit_length() - amax.denominator.bit_length()
+    if Fraction(2) ** e > amax:
+        e -= 1
+    return Fraction(2) ** (e - emax)
+
+
+def test_ocp_rule_on_worked_values():
+    # MXFP8 E4M3 (emax 8, max 448): amax 1000 -> X = 2**(9 - 8) = 2, 1000/2 = 500 saturates.
+    block = np.array([1000.0, 3.0, -0.5] + [0.0] * 29, np.float32)
+    q = emulate.quantize(block, mx.MXFP8_E4M3)
+    assert _mx_by_hand(block, 8) == 2
+    assert float(np.asarray(q.scales, np.float32)[0]) == 2.0
+    assert np.asarray(q.codes, np.float32)[:3].tolist() == [448.0, 1.5, -0.25]
+    # MXFP4 (emax 2): amax 7 -> X = 1 and 7 saturates to 6; round_up takes X = 2 and
+    # 7/2 = 3.5 rounds to even 4.
+    block = np.array([7.0, 1.25, -2.5] + [0.0] * 29, np.float32)
+    q = emulate.quantize(block, mx.MXFP4, packed=False)
+    assert float(np.asarray(q.scales, np.float32)[0]) == 1.0
+    assert np.asarray(q.codes, np.float32)[:3].tolist() == [6.0, 1.0, -2.0]
+    q = emulate.quantize(block, mx.MXFP4, scale_rule="round_up", packed=False)
+    assert float(np.asarray(q.scales, np.float32)[0]) == 2.0
+    assert np.asarray(q.codes, np.float32)[:3].tolist() == [4.0, 0.5, -1.0]
+    # MXINT8: int8 codes, scale 2**(floor(log2 amax) - 6) (the spec's X times 2**-6)
+    block = np.array([100.0, -3.0] + [0.0] * 30, np.float32)
+    q = emulate.quantize(block, mx.MXINT8)
+    assert float(np.asarray(q.scales, np.float32)[0]) == 2.0**0
+    assert np.asarray(q.codes)[:2].tolist() == [100, -3]
+
+
+def test_nan_block_dequantizes_to_nan_and_others_survive():
+    x = np.ones((64,), np.float32)
+    x[5] = np.nan
+    q = emulate.quantize(x, mx.MXFP8_E4M3)
+    d = np.asarray(emulate.dequantize(q))
+    assert np.isnan(d[:32]).all() and (d[32:] == 1.0).all()
+    assert np.isnan(np.asarray(q.scales, np.float32)[0])
+
+
+def test_qarray_is_a_pytree_and_packs_sub_byte_codes():
+    x = np.linspace(-3, 3, 64 * 8, dtype=np.float32).reshape(64, 8)
+    q = emulate.quantize(x, mx.MXFP4, axis=0)
+    assert isinstance(q.codes, emulate.Packed) and q.codes.data.shape == (32, 8)
+    assert q.nbytes == 32 * 8 + 2 * 8  # half a byte per element plus one e8m0 per 32
+    assert q.shape == (64, 8) and q.block_shape == (32, 1) and q.axes == (0,)
+    same = jax.jit(lambda v: v)(q)
+    assert isinstance(same, QArray)
+    np.testing.assert_array_equal(np.asarray(same.dequantize()), np.asarray(q.dequantize()))
+    leaves = jax.tree_util.tree_leaves(q)
+    assert len(leaves) == 2  # packed bytes and scales (no tensor scale)
+
+
+def test_from_parts_checks_shapes():
+    codes = jnp.zeros((64, 8), jnp.float4_e2m1fn)
+    scales = jnp.ones((2, 8), jnp.float8_e8m0fnu)
+    q = QArray.from_parts(codes, scales, block_shape=(32, 1), dtype=jnp.bfloat16)
+    assert q.dtype == np.dtype(jnp.bfloat16) and q.scale_format == "float8_e8m0fnu"
+    with pytest.raises(ValueError, match=re.escape("scales: expected shape (2, 8)")):
+        QArray.from_parts(codes, jnp.ones((2, 4), jnp.float8_e8m0fnu), block_shape=(32, 1))
+    with pytest.raises(ValueError, match="scales: dtype int8 is not a scale format"):
+        QArray.from_parts(codes, jnp.ones((2, 8), jnp.int8), block_shape=(32, 1))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            dict(fmt="float4_e2m1fn", block_shape=32, axis=0),
+            "block_shape: 32 does not divide axis 0 of length 40; pass ragged=True",
+        ),
+        (dict(fmt="float8_e4m3fn", scale_rule="nearest"), "scale_rule: expected one of"),
+        (dict(fmt="float8_e4m3fn", scale_fmt="int8"), "scale_fmt: expected one of"),
+        (
+            dict(fmt="float4_e2m1fn", saturate=False),
+            "saturate: float4_e2m1fn has neither Inf nor NaN",
+        ),
+        (dict(fmt="float8_e4m3fn", rounding="stochastic"), "rounding: only"),
+        (dict(fmt="float8_e4m3fn", axis=2), "axis: 2 is not an axis of x with shape (40, 3)"),
+        (
+            dict(fmt="float8_e4m3fn", scale_rule="absmax"),
+            "scale_rule: 'absmax' makes scales that are not powers of two",
+        ),
+        (
+            dict(fmt="float4_e2m1fn", scale_fmt="float32", scale_rule="absmax", tensor_scale=True),
+            "tensor_scale: needs a narrow scale format",
+        ),
+        (dict(fmt="bfloat16"), "fmt: expected a low-precision element format"),
+    ],
+)
+def test_bad_arguments_name_themselves(kwargs, message):
+    x = np.ones((40, 3), np.float32)
+    fmt = kwargs.pop("fmt")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        emulate.quantize(x, fmt, **kwargs)
+
+
+def test_non_float_input_is_a_type_error():
+    with pytest.raises(TypeError, match="x: expected a float array"):
+        emulate.quantize(np.ones((4,), np.int32), "int8")
+    with pytest.raises(TypeError, match="q: expected an emulate.QArray"):
+        emulate.dequantize(np.ones(3))

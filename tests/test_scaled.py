@@ -1,0 +1,210 @@
+"""Matmuls on QArrays, scaled_matmul and the polyfill of jax.nn.scaled_matmul, against the
+exact sum of the dequantized values (emulate.reference) and the fast-mode bound."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import emulate
+from emulate import bounds, mx, program, reference
+
+TARGETS = ["cpu", "tpu_v5e", "tpu_v4"]
+
+
+def _exact(a: np.ndarray, b: np.ndarray, dn) -> np.ndarray:
+    return np.vectorize(float)(reference.exact_dot_general(a, b, dn))
+
+
+def _assert_within(got, a, b, dn, terms: int):
+    """|got - exact(a . b)| <= gamma_terms * sum|a*b| + K * 2**-125 elementwise: ``terms``
+    is the segment length (0 where segment sums are exact) + segments + 4 (two scalings,
+    and the rounding of each operand's dequantized values that the oracle reads)."""
+    (lc, _), _ = dn
+    k = math.prod(a.shape[d] for d in lc)
+    want = _exact(a, b, dn)
+    subs = bounds.einsum_subscripts(a.ndim, b.ndim, dn)
+    mag = np.einsum(subs, np.abs(a.astype(np.float64)), np.abs(b.astype(np.float64)))
+    bound = bounds.gamma(terms) * mag + k * bounds.UNDERFLOW_PER_TERM
+    err = np.abs(np.asarray(got, np.float64) - want)
+    assert np.all(err <= bound), f"max excess {np.max(err - bound)}"
+
+
+def _deq(q) -> np.ndarray:
+    return np.asarray(emulate.dequantize(q, to=jnp.float32))
+
+
+def _weights(scheme, k: int, n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, n)) * np.exp2(rng.integers(-3, 3, (k, 1)))
+    return w.astype(np.float32)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("scheme", list(mx.SCHEMES.values()), ids=lambda s: s.name)
+def test_bf16_activations_times_each_preset(scheme, target):
+    k = 256
+    axis = (0, 1) if len(scheme.block) == 2 else 0
+    wq = emulate.quantize(_weights(scheme, k, 128), scheme, axis=axis)
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((3, k)), jnp.bfloat16)
+    got = emulate.matmul(x, wq, target=target)
+    assert got.dtype == jnp.float32 and got.shape == (3, 128)
+    dn = (((1,), (0,)), ((), ()))
+    g = wq.block_shape[0]
+    _assert_within(got, np.asarray(x, np.float32), _deq(wq), dn, terms=g + k // g + 4)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_both_operands_scaled_transposed_layout_mixed_blocks(target):
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((5, 96)).astype(np.float32)
+    b = rng.standard_normal((7, 96)).astype(np.float32)
+    qa = emulate.quantize(a, "float4_e2m1fn", block_shape=16, axis=1)  # blocks of 16
+    qb = emulate.quantize(b, mx.MXFP4, axis=1)  # blocks of 32: segments of 16
+    dn = (((1,), (1,)), ((), ()))
+    got = emulate.dot_general(qa, qb, dn, target=target)
+    # fp4 x fp4 segment sums are exact: only the scaling and the sum over 6 segments round
+    _assert_within(got, _deq(qa), _deq(qb), dn, terms=6 + 4)
+
+
+def test_batched_einsum_and_3d_matmul():
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((4, 64, 24)).astype(np.float32)
+    wq = emulate.quantize(w, mx.MXFP8_E4M3, axis=1)
+    x = jnp.asarray(rng.standard_normal((4, 6, 64)), jnp.bfloat16)
+    got = emulate.einsum("bmk,bkn->bmn", x, wq, target="tpu_v4")
+    dn = (((2,), (1,)), ((0,), (0,)))
+    _assert_within(got, np.asarray(x, np.float32), _deq(wq), dn, terms=32 + 2 + 4)
+    w2 = emulate.quantize(w[0], mx.MXFP8_E4M3, axis=0)
+    got = x @ w2  # (4, 6, 64) @ QArray (64, 24): one dot_general, no broadcast copy
+    assert got.shape == (4, 6, 24)
+    _assert_within(got, np.asarray(x, np.float32), _deq(w2), (((2,), (0,)), ((), ())), 38)
+
+
+def test_per_channel_int8_scales_apply_once_to_the_accumulator():
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((512, 16)).astype(np.float32)
+    wq = emulate.quantize(w, "int8", axis=0, scale_fmt="float32", scale_rule="absmax")
+    assert wq.block_shape == (512, 1)
+    x = rng.standard_normal((2, 512)).astype(np.float32)
+    xq = emulate.quantize(x, "int8", axis=1, scale_fmt="float32", scale_rule="absmax")
+    got = emulate.matmul(xq, wq, target="tpu_v5e")
+    # int8 x int8 over all of K is exact in int32; the scales apply once
+    _assert_within(got, _deq(xq), _deq(wq), (((1,), (0,)), ((), ())), terms=1 + 4)
+
+
+def test_nan_scale_poisons_its_outputs_only():
+    w = np.ones((64, 4), np.float32)
+    w[3, 1] = np.nan
+    wq = emulate.quantize(w, mx.MXFP8_E4M3, axis=0)
+    got = np.asarray(emulate.matmul(np.ones((2, 64), np.float32), wq))
+    assert np.isnan(got[:, 1]).all() and (got[:, [0, 2, 3]] == 64.0).all()
+
+
+def test_e8m0_smallest_scale_is_not_flushed():
+    # scale 2**-127 is an f32 subnormal; the block sum times it is a normal number
+    w = np.zeros((32, 1), np.float32)
+    w[:, 0] = 2.0**-126
+    wq = emulate.quantize(w, mx.MXFP4, axis=0)
+    assert np.asarray(wq.scales, np.float32).item() == 2.0**-127  # floor(-126) - 2 clamps
+    got = emulate.matmul(np.ones((1, 32), np.float32), wq)
+    assert float(got[0, 0]) == 32 * 2.0**-126
+
+
+def _jax_scaled_operands():
+    rng = np.random.default_rng(5)
+    a = jnp.asarray(rng.standard_normal((2, 8, 64)), jnp.float8_e4m3fn)
+    b = jnp.asarray(rng.standard_normal((2, 4, 64)), jnp.float8_e5m2)
+    sa = jnp.asarray(np.exp2(rng.integers(-4, 4, (2, 8, 2))), jnp.float8_e8m0fnu)
+    sb = jnp.asarray(np.exp2(rng.integers(-4, 4, (2, 4, 2))), jnp.float8_e8m0fnu)
+    return a, b, sa, sb
+
+
+def test_scaled_matmul_follows_jax_definition_and_polyfill_agrees():
+    a, b, sa, sb = _jax_scaled_operands()
+    got = emulate.scaled_matmul(a, b, sa, sb, target="tpu_v5e")
+    assert got.shape == (2, 8, 4) and got.dtype == jnp.float32
+    # jax.nn.scaled_matmul's documented meaning: repeat the scales over blocks, contract K
+    av = np.asarray(a, np.float32) * np.repeat(np.asarray(sa, np.float32), 32, axis=-1)
+    bv = np.asarray(b, np.float32) * np.repeat(np.asarray(sb, np.float32), 32, axis=-1)
+    _assert_within(got, av, bv, (((2,), (2,)), ((0,), (0,))), terms=32 + 2 + 4)
+    poly = emulate.polyfill(jax.nn.scaled_matmul, target="tpu_v5e")(a, b, sa, sb)
+    np.testing.assert_array_equal(np.asarray(poly), np.asarray(got))
+
+
+def test_jax_scaled_matmul_agrees_where_a_backend_lowers_it():
+    a, b, sa, sb = _jax_scaled_operands()
+    try:
+        theirs = jax.jit(jax.nn.scaled_matmul).lower(a, b, sa, sb).compile()(a, b, sa, sb)
+    except NotImplementedError as e:  # CPU and TPU: JAX lowers it for CUDA and ROCm only
+        assert "MLIR translation rule for primitive 'scaled_matmul' not found" in str(e)
+        return
+    ours = emulate.scaled_matmul(a, b, sa, sb)
+    av = np.asarray(a, np.float32) * np.repeat(np.asarray(sa, np.float32), 32, axis=-1)
+    bv = np.asarray(b, np.float32) * np.repeat(np.asarray(sb, np.float32), 32, axis=-1)
+    dn = (((2,), (2,)), ((0,), (0,)))
+    _assert_within(theirs, av, bv, dn, terms=64 + 4)
+    _assert_within(ours, av, bv, dn, terms=64 + 4)
+
+
+def test_polyfill_runs_jax_scaled_dot_general_mxfp8():
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 16, 64)).astype(np.float32)
+    y = rng.standard_normal((1, 8, 64)).astype(np.float32)
+    cfg = [jax.nn.get_scaled_dot_general_config("mxfp8")] * 3
+    dn = (((2,), (2,)), ((0,), (0,)))
+    fn = emulate.polyfill(lambda u, v: jax.nn.scaled_dot_general(u, v, dn, configs=cfg))
+    got = fn(x, y)
+    assert got.shape == (1, 16, 8)
+    assert program.unsupported_sites(fn, x, y) == []
+    np.testing.assert_array_equal(
+        np.asarray(emulate.scaled_dot_general(x, y, dn, configs=cfg)), np.asarray(got)
+    )
+    # mxfp8 keeps ~3 significant bits per operand: within 2**-3 relative of the f32 product
+    want = np.einsum("bmk,bnk->bmn", x.astype(np.float64), y.astype(np.float64))
+    scale = np.einsum("bmk,bnk->bmn", np.abs(x), np.abs(y))
+    assert np.all(np.abs(np.asarray(got) - want) <= 2.0**-3 * scale)
+
+
+_MOE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "moe_mxfp4.py"
+_spec = importlib.util.spec_from_file_location("moe_mxfp4", _MOE)
+moe = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(moe)
+
+
+@pytest.mark.parametrize("target", ["tpu_v4", "tpu_v5e"])
+def test_moe_mxfp4_through_polyfill_uses_native_pairs_only(target):
+    params = moe.quantize(moe.init(jax.random.key(0), d_model=64, d_ff=32, experts=4))
+    x = jax.random.normal(jax.random.key(1), (8, 64)).astype(jnp.bfloat16)
+    run = emulate.polyfill(moe.forward, target=target)
+    assert program.unsupported_sites(run, params, x, target=target) == []
+    pairs = {(s.lhs_dtype, s.rhs_dtype) for s in program.sites(jax.make_jaxpr(run)(params, x))}
+    assert pairs <= {("bfloat16", "bfloat16"), ("float32", "float32")}
+    got = np.asarray(run(params, x), np.float64)
+    want = moe.dense_reference(params, np.asarray(x))
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+def test_bad_input_messages():
+    wq = emulate.quantize(np.ones((64, 8), np.float32), mx.MXFP4, axis=0)
+    with pytest.raises(NotImplementedError, match="mode: 'exact' is not built for QArray"):
+        emulate.matmul(np.ones((2, 64), np.float32), wq, mode="exact")
+    w3 = emulate.quantize(np.ones((2, 64, 8), np.float32), mx.MXFP4, axis=1)
+    with pytest.raises(ValueError, match=re.escape("a, b: matmul of a QArray needs equal")):
+        emulate.matmul(np.ones((5, 3, 64), np.float32), w3)
+    with pytest.raises(ValueError, match=re.escape("lhs_scales: expected shape (2, 8, K_s)")):
+        emulate.scaled_matmul(
+            jnp.zeros((2, 8, 64), jnp.float8_e4m3fn),
+            jnp.zeros((2, 4, 64), jnp.float8_e4m3fn),
+            jnp.ones((2, 8, 3), jnp.float8_e8m0fnu),
+            jnp.ones((2, 4, 2), jnp.float8_e8m0fnu),
+        )
+    with pytest.raises(ValueError, match="dimension_numbers: lhs contracting dimension 1 has"):
+        emulate.matmul(np.ones((2, 32), np.float32), wq)

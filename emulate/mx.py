@@ -6,19 +6,15 @@ block-128 fp8. Pass one to :func:`emulate.quantize` as ``fmt``::
 Every scheme's ``axes`` default is the last axis (the last two for the 2-D block); name
 the contraction axis with ``axis=`` for weights stored ``(K, N)``.
 
-=====================  =================  =====  ==============  ========  =============
-scheme                 elements           block  scale           rule      second level
-=====================  =================  =====  ==============  ========  =============
-``MXFP8_E4M3``         float8_e4m3fn      32     float8_e8m0fnu  ocp_floor
-``MXFP8_E5M2``         float8_e5m2        32     float8_e8m0fnu  ocp_floor
-``MXFP6_E2M3``         float6_e2m3fn      32     float8_e8m0fnu  ocp_floor
-``MXFP6_E3M2``         float6_e3m2fn      32     float8_e8m0fnu  ocp_floor
-``MXFP4``              float4_e2m1fn      32     float8_e8m0fnu  ocp_floor
-``MXINT8``             int8               32     float8_e8m0fnu  ocp_floor
-``NVFP4``              float4_e2m1fn      16     float8_e4m3fn   absmax    f32 tensor
-``INT4_G128``          int4               128    float16         absmax
-``FP8_BLOCK_128x128``  float8_e4m3fn      128²   float32         absmax
-=====================  =================  =====  ==============  ========  =============
+- ``MXFP8_E4M3``, ``MXFP8_E5M2``, ``MXFP6_E2M3``, ``MXFP6_E3M2``, ``MXFP4``, ``MXINT8``
+  (OCP MX v1.0): float8_e4m3fn / float8_e5m2 / float6_e2m3fn / float6_e3m2fn /
+  float4_e2m1fn / int8 elements, blocks of 32, float8_e8m0fnu scales, rule ``ocp_floor``.
+- ``NVFP4``: float4_e2m1fn elements, blocks of 16, float8_e4m3fn scales by ``absmax``,
+  and an f32 tensor scale.
+- ``INT4_G128``: int4 elements, groups of 128, float16 scales by ``absmax`` (symmetric
+  AWQ/GPTQ-style groups without zero points).
+- ``FP8_BLOCK_128x128``: float8_e4m3fn elements in 128 x 128 blocks, float32 scales by
+  ``absmax`` (DeepSeek-V3-style weights).
 
 MXINT8: the OCP spec reads an int8 element as a fixed-point number with the implicit
 scale 2**-6; here codes are plain integers, so the stored scale is the spec's ``X``

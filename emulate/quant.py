@@ -17,22 +17,15 @@ largest magnitude and ``emax``, ``M`` the element format's largest value written
 ``M * 2**emax`` (``1 <= M < 2``; integers: ``emax = floor(log2(max))``, so int8 gives 6
 and int4 2):
 
-=============  =========================================================  ==============
-rule           scale                                                      used by
-=============  =========================================================  ==============
-``ocp_floor``  ``2**(floor(log2 amax) - emax)``; values above ``M*2**emax``  OCP MX v1.0,
-               after scaling saturate                                     microxcaling
-``round_up``   ``2**ceil(log2(amax / max))``: the smallest power of two   cuBLAS, JAX's
-               at which nothing saturates                                 scaled_matmul,
-                                                                          torchao RCEIL
-``ceil``       ``2**(ceil(log2 amax) - emax)``                             torchao CEIL
-``even``       ``2**(floor(log2 r) - emax)``, ``r`` = ``amax`` rounded to  torchao EVEN
-               the element's mantissa width (carry into the next binade)
-``absmax``     ``amax / max`` rounded into the scale format (not a power  int8/int4
-               of two; NVFP4 divides by the tensor scale first)           per-channel,
-                                                                          NVFP4, fp8
-                                                                          block 128
-=============  =========================================================  ==============
+- ``ocp_floor``: ``2**(floor(log2 amax) - emax)``; values above ``M * 2**emax`` after
+  scaling saturate (OCP MX v1.0, microxcaling, torchao FLOOR).
+- ``round_up``: ``2**ceil(log2(amax / max))``, the smallest power of two at which nothing
+  saturates (cuBLAS, JAX's scaled_dot_general quantizer, torchao RCEIL).
+- ``ceil``: ``2**(ceil(log2 amax) - emax)`` (torchao CEIL).
+- ``even``: ``2**(floor(log2 r) - emax)``, ``r`` = ``amax`` rounded to the element's
+  mantissa width, carrying into the next binade (torchao EVEN).
+- ``absmax``: ``amax * fl(1/max)`` rounded into the scale format, not a power of two
+  (per-channel int8/int4, NVFP4 after dividing by the tensor scale, fp8 128x128 blocks).
 
 Power-of-two scales are clamped into the scale format's exponent range (e8m0:
 ``[-127, 127]``); an all-zero block gets the smallest. Elements are then

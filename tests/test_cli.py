@@ -410,8 +410,13 @@ def _fenced(path: pathlib.Path, lang: str) -> list[str]:
     return re.findall(rf"^```{lang}\n(.*?)^```$", path.read_text(), flags=re.M | re.S)
 
 
-def test_readme_example_runs() -> None:
-    (example,) = _fenced(ROOT / "README.md", "python")
+def test_readme_examples_run() -> None:
+    example, quantized = _fenced(ROOT / "README.md", "python")
+    ran = subprocess.run(
+        [sys.executable, "-c", quantized], capture_output=True, text=True, check=False, cwd=ROOT
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == f"{256 * 128 // 2 + 256 // 32 * 128} float32 (4, 128)\n"
     ran = subprocess.run(
         [sys.executable, "-c", example], capture_output=True, text=True, check=False, cwd=ROOT
     )

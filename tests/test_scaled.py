@@ -10,8 +10,11 @@ import re
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import emulate
 from emulate import bounds, mx, program, reference
@@ -194,7 +197,7 @@ def test_moe_mxfp4_through_polyfill_uses_native_pairs_only(target):
 
 def test_bad_input_messages():
     wq = emulate.quantize(np.ones((64, 8), np.float32), mx.MXFP4, axis=0)
-    with pytest.raises(NotImplementedError, match="mode: 'exact' is not built for QArray"):
+    with pytest.raises(NotImplementedError, match="not for float32 x float4_e2m1fn"):
         emulate.matmul(np.ones((2, 64), np.float32), wq, mode="exact")
     w3 = emulate.quantize(np.ones((2, 64, 8), np.float32), mx.MXFP4, axis=1)
     with pytest.raises(ValueError, match=re.escape("a, b: matmul of a QArray needs equal")):
@@ -208,3 +211,139 @@ def test_bad_input_messages():
         )
     with pytest.raises(ValueError, match="dimension_numbers: lhs contracting dimension 1 has"):
         emulate.matmul(np.ones((2, 32), np.float32), wq)
+
+
+# --------------------------------------------------------------------------- mode "exact"
+
+_E8M0 = ml_dtypes.float8_e8m0fnu
+
+
+def _from_parts(codes: np.ndarray, exps: np.ndarray, block, fmt: str):
+    scales = jnp.asarray(np.ldexp(1.0, exps).astype(_E8M0))
+    values = codes.astype(emulate.formats.get(fmt).dtype)
+    if fmt.startswith("float6"):  # XLA cannot hold float6: uint8 codes and the format
+        return emulate.QArray.from_parts(values.view(np.uint8), scales, block_shape=block, fmt=fmt)
+    return emulate.QArray.from_parts(jnp.asarray(values), scales, block_shape=block)
+
+
+def _values(q) -> np.ndarray:
+    c = np.asarray(q.unpacked_codes())
+    if q.format_name.startswith("float6"):
+        c = c.astype(np.uint8).view(q.format.dtype)
+    return reference.dequantize(c, np.asarray(q.scales), q.block_shape)
+
+
+def _oracle(qa, qb, dn, out):
+    return reference.dot_general(_values(qa), _values(qb), dn, preferred_element_type=out)
+
+
+def _same_bits(got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype
+    view = {2: np.uint16, 4: np.uint32}[got.dtype.itemsize]
+    np.testing.assert_array_equal(got.view(view), want.view(view))
+
+
+_EXACT_PAIRS = [
+    ("float4_e2m1fn", "float4_e2m1fn", 32, 32),
+    ("float4_e2m1fn", "float4_e2m1fn", 16, 32),  # segments of 16
+    ("int8", "int8", 32, 32),
+    ("float6_e2m3fn", "float4_e2m1fn", 32, 16),
+]
+
+
+@pytest.mark.parametrize("out", ["float32", "bfloat16"])
+@pytest.mark.parametrize("pair", _EXACT_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}-{p[2]}-{p[3]}")
+@settings(max_examples=12)
+@given(data=st.data())
+def test_exact_matches_the_oracle_bit_for_bit(pair, out, data):
+    fa, fb, ba, bb = pair
+    k = 96
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    codes_a = data.draw(_codes(fa, (3, k)))
+    codes_b = data.draw(_codes(fb, (k, 4)))
+    span = data.draw(st.sampled_from([0, 6, 40]))
+    ea = rng.integers(-span, span + 1, (3, k // ba))
+    eb = rng.integers(-span, span + 1, (k // bb, 4))
+    if data.draw(st.booleans()):  # cancellation: block 1 undoes block 0, block 2 is tiny
+        codes_a[:, 32:64] = _negate(codes_a[:, :32], fa)
+        ea[:, 32 // ba : 64 // ba] = ea[:, : 32 // ba]
+        codes_b[32:64] = codes_b[:32]
+        eb[32 // bb : 64 // bb] = eb[: 32 // bb]
+        ea[:, 64 // ba :] -= 50
+    qa = _from_parts(codes_a, ea, (1, ba), fa)
+    qb = _from_parts(codes_b, eb, (bb, 1), fb)
+    dn = (((1,), (0,)), ((), ()))
+    got = emulate.dot_general(qa, qb, dn, preferred_element_type=out, mode="exact")
+    _same_bits(got, _oracle(qa, qb, dn, out))
+
+
+def _codes(fmt: str, shape):
+    f = emulate.formats.get(fmt)
+    values = [float(v) for v in np.arange(256, dtype=np.uint8).view(f.dtype)[: 1 << f.bits]]
+    values = [v for v in values if np.isfinite(v)] if f.is_float else list(range(-128, 128))
+    return st.lists(
+        st.sampled_from(values), min_size=math.prod(shape), max_size=math.prod(shape)
+    ).map(lambda v: np.asarray(v, np.float64).reshape(shape))
+
+
+def _negate(codes: np.ndarray, fmt: str) -> np.ndarray:
+    return np.maximum(-codes, -127) if fmt == "int8" else -codes
+
+
+def test_exact_breaks_a_tie_that_fast_rounds_away():
+    # 2**24 + 1 is halfway between two f32 values: ties-to-even gives 2**24; a term of
+    # 2**-50 three blocks away makes it round up to 2**24 + 2, which only an exact sum sees.
+    k = 96
+    a = np.zeros((1, k))
+    b = np.zeros((k, 1))
+    a[0, 0], b[0, 0] = 4.0, 1.0  # 4 * 2**22 = 2**24
+    a[0, 32], b[32, 0] = 0.5, 2.0  # 1
+    a[0, 64], b[64, 0] = 0.5, 0.5  # 0.25 * 2**-48
+    ea = np.array([[22, 0, -48]])
+    qa = _from_parts(a, ea, (1, 32), "float4_e2m1fn")
+    qb = _from_parts(b, np.zeros((3, 1), int), (32, 1), "float4_e2m1fn")
+    exact = emulate.matmul(qa, qb, mode="exact")
+    assert float(exact[0, 0]) == 2.0**24 + 2
+    fast = emulate.matmul(qa, qb, mode="fast")
+    assert float(fast[0, 0]) == 2.0**24
+
+
+def test_exact_is_the_same_for_any_segment_length_and_batch():
+    rng = np.random.default_rng(9)
+    codes = rng.choice(np.arange(-6, 7) / 2.0, (4, 64))
+    codes = np.asarray(codes.astype(ml_dtypes.float4_e2m1fn), np.float64)
+    e = rng.integers(-30, 30, (4, 2))
+    q32 = _from_parts(codes, e, (1, 32), "float4_e2m1fn")
+    q16 = _from_parts(codes, np.repeat(e, 2, axis=1), (1, 16), "float4_e2m1fn")
+    w = _from_parts(codes.T.copy(), rng.integers(-30, 30, (2, 4)), (32, 1), "float4_e2m1fn")
+    full = np.asarray(emulate.matmul(q32, w, mode="exact"))
+    _same_bits(emulate.matmul(q16, w, mode="exact"), full)
+    row = _from_parts(codes[2:3], e[2:3], (1, 32), "float4_e2m1fn")
+    _same_bits(emulate.matmul(row, w, mode="exact"), full[2:3])
+
+
+def test_exact_per_channel_int8_splits_long_contractions():
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((2, 4096)).astype(np.float32)
+    w = rng.standard_normal((4096, 3)).astype(np.float32)
+    kw = dict(scale_fmt="float8_e8m0fnu", scale_rule="round_up")
+    xq = emulate.quantize(x, "int8", axis=1, **kw)  # one scale per row
+    wq = emulate.quantize(w, "int8", axis=0, **kw)  # one scale per column
+    dn = (((1,), (0,)), ((), ()))
+    got = emulate.dot_general(xq, wq, dn, mode="exact")  # 4096 * 127**2 > 2**24: 4 segments
+    _same_bits(got, _oracle(xq, wq, dn, "float32"))
+
+
+@pytest.mark.parametrize(
+    "scheme, message",
+    [
+        (mx.NVFP4, "float8_e4m3fn scales and a tensor scale; use mode='fast'"),
+        (mx.MXFP8_E4M3, "not for float8_e4m3fn x float8_e4m3fn; use mode='fast'"),
+    ],
+)
+def test_exact_says_what_it_does_not_cover(scheme, message):
+    q = emulate.quantize(np.ones((64, 64), np.float32), scheme, axis=0)
+    qt = emulate.quantize(np.ones((64, 64), np.float32), scheme, axis=1)
+    with pytest.raises(NotImplementedError, match=re.escape(message)):
+        emulate.matmul(qt, q, mode="exact")

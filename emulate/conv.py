@@ -14,9 +14,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from emulate import accumulate
+from emulate import accumulate, exact
 from emulate.dot import (
     Operand,
     _compute,
@@ -82,12 +83,19 @@ def conv_general_dilated(
             f"feature_group_count {feature_group_count}; {where}"
         )
     p = _plan_for(a, b, target, preferred_element_type, mode)
-    if p.slicing is not None:
-        raise NotImplementedError(
-            f"mode='exact' convolution of {p.lhs} x {p.rhs} is not built yet (dot_general, "
-            "matmul and einsum have it); use mode='fast'"
-        )
     window = math.prod(b.shape[d] for d in dn.rhs_spec[2:])
+    if p.slicing is not None:  # mode "exact" by exponent slicing: patches, then the dot
+        pads = _pads(a.shape, b.shape, dn, window_strides, padding, rhs_dilation)
+        params = dict(
+            window_strides=_tuple(window_strides) or (1,) * (len(a.shape) - 2),
+            padding=pads,
+            lhs_dilation=_tuple(lhs_dilation) or (1,) * (len(a.shape) - 2),
+            rhs_dilation=_tuple(rhs_dilation) or (1,) * (len(a.shape) - 2),
+            dimension_numbers=dn,
+            feature_group_count=int(feature_group_count),
+            batch_group_count=int(batch_group_count),
+        )
+        return _run_sliced_conv(p, a, b, tuple(sorted(params.items())))
     k = in_r * window
     check_k(p, k)
     slice_features = None
@@ -144,3 +152,88 @@ def _conv(p: Plan, lhs: Operand, rhs: Operand, *, slice_features, params) -> jax
         partials.append(part)
     hi, lo = accumulate.combine_chunks(jnp.stack(partials), axis=0)
     return accumulate.round_limbs(hi, lo, scale, p.out)
+
+
+def _pads(lshape, rshape, dn, strides, padding, rhs_dilation) -> tuple[tuple[int, int], ...]:
+    """Explicit (low, high) pads, as ``lax.conv_general_dilated`` resolves a padding string."""
+    nsp = len(lshape) - 2
+    if not isinstance(padding, str):
+        return tuple((int(lo), int(hi)) for lo, hi in padding)
+    rd = _tuple(rhs_dilation) or (1,) * nsp
+    window = [(rshape[d] - 1) * r + 1 for d, r in zip(dn.rhs_spec[2:], rd, strict=True)]
+    sizes = [lshape[d] for d in dn.lhs_spec[2:]]
+    return tuple(
+        tuple(int(v) for v in pad)
+        for pad in lax.padtype_to_pads(sizes, window, _tuple(strides) or (1,) * nsp, padding)
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("p", "params"))
+def _run_sliced_conv(p: Plan, lhs: Operand, rhs: Operand, params) -> jax.Array:
+    return per_platform(p, functools.partial(_sliced_conv, params=params), lhs, rhs)
+
+
+def _sliced_conv(p: Plan, lhs: Operand, rhs: Operand, *, params) -> jax.Array:
+    """Mode "exact" outside the exact class: the windows of the decoded input, moved as
+    bits (no arithmetic, so nothing is flushed or rounded), contracted with the weights by
+    :func:`emulate.exact.contract`."""
+    kw = dict(params)
+    dn = kw["dimension_numbers"]
+    # Wide operands as they are (exact.contract reads their bits: a convert may flush
+    # subnormals on XLA CPU), low-precision ones decoded to f32.
+    x, w = (
+        op.value if not op.format.is_low_precision else _compute(op, "float32", 0)
+        for op in (lhs, rhs)
+    )
+    x = jnp.transpose(x, dn.lhs_spec)  # (N, C, S...)
+    w = jnp.transpose(w, dn.rhs_spec)  # (O, Cg, K...)
+    patches = _patches(x, w.shape[2:], kw)  # (N, C, T, P...)
+    out_spatial = patches.shape[3:]
+    n, c, taps = patches.shape[:3]
+    o = w.shape[0]
+    g, bg = kw["feature_group_count"], kw["batch_group_count"]
+    npos = math.prod(out_spatial)
+    if bg > 1:  # lhs batch split into groups (group major), each with O / bg features
+        xg = patches.reshape(bg, n // bg, c, taps, npos)
+        xg = jnp.transpose(xg, (0, 1, 4, 2, 3)).reshape(bg, (n // bg) * npos, c * taps)
+        wg = w.reshape(bg, o // bg, c * taps)
+    else:  # input features split into g groups, each with O / g output features
+        cg = c // g
+        xg = patches.reshape(n, g, cg, taps, npos)
+        xg = jnp.transpose(xg, (1, 0, 4, 2, 3)).reshape(g, n * npos, cg * taps)
+        wg = w.reshape(g, o // g, cg * taps)
+    dn3 = (((2,), (2,)), ((0,), (0,)))
+    r = exact.contract(p, xg, wg, dn3, None)  # (groups, N' * P, O')
+    groups = r.shape[0]
+    r = r.reshape((groups, -1) + tuple(out_spatial) + (r.shape[-1],))
+    nsp = len(out_spatial)
+    # (groups, N', S..., O') -> (N', groups * O', S...), then the output's own layout
+    r = jnp.transpose(r, (1, 0, nsp + 2) + tuple(range(2, nsp + 2)))
+    r = r.reshape((r.shape[0], groups * r.shape[2]) + tuple(out_spatial))
+    return jnp.transpose(r, tuple(int(i) for i in np.argsort(dn.out_spec)))
+
+
+def _patches(x: jax.Array, window, kw) -> jax.Array:
+    """(N, C, T, P...) windows of (N, C, S...) values, T the taps in row-major order."""
+    uint = {2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+    bits = lax.bitcast_convert_type(x, uint)
+    config = [(0, 0, 0), (0, 0, 0)] + [
+        (lo, hi, d - 1) for (lo, hi), d in zip(kw["padding"], kw["lhs_dilation"], strict=True)
+    ]
+    bits = lax.pad(bits, uint(0), config)
+    strides, rd = kw["window_strides"], kw["rhs_dilation"]
+    out = [
+        max(0, (size - (k - 1) * r - 1) // s + 1)
+        for size, k, r, s in zip(bits.shape[2:], window, rd, strides, strict=True)
+    ]
+    taps = []
+    for tap in np.ndindex(*window):
+        start = [t * r for t, r in zip(tap, rd, strict=True)]
+        if any(o_ == 0 for o_ in out):
+            taps.append(jnp.zeros(bits.shape[:2] + tuple(out), uint))
+            continue
+        stop = [st + (o_ - 1) * s + 1 for st, o_, s in zip(start, out, strides, strict=True)]
+        taps.append(lax.slice(bits, (0, 0, *start), (*bits.shape[:2], *stop), (1, 1, *strides)))
+    if not taps:  # a window with no taps
+        return jnp.zeros(bits.shape[:2] + (0, *out), x.dtype)
+    return lax.bitcast_convert_type(jnp.stack(taps, axis=2), x.dtype)

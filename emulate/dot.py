@@ -207,7 +207,12 @@ def _run(
 
     def run(q: Plan, lhs: Operand, rhs: Operand) -> jax.Array:
         if q.slicing is not None:  # mode "exact" outside the exact class
-            a, b = _compute(lhs, "float32", 0), _compute(rhs, "float32", 0)
+            # wide operands as they are: exact.contract reads their bits (a convert to f32
+            # may flush subnormals on XLA CPU)
+            a, b = (
+                op.value if not op.format.is_low_precision else _compute(op, "float32", 0)
+                for op in (lhs, rhs)
+            )
             return exact.contract(q, a, b, dimension_numbers, precision)
         t = tiled.choose(q, lhs, rhs, dimension_numbers, tiling)
         if t is None:

@@ -1,20 +1,35 @@
 """Mode "exact" for float formats outside the exact class: exponent slicing.
 
-Every finite value of a low-precision float format is ``m * 2**E`` with an integer
-mantissa ``|m| < 2**p`` (``p = mantissa_bits + 1``) and ``E`` between the format's quantum
-exponent ``q_min`` and ``q_max``. Cutting the exponent range into slices of width ``w``
-splits an operand into ``S`` arrays whose values, each scaled by its slice's power of
-two, are integers below ``2**(p + w - 1)``: exact in int8 (when ``p + w - 1 <= 7``), in
-bf16 (any width: they have at most ``p`` significant bits) and in f32. Each pair of
-slices is one matmul whose chunk sums are exact (chunks short enough for the int32 or
-f32 accumulator), and every chunk sum is an integer in units of the pair's quantum.
+Every finite value of a float format is ``m * 2**E`` with an integer mantissa
+``|m| < 2**p`` (``p = mantissa_bits + 1``) and ``E`` at least the format's quantum
+exponent ``q_min``. Each operand is cut into ``S`` *slices*: arrays of integers below
+``2**(p + w - 1)`` (static slicing) or ``2**w`` (per-row slicing) that, each scaled by its
+slice's power of two, add up to the operand exactly. The slices are exact in int8 (when
+they stay within 127), in bf16 (when they have at most 8 significant bits) and in f32.
+Each pair of slices is one matmul whose chunk sums are exact (chunks short enough for the
+int32 or f32 accumulator), and every chunk sum is an integer in units of the pair's
+quantum.
 
-Those integers, at up to ``S_lhs * S_rhs`` different scales, are added exactly in a wide
+Two ways to cut an operand:
+
+* **static** (the low-precision formats: float8, float6, float4, integers): the exponent
+  range ``[q_min, q_max]`` is cut into ``S`` slices of ``w`` exponents each.
+* **per row** (the wide formats bfloat16, float16, float32, whose exponent ranges are far
+  too wide to cut statically): each row of the lhs (column of the rhs) is scaled by the
+  power of two of its largest element, and the ``S * w`` bits below it are cut into
+  ``S`` slices of ``w`` bits. Bits of smaller elements that fall below those ``S * w``
+  bits are left in a *residual*; while any residual is non-zero, further blocks of ``S``
+  slices are taken below each row's residual maximum (a data-dependent number of passes:
+  none for rows that span less than ``S * w`` bits, the usual case).
+
+The chunk sums, at up to ``S_lhs * S_rhs`` different scales, are added exactly in a wide
 fixed-point number held in 16-bit limbs of uint32 arrays (positive and negative parts
-apart, so no limb ever overflows), and the total is rounded once into the result type:
-correctly for float32, and through a round-to-odd float32 for narrower types, which
-makes the second rounding equal to a single one. Products that are NaN or infinite, and
-sums of infinities, follow IEEE: they are taken from an f32 dot of the decoded values.
+apart, so no limb ever overflows), at the power of two of the row and column scales, and
+the total is rounded once into float32, with its subnormals and overflow to Inf: to
+nearest even for a float32 result, or *to odd* for a narrower one, which makes the second
+rounding equal to a single one. NaN and Inf follow IEEE: they come from a dot of the
+operands with every finite non-zero value replaced by its sign (no overflow, no flushed
+subnormals), run only when an operand holds NaN or Inf.
 """
 
 from __future__ import annotations
@@ -27,47 +42,86 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import accumulate, formats
+from emulate import accumulate, formats, targets
 from emulate.formats import Format
 
-__all__ = ["Slicing", "slicing", "choose", "contract"]
+__all__ = ["Slicing", "slicing", "choose", "contract", "WIDE_EXTRA_BITS"]
 
 _F32_EXACT = 1 << 24
 _I32_EXACT = (1 << 31) - 1
 _MIN_CHUNK = 256  # shorter chunks cost more in partial sums than they save in passes
 _MAX_CHUNKS = 1 << 16  # 16-bit pieces of chunk sums add up in uint32 for this many chunks
+_WIDE = ("bfloat16", "float16", "float32")
+# Bits below a row's largest element that the first block of per-row slices covers, beyond
+# the format's own mantissa: elements down to 2**-WIDE_EXTRA_BITS of the row maximum are
+# sliced in one block; smaller ones (rare in activations) cost further blocks.
+WIDE_EXTRA_BITS = 24
+_NONE = -(1 << 20)  # "no bits": the top exponent of a zero residual
 
 
 @dataclasses.dataclass(frozen=True)
 class Slicing:
-    """How one operand is cut: ``count`` slices of ``width`` exponents from ``q_min``."""
+    """How one operand is cut: ``count`` slices of ``width`` exponents (bits) each.
+
+    Static slicing (``levels`` None) starts at ``q_min``; per-row slicing (``levels`` set,
+    the wide formats) takes ``levels`` slices of ``width`` bits below each row's (column's)
+    largest exponent, and further blocks of them while bits remain below.
+    """
 
     format: str
     p: int
     q_min: int
     q_max: int
     width: int
+    levels: int | None = None
+
+    @property
+    def dynamic(self) -> bool:
+        return self.levels is not None
 
     @property
     def count(self) -> int:
+        if self.levels is not None:
+            return self.levels
         return -(-(self.q_max - self.q_min + 1) // self.width)
 
     @property
     def max_int(self) -> int:
-        """Largest integer a slice holds: ``(2**p - 1) * 2**(width - 1)``."""
+        """Largest integer a slice holds: ``(2**p - 1) * 2**(width - 1)`` (static) or
+        ``2**width - 1`` (per row)."""
+        if self.levels is not None:
+            return (1 << self.width) - 1
         return ((1 << self.p) - 1) << (self.width - 1)
+
+    @property
+    def significant_bits(self) -> int:
+        """Most significant bits in one slice value (what a bf16 slice must hold)."""
+        if self.levels is not None:
+            return min(self.width, self.p)
+        return self.p
 
 
 def slicing(fmt: object, width: int) -> Slicing:
-    """The slicing of a low-precision format (integers are one slice: ``m * 2**0``)."""
+    """The slicing of a format: static for the low-precision formats (integers are one
+    slice, ``m * 2**0``), per row for bfloat16, float16 and float32."""
     f = formats.get(fmt)
-    if not f.is_low_precision or (f.is_float and not f.has_subnormals):
-        raise ValueError(f"fmt: exponent slicing is for the low-precision formats, got {f.name}")
+    wide = f.name in _WIDE
+    if not (wide or f.is_low_precision) or (f.is_float and not f.has_subnormals):
+        raise ValueError(
+            f"fmt: exponent slicing is for the low-precision formats and {', '.join(_WIDE)}, "
+            f"got {f.name}"
+        )
     if f.is_integer:
         return Slicing(f.name, f.bits, 0, 0, width)
     q_min = round(math.log2(f.min_subnormal))
     q_max = math.floor(math.log2(f.max)) - f.mantissa_bits
-    return Slicing(f.name, f.mantissa_bits + 1, q_min, q_max, width)
+    p = f.mantissa_bits + 1
+    levels = -(-(p + WIDE_EXTRA_BITS) // width) if wide else None
+    return Slicing(f.name, p, q_min, q_max, width, levels)
+
+
+def _widths(f: Format) -> range:
+    return range(1, 25) if f.name in _WIDE else range(1, 17)
 
 
 def choose(lhs: Format, rhs: Format, compute: str) -> tuple[Slicing, Slicing, int] | None:
@@ -75,14 +129,16 @@ def choose(lhs: Format, rhs: Format, compute: str) -> tuple[Slicing, Slicing, in
     and the K-chunk that keeps every partial sum exact; None if ``compute`` cannot hold
     the slices (int8 and a format with more than 7 significant bits)."""
     best = None
-    for wa in range(1, 17):
-        for wb in range(1, 17):
+    for wa in _widths(lhs):
+        for wb in _widths(rhs):
             a, b = slicing(lhs, wa), slicing(rhs, wb)
             if compute == "int8":
                 if a.max_int > 127 or b.max_int > 127:
                     continue
                 chunk = _I32_EXACT // (a.max_int * b.max_int)
             else:
+                if compute == "bfloat16" and max(a.significant_bits, b.significant_bits) > 8:
+                    continue
                 chunk = _F32_EXACT // (a.max_int * b.max_int)
                 if chunk < _MIN_CHUNK:
                     continue
@@ -92,8 +148,12 @@ def choose(lhs: Format, rhs: Format, compute: str) -> tuple[Slicing, Slicing, in
     return None if best is None else (best[1], best[2], best[3])
 
 
+# ------------------------------------------------------------------------------ slices
+
+
 def _slices(v: jax.Array, s: Slicing, compute: str) -> list[jax.Array]:
-    """Split decoded f32 values (NaN and Inf already zeroed) into integer-valued slices."""
+    """Split decoded f32 values (NaN and Inf already zeroed) into integer-valued slices
+    (static slicing)."""
     bits = lax.bitcast_convert_type(v, jnp.uint32)
     biased = ((bits >> 23) & 0xFF).astype(jnp.int32)
     e = jnp.maximum(biased - 127 - (s.p - 1), s.q_min)
@@ -106,6 +166,63 @@ def _slices(v: jax.Array, s: Slicing, compute: str) -> list[jax.Array]:
     return out
 
 
+def _split_f32(bits: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The f32 values of ``bits`` (uint32; subnormals included, NaN and Inf read as 0) as
+    ``(negative, m, E)`` with ``v = (-1)**negative * m * 2**E``, ``0 <= m < 2**24``."""
+    e = ((bits >> 23) & 0xFF).astype(jnp.int32)
+    frac = (bits & 0x7FFFFF).astype(jnp.int32)
+    m = jnp.where(e == 0, frac, frac | 0x800000)
+    m = jnp.where(e == 0xFF, 0, m)
+    return (bits >> 31) == 1, m, jnp.maximum(e, 1) - 150
+
+
+def _f32_bits(x: jax.Array) -> jax.Array:
+    """The float32 bits of ``x`` (float32, bfloat16 or float16), by integer operations only:
+    XLA CPU may flush subnormals in any float operation, a convert included."""
+    if x.dtype == jnp.float32:
+        return lax.bitcast_convert_type(x, jnp.uint32)
+    h = lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+    if x.dtype == jnp.bfloat16:
+        return h << 16
+    if x.dtype != jnp.float16:
+        raise TypeError(f"exact: expected float32, bfloat16 or float16 values, got {x.dtype}")
+    sign, e, frac = (h >> 15) << 31, (h >> 10) & 0x1F, h & 0x3FF
+    normal = sign | ((e + 112) << 23) | (frac << 13)
+    special = sign | 0x7F800000 | (frac << 13)
+    # float16 subnormals (frac * 2**-24) are normal float32 values: nothing to flush.
+    sub = lax.bitcast_convert_type(frac.astype(jnp.float32) * jnp.float32(2.0**-24), jnp.uint32)
+    return jnp.where(e == 0x1F, special, jnp.where(e == 0, sub | sign, normal))
+
+
+def _top(m: jax.Array, e: jax.Array) -> jax.Array:
+    """Exponent of the highest set bit of ``m * 2**e``; ``_NONE`` where ``m == 0``."""
+    return jnp.where(m != 0, e + 31 - lax.clz(m), _NONE)
+
+
+def _row_slices(neg, m, e, s: Slicing, compute: str):
+    """One block of per-row slices of ``(-1)**neg * m * 2**e`` (shape (B, R, K)): the
+    slices (lowest first), each row's base exponent (B, R, 1) and the residual mantissas
+    (the bits below the base)."""
+    t = jnp.max(_top(m, e), axis=-1, keepdims=True, initial=_NONE)
+    base = jnp.maximum(t - s.count * s.width + 1, s.q_min)
+    rel = e - base  # the element's lowest bit relative to the base
+    mask = (1 << s.width) - 1
+    out = []
+    for i in range(s.count):
+        sh = rel - i * s.width
+        left = m << jnp.clip(sh, 0, 31)  # bits past the slice are masked off below
+        right = m >> jnp.clip(-sh, 0, 31)
+        part = jnp.where(sh >= 0, left, right) & mask
+        part = jnp.where(neg, -part, part)
+        out.append(part.astype(compute))
+    below = jnp.clip(-rel, 0, 31)
+    residual = jnp.where(rel >= 0, 0, m & ((1 << below) - 1))
+    return out, base, residual
+
+
+# ------------------------------------------------------------------ chunk sums and limbs
+
+
 def _canonical3(x: jax.Array, batch, contract) -> jax.Array:
     """(batch, free, K) with each group of dimensions merged into one."""
     free = [d for d in range(x.ndim) if d not in batch and d not in contract]
@@ -115,11 +232,11 @@ def _canonical3(x: jax.Array, batch, contract) -> jax.Array:
     return x.reshape(nb, nf, -1)
 
 
-def _pair_chunk_sums(slices_a, slices_b, dimension_numbers, chunk: int, acc) -> jax.Array:
-    """Chunk sums of every slice pair in one dot: int32 of shape (Sa, Sb, B, M, N, C)."""
-    (lc, rc), (lb, rb) = dimension_numbers
-    a = jnp.concatenate([_canonical3(x, lb, lc) for x in slices_a], axis=1)  # (B, Sa*M, K)
-    b = jnp.concatenate([_canonical3(y, rb, rc) for y in slices_b], axis=1)  # (B, Sb*N, K)
+def _pair_chunk_sums(slices_a, slices_b, chunk: int, acc) -> jax.Array:
+    """Chunk sums of every slice pair of (B, M, K) and (B, N, K) slices in one dot: int32
+    of shape (Sa, Sb, B, M, N, C)."""
+    a = jnp.concatenate(slices_a, axis=1)  # (B, Sa*M, K)
+    b = jnp.concatenate(slices_b, axis=1)  # (B, Sb*N, K)
     k = a.shape[-1]
     chunk = min(chunk, max(k, 1))
     pad = (-k) % chunk
@@ -141,23 +258,55 @@ def _limbs(part: jax.Array, shifts: np.ndarray, n_limbs: int, sign: int) -> list
     """The non-negative integer ``sum_ij max(sign * part_ij, 0) * 2**shifts_ij`` (summed
     over chunks, the last axis) in normalised 16-bit limbs."""
     m = jnp.maximum(sign * part, 0).astype(jnp.uint32)  # |part| < 2**31
-    values = (
-        (jnp.sum(m & 0xFFFF, axis=-1, dtype=jnp.uint32), shifts),  # < 2**32: <= 2**16 chunks
-        (jnp.sum(m >> 16, axis=-1, dtype=jnp.uint32), shifts + 16),
+    n_pairs = shifts.size
+    v = jnp.concatenate(  # each sum < 2**32: <= 2**16 chunks of 16-bit pieces
+        [
+            jnp.sum(m & 0xFFFF, axis=-1, dtype=jnp.uint32).reshape((n_pairs, *m.shape[2:-1])),
+            jnp.sum(m >> 16, axis=-1, dtype=jnp.uint32).reshape((n_pairs, *m.shape[2:-1])),
+        ]
     )
-    limbs = [jnp.zeros(m.shape[2:-1], jnp.uint32) for _ in range(n_limbs)]
-    for v, sh in values:
-        for i, j in np.ndindex(sh.shape):  # the shifts are static: place each pair directly
-            q, r = divmod(int(sh[i, j]), 16)
-            v0, v1 = (v[i, j] & 0xFFFF) << r, (v[i, j] >> 16) << r  # each < 2**31
-            # pieces < 2**17 each: a limb sums at most 6 per pair, far below 2**32
-            limbs[q] = limbs[q] + (v0 & 0xFFFF)
-            limbs[q + 1] = limbs[q + 1] + (v0 >> 16) + (v1 & 0xFFFF)
-            limbs[q + 2] = limbs[q + 2] + (v1 >> 16)
-    for i in range(n_limbs - 1):
+    sh = np.concatenate([shifts.ravel(), shifts.ravel() + 16])
+    q, r = np.divmod(sh, 16)  # static: each value goes to limbs q, q + 1, q + 2
+    r = jnp.asarray(r.astype(np.uint32)).reshape((-1,) + (1,) * (v.ndim - 1))
+    v0, v1 = (v & 0xFFFF) << r, (v >> 16) << r  # each < 2**31
+    pieces = jnp.concatenate([v0 & 0xFFFF, (v0 >> 16) + (v1 & 0xFFFF), v1 >> 16])  # < 2**17
+    where = np.concatenate([q, q + 1, q + 2])
+    limbs = []
+    for i in range(n_limbs):
+        rows = np.flatnonzero(where == i)
+        if rows.size == 0:
+            limbs.append(jnp.zeros(v.shape[1:], jnp.uint32))
+        elif rows.size == rows[-1] - rows[0] + 1:  # a contiguous run: a slice, no gather
+            limbs.append(jnp.sum(pieces[rows[0] : rows[-1] + 1], axis=0, dtype=jnp.uint32))
+        else:
+            limbs.append(jnp.sum(pieces[rows], axis=0, dtype=jnp.uint32))
+    return _normalize(limbs)
+
+
+def _normalize(limbs: list[jax.Array]) -> list[jax.Array]:
+    limbs = list(limbs)
+    for i in range(len(limbs) - 1):
         limbs[i + 1] = limbs[i + 1] + (limbs[i] >> 16)
         limbs[i] = limbs[i] & 0xFFFF
     return limbs
+
+
+def _place(acc: jax.Array, rel: list[jax.Array], offset: jax.Array) -> jax.Array:
+    """``acc + rel * 2**offset`` for limbs ``acc`` stacked on a leading axis (each below
+    2**17), normalised limbs ``rel`` and a run-time ``offset >= 0`` (an int32 array of the
+    limbs' shape). Each limb of the result is below 2**17 again (one carry step)."""
+    q = offset >> 4
+    r = (offset & 15).astype(jnp.uint32)
+    zero = jnp.zeros_like(rel[0])
+    padded = [zero, *rel, zero]
+    pieces = [  # rel << r in 16-bit pieces, each < 2**16
+        ((padded[j + 1] << r) & 0xFFFF) | ((padded[j] << r) >> 16) for j in range(len(rel) + 1)
+    ]
+    idx = jnp.arange(acc.shape[0], dtype=jnp.int32).reshape((-1,) + (1,) * q.ndim) - q[None]
+    for j, x in enumerate(pieces):  # each limb receives at most one piece
+        acc = acc + jnp.where(idx == j, x[None], 0)
+    carry = jnp.concatenate([jnp.zeros_like(acc[:1]), acc[:-1] >> 16])
+    return (acc & 0xFFFF) + carry
 
 
 def _subtract(pos: list[jax.Array], neg: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
@@ -177,83 +326,249 @@ def _subtract(pos: list[jax.Array], neg: list[jax.Array]) -> tuple[jax.Array, li
     return negative, [jnp.where(negative, y, x) for x, y in zip(d1, d2, strict=True)]
 
 
-def _pow2(e: jax.Array) -> jax.Array:
-    """``2.0**e`` in f32 for ``-126 <= e <= 127`` (int32 array)."""
-    return lax.bitcast_convert_type(((e + 127) << 23).astype(jnp.uint32), jnp.float32)
+def _subtract_stacked(pos: jax.Array, neg: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
+    """``(negative, |pos - neg|)`` for limbs stacked on a leading axis (each below 2**30),
+    the carries rippled by a scan over the limbs (a long unrolled chain compiles slowly)."""
+
+    def step(carry, limbs):
+        x = limbs + carry  # (2, ...) int32: pos - neg and neg - pos
+        return x >> 16, x & 0xFFFF
+
+    d = pos.astype(jnp.int32) - neg.astype(jnp.int32)
+    both = jnp.stack([d, -d], axis=1)  # (A, 2, ...)
+    carry, out = lax.scan(step, jnp.zeros_like(both[0]), both)
+    negative = carry[0] < 0  # the sign of pos - neg: its final carry (headroom above)
+    mag = jnp.where(negative[None], out[:, 1], out[:, 0]).astype(jnp.uint32)
+    return negative, list(mag)
 
 
-def _round_wide(negative, limbs: list[jax.Array], q0: int, to_odd: bool) -> jax.Array:
-    """Round ``(-1)**negative * sum(limbs[i] * 2**(16 i)) * 2**q0`` to f32: to nearest even,
-    or to odd (for a later rounding into a narrower type)."""
-    limbs = [jnp.zeros_like(limbs[0])] * 2 + limbs  # so the window below never runs off
-    n = len(limbs)
-    h = jnp.zeros(limbs[0].shape, jnp.int32)
-    for i in range(n):
-        h = jnp.where(limbs[i] != 0, i, h)
-    h = jnp.maximum(h, 2)
+def _select(stack: jax.Array, index: jax.Array) -> jax.Array:
+    """``stack[index]`` per element along the leading axis (0 outside it)."""
+    iota = jnp.arange(stack.shape[0], dtype=jnp.int32).reshape((-1,) + (1,) * index.ndim)
+    return jnp.sum(jnp.where(iota == index[None], stack, 0), axis=0, dtype=jnp.uint32)
 
-    def pick(offset):
-        return sum(jnp.where(h - offset == i, limbs[i], 0) for i in range(n)).astype(jnp.uint32)
 
-    top, mid, low = pick(0), pick(1), pick(2)
-    below = jnp.zeros(limbs[0].shape, bool)
-    for i in range(n):
-        below = below | ((i < h - 2) & (limbs[i] != 0))
-    msb = 32 + 31 - lax.clz(top).astype(jnp.int32)  # top != 0 unless the total is zero
-    s = (msb - 25).astype(jnp.uint32)  # in [7, 22]
-    hiw = (top << 16) | mid
-    small = s <= 16
-    s_lo = jnp.minimum(s, 16)
-    s_hi = jnp.maximum(s, 16) - 16
-    w_small = (hiw << (16 - s_lo)) | (low >> s_lo)
-    w_large = hiw >> s_hi
-    w = jnp.where(small, w_small, w_large)
-    out_small = (low & ((jnp.uint32(1) << s_lo) - 1)) != 0
-    out_large = ((hiw & ((jnp.uint32(1) << s_hi) - 1)) != 0) | (low != 0)
-    sticky = below | jnp.where(small, out_small, out_large)
-    f = w >> 2
-    rem = w & 3
+def _round_wide(negative, limbs: list[jax.Array], q0, to_odd: bool) -> jax.Array:
+    """Round ``(-1)**negative * sum(limbs[i] * 2**(16 i)) * 2**q0`` (normalised limbs;
+    ``q0`` an int or an int32 array) once into float32, subnormals and overflow included:
+    to nearest even, or to odd (for a later rounding into a narrower type). The result is
+    built from its bits, so no arithmetic flushes it."""
+    zero = jnp.zeros_like(limbs[0])
+    stack = jnp.stack([zero, zero, *limbs])  # 32 bits below: windows never run off
+    shape = limbs[0].shape
+    q0 = jnp.broadcast_to(jnp.asarray(q0, jnp.int32), shape) - 32
+    iota = jnp.arange(stack.shape[0], dtype=jnp.int32).reshape((-1,) + (1,) * len(shape))
+    h = jnp.max(jnp.where(stack != 0, iota, 0), axis=0)
+    top = _select(stack, h)
+    msb = 16 * h + 31 - lax.clz(top).astype(jnp.int32)  # bit index of the leading one
+    # The result's quantum (its lowest kept bit): 24 bits below the leading one, or 2**-149.
+    d = jnp.maximum(msb - 23, -149 - q0)  # >= 9: msb >= 32 unless the total is 0
+    p = d - 1  # the rounding bit
+    li, r = p >> 4, (p & 15).astype(jnp.uint32)
+    lo, mid, hi = _select(stack, li), _select(stack, li + 1), _select(stack, li + 2)
+    window = (lo >> r) | (mid << (16 - r)) | jnp.where(r == 0, 0, hi << ((32 - r) & 31))
+    sticky = ((lo & ((jnp.uint32(1) << r) - 1)) != 0) | jnp.any(
+        (iota < li[None]) & (stack != 0), axis=0
+    )
+    f = (window >> 1) & 0xFFFFFF
+    half = (window & 1) == 1
     if to_odd:
-        f = f | ((rem != 0) | sticky).astype(jnp.uint32)
+        f = f | (half | sticky).astype(jnp.uint32)
     else:
-        up = (rem == 3) | ((rem == 2) & (sticky | ((f & 1) == 1)))
-        f = f + up.astype(jnp.uint32)
-    e = s.astype(jnp.int32) + 2 + 16 * (h - 2 - 2) + q0  # the two padding limbs
-    e1 = e // 2
-    value = f.astype(jnp.float32) * _pow2(e1) * _pow2(e - e1)
-    value = jnp.where(top == 0, 0.0, value)
-    return jnp.where(negative, -value, value)
+        f = f + (half & (sticky | ((f & 1) == 1))).astype(jnp.uint32)
+    qt = jnp.minimum(d + q0, 200)  # the exponent of f's unit; >= -149
+    bits = ((qt + 149).astype(jnp.uint32) << 23) + f  # f < 2**23 only for subnormals
+    bits = jnp.where(bits >= 0x7F800000, jnp.uint32(0x7F800000), bits)
+    bits = jnp.where(top == 0, 0, bits | (negative.astype(jnp.uint32) << 31))
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+# ---------------------------------------------------------------------------- contract
+
+
+@dataclasses.dataclass(frozen=True)
+class _Side:
+    """One operand in canonical (B, R, K) layout, ready to slice."""
+
+    s: Slicing
+    bits: jax.Array  # the f32 bits of the values, NaN/Inf zeroed
+    compute: str
+
+    def first(self):
+        """The first block: (slices, base exponent, residual or None)."""
+        if not self.s.dynamic:  # low-precision values: normal in f32, float ops are safe
+            v = lax.bitcast_convert_type(self.bits, jnp.float32)
+            return _slices(v, self.s, self.compute), self.s.q_min, None
+        neg, m, e = _split_f32(self.bits)
+        return _row_slices(neg, m, e, self.s, self.compute)
+
+    def split(self):
+        return _split_f32(self.bits)
+
+
+def _n_limbs(max_shift: int) -> int:
+    # value bits: shift + 16 (hi half) + 32 (sum of 2**16 chunk pieces) + pair count, and
+    # two limbs of headroom for the carries
+    return (max_shift + 16 + 32 + 8) // 16 + 2
 
 
 def contract(plan, lhs_values, rhs_values, dimension_numbers, precision) -> jax.Array:
-    """The exact-mode contraction of decoded f32 operands for a "sliced" plan."""
+    """The exact-mode contraction of decoded f32 operands for a "sliced" plan.
+
+    ``precision`` is accepted for symmetry with the other routes; every dot here multiplies
+    values that are exact in the compute type.
+    """
+    del precision
     sa = slicing(plan.lhs, plan.slicing[0])
     sb = slicing(plan.rhs, plan.slicing[1])
     compute = plan.lhs_compute
     acc = jnp.int32 if compute == "int8" else jnp.float32
-    # IEEE specials from an f32 dot of the decoded values: NaN and Inf are exact there.
-    fast = lax.dot_general(
-        lhs_values, rhs_values, dimension_numbers, precision, preferred_element_type=jnp.float32
-    )
-    a = jnp.where(jnp.isfinite(lhs_values), lhs_values, 0.0)
-    b = jnp.where(jnp.isfinite(rhs_values), rhs_values, 0.0)
-    slices_a, slices_b = _slices(a, sa, compute), _slices(b, sb, compute)
-    k = math.prod(a.shape[d] for d in dimension_numbers[0][0])
+    (lc, rc), (lb, rb) = dimension_numbers
+    a3 = _canonical3(lhs_values, lb, lc)  # (B, M, K)
+    b3 = _canonical3(rhs_values, rb, rc)  # (B, N, K)
+    out_shape = _result_shape(lhs_values.shape, rhs_values.shape, dimension_numbers)
+    k = a3.shape[-1]
     n_chunks = -(-max(k, 1) // min(plan.k_chunk, max(k, 1)))
     if n_chunks > _MAX_CHUNKS:
         raise ValueError(
             f"lhs, rhs: exact mode covers contractions of up to {_MAX_CHUNKS * plan.k_chunk} "
             f"for {plan.lhs} x {plan.rhs}; got K = {k}"
         )
-    part = _pair_chunk_sums(slices_a, slices_b, dimension_numbers, plan.k_chunk, acc)
+    a3, b3 = _f32_bits(a3), _f32_bits(b3)
+    fin_a, fin_b = ((x & 0x7F800000) != 0x7F800000 for x in (a3, b3))
+    side_a = _Side(sa, jnp.where(fin_a, a3, 0), compute)
+    side_b = _Side(sb, jnp.where(fin_b, b3, 0), compute)
     shifts = np.add.outer(np.arange(sa.count) * sa.width, np.arange(sb.count) * sb.width)
-    # value bits: shift + 16 (hi half) + 32 (sum of 2**16 chunk pieces) + pair count, and
-    # two limbs of headroom for the carries
-    n_limbs = (int(shifts.max()) + 16 + 32 + 8) // 16 + 2
-    pos = _limbs(part, shifts, n_limbs, 1)
-    neg = _limbs(part, shifts, n_limbs, -1)
-    negative, mag = _subtract(pos, neg)
-    out = formats.get(plan.out)
-    r = _round_wide(negative, mag, sa.q_min + sb.q_min, to_odd=out.name != "float32")
-    r = jnp.where(jnp.isfinite(fast), r.reshape(fast.shape), fast)
-    return accumulate.round_accumulator(r, plan.out)
+    n_rel = _n_limbs(int(shifts.max()))
+    to_odd = formats.get(plan.out).name != "float32"
+
+    def block(slices_a, slices_b):
+        part = _pair_chunk_sums(slices_a, slices_b, plan.k_chunk, acc)
+        return _limbs(part, shifts, n_rel, 1), _limbs(part, shifts, n_rel, -1)
+
+    sl_a, base_a, res_a = side_a.first()
+    sl_b, base_b, res_b = side_b.first()
+    pos, neg = block(sl_a, sl_b)
+    q0 = _q0(base_a, base_b)
+    if res_a is None and res_b is None:
+        r = _round_wide(*_subtract(pos, neg), q0, to_odd)
+    else:
+
+        def fast(_):
+            return _round_wide(*_subtract(pos, neg), q0, to_odd)
+
+        def slow(_):
+            return _residual_blocks(
+                side_a,
+                side_b,
+                (sl_a, base_a, res_a),
+                (sl_b, base_b, res_b),
+                (pos, neg),
+                block,
+                to_odd,
+            )
+
+        more = jnp.zeros((), bool)
+        for res in (res_a, res_b):
+            if res is not None:
+                more = more | jnp.any(res != 0)
+        r = lax.cond(more, slow, fast, None)
+    r = _specials(r, a3, b3, fin_a, fin_b, plan)
+    return accumulate.round_accumulator(r.reshape(out_shape), plan.out)
+
+
+def _q0(base_a, base_b):
+    """The exponent of the relative limbs' unit, per (B, M, N) element (or an int)."""
+    if isinstance(base_a, int) and isinstance(base_b, int):
+        return base_a + base_b
+    ea = base_a if not isinstance(base_a, int) else jnp.full((1, 1, 1), base_a, jnp.int32)
+    eb = base_b if not isinstance(base_b, int) else jnp.full((1, 1, 1), base_b, jnp.int32)
+    return ea + jnp.swapaxes(eb, 1, 2)  # (B, M, 1) + (B, 1, N)
+
+
+def _residual_blocks(side_a, side_b, first_a, first_b, first_limbs, block, to_odd):
+    """The exact sum when a per-row operand has bits below its first block: every block
+    of the lhs against every block of the rhs, added at run-time shifts into one
+    fixed-point number covering the whole range of the two formats."""
+    sa, sb = side_a.s, side_b.s
+    lo = sa.q_min + sb.q_min  # no base is below its format's q_min
+    hi_a = sa.q_max + sa.p if sa.dynamic else sa.q_min
+    hi_b = sb.q_max + sb.p if sb.dynamic else sb.q_min
+    n_rel = len(first_limbs[0])
+    n_abs = (hi_a + hi_b - lo) // 16 + n_rel + 4  # room for the carries of many blocks
+    sl_a1, base_a1, res_a1 = first_a
+    sl_b1, base_b1, res_b1 = first_b
+    shape = first_limbs[0][0].shape
+    zeros = jnp.zeros((n_abs, *shape), jnp.uint32)
+
+    def add(accs, rel, base_a, base_b):
+        off = jnp.broadcast_to(_q0(base_a, base_b) - lo, shape)
+        return tuple(_place(a, r, off) for a, r in zip(accs, rel, strict=True))
+
+    accs = add((zeros, zeros), first_limbs, base_a1, base_b1)
+
+    def against_b(sl_a, base_a, res_b, accs):
+        """Add the lhs block ``sl_a`` times every rhs block still in ``res_b``."""
+        if res_b is None:
+            return accs
+        neg_b, _, e_b = side_b.split()
+
+        def cond(state):
+            return jnp.any(state[0] != 0)
+
+        def body(state):
+            res, accs = state
+            sl_b, base_b, res = _row_slices(neg_b, res, e_b, sb, side_b.compute)
+            return res, add(accs, block(sl_a, sl_b), base_a, base_b)
+
+        return lax.while_loop(cond, body, (res_b, accs))[1]
+
+    accs = against_b(sl_a1, base_a1, res_b1, accs)
+    if res_a1 is not None:
+        neg_a, _, e_a = side_a.split()
+        _, m_b, _ = side_b.split() if sb.dynamic else (None, None, None)
+
+        def cond(state):
+            return jnp.any(state[0] != 0)
+
+        def body(state):
+            res, accs = state
+            sl_a, base_a, res = _row_slices(neg_a, res, e_a, sa, side_a.compute)
+            if sb.dynamic:
+                accs = against_b(sl_a, base_a, m_b, accs)
+            else:
+                accs = add(accs, block(sl_a, sl_b1), base_a, sb.q_min)
+            return res, accs
+
+        accs = lax.while_loop(cond, body, (res_a1, accs))[1]
+    return _round_wide(*_subtract_stacked(*accs), lo, to_odd)
+
+
+def _result_shape(lshape, rshape, dimension_numbers) -> tuple[int, ...]:
+    (lc, rc), (lb, rb) = dimension_numbers
+    lfree = [lshape[d] for d in range(len(lshape)) if d not in lc and d not in lb]
+    rfree = [rshape[d] for d in range(len(rshape)) if d not in rc and d not in rb]
+    return tuple(lshape[d] for d in lb) + tuple(lfree) + tuple(rfree)
+
+
+def _specials(r, a3, b3, fin_a, fin_b, plan) -> jax.Array:
+    """NaN and Inf by IEEE rules, from a dot of the operands with every finite value
+    replaced by its sign (0, +-1): exact, no overflow, nothing flushed. Run only when an
+    operand holds NaN or Inf."""
+    t = targets.get(plan.target)
+    dtype = jnp.bfloat16 if t.supports("bfloat16", "bfloat16") else jnp.float32
+
+    def signs(bits, finite):  # from the bits: no float operation sees a subnormal
+        one = jnp.where((bits >> 31) == 1, -1.0, 1.0)
+        nan = jnp.where((bits << 9) != 0, jnp.nan, jnp.inf)  # NaN, or Inf with the sign
+        value = jnp.where(finite, jnp.where((bits << 1) == 0, 0.0, 1.0), nan)
+        return (value * one).astype(dtype)
+
+    def with_specials(r):
+        sa, sb = signs(a3, fin_a), signs(b3, fin_b)
+        dn = (((2,), (2,)), ((0,), (0,)))
+        s = lax.dot_general(sa, sb, dn, preferred_element_type=jnp.float32)
+        return jnp.where(jnp.isfinite(s), r, s)
+
+    special = ~(jnp.all(fin_a) & jnp.all(fin_b))
+    return lax.cond(special, with_specials, lambda r: r, r)

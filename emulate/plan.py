@@ -113,6 +113,17 @@ class Plan:
                 f"{sb.count} of {sb.width}: {sa.count * sb.count} passes, each chunk of\n"
                 f"    {self.k_chunk} exact; all sums added exactly in 16-bit limbs"
             )
+            for side, s in (("lhs", sa), ("rhs", sb)):
+                if s.dynamic:
+                    what = "row" if side == "lhs" else "column"
+                    lines.append(
+                        f"  {side} {s.format} is sliced per {what}: {s.count} slices of "
+                        f"{s.width} bits below each {what}'s largest\n"
+                        f"    exponent ({s.count * s.width} bits); where smaller elements "
+                        f"have bits below those, further blocks\n"
+                        f"    of {s.count} slices (each {sa.count * sb.count} more passes) "
+                        "run until none remain"
+                    )
         elif self.k_chunk is not None:
             lines.append(
                 f"  K-chunk: {self.k_chunk}, the longest contraction whose partial sums stay\n"
@@ -231,8 +242,8 @@ def plan(
       ValueError: an unknown mode, or a format that cannot be a matmul operand
         (float8_e8m0fnu is a scale type).
       TypeError: operand types ``lax.dot_general`` itself rejects.
-      NotImplementedError: ``mode="exact"`` for a pair outside the exact class (built in
-        a later release).
+      NotImplementedError: ``mode="exact"`` for a pair it does not cover (int32 operands;
+        float pairs are all covered).
     """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
@@ -255,9 +266,9 @@ def plan(
     if mode == "exact" and not exact:
         if not (_sliceable(a) and _sliceable(b)):
             raise NotImplementedError(
-                f"mode='exact' for {a.name} x {b.name} is not built yet: today it covers the "
-                "low-precision formats (integers, float8, float6, float4) with each other; "
-                "an operand of a wide type (bfloat16, float16, float32) needs mode='fast'"
+                f"mode='exact' for {a.name} x {b.name} is not built: it covers the "
+                "low-precision formats (integers, float8, float6, float4), bfloat16, float16 "
+                "and float32 with each other; use mode='fast'"
             )
         return _sliced(t, a, b, out, mode)
     ints = a.is_integer and b.is_integer
@@ -297,6 +308,8 @@ _PLATFORMS = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}
 
 
 def _sliceable(f: Format) -> bool:
+    if f.name in ("bfloat16", "float16", "float32"):  # sliced per row, at run-time scales
+        return True
     return f.is_low_precision and (f.is_integer or f.has_subnormals)
 
 

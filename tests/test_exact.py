@@ -216,16 +216,9 @@ def test_every_slicing_keeps_chunk_sums_exact():
                     assert np.all(p == np.round(p)) and np.abs(p).max() <= s.max_int
 
 
-def test_convolution_in_exact_mode_is_not_built_yet():
-    x = np.zeros((1, 2, 5), ml_dtypes.float8_e4m3fn)
-    k = np.zeros((3, 2, 2), ml_dtypes.float8_e4m3fn)
-    with pytest.raises(
-        NotImplementedError,
-        match=r"^mode='exact' convolution of float8_e4m3fn x float8_e4m3fn is not built yet",
-    ):
-        emulate.conv_general_dilated(
-            x, k, (1,), "VALID", preferred_element_type=jnp.float32, mode="exact"
-        )
+def test_int32_operands_in_exact_mode_are_not_built():
+    with pytest.raises(NotImplementedError, match=r"^mode='exact' for int32 x int32 is not built"):
+        emulate.plan("int32", "int32", mode="exact")
 
 
 def test_polyfill_in_exact_mode():
@@ -241,3 +234,134 @@ def test_polyfill_in_exact_mode():
         np.asarray(a), np.asarray(b), DN, preferred_element_type=np.float32
     )
     np.testing.assert_array_equal(got, want)
+
+
+# ------------------------------------------------------------------ wide operands, per row
+
+WIDE_CASES = [
+    ("bfloat16", "float8_e4m3fn", "tpu_v5e", 0),
+    ("float8_e5m2", "bfloat16", "tpu_v4", 1),
+    ("float16", "float8_e4m3fn", "tpu_v2", 0),
+    ("bfloat16", "bfloat16", "tpu_v4", 1),
+    ("float32", "float32", "tpu_v5e", 0),
+    ("float32", "float8_e5m2", "tpu_v4", 0),
+]
+
+
+@pytest.mark.parametrize("lhs,rhs,target,layout", WIDE_CASES)
+@settings(max_examples=6)
+@given(data=st.data())
+def test_wide_operands_give_the_correctly_rounded_sum(lhs, rhs, target, layout, data):
+    lshape, rshape, dn = LAYOUTS[layout]
+    a = data.draw(et.arrays(lhs, lshape))
+    b = data.draw(et.arrays(rhs, rshape))
+    out = data.draw(st.sampled_from([jnp.float32, jnp.bfloat16]))
+    got = emulate.dot_general(a, b, dn, preferred_element_type=out, target=target, mode="exact")
+    want = reference.dot_general(a, b, dn, preferred_element_type=out)
+    assert same_bits(got, want), (got, want)
+
+
+BF = ml_dtypes.bfloat16
+E4 = ml_dtypes.float8_e4m3fn
+WIDE_TARGETS = ["tpu_v5e", "tpu_v4"]  # int8 and bf16 slices
+
+
+def _exact_f32(a, b, target, out=jnp.float32):
+    r = emulate.dot_general(a, b, DN, preferred_element_type=out, target=target, mode="exact")
+    return np.asarray(r)
+
+
+@pytest.mark.parametrize("target", WIDE_TARGETS)
+def test_wide_rows_far_below_their_maximum(target):
+    # Row 0: a tie (1 + 2**-24) tipped up by a product 2**-129 whose bf16 operand lies
+    # 120 bits below the row's maximum (a further block of slices). Row 1: the same tie
+    # without it stays at 1. Row 2: huge terms cancel exactly and leave 2**-129, an f32
+    # subnormal. Row 3: a bf16 subnormal times 448.
+    a = np.array(
+        [
+            [1.0, 2.0**-24, 2.0**-120],
+            [1.0, 2.0**-24, 0.0],
+            [2.0**100, -(2.0**100), 2.0**-120],
+            [2.0**-133, 0.0, 0.0],
+        ],
+        BF,
+    )
+    b = np.array([[1.0], [1.0], [2.0**-9]], E4)
+    got = _exact_f32(a, b, target)[:, 0]
+    want = reference.dot_general(a, b, DN, preferred_element_type=np.float32)[:, 0]
+    assert got.tolist() == want.tolist()
+    assert got[0] == np.float32(1.0 + 2.0**-23) and got[1] == 1.0
+    assert got[2] == np.float32(2.0**-129) and got[2] != 0  # subnormal, not flushed
+    assert got[3] == np.float32(2.0**-133) and got[3] != 0
+    a3 = np.array([[2.0**-133, 2.0**-133, 0.0]], BF)
+    b3 = np.array([[448.0], [-0.5], [0.0]], E4)
+    r = _exact_f32(a3, b3, target)[0, 0]
+    assert r == np.float32(447.5 * 2.0**-133)
+
+
+def test_wide_overflow_and_cancellation_of_huge_products():
+    big = float(ml_dtypes.finfo(BF).max)
+    a = np.array([[big, -big], [big, big]], BF)
+    b = np.array([[448.0], [448.0]], E4)
+    got = _exact_f32(a, b, "tpu_v4")[:, 0]
+    assert got[0] == 0.0  # mode "fast" overflows here
+    assert got[1] == np.inf  # beyond float32: Inf, as the reference rounds
+    want = reference.dot_general(a, b, DN, preferred_element_type=np.float32)[:, 0]
+    assert same_bits(got, want)
+    fast = emulate.dot_general(a, b, DN, preferred_element_type=jnp.float32, target="tpu_v4")
+    assert not np.isfinite(np.asarray(fast)[0, 0])
+
+
+def test_wide_nan_and_inf_follow_ieee():
+    a = np.array([[np.inf, 1.0], [np.nan, 1.0], [2.0**-133, 1.0], [1.0, 1.0]], BF)
+    b = np.array([[np.inf, 0.0, 1.0], [1.0, 1.0, -np.inf]], BF)
+    got = _exact_f32(a, b, "tpu_v4")
+    want = reference.dot_general(a, b, DN, preferred_element_type=np.float32)
+    assert same_bits(got, want)
+    # A subnormal times Inf is Inf (a flushing f32 dot would give 0 * Inf = NaN).
+    assert got[2, 0] == np.inf
+
+
+def test_wide_same_bits_across_chunks_rows_layouts_and_targets():
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((4, 300)).astype(np.float32)
+    a[1, 7] = 3e-30  # row 1 needs a second block of slices; the others do not
+    a = a.astype(BF)
+    codes = rng.integers(0, 126, (300, 3)).astype(np.uint8)
+    codes[::2] |= 0x80
+    b = codes.view(E4)
+    base = _exact_f32(a, b, "tpu_v4")
+    want = reference.dot_general(a, b, DN, preferred_element_type=np.float32)
+    np.testing.assert_array_equal(base, want)
+    p = emulate.plan("bfloat16", "float8_e4m3fn", target="tpu_v4", mode="exact")
+    av = jnp.asarray(a).astype(jnp.float32)
+    bv = emulate.decode(b, to=jnp.float32)
+    for chunk in (p.k_chunk, 37):
+        q = dataclasses.replace(p, k_chunk=chunk, out="float32")
+        run = jax.jit(lambda x, y, q=q: exact.contract(q, x, y, DN, None))
+        np.testing.assert_array_equal(run(av, bv), base)
+    # Row by row: rows without far-below elements take the one-block path alone.
+    rows = np.concatenate([_exact_f32(a[i : i + 1], b, "tpu_v4") for i in range(4)])
+    np.testing.assert_array_equal(rows, base)
+    # Operands swapped (the wide one on the right, sliced per column), on int8 slices.
+    t = emulate.dot_general(
+        np.ascontiguousarray(b.T),
+        np.ascontiguousarray(a.T),
+        DN,
+        preferred_element_type=jnp.float32,
+        target="tpu_v5e",
+        mode="exact",
+    )
+    np.testing.assert_array_equal(np.asarray(t).T, base)
+
+
+def test_plan_reports_the_per_row_slicing():
+    p = emulate.plan("bfloat16", "float8_e4m3fn", target="tpu_v5e", mode="exact")
+    sa = exact.slicing("bfloat16", p.slicing[0])
+    assert p.method == "sliced-int8" and sa.dynamic and sa.width == 7
+    assert sa.count * sa.width >= 8 + exact.WIDE_EXTRA_BITS
+    text = p.explain()
+    assert f"lhs bfloat16 is sliced per row: {sa.count} slices of 7 bits" in text
+    assert "further blocks" in text
+    q = emulate.plan("float8_e4m3fn", "float32", target="tpu_v4", mode="exact")
+    assert "rhs float32 is sliced per column" in q.explain()

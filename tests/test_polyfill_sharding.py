@@ -53,3 +53,7 @@ def test_contraction_sharded_with_psum_is_exact(result):
 
 def test_exact_mode_float8_sharded_is_bit_identical(result):
     assert result["exact_fp8_same"]
+
+
+def test_exact_mode_bf16_x_float8_sharded_is_bit_identical(result):
+    assert result["exact_bf16_fp8_same"]

@@ -15,8 +15,16 @@ and the scales are applied once to its accumulator.
 Mode "fast": with ``S`` segments of length ``g`` and ``a``, ``b`` the dequantized values
 (``decode(code) * scale`` exactly), the f32 accumulator is within
 ``gamma_(g + S + 3) * sum|a*b|`` of the exact sum (``g`` drops out where the segment
-sums are exact), plus the underflow term of :mod:`emulate.bounds`. Mode "exact" is not
-built for scaled operands yet and raises ``NotImplementedError``.
+sums are exact), plus the underflow term of :mod:`emulate.bounds`.
+
+Mode "exact" (float8_e8m0fnu scales without a tensor scale, elements whose segment sums
+are exact: integers, float4_e2m1fn, float6_e2m3fn, that is MXFP4, MXFP6_E2M3 and MXINT8):
+each segment sum is an integer number of product quanta at a power-of-two position; the
+terms are added exactly in 16-bit limbs spanning every position the scales allow, and the
+total is rounded once (to odd first for results narrower than f32). The result equals the
+exact sum of the dequantized products rounded once; a NaN scale makes its outputs NaN;
+results below 2**-126 flush to zero, as XLA does. Other QArrays raise NotImplementedError
+in mode "exact".
 """
 
 from __future__ import annotations

@@ -11,7 +11,11 @@ root). For each format in ``emulate.formats.LOW_PRECISION`` it times the jitted
 
 The copy baseline is a jitted ``x + 1`` on a uint8 and on a uint32 array of the same byte
 size as the int8 input. An elementwise op, not ``jnp.copy``, so that XLA cannot elide it:
-it reads every input byte and writes a fresh output buffer of the same size.
+it reads every input byte and writes a fresh output buffer of the same size. Two more
+uint32 copies write as many bytes as a decode into bf16 and into f32 does (2 and 4 bytes
+an element): a decode's output that large can be over glibc's mmap threshold, so that
+every call faults its pages in afresh, and the copy that writes the same amount pays the
+same; ``same-size ratio`` compares each decode with the copy whose output matches its own.
 
 Bandwidth counts the bytes of the input as stored (``nbytes`` as JAX reports it; one byte
 per element for int4/uint4/float4 arrays, ``ceil(bits/8)`` per element in a Packed array)
@@ -94,6 +98,7 @@ class Case:
             "elements_per_s": self.n / med,
             "gb_per_s": gbs,
             "ratio_to_copy": gbs / copy_gbs if copy_gbs else None,
+            "ratio_to_same_size_copy": None,
             "page_faults_per_call": statistics.median(self.faults[-len(self.times) :])
             if self.faults
             else None,
@@ -119,6 +124,11 @@ def build_cases(n: int, seed: int = 0) -> tuple[list[Case], list[Case]]:
         Case("copy", "uint8 x+1", "uint8", n, n, n, add1, u8),
         Case("copy", "uint32 x+1", "uint32", u32.size, u32.nbytes, u32.nbytes, add1, u32),
     ]
+    for label, nbytes in (("bf16-sized", 2 * n), ("f32-sized", 4 * n)):
+        big = jax.device_put(np.frombuffer(_codes(nbytes, 8, rng).tobytes(), np.uint32))
+        copies.append(
+            Case("copy", f"uint32 x+1, {label}", "uint32", big.size, nbytes, nbytes, add1, big)
+        )
     cases: list[Case] = []
     for name in formats.LOW_PRECISION:
         f = formats.get(name)
@@ -166,7 +176,17 @@ def measure(cases: Sequence[Case], repeats: int) -> list[Case]:
 
 
 def _table(rows: Sequence[dict[str, Any]]) -> str:
-    headers = ["format", "input", "to", "ms", "Gelem/s", "GB/s", "ratio", "faults"]
+    headers = [
+        "format",
+        "input",
+        "to",
+        "ms",
+        "Gelem/s",
+        "GB/s",
+        "ratio",
+        "same-size ratio",
+        "faults",
+    ]
     cells = [
         [
             r["format"],
@@ -176,11 +196,14 @@ def _table(rows: Sequence[dict[str, Any]]) -> str:
             f"{r['elements_per_s'] / 1e9:.3f}",
             f"{r['gb_per_s']:.2f}",
             "-" if r["ratio_to_copy"] is None else f"{r['ratio_to_copy']:.2f}",
+            "-"
+            if r.get("ratio_to_same_size_copy") is None
+            else f"{r['ratio_to_same_size_copy']:.2f}",
             "-" if r["page_faults_per_call"] is None else f"{r['page_faults_per_call']:.0f}",
         ]
         for r in rows
     ]
-    return text_table(headers, cells, right={3, 4, 5, 6, 7})
+    return text_table(headers, cells, right={3, 4, 5, 6, 7, 8})
 
 
 def run(size: int, repeats: int, json_path: Path | None) -> dict[str, Any]:
@@ -190,6 +213,12 @@ def run(size: int, repeats: int, json_path: Path | None) -> dict[str, Any]:
     copy_rows = {c.kind: c.result(None) for c in measured if c.fmt == "copy"}
     ref = copy_rows.get("uint32 x+1", {}).get("gb_per_s")
     rows = [c.result(ref) for c in measured if c.fmt != "copy"]
+    same = {
+        r["bytes_out"]: r["gb_per_s"] for k, r in copy_rows.items() if k.startswith("uint32 x+1, ")
+    }
+    for r in rows:
+        g = same.get(r["bytes_out"])
+        r["ratio_to_same_size_copy"] = r["gb_per_s"] / g if g else None
     for r in copy_rows.values():
         r["ratio_to_copy"] = r["gb_per_s"] / ref if ref else None
     env = environment()
@@ -209,6 +238,7 @@ def run(size: int, repeats: int, json_path: Path | None) -> dict[str, Any]:
         f"jax {env['jax']} on {env['backend']} ({env['device']})"
     )
     print("ratio = GB/s (input read + output written) / GB/s of the uint32 x+1 copy")
+    print("same-size ratio = the same over the uint32 copy that writes as many bytes")
     print("faults = minor page faults per call (pages of buffers the allocator returned to")
     print("         the OS after the previous call, faulted in and zeroed again)\n")
     print(_table([*copy_rows.values(), *rows]))

@@ -155,8 +155,12 @@ def unpack_codes(p: Packed) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("bits", "axis", "length"))
 def _unpack_codes(data: jax.Array, bits: int, axis: int, length: int) -> jax.Array:
-    # Interleave the codes in place, next to the packed axis (no transpose of the array to
-    # put that axis last: XLA would write a transposed copy, and fuse less).
+    # The codes are interleaved in place, next to the packed axis, never by moving that
+    # axis last (XLA would write a transposed copy and fuse less). Measured on the CPU
+    # (2**22 codes): along a leading axis, shifting a broadcast of each byte group by a
+    # constant pattern runs as fast as decoding unpacked codes and 2x faster than stacking
+    # the codes; along the last axis stacking is the faster of the two (both about 3x
+    # slower than decoding unpacked codes).
     ax = data.ndim + axis
     group = 2 if bits == 4 else 4
     nbytes_group = bits * group // 8
@@ -166,16 +170,29 @@ def _unpack_codes(data: jax.Array, bits: int, axis: int, length: int) -> jax.Arr
         widths = [(0, 0)] * b.ndim
         widths[ax] = (0, pad)
         b = jnp.pad(b, widths)
-    b = b.reshape(b.shape[:ax] + (-1, nbytes_group) + b.shape[ax + 1 :])
-    parts = [lax.index_in_dim(b, j, ax + 1, keepdims=False) for j in range(nbytes_group)]
-    if bits == 4:
-        codes = [parts[0] & 0xF, parts[0] >> 4]
+    mask = (1 << bits) - 1
+    if ax < b.ndim - 1:
+        if bits == 4:
+            word, shifts = b, [0, 4]
+        else:
+            b = b.reshape(b.shape[:ax] + (-1, 3) + b.shape[ax + 1 :]).astype(jnp.uint32)
+            parts = [lax.index_in_dim(b, j, ax + 1, keepdims=False) for j in range(3)]
+            word, shifts = parts[0] | (parts[1] << 8) | (parts[2] << 16), [0, 6, 12, 18]
+        pattern = jnp.asarray(shifts, word.dtype).reshape(
+            (1,) * (ax + 1) + (group,) + (1,) * (word.ndim - ax - 1)
+        )
+        c = (jnp.expand_dims(word, ax + 1) >> pattern) & mask
     else:
-        b0, b1, b2 = parts
-        codes = [b0 & 0x3F, (b0 >> 6) | ((b1 & 0xF) << 2), (b1 >> 4) | ((b2 & 0x3) << 4), b2 >> 2]
-    c = jnp.stack(codes, axis=ax + 1)
+        b = b.reshape(b.shape[:ax] + (-1, nbytes_group) + b.shape[ax + 1 :])
+        parts = [lax.index_in_dim(b, j, ax + 1, keepdims=False) for j in range(nbytes_group)]
+        if bits == 4:
+            codes = [parts[0] & 0xF, parts[0] >> 4]
+        else:
+            b0, b1, b2 = parts
+            codes = [b0 & 0x3F, (b0 >> 6) | ((b1 & 0xF) << 2), (b1 >> 4) | ((b2 & 3) << 4), b2 >> 2]
+        c = jnp.stack(codes, axis=ax + 1)
     c = c.reshape(c.shape[:ax] + (-1,) + c.shape[ax + 2 :])
-    return lax.slice_in_dim(c, 0, length, axis=ax)
+    return lax.slice_in_dim(c, 0, length, axis=ax).astype(jnp.uint8)
 
 
 def unpack(p: Packed) -> jax.Array:

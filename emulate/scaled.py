@@ -12,10 +12,12 @@ f32 and rounded once into the result type. Scales that do not change along K
 (per-tensor, per-row, per-output-channel) make one segment: the plan contracts all of K
 and the scales are applied once to its accumulator.
 
-Mode "fast": with ``S`` segments of length ``g`` and ``a``, ``b`` the dequantized values
-(``decode(code) * scale`` exactly), the f32 accumulator is within
-``gamma_(g + S + 3) * sum|a*b|`` of the exact sum (``g`` drops out where the segment
-sums are exact), plus the underflow term of :mod:`emulate.bounds`.
+Mode "fast": where scales change along K and the dequantized values are exact in bf16
+(e8m0 scales), or segments are shorter than 64, the QArrays are dequantized (bf16 where
+exact, f32 otherwise) and contracted in one dot instead. Either way, with ``S`` segments
+and ``a``, ``b`` the dequantized values, the f32 accumulator is within
+``gamma_(K + S + 4) * sum|a*b|`` of the exact sum, plus the underflow term of
+:mod:`emulate.bounds`.
 
 Mode "exact" (float8_e8m0fnu scales without a tensor scale, elements whose segment sums
 are exact: integers, float4_e2m1fn, float6_e2m3fn, that is MXFP4, MXFP6_E2M3 and MXINT8):
@@ -38,13 +40,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import accumulate, formats
+from emulate import accumulate, codecs, formats
 from emulate.codes import to_codes
 from emulate.dot import Operand, _canonical, _normalize_dn, _run, operand
 from emulate.formats import Format
 from emulate.packing import Packed, unpack_codes
 from emulate.plan import exact_class, plan
-from emulate.quant import QArray, times_pow2
+from emulate.quant import QArray, dequantize, times_pow2
 
 __all__ = ["dot_general", "scaled_matmul", "scaled_dot_general"]
 
@@ -104,6 +106,17 @@ def dot_general(
         p = plan(a.format, b.format, target=target, preferred_element_type="float32", mode=mode)
         limit = None
     segs = _segments(a.shape, b.shape, dn, qa, qb, limit)
+    if mode == "fast" and segs.count > 1 and (segs.g < 64 or _bf16_exact(qa, qb)):
+        # Scales change along K: one dot of the dequantized values beats many short ones
+        # (measured by benchmarks/scaled.py), unless they would have to be f32 and the
+        # segments are long.
+        return _dequantized_run(
+            qa if qa is not None else a,
+            qb if qb is not None else b,
+            dn,
+            _hashable(precision),
+            out.name,
+        )
     sa = _segment_scales(qa, dn[1][0], dn[0][0], segs, 0) if qa is not None else None
     sb = _segment_scales(qb, dn[1][1], dn[0][1], segs, 1) if qb is not None else None
     return _scaled_run(p, a, b, sa, sb, dn, _hashable(precision), segs.g, out.name, mode)
@@ -226,6 +239,35 @@ def _to_partial(v, nb: int, fl: int, fr: int, lhs_side: bool):
     if lhs_side:
         return v.reshape(v.shape + (1,) * fr)
     return v.reshape(v.shape[: nb + 1] + (1,) * fl + v.shape[nb + 1 :])
+
+
+def _bf16_exact(*qs) -> bool:
+    return all(
+        q is None
+        or q.scale_format == "float8_e8m0fnu"
+        and q.tensor_scale is None
+        and (q.format.is_integer or "bfloat16" in q.format.exact_in)
+        for q in qs
+    )
+
+
+def _wide(x) -> jax.Array:
+    """A QArray's values (bf16 where that is exact: e8m0 scales without a tensor scale and
+    elements exact in bf16; f32 otherwise), or an operand decoded to bf16 / f32."""
+    if isinstance(x, QArray):
+        return dequantize(x, to=jnp.bfloat16 if _bf16_exact(x) else jnp.float32)
+    f = x.format
+    if not f.is_low_precision:
+        return x.value
+    to = jnp.bfloat16 if "bfloat16" in f.exact_in else jnp.float32
+    return codecs.decode(x.codes(), f.name, to=to)
+
+
+@functools.partial(jax.jit, static_argnames=("dimension_numbers", "precision", "out"))
+def _dequantized_run(a, b, dimension_numbers, precision, out):
+    va, vb = _wide(a), _wide(b)
+    acc = lax.dot_general(va, vb, dimension_numbers, precision, preferred_element_type=jnp.float32)
+    return accumulate.round_accumulator(acc, out)
 
 
 # --- mode "exact": the scaled segment sums added in a wide fixed-point number ---------------

@@ -42,7 +42,7 @@ from jax import lax
 
 from emulate import accumulate, codecs, formats
 from emulate.codes import to_codes
-from emulate.dot import Operand, _canonical, _normalize_dn, _run, operand
+from emulate.dot import Operand, _canonical, _hashable, _normalize_dn, _run, operand
 from emulate.formats import Format
 from emulate.packing import Packed, unpack_codes
 from emulate.plan import exact_class, plan
@@ -120,10 +120,6 @@ def dot_general(
     sa = _segment_scales(qa, dn[1][0], dn[0][0], segs, 0) if qa is not None else None
     sb = _segment_scales(qb, dn[1][1], dn[0][1], segs, 1) if qb is not None else None
     return _scaled_run(p, a, b, sa, sb, dn, _hashable(precision), segs.g, out.name, mode)
-
-
-def _hashable(precision: Any) -> Any:
-    return tuple(precision) if isinstance(precision, list) else precision
 
 
 class _Segments:

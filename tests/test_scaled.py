@@ -346,3 +346,16 @@ def test_exact_says_what_it_does_not_cover(scheme, message):
     qt = emulate.quantize(np.ones((64, 64), np.float32), scheme, axis=1)
     with pytest.raises(NotImplementedError, match=re.escape(message)):
         emulate.matmul(qt, q, mode="exact")
+
+
+def test_vmap_over_stacked_qarrays_gives_the_same_bits():
+    rng = np.random.default_rng(11)
+    ws = [
+        emulate.quantize(rng.standard_normal((64, 8)).astype(np.float32), mx.MXFP4, axis=0)
+        for _ in range(3)
+    ]
+    stacked = jax.tree_util.tree_map(lambda *v: jnp.stack(v), *ws)
+    xq = emulate.quantize(rng.standard_normal((2, 64)).astype(np.float32), mx.MXFP4, axis=1)
+    for mode in ("fast", "exact"):
+        got = jax.vmap(lambda q, m=mode: emulate.matmul(xq, q, mode=m))(stacked)
+        _same_bits(got, np.stack([np.asarray(emulate.matmul(xq, w, mode=mode)) for w in ws]))

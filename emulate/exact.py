@@ -50,7 +50,7 @@ __all__ = ["Slicing", "slicing", "choose", "contract", "WIDE_EXTRA_BITS"]
 _F32_EXACT = 1 << 24
 _I32_EXACT = (1 << 31) - 1
 _MIN_CHUNK = 256  # shorter chunks cost more in partial sums than they save in passes
-_MAX_CHUNKS = 1 << 16  # 16-bit pieces of chunk sums add up in uint32 for this many chunks
+_MAX_CHUNKS = 1 << 15  # 16-bit pieces of chunk sums add up in int32 for this many chunks
 _WIDE = ("bfloat16", "float16", "float32")
 # Bits below a row's largest element that the first block of per-row slices covers, beyond
 # the format's own mantissa: elements down to 2**-WIDE_EXTRA_BITS of the row maximum are
@@ -234,7 +234,7 @@ def _canonical3(x: jax.Array, batch, contract) -> jax.Array:
 
 def _pair_chunk_sums(slices_a, slices_b, chunk: int, acc) -> jax.Array:
     """Chunk sums of every slice pair of (B, M, K) and (B, N, K) slices in one dot: int32
-    of shape (Sa, Sb, B, M, N, C)."""
+    of shape (B, C, Sa, M, Sb, N) (pair (i, j) is ``[:, :, i, :, j]``, no transpose)."""
     a = jnp.concatenate(slices_a, axis=1)  # (B, Sa*M, K)
     b = jnp.concatenate(slices_b, axis=1)  # (B, Sb*N, K)
     k = a.shape[-1]
@@ -250,45 +250,68 @@ def _pair_chunk_sums(slices_a, slices_b, chunk: int, acc) -> jax.Array:
     part = lax.dot_general(a, b, dn, preferred_element_type=acc).astype(jnp.int32)
     nb, _, sam, sbn = part.shape  # (B, C, Sa*M, Sb*N)
     sa, sb = len(slices_a), len(slices_b)
-    part = part.reshape(nb, n, sa, sam // sa, sb, sbn // sb)
-    return jnp.transpose(part, (2, 4, 0, 3, 5, 1))
+    return part.reshape(nb, n, sa, sam // sa, sb, sbn // sb)
 
 
-def _limbs(part: jax.Array, shifts: np.ndarray, n_limbs: int, sign: int) -> list[jax.Array]:
-    """The non-negative integer ``sum_ij max(sign * part_ij, 0) * 2**shifts_ij`` (summed
-    over chunks, the last axis) in normalised 16-bit limbs."""
-    m = jnp.maximum(sign * part, 0).astype(jnp.uint32)  # |part| < 2**31
-    n_pairs = shifts.size
-    v = jnp.concatenate(  # each sum < 2**32: <= 2**16 chunks of 16-bit pieces
-        [
-            jnp.sum(m & 0xFFFF, axis=-1, dtype=jnp.uint32).reshape((n_pairs, *m.shape[2:-1])),
-            jnp.sum(m >> 16, axis=-1, dtype=jnp.uint32).reshape((n_pairs, *m.shape[2:-1])),
-        ]
-    )
-    sh = np.concatenate([shifts.ravel(), shifts.ravel() + 16])
-    q, r = np.divmod(sh, 16)  # static: each value goes to limbs q, q + 1, q + 2
-    r = jnp.asarray(r.astype(np.uint32)).reshape((-1,) + (1,) * (v.ndim - 1))
-    v0, v1 = (v & 0xFFFF) << r, (v >> 16) << r  # each < 2**31
-    pieces = jnp.concatenate([v0 & 0xFFFF, (v0 >> 16) + (v1 & 0xFFFF), v1 >> 16])  # < 2**17
-    where = np.concatenate([q, q + 1, q + 2])
-    limbs = []
-    for i in range(n_limbs):
-        rows = np.flatnonzero(where == i)
-        if rows.size == 0:
-            limbs.append(jnp.zeros(v.shape[1:], jnp.uint32))
-        elif rows.size == rows[-1] - rows[0] + 1:  # a contiguous run: a slice, no gather
-            limbs.append(jnp.sum(pieces[rows[0] : rows[-1] + 1], axis=0, dtype=jnp.uint32))
-        else:
-            limbs.append(jnp.sum(pieces[rows], axis=0, dtype=jnp.uint32))
-    return _normalize(limbs)
+def _signed_limbs(part: jax.Array, shifts: np.ndarray, n_limbs: int, bound: int) -> list[jax.Array]:
+    """``sum_ij part_ij * 2**shifts_ij`` (part from :func:`_pair_chunk_sums`, summed over
+    its chunks) as signed int32 limbs, each of magnitude below 2**26, not normalised.
+
+    Pairs with equal shifts are added first in int32 (the sums of a group of ``g`` pairs
+    stay below ``g * bound``, ``bound`` the largest chunk sum; groups are cut so that this
+    stays below 2**31), so the 16-bit splitting runs once per shift, not once per pair.
+    """
+    per = max(1, _I32_EXACT // max(bound, 1))  # pairs whose chunk sums add up in int32
+    groups: dict[int, list[tuple[int, int]]] = {}
+    for i, j in np.ndindex(shifts.shape):
+        groups.setdefault(int(shifts[i, j]), []).append((i, j))
+    n_chunks = part.shape[1]
+    limbs: list[jax.Array | int] = [0] * n_limbs
+    for sh, pairs in sorted(groups.items()):
+        for start in range(0, len(pairs), per):
+            f = sum(part[:, :, i, :, j] for i, j in pairs[start : start + per])  # (B, C, M, N)
+            hi = lax.shift_right_arithmetic(f, jnp.int32(16))  # |hi| < 2**15
+            lo = f & 0xFFFF
+            if n_chunks == 1:
+                big, small = hi[:, 0], lo[:, 0]
+            else:  # <= 2**15 chunks: |sum hi| < 2**30, sum lo < 2**31
+                big = jnp.sum(hi, axis=1)
+                lo_sum = jnp.sum(lo, axis=1)
+                big = big + (lo_sum >> 16)
+                small = lo_sum & 0xFFFF
+            # value = big * 2**16 + small, placed at 2**sh
+            q, r = divmod(sh, 16)
+            x = small << r  # < 2**31
+            ah = lax.shift_right_arithmetic(big, jnp.int32(16))  # |ah| < 2**15
+            al = (big & 0xFFFF) << r
+            y = ah << r  # |y| < 2**30
+            for idx, piece in (
+                (q, x & 0xFFFF),
+                (q + 1, (x >> 16) + (al & 0xFFFF)),
+                (q + 2, (al >> 16) + (y & 0xFFFF)),
+                (q + 3, lax.shift_right_arithmetic(y, jnp.int32(16))),
+            ):
+                limbs[idx] = limbs[idx] + piece
+    shape = (part.shape[0], part.shape[3], part.shape[5])
+    return [jnp.broadcast_to(jnp.asarray(x, jnp.int32), shape) for x in limbs]
 
 
-def _normalize(limbs: list[jax.Array]) -> list[jax.Array]:
-    limbs = list(limbs)
-    for i in range(len(limbs) - 1):
-        limbs[i + 1] = limbs[i + 1] + (limbs[i] >> 16)
-        limbs[i] = limbs[i] & 0xFFFF
-    return limbs
+def _sign_magnitude(limbs: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
+    """``(negative, |value|)`` of signed, unnormalised int32 limbs (magnitudes below
+    2**30), the magnitude in normalised uint32 limbs; the top limb must have headroom."""
+
+    def normalise(xs):
+        out, carry = [], jnp.zeros_like(xs[0])
+        for x in xs:
+            x = x + carry
+            out.append(x & 0xFFFF)
+            carry = lax.shift_right_arithmetic(x, jnp.int32(16))
+        return out, carry
+
+    pos, carry = normalise(limbs)
+    neg, _ = normalise([-x for x in limbs])
+    negative = carry < 0
+    return negative, [jnp.where(negative, n, p).astype(jnp.uint32) for p, n in zip(pos, neg)]
 
 
 def _place(acc: jax.Array, rel: list[jax.Array], offset: jax.Array) -> jax.Array:
@@ -307,23 +330,6 @@ def _place(acc: jax.Array, rel: list[jax.Array], offset: jax.Array) -> jax.Array
         acc = acc + jnp.where(idx == j, x[None], 0)
     carry = jnp.concatenate([jnp.zeros_like(acc[:1]), acc[:-1] >> 16])
     return (acc & 0xFFFF) + carry
-
-
-def _subtract(pos: list[jax.Array], neg: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
-    """``(negative, |pos - neg|)`` as limbs."""
-
-    def sub(x, y):
-        out, borrow = [], jnp.zeros_like(x[0], dtype=jnp.int32)
-        for xi, yi in zip(x, y, strict=True):
-            d = xi.astype(jnp.int32) - yi.astype(jnp.int32) - borrow
-            borrow = (d < 0).astype(jnp.int32)
-            out.append((d + (borrow << 16)).astype(jnp.uint32))
-        return out, borrow
-
-    d1, b1 = sub(pos, neg)
-    d2, _ = sub(neg, pos)
-    negative = b1 == 1
-    return negative, [jnp.where(negative, y, x) for x, y in zip(d1, d2, strict=True)]
 
 
 def _subtract_stacked(pos: jax.Array, neg: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
@@ -442,20 +448,26 @@ def contract(plan, lhs_values, rhs_values, dimension_numbers, precision) -> jax.
     n_rel = _n_limbs(int(shifts.max()))
     to_odd = formats.get(plan.out).name != "float32"
 
+    chunk = min(plan.k_chunk, max(k, 1))
+    if compute == "int8":
+        bound = chunk * sa.max_int * sb.max_int  # the largest |chunk sum|
+    else:
+        bound = min(chunk * sa.max_int * sb.max_int, _F32_EXACT)
+
     def block(slices_a, slices_b):
         part = _pair_chunk_sums(slices_a, slices_b, plan.k_chunk, acc)
-        return _limbs(part, shifts, n_rel, 1), _limbs(part, shifts, n_rel, -1)
+        return _sign_magnitude(_signed_limbs(part, shifts, n_rel, bound))
 
     sl_a, base_a, res_a = side_a.first()
     sl_b, base_b, res_b = side_b.first()
-    pos, neg = block(sl_a, sl_b)
+    negative, mag = block(sl_a, sl_b)
     q0 = _q0(base_a, base_b)
     if res_a is None and res_b is None:
-        r = _round_wide(*_subtract(pos, neg), q0, to_odd)
+        r = _round_wide(negative, mag, q0, to_odd)
     else:
 
         def fast(_):
-            return _round_wide(*_subtract(pos, neg), q0, to_odd)
+            return _round_wide(negative, mag, q0, to_odd)
 
         def slow(_):
             return _residual_blocks(
@@ -463,7 +475,7 @@ def contract(plan, lhs_values, rhs_values, dimension_numbers, precision) -> jax.
                 side_b,
                 (sl_a, base_a, res_a),
                 (sl_b, base_b, res_b),
-                (pos, neg),
+                (negative, mag),
                 block,
                 to_odd,
             )
@@ -494,16 +506,19 @@ def _residual_blocks(side_a, side_b, first_a, first_b, first_limbs, block, to_od
     lo = sa.q_min + sb.q_min  # no base is below its format's q_min
     hi_a = sa.q_max + sa.p if sa.dynamic else sa.q_min
     hi_b = sb.q_max + sb.p if sb.dynamic else sb.q_min
-    n_rel = len(first_limbs[0])
+    n_rel = len(first_limbs[1])
     n_abs = (hi_a + hi_b - lo) // 16 + n_rel + 4  # room for the carries of many blocks
     sl_a1, base_a1, res_a1 = first_a
     sl_b1, base_b1, res_b1 = first_b
-    shape = first_limbs[0][0].shape
+    shape = first_limbs[1][0].shape
     zeros = jnp.zeros((n_abs, *shape), jnp.uint32)
 
     def add(accs, rel, base_a, base_b):
+        negative, mag = rel
         off = jnp.broadcast_to(_q0(base_a, base_b) - lo, shape)
-        return tuple(_place(a, r, off) for a, r in zip(accs, rel, strict=True))
+        pos = [jnp.where(negative, 0, x) for x in mag]
+        neg = [jnp.where(negative, x, 0) for x in mag]
+        return _place(accs[0], pos, off), _place(accs[1], neg, off)
 
     accs = add((zeros, zeros), first_limbs, base_a1, base_b1)
 

@@ -1,11 +1,12 @@
 """Drop-in ``dot_general``, ``matmul`` and ``einsum`` that run any operand pair on any target.
 
 Each call: the operands' formats give a :class:`emulate.Plan` for the target; the
-operands are decoded (inside one jitted computation, so XLA fuses the decoding into the
-dot's operand reads) to the types the plan names; the contraction runs with an int32 or
-f32 accumulator, in exact K-chunks where the plan asks for them; and the sum is rounded
-once into the type ``jax.lax.dot_general`` would return for the same call. The executed
-program holds only dot operand pairs that the target runs natively.
+operands are decoded (inside one jitted computation) to the types the plan names; the
+contraction runs with an int32 or f32 accumulator, in exact K-chunks where the plan asks
+for them; and the sum is rounded once into the type ``jax.lax.dot_general`` would return
+for the same call. The executed program holds only dot operand pairs that the target runs
+natively. XLA on the CPU does not fuse a decode into the dot, so there a large decoded
+operand is decoded tile by tile inside a loop instead (:mod:`emulate.tiled`).
 """
 
 from __future__ import annotations

@@ -19,14 +19,10 @@ and ``a``, ``b`` the dequantized values, the f32 accumulator is within
 ``gamma_(K + S + 4) * sum|a*b|`` of the exact sum, plus the underflow term of
 :mod:`emulate.bounds`.
 
-Mode "exact" (float8_e8m0fnu scales without a tensor scale, elements whose segment sums
-are exact: integers, float4_e2m1fn, float6_e2m3fn, that is MXFP4, MXFP6_E2M3 and MXINT8):
-each segment sum is an integer number of product quanta at a power-of-two position; the
-terms are added exactly in 16-bit limbs spanning every position the scales allow, and the
-total is rounded once (to odd first for results narrower than f32). The result equals the
-exact sum of the dequantized products rounded once; a NaN scale makes its outputs NaN;
-results below 2**-126 flush to zero, as XLA does. Other QArrays raise NotImplementedError
-in mode "exact".
+Mode "exact": the QArrays' values, as :func:`emulate.dequantize` gives them in f32 (for
+e8m0 scales exactly ``code * 2**e``; each product rounded once otherwise), contracted by
+mode "exact" of :func:`emulate.dot_general`: the exact sum of their products, rounded
+once into the result type.
 """
 
 from __future__ import annotations
@@ -43,9 +39,8 @@ from jax import lax
 from emulate import accumulate, codecs, formats
 from emulate.codes import to_codes
 from emulate.dot import Operand, _canonical, _hashable, _normalize_dn, _run, operand
-from emulate.formats import Format
 from emulate.packing import Packed, unpack_codes
-from emulate.plan import exact_class, plan
+from emulate.plan import plan
 from emulate.quant import QArray, dequantize, times_pow2
 
 __all__ = ["dot_general", "scaled_matmul", "scaled_dot_general"]
@@ -99,14 +94,16 @@ def dot_general(
             f"bfloat16, float16 or int32, got {out.name}"
         )
     if mode == "exact":
-        _check_exact(a, qa, b, qb, out)
-        p = plan(a.format, b.format, target=target, preferred_element_type="float32")
-        limit = _exact_segment_limit(a.format, b.format)
-    else:
-        p = plan(a.format, b.format, target=target, preferred_element_type="float32", mode=mode)
-        limit = None
-    segs = _segments(a.shape, b.shape, dn, qa, qb, limit)
-    if mode == "fast" and segs.count > 1 and (segs.g < 64 or _bf16_exact(qa, qb)):
+        # The QArrays' values (dequantize's f32 numbers) through mode "exact": the exact
+        # sum of their products, rounded once.
+        from emulate import dot
+
+        va = dequantize(qa, to=jnp.float32) if qa is not None else lhs
+        vb = dequantize(qb, to=jnp.float32) if qb is not None else rhs
+        return dot.dot_general(va, vb, dn, precision, out.name, target=target, mode="exact")
+    p = plan(a.format, b.format, target=target, preferred_element_type="float32", mode=mode)
+    segs = _segments(a.shape, b.shape, dn, qa, qb)
+    if segs.count > 1 and (segs.g < 64 or _bf16_exact(qa, qb)):
         # Scales change along K: one dot of the dequantized values beats many short ones
         # (measured by benchmarks/scaled.py), unless they would have to be f32 and the
         # segments are long.
@@ -119,7 +116,7 @@ def dot_general(
         )
     sa = _segment_scales(qa, dn[1][0], dn[0][0], segs, 0) if qa is not None else None
     sb = _segment_scales(qb, dn[1][1], dn[0][1], segs, 1) if qb is not None else None
-    return _scaled_run(p, a, b, sa, sb, dn, _hashable(precision), segs.g, out.name, mode)
+    return _scaled_run(p, a, b, sa, sb, dn, _hashable(precision), segs.g, out.name)
 
 
 class _Segments:
@@ -144,7 +141,7 @@ def _block_index(
     return np.ravel_multi_index(blk, nblk) if blk else np.zeros(1, int)
 
 
-def _segments(ashape, bshape, dn, qa: QArray | None, qb: QArray | None, limit=None) -> _Segments:
+def _segments(ashape, bshape, dn, qa: QArray | None, qb: QArray | None) -> _Segments:
     (lc, rc), _ = dn
     k = math.prod(ashape[d] for d in lc)
     ia, ib = _block_index(qa, ashape, lc), _block_index(qb, bshape, rc)
@@ -158,8 +155,6 @@ def _segments(ashape, bshape, dn, qa: QArray | None, qb: QArray | None, limit=No
             i for ids in (ia, ib) if ids is not None for i in np.flatnonzero(np.diff(ids)) + 1
         ]
         g = functools.reduce(math.gcd, [int(c) for c in changes], k) or 1
-    if limit is not None:  # exact segment sums: the largest divisor of g within the limit
-        g = max(d for d in range(1, min(g, limit) + 1) if g % d == 0)
     count = -(-k // g) if k else 1
 
     def first(ids):
@@ -190,10 +185,8 @@ def _segment_scales(q: QArray, batch, contract, segs: _Segments, side: int):
     return tuple(out)
 
 
-@functools.partial(
-    jax.jit, static_argnames=("p", "dimension_numbers", "precision", "g", "out", "mode")
-)
-def _scaled_run(p, a: Operand, b: Operand, sa, sb, dimension_numbers, precision, g, out, mode):
+@functools.partial(jax.jit, static_argnames=("p", "dimension_numbers", "precision", "g", "out"))
+def _scaled_run(p, a: Operand, b: Operand, sa, sb, dimension_numbers, precision, g, out):
     (lc, rc), (lb, rb) = dimension_numbers
     nb = len(lb)
     a3 = _canonical(a.value, lb, lc)
@@ -213,8 +206,6 @@ def _scaled_run(p, a: Operand, b: Operand, sa, sb, dimension_numbers, precision,
     partial = _run(p, Operand(a4, a.format_name), Operand(b4, b.format_name), dn, precision)
     partial = partial.astype(jnp.float32)  # (batch..., seg, lfree..., rfree...)
     fl, fr = a4.ndim - 2 - nb, b4.ndim - 2 - nb
-    if mode == "exact":
-        return _exact_sum(partial, a.format, b.format, sa, sb, nb, fl, fr, out)
     exp = None
     for parts, lhs_side in ((sa, True), (sb, False)):
         if parts is None:
@@ -264,138 +255,6 @@ def _dequantized_run(a, b, dimension_numbers, precision, out):
     va, vb = _wide(a), _wide(b)
     acc = lax.dot_general(va, vb, dimension_numbers, precision, preferred_element_type=jnp.float32)
     return accumulate.round_accumulator(acc, out)
-
-
-# --- mode "exact": the scaled segment sums added in a wide fixed-point number ---------------
-
-_LIMB = 16
-
-
-def _check_exact(a: Operand, qa, b: Operand, qb, out: Format) -> None:
-    for name, q in (("lhs", qa), ("rhs", qb)):
-        if q is not None and (q.scale_format != "float8_e8m0fnu" or q.tensor_scale is not None):
-            raise NotImplementedError(
-                f"mode: 'exact' on QArrays is built for float8_e8m0fnu scales without a tensor "
-                f"scale (the MX schemes); {name} has {q.scale_format} scales"
-                + (" and a tensor scale" if q.tensor_scale is not None else "")
-                + "; use mode='fast'"
-            )
-    if not exact_class(a.format, b.format):
-        raise NotImplementedError(
-            f"mode: 'exact' on QArrays is built where each segment sum is exact (integer, "
-            f"float4_e2m1fn and float6_e2m3fn elements: MXFP4, MXFP6_E2M3, MXINT8), not for "
-            f"{a.format_name} x {b.format_name}; use mode='fast'"
-        )
-    if out.is_integer:
-        raise ValueError(
-            f"preferred_element_type: mode 'exact' on QArrays gives a float result, got {out.name}"
-        )
-
-
-def _quantum_exp(f: Format) -> int:
-    return 0 if f.is_integer else round(math.log2(float(f.min_subnormal)))
-
-
-def _exact_segment_limit(fa: Format, fb: Format) -> int:
-    """The longest segment whose sum, in units of the product quantum, stays below 2**24
-    (exact in the f32 the plan returns)."""
-    qa, qb = 2.0 ** _quantum_exp(fa), 2.0 ** _quantum_exp(fb)
-    top = max(abs(float(fa.max)), abs(float(fa.min))) / qa
-    top *= max(abs(float(fb.max)), abs(float(fb.min))) / qb
-    return max(1, int((2**24 - 1) // top))
-
-
-def _exact_sum(partial, fa: Format, fb: Format, sa, sb, nb: int, fl: int, fr: int, out: str):
-    """Round ``sum_seg partial * scale_a * scale_b`` once into ``out``. Every partial is an
-    exact integer number of product quanta and every scale a power of two (or NaN), so
-    each term is an integer at a power-of-two position: the terms are added exactly in
-    16-bit limbs spanning every position they can take, and the total is rounded once."""
-    qexp = _quantum_exp(fa) + _quantum_exp(fb)
-    units = jnp.round(times_pow2(partial, jnp.int32(-qexp))).astype(jnp.int32)
-    exp = jnp.zeros(partial.shape, jnp.int32) + qexp
-    nan = jnp.zeros(partial.shape, bool)
-    for parts, lhs_side in ((sa, True), (sb, False)):
-        if parts is not None:
-            m, e = (_to_partial(v, nb, fl, fr, lhs_side) for v in parts)
-            exp = exp + e
-            nan = nan | jnp.isnan(m)
-    lo_exp = qexp - 2 * 127
-    span = 2 * 2 * 127 + 31  # every position: scale exponents, then the 31 bits of a unit
-    n_limbs = (span + _LIMB - 1) // _LIMB + 4
-    pos = exp - lo_exp  # >= 0
-    j, r = pos // _LIMB, (pos % _LIMB).astype(jnp.uint32)
-    mag = jnp.abs(units).astype(jnp.uint32)
-    neg = units < 0
-    lo = (mag & 0xFFFF) << r
-    hi = (mag >> 16) << r
-    pieces = (lo & 0xFFFF, (lo >> 16) + (hi & 0xFFFF), hi >> 16)
-    pieces = [jnp.where(neg, -p.astype(jnp.int32), p.astype(jnp.int32)) for p in pieces]
-    limbs = []
-    for i in range(n_limbs):
-        v = sum(jnp.where(j + d == i, pieces[d], 0) for d in range(3))
-        limbs.append(jnp.sum(v, axis=nb))  # the segment axis; < 2**17 * segments
-    limbs = _carry(limbs)
-    negative = limbs[-1] < 0
-    limbs = _carry([jnp.where(negative, -v, v) for v in limbs])
-    value = _round_limbs(jnp.stack(limbs, axis=-1), lo_exp, out)
-    value = jnp.where(negative, -value, value)
-    value = jnp.where(jnp.any(nan, axis=nb), jnp.float32(jnp.nan), value)
-    return accumulate.round_accumulator(value, out)
-
-
-def _carry(limbs: list) -> list:
-    """Propagate carries so every limb but the top one is in [0, 2**16)."""
-    out, carry = [], 0
-    for i, v in enumerate(limbs):
-        v = v + carry
-        if i == len(limbs) - 1:
-            out.append(v)
-        else:
-            carry = lax.shift_right_arithmetic(v, jnp.int32(_LIMB))
-            out.append(v & 0xFFFF)
-    return out
-
-
-def _round_limbs(limbs: jax.Array, lo_exp: int, out: str) -> jax.Array:
-    """A non-negative number ``sum_i limbs[..., i] * 2**(16 i + lo_exp)`` as f32: rounded to
-    nearest even for a float32 result, to odd (for one more rounding) otherwise."""
-    n = limbs.shape[-1]
-    nonzero = limbs != 0
-    h = (n - 1) - jnp.argmax(jnp.flip(nonzero, axis=-1), axis=-1)  # top non-zero limb
-
-    def limb(i):
-        got = jnp.take_along_axis(limbs, jnp.clip(i, 0, n - 1)[..., None], axis=-1)[..., 0]
-        return jnp.where(i >= 0, got, 0).astype(jnp.uint32)
-
-    w2, w1, w0 = limb(h), limb(h - 1), limb(h - 2)
-    below = jnp.arange(n) < (h - 2)[..., None]
-    sticky = jnp.any(nonzero & below, axis=-1)
-    bits = 32 - lax.clz(w2).astype(jnp.int32)  # 1..16 where the number is not zero
-    s = bits + 8  # bits below the 24 kept ones, within the 48-bit window w2:w1:w0
-    hi = (w2 << 16) | w1
-    sh = jnp.clip(s - 16, 0, 31).astype(jnp.uint32)
-    sl = jnp.clip(s, 0, 31).astype(jnp.uint32)
-    one = jnp.uint32(1)
-    # s >= 16: the kept bits are all in hi
-    m_a = hi >> sh
-    g_a = jnp.where(sh >= 1, (hi >> (sh - one)) & one, (w0 >> 15) & one)
-    r_a = jnp.where(sh >= 2, hi & ((one << (sh - one)) - one), 0) != 0
-    r_a = r_a | jnp.where(sh >= 1, w0 != 0, (w0 & 0x7FFF) != 0)
-    # s < 16: hi shifted up, the rest from w0
-    m_b = (hi << (jnp.uint32(16) - sl)) | (w0 >> sl)
-    g_b = (w0 >> (sl - one)) & one
-    r_b = (w0 & ((one << (sl - one)) - one)) != 0
-    big = s >= 16
-    mant, guard = jnp.where(big, m_a, m_b), jnp.where(big, g_a, g_b)
-    rest = jnp.where(big, r_a, r_b) | sticky
-    if out == "float32":
-        up = (guard == 1) & (rest | ((mant & one) == 1))
-        mant = mant + up.astype(jnp.uint32)
-    else:
-        mant = mant | ((guard == 1) | rest).astype(jnp.uint32)
-    exp = _LIMB * (h - 2) + s + lo_exp
-    value = times_pow2(mant.astype(jnp.float32), exp)
-    return jnp.where(jnp.any(nonzero, axis=-1), value, jnp.float32(0))
 
 
 # --- jax.nn.scaled_matmul's interface ------------------------------------------------------

@@ -196,8 +196,6 @@ def test_moe_mxfp4_through_polyfill_uses_native_pairs_only(target):
 
 def test_bad_input_messages():
     wq = emulate.quantize(np.ones((64, 8), np.float32), mx.MXFP4, axis=0)
-    with pytest.raises(NotImplementedError, match="not for float32 x float4_e2m1fn"):
-        emulate.matmul(np.ones((2, 64), np.float32), wq, mode="exact")
     w3 = emulate.quantize(np.ones((2, 64, 8), np.float32), mx.MXFP4, axis=1)
     with pytest.raises(ValueError, match=re.escape("a, b: matmul of a QArray needs equal")):
         emulate.matmul(np.ones((5, 3, 64), np.float32), w3)
@@ -334,18 +332,16 @@ def test_exact_per_channel_int8_splits_long_contractions():
     _same_bits(got, _oracle(xq, wq, dn, "float32"))
 
 
-@pytest.mark.parametrize(
-    "scheme, message",
-    [
-        (mx.NVFP4, "float8_e4m3fn scales and a tensor scale; use mode='fast'"),
-        (mx.MXFP8_E4M3, "not for float8_e4m3fn x float8_e4m3fn; use mode='fast'"),
-    ],
-)
-def test_exact_says_what_it_does_not_cover(scheme, message):
-    q = emulate.quantize(np.ones((64, 64), np.float32), scheme, axis=0)
-    qt = emulate.quantize(np.ones((64, 64), np.float32), scheme, axis=1)
-    with pytest.raises(NotImplementedError, match=re.escape(message)):
-        emulate.matmul(qt, q, mode="exact")
+@pytest.mark.parametrize("scheme", [mx.NVFP4, mx.MXFP8_E5M2, mx.INT4_G128], ids=lambda s: s.name)
+def test_exact_on_any_scheme_and_bf16_activations(scheme):
+    rng = np.random.default_rng(12)
+    w = (rng.standard_normal((128, 6)) * np.exp2(rng.integers(-8, 8, (128, 6)))).astype(np.float32)
+    q = emulate.quantize(w, scheme, axis=0)
+    x = jnp.asarray(rng.standard_normal((3, 128)), jnp.bfloat16)
+    dn = (((1,), (0,)), ((), ()))
+    got = emulate.dot_general(x, q, dn, mode="exact")
+    want = reference.dot_general(np.asarray(x), _deq(q), dn, preferred_element_type="float32")
+    _same_bits(got, want)
 
 
 def test_vmap_over_stacked_qarrays_gives_the_same_bits():

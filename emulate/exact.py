@@ -35,6 +35,7 @@ subnormals), run only when an operand holds NaN or Inf.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -199,11 +200,11 @@ def _top(m: jax.Array, e: jax.Array) -> jax.Array:
     return jnp.where(m != 0, e + 31 - lax.clz(m), _NONE)
 
 
-def _row_slices(neg, m, e, s: Slicing, compute: str):
-    """One block of per-row slices of ``(-1)**neg * m * 2**e`` (shape (B, R, K)): the
-    slices (lowest first), each row's base exponent (B, R, 1) and the residual mantissas
-    (the bits below the base)."""
-    t = jnp.max(_top(m, e), axis=-1, keepdims=True, initial=_NONE)
+def _row_slices(neg, m, e, s: Slicing, compute: str, axis: int):
+    """One block of per-row slices of ``(-1)**neg * m * 2**e`` (K along ``axis``): the
+    slices (lowest first), each row's base exponent (K reduced to 1) and the residual
+    mantissas (the bits below the base)."""
+    t = jnp.max(_top(m, e), axis=axis, keepdims=True, initial=_NONE)
     base = jnp.maximum(t - s.count * s.width + 1, s.q_min)
     rel = e - base  # the element's lowest bit relative to the base
     mask = (1 << s.width) - 1
@@ -232,24 +233,32 @@ def _canonical3(x: jax.Array, batch, contract) -> jax.Array:
     return x.reshape(nb, nf, -1)
 
 
-def _pair_chunk_sums(slices_a, slices_b, chunk: int, acc) -> jax.Array:
-    """Chunk sums of every slice pair of (B, M, K) and (B, N, K) slices in one dot: int32
-    of shape (B, C, Sa, M, Sb, N) (pair (i, j) is ``[:, :, i, :, j]``, no transpose)."""
-    a = jnp.concatenate(slices_a, axis=1)  # (B, Sa*M, K)
-    b = jnp.concatenate(slices_b, axis=1)  # (B, Sb*N, K)
+def _canonical_kn(x: jax.Array, batch, contract) -> jax.Array:
+    """(batch, K, free) with each group of dimensions merged into one (no transpose for a
+    (K, N) matrix)."""
+    free = [d for d in range(x.ndim) if d not in batch and d not in contract]
+    x = jnp.transpose(x, tuple(batch) + tuple(contract) + tuple(free))
+    nb = math.prod(x.shape[: len(batch)])
+    nk = math.prod(x.shape[len(batch) : len(batch) + len(contract)])
+    return x.reshape(nb, nk, -1)
+
+
+def _pair_chunk_sums(a: jax.Array, b: jax.Array, sa: int, sb: int, chunk: int, acc) -> jax.Array:
+    """Chunk sums of every pair of ``sa`` lhs slices, concatenated as (B, Sa*M, K), and
+    ``sb`` rhs slices, concatenated as (B, K, Sb*N), in one dot: int32 of shape
+    (B, C, Sa, M, Sb, N) (pair (i, j) is ``[:, :, i, :, j]``, no transpose)."""
     k = a.shape[-1]
-    chunk = min(chunk, max(k, 1))
-    pad = (-k) % chunk
+    n = -(-max(k, 1) // min(chunk, max(k, 1)))
+    chunk = -(-max(k, 1) // n)  # as even as the chunks go: no padding where n divides K
+    pad = n * chunk - k
     if pad:
         a = jnp.pad(a, ((0, 0), (0, 0), (0, pad)))
-        b = jnp.pad(b, ((0, 0), (0, 0), (0, pad)))
-    n = (k + pad) // chunk
+        b = jnp.pad(b, ((0, 0), (0, pad), (0, 0)))
     a = a.reshape(a.shape[:2] + (n, chunk))
-    b = b.reshape(b.shape[:2] + (n, chunk))
-    dn = (((3,), (3,)), ((0, 2), (0, 2)))
+    b = b.reshape((b.shape[0], n, chunk, b.shape[2]))
+    dn = (((3,), (2,)), ((0, 2), (0, 1)))
     part = lax.dot_general(a, b, dn, preferred_element_type=acc).astype(jnp.int32)
     nb, _, sam, sbn = part.shape  # (B, C, Sa*M, Sb*N)
-    sa, sb = len(slices_a), len(slices_b)
     return part.reshape(nb, n, sa, sam // sa, sb, sbn // sb)
 
 
@@ -259,7 +268,8 @@ def _signed_limbs(part: jax.Array, shifts: np.ndarray, n_limbs: int, bound: int)
 
     Pairs with equal shifts are added first in int32 (the sums of a group of ``g`` pairs
     stay below ``g * bound``, ``bound`` the largest chunk sum; groups are cut so that this
-    stays below 2**31), so the 16-bit splitting runs once per shift, not once per pair.
+    stays below 2**31), so the 16-bit splitting runs once per shift, not once per pair;
+    where ``g * chunks * bound`` stays below 2**31 too, the chunks are added in int32 as well.
     """
     per = max(1, _I32_EXACT // max(bound, 1))  # pairs whose chunk sums add up in int32
     groups: dict[int, list[tuple[int, int]]] = {}
@@ -274,6 +284,11 @@ def _signed_limbs(part: jax.Array, shifts: np.ndarray, n_limbs: int, bound: int)
             lo = f & 0xFFFF
             if n_chunks == 1:
                 big, small = hi[:, 0], lo[:, 0]
+            elif n_chunks * len(pairs[start : start + per]) <= per:
+                # all of the group's chunk sums add up in int32 (short f32-route chunks)
+                total = jnp.sum(f, axis=1)
+                big = lax.shift_right_arithmetic(total, jnp.int32(16))
+                small = total & 0xFFFF
             else:  # <= 2**15 chunks: |sum hi| < 2**30, sum lo < 2**31
                 big = jnp.sum(hi, axis=1)
                 lo_sum = jnp.sum(lo, axis=1)
@@ -399,6 +414,7 @@ class _Side:
     s: Slicing
     bits: jax.Array  # the f32 bits of the values, NaN/Inf zeroed
     compute: str
+    axis: int  # the contracting axis: 2 for the lhs (B, M, K), 1 for the rhs (B, K, N)
 
     def first(self):
         """The first block: (slices, base exponent, residual or None)."""
@@ -406,7 +422,7 @@ class _Side:
             v = lax.bitcast_convert_type(self.bits, jnp.float32)
             return _slices(v, self.s, self.compute), self.s.q_min, None
         neg, m, e = _split_f32(self.bits)
-        return _row_slices(neg, m, e, self.s, self.compute)
+        return _row_slices(neg, m, e, self.s, self.compute, self.axis)
 
     def split(self):
         return _split_f32(self.bits)
@@ -428,10 +444,9 @@ def contract(plan, lhs_values, rhs_values, dimension_numbers, precision) -> jax.
     sa = slicing(plan.lhs, plan.slicing[0])
     sb = slicing(plan.rhs, plan.slicing[1])
     compute = plan.lhs_compute
-    acc = jnp.int32 if compute == "int8" else jnp.float32
     (lc, rc), (lb, rb) = dimension_numbers
     a3 = _canonical3(lhs_values, lb, lc)  # (B, M, K)
-    b3 = _canonical3(rhs_values, rb, rc)  # (B, N, K)
+    b3 = _canonical_kn(rhs_values, rb, rc)  # (B, K, N)
     out_shape = _result_shape(lhs_values.shape, rhs_values.shape, dimension_numbers)
     k = a3.shape[-1]
     n_chunks = -(-max(k, 1) // min(plan.k_chunk, max(k, 1)))
@@ -442,8 +457,38 @@ def contract(plan, lhs_values, rhs_values, dimension_numbers, precision) -> jax.
         )
     a3, b3 = _f32_bits(a3), _f32_bits(b3)
     fin_a, fin_b = ((x & 0x7F800000) != 0x7F800000 for x in (a3, b3))
-    side_a = _Side(sa, jnp.where(fin_a, a3, 0), compute)
-    side_b = _Side(sb, jnp.where(fin_b, b3, 0), compute)
+    run = functools.partial(_sliced_sum, plan=plan, sa=sa, sb=sb, k=k)
+    if not (sa.dynamic or sb.dynamic):
+        r = run((a3, b3), residual=False)
+    else:
+        # Whether any per-row operand has bits below its first block. The whole sum runs
+        # inside the cond (a cond or loop that captures the big slice arrays computed
+        # outside it costs XLA CPU more than the passes it saves).
+        more = jnp.zeros((), bool)
+        for side, bits, fin, axis in ((sa, a3, fin_a, 2), (sb, b3, fin_b, 1)):
+            if side.dynamic:
+                neg, m, e = _split_f32(jnp.where(fin, bits, 0))
+                more = more | jnp.any(_row_slices(neg, m, e, side, compute, axis)[2] != 0)
+        r = lax.cond(
+            more,
+            functools.partial(run, residual=True),
+            functools.partial(run, residual=False),
+            (a3, b3),
+        )
+    r = _specials(r, a3, b3, fin_a, fin_b, plan)
+    return accumulate.round_accumulator(r.reshape(out_shape), plan.out)
+
+
+def _sliced_sum(bits, *, plan, sa: Slicing, sb: Slicing, k: int, residual: bool) -> jax.Array:
+    """The exact sum of the (B, M, K) x (B, K, N) operands given by their f32 bits, rounded
+    into f32 (to odd for a narrower result); with ``residual``, the further blocks of a
+    per-row operand too."""
+    a3, b3 = bits
+    compute = plan.lhs_compute
+    acc = jnp.int32 if compute == "int8" else jnp.float32
+    fin_a, fin_b = ((x & 0x7F800000) != 0x7F800000 for x in (a3, b3))
+    side_a = _Side(sa, jnp.where(fin_a, a3, 0), compute, 2)
+    side_b = _Side(sb, jnp.where(fin_b, b3, 0), compute, 1)
     shifts = np.add.outer(np.arange(sa.count) * sa.width, np.arange(sb.count) * sb.width)
     n_rel = _n_limbs(int(shifts.max()))
     to_odd = formats.get(plan.out).name != "float32"
@@ -454,39 +499,29 @@ def contract(plan, lhs_values, rhs_values, dimension_numbers, precision) -> jax.
     else:
         bound = min(chunk * sa.max_int * sb.max_int, _F32_EXACT)
 
-    def block(slices_a, slices_b):
-        part = _pair_chunk_sums(slices_a, slices_b, plan.k_chunk, acc)
+    def block(cat_a, cat_b):
+        """The block of concatenated lhs slices times the block of rhs slices, as
+        (negative, magnitude limbs)."""
+        part = _pair_chunk_sums(cat_a, cat_b, sa.count, sb.count, plan.k_chunk, acc)
         return _sign_magnitude(_signed_limbs(part, shifts, n_rel, bound))
 
     sl_a, base_a, res_a = side_a.first()
     sl_b, base_b, res_b = side_b.first()
+    # Concatenated once: the dot's operands, reused by the further blocks.
+    sl_a, sl_b = jnp.concatenate(sl_a, axis=1), jnp.concatenate(sl_b, axis=2)
     negative, mag = block(sl_a, sl_b)
     q0 = _q0(base_a, base_b)
-    if res_a is None and res_b is None:
-        r = _round_wide(negative, mag, q0, to_odd)
-    else:
-
-        def fast(_):
-            return _round_wide(negative, mag, q0, to_odd)
-
-        def slow(_):
-            return _residual_blocks(
-                side_a,
-                side_b,
-                (sl_a, base_a, res_a),
-                (sl_b, base_b, res_b),
-                (negative, mag),
-                block,
-                to_odd,
-            )
-
-        more = jnp.zeros((), bool)
-        for res in (res_a, res_b):
-            if res is not None:
-                more = more | jnp.any(res != 0)
-        r = lax.cond(more, slow, fast, None)
-    r = _specials(r, a3, b3, fin_a, fin_b, plan)
-    return accumulate.round_accumulator(r.reshape(out_shape), plan.out)
+    if not residual:
+        return _round_wide(negative, mag, q0, to_odd)
+    return _residual_blocks(
+        side_a,
+        side_b,
+        (sl_a, base_a, res_a),
+        (sl_b, base_b, res_b),
+        (negative, mag),
+        block,
+        to_odd,
+    )
 
 
 def _q0(base_a, base_b):
@@ -495,7 +530,7 @@ def _q0(base_a, base_b):
         return base_a + base_b
     ea = base_a if not isinstance(base_a, int) else jnp.full((1, 1, 1), base_a, jnp.int32)
     eb = base_b if not isinstance(base_b, int) else jnp.full((1, 1, 1), base_b, jnp.int32)
-    return ea + jnp.swapaxes(eb, 1, 2)  # (B, M, 1) + (B, 1, N)
+    return ea + eb  # (B, M, 1) + (B, 1, N)
 
 
 def _residual_blocks(side_a, side_b, first_a, first_b, first_limbs, block, to_odd):
@@ -533,8 +568,8 @@ def _residual_blocks(side_a, side_b, first_a, first_b, first_limbs, block, to_od
 
         def body(state):
             res, accs = state
-            sl_b, base_b, res = _row_slices(neg_b, res, e_b, sb, side_b.compute)
-            return res, add(accs, block(sl_a, sl_b), base_a, base_b)
+            sl_b, base_b, res = _row_slices(neg_b, res, e_b, sb, side_b.compute, 1)
+            return res, add(accs, block(sl_a, jnp.concatenate(sl_b, axis=2)), base_a, base_b)
 
         return lax.while_loop(cond, body, (res_b, accs))[1]
 
@@ -548,7 +583,8 @@ def _residual_blocks(side_a, side_b, first_a, first_b, first_limbs, block, to_od
 
         def body(state):
             res, accs = state
-            sl_a, base_a, res = _row_slices(neg_a, res, e_a, sa, side_a.compute)
+            sl_a, base_a, res = _row_slices(neg_a, res, e_a, sa, side_a.compute, 2)
+            sl_a = jnp.concatenate(sl_a, axis=1)
             if sb.dynamic:
                 accs = against_b(sl_a, base_a, m_b, accs)
             else:
@@ -581,7 +617,7 @@ def _specials(r, a3, b3, fin_a, fin_b, plan) -> jax.Array:
 
     def with_specials(r):
         sa, sb = signs(a3, fin_a), signs(b3, fin_b)
-        dn = (((2,), (2,)), ((0,), (0,)))
+        dn = (((2,), (1,)), ((0,), (0,)))
         s = lax.dot_general(sa, sb, dn, preferred_element_type=jnp.float32)
         return jnp.where(jnp.isfinite(s), r, s)
 

@@ -53,10 +53,15 @@ class Case:
         return timed_call(self.fn, *self.args)
 
 
-def operand(name: str, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+def operand(
+    name: str, shape: tuple[int, int], rng: np.random.Generator, far_below: bool = False
+) -> np.ndarray:
     f = formats.get(name)
     if not f.is_low_precision:  # a wide activation: standard normal values
-        return jnp.asarray(rng.standard_normal(shape).astype(f.dtype))
+        x = rng.standard_normal(shape).astype(np.float32)
+        if far_below:  # one element 2**-60 below the rest: a further block of slices runs
+            x[0, 0] = 2.0**-60
+        return jnp.asarray(x.astype(f.dtype))
     codes = rng.integers(0, 1 << f.bits, shape).astype(np.uint8)
     for bad in f.nan_codes + f.inf_codes:
         codes[codes == bad] = 0
@@ -73,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         "--pairs", default=None, help="comma-separated lhs:rhs pairs (default: all listed)"
     )
     ap.add_argument("--json", default="benchmarks/results/exact.json")
+    ap.add_argument(
+        "--far-below",
+        action="store_true",
+        help="one wide-operand element 2**-60 below its row (the residual path)",
+    )
     args = ap.parse_args(argv)
     shape = "256x256x256" if args.quick else args.shape
     repeats = 3 if args.quick else args.repeats
@@ -81,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = []
     pairs = PAIRS if not args.pairs else [tuple(p.split(":")) for p in args.pairs.split(",")]
     for pair in pairs:
-        a, b = operand(pair[0], (m, k), rng), operand(pair[1], (k, n), rng)
+        a = operand(pair[0], (m, k), rng, args.far_below)
+        b = operand(pair[1], (k, n), rng, args.far_below)
         fa = pair[0] if not formats.get(pair[0]).xla_storable else None
         fb = pair[1] if not formats.get(pair[1]).xla_storable else None
         for target in args.targets.split(","):

@@ -606,8 +606,11 @@ def _specials(r, a3, b3, fin_a, fin_b, plan) -> jax.Array:
     """NaN and Inf by IEEE rules, from a dot of the operands with every finite value
     replaced by its sign (0, +-1): exact, no overflow, nothing flushed. Run only when an
     operand holds NaN or Inf."""
-    t = targets.get(plan.target)
-    dtype = jnp.bfloat16 if t.supports("bfloat16", "bfloat16") else jnp.float32
+    try:
+        bf16 = targets.get(plan.target).supports("bfloat16", "bfloat16")
+    except ValueError:  # a Target built by the caller, not registered by name
+        bf16 = plan.lhs_compute == "bfloat16"
+    dtype = jnp.bfloat16 if bf16 else jnp.float32
 
     def signs(bits, finite):  # from the bits: no float operation sees a subnormal
         one = jnp.where((bits >> 31) == 1, -1.0, 1.0)

@@ -21,6 +21,7 @@ from emulate import accumulate, exact
 from emulate.dot import (
     Operand,
     _compute,
+    _contract,
     _describe,
     _hashable,
     _plan_for,
@@ -66,8 +67,9 @@ def conv_general_dilated(
 
     Raises:
       ValueError: rank or feature-count mismatches (naming both operands and the target);
-        an exact plan whose window alone exceeds the exact K-chunk, or that needs chunking
-        with ``feature_group_count`` or ``batch_group_count`` above 1 (not built).
+        an exact plan on a native sub-byte pair (int4) whose window alone exceeds the exact
+        K-chunk, or that needs chunking with ``feature_group_count`` or
+        ``batch_group_count`` above 1 (not built); a contraction beyond the plan's K limit.
     """
     a = operand(lhs, lhs_format, arg="lhs")
     b = operand(rhs, rhs_format, arg="rhs")
@@ -84,7 +86,18 @@ def conv_general_dilated(
         )
     p = _plan_for(a, b, target, preferred_element_type, mode)
     window = math.prod(b.shape[d] for d in dn.rhs_spec[2:])
-    if p.slicing is not None:  # mode "exact" by exponent slicing: patches, then the dot
+    k = in_r * window
+    chunked = p.k_chunk is not None and k > p.k_chunk
+    # Patches, then a dot: mode "exact" by exponent slicing, and exact-class plans whose
+    # chunks cannot be cut along the input features (groups, or a window longer than the
+    # chunk) where the compute types can be moved as plain words.
+    patched = p.slicing is not None or (
+        chunked
+        and (feature_group_count != 1 or batch_group_count != 1 or p.k_chunk < window)
+        and {p.lhs_compute, p.rhs_compute} <= {"int8", "bfloat16", "float32"}
+    )
+    if patched:
+        check_k(p, k)
         pads = _pads(a.shape, b.shape, dn, window_strides, padding, rhs_dilation)
         params = dict(
             window_strides=_tuple(window_strides) or (1,) * (len(a.shape) - 2),
@@ -94,9 +107,9 @@ def conv_general_dilated(
             dimension_numbers=dn,
             feature_group_count=int(feature_group_count),
             batch_group_count=int(batch_group_count),
+            precision=_hashable(precision),
         )
         return _run_sliced_conv(p, a, b, tuple(sorted(params.items())))
-    k = in_r * window
     check_k(p, k)
     slice_features = None
     if p.k_chunk is not None and k > p.k_chunk:
@@ -174,17 +187,20 @@ def _run_sliced_conv(p: Plan, lhs: Operand, rhs: Operand, params) -> jax.Array:
 
 
 def _sliced_conv(p: Plan, lhs: Operand, rhs: Operand, *, params) -> jax.Array:
-    """Mode "exact" outside the exact class: the windows of the decoded input, moved as
-    bits (no arithmetic, so nothing is flushed or rounded), contracted with the weights by
-    :func:`emulate.exact.contract`."""
+    """The windows of the decoded input, moved as bits (no arithmetic, so nothing is
+    flushed or rounded), contracted with the weights by :func:`emulate.exact.contract`
+    (mode "exact" by slicing) or as the plan's dot (chunked exact-class plans)."""
     kw = dict(params)
     dn = kw["dimension_numbers"]
-    # Wide operands as they are (exact.contract reads their bits: a convert may flush
-    # subnormals on XLA CPU), low-precision ones decoded to f32.
-    x, w = (
-        op.value if not op.format.is_low_precision else _compute(op, "float32", 0)
-        for op in (lhs, rhs)
-    )
+    if p.slicing is not None:
+        # Wide operands as they are (exact.contract reads their bits: a convert may flush
+        # subnormals on XLA CPU), low-precision ones decoded to f32.
+        x, w = (
+            op.value if not op.format.is_low_precision else _compute(op, "float32", 0)
+            for op in (lhs, rhs)
+        )
+    else:
+        x, w = _compute(lhs, p.lhs_compute, p.lhs_scale), _compute(rhs, p.rhs_compute, p.rhs_scale)
     x = jnp.transpose(x, dn.lhs_spec)  # (N, C, S...)
     w = jnp.transpose(w, dn.rhs_spec)  # (O, Cg, K...)
     patches = _patches(x, w.shape[2:], kw)  # (N, C, T, P...)
@@ -203,7 +219,10 @@ def _sliced_conv(p: Plan, lhs: Operand, rhs: Operand, *, params) -> jax.Array:
         xg = jnp.transpose(xg, (1, 0, 4, 2, 3)).reshape(g, n * npos, cg * taps)
         wg = w.reshape(g, o // g, cg * taps)
     dn3 = (((2,), (2,)), ((0,), (0,)))
-    r = exact.contract(p, xg, wg, dn3, None)  # (groups, N' * P, O')
+    if p.slicing is not None:
+        r = exact.contract(p, xg, wg, dn3, None)  # (groups, N' * P, O')
+    else:
+        r = _contract(p, xg, wg, dn3, kw["precision"])
     groups = r.shape[0]
     r = r.reshape((groups, -1) + tuple(out_spatial) + (r.shape[-1],))
     nsp = len(out_spatial)
@@ -215,7 +234,7 @@ def _sliced_conv(p: Plan, lhs: Operand, rhs: Operand, *, params) -> jax.Array:
 
 def _patches(x: jax.Array, window, kw) -> jax.Array:
     """(N, C, T, P...) windows of (N, C, S...) values, T the taps in row-major order."""
-    uint = {2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+    uint = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
     bits = lax.bitcast_convert_type(x, uint)
     config = [(0, 0, 0), (0, 0, 0)] + [
         (lo, hi, d - 1) for (lo, hi), d in zip(kw["padding"], kw["lhs_dilation"], strict=True)

@@ -484,34 +484,26 @@ def test_feature_mismatch_with_groups_nhwc():
         )
 
 
-def test_window_alone_exceeds_the_exact_chunk():
-    a = _zeros("float6_e2m3fn", (1, 1, 70, 70))
-    with pytest.raises(
-        ValueError,
-        match=r"^rhs: the window \(4900 taps\) alone exceeds the exact K-chunk 4660 of "
-        r"float6_e2m3fn x float6_e2m3fn; lhs float6_e2m3fn\[1, 1, 70, 70\], "
-        r"rhs float6_e2m3fn\[1, 1, 70, 70\], target tpu_v4$",
-    ):
-        emulate.conv_general_dilated(
-            a, a, (1, 1), "VALID", preferred_element_type=jnp.float32, target="tpu_v4"
-        )
+def test_window_longer_than_the_exact_chunk():
+    # 4900 taps > the 4660-term chunk of e2m3 x e2m3 in f32 (tpu_v4): the windows are
+    # taken as patches and contracted in exact chunks.
+    rng = np.random.default_rng(9)
+    a = _e2m3(rng.integers(0, 64, (1, 1, 71, 70)))
+    b = _e2m3(rng.integers(0, 64, (2, 1, 70, 70)))
+    cfg = Conv(a.shape, b.shape, (1, 1), "VALID", NCHW)
+    got = cfg.run(a, b, preferred_element_type=jnp.float32, target="tpu_v4")
+    assert same_bits(got, conv_reference(a, b, cfg, np.float32))
 
 
-def test_grouped_conv_needing_chunks_is_refused():
-    with pytest.raises(
-        ValueError,
-        match=r"^feature_group_count: an exact int8 x int8 convolution with K = 1152 needs "
-        r"chunking, which is not built for grouped convolutions; lhs int8\[1, 256, 3, 3\], "
-        r"rhs int8\[4, 128, 3, 3\], target tpu_v4$",
-    ):
-        emulate.conv_general_dilated(
-            np.zeros((1, 256, 3, 3), np.int8),
-            np.zeros((4, 128, 3, 3), np.int8),
-            (1, 1),
-            "VALID",
-            feature_group_count=2,
-            target="tpu_v4",
-        )
+def test_grouped_conv_needing_chunks():
+    # K = 128 * 9 = 1152 > the 1024-term f32 chunk of int8 x int8 on tpu_v4, two groups.
+    rng = np.random.default_rng(10)
+    a = rng.integers(-128, 128, (1, 256, 3, 3)).astype(np.int8)
+    b = rng.integers(-128, 128, (4, 128, 3, 3)).astype(np.int8)
+    cfg = Conv(a.shape, b.shape, (1, 1), ((1, 0), (0, 1)), NCHW, groups=2)
+    for pet in (jnp.float32, jnp.int32):
+        got = cfg.run(a, b, preferred_element_type=pet, target="tpu_v4")
+        assert same_bits(got, conv_reference(a, b, cfg, pet))
 
 
 # ----------------------------------------------------------------------------- mode exact, sliced

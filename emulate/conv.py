@@ -34,6 +34,8 @@ from emulate.plan import Plan
 
 __all__ = ["conv_general_dilated"]
 
+_GATHER_TAPS = 64  # windows with more taps are cut into patches by gathers, not slices
+
 
 def _tuple(x: Any) -> Any:
     if x is None or isinstance(x, str):
@@ -245,6 +247,14 @@ def _patches(x: jax.Array, window, kw) -> jax.Array:
         max(0, (size - (k - 1) * r - 1) // s + 1)
         for size, k, r, s in zip(bits.shape[2:], window, rd, strides, strict=True)
     ]
+    if math.prod(window) > _GATHER_TAPS:  # a long window: one gather per spatial dimension
+        for i, (o_, k_, r, st) in enumerate(zip(out, window, rd, strides, strict=True)):
+            idx = np.arange(o_)[:, None] * st + np.arange(k_)[None, :] * r  # (o, k)
+            bits = jnp.take(bits, jnp.asarray(idx, jnp.int32), axis=2 + 2 * i, mode="clip")
+        nsp = len(window)  # (N, C, o1, k1, o2, k2, ...) -> (N, C, k1, k2, ..., o1, o2, ...)
+        order = (0, 1) + tuple(3 + 2 * i for i in range(nsp)) + tuple(2 + 2 * i for i in range(nsp))
+        bits = jnp.transpose(bits, order).reshape(bits.shape[:2] + (math.prod(window), *out))
+        return lax.bitcast_convert_type(bits, x.dtype)
     taps = []
     for tap in np.ndindex(*window):
         start = [t * r for t, r in zip(tap, rd, strict=True)]

@@ -28,6 +28,7 @@ from emulate.codes import from_codes, is_array, to_codes
 from emulate.formats import Format
 from emulate.packing import Packed, unpack_codes
 from emulate.plan import Plan, plan
+from emulate.quant import QArray
 
 __all__ = ["dot_general", "matmul", "einsum", "Operand", "operand"]
 
@@ -319,6 +320,12 @@ def dot_general(
       wrapped to int32); float4_e2m1fn / float6_e2m3fn pairs are exact; other float
       pairs are within ``gamma_K * sum|a*b|`` in mode "fast".
     """
+    if isinstance(lhs, QArray) or isinstance(rhs, QArray):
+        from emulate import scaled
+
+        return scaled.dot_general(
+            lhs, rhs, dimension_numbers, precision, preferred_element_type, target=target, mode=mode
+        )
     a = operand(lhs, lhs_format, arg="lhs")
     b = operand(rhs, rhs_format, arg="rhs")
     dn = _normalize_dn(dimension_numbers, a, b, target)
@@ -348,6 +355,10 @@ def matmul(
     The result dtype follows ``lax.dot_general``'s rule (see :func:`dot_general`); for
     same-type operands that is what ``jnp.matmul`` returns too.
     """
+    if isinstance(a, QArray) or isinstance(b, QArray):
+        x = a if isinstance(a, QArray) else operand(a, a_format, arg="a")
+        y = b if isinstance(b, QArray) else operand(b, b_format, arg="b")
+        return _matmul_dims(x, y, precision, preferred_element_type, target, mode)
     x = operand(a, a_format, arg="a")
     y = operand(b, b_format, arg="b")
     xs, ys = x.shape, y.shape
@@ -386,6 +397,32 @@ def matmul(
     return out
 
 
+def _matmul_dims(x: Any, y: Any, precision, preferred_element_type, target, mode) -> jax.Array:
+    """``matmul`` as one ``dot_general`` (no broadcasting copies), for QArray operands."""
+    xn, yn = len(x.shape), len(y.shape)
+    if xn == 0 or yn == 0:
+        raise ValueError(
+            f"a, b: matmul needs operands of at least one dimension, got shapes {x.shape} "
+            f"and {y.shape}"
+        )
+    if yn <= 2:  # (..., K) x (K,) or (K, N): contract, no batch
+        dn = ((xn - 1,), (0,)), ((), ())
+    elif xn <= 2:  # (K,) or (M, K) x (..., K, N): result (M, ..., N) moved to (..., M, N)
+        dn = ((xn - 1,), (yn - 2,)), ((), ())
+    elif xn == yn and tuple(x.shape[:-2]) == tuple(y.shape[:-2]):
+        nb = xn - 2
+        dn = ((nb + 1,), (nb,)), (tuple(range(nb)), tuple(range(nb)))
+    else:
+        raise ValueError(
+            f"a, b: matmul of a QArray needs equal batch dimensions or a 1-D/2-D operand, "
+            f"got shapes {tuple(x.shape)} and {tuple(y.shape)}"
+        )
+    out = dot_general(x, y, dn, precision, preferred_element_type, target=target, mode=mode)
+    if 2 < yn and xn == 2:
+        out = jnp.moveaxis(out, 0, -2)
+    return out
+
+
 def einsum(
     subscripts: str,
     *operands: Any,
@@ -412,8 +449,10 @@ def einsum(
             "contract them pairwise"
         )
     fm = list(operand_formats) if operand_formats is not None else [None, None]
-    x = operand(operands[0], fm[0], arg="lhs")
-    y = operand(operands[1], fm[1], arg="rhs")
+    x, y = (
+        v if isinstance(v, QArray) else operand(v, f, arg=arg)
+        for v, f, arg in zip(operands, fm, ("lhs", "rhs"), strict=True)
+    )
     ins, out_idx = _parse_einsum(subscripts, (len(x.shape), len(y.shape)))
     li, ri = ins
     for name, idx in (("lhs", li), ("rhs", ri)):
@@ -436,6 +475,11 @@ def einsum(
     # Indices summed in one operand only: broadcast the other operand along them.
     for mine, other, op_other, is_rhs in ((li, ri, y, True), (ri, li, x, False)):
         lonely = [c for c in mine if c not in other and c not in out_idx]
+        if lonely and isinstance(op_other, QArray):
+            raise ValueError(
+                f"subscripts: index {lonely[0]!r} is summed in one operand only, which "
+                f"emulate.einsum does not do when the other is a QArray; sum it first"
+            )
         if lonely:
             codes = op_other.codes()
             codes = jnp.broadcast_to(

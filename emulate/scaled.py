@@ -13,8 +13,9 @@ f32 and rounded once into the result type. Scales that do not change along K
 and the scales are applied once to its accumulator.
 
 Mode "fast": where scales change along K and the dequantized values are exact in bf16
-(e8m0 scales), or segments are shorter than 64, the QArrays are dequantized (bf16 where
-exact, f32 otherwise) and contracted in one dot instead. Either way, with ``S`` segments
+(e8m0 scales), or segments are shorter than 64, or the target is the CPU (whose f32 dot
+runs at full rate), the QArrays are dequantized (bf16 where exact, f32 otherwise, both
+operands in one type, f32 at ``Precision.HIGHEST``) and contracted in one dot instead. Either way, with ``S`` segments
 and ``a``, ``b`` the dequantized values, the f32 accumulator is within
 ``gamma_(K + S + 4) * sum|a*b|`` of the exact sum, plus the underflow term of
 :mod:`emulate.bounds`.
@@ -103,10 +104,10 @@ def dot_general(
         return dot.dot_general(va, vb, dn, precision, out.name, target=target, mode="exact")
     p = plan(a.format, b.format, target=target, preferred_element_type="float32", mode=mode)
     segs = _segments(a.shape, b.shape, dn, qa, qb)
-    if segs.count > 1 and (segs.g < 64 or _bf16_exact(qa, qb)):
+    if segs.count > 1 and (segs.g < 64 or _bf16_exact(qa, qb) or p.platform == "cpu"):
         # Scales change along K: one dot of the dequantized values beats many short ones
         # (measured by benchmarks/scaled.py), unless they would have to be f32 and the
-        # segments are long.
+        # segments are long on a TPU (where an f32 dot costs six bf16 passes).
         return _dequantized_run(
             qa if qa is not None else a,
             qb if qb is not None else b,
@@ -253,6 +254,13 @@ def _wide(x) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("dimension_numbers", "precision", "out"))
 def _dequantized_run(a, b, dimension_numbers, precision, out):
     va, vb = _wide(a), _wide(b)
+    if va.dtype != vb.dtype:  # a mixed-type dot runs 2x slower on XLA CPU than a converted one
+        common = jnp.promote_types(va.dtype, vb.dtype)
+        va, vb = va.astype(common), vb.astype(common)
+    if va.dtype == jnp.float32:
+        # f32 values not exact in bf16: a TPU's default precision would round them to
+        # bf16 (one pass), outside the contract.
+        precision = lax.Precision.HIGHEST
     acc = lax.dot_general(va, vb, dimension_numbers, precision, preferred_element_type=jnp.float32)
     return accumulate.round_accumulator(acc, out)
 

@@ -194,6 +194,28 @@ def test_moe_mxfp4_through_polyfill_uses_native_pairs_only(target):
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
 
 
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("scheme", [mx.NVFP4, mx.INT4_G128], ids=lambda s: s.name)
+def test_f32_values_contract_at_full_f32_precision(scheme, target):
+    # Values that bf16 cannot hold (e4m3 or f16 scales) reach the dot as f32 with
+    # Precision.HIGHEST: a TPU's default precision would round them to bf16 first.
+    wq = emulate.quantize(_weights(scheme, 256, 8), scheme, axis=0)
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((3, 256)), jnp.bfloat16)
+    jaxpr = jax.make_jaxpr(lambda x, w: emulate.matmul(x, w, target=target))(x, wq)
+    dots = [e for e in program.walk(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
+    f32 = [e for e in dots if any(v.aval.dtype == jnp.float32 for v in e.invars)]
+    assert f32 or target != "cpu"
+    for e in f32:
+        assert [v.aval.dtype for v in e.invars] == [jnp.float32, jnp.float32]
+        assert e.params["precision"] in (
+            (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST),
+            jax.lax.Precision.HIGHEST,
+        )
+    got = emulate.matmul(x, wq, target=target)
+    dn = (((1,), (0,)), ((), ()))
+    _assert_within(got, np.asarray(x, np.float32), _deq(wq), dn, terms=256 + 256 // 16 + 4)
+
+
 def test_bad_input_messages():
     wq = emulate.quantize(np.ones((64, 8), np.float32), mx.MXFP4, axis=0)
     w3 = emulate.quantize(np.ones((2, 64, 8), np.float32), mx.MXFP4, axis=1)

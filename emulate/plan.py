@@ -141,7 +141,9 @@ class Plan:
                 "  numerics: bounded; |r - exact| <= gamma_K * sum|a*b| + underflow term, "
                 "gamma_K = K*2^-24/(1 - K*2^-24)"
             )
-        if formats.get(self.out).is_float and self.out != "float32":
+        if self.slicing is not None:
+            lines.append(f"  result: the exact sum (16-bit limbs) rounded once into {self.out}")
+        elif formats.get(self.out).is_float and self.out != "float32":
             lines.append(f"  result: rounded once from {self.accumulator} into {self.out}")
         if self.fallback is not None:
             lines.append(

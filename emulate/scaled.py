@@ -15,8 +15,9 @@ and the scales are applied once to its accumulator.
 Mode "fast": where scales change along K and the dequantized values are exact in bf16
 (e8m0 scales), or segments are shorter than 64, or the target is the CPU (whose f32 dot
 runs at full rate), the QArrays are dequantized (bf16 where exact, f32 otherwise, both
-operands in one type, f32 at ``Precision.HIGHEST``) and contracted in one dot instead. Either way, with ``S`` segments
-and ``a``, ``b`` the dequantized values, the f32 accumulator is within
+operands in one type, f32 at ``Precision.HIGHEST``) and contracted in one dot instead.
+Either way, with ``S`` segments and ``a``, ``b`` the dequantized values, the f32
+accumulator is within
 ``gamma_(K + S + 4) * sum|a*b|`` of the exact sum, plus the underflow term of
 :mod:`emulate.bounds`.
 

@@ -188,6 +188,8 @@ def test_plan_reports_the_slicing():
     text = p.explain()
     assert "exponent slicing: lhs 4 slices of 4 exponents, rhs 4 of 4: 16 passes" in text
     assert "numerics: exact" in text
+    assert "result: the exact sum (16-bit limbs) rounded once into float8_e4m3fn" in text
+    assert "from int32" not in text
 
 
 def test_every_slicing_keeps_chunk_sums_exact():

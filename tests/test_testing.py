@@ -210,6 +210,25 @@ def test_nan_matches_nan_and_zero_signs_are_ignored():
     assert c.mismatches == 1 and c.max_ulps == math.inf and c.first.index == (0, 0)
 
 
+def test_subnormal_times_inf_may_be_nan_in_mode_fast_only():
+    # XLA on the CPU and the TPU reads a subnormal bf16 / f32 operand as zero, so its
+    # product with Inf is NaN there; mode "fast" may give that, mode "exact" may not.
+    a = np.array([[2.0**-133, 1.0], [1.0, 1.0], [2.0**-126, 1.0]], ml_dtypes.bfloat16)
+    b = np.array([[np.inf], [1.0]], ml_dtypes.float8_e5m2)
+    nan_first = np.array([[np.nan], [np.inf], [np.inf]], np.float32)
+    c = et.compare(nan_first, a, b, DN, mode="fast", preferred_element_type="float32")
+    assert c.ok
+    c = et.compare(nan_first, a, b, DN, mode="exact", preferred_element_type="float32")
+    assert c.mismatches == 1 and c.first.index == (0, 0)
+    nan_last = np.array([[np.inf], [np.inf], [np.nan]], np.float32)  # 2**-126 is normal
+    c = et.compare(nan_last, a, b, DN, mode="fast", preferred_element_type="float32")
+    assert c.mismatches == 1 and c.first.index == (2, 0) and c.first.exact == math.inf
+    got = emulate.dot_general(a, b, DN, preferred_element_type="float32", mode="fast")
+    et.assert_matches_reference(got, a, b, DN, mode="fast", preferred_element_type="float32")
+    got = emulate.dot_general(a, b, DN, preferred_element_type="float32", mode="exact")
+    assert np.asarray(got).ravel().tolist() == [math.inf] * 3
+
+
 def test_bad_mode():
     x = np.ones((1, 1), np.int8)
     with pytest.raises(ValueError, match=r"^mode: expected one of 'fast', 'exact', got 'quick'$"):

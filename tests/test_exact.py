@@ -45,6 +45,16 @@ def same_bits(got, want) -> bool:
     return bool(np.all((np.isnan(g) & np.isnan(w)) | (g == w)))
 
 
+def _check_correctly_rounded(lhs, rhs, target, layout, data):
+    lshape, rshape, dn = LAYOUTS[layout]
+    a = data.draw(et.arrays(lhs, lshape))
+    b = data.draw(et.arrays(rhs, rshape))
+    out = data.draw(st.sampled_from([jnp.float32, jnp.bfloat16]))
+    got = emulate.dot_general(a, b, dn, preferred_element_type=out, target=target, mode="exact")
+    want = reference.dot_general(a, b, dn, preferred_element_type=out)
+    assert same_bits(got, want), (got, want)
+
+
 # Every pair once, the targets and layouts taken in turn (each new combination compiles a
 # program of some seconds), and e4m3fn x e4m3fn on every target.
 CASES = [(a, b, TARGETS[i % 3], i % 2) for i, (a, b) in enumerate(SLICED)] + [
@@ -56,13 +66,7 @@ CASES = [(a, b, TARGETS[i % 3], i % 2) for i, (a, b) in enumerate(SLICED)] + [
 @settings(max_examples=5)
 @given(data=st.data())
 def test_exact_mode_is_the_correctly_rounded_sum(lhs, rhs, target, layout, data):
-    lshape, rshape, dn = LAYOUTS[layout]
-    a = data.draw(et.arrays(lhs, lshape))
-    b = data.draw(et.arrays(rhs, rshape))
-    out = data.draw(st.sampled_from([jnp.float32, jnp.bfloat16]))
-    got = emulate.dot_general(a, b, dn, preferred_element_type=out, target=target, mode="exact")
-    want = reference.dot_general(a, b, dn, preferred_element_type=out)
-    assert same_bits(got, want), (got, want)
+    _check_correctly_rounded(lhs, rhs, target, layout, data)
 
 
 E5 = ml_dtypes.float8_e5m2
@@ -254,13 +258,7 @@ WIDE_CASES = [
 @settings(max_examples=6)
 @given(data=st.data())
 def test_wide_operands_give_the_correctly_rounded_sum(lhs, rhs, target, layout, data):
-    lshape, rshape, dn = LAYOUTS[layout]
-    a = data.draw(et.arrays(lhs, lshape))
-    b = data.draw(et.arrays(rhs, rshape))
-    out = data.draw(st.sampled_from([jnp.float32, jnp.bfloat16]))
-    got = emulate.dot_general(a, b, dn, preferred_element_type=out, target=target, mode="exact")
-    want = reference.dot_general(a, b, dn, preferred_element_type=out)
-    assert same_bits(got, want), (got, want)
+    _check_correctly_rounded(lhs, rhs, target, layout, data)
 
 
 BF = ml_dtypes.bfloat16

@@ -2,7 +2,10 @@
 
 Run: ``python -m benchmarks.exact`` (or ``python benchmarks/exact.py``); ``--quick`` for a
 small shape. Both modes run ``emulate.dot_general`` on the same operands for the same
-target, interleaved after warm-up; the ratio is exact / fast of the medians.
+target, interleaved after warm-up; the ratio is exact / fast of the medians. Each timed
+call follows an untimed call of the same program (``--cold`` leaves that out): right after
+a mode-exact program of another pair, whose temporaries are tens of MiB, a 1 ms fast call
+measured 2 to 2.5x slower here, which says more about the case before it than about it.
 """
 
 from __future__ import annotations
@@ -49,7 +52,11 @@ class Case:
     def label(self) -> str:
         return f"{self.pair[0]} x {self.pair[1]} {self.target} {self.mode}"
 
+    warm: bool = True
+
     def run(self) -> float:
+        if self.warm:
+            jax.block_until_ready(self.fn(*self.args))
         return timed_call(self.fn, *self.args)
 
 
@@ -83,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="one wide-operand element 2**-60 below its row (the residual path)",
     )
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="time each call right after the previous case's (no untimed call before it)",
+    )
     args = ap.parse_args(argv)
     shape = "256x256x256" if args.quick else args.shape
     repeats = 3 if args.quick else args.repeats
@@ -109,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                         rhs_format=fb,
                     )
                 )
-                cases.append(Case(pair, target, mode, fn, (a, b)))
+                cases.append(Case(pair, target, mode, fn, (a, b), warm=not args.cold))
     ok, failed = interleave(cases, repeats)
     med = {c.label: stats(c.times)["median_s"] for c in ok}
     rows, records = [], []

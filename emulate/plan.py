@@ -309,6 +309,7 @@ def plan(
 _PLATFORMS = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}
 
 
+
 def _sliceable(f: Format) -> bool:
     if f.name in ("bfloat16", "float16", "float32"):  # sliced per row, at run-time scales
         return True
@@ -338,9 +339,9 @@ def _sliced(t, a: Format, b: Format, out: Format, mode: str) -> Plan:
         method = "sliced-" + {"int8": "int8", "bfloat16": "bf16", "float32": "f32"}[compute]
         cands.append(_Candidate(method, rate, why, (compute, compute), acc, chunk))
         if ok:
-            # Cost per pass is 1 / rate; unknown rates count alike, so fewer passes win.
-            passes = sa.count * sb.count
-            options.append((passes / (rate or 1.0), len(options), cands[-1], (sa.width, sb.width)))
+            # Unknown rates count alike.
+            cost = exact_mode.cost(sa, sb, chunk) / (rate or 1.0)
+            options.append((cost, len(options), cands[-1], (sa.width, sb.width)))
     if not options:
         raise ValueError(f"lhs/rhs: no exact route for {a.name} x {b.name} on target {t.name}")
     _, _, best, widths = min(options)

@@ -196,6 +196,21 @@ def test_plan_reports_the_slicing():
     assert "from int32" not in text
 
 
+def test_route_choice_counts_the_chunk_sums():
+    # The CPU states no rates: the route with the least passes-plus-combination cost wins,
+    # int8 slices (one chunk of 149130) over bf16 slices (9 passes, but chunks of 291).
+    cpu = emulate.plan("float8_e4m3fn", "float8_e4m3fn", target="cpu", mode="exact")
+    assert cpu.method == "sliced-int8" and cpu.k_chunk == 149130
+    sa, sb = (exact.slicing("float8_e4m3fn", w) for w in (5, 5))
+    assert (
+        exact.cost(sa, sb, 291)
+        == 9 * (1 + exact.CHUNK_COST / 291)
+        > 16 * (1 + exact.CHUNK_COST / 149130)
+    )
+    v4 = emulate.plan("float8_e4m3fn", "float8_e4m3fn", target="tpu_v4", mode="exact")
+    assert v4.method == "sliced-bf16" and v4.slicing == (5, 5) and v4.k_chunk == 291
+
+
 def test_every_slicing_keeps_chunk_sums_exact():
     for lhs, rhs in SLICED:
         for compute, bound in (("int8", 2**31 - 1), ("bfloat16", 2**24), ("float32", 2**24)):

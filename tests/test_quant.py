@@ -190,6 +190,44 @@ def test_nan_block_dequantizes_to_nan_and_others_survive():
     assert np.isnan(np.asarray(q.scales, np.float32)[0])
 
 
+_SCALE_EDGES = {
+    "float8_e8m0fnu": None,  # every code, 0 (2**-127) to 254 (2**127) and 255 (NaN)
+    "float32": [2.0**-126, 2.0**-100, 1.5, 3.0 * 2.0**100, 2.0**127, 3.4e38, 0.0, np.inf],
+    "float8_e4m3fn": [2.0**-9, 0.875 * 2.0**-6, 1.0, 448.0, 0.0],
+}
+
+
+@pytest.mark.parametrize("sf", list(_SCALE_EDGES))
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn", "int8"])
+@settings(max_examples=6)
+@given(data=st.data())
+def test_dequantize_at_the_scale_extremes_matches_reference(fmt, sf, data):
+    # Scales (and scale x tensor scale) from 2**-254 to 2**254: products that land in range
+    # survive, the rest overflow or flush exactly as the oracle says.
+    f = emulate.formats.get(fmt)
+    codes = np.asarray(data.draw(st.lists(st.integers(0, 255), min_size=64, max_size=64)), np.uint8)
+    codes = np.where(np.isin(codes, f.nan_codes + f.inf_codes), 0, codes).astype(np.uint8)
+    codes = (codes & ((1 << f.bits) - 1)).reshape(16, 4).view(f.dtype)
+    edges = _SCALE_EDGES[sf]
+    if edges is None:
+        raw = data.draw(st.lists(st.sampled_from([0, 1, 2, 100, 127, 200, 253, 254, 255]),
+                                 min_size=8, max_size=8))  # fmt: skip
+        scales = np.asarray(raw, np.uint8).view(ml_dtypes.float8_e8m0fnu).reshape(2, 4)
+    else:
+        vals = data.draw(st.lists(st.sampled_from(edges), min_size=8, max_size=8))
+        scales = np.asarray(vals, np.float64).astype(getattr(ml_dtypes, sf, sf)).reshape(2, 4)
+    ts = None
+    if sf != "float8_e8m0fnu":
+        ts = data.draw(st.sampled_from([None, 2.0**-126, 2.0**-100, 1.5 * 2.0**126]))
+    q = QArray.from_parts(jnp.asarray(codes), jnp.asarray(scales), block_shape=(8, 1),
+                          tensor_scale=ts)  # fmt: skip
+    got = np.asarray(emulate.dequantize(q, to=jnp.float32))
+    want = reference.dequantize(codes, scales, (8, 1), ts)
+    num = ~np.isnan(want)
+    assert np.array_equal(got, want, equal_nan=True), (got, want)
+    assert np.array_equal(np.signbit(got[num]), np.signbit(want[num])), (got, want)
+
+
 def test_qarray_is_a_pytree_and_packs_sub_byte_codes():
     x = np.linspace(-3, 3, 64 * 8, dtype=np.float32).reshape(64, 8)
     q = emulate.quantize(x, mx.MXFP4, axis=0)

@@ -323,8 +323,12 @@ def dot_general(
     if isinstance(lhs, QArray) or isinstance(rhs, QArray):
         from emulate import scaled
 
+        x, y = (
+            _with_format(v, f, arg)
+            for v, f, arg in ((lhs, lhs_format, "lhs"), (rhs, rhs_format, "rhs"))
+        )
         return scaled.dot_general(
-            lhs, rhs, dimension_numbers, precision, preferred_element_type, target=target, mode=mode
+            x, y, dimension_numbers, precision, preferred_element_type, target=target, mode=mode
         )
     a = operand(lhs, lhs_format, arg="lhs")
     b = operand(rhs, rhs_format, arg="rhs")
@@ -356,8 +360,7 @@ def matmul(
     same-type operands that is what ``jnp.matmul`` returns too.
     """
     if isinstance(a, QArray) or isinstance(b, QArray):
-        x = a if isinstance(a, QArray) else operand(a, a_format, arg="a")
-        y = b if isinstance(b, QArray) else operand(b, b_format, arg="b")
+        x, y = _with_format(a, a_format, "a"), _with_format(b, b_format, "b")
         return _matmul_dims(x, y, precision, preferred_element_type, target, mode)
     x = operand(a, a_format, arg="a")
     y = operand(b, b_format, arg="b")
@@ -395,6 +398,18 @@ def matmul(
     if len(y.shape) == 1:
         out = out[..., 0]
     return out
+
+
+def _with_format(x: Any, fmt: Any, arg: str) -> Any:
+    """A QArray as it is (its codes carry their format), anything else as an Operand."""
+    if not isinstance(x, QArray):
+        return operand(x, fmt, arg=arg)
+    if fmt is not None:
+        raise ValueError(
+            f"{arg}_format: a QArray carries its format ({x.format_name}); pass "
+            f"{arg}_format only with uint8 codes, got {arg}_format={fmt!r}"
+        )
+    return x
 
 
 def _matmul_dims(x: Any, y: Any, precision, preferred_element_type, target, mode) -> jax.Array:
@@ -437,11 +452,13 @@ def einsum(
     Supports explicit (``"bij,bjk->bik"``) and implicit (``"ij,jk"``) output, and ``...``.
     ``operand_formats`` gives the formats of operands passed as uint8 codes.
     An index that appears in one operand only and not in the output is summed through
-    the same exact contraction (the other operand is broadcast along it).
+    the same exact contraction (the other operand is broadcast along it), except where
+    the other operand is a :class:`emulate.QArray` (ValueError: sum it first).
 
     Raises:
       ValueError: other than two operands, an index repeated within one operand, sizes
-        that disagree, or an output index that no operand has.
+        that disagree, an output index that no operand has, ``operand_formats`` not of
+        length two, or a format given for a QArray operand.
     """
     if len(operands) != 2:
         raise ValueError(
@@ -449,10 +466,11 @@ def einsum(
             "contract them pairwise"
         )
     fm = list(operand_formats) if operand_formats is not None else [None, None]
-    x, y = (
-        v if isinstance(v, QArray) else operand(v, f, arg=arg)
-        for v, f, arg in zip(operands, fm, ("lhs", "rhs"), strict=True)
-    )
+    if len(fm) != 2:
+        raise ValueError(
+            f"operand_formats: expected one format (or None) per operand, two in all, got {fm!r}"
+        )
+    x, y = (_with_format(v, f, arg) for v, f, arg in zip(operands, fm, ("lhs", "rhs")))
     ins, out_idx = _parse_einsum(subscripts, (len(x.shape), len(y.shape)))
     li, ri = ins
     for name, idx in (("lhs", li), ("rhs", ri)):

@@ -309,7 +309,6 @@ def plan(
 _PLATFORMS = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}
 
 
-
 def _sliceable(f: Format) -> bool:
     if f.name in ("bfloat16", "float16", "float32"):  # sliced per row, at run-time scales
         return True

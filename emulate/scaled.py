@@ -16,9 +16,10 @@ Mode "fast": where scales change along K and the dequantized values are exact in
 (e8m0 scales), or segments are shorter than 64, or the target is the CPU (whose f32 dot
 runs at full rate), the QArrays are dequantized (bf16 where exact, f32 otherwise, both
 operands in one type, f32 at ``Precision.HIGHEST``) and contracted in one dot instead.
-Either way, with ``S`` segments and ``a``, ``b`` the dequantized values, the f32
-accumulator is within
-``gamma_(K + S + 4) * sum|a*b|`` of the exact sum, plus the underflow term of
+An f32 operand passed by the caller may be multiplied at the caller's ``precision`` (on
+a TPU the default rounds it to bf16; pass ``Precision.HIGHEST`` for the bound). Either
+way, with ``S`` segments and ``a``, ``b`` the dequantized values, the f32 accumulator is
+within ``gamma_(K + S + 4) * sum|a*b|`` of the exact sum, plus the underflow term of
 :mod:`emulate.bounds`.
 
 Mode "exact": the QArrays' values, as :func:`emulate.dequantize` gives them in f32 (for

@@ -230,6 +230,31 @@ def test_bad_input_messages():
         )
     with pytest.raises(ValueError, match="dimension_numbers: lhs contracting dimension 1 has"):
         emulate.matmul(np.ones((2, 32), np.float32), wq)
+    msg = "a_format: a QArray carries its format (float4_e2m1fn); pass a_format only with"
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        emulate.matmul(wq, np.ones((8, 2), np.float32), a_format="float4_e2m1fn")
+    with pytest.raises(ValueError, match=re.escape("operand_formats: expected one format")):
+        emulate.einsum("ij,jk->ik", np.ones((2, 64), np.float32), wq, operand_formats=[None])
+
+
+@pytest.mark.parametrize("mode", ["fast", "exact"])
+def test_uint8_codes_with_their_format_beside_a_qarray(mode):
+    # The other operand as raw codes plus rhs_format / lhs_format / operand_formats gives
+    # the bits of the same operand passed in its own dtype.
+    xq = emulate.quantize(np.random.default_rng(3).standard_normal((3, 64)), mx.MXFP8_E4M3)
+    w = np.random.default_rng(4).standard_normal((64, 5)).astype(ml_dtypes.float8_e4m3fn)
+    dn = (((1,), (0,)), ((), ()))
+    want = np.asarray(emulate.dot_general(xq, w, dn, mode=mode))
+    codes = w.view(np.uint8)
+    f = "float8_e4m3fn"
+    for got in (
+        emulate.dot_general(xq, codes, dn, rhs_format=f, mode=mode),
+        emulate.matmul(xq, codes, b_format=f, mode=mode),
+        emulate.einsum("ik,kj->ij", xq, codes, operand_formats=[None, f], mode=mode),
+        emulate.dot_general(codes.T, xq, (((1,), (1,)), ((), ())), lhs_format=f, mode=mode).T,
+    ):
+        assert np.array_equal(np.asarray(got), want)
+    _assert_within(want, _deq(xq), w.astype(np.float32), dn, terms=64 + 2 + 4)
 
 
 # --------------------------------------------------------------------------- mode "exact"

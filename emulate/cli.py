@@ -476,7 +476,7 @@ def _add_validate(sub: argparse._SubParsersAction) -> None:
         "--all-layouts",
         action="store_true",
         help="draw from every layout in every row; by default a compile-heavy row (mode "
-        "exact for a pair outside the exact class) uses two programs",
+        "exact for a pair outside the exact class) uses one program",
     )
     p.set_defaults(func=_run_validate)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import pathlib
 import re
@@ -405,7 +406,7 @@ def test_readme_quickstart_runs_validate_and_keeps_the_ci_test_command() -> None
     assert test in ci  # .ci/run runs the README's test command verbatim
 
 
-def test_compile_heavy_rows_draw_from_two_programs() -> None:
+def test_compile_heavy_rows_draw_from_one_program() -> None:
     assert validate.heavy("float8_e4m3fn", "float8_e4m3fn", "exact")
     assert not validate.heavy("float8_e4m3fn", "float8_e4m3fn", "fast")
     assert not validate.heavy("int8", "float4_e2m1fn", "exact")
@@ -417,7 +418,14 @@ def test_compile_heavy_rows_draw_from_two_programs() -> None:
         seen.add((p.lhs.shape, p.rhs.shape, p.dimension_numbers, p.preferred_element_type))
 
     draw()
-    assert seen == {
-        ((2, 3, 4), (4, 2, 3), (((1, 2), (2, 0)), ((0,), (1,))), None),
-        ((1, 1100), (1100, 2), (((1,), (0,)), ((), ())), "float32"),
-    }
+    assert seen == {((2, 3, 16, 72), (72, 2, 16, 2), (((2, 3), (2, 0)), ((0,), (1,))), None)}
+    # K spans more than one exact chunk of tpu_v4's bf16 slice route in every heavy row.
+    (lc, _), _ = validate.HEAVY_LAYOUT[2]
+    k = math.prod(validate.HEAVY_LAYOUT[0][d] for d in lc)
+    fmts = [f for f in formats.LOW_PRECISION if f != "float8_e8m0fnu"]
+    chunks = [
+        emulate.plan(a, b, target="tpu_v4", mode="exact").k_chunk
+        for a, b in validate.pairs(fmts)
+        if validate.heavy(a, b, "exact")
+    ]
+    assert len(chunks) == 20 and k == 1152 > max(chunks)

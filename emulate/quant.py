@@ -631,10 +631,11 @@ def dequantize(q: QArray, to: Any = None) -> jax.Array:
 def _dequantize(q: QArray, to: str) -> jax.Array:
     v = codecs.decode(q.unpacked_codes(), q.format_name, to=jnp.float32)
     m, e = scale_parts(q)
-    # 2**e as two normal powers of two, made per block (|e| <= 254: e8m0 scales, or f32
-    # scales times an f32 tensor scale), then two multiplies per element: the same bits
-    # as times_pow2 (a product out of range underflows or overflows in both; the halves
-    # have e's sign) at a fraction of its elementwise work.
+    # 2**e as two powers of two made per block, then two multiplies per element: the
+    # same bits as times_pow2 at a fraction of its elementwise work. Both halves are
+    # normal f32 because -252 <= e <= 254 (e8m0: -127..127; normal f32 scales and tensor
+    # scales: -126..127 each), and they have e's sign, so a product out of range
+    # underflows or overflows in both.
     e1 = e // 2
     v = v * broadcast_blocks(m, q.block_shape, q.shape)
     for half in (e1, e - e1):

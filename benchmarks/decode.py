@@ -49,7 +49,8 @@ from benchmarks._timing import (  # noqa: E402
     text_table,
     timed_call,
 )
-from emulate import codecs, formats, packing  # noqa: E402
+from emulate import formats  # noqa: E402
+from emulate.numerics import codecs, storage
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "decode.json"
 TARGETS = {"bf16": jnp.bfloat16, "f32": jnp.float32}
@@ -140,7 +141,7 @@ def build_cases(n: int, seed: int = 0) -> tuple[list[Case], list[Case]]:
         if f.packable:
             dev_codes = jax.device_put(codes)
             inputs.append(("codes", dev_codes, name, dev_codes.nbytes))
-            packed = jax.block_until_ready(packing.pack(dev_codes, name))
+            packed = jax.block_until_ready(storage.pack(dev_codes, name))
             inputs.append(("packed", packed, None, packed.nbytes))
         for to_name, to in TARGETS.items():
             out_bytes = n * np.dtype(to).itemsize

@@ -19,16 +19,16 @@ The public surface:
 """
 
 from emulate import bounds, formats, mx, reference, targets
-from emulate.codecs import decode, encode
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general, einsum, matmul
 from emulate.formats import Format
-from emulate.packing import Packed, pack, unpack
-from emulate.plan import Plan, plan
-from emulate.polyfill import polyfill
+from emulate.numerics.codecs import decode, encode
+from emulate.numerics.storage import Packed, pack, unpack
+from emulate.planning.plan import Plan, plan
 from emulate.quant import QArray, dequantize, quantize
 from emulate.report import inspect
-from emulate.scaled import scaled_dot_general, scaled_matmul
+from emulate.rewrite import polyfill, scaled_dot_general
+from emulate.scaled import scaled_matmul
 from emulate.targets import Target, current_target, use_target
 from emulate.targets import use_target as target
 

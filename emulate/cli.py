@@ -245,7 +245,7 @@ _METHOD_LEGEND = (
 
 def _run_targets(args: argparse.Namespace) -> int:
     from emulate import targets
-    from emulate.plan import plan
+    from emulate.planning.plan import plan
 
     chosen = []
     for name in args.targets or targets.names():
@@ -258,8 +258,8 @@ def _run_targets(args: argparse.Namespace) -> int:
             )
     names = list(dict.fromkeys(t.name for t in chosen))
     columns = [(t.name, "tpu" if t.kind == "tpu" else "other") for t in map(targets.get, names)]
-    operands = [f for f in targets.OPERANDS if f != "float8_e8m0fnu"]
-    low = [f for f in formats.LOW_PRECISION if f != "float8_e8m0fnu"]
+    operands = [f for f in targets.OPERANDS if f not in formats.SCALE_ONLY]
+    low = list(formats.LOW_PRECISION_OPERANDS)
 
     mark = {"native": "N", "emulated": "e"}
     status = {
@@ -332,7 +332,7 @@ def _run_targets(args: argparse.Namespace) -> int:
 
 
 def _add_explain(sub: argparse._SubParsersAction) -> None:
-    from emulate.plan import MODES
+    from emulate.planning.plan import MODES
 
     p = sub.add_parser(
         "explain",
@@ -360,7 +360,7 @@ def _add_explain(sub: argparse._SubParsersAction) -> None:
 
 
 #: Formats that can be matmul operands (float8_e8m0fnu is a scale type).
-_OPERAND_CHOICES = tuple(n for n in formats.names() if n not in ("float8_e8m0fnu", "int32"))
+_OPERAND_CHOICES = tuple(n for n in formats.MATMUL_OPERANDS if n != "int32")
 
 
 def _any_format(
@@ -378,7 +378,7 @@ def _any_format(
 
 def _run_explain(args: argparse.Namespace) -> int:
     from emulate import targets
-    from emulate.plan import plan
+    from emulate.planning.plan import plan
 
     parser = args.parser
     lhs = _any_format(args.lhs, parser, "operand", _OPERAND_CHOICES)
@@ -415,7 +415,7 @@ def _positive_int(text: str) -> int:
 
 
 def _mode(text: str) -> str:
-    from emulate.plan import MODES
+    from emulate.planning.plan import MODES
 
     if text not in MODES:
         raise argparse.ArgumentTypeError(f"expected {' or '.join(MODES)}, got {text!r}")

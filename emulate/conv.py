@@ -1,6 +1,6 @@
 """Drop-in ``conv_general_dilated`` for operands of any format, on any target.
 
-The same plans as :mod:`emulate.dot`: a convolution is a contraction over the input
+The same plans as :func:`emulate.dot_general`: a convolution is a contraction over the input
 features and the window, ``K = in_features_per_group * prod(window)``. When the plan's
 K-chunk is shorter than that, the input features are cut into slices whose sums stay
 exact, and the slice results are combined exactly.
@@ -17,20 +17,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import accumulate, exact
-from emulate.dot import (
+from emulate import formats
+from emulate.engine import exact
+from emulate.engine.contract import check_k, combine_chunk_sums, contract_decoded, finish
+from emulate.engine.operands import (
     Operand,
-    _compute,
-    _contract,
-    _describe,
-    _hashable,
-    _plan_for,
-    check_k,
-    finish,
+    decode_to,
+    describe,
+    exact_inputs,
+    hashable_precision,
     operand,
-    per_platform,
 )
-from emulate.plan import Plan
+from emulate.engine.run import per_platform, plan_for
+from emulate.planning.plan import Plan
 
 __all__ = ["conv_general_dilated"]
 
@@ -75,7 +74,7 @@ def conv_general_dilated(
     """
     a = operand(lhs, lhs_format, arg="lhs")
     b = operand(rhs, rhs_format, arg="rhs")
-    where = _describe(a, b, target)
+    where = describe(a, b, target)
     if len(a.shape) != len(b.shape) or len(a.shape) < 3:
         raise ValueError(f"lhs, rhs: convolution operands need the same rank, at least 3; {where}")
     dn = lax.conv_dimension_numbers(a.shape, b.shape, dimension_numbers)
@@ -86,7 +85,7 @@ def conv_general_dilated(
             f"lhs, rhs: lhs has {in_l} input features, rhs expects {in_r} x "
             f"feature_group_count {feature_group_count}; {where}"
         )
-    p = _plan_for(a, b, target, preferred_element_type, mode)
+    p = plan_for(a, b, target, preferred_element_type, mode)
     window = math.prod(b.shape[d] for d in dn.rhs_spec[2:])
     k = in_r * window
     chunked = p.k_chunk is not None and k > p.k_chunk
@@ -109,7 +108,7 @@ def conv_general_dilated(
             dimension_numbers=dn,
             feature_group_count=int(feature_group_count),
             batch_group_count=int(batch_group_count),
-            precision=_hashable(precision),
+            precision=hashable_precision(precision),
         )
         return _run_sliced_conv(p, a, b, tuple(sorted(params.items())))
     check_k(p, k)
@@ -134,7 +133,7 @@ def conv_general_dilated(
         dimension_numbers=dn,
         feature_group_count=int(feature_group_count),
         batch_group_count=int(batch_group_count),
-        precision=_hashable(precision),
+        precision=hashable_precision(precision),
     )
     return _run_conv(p, a, b, slice_features, tuple(sorted(params.items())))
 
@@ -149,10 +148,9 @@ def _run_conv(p: Plan, lhs: Operand, rhs: Operand, slice_features, params) -> ja
 def _conv(p: Plan, lhs: Operand, rhs: Operand, *, slice_features, params) -> jax.Array:
     kw = dict(params)
     dn = kw["dimension_numbers"]
-    x = _compute(lhs, p.lhs_compute, p.lhs_scale)
-    w = _compute(rhs, p.rhs_compute, p.rhs_scale)
+    x = decode_to(lhs, p.lhs_compute, p.lhs_scale)
+    w = decode_to(rhs, p.rhs_compute, p.rhs_scale)
     acc_dtype = jnp.dtype(p.accumulator)
-    scale = p.lhs_scale + p.rhs_scale
     if slice_features is None:
         return finish(p, lax.conv_general_dilated(x, w, preferred_element_type=acc_dtype, **kw))
     n = x.shape[dn.lhs_spec[1]]
@@ -161,12 +159,8 @@ def _conv(p: Plan, lhs: Operand, rhs: Operand, *, slice_features, params) -> jax
         stop = min(start + slice_features, n)
         xs = lax.slice_in_dim(x, start, stop, axis=dn.lhs_spec[1])
         ws = lax.slice_in_dim(w, start, stop, axis=dn.rhs_spec[1])
-        part = lax.conv_general_dilated(xs, ws, preferred_element_type=acc_dtype, **kw)
-        if part.dtype != jnp.int32:
-            part = (part * jnp.float32(2.0**scale)).astype(jnp.int32)
-        partials.append(part)
-    hi, lo = accumulate.combine_chunks(jnp.stack(partials), axis=0)
-    return accumulate.round_limbs(hi, lo, scale, p.out)
+        partials.append(lax.conv_general_dilated(xs, ws, preferred_element_type=acc_dtype, **kw))
+    return combine_chunk_sums(p, jnp.stack(partials), axis=0)
 
 
 def _pads(lshape, rshape, dn, strides, padding, rhs_dilation) -> tuple[tuple[int, int], ...]:
@@ -190,19 +184,17 @@ def _run_sliced_conv(p: Plan, lhs: Operand, rhs: Operand, params) -> jax.Array:
 
 def _sliced_conv(p: Plan, lhs: Operand, rhs: Operand, *, params) -> jax.Array:
     """The windows of the decoded input, moved as bits (no arithmetic, so nothing is
-    flushed or rounded), contracted with the weights by :func:`emulate.exact.contract`
+    flushed or rounded), contracted with the weights by :func:`emulate.engine.exact.contract`
     (mode "exact" by slicing) or as the plan's dot (chunked exact-class plans)."""
     kw = dict(params)
     dn = kw["dimension_numbers"]
     if p.slicing is not None:
-        # Wide operands as they are (exact.contract reads their bits: a convert may flush
-        # subnormals on XLA CPU), low-precision ones decoded to f32.
-        x, w = (
-            op.value if not op.format.is_low_precision else _compute(op, "float32", 0)
-            for op in (lhs, rhs)
-        )
+        x, w = exact_inputs(lhs, rhs)
     else:
-        x, w = _compute(lhs, p.lhs_compute, p.lhs_scale), _compute(rhs, p.rhs_compute, p.rhs_scale)
+        x, w = (
+            decode_to(lhs, p.lhs_compute, p.lhs_scale),
+            decode_to(rhs, p.rhs_compute, p.rhs_scale),
+        )
     x = jnp.transpose(x, dn.lhs_spec)  # (N, C, S...)
     w = jnp.transpose(w, dn.rhs_spec)  # (O, Cg, K...)
     patches = _patches(x, w.shape[2:], kw)  # (N, C, T, P...)
@@ -224,7 +216,7 @@ def _sliced_conv(p: Plan, lhs: Operand, rhs: Operand, *, params) -> jax.Array:
     if p.slicing is not None:
         r = exact.contract(p, xg, wg, dn3, None)  # (groups, N' * P, O')
     else:
-        r = _contract(p, xg, wg, dn3, kw["precision"])
+        r = contract_decoded(p, xg, wg, dn3, kw["precision"])
     groups = r.shape[0]
     r = r.reshape((groups, -1) + tuple(out_spatial) + (r.shape[-1],))
     nsp = len(out_spatial)
@@ -236,7 +228,7 @@ def _sliced_conv(p: Plan, lhs: Operand, rhs: Operand, *, params) -> jax.Array:
 
 def _patches(x: jax.Array, window, kw) -> jax.Array:
     """(N, C, T, P...) windows of (N, C, S...) values, T the taps in row-major order."""
-    uint = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+    uint = formats.unsigned_dtype(8 * x.dtype.itemsize).type
     bits = lax.bitcast_convert_type(x, uint)
     config = [(0, 0, 0), (0, 0, 0)] + [
         (lo, hi, d - 1) for (lo, hi), d in zip(kw["padding"], kw["lhs_dilation"], strict=True)

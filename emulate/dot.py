@@ -5,15 +5,12 @@ operands are decoded (inside one jitted computation) to the types the plan names
 contraction runs with an int32 or f32 accumulator, in exact K-chunks where the plan asks
 for them; and the sum is rounded once into the type ``jax.lax.dot_general`` would return
 for the same call. The executed program holds only dot operand pairs that the target runs
-natively. XLA on the CPU does not fuse a decode into the dot, so there a large decoded
-operand is decoded tile by tile inside a loop instead (:mod:`emulate.tiled`).
+natively (:mod:`emulate.engine`). :class:`emulate.QArray` operands go to
+:mod:`emulate.scaled`; importing this module gives QArray its ``@`` operator.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
 import string
 from collections.abc import Sequence
 from typing import Any
@@ -21,273 +18,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from emulate import accumulate, codecs, exact, formats, targets, tiled
-from emulate.codes import from_codes, is_array, to_codes
-from emulate.formats import Format
-from emulate.packing import Packed, unpack_codes
-from emulate.plan import Plan, plan
+from emulate.engine import tiled
+from emulate.engine.layout import normalize_dimension_numbers
+from emulate.engine.operands import Operand, describe, hashable_precision, operand
+from emulate.engine.run import plan_for, run_plan
+from emulate.formats import FormatLike
 from emulate.quant import QArray
+from emulate.scaled import qarray_dot_general
 
-__all__ = ["dot_general", "matmul", "einsum", "Operand", "operand"]
-
-
-@jax.tree_util.register_pytree_node_class
-@dataclasses.dataclass(frozen=True)
-class Operand:
-    """An operand before decoding: codes, a wide-typed array or a Packed array, and its format."""
-
-    value: Any  # uint8 codes, an array of a wide type, or a Packed array
-    format_name: str
-
-    def tree_flatten(self):
-        return (self.value,), self.format_name
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        return cls(children[0], aux)
-
-    @property
-    def format(self) -> Format:
-        return formats.get(self.format_name)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.value.shape)
-
-    def codes(self) -> jax.Array:
-        """Unpacked codes (or the wide array), ready for shape operations."""
-        if isinstance(self.value, Packed):
-            return unpack_codes(self.value)
-        if self.format.is_low_precision:
-            return to_codes(self.value, self.format_name)[0]
-        return self.value
-
-
-def operand(x: Any, fmt: Any = None, *, arg: str = "x") -> Operand:
-    """Normalise an operand: an array of any registered format (jax or numpy, float6 numpy
-    arrays included), ``uint8`` codes with ``fmt``, or a :class:`emulate.Packed` array."""
-    if isinstance(x, Operand):
-        return x
-    if isinstance(x, Packed):
-        if fmt is not None and formats.get(fmt) != x.format:
-            raise ValueError(
-                f"{arg}_format: {formats.get(fmt).name} disagrees with the Packed {arg}'s "
-                f"format {x.format.name}"
-            )
-        return Operand(x, x.format_name)
-    if not is_array(x):
-        if isinstance(x, (int, float, bool, complex, list, tuple)):
-            raise TypeError(
-                f"{arg}: expected an array (jax or numpy), a Packed array or uint8 codes "
-                f"with {arg}_format=, got {type(x).__name__}"
-            )
-        raise TypeError(f"{arg}: expected an array, got {type(x).__name__}")
-    dt = np.dtype(x.dtype)
-    if fmt is None and dt.name in formats.WIDE:
-        return Operand(jnp.asarray(x), dt.name)
-    try:
-        codes, f = to_codes(x, fmt, arg=arg)
-    except TypeError as e:
-        raise TypeError(f"{e}; the matmul operand types are: {', '.join(_OPERAND_NAMES)}") from None
-    if not f.is_low_precision:
-        return Operand(jnp.asarray(x), f.name)
-    if fmt is None and f.xla_storable and not isinstance(x, np.ndarray):
-        # Keep a jax array of the format's own dtype as it is: it is bitcast to codes where
-        # it is decoded, which lets a tiled decode read it tile by tile (emulate.tiled)
-        # instead of first writing a full uint8 copy of it.
-        return Operand(x, f.name)
-    return Operand(codes, f.name)
-
-
-_OPERAND_NAMES = [n for n in formats.names() if n != "float8_e8m0fnu"]
-
-
-def _compute(op: Operand, compute: str, scale: int) -> jax.Array:
-    """Decode ``op`` to the plan's compute type (exactly)."""
-    f = op.format
-    if not f.is_low_precision:
-        return op.value if op.value.dtype == jnp.dtype(compute) else op.value.astype(compute)
-    if compute == f.name:  # native: hand the matrix unit the format itself
-        if not isinstance(op.value, Packed) and op.value.dtype == f.dtype:
-            return op.value
-        return from_codes(op.codes(), f)
-    if compute == "int8":
-        if f.is_integer:
-            return codecs.decode(op.value, f.name, to=jnp.int8)
-        v = codecs.decode(op.value, f.name, to=jnp.float32) * jnp.float32(2.0**scale)
-        return v.astype(jnp.int8)  # exact: every value * 2**scale is an integer in int8
-    return codecs.decode(op.value, f.name, to=jnp.dtype(compute))
-
-
-def _contract(
-    p: Plan,
-    lhs: jax.Array,
-    rhs: jax.Array,
-    dimension_numbers,
-    precision,
-) -> jax.Array:
-    """Contract decoded operands as the plan says and round once into ``p.out``."""
-    (lc, rc), (lb, rb) = dimension_numbers
-    acc_dtype = jnp.dtype(p.accumulator)
-    k = math.prod(lhs.shape[d] for d in lc)
-    check_k(p, k)
-    if p.k_chunk is None or k <= p.k_chunk:
-        acc = lax.dot_general(
-            lhs, rhs, dimension_numbers, precision, preferred_element_type=acc_dtype
-        )
-        return finish(p, acc)
-    lhs3 = _canonical(lhs, lb, lc)
-    rhs3 = _canonical(rhs, rb, rc)
-    nb = len(lb)
-    chunk = p.k_chunk
-    pad = (-k) % chunk
-    if pad:
-        lhs3 = jnp.pad(lhs3, [(0, 0)] * (lhs3.ndim - 1) + [(0, pad)])
-        rhs3 = jnp.pad(rhs3, [(0, 0)] * (rhs3.ndim - 1) + [(0, pad)])
-    n_chunks = (k + pad) // chunk
-    lhs4 = lhs3.reshape(lhs3.shape[:-1] + (n_chunks, chunk))
-    rhs4 = rhs3.reshape(rhs3.shape[:-1] + (n_chunks, chunk))
-    batch_l = tuple(range(nb)) + (lhs4.ndim - 2,)
-    batch_r = tuple(range(nb)) + (rhs4.ndim - 2,)
-    dn = ((lhs4.ndim - 1,), (rhs4.ndim - 1,)), (batch_l, batch_r)
-    partial = lax.dot_general(lhs4, rhs4, dn, precision, preferred_element_type=acc_dtype)
-    if partial.dtype != jnp.int32:  # f32 chunk sums: exact multiples of the quantum
-        scale = p.lhs_scale + p.rhs_scale
-        partial = (partial * jnp.float32(2.0**scale)).astype(jnp.int32)
-    hi, lo = accumulate.combine_chunks(partial, axis=nb)
-    return accumulate.round_limbs(hi, lo, p.lhs_scale + p.rhs_scale, p.out)
-
-
-def check_k(p: Plan, k: int) -> None:
-    if p.k_limit is not None and k > p.k_limit:
-        raise ValueError(
-            f"lhs, rhs: a contraction of K = {k} exceeds the {p.k_limit} that the exact "
-            f"{p.lhs} x {p.rhs} plan on {p.target} combines exactly; split the contraction"
-        )
-
-
-def finish(p: Plan, acc: jax.Array) -> jax.Array:
-    """Round an unchunked accumulator once into ``p.out``."""
-    if acc.dtype == jnp.int32 and not formats.get(p.out).is_integer:
-        # An exact int32 sum (in quanta): via limbs, so a narrow result rounds only once.
-        return accumulate.round_limbs(*accumulate.split(acc), p.lhs_scale + p.rhs_scale, p.out)
-    return accumulate.round_accumulator(acc, p.out)
-
-
-def _canonical(x: jax.Array, batch: Sequence[int], contract: Sequence[int]) -> jax.Array:
-    """Transpose to (batch..., free..., contract...) and merge the contracting dims."""
-    free = [d for d in range(x.ndim) if d not in batch and d not in contract]
-    x = jnp.transpose(x, tuple(batch) + tuple(free) + tuple(contract))
-    keep = x.shape[: len(batch) + len(free)]
-    return x.reshape(keep + (math.prod(x.shape[len(keep) :]),))
-
-
-def per_platform(p: Plan, run, lhs: Operand, rhs: Operand) -> jax.Array:
-    """``run(p, lhs, rhs)``; where the plan has a fallback, chosen when JAX lowers the program:
-    the plan on its own platform, the fallback plan everywhere else."""
-    if p.fallback is None:
-        return run(p, lhs, rhs)
-    branches = {p.platform: functools.partial(run, p)}
-    return lax.platform_dependent(lhs, rhs, **branches, default=functools.partial(run, p.fallback))
-
-
-@functools.partial(jax.jit, static_argnames=("p", "dimension_numbers", "precision", "tiling"))
-def _run(
-    p: Plan,
-    lhs: Operand,
-    rhs: Operand,
-    dimension_numbers,
-    precision,
-    tiling: tiled.Settings = tiled.DEFAULT,
-) -> jax.Array:
-    def untiled(q: Plan, lhs: Operand, rhs: Operand) -> jax.Array:
-        a = _compute(lhs, q.lhs_compute, q.lhs_scale)
-        b = _compute(rhs, q.rhs_compute, q.rhs_scale)
-        return _contract(q, a, b, dimension_numbers, precision)
-
-    def run(q: Plan, lhs: Operand, rhs: Operand) -> jax.Array:
-        if q.slicing is not None:  # mode "exact" outside the exact class
-            # wide operands as they are: exact.contract reads their bits (a convert to f32
-            # may flush subnormals on XLA CPU)
-            a, b = (
-                op.value if not op.format.is_low_precision else _compute(op, "float32", 0)
-                for op in (lhs, rhs)
-            )
-            return exact.contract(q, a, b, dimension_numbers, precision)
-        t = tiled.choose(q, lhs, rhs, dimension_numbers, tiling)
-        if t is None:
-            return untiled(q, lhs, rhs)
-
-        def cpu(lhs: Operand, rhs: Operand) -> jax.Array:
-            # A large decoded operand: decode it tile by tile inside a loop (emulate.tiled).
-            return tiled.contract(
-                q,
-                t,
-                lhs,
-                rhs,
-                dimension_numbers,
-                precision,
-                decode=_compute,
-                contract_decoded=_contract,
-                finish=finish,
-            )
-
-        default = functools.partial(untiled, q)
-        return lax.platform_dependent(lhs, rhs, cpu=cpu, default=default)
-
-    return per_platform(p, run, lhs, rhs)
-
-
-def _plan_for(a: Operand, b: Operand, target: Any, preferred_element_type: Any, mode: str) -> Plan:
-    p = plan(
-        a.format, b.format, target=target, preferred_element_type=preferred_element_type, mode=mode
-    )
-    if not formats.get(p.out).xla_storable:
-        raise ValueError(
-            f"preferred_element_type: the result type would be {p.out}, which XLA cannot hold; "
-            "pass preferred_element_type (e.g. jnp.float32 or jnp.bfloat16)"
-        )
-    return p
-
-
-def _describe(a: Operand, b: Operand, target: Any) -> str:
-    t = targets.current_target(target)
-    return (
-        f"lhs {a.format_name}{list(a.shape)}, rhs {b.format_name}{list(b.shape)}, target {t.name}"
-    )
-
-
-def _normalize_dn(dimension_numbers: Any, a: Operand, b: Operand, target: Any):
-    try:
-        (lc, rc), (lb, rb) = dimension_numbers
-        lc, rc, lb, rb = (tuple(int(d) for d in s) for s in (lc, rc, lb, rb))
-    except (TypeError, ValueError):
-        raise TypeError(
-            "dimension_numbers: expected ((lhs_contracting, rhs_contracting), (lhs_batch, "
-            f"rhs_batch)), got {dimension_numbers!r}"
-        ) from None
-    where = _describe(a, b, target)
-    for name, dims, shape in (("lhs", lc + lb, a.shape), ("rhs", rc + rb, b.shape)):
-        if len(set(dims)) != len(dims) or any(not 0 <= d < len(shape) for d in dims):
-            raise ValueError(
-                f"dimension_numbers: {name} dimensions {dims} must be distinct and in "
-                f"[0, {len(shape)}) for {name} of shape {shape}; {where}"
-            )
-    for kind, ld, rd in (("contracting", lc, rc), ("batch", lb, rb)):
-        if len(ld) != len(rd):
-            raise ValueError(
-                f"dimension_numbers: {len(ld)} lhs {kind} dimensions but {len(rd)} rhs ones; "
-                f"{where}"
-            )
-        for i, j in zip(ld, rd, strict=True):
-            if a.shape[i] != b.shape[j]:
-                raise ValueError(
-                    f"dimension_numbers: lhs {kind} dimension {i} has size {a.shape[i]} but rhs "
-                    f"{kind} dimension {j} has size {b.shape[j]}; {where}"
-                )
-    return (lc, rc), (lb, rb)
+__all__ = ["dot_general", "einsum", "matmul"]
 
 
 def dot_general(
@@ -321,26 +61,18 @@ def dot_general(
       pairs are within ``gamma_K * sum|a*b|`` in mode "fast".
     """
     if isinstance(lhs, QArray) or isinstance(rhs, QArray):
-        from emulate import scaled
-
         x, y = (
             _with_format(v, f, arg)
             for v, f, arg in ((lhs, lhs_format, "lhs"), (rhs, rhs_format, "rhs"))
         )
-        return scaled.dot_general(
+        return qarray_dot_general(
             x, y, dimension_numbers, precision, preferred_element_type, target=target, mode=mode
         )
     a = operand(lhs, lhs_format, arg="lhs")
     b = operand(rhs, rhs_format, arg="rhs")
-    dn = _normalize_dn(dimension_numbers, a, b, target)
-    p = _plan_for(a, b, target, preferred_element_type, mode)
-    return _run(p, a, b, dn, _hashable(precision), tiled.current_settings())
-
-
-def _hashable(precision: Any) -> Any:
-    if isinstance(precision, list):
-        return tuple(precision)
-    return precision
+    dn = normalize_dimension_numbers(dimension_numbers, a.shape, b.shape, describe(a, b, target))
+    p = plan_for(a, b, target, preferred_element_type, mode)
+    return run_plan(p, a, b, dn, hashable_precision(precision), tiled.current_settings())
 
 
 def matmul(
@@ -371,9 +103,9 @@ def matmul(
         )
     xv, yv = x, y
     if len(xs) == 1:
-        xv = Operand(x.codes()[None, :], x.format_name)
+        xv = Operand(x.unpacked()[None, :], x.format_name)
     if len(ys) == 1:
-        yv = Operand(y.codes()[:, None], y.format_name)
+        yv = Operand(y.unpacked()[:, None], y.format_name)
     xs, ys = xv.shape, yv.shape
     if xs[-1] != ys[-2]:
         raise ValueError(
@@ -387,9 +119,9 @@ def matmul(
             f"a, b: batch dimensions {xs[:-2]} and {ys[:-2]} do not broadcast"
         ) from None
     if xs[:-2] != batch:
-        xv = Operand(jnp.broadcast_to(xv.codes(), batch + xs[-2:]), xv.format_name)
+        xv = Operand(jnp.broadcast_to(xv.unpacked(), batch + xs[-2:]), xv.format_name)
     if ys[:-2] != batch:
-        yv = Operand(jnp.broadcast_to(yv.codes(), batch + ys[-2:]), yv.format_name)
+        yv = Operand(jnp.broadcast_to(yv.unpacked(), batch + ys[-2:]), yv.format_name)
     nb = len(batch)
     dn = ((nb + 1,), (nb,)), (tuple(range(nb)), tuple(range(nb)))
     out = dot_general(xv, yv, dn, precision, preferred_element_type, target=target, mode=mode)
@@ -400,7 +132,7 @@ def matmul(
     return out
 
 
-def _with_format(x: Any, fmt: Any, arg: str) -> Any:
+def _with_format(x: Any, fmt: FormatLike | None, arg: str) -> Operand | QArray:
     """A QArray as it is (its codes carry their format), anything else as an Operand."""
     if not isinstance(x, QArray):
         return operand(x, fmt, arg=arg)
@@ -499,7 +231,7 @@ def einsum(
                 f"emulate.einsum does not do when the other is a QArray; sum it first"
             )
         if lonely:
-            codes = op_other.codes()
+            codes = op_other.unpacked()
             codes = jnp.broadcast_to(
                 codes[(None,) * len(lonely)], tuple(sizes[c] for c in lonely) + codes.shape
             )
@@ -551,3 +283,17 @@ def _parse_einsum(subscripts: str, ndims: tuple[int, int]) -> tuple[list[str], s
         counts = {c: "".join(expanded).count(c) for c in "".join(expanded)}
         out = ell + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ell))
     return expanded, out
+
+
+def _qarray_matmul(self: QArray, other: Any) -> jax.Array:
+    return matmul(self, other)
+
+
+def _qarray_rmatmul(self: QArray, other: Any) -> jax.Array:
+    return matmul(other, self)
+
+
+# QArray knows nothing of its consumers; the matmul that takes it gives it its operator, as
+# jax.numpy attaches its operators to JAX's array type.
+setattr(QArray, "__matmul__", _qarray_matmul)  # noqa: B010
+setattr(QArray, "__rmatmul__", _qarray_rmatmul)  # noqa: B010

@@ -12,18 +12,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, TypeAlias
 
 import ml_dtypes
 import numpy as np
 
 __all__ = [
+    "F32_MIN_NORMAL",
     "Format",
+    "FormatLike",
+    "LOW_PRECISION",
+    "LOW_PRECISION_OPERANDS",
+    "MATMUL_OPERANDS",
+    "SCALE_ONLY",
+    "WIDE",
+    "WIDE_FLOATS",
     "dot_result",
     "get",
     "names",
-    "LOW_PRECISION",
-    "WIDE",
+    "unsigned_dtype",
 ]
 
 
@@ -108,7 +115,7 @@ class Format:
     @property
     def max_code(self) -> int:
         """Largest code (sign bit clear) whose value is finite: the code of ``max``."""
-        return int(np.asarray(self.max, self.dtype).reshape(1).view(_uint(self.bits))[0])
+        return int(np.asarray(self.max, self.dtype).reshape(1).view(unsigned_dtype(self.bits))[0])
 
     @property
     def packable(self) -> bool:
@@ -119,7 +126,9 @@ class Format:
         return f"Format({self.name!r})"
 
 
-def _uint(bits: int) -> np.dtype:
+def unsigned_dtype(bits: int) -> np.dtype:
+    """The unsigned numpy dtype that holds a ``bits``-bit code or word: uint8 for 4, 6 and 8
+    bits (one code per byte), uint16 for 16, uint32 for 32."""
     return np.dtype({4: np.uint8, 6: np.uint8, 8: np.uint8, 16: np.uint16, 32: np.uint32}[bits])
 
 
@@ -165,6 +174,25 @@ LOW_PRECISION: tuple[str, ...] = (
 #: Types a matrix unit takes as they are; registered so every operand has a record.
 WIDE: tuple[str, ...] = ("bfloat16", "float16", "float32", "int32")
 
+#: The wide float types.
+WIDE_FLOATS: tuple[str, ...] = ("bfloat16", "float16", "float32")
+
+#: Formats that only scale other values and are never a matmul operand.
+SCALE_ONLY: tuple[str, ...] = ("float8_e8m0fnu",)
+
+#: The low-precision formats a matmul takes as an operand: every one but the scale type.
+LOW_PRECISION_OPERANDS: tuple[str, ...] = tuple(n for n in LOW_PRECISION if n not in SCALE_ONLY)
+
+#: Every format a matmul takes as an operand: the low-precision ones and the wide types.
+MATMUL_OPERANDS: tuple[str, ...] = LOW_PRECISION_OPERANDS + WIDE
+
+#: The smallest normal float32, ``2**-126``: backends that flush denormals read any
+#: smaller magnitude as zero.
+F32_MIN_NORMAL = 2.0**-126
+
+#: What names a format: a name or alias, a numpy / ml_dtypes / jnp dtype, or a Format.
+FormatLike: TypeAlias = str | np.dtype[Any] | type[Any] | Format
+
 _ALIASES = {
     "s4": "int4",
     "u4": "uint4",
@@ -198,7 +226,7 @@ _ALIASES = {
 
 def _codes_where(dtype: Any, bits: int, pred) -> tuple[int, ...]:
     # ml_dtypes stores 4- and 6-bit types one per byte, the code in the low bits.
-    codes = np.arange(1 << bits, dtype=_uint(bits))
+    codes = np.arange(1 << bits, dtype=unsigned_dtype(bits))
     with np.errstate(invalid="ignore"):
         values = codes.view(dtype).astype(np.float64)
     return tuple(int(c) for c in codes[pred(values)])

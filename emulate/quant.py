@@ -48,12 +48,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from emulate import codecs, formats
-from emulate.codes import is_array
-from emulate.formats import Format
-from emulate.packing import Packed, pack, unpack_codes
+from emulate import formats
+from emulate.formats import F32_MIN_NORMAL, Format
+from emulate.numerics import codecs
+from emulate.numerics.bits import frexp, frexp_normal, pow2, pow2_normal, times_pow2
+from emulate.numerics.storage import Packed, is_array, pack, unpack_codes
 
 __all__ = [
     "QArray",
@@ -69,7 +69,6 @@ SCALE_RULES = ("ocp_floor", "round_up", "ceil", "even", "absmax")
 POW2_RULES = ("ocp_floor", "round_up", "ceil", "even")
 SCALE_FORMATS = ("float8_e8m0fnu", "float8_e4m3fn", "bfloat16", "float16", "float32")
 ROUNDINGS = ("nearest_even",)
-_F32_MIN_NORMAL = 2.0**-126
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +162,7 @@ class QArray:
         Raises:
           TypeError, ValueError: naming the argument, for a wrong type, dtype or shape.
         """
-        from emulate.codes import to_codes
+        from emulate.numerics.storage import to_codes
 
         if isinstance(codes, Packed):
             f = codes.format
@@ -249,16 +248,6 @@ class QArray:
     def dequantize(self, to: Any = None) -> jax.Array:
         return dequantize(self, to=to)
 
-    def __matmul__(self, other: Any) -> jax.Array:
-        from emulate.dot import matmul
-
-        return matmul(self, other)
-
-    def __rmatmul__(self, other: Any) -> jax.Array:
-        from emulate.dot import matmul
-
-        return matmul(other, self)
-
     def __repr__(self) -> str:
         ts = ", tensor_scale" if self.tensor_scale is not None else ""
         return (
@@ -316,27 +305,18 @@ def broadcast_blocks(s: jax.Array, block: tuple[int, ...], shape: tuple[int, ...
 
 def scale_parts(q: QArray) -> tuple[jax.Array, jax.Array]:
     """See :meth:`QArray.scale_parts`."""
-    from emulate.codes import to_codes
+    from emulate.numerics.storage import to_codes
 
     if q.scale_format == "float8_e8m0fnu":
         c = to_codes(q.scales, q.scale_format)[0].astype(jnp.int32)
         m = jnp.where(c == 255, jnp.float32(jnp.nan), jnp.float32(1))
         e = jnp.where(c == 255, 0, c - 127)
     else:
-        m, e = _frexp_any(codecs.decode(q.scales, to=jnp.float32))
+        m, e = frexp(codecs.decode(q.scales, to=jnp.float32))
     if q.tensor_scale is not None:
-        mt, et = _frexp_any(jnp.asarray(q.tensor_scale, jnp.float32))
+        mt, et = frexp(jnp.asarray(q.tensor_scale, jnp.float32))
         m, e = m * mt, e + et
     return m, e
-
-
-def _frexp_any(s: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(m, e)`` with ``s == m * 2**e`` for normal f32 ``s``; zero, subnormal, Inf and
-    NaN give ``(s flushed, 0)``."""
-    m, e = _frexp_bits(jnp.abs(s))
-    normal = jnp.isfinite(s) & (jnp.abs(s) >= _F32_MIN_NORMAL)
-    m = jnp.where(normal, jnp.where(s < 0, -m, m), jnp.where(jnp.isfinite(s), 0 * s, s))
-    return m, jnp.where(normal, e, 0)
 
 
 # --- quantize ----------------------------------------------------------------------------
@@ -513,7 +493,7 @@ def quantize(
 @functools.partial(jax.jit, static_argnames=("fmt", "scale_fmt", "rule", "block", "saturate", "ts"))
 def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts):
     f, sf = formats.get(fmt), formats.get(scale_fmt)
-    x = jnp.where(jnp.abs(x) < _F32_MIN_NORMAL, x * 0.0, x)  # subnormals as XLA reads them
+    x = jnp.where(jnp.abs(x) < F32_MIN_NORMAL, x * 0.0, x)  # subnormals as XLA reads them
     shape = x.shape
     nblocks = tuple(-(-n // b) for n, b in zip(shape, block, strict=True))
     pad = [(0, nb * b - n) for n, b, nb in zip(shape, block, nblocks, strict=True)]
@@ -528,12 +508,12 @@ def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts):
     if ts:
         t_amax = jnp.max(jnp.where(bad, 0.0, amax)) if amax.size else jnp.float32(0)
         tscale = t_amax * _reciprocal(float(sf.max) * float(f.max))
-        tscale = jnp.where(t_amax == 0, jnp.float32(1), jnp.maximum(tscale, _F32_MIN_NORMAL))
+        tscale = jnp.where(t_amax == 0, jnp.float32(1), jnp.maximum(tscale, F32_MIN_NORMAL))
     if rule in POW2_RULES:
         e = _pow2_exponent(amax, f, rule)
         lo, hi = _pow2_range(sf)
         e = jnp.where((amax == 0) | bad, lo, jnp.clip(e, lo, hi))
-        s_codes = codecs.encode(jnp.where(bad, jnp.nan, _pow2(e)), sf.name)
+        s_codes = codecs.encode(jnp.where(bad, jnp.nan, pow2(e)), sf.name)
         y = times_pow2(x, broadcast_blocks(-e, block, shape))
     else:
         # Multiplications by f32 reciprocals, not divisions: XLA rewrites a division by a
@@ -541,11 +521,11 @@ def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts):
         s = amax * _reciprocal(float(f.max))
         if ts:
             s = s * (jnp.float32(1) / tscale)
-        s = jnp.clip(s, _F32_MIN_NORMAL, float(sf.max))  # zero blocks, f32 underflow
+        s = jnp.clip(s, F32_MIN_NORMAL, float(sf.max))  # zero blocks, f32 underflow
         s_dec = codecs.decode(codecs.encode(s, sf.name), to=jnp.float32)
         s_dec = jnp.where(s_dec == 0, jnp.float32(float(sf.min_subnormal)), s_dec)
         s_codes = codecs.encode(jnp.where(bad, jnp.nan, s_dec), sf.name)
-        s_eff = jnp.maximum(s_dec * tscale if ts else s_dec, _F32_MIN_NORMAL)
+        s_eff = jnp.maximum(s_dec * tscale if ts else s_dec, F32_MIN_NORMAL)
         y = x * broadcast_blocks(jnp.float32(1) / s_eff, block, shape)
     if saturate:
         y = jnp.clip(y, -float(f.max), float(f.max))
@@ -558,17 +538,9 @@ def _reciprocal(v: float) -> jax.Array:
     return jnp.float32(np.float32(1.0 / v)) if math.isfinite(1.0 / v) else jnp.float32(0)
 
 
-def _frexp_bits(a: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """For finite normal ``a > 0``: ``(m, e)`` with ``a == m * 2**e``, ``1 <= m < 2`` (exact)."""
-    u = lax.bitcast_convert_type(a, jnp.uint32)
-    e = (u >> 23).astype(jnp.int32) - 127
-    m = lax.bitcast_convert_type((u & jnp.uint32(0x7FFFFF)) | jnp.uint32(127 << 23), jnp.float32)
-    return m, e
-
-
 def _pow2_exponent(amax: jax.Array, f: Format, rule: str) -> jax.Array:
     emax, big_m = element_range(f)
-    m, e = _frexp_bits(amax)
+    m, e = frexp_normal(amax)
     if rule == "ocp_floor":
         return e - emax
     if rule == "ceil":
@@ -583,32 +555,6 @@ def _pow2_range(sf: Format) -> tuple[int, int]:
     if sf.name == "float8_e8m0fnu":
         return -127, 127
     return sf.emin, math.floor(math.log2(float(sf.max)))
-
-
-def _pow2(e: jax.Array) -> jax.Array:
-    """``2**e`` as f32 for ``-127 <= e <= 127`` (2**-127 is an f32 subnormal: built from
-    its bits, which encode reads without arithmetic)."""
-    normal = lax.bitcast_convert_type(
-        (jnp.clip(e, -126, 127) + 127).astype(jnp.uint32) << 23, jnp.float32
-    )
-    sub = lax.bitcast_convert_type(jnp.uint32(1 << 22), jnp.float32)
-    return jnp.where(e < -126, sub, normal)
-
-
-def times_pow2(x: jax.Array, n: jax.Array) -> jax.Array:
-    """``x * 2**n`` for integer ``|n| <= 500``, by four power-of-two factors that are all
-    normal f32 numbers: exact unless the result overflows or is below 2**-126 (which
-    XLA flushes to zero on CPU and TPU)."""
-    n = n.astype(jnp.int32)
-    for parts in (4, 3, 2):
-        k = n // parts
-        x = x * _pow2_f32(k)
-        n = n - k
-    return x * _pow2_f32(n)
-
-
-def _pow2_f32(n: jax.Array) -> jax.Array:
-    return lax.bitcast_convert_type((n + 127).astype(jnp.uint32) << 23, jnp.float32)
 
 
 # --- dequantize --------------------------------------------------------------------------
@@ -639,5 +585,5 @@ def _dequantize(q: QArray, to: str) -> jax.Array:
     e1 = e // 2
     v = v * broadcast_blocks(m, q.block_shape, q.shape)
     for half in (e1, e - e1):
-        v = v * broadcast_blocks(_pow2_f32(half), q.block_shape, q.shape)
+        v = v * broadcast_blocks(pow2_normal(half), q.block_shape, q.shape)
     return v.astype(to)

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from emulate import formats, program, targets
-from emulate.plan import Plan, _native_rate, plan
+from emulate.planning.plan import Plan, plan
 
 __all__ = ["Row", "Report", "inspect"]
 
@@ -153,7 +153,7 @@ def inspect(fn: Callable[..., Any], *args: Any, target: Any = None, mode: str = 
             continue
         if t.supports(np.dtype(lhs.dtype), np.dtype(rhs.dtype)):
             a, b = formats.get(lhs.dtype), formats.get(rhs.dtype)
-            rate = _native_rate(t, a, b)
+            rate = t.native_rate(a, b)
             status, p = "native", None
         else:
             p = plan(

@@ -39,14 +39,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import accumulate, codecs, formats
-from emulate.codes import to_codes
-from emulate.dot import Operand, _canonical, _hashable, _normalize_dn, _run, operand
-from emulate.packing import Packed, unpack_codes
-from emulate.plan import plan
-from emulate.quant import QArray, dequantize, times_pow2
+from emulate import formats
+from emulate.engine import tiled
+from emulate.engine.layout import normalize_dimension_numbers, to_bfk
+from emulate.engine.operands import Operand, describe, hashable_precision, operand
+from emulate.engine.run import plan_for, run_plan
+from emulate.numerics import accumulate, codecs
+from emulate.numerics.bits import times_pow2
+from emulate.numerics.storage import Packed, to_codes, unpack_codes
+from emulate.planning.plan import plan
+from emulate.quant import QArray, dequantize
 
-__all__ = ["dot_general", "scaled_matmul", "scaled_dot_general"]
+__all__ = ["qarray_dot_general", "scaled_matmul"]
 
 
 def _codes_operand(x: Any, arg: str) -> tuple[Operand, QArray | None]:
@@ -60,7 +64,7 @@ def _codes_operand(x: Any, arg: str) -> tuple[Operand, QArray | None]:
         return Operand(jnp.asarray(c), f.name), x
     op = operand(x, arg=arg)
     if isinstance(op.value, Packed):
-        op = Operand(op.codes(), op.format_name)
+        op = Operand(op.unpacked(), op.format_name)
     return op, None
 
 
@@ -70,7 +74,7 @@ def _logical(op: Operand, q: QArray | None) -> str:
     return op.format_name
 
 
-def dot_general(
+def qarray_dot_general(
     lhs: Any,
     rhs: Any,
     dimension_numbers: Any,
@@ -80,7 +84,8 @@ def dot_general(
     target: Any = None,
     mode: str = "fast",
 ) -> jax.Array:
-    """``emulate.dot_general`` where one or both operands are :class:`emulate.QArray`.
+    """:func:`emulate.dot_general` where one or both operands are :class:`emulate.QArray`
+    (``emulate.dot_general``, ``matmul`` and ``einsum`` call it for QArray operands).
 
     The result type is ``lax.dot_general``'s for operands of the QArrays' ``dtype``
     (and the other operand's type), or ``preferred_element_type``.
@@ -89,7 +94,7 @@ def dot_general(
     b, qb = _codes_operand(rhs, "rhs")
     if mode not in ("fast", "exact"):
         raise ValueError(f"mode: expected 'fast' or 'exact', got {mode!r}")
-    dn = _normalize_dn(dimension_numbers, a, b, target)
+    dn = normalize_dimension_numbers(dimension_numbers, a.shape, b.shape, describe(a, b, target))
     out = formats.dot_result(_logical(a, qa), _logical(b, qb), preferred_element_type)
     if not out.xla_storable or out.is_low_precision:
         raise ValueError(
@@ -99,11 +104,10 @@ def dot_general(
     if mode == "exact":
         # The QArrays' values (dequantize's f32 numbers) through mode "exact": the exact
         # sum of their products, rounded once.
-        from emulate import dot
-
-        va = dequantize(qa, to=jnp.float32) if qa is not None else lhs
-        vb = dequantize(qb, to=jnp.float32) if qb is not None else rhs
-        return dot.dot_general(va, vb, dn, precision, out.name, target=target, mode="exact")
+        va = operand(dequantize(qa, to=jnp.float32), arg="lhs") if qa is not None else a
+        vb = operand(dequantize(qb, to=jnp.float32), arg="rhs") if qb is not None else b
+        p = plan_for(va, vb, target, out.name, "exact")
+        return run_plan(p, va, vb, dn, hashable_precision(precision), tiled.current_settings())
     p = plan(a.format, b.format, target=target, preferred_element_type="float32", mode=mode)
     segs = _segments(a.shape, b.shape, dn, qa, qb)
     if segs.count > 1 and (segs.g < 64 or _bf16_exact(qa, qb) or p.platform == "cpu"):
@@ -114,12 +118,23 @@ def dot_general(
             qa if qa is not None else a,
             qb if qb is not None else b,
             dn,
-            _hashable(precision),
+            hashable_precision(precision),
             out.name,
         )
     sa = _segment_scales(qa, dn[1][0], dn[0][0], segs, 0) if qa is not None else None
     sb = _segment_scales(qb, dn[1][1], dn[0][1], segs, 1) if qb is not None else None
-    return _scaled_run(p, a, b, sa, sb, dn, _hashable(precision), segs.g, out.name)
+    return _scaled_run(
+        p,
+        a,
+        b,
+        sa,
+        sb,
+        dn,
+        hashable_precision(precision),
+        segs.g,
+        out.name,
+        tiled.current_settings(),
+    )
 
 
 class _Segments:
@@ -188,12 +203,14 @@ def _segment_scales(q: QArray, batch, contract, segs: _Segments, side: int):
     return tuple(out)
 
 
-@functools.partial(jax.jit, static_argnames=("p", "dimension_numbers", "precision", "g", "out"))
-def _scaled_run(p, a: Operand, b: Operand, sa, sb, dimension_numbers, precision, g, out):
+@functools.partial(
+    jax.jit, static_argnames=("p", "dimension_numbers", "precision", "g", "out", "tiling")
+)
+def _scaled_run(p, a: Operand, b: Operand, sa, sb, dimension_numbers, precision, g, out, tiling):
     (lc, rc), (lb, rb) = dimension_numbers
     nb = len(lb)
-    a3 = _canonical(a.value, lb, lc)
-    b3 = _canonical(b.value, rb, rc)
+    a3 = to_bfk(a.value, lb, lc)
+    b3 = to_bfk(b.value, rb, rc)
     k = a3.shape[-1]
     n_seg = -(-k // g) if k else 1
     pad = n_seg * g - k
@@ -206,7 +223,9 @@ def _scaled_run(p, a: Operand, b: Operand, sa, sb, dimension_numbers, precision,
         ((a4.ndim - 1,), (b4.ndim - 1,)),
         (tuple(range(nb)) + (a4.ndim - 2,), tuple(range(nb)) + (b4.ndim - 2,)),
     )
-    partial = _run(p, Operand(a4, a.format_name), Operand(b4, b.format_name), dn, precision)
+    partial = run_plan(
+        p, Operand(a4, a.format_name), Operand(b4, b.format_name), dn, precision, tiling
+    )
     partial = partial.astype(jnp.float32)  # (batch..., seg, lfree..., rfree...)
     fl, fr = a4.ndim - 2 - nb, b4.ndim - 2 - nb
     exp = None
@@ -250,7 +269,7 @@ def _wide(x) -> jax.Array:
     if not f.is_low_precision:
         return x.value
     to = jnp.bfloat16 if "bfloat16" in f.exact_in else jnp.float32
-    return codecs.decode(x.codes(), f.name, to=to)
+    return codecs.decode(x.unpacked(), f.name, to=to)
 
 
 @functools.partial(jax.jit, static_argnames=("dimension_numbers", "precision", "out"))
@@ -334,32 +353,4 @@ def scaled_matmul(
             f"{qa.shape} and {qb.shape}"
         )
     dn = (((2,), (2,)), ((0,), (0,)))
-    return dot_general(qa, qb, dn, None, preferred_element_type, target=target, mode=mode)
-
-
-def scaled_dot_general(
-    lhs: Any,
-    rhs: Any,
-    dimension_numbers: Any,
-    preferred_element_type: Any = jnp.float32,
-    configs: Any = None,
-    *,
-    target: Any = None,
-    mode: str = "fast",
-) -> jax.Array:
-    """``jax.nn.scaled_dot_general`` on any target: JAX's own function (its quantizer for
-    ``configs`` from ``jax.nn.get_scaled_dot_general_config``, "mxfp8" or "nvfp4"), run
-    through :func:`emulate.polyfill` so that its ``scaled_matmul`` runs as
-    :func:`scaled_matmul` here. ``configs=None`` contracts the operands as they are."""
-    from emulate.polyfill import polyfill
-
-    def run(x, y):
-        return jax.nn.scaled_dot_general(
-            x,
-            y,
-            dimension_numbers,
-            preferred_element_type=preferred_element_type,
-            configs=configs,
-        )
-
-    return polyfill(run, target=target, mode=mode)(lhs, rhs)
+    return qarray_dot_general(qa, qb, dn, None, preferred_element_type, target=target, mode=mode)

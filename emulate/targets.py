@@ -49,15 +49,17 @@ import itertools
 import os
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 from emulate import formats as _formats
+from emulate.formats import FormatLike
 
 __all__ = [
     "OPERANDS",
     "TPU_F32_PASSES",
     "CapabilityRow",
     "Target",
+    "TargetLike",
     "all_targets",
     "capability_matrix",
     "current_target",
@@ -148,6 +150,35 @@ class Target:
         both_int = _formats.get(lhs).is_integer and _formats.get(rhs).is_integer
         return "int32" if both_int else "float32"
 
+    def rate(self, compute: str) -> float:
+        """The matrix-unit rate (ops/s) for ``compute`` operands: "int8", "int4", "fp8",
+        "bfloat16" or "float32"; 0.0 where the target has none or states none."""
+        attr = {
+            "int8": self.int8_ops_per_second,
+            "int4": self.int4_ops_per_second,
+            "bfloat16": self.bf16_ops_per_second,
+            "float32": self.f32_ops_per_second,
+            "fp8": self.fp8_ops_per_second,
+        }
+        if compute not in attr:
+            raise ValueError(f"compute: expected one of {', '.join(attr)}, got {compute!r}")
+        return float(attr[compute] or 0)
+
+    def native_rate(self, lhs: FormatLike, rhs: FormatLike) -> float:
+        """The rate (ops/s) of a native ``lhs x rhs`` dot, by the wider operand's type
+        (int8/uint8, int4/uint4, float8, 16-bit floats; float32 otherwise)."""
+        a, b = _formats.get(lhs), _formats.get(rhs)
+        name = a.name if a == b else max(a.name, b.name, key=lambda n: _formats.get(n).bits)
+        if name in ("int8", "uint8"):
+            return self.rate("int8")
+        if name in ("int4", "uint4"):
+            return self.rate("int4")
+        if name.startswith("float8"):
+            return self.rate("fp8")
+        if name in ("bfloat16", "float16"):
+            return self.rate("bfloat16")
+        return self.rate("float32")
+
     @property
     def native_formats(self) -> tuple[str, ...]:
         """The formats ``f`` of :data:`OPERANDS` with ``f x f`` native, in that order."""
@@ -167,6 +198,10 @@ class Target:
         return f"Target({self.name!r})"
 
 
+#: What names a target: a name or alias, a :class:`Target`, or None for the current one.
+TargetLike: TypeAlias = "str | Target | None"
+
+
 def _product(lhs: Iterable[str], rhs: Iterable[str]) -> frozenset[tuple[str, str]]:
     return frozenset(itertools.product(tuple(lhs), tuple(rhs)))
 
@@ -176,7 +211,6 @@ def _square(*groups: tuple[str, ...]) -> frozenset[tuple[str, str]]:
     return frozenset().union(*(_product(g, g) for g in groups))
 
 
-_WIDE_FLOATS = ("float32", "bfloat16", "float16")
 _F32_BF16 = ("float32", "bfloat16")
 _E4M3FN_E5M2 = ("float8_e4m3fn", "float8_e5m2")
 
@@ -196,8 +230,10 @@ _CPU_FLOAT8 = (
     "float8_e4m3b11fnuz",
     "float8_e3m4",
 )
-_CPU_NATIVE = _square(_WIDE_FLOATS) | frozenset((f, f) for f in ("int8", "uint8") + _CPU_FLOAT8)
-_GPU_NATIVE = _square(_WIDE_FLOATS) | {("int8", "int8")}
+_CPU_NATIVE = _square(_formats.WIDE_FLOATS) | frozenset(
+    (f, f) for f in ("int8", "uint8") + _CPU_FLOAT8
+)
+_GPU_NATIVE = _square(_formats.WIDE_FLOATS) | {("int8", "int8")}
 # cuBLASLt's FP8 GEMMs need at least one e4m3fn operand; XLA upcasts e5m2 x e5m2.
 _GPU_FP8_NATIVE = _GPU_NATIVE | (
     _product(_E4M3FN_E5M2, _E4M3FN_E5M2) - {("float8_e5m2", "float8_e5m2")}
@@ -518,7 +554,7 @@ def use_target(name: str | Target) -> Iterator[Target]:
 target = use_target
 
 
-def current_target(target: str | Target | None = None) -> Target:
+def current_target(target: TargetLike = None) -> Target:
     """The target to plan for.
 
     Resolution order: ``target`` if given; the innermost :func:`use_target` block of this

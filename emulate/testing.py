@@ -40,8 +40,9 @@ from hypothesis import strategies as st
 from emulate import bounds, reference
 from emulate import formats as _formats
 from emulate.formats import Format
-from emulate.plan import MODES, Plan, exact_class
-from emulate.plan import plan as _make_plan
+from emulate.planning.exactness import exact_class
+from emulate.planning.plan import MODES, Plan
+from emulate.planning.plan import plan as _make_plan
 
 __all__ = [
     "DEFAULT_LAYOUTS",
@@ -92,7 +93,6 @@ LONG_K_LAYOUT: Layout = ((1, 1100), (1100, 2), _MATMUL)
 #: ``[-WIDE_RANGE, WIDE_RANGE]``, plus the boosted special values.
 WIDE_RANGE = 2.0**14
 
-_WIDE_FLOATS = ("bfloat16", "float16", "float32")
 _ELEMENTS = ("all", "finite", "normal")
 
 
@@ -200,7 +200,7 @@ def arrays(
     _check_elements(elements)
     if fill not in (None, "extreme"):
         raise ValueError(f"fill: expected None or 'extreme', got {fill!r}")
-    if f.name in _WIDE_FLOATS:
+    if f.name in _formats.WIDE_FLOATS:
         values = _wide_values(f, elements)
         background = None
         if fill == "extreme":
@@ -209,7 +209,7 @@ def arrays(
         return raw.map(lambda a: a.astype(f.dtype))
     if f.bits > 8:
         raise ValueError(
-            f"fmt: arrays draws the low-precision formats and {', '.join(_WIDE_FLOATS)}, "
+            f"fmt: arrays draws the low-precision formats and {', '.join(_formats.WIDE_FLOATS)}, "
             f"got {f.name}"
         )
     background = st.sampled_from(_extreme_codes(f)) if fill == "extreme" else None
@@ -219,7 +219,7 @@ def arrays(
 
 def formats(*, include_scale: bool = False) -> st.SearchStrategy[Format]:
     """A low-precision :class:`emulate.Format` (float8_e8m0fnu only with ``include_scale``)."""
-    names = [n for n in _formats.LOW_PRECISION if include_scale or n != "float8_e8m0fnu"]
+    names = _formats.LOW_PRECISION if include_scale else _formats.LOW_PRECISION_OPERANDS
     return st.sampled_from([_formats.get(n) for n in names])
 
 

@@ -37,8 +37,9 @@ from hypothesis.errors import NoSuchExample
 
 from emulate import formats, targets
 from emulate import testing as et
-from emulate.plan import MODES, Plan, exact_class
-from emulate.plan import plan as make_plan
+from emulate.planning.exactness import exact_class
+from emulate.planning.plan import MODES, Plan
+from emulate.planning.plan import plan as make_plan
 
 __all__ = [
     "DEFAULT_EXAMPLES",
@@ -113,7 +114,7 @@ class Row:
 
 def default_formats() -> list[str]:
     """Every low-precision format except the scale type float8_e8m0fnu."""
-    return [f for f in formats.LOW_PRECISION if f != "float8_e8m0fnu"]
+    return list(formats.LOW_PRECISION_OPERANDS)
 
 
 def default_targets() -> list[str]:

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulate import accumulate, formats, reference
+from emulate import formats, reference
+from emulate.numerics import accumulate
 
 FLOAT_OUTS = ["float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"]
 INT_OUTS = ["int32", "int8"]

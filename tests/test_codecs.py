@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import emulate
 from emulate import formats
+from emulate.numerics.storage import to_codes
 
 LOW = formats.LOW_PRECISION
 FLOATS = [n for n in LOW if formats.get(n).is_float]
@@ -101,7 +102,7 @@ def test_encode_of_decode_is_identity(name):
     f = formats.get(name)
     codes = np.array([c for c in all_codes(name) if int(c) not in f.nan_codes], np.uint8)
     values = emulate.decode(codes, name, to=jnp.float32)
-    back = np.asarray(emulate.codes.to_codes(emulate.encode(values, name), name)[0])
+    back = np.asarray(to_codes(emulate.encode(values, name), name)[0])
     if not f.signed_zero and f.signed:
         codes = np.where(codes == 0x80, 0, codes)  # no -0 in fnuz formats
     np.testing.assert_array_equal(back, codes)
@@ -117,7 +118,7 @@ def test_encode_of_any_f32_matches_ml_dtypes(name, bits):
     x = bits.view(np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
         want = x.astype(formats.get(name).dtype).view(np.uint8)
-    got = emulate.codes.to_codes(_encode_jit(x, fmt=name), name)[0]
+    got = to_codes(_encode_jit(x, fmt=name), name)[0]
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
@@ -136,7 +137,7 @@ def test_encode_matches_ml_dtypes_near_every_boundary(name):
     near = np.concatenate([near, -near])
     with np.errstate(invalid="ignore", over="ignore"):
         want = near.astype(f.dtype).view(np.uint8)
-    got = emulate.codes.to_codes(_encode_jit(near, fmt=name), name)[0]
+    got = to_codes(_encode_jit(near, fmt=name), name)[0]
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
@@ -146,7 +147,7 @@ def test_encode_from_bfloat16_matches_ml_dtypes():
     for name in FLOATS:
         with np.errstate(invalid="ignore", over="ignore"):
             want = x.astype(formats.get(name).dtype).view(np.uint8)
-        got = emulate.codes.to_codes(_encode_jit(jnp.asarray(x), fmt=name), name)[0]
+        got = to_codes(_encode_jit(jnp.asarray(x), fmt=name), name)[0]
         np.testing.assert_array_equal(np.asarray(got), want, err_msg=name)
 
 
@@ -166,7 +167,7 @@ def test_encode_from_bfloat16_matches_ml_dtypes():
 )
 def test_encode_saturate(name, value, code):
     got = emulate.encode(np.array([value], np.float32), name, saturate=True)
-    assert int(np.asarray(emulate.codes.to_codes(got, name)[0])[0]) == code
+    assert int(np.asarray(to_codes(got, name)[0])[0]) == code
 
 
 def _round_half_even(v: float) -> int:

@@ -13,8 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import emulate
-from emulate import exact, formats, reference
+from emulate import formats, reference
 from emulate import testing as et
+from emulate.engine import exact
+from emulate.planning import slicing
 
 DN = (((1,), (0,)), ((), ()))
 SLICED = [
@@ -185,7 +187,7 @@ def test_same_bits_across_chunks_batches_and_layouts():
 def test_plan_reports_the_slicing():
     p = emulate.plan("float8_e4m3fn", "float8_e4m3fn", target="tpu_v5e", mode="exact")
     assert p.method == "sliced-int8" and p.exact
-    sa = exact.slicing("float8_e4m3fn", p.slicing[0])
+    sa = slicing.slicing("float8_e4m3fn", p.slicing[0])
     # e4m3fn: quanta 2**-9 .. 2**5 (15 exponents); int8 slices hold 4 exponents each.
     assert (sa.q_min, sa.q_max, sa.width, sa.count) == (-9, 5, 4, 4)
     assert sa.max_int == 15 * 8 <= 127
@@ -201,11 +203,11 @@ def test_route_choice_counts_the_chunk_sums():
     # int8 slices (one chunk of 149130) over bf16 slices (9 passes, but chunks of 291).
     cpu = emulate.plan("float8_e4m3fn", "float8_e4m3fn", target="cpu", mode="exact")
     assert cpu.method == "sliced-int8" and cpu.k_chunk == 149130
-    sa, sb = (exact.slicing("float8_e4m3fn", w) for w in (5, 5))
+    sa, sb = (slicing.slicing("float8_e4m3fn", w) for w in (5, 5))
     assert (
-        exact.cost(sa, sb, 291)
-        == 9 * (1 + exact.CHUNK_COST / 291)
-        > 16 * (1 + exact.CHUNK_COST / 149130)
+        slicing.cost(sa, sb, 291)
+        == 9 * (1 + slicing.CHUNK_COST / 291)
+        > 16 * (1 + slicing.CHUNK_COST / 149130)
     )
     v4 = emulate.plan("float8_e4m3fn", "float8_e4m3fn", target="tpu_v4", mode="exact")
     assert v4.method == "sliced-bf16" and v4.slicing == (5, 5) and v4.k_chunk == 291
@@ -214,7 +216,7 @@ def test_route_choice_counts_the_chunk_sums():
 def test_every_slicing_keeps_chunk_sums_exact():
     for lhs, rhs in SLICED:
         for compute, bound in (("int8", 2**31 - 1), ("bfloat16", 2**24), ("float32", 2**24)):
-            chosen = exact.choose(formats.get(lhs), formats.get(rhs), compute)
+            chosen = slicing.choose(formats.get(lhs), formats.get(rhs), compute)
             if chosen is None:
                 assert compute == "int8" and "int8" in (lhs, rhs)
                 continue
@@ -229,7 +231,7 @@ def test_every_slicing_keeps_chunk_sums_exact():
                 v = codes.view(f.dtype).astype(np.float64)
                 parts = [
                     np.asarray(x, np.float64)
-                    for x in exact._slices(jnp.asarray(v, jnp.float32), s, "float32")
+                    for x in exact.static_slices(jnp.asarray(v, jnp.float32), s, "float32")
                 ]
                 total = sum(p * 2.0 ** (s.q_min + i * s.width) for i, p in enumerate(parts))
                 np.testing.assert_array_equal(total, v)
@@ -372,9 +374,9 @@ def test_wide_same_bits_across_chunks_rows_layouts_and_targets():
 
 def test_plan_reports_the_per_row_slicing():
     p = emulate.plan("bfloat16", "float8_e4m3fn", target="tpu_v5e", mode="exact")
-    sa = exact.slicing("bfloat16", p.slicing[0])
+    sa = slicing.slicing("bfloat16", p.slicing[0])
     assert p.method == "sliced-int8" and sa.dynamic and sa.width == 7
-    assert sa.count * sa.width >= 8 + exact.WIDE_EXTRA_BITS
+    assert sa.count * sa.width >= 8 + slicing.WIDE_EXTRA_BITS
     text = p.explain()
     assert f"lhs bfloat16 is sliced per row: {sa.count} slices of 7 bits" in text
     assert "further blocks" in text

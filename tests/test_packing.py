@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import emulate
 from emulate import formats
-from emulate.packing import unpack_codes
+from emulate.numerics.storage import unpack_codes
 
 PACKABLE = ["int4", "uint4", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"]
 

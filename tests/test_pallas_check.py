@@ -5,7 +5,6 @@ emulate.pallas.matmul lower to pairs every target runs."""
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import pathlib
 import subprocess
@@ -18,12 +17,13 @@ import pytest
 import emulate
 import emulate.pallas
 from emulate import cli, formats, targets
-from emulate.packing import Packed
+from emulate.numerics.storage import Packed
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _pallas_kernels as kernels  # noqa: E402
 
-pcheck = importlib.import_module("emulate.pallas.check")  # the function shadows the module
+from emulate.pallas import mosaic_check
+
 KERNELS = pathlib.Path(kernels.__file__)
 TPUS = [n for n in targets.names() if targets.get(n).kind == "tpu"]
 I8 = jax.ShapeDtypeStruct((256, 256), jnp.int8)
@@ -168,11 +168,11 @@ def test_v2_has_only_f32():
 
 
 def test_mlir_element_types_map_to_formats():
-    for mlir, name in pcheck.MLIR_FORMATS.items():
+    for mlir, name in mosaic_check.MLIR_FORMATS.items():
         assert formats.get(name).name == name, mlir
-    assert pcheck._element("vector<8x128xf8E4M3FN>") == "float8_e4m3fn"
-    assert pcheck._element("vector<2x8x128xi4>") == "int4"
-    assert pcheck._element("vector<8x128xi32>") is None
+    assert mosaic_check._element("vector<8x128xf8E4M3FN>") == "float8_e4m3fn"
+    assert mosaic_check._element("vector<2x8x128xi4>") == "int4"
+    assert mosaic_check._element("vector<8x128xi32>") is None
 
 
 def test_bad_arguments():

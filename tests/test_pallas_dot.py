@@ -17,7 +17,7 @@ from jax.experimental.pallas import tpu as pltpu
 import emulate.pallas
 from emulate import formats, reference
 from emulate import testing as et
-from emulate.pallas import _tile
+from emulate.pallas import route
 
 DN = (((1,), (0,)), ((), ()))
 
@@ -65,7 +65,7 @@ def test_int8_to_bf16_on_v7x_rounds_once():
     ],
 )
 def test_exact_pairs_are_bit_identical(lhs, rhs, pet, target, method):
-    r = _tile.route(lhs, rhs, target=target, preferred_element_type=pet)
+    r = route.route(lhs, rhs, target=target, preferred_element_type=pet)
     assert r.method == method
     rng = np.random.default_rng(3)
     fa, fb = formats.get(lhs), formats.get(rhs)
@@ -106,7 +106,7 @@ def test_float8_pairs_are_within_the_bound(lhs, rhs, target):
 
 def test_routes_per_target():
     def compute(lhs, rhs, target):
-        r = _tile.route(lhs, rhs, target=target, preferred_element_type=None)
+        r = route.route(lhs, rhs, target=target, preferred_element_type=None)
         return r.lhs_compute, r.rhs_compute, r.k_chunk
 
     assert compute("int8", "int8", "tpu_v4") == ("bfloat16", "bfloat16", 1024)
@@ -118,21 +118,21 @@ def test_routes_per_target():
     assert compute("float4_e2m1fn", "float4_e2m1fn", "tpu_v7x") == ("bfloat16", "bfloat16", 116508)
     assert compute("int8", "int8", "tpu_v2") == ("float32", "float32", 1024)
     assert compute("bfloat16", "int8", "tpu_v5e") == ("bfloat16", "bfloat16", None)
-    r = _tile.route("uint4", "uint4", target="tpu_v5e")
+    r = route.route("uint4", "uint4", target="tpu_v5e")
     assert r.method == "int8"
     assert r.note == (
         "Pallas TPU dot reads integer operands as signed, so native uint4 x uint4 would "
         "misread the values above 7"
     )
-    r = _tile.route("uint8", "uint8", target="tpu_v6e")
+    r = route.route("uint8", "uint8", target="tpu_v6e")
     assert r.note.endswith("would misread the values above 127")
-    r = _tile.route("int4", "int4", target="tpu_v5e")
+    r = route.route("int4", "int4", target="tpu_v5e")
     assert (r.method, r.note) == (
         "int8",
         "int4 x int4 is widened to int8 (exactly): XLA's CPU backend, which runs kernels in "
         "interpret mode, cannot compile a dot of 4-bit integers",
     )
-    assert _tile.route("int8", "int8", target="tpu_v5e").note == ""
+    assert route.route("int8", "int8", target="tpu_v5e").note == ""
 
 
 def _same_bits(got: np.ndarray, want: np.ndarray) -> None:
@@ -152,16 +152,16 @@ def test_decoding_matches_the_reference_for_every_code(name):
     f = formats.get(name)
     codes = np.arange(1 << f.bits, dtype=np.uint8)
     want = reference.decode(codes, name, to=np.float32)
-    _same_bits(np.asarray(_tile.decode_codes(jnp.asarray(codes), name, "float32")), want)
+    _same_bits(np.asarray(route.decode_codes(jnp.asarray(codes), name, "float32")), want)
     # high bits above the code are ignored (a nibble plane cut from a byte, say)
     high = jnp.asarray(codes.astype(np.int32) | (0x5A << f.bits))
-    _same_bits(np.asarray(_tile.decode_codes(high, name, "float32")), want)
+    _same_bits(np.asarray(route.decode_codes(high, name, "float32")), want)
     if f.xla_storable:  # loaded values of the format itself
-        got = _tile.decode_values(jnp.asarray(codes.view(f.dtype)), "float32")
+        got = route.decode_values(jnp.asarray(codes.view(f.dtype)), "float32")
         _same_bits(np.asarray(got), want)
     if f.int8_scale is not None:  # exact class: value * 2**k as int8
         k = f.int8_scale
-        scaled = np.asarray(_tile.decode_codes(jnp.asarray(codes), name, "int8", k))
+        scaled = np.asarray(route.decode_codes(jnp.asarray(codes), name, "int8", k))
         np.testing.assert_array_equal(scaled, (want * 2.0**k).astype(np.int8))
 
 

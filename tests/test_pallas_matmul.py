@@ -9,7 +9,6 @@ different route or layout, not a repeat.
 
 from __future__ import annotations
 
-import importlib
 import zlib
 
 import jax
@@ -21,9 +20,8 @@ import pytest
 import emulate
 import emulate.pallas
 from emulate import formats, reference, targets
-from emulate.pallas import _tile
+from emulate.pallas import matmul_kernel, route
 
-mm = importlib.import_module("emulate.pallas.matmul")  # the function shadows the module
 DN = (((1,), (0,)), ((), ()))
 
 
@@ -95,7 +93,7 @@ def test_int8_sums_past_two_to_the_24_stay_exact():
         [1099 * 2**14 + 1, 1099 * 2**14 - 128],
         [1099 * 2**14 - 128, 1100 * 2**14],
     ]
-    r = _tile.route("int8", "int8", target="tpu_v4", preferred_element_type="int32")
+    r = route.route("int8", "int8", target="tpu_v4", preferred_element_type="int32")
     assert (r.method, r.lhs_compute, r.k_chunk) == ("bf16", "bfloat16", 1024)
 
 
@@ -127,9 +125,9 @@ def test_packed_weight_stays_packed_in_hbm():
 
 def _config(x_fmt, w_fmt, target, m, n, k, group=1, out=None):
     t = targets.get(target)
-    r = _tile.route(x_fmt, w_fmt, target=t, preferred_element_type=out)
+    r = route.route(x_fmt, w_fmt, target=t, preferred_element_type=out)
     nbytes = 3 if group == 4 else 1
-    return mm.config(r, t, m, n, k, group, nbytes, False, None, True)
+    return matmul_kernel.config(r, t, m, n, k, group, nbytes, False, None, True)
 
 
 def test_default_blocks_come_from_the_target():
@@ -151,8 +149,8 @@ def test_default_blocks_come_from_the_target():
 
 def test_interpret_mode_is_the_default_off_tpu():
     assert jax.default_backend() == "cpu"
-    assert mm._interpret(None) is True
-    assert mm._interpret(False) is False
+    assert matmul_kernel._interpret(None) is True
+    assert matmul_kernel._interpret(False) is False
 
 
 def _i8(*shape):

@@ -10,7 +10,7 @@ import pytest
 
 import emulate
 from emulate import bounds, program, reference, targets
-from emulate.polyfill import polyfill
+from emulate.rewrite import polyfill
 
 DN = (((1,), (0,)), ((), ()))
 RNG = np.random.default_rng(0)

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 import emulate
-from emulate import dot, formats, tiled
+from emulate import formats
 from emulate import testing as et
-from emulate.packing import Packed
+from emulate.engine import run, tiled
+from emulate.numerics.storage import Packed
 
 F32 = jnp.float32
 DN = (((1,), (0,)), ((), ()))
@@ -51,8 +52,8 @@ def _as_format(codes: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def _choice(lhs, rhs, dn, pet, target="cpu", mode="fast") -> tiled.Tiling | None:
-    a, b = dot.operand(lhs), dot.operand(rhs)
-    p = dot._plan_for(a, b, target, pet, mode)
+    a, b = operand(lhs), operand(rhs)
+    p = run.plan_for(a, b, target, pet, mode)
     return tiled.choose(p, a, b, dn, tiled.current_settings())
 
 
@@ -224,12 +225,12 @@ def test_not_tiled_when_nothing_is_decoded_or_the_operand_is_small():
 def test_default_choice_for_weight_shapes(m, k, n, kind, tiles):
     x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
     weights = (
-        dot.Operand(jax.ShapeDtypeStruct((k, n), jnp.float8_e4m3fn), "float8_e4m3fn"),
-        dot.Operand(Packed(jax.ShapeDtypeStruct((k // 2, n), jnp.uint8), "int4", -2, k), "int4"),
+        Operand(jax.ShapeDtypeStruct((k, n), jnp.float8_e4m3fn), "float8_e4m3fn"),
+        Operand(Packed(jax.ShapeDtypeStruct((k // 2, n), jnp.uint8), "int4", -2, k), "int4"),
     )
     for w, tile in zip(weights, tiles, strict=True):
         p = emulate.plan("bfloat16", w.format_name, target="cpu", preferred_element_type=F32)
-        t = tiled.choose(p, dot.Operand(x, "bfloat16"), w, DN, tiled.Settings())
+        t = tiled.choose(p, Operand(x, "bfloat16"), w, DN, tiled.Settings())
         assert (t.kind, t.tile, t.side, t.dim) == (kind, tile, 1, 0 if kind == "k" else 1)
         assert t.planar == (isinstance(w.value, Packed) and m < 2048)
 

@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given, settings
 
 import emulate
-from emulate import cli, codecs, formats, targets, validate
+from emulate import cli, formats, targets, validate
+from emulate.numerics import codecs
 
 LOW = [f for f in formats.LOW_PRECISION if f != "float8_e8m0fnu"]
 
@@ -335,7 +336,7 @@ def test_python_dash_m_validate_without_traceback(tmp_path) -> None:
 @pytest.fixture
 def broken_decoder(monkeypatch):
     """float decoding with the sign of every odd code flipped; jit caches cleared around."""
-    original = codecs._decode_float_bits
+    original = codecs.decode_float_bits
 
     def broken(codes, f):
         bits = original(codes, f)
@@ -343,7 +344,7 @@ def broken_decoder(monkeypatch):
         return jnp.where(odd, bits ^ jnp.uint32(0x80000000), bits)
 
     jax.clear_caches()
-    monkeypatch.setattr(codecs, "_decode_float_bits", broken)
+    monkeypatch.setattr(codecs, "decode_float_bits", broken)
     yield
     monkeypatch.undo()
     jax.clear_caches()

@@ -15,8 +15,8 @@ functions shadow the submodules of the same names (``emulate.pallas.check`` is t
 
 from __future__ import annotations
 
-from emulate.pallas.check import Finding, MatmulSite, check, diagnose, matmul_sites
-from emulate.pallas.dot import dot
-from emulate.pallas.matmul import matmul
+from emulate.pallas.kernel_dot import dot
+from emulate.pallas.matmul_kernel import matmul
+from emulate.pallas.mosaic_check import Finding, MatmulSite, check, diagnose, matmul_sites
 
 __all__ = ["Finding", "MatmulSite", "check", "diagnose", "dot", "matmul", "matmul_sites"]

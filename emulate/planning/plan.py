@@ -20,15 +20,20 @@ from typing import Any
 
 from emulate import formats, targets
 from emulate.formats import Format
+from emulate.planning import slicing as exponent_slicing
+from emulate.planning.exactness import (
+    F32_EXACT,
+    I32_EXACT,
+    MAX_CHUNKS,
+    MAX_TOTAL_QUANTA,
+    exact_class,
+    exact_scale,
+    max_quanta,
+)
 
-__all__ = ["Plan", "plan", "exact_class", "MODES"]
+__all__ = ["MODES", "Plan", "plan"]
 
 MODES = ("fast", "exact")
-
-_F32_EXACT = 1 << 24  # an f32 accumulator holds every integer up to 2**24
-_I32_EXACT = (1 << 31) - 1
-_MAX_CHUNKS = 1 << 15  # chunk sums combined exactly in int32 limbs (accumulate.combine_chunks)
-_MAX_TOTAL = 1 << 40  # limbs round exactly into a float while |total| < 2**40 quanta
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,10 +109,8 @@ class Plan:
                 f"an integer; the sum is scaled back by 2^-{self.lhs_scale + self.rhs_scale}"
             )
         if self.slicing is not None:
-            from emulate import exact as exact_mode
-
-            sa = exact_mode.slicing(self.lhs, self.slicing[0])
-            sb = exact_mode.slicing(self.rhs, self.slicing[1])
+            sa = exponent_slicing.slicing(self.lhs, self.slicing[0])
+            sb = exponent_slicing.slicing(self.rhs, self.slicing[1])
             lines.append(
                 f"  exponent slicing: lhs {sa.count} slices of {sa.width} exponents, rhs "
                 f"{sb.count} of {sb.width}: {sa.count * sb.count} passes, each chunk of\n"
@@ -176,53 +179,6 @@ def _fmt_rate(rate: float) -> str:
     return f"{rate:.3g}" if rate else "-"
 
 
-def _exact_scale(f: Format) -> int | None:
-    """k with every value * 2**k an integer that int32 holds, or None (not exact class)."""
-    if f.is_integer:
-        return 0 if f.bits <= 8 else None
-    return f.int8_scale
-
-
-def exact_class(lhs: Any, rhs: Any) -> bool:
-    """Whether ``lhs x rhs`` is in the exact class: every plan for it (``Plan.exact``) gives
-    the exact sum rounded once, in mode "fast" too.
-
-    True when both operands are integers of at most 8 bits or values that become integers
-    after an exact power-of-two scaling (int4, uint4, int8, uint8, float4_e2m1fn,
-    float6_e2m3fn); False for every other pair (the float8 family, float6_e3m2fn, and
-    pairs with a wide type such as bfloat16).
-    """
-    return _exact_scale(formats.get(lhs)) is not None and _exact_scale(formats.get(rhs)) is not None
-
-
-def _max_quanta(f: Format, k: int) -> int:
-    return int(max(abs(f.max), abs(f.min)) * 2**k)
-
-
-def _rate(t: targets.Target, compute: str) -> float:
-    attr = {
-        "int8": "int8_ops_per_second",
-        "int4": "int4_ops_per_second",
-        "bfloat16": "bf16_ops_per_second",
-        "float32": "f32_ops_per_second",
-        "fp8": "fp8_ops_per_second",
-    }[compute]
-    return float(getattr(t, attr, 0) or 0)
-
-
-def _native_rate(t: targets.Target, a: Format, b: Format) -> float:
-    name = a.name if a == b else max(a.name, b.name, key=lambda n: formats.get(n).bits)
-    if name in ("int8", "uint8"):
-        return _rate(t, "int8")
-    if name in ("int4", "uint4"):
-        return _rate(t, "int4")
-    if name.startswith("float8"):
-        return _rate(t, "fp8")
-    if name in ("bfloat16", "float16"):
-        return _rate(t, "bfloat16")
-    return _rate(t, "float32")
-
-
 def plan(
     lhs: Any,
     rhs: Any,
@@ -263,7 +219,7 @@ def plan(
             f"preferred_element_type: an integer result ({out.name}) needs integer operands, "
             f"got {a.name} x {b.name}"
         )
-    ka, kb = _exact_scale(a), _exact_scale(b)
+    ka, kb = exact_scale(a), exact_scale(b)
     exact = exact_class(a, b)
     if mode == "exact" and not exact:
         if not (_sliceable(a) and _sliceable(b)):
@@ -278,10 +234,10 @@ def plan(
     # operands is the exact sum rounded once, so its int32 partial sums must not wrap.
     wraps = ints and out.is_integer
     # Largest |product| in units of the common quantum 2**-(ka + kb).
-    prod = _max_quanta(a, ka) * _max_quanta(b, kb) if exact else 0
+    prod = max_quanta(a, ka) * max_quanta(b, kb) if exact else 0
     cands = [
-        _native(t, a, b, exact, ints, None if wraps or not ints else _I32_EXACT // prod),
-        *([_int8(t, a, b, ka, kb, None if wraps else _I32_EXACT // prod)] if exact else []),
+        _native(t, a, b, exact, ints, None if wraps or not ints else I32_EXACT // prod),
+        *([_int8(t, a, b, ka, kb, None if wraps else I32_EXACT // prod)] if exact else []),
         _widen(t, a, b, "bf16", "bfloat16", ka, kb, prod, exact),
         _widen(t, a, b, "f32", "float32", ka, kb, prod, exact),
     ]
@@ -316,17 +272,15 @@ def _sliceable(f: Format) -> bool:
 
 
 def _sliced(t, a: Format, b: Format, out: Format, mode: str) -> Plan:
-    """Mode "exact" outside the exact class: exponent slicing (see :mod:`emulate.exact`)."""
-    from emulate import exact as exact_mode
-
+    """Mode "exact" outside the exact class: exponent slicing (:mod:`emulate.planning.slicing`)."""
     cands, options = [], []
     for compute, rate_name, acc in (
         ("int8", "int8", "int32"),
         ("bfloat16", "bfloat16", "float32"),
         ("float32", "float32", "float32"),
     ):
-        chosen = exact_mode.choose(a, b, compute)
-        rate = _rate(t, rate_name)
+        chosen = exponent_slicing.choose(a, b, compute)
+        rate = t.rate(rate_name)
         ok = chosen is not None and t.supports(compute, compute)
         if chosen is None:
             why = f"{compute} cannot hold the slices"
@@ -339,7 +293,7 @@ def _sliced(t, a: Format, b: Format, out: Format, mode: str) -> Plan:
         cands.append(_Candidate(method, rate, why, (compute, compute), acc, chunk))
         if ok:
             # Unknown rates count alike.
-            cost = exact_mode.cost(sa, sb, chunk) / (rate or 1.0)
+            cost = exponent_slicing.cost(sa, sb, chunk) / (rate or 1.0)
             options.append((cost, len(options), cands[-1], (sa.width, sb.width)))
     if not options:
         raise ValueError(f"lhs/rhs: no exact route for {a.name} x {b.name} on target {t.name}")
@@ -351,9 +305,9 @@ def _sliced(t, a: Format, b: Format, out: Format, mode: str) -> Plan:
 def _make(t, a, b, out, mode, exact, prod, c, cands, fallback=None) -> Plan:
     k_limit = None
     if c.k_chunk is not None:
-        k_limit = _MAX_CHUNKS * c.k_chunk
+        k_limit = MAX_CHUNKS * c.k_chunk
         if out.is_float:
-            k_limit = min(k_limit, _MAX_TOTAL // prod)
+            k_limit = min(k_limit, MAX_TOTAL_QUANTA // prod)
     return Plan(
         target=t.name,
         lhs=a.name,
@@ -399,7 +353,7 @@ def _native(t, a: Format, b: Format, exact: bool, ints: bool, chunk: int | None)
     else:
         why = "ok"
     acc = "int32" if ints else "float32"
-    return _Candidate("native", _native_rate(t, a, b), why, (a.name, b.name), acc, chunk)
+    return _Candidate("native", t.native_rate(a, b), why, (a.name, b.name), acc, chunk)
 
 
 def _fits_int8(f: Format, k: int) -> bool:
@@ -413,7 +367,7 @@ def _int8(t, a: Format, b: Format, ka: int, kb: int, chunk: int | None) -> _Cand
         why = f"{t.name} has no int8 x int8 unit"
     else:
         why = "ok"
-    return _Candidate("int8", _rate(t, "int8"), why, ("int8", "int8"), "int32", chunk, (ka, kb))
+    return _Candidate("int8", t.rate("int8"), why, ("int8", "int8"), "int32", chunk, (ka, kb))
 
 
 def _widen(t, a: Format, b: Format, method: str, compute: str, ka, kb, prod, exact) -> _Candidate:
@@ -424,6 +378,6 @@ def _widen(t, a: Format, b: Format, method: str, compute: str, ka, kb, prod, exa
         why = f"{t.name} has no {compute} x {compute} unit"
     else:
         why = "ok"
-    chunk = _F32_EXACT // prod if exact else None
+    chunk = F32_EXACT // prod if exact else None
     scales = (ka, kb) if exact else (0, 0)
-    return _Candidate(method, _rate(t, compute), why, (compute, compute), "float32", chunk, scales)
+    return _Candidate(method, t.rate(compute), why, (compute, compute), "float32", chunk, scales)

@@ -38,7 +38,7 @@ import contextlib
 import contextvars
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -47,10 +47,22 @@ import numpy as np
 from jax import lax
 
 from emulate import formats
-from emulate.codes import to_codes
-from emulate.packing import Packed
+from emulate.engine.contract import contract_decoded, finish
+from emulate.engine.layout import DimensionNumbers
+from emulate.engine.operands import Operand, Precision, decode_to
+from emulate.numerics.storage import Packed, to_codes
+from emulate.planning.plan import Plan
 
-__all__ = ["DEFAULT", "Settings", "Tiling", "choose", "current_settings", "planes", "settings"]
+__all__ = [
+    "DEFAULT",
+    "Settings",
+    "Tiling",
+    "choose",
+    "contract",
+    "current_settings",
+    "planes",
+    "settings",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,16 +150,18 @@ def _itemsize(name: str) -> int:
     return np.dtype(formats.get(name).dtype).itemsize
 
 
-def _packed_dim(op: Any) -> int | None:
+def _packed_dim(op: Operand) -> int | None:
     v = op.value
     return v.ndim + v.axis if isinstance(v, Packed) else None
 
 
-def _group(op: Any) -> int:
+def _group(op: Operand) -> int:
     return 2 if op.format.bits == 4 else 4
 
 
-def choose(p: Any, lhs: Any, rhs: Any, dimension_numbers: Any, s: Settings) -> Tiling | None:
+def choose(
+    p: Plan, lhs: Operand, rhs: Operand, dimension_numbers: DimensionNumbers, s: Settings
+) -> Tiling | None:
     """The tiling for ``p`` on these operands (static shapes), or None to run untiled."""
     if not s.enabled or p.slicing is not None:
         return None
@@ -270,7 +284,7 @@ def _tile_len(
 # ----------------------------------------------------------------------------- slicing
 
 
-def _slice(op: Any, dim: int, start: Any, length: int) -> Any:
+def _slice(op: Operand, dim: int, start: int | jax.Array, length: int) -> Operand:
     """``op`` (an Operand) restricted to ``[start, start + length)`` along ``dim``; ``start``
     may be traced. Along a packed dimension ``start`` and ``length`` are whole byte groups,
     except for the final (static) tail."""
@@ -279,9 +293,9 @@ def _slice(op: Any, dim: int, start: Any, length: int) -> Any:
         bits = v.format.bits
         nbytes = -(-bits * length // 8)
         data = _dyn_slice(v.data, dim, start * bits // 8, nbytes)
-        return type(op)(Packed(data, v.format_name, v.axis, length), op.format_name)
+        return Operand(Packed(data, v.format_name, v.axis, length), op.format_name)
     if isinstance(v, Packed):
-        return type(op)(
+        return Operand(
             Packed(_dyn_slice(v.data, dim, start, length), v.format_name, v.axis, v.length),
             op.format_name,
         )
@@ -289,10 +303,10 @@ def _slice(op: Any, dim: int, start: Any, length: int) -> Any:
         if not isinstance(start, int):
             _, v = lax.optimization_barrier((start, v))  # see _dyn_slice
         v = to_codes(v, op.format_name)[0]
-    return type(op)(_dyn_slice(v, dim, start, length), op.format_name)
+    return Operand(_dyn_slice(v, dim, start, length), op.format_name)
 
 
-def _dyn_slice(x: jax.Array, dim: int, start: Any, length: int) -> jax.Array:
+def _dyn_slice(x: jax.Array, dim: int, start: int | jax.Array, length: int) -> jax.Array:
     if isinstance(start, int):
         return lax.slice_in_dim(x, start, start + length, axis=dim)
     # The barrier (tied to the loop index) keeps XLA from hoisting what comes next out of
@@ -346,23 +360,15 @@ def planes(p: Packed) -> list[jax.Array]:
 
 
 def contract(
-    p: Any,
+    p: Plan,
     t: Tiling,
-    lhs: Any,
-    rhs: Any,
-    dimension_numbers: Any,
-    precision: Any,
-    *,
-    decode: Callable[..., jax.Array],
-    contract_decoded: Callable[..., jax.Array],
-    finish: Callable[..., jax.Array],
+    lhs: Operand,
+    rhs: Operand,
+    dimension_numbers: DimensionNumbers,
+    precision: Precision,
 ) -> jax.Array:
-    """Run plan ``p`` tiled as ``t``.
-
-    ``decode(op, compute, scale)`` decodes an operand to the plan's type,
-    ``contract_decoded(p, a, b, dn, precision)`` is the untiled contraction of decoded
-    operands (rounded into ``p.out``), ``finish(p, acc)`` rounds an accumulator once.
-    """
+    """Run plan ``p`` tiled as ``t`` (the result of the untiled program, bit for bit for
+    the exact classes and within the same bound otherwise)."""
     d, o = (lhs, rhs) if t.side == 0 else (rhs, lhs)
     d_compute, d_scale = (
         (p.lhs_compute, p.lhs_scale) if t.side == 0 else (p.rhs_compute, p.rhs_scale)
@@ -370,7 +376,7 @@ def contract(
     o_compute, o_scale = (
         (p.rhs_compute, p.rhs_scale) if t.side == 0 else (p.lhs_compute, p.lhs_scale)
     )
-    o_dec = decode(o, o_compute, o_scale)
+    o_dec = decode_to(o, o_compute, o_scale)
     acc_dtype = jnp.dtype(p.accumulator)
     g = _group(d) if t.planar else 1
     if t.planar:  # the other operand's matching dimension, split the same way as the planes
@@ -388,13 +394,13 @@ def contract(
             *pair(dd, oo), dimension_numbers, precision, preferred_element_type=acc_dtype
         )
 
-    def planar_sum(piece: Any, start: Any) -> jax.Array:
+    def planar_sum(piece: Operand, start: int | jax.Array) -> jax.Array:
         """Sum over the planes of ``piece`` (a tile whose packed axis starts at element
         ``start`` of the whole operand, a multiple of ``g``) of plane x matching slice."""
         axis = piece.value.ndim + piece.value.axis
         total = None
         for j, codes in enumerate(planes(piece.value)):
-            dd = decode(type(piece)(codes, piece.format_name), d_compute, d_scale)
+            dd = decode_to(Operand(codes, piece.format_name), d_compute, d_scale)
             oo = o_planes[j]
             if t.kind == "k":
                 oo = _dyn_slice(oo, t.other_dim, start // g, codes.shape[axis])
@@ -404,12 +410,12 @@ def contract(
 
     if t.kind == "k":
 
-        def partial(start: Any, length: int) -> jax.Array:
+        def partial(start: int | jax.Array, length: int) -> jax.Array:
             piece = _slice(d, t.dim, start, length)
             if t.planar:
                 return planar_sum(piece, start)
             oo = _dyn_slice(o_dec, t.other_dim, start, length)
-            return dot(decode(piece, d_compute, d_scale), oo)
+            return dot(decode_to(piece, d_compute, d_scale), oo)
 
         acc = lax.fori_loop(
             1,
@@ -422,11 +428,11 @@ def contract(
             acc = acc + partial(t.n_full * t.tile, rest)
         return finish(p, acc)
 
-    def columns(start: Any, length: int) -> jax.Array:
+    def columns(start: int | jax.Array, length: int) -> jax.Array:
         piece = _slice(d, t.dim, start, length)
         if t.planar:
             return finish(p, planar_sum(piece, 0))
-        dd = decode(piece, d_compute, d_scale)
+        dd = decode_to(piece, d_compute, d_scale)
         return contract_decoded(p, *pair(dd, o_dec), dimension_numbers, precision)
 
     shape = jax.eval_shape(lambda: columns(0, t.tile))

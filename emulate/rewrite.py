@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
 
@@ -27,7 +28,7 @@ from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general
 from emulate.scaled import scaled_matmul
 
-__all__ = ["polyfill"]
+__all__ = ["polyfill", "scaled_dot_general"]
 
 _ON_UNSUPPORTED = ("error", "ignore")
 
@@ -233,3 +234,30 @@ class _Rewriter:
     def closed(self, cj: Any) -> Any:
         avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in cj.in_avals]
         return jax.make_jaxpr(lambda *a: self.eval(cj.jaxpr, cj.consts, a))(*avals)
+
+
+def scaled_dot_general(
+    lhs: Any,
+    rhs: Any,
+    dimension_numbers: Any,
+    preferred_element_type: Any = jnp.float32,
+    configs: Any = None,
+    *,
+    target: Any = None,
+    mode: str = "fast",
+) -> jax.Array:
+    """``jax.nn.scaled_dot_general`` on any target: JAX's own function (its quantizer for
+    ``configs`` from ``jax.nn.get_scaled_dot_general_config``, "mxfp8" or "nvfp4"), run
+    through :func:`emulate.polyfill` so that its ``scaled_matmul`` runs as
+    :func:`emulate.scaled_matmul`. ``configs=None`` contracts the operands as they are."""
+
+    def run(x, y):
+        return jax.nn.scaled_dot_general(
+            x,
+            y,
+            dimension_numbers,
+            preferred_element_type=preferred_element_type,
+            configs=configs,
+        )
+
+    return polyfill(run, target=target, mode=mode)(lhs, rhs)

@@ -38,18 +38,17 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from emulate import accumulate, formats, targets
-from emulate.codes import from_codes, is_array, to_codes
+from emulate import formats, targets
 from emulate.formats import Format
-from emulate.packing import Packed, unpack_codes
-from emulate.pallas import _tile
+from emulate.numerics import accumulate
+from emulate.numerics.storage import Packed, from_codes, is_array, to_codes, unpack_codes
+from emulate.pallas import route
+from emulate.planning.exactness import MAX_CHUNKS, MAX_TOTAL_QUANTA
 
 __all__ = ["matmul", "Config", "config"]
 
 _LANES = 128
 _SUBLANES = {1: 32, 2: 16, 4: 8}  # second-minor tiling of a VMEM block, by element bytes
-_MAX_STEPS = 1 << 15  # limb accumulation: lo grows by < 2**16 per K step
-_MAX_QUANTA = 1 << 40  # limbs round exactly while |total| < 2**40 quanta
 _DEFAULT_SCOPED_VMEM = 16 << 20  # Mosaic's default scoped VMEM limit on v4 / v5e
 
 
@@ -58,7 +57,7 @@ class Config:
     """Everything static about one kernel call (hashable: the jit cache key).
 
     Attributes:
-      route: the :class:`emulate.pallas._tile.Route` of the pair on the target.
+      route: the :class:`emulate.pallas.route.Route` of the pair on the target.
       m, n, k: the logical problem shape.
       bm, bn, bk: the block shape.
       group: weight codes per group of whole bytes along K (1, 2 or 4); nbytes: bytes
@@ -71,7 +70,7 @@ class Config:
         more, when twice the estimate fits in it).
     """
 
-    route: _tile.Route
+    route: route.Route
     m: int
     n: int
     k: int
@@ -172,7 +171,7 @@ def _check_block(name: str, value: Any, multiple: int, why: str) -> int:
     return int(value)
 
 
-def _vmem_bytes(r: _tile.Route, bm: int, bn: int, bk: int, limbs: bool) -> int:
+def _vmem_bytes(r: route.Route, bm: int, bn: int, bk: int, limbs: bool) -> int:
     x_block = bm * bk * _itemsize(r.lhs_compute)
     w_block = bk * bn  # at most one byte per code
     temps = 3 * bk * bn * 4  # int32 words, codes and the decoded tile
@@ -181,7 +180,7 @@ def _vmem_bytes(r: _tile.Route, bm: int, bn: int, bk: int, limbs: bool) -> int:
 
 
 def config(
-    r: _tile.Route,
+    r: route.Route,
     t: targets.Target,
     m: int,
     n: int,
@@ -233,10 +232,10 @@ def config(
     )
     if limbs:
         _, _, kp = cfg.padded
-        if kp // bk > _MAX_STEPS or k * _tile.exact_limit(r) >= _MAX_QUANTA:
+        if kp // bk > MAX_CHUNKS or k * route.exact_limit(r) >= MAX_TOTAL_QUANTA:
             raise ValueError(
                 f"x, w: a contraction of K = {k} in blocks of {bk} exceeds what the exact "
-                f"{r.lhs} x {r.rhs} kernel combines exactly (at most {_MAX_STEPS} K steps "
+                f"{r.lhs} x {r.rhs} kernel combines exactly (at most {MAX_CHUNKS} K steps "
                 "and 2**40 quanta); use a larger bk or split the contraction"
             )
     return cfg
@@ -274,12 +273,12 @@ def _kernel(cfg: Config, *refs: Any) -> None:
         if cfg.w_passthrough:
             wt = codes[t]
         else:
-            wt = _tile.decode_codes(codes[t], wf, r.rhs_compute, r.rhs_scale)
+            wt = route.decode_codes(codes[t], wf, r.rhs_compute, r.rhs_scale)
         xt = xs[t][...]
         if r.exact:
-            d = _tile.exact_dot(xt, wt, r)
+            d = route.exact_dot(xt, wt, r)
         else:
-            d = _tile.float_dot(xt, wt, r.precision)
+            d = route.float_dot(xt, wt, r.precision)
         step = d if step is None else step + d
     if cfg.limbs:
         accs[0][...] += step >> 16
@@ -412,7 +411,7 @@ def matmul(
             f"x, w: x's K ({k}) differs from w's K ({kw}); x {xf.name}{[m, k]}, "
             f"w {wf.name}{[kw, n]}"
         )
-    r = _tile.route(xf, wf, target=t, preferred_element_type=out_dtype)
+    r = route.route(xf, wf, target=t, preferred_element_type=out_dtype)
     if not formats.get(r.out).xla_storable:
         raise ValueError(
             f"out_dtype: the result type would be {r.out}, which XLA cannot hold; pass "
@@ -424,11 +423,11 @@ def matmul(
     if passthrough:
         wdata = from_codes(wdata, wf)
     if not xf.is_low_precision:
-        xv = _tile.decode_values(xv, r.lhs_compute)
+        xv = route.decode_values(xv, r.lhs_compute)
     elif r.lhs_compute == xf.name and not r.lhs_scale:
         xv = from_codes(xv, xf)
     else:
-        xv = _tile.decode_codes(xv, xf, r.lhs_compute, r.lhs_scale)
+        xv = route.decode_codes(xv, xf, r.lhs_compute, r.lhs_scale)
     nbytes = 3 if group == 4 else 1
     cfg = config(r, t, m, n, k, group, nbytes, passthrough, block_shape, _interpret(interpret))
     return _run(xv, wdata, cfg)

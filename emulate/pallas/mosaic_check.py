@@ -271,11 +271,11 @@ def _blame(t: targets.Target, lhs: str | None, rhs: str | None) -> str:
 
 
 def _fix(t: targets.Target, site: MatmulSite) -> str:
-    from emulate.pallas import _tile
+    from emulate.pallas import route
 
     acc = "int32" if site.acc_type.endswith("i32>") else "float32"
     try:
-        r = _tile.route(site.lhs, site.rhs, target=t, preferred_element_type=acc)
+        r = route.route(site.lhs, site.rhs, target=t, preferred_element_type=acc)
     except (TypeError, ValueError, NotImplementedError):
         return (
             "convert the operands to a pair the target runs (bfloat16 or float32) before the "

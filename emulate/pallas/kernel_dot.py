@@ -17,8 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from emulate import accumulate, formats
-from emulate.pallas import _tile
+from emulate import formats
+from emulate.numerics import accumulate
+from emulate.pallas import route
 
 __all__ = ["dot"]
 
@@ -33,7 +34,7 @@ def _format_of(x: Any, arg: str) -> formats.Format:
     except ValueError:
         raise TypeError(
             f"{arg}: dtype {np.dtype(x.dtype).name} is not a matmul operand type; accepted: "
-            f"{', '.join(n for n in formats.names() if n != 'float8_e8m0fnu')}"
+            f"{', '.join(formats.MATMUL_OPERANDS)}"
         ) from None
 
 
@@ -92,17 +93,17 @@ def dot(
             f"a, b: a's K ({a.shape[1]}) differs from b's K ({b.shape[0]}); shapes "
             f"{tuple(a.shape)} and {tuple(b.shape)}"
         )
-    r = _tile.route(fa, fb, target=target, preferred_element_type=preferred_element_type)
+    r = route.route(fa, fb, target=target, preferred_element_type=preferred_element_type)
     out = jnp.dtype(formats.get(r.out).dtype)
     if r.method == "native":
-        acc = _tile.float_dot(a, b, precision if precision is not None else r.precision)
+        acc = route.float_dot(a, b, precision if precision is not None else r.precision)
         return accumulate.round_accumulator(acc, r.out) if acc.dtype != out else acc
-    x = _tile.decode_values(a, r.lhs_compute, r.lhs_scale)
-    y = _tile.decode_values(b, r.rhs_compute, r.rhs_scale)
+    x = route.decode_values(a, r.lhs_compute, r.lhs_scale)
+    y = route.decode_values(b, r.rhs_compute, r.rhs_scale)
     if not r.exact:
-        acc = _tile.float_dot(x, y, r.precision)
+        acc = route.float_dot(x, y, r.precision)
         return accumulate.round_accumulator(acc, r.out) if acc.dtype != out else acc
-    total = _tile.exact_dot(x, y, r)
+    total = route.exact_dot(x, y, r)
     if formats.get(r.out).is_integer:
         return accumulate.round_accumulator(total, r.out) if out != jnp.int32 else total
     hi, lo = accumulate.split(total)

@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from emulate import codecs, formats
+from emulate import formats
+from emulate.numerics import codecs
 
 __all__ = ["combine_chunks", "round_limbs", "round_accumulator"]
 

@@ -36,140 +36,28 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import accumulate, formats, targets
-from emulate.formats import Format
+from emulate import formats, targets
+from emulate.engine.layout import result_shape, to_bkn, to_bmk
+from emulate.numerics import accumulate
+from emulate.numerics.bits import f32_bits, split_f32
+from emulate.planning.exactness import F32_EXACT, I32_EXACT, MAX_CHUNKS
+from emulate.planning.slicing import Slicing, slicing
 
-__all__ = ["Slicing", "slicing", "choose", "contract", "WIDE_EXTRA_BITS"]
+__all__ = ["contract", "static_slices"]
 
-_F32_EXACT = 1 << 24
-_I32_EXACT = (1 << 31) - 1
-_MIN_CHUNK = 256  # shorter chunks cost more in partial sums than they save in passes
-_MAX_CHUNKS = 1 << 15  # 16-bit pieces of chunk sums add up in int32 for this many chunks
-_WIDE = ("bfloat16", "float16", "float32")
-# Bits below a row's largest element that the first block of per-row slices covers, beyond
-# the format's own mantissa: elements down to 2**-WIDE_EXTRA_BITS of the row maximum are
-# sliced in one block; smaller ones (rare in activations) cost further blocks.
-WIDE_EXTRA_BITS = 24
 _NONE = -(1 << 20)  # "no bits": the top exponent of a zero residual
-
-
-@dataclasses.dataclass(frozen=True)
-class Slicing:
-    """How one operand is cut: ``count`` slices of ``width`` exponents (bits) each.
-
-    Static slicing (``levels`` None) starts at ``q_min``; per-row slicing (``levels`` set,
-    the wide formats) takes ``levels`` slices of ``width`` bits below each row's (column's)
-    largest exponent, and further blocks of them while bits remain below.
-    """
-
-    format: str
-    p: int
-    q_min: int
-    q_max: int
-    width: int
-    levels: int | None = None
-
-    @property
-    def dynamic(self) -> bool:
-        return self.levels is not None
-
-    @property
-    def count(self) -> int:
-        if self.levels is not None:
-            return self.levels
-        return -(-(self.q_max - self.q_min + 1) // self.width)
-
-    @property
-    def max_int(self) -> int:
-        """Largest integer a slice holds: ``(2**p - 1) * 2**(width - 1)`` (static) or
-        ``2**width - 1`` (per row)."""
-        if self.levels is not None:
-            return (1 << self.width) - 1
-        return ((1 << self.p) - 1) << (self.width - 1)
-
-    @property
-    def significant_bits(self) -> int:
-        """Most significant bits in one slice value (what a bf16 slice must hold)."""
-        if self.levels is not None:
-            return min(self.width, self.p)
-        return self.p
-
-
-def slicing(fmt: object, width: int) -> Slicing:
-    """The slicing of a format: static for the low-precision formats (integers are one
-    slice, ``m * 2**0``), per row for bfloat16, float16 and float32."""
-    f = formats.get(fmt)
-    wide = f.name in _WIDE
-    if not (wide or f.is_low_precision) or (f.is_float and not f.has_subnormals):
-        raise ValueError(
-            f"fmt: exponent slicing is for the low-precision formats and {', '.join(_WIDE)}, "
-            f"got {f.name}"
-        )
-    if f.is_integer:
-        return Slicing(f.name, f.bits, 0, 0, width)
-    q_min = round(math.log2(f.min_subnormal))
-    q_max = math.floor(math.log2(f.max)) - f.mantissa_bits
-    p = f.mantissa_bits + 1
-    levels = -(-(p + WIDE_EXTRA_BITS) // width) if wide else None
-    return Slicing(f.name, p, q_min, q_max, width, levels)
-
-
-# What one element of a slice pair's chunk sums costs in the exact combination (limb
-# splitting and adding, elementwise work), in multiply-adds of that pair's dot: used to
-# choose between compute types. Measured on the CPU at 64 x 2048 x 1024: e4m3fn on bf16
-# slices (9 passes, chunks of 291) took 31 ms against 6 to 7.5 ms on int8 slices (16
-# passes, one chunk), int8 and bf16 dots being equally fast there. (Within one compute
-# type the fewest passes win: on bf16 slices, fewer and longer chunks measured slower
-# here, e3m4 on 2 x 2 slices with chunks of 1024 took 22 ms against 4 ms on 3 x 1 slices
-# with chunks of 256, as XLA CPU's batched dot speed varies with its shapes.)
-CHUNK_COST = 1024
-
-
-def cost(a: Slicing, b: Slicing, chunk: int) -> float:
-    """The relative cost of a slicing: its passes, each with its chunk sums' combination
-    (``CHUNK_COST / chunk`` of the pass's dot)."""
-    return a.count * b.count * (1 + CHUNK_COST / chunk)
-
-
-def _widths(f: Format) -> range:
-    return range(1, 25) if f.name in _WIDE else range(1, 17)
-
-
-def choose(lhs: Format, rhs: Format, compute: str) -> tuple[Slicing, Slicing, int] | None:
-    """The slicings with the fewest passes for ``compute`` ("int8", "bfloat16", "float32"),
-    and the K-chunk that keeps every partial sum exact; None if ``compute`` cannot hold
-    the slices (int8 and a format with more than 7 significant bits)."""
-    best = None
-    for wa in _widths(lhs):
-        for wb in _widths(rhs):
-            a, b = slicing(lhs, wa), slicing(rhs, wb)
-            if compute == "int8":
-                if a.max_int > 127 or b.max_int > 127:
-                    continue
-                chunk = _I32_EXACT // (a.max_int * b.max_int)
-            else:
-                if compute == "bfloat16" and max(a.significant_bits, b.significant_bits) > 8:
-                    continue
-                chunk = _F32_EXACT // (a.max_int * b.max_int)
-                if chunk < _MIN_CHUNK:
-                    continue
-            key = (a.count * b.count, -chunk)
-            if best is None or key < best[0]:
-                best = (key, a, b, chunk)
-    return None if best is None else (best[1], best[2], best[3])
 
 
 # ------------------------------------------------------------------------------ slices
 
 
-def _slices(v: jax.Array, s: Slicing, compute: str) -> list[jax.Array]:
+def static_slices(v: jax.Array, s: Slicing, compute: str) -> list[jax.Array]:
     """Split decoded f32 values (NaN and Inf already zeroed) into integer-valued slices
     (static slicing)."""
     bits = lax.bitcast_convert_type(v, jnp.uint32)
@@ -182,34 +70,6 @@ def _slices(v: jax.Array, s: Slicing, compute: str) -> list[jax.Array]:
         part = jnp.where(index == i, v * jnp.float32(2.0**-base), 0.0)
         out.append(part.astype(compute))
     return out
-
-
-def _split_f32(bits: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The f32 values of ``bits`` (uint32; subnormals included, NaN and Inf read as 0) as
-    ``(negative, m, E)`` with ``v = (-1)**negative * m * 2**E``, ``0 <= m < 2**24``."""
-    e = ((bits >> 23) & 0xFF).astype(jnp.int32)
-    frac = (bits & 0x7FFFFF).astype(jnp.int32)
-    m = jnp.where(e == 0, frac, frac | 0x800000)
-    m = jnp.where(e == 0xFF, 0, m)
-    return (bits >> 31) == 1, m, jnp.maximum(e, 1) - 150
-
-
-def _f32_bits(x: jax.Array) -> jax.Array:
-    """The float32 bits of ``x`` (float32, bfloat16 or float16), by integer operations only:
-    XLA CPU may flush subnormals in any float operation, a convert included."""
-    if x.dtype == jnp.float32:
-        return lax.bitcast_convert_type(x, jnp.uint32)
-    h = lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
-    if x.dtype == jnp.bfloat16:
-        return h << 16
-    if x.dtype != jnp.float16:
-        raise TypeError(f"exact: expected float32, bfloat16 or float16 values, got {x.dtype}")
-    sign, e, frac = (h >> 15) << 31, (h >> 10) & 0x1F, h & 0x3FF
-    normal = sign | ((e + 112) << 23) | (frac << 13)
-    special = sign | 0x7F800000 | (frac << 13)
-    # float16 subnormals (frac * 2**-24) are normal float32 values: nothing to flush.
-    sub = lax.bitcast_convert_type(frac.astype(jnp.float32) * jnp.float32(2.0**-24), jnp.uint32)
-    return jnp.where(e == 0x1F, special, jnp.where(e == 0, sub | sign, normal))
 
 
 def _top(m: jax.Array, e: jax.Array) -> jax.Array:
@@ -241,25 +101,6 @@ def _row_slices(neg, m, e, s: Slicing, compute: str, axis: int):
 # ------------------------------------------------------------------ chunk sums and limbs
 
 
-def _canonical3(x: jax.Array, batch, contract) -> jax.Array:
-    """(batch, free, K) with each group of dimensions merged into one."""
-    free = [d for d in range(x.ndim) if d not in batch and d not in contract]
-    x = jnp.transpose(x, tuple(batch) + tuple(free) + tuple(contract))
-    nb = math.prod(x.shape[: len(batch)])
-    nf = math.prod(x.shape[len(batch) : len(batch) + len(free)])
-    return x.reshape(nb, nf, -1)
-
-
-def _canonical_kn(x: jax.Array, batch, contract) -> jax.Array:
-    """(batch, K, free) with each group of dimensions merged into one (no transpose for a
-    (K, N) matrix)."""
-    free = [d for d in range(x.ndim) if d not in batch and d not in contract]
-    x = jnp.transpose(x, tuple(batch) + tuple(contract) + tuple(free))
-    nb = math.prod(x.shape[: len(batch)])
-    nk = math.prod(x.shape[len(batch) : len(batch) + len(contract)])
-    return x.reshape(nb, nk, -1)
-
-
 def _pair_chunk_sums(a: jax.Array, b: jax.Array, sa: int, sb: int, chunk: int, acc) -> jax.Array:
     """Chunk sums of every pair of ``sa`` lhs slices, concatenated as (B, Sa*M, K), and
     ``sb`` rhs slices, concatenated as (B, K, Sb*N), in one dot: int32 of shape
@@ -288,7 +129,7 @@ def _signed_limbs(part: jax.Array, shifts: np.ndarray, n_limbs: int, bound: int)
     stays below 2**31), so the 16-bit splitting runs once per shift, not once per pair;
     where ``g * chunks * bound`` stays below 2**31 too, the chunks are added in int32 as well.
     """
-    per = max(1, _I32_EXACT // max(bound, 1))  # pairs whose chunk sums add up in int32
+    per = max(1, I32_EXACT // max(bound, 1))  # pairs whose chunk sums add up in int32
     groups: dict[int, list[tuple[int, int]]] = {}
     for i, j in np.ndindex(shifts.shape):
         groups.setdefault(int(shifts[i, j]), []).append((i, j))
@@ -437,12 +278,12 @@ class _Side:
         """The first block: (slices, base exponent, residual or None)."""
         if not self.s.dynamic:  # low-precision values: normal in f32, float ops are safe
             v = lax.bitcast_convert_type(self.bits, jnp.float32)
-            return _slices(v, self.s, self.compute), self.s.q_min, None
-        neg, m, e = _split_f32(self.bits)
+            return static_slices(v, self.s, self.compute), self.s.q_min, None
+        neg, m, e = split_f32(self.bits)
         return _row_slices(neg, m, e, self.s, self.compute, self.axis)
 
     def split(self):
-        return _split_f32(self.bits)
+        return split_f32(self.bits)
 
 
 def _n_limbs(max_shift: int) -> int:
@@ -462,17 +303,17 @@ def contract(plan, lhs_values, rhs_values, dimension_numbers, precision) -> jax.
     sb = slicing(plan.rhs, plan.slicing[1])
     compute = plan.lhs_compute
     (lc, rc), (lb, rb) = dimension_numbers
-    a3 = _canonical3(lhs_values, lb, lc)  # (B, M, K)
-    b3 = _canonical_kn(rhs_values, rb, rc)  # (B, K, N)
-    out_shape = _result_shape(lhs_values.shape, rhs_values.shape, dimension_numbers)
+    a3 = to_bmk(lhs_values, lb, lc)  # (B, M, K)
+    b3 = to_bkn(rhs_values, rb, rc)  # (B, K, N)
+    out_shape = result_shape(lhs_values.shape, rhs_values.shape, dimension_numbers)
     k = a3.shape[-1]
     n_chunks = -(-max(k, 1) // min(plan.k_chunk, max(k, 1)))
-    if n_chunks > _MAX_CHUNKS:
+    if n_chunks > MAX_CHUNKS:
         raise ValueError(
-            f"lhs, rhs: exact mode covers contractions of up to {_MAX_CHUNKS * plan.k_chunk} "
+            f"lhs, rhs: exact mode covers contractions of up to {MAX_CHUNKS * plan.k_chunk} "
             f"for {plan.lhs} x {plan.rhs}; got K = {k}"
         )
-    a3, b3 = _f32_bits(a3), _f32_bits(b3)
+    a3, b3 = f32_bits(a3), f32_bits(b3)
     fin_a, fin_b = ((x & 0x7F800000) != 0x7F800000 for x in (a3, b3))
     run = functools.partial(_sliced_sum, plan=plan, sa=sa, sb=sb, k=k)
     if not (sa.dynamic or sb.dynamic):
@@ -484,7 +325,7 @@ def contract(plan, lhs_values, rhs_values, dimension_numbers, precision) -> jax.
         more = jnp.zeros((), bool)
         for side, bits, fin, axis in ((sa, a3, fin_a, 2), (sb, b3, fin_b, 1)):
             if side.dynamic:
-                neg, m, e = _split_f32(jnp.where(fin, bits, 0))
+                neg, m, e = split_f32(jnp.where(fin, bits, 0))
                 more = more | jnp.any(_row_slices(neg, m, e, side, compute, axis)[2] != 0)
         r = lax.cond(
             more,
@@ -514,7 +355,7 @@ def _sliced_sum(bits, *, plan, sa: Slicing, sb: Slicing, k: int, residual: bool)
     if compute == "int8":
         bound = chunk * sa.max_int * sb.max_int  # the largest |chunk sum|
     else:
-        bound = min(chunk * sa.max_int * sb.max_int, _F32_EXACT)
+        bound = min(chunk * sa.max_int * sb.max_int, F32_EXACT)
 
     def block(cat_a, cat_b):
         """The block of concatenated lhs slices times the block of rhs slices, as
@@ -610,13 +451,6 @@ def _residual_blocks(side_a, side_b, first_a, first_b, first_limbs, block, to_od
 
         accs = lax.while_loop(cond, body, (res_a1, accs))[1]
     return _round_wide(*_subtract_stacked(*accs), lo, to_odd)
-
-
-def _result_shape(lshape, rshape, dimension_numbers) -> tuple[int, ...]:
-    (lc, rc), (lb, rb) = dimension_numbers
-    lfree = [lshape[d] for d in range(len(lshape)) if d not in lc and d not in lb]
-    rfree = [rshape[d] for d in range(len(rshape)) if d not in rc and d not in rb]
-    return tuple(lshape[d] for d in lb) + tuple(lfree) + tuple(rfree)
 
 
 def _specials(r, a3, b3, fin_a, fin_b, plan) -> jax.Array:

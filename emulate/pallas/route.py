@@ -26,9 +26,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from emulate import codecs, formats, targets
+from emulate import formats, targets
 from emulate.formats import Format
-from emulate.plan import exact_class, plan
+from emulate.numerics import codecs
+from emulate.planning.exactness import F32_EXACT, exact_class, exact_scale, max_quanta
+from emulate.planning.plan import plan
 
 __all__ = [
     "Route",
@@ -40,7 +42,6 @@ __all__ = [
     "float_dot",
 ]
 
-_F32_EXACT = 1 << 24
 _LANES = 128
 _MATMUL_DN = (((1,), (0,)), ((), ()))
 
@@ -86,17 +87,6 @@ class Route:
         return lax.Precision.HIGHEST if self.lhs_compute == "float32" else None
 
 
-def _scale(f: Format) -> int:
-    """k with every value * 2**k an integer (exact-class formats), else 0."""
-    if f.is_integer:
-        return 0
-    return f.int8_scale or 0
-
-
-def _max_quanta(f: Format) -> int:
-    return int(max(abs(f.max), abs(f.min)) * 2 ** _scale(f))
-
-
 def _widest_float(t: targets.Target, lhs: Format, rhs: Format) -> str:
     """bf16 if the target has bf16 x bf16 and both formats fit bf16, else f32."""
     fits = all(f.name == "bfloat16" or "bfloat16" in f.exact_in for f in (lhs, rhs))
@@ -113,8 +103,8 @@ def route(lhs: Any, rhs: Any, *, target: Any = None, preferred_element_type: Any
     a, b = formats.get(lhs), formats.get(rhs)
     p = plan(a, b, target=t, preferred_element_type=preferred_element_type)
     exact = exact_class(a, b)
-    ka, kb = (_scale(a), _scale(b)) if exact else (0, 0)
-    prod = _max_quanta(a) * _max_quanta(b) if exact else 0
+    ka, kb = (exact_scale(a) or 0, exact_scale(b) or 0) if exact else (0, 0)
+    prod = max_quanta(a, ka) * max_quanta(b, kb) if exact else 0
     method, lc, rc, note = p.method, p.lhs_compute, p.rhs_compute, ""
     if method == "native" and a.is_integer and (a.name, b.name) != ("int8", "int8"):
         if not a.signed or not b.signed:
@@ -135,7 +125,7 @@ def route(lhs: Any, rhs: Any, *, target: Any = None, preferred_element_type: Any
     if method in ("int8", "native") and exact:
         acc, k_chunk = "int32", None
     elif exact:
-        acc, k_chunk = "float32", _F32_EXACT // prod
+        acc, k_chunk = "float32", F32_EXACT // prod
     else:
         acc, k_chunk = ("int32" if a.is_integer and b.is_integer else "float32"), None
     return Route(
@@ -165,8 +155,8 @@ def decode_codes(codes: jax.Array, fmt: Any, to: str, scale: int = 0) -> jax.Arr
     f = formats.get(fmt)
     c = codes.astype(jnp.int32) & f.code_mask
     if f.is_integer:
-        return _int_to(codecs._decode_int(c, f), to)
-    bits = codecs._decode_float_bits(c, f)
+        return _int_to(codecs.decode_int_bits(c, f), to)
+    bits = codecs.decode_float_bits(c, f)
     v = lax.bitcast_convert_type(bits, jnp.float32)
     if scale:
         v = v * jnp.float32(2.0**scale)
@@ -230,4 +220,4 @@ def exact_dot(a: jax.Array, b: jax.Array, r: Route) -> jax.Array:
 
 def exact_limit(r: Route) -> int:
     """The largest |product| in quanta (``2**-(lhs_scale + rhs_scale)``)."""
-    return _max_quanta(formats.get(r.lhs)) * _max_quanta(formats.get(r.rhs))
+    return max_quanta(r.lhs, r.lhs_scale) * max_quanta(r.rhs, r.rhs_scale)

@@ -26,10 +26,10 @@ import numpy as np
 from jax import lax
 
 from emulate import formats
-from emulate.codes import from_codes, to_codes
 from emulate.formats import Format
+from emulate.numerics.storage import from_codes, to_codes
 
-__all__ = ["decode", "encode"]
+__all__ = ["decode", "decode_float_bits", "decode_int_bits", "encode"]
 
 _FLOAT_TARGETS = ("bfloat16", "float32")
 _INT_TARGETS = ("int8", "int32")
@@ -64,7 +64,7 @@ def decode(x: Any, fmt: Any = None, *, to: Any = jnp.bfloat16) -> jax.Array:
       TypeError: ``x`` is not an array, or ``to`` is not an accepted type.
       ValueError: ``fmt`` disagrees with ``x``, or ``to`` cannot hold the format.
     """
-    from emulate.packing import Packed, unpack_codes
+    from emulate.numerics.storage import Packed, unpack_codes
 
     if isinstance(x, Packed):
         if fmt is not None and formats.get(fmt) != x.format:
@@ -85,8 +85,8 @@ def _decode_codes(codes: jax.Array, name: str, to: str) -> jax.Array:
     if not f.is_low_precision:
         return from_codes(codes, f).astype(out)
     if f.is_integer:
-        return _decode_int(codes, f).astype(out)
-    bits32 = _decode_float_bits(codes, f)
+        return decode_int_bits(codes, f).astype(out)
+    bits32 = decode_float_bits(codes, f)
     if out == np.dtype(jnp.float32):
         return lax.bitcast_convert_type(bits32, jnp.float32)
     return lax.bitcast_convert_type((bits32 >> 16).astype(jnp.uint16), jnp.bfloat16)
@@ -107,7 +107,10 @@ def _target(to: Any, f: Format) -> np.dtype:
     return np.dtype(to)
 
 
-def _decode_int(codes: jax.Array, f: Format) -> jax.Array:
+def decode_int_bits(codes: jax.Array, f: Format) -> jax.Array:
+    """The int32 values of integer codes (two's complement for signed formats). ``codes``
+    must hold only the format's low ``bits`` bits; only 32-bit integer operations are used,
+    so it works inside Pallas TPU kernels too."""
     c = codes.astype(jnp.int32)
     if f.signed:
         sign = 1 << (f.bits - 1)
@@ -115,8 +118,11 @@ def _decode_int(codes: jax.Array, f: Format) -> jax.Array:
     return c
 
 
-def _decode_float_bits(codes: jax.Array, f: Format) -> jax.Array:
-    """The f32 bit pattern (uint32) of every code."""
+def decode_float_bits(codes: jax.Array, f: Format) -> jax.Array:
+    """The f32 bit pattern (uint32) of every code of float format ``f``, subnormal codes,
+    NaN and Inf included. ``codes`` must hold only the format's low ``bits`` bits. The
+    result is exact for every code: reinterpret it with ``lax.bitcast_convert_type``, which
+    no backend flushes. Only 32-bit integer and f32 operations are used (kernel-safe)."""
     c = codes.astype(jnp.uint32)
     m_bits = f.mantissa_bits
     mag_mask = (1 << (f.bits - 1)) - 1 if f.signed else f.code_mask

@@ -1,0 +1,101 @@
+"""One jitted program per plan: the route a plan names, on the platform it is lowered for.
+
+:func:`run_plan` is what every front end calls. A sliced plan (mode "exact" outside the
+exact class) runs :func:`emulate.engine.exact.contract`; any other decodes its operands and
+contracts them (:func:`emulate.engine.contract.contract_decoded`), tile by tile where the
+program is lowered for the CPU and a decoded operand is large
+(:mod:`emulate.engine.tiled`). A plan with a fallback (a native pair the host cannot
+compile) runs its own route where lowered for its platform and the fallback elsewhere.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+from jax import lax
+
+from emulate import formats
+from emulate.engine import exact, tiled
+from emulate.engine.contract import contract_decoded
+from emulate.engine.layout import DimensionNumbers
+from emulate.engine.operands import Operand, Precision, decode_to, exact_inputs
+from emulate.planning.plan import Plan, plan
+from emulate.targets import TargetLike
+
+__all__ = ["per_platform", "plan_for", "run_plan"]
+
+
+def plan_for(
+    a: Operand,
+    b: Operand,
+    target: TargetLike,
+    preferred_element_type: formats.FormatLike | None,
+    mode: str,
+) -> Plan:
+    """The plan for these operands, refusing a result type XLA cannot hold (float6)."""
+    p = plan(
+        a.format, b.format, target=target, preferred_element_type=preferred_element_type, mode=mode
+    )
+    if not formats.get(p.out).xla_storable:
+        raise ValueError(
+            f"preferred_element_type: the result type would be {p.out}, which XLA cannot hold; "
+            "pass preferred_element_type (e.g. jnp.float32 or jnp.bfloat16)"
+        )
+    return p
+
+
+def per_platform(
+    p: Plan, run: Callable[[Plan, Operand, Operand], jax.Array], lhs: Operand, rhs: Operand
+) -> jax.Array:
+    """``run(p, lhs, rhs)``; where the plan has a fallback, chosen when JAX lowers the program:
+    the plan on its own platform, the fallback plan everywhere else."""
+    if p.fallback is None:
+        return run(p, lhs, rhs)
+    branches = {p.platform: functools.partial(run, p)}
+    return lax.platform_dependent(lhs, rhs, **branches, default=functools.partial(run, p.fallback))
+
+
+def _untiled(
+    q: Plan, lhs: Operand, rhs: Operand, dn: DimensionNumbers, precision: Precision
+) -> jax.Array:
+    a = decode_to(lhs, q.lhs_compute, q.lhs_scale)
+    b = decode_to(rhs, q.rhs_compute, q.rhs_scale)
+    return contract_decoded(q, a, b, dn, precision)
+
+
+def _route(
+    q: Plan,
+    lhs: Operand,
+    rhs: Operand,
+    dn: DimensionNumbers,
+    precision: Precision,
+    tiling: tiled.Settings,
+) -> jax.Array:
+    if q.slicing is not None:
+        return exact.contract(q, *exact_inputs(lhs, rhs), dn, precision)
+    t = tiled.choose(q, lhs, rhs, dn, tiling)
+    untiled = functools.partial(_untiled, q, dn=dn, precision=precision)
+    if t is None:
+        return untiled(lhs, rhs)
+    cpu = functools.partial(tiled.contract, q, t, dimension_numbers=dn, precision=precision)
+    return lax.platform_dependent(lhs, rhs, cpu=cpu, default=untiled)
+
+
+@functools.partial(jax.jit, static_argnames=("p", "dimension_numbers", "precision", "tiling"))
+def run_plan(
+    p: Plan,
+    lhs: Operand,
+    rhs: Operand,
+    dimension_numbers: DimensionNumbers,
+    precision: Precision,
+    tiling: tiled.Settings = tiled.DEFAULT,
+) -> jax.Array:
+    """Run plan ``p`` on two operands (jitted; the plan, the dimension numbers, the
+    precision and the tiling settings are static)."""
+
+    def run(q: Plan, a: Operand, b: Operand) -> jax.Array:
+        return _route(q, a, b, dimension_numbers, precision, tiling)
+
+    return per_platform(p, run, lhs, rhs)

@@ -1,0 +1,139 @@
+"""Exponent slicing, the plan side of mode "exact" outside the exact class.
+
+Every finite value of a float format is ``m * 2**E`` with an integer mantissa
+``|m| < 2**p`` (``p = mantissa_bits + 1``) and ``E`` at least the format's quantum
+exponent ``q_min``. An operand is cut into ``S`` *slices*: arrays of integers that, each
+scaled by its slice's power of two, add up to the operand exactly, and every pair of
+slices is one matmul whose chunk sums are exact. This module chooses the cut (pure Python):
+the slice widths and counts for a compute type ("int8", "bfloat16", "float32") and the
+K-chunk that keeps each chunk sum exact. :mod:`emulate.engine.exact` executes it.
+
+* **static** (the low-precision formats: float8, float6, float4, integers): the exponent
+  range ``[q_min, q_max]`` is cut into ``S`` slices of ``w`` exponents each; slice values
+  are integers below ``2**(p + w - 1)``.
+* **per row** (bfloat16, float16, float32, whose exponent ranges are far too wide to cut
+  statically): each row of the lhs (column of the rhs) is scaled by the power of two of
+  its largest element, and the ``S * w`` bits below it are cut into ``S`` slices of ``w``
+  bits (integers below ``2**w``); further blocks of ``S`` slices cover smaller elements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from emulate import formats
+from emulate.formats import Format, FormatLike
+from emulate.planning.exactness import F32_EXACT, I32_EXACT
+
+__all__ = ["CHUNK_COST", "MIN_CHUNK", "WIDE_EXTRA_BITS", "Slicing", "choose", "cost", "slicing"]
+
+MIN_CHUNK = 256
+"""Shorter chunks cost more in partial sums than they save in passes."""
+
+WIDE_EXTRA_BITS = 24
+"""Bits below a row's largest element that the first block of per-row slices covers,
+beyond the format's own mantissa: elements down to ``2**-WIDE_EXTRA_BITS`` of the row
+maximum are sliced in one block; smaller ones (rare in activations) cost further blocks."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Slicing:
+    """How one operand is cut: ``count`` slices of ``width`` exponents (bits) each.
+
+    Static slicing (``levels`` None) starts at ``q_min``; per-row slicing (``levels`` set,
+    the wide formats) takes ``levels`` slices of ``width`` bits below each row's (column's)
+    largest exponent, and further blocks of them while bits remain below.
+    """
+
+    format: str
+    p: int
+    q_min: int
+    q_max: int
+    width: int
+    levels: int | None = None
+
+    @property
+    def dynamic(self) -> bool:
+        return self.levels is not None
+
+    @property
+    def count(self) -> int:
+        if self.levels is not None:
+            return self.levels
+        return -(-(self.q_max - self.q_min + 1) // self.width)
+
+    @property
+    def max_int(self) -> int:
+        """Largest integer a slice holds: ``(2**p - 1) * 2**(width - 1)`` (static) or
+        ``2**width - 1`` (per row)."""
+        if self.levels is not None:
+            return (1 << self.width) - 1
+        return ((1 << self.p) - 1) << (self.width - 1)
+
+    @property
+    def significant_bits(self) -> int:
+        """Most significant bits in one slice value (what a bf16 slice must hold)."""
+        if self.levels is not None:
+            return min(self.width, self.p)
+        return self.p
+
+
+def slicing(fmt: FormatLike, width: int) -> Slicing:
+    """The slicing of a format: static for the low-precision formats (integers are one
+    slice, ``m * 2**0``), per row for bfloat16, float16 and float32."""
+    f = formats.get(fmt)
+    wide = f.name in formats.WIDE_FLOATS
+    if not (wide or f.is_low_precision) or (f.is_float and not f.has_subnormals):
+        raise ValueError(
+            "fmt: exponent slicing is for the low-precision formats and "
+            f"{', '.join(formats.WIDE_FLOATS)}, got {f.name}"
+        )
+    if f.is_integer:
+        return Slicing(f.name, f.bits, 0, 0, width)
+    q_min = round(math.log2(f.min_subnormal))
+    q_max = math.floor(math.log2(f.max)) - f.mantissa_bits
+    p = f.mantissa_bits + 1
+    levels = -(-(p + WIDE_EXTRA_BITS) // width) if wide else None
+    return Slicing(f.name, p, q_min, q_max, width, levels)
+
+
+CHUNK_COST = 1024
+"""What one element of a slice pair's chunk sums costs in the exact combination (limb
+splitting and adding, elementwise work), in multiply-adds of that pair's dot: it weighs the
+compute types against each other on targets without stated rates. Within one compute type
+the fewest passes win. The figures behind it are in docs/performance.md ("Mode exact")."""
+
+
+def cost(a: Slicing, b: Slicing, chunk: int) -> float:
+    """The relative cost of a slicing: its passes, each with its chunk sums' combination
+    (``CHUNK_COST / chunk`` of the pass's dot)."""
+    return a.count * b.count * (1 + CHUNK_COST / chunk)
+
+
+def _widths(f: Format) -> range:
+    return range(1, 25) if f.name in formats.WIDE_FLOATS else range(1, 17)
+
+
+def choose(lhs: Format, rhs: Format, compute: str) -> tuple[Slicing, Slicing, int] | None:
+    """The slicings with the fewest passes for ``compute`` ("int8", "bfloat16", "float32"),
+    and the K-chunk that keeps every partial sum exact; None if ``compute`` cannot hold
+    the slices (int8 and a format with more than 7 significant bits)."""
+    best = None
+    for wa in _widths(lhs):
+        for wb in _widths(rhs):
+            a, b = slicing(lhs, wa), slicing(rhs, wb)
+            if compute == "int8":
+                if a.max_int > 127 or b.max_int > 127:
+                    continue
+                chunk = I32_EXACT // (a.max_int * b.max_int)
+            else:
+                if compute == "bfloat16" and max(a.significant_bits, b.significant_bits) > 8:
+                    continue
+                chunk = F32_EXACT // (a.max_int * b.max_int)
+                if chunk < MIN_CHUNK:
+                    continue
+            key = (a.count * b.count, -chunk)
+            if best is None or key < best[0]:
+                best = (key, a, b, chunk)
+    return None if best is None else (best[1], best[2], best[3])

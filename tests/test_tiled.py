@@ -13,6 +13,7 @@ import emulate
 from emulate import formats
 from emulate import testing as et
 from emulate.engine import run, tiled
+from emulate.engine.operands import Operand, operand
 from emulate.numerics.storage import Packed
 
 F32 = jnp.float32

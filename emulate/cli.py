@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from emulate import formats
+from emulate.tables import short_format, short_target, table
 
 __all__ = ["main", "build_parser"]
 
@@ -103,9 +104,6 @@ def _codes(codes: tuple[int, ...], bits: int) -> str:
     return ",".join(h(a) if a == b else f"{h(a)}-{h(b)}" for a, b in runs)
 
 
-_SHORT = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}
-
-
 def format_row(f: formats.Format) -> dict[str, str]:
     """The table cells of one format, keyed by column header."""
     yes = {True: "yes", False: "no"}
@@ -122,24 +120,14 @@ def format_row(f: formats.Format) -> dict[str, str]:
         "NaN codes": _codes(f.nan_codes, f.bits),
         "Inf codes": _codes(f.inf_codes, f.bits),
         "-0": yes[f.signed_zero],
-        "exact in": ",".join(_SHORT.get(w, w) for w in f.exact_in) or "-",
+        "exact in": ",".join(short_format(w) for w in f.exact_in) or "-",
         "int8 k": "-" if f.int8_scale is None else str(f.int8_scale),
     }
 
 
-def _table(rows: Sequence[dict[str, str]]) -> str:
-    headers = list(rows[0])
-    widths = [max(len(h), *(len(r[h]) for r in rows)) for h in headers]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    for r in rows:
-        lines.append("  ".join(r[h].ljust(w) for h, w in zip(headers, widths, strict=True)))
-    return "\n".join(line.rstrip() for line in lines)
-
-
 def _run_formats(args: argparse.Namespace) -> int:
     chosen = [_low_precision(n, args.parser) for n in args.names or formats.LOW_PRECISION]
-    print(_table([format_row(f) for f in chosen]))
+    print(table([format_row(f) for f in chosen]))
     print(
         "\nE/M: exponent/mantissa bits. -0: a negative-zero code exists. exact in: wide "
         "types holding every value exactly.\nint8 k: value * 2**k is an int8 for every "
@@ -190,11 +178,6 @@ def _add_targets(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_targets)
 
 
-def _column(name: str) -> str:
-    """A target's short column label: ``tpu_v5e`` -> ``v5e``, ``gpu_sm90`` -> ``sm90``."""
-    return name.removeprefix("tpu_").removeprefix("gpu_")
-
-
 def _grid(
     title: str,
     row_names: Sequence[str],
@@ -211,7 +194,7 @@ def _grid(
     cells = {(r, c): cell(r, c) for r in row_names for c, _ in columns}
     first = max(len("format"), *(len(r) for r in row_names))
     width = {
-        c: 2 + max(len(_column(c)), *(len(cells[r, c]) for r in row_names)) for c, _ in columns
+        c: 2 + max(len(short_target(c)), *(len(cells[r, c]) for r in row_names)) for c, _ in columns
     }
     if first + sum(width.values()) <= _WIDTH:
         kinds = [[c for c, _ in columns]]
@@ -231,8 +214,8 @@ def _grid(
             used += width[c]
     lines: list[str] = []
     for group in groups:
-        rows = [{"format": r, **{_column(c): cells[r, c] for c in group}} for r in row_names]
-        lines += ["", title, _table(rows)]
+        rows = [{"format": r, **{short_target(c): cells[r, c] for c in group}} for r in row_names]
+        lines += ["", title, table(rows)]
     return lines
 
 
@@ -275,7 +258,7 @@ def _run_targets(args: argparse.Namespace) -> int:
     lines.append("")
     by_source: dict[str, list[str]] = {}
     for name in names:
-        by_source.setdefault(targets.get(name).source, []).append(_column(name))
+        by_source.setdefault(targets.get(name).source, []).append(short_target(name))
     if "jax" in by_source:
         lines.append(f"read from JAX's Pallas TPU table: {', '.join(by_source['jax'])}")
     if "builtin" in by_source:
@@ -294,9 +277,9 @@ def _run_targets(args: argparse.Namespace) -> int:
             return "none"
         if p.fallback is not None:
             key = (f"{lhs} x {rhs}", p.fallback.method, p.platform)
-            fallbacks.setdefault(key, []).append(_column(t))
+            fallbacks.setdefault(key, []).append(short_target(t))
         if p.method != "native" and lhs == rhs and targets.get(t).supports(lhs, rhs):
-            passed_over.setdefault(lhs, []).append(_column(t))
+            passed_over.setdefault(lhs, []).append(short_target(t))
         return p.method
 
     lines += _grid(

@@ -19,6 +19,7 @@ import numpy as np
 
 from emulate import formats, program, targets
 from emulate.planning.plan import Plan, plan
+from emulate.tables import table
 
 __all__ = ["Row", "Report", "inspect"]
 
@@ -60,24 +61,21 @@ class Report:
         return tuple(r for r in self.rows if r.status == "emulated")
 
     def __str__(self) -> str:
-        head = ("source", "op", "lhs", "rhs", "status", "route", "est. time")
-        body = [
-            (
-                r.source,
-                r.primitive.replace("conv_general_dilated", "conv"),
-                r.lhs,
-                r.rhs,
-                r.status,
-                r.plan.method if r.plan else "",
-                _fmt_seconds(r.seconds),
-            )
+        head = f"matmul sites on {self.target}: {len(self.rows)} ({len(self.emulated)} emulated)"
+        rows = [
+            {
+                "source": r.source,
+                "op": r.primitive.replace("conv_general_dilated", "conv"),
+                "lhs": r.lhs,
+                "rhs": r.rhs,
+                "status": r.status,
+                "route": r.plan.method if r.plan else "",
+                "est. time": _fmt_seconds(r.seconds),
+            }
             for r in self.rows
         ]
-        widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
-        lines = [f"matmul sites on {self.target}: {len(self.rows)} ({len(self.emulated)} emulated)"]
-        for row in (head, *body):
-            lines.append("  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)))
-        return "\n".join(line.rstrip() for line in lines)
+        columns = ("source", "op", "lhs", "rhs", "status", "route", "est. time")
+        return head + "\n" + table(rows, columns=columns, rule=False)
 
 
 def _fmt_seconds(s: float | None) -> str:

@@ -52,6 +52,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple, TypeAlias
 
 from emulate import formats as _formats
+from emulate import tables
 from emulate.formats import FormatLike
 
 __all__ = [
@@ -627,8 +628,8 @@ def capability_matrix(
     ]
 
 
-def _short(fmt: str) -> str:
-    return fmt.split("_", 1)[1] if fmt.startswith(("float8_", "float6_", "float4_")) else fmt
+def _cell(t: Target, f: str, mark: dict[str, str]) -> str:
+    return f"{mark[_status(t, f, f)]}/{mark[_status(t, 'bfloat16', f)]}"
 
 
 def render_matrix(
@@ -642,17 +643,20 @@ def render_matrix(
     """
     ts, fs = _targets_and_formats(targets, formats)
     mark = {"native": "N", "emulated": "e"}
-    header = ["target", *(_short(f) for f in fs), "source"]
     rows = [
-        [
-            t.name,
-            *(f"{mark[_status(t, f, f)]}/{mark[_status(t, 'bfloat16', f)]}" for f in fs),
-            t.source,
-        ]
+        {
+            "target": t.name,
+            **{
+                tables.short_format(
+                    f
+                ): f"{mark[_status(t, f, f)]}/{mark[_status(t, 'bfloat16', f)]}"
+                for f in fs
+            },
+            "source": t.source,
+        }
         for t in ts
     ]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+    lines = [tables.table(rows, rule=False)]
     legend = [
         "",
         "cell: fmt x fmt / bfloat16 x fmt; N native, e emulated",

@@ -40,6 +40,7 @@ from emulate import testing as et
 from emulate.planning.exactness import exact_class
 from emulate.planning.plan import MODES, Plan
 from emulate.planning.plan import plan as make_plan
+from emulate.tables import short_format, short_target, table
 
 __all__ = [
     "DEFAULT_EXAMPLES",
@@ -387,12 +388,6 @@ def _retarget(row: Row, target: str) -> str | None:
     return row.reproducer.replace(f"target={row.target!r}", f"target={target!r}")
 
 
-def _short(name: str) -> str:
-    if name == "bfloat16":
-        return "bf16"
-    return name.split("_", 1)[1] if name.startswith(("float8_", "float6_", "float4_")) else name
-
-
 def _num(v: float | None, fmt: str) -> str:
     if v is None:
         return "-"
@@ -405,12 +400,12 @@ def _cells(r: Row) -> dict[str, str]:
     built = r.status != "not built"
     plan = "-" if r.plan is None else r.plan + ("*" if r.runs != r.plan else "")
     if r.same_as is not None:
-        when = f"={_short_target(r.same_as)}"
+        when = f"={short_target(r.same_as)}"
     else:
         when = f"{r.seconds:.1f}s" if built else "-"
     return {
         "target": r.target,
-        "pair": f"{_short(r.lhs)} x {_short(r.rhs)}",
+        "pair": f"{short_format(r.lhs)} x {short_format(r.rhs)}",
         "mode": r.mode,
         "plan": plan,
         "contract": r.contract or "not built",
@@ -420,10 +415,6 @@ def _cells(r: Row) -> dict[str, str]:
         "err/bound": _num(r.worst_ratio, ".3g"),
         "time": when,
     }
-
-
-def _short_target(name: str) -> str:
-    return name.removeprefix("tpu_").removeprefix("gpu_")
 
 
 LEGEND = """\
@@ -440,9 +431,7 @@ program was checked on target T."""
 
 def render(rows: Sequence[Row]) -> str:
     """The rows as a plain-text table, then the legend and a summary line."""
-    from emulate.cli import _table
-
-    table = _table([_cells(r) for r in rows])
+    text = table([_cells(r) for r in rows])
     checked = [r for r in rows if r.status != "not built"]
     failed = [r for r in rows if r.status == "mismatch"]
     not_built = len(rows) - len(checked)
@@ -451,4 +440,4 @@ def render(rows: Sequence[Row]) -> str:
         f"({sum(r.examples for r in checked if r.same_as is None)} examples), "
         f"{len(failed)} with mismatches, {not_built} exact mode not built"
     )
-    return f"{table}\n\n{LEGEND}\n\n{summary}"
+    return f"{text}\n\n{LEGEND}\n\n{summary}"

@@ -23,15 +23,24 @@ from __future__ import annotations
 
 import math
 import string
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
-__all__ = ["gamma", "U_F32", "UNDERFLOW_PER_TERM", "dot_general_bound", "einsum_subscripts"]
+from emulate.formats import F32_MIN_NORMAL
+
+__all__ = [
+    "F32_MIN_NORMAL",
+    "U_F32",
+    "UNDERFLOW_PER_TERM",
+    "dot_general_bound",
+    "einsum_subscripts",
+    "gamma",
+]
 
 U_F32 = 2.0**-24
 UNDERFLOW_PER_TERM = 2.0**-125
-F32_MIN_NORMAL = 2.0**-126
 
 
 def gamma(k: int, u: float = U_F32) -> float:
@@ -41,7 +50,7 @@ def gamma(k: int, u: float = U_F32) -> float:
     return k * u / (1 - k * u)
 
 
-def _abs64(x: Any) -> tuple[np.ndarray, np.ndarray]:
+def _abs64(x: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """``|x|`` as float64 with non-finite values replaced by 0, and where they were."""
     with np.errstate(invalid="ignore", over="ignore"):
         v = np.abs(np.asarray(x).astype(np.float64))
@@ -49,7 +58,9 @@ def _abs64(x: Any) -> tuple[np.ndarray, np.ndarray]:
     return np.where(finite, v, 0.0), ~finite
 
 
-def dot_general_bound(lhs: Any, rhs: Any, dimension_numbers: Any) -> np.ndarray:
+def dot_general_bound(
+    lhs: npt.ArrayLike, rhs: npt.ArrayLike, dimension_numbers: Sequence[Sequence[Sequence[int]]]
+) -> np.ndarray:
     """Per-element bound on ``|r - exact|`` for an f32-accumulated ``dot_general``.
 
     Args:
@@ -83,7 +94,9 @@ def _subnormal(v: np.ndarray) -> np.ndarray:
     return np.where(v < F32_MIN_NORMAL, v, 0.0)
 
 
-def einsum_subscripts(lhs_ndim: int, rhs_ndim: int, dimension_numbers: Any) -> str:
+def einsum_subscripts(
+    lhs_ndim: int, rhs_ndim: int, dimension_numbers: Sequence[Sequence[Sequence[int]]]
+) -> str:
     """The ``np.einsum`` subscripts of a ``dot_general`` (output: batch, lhs free, rhs free)."""
     (lc, rc), (lb, rb) = dimension_numbers
     la = list(string.ascii_letters[:lhs_ndim])

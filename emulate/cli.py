@@ -15,7 +15,7 @@ themselves. The subcommands:
   status 1 on any mismatch;
 - ``check-kernel MODULE:FUNCTION [--target T ... | --target all] [--shapes SPEC]``: lower a
   function's Pallas kernels for TPU and report the ``tpu.matmul`` operand types each target
-  would reject (see :mod:`emulate.pallas.check`); exit status 1 on any finding.
+  would reject (see :func:`emulate.pallas.check`); exit status 1 on any finding.
 
 Bad arguments print one line, ``emulate: error: <problem> (choose from ...)``, and exit
 with status 2; there is no traceback.
@@ -700,7 +700,7 @@ def _load_function(ref: str, parser: argparse.ArgumentParser) -> Callable:
             module = importlib.import_module(module_name)
     except (ImportError, OSError) as e:
         parser.error(f"cannot import {module_name!r}: {e}")
-    obj = module
+    obj: object = module
     for part in attr.split("."):
         obj = getattr(obj, part, None)
         if obj is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -22,6 +23,8 @@ from emulate.engine import exact
 from emulate.engine.contract import check_k, combine_chunk_sums, contract_decoded, finish
 from emulate.engine.operands import (
     Operand,
+    OperandLike,
+    Precision,
     decode_to,
     describe,
     exact_inputs,
@@ -29,7 +32,9 @@ from emulate.engine.operands import (
     operand,
 )
 from emulate.engine.run import per_platform, plan_for
+from emulate.formats import FormatLike
 from emulate.planning.plan import Plan
+from emulate.targets import TargetLike
 
 __all__ = ["conv_general_dilated"]
 
@@ -43,22 +48,22 @@ def _tuple(x: Any) -> Any:
 
 
 def conv_general_dilated(
-    lhs: Any,
-    rhs: Any,
-    window_strides: Any,
-    padding: Any,
-    lhs_dilation: Any = None,
-    rhs_dilation: Any = None,
-    dimension_numbers: Any = None,
+    lhs: OperandLike,
+    rhs: OperandLike,
+    window_strides: Sequence[int],
+    padding: str | Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int] | None = None,
+    rhs_dilation: Sequence[int] | None = None,
+    dimension_numbers: lax.ConvGeneralDilatedDimensionNumbers = None,
     feature_group_count: int = 1,
     batch_group_count: int = 1,
-    precision: Any = None,
-    preferred_element_type: Any = None,
+    precision: Precision = None,
+    preferred_element_type: FormatLike | None = None,
     *,
-    target: Any = None,
+    target: TargetLike = None,
     mode: str = "fast",
-    lhs_format: Any = None,
-    rhs_format: Any = None,
+    lhs_format: FormatLike | None = None,
+    rhs_format: FormatLike | None = None,
 ) -> jax.Array:
     """``jax.lax.conv_general_dilated`` for operands of any format, on any target.
 
@@ -94,24 +99,33 @@ def conv_general_dilated(
     # chunk) where the compute types can be moved as plain words.
     patched = p.slicing is not None or (
         chunked
-        and (feature_group_count != 1 or batch_group_count != 1 or p.k_chunk < window)
+        and (
+            feature_group_count != 1
+            or batch_group_count != 1
+            or (p.k_chunk is not None and p.k_chunk < window)  # chunked: k_chunk is set
+        )
         and {p.lhs_compute, p.rhs_compute} <= {"int8", "bfloat16", "float32"}
     )
-    if patched:
-        check_k(p, k)
-        pads = _pads(a.shape, b.shape, dn, window_strides, padding, rhs_dilation)
-        params = dict(
-            window_strides=_tuple(window_strides) or (1,) * (len(a.shape) - 2),
-            padding=pads,
-            lhs_dilation=_tuple(lhs_dilation) or (1,) * (len(a.shape) - 2),
-            rhs_dilation=_tuple(rhs_dilation) or (1,) * (len(a.shape) - 2),
-            dimension_numbers=dn,
-            feature_group_count=int(feature_group_count),
-            batch_group_count=int(batch_group_count),
-            precision=hashable_precision(precision),
+    check_k(p, k)
+    params = dict(
+        window_strides=_tuple(window_strides),
+        padding=_tuple(padding),
+        lhs_dilation=_tuple(lhs_dilation),
+        rhs_dilation=_tuple(rhs_dilation),
+        dimension_numbers=dn,
+        feature_group_count=int(feature_group_count),
+        batch_group_count=int(batch_group_count),
+        precision=hashable_precision(precision),
+    )
+    if patched:  # explicit pads and dilations: the patches are cut by hand
+        ones = (1,) * (len(a.shape) - 2)
+        params.update(
+            window_strides=params["window_strides"] or ones,
+            padding=_pads(a.shape, b.shape, dn, window_strides, padding, rhs_dilation),
+            lhs_dilation=params["lhs_dilation"] or ones,
+            rhs_dilation=params["rhs_dilation"] or ones,
         )
         return _run_sliced_conv(p, a, b, tuple(sorted(params.items())))
-    check_k(p, k)
     slice_features = None
     if p.k_chunk is not None and k > p.k_chunk:
         if feature_group_count != 1 or batch_group_count != 1:
@@ -125,16 +139,6 @@ def conv_general_dilated(
                 f"rhs: the window ({window} taps) alone exceeds the exact K-chunk "
                 f"{p.k_chunk} of {p.lhs} x {p.rhs}; {where}"
             )
-    params = dict(
-        window_strides=_tuple(window_strides),
-        padding=_tuple(padding),
-        lhs_dilation=_tuple(lhs_dilation),
-        rhs_dilation=_tuple(rhs_dilation),
-        dimension_numbers=dn,
-        feature_group_count=int(feature_group_count),
-        batch_group_count=int(batch_group_count),
-        precision=hashable_precision(precision),
-    )
     return _run_conv(p, a, b, slice_features, tuple(sorted(params.items())))
 
 
@@ -172,8 +176,8 @@ def _pads(lshape, rshape, dn, strides, padding, rhs_dilation) -> tuple[tuple[int
     window = [(rshape[d] - 1) * r + 1 for d, r in zip(dn.rhs_spec[2:], rd, strict=True)]
     sizes = [lshape[d] for d in dn.lhs_spec[2:]]
     return tuple(
-        tuple(int(v) for v in pad)
-        for pad in lax.padtype_to_pads(sizes, window, _tuple(strides) or (1,) * nsp, padding)
+        (int(lo), int(hi))
+        for lo, hi in lax.padtype_to_pads(sizes, window, _tuple(strides) or (1,) * nsp, padding)
     )
 
 

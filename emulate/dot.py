@@ -13,34 +13,42 @@ from __future__ import annotations
 
 import string
 from collections.abc import Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from emulate.engine import tiled
-from emulate.engine.layout import normalize_dimension_numbers
-from emulate.engine.operands import Operand, describe, hashable_precision, operand
+from emulate.engine.layout import DimensionNumbers, normalize_dimension_numbers
+from emulate.engine.operands import (
+    Operand,
+    OperandLike,
+    Precision,
+    describe,
+    hashable_precision,
+    operand,
+)
 from emulate.engine.run import plan_for, run_plan
 from emulate.formats import FormatLike
 from emulate.quant import QArray
 from emulate.scaled import qarray_dot_general
+from emulate.targets import TargetLike
 
 __all__ = ["dot_general", "einsum", "matmul"]
 
 
 def dot_general(
-    lhs: Any,
-    rhs: Any,
-    dimension_numbers: Any,
-    precision: Any = None,
-    preferred_element_type: Any = None,
+    lhs: OperandLike | QArray,
+    rhs: OperandLike | QArray,
+    dimension_numbers: lax.DotDimensionNumbers,
+    precision: Precision = None,
+    preferred_element_type: FormatLike | None = None,
     *,
-    target: Any = None,
+    target: TargetLike = None,
     mode: str = "fast",
-    lhs_format: Any = None,
-    rhs_format: Any = None,
+    lhs_format: FormatLike | None = None,
+    rhs_format: FormatLike | None = None,
 ) -> jax.Array:
     """``jax.lax.dot_general`` for operands of any format, on any target.
 
@@ -76,15 +84,15 @@ def dot_general(
 
 
 def matmul(
-    a: Any,
-    b: Any,
+    a: OperandLike | QArray,
+    b: OperandLike | QArray,
     *,
-    precision: Any = None,
-    preferred_element_type: Any = None,
-    target: Any = None,
+    precision: Precision = None,
+    preferred_element_type: FormatLike | None = None,
+    target: TargetLike = None,
     mode: str = "fast",
-    a_format: Any = None,
-    b_format: Any = None,
+    a_format: FormatLike | None = None,
+    b_format: FormatLike | None = None,
 ) -> jax.Array:
     """``jnp.matmul`` (1-D and broadcasting rules) for operands of any format, on any target.
 
@@ -132,7 +140,7 @@ def matmul(
     return out
 
 
-def _with_format(x: Any, fmt: FormatLike | None, arg: str) -> Operand | QArray:
+def _with_format(x: OperandLike | QArray, fmt: FormatLike | None, arg: str) -> Operand | QArray:
     """A QArray as it is (its codes carry their format), anything else as an Operand."""
     if not isinstance(x, QArray):
         return operand(x, fmt, arg=arg)
@@ -144,7 +152,9 @@ def _with_format(x: Any, fmt: FormatLike | None, arg: str) -> Operand | QArray:
     return x
 
 
-def _matmul_dims(x: Any, y: Any, precision, preferred_element_type, target, mode) -> jax.Array:
+def _matmul_dims(
+    x: Operand | QArray, y: Operand | QArray, precision, preferred_element_type, target, mode
+) -> jax.Array:
     """``matmul`` as one ``dot_general`` (no broadcasting copies), for QArray operands."""
     xn, yn = len(x.shape), len(y.shape)
     if xn == 0 or yn == 0:
@@ -152,6 +162,7 @@ def _matmul_dims(x: Any, y: Any, precision, preferred_element_type, target, mode
             f"a, b: matmul needs operands of at least one dimension, got shapes {x.shape} "
             f"and {y.shape}"
         )
+    dn: DimensionNumbers
     if yn <= 2:  # (..., K) x (K,) or (K, N): contract, no batch
         dn = ((xn - 1,), (0,)), ((), ())
     elif xn <= 2:  # (K,) or (M, K) x (..., K, N): result (M, ..., N) moved to (..., M, N)
@@ -172,12 +183,12 @@ def _matmul_dims(x: Any, y: Any, precision, preferred_element_type, target, mode
 
 def einsum(
     subscripts: str,
-    *operands: Any,
-    precision: Any = None,
-    preferred_element_type: Any = None,
-    target: Any = None,
+    *operands: OperandLike | QArray,
+    precision: Precision = None,
+    preferred_element_type: FormatLike | None = None,
+    target: TargetLike = None,
     mode: str = "fast",
-    operand_formats: Sequence[Any] | None = None,
+    operand_formats: Sequence[FormatLike | None] | None = None,
 ) -> jax.Array:
     """``jnp.einsum`` for two operands of any format, on any target.
 
@@ -231,6 +242,7 @@ def einsum(
                 f"emulate.einsum does not do when the other is a QArray; sum it first"
             )
         if lonely:
+            assert not isinstance(op_other, QArray)  # refused just above
             codes = op_other.unpacked()
             codes = jnp.broadcast_to(
                 codes[(None,) * len(lonely)], tuple(sizes[c] for c in lonely) + codes.shape
@@ -285,11 +297,11 @@ def _parse_einsum(subscripts: str, ndims: tuple[int, int]) -> tuple[list[str], s
     return expanded, out
 
 
-def _qarray_matmul(self: QArray, other: Any) -> jax.Array:
+def _qarray_matmul(self: QArray, other: OperandLike | QArray) -> jax.Array:
     return matmul(self, other)
 
 
-def _qarray_rmatmul(self: QArray, other: Any) -> jax.Array:
+def _qarray_rmatmul(self: QArray, other: OperandLike | QArray) -> jax.Array:
     return matmul(other, self)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import ml_dtypes
@@ -27,6 +28,7 @@ __all__ = [
     "SCALE_ONLY",
     "WIDE",
     "WIDE_FLOATS",
+    "dot_accumulator",
     "dot_result",
     "get",
     "names",
@@ -224,7 +226,9 @@ _ALIASES = {
 }
 
 
-def _codes_where(dtype: Any, bits: int, pred) -> tuple[int, ...]:
+def _codes_where(
+    dtype: np.dtype, bits: int, pred: Callable[[np.ndarray], np.ndarray]
+) -> tuple[int, ...]:
     # ml_dtypes stores 4- and 6-bit types one per byte, the code in the low bits.
     codes = np.arange(1 << bits, dtype=unsigned_dtype(bits))
     with np.errstate(invalid="ignore"):
@@ -236,10 +240,12 @@ def _make(name: str) -> Format:
     dtype = np.dtype(_DTYPES[name])
     bits = dtype.itemsize * 8 if name not in _SUB_BYTE else _SUB_BYTE[name]
     if dtype.kind in "iu" or name in ("int4", "uint4"):
-        info = ml_dtypes.iinfo(dtype)
-        signed = info.min < 0
-        scale = 0 if bits <= 8 and info.max <= 127 else None
-        exact = ("bfloat16", "float32") if bits <= 8 else ("float32",) if bits <= 16 else ()
+        iinfo = ml_dtypes.iinfo(dtype)
+        signed = iinfo.min < 0
+        scale = 0 if bits <= 8 and iinfo.max <= 127 else None
+        exact: tuple[str, ...] = (
+            ("bfloat16", "float32") if bits <= 8 else ("float32",) if bits <= 16 else ()
+        )
         return Format(
             name=name,
             bits=bits,
@@ -248,8 +254,8 @@ def _make(name: str) -> Format:
             exponent_bits=0,
             mantissa_bits=bits,
             bias=0,
-            max=float(info.max),
-            min=float(info.min),
+            max=float(iinfo.max),
+            min=float(iinfo.min),
             min_normal=1.0,
             min_subnormal=1.0,
             has_subnormals=False,
@@ -304,7 +310,7 @@ _SUB_BYTE = {
 }
 
 
-def _fits(info: Any, wide: str) -> bool:
+def _fits(info: ml_dtypes.finfo, wide: str) -> bool:
     w = ml_dtypes.finfo(_DTYPES[wide])
     return (
         int(info.nmant) <= int(w.nmant)
@@ -313,7 +319,7 @@ def _fits(info: Any, wide: str) -> bool:
     )
 
 
-def _int8_scale(info: Any, bits: int) -> int | None:
+def _int8_scale(info: ml_dtypes.finfo, bits: int) -> int | None:
     """Smallest k with every finite value * 2**k an integer in [-127, 127], or None."""
     quantum = float(info.smallest_subnormal)
     k = 0
@@ -332,7 +338,7 @@ def names() -> tuple[str, ...]:
     return LOW_PRECISION + WIDE
 
 
-def get(fmt: Any) -> Format:
+def get(fmt: FormatLike) -> Format:
     """Return the :class:`Format` for a name, alias, numpy/ml_dtypes/jnp dtype or Format.
 
     Raises:
@@ -368,7 +374,15 @@ def _rank(f: Format) -> tuple[int, int, int, bool]:
     return (-1, -1, f.bits, f.signed)
 
 
-def dot_result(lhs: Any, rhs: Any, preferred_element_type: Any = None) -> Format:
+def dot_accumulator(lhs: FormatLike, rhs: FormatLike) -> str:
+    """The accumulator of a matrix unit's native ``lhs x rhs`` dot: ``"int32"`` for two
+    integer operands, ``"float32"`` otherwise (every TPU, GPU and XLA CPU dot)."""
+    return "int32" if get(lhs).is_integer and get(rhs).is_integer else "float32"
+
+
+def dot_result(
+    lhs: FormatLike, rhs: FormatLike, preferred_element_type: FormatLike | None = None
+) -> Format:
     """The element format ``jax.lax.dot_general`` returns for operands of these formats.
 
     Mirrors XLA's rule (``primitive_util::HigherPrecisionType``): without

@@ -49,7 +49,7 @@ class Site:
     equation: Any = dataclasses.field(compare=False, repr=False)
 
 
-def sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
+def sub_jaxprs(params: dict[str, Any]) -> Iterator[jex_core.Jaxpr]:
     """Every Jaxpr held by an equation's parameters (ClosedJaxprs unwrapped)."""
     for value in params.values():
         items = value if isinstance(value, (tuple, list)) else (value,)
@@ -65,7 +65,7 @@ def sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
 OPAQUE_PRIMITIVES = ("pallas_call",)
 
 
-def walk(jaxpr: Any) -> Iterator[Any]:
+def walk(jaxpr: jex_core.Jaxpr) -> Iterator[Any]:
     """Every equation of ``jaxpr`` and of its sub-jaxprs, depth first, in program order.
 
     The kernels of ``pallas_call`` equations are not entered (see ``OPAQUE_PRIMITIVES``).
@@ -78,7 +78,7 @@ def walk(jaxpr: Any) -> Iterator[Any]:
             yield from walk(sub)
 
 
-def sites(program: Any) -> list[Site]:
+def sites(program: jex_core.Jaxpr | jex_core.ClosedJaxpr) -> list[Site]:
     """The matmul sites of a (Closed)Jaxpr, in program order, sub-jaxprs included."""
     jaxpr = program.jaxpr if isinstance(program, jex_core.ClosedJaxpr) else program
     found = []
@@ -98,14 +98,16 @@ def sites(program: Any) -> list[Site]:
     return found
 
 
-def unsupported_sites(fn: Callable[..., Any], *args: Any, target: Any = None) -> list[Site]:
+def unsupported_sites(
+    fn: Callable[..., Any], *args: Any, target: targets.TargetLike = None
+) -> list[Site]:
     """The sites of ``fn(*args)`` whose operand pair ``target`` does not run natively."""
     t = targets.current_target(target)
     closed = jax.make_jaxpr(fn)(*args)
     return [s for s in sites(closed) if needs_emulation(s, t)]
 
 
-def needs_emulation(site: Site, target: Any) -> bool:
+def needs_emulation(site: Site, target: targets.TargetLike) -> bool:
     """Whether ``target`` cannot run ``site`` as it is (a block-scaled matmul never can)."""
     t = targets.current_target(target)
     return site.primitive in SCALED_PRIMITIVES or not t.supports(site.lhs_dtype, site.rhs_dtype)

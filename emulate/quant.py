@@ -42,18 +42,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike, DTypeLike
 
 from emulate import formats
-from emulate.formats import F32_MIN_NORMAL, Format
+from emulate.formats import F32_MIN_NORMAL, Format, FormatLike
 from emulate.numerics import codecs
 from emulate.numerics.bits import frexp, frexp_normal, pow2, pow2_normal, times_pow2
-from emulate.numerics.storage import Packed, is_array, pack, unpack_codes
+from emulate.numerics.storage import Packed, is_array, pack, to_codes, unpack_codes
 
 __all__ = [
     "QArray",
@@ -92,7 +93,7 @@ class Scheme:
         return f"Scheme({self.name!r})"
 
 
-def element_range(fmt: Any) -> tuple[int, float]:
+def element_range(fmt: FormatLike) -> tuple[int, float]:
     """``(emax, M)`` with the format's largest value ``max == M * 2**emax``, ``1 <= M < 2``."""
     f = formats.get(fmt)
     emax = math.floor(math.log2(float(f.max)))
@@ -139,13 +140,13 @@ class QArray:
     @classmethod
     def from_parts(
         cls,
-        codes: Any,
-        scales: Any,
+        codes: jax.Array | np.ndarray | Packed,
+        scales: jax.Array | np.ndarray,
         *,
         block_shape: Sequence[int],
-        fmt: Any = None,
-        tensor_scale: Any = None,
-        dtype: Any = jnp.float32,
+        fmt: FormatLike | None = None,
+        tensor_scale: ArrayLike | None = None,
+        dtype: DTypeLike = jnp.float32,
     ) -> QArray:
         """A QArray from stored codes and scales (a checkpoint's blocks and scales).
 
@@ -162,8 +163,6 @@ class QArray:
         Raises:
           TypeError, ValueError: naming the argument, for a wrong type, dtype or shape.
         """
-        from emulate.numerics.storage import to_codes
-
         if isinstance(codes, Packed):
             f = codes.format
             if fmt is not None and formats.get(fmt) != f:
@@ -245,7 +244,7 @@ class QArray:
         with the tensor scale survive backends that flush f32 subnormals."""
         return scale_parts(self)
 
-    def dequantize(self, to: Any = None) -> jax.Array:
+    def dequantize(self, to: DTypeLike | None = None) -> jax.Array:
         return dequantize(self, to=to)
 
     def __repr__(self) -> str:
@@ -267,14 +266,14 @@ def _as_format_array(raw: jax.Array, f: Format) -> jax.Array:
     return codecs.from_codes(jnp.asarray(raw), f)
 
 
-def _logical_dtype(dtype: Any) -> np.dtype:
+def _logical_dtype(dtype: DTypeLike) -> np.dtype:
     dt = np.dtype(dtype)
     if dt.name not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dt.name}")
     return dt
 
 
-def _scale_format(scales: Any, arg: str) -> Format:
+def _scale_format(scales: jax.Array | np.ndarray, arg: str) -> Format:
     if not is_array(scales):
         raise TypeError(f"{arg}: expected an array, got {type(scales).__name__}")
     name = np.dtype(scales.dtype).name
@@ -283,7 +282,7 @@ def _scale_format(scales: Any, arg: str) -> Format:
     return formats.get(name)
 
 
-def _full_block(block: Any, shape: tuple[int, ...], arg: str) -> tuple[int, ...]:
+def _full_block(block: Iterable[int], shape: tuple[int, ...], arg: str) -> tuple[int, ...]:
     try:
         b = tuple(int(v) for v in block)
     except TypeError:
@@ -305,8 +304,6 @@ def broadcast_blocks(s: jax.Array, block: tuple[int, ...], shape: tuple[int, ...
 
 def scale_parts(q: QArray) -> tuple[jax.Array, jax.Array]:
     """See :meth:`QArray.scale_parts`."""
-    from emulate.numerics.storage import to_codes
-
     if q.scale_format == "float8_e8m0fnu":
         c = to_codes(q.scales, q.scale_format)[0].astype(jnp.int32)
         m = jnp.where(c == 255, jnp.float32(jnp.nan), jnp.float32(1))
@@ -323,8 +320,13 @@ def scale_parts(q: QArray) -> tuple[jax.Array, jax.Array]:
 
 
 def _resolve(
-    fmt: Any, block_shape: Any, axis: Any, scale_fmt: Any, scale_rule: Any, tensor_scale: Any
-) -> tuple[Format, Any, Any, Format, str, bool]:
+    fmt: FormatLike | Scheme,
+    block_shape: int | Sequence[int] | None,
+    axis: int | Sequence[int] | None,
+    scale_fmt: FormatLike | None,
+    scale_rule: str | None,
+    tensor_scale: bool | None,
+) -> tuple[Format, int | Sequence[int] | None, int | Sequence[int] | None, Format, str, bool]:
     if isinstance(fmt, Scheme):
         s = fmt
         block_shape = s.block if block_shape is None else block_shape
@@ -356,8 +358,15 @@ def _resolve(
     return f, block_shape, axis, sf, scale_rule, bool(tensor_scale)
 
 
-def _blocks(shape: tuple[int, ...], block_shape: Any, axis: Any, ragged: bool) -> tuple[int, ...]:
+def _blocks(
+    shape: tuple[int, ...],
+    block_shape: int | Sequence[int] | None,
+    axis: int | Sequence[int] | None,
+    ragged: bool,
+) -> tuple[int, ...]:
     nd = len(shape)
+    axes: Sequence[int]
+    lens: Sequence[int]
     if axis is None:
         if block_shape is not None and not isinstance(block_shape, int):
             full = tuple(block_shape)
@@ -409,12 +418,12 @@ def _blocks(shape: tuple[int, ...], block_shape: Any, axis: Any, ragged: bool) -
 
 
 def quantize(
-    x: Any,
-    fmt: Any,
+    x: jax.Array | np.ndarray,
+    fmt: FormatLike | Scheme,
     *,
-    block_shape: Any = None,
-    axis: Any = None,
-    scale_fmt: Any = None,
+    block_shape: int | Sequence[int] | None = None,
+    axis: int | Sequence[int] | None = None,
+    scale_fmt: FormatLike | None = None,
     scale_rule: str | None = None,
     rounding: str = "nearest_even",
     saturate: bool = True,
@@ -519,13 +528,13 @@ def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts):
         # Multiplications by f32 reciprocals, not divisions: XLA rewrites a division by a
         # constant or a broadcast into one anyway, so this is what it would compute.
         s = amax * _reciprocal(float(f.max))
-        if ts:
+        if tscale is not None:
             s = s * (jnp.float32(1) / tscale)
         s = jnp.clip(s, F32_MIN_NORMAL, float(sf.max))  # zero blocks, f32 underflow
         s_dec = codecs.decode(codecs.encode(s, sf.name), to=jnp.float32)
         s_dec = jnp.where(s_dec == 0, jnp.float32(float(sf.min_subnormal)), s_dec)
         s_codes = codecs.encode(jnp.where(bad, jnp.nan, s_dec), sf.name)
-        s_eff = jnp.maximum(s_dec * tscale if ts else s_dec, F32_MIN_NORMAL)
+        s_eff = jnp.maximum(s_dec * tscale if tscale is not None else s_dec, F32_MIN_NORMAL)
         y = x * broadcast_blocks(jnp.float32(1) / s_eff, block, shape)
     if saturate:
         y = jnp.clip(y, -float(f.max), float(f.max))
@@ -560,7 +569,7 @@ def _pow2_range(sf: Format) -> tuple[int, int]:
 # --- dequantize --------------------------------------------------------------------------
 
 
-def dequantize(q: QArray, to: Any = None) -> jax.Array:
+def dequantize(q: QArray, to: DTypeLike | None = None) -> jax.Array:
     """The values of ``q``: ``decode(codes) * (scale * tensor_scale)``, each product rounded
     once to f32 precision (exact for power-of-two scales), values below 2**-126 flushed to
     zero as XLA does, then cast to ``to`` (default ``q.dtype``). A NaN scale makes its

@@ -1,7 +1,7 @@
 """The independent oracle: decoding and dot_general in numpy + ml_dtypes, exactly.
 
-Everything here is computed without JAX and without any other ``emulate`` module, so that
-the codecs and the matmul executors can be tested against it.
+Everything here is computed without JAX and without emulate's codecs or executors (only
+the format records of :mod:`emulate.formats`), so that those can be tested against it.
 
 * :func:`decode` turns values of a format, or raw codes, into float32, bfloat16 or float64
   with ml_dtypes' own casts.
@@ -25,13 +25,16 @@ cannot overflow) and rounds that exact sum once.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeAlias
 
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 
 from emulate import formats
+from emulate.formats import F32_MIN_NORMAL, FormatLike
 
 __all__ = ["decode", "dequantize", "dot_general", "exact_dot_general", "quantize", "round_exact"]
 
@@ -41,13 +44,21 @@ _DECODE_TARGETS: dict[str, Any] = {
     "float64": np.float64,
 }
 
-_CODE_DTYPES = {8: np.dtype(np.uint8), 16: np.dtype(np.uint16), 32: np.dtype(np.uint32)}
+_CODE_DTYPES: dict[int, np.dtype] = {
+    8: np.dtype(np.uint8),
+    16: np.dtype(np.uint16),
+    32: np.dtype(np.uint32),
+}
 
 _Axes = tuple[int, ...]
 _DimensionNumbers = tuple[tuple[_Axes, _Axes], tuple[_Axes, _Axes]]
+#: Dimension numbers as callers pass them: ``((lc, rc), (lb, rb))``, any sequences of ints.
+_DimensionNumbersLike: TypeAlias = Sequence[Sequence[Sequence[int]]]
 
 
-def decode(x: Any, fmt: Any = None, *, to: Any = np.float32) -> np.ndarray:
+def decode(
+    x: npt.ArrayLike, fmt: FormatLike | None = None, *, to: npt.DTypeLike = np.float32
+) -> np.ndarray:
     """Decode values of a format, or raw codes of one, into ``to``.
 
     Args:
@@ -99,7 +110,7 @@ def decode(x: Any, fmt: Any = None, *, to: Any = np.float32) -> np.ndarray:
     return _cast(arr.view(f.dtype), target)
 
 
-def round_exact(numerator: int, exponent: int, fmt: Any) -> float:
+def round_exact(numerator: int, exponent: int, fmt: FormatLike) -> float:
     """Round ``numerator * 2**exponent`` once, to nearest with ties to even, into ``fmt``.
 
     The value is rounded to ``fmt``'s precision with an unbounded exponent range above and
@@ -155,7 +166,9 @@ def _round(numerator: int, exponent: int, f: formats.Format) -> float:
     return -value if negative else value
 
 
-def exact_dot_general(lhs: Any, rhs: Any, dimension_numbers: Any) -> np.ndarray:
+def exact_dot_general(
+    lhs: npt.ArrayLike, rhs: npt.ArrayLike, dimension_numbers: _DimensionNumbersLike
+) -> np.ndarray:
     """The exact value of ``lax.dot_general(lhs, rhs, dimension_numbers)`` before rounding.
 
     Args:
@@ -185,10 +198,10 @@ def exact_dot_general(lhs: Any, rhs: Any, dimension_numbers: Any) -> np.ndarray:
 
 
 def dot_general(
-    lhs: Any,
-    rhs: Any,
-    dimension_numbers: Any,
-    preferred_element_type: Any = None,
+    lhs: npt.ArrayLike,
+    rhs: npt.ArrayLike,
+    dimension_numbers: _DimensionNumbersLike,
+    preferred_element_type: FormatLike | None = None,
 ) -> np.ndarray:
     """``jax.lax.dot_general`` computed exactly and rounded once.
 
@@ -238,7 +251,7 @@ def dot_general(
         return rounded.astype(out_fmt.dtype).reshape(shape)
 
 
-def _decode_target(to: Any) -> Any:
+def _decode_target(to: npt.DTypeLike) -> type[np.generic]:
     try:
         name = np.dtype(to).name
     except TypeError:
@@ -248,19 +261,19 @@ def _decode_target(to: Any) -> Any:
     return _DECODE_TARGETS[name]
 
 
-def _cast(arr: np.ndarray, target: Any) -> np.ndarray:
+def _cast(arr: np.ndarray, target: npt.DTypeLike) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         return arr.astype(target)
 
 
-def _format(fmt: Any, arg: str) -> formats.Format:
+def _format(fmt: FormatLike, arg: str) -> formats.Format:
     try:
         return formats.get(fmt)
     except (TypeError, ValueError) as err:
         raise type(err)(f"{arg}: {err}") from None
 
 
-def _rounding_target(fmt: Any, arg: str) -> formats.Format:
+def _rounding_target(fmt: FormatLike, arg: str) -> formats.Format:
     f = _format(fmt, arg)
     if f.is_integer or not f.has_subnormals:
         raise ValueError(
@@ -298,7 +311,7 @@ def _positive_zero(value: float) -> float:
     return 0.0 if value == 0 else value
 
 
-def _operand(x: Any, arg: str) -> tuple[np.ndarray, formats.Format]:
+def _operand(x: npt.ArrayLike, arg: str) -> tuple[np.ndarray, formats.Format]:
     arr = np.asarray(x)
     try:
         f = formats.get(arr.dtype)
@@ -310,7 +323,9 @@ def _operand(x: Any, arg: str) -> tuple[np.ndarray, formats.Format]:
     return arr, f
 
 
-def _result_format(lhs: Any, rhs: Any, preferred: Any) -> formats.Format:
+def _result_format(
+    lhs: npt.ArrayLike, rhs: npt.ArrayLike, preferred: FormatLike | None
+) -> formats.Format:
     lf = _operand(lhs, "lhs")[1]
     rf = _operand(rhs, "rhs")[1]
     pref = None if preferred is None else _format(preferred, "preferred_element_type")
@@ -325,7 +340,7 @@ def _result_format(lhs: Any, rhs: Any, preferred: Any) -> formats.Format:
     return out
 
 
-def _axes(value: Any, arg: str, ndim: int) -> tuple[int, ...]:
+def _axes(value: Iterable[int], arg: str, ndim: int) -> tuple[int, ...]:
     try:
         axes = tuple(value)
     except TypeError:
@@ -338,7 +353,9 @@ def _axes(value: Any, arg: str, ndim: int) -> tuple[int, ...]:
     return tuple(int(a) for a in axes)
 
 
-def _dimension_numbers(dn: Any, lshape: tuple, rshape: tuple) -> _DimensionNumbers:
+def _dimension_numbers(
+    dn: _DimensionNumbersLike, lshape: tuple, rshape: tuple
+) -> _DimensionNumbers:
     try:
         (lc, rc), (lb, rb) = dn
     except (TypeError, ValueError):
@@ -420,7 +437,7 @@ def _specials(lv: np.ndarray, rv: np.ndarray) -> np.ndarray | None:
 
 
 def _exact(
-    lhs: Any, rhs: Any, dimension_numbers: Any
+    lhs: npt.ArrayLike, rhs: npt.ArrayLike, dimension_numbers: _DimensionNumbersLike
 ) -> tuple[np.ndarray, int, np.ndarray | None, tuple]:
     """(B, M, N) integer sums, their exponent q, the specials array, and the result shape."""
     larr, lf = _operand(lhs, "lhs")
@@ -444,12 +461,6 @@ def _wrap(sums: np.ndarray, f: formats.Format) -> np.ndarray:
 
 
 # --- block-scaled quantization (independent of emulate.quant) ------------------------------
-
-_F32_TINY = 2.0**-126
-
-
-def _ml_dtype(name: str) -> np.dtype:
-    return np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else np.dtype(name)
 
 
 def _blockwise_max(a: np.ndarray, block: tuple[int, ...]) -> np.ndarray:
@@ -495,11 +506,11 @@ def _scale_range(sf: formats.Format) -> tuple[int, int]:
 
 
 def quantize(
-    x: Any,
-    fmt: Any,
+    x: npt.ArrayLike,
+    fmt: FormatLike,
     block_shape: tuple[int, ...],
     *,
-    scale_fmt: Any = "float8_e8m0fnu",
+    scale_fmt: FormatLike = "float8_e8m0fnu",
     scale_rule: str = "ocp_floor",
     saturate: bool = True,
     tensor_scale: bool = False,
@@ -513,7 +524,7 @@ def quantize(
     f, sf = formats.get(fmt), formats.get(scale_fmt)
     x = np.asarray(x, np.float32).astype(np.float64)
     with np.errstate(invalid="ignore"):
-        x = np.where(np.abs(x) < _F32_TINY, 0.0 * x, x)
+        x = np.where(np.abs(x) < F32_MIN_NORMAL, 0.0 * x, x)
     shape = x.shape
     block = tuple(block_shape)
     with np.errstate(invalid="ignore"):
@@ -523,17 +534,17 @@ def quantize(
     if tensor_scale:
         t_amax = float(np.max(np.where(bad, 0.0, amax), initial=0.0))
         inv = np.float32(1.0 / (float(sf.max) * float(f.max)))
-        ts = 1.0 if t_amax == 0 else max(float(np.float32(t_amax) * inv), _F32_TINY)
+        ts = 1.0 if t_amax == 0 else max(float(np.float32(t_amax) * inv), F32_MIN_NORMAL)
     if scale_rule == "absmax":
         with np.errstate(invalid="ignore", over="ignore"):
             s = np.float32(amax) * np.float32(1.0 / float(f.max))
             if ts is not None:
                 s = s * (np.float32(1) / np.float32(ts))
-        s = np.clip(s, np.float32(_F32_TINY), np.float32(sf.max)).astype(sf.dtype)
+        s = np.clip(s, np.float32(F32_MIN_NORMAL), np.float32(sf.max)).astype(sf.dtype)
         s = s.astype(np.float64)
         scale = np.where(s == 0, float(sf.min_subnormal), s)
         eff = scale if ts is None else np.float32(scale) * np.float32(ts)
-        eff = np.maximum(np.asarray(eff, np.float32), np.float32(_F32_TINY))
+        eff = np.maximum(np.asarray(eff, np.float32), np.float32(F32_MIN_NORMAL))
         inv_eff = np.float32(1) / eff
         with np.errstate(invalid="ignore", over="ignore"):
             y = (np.float32(x) * _repeat_blocks(inv_eff, block, shape)).astype(np.float64)
@@ -568,7 +579,10 @@ def _round24(v: np.ndarray) -> np.ndarray:
 
 
 def dequantize(
-    codes: Any, scales: Any, block_shape: tuple[int, ...], tensor_scale: float | None = None
+    codes: npt.ArrayLike,
+    scales: npt.ArrayLike,
+    block_shape: tuple[int, ...],
+    tensor_scale: float | None = None,
 ) -> np.ndarray:
     """``decode(codes) * (scale * tensor_scale)`` as float32: each product rounded to 24
     significant bits, results below ``2**-126`` in magnitude flushed to (signed) zero."""
@@ -578,5 +592,5 @@ def dequantize(
         s = _round24(s * tensor_scale)
     with np.errstate(invalid="ignore", over="ignore"):
         r = _round24(v * _repeat_blocks(s, tuple(block_shape), v.shape))
-        r = np.where(np.abs(r) < _F32_TINY, 0.0 * r, r)
+        r = np.where(np.abs(r) < F32_MIN_NORMAL, 0.0 * r, r)
         return r.astype(np.float32)

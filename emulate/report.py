@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.extend import core as jex_core
 
 from emulate import formats, program, targets
 from emulate.planning.plan import Plan, plan
@@ -87,7 +88,7 @@ def _fmt_seconds(s: float | None) -> str:
     return f"{s / 1e-9:.3g} ns"
 
 
-def _source(eqn: Any) -> str:
+def _source(eqn: jex_core.JaxprEqn) -> str:
     try:
         from jax._src import source_info_util  # no public API for the user frame yet
 
@@ -117,7 +118,9 @@ def _flops(eqn: Any) -> int:
     return 2 * math.prod(out.shape) * k
 
 
-def inspect(fn: Callable[..., Any], *args: Any, target: Any = None, mode: str = "fast") -> Report:
+def inspect(
+    fn: Callable[..., Any], *args: Any, target: targets.TargetLike = None, mode: str = "fast"
+) -> Report:
     """Trace ``fn(*args)`` and report every matmul / convolution site for ``target``.
 
     Args:
@@ -132,6 +135,7 @@ def inspect(fn: Callable[..., Any], *args: Any, target: Any = None, mode: str = 
     t = targets.current_target(target)
     closed = jax.make_jaxpr(fn)(*args)
     rows = []
+    p: Plan | None
     for eqn in program.walk(closed.jaxpr):
         name = eqn.primitive.name
         if name == "pallas_call":

@@ -15,13 +15,15 @@ the walk looks at every parameter holding a jaxpr, not at primitive names.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.extend import core as jex_core
+from jax.typing import ArrayLike, DTypeLike
 
 from emulate import program, targets
 from emulate.conv import conv_general_dilated
@@ -36,7 +38,7 @@ _ON_UNSUPPORTED = ("error", "ignore")
 def polyfill(
     fn: Callable[..., Any] | None = None,
     *,
-    target: Any = None,
+    target: targets.TargetLike = None,
     mode: str = "fast",
     on_unsupported: str = "error",
 ) -> Any:
@@ -108,7 +110,7 @@ def _build(fn, tree, leaves, t, mode, on_unsupported) -> Callable[..., Any]:
     return run
 
 
-def _bind(eqn: Any, invals: list[Any], params: dict[str, Any]) -> Any:
+def _bind(eqn: jex_core.JaxprEqn, invals: list[Any], params: dict[str, Any]) -> Any:
     # As jax.core.eval_jaxpr does: the equation's context (mesh, axis names) around bind.
     with eqn.ctx.manager:
         return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
@@ -118,10 +120,10 @@ class _Rewriter:
     def __init__(self, t: targets.Target, mode: str, on_unsupported: str):
         self.t, self.mode, self.on_unsupported = t, mode, on_unsupported
 
-    def needs(self, jaxpr: Any) -> bool:
+    def needs(self, jaxpr: jex_core.Jaxpr) -> bool:
         return any(program.needs_emulation(s, self.t) for s in program.sites(jaxpr))
 
-    def eval(self, jaxpr: Any, consts: Any, args: Any) -> list[Any]:
+    def eval(self, jaxpr: jex_core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
         env: dict[Any, Any] = {}
 
         def read(v):
@@ -147,8 +149,12 @@ class _Rewriter:
             if not self.t.supports(np.dtype(lhs.dtype), np.dtype(rhs.dtype)):
                 return self.emulated(eqn, invals)
         if name in program.SCALED_PRIMITIVES:
+            a, b, a_scales, b_scales = invals
             out = scaled_matmul(
-                *invals,
+                a,
+                b,
+                a_scales,
+                b_scales,
                 preferred_element_type=eqn.params["preferred_element_type"],
                 target=self.t,
                 mode=self.mode,
@@ -163,7 +169,7 @@ class _Rewriter:
         params = {k: self.param(v) for k, v in eqn.params.items()}
         return _bind(eqn, invals, params)
 
-    def shard_map(self, eqn: Any, invals: list[Any]) -> Any:
+    def shard_map(self, eqn: jex_core.JaxprEqn, invals: list[Any]) -> Any:
         # A shard_map body can only be traced inside shard_map (its values vary over mesh
         # axes): enter it again through the public API, with the same mesh and specs.
         p = eqn.params
@@ -180,10 +186,12 @@ class _Rewriter:
 
     def emulated(self, eqn: Any, invals: list[Any]) -> Any:
         p = eqn.params
+        lhs, rhs = invals
         try:
             if eqn.primitive.name == "dot_general":
                 out = dot_general(
-                    *invals,
+                    lhs,
+                    rhs,
                     p["dimension_numbers"],
                     p["precision"],
                     p["preferred_element_type"],
@@ -192,7 +200,8 @@ class _Rewriter:
                 )
             else:
                 out = conv_general_dilated(
-                    *invals,
+                    lhs,
+                    rhs,
                     window_strides=p["window_strides"],
                     padding=p["padding"],
                     lhs_dilation=p["lhs_dilation"],
@@ -231,19 +240,19 @@ class _Rewriter:
             return tuple(self.param(v) for v in value)
         return value
 
-    def closed(self, cj: Any) -> Any:
+    def closed(self, cj: jex_core.ClosedJaxpr) -> jex_core.ClosedJaxpr:
         avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in cj.in_avals]
         return jax.make_jaxpr(lambda *a: self.eval(cj.jaxpr, cj.consts, a))(*avals)
 
 
 def scaled_dot_general(
-    lhs: Any,
-    rhs: Any,
-    dimension_numbers: Any,
-    preferred_element_type: Any = jnp.float32,
-    configs: Any = None,
+    lhs: ArrayLike,
+    rhs: ArrayLike,
+    dimension_numbers: lax.DotDimensionNumbers,
+    preferred_element_type: DTypeLike = jnp.float32,
+    configs: list[Any] | None = None,
     *,
-    target: Any = None,
+    target: targets.TargetLike = None,
     mode: str = "fast",
 ) -> jax.Array:
     """``jax.nn.scaled_dot_general`` on any target: JAX's own function (its quantizer for

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -42,18 +41,27 @@ from jax import lax
 from emulate import formats
 from emulate.engine import tiled
 from emulate.engine.layout import normalize_dimension_numbers, to_bfk
-from emulate.engine.operands import Operand, describe, hashable_precision, operand
+from emulate.engine.operands import (
+    Operand,
+    OperandLike,
+    Precision,
+    describe,
+    hashable_precision,
+    operand,
+)
 from emulate.engine.run import plan_for, run_plan
+from emulate.formats import FormatLike
 from emulate.numerics import accumulate, codecs
 from emulate.numerics.bits import times_pow2
 from emulate.numerics.storage import Packed, to_codes, unpack_codes
 from emulate.planning.plan import plan
-from emulate.quant import QArray, dequantize
+from emulate.quant import SCALE_FORMATS, QArray, dequantize
+from emulate.targets import TargetLike
 
 __all__ = ["qarray_dot_general", "scaled_matmul"]
 
 
-def _codes_operand(x: Any, arg: str) -> tuple[Operand, QArray | None]:
+def _codes_operand(x: OperandLike | QArray, arg: str) -> tuple[Operand, QArray | None]:
     if isinstance(x, QArray):
         c = x.codes
         if isinstance(c, Packed):
@@ -75,13 +83,13 @@ def _logical(op: Operand, q: QArray | None) -> str:
 
 
 def qarray_dot_general(
-    lhs: Any,
-    rhs: Any,
-    dimension_numbers: Any,
-    precision: Any = None,
-    preferred_element_type: Any = None,
+    lhs: OperandLike | QArray,
+    rhs: OperandLike | QArray,
+    dimension_numbers: lax.DotDimensionNumbers,
+    precision: Precision = None,
+    preferred_element_type: FormatLike | None = None,
     *,
-    target: Any = None,
+    target: TargetLike = None,
     mode: str = "fast",
 ) -> jax.Array:
     """:func:`emulate.dot_general` where one or both operands are :class:`emulate.QArray`
@@ -112,8 +120,8 @@ def qarray_dot_general(
     segs = _segments(a.shape, b.shape, dn, qa, qb)
     if segs.count > 1 and (segs.g < 64 or _bf16_exact(qa, qb) or p.platform == "cpu"):
         # Scales change along K: one dot of the dequantized values beats many short ones
-        # (measured by benchmarks/scaled.py), unless they would have to be f32 and the
-        # segments are long on a TPU (where an f32 dot costs six bf16 passes).
+        # (docs/performance.md, "Matmul on block-scaled weights"), unless they would have
+        # to be f32 and the segments are long on a TPU (an f32 dot costs six bf16 passes).
         return _dequantized_run(
             qa if qa is not None else a,
             qb if qb is not None else b,
@@ -275,7 +283,7 @@ def _wide(x) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("dimension_numbers", "precision", "out"))
 def _dequantized_run(a, b, dimension_numbers, precision, out):
     va, vb = _wide(a), _wide(b)
-    if va.dtype != vb.dtype:  # a mixed-type dot runs 2x slower on XLA CPU than a converted one
+    if va.dtype != vb.dtype:  # XLA's CPU backend runs a mixed-type dot slower than a converted one
         common = jnp.promote_types(va.dtype, vb.dtype)
         va, vb = va.astype(common), vb.astype(common)
     if va.dtype == jnp.float32:
@@ -289,7 +297,7 @@ def _dequantized_run(a, b, dimension_numbers, precision, out):
 # --- jax.nn.scaled_matmul's interface ------------------------------------------------------
 
 
-def _as_qarray(x: Any, scales: Any, arg: str) -> QArray:
+def _as_qarray(x: jax.Array | np.ndarray, scales: jax.Array | np.ndarray, arg: str) -> QArray:
     if not hasattr(x, "shape") or not hasattr(scales, "shape"):
         raise TypeError(f"{arg}, {arg}_scales: expected arrays")
     if x.ndim != 3 or scales.ndim != 3:
@@ -304,15 +312,9 @@ def _as_qarray(x: Any, scales: Any, arg: str) -> QArray:
             f"dividing K = {k}, got {tuple(scales.shape)}"
         )
     dt = np.dtype(x.dtype).name
-    if dt not in formats.names() or dt == "float8_e8m0fnu":
+    if dt not in formats.MATMUL_OPERANDS:
         raise TypeError(f"{arg}: dtype {dt} is not an operand format")
-    if np.dtype(scales.dtype).name not in (
-        "float8_e8m0fnu",
-        "float8_e4m3fn",
-        "bfloat16",
-        "float16",
-        "float32",
-    ):
+    if np.dtype(scales.dtype).name not in SCALE_FORMATS:
         raise TypeError(f"{arg}_scales: dtype {np.dtype(scales.dtype).name} is not a scale format")
     return QArray(
         jnp.asarray(x),
@@ -327,13 +329,13 @@ def _as_qarray(x: Any, scales: Any, arg: str) -> QArray:
 
 
 def scaled_matmul(
-    lhs: Any,
-    rhs: Any,
-    lhs_scales: Any,
-    rhs_scales: Any,
-    preferred_element_type: Any = jnp.float32,
+    lhs: jax.Array | np.ndarray,
+    rhs: jax.Array | np.ndarray,
+    lhs_scales: jax.Array | np.ndarray,
+    rhs_scales: jax.Array | np.ndarray,
+    preferred_element_type: FormatLike | None = jnp.float32,
     *,
-    target: Any = None,
+    target: TargetLike = None,
     mode: str = "fast",
 ) -> jax.Array:
     """``jax.nn.scaled_matmul`` on any target: ``lhs`` (B, M, K), ``rhs`` (B, N, K), scales

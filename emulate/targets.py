@@ -49,11 +49,14 @@ import itertools
 import os
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 from emulate import formats as _formats
 from emulate import tables
 from emulate.formats import FormatLike
+
+if TYPE_CHECKING:
+    import jax
 
 __all__ = [
     "OPERANDS",
@@ -133,7 +136,7 @@ class Target:
     compute_capability: str | None = None
     source: str = "builtin"
 
-    def supports(self, lhs: Any, rhs: Any) -> bool:
+    def supports(self, lhs: FormatLike, rhs: FormatLike) -> bool:
         """Whether ``lhs x rhs`` runs natively; operands as format names, dtypes or Formats.
 
         Raises:
@@ -141,15 +144,14 @@ class Target:
         """
         return (_formats.get(lhs).name, _formats.get(rhs).name) in self.native_pairs
 
-    def accumulator(self, lhs: Any, rhs: Any) -> str | None:
+    def accumulator(self, lhs: FormatLike, rhs: FormatLike) -> str | None:
         """The accumulator format of the native ``lhs x rhs`` dot, or None if not native.
 
         ``"int32"`` for two integer operands, ``"float32"`` otherwise.
         """
         if not self.supports(lhs, rhs):
             return None
-        both_int = _formats.get(lhs).is_integer and _formats.get(rhs).is_integer
-        return "int32" if both_int else "float32"
+        return _formats.dot_accumulator(lhs, rhs)
 
     def rate(self, compute: str) -> float:
         """The matrix-unit rate (ops/s) for ``compute`` operands: "int8", "int4", "fp8",
@@ -521,7 +523,7 @@ def detect(platform: str, device_kind: str = "", compute_capability: str | None 
     )
 
 
-def from_device(device: Any) -> Target:
+def from_device(device: jax.Device) -> Target:
     """The profile for a ``jax.Device``: :func:`detect` on its attributes."""
     cc = getattr(device, "compute_capability", None)
     kind = getattr(device, "device_kind", "")
@@ -600,7 +602,7 @@ def _status(t: Target, lhs: str, rhs: str) -> str:
 
 
 def _targets_and_formats(
-    targets: Iterable[str | Target] | None, formats: Iterable[Any] | None
+    targets: Iterable[str | Target] | None, formats: Iterable[FormatLike] | None
 ) -> tuple[list[Target], list[str]]:
     ts = list(all_targets()) if targets is None else [get(t) for t in targets]
     if formats is None:
@@ -609,7 +611,7 @@ def _targets_and_formats(
 
 
 def capability_matrix(
-    targets: Iterable[str | Target] | None = None, formats: Iterable[Any] | None = None
+    targets: Iterable[str | Target] | None = None, formats: Iterable[FormatLike] | None = None
 ) -> list[CapabilityRow]:
     """Native or emulated, per target and format, for ``fmt x fmt`` and ``bfloat16 x fmt``.
 
@@ -633,7 +635,7 @@ def _cell(t: Target, f: str, mark: dict[str, str]) -> str:
 
 
 def render_matrix(
-    targets: Iterable[str | Target] | None = None, formats: Iterable[Any] | None = None
+    targets: Iterable[str | Target] | None = None, formats: Iterable[FormatLike] | None = None
 ) -> str:
     """:func:`capability_matrix` as a plain-text table: targets as rows, formats as columns.
 

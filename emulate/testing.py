@@ -31,15 +31,17 @@ import math
 import sys
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import hypothesis.extra.numpy as hnp
 import numpy as np
+import numpy.typing as npt
 from hypothesis import strategies as st
 
 from emulate import bounds, reference
 from emulate import formats as _formats
-from emulate.formats import Format
+from emulate import targets as _targets
+from emulate.formats import Format, FormatLike
 from emulate.planning.exactness import exact_class
 from emulate.planning.plan import MODES, Plan
 from emulate.planning.plan import plan as _make_plan
@@ -103,14 +105,14 @@ def _all_codes(f: Format) -> np.ndarray:
     return np.arange(1 << f.bits, dtype=np.uint64)
 
 
-def finite_codes(fmt: Any) -> list[int]:
+def finite_codes(fmt: FormatLike) -> list[int]:
     """Every code of the low-precision format ``fmt`` whose value is finite."""
     f = _formats.get(fmt)
     bad = set(f.nan_codes) | set(f.inf_codes)
     return [int(c) for c in _all_codes(f) if int(c) not in bad]
 
 
-def special_codes(fmt: Any, *, finite: bool = False) -> list[int]:
+def special_codes(fmt: FormatLike, *, finite: bool = False) -> list[int]:
     """Codes of the edge values: zeros, +-max, +-min normal, +-min subnormal, +-1, NaN, Inf.
 
     Empty for formats wider than 8 bits. With ``finite``, NaN and Inf codes are left out.
@@ -137,7 +139,7 @@ def _check_elements(elements: str) -> None:
         raise ValueError(f"elements: expected 'all', 'finite' or 'normal', got {elements!r}")
 
 
-def codes(fmt: Any, *, elements: str = "all") -> st.SearchStrategy[int]:
+def codes(fmt: FormatLike, *, elements: str = "all") -> st.SearchStrategy[int]:
     """One code of ``fmt``: ``elements`` is "all", "finite" or "normal" (no subnormals, no zero).
 
     Half of the draws come from :func:`special_codes`, half from all the allowed codes.
@@ -168,7 +170,7 @@ def _wide_values(f: Format, elements: str) -> st.SearchStrategy[float]:
         specials += [0.0, -0.0, tiny, -tiny]
     if elements == "all":
         specials += [math.inf, -math.inf, math.nan]
-    width = 16 if f.name == "float16" else 32
+    width: Literal[16, 32] = 16 if f.name == "float16" else 32
     spread = st.floats(-WIDE_RANGE, WIDE_RANGE, width=width, allow_subnormal=False)
     if elements == "normal":
         spread = spread.filter(lambda v: abs(v) >= 2.0**-14)  # normal in float16 too
@@ -176,7 +178,11 @@ def _wide_values(f: Format, elements: str) -> st.SearchStrategy[float]:
 
 
 def arrays(
-    fmt: Any, shape: Any, *, elements: str = "all", fill: str | None = None
+    fmt: FormatLike,
+    shape: tuple[int, ...] | st.SearchStrategy[tuple[int, ...]],
+    *,
+    elements: str = "all",
+    fill: str | None = None,
 ) -> st.SearchStrategy[np.ndarray]:
     """A numpy array of ``fmt``'s dtype (ml_dtypes), ``shape`` an int tuple or a strategy.
 
@@ -223,7 +229,7 @@ def formats(*, include_scale: bool = False) -> st.SearchStrategy[Format]:
     return st.sampled_from([_formats.get(n) for n in names])
 
 
-def result_types(lhs: Any, rhs: Any) -> list[str | None]:
+def result_types(lhs: FormatLike, rhs: FormatLike) -> list[str | None]:
     """The ``preferred_element_type`` values worth checking for an operand pair.
 
     Integer pairs: None (the sum wraps into the operand type), int32, float32 and bfloat16
@@ -254,11 +260,11 @@ class DotProblem(NamedTuple):
 
 
 def dot_general_problems(
-    lhs_fmt: Any = None,
-    rhs_fmt: Any = None,
+    lhs_fmt: FormatLike | None = None,
+    rhs_fmt: FormatLike | None = None,
     *,
     layouts: Sequence[Layout] | st.SearchStrategy[Layout] | None = None,
-    preferred_element_types: Sequence[Any] | None = None,
+    preferred_element_types: Sequence[FormatLike | None] | None = None,
     elements: str = "all",
     fill: str | None = None,
 ) -> st.SearchStrategy[DotProblem]:
@@ -283,7 +289,7 @@ def dot_general_problems(
     fixed = [None if f is None else _formats.get(f) for f in (lhs_fmt, rhs_fmt)]
 
     @st.composite
-    def problem(draw: Any) -> DotProblem:
+    def problem(draw: st.DrawFn) -> DotProblem:
         lf = fixed[0] if fixed[0] is not None else draw(formats(), label="lhs format")
         rf = fixed[1] if fixed[1] is not None else draw(formats(), label="rhs format")
         pets = preferred_element_types
@@ -394,7 +400,7 @@ class Comparison:
         return "\n".join(lines)
 
 
-def _exact_words(e: Any) -> str:
+def _exact_words(e: Fraction | float) -> str:
     if isinstance(e, Fraction):
         return f"Fraction({e.numerator}, {e.denominator}) = {float(e)!r}"
     return repr(float(e))
@@ -412,13 +418,13 @@ def _check_mode(mode: str) -> None:
 
 
 def compare(
-    result: Any,
-    lhs: Any,
-    rhs: Any,
-    dimension_numbers: Any,
+    result: npt.ArrayLike,
+    lhs: npt.ArrayLike,
+    rhs: npt.ArrayLike,
+    dimension_numbers: Sequence[Sequence[Sequence[int]]],
     *,
     mode: str,
-    preferred_element_type: Any = None,
+    preferred_element_type: FormatLike | None = None,
 ) -> Comparison:
     """Compare ``result`` of a ``dot_general(lhs, rhs, ...)`` with :mod:`emulate.reference`.
 
@@ -443,7 +449,9 @@ def compare(
     contract = "exact" if mode == "exact" or exact_class(lf, rf) else "bounded"
     want = reference.dot_general(a, b, dimension_numbers, preferred_element_type)
     out = _formats.get(want.dtype)
-    base = dict(lhs=lf.name, rhs=rf.name, out=out.name, mode=mode, contract=contract)
+    base: dict[str, Any] = dict(
+        lhs=lf.name, rhs=rf.name, out=out.name, mode=mode, contract=contract
+    )
     if got.dtype != want.dtype or got.shape != want.shape:
         return Comparison(
             **base,
@@ -497,13 +505,13 @@ def compare(
 
 
 def assert_matches_reference(
-    result: Any,
-    lhs: Any,
-    rhs: Any,
-    dimension_numbers: Any,
+    result: npt.ArrayLike,
+    lhs: npt.ArrayLike,
+    rhs: npt.ArrayLike,
+    dimension_numbers: Sequence[Sequence[Sequence[int]]],
     *,
     mode: str,
-    preferred_element_type: Any = None,
+    preferred_element_type: FormatLike | None = None,
 ) -> None:
     """Assert that ``result`` keeps the numerics contract against :mod:`emulate.reference`.
 
@@ -576,7 +584,7 @@ def _from_ordinal(o: int, f: Format, dtype: np.dtype) -> float:
     return float(np.asarray(code, uint).reshape(1).view(dtype).astype(np.float64)[0])
 
 
-def _needed_bound(v: Any, e: Fraction, f: Format) -> Fraction:
+def _needed_bound(v: npt.ArrayLike, e: Fraction, f: Format) -> Fraction:
     """The smallest bound ``B`` with ``v`` between the roundings of ``e - B`` and ``e + B``.
 
     ``v`` is a finite value of format ``f``; the values that round to it reach halfway to
@@ -596,7 +604,9 @@ def _needed_bound(v: Any, e: Fraction, f: Format) -> Fraction:
     return max(Fraction(0), edge - e if value > e else e - edge)
 
 
-def _flushed_nan(a: np.ndarray, b: np.ndarray, dimension_numbers: Any) -> np.ndarray:
+def _flushed_nan(
+    a: np.ndarray, b: np.ndarray, dimension_numbers: Sequence[Sequence[Sequence[int]]]
+) -> np.ndarray:
     """Where the sum is NaN once operands below 2**-126 read as zero, as a flushing backend
     (XLA on the CPU and the TPU) reads them: a subnormal f32 or bf16 operand times Inf."""
     subs = bounds.einsum_subscripts(a.ndim, b.ndim, dimension_numbers)
@@ -651,12 +661,12 @@ def plan_key(p: Plan) -> tuple:
 
 
 def representative_targets(
-    lhs: Any,
-    rhs: Any,
-    targets: Iterable[Any] | None = None,
+    lhs: FormatLike,
+    rhs: FormatLike,
+    targets: Iterable[str | _targets.Target] | None = None,
     *,
     mode: str = "fast",
-    preferred_element_type: Any = "float32",
+    preferred_element_type: FormatLike | None = "float32",
 ) -> list[str]:
     """One target name per distinct :func:`plan_key` among ``targets`` (default: all).
 
@@ -668,8 +678,6 @@ def representative_targets(
       What :func:`emulate.plan` raises for the pair (``NotImplementedError`` where
       ``mode="exact"`` is not built for it).
     """
-    from emulate import targets as _targets
-
     names = [t.name for t in _targets.all_targets()] if targets is None else targets
     seen: dict[tuple, str] = {}
     for t in names:
@@ -707,7 +715,7 @@ def _array_expr(name: str, x: np.ndarray) -> str:
     return f"{prefix}{body}, dtype=np.{uint.name}){view}\n# {name} values: {values}"
 
 
-def reproducer(problem: DotProblem, *, target: Any, mode: str) -> str:
+def reproducer(problem: DotProblem, *, target: str | _targets.Target, mode: str) -> str:
     """``problem`` as a ready-to-run Python script.
 
     The operands are written as ``np.array`` literals of their codes, viewed as their
@@ -715,8 +723,6 @@ def reproducer(problem: DotProblem, *, target: Any, mode: str) -> str:
     :func:`emulate.reference.dot_general` and ends with :func:`assert_matches_reference`,
     which raises where the contract is broken.
     """
-    from emulate import targets as _targets
-
     _check_mode(mode)
     t = _targets.get(target).name
     lhs, rhs, dn, pet = problem

@@ -7,8 +7,9 @@ contraction whose operands are mostly the format's largest values, where a naive
 sum of int8 products goes wrong), runs :func:`emulate.dot_general` for the target on this
 machine and checks each result with :func:`emulate.testing.compare`: bit for bit for the
 exact classes, within :func:`emulate.bounds.dot_general_bound` for the other pairs in mode
-"fast". Mode "exact" for a pair outside the exact class raises ``NotImplementedError``
-today; such rows are reported as "not built", neither passed nor failed.
+"fast", bit for bit in mode "exact". A row whose mode :func:`emulate.plan` does not build
+for the pair (``NotImplementedError``) is reported as "not built", neither passed nor
+failed; no pair of the low-precision formats with itself or with bfloat16 is one.
 
 Targets whose plans for a pair share :func:`emulate.testing.plan_key` run the same
 program: the row is checked once, on the first of them, and repeated for the others.
@@ -268,6 +269,7 @@ def check(
     reproducer = report = None
     if tally.mismatches:
         # The same seed finds the same first failure; hypothesis shrinks it.
+        shrunk: et.DotProblem | None
         try:
             shrunk = find(
                 strategy,
@@ -422,7 +424,7 @@ pair: lhs x rhs (bf16 = bfloat16; float8_/float6_/float4_ dropped). plan: emulat
 for a float32 result, as `emulate targets` shows it; * = a native plan this machine cannot
 compile, checked on its fallback route (Plan.fallback). contract: exact = bit for bit with
 emulate.reference; bounded = within emulate.bounds.dot_general_bound (mode "fast"); not built =
-mode "exact" is not built for this pair yet (NotImplementedError): neither passed nor failed.
+the plan raised NotImplementedError for this pair and mode: neither passed nor failed.
 tried: examples; fail: examples that broke the contract; ulps: largest distance from the
 reference in ulps of the result type; err/bound: the smallest error bound that admits the
 results, over the bound of mode "fast" (<= 1: within the contract); time: =T: the same

@@ -14,7 +14,7 @@ from emulate import formats
 from emulate import testing as et
 from emulate.engine import run, tiled
 from emulate.engine.operands import Operand, operand
-from emulate.numerics.storage import Packed
+from emulate.numerics.storage import Packed, code_planes
 
 F32 = jnp.float32
 DN = (((1,), (0,)), ((), ()))
@@ -296,7 +296,7 @@ def test_planes_are_the_strided_elements(fmt):
     for length in (1, 2, 3, 5, 8, 13):
         codes = rng.integers(0, 1 << bits, (length, 3)).astype(np.uint8)
         p = emulate.pack(codes, fmt, axis=0)
-        got = tiled.planes(p)
+        got = code_planes(p)
         g = 2 if bits == 4 else 4
         assert len(got) == min(g, length)
         for j, plane in enumerate(got):

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -137,7 +138,8 @@ def _signed_limbs(part: jax.Array, shifts: np.ndarray, n_limbs: int, bound: int)
     limbs: list[jax.Array | int] = [0] * n_limbs
     for sh, pairs in sorted(groups.items()):
         for start in range(0, len(pairs), per):
-            f = sum(part[:, :, i, :, j] for i, j in pairs[start : start + per])  # (B, C, M, N)
+            # (B, C, M, N); sum() of a non-empty group is an array, never its start 0
+            f = cast(jax.Array, sum(part[:, :, i, :, j] for i, j in pairs[start : start + per]))
             hi = lax.shift_right_arithmetic(f, jnp.int32(16))  # |hi| < 2**15
             lo = f & 0xFFFF
             if n_chunks == 1:

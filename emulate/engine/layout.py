@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 __all__ = [
     "DimensionNumbers",
@@ -39,7 +40,7 @@ def free_dims(ndim: int, batch: Sequence[int], contract: Sequence[int]) -> list[
 
 
 def normalize_dimension_numbers(
-    dimension_numbers: Any,
+    dimension_numbers: lax.DotDimensionNumbers,
     lhs_shape: Sequence[int],
     rhs_shape: Sequence[int],
     where: str,

@@ -10,7 +10,7 @@ be cut into tiles (:mod:`emulate.engine.tiled`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +25,7 @@ from emulate.targets import TargetLike
 
 __all__ = [
     "Operand",
+    "OperandLike",
     "Precision",
     "decode_to",
     "describe",
@@ -35,8 +36,12 @@ __all__ = [
 
 #: What ``lax.dot_general`` takes as ``precision`` (a list is made a tuple, to hash).
 Precision: TypeAlias = (
-    None | str | lax.Precision | tuple[str | lax.Precision | None, str | lax.Precision | None]
+    None | str | lax.Precision | tuple[str, str] | tuple[lax.Precision, lax.Precision]
 )
+
+#: What :func:`operand` takes: a jax or numpy array (of a format's dtype, or ``uint8``
+#: codes), a :class:`~emulate.numerics.storage.Packed` array, or an :class:`Operand`.
+OperandLike: TypeAlias = "jax.Array | np.ndarray | Packed | Operand"
 
 
 @jax.tree_util.register_pytree_node_class
@@ -79,7 +84,7 @@ class Operand:
         return self.value
 
 
-def operand(x: Any, fmt: FormatLike | None = None, *, arg: str = "x") -> Operand:
+def operand(x: OperandLike, fmt: FormatLike | None = None, *, arg: str = "x") -> Operand:
     """Normalise an operand: an array of any registered format (jax or numpy, float6 numpy
     arrays included), ``uint8`` codes with ``fmt``, or a Packed array.
 
@@ -164,8 +169,8 @@ def describe(a: Operand, b: Operand, target: TargetLike) -> str:
     )
 
 
-def hashable_precision(precision: Any) -> Precision:
+def hashable_precision(precision: Precision | list[str] | list[lax.Precision]) -> Precision:
     """``precision`` with a list made a tuple, so that it can be a jit static argument."""
     if isinstance(precision, list):
-        return tuple(precision)  # type: ignore[return-value]
-    return precision  # type: ignore[no-any-return]
+        return cast(Precision, tuple(precision))
+    return precision

@@ -20,12 +20,13 @@ step decodes one tile of codes (a few MiB, which stays in cache) and contracts i
   with planes, below, which are used only where K-tiling would be allowed).
 
 Packed 4- and 6-bit operands packed along the contracting dimension are decoded plane by
-plane (:func:`planes`): the low nibbles of a tile's bytes, then the high ones (for 6-bit
-codes, the four codes of each 3-byte group); each plane is contracted with the matching
+plane (:func:`emulate.numerics.storage.code_planes`): the low nibbles of a tile's bytes,
+then the high ones (for 6-bit codes, the four codes of each 3-byte group); each plane is contracted with the matching
 elements of the other operand (``x[..., j::g]``, cut once, up front) and the plane products
 are added. No interleaving is done on the weight (for XLA that is a transpose, which it
-fuses badly), and no concatenation either (a concatenating fusion ran 3x slower than two
-plain decodes here); a contraction does not depend on the order of K.
+fuses badly), and no concatenation either (XLA's CPU backend runs a concatenating fusion
+far slower than plain decodes); a contraction does not depend on the order of K. The
+measurements behind each threshold are in docs/performance.md ("The tiled CPU path").
 
 Tiles are chosen from static shapes (:func:`choose`) so that the temporaries stay within
 a fraction of one decoded copy. The tiled program is used only when the computation is
@@ -50,7 +51,7 @@ from emulate import formats
 from emulate.engine.contract import contract_decoded, finish
 from emulate.engine.layout import DimensionNumbers
 from emulate.engine.operands import Operand, Precision, decode_to
-from emulate.numerics.storage import Packed, to_codes
+from emulate.numerics.storage import Packed, code_planes, to_codes
 from emulate.planning.plan import Plan
 
 __all__ = [
@@ -60,7 +61,6 @@ __all__ = [
     "choose",
     "contract",
     "current_settings",
-    "planes",
     "settings",
 ]
 
@@ -72,14 +72,13 @@ class Settings:
     Attributes:
       enabled: tile at all.
       min_bytes: decoded operands of at most this many bytes are decoded whole (they fit
-        in cache, and a loop over thin tiles measured slower: 1.2x to 1.5x of the floor at
-        1024 x 1024 against 0.8x to 1.0x untiled).
+        in cache, where a loop over thin tiles is slower than one decode).
       budget: the temporaries a tiled program may hold, as a fraction of one decoded copy
         of the tiled operand.
       max_tile_bytes: the largest decoded tile (bytes), to keep a tile in cache.
       min_tile_bytes: the smallest decoded K-tile (bytes), even where that exceeds the
-        budget (small weights): K-tiles of 128 rows of a 2048-column weight ran at 1.1x of
-        the floor, tiles of 256 to 512 rows at 0.6x.
+        budget (small weights): thin K-tiles of a small weight cost more in loop steps
+        than they save.
       max_acc_bytes: K-tiling (one running accumulator) while the accumulator is at most
         this large; N-tiling beyond.
       min_tile: the fewest elements along the tiled dimension; thinner tiles are not used.
@@ -195,8 +194,7 @@ def choose(
     o_planar = None if planar_dim is None else oc[dc.index(planar_dim)]
     # K-tiling keeps a running accumulator and one partial product (2 x acc_bytes); it is
     # the choice while those stay small enough to sit in cache and the sum may be
-    # reordered (at 4096 x 4096: M = 64, an accumulator of 1 MiB, 0.6x to 0.9x of the
-    # floor; M = 512, 8 MiB, 1.2x against 1.06x for N-tiling).
+    # reordered; a larger accumulator leaves the cache, and N-tiling wins.
     k_ok = (p.k_chunk is None or k <= p.k_chunk) and len(dc) > 0
     kind = s.kind or ("k" if k_ok and acc_bytes <= s.max_acc_bytes else "n")
     if kind == "k":
@@ -316,44 +314,9 @@ def _dyn_slice(x: jax.Array, dim: int, start: int | jax.Array, length: int) -> j
     _, x = lax.optimization_barrier((start, x))
     dt = x.dtype
     if jnp.issubdtype(dt, jnp.floating) and dt.itemsize < 4:
-        u = lax.bitcast_convert_type(x, _UINT[dt.itemsize])
+        u = lax.bitcast_convert_type(x, formats.unsigned_dtype(8 * dt.itemsize))
         return lax.bitcast_convert_type(lax.dynamic_slice_in_dim(u, start, length, axis=dim), dt)
     return lax.dynamic_slice_in_dim(x, start, length, axis=dim)
-
-
-_UINT = {1: jnp.uint8, 2: jnp.uint16}
-
-
-def planes(p: Packed) -> list[jax.Array]:
-    """The uint8 codes of ``p`` split by position in their byte group, without interleaving:
-    plane ``j`` holds elements ``j, j + g, j + 2g, ...`` along the packed axis (``g`` = 2
-    for 4-bit formats: the low and the high nibbles; 4 for 6-bit ones), ``ceil((length -
-    j) / g)`` of them. Empty planes (a length below ``g``) are left out."""
-    bits, length = p.format.bits, p.length
-    axis = p.data.ndim + p.axis
-    b = p.data
-    if bits == 4:
-        parts = [b & 0xF, b >> 4]
-    else:
-        pad = (-b.shape[axis]) % 3
-        if pad:
-            widths = [(0, 0)] * b.ndim
-            widths[axis] = (0, pad)
-            b = jnp.pad(b, widths)
-        b3 = b.reshape(b.shape[:axis] + (-1, 3) + b.shape[axis + 1 :])
-        b0, b1, b2 = (lax.index_in_dim(b3, j, axis + 1, keepdims=False) for j in range(3))
-        parts = [
-            b0 & 0x3F,
-            (b0 >> 6) | ((b1 & 0xF) << 2),
-            (b1 >> 4) | ((b2 & 0x3) << 4),
-            b2 >> 2,
-        ]
-    g = len(parts)
-    return [
-        lax.slice_in_dim(q, 0, -(-(length - j) // g), axis=axis)
-        for j, q in enumerate(parts)
-        if j < length
-    ]
 
 
 # ----------------------------------------------------------------------------- running
@@ -380,6 +343,7 @@ def contract(
     acc_dtype = jnp.dtype(p.accumulator)
     g = _group(d) if t.planar else 1
     if t.planar:  # the other operand's matching dimension, split the same way as the planes
+        assert t.packed_dim is not None and t.other_packed_dim is not None
         length = d.shape[t.packed_dim]
         o_planes = [
             lax.slice_in_dim(o_dec, j, length, stride=g, axis=t.other_packed_dim)
@@ -399,13 +363,15 @@ def contract(
         ``start`` of the whole operand, a multiple of ``g``) of plane x matching slice."""
         axis = piece.value.ndim + piece.value.axis
         total = None
-        for j, codes in enumerate(planes(piece.value)):
+        for j, codes in enumerate(code_planes(piece.value)):
             dd = decode_to(Operand(codes, piece.format_name), d_compute, d_scale)
             oo = o_planes[j]
             if t.kind == "k":
+                assert t.other_dim is not None
                 oo = _dyn_slice(oo, t.other_dim, start // g, codes.shape[axis])
             r = dot(dd, oo)
             total = r if total is None else total + r
+        assert total is not None  # a tile has at least one plane
         return total
 
     if t.kind == "k":
@@ -414,6 +380,7 @@ def contract(
             piece = _slice(d, t.dim, start, length)
             if t.planar:
                 return planar_sum(piece, start)
+            assert t.other_dim is not None
             oo = _dyn_slice(o_dec, t.other_dim, start, length)
             return dot(decode_to(piece, d_compute, d_scale), oo)
 
@@ -435,6 +402,7 @@ def contract(
         dd = decode_to(piece, d_compute, d_scale)
         return contract_decoded(p, *pair(dd, o_dec), dimension_numbers, precision)
 
+    assert t.out_dim is not None
     shape = jax.eval_shape(lambda: columns(0, t.tile))
     out_shape = list(shape.shape)
     out_shape[t.out_dim] = t.size

@@ -18,16 +18,16 @@ result, which is exact because no format has more than 4 mantissa bits.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.typing import ArrayLike, DTypeLike
 
 from emulate import formats
-from emulate.formats import Format
-from emulate.numerics.storage import from_codes, to_codes
+from emulate.formats import Format, FormatLike
+from emulate.numerics.storage import Packed, from_codes, to_codes
 
 __all__ = ["decode", "decode_float_bits", "decode_int_bits", "encode"]
 
@@ -41,7 +41,12 @@ def _u32(v: int) -> jax.Array:
     return jnp.uint32(v)
 
 
-def decode(x: Any, fmt: Any = None, *, to: Any = jnp.bfloat16) -> jax.Array:
+def decode(
+    x: jax.Array | np.ndarray | Packed,
+    fmt: FormatLike | None = None,
+    *,
+    to: DTypeLike = jnp.bfloat16,
+) -> jax.Array:
     """Decode low-precision values into ``to`` exactly.
 
     Args:
@@ -64,7 +69,7 @@ def decode(x: Any, fmt: Any = None, *, to: Any = jnp.bfloat16) -> jax.Array:
       TypeError: ``x`` is not an array, or ``to`` is not an accepted type.
       ValueError: ``fmt`` disagrees with ``x``, or ``to`` cannot hold the format.
     """
-    from emulate.numerics.storage import Packed, unpack_codes
+    from emulate.numerics.storage import unpack_codes
 
     if isinstance(x, Packed):
         if fmt is not None and formats.get(fmt) != x.format:
@@ -92,7 +97,7 @@ def _decode_codes(codes: jax.Array, name: str, to: str) -> jax.Array:
     return lax.bitcast_convert_type((bits32 >> 16).astype(jnp.uint16), jnp.bfloat16)
 
 
-def _target(to: Any, f: Format) -> np.dtype:
+def _target(to: DTypeLike, f: Format) -> np.dtype:
     try:
         name = np.dtype(to).name
     except TypeError:
@@ -161,7 +166,7 @@ def _special(c, mag, exp_field, f: Format):
     return mag == _u32((1 << (f.bits - 1)) - 1 if f.signed else f.code_mask), None
 
 
-def encode(x: Any, fmt: Any, *, saturate: bool = False) -> jax.Array:
+def encode(x: ArrayLike, fmt: FormatLike, *, saturate: bool = False) -> jax.Array:
     """Round values into ``fmt``, round-to-nearest-even, as ml_dtypes' cast does by default.
 
     Args:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -28,36 +29,39 @@ import numpy as np
 from jax import lax
 
 from emulate import formats
-from emulate.formats import Format
+from emulate.formats import Format, FormatLike
 
 __all__ = [
     "Packed",
     "code_dtype",
+    "code_planes",
     "from_codes",
+    "group_bytes",
     "is_array",
     "pack",
+    "split_group_bytes",
     "to_codes",
     "unpack",
     "unpack_codes",
 ]
 
-_UINT = {4: jnp.uint8, 6: jnp.uint8, 8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32}
-
 
 def code_dtype(fmt: Format) -> np.dtype:
     """The unsigned dtype that holds one code of ``fmt`` (uint8 for 4-, 6- and 8-bit formats)."""
-    return np.dtype(_UINT[fmt.bits])
+    return formats.unsigned_dtype(fmt.bits)
 
 
 def is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray)) or isinstance(x, jax.core.Tracer)
 
 
-def _dtype_of(x: Any) -> np.dtype:
+def _dtype_of(x: jax.Array | np.ndarray) -> np.dtype:
     return np.dtype(x.dtype)
 
 
-def to_codes(x: Any, fmt: Any = None, *, arg: str = "x") -> tuple[jax.Array, Format]:
+def to_codes(
+    x: jax.Array | np.ndarray, fmt: FormatLike | None = None, *, arg: str = "x"
+) -> tuple[jax.Array, Format]:
     """Return ``(codes, format)`` for an array of a registered dtype, or codes plus a format.
 
     Args:
@@ -105,7 +109,7 @@ def to_codes(x: Any, fmt: Any = None, *, arg: str = "x") -> tuple[jax.Array, For
     return _bits_of(x, f), f
 
 
-def _bits_of(x: Any, f: Format) -> jax.Array:
+def _bits_of(x: jax.Array | np.ndarray, f: Format) -> jax.Array:
     if isinstance(x, np.ndarray) and not f.xla_storable:
         return jnp.asarray(x.view(np.uint8))
     x = jnp.asarray(x)
@@ -115,7 +119,7 @@ def _bits_of(x: Any, f: Format) -> jax.Array:
     return lax.bitcast_convert_type(x, code_dtype(f))
 
 
-def from_codes(codes: jax.Array, fmt: Any) -> jax.Array:
+def from_codes(codes: jax.Array, fmt: FormatLike) -> jax.Array:
     """Turn codes into an array of ``fmt``'s dtype (codes stay codes for float6).
 
     XLA cannot hold float6 arrays, so for ``float6_*`` the uint8 codes are returned as they
@@ -193,7 +197,7 @@ def _packed_len(bits: int, n: int) -> int:
     return -(-bits * n // 8)
 
 
-def pack(x: Any, fmt: Any = None, *, axis: int = -1) -> Packed:
+def pack(x: jax.Array | np.ndarray, fmt: FormatLike | None = None, *, axis: int = -1) -> Packed:
     """Pack a 4- or 6-bit array densely along ``axis``.
 
     Args:
@@ -258,43 +262,70 @@ def unpack_codes(p: Packed) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("bits", "axis", "length"))
 def _unpack_codes(data: jax.Array, bits: int, axis: int, length: int) -> jax.Array:
     # The codes are interleaved in place, next to the packed axis, never by moving that
-    # axis last (XLA would write a transposed copy and fuse less). Measured on the CPU
-    # (2**22 codes): along a leading axis, shifting a broadcast of each byte group by a
-    # constant pattern runs as fast as decoding unpacked codes and 2x faster than stacking
-    # the codes; along the last axis stacking is the faster of the two (both about 3x
-    # slower than decoding unpacked codes).
+    # axis last (XLA would write a transposed copy and fuse less). Along a leading axis,
+    # shifting a broadcast of each byte group by a constant pattern is the faster way on
+    # XLA's CPU backend; along the last axis, stacking the codes is.
     ax = data.ndim + axis
     group = 2 if bits == 4 else 4
-    nbytes_group = bits * group // 8
-    b = data
-    pad = (-b.shape[ax]) % nbytes_group
-    if pad:
-        widths = [(0, 0)] * b.ndim
-        widths[ax] = (0, pad)
-        b = jnp.pad(b, widths)
     mask = (1 << bits) - 1
-    if ax < b.ndim - 1:
+    if ax < data.ndim - 1:
+        parts = group_bytes(data, ax, bits)
         if bits == 4:
-            word, shifts = b, [0, 4]
+            word, shifts = parts[0], [0, 4]
         else:
-            b = b.reshape(b.shape[:ax] + (-1, 3) + b.shape[ax + 1 :]).astype(jnp.uint32)
-            parts = [lax.index_in_dim(b, j, ax + 1, keepdims=False) for j in range(3)]
-            word, shifts = parts[0] | (parts[1] << 8) | (parts[2] << 16), [0, 6, 12, 18]
+            b0, b1, b2 = (q.astype(jnp.uint32) for q in parts)
+            word, shifts = b0 | (b1 << 8) | (b2 << 16), [0, 6, 12, 18]
         pattern = jnp.asarray(shifts, word.dtype).reshape(
             (1,) * (ax + 1) + (group,) + (1,) * (word.ndim - ax - 1)
         )
         c = (jnp.expand_dims(word, ax + 1) >> pattern) & mask
     else:
-        b = b.reshape(b.shape[:ax] + (-1, nbytes_group) + b.shape[ax + 1 :])
-        parts = [lax.index_in_dim(b, j, ax + 1, keepdims=False) for j in range(nbytes_group)]
-        if bits == 4:
-            codes = [parts[0] & 0xF, parts[0] >> 4]
-        else:
-            b0, b1, b2 = parts
-            codes = [b0 & 0x3F, (b0 >> 6) | ((b1 & 0xF) << 2), (b1 >> 4) | ((b2 & 3) << 4), b2 >> 2]
-        c = jnp.stack(codes, axis=ax + 1)
+        c = jnp.stack(split_group_bytes(group_bytes(data, ax, bits), bits), axis=ax + 1)
     c = c.reshape(c.shape[:ax] + (-1,) + c.shape[ax + 2 :])
     return lax.slice_in_dim(c, 0, length, axis=ax).astype(jnp.uint8)
+
+
+def group_bytes(data: jax.Array, axis: int, bits: int) -> list[jax.Array]:
+    """The packed bytes along ``axis`` (non-negative) cut by position in their byte group:
+    one array for 4-bit formats (every byte is a group), three for 6-bit ones (byte ``j``
+    of each 3-byte group; the last group padded with zero bytes)."""
+    n = bits * (2 if bits == 4 else 4) // 8
+    if n == 1:
+        return [data]
+    pad = (-data.shape[axis]) % n
+    if pad:
+        widths = [(0, 0)] * data.ndim
+        widths[axis] = (0, pad)
+        data = jnp.pad(data, widths)
+    groups = data.reshape(data.shape[:axis] + (-1, n) + data.shape[axis + 1 :])
+    return [lax.index_in_dim(groups, j, axis + 1, keepdims=False) for j in range(n)]
+
+
+def split_group_bytes(parts: Sequence[jax.Array], bits: int) -> list[jax.Array]:
+    """The codes of each byte group, lowest first, from its bytes (:func:`group_bytes`):
+    the low and the high nibble of a byte for 4-bit formats; for 6-bit formats
+    ``c0 = b0 & 0x3F``, ``c1 = b0 >> 6 | (b1 & 0xF) << 2``, ``c2 = b1 >> 4 | (b2 & 3) << 4``,
+    ``c3 = b2 >> 2``. Works on any unsigned or int32 array of byte values."""
+    if bits == 4:
+        (b,) = parts
+        return [b & 0xF, b >> 4]
+    b0, b1, b2 = parts
+    return [b0 & 0x3F, (b0 >> 6) | ((b1 & 0xF) << 2), (b1 >> 4) | ((b2 & 0x3) << 4), b2 >> 2]
+
+
+def code_planes(p: Packed) -> list[jax.Array]:
+    """The uint8 codes of ``p`` split by position in their byte group, without interleaving:
+    plane ``j`` holds elements ``j, j + g, j + 2g, ...`` along the packed axis (``g`` = 2
+    for 4-bit formats: the low and the high nibbles; 4 for 6-bit ones), ``ceil((length -
+    j) / g)`` of them. Empty planes (a length below ``g``) are left out."""
+    axis = p.data.ndim + p.axis
+    parts = split_group_bytes(group_bytes(p.data, axis, p.format.bits), p.format.bits)
+    g = len(parts)
+    return [
+        lax.slice_in_dim(q, 0, -(-(p.length - j) // g), axis=axis)
+        for j, q in enumerate(parts)
+        if j < p.length
+    ]
 
 
 def unpack(p: Packed) -> jax.Array:

@@ -8,9 +8,10 @@
 - :func:`check`: lowers a function for TPU on any machine and reports each ``tpu.matmul``
   whose operand types the target lacks, with the error Mosaic would give.
 
-Import it as ``import emulate.pallas`` (it imports ``jax.experimental.pallas``). The
-functions shadow the submodules of the same names (``emulate.pallas.check`` is the function);
-``importlib.import_module("emulate.pallas.check")`` reaches the module.
+Import it as ``import emulate.pallas`` (it imports ``jax.experimental.pallas``). One kernel
+per module: :mod:`emulate.pallas.matmul_kernel`, :mod:`emulate.pallas.kernel_dot`, the
+check in :mod:`emulate.pallas.mosaic_check`, and the routes and in-kernel decoding they
+share in :mod:`emulate.pallas.route`.
 """
 
 from __future__ import annotations

@@ -11,20 +11,21 @@ because every chunk of at most 1024 int8 products fits f32's 24 bits) on a v4 or
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from emulate import formats
+from emulate.formats import FormatLike
 from emulate.numerics import accumulate
 from emulate.pallas import route
+from emulate.targets import TargetLike
 
 __all__ = ["dot"]
 
 
-def _format_of(x: Any, arg: str) -> formats.Format:
+def _format_of(x: jax.Array, arg: str) -> formats.Format:
     if not hasattr(x, "dtype") or not hasattr(x, "shape"):
         raise TypeError(
             f"{arg}: expected an array loaded from a ref (x_ref[...]), got {type(x).__name__}"
@@ -42,9 +43,9 @@ def dot(
     a: jax.Array,
     b: jax.Array,
     *,
-    preferred_element_type: Any = None,
-    target: Any = None,
-    precision: Any = None,
+    preferred_element_type: FormatLike | None = None,
+    target: TargetLike = None,
+    precision: lax.PrecisionLike = None,
 ) -> jax.Array:
     """``a @ b`` for 2-D values inside a Pallas TPU kernel, lowered the way ``target`` runs it.
 

@@ -14,14 +14,14 @@ One ``pallas_call``, grid ``(M / bm, N / bn, K / bk)``, K innermost ("arbitrary"
   ``(k, j + p * N / bn)``. In the kernel the planes are combined into 32-bit words, the
   ``group`` codes cut out with shifts and masks (code ``t`` of a word is the weight row
   that multiplies plane ``t`` of ``x``: no interleaving), and decoded exactly with the bit
-  formulas of :mod:`emulate.codecs` into int8 (x ``2**scale``), bf16 or f32.
+  formulas of :mod:`emulate.numerics.codecs` into int8 (x ``2**scale``), bf16 or f32.
 * Each step adds ``sum_t x_t @ w_t`` to a VMEM scratch accumulator: int32 for integer
   pairs and the other exact-class pairs (each float dot cut at the plan's K-chunk so that
   its f32 sum is exact, then converted), f32 otherwise. An exact pair with a float
   result keeps the int32 sum as two limbs (``hi * 2**16 + lo``), so no step can overflow.
   The accumulator is written to the output once, at the last K step.
 * Outside the kernel the padding is sliced off and the sum rounded once into the result
-  type (:mod:`emulate.accumulate`).
+  type (:mod:`emulate.numerics.accumulate`).
 
 Ragged shapes are padded with zero codes (value +0 in every format) and sliced back.
 """
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -39,9 +40,16 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from emulate import formats, targets
-from emulate.formats import Format
+from emulate.formats import Format, FormatLike
 from emulate.numerics import accumulate
-from emulate.numerics.storage import Packed, from_codes, is_array, to_codes, unpack_codes
+from emulate.numerics.storage import (
+    Packed,
+    from_codes,
+    is_array,
+    split_group_bytes,
+    to_codes,
+    unpack_codes,
+)
 from emulate.pallas import route
 from emulate.planning.exactness import MAX_CHUNKS, MAX_TOTAL_QUANTA
 
@@ -103,7 +111,9 @@ def _itemsize(name: str) -> int:
     return np.dtype(formats.get(name).dtype).itemsize
 
 
-def _weight(w: Any, w_format: Any) -> tuple[jax.Array, Format, int, int, int]:
+def _weight(
+    w: jax.Array | np.ndarray | Packed, w_format: FormatLike | None
+) -> tuple[jax.Array, Format, int, int, int]:
     """(storage, format, K, N, group) for the weight argument."""
     if isinstance(w, Packed):
         f = w.format
@@ -145,7 +155,9 @@ def _weight(w: Any, w_format: Any) -> tuple[jax.Array, Format, int, int, int]:
     return codes, f, codes.shape[0], codes.shape[1], 1
 
 
-def _activation(x: Any, x_format: Any) -> tuple[jax.Array, Format]:
+def _activation(
+    x: jax.Array | np.ndarray | Packed, x_format: FormatLike | None
+) -> tuple[jax.Array, Format]:
     """(values or codes, format) for the activation argument."""
     if isinstance(x, Packed):
         return unpack_codes(x), x.format
@@ -188,7 +200,7 @@ def config(
     group: int,
     nbytes: int,
     w_passthrough: bool,
-    block_shape: Any,
+    block_shape: Sequence[int] | None,
     interpret: bool,
 ) -> Config:
     """The :class:`Config` for one call: block shape defaults and checks."""
@@ -245,11 +257,7 @@ def _split_codes(planes: list[jax.Array], cfg: Config, bits: int) -> list[jax.Ar
     """The ``group`` code tiles (int32) of the loaded byte planes."""
     if cfg.group == 1:
         return planes
-    words = [p.astype(jnp.int32) for p in planes]
-    if cfg.group == 2:
-        return [words[0] & 0xF, (words[0] >> 4) & 0xF]
-    word = words[0] | (words[1] << 8) | (words[2] << 16)
-    return [(word >> (bits * i)) & 0x3F for i in range(cfg.group)]
+    return split_group_bytes([p.astype(jnp.int32) for p in planes], bits)
 
 
 def _kernel(cfg: Config, *refs: Any) -> None:
@@ -280,6 +288,7 @@ def _kernel(cfg: Config, *refs: Any) -> None:
         else:
             d = route.float_dot(xt, wt, r.precision)
         step = d if step is None else step + d
+    assert step is not None  # cfg.group >= 1
     if cfg.limbs:
         accs[0][...] += step >> 16
         accs[1][...] += step & 0xFFFF
@@ -335,7 +344,7 @@ def _run(x: jax.Array, w: jax.Array, cfg: Config) -> jax.Array:
     return accumulate.round_accumulator(outs[0], r.out)
 
 
-def _interpret(interpret: Any) -> bool:
+def _interpret(interpret: bool | None) -> bool:
     if interpret is None:
         return jax.default_backend() != "tpu"
     if isinstance(interpret, bool):
@@ -344,15 +353,15 @@ def _interpret(interpret: Any) -> bool:
 
 
 def matmul(
-    x: Any,
-    w: Any,
+    x: jax.Array | np.ndarray | Packed,
+    w: jax.Array | np.ndarray | Packed,
     *,
-    target: Any = None,
-    block_shape: Any = None,
-    out_dtype: Any = None,
-    interpret: Any = None,
-    x_format: Any = None,
-    w_format: Any = None,
+    target: targets.TargetLike = None,
+    block_shape: Sequence[int] | None = None,
+    out_dtype: FormatLike | None = None,
+    interpret: bool | None = None,
+    x_format: FormatLike | None = None,
+    w_format: FormatLike | None = None,
 ) -> jax.Array:
     """``x @ w`` as one Pallas TPU kernel that decodes the low-precision weight in VMEM.
 

@@ -128,7 +128,7 @@ class Finding:
         return "\n".join(lines)
 
 
-def _tpu_target(target: Any) -> targets.Target:
+def _tpu_target(target: targets.TargetLike) -> targets.Target:
     t = targets.current_target(target)
     if t.kind != "tpu":
         raise ValueError(
@@ -211,7 +211,9 @@ def _lower(fn: Callable[..., Any], args: tuple[Any, ...], t: targets.Target | No
         return jax.jit(fresh).trace(*args).lower(lowering_platforms=("tpu",))
 
 
-def matmul_sites(fn: Callable[..., Any], *args: Any, target: Any = None) -> list[MatmulSite]:
+def matmul_sites(
+    fn: Callable[..., Any], *args: Any, target: targets.TargetLike = None
+) -> list[MatmulSite]:
     """Every ``tpu.matmul`` of every ``pallas_call`` in ``fn(*args)``, lowered for TPU.
 
     Args:
@@ -275,6 +277,8 @@ def _fix(t: targets.Target, site: MatmulSite) -> str:
 
     acc = "int32" if site.acc_type.endswith("i32>") else "float32"
     try:
+        if site.lhs is None or site.rhs is None:  # an element type with no format (i32)
+            raise ValueError("no format")
         r = route.route(site.lhs, site.rhs, target=t, preferred_element_type=acc)
     except (TypeError, ValueError, NotImplementedError):
         return (
@@ -308,7 +312,7 @@ def _note(t: targets.Target, site: MatmulSite) -> str:
     return ""
 
 
-def diagnose(site: MatmulSite, target: Any) -> Finding | None:
+def diagnose(site: MatmulSite, target: targets.TargetLike) -> Finding | None:
     """The :class:`Finding` for one site on ``target``, or None if the target runs it."""
     t = _tpu_target(target)
     lhs, rhs = site.lhs, site.rhs
@@ -330,7 +334,7 @@ def diagnose(site: MatmulSite, target: Any) -> Finding | None:
     )
 
 
-def check(fn: Callable[..., Any], *args: Any, target: Any = None) -> list[Finding]:
+def check(fn: Callable[..., Any], *args: Any, target: targets.TargetLike = None) -> list[Finding]:
     """Lower ``fn(*args)`` for TPU and report each ``tpu.matmul`` that ``target`` cannot run.
 
     Runs on any machine (no TPU needed): the Pallas kernels in ``fn`` are lowered to Mosaic

@@ -1,4 +1,4 @@
-"""Kernel-side building blocks shared by :mod:`emulate.pallas.dot` and the matmul kernel.
+"""Kernel-side building blocks shared by :mod:`emulate.pallas.kernel_dot` and the matmul kernel.
 
 * :func:`route`: how one operand pair runs inside a Pallas TPU kernel on a target. It is
   :func:`emulate.plan` with one kernel-level correction: of the native integer pairs only
@@ -7,7 +7,7 @@
   runs kernels in interpret mode, cannot compile a dot of int4 operands. Those pairs take
   the int8 route when their values fit int8 and the bf16 (or f32) route otherwise.
 * :func:`decode_codes` / :func:`decode_values`: exact decoding of loaded tiles, on 32-bit
-  words, with the bit formulas of :mod:`emulate.codecs` (no gathers, no lookup tables,
+  words, with the bit formulas of :mod:`emulate.numerics.codecs` (no gathers, no lookup tables,
   no conversion of a low-precision type by the compiler), optionally scaled by ``2**k``
   so that exact-class values become integers.
 * :func:`exact_dot`: a tile contraction whose partial sums stay exact (K cut into chunks
@@ -20,14 +20,13 @@ it is plain ``jnp``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from emulate import formats, targets
-from emulate.formats import Format
+from emulate.formats import Format, FormatLike
 from emulate.numerics import codecs
 from emulate.planning.exactness import F32_EXACT, exact_class, exact_scale, max_quanta
 from emulate.planning.plan import plan
@@ -82,7 +81,7 @@ class Route:
         return self.lhs_scale + self.rhs_scale
 
     @property
-    def precision(self) -> Any:
+    def precision(self) -> lax.Precision | None:
         """HIGHEST for f32 operands (a TPU otherwise multiplies them in one bf16 pass)."""
         return lax.Precision.HIGHEST if self.lhs_compute == "float32" else None
 
@@ -93,7 +92,13 @@ def _widest_float(t: targets.Target, lhs: Format, rhs: Format) -> str:
     return "bfloat16" if fits and t.supports("bfloat16", "bfloat16") else "float32"
 
 
-def route(lhs: Any, rhs: Any, *, target: Any = None, preferred_element_type: Any = None) -> Route:
+def route(
+    lhs: FormatLike,
+    rhs: FormatLike,
+    *,
+    target: targets.TargetLike = None,
+    preferred_element_type: FormatLike | None = None,
+) -> Route:
     """The kernel route for ``lhs x rhs`` on ``target`` (a TPU profile or any other).
 
     Raises:
@@ -127,7 +132,7 @@ def route(lhs: Any, rhs: Any, *, target: Any = None, preferred_element_type: Any
     elif exact:
         acc, k_chunk = "float32", F32_EXACT // prod
     else:
-        acc, k_chunk = ("int32" if a.is_integer and b.is_integer else "float32"), None
+        acc, k_chunk = formats.dot_accumulator(a, b), None
     return Route(
         target=t.name,
         lhs=a.name,
@@ -145,7 +150,7 @@ def route(lhs: Any, rhs: Any, *, target: Any = None, preferred_element_type: Any
     )
 
 
-def decode_codes(codes: jax.Array, fmt: Any, to: str, scale: int = 0) -> jax.Array:
+def decode_codes(codes: jax.Array, fmt: FormatLike, to: str, scale: int = 0) -> jax.Array:
     """Decode a tile of raw codes (any integer dtype, the code in the low bits) into ``to``.
 
     ``to`` is "bfloat16", "float32" or "int8"; the value is multiplied by ``2**scale``
@@ -188,7 +193,7 @@ def _int_to(v: jax.Array, to: str) -> jax.Array:
     return v.astype(jnp.float32).astype(to)
 
 
-def float_dot(a: jax.Array, b: jax.Array, precision: Any = None) -> jax.Array:
+def float_dot(a: jax.Array, b: jax.Array, precision: lax.PrecisionLike = None) -> jax.Array:
     """``a @ b`` with an f32 (float operands) or int32 (integer operands) accumulator."""
     acc = jnp.int32 if jnp.issubdtype(a.dtype, jnp.integer) else jnp.float32
     return lax.dot_general(a, b, _MATMUL_DN, precision=precision, preferred_element_type=acc)

@@ -16,10 +16,9 @@ cut into chunks of that length and the chunk sums combined exactly in int32 limb
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from emulate import formats, targets
-from emulate.formats import Format
+from emulate.formats import Format, FormatLike
 from emulate.planning import slicing as exponent_slicing
 from emulate.planning.exactness import (
     F32_EXACT,
@@ -68,7 +67,7 @@ class Plan:
       platform: the JAX platform name of the target ("tpu", "cuda", "cpu").
       slicing: for mode "exact" outside the exact class (methods ``sliced-int8``,
         ``sliced-bf16``, ``sliced-f32``), the exponent slice widths of lhs and rhs (see
-        :mod:`emulate.exact`); None otherwise.
+        :mod:`emulate.planning.slicing`); None otherwise.
     """
 
     target: str
@@ -90,10 +89,6 @@ class Plan:
     fallback: Plan | None = None
     platform: str = "cpu"
     slicing: tuple[int, int] | None = None
-
-    @property
-    def decodes(self) -> bool:
-        return self.method != "native"
 
     def explain(self) -> str:
         """The plan and the reasons for it, in plain words."""
@@ -180,11 +175,11 @@ def _fmt_rate(rate: float) -> str:
 
 
 def plan(
-    lhs: Any,
-    rhs: Any,
+    lhs: FormatLike,
+    rhs: FormatLike,
     *,
-    target: Any = None,
-    preferred_element_type: Any = None,
+    target: targets.TargetLike = None,
+    preferred_element_type: FormatLike | None = None,
     mode: str = "fast",
 ) -> Plan:
     """Choose how to run a dot of ``lhs``-format by ``rhs``-format operands on ``target``.
@@ -234,10 +229,15 @@ def plan(
     # operands is the exact sum rounded once, so its int32 partial sums must not wrap.
     wraps = ints and out.is_integer
     # Largest |product| in units of the common quantum 2**-(ka + kb).
-    prod = max_quanta(a, ka) * max_quanta(b, kb) if exact else 0
+    # exact_class(a, b) is ``ka is not None and kb is not None``, spelt out for the checker.
+    prod = max_quanta(a, ka) * max_quanta(b, kb) if ka is not None and kb is not None else 0
     cands = [
         _native(t, a, b, exact, ints, None if wraps or not ints else I32_EXACT // prod),
-        *([_int8(t, a, b, ka, kb, None if wraps else I32_EXACT // prod)] if exact else []),
+        *(
+            [_int8(t, a, b, ka, kb, None if wraps else I32_EXACT // prod)]
+            if ka is not None and kb is not None
+            else []
+        ),
         _widen(t, a, b, "bf16", "bfloat16", ka, kb, prod, exact),
         _widen(t, a, b, "f32", "float32", ka, kb, prod, exact),
     ]
@@ -273,7 +273,8 @@ def _sliceable(f: Format) -> bool:
 
 def _sliced(t, a: Format, b: Format, out: Format, mode: str) -> Plan:
     """Mode "exact" outside the exact class: exponent slicing (:mod:`emulate.planning.slicing`)."""
-    cands, options = [], []
+    cands: list[_Candidate] = []
+    options: list[tuple[float, int, _Candidate, tuple[int, int]]] = []
     for compute, rate_name, acc in (
         ("int8", "int8", "int32"),
         ("bfloat16", "bfloat16", "float32"),
@@ -292,6 +293,7 @@ def _sliced(t, a: Format, b: Format, out: Format, mode: str) -> Plan:
         method = "sliced-" + {"int8": "int8", "bfloat16": "bf16", "float32": "f32"}[compute]
         cands.append(_Candidate(method, rate, why, (compute, compute), acc, chunk))
         if ok:
+            assert sa is not None and sb is not None and chunk is not None  # ok: chosen
             # Unknown rates count alike.
             cost = exponent_slicing.cost(sa, sb, chunk) / (rate or 1.0)
             options.append((cost, len(options), cands[-1], (sa.width, sb.width)))
@@ -342,8 +344,10 @@ class _Candidate:
 
 
 def _native(t, a: Format, b: Format, exact: bool, ints: bool, chunk: int | None) -> _Candidate:
-    # Only same-type pairs: a quantized operand fed next to an unquantized one has given
-    # wrong results on TPUs. Exact-class floats (e2m1, e2m3) keep the integer route.
+    # Only same-type pairs (design.md, "Traps": a TPU inference project reported wrong
+    # results from an unquantized lhs fed with a quantized rhs straight into the MXU, and
+    # Mosaic refuses mixed element types without its compatibility mode). Exact-class
+    # floats (e2m1, e2m3) keep the integer route.
     if a != b:
         why = "mixed pair; decoded to one type instead"
     elif exact and not ints:
@@ -352,7 +356,7 @@ def _native(t, a: Format, b: Format, exact: bool, ints: bool, chunk: int | None)
         why = f"{t.name} has no {a.name} x {b.name} unit"
     else:
         why = "ok"
-    acc = "int32" if ints else "float32"
+    acc = formats.dot_accumulator(a, b)
     return _Candidate("native", t.native_rate(a, b), why, (a.name, b.name), acc, chunk)
 
 

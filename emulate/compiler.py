@@ -673,8 +673,13 @@ def _run_subprocess(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
                 if not _NOISE.search(line)
             ]
         if got < len(todo):
-            if got == 0 and not verdicts and rc == 3:
+            if got == 0 and rc == 3:
                 raise _unavailable(f"the compiler subprocess could not start ({' '.join(tail)})")
+            if got == 0 and rc == 4:
+                raise TypeError(
+                    "fn: the compiler subprocess could not unpickle the jobs "
+                    f"({_first_line(chr(10).join(tail[-1:]))})"
+                )
             how = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
             message = _first_line("\n".join(tail[-3:])) if tail else ""
             verdicts.append(
@@ -694,7 +699,11 @@ def _worker() -> int:
     os.dup2(2, 1)  # anything the C++ side prints to stdout must not reach the protocol
     stdin = sys.stdin.buffer
     sys.path[:0] = [p for p in pickle.load(stdin) if p not in sys.path]
-    jobs: list[Job] = pickle.load(stdin)
+    try:
+        jobs: list[Job] = pickle.load(stdin)
+    except Exception as e:  # noqa: BLE001 - a module of a job's fn that does not import here
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        return 4
     # Filtering the traceback of every refused compile costs about 7% of a probe; this
     # process only reports first lines.
     jax.config.update("jax_traceback_filtering", "off")

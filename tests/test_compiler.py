@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -215,6 +217,18 @@ def test_check_with_the_other_compat_setting_runs_a_subprocess_and_survives_a_cr
 def test_check_in_a_subprocess_needs_fn_by_reference():
     with pytest.raises(TypeError, match=r"^fn: compiling with compat=False runs in a subprocess"):
         compiler.check(lambda x: x, _spec("float32"), target="tpu_v5e", compat=False)
+
+
+def test_check_in_a_subprocess_reports_a_fn_it_cannot_import(monkeypatch):
+    module = types.ModuleType("emulate_test_only_here")
+    exec("def f(x):\n    return x\n", module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    with pytest.raises(TypeError) as e:
+        compiler.check(module.f, _spec("float32"), target="tpu_v5e", compat=False)
+    assert str(e.value) == (
+        "fn: the compiler subprocess could not unpickle the jobs (ModuleNotFoundError: "
+        "No module named 'emulate_test_only_here')"
+    )
 
 
 # ---------------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ nothing else in emulate repeats the name mapping or the subprocess plumbing:
   on and off (one subprocess per setting compiles every case), and :func:`recorded` /
   :func:`verdict` read the result shipped in ``emulate/data/mosaic_probe.json``; they need
   neither libtpu nor a compiler. :func:`disagreements` sets the probe beside JAX's own
-  table (``get_tpu_info_for_chip(chip, 1).is_matmul_supported``).
+  table (``get_tpu_info_for_chip(chip, 1).is_matmul_supported``); :func:`differences`
+  lists the cases where two probes (a fresh one and the recorded one) differ.
 
 Reprobe with ``python -m emulate.compiler --probe [--out PATH]``.
 

@@ -19,7 +19,10 @@ PACKAGE = ROOT / "emulate"
 #: (layer, its modules in the order in which they may import each other).
 LAYERS: list[tuple[str, list[str]]] = [
     ("records", ["emulate.formats", "emulate.tables"]),
-    ("profiles, oracle, bounds", ["emulate.targets", "emulate.reference", "emulate.bounds"]),
+    (
+        "profiles, oracle, bounds",
+        ["emulate.targets", "emulate.compiler", "emulate.reference", "emulate.bounds"],
+    ),
     (
         "planning",
         [

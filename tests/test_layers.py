@@ -148,7 +148,7 @@ def _imports(module: str, source: str | None = None) -> tuple[set[str], list[str
                 targets.add(owner)
                 if full in MODULES:
                     aliases[a.asname or a.name] = full
-                elif a.name.startswith("_"):
+                elif a.name.startswith("_") and owner != module:
                     private.append(f"{module} imports {a.name} from {owner}")
     for node in ast.walk(tree):
         if (

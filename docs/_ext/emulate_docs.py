@@ -23,7 +23,17 @@ import pathlib
 from typing import Any
 
 #: The pages the index's toctree names itself, in order.
-PAGES = ("quickstart", "testing", "porting", "quantized", "numerics", "targets", "cli", "api")
+PAGES = (
+    "quickstart",
+    "testing",
+    "porting",
+    "quantized",
+    "numerics",
+    "targets",
+    "cli",
+    "api",
+    "architecture",
+)
 
 
 def _capture(argv: list[str]) -> str:

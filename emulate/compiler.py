@@ -890,7 +890,7 @@ def recorded() -> Probe:
     return Probe.from_json(PROBE_PATH.read_text(encoding="utf-8"))
 
 
-def _format_name(arg: str, fmt: Any) -> str:
+def _format_name(arg: str, fmt: _formats.FormatLike) -> str:
     try:
         return _formats.get(fmt).name
     except (ValueError, TypeError) as e:
@@ -899,9 +899,9 @@ def _format_name(arg: str, fmt: Any) -> str:
 
 def verdict(
     target: str | _targets.Target,
-    lhs: Any,
-    rhs: Any,
-    acc: Any = None,
+    lhs: _formats.FormatLike,
+    rhs: _formats.FormatLike,
+    acc: _formats.FormatLike | None = None,
     *,
     compat: bool = True,
     probe: Probe | None = None,

@@ -186,8 +186,8 @@ class _Rewriter:
 
     def emulated(self, eqn: Any, invals: list[Any]) -> Any:
         p = eqn.params
-        lhs, rhs = invals
         try:
+            lhs, rhs = invals
             if eqn.primitive.name == "dot_general":
                 out = dot_general(
                     lhs,

@@ -202,7 +202,7 @@ class Target:
 
 
 #: What names a target: a name or alias, a :class:`Target`, or None for the current one.
-TargetLike: TypeAlias = "str | Target | None"
+TargetLike: TypeAlias = str | Target | None
 
 
 def _product(lhs: Iterable[str], rhs: Iterable[str]) -> frozenset[tuple[str, str]]:

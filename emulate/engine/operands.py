@@ -39,10 +39,6 @@ Precision: TypeAlias = (
     None | str | lax.Precision | tuple[str, str] | tuple[lax.Precision, lax.Precision]
 )
 
-#: What :func:`operand` takes: a jax or numpy array (of a format's dtype, or ``uint8``
-#: codes), a :class:`~emulate.numerics.storage.Packed` array, or an :class:`Operand`.
-OperandLike: TypeAlias = "jax.Array | np.ndarray | Packed | Operand"
-
 
 @jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +78,11 @@ class Operand:
         if self.format.is_low_precision:
             return to_codes(self.value, self.format_name)[0]
         return self.value
+
+
+#: What :func:`operand` takes: a jax or numpy array (of a format's dtype, or ``uint8``
+#: codes), a :class:`~emulate.numerics.storage.Packed` array, or an :class:`Operand`.
+OperandLike: TypeAlias = jax.Array | np.ndarray | Packed | Operand
 
 
 def operand(x: OperandLike, fmt: FormatLike | None = None, *, arg: str = "x") -> Operand:

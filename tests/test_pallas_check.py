@@ -9,6 +9,7 @@ import io
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +17,7 @@ import pytest
 
 import emulate
 import emulate.pallas
-from emulate import cli, formats, targets
+from emulate import cli, compiler, formats, targets
 from emulate.numerics.storage import Packed
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -27,7 +28,14 @@ from emulate.pallas import mosaic_check
 KERNELS = pathlib.Path(kernels.__file__)
 TPUS = [n for n in targets.names() if targets.get(n).kind == "tpu"]
 I8 = jax.ShapeDtypeStruct((256, 256), jnp.int8)
-RAW_MESSAGE = "Unsupported matmul RHS type on target: 'vector<256x256xi8>'"
+RAW_MESSAGE = (
+    "E2001: CompileTimeMosaicUnsupportedRhsType: Unsupported matmul RHS type on target: "
+    "vector<128x128xi8>"
+)
+AUTO_CONVERSION = (
+    "Automatic int->float or f4 -> f8 conversion for matmuls requires compatibility mode."
+)
+HAVE_COMPILER = compiler.libtpu_version() is not None and compiler.available()
 
 
 def _line(marker: str) -> int:
@@ -36,51 +44,89 @@ def _line(marker: str) -> int:
     return found
 
 
-@pytest.mark.parametrize("target", TPUS)
-def test_raw_int8_kernel_is_flagged_where_the_chip_has_no_int8_pair(target):
+PROBED = list(compiler.recorded().topologies)
+UNPROBED = [t for t in TPUS if t not in PROBED]
+
+
+@pytest.fixture
+def recorded_rules(monkeypatch):
+    """Decide by the recorded rules, as on a machine without libtpu."""
+    monkeypatch.setattr(mosaic_check, "_compiler_here", lambda: False)
+    monkeypatch.setattr(mosaic_check, "_warned", set())
+
+
+def _expected(target, lhs, rhs, acc, compat):
+    """(kind, message) that check must report for a one-site kernel, from the probe."""
+    v = compiler.verdict(target, lhs, rhs, acc, compat=compat)
+    if not v.ok:
+        return ("refused", v.message)
+    off = compiler.verdict(target, lhs, rhs, acc, compat=False)
+    if compat and not off.ok:
+        return ("compat-only", off.message)
+    return None
+
+
+@pytest.mark.parametrize("target", PROBED)
+def test_raw_int8_kernel_gets_the_compilers_verdict(target):
     findings = emulate.pallas.check(kernels.raw_int8, I8, I8, target=target)
-    if targets.get(target).supports("int8", "int8"):
+    want = _expected(target, "int8", "int8", "int32", True)
+    if want is None:
         assert findings == []
         return
     (f,) = findings
+    assert (f.kind, f.message) == want
     assert f.target == target
-    assert f.operand == "RHS"
-    assert f.message == RAW_MESSAGE
+    assert f.basis == ("compiler" if HAVE_COMPILER else "recorded")
     assert f.site.kernel == "_raw_int8_kernel"
     assert (f.site.lhs_type, f.site.rhs_type, f.site.acc_type) == (
         "vector<256x256xi8>",
         "vector<256x256xi8>",
         "vector<256x256xi32>",
     )
-    assert (f.site.lhs, f.site.rhs) == ("int8", "int8")
     assert f.site.location == f"{KERNELS}:{_line('raw')}"
-    text = str(f)
-    assert text.splitlines()[0] == (
-        f"{KERNELS}:{_line('raw')}: kernel '_raw_int8_kernel' on {target}: "
-        f"Mosaic failed to compile TPU kernel: {RAW_MESSAGE}"
-    )
+    head = str(f).splitlines()[0]
+    if f.kind == "refused":
+        assert head == (
+            f"{KERNELS}:{_line('raw')}: kernel '_raw_int8_kernel' on {target}: "
+            f"Mosaic failed to compile TPU kernel: {f.message}"
+        )
+    else:
+        assert head.endswith(f"compiles only in Mosaic's compatibility mode (with it off: {f.message})")
     assert "emulate.pallas.dot(a, b, preferred_element_type=jnp.int32)" in f.fix
 
 
 def test_the_issue_targets():
-    # The acceptance line of the issue, spelled out.
-    for target in ("tpu_v4", "tpu_v7x"):
-        (f,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target=target)
-        assert f.message == RAW_MESSAGE
+    (v4,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target="tpu_v4")
+    assert (v4.kind, v4.operand, v4.message) == ("refused", "RHS", RAW_MESSAGE)
+    assert "to bfloat16 x bfloat16 with a float32 accumulator (exact)" in v4.fix
     for target in ("tpu_v5e", "tpu_v6e"):
         assert emulate.pallas.check(kernels.raw_int8, I8, I8, target=target) == []
-
-
-def test_fix_and_note_name_the_route_and_compatibility_mode():
-    (v4,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target="tpu_v4")
-    assert "on tpu_v4 it decodes the operands in registers to bfloat16 x bfloat16 with a " in (
-        v4.fix
-    )
-    assert "float32 accumulator (exact)" in v4.fix
-    assert v4.note == ""
+    # 7x: compat mode converts int8 to bf16 and sums in f32; with it off, refused.
     (v7x,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target="tpu_v7x")
-    assert v7x.note.startswith("on TPU v7 Mosaic's compatibility mode")
-    assert "(1024 for int8 x int8)" in v7x.note
+    assert v7x.kind == "compat-only"
+    assert v7x.message == AUTO_CONVERSION
+    assert "int8 to bf16 (exact) and sums in f32 instead of int32" in v7x.note
+    assert "below 2**24" in v7x.note
+    (off,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target="tpu_v7x", compat=False)
+    assert (off.kind, off.message) == ("refused", AUTO_CONVERSION)
+    assert off.note.startswith("compiles with compatibility mode on (the default)")
+
+
+def test_recorded_rules_without_libtpu_say_so_once(recorded_rules):
+    with pytest.warns(mosaic_check.RecordedRulesWarning, match="not available here"):
+        (f,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target="tpu_v4")
+    assert (f.basis, f.kind, f.message) == ("recorded", "refused", RAW_MESSAGE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (f,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target="tpu_v7x")
+    assert (f.basis, f.kind) == ("recorded", "compat-only")
+
+
+@pytest.mark.parametrize("target", UNPROBED)
+def test_targets_without_a_topology_use_jax_table(target):
+    findings = emulate.pallas.check(kernels.raw_int8, I8, I8, target=target)
+    assert {f.basis for f in findings} <= {"table"}
+    assert bool(findings) != targets.get(target).supports("int8", "int8")
 
 
 @pytest.mark.parametrize("target", TPUS)
@@ -133,7 +179,8 @@ def test_sites_inside_jit_scan_and_a_kernel_loop_are_found():
     assert [s.lhs_type for s in sites] == ["vector<128x128xi8>"]
     assert sites[0].location == f"{KERNELS}:{_line('looped')}"
     (f,) = emulate.pallas.check(kernels.looped_int8, x, w, target="tpu_v4")
-    assert f.message == "Unsupported matmul RHS type on target: 'vector<128x128xi8>'"
+    assert (f.kind, f.message) == ("refused", RAW_MESSAGE)
+    assert f.site == sites[0]
 
 
 def _mixed(lhs, rhs):
@@ -142,29 +189,24 @@ def _mixed(lhs, rhs):
     return a, b
 
 
-def test_the_lhs_is_named_when_its_type_is_no_lhs_of_the_target():
-    a, b = _mixed(jnp.float8_e4m3fn, jnp.bfloat16)
-    (f,) = emulate.pallas.check(kernels.mixed, a, b, target="tpu_v5e")
-    assert f.operand == "LHS"
-    assert f.message == "Unsupported matmul LHS type on target: 'vector<128x128xf8E4M3FN>'"
-    assert f.site.location == f"{KERNELS}:{_line('mixed')}"
-    assert "to bfloat16 x bfloat16 with a float32 accumulator (within the bound" in f.fix
-    # On v7 float8_e4m3fn is a valid LHS (with a float8 RHS): the bf16 RHS is named.
-    (f7,) = emulate.pallas.check(kernels.mixed, a, b, target="tpu_v7x")
-    assert f7.message == "Unsupported matmul RHS type on target: 'vector<128x128xbf16>'"
-    assert f7.note.startswith("on TPU v7 Mosaic's compatibility mode (--xla_mosaic_compat_mode)")
-
-
 @pytest.mark.parametrize("target", ["tpu_v4", "tpu_v5e", "tpu_v7x"])
-def test_int_float_mixes_are_cast_by_compatibility_mode(target):
-    # bf16 x int8: Mosaic casts the int8 side to f32; every generation from v4 runs that.
+def test_int_float_mixes_compile_only_in_compatibility_mode(target):
+    # bf16 x int8: compat mode converts the int8 side (to f32; on 7x to bf16).
     for lhs, rhs in ((jnp.bfloat16, jnp.int8), (jnp.int8, jnp.bfloat16)):
-        assert emulate.pallas.check(kernels.mixed, *_mixed(lhs, rhs), target=target) == []
+        (f,) = emulate.pallas.check(kernels.mixed, *_mixed(lhs, rhs), target=target)
+        assert f.kind == "compat-only"
+        assert f.site.location == f"{KERNELS}:{_line('mixed')}"
+        assert f.note.startswith("compatibility mode converts")
+        (g,) = emulate.pallas.check(
+            kernels.mixed, *_mixed(lhs, rhs), target=target, compat=False
+        )
+        assert (g.kind, g.message) == ("refused", f.message)
 
 
-def test_v2_has_only_f32():
+def test_v2_refuses_bf16_x_int8():
     (f,) = emulate.pallas.check(kernels.mixed, *_mixed(jnp.bfloat16, jnp.int8), target="tpu_v2")
-    assert f.message == "Unsupported matmul LHS type on target: 'vector<128x128xbf16>'"
+    want = compiler.verdict("tpu_v2", "bfloat16", "int8", "float32")
+    assert (f.kind, f.message) == ("refused", want.message)
 
 
 def test_mlir_element_types_map_to_formats():
@@ -221,7 +263,8 @@ def _matmul_args(lhs: str, rhs: str, m=64, k=1024, n=512):
 
 
 @pytest.mark.parametrize("target", TPUS)
-def test_matmul_kernel_lowers_to_pairs_every_target_runs(target):
+def test_matmul_kernel_lowers_to_pairs_every_target_runs(target, recorded_rules):
+    # The pairs, by the recorded rules; tests/test_compiler.py compiles the kernel.
     t = targets.get(target)
     for lhs, rhs in _MATMUL_PAIRS:
         fn, x, w = _matmul_args(lhs, rhs)

@@ -477,31 +477,13 @@ def _recorded_rule(t: targets.Target, site: MatmulSite, compat: bool) -> Any:
         return None
 
 
-def _adapt(message: str, site: MatmulSite) -> str:
-    """A recorded message with the probe's operand types replaced by the site's."""
-    from emulate import compiler
-
-    shape = "x".join(str(d) for d in compiler.recorded().shape)
-    named = _named_operand(message)
-    pool = [site.rhs_type, site.lhs_type] if named == "RHS" else [site.lhs_type, site.rhs_type]
-
-    def swap(m: re.Match[str]) -> str:
-        for i, vtype in enumerate(pool):
-            vm = _VECTOR.fullmatch(vtype)
-            if vm and vm.group(1) == m.group(1):
-                return pool.pop(i)
-        return m.group(0)
-
-    return re.sub(rf"vector<{shape}x([A-Za-z0-9]+)>", swap, message)
-
-
 def _compat_only(t: targets.Target, site: MatmulSite, basis: str) -> Finding | None:
     """A ``"compat-only"`` finding if the recorded probe says ``site`` compiles with
     compatibility mode on and not with it off."""
     on, off = _recorded_rule(t, site, True), _recorded_rule(t, site, False)
     if on is None or off is None or not on.ok or off.ok:
         return None
-    message = _adapt(off.message, site)
+    message = off.message
     return Finding(
         target=t.name,
         site=site,
@@ -560,7 +542,7 @@ def _site_rule(t: targets.Target, site: MatmulSite, compat: bool) -> Finding | N
         return _table_rule(t, site, compat)
     if v.ok:
         return _compat_only(t, site, "recorded") if compat else None
-    message = _adapt(v.message, site)
+    message = v.message
     return Finding(
         target=t.name,
         site=site,
@@ -604,13 +586,18 @@ def _caller_level() -> int:
     return level
 
 
+def _compiler_here() -> bool:
+    """Whether the real compiler runs here (libtpu installed and loads)."""
+    from emulate import compiler
+
+    return compiler.libtpu_version() is not None and compiler.available()
+
+
 def _compiler_offers(t: targets.Target) -> bool:
     """Whether the real compiler runs here and has a compile-only device for ``t``."""
     from emulate import compiler
 
-    if compiler.libtpu_version() is None or not compiler.available():
-        return False
-    return t.name in compiler.generations()
+    return _compiler_here() and t.name in compiler.generations()
 
 
 def basis(target: targets.TargetLike) -> str:
@@ -635,7 +622,7 @@ def _announce(t: targets.Target, how: str) -> None:
         if how == "recorded"
         else "JAX's matmul table (the recorded probe has no verdicts for it)"
     )
-    if compiler.libtpu_version() is None or not compiler.available():
+    if not _compiler_here():
         _say_once(
             "no-libtpu",
             "emulate.pallas.check: the real TPU compiler is not available here (pip install "
@@ -776,7 +763,8 @@ def check(
     Mosaic compilers compile the program (nothing runs) and a refusal is reported with
     Mosaic's own message at the ``tpu.matmul`` it concerns. Otherwise the recorded probe
     decides per site (:func:`emulate.compiler.verdict`: lhs, rhs and accumulator element
-    types, and ``compat``), or JAX's matmul table for a target the probe lacks; a
+    types, and ``compat``; the message is the probe's, of its 128x128 kernel), or JAX's
+    matmul table for a target the probe lacks; a
     :class:`RecordedRulesWarning` says so once per process. Which matmuls are compat-only
     always comes from the recorded probe.
 

@@ -68,3 +68,13 @@ def looped_int8(x, w):
 
     total, _ = lax.scan(step, jnp.zeros(out.shape, jnp.int32), None, length=2)
     return total
+
+
+def _probe_kernel(x_ref, w_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=o_ref.dtype)
+
+
+def probe_matmul(x, w, *, acc):
+    """The recorded probe's one-line kernel (emulate.compiler's), accumulating in acc."""
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), acc)
+    return pl.pallas_call(_probe_kernel, out_shape=out)(x, w)

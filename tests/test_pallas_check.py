@@ -5,6 +5,7 @@ emulate.pallas.matmul lower to pairs every target runs."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import pathlib
 import subprocess
@@ -402,3 +403,51 @@ def test_python_dash_m_exit_status():
     assert done.returncode == 1, done.stderr
     assert done.stdout.splitlines()[0] == "tpu_v4: 1 tpu.matmul, 1 finding"
     assert "tpu_v5e: 1 tpu.matmul, ok" in done.stdout
+
+
+# ------------------------------------------------------------- the probe, case by case
+
+
+def _probe_sample(per_stratum: int):
+    """Probe rows, every (target, compat) stratum, evenly spaced within it."""
+    rows: dict = {}
+    for r in compiler.recorded().rows:
+        rows.setdefault((r.case.target, r.case.compat), []).append(r)
+    picked = []
+    for stratum in rows.values():
+        step = max(1, len(stratum) // per_stratum)
+        picked += stratum[::step]
+    return picked
+
+
+def _probe_job(case):
+    spec = [jax.ShapeDtypeStruct((128, 128), formats.get(f).dtype) for f in (case.lhs, case.rhs)]
+    return (functools.partial(kernels.probe_matmul, acc=case.acc), spec, case.target)
+
+
+def _agrees(case, findings):
+    want = _expected(case.target, case.lhs, case.rhs, case.acc, case.compat)
+    got = [(f.kind, f.message) for f in findings]
+    return got == ([] if want is None else [want])
+
+
+@pytest.mark.parametrize("compat", [True, False])
+def test_check_equals_the_compiler_on_the_probe(compat):
+    if not HAVE_COMPILER:
+        pytest.skip("libtpu is not installed")
+    rows = [r for r in _probe_sample(14) if r.case.compat == compat]
+    results = mosaic_check.check_many([_probe_job(r.case) for r in rows], compat=compat)
+    bad = [r.case for r, f in zip(rows, results, strict=True) if not _agrees(r.case, f)]
+    assert bad == []
+    assert {f.basis for fs in results for f in fs} <= {"compiler"}
+    assert {r.case.target for r in rows} == set(PROBED)
+
+
+@pytest.mark.parametrize("compat", [True, False])
+def test_recorded_rules_equal_the_probe(compat, recorded_rules):
+    rows = [r for r in _probe_sample(20) if r.case.compat == compat]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mosaic_check.RecordedRulesWarning)
+        results = mosaic_check.check_many([_probe_job(r.case) for r in rows], compat=compat)
+    bad = [r.case for r, f in zip(rows, results, strict=True) if not _agrees(r.case, f)]
+    assert bad == []

@@ -92,7 +92,9 @@ def test_raw_int8_kernel_gets_the_compilers_verdict(target):
             f"Mosaic failed to compile TPU kernel: {f.message}"
         )
     else:
-        assert head.endswith(f"compiles only in Mosaic's compatibility mode (with it off: {f.message})")
+        assert head.endswith(
+            f"compiles only in Mosaic's compatibility mode (with it off: {f.message})"
+        )
     assert "emulate.pallas.dot(a, b, preferred_element_type=jnp.int32)" in f.fix
 
 
@@ -198,9 +200,7 @@ def test_int_float_mixes_compile_only_in_compatibility_mode(target):
         assert f.kind == "compat-only"
         assert f.site.location == f"{KERNELS}:{_line('mixed')}"
         assert f.note.startswith("compatibility mode converts")
-        (g,) = emulate.pallas.check(
-            kernels.mixed, *_mixed(lhs, rhs), target=target, compat=False
-        )
+        (g,) = emulate.pallas.check(kernels.mixed, *_mixed(lhs, rhs), target=target, compat=False)
         assert (g.kind, g.message) == ("refused", f.message)
 
 
@@ -315,20 +315,21 @@ def _cli(argv: list[str]) -> tuple[int, str, str]:
 
 
 SHAPES = ["--shapes", "256x256:int8,256x256:int8"]
+BASIS = "compiler" if HAVE_COMPILER else "recorded rules"
 
 
 def test_cli_flags_v4_and_passes_v5e():
     code, out, _ = _cli(["check-kernel", f"{KERNELS}:raw_int8", "--target", "v4", *SHAPES])
     assert code == 1
     lines = out.splitlines()
-    assert lines[0] == "tpu_v4: 1 tpu.matmul, 1 finding"
+    assert lines[0] == f"tpu_v4: 1 tpu.matmul, 1 finding ({BASIS}, compat on)"
     assert lines[1] == (
         f"{KERNELS}:{_line('raw')}: kernel '_raw_int8_kernel' on tpu_v4: "
         f"Mosaic failed to compile TPU kernel: {RAW_MESSAGE}"
     )
     assert lines[3].startswith("  fix: call emulate.pallas.dot(")
     code, out, _ = _cli(["check-kernel", f"{KERNELS}:raw_int8", "--target", "tpu_v5e", *SHAPES])
-    assert (code, out) == (0, "tpu_v5e: 1 tpu.matmul, ok\n")
+    assert (code, out) == (0, f"tpu_v5e: 1 tpu.matmul, ok ({BASIS}, compat on)\n")
 
 
 def test_cli_all_targets_and_the_fixed_kernel():
@@ -336,17 +337,17 @@ def test_cli_all_targets_and_the_fixed_kernel():
     assert code == 1
     verdicts = [ln for ln in out.splitlines() if ln.startswith("tpu_")]
     assert [v.split(":")[0] for v in verdicts] == TPUS
-    ok = {v.split(":")[0] for v in verdicts if v.endswith(", ok")}
+    ok = {v.split(":")[0] for v in verdicts if ", ok (" in v}
     assert ok == {"tpu_v5e", "tpu_v5p", "tpu_v6e"}
     code, out, _ = _cli(["check-kernel", f"{KERNELS}:fixed_int8", "--target", "all", *SHAPES])
     assert code == 0
-    assert out.count(", ok\n") == len(TPUS)
+    assert out.count(", ok (") == len(TPUS)
 
 
 def test_cli_module_path_form(monkeypatch):
     monkeypatch.syspath_prepend(str(KERNELS.parent))
     code, out, _ = _cli(["check-kernel", "_pallas_kernels:raw_int8", "--target", "v7x", *SHAPES])
-    assert code == 1 and out.startswith("tpu_v7x: 1 tpu.matmul, 1 finding\n")
+    assert code == 1 and out.startswith(f"tpu_v7x: 1 tpu.matmul, 1 finding ({BASIS}, compat on)\n")
 
 
 @pytest.mark.parametrize(
@@ -401,8 +402,8 @@ def test_python_dash_m_exit_status():
         check=False,
     )
     assert done.returncode == 1, done.stderr
-    assert done.stdout.splitlines()[0] == "tpu_v4: 1 tpu.matmul, 1 finding"
-    assert "tpu_v5e: 1 tpu.matmul, ok" in done.stdout
+    assert done.stdout.splitlines()[0] == f"tpu_v4: 1 tpu.matmul, 1 finding ({BASIS}, compat on)"
+    assert f"tpu_v5e: 1 tpu.matmul, ok ({BASIS}, compat on)" in done.stdout
 
 
 # ------------------------------------------------------------- the probe, case by case
@@ -451,3 +452,53 @@ def test_recorded_rules_equal_the_probe(compat, recorded_rules):
         results = mosaic_check.check_many([_probe_job(r.case) for r in rows], compat=compat)
     bad = [r.case for r, f in zip(rows, results, strict=True) if not _agrees(r.case, f)]
     assert bad == []
+
+
+def test_cli_no_compat_refuses_int8_on_v7x():
+    code, out, _ = _cli(["check-kernel", f"{KERNELS}:raw_int8", "--target", "v7x", *SHAPES])
+    assert code == 1
+    assert "compiles only in Mosaic's compatibility mode" in out
+    argv = ["check-kernel", f"{KERNELS}:raw_int8", "--target", "v7x", "--no-compat", *SHAPES]
+    code, out, _ = _cli(argv)
+    assert code == 1
+    assert out.splitlines()[0] == f"tpu_v7x: 1 tpu.matmul, 1 finding ({BASIS}, compat off)"
+    assert out.splitlines()[1].endswith(f"Mosaic failed to compile TPU kernel: {AUTO_CONVERSION}")
+
+
+def test_cli_exit_2_for_a_kernel_that_does_not_load_or_trace(tmp_path):
+    bad = tmp_path / "broken.py"
+    bad.write_text("def f(:\n")
+    code, out, err = _cli(["check-kernel", f"{bad}:f", "--target", "v4"])
+    assert (code, out) == (2, "")
+    assert err == (
+        f"emulate check-kernel: error: cannot import '{bad}': "
+        "SyntaxError: invalid syntax (broken.py, line 1)\n"
+    )
+    raises = tmp_path / "raises.py"
+    raises.write_text("import no_such_module_for_check_kernel\n")
+    code, out, err = _cli(["check-kernel", f"{raises}:f", "--target", "v4"])
+    assert code == 2 and err.count("\n") == 1
+    assert "ModuleNotFoundError" in err or "No module named" in err
+    shapes = tmp_path / "shapes.py"
+    shapes.write_text(
+        "import jax.numpy as jnp\n\ndef f(x):\n    return jnp.dot(x, jnp.ones((3, 3)))\n"
+    )
+    code, out, err = _cli(["check-kernel", f"{shapes}:f", "--target", "v4", "--shapes", "2x2:f32"])
+    assert (code, out) == (2, "")
+    assert err == (
+        f"emulate check-kernel: error: cannot trace '{shapes}:f' for tpu_v4: TypeError: "
+        "dot_general requires contracting dimensions to have the same shape, got (2,) and "
+        "(3,).\n"
+    )
+
+
+def test_kernels_that_read_get_tpu_info_are_checked():
+    x = jax.ShapeDtypeStruct((128, 128), jnp.int8)
+    for target in ("tpu_v4", "tpu_v5e", "tpu_v7x", "tpu_v7"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", mosaic_check.RecordedRulesWarning)
+            findings = emulate.pallas.check(kernels.divided_int8, x, x, target=target)
+        want = _expected(target, "int8", "int8", "int32", True) if target in PROBED else None
+        if target in PROBED:
+            assert [(f.kind, f.message) for f in findings] == ([] if want is None else [want])
+        assert all(f.site.location == f"{KERNELS}:{_line('divided')}" for f in findings)

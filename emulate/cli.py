@@ -754,7 +754,7 @@ def _run_check_kernel(args: argparse.Namespace) -> int:
             "compiler": "compiler",
             "recorded": "recorded rules",
             "table": "JAX's table",
-        }[mosaic_check.basis(name)]
+        }[findings[0].basis if findings else mosaic_check.basis(name)]
         compat = "compat on" if args.compat else "compat off"
         print(f"{name}: {count} tpu.matmul, {verdict} ({how}, {compat})")
         for f in findings:

@@ -714,6 +714,7 @@ def check_many(jobs: Sequence[Job], *, compat: bool = True) -> list[list[Finding
     how = [basis(p[2]) for p in prepared]
     todo = [i for i, h in enumerate(how) if h == "compiler"]
     verdicts: dict[int, Any] = {}
+    announced: set[int] = set()
     if todo:
         cjobs = [
             compiler.Job(
@@ -731,6 +732,7 @@ def check_many(jobs: Sequence[Job], *, compat: bool = True) -> list[list[Finding
                 f"emulate.pallas.check: cannot compile with compat={compat} ({e}); deciding "
                 "by the recorded rules",
             )
+            announced.update(todo)
             for i in todo:
                 how[i] = (
                     "recorded" if prepared[i][2].name in compiler.recorded().topologies else "table"
@@ -740,7 +742,8 @@ def check_many(jobs: Sequence[Job], *, compat: bool = True) -> list[list[Finding
         if i in verdicts:
             results.append(_from_compiler(t, verdicts[i], sites, compat))
             continue
-        _announce(t, how[i])
+        if i not in announced:
+            _announce(t, how[i])
         if refused is not None:
             results.append([_lowering_finding(t, refused, how[i])])
             continue

@@ -504,3 +504,23 @@ def test_kernels_that_read_get_tpu_info_are_checked():
         if target in PROBED:
             assert [(f.kind, f.message) for f in findings] == ([] if want is None else [want])
         assert all(f.site.location == f"{KERNELS}:{_line('divided')}" for f in findings)
+
+
+# ------------------------------------------------------ kernels from public repositories
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "kernels"))
+import jax_matmul  # noqa: E402
+
+
+def _jax_matmul(x, y):
+    return jax_matmul.matmul(x, y, block_shape=(128, 128), block_k=128)
+
+
+def test_jax_pallas_tpu_matmul_int8_gets_the_compilers_verdict():
+    x = jax.ShapeDtypeStruct((256, 256), jnp.int8)
+    for target in ("tpu_v4", "tpu_v5e", "tpu_v7x"):
+        findings = emulate.pallas.check(_jax_matmul, x, x, target=target)
+        want = _expected(target, "int8", "int8", "int32", True)
+        assert [(f.kind, f.message) for f in findings] == ([] if want is None else [want])
+        for f in findings:
+            assert f.site.location.endswith("jax_matmul.py:38"), f.site.location

@@ -612,9 +612,11 @@ def _add_check_kernel(sub: argparse._SubParsersAction) -> None:
         "check-kernel",
         help="predict Mosaic's 'Unsupported matmul ... type' errors of Pallas kernels (no TPU)",
         description=(
-            "Lower MODULE:FUNCTION for TPU on this machine and report every tpu.matmul whose "
-            "operand types a TPU target does not run, with the error Mosaic would give, the "
-            "source line and the fix (emulate.pallas.check). Exit status 1 on any finding."
+            "Compile MODULE:FUNCTION for each TPU target with the real compiler (libtpu; "
+            "without it, by the recorded probe's rules) and report what Mosaic refuses, at "
+            "the tpu.matmul's source line, and the matmuls that compile only because "
+            "compatibility mode converts them, with the fix (emulate.pallas.check). Exit "
+            "status 1 on any finding, 2 when the kernel does not load or trace."
         ),
     )
     p.add_argument(
@@ -637,6 +639,13 @@ def _add_check_kernel(sub: argparse._SubParsersAction) -> None:
         metavar="SPEC",
         help="the function's arguments, comma-separated SHAPE:DTYPE, e.g. "
         "256x256:int8,256x256:int8 (':float32' is a scalar); default: no arguments",
+    )
+    p.add_argument(
+        "--no-compat",
+        dest="compat",
+        action="store_false",
+        help="check with Mosaic's compatibility mode off (--xla_mosaic_compat_mode=false); "
+        "default: on, as libtpu runs",
     )
     p.set_defaults(func=_run_check_kernel)
 
@@ -696,10 +705,17 @@ def _load_function(ref: str, parser: argparse.ArgumentParser) -> Callable:
                 raise ImportError(f"cannot load {module_name}")
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
+            if name not in sys.modules:
+                # So that its functions pickle by reference for a compiler subprocess
+                # (--no-compat), which imports the module by name from the same sys.path.
+                sys.modules[name] = module
+                sys.path.append(os.path.dirname(os.path.abspath(module_name)))
         else:
             module = importlib.import_module(module_name)
     except (ImportError, OSError) as e:
         parser.error(f"cannot import {module_name!r}: {e}")
+    except Exception as e:  # noqa: BLE001 - any failure of the module's own code
+        parser.error(f"cannot import {module_name!r}: {_one_line(e)}")
     obj: object = module
     for part in attr.split("."):
         obj = getattr(obj, part, None)
@@ -720,16 +736,36 @@ def _run_check_kernel(args: argparse.Namespace) -> int:
     except ValueError as e:
         parser.error(f"--shapes: {e}")
     fn = _load_function(args.function, parser)
+    from emulate.pallas import mosaic_check
+
     found = 0
     for name in target_names:
-        sites = emulate.pallas.matmul_sites(fn, *fn_args, target=name)
-        findings = [f for f in (emulate.pallas.diagnose(s, name) for s in sites) if f]
+        try:
+            findings = emulate.pallas.check(fn, *fn_args, target=name, compat=args.compat)
+        except Exception as e:  # noqa: BLE001 - a kernel that does not trace: exit 2
+            parser.error(f"cannot trace {args.function!r} for {name}: {_one_line(e)}")
+        try:
+            count = len(emulate.pallas.matmul_sites(fn, *fn_args, target=name))
+        except Exception:  # noqa: BLE001 - refused by Pallas: a finding, no sites
+            count = 0
         found += len(findings)
         verdict = f"{len(findings)} finding{'s' * (len(findings) != 1)}" if findings else "ok"
-        print(f"{name}: {len(sites)} tpu.matmul, {verdict}")
+        how = {
+            "compiler": "compiler",
+            "recorded": "recorded rules",
+            "table": "JAX's table",
+        }[findings[0].basis if findings else mosaic_check.basis(name)]
+        compat = "compat on" if args.compat else "compat off"
+        print(f"{name}: {count} tpu.matmul, {verdict} ({how}, {compat})")
         for f in findings:
             print(f)
     return 1 if found else 0
+
+
+def _one_line(e: BaseException) -> str:
+    """``Type: first line of the message`` (no traceback)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 # --------------------------------------------------------------------------- registry

@@ -540,7 +540,9 @@ def compile(  # noqa: A001 - the module's verb; call it as emulate.compiler.comp
 ) -> jax.stages.Compiled:
     """Compile ``fn(*arg_specs)`` for ``target`` with the real compiler, in this process.
 
-    Uses this process's compatibility mode (:func:`compat_mode`); for the other one, use
+    The target's device is JAX's default device while ``fn`` is traced and lowered (so
+    ``pltpu.get_tpu_info()`` describes the target). Uses this process's compatibility mode
+    (:func:`compat_mode`); for the other one, use
     :func:`check` with ``compat=``. The result has ``cost_analysis()``,
     ``memory_analysis()`` and ``as_text()``; it cannot run.
 
@@ -554,7 +556,8 @@ def compile(  # noqa: A001 - the module's verb; call it as emulate.compiler.comp
     """
     dev = device(target)
     specs = _placed(_portable(arg_specs), dev)
-    return jax.jit(fn).lower(*specs).compile()
+    with jax.default_device(dev):
+        return jax.jit(fn).lower(*specs).compile()
 
 
 def _first_line(text: str) -> str:
@@ -573,7 +576,11 @@ def _verdict_in_process(job: Job) -> Verdict:
     dev = device(job.target)
     specs = _placed(_portable(job.arg_specs), dev)
     try:
-        lowered = jax.jit(job.fn).lower(*specs)
+        # The target's device is the default one while tracing and lowering, so that code
+        # asking which device it runs on (pltpu.get_tpu_info(), which Pallas calls when it
+        # lowers integer division, emit_pipeline, pl.kernel) sees the target.
+        with jax.default_device(dev):
+            lowered = jax.jit(job.fn).lower(*specs)
     except Exception as e:  # noqa: BLE001 - every refusal is a verdict
         text = f"{type(e).__name__}: {e}"
         return Verdict(False, "lower", _first_line(str(e)) or type(e).__name__, text[:8000])

@@ -68,3 +68,26 @@ def looped_int8(x, w):
 
     total, _ = lax.scan(step, jnp.zeros(out.shape, jnp.int32), None, length=2)
     return total
+
+
+def _probe_kernel(x_ref, w_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=o_ref.dtype)
+
+
+def probe_matmul(x, w, *, acc):
+    """The recorded probe's one-line kernel (emulate.compiler's), accumulating in acc."""
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), acc)
+    return pl.pallas_call(_probe_kernel, out_shape=out)(x, w)
+
+
+def _divided_kernel(x_ref, w_ref, o_ref):
+    # Integer division in a kernel body: Pallas's lowering calls pltpu.get_tpu_info().
+    step = pl.program_id(0) // 2
+    acc = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.int32)  # site: divided
+    o_ref[...] = acc + step
+
+
+def divided_int8(x, w):
+    """An int8 dot in a kernel whose lowering reads pltpu.get_tpu_info()."""
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.int32)
+    return pl.pallas_call(_divided_kernel, out_shape=out, grid=(2,))(x, w)

@@ -5,10 +5,12 @@ emulate.pallas.matmul lower to pairs every target runs."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +18,7 @@ import pytest
 
 import emulate
 import emulate.pallas
-from emulate import cli, formats, targets
+from emulate import cli, compiler, formats, targets
 from emulate.numerics.storage import Packed
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -27,7 +29,14 @@ from emulate.pallas import mosaic_check
 KERNELS = pathlib.Path(kernels.__file__)
 TPUS = [n for n in targets.names() if targets.get(n).kind == "tpu"]
 I8 = jax.ShapeDtypeStruct((256, 256), jnp.int8)
-RAW_MESSAGE = "Unsupported matmul RHS type on target: 'vector<256x256xi8>'"
+RAW_MESSAGE = (
+    "E2001: CompileTimeMosaicUnsupportedRhsType: Unsupported matmul RHS type on target: "
+    "vector<128x128xi8>"
+)
+AUTO_CONVERSION = (
+    "Automatic int->float or f4 -> f8 conversion for matmuls requires compatibility mode."
+)
+HAVE_COMPILER = compiler.libtpu_version() is not None and compiler.available()
 
 
 def _line(marker: str) -> int:
@@ -36,51 +45,91 @@ def _line(marker: str) -> int:
     return found
 
 
-@pytest.mark.parametrize("target", TPUS)
-def test_raw_int8_kernel_is_flagged_where_the_chip_has_no_int8_pair(target):
+PROBED = list(compiler.recorded().topologies)
+UNPROBED = [t for t in TPUS if t not in PROBED]
+
+
+@pytest.fixture
+def recorded_rules(monkeypatch):
+    """Decide by the recorded rules, as on a machine without libtpu."""
+    monkeypatch.setattr(mosaic_check, "_compiler_here", lambda: False)
+    monkeypatch.setattr(mosaic_check, "_warned", set())
+
+
+def _expected(target, lhs, rhs, acc, compat):
+    """(kind, message) that check must report for a one-site kernel, from the probe."""
+    v = compiler.verdict(target, lhs, rhs, acc, compat=compat)
+    if not v.ok:
+        return ("refused", v.message)
+    off = compiler.verdict(target, lhs, rhs, acc, compat=False)
+    if compat and not off.ok:
+        return ("compat-only", off.message)
+    return None
+
+
+@pytest.mark.parametrize("target", PROBED)
+def test_raw_int8_kernel_gets_the_compilers_verdict(target):
     findings = emulate.pallas.check(kernels.raw_int8, I8, I8, target=target)
-    if targets.get(target).supports("int8", "int8"):
+    want = _expected(target, "int8", "int8", "int32", True)
+    if want is None:
         assert findings == []
         return
     (f,) = findings
+    assert (f.kind, f.message) == want
     assert f.target == target
-    assert f.operand == "RHS"
-    assert f.message == RAW_MESSAGE
+    assert f.basis == ("compiler" if HAVE_COMPILER else "recorded")
     assert f.site.kernel == "_raw_int8_kernel"
     assert (f.site.lhs_type, f.site.rhs_type, f.site.acc_type) == (
         "vector<256x256xi8>",
         "vector<256x256xi8>",
         "vector<256x256xi32>",
     )
-    assert (f.site.lhs, f.site.rhs) == ("int8", "int8")
     assert f.site.location == f"{KERNELS}:{_line('raw')}"
-    text = str(f)
-    assert text.splitlines()[0] == (
-        f"{KERNELS}:{_line('raw')}: kernel '_raw_int8_kernel' on {target}: "
-        f"Mosaic failed to compile TPU kernel: {RAW_MESSAGE}"
-    )
+    head = str(f).splitlines()[0]
+    if f.kind == "refused":
+        assert head == (
+            f"{KERNELS}:{_line('raw')}: kernel '_raw_int8_kernel' on {target}: "
+            f"Mosaic failed to compile TPU kernel: {f.message}"
+        )
+    else:
+        assert head.endswith(
+            f"compiles only in Mosaic's compatibility mode (with it off: {f.message})"
+        )
     assert "emulate.pallas.dot(a, b, preferred_element_type=jnp.int32)" in f.fix
 
 
 def test_the_issue_targets():
-    # The acceptance line of the issue, spelled out.
-    for target in ("tpu_v4", "tpu_v7x"):
-        (f,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target=target)
-        assert f.message == RAW_MESSAGE
+    (v4,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target="tpu_v4")
+    assert (v4.kind, v4.operand, v4.message) == ("refused", "RHS", RAW_MESSAGE)
+    assert "to bfloat16 x bfloat16 with a float32 accumulator (exact)" in v4.fix
     for target in ("tpu_v5e", "tpu_v6e"):
         assert emulate.pallas.check(kernels.raw_int8, I8, I8, target=target) == []
-
-
-def test_fix_and_note_name_the_route_and_compatibility_mode():
-    (v4,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target="tpu_v4")
-    assert "on tpu_v4 it decodes the operands in registers to bfloat16 x bfloat16 with a " in (
-        v4.fix
-    )
-    assert "float32 accumulator (exact)" in v4.fix
-    assert v4.note == ""
+    # 7x: compat mode converts int8 to bf16 and sums in f32; with it off, refused.
     (v7x,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target="tpu_v7x")
-    assert v7x.note.startswith("on TPU v7 Mosaic's compatibility mode")
-    assert "(1024 for int8 x int8)" in v7x.note
+    assert v7x.kind == "compat-only"
+    assert v7x.message == AUTO_CONVERSION
+    assert "int8 to bf16 (exact) and sums in f32 instead of int32" in v7x.note
+    assert "below 2**24" in v7x.note
+    (off,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target="tpu_v7x", compat=False)
+    assert (off.kind, off.message) == ("refused", AUTO_CONVERSION)
+    assert off.note.startswith("compiles with compatibility mode on (the default)")
+
+
+def test_recorded_rules_without_libtpu_say_so_once(recorded_rules):
+    with pytest.warns(mosaic_check.RecordedRulesWarning, match="not available here"):
+        (f,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target="tpu_v4")
+    assert (f.basis, f.kind, f.message) == ("recorded", "refused", RAW_MESSAGE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (f,) = emulate.pallas.check(kernels.raw_int8, I8, I8, target="tpu_v7x")
+    assert (f.basis, f.kind) == ("recorded", "compat-only")
+
+
+@pytest.mark.parametrize("target", UNPROBED)
+def test_targets_without_a_topology_use_jax_table(target):
+    findings = emulate.pallas.check(kernels.raw_int8, I8, I8, target=target)
+    assert {f.basis for f in findings} <= {"table"}
+    assert bool(findings) != targets.get(target).supports("int8", "int8")
 
 
 @pytest.mark.parametrize("target", TPUS)
@@ -133,7 +182,8 @@ def test_sites_inside_jit_scan_and_a_kernel_loop_are_found():
     assert [s.lhs_type for s in sites] == ["vector<128x128xi8>"]
     assert sites[0].location == f"{KERNELS}:{_line('looped')}"
     (f,) = emulate.pallas.check(kernels.looped_int8, x, w, target="tpu_v4")
-    assert f.message == "Unsupported matmul RHS type on target: 'vector<128x128xi8>'"
+    assert (f.kind, f.message) == ("refused", RAW_MESSAGE)
+    assert f.site == sites[0]
 
 
 def _mixed(lhs, rhs):
@@ -142,29 +192,22 @@ def _mixed(lhs, rhs):
     return a, b
 
 
-def test_the_lhs_is_named_when_its_type_is_no_lhs_of_the_target():
-    a, b = _mixed(jnp.float8_e4m3fn, jnp.bfloat16)
-    (f,) = emulate.pallas.check(kernels.mixed, a, b, target="tpu_v5e")
-    assert f.operand == "LHS"
-    assert f.message == "Unsupported matmul LHS type on target: 'vector<128x128xf8E4M3FN>'"
-    assert f.site.location == f"{KERNELS}:{_line('mixed')}"
-    assert "to bfloat16 x bfloat16 with a float32 accumulator (within the bound" in f.fix
-    # On v7 float8_e4m3fn is a valid LHS (with a float8 RHS): the bf16 RHS is named.
-    (f7,) = emulate.pallas.check(kernels.mixed, a, b, target="tpu_v7x")
-    assert f7.message == "Unsupported matmul RHS type on target: 'vector<128x128xbf16>'"
-    assert f7.note.startswith("on TPU v7 Mosaic's compatibility mode (--xla_mosaic_compat_mode)")
-
-
 @pytest.mark.parametrize("target", ["tpu_v4", "tpu_v5e", "tpu_v7x"])
-def test_int_float_mixes_are_cast_by_compatibility_mode(target):
-    # bf16 x int8: Mosaic casts the int8 side to f32; every generation from v4 runs that.
+def test_int_float_mixes_compile_only_in_compatibility_mode(target):
+    # bf16 x int8: compat mode converts the int8 side (to f32; on 7x to bf16).
     for lhs, rhs in ((jnp.bfloat16, jnp.int8), (jnp.int8, jnp.bfloat16)):
-        assert emulate.pallas.check(kernels.mixed, *_mixed(lhs, rhs), target=target) == []
+        (f,) = emulate.pallas.check(kernels.mixed, *_mixed(lhs, rhs), target=target)
+        assert f.kind == "compat-only"
+        assert f.site.location == f"{KERNELS}:{_line('mixed')}"
+        assert f.note.startswith("compatibility mode converts")
+        (g,) = emulate.pallas.check(kernels.mixed, *_mixed(lhs, rhs), target=target, compat=False)
+        assert (g.kind, g.message) == ("refused", f.message)
 
 
-def test_v2_has_only_f32():
+def test_v2_refuses_bf16_x_int8():
     (f,) = emulate.pallas.check(kernels.mixed, *_mixed(jnp.bfloat16, jnp.int8), target="tpu_v2")
-    assert f.message == "Unsupported matmul LHS type on target: 'vector<128x128xbf16>'"
+    want = compiler.verdict("tpu_v2", "bfloat16", "int8", "float32")
+    assert (f.kind, f.message) == ("refused", want.message)
 
 
 def test_mlir_element_types_map_to_formats():
@@ -221,7 +264,8 @@ def _matmul_args(lhs: str, rhs: str, m=64, k=1024, n=512):
 
 
 @pytest.mark.parametrize("target", TPUS)
-def test_matmul_kernel_lowers_to_pairs_every_target_runs(target):
+def test_matmul_kernel_lowers_to_pairs_every_target_runs(target, recorded_rules):
+    # The pairs, by the recorded rules; tests/test_compiler.py compiles the kernel.
     t = targets.get(target)
     for lhs, rhs in _MATMUL_PAIRS:
         fn, x, w = _matmul_args(lhs, rhs)
@@ -271,20 +315,21 @@ def _cli(argv: list[str]) -> tuple[int, str, str]:
 
 
 SHAPES = ["--shapes", "256x256:int8,256x256:int8"]
+BASIS = "compiler" if HAVE_COMPILER else "recorded rules"
 
 
 def test_cli_flags_v4_and_passes_v5e():
     code, out, _ = _cli(["check-kernel", f"{KERNELS}:raw_int8", "--target", "v4", *SHAPES])
     assert code == 1
     lines = out.splitlines()
-    assert lines[0] == "tpu_v4: 1 tpu.matmul, 1 finding"
+    assert lines[0] == f"tpu_v4: 1 tpu.matmul, 1 finding ({BASIS}, compat on)"
     assert lines[1] == (
         f"{KERNELS}:{_line('raw')}: kernel '_raw_int8_kernel' on tpu_v4: "
         f"Mosaic failed to compile TPU kernel: {RAW_MESSAGE}"
     )
     assert lines[3].startswith("  fix: call emulate.pallas.dot(")
     code, out, _ = _cli(["check-kernel", f"{KERNELS}:raw_int8", "--target", "tpu_v5e", *SHAPES])
-    assert (code, out) == (0, "tpu_v5e: 1 tpu.matmul, ok\n")
+    assert (code, out) == (0, f"tpu_v5e: 1 tpu.matmul, ok ({BASIS}, compat on)\n")
 
 
 def test_cli_all_targets_and_the_fixed_kernel():
@@ -292,17 +337,17 @@ def test_cli_all_targets_and_the_fixed_kernel():
     assert code == 1
     verdicts = [ln for ln in out.splitlines() if ln.startswith("tpu_")]
     assert [v.split(":")[0] for v in verdicts] == TPUS
-    ok = {v.split(":")[0] for v in verdicts if v.endswith(", ok")}
+    ok = {v.split(":")[0] for v in verdicts if ", ok (" in v}
     assert ok == {"tpu_v5e", "tpu_v5p", "tpu_v6e"}
     code, out, _ = _cli(["check-kernel", f"{KERNELS}:fixed_int8", "--target", "all", *SHAPES])
     assert code == 0
-    assert out.count(", ok\n") == len(TPUS)
+    assert out.count(", ok (") == len(TPUS)
 
 
 def test_cli_module_path_form(monkeypatch):
     monkeypatch.syspath_prepend(str(KERNELS.parent))
     code, out, _ = _cli(["check-kernel", "_pallas_kernels:raw_int8", "--target", "v7x", *SHAPES])
-    assert code == 1 and out.startswith("tpu_v7x: 1 tpu.matmul, 1 finding\n")
+    assert code == 1 and out.startswith(f"tpu_v7x: 1 tpu.matmul, 1 finding ({BASIS}, compat on)\n")
 
 
 @pytest.mark.parametrize(
@@ -357,5 +402,125 @@ def test_python_dash_m_exit_status():
         check=False,
     )
     assert done.returncode == 1, done.stderr
-    assert done.stdout.splitlines()[0] == "tpu_v4: 1 tpu.matmul, 1 finding"
-    assert "tpu_v5e: 1 tpu.matmul, ok" in done.stdout
+    assert done.stdout.splitlines()[0] == f"tpu_v4: 1 tpu.matmul, 1 finding ({BASIS}, compat on)"
+    assert f"tpu_v5e: 1 tpu.matmul, ok ({BASIS}, compat on)" in done.stdout
+
+
+# ------------------------------------------------------------- the probe, case by case
+
+
+def _probe_sample(per_stratum: int):
+    """Probe rows, every (target, compat) stratum, evenly spaced within it."""
+    rows: dict = {}
+    for r in compiler.recorded().rows:
+        rows.setdefault((r.case.target, r.case.compat), []).append(r)
+    picked = []
+    for stratum in rows.values():
+        step = max(1, len(stratum) // per_stratum)
+        picked += stratum[::step]
+    return picked
+
+
+def _probe_job(case):
+    spec = [jax.ShapeDtypeStruct((128, 128), formats.get(f).dtype) for f in (case.lhs, case.rhs)]
+    return (functools.partial(kernels.probe_matmul, acc=case.acc), spec, case.target)
+
+
+def _agrees(case, findings):
+    want = _expected(case.target, case.lhs, case.rhs, case.acc, case.compat)
+    got = [(f.kind, f.message) for f in findings]
+    return got == ([] if want is None else [want])
+
+
+@pytest.mark.parametrize("compat", [True, False])
+def test_check_equals_the_compiler_on_the_probe(compat):
+    if not HAVE_COMPILER:
+        pytest.skip("libtpu is not installed")
+    rows = [r for r in _probe_sample(14) if r.case.compat == compat]
+    results = mosaic_check.check_many([_probe_job(r.case) for r in rows], compat=compat)
+    bad = [r.case for r, f in zip(rows, results, strict=True) if not _agrees(r.case, f)]
+    assert bad == []
+    assert {f.basis for fs in results for f in fs} <= {"compiler"}
+    assert {r.case.target for r in rows} == set(PROBED)
+
+
+@pytest.mark.parametrize("compat", [True, False])
+def test_recorded_rules_equal_the_probe(compat, recorded_rules):
+    rows = [r for r in _probe_sample(20) if r.case.compat == compat]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mosaic_check.RecordedRulesWarning)
+        results = mosaic_check.check_many([_probe_job(r.case) for r in rows], compat=compat)
+    bad = [r.case for r, f in zip(rows, results, strict=True) if not _agrees(r.case, f)]
+    assert bad == []
+
+
+def test_cli_no_compat_refuses_int8_on_v7x():
+    code, out, _ = _cli(["check-kernel", f"{KERNELS}:raw_int8", "--target", "v7x", *SHAPES])
+    assert code == 1
+    assert "compiles only in Mosaic's compatibility mode" in out
+    argv = ["check-kernel", f"{KERNELS}:raw_int8", "--target", "v7x", "--no-compat", *SHAPES]
+    code, out, _ = _cli(argv)
+    assert code == 1
+    # This file is loaded beside the tests' own import of it, so its functions do not
+    # pickle for the compat-off subprocess: the recorded rules decide (and say so).
+    assert out.splitlines()[0] == "tpu_v7x: 1 tpu.matmul, 1 finding (recorded rules, compat off)"
+    assert out.splitlines()[1].endswith(f"Mosaic failed to compile TPU kernel: {AUTO_CONVERSION}")
+
+
+def test_cli_exit_2_for_a_kernel_that_does_not_load_or_trace(tmp_path):
+    bad = tmp_path / "broken.py"
+    bad.write_text("def f(:\n")
+    code, out, err = _cli(["check-kernel", f"{bad}:f", "--target", "v4"])
+    assert (code, out) == (2, "")
+    assert err == (
+        f"emulate check-kernel: error: cannot import '{bad}': "
+        "SyntaxError: invalid syntax (broken.py, line 1)\n"
+    )
+    raises = tmp_path / "raises.py"
+    raises.write_text("import no_such_module_for_check_kernel\n")
+    code, out, err = _cli(["check-kernel", f"{raises}:f", "--target", "v4"])
+    assert code == 2 and err.count("\n") == 1
+    assert "ModuleNotFoundError" in err or "No module named" in err
+    shapes = tmp_path / "shapes.py"
+    shapes.write_text(
+        "import jax.numpy as jnp\n\ndef f(x):\n    return jnp.dot(x, jnp.ones((3, 3)))\n"
+    )
+    code, out, err = _cli(["check-kernel", f"{shapes}:f", "--target", "v4", "--shapes", "2x2:f32"])
+    assert (code, out) == (2, "")
+    assert err == (
+        f"emulate check-kernel: error: cannot trace '{shapes}:f' for tpu_v4: TypeError: "
+        "dot_general requires contracting dimensions to have the same shape, got (2,) and "
+        "(3,).\n"
+    )
+
+
+def test_kernels_that_read_get_tpu_info_are_checked():
+    x = jax.ShapeDtypeStruct((128, 128), jnp.int8)
+    for target in ("tpu_v4", "tpu_v5e", "tpu_v7x", "tpu_v7"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", mosaic_check.RecordedRulesWarning)
+            findings = emulate.pallas.check(kernels.divided_int8, x, x, target=target)
+        want = _expected(target, "int8", "int8", "int32", True) if target in PROBED else None
+        if target in PROBED:
+            assert [(f.kind, f.message) for f in findings] == ([] if want is None else [want])
+        assert all(f.site.location == f"{KERNELS}:{_line('divided')}" for f in findings)
+
+
+# ------------------------------------------------------ kernels from public repositories
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "kernels"))
+import jax_matmul  # noqa: E402
+
+
+def _jax_matmul(x, y):
+    return jax_matmul.matmul(x, y, block_shape=(128, 128), block_k=128)
+
+
+def test_jax_pallas_tpu_matmul_int8_gets_the_compilers_verdict():
+    x = jax.ShapeDtypeStruct((256, 256), jnp.int8)
+    for target in ("tpu_v4", "tpu_v5e", "tpu_v7x"):
+        findings = emulate.pallas.check(_jax_matmul, x, x, target=target)
+        want = _expected(target, "int8", "int8", "int32", True)
+        assert [(f.kind, f.message) for f in findings] == ([] if want is None else [want])
+        for f in findings:
+            assert f.site.location.endswith("jax_matmul.py:38"), f.site.location

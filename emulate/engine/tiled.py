@@ -26,7 +26,8 @@ contracted with the matching elements of the other operand (``x[..., j::g]``, cu
 front) and the plane products are added. No interleaving is done on the weight (for XLA
 that is a transpose, which it fuses badly), and no concatenation either (XLA's CPU backend
 runs a concatenating fusion far slower than plain decodes); a contraction does not depend
-on the order of K. The measurements behind each threshold are in docs/performance.md ("The tiled CPU path").
+on the order of K. The measurements behind each threshold are in docs/performance.md
+("The tiled CPU path").
 
 Tiles are chosen from static shapes (:func:`choose`) so that the temporaries stay within
 a fraction of one decoded copy. The tiled program is used only when the computation is

@@ -35,6 +35,7 @@ import re
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 from typing import Any
 
 import jax
@@ -580,7 +581,8 @@ def _say_once(key: str, text: str) -> None:
 
 def _caller_level() -> int:
     """The stacklevel of the first frame outside this module (the caller of check)."""
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_globals.get("__name__") == __name__:
         frame, level = frame.f_back, level + 1
     return level

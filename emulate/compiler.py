@@ -58,6 +58,15 @@ import numpy as np
 
 from emulate import formats as _formats
 from emulate import targets as _targets
+from emulate.mosaic import (
+    PROBE_PATH,
+    Probe,
+    ProbeCase,
+    ProbeRow,
+    Verdict,
+    natural_accumulator,
+    recorded,
+)
 
 __all__ = [
     "PROBE_PATH",
@@ -115,13 +124,10 @@ _JAX_CHIP: Final[Mapping[str, str]] = {
     "tpu_v8i": "8i",
 }
 
-#: The recorded probe shipped with the package.
-PROBE_PATH: Final[Path] = Path(__file__).parent / "data" / "mosaic_probe.json"
 
 _COMPAT_FLAG = "--xla_mosaic_compat_mode"
 _PROBE_SHAPE: Final[tuple[int, int]] = (128, 128)
 _PROBE_KERNEL = "o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=acc)"
-_FORMAT_VERSION = 1
 
 # libtpu's start-up warnings on a machine without a TPU (see the module docstring).
 _NOISE = re.compile(
@@ -140,31 +146,6 @@ class CompilerUnavailable(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Verdict:
-    """What the compiler (or JAX before it) said about one program.
-
-    Attributes:
-      ok: True when the program compiled.
-      stage: ``""`` when ok; ``"lower"`` when JAX or Pallas refused it before the compiler
-        ran (uint8 operands of a Pallas dot, say); ``"compile"`` when XLA:TPU or Mosaic
-        refused it; ``"crash"`` when the compiling process died.
-      message: the first meaningful line of the error, without the boilerplate prefixes
-        ``INTERNAL:`` and ``Mosaic failed to compile TPU kernel:``; ``""`` when ok.
-      detail: the whole error text (not compared, not recorded by the probe).
-    """
-
-    ok: bool
-    stage: str = ""
-    message: str = ""
-    detail: str = dataclasses.field(default="", compare=False, repr=False)
-
-    @property
-    def verdict(self) -> str:
-        """``"compiles"`` or ``"refused"``."""
-        return "compiles" if self.ok else "refused"
-
-
-@dataclasses.dataclass(frozen=True)
 class Job:
     """One program to compile: ``fn(*arg_specs)`` for ``target``.
 
@@ -180,126 +161,6 @@ class Job:
     fn: Callable[..., Any]
     arg_specs: tuple[Any, ...]
     target: str
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class ProbeCase:
-    """One probe compile: ``lhs x rhs`` with accumulator ``acc`` on ``target``."""
-
-    target: str
-    lhs: str
-    rhs: str
-    acc: str
-    compat: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class ProbeRow:
-    """A probe case and the compiler's verdict on it."""
-
-    case: ProbeCase
-    verdict: Verdict
-
-
-@dataclasses.dataclass(frozen=True)
-class Probe:
-    """A full probe: the verdicts and the versions they were measured with.
-
-    Attributes:
-      libtpu, jax, jaxlib: versions of the compiler and of JAX.
-      shape: the operands' shape (both ``shape``; the output too).
-      kernel: the kernel body that was compiled.
-      seconds: wall-clock time of the whole probe.
-      topologies: the target -> topology names that were compiled for.
-      rows: one row per case, sorted by case.
-    """
-
-    libtpu: str
-    jax: str
-    jaxlib: str
-    shape: tuple[int, int]
-    kernel: str
-    seconds: float
-    topologies: Mapping[str, str]
-    rows: tuple[ProbeRow, ...]
-
-    def lookup(self, case: ProbeCase) -> Verdict:
-        """The verdict of ``case``; KeyError if it was not probed."""
-        return self._index()[case]
-
-    def _index(self) -> dict[ProbeCase, Verdict]:
-        index: dict[ProbeCase, Verdict] | None = self.__dict__.get("_index_cache")
-        if index is None:
-            index = {r.case: r.verdict for r in self.rows}
-            object.__setattr__(self, "_index_cache", index)
-        return index
-
-    def to_json(self) -> str:
-        """The JSON text :meth:`from_json` reads: messages deduplicated, one row a line."""
-        messages: list[tuple[str, str]] = []
-        where: dict[tuple[str, str], int] = {}
-        rows = []
-        for r in self.rows:
-            c, v = r.case, r.verdict
-            ref = None
-            if not v.ok:
-                key = (v.stage, v.message)
-                ref = where.setdefault(key, len(messages))
-                if ref == len(messages):
-                    messages.append(key)
-            rows.append([c.target, c.lhs, c.rhs, c.acc, c.compat, ref])
-        head = {
-            "format": _FORMAT_VERSION,
-            "libtpu": self.libtpu,
-            "jax": self.jax,
-            "jaxlib": self.jaxlib,
-            "shape": list(self.shape),
-            "kernel": self.kernel,
-            "seconds": round(self.seconds, 1),
-            "topologies": dict(self.topologies),
-            "row_fields": ["target", "lhs", "rhs", "acc", "compat", "message (null: compiles)"],
-        }
-        lines = ["{"] + [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
-        lines.append(' "messages": [')
-        lines += [
-            f"  {json.dumps({'stage': s, 'message': m})}{',' if i < len(messages) - 1 else ''}"
-            for i, (s, m) in enumerate(messages)
-        ]
-        lines.append(" ],")
-        lines.append(' "rows": [')
-        lines += [
-            f"  {json.dumps(r)}{',' if i < len(rows) - 1 else ''}" for i, r in enumerate(rows)
-        ]
-        lines.append(" ]")
-        lines.append("}")
-        return "\n".join(lines) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str) -> Probe:
-        """Read :meth:`to_json`'s text. ValueError for another format version."""
-        data = json.loads(text)
-        if data.get("format") != _FORMAT_VERSION:
-            raise ValueError(
-                f"probe: expected format {_FORMAT_VERSION}, got {data.get('format')!r}"
-            )
-        messages = [Verdict(False, m["stage"], m["message"]) for m in data["messages"]]
-        rows = tuple(
-            ProbeRow(
-                ProbeCase(t, lhs, rhs, acc, bool(compat)),
-                Verdict(True) if ref is None else messages[ref],
-            )
-            for t, lhs, rhs, acc, compat, ref in data["rows"]
-        )
-        return cls(
-            libtpu=data["libtpu"],
-            jax=data["jax"],
-            jaxlib=data["jaxlib"],
-            shape=(int(data["shape"][0]), int(data["shape"][1])),
-            kernel=data["kernel"],
-            seconds=float(data["seconds"]),
-            topologies=dict(data["topologies"]),
-            rows=rows,
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -765,13 +626,6 @@ _LOW_MIXES: Final = (
 )
 
 
-def natural_accumulator(lhs: str, rhs: str) -> str:
-    """``"int32"`` for two integer operands, ``"float32"`` otherwise (the accumulator
-    :mod:`emulate.targets` states for native pairs)."""
-    both_int = _formats.get(lhs).is_integer and _formats.get(rhs).is_integer
-    return "int32" if both_int else "float32"
-
-
 def _probe_pairs() -> list[tuple[str, str]]:
     others = [f for f in _targets.OPERANDS if f not in _CORE + _ACTIVATIONS]
     pairs = [(f, f) for f in _targets.OPERANDS]
@@ -885,16 +739,6 @@ def probe(targets: Sequence[str] | None = None) -> Probe:
         topologies={t: str(TOPOLOGIES[t]) for t in names},
         rows=rows,
     )
-
-
-@functools.cache
-def recorded() -> Probe:
-    """The probe shipped with the package (``emulate/data/mosaic_probe.json``), cached.
-
-    Needs neither libtpu nor a compiler. Its ``libtpu`` and ``jax`` fields say what it was
-    measured with.
-    """
-    return Probe.from_json(PROBE_PATH.read_text(encoding="utf-8"))
 
 
 def _format_name(arg: str, fmt: _formats.FormatLike) -> str:

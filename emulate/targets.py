@@ -52,7 +52,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 from emulate import formats as _formats
-from emulate import tables
+from emulate import mosaic, tables
 from emulate.formats import FormatLike
 
 if TYPE_CHECKING:
@@ -117,6 +117,12 @@ class Target:
       compute_capability: the GPU profile's compute capability (``"9.0"``), else None.
       source: ``"jax"`` where the profile was read from JAX's TPU table, else
         ``"builtin"``.
+      rules: where ``native_pairs`` comes from: ``"compiler"`` for the TPU generations of
+        the recorded probe of the real compiler (:mod:`emulate.mosaic`: the pairs Mosaic
+        compiles with its compatibility mode off), ``"table"`` otherwise (JAX's table or
+        the builtin profile).
+      table_pairs: where ``rules`` is ``"compiler"``, the pairs JAX's table (or its builtin
+        copy) calls native, kept to show where the two disagree; else None.
     """
 
     name: str
@@ -135,6 +141,8 @@ class Target:
     cores_per_chip: int = 1
     compute_capability: str | None = None
     source: str = "builtin"
+    rules: str = "table"
+    table_pairs: frozenset[tuple[str, str]] | None = None
 
     def supports(self, lhs: FormatLike, rhs: FormatLike) -> bool:
         """Whether ``lhs x rhs`` runs natively; operands as format names, dtypes or Formats.
@@ -407,11 +415,22 @@ def _from_jax(t: Target) -> Target | None:
         return None
 
 
+def _with_probe(t: Target) -> Target:
+    """``t`` with the native pairs of the recorded compiler probe, where it has them."""
+    probed = mosaic.native_pairs(t.name)
+    if probed is None:
+        return t
+    pairs = frozenset(p for p in probed if p[0] in OPERANDS and p[1] in OPERANDS)
+    return dataclasses.replace(t, native_pairs=pairs, rules="compiler", table_pairs=t.native_pairs)
+
+
 def _build_table() -> dict[str, Target]:
-    """The profiles by canonical name, in table order; TPU rows from JAX where it can."""
+    """The profiles by canonical name, in table order; TPU rows from JAX where it can, their
+    native pairs from the recorded compiler probe where it has them."""
     table = {}
     for t in _BUILTIN:
-        table[t.name] = (_from_jax(t) if t.kind == "tpu" else None) or t
+        row = (_from_jax(t) if t.kind == "tpu" else None) or t
+        table[t.name] = _with_probe(row) if row.kind == "tpu" else row
     return table
 
 

@@ -18,7 +18,7 @@ PACKAGE = ROOT / "emulate"
 
 #: (layer, its modules in the order in which they may import each other).
 LAYERS: list[tuple[str, list[str]]] = [
-    ("records", ["emulate.formats", "emulate.tables"]),
+    ("records", ["emulate.formats", "emulate.tables", "emulate.mosaic"]),
     (
         "profiles, oracle, bounds",
         ["emulate.targets", "emulate.compiler", "emulate.reference", "emulate.bounds"],

@@ -444,6 +444,27 @@ def test_check_equals_the_compiler_on_the_probe(compat):
     assert {r.case.target for r in rows} == set(PROBED)
 
 
+def test_a_refusal_is_placed_at_the_matmul_mosaic_prints():
+    # libtpu 0.0.42 prints the op with its attributes between the operands and the types;
+    # the message names no type, and the kernel has several matmuls.
+    detail = (
+        "MosaicError: INTERNAL: Mosaic failed to compile TPU kernel: "
+        f"{AUTO_CONVERSION}\n\nThe MLIR operation involved:\n"
+        '  %65 = "tpu.matmul"(%62, %64, %1) <{dimension_numbers = #tpu.dot_dimension_numbers'
+        "<[1], [1], [0], [0], [0, 0, 1, 0], [], []>, transpose_lhs = false, transpose_lhs_hint "
+        "= false, transpose_rhs = false}> : (vector<128x128xi8>, vector<128x128xi8>, "
+        "vector<128x128xi32>) -> vector<128x128xi32>\n"
+    )
+    verdict = compiler.Verdict(False, "compile", AUTO_CONVERSION, detail)
+
+    def site(element, acc, line):
+        v, fmt = f"vector<128x128x{element}>", mosaic_check.MLIR_FORMATS[element]
+        return mosaic_check.MatmulSite("k", v, v, f"vector<128x128x{acc}>", fmt, fmt, f"k:{line}")
+
+    bf16, int8 = site("bf16", "f32", 1), site("i8", "i32", 2)
+    assert mosaic_check._site_of(verdict, [bf16, int8, site("i8", "i32", 2)]) is int8
+
+
 @pytest.mark.parametrize("compat", [True, False])
 def test_recorded_rules_equal_the_probe(compat, recorded_rules):
     rows = [r for r in _probe_sample(20) if r.case.compat == compat]

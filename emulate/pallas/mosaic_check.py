@@ -640,7 +640,9 @@ def _announce(t: targets.Target, how: str) -> None:
 
 # ------------------------------------------------------------------ the compiler's verdict
 
-_OPERATION_TYPES = re.compile(r'"tpu\.matmul"\(.*\)\s*:\s*\(([^)]*)\)')
+# The op as Mosaic prints it: operands, then any attributes (``<{dimension_numbers = ...,
+# transpose_lhs = false}>``), then `` : (lhs, rhs, acc) -> result``.
+_OPERATION_TYPES = re.compile(r'"tpu\.matmul"\(.*:\s*\(([^()]*)\)\s*->')
 
 
 def _site_of(verdict: Any, sites: list[MatmulSite]) -> MatmulSite | None:

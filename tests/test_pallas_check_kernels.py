@@ -1,0 +1,236 @@
+"""emulate.pallas.check on Pallas TPU kernels from public repositories, against the
+compiler's own verdict (issue 14).
+
+The kernels are vendored under tests/kernels/ (origin, commit and license in each header):
+
+- JAX's megablox grouped matmul (jax_megablox/gmm.py), bf16 and f32 operands;
+- pytorch/xla's w8a8 quantized matmul (torch_xla_quantized_matmul.py), int8 x int8 with
+  an int32 accumulator, and f32 x int8 without activation quantization;
+- tpu-inference's emit_pipeline grouped matmul (tpu_inference_gmm_v2.py), which reads
+  ``pltpu.get_tpu_info()`` while it is traced (MXU width, int8/fp8 throughput,
+  ``is_matmul_supported``) and so lowers a different program per generation.
+
+Each case is compiled directly, with :func:`emulate.compiler.check_many`, with
+compatibility mode on and off; check must give the same verdict (ok, or refused with
+the same first line of the message), and a matmul it calls compat-only must be one the
+compiler refuses with compatibility mode off (with that message), and vice versa.
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import emulate.pallas
+from emulate import compiler
+from emulate.pallas import mosaic_check
+
+KERNELS = pathlib.Path(__file__).resolve().parent / "kernels"
+sys.path.insert(0, str(KERNELS))
+import torch_xla_quantized_matmul as xla_qmm  # noqa: E402
+import tpu_inference_gmm_v2 as gmm_v2  # noqa: E402
+from jax_megablox import gmm as megablox  # noqa: E402
+
+HAVE_COMPILER = compiler.libtpu_version() is not None and compiler.available()
+pytestmark = pytest.mark.skipif(not HAVE_COMPILER, reason="libtpu is not installed")
+
+S = jax.ShapeDtypeStruct
+
+
+def _lines(path: pathlib.Path, text: str) -> set[str]:
+    """``path:line`` of every line of ``path`` that contains ``text``."""
+    rows = path.read_text().splitlines()
+    found = {f"{path}:{i + 1}" for i, row in enumerate(rows) if text in row}
+    assert found, (path, text)
+    return found
+
+
+# The kernels' matmul lines: where every finding with a site must point.
+MEGABLOX_DOT = _lines(KERNELS / "jax_megablox" / "gmm.py", "acc_scratch[...] += lax.dot_general(")
+XLA_QMM_DOT = _lines(KERNELS / "torch_xla_quantized_matmul.py", "acc = jax.lax.dot_general(")
+GMM_V2_DOT = _lines(KERNELS / "tpu_inference_gmm_v2.py", "block_acc = jnp.matmul(")
+
+
+# Module-level callers (a compat-off compile pickles them by reference).
+
+
+def megablox_gmm(lhs, rhs, group_sizes):
+    return megablox.gmm(lhs, rhs, group_sizes, tiling=(128, 128, 128))
+
+
+def xla_w8a8(x, w, scale):
+    return xla_qmm.quantized_matmul_int8(
+        x, w, scale, quantize_activation=True,
+        batch_block_size=128, out_block_size=128, in_block_size=128,
+    )  # fmt: skip
+
+
+def xla_w8(x, w, scale):
+    # One block along k: with several, the kernel's own f32 accumulator scratch does not
+    # take its bf16 partial sums (a tracing error in the kernel, not a Mosaic verdict).
+    return xla_qmm.quantized_matmul_int8(
+        x, w, scale, quantize_activation=False,
+        batch_block_size=128, out_block_size=128, in_block_size=256,
+    )  # fmt: skip
+
+
+def tpu_inference_gmm(lhs, rhs, group_sizes):
+    return gmm_v2.gmm_v2(lhs, rhs, group_sizes, preferred_element_type=jnp.bfloat16)
+
+
+def tpu_inference_gmm_scaled(lhs, rhs, group_sizes, rhs_scale):
+    # tile_n 128: this libtpu refuses the kernel's zero-stride load of a 256-wide scale
+    # tile ("The last dim size is not 128 in original base memref"), a non-matmul op.
+    tiles = gmm_v2.TileSizes(tile_m=128, tile_k=256, tile_n=128, bucket_base=128)
+    return gmm_v2.gmm_v2(
+        lhs, rhs, group_sizes, rhs_scale, preferred_element_type=jnp.bfloat16, tile_info=tiles
+    )
+
+
+def tpu_inference_gmm_scaled_wide(lhs, rhs, group_sizes, rhs_scale):
+    return gmm_v2.gmm_v2(lhs, rhs, group_sizes, rhs_scale, preferred_element_type=jnp.bfloat16)
+
+
+_GROUPS = S((2,), jnp.int32)
+
+
+def _gmm_args(dtype, lhs=jnp.bfloat16):
+    return (S((256, 256), lhs), S((2, 256, 256), dtype), _GROUPS)
+
+
+def _scaled_args(dtype):
+    return (*_gmm_args(dtype), S((2, 2, 1, 256), jnp.float32))
+
+
+_QMM_ARGS = (S((256, 256), jnp.bfloat16), S((256, 256), jnp.int8), S((256,), jnp.float32))
+_QMM_F32_ARGS = (S((256, 256), jnp.float32), S((256, 256), jnp.int8), S((256,), jnp.float32))
+
+# (id, fn, args, targets, the dot lines)
+_KERNEL_CASES = [
+    ("megablox-bf16", megablox_gmm, _gmm_args(jnp.bfloat16), ("tpu_v2", "tpu_v4", "tpu_v5e",
+                                                              "tpu_v7x"), MEGABLOX_DOT),
+    ("xla-w8a8-int8", xla_w8a8, _QMM_ARGS, ("tpu_v4", "tpu_v5e", "tpu_v7x"), XLA_QMM_DOT),
+    ("xla-w8-f32xint8", xla_w8, _QMM_F32_ARGS, ("tpu_v5e", "tpu_v7x"), XLA_QMM_DOT),
+    ("gmm_v2-bf16", tpu_inference_gmm, _gmm_args(jnp.bfloat16), ("tpu_v7x",), GMM_V2_DOT),
+    ("gmm_v2-int8", tpu_inference_gmm_scaled, _scaled_args(jnp.int8),
+     ("tpu_v4", "tpu_v5e", "tpu_v7x"), GMM_V2_DOT),
+    ("gmm_v2-fp8", tpu_inference_gmm_scaled, _scaled_args(jnp.float8_e4m3fn),
+     ("tpu_v4", "tpu_v5e", "tpu_v7x"), GMM_V2_DOT),
+    ("gmm_v2-int8-unscaled", tpu_inference_gmm, _gmm_args(jnp.int8), ("tpu_v7x",), GMM_V2_DOT),
+    ("gmm_v2-int8-wide-scale", tpu_inference_gmm_scaled_wide, _scaled_args(jnp.int8),
+     ("tpu_v5e",), GMM_V2_DOT),
+]  # fmt: skip
+CASES = [
+    pytest.param(fn, args, target, dots, id=f"{name}-{target}")
+    for name, fn, args, targets, dots in _KERNEL_CASES
+    for target in targets
+]
+
+
+# The cases check also decides with compatibility mode off (each compile with the mode
+# this process does not have runs in a subprocess, which costs time): one or more per
+# kernel, with a refusal at a matmul, a compat-only matmul and a non-matmul refusal.
+COMPAT_OFF = {
+    "megablox-bf16-tpu_v4",
+    "xla-w8a8-int8-tpu_v5e",
+    "xla-w8a8-int8-tpu_v7x",
+    "gmm_v2-int8-tpu_v4",
+    "gmm_v2-int8-tpu_v5e",
+}
+
+
+@functools.cache
+def _compiler_verdicts(compat: bool) -> dict:
+    """The compiler's verdict on the cases, compiled directly: every case with
+    compatibility mode on; with it off, the ones that compile with it on (is a matmul
+    compat-only?) and the COMPAT_OFF ones."""
+    cases = [p.values for p in CASES]
+    if not compat:
+        on = _compiler_verdicts(True)
+        cases = [c for c, p in zip(cases, CASES) if p.id in COMPAT_OFF or on[_key(*c[:3])].ok]
+    jobs = [compiler.Job(fn, args, target) for fn, args, target, _ in cases]
+    verdicts = compiler.check_many(jobs, compat=compat)
+    return {_key(j.fn, j.arg_specs, j.target): v for j, v in zip(jobs, verdicts, strict=True)}
+
+
+def _key(fn, args, target):
+    return (fn.__name__, tuple((a.shape, str(a.dtype)) for a in args), target)
+
+
+def _verdict(fn, args, target, compat):
+    return _compiler_verdicts(compat)[_key(fn, args, target)]
+
+
+def _assert_same_verdict(findings, verdict, dots):
+    refused = [f for f in findings if f.kind == "refused"]
+    assert all(f.basis == "compiler" for f in findings), findings
+    assert len(refused) <= 1, refused  # the compiler stops at its first error
+    if verdict.ok:
+        assert refused == [], refused
+    else:
+        assert [f.message for f in refused] == [verdict.message]
+    for f in findings:
+        if f.site is not None:
+            assert f.site.location in dots, f.site.location
+    if refused and refused[0].site is None:
+        # Only a refusal that does not concern a matmul (or happens before Mosaic) has
+        # no site: its message names no tpu.matmul.
+        assert "tpu.matmul" not in verdict.detail
+
+
+@pytest.mark.parametrize("fn, args, target, dots", CASES)
+def test_check_equals_the_compiler_on_public_kernels(fn, args, target, dots):
+    findings = emulate.pallas.check(fn, *args, target=target)
+    on = _verdict(fn, args, target, True)
+    _assert_same_verdict(findings, on, dots)
+    # compat-only findings: exactly when the compiler, with compatibility mode off,
+    # refuses a program it compiles with it on; the first one is what it says.
+    compat_only = [f for f in findings if f.kind == "compat-only"]
+    if on.ok:
+        off = _verdict(fn, args, target, False)
+        if compat_only:
+            assert not off.ok
+            assert off.message in {f.message for f in compat_only}
+            assert all(f.site is not None for f in compat_only)
+        else:
+            # check reports compat-only matmuls; another op that needs compatibility
+            # mode (the w8a8 kernel's bf16 -> int8 cast on v5e) is not a matmul finding.
+            assert off.ok or "tpu.matmul" not in off.detail, off
+
+
+def test_check_equals_the_compiler_with_compat_off():
+    cases = [p.values for p in CASES if p.id in COMPAT_OFF]
+    assert len(cases) == len(COMPAT_OFF)
+    jobs = [(fn, args, target) for fn, args, target, _ in cases]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", mosaic_check.RecordedRulesWarning)
+        results = mosaic_check.check_many(jobs, compat=False)
+    for (fn, args, target), (*_, dots), findings in zip(jobs, cases, results, strict=True):
+        assert all(f.kind == "refused" for f in findings), findings
+        _assert_same_verdict(findings, _verdict(fn, args, target, False), dots)
+
+
+def test_gmm_v2_lowers_per_generation():
+    """The emit_pipeline kernel reads pltpu.get_tpu_info() while traced: check traces it
+    for the target, so each generation gets its own matmuls."""
+    pairs = {}
+    for target in ("tpu_v4", "tpu_v5e", "tpu_v7x"):
+        sites = mosaic_check.matmul_sites(
+            tpu_inference_gmm_scaled, *_scaled_args(jnp.int8), target=target
+        )
+        pairs[target] = {(s.lhs, s.rhs, s.acc_type.rsplit("x", 1)[1]) for s in sites}
+        assert {s.location for s in sites} <= GMM_V2_DOT
+    # v4: no int8 MXU, bf16 x int8 (compat mode converts); v5e: the activations are
+    # quantized to int8; v7x: 128-wide quant blocks are narrower than its 256-wide MXU,
+    # so the weights are dequantized to bf16 first.
+    assert pairs == {
+        "tpu_v4": {("bfloat16", "int8", "f32>")},
+        "tpu_v5e": {("int8", "int8", "i32>")},
+        "tpu_v7x": {("bfloat16", "bfloat16", "f32>")},
+    }

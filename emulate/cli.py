@@ -30,8 +30,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from emulate import formats
+from emulate import formats, mosaic
 from emulate.tables import short_format, short_target, table
+from emulate.targets import Target
 
 __all__ = ["main", "build_parser"]
 
@@ -226,6 +227,30 @@ _METHOD_LEGEND = (
 )
 
 
+def _table_disagreements(chosen: Sequence[Target], operands: Sequence[str]) -> list[str]:
+    """Lines naming, per probed target, the pairs of the matrix where JAX's table and the
+    compiler disagree."""
+    out = []
+    for t in chosen:
+        if t.table_pairs is None:
+            continue
+        pairs = [(f, f) for f in operands] + [("bfloat16", f) for f in operands]
+        only_jax = [p for p in pairs if p in t.table_pairs and p not in t.native_pairs]
+        only_compiler = [p for p in pairs if p in t.native_pairs and p not in t.table_pairs]
+        parts = []
+        if only_jax:
+            parts.append("JAX's table only: " + ", ".join(f"{a} x {b}" for a, b in only_jax))
+        if only_compiler:
+            parts.append("compiler only: " + ", ".join(f"{a} x {b}" for a, b in only_compiler))
+        if parts:
+            out.append(f"  {short_target(t.name)}: " + "; ".join(parts))
+    if out:
+        out.insert(
+            0, "where JAX's table and the compiler disagree (native = compiles, compat off):"
+        )
+    return out
+
+
 def _run_targets(args: argparse.Namespace) -> int:
     from emulate import targets
     from emulate.planning.plan import plan
@@ -258,12 +283,21 @@ def _run_targets(args: argparse.Namespace) -> int:
     lines.append("")
     by_source: dict[str, list[str]] = {}
     for name in names:
-        by_source.setdefault(targets.get(name).source, []).append(short_target(name))
+        t = targets.get(name)
+        key = "compiler" if t.rules == "compiler" else t.source
+        by_source.setdefault(key, []).append(short_target(name))
+    if "compiler" in by_source:
+        lines.append(
+            "native pairs from the recorded probe of the real TPU compiler (libtpu "
+            f"{mosaic.recorded().libtpu}, compatibility mode off): "
+            + ", ".join(by_source["compiler"])
+        )
     if "jax" in by_source:
         lines.append(f"read from JAX's Pallas TPU table: {', '.join(by_source['jax'])}")
     if "builtin" in by_source:
         lines.append(f"emulate's builtin profiles: {', '.join(by_source['builtin'])}")
     lines.append("float8_e8m0fnu, a scale type and never a matmul operand, is left out.")
+    lines += _table_disagreements([targets.get(n) for n in names], operands)
 
     # (lhs x rhs, fallback method, platform) -> targets whose native plan has that fallback
     fallbacks: dict[tuple[str, str, str], list[str]] = {}

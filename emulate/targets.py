@@ -673,7 +673,7 @@ def render_matrix(
                 ): f"{mark[_status(t, f, f)]}/{mark[_status(t, 'bfloat16', f)]}"
                 for f in fs
             },
-            "source": t.source,
+            "source": "compiler" if t.rules == "compiler" else t.source,
         }
         for t in ts
     ]
@@ -682,6 +682,8 @@ def render_matrix(
         "",
         "cell: fmt x fmt / bfloat16 x fmt; N native, e emulated",
         "columns drop the float8_/float6_/float4_ prefix of the format names",
-        "source: jax = TPU row read from JAX's Pallas TPU table, builtin = emulate's own copy",
+        "source: compiler = native pairs from the recorded probe of the real TPU compiler "
+        f"(libtpu {mosaic.recorded().libtpu}, compatibility mode off);",
+        "  jax = TPU row read from JAX's Pallas TPU table, builtin = emulate's own copy",
     ]
     return "\n".join(lines + legend) + "\n"

@@ -18,6 +18,8 @@ from jax import lax
 from emulate import formats, targets
 
 TPUS = [t.name for t in targets.all_targets() if t.kind == "tpu"]
+#: The generations libtpu 0.0.42.1 offers compile-only devices for (design.md).
+PROBED = ["tpu_v2", "tpu_v3", "tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e", "tpu_v7x"]
 DN = (((1,), (0,)), ((), ()))
 
 
@@ -46,19 +48,24 @@ def test_table_order_and_names():
     assert tuple(t.name for t in targets.all_targets()) == targets.names()
 
 
-def test_tpu_facts():
+def test_tpu_facts_follow_the_compiler():
+    # Measured with the real compiler (design.md, "The real TPU compiler"): Mosaic with its
+    # compatibility mode off accepts same-type pairs only, e4m3fn on v5e/v5p/v6e too, and
+    # refuses unsigned integers (Pallas) and int8 on v4 and 7x.
     v4, v5e, v7x = targets.get("tpu_v4"), targets.get("tpu_v5e"), targets.get("tpu_v7x")
-    assert v4.supports("bfloat16", "int8")
+    assert all(targets.get(t).rules == "compiler" for t in PROBED)
+    assert not v4.supports("bfloat16", "int8")
     assert not v4.supports("int8", "int8")
     assert not v4.has_int8_matmul
     assert v5e.supports("int8", "int8") and v5e.has_int8_matmul
     assert v5e.supports("int4", "int4") and v5e.has_int4_matmul
-    assert v5e.supports("int8", "uint8")
-    assert not v5e.supports("float8_e4m3fn", "float8_e4m3fn")
+    assert not v5e.supports("int8", "uint8")
+    assert not v5e.supports("uint8", "uint8")
+    assert v5e.supports("float8_e4m3fn", "float8_e4m3fn")
     assert v5e.supports("float8_e5m2", "float8_e5m2")
-    assert v7x.supports("bfloat16", "float8_e4m3fn")
+    assert not v7x.supports("bfloat16", "float8_e4m3fn")
     assert v7x.supports("float8_e4m3fn", "float8_e4m3fn")
-    assert not v7x.supports("float8_e4m3fn", "bfloat16")
+    assert not v7x.supports("float8_e4m3fn", "float8_e5m2")
     assert not v7x.supports("int8", "int8")
     assert targets.get("tpu_v2").native_pairs == {("float32", "float32")}
     assert targets.get("tpu_v3").native_pairs == {("float32", "float32")}
@@ -66,13 +73,28 @@ def test_tpu_facts():
         tgt = targets.get(t)
         assert not any("float4_e2m1fn" in pair for pair in tgt.native_pairs), t
         assert not any(f.startswith("float6") for pair in tgt.native_pairs for f in pair), t
+        if tgt.rules == "compiler":
+            assert all(a == b for a, b in tgt.native_pairs), t  # mixed: refused without compat
+
+
+def test_tpu_table_pairs_keep_jax_s_table():
+    v4, v5e, v7x = targets.get("tpu_v4"), targets.get("tpu_v5e"), targets.get("tpu_v7x")
+    assert ("bfloat16", "int8") in v4.table_pairs
+    assert ("int8", "uint8") in v5e.table_pairs
+    assert ("float8_e4m3fn", "float8_e4m3fn") not in v5e.table_pairs
+    assert ("bfloat16", "float8_e4m3fn") in v7x.table_pairs
+    unprobed = [t for t in TPUS if t not in PROBED]
+    assert unprobed == ["tpu_v4i", "tpu_v7", "tpu_v8i"]
+    for t in unprobed:
+        assert targets.get(t).rules == "table" and targets.get(t).table_pairs is None
 
 
 def test_supports_takes_names_dtypes_and_formats():
     v5e = targets.get("tpu_v5e")
     assert v5e.supports(np.int8, jnp.int8)
-    assert v5e.supports(ml_dtypes.int4, formats.get("uint4"))
-    assert v5e.supports("s8", "u8")
+    assert v5e.supports(ml_dtypes.int4, formats.get("int4"))
+    assert v5e.supports("s8", "s8")
+    assert not v5e.supports("s8", "u8")
     assert not v5e.supports(jnp.bfloat16, np.int8)
     with pytest.raises(ValueError, match="unknown format"):
         v5e.supports("int3", "int8")
@@ -80,10 +102,11 @@ def test_supports_takes_names_dtypes_and_formats():
 
 def test_accumulator_and_native_formats():
     v5e = targets.get("tpu_v5e")
-    assert v5e.accumulator("int8", "uint8") == "int32"
-    assert v5e.accumulator("bfloat16", "float8_e5m2") == "float32"
-    assert v5e.accumulator("float8_e4m3fn", "float8_e4m3fn") is None
-    assert targets.get("tpu_v4").accumulator("bfloat16", "int8") == "float32"
+    assert v5e.accumulator("int8", "int8") == "int32"
+    assert v5e.accumulator("float8_e5m2", "float8_e5m2") == "float32"
+    assert v5e.accumulator("bfloat16", "float8_e5m2") is None
+    assert v5e.accumulator("float8_e4m3fn", "float8_e4m3fn") == "float32"
+    assert targets.get("tpu_v4").accumulator("bfloat16", "int8") is None
     assert targets.get("tpu_v7").native_formats == (
         "float8_e4m3fn",
         "float8_e5m2",
@@ -162,7 +185,12 @@ def test_builtin_copy_agrees_with_jax(name):
     assert builtin.vmem_capacity_bytes == info.vmem_capacity_bytes
     assert builtin.mxu_column_size == info.mxu_column_size
     assert builtin.cores_per_chip == chip.num_physical_tensor_cores_per_chip
-    assert dataclasses.replace(targets.get(name), source="builtin") == builtin
+    row = targets.get(name)
+    if row.rules == "compiler":  # JAX's table is kept beside the compiler's pairs
+        row = dataclasses.replace(
+            row, native_pairs=row.table_pairs, rules="table", table_pairs=None
+        )
+    assert dataclasses.replace(row, source="builtin") == builtin
 
 
 def test_every_jax_chip_has_a_profile():
@@ -176,8 +204,15 @@ def test_falls_back_to_builtin_when_jax_table_is_missing(monkeypatch):
 
     monkeypatch.delattr(pltpu, "get_tpu_info_for_chip")
     table = targets._build_table()
-    assert tuple(table.values()) == targets._BUILTIN
     assert all(t.source == "builtin" for t in table.values())
+    for built, builtin in zip(table.values(), targets._BUILTIN, strict=True):
+        assert (built.table_pairs or built.native_pairs) == builtin.native_pairs
+        assert (
+            dataclasses.replace(
+                built, native_pairs=builtin.native_pairs, rules="table", table_pairs=None
+            )
+            == builtin
+        )
 
 
 def test_falls_back_when_jax_table_changes_shape(monkeypatch):
@@ -415,9 +450,10 @@ def test_capability_matrix_rows():
     rows = targets.capability_matrix()
     assert len(rows) == len(targets.names()) * len(formats.LOW_PRECISION)
     by = {(r.target, r.format): r for r in rows}
-    assert by["tpu_v4", "int8"] == ("tpu_v4", "int8", "emulated", "native")
+    assert by["tpu_v4", "int8"] == ("tpu_v4", "int8", "emulated", "emulated")
     assert by["tpu_v5e", "int8"] == ("tpu_v5e", "int8", "native", "emulated")
-    assert by["tpu_v7x", "float8_e4m3fn"][2:] == ("native", "native")
+    assert by["tpu_v7x", "float8_e4m3fn"][2:] == ("native", "emulated")
+    assert by["tpu_v7", "float8_e4m3fn"][2:] == ("native", "native")  # JAX's table
     assert by["gpu_sm90", "float8_e4m3fn"][2:] == ("native", "emulated")
     assert all(
         r.same_type == r.weight_only == "emulated" for r in rows if r.format == "float4_e2m1fn"
@@ -455,12 +491,13 @@ def test_render_matrix():
     rows = {line.split()[0]: line.split() for line in lines[1 : 1 + len(targets.names())]}
     assert list(rows) == list(targets.names())
     col = header.index("int8")
-    assert rows["tpu_v4"][col] == "e/N"
+    assert rows["tpu_v4"][col] == "e/e"
     assert rows["tpu_v5e"][col] == "N/e"
-    assert rows["tpu_v5e"][-1] == "jax"
+    assert rows["tpu_v5e"][-1] == "compiler"
+    assert rows["tpu_v7"][-1] == "jax"
     assert "N native, e emulated" in text
     small = targets.render_matrix(["v5e"], ["int4"])
-    assert small.splitlines()[:2] == ["target   int4  source", "tpu_v5e  N/e   jax"]
+    assert small.splitlines()[:2] == ["target   int4  source", "tpu_v5e  N/e   compiler"]
 
 
 # ---------------------------------------------------------------------------------------

@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-import emulate.pallas.route  # noqa: F401 - the kernels' module, imported before threads
 from emulate import compiler
+from emulate.pallas import route
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _tpu_programs as P  # noqa: E402
@@ -158,3 +158,18 @@ def test_compiles(verdicts, case, compat):
         f"{case.program} {case.what} on {case.target}, compat {'on' if compat else 'off'}: "
         f"{v.stage}: {v.message}\n{v.detail[-3000:]}"
     )
+
+
+@pytest.mark.parametrize("target", GENERATIONS)
+def test_kernel_routes_never_lean_on_compat_mode(target):
+    """What pallas.matmul / pallas.dot hand to ``tpu.matmul`` undecoded (a native pair or
+    the int8 route) is a same-type pair that the recorded probe says compiles with compat
+    mode off: no mixed pair, no int8 x int8 on a v7x (compat mode would sum it in f32)."""
+    for a, w in PAIRS + (("bfloat16", "bfloat16"), ("float32", "float32")):
+        r = route.route(a, w, target=target, preferred_element_type=P.out_format(a, w))
+        if r.method in ("native", "int8"):
+            assert r.lhs_compute == r.rhs_compute, (a, w, r)
+            v = compiler.verdict(target, r.lhs_compute, r.rhs_compute, compat=False)
+            assert v.ok, (a, w, r.method, v.message)
+        if r.method in ("bf16", "int8"):
+            assert compiler.verdict(target, r.lhs_compute, r.rhs_compute, compat=False).ok

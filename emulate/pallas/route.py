@@ -5,7 +5,11 @@
   int8 x int8 is kept. Pallas TPU ``dot`` treats every integer operand as signed, so
   uint8 and uint4 values above 127 / 7 would be misread; and XLA's CPU backend, which
   runs kernels in interpret mode, cannot compile a dot of int4 operands. Those pairs take
-  the int8 route when their values fit int8 and the bf16 (or f32) route otherwise.
+  the int8 route when their values fit int8 and the bf16 (or f32) route otherwise. And
+  a pair goes to ``tpu.matmul`` as it is (native, or the int8 route) only where Mosaic
+  compiles it with compatibility mode off (the recorded probe,
+  :func:`emulate.compiler.verdict`): never a mixed pair, never int8 x int8 on a v7x,
+  whose compatibility mode would sum it in f32.
 * :func:`decode_codes` / :func:`decode_values`: exact decoding of loaded tiles, on 32-bit
   words, with the bit formulas of :mod:`emulate.numerics.codecs` (no gathers, no lookup tables,
   no conversion of a low-precision type by the compiler), optionally scaled by ``2**k``
@@ -25,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from emulate import formats, targets
+from emulate import compiler, formats, targets
 from emulate.formats import Format, FormatLike
 from emulate.numerics import codecs
 from emulate.planning.exactness import F32_EXACT, exact_class, exact_scale, max_quanta
@@ -86,10 +90,25 @@ class Route:
         return lax.Precision.HIGHEST if self.lhs_compute == "float32" else None
 
 
+def _compiles_natively(t: targets.Target, lhs: str, rhs: str) -> bool:
+    """Whether Mosaic compiles ``lhs x rhs`` (natural accumulator) on ``t`` with
+    compatibility mode off, by the recorded probe (:func:`emulate.compiler.verdict`); the
+    target's profile where the probe has no record (a target or pair it did not cover).
+
+    A kernel must not depend on compatibility mode: it converts what the unit lacks (int8
+    to bf16 with an f32 sum on v7x, exact only below 2**24) or mixed pairs, behind our back.
+    """
+    try:
+        return compiler.verdict(t, lhs, rhs, compat=False).ok
+    except ValueError:
+        return t.supports(lhs, rhs)
+
+
 def _widest_float(t: targets.Target, lhs: Format, rhs: Format) -> str:
     """bf16 if the target has bf16 x bf16 and both formats fit bf16, else f32."""
     fits = all(f.name == "bfloat16" or "bfloat16" in f.exact_in for f in (lhs, rhs))
-    return "bfloat16" if fits and t.supports("bfloat16", "bfloat16") else "float32"
+    native = t.supports("bfloat16", "bfloat16") and _compiles_natively(t, "bfloat16", "bfloat16")
+    return "bfloat16" if fits and native else "float32"
 
 
 def route(
@@ -127,6 +146,13 @@ def route(
         else:
             lc = rc = _widest_float(t, a, b)
             method = "bf16" if lc == "bfloat16" else "f32"
+    if method in ("int8", "native") and (lc != rc or not _compiles_natively(t, lc, rc)):
+        note = (
+            f"Mosaic compiles {lc} x {rc} on {t.name} only in compatibility mode, which "
+            "converts the operands behind the kernel's back; decoded instead"
+        )
+        lc = rc = _widest_float(t, a, b)
+        method = "bf16" if lc == "bfloat16" else "f32"
     if method in ("int8", "native") and exact:
         acc, k_chunk = "int32", None
     elif exact:
@@ -186,11 +212,27 @@ def decode_values(x: jax.Array, to: str, scale: int = 0) -> jax.Array:
     return decode_codes(codes, f, to, scale)
 
 
+# 2**23 + 2**22: bitcast to f32, 0x4B400000 + v is the float 2**23 + 2**22 + v for every
+# |v| < 2**22 (one ulp of [2**23, 2**24) is 1), so subtracting this constant is exact.
+_MAGIC_BITS = 0x4B400000
+_MAGIC = 12582912.0
+
+
 def _int_to(v: jax.Array, to: str) -> jax.Array:
-    """int32 values (of at most 8 bits) into int8, f32 or bf16, exactly."""
+    """int32 values (of at most 8 bits) into int8, f32 or bf16, exactly.
+
+    No integer-to-float conversion: Mosaic folds ``int32 -> f32`` after a sign extension
+    from 8 bits into an 8-bit conversion, and ``int32 -> f32 -> bf16`` into one int32 ->
+    bf16 conversion, and v2 to v7x convert only 32-bit integers to f32 without
+    compatibility mode ("integer-to-float conversions can only happen on 32-bit values").
+    The f32 value is built from its bits instead (an int32 add, a bitcast, an f32
+    subtraction: exact for |v| < 2**22), then rounded (exactly) to bf16 if asked.
+    """
     if to == "int8":
         return v.astype(jnp.int8)
-    return v.astype(jnp.float32).astype(to)
+    bits = v.astype(jnp.int32) + jnp.int32(_MAGIC_BITS)
+    f = lax.bitcast_convert_type(bits, jnp.float32) - jnp.float32(_MAGIC)
+    return f if to == "float32" else f.astype(to)
 
 
 def float_dot(a: jax.Array, b: jax.Array, precision: lax.PrecisionLike = None) -> jax.Array:

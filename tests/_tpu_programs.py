@@ -1,0 +1,220 @@
+"""The programs tests/test_tpu_compile.py compiles with the real TPU compiler.
+
+Every job function lives here, at module level, so that :func:`emulate.compiler.check_many`
+can hand it to its compat-off subprocess by reference (``functools.partial`` of these with
+plain arguments pickles). Each builds one small program: one ``pallas_call`` for the
+Pallas cases, one emulate front-end call for the XLA-level ones.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+
+import emulate
+import emulate.pallas
+from emulate import formats
+
+# Shapes: small, one block. Pallas kernels: M = 32 (the sublane tiling of int8 tiles), N =
+# 128 lanes, K = 128 lanes times the codes per byte group of a packed weight (1, 2 for
+# 4-bit formats, 4 for float6). XLA-level programs: (16, 128) x (128, 128).
+M, N = 32, 128
+XLA_M, XLA_K = 16, 128
+
+
+def pallas_k(rhs: str) -> int:
+    """K of the Pallas cases with weight format ``rhs``."""
+    bits = formats.get(rhs).bits
+    return 128 * (4 if bits == 6 else 2 if bits == 4 else 1)
+
+
+# Formats XLA cannot hold (float6) and the sub-byte ones pallas.matmul takes packed.
+_PACKED = {"int4", "uint4", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"}
+
+DN = (((1,), (0,)), ((), ()))
+
+
+def out_format(lhs: str, rhs: str) -> str:
+    """int32 for two integer operands, float32 otherwise."""
+    both_int = formats.get(lhs).is_integer and formats.get(rhs).is_integer
+    return "int32" if both_int else "float32"
+
+
+def _is_wide(fmt: str) -> bool:
+    return not formats.get(fmt).is_low_precision
+
+
+# --------------------------------------------------------------------------------------
+# emulate.pallas.matmul
+
+
+def matmul_specs(lhs: str, rhs: str) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+    """x as its dtype (wide) or uint8 codes (low precision); w as its dtype, or uint8
+    codes for 8-bit formats XLA holds, or packed bytes along K for sub-byte formats."""
+    k = pallas_k(rhs)
+    if _is_wide(lhs):
+        x = jax.ShapeDtypeStruct((M, k), jnp.dtype(lhs))
+    else:
+        x = jax.ShapeDtypeStruct((M, k), jnp.uint8)
+    f = formats.get(rhs)
+    if rhs in _PACKED:
+        w = jax.ShapeDtypeStruct((k * f.bits // 8, N), jnp.uint8)
+    else:
+        w = jax.ShapeDtypeStruct((k, N), jnp.dtype(f.dtype))
+    return x, w
+
+
+def pallas_matmul(x: jax.Array, w: Any, *, lhs: str, rhs: str, target: str) -> jax.Array:
+    """``emulate.pallas.matmul`` compiled for TPU (interpret off)."""
+    if rhs in _PACKED:
+        w = emulate.Packed(w, rhs, -2, pallas_k(rhs))
+    return emulate.pallas.matmul(
+        x,
+        w,
+        target=target,
+        out_dtype=out_format(lhs, rhs),
+        interpret=False,
+        x_format=None if _is_wide(lhs) else lhs,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# emulate.pallas.dot, inside a one-block kernel
+
+
+def dot_specs(lhs: str, rhs: str) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+    return (
+        jax.ShapeDtypeStruct((M, 128), jnp.dtype(formats.get(lhs).dtype)),
+        jax.ShapeDtypeStruct((128, N), jnp.dtype(formats.get(rhs).dtype)),
+    )
+
+
+def _dot_kernel(a_ref: Any, b_ref: Any, o_ref: Any, *, target: str, out: str) -> None:
+    o_ref[...] = emulate.pallas.dot(
+        a_ref[...], b_ref[...], target=target, preferred_element_type=out
+    )
+
+
+def pallas_dot(a: jax.Array, b: jax.Array, *, lhs: str, rhs: str, target: str) -> jax.Array:
+    """One ``pallas_call`` whose kernel is ``o = emulate.pallas.dot(a, b)``."""
+    out = out_format(lhs, rhs)
+    kernel = functools.partial(_dot_kernel, target=target, out=out)
+    shape = jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), jnp.dtype(out))
+    return pl.pallas_call(kernel, out_shape=shape)(a, b)
+
+
+# --------------------------------------------------------------------------------------
+# XLA-level front ends
+
+
+def xla_specs(lhs: str, rhs: str) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+    """Operands as their dtype, or uint8 codes for float6 (which XLA cannot hold)."""
+
+    def spec(fmt: str, shape: tuple[int, int]) -> jax.ShapeDtypeStruct:
+        f = formats.get(fmt)
+        return jax.ShapeDtypeStruct(shape, jnp.dtype(f.dtype) if f.xla_storable else jnp.uint8)
+
+    return spec(lhs, (XLA_M, XLA_K)), spec(rhs, (XLA_K, N))
+
+
+def _codes_format(fmt: str) -> str | None:
+    return None if formats.get(fmt).xla_storable else fmt
+
+
+def dot_general(
+    a: jax.Array, b: jax.Array, *, lhs: str, rhs: str, target: str, mode: str
+) -> jax.Array:
+    return emulate.dot_general(
+        a,
+        b,
+        DN,
+        preferred_element_type=out_format(lhs, rhs),
+        target=target,
+        mode=mode,
+        lhs_format=_codes_format(lhs),
+        rhs_format=_codes_format(rhs),
+    )
+
+
+# NHWC activations, HWIO kernel: a 3x3 convolution over a 6x6 image, 32 -> 16 features.
+CONV_LHS, CONV_RHS = (1, 6, 6, 32), (3, 3, 32, 16)
+
+
+def conv_specs(lhs: str, rhs: str) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+    return (
+        jax.ShapeDtypeStruct(CONV_LHS, jnp.dtype(formats.get(lhs).dtype)),
+        jax.ShapeDtypeStruct(CONV_RHS, jnp.dtype(formats.get(rhs).dtype)),
+    )
+
+
+def conv(a: jax.Array, b: jax.Array, *, lhs: str, rhs: str, target: str, mode: str) -> jax.Array:
+    return emulate.conv_general_dilated(
+        a,
+        b,
+        (1, 1),
+        "SAME",
+        dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        preferred_element_type=out_format(lhs, rhs),
+        target=target,
+        mode=mode,
+    )
+
+
+def scaled_specs() -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+    return (
+        jax.ShapeDtypeStruct((XLA_M, XLA_K), jnp.float32),
+        jax.ShapeDtypeStruct((XLA_K, N), jnp.float32),
+    )
+
+
+def scaled(x: jax.Array, w: jax.Array, *, scheme: str, target: str, mode: str) -> jax.Array:
+    """Quantize both operands with ``emulate.mx.<scheme>`` (blocks along K) and contract
+    the QArrays with ``emulate.dot_general``."""
+    s = getattr(emulate.mx, scheme)
+    qx = emulate.quantize(x, s, axis=1)
+    qw = emulate.quantize(w, s, axis=0)
+    return emulate.dot_general(
+        qx, qw, DN, preferred_element_type=jnp.float32, target=target, mode=mode
+    )
+
+
+# --------------------------------------------------------------------------------------
+# the polyfilled decoder-block example
+
+
+@functools.cache
+def _decoder() -> tuple[Any, Any, Any, jax.Array]:
+    """(example module, graphdef, state treedef, x) of examples/decoder_block.py's block."""
+    from flax import nnx
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "decoder_block.py"
+    spec = importlib.util.spec_from_file_location("decoder_block", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    block, x = example.make()
+    graphdef, state = nnx.split(block)
+    leaves, treedef = jax.tree.flatten(state)
+    return graphdef, treedef, leaves, x
+
+
+def decoder_specs() -> tuple[list[jax.ShapeDtypeStruct], jax.ShapeDtypeStruct]:
+    _, _, leaves, x = _decoder()
+    specs = [jax.ShapeDtypeStruct(np.shape(v), v.dtype) for v in leaves]
+    return specs, jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+def decoder(leaves: list[jax.Array], x: jax.Array, *, target: str) -> jax.Array:
+    """The example's block, its weights as arguments, polyfilled for ``target``."""
+    from flax import nnx
+
+    graphdef, treedef, _, _ = _decoder()
+    block = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+    return emulate.polyfill(block, target=target)(x)

@@ -1,0 +1,175 @@
+"""Everything emulate emits for a TPU compiles there: the real XLA:TPU and Mosaic compilers
+(libtpu, a declared test dependency; :mod:`emulate.compiler`) compile, for every generation
+the installed libtpu offers, with Mosaic's compatibility mode on and off:
+
+- ``emulate.pallas.matmul`` for bf16 and f32 activations with every weight format it
+  takes (int8, packed int4, float8_e4m3fn, float8_e5m2, packed float4_e2m1fn, packed
+  float6, uint8, packed uint4) and for the same-type pairs;
+- ``emulate.pallas.dot`` in a one-block kernel, for the same pairs where XLA holds the
+  format (not float6);
+- ``emulate.dot_general`` (those pairs), ``emulate.conv_general_dilated`` (a few) and a
+  scaled QArray contraction (``emulate.mx.MXFP4``, ``NVFP4``) in mode "fast", and a few
+  of each in mode "exact" (see EXACT_PAIRS), planned for the generation;
+- examples/decoder_block.py's block, polyfilled for the generation.
+
+One subprocess compiles every compat-off program (``check_many``); the compat-on ones
+compile in this process, at the same time. The programs are in tests/_tpu_programs.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import pathlib
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from emulate import compiler
+from emulate.pallas import route
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _tpu_programs as P  # noqa: E402
+
+GENERATIONS = ("tpu_v2", "tpu_v3", "tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e", "tpu_v7x")
+ACTIVATIONS = ("bfloat16", "float32")
+LOW = (
+    "int8",
+    "int4",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float4_e2m1fn",
+    "float6_e2m3fn",
+    "float6_e3m2fn",
+    "uint8",
+    "uint4",
+)
+PAIRS = tuple((a, w) for a in ACTIVATIONS for w in LOW) + tuple((f, f) for f in LOW)
+XLA_HELD = tuple(p for p in PAIRS if "float6" not in p[0] + p[1])
+CONV_PAIRS = (
+    ("bfloat16", "int8"),
+    ("bfloat16", "int4"),
+    ("bfloat16", "float8_e4m3fn"),
+    ("float32", "float8_e5m2"),
+    ("int8", "int8"),
+    ("float8_e4m3fn", "float8_e4m3fn"),
+)
+SCHEMES = ("MXFP4", "NVFP4")
+# Mode "exact" of a non-exact-class pair is a sliced program that takes XLA:TPU seconds to
+# compile (2-7 s each on 2 cores, 20 s for a float8 convolution): a few pairs stand for
+# the rest (a sliced wide x int8 pair, the exact-class integer and float4 pairs, a sliced
+# float8 pair), one scheme for the scaled contraction.
+EXACT_PAIRS = (
+    ("bfloat16", "int8"),
+    ("int8", "int8"),
+    ("float4_e2m1fn", "float4_e2m1fn"),
+    ("float8_e4m3fn", "float8_e4m3fn"),
+)
+EXACT_CONV_PAIRS = (("int8", "int8"), ("float8_e4m3fn", "float8_e4m3fn"))
+EXACT_SCHEMES = ("MXFP4",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    program: str
+    what: str
+    target: str
+    fn: Callable[..., Any]
+    specs: tuple[Any, ...]
+
+    @property
+    def id(self) -> str:
+        return f"{self.program}-{self.what}-{self.target}"
+
+
+def _cases() -> list[Case]:
+    out = []
+    for t in GENERATIONS:
+        for a, w in PAIRS:
+            fn = functools.partial(P.pallas_matmul, lhs=a, rhs=w, target=t)
+            out.append(Case("pallas.matmul", f"{a}x{w}", t, fn, P.matmul_specs(a, w)))
+        for a, w in XLA_HELD:
+            fn = functools.partial(P.pallas_dot, lhs=a, rhs=w, target=t)
+            out.append(Case("pallas.dot", f"{a}x{w}", t, fn, P.dot_specs(a, w)))
+        for mode, pairs, conv_pairs, schemes in (
+            ("fast", PAIRS, CONV_PAIRS, SCHEMES),
+            ("exact", EXACT_PAIRS, EXACT_CONV_PAIRS, EXACT_SCHEMES),
+        ):
+            for a, w in pairs:
+                fn = functools.partial(P.dot_general, lhs=a, rhs=w, target=t, mode=mode)
+                out.append(Case("dot_general", f"{mode}-{a}x{w}", t, fn, P.xla_specs(a, w)))
+            for a, w in conv_pairs:
+                fn = functools.partial(P.conv, lhs=a, rhs=w, target=t, mode=mode)
+                out.append(Case("conv", f"{mode}-{a}x{w}", t, fn, P.conv_specs(a, w)))
+            for s in schemes:
+                fn = functools.partial(P.scaled, scheme=s, target=t, mode=mode)
+                out.append(Case("scaled", f"{mode}-{s}", t, fn, P.scaled_specs()))
+        fn = functools.partial(P.decoder, target=t)
+        out.append(Case("decoder_block", "polyfill", t, fn, P.decoder_specs()))
+    return out
+
+
+CASES = _cases()
+_verdicts: dict[bool, dict[str, compiler.Verdict]] = {}
+_seconds: dict[bool, float] = {}
+
+
+def _compile_all() -> None:
+    """Every case, compat on and off: one subprocess for one setting (at least), the
+    other in this process when it matches this process's setting; both at once."""
+    jobs = [compiler.Job(c.fn, c.specs, c.target) for c in CASES]
+    errors: list[BaseException] = []
+
+    def run(compat: bool) -> None:
+        start = time.perf_counter()
+        try:
+            got = compiler.check_many(jobs, compat=compat)
+            _verdicts[compat] = {c.id: v for c, v in zip(CASES, got)}
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(e)
+        _seconds[compat] = time.perf_counter() - start
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in (True, False)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> dict[bool, dict[str, compiler.Verdict]]:
+    assert compiler.generations() == GENERATIONS
+    if not _verdicts:
+        _compile_all()
+    return _verdicts
+
+
+@pytest.mark.parametrize("compat", [True, False], ids=["compat_on", "compat_off"])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_compiles(verdicts, case, compat):
+    v = verdicts[compat][case.id]
+    assert v.ok, (
+        f"{case.program} {case.what} on {case.target}, compat {'on' if compat else 'off'}: "
+        f"{v.stage}: {v.message}\n{v.detail[-3000:]}"
+    )
+
+
+@pytest.mark.parametrize("target", GENERATIONS)
+def test_kernel_routes_never_lean_on_compat_mode(target):
+    """What pallas.matmul / pallas.dot hand to ``tpu.matmul`` undecoded (a native pair or
+    the int8 route) is a same-type pair that the recorded probe says compiles with compat
+    mode off: no mixed pair, no int8 x int8 on a v7x (compat mode would sum it in f32)."""
+    for a, w in PAIRS + (("bfloat16", "bfloat16"), ("float32", "float32")):
+        r = route.route(a, w, target=target, preferred_element_type=P.out_format(a, w))
+        if r.method in ("native", "int8"):
+            assert r.lhs_compute == r.rhs_compute, (a, w, r)
+            v = compiler.verdict(target, r.lhs_compute, r.rhs_compute, compat=False)
+            assert v.ok, (a, w, r.method, v.message)
+        if r.method in ("bf16", "int8"):
+            assert compiler.verdict(target, r.lhs_compute, r.rhs_compute, compat=False).ok

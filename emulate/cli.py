@@ -176,6 +176,15 @@ def _add_targets(sub: argparse._SubParsersAction) -> None:
         metavar="T",
         help="targets to show (names or aliases such as v5e, h100); default: all",
     )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="compile a one-line Pallas matmul for every generation the installed libtpu "
+        "offers x operand pair x accumulator, compatibility mode on and off, with the real "
+        "compiler (about a minute); print where JAX's table and the compiler disagree and "
+        "what differs from the recorded probe; exit status 1 if anything does",
+    )
+    p.add_argument("--out", metavar="PATH", help="with --probe: write the probe's JSON to PATH")
     p.set_defaults(func=_run_targets)
 
 
@@ -251,8 +260,33 @@ def _table_disagreements(chosen: Sequence[Target], operands: Sequence[str]) -> l
     return out
 
 
+def _run_probe(args: argparse.Namespace) -> int:
+    import pathlib
+
+    from emulate import compiler
+
+    try:
+        result = compiler.probe(args.targets)
+    except (compiler.CompilerUnavailable, ValueError) as e:
+        print(f"emulate targets --probe: {e}", file=sys.stderr)
+        return 2
+    text, changed = compiler.report(result)
+    print(text)
+    if args.out:
+        out = pathlib.Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(result.to_json(), encoding="utf-8")
+        print(f"wrote {out}")
+    return 1 if changed else 0
+
+
 def _run_targets(args: argparse.Namespace) -> int:
     from emulate import targets
+
+    if args.probe:
+        return _run_probe(args)
+    if args.out:
+        args.parser.error("--out goes with --probe")
     from emulate.planning.plan import plan
 
     chosen = []

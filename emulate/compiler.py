@@ -92,6 +92,7 @@ __all__ = [
     "probe",
     "probe_cases",
     "recorded",
+    "report",
     "verdict",
 ]
 
@@ -850,6 +851,36 @@ def _summary(data: Probe) -> str:
     return "\n".join(lines)
 
 
+def report(result: Probe) -> tuple[str, list[str]]:
+    """A fresh probe in words: the per-target counts, where JAX's table and the compiler
+    disagree (compat on and off), and how it differs from the recorded probe; with those
+    differences (one line each) apart."""
+    lines = [_summary(result)]
+    for compat in (True, False):
+        found = disagreements(result, compat=compat)
+        total = len({(r.case.target, r.case.lhs, r.case.rhs) for r in result.rows})
+        lines.append(
+            f"JAX's table vs the compiler, compat {'on' if compat else 'off'}: "
+            f"{len(found)} of {total} (target, pair) cases differ"
+        )
+        lines += [
+            f"  {d.target} {d.lhs} x {d.rhs}: JAX {'native' if d.jax_native else 'not'}; "
+            f"compiler {_v_str(d.verdict)}"
+            for d in found
+        ]
+    old = recorded()
+    same_targets = dataclasses.replace(
+        old, rows=tuple(r for r in old.rows if r.case.target in result.topologies)
+    )
+    changed = differences(result, same_targets)
+    lines.append(
+        f"differences from the recorded probe (libtpu {old.libtpu}), for the targets probed: "
+        f"{len(changed)}"
+    )
+    lines += [f"  {line}" for line in changed[:50]]
+    return "\n".join(lines), changed
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m emulate.compiler",
@@ -869,24 +900,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
     except (CompilerUnavailable, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(_summary(result))
-    for compat in (True, False):
-        found = disagreements(result, compat=compat)
-        total = len({(r.case.target, r.case.lhs, r.case.rhs) for r in result.rows})
-        print(
-            f"JAX's table vs the compiler, compat {'on' if compat else 'off'}: "
-            f"{len(found)} of {total} (target, pair) cases differ"
-        )
-        for d in found:
-            print(
-                f"  {d.target} {d.lhs} x {d.rhs}: JAX {'native' if d.jax_native else 'not'}; "
-                f"compiler {_v_str(d.verdict)}"
-            )
-    if PROBE_PATH.exists():
-        changed = differences(result, recorded())
-        print(f"differences from the recorded probe (libtpu {recorded().libtpu}): {len(changed)}")
-        for line in changed[:50]:
-            print(f"  {line}")
+    text, _ = report(result)
+    print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(result.to_json(), encoding="utf-8")

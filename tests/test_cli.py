@@ -422,3 +422,31 @@ def test_readme_examples_run() -> None:
     lines = ran.stdout.splitlines()
     assert lines[0].startswith("float32 (8, 256) ")
     assert lines[1] == "float4_e2m1fn x float4_e2m1fn -> float4_e2m1fn on tpu_v5e (mode 'fast')"
+
+
+def test_targets_probe_reprobes_one_generation(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    from emulate import compiler, mosaic
+
+    out = tmp_path / "probe.json"
+    assert cli.main(["targets", "--probe", "--target", "v5e", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    libtpu = mosaic.recorded().libtpu
+    assert (
+        f"differences from the recorded probe (libtpu {libtpu}), for the targets probed: 0" in text
+    )
+    assert "JAX's table vs the compiler, compat off:" in text
+    fresh = mosaic.Probe.from_json(out.read_text())
+    assert list(fresh.topologies) == ["tpu_v5e"]
+    recorded = {r.case: r.verdict for r in mosaic.recorded().rows if r.case.target == "tpu_v5e"}
+    assert {r.case: r.verdict for r in fresh.rows} == recorded
+    assert compiler.differences(fresh, fresh) == []
+
+
+def test_targets_out_needs_probe(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["targets", "--out", "x.json"])
+    assert e.value.code == 2
+    assert (
+        capsys.readouterr().err.splitlines()[-1]
+        == "emulate targets: error: --out goes with --probe"
+    )

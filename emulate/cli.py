@@ -27,6 +27,7 @@ import argparse
 import math
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
@@ -252,7 +253,8 @@ def _table_disagreements(chosen: Sequence[Target], operands: Sequence[str]) -> l
         if only_compiler:
             parts.append("compiler only: " + ", ".join(f"{a} x {b}" for a, b in only_compiler))
         if parts:
-            out.append(f"  {short_target(t.name)}: " + "; ".join(parts))
+            text = f"{short_target(t.name)}: " + "; ".join(parts)
+            out += textwrap.wrap(text, _WIDTH, initial_indent="  ", subsequent_indent="    ")
     if out:
         out.insert(
             0, "where JAX's table and the compiler disagree (native = compiles, compat off):"
@@ -322,8 +324,7 @@ def _run_targets(args: argparse.Namespace) -> int:
         by_source.setdefault(key, []).append(short_target(name))
     if "compiler" in by_source:
         lines.append(
-            "native pairs from the recorded probe of the real TPU compiler (libtpu "
-            f"{mosaic.recorded().libtpu}, compatibility mode off): "
+            f"real TPU compiler (libtpu {mosaic.recorded().libtpu}, compat off): "
             + ", ".join(by_source["compiler"])
         )
     if "jax" in by_source:

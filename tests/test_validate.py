@@ -307,6 +307,9 @@ def test_bad_environment_target_is_one_line(monkeypatch, capsys) -> None:
 
 def test_python_dash_m_validate_without_traceback(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    # libtpu (a test dependency) prints start-up warnings when JAX looks for a TPU on a
+    # machine without one; this run is on the CPU.
+    env["JAX_PLATFORMS"] = "cpu"
     ok = subprocess.run(
         [sys.executable, "-m", "emulate", "validate", "--target", "cpu", "--formats", "uint4"]
         + ["--modes", "fast", "--examples", "2"],

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from emulate import formats
+from emulate import formats, tables
 
 __all__ = [
     "PROBE_PATH",
@@ -35,6 +35,7 @@ __all__ = [
     "native_pairs",
     "natural_accumulator",
     "recorded",
+    "render",
 ]
 
 #: The recorded probe shipped with the package.
@@ -233,3 +234,39 @@ def compat_only_pairs(target: str, probe: Probe | None = None) -> frozenset[tupl
     if target not in data.topologies:
         return None
     return _pairs(target, data, compat=True) - _pairs(target, data, compat=False)
+
+
+def render(probe: Probe | None = None) -> str:
+    """The probe as a plain-text table: one row per probed pair at its natural accumulator,
+    one column per generation; ``N`` compiles with compatibility mode off, ``c`` only with
+    it on (the compiler converted the operands), ``-`` refused. A legend follows."""
+    data = probe or recorded()
+    targets = list(data.topologies)
+    verdicts: dict[tuple[str, str, str, bool], Verdict] = {}
+    pairs: dict[tuple[str, str], None] = {}
+    for r in data.rows:
+        c = r.case
+        if c.acc == natural_accumulator(c.lhs, c.rhs):
+            verdicts[c.target, c.lhs, c.rhs, c.compat] = r.verdict
+            pairs[c.lhs, c.rhs] = None
+
+    def cell(t: str, lhs: str, rhs: str) -> str:
+        off, on = verdicts.get((t, lhs, rhs, False)), verdicts.get((t, lhs, rhs, True))
+        if off is not None and off.ok:
+            return "N"
+        return "c" if on is not None and on.ok else "-"
+
+    rows = [
+        {
+            "lhs x rhs": f"{tables.short_format(a)} x {tables.short_format(b)}",
+            **{tables.short_target(t): cell(t, a, b) for t in targets},
+        }
+        for a, b in pairs
+    ]
+    legend = (
+        f"libtpu {data.libtpu}, jax {data.jax}; one {data.shape[0]}x{data.shape[1]} Pallas "
+        "matmul per cell,\nnatural accumulator (int32 for two integers, else f32). N: compiles "
+        "with compatibility\nmode off; c: compiles only with it on (the compiler converts the "
+        "operands); -: refused."
+    )
+    return tables.table(rows, rule=False) + "\n\n" + legend + "\n"

@@ -86,6 +86,7 @@ __all__ = [
     "device",
     "differences",
     "disagreements",
+    "first_line",
     "generations",
     "libtpu_version",
     "natural_accumulator",
@@ -109,20 +110,6 @@ TOPOLOGIES: Final[Mapping[str, str | None]] = {
     "tpu_v7": None,  # "v7:2x2x1": Invalid TPU external name: TPU v7
     "tpu_v7x": "tpu7x:2x2x1",
     "tpu_v8i": None,  # no topology name known for 8i
-}
-
-# JAX's ChipVersion value per TPU target, for disagreements().
-_JAX_CHIP: Final[Mapping[str, str]] = {
-    "tpu_v2": "v2",
-    "tpu_v3": "v3",
-    "tpu_v4": "v4",
-    "tpu_v4i": "v4i",
-    "tpu_v5e": "v5e",
-    "tpu_v5p": "v5p",
-    "tpu_v6e": "v6e",
-    "tpu_v7": "7",
-    "tpu_v7x": "7x",
-    "tpu_v8i": "8i",
 }
 
 
@@ -293,7 +280,7 @@ def _devices() -> dict[str, jax.Device]:
                 try:
                     found[target] = topologies.get_topology_desc(name, "tpu").devices[0]
                 except Exception as e:  # noqa: BLE001 - libtpu raises JaxRuntimeError
-                    errors.append(f"{name}: {_first_line(str(e))}")
+                    errors.append(f"{name}: {first_line(str(e))}")
     if not found:
         raise _unavailable(
             f"libtpu {version} is installed but offers no TPU topology ({'; '.join(errors)})"
@@ -422,7 +409,7 @@ def compile(  # noqa: A001 - the module's verb; call it as emulate.compiler.comp
         return jax.jit(fn).lower(*specs).compile()
 
 
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
     """The first meaningful line of a compiler error, without the boilerplate."""
     for line in text.splitlines():
         line = line.strip()
@@ -445,12 +432,12 @@ def _verdict_in_process(job: Job) -> Verdict:
             lowered = jax.jit(job.fn).lower(*specs)
     except Exception as e:  # noqa: BLE001 - every refusal is a verdict
         text = f"{type(e).__name__}: {e}"
-        return Verdict(False, "lower", _first_line(str(e)) or type(e).__name__, text[:8000])
+        return Verdict(False, "lower", first_line(str(e)) or type(e).__name__, text[:8000])
     try:
         lowered.compile()
     except Exception as e:  # noqa: BLE001
         text = f"{type(e).__name__}: {e}"
-        return Verdict(False, "compile", _first_line(str(e)) or type(e).__name__, text[:8000])
+        return Verdict(False, "compile", first_line(str(e)) or type(e).__name__, text[:8000])
     return Verdict(True)
 
 
@@ -548,10 +535,10 @@ def _run_subprocess(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
             if got == 0 and rc == 4:
                 raise TypeError(
                     "fn: the compiler subprocess could not unpickle the jobs "
-                    f"({_first_line(chr(10).join(tail[-1:]))})"
+                    f"({first_line(chr(10).join(tail[-1:]))})"
                 )
             how = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
-            message = _first_line("\n".join(tail[-3:])) if tail else ""
+            message = first_line("\n".join(tail[-3:])) if tail else ""
             verdicts.append(
                 Verdict(
                     False,
@@ -787,10 +774,10 @@ def verdict(
 
 
 def _jax_native(target: str, lhs: str, rhs: str) -> bool:
-    from jax.experimental.pallas import tpu as pltpu
-
-    info = pltpu.get_tpu_info_for_chip(pltpu.ChipVersion(_JAX_CHIP[target]), 1)
-    return bool(info.is_matmul_supported(_formats.get(lhs).dtype, _formats.get(rhs).dtype))
+    """JAX's table (or emulate's builtin copy of it) for the pair: the target profile's
+    pairs before the compiler's verdicts replaced them."""
+    t = _targets.get(target)
+    return (lhs, rhs) in (t.table_pairs if t.table_pairs is not None else t.native_pairs)
 
 
 def disagreements(probe: Probe | None = None, *, compat: bool = False) -> tuple[Disagreement, ...]:

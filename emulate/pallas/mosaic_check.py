@@ -40,7 +40,7 @@ from typing import Any
 
 import jax
 
-from emulate import formats, targets
+from emulate import compiler, formats, targets
 
 __all__ = [
     "COMPAT_ONLY",
@@ -385,19 +385,6 @@ def _acc_format(vector_type: str) -> str | None:
     return _ACC_FORMATS.get(m.group(1)) if m else None
 
 
-def _first_line(text: str) -> str:
-    """The first meaningful line of an error, without the boilerplate prefixes (as
-    :mod:`emulate.compiler` records it)."""
-    for line in text.splitlines():
-        line = line.strip()
-        for prefix in ("INTERNAL: ", "Mosaic failed to compile TPU kernel: "):
-            if line.startswith(prefix):
-                line = line[len(prefix) :].strip()
-        if line:
-            return line[:400]
-    return text.strip()[:400]
-
-
 def _named_operand(message: str) -> str:
     m = re.search(r"\b(LHS|RHS|lhs|rhs) type\b", message)
     return m.group(1).upper() if m and "lhs/rhs" not in message else ""
@@ -467,8 +454,6 @@ def _cost(site: MatmulSite, off_message: str) -> str:
 
 def _recorded_rule(t: targets.Target, site: MatmulSite, compat: bool) -> Any:
     """The recorded verdict for the site's (lhs, rhs, accumulator), or None if unprobed."""
-    from emulate import compiler
-
     acc = _acc_format(site.acc_type)
     if site.lhs is None or site.rhs is None or acc is None:
         return None
@@ -590,15 +575,11 @@ def _caller_level() -> int:
 
 def _compiler_here() -> bool:
     """Whether the real compiler runs here (libtpu installed and loads)."""
-    from emulate import compiler
-
     return compiler.libtpu_version() is not None and compiler.available()
 
 
 def _compiler_offers(t: targets.Target) -> bool:
     """Whether the real compiler runs here and has a compile-only device for ``t``."""
-    from emulate import compiler
-
     return _compiler_here() and t.name in compiler.generations()
 
 
@@ -606,8 +587,6 @@ def basis(target: targets.TargetLike) -> str:
     """How :func:`check` decides for ``target`` here: ``"compiler"`` where libtpu is
     installed and offers the target; else ``"recorded"`` where the recorded probe covers
     it; else ``"table"`` (JAX's matmul table)."""
-    from emulate import compiler
-
     t = _tpu_target(target)
     if _compiler_offers(t):
         return "compiler"
@@ -615,8 +594,6 @@ def basis(target: targets.TargetLike) -> str:
 
 
 def _announce(t: targets.Target, how: str) -> None:
-    from emulate import compiler
-
     if how == "compiler":
         return
     rules = (
@@ -694,7 +671,7 @@ def _from_compiler(
 
 
 def _lowering_finding(t: targets.Target, error: Exception, how: str) -> Finding:
-    message = _first_line(str(error)) or type(error).__name__
+    message = compiler.first_line(str(error)) or type(error).__name__
     return Finding(t.name, None, _named_operand(message), message, _fix(t, None), basis=how)
 
 
@@ -705,8 +682,6 @@ def check_many(jobs: Sequence[Job], *, compat: bool = True) -> list[list[Finding
     """:func:`check` for each ``(fn, args, target)`` job, in order, compiling them together:
     one compiler subprocess for all the jobs when ``compat`` differs from this process's
     compatibility mode (:func:`emulate.compiler.check_many`)."""
-    from emulate import compiler
-
     prepared = []
     for fn, args, target in jobs:
         t = _tpu_target(target)

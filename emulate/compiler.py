@@ -80,6 +80,7 @@ __all__ = [
     "Verdict",
     "available",
     "check",
+    "check_both",
     "check_many",
     "compat_mode",
     "compile",
@@ -483,6 +484,29 @@ def check_many(jobs: Sequence[Job], *, compat: bool = True) -> list[Verdict]:
     return _run_subprocess(portable, compat)
 
 
+def check_both(jobs: Mapping[bool, Sequence[Job]]) -> dict[bool, list[Verdict]]:
+    """:func:`check_many` for each compatibility setting in ``jobs`` (``{True: [...],
+    False: [...]}``), the settings compiling at the same time (one in this process or a
+    subprocess, the other in a subprocess). The first error of either is raised."""
+    results: dict[bool, list[Verdict]] = {}
+    errors: list[BaseException] = []
+
+    def run(compat: bool) -> None:
+        try:
+            results[compat] = check_many(jobs[compat], compat=compat)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in jobs]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
 def _child_env(compat: bool) -> dict[str, str]:
     env = dict(os.environ)
     args = re.sub(rf"{_COMPAT_FLAG}(=\S*)?", "", env.get("LIBTPU_INIT_ARGS", "")).split()
@@ -698,23 +722,9 @@ def probe(targets: Sequence[str] | None = None) -> Probe:
     for t in names:
         device(t)
     cases = probe_cases(names)
-    results: dict[bool, list[Verdict]] = {}
-    errors: list[BaseException] = []
-
-    def run(compat: bool) -> None:
-        try:
-            jobs = [_probe_job(c) for c in cases if c.compat == compat]
-            results[compat] = _run_subprocess(jobs, compat)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(c,)) for c in (True, False)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
-        raise errors[0]
+    results = check_both(
+        {compat: [_probe_job(c) for c in cases if c.compat == compat] for compat in (True, False)}
+    )
     verdicts = {c: iter(v) for c, v in results.items()}
     rows = tuple(ProbeRow(c, next(verdicts[c.compat])) for c in cases)
     return Probe(

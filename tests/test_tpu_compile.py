@@ -33,8 +33,6 @@ import dataclasses
 import functools
 import pathlib
 import sys
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -144,32 +142,17 @@ def _refused_layout(case: Case) -> bool:
 
 
 _verdicts: dict[bool, dict[str, compiler.Verdict]] = {}
-_seconds: dict[bool, float] = {}
 
 
 def _compile_all() -> None:
     """Every case, compat on and off: one subprocess for one setting (at least), the
     other in this process when it matches this process's setting; both at once."""
-    errors: list[BaseException] = []
-
-    def run(compat: bool) -> None:
-        start = time.perf_counter()
-        cases = [c for c in CASES if compat in _compat_settings(c)]
-        jobs = [compiler.Job(c.fn, c.specs, c.target) for c in cases]
-        try:
-            got = compiler.check_many(jobs, compat=compat)
-            _verdicts[compat] = {c.id: v for c, v in zip(cases, got, strict=True)}
-        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(e)
-        _seconds[compat] = time.perf_counter() - start
-
-    threads = [threading.Thread(target=run, args=(c,)) for c in (True, False)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
-        raise errors[0]
+    runs = {compat: [c for c in CASES if compat in _compat_settings(c)] for compat in (True, False)}
+    got = compiler.check_both(
+        {compat: [compiler.Job(c.fn, c.specs, c.target) for c in cs] for compat, cs in runs.items()}
+    )
+    for compat, cases in runs.items():
+        _verdicts[compat] = {c.id: v for c, v in zip(cases, got[compat], strict=True)}
 
 
 @pytest.fixture(scope="module")

@@ -432,14 +432,17 @@ def _verdict_in_process(job: Job) -> Verdict:
         with jax.default_device(dev):
             lowered = jax.jit(job.fn).lower(*specs)
     except Exception as e:  # noqa: BLE001 - every refusal is a verdict
-        text = f"{type(e).__name__}: {e}"
-        return Verdict(False, "lower", first_line(str(e)) or type(e).__name__, text[:8000])
+        return _refusal("lower", e)
     try:
         lowered.compile()
-    except Exception as e:  # noqa: BLE001
-        text = f"{type(e).__name__}: {e}"
-        return Verdict(False, "compile", first_line(str(e)) or type(e).__name__, text[:8000])
+    except Exception as e:  # noqa: BLE001 - every refusal is a verdict
+        return _refusal("compile", e)
     return Verdict(True)
+
+
+def _refusal(stage: str, e: Exception) -> Verdict:
+    text = f"{type(e).__name__}: {e}"
+    return Verdict(False, stage, first_line(str(e)) or type(e).__name__, text[:8000])
 
 
 def check(

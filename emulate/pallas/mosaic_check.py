@@ -469,17 +469,7 @@ def _compat_only(t: targets.Target, site: MatmulSite, basis: str) -> Finding | N
     on, off = _recorded_rule(t, site, True), _recorded_rule(t, site, False)
     if on is None or off is None or not on.ok or off.ok:
         return None
-    message = off.message
-    return Finding(
-        target=t.name,
-        site=site,
-        operand=_named_operand(message),
-        message=message,
-        fix=_fix(t, site),
-        note=_cost(site, off.message),
-        kind=COMPAT_ONLY,
-        basis=basis,
-    )
+    return _recorded_finding(t, site, off.message, _cost(site, off.message), basis, COMPAT_ONLY)
 
 
 def _refused_note(t: targets.Target, site: MatmulSite | None, compat: bool) -> str:
@@ -528,15 +518,22 @@ def _site_rule(t: targets.Target, site: MatmulSite, compat: bool) -> Finding | N
         return _table_rule(t, site, compat)
     if v.ok:
         return _compat_only(t, site, "recorded") if compat else None
-    message = v.message
+    return _recorded_finding(t, site, v.message, _refused_note(t, site, compat), "recorded")
+
+
+def _recorded_finding(
+    t: targets.Target, site: MatmulSite, message: str, note: str, basis: str, kind: str = REFUSED
+) -> Finding:
+    """A finding with the compiler's ``message`` at ``site``, the operand it names."""
     return Finding(
         target=t.name,
         site=site,
         operand=_named_operand(message),
         message=message,
         fix=_fix(t, site),
-        note=_refused_note(t, site, compat),
-        basis="recorded",
+        note=note,
+        kind=kind,
+        basis=basis,
     )
 
 

@@ -342,11 +342,18 @@ def get(fmt: FormatLike) -> Format:
     """Return the :class:`Format` for a name, alias, numpy/ml_dtypes/jnp dtype or Format.
 
     Raises:
+      TypeError: ``fmt`` is not a name, dtype or Format (None included: numpy would read
+        it as float64).
       ValueError: for a name or dtype that is not a registered format; the message lists
         the known names.
     """
     if isinstance(fmt, Format):
         return fmt
+    if fmt is None or isinstance(fmt, (bool, int, float)):
+        # np.dtype(None) is float64 and np.dtype(int) is int64: neither is what was meant.
+        raise TypeError(
+            f"fmt: expected a format name, a dtype or a Format, got {type(fmt).__name__} {fmt!r}"
+        )
     reg = _registry()
     if isinstance(fmt, str):
         key = fmt.strip().lower()

@@ -367,8 +367,19 @@ def _blocks(
     nd = len(shape)
     axes: Sequence[int]
     lens: Sequence[int]
+    if block_shape is not None and not _is_int(block_shape):
+        if not isinstance(block_shape, (tuple, list)) or not all(map(_is_int, block_shape)):
+            raise TypeError(
+                "block_shape: expected a positive int or a sequence of positive ints, got "
+                f"{type(block_shape).__name__} {block_shape!r}"
+            )
+    if axis is not None and not _is_int(axis):
+        if not isinstance(axis, (tuple, list)) or not all(map(_is_int, axis)):
+            raise TypeError(
+                f"axis: expected an int or a sequence of ints, got {type(axis).__name__} {axis!r}"
+            )
     if axis is None:
-        if block_shape is not None and not isinstance(block_shape, int):
+        if block_shape is not None and not _is_int(block_shape):
             full = tuple(block_shape)
             if len(full) != nd:
                 raise ValueError(
@@ -383,7 +394,7 @@ def _blocks(
         else:
             return tuple(shape)  # one scale for the tensor
     else:
-        axes_in = (axis,) if isinstance(axis, int) else tuple(axis)
+        axes_in = (axis,) if _is_int(axis) else tuple(axis)
         axes = []
         for a in axes_in:
             if not isinstance(a, (int, np.integer)) or not -nd <= a < nd:
@@ -393,7 +404,7 @@ def _blocks(
             raise ValueError(f"axis: repeated axes in {axis!r}")
         if block_shape is None:
             lens = tuple(shape[a] for a in axes)
-        elif isinstance(block_shape, (int, np.integer)):
+        elif _is_int(block_shape):
             lens = (int(block_shape),) * len(axes)
         else:
             lens = tuple(block_shape)
@@ -415,6 +426,10 @@ def _blocks(
             )
         block[a] = min(b, shape[a]) if shape[a] else b
     return tuple(block)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 def quantize(
@@ -511,7 +526,11 @@ def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts):
     for nb, b in zip(nblocks, block, strict=True):
         split += [nb, b]
     inner = tuple(range(1, 2 * len(shape), 2))
-    amax = jnp.max(jnp.abs(xp.reshape(split)), axis=inner) if x.size else jnp.zeros(nblocks)
+    blocks = xp.reshape(split)
+    amax = jnp.max(jnp.abs(blocks), axis=inner) if x.size else jnp.zeros(nblocks)
+    # XLA:CPU's vectorised max drops NaN from about 4096 elements on: ask for it apart.
+    has_nan = jnp.any(jnp.isnan(blocks), axis=inner) if x.size else jnp.zeros(nblocks, bool)
+    amax = jnp.where(has_nan, jnp.float32(jnp.nan), amax)
     bad = ~jnp.isfinite(amax)
     tscale = None
     if ts:

@@ -10,6 +10,7 @@ sliced contractions index one K axis.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import TypeAlias
 
@@ -56,11 +57,12 @@ def normalize_dimension_numbers(
     """
     try:
         (lc, rc), (lb, rb) = dimension_numbers
-        lc, rc, lb, rb = (tuple(int(d) for d in s) for s in (lc, rc, lb, rb))
+        # operator.index, not int: a float such as 1.5 is refused (as lax does), not floored
+        lc, rc, lb, rb = (tuple(operator.index(d) for d in s) for s in (lc, rc, lb, rb))
     except (TypeError, ValueError):
         raise TypeError(
             "dimension_numbers: expected ((lhs_contracting, rhs_contracting), (lhs_batch, "
-            f"rhs_batch)), got {dimension_numbers!r}"
+            f"rhs_batch)) of integer dimensions, got {dimension_numbers!r}"
         ) from None
     for name, dims, shape in (("lhs", lc + lb, lhs_shape), ("rhs", rc + rb, rhs_shape)):
         if len(set(dims)) != len(dims) or any(not 0 <= d < len(shape) for d in dims):

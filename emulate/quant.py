@@ -78,6 +78,8 @@ class Scheme:
 
     ``block`` gives block lengths along ``axes`` (None: the whole axis). Pass a Scheme as
     ``fmt`` to :func:`quantize`; keyword arguments given there override its fields.
+    ``element_exponent``: the elements' implicit power-of-two scale (see
+    :class:`QArray`; -6 for MXINT8), which the scale rule counts in the element's range.
     """
 
     name: str
@@ -88,6 +90,7 @@ class Scheme:
     scale_rule: str
     tensor_scale: bool = False
     doc: str = ""
+    element_exponent: int = 0
 
     def __repr__(self) -> str:
         return f"Scheme({self.name!r})"
@@ -116,7 +119,15 @@ class QArray:
       shape: the logical shape. dtype: the type :func:`dequantize` returns by default and
         the type the matmuls treat the array as (for the result type).
 
-    Build one with :func:`quantize`, or from stored parts with :meth:`from_parts`.
+      element_exponent: each code stands for ``decode(code) * 2**element_exponent`` before
+        the block scale: -6 for OCP MXINT8 (int8 elements read as fixed point with six
+        fraction bits), 0 otherwise.
+
+    Build one with :func:`quantize`, or from stored parts with :meth:`from_parts`. A
+    QArray built directly is checked (formats, block and scale shapes). Under
+    ``jax.vmap`` its leaves lose their leading axes and the record follows; QArrays
+    stacked with ``jax.tree.map(jnp.stack, ...)`` become one QArray with one block per
+    index of the new leading axis.
     ``x @ q`` and ``q @ x`` run :func:`emulate.matmul`.
     """
 
@@ -128,14 +139,43 @@ class QArray:
     block_shape: tuple[int, ...]
     shape: tuple[int, ...]
     dtype: np.dtype
+    element_exponent: int = 0
+
+    def __post_init__(self) -> None:
+        # A QArray built by hand is checked here; JAX's rebuilding (tree_unflatten) skips
+        # this, as its leaves may be placeholders (it only reconciles the ranks, below).
+        _check_qarray(self)
 
     def tree_flatten(self):
-        aux = (self.format_name, self.scale_format, self.block_shape, self.shape, self.dtype)
+        aux = (
+            self.format_name,
+            self.scale_format,
+            self.block_shape,
+            self.shape,
+            self.dtype,
+            self.element_exponent,
+        )
         return (self.codes, self.scales, self.tensor_scale), aux
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(*children, *aux)
+        name, scale_format, block, shape, dtype, ee = aux
+        codes_shape = _leaf_shape(children[0])
+        if codes_shape is not None and len(codes_shape) != len(shape):
+            # Leaves with more dimensions than the record: QArrays stacked by
+            # jax.tree.map(jnp.stack) or returned from jax.vmap, one block per index of the
+            # new leading axes. Fewer: the leaves of a QArray mapped over by jax.vmap.
+            extra = len(codes_shape) - len(shape)
+            if extra > 0:
+                shape = tuple(codes_shape[:extra]) + tuple(shape)
+                block = (1,) * extra + tuple(block)
+            else:
+                shape, block = tuple(shape)[-extra:], tuple(block)[-extra:]
+        q = object.__new__(cls)
+        values = (*children, name, scale_format, block, shape, dtype, ee)
+        for field, v in zip([f.name for f in dataclasses.fields(cls)], values, strict=True):
+            object.__setattr__(q, field, v)
+        return q
 
     @classmethod
     def from_parts(
@@ -147,6 +187,7 @@ class QArray:
         fmt: FormatLike | None = None,
         tensor_scale: ArrayLike | None = None,
         dtype: DTypeLike = jnp.float32,
+        element_exponent: int = 0,
     ) -> QArray:
         """A QArray from stored codes and scales (a checkpoint's blocks and scales).
 
@@ -159,6 +200,8 @@ class QArray:
           fmt: the codes' format when ``codes`` are raw uint8 codes.
           tensor_scale: an optional float32 scalar.
           dtype: the logical dtype (what :func:`dequantize` returns by default).
+          element_exponent: the codes' implicit power-of-two scale (-6 for an OCP MXINT8
+            checkpoint, whose int8 elements are fixed point with six fraction bits).
 
         Raises:
           TypeError, ValueError: naming the argument, for a wrong type, dtype or shape.
@@ -197,6 +240,7 @@ class QArray:
             block,
             shape,
             _logical_dtype(dtype),
+            element_exponent,
         )
 
     @property
@@ -256,6 +300,68 @@ class QArray:
         )
 
 
+def _leaf_shape(x: Any) -> tuple[int, ...] | None:
+    """The logical shape of a codes leaf (Packed or array), None for a placeholder."""
+    if isinstance(x, Packed):
+        data_shape = getattr(x.data, "shape", None)
+        return _packed_shape(x) if isinstance(data_shape, tuple) else None
+    shape = getattr(x, "shape", None)
+    return tuple(shape) if isinstance(shape, tuple) else None
+
+
+def _check_qarray(q: QArray, arg: str = "QArray") -> None:
+    """Refuse a QArray whose parts disagree (names ``arg`` and the part)."""
+    try:
+        f = formats.get(q.format_name)
+        sf = formats.get(q.scale_format)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{arg}: {e}") from None
+    if not f.is_low_precision or f.name == "float8_e8m0fnu":
+        raise ValueError(f"{arg}: format_name {f.name} is not a low-precision element format")
+    if sf.name not in SCALE_FORMATS:
+        raise ValueError(f"{arg}: scale_format {sf.name} is not one of {SCALE_FORMATS}")
+    shape, block = q.shape, q.block_shape
+    if not isinstance(shape, tuple) or not all(map(_is_int, shape)):
+        raise TypeError(f"{arg}: shape must be a tuple of ints, got {shape!r}")
+    if (
+        not isinstance(block, tuple)
+        or len(block) != len(shape)
+        or not all(_is_int(b) and b >= 1 for b in block)
+    ):
+        raise ValueError(
+            f"{arg}: block_shape must be {len(shape)} positive ints for shape {shape}, got "
+            f"{block!r}"
+        )
+    if not _is_int(q.element_exponent):
+        raise TypeError(f"{arg}: element_exponent must be an int, got {q.element_exponent!r}")
+    codes_shape = _leaf_shape(q.codes)
+    if codes_shape is None:
+        raise TypeError(f"{arg}: codes must be an array or Packed, got {type(q.codes).__name__}")
+    if codes_shape != shape:
+        raise ValueError(f"{arg}: codes have shape {codes_shape}, the record says {shape}")
+    if isinstance(q.codes, Packed):
+        codes_fmt = q.codes.format_name
+    else:  # float6 codes are uint8 (XLA cannot hold float6 arrays)
+        codes_fmt = np.dtype(q.codes.dtype).name
+        codes_fmt = f.name if codes_fmt == "uint8" and not f.xla_storable else codes_fmt
+    if codes_fmt != f.name:
+        raise ValueError(f"{arg}: codes are {codes_fmt}, the record says {f.name}")
+    want = tuple(-(-n // b) for n, b in zip(shape, block, strict=True))
+    scales_shape = getattr(q.scales, "shape", None)
+    if scales_shape is None or tuple(scales_shape) != want:
+        got = None if scales_shape is None else tuple(scales_shape)
+        raise ValueError(
+            f"{arg}: scales have shape {got}, expected {want} for shape {shape} in blocks of "
+            f"{block}"
+        )
+    if np.dtype(q.scales.dtype).name != sf.name:
+        raise ValueError(
+            f"{arg}: scales are {np.dtype(q.scales.dtype).name}, the record says {sf.name}"
+        )
+    if q.tensor_scale is not None and tuple(getattr(q.tensor_scale, "shape", (None,))) != ():
+        raise ValueError(f"{arg}: tensor_scale must be None or a scalar")
+
+
 def _packed_shape(p: Packed) -> tuple[int, ...]:
     s = list(p.data.shape)
     s[p.axis] = p.length
@@ -313,6 +419,8 @@ def scale_parts(q: QArray) -> tuple[jax.Array, jax.Array]:
     if q.tensor_scale is not None:
         mt, et = frexp(jnp.asarray(q.tensor_scale, jnp.float32))
         m, e = m * mt, e + et
+    if q.element_exponent:
+        e = e + q.element_exponent
     return m, e
 
 
@@ -326,8 +434,10 @@ def _resolve(
     scale_fmt: FormatLike | None,
     scale_rule: str | None,
     tensor_scale: bool | None,
-) -> tuple[Format, int | Sequence[int] | None, int | Sequence[int] | None, Format, str, bool]:
+) -> tuple[Format, int | Sequence[int] | None, int | Sequence[int] | None, Format, str, bool, int]:
+    ee = 0
     if isinstance(fmt, Scheme):
+        ee = fmt.element_exponent
         s = fmt
         block_shape = s.block if block_shape is None else block_shape
         axis = s.axes if axis is None else axis
@@ -355,7 +465,12 @@ def _resolve(
             "scale_rule: 'absmax' makes scales that are not powers of two, which "
             "float8_e8m0fnu cannot hold; use a power-of-two rule or another scale_fmt"
         )
-    return f, block_shape, axis, sf, scale_rule, bool(tensor_scale)
+    if ee and scale_rule not in POW2_RULES:
+        raise ValueError(
+            f"scale_rule: {scale_rule!r} with an implicit element scale 2**{ee} is not built; "
+            f"use one of {POW2_RULES}"
+        )
+    return f, block_shape, axis, sf, scale_rule, bool(tensor_scale), ee
 
 
 def _blocks(
@@ -484,7 +599,7 @@ def quantize(
     dt = np.dtype(x.dtype)
     if dt.kind != "f" and dt.name not in ("bfloat16",):
         raise TypeError(f"x: expected a float array (float32, bfloat16, float16), got {dt.name}")
-    f, block_shape, axis, sf, rule, ts = _resolve(
+    f, block_shape, axis, sf, rule, ts, ee = _resolve(
         fmt, block_shape, axis, scale_fmt, scale_rule, tensor_scale
     )
     if rounding not in ROUNDINGS:
@@ -506,16 +621,18 @@ def quantize(
     logical = np.dtype(jnp.float32) if dt.name == "float64" else _logical_dtype(dt)
     xf = jnp.asarray(np.asarray(x, np.float32) if isinstance(x, np.ndarray) else x)
     codes, scales, tscale = _quantize(
-        xf.astype(jnp.float32), f.name, sf.name, rule, block, bool(saturate), ts
+        xf.astype(jnp.float32), f.name, sf.name, rule, block, bool(saturate), ts, ee
     )
     if packed and f.packable and codes.ndim:
         along = [d for d in range(len(shape)) if block[d] > 1]
         codes = pack(codes, f.name, axis=along[0] if along else -1)
-    return QArray(codes, scales, tscale, f.name, sf.name, block, shape, logical)
+    return QArray(codes, scales, tscale, f.name, sf.name, block, shape, logical, ee)
 
 
-@functools.partial(jax.jit, static_argnames=("fmt", "scale_fmt", "rule", "block", "saturate", "ts"))
-def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts):
+@functools.partial(
+    jax.jit, static_argnames=("fmt", "scale_fmt", "rule", "block", "saturate", "ts", "ee")
+)
+def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts, ee):
     f, sf = formats.get(fmt), formats.get(scale_fmt)
     x = jnp.where(jnp.abs(x) < F32_MIN_NORMAL, x * 0.0, x)  # subnormals as XLA reads them
     shape = x.shape
@@ -538,11 +655,11 @@ def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts):
         tscale = t_amax * _reciprocal(float(sf.max) * float(f.max))
         tscale = jnp.where(t_amax == 0, jnp.float32(1), jnp.maximum(tscale, F32_MIN_NORMAL))
     if rule in POW2_RULES:
-        e = _pow2_exponent(amax, f, rule)
+        e = _pow2_exponent(amax, f, rule, ee)
         lo, hi = _pow2_range(sf)
         e = jnp.where((amax == 0) | bad, lo, jnp.clip(e, lo, hi))
         s_codes = codecs.encode(jnp.where(bad, jnp.nan, pow2(e)), sf.name)
-        y = times_pow2(x, broadcast_blocks(-e, block, shape))
+        y = times_pow2(x, broadcast_blocks(-(e + ee), block, shape))
     else:
         # Multiplications by f32 reciprocals, not divisions: XLA rewrites a division by a
         # constant or a broadcast into one anyway, so this is what it would compute.
@@ -566,8 +683,9 @@ def _reciprocal(v: float) -> jax.Array:
     return jnp.float32(np.float32(1.0 / v)) if math.isfinite(1.0 / v) else jnp.float32(0)
 
 
-def _pow2_exponent(amax: jax.Array, f: Format, rule: str) -> jax.Array:
+def _pow2_exponent(amax: jax.Array, f: Format, rule: str, ee: int = 0) -> jax.Array:
     emax, big_m = element_range(f)
+    emax += ee  # the elements' range with their implicit scale 2**ee
     m, e = frexp_normal(amax)
     if rule == "ocp_floor":
         return e - emax

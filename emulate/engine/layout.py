@@ -109,7 +109,8 @@ def to_bmk(x: jax.Array, batch: Sequence[int], contract: Sequence[int]) -> jax.A
     x = jnp.transpose(x, tuple(batch) + tuple(free) + tuple(contract))
     nb = math.prod(x.shape[: len(batch)])
     nf = math.prod(x.shape[len(batch) : len(batch) + len(free)])
-    return x.reshape(nb, nf, -1)
+    # every size spelt out: a -1 cannot be inferred when another size is 0 (K = 0)
+    return x.reshape(nb, nf, math.prod(x.shape[len(batch) + len(free) :]))
 
 
 def to_bkn(x: jax.Array, batch: Sequence[int], contract: Sequence[int]) -> jax.Array:
@@ -118,4 +119,4 @@ def to_bkn(x: jax.Array, batch: Sequence[int], contract: Sequence[int]) -> jax.A
     x = jnp.transpose(x, tuple(batch) + tuple(contract) + tuple(free))
     nb = math.prod(x.shape[: len(batch)])
     nk = math.prod(x.shape[len(batch) : len(batch) + len(contract)])
-    return x.reshape(nb, nk, -1)
+    return x.reshape(nb, nk, math.prod(x.shape[len(batch) + len(contract) :]))

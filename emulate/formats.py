@@ -412,7 +412,10 @@ def dot_result(
     out = a if ra >= rb else b
     if preferred_element_type is None:
         return out
-    pref = get(preferred_element_type)
+    try:
+        pref = get(preferred_element_type)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"preferred_element_type: {str(e).removeprefix('fmt: ')}") from None
     if out.is_integer and pref.bits < out.bits:
         raise TypeError(
             f"preferred_element_type: {pref.name} is narrower than the result type {out.name}"

@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -390,7 +391,7 @@ def _scale_format(scales: jax.Array | np.ndarray, arg: str) -> Format:
 
 def _full_block(block: Iterable[int], shape: tuple[int, ...], arg: str) -> tuple[int, ...]:
     try:
-        b = tuple(int(v) for v in block)
+        b = tuple(operator.index(v) for v in block)
     except TypeError:
         raise TypeError(f"{arg}: expected a sequence of ints, got {block!r}") from None
     if len(b) != len(shape) or any(v < 1 for v in b):
@@ -602,6 +603,11 @@ def quantize(
     f, block_shape, axis, sf, rule, ts, ee = _resolve(
         fmt, block_shape, axis, scale_fmt, scale_rule, tensor_scale
     )
+    for name, flag in (("saturate", saturate), ("ragged", ragged), ("packed", packed)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected True or False, got {type(flag).__name__} {flag!r}")
+    if tensor_scale is not None and not isinstance(tensor_scale, (bool, np.bool_)):
+        raise TypeError(f"tensor_scale: expected None, True or False, got {tensor_scale!r}")
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding: only {ROUNDINGS} is built, got {rounding!r}")
     if not saturate and not (f.has_inf or f.has_nan):
@@ -713,7 +719,10 @@ def dequantize(q: QArray, to: DTypeLike | None = None) -> jax.Array:
     whole block NaN."""
     if not isinstance(q, QArray):
         raise TypeError(f"q: expected an emulate.QArray, got {type(q).__name__}")
-    dt = q.dtype if to is None else np.dtype(to)
+    try:
+        dt = q.dtype if to is None else np.dtype(to)
+    except TypeError:
+        raise TypeError(f"to: expected float32, bfloat16 or float16, got {to!r}") from None
     if dt.name not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"to: expected float32, bfloat16 or float16, got {dt.name}")
     return _dequantize(q, dt.name)

@@ -197,7 +197,10 @@ def encode(x: ArrayLike, fmt: FormatLike, *, saturate: bool = False) -> jax.Arra
     if isinstance(x, Packed):
         raise TypeError("x: got a Packed array, which holds codes already; use decode or unpack")
     if not isinstance(x, (jax.Array, jax.core.Tracer)):
-        x = _narrow_host_ints(np.asarray(x), f, bool(saturate))
+        x = np.asarray(x)
+        if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
+            raise TypeError(f"x: expected a float or integer array, got dtype {x.dtype}")
+        x = _narrow_host_ints(x, f, bool(saturate))
     xa = jnp.asarray(x)
     if not (jnp.issubdtype(xa.dtype, jnp.floating) or jnp.issubdtype(xa.dtype, jnp.integer)):
         raise TypeError(f"x: expected a float or integer array, got dtype {xa.dtype}")

@@ -88,7 +88,11 @@ def to_codes(
         )
     dt = _dtype_of(x)
     if fmt is not None:
-        f = formats.get(fmt)
+        try:
+            f = formats.get(fmt)
+        except (TypeError, ValueError) as e:  # name the argument: fmt=, or lhs_format= ...
+            name = "fmt" if arg == "x" else f"{arg}_format"
+            raise type(e)(f"{name}: {str(e).removeprefix('fmt: ')}") from None
         if dt.name == f.name:
             return _bits_of(x, f), f
         if dt.kind == "u" and dt.itemsize * 8 >= f.bits and dt.name not in ("uint4",):

@@ -316,7 +316,7 @@ def _check_qarray(q: QArray, arg: str = "QArray") -> None:
         f = formats.get(q.format_name)
         sf = formats.get(q.scale_format)
     except (TypeError, ValueError) as e:
-        raise type(e)(f"{arg}: {e}") from None
+        raise type(e)(f"{arg}: {str(e).removeprefix('fmt: ')}") from None
     if not f.is_low_precision or f.name == "float8_e8m0fnu":
         raise ValueError(f"{arg}: format_name {f.name} is not a low-precision element format")
     if sf.name not in SCALE_FORMATS:

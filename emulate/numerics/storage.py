@@ -179,7 +179,7 @@ class Packed:
         try:
             f = formats.get(self.format_name)
         except (TypeError, ValueError) as e:
-            raise type(e)(f"format_name: {e}") from None
+            raise type(e)(f"format_name: {str(e).removeprefix('fmt: ')}") from None
         if not f.packable:
             raise ValueError(
                 f"format_name: {f.name} is {f.bits}-bit; a Packed array holds one of the 4- "

@@ -635,3 +635,26 @@ def test_mxint8_quantize_follows_the_spec(top):
     ref_codes, ref_scales, _ = reference.quantize(block, "int8", (32,), element_exponent=-6)
     assert np.asarray(ref_codes).astype(int).tolist() == codes
     assert int(np.asarray(ref_scales).view(np.uint8)[0]) == byte
+
+
+# --- emulate.pallas.matmul under jax.grad and jax.vmap (interpret mode on the CPU) --------
+
+
+def test_pallas_matmul_has_gradients_and_maps():
+    from emulate import pallas as ep
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((8, 256)), jnp.bfloat16)
+    w = emulate.pack(jnp.asarray(rng.integers(-8, 8, (256, 128)), jnp.int4), axis=0)
+
+    def mm(x, w):
+        return ep.matmul(x, w, target="tpu_v5e", interpret=True, out_dtype=jnp.float32)
+
+    wv = np.asarray(emulate.decode(w, to=jnp.float32))
+    got = jax.grad(lambda x: (mm(x, w) ** 2).sum())(x)
+    want = jax.grad(lambda x: ((x.astype(jnp.float32) @ wv) ** 2).sum())(x)
+    assert got.dtype == x.dtype
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    xs = jnp.stack([x, -2 * x])
+    mapped = jax.vmap(lambda xi: mm(xi, w))(xs)
+    np.testing.assert_array_equal(np.asarray(mapped), np.stack([mm(x, w), mm(-2 * x, w)]))

@@ -545,7 +545,7 @@ def test_validate_json_on_a_full_device(capsys):
 
 
 @given(
-    rows=st.sampled_from([127, 128, 160]),
+    rows=st.sampled_from([127, 160]),
     nans=st.lists(st.tuples(st.integers(0, 126), st.integers(0, 31)), min_size=1, max_size=3),
     scheme=st.sampled_from([mx.MXFP4, mx.MXFP8_E4M3, mx.NVFP4]),
 )

@@ -24,6 +24,7 @@ with status 2; there is no traceback.
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import os
 import sys
@@ -628,11 +629,18 @@ def _run_validate(args: argparse.Namespace) -> int:
                 "modes": modes,
                 "rows": [r.to_json() for r in rows],
             }
-            json.dump(payload, out, indent=1)
-            out.write("\n")
+            try:
+                json.dump(payload, out, indent=1)
+                out.write("\n")
+                out.close()  # a full device reports here, when the buffer is flushed
+            except OSError as e:
+                parser.error(f"cannot write --json {args.json!r}: {e.strerror or e}")
     finally:
-        if out is not None:
-            out.close()
+        if out is not None and not out.closed:
+            try:
+                out.close()
+            except OSError:
+                pass  # reported above, or an earlier error is on its way
     return 1 if failed else 0
 
 
@@ -805,6 +813,7 @@ def _run_check_kernel(args: argparse.Namespace) -> int:
     except ValueError as e:
         parser.error(f"--shapes: {e}")
     fn = _load_function(args.function, parser)
+    _check_arity(fn, fn_args, args.function, parser)
     from emulate.pallas import mosaic_check
 
     found = 0
@@ -829,6 +838,27 @@ def _run_check_kernel(args: argparse.Namespace) -> int:
         for f in findings:
             print(f)
     return 1 if found else 0
+
+
+def _check_arity(fn, fn_args: list, ref: str, parser: argparse.ArgumentParser) -> None:
+    """Refuse a --shapes list that ``fn``'s signature cannot take (too few or too many)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # no signature to check (a builtin or a C callable): tracing will tell
+    try:
+        sig.bind(*fn_args)
+    except TypeError:
+        params = [
+            p.name
+            for p in sig.parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+        ]
+        parser.error(
+            f"--shapes: {ref!r} takes {len(params)} array argument(s) ({', '.join(params)}), "
+            f"--shapes gave {len(fn_args)}; give one SHAPE:DTYPE per argument, e.g. "
+            "--shapes 256x256:bfloat16,256x256:int8"
+        )
 
 
 def _one_line(e: BaseException) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +40,59 @@ from emulate.targets import TargetLike
 __all__ = ["conv_general_dilated"]
 
 _GATHER_TAPS = 64  # windows with more taps are cut into patches by gathers, not slices
+
+
+class PaddingError(ValueError, RuntimeError):
+    """An unknown padding string: a ValueError, and the RuntimeError ``lax`` raises for it."""
+
+
+def _ints(name: str, value: Any, n: int, *, low: int | None) -> tuple[int, ...]:
+    """``value`` as a sequence of ``n`` ints, each at least ``low`` (None: any)."""
+    if isinstance(value, str) or not isinstance(value, Sequence | np.ndarray):
+        raise TypeError(
+            f"{name}: expected a sequence of {n} ints (one per spatial dimension), got "
+            f"{type(value).__name__} {value!r}"
+        )
+    try:
+        out = tuple(operator.index(v) for v in value)
+    except TypeError:
+        raise TypeError(f"{name}: expected ints, got {tuple(value)!r}") from None
+    if len(out) != n:
+        raise ValueError(f"{name}: expected {n} values (one per spatial dimension), got {out}")
+    if low is not None and any(v < low for v in out):
+        raise ValueError(f"{name}: expected ints >= {low}, got {out}")
+    return out
+
+
+def _check_params(
+    nsp, window_strides, padding, lhs_dilation, rhs_dilation, feature_groups, batch_groups
+) -> None:
+    """Refuse what ``lax.conv_general_dilated`` refuses, before anything is traced, with
+    the same exception types (TypeError for a non-sequence, ValueError otherwise; an
+    unknown padding string is also the RuntimeError lax raises)."""
+    _ints("window_strides", window_strides, nsp, low=1)
+    for name, dil in (("lhs_dilation", lhs_dilation), ("rhs_dilation", rhs_dilation)):
+        if dil is not None:
+            _ints(name, dil, nsp, low=1)
+    if isinstance(padding, str):
+        if padding.upper() not in ("VALID", "SAME", "SAME_LOWER"):
+            raise PaddingError(
+                f"padding: expected 'VALID', 'SAME', 'SAME_LOWER' or {nsp} (low, high) "
+                f"pairs, got {padding!r}"
+            )
+    else:
+        try:
+            pairs = [(operator.index(lo), operator.index(hi)) for lo, hi in padding]
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"padding: expected 'VALID', 'SAME', 'SAME_LOWER' or {nsp} (low, high) pairs "
+                f"of ints, got {padding!r}"
+            ) from None
+        if len(pairs) != nsp:
+            raise ValueError(f"padding: expected {nsp} (low, high) pairs, got {len(pairs)}")
+    for name, v in (("feature_group_count", feature_groups), ("batch_group_count", batch_groups)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name}: expected a positive int, got {v!r}")
 
 
 def _tuple(x: Any) -> Any:
@@ -72,7 +126,11 @@ def conv_general_dilated(
     :func:`emulate.dot_general` with ``K = in_features_per_group * prod(window)``.
 
     Raises:
-      ValueError: rank or feature-count mismatches (naming both operands and the target);
+      TypeError: ``window_strides`` or a dilation that is not a sequence of ints (as lax).
+      ValueError: strides or dilations below 1, a padding that is no padding string or
+        (low, high) pairs (an unknown string raises :class:`PaddingError`, also a
+        RuntimeError as in lax), rank or feature-count mismatches (naming both operands
+        and the target);
         an exact plan on a native sub-byte pair (int4) whose window alone exceeds the exact
         K-chunk, or that needs chunking with ``feature_group_count`` or
         ``batch_group_count`` above 1 (not built); a contraction beyond the plan's K limit.
@@ -83,6 +141,15 @@ def conv_general_dilated(
     if len(a.shape) != len(b.shape) or len(a.shape) < 3:
         raise ValueError(f"lhs, rhs: convolution operands need the same rank, at least 3; {where}")
     dn = lax.conv_dimension_numbers(a.shape, b.shape, dimension_numbers)
+    _check_params(
+        len(a.shape) - 2,
+        window_strides,
+        padding,
+        lhs_dilation,
+        rhs_dilation,
+        feature_group_count,
+        batch_group_count,
+    )
     in_l = a.shape[dn.lhs_spec[1]]
     in_r = b.shape[dn.rhs_spec[1]]
     if in_l != in_r * feature_group_count:

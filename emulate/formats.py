@@ -342,11 +342,18 @@ def get(fmt: FormatLike) -> Format:
     """Return the :class:`Format` for a name, alias, numpy/ml_dtypes/jnp dtype or Format.
 
     Raises:
+      TypeError: ``fmt`` is not a name, dtype or Format (None included: numpy would read
+        it as float64).
       ValueError: for a name or dtype that is not a registered format; the message lists
         the known names.
     """
     if isinstance(fmt, Format):
         return fmt
+    if fmt is None or isinstance(fmt, (bool, int, float)):
+        # np.dtype(None) is float64 and np.dtype(int) is int64: neither is what was meant.
+        raise TypeError(
+            f"fmt: expected a format name, a dtype or a Format, got {type(fmt).__name__} {fmt!r}"
+        )
     reg = _registry()
     if isinstance(fmt, str):
         key = fmt.strip().lower()
@@ -405,7 +412,10 @@ def dot_result(
     out = a if ra >= rb else b
     if preferred_element_type is None:
         return out
-    pref = get(preferred_element_type)
+    try:
+        pref = get(preferred_element_type)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"preferred_element_type: {str(e).removeprefix('fmt: ')}") from None
     if out.is_integer and pref.bits < out.bits:
         raise TypeError(
             f"preferred_element_type: {pref.name} is narrower than the result type {out.name}"

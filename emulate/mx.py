@@ -16,9 +16,10 @@ the contraction axis with ``axis=`` for weights stored ``(K, N)``.
 - ``FP8_BLOCK_128x128``: float8_e4m3fn elements in 128 x 128 blocks, float32 scales by
   ``absmax`` (DeepSeek-V3-style weights).
 
-MXINT8: the OCP spec reads an int8 element as a fixed-point number with the implicit
-scale 2**-6; here codes are plain integers, so the stored scale is the spec's ``X``
-times 2**-6 (the same values; the e8m0 byte is 6 less).
+MXINT8 follows the OCP spec: an int8 element is a fixed-point number with the implicit
+scale 2**-6 (range -2 to 1 63/64, emax 0), so the e8m0 byte is the spec's ``X`` itself and
+every spec block is representable, down to scale byte 0. The QArray records it as
+``element_exponent=-6``; the integer codes are what the matmuls multiply.
 """
 
 from __future__ import annotations
@@ -49,7 +50,16 @@ MXFP8_E5M2 = _mx("MXFP8_E5M2", "float8_e5m2")
 MXFP6_E2M3 = _mx("MXFP6_E2M3", "float6_e2m3fn")
 MXFP6_E3M2 = _mx("MXFP6_E3M2", "float6_e3m2fn")
 MXFP4 = _mx("MXFP4", "float4_e2m1fn")
-MXINT8 = _mx("MXINT8", "int8")
+MXINT8 = Scheme(
+    "MXINT8",
+    "int8",
+    (32,),
+    (-1,),
+    "float8_e8m0fnu",
+    "ocp_floor",
+    doc="OCP MX v1.0: int8 elements with six fraction bits",
+    element_exponent=-6,
+)
 NVFP4 = Scheme(
     "NVFP4",
     "float4_e2m1fn",

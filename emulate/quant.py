@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -78,6 +79,8 @@ class Scheme:
 
     ``block`` gives block lengths along ``axes`` (None: the whole axis). Pass a Scheme as
     ``fmt`` to :func:`quantize`; keyword arguments given there override its fields.
+    ``element_exponent``: the elements' implicit power-of-two scale (see
+    :class:`QArray`; -6 for MXINT8), which the scale rule counts in the element's range.
     """
 
     name: str
@@ -88,6 +91,7 @@ class Scheme:
     scale_rule: str
     tensor_scale: bool = False
     doc: str = ""
+    element_exponent: int = 0
 
     def __repr__(self) -> str:
         return f"Scheme({self.name!r})"
@@ -116,7 +120,15 @@ class QArray:
       shape: the logical shape. dtype: the type :func:`dequantize` returns by default and
         the type the matmuls treat the array as (for the result type).
 
-    Build one with :func:`quantize`, or from stored parts with :meth:`from_parts`.
+      element_exponent: each code stands for ``decode(code) * 2**element_exponent`` before
+        the block scale: -6 for OCP MXINT8 (int8 elements read as fixed point with six
+        fraction bits), 0 otherwise.
+
+    Build one with :func:`quantize`, or from stored parts with :meth:`from_parts`. A
+    QArray built directly is checked (formats, block and scale shapes). Under
+    ``jax.vmap`` its leaves lose their leading axes and the record follows; QArrays
+    stacked with ``jax.tree.map(jnp.stack, ...)`` become one QArray with one block per
+    index of the new leading axis.
     ``x @ q`` and ``q @ x`` run :func:`emulate.matmul`.
     """
 
@@ -128,14 +140,43 @@ class QArray:
     block_shape: tuple[int, ...]
     shape: tuple[int, ...]
     dtype: np.dtype
+    element_exponent: int = 0
+
+    def __post_init__(self) -> None:
+        # A QArray built by hand is checked here; JAX's rebuilding (tree_unflatten) skips
+        # this, as its leaves may be placeholders (it only reconciles the ranks, below).
+        _check_qarray(self)
 
     def tree_flatten(self):
-        aux = (self.format_name, self.scale_format, self.block_shape, self.shape, self.dtype)
+        aux = (
+            self.format_name,
+            self.scale_format,
+            self.block_shape,
+            self.shape,
+            self.dtype,
+            self.element_exponent,
+        )
         return (self.codes, self.scales, self.tensor_scale), aux
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(*children, *aux)
+        name, scale_format, block, shape, dtype, ee = aux
+        codes_shape = _leaf_shape(children[0])
+        if codes_shape is not None and len(codes_shape) != len(shape):
+            # Leaves with more dimensions than the record: QArrays stacked by
+            # jax.tree.map(jnp.stack) or returned from jax.vmap, one block per index of the
+            # new leading axes. Fewer: the leaves of a QArray mapped over by jax.vmap.
+            extra = len(codes_shape) - len(shape)
+            if extra > 0:
+                shape = tuple(codes_shape[:extra]) + tuple(shape)
+                block = (1,) * extra + tuple(block)
+            else:
+                shape, block = tuple(shape)[-extra:], tuple(block)[-extra:]
+        q = object.__new__(cls)
+        values = (*children, name, scale_format, block, shape, dtype, ee)
+        for field, v in zip([f.name for f in dataclasses.fields(cls)], values, strict=True):
+            object.__setattr__(q, field, v)
+        return q
 
     @classmethod
     def from_parts(
@@ -147,6 +188,7 @@ class QArray:
         fmt: FormatLike | None = None,
         tensor_scale: ArrayLike | None = None,
         dtype: DTypeLike = jnp.float32,
+        element_exponent: int = 0,
     ) -> QArray:
         """A QArray from stored codes and scales (a checkpoint's blocks and scales).
 
@@ -159,6 +201,8 @@ class QArray:
           fmt: the codes' format when ``codes`` are raw uint8 codes.
           tensor_scale: an optional float32 scalar.
           dtype: the logical dtype (what :func:`dequantize` returns by default).
+          element_exponent: the codes' implicit power-of-two scale (-6 for an OCP MXINT8
+            checkpoint, whose int8 elements are fixed point with six fraction bits).
 
         Raises:
           TypeError, ValueError: naming the argument, for a wrong type, dtype or shape.
@@ -197,6 +241,7 @@ class QArray:
             block,
             shape,
             _logical_dtype(dtype),
+            element_exponent,
         )
 
     @property
@@ -256,6 +301,68 @@ class QArray:
         )
 
 
+def _leaf_shape(x: Any) -> tuple[int, ...] | None:
+    """The logical shape of a codes leaf (Packed or array), None for a placeholder."""
+    if isinstance(x, Packed):
+        data_shape = getattr(x.data, "shape", None)
+        return _packed_shape(x) if isinstance(data_shape, tuple) else None
+    shape = getattr(x, "shape", None)
+    return tuple(shape) if isinstance(shape, tuple) else None
+
+
+def _check_qarray(q: QArray, arg: str = "QArray") -> None:
+    """Refuse a QArray whose parts disagree (names ``arg`` and the part)."""
+    try:
+        f = formats.get(q.format_name)
+        sf = formats.get(q.scale_format)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{arg}: {str(e).removeprefix('fmt: ')}") from None
+    if not f.is_low_precision or f.name == "float8_e8m0fnu":
+        raise ValueError(f"{arg}: format_name {f.name} is not a low-precision element format")
+    if sf.name not in SCALE_FORMATS:
+        raise ValueError(f"{arg}: scale_format {sf.name} is not one of {SCALE_FORMATS}")
+    shape, block = q.shape, q.block_shape
+    if not isinstance(shape, tuple) or not all(map(_is_int, shape)):
+        raise TypeError(f"{arg}: shape must be a tuple of ints, got {shape!r}")
+    if (
+        not isinstance(block, tuple)
+        or len(block) != len(shape)
+        or not all(_is_int(b) and b >= 1 for b in block)
+    ):
+        raise ValueError(
+            f"{arg}: block_shape must be {len(shape)} positive ints for shape {shape}, got "
+            f"{block!r}"
+        )
+    if not _is_int(q.element_exponent):
+        raise TypeError(f"{arg}: element_exponent must be an int, got {q.element_exponent!r}")
+    codes_shape = _leaf_shape(q.codes)
+    if codes_shape is None:
+        raise TypeError(f"{arg}: codes must be an array or Packed, got {type(q.codes).__name__}")
+    if codes_shape != shape:
+        raise ValueError(f"{arg}: codes have shape {codes_shape}, the record says {shape}")
+    if isinstance(q.codes, Packed):
+        codes_fmt = q.codes.format_name
+    else:  # float6 codes are uint8 (XLA cannot hold float6 arrays)
+        codes_fmt = np.dtype(q.codes.dtype).name
+        codes_fmt = f.name if codes_fmt == "uint8" and not f.xla_storable else codes_fmt
+    if codes_fmt != f.name:
+        raise ValueError(f"{arg}: codes are {codes_fmt}, the record says {f.name}")
+    want = tuple(-(-n // b) for n, b in zip(shape, block, strict=True))
+    scales_shape = getattr(q.scales, "shape", None)
+    if scales_shape is None or tuple(scales_shape) != want:
+        got = None if scales_shape is None else tuple(scales_shape)
+        raise ValueError(
+            f"{arg}: scales have shape {got}, expected {want} for shape {shape} in blocks of "
+            f"{block}"
+        )
+    if np.dtype(q.scales.dtype).name != sf.name:
+        raise ValueError(
+            f"{arg}: scales are {np.dtype(q.scales.dtype).name}, the record says {sf.name}"
+        )
+    if q.tensor_scale is not None and tuple(getattr(q.tensor_scale, "shape", (None,))) != ():
+        raise ValueError(f"{arg}: tensor_scale must be None or a scalar")
+
+
 def _packed_shape(p: Packed) -> tuple[int, ...]:
     s = list(p.data.shape)
     s[p.axis] = p.length
@@ -284,7 +391,7 @@ def _scale_format(scales: jax.Array | np.ndarray, arg: str) -> Format:
 
 def _full_block(block: Iterable[int], shape: tuple[int, ...], arg: str) -> tuple[int, ...]:
     try:
-        b = tuple(int(v) for v in block)
+        b = tuple(operator.index(v) for v in block)
     except TypeError:
         raise TypeError(f"{arg}: expected a sequence of ints, got {block!r}") from None
     if len(b) != len(shape) or any(v < 1 for v in b):
@@ -313,6 +420,8 @@ def scale_parts(q: QArray) -> tuple[jax.Array, jax.Array]:
     if q.tensor_scale is not None:
         mt, et = frexp(jnp.asarray(q.tensor_scale, jnp.float32))
         m, e = m * mt, e + et
+    if q.element_exponent:
+        e = e + q.element_exponent
     return m, e
 
 
@@ -326,8 +435,10 @@ def _resolve(
     scale_fmt: FormatLike | None,
     scale_rule: str | None,
     tensor_scale: bool | None,
-) -> tuple[Format, int | Sequence[int] | None, int | Sequence[int] | None, Format, str, bool]:
+) -> tuple[Format, int | Sequence[int] | None, int | Sequence[int] | None, Format, str, bool, int]:
+    ee = 0
     if isinstance(fmt, Scheme):
+        ee = fmt.element_exponent
         s = fmt
         block_shape = s.block if block_shape is None else block_shape
         axis = s.axes if axis is None else axis
@@ -355,7 +466,12 @@ def _resolve(
             "scale_rule: 'absmax' makes scales that are not powers of two, which "
             "float8_e8m0fnu cannot hold; use a power-of-two rule or another scale_fmt"
         )
-    return f, block_shape, axis, sf, scale_rule, bool(tensor_scale)
+    if ee and scale_rule not in POW2_RULES:
+        raise ValueError(
+            f"scale_rule: {scale_rule!r} with an implicit element scale 2**{ee} is not built; "
+            f"use one of {POW2_RULES}"
+        )
+    return f, block_shape, axis, sf, scale_rule, bool(tensor_scale), ee
 
 
 def _blocks(
@@ -367,8 +483,19 @@ def _blocks(
     nd = len(shape)
     axes: Sequence[int]
     lens: Sequence[int]
+    if block_shape is not None and not _is_int(block_shape):
+        if not isinstance(block_shape, (tuple, list)) or not all(map(_is_int, block_shape)):
+            raise TypeError(
+                "block_shape: expected a positive int or a sequence of positive ints, got "
+                f"{type(block_shape).__name__} {block_shape!r}"
+            )
+    if axis is not None and not _is_int(axis):
+        if not isinstance(axis, (tuple, list)) or not all(map(_is_int, axis)):
+            raise TypeError(
+                f"axis: expected an int or a sequence of ints, got {type(axis).__name__} {axis!r}"
+            )
     if axis is None:
-        if block_shape is not None and not isinstance(block_shape, int):
+        if block_shape is not None and not _is_int(block_shape):
             full = tuple(block_shape)
             if len(full) != nd:
                 raise ValueError(
@@ -383,7 +510,7 @@ def _blocks(
         else:
             return tuple(shape)  # one scale for the tensor
     else:
-        axes_in = (axis,) if isinstance(axis, int) else tuple(axis)
+        axes_in = (axis,) if _is_int(axis) else tuple(axis)
         axes = []
         for a in axes_in:
             if not isinstance(a, (int, np.integer)) or not -nd <= a < nd:
@@ -393,7 +520,7 @@ def _blocks(
             raise ValueError(f"axis: repeated axes in {axis!r}")
         if block_shape is None:
             lens = tuple(shape[a] for a in axes)
-        elif isinstance(block_shape, (int, np.integer)):
+        elif _is_int(block_shape):
             lens = (int(block_shape),) * len(axes)
         else:
             lens = tuple(block_shape)
@@ -415,6 +542,10 @@ def _blocks(
             )
         block[a] = min(b, shape[a]) if shape[a] else b
     return tuple(block)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 def quantize(
@@ -469,9 +600,14 @@ def quantize(
     dt = np.dtype(x.dtype)
     if dt.kind != "f" and dt.name not in ("bfloat16",):
         raise TypeError(f"x: expected a float array (float32, bfloat16, float16), got {dt.name}")
-    f, block_shape, axis, sf, rule, ts = _resolve(
+    f, block_shape, axis, sf, rule, ts, ee = _resolve(
         fmt, block_shape, axis, scale_fmt, scale_rule, tensor_scale
     )
+    for name, flag in (("saturate", saturate), ("ragged", ragged), ("packed", packed)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected True or False, got {type(flag).__name__} {flag!r}")
+    if tensor_scale is not None and not isinstance(tensor_scale, (bool, np.bool_)):
+        raise TypeError(f"tensor_scale: expected None, True or False, got {tensor_scale!r}")
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding: only {ROUNDINGS} is built, got {rounding!r}")
     if not saturate and not (f.has_inf or f.has_nan):
@@ -491,16 +627,18 @@ def quantize(
     logical = np.dtype(jnp.float32) if dt.name == "float64" else _logical_dtype(dt)
     xf = jnp.asarray(np.asarray(x, np.float32) if isinstance(x, np.ndarray) else x)
     codes, scales, tscale = _quantize(
-        xf.astype(jnp.float32), f.name, sf.name, rule, block, bool(saturate), ts
+        xf.astype(jnp.float32), f.name, sf.name, rule, block, bool(saturate), ts, ee
     )
     if packed and f.packable and codes.ndim:
         along = [d for d in range(len(shape)) if block[d] > 1]
         codes = pack(codes, f.name, axis=along[0] if along else -1)
-    return QArray(codes, scales, tscale, f.name, sf.name, block, shape, logical)
+    return QArray(codes, scales, tscale, f.name, sf.name, block, shape, logical, ee)
 
 
-@functools.partial(jax.jit, static_argnames=("fmt", "scale_fmt", "rule", "block", "saturate", "ts"))
-def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts):
+@functools.partial(
+    jax.jit, static_argnames=("fmt", "scale_fmt", "rule", "block", "saturate", "ts", "ee")
+)
+def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts, ee):
     f, sf = formats.get(fmt), formats.get(scale_fmt)
     x = jnp.where(jnp.abs(x) < F32_MIN_NORMAL, x * 0.0, x)  # subnormals as XLA reads them
     shape = x.shape
@@ -511,7 +649,11 @@ def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts):
     for nb, b in zip(nblocks, block, strict=True):
         split += [nb, b]
     inner = tuple(range(1, 2 * len(shape), 2))
-    amax = jnp.max(jnp.abs(xp.reshape(split)), axis=inner) if x.size else jnp.zeros(nblocks)
+    blocks = xp.reshape(split)
+    amax = jnp.max(jnp.abs(blocks), axis=inner) if x.size else jnp.zeros(nblocks)
+    # XLA:CPU's vectorised max drops NaN from about 4096 elements on: ask for it apart.
+    has_nan = jnp.any(jnp.isnan(blocks), axis=inner) if x.size else jnp.zeros(nblocks, bool)
+    amax = jnp.where(has_nan, jnp.float32(jnp.nan), amax)
     bad = ~jnp.isfinite(amax)
     tscale = None
     if ts:
@@ -519,11 +661,11 @@ def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts):
         tscale = t_amax * _reciprocal(float(sf.max) * float(f.max))
         tscale = jnp.where(t_amax == 0, jnp.float32(1), jnp.maximum(tscale, F32_MIN_NORMAL))
     if rule in POW2_RULES:
-        e = _pow2_exponent(amax, f, rule)
+        e = _pow2_exponent(amax, f, rule, ee)
         lo, hi = _pow2_range(sf)
         e = jnp.where((amax == 0) | bad, lo, jnp.clip(e, lo, hi))
         s_codes = codecs.encode(jnp.where(bad, jnp.nan, pow2(e)), sf.name)
-        y = times_pow2(x, broadcast_blocks(-e, block, shape))
+        y = times_pow2(x, broadcast_blocks(-(e + ee), block, shape))
     else:
         # Multiplications by f32 reciprocals, not divisions: XLA rewrites a division by a
         # constant or a broadcast into one anyway, so this is what it would compute.
@@ -547,8 +689,9 @@ def _reciprocal(v: float) -> jax.Array:
     return jnp.float32(np.float32(1.0 / v)) if math.isfinite(1.0 / v) else jnp.float32(0)
 
 
-def _pow2_exponent(amax: jax.Array, f: Format, rule: str) -> jax.Array:
+def _pow2_exponent(amax: jax.Array, f: Format, rule: str, ee: int = 0) -> jax.Array:
     emax, big_m = element_range(f)
+    emax += ee  # the elements' range with their implicit scale 2**ee
     m, e = frexp_normal(amax)
     if rule == "ocp_floor":
         return e - emax
@@ -576,7 +719,10 @@ def dequantize(q: QArray, to: DTypeLike | None = None) -> jax.Array:
     whole block NaN."""
     if not isinstance(q, QArray):
         raise TypeError(f"q: expected an emulate.QArray, got {type(q).__name__}")
-    dt = q.dtype if to is None else np.dtype(to)
+    try:
+        dt = q.dtype if to is None else np.dtype(to)
+    except TypeError:
+        raise TypeError(f"to: expected float32, bfloat16 or float16, got {to!r}") from None
     if dt.name not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"to: expected float32, bfloat16 or float16, got {dt.name}")
     return _dequantize(q, dt.name)

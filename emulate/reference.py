@@ -514,8 +514,13 @@ def quantize(
     scale_rule: str = "ocp_floor",
     saturate: bool = True,
     tensor_scale: bool = False,
+    element_exponent: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, float | None]:
     """Block-scaled quantization by the rules of :mod:`emulate.quant`, in float64 numpy.
+
+    ``element_exponent``: each element stands for ``code * 2**element_exponent`` (OCP
+    MXINT8: -6, int8 as fixed point with six fraction bits), and the power-of-two rules
+    take the element's largest exponent as ``floor(log2 max) + element_exponent``.
 
     Returns ``(codes, scales, tensor_scale)``: ``codes`` an ml_dtypes array of ``fmt``
     (int8 / int4 for integers), ``scales`` of ``scale_fmt``, shape
@@ -556,9 +561,10 @@ def quantize(
             if bad[idx] or a == 0:
                 exps[idx] = lo
             else:
-                exps[idx] = min(max(_scale_exponent(a, f, scale_rule), lo), hi)
+                e = _scale_exponent(a, f, scale_rule) - element_exponent
+                exps[idx] = min(max(e, lo), hi)
         scale = np.ldexp(1.0, exps)
-        y = np.ldexp(x, -_repeat_blocks(exps, block, shape))
+        y = np.ldexp(x, -_repeat_blocks(exps + element_exponent, block, shape))
     if saturate:
         y = np.clip(y, -float(f.max), float(f.max))
     y = np.where(_repeat_blocks(bad, block, shape), 0.0, y)
@@ -583,10 +589,12 @@ def dequantize(
     scales: npt.ArrayLike,
     block_shape: tuple[int, ...],
     tensor_scale: float | None = None,
+    element_exponent: int = 0,
 ) -> np.ndarray:
-    """``decode(codes) * (scale * tensor_scale)`` as float32: each product rounded to 24
-    significant bits, results below ``2**-126`` in magnitude flushed to (signed) zero."""
-    v = np.asarray(codes).astype(np.float64)
+    """``decode(codes) * 2**element_exponent * (scale * tensor_scale)`` as float32: each
+    product rounded to 24 significant bits, results below ``2**-126`` in magnitude flushed
+    to (signed) zero."""
+    v = np.ldexp(np.asarray(codes).astype(np.float64), element_exponent)
     s = np.asarray(scales).astype(np.float64)
     if tensor_scale is not None:
         s = _round24(s * tensor_scale)

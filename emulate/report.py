@@ -132,6 +132,10 @@ def inspect(
     Returns:
       A :class:`Report`; ``print(report)`` shows the table.
     """
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
+    if mode not in ("fast", "exact"):
+        raise ValueError(f"mode: expected one of 'fast', 'exact', got {mode!r}")
     t = targets.current_target(target)
     closed = jax.make_jaxpr(fn)(*args)
     rows = []

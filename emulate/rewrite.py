@@ -258,7 +258,24 @@ def scaled_dot_general(
     """``jax.nn.scaled_dot_general`` on any target: JAX's own function (its quantizer for
     ``configs`` from ``jax.nn.get_scaled_dot_general_config``, "mxfp8" or "nvfp4"), run
     through :func:`emulate.polyfill` so that its ``scaled_matmul`` runs as
-    :func:`emulate.scaled_matmul`. ``configs=None`` contracts the operands as they are."""
+    :func:`emulate.scaled_matmul`. ``configs=None`` contracts the operands as they are.
+
+    Raises:
+      TypeError: ``configs`` is not None or a list of ``jax.nn`` block-scale configs (lhs,
+        rhs and gradient, as ``[jax.nn.get_scaled_dot_general_config("mxfp8")] * 3``).
+    """
+    if configs is not None:
+        config_type = type(jax.nn.get_scaled_dot_general_config("mxfp8"))
+        if (
+            not isinstance(configs, (list, tuple))
+            or len(configs) < 2
+            or not all(isinstance(c, config_type) for c in configs)
+        ):
+            raise TypeError(
+                "configs: expected None or a list of jax.nn block-scale configs (lhs, rhs, "
+                "gradient), e.g. [jax.nn.get_scaled_dot_general_config('mxfp8')] * 3, got "
+                f"{type(configs).__name__} {configs!r}"
+            )
 
     def run(x, y):
         return jax.nn.scaled_dot_general(

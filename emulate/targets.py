@@ -514,6 +514,21 @@ def detect(platform: str, device_kind: str = "", compute_capability: str | None 
     Raises:
       ValueError: an unknown TPU device kind or platform; set ``EMULATE_TARGET`` then.
     """
+    if not isinstance(platform, str):
+        raise TypeError(
+            f"platform: expected a string such as 'cpu', 'tpu' or 'gpu' "
+            f"(jax.Device.platform), got {type(platform).__name__} {platform!r}"
+        )
+    if not isinstance(device_kind, str):
+        raise TypeError(
+            f"device_kind: expected a string (jax.Device.device_kind), got "
+            f"{type(device_kind).__name__} {device_kind!r}"
+        )
+    if compute_capability is not None and not isinstance(compute_capability, str):
+        raise TypeError(
+            f"compute_capability: expected a 'major.minor' string or None, got "
+            f"{type(compute_capability).__name__} {compute_capability!r}"
+        )
     table = _table()
     kind = platform.strip().lower()
     if kind == "cpu":

@@ -96,11 +96,11 @@ class TestBadInput:
 
     def test_length_disagrees(self):
         p = emulate.pack(np.zeros((2, 6), np.uint8), "int4")
-        bad = emulate.Packed(p.data, "int4", -1, 9)
         with pytest.raises(
-            ValueError, match=r"^p: 9 int4 elements need 5 bytes along axis -1, the data has 3$"
+            ValueError,
+            match=r"^length: 9 int4 elements need 5 bytes along axis -1, the data has 3$",
         ):
-            emulate.decode(bad)
+            emulate.Packed(p.data, "int4", -1, 9)
 
     def test_format_disagrees(self):
         p = emulate.pack(np.zeros(4, np.uint8), "int4")

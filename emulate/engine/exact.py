@@ -146,12 +146,12 @@ def _signed_limbs(part: jax.Array, shifts: np.ndarray, n_limbs: int, bound: int)
                 big, small = hi[:, 0], lo[:, 0]
             elif n_chunks * len(pairs[start : start + per]) <= per:
                 # all of the group's chunk sums add up in int32 (short f32-route chunks)
-                total = jnp.sum(f, axis=1)
+                total = jnp.sum(f, axis=1, dtype=jnp.int32)
                 big = lax.shift_right_arithmetic(total, jnp.int32(16))
                 small = total & 0xFFFF
             else:  # <= 2**15 chunks: |sum hi| < 2**30, sum lo < 2**31
-                big = jnp.sum(hi, axis=1)
-                lo_sum = jnp.sum(lo, axis=1)
+                big = jnp.sum(hi, axis=1, dtype=jnp.int32)
+                lo_sum = jnp.sum(lo, axis=1, dtype=jnp.int32)
                 big = big + (lo_sum >> 16)
                 small = lo_sum & 0xFFFF
             # value = big * 2**16 + small, placed at 2**sh

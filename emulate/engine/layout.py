@@ -10,6 +10,7 @@ sliced contractions index one K axis.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import TypeAlias
 
@@ -56,11 +57,12 @@ def normalize_dimension_numbers(
     """
     try:
         (lc, rc), (lb, rb) = dimension_numbers
-        lc, rc, lb, rb = (tuple(int(d) for d in s) for s in (lc, rc, lb, rb))
+        # operator.index, not int: a float such as 1.5 is refused (as lax does), not floored
+        lc, rc, lb, rb = (tuple(operator.index(d) for d in s) for s in (lc, rc, lb, rb))
     except (TypeError, ValueError):
         raise TypeError(
             "dimension_numbers: expected ((lhs_contracting, rhs_contracting), (lhs_batch, "
-            f"rhs_batch)), got {dimension_numbers!r}"
+            f"rhs_batch)) of integer dimensions, got {dimension_numbers!r}"
         ) from None
     for name, dims, shape in (("lhs", lc + lb, lhs_shape), ("rhs", rc + rb, rhs_shape)):
         if len(set(dims)) != len(dims) or any(not 0 <= d < len(shape) for d in dims):
@@ -107,7 +109,8 @@ def to_bmk(x: jax.Array, batch: Sequence[int], contract: Sequence[int]) -> jax.A
     x = jnp.transpose(x, tuple(batch) + tuple(free) + tuple(contract))
     nb = math.prod(x.shape[: len(batch)])
     nf = math.prod(x.shape[len(batch) : len(batch) + len(free)])
-    return x.reshape(nb, nf, -1)
+    # every size spelt out: a -1 cannot be inferred when another size is 0 (K = 0)
+    return x.reshape(nb, nf, math.prod(x.shape[len(batch) + len(free) :]))
 
 
 def to_bkn(x: jax.Array, batch: Sequence[int], contract: Sequence[int]) -> jax.Array:
@@ -116,4 +119,4 @@ def to_bkn(x: jax.Array, batch: Sequence[int], contract: Sequence[int]) -> jax.A
     x = jnp.transpose(x, tuple(batch) + tuple(contract) + tuple(free))
     nb = math.prod(x.shape[: len(batch)])
     nk = math.prod(x.shape[len(batch) : len(batch) + len(contract)])
-    return x.reshape(nb, nk, -1)
+    return x.reshape(nb, nk, math.prod(x.shape[len(batch) + len(contract) :]))

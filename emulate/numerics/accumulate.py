@@ -30,8 +30,9 @@ def combine_chunks(partials: jax.Array, axis: int) -> tuple[jax.Array, jax.Array
 
     Exact for up to 2**15 chunks.
     """
-    hi = jnp.sum(lax.shift_right_arithmetic(partials, jnp.int32(16)), axis=axis)
-    lo = jnp.sum(partials & 0xFFFF, axis=axis)
+    # dtype=int32: under jax_enable_x64 jnp.sum would widen int32 sums to int64
+    hi = jnp.sum(lax.shift_right_arithmetic(partials, jnp.int32(16)), axis=axis, dtype=jnp.int32)
+    lo = jnp.sum(partials & 0xFFFF, axis=axis, dtype=jnp.int32)
     return normalize(hi, lo)
 
 

@@ -192,10 +192,33 @@ def encode(x: ArrayLike, fmt: FormatLike, *, saturate: bool = False) -> jax.Arra
       An array of ``fmt``'s dtype; for float6 formats, which XLA cannot hold, uint8 codes.
     """
     f = formats.get(fmt)
+    if not isinstance(saturate, (bool, np.bool_)):
+        raise TypeError(f"saturate: expected True or False, got {type(saturate).__name__}")
+    if isinstance(x, Packed):
+        raise TypeError("x: got a Packed array, which holds codes already; use decode or unpack")
+    if not isinstance(x, (jax.Array, jax.core.Tracer)):
+        x = np.asarray(x)
+        if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
+            raise TypeError(f"x: expected a float or integer array, got dtype {x.dtype}")
+        x = _narrow_host_ints(x, f, bool(saturate))
     xa = jnp.asarray(x)
     if not (jnp.issubdtype(xa.dtype, jnp.floating) or jnp.issubdtype(xa.dtype, jnp.integer)):
         raise TypeError(f"x: expected a float or integer array, got dtype {xa.dtype}")
     return _encode(xa, f.name, bool(saturate))
+
+
+def _narrow_host_ints(x: np.ndarray, f: Format, saturate: bool) -> np.ndarray:
+    """Host integers that JAX would wrap into int32 (64-bit ones without x64) reduced first
+    in numpy: clamped (saturate) or wrapped (two's complement) into an integer format's
+    range, or made float64 (rounded once to f32 later) for a float format."""
+    if x.dtype.kind not in "iu" or x.dtype.itemsize < 8 or jax.config.jax_enable_x64:
+        return x
+    if not f.is_integer:
+        return x.astype(np.float64)
+    if saturate:
+        lo = max(int(f.min), int(np.iinfo(x.dtype).min))
+        return np.clip(x, lo, int(f.max)).astype(np.int32)
+    return (x & np.asarray(f.code_mask, x.dtype)).astype(np.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("name", "saturate"))
@@ -225,9 +248,10 @@ def _encode_int(xa: jax.Array, f: Format, saturate: bool) -> jax.Array:
             r = jnp.clip(r, -(2.0**31), 2.0**31 - 1)
             v = (r - span * jnp.floor(r / span)).astype(jnp.int32)
     else:
-        v = xa.astype(jnp.int32)
-        if saturate:
-            v = jnp.clip(v, lo, hi)
+        if saturate:  # clamp in the input's own type: a convert to int32 first would wrap
+            info = jnp.iinfo(xa.dtype)
+            xa = jnp.clip(xa, max(lo, int(info.min)), min(hi, int(info.max)))
+        v = xa.astype(jnp.int32)  # wraps modulo 2**32, and so modulo 2**bits too
     codes = v.astype(jnp.uint32) & _u32(f.code_mask)
     return from_codes(codes.astype(jnp.uint8), f)
 

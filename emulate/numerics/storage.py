@@ -76,7 +76,8 @@ def to_codes(
 
     Raises:
       TypeError: ``x`` is not an array, or its dtype is not a format.
-      ValueError: ``fmt`` disagrees with ``x``'s dtype, or codes exceed the format's width.
+      ValueError: ``fmt`` disagrees with ``x``'s dtype, or concrete codes exceed the
+        format's width (traced codes have their high bits masked off instead).
     """
     if isinstance(x, Packed):
         raise TypeError(f"{arg}: got a Packed array; unpack it first or pass it to decode")
@@ -87,10 +88,16 @@ def to_codes(
         )
     dt = _dtype_of(x)
     if fmt is not None:
-        f = formats.get(fmt)
+        try:
+            f = formats.get(fmt)
+        except (TypeError, ValueError) as e:  # name the argument: fmt=, or lhs_format= ...
+            name = "fmt" if arg == "x" else f"{arg}_format"
+            raise type(e)(f"{name}: {str(e).removeprefix('fmt: ')}") from None
         if dt.name == f.name:
             return _bits_of(x, f), f
         if dt.kind == "u" and dt.itemsize * 8 >= f.bits and dt.name not in ("uint4",):
+            if dt.itemsize * 8 > f.bits:
+                x = _checked_codes(x, f, arg)
             codes = jnp.asarray(x)
             if codes.dtype != code_dtype(f):
                 codes = codes.astype(code_dtype(f))
@@ -107,6 +114,22 @@ def to_codes(
             f"or an array of one of: {', '.join(formats.names())}"
         ) from None
     return _bits_of(x, f), f
+
+
+def _checked_codes(x: jax.Array | np.ndarray, f: Format, arg: str) -> jax.Array | np.ndarray:
+    """Raw codes with nothing above the format's ``bits`` bits: a concrete array (numpy, or
+    jax outside a trace) is checked and refused with ValueError; a traced one cannot be
+    checked without a host round trip, so its high bits are masked off (ignored)."""
+    if isinstance(x, jax.core.Tracer):
+        return jnp.asarray(x) & jnp.asarray(f.code_mask, x.dtype)
+    bad = np.asarray(x) > f.code_mask
+    if bad.any():
+        first = int(np.asarray(x)[bad].ravel()[0])
+        raise ValueError(
+            f"{arg}: {int(bad.sum())} code(s) exceed {f.name}'s {f.bits} bits (e.g. {first:#x}; "
+            f"codes must lie in [0, {f.code_mask:#x}])"
+        )
+    return x
 
 
 def _bits_of(x: jax.Array | np.ndarray, f: Format) -> jax.Array:
@@ -150,12 +173,56 @@ class Packed:
     axis: int
     length: int
 
+    def __post_init__(self) -> None:
+        # A record built by hand is checked here; JAX's own rebuilding (tree_unflatten)
+        # skips this, as its leaves may be placeholders rather than arrays.
+        try:
+            f = formats.get(self.format_name)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"format_name: {str(e).removeprefix('fmt: ')}") from None
+        if not f.packable:
+            raise ValueError(
+                f"format_name: {f.name} is {f.bits}-bit; a Packed array holds one of the 4- "
+                "and 6-bit formats int4, uint4, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn"
+            )
+        for name in ("axis", "length"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"{name}: expected an int, got {type(v).__name__} {v!r}")
+        if self.length < 0:
+            raise ValueError(f"length: expected a non-negative element count, got {self.length}")
+        shape = getattr(self.data, "shape", None)  # an array, or a jax.ShapeDtypeStruct
+        if not isinstance(shape, tuple) or not hasattr(self.data, "dtype"):
+            raise TypeError(f"data: expected a uint8 array, got {type(self.data).__name__}")
+        if np.dtype(self.data.dtype) != np.uint8:
+            raise TypeError(f"data: expected a uint8 array, got dtype {self.data.dtype}")
+        ndim = len(shape)
+        if not -ndim <= self.axis < ndim:
+            raise ValueError(
+                f"axis: {self.axis} is out of range for data of shape {shape} (the packed "
+                "axis, counted from the end: -1 for the last)"
+            )
+        object.__setattr__(self, "format_name", f.name)
+        object.__setattr__(
+            self, "axis", int(self.axis) - ndim if self.axis >= 0 else int(self.axis)
+        )
+        object.__setattr__(self, "length", int(self.length))
+        want = _packed_len(f.bits, self.length)
+        if shape[self.axis] != want:
+            raise ValueError(
+                f"length: {self.length} {f.name} elements need {want} bytes along axis "
+                f"{self.axis}, the data has {shape[self.axis]}"
+            )
+
     def tree_flatten(self):
         return (self.data,), (self.format_name, self.axis, self.length)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(children[0], *aux)
+        p = object.__new__(cls)
+        for name, v in zip(("data", "format_name", "axis", "length"), (children[0], *aux)):
+            object.__setattr__(p, name, v)
+        return p
 
     @property
     def format(self) -> Format:
@@ -210,8 +277,11 @@ def pack(x: jax.Array | np.ndarray, fmt: FormatLike | None = None, *, axis: int 
       A :class:`Packed` array (see the module docstring for the bit layout).
 
     Raises:
+      TypeError: ``x`` is not an array, or ``axis`` is not an int.
       ValueError: the format is not 4- or 6-bit, or ``axis`` is out of range.
     """
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis: expected an int, got {type(axis).__name__} {axis!r}")
     codes, f = to_codes(x, fmt)
     if not f.packable:
         raise ValueError(

@@ -42,6 +42,7 @@ from jax.experimental.pallas import tpu as pltpu
 from emulate import formats, targets
 from emulate.formats import Format, FormatLike
 from emulate.numerics import accumulate
+from emulate.numerics.codecs import decode
 from emulate.numerics.storage import (
     Packed,
     from_codes,
@@ -396,6 +397,11 @@ def matmul(
       operands in f32, within the bound of mode "fast"
       (:func:`emulate.bounds.dot_general_bound`).
 
+    Transformations: ``jax.grad`` with respect to ``x`` gives ``g @ decode(w).T``,
+    computed in f32 by XLA outside the kernel (the weight holds codes and has no
+    gradient, as an integer array); ``jax.vmap`` over ``x``, ``w`` or both runs one kernel
+    launch per mapped index (``lax.map``).
+
     Raises:
       TypeError: an operand that is not an array, Packed or codes; a bad block_shape or
         interpret type.
@@ -439,4 +445,53 @@ def matmul(
         xv = route.decode_codes(xv, xf, r.lhs_compute, r.lhs_scale)
     nbytes = 3 if group == 4 else 1
     cfg = config(r, t, m, n, k, group, nbytes, passthrough, block_shape, _interpret(interpret))
-    return _run(xv, wdata, cfg)
+    return _differentiable_run(xv, wdata, w, cfg)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _differentiable_run(x: jax.Array, wdata: jax.Array, w: Any, cfg: Config) -> jax.Array:
+    """The kernel, with the gradient of ``x @ decode(w)`` with respect to ``x`` (the
+    weight holds codes: it has none, as for any integer array) and any ``jax.vmap``."""
+    return _mapped_run(x, wdata, cfg)
+
+
+def _run_fwd(x, wdata, w, cfg):
+    return _mapped_run(x, wdata, cfg), (x, w)
+
+
+def _run_bwd(cfg, res, g):
+    x, w = res
+    fmt = None if isinstance(w, Packed) else cfg.route.rhs
+    wv = decode(w, fmt, to=jnp.float32)  # (K, N) values
+    dx = jax.lax.dot_general(
+        g.astype(jnp.float32),
+        wv,
+        (((g.ndim - 1,), (1,)), ((), ())),
+        precision=jax.lax.Precision.HIGHEST,
+    )
+    return dx.astype(x.dtype), None, None
+
+
+_differentiable_run.defvjp(_run_fwd, _run_bwd)
+
+
+def _mapped_run(x: jax.Array, wdata: jax.Array, cfg: Config) -> jax.Array:
+    """:func:`_run`, which ``jax.vmap`` maps one kernel launch at a time (a pallas_call of
+    this grid has no batching rule of its own)."""
+
+    @jax.custom_batching.custom_vmap
+    def run(x, wdata):
+        return _run(x, wdata, cfg)
+
+    @run.def_vmap
+    def _rule(axis_size, in_batched, x, wdata):
+        xb, wb = in_batched
+        if xb and wb:
+            out = jax.lax.map(lambda xw: run(*xw), (x, wdata))
+        elif xb:
+            out = jax.lax.map(lambda xi: run(xi, wdata), x)
+        else:
+            out = jax.lax.map(lambda wi: run(x, wi), wdata)
+        return out, True
+
+    return run(x, wdata)

@@ -296,8 +296,9 @@ class TestMatmulEinsum:
 
 class TestBadInput:
     def test_contracting_size_mismatch(self):
+        # emulate's message, with the exception type lax.dot_general raises (TypeError).
         with pytest.raises(
-            ValueError,
+            TypeError,
             match=r"^dimension_numbers: lhs contracting dimension 1 has size 3 but rhs contracting "
             r"dimension 0 has size 4; lhs int8\[2, 3\], rhs int8\[4, 5\], target tpu_v4$",
         ):
@@ -311,19 +312,24 @@ class TestBadInput:
                 np.zeros((2, 3), np.int8), np.zeros((3, 5), np.int8), DN, target="tpu_v9"
             )
 
-    def test_complex_operand(self):
-        with pytest.raises(TypeError, match=r"^lhs: dtype complex64 is not a supported format"):
-            emulate.dot_general(np.zeros((2, 3), np.complex64), np.zeros((3, 5), np.int8), DN)
-
-    def test_bool_operand(self):
-        with pytest.raises(TypeError, match=r"^rhs: dtype bool is not a supported format"):
-            emulate.dot_general(np.zeros((2, 3), np.int8), np.zeros((3, 5), bool), DN)
+    @pytest.mark.parametrize("lhs,rhs", [(np.complex64, np.int8), (np.int8, bool)])
+    def test_jax_types_pass_through(self, lhs, rhs):
+        # A pair with a type emulate does not plan for goes to lax.dot_general as it is.
+        a = np.arange(6).reshape(2, 3).astype(lhs)
+        b = (np.arange(15).reshape(3, 5) % 2).astype(rhs)
+        got = emulate.dot_general(a, b, DN)
+        want = jax.lax.dot_general(a, b, DN)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
     def test_not_an_array(self):
+        # A list goes to JAX, which refuses it; with a format, emulate refuses it itself.
+        with pytest.raises(TypeError, match=r"^Error interpreting argument to dot_general"):
+            emulate.dot_general([[1, 2]], np.zeros((2, 5), np.int8), DN)
         with pytest.raises(
             TypeError, match=r"^lhs: expected an array \(jax or numpy\), a Packed array"
         ):
-            emulate.dot_general([[1, 2]], np.zeros((2, 5), np.int8), DN)
+            emulate.dot_general([[1, 2]], np.zeros((2, 5), np.uint8), DN, rhs_format="int4")
 
     def test_float6_result_needs_preferred_type(self):
         a = np.zeros((1, 2), ml_dtypes.float6_e3m2fn)
@@ -351,9 +357,12 @@ class TestBadInput:
         with pytest.raises(ValueError, match=r"^p: 11 int4 elements need 6 bytes along axis -1"):
             emulate.dot_general(np.zeros((2, 4), np.int8), bad, DN)
 
-    def test_einsum_three_operands(self):
-        x = np.zeros((2, 2), np.int8)
+    def test_einsum_three_operands_of_a_qarray(self):
+        x = np.zeros((2, 32), np.float32)
+        wq = emulate.quantize(np.ones((32, 32), np.float32), emulate.mx.MXFP4)
         with pytest.raises(
-            ValueError, match=r"^operands: emulate.einsum contracts exactly two operands, got 3"
+            ValueError,
+            match=r"^operands: with a QArray, a Packed array or float6 codes emulate.einsum "
+            r"contracts exactly two operands named by a subscripts string, got 3 operands$",
         ):
-            emulate.einsum("ij,jk,kl->il", x, x, x)
+            emulate.einsum("ij,jk,kl->il", x, wq, wq)

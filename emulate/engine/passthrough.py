@@ -47,8 +47,9 @@ def passes_through(
     that are not both arrays (Python scalars, lists: JAX's rules and errors), or whose
     dtypes :func:`emulate.runs_as_is` on ``target`` and, where one is a low-precision
     format and both are types emulate plans for, whose plan is the native dot with no
-    exact K-chunking and no host fallback. False in mode "exact" (every covered pair gets
-    the exact sum), and for anything emulate must decode.
+    exact K-chunking and no host fallback (or no plan at all: a ``preferred_element_type``
+    emulate does not plan for, which JAX then takes or refuses). False in mode "exact"
+    (every covered pair gets the exact sum), and for anything emulate must decode.
     """
     if mode != "fast" or lhs_format is not None or rhs_format is not None:
         return False
@@ -65,5 +66,7 @@ def passes_through(
     try:
         p = plan(la, lb, target=target, preferred_element_type=preferred_element_type, mode=mode)
     except (TypeError, ValueError, NotImplementedError):
-        return False  # the emulated path says what is wrong, in emulate's words
+        # A native pair with a result type emulate does not plan (int16, float64) or
+        # refuses (an integer result of floats): JAX's own result or error.
+        return True
     return p.method == "native" and p.fallback is None and p.k_chunk is None

@@ -9,10 +9,12 @@ the same result dtype, shape and bits, or the same exception type. The operands 
 integers (halves for floats), so every sum is exact in every type and bit-identity is the
 bound for emulated pairs too.
 
-A case that behaves differently is listed in ``DIFFERENT`` with the reason. The whole list
-(339 cases) runs by default; ``EMULATE_JAX_CASES=subset`` runs every third case of each JAX
-test method (at least one per method), which still covers each method, dtype family and
-layout family.
+Targets: ``cpu`` (XLA's CPU backend: emulate passes through what it runs natively) runs
+all 339 cases; ``tpu_v2`` (only float32 x float32 native, so every pair of low-precision
+and 16-bit types is emulated) runs every third case of each JAX test method by default
+(147 cases, every method) and all of them with ``EMULATE_JAX_CASES=all``.
+
+A case that behaves differently is listed in ``DIFFERENT`` with the reason.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import os
 import zlib
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -222,10 +223,21 @@ def _case_id(case: dict) -> str:
     return f"{case['test']}-{case['index']}"
 
 
-def _selected() -> list[dict]:
-    if os.environ.get("EMULATE_JAX_CASES", "all") != "subset":
-        return list(CASES)
-    return [c for c in CASES if c["index"] % 3 == 0]
+def _params() -> list[Any]:
+    """(case, target) pairs: every case on the CPU target, where emulate passes through
+    what XLA runs; on ``tpu_v2`` (no native pair but float32 x float32, so every other
+    pair of emulate's types is emulated) every third case of each JAX test method, or
+    every case with ``EMULATE_JAX_CASES=all``."""
+    every = os.environ.get("EMULATE_JAX_CASES", "") == "all"
+    out = []
+    for target in TARGETS:
+        for c in CASES:
+            if target == "cpu" or every or c["index"] % 3 == 0:
+                out.append(pytest.param(c, target, id=f"{_case_id(c)}-{target}"))
+    return out
+
+
+TARGETS = ("cpu", "tpu_v2")
 
 
 #: Cases whose emulate result differs from JAX's on purpose: id -> reason.
@@ -239,8 +251,8 @@ def _show(o: tuple) -> str:
 
 
 @pytest.mark.parametrize("way", ["dropin", "polyfill"])
-@pytest.mark.parametrize("case", _selected(), ids=_case_id)
-def test_behaves_as_jax(case, way):
+@pytest.mark.parametrize("case,target", _params())
+def test_behaves_as_jax(case, target, way):
     jf, ef, args = _case_functions(case)
     if way == "dropin" and ef is None:
         # jnp.dot, and lax.dot on shapes it refuses, have no emulate drop-in: polyfill is
@@ -248,7 +260,8 @@ def test_behaves_as_jax(case, way):
         assert case["test"] in ("testMixedPrecisionDot", "testDot")
         return
     want = _outcome(jf, args)
-    got = _outcome(ef if way == "dropin" else emulate.polyfill(jf), args)
+    with emulate.use_target(target):
+        got = _outcome(ef if way == "dropin" else emulate.polyfill(jf), args)
     key = _case_id(case)
     if key in DIFFERENT:
         assert got != want, f"{key} now behaves as JAX: remove it from DIFFERENT"

@@ -84,7 +84,9 @@ def dot_general(
       and ``preferred_element_type`` (int8 x int8 gives int8, the sum wrapped; e4m3fn x
       e4m3fn gives e4m3fn, the sum rounded once). Integer pairs are exact (the int64 sum
       wrapped to int32); float4_e2m1fn / float6_e2m3fn pairs are exact; other float
-      pairs are within ``gamma_K * sum|a*b|`` in mode "fast".
+      pairs are within ``gamma_K * sum|a*b|`` in mode "fast". A
+      ``preferred_element_type`` of int16, uint16 or uint32 for integer operands is the
+      int32 sum wrapped into it, as XLA's integer dot wraps.
 
     Raises:
       TypeError, ValueError: as ``lax.dot_general`` raises them for the same shapes and
@@ -118,9 +120,31 @@ def dot_general(
     except (TypeError, ValueError) as e:
         _raise_as_jax(e, lambda x, y: lax.dot_general(x, y, dimension_numbers), a.shape, b.shape)
         raise
+    wrap_to = _unplanned_integer(preferred_element_type, a, b)
+    if wrap_to is not None:  # the int32 sum wraps into it as into XLA's own accumulator
+        preferred_element_type = jnp.int32
     p = plan_for(a, b, target, preferred_element_type, mode)
     out = run_plan(p, a, b, dn, hashable_precision(precision), tiled.current_settings())
+    if wrap_to is not None:
+        out = out.astype(wrap_to)
     return _resharded(out, out_sharding)
+
+
+def _unplanned_integer(
+    preferred_element_type: FormatLike | None, a: Operand, b: Operand
+) -> np.dtype | None:
+    """An integer result type of at most 32 bits that emulate has no format for (int16,
+    uint16, uint32: jnp's promotion of int8 with uint8 gives int16), asked of two integer
+    operands; None otherwise."""
+    if preferred_element_type is None or not (a.format.is_integer and b.format.is_integer):
+        return None
+    try:
+        dt = np.dtype(preferred_element_type)
+    except TypeError:
+        return None
+    if dt.kind not in "iu" or dt.itemsize > 4 or dt.name in formats.MATMUL_OPERANDS:
+        return None
+    return dt
 
 
 def _raise_as_jax(err: Exception, jax_fn: Callable[..., Any], *shapes: Sequence[int]) -> None:

@@ -7,7 +7,7 @@ The public surface:
 - the independent oracle :mod:`emulate.reference` and the fast-mode bound
   :mod:`emulate.bounds`;
 - targets and plans: :mod:`emulate.targets`, :func:`current_target`, :func:`target`,
-  :func:`plan`, :class:`Plan`;
+  :func:`plan`, :class:`Plan`, :func:`runs_as_is` (which calls go to JAX unchanged);
 - drop-in matmuls: :func:`dot_general`, :func:`matmul`, :func:`einsum`,
   :func:`conv_general_dilated`;
 - quantized operands: :class:`QArray`, :func:`quantize`, :func:`dequantize`, the
@@ -24,7 +24,7 @@ from emulate.dot import dot_general, einsum, matmul
 from emulate.formats import Format
 from emulate.numerics.codecs import decode, encode
 from emulate.numerics.storage import Packed, pack, unpack
-from emulate.planning.plan import Plan, plan
+from emulate.planning.plan import Plan, plan, runs_as_is
 from emulate.quant import QArray, dequantize, quantize
 from emulate.report import inspect
 from emulate.rewrite import polyfill, scaled_dot_general
@@ -57,6 +57,7 @@ __all__ = [
     "polyfill",
     "quantize",
     "reference",
+    "runs_as_is",
     "scaled_dot_general",
     "scaled_matmul",
     "target",

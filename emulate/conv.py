@@ -32,6 +32,7 @@ from emulate.engine.operands import (
     hashable_precision,
     operand,
 )
+from emulate.engine.passthrough import passes_through
 from emulate.engine.run import per_platform, plan_for
 from emulate.formats import FormatLike
 from emulate.planning.plan import Plan
@@ -118,12 +119,17 @@ def conv_general_dilated(
     mode: str = "fast",
     lhs_format: FormatLike | None = None,
     rhs_format: FormatLike | None = None,
+    out_sharding: Any = None,
 ) -> jax.Array:
     """``jax.lax.conv_general_dilated`` for operands of any format, on any target.
 
     Arguments as in ``lax.conv_general_dilated``; ``target``, ``mode`` and the formats as in
-    :func:`emulate.dot_general`. The result dtype and the numerics contract are those of
-    :func:`emulate.dot_general` with ``K = in_features_per_group * prod(window)``.
+    :func:`emulate.dot_general`. A call that needs no emulation (the rule of
+    :func:`emulate.dot_general`) goes to ``lax.conv_general_dilated`` unchanged; otherwise
+    the result dtype and the numerics contract are those of :func:`emulate.dot_general`
+    with ``K = in_features_per_group * prod(window)``, and an emulated result is resharded
+    to ``out_sharding``. Rank-2 operands (no spatial dimensions) are a dot over the input
+    features, as in JAX.
 
     Raises:
       TypeError: ``window_strides`` or a dilation that is not a sequence of ints (as lax).
@@ -135,11 +141,63 @@ def conv_general_dilated(
         K-chunk, or that needs chunking with ``feature_group_count`` or
         ``batch_group_count`` above 1 (not built); a contraction beyond the plan's K limit.
     """
+    if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
+        return lax.conv_general_dilated(
+            lhs,
+            rhs,
+            window_strides,
+            padding,
+            lhs_dilation,
+            rhs_dilation,
+            dimension_numbers,
+            feature_group_count,
+            batch_group_count,
+            precision,
+            preferred_element_type,
+            out_sharding=out_sharding,
+        )
+    out = _emulated_conv(
+        lhs,
+        rhs,
+        window_strides,
+        padding,
+        lhs_dilation,
+        rhs_dilation,
+        dimension_numbers,
+        feature_group_count,
+        batch_group_count,
+        precision,
+        preferred_element_type,
+        target,
+        mode,
+        lhs_format,
+        rhs_format,
+    )
+    return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
+
+
+def _emulated_conv(
+    lhs,
+    rhs,
+    window_strides,
+    padding,
+    lhs_dilation,
+    rhs_dilation,
+    dimension_numbers,
+    feature_group_count,
+    batch_group_count,
+    precision,
+    preferred_element_type,
+    target,
+    mode,
+    lhs_format,
+    rhs_format,
+) -> jax.Array:
     a = operand(lhs, lhs_format, arg="lhs")
     b = operand(rhs, rhs_format, arg="rhs")
     where = describe(a, b, target)
-    if len(a.shape) != len(b.shape) or len(a.shape) < 3:
-        raise ValueError(f"lhs, rhs: convolution operands need the same rank, at least 3; {where}")
+    if len(a.shape) != len(b.shape) or len(a.shape) < 2:
+        raise ValueError(f"lhs, rhs: convolution operands need the same rank, at least 2; {where}")
     dn = lax.conv_dimension_numbers(a.shape, b.shape, dimension_numbers)
     _check_params(
         len(a.shape) - 2,

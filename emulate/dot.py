@@ -11,14 +11,17 @@ natively (:mod:`emulate.engine`). :class:`emulate.QArray` operands go to
 
 from __future__ import annotations
 
+import functools
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from emulate import formats, targets
 from emulate.engine import tiled
 from emulate.engine.layout import DimensionNumbers, normalize_dimension_numbers
 from emulate.engine.operands import (
@@ -29,8 +32,10 @@ from emulate.engine.operands import (
     hashable_precision,
     operand,
 )
+from emulate.engine.passthrough import is_plain, passes_through
 from emulate.engine.run import plan_for, run_plan
 from emulate.formats import FormatLike
+from emulate.numerics.storage import from_codes, is_array
 from emulate.quant import QArray
 from emulate.scaled import qarray_dot_general
 from emulate.targets import TargetLike
@@ -49,8 +54,18 @@ def dot_general(
     mode: str = "fast",
     lhs_format: FormatLike | None = None,
     rhs_format: FormatLike | None = None,
+    out_sharding: Any = None,
 ) -> jax.Array:
     """``jax.lax.dot_general`` for operands of any format, on any target.
+
+    What needs no emulation goes to ``lax.dot_general`` unchanged, with the same result
+    type, values and exceptions (x64 included): in mode "fast", every call whose operands
+    are plain arrays or Python scalars (no ``lhs_format``/``rhs_format``, no Packed or
+    QArray) and whose pair :func:`emulate.runs_as_is` on ``target`` (JAX's own types such
+    as int32, int16, bool, complex64, float64, float16 x bfloat16; a low-precision
+    operand beside a type emulate does not plan for) and, for a low-precision pair, whose
+    plan is the target's native dot with nothing added (no exact K-chunking, no host
+    fallback). Everything else is emulated as below.
 
     Args:
       lhs, rhs: arrays of any registered format (jax or numpy; float6 as numpy arrays),
@@ -59,28 +74,95 @@ def dot_general(
         ``precision`` applies to the operands that are not decoded (decoded values are
         exact in bf16, so any precision multiplies them exactly).
       target: target name or :class:`emulate.targets.Target`; default the current one.
-      mode: "fast" or "exact" (see docs/numerics.md).
+      mode: "fast" or "exact" (see docs/numerics.md). Mode "exact" never passes a call
+        through: every pair it covers gets the exact sum rounded once.
+      out_sharding: as in ``lax.dot_general``; an emulated result is resharded to it
+        (``jax.sharding.reshard``).
 
     Returns:
       An array of the dtype ``lax.dot_general`` would return for the same operand types
       and ``preferred_element_type`` (int8 x int8 gives int8, the sum wrapped; e4m3fn x
       e4m3fn gives e4m3fn, the sum rounded once). Integer pairs are exact (the int64 sum
       wrapped to int32); float4_e2m1fn / float6_e2m3fn pairs are exact; other float
-      pairs are within ``gamma_K * sum|a*b|`` in mode "fast".
+      pairs are within ``gamma_K * sum|a*b|`` in mode "fast". A
+      ``preferred_element_type`` of int16, uint16 or uint32 for integer operands is the
+      int32 sum wrapped into it, as XLA's integer dot wraps.
+
+    Raises:
+      TypeError, ValueError: as ``lax.dot_general`` raises them for the same shapes and
+        dimension numbers (emulate's message, naming the operands and the target, with
+        JAX's exception type); emulate's own refusals as documented in docs/api.md.
     """
+    if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
+        return lax.dot_general(
+            lhs,
+            rhs,
+            dimension_numbers,
+            precision,
+            preferred_element_type,
+            out_sharding=out_sharding,
+        )
     if isinstance(lhs, QArray) or isinstance(rhs, QArray):
         x, y = (
             _with_format(v, f, arg)
             for v, f, arg in ((lhs, lhs_format, "lhs"), (rhs, rhs_format, "rhs"))
         )
-        return qarray_dot_general(
+        out = qarray_dot_general(
             x, y, dimension_numbers, precision, preferred_element_type, target=target, mode=mode
         )
+        return _resharded(out, out_sharding)
     a = operand(lhs, lhs_format, arg="lhs")
     b = operand(rhs, rhs_format, arg="rhs")
-    dn = normalize_dimension_numbers(dimension_numbers, a.shape, b.shape, describe(a, b, target))
+    try:
+        dn = normalize_dimension_numbers(
+            dimension_numbers, a.shape, b.shape, describe(a, b, target)
+        )
+    except (TypeError, ValueError) as e:
+        _raise_as_jax(e, lambda x, y: lax.dot_general(x, y, dimension_numbers), a.shape, b.shape)
+        raise
+    wrap_to = _unplanned_integer(preferred_element_type, a, b)
+    if wrap_to is not None:  # the int32 sum wraps into it as into XLA's own accumulator
+        preferred_element_type = jnp.int32
     p = plan_for(a, b, target, preferred_element_type, mode)
-    return run_plan(p, a, b, dn, hashable_precision(precision), tiled.current_settings())
+    out = run_plan(p, a, b, dn, hashable_precision(precision), tiled.current_settings())
+    if wrap_to is not None:
+        out = out.astype(wrap_to)
+    return _resharded(out, out_sharding)
+
+
+def _unplanned_integer(
+    preferred_element_type: FormatLike | None, a: Operand, b: Operand
+) -> np.dtype | None:
+    """An integer result type of at most 32 bits that emulate has no format for (int16,
+    uint16, uint32: jnp's promotion of int8 with uint8 gives int16), asked of two integer
+    operands; None otherwise."""
+    if preferred_element_type is None or not (a.format.is_integer and b.format.is_integer):
+        return None
+    try:
+        dt = np.dtype(preferred_element_type)
+    except TypeError:
+        return None
+    if dt.kind not in "iu" or dt.itemsize > 4 or dt.name in formats.MATMUL_OPERANDS:
+        return None
+    return dt
+
+
+def _raise_as_jax(err: Exception, jax_fn: Callable[..., Any], *shapes: Sequence[int]) -> None:
+    """Raise ``err``'s message with the exception type JAX raises for the same shapes
+    (float32 stand-ins); return if JAX accepts them or raises the same type."""
+    try:
+        jax.eval_shape(jax_fn, *(jax.ShapeDtypeStruct(tuple(s), jnp.float32) for s in shapes))
+    except (TypeError, ValueError) as jax_err:
+        if type(jax_err) is not type(err) and isinstance(jax_err, (TypeError, ValueError)):
+            kind = TypeError if isinstance(jax_err, TypeError) else ValueError
+            raise kind(str(err)) from None
+
+
+def _resharded(out: jax.Array, out_sharding: Any) -> jax.Array:
+    """``out`` with the sharding a JAX call given ``out_sharding`` returns."""
+    if out_sharding is None:
+        return out
+    return jax.sharding.reshard(out, out_sharding)
 
 
 def matmul(
@@ -89,6 +171,7 @@ def matmul(
     *,
     precision: Precision = None,
     preferred_element_type: FormatLike | None = None,
+    out_sharding: Any = None,
     target: TargetLike = None,
     mode: str = "fast",
     a_format: FormatLike | None = None,
@@ -96,36 +179,57 @@ def matmul(
 ) -> jax.Array:
     """``jnp.matmul`` (1-D and broadcasting rules) for operands of any format, on any target.
 
-    The result dtype follows ``lax.dot_general``'s rule (see :func:`dot_general`); for
-    same-type operands that is what ``jnp.matmul`` returns too.
+    Calls that need no emulation (the rule of :func:`dot_general`) go to ``jnp.matmul``
+    unchanged. Otherwise the result dtype is ``preferred_element_type`` if given, else
+    ``jnp.matmul``'s (``jnp.result_type`` of the operand types: int8 x bfloat16 gives
+    bfloat16, int8 x uint8 int16), else, for pairs jnp has no promotion rule for (int4 x
+    int8, float8_e4m3fn x float8_e5m2, float8 x bfloat16, float6 codes), the result type
+    of :func:`dot_general` (``lax.dot_general``'s rule), where ``jnp.matmul`` raises.
+    ``out_sharding`` as in ``jnp.matmul``.
     """
+    if passes_through(a, b, a_format, b_format, target, mode, preferred_element_type):
+        return jnp.matmul(
+            a,
+            b,
+            precision=precision,
+            preferred_element_type=preferred_element_type,
+            out_sharding=out_sharding,
+        )
     if isinstance(a, QArray) or isinstance(b, QArray):
         x, y = _with_format(a, a_format, "a"), _with_format(b, b_format, "b")
-        return _matmul_dims(x, y, precision, preferred_element_type, target, mode)
+        out = _matmul_dims(x, y, precision, preferred_element_type, target, mode)
+        return _resharded(out, out_sharding)
     x = operand(a, a_format, arg="a")
     y = operand(b, b_format, arg="b")
+    if preferred_element_type is None:
+        preferred_element_type = _jnp_result_type(x.format_name, y.format_name)
     xs, ys = x.shape, y.shape
-    if len(xs) == 0 or len(ys) == 0:
-        raise ValueError(
-            f"a, b: matmul needs operands of at least one dimension, got shapes {xs} and {ys}"
-        )
-    xv, yv = x, y
-    if len(xs) == 1:
-        xv = Operand(x.unpacked()[None, :], x.format_name)
-    if len(ys) == 1:
-        yv = Operand(y.unpacked()[:, None], y.format_name)
-    xs, ys = xv.shape, yv.shape
-    if xs[-1] != ys[-2]:
-        raise ValueError(
-            f"a, b: matmul contracts a's last dimension ({xs[-1]}) with b's second to last "
-            f"({ys[-2]}); a {x.format_name}{list(x.shape)}, b {y.format_name}{list(y.shape)}"
-        )
     try:
-        batch = np.broadcast_shapes(xs[:-2], ys[:-2])
-    except ValueError:
-        raise ValueError(
-            f"a, b: batch dimensions {xs[:-2]} and {ys[:-2]} do not broadcast"
-        ) from None
+        if len(xs) == 0 or len(ys) == 0:
+            raise ValueError(
+                f"a, b: matmul needs operands of at least one dimension, got shapes {xs} and {ys}"
+            )
+        xv, yv = x, y
+        if len(xs) == 1:
+            xv = Operand(x.unpacked()[None, :], x.format_name)
+        if len(ys) == 1:
+            yv = Operand(y.unpacked()[:, None], y.format_name)
+        xs, ys = xv.shape, yv.shape
+        if xs[-1] != ys[-2]:
+            raise ValueError(
+                f"a, b: matmul contracts a's last dimension ({xs[-1]}) with b's second to "
+                f"last ({ys[-2]}); a {x.format_name}{list(x.shape)}, b "
+                f"{y.format_name}{list(y.shape)}"
+            )
+        try:
+            batch = np.broadcast_shapes(xs[:-2], ys[:-2])
+        except ValueError:
+            raise ValueError(
+                f"a, b: batch dimensions {xs[:-2]} and {ys[:-2]} do not broadcast"
+            ) from None
+    except ValueError as e:
+        _raise_as_jax(e, jnp.matmul, x.shape, y.shape)
+        raise
     if xs[:-2] != batch:
         xv = Operand(jnp.broadcast_to(xv.unpacked(), batch + xs[-2:]), xv.format_name)
     if ys[:-2] != batch:
@@ -137,7 +241,19 @@ def matmul(
         out = out[..., 0, :]
     if len(y.shape) == 1:
         out = out[..., 0]
-    return out
+    return _resharded(out, out_sharding)
+
+
+def _jnp_result_type(*names: str) -> str | None:
+    """``jnp.result_type`` of operands of these formats, or None where jnp has no rule
+    (a pair with no implicit promotion, or a format XLA cannot hold)."""
+    fs = [formats.get(n) for n in names]
+    if not all(f.xla_storable for f in fs):
+        return None
+    try:
+        return np.dtype(jnp.result_type(*(f.dtype for f in fs))).name
+    except (TypeError, ValueError):  # ValueError: jax's TypePromotionError
+        return None
 
 
 def _with_format(x: OperandLike | QArray, fmt: FormatLike | None, arg: str) -> Operand | QArray:
@@ -182,37 +298,141 @@ def _matmul_dims(
 
 
 def einsum(
-    subscripts: str,
-    *operands: OperandLike | QArray,
+    subscripts: Any,
+    /,
+    *operands: Any,
+    out: None = None,
+    optimize: str | bool | list[tuple[int, ...]] = "auto",
     precision: Precision = None,
     preferred_element_type: FormatLike | None = None,
+    out_sharding: Any = None,
     target: TargetLike = None,
     mode: str = "fast",
     operand_formats: Sequence[FormatLike | None] | None = None,
 ) -> jax.Array:
-    """``jnp.einsum`` for two operands of any format, on any target.
+    """``jnp.einsum`` for operands of any format, on any target.
 
-    Supports explicit (``"bij,bjk->bik"``) and implicit (``"ij,jk"``) output, and ``...``.
-    ``operand_formats`` gives the formats of operands passed as uint8 codes.
-    An index that appears in one operand only and not in the output is summed through
-    the same exact contraction (the other operand is broadcast along it), except where
-    the other operand is a :class:`emulate.QArray` (ValueError: sum it first).
+    The whole ``jnp.einsum`` surface: any number of operands, implicit and explicit output,
+    ``...``, repeated indices, size-1 broadcasting, the sublist form
+    (``einsum(x, [0, 1], y, [1, 2], [0, 2])``), ``optimize``, ``precision``,
+    ``preferred_element_type`` and ``out_sharding``. It is ``jnp.einsum`` itself (its
+    contraction path, its sums of indices that appear in one operand only, its result
+    type), with each pairwise contraction run by :func:`dot_general` on ``target`` in
+    ``mode``; a call whose operands have no low-precision format is ``jnp.einsum``
+    unchanged. Where ``jnp.result_type`` has no rule for the operand types (int4 x int8,
+    float8_e4m3fn x float8_e5m2) the result type is :func:`dot_general`'s, folded over the
+    operands, where ``jnp.einsum`` raises.
+
+    ``operand_formats`` gives, per operand, the format of an operand passed as ``uint8``
+    codes (None for the others). Operands that are :class:`emulate.QArray` or
+    :class:`emulate.Packed`, or codes of a format XLA cannot hold (float6), take emulate's
+    own two-operand contraction instead: string subscripts, exactly two operands, no index
+    repeated within one operand; an index summed in one operand only goes through the same
+    exact contraction (not where the other operand is a QArray: ValueError, sum it first).
 
     Raises:
-      ValueError: other than two operands, an index repeated within one operand, sizes
-        that disagree, an output index that no operand has, ``operand_formats`` not of
-        length two, or a format given for a QArray operand.
+      ValueError: ``operand_formats`` not of one entry per operand; on the two-operand
+        path, other than two operands, an index repeated within one operand, sizes that
+        disagree, an output index that no operand has, or a format given for a QArray.
+      Otherwise what ``jnp.einsum`` raises for the same call.
     """
-    if len(operands) != 2:
+    full = (subscripts, *operands)
+    if isinstance(subscripts, str):
+        positions = list(range(1, len(full)))
+    else:  # sublist form: operand, sublist, operand, sublist, ..., [output sublist]
+        positions = list(range(0, len(full) - len(full) % 2, 2))
+    arrays = [full[i] for i in positions]
+    fm = list(operand_formats) if operand_formats is not None else [None] * len(arrays)
+    if len(fm) != len(arrays):
         raise ValueError(
-            f"operands: emulate.einsum contracts exactly two operands, got {len(operands)}; "
-            "contract them pairwise"
+            f"operand_formats: expected one format (or None) per operand, {len(arrays)} in "
+            f"all, got {fm!r}"
         )
-    fm = list(operand_formats) if operand_formats is not None else [None, None]
-    if len(fm) != 2:
-        raise ValueError(
-            f"operand_formats: expected one format (or None) per operand, two in all, got {fm!r}"
+    own_path = any(not is_plain(x) for x in arrays) or any(
+        f is not None and not formats.get(f).xla_storable for f in fm
+    )
+    if own_path:
+        if not isinstance(subscripts, str) or len(arrays) != 2:
+            raise ValueError(
+                "operands: with a QArray, a Packed array or float6 codes emulate.einsum "
+                f"contracts exactly two operands named by a subscripts string, got "
+                f"{len(arrays)} operands"
+                + ("" if isinstance(subscripts, str) else " in the sublist form")
+            )
+        if out is not None:
+            raise NotImplementedError("out: emulate.einsum returns its result; pass out=None")
+        res = _einsum_pair(
+            subscripts,
+            arrays,
+            fm,
+            precision=precision,
+            preferred_element_type=preferred_element_type,
+            target=target,
+            mode=mode,
         )
+        return _resharded(res, out_sharding)
+    values = [
+        x if f is None else from_codes(operand(x, f, arg=f"operands[{i}]").unpacked(), f)
+        for i, (x, f) in enumerate(zip(arrays, fm, strict=True))
+    ]
+    args = list(full)
+    for i, v in zip(positions, values, strict=True):
+        args[i] = v
+    names = [np.dtype(v.dtype).name for v in values if is_array(v)]
+    kw: dict[str, Any] = dict(
+        out=out,
+        optimize=optimize,
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+        out_sharding=out_sharding,
+    )
+    if mode == "fast" and not any(n in formats.LOW_PRECISION for n in names):
+        return jnp.einsum(*args, **kw)
+    if preferred_element_type is None and names and _jnp_result_type(*names) is None:
+        kw["preferred_element_type"] = _lax_result_type(names)
+    dot = _einsum_dot(targets.current_target(target), mode)
+    return jnp.einsum(*args, _dot_general=dot, **kw)
+
+
+def _lax_result_type(names: Sequence[str]) -> str:
+    """:func:`emulate.formats.dot_result` folded over the operand types."""
+    out = formats.get(names[0])
+    for n in names[1:]:
+        out = formats.dot_result(out, n)
+    return out.name
+
+
+@functools.cache
+def _einsum_dot(t: targets.Target, mode: str) -> Callable[..., jax.Array]:
+    """The ``dot_general`` jnp.einsum calls for each pairwise contraction: one function per
+    target and mode, so that jnp.einsum's jit cache (it is a static argument) is reused."""
+
+    def dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kw):
+        return dot_general(
+            lhs,
+            rhs,
+            dimension_numbers,
+            precision,
+            preferred_element_type,
+            target=t,
+            mode=mode,
+            out_sharding=kw.get("out_sharding"),
+        )
+
+    return dot
+
+
+def _einsum_pair(
+    subscripts: str,
+    operands: Sequence[Any],
+    fm: list[FormatLike | None],
+    *,
+    precision: Precision,
+    preferred_element_type: FormatLike | None,
+    target: TargetLike,
+    mode: str,
+) -> jax.Array:
+    """emulate's own two-operand einsum, for QArray, Packed and float6-code operands."""
     x, y = (_with_format(v, f, arg) for v, f, arg in zip(operands, fm, ("lhs", "rhs")))
     ins, out_idx = _parse_einsum(subscripts, (len(x.shape), len(y.shape)))
     li, ri = ins

@@ -18,6 +18,7 @@ import numpy as np
 from jax.extend import core as jex_core
 
 from emulate import targets
+from emulate.planning.plan import runs_as_is
 
 __all__ = [
     "MATMUL_PRIMITIVES",
@@ -110,4 +111,6 @@ def unsupported_sites(
 def needs_emulation(site: Site, target: targets.TargetLike) -> bool:
     """Whether ``target`` cannot run ``site`` as it is (a block-scaled matmul never can)."""
     t = targets.current_target(target)
-    return site.primitive in SCALED_PRIMITIVES or not t.supports(site.lhs_dtype, site.rhs_dtype)
+    return site.primitive in SCALED_PRIMITIVES or not runs_as_is(
+        site.lhs_dtype, site.rhs_dtype, target=t
+    )

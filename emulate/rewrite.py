@@ -2,7 +2,8 @@
 
 The wrapped function traces ``fn`` to a jaxpr once per input signature and evaluates it
 with each ``dot_general`` / ``conv_general_dilated`` equation whose operand pair the
-target does not run natively replaced by :func:`emulate.dot_general` /
+target does not run natively (:func:`emulate.runs_as_is`: JAX's own types such as int32,
+complex64 or float64 always stay as they are) replaced by :func:`emulate.dot_general` /
 :func:`emulate.conv_general_dilated` (same result dtype, the plan's numerics), and each
 block-scaled matmul of ``jax.nn.scaled_matmul`` / ``jax.nn.scaled_dot_general`` (which
 JAX lowers only for CUDA and ROCm) by :func:`emulate.scaled_matmul`. Equations
@@ -28,6 +29,7 @@ from jax.typing import ArrayLike, DTypeLike
 from emulate import program, targets
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general
+from emulate.planning.plan import runs_as_is
 from emulate.scaled import scaled_matmul
 
 __all__ = ["polyfill", "scaled_dot_general"]
@@ -49,8 +51,10 @@ def polyfill(
       target: target name or :class:`emulate.targets.Target`; default: the current target
         when the wrapped function is called.
       mode: "fast" or "exact", as in :func:`emulate.dot_general`.
-      on_unsupported: "error" (default): a site emulate cannot run either (e.g. complex
-        operands) raises; "ignore": such sites are left as they are.
+      on_unsupported: "error" (default): a site emulate must emulate but cannot (a
+        float8_e8m0fnu operand, say) raises; "ignore": such sites are left as they are.
+        Sites of JAX's own types (int32, int16, bool, complex64, float64, ...) and pairs
+        the target runs natively are always left as they are.
 
     Returns:
       A function with ``fn``'s signature and outputs (the same avals). It composes with
@@ -146,7 +150,7 @@ class _Rewriter:
         name = eqn.primitive.name
         if name in program.MATMUL_PRIMITIVES:
             lhs, rhs = (v.aval for v in eqn.invars[:2])
-            if not self.t.supports(np.dtype(lhs.dtype), np.dtype(rhs.dtype)):
+            if not runs_as_is(np.dtype(lhs.dtype), np.dtype(rhs.dtype), target=self.t):
                 return self.emulated(eqn, invals)
         if name in program.SCALED_PRIMITIVES:
             a, b, a_scales, b_scales = invals

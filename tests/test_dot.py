@@ -296,8 +296,9 @@ class TestMatmulEinsum:
 
 class TestBadInput:
     def test_contracting_size_mismatch(self):
+        # emulate's message, with the exception type lax.dot_general raises (TypeError).
         with pytest.raises(
-            ValueError,
+            TypeError,
             match=r"^dimension_numbers: lhs contracting dimension 1 has size 3 but rhs contracting "
             r"dimension 0 has size 4; lhs int8\[2, 3\], rhs int8\[4, 5\], target tpu_v4$",
         ):
@@ -311,19 +312,24 @@ class TestBadInput:
                 np.zeros((2, 3), np.int8), np.zeros((3, 5), np.int8), DN, target="tpu_v9"
             )
 
-    def test_complex_operand(self):
-        with pytest.raises(TypeError, match=r"^lhs: dtype complex64 is not a supported format"):
-            emulate.dot_general(np.zeros((2, 3), np.complex64), np.zeros((3, 5), np.int8), DN)
-
-    def test_bool_operand(self):
-        with pytest.raises(TypeError, match=r"^rhs: dtype bool is not a supported format"):
-            emulate.dot_general(np.zeros((2, 3), np.int8), np.zeros((3, 5), bool), DN)
+    @pytest.mark.parametrize("lhs,rhs", [(np.complex64, np.int8), (np.int8, bool)])
+    def test_jax_types_pass_through(self, lhs, rhs):
+        # A pair with a type emulate does not plan for goes to lax.dot_general as it is.
+        a = np.arange(6).reshape(2, 3).astype(lhs)
+        b = (np.arange(15).reshape(3, 5) % 2).astype(rhs)
+        got = emulate.dot_general(a, b, DN)
+        want = jax.lax.dot_general(a, b, DN)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
     def test_not_an_array(self):
+        # A list goes to JAX, which refuses it; with a format, emulate refuses it itself.
+        with pytest.raises(TypeError, match=r"^Error interpreting argument to dot_general"):
+            emulate.dot_general([[1, 2]], np.zeros((2, 5), np.int8), DN)
         with pytest.raises(
             TypeError, match=r"^lhs: expected an array \(jax or numpy\), a Packed array"
         ):
-            emulate.dot_general([[1, 2]], np.zeros((2, 5), np.int8), DN)
+            emulate.dot_general([[1, 2]], np.zeros((2, 5), np.uint8), DN, rhs_format="int4")
 
     def test_float6_result_needs_preferred_type(self):
         a = np.zeros((1, 2), ml_dtypes.float6_e3m2fn)
@@ -352,9 +358,125 @@ class TestBadInput:
         ):
             emulate.Packed(p.data, "int4", -1, 11)
 
-    def test_einsum_three_operands(self):
-        x = np.zeros((2, 2), np.int8)
+    def test_einsum_three_operands_of_a_qarray(self):
+        x = np.zeros((2, 32), np.float32)
+        wq = emulate.quantize(np.ones((32, 32), np.float32), emulate.mx.MXFP4)
         with pytest.raises(
-            ValueError, match=r"^operands: emulate.einsum contracts exactly two operands, got 3"
+            ValueError,
+            match=r"^operands: with a QArray, a Packed array or float6 codes emulate.einsum "
+            r"contracts exactly two operands named by a subscripts string, got 3 operands$",
         ):
-            emulate.einsum("ij,jk,kl->il", x, x, x)
+            emulate.einsum("ij,jk,kl->il", x, wq, wq)
+
+
+class TestPassThrough:
+    """What needs no emulation goes to JAX as it is (see tests/test_jax_cases.py for JAX's
+    own cases); these pin the rule's edges."""
+
+    @pytest.mark.parametrize("dtype", [np.int32, np.int16, np.uint32, np.float64])
+    def test_jax_types_are_jax_results(self, dtype):
+        a = np.arange(6).reshape(2, 3).astype(dtype)
+        b = np.arange(12).reshape(3, 4).astype(dtype)
+        for target in ("cpu", "tpu_v2"):
+            got = emulate.dot_general(a, b, DN, target=target)
+            want = jax.lax.dot_general(a, b, DN)
+            assert got.dtype == want.dtype
+            assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+
+    def test_int32_plan_has_no_chunk(self):
+        p = emulate.plan("int32", "int32", preferred_element_type="float32", target="tpu_v5e")
+        assert (p.method, p.k_chunk, p.out) == ("native", None, "float32")
+
+    def test_runs_as_is(self):
+        assert emulate.runs_as_is("complex64", "int8", target="tpu_v5e")
+        assert emulate.runs_as_is("bfloat16", "float16", target="tpu_v2")
+        assert emulate.runs_as_is("int8", "int8", target="tpu_v5e")
+        assert not emulate.runs_as_is("int8", "int8", target="tpu_v4")
+        assert not emulate.runs_as_is("int8", "bfloat16", target="tpu_v5e")
+
+    def test_native_pair_with_exact_chunks_is_emulated(self):
+        # int8 x int8 -> float32 on the CPU: XLA's dot would round partial sums past 2**24;
+        # emulate's plan chunks the int32 sums, so it does not pass the call through.
+        a = np.full((1, 1 << 11), 127, np.int8)
+        b = np.full((1 << 11, 1), 127, np.int8)
+        b[0, 0] = 1
+        got = emulate.dot_general(a, b, DN, preferred_element_type=jnp.float32, target="cpu")
+        exact = 127 * 127 * ((1 << 11) - 1) + 127
+        assert float(got[0, 0]) == float(np.float32(exact))
+
+    def test_matmul_promotes_as_jnp(self):
+        x = jnp.asarray([[1.5, 2.0]], jnp.bfloat16)
+        y = jnp.asarray([[3.0], [0.25]], jnp.float16)
+        assert emulate.matmul(x, y).dtype == jnp.matmul(x, y).dtype == jnp.float32
+        i8 = np.array([[100, -3]], np.int8)
+        u8 = np.array([[200], [7]], np.uint8)
+        got = emulate.matmul(i8, u8, target="tpu_v4")  # emulated: no int8 unit on v4
+        want = jnp.matmul(i8, u8)
+        assert got.dtype == want.dtype == jnp.int16
+        assert np.asarray(got).tolist() == np.asarray(want).tolist() == [[19979]]
+        # No jnp rule for int4 x int8: lax's rule (int8), where jnp.matmul raises.
+        i4 = np.array([[3, -2]], ml_dtypes.int4)
+        assert emulate.matmul(i4, np.array([[5], [4]], np.int8)).dtype == jnp.int8
+
+    def test_shape_errors_have_jax_types(self):
+        a = np.zeros((2, 3), ml_dtypes.int4)
+        b = np.zeros((4, 2), ml_dtypes.int4)
+        with pytest.raises(TypeError, match=r"^a, b: matmul contracts a's last dimension \(3\)"):
+            emulate.matmul(a, b)
+        with pytest.raises(ValueError, match=r"^a, b: matmul needs operands of at least one"):
+            emulate.matmul(np.zeros((), ml_dtypes.int4), b)
+
+    @pytest.mark.parametrize(
+        "subscripts,shapes",
+        [
+            ("ij,jk,kl->il", [(3, 4), (4, 2), (2, 5)]),
+            ("iji,i->j", [(3, 4, 3), (3,)]),
+            ("cij,cjk->cik", [(1, 4, 5), (3, 5, 6)]),
+            ("ijj,k->ik", [(2, 3, 3), (4,)]),
+            ("ab,ab,c->c", [(2, 3), (2, 3), (4,)]),
+        ],
+    )
+    def test_einsum_surface_matches_numpy_on_integers(self, subscripts, shapes):
+        rng = np.random.default_rng(8)
+        ops = [rng.integers(-128, 128, s).astype(np.int8) for s in shapes]
+        got = emulate.einsum(subscripts, *ops, preferred_element_type=jnp.int32, target="tpu_v4")
+        want = np.einsum(subscripts, *(o.astype(np.int64) for o in ops))
+        assert got.dtype == jnp.int32 and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+    def test_einsum_sublists_codes_and_optimize(self):
+        rng = np.random.default_rng(9)
+        x = rng.integers(-8, 8, (3, 4)).astype(ml_dtypes.int4)
+        y = rng.integers(-8, 8, (4, 2)).astype(ml_dtypes.int4)
+        want = x.astype(np.int64) @ y.astype(np.int64)
+        pet = jnp.int32
+        for got in (
+            emulate.einsum(x, [0, 1], y, [1, 2], [0, 2], preferred_element_type=pet),
+            emulate.einsum("ij,jk", x, y, optimize="greedy", preferred_element_type=pet),
+            emulate.einsum(
+                "ij,jk",
+                x.view(np.uint8) & 0xF,
+                y,
+                operand_formats=["int4", None],
+                preferred_element_type=pet,
+            ),
+        ):
+            assert got.dtype == jnp.int32
+            np.testing.assert_array_equal(got, want)
+
+    def test_out_sharding(self):
+        from jax.sharding import AxisType
+        from jax.sharding import PartitionSpec as P
+
+        mesh = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Explicit,))
+        a = jnp.ones((4, 3), jnp.int4)
+        b = jnp.ones((3, 2), jnp.int4)
+        spec = P("x", None)
+        with jax.set_mesh(mesh):
+            want = jax.lax.dot_general(jnp.ones((4, 3)), jnp.ones((3, 2)), DN, out_sharding=spec)
+            for got in (
+                emulate.dot_general(a, b, DN, out_sharding=spec, target="tpu_v4"),
+                emulate.matmul(a, b, out_sharding=spec, target="tpu_v4"),
+                emulate.einsum("ij,jk", a, b, out_sharding=spec, target="tpu_v4"),
+            ):
+                assert got.sharding == want.sharding

@@ -48,6 +48,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "emulate.engine",
             "emulate.engine.operands",
+            "emulate.engine.passthrough",
             "emulate.engine.layout",
             "emulate.engine.contract",
             "emulate.engine.exact",

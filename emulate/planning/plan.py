@@ -16,6 +16,9 @@ cut into chunks of that length and the chunk sums combined exactly in int32 limb
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
+
+import numpy as np
 
 from emulate import formats, targets
 from emulate.formats import Format, FormatLike
@@ -30,7 +33,7 @@ from emulate.planning.exactness import (
     max_quanta,
 )
 
-__all__ = ["MODES", "Plan", "plan"]
+__all__ = ["MODES", "Plan", "plan", "runs_as_is"]
 
 MODES = ("fast", "exact")
 
@@ -134,6 +137,11 @@ class Plan:
             )
         elif self.exact:
             lines.append("  numerics: exact; the result is the exact sum rounded once")
+        elif self.lhs not in _PLANNED:
+            lines.append(
+                f"  numerics: XLA's own {self.lhs} dot, as lax.dot_general runs it (the sum "
+                "wraps in int32)"
+            )
         else:
             lines.append(
                 "  numerics: bounded; |r - exact| <= gamma_K * sum|a*b| + underflow term, "
@@ -197,6 +205,10 @@ def plan(
       TypeError: operand types ``lax.dot_general`` itself rejects.
       NotImplementedError: ``mode="exact"`` for a pair it does not cover (int32 operands;
         float pairs are all covered).
+
+    int32 x int32 gets a "native" plan on every target (XLA's own integer dot, the sum
+    wrapped in int32; not exact for a float ``preferred_element_type``): the front ends
+    hand such pairs to JAX as they are (:func:`runs_as_is`).
     """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
@@ -231,13 +243,11 @@ def plan(
     # Largest |product| in units of the common quantum 2**-(ka + kb).
     # exact_class(a, b) is ``ka is not None and kb is not None``, spelt out for the checker.
     prod = max_quanta(a, ka) * max_quanta(b, kb) if ka is not None and kb is not None else 0
+    # Integers outside the exact class (int32) have no exact chunk: XLA's own integer dot.
+    int_chunk = None if wraps or not prod else I32_EXACT // prod
     cands = [
-        _native(t, a, b, exact, ints, None if wraps or not ints else I32_EXACT // prod),
-        *(
-            [_int8(t, a, b, ka, kb, None if wraps else I32_EXACT // prod)]
-            if ka is not None and kb is not None
-            else []
-        ),
+        _native(t, a, b, exact, ints, int_chunk if ints else None),
+        *([_int8(t, a, b, ka, kb, int_chunk)] if ka is not None and kb is not None else []),
         _widen(t, a, b, "bf16", "bfloat16", ka, kb, prod, exact),
         _widen(t, a, b, "f32", "float32", ka, kb, prod, exact),
     ]
@@ -263,6 +273,43 @@ def plan(
 
 
 _PLATFORMS = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}
+
+#: The operand types emulate plans for: the low-precision formats and the wide floats.
+_PLANNED = formats.LOW_PRECISION + formats.WIDE_FLOATS
+
+
+def _type_name(x: FormatLike | Any) -> str:
+    try:
+        return formats.get(x).name
+    except (TypeError, ValueError):
+        return np.dtype(x).name
+
+
+def runs_as_is(
+    lhs: FormatLike | Any, rhs: FormatLike | Any, *, target: targets.TargetLike = None
+) -> bool:
+    """Whether a dot or convolution of ``lhs``-typed by ``rhs``-typed operands is left to
+    JAX as it is on ``target``: the question :func:`emulate.polyfill` asks of every site,
+    and the first one the front ends ask.
+
+    True when neither operand is a low-precision format (JAX's own types: int32, int16,
+    bool, complex64, float64, bfloat16 x float16, ...), when one is low-precision and the
+    other is a type emulate does not plan for (int32, float64, complex64, ...: JAX converts
+    the low-precision operand exactly to it), and when the target runs the pair natively.
+    False otherwise: a pair of the low-precision formats and the wide floats that the
+    target lacks.
+
+    Args:
+      lhs, rhs: dtypes (any numpy / ml_dtypes / jnp dtype), format names or Formats.
+      target: a target name or Target; default the current one.
+    """
+    a, b = _type_name(lhs), _type_name(rhs)
+    low = formats.LOW_PRECISION
+    if a not in low and b not in low:
+        return True
+    if a not in _PLANNED or b not in _PLANNED:
+        return True
+    return targets.current_target(target).supports(a, b)
 
 
 def _sliceable(f: Format) -> bool:
@@ -352,6 +399,8 @@ def _native(t, a: Format, b: Format, exact: bool, ints: bool, chunk: int | None)
         why = "mixed pair; decoded to one type instead"
     elif exact and not ints:
         why = f"{a.name} takes the exact integer route"
+    elif a.name not in _PLANNED:
+        why = "ok"  # int32 with itself: XLA's own integer dot, on every target
     elif not t.supports(a.name, b.name):
         why = f"{t.name} has no {a.name} x {b.name} unit"
     else:

@@ -1,0 +1,72 @@
+"""Which front-end calls go to JAX unchanged: the calls emulate has nothing to add to.
+
+A drop-in behaves as what it replaces wherever emulate has nothing to add: a call whose
+operands are plain arrays of JAX's own types, or a low-precision pair the target runs
+natively with a plan that is the native dot and nothing more, is handed to
+``lax.dot_general`` / ``jnp.matmul`` / ``lax.conv_general_dilated`` / ``jnp.einsum`` as it
+is, so result types, values and exceptions are JAX's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from emulate import formats
+from emulate.engine.operands import Operand
+from emulate.formats import FormatLike
+from emulate.numerics.storage import Packed, is_array
+from emulate.planning.plan import plan, runs_as_is
+from emulate.quant import QArray
+from emulate.targets import TargetLike
+
+__all__ = ["PLANNED", "is_plain", "passes_through"]
+
+#: The operand types emulate plans for: the low-precision formats and the wide floats.
+PLANNED: tuple[str, ...] = formats.LOW_PRECISION + formats.WIDE_FLOATS
+
+
+def is_plain(x: Any) -> bool:
+    """Whether ``x`` is what JAX itself takes (not a QArray, Packed array or Operand)."""
+    return not isinstance(x, (QArray, Packed, Operand))
+
+
+def passes_through(
+    lhs: Any,
+    rhs: Any,
+    lhs_format: FormatLike | None,
+    rhs_format: FormatLike | None,
+    target: TargetLike,
+    mode: str,
+    preferred_element_type: FormatLike | None,
+) -> bool:
+    """Whether a dot or convolution call goes to JAX unchanged.
+
+    True in mode "fast" for plain operands (no formats given, no QArray or Packed array)
+    that are not both arrays (Python scalars, lists: JAX's rules and errors), or whose
+    dtypes :func:`emulate.runs_as_is` on ``target`` and, where one is a low-precision
+    format and both are types emulate plans for, whose plan is the native dot with no
+    exact K-chunking and no host fallback (or no plan at all: a ``preferred_element_type``
+    emulate does not plan for, which JAX then takes or refuses). False in mode "exact"
+    (every covered pair gets the exact sum), and for anything emulate must decode.
+    """
+    if mode != "fast" or lhs_format is not None or rhs_format is not None:
+        return False
+    if not (is_plain(lhs) and is_plain(rhs)):
+        return False
+    if not (is_array(lhs) and is_array(rhs)):
+        return True
+    la, lb = np.dtype(lhs.dtype).name, np.dtype(rhs.dtype).name
+    if not runs_as_is(la, lb, target=target):
+        return False
+    low = formats.LOW_PRECISION
+    if la not in PLANNED or lb not in PLANNED or not (la in low or lb in low):
+        return True
+    try:
+        p = plan(la, lb, target=target, preferred_element_type=preferred_element_type, mode=mode)
+    except (TypeError, ValueError, NotImplementedError):
+        # A native pair with a result type emulate does not plan (int16, float64) or
+        # refuses (an integer result of floats): JAX's own result or error.
+        return True
+    return p.method == "native" and p.fallback is None and p.k_chunk is None

@@ -17,6 +17,10 @@ it times, in one process and interleaved (A B C A B C ... after two warm-up call
   (e) exact        the same with ``mode="exact"``; "n/a" where it is not built
   (f) decode only  ``emulate.decode(w, to=bf16)`` of the weight as (d) takes it, no dot
                    (bf16-activation pairs only): what the decode alone costs
+  (g) copy         ``x + 1`` on a uint32 array of as many bytes as the packed weight
+                   (packed pairs at M = 1 only), as benchmarks/decode.py's copy: it reads
+                   and writes every byte, so half its time is the time to read the packed
+                   weight at the copy bandwidth, the floor of a memory-bound matvec
 
 Every contender is ``jax.jit(f).lower(x, w).compile()``-d once; the compiled program is
 what is timed, and its ``memory_analysis().temp_size_in_bytes`` is the "temp" figure.
@@ -142,6 +146,7 @@ CONTENDERS = (
     Contender("fast_unpacked", "(d') fast, unpacked", "(d) on the unpacked 4-bit array"),
     Contender("exact", "(e) emulate exact", "emulate.dot_general, mode exact, target cpu"),
     Contender("decode", "(f) decode only", "emulate.decode(w, to=bf16), no dot"),
+    Contender("copy", "(g) copy", "x + 1 on uint32 words of the packed weight's bytes"),
 )
 LABELS = {c.key: c.label for c in CONTENDERS}
 COLORS = {c.key: f"C{i}" for i, c in enumerate(CONTENDERS)}
@@ -308,6 +313,10 @@ def build_cases(pair: Pair, shape: tuple[int, int, int], seed: int = 0) -> list[
     cases.append(Case(pair, shape, "exact", exact, (x, w_emu)))
     if pair.lhs == "bfloat16":
         cases.append(Case(pair, shape, "decode", decode, (w_emu,)))
+    if pair.packed and m == 1:
+        nbytes = int(w_emu.nbytes)
+        words = jax.device_put(rng.integers(0, 1 << 32, size=-(-nbytes // 4), dtype=np.uint32))
+        cases.append(Case(pair, shape, "copy", lambda u: u + 1, (words,)))
     return cases
 
 
@@ -355,7 +364,8 @@ def storage_rows(k: int, n: int) -> list[dict[str, Any]]:
 
 
 def goals(rows: Sequence[dict[str, Any]], storage: Sequence[dict[str, Any]]) -> list[dict]:
-    """Goals 1 to 3 of issue 9, measured on these rows (goal 4 is benchmarks/decode.py's)."""
+    """Goals 1 to 3 of issue 9 (goal 4 is benchmarks/decode.py's) and the CPU goals of
+    issue 16, measured on these rows."""
     fast = [
         r
         for r in rows
@@ -389,7 +399,41 @@ def goals(rows: Sequence[dict[str, Any]], storage: Sequence[dict[str, Any]]) -> 
                 f"storage of {bits}-bit formats, bytes/element", limit, got, "bytes_per_element", ""
             )
         )
-    return out
+    return out + issue16_goals(rows)
+
+
+def issue16_goals(rows: Sequence[dict[str, Any]]) -> list[dict]:
+    """Issue 16's CPU goals: packed int4's ratio over packed fp4's at each shape (at most
+    1), and at M = 1 emulate fast's time over the time to read the packed weight at the
+    copy bandwidth (half of (g): the copy reads and writes every byte), at most 1.5."""
+    ok = {
+        (r["pair"], r["M"], r["K"], r["N"], r["contender"]): r
+        for r in rows
+        if r["status"] == "ok" and r.get("median_s")
+    }
+    int4_fp4 = []
+    read = []
+    for (pair, m, k, n, contender), r in ok.items():
+        if contender != "fast":
+            continue
+        fp4 = ok.get(("float4_e2m1fn", m, k, n, "fast"))
+        if pair == "int4" and fp4 is not None and r.get("ratio") and fp4.get("ratio"):
+            int4_fp4.append({**r, "int4_over_fp4": r["ratio"] / fp4["ratio"]})
+        copy = ok.get((pair, m, k, n, "copy"))
+        if m == 1 and copy is not None:
+            read.append({**r, "over_read": r["median_s"] / (copy["median_s"] / 2)})
+    return [
+        _goal(
+            "packed int4 ratio / packed fp4 ratio (issue 16)", 1.0, int4_fp4, "int4_over_fp4", "x"
+        ),
+        _goal(
+            "fast, M = 1 / reading the packed weight at copy bandwidth (issue 16)",
+            1.5,
+            read,
+            "over_read",
+            "x",
+        ),
+    ]
 
 
 def _goal(label: str, limit: float, got: Sequence[dict], key: str, unit: str) -> dict:
@@ -522,7 +566,7 @@ def markdown(report: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "## Goals (issue 9)",
+        "## Goals (issues 9 and 16)",
         "",
         "| goal | limit | worst measured | where | met |",
         "|---|---|---|---|---|",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +63,8 @@ def _check_correctly_rounded(lhs, rhs, target, layout, data):
 CASES = [(a, b, TARGETS[i % 3], i % 2) for i, (a, b) in enumerate(SLICED)] + [
     ("float8_e4m3fn", "float8_e4m3fn", t, 1) for t in TARGETS[1:]
 ]
+# e5m2 on int8 digits, alone and against per-row bfloat16 (the pairs of issue 16)
+CASES += [("float8_e5m2", "float8_e5m2", "tpu_v5e", 1), ("bfloat16", "float8_e5m2", "tpu_v5e", 0)]
 
 
 @pytest.mark.parametrize("lhs,rhs,target,layout", CASES)
@@ -187,12 +190,17 @@ def test_same_bits_across_chunks_batches_and_layouts():
 def test_plan_reports_the_slicing():
     p = emulate.plan("float8_e4m3fn", "float8_e4m3fn", target="tpu_v5e", mode="exact")
     assert p.method == "sliced-int8" and p.exact
-    sa = slicing.slicing("float8_e4m3fn", p.slicing[0])
-    # e4m3fn: quanta 2**-9 .. 2**5 (15 exponents); int8 slices hold 4 exponents each.
-    assert (sa.q_min, sa.q_max, sa.width, sa.count) == (-9, 5, 4, 4)
-    assert sa.max_int == 15 * 8 <= 127
+    sa, sb = p.slicings()
+    # e4m3fn: quanta 2**-9 .. 2**5 (15 exponents); int8 exponent windows hold 4 each (4
+    # slices), but every |v| / 2**-9 is an integer up to 448 * 2**9 < 2**18, which three
+    # balanced 7-bit digits (each in [-64, 64]) cover: 3 slices.
+    windows = slicing.slicing("float8_e4m3fn", 4)
+    assert (windows.q_min, windows.q_max, windows.width, windows.count) == (-9, 5, 4, 4)
+    assert windows.max_int == 15 * 8 <= 127
+    assert sa == sb and sa.digits and (sa.width, sa.count, sa.max_int) == (7, 3, 64)
+    assert p.k_chunk == (2**31 - 1) // (64 * 64)
     text = p.explain()
-    assert "exponent slicing: lhs 4 slices of 4 exponents, rhs 4 of 4: 16 passes" in text
+    assert "exponent slicing: lhs 3 slices of 7-bit digits, rhs 3 of 7-bit digits: 9 passes" in text
     assert "numerics: exact" in text
     assert "result: the exact sum (16-bit limbs) rounded once into float8_e4m3fn" in text
     assert "from int32" not in text
@@ -200,17 +208,22 @@ def test_plan_reports_the_slicing():
 
 def test_route_choice_counts_the_chunk_sums():
     # The CPU states no rates: the route with the least passes-plus-combination cost wins,
-    # int8 slices (one chunk of 149130) over bf16 slices (9 passes, but chunks of 291).
+    # int8 digits (9 passes, one chunk of 524287) over bf16 slices (8 passes: 4 digits of
+    # 5 bits, at most 16, times 2 exponent windows of 8, at most 15 * 2**7, but chunks of
+    # 2**24 // (16 * 1920) = 546).
     cpu = emulate.plan("float8_e4m3fn", "float8_e4m3fn", target="cpu", mode="exact")
-    assert cpu.method == "sliced-int8" and cpu.k_chunk == 149130
-    sa, sb = (slicing.slicing("float8_e4m3fn", w) for w in (5, 5))
+    assert cpu.method == "sliced-int8" and cpu.k_chunk == 524287
+    sa = slicing.slicing("float8_e4m3fn", 5, digits=True)
+    sb = slicing.slicing("float8_e4m3fn", 8)
+    assert (sa.count, sa.max_int, sb.count, sb.max_int) == (4, 16, 2, 1920)
     assert (
-        slicing.cost(sa, sb, 291)
-        == 9 * (1 + slicing.CHUNK_COST / 291)
-        > 16 * (1 + slicing.CHUNK_COST / 149130)
+        slicing.cost(sa, sb, 546)
+        == 8 * (1 + slicing.CHUNK_COST / 546)
+        > 9 * (1 + slicing.CHUNK_COST / 524287)
     )
     v4 = emulate.plan("float8_e4m3fn", "float8_e4m3fn", target="tpu_v4", mode="exact")
-    assert v4.method == "sliced-bf16" and v4.slicing == (5, 5) and v4.k_chunk == 291
+    assert v4.method == "sliced-bf16" and v4.k_chunk == 546
+    assert v4.slicing == (5, 8) and v4.slice_digits == (True, False)
 
 
 def test_every_slicing_keeps_chunk_sums_exact():
@@ -237,6 +250,82 @@ def test_every_slicing_keeps_chunk_sums_exact():
                 np.testing.assert_array_equal(total, v)
                 for p in parts:
                     assert np.all(p == np.round(p)) and np.abs(p).max() <= s.max_int
+
+
+DIGIT_FORMATS = [
+    n for n in formats.LOW_PRECISION if formats.get(n).is_float and formats.get(n).has_subnormals
+]
+
+
+@pytest.mark.parametrize("name", DIGIT_FORMATS)
+def test_digit_slices_rebuild_every_code(name):
+    # Oracle: Python integers. Every finite value over 2**q_min is an integer V; its digit
+    # slices, scaled by 2**(width * i), must add up to it with the value's sign, each digit
+    # within max_int; and one digit fewer must not reach the format's largest V.
+    f = formats.get(name)
+    codes = np.array(et.finite_codes(f), np.uint8)
+    values = [Fraction(float(x)) for x in codes.view(f.dtype).astype(np.float64)]
+    decoded = emulate.decode(jnp.asarray(codes), name, to=jnp.float32)
+    widths = 0
+    for w in range(1, 17):
+        try:
+            s = slicing.slicing(name, w, digits=True)
+        except ValueError:
+            continue
+        widths += 1
+        largest = max(abs(v) for v in values) / Fraction(2) ** s.q_min
+        assert largest.denominator == 1 and largest <= s.largest < 2**32
+        parts = np.stack(
+            [np.asarray(x, np.int64) for x in exact.static_slices(decoded, s, "float32")]
+        )
+        assert parts.shape[0] == s.count and np.abs(parts).max() <= s.max_int == 2 ** (w - 1)
+        for j, v in enumerate(values):
+            total = sum(int(parts[i, j]) << (w * i) for i in range(s.count))
+            assert Fraction(total) * Fraction(2) ** s.q_min == v, (w, v)
+        if s.count > 1:  # no fewer digits would do: the most count - 1 of them hold
+            half, n = 2 ** (w - 1), s.count - 1
+            most = (half << (w * (n - 1))) + sum((half - 1) << (w * i) for i in range(n - 1))
+            assert most < s.largest
+    assert widths > 0 or name == "float8_e5m2fnuz"  # its |v| / 2**q_min reaches 2**32
+
+
+# e5m2 on the int8 route (7-bit digits) and the bf16 route (9-bit digits), against every
+# finite code at once: each digit slice holds elements of some rows and not of others.
+@pytest.mark.parametrize("target", ["tpu_v5e", "tpu_v4"])
+def test_e5m2_digits_over_the_whole_exponent_range(target):
+    f = formats.get("float8_e5m2")
+    finite = np.array(et.finite_codes(f), np.uint8)
+    rng = np.random.default_rng(5)
+    k = finite.size
+    rows = [
+        finite,  # every finite code: every digit of every width occupied
+        rng.permutation(finite),
+        np.full(k, finite[np.argmax(finite.view(E5).astype(np.float32))]),  # +max only
+        np.where(np.arange(k) % 2 == 0, 0x01, 0x81).astype(np.uint8),  # +-min subnormal
+        np.zeros(k, np.uint8),
+        np.where(np.arange(k) < 3, finite[-1], 0x00).astype(np.uint8),  # a few elements
+    ]
+    a = np.stack(rows).view(E5)
+    cols = [rng.permutation(finite) for _ in range(3)]
+    cols.append(np.full(k, 0x7B, np.uint8))  # 57344, e5m2's max
+    cols.append(np.where(np.arange(k) % 3 == 0, 0x01, 0x00).astype(np.uint8))
+    b = np.stack(cols, axis=1).view(E5)
+    want = reference.dot_general(a, b, DN, preferred_element_type=np.float32)
+    got = _exact_f32(a, b, target)
+    assert same_bits(got, want)
+    # the same bits with short chunks, without jit, and row by row
+    p = emulate.plan("float8_e5m2", "float8_e5m2", target=target, mode="exact")
+    assert p.slice_digits == (True, True)
+    av, bv = (emulate.decode(x, to=jnp.float32) for x in (a, b))
+    q = dataclasses.replace(p, k_chunk=37, out="float32")
+    np.testing.assert_array_equal(
+        jax.jit(lambda x, y: exact.contract(q, x, y, DN, None))(av, bv), got
+    )
+    with jax.disable_jit():
+        np.testing.assert_array_equal(exact.contract(q, av[:2], bv, DN, None), got[:2])
+    bf = np.asarray(a.astype(np.float32) * np.float32(2.0**-20)).astype(BF)
+    want_bf = reference.dot_general(bf, b, DN, preferred_element_type=np.float32)
+    assert same_bits(_exact_f32(bf, b, target), want_bf)
 
 
 def test_int32_operands_in_exact_mode_are_not_built():

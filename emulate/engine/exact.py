@@ -48,7 +48,7 @@ from emulate.engine.layout import result_shape, to_bkn, to_bmk
 from emulate.numerics import accumulate
 from emulate.numerics.bits import f32_bits, split_f32
 from emulate.planning.exactness import F32_EXACT, I32_EXACT, MAX_CHUNKS
-from emulate.planning.slicing import Slicing, slicing
+from emulate.planning.slicing import Slicing
 
 __all__ = ["contract", "static_slices"]
 
@@ -60,8 +60,10 @@ _NONE = -(1 << 20)  # "no bits": the top exponent of a zero residual
 
 def static_slices(v: jax.Array, s: Slicing, compute: str) -> list[jax.Array]:
     """Split decoded f32 values (NaN and Inf already zeroed) into integer-valued slices
-    (static slicing)."""
+    (static slicing: exponent windows, or balanced digits)."""
     bits = lax.bitcast_convert_type(v, jnp.uint32)
+    if s.digits:
+        return _digit_slices(bits, s, compute)
     biased = ((bits >> 23) & 0xFF).astype(jnp.int32)
     e = jnp.maximum(biased - 127 - (s.p - 1), s.q_min)
     index = (e - s.q_min) // s.width
@@ -71,6 +73,40 @@ def static_slices(v: jax.Array, s: Slicing, compute: str) -> list[jax.Array]:
         part = jnp.where(index == i, v * jnp.float32(2.0**-base), 0.0)
         out.append(part.astype(compute))
     return out
+
+
+def _digit_slices(bits: jax.Array, s: Slicing, compute: str) -> list[jax.Array]:
+    """The balanced base-``2**width`` digits of ``|v| / 2**q_min`` (an integer below 2**32:
+    every value of the format is a multiple of ``2**q_min``), lowest first, each with the
+    value's sign, from the f32 bits: uint32 shifts and masks, no float operation."""
+    neg, u = _digit_word(bits, s)
+    half = 1 << (s.width - 1)
+    mask = jnp.uint32((1 << s.width) - 1)
+    out = []
+    for i in range(s.count):
+        d = u >> jnp.uint32(s.width * i)  # the top digit: at most 2**(width - 1)
+        if i < s.count - 1:
+            d = (d & mask).astype(jnp.int32) - half
+        else:
+            d = d.astype(jnp.int32)
+        d = jnp.where(neg, -d, d)
+        out.append(d.astype(compute))
+    return out
+
+
+def _digit_word(bits: jax.Array, s: Slicing) -> tuple[jax.Array, jax.Array]:
+    """``(negative, V + offset)`` (uint32) of the values given by their f32 bits: the
+    plain base-``2**width`` digits of the second are the balanced digits of ``V`` plus
+    ``2**(width - 1)`` each (but the top one)."""
+    neg, m, e = split_f32(bits)
+    sh = e - s.q_min  # V = m * 2**sh; m's trailing zeros cover a negative sh
+    mu = m.astype(jnp.uint32)
+    v = jnp.where(
+        sh >= 0,
+        mu << jnp.clip(sh, 0, 31).astype(jnp.uint32),
+        mu >> jnp.clip(-sh, 0, 31).astype(jnp.uint32),
+    )
+    return neg, v + jnp.uint32(s.offset)  # below 2**32 (slicing checks it)
 
 
 def _top(m: jax.Array, e: jax.Array) -> jax.Array:
@@ -277,12 +313,16 @@ class _Side:
     axis: int  # the contracting axis: 2 for the lhs (B, M, K), 1 for the rhs (B, K, N)
 
     def first(self):
-        """The first block: (slices, base exponent, residual or None)."""
+        """The first block: (slices concatenated along the free axis, as the dot takes
+        them, base exponent, residual or None)."""
+        cat = 1 if self.axis == 2 else 2
         if not self.s.dynamic:  # low-precision values: normal in f32, float ops are safe
             v = lax.bitcast_convert_type(self.bits, jnp.float32)
-            return static_slices(v, self.s, self.compute), self.s.q_min, None
+            sl = static_slices(v, self.s, self.compute)
+            return jnp.concatenate(sl, axis=cat), self.s.q_min, None
         neg, m, e = split_f32(self.bits)
-        return _row_slices(neg, m, e, self.s, self.compute, self.axis)
+        sl, base, res = _row_slices(neg, m, e, self.s, self.compute, self.axis)
+        return jnp.concatenate(sl, axis=cat), base, res
 
     def split(self):
         return split_f32(self.bits)
@@ -301,8 +341,7 @@ def contract(plan, lhs_values, rhs_values, dimension_numbers, precision) -> jax.
     values that are exact in the compute type.
     """
     del precision
-    sa = slicing(plan.lhs, plan.slicing[0])
-    sb = slicing(plan.rhs, plan.slicing[1])
+    sa, sb = plan.slicings()
     compute = plan.lhs_compute
     (lc, rc), (lb, rb) = dimension_numbers
     a3 = to_bmk(lhs_values, lb, lc)  # (B, M, K)
@@ -368,7 +407,6 @@ def _sliced_sum(bits, *, plan, sa: Slicing, sb: Slicing, k: int, residual: bool)
     sl_a, base_a, res_a = side_a.first()
     sl_b, base_b, res_b = side_b.first()
     # Concatenated once: the dot's operands, reused by the further blocks.
-    sl_a, sl_b = jnp.concatenate(sl_a, axis=1), jnp.concatenate(sl_b, axis=2)
     negative, mag = block(sl_a, sl_b)
     q0 = _q0(base_a, base_b)
     if not residual:

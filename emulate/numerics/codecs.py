@@ -90,8 +90,12 @@ def _decode_codes(codes: jax.Array, name: str, to: str) -> jax.Array:
     if not f.is_low_precision:
         return from_codes(codes, f).astype(out)
     if f.is_integer:
-        return decode_int_bits(codes, f).astype(out)
-    bits32 = decode_float_bits(codes, f)
+        if out in (np.dtype(jnp.float32), np.dtype(jnp.bfloat16)):
+            bits32 = _int_float_bits(codes, f)
+        else:
+            return decode_int_bits(codes, f).astype(out)
+    else:
+        bits32 = decode_float_bits(codes, f)
     if out == np.dtype(jnp.float32):
         return lax.bitcast_convert_type(bits32, jnp.float32)
     return lax.bitcast_convert_type((bits32 >> 16).astype(jnp.uint16), jnp.bfloat16)
@@ -121,6 +125,21 @@ def decode_int_bits(codes: jax.Array, f: Format) -> jax.Array:
         sign = 1 << (f.bits - 1)
         c = (c ^ sign) - sign
     return c
+
+
+def _int_float_bits(codes: jax.Array, f: Format) -> jax.Array:
+    """The f32 bit pattern (uint32) of every code of integer format ``f`` (at most 8 bits).
+
+    The code, offset to be non-negative, is put in the low mantissa bits of 2**23 and
+    2**23 plus the offset is subtracted: one exact f32 subtraction instead of an int -> float
+    convert, which XLA's CPU backend runs about 2.5x slower (into bf16 the more so). Every
+    value has at most 8 significant bits, so the low 16 bits of the result are zero and its
+    top 16 bits are the bf16 value, exactly.
+    """
+    offset = 1 << (f.bits - 1) if f.signed else 0
+    u = (codes.astype(jnp.uint32) ^ _u32(offset)) | _u32(0x4B000000)
+    x = lax.bitcast_convert_type(u, jnp.float32) - jnp.float32(2**23 + offset)
+    return lax.bitcast_convert_type(x, jnp.uint32)
 
 
 def decode_float_bits(codes: jax.Array, f: Format) -> jax.Array:

@@ -71,6 +71,8 @@ class Plan:
       slicing: for mode "exact" outside the exact class (methods ``sliced-int8``,
         ``sliced-bf16``, ``sliced-f32``), the exponent slice widths of lhs and rhs (see
         :mod:`emulate.planning.slicing`); None otherwise.
+      slice_digits: with ``slicing``, whether each side is cut into balanced digits
+        rather than exponent windows.
     """
 
     target: str
@@ -92,6 +94,16 @@ class Plan:
     fallback: Plan | None = None
     platform: str = "cpu"
     slicing: tuple[int, int] | None = None
+    slice_digits: tuple[bool, bool] = (False, False)
+
+    def slicings(self) -> tuple[exponent_slicing.Slicing, exponent_slicing.Slicing]:
+        """The lhs and rhs :class:`~emulate.planning.slicing.Slicing` of a sliced plan."""
+        if self.slicing is None:
+            raise ValueError(f"plan: {self.lhs} x {self.rhs} ({self.method}) is not sliced")
+        return (
+            exponent_slicing.slicing(self.lhs, self.slicing[0], self.slice_digits[0]),
+            exponent_slicing.slicing(self.rhs, self.slicing[1], self.slice_digits[1]),
+        )
 
     def explain(self) -> str:
         """The plan and the reasons for it, in plain words."""
@@ -107,11 +119,14 @@ class Plan:
                 f"an integer; the sum is scaled back by 2^-{self.lhs_scale + self.rhs_scale}"
             )
         if self.slicing is not None:
-            sa = exponent_slicing.slicing(self.lhs, self.slicing[0])
-            sb = exponent_slicing.slicing(self.rhs, self.slicing[1])
+            sa, sb = self.slicings()
+
+            def unit(s: exponent_slicing.Slicing) -> str:
+                return f"{s.width}-bit digits" if s.digits else f"{s.width} exponents"
+
             lines.append(
-                f"  exponent slicing: lhs {sa.count} slices of {sa.width} exponents, rhs "
-                f"{sb.count} of {sb.width}: {sa.count * sb.count} passes, each chunk of\n"
+                f"  exponent slicing: lhs {sa.count} slices of {unit(sa)}, rhs "
+                f"{sb.count} of {unit(sb)}: {sa.count * sb.count} passes, each chunk of\n"
                 f"    {self.k_chunk} exact; all sums added exactly in 16-bit limbs"
             )
             for side, s in (("lhs", sa), ("rhs", sb)):
@@ -343,12 +358,14 @@ def _sliced(t, a: Format, b: Format, out: Format, mode: str) -> Plan:
             assert sa is not None and sb is not None and chunk is not None  # ok: chosen
             # Unknown rates count alike.
             cost = exponent_slicing.cost(sa, sb, chunk) / (rate or 1.0)
-            options.append((cost, len(options), cands[-1], (sa.width, sb.width)))
+            options.append(
+                (cost, len(options), cands[-1], ((sa.width, sb.width), (sa.digits, sb.digits)))
+            )
     if not options:
         raise ValueError(f"lhs/rhs: no exact route for {a.name} x {b.name} on target {t.name}")
-    _, _, best, widths = min(options)
+    _, _, best, (widths, digits) = min(options)
     plan_ = _make(t, a, b, out, mode, True, 0, dataclasses.replace(best, k_chunk=None), cands)
-    return dataclasses.replace(plan_, slicing=widths, k_chunk=best.k_chunk)
+    return dataclasses.replace(plan_, slicing=widths, slice_digits=digits, k_chunk=best.k_chunk)
 
 
 def _make(t, a, b, out, mode, exact, prod, c, cands, fallback=None) -> Plan:

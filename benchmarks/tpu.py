@@ -371,8 +371,10 @@ def measure(
         pair = PAIRS[name]
         progs = programs(pair, shape, generation)
         for key in contenders:
+            cached = ""
             if key == "floor":
                 cache_key = (generation, shape)
+                cached = " (compiled once per shape)" if cache_key in floor_cache else ""
                 if cache_key not in floor_cache:
                     floor_cache[cache_key] = measure_one(pair, shape, generation, key, *progs[key])
                 row = {
@@ -385,7 +387,7 @@ def measure(
                 row = measure_one(pair, shape, generation, key, *progs[key])
             log(
                 f"  {generation} {name} {shape[0]}x{shape[1]}x{shape[2]} {key}: "
-                f"{row['status']} {row.get('compile_s', 0):.1f} s"
+                f"{row['status']} {row.get('compile_s', 0):.1f} s{cached}"
             )
             rows.append(row)
     return rows

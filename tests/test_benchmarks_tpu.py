@@ -84,7 +84,7 @@ def test_figures_obey_what_any_compiled_dot_does(rows):
 
 def test_ratios_are_the_quotients_of_the_figures(rows):
     floor = rows["floor"]
-    for key, r in rows.items():
+    for r in rows.values():
         assert r["bytes_over_stored"] == r["bytes"] / r["stored_bytes"]
         assert r["temp_over_decoded_weight"] == r["temp_bytes"] / (2 * K * N)
         assert r["bytes_ratio"] == r["bytes"] / floor["bytes"]

@@ -470,6 +470,7 @@ def _cell(r: dict[str, Any] | None) -> str:
         return ""
     if r["status"] != "ok":
         reason = r["reason"] if len(r["reason"]) <= 80 else r["reason"][:77] + "..."
+        reason = reason.replace("|", "\\|")
         return f"{r['status']}: {reason}"
     mark = "†" if r.get("kernel") else ""
     parts = [f"{_mb(r['bytes'])}{mark} MB"]
@@ -493,6 +494,49 @@ def _present(rows: Sequence[dict[str, Any]]) -> list[str]:
     return [c.key for c in CONTENDERS if c.key in have]
 
 
+def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown lines: per shape, pair and generation, (d) emulate fast's estimate over
+    (c)'s and over (a)'s, and its bytes accessed over the operands as stored plus result."""
+    gens = list(dict.fromkeys(r["generation"] for r in rows))
+    fast = {
+        (r["generation"], r["pair"], r["M"], r["K"], r["N"]): r
+        for r in rows
+        if r["contender"] == "fast"
+    }
+    if not fast:
+        return []
+    lines = [
+        "## Summary: (d) emulate fast",
+        "",
+        "Each cell: the compiler's estimate for (d) over that for (c) XLA's mixed dot / over "
+        "that for (a); bytes accessed by (d) over the operands as stored plus the result; "
+        "temporaries of (d) over one bf16 copy of the weight.",
+        "",
+        "| pair | M x K x N | " + " | ".join(gens) + " |",
+        "|---|---|" + "---|" * len(gens),
+    ]
+    keys = dict.fromkeys((k[1], k[2], k[3], k[4]) for k in fast)
+    for pair, m, k, n in keys:
+        cells = []
+        for gen in gens:
+            r = fast.get((gen, pair, m, k, n))
+            if r is None:
+                cells.append("")
+            elif r["status"] != "ok":
+                cells.append(r["status"])
+            else:
+                cells.append(
+                    f"{_x(r.get('estimate_over_xla'))} / {_x(r.get('estimate_ratio'))}; "
+                    f"{_x(r.get('bytes_over_stored'))}; {_x(r['temp_over_decoded_weight'])}"
+                )
+        lines.append(f"| {PAIRS[pair].title} | {m}x{k}x{n} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _x(v: float | None) -> str:
+    return "?" if v is None else f"{v:.2f}"
+
+
 def markdown(report: dict[str, Any]) -> str:
     rows = report["results"]
     env = report["environment"]
@@ -512,6 +556,7 @@ def markdown(report: dict[str, Any]) -> str:
         "ops around it; the compiler gives no estimate for a Pallas custom call.",
         "",
     ]
+    lines += summary(rows)
     for gen in dict.fromkeys(r["generation"] for r in rows):
         lines += [
             f"## {gen}",
@@ -736,7 +781,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(default benchmarks/results/tpu.json)",
     )
     p.add_argument("--no-json", action="store_true", help="write no files, only print")
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        metavar="PATH",
+        help="compile nothing: redraw the markdown and the PNG of an earlier run's JSON "
+        "(written beside PATH)",
+    )
     args = p.parse_args(argv)
+    if args.from_json is not None:
+        report = json.loads(args.from_json.read_text())
+        md = markdown(report)
+        print(md)
+        args.from_json.with_suffix(".md").write_text(md)
+        png = plot(report, args.from_json.with_suffix(".png"))
+        if png is not None:
+            print(f"wrote {png}")
+        return 0
     try:
         offered = compiler.generations()
     except compiler.CompilerUnavailable as e:

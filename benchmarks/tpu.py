@@ -1,0 +1,835 @@
+"""The TPU programs, as the real TPU compiler sees them, on a machine without a TPU.
+
+Run as ``python -m benchmarks.tpu`` (from the repo root; needs libtpu, which the ``test``
+extra brings: ``pip install -e .[test]``). ``--quick`` compiles one shape without mode
+"exact" (a few minutes); see ``--help`` for ``--generations``, ``--shapes``, ``--formats``,
+``--contenders`` and ``--exact-shapes``.
+
+For every TPU generation the installed libtpu offers a compile-only device for
+(:func:`emulate.compiler.generations`), the shapes and operand pairs of
+``benchmarks/matmul.py`` (bf16 activations times int8, packed int4, float8_e4m3fn,
+float8_e5m2, packed float4_e2m1fn weights; int8 x int8; e4m3fn x e4m3fn), it compiles,
+and never runs:
+
+  (a) floor        ``jnp.dot(x_bf16, w_bf16, preferred_element_type=f32)``, both operands
+                   decoded to bf16 up front (the same program for every pair of a shape)
+  (b) astype       ``jnp.dot(x.astype(bf16), w.astype(bf16), preferred_element_type=f32)``
+  (c) xla          ``lax.dot_general`` on the raw dtypes (int32 for int8 x int8);
+                   "refused" with the compiler's first line where XLA:TPU refuses it
+  (d) fast         ``emulate.dot_general(..., target=GEN)``, mode fast, the weight as
+                   stored (4-bit weights ``emulate.pack(w, axis=0)``)
+  (e) exact        the same with ``mode="exact"`` (by default at ``--exact-shapes`` only:
+                   XLA:TPU takes seconds to minutes for each of these programs)
+  (f) pallas       ``emulate.pallas.matmul(x, w, target=GEN)`` (the weight as (d) takes
+                   it); "n/a" with the reason where the kernel does not apply
+
+and reads, from the compiled program: ``cost_analysis()`` "bytes accessed", "flops" and
+the compiler's own time estimate ("optimal_seconds"), and ``memory_analysis()``
+temporaries, argument and output bytes. Ratios are to (a) of the same generation and
+shape. The estimate is the compiler's cost model, not a measurement; and a Pallas kernel
+is a custom call the compiler does not look into, so for (f) the benchmark adds the
+kernel's own HBM traffic, counted from its block shapes and grid (:func:`kernel_traffic`).
+
+Writes JSON (default ``benchmarks/results/tpu.json``), a markdown table beside it
+(``.md``, also printed) and, if matplotlib is installed (the ``bench`` extra), a plot of
+the ratios per generation (``.png``); without matplotlib it says so and skips the plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import emulate  # noqa: E402
+import emulate.pallas  # noqa: E402
+from benchmarks._timing import environment  # noqa: E402
+from benchmarks.matmul import DN, PAIRS, SHAPES, Pair, _parse_pairs, _parse_shapes  # noqa: E402
+from emulate import compiler, formats  # noqa: E402
+from emulate.numerics.storage import Packed  # noqa: E402
+
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "tpu.json"
+BF16 = jnp.bfloat16
+F32 = jnp.float32
+
+#: Mode "exact" is compiled at these shapes only, unless --exact-shapes says otherwise.
+EXACT_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 4096, 4096),)
+QUICK_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 4096, 4096),)
+
+# The goals of issue 16 for (d) on every generation.
+TEMP_LIMIT = 0.25  # temporaries / one bf16 copy of the weight (2*K*N bytes)
+BYTES_LIMIT = 1.1  # bytes accessed / (argument bytes + output bytes)
+ESTIMATE_LIMIT = 1.0  # estimate / estimate of (c)
+
+
+@dataclasses.dataclass(frozen=True)
+class Contender:
+    key: str
+    label: str
+    doc: str
+
+
+CONTENDERS = (
+    Contender("floor", "(a) bf16 pre-decoded", "bf16 x bf16 dot on operands decoded up front"),
+    Contender("astype", "(b) astype + dot", "x.astype(bf16), w.astype(bf16), then the dot"),
+    Contender("xla", "(c) XLA mixed dot", "lax.dot_general on the raw dtypes"),
+    Contender("fast", "(d) emulate fast", "emulate.dot_general, mode fast, target GEN"),
+    Contender("exact", "(e) emulate exact", "emulate.dot_general, mode exact, target GEN"),
+    Contender("pallas", "(f) emulate.pallas.matmul", "one Pallas kernel, target GEN"),
+)
+LABELS = {c.key: c.label for c in CONTENDERS}
+COLORS = {c.key: f"C{i}" for i, c in enumerate(CONTENDERS)}
+
+
+# ---------------------------------------------------------------------------------------
+# The programs
+
+
+def _spec(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
+
+
+def weight_spec(pair: Pair, k: int, n: int, *, stored: bool) -> Any:
+    """The (K, N) weight: its own dtype, or (``stored`` and a packed pair) a
+    :class:`emulate.Packed` of uint8 bytes packed along K, as ``emulate.pack(w, axis=0)``
+    returns it."""
+    f = formats.get(pair.rhs)
+    if stored and pair.packed:
+        return Packed(_spec((-(-f.bits * k // 8), n), jnp.uint8), f.name, -2, k)
+    return _spec((k, n), f.dtype)
+
+
+def programs(
+    pair: Pair, shape: tuple[int, int, int], generation: str
+) -> dict[str, tuple[Callable[..., Any], tuple[Any, ...]]]:
+    """Each contender's function and argument specs for one pair, shape and generation."""
+    m, k, n = shape
+    x = _spec((m, k), formats.get(pair.lhs).dtype)
+    w = weight_spec(pair, k, n, stored=False)
+    w_stored = weight_spec(pair, k, n, stored=True)
+    acc = pair.accumulator
+
+    def floor(x, w):
+        return jnp.dot(x, w, preferred_element_type=F32)
+
+    def astype(x, w):
+        return jnp.dot(x.astype(BF16), w.astype(BF16), preferred_element_type=F32)
+
+    def xla(x, w):
+        return lax.dot_general(x, w, DN, preferred_element_type=acc)
+
+    def fast(x, w):
+        return emulate.dot_general(x, w, DN, preferred_element_type=acc, target=generation)
+
+    def exact(x, w):
+        return emulate.dot_general(
+            x, w, DN, preferred_element_type=acc, target=generation, mode="exact"
+        )
+
+    def pallas(x, w):
+        return emulate.pallas.matmul(x, w, target=generation, out_dtype=acc, interpret=False)
+
+    return {
+        "floor": (floor, (_spec((m, k), BF16), _spec((k, n), BF16))),
+        "astype": (astype, (x, w)),
+        "xla": (xla, (x, w)),
+        "fast": (fast, (x, w_stored)),
+        "exact": (exact, (x, w_stored)),
+        "pallas": (pallas, (x, w_stored)),
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# What the compiler says
+
+
+def estimate_seconds(cost: dict[str, float]) -> float | None:
+    """The compiler's own time estimate from ``cost_analysis()``: libtpu calls it
+    "optimal_seconds"; any other key ending in "seconds" if a later libtpu renames it.
+    None where there is none, or where it is negative: libtpu gives a negative sentinel
+    (-1 s and the like) for programs it cannot estimate."""
+    value = cost.get("optimal_seconds")
+    if value is None:
+        value = next((v for k, v in sorted(cost.items()) if k.endswith("seconds")), None)
+    if value is None or float(value) < 0:
+        return None
+    return float(value)
+
+
+def _block_dims(block_shape: Iterable[Any]) -> list[int]:
+    """Element counts per block dimension (a squeezed dimension counts 1)."""
+    dims = []
+    for b in block_shape:
+        size = getattr(b, "block_size", b)
+        dims.append(1 if size is None else int(size))
+    return dims
+
+
+def _pallas_calls(jaxpr: Any) -> Iterable[Any]:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _pallas_calls(inner)
+
+
+def kernel_traffic(fn: Callable[..., Any], specs: Sequence[Any], generation: str) -> dict:
+    """HBM bytes the Pallas kernels of ``fn(*specs)`` move, from their block shapes and grid.
+
+    Pallas TPU walks the grid in row-major order (last dimension fastest) and copies a
+    block of an input in only when its block index differs from the previous step's, and
+    writes a block of an output back when its index changes or the grid ends. Each
+    ``pallas_call`` is traced (``jax.make_jaxpr``, on the generation's compile-only device),
+    its index maps are evaluated at every grid point, and the copies counted.
+
+    Returns ``{"calls": n, "bytes": total, "read": input bytes, "written": output bytes,
+    "grid": [grid of each call], "blocks": [[block dims, copies, bytes] per operand]}``.
+    """
+    dev = compiler.device(generation)
+    placed = [
+        jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype),
+            a,
+            is_leaf=lambda v: hasattr(v, "shape"),
+        )
+        for a in specs
+    ]
+    with jax.default_device(dev):
+        closed = jax.make_jaxpr(fn)(*placed)
+    total = read = written = 0
+    grids, blocks = [], []
+    calls = list(_pallas_calls(closed.jaxpr))
+    for eqn in calls:
+        gm = eqn.params["grid_mapping"]
+        grid = tuple(int(g) for g in gm.grid)
+        grids.append(list(grid))
+        n_in = gm.num_inputs
+        for idx, bm in enumerate(gm.block_mappings):
+            dims = _block_dims(bm.block_shape)
+            itemsize = np.dtype(bm.array_aval.dtype).itemsize
+            block_bytes = math.prod(dims) * itemsize
+            index_map = bm.index_map_jaxpr
+            copies, last = 0, None
+            for point in itertools.product(*(range(g) for g in grid)):
+                args = [jnp.int32(p) for p in point]
+                got = tuple(
+                    int(v) for v in jax.core.eval_jaxpr(index_map.jaxpr, index_map.consts, *args)
+                )
+                if got != last:
+                    copies += 1
+                    last = got
+            moved = copies * block_bytes
+            total += moved
+            if idx < n_in:
+                read += moved
+            else:
+                written += moved
+            blocks.append([dims, copies, moved])
+    return {
+        "calls": len(calls),
+        "bytes": total,
+        "read": read,
+        "written": written,
+        "grid": grids,
+        "blocks": blocks,
+    }
+
+
+def _refusal(e: BaseException) -> str:
+    return compiler.first_line(f"{e}") or type(e).__name__
+
+
+def measure_one(
+    pair: Pair,
+    shape: tuple[int, int, int],
+    generation: str,
+    contender: str,
+    fn: Callable[..., Any],
+    specs: tuple[Any, ...],
+) -> dict[str, Any]:
+    """Compile one contender for one generation; one result row (no ratios yet)."""
+    m, k, n = shape
+    row: dict[str, Any] = {
+        "generation": generation,
+        "pair": pair.name,
+        "lhs": pair.lhs,
+        "rhs": pair.rhs,
+        "packed": pair.packed and contender in ("fast", "exact", "pallas"),
+        "M": m,
+        "K": k,
+        "N": n,
+        "contender": contender,
+        "status": "ok",
+        "reason": "",
+    }
+    t0 = time.perf_counter()
+    try:
+        compiled = compiler.compile(fn, *specs, target=generation)
+    except NotImplementedError as e:
+        row.update(status="not built", reason=_refusal(e))
+        return row
+    except (ValueError, TypeError) as e:  # emulate's own refusal of the case
+        row.update(status="n/a", reason=_refusal(e))
+        return row
+    except Exception as e:  # noqa: BLE001 - XLA:TPU or Mosaic refusing the program
+        row.update(status="refused", reason=_refusal(e))
+        return row
+    finally:
+        row["compile_s"] = time.perf_counter() - t0
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, list):  # older jax: one dict per program
+        cost = cost[0] if cost else {}
+    mem = compiled.memory_analysis()
+    text = compiled.as_text()
+    row["bytes_accessed"] = cost.get("bytes accessed")
+    row["flops"] = cost.get("flops")
+    row["estimate_s"] = estimate_seconds(cost)
+    row["estimate_raw"] = cost.get("optimal_seconds")
+    row["temp_bytes"] = int(mem.temp_size_in_bytes)
+    row["argument_bytes"] = int(mem.argument_size_in_bytes)
+    row["output_bytes"] = int(mem.output_size_in_bytes)
+    row["stored_bytes"] = row["argument_bytes"] + row["output_bytes"]
+    row["temp_over_decoded_weight"] = row["temp_bytes"] / (2 * k * n)
+    row["custom_calls"] = text.count('custom_call_target="tpu_custom_call"')
+    row["bytes"] = row["bytes_accessed"]
+    row["bytes_source"] = "compiler"
+    if row["custom_calls"]:
+        traffic = kernel_traffic(fn, specs, generation)
+        row["kernel"] = traffic
+        # The compiler's figure covers the ops around the kernel but not the kernel.
+        row["bytes"] = traffic["bytes"] + (row["bytes_accessed"] or 0)
+        row["bytes_source"] = "kernel blocks + compiler (outside the kernel)"
+        row["estimate_s"] = None
+        row["estimate_outside_kernel_s"] = estimate_seconds(cost)
+    if row["bytes"] is not None:
+        row["bytes_over_stored"] = row["bytes"] / row["stored_bytes"]
+    return row
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Ratios of bytes and estimate to (a) of the same generation and shape, and of the
+    estimate to (c) of the same pair."""
+    floors = {
+        (r["generation"], r["M"], r["K"], r["N"]): r
+        for r in rows
+        if r["contender"] == "floor" and r["status"] == "ok"
+    }
+    xlas = {
+        (r["generation"], r["pair"], r["M"], r["K"], r["N"]): r
+        for r in rows
+        if r["contender"] == "xla" and r["status"] == "ok"
+    }
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        f = floors.get((r["generation"], r["M"], r["K"], r["N"]))
+        x = xlas.get((r["generation"], r["pair"], r["M"], r["K"], r["N"]))
+        r["bytes_ratio"] = _ratio(r.get("bytes"), f and f.get("bytes"))
+        r["estimate_ratio"] = _ratio(r.get("estimate_s"), f and f.get("estimate_s"))
+        r["estimate_over_xla"] = _ratio(r.get("estimate_s"), x and x.get("estimate_s"))
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or not b:
+        return None
+    return a / b
+
+
+def measure(
+    generation: str,
+    shape: tuple[int, int, int],
+    pair_names: Sequence[str],
+    contenders: Sequence[str],
+    floor_cache: dict[tuple, dict[str, Any]],
+    log: Callable[[str], None] = lambda s: None,
+) -> list[dict[str, Any]]:
+    """Every contender for every pair at one shape on one generation (ratios not added).
+
+    (a) is one program for all pairs of a shape (both operands bf16); it is compiled once
+    per generation and shape and its row repeated for each pair.
+    """
+    rows = []
+    for name in pair_names:
+        pair = PAIRS[name]
+        progs = programs(pair, shape, generation)
+        for key in contenders:
+            cached = ""
+            if key == "floor":
+                cache_key = (generation, shape)
+                cached = " (compiled once per shape)" if cache_key in floor_cache else ""
+                if cache_key not in floor_cache:
+                    floor_cache[cache_key] = measure_one(pair, shape, generation, key, *progs[key])
+                row = {
+                    **floor_cache[cache_key],
+                    "pair": pair.name,
+                    "lhs": pair.lhs,
+                    "rhs": pair.rhs,
+                }
+            else:
+                row = measure_one(pair, shape, generation, key, *progs[key])
+            log(
+                f"  {generation} {name} {shape[0]}x{shape[1]}x{shape[2]} {key}: "
+                f"{row['status']} {row.get('compile_s', 0):.1f} s{cached}"
+            )
+            rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# Goals
+
+
+def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The TPU goals of issue 16 for (d) emulate fast, per generation: temporaries,
+    bytes accessed over the operands as stored plus the result, estimate over (c)."""
+    out = []
+    gens = list(dict.fromkeys(r["generation"] for r in rows))
+    fast = [r for r in rows if r["contender"] == "fast" and r["status"] == "ok"]
+    for gen in gens:
+        mine = [r for r in fast if r["generation"] == gen]
+        for label, key, limit in (
+            ("temporaries / one bf16 copy of the weight", "temp_over_decoded_weight", TEMP_LIMIT),
+            ("bytes accessed / (operands as stored + result)", "bytes_over_stored", BYTES_LIMIT),
+            (
+                "compiler estimate / that of (c) XLA's mixed dot",
+                "estimate_over_xla",
+                ESTIMATE_LIMIT,
+            ),
+        ):
+            got = [r for r in mine if r.get(key) is not None]
+            if not got:
+                out.append(
+                    {
+                        "generation": gen,
+                        "goal": label,
+                        "limit": limit,
+                        "measured": None,
+                        "met": None,
+                        "worst": None,
+                        "n": 0,
+                        "failing": [],
+                    }
+                )
+                continue
+            worst = max(got, key=lambda r: r[key])
+            failing = [f"{r['pair']} {_shape_str(r)}" for r in got if r[key] > limit]
+            out.append(
+                {
+                    "generation": gen,
+                    "goal": label,
+                    "key": key,
+                    "limit": limit,
+                    "measured": worst[key],
+                    "met": worst[key] <= limit,
+                    "worst": f"{worst['pair']} {_shape_str(worst)}",
+                    "n": len(got),
+                    "failing": failing,
+                }
+            )
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Output
+
+
+def _shape_str(r: dict[str, Any]) -> str:
+    return f"{r['M']}x{r['K']}x{r['N']}"
+
+
+def _mb(b: float | None) -> str:
+    if b is None:
+        return "?"
+    return f"{b / 1e6:.3g}"
+
+
+def _us(s: float | None) -> str:
+    return "?" if s is None else f"{s * 1e6:.3g}"
+
+
+def _cell(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return ""
+    if r["status"] != "ok":
+        reason = r["reason"] if len(r["reason"]) <= 80 else r["reason"][:77] + "..."
+        reason = reason.replace("|", "\\|")
+        return f"{r['status']}: {reason}"
+    mark = "†" if r.get("kernel") else ""
+    parts = [f"{_mb(r['bytes'])}{mark} MB"]
+    if r.get("bytes_ratio") is not None and r["contender"] != "floor":
+        parts[0] += f" ({r['bytes_ratio']:.2f}x)"
+    if r.get("estimate_s") is not None:
+        est = f"{_us(r['estimate_s'])} us"
+        if r.get("estimate_ratio") is not None and r["contender"] != "floor":
+            est += f" ({r['estimate_ratio']:.2f}x)"
+        parts.append(est)
+    elif r.get("kernel"):
+        parts.append("no estimate (custom call)")
+    else:
+        parts.append(f"no estimate (sentinel {r.get('estimate_raw')})")
+    parts.append(f"temp {_mb(r['temp_bytes'])} MB")
+    return "; ".join(parts)
+
+
+def _present(rows: Sequence[dict[str, Any]]) -> list[str]:
+    have = {r["contender"] for r in rows}
+    return [c.key for c in CONTENDERS if c.key in have]
+
+
+def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown lines: per shape, pair and generation, (d) emulate fast's estimate over
+    (c)'s and over (a)'s, and its bytes accessed over the operands as stored plus result."""
+    gens = list(dict.fromkeys(r["generation"] for r in rows))
+    fast = {
+        (r["generation"], r["pair"], r["M"], r["K"], r["N"]): r
+        for r in rows
+        if r["contender"] == "fast"
+    }
+    if not fast:
+        return []
+    lines = [
+        "## Summary: (d) emulate fast",
+        "",
+        "Each cell: the compiler's estimate for (d) over that for (c) XLA's mixed dot / over "
+        "that for (a); bytes accessed by (d) over the operands as stored plus the result; "
+        "temporaries of (d) over one bf16 copy of the weight.",
+        "",
+        "| pair | M x K x N | " + " | ".join(gens) + " |",
+        "|---|---|" + "---|" * len(gens),
+    ]
+    keys = dict.fromkeys((k[1], k[2], k[3], k[4]) for k in fast)
+    for pair, m, k, n in keys:
+        cells = []
+        for gen in gens:
+            r = fast.get((gen, pair, m, k, n))
+            if r is None:
+                cells.append("")
+            elif r["status"] != "ok":
+                cells.append(r["status"])
+            else:
+                cells.append(
+                    f"{_x(r.get('estimate_over_xla'))} / {_x(r.get('estimate_ratio'))}; "
+                    f"{_x(r.get('bytes_over_stored'))}; {_x(r['temp_over_decoded_weight'])}"
+                )
+        lines.append(f"| {PAIRS[pair].title} | {m}x{k}x{n} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _x(v: float | None) -> str:
+    return "?" if v is None else f"{v:.2f}"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    rows = report["results"]
+    env = report["environment"]
+    keys = _present(rows)
+    lines = [
+        "# TPU compiler benchmark",
+        "",
+        f"`{report['command']}`, {env['time']}; jax {env['jax']}, libtpu "
+        f"{report['libtpu']}, {env['cpu_count']} cores; {report['wall_s']:.0f} s wall "
+        f"({report['compile_s']:.0f} s compiling). Nothing ran: every figure is the real "
+        "TPU compiler's view of the compiled program on a compile-only device.",
+        "",
+        "Each cell: bytes accessed (`cost_analysis()['bytes accessed']`) and its ratio to "
+        "(a); the compiler's time estimate (`optimal_seconds`) and its ratio to (a); "
+        "temporaries (`memory_analysis().temp_size_in_bytes`). † (f): the Pallas kernel's "
+        "own HBM traffic from its block shapes and grid plus the compiler's bytes for the "
+        "ops around it; the compiler gives no estimate for a Pallas custom call.",
+        "",
+    ]
+    lines += summary(rows)
+    for gen in dict.fromkeys(r["generation"] for r in rows):
+        lines += [
+            f"## {gen}",
+            "",
+            "| pair | M x K x N | stored MB | " + " | ".join(LABELS[k] for k in keys) + " |",
+            "|---|---|---|" + "---|" * len(keys),
+        ]
+        groups: dict[tuple, dict[str, dict[str, Any]]] = {}
+        for r in rows:
+            if r["generation"] == gen:
+                groups.setdefault((r["pair"], r["M"], r["K"], r["N"]), {})[r["contender"]] = r
+        for (pair, *_), by in groups.items():
+            any_row = next(iter(by.values()))
+            stored = by.get("fast", {}).get("stored_bytes")
+            lines.append(
+                f"| {PAIRS[pair].title} | {_shape_str(any_row)} | {_mb(stored)} | "
+                + " | ".join(_cell(by.get(k)) for k in keys)
+                + " |"
+            )
+        lines.append("")
+    lines += [
+        "## Goals (issue 16), emulate fast (d)",
+        "",
+        "| generation | goal | limit | worst measured | where | met | failing |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for g in report["goals"]:
+        if g["measured"] is None:
+            lines.append(
+                f"| {g['generation']} | {g['goal']} | {g['limit']:g} | not measured | | | |"
+            )
+            continue
+        lines.append(
+            f"| {g['generation']} | {g['goal']} | {g['limit']:g} | {g['measured']:.3g} | "
+            f"{g['worst']} | {'yes' if g['met'] else 'no'} | {', '.join(g['failing'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], path: Path) -> Path | None:
+    """Estimate and bytes of each contender over (a), per generation, one column per pair,
+    at the first shape measured; None (and a message) if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e .[bench]); no PNG written")
+        return None
+    rows = [r for r in report["results"] if r["status"] == "ok"]
+    if not rows:
+        return None
+    shape = (rows[0]["M"], rows[0]["K"], rows[0]["N"])
+    for s in ((64, 4096, 4096),):
+        if any((r["M"], r["K"], r["N"]) == s for r in rows):
+            shape = s
+    rows = [r for r in rows if (r["M"], r["K"], r["N"]) == shape]
+    pairs = [p for p in PAIRS if any(r["pair"] == p for r in rows)]
+    gens = list(dict.fromkeys(r["generation"] for r in rows))
+    metrics = (("estimate_ratio", "estimate / (a)"), ("bytes_ratio", "bytes accessed / (a)"))
+    fig, axes = plt.subplots(
+        len(metrics), len(pairs), figsize=(3.2 * len(pairs), 3.0 * len(metrics)), squeeze=False
+    )
+    for col, name in enumerate(pairs):
+        for row_i, (key, ylabel) in enumerate(metrics):
+            ax = axes[row_i][col]
+            for c in _present(rows):
+                if c == "floor":
+                    continue
+                pts = [
+                    (gens.index(r["generation"]), r[key])
+                    for r in rows
+                    if r["pair"] == name and r["contender"] == c and r.get(key) is not None
+                ]
+                if pts:
+                    ax.plot(
+                        [p[0] for p in pts],
+                        [p[1] for p in pts],
+                        marker="o",
+                        label=LABELS[c],
+                        color=COLORS[c],
+                        lw=2.5 if c == "fast" else 1.2,
+                    )
+            ax.axhline(1.0, color="black", lw=0.8)
+            ax.set_yscale("log")
+            ax.set_xticks(range(len(gens)))
+            ax.set_xticklabels([g.removeprefix("tpu_") for g in gens], fontsize="small")
+            if row_i == 0:
+                ax.set_title(PAIRS[name].title)
+            if col == 0:
+                ax.set_ylabel(ylabel)
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small")
+    fig.suptitle(
+        f"TPU compiler's view, {shape[0]}x{shape[1]}x{shape[2]}, ratio to (a) bf16 "
+        f"pre-decoded (log scale; (f): kernel traffic from block shapes, no estimate); "
+        f"libtpu {report['libtpu']}",
+        fontsize="medium",
+    )
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# Driver
+
+
+def run(
+    generations: Sequence[str],
+    shapes: Sequence[tuple[int, int, int]],
+    pair_names: Sequence[str],
+    contenders: Sequence[str],
+    exact_shapes: Sequence[tuple[int, int, int]] | None,
+    json_path: Path | None,
+    command: str,
+) -> dict[str, Any]:
+    """Compile everything asked for, print the markdown, write the files.
+
+    ``exact_shapes``: the shapes at which (e) is compiled (None: every shape)."""
+    env = environment()
+    t0 = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    floor_cache: dict[tuple, dict[str, Any]] = {}
+
+    def log(s: str) -> None:
+        print(s, file=sys.stderr, flush=True)
+
+    for gen in generations:
+        for shape in shapes:
+            keys = [
+                c
+                for c in contenders
+                if c != "exact" or exact_shapes is None or tuple(shape) in exact_shapes
+            ]
+            rows += measure(gen, shape, pair_names, keys, floor_cache, log)
+    add_ratios(rows)
+    report = {
+        "benchmark": "tpu",
+        "command": command,
+        "libtpu": compiler.libtpu_version(),
+        "generations": list(generations),
+        "contenders": {c.key: f"{c.label}: {c.doc}" for c in CONTENDERS},
+        "environment": env,
+        "load_average_end": environment()["load_average"],
+        "wall_s": time.perf_counter() - t0,
+        "compile_s": sum(r.get("compile_s", 0.0) for r in rows),
+        "results": rows,
+    }
+    report["goals"] = goals(rows)
+    md = markdown(report)
+    print(md)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        md_path = json_path.with_suffix(".md")
+        md_path.write_text(md)
+        print(f"wrote {json_path} and {md_path}")
+        png = plot(report, json_path.with_suffix(".png"))
+        if png is not None:
+            print(f"wrote {png}")
+    return report
+
+
+def _parse_names(kind: str, text: str, accepted: Sequence[str]) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in names if t not in accepted]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"--{kind}: unknown {', '.join(bad) or '(none)'}; choose from {', '.join(accepted)}"
+        )
+    return names
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments and run the benchmark; returns the exit code."""
+    p = argparse.ArgumentParser(
+        prog="benchmarks.tpu",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="one shape (64x4096x4096), no mode exact (unless --shapes/--contenders say otherwise)",
+    )
+    p.add_argument("--generations", help="comma-separated TPU targets (default: all offered)")
+    p.add_argument(
+        "--shapes",
+        type=_parse_shapes,
+        help="MxKxN[,MxKxN...] (default " + ",".join(f"{m}x{k}x{n}" for m, k, n in SHAPES) + ")",
+    )
+    p.add_argument(
+        "--formats",
+        type=_parse_pairs,
+        help=f"pairs, comma-separated, from: {', '.join(PAIRS)} (default all)",
+    )
+    p.add_argument(
+        "--contenders",
+        type=lambda s: _parse_names("contenders", s, [c.key for c in CONTENDERS]),
+        help=f"comma-separated, from: {', '.join(c.key for c in CONTENDERS)} (default all)",
+    )
+    p.add_argument(
+        "--exact-shapes",
+        help="MxKxN[,...] at which (e) exact is compiled, or 'all' (default "
+        + ",".join(f"{m}x{k}x{n}" for m, k, n in EXACT_SHAPES)
+        + "; each exact program takes XLA:TPU seconds to minutes)",
+    )
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=DEFAULT_JSON,
+        metavar="PATH",
+        help="where to write the JSON; the .md and .png go beside it "
+        "(default benchmarks/results/tpu.json)",
+    )
+    p.add_argument("--no-json", action="store_true", help="write no files, only print")
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        metavar="PATH",
+        help="compile nothing: redraw the markdown and the PNG of an earlier run's JSON "
+        "(written beside PATH)",
+    )
+    args = p.parse_args(argv)
+    if args.from_json is not None:
+        report = json.loads(args.from_json.read_text())
+        md = markdown(report)
+        print(md)
+        args.from_json.with_suffix(".md").write_text(md)
+        png = plot(report, args.from_json.with_suffix(".png"))
+        if png is not None:
+            print(f"wrote {png}")
+        return 0
+    try:
+        offered = compiler.generations()
+    except compiler.CompilerUnavailable as e:
+        print(e, file=sys.stderr)
+        return 2
+    gens = _parse_names("generations", args.generations, offered) if args.generations else offered
+    shapes = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
+    contenders = args.contenders or [
+        c.key for c in CONTENDERS if not (args.quick and c.key == "exact")
+    ]
+    if args.exact_shapes is None:
+        exact_shapes: list[tuple[int, int, int]] | None = list(EXACT_SHAPES)
+    elif args.exact_shapes.strip() == "all":
+        exact_shapes = None
+    else:
+        try:
+            exact_shapes = _parse_shapes(args.exact_shapes)
+        except argparse.ArgumentTypeError as e:
+            p.error(str(e).replace("--shapes", "--exact-shapes"))
+    prog = "python -m benchmarks.tpu" if __package__ else "python benchmarks/tpu.py"
+    command = prog + " " + " ".join(sys.argv[1:] if argv is None else list(argv))
+    run(
+        gens,
+        shapes,
+        args.formats or tuple(PAIRS),
+        contenders,
+        exact_shapes,
+        None if args.no_json else args.json,
+        command.strip(),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

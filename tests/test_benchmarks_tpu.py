@@ -1,0 +1,189 @@
+"""benchmarks/tpu.py measures what it says: the real TPU compiler's figures, put together
+as documented (libtpu, a declared test dependency, compiles; nothing runs).
+
+One tiny shape on one generation, four contenders of one packed pair: the rows carry
+every field, the figures obey facts that hold for any compiler (a dot reads its operands;
+arguments are the operands' bytes as stored), and the ratios and goals are the stated
+quotients of those figures. The Pallas traffic count is checked on a hand-made kernel
+whose copies follow from the pipelining rule by hand.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import pallas as pl
+
+import emulate.pallas
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo root
+from benchmarks import tpu  # noqa: E402
+from benchmarks.matmul import PAIRS  # noqa: E402
+
+GEN = "tpu_v5e"
+M, K, N = 16, 512, 256
+CONTENDERS = ("floor", "xla", "fast", "pallas")
+FIELDS = (
+    "bytes_accessed",
+    "flops",
+    "estimate_s",
+    "temp_bytes",
+    "argument_bytes",
+    "output_bytes",
+    "stored_bytes",
+    "bytes",
+    "bytes_over_stored",
+    "temp_over_decoded_weight",
+    "compile_s",
+)
+
+
+@pytest.fixture(scope="module")
+def rows() -> dict[str, dict]:
+    measured = tpu.measure(GEN, (M, K, N), ["int4"], CONTENDERS, {})
+    tpu.add_ratios(measured)
+    return {r["contender"]: r for r in measured}
+
+
+def test_every_contender_compiles_with_every_field(rows):
+    assert sorted(rows) == sorted(CONTENDERS)
+    for key, r in rows.items():
+        assert r["status"] == "ok", (key, r["reason"])
+        assert (r["generation"], r["pair"], r["M"], r["K"], r["N"]) == (GEN, "int4", M, K, N)
+        for field in FIELDS:
+            assert field in r, (key, field)
+    for key in ("floor", "xla", "fast"):
+        assert rows[key]["estimate_s"] > 0
+        assert rows[key]["custom_calls"] == 0
+    # The Pallas kernel is a custom call: no estimate, its traffic counted from blocks.
+    assert rows["pallas"]["custom_calls"] == 1
+    assert rows["pallas"]["estimate_s"] is None
+    assert rows["pallas"]["kernel"]["calls"] == 1
+
+
+def test_figures_obey_what_any_compiled_dot_does(rows):
+    floor = rows["floor"]
+    # bf16 x bf16 arguments and an f32 result, as stored.
+    assert floor["argument_bytes"] == 2 * M * K + 2 * K * N
+    assert floor["output_bytes"] == 4 * M * N
+    assert floor["bytes_accessed"] >= floor["argument_bytes"]
+    # The packed int4 weight travels as K*N/2 bytes beside the bf16 activations.
+    for key in ("fast", "pallas"):
+        assert rows[key]["argument_bytes"] == 2 * M * K + K * N // 2
+        assert rows[key]["stored_bytes"] == rows[key]["argument_bytes"] + 4 * M * N
+    kernel = rows["pallas"]["kernel"]
+    assert kernel["read"] >= K * N // 2  # every weight byte at least once
+    assert kernel["written"] >= 4 * M * N  # every result element at least once
+    assert kernel["bytes"] == kernel["read"] + kernel["written"]
+
+
+def test_ratios_are_the_quotients_of_the_figures(rows):
+    floor = rows["floor"]
+    for r in rows.values():
+        assert r["bytes_over_stored"] == r["bytes"] / r["stored_bytes"]
+        assert r["temp_over_decoded_weight"] == r["temp_bytes"] / (2 * K * N)
+        assert r["bytes_ratio"] == r["bytes"] / floor["bytes"]
+    for key in ("xla", "fast"):
+        r = rows[key]
+        assert r["estimate_ratio"] == r["estimate_s"] / floor["estimate_s"]
+        assert r["estimate_over_xla"] == r["estimate_s"] / rows["xla"]["estimate_s"]
+    assert rows["pallas"]["estimate_ratio"] is None
+    assert rows["pallas"]["bytes"] == (
+        rows["pallas"]["kernel"]["bytes"] + rows["pallas"]["bytes_accessed"]
+    )
+
+
+def test_goals_are_read_from_the_fast_rows(rows):
+    goals = {g["key"]: g for g in tpu.goals(list(rows.values()))}
+    fast = rows["fast"]
+    for key, limit in (
+        ("temp_over_decoded_weight", tpu.TEMP_LIMIT),
+        ("bytes_over_stored", tpu.BYTES_LIMIT),
+        ("estimate_over_xla", tpu.ESTIMATE_LIMIT),
+    ):
+        g = goals[key]
+        assert (g["generation"], g["measured"], g["limit"]) == (GEN, fast[key], limit)
+        assert g["met"] == (fast[key] <= limit)
+        assert g["failing"] == ([] if g["met"] else [f"int4 {M}x{K}x{N}"])
+
+
+def test_a_failing_row_is_named_by_the_goal():
+    base = {"generation": GEN, "contender": "fast", "status": "ok", "K": 8, "N": 8}
+    fake = [
+        {**base, "pair": "int8", "M": 1, "temp_over_decoded_weight": 0.1},
+        {**base, "pair": "int4", "M": 2, "temp_over_decoded_weight": 0.5},
+    ]
+    (g,) = [g for g in tpu.goals(fake) if g.get("key") == "temp_over_decoded_weight"]
+    assert (g["measured"], g["met"], g["worst"], g["failing"]) == (
+        0.5,
+        False,
+        "int4 2x8x8",
+        ["int4 2x8x8"],
+    )
+
+
+def _copy_kernel(x_ref, w_ref, o_ref):
+    o_ref[...] = x_ref[...] + w_ref[...]
+
+
+def test_kernel_traffic_counts_a_copy_per_change_of_block_index():
+    # Grid (2, 3), row-major: x's block index (i, 0) changes twice, w's (0, j) on every
+    # one of the 6 steps, the output's (i, j) on every step too.
+    bm, bn = 8, 128
+    x_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, 0))
+    w_spec = pl.BlockSpec((bm, bn), lambda i, j: (0, j))
+    o_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
+
+    def fn(x, w):
+        return pl.pallas_call(
+            _copy_kernel,
+            out_shape=jax.ShapeDtypeStruct((2 * bm, 3 * bn), jnp.float32),
+            grid=(2, 3),
+            in_specs=[x_spec, w_spec],
+            out_specs=o_spec,
+        )(x, w)
+
+    specs = (
+        jax.ShapeDtypeStruct((2 * bm, bn), jnp.float32),
+        jax.ShapeDtypeStruct((bm, 3 * bn), jnp.float32),
+    )
+    got = tpu.kernel_traffic(fn, specs, GEN)
+    block = bm * bn * 4
+    assert got["calls"] == 1 and got["grid"] == [[2, 3]]
+    assert [b[1] for b in got["blocks"]] == [2, 6, 6]
+    assert (got["read"], got["written"]) == ((2 + 6) * block, 6 * block)
+
+
+def test_weight_spec_is_the_packed_layout():
+    p = tpu.weight_spec(PAIRS["float4_e2m1fn"], 64, 32, stored=True)
+    assert (p.data.shape, p.data.dtype, p.length, p.axis) == ((32, 32), jnp.uint8, 64, -2)
+    assert p.shape == (64, 32)
+    raw = tpu.weight_spec(PAIRS["float4_e2m1fn"], 64, 32, stored=False)
+    assert (raw.shape, raw.dtype) == ((64, 32), jnp.dtype("float4_e2m1fn"))
+    assert math.prod(p.data.shape) == 64 * 32 // 2
+
+
+def test_estimate_skips_sentinels():
+    assert tpu.estimate_seconds({"optimal_seconds": 2e-6, "flops": 1.0}) == 2e-6
+    assert tpu.estimate_seconds({"optimal_seconds": -1.0}) is None
+    assert tpu.estimate_seconds({"flops": 1.0}) is None
+    assert tpu.estimate_seconds({"other_seconds": 3.0}) == 3.0
+
+
+def test_a_refused_case_gets_its_status_and_first_line():
+    # emulate's own refusal (a TPU kernel asked for a CPU target) is "n/a" with the first
+    # line of its message, and no figures.
+    specs = tpu.programs(PAIRS["int8"], (16, 256, 128), GEN)["pallas"][1]
+
+    def wrong(x, w):
+        return emulate.pallas.matmul(x, w, target="cpu", interpret=False)
+
+    row = tpu.measure_one(PAIRS["int8"], (16, 256, 128), GEN, "pallas", wrong, specs)
+    assert row["status"] == "n/a"
+    assert row["reason"].startswith("target: emulate.pallas.matmul is a TPU kernel")
+    assert "bytes" not in row

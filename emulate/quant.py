@@ -359,8 +359,9 @@ def _check_qarray(q: QArray, arg: str = "QArray") -> None:
         raise ValueError(
             f"{arg}: scales are {np.dtype(q.scales.dtype).name}, the record says {sf.name}"
         )
-    if q.tensor_scale is not None and tuple(getattr(q.tensor_scale, "shape", (None,))) != ():
-        raise ValueError(f"{arg}: tensor_scale must be None or a scalar")
+    ts = q.tensor_scale
+    if ts is not None and not isinstance(ts, (int, float)) and np.shape(ts) != ():
+        raise ValueError(f"{arg}: tensor_scale must be None or a scalar, got shape {np.shape(ts)}")
 
 
 def _packed_shape(p: Packed) -> tuple[int, ...]:

@@ -359,8 +359,9 @@ def _check_qarray(q: QArray, arg: str = "QArray") -> None:
         raise ValueError(
             f"{arg}: scales are {np.dtype(q.scales.dtype).name}, the record says {sf.name}"
         )
-    if q.tensor_scale is not None and tuple(getattr(q.tensor_scale, "shape", (None,))) != ():
-        raise ValueError(f"{arg}: tensor_scale must be None or a scalar")
+    ts = q.tensor_scale
+    if ts is not None and not isinstance(ts, (int, float)) and np.shape(ts) != ():
+        raise ValueError(f"{arg}: tensor_scale must be None or a scalar, got shape {np.shape(ts)}")
 
 
 def _packed_shape(p: Packed) -> tuple[int, ...]:
@@ -495,7 +496,7 @@ def _blocks(
                 f"axis: expected an int or a sequence of ints, got {type(axis).__name__} {axis!r}"
             )
     if axis is None:
-        if block_shape is not None and not _is_int(block_shape):
+        if block_shape is not None and not isinstance(block_shape, (int, np.integer)):
             full = tuple(block_shape)
             if len(full) != nd:
                 raise ValueError(
@@ -510,7 +511,7 @@ def _blocks(
         else:
             return tuple(shape)  # one scale for the tensor
     else:
-        axes_in = (axis,) if _is_int(axis) else tuple(axis)
+        axes_in = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
         axes = []
         for a in axes_in:
             if not isinstance(a, (int, np.integer)) or not -nd <= a < nd:
@@ -520,7 +521,7 @@ def _blocks(
             raise ValueError(f"axis: repeated axes in {axis!r}")
         if block_shape is None:
             lens = tuple(shape[a] for a in axes)
-        elif _is_int(block_shape):
+        elif isinstance(block_shape, (int, np.integer)):
             lens = (int(block_shape),) * len(axes)
         else:
             lens = tuple(block_shape)

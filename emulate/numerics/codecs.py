@@ -230,7 +230,7 @@ def _narrow_host_ints(x: np.ndarray, f: Format, saturate: bool) -> np.ndarray:
     """Host integers that JAX would wrap into int32 (64-bit ones without x64) reduced first
     in numpy: clamped (saturate) or wrapped (two's complement) into an integer format's
     range, or made float64 (rounded once to f32 later) for a float format."""
-    if x.dtype.kind not in "iu" or x.dtype.itemsize < 8 or jax.config.jax_enable_x64:
+    if x.dtype.kind not in "iu" or x.dtype.itemsize < 8 or jax.config.read("jax_enable_x64"):
         return x
     if not f.is_integer:
         return x.astype(np.float64)

@@ -247,11 +247,18 @@ def matmul(
 def _jnp_result_type(*names: str) -> str | None:
     """``jnp.result_type`` of operands of these formats, or None where jnp has no rule
     (a pair with no implicit promotion, or a format XLA cannot hold)."""
-    fs = [formats.get(n) for n in names]
-    if not all(f.xla_storable for f in fs):
-        return None
+    dtypes = []
+    for n in names:
+        try:
+            f = formats.get(n)
+        except (TypeError, ValueError):  # a type emulate has no format for: int16, complex64
+            dtypes.append(np.dtype(n))
+            continue
+        if not f.xla_storable:
+            return None
+        dtypes.append(f.dtype)
     try:
-        return np.dtype(jnp.result_type(*(f.dtype for f in fs))).name
+        return np.dtype(jnp.result_type(*dtypes)).name
     except (TypeError, ValueError):  # ValueError: jax's TypePromotionError
         return None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -84,9 +84,9 @@ def conv_general_dilated(
         ``batch_group_count`` above 1 (not built); a contraction beyond the plan's K limit.
     """
     if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
-        return lax.conv_general_dilated(
-            lhs,
-            rhs,
+        return lax.conv_general_dilated(  # plain arrays: passes_through checked them
+            cast(Any, lhs),
+            cast(Any, rhs),
             window_strides,
             padding,
             lhs_dilation,

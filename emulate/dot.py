@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import string
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -94,9 +94,9 @@ def dot_general(
         JAX's exception type); emulate's own refusals as documented in docs/api.md.
     """
     if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
-        return lax.dot_general(
-            lhs,
-            rhs,
+        return lax.dot_general(  # plain arrays or scalars: passes_through checked them
+            cast(Any, lhs),
+            cast(Any, rhs),
             dimension_numbers,
             precision,
             preferred_element_type,
@@ -188,9 +188,9 @@ def matmul(
     ``out_sharding`` as in ``jnp.matmul``.
     """
     if passes_through(a, b, a_format, b_format, target, mode, preferred_element_type):
-        return jnp.matmul(
-            a,
-            b,
+        return jnp.matmul(  # plain arrays or scalars: passes_through checked them
+            cast(Any, a),
+            cast(Any, b),
             precision=precision,
             preferred_element_type=preferred_element_type,
             out_sharding=out_sharding,
@@ -349,7 +349,9 @@ def einsum(
     else:  # sublist form: operand, sublist, operand, sublist, ..., [output sublist]
         positions = list(range(0, len(full) - len(full) % 2, 2))
     arrays = [full[i] for i in positions]
-    fm = list(operand_formats) if operand_formats is not None else [None] * len(arrays)
+    fm: list[FormatLike | None] = (
+        list(operand_formats) if operand_formats is not None else [None] * len(arrays)
+    )
     if len(fm) != len(arrays):
         raise ValueError(
             f"operand_formats: expected one format (or None) per operand, {len(arrays)} in "

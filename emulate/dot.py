@@ -32,7 +32,7 @@ from emulate.engine.operands import (
     hashable_precision,
     operand,
 )
-from emulate.engine.passthrough import is_plain, passes_through
+from emulate.engine.passthrough import is_plain, passes_through, unplanned_integer_result
 from emulate.engine.run import plan_for, run_plan
 from emulate.formats import FormatLike
 from emulate.numerics.storage import from_codes, is_array
@@ -120,7 +120,7 @@ def dot_general(
     except (TypeError, ValueError) as e:
         _raise_as_jax(e, lambda x, y: lax.dot_general(x, y, dimension_numbers), a.shape, b.shape)
         raise
-    wrap_to = _unplanned_integer(preferred_element_type, a, b)
+    wrap_to = unplanned_integer_result(preferred_element_type, a, b)
     if wrap_to is not None:  # the int32 sum wraps into it as into XLA's own accumulator
         preferred_element_type = jnp.int32
     p = plan_for(a, b, target, preferred_element_type, mode)
@@ -128,23 +128,6 @@ def dot_general(
     if wrap_to is not None:
         out = out.astype(wrap_to)
     return _resharded(out, out_sharding)
-
-
-def _unplanned_integer(
-    preferred_element_type: FormatLike | None, a: Operand, b: Operand
-) -> np.dtype | None:
-    """An integer result type of at most 32 bits that emulate has no format for (int16,
-    uint16, uint32: jnp's promotion of int8 with uint8 gives int16), asked of two integer
-    operands; None otherwise."""
-    if preferred_element_type is None or not (a.format.is_integer and b.format.is_integer):
-        return None
-    try:
-        dt = np.dtype(preferred_element_type)
-    except TypeError:
-        return None
-    if dt.kind not in "iu" or dt.itemsize > 4 or dt.name in formats.MATMUL_OPERANDS:
-        return None
-    return dt
 
 
 def _raise_as_jax(err: Exception, jax_fn: Callable[..., Any], *shapes: Sequence[int]) -> None:

@@ -12,7 +12,7 @@ import functools
 import math
 import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,7 @@ from emulate.engine.operands import (
     hashable_precision,
     operand,
 )
-from emulate.engine.passthrough import passes_through
+from emulate.engine.passthrough import passes_through, unplanned_integer_result
 from emulate.engine.run import per_platform, plan_for
 from emulate.formats import FormatLike
 from emulate.planning.plan import Plan
@@ -142,9 +142,9 @@ def conv_general_dilated(
         ``batch_group_count`` above 1 (not built); a contraction beyond the plan's K limit.
     """
     if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
-        return lax.conv_general_dilated(
-            lhs,
-            rhs,
+        return lax.conv_general_dilated(  # plain arrays: passes_through checked them
+            cast(Any, lhs),
+            cast(Any, rhs),
             window_strides,
             padding,
             lhs_dilation,
@@ -215,6 +215,26 @@ def _emulated_conv(
             f"lhs, rhs: lhs has {in_l} input features, rhs expects {in_r} x "
             f"feature_group_count {feature_group_count}; {where}"
         )
+    wrap_to = unplanned_integer_result(preferred_element_type, a, b)
+    if wrap_to is not None:  # the int32 sum wraps into it as into XLA's own accumulator
+        out = _emulated_conv(
+            a,
+            b,
+            window_strides,
+            padding,
+            lhs_dilation,
+            rhs_dilation,
+            dimension_numbers,
+            feature_group_count,
+            batch_group_count,
+            precision,
+            jnp.int32,
+            target,
+            mode,
+            None,
+            None,
+        )
+        return out.astype(wrap_to)
     p = plan_for(a, b, target, preferred_element_type, mode)
     window = math.prod(b.shape[d] for d in dn.rhs_spec[2:])
     k = in_r * window

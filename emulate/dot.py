@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import string
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,7 @@ from emulate.engine.operands import (
     hashable_precision,
     operand,
 )
-from emulate.engine.passthrough import is_plain, passes_through
+from emulate.engine.passthrough import is_plain, passes_through, unplanned_integer_result
 from emulate.engine.run import plan_for, run_plan
 from emulate.formats import FormatLike
 from emulate.numerics.storage import from_codes, is_array
@@ -94,9 +94,9 @@ def dot_general(
         JAX's exception type); emulate's own refusals as documented in docs/api.md.
     """
     if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
-        return lax.dot_general(
-            lhs,
-            rhs,
+        return lax.dot_general(  # plain arrays or scalars: passes_through checked them
+            cast(Any, lhs),
+            cast(Any, rhs),
             dimension_numbers,
             precision,
             preferred_element_type,
@@ -120,7 +120,7 @@ def dot_general(
     except (TypeError, ValueError) as e:
         _raise_as_jax(e, lambda x, y: lax.dot_general(x, y, dimension_numbers), a.shape, b.shape)
         raise
-    wrap_to = _unplanned_integer(preferred_element_type, a, b)
+    wrap_to = unplanned_integer_result(preferred_element_type, a, b)
     if wrap_to is not None:  # the int32 sum wraps into it as into XLA's own accumulator
         preferred_element_type = jnp.int32
     p = plan_for(a, b, target, preferred_element_type, mode)
@@ -128,23 +128,6 @@ def dot_general(
     if wrap_to is not None:
         out = out.astype(wrap_to)
     return _resharded(out, out_sharding)
-
-
-def _unplanned_integer(
-    preferred_element_type: FormatLike | None, a: Operand, b: Operand
-) -> np.dtype | None:
-    """An integer result type of at most 32 bits that emulate has no format for (int16,
-    uint16, uint32: jnp's promotion of int8 with uint8 gives int16), asked of two integer
-    operands; None otherwise."""
-    if preferred_element_type is None or not (a.format.is_integer and b.format.is_integer):
-        return None
-    try:
-        dt = np.dtype(preferred_element_type)
-    except TypeError:
-        return None
-    if dt.kind not in "iu" or dt.itemsize > 4 or dt.name in formats.MATMUL_OPERANDS:
-        return None
-    return dt
 
 
 def _raise_as_jax(err: Exception, jax_fn: Callable[..., Any], *shapes: Sequence[int]) -> None:
@@ -188,9 +171,9 @@ def matmul(
     ``out_sharding`` as in ``jnp.matmul``.
     """
     if passes_through(a, b, a_format, b_format, target, mode, preferred_element_type):
-        return jnp.matmul(
-            a,
-            b,
+        return jnp.matmul(  # plain arrays or scalars: passes_through checked them
+            cast(Any, a),
+            cast(Any, b),
             precision=precision,
             preferred_element_type=preferred_element_type,
             out_sharding=out_sharding,
@@ -247,11 +230,18 @@ def matmul(
 def _jnp_result_type(*names: str) -> str | None:
     """``jnp.result_type`` of operands of these formats, or None where jnp has no rule
     (a pair with no implicit promotion, or a format XLA cannot hold)."""
-    fs = [formats.get(n) for n in names]
-    if not all(f.xla_storable for f in fs):
-        return None
+    dtypes = []
+    for n in names:
+        try:
+            f = formats.get(n)
+        except (TypeError, ValueError):  # a type emulate has no format for: int16, complex64
+            dtypes.append(np.dtype(n))
+            continue
+        if not f.xla_storable:
+            return None
+        dtypes.append(f.dtype)
     try:
-        return np.dtype(jnp.result_type(*(f.dtype for f in fs))).name
+        return np.dtype(jnp.result_type(*dtypes)).name
     except (TypeError, ValueError):  # ValueError: jax's TypePromotionError
         return None
 
@@ -342,7 +332,9 @@ def einsum(
     else:  # sublist form: operand, sublist, operand, sublist, ..., [output sublist]
         positions = list(range(0, len(full) - len(full) % 2, 2))
     arrays = [full[i] for i in positions]
-    fm = list(operand_formats) if operand_formats is not None else [None] * len(arrays)
+    fm: list[FormatLike | None] = (
+        list(operand_formats) if operand_formats is not None else [None] * len(arrays)
+    )
     if len(fm) != len(arrays):
         raise ValueError(
             f"operand_formats: expected one format (or None) per operand, {len(arrays)} in "

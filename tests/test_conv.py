@@ -425,7 +425,7 @@ def test_chunked_program_has_one_conv_per_feature_slice():
 def test_rank_mismatch():
     with pytest.raises(
         ValueError,
-        match=r"^lhs, rhs: convolution operands need the same rank, at least 3; "
+        match=r"^lhs, rhs: convolution operands need the same rank, at least 2; "
         r"lhs int8\[1, 2, 5\], rhs int8\[3, 2, 3, 3\], target tpu_v4$",
     ):
         emulate.conv_general_dilated(
@@ -437,19 +437,23 @@ def test_rank_mismatch():
         )
 
 
-def test_rank_below_3():
+def test_rank_2_is_a_dot_over_features():
+    # No spatial dimensions: as in JAX, a (N, C) x (O, C) contraction over the features.
+    rng = np.random.default_rng(11)
+    a = rng.integers(-8, 8, (2, 5)).astype(ml_dtypes.int4)
+    b = rng.integers(-8, 8, (3, 5)).astype(ml_dtypes.int4)
+    got = emulate.conv_general_dilated(
+        a, b, (), "VALID", preferred_element_type=np.int32, target="cpu"
+    )
+    want = a.astype(np.int64) @ b.astype(np.int64).T
+    assert got.dtype == np.int32
+    assert np.asarray(got).tolist() == want.tolist()
     with pytest.raises(
         ValueError,
-        match=r"^lhs, rhs: convolution operands need the same rank, at least 3; "
-        r"lhs int4\[2, 5\], rhs int4\[3, 2\], target cpu$",
+        match=r"^lhs, rhs: convolution operands need the same rank, at least 2; "
+        r"lhs int4\[5\], rhs int4\[5\], target cpu$",
     ):
-        emulate.conv_general_dilated(
-            np.zeros((2, 5), ml_dtypes.int4),
-            np.zeros((3, 2), ml_dtypes.int4),
-            (),
-            "VALID",
-            target="cpu",
-        )
+        emulate.conv_general_dilated(a[0], b[0], (), "VALID", target="cpu")
 
 
 def test_feature_mismatch():

@@ -278,3 +278,34 @@ def test_flax_nnx_layers_with_low_precision_params():
     got = polyfill(mixed, target="tpu_v4")(xb)
     want = jnp.dot(xb, emulate.decode(mixed.kernel[...]), preferred_element_type=jnp.float32)
     np.testing.assert_array_equal(got, want.astype(jnp.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int16, np.complex64, np.bool_])
+def test_jax_types_are_left_as_they_are(dtype):
+    # int32 x int32 (and any pair of JAX's own types) is no site to emulate on any target.
+    def f(x, w):
+        conv = jax.lax.conv_general_dilated(x[None], w.T[:, :3, None], (1,), "VALID")
+        return jax.lax.dot_general(x, w, DN), conv
+
+    x = (np.arange(12).reshape(3, 4) % 3).astype(dtype)
+    w = (np.arange(8).reshape(4, 2) % 2).astype(dtype)
+    want = f(x, w)
+    for target in ("cpu", "tpu_v2", "tpu_v5e"):
+        assert not program.unsupported_sites(f, x, w, target=target)
+        got = polyfill(f, target=target)(x, w)
+        for g, w_ in zip(got, want, strict=True):
+            assert g.dtype == w_.dtype
+            assert np.asarray(g).tobytes() == np.asarray(w_).tobytes()
+
+
+def test_on_unsupported_ignore_leaves_a_refused_site():
+    # float8_e8m0fnu is a scale type: emulate refuses it as an operand; "ignore" keeps JAX's.
+    def f(x, w):
+        return jax.lax.dot_general(x, w, DN, preferred_element_type=jnp.float32)
+
+    x = jnp.ones((2, 3), jnp.float8_e8m0fnu)
+    w = jnp.ones((3, 2), jnp.float8_e8m0fnu)
+    with pytest.raises(ValueError, match=r"^lhs: float8_e8m0fnu is a scale type"):
+        polyfill(f, target="tpu_v4")(x, w)
+    got = polyfill(f, target="tpu_v4", on_unsupported="ignore")(x, w)
+    assert np.asarray(got).tobytes() == np.asarray(f(x, w)).tobytes()

@@ -21,7 +21,7 @@ from emulate.planning.plan import plan, runs_as_is
 from emulate.quant import QArray
 from emulate.targets import TargetLike
 
-__all__ = ["PLANNED", "is_plain", "passes_through"]
+__all__ = ["PLANNED", "is_plain", "passes_through", "unplanned_integer_result"]
 
 #: The operand types emulate plans for: the low-precision formats and the wide floats.
 PLANNED: tuple[str, ...] = formats.LOW_PRECISION + formats.WIDE_FLOATS
@@ -70,3 +70,21 @@ def passes_through(
         # refuses (an integer result of floats): JAX's own result or error.
         return True
     return p.method == "native" and p.fallback is None and p.k_chunk is None
+
+
+def unplanned_integer_result(
+    preferred_element_type: FormatLike | None, a: Operand, b: Operand
+) -> np.dtype | None:
+    """An integer result type of at most 32 bits that emulate has no format for (int16,
+    uint16, uint32: jnp promotes int8 with uint8 to int16), asked of two integer operands;
+    None otherwise. The front ends compute such a call with an int32 result and convert it:
+    the int32 sum wraps into the narrower type as XLA's own integer dot wraps."""
+    if preferred_element_type is None or not (a.format.is_integer and b.format.is_integer):
+        return None
+    try:
+        dt = np.dtype(preferred_element_type)
+    except TypeError:
+        return None
+    if dt.kind not in "iu" or dt.itemsize > 4 or dt.name in formats.MATMUL_OPERANDS:
+        return None
+    return dt

@@ -26,7 +26,6 @@ import numpy as np
 import emulate
 from benchmarks._timing import environment, interleave, stats, text_table, timed_call
 from emulate import formats
-from emulate.planning import slicing
 
 DN = (((1,), (0,)), ((), ()))
 PAIRS = [
@@ -131,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         fast = med[c.label.replace(" exact", " fast")]
         p = emulate.plan(*c.pair, target=c.target, mode="exact")
-        sa = slicing.slicing(c.pair[0], p.slicing[0]).count
-        sb = slicing.slicing(c.pair[1], p.slicing[1]).count
+        sa, sb = (s.count for s in p.slicings())
         ratio = med[c.label] / fast
         rows.append(
             [

@@ -336,7 +336,7 @@ def _sliceable(f: Format) -> bool:
 def _sliced(t, a: Format, b: Format, out: Format, mode: str) -> Plan:
     """Mode "exact" outside the exact class: exponent slicing (:mod:`emulate.planning.slicing`)."""
     cands: list[_Candidate] = []
-    options: list[tuple[float, int, _Candidate, tuple[int, int]]] = []
+    options: list[tuple[float, int, _Candidate, tuple[tuple[int, int], tuple[bool, bool]]]] = []
     for compute, rate_name, acc in (
         ("int8", "int8", "int32"),
         ("bfloat16", "bfloat16", "float32"),

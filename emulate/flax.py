@@ -48,6 +48,7 @@ from emulate import formats
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general, einsum
 from emulate.mx import SCHEMES
+from emulate.numerics.storage import Packed
 from emulate.quant import QArray, Scheme, dequantize, quantize
 
 __all__ = ["Rule", "quantize_model", "QuantizedWeight", "QuantizedEmbed", "QuantizedLinen"]
@@ -312,11 +313,10 @@ def _take_rows(q: QArray, idx: jax.Array) -> jax.Array:
     if q.block_shape[0] != 1:
         return jnp.take(dequantize(q), idx, axis=0)
     codes = q.codes
-    if hasattr(codes, "data"):  # Packed along the features: gather its rows
+    if isinstance(codes, Packed):  # packed along the features: gather its rows
         codes = dataclasses.replace(codes, data=jnp.take(codes.data, idx, axis=0))
     else:
         codes = jnp.take(codes, idx, axis=0)
-    nd = idx.ndim + 1
     rows = dataclasses.replace(
         q,
         codes=codes,
@@ -324,7 +324,6 @@ def _take_rows(q: QArray, idx: jax.Array) -> jax.Array:
         block_shape=(1,) * idx.ndim + (q.block_shape[1],),
         shape=tuple(idx.shape) + (q.shape[1],),
     )
-    assert len(rows.shape) == nd
     return dequantize(rows)
 
 

@@ -74,5 +74,5 @@ def __getattr__(name: str):
     if name in ("pallas", "flax"):
         import importlib
 
-        return importlib.import_module("emulate.pallas")
+        return importlib.import_module(f"emulate.{name}")
     raise AttributeError(f"module 'emulate' has no attribute {name!r}")

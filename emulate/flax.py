@@ -492,7 +492,9 @@ def _quantize_linen(
             for part in path.split("/"):
                 node = node[part]
             w = node["kernel"]
-            node["kernel"] = site.quantize(jnp.asarray(dequantize(w) if isinstance(w, QArray) else w))
+            node["kernel"] = site.quantize(
+                jnp.asarray(dequantize(w) if isinstance(w, QArray) else w)
+            )
         new["params"] = params
     return QuantizedLinen(model, tuple(sites.items())), new
 

@@ -569,9 +569,7 @@ def test_sliced_exact_conv_batch_groups_and_bf16_result():
 
 _QSCHEMES = {
     "MXFP4": lambda w, k_axes, i_axis: emulate.quantize(w, emulate.mx.MXFP4, axis=i_axis),
-    "MXFP8_E4M3": lambda w, k_axes, i_axis: emulate.quantize(
-        w, emulate.mx.MXFP8_E4M3, axis=i_axis
-    ),
+    "MXFP8_E4M3": lambda w, k_axes, i_axis: emulate.quantize(w, emulate.mx.MXFP8_E4M3, axis=i_axis),
     "NVFP4": lambda w, k_axes, i_axis: emulate.quantize(w, emulate.mx.NVFP4, axis=i_axis),
     "int8 per channel": lambda w, k_axes, i_axis: emulate.quantize(
         w, emulate.mx.INT8_PER_CHANNEL, axis=k_axes
@@ -619,7 +617,9 @@ def test_qarray_kernel_refusals():
     q = emulate.quantize(jnp.ones((3, 3, 4, 2)), emulate.mx.MXFP8_E4M3, axis=2)
     x = jnp.ones((1, 5, 5, 4))
     with pytest.raises(ValueError, match=r"^rhs_format: a QArray carries its format"):
-        emulate.conv_general_dilated(x, q, (1, 1), "SAME", dimension_numbers=NHWC, rhs_format="int8")
+        emulate.conv_general_dilated(
+            x, q, (1, 1), "SAME", dimension_numbers=NHWC, rhs_format="int8"
+        )
     with pytest.raises(TypeError, match=r"^lhs: a QArray input is not built for convolutions"):
         emulate.conv_general_dilated(q, q, (1, 1), "SAME", dimension_numbers=NHWC)
     with pytest.raises(ValueError, match=r"^preferred_element_type: the result of a convolution"):

@@ -218,7 +218,7 @@ class _Op:
         return _straight_through(run, run_plain, self.site, x, w)
 
 
-_FUNCTIONS = {
+_FUNCTIONS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
     "dot": (dot_general, lax.dot_general),
     "einsum": (einsum, jnp.einsum),
     "conv": (conv_general_dilated, lax.conv_general_dilated),
@@ -253,7 +253,7 @@ def _promote(args: Sequence[Any], dtype: Any, inexact: bool) -> list[Any]:
         dtype = jnp.result_type(*[a.dtype if isinstance(a, QArray) else a for a in present])
     if inexact and not jnp.issubdtype(dtype, jnp.inexact):
         dtype = jnp.promote_types(jnp.float32, dtype)
-    out = []
+    out: list[Any] = []
     for a in args:
         if a is None:
             out.append(None)
@@ -288,6 +288,8 @@ class QuantizedWeight(nnx.Variable):
 class QuantizedEmbed(nnx.Embed):
     """``nnx.Embed`` whose table is quantized: the lookup gathers rows of codes and scales
     and dequantizes them; ``attend`` is an emulated matmul against the table."""
+
+    emulate_op: _Op
 
     def __call__(self, inputs: jax.Array, out_sharding: Any = None) -> jax.Array:
         if not jnp.issubdtype(inputs.dtype, jnp.integer):
@@ -327,7 +329,7 @@ def _take_rows(q: QArray, idx: jax.Array) -> jax.Array:
     return dequantize(rows)
 
 
-def _nnx_site(path: str, module: nnx.Module, scheme: Scheme, mode: str | None) -> tuple[str, _Site]:
+def _nnx_site(path: str, module: Any, scheme: Scheme, mode: str | None) -> tuple[str, _Site]:
     if isinstance(module, nnx.Embed):
         return "embed", _site((1,), 2, scheme, mode)
     kernel = module.kernel
@@ -349,6 +351,7 @@ _NNX_HOOK = {"dot": "dot_general", "einsum": "einsum_op", "conv": "conv_general_
 
 
 def _quantize_nnx(model: nnx.Module, rule: Callable, qat: bool) -> nnx.Module:
+    module: Any
     for path_parts, module in list(nnx.iter_modules(model)):
         if type(module) not in _NNX_KINDS and not isinstance(module, QuantizedEmbed):
             continue
@@ -388,7 +391,7 @@ _LINEN_HOOK = {"dot": "dot_general", "conv": "conv_general_dilated"}
 def _linen_site(
     module: nn.Module, args: tuple, kwargs: dict, scheme: Scheme, mode: str | None, path: str
 ) -> _Site:
-    kernel = module.get_variable("params", "kernel")
+    kernel: Any = module.get_variable("params", "kernel")
     nd = len(kernel.shape)
     if type(module) is nn.Dense:
         return _site((0,), nd, scheme, mode)
@@ -452,7 +455,7 @@ class QuantizedLinen:
         try:
             return next_fun(*args, **kwargs)
         finally:
-            jnp.einsum = einsum_before  # type: ignore[assignment]
+            jnp.einsum = einsum_before
             for name, value in saved.items():
                 if value is _MISSING:
                     object.__delattr__(module, name)
@@ -479,7 +482,8 @@ def _quantize_linen(
             path = "/".join(module.path)
             chosen = rule(path, module)
             if chosen is not None and path not in sites:
-                sites[path] = _linen_site(module, a, kw, *chosen, path)
+                scheme, mode = chosen
+                sites[path] = _linen_site(module, a, kw, scheme, mode, path)
         return next_fun(*a, **kw)
 
     with nn.intercept_methods(record):

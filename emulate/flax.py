@@ -527,7 +527,7 @@ def quantize_model(
       rules: a :class:`Rule`, a sequence of them (first whose ``path`` matches wins; no
         match: the layer stays float), a Scheme or scheme name for every layer, or a
         callable ``(path, module) -> Scheme | scheme name | Rule | None``.
-      variables, *inputs, **input_kwargs: linen only: the model's variables and example
+      variables, inputs, input_kwargs: linen only: the model's variables and example
         arguments of ``model.apply`` (run abstractly, to find the layers and their paths).
       qat: False: kernels become frozen QArrays; True: float master kernels, quantized on
         every call, trained through a straight-through estimator.

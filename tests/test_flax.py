@@ -174,10 +174,9 @@ def _loss(model):
     return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
 
 
-def test_decoder_gradients():
-    frozen = dec.port(dec.Decoder(nnx.Rngs(0)))
+def test_decoder_gradients(decoder):
+    frozen, twin = decoder
     qat = dec.port(dec.Decoder(nnx.Rngs(0)), qat=True)
-    twin = _twin(frozen, dec.Decoder(nnx.Rngs(0)))
     with emulate.target("tpu_v4"):
         g_frozen = nnx.state(nnx.grad(_loss)(frozen))
         g_qat = nnx.state(nnx.grad(_loss)(qat))

@@ -15,7 +15,9 @@ The public surface:
   and :func:`scaled_matmul` / :func:`scaled_dot_general` (``jax.nn``'s signatures);
 - wrapping existing code: :func:`polyfill`, and :func:`inspect` to see its sites;
 - Pallas TPU kernels: :mod:`emulate.pallas` (``matmul``, an in-kernel ``dot``, ``check``),
-  imported on first use of ``emulate.pallas`` because it imports ``jax.experimental.pallas``.
+  imported on first use of ``emulate.pallas`` because it imports ``jax.experimental.pallas``;
+- flax models: :mod:`emulate.flax` (``quantize_model``), imported on first use of
+  ``emulate.flax`` because flax is an optional dependency.
 """
 
 from emulate import bounds, formats, mx, reference, targets
@@ -68,9 +70,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # emulate.pallas imports jax.experimental.pallas: load it on first use only.
-    if name == "pallas":
+    # emulate.pallas imports jax.experimental.pallas, emulate.flax imports flax (optional):
+    # load them on first use only.
+    if name in ("pallas", "flax"):
         import importlib
 
-        return importlib.import_module("emulate.pallas")
+        return importlib.import_module(f"emulate.{name}")
     raise AttributeError(f"module 'emulate' has no attribute {name!r}")

@@ -35,7 +35,11 @@ from emulate.engine.operands import (
 from emulate.engine.passthrough import passes_through, unplanned_integer_result
 from emulate.engine.run import per_platform, plan_for
 from emulate.formats import FormatLike
+from emulate.numerics import accumulate
+from emulate.numerics.bits import times_pow2
+from emulate.numerics.storage import Packed
 from emulate.planning.plan import Plan
+from emulate.quant import QArray, broadcast_blocks, dequantize
 from emulate.targets import TargetLike
 
 __all__ = ["conv_general_dilated"]
@@ -104,7 +108,7 @@ def _tuple(x: Any) -> Any:
 
 def conv_general_dilated(
     lhs: OperandLike,
-    rhs: OperandLike,
+    rhs: OperandLike | QArray,
     window_strides: Sequence[int],
     padding: str | Sequence[tuple[int, int]],
     lhs_dilation: Sequence[int] | None = None,
@@ -131,6 +135,17 @@ def conv_general_dilated(
     to ``out_sharding``. Rank-2 operands (no spatial dimensions) are a dot over the input
     features, as in JAX.
 
+    ``rhs`` may be an :class:`emulate.QArray` (quantized kernel weights). Scales that do not
+    change along the input features and the window (per output channel, per tensor):
+    the codes are convolved by their own plan with an f32 accumulator, multiplied by
+    their output channel's scale in f32 and rounded once into the result type. Scales
+    that change along them (blocks along the input features): mode "fast" convolves the
+    dequantized values (bf16 where exact, f32 at ``Precision.HIGHEST`` otherwise) with
+    an f32 accumulator; mode "exact" gives the dequantized values to mode "exact". The
+    result type is ``lax.conv_general_dilated``'s for a kernel of the QArray's ``dtype``.
+    Either way the f32 sum is within ``gamma_(K + 4) * sum|a*b|`` of the exact sum over
+    the dequantized values (plus the underflow term of :mod:`emulate.bounds`).
+
     Raises:
       TypeError: ``window_strides`` or a dilation that is not a sequence of ints (as lax).
       ValueError: strides or dilations below 1, a padding that is no padding string or
@@ -141,6 +156,36 @@ def conv_general_dilated(
         K-chunk, or that needs chunking with ``feature_group_count`` or
         ``batch_group_count`` above 1 (not built); a contraction beyond the plan's K limit.
     """
+    if isinstance(lhs, QArray):
+        raise TypeError(
+            "lhs: a QArray input is not built for convolutions (only QArray kernels, rhs); "
+            "pass lhs.dequantize() or an array of a low-precision format"
+        )
+    if isinstance(rhs, QArray):
+        if rhs_format is not None:
+            raise ValueError(
+                f"rhs_format: a QArray carries its format ({rhs.format_name}); pass "
+                f"rhs_format only with uint8 codes, got rhs_format={rhs_format!r}"
+            )
+        out = _qarray_conv(
+            lhs,
+            rhs,
+            dict(
+                window_strides=window_strides,
+                padding=padding,
+                lhs_dilation=lhs_dilation,
+                rhs_dilation=rhs_dilation,
+                dimension_numbers=dimension_numbers,
+                feature_group_count=feature_group_count,
+                batch_group_count=batch_group_count,
+            ),
+            precision,
+            preferred_element_type,
+            target=target,
+            mode=mode,
+            lhs_format=lhs_format,
+        )
+        return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
     if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
         return lax.conv_general_dilated(  # plain arrays: passes_through checked them
             cast(Any, lhs),
@@ -285,6 +330,74 @@ def _emulated_conv(
                 f"{p.k_chunk} of {p.lhs} x {p.rhs}; {where}"
             )
     return _run_conv(p, a, b, slice_features, tuple(sorted(params.items())))
+
+
+def _qarray_conv(
+    lhs: OperandLike,
+    q: QArray,
+    conv: dict[str, Any],
+    precision: Precision,
+    preferred_element_type: FormatLike | None,
+    *,
+    target: TargetLike,
+    mode: str,
+    lhs_format: FormatLike | None,
+) -> jax.Array:
+    """:func:`conv_general_dilated` with a QArray kernel (see its docstring)."""
+    a = operand(lhs, lhs_format, arg="lhs")
+    if mode not in ("fast", "exact"):
+        raise ValueError(f"mode: expected 'fast' or 'exact', got {mode!r}")
+    if len(a.shape) != len(q.shape) or len(q.shape) < 3:
+        raise ValueError(
+            f"lhs, rhs: convolution operands need the same rank, at least 3; got lhs "
+            f"{a.format_name}{list(a.shape)} and rhs {q!r}"
+        )
+    dn = lax.conv_dimension_numbers(a.shape, q.shape, conv["dimension_numbers"])
+    out = formats.dot_result(a.format_name, q.dtype.name, preferred_element_type)
+    if not out.xla_storable or out.is_low_precision or out.is_integer:
+        raise ValueError(
+            f"preferred_element_type: the result of a convolution with a QArray kernel must "
+            f"be float32, bfloat16 or float16, got {out.name}"
+        )
+    kw = dict(conv, dimension_numbers=dn, target=target)
+    o = dn.rhs_spec[0]
+    per_channel = all(q.block_shape[d] >= q.shape[d] for d in range(len(q.shape)) if d != o)
+    if mode == "exact" or not per_channel:
+        exact_bf16 = (
+            mode == "fast"
+            and a.format_name == "bfloat16"
+            and q.scale_format == "float8_e8m0fnu"
+            and q.tensor_scale is None
+            and (q.format.is_integer or "bfloat16" in q.format.exact_in)
+        )
+        values = dequantize(q, to=jnp.bfloat16 if exact_bf16 else jnp.float32)
+        if values.dtype == jnp.float32:
+            precision = lax.Precision.HIGHEST  # a TPU's default would round f32 to bf16
+        return conv_general_dilated(
+            a, values, precision=precision, preferred_element_type=out.name, mode=mode, **kw
+        )
+    codes = q.codes if isinstance(q.codes, Packed) else operand(q.codes, q.format_name, arg="rhs")
+    acc = conv_general_dilated(
+        a, codes, precision=precision, preferred_element_type="float32", mode="fast", **kw
+    )
+    return _scale_output_channels(acc, q, o, dn.out_spec[1], out.name)
+
+
+@functools.partial(jax.jit, static_argnames=("o", "out_axis", "out"))
+def _scale_output_channels(acc: jax.Array, q: QArray, o: int, out_axis: int, out: str):
+    """Multiply each output channel of an f32 convolution by its scale (``m * 2**e``) and
+    round once into ``out``."""
+    n = q.shape[o]
+    shape = [1] * acc.ndim
+    shape[out_axis] = n
+    m, e = (
+        broadcast_blocks(jnp.moveaxis(v, o, 0).reshape(-1), (q.block_shape[o],), (n,)).reshape(
+            shape
+        )
+        for v in q.scale_parts()
+    )
+    acc = times_pow2(acc * m, e)
+    return accumulate.round_accumulator(acc, out)
 
 
 @functools.partial(jax.jit, static_argnames=("p", "slice_features", "params"))

@@ -15,6 +15,9 @@ the contraction axis with ``axis=`` for weights stored ``(K, N)``.
   AWQ/GPTQ-style groups without zero points).
 - ``FP8_BLOCK_128x128``: float8_e4m3fn elements in 128 x 128 blocks, float32 scales by
   ``absmax`` (DeepSeek-V3-style weights).
+- ``INT8_PER_CHANNEL``, ``FP8_PER_CHANNEL``: int8 / float8_e4m3fn elements, one float32
+  scale (``absmax``) per output channel: the whole of the named ``axis`` (the
+  contraction axes) is one block.
 
 MXINT8 follows the OCP spec: an int8 element is a fixed-point number with the implicit
 scale 2**-6 (range -2 to 1 63/64, emax 0), so the e8m0 byte is the spec's ``X`` itself and
@@ -36,6 +39,8 @@ __all__ = [
     "NVFP4",
     "INT4_G128",
     "FP8_BLOCK_128x128",
+    "INT8_PER_CHANNEL",
+    "FP8_PER_CHANNEL",
     "SCHEMES",
     "Scheme",
 ]
@@ -88,6 +93,24 @@ FP8_BLOCK_128x128 = Scheme(
     "absmax",
     doc="fp8 weights in 128x128 blocks with f32 scales (DeepSeek-V3 style)",
 )
+INT8_PER_CHANNEL = Scheme(
+    "INT8_PER_CHANNEL",
+    "int8",
+    None,
+    (-1,),
+    "float32",
+    "absmax",
+    doc="symmetric int8 with one f32 scale per output channel",
+)
+FP8_PER_CHANNEL = Scheme(
+    "FP8_PER_CHANNEL",
+    "float8_e4m3fn",
+    None,
+    (-1,),
+    "float32",
+    "absmax",
+    doc="float8_e4m3fn with one f32 scale per output channel",
+)
 
 SCHEMES = {
     s.name: s
@@ -101,5 +124,7 @@ SCHEMES = {
         NVFP4,
         INT4_G128,
         FP8_BLOCK_128x128,
+        INT8_PER_CHANNEL,
+        FP8_PER_CHANNEL,
     )
 }

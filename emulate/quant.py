@@ -104,7 +104,7 @@ def element_range(fmt: FormatLike) -> tuple[int, float]:
     return emax, float(f.max) / 2.0**emax
 
 
-@jax.tree_util.register_pytree_node_class
+@jax.tree_util.register_pytree_with_keys_class
 @dataclasses.dataclass(frozen=True, eq=False)
 class QArray:
     """Codes of a low-precision format with block scales; see the module docstring.
@@ -130,6 +130,12 @@ class QArray:
     stacked with ``jax.tree.map(jnp.stack, ...)`` become one QArray with one block per
     index of the new leading axis.
     ``x @ q`` and ``q @ x`` run :func:`emulate.matmul`.
+
+    Where code expects an array it reads ``shape``, ``ndim``, ``size``, ``dtype`` (the
+    logical type), ``q[...]`` (``q`` itself, as flax layers read their kernels) and ``q.T``
+    (all axes reversed, a QArray). As a pytree its leaves are ``codes`` (a Packed array's
+    ``data``), ``scales`` and ``tensor_scale``, under those names in key paths: a
+    checkpoint stores the arrays, ``jit``/``vmap``/``nnx.split`` carry them.
     """
 
     codes: Any
@@ -147,7 +153,7 @@ class QArray:
         # this, as its leaves may be placeholders (it only reconciles the ranks, below).
         _check_qarray(self)
 
-    def tree_flatten(self):
+    def tree_flatten_with_keys(self):
         aux = (
             self.format_name,
             self.scale_format,
@@ -156,7 +162,13 @@ class QArray:
             self.dtype,
             self.element_exponent,
         )
-        return (self.codes, self.scales, self.tensor_scale), aux
+        children = (self.codes, self.scales, self.tensor_scale)
+        names = ("codes", "scales", "tensor_scale")
+        return tuple((jax.tree_util.GetAttrKey(n), c) for n, c in zip(names, children)), aux
+
+    def tree_flatten(self):
+        keyed, aux = self.tree_flatten_with_keys()
+        return tuple(c for _, c in keyed), aux
 
     @classmethod
     def tree_unflatten(cls, aux, children):
@@ -255,6 +267,21 @@ class QArray:
     @property
     def size(self) -> int:
         return math.prod(self.shape)
+
+    def __getitem__(self, key: Any) -> QArray:
+        """``q[...]`` (or ``q[()]``) is ``q`` itself; other indexing is refused (TypeError),
+        since a slice may cut a scale block: index :meth:`dequantize`'s values instead."""
+        if key is Ellipsis or (isinstance(key, tuple) and all(k is Ellipsis for k in key)):
+            return self
+        raise TypeError(
+            f"key: a QArray supports q[...] only (which returns q), got {key!r}; index "
+            "q.dequantize() for values"
+        )
+
+    @property
+    def T(self) -> QArray:  # noqa: N802 (numpy's name)
+        """The transpose, all axes reversed: codes, scales and blocks, no decoding."""
+        return transpose(self)
 
     @property
     def nbytes(self) -> int:
@@ -362,6 +389,27 @@ def _check_qarray(q: QArray, arg: str = "QArray") -> None:
     ts = q.tensor_scale
     if ts is not None and not isinstance(ts, (int, float)) and np.shape(ts) != ():
         raise ValueError(f"{arg}: tensor_scale must be None or a scalar, got shape {np.shape(ts)}")
+
+def transpose(q: QArray, axes: Sequence[int] | None = None) -> QArray:
+    """``q`` with its axes permuted (``axes`` as in ``jnp.transpose``; default reversed).
+    Moves codes and scales; Packed codes stay packed along the same logical axis."""
+    nd = len(q.shape)
+    perm = tuple(reversed(range(nd))) if axes is None else tuple(int(a) % nd for a in axes)
+    if sorted(perm) != list(range(nd)):
+        raise ValueError(f"axes: expected a permutation of {tuple(range(nd))}, got {axes!r}")
+    codes = q.codes
+    if isinstance(codes, Packed):
+        along = perm.index(codes.axis % nd) - nd
+        codes = Packed(jnp.transpose(codes.data, perm), codes.format_name, along, codes.length)
+    else:
+        codes = jnp.transpose(codes, perm)
+    return dataclasses.replace(
+        q,
+        codes=codes,
+        scales=jnp.transpose(q.scales, perm),
+        block_shape=tuple(q.block_shape[a] for a in perm),
+        shape=tuple(q.shape[a] for a in perm),
+    )
 
 
 def _packed_shape(p: Packed) -> tuple[int, ...]:

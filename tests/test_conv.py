@@ -567,3 +567,66 @@ def test_sliced_exact_conv_batch_groups_and_bf16_result():
         mode="exact",
     )
     assert same_bits(got, np.asarray(want).astype(ml_dtypes.bfloat16))
+
+
+# ----------------------------------------------------------------------------- QArray kernels
+
+_QSCHEMES = {
+    "MXFP4": lambda w, k_axes, i_axis: emulate.quantize(w, emulate.mx.MXFP4, axis=i_axis),
+    "MXFP8_E4M3": lambda w, k_axes, i_axis: emulate.quantize(w, emulate.mx.MXFP8_E4M3, axis=i_axis),
+    "NVFP4": lambda w, k_axes, i_axis: emulate.quantize(w, emulate.mx.NVFP4, axis=i_axis),
+    "int8 per channel": lambda w, k_axes, i_axis: emulate.quantize(
+        w, emulate.mx.INT8_PER_CHANNEL, axis=k_axes
+    ),
+    "fp8 per channel": lambda w, k_axes, i_axis: emulate.quantize(
+        w, emulate.mx.FP8_PER_CHANNEL, axis=k_axes
+    ),
+}
+
+
+@pytest.mark.parametrize("scheme", sorted(_QSCHEMES))
+@settings(max_examples=3)
+@given(data=st.data())
+def test_qarray_kernel_is_within_the_bound_of_its_dequantized_values(scheme, data):
+    """A QArray kernel (per output channel: codes convolved, then scaled; blocks along
+    the input features: dequantized values) against the exact convolution of the
+    dequantized values (the numpy oracle), within gamma_(K + 4) * sum|a*b|."""
+    cfg = data.draw(st.sampled_from(CONFIGS), label="config")
+    target = data.draw(st.sampled_from(["tpu_v4", "tpu_v7x"]), label="target")
+    a = data.draw(hnp.arrays(np.float32, cfg.lhs_shape, elements=_ACT), label="lhs")
+    w = data.draw(
+        hnp.arrays(np.float32, cfg.rhs_shape, elements=st.floats(-8, 8, width=32)), label="w"
+    )
+    spec = cfg.specs[1]
+    o_axis, i_axis = spec.index("O"), spec.index("I")
+    k_axes = tuple(d for d in range(len(spec)) if d != o_axis)
+    q = _QSCHEMES[scheme](jnp.asarray(w), k_axes, i_axis)
+    ts = None if q.tensor_scale is None else float(q.tensor_scale)
+    values = reference.dequantize(
+        np.asarray(q.unpacked_codes()), np.asarray(q.scales), q.block_shape, ts
+    )
+    got = np.asarray(cfg.run(a, q, target=target))
+    assert got.dtype == np.float32
+    pg, wg, fold = im2col(a, values, *cfg.oracle_args)
+    k = pg.shape[-1]
+    exact = fold(reference.exact_dot_general(pg, wg, GROUPED))
+    bnd = fold(bounds.dot_general_bound(pg, wg, GROUPED)) * (
+        bounds.gamma(k + 4) / bounds.gamma(max(k, 1))
+    )
+    want = np.array([float(e) for e in exact.flat]).reshape(exact.shape)
+    np.testing.assert_array_less(np.abs(got - want), bnd + 2.0**-126)
+
+
+def test_qarray_kernel_refusals():
+    q = emulate.quantize(jnp.ones((3, 3, 4, 2)), emulate.mx.MXFP8_E4M3, axis=2)
+    x = jnp.ones((1, 5, 5, 4))
+    with pytest.raises(ValueError, match=r"^rhs_format: a QArray carries its format"):
+        emulate.conv_general_dilated(
+            x, q, (1, 1), "SAME", dimension_numbers=NHWC, rhs_format="int8"
+        )
+    with pytest.raises(TypeError, match=r"^lhs: a QArray input is not built for convolutions"):
+        emulate.conv_general_dilated(q, q, (1, 1), "SAME", dimension_numbers=NHWC)
+    with pytest.raises(ValueError, match=r"^preferred_element_type: the result of a convolution"):
+        emulate.conv_general_dilated(
+            x, q, (1, 1), "SAME", dimension_numbers=NHWC, preferred_element_type=jnp.int32
+        )

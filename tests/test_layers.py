@@ -56,7 +56,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.engine.run",
         ],
     ),
-    ("front ends", ["emulate.scaled", "emulate.dot", "emulate.conv"]),
+    ("front ends", ["emulate.scaled", "emulate.dot", "emulate.conv", "emulate.flax"]),
     ("program transforms", ["emulate.program", "emulate.rewrite", "emulate.report"]),
     (
         "pallas",

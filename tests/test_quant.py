@@ -290,3 +290,33 @@ def test_non_float_input_is_a_type_error():
         emulate.quantize(np.ones((4,), np.int32), "int8")
     with pytest.raises(TypeError, match="q: expected an emulate.QArray"):
         emulate.dequantize(np.ones(3))
+
+
+# --------------------------------------------------------------------------- array protocol
+
+
+def _oracle_values(q: emulate.QArray) -> np.ndarray:
+    ts = None if q.tensor_scale is None else float(q.tensor_scale)
+    return reference.dequantize(
+        np.asarray(q.unpacked_codes()), np.asarray(q.scales), q.block_shape, ts
+    )
+
+
+@pytest.mark.parametrize("scheme", ["MXFP4", "MXFP6_E2M3", "NVFP4", "INT4_G128", "MXFP8_E4M3"])
+def test_transpose_moves_codes_scales_and_blocks(scheme):
+    w = jax.random.normal(jax.random.key(3), (3, 64, 16))
+    q = emulate.quantize(w, emulate.mx.SCHEMES[scheme], axis=1)
+    t = q.T
+    assert t.shape == (16, 64, 3) and t.block_shape == tuple(reversed(q.block_shape))
+    np.testing.assert_array_equal(_oracle_values(t), _oracle_values(q).transpose(2, 1, 0))
+    assert t.T.shape == q.shape
+
+
+def test_qarray_indexing_and_key_paths():
+    q = emulate.quantize(jnp.ones((64, 8)), emulate.mx.MXFP4, axis=0)
+    assert q[...] is q and q[()] is q
+    with pytest.raises(TypeError, match=r"^key: a QArray supports q\[\.\.\.\] only"):
+        q[0]
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(q)[0]]
+    assert paths == [".codes.data", ".scales"]
+    assert (q.ndim, q.size, q.dtype) == (2, 512, np.dtype(np.float32))

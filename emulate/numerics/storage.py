@@ -156,7 +156,7 @@ def from_codes(codes: jax.Array, fmt: FormatLike) -> jax.Array:
     return lax.bitcast_convert_type(codes.astype(code_dtype(f)), f.dtype)
 
 
-@jax.tree_util.register_pytree_node_class
+@jax.tree_util.register_pytree_with_keys_class
 @dataclasses.dataclass(frozen=True, eq=False)
 class Packed:
     """A sub-byte array stored densely: uint8 ``data`` plus static format, axis and length.
@@ -213,6 +213,13 @@ class Packed:
                 f"length: {self.length} {f.name} elements need {want} bytes along axis "
                 f"{self.axis}, the data has {shape[self.axis]}"
             )
+
+    def tree_flatten_with_keys(self):
+        return ((jax.tree_util.GetAttrKey("data"), self.data),), (
+            self.format_name,
+            self.axis,
+            self.length,
+        )
 
     def tree_flatten(self):
         return (self.data,), (self.format_name, self.axis, self.length)

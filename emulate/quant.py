@@ -390,6 +390,7 @@ def _check_qarray(q: QArray, arg: str = "QArray") -> None:
     if ts is not None and not isinstance(ts, (int, float)) and np.shape(ts) != ():
         raise ValueError(f"{arg}: tensor_scale must be None or a scalar, got shape {np.shape(ts)}")
 
+
 def transpose(q: QArray, axes: Sequence[int] | None = None) -> QArray:
     """``q`` with its axes permuted (``axes`` as in ``jnp.transpose``; default reversed).
     Moves codes and scales; Packed codes stay packed along the same logical axis."""

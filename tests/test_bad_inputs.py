@@ -439,10 +439,9 @@ def test_vmap_over_a_qarray_of_experts():
     each = [emulate.dequantize(emulate.quantize(w[e], mx.MXFP4, axis=0)) for e in range(3)]
     np.testing.assert_array_equal(np.asarray(jax.vmap(emulate.dequantize)(q)), np.stack(each))
     got = jax.vmap(lambda qe: emulate.matmul(x, qe))(q)
-    want = np.stack(
-        [np.asarray(emulate.matmul(x, emulate.quantize(w[e], mx.MXFP4, axis=0))) for e in range(3)]
-    )
-    np.testing.assert_array_equal(np.asarray(got), want)
+    # fp4 values times two power-of-two scales, 64 of them: the f32 sums are exact
+    want = np.stack([x.astype(np.float64) @ np.asarray(d, np.float64) for d in each])
+    np.testing.assert_array_equal(np.asarray(got), want.astype(np.float32))
 
 
 def test_stacked_qarrays_are_one_qarray_with_a_leading_axis():
@@ -547,7 +546,7 @@ def test_validate_json_on_a_full_device(capsys):
 @given(
     rows=st.sampled_from([127, 160]),
     nans=st.lists(st.tuples(st.integers(0, 126), st.integers(0, 31)), min_size=1, max_size=3),
-    scheme=st.sampled_from([mx.MXFP4, mx.MXFP8_E4M3, mx.NVFP4]),
+    scheme=st.sampled_from([mx.MXFP4, mx.NVFP4]),
 )
 def test_quantize_keeps_nan_blocks_at_any_size(rows, nans, scheme):
     # 127 x 32 is below the size (about 4096 elements) where XLA:CPU's max drops NaN.

@@ -97,6 +97,21 @@ def test_int8_sums_past_two_to_the_24_stay_exact():
     assert (r.method, r.lhs_compute, r.k_chunk) == ("bf16", "bfloat16", 1024)
 
 
+def _pallas_scope(jaxpr):
+    """The (sub-)jaxpr that holds the pallas_call: inside the jit, custom_vjp and
+    custom_vmap wrappers of emulate.pallas.matmul."""
+    if any(e.primitive.name == "pallas_call" for e in jaxpr.eqns):
+        return jaxpr
+    for e in jaxpr.eqns:
+        for v in e.params.values():
+            sub = getattr(v, "jaxpr", v)
+            if isinstance(sub, jax.extend.core.Jaxpr):
+                found = _pallas_scope(sub)
+                if found is not None:
+                    return found
+    return None
+
+
 def test_packed_weight_stays_packed_in_hbm():
     k, n = 1024, 512
     w = emulate.pack(np.zeros((k, n), ml_dtypes.int4), axis=0)
@@ -106,7 +121,7 @@ def test_packed_weight_stays_packed_in_hbm():
         return emulate.pallas.matmul(x, w, target="tpu_v5e", interpret=False)
 
     jaxpr = jax.make_jaxpr(fn)(x, w)
-    inner = jaxpr.eqns[0].params["jaxpr"]  # the jitted wrapper
+    inner = _pallas_scope(jaxpr.jaxpr)  # the jitted wrapper
     (call,) = [e for e in inner.eqns if e.primitive.name == "pallas_call"]
     avals = [(v.aval.shape, v.aval.dtype.name) for v in call.invars]
     # two bf16 planes of x (even and odd K), one uint8 weight of K/2 x N bytes
@@ -118,7 +133,7 @@ def test_packed_weight_stays_packed_in_hbm():
     # float6: three byte planes of the same K/4 x 3N array
     w6 = emulate.pack(np.zeros((k, n), ml_dtypes.float6_e2m3fn), axis=0)
     jaxpr = jax.make_jaxpr(fn)(x, w6)
-    (call,) = [e for e in jaxpr.eqns[0].params["jaxpr"].eqns if e.primitive.name == "pallas_call"]
+    (call,) = [e for e in _pallas_scope(jaxpr.jaxpr).eqns if e.primitive.name == "pallas_call"]
     avals = [(v.aval.shape, v.aval.dtype.name) for v in call.invars]
     assert avals == [((16, 256), "bfloat16")] * 4 + [((256, 3 * 512), "uint8")] * 3
 

@@ -4,6 +4,10 @@ The same plans as :func:`emulate.dot_general`: a convolution is a contraction ov
 features and the window, ``K = in_features_per_group * prod(window)``. When the plan's
 K-chunk is shorter than that, the input features are cut into slices whose sums stay
 exact, and the slice results are combined exactly.
+
+Gradients (both modes): ``lax.conv_general_dilated``'s, computed as float32 convolutions
+of the exactly decoded operands and their tangents with the same parameters
+(:mod:`emulate.engine.grad`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import numpy as np
 from jax import lax
 
 from emulate import formats
-from emulate.engine import exact
+from emulate.engine import exact, grad
 from emulate.engine.contract import check_k, combine_chunk_sums, contract_decoded, finish
 from emulate.engine.operands import (
     Operand,
@@ -142,11 +146,25 @@ def conv_general_dilated(
     return _run_conv(p, a, b, slice_features, tuple(sorted(params.items())))
 
 
+def _route(static: tuple, lhs: Operand, rhs: Operand) -> jax.Array:
+    p, patched, slice_features, params = static
+    if patched:
+        return per_platform(p, functools.partial(_sliced_conv, params=params), lhs, rhs)
+    run = functools.partial(_conv, slice_features=slice_features, params=params)
+    return per_platform(p, run, lhs, rhs)
+
+
+def _contract_f32(static: tuple, x: jax.Array, w: jax.Array) -> jax.Array:
+    return lax.conv_general_dilated(x, w, preferred_element_type=jnp.float32, **dict(static[3]))
+
+
+# Differentiable as lax.conv_general_dilated is (emulate.engine.grad).
+_differentiable_conv = grad.bilinear(_route, _contract_f32)
+
+
 @functools.partial(jax.jit, static_argnames=("p", "slice_features", "params"))
 def _run_conv(p: Plan, lhs: Operand, rhs: Operand, slice_features, params) -> jax.Array:
-    return per_platform(
-        p, functools.partial(_conv, slice_features=slice_features, params=params), lhs, rhs
-    )
+    return _differentiable_conv((p, False, slice_features, params), lhs, rhs)
 
 
 def _conv(p: Plan, lhs: Operand, rhs: Operand, *, slice_features, params) -> jax.Array:
@@ -183,7 +201,7 @@ def _pads(lshape, rshape, dn, strides, padding, rhs_dilation) -> tuple[tuple[int
 
 @functools.partial(jax.jit, static_argnames=("p", "params"))
 def _run_sliced_conv(p: Plan, lhs: Operand, rhs: Operand, params) -> jax.Array:
-    return per_platform(p, functools.partial(_sliced_conv, params=params), lhs, rhs)
+    return _differentiable_conv((p, True, None, params), lhs, rhs)
 
 
 def _sliced_conv(p: Plan, lhs: Operand, rhs: Operand, *, params) -> jax.Array:

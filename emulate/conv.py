@@ -129,7 +129,7 @@ def conv_general_dilated(
             lhs_dilation=params["lhs_dilation"] or ones,
             rhs_dilation=params["rhs_dilation"] or ones,
         )
-        return _run_sliced_conv(p, a, b, tuple(sorted(params.items())))
+        return _differentiable_conv((p, True, None, tuple(sorted(params.items()))), a, b)
     slice_features = None
     if p.k_chunk is not None and k > p.k_chunk:
         if feature_group_count != 1 or batch_group_count != 1:
@@ -143,15 +143,14 @@ def conv_general_dilated(
                 f"rhs: the window ({window} taps) alone exceeds the exact K-chunk "
                 f"{p.k_chunk} of {p.lhs} x {p.rhs}; {where}"
             )
-    return _run_conv(p, a, b, slice_features, tuple(sorted(params.items())))
+    return _differentiable_conv((p, False, slice_features, tuple(sorted(params.items()))), a, b)
 
 
 def _route(static: tuple, lhs: Operand, rhs: Operand) -> jax.Array:
     p, patched, slice_features, params = static
     if patched:
-        return per_platform(p, functools.partial(_sliced_conv, params=params), lhs, rhs)
-    run = functools.partial(_conv, slice_features=slice_features, params=params)
-    return per_platform(p, run, lhs, rhs)
+        return _run_sliced_conv(p, lhs, rhs, params)
+    return _run_conv(p, lhs, rhs, slice_features, params)
 
 
 def _contract_f32(static: tuple, x: jax.Array, w: jax.Array) -> jax.Array:
@@ -164,7 +163,9 @@ _differentiable_conv = grad.bilinear(_route, _contract_f32)
 
 @functools.partial(jax.jit, static_argnames=("p", "slice_features", "params"))
 def _run_conv(p: Plan, lhs: Operand, rhs: Operand, slice_features, params) -> jax.Array:
-    return _differentiable_conv((p, False, slice_features, params), lhs, rhs)
+    return per_platform(
+        p, functools.partial(_conv, slice_features=slice_features, params=params), lhs, rhs
+    )
 
 
 def _conv(p: Plan, lhs: Operand, rhs: Operand, *, slice_features, params) -> jax.Array:
@@ -201,7 +202,7 @@ def _pads(lshape, rshape, dn, strides, padding, rhs_dilation) -> tuple[tuple[int
 
 @functools.partial(jax.jit, static_argnames=("p", "params"))
 def _run_sliced_conv(p: Plan, lhs: Operand, rhs: Operand, params) -> jax.Array:
-    return _differentiable_conv((p, True, None, params), lhs, rhs)
+    return per_platform(p, functools.partial(_sliced_conv, params=params), lhs, rhs)
 
 
 def _sliced_conv(p: Plan, lhs: Operand, rhs: Operand, *, params) -> jax.Array:

@@ -166,6 +166,8 @@ class _Rewriter:
             return _bind(eqn, invals, eqn.params)
         if name == "shard_map" and self.needs(eqn.params["jaxpr"]):
             return self.shard_map(eqn, invals)
+        if name == "custom_vjp_call" and self.needs(eqn.params["call_jaxpr"].jaxpr):
+            return self.custom_vjp(eqn, invals)
         params = {k: self.param(v) for k, v in eqn.params.items()}
         return _bind(eqn, invals, params)
 
@@ -183,6 +185,42 @@ class _Rewriter:
             axis_names=set(p["newly_manual_axes"]),
         )
         return list(wrapped(*invals))
+
+    def custom_vjp(self, eqn: jex_core.JaxprEqn, invals: list[Any]) -> Any:
+        # The equation's forward and backward rules are callables, not jaxprs, so walking
+        # its params would rewrite the primal only; under grad, JAX's rules would then run
+        # the original sites (jax.nn.scaled_dot_general's backward is a scaled_matmul).
+        # Instead: a custom_vjp whose primal is the rewritten body and whose backward is
+        # JAX's own (the vjp of the original equation), traced and rewritten too.
+        nc = eqn.params["num_consts"]
+        body = eqn.params["call_jaxpr"]
+        rewriter = self
+
+        def original(consts, args):
+            return _bind(eqn, [*consts, *args], eqn.params)
+
+        @jax.custom_vjp
+        def call(consts, args):
+            return rewriter.eval(body.jaxpr, body.consts, [*consts, *args])
+
+        def fwd(consts, args):
+            return call(consts, args), (consts, args)
+
+        def bwd(res, cts):
+            consts, args = res
+
+            def vjp(args, cts):
+                return jax.vjp(lambda *a: original(consts, a), *args)[1](cts)
+
+            closed, shape = jax.make_jaxpr(vjp, return_shape=True)(args, cts)
+            flat = jax.tree_util.tree_leaves((args, cts))
+            grads = rewriter.eval(closed.jaxpr, closed.consts, flat)
+            # The body's constants: not differentiated (JAX's own rule refuses them).
+            zeros = tuple(None for _ in consts)
+            return zeros, jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), grads)
+
+        call.defvjp(fwd, bwd)
+        return call(tuple(invals[:nc]), tuple(invals[nc:]))
 
     def emulated(self, eqn: Any, invals: list[Any]) -> Any:
         p = eqn.params

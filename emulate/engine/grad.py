@@ -25,6 +25,7 @@ zeros (``float0``), as JAX gives them, and an integer result has a ``float0`` ta
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeAlias, TypeVar
 
@@ -112,6 +113,10 @@ def bilinear(route: Route, contract: Contract) -> Route:
         float32 result (``lax.dot_general`` or ``lax.conv_general_dilated`` with the
         route's dimension numbers and ``preferred_element_type=float32``).
 
+    ``static`` must be hashable (it is a static argument of the tangent's jitted program).
+    Call ``route``'s own jitted program inside ``route``: under ``grad`` the forward then
+    reuses its compiled program instead of compiling a linearized copy of it.
+
     Returns:
       A function with ``route``'s signature and forward values, whose JVP (and so, by
       transposition, VJP) is ``contract(da, b) + contract(a, db)`` in float32, rounded
@@ -124,16 +129,31 @@ def bilinear(route: Route, contract: Contract) -> Route:
         out = f(static, lhs, rhs)
         if not jnp.issubdtype(out.dtype, jnp.inexact):
             return out, np.zeros(out.shape, jax.dtypes.float0)
-        da, db = tangent_f32(lhs, tangents[0]), tangent_f32(rhs, tangents[1])
-        terms = []
-        if da is not None:
-            terms.append(contract(static, da, values_f32(rhs)))
-        if db is not None:
-            terms.append(contract(static, values_f32(lhs), db))
-        if not terms:
+        tl, tr = (
+            jax.tree_util.tree_map(
+                lambda v: None if _zero(v) else v, t, is_leaf=lambda v: isinstance(v, SymbolicZero)
+            )
+            for t in tangents
+        )
+        t = _tangent(contract, static, lhs, rhs, tl, tr)
+        if t is None:
             return out, jnp.zeros(out.shape, out.dtype)
-        t = terms[0] if len(terms) == 1 else terms[0] + terms[1]
         return out, t.astype(out.dtype)
 
     f.defjvp(jvp, symbolic_zeros=True)
     return f
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _tangent(contract: Contract, static: Any, lhs: Any, rhs: Any, tl: Any, tr: Any):
+    """``contract(da, b) + contract(a, db)`` in f32, None where both tangents are zero (one
+    jitted program: the route's own forward program is not compiled again under ``grad``)."""
+    da, db = tangent_f32(lhs, tl), tangent_f32(rhs, tr)
+    terms = []
+    if da is not None:
+        terms.append(contract(static, da, values_f32(rhs)))
+    if db is not None:
+        terms.append(contract(static, values_f32(lhs), db))
+    if not terms:
+        return None
+    return terms[0] if len(terms) == 1 else terms[0] + terms[1]

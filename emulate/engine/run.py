@@ -86,13 +86,24 @@ def _route(
     return lax.platform_dependent(lhs, rhs, cpu=cpu, default=untiled)
 
 
-def _run(static: tuple, lhs: Operand, rhs: Operand) -> jax.Array:
-    p, dimension_numbers, precision, tiling = static
-
+@functools.partial(jax.jit, static_argnames=("p", "dimension_numbers", "precision", "tiling"))
+def _run(
+    p: Plan,
+    lhs: Operand,
+    rhs: Operand,
+    dimension_numbers: DimensionNumbers,
+    precision: Precision,
+    tiling: tiled.Settings,
+) -> jax.Array:
     def run(q: Plan, a: Operand, b: Operand) -> jax.Array:
         return _route(q, a, b, dimension_numbers, precision, tiling)
 
     return per_platform(p, run, lhs, rhs)
+
+
+def _forward(static: tuple, lhs: Operand, rhs: Operand) -> jax.Array:
+    p, dimension_numbers, precision, tiling = static
+    return _run(p, lhs, rhs, dimension_numbers, precision, tiling)
 
 
 def _contract_f32(static: tuple, a: jax.Array, b: jax.Array) -> jax.Array:
@@ -100,10 +111,9 @@ def _contract_f32(static: tuple, a: jax.Array, b: jax.Array) -> jax.Array:
     return lax.dot_general(a, b, dimension_numbers, precision, preferred_element_type=jnp.float32)
 
 
-_differentiable_run = grad.bilinear(_run, _contract_f32)
+_differentiable_run = grad.bilinear(_forward, _contract_f32)
 
 
-@functools.partial(jax.jit, static_argnames=("p", "dimension_numbers", "precision", "tiling"))
 def run_plan(
     p: Plan,
     lhs: Operand,
@@ -112,8 +122,8 @@ def run_plan(
     precision: Precision,
     tiling: tiled.Settings = tiled.DEFAULT,
 ) -> jax.Array:
-    """Run plan ``p`` on two operands (jitted; the plan, the dimension numbers, the
-    precision and the tiling settings are static).
+    """Run plan ``p`` on two operands (one jitted program; the plan, the dimension numbers,
+    the precision and the tiling settings are static).
 
     Differentiable (``grad``, ``jvp``, ``vjp``, under ``vmap``) with
     ``lax.dot_general``'s rule, ``d(a.b) = da.b + a.db``, computed as float32 dots of the

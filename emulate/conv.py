@@ -73,7 +73,8 @@ def conv_general_dilated(
 
     Arguments as in ``lax.conv_general_dilated``; ``target``, ``mode`` and the formats as in
     :func:`emulate.dot_general`. The result dtype and the numerics contract are those of
-    :func:`emulate.dot_general` with ``K = in_features_per_group * prod(window)``.
+    :func:`emulate.dot_general` with ``K = in_features_per_group * prod(window)``; so are
+    its gradients (float32 convolutions of the decoded operands, both modes).
 
     Raises:
       ValueError: rank or feature-count mismatches (naming both operands and the target);

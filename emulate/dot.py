@@ -67,6 +67,10 @@ def dot_general(
       e4m3fn gives e4m3fn, the sum rounded once). Integer pairs are exact (the int64 sum
       wrapped to int32); float4_e2m1fn / float6_e2m3fn pairs are exact; other float
       pairs are within ``gamma_K * sum|a*b|`` in mode "fast".
+
+    Differentiable in both modes with ``lax.dot_general``'s rule, as float32 dots of the
+    decoded operands (float8 operands get float8 cotangents, as in JAX; integer operands
+    none); gradients are outside the exactness contract (docs/numerics.md, "Gradients").
     """
     if isinstance(lhs, QArray) or isinstance(rhs, QArray):
         x, y = (

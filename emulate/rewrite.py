@@ -54,8 +54,11 @@ def polyfill(
 
     Returns:
       A function with ``fn``'s signature and outputs (the same avals). It composes with
-      ``jit``, ``grad`` and ``vmap`` in any order. The rewritten program is cached per
-      input signature (tree structure, shapes, dtypes), target and mode.
+      ``jit``, ``grad`` and ``vmap`` in any order; its gradient is ``fn``'s (emulated
+      sites differentiate as :func:`emulate.dot_general` does, and a ``custom_vjp``
+      holding an emulated site keeps its own backward rule, rewritten too). The
+      rewritten program is cached per input signature (tree structure, shapes, dtypes),
+      target and mode.
 
     Notes:
       Arguments are traced: Python scalars become weakly typed arrays, as under ``jit``.

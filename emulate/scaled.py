@@ -26,6 +26,9 @@ Mode "exact": the QArrays' values, as :func:`emulate.dequantize` gives them in f
 e8m0 scales exactly ``code * 2**e``; each product rounded once otherwise), contracted by
 mode "exact" of :func:`emulate.dot_general`: the exact sum of their products, rounded
 once into the result type.
+
+Gradients, both modes: those of the dequantized math, with respect to float operands,
+float codes, scales and tensor scales (:mod:`emulate.engine.grad`).
 """
 
 from __future__ import annotations
@@ -365,6 +368,10 @@ def scaled_matmul(
     Operands may be of any format (float8, float4_e2m1fn, int8, ... or wide types),
     scales float8_e8m0fnu, float8_e4m3fn, bfloat16, float16 or float32. The numerics are
     those of :func:`emulate.dot_general` on QArrays (module docstring).
+
+    Differentiable with respect to ``lhs``, ``rhs`` (float dtypes) and both scales, as the
+    dequantized math is (``jax.nn.scaled_matmul`` has no differentiation rule); the
+    backward is float32 dots (docs/numerics.md, "Gradients").
     """
     qa = _as_qarray(lhs, lhs_scales, "lhs")
     qb = _as_qarray(rhs, rhs_scales, "rhs")

@@ -228,6 +228,7 @@ def test_qarray_matmul_grads_wrt_activations_and_scales(mode, target):
     want = jax.grad(theirs, argnums=(0, 1))(A32, SCALES)
     for g, w in zip(got, want, strict=True):
         _assert_close(g, w, jnp.float32)
+
     def bilinear(x, scales):  # central differences are exact for it
         q = emulate.QArray.from_parts(CODES, scales, block_shape=(8, 1))
         return emulate.matmul(x, q, target=target, mode=mode)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +41,6 @@ from emulate.quant import QArray, broadcast_blocks
 
 __all__ = ["Contract", "bilinear", "tangent_f32", "values_f32"]
 
-S = TypeVar("S")
 #: The contraction of two float32 arrays, given the route's static arguments.
 Contract: TypeAlias = Callable[[Any, jax.Array, jax.Array], jax.Array]
 Route: TypeAlias = Callable[[Any, Any, Any], jax.Array]
@@ -84,9 +83,7 @@ def tangent_f32(x: Operand | QArray, t: Operand | QArray) -> jax.Array | None:
         parts = []
         if _differentiable(x.codes) and not _zero(t.codes):
             parts.append(t.codes.astype(jnp.float32) * _scale_full(x))
-        codes = None
-        if not _zero(t.scales) or (x.tensor_scale is not None and not _zero(t.tensor_scale)):
-            codes = codecs.decode(x.unpacked_codes(), x.format_name, to=jnp.float32)
+        codes = codecs.decode(x.unpacked_codes(), x.format_name, to=jnp.float32)
         if not _zero(t.scales):
             ds = t.scales.astype(jnp.float32)
             if x.tensor_scale is not None:

@@ -353,3 +353,34 @@ def test_polyfill_grad_equals_grad_of_the_function(mode):
     _, t_ours = jax.jvp(lambda a: fn(a, w1, w2), (x,), (tx,))
     _, t_jax = jax.jvp(lambda a: _model(a, w1, w2), (x,), (tx,))
     _assert_close(t_ours, t_jax, jnp.float32)
+
+
+@jax.custom_jvp
+def _layer(x, w):
+    return lax.dot_general(x, w, DN, preferred_element_type=jnp.float32)
+
+
+@_layer.defjvp
+def _layer_jvp(primals, tangents):
+    (x, w), (tx, tw) = primals, tangents
+    dot = functools.partial(
+        lax.dot_general, dimension_numbers=DN, preferred_element_type=jnp.float32
+    )
+    return _layer(x, w), dot(tx, w) + dot(x, tw)
+
+
+def test_polyfill_keeps_custom_rules_and_rewrites_them():
+    # A custom_jvp (a user's layer) and a custom_vjp (jax.nn.scaled_dot_general, above)
+    # holding an emulated site: the gradient is the rule's, and the gradient's program
+    # holds no pair the target lacks (the rule's tangent dots run as f32 x f32).
+    a, b = A32.astype(jnp.float8_e4m3fn), B32.astype(jnp.float8_e4m3fn)
+
+    def f(x, w):
+        return jnp.sum(jnp.tanh(_layer(x, w)))
+
+    fn = emulate.polyfill(f, target="tpu_v4")
+    grad = jax.grad(fn, argnums=(0, 1))
+    assert emulate.program.unsupported_sites(grad, a, b, target="tpu_v4") == []
+    assert emulate.program.unsupported_sites(jax.grad(f, argnums=(0, 1)), a, b, target="tpu_v4")
+    for g, w in zip(grad(a, b), jax.grad(f, argnums=(0, 1))(a, b), strict=True):
+        _assert_close(g, w, jnp.float8_e4m3fn)

@@ -4,6 +4,10 @@ The same plans as :func:`emulate.dot_general`: a convolution is a contraction ov
 features and the window, ``K = in_features_per_group * prod(window)``. When the plan's
 K-chunk is shorter than that, the input features are cut into slices whose sums stay
 exact, and the slice results are combined exactly.
+
+Gradients (both modes): ``lax.conv_general_dilated``'s, computed as float32 convolutions
+of the exactly decoded operands and their tangents with the same parameters
+(:mod:`emulate.engine.grad`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import numpy as np
 from jax import lax
 
 from emulate import formats
-from emulate.engine import exact
+from emulate.engine import exact, grad
 from emulate.engine.contract import check_k, combine_chunk_sums, contract_decoded, finish
 from emulate.engine.operands import (
     Operand,
@@ -133,7 +137,9 @@ def conv_general_dilated(
     the result dtype and the numerics contract are those of :func:`emulate.dot_general`
     with ``K = in_features_per_group * prod(window)``, and an emulated result is resharded
     to ``out_sharding``. Rank-2 operands (no spatial dimensions) are a dot over the input
-    features, as in JAX.
+    features, as in JAX. Gradients are those of ``lax.conv_general_dilated`` (float32
+    convolutions of the decoded operands, both modes; a QArray kernel's codes and scales
+    get zero gradients, not built yet).
 
     ``rhs`` may be an :class:`emulate.QArray` (quantized kernel weights). Scales that do not
     change along the input features and the window (per output channel, per tensor):
@@ -315,7 +321,7 @@ def _emulated_conv(
             lhs_dilation=params["lhs_dilation"] or ones,
             rhs_dilation=params["rhs_dilation"] or ones,
         )
-        return _run_sliced_conv(p, a, b, tuple(sorted(params.items())))
+        return _differentiable_conv((p, True, None, tuple(sorted(params.items()))), a, b)
     slice_features = None
     if p.k_chunk is not None and k > p.k_chunk:
         if feature_group_count != 1 or batch_group_count != 1:
@@ -329,7 +335,22 @@ def _emulated_conv(
                 f"rhs: the window ({window} taps) alone exceeds the exact K-chunk "
                 f"{p.k_chunk} of {p.lhs} x {p.rhs}; {where}"
             )
-    return _run_conv(p, a, b, slice_features, tuple(sorted(params.items())))
+    return _differentiable_conv((p, False, slice_features, tuple(sorted(params.items()))), a, b)
+
+
+def _route(static: tuple, lhs: Operand, rhs: Operand) -> jax.Array:
+    p, patched, slice_features, params = static
+    if patched:
+        return _run_sliced_conv(p, lhs, rhs, params)
+    return _run_conv(p, lhs, rhs, slice_features, params)
+
+
+def _contract_f32(static: tuple, x: jax.Array, w: jax.Array) -> jax.Array:
+    return lax.conv_general_dilated(x, w, preferred_element_type=jnp.float32, **dict(static[3]))
+
+
+# Differentiable as lax.conv_general_dilated is (emulate.engine.grad).
+_differentiable_conv = grad.bilinear(_route, _contract_f32)
 
 
 def _qarray_conv(

@@ -88,6 +88,10 @@ def dot_general(
       ``preferred_element_type`` of int16, uint16 or uint32 for integer operands is the
       int32 sum wrapped into it, as XLA's integer dot wraps.
 
+    Differentiable in both modes with ``lax.dot_general``'s rule, as float32 dots of the
+    decoded operands (float8 operands get float8 cotangents, as in JAX; integer operands
+    none); gradients are outside the exactness contract (docs/numerics.md, "Gradients").
+
     Raises:
       TypeError, ValueError: as ``lax.dot_general`` raises them for the same shapes and
         dimension numbers (emulate's message, naming the operands and the target, with

@@ -58,8 +58,11 @@ def polyfill(
 
     Returns:
       A function with ``fn``'s signature and outputs (the same avals). It composes with
-      ``jit``, ``grad`` and ``vmap`` in any order. The rewritten program is cached per
-      input signature (tree structure, shapes, dtypes), target and mode.
+      ``jit``, ``grad`` and ``vmap`` in any order; its gradient is ``fn``'s (emulated
+      sites differentiate as :func:`emulate.dot_general` does, and a ``custom_vjp``
+      holding an emulated site keeps its own backward rule, rewritten too). The
+      rewritten program is cached per input signature (tree structure, shapes, dtypes),
+      target and mode.
 
     Notes:
       Arguments are traced: Python scalars become weakly typed arrays, as under ``jit``.
@@ -127,24 +130,53 @@ class _Rewriter:
     def needs(self, jaxpr: jex_core.Jaxpr) -> bool:
         return any(program.needs_emulation(s, self.t) for s in program.sites(jaxpr))
 
-    def eval(self, jaxpr: jex_core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+    def eval(
+        self,
+        jaxpr: jex_core.Jaxpr,
+        consts: Sequence[Any],
+        args: Sequence[Any],
+        linear: Sequence[bool] | None = None,
+    ) -> list[Any]:
+        """Evaluate ``jaxpr`` with its sites rewritten. ``linear`` flags the inputs that are
+        tangents (a custom JVP rule's): equations that read them must stay transposable,
+        so they are bound as they are, except matmul sites the target lacks, which become
+        the float32 contraction of float32 operands (linear, native everywhere)."""
         env: dict[Any, Any] = {}
+        tangent: set[Any] = set()
 
         def read(v):
             return v.val if isinstance(v, jex_core.Literal) else env[v]
 
         for v, x in zip(jaxpr.constvars, consts, strict=True):
             env[v] = x
-        for v, x in zip(jaxpr.invars, args, strict=True):
+        for i, (v, x) in enumerate(zip(jaxpr.invars, args, strict=True)):
             env[v] = x
+            if linear is not None and linear[i]:
+                tangent.add(v)
         for eqn in jaxpr.eqns:
             invals = [read(v) for v in eqn.invars]
-            outs = self.equation(eqn, invals)
+            if any(not isinstance(v, jex_core.Literal) and v in tangent for v in eqn.invars):
+                outs = self.linear_equation(eqn, invals)
+                tangent.update(eqn.outvars)
+            else:
+                outs = self.equation(eqn, invals)
             if not eqn.primitive.multiple_results:
                 outs = [outs]
             for v, x in zip(eqn.outvars, outs, strict=True):
                 env[v] = x
         return [read(v) for v in jaxpr.outvars]
+
+    def linear_equation(self, eqn: Any, invals: list[Any]) -> Any:
+        if eqn.primitive.name in program.MATMUL_PRIMITIVES:
+            lhs, rhs = (v.aval for v in eqn.invars[:2])
+            if not self.t.supports(np.dtype(lhs.dtype), np.dtype(rhs.dtype)) and all(
+                jnp.issubdtype(a.dtype, jnp.floating) for a in (lhs, rhs)
+            ):
+                params = dict(eqn.params, preferred_element_type=np.dtype(np.float32))
+                wide = [x.astype(jnp.float32) for x in invals]
+                out = _bind(eqn, wide, params)
+                return out.astype(eqn.outvars[0].aval.dtype)
+        return _bind(eqn, invals, eqn.params)
 
     def equation(self, eqn: Any, invals: list[Any]) -> Any:
         name = eqn.primitive.name
@@ -170,6 +202,10 @@ class _Rewriter:
             return _bind(eqn, invals, eqn.params)
         if name == "shard_map" and self.needs(eqn.params["jaxpr"]):
             return self.shard_map(eqn, invals)
+        if name == "custom_vjp_call" and self.needs(eqn.params["call_jaxpr"].jaxpr):
+            return self.custom_vjp(eqn, invals)
+        if name == "custom_jvp_call" and self.needs(eqn.params["call_jaxpr"].jaxpr):
+            return self.custom_jvp(eqn, invals)
         params = {k: self.param(v) for k, v in eqn.params.items()}
         return _bind(eqn, invals, params)
 
@@ -187,6 +223,68 @@ class _Rewriter:
             axis_names=set(p["newly_manual_axes"]),
         )
         return list(wrapped(*invals))
+
+    def custom_vjp(self, eqn: jex_core.JaxprEqn, invals: list[Any]) -> Any:
+        # The equation's forward and backward rules are callables, not jaxprs, so walking
+        # its params would rewrite the primal only; under grad, JAX's rules would then run
+        # the original sites (jax.nn.scaled_dot_general's backward is a scaled_matmul).
+        # Instead: a custom_vjp whose primal is the rewritten body and whose backward is
+        # JAX's own (the vjp of the original equation), traced and rewritten too.
+        nc = eqn.params["num_consts"]
+        body = eqn.params["call_jaxpr"]
+        rewriter = self
+
+        def original(consts, args):
+            return _bind(eqn, [*consts, *args], eqn.params)
+
+        @jax.custom_vjp
+        def call(consts, args):
+            return rewriter.eval(body.jaxpr, body.consts, [*consts, *args])
+
+        def fwd(consts, args):
+            return call(consts, args), (consts, args)
+
+        def bwd(res, cts):
+            consts, args = res
+
+            def vjp(args, cts):
+                return jax.vjp(lambda *a: original(consts, a), *args)[1](cts)
+
+            closed, shape = jax.make_jaxpr(vjp, return_shape=True)(args, cts)
+            flat = jax.tree_util.tree_leaves((args, cts))
+            grads = rewriter.eval(closed.jaxpr, closed.consts, flat)
+            # The body's constants: not differentiated (JAX's own rule refuses them).
+            zeros = tuple(None for _ in consts)
+            return zeros, jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), grads)
+
+        call.defvjp(fwd, bwd)
+        return call(tuple(invals[:nc]), tuple(invals[nc:]))
+
+    def custom_jvp(self, eqn: jex_core.JaxprEqn, invals: list[Any]) -> Any:
+        # As custom_vjp: the primal is the rewritten body, the JVP is the equation's own
+        # rule (jax.jvp of the original equation), traced and rewritten.
+        body = eqn.params["call_jaxpr"]
+        rewriter = self
+
+        def original(*xs):
+            return _bind(eqn, list(xs), eqn.params)
+
+        @jax.custom_jvp
+        def call(*xs):
+            return rewriter.eval(body.jaxpr, body.consts, list(xs))
+
+        def jvp(primals, tangents):
+            def rule(p, t):
+                return jax.jvp(original, p, t)
+
+            closed, shape = jax.make_jaxpr(rule, return_shape=True)(primals, tangents)
+            flat = jax.tree_util.tree_leaves((primals, tangents))
+            linear = [False] * len(primals) + [True] * len(tangents)
+            outs = rewriter.eval(closed.jaxpr, closed.consts, flat, linear)
+            return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), outs)
+
+        call.defjvp(jvp)
+        return call(*invals)
 
     def emulated(self, eqn: Any, invals: list[Any]) -> Any:
         p = eqn.params

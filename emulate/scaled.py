@@ -26,6 +26,9 @@ Mode "exact": the QArrays' values, as :func:`emulate.dequantize` gives them in f
 e8m0 scales exactly ``code * 2**e``; each product rounded once otherwise), contracted by
 mode "exact" of :func:`emulate.dot_general`: the exact sum of their products, rounded
 once into the result type.
+
+Gradients, both modes: those of the dequantized math, with respect to float operands,
+float codes, scales and tensor scales (:mod:`emulate.engine.grad`).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import numpy as np
 from jax import lax
 
 from emulate import formats
-from emulate.engine import tiled
+from emulate.engine import grad, tiled
 from emulate.engine.layout import normalize_dimension_numbers, to_bfk
 from emulate.engine.operands import (
     Operand,
@@ -109,13 +112,22 @@ def qarray_dot_general(
             f"preferred_element_type: the result of a QArray matmul must be float32, "
             f"bfloat16, float16 or int32, got {out.name}"
         )
+    static = (dn, hashable_precision(precision), out.name, target, mode)
+    return _differentiable_qdot(static, qa if qa is not None else a, qb if qb is not None else b)
+
+
+def _qdot(static: tuple, lhs: Operand | QArray, rhs: Operand | QArray) -> jax.Array:
+    """The forward contraction of :func:`qarray_dot_general` (validated arguments)."""
+    dn, precision, out_name, target, mode = static
+    a, qa = _codes_operand(lhs, "lhs")
+    b, qb = _codes_operand(rhs, "rhs")
     if mode == "exact":
         # The QArrays' values (dequantize's f32 numbers) through mode "exact": the exact
         # sum of their products, rounded once.
         va = operand(dequantize(qa, to=jnp.float32), arg="lhs") if qa is not None else a
         vb = operand(dequantize(qb, to=jnp.float32), arg="rhs") if qb is not None else b
-        p = plan_for(va, vb, target, out.name, "exact")
-        return run_plan(p, va, vb, dn, hashable_precision(precision), tiled.current_settings())
+        p = plan_for(va, vb, target, out_name, "exact")
+        return run_plan(p, va, vb, dn, precision, tiled.current_settings())
     p = plan(a.format, b.format, target=target, preferred_element_type="float32", mode=mode)
     segs = _segments(a.shape, b.shape, dn, qa, qb)
     if segs.count > 1 and (segs.g < 64 or _bf16_exact(qa, qb) or p.platform == "cpu"):
@@ -126,8 +138,8 @@ def qarray_dot_general(
             qa if qa is not None else a,
             qb if qb is not None else b,
             dn,
-            hashable_precision(precision),
-            out.name,
+            precision,
+            out_name,
         )
     sa = _segment_scales(qa, dn[1][0], dn[0][0], segs, 0) if qa is not None else None
     sb = _segment_scales(qb, dn[1][1], dn[0][1], segs, 1) if qb is not None else None
@@ -138,11 +150,21 @@ def qarray_dot_general(
         sa,
         sb,
         dn,
-        hashable_precision(precision),
+        precision,
         segs.g,
-        out.name,
+        out_name,
         tiled.current_settings(),
     )
+
+
+def _contract_f32(static: tuple, a: jax.Array, b: jax.Array) -> jax.Array:
+    dn, precision = static[:2]
+    return lax.dot_general(a, b, dn, precision, preferred_element_type=jnp.float32)
+
+
+# Differentiable as the dequantized math (emulate.engine.grad): gradients reach float
+# operands, float codes, scales and tensor scales.
+_differentiable_qdot = grad.bilinear(_qdot, _contract_f32)
 
 
 class _Segments:
@@ -346,6 +368,10 @@ def scaled_matmul(
     Operands may be of any format (float8, float4_e2m1fn, int8, ... or wide types),
     scales float8_e8m0fnu, float8_e4m3fn, bfloat16, float16 or float32. The numerics are
     those of :func:`emulate.dot_general` on QArrays (module docstring).
+
+    Differentiable with respect to ``lhs``, ``rhs`` (float dtypes) and both scales, as the
+    dequantized math is (``jax.nn.scaled_matmul`` has no differentiation rule); the
+    backward is float32 dots (docs/numerics.md, "Gradients").
     """
     qa = _as_qarray(lhs, lhs_scales, "lhs")
     qb = _as_qarray(rhs, rhs_scales, "rhs")

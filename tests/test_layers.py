@@ -53,6 +53,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.engine.contract",
             "emulate.engine.exact",
             "emulate.engine.tiled",
+            "emulate.engine.grad",
             "emulate.engine.run",
         ],
     ),

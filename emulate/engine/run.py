@@ -6,6 +6,8 @@ contracts them (:func:`emulate.engine.contract.contract_decoded`), tile by tile 
 program is lowered for the CPU and a decoded operand is large
 (:mod:`emulate.engine.tiled`). A plan with a fallback (a native pair the host cannot
 compile) runs its own route where lowered for its platform and the fallback elsewhere.
+Its derivative is :mod:`emulate.engine.grad`'s: the f32 dot of the decoded operands and
+their tangents, with the same dimension numbers.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import functools
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 from emulate import formats
-from emulate.engine import exact, tiled
+from emulate.engine import exact, grad, tiled
 from emulate.engine.contract import contract_decoded
 from emulate.engine.layout import DimensionNumbers
 from emulate.engine.operands import Operand, Precision, decode_to, exact_inputs
@@ -84,6 +87,33 @@ def _route(
 
 
 @functools.partial(jax.jit, static_argnames=("p", "dimension_numbers", "precision", "tiling"))
+def _run(
+    p: Plan,
+    lhs: Operand,
+    rhs: Operand,
+    dimension_numbers: DimensionNumbers,
+    precision: Precision,
+    tiling: tiled.Settings,
+) -> jax.Array:
+    def run(q: Plan, a: Operand, b: Operand) -> jax.Array:
+        return _route(q, a, b, dimension_numbers, precision, tiling)
+
+    return per_platform(p, run, lhs, rhs)
+
+
+def _forward(static: tuple, lhs: Operand, rhs: Operand) -> jax.Array:
+    p, dimension_numbers, precision, tiling = static
+    return _run(p, lhs, rhs, dimension_numbers, precision, tiling)
+
+
+def _contract_f32(static: tuple, a: jax.Array, b: jax.Array) -> jax.Array:
+    _, dimension_numbers, precision, _ = static
+    return lax.dot_general(a, b, dimension_numbers, precision, preferred_element_type=jnp.float32)
+
+
+_differentiable_run = grad.bilinear(_forward, _contract_f32)
+
+
 def run_plan(
     p: Plan,
     lhs: Operand,
@@ -92,10 +122,11 @@ def run_plan(
     precision: Precision,
     tiling: tiled.Settings = tiled.DEFAULT,
 ) -> jax.Array:
-    """Run plan ``p`` on two operands (jitted; the plan, the dimension numbers, the
-    precision and the tiling settings are static)."""
+    """Run plan ``p`` on two operands (one jitted program; the plan, the dimension numbers,
+    the precision and the tiling settings are static).
 
-    def run(q: Plan, a: Operand, b: Operand) -> jax.Array:
-        return _route(q, a, b, dimension_numbers, precision, tiling)
-
-    return per_platform(p, run, lhs, rhs)
+    Differentiable (``grad``, ``jvp``, ``vjp``, under ``vmap``) with
+    ``lax.dot_general``'s rule, ``d(a.b) = da.b + a.db``, computed as float32 dots of the
+    exactly decoded operands and the tangents (:mod:`emulate.engine.grad`); the
+    exactness contract is on the forward value only."""
+    return _differentiable_run((p, dimension_numbers, precision, tiling), lhs, rhs)

@@ -6,8 +6,8 @@ The public surface:
   :func:`pack`, :func:`unpack`, :class:`Packed`;
 - the independent oracle :mod:`emulate.reference` and the fast-mode bound
   :mod:`emulate.bounds`;
-- targets and plans: :mod:`emulate.targets`, :func:`current_target`, :func:`target`,
-  :func:`plan`, :class:`Plan`;
+- targets, modes and plans: :mod:`emulate.targets`, :func:`current_target`, :func:`target`,
+  :func:`current_mode`, :func:`use_mode`, :func:`plan`, :class:`Plan`;
 - drop-in matmuls: :func:`dot_general`, :func:`matmul`, :func:`einsum`,
   :func:`conv_general_dilated`;
 - quantized operands: :class:`QArray`, :func:`quantize`, :func:`dequantize`, the
@@ -29,7 +29,7 @@ from emulate.quant import QArray, dequantize, quantize
 from emulate.report import inspect
 from emulate.rewrite import polyfill, scaled_dot_general
 from emulate.scaled import scaled_matmul
-from emulate.targets import Target, current_target, use_target
+from emulate.targets import Target, current_mode, current_target, use_mode, use_target
 from emulate.targets import use_target as target
 
 __version__ = "0.1.0"
@@ -42,6 +42,7 @@ __all__ = [
     "Target",
     "bounds",
     "conv_general_dilated",
+    "current_mode",
     "current_target",
     "decode",
     "dequantize",
@@ -62,6 +63,7 @@ __all__ = [
     "target",
     "targets",
     "unpack",
+    "use_mode",
     "use_target",
 ]
 

@@ -61,7 +61,7 @@ def conv_general_dilated(
     preferred_element_type: FormatLike | None = None,
     *,
     target: TargetLike = None,
-    mode: str = "fast",
+    mode: str | None = None,
     lhs_format: FormatLike | None = None,
     rhs_format: FormatLike | None = None,
 ) -> jax.Array:

@@ -46,7 +46,7 @@ def dot_general(
     preferred_element_type: FormatLike | None = None,
     *,
     target: TargetLike = None,
-    mode: str = "fast",
+    mode: str | None = None,
     lhs_format: FormatLike | None = None,
     rhs_format: FormatLike | None = None,
 ) -> jax.Array:
@@ -59,7 +59,8 @@ def dot_general(
         ``precision`` applies to the operands that are not decoded (decoded values are
         exact in bf16, so any precision multiplies them exactly).
       target: target name or :class:`emulate.targets.Target`; default the current one.
-      mode: "fast" or "exact" (see docs/numerics.md).
+      mode: "fast" or "exact" (see docs/numerics.md); default the current mode
+        (:func:`emulate.current_mode`, set by ``emulate.use_mode`` and ``polyfill``).
 
     Returns:
       An array of the dtype ``lax.dot_general`` would return for the same operand types
@@ -90,7 +91,7 @@ def matmul(
     precision: Precision = None,
     preferred_element_type: FormatLike | None = None,
     target: TargetLike = None,
-    mode: str = "fast",
+    mode: str | None = None,
     a_format: FormatLike | None = None,
     b_format: FormatLike | None = None,
 ) -> jax.Array:
@@ -187,7 +188,7 @@ def einsum(
     precision: Precision = None,
     preferred_element_type: FormatLike | None = None,
     target: TargetLike = None,
-    mode: str = "fast",
+    mode: str | None = None,
     operand_formats: Sequence[FormatLike | None] | None = None,
 ) -> jax.Array:
     """``jnp.einsum`` for two operands of any format, on any target.

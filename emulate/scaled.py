@@ -56,7 +56,7 @@ from emulate.numerics.bits import times_pow2
 from emulate.numerics.storage import Packed, to_codes, unpack_codes
 from emulate.planning.plan import plan
 from emulate.quant import SCALE_FORMATS, QArray, dequantize
-from emulate.targets import TargetLike
+from emulate.targets import TargetLike, current_mode
 
 __all__ = ["qarray_dot_general", "scaled_matmul"]
 
@@ -90,7 +90,7 @@ def qarray_dot_general(
     preferred_element_type: FormatLike | None = None,
     *,
     target: TargetLike = None,
-    mode: str = "fast",
+    mode: str | None = None,
 ) -> jax.Array:
     """:func:`emulate.dot_general` where one or both operands are :class:`emulate.QArray`
     (``emulate.dot_general``, ``matmul`` and ``einsum`` call it for QArray operands).
@@ -100,8 +100,7 @@ def qarray_dot_general(
     """
     a, qa = _codes_operand(lhs, "lhs")
     b, qb = _codes_operand(rhs, "rhs")
-    if mode not in ("fast", "exact"):
-        raise ValueError(f"mode: expected 'fast' or 'exact', got {mode!r}")
+    mode = current_mode(mode)
     dn = normalize_dimension_numbers(dimension_numbers, a.shape, b.shape, describe(a, b, target))
     out = formats.dot_result(_logical(a, qa), _logical(b, qb), preferred_element_type)
     if not out.xla_storable or out.is_low_precision:
@@ -336,7 +335,7 @@ def scaled_matmul(
     preferred_element_type: FormatLike | None = jnp.float32,
     *,
     target: TargetLike = None,
-    mode: str = "fast",
+    mode: str | None = None,
 ) -> jax.Array:
     """``jax.nn.scaled_matmul`` on any target: ``lhs`` (B, M, K), ``rhs`` (B, N, K), scales
     (B, M, K // block) and (B, N, K // block); returns (B, M, N) in

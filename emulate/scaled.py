@@ -235,16 +235,26 @@ def _scaled_run(p, a: Operand, b: Operand, sa, sb, dimension_numbers, precision,
     )
     partial = partial.astype(jnp.float32)  # (batch..., seg, lfree..., rfree...)
     fl, fr = a4.ndim - 2 - nb, b4.ndim - 2 - nb
+    # Scale and sum the segments as (batch, seg, free): XLA:CPU (jax 0.10.2) runs a
+    # multiply feeding a reduce as one YNNPACK fusion, which crashes the process for some
+    # rank-7 operands (docs/numerics.md, platform notes); collapsed, the operands stay at
+    # rank 3 plus one per enclosing vmap.
+    full = partial.shape
+    rows = (math.prod(full[:nb]), full[nb], math.prod(full[nb + 1 :]))
+    partial = partial.reshape(rows)
     exp = None
     for parts, lhs_side in ((sa, True), (sb, False)):
         if parts is None:
             continue
-        m, e = (_to_partial(v, nb, fl, fr, lhs_side) for v in parts)
+        m, e = (
+            jnp.broadcast_to(_to_partial(v, nb, fl, fr, lhs_side), full).reshape(rows)
+            for v in parts
+        )
         partial = partial * m
         exp = e if exp is None else exp + e
     if exp is not None:
         partial = times_pow2(partial, exp)
-    acc = jnp.sum(partial, axis=nb)
+    acc = jnp.sum(partial, axis=1).reshape(full[:nb] + full[nb + 1 :])
     return accumulate.round_accumulator(acc, out)
 
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate.engine import tiled
+from emulate.engine import sites, tiled
 from emulate.engine.layout import DimensionNumbers, normalize_dimension_numbers
 from emulate.engine.operands import (
     Operand,
@@ -81,7 +81,17 @@ def dot_general(
     b = operand(rhs, rhs_format, arg="rhs")
     dn = normalize_dimension_numbers(dimension_numbers, a.shape, b.shape, describe(a, b, target))
     p = plan_for(a, b, target, preferred_element_type, mode)
-    return run_plan(p, a, b, dn, hashable_precision(precision), tiled.current_settings())
+    tag = sites.SiteTag(
+        "dot_general",
+        sites.operand_text(a.format_name, a.shape),
+        sites.operand_text(b.format_name, b.shape),
+        p.out,
+        p.target,
+        p.mode,
+        sites.dot_flops(a.shape, b.shape, dn),
+    )
+    with sites.scope(tag):
+        return run_plan(p, a, b, dn, hashable_precision(precision), tiled.current_settings())
 
 
 def matmul(

@@ -39,7 +39,7 @@ import numpy as np
 from jax import lax
 
 from emulate import formats
-from emulate.engine import tiled
+from emulate.engine import sites, tiled
 from emulate.engine.layout import normalize_dimension_numbers, to_bfk
 from emulate.engine.operands import (
     Operand,
@@ -56,7 +56,7 @@ from emulate.numerics.bits import times_pow2
 from emulate.numerics.storage import Packed, to_codes, unpack_codes
 from emulate.planning.plan import plan
 from emulate.quant import SCALE_FORMATS, QArray, dequantize
-from emulate.targets import TargetLike, current_mode
+from emulate.targets import TargetLike, current_mode, current_target
 
 __all__ = ["qarray_dot_general", "scaled_matmul"]
 
@@ -108,6 +108,20 @@ def qarray_dot_general(
             f"preferred_element_type: the result of a QArray matmul must be float32, "
             f"bfloat16, float16 or int32, got {out.name}"
         )
+    tag = sites.SiteTag(
+        "dot_general",
+        sites.operand_text(a.format_name, a.shape, qa),
+        sites.operand_text(b.format_name, b.shape, qb),
+        out.name,
+        current_target(target).name,
+        mode,
+        sites.dot_flops(a.shape, b.shape, dn),
+    )
+    with sites.scope(tag):
+        return _qarray_route(a, qa, b, qb, dn, precision, out, target, mode)
+
+
+def _qarray_route(a, qa, b, qb, dn, precision, out, target, mode) -> jax.Array:
     if mode == "exact":
         # The QArrays' values (dequantize's f32 numbers) through mode "exact": the exact
         # sum of their products, rounded once.

@@ -53,6 +53,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.engine.exact",
             "emulate.engine.tiled",
             "emulate.engine.run",
+            "emulate.engine.sites",
         ],
     ),
     ("front ends", ["emulate.scaled", "emulate.dot", "emulate.conv"]),

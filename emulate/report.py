@@ -15,15 +15,19 @@ work with a named scope (:mod:`emulate.engine.sites`). The function is traced in
 
 A row's source is the innermost frame of the call outside emulate, JAX, flax and qwix: the
 user's line, not the layer library's. Where the function runs flax linen modules, the
-module path (``Model/Dense_0``, from JAX's name stack) is shown with it.
+module path (``Model/Dense_0``, from JAX's name stack) is shown with it; for flax NNX
+modules among the arguments, inspect names each module's calls by its attribute path
+(``Block/layers/0``) while it traces.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import math
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -203,9 +207,74 @@ def inspect(
     """
     t = targets.current_target(target)
     m = targets.current_mode(mode)
-    with targets.use_target(t), targets.use_mode(m):
-        closed = jax.make_jaxpr(fn)(*args)
+    with targets.use_target(t), targets.use_mode(m), _nnx_module_scopes(fn, args) as traced:
+        closed = jax.make_jaxpr(traced)(*args)
     return Report(t.name, tuple(_rows(closed.jaxpr, t, m, ())))
+
+
+def _nnx_paths(args: Any, nnx: Any, names: dict[int, str]) -> set[type]:
+    """Fill ``names`` (module id -> scope name: its attribute path below the nearest
+    enclosing module, the class name for a root) for the NNX modules among ``args``;
+    return their classes."""
+    containers = tuple(c for c in (getattr(nnx, "List", None), getattr(nnx, "Dict", None)) if c)
+    classes: set[type] = set()
+    for arg in args:
+        if not isinstance(arg, nnx.Module):
+            continue
+        found = {p: n for p, n in nnx.iter_graph(arg) if isinstance(n, nnx.Module)}
+        for path, node in found.items():
+            classes.add(type(node))
+            parents = [
+                q
+                for q in found
+                if len(q) < len(path)
+                and path[: len(q)] == q
+                and not isinstance(found[q], containers)
+            ]
+            rel = path[len(max(parents, key=len)) :] if parents else path
+            names.setdefault(id(node), "/".join(map(str, rel)) if rel else type(node).__name__)
+    return classes
+
+
+@contextlib.contextmanager
+def _nnx_module_scopes(fn: Callable[..., Any], args: Any) -> Iterator[Callable[..., Any]]:
+    """``fn`` for inspect to trace, where each flax NNX module among its arguments runs
+    its ``__call__`` inside a JAX named scope of its attribute path (as linen modules do
+    on their own), so that rows can name the layer. The classes' ``__call__`` are wrapped
+    for the block and restored after; calls of other instances get no scope."""
+    nnx = sys.modules.get("flax.nnx")  # only when the caller uses flax NNX already
+    if nnx is None:
+        yield fn
+        return
+    names: dict[int, str] = {}
+    classes = _nnx_paths(args, nnx, {})  # the classes to wrap; names come at trace time
+
+    def traced(*a: Any) -> Any:
+        # the traced arguments are new module objects (unflattened from their leaves)
+        _nnx_paths(a, nnx, names)
+        return fn(*a)
+
+    saved: dict[type, Any] = {}
+    for cls in classes:
+        saved[cls] = vars(cls).get("__call__")
+        original = cls.__call__
+
+        def call(self: Any, *a: Any, __original: Any = original, **kw: Any) -> Any:
+            name = names.get(id(self))
+            if name is None:
+                return __original(self, *a, **kw)
+            with jax.named_scope(name):
+                return __original(self, *a, **kw)
+
+        cls.__call__ = call  # type: ignore[method-assign]
+    try:
+        yield traced
+    finally:
+        for cls, before in saved.items():
+            if before is None:
+                delattr(cls, "__call__")
+            else:
+                cls.__call__ = before  # type: ignore[method-assign]
 
 
 def _contains_matmul(eqn: Any) -> bool:

@@ -333,3 +333,34 @@ def test_inspect_names_flax_linen_module_paths():
         (f"{__file__}:{line} ({fn}) [Net/proj]", "native"),
         (f"{__file__}:{line + 1} ({fn}) [Net/Dense_0]", "native"),
     ]
+
+
+def test_inspect_names_flax_nnx_layer_paths():
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.proj = nnx.Linear(8, 4, use_bias=False, rngs=rngs)
+            self.layers = nnx.List([nnx.Linear(4, 4, use_bias=False, rngs=rngs) for _ in range(2)])
+
+        def __call__(self, x):
+            x = self.proj(x)
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    block = Block(nnx.Rngs(0))
+    x8 = jnp.ones((2, 8), jnp.int8)
+    report = emulate.inspect(lambda m, x: m(x.astype(jnp.float32)), block, x8, target="tpu_v4")
+    text = open(__file__).read().splitlines()
+    line = next(i for i, t in enumerate(text, 1) if "x = self.proj(x)" in t)
+    fn = "test_inspect_names_flax_nnx_layer_paths.<locals>.Block.__call__"
+    assert [r.source for r in report.rows] == [
+        f"{__file__}:{line} ({fn}) [Block/proj]",
+        f"{__file__}:{line + 2} ({fn}) [Block/layers/0]",
+        f"{__file__}:{line + 2} ({fn}) [Block/layers/1]",
+    ]
+    assert (
+        "__call__" not in vars(nnx.Linear) or nnx.Linear.__call__.__qualname__ == "Linear.__call__"
+    )
+    assert Block.__call__.__qualname__.endswith("Block.__call__")  # restored after the trace

@@ -6,8 +6,9 @@ The public surface:
   :func:`pack`, :func:`unpack`, :class:`Packed`;
 - the independent oracle :mod:`emulate.reference` and the fast-mode bound
   :mod:`emulate.bounds`;
-- targets and plans: :mod:`emulate.targets`, :func:`current_target`, :func:`target`,
-  :func:`plan`, :class:`Plan`, :func:`runs_as_is` (which calls go to JAX unchanged);
+- targets, modes and plans: :mod:`emulate.targets`, :func:`current_target`, :func:`target`,
+  :func:`current_mode`, :func:`use_mode`, :func:`plan`, :class:`Plan`, :func:`runs_as_is`
+  (which calls go to JAX unchanged);
 - drop-in matmuls: :func:`dot_general`, :func:`matmul`, :func:`einsum`,
   :func:`conv_general_dilated`;
 - quantized operands: :class:`QArray`, :func:`quantize`, :func:`dequantize`, the
@@ -31,7 +32,7 @@ from emulate.quant import QArray, dequantize, quantize
 from emulate.report import inspect
 from emulate.rewrite import polyfill, scaled_dot_general
 from emulate.scaled import scaled_matmul
-from emulate.targets import Target, current_target, use_target
+from emulate.targets import Target, current_mode, current_target, use_mode, use_target
 from emulate.targets import use_target as target
 
 __version__ = "0.1.0"
@@ -44,6 +45,7 @@ __all__ = [
     "Target",
     "bounds",
     "conv_general_dilated",
+    "current_mode",
     "current_target",
     "decode",
     "dequantize",
@@ -65,6 +67,7 @@ __all__ = [
     "target",
     "targets",
     "unpack",
+    "use_mode",
     "use_target",
 ]
 

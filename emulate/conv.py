@@ -44,7 +44,7 @@ from emulate.numerics.bits import times_pow2
 from emulate.numerics.storage import Packed
 from emulate.planning.plan import Plan
 from emulate.quant import QArray, broadcast_blocks, dequantize
-from emulate.targets import TargetLike
+from emulate.targets import TargetLike, current_mode
 
 __all__ = ["conv_general_dilated"]
 
@@ -124,7 +124,7 @@ def conv_general_dilated(
     preferred_element_type: FormatLike | None = None,
     *,
     target: TargetLike = None,
-    mode: str = "fast",
+    mode: str | None = None,
     lhs_format: FormatLike | None = None,
     rhs_format: FormatLike | None = None,
     out_sharding: Any = None,
@@ -361,13 +361,12 @@ def _qarray_conv(
     preferred_element_type: FormatLike | None,
     *,
     target: TargetLike,
-    mode: str,
+    mode: str | None,
     lhs_format: FormatLike | None,
 ) -> jax.Array:
     """:func:`conv_general_dilated` with a QArray kernel (see its docstring)."""
     a = operand(lhs, lhs_format, arg="lhs")
-    if mode not in ("fast", "exact"):
-        raise ValueError(f"mode: expected 'fast' or 'exact', got {mode!r}")
+    mode = current_mode(mode)
     if len(a.shape) != len(q.shape) or len(q.shape) < 3:
         raise ValueError(
             f"lhs, rhs: convolution operands need the same rank, at least 3; got lhs "

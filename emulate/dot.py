@@ -22,7 +22,7 @@ import numpy as np
 from jax import lax
 
 from emulate import formats, targets
-from emulate.engine import tiled
+from emulate.engine import sites, tiled
 from emulate.engine.layout import DimensionNumbers, normalize_dimension_numbers
 from emulate.engine.operands import (
     Operand,
@@ -51,7 +51,7 @@ def dot_general(
     preferred_element_type: FormatLike | None = None,
     *,
     target: TargetLike = None,
-    mode: str = "fast",
+    mode: str | None = None,
     lhs_format: FormatLike | None = None,
     rhs_format: FormatLike | None = None,
     out_sharding: Any = None,
@@ -74,8 +74,10 @@ def dot_general(
         ``precision`` applies to the operands that are not decoded (decoded values are
         exact in bf16, so any precision multiplies them exactly).
       target: target name or :class:`emulate.targets.Target`; default the current one.
-      mode: "fast" or "exact" (see docs/numerics.md). Mode "exact" never passes a call
-        through: every pair it covers gets the exact sum rounded once.
+      mode: "fast" or "exact" (see docs/numerics.md); default the current mode
+        (:func:`emulate.current_mode`, set by ``emulate.use_mode`` and ``polyfill``).
+        Mode "exact" never passes a call through: every pair it covers gets the exact
+        sum rounded once.
       out_sharding: as in ``lax.dot_general``; an emulated result is resharded to it
         (``jax.sharding.reshard``).
 
@@ -128,7 +130,17 @@ def dot_general(
     if wrap_to is not None:  # the int32 sum wraps into it as into XLA's own accumulator
         preferred_element_type = jnp.int32
     p = plan_for(a, b, target, preferred_element_type, mode)
-    out = run_plan(p, a, b, dn, hashable_precision(precision), tiled.current_settings())
+    tag = sites.SiteTag(
+        "dot_general",
+        sites.operand_text(a.format_name, a.shape),
+        sites.operand_text(b.format_name, b.shape),
+        p.out,
+        p.target,
+        p.mode,
+        sites.dot_flops(a.shape, b.shape, dn),
+    )
+    with sites.scope(tag):
+        out = run_plan(p, a, b, dn, hashable_precision(precision), tiled.current_settings())
     if wrap_to is not None:
         out = out.astype(wrap_to)
     return _resharded(out, out_sharding)
@@ -160,7 +172,7 @@ def matmul(
     preferred_element_type: FormatLike | None = None,
     out_sharding: Any = None,
     target: TargetLike = None,
-    mode: str = "fast",
+    mode: str | None = None,
     a_format: FormatLike | None = None,
     b_format: FormatLike | None = None,
 ) -> jax.Array:
@@ -301,7 +313,7 @@ def einsum(
     preferred_element_type: FormatLike | None = None,
     out_sharding: Any = None,
     target: TargetLike = None,
-    mode: str = "fast",
+    mode: str | None = None,
     operand_formats: Sequence[FormatLike | None] | None = None,
 ) -> jax.Array:
     """``jnp.einsum`` for operands of any format, on any target.
@@ -330,6 +342,7 @@ def einsum(
         disagree, an output index that no operand has, or a format given for a QArray.
       Otherwise what ``jnp.einsum`` raises for the same call.
     """
+    mode = targets.current_mode(mode)
     full = (subscripts, *operands)
     if isinstance(subscripts, str):
         positions = list(range(1, len(full)))

@@ -5,13 +5,30 @@ report gives the source line, the operand dtypes and shapes, whether the target 
 natively or :func:`emulate.polyfill` emulates it (and with which plan), and an estimated
 matrix-unit time from the target's op rates. ``pallas_call`` equations are listed as left
 alone: their kernels are not rewritten.
+
+A call of emulate's own matmuls traced inside the function (``x @ q`` on a QArray,
+``emulate.einsum``, ``emulate.dot_general``) is one row, "emulated", with its operand
+formats and QArray scheme, however many decoded dots it emitted: the front ends mark their
+work with a named scope (:mod:`emulate.engine.sites`). The function is traced inside
+``emulate.target(target)`` and ``emulate.use_mode(mode)``, so such calls are planned as
+``polyfill(fn, target=target, mode=mode)`` would run them.
+
+A row's source is the innermost frame of the call outside emulate, JAX, flax and qwix: the
+user's line, not the layer library's. Where the function runs flax linen modules, the
+module path (``Model/Dense_0``, from JAX's name stack) is shown with it; for flax NNX
+modules among the arguments, inspect names each module's calls by its attribute path
+(``Block/layers/0``) while it traces.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib.util
 import math
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -19,6 +36,7 @@ import numpy as np
 from jax.extend import core as jex_core
 
 from emulate import formats, program, targets
+from emulate.engine import sites
 from emulate.planning.plan import Plan, plan
 from emulate.tables import table
 
@@ -31,9 +49,13 @@ class Row:
 
     Attributes:
       primitive: "dot_general", "conv_general_dilated" or "pallas_call".
-      source: "file:line (function)" of the user code that made the equation, or "?".
-      lhs, rhs: operand dtype names and shapes, e.g. "int8[64,4096]".
-      status: "native", "emulated" or "left alone (pallas_call)".
+      source: "file:line (function)" of the user code that made the equation (the
+        innermost frame outside emulate, JAX, flax and qwix), then the module path
+        in brackets where there is one (``[Model/Dense_0]``); "?" when unknown.
+      lhs, rhs: operand dtype names and shapes, e.g. "int8[64,4096]"; a QArray operand
+        of an emulate call shows its element format and scheme ("int4[256,8]:INT4_G128").
+      status: "native", "emulated" or "left alone (pallas_call)". A call of emulate's own
+        matmuls is "emulated" (or "native" when its plan runs the pair as it is).
       plan: the plan for emulated sites (None otherwise).
       flops: 2 * output elements * K (0 for pallas_call).
       seconds: flops / the rate of the unit the site runs on (None when the target
@@ -88,16 +110,64 @@ def _fmt_seconds(s: float | None) -> str:
     return f"{s / 1e-9:.3g} ns"
 
 
-def _source(eqn: jex_core.JaxprEqn) -> str:
-    try:
-        from jax._src import source_info_util  # no public API for the user frame yet
+def _package_dirs() -> tuple[str, ...]:
+    dirs = []
+    for name in ("emulate", "jax", "jaxlib", "flax", "qwix"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        for d in (spec.submodule_search_locations or []) if spec else []:
+            dirs.append(os.path.realpath(d) + os.sep)
+    return tuple(dirs)
 
-        frame = source_info_util.user_frame(eqn.source_info.traceback)
+
+_LIBRARIES = _package_dirs()
+
+
+def _user_frame(eqn: Any) -> Any:
+    """The innermost frame of the equation's traceback outside the libraries."""
+    try:
+        from jax._src import source_info_util  # no public API for the user frames yet
+
+        frames = source_info_util.user_frames(eqn.source_info.traceback)
     except (ImportError, AttributeError):  # source lines are best effort
-        frame = None
-    if frame is None:
-        return "?"
-    return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+        return None
+    for frame in frames:  # innermost first, JAX's own and the stdlib's left out
+        if not os.path.realpath(frame.file_name).startswith(_LIBRARIES):
+            return frame
+    return None
+
+
+def _scopes(eqn: Any) -> list[str]:
+    """The names on the equation's name stack (scopes and transforms), outermost first."""
+    stack = getattr(getattr(eqn.source_info, "name_stack", None), "stack", ())
+    return [getattr(s, "name", "") for s in stack]
+
+
+def _site_tag(eqn: Any) -> sites.SiteTag | None:
+    for name in _scopes(eqn):
+        tag = sites.parse(name)
+        if tag is not None:
+            return tag
+    return None
+
+
+def _source(eqn: jex_core.JaxprEqn, prefix: tuple[str, ...] = ()) -> str:
+    frame = _user_frame(eqn)
+    where = (
+        "?" if frame is None else f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+    )
+    module = [
+        n
+        for n in prefix + tuple(_scopes(eqn))
+        if n and not n.startswith(sites.PREFIX) and n not in _TRANSFORMS
+    ]
+    return where + (f" [{'/'.join(module)}]" if module else "")
+
+
+# Transform entries of JAX's name stack (they are not module names).
+_TRANSFORMS = frozenset({"jvp", "transpose", "vmap", "pjit", "jit", "remat", "checkpoint"})
 
 
 def _describe(aval: Any) -> str:
@@ -119,7 +189,10 @@ def _flops(eqn: Any) -> int:
 
 
 def inspect(
-    fn: Callable[..., Any], *args: Any, target: targets.TargetLike = None, mode: str = "fast"
+    fn: Callable[..., Any],
+    *args: Any,
+    target: targets.TargetLike = None,
+    mode: str | None = None,
 ) -> Report:
     """Trace ``fn(*args)`` and report every matmul / convolution site for ``target``.
 
@@ -127,51 +200,160 @@ def inspect(
       fn: the function, as you would pass it to :func:`emulate.polyfill`.
       args: example arguments (arrays or ``jax.ShapeDtypeStruct``).
       target: target name or Target; default the current target.
-      mode: the mode the emulated sites would run in.
+      mode: the mode the emulated sites would run in; default the current mode.
 
     Returns:
       A :class:`Report`; ``print(report)`` shows the table.
     """
     if not callable(fn):
         raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
-    if mode not in ("fast", "exact"):
-        raise ValueError(f"mode: expected one of 'fast', 'exact', got {mode!r}")
+    if mode not in (None, "fast", "exact"):
+        raise ValueError(f"mode: expected one of None, 'fast', 'exact', got {mode!r}")
     t = targets.current_target(target)
-    closed = jax.make_jaxpr(fn)(*args)
-    rows = []
+    m = targets.current_mode(mode)
+    with targets.use_target(t), targets.use_mode(m), _nnx_module_scopes(fn, args) as traced:
+        closed = jax.make_jaxpr(traced)(*args)
+    return Report(t.name, tuple(_rows(closed.jaxpr, t, m, ())))
+
+
+def _nnx_paths(args: Any, nnx: Any, names: dict[int, str]) -> set[type]:
+    """Fill ``names`` (module id -> scope name: its attribute path below the nearest
+    enclosing module, the class name for a root) for the NNX modules among ``args``;
+    return their classes."""
+    containers = tuple(c for c in (getattr(nnx, "List", None), getattr(nnx, "Dict", None)) if c)
+    classes: set[type] = set()
+    for arg in args:
+        if not isinstance(arg, nnx.Module):
+            continue
+        found = {p: n for p, n in nnx.iter_graph(arg) if isinstance(n, nnx.Module)}
+        for path, node in found.items():
+            classes.add(type(node))
+            parents = [
+                q
+                for q in found
+                if len(q) < len(path)
+                and path[: len(q)] == q
+                and not isinstance(found[q], containers)
+            ]
+            rel = path[len(max(parents, key=len)) :] if parents else path
+            names.setdefault(id(node), "/".join(map(str, rel)) if rel else type(node).__name__)
+    return classes
+
+
+@contextlib.contextmanager
+def _nnx_module_scopes(fn: Callable[..., Any], args: Any) -> Iterator[Callable[..., Any]]:
+    """``fn`` for inspect to trace, where each flax NNX module among its arguments runs
+    its ``__call__`` inside a JAX named scope of its attribute path (as linen modules do
+    on their own), so that rows can name the layer. The classes' ``__call__`` are wrapped
+    for the block and restored after; calls of other instances get no scope."""
+    nnx = sys.modules.get("flax.nnx")  # only when the caller uses flax NNX already
+    if nnx is None:
+        yield fn
+        return
+    names: dict[int, str] = {}
+    classes = _nnx_paths(args, nnx, {})  # the classes to wrap; names come at trace time
+
+    def traced(*a: Any) -> Any:
+        # the traced arguments are new module objects (unflattened from their leaves)
+        _nnx_paths(a, nnx, names)
+        return fn(*a)
+
+    saved: dict[type, Any] = {}
+    for cls in classes:
+        saved[cls] = vars(cls).get("__call__")
+        original = cls.__call__
+
+        def call(self: Any, *a: Any, __original: Any = original, **kw: Any) -> Any:
+            name = names.get(id(self))
+            if name is None:
+                return __original(self, *a, **kw)
+            with jax.named_scope(name):
+                return __original(self, *a, **kw)
+
+        cls.__call__ = call  # type: ignore[method-assign]
+    try:
+        yield traced
+    finally:
+        for cls, before in saved.items():
+            if before is None:
+                delattr(cls, "__call__")
+            else:
+                cls.__call__ = before  # type: ignore[method-assign]
+
+
+def _contains_matmul(eqn: Any) -> bool:
+    names = program.MATMUL_PRIMITIVES + program.SCALED_PRIMITIVES
+    if eqn.primitive.name in names:
+        return True
+    return any(
+        e.primitive.name in names
+        for sub in program.sub_jaxprs(eqn.params)
+        for e in program.walk(sub)
+    )
+
+
+def _site_row(eqn: Any, tag: sites.SiteTag, prefix: tuple[str, ...]) -> Row:
     p: Plan | None
-    for eqn in program.walk(closed.jaxpr):
-        name = eqn.primitive.name
-        if name == "pallas_call":
-            rows.append(Row(name, _source(eqn), "", "", "left alone (pallas_call)", None, 0, None))
-            continue
-        if name not in program.MATMUL_PRIMITIVES + program.SCALED_PRIMITIVES:
-            continue
-        lhs, rhs = (v.aval for v in eqn.invars[:2])
-        flops = _flops(eqn)
-        if name in program.SCALED_PRIMITIVES:
-            p = plan(lhs.dtype, rhs.dtype, target=t, preferred_element_type="float32", mode=mode)
-            seconds = flops / p.rate if p.rate else None
-            status = "emulated"
-            rows.append(
-                Row(name, _source(eqn), _describe(lhs), _describe(rhs), status, p, flops, seconds)
-            )
-            continue
-        if t.supports(np.dtype(lhs.dtype), np.dtype(rhs.dtype)):
-            a, b = formats.get(lhs.dtype), formats.get(rhs.dtype)
-            rate = t.native_rate(a, b)
-            status, p = "native", None
-        else:
-            p = plan(
-                lhs.dtype,
-                rhs.dtype,
-                target=t,
-                preferred_element_type=eqn.params.get("preferred_element_type"),
-                mode=mode,
-            )
-            rate, status = p.rate, "emulated"
-        seconds = flops / rate if rate else None
-        rows.append(
-            Row(name, _source(eqn), _describe(lhs), _describe(rhs), status, p, flops, seconds)
+    lhs_fmt, rhs_fmt = (s.split("[")[0] for s in (tag.lhs, tag.rhs))
+    qarray = ":" in tag.lhs or ":" in tag.rhs
+    try:
+        p = plan(
+            lhs_fmt,
+            rhs_fmt,
+            target=tag.target,
+            preferred_element_type="float32" if qarray else tag.out,
+            mode=tag.mode,
         )
-    return Report(t.name, tuple(rows))
+    except (TypeError, ValueError, NotImplementedError):  # e.g. a custom Target's name
+        p = None
+    status = "native" if p is not None and p.method == "native" and not qarray else "emulated"
+    seconds = tag.flops / p.rate if p is not None and p.rate else None
+    return Row(tag.op, _source(eqn, prefix), tag.lhs, tag.rhs, status, p, tag.flops, seconds)
+
+
+def _rows(jaxpr: Any, t: targets.Target, mode: str, prefix: tuple[str, ...]) -> Iterator[Row]:
+    """The rows of ``jaxpr``'s equations in program order; an emulate call's equations
+    (its named scope) make one row, at its first equation that holds a matmul."""
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        tag = _site_tag(eqn)
+        if tag is not None:
+            if _contains_matmul(eqn):
+                yield _site_row(eqn, tag, prefix)
+            continue
+        if name == "pallas_call":
+            yield Row(name, _source(eqn, prefix), "", "", "left alone (pallas_call)", None, 0, None)
+            continue
+        if name in program.MATMUL_PRIMITIVES + program.SCALED_PRIMITIVES:
+            yield _primitive_row(eqn, t, mode, prefix)
+            continue
+        inner = prefix + tuple(n for n in _scopes(eqn) if n)
+        for sub in program.sub_jaxprs(eqn.params):
+            yield from _rows(sub, t, mode, inner)
+
+
+def _primitive_row(eqn: Any, t: targets.Target, mode: str, prefix: tuple[str, ...]) -> Row:
+    name = eqn.primitive.name
+    lhs, rhs = (v.aval for v in eqn.invars[:2])
+    flops = _flops(eqn)
+    p: Plan | None
+    src = _source(eqn, prefix)
+    if name in program.SCALED_PRIMITIVES:
+        p = plan(lhs.dtype, rhs.dtype, target=t, preferred_element_type="float32", mode=mode)
+        seconds = flops / p.rate if p.rate else None
+        return Row(name, src, _describe(lhs), _describe(rhs), "emulated", p, flops, seconds)
+    if t.supports(np.dtype(lhs.dtype), np.dtype(rhs.dtype)):
+        a, b = formats.get(lhs.dtype), formats.get(rhs.dtype)
+        rate = t.native_rate(a, b)
+        status, p = "native", None
+    else:
+        p = plan(
+            lhs.dtype,
+            rhs.dtype,
+            target=t,
+            preferred_element_type=eqn.params.get("preferred_element_type"),
+            mode=mode,
+        )
+        rate, status = p.rate, "emulated"
+    seconds = flops / rate if rate else None
+    return Row(name, src, _describe(lhs), _describe(rhs), status, p, flops, seconds)

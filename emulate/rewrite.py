@@ -41,7 +41,7 @@ def polyfill(
     fn: Callable[..., Any] | None = None,
     *,
     target: targets.TargetLike = None,
-    mode: str = "fast",
+    mode: str | None = None,
     on_unsupported: str = "error",
 ) -> Any:
     """Wrap ``fn`` so that every matmul and convolution runs on ``target``.
@@ -50,7 +50,8 @@ def polyfill(
       fn: the function; ``polyfill`` also works as a decorator with or without arguments.
       target: target name or :class:`emulate.targets.Target`; default: the current target
         when the wrapped function is called.
-      mode: "fast" or "exact", as in :func:`emulate.dot_general`.
+      mode: "fast" or "exact", as in :func:`emulate.dot_general`; default: the current
+        mode when the wrapped function is called ("fast" outside ``emulate.use_mode``).
       on_unsupported: "error" (default): a site emulate must emulate but cannot (a
         float8_e8m0fnu operand, say) raises; "ignore": such sites are left as they are.
         Sites of JAX's own types (int32, int16, bool, complex64, float64, ...) and pairs
@@ -65,7 +66,13 @@ def polyfill(
       target and mode.
 
     Notes:
-      Arguments are traced: Python scalars become weakly typed arrays, as under ``jit``.
+      The target and mode hold for everything traced inside ``fn``: ``fn`` is traced
+      inside ``emulate.target(target)`` and ``emulate.use_mode(mode)`` blocks, so every
+      emulate call in it that names no target or mode of its own (``x @ q`` on a QArray,
+      ``emulate.einsum``, a nested ``polyfill``, ...) is planned for them too; an
+      explicit ``target=`` / ``mode=`` on an inner call (the innermost) wins.
+      Arguments are traced: Python scalars become weakly typed arrays, as under ``jit``;
+      leaves of extended dtypes (typed PRNG keys) pass through as they are.
       A ``pallas_call`` is left alone (its kernels are not rewritten).
     """
     if on_unsupported not in _ON_UNSUPPORTED:
@@ -73,6 +80,8 @@ def polyfill(
             f"on_unsupported: expected one of {', '.join(map(repr, _ON_UNSUPPORTED))}, "
             f"got {on_unsupported!r}"
         )
+    if mode is not None:
+        targets.current_mode(mode)  # a bad mode fails here, not at the first call
     if fn is None:
         return functools.partial(polyfill, target=target, mode=mode, on_unsupported=on_unsupported)
     if not callable(fn):
@@ -82,13 +91,15 @@ def polyfill(
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         t = targets.current_target(target)
+        m = targets.current_mode(mode)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-        key = (tree, tuple(_aval_key(x) for x in leaves), t.name, mode)
-        run = cache.get(key)
-        if run is None:
-            run = _build(fn, tree, leaves, t, mode, on_unsupported)
-            cache[key] = run
-        return run(*leaves)
+        key = (tree, tuple(_aval_key(x) for x in leaves), t, m)
+        with targets.use_target(t), targets.use_mode(m):
+            run = cache.get(key)
+            if run is None:
+                run = _build(fn, tree, leaves, t, m, on_unsupported)
+                cache[key] = run
+            return run(*leaves)
 
     wrapped.cache_size = lambda: len(cache)  # type: ignore[attr-defined]
     return wrapped
@@ -96,7 +107,8 @@ def polyfill(
 
 def _aval_key(x: Any) -> Any:
     if hasattr(x, "shape") and hasattr(x, "dtype"):
-        return (tuple(x.shape), np.dtype(x.dtype).name, bool(getattr(x, "weak_type", False)))
+        # The dtype as it is, not np.dtype(...): extended dtypes (key<fry>) have no numpy one.
+        return (tuple(x.shape), x.dtype, bool(getattr(x, "weak_type", False)))
     return (type(x).__name__,)
 
 
@@ -355,7 +367,7 @@ def scaled_dot_general(
     configs: list[Any] | None = None,
     *,
     target: targets.TargetLike = None,
-    mode: str = "fast",
+    mode: str | None = None,
 ) -> jax.Array:
     """``jax.nn.scaled_dot_general`` on any target: JAX's own function (its quantizer for
     ``configs`` from ``jax.nn.get_scaled_dot_general_config``, "mxfp8" or "nvfp4"), run

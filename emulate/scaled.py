@@ -42,7 +42,7 @@ import numpy as np
 from jax import lax
 
 from emulate import formats
-from emulate.engine import grad, tiled
+from emulate.engine import grad, sites, tiled
 from emulate.engine.layout import normalize_dimension_numbers, to_bfk
 from emulate.engine.operands import (
     Operand,
@@ -59,7 +59,7 @@ from emulate.numerics.bits import times_pow2
 from emulate.numerics.storage import Packed, to_codes, unpack_codes
 from emulate.planning.plan import plan
 from emulate.quant import SCALE_FORMATS, QArray, dequantize
-from emulate.targets import TargetLike
+from emulate.targets import TargetLike, current_mode, current_target
 
 __all__ = ["qarray_dot_general", "scaled_matmul"]
 
@@ -93,7 +93,7 @@ def qarray_dot_general(
     preferred_element_type: FormatLike | None = None,
     *,
     target: TargetLike = None,
-    mode: str = "fast",
+    mode: str | None = None,
 ) -> jax.Array:
     """:func:`emulate.dot_general` where one or both operands are :class:`emulate.QArray`
     (``emulate.dot_general``, ``matmul`` and ``einsum`` call it for QArray operands).
@@ -103,8 +103,7 @@ def qarray_dot_general(
     """
     a, qa = _codes_operand(lhs, "lhs")
     b, qb = _codes_operand(rhs, "rhs")
-    if mode not in ("fast", "exact"):
-        raise ValueError(f"mode: expected 'fast' or 'exact', got {mode!r}")
+    mode = current_mode(mode)
     dn = normalize_dimension_numbers(dimension_numbers, a.shape, b.shape, describe(a, b, target))
     out = formats.dot_result(_logical(a, qa), _logical(b, qb), preferred_element_type)
     if not out.xla_storable or out.is_low_precision:
@@ -112,8 +111,20 @@ def qarray_dot_general(
             f"preferred_element_type: the result of a QArray matmul must be float32, "
             f"bfloat16, float16 or int32, got {out.name}"
         )
+    tag = sites.SiteTag(
+        "dot_general",
+        sites.operand_text(a.format_name, a.shape, qa),
+        sites.operand_text(b.format_name, b.shape, qb),
+        out.name,
+        current_target(target).name,
+        mode,
+        sites.dot_flops(a.shape, b.shape, dn),
+    )
     static = (dn, hashable_precision(precision), out.name, target, mode)
-    return _differentiable_qdot(static, qa if qa is not None else a, qb if qb is not None else b)
+    with sites.scope(tag):
+        return _differentiable_qdot(
+            static, qa if qa is not None else a, qb if qb is not None else b
+        )
 
 
 def _qdot(static: tuple, lhs: Operand | QArray, rhs: Operand | QArray) -> jax.Array:
@@ -258,16 +269,26 @@ def _scaled_run(p, a: Operand, b: Operand, sa, sb, dimension_numbers, precision,
     )
     partial = partial.astype(jnp.float32)  # (batch..., seg, lfree..., rfree...)
     fl, fr = a4.ndim - 2 - nb, b4.ndim - 2 - nb
+    # Scale and sum the segments as (batch, seg, free): XLA:CPU (jax 0.10.2) runs a
+    # multiply feeding a reduce as one YNNPACK fusion, which crashes the process for some
+    # rank-7 operands (docs/numerics.md, platform notes); collapsed, the operands stay at
+    # rank 3 plus one per enclosing vmap.
+    full = partial.shape
+    rows = (math.prod(full[:nb]), full[nb], math.prod(full[nb + 1 :]))
+    partial = partial.reshape(rows)
     exp = None
     for parts, lhs_side in ((sa, True), (sb, False)):
         if parts is None:
             continue
-        m, e = (_to_partial(v, nb, fl, fr, lhs_side) for v in parts)
+        m, e = (
+            jnp.broadcast_to(_to_partial(v, nb, fl, fr, lhs_side), full).reshape(rows)
+            for v in parts
+        )
         partial = partial * m
         exp = e if exp is None else exp + e
     if exp is not None:
         partial = times_pow2(partial, exp)
-    acc = jnp.sum(partial, axis=nb)
+    acc = jnp.sum(partial, axis=1).reshape(full[:nb] + full[nb + 1 :])
     return accumulate.round_accumulator(acc, out)
 
 
@@ -358,7 +379,7 @@ def scaled_matmul(
     preferred_element_type: FormatLike | None = jnp.float32,
     *,
     target: TargetLike = None,
-    mode: str = "fast",
+    mode: str | None = None,
 ) -> jax.Array:
     """``jax.nn.scaled_matmul`` on any target: ``lhs`` (B, M, K), ``rhs`` (B, N, K), scales
     (B, M, K // block) and (B, N, K // block); returns (B, M, N) in

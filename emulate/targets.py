@@ -32,16 +32,19 @@ int8 -> int32 native through cuBLAS; float8 pairs with at least one e4m3fn opera
 (e4m3fn x e4m3fn, e4m3fn x e5m2, e5m2 x e4m3fn: cuBLASLt's FP8 GEMMs need one e4m3fn
 operand) native from sm89 on; int4, float6 and float4 never (XLA has no path).
 
-The current target lives in a :class:`contextvars.ContextVar`. :func:`current_target`
-resolves, in order: an explicit argument, the innermost ``with use_target(...)`` block of
-this context, the ``EMULATE_TARGET`` environment variable, then detection from
-``jax.devices()[0]``.
+The current target and the default mode live in one of JAX's own context settings
+(``jax.make_user_context``), thread-local like JAX's mesh context and part of the key of
+every ``jax.jit`` cache: a function jitted under one ``with use_target(...)`` block and
+called under another is traced again, never run with the first target's program.
+:func:`current_target` resolves, in order: an explicit argument, the innermost
+``with use_target(...)`` block of this thread, the ``EMULATE_TARGET`` environment
+variable, then detection from ``jax.devices()[0]``. :func:`current_mode` resolves an
+explicit mode, the innermost ``with use_mode(...)`` block, then ``"fast"``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import functools
 import importlib
@@ -49,14 +52,13 @@ import itertools
 import os
 import re
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, NamedTuple, TypeAlias
+from typing import NamedTuple, TypeAlias
+
+import jax
 
 from emulate import formats as _formats
 from emulate import mosaic, tables
 from emulate.formats import FormatLike
-
-if TYPE_CHECKING:
-    import jax
 
 __all__ = [
     "OPERANDS",
@@ -65,7 +67,9 @@ __all__ = [
     "Target",
     "TargetLike",
     "all_targets",
+    "MODES",
     "capability_matrix",
+    "current_mode",
     "current_target",
     "detect",
     "from_device",
@@ -73,6 +77,7 @@ __all__ = [
     "names",
     "render_matrix",
     "target",
+    "use_mode",
     "use_target",
 ]
 
@@ -564,38 +569,89 @@ def from_device(device: jax.Device) -> Target:
     return detect(device.platform, kind, None if cc is None else str(cc))
 
 
-_CURRENT: contextvars.ContextVar[Target | None] = contextvars.ContextVar(
-    "emulate_target", default=None
-)
+#: The modes of the matmuls: "fast" (bounded) and "exact" (docs/numerics.md).
+MODES = ("fast", "exact")
+
+
+class _Setting(NamedTuple):
+    """What the ``with`` blocks of this thread set: a target and a mode (None: not set)."""
+
+    target: Target | None
+    mode: str | None
+
+
+# One JAX user context (public API: ``jax.make_user_context``) holds both: its
+# value is part of the trace and jit cache keys, so every jitted function, emulate's own
+# and the user's, is traced again when the target or mode a block sets changes. It is
+# created at import because JAX asks that user contexts not be created concurrently.
+_SETTING = jax.make_user_context(default_value=_Setting(None, None))
+
+
+def _setting() -> _Setting:
+    value = _SETTING.value
+    return value if isinstance(value, _Setting) else _Setting(None, None)
 
 
 @contextlib.contextmanager
 def use_target(name: str | Target) -> Iterator[Target]:
-    """Make ``name`` the current target inside a ``with`` block, for this context only.
+    """Make ``name`` the current target inside a ``with`` block, for this thread only.
 
     Blocks nest; leaving one (also by an exception) restores the previous target. The
-    setting lives in a ContextVar: other threads, and asyncio tasks started before the
-    block, do not see it. Also exported as ``target`` (``with emulate.target("v5e"):``).
+    setting is one of JAX's context settings: it is thread-local (other threads do not
+    see it), and it is part of ``jax.jit``'s cache key, so a function jitted under one
+    target and called under another is traced again for that target. Also exported as
+    ``target`` (``with emulate.target("v5e"):``).
 
     Raises:
       ValueError: an unknown target name (before the block starts).
     """
     resolved = get(name)
-    token = _CURRENT.set(resolved)
-    try:
+    with _SETTING(_setting()._replace(target=resolved)):
         yield resolved
-    finally:
-        _CURRENT.reset(token)
 
 
 target = use_target
+
+
+def _check_mode(mode: str) -> str:
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
+    return mode
+
+
+@contextlib.contextmanager
+def use_mode(mode: str) -> Iterator[str]:
+    """Make ``mode`` ("fast" or "exact") the default mode of every matmul inside a
+    ``with`` block, for this thread only; an explicit ``mode=`` argument still wins.
+
+    Blocks nest and restore on exit; like :func:`use_target` the setting is part of
+    ``jax.jit``'s cache key. :func:`emulate.polyfill` enters it (with :func:`use_target`)
+    while it traces the wrapped function.
+
+    Raises:
+      ValueError: a mode other than "fast" or "exact" (before the block starts).
+    """
+    with _SETTING(_setting()._replace(mode=_check_mode(mode))):
+        yield mode
+
+
+def current_mode(mode: str | None = None) -> str:
+    """The mode to run in: ``mode`` if given, else the innermost :func:`use_mode` block of
+    this thread, else ``"fast"``.
+
+    Raises:
+      ValueError: a mode other than "fast" or "exact".
+    """
+    if mode is not None:
+        return _check_mode(mode)
+    return _setting().mode or "fast"
 
 
 def current_target(target: TargetLike = None) -> Target:
     """The target to plan for.
 
     Resolution order: ``target`` if given; the innermost :func:`use_target` block of this
-    context; the ``EMULATE_TARGET`` environment variable (read at each call); else the
+    thread; the ``EMULATE_TARGET`` environment variable (read at each call); else the
     profile detected from ``jax.devices()[0]`` (:func:`from_device`).
 
     Raises:
@@ -604,7 +660,7 @@ def current_target(target: TargetLike = None) -> Target:
     """
     if target is not None:
         return get(target)
-    chosen = _CURRENT.get()
+    chosen = _setting().target
     if chosen is not None:
         return chosen
     env = os.environ.get("EMULATE_TARGET", "").strip()
@@ -613,8 +669,6 @@ def current_target(target: TargetLike = None) -> Target:
             return get(env)
         except ValueError:
             raise ValueError(_unknown("EMULATE_TARGET", env)) from None
-    import jax
-
     return from_device(jax.devices()[0])
 
 

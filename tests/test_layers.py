@@ -55,6 +55,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.engine.tiled",
             "emulate.engine.grad",
             "emulate.engine.run",
+            "emulate.engine.sites",
         ],
     ),
     ("front ends", ["emulate.scaled", "emulate.dot", "emulate.conv", "emulate.flax"]),

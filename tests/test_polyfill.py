@@ -309,3 +309,38 @@ def test_on_unsupported_ignore_leaves_a_refused_site():
         polyfill(f, target="tpu_v4")(x, w)
     got = polyfill(f, target="tpu_v4", on_unsupported="ignore")(x, w)
     assert np.asarray(got).tobytes() == np.asarray(f(x, w)).tobytes()
+
+
+def test_typed_prng_keys_pass_through():
+    from flax import nnx
+
+    x = jnp.asarray(RNG.standard_normal((2, 16)), jnp.float32)
+    # the case: an NNX layer holding nnx.Rngs (typed key<fry> leaves)
+    drop = nnx.Dropout(0.1, rngs=nnx.Rngs(0))
+    got = polyfill(lambda m, x: m(x, deterministic=True), target="tpu_v4")(drop, x)
+    np.testing.assert_array_equal(got, x)
+
+    def noisy(key, x):
+        k1, k2 = jax.random.split(key)
+        return k2, x * jax.random.uniform(k1, x.shape)
+
+    key = jax.random.key(3)
+    g = polyfill(noisy, target="tpu_v4")
+    (k_got, y_got), (k_want, y_want) = g(key, x), jax.jit(noisy)(key, x)
+    assert k_got.dtype == key.dtype
+    np.testing.assert_array_equal(jax.random.key_data(k_got), jax.random.key_data(k_want))
+    np.testing.assert_array_equal(y_got, y_want)
+    g(jax.random.key(4), x)
+    assert g.cache_size() == 1  # the key's dtype and shape are the cache key, not its value
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.linear = nnx.Linear(16, 4, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.linear(x))
+
+    block = Block(nnx.Rngs(0, dropout=1))
+    fwd = lambda m, x: m(x)  # noqa: E731
+    np.testing.assert_array_equal(polyfill(fwd, target="tpu_v4")(block, x), jax.jit(fwd)(block, x))

@@ -254,3 +254,113 @@ def test_emulated_result_matches_integer_sum():
     b = rng.integers(-128, 128, (3, 2)).astype(np.int8)
     got = emulate.dot_general(a, b, DN, preferred_element_type=jnp.int32, target="tpu_v4")
     assert np.asarray(got).tolist() == (a.astype(np.int64) @ b.astype(np.int64)).tolist()
+
+
+# --- inspect: one row per emulate call, on the user's line ------------------------------
+
+XB = jnp.asarray(np.random.default_rng(1).standard_normal((4, 256)), jnp.bfloat16)
+Q4 = emulate.quantize(
+    jnp.asarray(np.random.default_rng(2).standard_normal((256, 8)), jnp.float32),
+    emulate.mx.INT4_G128,
+    axis=0,
+)
+
+
+def model(x, q):
+    y = x @ q  # line +1
+    z = emulate.einsum("bk,kn->bn", x, q)  # line +2
+    return y + z, dot(I8, I8R, jnp.int32)  # line +3
+
+
+def test_inspect_rows_are_emulate_calls_on_the_users_lines():
+    line = model.__code__.co_firstlineno
+    where = [f"{__file__}:{line + i} (model)" for i in (1, 2)]
+    where.append(f"{__file__}:{dot.__code__.co_firstlineno + 1} (dot)")  # innermost user frame
+    for target, mode in (("tpu_v4", "fast"), ("tpu_v7x", "exact")):
+        report = emulate.inspect(model, XB, Q4, target=target, mode=mode)
+        rows = [(r.source, r.primitive, r.lhs, r.rhs, r.status) for r in report.rows]
+        q_row = ("dot_general", "bfloat16[4,256]", "int4[256,8]:INT4_G128", "emulated")
+        assert rows == [
+            (where[0], *q_row),
+            (where[1], *q_row),
+            (
+                where[2],
+                "dot_general",
+                "int8[2,3]",
+                "int8[3,2]",
+                targets.get(target).supports("int8", "int8") and "native" or "emulated",
+            ),
+        ]
+        for r in report.rows[:2]:  # planned for inspect's target and mode
+            assert r.plan is not None and (r.plan.target, r.plan.mode) == (target, mode)
+            assert r.flops == 2 * 4 * 8 * 256
+
+
+def test_inspect_under_a_polyfill_context_and_jit():
+    # the target and mode of an enclosing block reach inspect's trace, and a jitted
+    # function's cached trace is not reused for another target
+    f = jax.jit(model)
+    with emulate.target("tpu_v5e"), emulate.use_mode("exact"):
+        r5 = emulate.inspect(f, XB, Q4)
+    r4 = emulate.inspect(f, XB, Q4, target="tpu_v4", mode="fast")
+    assert (r5.target, r5.rows[0].plan.target, r5.rows[0].plan.mode) == (
+        "tpu_v5e",
+        "tpu_v5e",
+        "exact",
+    )
+    assert (r4.rows[0].plan.target, r4.rows[0].plan.mode) == ("tpu_v4", "fast")
+    assert [r.status for r in r5.rows] == ["emulated", "emulated", "native"]
+    assert [r.status for r in r4.rows] == ["emulated", "emulated", "emulated"]
+
+
+def test_inspect_names_flax_linen_module_paths():
+    from flax import linen
+
+    class Net(linen.Module):
+        @linen.compact
+        def __call__(self, x):
+            x = linen.Dense(4, name="proj", use_bias=False)(x)
+            return linen.Dense(2, use_bias=False)(x)
+
+    net = Net()
+    x = jnp.ones((2, 8), jnp.float32)
+    params = jax.eval_shape(net.init, jax.random.key(0), x)  # traced only
+    report = emulate.inspect(lambda p, x: net.apply(p, x), params, x, target="tpu_v4")
+    text = open(__file__).read().splitlines()
+    line = next(i for i, t in enumerate(text, 1) if 'linen.Dense(4, name="proj"' in t)
+    fn = "test_inspect_names_flax_linen_module_paths.<locals>.Net.__call__"
+    assert [(r.source, r.status) for r in report.rows] == [
+        (f"{__file__}:{line} ({fn}) [Net/proj]", "native"),
+        (f"{__file__}:{line + 1} ({fn}) [Net/Dense_0]", "native"),
+    ]
+
+
+def test_inspect_names_flax_nnx_layer_paths():
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.proj = nnx.Linear(8, 4, use_bias=False, rngs=rngs)
+            self.layers = nnx.List([nnx.Linear(4, 4, use_bias=False, rngs=rngs) for _ in range(2)])
+
+        def __call__(self, x):
+            x = self.proj(x)
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    block = Block(nnx.Rngs(0))
+    x8 = jnp.ones((2, 8), jnp.int8)
+    report = emulate.inspect(lambda m, x: m(x.astype(jnp.float32)), block, x8, target="tpu_v4")
+    text = open(__file__).read().splitlines()
+    line = next(i for i, t in enumerate(text, 1) if "x = self.proj(x)" in t)
+    fn = "test_inspect_names_flax_nnx_layer_paths.<locals>.Block.__call__"
+    assert [r.source for r in report.rows] == [
+        f"{__file__}:{line} ({fn}) [Block/proj]",
+        f"{__file__}:{line + 2} ({fn}) [Block/layers/0]",
+        f"{__file__}:{line + 2} ({fn}) [Block/layers/1]",
+    ]
+    assert (
+        "__call__" not in vars(nnx.Linear) or nnx.Linear.__call__.__qualname__ == "Linear.__call__"
+    )
+    assert Block.__call__.__qualname__.endswith("Block.__call__")  # restored after the trace

@@ -3,7 +3,6 @@ current-target context, and what XLA's CPU backend really compiles."""
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import itertools
 import threading
@@ -420,13 +419,6 @@ def test_use_target_does_not_leak_across_threads(monkeypatch):
         assert targets.current_target().name == "tpu_v4"
     assert seen == {"start": "gpu_sm90", "main": "tpu_v4", "inside": "tpu_v5e", "after": "gpu_sm90"}
     assert targets.current_target().name == "gpu_sm90"
-
-
-def test_copied_context_sees_the_block(no_env):
-    with targets.use_target("tpu_v6e"):
-        ctx = contextvars.copy_context()
-    assert ctx.run(targets.current_target).name == "tpu_v6e"
-    assert targets.current_target() == targets.from_device(jax.devices()[0])
 
 
 def test_env_var(monkeypatch):

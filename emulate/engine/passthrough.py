@@ -19,7 +19,7 @@ from emulate.formats import FormatLike
 from emulate.numerics.storage import Packed, is_array
 from emulate.planning.plan import plan, runs_as_is
 from emulate.quant import QArray
-from emulate.targets import TargetLike
+from emulate.targets import TargetLike, current_mode
 
 __all__ = ["PLANNED", "is_plain", "passes_through", "unplanned_integer_result"]
 
@@ -38,7 +38,7 @@ def passes_through(
     lhs_format: FormatLike | None,
     rhs_format: FormatLike | None,
     target: TargetLike,
-    mode: str,
+    mode: str | None,
     preferred_element_type: FormatLike | None,
 ) -> bool:
     """Whether a dot or convolution call goes to JAX unchanged.
@@ -51,7 +51,7 @@ def passes_through(
     emulate does not plan for, which JAX then takes or refuses). False in mode "exact"
     (every covered pair gets the exact sum), and for anything emulate must decode.
     """
-    if mode != "fast" or lhs_format is not None or rhs_format is not None:
+    if current_mode(mode) != "fast" or lhs_format is not None or rhs_format is not None:
         return False
     if not (is_plain(lhs) and is_plain(rhs)):
         return False

@@ -35,7 +35,7 @@ def plan_for(
     b: Operand,
     target: TargetLike,
     preferred_element_type: formats.FormatLike | None,
-    mode: str,
+    mode: str | None,
 ) -> Plan:
     """The plan for these operands, refusing a result type XLA cannot hold (float6)."""
     p = plan(

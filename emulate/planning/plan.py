@@ -35,7 +35,7 @@ from emulate.planning.exactness import (
 
 __all__ = ["MODES", "Plan", "plan", "runs_as_is"]
 
-MODES = ("fast", "exact")
+MODES = targets.MODES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +203,7 @@ def plan(
     *,
     target: targets.TargetLike = None,
     preferred_element_type: FormatLike | None = None,
-    mode: str = "fast",
+    mode: str | None = None,
 ) -> Plan:
     """Choose how to run a dot of ``lhs``-format by ``rhs``-format operands on ``target``.
 
@@ -212,7 +212,9 @@ def plan(
       target: a target name or :class:`emulate.targets.Target`; default the current one
         (``emulate.current_target()``).
       preferred_element_type: as in ``lax.dot_general``; sets the result format.
-      mode: "fast" (bounded for the float formats outside the exact class) or "exact".
+      mode: "fast" (bounded for the float formats outside the exact class) or "exact";
+        default the current mode (``emulate.current_mode()``: "fast" outside a
+        ``with emulate.use_mode(...)`` block or a polyfilled function).
 
     Raises:
       ValueError: an unknown mode, or a format that cannot be a matmul operand
@@ -225,8 +227,7 @@ def plan(
     wrapped in int32; not exact for a float ``preferred_element_type``): the front ends
     hand such pairs to JAX as they are (:func:`runs_as_is`).
     """
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
+    mode = targets.current_mode(mode)
     t = targets.current_target(target)
     a, b = formats.get(lhs), formats.get(rhs)
     for arg, f in (("lhs", a), ("rhs", b)):

@@ -193,6 +193,17 @@ def conv_general_dilated(
         )
         return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
     if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
+        nd = min(np.ndim(lhs), np.ndim(rhs))
+        if nd >= 2:  # emulate's messages, with lax's exception types
+            _check_params(
+                nd - 2,
+                window_strides,
+                padding,
+                lhs_dilation,
+                rhs_dilation,
+                feature_group_count,
+                batch_group_count,
+            )
         return lax.conv_general_dilated(  # plain arrays: passes_through checked them
             cast(Any, lhs),
             cast(Any, rhs),

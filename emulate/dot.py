@@ -99,7 +99,16 @@ def dot_general(
         dimension numbers (emulate's message, naming the operands and the target, with
         JAX's exception type); emulate's own refusals as documented in docs/api.md.
     """
+    if dimension_numbers is None:
+        dimension_numbers = _default_dimension_numbers(_shape_of(lhs), _shape_of(rhs))
+    _check_preferred(preferred_element_type)
     if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
+        shapes = _shape_of(lhs), _shape_of(rhs)
+        try:
+            normalize_dimension_numbers(dimension_numbers, *shapes, "lhs, rhs: as JAX's")
+        except (TypeError, ValueError) as e:
+            _raise_as_jax(e, lambda x, y: lax.dot_general(x, y, dimension_numbers), *shapes)
+            raise
         return lax.dot_general(  # plain arrays or scalars: passes_through checked them
             cast(Any, lhs),
             cast(Any, rhs),
@@ -144,6 +153,35 @@ def dot_general(
     if wrap_to is not None:
         out = out.astype(wrap_to)
     return _resharded(out, out_sharding)
+
+
+def _shape_of(x: Any) -> tuple[int, ...]:
+    shape = getattr(x, "shape", None)
+    return tuple(shape) if shape is not None else tuple(np.shape(x))
+
+
+def _default_dimension_numbers(lhs: tuple[int, ...], rhs: tuple[int, ...]) -> DimensionNumbers:
+    """``lax.dot``'s reading of ``dimension_numbers=None``: a plain matrix or vector
+    product (ValueError otherwise, as lax)."""
+    if 1 <= len(lhs) <= 2 and 1 <= len(rhs) <= 2 and lhs[-1] == rhs[0]:
+        return ((len(lhs) - 1,), (0,)), ((), ())
+    raise ValueError(
+        "dimension_numbers: None stands for a plain matrix-matrix, matrix-vector or "
+        f"vector-vector product (as in lax.dot); pass them for shapes {lhs} and {rhs}"
+    )
+
+
+def _check_preferred(preferred_element_type: Any) -> None:
+    """Refuse a ``preferred_element_type`` that is neither a format nor a JAX dtype."""
+    if preferred_element_type is None:
+        return
+    try:
+        formats.get(preferred_element_type)
+    except (TypeError, ValueError) as e:
+        try:
+            np.dtype(preferred_element_type)  # one of JAX's own types (complex64, ...)
+        except TypeError:
+            raise type(e)(f"preferred_element_type: {str(e).removeprefix('fmt: ')}") from None
 
 
 def _raise_as_jax(err: Exception, jax_fn: Callable[..., Any], *shapes: Sequence[int]) -> None:

@@ -344,8 +344,8 @@ def _check_qarray(q: QArray, arg: str = "QArray") -> None:
         sf = formats.get(q.scale_format)
     except (TypeError, ValueError) as e:
         raise type(e)(f"{arg}: {str(e).removeprefix('fmt: ')}") from None
-    if not f.is_low_precision or f.name == "float8_e8m0fnu":
-        raise ValueError(f"{arg}: format_name {f.name} is not a low-precision element format")
+    if f.name in formats.SCALE_ONLY:  # wide floats are allowed: scaled_matmul's f32 operands
+        raise ValueError(f"{arg}: format_name {f.name} is a scale type, not an element format")
     if sf.name not in SCALE_FORMATS:
         raise ValueError(f"{arg}: scale_format {sf.name} is not one of {SCALE_FORMATS}")
     shape, block = q.shape, q.block_shape

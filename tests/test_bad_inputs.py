@@ -200,10 +200,16 @@ CASES = [
         r"^dimension_numbers: expected .* of integer dimensions",
     ),
     (
-        "dimension_numbers=None",
-        lambda: emulate.dot_general(I8, W8, None),
-        TypeError,
-        r"^dimension_numbers: expected",
+        "dimension_numbers=None for batched operands",
+        lambda: emulate.dot_general(I8[None], W8[None], None),
+        ValueError,
+        r"^dimension_numbers: None stands for a plain matrix-matrix",
+    ),
+    (
+        "dimension_numbers=None for batched int4 operands",
+        lambda: emulate.dot_general(I8[None].astype(jnp.int4), W8[None].astype(jnp.int4), None),
+        ValueError,
+        r"^dimension_numbers: None stands for a plain matrix-matrix",
     ),
     # quantized arrays
     (
@@ -657,3 +663,14 @@ def test_pallas_matmul_has_gradients_and_maps():
     xs = jnp.stack([x, -2 * x])
     mapped = jax.vmap(lambda xi: mm(xi, w))(xs)
     np.testing.assert_array_equal(np.asarray(mapped), np.stack([mm(x, w), mm(-2 * x, w)]))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, jnp.int4, jnp.float8_e4m3fn])
+def test_dimension_numbers_none_is_lax_dot(dtype):
+    # lax.dot_general(x, y, None) is lax.dot's plain product; emulate reads None the same way.
+    x, w = I8.astype(dtype), W8.astype(dtype)
+    got = emulate.dot_general(x, w, None, preferred_element_type=jnp.float32)
+    want = emulate.dot_general(x, w, DN, preferred_element_type=jnp.float32)
+    if dtype != jnp.int4:  # XLA:CPU cannot compile JAX's own int4 dot
+        want = jax.lax.dot_general(x, w, None, preferred_element_type=jnp.float32)
+    assert got.dtype == want.dtype and np.asarray(got).tobytes() == np.asarray(want).tobytes()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import emulate
-from emulate import program, targets
+from emulate import formats, program, targets
 
 PATH = pathlib.Path(__file__).resolve().parents[1] / "examples" / "decoder_block.py"
 _spec = importlib.util.spec_from_file_location("decoder_block", PATH)
@@ -31,7 +31,16 @@ def test_rewritten_program_holds_only_native_pairs(target):
     before = program.sites(jax.make_jaxpr(BLOCK)(X))
     assert any(not t.supports(s.lhs_dtype, s.rhs_dtype) for s in before)
     after = program.sites(jax.make_jaxpr(emulate.polyfill(BLOCK, target=t))(X))
-    assert after and all(t.supports(s.lhs_dtype, s.rhs_dtype) for s in after)
+    # What remains is native on the target, or JAX's own types (bf16 x bf16 on a v2/v3
+    # profile), which polyfill leaves to XLA as jax.jit would.
+    assert after and all(
+        t.supports(s.lhs_dtype, s.rhs_dtype)
+        or (
+            not formats.get(s.lhs_dtype).is_low_precision
+            and not formats.get(s.rhs_dtype).is_low_precision
+        )
+        for s in after
+    )
 
 
 @pytest.mark.parametrize("target", TPUS)

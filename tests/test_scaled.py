@@ -53,7 +53,8 @@ def _weights(scheme, k: int, n: int, seed: int = 0) -> np.ndarray:
 @pytest.mark.parametrize("scheme", list(mx.SCHEMES.values()), ids=lambda s: s.name)
 def test_bf16_activations_times_each_preset(scheme, target):
     k = 256
-    axis = (0, 1) if len(scheme.block) == 2 else 0
+    # the contraction axis K (0) holds the blocks, or is the one block of a per-channel scheme
+    axis = (0, 1) if scheme.block is not None and len(scheme.block) == 2 else 0
     wq = emulate.quantize(_weights(scheme, k, 128), scheme, axis=axis)
     x = jnp.asarray(np.random.default_rng(1).standard_normal((3, k)), jnp.bfloat16)
     got = emulate.matmul(x, wq, target=target)

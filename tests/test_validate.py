@@ -422,7 +422,7 @@ def test_compile_heavy_rows_draw_from_one_program() -> None:
         seen.add((p.lhs.shape, p.rhs.shape, p.dimension_numbers, p.preferred_element_type))
 
     draw()
-    assert seen == {((2, 3, 16, 72), (72, 2, 16, 2), (((2, 3), (2, 0)), ((0,), (1,))), None)}
+    assert seen == {((2, 3, 16, 150), (150, 2, 16, 2), (((2, 3), (2, 0)), ((0,), (1,))), None)}
     # K spans more than one exact chunk of tpu_v4's bf16 slice route in every heavy row.
     (lc, _), _ = validate.HEAVY_LAYOUT[2]
     k = math.prod(validate.HEAVY_LAYOUT[0][d] for d in lc)
@@ -432,4 +432,4 @@ def test_compile_heavy_rows_draw_from_one_program() -> None:
         for a, b in validate.pairs(fmts)
         if validate.heavy(a, b, "exact")
     ]
-    assert len(chunks) == 20 and k == 1152 > max(chunks)
+    assert len(chunks) == 20 and k == 2400 > max(chunks)

@@ -10,8 +10,9 @@ the installed libtpu offers, with Mosaic's compatibility mode on and off:
 - ``emulate.dot_general`` (those pairs), ``emulate.conv_general_dilated`` (a few) and a
   scaled QArray contraction (``emulate.mx.MXFP4``, ``NVFP4``) in mode "fast", and a few
   of each in mode "exact" (see EXACT_PAIRS), planned for the generation: one generation
-  (the oldest) stands for each distinct exact plan of a pair, since the program emitted
-  depends on the plan only;
+  (the oldest) stands for each distinct plan of a pair and mode, since the XLA-level
+  program emitted depends on the plan only (the Pallas kernels are compiled on every
+  generation: Mosaic's rules differ);
 - examples/decoder_block.py's block, polyfilled for the generation.
 
 One subprocess compiles every compat-off program (``check_many``); the compat-on ones
@@ -102,11 +103,11 @@ class Case:
         return f"{self.program}-{self.what}-{self.target}"
 
 
-def _plan_key(lhs: str, rhs: str, target: str) -> tuple[Any, ...]:
-    """What the program emulate emits in mode "exact" depends on: the plan without its
-    target name, rate and ranked candidates."""
+def _plan_key(lhs: str, rhs: str, target: str, mode: str) -> tuple[Any, ...]:
+    """What the XLA-level program emulate emits depends on: the plan without its target
+    name, rate and ranked candidates."""
     p = emulate.plan(
-        lhs, rhs, target=target, mode="exact", preferred_element_type=P.out_format(lhs, rhs)
+        lhs, rhs, target=target, mode=mode, preferred_element_type=P.out_format(lhs, rhs)
     )
     return tuple(getattr(p, f) for f in _PROGRAM_FIELDS)
 
@@ -127,13 +128,14 @@ _PROGRAM_FIELDS = (
 
 def _cases() -> list[Case]:
     out = []
-    exact_seen: set[tuple[Any, ...]] = set()
+    seen: set[tuple[Any, ...]] = set()
 
-    def first_exact(program: str, lhs: str, rhs: str, target: str) -> bool:
-        key = (program, lhs, rhs, _plan_key(lhs, rhs, target))
-        if key in exact_seen:
+    def first(program: str, mode: str, lhs: str, rhs: str, target: str) -> bool:
+        """Whether no earlier generation compiles the same plan of this program."""
+        key = (program, mode, lhs, rhs, _plan_key(lhs, rhs, target, mode))
+        if key in seen:
             return False
-        exact_seen.add(key)
+        seen.add(key)
         return True
 
     for t in GENERATIONS:
@@ -148,18 +150,18 @@ def _cases() -> list[Case]:
             ("exact", EXACT_PAIRS, EXACT_CONV_PAIRS, EXACT_SCHEMES),
         ):
             for a, w in pairs:
-                if mode == "exact" and not first_exact("dot_general", a, w, t):
+                if not first("dot_general", mode, a, w, t):
                     continue
                 fn = functools.partial(P.dot_general, lhs=a, rhs=w, target=t, mode=mode)
                 out.append(Case("dot_general", f"{mode}-{a}x{w}", t, fn, P.xla_specs(a, w)))
             for a, w in conv_pairs:
-                if mode == "exact" and not first_exact("conv", a, w, t):
+                if not first("conv", mode, a, w, t):
                     continue
                 fn = functools.partial(P.conv, lhs=a, rhs=w, target=t, mode=mode)
                 out.append(Case("conv", f"{mode}-{a}x{w}", t, fn, P.conv_specs(a, w)))
             for s in schemes:
                 el = getattr(emulate.mx, s).format
-                if mode == "exact" and not first_exact(f"scaled-{s}", el, el, t):
+                if not first(f"scaled-{s}", mode, el, el, t):
                     continue
                 fn = functools.partial(P.scaled, scheme=s, target=t, mode=mode)
                 out.append(Case("scaled", f"{mode}-{s}", t, fn, P.scaled_specs()))

@@ -12,6 +12,7 @@ of the exactly decoded operands and their tangents with the same parameters
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import operator
@@ -24,7 +25,7 @@ import numpy as np
 from jax import lax
 
 from emulate import formats
-from emulate.engine import exact, grad
+from emulate.engine import exact, grad, sites
 from emulate.engine.contract import check_k, combine_chunk_sums, contract_decoded, finish
 from emulate.engine.operands import (
     Operand,
@@ -44,7 +45,7 @@ from emulate.numerics.bits import times_pow2
 from emulate.numerics.storage import Packed
 from emulate.planning.plan import Plan
 from emulate.quant import QArray, broadcast_blocks, dequantize
-from emulate.targets import TargetLike, current_mode
+from emulate.targets import TargetLike, current_mode, current_target
 
 __all__ = ["conv_general_dilated"]
 
@@ -173,27 +174,29 @@ def conv_general_dilated(
                 f"rhs_format: a QArray carries its format ({rhs.format_name}); pass "
                 f"rhs_format only with uint8 codes, got rhs_format={rhs_format!r}"
             )
-        out = _qarray_conv(
-            lhs,
-            rhs,
-            dict(
-                window_strides=window_strides,
-                padding=padding,
-                lhs_dilation=lhs_dilation,
-                rhs_dilation=rhs_dilation,
-                dimension_numbers=dimension_numbers,
-                feature_group_count=feature_group_count,
-                batch_group_count=batch_group_count,
-            ),
-            precision,
-            preferred_element_type,
-            target=target,
-            mode=mode,
-            lhs_format=lhs_format,
+        conv = dict(
+            window_strides=window_strides,
+            padding=padding,
+            lhs_dilation=lhs_dilation,
+            rhs_dilation=rhs_dilation,
+            dimension_numbers=dimension_numbers,
+            feature_group_count=feature_group_count,
+            batch_group_count=batch_group_count,
         )
+        with _site_scope(lhs, rhs, lhs_format, None, preferred_element_type, target, mode, conv):
+            out = _qarray_conv(
+                lhs,
+                rhs,
+                conv,
+                precision,
+                preferred_element_type,
+                target=target,
+                mode=mode,
+                lhs_format=lhs_format,
+            )
         return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
     if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
-        nd = min(np.ndim(lhs), np.ndim(rhs))
+        nd = min(np.ndim(cast(Any, lhs)), np.ndim(cast(Any, rhs)))
         if nd >= 2:  # emulate's messages, with lax's exception types
             _check_params(
                 nd - 2,
@@ -218,24 +221,79 @@ def conv_general_dilated(
             preferred_element_type,
             out_sharding=out_sharding,
         )
-    out = _emulated_conv(
-        lhs,
-        rhs,
-        window_strides,
-        padding,
-        lhs_dilation,
-        rhs_dilation,
-        dimension_numbers,
-        feature_group_count,
-        batch_group_count,
-        precision,
-        preferred_element_type,
-        target,
-        mode,
-        lhs_format,
-        rhs_format,
+    conv = dict(
+        window_strides=window_strides,
+        padding=padding,
+        lhs_dilation=lhs_dilation,
+        rhs_dilation=rhs_dilation,
+        dimension_numbers=dimension_numbers,
+        feature_group_count=feature_group_count,
+        batch_group_count=batch_group_count,
     )
+    with _site_scope(lhs, rhs, lhs_format, rhs_format, preferred_element_type, target, mode, conv):
+        out = _emulated_conv(
+            lhs,
+            rhs,
+            window_strides,
+            padding,
+            lhs_dilation,
+            rhs_dilation,
+            dimension_numbers,
+            feature_group_count,
+            batch_group_count,
+            precision,
+            preferred_element_type,
+            target,
+            mode,
+            lhs_format,
+            rhs_format,
+        )
     return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
+
+
+def _site_scope(
+    lhs: Any,
+    rhs: Any,
+    lhs_format: FormatLike | None,
+    rhs_format: FormatLike | None,
+    preferred_element_type: FormatLike | None,
+    target: TargetLike,
+    mode: str | None,
+    conv: dict[str, Any],
+) -> contextlib.AbstractContextManager[Any]:
+    """The named scope that marks this call as one emulated site for :func:`emulate.inspect`
+    (no scope where the call is malformed: the route below raises the clear error)."""
+    try:
+        q = rhs if isinstance(rhs, QArray) else None
+        a = operand(lhs, lhs_format, arg="lhs")
+        b_fmt, b_shape = (
+            (q.format_name, tuple(q.shape)) if q is not None else _format_shape(rhs, rhs_format)
+        )
+        logical = q.dtype.name if q is not None else b_fmt
+        out = formats.dot_result(a.format_name, logical, preferred_element_type).name
+        stand_in = [jax.ShapeDtypeStruct(s, jnp.float32) for s in (a.shape, b_shape)]
+        out_shape = jax.eval_shape(
+            lambda x, w: lax.conv_general_dilated(x, w, **conv), *stand_in
+        ).shape
+        dn = lax.conv_dimension_numbers(a.shape, b_shape, conv["dimension_numbers"])
+        k = math.prod(b_shape[d] for d in dn.rhs_spec[1:])
+        tag = sites.SiteTag(
+            "conv_general_dilated",
+            sites.operand_text(a.format_name, a.shape),
+            sites.operand_text(b_fmt, b_shape, q),
+            out,
+            current_target(target).name,
+            current_mode(mode),
+            2 * math.prod(out_shape) * k,
+        )
+    except (TypeError, ValueError, RuntimeError):
+        return contextlib.nullcontext()
+    return sites.scope(tag)
+
+
+def _format_shape(x: Any, fmt: FormatLike | None) -> tuple[str, tuple[int, ...]]:
+    b = operand(x, fmt, arg="rhs")
+    return b.format_name, tuple(b.shape)
 
 
 def _emulated_conv(

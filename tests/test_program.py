@@ -296,6 +296,48 @@ def test_inspect_rows_are_emulate_calls_on_the_users_lines():
             assert r.flops == 2 * 4 * 8 * 256
 
 
+XC = jnp.asarray(np.random.default_rng(3).standard_normal((1, 6, 6, 32)), jnp.bfloat16)
+WC = jnp.asarray(np.random.default_rng(4).standard_normal((3, 3, 32, 16)), jnp.float8_e4m3fn)
+QC = emulate.quantize(
+    jnp.asarray(np.random.default_rng(5).standard_normal((3, 3, 32, 16)), jnp.float32),
+    emulate.mx.INT8_PER_CHANNEL,
+    axis=(0, 1, 2),
+)
+
+
+def convs(x, w):
+    a = emulate.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC)  # +1
+    b = emulate.conv_general_dilated(x, QC, (2, 2), "VALID", dimension_numbers=NHWC)  # +2
+    return a, b
+
+
+NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+def test_inspect_rows_for_convolutions_are_one_site_each():
+    line = convs.__code__.co_firstlineno
+    report = emulate.inspect(convs, XC, WC, target="tpu_v4")
+    rows = [(r.source, r.primitive, r.lhs, r.rhs, r.status) for r in report.rows]
+    assert rows == [
+        (
+            f"{__file__}:{line + 1} (convs)",
+            "conv_general_dilated",
+            "bfloat16[1,6,6,32]",
+            "float8_e4m3fn[3,3,32,16]",
+            "emulated",
+        ),
+        (
+            f"{__file__}:{line + 2} (convs)",
+            "conv_general_dilated",
+            "bfloat16[1,6,6,32]",
+            "int8[3,3,32,16]:INT8_PER_CHANNEL",
+            "emulated",
+        ),
+    ]
+    # 2 * output elements * K (K = 3 * 3 * 32): SAME keeps 6x6, VALID with stride 2 gives 2x2
+    assert [r.flops for r in report.rows] == [2 * 36 * 16 * 288, 2 * 4 * 16 * 288]
+
+
 def test_inspect_under_a_polyfill_context_and_jit():
     # the target and mode of an enclosing block reach inspect's trace, and a jitted
     # function's cached trace is not reused for another target

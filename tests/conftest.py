@@ -1,7 +1,7 @@
 """Shared pytest setup: hypothesis profiles.
 
 Profiles:
-  ci: derandomized, a fixed 30 examples per test, no deadline, failing examples printed
+  ci: derandomized, a fixed 20 examples per test, no deadline, failing examples printed
       as reproduction blobs. Loaded when the environment has ``CI=true``.
   dev: 50 random examples per test, no deadline. Loaded otherwise.
 ``HYPOTHESIS_PROFILE=<name>`` picks a profile explicitly and wins over both.
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings
 settings.register_profile(
     "ci",
     derandomize=True,
-    max_examples=30,
+    max_examples=20,
     deadline=None,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

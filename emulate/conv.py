@@ -168,21 +168,21 @@ def conv_general_dilated(
             "lhs: a QArray input is not built for convolutions (only QArray kernels, rhs); "
             "pass lhs.dequantize() or an array of a low-precision format"
         )
+    conv = dict(
+        window_strides=window_strides,
+        padding=padding,
+        lhs_dilation=lhs_dilation,
+        rhs_dilation=rhs_dilation,
+        dimension_numbers=dimension_numbers,
+        feature_group_count=feature_group_count,
+        batch_group_count=batch_group_count,
+    )
     if isinstance(rhs, QArray):
         if rhs_format is not None:
             raise ValueError(
                 f"rhs_format: a QArray carries its format ({rhs.format_name}); pass "
                 f"rhs_format only with uint8 codes, got rhs_format={rhs_format!r}"
             )
-        conv = dict(
-            window_strides=window_strides,
-            padding=padding,
-            lhs_dilation=lhs_dilation,
-            rhs_dilation=rhs_dilation,
-            dimension_numbers=dimension_numbers,
-            feature_group_count=feature_group_count,
-            batch_group_count=batch_group_count,
-        )
         with _site_scope(lhs, rhs, lhs_format, None, preferred_element_type, target, mode, conv):
             out = _qarray_conv(
                 lhs,
@@ -221,15 +221,6 @@ def conv_general_dilated(
             preferred_element_type,
             out_sharding=out_sharding,
         )
-    conv = dict(
-        window_strides=window_strides,
-        padding=padding,
-        lhs_dilation=lhs_dilation,
-        rhs_dilation=rhs_dilation,
-        dimension_numbers=dimension_numbers,
-        feature_group_count=feature_group_count,
-        batch_group_count=batch_group_count,
-    )
     with _site_scope(lhs, rhs, lhs_format, rhs_format, preferred_element_type, target, mode, conv):
         out = _emulated_conv(
             lhs,

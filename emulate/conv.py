@@ -277,7 +277,7 @@ def _site_scope(
             current_mode(mode),
             2 * math.prod(out_shape) * k,
         )
-    except (TypeError, ValueError, RuntimeError):
+    except (TypeError, ValueError, RuntimeError, IndexError):  # e.g. rank-2 operands
         return contextlib.nullcontext()
     return sites.scope(tag)
 

@@ -699,7 +699,7 @@ def run(
     return report
 
 
-def _parse_shapes(text: str) -> list[tuple[int, int, int]]:
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     shapes = []
     for item in text.split(","):
         parts = item.strip().lower().split("x")
@@ -712,7 +712,7 @@ def _parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return shapes
 
 
-def _parse_pairs(text: str) -> list[str]:
+def parse_pairs(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in names if t not in PAIRS]
     if bad or not names:
@@ -736,12 +736,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument(
         "--shapes",
-        type=_parse_shapes,
+        type=parse_shapes,
         help="MxKxN[,MxKxN...] (default " + ",".join(f"{m}x{k}x{n}" for m, k, n in SHAPES) + ")",
     )
     p.add_argument(
         "--formats",
-        type=_parse_pairs,
+        type=parse_pairs,
         help=f"weight formats / pairs, comma-separated, from: {', '.join(PAIRS)} "
         "(default all; the bare names have bf16 activations)",
     )

@@ -59,7 +59,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 import emulate  # noqa: E402
 import emulate.pallas  # noqa: E402
 from benchmarks._timing import environment  # noqa: E402
-from benchmarks.matmul import DN, PAIRS, SHAPES, Pair, _parse_pairs, _parse_shapes  # noqa: E402
+from benchmarks.matmul import DN, PAIRS, SHAPES, Pair, parse_pairs, parse_shapes  # noqa: E402
 from emulate import compiler, formats  # noqa: E402
 from emulate.numerics.storage import Packed  # noqa: E402
 
@@ -754,12 +754,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--generations", help="comma-separated TPU targets (default: all offered)")
     p.add_argument(
         "--shapes",
-        type=_parse_shapes,
+        type=parse_shapes,
         help="MxKxN[,MxKxN...] (default " + ",".join(f"{m}x{k}x{n}" for m, k, n in SHAPES) + ")",
     )
     p.add_argument(
         "--formats",
-        type=_parse_pairs,
+        type=parse_pairs,
         help=f"pairs, comma-separated, from: {', '.join(PAIRS)} (default all)",
     )
     p.add_argument(
@@ -815,7 +815,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         exact_shapes = None
     else:
         try:
-            exact_shapes = _parse_shapes(args.exact_shapes)
+            exact_shapes = parse_shapes(args.exact_shapes)
         except argparse.ArgumentTypeError as e:
             p.error(str(e).replace("--shapes", "--exact-shapes"))
     prog = "python -m benchmarks.tpu" if __package__ else "python benchmarks/tpu.py"

@@ -328,24 +328,7 @@ def _emulated_conv(
         )
     wrap_to = unplanned_integer_result(preferred_element_type, a, b)
     if wrap_to is not None:  # the int32 sum wraps into it as into XLA's own accumulator
-        out = _emulated_conv(
-            a,
-            b,
-            window_strides,
-            padding,
-            lhs_dilation,
-            rhs_dilation,
-            dimension_numbers,
-            feature_group_count,
-            batch_group_count,
-            precision,
-            jnp.int32,
-            target,
-            mode,
-            None,
-            None,
-        )
-        return out.astype(wrap_to)
+        preferred_element_type = jnp.int32
     p = plan_for(a, b, target, preferred_element_type, mode)
     window = math.prod(b.shape[d] for d in dn.rhs_spec[2:])
     k = in_r * window
@@ -381,7 +364,8 @@ def _emulated_conv(
             lhs_dilation=params["lhs_dilation"] or ones,
             rhs_dilation=params["rhs_dilation"] or ones,
         )
-        return _differentiable_conv((p, True, None, tuple(sorted(params.items()))), a, b)
+        out = _differentiable_conv((p, True, None, tuple(sorted(params.items()))), a, b)
+        return out if wrap_to is None else out.astype(wrap_to)
     slice_features = None
     if p.k_chunk is not None and k > p.k_chunk:
         if feature_group_count != 1 or batch_group_count != 1:
@@ -395,7 +379,8 @@ def _emulated_conv(
                 f"rhs: the window ({window} taps) alone exceeds the exact K-chunk "
                 f"{p.k_chunk} of {p.lhs} x {p.rhs}; {where}"
             )
-    return _differentiable_conv((p, False, slice_features, tuple(sorted(params.items()))), a, b)
+    out = _differentiable_conv((p, False, slice_features, tuple(sorted(params.items()))), a, b)
+    return out if wrap_to is None else out.astype(wrap_to)
 
 
 def _route(static: tuple, lhs: Operand, rhs: Operand) -> jax.Array:

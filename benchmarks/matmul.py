@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import statistics
 import sys
@@ -58,6 +57,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import emulate  # noqa: E402
+from benchmarks._report import legend_entries, pyplot, write  # noqa: E402
 from benchmarks._timing import (  # noqa: E402
     environment,
     interleave,
@@ -586,13 +586,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 def plot(report: dict[str, Any], path: Path) -> Path | None:
     """Ratio to the floor against M, one panel per pair; None if matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install -e .[bench]); no PNG written")
+    plt = pyplot()
+    if plt is None:
         return None
     rows = [r for r in report["results"] if r["status"] == "ok" and r.get("ratio")]
     pairs = [p for p in PAIRS if any(r["pair"] == p for r in rows)]
@@ -626,12 +621,7 @@ def plot(report: dict[str, Any], path: Path) -> Path | None:
         ax.set_ylim(bottom=0)
     for ax in list(axes.flat)[len(pairs) :]:
         ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    for ax in list(axes.flat)[1 : len(pairs)]:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
+    handles, labels = legend_entries(list(axes.flat)[: len(pairs)])
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small")
     env = report["environment"]
     fig.suptitle(
@@ -688,14 +678,7 @@ def run(
     md = markdown(report)
     print(md)
     if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
-        md_path = json_path.with_suffix(".md")
-        md_path.write_text(md)
-        print(f"wrote {json_path} and {md_path}")
-        png = plot(report, json_path.with_suffix(".png"))
-        if png is not None:
-            print(f"wrote {png}")
+        write(report, md, json_path, plot)
     return report
 
 

@@ -58,6 +58,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 
 import emulate  # noqa: E402
 import emulate.pallas  # noqa: E402
+from benchmarks._report import legend_entries, pyplot, write  # noqa: E402
 from benchmarks._timing import environment  # noqa: E402
 from benchmarks.matmul import DN, PAIRS, SHAPES, Pair, parse_pairs, parse_shapes  # noqa: E402
 from emulate import compiler, formats  # noqa: E402
@@ -600,13 +601,8 @@ def markdown(report: dict[str, Any]) -> str:
 def plot(report: dict[str, Any], path: Path) -> Path | None:
     """Estimate and bytes of each contender over (a), per generation, one column per pair,
     at the first shape measured; None (and a message) if matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install -e .[bench]); no PNG written")
+    plt = pyplot()
+    if plt is None:
         return None
     rows = [r for r in report["results"] if r["status"] == "ok"]
     if not rows:
@@ -650,12 +646,7 @@ def plot(report: dict[str, Any], path: Path) -> Path | None:
                 ax.set_title(PAIRS[name].title)
             if col == 0:
                 ax.set_ylabel(ylabel)
-    handles, labels = [], []
-    for ax in axes.flat:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
+    handles, labels = legend_entries(axes.flat)
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small")
     fig.suptitle(
         f"TPU compiler's view, {shape[0]}x{shape[1]}x{shape[2]}, ratio to (a) bf16 "
@@ -719,14 +710,7 @@ def run(
     md = markdown(report)
     print(md)
     if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
-        md_path = json_path.with_suffix(".md")
-        md_path.write_text(md)
-        print(f"wrote {json_path} and {md_path}")
-        png = plot(report, json_path.with_suffix(".png"))
-        if png is not None:
-            print(f"wrote {png}")
+        write(report, md, json_path, plot)
     return report
 
 

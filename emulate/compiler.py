@@ -733,15 +733,14 @@ def probe(
             f"targets: pass targets or cases, not both; got targets={list(targets)!r} "
             f"and {len(cases)} cases"
         )
-    if cases is not None:
+    if cases is None:
+        names = tuple(_targets.get(t).name for t in (targets or generations()))
+        cases = probe_cases(names)
+    else:
         cases = tuple(sorted(cases))
         names = tuple(sorted({c.target for c in cases}))
-    else:
-        names = tuple(_targets.get(t).name for t in (targets or generations()))
     for t in names:
         device(t)
-    if cases is None:
-        cases = probe_cases(names)
     results = check_both(
         {compat: [_probe_job(c) for c in cases if c.compat == compat] for compat in (True, False)}
     )

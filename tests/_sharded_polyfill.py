@@ -1,4 +1,4 @@
-"""Run by tests/test_polyfill_sharding.py in a subprocess with 8 host CPU devices
+"""Run by tests/test_rewrite_sharding.py in a subprocess with 8 host CPU devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count=8`` set by the caller).
 
 Prints one JSON object: for each case, whether the sharded result is bit-identical to the

@@ -31,7 +31,7 @@ import emulate.pallas
 from emulate import compiler
 from emulate.pallas import mosaic_check
 
-KERNELS = pathlib.Path(__file__).resolve().parent / "kernels"
+KERNELS = pathlib.Path(__file__).resolve().parents[1] / "kernels"
 sys.path.insert(0, str(KERNELS))
 import torch_xla_quantized_matmul as xla_qmm  # noqa: E402
 import tpu_inference_gmm_v2 as gmm_v2  # noqa: E402

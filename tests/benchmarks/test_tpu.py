@@ -21,7 +21,7 @@ from jax.experimental import pallas as pl
 
 import emulate.pallas
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo root
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repo root
 from benchmarks import tpu  # noqa: E402
 from benchmarks.matmul import PAIRS  # noqa: E402
 

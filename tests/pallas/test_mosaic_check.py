@@ -21,7 +21,7 @@ import emulate.pallas
 from emulate import cli, compiler, formats, targets
 from emulate.numerics.storage import Packed
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import _pallas_kernels as kernels  # noqa: E402
 
 from emulate.pallas import mosaic_check
@@ -528,7 +528,7 @@ def test_kernels_that_read_get_tpu_info_are_checked():
 
 # ------------------------------------------------------ kernels from public repositories
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "kernels"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "kernels"))
 import jax_matmul  # noqa: E402
 
 

@@ -15,7 +15,7 @@ import pytest
 import emulate
 from emulate import formats, program, targets
 
-PATH = pathlib.Path(__file__).resolve().parents[1] / "examples" / "decoder_block.py"
+PATH = pathlib.Path(__file__).resolve().parents[2] / "examples" / "decoder_block.py"
 _spec = importlib.util.spec_from_file_location("decoder_block", PATH)
 example = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(example)

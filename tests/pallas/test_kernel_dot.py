@@ -206,7 +206,7 @@ def test_benchmark_runs_in_interpret_mode_and_says_so(capsys, monkeypatch):
     import pathlib
     import sys
 
-    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "pallas_matmul.py"
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "pallas_matmul.py"
     spec = importlib.util.spec_from_file_location("pallas_matmul_benchmark", path)
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, bench)  # dataclasses look their module up

@@ -1,8 +1,9 @@
 """Emulated low-precision matmuls side by side with what a user would do instead.
 
-Run as ``python benchmarks/matmul.py`` or ``python -m benchmarks.matmul`` (from the repo
-root); ``--quick`` for a run of under a minute. For each shape (M, K, N) and operand pair
-it times, in one process and interleaved (A B C A B C ... after two warm-up calls each):
+Run as ``python -m benchmarks.matmul`` (from the repo root); ``--quick`` for a run of
+under a minute; ``--help`` for the flags (:mod:`benchmarks.harness` owns the common
+ones). For each shape (M, K, N) and operand pair it times, in one process and
+interleaved (A B C A B C ... after two warm-up calls each):
 
   (a) floor        both operands decoded to bf16 once, up front (not timed);
                    ``jnp.dot(x, w_bf16, preferred_element_type=f32)``
@@ -18,7 +19,7 @@ it times, in one process and interleaved (A B C A B C ... after two warm-up call
   (f) decode only  ``emulate.decode(w, to=bf16)`` of the weight as (d) takes it, no dot
                    (bf16-activation pairs only): what the decode alone costs
   (g) copy         ``x + 1`` on a uint32 array of as many bytes as the packed weight
-                   (packed pairs at M = 1 only), as benchmarks/decode.py's copy: it reads
+                   (packed pairs at M = 1 only), as benchmarks.decode's copy: it reads
                    and writes every byte, so half its time is the time to read the packed
                    weight at the copy bandwidth, the floor of a memory-bound matvec
 
@@ -53,89 +54,28 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-if __package__ in (None, ""):  # run as a script: make the repo root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import emulate  # noqa: E402
-from benchmarks._report import legend_entries, pyplot, write  # noqa: E402
-from benchmarks._timing import (  # noqa: E402
-    environment,
-    interleave,
-    minor_faults,
-    short_error,
-    stats,
-    timed_call,
+import emulate
+from benchmarks import harness
+from benchmarks.cases import (
+    DN,
+    PAIRS,
+    SHAPES,
+    WEIGHT_ONLY,
+    Contender,
+    Pair,
+    parse_pairs,
+    parse_shapes,
+    present,
+    shape_of,
 )
-from emulate import formats  # noqa: E402
+from benchmarks.harness import interleave, minor_faults, short_error, stats, timed_call
+from emulate import formats
 
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "matmul.json"
-DN = (((1,), (0,)), ((), ()))
 BF16 = jnp.bfloat16
 F32 = jnp.float32
 
-SHAPES: tuple[tuple[int, int, int], ...] = (
-    (1, 4096, 4096),
-    (64, 4096, 4096),
-    (512, 4096, 4096),
-    (2048, 2048, 2048),
-)
 QUICK_SHAPES: tuple[tuple[int, int, int], ...] = ((1, 1024, 1024), (64, 1024, 1024))
 QUICK_PAIRS = ("float8_e4m3fn", "int4")
-QUICK_REPEATS = 10
-DEFAULT_REPEATS = 10
-
-
-@dataclasses.dataclass(frozen=True)
-class Pair:
-    """An operand pair: activations ``lhs`` (M x K) times weights ``rhs`` (K x N)."""
-
-    name: str
-    lhs: str
-    rhs: str
-    packed: bool = False  # emulate takes the weight as emulate.pack(w, axis=0)
-
-    @property
-    def integer(self) -> bool:
-        return formats.get(self.lhs).is_integer and formats.get(self.rhs).is_integer
-
-    @property
-    def accumulator(self) -> Any:
-        """What contenders (c) to (e) ask for: int32 for integer pairs, else f32."""
-        return jnp.int32 if self.integer else F32
-
-    @property
-    def title(self) -> str:
-        return f"{_short(self.lhs)} x {_short(self.rhs)}" + (" (packed)" if self.packed else "")
-
-
-_SHORT = {"bfloat16": "bf16", "float8_e4m3fn": "e4m3fn", "float8_e5m2": "e5m2"}
-
-
-def _short(name: str) -> str:
-    return _SHORT.get(name, name.replace("float4_", ""))
-
-
-PAIRS: dict[str, Pair] = {
-    p.name: p
-    for p in (
-        Pair("int8", "bfloat16", "int8"),
-        Pair("int4", "bfloat16", "int4", packed=True),
-        Pair("float8_e4m3fn", "bfloat16", "float8_e4m3fn"),
-        Pair("float8_e5m2", "bfloat16", "float8_e5m2"),
-        Pair("float4_e2m1fn", "bfloat16", "float4_e2m1fn", packed=True),
-        Pair("int8xint8", "int8", "int8"),
-        Pair("fp8xfp8", "float8_e4m3fn", "float8_e4m3fn"),
-    )
-}
-# The pairs goal 1 is about: bf16 activations times fp8 / int8 / int4 / fp4 weights.
-WEIGHT_ONLY = ("int8", "int4", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn")
-
-
-@dataclasses.dataclass(frozen=True)
-class Contender:
-    key: str
-    label: str
-    doc: str
 
 
 CONTENDERS = (
@@ -364,7 +304,7 @@ def storage_rows(k: int, n: int) -> list[dict[str, Any]]:
 
 
 def goals(rows: Sequence[dict[str, Any]], storage: Sequence[dict[str, Any]]) -> list[dict]:
-    """Goals 1 to 3 of issue 9 (goal 4 is benchmarks/decode.py's) and the CPU goals of
+    """Goals 1 to 3 of issue 9 (goal 4 is benchmarks.decode's) and the CPU goals of
     issue 16, measured on these rows."""
     fast = [
         r
@@ -445,7 +385,7 @@ def _goal(label: str, limit: float, got: Sequence[dict], key: str, unit: str) ->
         "limit": limit,
         "measured": worst[key],
         "met": worst[key] <= limit,
-        "worst": f"{worst['pair']} {_shape_str(worst)}".strip(),
+        "worst": f"{worst['pair']} {shape_of(worst)}".strip(),
         "unit": unit,
         "n": len(got),
     }
@@ -455,30 +395,13 @@ def _goal(label: str, limit: float, got: Sequence[dict], key: str, unit: str) ->
 # Output
 
 
-def _shape_str(r: dict[str, Any]) -> str:
-    if r.get("M") is None:
-        return f"{r['K']}x{r['N']}" if "K" in r else ""
-    return f"{r['M']}x{r['K']}x{r['N']}"
-
-
-def _ms(s: float) -> str:
-    v = s * 1e3
-    return f"{v:.3g}" if v < 100 else f"{v:.0f}"
-
-
-def _mb(b: int | None) -> str:
-    if b is None:
-        return "?"
-    return f"{b / 1e6:.2f}" if b < 10e6 else f"{b / 1e6:.1f}"
-
-
 def _time_cell(r: dict[str, Any]) -> str:
     if r["status"] != "ok":
         return f"n/a ({r['reason']})"
-    span = f"{_ms(r['min_s'])}-{_ms(r['max_s'])}"
+    span = f"{harness.ms(r['min_s'])}-{harness.ms(r['max_s'])}"
     if r["contender"] == "floor":
-        return f"{_ms(r['median_s'])} ms ({span})"
-    return f"**{r['ratio']:.2f}x** {_ms(r['median_s'])} ms ({span})"
+        return f"{harness.ms(r['median_s'])} ms ({span})"
+    return f"**{r['ratio']:.2f}x** {harness.ms(r['median_s'])} ms ({span})"
 
 
 def _groups(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -488,15 +411,10 @@ def _groups(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return list(groups.values())
 
 
-def _present(rows: Sequence[dict[str, Any]]) -> list[str]:
-    have = {r["contender"] for r in rows}
-    return [c.key for c in CONTENDERS if c.key in have]
-
-
 def markdown(report: dict[str, Any]) -> str:
     rows = report["results"]
     env = report["environment"]
-    keys = _present(rows)
+    keys = present(rows, CONTENDERS)
     lines = [
         "# matmul benchmark",
         "",
@@ -516,7 +434,7 @@ def markdown(report: dict[str, Any]) -> str:
         by = {r["contender"]: r for r in g}
         cells = [_time_cell(by[k]) if k in by else "" for k in keys]
         lines.append(
-            f"| {PAIRS[g[0]['pair']].title} | {_shape_str(g[0])} | " + " | ".join(cells) + " |"
+            f"| {PAIRS[g[0]['pair']].title} | {shape_of(g[0])} | " + " | ".join(cells) + " |"
         )
     lines += [
         "",
@@ -540,11 +458,11 @@ def markdown(report: dict[str, Any]) -> str:
             if r is None or r["temp_bytes"] is None:
                 cells.append("" if r is None else "n/a")
             else:
-                cells.append(f"{_mb(r['temp_bytes'])} ({r['temp_over_decoded_weight']:.2f})")
+                cells.append(f"{harness.mb(r['temp_bytes'])} ({r['temp_over_decoded_weight']:.2f})")
         wb = [by[k]["weight_bytes_per_element"] for k in ("floor", "astype", "fast") if k in by]
         pf = [by[k].get("page_faults_per_call") for k in ("floor", "fast") if k in by]
         lines.append(
-            f"| {PAIRS[g[0]['pair']].title} | {_shape_str(g[0])} | "
+            f"| {PAIRS[g[0]['pair']].title} | {shape_of(g[0])} | "
             + " | ".join(cells)
             + " | "
             + " / ".join("?" if v is None else f"{v:g}" for v in wb)
@@ -580,13 +498,13 @@ def markdown(report: dict[str, Any]) -> str:
             f"{g['worst']} | {'yes' if g['met'] else 'no'} |"
         )
     lines.append("")
-    lines.append("Goal 4 (decode throughput) is measured by `python benchmarks/decode.py`.")
+    lines.append("Goal 4 (decode throughput) is measured by `python -m benchmarks.decode`.")
     return "\n".join(lines) + "\n"
 
 
 def plot(report: dict[str, Any], path: Path) -> Path | None:
     """Ratio to the floor against M, one panel per pair; None if matplotlib is missing."""
-    plt = pyplot()
+    plt = harness.pyplot()
     if plt is None:
         return None
     rows = [r for r in report["results"] if r["status"] == "ok" and r.get("ratio")]
@@ -598,7 +516,7 @@ def plot(report: dict[str, Any], path: Path) -> Path | None:
     fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.4 * nrows), squeeze=False)
     for ax, name in zip(axes.flat, pairs):
         mine = [r for r in rows if r["pair"] == name]
-        for key in _present(mine):
+        for key in present(mine, CONTENDERS):
             if key == "floor":
                 continue
             pts = sorted((r["M"], r["ratio"]) for r in mine if r["contender"] == key)
@@ -621,7 +539,7 @@ def plot(report: dict[str, Any], path: Path) -> Path | None:
         ax.set_ylim(bottom=0)
     for ax in list(axes.flat)[len(pairs) :]:
         ax.axis("off")
-    handles, labels = legend_entries(list(axes.flat)[: len(pairs)])
+    handles, labels = harness.legend_entries(list(axes.flat)[: len(pairs)])
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small")
     env = report["environment"]
     fig.suptitle(
@@ -640,87 +558,46 @@ def plot(report: dict[str, Any], path: Path) -> Path | None:
 # Driver
 
 
-def run(
-    shapes: Sequence[tuple[int, int, int]],
-    pair_names: Sequence[str],
-    repeats: int,
-    json_path: Path | None,
-    command: str,
-) -> dict[str, Any]:
-    """Measure every pair at every shape, print the markdown, write the files."""
-    env = environment()
+def run(args: argparse.Namespace) -> harness.Report:
+    """Measure every pair at every shape; the report (markdown, JSON and plot)."""
+    shapes = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
+    pair_names = args.formats or (QUICK_PAIRS if args.quick else tuple(PAIRS))
+    env = harness.environment()
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []
     for shape in shapes:
         for name in pair_names:
             t = time.perf_counter()
-            rows += measure(PAIRS[name], shape, repeats)
+            rows += measure(PAIRS[name], shape, args.repeats)
             print(
-                f"  {name} {shape[0]}x{shape[1]}x{shape[2]}: {time.perf_counter() - t:.1f} s",
+                f"  {name} {harness.shape_text(shape)}: {time.perf_counter() - t:.1f} s",
                 file=sys.stderr,
             )
     k, n = max((s[1], s[2]) for s in shapes)
     storage = storage_rows(k, n)
     report = {
         "benchmark": "matmul",
-        "command": command,
-        "repeats": repeats,
+        "command": args.command,
+        "repeats": args.repeats,
         "statistic": "median of interleaved repeats after 2 warm-up calls; ratio = "
         "median / median of the floor",
         "contenders": {c.key: f"{c.label}: {c.doc}" for c in CONTENDERS},
         "environment": env,
-        "load_average_end": environment()["load_average"],
+        "load_average_end": harness.environment()["load_average"],
         "wall_s": time.perf_counter() - t0,
         "results": rows,
         "storage": storage,
     }
     report["goals"] = goals(rows, storage)
-    md = markdown(report)
-    print(md)
-    if json_path is not None:
-        write(report, md, json_path, plot)
-    return report
+    return harness.Report(report, markdown(report), markdown=True, plot=plot)
 
 
-def parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    shapes = []
-    for item in text.split(","):
-        parts = item.strip().lower().split("x")
-        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise argparse.ArgumentTypeError(
-                f"--shapes: expected MxKxN[,MxKxN...] of positive integers, got {item!r}"
-            )
-        m, k, n = (int(p) for p in parts)
-        shapes.append((m, k, n))
-    return shapes
-
-
-def parse_pairs(text: str) -> list[str]:
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in names if t not in PAIRS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(
-            f"--formats: unknown {', '.join(bad) or '(none)'}; choose from {', '.join(PAIRS)}"
-        )
-    return names
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse arguments and run the benchmark; returns the exit code."""
-    p = argparse.ArgumentParser(
-        prog="benchmarks.matmul",
-        description=__doc__.splitlines()[0] if __doc__ else None,
-    )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"M in (1, 64), K = N = 1024, pairs {', '.join(QUICK_PAIRS)}, "
-        f"{QUICK_REPEATS} repeats (unless --shapes/--formats/--repeats say otherwise)",
-    )
+def flags(p: argparse.ArgumentParser) -> None:
+    """matmul's own flags: --shapes and --formats."""
     p.add_argument(
         "--shapes",
         type=parse_shapes,
-        help="MxKxN[,MxKxN...] (default " + ",".join(f"{m}x{k}x{n}" for m, k, n in SHAPES) + ")",
+        help="MxKxN[,MxKxN...] (default " + ",".join(map(harness.shape_text, SHAPES)) + ")",
     )
     p.add_argument(
         "--formats",
@@ -728,30 +605,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"weight formats / pairs, comma-separated, from: {', '.join(PAIRS)} "
         "(default all; the bare names have bf16 activations)",
     )
-    p.add_argument("--repeats", type=int, help=f"timed rounds (default {DEFAULT_REPEATS})")
-    p.add_argument(
-        "--json",
-        type=Path,
-        default=DEFAULT_JSON,
-        metavar="PATH",
-        help="where to write the JSON; the .md and .png go beside it "
-        "(default benchmarks/results/matmul.json)",
-    )
-    p.add_argument("--no-json", action="store_true", help="write no files, only print")
-    args = p.parse_args(argv)
-    shapes = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
-    pair_names = args.formats or (QUICK_PAIRS if args.quick else tuple(PAIRS))
-    repeats = (
-        args.repeats
-        if args.repeats is not None
-        else (QUICK_REPEATS if args.quick else DEFAULT_REPEATS)
-    )
-    if repeats < 1:
-        p.error(f"--repeats must be at least 1, got {repeats}")
-    prog = "python -m benchmarks.matmul" if __package__ else "python benchmarks/matmul.py"
-    command = prog + " " + " ".join(sys.argv[1:] if argv is None else list(argv))
-    run(shapes, pair_names, repeats, None if args.no_json else args.json, command.strip())
-    return 0
+
+
+BENCHMARK = harness.Benchmark(
+    name="matmul",
+    description=__doc__.splitlines()[0],
+    run=run,
+    flags=flags,
+    repeats=(10, 10),
+    quick=f"M in (1, 64), K = N = 1024, pairs {', '.join(QUICK_PAIRS)} (unless "
+    "--shapes/--formats say otherwise)",
+    plots=True,
+)
+main = BENCHMARK.main
 
 
 if __name__ == "__main__":

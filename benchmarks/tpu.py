@@ -3,13 +3,13 @@
 Run as ``python -m benchmarks.tpu`` (from the repo root; needs libtpu, which the ``test``
 extra brings: ``pip install -e .[test]``). ``--quick`` compiles one shape without mode
 "exact" (a few minutes); see ``--help`` for ``--generations``, ``--shapes``, ``--formats``,
-``--contenders`` and ``--exact-shapes``.
+``--contenders`` and ``--exact-shapes`` (:mod:`benchmarks.harness` owns the common flags).
 
 For every TPU generation the installed libtpu offers a compile-only device for
 (:func:`emulate.compiler.generations`), the shapes and operand pairs of
-``benchmarks/matmul.py`` (bf16 activations times int8, packed int4, float8_e4m3fn,
-float8_e5m2, packed float4_e2m1fn weights; int8 x int8; e4m3fn x e4m3fn), it compiles,
-and never runs:
+``benchmarks.matmul`` (:mod:`benchmarks.cases`: bf16 activations times int8, packed int4,
+float8_e4m3fn, float8_e5m2, packed float4_e2m1fn weights; int8 x int8; e4m3fn x e4m3fn),
+it compiles, and never runs:
 
   (a) floor        ``jnp.dot(x_bf16, w_bf16, preferred_element_type=f32)``, both operands
                    decoded to bf16 up front (the same program for every pair of a shape)
@@ -38,7 +38,6 @@ the ratios per generation (``.png``); without matplotlib it says so and skips th
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import math
@@ -53,18 +52,24 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-if __package__ in (None, ""):  # run as a script: make the repo root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import emulate
+import emulate.pallas
+from benchmarks import harness
+from benchmarks.cases import (
+    DN,
+    PAIRS,
+    SHAPES,
+    Contender,
+    Pair,
+    parse_names,
+    parse_pairs,
+    parse_shapes,
+    present,
+    shape_of,
+)
+from emulate import compiler, formats
+from emulate.numerics.storage import Packed
 
-import emulate  # noqa: E402
-import emulate.pallas  # noqa: E402
-from benchmarks._report import legend_entries, pyplot, write  # noqa: E402
-from benchmarks._timing import environment  # noqa: E402
-from benchmarks.matmul import DN, PAIRS, SHAPES, Pair, parse_pairs, parse_shapes  # noqa: E402
-from emulate import compiler, formats  # noqa: E402
-from emulate.numerics.storage import Packed  # noqa: E402
-
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "tpu.json"
 BF16 = jnp.bfloat16
 F32 = jnp.float32
 
@@ -76,13 +81,6 @@ QUICK_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 4096, 4096),)
 TEMP_LIMIT = 0.25  # temporaries / one bf16 copy of the weight (2*K*N bytes)
 BYTES_LIMIT = 1.1  # bytes accessed / (argument bytes + output bytes)
 ESTIMATE_LIMIT = 1.0  # estimate / estimate of (c)
-
-
-@dataclasses.dataclass(frozen=True)
-class Contender:
-    key: str
-    label: str
-    doc: str
 
 
 CONTENDERS = (
@@ -432,7 +430,7 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 )
                 continue
             worst = max(got, key=lambda r: r[key])
-            failing = [f"{r['pair']} {_shape_str(r)}" for r in got if r[key] > limit]
+            failing = [f"{r['pair']} {shape_of(r)}" for r in got if r[key] > limit]
             out.append(
                 {
                     "generation": gen,
@@ -441,7 +439,7 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                     "limit": limit,
                     "measured": worst[key],
                     "met": worst[key] <= limit,
-                    "worst": f"{worst['pair']} {_shape_str(worst)}",
+                    "worst": f"{worst['pair']} {shape_of(worst)}",
                     "n": len(got),
                     "failing": failing,
                 }
@@ -453,20 +451,6 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 # Output
 
 
-def _shape_str(r: dict[str, Any]) -> str:
-    return f"{r['M']}x{r['K']}x{r['N']}"
-
-
-def _mb(b: float | None) -> str:
-    if b is None:
-        return "?"
-    return f"{b / 1e6:.3g}"
-
-
-def _us(s: float | None) -> str:
-    return "?" if s is None else f"{s * 1e6:.3g}"
-
-
 def _cell(r: dict[str, Any] | None) -> str:
     if r is None:
         return ""
@@ -475,11 +459,11 @@ def _cell(r: dict[str, Any] | None) -> str:
         reason = reason.replace("|", "\\|")
         return f"{r['status']}: {reason}"
     mark = "†" if r.get("kernel") else ""
-    parts = [f"{_mb(r['bytes'])}{mark} MB"]
+    parts = [f"{harness.mb(r['bytes'])}{mark} MB"]
     if r.get("bytes_ratio") is not None and r["contender"] != "floor":
         parts[0] += f" ({r['bytes_ratio']:.2f}x)"
     if r.get("estimate_s") is not None:
-        est = f"{_us(r['estimate_s'])} us"
+        est = f"{harness.us(r['estimate_s'])} us"
         if r.get("estimate_ratio") is not None and r["contender"] != "floor":
             est += f" ({r['estimate_ratio']:.2f}x)"
         parts.append(est)
@@ -487,13 +471,8 @@ def _cell(r: dict[str, Any] | None) -> str:
         parts.append("no estimate (custom call)")
     else:
         parts.append(f"no estimate (sentinel {r.get('estimate_raw')})")
-    parts.append(f"temp {_mb(r['temp_bytes'])} MB")
+    parts.append(f"temp {harness.mb(r['temp_bytes'])} MB")
     return "; ".join(parts)
-
-
-def _present(rows: Sequence[dict[str, Any]]) -> list[str]:
-    have = {r["contender"] for r in rows}
-    return [c.key for c in CONTENDERS if c.key in have]
 
 
 def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -527,22 +506,19 @@ def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
             elif r["status"] != "ok":
                 cells.append(r["status"])
             else:
+                x = harness.ratio
                 cells.append(
-                    f"{_x(r.get('estimate_over_xla'))} / {_x(r.get('estimate_ratio'))}; "
-                    f"{_x(r.get('bytes_over_stored'))}; {_x(r['temp_over_decoded_weight'])}"
+                    f"{x(r.get('estimate_over_xla'))} / {x(r.get('estimate_ratio'))}; "
+                    f"{x(r.get('bytes_over_stored'))}; {x(r['temp_over_decoded_weight'])}"
                 )
         lines.append(f"| {PAIRS[pair].title} | {m}x{k}x{n} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 
-def _x(v: float | None) -> str:
-    return "?" if v is None else f"{v:.2f}"
-
-
 def markdown(report: dict[str, Any]) -> str:
     rows = report["results"]
     env = report["environment"]
-    keys = _present(rows)
+    keys = present(rows, CONTENDERS)
     lines = [
         "# TPU compiler benchmark",
         "",
@@ -574,7 +550,7 @@ def markdown(report: dict[str, Any]) -> str:
             any_row = next(iter(by.values()))
             stored = by.get("fast", {}).get("stored_bytes")
             lines.append(
-                f"| {PAIRS[pair].title} | {_shape_str(any_row)} | {_mb(stored)} | "
+                f"| {PAIRS[pair].title} | {shape_of(any_row)} | {harness.mb(stored)} | "
                 + " | ".join(_cell(by.get(k)) for k in keys)
                 + " |"
             )
@@ -601,7 +577,7 @@ def markdown(report: dict[str, Any]) -> str:
 def plot(report: dict[str, Any], path: Path) -> Path | None:
     """Estimate and bytes of each contender over (a), per generation, one column per pair,
     at the first shape measured; None (and a message) if matplotlib is missing."""
-    plt = pyplot()
+    plt = harness.pyplot()
     if plt is None:
         return None
     rows = [r for r in report["results"] if r["status"] == "ok"]
@@ -621,7 +597,7 @@ def plot(report: dict[str, Any], path: Path) -> Path | None:
     for col, name in enumerate(pairs):
         for row_i, (key, ylabel) in enumerate(metrics):
             ax = axes[row_i][col]
-            for c in _present(rows):
+            for c in present(rows, CONTENDERS):
                 if c == "floor":
                     continue
                 pts = [
@@ -646,7 +622,7 @@ def plot(report: dict[str, Any], path: Path) -> Path | None:
                 ax.set_title(PAIRS[name].title)
             if col == 0:
                 ax.set_ylabel(ylabel)
-    handles, labels = legend_entries(axes.flat)
+    handles, labels = harness.legend_entries(axes.flat)
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small")
     fig.suptitle(
         f"TPU compiler's view, {shape[0]}x{shape[1]}x{shape[2]}, ratio to (a) bf16 "
@@ -665,19 +641,31 @@ def plot(report: dict[str, Any], path: Path) -> Path | None:
 # Driver
 
 
-def run(
-    generations: Sequence[str],
-    shapes: Sequence[tuple[int, int, int]],
-    pair_names: Sequence[str],
-    contenders: Sequence[str],
-    exact_shapes: Sequence[tuple[int, int, int]] | None,
-    json_path: Path | None,
-    command: str,
-) -> dict[str, Any]:
-    """Compile everything asked for, print the markdown, write the files.
-
-    ``exact_shapes``: the shapes at which (e) is compiled (None: every shape)."""
-    env = environment()
+def run(args: argparse.Namespace) -> harness.Report | None:
+    """Compile everything asked for; the report (markdown, JSON and plot). With
+    ``--from-json``, compile nothing: redraw an earlier run's markdown and PNG."""
+    if args.from_json is not None:
+        data = json.loads(args.from_json.read_text())
+        report = harness.Report(data, markdown(data), markdown=True, plot=plot)
+        print(report.text)
+        harness.write(report, args.from_json, with_json=False, plot=args.plot)
+        return None
+    try:
+        offered = compiler.generations()
+    except compiler.CompilerUnavailable as e:
+        raise harness.Unavailable(str(e)) from e
+    try:
+        gens = (
+            parse_names(args.generations, offered, "--generations") if args.generations else offered
+        )
+    except argparse.ArgumentTypeError as e:
+        raise harness.FlagError(str(e)) from e
+    shapes = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
+    contenders = args.contenders or [
+        c.key for c in CONTENDERS if not (args.quick and c.key == "exact")
+    ]
+    exact_shapes: Sequence[tuple[int, int, int]] | None = args.exact_shapes
+    env = harness.environment()
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []
     floor_cache: dict[tuple, dict[str, Any]] = {}
@@ -685,87 +673,62 @@ def run(
     def log(s: str) -> None:
         print(s, file=sys.stderr, flush=True)
 
-    for gen in generations:
+    for gen in gens:
         for shape in shapes:
             keys = [
                 c
                 for c in contenders
                 if c != "exact" or exact_shapes is None or tuple(shape) in exact_shapes
             ]
-            rows += measure(gen, shape, pair_names, keys, floor_cache, log)
+            rows += measure(gen, shape, args.formats or tuple(PAIRS), keys, floor_cache, log)
     add_ratios(rows)
-    report = {
+    data = {
         "benchmark": "tpu",
-        "command": command,
+        "command": args.command,
         "libtpu": compiler.libtpu_version(),
-        "generations": list(generations),
+        "generations": list(gens),
         "contenders": {c.key: f"{c.label}: {c.doc}" for c in CONTENDERS},
         "environment": env,
-        "load_average_end": environment()["load_average"],
+        "load_average_end": harness.environment()["load_average"],
         "wall_s": time.perf_counter() - t0,
         "compile_s": sum(r.get("compile_s", 0.0) for r in rows if not r.get("cached")),
         "results": rows,
     }
-    report["goals"] = goals(rows)
-    md = markdown(report)
-    print(md)
-    if json_path is not None:
-        write(report, md, json_path, plot)
-    return report
+    data["goals"] = goals(rows)
+    return harness.Report(data, markdown(data), markdown=True, plot=plot)
 
 
-def _parse_names(kind: str, text: str, accepted: Sequence[str]) -> list[str]:
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in names if t not in accepted]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(
-            f"--{kind}: unknown {', '.join(bad) or '(none)'}; choose from {', '.join(accepted)}"
-        )
-    return names
+def _exact_shapes(text: str) -> list[tuple[int, int, int]] | None:
+    return None if text.strip() == "all" else parse_shapes(text, "--exact-shapes")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse arguments and run the benchmark; returns the exit code."""
-    p = argparse.ArgumentParser(
-        prog="benchmarks.tpu",
-        description=__doc__.splitlines()[0] if __doc__ else None,
-    )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="one shape (64x4096x4096), no mode exact (unless --shapes/--contenders say otherwise)",
-    )
+def flags(p: argparse.ArgumentParser) -> None:
+    """tpu's own flags."""
     p.add_argument("--generations", help="comma-separated TPU targets (default: all offered)")
     p.add_argument(
         "--shapes",
         type=parse_shapes,
-        help="MxKxN[,MxKxN...] (default " + ",".join(f"{m}x{k}x{n}" for m, k, n in SHAPES) + ")",
+        help="MxKxN[,MxKxN...] (default " + ",".join(map(harness.shape_text, SHAPES)) + ")",
     )
     p.add_argument(
         "--formats",
         type=parse_pairs,
         help=f"pairs, comma-separated, from: {', '.join(PAIRS)} (default all)",
     )
+    keys = [c.key for c in CONTENDERS]
     p.add_argument(
         "--contenders",
-        type=lambda s: _parse_names("contenders", s, [c.key for c in CONTENDERS]),
-        help=f"comma-separated, from: {', '.join(c.key for c in CONTENDERS)} (default all)",
+        type=lambda s: parse_names(s, keys, "--contenders"),
+        help=f"comma-separated, from: {', '.join(keys)} (default all)",
     )
     p.add_argument(
         "--exact-shapes",
+        type=_exact_shapes,
+        default=list(EXACT_SHAPES),
         help="MxKxN[,...] at which (e) exact is compiled, or 'all' (default "
-        + ",".join(f"{m}x{k}x{n}" for m, k, n in EXACT_SHAPES)
+        + ",".join(map(harness.shape_text, EXACT_SHAPES))
         + "; each exact program takes XLA:TPU seconds to minutes)",
     )
-    p.add_argument(
-        "--json",
-        type=Path,
-        default=DEFAULT_JSON,
-        metavar="PATH",
-        help="where to write the JSON; the .md and .png go beside it "
-        "(default benchmarks/results/tpu.json)",
-    )
-    p.add_argument("--no-json", action="store_true", help="write no files, only print")
     p.add_argument(
         "--from-json",
         type=Path,
@@ -773,47 +736,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="compile nothing: redraw the markdown and the PNG of an earlier run's JSON "
         "(written beside PATH)",
     )
-    args = p.parse_args(argv)
-    if args.from_json is not None:
-        report = json.loads(args.from_json.read_text())
-        md = markdown(report)
-        print(md)
-        args.from_json.with_suffix(".md").write_text(md)
-        png = plot(report, args.from_json.with_suffix(".png"))
-        if png is not None:
-            print(f"wrote {png}")
-        return 0
-    try:
-        offered = compiler.generations()
-    except compiler.CompilerUnavailable as e:
-        print(e, file=sys.stderr)
-        return 2
-    gens = _parse_names("generations", args.generations, offered) if args.generations else offered
-    shapes = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
-    contenders = args.contenders or [
-        c.key for c in CONTENDERS if not (args.quick and c.key == "exact")
-    ]
-    if args.exact_shapes is None:
-        exact_shapes: list[tuple[int, int, int]] | None = list(EXACT_SHAPES)
-    elif args.exact_shapes.strip() == "all":
-        exact_shapes = None
-    else:
-        try:
-            exact_shapes = parse_shapes(args.exact_shapes)
-        except argparse.ArgumentTypeError as e:
-            p.error(str(e).replace("--shapes", "--exact-shapes"))
-    prog = "python -m benchmarks.tpu" if __package__ else "python benchmarks/tpu.py"
-    command = prog + " " + " ".join(sys.argv[1:] if argv is None else list(argv))
-    run(
-        gens,
-        shapes,
-        args.formats or tuple(PAIRS),
-        contenders,
-        exact_shapes,
-        None if args.no_json else args.json,
-        command.strip(),
-    )
-    return 0
+
+
+BENCHMARK = harness.Benchmark(
+    name="tpu",
+    description=__doc__.splitlines()[0],
+    run=run,
+    flags=flags,
+    quick="one shape (64x4096x4096), no mode exact (unless --shapes/--contenders say otherwise)",
+    plots=True,
+)
+main = BENCHMARK.main
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Decode throughput of every low-precision format, next to a memory copy in the same run.
 
-Run as ``python benchmarks/decode.py`` or ``python -m benchmarks.decode`` (from the repo
-root). For each format in ``emulate.formats.LOW_PRECISION`` it times the jitted
+Run as ``python -m benchmarks.decode`` (from the repo root; ``--help`` for the flags).
+For each format in ``emulate.formats.LOW_PRECISION`` it times the jitted
 ``emulate.decode(x, fmt, to=...)`` into bf16 and into f32 for these inputs:
 
   native  an array of the format's own dtype (not float6: XLA cannot hold float6 arrays)
@@ -28,31 +28,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script: make the repo root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks._timing import (  # noqa: E402
-    environment,
-    interleave,
-    minor_faults,
-    text_table,
-    timed_call,
-)
-from emulate import formats  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness import interleave, minor_faults, timed_call
+from emulate import formats
 from emulate.numerics import codecs, storage
 
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "decode.json"
 TARGETS = {"bf16": jnp.bfloat16, "f32": jnp.float32}
 
 
@@ -176,7 +165,8 @@ def measure(cases: Sequence[Case], repeats: int) -> list[Case]:
     return ok
 
 
-def _table(rows: Sequence[dict[str, Any]]) -> str:
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    """The copy and decode rows as a plain-text table."""
     headers = [
         "format",
         "input",
@@ -193,22 +183,24 @@ def _table(rows: Sequence[dict[str, Any]]) -> str:
             r["format"],
             r["input"],
             r["to"],
-            f"{r['median_s'] * 1e3:.3f}",
+            harness.ms(r["median_s"], places=3),
             f"{r['elements_per_s'] / 1e9:.3f}",
             f"{r['gb_per_s']:.2f}",
-            "-" if r["ratio_to_copy"] is None else f"{r['ratio_to_copy']:.2f}",
-            "-"
-            if r.get("ratio_to_same_size_copy") is None
-            else f"{r['ratio_to_same_size_copy']:.2f}",
-            "-" if r["page_faults_per_call"] is None else f"{r['page_faults_per_call']:.0f}",
+            harness.ratio(r["ratio_to_copy"]),
+            harness.ratio(r.get("ratio_to_same_size_copy")),
+            "?" if r["page_faults_per_call"] is None else f"{r['page_faults_per_call']:.0f}",
         ]
         for r in rows
     ]
-    return text_table(headers, cells, right={3, 4, 5, 6, 7, 8})
+    return harness.text_table(headers, cells, right={3, 4, 5, 6, 7, 8})
 
 
-def run(size: int, repeats: int, json_path: Path | None) -> dict[str, Any]:
-    """Build, measure, print the table; write JSON to ``json_path`` unless None."""
+def run(args: argparse.Namespace) -> harness.Report:
+    """Build and measure; the table and the JSON."""
+    size = args.size if args.size is not None else 2**20 if args.quick else 2**24
+    if size < 8 or size % 8:
+        raise harness.FlagError(f"--size must be a positive multiple of 8, got {size}")
+    repeats = args.repeats
     copies, cases = build_cases(size)
     measured = measure([*copies, *cases], repeats)
     copy_rows = {c.kind: c.result(None) for c in measured if c.fmt == "copy"}
@@ -222,9 +214,10 @@ def run(size: int, repeats: int, json_path: Path | None) -> dict[str, Any]:
         r["ratio_to_same_size_copy"] = r["gb_per_s"] / g if g else None
     for r in copy_rows.values():
         r["ratio_to_copy"] = r["gb_per_s"] / ref if ref else None
-    env = environment()
+    env = harness.environment()
     report = {
         "benchmark": "decode",
+        "command": args.command,
         "elements": size,
         "repeats": repeats,
         "statistic": "median of interleaved repeats after warm-up",
@@ -234,51 +227,37 @@ def run(size: int, repeats: int, json_path: Path | None) -> dict[str, Any]:
         "copy": list(copy_rows.values()),
         "decode": rows,
     }
-    print(
-        f"decode benchmark: {size} elements, median of {repeats} interleaved repeats, "
-        f"jax {env['jax']} on {env['backend']} ({env['device']})"
+    text = "\n".join(
+        [
+            f"decode benchmark: {size} elements, median of {repeats} interleaved repeats, "
+            f"jax {env['jax']} on {env['backend']} ({env['device']})",
+            "ratio = GB/s (input read + output written) / GB/s of the uint32 x+1 copy",
+            "same-size ratio = the same over the uint32 copy that writes as many bytes",
+            "faults = minor page faults per call (pages of buffers the allocator returned to",
+            "         the OS after the previous call, faulted in and zeroed again)",
+            "",
+            table([*copy_rows.values(), *rows]),
+        ]
     )
-    print("ratio = GB/s (input read + output written) / GB/s of the uint32 x+1 copy")
-    print("same-size ratio = the same over the uint32 copy that writes as many bytes")
-    print("faults = minor page faults per call (pages of buffers the allocator returned to")
-    print("         the OS after the previous call, faulted in and zeroed again)\n")
-    print(_table([*copy_rows.values(), *rows]))
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"\nwrote {json_path}")
-    return report
+    return harness.Report(report, text + "\n")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse arguments and run the benchmark; returns the exit code."""
-    p = argparse.ArgumentParser(
-        prog="benchmarks.decode", description=__doc__.splitlines()[0] if __doc__ else None
-    )
-    p.add_argument("--size", type=int, help="elements per array (default 2**24)")
-    p.add_argument("--repeats", type=int, help="timed rounds (default 10)")
+def flags(p: argparse.ArgumentParser) -> None:
+    """decode's own flag: --size."""
     p.add_argument(
-        "--json",
-        type=Path,
-        default=DEFAULT_JSON,
-        metavar="PATH",
-        help="where to write the results (default benchmarks/results/decode.json)",
+        "--size", type=int, help="elements per array (default 2**24, 2**20 with --quick)"
     )
-    p.add_argument("--no-json", action="store_true", help="do not write a JSON file")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="a smoke run: 2**20 elements and 3 repeats unless --size/--repeats say otherwise",
-    )
-    args = p.parse_args(argv)
-    size = args.size if args.size is not None else 2**20 if args.quick else 2**24
-    repeats = args.repeats if args.repeats is not None else 3 if args.quick else 10
-    if size < 8 or size % 8:
-        p.error(f"--size must be a positive multiple of 8, got {size}")
-    if repeats < 1:
-        p.error(f"--repeats must be at least 1, got {repeats}")
-    run(size, repeats, None if args.no_json else args.json)
-    return 0
+
+
+BENCHMARK = harness.Benchmark(
+    name="decode",
+    description=__doc__.splitlines()[0],
+    run=run,
+    flags=flags,
+    repeats=(10, 3),
+    quick="a smoke run: 2**20 elements and 3 repeats unless --size/--repeats say otherwise",
+)
+main = BENCHMARK.main
 
 
 if __name__ == "__main__":

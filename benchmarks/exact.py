@@ -1,7 +1,7 @@
 """Cost of mode "exact" against mode "fast", per format pair, in one process.
 
-Run: ``python -m benchmarks.exact`` (or ``python benchmarks/exact.py``); ``--quick`` for a
-small shape. Both modes run ``emulate.dot_general`` on the same operands for the same
+Run: ``python -m benchmarks.exact``; ``--quick`` for a small shape; ``--help`` for the
+flags. Both modes run ``emulate.dot_general`` on the same operands for the same
 target, interleaved after warm-up; the ratio is exact / fast of the medians. Each timed
 call follows an untimed call of the same program (``--cold`` leaves that out): right after
 a mode-exact program of another pair, whose temporaries are tens of MiB, a 1 ms fast call
@@ -12,22 +12,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import pathlib
 import sys
-
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import emulate
-from benchmarks._timing import environment, interleave, stats, text_table, timed_call
+from benchmarks import harness
+from benchmarks.cases import DN, parse_shape
 from emulate import formats
 
-DN = (((1,), (0,)), ((), ()))
+SHAPE = (64, 4096, 1024)
+QUICK_SHAPE = (256, 256, 256)
 PAIRS = [
     ("float8_e4m3fn", "float8_e4m3fn"),
     ("float8_e5m2", "float8_e5m2"),
@@ -57,7 +54,7 @@ class Case:
     def run(self) -> float:
         if self.warm:
             jax.block_until_ready(self.fn(*self.args))
-        return timed_call(self.fn, *self.args)
+        return harness.timed_call(self.fn, *self.args)
 
 
 def operand(
@@ -75,30 +72,10 @@ def operand(
     return jax.device_put(codes) if not f.xla_storable else jnp.asarray(codes.view(f.dtype))
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="M = K = N = 256, 3 repeats")
-    ap.add_argument("--shape", default="64x4096x1024", help="MxKxN (default 64x4096x1024)")
-    ap.add_argument("--targets", default="tpu_v5e,tpu_v4", help="comma-separated targets")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument(
-        "--pairs", default=None, help="comma-separated lhs:rhs pairs (default: all listed)"
-    )
-    ap.add_argument("--json", default="benchmarks/results/exact.json")
-    ap.add_argument(
-        "--far-below",
-        action="store_true",
-        help="one wide-operand element 2**-60 below its row (the residual path)",
-    )
-    ap.add_argument(
-        "--cold",
-        action="store_true",
-        help="time each call right after the previous case's (no untimed call before it)",
-    )
-    args = ap.parse_args(argv)
-    shape = "256x256x256" if args.quick else args.shape
-    repeats = 3 if args.quick else args.repeats
-    m, k, n = (int(v) for v in shape.split("x"))
+def run(args: argparse.Namespace) -> harness.Report:
+    """Time both modes for every pair and target; the table and the JSON."""
+    m, k, n = args.shape or (QUICK_SHAPE if args.quick else SHAPE)
+    repeats = args.repeats
     rng = np.random.default_rng(0)
     cases = []
     pairs = PAIRS if not args.pairs else [tuple(p.split(":")) for p in args.pairs.split(",")]
@@ -122,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
                 cases.append(Case(pair, target, mode, fn, (a, b), warm=not args.cold))
-    ok, failed = interleave(cases, repeats)
-    med = {c.label: stats(c.times)["median_s"] for c in ok}
+    ok, failed = harness.interleave(cases, repeats)
+    med = {c.label: harness.stats(c.times)["median_s"] for c in ok}
     rows, records = [], []
     for c in ok:
         if c.mode != "exact":
@@ -138,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                 c.target,
                 p.method,
                 f"{sa}x{sb}",
-                f"{fast * 1e3:.2f}",
-                f"{med[c.label] * 1e3:.2f}",
+                harness.ms(fast, places=2),
+                harness.ms(med[c.label], places=2),
                 f"{ratio:.1f}x",
             ]
         )
@@ -154,26 +131,58 @@ def main(argv: list[str] | None = None) -> int:
                 ratio=ratio,
             )
         )
-    print(
+    lines = [
         f"mode exact against mode fast, (M, K, N) = ({m}, {k}, {n}), f32 result, "
-        f"medians of {repeats} interleaved rounds"
-    )
-    print(
-        text_table(
+        f"medians of {repeats} interleaved rounds",
+        harness.text_table(
             ["pair", "target", "route", "slices", "fast ms", "exact ms", "exact/fast"],
             rows,
             right={4, 5, 6},
-        )
+        ),
+        *(f"failed: {label}: {why}" for label, why in failed.items()),
+    ]
+    data = {
+        "command": args.command,
+        "env": harness.environment(),
+        "shape": [m, k, n],
+        "rows": records,
+    }
+    return harness.Report(data, "\n".join(lines) + "\n")
+
+
+def flags(p: argparse.ArgumentParser) -> None:
+    """exact's own flags."""
+    p.add_argument(
+        "--shape",
+        type=parse_shape,
+        help=f"MxKxN (default {harness.shape_text(SHAPE)}, "
+        f"{harness.shape_text(QUICK_SHAPE)} with --quick)",
     )
-    for label, why in failed.items():
-        print(f"failed: {label}: {why}")
-    if args.json:
-        path = pathlib.Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            json.dumps({"env": environment(), "shape": [m, k, n], "rows": records}, indent=1)
-        )
-    return 0
+    p.add_argument("--targets", default="tpu_v5e,tpu_v4", help="comma-separated targets")
+    p.add_argument(
+        "--pairs", default=None, help="comma-separated lhs:rhs pairs (default: all listed)"
+    )
+    p.add_argument(
+        "--far-below",
+        action="store_true",
+        help="one wide-operand element 2**-60 below its row (the residual path)",
+    )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="time each call right after the previous case's (no untimed call before it)",
+    )
+
+
+BENCHMARK = harness.Benchmark(
+    name="exact",
+    description=__doc__.splitlines()[0],
+    run=run,
+    flags=flags,
+    repeats=(5, 3),
+    quick="M = K = N = 256, 3 repeats",
+)
+main = BENCHMARK.main
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Weight-only matmul with emulate.pallas.matmul against XLA's bf16 matmul and HBM bandwidth.
 
-Run as ``python benchmarks/pallas_matmul.py`` (or ``python -m benchmarks.pallas_matmul``).
+Run as ``python -m benchmarks.pallas_matmul`` (from the repo root; ``--help`` for the flags;
+``--json PATH`` writes the rows).
 
 On a TPU (JAX's default backend is "tpu") it times, for each weight format and shape
 (M = 1 ... 512 rows of bf16 activations, K = N = 4096 and 8192 by default):
@@ -28,33 +29,28 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script: make the repo root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import emulate  # noqa: E402
-import emulate.pallas  # noqa: E402
-from emulate import formats, targets  # noqa: E402
-from emulate import testing as et  # noqa: E402
+import emulate
+import emulate.pallas
+from benchmarks import harness
+from benchmarks.cases import DN
+from emulate import formats, targets
+from emulate import testing as et
 
 DEFAULT_FORMATS = ("int4", "float4_e2m1fn", "int8", "float8_e4m3fn")
 TPU_M = (1, 8, 32, 128, 512)
 TPU_KN = (4096, 8192)
 CPU_M = (1, 8)
 CPU_KN = (512,)
-DN = (((1,), (0,)), ((), ()))
 
 
 @dataclasses.dataclass
@@ -95,12 +91,6 @@ class Row:
         if not self.hbm_bw:
             return None
         return (2 * self.k * self.n + 2 * self.m * self.k + 4 * self.m * self.n) / self.hbm_bw
-
-
-def _timed(fn: Callable[..., Any], *args: Any) -> float:
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return time.perf_counter() - t0
 
 
 def _weight(fmt: str, k: int, n: int, rng: np.random.Generator) -> tuple[Any, np.ndarray]:
@@ -164,8 +154,8 @@ def run(
             checked[i] = c.contract
     for _ in range(repeats):
         for i, (_, _, _, x, w_arg, _, w_bf16, kernel, xla) in enumerate(cases):
-            times[i][0].append(_timed(kernel, x, w_arg))
-            times[i][1].append(_timed(xla, x, w_bf16))
+            times[i][0].append(harness.timed_call(kernel, x, w_arg))
+            times[i][1].append(harness.timed_call(xla, x, w_bf16))
     rows = []
     for i, (fmt, m, kn, _, w_arg, _, _, _, _) in enumerate(cases):
         f = formats.get(fmt)
@@ -187,10 +177,6 @@ def run(
     return rows
 
 
-def _ms(s: float | None) -> str:
-    return "-" if s is None else f"{s * 1e3:.3f}"
-
-
 def render(rows: Sequence[Row], interpret: bool = False) -> str:
     """The rows as a table; in interpret mode the bandwidth columns are left blank ("-")."""
     header = ["format", "M", "K=N", "weight MB", "kernel ms", "xla bf16 ms", "xla/kernel"]
@@ -204,13 +190,13 @@ def render(rows: Sequence[Row], interpret: bool = False) -> str:
                 str(r.m),
                 str(r.k),
                 f"{r.weight_bytes / 1e6:.2f}",
-                _ms(r.kernel_s),
-                _ms(r.xla_s),
+                harness.ms(r.kernel_s, 3),
+                harness.ms(r.xla_s, 3),
                 f"{r.speedup:.2f}",
                 "-" if interpret else f"{r.kernel_bw / 1e9:.1f}",
                 "-" if frac is None else f"{frac:.0%}",
-                _ms(r.bound_s),
-                _ms(r.xla_bound_s),
+                harness.ms(r.bound_s, 3),
+                harness.ms(r.xla_bound_s, 3),
                 r.checked or "-",
             ]
         )
@@ -219,31 +205,21 @@ def render(rows: Sequence[Row], interpret: bool = False) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run_benchmark(args: argparse.Namespace) -> harness.Report:
+    """Time (or, without a TPU, check) every case; the table and the JSON."""
     on_tpu = jax.default_backend() == "tpu"
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", help="TPU target; default: the detected TPU, else tpu_v5e")
-    p.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS), metavar="F")
-    p.add_argument("--m", nargs="+", type=int, metavar="M", help="activation rows")
-    p.add_argument("--kn", nargs="+", type=int, metavar="K", help="K = N sizes")
-    p.add_argument("--repeats", type=int, default=5 if on_tpu else 2)
-    p.add_argument("--check", action="store_true", help="check results on a TPU too")
-    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
-    args = p.parse_args(argv)
     target = targets.current_target(args.target) if (args.target or on_tpu) else None
     target = target or targets.get("tpu_v5e")
     if target.kind != "tpu":
-        p.error(f"--target: {target.name} is not a TPU")
+        raise harness.FlagError(f"--target: {target.name} is not a TPU")
     interpret = not on_tpu
-    ms = args.m or (TPU_M if on_tpu else CPU_M)
-    kns = args.kn or (TPU_KN if on_tpu else CPU_KN)
-    print(
+    lines = [
         f"emulate.pallas.matmul benchmark: target {target.name}, backend "
         f"{jax.default_backend()} ({jax.devices()[0].device_kind}), jax {jax.__version__}, "
         f"python {platform.python_version()}"
-    )
+    ]
     if interpret:
-        print(
+        lines.append(
             "NOTE: no TPU here, so the kernel runs in Pallas TPU interpret mode: this run "
             "checks correctness only (every result against emulate.reference), and its "
             "times are interpreter times, not TPU performance. Run it on a TPU for those."
@@ -251,27 +227,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = run(
         target,
         [formats.get(f).name for f in args.formats],
-        ms,
-        kns,
-        args.repeats,
+        args.m or (TPU_M if on_tpu else CPU_M),
+        args.kn or (TPU_KN if on_tpu else CPU_KN),
+        args.repeats or (5 if on_tpu else 2),
         interpret,
         check=interpret or args.check,
         on_row=lambda s: print(f"  {s}", file=sys.stderr),
     )
-    print(render(rows, interpret))
-    print(
+    lines += [
+        render(rows, interpret),
         f"bytes moved: the weight as stored plus bf16 x and the f32 result; HBM bandwidth "
-        f"{target.mem_bw_bytes_per_second / 1e9:.0f} GB/s ({target.name}, JAX's table)."
-    )
-    if args.json:
-        payload = {
-            "target": target.name,
-            "backend": jax.default_backend(),
-            "interpret": interpret,
-            "rows": [dataclasses.asdict(r) for r in rows],
-        }
-        Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
-    return 0
+        f"{target.mem_bw_bytes_per_second / 1e9:.0f} GB/s ({target.name}, JAX's table).",
+    ]
+    payload = {
+        "command": args.command,
+        "target": target.name,
+        "backend": jax.default_backend(),
+        "interpret": interpret,
+        "rows": [dataclasses.asdict(r) for r in rows],
+    }
+    return harness.Report(payload, "\n".join(lines) + "\n")
+
+
+def flags(p: argparse.ArgumentParser) -> None:
+    """pallas_matmul's own flags."""
+    p.add_argument("--target", help="TPU target; default: the detected TPU, else tpu_v5e")
+    p.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS), metavar="F")
+    p.add_argument("--m", nargs="+", type=int, metavar="M", help="activation rows")
+    p.add_argument("--kn", nargs="+", type=int, metavar="K", help="K = N sizes")
+    p.add_argument("--check", action="store_true", help="check results on a TPU too")
+
+
+BENCHMARK = harness.Benchmark(
+    name="pallas_matmul",
+    description=__doc__.split("\n\n")[0],
+    run=run_benchmark,
+    flags=flags,
+    repeats=(None, None),
+    repeats_help="default 5 on a TPU, 2 elsewhere",
+    writes=False,
+)
+main = BENCHMARK.main
 
 
 if __name__ == "__main__":

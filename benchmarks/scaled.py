@@ -1,8 +1,8 @@
 """Matmul on block-scaled weights (QArray) against what a user would do instead, in one process.
 
-Run: ``python -m benchmarks.scaled`` (or ``python benchmarks/scaled.py``); ``--quick`` for
-a small shape. bf16 activations (M, K) times a (K, N) weight quantized with each scheme
-along K. Contenders, interleaved after warm-up:
+Run: ``python -m benchmarks.scaled``; ``--quick`` for a small shape; ``--help`` for the
+flags; ``--json PATH`` writes the figures. bf16 activations (M, K) times a (K, N) weight
+quantized with each scheme along K. Contenders, interleaved after warm-up:
 
 - ``dequantized``: the weight dequantized to bf16 once, before timing; a bf16 dot (the floor);
 - ``dequantize + dot``: ``emulate.dequantize(w_q, to=bf16)`` then the dot, every call;
@@ -17,21 +17,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import pathlib
 import sys
-
-if __package__ in (None, ""):  # run as a script: make the repository importable
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import emulate
-from benchmarks._timing import environment, interleave, stats, text_table, timed_call
+from benchmarks import harness
+from benchmarks.cases import parse_shape
 from emulate import mx
 
+SHAPE = (64, 2048, 1024)
+QUICK_SHAPE = (16, 512, 256)
 SCHEMES = ["MXFP4", "MXFP8_E4M3", "MXINT8", "NVFP4", "INT4_G128"]
 
 
@@ -48,7 +46,7 @@ class Case:
         return f"{self.scheme} {self.name}"
 
     def run(self) -> float:
-        return timed_call(self.fn, *self.args)
+        return harness.timed_call(self.fn, *self.args)
 
 
 def cases(scheme: str, m: int, k: int, n: int, target: str) -> list[Case]:
@@ -78,34 +76,57 @@ def cases(scheme: str, m: int, k: int, n: int, target: str) -> list[Case]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="64x2048x1024", help="MxKxN (default 64x2048x1024)")
-    ap.add_argument("--schemes", default=",".join(SCHEMES))
-    ap.add_argument("--target", default="cpu")
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--quick", action="store_true", help="16x512x256, 3 repeats")
-    ap.add_argument("--json", default=None, help="write the figures here")
-    args = ap.parse_args(argv)
-    shape = "16x512x256" if args.quick else args.shape
-    m, k, n = (int(v) for v in shape.split("x"))
-    repeats = 3 if args.quick else args.repeats
-    rows, record = [], {"environment": environment(), "shape": [m, k, n], "results": []}
+def run(args: argparse.Namespace) -> harness.Report:
+    """Time every scheme's contenders; the table and the JSON."""
+    m, k, n = args.shape or (QUICK_SHAPE if args.quick else SHAPE)
+    rows: list[list[str]] = []
+    record: dict = {
+        "command": args.command,
+        "environment": harness.environment(),
+        "shape": [m, k, n],
+        "results": [],
+    }
     for scheme in args.schemes.split(","):
-        ran, failed = interleave(cases(scheme, m, k, n, args.target), repeats)
-        floor = stats(ran[0].times)["median_s"]
+        ran, failed = harness.interleave(cases(scheme, m, k, n, args.target), args.repeats)
+        floor = harness.stats(ran[0].times)["median_s"]
         for c in ran:
-            st = stats(c.times)
+            st = harness.stats(c.times)
             ratio = st["median_s"] / floor
-            rows.append([scheme, c.name, f"{st['median_s'] * 1e3:.2f} ms", f"{ratio:.2f}x"])
+            rows.append([scheme, c.name, f"{harness.ms(st['median_s'], 2)} ms", f"{ratio:.2f}x"])
             record["results"].append({"scheme": scheme, "case": c.name, **st, "ratio": ratio})
         for label, why in failed.items():
             rows.append([scheme, label, "n/a", why])
-    print(f"bf16 x QArray, M x K x N = {m} x {k} x {n}, target {args.target}")
-    print(text_table(["scheme", "contender", "median", "ratio"], rows, right={2, 3}))
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(record, indent=2))
-    return 0
+    text = "\n".join(
+        [
+            f"bf16 x QArray, M x K x N = {m} x {k} x {n}, target {args.target}",
+            harness.text_table(["scheme", "contender", "median", "ratio"], rows, right={2, 3}),
+        ]
+    )
+    return harness.Report(record, text + "\n")
+
+
+def flags(p: argparse.ArgumentParser) -> None:
+    """scaled's own flags."""
+    p.add_argument(
+        "--shape",
+        type=parse_shape,
+        help=f"MxKxN (default {harness.shape_text(SHAPE)}, "
+        f"{harness.shape_text(QUICK_SHAPE)} with --quick)",
+    )
+    p.add_argument("--schemes", default=",".join(SCHEMES))
+    p.add_argument("--target", default="cpu")
+
+
+BENCHMARK = harness.Benchmark(
+    name="scaled",
+    description=__doc__.splitlines()[0],
+    run=run,
+    flags=flags,
+    repeats=(7, 3),
+    quick="16x512x256, 3 repeats",
+    writes=False,
+)
+main = BENCHMARK.main
 
 
 if __name__ == "__main__":

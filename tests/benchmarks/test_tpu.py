@@ -1,4 +1,4 @@
-"""benchmarks/tpu.py measures what it says: the real TPU compiler's figures, put together
+"""benchmarks.tpu measures what it says: the real TPU compiler's figures, put together
 as documented (libtpu, a declared test dependency, compiles; nothing runs).
 
 One tiny shape on one generation, four contenders of one packed pair: the rows carry
@@ -11,8 +11,6 @@ whose copies follow from the pipelining rule by hand.
 from __future__ import annotations
 
 import math
-import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -20,10 +18,8 @@ import pytest
 from jax.experimental import pallas as pl
 
 import emulate.pallas
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repo root
-from benchmarks import tpu  # noqa: E402
-from benchmarks.matmul import PAIRS  # noqa: E402
+from benchmarks import tpu
+from benchmarks.cases import PAIRS
 
 GEN = "tpu_v5e"
 M, K, N = 16, 512, 256

@@ -1,0 +1,94 @@
+"""benchmarks.cases: the pairs, shapes and flag parsers benchmarks.matmul and
+benchmarks.tpu share, and the registration of every benchmark with the harness."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+
+from benchmarks import cases, harness
+
+BENCHMARKS = ("decode", "exact", "matmul", "pallas_matmul", "scaled", "tpu")
+
+
+def test_pairs_name_their_operands():
+    p = cases.PAIRS
+    assert list(p) == [
+        "int8",
+        "int4",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float4_e2m1fn",
+        "int8xint8",
+        "fp8xfp8",
+    ]
+    assert p["int4"].title == "bf16 x int4 (packed)"
+    assert p["float4_e2m1fn"].title == "bf16 x e2m1fn (packed)"
+    assert p["fp8xfp8"].title == "e4m3fn x e4m3fn"
+    assert p["int8xint8"].accumulator is jnp.int32
+    assert p["int8"].accumulator is jnp.float32  # bf16 x int8 is not an integer pair
+    assert [n for n, q in p.items() if q.packed] == ["int4", "float4_e2m1fn"]
+
+
+def test_parse_shapes_and_its_messages():
+    assert cases.parse_shapes("1x2x3, 4X5X6") == [(1, 2, 3), (4, 5, 6)]
+    assert cases.parse_shape("64x4096x1024") == (64, 4096, 1024)
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        cases.parse_shapes("1x2x0")
+    assert str(e.value) == "--shapes: expected MxKxN[,MxKxN...] of positive integers, got '1x2x0'"
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        cases.parse_shapes("1x2", "--exact-shapes")
+    assert str(e.value).startswith("--exact-shapes: expected MxKxN")
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        cases.parse_shape("1x2x3,4x5x6")
+    assert str(e.value) == "--shape: expected one MxKxN, got '1x2x3,4x5x6'"
+
+
+def test_parse_names_and_pairs():
+    assert cases.parse_pairs(" int4,fp8xfp8 ") == ["int4", "fp8xfp8"]
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        cases.parse_names("a,zz", ["a", "b"], "--contenders")
+    assert str(e.value) == "--contenders: unknown zz; choose from a, b"
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        cases.parse_pairs(",")
+    assert str(e.value).startswith("--formats: unknown (none); choose from int8, int4,")
+
+
+def test_rows_name_their_shape_and_contenders():
+    assert cases.shape_of({"M": 1, "K": 4096, "N": 512}) == "1x4096x512"
+    assert cases.shape_of({"M": None, "K": 64, "N": 32}) == "64x32"
+    contenders = [cases.Contender(k, k.upper(), "") for k in ("floor", "xla", "fast")]
+    rows = [{"contender": "fast"}, {"contender": "floor"}, {"contender": "other"}]
+    assert cases.present(rows, contenders) == ["floor", "fast"]
+
+
+def test_every_benchmark_registers_under_its_module_name():
+    for name in BENCHMARKS:
+        module = importlib.import_module(f"benchmarks.{name}")
+        assert isinstance(module.BENCHMARK, harness.Benchmark)
+        assert module.BENCHMARK.name == name
+        assert module.main == module.BENCHMARK.main
+    found = sorted(p.stem for p in Path(harness.__file__).parent.glob("*.py"))
+    assert found == sorted({"__init__", "cases", "harness", *BENCHMARKS})
+
+
+def test_no_benchmark_edits_sys_path():
+    for path in Path(harness.__file__).parent.glob("*.py"):
+        assert "sys.path" not in path.read_text(), path.name
+
+
+def test_matmul_and_tpu_flags():
+    from benchmarks import matmul, tpu
+
+    args = matmul.BENCHMARK.parse(["--quick", "--formats", "int4"])
+    assert (args.repeats, args.formats, args.shapes) == (10, ["int4"], None)
+    assert args.command == "python -m benchmarks.matmul --quick --formats int4"
+    assert args.json == Path(harness.__file__).parent / "results" / "matmul.json"
+    assert tpu.BENCHMARK.parse([]).exact_shapes == [(64, 4096, 4096)]
+    assert tpu.BENCHMARK.parse(["--exact-shapes", "all"]).exact_shapes is None
+    assert tpu.BENCHMARK.parse(["--exact-shapes", "1x2x3"]).exact_shapes == [(1, 2, 3)]
+    assert not hasattr(tpu.BENCHMARK.parse([]), "repeats")  # tpu times nothing

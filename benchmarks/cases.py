@@ -93,6 +93,24 @@ def shape_of(row: dict[str, Any]) -> str:
     return f"{row['M']}x{row['K']}x{row['N']}"
 
 
+def goal(label: str, key: str, limit: float, rows: Sequence[dict], **extra: Any) -> dict:
+    """A goal met where ``row[key] <= limit`` for every one of ``rows``: the worst row's
+    figure and where it is, and every row over the limit (``"pair MxKxN"``). ``extra``
+    (a generation, a unit) leads the dict. With no rows: measured, met and worst None."""
+    out: dict[str, Any] = {**extra, "goal": label, "key": key, "limit": limit}
+    if not rows:
+        return {**out, "measured": None, "met": None, "worst": None, "n": 0, "failing": []}
+    worst = max(rows, key=lambda r: r[key])
+    return {
+        **out,
+        "measured": worst[key],
+        "met": worst[key] <= limit,
+        "worst": f"{worst['pair']} {shape_of(worst)}".strip(),
+        "n": len(rows),
+        "failing": [f"{r['pair']} {shape_of(r)}".strip() for r in rows if r[key] > limit],
+    }
+
+
 def parse_shapes(text: str, flag: str = "--shapes") -> list[tuple[int, int, int]]:
     """``"MxKxN[,MxKxN...]"`` of positive integers; ArgumentTypeError naming ``flag``."""
     shapes = []

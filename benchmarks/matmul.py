@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import statistics
 import sys
 import time
@@ -55,7 +54,7 @@ import numpy as np
 from jax import lax
 
 import emulate
-from benchmarks import harness
+from benchmarks import harness, plots
 from benchmarks.cases import (
     DN,
     PAIRS,
@@ -63,6 +62,7 @@ from benchmarks.cases import (
     WEIGHT_ONLY,
     Contender,
     Pair,
+    goal,
     parse_pairs,
     parse_shapes,
     present,
@@ -89,7 +89,6 @@ CONTENDERS = (
     Contender("copy", "(g) copy", "x + 1 on uint32 words of the packed weight's bytes"),
 )
 LABELS = {c.key: c.label for c in CONTENDERS}
-COLORS = {c.key: f"C{i}" for i, c in enumerate(CONTENDERS)}
 
 
 def _values(fmt: str, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
@@ -317,15 +316,15 @@ def goals(rows: Sequence[dict[str, Any]], storage: Sequence[dict[str, Any]]) -> 
         ("emulate fast / floor, M = 1", lambda r: r["M"] == 1, 1.5),
     ):
         got = [r for r in fast if sel(r) and r.get("ratio") is not None]
-        out.append(_goal(label, limit, got, "ratio", "x"))
+        out.append(goal(label, "ratio", limit, got, unit="x"))
     temps = [r for r in fast if r["temp_over_decoded_weight"] is not None]
     out.append(
-        _goal(
+        goal(
             "emulate fast temp / one bf16 copy of the weight",
+            "temp_over_decoded_weight",
             0.25,
             temps,
-            "temp_over_decoded_weight",
-            "",
+            unit="",
         )
     )
     for bits, limit in ((4, 0.5), (6, 0.75)):
@@ -335,8 +334,12 @@ def goals(rows: Sequence[dict[str, Any]], storage: Sequence[dict[str, Any]]) -> 
             if s["bits"] == bits
         ]
         out.append(
-            _goal(
-                f"storage of {bits}-bit formats, bytes/element", limit, got, "bytes_per_element", ""
+            goal(
+                f"storage of {bits}-bit formats, bytes/element",
+                "bytes_per_element",
+                limit,
+                got,
+                unit="",
             )
         )
     return out + issue16_goals(rows)
@@ -363,32 +366,21 @@ def issue16_goals(rows: Sequence[dict[str, Any]]) -> list[dict]:
         if m == 1 and copy is not None:
             read.append({**r, "over_read": r["median_s"] / (copy["median_s"] / 2)})
     return [
-        _goal(
-            "packed int4 ratio / packed fp4 ratio (issue 16)", 1.0, int4_fp4, "int4_over_fp4", "x"
+        goal(
+            "packed int4 ratio / packed fp4 ratio (issue 16)",
+            "int4_over_fp4",
+            1.0,
+            int4_fp4,
+            unit="x",
         ),
-        _goal(
+        goal(
             "fast, M = 1 / reading the packed weight at copy bandwidth (issue 16)",
+            "over_read",
             1.5,
             read,
-            "over_read",
-            "x",
+            unit="x",
         ),
     ]
-
-
-def _goal(label: str, limit: float, got: Sequence[dict], key: str, unit: str) -> dict:
-    if not got:
-        return {"goal": label, "limit": limit, "measured": None, "met": None, "worst": None}
-    worst = max(got, key=lambda r: r[key])
-    return {
-        "goal": label,
-        "limit": limit,
-        "measured": worst[key],
-        "met": worst[key] <= limit,
-        "worst": f"{worst['pair']} {shape_of(worst)}".strip(),
-        "unit": unit,
-        "n": len(got),
-    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -503,55 +495,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> Path | None:
-    """Ratio to the floor against M, one panel per pair; None if matplotlib is missing."""
-    plt = harness.pyplot()
-    if plt is None:
-        return None
-    rows = [r for r in report["results"] if r["status"] == "ok" and r.get("ratio")]
-    pairs = [p for p in PAIRS if any(r["pair"] == p for r in rows)]
-    if not pairs:
-        return None
-    cols = min(4, len(pairs))
-    nrows = math.ceil(len(pairs) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.4 * nrows), squeeze=False)
-    for ax, name in zip(axes.flat, pairs):
-        mine = [r for r in rows if r["pair"] == name]
-        for key in present(mine, CONTENDERS):
-            if key == "floor":
-                continue
-            pts = sorted((r["M"], r["ratio"]) for r in mine if r["contender"] == key)
-            ax.plot(
-                [p[0] for p in pts],
-                [p[1] for p in pts],
-                marker="o",
-                label=LABELS[key],
-                color=COLORS[key],
-                lw=2.5 if key == "fast" else 1.2,
-                ls=":" if key == "decode" else "-",
-            )
-        ax.axhline(1.0, color="black", lw=0.8)
-        ax.axhline(1.25, color="grey", ls="--", lw=0.8)
-        ax.axhline(1.5, color="grey", ls=":", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_title(PAIRS[name].title)
-        ax.set_xlabel("M")
-        ax.set_ylabel("time / (a) bf16 pre-decoded")
-        ax.set_ylim(bottom=0)
-    for ax in list(axes.flat)[len(pairs) :]:
-        ax.axis("off")
-    handles, labels = harness.legend_entries(list(axes.flat)[: len(pairs)])
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small")
-    env = report["environment"]
-    fig.suptitle(
-        f"matmul time / bf16 pre-decoded floor (dashed 1.25x, dotted 1.5x); "
-        f"{env['device']}, {env['cpu_count']} cores, {env['time'][:10]}",
-        fontsize="medium",
-    )
-    fig.tight_layout(rect=(0, 0.06, 1, 0.96))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    """The PNG: :func:`benchmarks.plots.matmul_figure` of these contenders."""
+    return plots.matmul_figure(report, path, CONTENDERS)
 
 
 # ---------------------------------------------------------------------------------------

@@ -38,35 +38,34 @@ the ratios per generation (``.png``); without matplotlib it says so and skips th
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import math
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 import emulate
 import emulate.pallas
-from benchmarks import harness
+from benchmarks import harness, plots
 from benchmarks.cases import (
     DN,
     PAIRS,
     SHAPES,
     Contender,
     Pair,
+    goal,
     parse_names,
     parse_pairs,
     parse_shapes,
     present,
     shape_of,
 )
+from benchmarks.pallas_traffic import kernel_traffic
 from emulate import compiler, formats
 from emulate.numerics.storage import Packed
 
@@ -92,7 +91,6 @@ CONTENDERS = (
     Contender("pallas", "(f) emulate.pallas.matmul", "one Pallas kernel, target GEN"),
 )
 LABELS = {c.key: c.label for c in CONTENDERS}
-COLORS = {c.key: f"C{i}" for i, c in enumerate(CONTENDERS)}
 
 
 # ---------------------------------------------------------------------------------------
@@ -168,88 +166,6 @@ def estimate_seconds(cost: dict[str, float]) -> float | None:
     if value is None or float(value) < 0:
         return None
     return float(value)
-
-
-def _block_dims(block_shape: Iterable[Any]) -> list[int]:
-    """Element counts per block dimension (a squeezed dimension counts 1)."""
-    dims = []
-    for b in block_shape:
-        size = getattr(b, "block_size", b)
-        dims.append(1 if size is None else int(size))
-    return dims
-
-
-def _pallas_calls(jaxpr: Any) -> Iterable[Any]:
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "pallas_call":
-            yield eqn
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from _pallas_calls(inner)
-
-
-def kernel_traffic(fn: Callable[..., Any], specs: Sequence[Any], generation: str) -> dict:
-    """HBM bytes the Pallas kernels of ``fn(*specs)`` move, from their block shapes and grid.
-
-    Pallas TPU walks the grid in row-major order (last dimension fastest) and copies a
-    block of an input in only when its block index differs from the previous step's, and
-    writes a block of an output back when its index changes or the grid ends. Each
-    ``pallas_call`` is traced (``jax.make_jaxpr``, on the generation's compile-only device),
-    its index maps are evaluated at every grid point, and the copies counted.
-
-    Returns ``{"calls": n, "bytes": total, "read": input bytes, "written": output bytes,
-    "grid": [grid of each call], "blocks": [[block dims, copies, bytes] per operand]}``.
-    """
-    dev = compiler.device(generation)
-    placed = [
-        jax.tree.map(
-            lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype),
-            a,
-            is_leaf=lambda v: hasattr(v, "shape"),
-        )
-        for a in specs
-    ]
-    with jax.default_device(dev):
-        closed = jax.make_jaxpr(fn)(*placed)
-    total = read = written = 0
-    grids, blocks = [], []
-    calls = list(_pallas_calls(closed.jaxpr))
-    for eqn in calls:
-        gm = eqn.params["grid_mapping"]
-        grid = tuple(int(g) for g in gm.grid)
-        grids.append(list(grid))
-        n_in = gm.num_inputs
-        for idx, bm in enumerate(gm.block_mappings):
-            dims = _block_dims(bm.block_shape)
-            itemsize = np.dtype(bm.array_aval.dtype).itemsize
-            block_bytes = math.prod(dims) * itemsize
-            index_map = bm.index_map_jaxpr
-            copies, last = 0, None
-            for point in itertools.product(*(range(g) for g in grid)):
-                args = [jnp.int32(p) for p in point]
-                got = tuple(
-                    int(v) for v in jax.core.eval_jaxpr(index_map.jaxpr, index_map.consts, *args)
-                )
-                if got != last:
-                    copies += 1
-                    last = got
-            moved = copies * block_bytes
-            total += moved
-            if idx < n_in:
-                read += moved
-            else:
-                written += moved
-            blocks.append([dims, copies, moved])
-    return {
-        "calls": len(calls),
-        "bytes": total,
-        "read": read,
-        "written": written,
-        "grid": grids,
-        "blocks": blocks,
-    }
 
 
 def _refusal(e: BaseException) -> str:
@@ -415,35 +331,7 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             ),
         ):
             got = [r for r in mine if r.get(key) is not None]
-            if not got:
-                out.append(
-                    {
-                        "generation": gen,
-                        "goal": label,
-                        "limit": limit,
-                        "measured": None,
-                        "met": None,
-                        "worst": None,
-                        "n": 0,
-                        "failing": [],
-                    }
-                )
-                continue
-            worst = max(got, key=lambda r: r[key])
-            failing = [f"{r['pair']} {shape_of(r)}" for r in got if r[key] > limit]
-            out.append(
-                {
-                    "generation": gen,
-                    "goal": label,
-                    "key": key,
-                    "limit": limit,
-                    "measured": worst[key],
-                    "met": worst[key] <= limit,
-                    "worst": f"{worst['pair']} {shape_of(worst)}",
-                    "n": len(got),
-                    "failing": failing,
-                }
-            )
+            out.append(goal(label, key, limit, got, generation=gen))
     return out
 
 
@@ -575,66 +463,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> Path | None:
-    """Estimate and bytes of each contender over (a), per generation, one column per pair,
-    at the first shape measured; None (and a message) if matplotlib is missing."""
-    plt = harness.pyplot()
-    if plt is None:
-        return None
-    rows = [r for r in report["results"] if r["status"] == "ok"]
-    if not rows:
-        return None
-    shape = (rows[0]["M"], rows[0]["K"], rows[0]["N"])
-    for s in ((64, 4096, 4096),):
-        if any((r["M"], r["K"], r["N"]) == s for r in rows):
-            shape = s
-    rows = [r for r in rows if (r["M"], r["K"], r["N"]) == shape]
-    pairs = [p for p in PAIRS if any(r["pair"] == p for r in rows)]
-    gens = list(dict.fromkeys(r["generation"] for r in rows))
-    metrics = (("estimate_ratio", "estimate / (a)"), ("bytes_ratio", "bytes accessed / (a)"))
-    fig, axes = plt.subplots(
-        len(metrics), len(pairs), figsize=(3.2 * len(pairs), 3.0 * len(metrics)), squeeze=False
-    )
-    for col, name in enumerate(pairs):
-        for row_i, (key, ylabel) in enumerate(metrics):
-            ax = axes[row_i][col]
-            for c in present(rows, CONTENDERS):
-                if c == "floor":
-                    continue
-                pts = [
-                    (gens.index(r["generation"]), r[key])
-                    for r in rows
-                    if r["pair"] == name and r["contender"] == c and r.get(key) is not None
-                ]
-                if pts:
-                    ax.plot(
-                        [p[0] for p in pts],
-                        [p[1] for p in pts],
-                        marker="o",
-                        label=LABELS[c],
-                        color=COLORS[c],
-                        lw=2.5 if c == "fast" else 1.2,
-                    )
-            ax.axhline(1.0, color="black", lw=0.8)
-            ax.set_yscale("log")
-            ax.set_xticks(range(len(gens)))
-            ax.set_xticklabels([g.removeprefix("tpu_") for g in gens], fontsize="small")
-            if row_i == 0:
-                ax.set_title(PAIRS[name].title)
-            if col == 0:
-                ax.set_ylabel(ylabel)
-    handles, labels = harness.legend_entries(axes.flat)
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small")
-    fig.suptitle(
-        f"TPU compiler's view, {shape[0]}x{shape[1]}x{shape[2]}, ratio to (a) bf16 "
-        f"pre-decoded (log scale; (f): kernel traffic from block shapes, no estimate); "
-        f"libtpu {report['libtpu']}",
-        fontsize="medium",
-    )
-    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    """The PNG: :func:`benchmarks.plots.tpu_figure` of these contenders."""
+    return plots.tpu_figure(report, path, CONTENDERS)
 
 
 # ---------------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def test_every_benchmark_registers_under_its_module_name():
         assert module.BENCHMARK.name == name
         assert module.main == module.BENCHMARK.main
     found = sorted(p.stem for p in Path(harness.__file__).parent.glob("*.py"))
-    assert found == sorted({"__init__", "cases", "harness", *BENCHMARKS})
+    assert found == sorted({"__init__", "cases", "harness", "pallas_traffic", "plots", *BENCHMARKS})
 
 
 def test_no_benchmark_edits_sys_path():

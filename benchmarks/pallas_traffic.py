@@ -1,0 +1,102 @@
+"""The HBM traffic of a Pallas TPU kernel, counted from its block shapes and grid.
+
+A Pallas kernel is a custom call the TPU compiler does not look into: its
+``cost_analysis()`` leaves the kernel's own reads and writes out. ``benchmarks.tpu`` adds
+them from here. Nothing is compiled or run; each ``pallas_call`` is traced and its index
+maps evaluated at every grid point.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from emulate import compiler
+
+
+def _block_dims(block_shape: Iterable[Any]) -> list[int]:
+    """Element counts per block dimension (a squeezed dimension counts 1)."""
+    dims = []
+    for b in block_shape:
+        size = getattr(b, "block_size", b)
+        dims.append(1 if size is None else int(size))
+    return dims
+
+
+def _pallas_calls(jaxpr: Any) -> Iterable[Any]:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _pallas_calls(inner)
+
+
+def kernel_traffic(fn: Callable[..., Any], specs: Sequence[Any], generation: str) -> dict:
+    """HBM bytes the Pallas kernels of ``fn(*specs)`` move, from their block shapes and grid.
+
+    Pallas TPU walks the grid in row-major order (last dimension fastest) and copies a
+    block of an input in only when its block index differs from the previous step's, and
+    writes a block of an output back when its index changes or the grid ends. Each
+    ``pallas_call`` is traced (``jax.make_jaxpr``, on the generation's compile-only device),
+    its index maps are evaluated at every grid point, and the copies counted.
+
+    Returns ``{"calls": n, "bytes": total, "read": input bytes, "written": output bytes,
+    "grid": [grid of each call], "blocks": [[block dims, copies, bytes] per operand]}``.
+    """
+    dev = compiler.device(generation)
+    placed = [
+        jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype),
+            a,
+            is_leaf=lambda v: hasattr(v, "shape"),
+        )
+        for a in specs
+    ]
+    with jax.default_device(dev):
+        closed = jax.make_jaxpr(fn)(*placed)
+    total = read = written = 0
+    grids, blocks = [], []
+    calls = list(_pallas_calls(closed.jaxpr))
+    for eqn in calls:
+        gm = eqn.params["grid_mapping"]
+        grid = tuple(int(g) for g in gm.grid)
+        grids.append(list(grid))
+        n_in = gm.num_inputs
+        for idx, bm in enumerate(gm.block_mappings):
+            dims = _block_dims(bm.block_shape)
+            itemsize = np.dtype(bm.array_aval.dtype).itemsize
+            block_bytes = math.prod(dims) * itemsize
+            index_map = bm.index_map_jaxpr
+            copies, last = 0, None
+            for point in itertools.product(*(range(g) for g in grid)):
+                args = [jnp.int32(p) for p in point]
+                got = tuple(
+                    int(v) for v in jax.core.eval_jaxpr(index_map.jaxpr, index_map.consts, *args)
+                )
+                if got != last:
+                    copies += 1
+                    last = got
+            moved = copies * block_bytes
+            total += moved
+            if idx < n_in:
+                read += moved
+            else:
+                written += moved
+            blocks.append([dims, copies, moved])
+    return {
+        "calls": len(calls),
+        "bytes": total,
+        "read": read,
+        "written": written,
+        "grid": grids,
+        "blocks": blocks,
+    }

@@ -92,3 +92,33 @@ def test_matmul_and_tpu_flags():
     assert tpu.BENCHMARK.parse(["--exact-shapes", "all"]).exact_shapes is None
     assert tpu.BENCHMARK.parse(["--exact-shapes", "1x2x3"]).exact_shapes == [(1, 2, 3)]
     assert not hasattr(tpu.BENCHMARK.parse([]), "repeats")  # tpu times nothing
+
+
+def test_a_goal_names_its_worst_row_and_every_failing_one():
+    rows = [
+        {"pair": "int8", "M": 1, "K": 8, "N": 8, "r": 0.5},
+        {"pair": "int4", "M": 2, "K": 8, "N": 8, "r": 1.5},
+        {"pair": "int4", "M": 4, "K": 8, "N": 8, "r": 1.2},
+    ]
+    assert cases.goal("g", "r", 1.0, rows, unit="x") == {
+        "unit": "x",
+        "goal": "g",
+        "key": "r",
+        "limit": 1.0,
+        "measured": 1.5,
+        "met": False,
+        "worst": "int4 2x8x8",
+        "n": 3,
+        "failing": ["int4 2x8x8", "int4 4x8x8"],
+    }
+    assert cases.goal("g", "r", 2.0, rows[:1])["met"] is True
+    assert cases.goal("g", "r", 1.0, []) == {
+        "goal": "g",
+        "key": "r",
+        "limit": 1.0,
+        "measured": None,
+        "met": None,
+        "worst": None,
+        "n": 0,
+        "failing": [],
+    }

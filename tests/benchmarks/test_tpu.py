@@ -4,18 +4,15 @@ as documented (libtpu, a declared test dependency, compiles; nothing runs).
 One tiny shape on one generation, four contenders of one packed pair: the rows carry
 every field, the figures obey facts that hold for any compiler (a dot reads its operands;
 arguments are the operands' bytes as stored), and the ratios and goals are the stated
-quotients of those figures. The Pallas traffic count is checked on a hand-made kernel
-whose copies follow from the pipelining rule by hand.
+quotients of those figures (the Pallas traffic count itself: test_pallas_traffic.py).
 """
 
 from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import pytest
-from jax.experimental import pallas as pl
 
 import emulate.pallas
 from benchmarks import tpu
@@ -121,38 +118,6 @@ def test_a_failing_row_is_named_by_the_goal():
         "int4 2x8x8",
         ["int4 2x8x8"],
     )
-
-
-def _copy_kernel(x_ref, w_ref, o_ref):
-    o_ref[...] = x_ref[...] + w_ref[...]
-
-
-def test_kernel_traffic_counts_a_copy_per_change_of_block_index():
-    # Grid (2, 3), row-major: x's block index (i, 0) changes twice, w's (0, j) on every
-    # one of the 6 steps, the output's (i, j) on every step too.
-    bm, bn = 8, 128
-    x_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, 0))
-    w_spec = pl.BlockSpec((bm, bn), lambda i, j: (0, j))
-    o_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
-
-    def fn(x, w):
-        return pl.pallas_call(
-            _copy_kernel,
-            out_shape=jax.ShapeDtypeStruct((2 * bm, 3 * bn), jnp.float32),
-            grid=(2, 3),
-            in_specs=[x_spec, w_spec],
-            out_specs=o_spec,
-        )(x, w)
-
-    specs = (
-        jax.ShapeDtypeStruct((2 * bm, bn), jnp.float32),
-        jax.ShapeDtypeStruct((bm, 3 * bn), jnp.float32),
-    )
-    got = tpu.kernel_traffic(fn, specs, GEN)
-    block = bm * bn * 4
-    assert got["calls"] == 1 and got["grid"] == [[2, 3]]
-    assert [b[1] for b in got["blocks"]] == [2, 6, 6]
-    assert (got["read"], got["written"]) == ((2 + 6) * block, 6 * block)
 
 
 def test_weight_spec_is_the_packed_layout():

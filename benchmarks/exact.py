@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +43,7 @@ class Case:
     pair: tuple[str, str]
     target: str
     mode: str
-    fn: object
+    fn: Callable[..., Any]
     args: tuple
     times: list[float] = dataclasses.field(default_factory=list)
 

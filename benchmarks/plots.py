@@ -21,8 +21,8 @@ def matmul_figure(
     report: dict[str, Any], path: Path, contenders: Sequence[Contender]
 ) -> Path | None:
     """Ratio to the floor against M, one panel per pair; None if matplotlib is missing."""
-    labels = {c.key: c.label for c in contenders}
-    colors = {c.key: f"C{i}" for i, c in enumerate(contenders)}
+    label_of = {c.key: c.label for c in contenders}
+    color_of = {c.key: f"C{i}" for i, c in enumerate(contenders)}
     plt = harness.pyplot()
     if plt is None:
         return None
@@ -43,8 +43,8 @@ def matmul_figure(
                 [p[0] for p in pts],
                 [p[1] for p in pts],
                 marker="o",
-                label=labels[key],
-                color=colors[key],
+                label=label_of[key],
+                color=color_of[key],
                 lw=2.5 if key == "fast" else 1.2,
                 ls=":" if key == "decode" else "-",
             )
@@ -76,8 +76,8 @@ def matmul_figure(
 def tpu_figure(report: dict[str, Any], path: Path, contenders: Sequence[Contender]) -> Path | None:
     """Estimate and bytes of each contender over (a), per generation, one column per pair,
     at the first shape measured; None (and a message) if matplotlib is missing."""
-    labels = {c.key: c.label for c in contenders}
-    colors = {c.key: f"C{i}" for i, c in enumerate(contenders)}
+    label_of = {c.key: c.label for c in contenders}
+    color_of = {c.key: f"C{i}" for i, c in enumerate(contenders)}
     plt = harness.pyplot()
     if plt is None:
         return None
@@ -111,8 +111,8 @@ def tpu_figure(report: dict[str, Any], path: Path, contenders: Sequence[Contende
                         [p[0] for p in pts],
                         [p[1] for p in pts],
                         marker="o",
-                        label=labels[c],
-                        color=colors[c],
+                        label=label_of[c],
+                        color=color_of[c],
                         lw=2.5 if c == "fast" else 1.2,
                     )
             ax.axhline(1.0, color="black", lw=0.8)

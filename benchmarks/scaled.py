@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +39,7 @@ SCHEMES = ["MXFP4", "MXFP8_E4M3", "MXINT8", "NVFP4", "INT4_G128"]
 class Case:
     scheme: str
     name: str
-    fn: object
+    fn: Callable[..., Any]
     args: tuple
     times: list[float] = dataclasses.field(default_factory=list)
 

@@ -165,6 +165,11 @@ def measure(cases: Sequence[Case], repeats: int) -> list[Case]:
     return ok
 
 
+def _ratio_or_dash(value: float | None) -> str:
+    """A ratio, or "-" where it does not apply (a copy against the same-size copy)."""
+    return "-" if value is None else harness.ratio(value)
+
+
 def table(rows: Sequence[dict[str, Any]]) -> str:
     """The copy and decode rows as a plain-text table."""
     headers = [
@@ -186,8 +191,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
             harness.ms(r["median_s"], places=3),
             f"{r['elements_per_s'] / 1e9:.3f}",
             f"{r['gb_per_s']:.2f}",
-            harness.ratio(r["ratio_to_copy"]),
-            harness.ratio(r.get("ratio_to_same_size_copy")),
+            _ratio_or_dash(r["ratio_to_copy"]),
+            _ratio_or_dash(r.get("ratio_to_same_size_copy")),
             "?" if r["page_faults_per_call"] is None else f"{r['page_faults_per_call']:.0f}",
         ]
         for r in rows

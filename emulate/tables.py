@@ -31,7 +31,7 @@ def table(
     headers = list(columns) if columns is not None else list(rows[0]) if rows else []
     if not headers:
         return ""
-    widths = [max(len(h), *(len(str(r[h])) for r in rows)) for h in headers]
+    widths = [max([len(h), *(len(str(r[h])) for r in rows)]) for h in headers]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
     if rule:
         lines.append("  ".join("-" * w for w in widths))
@@ -77,7 +77,9 @@ def grid(
             used += widths[c]
     blocks = []
     for group in groups:
-        body = table([{corner: r, **{c: cells[r, c] for c in group}} for r in rows])
+        body = table(
+            [{corner: r, **{c: cells[r, c] for c in group}} for r in rows], columns=[corner, *group]
+        )
         blocks.append(f"{title}\n{body}")
     return "\n\n".join(blocks)
 

@@ -26,19 +26,16 @@ NO_ROUTE = "none"
 class MethodCell(NamedTuple):
     """The plan of one operand pair on one target (see :func:`method_matrix`).
 
-    Attributes:
-      target: the target's name.
-      lhs, rhs: the operand format names.
-      method: the plan's method (``"native"``, ``"int8"``, ``"bf16"``, ``"f32"``), or
-        ``"none"`` where :func:`emulate.plan` finds no route (it raises ValueError, or
-        NotImplementedError for a pair mode "exact" does not build).
-      native: whether the target's matrix unit takes ``lhs x rhs`` as it is
-        (:meth:`emulate.targets.Target.supports`); the plan may still take another route.
-      fallback: for a native plan whose pair the host CPU backend cannot compile, the
-        method of the route taken when the program is lowered for another platform
-        (:attr:`emulate.Plan.fallback`); else None.
-      platform: the JAX platform of the plan (``"tpu"``, ``"cuda"``, ``"cpu"``); None
-        where there is no route.
+    ``target``, ``lhs`` and ``rhs`` are names. ``method`` is the plan's method
+    (``"native"``, ``"int8"``, ``"bf16"``, ``"f32"``), or ``"none"`` where
+    :func:`emulate.plan` finds no route (it raises ValueError, or NotImplementedError for
+    a pair mode "exact" does not build). ``native`` says whether the target's matrix unit
+    takes ``lhs x rhs`` as it is (:meth:`emulate.targets.Target.supports`); the plan may
+    still take another route (:attr:`passed_over`). ``fallback`` is, for a native plan
+    whose pair the host CPU backend cannot compile, the method of the route taken when the
+    program is lowered for another platform (:attr:`emulate.Plan.fallback`), else None.
+    ``platform`` is the JAX platform of the plan (``"tpu"``, ``"cuda"``, ``"cpu"``), None
+    where there is no route.
     """
 
     target: str

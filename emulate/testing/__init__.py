@@ -27,12 +27,11 @@ not import it.
 
 from __future__ import annotations
 
+from emulate.testing import strategies
 from emulate.testing.comparison import Comparison, Mismatch, assert_matches_reference, compare
 from emulate.testing.reproducers import plan_key, representative_targets, reproducer
+from emulate.testing.strategies import DimensionNumbers as DimensionNumbers
 from emulate.testing.strategies import (
-    DEFAULT_LAYOUTS,
-    LONG_K_LAYOUT,
-    WIDE_RANGE,
     DotProblem,
     arrays,
     codes,
@@ -42,10 +41,27 @@ from emulate.testing.strategies import (
     result_types,
     special_codes,
 )
-
-# Type aliases of the annotations above (not in __all__: the docs show them expanded).
-from emulate.testing.strategies import DimensionNumbers as DimensionNumbers
 from emulate.testing.strategies import Layout as Layout
+
+# DimensionNumbers and Layout, the type aliases of the signatures, are re-exported (``X as
+# X``) for annotations, and left out of __all__.
+
+# The constants are bound here, not imported, so that their doc comments are this
+# module's: autodoc reads a constant's ``#:`` comment from the module it documents.
+
+#: The shapes and dimension numbers :func:`dot_general_problems` draws from by default: a
+#: fixed pool, so that compiled programs are reused across examples. K = 1, odd sizes,
+#: contracting dims first, two contracting dims in permuted order with a batch dim, a
+#: batch dim that is not first, no free dims, and K = 33.
+DEFAULT_LAYOUTS = strategies.DEFAULT_LAYOUTS
+
+#: K = 1100: with ``fill="extreme"`` operands, int8 x int8 sums pass 2**24, where a naive
+#: float32 running sum starts dropping odd units.
+LONG_K_LAYOUT = strategies.LONG_K_LAYOUT
+
+#: Values drawn for the wide float types (bfloat16, float16, float32) lie in
+#: ``[-WIDE_RANGE, WIDE_RANGE]``, plus the boosted special values.
+WIDE_RANGE = strategies.WIDE_RANGE
 
 __all__ = [
     "DEFAULT_LAYOUTS",

@@ -42,10 +42,7 @@ Layout = tuple[tuple[int, ...], tuple[int, ...], DimensionNumbers]
 
 _MATMUL: DimensionNumbers = (((1,), (0,)), ((), ()))
 
-#: The shapes and dimension numbers :func:`dot_general_problems` draws from by default: a
-#: fixed pool, so that compiled programs are reused across examples. K = 1, odd sizes,
-#: contracting dims first, two contracting dims in permuted order with a batch dim, a
-#: batch dim that is not first, no free dims, and K = 33.
+# The three constants below are documented where emulate.testing re-exports them.
 DEFAULT_LAYOUTS: tuple[Layout, ...] = (
     ((3, 1), (1, 2), _MATMUL),
     ((2, 5), (5, 3), _MATMUL),
@@ -56,12 +53,8 @@ DEFAULT_LAYOUTS: tuple[Layout, ...] = (
     ((2, 33), (33, 2), _MATMUL),
 )
 
-#: K = 1100: with ``fill="extreme"`` operands, int8 x int8 sums pass 2**24, where a naive
-#: float32 running sum starts dropping odd units.
 LONG_K_LAYOUT: Layout = ((1, 1100), (1100, 2), _MATMUL)
 
-#: Values drawn for the wide float types (bfloat16, float16, float32) lie in
-#: ``[-WIDE_RANGE, WIDE_RANGE]``, plus the boosted special values.
 WIDE_RANGE = 2.0**14
 
 _ELEMENTS = ("all", "finite", "normal")

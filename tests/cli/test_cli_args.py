@@ -75,8 +75,7 @@ def test_formats(capsys: pytest.CaptureFixture) -> None:
     assert args.format_name("bf16", parser, "result", ["x"]) == "bfloat16"
     err = _error(capsys, lambda: args.format_name("fp7", parser, "result", ["a", "b"]))
     assert err == (
-        "emulate: error: unknown result format 'fp7' (choose from a, b, or an alias such as "
-        "e4m3)\n"
+        "emulate: error: unknown result format 'fp7' (choose from a, b, or an alias such as e4m3)\n"
     )
     assert args.OPERAND_CHOICES == (*formats.LOW_PRECISION_OPERANDS, *formats.WIDE_FLOATS)
     err = _error(capsys, lambda: args.operand_formats(["int32"], parser))

@@ -1,7 +1,7 @@
 """The ``emulate`` command line.
 
 One module per subcommand, each with an ``add(sub)`` that builds its sub-parser and sets
-``run`` (a ``Namespace -> int`` handler) as its ``func``; :data:`SUBCOMMANDS` lists them
+``run`` (a ``Namespace -> int`` handler) as its ``func``; ``_SUBCOMMANDS`` lists them
 in the one place where a new subcommand is registered. Argument types and validators that
 the subcommands share live in :mod:`emulate.cli.args`. The subcommands:
 
@@ -32,12 +32,12 @@ from typing import NoReturn
 from emulate.cli import check_kernel, explain, formats, targets, validate
 from emulate.cli.args import parse_shapes
 
-__all__ = ["SUBCOMMANDS", "build_parser", "main", "parse_shapes"]
+__all__ = ["build_parser", "main", "parse_shapes"]
 
 Handler = Callable[[argparse.Namespace], int]
 
 #: Every subcommand's ``add``, in the order ``--help`` lists them. Add new ones here.
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+_SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     formats.add,
     targets.add,
     explain.add,
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="emulate: low-precision matmuls emulated on JAX.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for add in SUBCOMMANDS:
+    for add in _SUBCOMMANDS:
         add(sub)
     parser.set_defaults(commands=tuple(sub.choices))
     for name, p in sub.choices.items():

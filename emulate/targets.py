@@ -718,41 +718,47 @@ def capability_matrix(
     ]
 
 
-def _cell(t: Target, f: str, mark: dict[str, str]) -> str:
-    return f"{mark[_status(t, f, f)]}/{mark[_status(t, 'bfloat16', f)]}"
-
-
 def render_matrix(
     targets: Iterable[str | Target] | None = None, formats: Iterable[FormatLike] | None = None
 ) -> str:
-    """:func:`capability_matrix` as a plain-text table: targets as rows, formats as columns.
+    """:func:`capability_matrix` as plain text: formats as rows, targets as columns.
 
     A cell reads ``same/weight-only`` with ``N`` native and ``e`` emulated: ``e/N`` means
-    ``fmt x fmt`` is emulated but ``bfloat16 x fmt`` native. The last column is the
-    profile's source. A legend follows the table.
+    ``fmt x fmt`` is emulated but ``bfloat16 x fmt`` native. Columns carry the targets'
+    short names (``v5e``, ``sm90``); where all of them do not fit in
+    :data:`emulate.tables.WIDTH` characters, the TPUs and the other targets get separate
+    tables (:func:`emulate.tables.grid`). Lines under the tables name where each target's
+    native pairs come from: the recorded probe of the real TPU compiler, JAX's Pallas TPU
+    table, or emulate's builtin profiles. ``emulate targets`` prints this first.
+
+    Args:
+      targets, formats: as for :func:`capability_matrix`; repeats are dropped.
+
+    Returns:
+      The text, ending with a newline.
     """
     ts, fs = _targets_and_formats(targets, formats)
+    ts = list({t.name: t for t in ts}.values())
+    fs = list(dict.fromkeys(fs))
     mark = {"native": "N", "emulated": "e"}
-    rows = [
-        {
-            "target": t.name,
-            **{
-                tables.short_format(
-                    f
-                ): f"{mark[_status(t, f, f)]}/{mark[_status(t, 'bfloat16', f)]}"
-                for f in fs
-            },
-            "source": "compiler" if t.rules == "compiler" else t.source,
-        }
-        for t in ts
-    ]
-    lines = [tables.table(rows, rule=False)]
-    legend = [
-        "",
-        "cell: fmt x fmt / bfloat16 x fmt; N native, e emulated",
-        "columns drop the float8_/float6_/float4_ prefix of the format names",
-        "source: compiler = native pairs from the recorded probe of the real TPU compiler "
-        f"(libtpu {mosaic.recorded().libtpu}, compatibility mode off);",
-        "  jax = TPU row read from JAX's Pallas TPU table, builtin = emulate's own copy",
-    ]
-    return "\n".join(lines + legend) + "\n"
+    cells = {
+        (r.format, tables.short_target(r.target)): f"{mark[r.same_type]}/{mark[r.weight_only]}"
+        for r in capability_matrix(ts, fs)
+    }
+    columns = [(tables.short_target(t.name), "tpu" if t.kind == "tpu" else "other") for t in ts]
+    title = "Native operand pairs (N native, e emulated); cell: fmt x fmt / bfloat16 x fmt"
+    by_source: dict[str, list[str]] = {}
+    for t in ts:
+        key = "compiler" if t.rules == "compiler" else t.source
+        by_source.setdefault(key, []).append(tables.short_target(t.name))
+    lines = [tables.grid(title, fs, columns, cells), ""]
+    if "compiler" in by_source:
+        lines.append(
+            f"real TPU compiler (libtpu {mosaic.recorded().libtpu}, compat off): "
+            + ", ".join(by_source["compiler"])
+        )
+    if "jax" in by_source:
+        lines.append(f"read from JAX's Pallas TPU table: {', '.join(by_source['jax'])}")
+    if "builtin" in by_source:
+        lines.append(f"emulate's builtin profiles: {', '.join(by_source['builtin'])}")
+    return "\n".join(lines) + "\n"

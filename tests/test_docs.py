@@ -11,13 +11,20 @@ import re
 import subprocess
 import sys
 
-from emulate import cli, targets
+from emulate import cli, formats, targets
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 sys.path.insert(0, str(DOCS / "_ext"))
 
 import emulate_docs  # noqa: E402
+
+#: The rows of `emulate targets`' first table: the operand formats, float8_e8m0fnu left out.
+MATRIX_ROWS = [f for f in formats.LOW_PRECISION if f != "float8_e8m0fnu"] + [
+    "bfloat16",
+    "float32",
+    "float16",
+]
 
 
 def _text(page: pathlib.Path) -> str:
@@ -65,11 +72,17 @@ def _check_pages(site) -> None:
 
 def _check_capability_tables(site) -> None:
     text = _text(site / "targets.html")
-    matrix = targets.render_matrix()
-    (v4_row,) = [line for line in matrix.splitlines() if line.startswith("tpu_v4 ")]
-    # int8 x int8 and bf16 x int8 emulated: the compiler refuses both without compat mode
-    assert v4_row.split()[:5] == ["tpu_v4", "e/e", "e/e", "e/e", "e/e"]
-    assert v4_row in text
+    matrix = targets.render_matrix(["v4", "v5e"], ["int4", "uint4", "int8", "uint8"])
+    # int8 x int8 and bf16 x int8 emulated on v4: the compiler refuses both without compat
+    # mode; the integer pairs native on v5e, the unsigned ones nowhere
+    assert [line.split() for line in matrix.splitlines()[3:7]] == [
+        ["int4", "e/e", "N/e"],
+        ["uint4", "e/e", "e/e"],
+        ["int8", "e/e", "N/e"],
+        ["uint8", "e/e", "e/e"],
+    ]
+    full = targets.render_matrix(targets.names(), MATRIX_ROWS)
+    assert _stdout(["targets"]).startswith(full)  # the page's first table
     for line in _stdout(["targets"]).splitlines():
         assert line in text, line
     source = (DOCS / "targets.md").read_text()
@@ -105,7 +118,6 @@ def _check_tutorial(site) -> None:
 
 def _check_generated_files(tmp_path) -> None:
     assert (tmp_path / "targets.txt").read_text() == _stdout(["targets"])
-    assert (tmp_path / "matrix.txt").read_text() == targets.render_matrix()
     probe = (tmp_path / "mosaic.txt").read_text()
     assert probe.startswith("lhs x rhs ")
     rows = {line.split("  ")[0].strip(): line.split()[-7:] for line in probe.splitlines()[1:62]}
@@ -159,3 +171,27 @@ def test_toctree_completion_adds_a_new_page(tmp_path) -> None:
     other = ["# not the index\n"]
     emulate_docs._complete_toctree(App(), "quickstart", other)
     assert other == ["# not the index\n"]
+
+
+# --------------------------------------------------------------------------- README
+
+
+def _fenced(path: pathlib.Path, lang: str) -> list[str]:
+    """The bodies of the ```lang fenced blocks of a Markdown file."""
+    return re.findall(rf"^```{lang}\n(.*?)^```$", path.read_text(), flags=re.M | re.S)
+
+
+def test_readme_examples_run() -> None:
+    example, quantized = _fenced(ROOT / "README.md", "python")
+    ran = subprocess.run(
+        [sys.executable, "-c", quantized], capture_output=True, text=True, check=False, cwd=ROOT
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == f"{256 * 128 // 2 + 256 // 32 * 128} float32 (4, 128)\n"
+    ran = subprocess.run(
+        [sys.executable, "-c", example], capture_output=True, text=True, check=False, cwd=ROOT
+    )
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[0].startswith("float32 (8, 256) ")
+    assert lines[1] == "float4_e2m1fn x float4_e2m1fn -> float4_e2m1fn on tpu_v5e (mode 'fast')"

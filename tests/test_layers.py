@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.planning.exactness",
             "emulate.planning.slicing",
             "emulate.planning.plan",
+            "emulate.planning.matrix",
         ],
     ),
     (
@@ -71,8 +72,29 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     ("public API", ["emulate"]),
-    ("validation", ["emulate.testing", "emulate.validate"]),
-    ("command line", ["emulate.cli", "emulate.__main__"]),
+    (
+        "validation",
+        [
+            "emulate.testing.strategies",
+            "emulate.testing.comparison",
+            "emulate.testing.reproducers",
+            "emulate.testing",
+            "emulate.validate",
+        ],
+    ),
+    (
+        "command line",
+        [
+            "emulate.cli.args",
+            "emulate.cli.formats",
+            "emulate.cli.targets",
+            "emulate.cli.explain",
+            "emulate.cli.validate",
+            "emulate.cli.check_kernel",
+            "emulate.cli",
+            "emulate.__main__",
+        ],
+    ),
 ]
 
 #: Layers whose modules must not import JAX at all (pure Python and numpy).

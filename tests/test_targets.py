@@ -462,34 +462,48 @@ def test_capability_matrix_rows():
 def test_render_matrix():
     text = targets.render_matrix()
     lines = text.splitlines()
-    header = lines[0].split()
-    assert header[0] == "target" and header[-1] == "source"
-    assert header[1:-1] == [
-        "int4",
-        "uint4",
-        "int8",
-        "uint8",
-        "e4m3fn",
-        "e5m2",
-        "e4m3fnuz",
-        "e5m2fnuz",
-        "e4m3b11fnuz",
-        "e3m4",
-        "e2m3fn",
-        "e3m2fn",
-        "e2m1fn",
-        "e8m0fnu",
+    assert lines[0] == (
+        "Native operand pairs (N native, e emulated); cell: fmt x fmt / bfloat16 x fmt"
+    )
+    header = lines[1].split()
+    assert header[0] == "format"
+    assert header[1:] == [
+        "v2",
+        "v3",
+        "v4",
+        "v4i",
+        "v5e",
+        "v5p",
+        "v6e",
+        "v7",
+        "v7x",
+        "v8i",
+        "cpu",
+        "sm80",
+        "sm89",
+        "sm90",
+        "sm100",
     ]
-    rows = {line.split()[0]: line.split() for line in lines[1 : 1 + len(targets.names())]}
-    assert list(rows) == list(targets.names())
-    col = header.index("int8")
-    assert rows["tpu_v4"][col] == "e/e"
-    assert rows["tpu_v5e"][col] == "N/e"
-    assert rows["tpu_v5e"][-1] == "compiler"
-    assert rows["tpu_v7"][-1] == "jax"
-    assert "N native, e emulated" in text
-    small = targets.render_matrix(["v5e"], ["int4"])
-    assert small.splitlines()[:2] == ["target   int4  source", "tpu_v5e  N/e   compiler"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[3 : 3 + 14]}
+    assert list(rows) == list(formats.LOW_PRECISION)
+    col = header.index("v4") - 1
+    assert rows["int8"][col] == "e/e"
+    assert rows["int8"][header.index("v5e") - 1] == "N/e"
+    assert lines[3 + 14 :] == [
+        "",
+        "real TPU compiler (libtpu 0.0.42.1, compat off): v2, v3, v4, v5e, v5p, v6e, v7x",
+        "read from JAX's Pallas TPU table: v4i, v7, v8i",
+        "emulate's builtin profiles: cpu, sm80, sm89, sm90, sm100",
+    ]
+    assert max(map(len, lines)) <= 100 and text.endswith("\n")
+    small = targets.render_matrix(["v5e", "tpu_v5e"], ["int4", "s4"])
+    assert small.splitlines()[1:] == [
+        "format  v5e",
+        "------  ---",
+        "int4    N/e",
+        "",
+        "real TPU compiler (libtpu 0.0.42.1, compat off): v5e",
+    ]
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ On ``builder-inited`` it writes, under ``docs/_generated/`` (not in git):
 
 - ``targets.txt``: the output of ``python -m emulate targets`` (native pairs and the plan
   each format gets, per target), included by targets.md;
-- ``matrix.txt``: :func:`emulate.targets.render_matrix`, one row per target;
 - ``mosaic.txt``: :func:`emulate.mosaic.render`, the recorded probe of the real compiler;
 - ``validate.txt``: a short ``python -m emulate validate`` run, shown by quickstart.md;
 - ``cli.md``: the ``--help`` text of ``emulate`` and of every subcommand, included by
@@ -53,11 +52,10 @@ def _capture(argv: list[str]) -> str:
 
 def write_generated(out: pathlib.Path) -> None:
     """Write the generated files into ``out``."""
-    from emulate import cli, mosaic, targets
+    from emulate import cli, mosaic
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "targets.txt").write_text(_capture(["targets"]))
-    (out / "matrix.txt").write_text(targets.render_matrix())
     (out / "mosaic.txt").write_text(mosaic.render())
     validate = ["validate", "--target", "cpu", "tpu_v4", "--formats", "int4", "e4m3fn"]
     (out / "validate.txt").write_text(_capture([*validate, "--examples", "4"]))

@@ -1,0 +1,85 @@
+"""Building blocks for numeric-validation suites: hypothesis strategies and assertions.
+
+Strategies (``emulate.testing.strategies``)
+  :func:`formats`, :func:`codes`, :func:`arrays` and :func:`dot_general_problems` draw
+  low-precision formats, raw codes, arrays and whole ``dot_general`` problems (operands,
+  dimension numbers, result type). Every strategy draws raw codes, so each format's special
+  values (NaN, +-Inf, +-0, +-max, the smallest normal and subnormal values, +-1) are
+  boosted: they are drawn far more often than a uniform draw over codes would give them.
+
+Assertions (``emulate.testing.comparison``)
+  :func:`assert_matches_reference` checks a result against :mod:`emulate.reference` under
+  the numerics contract (bit for bit for the exact classes and mode "exact", within
+  :func:`emulate.bounds.dot_general_bound` for the other pairs in mode "fast"), and names
+  the first mismatching element, its value, the reference's and the exact sum.
+  :func:`compare` returns the same verdict as a :class:`Comparison`, with the largest
+  error in ulps of the result type.
+
+Helpers (``emulate.testing.reproducers``)
+  :func:`reproducer` writes a problem as a ready-to-run Python script;
+  :func:`representative_targets` picks one target per distinct plan, so that a suite
+  checks each program once.
+
+Every public name is re-exported here: ``emulate.testing.X`` is the name to use. This
+package needs ``hypothesis`` (a dependency of ``emulate``); ``import emulate`` alone does
+not import it.
+"""
+
+from __future__ import annotations
+
+from emulate.testing import strategies
+from emulate.testing.comparison import Comparison, Mismatch, assert_matches_reference, compare
+from emulate.testing.reproducers import plan_key, representative_targets, reproducer
+from emulate.testing.strategies import DimensionNumbers as DimensionNumbers
+from emulate.testing.strategies import (
+    DotProblem,
+    arrays,
+    codes,
+    dot_general_problems,
+    finite_codes,
+    formats,
+    result_types,
+    special_codes,
+)
+from emulate.testing.strategies import Layout as Layout
+
+# DimensionNumbers and Layout, the type aliases of the signatures, are re-exported (``X as
+# X``) for annotations, and left out of __all__.
+
+# The constants are bound here, not imported, so that their doc comments are this
+# module's: autodoc reads a constant's ``#:`` comment from the module it documents.
+
+#: The shapes and dimension numbers :func:`dot_general_problems` draws from by default: a
+#: fixed pool, so that compiled programs are reused across examples. K = 1, odd sizes,
+#: contracting dims first, two contracting dims in permuted order with a batch dim, a
+#: batch dim that is not first, no free dims, and K = 33.
+DEFAULT_LAYOUTS = strategies.DEFAULT_LAYOUTS
+
+#: K = 1100: with ``fill="extreme"`` operands, int8 x int8 sums pass 2**24, where a naive
+#: float32 running sum starts dropping odd units.
+LONG_K_LAYOUT = strategies.LONG_K_LAYOUT
+
+#: Values drawn for the wide float types (bfloat16, float16, float32) lie in
+#: ``[-WIDE_RANGE, WIDE_RANGE]``, plus the boosted special values.
+WIDE_RANGE = strategies.WIDE_RANGE
+
+__all__ = [
+    "DEFAULT_LAYOUTS",
+    "LONG_K_LAYOUT",
+    "WIDE_RANGE",
+    "Comparison",
+    "DotProblem",
+    "Mismatch",
+    "arrays",
+    "assert_matches_reference",
+    "codes",
+    "compare",
+    "dot_general_problems",
+    "finite_codes",
+    "formats",
+    "plan_key",
+    "representative_targets",
+    "reproducer",
+    "result_types",
+    "special_codes",
+]

@@ -1,0 +1,376 @@
+"""Checking a result against :mod:`emulate.reference` under the numerics contract.
+
+:func:`assert_matches_reference` checks a result bit for bit for the exact classes and mode
+"exact", and within :func:`emulate.bounds.dot_general_bound` for the other pairs in mode
+"fast"; it names the first mismatching element, its value, the reference's and the exact
+sum. :func:`compare` returns the same verdict as a :class:`Comparison`, with the largest
+error in ulps of the result type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from emulate import bounds, reference
+from emulate import formats as _formats
+from emulate.formats import Format, FormatLike
+from emulate.planning.exactness import exact_class
+from emulate.planning.plan import MODES
+
+__all__ = ["Comparison", "Mismatch", "assert_matches_reference", "check_mode", "compare"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mismatch:
+    """The first element of a result outside the contract.
+
+    Attributes:
+      index: its index in the result.
+      got: the result's value there (a Python int or float).
+      want: the reference's value (:func:`emulate.reference.dot_general`: the exact sum
+        rounded once).
+      exact: the exact sum, a :class:`fractions.Fraction` (or a float NaN / +-Inf where
+        IEEE rules give one).
+      allowed: for bounded pairs, the interval ``(lo, hi)`` the contract allows: the
+        roundings of ``exact - bound`` and ``exact + bound`` into the result type.
+      bound: for bounded pairs, :func:`emulate.bounds.dot_general_bound` there.
+    """
+
+    index: tuple[int, ...]
+    got: Any
+    want: Any
+    exact: Any
+    allowed: tuple[float, float] | None = None
+    bound: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """The verdict of :func:`compare`.
+
+    Attributes:
+      lhs, rhs, out: the operand and result format names.
+      mode: "fast" or "exact".
+      contract: "exact" (bit for bit with the reference; NaN matches NaN and the sign of
+        a zero is ignored) or "bounded" (within the bound of mode "fast").
+      size: the number of result elements.
+      mismatches: how many elements break the contract (all of them, ``size``, when the
+        result has the wrong dtype or shape).
+      max_ulps: the largest distance between the result and the reference, in ulps of
+        the result type (steps between neighbouring values; for integers, units); ``inf``
+        where one is NaN and the other is not. 0 when bit for bit.
+      worst_ratio: bounded pairs: over the finite elements, the largest ratio of the
+        smallest bound that admits the element (``r`` between the roundings of
+        ``exact - B`` and ``exact + B`` into the result type) to the contract's bound: 0
+        where ``r`` is the correctly rounded exact value, at most 1 within the contract;
+        None for the exact contract.
+      first: the first mismatching element, or None.
+      problem: a dtype or shape disagreement, or None.
+    """
+
+    lhs: str
+    rhs: str
+    out: str
+    mode: str
+    contract: str
+    size: int
+    mismatches: int
+    max_ulps: float
+    worst_ratio: float | None
+    first: Mismatch | None = None
+    problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatches == 0 and self.problem is None
+
+    def report(self) -> str:
+        """A few lines that say what differs, or that nothing does."""
+        words = {
+            "exact": "bit for bit with the reference",
+            "bounded": "within emulate.bounds.dot_general_bound",
+        }[self.contract]
+        what = f"{self.lhs} x {self.rhs} -> {self.out}, mode {self.mode!r}, contract: {words}"
+        if self.problem is not None:
+            return f"{self.problem} ({what})"
+        if self.ok:
+            return f"result matches emulate.reference in all {self.size} elements ({what})"
+        lines = [
+            f"result differs from emulate.reference in {self.mismatches} of {self.size} "
+            f"elements ({what})"
+        ]
+        m = self.first
+        if m is not None:
+            lines.append(
+                f"first mismatch at index {m.index}: got {m.got!r}, want {m.want!r}; "
+                f"exact value {_exact_words(m.exact)}"
+            )
+            if m.allowed is not None:
+                lines.append(f"allowed: [{m.allowed[0]!r}, {m.allowed[1]!r}] (bound {m.bound!r})")
+        ulps = _ulps_words(self.max_ulps)
+        lines.append(f"max error: {ulps} {'ulp' if ulps == '1' else 'ulps'} of {self.out}")
+        return "\n".join(lines)
+
+
+def _exact_words(e: Fraction | float) -> str:
+    if isinstance(e, Fraction):
+        return f"Fraction({e.numerator}, {e.denominator}) = {float(e)!r}"
+    return repr(float(e))
+
+
+def _ulps_words(u: float) -> str:
+    if math.isinf(u):
+        return "inf"
+    return f"{u:.0f}" if u == int(u) else f"{u:g}"
+
+
+def check_mode(mode: str) -> str:
+    """``mode`` if it is "fast" or "exact": the ``mode`` argument of :func:`compare` and
+    :func:`emulate.testing.reproducer`, which name no default.
+
+    Raises:
+      ValueError: any other value, None included.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(map(repr, MODES))}, got {mode!r}")
+    return mode
+
+
+def compare(
+    result: npt.ArrayLike,
+    lhs: npt.ArrayLike,
+    rhs: npt.ArrayLike,
+    dimension_numbers: Sequence[Sequence[Sequence[int]]],
+    *,
+    mode: str,
+    preferred_element_type: FormatLike | None = None,
+) -> Comparison:
+    """Compare ``result`` of a ``dot_general(lhs, rhs, ...)`` with :mod:`emulate.reference`.
+
+    Args:
+      result: the result to check (a jax or numpy array).
+      lhs, rhs: the operands, as arrays of their formats' dtypes (numpy or jax; float6 as
+        numpy arrays).
+      dimension_numbers, preferred_element_type: as passed to ``dot_general``.
+      mode: the mode the result was computed in, "fast" or "exact".
+
+    The contract: bit for bit with :func:`emulate.reference.dot_general` in mode "exact"
+    and for exact-class pairs (:func:`emulate.plan.exact_class`); otherwise within
+    :func:`emulate.bounds.dot_general_bound` (see :class:`Comparison`).
+
+    Raises:
+      ValueError: an unknown ``mode``, or operands the reference rejects.
+    """
+    check_mode(mode)
+    got = np.asarray(result)
+    a, b = np.asarray(lhs), np.asarray(rhs)
+    lf, rf = _formats.get(a.dtype), _formats.get(b.dtype)
+    contract = "exact" if mode == "exact" or exact_class(lf, rf) else "bounded"
+    want = reference.dot_general(a, b, dimension_numbers, preferred_element_type)
+    out = _formats.get(want.dtype)
+    base: dict[str, Any] = dict(
+        lhs=lf.name, rhs=rf.name, out=out.name, mode=mode, contract=contract
+    )
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return Comparison(
+            **base,
+            size=want.size,
+            mismatches=want.size,
+            max_ulps=math.inf,
+            worst_ratio=None,
+            problem=(
+                f"result has dtype {got.dtype.name} and shape {got.shape}; the reference has "
+                f"dtype {want.dtype.name} and shape {want.shape}"
+            ),
+        )
+    ulps = _ulps(got, want, out)
+    max_ulps = float(ulps.max(initial=0.0))
+    exact = None
+    if contract == "exact":
+        bad = ~_same(got, want)
+        ratio = None
+        allowed = bnd = None
+    else:
+        exact = reference.exact_dot_general(a, b, dimension_numbers)
+        bnd = bounds.dot_general_bound(a, b, dimension_numbers)
+        flushed = _flushed_nan(a, b, dimension_numbers)
+        bad, ratios, allowed = _within(got, exact, bnd, out, flushed)
+        ratio = float(max(ratios, default=0.0))
+        # A NaN that the flushing rule allows is not an error of any number of ulps.
+        waived = flushed & np.isnan(got.astype(np.float64)) & ~bad
+        max_ulps = float(np.where(waived, 0.0, ulps).max(initial=0.0))
+    first = None
+    if bad.any():
+        flat = int(np.flatnonzero(bad.reshape(-1))[0])
+        idx = tuple(int(i) for i in np.unravel_index(flat, got.shape))
+        if exact is None:
+            exact = reference.exact_dot_general(a, b, dimension_numbers)
+        first = Mismatch(
+            index=idx,
+            got=_py(got.reshape(-1)[flat]),
+            want=_py(want.reshape(-1)[flat]),
+            exact=np.asarray(exact, dtype=object).reshape(-1)[flat],
+            allowed=None if allowed is None else allowed[flat],
+            bound=None if bnd is None else float(bnd.reshape(-1)[flat]),
+        )
+    return Comparison(
+        **base,
+        size=want.size,
+        mismatches=int(bad.sum()),
+        max_ulps=max_ulps,
+        worst_ratio=ratio,
+        first=first,
+    )
+
+
+def assert_matches_reference(
+    result: npt.ArrayLike,
+    lhs: npt.ArrayLike,
+    rhs: npt.ArrayLike,
+    dimension_numbers: Sequence[Sequence[Sequence[int]]],
+    *,
+    mode: str,
+    preferred_element_type: FormatLike | None = None,
+) -> None:
+    """Assert that ``result`` keeps the numerics contract against :mod:`emulate.reference`.
+
+    Bit for bit (NaN matches NaN; the sign of a zero result is not part of the contract)
+    for exact-class pairs and in mode "exact"; within
+    :func:`emulate.bounds.dot_general_bound` for the other pairs in mode "fast". The
+    result's dtype and shape must be the reference's.
+
+    Raises:
+      AssertionError: with :meth:`Comparison.report`: the first mismatching element's
+        index, the value got, the value wanted, the exact sum as a Fraction and, for
+        bounded pairs, the allowed interval.
+    """
+    c = compare(
+        result,
+        lhs,
+        rhs,
+        dimension_numbers,
+        mode=mode,
+        preferred_element_type=preferred_element_type,
+    )
+    if not c.ok:
+        raise AssertionError(c.report())
+
+
+def _py(v: Any) -> Any:
+    return int(v) if np.asarray(v).dtype.kind in "iu" else float(v)
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Element-wise: equal integers, or equal floats (+0 == -0), or both NaN."""
+    if got.dtype.kind in "iu":
+        return got == want
+    g = got.astype(np.float64)
+    w = want.astype(np.float64)
+    return (np.isnan(g) & np.isnan(w)) | (g == w)
+
+
+def _ordinal(x: np.ndarray, f: Format) -> np.ndarray:
+    """Float codes mapped to integers that count representable values (-0 and +0 both 0)."""
+    raw = x.view(np.dtype(f"u{x.dtype.itemsize}")).astype(np.int64) & f.code_mask
+    sign = 1 << (f.bits - 1)
+    mag = raw & (sign - 1)
+    return np.where(raw & sign, -mag, mag)
+
+
+def _ulps(got: np.ndarray, want: np.ndarray, f: Format) -> np.ndarray:
+    if f.is_integer:
+        return np.abs(got.astype(np.int64) - want.astype(np.int64)).astype(np.float64)
+    gn, wn = np.isnan(got.astype(np.float64)), np.isnan(want.astype(np.float64))
+    dist = np.abs(_ordinal(got, f) - _ordinal(want, f)).astype(np.float64)
+    return np.where(gn & wn, 0.0, np.where(gn | wn, math.inf, dist))
+
+
+def _dyadic(x: Fraction) -> tuple[int, int]:
+    """``numerator * 2**exponent`` for a fraction whose denominator is a power of two."""
+    den = x.denominator
+    assert den & (den - 1) == 0, x
+    return x.numerator, -(den.bit_length() - 1)
+
+
+def _from_ordinal(o: int, f: Format, dtype: np.dtype) -> float:
+    """The value whose :func:`_ordinal` is ``o`` (NaN past the format's codes)."""
+    sign = 1 << (f.bits - 1)
+    mag = abs(o)
+    if mag >= sign:
+        return math.nan
+    code = mag | (sign if o < 0 else 0)
+    uint = np.dtype(f"u{dtype.itemsize}")
+    return float(np.asarray(code, uint).reshape(1).view(dtype).astype(np.float64)[0])
+
+
+def _needed_bound(v: npt.ArrayLike, e: Fraction, f: Format) -> Fraction:
+    """The smallest bound ``B`` with ``v`` between the roundings of ``e - B`` and ``e + B``.
+
+    ``v`` is a finite value of format ``f``; the values that round to it reach halfway to
+    its neighbours (ties ignored), so ``B`` is the distance from ``e`` to the near end of
+    that interval, 0 when ``v`` is the rounding of ``e`` itself.
+    """
+    x = np.asarray(v)
+    value = Fraction(float(x))
+    if value == e:
+        return Fraction(0)
+    o = int(_ordinal(x.reshape(1), f)[0])
+    step = -1 if value > e else 1
+    neighbour = _from_ordinal(o + step, f, x.dtype)
+    if not math.isfinite(neighbour):  # past max: mirror the neighbour on the other side
+        neighbour = 2 * float(value) - _from_ordinal(o - step, f, x.dtype)
+    edge = (value + Fraction(neighbour)) / 2
+    return max(Fraction(0), edge - e if value > e else e - edge)
+
+
+def _flushed_nan(
+    a: np.ndarray, b: np.ndarray, dimension_numbers: Sequence[Sequence[Sequence[int]]]
+) -> np.ndarray:
+    """Where the sum is NaN once operands below 2**-126 read as zero, as a flushing backend
+    (XLA on the CPU and the TPU) reads them: a subnormal f32 or bf16 operand times Inf."""
+    subs = bounds.einsum_subscripts(a.ndim, b.ndim, dimension_numbers)
+    with np.errstate(invalid="ignore", over="ignore"):
+        va, vb = (np.asarray(v).astype(np.float64) for v in (a, b))
+        va, vb = (np.where(np.abs(v) < bounds.F32_MIN_NORMAL, 0.0, v) for v in (va, vb))
+        return np.isnan(np.einsum(subs, va, vb))
+
+
+def _within(
+    got: np.ndarray, exact: np.ndarray, bnd: np.ndarray, f: Format, flushed_nan: np.ndarray
+) -> tuple[np.ndarray, list[float], list[tuple[float, float] | None]]:
+    """Per element: outside [round(exact - bound), round(exact + bound)]? and the ratios.
+    Where the exact sum is +-Inf and ``flushed_nan`` holds, NaN is allowed too."""
+    g = got.astype(np.float64).reshape(-1)
+    nan_ok = flushed_nan.reshape(-1)
+    bad = np.zeros(g.shape, bool)
+    ratios: list[float] = []
+    allowed: list[tuple[float, float] | None] = []
+    for i, (e, bd, v) in enumerate(
+        zip(np.asarray(exact, dtype=object).reshape(-1), bnd.reshape(-1), g, strict=True)
+    ):
+        if not isinstance(e, Fraction):  # NaN / Inf follow IEEE: compare as they are
+            bad[i] = not (np.isnan(e) and np.isnan(v) or e == v or nan_ok[i] and np.isnan(v))
+            allowed.append(None)
+            continue
+        if not np.isfinite(bd):
+            allowed.append((-math.inf, math.inf))
+            continue
+        lo = reference.round_exact(*_dyadic(e - Fraction(bd)), f)
+        hi = reference.round_exact(*_dyadic(e + Fraction(bd)), f)
+        allowed.append((lo, hi))
+        if not np.isfinite(v):
+            # Past the format's range the rounding overflows to Inf or (fn/fnuz) NaN.
+            bad[i] = np.isfinite(lo) and np.isfinite(hi)
+            continue
+        lo_ok = lo if np.isfinite(lo) else -math.inf
+        hi_ok = hi if np.isfinite(hi) else math.inf
+        bad[i] = not lo_ok <= v <= hi_ok
+        ratios.append(float(_needed_bound(got.reshape(-1)[i], e, f) / Fraction(bd)))
+    return bad.reshape(got.shape), ratios, allowed

@@ -1,0 +1,264 @@
+"""Hypothesis strategies for low-precision matmul problems.
+
+:func:`formats`, :func:`codes`, :func:`arrays` and :func:`dot_general_problems` draw
+low-precision formats, raw codes, arrays and whole ``dot_general`` problems (operands,
+dimension numbers, result type). Every strategy draws raw codes, so each format's special
+values (NaN, +-Inf, +-0, +-max, the smallest normal and subnormal values, +-1) are boosted:
+they are drawn far more often than a uniform draw over codes would give them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
+
+import hypothesis.extra.numpy as hnp
+import numpy as np
+from hypothesis import strategies as st
+
+from emulate import formats as _formats
+from emulate.formats import Format, FormatLike
+
+__all__ = [
+    "DEFAULT_LAYOUTS",
+    "LONG_K_LAYOUT",
+    "WIDE_RANGE",
+    "DimensionNumbers",
+    "DotProblem",
+    "Layout",
+    "arrays",
+    "codes",
+    "dot_general_problems",
+    "finite_codes",
+    "formats",
+    "result_types",
+    "special_codes",
+]
+
+_Axes = tuple[int, ...]
+DimensionNumbers = tuple[tuple[_Axes, _Axes], tuple[_Axes, _Axes]]
+Layout = tuple[tuple[int, ...], tuple[int, ...], DimensionNumbers]
+
+_MATMUL: DimensionNumbers = (((1,), (0,)), ((), ()))
+
+# The three constants below are documented where emulate.testing re-exports them.
+DEFAULT_LAYOUTS: tuple[Layout, ...] = (
+    ((3, 1), (1, 2), _MATMUL),
+    ((2, 5), (5, 3), _MATMUL),
+    ((5, 2), (3, 5), (((0,), (1,)), ((), ()))),
+    ((2, 3, 4), (4, 2, 3), (((1, 2), (2, 0)), ((0,), (1,)))),
+    ((4, 2, 3), (3, 2, 4), (((0,), (2,)), ((1,), (1,)))),
+    ((7,), (7,), (((0,), (0,)), ((), ()))),
+    ((2, 33), (33, 2), _MATMUL),
+)
+
+LONG_K_LAYOUT: Layout = ((1, 1100), (1100, 2), _MATMUL)
+
+WIDE_RANGE = 2.0**14
+
+_ELEMENTS = ("all", "finite", "normal")
+
+
+def _all_codes(f: Format) -> np.ndarray:
+    return np.arange(1 << f.bits, dtype=np.uint64)
+
+
+def finite_codes(fmt: FormatLike) -> list[int]:
+    """Every code of the low-precision format ``fmt`` whose value is finite."""
+    f = _formats.get(fmt)
+    bad = set(f.nan_codes) | set(f.inf_codes)
+    return [int(c) for c in _all_codes(f) if int(c) not in bad]
+
+
+def special_codes(fmt: FormatLike, *, finite: bool = False) -> list[int]:
+    """Codes of the edge values: zeros, +-max, +-min normal, +-min subnormal, +-1, NaN, Inf.
+
+    Empty for formats wider than 8 bits. With ``finite``, NaN and Inf codes are left out.
+    """
+    f = _formats.get(fmt)
+    if f.bits > 8:
+        return []
+    values = np.array(
+        [0.0, -0.0, f.max, f.min, f.min_normal, -f.min_normal, f.min_subnormal, -f.min_subnormal]
+        + [1.0, -1.0],
+        np.float64,
+    )
+    with np.errstate(invalid="ignore", over="ignore"):
+        enc = values.astype(f.dtype).view(np.uint8)
+    out = sorted({int(c) & f.code_mask for c in enc})
+    if not finite:
+        out += list(f.nan_codes) + list(f.inf_codes)
+    keep = set(finite_codes(f)) if finite else set(range(1 << f.bits))
+    return sorted(set(c for c in out if c in keep))
+
+
+def _check_elements(elements: str) -> None:
+    if elements not in _ELEMENTS:
+        raise ValueError(f"elements: expected 'all', 'finite' or 'normal', got {elements!r}")
+
+
+def codes(fmt: FormatLike, *, elements: str = "all") -> st.SearchStrategy[int]:
+    """One code of ``fmt``: ``elements`` is "all", "finite" or "normal" (no subnormals, no zero).
+
+    Half of the draws come from :func:`special_codes`, half from all the allowed codes.
+    """
+    f = _formats.get(fmt)
+    _check_elements(elements)
+    pool = list(range(1 << f.bits)) if elements == "all" else finite_codes(f)
+    if elements == "normal" and f.is_float:
+        vals = np.array(pool, np.uint8).view(f.dtype).astype(np.float64)
+        pool = [c for c, v in zip(pool, vals) if abs(v) >= f.min_normal]
+    specials = [c for c in special_codes(f, finite=elements != "all") if c in set(pool)]
+    return st.one_of(st.sampled_from(specials or pool), st.sampled_from(pool))
+
+
+def _extreme_codes(f: Format) -> list[int]:
+    """Codes of the largest-magnitude finite values (``max`` and, if as large, ``min``)."""
+    big = max(abs(f.max), abs(f.min))
+    values = np.array([v for v in (f.max, f.min) if abs(v) == big], np.float64)
+    return sorted({int(c) & f.code_mask for c in values.astype(f.dtype).view(np.uint8)})
+
+
+def _wide_values(f: Format, elements: str) -> st.SearchStrategy[float]:
+    """Values of a wide float type, specials boosted (as Python floats, exact in ``f``)."""
+    tiny = float(np.finfo(f.dtype).smallest_subnormal)
+    normal = float(np.finfo(f.dtype).smallest_normal)
+    specials = [1.0, -1.0, normal, -normal, WIDE_RANGE, -WIDE_RANGE]
+    if elements != "normal":
+        specials += [0.0, -0.0, tiny, -tiny]
+    if elements == "all":
+        specials += [math.inf, -math.inf, math.nan]
+    width: Literal[16, 32] = 16 if f.name == "float16" else 32
+    spread = st.floats(-WIDE_RANGE, WIDE_RANGE, width=width, allow_subnormal=False)
+    if elements == "normal":
+        spread = spread.filter(lambda v: abs(v) >= 2.0**-14)  # normal in float16 too
+    return st.one_of(st.sampled_from(specials), spread)
+
+
+def arrays(
+    fmt: FormatLike,
+    shape: tuple[int, ...] | st.SearchStrategy[tuple[int, ...]],
+    *,
+    elements: str = "all",
+    fill: str | None = None,
+) -> st.SearchStrategy[np.ndarray]:
+    """A numpy array of ``fmt``'s dtype (ml_dtypes), ``shape`` an int tuple or a strategy.
+
+    Args:
+      fmt: a low-precision format, or a wide float type (bfloat16, float16, float32),
+        whose values are drawn in ``[-WIDE_RANGE, WIDE_RANGE]`` with 0, +-1, the smallest
+        normal and subnormal values (flushed by XLA on CPU and TPU) and Inf/NaN boosted.
+      shape: the array shape, or a strategy of shapes.
+      elements: "all" (NaN and Inf included), "finite", or "normal" (no zero, no
+        subnormals).
+      fill: None (hypothesis' default: large arrays are one drawn background value with a
+        sparse few elements drawn apart), or "extreme": the background is a
+        largest-magnitude finite value (``max`` or ``min``; ``+-WIDE_RANGE`` for the wide
+        types), so long contractions have sums that outgrow a naive float32 accumulator.
+
+    Raises:
+      ValueError: an unknown ``elements`` or ``fill``, or a format these strategies do not
+        draw (int32).
+    """
+    f = _formats.get(fmt)
+    _check_elements(elements)
+    if fill not in (None, "extreme"):
+        raise ValueError(f"fill: expected None or 'extreme', got {fill!r}")
+    if f.name in _formats.WIDE_FLOATS:
+        values = _wide_values(f, elements)
+        background = None
+        if fill == "extreme":
+            background = st.sampled_from([WIDE_RANGE, -WIDE_RANGE])
+        raw = hnp.arrays(np.float64, shape, elements=values, fill=background)
+        return raw.map(lambda a: a.astype(f.dtype))
+    if f.bits > 8:
+        raise ValueError(
+            f"fmt: arrays draws the low-precision formats and {', '.join(_formats.WIDE_FLOATS)}, "
+            f"got {f.name}"
+        )
+    background = st.sampled_from(_extreme_codes(f)) if fill == "extreme" else None
+    raw = hnp.arrays(np.uint8, shape, elements=codes(f, elements=elements), fill=background)
+    return raw.map(lambda a: a.view(f.dtype))
+
+
+def formats(*, include_scale: bool = False) -> st.SearchStrategy[Format]:
+    """A low-precision :class:`emulate.Format` (float8_e8m0fnu only with ``include_scale``)."""
+    names = _formats.LOW_PRECISION if include_scale else _formats.LOW_PRECISION_OPERANDS
+    return st.sampled_from([_formats.get(n) for n in names])
+
+
+def result_types(lhs: FormatLike, rhs: FormatLike) -> list[str | None]:
+    """The ``preferred_element_type`` values worth checking for an operand pair.
+
+    Integer pairs: None (the sum wraps into the operand type), int32, float32 and bfloat16
+    (the exact sum rounded once). Other pairs: None where the result type
+    ``lax.dot_general`` gives is one XLA can hold and JAX accepts, then float32 and
+    bfloat16.
+    """
+    a, b = _formats.get(lhs), _formats.get(rhs)
+    if a.is_integer and b.is_integer:
+        return [None, "int32", "float32", "bfloat16"]
+    try:
+        storable = _formats.dot_result(a, b).xla_storable
+    except TypeError:
+        storable = False
+    return ([None] if storable else []) + ["float32", "bfloat16"]
+
+
+class DotProblem(NamedTuple):
+    """One ``dot_general`` call: ``lhs, rhs, dimension_numbers, preferred_element_type``.
+
+    ``preferred_element_type`` is a format name (``"float32"``) or None.
+    """
+
+    lhs: np.ndarray
+    rhs: np.ndarray
+    dimension_numbers: DimensionNumbers
+    preferred_element_type: str | None
+
+
+def dot_general_problems(
+    lhs_fmt: FormatLike | None = None,
+    rhs_fmt: FormatLike | None = None,
+    *,
+    layouts: Sequence[Layout] | st.SearchStrategy[Layout] | None = None,
+    preferred_element_types: Sequence[FormatLike | None] | None = None,
+    elements: str = "all",
+    fill: str | None = None,
+) -> st.SearchStrategy[DotProblem]:
+    """A :class:`DotProblem`: operands of two formats, dimension numbers and a result type.
+
+    Args:
+      lhs_fmt, rhs_fmt: operand formats (names, dtypes or Formats; low-precision or
+        bfloat16/float16/float32). None draws one from :func:`formats`.
+      layouts: ``(lhs_shape, rhs_shape, dimension_numbers)`` triples to draw from, or a
+        strategy of them; default :data:`DEFAULT_LAYOUTS`. A fixed pool keeps the number
+        of compiled programs small.
+      preferred_element_types: the result types to draw from (None among them for lax's
+        own rule); default :func:`result_types` of the pair.
+      elements, fill: as for :func:`arrays`.
+
+    The drawn problem unpacks as ``lhs, rhs, dimension_numbers, preferred_element_type``.
+    """
+    _check_elements(elements)
+    if layouts is None:
+        layouts = DEFAULT_LAYOUTS
+    layout_st = layouts if isinstance(layouts, st.SearchStrategy) else st.sampled_from(layouts)
+    fixed = [None if f is None else _formats.get(f) for f in (lhs_fmt, rhs_fmt)]
+
+    @st.composite
+    def problem(draw: st.DrawFn) -> DotProblem:
+        lf = fixed[0] if fixed[0] is not None else draw(formats(), label="lhs format")
+        rf = fixed[1] if fixed[1] is not None else draw(formats(), label="rhs format")
+        pets = preferred_element_types
+        if pets is None:
+            pets = result_types(lf, rf)
+        pet = draw(st.sampled_from(list(pets)), label="preferred_element_type")
+        pet = None if pet is None else _formats.get(pet).name
+        lshape, rshape, dn = draw(layout_st, label="layout")
+        lhs = draw(arrays(lf, lshape, elements=elements, fill=fill), label="lhs")
+        rhs = draw(arrays(rf, rshape, elements=elements, fill=fill), label="rhs")
+        return DotProblem(lhs, rhs, dn, pet)
+
+    return problem()

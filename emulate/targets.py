@@ -156,15 +156,21 @@ class Target:
 
         The recorded probe of the real compiler answers where it has the case
         (:func:`emulate.mosaic.verdict`). Elsewhere (a TPU generation or a case it did not
-        probe, and every CPU and GPU profile) the profile's table answers: whether the pair
-        is native (:meth:`supports`), whatever ``acc`` and ``compat``.
-        :func:`emulate.compiler.compiles` asks the real compiler instead.
+        probe, and every CPU and GPU profile) the profile's table answers: the pair must be
+        native (:meth:`supports`), whatever ``acc``; on a TPU with ``compat`` off its two
+        operands must also have one type (Mosaic refuses mixed element types without
+        compatibility mode on every probed generation). What compatibility mode would
+        convert there is not guessed. :func:`emulate.compiler.compiles` asks the real
+        compiler instead.
 
         Raises:
           ValueError, TypeError: an operand or accumulator that is not a format.
         """
         found = mosaic.verdict(self.name, lhs, rhs, acc=acc, compat=compat)
-        return found.ok if found is not None else self.supports(lhs, rhs)
+        if found is not None:
+            return found.ok
+        mixed = _formats.get(lhs) != _formats.get(rhs)
+        return self.supports(lhs, rhs) and not (self.kind == "tpu" and mixed and not compat)
 
     def rate(self, compute: str) -> float:
         """The matrix-unit rate (ops/s) for ``compute`` operands: "int8", "int4", "fp8",

@@ -12,6 +12,11 @@ A pair is *native* on a generation when it compiles with compatibility mode off 
 natural accumulator (:func:`natural_accumulator`): Mosaic converted nothing. A pair that
 compiles only with compatibility mode on was converted by the compiler (int8 to bf16 with
 an f32 sum on a TPU v7x, say), which a polyfill must not rely on.
+
+:func:`verdict` is the one reading of a recorded verdict: ``lhs x rhs`` accumulating in
+``acc`` on a target, compat on or off. :meth:`emulate.targets.Target.compiles` answers the
+same question for any target (from these records where they have the case, else from the
+profile's table), and :func:`emulate.compiler.compiles` asks the real compiler.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ __all__ = [
     "natural_accumulator",
     "recorded",
     "render",
+    "verdict",
 ]
 
 #: The recorded probe shipped with the package.
@@ -79,6 +85,24 @@ class ProbeCase:
     acc: str
     compat: bool
 
+    @classmethod
+    def of(
+        cls,
+        target: str,
+        lhs: formats.FormatLike,
+        rhs: formats.FormatLike,
+        *,
+        acc: formats.FormatLike | None = None,
+        compat: bool = False,
+    ) -> ProbeCase:
+        """The case for formats given as names, aliases or dtypes; ``acc`` defaults to
+        :func:`natural_accumulator`. ValueError or TypeError (naming ``lhs``, ``rhs`` or
+        ``acc``) for one that is not a format."""
+        lhs_name, rhs_name = _format_name("lhs", lhs), _format_name("rhs", rhs)
+        natural = natural_accumulator(lhs_name, rhs_name)
+        acc_name = natural if acc is None else _format_name("acc", acc)
+        return cls(target, lhs_name, rhs_name, acc_name, bool(compat))
+
 
 @dataclasses.dataclass(frozen=True)
 class ProbeRow:
@@ -112,9 +136,10 @@ class Probe:
 
     def lookup(self, case: ProbeCase) -> Verdict:
         """The verdict of ``case``; KeyError if it was not probed."""
-        return self._index()[case]
+        return self.verdicts()[case]
 
-    def _index(self) -> dict[ProbeCase, Verdict]:
+    def verdicts(self) -> Mapping[ProbeCase, Verdict]:
+        """Every probed case and its verdict (built once per probe, then cached)."""
         index: dict[ProbeCase, Verdict] | None = self.__dict__.get("_index_cache")
         if index is None:
             index = {r.case: r.verdict for r in self.rows}
@@ -205,15 +230,51 @@ def recorded() -> Probe:
     return Probe.from_json(PROBE_PATH.read_text(encoding="utf-8"))
 
 
+def _format_name(arg: str, fmt: formats.FormatLike) -> str:
+    try:
+        return formats.get(fmt).name
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        # formats.get names its argument "fmt"; name the caller's instead, once.
+        raise type(e)(f"{arg}: {message.removeprefix('fmt: ')}") from e
+
+
+def verdict(
+    target: str,
+    lhs: formats.FormatLike,
+    rhs: formats.FormatLike,
+    *,
+    acc: formats.FormatLike | None = None,
+    compat: bool = False,
+    probe: Probe | None = None,
+) -> Verdict | None:
+    """The recorded verdict for ``lhs x rhs`` accumulating in ``acc`` on ``target``, with
+    Mosaic's compatibility mode ``compat``; None where the probe has no such case (a target
+    it did not probe, a pair or accumulator outside
+    :func:`emulate.compiler.probe_cases`).
+
+    Args:
+      target: a canonical TPU target name (``"tpu_v5e"``; :meth:`Target.compiles
+        <emulate.targets.Target.compiles>` takes aliases and Targets).
+      lhs, rhs: formats as names, aliases or dtypes.
+      acc: the accumulator format; default :func:`natural_accumulator`.
+      compat: the compatibility-mode setting; default off (what a native pair needs).
+      probe: read this probe instead of :func:`recorded`.
+
+    Raises:
+      ValueError, TypeError: an operand or accumulator that is not a format (the message
+        names ``lhs``, ``rhs`` or ``acc``).
+    """
+    case = ProbeCase.of(target, lhs, rhs, acc=acc, compat=compat)
+    return (probe or recorded()).verdicts().get(case)
+
+
 def _pairs(target: str, probe: Probe | None, compat: bool) -> frozenset[tuple[str, str]]:
+    """The probed pairs of ``target`` that compile at their natural accumulator."""
     data = probe or recorded()
+    pairs = {(r.case.lhs, r.case.rhs) for r in data.rows if r.case.target == target}
     return frozenset(
-        (r.case.lhs, r.case.rhs)
-        for r in data.rows
-        if r.case.target == target
-        and r.case.compat == compat
-        and r.case.acc == natural_accumulator(r.case.lhs, r.case.rhs)
-        and r.verdict.ok
+        p for p in pairs if (v := verdict(target, *p, compat=compat, probe=data)) and v.ok
     )
 
 

@@ -21,7 +21,17 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("records", ["emulate.formats", "emulate.tables", "emulate.mosaic"]),
     (
         "profiles, oracle, bounds",
-        ["emulate.targets", "emulate.compiler", "emulate.reference", "emulate.bounds"],
+        [
+            "emulate.profiles",
+            "emulate.targets",
+            "emulate.compiler.devices",
+            "emulate.compiler.isolate",
+            "emulate.compiler.compiling",
+            "emulate.compiler.probing",
+            "emulate.compiler",
+            "emulate.reference",
+            "emulate.bounds",
+        ],
     ),
     (
         "planning",
@@ -67,6 +77,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.pallas.route",
             "emulate.pallas.kernel_dot",
             "emulate.pallas.matmul_kernel",
+            "emulate.pallas.sites",
+            "emulate.pallas.findings",
             "emulate.pallas.mosaic_check",
             "emulate.pallas",
         ],

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from emulate import formats, targets
+from emulate import formats, profiles, targets
 
 TPUS = [t.name for t in targets.all_targets() if t.kind == "tpu"]
 #: The generations libtpu 0.0.42.1 offers compile-only devices for (design.md).
@@ -169,8 +169,8 @@ def test_tpu_rows_come_from_jax():
 def test_builtin_copy_agrees_with_jax(name):
     from jax.experimental.pallas import tpu as pltpu
 
-    builtin = {t.name: t for t in targets._BUILTIN}[name]
-    chip = pltpu.ChipVersion(targets._JAX_CHIP[name])
+    builtin = targets.Target(**{t.name: t for t in profiles.BUILTIN}[name]._asdict())
+    chip = pltpu.ChipVersion(profiles.JAX_CHIP[name])
     info = pltpu.get_tpu_info_for_chip(chip, 1)
     for a, b in itertools.product(formats.names(), repeat=2):
         want = info.is_matmul_supported(formats.get(a).dtype, formats.get(b).dtype)
@@ -195,16 +195,17 @@ def test_builtin_copy_agrees_with_jax(name):
 def test_every_jax_chip_has_a_profile():
     from jax.experimental.pallas import tpu as pltpu
 
-    assert {c.value for c in pltpu.ChipVersion} == set(targets._JAX_CHIP.values())
+    assert {c.value for c in pltpu.ChipVersion} == set(profiles.JAX_CHIP.values())
 
 
 def test_falls_back_to_builtin_when_jax_table_is_missing(monkeypatch):
     from jax.experimental.pallas import tpu as pltpu
 
     monkeypatch.delattr(pltpu, "get_tpu_info_for_chip")
-    table = targets._build_table()
+    table = targets.build_table()
     assert all(t.source == "builtin" for t in table.values())
-    for built, builtin in zip(table.values(), targets._BUILTIN, strict=True):
+    for built, row in zip(table.values(), profiles.BUILTIN, strict=True):
+        builtin = targets.Target(**row._asdict())
         assert (built.table_pairs or built.native_pairs) == builtin.native_pairs
         assert (
             dataclasses.replace(
@@ -221,7 +222,7 @@ def test_falls_back_when_jax_table_changes_shape(monkeypatch):
         generation = 5
 
     monkeypatch.setattr(pltpu, "get_tpu_info_for_chip", lambda chip, cores: Renamed())
-    assert all(t.source == "builtin" for t in targets._build_table().values())
+    assert all(t.source == "builtin" for t in targets.build_table().values())
 
 
 # ---------------------------------------------------------------------------------------
@@ -318,7 +319,7 @@ def test_detect_tpu(kind, name):
     from jax._src.pallas.mosaic import tpu_info
 
     assert targets.detect("tpu", kind).name == name
-    assert tpu_info.chip_version_from_device_kind(kind).value == targets._JAX_CHIP[name]
+    assert tpu_info.chip_version_from_device_kind(kind).value == profiles.JAX_CHIP[name]
 
 
 def test_detect_covers_every_device_kind_of_the_table():

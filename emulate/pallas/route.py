@@ -7,8 +7,8 @@
   runs kernels in interpret mode, cannot compile a dot of int4 operands. Those pairs take
   the int8 route when their values fit int8 and the bf16 (or f32) route otherwise. And
   a pair goes to ``tpu.matmul`` as it is (native, or the int8 route) only where Mosaic
-  compiles it with compatibility mode off (the recorded probe,
-  :func:`emulate.compiler.verdict`): never a mixed pair, never int8 x int8 on a v7x,
+  compiles it with compatibility mode off (:meth:`emulate.targets.Target.compiles`, the
+  recorded probe of the real compiler): never a mixed pair, never int8 x int8 on a v7x,
   whose compatibility mode would sum it in f32.
 * :func:`decode_codes` / :func:`decode_values`: exact decoding of loaded tiles, on 32-bit
   words, with the bit formulas of :mod:`emulate.numerics.codecs` (no gathers, no lookup tables,
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from emulate import compiler, formats, targets
+from emulate import formats, targets
 from emulate.formats import Format, FormatLike
 from emulate.numerics import codecs
 from emulate.planning.exactness import F32_EXACT, exact_class, exact_scale, max_quanta
@@ -90,24 +90,10 @@ class Route:
         return lax.Precision.HIGHEST if self.lhs_compute == "float32" else None
 
 
-def _compiles_natively(t: targets.Target, lhs: str, rhs: str) -> bool:
-    """Whether Mosaic compiles ``lhs x rhs`` (natural accumulator) on ``t`` with
-    compatibility mode off, by the recorded probe (:func:`emulate.compiler.verdict`); the
-    target's profile where the probe has no record (a target or pair it did not cover).
-
-    A kernel must not depend on compatibility mode: it converts what the unit lacks (int8
-    to bf16 with an f32 sum on v7x, exact only below 2**24) or mixed pairs, behind our back.
-    """
-    try:
-        return compiler.verdict(t, lhs, rhs, compat=False).ok
-    except ValueError:
-        return t.supports(lhs, rhs)
-
-
 def _widest_float(t: targets.Target, lhs: Format, rhs: Format) -> str:
     """bf16 if the target has bf16 x bf16 and both formats fit bf16, else f32."""
     fits = all(f.name == "bfloat16" or "bfloat16" in f.exact_in for f in (lhs, rhs))
-    native = t.supports("bfloat16", "bfloat16") and _compiles_natively(t, "bfloat16", "bfloat16")
+    native = t.compiles("bfloat16", "bfloat16")
     return "bfloat16" if fits and native else "float32"
 
 
@@ -146,7 +132,9 @@ def route(
         else:
             lc = rc = _widest_float(t, a, b)
             method = "bf16" if lc == "bfloat16" else "f32"
-    if method in ("int8", "native") and (lc != rc or not _compiles_natively(t, lc, rc)):
+    # A kernel must not depend on compatibility mode: it converts what the unit lacks (int8
+    # to bf16 with an f32 sum on v7x, exact only below 2**24) or mixed pairs, behind our back.
+    if method in ("int8", "native") and (lc != rc or not t.compiles(lc, rc)):
         note = (
             f"Mosaic compiles {lc} x {rc} on {t.name} only in compatibility mode, which "
             "converts the operands behind the kernel's back; decoded instead"

@@ -1,0 +1,98 @@
+"""Compiling programs for a TPU target with the real compiler: in this process, or in a
+subprocess for the other Mosaic compatibility setting (:mod:`emulate.compiler.isolate`)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from emulate import targets as _targets
+from emulate.compiler.devices import compat_mode, device
+from emulate.compiler.isolate import Job, compile_in_process, compile_isolated, place_specs
+from emulate.mosaic import Verdict
+
+__all__ = ["check", "check_both", "check_many", "compile"]
+
+
+def compile(  # noqa: A001 - the module's verb; call it as emulate.compiler.compile
+    fn: Callable[..., Any], *arg_specs: Any, target: str | _targets.Target
+) -> jax.stages.Compiled:
+    """Compile ``fn(*arg_specs)`` for ``target`` with the real compiler, in this process.
+
+    The target's device is JAX's default device while ``fn`` is traced and lowered (so
+    ``pltpu.get_tpu_info()`` describes the target). Uses this process's compatibility mode
+    (:func:`compat_mode`); for the other one, use
+    :func:`check` with ``compat=``. The result has ``cost_analysis()``,
+    ``memory_analysis()`` and ``as_text()``; it cannot run.
+
+    Raises:
+      CompilerUnavailable: libtpu is not installed or does not load.
+      ValueError: a target without a compile-only device (see :func:`device`).
+      TypeError: a leaf of ``arg_specs`` without shape and dtype.
+      Exception: whatever JAX or the compiler raises for a program they refuse (a
+        ``NotImplementedError`` from Pallas, ``jax.errors.JaxRuntimeError`` from XLA:TPU or
+        Mosaic).
+    """
+    dev = device(target)
+    specs = place_specs(arg_specs, dev)
+    with jax.default_device(dev):
+        return jax.jit(fn).lower(*specs).compile()
+
+
+def check(
+    fn: Callable[..., Any],
+    *arg_specs: Any,
+    target: str | _targets.Target,
+    compat: bool = True,
+) -> Verdict:
+    """Compile ``fn(*arg_specs)`` for ``target`` with compatibility mode ``compat``; the
+    verdict, never an exception for a program the compiler refuses.
+
+    Runs in this process when ``compat`` equals :func:`compat_mode`, else in a subprocess
+    (about 3 s to start), which needs ``fn`` to pickle by reference (see :class:`Job`).
+    For many programs use :func:`check_many`: one subprocess for all of them.
+
+    Raises:
+      CompilerUnavailable, ValueError, TypeError: as :func:`compile`; TypeError also for a
+        ``fn`` that a subprocess cannot receive (a lambda or closure).
+    """
+    return check_many([Job(fn, arg_specs, _targets.get(target).name)], compat=compat)[0]
+
+
+def check_many(jobs: Sequence[Job], *, compat: bool = True) -> list[Verdict]:
+    """:func:`check` for each job, in order; at most one subprocess for all of them.
+
+    A job that kills the compiling process (an abort inside libtpu) gets a verdict with
+    stage ``"crash"``; the remaining jobs go on in a fresh subprocess.
+    """
+    for job in jobs:
+        device(job.target)  # ValueError / CompilerUnavailable here, not in the child
+    if compat == compat_mode():
+        return [compile_in_process(job) for job in jobs]
+    return compile_isolated(jobs, compat)
+
+
+def check_both(jobs: Mapping[bool, Sequence[Job]]) -> dict[bool, list[Verdict]]:
+    """:func:`check_many` for each compatibility setting in ``jobs`` (``{True: [...],
+    False: [...]}``), the settings compiling at the same time (one in this process or a
+    subprocess, the other in a subprocess). The first error of either is raised."""
+    results: dict[bool, list[Verdict]] = {}
+    errors: list[BaseException] = []
+
+    def run(compat: bool) -> None:
+        try:
+            results[compat] = check_many(jobs[compat], compat=compat)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in jobs]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    return results

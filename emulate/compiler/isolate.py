@@ -1,0 +1,245 @@
+"""Compiling jobs in this process or in a fresh one with the other compatibility setting.
+
+libtpu reads ``LIBTPU_INIT_ARGS=--xla_mosaic_compat_mode=false`` once, when it loads, so a
+compile with the setting other than this process's runs in a subprocess: a child
+``python -c`` that imports :func:`_worker` from this module, reads the pickled
+:class:`Job` list on stdin and writes one JSON verdict a line. Jobs pickle by reference
+(their functions must be importable by module path in the child); a job that kills the
+child (an abort inside libtpu) gets a ``"crash"`` verdict and the rest go on in a fresh
+child.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import jax
+import numpy as np
+
+from emulate import targets as _targets
+from emulate.compiler.devices import (
+    COMPAT_FLAG,
+    CompilerUnavailable,
+    compat_mode,
+    device,
+    first_line,
+    is_libtpu_noise,
+    offered_devices,
+)
+from emulate.mosaic import Verdict
+
+__all__ = ["Job", "child_env", "compile_in_process", "compile_isolated", "place_specs"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One program to compile: ``fn(*arg_specs)`` for ``target``.
+
+    Attributes:
+      fn: the function to jit. For a subprocess it must pickle by reference: a
+        module-level function, or a ``functools.partial`` of one with picklable arguments.
+      arg_specs: a pytree per positional argument whose leaves have ``shape`` and
+        ``dtype`` (``jax.ShapeDtypeStruct``, numpy or jax arrays); any sharding they carry
+        is replaced by the target's compile-only device.
+      target: a TPU target name or alias with a topology (see :data:`TOPOLOGIES`).
+    """
+
+    fn: Callable[..., Any]
+    arg_specs: tuple[Any, ...]
+    target: str
+
+
+class _Spec:
+    """A picklable shape and dtype name, standing for one argument leaf."""
+
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, shape: tuple[int, ...], dtype: str) -> None:
+        self.shape = shape
+        self.dtype = dtype
+
+    def __reduce__(self) -> tuple[type[_Spec], tuple[tuple[int, ...], str]]:
+        return (_Spec, (self.shape, self.dtype))
+
+
+def _is_leaf(x: object) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _portable(arg_specs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``arg_specs`` with every leaf as a :class:`_Spec` (shape, dtype name)."""
+
+    def convert(x: Any) -> _Spec:
+        if not _is_leaf(x):
+            raise TypeError(
+                f"arg_specs: expected leaves with shape and dtype (jax.ShapeDtypeStruct), "
+                f"got {type(x).__name__} {x!r}"
+            )
+        return _Spec(tuple(int(d) for d in x.shape), np.dtype(x.dtype).name)
+
+    return tuple(jax.tree.map(convert, a, is_leaf=_is_leaf) for a in arg_specs)
+
+
+def place_specs(arg_specs: tuple[Any, ...], dev: jax.Device) -> tuple[Any, ...]:
+    """``arg_specs`` as ``jax.ShapeDtypeStruct`` leaves placed on ``dev``: any sharding they
+    carry is replaced. TypeError for a leaf without shape and dtype."""
+    sharding = jax.sharding.SingleDeviceSharding(dev)
+
+    def place(x: Any) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(tuple(x.shape), np.dtype(x.dtype), sharding=sharding)
+
+    return tuple(jax.tree.map(place, a, is_leaf=_is_leaf) for a in _portable(arg_specs))
+
+
+def compile_in_process(job: Job) -> Verdict:
+    """Compile ``job`` in this process (its compatibility setting); the verdict, never an
+    exception for a program JAX or the compiler refuses."""
+    dev = device(job.target)
+    specs = place_specs(job.arg_specs, dev)
+    try:
+        # The target's device is the default one while tracing and lowering, so that code
+        # asking which device it runs on (pltpu.get_tpu_info(), which Pallas calls when it
+        # lowers integer division, emit_pipeline, pl.kernel) sees the target.
+        with jax.default_device(dev):
+            lowered = jax.jit(job.fn).lower(*specs)
+    except Exception as e:  # noqa: BLE001 - every refusal is a verdict
+        return _refusal("lower", e)
+    try:
+        lowered.compile()
+    except Exception as e:  # noqa: BLE001 - every refusal is a verdict
+        return _refusal("compile", e)
+    return Verdict(True)
+
+
+def _refusal(stage: str, e: Exception) -> Verdict:
+    text = f"{type(e).__name__}: {e}"
+    return Verdict(False, stage, first_line(str(e)) or type(e).__name__, text[:8000])
+
+
+def compile_isolated(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
+    """Compile ``jobs`` in a subprocess with compatibility mode ``compat``, in order.
+
+    Raises:
+      TypeError: a job's ``fn`` that does not pickle by reference, or that the subprocess
+        cannot import.
+      CompilerUnavailable: the subprocess cannot load the compiler.
+    """
+    portable = [Job(j.fn, _portable(j.arg_specs), _targets.get(j.target).name) for j in jobs]
+    try:
+        pickle.dumps([j.fn for j in portable])
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        raise TypeError(
+            f"fn: compiling with compat={compat} runs in a subprocess (this process has "
+            f"compat={compat_mode()}), which needs fn to pickle by reference (a module-level "
+            f"function or a functools.partial of one); got {e}"
+        ) from e
+    return _run_subprocess(portable, compat)
+
+
+def child_env(compat: bool) -> dict[str, str]:
+    """The environment of a compiler subprocess with compatibility mode ``compat``."""
+    env = dict(os.environ)
+    args = re.sub(rf"{COMPAT_FLAG}(=\S*)?", "", env.get("LIBTPU_INIT_ARGS", "")).split()
+    args.append(f"{COMPAT_FLAG}={'true' if compat else 'false'}")
+    env["LIBTPU_INIT_ARGS"] = " ".join(args)
+    env["JAX_PLATFORMS"] = "cpu"  # compile-only devices need no TPU backend
+    env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # beside this process and the other setting's
+    return env
+
+
+_CHILD = (
+    "import sys; sys.path[:0] = [{root!r}]; "
+    "from emulate.compiler.isolate import _worker; sys.exit(_worker())"
+)
+
+
+def _run_subprocess(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
+    """Compile ``jobs`` in fresh processes with ``compat``, restarting after a crash."""
+    root = str(Path(__file__).resolve().parents[2])
+    verdicts: list[Verdict] = []
+    while len(verdicts) < len(jobs):
+        todo = list(jobs[len(verdicts) :])
+        payload = pickle.dumps(list(sys.path)) + pickle.dumps(todo)
+        with tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _CHILD.format(root=root)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=child_env(compat),
+            )
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(payload)
+            proc.stdin.close()
+            got = 0
+            for raw in proc.stdout:
+                row = json.loads(raw)
+                verdicts.append(Verdict(row["ok"], row["stage"], row["message"], row["detail"]))
+                got += 1
+            rc = proc.wait()
+            err.seek(0)
+            tail = [
+                line
+                for line in err.read().decode(errors="replace").splitlines()
+                if not is_libtpu_noise(line)
+            ]
+        if got < len(todo):
+            if got == 0 and rc == 3:
+                raise CompilerUnavailable.because(
+                    f"the compiler subprocess could not start ({' '.join(tail)})"
+                )
+            if got == 0 and rc == 4:
+                raise TypeError(
+                    "fn: the compiler subprocess could not unpickle the jobs "
+                    f"({first_line(chr(10).join(tail[-1:]))})"
+                )
+            how = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
+            message = first_line("\n".join(tail[-3:])) if tail else ""
+            verdicts.append(
+                Verdict(
+                    False,
+                    "crash",
+                    f"the compiler process died ({how}){': ' + message if message else ''}",
+                    "\n".join(tail[-50:]),
+                )
+            )
+    return verdicts
+
+
+def _worker() -> int:
+    """The subprocess side of :func:`_run_subprocess`: one JSON line per job on stdout."""
+    out: IO[str] = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything the C++ side prints to stdout must not reach the protocol
+    stdin = sys.stdin.buffer
+    sys.path[:0] = [p for p in pickle.load(stdin) if p not in sys.path]
+    try:
+        jobs: list[Job] = pickle.load(stdin)
+    except Exception as e:  # noqa: BLE001 - a module of a job's fn that does not import here
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        return 4
+    # Filtering the traceback of every refused compile costs about 7% of a probe; this
+    # process only reports first lines.
+    jax.config.update("jax_traceback_filtering", "off")
+    try:
+        offered_devices()
+    except CompilerUnavailable as e:
+        print(e, file=sys.stderr)
+        return 3
+    for job in jobs:
+        v = compile_in_process(job)
+        out.write(
+            json.dumps({"ok": v.ok, "stage": v.stage, "message": v.message, "detail": v.detail})
+            + "\n"
+        )
+    out.close()
+    return 0

@@ -1,0 +1,97 @@
+"""Tests for emulate.compiler.compiling: compiling with the real XLA:TPU and Mosaic
+compilers (libtpu, a declared test dependency), in this process or a subprocess."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from emulate import compiler
+from emulate.mosaic import Verdict
+
+MIXED = "Mosaic matmul invoked with mixed element types, but compatibility mode is disabled."
+
+
+def _spec(fmt: str, shape: tuple[int, int] = (128, 128)) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, jnp.dtype(fmt))
+
+
+def _kernel(x_ref, w_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=o_ref.dtype)
+
+
+def _matmul(x, w, *, acc):
+    from jax.experimental import pallas as pl
+
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.dtype(acc))
+    return pl.pallas_call(_kernel, out_shape=out)(x, w)
+
+
+def _probe_fn(acc: str) -> functools.partial[jax.Array]:
+    return functools.partial(_matmul, acc=acc)
+
+
+def test_compile_runs_the_real_compiler():
+    """An XLA-level int8 dot compiles on v4 (XLA:TPU converts by itself); the result is a
+    compiled program with the compiler's cost estimate."""
+
+    def f(x, w):
+        return jax.lax.dot(x, w, preferred_element_type=jnp.int32)
+
+    compiled = compiler.compile(f, _spec("int8"), _spec("int8"), target="tpu_v4")
+    assert isinstance(compiled, jax.stages.Compiled)
+    assert compiled.cost_analysis()["flops"] > 0
+    assert "dot" in compiled.as_text()
+
+
+def test_compile_raises_the_compilers_error():
+    with pytest.raises(Exception, match="Unsupported matmul RHS type on target"):
+        compiler.compile(_probe_fn("int32"), _spec("int8"), _spec("int8"), target="tpu_v4")
+
+
+def test_compile_rejects_leaves_without_shape():
+    with pytest.raises(TypeError, match=r"^arg_specs: expected leaves with shape and dtype"):
+        compiler.compile(_probe_fn("float32"), 3, _spec("float32"), target="tpu_v4")
+
+
+def test_check_in_process_gives_a_verdict():
+    assert compiler.compat_mode() is True  # this process: libtpu's default
+    ok = compiler.check(_probe_fn("float32"), _spec("float32"), _spec("float32"), target="v2")
+    assert ok == Verdict(True)
+    assert ok.verdict == "compiles"
+    refused = compiler.check(_probe_fn("int32"), _spec("int8"), _spec("int8"), target="v4")
+    assert refused.verdict == "refused"
+    assert refused.stage == "compile"
+    assert refused.message == (
+        "E2001: CompileTimeMosaicUnsupportedRhsType: Unsupported matmul RHS type on target: "
+        "vector<128x128xi8>"
+    )
+    assert "tpu.matmul" in refused.detail
+
+
+def test_check_with_the_other_compat_setting_runs_a_subprocess():
+    jobs = [
+        compiler.Job(_probe_fn("float32"), (_spec("bfloat16"), _spec("int8")), "tpu_v5e"),
+        compiler.Job(_probe_fn("float32"), (_spec("float8_e4m3fn"),) * 2, "tpu_v5e"),
+    ]
+    mixed, fp8 = compiler.check_many(jobs, compat=False)
+    assert (mixed.ok, mixed.stage, mixed.message) == (False, "compile", MIXED)
+    assert fp8 == Verdict(True)
+    with pytest.raises(TypeError, match=r"^fn: compiling with compat=False runs in a subprocess"):
+        compiler.check(lambda x: x, _spec("float32"), target="tpu_v5e", compat=False)
+
+
+def test_check_both_compiles_each_setting():
+    job = compiler.Job(_probe_fn("float32"), (_spec("bfloat16"), _spec("int8")), "tpu_v5e")
+    got = compiler.check_both({True: [job], False: [job]})
+    assert got[True] == [Verdict(True)]
+    assert [(v.ok, v.message) for v in got[False]] == [(False, MIXED)]
+
+
+def test_check_many_names_a_target_without_a_device_before_compiling():
+    job = compiler.Job(_probe_fn("float32"), (_spec("float32"),) * 2, "tpu_v7")
+    with pytest.raises(ValueError, match=r"^target: libtpu .* offers no compile-only topology"):
+        compiler.check_many([job], compat=False)

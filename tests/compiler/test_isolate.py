@@ -1,0 +1,100 @@
+"""Tests for emulate.compiler.isolate: compiling with the compatibility setting other than
+this process's, in a subprocess that survives a crash."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from emulate import compiler
+from emulate.compiler import isolate
+from emulate.mosaic import Verdict
+
+MIXED = "Mosaic matmul invoked with mixed element types, but compatibility mode is disabled."
+
+
+def _spec(fmt: str, shape: tuple[int, int] = (128, 128)) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, jnp.dtype(fmt))
+
+
+def _kernel(x_ref, w_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=o_ref.dtype)
+
+
+def _matmul(x, w, *, acc):
+    from jax.experimental import pallas as pl
+
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.dtype(acc))
+    return pl.pallas_call(_kernel, out_shape=out)(x, w)
+
+
+def _abort(x: jax.Array) -> jax.Array:
+    """Kills the process that traces it: stands for a compiler that aborts."""
+    os.abort()
+
+
+def test_child_env_sets_the_flag_once():
+    env = isolate.child_env(False)
+    assert env["LIBTPU_INIT_ARGS"].split().count("--xla_mosaic_compat_mode=false") == 1
+    assert "--xla_mosaic_compat_mode=true" not in env["LIBTPU_INIT_ARGS"]
+    assert env["ALLOW_MULTIPLE_LIBTPU_LOAD"] == "1"
+    assert env["JAX_PLATFORMS"] == "cpu"
+
+
+def test_a_subprocess_compiles_with_the_other_setting_and_survives_a_crash():
+    acc = functools.partial(_matmul, acc="float32")
+    jobs = [
+        compiler.Job(acc, (_spec("bfloat16"), _spec("int8")), "tpu_v5e"),
+        compiler.Job(_abort, (_spec("float32"),), "tpu_v5e"),
+        compiler.Job(acc, (_spec("float8_e4m3fn"),) * 2, "v5e"),
+    ]
+    mixed, crashed, fp8 = isolate.compile_isolated(jobs, compat=False)
+    assert (mixed.ok, mixed.stage, mixed.message) == (False, "compile", MIXED)
+    assert not crashed.ok and crashed.stage == "crash"
+    assert crashed.message.startswith("the compiler process died (signal 6)")
+    assert fp8 == Verdict(True)
+
+
+def test_a_subprocess_needs_fn_by_reference():
+    with pytest.raises(TypeError, match=r"^fn: compiling with compat=False runs in a subprocess"):
+        isolate.compile_isolated([compiler.Job(lambda x: x, (_spec("float32"),), "v5e")], False)
+
+
+def test_a_subprocess_reports_a_fn_it_cannot_import(monkeypatch):
+    module = types.ModuleType("emulate_test_only_here")
+    exec("def f(x):\n    return x\n", module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    with pytest.raises(TypeError) as e:
+        isolate.compile_isolated([compiler.Job(module.f, (_spec("float32"),), "v5e")], False)
+    assert str(e.value) == (
+        "fn: the compiler subprocess could not unpickle the jobs (ModuleNotFoundError: "
+        "No module named 'emulate_test_only_here')"
+    )
+
+
+def test_in_process_verdicts_name_the_stage():
+    acc = functools.partial(_matmul, acc="int32")
+    refused = isolate.compile_in_process(compiler.Job(acc, (_spec("int8"),) * 2, "tpu_v4"))
+    assert (refused.stage, refused.message) == (
+        "compile",
+        "E2001: CompileTimeMosaicUnsupportedRhsType: Unsupported matmul RHS type on target: "
+        "vector<128x128xi8>",
+    )
+    unsigned = isolate.compile_in_process(compiler.Job(acc, (_spec("uint8"),) * 2, "tpu_v5e"))
+    assert unsigned.stage == "lower"
+    assert unsigned.message.startswith("Unsigned integer dtype uint8 is not supported")
+
+
+def test_place_specs_puts_every_leaf_on_the_device():
+    dev = compiler.device("tpu_v5e")
+    (placed,) = isolate.place_specs(({"a": _spec("int8"), "b": [_spec("float32", (2, 3))]},), dev)
+    assert placed["a"].shape == (128, 128) and placed["a"].dtype == jnp.int8
+    assert placed["b"][0].sharding.device_set == {dev}
+    with pytest.raises(TypeError, match=r"^arg_specs: expected leaves with shape and dtype"):
+        isolate.place_specs((3,), dev)

@@ -185,8 +185,9 @@ def choose(
 
 @dataclasses.dataclass(frozen=True)
 class _Geometry:
-    """The static facts a tiling is chosen from, for the decoded operand ``tiled`` (on
-    ``side``) and the ``other`` operand. Sizes are element counts, ``*_bytes`` bytes."""
+    """The static facts a tiling is chosen from: the decoded operand ``tiled`` (on
+    ``side``), its dimensions, and those of the other operand (``other_*``). Sizes are
+    element counts, ``*_bytes`` bytes."""
 
     side: int
     tiled: Operand
@@ -194,8 +195,8 @@ class _Geometry:
     contracting: tuple[int, ...]  # of ``tiled``
     other_contracting: tuple[int, ...]
     batch_dims: tuple[int, ...]  # of ``tiled``
-    free: list[int]  # of ``tiled``
-    other_free: list[int]
+    free: tuple[int, ...]  # of ``tiled``
+    other_free: tuple[int, ...]
     decoded_bytes: int  # one decoded copy of ``tiled``
     other_bytes: int  # per element of ``other`` as the dot sees it
     out_bytes: int  # per result element
@@ -240,10 +241,12 @@ def _geometry(
     compute = p.lhs_compute if side == 0 else p.rhs_compute
     other_compute = p.rhs_compute if side == 0 else p.lhs_compute
     other_type = other_compute if other.format.is_low_precision else other.format_name
-    free = [i for i in range(len(tiled_op.shape)) if i not in contracting and i not in batch_dims]
-    other_free = [
+    free = tuple(
+        i for i in range(len(tiled_op.shape)) if i not in contracting and i not in batch_dims
+    )
+    other_free = tuple(
         i for i in range(len(other.shape)) if i not in other_contracting and i not in other_batch
-    ]
+    )
     pdim = _packed_dim(tiled_op)
     planar_dim = pdim if pdim is not None and pdim in contracting else None
     return _Geometry(

@@ -276,8 +276,8 @@ SPLIT = "being split (issue 23); the lead removes this entry at merge"
 #: Modules allowed over :data:`MAX_LINES` or :data:`MAX_DEFINITIONS`, and why.
 LARGE_MODULES = {
     "emulate.reference": (
-        "the oracle, kept in one file on purpose: one reading shows everything the "
-        "library is checked against, and it imports nothing it checks"
+        "the oracle, kept in one file on purpose (604 lines, 30 definitions): one reading "
+        "shows everything the library is checked against, and it imports nothing it checks"
     ),
     "emulate.cli": SPLIT,
     "emulate.testing": SPLIT,

@@ -8,6 +8,8 @@ test_plan.py. The digests cover every operand pair of ``formats.MATMUL_OPERANDS`
 target in mode "fast" (result types: lax's default, float32, bfloat16, int32) and the
 same-type and bfloat16 pairs in mode "exact" on three targets (exact plans take about
 20 ms each); plans that raise are left out (their messages are another rule's).
+At the split, every pair of every target in both modes with four result types (23,505
+plans) was compared whole, once, and gave the same text.
 """
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ class _Op:
             )
         pos = 2 if self.kind == "einsum" else 1
         head, x, w, rest = args[: pos - 1], args[pos - 1], args[pos], args[pos + 1 :]
-        emulated, plain = _FUNCTIONS[self.kind]
+        emulated, plain = FUNCTIONS[self.kind]
         ekw = dict(kw, mode=self.site.mode) if self.site.mode is not None else kw
 
         def run(x, q):
@@ -218,7 +218,10 @@ class _Op:
         return _straight_through(run, run_plain, self.site, x, w)
 
 
-_FUNCTIONS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+#: What each kind of quantized layer calls: kind ("dot", "einsum", "conv") -> (emulate's
+#: function for a QArray kernel, JAX's function for the straight-through gradient). Read at
+#: call time, so a test may wrap an entry to see every emulated call.
+FUNCTIONS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
     "dot": (dot_general, lax.dot_general),
     "einsum": (einsum, jnp.einsum),
     "conv": (conv_general_dilated, lax.conv_general_dilated),

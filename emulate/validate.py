@@ -30,7 +30,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from hypothesis import HealthCheck, Phase, Verbosity, configuration, find, settings
 from hypothesis import strategies as st
@@ -45,13 +45,16 @@ from emulate.tables import short_format, short_target, table
 
 __all__ = [
     "DEFAULT_EXAMPLES",
+    "Outcome",
     "Row",
+    "Tally",
     "check",
     "default_formats",
     "heavy",
     "default_targets",
     "pairs",
     "render",
+    "row_strategy",
     "run",
 ]
 
@@ -163,8 +166,10 @@ def heavy(lhs: str, rhs: str, mode: str) -> bool:
     return mode == "exact" and not exact_class(lhs, rhs)
 
 
-def _strategy(lhs: str, rhs: str, *, reduced: bool = False) -> st.SearchStrategy[et.DotProblem]:
-    """Problems over the layout pool, each layout tied to one result type (few programs)."""
+def row_strategy(lhs: str, rhs: str, *, reduced: bool = False) -> st.SearchStrategy[et.DotProblem]:
+    """The problems a row of ``lhs`` x ``rhs`` draws: the layout pool, each layout tied to
+    one result type (few programs), and a K = 1100 problem of extreme values; with
+    ``reduced`` (a compile-heavy row, :func:`heavy`) only :data:`HEAVY_LAYOUT`."""
     pets = et.result_types(lhs, rhs)
     ints = formats.get(lhs).is_integer and formats.get(rhs).is_integer
     if reduced:
@@ -188,17 +193,49 @@ def _strategy(lhs: str, rhs: str, *, reduced: bool = False) -> st.SearchStrategy
     return st.one_of(parts)
 
 
+class Outcome(NamedTuple):
+    """One example's result: ``ok`` within the contract; ``ulps`` its distance from the
+    reference in ulps of the result type (inf where the call raised); ``ratio`` error over
+    allowance for a bounded pair (None otherwise); ``report`` what went wrong, in words."""
+
+    ok: bool
+    ulps: float
+    ratio: float | None
+    report: str
+
+
 @dataclasses.dataclass
-class _Tally:
+class Tally:
+    """What one row's examples showed so far (:meth:`add` one :class:`Outcome` at a time).
+
+    Attributes:
+      examples: examples seen.
+      mismatches: examples that broke the contract (or raised).
+      max_ulps: the largest distance from the reference, in ulps (0.0 before any example).
+      worst_ratio: the largest error over allowance among bounded examples; None if none.
+      first_failure: the first problem that broke the contract; None if none did.
+    """
+
     examples: int = 0
     mismatches: int = 0
     max_ulps: float = 0.0
     worst_ratio: float | None = None
     first_failure: et.DotProblem | None = None
 
+    def add(self, problem: et.DotProblem, outcome: Outcome) -> None:
+        """Count ``outcome``, the result of ``problem``."""
+        self.examples += 1
+        self.max_ulps = max(self.max_ulps, outcome.ulps)
+        if outcome.ratio is not None:
+            self.worst_ratio = max(self.worst_ratio or 0.0, outcome.ratio)
+        if not outcome.ok:
+            self.mismatches += 1
+            if self.first_failure is None:
+                self.first_failure = problem
 
-def _check_one(problem: et.DotProblem, target: str, mode: str) -> tuple[bool, float, Any, str]:
-    """Run one problem; (ok, ulps, ratio, report)."""
+
+def _check_one(problem: et.DotProblem, target: str, mode: str) -> Outcome:
+    """Run one problem against the reference."""
     import emulate
 
     lhs, rhs, dn, pet = problem
@@ -208,8 +245,8 @@ def _check_one(problem: et.DotProblem, target: str, mode: str) -> tuple[bool, fl
         )
         c = et.compare(got, lhs, rhs, dn, mode=mode, preferred_element_type=pet)
     except Exception as e:  # noqa: BLE001 - any exception is a failed example
-        return False, math.inf, None, f"emulate.dot_general raised {type(e).__name__}: {e}"
-    return c.ok, c.max_ulps, c.worst_ratio, c.report()
+        return Outcome(False, math.inf, None, f"emulate.dot_general raised {type(e).__name__}: {e}")
+    return Outcome(c.ok, c.max_ulps, c.worst_ratio, c.report())
 
 
 def _settings(examples: int, phases: Sequence[Phase]) -> settings:
@@ -221,6 +258,47 @@ def _settings(examples: int, phases: Sequence[Phase]) -> settings:
         verbosity=Verbosity.quiet,
         suppress_health_check=list(HealthCheck),
     )
+
+
+def _tally(
+    strategy: st.SearchStrategy[et.DotProblem], target: str, mode: str, examples: int, seed: int
+) -> Tally:
+    """Draw ``examples`` problems (no shrinking) and tally their outcomes."""
+    tally = Tally()
+
+    def never_done(problem: et.DotProblem) -> bool:  # find() draws until this holds
+        tally.add(problem, _check_one(problem, target, mode))
+        return False
+
+    with contextlib.suppress(NoSuchExample):
+        find(
+            strategy,
+            never_done,
+            settings=_settings(examples, [Phase.generate]),
+            random=random.Random(seed),
+        )
+    return tally
+
+
+def _shrunk_failure(
+    strategy: st.SearchStrategy[et.DotProblem],
+    target: str,
+    mode: str,
+    examples: int,
+    seed: int,
+    first: et.DotProblem,
+) -> et.DotProblem:
+    """The first failure, shrunk: the same seed finds it again and hypothesis shrinks it;
+    ``first`` where the search does not find it again."""
+    try:
+        return find(
+            strategy,
+            lambda prob: not _check_one(prob, target, mode).ok,
+            settings=_settings(examples, [Phase.generate, Phase.shrink]),
+            random=random.Random(seed),
+        )
+    except NoSuchExample:
+        return first
 
 
 def check(
@@ -239,48 +317,14 @@ def check(
         p = make_plan(lhs, rhs, target=target, preferred_element_type=PLAN_RESULT, mode=mode)
     except NotImplementedError:
         return Row(target, lhs, rhs, mode, None, None, None, None, "not built")
-    runs = _runs(p)
     contract = "exact" if p.exact or mode == "exact" else "bounded"
-    strategy = _strategy(lhs, rhs, reduced=heavy(lhs, rhs, mode) and not all_layouts)
-    tally = _Tally()
-
-    def record(problem: et.DotProblem) -> bool:
-        ok, ulps, ratio, _ = _check_one(problem, target, mode)
-        tally.examples += 1
-        tally.max_ulps = max(tally.max_ulps, ulps)
-        if ratio is not None:
-            tally.worst_ratio = max(tally.worst_ratio or 0.0, ratio)
-        if not ok:
-            tally.mismatches += 1
-            if tally.first_failure is None:
-                tally.first_failure = problem
-        return False
-
+    strategy = row_strategy(lhs, rhs, reduced=heavy(lhs, rhs, mode) and not all_layouts)
     row_seed = _row_seed(seed, lhs, rhs, mode)
-    try:
-        find(
-            strategy,
-            record,
-            settings=_settings(examples, [Phase.generate]),
-            random=random.Random(row_seed),
-        )
-    except NoSuchExample:
-        pass
+    tally = _tally(strategy, target, mode, examples, row_seed)
     reproducer = report = None
-    if tally.mismatches:
-        # The same seed finds the same first failure; hypothesis shrinks it.
-        shrunk: et.DotProblem | None
-        try:
-            shrunk = find(
-                strategy,
-                lambda prob: not _check_one(prob, target, mode)[0],
-                settings=_settings(examples, [Phase.generate, Phase.shrink]),
-                random=random.Random(row_seed),
-            )
-        except NoSuchExample:
-            shrunk = tally.first_failure
-        assert shrunk is not None
-        report = _check_one(shrunk, target, mode)[3]
+    if tally.first_failure is not None:
+        shrunk = _shrunk_failure(strategy, target, mode, examples, row_seed, tally.first_failure)
+        report = _check_one(shrunk, target, mode).report
         reproducer = et.reproducer(shrunk, target=target, mode=mode)
     return Row(
         target=target,
@@ -289,7 +333,7 @@ def check(
         mode=mode,
         plan=p.method,
         fallback=None if p.fallback is None else p.fallback.method,
-        runs=runs,
+        runs=_runs(p),
         contract=contract,
         status="mismatch" if tally.mismatches else "ok",
         examples=tally.examples,

@@ -101,14 +101,14 @@ def _exact_and_bound(kind, head, x, q, rest, kw):
 def sites(monkeypatch):
     """Record every emulated call of a quantized layer: (kind, args, result)."""
     records = []
-    for kind, (emulated, plain) in list(ef._FUNCTIONS.items()):
+    for kind, (emulated, plain) in list(ef.FUNCTIONS.items()):
 
         def record(*args, _kind=kind, _f=emulated, **kw):
             out = _f(*args, **kw)
             records.append((_kind, args, kw, out))
             return out
 
-        monkeypatch.setitem(ef._FUNCTIONS, kind, (record, plain))
+        monkeypatch.setitem(ef.FUNCTIONS, kind, (record, plain))
     return records
 
 

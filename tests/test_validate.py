@@ -45,7 +45,7 @@ def test_compile_heavy_rows_draw_from_one_program() -> None:
     seen: set = set()
 
     @settings(max_examples=40, database=None, deadline=None)
-    @given(validate._strategy("float8_e5m2", "float8_e5m2", reduced=True))
+    @given(validate.row_strategy("float8_e5m2", "float8_e5m2", reduced=True))
     def draw(p):
         seen.add((p.lhs.shape, p.rhs.shape, p.dimension_numbers, p.preferred_element_type))
 
@@ -61,3 +61,34 @@ def test_compile_heavy_rows_draw_from_one_program() -> None:
         if validate.heavy(a, b, "exact")
     ]
     assert len(chunks) == 20 and k == 2400 > max(chunks)
+
+
+# --------------------------------------------------------------------------- check's tally
+
+
+def test_tally_counts_each_outcome() -> None:
+    problems = [f"problem {i}" for i in range(4)]
+    outcomes = [
+        validate.Outcome(True, 0.0, None, ""),
+        validate.Outcome(False, 3.0, 1.5, "off by 3 ulps"),
+        validate.Outcome(True, 1.0, 0.25, ""),
+        validate.Outcome(False, math.inf, None, "raised"),
+    ]
+    tally = validate.Tally()
+    assert (tally.examples, tally.max_ulps, tally.worst_ratio, tally.first_failure) == (
+        0,
+        0.0,
+        None,
+        None,
+    )
+    for p, o in zip(problems, outcomes, strict=True):
+        tally.add(p, o)  # type: ignore[arg-type]
+    assert (tally.examples, tally.mismatches) == (4, 2)
+    assert (tally.max_ulps, tally.worst_ratio, tally.first_failure) == (math.inf, 1.5, "problem 1")
+
+
+def test_check_reports_the_tally_of_a_passing_row() -> None:
+    row = validate.check("tpu_v4", "int8", "int8", "fast", examples=3, seed=0)
+    assert (row.status, row.contract, row.plan, row.runs) == ("ok", "exact", "bf16", "bf16")
+    assert (row.examples, row.mismatches, row.max_ulps, row.worst_ratio) == (3, 0, 0.0, None)
+    assert (row.reproducer, row.report) == (None, None)

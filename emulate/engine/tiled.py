@@ -162,9 +162,70 @@ def _group(op: Operand) -> int:
 def choose(
     p: Plan, lhs: Operand, rhs: Operand, dimension_numbers: DimensionNumbers, s: Settings
 ) -> Tiling | None:
-    """The tiling for ``p`` on these operands (static shapes), or None to run untiled."""
+    """The tiling for ``p`` on these operands (static shapes), or None to run untiled.
+
+    The operand to tile is the larger one the plan decodes (:func:`_geometry`); it is
+    tiled along K (:func:`_k_tiling`) while the sum may be reordered and the accumulator
+    is small, along a free dimension (:func:`_n_tiling`) otherwise.
+    """
     if not s.enabled or p.slicing is not None:
         return None
+    g = _geometry(p, lhs, rhs, dimension_numbers)
+    if g is None or g.decoded_bytes <= s.min_bytes:
+        return None
+    # K-tiling keeps a running accumulator and one partial product (2 x acc_bytes); it is
+    # the choice while those stay small enough to sit in cache and the sum may be
+    # reordered; a larger accumulator leaves the cache, and N-tiling wins.
+    k_ok = (p.k_chunk is None or g.k <= p.k_chunk) and len(g.contracting) > 0
+    kind = s.kind or ("k" if k_ok and g.acc_bytes <= s.max_acc_bytes else "n")
+    if kind == "k":
+        return _k_tiling(g, s) if k_ok else None
+    return _n_tiling(g, s, k_ok)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Geometry:
+    """The static facts a tiling is chosen from: the decoded operand ``tiled`` (on
+    ``side``), its dimensions, and those of the other operand (``other_*``). Sizes are
+    element counts, ``*_bytes`` bytes."""
+
+    side: int
+    tiled: Operand
+    compute: str  # the type ``tiled`` is decoded to
+    contracting: tuple[int, ...]  # of ``tiled``
+    other_contracting: tuple[int, ...]
+    batch_dims: tuple[int, ...]  # of ``tiled``
+    free: tuple[int, ...]  # of ``tiled``
+    other_free: tuple[int, ...]
+    decoded_bytes: int  # one decoded copy of ``tiled``
+    other_bytes: int  # per element of ``other`` as the dot sees it
+    out_bytes: int  # per result element
+    batch: int
+    m: int  # result rows: the other operand's free size
+    k: int
+    n: int  # result columns: the tiled operand's free size
+    packed_dim: int | None  # where ``tiled`` is Packed
+    planar_dim: int | None  # ``packed_dim`` if it is contracting (decoded plane by plane)
+    other_planar_dim: int | None  # the other operand's dimension matching ``planar_dim``
+
+    @property
+    def acc_bytes(self) -> int:
+        return self.batch * self.m * self.n * 4
+
+    @property
+    def planar_copy_bytes(self) -> int:
+        """The permuted copy of the other operand that planar decoding needs."""
+        return self.batch * self.m * self.k * self.other_bytes
+
+    @property
+    def group(self) -> int:
+        return _group(self.tiled)
+
+
+def _geometry(
+    p: Plan, lhs: Operand, rhs: Operand, dimension_numbers: DimensionNumbers
+) -> _Geometry | None:
+    """The geometry of the larger operand the plan decodes, or None if it decodes none."""
     (lc, rc), (lb, rb) = dimension_numbers
     sides = []
     for side, op, compute in ((0, lhs, p.lhs_compute), (1, rhs, p.rhs_compute)):
@@ -174,97 +235,120 @@ def choose(
     if not sides:
         return None
     decoded, side = max(sides)
-    if decoded <= s.min_bytes:
-        return None
-    d, o = (lhs, rhs) if side == 0 else (rhs, lhs)
-    dc, oc = (lc, rc) if side == 0 else (rc, lc)
-    db, ob = (lb, rb) if side == 0 else (rb, lb)
+    tiled_op, other = (lhs, rhs) if side == 0 else (rhs, lhs)
+    contracting, other_contracting = (lc, rc) if side == 0 else (rc, lc)
+    batch_dims, other_batch = (lb, rb) if side == 0 else (rb, lb)
     compute = p.lhs_compute if side == 0 else p.rhs_compute
-    o_compute = p.rhs_compute if side == 0 else p.lhs_compute
-    o_bytes = _itemsize(o_compute) if o.format.is_low_precision else _itemsize(o.format_name)
-    d_free = [i for i in range(len(d.shape)) if i not in dc and i not in db]
-    o_free = [i for i in range(len(o.shape)) if i not in oc and i not in ob]
-    batch = math.prod(d.shape[i] for i in db)
-    m = math.prod(o.shape[i] for i in o_free)
-    k = math.prod(d.shape[i] for i in dc)
-    n = math.prod(d.shape[i] for i in d_free)
-    acc_bytes = batch * m * n * 4
-    budget = s.budget * decoded
-    pdim = _packed_dim(d)
-    planar_dim = pdim if pdim is not None and pdim in dc else None
-    o_planar = None if planar_dim is None else oc[dc.index(planar_dim)]
-    # K-tiling keeps a running accumulator and one partial product (2 x acc_bytes); it is
-    # the choice while those stay small enough to sit in cache and the sum may be
-    # reordered; a larger accumulator leaves the cache, and N-tiling wins.
-    k_ok = (p.k_chunk is None or k <= p.k_chunk) and len(dc) > 0
-    kind = s.kind or ("k" if k_ok and acc_bytes <= s.max_acc_bytes else "n")
-    if kind == "k":
-        if not k_ok:
-            return None
-        dim = planar_dim if planar_dim is not None else max(dc, key=lambda i: d.shape[i])
-        size = d.shape[dim]
-        slice_bytes = decoded // size
-        if m < 16 and compute == "bfloat16":
-            slice_bytes *= 2  # XLA CPU's matrix-vector dot converts a bf16 tile to f32
-        fixed = 2 * acc_bytes + (batch * m * k * o_bytes if planar_dim is not None else 0)
-        tile = _tile_len(
-            s,
-            size,
-            max(budget - fixed, s.min_tile_bytes) / slice_bytes,
-            s.max_tile_bytes / slice_bytes,
-            _group(d) if planar_dim is not None else 1,
-        )
-        if tile is None:
-            return None
-        return Tiling(
-            side,
-            "k",
-            dim,
-            size,
-            tile,
-            other_dim=oc[dc.index(dim)],
-            planar=planar_dim is not None,
-            packed_dim=planar_dim,
-            other_packed_dim=o_planar,
-        )
-    if not d_free:
+    other_compute = p.rhs_compute if side == 0 else p.lhs_compute
+    other_type = other_compute if other.format.is_low_precision else other.format_name
+    free = tuple(
+        i for i in range(len(tiled_op.shape)) if i not in contracting and i not in batch_dims
+    )
+    other_free = tuple(
+        i for i in range(len(other.shape)) if i not in other_contracting and i not in other_batch
+    )
+    pdim = _packed_dim(tiled_op)
+    planar_dim = pdim if pdim is not None and pdim in contracting else None
+    return _Geometry(
+        side=side,
+        tiled=tiled_op,
+        compute=compute,
+        contracting=tuple(contracting),
+        other_contracting=tuple(other_contracting),
+        batch_dims=tuple(batch_dims),
+        free=free,
+        other_free=other_free,
+        decoded_bytes=decoded,
+        other_bytes=_itemsize(other_type),
+        out_bytes=_itemsize(p.out),
+        batch=math.prod(tiled_op.shape[i] for i in batch_dims),
+        m=math.prod(other.shape[i] for i in other_free),
+        k=math.prod(tiled_op.shape[i] for i in contracting),
+        n=math.prod(tiled_op.shape[i] for i in free),
+        packed_dim=pdim,
+        planar_dim=planar_dim,
+        other_planar_dim=(
+            None if planar_dim is None else other_contracting[contracting.index(planar_dim)]
+        ),
+    )
+
+
+def _k_tiling(g: _Geometry, s: Settings) -> Tiling | None:
+    """Tiles along the longest contracting dimension (the packed one, decoded in planes,
+    where ``tiled`` is Packed along K), each step adding into one running accumulator."""
+    planar = g.planar_dim is not None
+    dim = (
+        g.planar_dim
+        if g.planar_dim is not None
+        else max(g.contracting, key=lambda i: g.tiled.shape[i])
+    )
+    size = g.tiled.shape[dim]
+    slice_bytes = g.decoded_bytes // size
+    if g.m < 16 and g.compute == "bfloat16":
+        slice_bytes *= 2  # XLA CPU's matrix-vector dot converts a bf16 tile to f32
+    fixed = 2 * g.acc_bytes + (g.planar_copy_bytes if planar else 0)
+    tile = _tile_len(
+        s,
+        size,
+        max(s.budget * g.decoded_bytes - fixed, s.min_tile_bytes) / slice_bytes,
+        s.max_tile_bytes / slice_bytes,
+        g.group if planar else 1,
+    )
+    if tile is None:
         return None
-    dim = max(d_free, key=lambda i: d.shape[i])
-    size = d.shape[dim]
-    slice_bytes = decoded // size
-    out_slice = batch * m * (n // size) * _itemsize(p.out)
-    # Planar decoding needs a permuted copy of the other operand: only when it is small.
-    # (A forced tile, for tests, always decodes in planes where it may.)
+    return Tiling(
+        g.side,
+        "k",
+        dim,
+        size,
+        tile,
+        other_dim=g.other_contracting[g.contracting.index(dim)],
+        planar=planar,
+        packed_dim=g.planar_dim,
+        other_packed_dim=g.other_planar_dim,
+    )
+
+
+def _n_tiling(g: _Geometry, s: Settings, k_ok: bool) -> Tiling | None:
+    """Tiles along the longest free dimension of ``tiled``; each step is the whole
+    contraction for a slice of the result's columns. Decodes in planes only where K-tiling
+    would be allowed (``k_ok``) and the other operand's planar copy is small."""
+    if not g.free:
+        return None
+    dim = max(g.free, key=lambda i: g.tiled.shape[i])
+    size = g.tiled.shape[dim]
+    slice_bytes = g.decoded_bytes // size
+    out_slice = g.batch * g.m * (g.n // size) * g.out_bytes
+    budget = s.budget * g.decoded_bytes
+    # A forced tile (tests) always decodes in planes where it may.
     planar = (
         k_ok
-        and planar_dim is not None
-        and (s.tile is not None or batch * m * k * o_bytes <= budget * 0.6)
+        and g.planar_dim is not None
+        and (s.tile is not None or g.planar_copy_bytes <= budget * 0.6)
     )
-    fixed = batch * m * k * o_bytes if planar else 0
+    fixed = g.planar_copy_bytes if planar else 0
     tile = _tile_len(
         s,
         size,
         (budget - fixed) / (slice_bytes + out_slice),
         s.max_tile_bytes / slice_bytes,
-        _group(d) if dim == pdim else 1,
+        g.group if dim == g.packed_dim else 1,
     )
     if tile is None:
         return None
-    free_before = [i for i in d_free if i < dim]
-    if side == 0:
-        out_dim = len(db) + len(free_before)
-    else:
-        out_dim = len(db) + len(o_free) + len(free_before)
+    free_before = len([i for i in g.free if i < dim])
+    # The result's dimensions: batch, lhs free, rhs free.
+    out_dim = len(g.batch_dims) + free_before + (len(g.other_free) if g.side == 1 else 0)
     return Tiling(
-        side,
+        g.side,
         "n",
         dim,
         size,
         tile,
         out_dim=out_dim,
         planar=planar,
-        packed_dim=planar_dim if planar else None,
-        other_packed_dim=o_planar if planar else None,
+        packed_dim=g.planar_dim if planar else None,
+        other_packed_dim=g.other_planar_dim if planar else None,
     )
 
 

@@ -54,7 +54,7 @@ from emulate.numerics.storage import (
 from emulate.pallas import route
 from emulate.planning.exactness import MAX_CHUNKS, MAX_TOTAL_QUANTA
 
-__all__ = ["matmul", "Config", "config"]
+__all__ = ["matmul", "Config", "config", "interpret_mode"]
 
 _LANES = 128
 _SUBLANES = {1: 32, 2: 16, 4: 8}  # second-minor tiling of a VMEM block, by element bytes
@@ -345,7 +345,13 @@ def _run(x: jax.Array, w: jax.Array, cfg: Config) -> jax.Array:
     return accumulate.round_accumulator(outs[0], r.out)
 
 
-def _interpret(interpret: bool | None) -> bool:
+def interpret_mode(interpret: bool | None) -> bool:
+    """Whether :func:`matmul` runs its kernel in Pallas' interpret mode for this
+    ``interpret`` argument: as given, or (None) wherever the default backend is not a TPU.
+
+    Raises:
+      TypeError: ``interpret`` is not None, True or False.
+    """
     if interpret is None:
         return jax.default_backend() != "tpu"
     if isinstance(interpret, bool):
@@ -444,7 +450,7 @@ def matmul(
     else:
         xv = route.decode_codes(xv, xf, r.lhs_compute, r.lhs_scale)
     nbytes = 3 if group == 4 else 1
-    cfg = config(r, t, m, n, k, group, nbytes, passthrough, block_shape, _interpret(interpret))
+    cfg = config(r, t, m, n, k, group, nbytes, passthrough, block_shape, interpret_mode(interpret))
     return _differentiable_run(xv, wdata, w, cfg)
 
 

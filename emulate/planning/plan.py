@@ -106,77 +106,9 @@ class Plan:
         )
 
     def explain(self) -> str:
-        """The plan and the reasons for it, in plain words."""
-        lines = [
-            f"{self.lhs} x {self.rhs} -> {self.out} on {self.target} (mode {self.mode!r})",
-            f"  method: {_METHOD_WORDS[self.method]}",
-            f"  matrix unit sees: {self.lhs_compute} x {self.rhs_compute}, "
-            f"accumulating in {self.accumulator}",
-        ]
-        if self.method == "int8" and (self.lhs_scale or self.rhs_scale):
-            lines.append(
-                f"  scaling: lhs x 2^{self.lhs_scale}, rhs x 2^{self.rhs_scale} makes every value "
-                f"an integer; the sum is scaled back by 2^-{self.lhs_scale + self.rhs_scale}"
-            )
-        if self.slicing is not None:
-            sa, sb = self.slicings()
-
-            def unit(s: exponent_slicing.Slicing) -> str:
-                return f"{s.width}-bit digits" if s.digits else f"{s.width} exponents"
-
-            lines.append(
-                f"  exponent slicing: lhs {sa.count} slices of {unit(sa)}, rhs "
-                f"{sb.count} of {unit(sb)}: {sa.count * sb.count} passes, each chunk of\n"
-                f"    {self.k_chunk} exact; all sums added exactly in 16-bit limbs"
-            )
-            for side, s in (("lhs", sa), ("rhs", sb)):
-                if s.dynamic:
-                    what = "row" if side == "lhs" else "column"
-                    lines.append(
-                        f"  {side} {s.format} is sliced per {what}: {s.count} slices of "
-                        f"{s.width} bits below each {what}'s largest\n"
-                        f"    exponent ({s.count * s.width} bits); where smaller elements "
-                        f"have bits below those, further blocks\n"
-                        f"    of {s.count} slices (each {sa.count * sb.count} more passes) "
-                        "run until none remain"
-                    )
-        elif self.k_chunk is not None:
-            lines.append(
-                f"  K-chunk: {self.k_chunk}, the longest contraction whose partial sums stay\n"
-                f"    exact in {self.accumulator}; chunk sums are combined exactly in int32\n"
-                f"    limbs, for K up to {self.k_limit}"
-            )
-        if self.exact and formats.get(self.out).is_integer:
-            lines.append(
-                f"  numerics: exact; the int32 sum wraps into {self.out} as XLA's integer dots do"
-            )
-        elif self.exact:
-            lines.append("  numerics: exact; the result is the exact sum rounded once")
-        elif self.lhs not in _PLANNED:
-            lines.append(
-                f"  numerics: XLA's own {self.lhs} dot, as lax.dot_general runs it (the sum "
-                "wraps in int32)"
-            )
-        else:
-            lines.append(
-                "  numerics: bounded; |r - exact| <= gamma_K * sum|a*b| + underflow term, "
-                "gamma_K = K*2^-24/(1 - K*2^-24)"
-            )
-        if self.slicing is not None:
-            lines.append(f"  result: the exact sum (16-bit limbs) rounded once into {self.out}")
-        elif formats.get(self.out).is_float and self.out != "float32":
-            lines.append(f"  result: rounded once from {self.accumulator} into {self.out}")
-        if self.fallback is not None:
-            lines.append(
-                f"  off {self.platform}: the host cannot compile {self.lhs} x {self.rhs}, so the "
-                f"program lowered elsewhere takes the {self.fallback.method} route"
-            )
-        lines.append("  candidates (rate in ops/s):")
-        for method, rate, why in self.candidates:
-            mark = "*" if method == self.method else " "
-            shown = _fmt_rate(rate) if why == "ok" else "-"
-            lines.append(f"   {mark} {method:<6} {shown:>10}  {why}")
-        return "\n".join(lines)
+        """The plan and the reasons for it, in plain words: one section per
+        :data:`_EXPLANATION` entry, in that order."""
+        return "\n".join(line for section in _EXPLANATION for line in section(self))
 
     def __str__(self) -> str:
         return self.explain()
@@ -195,6 +127,112 @@ _METHOD_WORDS = {
 
 def _fmt_rate(rate: float) -> str:
     return f"{rate:.3g}" if rate else "-"
+
+
+def _heading(p: Plan) -> list[str]:
+    """The pair, result, target and mode; the method; what the matrix unit sees."""
+    return [
+        f"{p.lhs} x {p.rhs} -> {p.out} on {p.target} (mode {p.mode!r})",
+        f"  method: {_METHOD_WORDS[p.method]}",
+        f"  matrix unit sees: {p.lhs_compute} x {p.rhs_compute}, accumulating in {p.accumulator}",
+    ]
+
+
+def _scaling(p: Plan) -> list[str]:
+    """The power-of-two scaling of the int8 route, where there is one."""
+    if p.method != "int8" or not (p.lhs_scale or p.rhs_scale):
+        return []
+    return [
+        f"  scaling: lhs x 2^{p.lhs_scale}, rhs x 2^{p.rhs_scale} makes every value "
+        f"an integer; the sum is scaled back by 2^-{p.lhs_scale + p.rhs_scale}"
+    ]
+
+
+def _slice_unit(s: exponent_slicing.Slicing) -> str:
+    return f"{s.width}-bit digits" if s.digits else f"{s.width} exponents"
+
+
+def _chunking(p: Plan) -> list[str]:
+    """How the contraction is cut: exponent slices (and per-row or per-column slicing of
+    a wide operand), or K-chunks; nothing for a plan that sums in one pass."""
+    if p.slicing is None:
+        if p.k_chunk is None:
+            return []
+        return [
+            f"  K-chunk: {p.k_chunk}, the longest contraction whose partial sums stay\n"
+            f"    exact in {p.accumulator}; chunk sums are combined exactly in int32\n"
+            f"    limbs, for K up to {p.k_limit}"
+        ]
+    sa, sb = p.slicings()
+    passes = sa.count * sb.count
+    lines = [
+        f"  exponent slicing: lhs {sa.count} slices of {_slice_unit(sa)}, rhs "
+        f"{sb.count} of {_slice_unit(sb)}: {passes} passes, each chunk of\n"
+        f"    {p.k_chunk} exact; all sums added exactly in 16-bit limbs"
+    ]
+    for side, s in (("lhs", sa), ("rhs", sb)):
+        if s.dynamic:
+            what = "row" if side == "lhs" else "column"
+            lines.append(
+                f"  {side} {s.format} is sliced per {what}: {s.count} slices of "
+                f"{s.width} bits below each {what}'s largest\n"
+                f"    exponent ({s.count * s.width} bits); where smaller elements "
+                f"have bits below those, further blocks\n"
+                f"    of {s.count} slices (each {passes} more passes) "
+                "run until none remain"
+            )
+    return lines
+
+
+def _numerics(p: Plan) -> list[str]:
+    """The contract the result keeps: exact (wrapping for an integer result), XLA's own
+    dot (types emulate does not plan for), or bounded."""
+    if p.exact and formats.get(p.out).is_integer:
+        return [f"  numerics: exact; the int32 sum wraps into {p.out} as XLA's integer dots do"]
+    if p.exact:
+        return ["  numerics: exact; the result is the exact sum rounded once"]
+    if p.lhs not in _PLANNED:
+        return [
+            f"  numerics: XLA's own {p.lhs} dot, as lax.dot_general runs it (the sum "
+            "wraps in int32)"
+        ]
+    return [
+        "  numerics: bounded; |r - exact| <= gamma_K * sum|a*b| + underflow term, "
+        "gamma_K = K*2^-24/(1 - K*2^-24)"
+    ]
+
+
+def _rounding(p: Plan) -> list[str]:
+    """The one final rounding into the result type, where the result is narrower."""
+    if p.slicing is not None:
+        return [f"  result: the exact sum (16-bit limbs) rounded once into {p.out}"]
+    if formats.get(p.out).is_float and p.out != "float32":
+        return [f"  result: rounded once from {p.accumulator} into {p.out}"]
+    return []
+
+
+def _fallback(p: Plan) -> list[str]:
+    """The route the program takes when lowered off the target's platform."""
+    if p.fallback is None:
+        return []
+    return [
+        f"  off {p.platform}: the host cannot compile {p.lhs} x {p.rhs}, so the "
+        f"program lowered elsewhere takes the {p.fallback.method} route"
+    ]
+
+
+def _candidates(p: Plan) -> list[str]:
+    """Every method considered, its rate and why not; the chosen one marked ``*``."""
+    lines = ["  candidates (rate in ops/s):"]
+    for method, rate, why in p.candidates:
+        mark = "*" if method == p.method else " "
+        shown = _fmt_rate(rate) if why == "ok" else "-"
+        lines.append(f"   {mark} {method:<6} {shown:>10}  {why}")
+    return lines
+
+
+#: The sections of :meth:`Plan.explain`, in order; each returns its lines (maybe none).
+_EXPLANATION = (_heading, _scaling, _chunking, _numerics, _rounding, _fallback, _candidates)
 
 
 def plan(

@@ -164,8 +164,8 @@ def test_default_blocks_come_from_the_target():
 
 def test_interpret_mode_is_the_default_off_tpu():
     assert jax.default_backend() == "cpu"
-    assert matmul_kernel._interpret(None) is True
-    assert matmul_kernel._interpret(False) is False
+    assert matmul_kernel.interpret_mode(None) is True
+    assert matmul_kernel.interpret_mode(False) is False
 
 
 def _i8(*shape):

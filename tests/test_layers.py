@@ -313,11 +313,6 @@ LARGE_MODULES = {
         "the oracle, kept in one file on purpose (604 lines, 30 definitions): one reading "
         "shows everything the library is checked against, and it imports nothing it checks"
     ),
-    "emulate.cli": SPLIT,
-    "emulate.testing": SPLIT,
-    "emulate.compiler": SPLIT,
-    "emulate.pallas.mosaic_check": SPLIT,
-    "emulate.targets": SPLIT,
     "emulate.quant": SPLIT,
 }
 
@@ -349,31 +344,22 @@ def test_modules_stay_small() -> None:
 # ---------------------------------------------------------------- tests use public names
 
 TESTS = ROOT / "tests"
-H_MOSAIC = "file owned by h-mosaic during issue 23 (compiler/mosaic split); lead: seam or keep"
 H_ARGS = "file owned by h-args during issue 23 (validate once); lead: seam or keep"
-H_SPLIT = "file owned by h-split during issue 23 (testing/cli split); lead: seam or keep"
 
 #: (test file, private name it reaches) -> why it may. Each is a public seam still missing.
 PRIVATE_REACHES = {
-    ("tests/pallas/test_mosaic_check.py", "emulate.pallas.mosaic_check._compiler_here"): H_MOSAIC,
-    ("tests/pallas/test_mosaic_check.py", "emulate.pallas.mosaic_check._warned"): H_MOSAIC,
-    ("tests/pallas/test_mosaic_check.py", "emulate.pallas.mosaic_check._element"): H_MOSAIC,
-    ("tests/pallas/test_mosaic_check.py", "emulate.pallas.mosaic_check._site_of"): H_MOSAIC,
-    ("tests/test_compiler.py", "emulate.compiler._probe_matmul"): H_MOSAIC,
-    ("tests/test_compiler.py", "emulate.compiler._devices"): H_MOSAIC,
-    ("tests/test_compiler.py", "emulate.compiler._unavailable"): H_MOSAIC,
-    ("tests/test_compiler.py", "emulate.compiler._setting_from"): H_MOSAIC,
-    ("tests/test_compiler.py", "emulate.compiler._child_env"): H_MOSAIC,
-    ("tests/test_compiler.py", "emulate.compiler._main"): H_MOSAIC,
-    ("tests/test_targets.py", "emulate.targets._BUILTIN"): H_MOSAIC,
-    ("tests/test_targets.py", "emulate.targets._JAX_CHIP"): H_MOSAIC,
-    ("tests/test_targets.py", "emulate.targets._build_table"): H_MOSAIC,
+    ("tests/pallas/test_mosaic_check.py", "emulate.pallas.mosaic_check._compiler_here"): (
+        "a fixture makes the checker believe libtpu is absent, to test the recorded rules"
+    ),
+    ("tests/pallas/test_mosaic_check.py", "emulate.pallas.mosaic_check._warned"): (
+        "the same fixture resets the once-per-process warnings"
+    ),
+    ("tests/pallas/test_mosaic_check.py", "emulate.pallas.mosaic_check._site_of"): (
+        "which matmul a compiler error is attributed to, tested on made-up messages"
+    ),
     ("tests/test_conv.py", "emulate.conv._GATHER_TAPS"): H_ARGS,
     ("tests/test_conv.py", "emulate.conv._run_sliced_conv"): H_ARGS,
     ("tests/test_dot.py", "emulate.engine.run._run"): H_ARGS + " (run.cache_size())",
-    ("tests/test_testing.py", "emulate.testing._array_expr"): H_SPLIT,
-    ("tests/test_validate.py", "emulate.cli._validate_targets"): H_SPLIT + " (cli.args)",
-    ("tests/test_validate.py", "emulate.cli._validate_formats"): H_SPLIT + " (cli.args)",
 }
 
 
@@ -514,6 +500,9 @@ TESTED_ELSEWHERE = {
     "emulate": "re-exports only: every suite imports it; test_docs checks __all__ is documented",
     "emulate.__main__": "python -m emulate, run by test_validate and test_cli",
     "emulate.engine": "package docstring only",
+    "emulate.compiler": "re-exports only: tests/compiler/ reach every name through it",
+    "emulate.cli.check_kernel": "emulate check-kernel: pallas/test_mosaic_check (CLI and API agree)",
+    "emulate.profiles": "the builtin profile rows and JAX's table: test_targets",
     "emulate.numerics": "package docstring only",
     "emulate.planning": "package docstring only",
     "emulate.pallas": "lazy re-exports: tests/pallas/ reach every name through it",
@@ -523,14 +512,12 @@ TESTED_ELSEWHERE = {
     "emulate.engine.passthrough": "calls left to JAX: test_dot, test_jax_cases",
     "emulate.engine.run": "plan_for, run_plan: test_dot, engine/test_tiled",
     "emulate.engine.sites": "site scopes: test_program, test_rewrite (emulate.inspect)",
-    "emulate.mosaic": "the recorded probe: test_compiler, test_cli, pallas/test_mosaic_check",
     "emulate.mx": "the MX / NVFP4 schemes: test_quant, test_scaled",
     "emulate.numerics.bits": "f32 bit helpers: numerics/test_codecs (every code decoded)",
     "emulate.pallas.route": "kernel routes: pallas/test_kernel_dot, pallas/test_matmul_kernel",
     "emulate.planning.exactness": "exactness limits: planning/test_plan (K-chunks, k_limit)",
     "emulate.planning.slicing": "exponent slicing: engine/test_exact, planning/test_plan",
     "emulate.report": "emulate.inspect: test_program, test_rewrite",
-    "emulate.tables": "plain-text tables: test_cli, test_validate",
 }
 
 
@@ -538,17 +525,28 @@ def _tested_by(test: pathlib.PurePosixPath, exists) -> str | None:
     """What ``tests/<path>/test_<name>[_<suffix>].py`` names: the module
     ``emulate.<path>.<name>`` (or package), or ``benchmarks/<name>.py`` / ``examples/<name>.py``
     under tests/benchmarks/ and tests/examples/; the longest ``<name>`` that exists
-    (``exists(module or file)``). None if it names nothing."""
+    (``exists(module or file)``). None if it names nothing.
+
+    Test files need unique basenames (tests/ holds no ``__init__.py``), so under
+    ``tests/<path>/`` a file may repeat the folder's name first: ``tests/cli/test_cli_args.py``
+    names ``emulate.cli.args``, and ``tests/cli/test_cli_main.py`` the package ``emulate.cli``
+    itself when no module ``main`` exists."""
     dirs = list(test.parts[1:-1])
     words = test.stem.removeprefix("test_").split("_")
-    for n in range(len(words), 0, -1):
-        name = "_".join(words[:n])
-        if dirs[:1] in (["benchmarks"], ["examples"]):
-            candidate = "/".join([*dirs, f"{name}.py"])
-        else:
-            candidate = ".".join(["emulate", *dirs, name])
-        if exists(candidate):
-            return candidate
+    tries = [words]
+    if dirs and words[0] == dirs[-1] and dirs[:1] not in (["benchmarks"], ["examples"]):
+        tries.append(words[1:])
+    for w in tries:
+        for n in range(len(w), 0, -1):
+            name = "_".join(w[:n])
+            if dirs[:1] in (["benchmarks"], ["examples"]):
+                candidate = "/".join([*dirs, f"{name}.py"])
+            else:
+                candidate = ".".join(["emulate", *dirs, name])
+            if exists(candidate):
+                return candidate
+    if len(tries) > 1 and exists(".".join(["emulate", *dirs])):
+        return ".".join(["emulate", *dirs])
     return None
 
 
@@ -601,7 +599,13 @@ def test_the_guard_sees_each_kind_of_misshapen_tree() -> None:
     ]
     assert _doc_module("engine/__init__") == "emulate.engine"
     assert _doc_module("__init__") == "emulate"
-    known = {"emulate.engine.tiled", "benchmarks/tpu.py", "emulate.dot"}
+    known = {
+        "emulate.engine.tiled",
+        "benchmarks/tpu.py",
+        "emulate.dot",
+        "emulate.cli",
+        "emulate.cli.args",
+    }
     named, tested = _mirror(
         [
             "tests/engine/test_tiled_choices.py",
@@ -609,6 +613,9 @@ def test_the_guard_sees_each_kind_of_misshapen_tree() -> None:
             "tests/test_dot.py",
             "tests/test_packing.py",
             "tests/engine/test_dot.py",
+            "tests/cli/test_cli_args.py",
+            "tests/cli/test_cli_main.py",
+            "tests/engine/test_engine_dot.py",
         ],
         known.__contains__,
     )
@@ -618,5 +625,8 @@ def test_the_guard_sees_each_kind_of_misshapen_tree() -> None:
         "tests/test_dot.py": "emulate.dot",
         "tests/test_packing.py": None,
         "tests/engine/test_dot.py": None,
+        "tests/cli/test_cli_args.py": "emulate.cli.args",
+        "tests/cli/test_cli_main.py": "emulate.cli",
+        "tests/engine/test_engine_dot.py": None,
     }
     assert tested == known

@@ -501,7 +501,7 @@ TESTED_ELSEWHERE = {
     "emulate.__main__": "python -m emulate, run by test_validate and test_cli",
     "emulate.engine": "package docstring only",
     "emulate.compiler": "re-exports only: tests/compiler/ reach every name through it",
-    "emulate.cli.check_kernel": "emulate check-kernel: pallas/test_mosaic_check (CLI and API agree)",
+    "emulate.cli.check_kernel": "emulate check-kernel: pallas/test_mosaic_check",
     "emulate.profiles": "the builtin profile rows and JAX's table: test_targets",
     "emulate.numerics": "package docstring only",
     "emulate.planning": "package docstring only",

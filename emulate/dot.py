@@ -294,7 +294,8 @@ def einsum(
             f"all, got {fm!r}"
         )
     own_path = any(not is_plain(x) for x in arrays) or any(
-        f is not None and not formats.get(f).xla_storable for f in fm
+        f is not None and not formats.get(f, arg=f"operand_formats[{i}]").xla_storable
+        for i, f in enumerate(fm)
     )
     if own_path:
         if not isinstance(subscripts, str) or len(arrays) != 2:

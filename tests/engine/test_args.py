@@ -60,9 +60,9 @@ def test_none_dimension_numbers_are_lax_dot():
     ]:
         got = args.dot_args(np.ones(ls, E4), np.ones(rs, E4), None).dimension_numbers
         assert got == want
-        assert lax.dot_general(np.ones(ls), np.ones(rs), None).shape == jax.eval_shape(
-            lambda x, y, dn=got: lax.dot_general(x, y, dn), np.ones(ls), np.ones(rs)
-        ).shape
+        x, y = np.arange(math.prod(ls)).reshape(ls), np.arange(math.prod(rs)).reshape(rs)
+        want_values = lax.dot_general(x, y, None)
+        assert lax.dot_general(x, y, got).tolist() == want_values.tolist()
     with pytest.raises(
         ValueError,
         match=r"^dimension_numbers: None stands for a plain matrix-matrix, matrix-vector or "
@@ -178,9 +178,12 @@ def test_integer_result_of_float_operands():
             refuse()
     with pytest.raises(TypeError, match="preferred_element_type"):
         lax.conv_general_dilated(
-            np.ones((1, 1, 2), np.float32), np.ones((1, 1, 1), np.float32), (1,), "VALID",
+            np.ones((1, 1, 2), np.float32),
+            np.ones((1, 1, 1), np.float32),
+            (1,),
+            "VALID",
             preferred_element_type=jnp.int32,
-        )  # fmt: skip
+        )
 
 
 def test_narrow_integer_results_wrap_from_int32():
@@ -326,14 +329,21 @@ def test_conv_refusals():
         TypeError, match=r"^preferred_element_type: an integer result \(int32\) needs integer"
     ):
         args.conv_args(
-            IMG, KER, (1, 1), "SAME", dimension_numbers=NHWC, feature_group_count=2,
+            IMG,
+            KER,
+            (1, 1),
+            "SAME",
+            dimension_numbers=NHWC,
+            feature_group_count=2,
             preferred_element_type="int32",
-        )  # fmt: skip
+        )
     with pytest.raises(args.PaddingError) as e:
         args.check_conv_params(2, (1, 1), "JUNK", None, None, 1, 1)
     assert isinstance(e.value, ValueError) and isinstance(e.value, RuntimeError)
-    assert str(e.value) == "padding: expected 'VALID', 'SAME', 'SAME_LOWER' or 2 (low, high) " \
-        "pairs, got 'JUNK'"  # fmt: skip
+    assert (
+        str(e.value) == "padding: expected 'VALID', 'SAME', 'SAME_LOWER' or 2 (low, high) "
+        "pairs, got 'JUNK'"
+    )
 
 
 def test_conv_qarray_kernel():
@@ -358,19 +368,11 @@ def test_conv_qarray_kernel():
         args.conv_args(q, q, (1, 1), "SAME", dimension_numbers=NHWC)
 
 
-# --- formats.get(arg=) -------------------------------------------------------------------
-
-
-def test_get_names_the_argument_once():
-    known = ", ".join(formats.names())
-    with pytest.raises(ValueError) as e:
-        formats.get("int3", arg="lhs_format")
-    assert str(e.value) == f"lhs_format: unknown format 'int3'; known formats: {known}"
-    with pytest.raises(TypeError) as t:
-        formats.get(7, arg="rhs_format")
-    assert str(t.value) == "rhs_format: expected a format name, a dtype or a Format, got int 7"
-    with pytest.raises(ValueError) as d:
-        formats.get(np.complex64, arg="to")
-    assert str(d.value) == f"to: dtype complex64 is not a supported format; known formats: {known}"
-    with pytest.raises(TypeError, match=r"^lhs_format: expected a format name"):
-        emulate.dot_general(np.ones((1, 1), np.uint8), np.ones((1, 1), np.int8), DN, lhs_format=7)
+def test_einsum_names_the_operand_format():
+    with pytest.raises(ValueError, match=r"^operand_formats\[1\]: unknown format 'int3'; "):
+        emulate.einsum(
+            "ij,jk",
+            np.ones((1, 1), np.int8),
+            np.ones((1, 1), np.uint8),
+            operand_formats=[None, "int3"],
+        )

@@ -254,10 +254,6 @@ def dot_dimension_numbers(
         raise
 
 
-def _where(a: Operand | QArray, b: Operand | QArray, t: targets.Target) -> str:
-    return describe(a, b, t)
-
-
 def _dot_result(
     a: Operand | QArray, b: Operand | QArray, pet: str | None
 ) -> tuple[str, str | None]:
@@ -310,7 +306,7 @@ def dot_args(
     t = targets.current_target(target)
     m = targets.current_mode(mode)
     a, b = with_format(lhs, lhs_format, "lhs"), with_format(rhs, rhs_format, "rhs")
-    dn = dot_dimension_numbers(dimension_numbers, a.shape, b.shape, _where(a, b, t))
+    dn = dot_dimension_numbers(dimension_numbers, a.shape, b.shape, describe(a, b, t))
     result, wrap_to = _dot_result(a, b, pet)
     return DotArgs(a, b, dn, hashable_precision(precision), result, wrap_to, t, m, out_sharding)
 
@@ -498,7 +494,7 @@ def conv_args(
     m = targets.current_mode(mode)
     a = operand(lhs, lhs_format, arg="lhs")
     b = with_format(rhs, rhs_format, "rhs")
-    where = _where(a, b, t)
+    where = describe(a, b, t)
     least = 3 if isinstance(b, QArray) else 2
     if len(a.shape) != len(b.shape) or len(a.shape) < least:
         raise ValueError(

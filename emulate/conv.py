@@ -12,10 +12,8 @@ of the exactly decoded operands and their tangents with the same parameters
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import operator
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -25,7 +23,7 @@ import numpy as np
 from jax import lax
 
 from emulate import formats
-from emulate.engine import exact, grad, sites
+from emulate.engine import args, exact, grad, sites
 from emulate.engine.contract import check_k, combine_chunk_sums, contract_decoded, finish
 from emulate.engine.operands import (
     Operand,
@@ -34,10 +32,9 @@ from emulate.engine.operands import (
     decode_to,
     describe,
     exact_inputs,
-    hashable_precision,
     operand,
 )
-from emulate.engine.passthrough import passes_through, unplanned_integer_result
+from emulate.engine.passthrough import passes_through
 from emulate.engine.run import per_platform, plan_for
 from emulate.formats import FormatLike
 from emulate.numerics import accumulate
@@ -45,70 +42,11 @@ from emulate.numerics.bits import times_pow2
 from emulate.numerics.storage import Packed
 from emulate.planning.plan import Plan
 from emulate.quant import QArray, broadcast_blocks, dequantize
-from emulate.targets import TargetLike, current_mode, current_target
+from emulate.targets import TargetLike
 
 __all__ = ["conv_general_dilated"]
 
 _GATHER_TAPS = 64  # windows with more taps are cut into patches by gathers, not slices
-
-
-class PaddingError(ValueError, RuntimeError):
-    """An unknown padding string: a ValueError, and the RuntimeError ``lax`` raises for it."""
-
-
-def _ints(name: str, value: Any, n: int, *, low: int | None) -> tuple[int, ...]:
-    """``value`` as a sequence of ``n`` ints, each at least ``low`` (None: any)."""
-    if isinstance(value, str) or not isinstance(value, Sequence | np.ndarray):
-        raise TypeError(
-            f"{name}: expected a sequence of {n} ints (one per spatial dimension), got "
-            f"{type(value).__name__} {value!r}"
-        )
-    try:
-        out = tuple(operator.index(v) for v in value)
-    except TypeError:
-        raise TypeError(f"{name}: expected ints, got {tuple(value)!r}") from None
-    if len(out) != n:
-        raise ValueError(f"{name}: expected {n} values (one per spatial dimension), got {out}")
-    if low is not None and any(v < low for v in out):
-        raise ValueError(f"{name}: expected ints >= {low}, got {out}")
-    return out
-
-
-def _check_params(
-    nsp, window_strides, padding, lhs_dilation, rhs_dilation, feature_groups, batch_groups
-) -> None:
-    """Refuse what ``lax.conv_general_dilated`` refuses, before anything is traced, with
-    the same exception types (TypeError for a non-sequence, ValueError otherwise; an
-    unknown padding string is also the RuntimeError lax raises)."""
-    _ints("window_strides", window_strides, nsp, low=1)
-    for name, dil in (("lhs_dilation", lhs_dilation), ("rhs_dilation", rhs_dilation)):
-        if dil is not None:
-            _ints(name, dil, nsp, low=1)
-    if isinstance(padding, str):
-        if padding.upper() not in ("VALID", "SAME", "SAME_LOWER"):
-            raise PaddingError(
-                f"padding: expected 'VALID', 'SAME', 'SAME_LOWER' or {nsp} (low, high) "
-                f"pairs, got {padding!r}"
-            )
-    else:
-        try:
-            pairs = [(operator.index(lo), operator.index(hi)) for lo, hi in padding]
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"padding: expected 'VALID', 'SAME', 'SAME_LOWER' or {nsp} (low, high) pairs "
-                f"of ints, got {padding!r}"
-            ) from None
-        if len(pairs) != nsp:
-            raise ValueError(f"padding: expected {nsp} (low, high) pairs, got {len(pairs)}")
-    for name, v in (("feature_group_count", feature_groups), ("batch_group_count", batch_groups)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name}: expected a positive int, got {v!r}")
-
-
-def _tuple(x: Any) -> Any:
-    if x is None or isinstance(x, str):
-        return x
-    return tuple(_tuple(v) if isinstance(v, (list, tuple)) else int(v) for v in x)
 
 
 def conv_general_dilated(
@@ -156,49 +94,18 @@ def conv_general_dilated(
     Raises:
       TypeError: ``window_strides`` or a dilation that is not a sequence of ints (as lax).
       ValueError: strides or dilations below 1, a padding that is no padding string or
-        (low, high) pairs (an unknown string raises :class:`PaddingError`, also a
-        RuntimeError as in lax), rank or feature-count mismatches (naming both operands
-        and the target);
+        (low, high) pairs (an unknown string raises
+        :class:`emulate.engine.args.PaddingError`, also a RuntimeError as in lax), rank or
+        feature-count mismatches (naming both operands and the target);
         an exact plan on a native sub-byte pair (int4) whose window alone exceeds the exact
         K-chunk, or that needs chunking with ``feature_group_count`` or
         ``batch_group_count`` above 1 (not built); a contraction beyond the plan's K limit.
     """
-    if isinstance(lhs, QArray):
-        raise TypeError(
-            "lhs: a QArray input is not built for convolutions (only QArray kernels, rhs); "
-            "pass lhs.dequantize() or an array of a low-precision format"
-        )
-    conv = dict(
-        window_strides=window_strides,
-        padding=padding,
-        lhs_dilation=lhs_dilation,
-        rhs_dilation=rhs_dilation,
-        dimension_numbers=dimension_numbers,
-        feature_group_count=feature_group_count,
-        batch_group_count=batch_group_count,
-    )
-    if isinstance(rhs, QArray):
-        if rhs_format is not None:
-            raise ValueError(
-                f"rhs_format: a QArray carries its format ({rhs.format_name}); pass "
-                f"rhs_format only with uint8 codes, got rhs_format={rhs_format!r}"
-            )
-        with _site_scope(lhs, rhs, lhs_format, None, preferred_element_type, target, mode, conv):
-            out = _qarray_conv(
-                lhs,
-                rhs,
-                conv,
-                precision,
-                preferred_element_type,
-                target=target,
-                mode=mode,
-                lhs_format=lhs_format,
-            )
-        return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
     if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
+        args.preferred(preferred_element_type)  # emulate's message for a type that is none
         nd = min(np.ndim(cast(Any, lhs)), np.ndim(cast(Any, rhs)))
         if nd >= 2:  # emulate's messages, with lax's exception types
-            _check_params(
+            args.check_conv_params(
                 nd - 2,
                 window_strides,
                 padding,
@@ -221,158 +128,66 @@ def conv_general_dilated(
             preferred_element_type,
             out_sharding=out_sharding,
         )
-    with _site_scope(lhs, rhs, lhs_format, rhs_format, preferred_element_type, target, mode, conv):
-        out = _emulated_conv(
-            lhs,
-            rhs,
-            window_strides,
-            padding,
-            lhs_dilation,
-            rhs_dilation,
-            dimension_numbers,
-            feature_group_count,
-            batch_group_count,
-            precision,
-            preferred_element_type,
-            target,
-            mode,
-            lhs_format,
-            rhs_format,
-        )
-    return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
-
-
-def _site_scope(
-    lhs: Any,
-    rhs: Any,
-    lhs_format: FormatLike | None,
-    rhs_format: FormatLike | None,
-    preferred_element_type: FormatLike | None,
-    target: TargetLike,
-    mode: str | None,
-    conv: dict[str, Any],
-) -> contextlib.AbstractContextManager[Any]:
-    """The named scope that marks this call as one emulated site for :func:`emulate.inspect`
-    (no scope where the call is malformed: the route below raises the clear error)."""
-    try:
-        q = rhs if isinstance(rhs, QArray) else None
-        a = operand(lhs, lhs_format, arg="lhs")
-        b_fmt, b_shape = (
-            (q.format_name, tuple(q.shape)) if q is not None else _format_shape(rhs, rhs_format)
-        )
-        logical = q.dtype.name if q is not None else b_fmt
-        out = formats.dot_result(a.format_name, logical, preferred_element_type).name
-        stand_in = [jax.ShapeDtypeStruct(s, jnp.float32) for s in (a.shape, b_shape)]
-        out_shape = jax.eval_shape(
-            lambda x, w: lax.conv_general_dilated(x, w, **conv), *stand_in
-        ).shape
-        dn = lax.conv_dimension_numbers(a.shape, b_shape, conv["dimension_numbers"])
-        k = math.prod(b_shape[d] for d in dn.rhs_spec[1:])
-        tag = sites.SiteTag(
-            "conv_general_dilated",
-            sites.operand_text(a.format_name, a.shape),
-            sites.operand_text(b_fmt, b_shape, q),
-            out,
-            current_target(target).name,
-            current_mode(mode),
-            2 * math.prod(out_shape) * k,
-        )
-    except (TypeError, ValueError, RuntimeError, IndexError):  # e.g. rank-2 operands
-        return contextlib.nullcontext()
-    return sites.scope(tag)
-
-
-def _format_shape(x: Any, fmt: FormatLike | None) -> tuple[str, tuple[int, ...]]:
-    b = operand(x, fmt, arg="rhs")
-    return b.format_name, tuple(b.shape)
-
-
-def _emulated_conv(
-    lhs,
-    rhs,
-    window_strides,
-    padding,
-    lhs_dilation,
-    rhs_dilation,
-    dimension_numbers,
-    feature_group_count,
-    batch_group_count,
-    precision,
-    preferred_element_type,
-    target,
-    mode,
-    lhs_format,
-    rhs_format,
-) -> jax.Array:
-    a = operand(lhs, lhs_format, arg="lhs")
-    b = operand(rhs, rhs_format, arg="rhs")
-    where = describe(a, b, target)
-    if len(a.shape) != len(b.shape) or len(a.shape) < 2:
-        raise ValueError(f"lhs, rhs: convolution operands need the same rank, at least 2; {where}")
-    dn = lax.conv_dimension_numbers(a.shape, b.shape, dimension_numbers)
-    _check_params(
-        len(a.shape) - 2,
+    call = args.conv_args(
+        lhs,
+        rhs,
         window_strides,
         padding,
         lhs_dilation,
         rhs_dilation,
+        dimension_numbers,
         feature_group_count,
         batch_group_count,
+        precision,
+        preferred_element_type,
+        target=target,
+        mode=mode,
+        lhs_format=lhs_format,
+        rhs_format=rhs_format,
+        out_sharding=out_sharding,
     )
-    in_l = a.shape[dn.lhs_spec[1]]
-    in_r = b.shape[dn.rhs_spec[1]]
-    if in_l != in_r * feature_group_count:
-        raise ValueError(
-            f"lhs, rhs: lhs has {in_l} input features, rhs expects {in_r} x "
-            f"feature_group_count {feature_group_count}; {where}"
-        )
-    wrap_to = unplanned_integer_result(preferred_element_type, a, b)
-    if wrap_to is not None:  # the int32 sum wraps into it as into XLA's own accumulator
-        preferred_element_type = jnp.int32
-    p = plan_for(a, b, target, preferred_element_type, mode)
-    window = math.prod(b.shape[d] for d in dn.rhs_spec[2:])
-    k = in_r * window
+    with sites.scope(call.tag()):
+        if isinstance(call.rhs, QArray):
+            out = _qarray_conv(call, call.lhs, call.rhs)
+        else:
+            out = _emulated_conv(call, call.lhs, call.rhs)
+    return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
+
+
+def _emulated_conv(call: args.ConvArgs, a: Operand, b: Operand) -> jax.Array:
+    """The convolution of two validated operands by their plan."""
+    where = describe(a, b, call.target)
+    p = plan_for(a, b, call.target, call.result, call.mode)
+    window, k = call.window, call.k
+    g, bg = call.feature_group_count, call.batch_group_count
     chunked = p.k_chunk is not None and k > p.k_chunk
     # Patches, then a dot: mode "exact" by exponent slicing, and exact-class plans whose
     # chunks cannot be cut along the input features (groups, or a window longer than the
     # chunk) where the compute types can be moved as plain words.
     patched = p.slicing is not None or (
         chunked
-        and (
-            feature_group_count != 1
-            or batch_group_count != 1
-            or (p.k_chunk is not None and p.k_chunk < window)  # chunked: k_chunk is set
-        )
+        and (g != 1 or bg != 1 or (p.k_chunk is not None and p.k_chunk < window))
         and {p.lhs_compute, p.rhs_compute} <= {"int8", "bfloat16", "float32"}
     )
     check_k(p, k)
-    params = dict(
-        window_strides=_tuple(window_strides),
-        padding=_tuple(padding),
-        lhs_dilation=_tuple(lhs_dilation),
-        rhs_dilation=_tuple(rhs_dilation),
-        dimension_numbers=dn,
-        feature_group_count=int(feature_group_count),
-        batch_group_count=int(batch_group_count),
-        precision=hashable_precision(precision),
-    )
+    params = dict(call.lax_params(), precision=call.precision)
     if patched:  # explicit pads and dilations: the patches are cut by hand
         ones = (1,) * (len(a.shape) - 2)
         params.update(
-            window_strides=params["window_strides"] or ones,
-            padding=_pads(a.shape, b.shape, dn, window_strides, padding, rhs_dilation),
-            lhs_dilation=params["lhs_dilation"] or ones,
-            rhs_dilation=params["rhs_dilation"] or ones,
+            padding=_pads(a.shape, b.shape, call),
+            lhs_dilation=call.lhs_dilation or ones,
+            rhs_dilation=call.rhs_dilation or ones,
         )
         out = _differentiable_conv((p, True, None, tuple(sorted(params.items()))), a, b)
-        return out if wrap_to is None else out.astype(wrap_to)
+        return out if call.wrap_to is None else out.astype(call.wrap_to)
     slice_features = None
-    if p.k_chunk is not None and k > p.k_chunk:
-        if feature_group_count != 1 or batch_group_count != 1:
+    if chunked:
+        if g != 1 or bg != 1:
             raise ValueError(
                 f"feature_group_count: an exact {p.lhs} x {p.rhs} convolution with K = {k} "
                 f"needs chunking, which is not built for grouped convolutions; {where}"
             )
+        assert p.k_chunk is not None  # chunked
         slice_features = p.k_chunk // window
         if slice_features == 0:
             raise ValueError(
@@ -380,7 +195,7 @@ def _emulated_conv(
                 f"{p.k_chunk} of {p.lhs} x {p.rhs}; {where}"
             )
     out = _differentiable_conv((p, False, slice_features, tuple(sorted(params.items()))), a, b)
-    return out if wrap_to is None else out.astype(wrap_to)
+    return out if call.wrap_to is None else out.astype(call.wrap_to)
 
 
 def _route(static: tuple, lhs: Operand, rhs: Operand) -> jax.Array:
@@ -398,33 +213,11 @@ def _contract_f32(static: tuple, x: jax.Array, w: jax.Array) -> jax.Array:
 _differentiable_conv = grad.bilinear(_route, _contract_f32)
 
 
-def _qarray_conv(
-    lhs: OperandLike,
-    q: QArray,
-    conv: dict[str, Any],
-    precision: Precision,
-    preferred_element_type: FormatLike | None,
-    *,
-    target: TargetLike,
-    mode: str | None,
-    lhs_format: FormatLike | None,
-) -> jax.Array:
+def _qarray_conv(call: args.ConvArgs, a: Operand, q: QArray) -> jax.Array:
     """:func:`conv_general_dilated` with a QArray kernel (see its docstring)."""
-    a = operand(lhs, lhs_format, arg="lhs")
-    mode = current_mode(mode)
-    if len(a.shape) != len(q.shape) or len(q.shape) < 3:
-        raise ValueError(
-            f"lhs, rhs: convolution operands need the same rank, at least 3; got lhs "
-            f"{a.format_name}{list(a.shape)} and rhs {q!r}"
-        )
-    dn = lax.conv_dimension_numbers(a.shape, q.shape, conv["dimension_numbers"])
-    out = formats.dot_result(a.format_name, q.dtype.name, preferred_element_type)
-    if not out.xla_storable or out.is_low_precision or out.is_integer:
-        raise ValueError(
-            f"preferred_element_type: the result of a convolution with a QArray kernel must "
-            f"be float32, bfloat16 or float16, got {out.name}"
-        )
-    kw = dict(conv, dimension_numbers=dn, target=target)
+    mode, precision, out = call.mode, call.precision, call.result
+    dn = call.dimension_numbers
+    kw = dict(call.lax_params(), target=call.target)
     o = dn.rhs_spec[0]
     per_channel = all(q.block_shape[d] >= q.shape[d] for d in range(len(q.shape)) if d != o)
     if mode == "exact" or not per_channel:
@@ -439,13 +232,13 @@ def _qarray_conv(
         if values.dtype == jnp.float32:
             precision = lax.Precision.HIGHEST  # a TPU's default would round f32 to bf16
         return conv_general_dilated(
-            a, values, precision=precision, preferred_element_type=out.name, mode=mode, **kw
+            a, values, precision=precision, preferred_element_type=out, mode=mode, **kw
         )
     codes = q.codes if isinstance(q.codes, Packed) else operand(q.codes, q.format_name, arg="rhs")
     acc = conv_general_dilated(
         a, codes, precision=precision, preferred_element_type="float32", mode="fast", **kw
     )
-    return _scale_output_channels(acc, q, o, dn.out_spec[1], out.name)
+    return _scale_output_channels(acc, q, o, dn.out_spec[1], out)
 
 
 @functools.partial(jax.jit, static_argnames=("o", "out_axis", "out"))
@@ -490,18 +283,18 @@ def _conv(p: Plan, lhs: Operand, rhs: Operand, *, slice_features, params) -> jax
     return combine_chunk_sums(p, jnp.stack(partials), axis=0)
 
 
-def _pads(lshape, rshape, dn, strides, padding, rhs_dilation) -> tuple[tuple[int, int], ...]:
+def _pads(
+    lshape: tuple[int, ...], rshape: tuple[int, ...], call: args.ConvArgs
+) -> tuple[tuple[int, int], ...]:
     """Explicit (low, high) pads, as ``lax.conv_general_dilated`` resolves a padding string."""
-    nsp = len(lshape) - 2
-    if not isinstance(padding, str):
-        return tuple((int(lo), int(hi)) for lo, hi in padding)
-    rd = _tuple(rhs_dilation) or (1,) * nsp
+    if not isinstance(call.padding, str):
+        return call.padding
+    dn = call.dimension_numbers
+    rd = call.rhs_dilation or (1,) * (len(lshape) - 2)
     window = [(rshape[d] - 1) * r + 1 for d, r in zip(dn.rhs_spec[2:], rd, strict=True)]
     sizes = [lshape[d] for d in dn.lhs_spec[2:]]
-    return tuple(
-        (int(lo), int(hi))
-        for lo, hi in lax.padtype_to_pads(sizes, window, _tuple(strides) or (1,) * nsp, padding)
-    )
+    pads = lax.padtype_to_pads(sizes, window, call.window_strides, call.padding)
+    return tuple((int(lo), int(hi)) for lo, hi in pads)
 
 
 @functools.partial(jax.jit, static_argnames=("p", "params"))

@@ -22,17 +22,10 @@ import numpy as np
 from jax import lax
 
 from emulate import formats, targets
-from emulate.engine import sites, tiled
-from emulate.engine.layout import DimensionNumbers, normalize_dimension_numbers
-from emulate.engine.operands import (
-    Operand,
-    OperandLike,
-    Precision,
-    describe,
-    hashable_precision,
-    operand,
-)
-from emulate.engine.passthrough import is_plain, passes_through, unplanned_integer_result
+from emulate.engine import args, sites, tiled
+from emulate.engine.layout import DimensionNumbers
+from emulate.engine.operands import Operand, OperandLike, Precision, operand
+from emulate.engine.passthrough import is_plain, passes_through
 from emulate.engine.run import plan_for, run_plan
 from emulate.formats import FormatLike
 from emulate.numerics.storage import from_codes, is_array
@@ -99,100 +92,46 @@ def dot_general(
         dimension numbers (emulate's message, naming the operands and the target, with
         JAX's exception type); emulate's own refusals as documented in docs/api.md.
     """
-    if dimension_numbers is None:
-        dimension_numbers = _default_dimension_numbers(_shape_of(lhs), _shape_of(rhs))
-    _check_preferred(preferred_element_type)
     if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
-        shapes = _shape_of(lhs), _shape_of(rhs)
-        try:
-            normalize_dimension_numbers(dimension_numbers, *shapes, "lhs, rhs: as JAX's")
-        except (TypeError, ValueError) as e:
-            _raise_as_jax(e, lambda x, y: lax.dot_general(x, y, dimension_numbers), *shapes)
-            raise
+        args.preferred(preferred_element_type)  # emulate's message for a type that is none
+        dn = args.dot_dimension_numbers(
+            dimension_numbers, args.shape_of(lhs), args.shape_of(rhs), "lhs, rhs: as JAX's"
+        )
         return lax.dot_general(  # plain arrays or scalars: passes_through checked them
             cast(Any, lhs),
             cast(Any, rhs),
-            dimension_numbers,
+            dn,
             precision,
             preferred_element_type,
             out_sharding=out_sharding,
         )
-    if isinstance(lhs, QArray) or isinstance(rhs, QArray):
-        x, y = (
-            _with_format(v, f, arg)
-            for v, f, arg in ((lhs, lhs_format, "lhs"), (rhs, rhs_format, "rhs"))
-        )
-        out = qarray_dot_general(
-            x, y, dimension_numbers, precision, preferred_element_type, target=target, mode=mode
-        )
-        return _resharded(out, out_sharding)
-    a = operand(lhs, lhs_format, arg="lhs")
-    b = operand(rhs, rhs_format, arg="rhs")
-    try:
-        dn = normalize_dimension_numbers(
-            dimension_numbers, a.shape, b.shape, describe(a, b, target)
-        )
-    except (TypeError, ValueError) as e:
-        _raise_as_jax(e, lambda x, y: lax.dot_general(x, y, dimension_numbers), a.shape, b.shape)
-        raise
-    wrap_to = unplanned_integer_result(preferred_element_type, a, b)
-    if wrap_to is not None:  # the int32 sum wraps into it as into XLA's own accumulator
-        preferred_element_type = jnp.int32
-    p = plan_for(a, b, target, preferred_element_type, mode)
-    tag = sites.SiteTag(
-        "dot_general",
-        sites.operand_text(a.format_name, a.shape),
-        sites.operand_text(b.format_name, b.shape),
-        p.out,
-        p.target,
-        p.mode,
-        sites.dot_flops(a.shape, b.shape, dn),
+    call = args.dot_args(
+        lhs,
+        rhs,
+        dimension_numbers,
+        precision,
+        preferred_element_type,
+        target=target,
+        mode=mode,
+        lhs_format=lhs_format,
+        rhs_format=rhs_format,
+        out_sharding=out_sharding,
     )
-    with sites.scope(tag):
-        out = run_plan(p, a, b, dn, hashable_precision(precision), tiled.current_settings())
-    if wrap_to is not None:
-        out = out.astype(wrap_to)
-    return _resharded(out, out_sharding)
+    return _emulated_dot(call)
 
 
-def _shape_of(x: Any) -> tuple[int, ...]:
-    shape = getattr(x, "shape", None)
-    return tuple(shape) if shape is not None else tuple(np.shape(x))
-
-
-def _default_dimension_numbers(lhs: tuple[int, ...], rhs: tuple[int, ...]) -> DimensionNumbers:
-    """``lax.dot``'s reading of ``dimension_numbers=None``: a plain matrix or vector
-    product (ValueError otherwise, as lax)."""
-    if 1 <= len(lhs) <= 2 and 1 <= len(rhs) <= 2 and lhs[-1] == rhs[0]:
-        return ((len(lhs) - 1,), (0,)), ((), ())
-    raise ValueError(
-        "dimension_numbers: None stands for a plain matrix-matrix, matrix-vector or "
-        f"vector-vector product (as in lax.dot); pass them for shapes {lhs} and {rhs}"
-    )
-
-
-def _check_preferred(preferred_element_type: Any) -> None:
-    """Refuse a ``preferred_element_type`` that is neither a format nor a JAX dtype."""
-    if preferred_element_type is None:
-        return
-    try:
-        formats.get(preferred_element_type)
-    except (TypeError, ValueError) as e:
-        try:
-            np.dtype(preferred_element_type)  # one of JAX's own types (complex64, ...)
-        except TypeError:
-            raise type(e)(f"preferred_element_type: {str(e).removeprefix('fmt: ')}") from None
-
-
-def _raise_as_jax(err: Exception, jax_fn: Callable[..., Any], *shapes: Sequence[int]) -> None:
-    """Raise ``err``'s message with the exception type JAX raises for the same shapes
-    (float32 stand-ins); return if JAX accepts them or raises the same type."""
-    try:
-        jax.eval_shape(jax_fn, *(jax.ShapeDtypeStruct(tuple(s), jnp.float32) for s in shapes))
-    except (TypeError, ValueError) as jax_err:
-        if type(jax_err) is not type(err) and isinstance(jax_err, (TypeError, ValueError)):
-            kind = TypeError if isinstance(jax_err, TypeError) else ValueError
-            raise kind(str(err)) from None
+def _emulated_dot(call: args.DotArgs) -> jax.Array:
+    """Run a validated call: QArray operands by :mod:`emulate.scaled`, others by their plan."""
+    if call.has_qarray:
+        return _resharded(qarray_dot_general(call), call.out_sharding)
+    a, b = call.lhs, call.rhs
+    assert isinstance(a, Operand) and isinstance(b, Operand)  # no QArray: Operands
+    p = plan_for(a, b, call.target, call.result, call.mode)
+    with sites.scope(call.tag()):
+        out = run_plan(p, a, b, call.dimension_numbers, call.precision, tiled.current_settings())
+    if call.wrap_to is not None:  # the int32 sum wraps into it as into XLA's own accumulator
+        out = out.astype(call.wrap_to)
+    return _resharded(out, call.out_sharding)
 
 
 def _resharded(out: jax.Array, out_sharding: Any) -> jax.Array:
@@ -232,41 +171,16 @@ def matmul(
             preferred_element_type=preferred_element_type,
             out_sharding=out_sharding,
         )
-    if isinstance(a, QArray) or isinstance(b, QArray):
-        x, y = _with_format(a, a_format, "a"), _with_format(b, b_format, "b")
+    x, y = args.matmul_operands(a, b, a_format, b_format)
+    if isinstance(x, QArray) or isinstance(y, QArray):
         out = _matmul_dims(x, y, precision, preferred_element_type, target, mode)
         return _resharded(out, out_sharding)
-    x = operand(a, a_format, arg="a")
-    y = operand(b, b_format, arg="b")
     if preferred_element_type is None:
         preferred_element_type = _jnp_result_type(x.format_name, y.format_name)
-    xs, ys = x.shape, y.shape
-    try:
-        if len(xs) == 0 or len(ys) == 0:
-            raise ValueError(
-                f"a, b: matmul needs operands of at least one dimension, got shapes {xs} and {ys}"
-            )
-        xv, yv = x, y
-        if len(xs) == 1:
-            xv = Operand(x.unpacked()[None, :], x.format_name)
-        if len(ys) == 1:
-            yv = Operand(y.unpacked()[:, None], y.format_name)
-        xs, ys = xv.shape, yv.shape
-        if xs[-1] != ys[-2]:
-            raise ValueError(
-                f"a, b: matmul contracts a's last dimension ({xs[-1]}) with b's second to "
-                f"last ({ys[-2]}); a {x.format_name}{list(x.shape)}, b "
-                f"{y.format_name}{list(y.shape)}"
-            )
-        try:
-            batch = np.broadcast_shapes(xs[:-2], ys[:-2])
-        except ValueError:
-            raise ValueError(
-                f"a, b: batch dimensions {xs[:-2]} and {ys[:-2]} do not broadcast"
-            ) from None
-    except ValueError as e:
-        _raise_as_jax(e, jnp.matmul, x.shape, y.shape)
-        raise
+    xv = Operand(x.unpacked()[None, :], x.format_name) if len(x.shape) == 1 else x
+    yv = Operand(y.unpacked()[:, None], y.format_name) if len(y.shape) == 1 else y
+    xs, ys = xv.shape, yv.shape
+    batch = np.broadcast_shapes(xs[:-2], ys[:-2])  # matmul_operands checked that they do
     if xs[:-2] != batch:
         xv = Operand(jnp.broadcast_to(xv.unpacked(), batch + xs[-2:]), xv.format_name)
     if ys[:-2] != batch:
@@ -300,41 +214,25 @@ def _jnp_result_type(*names: str) -> str | None:
         return None
 
 
-def _with_format(x: OperandLike | QArray, fmt: FormatLike | None, arg: str) -> Operand | QArray:
-    """A QArray as it is (its codes carry their format), anything else as an Operand."""
-    if not isinstance(x, QArray):
-        return operand(x, fmt, arg=arg)
-    if fmt is not None:
-        raise ValueError(
-            f"{arg}_format: a QArray carries its format ({x.format_name}); pass "
-            f"{arg}_format only with uint8 codes, got {arg}_format={fmt!r}"
-        )
-    return x
-
-
 def _matmul_dims(
-    x: Operand | QArray, y: Operand | QArray, precision, preferred_element_type, target, mode
+    x: Operand | QArray,
+    y: Operand | QArray,
+    precision: Precision,
+    preferred_element_type: FormatLike | None,
+    target: TargetLike,
+    mode: str | None,
 ) -> jax.Array:
-    """``matmul`` as one ``dot_general`` (no broadcasting copies), for QArray operands."""
+    """``matmul`` as one ``dot_general`` (no broadcasting copies), for QArray operands
+    (shapes checked by :func:`emulate.engine.args.matmul_operands`)."""
     xn, yn = len(x.shape), len(y.shape)
-    if xn == 0 or yn == 0:
-        raise ValueError(
-            f"a, b: matmul needs operands of at least one dimension, got shapes {x.shape} "
-            f"and {y.shape}"
-        )
     dn: DimensionNumbers
     if yn <= 2:  # (..., K) x (K,) or (K, N): contract, no batch
         dn = ((xn - 1,), (0,)), ((), ())
     elif xn <= 2:  # (K,) or (M, K) x (..., K, N): result (M, ..., N) moved to (..., M, N)
         dn = ((xn - 1,), (yn - 2,)), ((), ())
-    elif xn == yn and tuple(x.shape[:-2]) == tuple(y.shape[:-2]):
+    else:  # equal batch dimensions
         nb = xn - 2
         dn = ((nb + 1,), (nb,)), (tuple(range(nb)), tuple(range(nb)))
-    else:
-        raise ValueError(
-            f"a, b: matmul of a QArray needs equal batch dimensions or a 1-D/2-D operand, "
-            f"got shapes {tuple(x.shape)} and {tuple(y.shape)}"
-        )
     out = dot_general(x, y, dn, precision, preferred_element_type, target=target, mode=mode)
     if 2 < yn and xn == 2:
         out = jnp.moveaxis(out, 0, -2)
@@ -396,7 +294,8 @@ def einsum(
             f"all, got {fm!r}"
         )
     own_path = any(not is_plain(x) for x in arrays) or any(
-        f is not None and not formats.get(f).xla_storable for f in fm
+        f is not None and not formats.get(f, arg=f"operand_formats[{i}]").xla_storable
+        for i, f in enumerate(fm)
     )
     if own_path:
         if not isinstance(subscripts, str) or len(arrays) != 2:
@@ -480,7 +379,7 @@ def _einsum_pair(
     mode: str,
 ) -> jax.Array:
     """emulate's own two-operand einsum, for QArray, Packed and float6-code operands."""
-    x, y = (_with_format(v, f, arg) for v, f, arg in zip(operands, fm, ("lhs", "rhs")))
+    x, y = (args.with_format(v, f, arg) for v, f, arg in zip(operands, fm, ("lhs", "rhs")))
     ins, out_idx = _parse_einsum(subscripts, (len(x.shape), len(y.shape)))
     li, ri = ins
     for name, idx in (("lhs", li), ("rhs", ri)):

@@ -32,6 +32,8 @@ __all__ = [
     "dot_result",
     "get",
     "names",
+    "preferred_format",
+    "result_format",
     "unsigned_dtype",
 ]
 
@@ -338,8 +340,11 @@ def names() -> tuple[str, ...]:
     return LOW_PRECISION + WIDE
 
 
-def get(fmt: FormatLike) -> Format:
+def get(fmt: FormatLike, *, arg: str = "fmt") -> Format:
     """Return the :class:`Format` for a name, alias, numpy/ml_dtypes/jnp dtype or Format.
+
+    ``arg`` names the argument in the messages (``"lhs_format: unknown format ..."``), so
+    that callers need not re-word them.
 
     Raises:
       TypeError: ``fmt`` is not a name, dtype or Format (None included: numpy would read
@@ -352,7 +357,7 @@ def get(fmt: FormatLike) -> Format:
     if fmt is None or isinstance(fmt, (bool, int, float)):
         # np.dtype(None) is float64 and np.dtype(int) is int64: neither is what was meant.
         raise TypeError(
-            f"fmt: expected a format name, a dtype or a Format, got {type(fmt).__name__} {fmt!r}"
+            f"{arg}: expected a format name, a dtype or a Format, got {type(fmt).__name__} {fmt!r}"
         )
     reg = _registry()
     if isinstance(fmt, str):
@@ -360,18 +365,37 @@ def get(fmt: FormatLike) -> Format:
         key = _ALIASES.get(key, key)
         if key in reg:
             return reg[key]
-        raise ValueError(f"fmt: unknown format {fmt!r}; known formats: {', '.join(names())}")
+        raise ValueError(f"{arg}: unknown format {fmt!r}; known formats: {', '.join(names())}")
     try:
         dt = np.dtype(fmt)
     except TypeError:
         raise TypeError(
-            f"fmt: expected a format name, a dtype or a Format, got {type(fmt).__name__} {fmt!r}"
+            f"{arg}: expected a format name, a dtype or a Format, got {type(fmt).__name__} {fmt!r}"
         ) from None
     if dt.name in reg:
         return reg[dt.name]
     raise ValueError(
-        f"fmt: dtype {dt.name} is not a supported format; known formats: {', '.join(names())}"
+        f"{arg}: dtype {dt.name} is not a supported format; known formats: {', '.join(names())}"
     )
+
+
+def preferred_format(preferred_element_type: FormatLike) -> Format:
+    """``preferred_element_type`` (of a dot or a convolution) read as a format.
+
+    Raises:
+      TypeError: it names no type at all (``"junk"``, ``5``), as ``lax.dot_general``
+        raises for it.
+      ValueError: a dtype that is not a registered format (``complex64``, ``int16``).
+    Both messages start ``preferred_element_type:``.
+    """
+    try:
+        return get(preferred_element_type, arg="preferred_element_type")
+    except ValueError as e:
+        try:
+            np.dtype(preferred_element_type)
+        except TypeError:
+            raise TypeError(str(e)) from None
+        raise
 
 
 def _rank(f: Format) -> tuple[int, int, int, bool]:
@@ -401,6 +425,8 @@ def dot_result(
       TypeError: operands of different types with equal keys and no
         ``preferred_element_type`` (JAX rejects them even with one; emulate accepts
         them then), or an integer result with a narrower ``preferred_element_type``.
+      TypeError, ValueError: a ``preferred_element_type`` that is no format
+        (:func:`preferred_format`).
     """
     a, b = get(lhs), get(rhs)
     ra, rb = _rank(a), _rank(b)
@@ -412,12 +438,34 @@ def dot_result(
     out = a if ra >= rb else b
     if preferred_element_type is None:
         return out
-    try:
-        pref = get(preferred_element_type)
-    except (TypeError, ValueError) as e:
-        raise type(e)(f"preferred_element_type: {str(e).removeprefix('fmt: ')}") from None
+    pref = preferred_format(preferred_element_type)
     if out.is_integer and pref.bits < out.bits:
         raise TypeError(
             f"preferred_element_type: {pref.name} is narrower than the result type {out.name}"
         )
     return pref
+
+
+def result_format(
+    lhs: FormatLike, rhs: FormatLike, preferred_element_type: FormatLike | None = None
+) -> Format:
+    """The format emulate rounds a dot's (or a convolution's) sum into: :func:`dot_result`'s,
+    except that an integer result needs integer operands.
+
+    ``lax.dot_general`` converts a float sum to an integer ``preferred_element_type``
+    (toward zero); ``lax.conv_general_dilated`` refuses it with a TypeError, and so does
+    emulate, whose contract rounds the sum once. The plans (:func:`emulate.plan`), the
+    oracle (:mod:`emulate.reference`) and the front ends all read the result here.
+
+    Raises:
+      TypeError: as :func:`dot_result`, or an integer result of a float operand.
+      ValueError: as :func:`preferred_format`.
+    """
+    a, b = get(lhs, arg="lhs"), get(rhs, arg="rhs")
+    out = dot_result(a, b, preferred_element_type)
+    if out.is_integer and not (a.is_integer and b.is_integer):
+        raise TypeError(
+            f"preferred_element_type: an integer result ({out.name}) needs integer operands, "
+            f"got {a.name} x {b.name}"
+        )
+    return out

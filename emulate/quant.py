@@ -339,11 +339,8 @@ def _leaf_shape(x: Any) -> tuple[int, ...] | None:
 
 def _check_qarray(q: QArray, arg: str = "QArray") -> None:
     """Refuse a QArray whose parts disagree (names ``arg`` and the part)."""
-    try:
-        f = formats.get(q.format_name)
-        sf = formats.get(q.scale_format)
-    except (TypeError, ValueError) as e:
-        raise type(e)(f"{arg}: {str(e).removeprefix('fmt: ')}") from None
+    f = formats.get(q.format_name, arg=arg)
+    sf = formats.get(q.scale_format, arg=arg)
     if f.name in formats.SCALE_ONLY:  # wide floats are allowed: scaled_matmul's f32 operands
         raise ValueError(f"{arg}: format_name {f.name} is a scale type, not an element format")
     if sf.name not in SCALE_FORMATS:

@@ -93,7 +93,7 @@ def decode(
                 f"format's dtype ({', '.join(formats.names())}) or raw unsigned codes with fmt"
             ) from None
         return _cast(arr, target)
-    f = _format(fmt, "fmt")
+    f = formats.get(fmt)
     if arr.dtype == f.dtype:
         return _cast(arr, target)
     code_dtype = _CODE_DTYPES[max(8, f.bits)]
@@ -233,9 +233,10 @@ def dot_general(
     so the sum is rounded twice (``np.dot``) or left in float32 (``np.matmul``).
 
     Raises:
-      TypeError: operand types JAX rejects together (as :func:`formats.dot_result`).
-      ValueError: unregistered dtypes, malformed or mismatched dimension numbers, an
-        integer result with a float operand, or float8_e8m0fnu as the result format.
+      TypeError: operand types JAX rejects together, or an integer result with a float
+        operand (both :func:`formats.result_format`'s rules, as for the plans).
+      ValueError: unregistered dtypes, malformed or mismatched dimension numbers, or
+        float8_e8m0fnu as the result format (the oracle does not round into a scale type).
     """
     out_fmt = _result_format(lhs, rhs, preferred_element_type)
     sums, quantum, specials, shape = _exact(lhs, rhs, dimension_numbers)
@@ -266,15 +267,8 @@ def _cast(arr: np.ndarray, target: npt.DTypeLike) -> np.ndarray:
         return arr.astype(target)
 
 
-def _format(fmt: FormatLike, arg: str) -> formats.Format:
-    try:
-        return formats.get(fmt)
-    except (TypeError, ValueError) as err:
-        raise type(err)(f"{arg}: {err}") from None
-
-
 def _rounding_target(fmt: FormatLike, arg: str) -> formats.Format:
-    f = _format(fmt, arg)
+    f = formats.get(fmt, arg=arg)
     if f.is_integer or not f.has_subnormals:
         raise ValueError(
             f"{arg}: {f.name} is not a rounding target; accepted: float formats with zero "
@@ -328,13 +322,7 @@ def _result_format(
 ) -> formats.Format:
     lf = _operand(lhs, "lhs")[1]
     rf = _operand(rhs, "rhs")[1]
-    pref = None if preferred is None else _format(preferred, "preferred_element_type")
-    out = formats.dot_result(lf, rf, pref)
-    if out.is_integer and (lf.is_float or rf.is_float):
-        raise ValueError(
-            f"preferred_element_type: integer result {out.name} with a float operand "
-            f"(lhs {lf.name}, rhs {rf.name}); accepted: a float result type"
-        )
+    out = formats.result_format(lf, rf, preferred)
     if out.is_float and not out.has_subnormals:
         raise ValueError(f"preferred_element_type: {out.name} is a scale type, not a result type")
     return out

@@ -43,15 +43,9 @@ from jax import lax
 
 from emulate import formats
 from emulate.engine import grad, sites, tiled
-from emulate.engine.layout import normalize_dimension_numbers, to_bfk
-from emulate.engine.operands import (
-    Operand,
-    OperandLike,
-    Precision,
-    describe,
-    hashable_precision,
-    operand,
-)
+from emulate.engine.args import DotArgs, dot_args
+from emulate.engine.layout import to_bfk
+from emulate.engine.operands import Operand, OperandLike, operand
 from emulate.engine.run import plan_for, run_plan
 from emulate.formats import FormatLike
 from emulate.numerics import accumulate, codecs
@@ -59,7 +53,7 @@ from emulate.numerics.bits import times_pow2
 from emulate.numerics.storage import Packed, to_codes, unpack_codes
 from emulate.planning.plan import plan
 from emulate.quant import SCALE_FORMATS, QArray, dequantize
-from emulate.targets import TargetLike, current_mode, current_target
+from emulate.targets import TargetLike
 
 __all__ = ["qarray_dot_general", "scaled_matmul"]
 
@@ -79,52 +73,17 @@ def _codes_operand(x: OperandLike | QArray, arg: str) -> tuple[Operand, QArray |
     return op, None
 
 
-def _logical(op: Operand, q: QArray | None) -> str:
-    if q is not None:
-        return q.dtype.name
-    return op.format_name
-
-
-def qarray_dot_general(
-    lhs: OperandLike | QArray,
-    rhs: OperandLike | QArray,
-    dimension_numbers: lax.DotDimensionNumbers,
-    precision: Precision = None,
-    preferred_element_type: FormatLike | None = None,
-    *,
-    target: TargetLike = None,
-    mode: str | None = None,
-) -> jax.Array:
+def qarray_dot_general(call: DotArgs) -> jax.Array:
     """:func:`emulate.dot_general` where one or both operands are :class:`emulate.QArray`
-    (``emulate.dot_general``, ``matmul`` and ``einsum`` call it for QArray operands).
+    (``emulate.dot_general``, ``matmul``, ``einsum`` and :func:`scaled_matmul` validate
+    the call with :func:`emulate.engine.args.dot_args` and hand it here).
 
-    The result type is ``lax.dot_general``'s for operands of the QArrays' ``dtype``
-    (and the other operand's type), or ``preferred_element_type``.
+    The result type is ``call.result``: ``lax.dot_general``'s for operands of the QArrays'
+    ``dtype`` (and the other operand's type), or ``preferred_element_type``.
     """
-    a, qa = _codes_operand(lhs, "lhs")
-    b, qb = _codes_operand(rhs, "rhs")
-    mode = current_mode(mode)
-    dn = normalize_dimension_numbers(dimension_numbers, a.shape, b.shape, describe(a, b, target))
-    out = formats.dot_result(_logical(a, qa), _logical(b, qb), preferred_element_type)
-    if not out.xla_storable or out.is_low_precision:
-        raise ValueError(
-            f"preferred_element_type: the result of a QArray matmul must be float32, "
-            f"bfloat16, float16 or int32, got {out.name}"
-        )
-    tag = sites.SiteTag(
-        "dot_general",
-        sites.operand_text(a.format_name, a.shape, qa),
-        sites.operand_text(b.format_name, b.shape, qb),
-        out.name,
-        current_target(target).name,
-        mode,
-        sites.dot_flops(a.shape, b.shape, dn),
-    )
-    static = (dn, hashable_precision(precision), out.name, target, mode)
-    with sites.scope(tag):
-        return _differentiable_qdot(
-            static, qa if qa is not None else a, qb if qb is not None else b
-        )
+    static = (call.dimension_numbers, call.precision, call.result, call.target, call.mode)
+    with sites.scope(call.tag()):
+        return _differentiable_qdot(static, call.lhs, call.rhs)
 
 
 def _qdot(static: tuple, lhs: Operand | QArray, rhs: Operand | QArray) -> jax.Array:
@@ -402,4 +361,5 @@ def scaled_matmul(
             f"{qa.shape} and {qb.shape}"
         )
     dn = (((2,), (2,)), ((0,), (0,)))
-    return qarray_dot_general(qa, qb, dn, None, preferred_element_type, target=target, mode=mode)
+    call = dot_args(qa, qb, dn, None, preferred_element_type, target=target, mode=mode)
+    return qarray_dot_general(call)

@@ -165,7 +165,7 @@ CASES = [
     (
         "preferred_element_type='junk'",
         lambda: emulate.dot_general(I8, W8, DN, preferred_element_type="junk"),
-        ValueError,
+        TypeError,  # as lax.dot_general raises for it
         r"^preferred_element_type: unknown format 'junk'",
     ),
     (

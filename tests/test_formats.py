@@ -294,3 +294,41 @@ def test_dot_result_examples() -> None:
     assert formats.dot_result("e4m3", "e5m2").name == "float8_e5m2"
     assert formats.dot_result("int8", "bf16").name == "bfloat16"
     assert formats.dot_result("int8", "int8", "int32").name == "int32"
+
+
+def test_get_names_the_argument_once():
+    known = ", ".join(formats.names())
+    with pytest.raises(ValueError) as e:
+        formats.get("int3", arg="lhs_format")
+    assert str(e.value) == f"lhs_format: unknown format 'int3'; known formats: {known}"
+    with pytest.raises(TypeError) as t:
+        formats.get(7, arg="rhs_format")
+    assert str(t.value) == "rhs_format: expected a format name, a dtype or a Format, got int 7"
+    with pytest.raises(ValueError) as d:
+        formats.get(np.complex64, arg="to")
+    assert str(d.value) == f"to: dtype complex64 is not a supported format; known formats: {known}"
+
+
+def test_preferred_format_types():
+    # lax.dot_general raises TypeError for a preferred_element_type that names no type
+    assert formats.preferred_format("bf16").name == "bfloat16"
+    with pytest.raises(TypeError, match=r"^preferred_element_type: unknown format 'junk'; "):
+        formats.preferred_format("junk")
+    with pytest.raises(TypeError, match=r"^preferred_element_type: expected a format name"):
+        formats.preferred_format(5)
+    with pytest.raises(
+        ValueError, match=r"^preferred_element_type: dtype complex64 is not a supported format"
+    ):
+        formats.preferred_format(np.complex64)
+
+
+def test_result_format_refuses_an_integer_result_of_floats():
+    assert formats.result_format("int8", "int4", "int32").name == "int32"
+    assert formats.result_format("int8", "bfloat16").name == "bfloat16"
+    assert formats.dot_result("float8_e4m3fn", "int8", "int32").name == "int32"  # lax's rule
+    with pytest.raises(
+        TypeError,
+        match=r"^preferred_element_type: an integer result \(int32\) needs integer operands, "
+        r"got float8_e4m3fn x int8$",
+    ):
+        formats.result_format("float8_e4m3fn", "int8", "int32")

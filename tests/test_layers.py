@@ -70,6 +70,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.engine.grad",
             "emulate.engine.run",
             "emulate.engine.sites",
+            "emulate.engine.args",
         ],
     ),
     ("front ends", ["emulate.scaled", "emulate.dot", "emulate.conv", "emulate.flax"]),

@@ -443,7 +443,7 @@ def test_dot_general_matches_brute_force(lname, rname, data):
             reference.dot_general(lhs, rhs, dn, preferred)
         return
     if out_fmt.is_integer and (formats.get(lname).is_float or formats.get(rname).is_float):
-        with pytest.raises(ValueError, match="preferred_element_type"):
+        with pytest.raises(TypeError, match="^preferred_element_type: an integer result"):
             reference.dot_general(lhs, rhs, dn, preferred)
         return
     got = reference.dot_general(lhs, rhs, dn, preferred)
@@ -494,7 +494,13 @@ def test_integer_result_with_float_operand_is_rejected():
     dn = (((0,), (0,)), ((), ()))
     a = np.ones(3, np.int8)
     b = np.ones(3, ml_dtypes.float8_e4m3fn)
-    with pytest.raises(ValueError, match="preferred_element_type: integer result int32"):
+    # The plans' rule and type (emulate.formats.result_format): lax.conv_general_dilated
+    # refuses it with a TypeError too.
+    with pytest.raises(
+        TypeError,
+        match=r"^preferred_element_type: an integer result \(int32\) needs integer operands, "
+        r"got int8 x float8_e4m3fn$",
+    ):
         reference.dot_general(a, b, dn, preferred_element_type="int32")
 
 

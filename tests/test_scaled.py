@@ -231,7 +231,10 @@ def test_bad_input_messages():
             jnp.ones((2, 8, 3), jnp.float8_e8m0fnu),
             jnp.ones((2, 4, 2), jnp.float8_e8m0fnu),
         )
-    with pytest.raises(ValueError, match="dimension_numbers: lhs contracting dimension 1 has"):
+    # matmul's shape rule and jnp.matmul's exception type, as for plain operands
+    with pytest.raises(
+        TypeError, match=re.escape("a, b: matmul contracts a's last dimension (32) with b's")
+    ):
         emulate.matmul(np.ones((2, 32), np.float32), wq)
     msg = "a_format: a QArray carries its format (float4_e2m1fn); pass a_format only with"
     with pytest.raises(ValueError, match=re.escape(msg)):

@@ -21,6 +21,7 @@ from emulate import formats, targets
 from emulate.formats import Format, FormatLike
 from emulate.numerics import codecs
 from emulate.numerics.storage import Packed, from_codes, is_array, to_codes, unpack_codes
+from emulate.quant import QArray
 from emulate.targets import TargetLike
 
 __all__ = [
@@ -162,7 +163,7 @@ def exact_inputs(lhs: Operand, rhs: Operand) -> tuple[jax.Array, jax.Array]:
     return a, b
 
 
-def describe(a: Operand, b: Operand, target: TargetLike) -> str:
+def describe(a: Operand | QArray, b: Operand | QArray, target: TargetLike) -> str:
     """``lhs FMT[shape], rhs FMT[shape], target NAME``: the tail of the engine's messages."""
     t = targets.current_target(target)
     return (

@@ -37,16 +37,11 @@ def plan_for(
     preferred_element_type: formats.FormatLike | None,
     mode: str | None,
 ) -> Plan:
-    """The plan for these operands, refusing a result type XLA cannot hold (float6)."""
-    p = plan(
+    """The plan for these operands; ``preferred_element_type`` is the result type a
+    validated call names (:mod:`emulate.engine.args` refuses one XLA cannot hold)."""
+    return plan(
         a.format, b.format, target=target, preferred_element_type=preferred_element_type, mode=mode
     )
-    if not formats.get(p.out).xla_storable:
-        raise ValueError(
-            f"preferred_element_type: the result type would be {p.out}, which XLA cannot hold; "
-            "pass preferred_element_type (e.g. jnp.float32 or jnp.bfloat16)"
-        )
-    return p
 
 
 def per_platform(

@@ -88,11 +88,8 @@ def to_codes(
         )
     dt = _dtype_of(x)
     if fmt is not None:
-        try:
-            f = formats.get(fmt)
-        except (TypeError, ValueError) as e:  # name the argument: fmt=, or lhs_format= ...
-            name = "fmt" if arg == "x" else f"{arg}_format"
-            raise type(e)(f"{name}: {str(e).removeprefix('fmt: ')}") from None
+        # name the argument: fmt=, or lhs_format= ...
+        f = formats.get(fmt, arg="fmt" if arg == "x" else f"{arg}_format")
         if dt.name == f.name:
             return _bits_of(x, f), f
         if dt.kind == "u" and dt.itemsize * 8 >= f.bits and dt.name not in ("uint4",):
@@ -176,10 +173,7 @@ class Packed:
     def __post_init__(self) -> None:
         # A record built by hand is checked here; JAX's own rebuilding (tree_unflatten)
         # skips this, as its leaves may be placeholders rather than arrays.
-        try:
-            f = formats.get(self.format_name)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"format_name: {str(e).removeprefix('fmt: ')}") from None
+        f = formats.get(self.format_name, arg="format_name")
         if not f.packable:
             raise ValueError(
                 f"format_name: {f.name} is {f.bits}-bit; a Packed array holds one of the 4- "

@@ -274,12 +274,7 @@ def plan(
                 f"{arg}: float8_e8m0fnu is a scale type, not a matmul operand; "
                 "pass it as the scales of a scaled operand"
             )
-    out = formats.dot_result(a, b, preferred_element_type)
-    if out.is_integer and not (a.is_integer and b.is_integer):
-        raise TypeError(
-            f"preferred_element_type: an integer result ({out.name}) needs integer operands, "
-            f"got {a.name} x {b.name}"
-        )
+    out = formats.result_format(a, b, preferred_element_type)
     ka, kb = exact_scale(a), exact_scale(b)
     exact = exact_class(a, b)
     if mode == "exact" and not exact:

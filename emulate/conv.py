@@ -44,9 +44,11 @@ from emulate.planning.plan import Plan
 from emulate.quant import QArray, broadcast_blocks, dequantize
 from emulate.targets import TargetLike
 
-__all__ = ["conv_general_dilated"]
+__all__ = ["GATHER_TAPS", "conv_general_dilated"]
 
-_GATHER_TAPS = 64  # windows with more taps are cut into patches by gathers, not slices
+#: Windows with more taps than this are cut into patches by gathers rather than slices (read
+#: when a convolution is traced).
+GATHER_TAPS = 64
 
 
 def conv_general_dilated(
@@ -359,7 +361,7 @@ def _patches(x: jax.Array, window, kw) -> jax.Array:
         max(0, (size - (k - 1) * r - 1) // s + 1)
         for size, k, r, s in zip(bits.shape[2:], window, rd, strides, strict=True)
     ]
-    if math.prod(window) > _GATHER_TAPS:  # a long window: one gather per spatial dimension
+    if math.prod(window) > GATHER_TAPS:  # a long window: one gather per spatial dimension
         for i, (o_, k_, r, st) in enumerate(zip(out, window, rd, strides, strict=True)):
             idx = np.arange(o_)[:, None] * st + np.arange(k_)[None, :] * r  # (o, k)
             bits = jnp.take(bits, jnp.asarray(idx, jnp.int32), axis=2 + 2 * i, mode="clip")

@@ -538,15 +538,15 @@ def test_patches_by_gathers_match_patches_by_slices(monkeypatch):
     # Long windows are cut into patches by gathers: the same bits on every layout.
     from emulate import conv
 
-    monkeypatch.setattr(conv, "_GATHER_TAPS", 0)
-    conv._run_sliced_conv.clear_cache()  # programs traced with slices must not be reused
+    monkeypatch.setattr(conv, "GATHER_TAPS", 0)
+    jax.clear_caches()  # programs traced with slices must not be reused
     rng = np.random.default_rng(6)
     for cfg in CONFIGS:
         a = rng.standard_normal(cfg.lhs_shape).astype(ml_dtypes.float8_e4m3fn)
         b = rng.standard_normal(cfg.rhs_shape).astype(ml_dtypes.float8_e4m3fn)
         got = cfg.run(a, b, preferred_element_type=jnp.float32, target="tpu_v5e", mode="exact")
         assert same_bits(got, conv_reference(a, b, cfg, np.float32)), cfg
-    conv._run_sliced_conv.clear_cache()
+    jax.clear_caches()
 
 
 def test_sliced_exact_conv_batch_groups_and_bf16_result():

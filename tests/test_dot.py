@@ -212,12 +212,12 @@ def test_jit_vmap_and_no_retrace():
     eager = jnp.stack([f(a[i], w) for i in range(5)])
     np.testing.assert_array_equal(jax.vmap(f, in_axes=(0, None))(a, w), eager)
     np.testing.assert_array_equal(jax.jit(jax.vmap(f, in_axes=(0, None)))(a, w), eager)
-    from emulate.engine.run import _run  # run_plan's jitted program
+    from emulate.engine import run
 
-    before = _run._cache_size()
+    before = run.cache_size()
     for _ in range(3):
         f(a[0], w)
-    assert _run._cache_size() == before
+    assert run.cache_size() == before
 
 
 def test_grad_through_bf16_activation_matches_decoded_computation():

@@ -345,7 +345,6 @@ def test_modules_stay_small() -> None:
 # ---------------------------------------------------------------- tests use public names
 
 TESTS = ROOT / "tests"
-H_ARGS = "file owned by h-args during issue 23 (validate once); lead: seam or keep"
 
 #: (test file, private name it reaches) -> why it may. Each is a public seam still missing.
 PRIVATE_REACHES = {
@@ -358,9 +357,6 @@ PRIVATE_REACHES = {
     ("tests/pallas/test_mosaic_check.py", "emulate.pallas.mosaic_check._site_of"): (
         "which matmul a compiler error is attributed to, tested on made-up messages"
     ),
-    ("tests/test_conv.py", "emulate.conv._GATHER_TAPS"): H_ARGS,
-    ("tests/test_conv.py", "emulate.conv._run_sliced_conv"): H_ARGS,
-    ("tests/test_dot.py", "emulate.engine.run._run"): H_ARGS + " (run.cache_size())",
 }
 
 

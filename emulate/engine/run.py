@@ -27,7 +27,7 @@ from emulate.engine.operands import Operand, Precision, decode_to, exact_inputs
 from emulate.planning.plan import Plan, plan
 from emulate.targets import TargetLike
 
-__all__ = ["per_platform", "plan_for", "run_plan"]
+__all__ = ["cache_size", "per_platform", "plan_for", "run_plan"]
 
 
 def plan_for(
@@ -125,3 +125,9 @@ def run_plan(
     exactly decoded operands and the tangents (:mod:`emulate.engine.grad`); the
     exactness contract is on the forward value only."""
     return _differentiable_run((p, dimension_numbers, precision, tiling), lhs, rhs)
+
+
+def cache_size() -> int:
+    """How many programs :func:`run_plan` has compiled in this process (its jit cache):
+    a repeated call with the same plan, shapes and settings must not add one."""
+    return _run._cache_size()

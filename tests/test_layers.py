@@ -79,6 +79,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.pallas.matmul_kernel",
             "emulate.pallas.sites",
             "emulate.pallas.findings",
+            "emulate.pallas.op_rules",
             "emulate.pallas.mosaic_check",
             "emulate.pallas",
         ],

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 
 from emulate import targets as _targets
-from emulate.compiler.devices import compat_mode, device
+from emulate.compiler.devices import compat_mode, device, on_device
 from emulate.compiler.isolate import Job, compile_in_process, compile_isolated, place_specs
 from emulate.mosaic import Verdict
 
@@ -38,7 +38,7 @@ def compile(  # noqa: A001 - the module's verb; call it as emulate.compiler.comp
     """
     dev = device(target)
     specs = place_specs(arg_specs, dev)
-    with jax.default_device(dev):
+    with on_device(dev):
         return jax.jit(fn).lower(*specs).compile()
 
 

@@ -35,6 +35,7 @@ from emulate.compiler.devices import (
     first_line,
     is_libtpu_noise,
     offered_devices,
+    on_device,
 )
 from emulate.mosaic import Verdict
 
@@ -110,7 +111,7 @@ def compile_in_process(job: Job) -> Verdict:
         # The target's device is the default one while tracing and lowering, so that code
         # asking which device it runs on (pltpu.get_tpu_info(), which Pallas calls when it
         # lowers integer division, emit_pipeline, pl.kernel) sees the target.
-        with jax.default_device(dev):
+        with on_device(dev):
             lowered = jax.jit(job.fn).lower(*specs)
     except Exception as e:  # noqa: BLE001 - every refusal is a verdict
         return _refusal("lower", e)

@@ -116,9 +116,9 @@ def _why_empty(jaxpr: Any, found: KernelScan) -> str:
         return ""
     interpreted = interpreted_kernels(jaxpr)
     if interpreted:
-        names = ", ".join(repr(n) for n in interpreted)
+        names = "; ".join(interpreted)
         return (
-            f"no tpu.matmul to check: the pallas_call {names} runs in interpret mode "
+            f"no tpu.matmul to check: the pallas_call of {names} runs in interpret mode "
             "(interpret=...), which turns the kernel into plain XLA operations that Mosaic "
             "never sees; check the kernel with interpret=False"
         )

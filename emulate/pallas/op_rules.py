@@ -45,7 +45,7 @@ CHECKED_OPS = (
 )
 
 _VECTOR = re.compile(r"vector<((?:[0-9]+x)+)([A-Za-z0-9]+)>")
-_WIDE = {"i32": np.dtype(np.int32), "f32": np.dtype(np.float32), "i16": np.dtype(np.int16)}
+_WIDE: dict[str, np.dtype] = {"i32": np.dtype(np.int32), "f32": np.dtype(np.float32), "i16": np.dtype(np.int16)}
 
 
 def _vector(mlir_type: str) -> tuple[tuple[int, ...], np.dtype] | None:
@@ -60,7 +60,7 @@ def _vector(mlir_type: str) -> tuple[tuple[int, ...], np.dtype] | None:
     name = MLIR_FORMATS.get(element)
     if name is None:
         return None
-    dtype: np.dtype = np.dtype(formats.get(name).dtype)  # type: ignore[arg-type]
+    dtype: np.dtype = np.dtype(formats.get(name).dtype)
     return shape, dtype
 
 

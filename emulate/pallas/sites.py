@@ -411,13 +411,15 @@ def _jaxprs(value: Any) -> Iterator[Any]:
 
 
 def interpreted_kernels(jaxpr: Any) -> list[str]:
-    """The names of the ``pallas_call`` equations in ``jaxpr`` (and the jaxprs nested in
-    it) that run in interpret mode: they become plain JAX operations, never Mosaic."""
+    """The kernels of the ``pallas_call`` equations in ``jaxpr`` (and the jaxprs nested in
+    it) that run in interpret mode, as ``"name at path/to/file.py:12"`` (the kernel
+    function and its source line): they become plain JAX operations, never Mosaic."""
     found: list[str] = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "pallas_call" and eqn.params.get("interpret"):
-            info = eqn.params.get("name_and_src_info")
-            found.append(getattr(info, "name", None) or "kernel")
+            inner = eqn.params.get("jaxpr")
+            info = getattr(getattr(inner, "debug_info", None), "func_src_info", None)
+            found.append(eqn.params.get("name") or info or "kernel")
         for value in eqn.params.values():
             for inner in _jaxprs(value):
                 found += interpreted_kernels(inner)

@@ -65,6 +65,7 @@ __all__ = [
     "REFUSED",
     "Finding",
     "KernelReport",
+    "KernelScan",
     "MatmulSite",
     "NoMatmulWarning",
     "RecordedRulesWarning",

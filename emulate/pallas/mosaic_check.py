@@ -14,9 +14,13 @@ the Mosaic modules JAX ships (:mod:`emulate.pallas.sites`). Then it decides (eac
   it has the case, else the target's table. A :class:`RecordedRulesWarning` says so once
   per reason per process.
 
-Which sites compile only because Mosaic's compatibility mode (``--xla_mosaic_compat_mode``,
+Which matmuls compile only because Mosaic's compatibility mode (``--xla_mosaic_compat_mode``,
 on by default) converts them always comes from the recorded probe
-(:mod:`emulate.pallas.findings`).
+(:mod:`emulate.pallas.findings`); which other operations (narrow conversions and
+comparisons) need it, from the compiler (:mod:`emulate.pallas.op_rules`), so only with
+basis ``"compiler"``. A program with no ``tpu.matmul`` warns why
+(:class:`NoMatmulWarning`); :func:`reports` returns what :func:`check` found per job with
+the basis actually used (:class:`KernelReport`), for ``emulate check-kernel``.
 """
 
 from __future__ import annotations
@@ -190,6 +194,7 @@ def _announce(t: targets.Target, how: str) -> None:
         if how == "recorded"
         else "the target's table (the recorded probe has no verdicts for it)"
     )
+    rules += "; operations other than tpu.matmul (narrow conversions) are not checked"
     if not _compiler_here():
         _say_once(
             "no-libtpu",

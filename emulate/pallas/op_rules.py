@@ -45,7 +45,11 @@ CHECKED_OPS = (
 )
 
 _VECTOR = re.compile(r"vector<((?:[0-9]+x)+)([A-Za-z0-9]+)>")
-_WIDE: dict[str, np.dtype] = {"i32": np.dtype(np.int32), "f32": np.dtype(np.float32), "i16": np.dtype(np.int16)}
+_WIDE: dict[str, np.dtype] = {
+    "i32": np.dtype(np.int32),
+    "f32": np.dtype(np.float32),
+    "i16": np.dtype(np.int16),
+}
 
 
 def _vector(mlir_type: str) -> tuple[tuple[int, ...], np.dtype] | None:

@@ -294,6 +294,14 @@ def _op_findings(t: targets.Target, found: KernelScan, skip: object) -> list[Fin
     ]
 
 
+def _op_compat_only(op: KernelOp, t: targets.Target) -> bool:
+    """Whether the compiler compiles ``op`` alone with compatibility mode on, not off."""
+    try:
+        return any(found is op for found, _ in op_rules.compat_only_ops([op], t))
+    except (compiler.CompilerUnavailable, TypeError, ValueError):
+        return False
+
+
 def _from_compiler(
     t: targets.Target,
     verdict: mosaic.Verdict,
@@ -307,9 +315,7 @@ def _from_compiler(
         refused_site, ambiguous = _site_of(verdict, found)
         if isinstance(refused_site, KernelOp):
             note = ""
-            if not compat and any(
-                op is refused_site for op, _ in op_rules.compat_only_ops([refused_site], t)
-            ):
+            if not compat and _op_compat_only(refused_site, t):
                 note = "compiles with compatibility mode on (the default), where " + (
                     op_rules.op_cost(refused_site)
                 )

@@ -93,19 +93,20 @@ def narrow_ops(ops: Sequence[KernelOp]) -> list[KernelOp]:
 
 def _op_body(x_ref, o_ref, *, compare: bool) -> None:  # noqa: ANN001 - Pallas refs
     v = x_ref[...]
-    if compare:
-        o_ref[...] = jnp.where(v > jnp.zeros_like(v), 1, 0).astype(o_ref.dtype)
+    if compare:  # the mask selects in the operand's own type (no relayout to int32)
+        zero = jnp.zeros_like(v)
+        o_ref[...] = jnp.where(v > zero, v, zero)
     else:
         o_ref[...] = v.astype(o_ref.dtype)
 
 
 def op_kernel(x: jax.Array, *, out: str, compare: bool) -> jax.Array:
     """A one-operation Pallas kernel: ``x`` converted to dtype ``out`` (a conversion), or
-    ``x > 0`` as int32 (a comparison, ``compare``). Module level, so that a compiler
-    subprocess receives it by reference."""
+    ``where(x > 0, x, 0)`` (a comparison, ``compare``; ``out`` unused). Module level, so
+    that a compiler subprocess receives it by reference."""
     from jax.experimental import pallas as pl
 
-    dtype = jnp.int32 if compare else jnp.dtype(out)
+    dtype = x.dtype if compare else jnp.dtype(out)
     body = functools.partial(_op_body, compare=compare)
     return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, dtype))(x)
 
@@ -169,15 +170,12 @@ def op_fix(op: KernelOp) -> str:
     src = _element(op.operand_types[0]) if op.operand_types else "?"
     dst = _element(op.result_types[0]) if op.result_types else "?"
     base = op.name.split(".", 1)[-1]
-    if base == "fptosi":
+    if base in ("fptosi", "sitofp"):
+        steps = ["float32", "int32"] if base == "fptosi" else ["int32", "float32"]
+        steps = [s for s in steps if s != src] + ([dst] if dst not in steps else [])
+        chain = "".join(f".astype(jnp.{s})" for s in steps)
         return (
-            f"convert through 32-bit types: x.astype(jnp.float32).astype(jnp.int32)"
-            f".astype(jnp.{dst}) instead of x.astype(jnp.{dst}) on {src} values"
-        )
-    if base == "sitofp":
-        return (
-            f"convert through 32-bit types: x.astype(jnp.int32).astype(jnp.float32)"
-            f".astype(jnp.{dst}) instead of x.astype(jnp.{dst}) on {src} values"
+            f"convert through 32-bit types: x{chain} instead of x.astype(jnp.{dst}) on {src} values"
         )
     if base in ("cmpf", "cmpi"):
         wide = "float32" if base == "cmpf" else "int32"

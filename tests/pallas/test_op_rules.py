@@ -138,7 +138,38 @@ def test_narrow_ops_keeps_narrow_conversions_and_comparisons_once():
     assert op_rules.narrow_ops(ops) == [ops[0], ops[3], ops[4]]
 
 
+ELEMENTWISE_V5E = (
+    "Compatibility mode disabled. Unsupported element type in elementwise op on hardware "
+    "generation: 5."
+)
+SITOFP = (
+    "On this target integer-to-float conversions can only happen on 32-bit values. Enable "
+    "compatibility mode or upcast to int32, cast to float32 and truncate to desired bitwidth."
+)
+
+
+def test_the_compiler_decides_each_narrow_op_per_generation():
+    # libtpu 0.0.42.1: v5e has neither bf16 comparisons nor int8 <-> bf16 conversions
+    # without compatibility mode; v6e has both, but not int8 -> f32.
+    ops = [
+        _op("arith.cmpf", "bf16", "i1"),
+        _op("arith.sitofp", "i8", "bf16"),
+        _op("arith.sitofp", "i8", "f32"),
+        _op("arith.extf", "bf16", "f32"),
+    ]
+    v5e = op_rules.compat_only_ops(ops, emulate.targets.get("tpu_v5e"))
+    assert [op for op, _ in v5e] == ops[:3]
+    assert v5e[0][1].startswith(ELEMENTWISE_V5E)
+    assert [m for _, m in v5e[1:]] == [SITOFP, SITOFP]
+    v6e = op_rules.compat_only_ops(ops, emulate.targets.get("tpu_v6e"))
+    assert v6e == [(ops[2], SITOFP)]
+
+
 def test_op_fixes_name_the_32_bit_route():
+    assert op_rules.op_fix(_op("arith.fptosi", "f32", "i8")) == (
+        "convert through 32-bit types: x.astype(jnp.int32).astype(jnp.int8) instead of "
+        "x.astype(jnp.int8) on float32 values"
+    )
     assert op_rules.op_fix(_op("arith.sitofp", "i8", "bf16")) == (
         "convert through 32-bit types: x.astype(jnp.int32).astype(jnp.float32)"
         ".astype(jnp.bfloat16) instead of x.astype(jnp.bfloat16) on int8 values"

@@ -22,9 +22,10 @@ def compile(  # noqa: A001 - the module's verb; call it as emulate.compiler.comp
 ) -> jax.stages.Compiled:
     """Compile ``fn(*arg_specs)`` for ``target`` with the real compiler, in this process.
 
-    The target's device is JAX's default device while ``fn`` is traced and lowered (so
-    ``pltpu.get_tpu_info()`` describes the target). Uses this process's compatibility mode
-    (:func:`compat_mode`); for the other one, use
+    The target's device is JAX's default device and the abstract mesh's while ``fn`` is
+    traced and lowered (:func:`~emulate.compiler.devices.on_device`: so
+    ``pltpu.get_tpu_info()`` and ``pltpu.create_tensorcore_mesh`` describe the target).
+    Uses this process's compatibility mode (:func:`compat_mode`); for the other one, use
     :func:`check` with ``compat=``. The result has ``cost_analysis()``,
     ``memory_analysis()`` and ``as_text()``; it cannot run.
 

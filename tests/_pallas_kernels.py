@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 import emulate.pallas
 
@@ -91,3 +92,49 @@ def divided_int8(x, w):
     """An int8 dot in a kernel whose lowering reads pltpu.get_tpu_info()."""
     out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.int32)
     return pl.pallas_call(_divided_kernel, out_shape=out, grid=(2,))(x, w)
+
+
+def _quantize_int8_kernel(x_ref, w_ref, o_ref):
+    xq = jnp.round(x_ref[...]).astype(jnp.int8)  # site: quantize-cast
+    o_ref[...] = jnp.dot(xq, w_ref[...], preferred_element_type=jnp.int32)  # site: quantize-dot
+
+
+def quantize_int8(x, w):
+    """An in-kernel activation quantizer (issue 28): bf16 activations rounded and cast to
+    int8 in the kernel, then an int8 x int8 dot."""
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.int32)
+    return pl.pallas_call(_quantize_int8_kernel, out_shape=out)(x, w)
+
+
+def _mesh_body(x_hbm, w_hbm, o_hbm):
+    def block(x_ref, w_ref, o_ref):
+        o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.int32)  # site: mesh
+
+    spec = pl.BlockSpec((128, 128), lambda i: (0, 0))
+    pltpu.emit_pipeline(block, grid=(1,), in_specs=[spec, spec], out_specs=spec)(
+        x_hbm, w_hbm, o_hbm
+    )
+
+
+def mesh_int8(x, w):
+    """A ``pl.kernel`` kernel on a TensorCore mesh made while it is traced (as qwix's qmm
+    does): ``create_tensorcore_mesh`` asks JAX which device it runs on."""
+    mesh = pltpu.create_tensorcore_mesh("core")
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.int32)
+    return pl.kernel(_mesh_body, out_type=out, mesh=mesh)(x, w)
+
+
+def _bf16_sum_kernel(x_ref, w_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], w_ref[...]).astype(o_ref.dtype)  # site: bf16-sum
+
+
+def bf16_sum(x, w):
+    """A dot without preferred_element_type: bf16 operands summed in bf16 (issue 25)."""
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32)
+    return pl.pallas_call(_bf16_sum_kernel, out_shape=out)(x, w)
+
+
+def interpreted_mixed(a, b):
+    """The mixed kernel in interpret mode: plain XLA operations, no Mosaic module."""
+    out = jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), jnp.float32)
+    return pl.pallas_call(_mixed_kernel, out_shape=out, interpret=True)(a, b)

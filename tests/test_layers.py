@@ -82,6 +82,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.pallas.kernel_dot",
             "emulate.pallas.matmul_kernel",
             "emulate.pallas.sites",
+            "emulate.pallas.op_rules",
             "emulate.pallas.findings",
             "emulate.pallas.mosaic_check",
             "emulate.pallas",

@@ -66,7 +66,6 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check the kernel on each target; exit status 1 on any finding."""
-    import emulate.pallas
     from emulate.pallas import mosaic_check
 
     parser = args.parser
@@ -80,22 +79,18 @@ def run(args: argparse.Namespace) -> int:
     found = 0
     for name in target_names:
         try:
-            findings = emulate.pallas.check(fn, *fn_args, target=name, compat=args.compat)
+            (report,) = mosaic_check.reports([(fn, fn_args, name)], compat=args.compat)
         except Exception as e:  # noqa: BLE001 - a kernel that does not trace: exit 2
             parser.error(f"cannot trace {args.function!r} for {name}: {_one_line(e)}")
-        try:
-            count = len(emulate.pallas.matmul_sites(fn, *fn_args, target=name))
-        except Exception:  # noqa: BLE001 - refused by Pallas: a finding, no sites
-            count = 0
+        findings = report.findings
         found += len(findings)
         verdict = f"{len(findings)} finding{'s' * (len(findings) != 1)}" if findings else "ok"
-        how = {
-            "compiler": "compiler",
-            "recorded": "recorded rules",
-            "table": "JAX's table",
-        }[findings[0].basis if findings else mosaic_check.basis(name)]
+        how = {"compiler": "compiler", "recorded": "recorded rules", "table": "JAX's table"}
         compat = "compat on" if args.compat else "compat off"
-        print(f"{name}: {count} tpu.matmul, {verdict} ({how}, {compat})")
+        count = len(report.matmuls)
+        print(f"{name}: {count} tpu.matmul, {verdict} ({how[report.basis]}, {compat})")
+        if report.empty:
+            print(f"  warning: {report.empty}")
         for f in findings:
             print(f)
     return 1 if found else 0
@@ -142,6 +137,16 @@ def _check_arity(fn, fn_args: list, ref: str, parser: argparse.ArgumentParser) -
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # no signature to check (a builtin or a C callable): tracing will tell
+    keyword_only = [
+        p.name for p in sig.parameters.values() if p.kind == p.KEYWORD_ONLY and p.default is p.empty
+    ]
+    if keyword_only:
+        names = ", ".join(keyword_only)
+        parser.error(
+            f"--shapes: {ref!r} has required keyword-only argument(s) ({names}), which "
+            "--shapes cannot give; check a module-level function of the arrays alone that "
+            f"passes them, e.g. def f(x, y): return fn(x, y, {keyword_only[0]}=...)"
+        )
     try:
         sig.bind(*fn_args)
     except TypeError:

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 
 from emulate import targets as _targets
-from emulate.compiler.devices import compat_mode, device
+from emulate.compiler.devices import compat_mode, device, on_device
 from emulate.compiler.isolate import Job, compile_in_process, compile_isolated, place_specs
 from emulate.mosaic import Verdict
 
@@ -22,9 +22,10 @@ def compile(  # noqa: A001 - the module's verb; call it as emulate.compiler.comp
 ) -> jax.stages.Compiled:
     """Compile ``fn(*arg_specs)`` for ``target`` with the real compiler, in this process.
 
-    The target's device is JAX's default device while ``fn`` is traced and lowered (so
-    ``pltpu.get_tpu_info()`` describes the target). Uses this process's compatibility mode
-    (:func:`compat_mode`); for the other one, use
+    The target's device is JAX's default device and the abstract mesh's while ``fn`` is
+    traced and lowered (:func:`~emulate.compiler.devices.on_device`: so
+    ``pltpu.get_tpu_info()`` and ``pltpu.create_tensorcore_mesh`` describe the target).
+    Uses this process's compatibility mode (:func:`compat_mode`); for the other one, use
     :func:`check` with ``compat=``. The result has ``cost_analysis()``,
     ``memory_analysis()`` and ``as_text()``; it cannot run.
 
@@ -38,7 +39,7 @@ def compile(  # noqa: A001 - the module's verb; call it as emulate.compiler.comp
     """
     dev = device(target)
     specs = place_specs(arg_specs, dev)
-    with jax.default_device(dev):
+    with on_device(dev):
         return jax.jit(fn).lower(*specs).compile()
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "is_libtpu_noise",
     "libtpu_version",
     "offered_devices",
+    "on_device",
 ]
 
 #: Each TPU target's libtpu topology (the first device of which is the compile-only device),
@@ -274,3 +275,18 @@ def device(target: str | _targets.Target) -> jax.Device:
         f"target: libtpu {libtpu_version()} offers no compile-only topology for {name!r}; "
         f"accepted: {accepted}"
     )
+
+
+@contextlib.contextmanager
+def on_device(dev: jax.Device) -> Iterator[None]:
+    """``dev`` is JAX's default device and the abstract mesh's device while a program is
+    traced and lowered for it: code that asks which device it runs on sees the target,
+    whether it reads ``jax.devices()``'s default (``pltpu.get_tpu_info()``) or the abstract
+    mesh (``pltpu.create_tensorcore_mesh``, which ``pl.kernel`` kernels call while they
+    are traced, and which on a machine without a TPU would otherwise read the CPU)."""
+    abstract = jax.sharding.AbstractDevice(
+        device_kind=dev.device_kind, num_cores=getattr(dev, "num_cores", 1), platform="tpu"
+    )
+    mesh = jax.sharding.AbstractMesh((), (), abstract_device=abstract)
+    with jax.default_device(dev), jax.sharding.use_abstract_mesh(mesh):
+        yield

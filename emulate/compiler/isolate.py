@@ -35,6 +35,7 @@ from emulate.compiler.devices import (
     first_line,
     is_libtpu_noise,
     offered_devices,
+    on_device,
 )
 from emulate.mosaic import Verdict
 
@@ -107,10 +108,11 @@ def compile_in_process(job: Job) -> Verdict:
     dev = device(job.target)
     specs = place_specs(job.arg_specs, dev)
     try:
-        # The target's device is the default one while tracing and lowering, so that code
-        # asking which device it runs on (pltpu.get_tpu_info(), which Pallas calls when it
-        # lowers integer division, emit_pipeline, pl.kernel) sees the target.
-        with jax.default_device(dev):
+        # The target's device is the default one and the abstract mesh's while tracing and
+        # lowering, so that code asking which device it runs on (pltpu.get_tpu_info(), which
+        # Pallas calls when it lowers integer division, emit_pipeline; pl.kernel's
+        # create_tensorcore_mesh) sees the target.
+        with on_device(dev):
             lowered = jax.jit(job.fn).lower(*specs)
     except Exception as e:  # noqa: BLE001 - every refusal is a verdict
         return _refusal("lower", e)

@@ -6,7 +6,8 @@
 - :func:`dot`: a ``jnp.dot`` for values loaded inside your own kernels that lowers to an
   operand pair the target runs.
 - :func:`check`: lowers a function for TPU on any machine and reports each ``tpu.matmul``
-  whose operand types the target lacks, with the error Mosaic would give.
+  whose operand types the target lacks, and each operation that compiles only in Mosaic's
+  compatibility mode, with the error Mosaic would give and a fix for that operation.
 
 Import it as ``import emulate.pallas`` (it imports ``jax.experimental.pallas``). One kernel
 per module: :mod:`emulate.pallas.matmul_kernel`, :mod:`emulate.pallas.kernel_dot`, the

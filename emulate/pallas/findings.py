@@ -23,7 +23,7 @@ import re
 
 from emulate import formats, mosaic, targets
 from emulate.mosaic import Verdict
-from emulate.pallas.sites import MatmulSite, acc_format, tpu_target
+from emulate.pallas.sites import KernelOp, MatmulSite, acc_format, tpu_target
 
 __all__ = [
     "COMPAT_ONLY",
@@ -33,7 +33,9 @@ __all__ = [
     "compat_only_finding",
     "conversion_cost",
     "diagnose",
+    "accumulator_fix",
     "fix_text",
+    "matmul_in",
     "named_operand",
     "refused_note",
     "site_finding",
@@ -54,8 +56,10 @@ class Finding:
 
     Attributes:
       target: the target name.
-      site: the :class:`MatmulSite` the message concerns, or None where it names none (a
-        kernel Pallas refuses to lower for TPU; an error outside any ``tpu.matmul``).
+      site: the :class:`MatmulSite` the message concerns, the :class:`KernelOp` where it
+        concerns another operation (a narrow conversion that needs compatibility mode), or
+        None where no one site can be told (a kernel Pallas refuses to lower for TPU;
+        several candidate sites, listed in ``note``).
       operand: ``"LHS"`` or ``"RHS"`` where the message names an operand, else ``""``.
       message: the compiler's own first line: for kind ``"refused"`` what it said with the
         checked compatibility setting (``"E2001: CompileTimeMosaicUnsupportedRhsType:
@@ -70,20 +74,27 @@ class Finding:
         (the recorded probe, :func:`emulate.mosaic.verdict`), or ``"table"`` (the
         target's table: a target or case that neither the installed libtpu nor the probe
         covers).
+      location: ``"path/to/file.py:12"``, the user's source line where ``site`` is None
+        (from the traceback of a refusal to lower), else the site's.
     """
 
     target: str
-    site: MatmulSite | None
+    site: MatmulSite | KernelOp | None
     operand: str
     message: str
     fix: str
     note: str = ""
     kind: str = REFUSED
     basis: str = "compiler"
+    location: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.site is not None and self.location is None:
+            object.__setattr__(self, "location", self.site.location)
 
     def __str__(self) -> str:
         site = self.site
-        where = (site.location if site else None) or "<unknown location>"
+        where = self.location or "<unknown location>"
         what = f"kernel {site.kernel!r}" if site else "the program"
         if self.kind == COMPAT_ONLY:
             head = (
@@ -96,8 +107,12 @@ class Finding:
                 f"{self.message}"
             )
         lines = [head]
-        if site:
+        if isinstance(site, MatmulSite):
             lines.append(f"  tpu.matmul {site.lhs_type}, {site.rhs_type} -> {site.acc_type}")
+        elif site is not None:
+            lines.append(
+                f"  {site.name} {', '.join(site.operand_types)} -> {', '.join(site.result_types)}"
+            )
         lines.append(f"  fix: {self.fix}")
         if self.note:
             lines.append(f"  note: {self.note}")
@@ -114,16 +129,53 @@ def named_operand(message: str) -> str:
     return m.group(1).upper() if m and "lhs/rhs" not in message else ""
 
 
-def fix_text(t: targets.Target, site: MatmulSite | None) -> str:
-    """What to change at ``site`` (None: a finding without a site) on ``t``."""
-    from emulate.pallas import route
+_ACC_32 = ("i32>", "f32>")
+_OPERATION = re.compile(r'"tpu\.matmul"\(.*:\s*\(([^()]*)\)\s*->')
 
+
+def matmul_in(text: str) -> tuple[str, str, str] | None:
+    """The (lhs, rhs, acc) MLIR types of the ``tpu.matmul`` a compiler or Pallas error
+    prints (``"tpu.matmul"(...) <{...}> : (lhs, rhs, acc) -> result``), or None."""
+    m = _OPERATION.search(text)
+    if m is None:
+        return None
+    types = tuple(x.strip() for x in m.group(1).split(", "))
+    return (types[0], types[1], types[2]) if len(types) >= 3 else None
+
+
+def accumulator_fix(acc_type: str) -> str:
+    """The fix for a ``tpu.matmul`` whose accumulator is not 32-bit (a dot without
+    ``preferred_element_type``, summing bf16 operands in bf16)."""
+    return (
+        f"pass preferred_element_type=jnp.float32 to this dot (jnp.int32 for integer "
+        f"operands) and cast the result afterwards: Mosaic's matmul accumulates in 32 bits, "
+        f"and this one asks for {acc_format(acc_type) or acc_type}"
+    )
+
+
+def fix_text(
+    t: targets.Target, site: MatmulSite | KernelOp | None, message: str = "", detail: str = ""
+) -> str:
+    """What to change at ``site`` (None: a finding without a site; ``message`` and
+    ``detail``, the compiler's or Pallas's text, then tell the cause) on ``t``: one fix
+    per cause (the accumulator type, the operand types, a non-matmul operation)."""
+    from emulate.pallas import op_rules, route
+
+    if isinstance(site, KernelOp):
+        return op_rules.op_fix(site)
     generic = (
         "convert the operands to a pair the target runs (bfloat16 or float32) before the "
         "dot, or use emulate.pallas.matmul"
     )
     if site is None:
+        printed = matmul_in(detail) or matmul_in(message)
+        if printed and not printed[2].endswith(_ACC_32):
+            return accumulator_fix(printed[2])
+        if "acc to be 32-bit" in message:
+            return accumulator_fix("a narrower type")
         return "see the message; " + generic
+    if not site.acc_type.endswith(_ACC_32):
+        return accumulator_fix(site.acc_type)
     acc = "int32" if site.acc_type.endswith("i32>") else "float32"
     try:
         if site.lhs is None or site.rhs is None:  # an element type with no format (i32)

@@ -14,13 +14,18 @@ the Mosaic modules JAX ships (:mod:`emulate.pallas.sites`). Then it decides (eac
   it has the case, else the target's table. A :class:`RecordedRulesWarning` says so once
   per reason per process.
 
-Which sites compile only because Mosaic's compatibility mode (``--xla_mosaic_compat_mode``,
+Which matmuls compile only because Mosaic's compatibility mode (``--xla_mosaic_compat_mode``,
 on by default) converts them always comes from the recorded probe
-(:mod:`emulate.pallas.findings`).
+(:mod:`emulate.pallas.findings`); which other operations (narrow conversions and
+comparisons) need it, from the compiler (:mod:`emulate.pallas.op_rules`), so only with
+basis ``"compiler"``. A program with no ``tpu.matmul`` warns why
+(:class:`NoMatmulWarning`); :func:`reports` returns what :func:`check` found per job with
+the basis actually used (:class:`KernelReport`), for ``emulate check-kernel``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import sys
@@ -30,6 +35,7 @@ from types import FrameType
 from typing import Any
 
 from emulate import compiler, mosaic, targets
+from emulate.pallas import op_rules
 from emulate.pallas.findings import (
     COMPAT_ONLY,
     REFUSED,
@@ -37,6 +43,7 @@ from emulate.pallas.findings import (
     compat_only_finding,
     diagnose,
     fix_text,
+    matmul_in,
     named_operand,
     refused_note,
     site_finding,
@@ -44,13 +51,15 @@ from emulate.pallas.findings import (
 from emulate.pallas.sites import (
     DEVICE_KINDS,
     MLIR_FORMATS,
+    KernelOp,
+    KernelScan,
     LoweringRefused,
     MatmulSite,
-    element_format,
-    lower,
+    interpreted_kernels,
     matmul_sites,
-    sites_of,
+    scan,
     tpu_target,
+    trace_and_lower,
 )
 
 __all__ = [
@@ -59,13 +68,17 @@ __all__ = [
     "MLIR_FORMATS",
     "REFUSED",
     "Finding",
+    "KernelReport",
+    "KernelScan",
     "MatmulSite",
+    "NoMatmulWarning",
     "RecordedRulesWarning",
     "basis",
     "check",
     "check_many",
     "diagnose",
     "matmul_sites",
+    "reports",
 ]
 
 
@@ -73,6 +86,54 @@ class RecordedRulesWarning(UserWarning):
     """:func:`check` decided without the real compiler: libtpu is not installed, offers no
     device for the target, or cannot receive the function in a subprocess. Issued once
     per reason per process; each :class:`Finding` also says its ``basis``."""
+
+
+class NoMatmulWarning(UserWarning):
+    """:func:`check` found no ``tpu.matmul`` to check (:attr:`KernelReport.empty`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelReport:
+    """What :func:`reports` found for one ``(fn, args, target)`` job.
+
+    Attributes:
+      target: the target name.
+      basis: how it was decided: ``"compiler"``, ``"recorded"`` (the compiler was
+        unavailable, or could not receive ``fn`` for the other compatibility setting, and
+        the recorded probe decided) or ``"table"``.
+      compat: the compatibility setting checked.
+      matmuls: the ``tpu.matmul`` sites (empty when Pallas refused to lower the program).
+      findings: as :func:`check` returns them.
+      empty: where ``matmuls`` is empty and Pallas lowered the program, why there is
+        nothing to check (a ``pallas_call`` in interpret mode, no kernel, no dot); else "".
+    """
+
+    target: str
+    basis: str
+    compat: bool
+    matmuls: tuple[MatmulSite, ...]
+    findings: tuple[Finding, ...]
+    empty: str = ""
+
+
+def _why_empty(jaxpr: Any, found: KernelScan) -> str:
+    if found.matmuls:
+        return ""
+    interpreted = interpreted_kernels(jaxpr)
+    if interpreted:
+        names = "; ".join(interpreted)
+        return (
+            f"no tpu.matmul to check: the pallas_call of {names} runs in interpret mode "
+            "(interpret=...), which turns the kernel into plain XLA operations that Mosaic "
+            "never sees; check the kernel with interpret=False"
+        )
+    if not found.kernels:
+        return (
+            "no tpu.matmul to check: fn calls no pallas_call (XLA-level dots compile on "
+            "every TPU; XLA converts their operands itself)"
+        )
+    names = ", ".join(repr(n) for n in dict.fromkeys(found.kernels))
+    return f"no tpu.matmul to check: the kernels {names} contain no dot"
 
 
 def _under_target(fn: Callable[..., Any], target: str, *args: Any) -> Any:
@@ -133,6 +194,7 @@ def _announce(t: targets.Target, how: str) -> None:
         if how == "recorded"
         else "the target's table (the recorded probe has no verdicts for it)"
     )
+    rules += "; operations other than tpu.matmul (narrow conversions) are not checked"
     if not _compiler_here():
         _say_once(
             "no-libtpu",
@@ -149,78 +211,167 @@ def _announce(t: targets.Target, how: str) -> None:
 
 # ------------------------------------------------------------------ the compiler's verdict
 
-# The op as Mosaic prints it: operands, then any attributes (``<{dimension_numbers = ...,
-# transpose_lhs = false}>``), then `` : (lhs, rhs, acc) -> result``.
-_OPERATION_TYPES = re.compile(r'"tpu\.matmul"\(.*:\s*\(([^()]*)\)\s*->')
+# The operation a compiler error prints after "The MLIR operation involved:".
+_PRINTED_OP = re.compile(r'"(\w+)\.(\w+)"\(.*:\s*\(([^()]*)\)\s*->\s*(\S+)')
 
 
-def _site_of(verdict: mosaic.Verdict, sites: list[MatmulSite]) -> MatmulSite | None:
-    """The site a compiler error concerns: the ``tpu.matmul`` the error text shows (by its
-    operand types), else the one whose operand type the message names, else the only
-    site; None when none can be told."""
-    m = _OPERATION_TYPES.search(verdict.detail)
-    if m:
-        types = tuple(x.strip() for x in m.group(1).split(", "))
-        for s in sites:
-            if (s.lhs_type, s.rhs_type, s.acc_type) == types[:3]:
-                return s
-        same = [s for s in sites if (s.lhs, s.rhs) == tuple(map(element_format, types[:2]))]
-        if len({(s.lhs_type, s.rhs_type, s.acc_type) for s in same}) == 1:
-            return same[0]  # Mosaic reports the op after tiling: same types, other shape
+def _elements(types: Sequence[str]) -> tuple[str, ...]:
+    return tuple(t.rsplit("x", 1)[-1].rstrip(">") if t.startswith("vector<") else t for t in types)
+
+
+def _one_place(candidates: Sequence[Any], what: str) -> tuple[Any, str]:
+    """The first candidate when all share one source line; else None and a note that
+    lists the lines."""
+    places = list(dict.fromkeys(c.location for c in candidates))
+    if len(places) == 1:
+        return candidates[0], ""
+    if not candidates:
+        return None, ""
+    return None, (
+        f"the error concerns one of {len(candidates)} {what} with these element types, at "
+        + ", ".join(str(p) for p in places)
+    )
+
+
+def _site_of(
+    verdict: mosaic.Verdict, found: KernelScan
+) -> tuple[MatmulSite | KernelOp | None, str]:
+    """The site a compiler error concerns, and a note where it is ambiguous: the
+    ``tpu.matmul`` the error prints (by its operand and accumulator types; Mosaic prints
+    the op after tiling, so by element types where no shape matches, placed when all such
+    sites share one source line), else the other operation it prints (by name and element
+    types), else the site whose operand type the message names, else the only site."""
+    sites = list(found.matmuls)
+    printed = matmul_in(verdict.detail)
+    if printed:
+        exact = [s for s in sites if (s.lhs_type, s.rhs_type, s.acc_type) == printed]
+        same = [
+            s
+            for s in sites
+            if _elements((s.lhs_type, s.rhs_type, s.acc_type)) == _elements(printed)
+        ]
+        site, note = _one_place(exact or same, "tpu.matmul")
+        if site is not None or note:
+            return site, note
+    else:
+        m = _PRINTED_OP.search(verdict.detail)
+        if m and (m.group(1), m.group(2)) != ("tpu", "matmul"):
+            operands = [x.strip() for x in m.group(3).split(", ") if x.strip()]
+            want = (_elements(operands[:1]), _elements([m.group(4)]))
+            ops = [
+                op
+                for op in found.ops
+                if op.name.split(".", 1)[-1] == m.group(2)
+                and (_elements(op.operand_types[:1]), _elements(op.result_types[:1])) == want
+            ]
+            site, note = _one_place(ops, m.group(2))
+            if site is not None or note:
+                return site, note
     named = named_operand(verdict.message)
     for s in sites:
         vtypes = {"LHS": [s.lhs_type], "RHS": [s.rhs_type]}.get(named, [s.lhs_type, s.rhs_type])
         if any(re.search(rf"\b{re.escape(v)}", verdict.message) for v in vtypes):
-            return s
-    if len(sites) == 1 and verdict.stage == "compile":
-        return sites[0]
-    return None
+            return s, ""
+    if len(sites) == 1 and verdict.stage == "compile" and not _PRINTED_OP.search(verdict.detail):
+        return sites[0], ""
+    return None, ""
+
+
+def _op_findings(t: targets.Target, found: KernelScan, skip: object) -> list[Finding]:
+    """Compat-only findings for the non-matmul operations (the real compiler decides)."""
+    try:
+        ops = op_rules.compat_only_ops(found.ops, t)
+    except (compiler.CompilerUnavailable, TypeError, ValueError) as e:
+        _say_once(
+            "no-op-rules",
+            f"emulate.pallas.check: cannot check operations other than tpu.matmul ({e})",
+        )
+        return []
+    return [
+        Finding(t.name, op, "", message, op_rules.op_fix(op), op_rules.op_cost(op), COMPAT_ONLY)
+        for op, message in ops
+        if op is not skip
+    ]
+
+
+def _op_compat_only(op: KernelOp, t: targets.Target) -> bool:
+    """Whether the compiler compiles ``op`` alone with compatibility mode on, not off."""
+    try:
+        return any(found is op for found, _ in op_rules.compat_only_ops([op], t))
+    except (compiler.CompilerUnavailable, TypeError, ValueError):
+        return False
 
 
 def _from_compiler(
-    t: targets.Target, verdict: mosaic.Verdict, sites: list[MatmulSite], compat: bool
+    t: targets.Target,
+    verdict: mosaic.Verdict,
+    found: KernelScan,
+    compat: bool,
+    refused: LoweringRefused | None,
 ) -> list[Finding]:
-    found: list[Finding] = []
-    refused_site = None
+    results: list[Finding] = []
+    refused_site: MatmulSite | KernelOp | None = None
     if not verdict.ok:
-        refused_site = _site_of(verdict, sites)
-        found.append(
+        refused_site, ambiguous = _site_of(verdict, found)
+        if isinstance(refused_site, KernelOp):
+            note = ""
+            if not compat and _op_compat_only(refused_site, t):
+                note = "compiles with compatibility mode on (the default), where " + (
+                    op_rules.op_cost(refused_site)
+                )
+        else:
+            note = refused_note(t, refused_site, compat)
+        results.append(
             Finding(
                 target=t.name,
                 site=refused_site,
                 operand=named_operand(verdict.message),
                 message=verdict.message,
-                fix=fix_text(t, refused_site),
-                note=refused_note(t, refused_site, compat),
+                fix=fix_text(t, refused_site, verdict.message, verdict.detail),
+                note="; ".join(n for n in (note, ambiguous) if n),
+                location=refused.location if refused and refused_site is None else None,
             )
         )
     if compat:
-        for s in sites:
+        for s in found.matmuls:
             if s is not refused_site and (f := compat_only_finding(t, s, "compiler")):
-                found.append(f)
-    return found
+                results.append(f)
+        results += _op_findings(t, found, refused_site)
+    return results
 
 
-def _lowering_finding(t: targets.Target, error: Exception, how: str) -> Finding:
+def _lowering_finding(t: targets.Target, refused: LoweringRefused, how: str) -> Finding:
+    error = refused.error
     message = compiler.first_line(str(error)) or type(error).__name__
-    return Finding(t.name, None, named_operand(message), message, fix_text(t, None), basis=how)
+    return Finding(
+        t.name,
+        None,
+        named_operand(message),
+        message,
+        fix_text(t, None, message, str(error)),
+        basis=how,
+        location=refused.location,
+    )
 
 
 Job = tuple[Callable[..., Any], Sequence[Any], targets.TargetLike]
 
 
-def check_many(jobs: Sequence[Job], *, compat: bool = True) -> list[list[Finding]]:
-    """:func:`check` for each ``(fn, args, target)`` job, in order, compiling them together:
-    one compiler subprocess for all the jobs when ``compat`` differs from this process's
-    compatibility mode (:func:`emulate.compiler.check_many`)."""
+def reports(jobs: Sequence[Job], *, compat: bool = True) -> list[KernelReport]:
+    """A :class:`KernelReport` for each ``(fn, args, target)`` job, in order, compiling
+    them together: one compiler subprocess for all the jobs when ``compat`` differs from
+    this process's compatibility mode (:func:`emulate.compiler.check_many`). Warns as
+    :func:`check` does when it falls back to the recorded rules; raises as it does."""
     prepared = []
     for fn, args, target in jobs:
         t = tpu_target(target)
         try:
-            sites, refused = sites_of(lower(fn, tuple(args), t)), None
+            jaxpr, lowered = trace_and_lower(fn, tuple(args), t)
+            found, refused = scan(lowered), None
+            empty = _why_empty(jaxpr, found)
         except LoweringRefused as e:
-            sites, refused = [], e.error
-        prepared.append((fn, tuple(args), t, sites, refused))
+            found, refused, empty = KernelScan((), (), ()), e, ""
+        prepared.append((fn, tuple(args), t, found, refused, empty))
     how = [basis(p[2]) for p in prepared]
     todo = [i for i, h in enumerate(how) if h == "compiler"]
     verdicts: dict[int, Any] = {}
@@ -246,18 +397,30 @@ def check_many(jobs: Sequence[Job], *, compat: bool = True) -> list[list[Finding
             for i in todo:
                 how[i] = _without_compiler(prepared[i][2])
     results = []
-    for i, (_, _, t, sites, refused) in enumerate(prepared):
+    for i, (_, _, t, found, refused, empty) in enumerate(prepared):
         if i in verdicts:
-            results.append(_from_compiler(t, verdicts[i], sites, compat))
-            continue
-        if i not in announced:
-            _announce(t, how[i])
-        if refused is not None:
-            results.append([_lowering_finding(t, refused, how[i])])
-            continue
-        found = (site_finding(t, s, compat) for s in sites)
-        results.append([f for f in found if f is not None])
+            findings = _from_compiler(t, verdicts[i], found, compat, refused)
+        else:
+            if i not in announced:
+                _announce(t, how[i])
+            if refused is not None:
+                findings = [_lowering_finding(t, refused, how[i])]
+            else:
+                each = (site_finding(t, s, compat) for s in found.matmuls)
+                findings = [f for f in each if f is not None]
+        results.append(KernelReport(t.name, how[i], compat, found.matmuls, tuple(findings), empty))
     return results
+
+
+def check_many(jobs: Sequence[Job], *, compat: bool = True) -> list[list[Finding]]:
+    """:func:`check` for each ``(fn, args, target)`` job, in order, compiling them together:
+    one compiler subprocess for all the jobs when ``compat`` differs from this process's
+    compatibility mode (:func:`emulate.compiler.check_many`)."""
+    found = reports(jobs, compat=compat)
+    for r in found:
+        if r.empty:
+            warnings.warn(f"{r.target}: {r.empty}", NoMatmulWarning, stacklevel=_caller_level())
+    return [list(r.findings) for r in found]
 
 
 def check(

@@ -35,14 +35,20 @@ from emulate import targets
 __all__ = [
     "DEVICE_KINDS",
     "MLIR_FORMATS",
+    "KernelOp",
+    "KernelScan",
     "LoweringRefused",
     "MatmulSite",
     "acc_format",
     "element_format",
+    "error_location",
+    "interpreted_kernels",
     "lower",
     "matmul_sites",
+    "scan",
     "sites_of",
     "tpu_target",
+    "trace_and_lower",
 ]
 
 #: MLIR element types of ``tpu.matmul`` operands -> emulate format names. Mosaic's
@@ -98,6 +104,49 @@ class MatmulSite:
             f"{where}kernel {self.kernel!r}: tpu.matmul {self.lhs_type}, {self.rhs_type} -> "
             f"{self.acc_type}"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelOp:
+    """One operation other than ``tpu.matmul`` in the Mosaic module of one ``pallas_call``
+    (a conversion, a comparison, a load, ...), as JAX ships it, before Mosaic canonicalizes
+    it (``arith.fptosi`` here is ``tpu.fptosi`` in Mosaic's error messages).
+
+    Attributes:
+      kernel: the kernel's name.
+      name: the MLIR operation name, e.g. ``"arith.fptosi"``.
+      operand_types, result_types: the MLIR types, e.g. ``("vector<256x256xbf16>",)``.
+      location: ``"path/to/file.py:12"`` as for :class:`MatmulSite`, or None.
+    """
+
+    kernel: str
+    name: str
+    operand_types: tuple[str, ...]
+    result_types: tuple[str, ...]
+    location: str | None
+
+    def __str__(self) -> str:
+        where = f"{self.location}: " if self.location else ""
+        return (
+            f"{where}kernel {self.kernel!r}: {self.name} {', '.join(self.operand_types)} -> "
+            f"{', '.join(self.result_types)}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelScan:
+    """What the Mosaic modules of a program lowered for TPU hold.
+
+    Attributes:
+      kernels: the name of each ``pallas_call`` that reached Mosaic, in program order.
+      matmuls: every ``tpu.matmul``.
+      ops: every other operation with a source location (constants and function
+        boundaries left out).
+    """
+
+    kernels: tuple[str, ...]
+    matmuls: tuple[MatmulSite, ...]
+    ops: tuple[KernelOp, ...]
 
 
 _ACC_FORMATS = {"i32": "int32", "f32": "float32", "bf16": "bfloat16", "f16": "float16"}
@@ -171,13 +220,24 @@ def _location(loc: str) -> str | None:
     files = [(path, line) for path, line, _ in _FILE_LOC.findall(loc)]
     if not files:
         return None
-    outside = [
-        (p, n)
-        for p, n in files
-        if not os.path.abspath(p).startswith(_PACKAGE_DIR + os.sep) and "/jax/" not in p
-    ]
+    outside = [(p, n) for p, n in files if _outside(p)]
     path, line = (outside or files)[0]
     return f"{path}:{line}"
+
+
+def _outside(path: str) -> bool:
+    return not os.path.abspath(path).startswith(_PACKAGE_DIR + os.sep) and "/jax/" not in path
+
+
+def error_location(error: BaseException) -> str | None:
+    """``"path/to/file.py:12"``: the innermost frame of ``error``'s traceback outside
+    ``emulate`` and JAX (JAX adds the kernel's source line of a refused MLIR operation to
+    the traceback of a Pallas lowering error), or None."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    outside = [f for f in frames if _outside(f.filename) and not f.filename.startswith("<")]
+    return f"{outside[-1].filename}:{outside[-1].lineno}" if outside else None
 
 
 #: JAX's device kind and TensorCores per device for each TPU target, as libtpu's
@@ -209,17 +269,28 @@ def _on_target(t: targets.Target) -> Iterator[None]:
 
 
 class LoweringRefused(Exception):
-    """JAX or Pallas refused to lower a traced program for TPU (``error``, what they raised)."""
+    """JAX or Pallas refused to lower a traced program for TPU (``error``, what they raised;
+    ``location``, the user's source line it concerns, :func:`error_location`; ``jaxpr``,
+    the traced program)."""
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: Exception, jaxpr: Any = None) -> None:
         super().__init__(str(error))
         self.error = error
+        self.location = error_location(error)
+        self.jaxpr = jaxpr
 
 
 def lower(fn: Callable[..., Any], args: tuple[Any, ...], t: targets.Target | None) -> Any:
     """``fn(*args)`` traced with ``t`` current (:data:`DEVICE_KINDS`) and lowered for TPU,
     after ``jax.clear_caches()``. TypeError for a ``fn`` that is not callable;
     :class:`LoweringRefused` when JAX or Pallas refuse to lower it."""
+    return trace_and_lower(fn, args, t)[1]
+
+
+def trace_and_lower(
+    fn: Callable[..., Any], args: tuple[Any, ...], t: targets.Target | None
+) -> tuple[Any, Any]:
+    """(the jaxpr, the lowered program) of :func:`lower`."""
     if not callable(fn):
         raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
 
@@ -232,9 +303,9 @@ def lower(fn: Callable[..., Any], args: tuple[Any, ...], t: targets.Target | Non
     with contextlib.nullcontext() if t is None else _on_target(t):
         traced = jax.jit(fresh).trace(*args)
         try:
-            return traced.lower(lowering_platforms=("tpu",))
+            return traced.jaxpr, traced.lower(lowering_platforms=("tpu",))
         except Exception as e:  # noqa: BLE001 - a refusal to lower, reported as such
-            raise LoweringRefused(e) from e
+            raise LoweringRefused(e, traced.jaxpr) from e
 
 
 def matmul_sites(
@@ -268,7 +339,18 @@ def matmul_sites(
 
 def sites_of(lowered: Any) -> list[MatmulSite]:
     """Every ``tpu.matmul`` of every ``pallas_call`` in a program lowered for TPU."""
+    return list(scan(lowered).matmuls)
+
+
+_SKIPPED_OPS = ("arith.constant", "func.func", "func.return")
+
+
+def scan(lowered: Any) -> KernelScan:
+    """The kernels, ``tpu.matmul`` sites and other operations of every ``pallas_call`` in a
+    program lowered for TPU (:class:`KernelScan`)."""
+    kernels: list[str] = []
     sites: list[MatmulSite] = []
+    ops: list[KernelOp] = []
     for op in _walk(lowered.compiler_ir("stablehlo").operation):
         if op.name != "stablehlo.custom_call":
             continue
@@ -282,9 +364,23 @@ def sites_of(lowered: Any) -> list[MatmulSite]:
                 f"({jax.__version__}) stores kernels in a way emulate.pallas.check cannot read"
             )
         kernel = _string_attr(op, "kernel_name") or "kernel"
+        kernels.append(kernel)
         module = _mosaic_module(base64.b64decode(body))
         for inner in _walk(module.operation):
+            if inner.name in _SKIPPED_OPS:
+                continue
+            location = _location(str(inner.location))
             if inner.name != "tpu.matmul":
+                if location is not None:
+                    ops.append(
+                        KernelOp(
+                            kernel,
+                            inner.name,
+                            tuple(str(v.type) for v in inner.operands),
+                            tuple(str(r.type) for r in inner.results),
+                            location,
+                        )
+                    )
                 continue
             lhs, rhs, acc = (str(v.type) for v in list(inner.operands)[:3])
             sites.append(
@@ -295,7 +391,36 @@ def sites_of(lowered: Any) -> list[MatmulSite]:
                     acc_type=acc,
                     lhs=element_format(lhs),
                     rhs=element_format(rhs),
-                    location=_location(str(inner.location)),
+                    location=location,
                 )
             )
-    return sites
+    return KernelScan(tuple(kernels), tuple(sites), tuple(ops))
+
+
+def _jaxprs(value: Any) -> Iterator[Any]:
+    """The jaxprs a primitive's parameter holds (directly, closed, or in a sequence)."""
+    from jax.extend import core as jex_core
+
+    if isinstance(value, jex_core.ClosedJaxpr):
+        yield value.jaxpr
+    elif isinstance(value, jex_core.Jaxpr):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _jaxprs(v)
+
+
+def interpreted_kernels(jaxpr: Any) -> list[str]:
+    """The kernels of the ``pallas_call`` equations in ``jaxpr`` (and the jaxprs nested in
+    it) that run in interpret mode, as ``"name at path/to/file.py:12"`` (the kernel
+    function and its source line): they become plain JAX operations, never Mosaic."""
+    found: list[str] = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call" and eqn.params.get("interpret"):
+            inner = eqn.params.get("jaxpr")
+            info = getattr(getattr(inner, "debug_info", None), "func_src_info", None)
+            found.append(eqn.params.get("name") or info or "kernel")
+        for value in eqn.params.values():
+            for inner in _jaxprs(value):
+                found += interpreted_kernels(inner)
+    return found

@@ -438,7 +438,8 @@ def test_a_refusal_is_placed_at_the_matmul_mosaic_prints():
         return mosaic_check.MatmulSite("k", v, v, f"vector<128x128x{acc}>", fmt, fmt, f"k:{line}")
 
     bf16, int8 = site("bf16", "f32", 1), site("i8", "i32", 2)
-    assert mosaic_check._site_of(verdict, [bf16, int8, site("i8", "i32", 2)]) is int8
+    found = mosaic_check.KernelScan(("k",), (bf16, int8, site("i8", "i32", 2)), ())
+    assert mosaic_check._site_of(verdict, found) == (int8, "")
 
 
 @pytest.mark.parametrize("compat", [True, False])

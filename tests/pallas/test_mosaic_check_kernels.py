@@ -8,12 +8,16 @@ The kernels are vendored under tests/kernels/ (origin, commit and license in eac
   an int32 accumulator, and f32 x int8 without activation quantization;
 - tpu-inference's emit_pipeline grouped matmul (tpu_inference_gmm_v2.py), which reads
   ``pltpu.get_tpu_info()`` while it is traced (MXU width, int8/fp8 throughput,
-  ``is_matmul_supported``) and so lowers a different program per generation.
+  ``is_matmul_supported``) and so lowers a different program per generation;
+- and two of emulate's own test kernels (tests/_pallas_kernels.py) for issue 28: an
+  in-kernel activation quantizer (a bf16 -> int8 cast that needs compatibility mode on
+  v4 to v6e) and a ``pl.kernel`` kernel on a TensorCore mesh made while it is traced.
 
 Each case is compiled directly, with :func:`emulate.compiler.check_many`, with
 compatibility mode on and off; check must give the same verdict (ok, or refused with
-the same first line of the message), and a matmul it calls compat-only must be one the
-compiler refuses with compatibility mode off (with that message), and vice versa.
+the same first line of the message), and it must report compat-only findings (at a
+matmul or at another operation) exactly when the compiler refuses, with compatibility
+mode off, a program it compiles with it on, one of them with the compiler's message.
 """
 
 from __future__ import annotations
@@ -30,9 +34,12 @@ import pytest
 import emulate.pallas
 from emulate import compiler
 from emulate.pallas import mosaic_check
+from emulate.pallas.sites import MatmulSite
 
 KERNELS = pathlib.Path(__file__).resolve().parents[1] / "kernels"
 sys.path.insert(0, str(KERNELS))
+sys.path.insert(0, str(KERNELS.parent))
+import _pallas_kernels as own  # noqa: E402
 import torch_xla_quantized_matmul as xla_qmm  # noqa: E402
 import tpu_inference_gmm_v2 as gmm_v2  # noqa: E402
 from jax_megablox import gmm as megablox  # noqa: E402
@@ -55,6 +62,8 @@ def _lines(path: pathlib.Path, text: str) -> set[str]:
 MEGABLOX_DOT = _lines(KERNELS / "jax_megablox" / "gmm.py", "acc_scratch[...] += lax.dot_general(")
 XLA_QMM_DOT = _lines(KERNELS / "torch_xla_quantized_matmul.py", "acc = jax.lax.dot_general(")
 GMM_V2_DOT = _lines(KERNELS / "tpu_inference_gmm_v2.py", "block_acc = jnp.matmul(")
+QUANTIZE_DOT = _lines(KERNELS.parent / "_pallas_kernels.py", "# site: quantize-dot")
+MESH_DOT = _lines(KERNELS.parent / "_pallas_kernels.py", "# site: mesh")
 
 
 # Module-level callers (a compat-off compile pickles them by reference).
@@ -125,6 +134,10 @@ _KERNEL_CASES = [
     ("gmm_v2-int8-unscaled", tpu_inference_gmm, _gmm_args(jnp.int8), ("tpu_v7x",), GMM_V2_DOT),
     ("gmm_v2-int8-wide-scale", tpu_inference_gmm_scaled_wide, _scaled_args(jnp.int8),
      ("tpu_v5e",), GMM_V2_DOT),
+    ("quantizer", own.quantize_int8, (S((256, 256), jnp.bfloat16), S((256, 256), jnp.int8)),
+     ("tpu_v4", "tpu_v5e", "tpu_v7x"), QUANTIZE_DOT),
+    ("pl-kernel", own.mesh_int8, (S((128, 128), jnp.int8),) * 2,
+     ("tpu_v4", "tpu_v5e", "tpu_v7x"), MESH_DOT),
 ]  # fmt: skip
 CASES = [
     pytest.param(fn, args, target, dots, id=f"{name}-{target}")
@@ -142,6 +155,8 @@ COMPAT_OFF = {
     "xla-w8a8-int8-tpu_v7x",
     "gmm_v2-int8-tpu_v4",
     "gmm_v2-int8-tpu_v5e",
+    "quantizer-tpu_v5e",
+    "pl-kernel-tpu_v7x",
 }
 
 
@@ -175,9 +190,12 @@ def _assert_same_verdict(findings, verdict, dots):
         assert refused == [], refused
     else:
         assert [f.message for f in refused] == [verdict.message]
+    files = {d.rsplit(":", 1)[0] for d in dots}
     for f in findings:
-        if f.site is not None:
+        if isinstance(f.site, MatmulSite):
             assert f.site.location in dots, f.site.location
+        elif f.site is not None:  # another operation of the same kernel file
+            assert f.site.location.rsplit(":", 1)[0] in files, f.site.location
     if refused and refused[0].site is None:
         # Only a refusal that does not concern a matmul (or happens before Mosaic) has
         # no site: its message names no tpu.matmul.
@@ -192,16 +210,13 @@ def test_check_equals_the_compiler_on_public_kernels(fn, args, target, dots):
     # compat-only findings: exactly when the compiler, with compatibility mode off,
     # refuses a program it compiles with it on; the first one is what it says.
     compat_only = [f for f in findings if f.kind == "compat-only"]
+    assert all(f.site is not None for f in compat_only)
     if on.ok:
         off = _verdict(fn, args, target, False)
+        assert bool(compat_only) == (not off.ok), (off, compat_only)
         if compat_only:
-            assert not off.ok
+            # a matmul or another operation (the w8a8 kernel's bf16 -> int8 cast on v5e)
             assert off.message in {f.message for f in compat_only}
-            assert all(f.site is not None for f in compat_only)
-        else:
-            # check reports compat-only matmuls; another op that needs compatibility
-            # mode (the w8a8 kernel's bf16 -> int8 cast on v5e) is not a matmul finding.
-            assert off.ok or "tpu.matmul" not in off.detail, off
 
 
 def test_check_equals_the_compiler_with_compat_off():

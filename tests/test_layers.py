@@ -355,9 +355,6 @@ PRIVATE_REACHES = {
     ("tests/pallas/test_mosaic_check.py", "emulate.pallas.mosaic_check._warned"): (
         "the same fixture resets the once-per-process warnings"
     ),
-    ("tests/pallas/test_mosaic_check.py", "emulate.pallas.mosaic_check._site_of"): (
-        "which matmul a compiler error is attributed to, tested on made-up messages"
-    ),
 }
 
 

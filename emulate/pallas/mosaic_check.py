@@ -233,9 +233,7 @@ def _one_place(candidates: Sequence[Any], what: str) -> tuple[Any, str]:
     )
 
 
-def _site_of(
-    verdict: mosaic.Verdict, found: KernelScan
-) -> tuple[MatmulSite | KernelOp | None, str]:
+def site_of(verdict: mosaic.Verdict, found: KernelScan) -> tuple[MatmulSite | KernelOp | None, str]:
     """The site a compiler error concerns, and a note where it is ambiguous: the
     ``tpu.matmul`` the error prints (by its operand and accumulator types; Mosaic prints
     the op after tiling, so by element types where no shape matches, placed when all such
@@ -302,7 +300,7 @@ def _op_compat_only(op: KernelOp, t: targets.Target) -> bool:
         return False
 
 
-def _from_compiler(
+def compiler_findings(
     t: targets.Target,
     verdict: mosaic.Verdict,
     found: KernelScan,
@@ -312,7 +310,7 @@ def _from_compiler(
     results: list[Finding] = []
     refused_site: MatmulSite | KernelOp | None = None
     if not verdict.ok:
-        refused_site, ambiguous = _site_of(verdict, found)
+        refused_site, ambiguous = site_of(verdict, found)
         if isinstance(refused_site, KernelOp):
             note = ""
             if not compat and _op_compat_only(refused_site, t):
@@ -399,7 +397,7 @@ def reports(jobs: Sequence[Job], *, compat: bool = True) -> list[KernelReport]:
     results = []
     for i, (_, _, t, found, refused, empty) in enumerate(prepared):
         if i in verdicts:
-            findings = _from_compiler(t, verdicts[i], found, compat, refused)
+            findings = compiler_findings(t, verdicts[i], found, compat, refused)
         else:
             if i not in announced:
                 _announce(t, how[i])

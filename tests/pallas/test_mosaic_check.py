@@ -439,7 +439,7 @@ def test_a_refusal_is_placed_at_the_matmul_mosaic_prints():
 
     bf16, int8 = site("bf16", "f32", 1), site("i8", "i32", 2)
     found = mosaic_check.KernelScan(("k",), (bf16, int8, site("i8", "i32", 2)), ())
-    assert mosaic_check._site_of(verdict, found) == (int8, "")
+    assert mosaic_check.site_of(verdict, found) == (int8, "")
 
 
 @pytest.mark.parametrize("compat", [True, False])

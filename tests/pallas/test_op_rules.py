@@ -306,19 +306,19 @@ def _mm(shape: str, loc: str, rhs: str = "f8E4M3FN") -> MatmulSite:
 def test_sixteen_same_typed_matmuls_on_one_line_are_placed_there():
     verdict = mosaic.Verdict(False, "compile", "Unsupported", _MATMUL_DETAIL)
     sites = [_mm(f"{8 * (i + 1)}x256", "gmm.py:40") for i in range(16)]
-    site, note = mosaic_check._site_of(verdict, KernelScan(("k",), tuple(sites), ()))
+    site, note = mosaic_check.site_of(verdict, KernelScan(("k",), tuple(sites), ()))
     assert (site, note) == (sites[0], "")
 
 
 def test_same_typed_matmuls_on_several_lines_are_ambiguous():
     verdict = mosaic.Verdict(False, "compile", "Unsupported", _MATMUL_DETAIL)
     sites = [_mm("256x256", "gmm.py:40"), _mm("64x256", "gmm.py:52"), _mm("8x8", "x.py:1", "bf16")]
-    site, note = mosaic_check._site_of(verdict, KernelScan(("k",), tuple(sites), ()))
+    site, note = mosaic_check.site_of(verdict, KernelScan(("k",), tuple(sites), ()))
     assert site is None
     assert note == (
         "the error concerns one of 2 tpu.matmul with these element types, at gmm.py:40, gmm.py:52"
     )
-    (f,) = mosaic_check._from_compiler(
+    (f,) = mosaic_check.compiler_findings(
         emulate.targets.get("tpu_v4"), verdict, KernelScan(("k",), tuple(sites), ()), False, None
     )
     assert (f.site, f.note) == (None, note)
@@ -338,7 +338,7 @@ def test_an_error_at_another_op_is_placed_at_that_op():
         "k", "vector<256x256xi8>", "vector<256x256xi8>", "vector<256x256xi32>", "int8", "int8",
         "q:6",
     )  # fmt: skip
-    site, note = mosaic_check._site_of(verdict, KernelScan(("k",), (matmul,), (other, cast)))
+    site, note = mosaic_check.site_of(verdict, KernelScan(("k",), (matmul,), (other, cast)))
     assert (site, note) == (cast, "")
 
 

@@ -76,8 +76,13 @@ LAYERS: list[tuple[str, list[str]]] = [
         "validation",
         [
             "emulate.testing.strategies",
+            "emulate.testing.quantized",
             "emulate.testing.comparison",
+            "emulate.testing.hazards",
             "emulate.testing.reproducers",
+            "emulate.testing.harness",
+            "emulate.testing.report",
+            "emulate.testing.plugin",
             "emulate.testing",
             "emulate.validate",
         ],

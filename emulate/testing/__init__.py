@@ -28,8 +28,32 @@ not import it.
 from __future__ import annotations
 
 from emulate.testing import strategies
-from emulate.testing.comparison import Comparison, Mismatch, assert_matches_reference, compare
-from emulate.testing.reproducers import plan_key, representative_targets, reproducer
+from emulate.testing.comparison import (
+    Comparison,
+    Mismatch,
+    assert_matches_reference,
+    compare,
+    segment_count,
+)
+from emulate.testing.harness import CheckResult, check_function, collect_results
+from emulate.testing.hazards import exactness_thresholds, threshold_layouts
+from emulate.testing.quantized import (
+    OperandSpec,
+    QuantSpec,
+    packed,
+    plain,
+    qarrays,
+    quant_spec,
+    quantized,
+    scale_values,
+)
+from emulate.testing.reproducers import (
+    function_reproducer,
+    literal_source,
+    plan_key,
+    representative_targets,
+    reproducer,
+)
 from emulate.testing.strategies import DimensionNumbers as DimensionNumbers
 from emulate.testing.strategies import (
     DotProblem,
@@ -38,6 +62,7 @@ from emulate.testing.strategies import (
     dot_general_problems,
     finite_codes,
     formats,
+    odd_extreme_codes,
     result_types,
     special_codes,
 )
@@ -67,19 +92,36 @@ __all__ = [
     "DEFAULT_LAYOUTS",
     "LONG_K_LAYOUT",
     "WIDE_RANGE",
+    "CheckResult",
     "Comparison",
     "DotProblem",
     "Mismatch",
+    "OperandSpec",
+    "QuantSpec",
     "arrays",
     "assert_matches_reference",
+    "check_function",
     "codes",
+    "collect_results",
     "compare",
     "dot_general_problems",
+    "exactness_thresholds",
     "finite_codes",
     "formats",
+    "function_reproducer",
+    "literal_source",
+    "odd_extreme_codes",
+    "packed",
+    "plain",
     "plan_key",
+    "qarrays",
+    "quant_spec",
+    "quantized",
     "representative_targets",
     "reproducer",
     "result_types",
+    "scale_values",
+    "segment_count",
     "special_codes",
+    "threshold_layouts",
 ]

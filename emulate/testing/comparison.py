@@ -21,8 +21,8 @@ import numpy.typing as npt
 from emulate import bounds, reference
 from emulate import formats as _formats
 from emulate.formats import Format, FormatLike
-from emulate.planning.exactness import exact_class
 from emulate.numerics.storage import Packed
+from emulate.planning.exactness import exact_class
 from emulate.planning.plan import MODES
 from emulate.quant import QArray
 from emulate.testing.quantized import oracle_values
@@ -201,12 +201,12 @@ def compare(
       ValueError: an unknown ``mode``, or operands the reference rejects.
     """
     check_mode(mode)
-    if isinstance(extra_roundings, bool) or not isinstance(extra_roundings, int) or (
-        extra_roundings < 0
+    if (
+        isinstance(extra_roundings, bool)
+        or not isinstance(extra_roundings, int)
+        or (extra_roundings < 0)
     ):
-        raise ValueError(
-            f"extra_roundings: expected a non-negative int, got {extra_roundings!r}"
-        )
+        raise ValueError(f"extra_roundings: expected a non-negative int, got {extra_roundings!r}")
     got = np.asarray(result)
     (a, ablock), (b, bblock) = oracle_values(lhs, "lhs"), oracle_values(rhs, "rhs")
     lf, rf = _formats.get(a.dtype), _formats.get(b.dtype)
@@ -228,7 +228,11 @@ def compare(
     out = _formats.get(want.dtype)
     names = [_operand_name(x, f) for x, f in ((lhs, lf), (rhs, rf))]
     base: dict[str, Any] = dict(
-        lhs=names[0], rhs=names[1], out=out.name, mode=mode, contract=contract,
+        lhs=names[0],
+        rhs=names[1],
+        out=out.name,
+        mode=mode,
+        contract=contract,
         bound_name=bound_name,
     )
     if got.dtype != want.dtype or got.shape != want.shape:

@@ -218,7 +218,13 @@ def check_function(
         a, b, dn, report = failing[-1]
         result.failure = report
         result.reproducer = function_reproducer(
-            fn, a, b, dn, contract=label, out=out_name, target=target_name,
+            fn,
+            a,
+            b,
+            dn,
+            contract=label,
+            out=out_name,
+            target=target_name,
             extra_roundings=extra_roundings,
         )
     finally:

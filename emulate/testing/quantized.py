@@ -299,8 +299,8 @@ def as_spec(x: OperandSpec | Scheme | FormatLike, arg: str) -> OperandSpec:
         return plain(x)  # type: ignore[arg-type]
     except (TypeError, ValueError) as e:
         raise type(e)(
-            f"{arg}: expected a format, an emulate.mx scheme or testing.plain/packed/quantized(...), "
-            f"got {x!r} ({str(e).removeprefix('fmt: ')})"
+            f"{arg}: expected a format, an emulate.mx scheme or "
+            f"testing.plain/packed/quantized(...), got {x!r} ({str(e).removeprefix('fmt: ')})"
         ) from None
 
 
@@ -329,4 +329,6 @@ def oracle_values(x: Any, arg: str = "operand") -> tuple[np.ndarray, tuple[int, 
     try:
         return np.asarray(x), None
     except Exception as e:  # noqa: BLE001 - named in the message
-        raise TypeError(f"{arg}: expected an array, a Packed or a QArray, got {type(x).__name__}") from e
+        raise TypeError(
+            f"{arg}: expected an array, a Packed or a QArray, got {type(x).__name__}"
+        ) from e

@@ -233,6 +233,10 @@ def operand_source(name: str, x: Any) -> str:
     return literal_source(name, np.asarray(x))
 
 
+def _dn_tuple(dn: Any) -> tuple:
+    return tuple(tuple(tuple(int(d) for d in axes) for axes in pair) for pair in dn)
+
+
 def _import_line(fn: Callable) -> tuple[str, str]:
     """``(import statement, expression)`` that names ``fn`` in a fresh process, or a
     comment and a placeholder where ``fn`` cannot be imported (a lambda, a local)."""
@@ -292,7 +296,7 @@ def function_reproducer(
             operand_source("lhs", lhs),
             operand_source("rhs", rhs),
             *call_lines,
-            f"dimension_numbers = {tuple(map(lambda p: tuple(map(tuple, p)), dimension_numbers))!r}",
+            f"dimension_numbers = {_dn_tuple(dimension_numbers)!r}",
             "testing.assert_matches_reference(",
             f"    got, lhs, rhs, dimension_numbers, mode={mode!r}, "
             f"preferred_element_type={out_s}{extra}",

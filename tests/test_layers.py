@@ -76,7 +76,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "validation",
         [
             "emulate.testing.strategies",
-            "emulate.testing.quantized",
+            "emulate.testing.operands",
             "emulate.testing.comparison",
             "emulate.testing.hazards",
             "emulate.testing.reproducers",

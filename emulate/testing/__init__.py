@@ -37,7 +37,7 @@ from emulate.testing.comparison import (
 )
 from emulate.testing.harness import CheckResult, check_function, collect_results
 from emulate.testing.hazards import exactness_thresholds, threshold_layouts
-from emulate.testing.quantized import (
+from emulate.testing.operands import (
     OperandSpec,
     QuantSpec,
     packed,

@@ -25,7 +25,7 @@ from emulate.numerics.storage import Packed
 from emulate.planning.exactness import exact_class
 from emulate.planning.plan import MODES
 from emulate.quant import QArray
-from emulate.testing.quantized import oracle_values
+from emulate.testing.operands import oracle_values
 
 __all__ = [
     "BoundLike",
@@ -187,7 +187,7 @@ def compare(
         as float64-castable numpy arrays). Overrides the contract below.
       extra_roundings: further float32 roundings your kernel makes on the way (a scale
         applied per block, a conversion): the bound of mode "fast" uses
-        ``gamma_(K + extra_roundings)``; also makes an exact-class pair bounded.
+        ``gamma_(K + extra_roundings)`` (exact-class pairs stay bit for bit).
 
     The contract: with ``bound``, within it. Otherwise bit for bit with
     :func:`emulate.reference.dot_general` in mode "exact" and for exact-class pairs
@@ -213,7 +213,7 @@ def compare(
     quant = ablock is not None or bblock is not None
     if bound is not None:
         contract, bound_name = "bounded", "the bound given"
-    elif mode == "exact" or (exact_class(lf, rf) and not quant and not extra_roundings):
+    elif mode == "exact" or (exact_class(lf, rf) and not quant):
         contract, bound_name = "exact", ""
     elif quant:
         segs = segment_count(a.shape, b.shape, dimension_numbers, ablock, bblock)

@@ -24,7 +24,7 @@ from emulate import formats as _formats
 from emulate import targets as _targets
 from emulate.testing.comparison import BoundLike, Comparison, compare
 from emulate.testing.hazards import threshold_layouts
-from emulate.testing.quantized import OperandSpec, as_spec
+from emulate.testing.operands import OperandSpec, as_spec
 from emulate.testing.reproducers import function_reproducer
 from emulate.testing.strategies import Layout
 

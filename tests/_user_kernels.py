@@ -30,8 +30,11 @@ def int8_via_f32(a, b):
 
 def _dequantize(q: emulate.QArray, signed: bool = True, scale_dtype=jnp.float32):
     codes = q.unpacked_codes()
-    v = codes.astype(jnp.float32) if signed else (lax.bitcast_convert_type(
-        codes.astype(jnp.int8), jnp.uint8) & 0xF).astype(jnp.float32)
+    v = (
+        codes.astype(jnp.float32)
+        if signed
+        else (lax.bitcast_convert_type(codes.astype(jnp.int8), jnp.uint8) & 0xF).astype(jnp.float32)
+    )
     s = q.scales.astype(scale_dtype).astype(jnp.float32)
     s = jnp.repeat(s, q.block_shape[0], axis=0, total_repeat_length=s.shape[0] * q.block_shape[0])
     return v * s[: v.shape[0]]

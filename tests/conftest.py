@@ -13,6 +13,9 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+# pytester runs pytest inside a test: tests/testing/test_plugin.py checks emulate's plugin.
+pytest_plugins = ["pytester"]
+
 settings.register_profile(
     "ci",
     derandomize=True,

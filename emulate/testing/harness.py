@@ -49,7 +49,7 @@ class CheckResult:
       name: the function's ``module:qualname``.
       lhs, rhs: the operand descriptions.
       contract: "exact", "fast" or "bound".
-      target: the target the function ran under (None: the current one).
+      target: the target the function ran under.
       examples: problems run.
       max_ulps: the largest error in ulps of the result type, over all examples.
       ratios: per example, the largest err/bound (bounded contracts; empty otherwise).
@@ -61,7 +61,7 @@ class CheckResult:
     lhs: str
     rhs: str
     contract: str
-    target: str | None
+    target: str
     examples: int = 0
     max_ulps: float = 0.0
     ratios: list[float] = dataclasses.field(default_factory=list)
@@ -152,7 +152,8 @@ def check_function(
         operands, for plain and packed exact-class pairs.
       out: the result format the reference rounds into; default the dtype ``fn`` returns.
       extra_roundings: as for :func:`compare` (contract "fast").
-      target: run ``fn`` inside ``emulate.use_target(target)``.
+      target: run ``fn`` inside ``emulate.use_target(target)``; default the current target
+        (which the reproducer names).
       examples: problems to draw (hypothesis ``max_examples``); seed: their seed.
       elements, fill: the operands' values, as for :func:`arrays`.
 
@@ -174,7 +175,7 @@ def check_function(
     if not isinstance(examples, int) or isinstance(examples, bool) or examples < 1:
         raise ValueError(f"examples: expected a positive int, got {examples!r}")
     out_name = None if out is None else _formats.get(out).name
-    target_name = None if target is None else _targets.get(target).name
+    target_name = (_targets.current_target() if target is None else _targets.get(target)).name
     pool = _layouts(shapes, layouts)
     problem = _problems(ls, rs, pool, hazards and layouts is None, elements, fill)
     label = "bound" if not isinstance(contract, str) else contract
@@ -182,9 +183,8 @@ def check_function(
     failing: list[tuple[Any, Any, Any, str]] = []
 
     def run_one(a: Any, b: Any, dn: Any) -> None:
-        ctx = _targets.use_target(target_name) if target_name else contextlib.nullcontext()
         try:
-            with ctx:
+            with _targets.use_target(target_name):
                 got = np.asarray(fn(a, b))
             c = _compare(got, a, b, dn, contract, out_name, extra_roundings)
         except Exception as e:

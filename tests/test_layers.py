@@ -94,6 +94,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.cli.formats",
             "emulate.cli.targets",
             "emulate.cli.explain",
+            "emulate.cli.validate_fn",
             "emulate.cli.validate",
             "emulate.cli.check_kernel",
             "emulate.cli",

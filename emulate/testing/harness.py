@@ -50,8 +50,9 @@ class CheckResult:
       lhs, rhs: the operand descriptions.
       contract: "exact", "fast" or "bound".
       target: the target the function ran under.
-      examples: problems run.
-      max_ulps: the largest error in ulps of the result type, over all examples.
+      examples: problems run up to and including the first failure (hypothesis' shrinking
+        replays are not counted).
+      max_ulps: the largest error in ulps of the result type, over those examples.
       ratios: per example, the largest err/bound (bounded contracts; empty otherwise).
       failure: the failure's report (None when all passed).
       reproducer: the script that reproduces the failure (None when all passed).
@@ -183,6 +184,9 @@ def check_function(
     failing: list[tuple[Any, Any, Any, str]] = []
 
     def run_one(a: Any, b: Any, dn: Any) -> None:
+        # After the first failure hypothesis replays and shrinks it: those calls are not
+        # new examples, and their errors are not counted.
+        shrinking = bool(failing)
         try:
             with _targets.use_target(target_name):
                 got = np.asarray(fn(a, b))
@@ -190,10 +194,11 @@ def check_function(
         except Exception as e:
             failing.append((a, b, dn, f"{type(e).__name__}: {e}"))
             raise
-        result.examples += 1
-        result.max_ulps = max(result.max_ulps, c.max_ulps)
-        if c.worst_ratio is not None:
-            result.ratios.append(c.worst_ratio)
+        if not shrinking:
+            result.examples += 1
+            result.max_ulps = max(result.max_ulps, c.max_ulps)
+            if c.worst_ratio is not None:
+                result.ratios.append(c.worst_ratio)
         if not c.ok:
             failing.append((a, b, dn, c.report()))
             raise AssertionError(c.report())

@@ -20,33 +20,45 @@ __all__ = ["histogram_svg", "render_html", "render_json"]
 _BINS = 10
 
 
-def histogram_svg(ratios: Sequence[float], *, width: int = 240, height: int = 80) -> str:
-    """An inline SVG histogram of err/bound values over ``[0, 1]`` in 10 bins (values past
-    1, failures, go to an 11th red bin)."""
+def histogram_svg(ratios: Sequence[float], *, width: int = 330, height: int = 110) -> str:
+    """An inline SVG histogram of err/bound values: 10 bins over ``[0, 1]`` and an 11th,
+    red, for values past 1 (failures); each bar's count is written above it."""
     counts = [0] * (_BINS + 1)
     for r in ratios:
         i = _BINS if (math.isinf(r) or r > 1) else min(int(r * _BINS), _BINS - 1)
         counts[i] += 1
     top = max(counts) or 1
     bw = width / (_BINS + 1)
-    bars = []
+    base = height - 28
+    parts = []
     for i, c in enumerate(counts):
-        h = (height - 14) * c / top
+        h = (base - 14) * c / top
         colour = "#c0392b" if i == _BINS else "#2e86c1"
-        bars.append(
-            f'<rect x="{i * bw + 1:.1f}" y="{height - 14 - h:.1f}" width="{bw - 2:.1f}" '
-            f'height="{h:.1f}" fill="{colour}"><title>{c}</title></rect>'
+        x = i * bw
+        parts.append(
+            f'<rect x="{x + 1:.1f}" y="{base - h:.1f}" width="{bw - 2:.1f}" height="{h:.1f}" '
+            f'fill="{colour}"><title>{c}</title></rect>'
         )
-    axis = (
-        f'<text x="0" y="{height - 2}" font-size="10">0</text>'
-        f'<text x="{_BINS * bw - 6:.0f}" y="{height - 2}" font-size="10">1</text>'
-        f'<text x="{_BINS * bw + 2:.0f}" y="{height - 2}" font-size="10">&gt;1</text>'
+        if c:
+            parts.append(
+                f'<text x="{x + bw / 2:.1f}" y="{base - h - 3:.1f}" font-size="10" '
+                f'text-anchor="middle">{c}</text>'
+            )
+    parts.append(f'<line x1="0" y1="{base}" x2="{width}" y2="{base}" stroke="#888"/>')
+    for label, x in (("0", 0.0), ("0.5", 5 * bw), ("1", _BINS * bw), (">1", _BINS * bw + bw / 2)):
+        anchor = "start" if x == 0 else "middle"
+        parts.append(
+            f'<text x="{x:.1f}" y="{base + 12}" font-size="10" text-anchor="{anchor}">'
+            f"{html.escape(label)}</text>"
+        )
+    parts.append(
+        f'<text x="{width / 2:.1f}" y="{height - 2}" font-size="11" text-anchor="middle">'
+        "err/bound per example</text>"
     )
     return (
         f'<svg class="hist" xmlns="http://www.w3.org/2000/svg" width="{width}" '
         f'height="{height}" role="img" aria-label="histogram of err/bound">'
-        + "".join(bars)
-        + axis
+        + "".join(parts)
         + "</svg>"
     )
 
@@ -116,7 +128,7 @@ def render_html(entries: Sequence[tuple[str, CheckResult]], *, title: str = "emu
         "body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:4px 8px;font-size:14px}"
         ".failed{color:#c0392b;font-weight:bold}.ok{color:#1e8449}"
-        "pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}"
+        "pre{background:#f6f6f6;padding:8px;white-space:pre-wrap;font-size:12px}"
     )
     return (
         f"<!DOCTYPE html><html><head><meta charset=utf-8><title>{html.escape(title)} "

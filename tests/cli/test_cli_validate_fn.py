@@ -46,7 +46,8 @@ def test_fn_passes_and_fails(tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--fn", "_user_kernels", "--pair", "int8", "int8"], "--fn: expected MODULE:FUNCTION, got '_user_kernels'"),
+        (["--fn", "_user_kernels", "--pair", "int8", "int8"],
+         "--fn: expected MODULE:FUNCTION, got '_user_kernels'"),
         (["--fn", "no_such_module:f", "--pair", "int8", "int8"], "--fn: cannot import"),
         (["--fn", "_user_kernels:nope", "--pair", "int8", "int8"],
          "--fn: module '_user_kernels' has no 'nope'"),

@@ -296,7 +296,7 @@ def as_spec(x: OperandSpec | Scheme | FormatLike, arg: str) -> OperandSpec:
     if isinstance(x, (Scheme, QuantSpec)):
         return quantized(x)
     try:
-        return plain(x)  # type: ignore[arg-type]
+        return plain(x)
     except (TypeError, ValueError) as e:
         raise type(e)(
             f"{arg}: expected a format, an emulate.mx scheme or "

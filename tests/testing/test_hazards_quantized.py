@@ -142,3 +142,13 @@ def test_segment_count():
     assert et.segment_count((2, 64), (64, 3), DN, (1, 16), (32, 1)) == 4
     assert et.segment_count((2, 70), (70, 3), DN, (1, 32), (48, 1)) == 4  # cuts 0 32 48 64
     assert et.segment_count((2, 5), (5, 3), DN, None, None) == 1
+
+
+def test_collect_results_nest():
+    import _user_kernels as uk
+
+    with et.collect_results() as outer:
+        with et.collect_results() as inner:
+            pass
+        et.check_function(uk.int8_exact, "int8", "int8", examples=2, hazards=False)
+    assert (len(outer), inner) == (1, [])

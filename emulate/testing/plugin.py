@@ -68,8 +68,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "emulate(targets=None, modes=None): run the test over these emulate targets and modes",
     )
     config.stash[_ENTRIES] = []
-    _targets_of(config, None)  # bad option values stop the session before collection
-    _modes_of(config, None)
+    # Bad option values stop the session before collection (no target detection unless
+    # the option is given).
+    if config.getoption("--emulate-targets"):
+        _targets_of(config, None)
+    if config.getoption("--emulate-modes"):
+        _modes_of(config, None)
 
 
 def _split(value: str | None) -> list[str]:

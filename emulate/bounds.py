@@ -59,7 +59,11 @@ def _abs64(x: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
 
 
 def dot_general_bound(
-    lhs: npt.ArrayLike, rhs: npt.ArrayLike, dimension_numbers: Sequence[Sequence[Sequence[int]]]
+    lhs: npt.ArrayLike,
+    rhs: npt.ArrayLike,
+    dimension_numbers: Sequence[Sequence[Sequence[int]]],
+    *,
+    extra_terms: int = 0,
 ) -> np.ndarray:
     """Per-element bound on ``|r - exact|`` for an f32-accumulated ``dot_general``.
 
@@ -67,6 +71,8 @@ def dot_general_bound(
       lhs, rhs: numpy arrays of any float format dtype (ml_dtypes included); integer
         arrays are accepted too.
       dimension_numbers: as in ``lax.dot_general``.
+      extra_terms: further f32 roundings on the way, counted into gamma: the bound uses
+        ``gamma_(K + extra_terms)`` (a QArray matmul with S segments: ``S + 4``).
 
     Returns:
       float64 array of the result's shape. Elements whose exact value is not finite
@@ -86,7 +92,8 @@ def dot_general_bound(
     # float64 rounding of a sum of K non-negative terms: relative 2K * 2**-53 at most.
     s = s * (1 + 2 * max(k, 1) * 2.0**-53)
     flushed = flushed * (1 + 2 * max(k, 1) * 2.0**-53)
-    return np.where(nonfinite, np.inf, gamma(k) * s + flushed + k * UNDERFLOW_PER_TERM)
+    g = gamma(k + extra_terms)
+    return np.where(nonfinite, np.inf, g * s + flushed + (k + extra_terms) * UNDERFLOW_PER_TERM)
 
 
 def _subnormal(v: np.ndarray) -> np.ndarray:

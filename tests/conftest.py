@@ -13,6 +13,17 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+# pytester runs pytest inside a test: tests/testing/test_plugin.py checks emulate's plugin.
+# emulate's own plugin (its pytest11 entry point has the module's name, so an installed
+# emulate registers it once): docs/kernels_test.py uses its emulate_target fixture.
+pytest_plugins = ["pytester", "emulate.testing.plugin"]
+
+# The report's test in a real headless Chromium runs only with EMULATE_BROWSER_TESTS=1
+# (where it fails, not skips, if `chromium` is missing: apt-get install -y chromium).
+collect_ignore = (
+    [] if os.environ.get("EMULATE_BROWSER_TESTS") == "1" else ["testing/test_report_browser.py"]
+)
+
 settings.register_profile(
     "ci",
     derandomize=True,

@@ -11,6 +11,7 @@ import argparse
 import json
 
 from emulate import validate
+from emulate.cli import validate_fn
 from emulate.cli.args import mode, operand_formats, positive_int, target_names
 from emulate.validate import DEFAULT_EXAMPLES
 
@@ -66,6 +67,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--seed", type=int, default=0, metavar="S", help="seed of the examples (default 0)"
     )
     p.add_argument("--json", metavar="PATH", help="also write the rows to PATH as JSON")
+    validate_fn.add_arguments(p)
     p.add_argument(
         "--all-layouts",
         action="store_true",
@@ -78,6 +80,10 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the checks and print their table; exit status 1 on any mismatch."""
     parser = args.parser
+    if args.fn is not None:
+        return validate_fn.run(args)
+    if args.pair is not None:
+        parser.error("--pair needs --fn MODULE:FUNCTION (emulate's own plans take --formats)")
     chosen_targets = target_names(args.targets, parser)
     chosen_formats = operand_formats(args.formats, parser)
     modes = list(dict.fromkeys(args.modes or ("fast", "exact")))

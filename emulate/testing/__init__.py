@@ -15,6 +15,20 @@ Assertions (``emulate.testing.comparison``)
   :func:`compare` returns the same verdict as a :class:`Comparison`, with the largest
   error in ulps of the result type.
 
+Your own kernel (``emulate.testing.harness``)
+  :func:`check_function` draws problems, calls your function, checks every result under a
+  contract ("exact", "fast" or a bound) and raises with a reproducer that calls your
+  function on literal values (:func:`function_reproducer`, :func:`literal_source`);
+  :func:`collect_results` gathers the :class:`CheckResult` values (the pytest plugin,
+  ``emulate.testing.plugin``, writes them as JSON and HTML, ``emulate.testing.report``).
+
+Hazards (``emulate.testing.hazards``) and quantized operands (``emulate.testing.operands``)
+  :func:`exactness_thresholds` and :func:`threshold_layouts` put K where sums stop being
+  exact; ``fill="odd_extreme"`` (:func:`odd_extreme_codes`) makes the sums drop units
+  there. :func:`qarrays` draws :class:`emulate.QArray` values of any scheme with special
+  scales; :func:`plain`, :func:`packed` and :func:`quantized` describe an operand.
+  :func:`assert_matches_reference` accepts QArray and Packed operands.
+
 Helpers (``emulate.testing.reproducers``)
   :func:`reproducer` writes a problem as a ready-to-run Python script;
   :func:`representative_targets` picks one target per distinct plan, so that a suite
@@ -28,8 +42,32 @@ not import it.
 from __future__ import annotations
 
 from emulate.testing import strategies
-from emulate.testing.comparison import Comparison, Mismatch, assert_matches_reference, compare
-from emulate.testing.reproducers import plan_key, representative_targets, reproducer
+from emulate.testing.comparison import (
+    Comparison,
+    Mismatch,
+    assert_matches_reference,
+    compare,
+    segment_count,
+)
+from emulate.testing.harness import CheckResult, check_function, collect_results
+from emulate.testing.hazards import exactness_thresholds, threshold_layouts
+from emulate.testing.operands import (
+    OperandSpec,
+    QuantSpec,
+    packed,
+    plain,
+    qarrays,
+    quant_spec,
+    quantized,
+    scale_values,
+)
+from emulate.testing.reproducers import (
+    function_reproducer,
+    literal_source,
+    plan_key,
+    representative_targets,
+    reproducer,
+)
 from emulate.testing.strategies import DimensionNumbers as DimensionNumbers
 from emulate.testing.strategies import (
     DotProblem,
@@ -38,6 +76,7 @@ from emulate.testing.strategies import (
     dot_general_problems,
     finite_codes,
     formats,
+    odd_extreme_codes,
     result_types,
     special_codes,
 )
@@ -55,8 +94,10 @@ from emulate.testing.strategies import Layout as Layout
 #: batch dim that is not first, no free dims, and K = 33.
 DEFAULT_LAYOUTS = strategies.DEFAULT_LAYOUTS
 
-#: K = 1100: with ``fill="extreme"`` operands, int8 x int8 sums pass 2**24, where a naive
-#: float32 running sum starts dropping odd units.
+#: One layout (not a pool: pass ``layouts=[LONG_K_LAYOUT]``), K = 1100: with
+#: ``fill="odd_extreme"`` operands int8 x int8 sums pass 2**24 in odd units, which a naive
+#: float32 running sum drops (with ``fill="extreme"``, -128 gives products of 2**14, which
+#: float32 adds exactly). :func:`threshold_layouts` draws K at every threshold of a pair.
 LONG_K_LAYOUT = strategies.LONG_K_LAYOUT
 
 #: Values drawn for the wide float types (bfloat16, float16, float32) lie in
@@ -67,19 +108,36 @@ __all__ = [
     "DEFAULT_LAYOUTS",
     "LONG_K_LAYOUT",
     "WIDE_RANGE",
+    "CheckResult",
     "Comparison",
     "DotProblem",
     "Mismatch",
+    "OperandSpec",
+    "QuantSpec",
     "arrays",
     "assert_matches_reference",
+    "check_function",
     "codes",
+    "collect_results",
     "compare",
     "dot_general_problems",
+    "exactness_thresholds",
     "finite_codes",
     "formats",
+    "function_reproducer",
+    "literal_source",
+    "odd_extreme_codes",
+    "packed",
+    "plain",
     "plan_key",
+    "qarrays",
+    "quant_spec",
+    "quantized",
     "representative_targets",
     "reproducer",
     "result_types",
+    "scale_values",
+    "segment_count",
     "special_codes",
+    "threshold_layouts",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -21,10 +21,21 @@ import numpy.typing as npt
 from emulate import bounds, reference
 from emulate import formats as _formats
 from emulate.formats import Format, FormatLike
+from emulate.numerics.storage import Packed
 from emulate.planning.exactness import exact_class
 from emulate.planning.plan import MODES
+from emulate.quant import QArray
+from emulate.testing.operands import oracle_values
 
-__all__ = ["Comparison", "Mismatch", "assert_matches_reference", "check_mode", "compare"]
+__all__ = [
+    "BoundLike",
+    "Comparison",
+    "Mismatch",
+    "assert_matches_reference",
+    "check_mode",
+    "compare",
+    "segment_count",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +84,8 @@ class Comparison:
         None for the exact contract.
       first: the first mismatching element, or None.
       problem: a dtype or shape disagreement, or None.
+      bound_name: bounded contract: which bound (``emulate.bounds.dot_general_bound``, the
+        segment bound ``gamma_(K+S+4)`` of a QArray operand, or a bound you gave).
     """
 
     lhs: str
@@ -86,6 +99,7 @@ class Comparison:
     worst_ratio: float | None
     first: Mismatch | None = None
     problem: str | None = None
+    bound_name: str = "emulate.bounds.dot_general_bound"
 
     @property
     def ok(self) -> bool:
@@ -95,7 +109,7 @@ class Comparison:
         """A few lines that say what differs, or that nothing does."""
         words = {
             "exact": "bit for bit with the reference",
-            "bounded": "within emulate.bounds.dot_general_bound",
+            "bounded": f"within {self.bound_name}",
         }[self.contract]
         what = f"{self.lhs} x {self.rhs} -> {self.out}, mode {self.mode!r}, contract: {words}"
         if self.problem is not None:
@@ -143,40 +157,83 @@ def check_mode(mode: str) -> str:
     return mode
 
 
+BoundLike = float | npt.ArrayLike | Callable[[np.ndarray, np.ndarray, Any], npt.ArrayLike]
+
+
 def compare(
     result: npt.ArrayLike,
-    lhs: npt.ArrayLike,
-    rhs: npt.ArrayLike,
+    lhs: Any,
+    rhs: Any,
     dimension_numbers: Sequence[Sequence[Sequence[int]]],
     *,
     mode: str,
     preferred_element_type: FormatLike | None = None,
+    bound: BoundLike | None = None,
+    extra_roundings: int = 0,
 ) -> Comparison:
     """Compare ``result`` of a ``dot_general(lhs, rhs, ...)`` with :mod:`emulate.reference`.
 
     Args:
       result: the result to check (a jax or numpy array).
-      lhs, rhs: the operands, as arrays of their formats' dtypes (numpy or jax; float6 as
-        numpy arrays).
+      lhs, rhs: the operands: arrays of their formats' dtypes (numpy or jax; float6 as
+        numpy arrays), :class:`emulate.Packed` arrays (compared as their codes), or
+        :class:`emulate.QArray` values (compared as their values,
+        :func:`emulate.reference.dequantize`).
       dimension_numbers, preferred_element_type: as passed to ``dot_general``.
       mode: the mode the result was computed in, "fast" or "exact".
+      bound: your own bounded contract: a number (the largest ``|r - exact|`` allowed
+        for every element), an array of the result's shape, or a function
+        ``bound(lhs_values, rhs_values, dimension_numbers)`` returning one (the values
+        as float64-castable numpy arrays). Overrides the contract below.
+      extra_roundings: further float32 roundings your kernel makes on the way (a scale
+        applied per block, a conversion): the bound of mode "fast" uses
+        ``gamma_(K + extra_roundings)`` (exact-class pairs stay bit for bit).
 
-    The contract: bit for bit with :func:`emulate.reference.dot_general` in mode "exact"
-    and for exact-class pairs (:func:`emulate.plan.exact_class`); otherwise within
-    :func:`emulate.bounds.dot_general_bound` (see :class:`Comparison`).
+    The contract: with ``bound``, within it. Otherwise bit for bit with
+    :func:`emulate.reference.dot_general` in mode "exact" and for exact-class pairs
+    (:func:`emulate.plan.exact_class`) of plain or packed operands; else within
+    :func:`emulate.bounds.dot_general_bound` with ``gamma_(K + extra_roundings)``, and with
+    a QArray operand the segment bound ``gamma_(K + S + 4 + extra_roundings)``, ``S`` the
+    number of segments along K over which neither operand's scale changes
+    (docs/numerics.md).
 
     Raises:
       ValueError: an unknown ``mode``, or operands the reference rejects.
     """
     check_mode(mode)
+    if (
+        isinstance(extra_roundings, bool)
+        or not isinstance(extra_roundings, int)
+        or (extra_roundings < 0)
+    ):
+        raise ValueError(f"extra_roundings: expected a non-negative int, got {extra_roundings!r}")
     got = np.asarray(result)
-    a, b = np.asarray(lhs), np.asarray(rhs)
+    (a, ablock), (b, bblock) = oracle_values(lhs, "lhs"), oracle_values(rhs, "rhs")
     lf, rf = _formats.get(a.dtype), _formats.get(b.dtype)
-    contract = "exact" if mode == "exact" or exact_class(lf, rf) else "bounded"
+    quant = ablock is not None or bblock is not None
+    if bound is not None:
+        contract, bound_name = "bounded", "the bound given"
+    elif mode == "exact" or (exact_class(lf, rf) and not quant):
+        contract, bound_name = "exact", ""
+    elif quant:
+        segs = segment_count(a.shape, b.shape, dimension_numbers, ablock, bblock)
+        extra = segs + 4 + extra_roundings
+        contract, bound_name = "bounded", f"the segment bound gamma_(K+S+4), S = {segs}"
+    else:
+        extra = extra_roundings
+        contract, bound_name = "bounded", "emulate.bounds.dot_general_bound"
+    if extra_roundings and bound is None and contract == "bounded":
+        bound_name += f" with {extra_roundings} extra roundings"
     want = reference.dot_general(a, b, dimension_numbers, preferred_element_type)
     out = _formats.get(want.dtype)
+    names = [_operand_name(x, f) for x, f in ((lhs, lf), (rhs, rf))]
     base: dict[str, Any] = dict(
-        lhs=lf.name, rhs=rf.name, out=out.name, mode=mode, contract=contract
+        lhs=names[0],
+        rhs=names[1],
+        out=out.name,
+        mode=mode,
+        contract=contract,
+        bound_name=bound_name,
     )
     if got.dtype != want.dtype or got.shape != want.shape:
         return Comparison(
@@ -199,7 +256,10 @@ def compare(
         allowed = bnd = None
     else:
         exact = reference.exact_dot_general(a, b, dimension_numbers)
-        bnd = bounds.dot_general_bound(a, b, dimension_numbers)
+        if bound is None:
+            bnd = bounds.dot_general_bound(a, b, dimension_numbers, extra_terms=extra)
+        else:
+            bnd = _given_bound(bound, a, b, dimension_numbers, want.shape)
         flushed = _flushed_nan(a, b, dimension_numbers)
         bad, ratios, allowed = _within(got, exact, bnd, out, flushed)
         ratio = float(max(ratios, default=0.0))
@@ -232,19 +292,24 @@ def compare(
 
 def assert_matches_reference(
     result: npt.ArrayLike,
-    lhs: npt.ArrayLike,
-    rhs: npt.ArrayLike,
+    lhs: Any,
+    rhs: Any,
     dimension_numbers: Sequence[Sequence[Sequence[int]]],
     *,
     mode: str,
     preferred_element_type: FormatLike | None = None,
+    bound: BoundLike | None = None,
+    extra_roundings: int = 0,
 ) -> None:
     """Assert that ``result`` keeps the numerics contract against :mod:`emulate.reference`.
 
     Bit for bit (NaN matches NaN; the sign of a zero result is not part of the contract)
     for exact-class pairs and in mode "exact"; within
-    :func:`emulate.bounds.dot_general_bound` for the other pairs in mode "fast". The
-    result's dtype and shape must be the reference's.
+    :func:`emulate.bounds.dot_general_bound` for the other pairs in mode "fast", and
+    within the segment bound ``gamma_(K+S+4)`` for QArray operands. ``lhs`` and ``rhs``
+    may be arrays, :class:`emulate.Packed` or :class:`emulate.QArray`; ``bound`` and
+    ``extra_roundings`` as for :func:`compare`. The result's dtype and shape must be the
+    reference's.
 
     Raises:
       AssertionError: with :meth:`Comparison.report`: the first mismatching element's
@@ -258,9 +323,58 @@ def assert_matches_reference(
         dimension_numbers,
         mode=mode,
         preferred_element_type=preferred_element_type,
+        bound=bound,
+        extra_roundings=extra_roundings,
     )
     if not c.ok:
         raise AssertionError(c.report())
+
+
+def _operand_name(x: Any, f: Format) -> str:
+    if isinstance(x, QArray):
+        return f"QArray({x.format_name}, {x.scale_format} scales)"
+    if isinstance(x, Packed):
+        return f"Packed({x.format_name})"
+    return f.name
+
+
+def segment_count(
+    lshape: tuple[int, ...],
+    rshape: tuple[int, ...],
+    dimension_numbers: Sequence[Sequence[Sequence[int]]],
+    lblock: tuple[int, ...] | None,
+    rblock: tuple[int, ...] | None,
+) -> int:
+    """The number of segments of a contraction: runs of K over which neither operand's
+    block (scale) changes, counted over every contracting dimension (a product over them).
+    An operand without blocks (``None``) never changes scale along K."""
+    (lc, rc), _ = dimension_numbers
+    total = 1
+    for ld, rd in zip(lc, rc, strict=True):
+        n = lshape[ld]
+        cuts = {0, n}
+        for block, d in ((lblock, ld), (rblock, rd)):
+            if block is not None and block[d] >= 1:
+                cuts.update(range(0, n, block[d]))
+        total *= max(len(cuts) - 1, 1)
+    return total
+
+
+def _given_bound(
+    bound: Any, a: np.ndarray, b: np.ndarray, dn: Any, shape: tuple[int, ...]
+) -> np.ndarray:
+    """The user's ``bound`` as a float64 array of the result's shape."""
+    value = bound(a, b, dn) if callable(bound) else bound
+    try:
+        arr = np.broadcast_to(np.asarray(value, np.float64), shape)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"bound: expected a number, an array broadcastable to the result's shape {shape} "
+            f"or a function returning one, got {type(value).__name__}"
+        ) from None
+    if np.isnan(arr).any() or (arr < 0).any():
+        raise ValueError("bound: expected non-negative bounds, got a negative value or NaN")
+    return arr
 
 
 def _py(v: Any) -> Any:
@@ -372,5 +486,6 @@ def _within(
         lo_ok = lo if np.isfinite(lo) else -math.inf
         hi_ok = hi if np.isfinite(hi) else math.inf
         bad[i] = not lo_ok <= v <= hi_ok
-        ratios.append(float(_needed_bound(got.reshape(-1)[i], e, f) / Fraction(bd)))
+        need = _needed_bound(got.reshape(-1)[i], e, f)
+        ratios.append(float(need / Fraction(bd)) if bd else (0.0 if need == 0 else math.inf))
     return bad.reshape(got.shape), ratios, allowed

@@ -7,20 +7,33 @@ that a suite checks each program once.
 
 from __future__ import annotations
 
+import importlib
+import math
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
 from emulate import formats as _formats
 from emulate import targets as _targets
 from emulate.formats import Format, FormatLike
+from emulate.numerics.storage import Packed, unpack_codes
 from emulate.planning.plan import Plan
 from emulate.planning.plan import plan as _make_plan
+from emulate.quant import QArray
 from emulate.testing.comparison import check_mode
 from emulate.testing.strategies import DotProblem
 
-__all__ = ["array_source", "plan_key", "representative_targets", "reproducer"]
+__all__ = [
+    "array_source",
+    "function_reproducer",
+    "literal_source",
+    "operand_source",
+    "plan_key",
+    "representative_targets",
+    "reproducer",
+]
 
 
 def plan_key(p: Plan) -> tuple:
@@ -123,6 +136,170 @@ def reproducer(problem: DotProblem, *, target: str | _targets.Target, mode: str)
             'print("want:", repr(want))',
             "testing.assert_matches_reference(",
             f"    got, lhs, rhs, dimension_numbers, mode={mode!r}, preferred_element_type={pet_s}",
+            ")",
+        ]
+    )
+
+
+def _value_literal(v: float | int) -> str:
+    if isinstance(v, int):
+        return str(v)
+    if math.isnan(v):
+        return "np.nan"
+    if math.isinf(v):
+        return "np.inf" if v > 0 else "-np.inf"
+    return repr(v)
+
+
+def literal_source(name: str, x: np.ndarray) -> str:
+    """Python source that rebuilds ``x`` as the variable ``name``, written as values.
+
+    Integers appear as their values (int4 code 8 as ``-8``), floats as exact decimal
+    literals (``np.nan``, ``np.inf``). Nothing is elided: an array that is mostly one
+    value is written as ``np.full`` followed by an assignment per other element, so the
+    odd element is always visible; others as a full nested list. Falls back to
+    :func:`array_source` (codes) where values cannot rebuild the bits (a NaN's sign).
+    Needs ``numpy as np`` and ``ml_dtypes`` imported.
+    """
+    x = np.asarray(x)
+    f = _formats.get(x.dtype)
+    dt = _dtype_expr(f)
+    with np.errstate(invalid="ignore"):
+        vals = x.astype(np.float64) if f.is_float else x.astype(np.int64)
+    py = [_value_of(v, f) for v in vals.reshape(-1).tolist()]
+    with np.errstate(invalid="ignore", over="ignore"):
+        rebuilt = np.array(vals, np.float64 if f.is_float else np.int64).astype(x.dtype)
+    if rebuilt.tobytes() != x.tobytes():
+        return array_source(name, x)
+    if x.size > 16:
+        values, counts = np.unique(np.array([repr(v) for v in py]), return_counts=True)
+        common = values[int(np.argmax(counts))]
+        if counts.max() * 2 > x.size:
+            bg = py[[repr(v) for v in py].index(common)]
+            lines = [f"{name} = np.full({x.shape!r}, {_value_literal(bg)}, dtype={dt})"]
+            for flat, v in enumerate(py):
+                if repr(v) != common:
+                    idx = tuple(int(i) for i in np.unravel_index(flat, x.shape))
+                    lines.append(f"{name}[{idx!r}] = {_value_literal(v)}")
+            return "\n".join(lines)
+    nested = np.array(py, dtype=object).reshape(x.shape).tolist() if x.shape else py[0]
+    body = _nested(nested)
+    return f"{name} = np.array({body}, dtype={dt})"
+
+
+def _value_of(v: float | int, f: Format) -> float | int:
+    return float(v) if f.is_float else int(v)
+
+
+def _nested(v: Any) -> str:
+    if isinstance(v, list):
+        return "[" + ", ".join(_nested(e) for e in v) + "]"
+    return _value_literal(v)
+
+
+def operand_source(name: str, x: Any) -> str:
+    """Python source that rebuilds an operand (array, :class:`emulate.Packed` or
+    :class:`emulate.QArray`) as the variable ``name``, values written out
+    (:func:`literal_source`). Needs ``numpy as np``, ``ml_dtypes`` and ``emulate``."""
+    if isinstance(x, Packed):
+        codes = np.asarray(unpack_codes(x)).view(x.format.dtype)
+        return "\n".join(
+            [
+                literal_source(f"{name}_codes", codes),
+                f"{name} = emulate.pack({name}_codes, axis={x.axis})",
+            ]
+        )
+    if isinstance(x, QArray):
+        codes = np.asarray(x.unpacked_codes())
+        if codes.dtype == np.uint8 and x.format.dtype != np.uint8:
+            codes = codes.view(x.format.dtype)
+        lines = [
+            literal_source(f"{name}_codes", codes),
+            literal_source(f"{name}_scales", np.asarray(x.scales)),
+        ]
+        c = f"{name}_codes"
+        if isinstance(x.codes, Packed):
+            c = f"emulate.pack({name}_codes, axis={x.codes.axis})"
+        elif not x.format.xla_storable:
+            c = f"{name}_codes.view(np.uint8), fmt={x.format_name!r}"
+        ts = None if x.tensor_scale is None else float(np.asarray(x.tensor_scale))
+        lines.append(
+            f"{name} = emulate.QArray.from_parts(\n    {c}, {name}_scales, "
+            f"block_shape={tuple(x.block_shape)!r}, tensor_scale={ts!r},\n    "
+            f"dtype={'ml_dtypes' if x.dtype.name == 'bfloat16' else 'np'}.{x.dtype.name}, "
+            f"element_exponent={x.element_exponent}\n)"
+        )
+        return "\n".join(lines)
+    return literal_source(name, np.asarray(x))
+
+
+def _dn_tuple(dn: Any) -> tuple:
+    return tuple(tuple(tuple(int(d) for d in axes) for axes in pair) for pair in dn)
+
+
+def _import_line(fn: Callable) -> tuple[str, str]:
+    """``(import statement, expression)`` that names ``fn`` in a fresh process, or a
+    comment and a placeholder where ``fn`` cannot be imported (a lambda, a local)."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if module and qualname and "<" not in qualname and module != "__main__":
+        try:
+            obj: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError):
+            obj = None
+        if obj is fn:
+            top, _, rest = qualname.partition(".")
+            expr = top + (f".{rest}" if rest else "")
+            return f"from {module} import {top}", expr
+    return (
+        f"# {module}:{qualname} cannot be imported by name: define it here as fn",
+        "fn",
+    )
+
+
+def function_reproducer(
+    fn: Callable,
+    lhs: Any,
+    rhs: Any,
+    dimension_numbers: Any,
+    *,
+    contract: str = "exact",
+    out: str | None = None,
+    target: str | None = None,
+    extra_roundings: int = 0,
+) -> str:
+    """A script that calls ``fn`` (imported by ``module:qualname``) on ``lhs`` and ``rhs``,
+    written as literal values (:func:`operand_source`), and checks the result with
+    :func:`emulate.testing.assert_matches_reference`, which raises where the contract
+    breaks. A ``contract`` other than "exact" and "fast" (your own bound) is checked as
+    "fast"; edit the last line to pass your ``bound=``."""
+    imp, expr = _import_line(fn)
+    mode = contract if contract in ("exact", "fast") else "fast"
+    call = f"{expr}(lhs, rhs)"
+    if target is not None:
+        call_lines = [f"with emulate.use_target({target!r}):", f"    got = np.asarray({call})"]
+    else:
+        call_lines = [f"got = np.asarray({call})"]
+    out_s = repr(out) if out is not None else "got.dtype"
+    extra = f", extra_roundings={extra_roundings}" if extra_roundings else ""
+    return "\n".join(
+        [
+            "import ml_dtypes",
+            "import numpy as np",
+            "",
+            "import emulate",
+            "from emulate import testing",
+            imp,
+            "",
+            operand_source("lhs", lhs),
+            operand_source("rhs", rhs),
+            *call_lines,
+            f"dimension_numbers = {_dn_tuple(dimension_numbers)!r}",
+            "testing.assert_matches_reference(",
+            f"    got, lhs, rhs, dimension_numbers, mode={mode!r}, "
+            f"preferred_element_type={out_s}{extra}",
             ")",
         ]
     )

@@ -32,6 +32,7 @@ __all__ = [
     "dot_general_problems",
     "finite_codes",
     "formats",
+    "odd_extreme_codes",
     "result_types",
     "special_codes",
 ]
@@ -152,34 +153,91 @@ def arrays(
       shape: the array shape, or a strategy of shapes.
       elements: "all" (NaN and Inf included), "finite", or "normal" (no zero, no
         subnormals).
-      fill: None (hypothesis' default: large arrays are one drawn background value with a
-        sparse few elements drawn apart), or "extreme": the background is a
-        largest-magnitude finite value (``max`` or ``min``; ``+-WIDE_RANGE`` for the wide
-        types), so long contractions have sums that outgrow a naive float32 accumulator.
+      fill: the background of the array (hypothesis draws large arrays as one background
+        value with a sparse few elements drawn apart):
+
+        - None: hypothesis' default, a background drawn like the elements;
+        - "extreme": a largest-magnitude finite value (``max`` or ``min``;
+          ``+-WIDE_RANGE`` for the wide types), so that long contractions have sums that
+          outgrow a naive float32 accumulator;
+        - "odd_extreme": the largest-magnitude finite values whose last significand bit
+          is set (int8: +-127, not -128; int4: +-7; float8_e4m3fn: +-416; bfloat16: the
+          largest value below ``WIDE_RANGE``), so that products are odd multiples of
+          their quantum and a float32 running sum past ``2**24`` quanta must drop units
+          (products of -128, ``2**14``, add exactly far beyond ``2**24``). Half of the
+          arrays are the background alone, with no element drawn apart;
+        - a number: that value as the background (it must be a value of ``fmt``).
 
     Raises:
-      ValueError: an unknown ``elements`` or ``fill``, or a format these strategies do not
-        draw (int32).
+      ValueError: an unknown ``elements`` or ``fill``, a ``fill`` value ``fmt`` cannot
+        hold, or a format these strategies do not draw (int32).
     """
     f = _formats.get(fmt)
     _check_elements(elements)
-    if fill not in (None, "extreme"):
-        raise ValueError(f"fill: expected None or 'extreme', got {fill!r}")
-    if f.name in _formats.WIDE_FLOATS:
-        values = _wide_values(f, elements)
-        background = None
-        if fill == "extreme":
-            background = st.sampled_from([WIDE_RANGE, -WIDE_RANGE])
-        raw = hnp.arrays(np.float64, shape, elements=values, fill=background)
-        return raw.map(lambda a: a.astype(f.dtype))
-    if f.bits > 8:
+    wide = f.name in _formats.WIDE_FLOATS
+    if not wide and f.bits > 8:
         raise ValueError(
             f"fmt: arrays draws the low-precision formats and {', '.join(_formats.WIDE_FLOATS)}, "
             f"got {f.name}"
         )
-    background = st.sampled_from(_extreme_codes(f)) if fill == "extreme" else None
-    raw = hnp.arrays(np.uint8, shape, elements=codes(f, elements=elements), fill=background)
+    background = _background(f, fill)
+    if wide:
+        values = _wide_values(f, elements)
+        raw = hnp.arrays(np.float64, shape, elements=values, fill=background)
+    else:
+        raw = hnp.arrays(np.uint8, shape, elements=codes(f, elements=elements), fill=background)
+    if fill == "odd_extreme" and background is not None:
+        shapes = shape if isinstance(shape, st.SearchStrategy) else st.just(shape)
+        dtype = np.float64 if wide else np.uint8
+        bare = st.builds(np.full, shapes, background, st.just(dtype))
+        raw = st.one_of(bare, raw)
+    if wide:
+        return raw.map(lambda a: a.astype(f.dtype))
     return raw.map(lambda a: a.view(f.dtype))
+
+
+def _background(f: Format, fill: object) -> st.SearchStrategy | None:
+    """The strategy of an array's background value (float64 values for the wide types,
+    uint8 codes otherwise) for :func:`arrays`' ``fill``."""
+    wide = f.name in _formats.WIDE_FLOATS
+    if fill is None:
+        return None
+    if fill == "extreme":
+        return st.sampled_from([WIDE_RANGE, -WIDE_RANGE] if wide else _extreme_codes(f))
+    if fill == "odd_extreme":
+        if wide:
+            below = float(np.nextafter(f.dtype.type(WIDE_RANGE), f.dtype.type(0)))
+            return st.sampled_from([below, -below])
+        return st.sampled_from(odd_extreme_codes(f))
+    if isinstance(fill, (int, float, np.integer, np.floating)) and not isinstance(fill, bool):
+        v = float(fill)
+        with np.errstate(invalid="ignore", over="ignore"):
+            held = np.asarray([v]).astype(f.dtype)
+        back = float(held.astype(np.float64)[0])
+        if not (back == v or (math.isnan(v) and math.isnan(back))):
+            raise ValueError(
+                f"fill: {fill!r} is not a value of {f.name} (it would be stored as {back!r}); "
+                f"give a value {f.name} holds"
+            )
+        if wide:
+            return st.just(v)
+        return st.just(int(held.view(np.uint8)[0]) & f.code_mask)
+    raise ValueError(
+        f"fill: expected None, 'extreme', 'odd_extreme' or a value of {f.name}, got {fill!r}"
+    )
+
+
+def odd_extreme_codes(fmt: FormatLike) -> list[int]:
+    """Codes of the largest-magnitude finite values of ``fmt`` whose last significand bit is
+    set (odd integers; floats with an odd mantissa): both signs where the format has them.
+
+    int8: 127 and -127 (codes 0x7f, 0x81); int4: +-7; uint8: 255; float8_e4m3fn: +-416;
+    float4_e2m1fn: +-6. Their products are odd multiples of the products' quantum.
+    """
+    f = _formats.get(fmt)
+    finite = np.array([c for c in finite_codes(f) if c & 1], np.uint8)
+    values = np.abs(finite.view(f.dtype).astype(np.float64))
+    return sorted(int(c) for c in finite[values == values.max()])
 
 
 def formats(*, include_scale: bool = False) -> st.SearchStrategy[Format]:

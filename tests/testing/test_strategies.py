@@ -62,7 +62,10 @@ def test_extreme_fill_of_a_wide_type(x):
     "kwargs,message",
     [
         ({"elements": "some"}, "elements: expected 'all', 'finite' or 'normal', got 'some'"),
-        ({"fill": "max"}, "fill: expected None or 'extreme', got 'max'"),
+        (
+            {"fill": "max"},
+            "fill: expected None, 'extreme', 'odd_extreme' or a value of int8, got 'max'",
+        ),
     ],
 )
 def test_arrays_bad_arguments(kwargs, message):

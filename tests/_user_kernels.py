@@ -1,0 +1,68 @@
+"""A user's own kernels, right and deliberately wrong, for emulate.testing's harness tests.
+
+Plain JAX, importable by name (``_user_kernels:int8_via_f32``) so that the reproducers
+check_function writes can import them in a fresh process.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import emulate
+
+HIGHEST = lax.Precision.HIGHEST
+
+
+@jax.jit
+def int8_exact(a, b):
+    """int8 x int8 summed in int32: right for every K below 2**17."""
+    return jnp.dot(a.astype(jnp.int32), b.astype(jnp.int32))
+
+
+@jax.jit
+def int8_via_f32(a, b):
+    """int8 x int8 summed in float32: wrong once the sums pass 2**24 with odd units."""
+    f32 = jnp.float32
+    return jnp.dot(a.astype(f32), b.astype(f32), precision=HIGHEST).astype(jnp.int32)
+
+
+def _dequantize(q: emulate.QArray, signed: bool = True, scale_dtype=jnp.float32):
+    codes = q.unpacked_codes()
+    v = (
+        codes.astype(jnp.float32)
+        if signed
+        else (lax.bitcast_convert_type(codes.astype(jnp.int8), jnp.uint8) & 0xF).astype(jnp.float32)
+    )
+    s = q.scales.astype(scale_dtype).astype(jnp.float32)
+    s = jnp.repeat(s, q.block_shape[0], axis=0, total_repeat_length=s.shape[0] * q.block_shape[0])
+    return v * s[: v.shape[0]]
+
+
+def int4_weight_only(x, q):
+    """x (M, K) float32 times an int4 QArray (K, N) with float32 group scales along K."""
+    return jnp.dot(x, _dequantize(q), precision=HIGHEST, preferred_element_type=jnp.float32)
+
+
+def int4_weight_only_unsigned(x, q):
+    """Bug: int4 code 8 (-8) read as +8."""
+    w = _dequantize(q, signed=False)
+    return jnp.dot(x, w, precision=HIGHEST, preferred_element_type=jnp.float32)
+
+
+def int4_weight_only_bf16_scales(x, q):
+    """Bug: the scales are rounded to bfloat16 before use."""
+    w = _dequantize(q, scale_dtype=jnp.bfloat16)
+    return jnp.dot(x, w, precision=HIGHEST, preferred_element_type=jnp.float32)
+
+
+def bf16_fp8(x, w):
+    """bfloat16 x float8_e4m3fn, both decoded exactly to float32, summed in float32."""
+    f32 = jnp.float32
+    return jnp.dot(x.astype(f32), w.astype(f32), precision=HIGHEST)
+
+
+def bf16_fp8_mixed_dot(x, w):
+    """Bug: a mixed bf16 x fp8 dot whose result JAX gives as bfloat16, cast to float32."""
+    return lax.dot_general(x, w, (((1,), (0,)), ((), ()))).astype(jnp.float32)

@@ -1,0 +1,114 @@
+"""emulate.testing.check_function on a user's kernels: right ones pass, each bug fails on
+every seed within 20 examples, and the reproducer runs in a fresh process and fails the
+same way."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import _user_kernels as uk
+import numpy as np
+import pytest
+
+from emulate import testing as et
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+INT4_G32 = et.QuantSpec("int4", (32,), (0,), "float32")
+SEEDS = range(2)
+
+
+def _failure(fn, lhs, rhs, **kw) -> str:
+    with pytest.raises(AssertionError) as e:
+        et.check_function(fn, lhs, rhs, **kw)
+    return str(e.value)
+
+
+def test_int8_summed_in_f32_is_caught_on_every_seed():
+    for seed in range(4):
+        msg = _failure(uk.int8_via_f32, "int8", "int8", seed=seed, examples=20)
+        assert "int8 x int8 -> int32, mode 'exact'" in msg
+
+
+def test_int8_summed_in_int32_passes():
+    r = et.check_function(uk.int8_exact, "int8", "int8", examples=20)
+    assert (r.ok, r.examples, r.max_ulps, r.name) == (True, 20, 0.0, "_user_kernels:int8_exact")
+
+
+@pytest.mark.parametrize(
+    "bug, line",
+    [
+        (uk.int4_weight_only_unsigned, "got 8.0, want -8.0"),
+        (uk.int4_weight_only_bf16_scales, "rhs_scales = np.array("),
+    ],
+)
+def test_int4_group_kernel_bugs_are_caught_on_every_seed(bug, line):
+    msgs = [
+        _failure(bug, "float32", et.quantized(INT4_G32), contract="fast", seed=s) for s in SEEDS
+    ]
+    assert all("contract: within the segment bound gamma_(K+S+4)" in m for m in msgs)
+    assert all(line in m for m in msgs)  # the shrunk example shows it
+
+
+def test_int4_group_kernel_passes_within_the_segment_bound():
+    r = et.check_function(uk.int4_weight_only, "float32", et.quantized(INT4_G32), contract="fast")
+    assert r.ok and r.examples == 20 and 0 <= max(r.ratios) <= 1
+
+
+def test_mixed_bf16_fp8_dot_is_caught_and_the_decoded_one_passes():
+    for seed in SEEDS:
+        _failure(uk.bf16_fp8_mixed_dot, "bfloat16", "float8_e4m3fn", contract="fast", seed=seed)
+    r = et.check_function(uk.bf16_fp8, "bfloat16", "float8_e4m3fn", contract="fast")
+    assert r.ok and max(r.ratios) <= 1
+
+
+def _run_script(script: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    env["TPU_SKIP_MDS_QUERY"] = "1"
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_reproducers_paste_and_run():
+    int8 = _failure(uk.int8_via_f32, "int8", "int8")
+    int4 = _failure(
+        uk.int4_weight_only_unsigned, "float32", et.quantized(INT4_G32), contract="fast"
+    )
+    for msg, shows in [
+        (int8, "lhs = np.full((1, 1041), 127, dtype=np.int8)"),
+        (int4, "rhs_codes = np.array([[-8, -8]], dtype=ml_dtypes.int4)"),
+    ]:
+        report, script = msg.split(
+            "# --- reproducer: save as repro.py and run python repro.py ---\n"
+        )
+        assert shows in script.splitlines()
+        done = _run_script(script)
+        assert done.returncode == 1
+        first = [ln for ln in report.splitlines() if ln.startswith("first mismatch")][0]
+        assert first in done.stderr
+
+
+def test_literal_source_never_elides_the_odd_element():
+    x = np.full((1100,), 127, np.int8)
+    x[517] = -3
+    src = et.literal_source("x", x)
+    assert src.splitlines() == ["x = np.full((1100,), 127, dtype=np.int8)", "x[(517,)] = -3"]
+    y = np.arange(-8, 8).astype(np.int8).astype(__import__("ml_dtypes").int4).reshape(2, 8)
+    scope: dict = {}
+    exec("import numpy as np, ml_dtypes\n" + et.literal_source("y", y), scope)
+    assert scope["y"].dtype == y.dtype and scope["y"].tobytes() == y.tobytes()
+    assert "-8" in et.literal_source("y", y)
+
+
+def test_check_function_bad_arguments():
+    with pytest.raises(TypeError, match=r"^fn: expected a callable, got int$"):
+        et.check_function(3, "int8", "int8")
+    with pytest.raises(ValueError, match=r"^contract: expected 'exact', 'fast', a number"):
+        et.check_function(uk.int8_exact, "int8", "int8", contract="close")
+    with pytest.raises(ValueError, match=r"^lhs: expected a format, an emulate.mx scheme"):
+        et.check_function(uk.int8_exact, "int9", "int8")
+    with pytest.raises(ValueError, match=r"^shapes, layouts: give one of them, not both$"):
+        et.check_function(uk.int8_exact, "int8", "int8", shapes=[(1, 2, 3)], layouts=[])

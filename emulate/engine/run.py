@@ -130,4 +130,4 @@ def run_plan(
 def cache_size() -> int:
     """How many programs :func:`run_plan` has compiled in this process (its jit cache):
     a repeated call with the same plan, shapes and settings must not add one."""
-    return _run._cache_size()
+    return _run._cache_size()  # type: ignore[attr-defined]  # jax's jitted-function API

@@ -39,10 +39,11 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.numerics.storage",
             "emulate.numerics.bits",
             "emulate.numerics.codecs",
+            "emulate.numerics.scales",
             "emulate.numerics.accumulate",
         ],
     ),
-    ("quantized operands", ["emulate.quant", "emulate.mx"]),
+    ("quantized operands", ["emulate.qarray", "emulate.quant", "emulate.mx"]),
     (
         "engine",
         [

@@ -427,7 +427,7 @@ def _qarray_conv(
     kw = dict(conv, dimension_numbers=dn, target=target)
     o = dn.rhs_spec[0]
     per_channel = all(q.block_shape[d] >= q.shape[d] for d in range(len(q.shape)) if d != o)
-    if mode == "exact" or not per_channel:
+    if mode == "exact" or not per_channel or not q.is_plain:
         exact_bf16 = (
             mode == "fast"
             and a.format_name == "bfloat16"

@@ -18,7 +18,7 @@ PACKAGE = ROOT / "emulate"
 
 #: (layer, its modules in the order in which they may import each other).
 LAYERS: list[tuple[str, list[str]]] = [
-    ("records", ["emulate.formats", "emulate.tables", "emulate.mosaic"]),
+    ("records", ["emulate.formats", "emulate.codebooks", "emulate.tables", "emulate.mosaic"]),
     (
         "profiles, oracle, bounds",
         ["emulate.targets", "emulate.compiler", "emulate.reference", "emulate.bounds"],
@@ -43,12 +43,13 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.numerics.accumulate",
         ],
     ),
-    ("quantized operands", ["emulate.qarray", "emulate.quant", "emulate.mx"]),
+    ("quantized operands", ["emulate.qparts", "emulate.qarray", "emulate.quant", "emulate.mx"]),
     (
         "engine",
         [
             "emulate.engine",
             "emulate.engine.operands",
+            "emulate.engine.qoperands",
             "emulate.engine.passthrough",
             "emulate.engine.layout",
             "emulate.engine.contract",

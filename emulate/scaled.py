@@ -179,6 +179,9 @@ def _qdot(static: tuple, lhs: Operand | QArray, rhs: Operand | QArray) -> jax.Ar
             precision,
             out_name,
         )
+    if any(q is not None and c.format_name == "float32" for q, c in ((qa, a), (qb, b))):
+        # a float32 codebook's values: a TPU's default precision would round them to bf16
+        precision = lax.Precision.HIGHEST
     sa = _segment_scales(qa, dn[1][0], dn[0][0], segs, 0) if qa is not None else None
     sb = _segment_scales(qb, dn[1][1], dn[0][1], segs, 1) if qb is not None else None
     # zero points and offsets: per segment, c = offset - zero_point * scale, times the
@@ -282,6 +285,8 @@ def _segment_layout(q: QArray | None, s, batch, contract, segs: _Segments, side:
         s = lax.slice_in_dim(s, 0, q.shape[d], axis=d)
     s = jnp.transpose(s, tuple(batch) + tuple(free) + tuple(contract))
     s = s.reshape(s.shape[: len(batch) + len(free)] + (-1,))
+    if s.shape[-1] == 0:  # K = 0: one empty segment, nothing to scale
+        return jnp.zeros(s.shape[:-1] + idx.shape, s.dtype)
     return jnp.take(s, idx, axis=-1)
 
 

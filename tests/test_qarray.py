@@ -476,3 +476,16 @@ def test_repr_names_the_parts_and_transpose_moves_them():
     t = q.T
     assert t.shape == (2, 8) and t.block_shape == (1, 4) and t.perm_axis == -1
     np.testing.assert_array_equal(np.asarray(t.dequantize()), np.asarray(q.dequantize()).T)
+
+
+def test_inspect_names_the_parts_per_site():
+    q = QArray.from_parts(
+        np.zeros((128, 4), np.uint8),
+        np.ones((2, 4), np.float16),
+        block_shape=(64, 1),
+        fmt="uint4",
+        zero_points=8,
+    )
+    x = jnp.ones((2, 128), jnp.bfloat16)
+    report = str(emulate.inspect(lambda x, q: emulate.matmul(x, q), x, q, target="tpu_v5e"))
+    assert "uint4[128,4]:float16:blocks(64,1)+zero_points" in report

@@ -336,12 +336,15 @@ def _scaled_run(
         exp = e if exp is None else exp + e
     if exp is not None:
         partial = times_pow2(partial, exp)
+    acc = jnp.sum(partial, axis=1).reshape(full[:nb] + full[nb + 1 :])
     for c, lhs_side, other in ((coeffs[0], True, (b4, b, sb)), (coeffs[1], False, (a4, a, sa))):
         if c is not None:  # the offset term: the other operand's segment sums times c
             x = _segment_sums(other[0], other[1].format, other[2])
-            term = _to_partial(c, nb, fl, fr, lhs_side) * _to_partial(x, nb, fl, fr, not lhs_side)
-            partial = partial + jnp.broadcast_to(term, full).reshape(rows)
-    acc = jnp.sum(partial, axis=1).reshape(full[:nb] + full[nb + 1 :])
+            pair = (c, x) if lhs_side else (x, c)  # (batch..., free..., segment) each
+            dn_seg = (((pair[0].ndim - 1,), (pair[1].ndim - 1,)), (tuple(range(nb)),) * 2)
+            acc = acc + lax.dot_general(
+                *pair, dn_seg, lax.Precision.HIGHEST, preferred_element_type=jnp.float32
+            )
     return accumulate.round_accumulator(acc, out)
 
 

@@ -296,7 +296,7 @@ def _exact_sum_and_magnitude(x: np.ndarray, p: Parts) -> tuple[np.ndarray, np.nd
     return exact, np.abs(x.astype(np.float64)) @ mag
 
 
-@settings(deadline=None)
+@settings(deadline=None, max_examples=12)  # each example compiles its own programs
 @given(p=parts(), target=st.sampled_from(TARGETS), data=st.data())
 def test_matmul_within_the_bound_on_every_plan(p, target, data):
     k = p.codes.shape[0]
@@ -311,7 +311,7 @@ def test_matmul_within_the_bound_on_every_plan(p, target, data):
     assert (err <= bound).all(), (err.max(), bound.min())
 
 
-@settings(deadline=None)
+@settings(deadline=None, max_examples=12)
 @given(p=parts(), target=st.sampled_from(TARGETS))
 def test_exact_mode_rounds_the_dequantized_values_once(p, target):
     k = p.codes.shape[0]

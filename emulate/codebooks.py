@@ -68,6 +68,17 @@ class Codebook:
         )
 
     @property
+    def shape(self) -> tuple[int]:
+        return (len(self.values),)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self.array()
+        return a if dtype is None else a.astype(dtype)
+
+    @property
     def max_abs(self) -> float:
         """The largest magnitude in the table (NaN entries ignored)."""
         finite = [abs(float(v)) for v in self.values if not math.isnan(float(v))]

@@ -340,10 +340,10 @@ def _scaled_run(
     for c, lhs_side, other in ((coeffs[0], True, (b4, b, sb)), (coeffs[1], False, (a4, a, sa))):
         if c is not None:  # the offset term: the other operand's segment sums times c
             x = _segment_sums(other[0], other[1].format, other[2])
-            pair = (c, x) if lhs_side else (x, c)  # (batch..., free..., segment) each
-            dn_seg = (((pair[0].ndim - 1,), (pair[1].ndim - 1,)), (tuple(range(nb)),) * 2)
+            lhs, rhs = (c, x) if lhs_side else (x, c)  # (batch..., free..., segment) each
+            dn_seg = (((lhs.ndim - 1,), (rhs.ndim - 1,)), (tuple(range(nb)),) * 2)
             acc = acc + lax.dot_general(
-                *pair, dn_seg, lax.Precision.HIGHEST, preferred_element_type=jnp.float32
+                lhs, rhs, dn_seg, lax.Precision.HIGHEST, preferred_element_type=jnp.float32
             )
     return accumulate.round_accumulator(acc, out)
 

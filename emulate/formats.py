@@ -188,9 +188,9 @@ LOW_PRECISION: tuple[str, ...] = (
     "float8_e8m0fnu",
 )
 
-#: Integer code formats of 2, 3, 5 and 6 bits, signed (two's complement) and unsigned: the
-#: element formats of quantized checkpoints (GGUF K-quants, 2- and 3-bit GPTQ) and of their
-#: sub-block scales and zero points. A :class:`emulate.QArray` stores them as uint8 codes
+#: Integer code formats of 2, 3, 5 and 6 bits, ``intN`` in two's complement and ``uintN``:
+#: the element formats of quantized checkpoints (GGUF K-quants, 2- and 3-bit GPTQ) and of
+#: their sub-block scales and zero points. A :class:`emulate.QArray` stores them as uint8 codes
 #: or :class:`emulate.Packed`; a matmul reads their values as int8 (every one fits). They
 #: are not operand formats of ``emulate.dot_general`` by themselves.
 CODE_FORMATS: tuple[str, ...] = (

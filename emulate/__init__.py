@@ -11,8 +11,10 @@ The public surface:
   (which calls go to JAX unchanged);
 - drop-in matmuls: :func:`dot_general`, :func:`matmul`, :func:`einsum`,
   :func:`conv_general_dilated`;
-- quantized operands: :class:`QArray`, :func:`quantize`, :func:`dequantize`, the
-  schemes of :mod:`emulate.mx` (MXFP8/6/4, MXINT8, NVFP4, INT4_G128, FP8_BLOCK_128x128),
+- quantized operands: :class:`QArray` (with zero points, offsets, two-level scales,
+  codebooks from :mod:`emulate.codebooks` and act-order permutations),
+  :func:`quantize`, :func:`dequantize`, the schemes of :mod:`emulate.mx` (MXFP8/6/4,
+  MXINT8, NVFP4, INT4_G128, FP8_BLOCK_128x128),
   and :func:`scaled_matmul` / :func:`scaled_dot_general` (``jax.nn``'s signatures);
 - wrapping existing code: :func:`polyfill`, and :func:`inspect` to see its sites;
 - Pallas TPU kernels: :mod:`emulate.pallas` (``matmul``, an in-kernel ``dot``, ``check``),
@@ -21,7 +23,7 @@ The public surface:
   ``emulate.flax`` because flax is an optional dependency.
 """
 
-from emulate import bounds, formats, mx, reference, targets
+from emulate import bounds, codebooks, formats, mx, reference, targets
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general, einsum, matmul
 from emulate.formats import Format
@@ -44,6 +46,7 @@ __all__ = [
     "QArray",
     "Target",
     "bounds",
+    "codebooks",
     "conv_general_dilated",
     "current_mode",
     "current_target",

@@ -222,7 +222,7 @@ def _qarray_conv(call: args.ConvArgs, a: Operand, q: QArray) -> jax.Array:
     kw = dict(call.lax_params(), target=call.target)
     o = dn.rhs_spec[0]
     per_channel = all(q.block_shape[d] >= q.shape[d] for d in range(len(q.shape)) if d != o)
-    if mode == "exact" or not per_channel:
+    if mode == "exact" or not per_channel or not q.is_plain:
         exact_bf16 = (
             mode == "fast"
             and a.format_name == "bfloat16"

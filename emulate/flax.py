@@ -315,7 +315,7 @@ class QuantizedEmbed(nnx.Embed):
 
 def _take_rows(q: QArray, idx: jax.Array) -> jax.Array:
     """Rows ``idx`` of a (V, D) QArray whose blocks are one row high, dequantized."""
-    if q.block_shape[0] != 1:
+    if q.block_shape[0] != 1 or not q.is_plain:
         return jnp.take(dequantize(q), idx, axis=0)
     codes = q.codes
     if isinstance(codes, Packed):  # packed along the features: gather its rows

@@ -19,6 +19,7 @@ import ml_dtypes
 import numpy as np
 
 __all__ = [
+    "CODE_FORMATS",
     "F32_MIN_NORMAL",
     "Format",
     "FormatLike",
@@ -101,7 +102,8 @@ class Format:
 
     @property
     def is_low_precision(self) -> bool:
-        return self.name in LOW_PRECISION
+        """A format emulate decodes: ``LOW_PRECISION`` and the integer ``CODE_FORMATS``."""
+        return self.name in LOW_PRECISION or self.name in CODE_FORMATS
 
     @property
     def code_mask(self) -> int:
@@ -123,17 +125,20 @@ class Format:
 
     @property
     def packable(self) -> bool:
-        """Whether :func:`emulate.pack` stores it densely (4- and 6-bit formats)."""
-        return self.bits in (4, 6)
+        """Whether :func:`emulate.pack` stores it densely: every format narrower than a byte
+        (2, 3, 4, 5 and 6 bits)."""
+        return self.bits < 8
 
     def __repr__(self) -> str:
         return f"Format({self.name!r})"
 
 
 def unsigned_dtype(bits: int) -> np.dtype:
-    """The unsigned numpy dtype that holds a ``bits``-bit code or word: uint8 for 4, 6 and 8
+    """The unsigned numpy dtype that holds a ``bits``-bit code or word: uint8 for 2 to 8
     bits (one code per byte), uint16 for 16, uint32 for 32."""
-    return np.dtype({4: np.uint8, 6: np.uint8, 8: np.uint8, 16: np.uint16, 32: np.uint32}[bits])
+    if 2 <= bits <= 8:
+        return np.dtype(np.uint8)
+    return np.dtype({16: np.uint16, 32: np.uint32}[bits])
 
 
 _DTYPES: dict[str, Any] = {
@@ -155,6 +160,16 @@ _DTYPES: dict[str, Any] = {
     "float16": np.float16,
     "float32": np.float32,
     "int32": np.int32,
+    "int2": ml_dtypes.int2,
+    "uint2": ml_dtypes.uint2,
+    # No numpy type holds 3-, 5- or 6-bit integers: their values fit int8 / uint8, and
+    # their codes travel as uint8 (or Packed), as float6 codes do.
+    "int3": np.int8,
+    "uint3": np.uint8,
+    "int5": np.int8,
+    "uint5": np.uint8,
+    "int6": np.int8,
+    "uint6": np.uint8,
 }
 
 #: The formats ``emulate`` decodes, in the order tables list them.
@@ -173,6 +188,22 @@ LOW_PRECISION: tuple[str, ...] = (
     "float6_e3m2fn",
     "float4_e2m1fn",
     "float8_e8m0fnu",
+)
+
+#: Integer code formats of 2, 3, 5 and 6 bits, ``intN`` in two's complement and ``uintN``:
+#: the element formats of quantized checkpoints (GGUF K-quants, 2- and 3-bit GPTQ) and of
+#: their sub-block scales and zero points. A :class:`emulate.QArray` stores them as uint8 codes
+#: or :class:`emulate.Packed`; a matmul reads their values as int8 (every one fits). They
+#: are not operand formats of ``emulate.dot_general`` by themselves.
+CODE_FORMATS: tuple[str, ...] = (
+    "int2",
+    "uint2",
+    "int3",
+    "uint3",
+    "int5",
+    "uint5",
+    "int6",
+    "uint6",
 )
 
 #: Types a matrix unit takes as they are; registered so every operand has a record.
@@ -238,7 +269,37 @@ def _codes_where(
     return tuple(int(c) for c in codes[pred(values)])
 
 
+def _make_code_int(name: str) -> Format:
+    """An integer code format of ``CODE_FORMATS`` (bits from the name, two's complement)."""
+    signed = not name.startswith("u")
+    bits = int(name.removeprefix("u").removeprefix("int"))
+    hi = (1 << (bits - 1)) - 1 if signed else (1 << bits) - 1
+    return Format(
+        name=name,
+        bits=bits,
+        is_float=False,
+        signed=signed,
+        exponent_bits=0,
+        mantissa_bits=bits,
+        bias=0,
+        max=float(hi),
+        min=float(-(1 << (bits - 1)) if signed else 0),
+        min_normal=1.0,
+        min_subnormal=1.0,
+        has_subnormals=False,
+        has_inf=False,
+        nan_codes=(),
+        inf_codes=(),
+        signed_zero=False,
+        exact_in=("bfloat16", "float32"),
+        int8_scale=0,
+        xla_storable=False,
+    )
+
+
 def _make(name: str) -> Format:
+    if name in CODE_FORMATS:
+        return _make_code_int(name)
     dtype = np.dtype(_DTYPES[name])
     bits = dtype.itemsize * 8 if name not in _SUB_BYTE else _SUB_BYTE[name]
     if dtype.kind in "iu" or name in ("int4", "uint4"):
@@ -332,7 +393,7 @@ def _int8_scale(info: ml_dtypes.finfo, bits: int) -> int | None:
 
 @functools.cache
 def _registry() -> dict[str, Format]:
-    return {n: _make(n) for n in LOW_PRECISION + WIDE}
+    return {n: _make(n) for n in LOW_PRECISION + WIDE + CODE_FORMATS}
 
 
 def names() -> tuple[str, ...]:

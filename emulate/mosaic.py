@@ -231,12 +231,7 @@ def recorded() -> Probe:
 
 
 def _format_name(arg: str, fmt: formats.FormatLike) -> str:
-    try:
-        return formats.get(fmt).name
-    except (ValueError, TypeError) as e:
-        message = str(e)
-        # formats.get names its argument "fmt"; name the caller's instead, once.
-        raise type(e)(f"{arg}: {message.removeprefix('fmt: ')}") from e
+    return formats.get(fmt, arg=arg).name
 
 
 def verdict(

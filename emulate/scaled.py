@@ -33,6 +33,7 @@ float codes, scales and tensor scales (:mod:`emulate.engine.grad`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -46,11 +47,18 @@ from emulate.engine import grad, sites, tiled
 from emulate.engine.args import DotArgs, dot_args
 from emulate.engine.layout import to_bfk
 from emulate.engine.operands import Operand, OperandLike, operand
+from emulate.engine.qoperands import (
+    bf16_exact,
+    code_operand,
+    offset_coefficients,
+    with_flat_scales,
+    without_perm,
+)
 from emulate.engine.run import plan_for, run_plan
 from emulate.formats import FormatLike
 from emulate.numerics import accumulate, codecs
 from emulate.numerics.bits import times_pow2
-from emulate.numerics.storage import Packed, to_codes, unpack_codes
+from emulate.numerics.storage import Packed
 from emulate.planning.plan import plan
 from emulate.quant import SCALE_FORMATS, QArray, dequantize
 from emulate.targets import TargetLike
@@ -60,13 +68,7 @@ __all__ = ["qarray_dot_general", "scaled_matmul"]
 
 def _codes_operand(x: OperandLike | QArray, arg: str) -> tuple[Operand, QArray | None]:
     if isinstance(x, QArray):
-        c = x.codes
-        if isinstance(c, Packed):
-            return Operand(unpack_codes(c), x.format_name), x
-        f = x.format
-        if f.is_low_precision:
-            return Operand(to_codes(c, f)[0], f.name), x
-        return Operand(jnp.asarray(c), f.name), x
+        return code_operand(x), x
     op = operand(x, arg=arg)
     if isinstance(op.value, Packed):
         op = Operand(op.unpacked(), op.format_name)
@@ -81,6 +83,11 @@ def qarray_dot_general(call: DotArgs) -> jax.Array:
     The result type is ``call.result``: ``lax.dot_general``'s for operands of the QArrays'
     ``dtype`` (and the other operand's type), or ``preferred_element_type``.
     """
+    if any(isinstance(x, QArray) and x.perm is not None for x in (call.lhs, call.rhs)):
+        # Act-order: the permutation moves to the other operand (or the result), and the
+        # QArray is contracted in its stored order.
+        lhs, rhs, restore = without_perm(call.lhs, call.rhs, call.dimension_numbers)
+        return restore(qarray_dot_general(dataclasses.replace(call, lhs=lhs, rhs=rhs)))
     static = (call.dimension_numbers, call.precision, call.result, call.target, call.mode)
     with sites.scope(call.tag()):
         return _differentiable_qdot(static, call.lhs, call.rhs)
@@ -89,18 +96,21 @@ def qarray_dot_general(call: DotArgs) -> jax.Array:
 def _qdot(static: tuple, lhs: Operand | QArray, rhs: Operand | QArray) -> jax.Array:
     """The forward contraction of :func:`qarray_dot_general` (validated arguments)."""
     dn, precision, out_name, target, mode = static
-    a, qa = _codes_operand(lhs, "lhs")
-    b, qb = _codes_operand(rhs, "rhs")
     if mode == "exact":
         # The QArrays' values (dequantize's f32 numbers) through mode "exact": the exact
         # sum of their products, rounded once.
-        va = operand(dequantize(qa, to=jnp.float32), arg="lhs") if qa is not None else a
-        vb = operand(dequantize(qb, to=jnp.float32), arg="rhs") if qb is not None else b
+        va = _values_operand(lhs, "lhs")
+        vb = _values_operand(rhs, "rhs")
         p = plan_for(va, vb, target, out_name, "exact")
         return run_plan(p, va, vb, dn, precision, tiled.current_settings())
+    a, qa = _codes_operand(with_flat_scales(lhs) if isinstance(lhs, QArray) else lhs, "lhs")
+    b, qb = _codes_operand(with_flat_scales(rhs) if isinstance(rhs, QArray) else rhs, "rhs")
     p = plan(a.format, b.format, target=target, preferred_element_type="float32", mode=mode)
     segs = _segments(a.shape, b.shape, dn, qa, qb)
-    if segs.count > 1 and (segs.g < 64 or _bf16_exact(qa, qb) or p.platform == "cpu"):
+    both_affine = qa is not None and qa.is_affine and qb is not None and qb.is_affine
+    if both_affine or (
+        segs.count > 1 and (segs.g < 64 or _bf16_exact(qa, qb) or p.platform == "cpu")
+    ):
         # Scales change along K: one dot of the dequantized values beats many short ones
         # (docs/performance.md, "Matmul on block-scaled weights"), unless they would have
         # to be f32 and the segments are long on a TPU (an f32 dot costs six bf16 passes).
@@ -111,20 +121,33 @@ def _qdot(static: tuple, lhs: Operand | QArray, rhs: Operand | QArray) -> jax.Ar
             precision,
             out_name,
         )
+    if any(q is not None and c.format_name == "float32" for q, c in ((qa, a), (qb, b))):
+        # a float32 codebook's values: a TPU's default precision would round them to bf16
+        precision = lax.Precision.HIGHEST
     sa = _segment_scales(qa, dn[1][0], dn[0][0], segs, 0) if qa is not None else None
     sb = _segment_scales(qb, dn[1][1], dn[0][1], segs, 1) if qb is not None else None
+    # zero points and offsets: per segment, c = offset - zero_point * scale, times the
+    # other operand's segment sums (module docstring)
+    ca = _segment_layout(qa, offset_coefficients(qa), dn[1][0], dn[0][0], segs, 0)
+    cb = _segment_layout(qb, offset_coefficients(qb), dn[1][1], dn[0][1], segs, 1)
     return _scaled_run(
         p,
         a,
         b,
         sa,
         sb,
+        (ca, cb),
         dn,
         precision,
         segs.g,
         out_name,
         tiled.current_settings(),
     )
+
+
+def _values_operand(x: Operand | QArray, arg: str) -> Operand:
+    """A QArray's values (dequantize's f32 numbers) as an Operand; an Operand as it is."""
+    return operand(dequantize(x, to=jnp.float32), arg=arg) if isinstance(x, QArray) else x
 
 
 def _contract_f32(static: tuple, a: jax.Array, b: jax.Array) -> jax.Array:
@@ -188,25 +211,33 @@ def _segment_scales(q: QArray, batch, contract, segs: _Segments, side: int):
     """The scales of ``q`` as ``(m, e)`` (:meth:`QArray.scale_parts`), laid out
     (batch..., free..., segment): per element along batch and free dims, per segment
     along K."""
+    return tuple(_segment_layout(q, s, batch, contract, segs, side) for s in q.scale_parts())
+
+
+def _segment_layout(q: QArray | None, s, batch, contract, segs: _Segments, side: int):
+    """A per-block array of ``q`` (None: None) laid out (batch..., free..., segment)."""
+    if q is None or s is None:
+        return None
     nd = len(q.shape)
     free = [d for d in range(nd) if d not in batch and d not in contract]
     idx = jnp.asarray(segs.index[side])
-    out = []
-    for s in q.scale_parts():
-        for d in tuple(batch) + tuple(free):
-            b = q.block_shape[d]
-            s = jnp.repeat(s, b, axis=d, total_repeat_length=s.shape[d] * b)
-            s = lax.slice_in_dim(s, 0, q.shape[d], axis=d)
-        s = jnp.transpose(s, tuple(batch) + tuple(free) + tuple(contract))
-        s = s.reshape(s.shape[: len(batch) + len(free)] + (-1,))
-        out.append(jnp.take(s, idx, axis=-1))
-    return tuple(out)
+    for d in tuple(batch) + tuple(free):
+        b = q.block_shape[d]
+        s = jnp.repeat(s, b, axis=d, total_repeat_length=s.shape[d] * b)
+        s = lax.slice_in_dim(s, 0, q.shape[d], axis=d)
+    s = jnp.transpose(s, tuple(batch) + tuple(free) + tuple(contract))
+    s = s.reshape(s.shape[: len(batch) + len(free)] + (-1,))
+    if s.shape[-1] == 0:  # K = 0: one empty segment, nothing to scale
+        return jnp.zeros(s.shape[:-1] + idx.shape, s.dtype)
+    return jnp.take(s, idx, axis=-1)
 
 
 @functools.partial(
     jax.jit, static_argnames=("p", "dimension_numbers", "precision", "g", "out", "tiling")
 )
-def _scaled_run(p, a: Operand, b: Operand, sa, sb, dimension_numbers, precision, g, out, tiling):
+def _scaled_run(
+    p, a: Operand, b: Operand, sa, sb, coeffs, dimension_numbers, precision, g, out, tiling
+):
     (lc, rc), (lb, rb) = dimension_numbers
     nb = len(lb)
     a3 = to_bfk(a.value, lb, lc)
@@ -248,7 +279,26 @@ def _scaled_run(p, a: Operand, b: Operand, sa, sb, dimension_numbers, precision,
     if exp is not None:
         partial = times_pow2(partial, exp)
     acc = jnp.sum(partial, axis=1).reshape(full[:nb] + full[nb + 1 :])
+    for c, lhs_side, other in ((coeffs[0], True, (b4, b, sb)), (coeffs[1], False, (a4, a, sa))):
+        if c is not None:  # the offset term: the other operand's segment sums times c
+            x = _segment_sums(other[0], other[1].format, other[2])
+            lhs, rhs = (c, x) if lhs_side else (x, c)  # (batch..., free..., segment) each
+            dn_seg = (((lhs.ndim - 1,), (rhs.ndim - 1,)), (tuple(range(nb)),) * 2)
+            acc = acc + lax.dot_general(
+                lhs, rhs, dn_seg, lax.Precision.HIGHEST, preferred_element_type=jnp.float32
+            )
     return accumulate.round_accumulator(acc, out)
+
+
+def _segment_sums(x4: jax.Array, f: formats.Format, parts) -> jax.Array:
+    """Per segment, the f32 sum of an operand's values: its codes ``(batch..., free...,
+    segment, g)`` decoded exactly, summed over ``g``, times its scales ``(m, e)`` if any."""
+    low = f.is_low_precision
+    v = codecs.decode(x4, f.name, to=jnp.float32) if low else x4.astype(jnp.float32)
+    v = jnp.sum(v, axis=-1)
+    if parts is not None:
+        v = times_pow2(v * parts[0], parts[1])
+    return v
 
 
 def _to_partial(v, nb: int, fl: int, fr: int, lhs_side: bool):
@@ -261,13 +311,7 @@ def _to_partial(v, nb: int, fl: int, fr: int, lhs_side: bool):
 
 
 def _bf16_exact(*qs) -> bool:
-    return all(
-        q is None
-        or q.scale_format == "float8_e8m0fnu"
-        and q.tensor_scale is None
-        and (q.format.is_integer or "bfloat16" in q.format.exact_in)
-        for q in qs
-    )
+    return all(bf16_exact(q) for q in qs)
 
 
 def _wide(x) -> jax.Array:

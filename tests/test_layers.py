@@ -21,7 +21,7 @@ PACKAGE = ROOT / "emulate"
 
 #: (layer, its modules in the order in which they may import each other).
 LAYERS: list[tuple[str, list[str]]] = [
-    ("records", ["emulate.formats", "emulate.tables", "emulate.mosaic"]),
+    ("records", ["emulate.formats", "emulate.codebooks", "emulate.tables", "emulate.mosaic"]),
     (
         "profiles, oracle, bounds",
         [
@@ -53,15 +53,17 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.numerics.storage",
             "emulate.numerics.bits",
             "emulate.numerics.codecs",
+            "emulate.numerics.scales",
             "emulate.numerics.accumulate",
         ],
     ),
-    ("quantized operands", ["emulate.quant", "emulate.mx"]),
+    ("quantized operands", ["emulate.qparts", "emulate.qarray", "emulate.quant", "emulate.mx"]),
     (
         "engine",
         [
             "emulate.engine",
             "emulate.engine.operands",
+            "emulate.engine.qoperands",
             "emulate.engine.passthrough",
             "emulate.engine.layout",
             "emulate.engine.contract",

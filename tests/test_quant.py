@@ -121,6 +121,33 @@ def test_quantize_matches_reference(case, data):
     np.testing.assert_array_equal(_bits(emulate.dequantize(q)), _bits(want))
 
 
+@pytest.mark.parametrize("fmt", ["int2", "int3", "int5", "int6"])
+@pytest.mark.parametrize(("scale_rule", "scale_fmt"), [("ocp_floor", "e8m0"), ("absmax", "f16")])
+@settings(max_examples=4)
+@given(data=_inputs())
+def test_quantize_into_narrow_integers_matches_reference(fmt, scale_rule, scale_fmt, data):
+    x, axis, block = data
+    q = emulate.quantize(
+        x,
+        fmt,
+        block_shape=block,
+        axis=axis,
+        scale_fmt=scale_fmt,
+        scale_rule=scale_rule,
+        ragged=True,
+    )
+    assert isinstance(q.codes, emulate.Packed) and q.codes.format_name == fmt
+    codes, scales, _ = reference.quantize(
+        x, fmt, q.block_shape, scale_fmt=scale_fmt, scale_rule=scale_rule
+    )
+    bits = emulate.formats.get(fmt).bits
+    c = np.asarray(emulate.unpack(q.codes)).astype(np.int64)  # two's complement codes
+    np.testing.assert_array_equal(np.where(c >= 1 << (bits - 1), c - (1 << bits), c), codes)
+    np.testing.assert_array_equal(_bits(q.scales), _bits(scales))
+    want = reference.dequantize(codes, scales, q.block_shape)
+    np.testing.assert_array_equal(_bits(emulate.dequantize(q)), _bits(want))
+
+
 @pytest.mark.parametrize("scheme", list(mx.SCHEMES.values()), ids=lambda s: s.name)
 def test_presets_round_trip_against_reference(scheme):
     rng = np.random.default_rng(7)

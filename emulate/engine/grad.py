@@ -18,9 +18,11 @@ forward value. Reverse mode transposes this rule, so a cotangent reaches an oper
 cotangents, as ``jax.grad`` of ``lax.dot_general`` gives them).
 
 Values are "as the dequantized math": for an :class:`emulate.QArray` the tangent of
-``decode(codes) * scales * tensor_scale`` (codes of a float dtype carry a tangent; integer,
-uint8 and Packed codes do not). Integer operands have none: their tangents are symbolic
-zeros (``float0``), as JAX gives them, and an integer result has a ``float0`` tangent.
+``(value(codes) - zero_points) * scales * tensor_scale + offsets`` (codes of a float dtype
+carry a tangent; integer, uint8 and Packed codes, zero points and codebooks do not; scales
+and offsets that are QArrays carry their own parts' tangents). Integer operands have
+none: their tangents are symbolic zeros (``float0``), as JAX gives them, and an integer
+result has a ``float0`` tangent.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from jax.custom_derivatives import SymbolicZero
 from emulate.engine.operands import Operand, decode_to
 from emulate.numerics import codecs
 from emulate.numerics.storage import Packed
-from emulate.quant import QArray, broadcast_blocks
+from emulate.qarray import QArray, code_values, dequantize, unpermute
+from emulate.qparts import broadcast_blocks
 
 __all__ = ["Contract", "bilinear", "tangent_f32", "values_f32"]
 
@@ -60,19 +63,32 @@ def _differentiable(x: Any) -> bool:
 
 def values_f32(x: Operand | QArray) -> jax.Array:
     """The operand's values in float32: exact decoding of every format; a QArray's
-    ``decode(codes) * scale * tensor_scale`` with each product rounded to f32."""
+    :func:`emulate.dequantize` values in f32."""
     if isinstance(x, QArray):
-        v = codecs.decode(x.unpacked_codes(), x.format_name, to=jnp.float32)
-        return v * _scale_full(x)
+        return dequantize(x, to=jnp.float32)
     return decode_to(x, "float32", 0)
 
 
-def _scale_full(q: QArray) -> jax.Array:
-    """Each element's ``scale * tensor_scale`` in f32 (scales decoded exactly)."""
-    s = codecs.decode(q.scales, q.scale_format, to=jnp.float32)
-    if q.tensor_scale is not None:
+def _block_scales(q: QArray, tensor: bool = True) -> jax.Array:
+    """Each block's ``scale * tensor_scale * 2**element_exponent`` in f32 (without the
+    tensor scale: ``tensor=False``)."""
+    if isinstance(q.scales, QArray):
+        s = values_f32(q.scales)
+    else:
+        s = codecs.decode(q.scales, q.scale_format, to=jnp.float32)
+    if tensor and q.tensor_scale is not None:
         s = s * jnp.asarray(q.tensor_scale, jnp.float32)
-    return broadcast_blocks(s, q.block_shape, q.shape)
+    return s * jnp.float32(2.0**q.element_exponent) if q.element_exponent else s
+
+
+def _part_tangent(x: Any, t: Any) -> jax.Array | None:
+    """The f32 tangent of a per-block part (an array, or a QArray of two-level scales or
+    offsets) along ``t``; None where it carries none."""
+    if isinstance(x, QArray):
+        return tangent_f32(x, t)
+    if x is None or isinstance(x, float) or _zero(t):
+        return None
+    return t.astype(jnp.float32)
 
 
 def tangent_f32(x: Operand | QArray, t: Operand | QArray) -> jax.Array | None:
@@ -81,19 +97,25 @@ def tangent_f32(x: Operand | QArray, t: Operand | QArray) -> jax.Array | None:
     if isinstance(x, QArray):
         assert isinstance(t, QArray)
         parts = []
-        if _differentiable(x.codes) and not _zero(t.codes):
-            parts.append(t.codes.astype(jnp.float32) * _scale_full(x))
-        codes = codecs.decode(x.unpacked_codes(), x.format_name, to=jnp.float32)
-        if not _zero(t.scales):
-            ds = t.scales.astype(jnp.float32)
+        block, shape = x.block_shape, x.shape
+        if _differentiable(x.codes) and x.codebook is None and not _zero(t.codes):
+            s = broadcast_blocks(_block_scales(x), block, shape)
+            parts.append(t.codes.astype(jnp.float32) * s)
+        codes = code_values(x)  # value - zero point, stored order
+        ds = _part_tangent(x.scales, t.scales)
+        if ds is not None:
             if x.tensor_scale is not None:
                 ds = ds * jnp.asarray(x.tensor_scale, jnp.float32)
-            parts.append(codes * broadcast_blocks(ds, x.block_shape, x.shape))
+            if x.element_exponent:
+                ds = ds * jnp.float32(2.0**x.element_exponent)
+            parts.append(codes * broadcast_blocks(ds, block, shape))
         if x.tensor_scale is not None and not _zero(t.tensor_scale):
-            s = codecs.decode(x.scales, x.scale_format, to=jnp.float32)
-            s = broadcast_blocks(s, x.block_shape, x.shape)
+            s = broadcast_blocks(_block_scales(x, tensor=False), block, shape)
             parts.append(codes * s * t.tensor_scale.astype(jnp.float32))
-        return sum(parts[1:], parts[0]) if parts else None
+        do = _part_tangent(x.offsets, t.offsets)
+        if do is not None:
+            parts.append(broadcast_blocks(do, block, shape))
+        return unpermute(x, sum(parts[1:], parts[0])) if parts else None
     assert isinstance(t, Operand)
     if not _differentiable(x.value) or _zero(t.value):
         return None

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 import jax
 
 from emulate import mx
-from emulate.quant import QArray
+from emulate.qarray import QArray, parts_text
 
 __all__ = ["PREFIX", "SiteTag", "operand_text", "parse", "scope"]
 
@@ -69,7 +69,11 @@ def parse(name: str) -> SiteTag | None:
 
 def scheme_name(q: QArray) -> str:
     """The :mod:`emulate.mx` scheme ``q`` was quantized with, or a description: element
-    format, scale format and block (``int8:float32:blocks(256,1)``)."""
+    format, scale format and block (``int8:float32:blocks(256,1)``), then its optional
+    parts (``uint4:float16:blocks(128,1)+zero_points``, ``+codebook(NF4)``, ...)."""
+    if not q.is_plain:
+        parts = "".join(f"+{p.split('=')[0]}" for p in parts_text(q))
+        return f"{q.scale_format}:blocks({','.join(map(str, q.block_shape))}){parts}"
     blocked = sorted(b for b, n in zip(q.block_shape, q.shape, strict=True) if b not in (1, n))
     for s in mx.SCHEMES.values():
         if (

@@ -5,14 +5,15 @@ type (older TPUs cannot convert those, and XLA on the CPU cannot hold float6 arr
 code is the format's bit pattern in the low ``bits`` bits of a ``uint8`` (``uint16`` /
 ``uint32`` for the wide types). :func:`to_codes` and :func:`from_codes` convert.
 
-**Packed arrays.** :class:`Packed` holds two 4-bit codes per byte or four 6-bit codes per
-3 bytes. Layout along the packed axis (a little-endian bit stream): element ``i`` occupies
-bits ``[bits*i, bits*(i+1))`` of the stream, byte ``j`` holds stream bits ``[8j, 8j+8)``
-with the least significant bit first. So for 4-bit formats element ``2j`` is the LOW nibble
-of byte ``j`` and element ``2j+1`` the HIGH nibble; for 6-bit formats elements
-``4g..4g+3`` fill bytes ``3g..3g+2`` as ``c0 | c1 << 6 | c2 << 12 | c3 << 18``. A row of
-``n`` elements takes ``ceil(bits * n / 8)`` bytes; unused high bits of the last byte are
-zero.
+**Packed arrays.** :class:`Packed` holds codes of any format narrower than a byte (2, 3,
+4, 5 or 6 bits) densely. Layout along the packed axis (a little-endian bit stream):
+element ``i`` occupies bits ``[bits*i, bits*(i+1))`` of the stream, byte ``j`` holds
+stream bits ``[8j, 8j+8)`` with the least significant bit first. So for 4-bit formats
+element ``2j`` is the LOW nibble of byte ``j`` and element ``2j+1`` the HIGH nibble; for
+6-bit formats elements ``4g..4g+3`` fill bytes ``3g..3g+2`` as ``c0 | c1 << 6 | c2 << 12 |
+c3 << 18``; 2-bit codes go four a byte, lowest first; 3- and 5-bit codes eight to 3 and 5
+bytes. A row of ``n`` elements takes ``ceil(bits * n / 8)`` bytes; unused high bits of
+the last byte are zero.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "code_planes",
     "from_codes",
     "group_bytes",
+    "group_shape",
     "is_array",
     "pack",
     "split_group_bytes",
@@ -133,6 +135,9 @@ def _bits_of(x: jax.Array | np.ndarray, f: Format) -> jax.Array:
     if isinstance(x, np.ndarray) and not f.xla_storable:
         return jnp.asarray(x.view(np.uint8))
     x = jnp.asarray(x)
+    if f.bits == 2:  # jax int2 / uint2 arrays: widen, then keep the code bits
+        wide = x.astype(jnp.int8 if f.signed else jnp.uint8)
+        return lax.bitcast_convert_type(wide, jnp.uint8) & jnp.uint8(f.code_mask)
     if f.bits == 4:
         # uint4 -> uint8 is an integer widening, which every backend has.
         return lax.bitcast_convert_type(x, jnp.uint4).astype(jnp.uint8)
@@ -176,8 +181,9 @@ class Packed:
         f = formats.get(self.format_name, arg="format_name")
         if not f.packable:
             raise ValueError(
-                f"format_name: {f.name} is {f.bits}-bit; a Packed array holds one of the 4- "
-                "and 6-bit formats int4, uint4, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn"
+                f"format_name: {f.name} is {f.bits}-bit; a Packed array holds a format "
+                "narrower than a byte (2 to 6 bits: int4, uint4, float4_e2m1fn, float6_*, "
+                "int2 ... uint6)"
             )
         for name in ("axis", "length"):
             v = getattr(self, name)
@@ -266,11 +272,12 @@ def _packed_len(bits: int, n: int) -> int:
 
 
 def pack(x: jax.Array | np.ndarray, fmt: FormatLike | None = None, *, axis: int = -1) -> Packed:
-    """Pack a 4- or 6-bit array densely along ``axis``.
+    """Pack an array of a format narrower than a byte densely along ``axis``.
 
     Args:
-      x: an array of int4, uint4, float4_e2m1fn, float6_e2m3fn or float6_e3m2fn (jax or
-        numpy), or uint8 codes with ``fmt``.
+      x: an array of int4, uint4, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn, int2 or
+        uint2 (jax or numpy), or uint8 codes with ``fmt`` (any of those, or int3, uint3,
+        int5, uint5, int6, uint6).
       fmt: the format of raw codes.
       axis: the axis to pack along; any length (odd lengths leave zero padding bits).
 
@@ -279,15 +286,15 @@ def pack(x: jax.Array | np.ndarray, fmt: FormatLike | None = None, *, axis: int 
 
     Raises:
       TypeError: ``x`` is not an array, or ``axis`` is not an int.
-      ValueError: the format is not 4- or 6-bit, or ``axis`` is out of range.
+      ValueError: the format is a byte wide or wider, or ``axis`` is out of range.
     """
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"axis: expected an int, got {type(axis).__name__} {axis!r}")
     codes, f = to_codes(x, fmt)
     if not f.packable:
         raise ValueError(
-            f"x: {f.name} is {f.bits}-bit; pack accepts the 4- and 6-bit formats "
-            "int4, uint4, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn"
+            f"x: {f.name} is {f.bits}-bit, stored one a byte already; pack accepts formats "
+            "of 2 to 6 bits (int4, uint4, float4_e2m1fn, float6_*, int2 ... uint6)"
         )
     ndim = codes.ndim
     if ndim == 0 or not -ndim <= axis < ndim:
@@ -296,19 +303,37 @@ def pack(x: jax.Array | np.ndarray, fmt: FormatLike | None = None, *, axis: int 
     return Packed(_pack_codes(codes, f.bits, neg_axis), f.name, neg_axis, codes.shape[neg_axis])
 
 
+def group_shape(bits: int) -> tuple[int, int]:
+    """``(elements, bytes)`` of the smallest run of whole bytes that holds whole codes:
+    (2, 1) for 4-bit codes, (4, 3) for 6-bit, (4, 1) for 2-bit, (8, 3) for 3-bit and
+    (8, 5) for 5-bit."""
+    group = 8 // math.gcd(8, bits)
+    return group, bits * group // 8
+
+
+def _group_byte(c: jax.Array, bits: int, j: int) -> jax.Array:
+    """Byte ``j`` of each group of codes ``c[..., i]`` (uint32): the OR of every code's
+    bits that fall in stream bits ``[8j, 8j + 8)``."""
+    byte = None
+    for i in range(c.shape[-1]):
+        lo = bits * i - 8 * j  # where code i starts, relative to the byte
+        if lo >= 8 or lo + bits <= 0:
+            continue
+        part = c[..., i] << lo if lo >= 0 else c[..., i] >> -lo
+        byte = part if byte is None else byte | part
+    assert byte is not None
+    return byte & 0xFF
+
+
 @functools.partial(jax.jit, static_argnames=("bits", "neg_axis"))
 def _pack_codes(codes: jax.Array, bits: int, neg_axis: int) -> jax.Array:
     c = jnp.moveaxis(codes, neg_axis, -1).astype(jnp.uint32)
     n = c.shape[-1]
-    group = 2 if bits == 4 else 4  # elements per group of whole bytes
-    nbytes_group = bits * group // 8
+    group, nbytes_group = group_shape(bits)
     pad = (-n) % group
     c = jnp.pad(c, [(0, 0)] * (c.ndim - 1) + [(0, pad)])
     c = c.reshape(c.shape[:-1] + (-1, group))
-    word = c[..., 0]
-    for i in range(1, group):
-        word = word | (c[..., i] << (bits * i))
-    byts = jnp.stack([(word >> (8 * j)) & 0xFF for j in range(nbytes_group)], axis=-1)
+    byts = jnp.stack([_group_byte(c, bits, j) for j in range(nbytes_group)], axis=-1)
     byts = byts.reshape(byts.shape[:-2] + (-1,))[..., : _packed_len(bits, n)]
     return jnp.moveaxis(byts.astype(jnp.uint8), -1, neg_axis)
 
@@ -337,9 +362,9 @@ def _unpack_codes(data: jax.Array, bits: int, axis: int, length: int) -> jax.Arr
     # shifting a broadcast of each byte group by a constant pattern is the faster way on
     # XLA's CPU backend; along the last axis, stacking the codes is.
     ax = data.ndim + axis
-    group = 2 if bits == 4 else 4
+    group = group_shape(bits)[0]
     mask = (1 << bits) - 1
-    if ax < data.ndim - 1:
+    if ax < data.ndim - 1 and bits in (4, 6):
         parts = group_bytes(data, ax, bits)
         if bits == 4:
             word, shifts = parts[0], [0, 4]
@@ -357,10 +382,11 @@ def _unpack_codes(data: jax.Array, bits: int, axis: int, length: int) -> jax.Arr
 
 
 def group_bytes(data: jax.Array, axis: int, bits: int) -> list[jax.Array]:
-    """The packed bytes along ``axis`` (non-negative) cut by position in their byte group:
-    one array for 4-bit formats (every byte is a group), three for 6-bit ones (byte ``j``
-    of each 3-byte group; the last group padded with zero bytes)."""
-    n = bits * (2 if bits == 4 else 4) // 8
+    """The packed bytes along ``axis`` (non-negative) cut by position in their byte group
+    (:func:`group_shape`): one array for 4- and 2-bit formats (every byte is a group),
+    three for 6- and 3-bit ones, five for 5-bit ones (byte ``j`` of each group; the last
+    group padded with zero bytes)."""
+    n = group_shape(bits)[1]
     if n == 1:
         return [data]
     pad = (-data.shape[axis]) % n
@@ -376,18 +402,30 @@ def split_group_bytes(parts: Sequence[jax.Array], bits: int) -> list[jax.Array]:
     """The codes of each byte group, lowest first, from its bytes (:func:`group_bytes`):
     the low and the high nibble of a byte for 4-bit formats; for 6-bit formats
     ``c0 = b0 & 0x3F``, ``c1 = b0 >> 6 | (b1 & 0xF) << 2``, ``c2 = b1 >> 4 | (b2 & 3) << 4``,
-    ``c3 = b2 >> 2``. Works on any unsigned or int32 array of byte values."""
+    ``c3 = b2 >> 2``; other widths likewise, code ``i`` from the one or two bytes its bits
+    fall in. Works on any unsigned or int32 array of byte values."""
     if bits == 4:
         (b,) = parts
         return [b & 0xF, b >> 4]
-    b0, b1, b2 = parts
-    return [b0 & 0x3F, (b0 >> 6) | ((b1 & 0xF) << 2), (b1 >> 4) | ((b2 & 0x3) << 4), b2 >> 2]
+    if bits == 6:
+        b0, b1, b2 = parts
+        return [b0 & 0x3F, (b0 >> 6) | ((b1 & 0xF) << 2), (b1 >> 4) | ((b2 & 0x3) << 4), b2 >> 2]
+    mask = (1 << bits) - 1
+    out = []
+    for i in range(group_shape(bits)[0]):
+        j, sh = divmod(bits * i, 8)
+        c = parts[j] >> sh
+        if sh + bits > 8:
+            c = c | (parts[j + 1] << (8 - sh))
+        out.append(c & mask)
+    return out
 
 
 def code_planes(p: Packed) -> list[jax.Array]:
     """The uint8 codes of ``p`` split by position in their byte group, without interleaving:
     plane ``j`` holds elements ``j, j + g, j + 2g, ...`` along the packed axis (``g`` = 2
-    for 4-bit formats: the low and the high nibbles; 4 for 6-bit ones), ``ceil((length -
+    for 4-bit formats: the low and the high nibbles; 4 for 6- and 2-bit ones, 8 for 3- and
+    5-bit ones), ``ceil((length -
     j) / g)`` of them. Empty planes (a length below ``g``) are left out."""
     axis = p.data.ndim + p.axis
     parts = split_group_bytes(group_bytes(p.data, axis, p.format.bits), p.format.bits)

@@ -256,12 +256,12 @@ class OperandSpec:
         return self.format if self.kind == "plain" else f"Packed {self.format} (axis {self.axis})"
 
 
-def plain(fmt: FormatLike) -> OperandSpec:
+def plain(fmt: FormatLike, *, arg: str = "fmt") -> OperandSpec:
     """An operand passed as an array of ``fmt``'s dtype (numpy; ml_dtypes for the
-    low-precision formats)."""
-    f = _formats.get(fmt)
+    low-precision formats). ``arg`` names the argument in errors."""
+    f = _formats.get(fmt, arg=arg)
     if f.bits > 32 or f.name == "int32":
-        raise ValueError(f"fmt: expected a matmul operand format, got {f.name}")
+        raise ValueError(f"{arg}: expected a matmul operand format, got {f.name}")
     return OperandSpec("plain", f.name)
 
 
@@ -296,11 +296,11 @@ def as_spec(x: OperandSpec | Scheme | FormatLike, arg: str) -> OperandSpec:
     if isinstance(x, (Scheme, QuantSpec)):
         return quantized(x)
     try:
-        return plain(x)
+        return plain(x, arg=arg)
     except (TypeError, ValueError) as e:
         raise type(e)(
-            f"{arg}: expected a format, an emulate.mx scheme or "
-            f"testing.plain/packed/quantized(...), got {x!r} ({str(e).removeprefix('fmt: ')})"
+            f"{e}; {arg} takes a format, an emulate.mx scheme or "
+            "testing.plain/packed/quantized(...)"
         ) from None
 
 

@@ -16,6 +16,8 @@ from emulate import formats
 from emulate.numerics.storage import unpack_codes
 
 PACKABLE = ["int4", "uint4", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"]
+#: Every format narrower than a byte: the above and the integer code formats.
+SUB_BYTE = PACKABLE + list(formats.CODE_FORMATS)
 
 
 # A fixed pool of awkward shapes (length 1, odd lengths, every remainder mod 4) so that
@@ -25,7 +27,7 @@ SHAPES = [(1,), (7,), (2, 9), (5, 1), (3, 4, 6), (1, 1, 3), (2, 3, 2, 5), (4, 11
 
 @st.composite
 def codes_and_axis(draw):
-    name = draw(st.sampled_from(PACKABLE))
+    name = draw(st.sampled_from(SUB_BYTE))
     bits = formats.get(name).bits
     shape = draw(st.sampled_from(SHAPES))
     codes = draw(hnp.arrays(np.uint8, shape, elements=st.integers(0, (1 << bits) - 1)))
@@ -43,6 +45,48 @@ def test_pack_round_trips(case):
     bits = formats.get(name).bits
     assert p.data.shape[axis] == -(-bits * n // 8)
     assert p.nbytes == codes.size // n * -(-bits * n // 8)
+
+
+def _bit_stream(codes: np.ndarray, bits: int, axis: int) -> np.ndarray:
+    """The documented layout, built bit by bit: element i at stream bits [bits*i,
+    bits*(i+1)), least significant first, byte j = stream bits [8j, 8j+8)."""
+    c = np.moveaxis(codes, axis, -1).astype(np.int64)
+    n = c.shape[-1]
+    nbytes = -(-bits * n // 8)
+    out = np.zeros(c.shape[:-1] + (nbytes,), np.int64)
+    for i in range(n):
+        for t in range(bits):
+            pos = bits * i + t
+            out[..., pos // 8] |= ((c[..., i] >> t) & 1) << (pos % 8)
+    return np.moveaxis(out.astype(np.uint8), -1, axis)
+
+
+@given(codes_and_axis())
+def test_every_width_packs_as_the_documented_bit_stream(case):
+    name, codes, axis = case
+    bits = formats.get(name).bits
+    p = emulate.pack(codes, name, axis=axis)
+    np.testing.assert_array_equal(np.asarray(p.data), _bit_stream(codes, bits, axis))
+
+
+@pytest.mark.parametrize(
+    ("name", "codes", "want"),
+    [
+        ("uint2", [1, 2, 3, 0, 3], [0b00_11_10_01, 0b11]),
+        ("int3", [7, 1, 5, 2, 0, 6, 3, 4], [0b01_001_111, 0b0_000_010_1, 0b100_011_11]),
+        ("uint5", [31, 1], [0b001_11111, 0b00]),
+    ],
+)
+def test_narrow_layouts_by_hand(name, codes, want):
+    p = emulate.pack(np.array(codes, np.uint8), name)
+    assert np.asarray(p.data).tolist() == want
+
+
+def test_int2_arrays_pack_as_two_bit_codes():
+    x = np.array([-2, -1, 0, 1], ml_dtypes.int2)
+    p = emulate.pack(jnp.asarray(x))
+    assert np.asarray(p.data).tolist() == [0b01_00_11_10]
+    assert np.asarray(unpack_codes(p)).tolist() == [2, 3, 0, 1]
 
 
 def test_nibble_order_low_first():
@@ -85,7 +129,9 @@ def test_packed_through_jit_vmap_and_device_put():
 
 class TestBadInput:
     def test_pack_8_bit(self):
-        with pytest.raises(ValueError, match=r"^x: int8 is 8-bit; pack accepts the 4- and 6-bit"):
+        with pytest.raises(
+            ValueError, match=r"^x: int8 is 8-bit, stored one a byte already; pack accepts"
+        ):
             emulate.pack(np.zeros(4, np.int8))
 
     def test_axis_out_of_range(self):

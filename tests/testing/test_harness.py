@@ -108,7 +108,11 @@ def test_check_function_bad_arguments():
         et.check_function(3, "int8", "int8")
     with pytest.raises(ValueError, match=r"^contract: expected 'exact', 'fast', a number"):
         et.check_function(uk.int8_exact, "int8", "int8", contract="close")
-    with pytest.raises(ValueError, match=r"^lhs: expected a format, an emulate.mx scheme"):
+    with pytest.raises(
+        ValueError,
+        match=r"^lhs: unknown format 'int9'; known formats: .*; lhs takes a format, an "
+        r"emulate\.mx scheme or testing\.plain/packed/quantized\(\.\.\.\)$",
+    ):
         et.check_function(uk.int8_exact, "int9", "int8")
     with pytest.raises(ValueError, match=r"^shapes, layouts: give one of them, not both$"):
         et.check_function(uk.int8_exact, "int8", "int8", shapes=[(1, 2, 3)], layouts=[])

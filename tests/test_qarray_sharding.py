@@ -1,0 +1,104 @@
+"""A QArray with zero points, offsets and two-level parts sharded over 8 host CPU devices,
+along N and along K at block boundaries: mode "exact" equals the unsharded matmul bit for
+bit; mode "fast" (whose f32 sums XLA may order differently per shard shape) lies within
+twice the documented bound of it.
+
+The checks run in a subprocess (XLA_FLAGS must be set before JAX starts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent(
+    """
+    import json
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import emulate
+    from emulate import QArray
+
+    rng = np.random.default_rng(0)
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+
+    def weight(k, n, two_level):
+        g = 128
+        codes = emulate.pack(rng.integers(0, 16, (k, n)).astype(np.uint8), "uint4", axis=0)
+        s = (rng.standard_normal((k // g, n)) * 0.05).astype(np.float16)
+        z = emulate.pack(rng.integers(0, 16, (k // g, n)).astype(np.uint8), "uint4", axis=1)
+        if two_level:
+            off = QArray.from_parts(
+                rng.integers(0, 64, (k // g, n)).astype(np.uint8),
+                (-np.abs(rng.standard_normal((1, n))) * 0.01).astype(np.float16),
+                block_shape=(k // g, 1), fmt="uint6")
+        else:
+            off = (rng.standard_normal((k // g, n)) * 0.1).astype(np.float32)
+        return QArray.from_parts(codes, s, block_shape=(g, 1), fmt="uint4",
+                                 zero_points=z, offsets=off)
+
+    out = {}
+    for name, (k, n, spec, two_level) in {
+        "along_n": (256, 64, P(None, "x"), True),
+        "along_k": (1024, 16, P("x", None), False),
+    }.items():
+        q = weight(k, n, two_level)
+        x = jnp.asarray(rng.standard_normal((4, k)), jnp.bfloat16)
+        qs = jax.device_put(q, NamedSharding(mesh, spec))
+        xs = jax.device_put(x, NamedSharding(mesh, P(None, spec[0])))
+        # |x| @ (|v s| + |z s| + |o|), the magnitude of the bound (docs/numerics.md)
+        v = np.asarray(emulate.unpack(q.codes)).astype(np.float64)
+        rep = lambda a: np.repeat(np.asarray(a, np.float64), 128, axis=0)
+        sv = rep(np.asarray(q.scales, np.float32))
+        zv = rep(np.asarray(emulate.unpack(q.zero_points)))
+        o = q.offsets.dequantize() if isinstance(q.offsets, QArray) else q.offsets
+        parts = np.abs(v * sv) + np.abs(zv * sv) + rep(np.abs(o))
+        mag = np.abs(np.asarray(x, np.float64)) @ parts
+        bound = 2 * emulate.bounds.gamma(k + k // 128 + 5) * mag
+        for target, mode in (("cpu", "fast"), ("cpu", "exact"), ("tpu_v5e", "fast")):
+            f = jax.jit(lambda a, b: emulate.matmul(
+                a, b, target=target, mode=mode, preferred_element_type=jnp.float32))
+            want = np.asarray(f(x, q))
+            got = np.asarray(f(xs, qs))
+            if mode == "exact":
+                ok = np.array_equal(got.view(np.uint32), want.view(np.uint32))
+            else:
+                ok = np.all(np.abs(got.astype(np.float64) - want) <= bound)
+            out[f"{name}-{target}-{mode}"] = bool(ok)
+        out[f"{name}-sharded-leaves"] = [
+            len(leaf.sharding.device_set) for leaf in jax.tree.leaves(qs)]
+    out["devices"] = jax.device_count()
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    cmd = [sys.executable, "-c", SCRIPT]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_eight_devices(result):
+    assert result["devices"] == 8
+
+
+@pytest.mark.parametrize("layout", ["along_n", "along_k"])
+@pytest.mark.parametrize(
+    ("target", "mode"), [("cpu", "fast"), ("cpu", "exact"), ("tpu_v5e", "fast")]
+)
+def test_sharded_matmul_agrees_with_unsharded(result, layout, target, mode):
+    assert result[f"{layout}-{target}-{mode}"] is True
+
+
+def test_every_part_is_split_over_the_devices(result):
+    # codes, scales, zero points, offsets (two-level: their codes and scales) all sharded
+    assert result["along_n-sharded-leaves"] == [8, 8, 8, 8, 8]
+    assert result["along_k-sharded-leaves"] == [8, 8, 8, 8]

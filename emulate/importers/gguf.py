@@ -1,7 +1,8 @@
 """GGUF files, read as stored: :func:`read_gguf` returns each tensor by name, a quantized
 one as :class:`~emulate.importers.ggml.GGMLParts` (its blocks parsed by emulate, not
 dequantized), a plain one (F32, F16, BF16, F64, I8 ... I64) as a numpy array;
-:func:`to_qarray` turns parts into an :class:`emulate.QArray`.
+:func:`to_qarray` turns parts into an :class:`emulate.QArray`, and :func:`load_gguf` does
+both in one call.
 
 The file is read with the ``gguf`` package's ``GGUFReader`` (the optional extra:
 ``pip install "emulate[gguf]"``); the decoding is emulate's own. GGUF lists a tensor's dims
@@ -26,7 +27,7 @@ from emulate.importers.ggml import TYPES, GGMLParts, SubBlockScales, check_layou
 from emulate.numerics.storage import Packed, pack
 from emulate.quant import QArray
 
-__all__ = ["GGUFFile", "read_gguf", "to_qarray"]
+__all__ = ["GGUFFile", "load_gguf", "read_gguf", "to_qarray"]
 
 #: GGML types read as plain arrays, with the numpy dtype of their elements.
 PLAIN_TYPES: dict[str, np.dtype] = {
@@ -231,3 +232,18 @@ def to_qarray(parts: GGMLParts, *, dtype: DTypeLike = jnp.float32) -> QArray:
         dtype=dtype,
         **extra,
     )
+
+
+def load_gguf(path: str | os.PathLike[str], *, dtype: DTypeLike = jnp.float32) -> dict[str, Any]:
+    """Every tensor of a GGUF file in one call: quantized ones as :class:`emulate.QArray`
+    (:func:`to_qarray`, logical dtype ``dtype``), plain ones as JAX arrays of their stored
+    dtype; names and order as in the file.
+
+    Raises:
+      ImportError, ValueError: as :func:`read_gguf` and :func:`to_qarray`.
+    """
+    read = read_gguf(path)
+    return {
+        name: to_qarray(t, dtype=dtype) if isinstance(t, GGMLParts) else jnp.asarray(t)
+        for name, t in read.tensors.items()
+    }

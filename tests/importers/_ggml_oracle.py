@@ -80,18 +80,26 @@ def _block_values(part: np.ndarray | SubBlockScales) -> np.ndarray:
 
 
 @np.errstate(all="ignore")
-def recombine(p: GGMLParts) -> np.ndarray:
-    """The spec formula in float32, one rounding per operation."""
+def terms(p: GGMLParts) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per element, in float32: ``(value(code) - zero_point) * scale`` and the offset
+    (None when the type has none)."""
     v = _values(p.codes, p.element, p.codebook) - np.float32(p.zero_point)
     if p.scale_format == "e8m0":
         assert isinstance(p.scales, np.ndarray) and p.scales.dtype == np.uint8
         exponent = _per_element(p.scales.astype(np.int32) - 127, p.block)
-        w = np.ldexp(v, exponent).astype(np.float32)
+        scaled = np.ldexp(v, exponent).astype(np.float32)
     else:
-        w = v * _per_element(_block_values(p.scales), p.block)
-    if p.offsets is not None:
-        w = w + _per_element(_block_values(p.offsets), p.block)
-    return w
+        scaled = v * _per_element(_block_values(p.scales), p.block)
+    if p.offsets is None:
+        return scaled, None
+    return scaled, _per_element(_block_values(p.offsets), p.block)
+
+
+@np.errstate(all="ignore")
+def recombine(p: GGMLParts) -> np.ndarray:
+    """The spec formula in float32, one rounding per operation."""
+    scaled, offset = terms(p)
+    return scaled if offset is None else scaled + offset
 
 
 @np.errstate(all="ignore")

@@ -154,22 +154,25 @@ def _rows(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return x.reshape(*shape[:-1], -1)
 
 
+def _per_row(
+    part: np.ndarray | SubBlockScales, shape: tuple[int, ...]
+) -> np.ndarray | SubBlockScales:
+    """A block-major scale or offset part reshaped to the tensor's rows."""
+    if isinstance(part, SubBlockScales):
+        return dataclasses.replace(
+            part,
+            codes=_rows(part.codes, shape),
+            super_scales=_rows(part.super_scales, shape),
+        )
+    return _rows(part, shape)
+
+
 def _to_rows(parts: GGMLParts, shape: tuple[int, ...]) -> GGMLParts:
     """``parts`` with its block-major arrays reshaped to the tensor's rows."""
-
-    def per_row(part):
-        if isinstance(part, SubBlockScales):
-            return dataclasses.replace(
-                part,
-                codes=_rows(part.codes, shape),
-                super_scales=_rows(part.super_scales, shape),
-            )
-        return None if part is None else _rows(part, shape)
-
     return dataclasses.replace(
         parts,
         shape=shape,
         codes=parts.codes.reshape(shape),
-        scales=per_row(parts.scales),
-        offsets=per_row(parts.offsets),
+        scales=_per_row(parts.scales, shape),
+        offsets=None if parts.offsets is None else _per_row(parts.offsets, shape),
     )

@@ -207,7 +207,8 @@ def to_qarray(parts: GGMLParts, *, dtype: DTypeLike = jnp.float32) -> QArray:
     """A QArray holding ``parts`` as stored: codes packed at their own width, scales and
     offsets per block along the last axis (two-level ones as QArrays of their integer
     codes with the super-block f16 as block scale), the implicit zero point and the
-    codebook.
+    codebook. The QArray has the parts' shape: for a linear layer's weight, GGUF's
+    ``(out_features, in_features)`` with blocks along ``in_features``, so ``x @ q.T``.
 
     Args:
       parts: what :func:`read_gguf` or ``ggml.parse_blocks`` returned.

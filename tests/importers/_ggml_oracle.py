@@ -121,11 +121,16 @@ def assert_bit_identical(ours: np.ndarray, theirs: np.ndarray, ggml_type: str) -
 
 
 @st.composite
-def block_bytes(draw, ggml_type: str) -> tuple[np.ndarray, tuple[int, int]]:
-    """Random rows of blocks, special scales planted in some blocks."""
+def block_bytes(
+    draw, ggml_type: str, shape: tuple[int, int] | None = None
+) -> tuple[np.ndarray, tuple[int, int]]:
+    """Random rows of blocks, special scales planted in some blocks; ``shape``: (rows,
+    blocks a row), drawn when None (give it where each new shape costs a compile)."""
     block_size, type_size = BLOCKS[ggml_type]
-    rows = draw(st.integers(1, 3))
-    per_row = draw(st.integers(1, 3 if block_size == 256 else 5))
+    rows, per_row = shape or (
+        draw(st.integers(1, 3)),
+        draw(st.integers(1, 3 if block_size == 256 else 5)),
+    )
     n_blocks = rows * per_row
     raw = draw(st.binary(min_size=n_blocks * type_size, max_size=n_blocks * type_size))
     blocks = np.frombuffer(raw, np.uint8).reshape(n_blocks, type_size).copy()

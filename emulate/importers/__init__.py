@@ -1,0 +1,1 @@
+"""Importers: quantized weights read from other projects' checkpoints, kept as stored."""

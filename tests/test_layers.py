@@ -44,6 +44,20 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     ("quantized operands", ["emulate.quant", "emulate.mx"]),
     (
+        "importers",
+        [
+            "emulate.importers",
+            "emulate.importers.conventions",
+            "emulate.importers.conventions.parts",
+            "emulate.importers.conventions.config",
+            "emulate.importers.conventions.integer",
+            "emulate.importers.conventions.floats",
+            "emulate.importers.conventions.bnb",
+            "emulate.importers.qarray",
+            "emulate.importers.safetensors",
+        ],
+    ),
+    (
         "engine",
         [
             "emulate.engine",

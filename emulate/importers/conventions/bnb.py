@@ -56,7 +56,9 @@ def _quant_state(tensors: Mapping[str, Any], prefix: str) -> tuple[str, dict[str
     try:
         state = json.loads(raw.tobytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise bad(name, "contents", f"not JSON ({e})", "the JSON of bitsandbytes' quant state") from None
+        raise bad(
+            name, "contents", f"not JSON ({e})", "the JSON of bitsandbytes' quant state"
+        ) from None
     if not isinstance(state, dict):
         raise bad(name, "contents", type(state).__name__, "a JSON object")
     nested = "nested_blocksize" in state
@@ -68,7 +70,11 @@ def _quant_state(tensors: Mapping[str, Any], prefix: str) -> tuple[str, dict[str
     if state["dtype"] not in _DTYPES or (nested and state["nested_dtype"] != "float32"):
         raise bad(name, "dtype", repr(state["dtype"]), f"one of {_DTYPES}; nested_dtype 'float32'")
     shape = state["shape"]
-    if not (isinstance(shape, list) and len(shape) == 2 and all(isinstance(d, int) and d > 0 for d in shape)):
+    if not (
+        isinstance(shape, list)
+        and len(shape) == 2
+        and all(isinstance(d, int) and d > 0 for d in shape)
+    ):
         raise bad(name, "shape", shape, "[N, K], the 2-D weight shape")
     for key in ("blocksize", "nested_blocksize") if nested else ("blocksize",):
         if not isinstance(state[key], int) or state[key] <= 0:
@@ -85,7 +91,9 @@ def parse_bnb_4bit(tensors: Mapping[str, Any], prefix: str) -> StoredParts:
     wname = f"{prefix}.weight"
     w = tensor(tensors, wname, [np.uint8], (1, 2))
     if w.size != -(-n * k // 2):
-        raise bad(wname, "size", w.size, f"ceil({n}*{k}/2) = {-(-n * k // 2)} bytes for shape {[n, k]}")
+        raise bad(
+            wname, "size", w.size, f"ceil({n}*{k}/2) = {-(-n * k // 2)} bytes for shape {[n, k]}"
+        )
     codebook = tensor(tensors, f"{wname}.quant_map", [np.float32], 1)
     if codebook.shape != (16,):
         raise bad(f"{wname}.quant_map", "shape", codebook.shape, "(16,)")
@@ -98,7 +106,9 @@ def parse_bnb_4bit(tensors: Mapping[str, Any], prefix: str) -> StoredParts:
     if "nested_blocksize" not in state:
         absmax = tensor(tensors, absmax_name, [np.float32], 1)
         if absmax.shape != (nblocks,):
-            raise bad(absmax_name, "shape", absmax.shape, f"({nblocks},): one per block of {blocksize}")
+            raise bad(
+                absmax_name, "shape", absmax.shape, f"({nblocks},): one per block of {blocksize}"
+            )
         scales: np.ndarray | StoredParts = np.ascontiguousarray(absmax.reshape(grid).T)
         stored += _bits(absmax)
     else:
@@ -114,7 +124,8 @@ def parse_bnb_4bit(tensors: Mapping[str, Any], prefix: str) -> StoredParts:
         dtype=state["dtype"],
         source=(
             f"bitsandbytes {state['quant_type']} blocksize {blocksize}"
-            f"{' double-quantized' if isinstance(scales, StoredParts) else ''}: {wname}, {absmax_name}, "
+            f"{' double-quantized' if isinstance(scales, StoredParts) else ''}: "
+            f"{wname}, {absmax_name}, "
             f"{wname}.quant_map, {state_name}"
         ),
         stored_bits=stored,
@@ -122,7 +133,11 @@ def parse_bnb_4bit(tensors: Mapping[str, Any], prefix: str) -> StoredParts:
 
 
 def _nested_absmax(
-    tensors: Mapping[str, Any], wname: str, state: dict[str, Any], state_name: str, grid: tuple[int, int]
+    tensors: Mapping[str, Any],
+    wname: str,
+    state: dict[str, Any],
+    state_name: str,
+    grid: tuple[int, int],
 ) -> StoredParts:
     """The double-quantized absmax as StoredParts of logical shape ``grid`` transposed."""
     nb = state["nested_blocksize"]
@@ -150,6 +165,9 @@ def _nested_absmax(
         codebook=table,
         offsets=np.float32(offset),
         dtype="float32",
-        source=f"bitsandbytes nested absmax: {wname}.absmax, {wname}.nested_absmax, {wname}.nested_quant_map",
+        source=(
+            f"bitsandbytes nested absmax: {wname}.absmax, {wname}.nested_absmax, "
+            f"{wname}.nested_quant_map"
+        ),
         stored_bits=_bits(q, table, nested),
     )

@@ -45,7 +45,11 @@ def setting(
                 want = (
                     ", ".join(map(repr, allowed))
                     if allowed is not None
-                    else (kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind))
+                    else (
+                        kind.__name__
+                        if isinstance(kind, type)
+                        else "/".join(k.__name__ for k in kind)
+                    )
                 )
                 raise bad(where, key, repr(value), f"one of {want}" if allowed else want)
             return value

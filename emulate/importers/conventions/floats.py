@@ -36,7 +36,12 @@ import numpy as np
 from emulate.importers.conventions.config import setting
 from emulate.importers.conventions.parts import StoredParts, bad, nibbles, tensor
 
-__all__ = ["parse_gpt_oss_mxfp4", "parse_fp8_blocks", "parse_modelopt_nvfp4", "parse_compressed_fp4"]
+__all__ = [
+    "parse_gpt_oss_mxfp4",
+    "parse_fp8_blocks",
+    "parse_modelopt_nvfp4",
+    "parse_compressed_fp4",
+]
 
 _E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 _E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -62,7 +67,9 @@ def _pick(tensors: Mapping[str, Any], prefix: str, part: str) -> str:
     present = [n for n in names if n in tensors]
     if len(present) != 1:
         got = "both" if present else "neither"
-        raise ValueError(f"{prefix}: {part} tensor is ambiguous or missing ({got} of {names}); expected one")
+        raise ValueError(
+            f"{prefix}: {part} tensor is ambiguous or missing ({got} of {names}); expected one"
+        )
     return present[0]
 
 
@@ -72,7 +79,9 @@ def parse_gpt_oss_mxfp4(tensors: Mapping[str, Any], prefix: str) -> StoredParts:
     blocks = tensor(tensors, bname, [np.uint8], range(3, 8))
     scales = tensor(tensors, sname, [np.uint8], range(2, 7))
     if blocks.shape[-1] != 16 or blocks.shape[:-1] != scales.shape:
-        raise bad(bname, "shape", blocks.shape, f"{scales.shape + (16,)} (16 bytes per block of 32)")
+        raise bad(
+            bname, "shape", blocks.shape, f"{scales.shape + (16,)} (16 bytes per block of 32)"
+        )
     *lead, n, g, _ = blocks.shape
     codes = nibbles(blocks, high_first=False).reshape(*lead, n, g * 32)
     return StoredParts(
@@ -124,7 +133,12 @@ def _fp4_pair(
     s = tensor(tensors, sname, [scale_dtype], w.ndim)
     want = w.shape[:-1] + (w.shape[-1] * 2 // group,)
     if (w.shape[-1] * 2) % group or s.shape != want:
-        raise bad(sname, "shape", s.shape, f"{want}: one scale per {group} of the {w.shape[-1] * 2} elements of a row")
+        raise bad(
+            sname,
+            "shape",
+            s.shape,
+            f"{want}: one scale per {group} of the {w.shape[-1] * 2} elements of a row",
+        )
     return w, s
 
 
@@ -135,7 +149,9 @@ def parse_modelopt_nvfp4(
     ``config``: ``quant_algo`` "NVFP4" and ``group_size`` 16 (``hf_quant_config.json``'s
     ``quantization`` or the ``quantization_config``). ``dtype``: the model's dtype."""
     where = "quantization_config"
-    setting(config, "quant_method", where=where, kind=str, allowed=("modelopt",), default="modelopt")
+    setting(
+        config, "quant_method", where=where, kind=str, allowed=("modelopt",), default="modelopt"
+    )
     setting(config, "quant_algo", where=where, kind=str, allowed=("NVFP4",))
     group = setting(config, "group_size", where=where, kind=int, allowed=(16,), default=16)
     w, s = _fp4_pair(tensors, f"{prefix}.weight", f"{prefix}.weight_scale", _E4M3, group)
@@ -156,18 +172,27 @@ def parse_modelopt_nvfp4(
     )
 
 
-def parse_compressed_fp4(tensors: Mapping[str, Any], prefix: str, config: Mapping[str, Any]) -> StoredParts:
+def parse_compressed_fp4(
+    tensors: Mapping[str, Any], prefix: str, config: Mapping[str, Any]
+) -> StoredParts:
     """compressed-tensors ``nvfp4-pack-quantized`` or ``mxfp4-pack-quantized``
     (``{prefix}.weight_packed``, ``.weight_scale``, NVFP4 also ``.weight_global_scale``).
     ``config``: the ``quantization_config`` (its ``format`` picks the pack)."""
     fmt_name = setting(
-        config, "format", where="quantization_config", kind=str,
+        config,
+        "format",
+        where="quantization_config",
+        kind=str,
         allowed=("nvfp4-pack-quantized", "mxfp4-pack-quantized"),
     )
     nv = fmt_name.startswith("nvfp4")
     group = 16 if nv else 32
     w, s = _fp4_pair(
-        tensors, f"{prefix}.weight_packed", f"{prefix}.weight_scale", _E4M3 if nv else np.dtype(np.uint8), group
+        tensors,
+        f"{prefix}.weight_packed",
+        f"{prefix}.weight_scale",
+        _E4M3 if nv else np.dtype(np.uint8),
+        group,
     )
     stored = _bits(w, s)
     tensor_scale = None

@@ -88,7 +88,9 @@ def parse_awq(tensors: Mapping[str, Any], prefix: str, config: Mapping[str, Any]
 
     def columns(packed: np.ndarray) -> np.ndarray:
         nib = unpack_stream(packed, 4, packed.shape[1] * 8, axis=1)
-        return nib.reshape(packed.shape[0], -1, 8)[:, :, AWQ_COLUMN_NIBBLE].reshape(packed.shape[0], -1)
+        return nib.reshape(packed.shape[0], -1, 8)[:, :, AWQ_COLUMN_NIBBLE].reshape(
+            packed.shape[0], -1
+        )
 
     return StoredParts(
         codes=columns(qweight),
@@ -113,7 +115,12 @@ def parse_gptq(tensors: Mapping[str, Any], prefix: str, config: Mapping[str, Any
     bits = setting(config, "bits", where=where, kind=int, allowed=(2, 3, 4, 8))
     group_size = setting(config, "group_size", where=where, kind=int)
     fmt_name = setting(
-        config, "checkpoint_format", where=where, kind=str, allowed=("gptq", "gptq_v2"), default="gptq"
+        config,
+        "checkpoint_format",
+        where=where,
+        kind=str,
+        allowed=("gptq", "gptq_v2"),
+        default="gptq",
     )
     qweight = tensor(tensors, f"{prefix}.qweight", [np.int32], 2)
     qzeros = tensor(tensors, f"{prefix}.qzeros", [np.int32], 2)
@@ -130,15 +137,20 @@ def parse_gptq(tensors: Mapping[str, Any], prefix: str, config: Mapping[str, Any
     codes = unpack_stream(qweight, bits, k, axis=0)
     zeros = unpack_stream(qzeros, bits, n, axis=1)
     v1 = fmt_name == "gptq"
-    zero_points = zeros.astype(np.int16) + 1 if v1 else zeros
+    # v1 zero points are field + 1, in [1, 2**bits]: one more bit than stored
+    zero_points = (
+        (zeros.astype(np.int16) + 1).astype(np.uint8 if bits < 8 else np.int16) if v1 else zeros
+    )
     stored = _int_bits(qweight) + _int_bits(qzeros) + _int_bits(scales)
     perm = None
     if f"{prefix}.g_idx" in tensors:
         g_idx = tensor(tensors, f"{prefix}.g_idx", [np.int32, np.int64], 1)
         if g_idx.shape != (k,) or g_idx.min(initial=0) < 0 or g_idx.max(initial=0) >= groups:
             raise bad(
-                f"{prefix}.g_idx", "values", f"shape {g_idx.shape}, range "
-                f"[{g_idx.min(initial=0)}, {g_idx.max(initial=0)}]", f"shape ({k},) in [0, {groups})"
+                f"{prefix}.g_idx",
+                "values",
+                f"shape {g_idx.shape}, range [{g_idx.min(initial=0)}, {g_idx.max(initial=0)}]",
+                f"shape ({k},) in [0, {groups})",
             )
         stored += _int_bits(g_idx)
         perm = group_permutation(g_idx, group, f"{prefix}.g_idx")
@@ -151,12 +163,13 @@ def parse_gptq(tensors: Mapping[str, Any], prefix: str, config: Mapping[str, Any
         block_shape=(group, 1),
         scales=scales,
         zero_points=zero_points,
-        zero_bits=8 if v1 else bits,
+        zero_bits=(bits + 1 if bits < 8 else 16) if v1 else bits,
         dtype=scales.dtype.name,
         perm=perm,
         perm_axis=-2 if perm is not None else None,
         source=(
-            f"GPTQ {'v1' if v1 else 'v2'} int{bits} g{group}{' act-order' if perm is not None else ''}: "
+            f"GPTQ {'v1' if v1 else 'v2'} int{bits} g{group}"
+            f"{' act-order' if perm is not None else ''}: "
             f"{prefix}.qweight, {prefix}.qzeros, {prefix}.scales"
             + (f", {prefix}.g_idx" if f"{prefix}.g_idx" in tensors else "")
         ),
@@ -202,16 +215,26 @@ def parse_compressed_int(
     bits = setting(args, "num_bits", where=where, kind=int, allowed=(2, 4, 8))
     setting(args, "type", where=where, kind=str, allowed=("int",))
     symmetric = setting(args, "symmetric", where=where, kind=bool)
-    strategy = setting(args, "strategy", where=where, kind=str, allowed=("group", "channel", "tensor"))
+    strategy = setting(
+        args, "strategy", where=where, kind=str, allowed=("group", "channel", "tensor")
+    )
     packed = tensor(tensors, f"{prefix}.weight_packed", [np.int32], 2)
     shape = tensor(tensors, f"{prefix}.weight_shape", [np.int32, np.int64], 1)
-    if shape.shape != (2,) or shape[0] != packed.shape[0] or -(-int(shape[1]) * bits // 32) != packed.shape[1]:
+    if (
+        shape.shape != (2,)
+        or shape[0] != packed.shape[0]
+        or -(-int(shape[1]) * bits // 32) != packed.shape[1]
+    ):
         raise bad(
-            f"{prefix}.weight_shape", "value", shape.tolist(),
+            f"{prefix}.weight_shape",
+            "value",
+            shape.tolist(),
             f"[{packed.shape[0]}, K] with ceil(K*{bits}/32) == {packed.shape[1]}",
         )
     n, k = int(shape[0]), int(shape[1])
-    scale = tensor(tensors, f"{prefix}.weight_scale", [np.float16, np.dtype("bfloat16"), np.float32], (1, 2))
+    scale = tensor(
+        tensors, f"{prefix}.weight_scale", [np.float16, np.dtype("bfloat16"), np.float32], (1, 2)
+    )
     if strategy == "group":
         group = setting(args, "group_size", where=where, kind=int)
         if group <= 0 or k % group:
@@ -222,16 +245,28 @@ def parse_compressed_int(
     rows = 1 if strategy == "tensor" else n
     scale2 = scale.reshape(rows, cols) if scale.size == rows * cols else scale
     if scale2.shape != (rows, cols):
-        raise bad(f"{prefix}.weight_scale", "shape", scale.shape, f"{(rows, cols)} for strategy {strategy}")
+        raise bad(
+            f"{prefix}.weight_scale",
+            "shape",
+            scale.shape,
+            f"{(rows, cols)} for strategy {strategy}",
+        )
     codes = unpack_stream(packed, bits, k, axis=1).T
     stored = _int_bits(packed) + _int_bits(scale)
     zero_points: np.ndarray | int = 1 << (bits - 1)
     if not symmetric:
         if strategy == "tensor":
-            raise bad(where, "symmetric", False, "true for strategy 'tensor' (its zero point is not packed)")
+            raise bad(
+                where,
+                "symmetric",
+                False,
+                "true for strategy 'tensor' (its zero point is not packed)",
+            )
         zp = tensor(tensors, f"{prefix}.weight_zero_point", [np.int32], 2)
         if zp.shape != (-(-n * bits // 32), cols):
-            raise bad(f"{prefix}.weight_zero_point", "shape", zp.shape, f"{(-(-n * bits // 32), cols)}")
+            raise bad(
+                f"{prefix}.weight_zero_point", "shape", zp.shape, f"{(-(-n * bits // 32), cols)}"
+            )
         zero_points = unpack_stream(zp, bits, n, axis=0).T  # unsigned: the offsets cancel
         stored += _int_bits(zp)
     perm = None
@@ -239,7 +274,9 @@ def parse_compressed_int(
         g_idx = tensor(tensors, f"{prefix}.weight_g_idx", [np.int32, np.int64], 1)
         if g_idx.shape != (k,) or strategy != "group":
             raise bad(
-                f"{prefix}.weight_g_idx", "shape", f"{g_idx.shape} with strategy {strategy!r}",
+                f"{prefix}.weight_g_idx",
+                "shape",
+                f"{g_idx.shape} with strategy {strategy!r}",
                 f"({k},) with strategy 'group'",
             )
         if not (g_idx == -1).any():  # compressed-tensors reads -1 as "not initialised"
@@ -260,8 +297,10 @@ def parse_compressed_int(
         perm_axis=-2 if perm is not None else None,
         source=(
             f"compressed-tensors pack-quantized int{bits} {strategy}"
-            f"{f' g{group}' if strategy == 'group' else ''} {'symmetric' if symmetric else 'asymmetric'}"
-            f"{' act-order' if perm is not None else ''}: {prefix}.weight_packed, {prefix}.weight_scale"
+            f"{f' g{group}' if strategy == 'group' else ''} "
+            f"{'symmetric' if symmetric else 'asymmetric'}"
+            f"{' act-order' if perm is not None else ''}: "
+            f"{prefix}.weight_packed, {prefix}.weight_scale"
         ),
         stored_bits=stored,
     )

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -187,7 +188,7 @@ class StoredParts:
     stored_bits: int
     zero_points: np.ndarray | int | None = None
     zero_bits: int = 0
-    offsets: np.ndarray | float | None = None
+    offsets: np.ndarray | np.floating | float | None = None
     tensor_scale: np.float32 | None = None
     codebook: np.ndarray | None = None
     perm: np.ndarray | None = None
@@ -258,7 +259,7 @@ class StoredParts:
         if self.perm is not None:
             axis = self.perm_axis if self.perm_axis is not None else -2
             out = np.empty_like(v)
-            index = [slice(None)] * v.ndim
+            index: list[Any] = [slice(None)] * v.ndim
             index[axis] = self.perm
             out[tuple(index)] = v
             v = out

@@ -53,7 +53,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.importers.conventions.integer",
             "emulate.importers.conventions.floats",
             "emulate.importers.conventions.bnb",
-            "emulate.importers.qarray",
+            "emulate.importers.as_qarray",
             "emulate.importers.safetensors",
         ],
     ),

@@ -3,7 +3,7 @@
 ``read_<convention>(path, prefix, ...)`` returns the layer's
 :class:`~emulate.importers.conventions.parts.StoredParts` (numpy, logical ``(..., K, N)``
 order, ``.source`` naming what was read); ``load_<convention>`` the same as an
-``emulate.QArray`` (:func:`emulate.importers.qarray.to_qarray`). ``path`` is one
+``emulate.QArray`` (:func:`emulate.importers.as_qarray.to_qarray`). ``path`` is one
 ``.safetensors`` file or a directory of them (a sharded checkpoint); ``prefix`` the
 layer's name (``"model.layers.0.mlp.up_proj"``).
 
@@ -236,7 +236,7 @@ def read_bnb_4bit(path: str | os.PathLike[str], prefix: str) -> StoredParts:
 
 
 def _qarray(parts: StoredParts) -> QArray:
-    from emulate.importers.qarray import to_qarray
+    from emulate.importers.as_qarray import to_qarray
 
     return to_qarray(parts)
 

@@ -204,13 +204,14 @@ def gptq_tensors(
     act_order=st.booleans(),
     group=st.sampled_from([32, 64]),
     kg=st.integers(1, 3),
+    ragged=st.booleans(),
     n32=st.integers(1, 2),
 )
 def test_gptq_matches_gptqmodel(
-    tmp_path_factory, seed, bits, v1, act_order, group, kg, n32
+    tmp_path_factory, seed, bits, v1, act_order, group, kg, ragged, n32
 ) -> None:
     rng = np.random.default_rng(seed)
-    k, n = kg * group, n32 * 32
+    k, n = kg * group + (32 if ragged and group == 64 else 0), n32 * 32  # ragged last group
     t = gptq_tensors(rng, k, n, group, bits, v1, act_order)
     cfg = {
         "quant_method": "gptq",
@@ -695,3 +696,54 @@ def test_refuses_unknown_or_missing_metadata(tmp_path) -> None:
         ),
     ):
         S.read_gpt_oss_mxfp4(path, "e")
+
+
+# ------------------------------------------------------------------------------ the reader
+def test_sharded_directory_reads_across_files_and_refuses_duplicates(tmp_path) -> None:
+    rng = np.random.default_rng(11)
+    t = awq_tensors(rng, 32, 16, 16)
+    write(tmp_path, {"l.qweight": t["l.qweight"]}, AWQ_CONFIG, name="model-00001-of-00002")
+    write(
+        tmp_path,
+        {"l.qzeros": t["l.qzeros"], "l.scales": t["l.scales"]},
+        name="model-00002-of-00002",
+    )
+    whole = S.read_awq(write(tmp_path / "one", t, AWQ_CONFIG), "l")
+    same_bits(decoded(S.read_awq(tmp_path, "l")), decoded(whole))
+    assert len(S.SafetensorsCheckpoint(tmp_path)) == 3
+    write(tmp_path, {"l.scales": t["l.scales"]}, name="model-extra")
+    with pytest.raises(
+        ValueError,
+        match=re.escape("l.scales: tensor is in both model-00002-of-00002.safetensors and "),
+    ):
+        S.SafetensorsCheckpoint(tmp_path)
+
+
+def test_raw_bytes_reader_matches_safetensors_flax_loader(tmp_path) -> None:
+    """bfloat16 and float8 tensors read from the header's offsets hold the bytes written;
+    the bfloat16 one equals the package's own flax loader's array (that loader cannot read
+    float8 tensors with numpy 2 here: it asks numpy for float8_e4m3fn)."""
+    from safetensors.flax import load_file
+
+    rng = np.random.default_rng(12)
+    t = {
+        "a": rng.standard_normal((3, 5)).astype(ml_dtypes.bfloat16),
+        "b": rng.integers(0, 256, (4, 2)).astype(np.uint8).view(ml_dtypes.float8_e4m3fn),
+        "c": np.arange(6, dtype=np.int32).reshape(2, 3),
+    }
+    path = write(tmp_path, t)
+    ours = S.SafetensorsCheckpoint(path)
+    for name, want in t.items():
+        assert ours[name].dtype == want.dtype and ours[name].shape == want.shape
+        np.testing.assert_array_equal(ours[name].view(np.uint8), want.view(np.uint8))
+    theirs = load_file(str(write(tmp_path / "bf16", {"a": t["a"], "c": t["c"]})))
+    for name in ("a", "c"):
+        got = np.asarray(theirs[name]).view(np.uint8)
+        np.testing.assert_array_equal(ours[name].view(np.uint8), got)
+
+
+def test_missing_safetensors_package_names_the_extra(tmp_path, monkeypatch) -> None:
+    path = write(tmp_path, {"c": np.zeros(2, np.int32)})
+    monkeypatch.setitem(__import__("sys").modules, "safetensors", None)
+    with pytest.raises(ImportError, match=re.escape('pip install "emulate[safetensors]"')):
+        S.SafetensorsCheckpoint(path)

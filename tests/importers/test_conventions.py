@@ -644,10 +644,24 @@ def test_refuses_unknown_or_missing_metadata(tmp_path) -> None:
     with pytest.raises(
         ValueError,
         match=re.escape(
-            "quantization_config: checkpoint_format is 'marlin'; expected one of 'gptq', 'gptq_v2'"
+            "quantization_config: format is 'marlin'; expected one of 'gptq', 'gptq_v2'"
         ),
     ):
         S.read_gptq(path, "l", config={"bits": 4, "group_size": 16, "checkpoint_format": "marlin"})
+    two = {"bits": 4, "group_size": 16, "checkpoint_format": "gptq", "format": "gptq_v2"}
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "quantization_config: checkpoint_format/format is ['gptq', 'gptq_v2']; "
+            "expected one value (the spellings disagree)"
+        ),
+    ):
+        S.read_gptq(path, "l", config=two)
+    with pytest.raises(
+        ValueError,
+        match=re.escape("quantization_config: pack_dtype is 'int16'; expected one of 'int32'"),
+    ):
+        S.read_gptq(path, "l", config={"bits": 4, "group_size": 16, "pack_dtype": "int16"})
     t = gptq_tensors(rng, 64, 32, 32, 4, False, False)
     t["l.g_idx"] = np.array([0] * 40 + [1] * 24, np.int32)
     with pytest.raises(

@@ -52,6 +52,16 @@ def _int_bits(t: np.ndarray) -> int:
     return t.size * t.dtype.itemsize * 8
 
 
+def _one_of(config: Mapping[str, Any], names: tuple[str, str], where: str) -> str:
+    """The value of the one or two spellings of a setting; refused when they disagree."""
+    values = {setting(config, n, where=where, kind=str) for n in names if n in config}
+    if not values:
+        raise bad(where, names[0], "missing", "the setting to be present (it is not guessed)")
+    if len(values) > 1:
+        raise bad(where, "/".join(names), sorted(values), "one value (the spellings disagree)")
+    return values.pop()
+
+
 def _group(group_size: int, k: int, where: str) -> int:
     if group_size == -1:
         return k
@@ -67,7 +77,7 @@ def parse_awq(tensors: Mapping[str, Any], prefix: str, config: Mapping[str, Any]
     ``zero_point`` true)."""
     where = "quantization_config"
     setting(config, "quant_method", where=where, kind=str, allowed=("awq",), default="awq")
-    version = setting(config, "version", where=where, kind=str)
+    version = _one_of(config, ("version", "format"), where)
     if version.lower() != "gemm":
         raise bad(where, "version", repr(version), "'gemm' (AutoAWQ GEMM packing)")
     setting(config, ("bits", "w_bit"), where=where, kind=int, allowed=(4,))
@@ -114,14 +124,13 @@ def parse_gptq(tensors: Mapping[str, Any], prefix: str, config: Mapping[str, Any
     setting(config, "quant_method", where=where, kind=str, allowed=("gptq",), default="gptq")
     bits = setting(config, "bits", where=where, kind=int, allowed=(2, 3, 4, 8))
     group_size = setting(config, "group_size", where=where, kind=int)
-    fmt_name = setting(
-        config,
-        "checkpoint_format",
-        where=where,
-        kind=str,
-        allowed=("gptq", "gptq_v2"),
-        default="gptq",
-    )
+    if "checkpoint_format" in config or "format" in config:
+        fmt_name = _one_of(config, ("checkpoint_format", "format"), where)
+        if fmt_name not in ("gptq", "gptq_v2"):
+            raise bad(where, "format", repr(fmt_name), "one of 'gptq', 'gptq_v2'")
+    else:
+        fmt_name = "gptq"  # the historical layout, transformers' GPTQConfig default
+    setting(config, "pack_dtype", where=where, kind=str, allowed=("int32",), default="int32")
     qweight = tensor(tensors, f"{prefix}.qweight", [np.int32], 2)
     qzeros = tensor(tensors, f"{prefix}.qzeros", [np.int32], 2)
     scales = tensor(tensors, f"{prefix}.scales", _HALF, 2)

@@ -3,7 +3,8 @@
 ``read_<convention>(path, prefix, ...)`` returns the layer's
 :class:`~emulate.importers.conventions.parts.StoredParts` (numpy, logical ``(..., K, N)``
 order, ``.source`` naming what was read); ``load_<convention>`` the same as an
-``emulate.QArray`` (:func:`emulate.importers.as_qarray.to_qarray`). ``path`` is one
+``emulate.QArray`` (:func:`emulate.importers.as_qarray.to_qarray`), logging what it read
+to the ``emulate.importers`` logger. ``path`` is one
 ``.safetensors`` file or a directory of them (a sharded checkpoint); ``prefix`` the
 layer's name (``"model.layers.0.mlp.up_proj"``).
 
@@ -21,6 +22,7 @@ the offsets of the file's header and viewed as ml_dtypes arrays.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 from collections.abc import Iterator, Mapping
@@ -60,6 +62,9 @@ __all__ = [
     "load_modelopt_nvfp4",
     "load_bnb_4bit",
 ]
+
+#: ``load_*`` log what they read (convention, tensors, bits an element) here, at INFO.
+LOG = logging.getLogger("emulate.importers")
 
 #: safetensors dtype names -> numpy / ml_dtypes dtypes.
 DTYPES: dict[str, np.dtype] = {
@@ -238,6 +243,7 @@ def read_bnb_4bit(path: str | os.PathLike[str], prefix: str) -> StoredParts:
 def _qarray(parts: StoredParts) -> QArray:
     from emulate.importers.as_qarray import to_qarray
 
+    LOG.info("read %s (%.3f bits an element)", parts.source, parts.bits_per_element())
     return to_qarray(parts)
 
 

@@ -481,11 +481,13 @@ def test_compressed_tensors_fp4_matches(tmp_path_factory, seed, mx) -> None:
 
 # -------------------------------------------------------------------------- bitsandbytes
 def bnb_tensors(
-    rng, n, k, blocksize, nested: bool, quant_type: str = "nf4", dtype: str = "bfloat16"
+    rng, n, k, blocksize, nested: bool, quant_type="nf4", dtype="bfloat16", specials=False
 ):
     q = rng.integers(0, 16, (n, k)).astype(np.uint8)
     nblocks = -(-n * k // blocksize)
     absmax = np.abs(rng.standard_normal(nblocks)).astype(np.float32) * np.float32(0.05)
+    if specials:
+        absmax[rng.integers(0, nblocks, 2)] = rng.choice([np.inf, np.nan, 0.0, 1e-40], 2)
     code = O.NF4 if quant_type == "nf4" else rng.standard_normal(16).astype(np.float32)
     t = {"l.weight": O.bnb_pack(q), "l.weight.quant_map": code}
     if nested:
@@ -526,13 +528,13 @@ def bnb_tensors(
     seed=seeds,
     nested=st.booleans(),
     fp4=st.booleans(),
-    shape=st.sampled_from([(8, 64), (3, 128), (64, 32), (16, 256), (80, 64)]),
+    shape=st.sampled_from([(8, 64), (3, 128), (64, 32), (16, 256), (80, 64), (3, 32), (5, 16)]),
     dtype=st.sampled_from(["bfloat16", "float16", "float32"]),
 )
 def test_bnb_4bit_matches_bitsandbytes(tmp_path_factory, seed, nested, fp4, shape, dtype) -> None:
     rng = np.random.default_rng(seed)
     n, k = shape
-    t, oracle = bnb_tensors(rng, n, k, 64, nested, "fp4" if fp4 else "nf4", dtype)
+    t, oracle = bnb_tensors(rng, n, k, 64, nested, "fp4" if fp4 else "nf4", dtype, specials=True)
     parts = S.read_bnb_4bit(write(tmp_path_factory.mktemp("bnb"), t), "l")
     assert isinstance(parts.scales, StoredParts) == nested
     same_bits(decoded(parts), np.ascontiguousarray(oracle.T))

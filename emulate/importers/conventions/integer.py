@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from emulate.importers.conventions.config import setting
@@ -45,7 +46,7 @@ __all__ = ["parse_awq", "parse_gptq", "parse_compressed_int"]
 
 #: AutoAWQ's AWQ_REVERSE_ORDER: column ``m`` of a word's 8 columns is nibble ``[m]``.
 AWQ_COLUMN_NIBBLE = np.array([0, 4, 1, 5, 2, 6, 3, 7])
-_HALF = (np.float16, np.dtype("bfloat16"))
+_HALF = (np.float16, ml_dtypes.bfloat16)
 
 
 def _int_bits(t: np.ndarray) -> int:
@@ -242,7 +243,7 @@ def parse_compressed_int(
         )
     n, k = int(shape[0]), int(shape[1])
     scale = tensor(
-        tensors, f"{prefix}.weight_scale", [np.float16, np.dtype("bfloat16"), np.float32], (1, 2)
+        tensors, f"{prefix}.weight_scale", [np.float16, ml_dtypes.bfloat16, np.float32], (1, 2)
     )
     if strategy == "group":
         group = setting(args, "group_size", where=where, kind=int)

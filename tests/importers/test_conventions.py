@@ -469,6 +469,9 @@ def test_compressed_tensors_fp4_matches(tmp_path_factory, seed, mx) -> None:
         s = mx_scales(rng, (6, 2))
         t = {"l.weight_packed": packed, "l.weight_scale": s}
         oracle = O.ct_dequantize_mxfp4(packed, s)
+        # second route: the same bytes are gpt-oss's MXFP4 blocks of 32 (16 bytes each)
+        oss = O.gpt_oss_mxfp4(packed.reshape(6, 2, 16), s)
+        same_bits(oss, oracle)
     else:
         s = rng.integers(0, 0x7F, (6, 2)).astype(np.uint8).view(ml_dtypes.float8_e4m3fn)
         g = np.array([rng.uniform(1, 3000)], np.float32)
@@ -636,6 +639,9 @@ def test_refuses_unknown_or_missing_metadata(tmp_path) -> None:
     for cfg, message in cases:
         with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
             S.read_awq(path, "l", config=cfg)
+    bad_dtype = {**awq_tensors(rng, 32, 16, 16), "l.scales": np.ones((2, 16), np.float32)}
+    with pytest.raises(ValueError, match=re.escape("l.scales: dtype is float32; expected float16")):
+        S.read_awq(write(tmp_path / "d", bad_dtype), "l", config=AWQ_CONFIG)
     with pytest.raises(
         ValueError,
         match=re.escape(

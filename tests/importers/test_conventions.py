@@ -769,3 +769,25 @@ def test_missing_safetensors_package_names_the_extra(tmp_path, monkeypatch) -> N
     monkeypatch.setitem(__import__("sys").modules, "safetensors", None)
     with pytest.raises(ImportError, match=re.escape('pip install "emulate[safetensors]"')):
         S.SafetensorsCheckpoint(path)
+
+
+def test_conventions_are_pure_numpy() -> None:
+    """The parsers import neither jax nor a module of emulate that is not a convention."""
+    import ast
+
+    from emulate.importers import conventions
+
+    for path in Path(conventions.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            for name in names:
+                assert not name.startswith("jax"), (path.name, name)
+                assert not name.startswith("emulate") or name.startswith(
+                    "emulate.importers.conventions"
+                ), (path.name, name)

@@ -5,125 +5,45 @@ For each convention: tiny tensors written in the project's layout (by its own pa
 code, ported) into a .safetensors file, read back by emulate's importer, decoded by the
 parts' formula and by the project's decoder: bit-identical. One case per convention is
 cross-checked by a second route (another of the project's own code paths). Wrong-layout
-controls miss the matmul bound by orders of magnitude; bad metadata gets exact messages.
+controls miss the matmul bound by orders of magnitude. Reading and refusing:
+tests/importers/test_st_reader.py.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import struct
-from pathlib import Path
 
 import _st_oracles as O
 import ml_dtypes
 import numpy as np
 import pytest
+from _st_cases import (
+    AWQ_CONFIG,
+    F16,
+    awq_tensors,
+    bnb_tensors,
+    bound_ratio,
+    ct_tensors,
+    decoded,
+    gptq_tensors,
+    half_scales,
+    mx_scales,
+    same_bits,
+    write,
+)
 from hypothesis import given
 from hypothesis import strategies as st
-from safetensors.numpy import save_file
 
 from emulate.importers import safetensors as S
 from emulate.importers.conventions.parts import StoredParts
 
-_ST_NAMES = {np.dtype(v): k for k, v in S.DTYPES.items()}
 # the oracles decode Inf and NaN scales as the projects do, with numpy's warnings
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-F16 = np.float16
-
-
-def write(
-    tmp: Path, tensors: dict[str, np.ndarray], config: dict | None = None, name: str = "model"
-) -> Path:
-    """A .safetensors file of ``tensors`` (raw bytes when safetensors' numpy API cannot hold
-    a dtype) and, with ``config``, a config.json beside it."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    path = tmp / f"{name}.safetensors"
-    if all(
-        t.dtype.name not in ("bfloat16", "float8_e4m3fn", "float8_e8m0fnu")
-        for t in tensors.values()
-    ):
-        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path))
-    else:  # the documented layout: u64 header length, JSON header, data
-        header, blobs, offset = {}, [], 0
-        for k, v in tensors.items():
-            b = np.ascontiguousarray(v).tobytes()
-            header[k] = {
-                "dtype": _ST_NAMES[v.dtype],
-                "shape": list(v.shape),
-                "data_offsets": [offset, offset + len(b)],
-            }
-            blobs.append(b)
-            offset += len(b)
-        h = json.dumps(header).encode()
-        h += b" " * (-len(h) % 8)
-        path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-    if config is not None:
-        (tmp / "config.json").write_text(json.dumps({"quantization_config": config}))
-    return path
-
-
-def same_bits(a: np.ndarray, b: np.ndarray, *, zero_sign: bool = True) -> None:
-    """Equal bit for bit, NaN matching NaN (and -0 matching +0 with ``zero_sign=False``:
-    the numerics contract leaves the sign of a zero out)."""
-    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
-    a32, b32 = a.astype(np.float32), b.astype(np.float32)
-    if not zero_sign:
-        a, b = a + a.dtype.type(0), b + b.dtype.type(0)
-    nan = np.isnan(a32)
-    np.testing.assert_array_equal(nan, np.isnan(b32))
-    u = np.dtype(f"u{a.dtype.itemsize}")
-    np.testing.assert_array_equal(a.view(u)[~nan], b.view(u)[~nan])
-
-
-def decoded(parts: StoredParts) -> np.ndarray:
-    return parts.dequantize().astype(
-        np.dtype(ml_dtypes.bfloat16) if parts.dtype == "bfloat16" else parts.dtype
-    )
-
-
-def half_scales(rng: np.random.Generator, shape: tuple[int, ...], dtype=F16) -> np.ndarray:
-    """Random scales of both signs with zeros, subnormals, Inf and NaN mixed in."""
-    s = (rng.standard_normal(shape) * 2.0 ** rng.integers(-12, 4, shape)).astype(dtype)
-    flat = s.reshape(-1)
-    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 6e-8, 65504], dtype=np.float32).astype(
-        dtype
-    )
-    picks = rng.integers(0, flat.size, min(flat.size // 4, 4))
-    flat[picks] = specials[rng.integers(0, specials.size, picks.size)]
-    return s
-
-
-def bound_ratio(x: np.ndarray, w_right: np.ndarray, w_wrong: np.ndarray) -> float:
-    """How many times the wrong layout's matmul misses the f32 matmul bound of the right one
-    (gamma_K * sum |x||w| with u = 2**-24)."""
-    k = x.shape[-1]
-    wr, ww = w_right.astype(np.float64), w_wrong.astype(np.float64)
-    gamma = k * 2.0**-24 / (1 - k * 2.0**-24)
-    bound = gamma * (np.abs(x) @ np.abs(wr))
-    return float(np.max(np.abs(x @ ww - x @ wr) / (bound + 1e-300)))
 
 
 seeds = st.integers(0, 2**32 - 1)
 
 # ------------------------------------------------------------------------------------ AWQ
-AWQ_CONFIG = {
-    "quant_method": "awq",
-    "bits": 4,
-    "group_size": 16,
-    "zero_point": True,
-    "version": "gemm",
-}
-
-
-def awq_tensors(rng, k: int, n: int, group: int, zmin: int = 0) -> dict[str, np.ndarray]:
-    q = rng.integers(0, 16, (k, n))
-    z = rng.integers(zmin, 16, (k // group, n))
-    return {
-        "l.qweight": O.awq_pack(q),
-        "l.qzeros": O.awq_pack(z),
-        "l.scales": half_scales(rng, (k // group, n)),
-    }
 
 
 @given(
@@ -176,25 +96,6 @@ def test_awq_without_its_interleave_misses_the_bound(tmp_path) -> None:
 
 
 # ----------------------------------------------------------------------------------- GPTQ
-def gptq_tensors(
-    rng, k: int, n: int, group: int, bits: int, v1: bool, act_order: bool
-) -> dict[str, np.ndarray]:
-    q = rng.integers(0, 2**bits, (k, n))
-    groups = -(-k // group)
-    z = rng.integers(1 if v1 else 0, 2**bits, (groups, n))
-    if act_order:  # GPTQ: g_idx[perm[i]] = i // group for the act-order permutation perm
-        perm = rng.permutation(k)
-        g_idx = np.empty(k, np.int32)
-        g_idx[perm] = np.arange(k) // group
-    else:
-        g_idx = (np.arange(k) // group).astype(np.int32)
-    qweight, qzeros = O.gptq_pack(q, z, bits, v1)
-    return {
-        "l.qweight": qweight,
-        "l.qzeros": qzeros,
-        "l.scales": half_scales(rng, (groups, n)),
-        "l.g_idx": g_idx,
-    }
 
 
 @given(
@@ -258,27 +159,6 @@ def test_gptq_ignoring_g_idx_misses_the_bound(tmp_path) -> None:
 
 
 # ------------------------------------------------------------------- compressed-tensors int
-def ct_tensors(rng, n, k, bits, strategy, group, symmetric, act_order, dtype=F16):
-    half = 1 << (bits - 1)
-    q = rng.integers(-half, half, (n, k)).astype(np.int8)
-    cols = {"group": k // group, "channel": 1, "tensor": 1}[strategy]
-    rows = 1 if strategy == "tensor" else n
-    scale = half_scales(rng, (rows, cols), dtype)
-    t = {
-        "l.weight_packed": O.ct_pack_to_int32(q, bits),
-        "l.weight_shape": np.array([n, k], np.int64),
-        "l.weight_scale": scale.reshape(1) if strategy == "tensor" else scale,
-    }
-    zp = None
-    if not symmetric:
-        zp = rng.integers(-half, half, (n, cols)).astype(np.int8)
-        t["l.weight_zero_point"] = O.ct_pack_to_int32(zp, bits, packed_dim=0)
-    g_idx = None
-    if act_order:
-        g_idx = np.empty(k, np.int32)
-        g_idx[rng.permutation(k)] = np.arange(k) // group
-        t["l.weight_g_idx"] = g_idx
-    return t, q, scale, zp, g_idx
 
 
 @given(
@@ -353,9 +233,6 @@ def test_compressed_tensors_second_route_quantize_dequantize(tmp_path) -> None:
 
 
 # ------------------------------------------------------------------------ gpt-oss MXFP4
-def mx_scales(rng, shape) -> np.ndarray:
-    """e8m0 bytes 0..254 (255 is NaN in e8m0, Inf in gpt-oss's ldexp: tested apart)."""
-    return rng.integers(100, 150, shape).astype(np.uint8)
 
 
 @given(
@@ -483,48 +360,6 @@ def test_compressed_tensors_fp4_matches(tmp_path_factory, seed, mx) -> None:
 
 
 # -------------------------------------------------------------------------- bitsandbytes
-def bnb_tensors(
-    rng, n, k, blocksize, nested: bool, quant_type="nf4", dtype="bfloat16", specials=False
-):
-    q = rng.integers(0, 16, (n, k)).astype(np.uint8)
-    nblocks = -(-n * k // blocksize)
-    absmax = np.abs(rng.standard_normal(nblocks)).astype(np.float32) * np.float32(0.05)
-    if specials:
-        absmax[rng.integers(0, nblocks, 2)] = rng.choice([np.inf, np.nan, 0.0, 1e-40], 2)
-    code = O.NF4 if quant_type == "nf4" else rng.standard_normal(16).astype(np.float32)
-    t = {"l.weight": O.bnb_pack(q), "l.weight.quant_map": code}
-    if nested:
-        offset = float(absmax.mean())
-        dyn = O.bnb_dynamic_map()
-        qa = rng.integers(0, 256, nblocks).astype(np.uint8)
-        nested_absmax = np.abs(rng.standard_normal(-(-nblocks // 256))).astype(
-            np.float32
-        ) * np.float32(0.02)
-        t |= {
-            "l.weight.absmax": qa,
-            "l.weight.nested_absmax": nested_absmax,
-            "l.weight.nested_quant_map": dyn,
-        }
-        extra = {"nested_blocksize": 256, "nested_dtype": "float32", "nested_offset": offset}
-        oracle = O.bnb_dequantize_4bit(
-            t["l.weight"],
-            qa,
-            code,
-            blocksize,
-            (n, k),
-            np.dtype(dtype),
-            (nested_absmax, dyn, 256, offset),
-        )
-    else:
-        t["l.weight.absmax"] = absmax
-        extra = None
-        oracle = O.bnb_dequantize_4bit(
-            t["l.weight"], absmax, code, blocksize, (n, k), np.dtype(dtype)
-        )
-    t[f"l.weight.quant_state.bitsandbytes__{quant_type}"] = O.bnb_quant_state(
-        quant_type, blocksize, dtype, (n, k), extra
-    )
-    return t, oracle
 
 
 @given(
@@ -573,221 +408,3 @@ def test_bnb_low_nibble_first_misses_the_bound(tmp_path) -> None:
     assert (
         bound_ratio(rng.standard_normal((4, 64)), oracle.T.astype(np.float32), decoded(wrong)) > 1e3
     )
-
-
-# ------------------------------------------------------------------------ bits an element
-def test_bits_an_element_stay_within_two_percent(tmp_path) -> None:
-    rng = np.random.default_rng(9)
-    cases = [
-        S.read_awq(
-            write(
-                tmp_path / "a", awq_tensors(rng, 256, 64, 128), {**AWQ_CONFIG, "group_size": 128}
-            ),
-            "l",
-        ),
-        S.read_gptq(
-            write(tmp_path / "g", gptq_tensors(rng, 256, 64, 128, 4, True, True)),
-            "l",
-            config={"bits": 4, "group_size": 128},
-        ),
-        S.read_gptq(
-            write(tmp_path / "g3", gptq_tensors(rng, 256, 64, 128, 3, False, False)),
-            "l",
-            config={"bits": 3, "group_size": 128, "checkpoint_format": "gptq_v2"},
-        ),
-        S.read_bnb_4bit(write(tmp_path / "b", bnb_tensors(rng, 64, 256, 64, True)[0]), "l"),
-        S.read_gpt_oss_mxfp4(
-            write(
-                tmp_path / "o",
-                {
-                    "w_blocks": rng.integers(0, 256, (2, 8, 4, 16)).astype(np.uint8),
-                    "w_scales": mx_scales(rng, (2, 8, 4)),
-                },
-            ),
-            "w",
-        ),
-    ]
-    expected = [
-        4 + (16 + 4) / 128,
-        4 + (16 + 5) / 128 + 32 / 64,
-        3 + (16 + 3) / 128,
-        4 + (8 + 32 / 256) / 64 + (16 + 256 + 1) * 32 / (64 * 256),
-        4.25,
-    ]
-    for parts, bits in zip(cases, expected):
-        assert parts.bits_per_element() == pytest.approx(bits)
-        assert parts.bits_per_element() <= 1.02 * parts.stored_bits / parts.size
-
-
-# -------------------------------------------------------------------------- bad metadata
-def test_refuses_unknown_or_missing_metadata(tmp_path) -> None:
-    rng = np.random.default_rng(10)
-    path = write(tmp_path, awq_tensors(rng, 32, 16, 16), AWQ_CONFIG)
-    cases = [
-        (
-            {**AWQ_CONFIG, "version": "gemv"},
-            "quantization_config: version is 'gemv'; expected 'gemm' (AutoAWQ GEMM packing)",
-        ),
-        ({**AWQ_CONFIG, "bits": 3}, "quantization_config: bits is 3; expected one of 4"),
-        (
-            {k: v for k, v in AWQ_CONFIG.items() if k != "group_size"},
-            "quantization_config: group_size is missing; "
-            "expected the setting to be present (it is not guessed)",
-        ),
-        ({**AWQ_CONFIG, "group_size": 8}, "l.scales: shape is (2, 16); expected (4, 16)"),
-    ]
-    for cfg, message in cases:
-        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
-            S.read_awq(path, "l", config=cfg)
-    bad_dtype = {**awq_tensors(rng, 32, 16, 16), "l.scales": np.ones((2, 16), np.float32)}
-    with pytest.raises(ValueError, match=re.escape("l.scales: dtype is float32; expected float16")):
-        S.read_awq(write(tmp_path / "d", bad_dtype), "l", config=AWQ_CONFIG)
-    with pytest.raises(
-        ValueError,
-        match=re.escape(
-            "l.nope.qweight: tensor is missing; the checkpoint has no tensor of that name"
-        ),
-    ):
-        S.read_awq(path, "l.nope")
-    with pytest.raises(
-        ValueError,
-        match=re.escape(
-            "quantization_config: format is 'marlin'; expected one of 'gptq', 'gptq_v2'"
-        ),
-    ):
-        S.read_gptq(path, "l", config={"bits": 4, "group_size": 16, "checkpoint_format": "marlin"})
-    two = {"bits": 4, "group_size": 16, "checkpoint_format": "gptq", "format": "gptq_v2"}
-    with pytest.raises(
-        ValueError,
-        match=re.escape(
-            "quantization_config: checkpoint_format/format is ['gptq', 'gptq_v2']; "
-            "expected one value (the spellings disagree)"
-        ),
-    ):
-        S.read_gptq(path, "l", config=two)
-    with pytest.raises(
-        ValueError,
-        match=re.escape("quantization_config: pack_dtype is 'int16'; expected one of 'int32'"),
-    ):
-        S.read_gptq(path, "l", config={"bits": 4, "group_size": 16, "pack_dtype": "int16"})
-    t = gptq_tensors(rng, 64, 32, 32, 4, False, False)
-    t["l.g_idx"] = np.array([0] * 40 + [1] * 24, np.int32)
-    with pytest.raises(
-        ValueError,
-        match=re.escape(
-            "l.g_idx: groups is of sizes [40, 24]; "
-            "expected each group to hold 32 rows (the last one may hold fewer)"
-        ),
-    ):
-        S.read_gptq(write(tmp_path / "g", t), "l", config={"bits": 4, "group_size": 32})
-    bnb, _ = bnb_tensors(rng, 8, 64, 64, False)
-    bnb["l.weight.quant_state.bitsandbytes__nf4"] = O.bnb_quant_state("nf4", 64, "float8", (8, 64))
-    with pytest.raises(
-        ValueError,
-        match=re.escape(
-            "l.weight.quant_state.bitsandbytes__nf4: dtype is 'float8'; "
-            "expected one of ('bfloat16', 'float16', 'float32'); nested_dtype 'float32'"
-        ),
-    ):
-        S.read_bnb_4bit(write(tmp_path / "b", bnb), "l")
-    bnb2, _ = bnb_tensors(rng, 3, 48, 32, False)
-    with pytest.raises(
-        ValueError,
-        match=re.escape(
-            "l.weight.quant_state.bitsandbytes__nf4: blocksize is 32 over rows of 48 elements"
-        ),
-    ):
-        S.read_bnb_4bit(write(tmp_path / "b2", bnb2), "l")
-    with pytest.raises(ValueError, match=re.escape("config: no quantization settings beside")):
-        S.read_fp8_blocks(
-            write(tmp_path / "f", {"l.weight": np.zeros((2, 2), ml_dtypes.float8_e4m3fn)}), "l"
-        )
-    with pytest.raises(
-        ValueError, match=re.escape("quantization_config: weight_block_size is missing")
-    ):
-        S.read_fp8_blocks(tmp_path / "f" / "model.safetensors", "l", config={"quant_method": "fp8"})
-    with pytest.raises(
-        ValueError, match=re.escape("weights: num_bits is 3; expected one of 2, 4, 8")
-    ):
-        S.read_compressed_tensors(path, "l", config={"num_bits": 3, "type": "int"})
-    with pytest.raises(
-        ValueError,
-        match=re.escape(
-            "e: blocks tensor is ambiguous or missing "
-            "(neither of ['e_blocks', 'e.blocks']); expected one"
-        ),
-    ):
-        S.read_gpt_oss_mxfp4(path, "e")
-
-
-# ------------------------------------------------------------------------------ the reader
-def test_sharded_directory_reads_across_files_and_refuses_duplicates(tmp_path) -> None:
-    rng = np.random.default_rng(11)
-    t = awq_tensors(rng, 32, 16, 16)
-    write(tmp_path, {"l.qweight": t["l.qweight"]}, AWQ_CONFIG, name="model-00001-of-00002")
-    write(
-        tmp_path,
-        {"l.qzeros": t["l.qzeros"], "l.scales": t["l.scales"]},
-        name="model-00002-of-00002",
-    )
-    whole = S.read_awq(write(tmp_path / "one", t, AWQ_CONFIG), "l")
-    same_bits(decoded(S.read_awq(tmp_path, "l")), decoded(whole))
-    assert len(S.SafetensorsCheckpoint(tmp_path)) == 3
-    write(tmp_path, {"l.scales": t["l.scales"]}, name="model-extra")
-    with pytest.raises(
-        ValueError,
-        match=re.escape("l.scales: tensor is in both model-00002-of-00002.safetensors and "),
-    ):
-        S.SafetensorsCheckpoint(tmp_path)
-
-
-def test_raw_bytes_reader_matches_safetensors_flax_loader(tmp_path) -> None:
-    """bfloat16 and float8 tensors read from the header's offsets hold the bytes written;
-    the bfloat16 one equals the package's own flax loader's array (that loader cannot read
-    float8 tensors with numpy 2 here: it asks numpy for float8_e4m3fn)."""
-    from safetensors.flax import load_file
-
-    rng = np.random.default_rng(12)
-    t = {
-        "a": rng.standard_normal((3, 5)).astype(ml_dtypes.bfloat16),
-        "b": rng.integers(0, 256, (4, 2)).astype(np.uint8).view(ml_dtypes.float8_e4m3fn),
-        "c": np.arange(6, dtype=np.int32).reshape(2, 3),
-    }
-    path = write(tmp_path, t)
-    ours = S.SafetensorsCheckpoint(path)
-    for name, want in t.items():
-        assert ours[name].dtype == want.dtype and ours[name].shape == want.shape
-        np.testing.assert_array_equal(ours[name].view(np.uint8), want.view(np.uint8))
-    theirs = load_file(str(write(tmp_path / "bf16", {"a": t["a"], "c": t["c"]})))
-    for name in ("a", "c"):
-        got = np.asarray(theirs[name]).view(np.uint8)
-        np.testing.assert_array_equal(ours[name].view(np.uint8), got)
-
-
-def test_missing_safetensors_package_names_the_extra(tmp_path, monkeypatch) -> None:
-    path = write(tmp_path, {"c": np.zeros(2, np.int32)})
-    monkeypatch.setitem(__import__("sys").modules, "safetensors", None)
-    with pytest.raises(ImportError, match=re.escape('pip install "emulate[safetensors]"')):
-        S.SafetensorsCheckpoint(path)
-
-
-def test_conventions_are_pure_numpy() -> None:
-    """The parsers import neither jax nor a module of emulate that is not a convention."""
-    import ast
-
-    from emulate.importers import conventions
-
-    for path in Path(conventions.__file__).parent.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else [node.module or ""]
-                if isinstance(node, ast.ImportFrom)
-                else []
-            )
-            for name in names:
-                assert not name.startswith("jax"), (path.name, name)
-                assert not name.startswith("emulate") or name.startswith(
-                    "emulate.importers.conventions"
-                ), (path.name, name)

@@ -14,7 +14,7 @@ import _st_oracles as O
 import ml_dtypes
 import numpy as np
 import pytest
-from test_conventions import AWQ_CONFIG, awq_tensors, bnb_tensors, ct_tensors, gptq_tensors, write
+from _st_cases import AWQ_CONFIG, awq_tensors, bnb_tensors, ct_tensors, gptq_tensors, write
 
 import emulate
 from emulate.importers import safetensors as S

@@ -245,7 +245,12 @@ class StoredParts:
 
     def dequantize(self) -> np.ndarray:
         """The logical weight as float32 (before the cast to ``dtype``), ``perm`` undone:
-        ``((value - z) * (s * tensor_scale)) + offset``, each operation rounded to f32."""
+        ``((value - z) * (s * tensor_scale)) + offset``, each operation rounded to f32.
+        NaN and Inf follow IEEE (without numpy's warnings)."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            return self._dequantize()
+
+    def _dequantize(self) -> np.ndarray:
         v = self.values()
         s = self.scales.dequantize() if isinstance(self.scales, StoredParts) else self.scales
         s = np.asarray(s).astype(np.float32)

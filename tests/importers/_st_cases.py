@@ -66,9 +66,10 @@ def same_bits(a: np.ndarray, b: np.ndarray, *, zero_sign: bool = True) -> None:
 
 
 def decoded(parts: StoredParts) -> np.ndarray:
-    return parts.dequantize().astype(
-        np.dtype(ml_dtypes.bfloat16) if parts.dtype == "bfloat16" else parts.dtype
-    )
+    """The parts' float32 values cast to the project's dtype (overflow to Inf is IEEE's)."""
+    dtype = np.dtype(ml_dtypes.bfloat16) if parts.dtype == "bfloat16" else parts.dtype
+    with np.errstate(over="ignore"):
+        return parts.dequantize().astype(dtype)
 
 
 def half_scales(rng: np.random.Generator, shape: tuple[int, ...], dtype=F16) -> np.ndarray:

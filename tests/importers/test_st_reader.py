@@ -241,3 +241,25 @@ def test_conventions_are_pure_numpy() -> None:
                 assert not name.startswith("emulate") or name.startswith(
                     "emulate.importers.conventions"
                 ), (path.name, name)
+
+
+def test_settings_from_the_projects_own_files(tmp_path) -> None:
+    """AutoAWQ's quant_config.json (w_bit, q_group_size, version "GEMM") and modelopt's
+    hf_quant_config.json ({"quantization": {...}}) beside the checkpoint."""
+    import json
+
+    rng = np.random.default_rng(13)
+    t = awq_tensors(rng, 32, 16, 16)
+    path = write(tmp_path / "awq", t)
+    own = {"zero_point": True, "q_group_size": 16, "w_bit": 4, "version": "GEMM"}
+    (tmp_path / "awq" / "quant_config.json").write_text(json.dumps(own))
+    same_bits(decoded(S.read_awq(path, "l")), decoded(S.read_awq(path, "l", config=AWQ_CONFIG)))
+    q = rng.integers(0, 16, (4, 32)).astype(np.uint8)
+    s = rng.integers(0x30, 0x60, (4, 2)).astype(np.uint8).view(ml_dtypes.float8_e4m3fn)
+    nv = {"l.weight": O.modelopt_pack(q), "l.weight_scale": s, "l.weight_scale_2": np.float32(2)}
+    path = write(tmp_path / "nv", {k: np.asarray(v) for k, v in nv.items()})
+    quant = {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]}
+    (tmp_path / "nv" / "hf_quant_config.json").write_text(json.dumps({"quantization": quant}))
+    parts = S.read_modelopt_nvfp4(path, "l")
+    assert parts.source == "modelopt NVFP4: l.weight, l.weight_scale, l.weight_scale_2"
+    assert parts.tensor_scale == np.float32(2) and parts.block_shape == (16, 1)

@@ -113,6 +113,11 @@ CASES = [
 ]
 
 
+#: The matmul runs one case per contraction route (the plain and nested codebooks share
+#: one; GPTQ v1/v2 differ only in the zero points read): compiles are the cost here.
+MATMUL_CASES = [c for c in CASES if c not in ("gptq42", "bnb")]
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_imported_qarray_decodes_like_the_project(tmp_path, name: str) -> None:
     rng = np.random.default_rng(CASES.index(name))
@@ -129,7 +134,7 @@ def test_imported_qarray_decodes_like_the_project(tmp_path, name: str) -> None:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", MATMUL_CASES)
 def test_imported_qarray_matmul_within_bound(tmp_path, name: str, target: str) -> None:
     rng = np.random.default_rng(100 + CASES.index(name))
     q, w, w0, _ = case(name, tmp_path, rng)

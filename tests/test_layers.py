@@ -52,9 +52,22 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.importers.ggml_kquants",
             "emulate.importers.ggml_iq",
             "emulate.importers.ggml",
+            "emulate.importers.conventions",
+            "emulate.importers.conventions.parts",
+            "emulate.importers.conventions.config",
+            "emulate.importers.conventions.integer",
+            "emulate.importers.conventions.floats",
+            "emulate.importers.conventions.bnb",
         ],
     ),
-    ("importers", ["emulate.importers.gguf"]),
+    (
+        "importers",
+        [
+            "emulate.importers.gguf",
+            "emulate.importers.as_qarray",
+            "emulate.importers.safetensors",
+        ],
+    ),
     (
         "engine",
         [

@@ -59,6 +59,31 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     ("quantized operands", ["emulate.qparts", "emulate.qarray", "emulate.quant", "emulate.mx"]),
     (
+        "importers: block layouts",
+        [
+            "emulate.importers",
+            "emulate.importers.ggml_parts",
+            "emulate.importers.ggml_legacy",
+            "emulate.importers.ggml_kquants",
+            "emulate.importers.ggml_iq",
+            "emulate.importers.ggml",
+            "emulate.importers.conventions",
+            "emulate.importers.conventions.parts",
+            "emulate.importers.conventions.config",
+            "emulate.importers.conventions.integer",
+            "emulate.importers.conventions.floats",
+            "emulate.importers.conventions.bnb",
+        ],
+    ),
+    (
+        "importers",
+        [
+            "emulate.importers.gguf",
+            "emulate.importers.as_qarray",
+            "emulate.importers.safetensors",
+        ],
+    ),
+    (
         "engine",
         [
             "emulate.engine",
@@ -123,7 +148,7 @@ LAYERS: list[tuple[str, list[str]]] = [
 ]
 
 #: Layers whose modules must not import JAX at all (pure Python and numpy).
-NO_JAX = {"records", "planning"}
+NO_JAX = {"records", "planning", "importers: block layouts"}
 #: Layers that may not reach past these layers (besides their own): the Pallas kernels use
 #: records, profiles, planning, numerics and quantized operands, never the XLA engine or the
 #: front ends built on it.

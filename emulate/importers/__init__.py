@@ -1,0 +1,10 @@
+"""Importers: quantized weights from other projects' files, kept as stored.
+
+``emulate.importers.ggml`` parses GGML block bytes (GGUF tensors) into parts in logical
+element order, in numpy alone; ``emulate.importers.gguf`` reads GGUF files with the
+``gguf`` package (the optional extra ``emulate[gguf]``) and turns the parts into
+:class:`emulate.QArray` records. ``emulate.importers.conventions`` parses the tensors of
+safetensors checkpoints (AutoAWQ, GPTQ, compressed-tensors, gpt-oss MXFP4, FP8 blocks,
+modelopt NVFP4, bitsandbytes) into parts, and ``emulate.importers.safetensors`` reads them
+(the optional extra ``emulate[safetensors]``).
+"""

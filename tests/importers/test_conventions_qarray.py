@@ -1,0 +1,151 @@
+"""Imported safetensors weights as ``emulate.QArray``: decoded bit-identically to each
+project's own decoder, and multiplied within the matmul bound on the cpu, tpu_v4, tpu_v5e
+and tpu_v7x plans.
+
+This file needs issue 24's quantized representation (``QArray.from_parts`` with
+``zero_points``, ``offsets``, ``codebook``, ``perm``; 2-, 3- and 5-bit ``uint`` formats;
+QArray scales), which helper h24-rep builds: it passes only once that is merged. The
+parsers and their oracles are tested without it in tests/importers/test_conventions.py.
+"""
+
+from __future__ import annotations
+
+import _st_oracles as O
+import ml_dtypes
+import numpy as np
+import pytest
+from _st_cases import AWQ_CONFIG, awq_tensors, bnb_tensors, ct_tensors, gptq_tensors, write
+
+import emulate
+from emulate.importers import safetensors as S
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+TARGETS = ("cpu", "tpu_v4", "tpu_v5e", "tpu_v7x")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def normal_scales(t: dict[str, np.ndarray], name: str, rng: np.random.Generator) -> None:
+    """Replace ``t[name]`` by positive scales of 3 significant bits in [2**-8, 2**-4): no
+    special values (the matmul bound needs finite weights), and every weight then holds in
+    the project's output dtype exactly, so the project's weights are emulate's float32
+    values, the ones the matmul contract speaks of."""
+    s = t[name]
+    m = np.round(rng.uniform(1, 2, s.shape) * 4) / 4
+    t[name] = (m * 2.0 ** rng.integers(-8, -4, s.shape)).astype(s.dtype)
+
+
+def case(name: str, tmp, rng):
+    """(QArray, the project's decoded weight (K, N) as float64, its weight with every code
+    set to the value 0 (the zero-point term alone) or None, zero_sign)."""
+    if name == "awq":
+        t = awq_tensors(rng, 64, 32, 16)
+        normal_scales(t, "l.scales", rng)
+        q = S.load_awq(write(tmp, t, AWQ_CONFIG), "l")
+        w = O.awq_dequantize_gemm(t["l.qweight"], t["l.qzeros"], t["l.scales"], 4, 16)
+        w0 = O.awq_dequantize_gemm(
+            np.zeros_like(t["l.qweight"]), t["l.qzeros"], t["l.scales"], 4, 16
+        )
+        return q, w, w0, True
+    if name.startswith("gptq"):
+        bits, v1 = int(name[-2]), name.endswith("1")
+        t = gptq_tensors(rng, 128, 32, 32, bits, v1, act_order=True)
+        normal_scales(t, "l.scales", rng)
+        cfg = {"bits": bits, "group_size": 32, "checkpoint_format": "gptq" if v1 else "gptq_v2"}
+        q = S.load_gptq(write(tmp, t, cfg), "l")
+        args = (t["l.qzeros"], t["l.scales"], t["l.g_idx"], bits, v1)
+        w = O.gptq_dequantize(t["l.qweight"], *args)
+        w0 = O.gptq_dequantize(np.zeros_like(t["l.qweight"]), *args)
+        return q, w, w0, True
+    if name == "ct_int4_asym":
+        t, x_q, _, zp, g_idx = ct_tensors(rng, 24, 64, 4, "group", 16, False, True)
+        normal_scales(t, "l.weight_scale", rng)
+        weights = {
+            "num_bits": 4,
+            "type": "int",
+            "symmetric": False,
+            "strategy": "group",
+            "group_size": 16,
+        }
+        q = S.load_compressed_tensors(write(tmp, t), "l", config=weights)
+        s = t["l.weight_scale"]
+        w = O.ct_dequantize_group(x_q, s, zp, 16, g_idx).T
+        w0 = O.ct_dequantize_group(np.zeros_like(x_q), s, zp, 16, g_idx).T
+        return q, w, w0, True
+    if name == "gpt_oss":
+        blocks = rng.integers(0, 256, (2, 8, 2, 16)).astype(np.uint8)
+        scales = rng.integers(120, 130, (2, 8, 2)).astype(np.uint8)
+        q = S.load_gpt_oss_mxfp4(write(tmp, {"w_blocks": blocks, "w_scales": scales}), "w")
+        return q, np.swapaxes(O.gpt_oss_mxfp4(blocks, scales), -1, -2), None, True
+    if name == "fp8":
+        w8 = rng.integers(0, 0x7F, (160, 200)).astype(np.uint8)
+        w8 |= rng.integers(0, 2, w8.shape).astype(np.uint8) << 7
+        w8 = w8.view(ml_dtypes.float8_e4m3fn)
+        s = rng.choice([0.5, 0.75, 1.0, 1.25, 1.5], (2, 2)).astype(np.float32)
+        cfg = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+        q = S.load_fp8_blocks(write(tmp, {"l.weight": w8, "l.weight_scale_inv": s}, cfg), "l")
+        return q, O.deepseek_weight_dequant(w8, s).T, None, True
+    if name == "nvfp4":
+        codes = rng.integers(0, 16, (16, 64)).astype(np.uint8)
+        s = rng.integers(0x30, 0x60, (16, 4)).astype(np.uint8).view(ml_dtypes.float8_e4m3fn)
+        s2 = np.array(2.0**-6, np.float32)
+        t = {"l.weight": O.modelopt_pack(codes), "l.weight_scale": s, "l.weight_scale_2": s2}
+        q = S.load_modelopt_nvfp4(write(tmp, t), "l", config={"quant_algo": "NVFP4"})
+        return q, O.modelopt_dequantize(t["l.weight"], s, s2).T, None, False
+    if name.startswith("bnb"):
+        # float32: the NF4 table's products do not hold in bfloat16
+        t, oracle = bnb_tensors(rng, 32, 128, 64, nested=name == "bnb_nested", dtype="float32")
+        return S.load_bnb_4bit(write(tmp, t), "l"), oracle.T, None, True
+    raise AssertionError(name)
+
+
+CASES = [
+    "awq",
+    "gptq41",
+    "gptq42",
+    "gptq31",
+    "gptq22",
+    "ct_int4_asym",
+    "gpt_oss",
+    "fp8",
+    "nvfp4",
+    "bnb",
+    "bnb_nested",
+]
+
+
+#: The matmul runs one case per contraction route (the plain and nested codebooks share
+#: one; GPTQ v1/v2 differ only in the zero points read): compiles are the cost here.
+MATMUL_CASES = [c for c in CASES if c not in ("gptq42", "bnb")]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_imported_qarray_decodes_like_the_project(tmp_path, name: str) -> None:
+    rng = np.random.default_rng(CASES.index(name))
+    q, w, _, zero_sign = case(name, tmp_path, rng)
+    assert isinstance(q, emulate.QArray)
+    assert q.shape == w.shape and np.dtype(q.dtype) == w.dtype
+    got = np.asarray(emulate.dequantize(q))
+    want = np.ascontiguousarray(w)
+    if not zero_sign:
+        got, want = got + got.dtype.type(0), want + want.dtype.type(0)
+    np.testing.assert_array_equal(
+        got.view(f"u{got.dtype.itemsize}"), want.view(f"u{want.dtype.itemsize}")
+    )
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", MATMUL_CASES)
+def test_imported_qarray_matmul_within_bound(tmp_path, name: str, target: str) -> None:
+    rng = np.random.default_rng(100 + CASES.index(name))
+    q, w, w0, _ = case(name, tmp_path, rng)
+    k = w.shape[-2]
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    got = np.asarray(emulate.matmul(x, q, target=target), np.float64)
+    wf = w.astype(np.float64)
+    exact = x.astype(np.float64) @ wf
+    # docs/numerics.md: gamma_(K + S + 4) * sum|a*b| (S <= K segments), over the weights'
+    # magnitudes plus the zero-point term's (a block sum of x times the zero points)
+    mag = np.abs(wf) + (0 if w0 is None else np.abs(w0.astype(np.float64)))
+    n = 2 * k + 4
+    bound = (n * 2.0**-24 / (1 - n * 2.0**-24)) * (np.abs(x) @ mag) + 2.0**-126
+    assert np.all(np.abs(got - exact) <= bound)

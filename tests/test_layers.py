@@ -44,6 +44,18 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     ("quantized operands", ["emulate.quant", "emulate.mx"]),
     (
+        "importers: block layouts",
+        [
+            "emulate.importers",
+            "emulate.importers.ggml_parts",
+            "emulate.importers.ggml_legacy",
+            "emulate.importers.ggml_kquants",
+            "emulate.importers.ggml_iq",
+            "emulate.importers.ggml",
+        ],
+    ),
+    ("importers", ["emulate.importers.gguf"]),
+    (
         "engine",
         [
             "emulate.engine",
@@ -76,7 +88,7 @@ LAYERS: list[tuple[str, list[str]]] = [
 ]
 
 #: Layers whose modules must not import JAX at all (pure Python and numpy).
-NO_JAX = {"records", "planning"}
+NO_JAX = {"records", "planning", "importers: block layouts"}
 #: Layers that may not reach past these layers (besides their own): the Pallas kernels use
 #: records, profiles, planning, numerics and quantized operands, never the XLA engine or the
 #: front ends built on it.

@@ -70,7 +70,17 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.engine.sites",
         ],
     ),
-    ("front ends", ["emulate.scaled", "emulate.dot", "emulate.conv", "emulate.flax"]),
+    (
+        "front ends",
+        [
+            "emulate.scaled",
+            "emulate.dot",
+            "emulate.conv",
+            "emulate.flax.quantize",
+            "emulate.flax.load",
+            "emulate.flax",
+        ],
+    ),
     ("program transforms", ["emulate.program", "emulate.rewrite", "emulate.report"]),
     (
         "pallas",

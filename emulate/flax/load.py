@@ -224,7 +224,7 @@ def _load_nnx(model, weights, rule, layout, mode):
         module, attr, var = params[path]
         value = _oriented(name, weights[name], path, tuple(var.shape), layout)
         if not isinstance(value, QArray):
-            var.value = _as_dtype(value, var.dtype)
+            var.set_value(_as_dtype(value, var.get_value().dtype))
             continue
         layer = type(module) in _NNX_LAYERS and attr == "kernel"
         if not (layer or (isinstance(module, nnx.Embed) and attr == "embedding")):
@@ -233,7 +233,7 @@ def _load_nnx(model, weights, rule, layout, mode):
                 f"{attr!r} of a {type(module).__name__}; emulate runs quantized kernels of "
                 "Linear, LinearGeneral, Einsum, Conv and Embed layers: dequantize it first"
             )
-        setattr(module, attr, QuantizedWeight(_as_dtype(value, var.value.dtype)))
+        setattr(module, attr, QuantizedWeight(_as_dtype(value, var.get_value().dtype)))
         emulate_layer(module, mode=mode)
     return model
 

@@ -226,7 +226,9 @@ def quantize_q6_k(w: np.ndarray) -> np.ndarray:
     # per half of 128: ql[l] holds elements l (low) and l+64 (high), ql[l+32] l+32 and
     # l+96; qh[l] the high bits of l, l+32, l+64, l+96 in bit pairs 0, 2, 4, 6.
     low = q & 15
-    ql = np.concatenate([low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)], -1)
+    ql = np.concatenate(
+        [low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)], -1
+    )
     qh = sum((q[:, :, j] >> 4) << (2 * j) for j in range(4))
     scales = sc.astype(np.int8).view(np.uint8)
     parts = [ql.reshape(-1, 128), qh.reshape(-1, 64).astype(np.uint8), scales, _f16_bytes(d)]

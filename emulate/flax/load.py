@@ -208,7 +208,7 @@ def _nnx_params(model: nnx.Module) -> dict[str, tuple[Any, str, nnx.Variable]]:
     """path -> (the module holding it, attribute name, variable) of every parameter
     (``nnx.Param``, and a :class:`QuantizedWeight` loaded before)."""
     modules = {tuple(p): m for p, m in nnx.iter_modules(model)}
-    out = {}
+    out: dict[str, tuple[Any, str, nnx.Variable]] = {}
     for p, node in nnx.iter_graph(model):
         if isinstance(node, (nnx.Param, QuantizedWeight)):
             out["/".join(map(str, p))] = (modules.get(tuple(p[:-1])), str(p[-1]), node)

@@ -363,7 +363,12 @@ def _nnx_site(path: str, module: Any, scheme: Scheme, mode: str | None) -> tuple
 
 _NNX_KINDS = (nnx.Linear, nnx.LinearGeneral, nnx.Einsum, nnx.Conv, nnx.Embed)
 _NNX_HOOK = {"dot": "dot_general", "einsum": "einsum_op", "conv": "conv_general_dilated"}
-_NNX_KIND = {nnx.Linear: "dot", nnx.LinearGeneral: "dot", nnx.Einsum: "einsum", nnx.Conv: "conv"}
+_NNX_KIND: dict[Any, str] = {
+    nnx.Linear: "dot",
+    nnx.LinearGeneral: "dot",
+    nnx.Einsum: "einsum",
+    nnx.Conv: "conv",
+}
 
 
 def _quantize_nnx(model: nnx.Module, rule: Callable, qat: bool) -> nnx.Module:

@@ -10,6 +10,9 @@ product with the oracle's weights; jit, vmap over stacked experts, ``emulate.ein
 activations is JAX's on the oracle's weights; bad names, shapes and parameters left unset
 are refused with messages naming the tensor and the path. The 8-device sharding check runs
 in a subprocess (tests/_sharded_load.py).
+
+test_zero_points_and_offsets_arrive_oriented[Q4_0, Q4_1, Q5_1] need issue 24's
+representation (zero points, offsets, 5-bit codes): they pass once h24-rep is merged.
 """
 
 from __future__ import annotations
@@ -34,13 +37,21 @@ import emulate.flax as ef
 from emulate.importers.ggml import parse_blocks
 from emulate.importers.gguf import to_qarray
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "importers"))
+from _ggml_oracle import terms  # noqa: E402
+
 D, H, V, E = 64, 32, 16, 3  # features, projection width, vocabulary, experts
+
+
+def _raw(shape: tuple[int, ...], ggml_type: str, seed: int):
+    """(GGML blocks of random weights by gguf's quantizer, type, shape)."""
+    w = np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+    return gguf.quants.quantize(w, GGMLQuantizationType[ggml_type]), ggml_type, shape
 
 
 def _gguf_tensor(shape: tuple[int, ...], ggml_type: str = "Q8_0", seed: int = 0):
     """(QArray as emulate reads it, the oracle's float32 values) of random weights."""
-    w = np.random.default_rng(seed).normal(size=shape).astype(np.float32)
-    raw = gguf.quants.quantize(w, GGMLQuantizationType[ggml_type])
+    raw, _, _ = _raw(shape, ggml_type, seed)
     q = to_qarray(parse_blocks(raw, ggml_type, shape, name="w"))
     oracle = gguf.quants.dequantize(raw, GGMLQuantizationType[ggml_type])
     return q, oracle.reshape(shape).astype(np.float32)
@@ -110,7 +121,7 @@ def loaded(checkpoint):
 
 
 def _bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """gamma_(K+4) * |x| @ |w|^T for w of shape (out, in), in float64."""
+    """gamma_(K+4) * |x| @ |w|^T for w (the terms' sizes) of shape (out, in), in float64."""
     k = w.shape[-1] + 4
     gamma = k * 2.0**-24 / (1 - k * 2.0**-24)
     return gamma * (np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T)
@@ -198,6 +209,33 @@ def test_kernels_arrive_in_flax_orientation_as_stored(checkpoint, loaded) -> Non
     np.testing.assert_array_equal(np.asarray(norm[...]), oracle["norm"])
 
 
+class Head(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.lm_head = nnx.Linear(D, V, use_bias=False, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.lm_head(x)
+
+
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q5_1", "Q8_0"])
+def test_zero_points_and_offsets_arrive_oriented(ggml_type) -> None:
+    """Q4_0 (uint4, zero point 8), Q4_1 (offsets), Q5_1 (uint5 and offsets): the kernel's
+    values are the oracle's transposed, and the layer is within the bound. Needs issue
+    24's representation (zero points, offsets, 5-bit codes) for all but Q8_0."""
+    q, w = _gguf_tensor((V, D), ggml_type, seed=12)
+    model = ef.load_weights(Head(nnx.Rngs(0)), {"output.weight": q})
+    kernel = model.lm_head.kernel[...]
+    assert kernel.shape == (D, V)
+    np.testing.assert_array_equal(np.asarray(emulate.dequantize(kernel)), w.T)
+    x = np.random.default_rng(13).normal(size=(3, D)).astype(np.float32)
+    got = np.asarray(model(jnp.asarray(x)), np.float64)
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    # the terms summed: |s (q - z)| + |offset| per element (docs/numerics.md)
+    scaled, offset = terms(parse_blocks(*_raw((V, D), ggml_type, 12), name="w"))
+    size = np.abs(scaled) + (0 if offset is None else np.abs(offset))
+    assert (np.abs(got - exact) <= _bound(x, size)).all()
+
+
 @pytest.mark.parametrize("target", ["cpu", "tpu_v4", "tpu_v5e"])
 def test_the_model_is_within_the_bound_on_each_plan(checkpoint, loaded, target) -> None:
     _, oracle = checkpoint
@@ -241,7 +279,8 @@ def test_polyfill_and_inspect_see_the_loaded_sites(loaded) -> None:
         np.asarray(emulate.polyfill(lambda t: loaded(t))(tokens)), np.asarray(loaded(tokens))
     )
     report = str(emulate.inspect(lambda t: loaded(t), tokens))
-    assert "float4_e2m1fn[64,32]" in report and "emulated" in report
+    assert report.startswith("matmul sites on cpu: 1 (1 emulated)")
+    assert "float32[1,2,64]  float4_e2m1fn[64,32]:MXFP4  emulated" in report
 
 
 # --------------------------------------------------------------------------- linen

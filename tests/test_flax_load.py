@@ -172,6 +172,24 @@ def test_rules_as_pairs_and_callables(checkpoint, loaded) -> None:
     np.testing.assert_array_equal(np.asarray(by_callable(tokens)), want)
 
 
+def test_layer_prefixes_and_per_tensor_layout(checkpoint, loaded) -> None:
+    """Safetensors importers name a layer by its prefix and return (in, out) QArrays."""
+    weights, _ = checkpoint
+    stored = {
+        "model.embed_tokens": weights["token_embd.weight"],
+        "model.layers.0.input_layernorm.weight": weights["blk.0.attn_norm.weight"],
+        "model.layers.0.self_attn.q_proj": weights["blk.0.attn_q.weight"].T,
+        "model.layers.0.mlp.experts.gate_proj": weights["blk.0.ffn_gate_exps.weight"],
+    }
+    model = ef.load_weights(
+        Model(nnx.Rngs(3)),
+        stored,
+        layout=lambda name: "in_out" if name.endswith("q_proj") else "out_in",
+    )
+    tokens = jnp.array([[1, 5, 7]])
+    np.testing.assert_array_equal(np.asarray(model(tokens)), np.asarray(loaded(tokens)))
+
+
 def test_a_rule_may_skip_tensors(checkpoint) -> None:
     weights = dict(checkpoint[0], **{"rope_freqs.weight": np.ones(4, np.float32)})
     model = ef.load_weights(Model(nnx.Rngs(0)), weights)  # the default rule skips it
@@ -368,7 +386,10 @@ def test_refusals_name_the_tensor_and_the_path(checkpoint) -> None:
         "weights: tensor 'token_embd.weight' matches no pattern of the rule"
     )
     assert _error(load, Model(nnx.Rngs(0)), weights, layout="torch") == (
-        "layout: expected 'out_in' or 'in_out', got 'torch'"
+        "layout: expected 'out_in', 'in_out' or a callable name -> one of them, got 'torch'"
+    )
+    assert _error(load, Model(nnx.Rngs(0)), weights, layout=lambda n: "flax") == (
+        "layout: returned 'flax' for tensor 'token_embd.weight'; expected 'out_in' or 'in_out'"
     )
     assert _error(load, Model(nnx.Rngs(0)), weights, rule="x") == (
         "rule: expected None, a callable name -> path or None, or a sequence of (regex, "

@@ -14,8 +14,9 @@ arrays for plain ones. Each name becomes a parameter path by a rule:
 - or a callable ``name -> path`` (None: skip the tensor).
 
 A path names a parameter as ``nnx.iter_graph`` (NNX) or the ``params`` collection (linen)
-does, parts joined by ``/``. A last part ``weight`` stands for the layer's one weight:
-its ``kernel``, ``embedding`` or ``scale``; a list index ``layers/0`` also finds linen's
+does, parts joined by ``/``. A last part ``weight``, or a layer's path alone (the
+safetensors importers name a layer by its prefix), stands for the layer's one weight: its
+``kernel``, ``embedding`` or ``scale``; a list index ``layers/0`` also finds linen's
 ``layers_0``.
 
 Orientation: GGUF, Hugging Face and PyTorch store a linear layer's weight as ``(out, in)``
@@ -23,7 +24,8 @@ Orientation: GGUF, Hugging Face and PyTorch store a linear layer's weight as ``(
 ``layout="out_in"`` every tensor that goes to a ``kernel`` has its last two axes swapped
 (a QArray by moving codes, scales and per-block parts: no decoding). Embedding tables
 (``(vocab, features)``), norms and biases keep their shape. ``layout="in_out"`` takes
-kernels as stored.
+kernels as stored (emulate's safetensors importers return ``(in, out)`` QArrays); a
+callable ``name -> "out_in" or "in_out"`` decides per tensor.
 
 A QArray kernel (or NNX embedding table) is kept as it is, frozen in a
 :class:`~emulate.flax.QuantizedWeight`, and its layer runs through emulate's matmul on
@@ -129,8 +131,8 @@ def _resolve(name: str, path: str, params: Mapping[str, Any]) -> str:
         if p in params:
             return p
         head, _, last = p.rpartition("/")
-        if last == "weight":
-            found = [f"{head}/{w}" if head else w for w in _MAIN_WEIGHT]
+        for layer in (head, p) if last == "weight" else (p,):
+            found = [f"{layer}/{w}" if layer else w for w in _MAIN_WEIGHT]
             found = [f for f in found if f in params]
             if len(found) == 1:
                 return found[0]
@@ -148,12 +150,18 @@ def _swap_last(value: Any) -> Any:
     return jnp.swapaxes(value, -1, -2)
 
 
-def _oriented(name: str, value: Any, path: str, want: tuple[int, ...], layout: str) -> Any:
+def _oriented(name: str, value: Any, path: str, want: tuple[int, ...], layout: Any) -> Any:
     """``value`` in the parameter's orientation, its shape checked against ``want``."""
     stored = tuple(value.shape)
     if not isinstance(value, QArray):
         value = jnp.asarray(value)
     leaf = path.rpartition("/")[2]
+    if callable(layout):
+        layout = layout(name)
+        if layout not in ("out_in", "in_out"):
+            raise ValueError(
+                f"layout: returned {layout!r} for tensor {name!r}; expected 'out_in' or 'in_out'"
+            )
     if leaf == "kernel" and layout == "out_in" and value.ndim >= 2:
         value = _swap_last(value)
         got = f"shape {stored} as stored, {tuple(value.shape)} as a kernel"
@@ -294,7 +302,7 @@ def load_weights(
     variables: Any = None,
     *,
     rule: NameRule | None = None,
-    layout: str = "out_in",
+    layout: str | Callable[[str], str] = "out_in",
     mode: str | None = None,
 ) -> Any:
     """Put a checkpoint's tensors into a flax model's parameters (module docstring).
@@ -307,7 +315,8 @@ def load_weights(
       rule: tensor name -> parameter path: None (:func:`default_rule`), a sequence of
         ``(regex, replacement or None)`` pairs, or a callable ``name -> path or None``.
       layout: ``"out_in"`` (GGUF, Hugging Face, PyTorch: kernels get their last two axes
-        swapped) or ``"in_out"`` (kernels as stored, flax's layout).
+        swapped), ``"in_out"`` (kernels as stored, flax's layout), or a callable
+        ``name -> "out_in" or "in_out"``.
       mode: ``"fast"``, ``"exact"`` or None (the function's default) for the matmuls of
         the layers that get QArray kernels.
 
@@ -323,8 +332,10 @@ def load_weights(
         shape that does not fit, a QArray for a parameter that is not a layer's kernel
         (or NNX embedding table); a parameter left without a tensor; a bad layout or mode.
     """
-    if layout not in ("out_in", "in_out"):
-        raise ValueError(f"layout: expected 'out_in' or 'in_out', got {layout!r}")
+    if not callable(layout) and layout not in ("out_in", "in_out"):
+        raise ValueError(
+            f"layout: expected 'out_in', 'in_out' or a callable name -> one of them, got {layout!r}"
+        )
     if mode not in (None, "fast", "exact"):
         raise ValueError(f"mode: expected 'fast', 'exact' or None, got {mode!r}")
     fn = _rule_fn(rule)

@@ -102,7 +102,7 @@ def checkpoint():
     """GGUF-named weights (QArrays and a plain norm) and the oracle's values."""
     embed, embed_w = _gguf_tensor((V, D), seed=1)
     q, q_w = _gguf_tensor((H, D), "MXFP4", seed=2)
-    parts = [_gguf_tensor((H, D), seed=3 + e) for e in range(E)]
+    parts = [_gguf_tensor((H, D), "MXFP4", seed=3 + e) for e in range(E)]
     experts = jax.tree.map(lambda *a: jnp.stack(a), *[p[0] for p in parts])
     norm = np.random.default_rng(9).uniform(0.5, 1.5, D).astype(np.float32)
     weights = {
@@ -216,6 +216,7 @@ def test_kernels_arrive_in_flax_orientation_as_stored(checkpoint, loaded) -> Non
     np.testing.assert_array_equal(np.asarray(emulate.dequantize(q)), oracle["q"].T)
     experts = layer.mlp.experts.gate_proj.kernel[...]
     assert experts.shape == (E, D, H) and experts.block_shape == (1, 32, 1)
+    assert experts.format_name == "float4_e2m1fn"  # gpt-oss GGUF experts: MXFP4
     np.testing.assert_array_equal(
         np.asarray(emulate.dequantize(experts)), oracle["experts"].transpose(0, 2, 1)
     )

@@ -451,7 +451,9 @@ class QuantizedLinen:
     sites: tuple[tuple[str, _Site], ...]
 
     @classmethod
-    def for_kernels(cls, module: nn.Module, paths: Sequence[str], mode: str | None = None):
+    def for_kernels(
+        cls, module: nn.Module, paths: Sequence[str], mode: str | None = None
+    ) -> QuantizedLinen:
         """``module`` with the layers at ``paths`` (``"block/Dense_0"``) running through
         emulate on the QArray kernels its variables hold (nothing is quantized)."""
         return cls(module, tuple((p, _Site(None, (), (), mode)) for p in paths))

@@ -246,7 +246,7 @@ MIXES: dict[str, dict[str, str]] = {
 _OWN_QUANTIZERS = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}
 
 
-def random_weights(c: Config, seed: int = 0) -> dict[str, np.ndarray]:
+def random_weights(c: Config, seed: int = 3) -> dict[str, np.ndarray]:
     """llama.cpp's tensor names -> float32 weights, matrices as (out, in)."""
     rng = np.random.default_rng(seed)
 
@@ -275,7 +275,7 @@ def random_weights(c: Config, seed: int = 0) -> dict[str, np.ndarray]:
     return w
 
 
-def write_gguf(path: str, c: Config, mix: str = "Q4_K_M", seed: int = 0) -> None:
+def write_gguf(path: str, c: Config, mix: str = "Q4_K_M", seed: int = 3) -> None:
     """A llama GGUF file of random weights in ``mix`` (a key of :data:`MIXES`)."""
     types = MIXES[mix]
     writer = gguf.GGUFWriter(path, "llama")

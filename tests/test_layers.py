@@ -100,7 +100,17 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.engine.args",
         ],
     ),
-    ("front ends", ["emulate.scaled", "emulate.dot", "emulate.conv", "emulate.flax"]),
+    (
+        "front ends",
+        [
+            "emulate.scaled",
+            "emulate.dot",
+            "emulate.conv",
+            "emulate.flax.quantize",
+            "emulate.flax.load",
+            "emulate.flax",
+        ],
+    ),
     ("program transforms", ["emulate.program", "emulate.rewrite", "emulate.report"]),
     (
         "pallas",
@@ -522,6 +532,9 @@ CROSS_CUTTING = {
     "tests/test_tpu_compile.py": "emulated programs through the real TPU compiler",
 }
 
+GGML = "one family of GGML block layouts: importers/test_ggml (every type against gguf.quants)"
+CONVENTIONS = "one family of conventions: importers/test_conventions (each project's decoder)"
+
 #: Modules without a test file of their own, and where they are tested.
 TESTED_ELSEWHERE = {
     "emulate": "re-exports only: every suite imports it; test_docs checks __all__ is documented",
@@ -541,6 +554,18 @@ TESTED_ELSEWHERE = {
     "emulate.engine.run": "plan_for, run_plan: test_dot, engine/test_tiled",
     "emulate.engine.sites": "site scopes: test_program, test_rewrite (emulate.inspect)",
     "emulate.mx": "the MX / NVFP4 schemes: test_quant, test_scaled",
+    "emulate.importers": "package docstring only",
+    "emulate.flax": "re-exports only: tests/flax/ reach every name through it",
+    "emulate.importers.ggml_parts": GGML,
+    "emulate.importers.ggml_legacy": GGML,
+    "emulate.importers.ggml_kquants": GGML,
+    "emulate.importers.ggml_iq": GGML,
+    "emulate.importers.conventions.parts": CONVENTIONS,
+    "emulate.importers.conventions.config": CONVENTIONS,
+    "emulate.importers.conventions.integer": CONVENTIONS,
+    "emulate.importers.conventions.floats": CONVENTIONS,
+    "emulate.importers.conventions.bnb": CONVENTIONS,
+    "emulate.importers.as_qarray": "parts into QArrays: importers/test_conventions_qarray",
     "emulate.qparts": "a QArray's parts, checked and read: test_qarray",
     "emulate.engine.qoperands": "the parts in the contraction: test_qarray (matmul bounds)",
     "emulate.numerics.scales": "the scale rules: test_quant (every rule against numpy)",

@@ -6,7 +6,7 @@ code, ported) into a .safetensors file, read back by emulate's importer, decoded
 parts' formula and by the project's decoder: bit-identical. One case per convention is
 cross-checked by a second route (another of the project's own code paths). Wrong-layout
 controls miss the matmul bound by orders of magnitude. Reading and refusing:
-tests/importers/test_st_reader.py.
+tests/importers/test_safetensors.py.
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ Two ways to hold the weights:
   estimator (the gradient of the same op on the dequantized values, as if quantizing were
   the identity). Call :func:`quantize_model` again with ``qat=False`` to freeze.
 
-flax is an optional dependency (``pip install emulate[flax]``); ``import emulate`` does not
-import it, ``emulate.flax`` does.
+Layers whose kernels were read from a checkpoint already quantized (see
+:mod:`emulate.flax.load`) run the same way: :func:`emulate_layer` hooks one NNX layer,
+:meth:`QuantizedLinen.for_kernels` a linen model.
 """
 
 from __future__ import annotations
@@ -51,7 +52,14 @@ from emulate.mx import SCHEMES
 from emulate.numerics.storage import Packed
 from emulate.quant import QArray, Scheme, dequantize, quantize
 
-__all__ = ["Rule", "quantize_model", "QuantizedWeight", "QuantizedEmbed", "QuantizedLinen"]
+__all__ = [
+    "Rule",
+    "quantize_model",
+    "emulate_layer",
+    "QuantizedWeight",
+    "QuantizedEmbed",
+    "QuantizedLinen",
+]
 
 SchemeLike = Scheme | str
 RuleFn = Callable[[str, Any], "SchemeLike | None"]
@@ -78,15 +86,22 @@ class Rule:
 
 @dataclasses.dataclass(frozen=True)
 class _Site:
-    """One quantized layer: its scheme, the kernel's contraction axes and its free axes."""
+    """One quantized layer: its scheme, the kernel's contraction axes and its free axes.
+    A layer whose kernel was loaded as a QArray has no scheme (nothing to quantize)."""
 
-    scheme: Scheme
+    scheme: Scheme | None
     contract: tuple[int, ...]
     free: tuple[int, ...]
     mode: str | None
 
     def quantize(self, w: jax.Array, *, packed: bool = True) -> QArray:
         s = self.scheme
+        if s is None:
+            raise ValueError(
+                "kernel: this layer was loaded with a QArray kernel and has no scheme to "
+                f"quantize a float kernel of shape {tuple(w.shape)} by; load a QArray again "
+                "or call quantize_model"
+            )
         if len(s.axes) == 2:
             if not self.free:
                 raise ValueError(
@@ -351,6 +366,12 @@ def _nnx_site(path: str, module: Any, scheme: Scheme, mode: str | None) -> tuple
 
 _NNX_KINDS = (nnx.Linear, nnx.LinearGeneral, nnx.Einsum, nnx.Conv, nnx.Embed)
 _NNX_HOOK = {"dot": "dot_general", "einsum": "einsum_op", "conv": "conv_general_dilated"}
+_NNX_KIND: dict[Any, str] = {
+    nnx.Linear: "dot",
+    nnx.LinearGeneral: "dot",
+    nnx.Einsum: "einsum",
+    nnx.Conv: "conv",
+}
 
 
 def _quantize_nnx(model: nnx.Module, rule: Callable, qat: bool) -> nnx.Module:
@@ -368,21 +389,34 @@ def _quantize_nnx(model: nnx.Module, rule: Callable, qat: bool) -> nnx.Module:
         value = var[...]
         if isinstance(value, QArray):
             value = dequantize(value)  # re-quantizing a frozen layer: from its values
-        op = _Op("dot" if kind == "embed" else kind, site)
-        if kind == "embed":
-            module.__class__ = QuantizedEmbed
-            module.emulate_op = op
-        else:
-            setattr(module, _NNX_HOOK[kind], op)
-            if kind == "dot" and isinstance(module, nnx.LinearGeneral):
-                module.dot_general_cls = None
-        module.promote_dtype = _NnxPromote()
+        _hook_nnx(module, kind, site)
         if qat:
             setattr(module, name, nnx.Param(value))
         else:
             q = site.quantize(jnp.asarray(value))
             setattr(module, name, QuantizedWeight(q))
     return model
+
+
+def _hook_nnx(module: Any, kind: str, site: _Site) -> None:
+    """Route the layer's matmul (lookup, for an Embed) through emulate."""
+    op = _Op("dot" if kind == "embed" else kind, site)
+    if kind == "embed":
+        module.__class__ = QuantizedEmbed
+        module.emulate_op = op
+    else:
+        setattr(module, _NNX_HOOK[kind], op)
+        if kind == "dot" and isinstance(module, nnx.LinearGeneral):
+            module.dot_general_cls = None
+    module.promote_dtype = _NnxPromote()
+
+
+def emulate_layer(module: Any, *, mode: str | None = None) -> None:
+    """Route an NNX layer's matmul (an Embed's lookup) through emulate for a kernel that is
+    already a QArray (:func:`emulate.flax.load_weights` puts it there): nothing is
+    quantized. ``module``: a Linear, LinearGeneral, Einsum, Conv or Embed (not checked)."""
+    kind = "embed" if isinstance(module, nnx.Embed) else _NNX_KIND[type(module)]
+    _hook_nnx(module, kind, _Site(None, (), (), mode))
 
 
 # --- linen ---------------------------------------------------------------------------------
@@ -418,6 +452,14 @@ class QuantizedLinen:
 
     module: nn.Module
     sites: tuple[tuple[str, _Site], ...]
+
+    @classmethod
+    def for_kernels(
+        cls, module: nn.Module, paths: Sequence[str], mode: str | None = None
+    ) -> QuantizedLinen:
+        """``module`` with the layers at ``paths`` (``"block/Dense_0"``) running through
+        emulate on the QArray kernels its variables hold (nothing is quantized)."""
+        return cls(module, tuple((p, _Site(None, (), (), mode)) for p in paths))
 
     def apply(self, variables: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
         with nn.intercept_methods(self._intercept):

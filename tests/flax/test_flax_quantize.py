@@ -24,9 +24,10 @@ from jax import lax
 
 import emulate
 import emulate.flax as ef
+import emulate.flax.quantize as efq
 from emulate import bounds, reference
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 TARGETS = ["tpu_v4", "tpu_v7x"]
 
 
@@ -101,14 +102,14 @@ def _exact_and_bound(kind, head, x, q, rest, kw):
 def sites(monkeypatch):
     """Record every emulated call of a quantized layer: (kind, args, result)."""
     records = []
-    for kind, (emulated, plain) in list(ef.FUNCTIONS.items()):
+    for kind, (emulated, plain) in list(efq.FUNCTIONS.items()):
 
         def record(*args, _kind=kind, _f=emulated, **kw):
             out = _f(*args, **kw)
             records.append((_kind, args, kw, out))
             return out
 
-        monkeypatch.setitem(ef.FUNCTIONS, kind, (record, plain))
+        monkeypatch.setitem(efq.FUNCTIONS, kind, (record, plain))
     return records
 
 

@@ -1,0 +1,31 @@
+"""emulate for flax models (NNX and linen): :func:`quantize_model` quantizes a model's
+weights by rules (:mod:`emulate.flax.quantize`), :func:`load_weights` puts a checkpoint's
+weights, kept as stored, into a model by parameter path (:mod:`emulate.flax.load`).
+Either way the chosen layers' matmuls run through emulate with QArray kernels.
+
+flax is an optional dependency (``pip install emulate[flax]``); ``import emulate`` does not
+import it, ``emulate.flax`` does.
+"""
+
+from emulate.flax.load import GGUF_NAMES, NameRule, default_rule, load_weights
+from emulate.flax.quantize import (
+    QuantizedEmbed,
+    QuantizedLinen,
+    QuantizedWeight,
+    Rule,
+    emulate_layer,
+    quantize_model,
+)
+
+__all__ = [
+    "GGUF_NAMES",
+    "NameRule",
+    "QuantizedEmbed",
+    "QuantizedLinen",
+    "QuantizedWeight",
+    "Rule",
+    "default_rule",
+    "emulate_layer",
+    "load_weights",
+    "quantize_model",
+]

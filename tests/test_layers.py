@@ -686,3 +686,52 @@ def test_the_guard_sees_each_kind_of_misshapen_tree() -> None:
         "tests/engine/test_engine_dot.py": None,
     }
     assert tested == known
+
+
+# ------------------------------------------------------ one owner of the Mosaic rule
+
+#: The functions that decide, from the recorded probe, what Mosaic compiles.
+MOSAIC_RULE = ("verdict", "native_pairs", "compat_only_pairs")
+#: The modules that may call them, and why; every other module asks
+#: ``Target.compiles`` (recorded) or ``emulate.compiler.compiles`` (the real compiler).
+MOSAIC_RULE_CALLERS = {
+    "emulate.targets": "Target.compiles and the probe laid over a profile's native pairs",
+    "emulate.pallas.findings": "a refusal's recorded message, once Target.compiles said no",
+}
+
+
+def _rule_calls(source: str) -> set[str]:
+    """The :data:`MOSAIC_RULE` names a module's text takes from ``emulate.mosaic``."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == "emulate.mosaic":
+            found |= {a.name for a in node.names if a.name in MOSAIC_RULE}
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "mosaic"
+            and node.attr in MOSAIC_RULE
+        ):
+            found.add(node.attr)
+    return found
+
+
+def test_one_owner_of_the_mosaic_rule() -> None:
+    callers = {
+        m for m, path in MODULES.items() if m != "emulate.mosaic" and _rule_calls(path.read_text())
+    }
+    assert sorted(callers) == sorted(MOSAIC_RULE_CALLERS)
+    # The real compiler's answer to the same question has one home too.
+    defining = [
+        m
+        for m, path in MODULES.items()
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.FunctionDef) and node.name == "compiles"
+    ]
+    assert defining == ["emulate.compiler.probing"]
+
+
+def test_the_guard_sees_a_second_reader_of_the_mosaic_rule() -> None:
+    source = "from emulate import mosaic\nfrom emulate.mosaic import native_pairs\nmosaic.verdict\n"
+    assert _rule_calls(source) == {"verdict", "native_pairs"}
+    assert _rule_calls("from emulate import mosaic\nmosaic.recorded()\n") == set()

@@ -37,8 +37,11 @@ the same kernel for the pair: equal verdicts on every case of the recorded Mosai
 (:func:`emulate.mosaic.recorded`; ok or refused) and an equal ``pallas.route`` of the pair
 (target name aside). In jax 0.10.2's probe that leaves out tpu_v3 (as tpu_v2), tpu_v5p (as
 tpu_v5e) and tpu_v6e except for its native float8 pairs. The XLA-level programs are kept
-one per distinct plan already (above); the polyfilled block, an XLA-level program too, is
-long on a generation where an earlier one has the same plans for its weight formats
+one per distinct plan already (above), except the scaled contraction in mode "exact"
+(7-9 s of XLA:TPU each): its first plan runs by default, the others are long (the element
+pair's other exact plans are compiled by dot_general's float4 case, the block-scale
+handling around them by the first plan and by mode "fast"). The polyfilled block, an XLA-level program too, is long
+on a generation where an earlier one has the same plans for its weight formats
 (DECODER_PAIRS).
 """
 
@@ -207,7 +210,8 @@ def _cases() -> list[Case]:
                 if not first(f"scaled-{s}", mode, el, el, t):
                     continue
                 fn = functools.partial(P.scaled, scheme=s, target=t, mode=mode)
-                out.append(Case("scaled", f"{mode}-{s}", t, fn, P.scaled_specs()))
+                long = mode == "exact" and repeats(("scaled", mode, s))
+                out.append(Case("scaled", f"{mode}-{s}", t, fn, P.scaled_specs(), long))
         fn = functools.partial(P.decoder, target=t)
         key = ("decoder_block", *(_plan_key(a, w, t, "fast") for a, w in DECODER_PAIRS))
         out.append(Case("decoder_block", "polyfill", t, fn, P.decoder_specs(), repeats(key)))

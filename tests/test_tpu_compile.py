@@ -40,9 +40,9 @@ tpu_v5e) and tpu_v6e except for its native float8 pairs. The XLA-level programs 
 one per distinct plan already (above), except the scaled contraction in mode "exact"
 (7-9 s of XLA:TPU each): its first plan runs by default, the others are long (the element
 pair's other exact plans are compiled by dot_general's float4 case, the block-scale
-handling around them by the first plan and by mode "fast"). The polyfilled block, an XLA-level program too, is long
-on a generation where an earlier one has the same plans for its weight formats
-(DECODER_PAIRS).
+handling around them by the first plan and by mode "fast"). The polyfilled block, an
+XLA-level program too, is long on a generation where an earlier one has the same plans
+for its weight formats (DECODER_PAIRS).
 """
 
 from __future__ import annotations

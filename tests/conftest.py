@@ -1,16 +1,23 @@
-"""Shared pytest setup: hypothesis profiles.
+"""Shared pytest setup: hypothesis profiles and the long-test switch.
 
-Profiles:
+Hypothesis profiles:
   ci: derandomized, a fixed 20 examples per test, no deadline, failing examples printed
       as reproduction blobs. Loaded when the environment has ``CI=true``.
   dev: 50 random examples per test, no deadline. Loaded otherwise.
 ``HYPOTHESIS_PROFILE=<name>`` picks a profile explicitly and wins over both.
+
+Long tests: a test (or a parametrized case) marked ``@pytest.mark.long`` is a long sweep
+whose representative subset runs by default (each module states its rule). It is
+deselected at collection (pytest counts it as "deselected") unless the environment has
+``EMULATE_LONG_TESTS=1``; docs/testing.md gives the command. pytest's header names the
+profile that ran.
 """
 
 from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # pytester runs pytest inside a test: tests/testing/test_plugin.py checks emulate's plugin.
@@ -45,7 +52,35 @@ def _profile() -> str:
 PROFILE = _profile()
 settings.load_profile(PROFILE)
 
+#: Whether the long sweeps run: ``EMULATE_LONG_TESTS=1`` in the environment.
+LONG_TESTS = os.environ.get("EMULATE_LONG_TESTS", "") == "1"
 
-def pytest_report_header() -> str:
-    """Name the hypothesis profile in pytest's header, so a CI log says which one ran."""
-    return f"hypothesis profile: {PROFILE} (max_examples={settings().max_examples})"
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "long: a long sweep, deselected unless EMULATE_LONG_TESTS=1 (docs/testing.md)"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the ``long`` items unless the long sweeps were asked for."""
+    if LONG_TESTS:
+        return
+    long_items = [item for item in items if item.get_closest_marker("long")]
+    if long_items:
+        config.hook.pytest_deselected(items=long_items)
+        items[:] = [item for item in items if not item.get_closest_marker("long")]
+
+
+def pytest_report_header() -> list[str]:
+    """Name the hypothesis profile and the test profile in pytest's header, so that a CI
+    log says which ones ran."""
+    tests = (
+        "long (EMULATE_LONG_TESTS=1: every sweep)"
+        if LONG_TESTS
+        else ("default (long sweeps deselected; EMULATE_LONG_TESTS=1 runs them)")
+    )
+    return [
+        f"hypothesis profile: {PROFILE} (max_examples={settings().max_examples})",
+        f"emulate test profile: {tests}",
+    ]

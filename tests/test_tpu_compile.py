@@ -26,9 +26,23 @@ One known refusal is asserted as such: on v2 and v3 Mosaic cannot take 4-bit arr
 Mosaic kernel operand"), before any dot; ``pallas.matmul`` keeps such weights packed in
 uint8 and is not affected (docs/kernels.md).
 
-Every test here shares one compilation of every case: under pytest-xdist the first worker
-to need it compiles, under a file lock in the session's shared temporary folder, and the
-others read its verdicts.
+Every test here shares one compilation of every selected case: under pytest-xdist the
+first worker to need it compiles, under a file lock in the session's shared temporary
+folder, and the others read its verdicts.
+
+Default profile and long sweep (tests/conftest.py, docs/testing.md): a kernel case
+(``pallas.matmul``, ``pallas.dot``) on a generation is marked ``long``, so deselected
+unless ``EMULATE_LONG_TESTS=1``, when an earlier generation has the same Mosaic rules and
+the same kernel for the pair: equal verdicts on every case of the recorded Mosaic probe
+(:func:`emulate.mosaic.recorded`; ok or refused) and an equal ``pallas.route`` of the pair
+(target name aside). In jax 0.10.2's probe that leaves out tpu_v3 (as tpu_v2), tpu_v5p (as
+tpu_v5e) and tpu_v6e except for its native float8 pairs. The XLA-level programs are kept
+one per distinct plan already (above), except the scaled contraction in mode "exact"
+(7-9 s of XLA:TPU each): its first plan runs by default, the others are long (the element
+pair's other exact plans are compiled by dot_general's float4 case, the block-scale
+handling around them by the first plan and by mode "fast"). The polyfilled block, an
+XLA-level program too, is long on a generation where an earlier one has the same plans
+for its weight formats (DECODER_PAIRS).
 """
 
 from __future__ import annotations
@@ -97,6 +111,7 @@ class Case:
     target: str
     fn: Callable[..., Any]
     specs: tuple[Any, ...]
+    long: bool = False
 
     @property
     def id(self) -> str:
@@ -126,9 +141,38 @@ _PROGRAM_FIELDS = (
 )
 
 
+def _mosaic_rules(target: str) -> tuple[Any, ...]:
+    """What Mosaic accepts on ``target`` as far as the recorded probe tells: the ok/refused
+    verdict of every probed case, in case order."""
+    rows = (r for r in mosaic.recorded().rows if r.case.target == target)
+    return tuple(
+        sorted((r.case.lhs, r.case.rhs, r.case.acc, r.case.compat, r.verdict.ok) for r in rows)
+    )
+
+
+def _kernel_key(lhs: str, rhs: str, target: str) -> tuple[Any, ...]:
+    """What a kernel case's outcome depends on: the generation's Mosaic rules and the
+    route of the pair there (without the target's name)."""
+    r = route.route(lhs, rhs, target=target, preferred_element_type=P.out_format(lhs, rhs))
+    return (_mosaic_rules(target), dataclasses.replace(r, target=""))
+
+
+#: The pairs whose plans the polyfilled decoder block's program depends on: its int4 and
+#: float8_e4m3fn weights against either activation type.
+DECODER_PAIRS = tuple((a, w) for a in ACTIVATIONS for w in ("int4", "float8_e4m3fn"))
+
+
 def _cases() -> list[Case]:
     out = []
     seen: set[tuple[Any, ...]] = set()
+    kernels_seen: set[tuple[Any, ...]] = set()
+
+    def repeats(key: tuple[Any, ...]) -> bool:
+        """Whether an earlier generation had this kernel key (the case is a long one)."""
+        if key in kernels_seen:
+            return True
+        kernels_seen.add(key)
+        return False
 
     def first(program: str, mode: str, lhs: str, rhs: str, target: str) -> bool:
         """Whether no earlier generation compiles the same plan of this program."""
@@ -141,10 +185,12 @@ def _cases() -> list[Case]:
     for t in GENERATIONS:
         for a, w in PAIRS:
             fn = functools.partial(P.pallas_matmul, lhs=a, rhs=w, target=t)
-            out.append(Case("pallas.matmul", f"{a}x{w}", t, fn, P.matmul_specs(a, w)))
+            key = ("pallas.matmul", a, w, *_kernel_key(a, w, t))
+            out.append(Case("pallas.matmul", f"{a}x{w}", t, fn, P.matmul_specs(a, w), repeats(key)))
         for a, w in XLA_HELD:
             fn = functools.partial(P.pallas_dot, lhs=a, rhs=w, target=t)
-            out.append(Case("pallas.dot", f"{a}x{w}", t, fn, P.dot_specs(a, w)))
+            key = ("pallas.dot", a, w, *_kernel_key(a, w, t))
+            out.append(Case("pallas.dot", f"{a}x{w}", t, fn, P.dot_specs(a, w), repeats(key)))
         for mode, pairs, conv_pairs, schemes in (
             ("fast", PAIRS, CONV_PAIRS, SCHEMES),
             ("exact", EXACT_PAIRS, EXACT_CONV_PAIRS, EXACT_SCHEMES),
@@ -164,9 +210,11 @@ def _cases() -> list[Case]:
                 if not first(f"scaled-{s}", mode, el, el, t):
                     continue
                 fn = functools.partial(P.scaled, scheme=s, target=t, mode=mode)
-                out.append(Case("scaled", f"{mode}-{s}", t, fn, P.scaled_specs()))
+                long = mode == "exact" and repeats(("scaled", mode, s))
+                out.append(Case("scaled", f"{mode}-{s}", t, fn, P.scaled_specs(), long))
         fn = functools.partial(P.decoder, target=t)
-        out.append(Case("decoder_block", "polyfill", t, fn, P.decoder_specs()))
+        key = ("decoder_block", *(_plan_key(a, w, t, "fast") for a, w in DECODER_PAIRS))
+        out.append(Case("decoder_block", "polyfill", t, fn, P.decoder_specs(), repeats(key)))
     return out
 
 
@@ -191,10 +239,10 @@ def _refused_layout(case: Case) -> bool:
 _verdicts: dict[bool, dict[str, mosaic.Verdict]] = {}
 
 
-def _compile_all() -> None:
-    """Every case, compat on and off: one subprocess for one setting (at least), the
-    other in this process when it matches this process's setting; both at once."""
-    runs = {compat: [c for c in CASES if compat in _compat_settings(c)] for compat in (True, False)}
+def _compile_all(selected: set[tuple[str, bool]]) -> None:
+    """Every selected (case id, compat) run: one subprocess for one setting (at least),
+    the other in this process when it matches this process's setting; both at once."""
+    runs = {compat: [c for c in CASES if (c.id, compat) in selected] for compat in (True, False)}
     got = compiler.check_both(
         {compat: [compiler.Job(c.fn, c.specs, c.target) for c in cs] for compat, cs in runs.items()}
     )
@@ -208,8 +256,20 @@ def _shared_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
+def _selected(session: pytest.Session) -> set[tuple[str, bool]]:
+    """The (case id, compat) runs of test_compiles that this session collected and kept
+    (the same on every xdist worker)."""
+    return {
+        (item.callspec.params["case"].id, item.callspec.params["compat"])
+        for item in session.items
+        if isinstance(item, pytest.Function) and item.originalname == "test_compiles"
+    }
+
+
 @pytest.fixture(scope="module")
-def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, dict[str, mosaic.Verdict]]:
+def verdicts(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[bool, dict[str, mosaic.Verdict]]:
     assert compiler.generations() == GENERATIONS
     if _verdicts:
         return _verdicts
@@ -222,7 +282,7 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, dict[str, m
             for key, rows in data.items():
                 _verdicts[key == "on"] = {i: mosaic.Verdict(*v) for i, v in rows.items()}
         else:
-            _compile_all()
+            _compile_all(_selected(request.session))
             data = {
                 "on" if compat else "off": {
                     i: [v.ok, v.stage, v.message, v.detail] for i, v in rows.items()
@@ -233,14 +293,19 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, dict[str, m
     return _verdicts
 
 
-RUNS = [(c, compat) for c in CASES for compat in _compat_settings(c)]
+RUNS = [
+    pytest.param(
+        c,
+        compat,
+        id=f"{c.id}-compat_{'on' if compat else 'off'}",
+        marks=[pytest.mark.long] if c.long else [],
+    )
+    for c in CASES
+    for compat in _compat_settings(c)
+]
 
 
-@pytest.mark.parametrize(
-    ("case", "compat"),
-    RUNS,
-    ids=[f"{c.id}-compat_{'on' if compat else 'off'}" for c, compat in RUNS],
-)
+@pytest.mark.parametrize(("case", "compat"), RUNS)
 def test_compiles(verdicts, case, compat):
     v = verdicts[compat][case.id]
     if _refused_layout(case):

@@ -120,13 +120,13 @@ def test_differences_name_each_changed_case():
 # the reprobe
 
 
-def _reprobe_cases(data: mosaic.Probe) -> list[mosaic.ProbeCase] | None:
-    """Every case (None) when the installed compiler is not the one the probe was recorded
-    with; else, per (target, compat) stratum, the first case of each distinct recorded
-    verdict and every 8th case: each kind of refusal and acceptance, at a third of the
-    full reprobe's minute of compiling."""
+def _reprobe_cases(data: mosaic.Probe, *, every: bool) -> list[mosaic.ProbeCase] | None:
+    """Every case (None) when ``every`` or when the installed compiler is not the one the
+    probe was recorded with; else, per (target, compat) stratum, the first case of each
+    distinct recorded verdict (ok, stage, message): each kind of refusal and acceptance,
+    about a fifth of the full reprobe's compiling."""
     installed = (compiler.libtpu_version(), jax.__version__, importlib.metadata.version("jaxlib"))
-    if installed != (data.libtpu, data.jax, data.jaxlib):
+    if every or installed != (data.libtpu, data.jax, data.jaxlib):
         return None
     strata: dict[tuple[str, bool], list[mosaic.ProbeRow]] = {}
     for r in data.rows:
@@ -134,27 +134,33 @@ def _reprobe_cases(data: mosaic.Probe) -> list[mosaic.ProbeCase] | None:
     picked = []
     for rows in strata.values():
         seen = set()
-        for i, r in enumerate(rows):
+        for r in rows:
             kind = (r.verdict.ok, r.verdict.stage, r.verdict.message)
-            if kind not in seen or i % 8 == 0:
+            if kind not in seen:
                 picked.append(r.case)
             seen.add(kind)
     return picked
 
 
-def test_reprobe_matches_the_recorded_probe():
+@pytest.mark.parametrize(
+    "every", [False, pytest.param(True, marks=pytest.mark.long)], ids=["sample", "every_case"]
+)
+def test_reprobe_matches_the_recorded_probe(every):
     """The probe cases, compiled again with the installed compiler, compat on and off,
     have the recorded verdict and message: every case when the compiler (libtpu, jax,
-    jaxlib) is not the recorded one, else a sample that holds every distinct verdict of
-    every target and setting."""
+    jaxlib) is not the recorded one or in the long sweep (``every_case``,
+    EMULATE_LONG_TESTS=1), else a sample that holds every distinct verdict of every target
+    and setting."""
     data = mosaic.recorded()
-    cases = _reprobe_cases(data)
+    cases = _reprobe_cases(data, every=every)
     new = compiler.probe(cases=cases)
     if cases is not None:
-        assert len(new.rows) == len(cases) < len(data.rows) // 2
+        assert len(new.rows) == len(cases) < len(data.rows) // 4
         assert {r.case.target for r in new.rows} == set(OFFERED)
         chosen = set(cases)
         data = dataclasses.replace(data, rows=tuple(r for r in data.rows if r.case in chosen))
+    else:
+        assert len(new.rows) == len(data.rows)
     changed = compiler.differences(new, data)
     assert not changed, (
         f"the compiler (libtpu {new.libtpu}, jax {new.jax}) differs from the recorded probe "

@@ -350,13 +350,16 @@ def test_polyfill_in_exact_mode():
 
 # ------------------------------------------------------------------ wide operands, per row
 
+# By default each wide format (bfloat16, float16, float32) on each side, each slice type
+# (int8 on v5e, bf16 on v4, f32 on v2) and each layout once; the pairs whose formats, slice
+# types and layouts those four cover are long sweeps (EMULATE_LONG_TESTS=1, 10-13 s each).
 WIDE_CASES = [
     ("bfloat16", "float8_e4m3fn", "tpu_v5e", 0),
     ("float8_e5m2", "bfloat16", "tpu_v4", 1),
     ("float16", "float8_e4m3fn", "tpu_v2", 0),
-    ("bfloat16", "bfloat16", "tpu_v4", 1),
+    pytest.param("bfloat16", "bfloat16", "tpu_v4", 1, marks=pytest.mark.long),
     ("float32", "float32", "tpu_v5e", 0),
-    ("float32", "float8_e5m2", "tpu_v4", 0),
+    pytest.param("float32", "float8_e5m2", "tpu_v4", 0, marks=pytest.mark.long),
 ]
 
 

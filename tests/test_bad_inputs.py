@@ -91,9 +91,9 @@ CASES = [
     ),
     (
         "Packed unknown format",
-        lambda: _packed(fmt="int3"),
+        lambda: _packed(fmt="int9"),
         ValueError,
-        r"^format_name: unknown format 'int3'",
+        r"^format_name: unknown format 'int9'",
     ),
     (
         "Packed negative length",

@@ -299,8 +299,8 @@ def test_dot_result_examples() -> None:
 def test_get_names_the_argument_once():
     known = ", ".join(formats.names())
     with pytest.raises(ValueError) as e:
-        formats.get("int3", arg="lhs_format")
-    assert str(e.value) == f"lhs_format: unknown format 'int3'; known formats: {known}"
+        formats.get("int9", arg="lhs_format")
+    assert str(e.value) == f"lhs_format: unknown format 'int9'; known formats: {known}"
     with pytest.raises(TypeError) as t:
         formats.get(7, arg="rhs_format")
     assert str(t.value) == "rhs_format: expected a format name, a dtype or a Format, got int 7"

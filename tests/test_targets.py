@@ -96,7 +96,7 @@ def test_supports_takes_names_dtypes_and_formats():
     assert not v5e.supports("s8", "u8")
     assert not v5e.supports(jnp.bfloat16, np.int8)
     with pytest.raises(ValueError, match="unknown format"):
-        v5e.supports("int3", "int8")
+        v5e.supports("int9", "int8")
 
 
 def test_accumulator_and_native_formats():

@@ -138,7 +138,7 @@ def test_preferred_reads_formats_and_jax_types():
     assert args.preferred(np.complex64) == "complex64"  # handed to JAX
 
 
-@pytest.mark.parametrize("bad", ["junk", 5, "int3"])
+@pytest.mark.parametrize("bad", ["junk", 5, "int9"])
 def test_preferred_that_is_no_type_is_a_type_error_as_in_lax(bad):
     with pytest.raises(TypeError):
         lax.dot_general(np.ones((1, 2), np.float32), np.ones((2, 1), np.float32), DN, None, bad)
@@ -369,10 +369,10 @@ def test_conv_qarray_kernel():
 
 
 def test_einsum_names_the_operand_format():
-    with pytest.raises(ValueError, match=r"^operand_formats\[1\]: unknown format 'int3'; "):
+    with pytest.raises(ValueError, match=r"^operand_formats\[1\]: unknown format 'int9'; "):
         emulate.einsum(
             "ij,jk",
             np.ones((1, 1), np.int8),
             np.ones((1, 1), np.uint8),
-            operand_formats=[None, "int3"],
+            operand_formats=[None, "int9"],
         )

@@ -735,3 +735,19 @@ def test_the_guard_sees_a_second_reader_of_the_mosaic_rule() -> None:
     source = "from emulate import mosaic\nfrom emulate.mosaic import native_pairs\nmosaic.verdict\n"
     assert _rule_calls(source) == {"verdict", "native_pairs"}
     assert _rule_calls("from emulate import mosaic\nmosaic.recorded()\n") == set()
+
+
+def _clashing_basenames(tests: list[str]) -> list[str]:
+    """Test files that share a basename: tests/ has no ``__init__.py``, so pytest imports
+    each file as a top-level module by its basename, and the second one fails to import."""
+    seen: dict[str, list[str]] = {}
+    for t in tests:
+        seen.setdefault(pathlib.PurePosixPath(t).name, []).append(t)
+    return sorted(p for paths in seen.values() if len(paths) > 1 for p in paths)
+
+
+def test_test_files_have_unique_basenames() -> None:
+    tests = [str(p.relative_to(ROOT)) for p in sorted(TESTS.rglob("test_*.py"))]
+    assert _clashing_basenames(tests) == []
+    clash = ["tests/benchmarks/test_harness.py", "tests/testing/test_harness.py", "tests/a.py"]
+    assert _clashing_basenames(clash) == clash[:2]

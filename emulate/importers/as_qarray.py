@@ -50,14 +50,6 @@ def to_qarray(parts: StoredParts) -> QArray:
         if isinstance(parts.scales, StoredParts)
         else jnp.asarray(parts.scales)
     )
-    offsets = parts.offsets
-    kwargs: dict[str, Any] = {
-        "zero_points": _zero_points(parts),
-        "offsets": None if offsets is None else jnp.asarray(offsets),
-        "codebook": None if parts.codebook is None else jnp.asarray(parts.codebook),
-        "perm": None if parts.perm is None else jnp.asarray(parts.perm, jnp.int32),
-        "perm_axis": parts.perm_axis,
-    }
     return QArray.from_parts(
         _codes(parts),
         scales,
@@ -65,5 +57,9 @@ def to_qarray(parts: StoredParts) -> QArray:
         fmt=parts.fmt,
         tensor_scale=None if parts.tensor_scale is None else jnp.float32(parts.tensor_scale),
         dtype=parts.dtype,
-        **{k: v for k, v in kwargs.items() if v is not None},
+        zero_points=_zero_points(parts),
+        offsets=None if parts.offsets is None else jnp.asarray(parts.offsets),
+        codebook=None if parts.codebook is None else jnp.asarray(parts.codebook),
+        perm=None if parts.perm is None else jnp.asarray(parts.perm, jnp.int32),
+        perm_axis=parts.perm_axis,
     )

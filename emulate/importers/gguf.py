@@ -184,14 +184,13 @@ def _block_shape(ndim: int, block: int) -> tuple[int, ...]:
 def _per_block(part: np.ndarray | SubBlockScales, scale_format: str, name: str) -> Any:
     """Scales or offsets as a QArray takes them: an array, or a QArray (two-level)."""
     if isinstance(part, SubBlockScales):
-        extra: dict[str, Any] = {"zero_points": part.zero_point} if part.zero_point else {}
         return QArray.from_parts(
             _codes(part.codes, part.element),
             jnp.asarray(part.super_scales),
             block_shape=_block_shape(part.codes.ndim, part.block),
             fmt=part.element,
             dtype=jnp.float32,
-            **extra,
+            zero_points=part.zero_point or None,
         )
     if scale_format == "e8m0":
         if (part == 255).any():
@@ -218,20 +217,15 @@ def to_qarray(parts: GGMLParts, *, dtype: DTypeLike = jnp.float32) -> QArray:
     Raises:
       ValueError: an MXFP4 tensor with a scale byte 255 (see above).
     """
-    extra: dict[str, Any] = {}
-    if parts.zero_point:
-        extra["zero_points"] = parts.zero_point
-    if parts.offsets is not None:
-        extra["offsets"] = _per_block(parts.offsets, "float16", parts.name)
-    if parts.codebook is not None:
-        extra["codebook"] = jnp.asarray(parts.codebook)
     return QArray.from_parts(
         _codes(parts.codes, parts.element),
         _per_block(parts.scales, parts.scale_format, parts.name),
         block_shape=_block_shape(len(parts.shape), parts.block),
         fmt=parts.element,
         dtype=dtype,
-        **extra,
+        zero_points=parts.zero_point or None,
+        offsets=None if parts.offsets is None else _per_block(parts.offsets, "float16", parts.name),
+        codebook=None if parts.codebook is None else jnp.asarray(parts.codebook),
     )
 
 

@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
 
@@ -143,7 +144,7 @@ def scale_values(scale_format: FormatLike, *, elements: str = "all") -> st.Searc
         vals = np.array(codes, np.uint8).view(f.dtype).astype(np.float64)
         special = [2.0**-127, 1.0, 2.0**127] + ([math.nan] if elements == "all" else [])
         return st.one_of(st.sampled_from(special), st.sampled_from([float(v) for v in vals]))
-    fin = np.finfo(f.dtype)
+    fin = ml_dtypes.finfo(f.dtype)
     big, tiny, normal = float(fin.max), float(fin.smallest_subnormal), float(fin.smallest_normal)
     special = [1.0, normal, big, 2.0**-10]
     if elements != "normal":

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 import hypothesis.extra.numpy as hnp
+import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
 
@@ -123,8 +124,8 @@ def _extreme_codes(f: Format) -> list[int]:
 
 def _wide_values(f: Format, elements: str) -> st.SearchStrategy[float]:
     """Values of a wide float type, specials boosted (as Python floats, exact in ``f``)."""
-    tiny = float(np.finfo(f.dtype).smallest_subnormal)
-    normal = float(np.finfo(f.dtype).smallest_normal)
+    tiny = float(ml_dtypes.finfo(f.dtype).smallest_subnormal)
+    normal = float(ml_dtypes.finfo(f.dtype).smallest_normal)
     specials = [1.0, -1.0, normal, -normal, WIDE_RANGE, -WIDE_RANGE]
     if elements != "normal":
         specials += [0.0, -0.0, tiny, -tiny]

@@ -25,8 +25,9 @@ copies, converts, pads or relayouts it outside the kernel.
   are masked to code 0 (+0 in every format) in the kernel; columns past N only reach
   output columns that are dropped.
 * ``x`` (M, K) is decoded once, outside the kernel, into the type the target's matrix
-  unit takes (it is the small operand), padded to whole blocks only where M or K is
-  ragged. Its block is ``(bm, K)``, index ``(i, 0)``, where two copies fit the VMEM
+  unit takes (it is the small operand), and not padded: rows past M in a partial block
+  reach only output rows Pallas drops, columns past K are masked to zero in the kernel
+  (``bm`` is M itself below the sublane tiling). Its block is ``(bm, K)``, index ``(i, 0)``, where two copies fit the VMEM
   budget: fetched once per output row block and sliced per K step in the kernel;
   otherwise ``(bm, bk)``, fetched for each column block.
 * In the kernel the codes are cut out of their bytes with shifts and masks, decoded
@@ -37,7 +38,7 @@ copies, converts, pads or relayouts it outside the kernel.
   with a float result keeps the int32 sum as two limbs (``hi * 2**16 + lo``), so no step
   can overflow. The accumulator is written to the output once, at the last K step.
 * Outside the kernel the sum is rounded once into the result type
-  (:mod:`emulate.numerics.accumulate`) and padding rows / columns sliced off.
+  (:mod:`emulate.numerics.accumulate`; nothing to do for an f32 or int32 result).
 """
 
 from __future__ import annotations
@@ -306,7 +307,7 @@ def config(
     cap = (t.vmem_capacity_bytes or 16 << 20) // 2
     if block_shape is None:
         mxu = t.mxu_column_size or _LANES
-        bm = min(_round_up(m, x_sub), 256)
+        bm = m if m < x_sub else min(_round_up(m, x_sub), 256)  # a block of all M rows
         bn = min(_round_up(n, _LANES), 2 * mxu)
         bk = _default_bk(_round_up(k, k_multiple), k_multiple, bn)
         while bk > k_multiple and _vmem_bytes(r, bm, bn, bk, limbs, bk, per_row(bk)) > cap:
@@ -415,6 +416,9 @@ def _kernel(cfg: Config, *refs: Any) -> None:
             xt = xr[:, pl.ds(pl.multiple_of(k * width, width), width)]
         else:
             xt = xr[...]
+        if cfg.x_planes == 1 and cfg.k % cfg.bk:  # past K: garbage of a partial block
+            cols = lax.broadcasted_iota(jnp.int32, xt.shape, 1)
+            xt = jnp.where(cols < cfg.k - k * width, xt, jnp.zeros((), xt.dtype))
         d = route.exact_dot(xt, wt, r) if r.exact else route.float_dot(xt, wt, r.precision)
         step = d if step is None else step + d
     assert step is not None
@@ -433,15 +437,17 @@ def _kernel(cfg: Config, *refs: Any) -> None:
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _run(x: jax.Array, w: jax.Array, cfg: Config) -> jax.Array:
     r = cfg.route
-    mp, np_, kp = cfg.padded
+    _, _, kp = cfg.padded
     nm, nn, nk = cfg.grid
     g = cfg.x_planes
     width = cfg.bk // g
-    # x: pad to whole blocks (ragged shapes only), then one plane per code position of a
-    # packed weight's byte.
-    if x.shape != (mp, kp):
-        x = jnp.pad(x, ((0, mp - x.shape[0]), (0, kp - x.shape[1])))
-    planes = [x[:, t::g] for t in range(g)] if g > 1 else [x]
+    # x as it is: Pallas copies partial edge blocks, rows past M reach only output rows
+    # that are dropped and columns past K are masked in the kernel. For a packed weight,
+    # one column plane per code position of a byte (padded: planes of one length).
+    planes = [x]
+    if g > 1:
+        x = jnp.pad(x, ((0, 0), (0, kp - x.shape[1])))
+        planes = [x[:, t::g] for t in range(g)]
     if cfg.x_resident:
         x_spec = pl.BlockSpec((cfg.bm, kp // g), lambda i, j, k: (i, 0))
     else:
@@ -451,9 +457,15 @@ def _run(x: jax.Array, w: jax.Array, cfg: Config) -> jax.Array:
     n_acc = 2 if cfg.limbs else 1
     out_spec = pl.BlockSpec((cfg.bm, cfg.bn), lambda i, j, k: (i, j))
     interpret = pltpu.InterpretParams() if cfg.interpret else False
+    if not cfg.interpret:
+        # The kernel streams its blocks from HBM: without this, XLA may copy a whole
+        # operand into VMEM before the call (7x does so for a 16 MiB weight), a serial
+        # copy the pipeline cannot overlap.
+        planes = [pltpu.with_memory_space_constraint(p, pltpu.HBM) for p in planes]
+        w = pltpu.with_memory_space_constraint(w, pltpu.HBM)
     outs = pl.pallas_call(
         functools.partial(_kernel, cfg),
-        out_shape=[jax.ShapeDtypeStruct((mp, np_), acc_dtype)] * n_acc,
+        out_shape=[jax.ShapeDtypeStruct((cfg.m, cfg.n), acc_dtype)] * n_acc,
         grid=(nm, nn, nk),
         in_specs=[x_spec] * g + [w_spec],
         out_specs=[out_spec] * n_acc,
@@ -465,8 +477,6 @@ def _run(x: jax.Array, w: jax.Array, cfg: Config) -> jax.Array:
         interpret=interpret,
         name="emulate_matmul",
     )(*planes, w)
-    if (mp, np_) != (cfg.m, cfg.n):
-        outs = [o[: cfg.m, : cfg.n] for o in outs]
     if cfg.limbs:
         hi, lo = accumulate.normalize(*outs)
         return accumulate.round_limbs(hi, lo, r.scale, r.out)

@@ -112,7 +112,9 @@ def _pallas_scope(jaxpr):
     return None
 
 
+# Call wrappers, the kernel, and the HBM placement of its operands (lowered to nothing).
 _WRAPPERS = {
+    "with_memory_space_constraint",
     "pjit",
     "jit",
     "custom_vjp_call",
@@ -140,7 +142,7 @@ def _ops_on(jaxpr, aval):
     return found
 
 
-X = ((16, 1024), "bfloat16")  # x (4 rows padded to bf16's 16) as it is, all of K
+X = ((4, 1024), "bfloat16")  # x as it is (4 rows, all of K)
 
 
 def _pallas_operands(fn, *args):
@@ -162,7 +164,7 @@ def _pallas_operands(fn, *args):
          [X, ((768, 512), "uint8")]),
         # emulate.pack's layout: the bytes as packed, x in two column planes.
         (emulate.pack(np.zeros((1024, 512), ml_dtypes.int4), axis=0),
-         [((16, 512), "bfloat16")] * 2 + [((512, 512), "uint8")]),
+         [((4, 512), "bfloat16")] * 2 + [((512, 512), "uint8")]),
     ],
 )  # fmt: skip
 def test_the_kernel_reads_the_weight_as_stored(w, operands):
@@ -187,7 +189,7 @@ def test_a_six_bit_packed_weight_is_put_in_the_k_planar_layout():
     _, avals = _pallas_operands(
         lambda x, w: emulate.pallas.matmul(x, w, target="tpu_v5e", interpret=False), x, w6
     )
-    assert avals == [((16, 1024), "bfloat16"), ((768, 512), "uint8")]
+    assert avals == [((4, 1024), "bfloat16"), ((768, 512), "uint8")]
 
 
 def _config(x_fmt, w_fmt, target, m, n, k, group=1, out=None):
@@ -200,7 +202,8 @@ def _config(x_fmt, w_fmt, target, m, n, k, group=1, out=None):
 def test_default_blocks_come_from_the_target():
     # bn is twice the MXU width; bk fills 2**18 elements of weight tile; bm follows M.
     c = _config("bfloat16", "int4", "tpu_v5e", 1, 4096, 4096, group=2)
-    assert (c.bm, c.bn, c.bk) == (16, 256, 1024)
+    assert (c.bm, c.bn, c.bk) == (1, 256, 1024)  # below the sublane tiling: a block of M
+    assert c.x_resident  # x's (1, 4096) block is fetched once
     assert c.grid == (1, 16, 4)
     c = _config("bfloat16", "int4", "tpu_v6e", 512, 8192, 8192, group=2)
     assert (c.bm, c.bn, c.bk) == (256, 512, 512)

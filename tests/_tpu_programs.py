@@ -89,6 +89,22 @@ def pallas_matmul(x: jax.Array, w: Any, *, lhs: str, rhs: str, target: str) -> j
     )
 
 
+def ragged_specs() -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+    """bf16 x (5, 700) and a K-planar int4 weight (700, 130): three tiles of 256 rows."""
+    return (
+        jax.ShapeDtypeStruct((5, 700), jnp.bfloat16),
+        jax.ShapeDtypeStruct((384, 130), jnp.uint8),
+    )
+
+
+def pallas_matmul_ragged(x: jax.Array, w: jax.Array, *, target: str) -> jax.Array:
+    """``emulate.pallas.matmul`` on shapes no block divides, K in two steps of 512."""
+    kw = emulate.pallas.KernelWeight(w, "int4", 700)
+    return emulate.pallas.matmul(
+        x, kw, target=target, out_dtype="float32", interpret=False, block_shape=(16, 128, 512)
+    )
+
+
 # --------------------------------------------------------------------------------------
 # emulate.pallas.dot, inside a one-block kernel
 

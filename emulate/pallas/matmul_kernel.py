@@ -263,7 +263,10 @@ def _kernel(cfg: Config, *refs: Any) -> None:
         xt = _decode_x(xt, cfg)
         if cfg.x_planes == 1 and cfg.k % cfg.bk:  # past K: garbage of a partial block
             cols = lax.broadcasted_iota(jnp.int32, xt.shape, 1)
-            xt = jnp.where(cols < cfg.k - k * width, xt, jnp.zeros((), xt.dtype))
+            # TPU v4 has no select on bf16 vectors: select in f32, then round (exactly)
+            wide = xt.astype(jnp.float32) if xt.dtype == jnp.bfloat16 else xt
+            wide = jnp.where(cols < cfg.k - k * width, wide, jnp.zeros((), wide.dtype))
+            xt = wide.astype(xt.dtype)
         d = route.exact_dot(xt, wt, r) if r.exact else route.float_dot(xt, wt, r.precision)
         step = d if step is None else step + d
     assert step is not None

@@ -7,7 +7,8 @@ On a TPU (JAX's default backend is "tpu") it times, for each weight format and s
 (M = 1 ... 512 rows of bf16 activations, K = N = 4096 and 8192 by default):
 
   kernel  ``emulate.pallas.matmul(x, w)``: the weight stays in HBM as stored (packed for
-          4- and 6-bit formats) and is decoded tile by tile in VMEM;
+          4- and 6-bit formats, by ``emulate.pallas.prepare_weight``) and is decoded tile
+          by tile in VMEM;
   xla     ``jnp.dot(x, w_bf16, preferred_element_type=f32)`` on the weight decoded to bf16
           up front (the decoding not timed): what a model that keeps bf16 weights pays;
 
@@ -98,8 +99,8 @@ def _weight(fmt: str, k: int, n: int, rng: np.random.Generator) -> tuple[Any, np
     f = formats.get(fmt)
     codes = rng.choice(np.array(et.finite_codes(f), np.uint8), (k, n))
     w = codes.view(f.dtype)
-    if f.packable:
-        return emulate.pack(w, axis=0), w
+    if f.packable:  # kept as the kernel reads it: emulate.pallas.prepare_weight, once
+        return emulate.pallas.prepare_weight(emulate.pack(w, axis=0)), w
     return jnp.asarray(w) if f.xla_storable else jnp.asarray(codes), w
 
 
@@ -119,7 +120,7 @@ def run(
         f = formats.get(fmt)
         for kn in kns:
             w_arg, w = _weight(fmt, kn, kn, rng)
-            w_bf16 = emulate.decode(w_arg)
+            w_bf16 = emulate.decode(w, None if f.xla_storable else fmt)
             w_format = None if f.packable or f.xla_storable else fmt
             for m in ms:
                 x = jnp.asarray(rng.standard_normal((m, kn)), jnp.bfloat16)

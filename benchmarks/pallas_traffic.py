@@ -57,7 +57,9 @@ def kernel_traffic(fn: Callable[..., Any], specs: Sequence[Any], generation: str
         jax.tree.map(
             lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype),
             a,
-            is_leaf=lambda v: hasattr(v, "shape"),
+            # a record with a shape of its own (Packed, KernelWeight) is a node: its
+            # stored leaves are what the kernel reads
+            is_leaf=lambda v: hasattr(v, "shape") and jax.tree_util.all_leaves([v]),
         )
         for a in specs
     ]

@@ -20,8 +20,11 @@ it compiles, and never runs:
                    stored (4-bit weights ``emulate.pack(w, axis=0)``)
   (e) exact        the same with ``mode="exact"`` (by default at ``--exact-shapes`` only:
                    XLA:TPU takes seconds to minutes for each of these programs)
-  (f) pallas       ``emulate.pallas.matmul(x, w, target=GEN)`` (the weight as (d) takes
-                   it); "n/a" with the reason where the kernel does not apply
+  (f) pallas       ``emulate.pallas.matmul(x, w, target=GEN)``, the weight as the user
+                   keeps it for the kernel: 8-bit weights as they are, 4-bit weights
+                   ``emulate.pallas.prepare_weight(w)`` (the K-planar layout, the bytes
+                   of the packed weight); "n/a" with the reason where the kernel does not
+                   apply
 
 and reads, from the compiled program: ``cost_analysis()`` "bytes accessed", "flops" and
 the compiler's own time estimate ("optimal_seconds"), and ``memory_analysis()``
@@ -67,7 +70,8 @@ from benchmarks.cases import (
 )
 from benchmarks.pallas_traffic import kernel_traffic
 from emulate import compiler, formats
-from emulate.numerics.storage import Packed
+from emulate.numerics.storage import Packed, group_shape
+from emulate.pallas import weights
 
 BF16 = jnp.bfloat16
 F32 = jnp.float32
@@ -80,6 +84,9 @@ QUICK_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 4096, 4096),)
 TEMP_LIMIT = 0.25  # temporaries / one bf16 copy of the weight (2*K*N bytes)
 BYTES_LIMIT = 1.1  # bytes accessed / (argument bytes + output bytes)
 ESTIMATE_LIMIT = 1.0  # estimate / estimate of (c)
+# The goals of issue 27 for (f) on every generation.
+KERNEL_TRAFFIC_LIMIT = 1.1  # kernel blocks + bytes outside / (weight + activations + result)
+OUTSIDE_TEMP_LIMIT = 0.0  # temporaries of the program around the kernel, bytes
 
 
 CONTENDERS = (
@@ -109,6 +116,16 @@ def weight_spec(pair: Pair, k: int, n: int, *, stored: bool) -> Any:
     if stored and pair.packed:
         return Packed(_spec((-(-f.bits * k // 8), n), jnp.uint8), f.name, -2, k)
     return _spec((k, n), f.dtype)
+
+
+def kernel_weight_spec(pair: Pair, k: int, n: int) -> Any:
+    """The (K, N) weight as (f) takes it: its own dtype (8-bit), or a
+    :class:`emulate.pallas.KernelWeight` (a packed pair), as ``prepare_weight`` returns it."""
+    f = formats.get(pair.rhs)
+    if not pair.packed:
+        return _spec((k, n), f.dtype)
+    rows = weights.tiles(f, k) * weights.TILE_GROUPS * group_shape(f.bits)[1]
+    return emulate.pallas.KernelWeight(_spec((rows, n), jnp.uint8), f.name, k)
 
 
 def programs(
@@ -147,7 +164,7 @@ def programs(
         "xla": (xla, (x, w)),
         "fast": (fast, (x, w_stored)),
         "exact": (exact, (x, w_stored)),
-        "pallas": (pallas, (x, w_stored)),
+        "pallas": (pallas, (x, kernel_weight_spec(pair, k, n))),
     }
 
 
@@ -227,6 +244,7 @@ def measure_one(
     row["bytes"] = row["bytes_accessed"]
     row["bytes_source"] = "compiler"
     if row["custom_calls"]:
+        row["temp_outside_kernel"] = row["temp_bytes"]
         traffic = kernel_traffic(fn, specs, generation)
         row["kernel"] = traffic
         # The compiler's figure covers the ops around the kernel but not the kernel.
@@ -335,6 +353,30 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def pallas_goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The TPU goals of issue 27 for (f) emulate.pallas.matmul, per generation: its HBM
+    traffic (the kernel's blocks plus the compiler's bytes for the ops around it) over the
+    weight as stored + the activations once + the result (the program's argument and
+    output bytes), and the temporaries outside the kernel."""
+    out = []
+    gens = list(dict.fromkeys(r["generation"] for r in rows))
+    kernel = [r for r in rows if r["contender"] == "pallas" and r["status"] == "ok"]
+    for gen in gens:
+        mine = [r for r in kernel if r["generation"] == gen]
+        for label, key, limit in (
+            (
+                "pallas.matmul traffic / (weight as stored + activations once + result)",
+                "bytes_over_stored",
+                KERNEL_TRAFFIC_LIMIT,
+            ),
+            ("pallas.matmul temporaries outside the kernel (bytes)", "temp_outside_kernel",
+             OUTSIDE_TEMP_LIMIT),
+        ):  # fmt: skip
+            got = [r for r in mine if r.get(key) is not None]
+            out.append(goal(label, key, limit, got, generation=gen))
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # Output
 
@@ -436,20 +478,38 @@ def markdown(report: dict[str, Any]) -> str:
                 groups.setdefault((r["pair"], r["M"], r["K"], r["N"]), {})[r["contender"]] = r
         for (pair, *_), by in groups.items():
             any_row = next(iter(by.values()))
-            stored = by.get("fast", {}).get("stored_bytes")
+            stored = next(
+                (
+                    by[k]["stored_bytes"]
+                    for k in ("fast", "pallas")
+                    if "stored_bytes" in by.get(k, {})
+                ),
+                None,
+            )
             lines.append(
                 f"| {PAIRS[pair].title} | {shape_of(any_row)} | {harness.mb(stored)} | "
                 + " | ".join(_cell(by.get(k)) for k in keys)
                 + " |"
             )
         lines.append("")
-    lines += [
-        "## Goals (issue 16), emulate fast (d)",
+    lines += _goal_table("## Goals (issue 16), emulate fast (d)", report["goals"])
+    lines += _goal_table(
+        "## Goals (issue 27), emulate.pallas.matmul (f)", report.get("pallas_goals", [])
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _goal_table(title: str, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """A markdown table of :func:`goals` / :func:`pallas_goals` rows (none: no lines)."""
+    if not rows:
+        return []
+    lines = [
+        title,
         "",
         "| generation | goal | limit | worst measured | where | met | failing |",
         "|---|---|---|---|---|---|---|",
     ]
-    for g in report["goals"]:
+    for g in rows:
         if g["measured"] is None:
             lines.append(
                 f"| {g['generation']} | {g['goal']} | {g['limit']:g} | not measured | | | |"
@@ -459,7 +519,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {g['generation']} | {g['goal']} | {g['limit']:g} | {g['measured']:.3g} | "
             f"{g['worst']} | {'yes' if g['met'] else 'no'} | {', '.join(g['failing'])} |"
         )
-    return "\n".join(lines) + "\n"
+    return [*lines, ""]
 
 
 def plot(report: dict[str, Any], path: Path) -> Path | None:
@@ -525,6 +585,7 @@ def run(args: argparse.Namespace) -> harness.Report | None:
         "results": rows,
     }
     data["goals"] = goals(rows)
+    data["pallas_goals"] = pallas_goals(rows)
     return harness.Report(data, markdown(data), markdown=True, plot=plot)
 
 

@@ -37,6 +37,8 @@ def pallas_k(rhs: str) -> int:
 
 # Formats XLA cannot hold (float6) and the sub-byte ones pallas.matmul takes packed.
 _PACKED = {"int4", "uint4", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"}
+# Of those, the ones pallas.matmul gets as emulate.pallas.prepare_weight returns them.
+_PREPARED = {"int4", "float4_e2m1fn", "float6_e3m2fn"}
 
 DN = (((1,), (0,)), ((), ()))
 
@@ -73,7 +75,9 @@ def matmul_specs(lhs: str, rhs: str) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDty
 
 def pallas_matmul(x: jax.Array, w: Any, *, lhs: str, rhs: str, target: str) -> jax.Array:
     """``emulate.pallas.matmul`` compiled for TPU (interpret off)."""
-    if rhs in _PACKED:
+    if rhs in _PREPARED:  # the layout users keep (same bytes: one K-planar tile)
+        w = emulate.pallas.KernelWeight(w, rhs, pallas_k(rhs))
+    elif rhs in _PACKED:  # emulate.pack's layout: x in column planes; float6 re-laid
         w = emulate.Packed(w, rhs, -2, pallas_k(rhs))
     return emulate.pallas.matmul(
         x,
@@ -82,6 +86,22 @@ def pallas_matmul(x: jax.Array, w: Any, *, lhs: str, rhs: str, target: str) -> j
         out_dtype=out_format(lhs, rhs),
         interpret=False,
         x_format=None if _is_wide(lhs) else lhs,
+    )
+
+
+def ragged_specs() -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+    """bf16 x (5, 700) and a K-planar int4 weight (700, 130): three tiles of 256 rows."""
+    return (
+        jax.ShapeDtypeStruct((5, 700), jnp.bfloat16),
+        jax.ShapeDtypeStruct((384, 130), jnp.uint8),
+    )
+
+
+def pallas_matmul_ragged(x: jax.Array, w: jax.Array, *, target: str) -> jax.Array:
+    """``emulate.pallas.matmul`` on shapes no block divides, K in two steps of 512."""
+    kw = emulate.pallas.KernelWeight(w, "int4", 700)
+    return emulate.pallas.matmul(
+        x, kw, target=target, out_dtype="float32", interpret=False, block_shape=(16, 128, 512)
     )
 
 

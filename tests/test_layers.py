@@ -117,6 +117,8 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "emulate.pallas.route",
             "emulate.pallas.kernel_dot",
+            "emulate.pallas.weights",
+            "emulate.pallas.matmul_config",
             "emulate.pallas.matmul_kernel",
             "emulate.pallas.sites",
             "emulate.pallas.op_rules",
@@ -571,6 +573,7 @@ TESTED_ELSEWHERE = {
     "emulate.numerics.scales": "the scale rules: test_quant (every rule against numpy)",
     "emulate.numerics.bits": "f32 bit helpers: numerics/test_codecs (every code decoded)",
     "emulate.pallas.route": "kernel routes: pallas/test_kernel_dot, pallas/test_matmul_kernel",
+    "emulate.pallas.matmul_config": "blocks and layouts: pallas/test_matmul_kernel (defaults)",
     "emulate.planning.exactness": "exactness limits: planning/test_plan (K-chunks, k_limit)",
     "emulate.planning.slicing": "exponent slicing: engine/test_exact, planning/test_plan",
     "emulate.report": "emulate.inspect: test_program, test_rewrite",

@@ -215,6 +215,11 @@ def _cases() -> list[Case]:
         fn = functools.partial(P.decoder, target=t)
         key = ("decoder_block", *(_plan_key(a, w, t, "fast") for a, w in DECODER_PAIRS))
         out.append(Case("decoder_block", "polyfill", t, fn, P.decoder_specs(), repeats(key)))
+    # Ragged M, K and N: partial edge blocks, the weight's rows and x's columns past K
+    # masked in the kernel (TPU v4 has no select on bf16 vectors), x's block all of K.
+    for t in ("tpu_v4", "tpu_v5e"):
+        fn = functools.partial(P.pallas_matmul_ragged, target=t)
+        out.append(Case("pallas.matmul", "ragged-bfloat16xint4", t, fn, P.ragged_specs()))
     return out
 
 

@@ -74,7 +74,9 @@ class _Spec:
 
 
 def _is_leaf(x: object) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype")
+    # A pytree node with a shape and dtype of its own (emulate.Packed: its logical int4
+    # shape) is not a leaf: its stored leaves (the packed uint8 bytes) are the arguments.
+    return hasattr(x, "shape") and hasattr(x, "dtype") and jax.tree_util.all_leaves([x])
 
 
 def _portable(arg_specs: tuple[Any, ...]) -> tuple[Any, ...]:

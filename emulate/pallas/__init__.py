@@ -3,6 +3,8 @@
 - :func:`matmul`: ``x @ w`` as one ``pallas_call`` whose low-precision weight (int8,
   float8 codes, or int4 / float4 / float6 kept packed) is decoded tile by tile in VMEM
   into the type the target's matrix unit takes.
+- :func:`prepare_weight`: a sub-byte weight, once, in the K-planar layout
+  (:class:`KernelWeight`, the same bytes) that :func:`matmul` reads without any copy.
 - :func:`dot`: a ``jnp.dot`` for values loaded inside your own kernels that lowers to an
   operand pair the target runs.
 - :func:`check`: lowers a function for TPU on any machine and reports each ``tpu.matmul``
@@ -10,7 +12,8 @@
   compatibility mode, with the error Mosaic would give and a fix for that operation.
 
 Import it as ``import emulate.pallas`` (it imports ``jax.experimental.pallas``). One kernel
-per module: :mod:`emulate.pallas.matmul_kernel`, :mod:`emulate.pallas.kernel_dot`, the
+per module: :mod:`emulate.pallas.matmul_kernel` (its weight layout:
+:mod:`emulate.pallas.weights`), :mod:`emulate.pallas.kernel_dot`, the
 check in :mod:`emulate.pallas.mosaic_check`, and the routes and in-kernel decoding they
 share in :mod:`emulate.pallas.route`.
 """
@@ -20,5 +23,16 @@ from __future__ import annotations
 from emulate.pallas.kernel_dot import dot
 from emulate.pallas.matmul_kernel import matmul
 from emulate.pallas.mosaic_check import Finding, MatmulSite, check, diagnose, matmul_sites
+from emulate.pallas.weights import KernelWeight, prepare_weight
 
-__all__ = ["Finding", "MatmulSite", "check", "diagnose", "dot", "matmul", "matmul_sites"]
+__all__ = [
+    "Finding",
+    "KernelWeight",
+    "MatmulSite",
+    "check",
+    "diagnose",
+    "dot",
+    "matmul",
+    "matmul_sites",
+    "prepare_weight",
+]

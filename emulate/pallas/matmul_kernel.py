@@ -1,34 +1,50 @@
 """``emulate.pallas.matmul``: ``x @ w`` with a low-precision weight decoded tile by tile in VMEM.
 
 One ``pallas_call``, grid ``(M / bm, N / bn, K / bk)``, K innermost ("arbitrary"), M and N
-"parallel":
+"parallel". The weight is the kernel's operand exactly as the caller stores it: nothing
+copies, converts, pads or relayouts it outside the kernel.
 
-* ``x`` (M, K) is decoded once, outside the kernel, into the type the target's matrix unit
-  takes (it is the small operand), and split into ``group`` column planes
-  ``x[:, t::group]``. Block ``(bm, bk / group)`` of each plane, index ``(i, k)``.
-* ``w`` stays in HBM as it is stored: int8 / uint8 / float8 codes one per byte
-  (``group = 1``), 4-bit formats two per byte (``group = 2``) and 6-bit formats four per
-  three bytes (``group = 4``), packed along K as :func:`emulate.pack` lays them out. The
-  packed bytes are viewed, without a copy, as an array of ``nbytes`` byte planes side by
-  side, ``(K / group, nbytes * N)``; block ``(bk / group, bn)`` of plane ``p`` at index
-  ``(k, j + p * N / bn)``. In the kernel the planes are combined into 32-bit words, the
-  ``group`` codes cut out with shifts and masks (code ``t`` of a word is the weight row
-  that multiplies plane ``t`` of ``x``: no interleaving), and decoded exactly with the bit
-  formulas of :mod:`emulate.numerics.codecs` into int8 (x ``2**scale``), bf16 or f32.
-* Each step adds ``sum_t x_t @ w_t`` to a VMEM scratch accumulator: int32 for integer
-  pairs and the other exact-class pairs (each float dot cut at the plan's K-chunk so that
-  its f32 sum is exact, then converted), f32 otherwise. An exact pair with a float
-  result keeps the int32 sum as two limbs (``hi * 2**16 + lo``), so no step can overflow.
-  The accumulator is written to the output once, at the last K step.
-* Outside the kernel the padding is sliced off and the sum rounded once into the result
-  type (:mod:`emulate.numerics.accumulate`).
+* ``w``, one of three layouts:
 
-Ragged shapes are padded with zero codes (value +0 in every format) and sliced back.
+  - *dense*: int8 / uint8 / float8 arrays, or uint8 codes (float6 codes too), one code
+    per byte; block ``(bk, bn)``. A float8 tile is bitcast to int8 in the kernel.
+  - *K-planar*: a :class:`emulate.pallas.weights.KernelWeight` (:func:`prepare_weight`),
+    sub-byte codes in tiles of ``128 * g`` rows whose ``g`` code positions are runs of
+    128 consecutive rows; block ``(bk / g * b, bn)`` bytes (``g`` codes per ``b``-byte
+    group). Decoded and stacked in VMEM, a tile's rows are in order, so ``x`` is
+    multiplied as it is.
+  - *packed*: an :class:`emulate.Packed` weight in :func:`emulate.pack`'s layout with one
+    byte per group (4-bit formats: element ``2j`` the low nibble of byte ``j``); block
+    ``(bk / g, bn)``. Code ``t`` of a byte multiplies column plane ``x[:, t::g]``: ``x``
+    is split into ``g`` planes outside the kernel (a strided copy of the activations; a
+    K-planar weight needs none). A Packed weight of 3 or 5 bytes per group (6-bit, 3-bit,
+    5-bit) and an int4 / uint4 / float4 array are put in the K-planar layout on each
+    call (a copy of the weight): prepare them once instead.
+
+  Rows past the weight's end in the last K block (Pallas copies a partial edge block)
+  are masked to code 0 (+0 in every format) in the kernel; columns past N only reach
+  output columns that are dropped.
+* ``x`` (M, K) is read as stored too (bf16 / f32 values, int8 / uint8 / float8 arrays,
+  uint8 codes; float16 is widened outside) and decoded in the kernel, tile by tile, into
+  the type the target's matrix unit takes (outside, where a ``block_shape`` is off the
+  stored type's sublane tiling). It is not padded: rows past M in a partial block reach
+  only output rows Pallas drops, columns past K are masked to zero in the kernel (``bm``
+  is M itself below the sublane tiling). Its block is ``(bm, K)``, index ``(i, 0)``,
+  where two copies fit the VMEM budget: fetched once per output row block and sliced per
+  K step in the kernel; otherwise ``(bm, bk)``, fetched for each column block.
+* In the kernel the codes are cut out of their bytes with shifts and masks, decoded
+  exactly with the bit formulas of :mod:`emulate.numerics.codecs` into int8 (x
+  ``2**scale``), bf16 or f32, and ``x @ w`` is added to a VMEM scratch accumulator: int32
+  for integer pairs and the other exact-class pairs (each float dot cut at the plan's
+  K-chunk so that its f32 sum is exact, then converted), f32 otherwise. An exact pair
+  with a float result keeps the int32 sum as two limbs (``hi * 2**16 + lo``), so no step
+  can overflow. The accumulator is written to the output once, at the last K step.
+* Outside the kernel the sum is rounded once into the result type
+  (:mod:`emulate.numerics.accumulate`; nothing to do for an f32 or int32 result).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +52,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -45,77 +62,38 @@ from emulate.numerics import accumulate
 from emulate.numerics.codecs import decode
 from emulate.numerics.storage import (
     Packed,
-    from_codes,
+    group_shape,
     is_array,
     split_group_bytes,
     to_codes,
     unpack_codes,
 )
 from emulate.pallas import route
-from emulate.planning.exactness import MAX_CHUNKS, MAX_TOTAL_QUANTA
+from emulate.pallas.matmul_config import Config, Stored, config
+from emulate.pallas.weights import TILE_GROUPS, KernelWeight, kernel_codes, prepare_weight
+from emulate.qarray import QArray, parts_text
 
-__all__ = ["matmul", "Config", "config", "interpret_mode"]
+__all__ = ["matmul", "interpret_mode"]
 
-_LANES = 128
-_SUBLANES = {1: 32, 2: 16, 4: 8}  # second-minor tiling of a VMEM block, by element bytes
-_DEFAULT_SCOPED_VMEM = 16 << 20  # Mosaic's default scoped VMEM limit on v4 / v5e
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """Everything static about one kernel call (hashable: the jit cache key).
-
-    Attributes:
-      route: the :class:`emulate.pallas.route.Route` of the pair on the target.
-      m, n, k: the logical problem shape.
-      bm, bn, bk: the block shape.
-      group: weight codes per group of whole bytes along K (1, 2 or 4); nbytes: bytes
-        per group (1, 1 or 3).
-      w_passthrough: the weight goes to the matrix unit in its stored type (no decoding).
-      limbs: accumulate an exact int32 sum as two limbs (exact pair, float result).
-      interpret: whether to run in interpret mode (else compile for TPU).
-      vmem_bytes: the estimated VMEM footprint of one grid step.
-      vmem_limit: the scoped VMEM limit asked of Mosaic (None: its default, 16 MiB or
-        more, when twice the estimate fits in it).
-    """
-
-    route: route.Route
-    m: int
-    n: int
-    k: int
-    bm: int
-    bn: int
-    bk: int
-    group: int
-    nbytes: int
-    w_passthrough: bool
-    limbs: bool
-    interpret: bool
-    vmem_bytes: int
-    vmem_limit: int | None
-
-    @property
-    def padded(self) -> tuple[int, int, int]:
-        return _round_up(self.m, self.bm), _round_up(self.n, self.bn), _round_up(self.k, self.bk)
-
-    @property
-    def grid(self) -> tuple[int, int, int]:
-        mp, np_, kp = self.padded
-        return mp // self.bm, np_ // self.bn, kp // self.bk
+_X_IN_KERNEL = ("bfloat16", "float32")  # wide activation types decoded in the kernel
 
 
-def _round_up(v: int, m: int) -> int:
-    return -(-v // m) * m
-
-
-def _itemsize(name: str) -> int:
-    return np.dtype(formats.get(name).dtype).itemsize
+def _refuse_qarray(arg: str, q: QArray) -> None:
+    parts = ", ".join(["block scales", *parts_text(q)])
+    raise NotImplementedError(
+        f"{arg}: emulate.pallas.matmul does not decode QArray operands in the kernel yet "
+        f"({q.format_name} with {parts}); use emulate.dot_general for a QArray, or pass "
+        "the codes alone"
+    )
 
 
 def _weight(
-    w: jax.Array | np.ndarray | Packed, w_format: FormatLike | None
-) -> tuple[jax.Array, Format, int, int, int]:
-    """(storage, format, K, N, group) for the weight argument."""
+    w: jax.Array | np.ndarray | Packed | KernelWeight, w_format: FormatLike | None
+) -> tuple[jax.Array, Format, int, int, Stored]:
+    """(stored array, format, K, N, layout) for the weight argument; nothing is copied
+    except where the module docstring says so."""
+    if isinstance(w, QArray):
+        _refuse_qarray("w", w)
     if isinstance(w, Packed):
         f = w.format
         if w_format is not None and formats.get(w_format) != f:
@@ -129,37 +107,54 @@ def _weight(
                 f"shape {w.shape} packed along axis {w.axis + w.ndim}: pack it with "
                 "emulate.pack(w, axis=0)"
             )
-        data = jnp.asarray(w.data)
-        if data.dtype != jnp.uint8:
-            raise ValueError(f"w: Packed data must be uint8, got {data.dtype}")
-        expect = -(-f.bits * w.length // 8)
-        if data.shape[0] != expect:
+        group, nbytes = group_shape(f.bits)
+        if nbytes == 1:
+            data = jnp.asarray(w.data)
+            stored = Stored("packed", "uint8", int(data.shape[0]), group, nbytes)
+            return data, f, w.length, int(data.shape[1]), stored
+        w = prepare_weight(w)
+    if isinstance(w, KernelWeight):
+        f = w.format
+        if w_format is not None and formats.get(w_format) != f:
             raise ValueError(
-                f"w: {w.length} {f.name} rows need {expect} bytes along K, the data has "
-                f"{data.shape[0]}"
+                f"w_format: {formats.get(w_format).name} disagrees with the KernelWeight's "
+                f"format {f.name}"
             )
-        group = 2 if f.bits == 4 else 4
-        return data, f, w.length, data.shape[1], group
+        data = jnp.asarray(w.data)
+        group, nbytes = group_shape(f.bits)
+        stored = Stored("planar", "uint8", int(data.shape[0]), group, nbytes)
+        return data, f, w.length, int(data.shape[1]), stored
     if not is_array(w):
         raise TypeError(
-            f"w: expected an array, uint8 codes with w_format=, or a Packed array; got "
-            f"{type(w).__name__}"
+            f"w: expected an array, uint8 codes with w_format=, a Packed array or a "
+            f"KernelWeight; got {type(w).__name__}"
         )
-    codes, f = to_codes(w, w_format, arg="w")
+    dt = np.dtype(w.dtype)
+    as_is = dt.name in formats.names() and formats.get(dt).xla_storable
+    if as_is and (w_format is None or formats.get(w_format).name == dt.name):
+        f = formats.get(dt)
+        data = jnp.asarray(w)
+    else:
+        data, f = to_codes(w, w_format, arg="w")
     if not f.is_low_precision:
         raise ValueError(
             f"w: a {f.name} weight needs no decoding; pass a low-precision weight (int8, "
             "float8 codes, or emulate.pack(w4, axis=0) for 4- and 6-bit formats)"
         )
-    if codes.ndim != 2:
-        raise ValueError(f"w: expected a 2-D (K, N) weight, got shape {tuple(codes.shape)}")
-    return codes, f, codes.shape[0], codes.shape[1], 1
+    if data.ndim != 2:
+        raise ValueError(f"w: expected a 2-D (K, N) weight, got shape {tuple(data.shape)}")
+    if np.dtype(data.dtype).itemsize * 8 != 8:  # int4 / uint4 / float4 arrays
+        return _weight(prepare_weight(data), None)
+    stored = Stored("dense", np.dtype(data.dtype).name, int(data.shape[0]))
+    return data, f, int(data.shape[0]), int(data.shape[1]), stored
 
 
 def _activation(
     x: jax.Array | np.ndarray | Packed, x_format: FormatLike | None
 ) -> tuple[jax.Array, Format]:
     """(values or codes, format) for the activation argument."""
+    if isinstance(x, QArray):
+        _refuse_qarray("x", x)
     if isinstance(x, Packed):
         return unpack_codes(x), x.format
     if not is_array(x):
@@ -170,103 +165,85 @@ def _activation(
     dt = np.dtype(x.dtype)
     if x_format is None and dt.name in formats.WIDE:
         return jnp.asarray(x), formats.get(dt)
+    own = dt.name in formats.names() and formats.get(dt).xla_storable and formats.get(dt).bits == 8
+    if own and (x_format is None or formats.get(x_format).name == dt.name):
+        return jnp.asarray(x), formats.get(dt)  # int8 / uint8 / float8: read as stored
     codes, f = to_codes(x, x_format, arg="x")
     if not f.is_low_precision:
         return jnp.asarray(x), f
     return codes, f
 
 
-def _check_block(name: str, value: Any, multiple: int, why: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise TypeError(f"block_shape: {name} must be a positive int, got {value!r}")
-    if value % multiple:
-        raise ValueError(f"block_shape: {name} = {value} must be a multiple of {multiple} ({why})")
-    return int(value)
+def _codes(w_ref: Any, cfg: Config, k: Any) -> jax.Array:
+    """The loaded weight block as int32 byte values, rows past the weight's end zeroed."""
+    w = w_ref[...]
+    if jnp.issubdtype(w.dtype, jnp.floating):  # float8: Mosaic bitcasts to int8, not uint8
+        w = lax.bitcast_convert_type(w, jnp.int8)
+    c = w.astype(jnp.int32) & 0xFF
+    rows = cfg.w_block_rows
+    if cfg.stored.rows % rows:  # a partial last block: what lies past the end is garbage
+        valid = cfg.stored.rows - k * rows
+        c = jnp.where(lax.broadcasted_iota(jnp.int32, c.shape, 0) < valid, c, 0)
+    return c
 
 
-def _vmem_bytes(r: route.Route, bm: int, bn: int, bk: int, limbs: bool) -> int:
-    x_block = bm * bk * _itemsize(r.lhs_compute)
-    w_block = bk * bn  # at most one byte per code
-    temps = 3 * bk * bn * 4  # int32 words, codes and the decoded tile
-    acc = bm * bn * 4 * (2 if limbs else 1)
-    return 2 * x_block + 2 * w_block + temps + acc + 2 * acc
+def _weight_planes(w_ref: Any, cfg: Config, k: Any) -> list[jax.Array]:
+    """The weight block as the matrix unit takes it: one (bk, bn) tile in K order (dense
+    and K-planar layouts) or one tile per code position (packed layout)."""
+    r = cfg.route
+    wf = formats.get(r.rhs)
+    s = cfg.stored
+    if cfg.w_passthrough:
+        if s.dtype == r.rhs_compute and s.rows % cfg.w_block_rows == 0:
+            return [w_ref[...]]
+        c = _codes(w_ref, cfg, k).astype(jnp.int8)
+        dt = jnp.dtype(formats.get(r.rhs_compute).dtype)
+        return [c if dt == jnp.int8 else lax.bitcast_convert_type(c, dt)]
+    c = _codes(w_ref, cfg, k)
+    if s.layout == "dense":
+        planes = [c]
+    elif s.layout == "packed":
+        planes = split_group_bytes([c], wf.bits)
+    else:  # K-planar: per tile, g runs of 128 consecutive rows
+        per_tile = TILE_GROUPS * s.nbytes
+        runs = []
+        for t in range(c.shape[0] // per_tile):
+            parts = [
+                c[t * per_tile + p * TILE_GROUPS : t * per_tile + (p + 1) * TILE_GROUPS]
+                for p in range(s.nbytes)
+            ]
+            runs += split_group_bytes(parts, wf.bits)
+        planes = [jnp.concatenate(runs, axis=0) if len(runs) > 1 else runs[0]]
+    return [route.decode_codes(p, wf, r.rhs_compute, r.rhs_scale) for p in planes]
 
 
-def config(
-    r: route.Route,
-    t: targets.Target,
-    m: int,
-    n: int,
-    k: int,
-    group: int,
-    nbytes: int,
-    w_passthrough: bool,
-    block_shape: Sequence[int] | None,
-    interpret: bool,
-) -> Config:
-    """The :class:`Config` for one call: block shape defaults and checks."""
-    x_sub = _SUBLANES[_itemsize(r.lhs_compute)]
-    k_multiple = _LANES * group  # each x plane block is lane-dense
-    limbs = r.exact and formats.get(r.out).is_float
-    if block_shape is None:
-        mxu = t.mxu_column_size or _LANES
-        bm = min(_round_up(m, x_sub), 256)
-        bn = min(_round_up(n, _LANES), 2 * mxu)
-        bk = max(k_multiple, (512 * 512 // bn) // k_multiple * k_multiple)
-        bk = min(bk, _round_up(k, k_multiple))
-        cap = (t.vmem_capacity_bytes or 16 << 20) // 2
-        while bk > k_multiple and _vmem_bytes(r, bm, bn, bk, limbs) > cap:
-            bk -= k_multiple
-    else:
-        try:
-            bm, bn, bk = block_shape
-        except (TypeError, ValueError):
-            raise TypeError(f"block_shape: expected (bm, bn, bk), got {block_shape!r}") from None
-        bm = _check_block("bm", bm, x_sub, f"the sublane tiling of {r.lhs_compute} blocks")
-        bn = _check_block("bn", bn, _LANES, "the lane width")
-        bk = _check_block(
-            "bk",
-            bk,
-            k_multiple,
-            "the lane width"
-            + (f" times the {group} codes packed along K per byte group" if group > 1 else ""),
-        )
-    vmem = _vmem_bytes(r, bm, bn, bk, limbs)
-    if t.vmem_capacity_bytes and vmem > t.vmem_capacity_bytes:
-        raise ValueError(
-            f"block_shape: ({bm}, {bn}, {bk}) needs about {vmem} bytes of VMEM, more than "
-            f"{t.name}'s {t.vmem_capacity_bytes}; use smaller blocks"
-        )
-    limit = None
-    if 2 * vmem > _DEFAULT_SCOPED_VMEM:
-        limit = min(2 * vmem, t.vmem_capacity_bytes or 2 * vmem)
-    cfg = Config(
-        r, m, n, k, bm, bn, bk, group, nbytes, w_passthrough, limbs, interpret, vmem, limit
-    )
-    if limbs:
-        _, _, kp = cfg.padded
-        if kp // bk > MAX_CHUNKS or k * route.exact_limit(r) >= MAX_TOTAL_QUANTA:
-            raise ValueError(
-                f"x, w: a contraction of K = {k} in blocks of {bk} exceeds what the exact "
-                f"{r.lhs} x {r.rhs} kernel combines exactly (at most {MAX_CHUNKS} K steps "
-                "and 2**40 quanta); use a larger bk or split the contraction"
-            )
-    return cfg
+def _decode_outside(x: jax.Array, xf: Format, r: route.Route) -> jax.Array:
+    """x decoded by XLA before the kernel, into the type the matrix unit takes."""
+    if not xf.is_low_precision:
+        return route.decode_values(x, r.lhs_compute)
+    codes = to_codes(x, xf)[0] if x.dtype != jnp.uint8 else x
+    return route.decode_codes(codes, xf, r.lhs_compute, r.lhs_scale)
 
 
-def _split_codes(planes: list[jax.Array], cfg: Config, bits: int) -> list[jax.Array]:
-    """The ``group`` code tiles (int32) of the loaded byte planes."""
-    if cfg.group == 1:
-        return planes
-    return split_group_bytes([p.astype(jnp.int32) for p in planes], bits)
+def _decode_x(xt: jax.Array, cfg: Config) -> jax.Array:
+    """A loaded x tile in the type the matrix unit takes (exact: widening, or the bit
+    formulas on codes)."""
+    r = cfg.route
+    if cfg.x_dtype == r.lhs_compute:  # stored so (no format has a scale there) or decoded
+        return xt
+    xf = formats.get(r.lhs)
+    if not xf.is_low_precision:
+        return route.decode_values(xt, r.lhs_compute)
+    if jnp.issubdtype(xt.dtype, jnp.floating):  # float8: Mosaic bitcasts to int8
+        xt = lax.bitcast_convert_type(xt, jnp.int8)
+    return route.decode_codes(xt.astype(jnp.int32) & 0xFF, xf, r.lhs_compute, r.lhs_scale)
 
 
 def _kernel(cfg: Config, *refs: Any) -> None:
     r = cfg.route
-    wf = formats.get(r.rhs)
-    xs = refs[: cfg.group]
-    ws = refs[cfg.group : cfg.group + cfg.nbytes]
-    rest = refs[cfg.group + cfg.nbytes :]
+    xs = refs[: cfg.x_planes]
+    w_ref = refs[cfg.x_planes]
+    rest = refs[cfg.x_planes + 1 :]
     n_acc = 2 if cfg.limbs else 1
     outs, accs = rest[:n_acc], rest[n_acc:]
     k = pl.program_id(2)
@@ -276,20 +253,23 @@ def _kernel(cfg: Config, *refs: Any) -> None:
         for a in accs:
             a[...] = jnp.zeros(a.shape, a.dtype)
 
-    codes = _split_codes([w[...] for w in ws], cfg, wf.bits)
+    width = cfg.bk // cfg.x_planes
     step = None
-    for t in range(cfg.group):
-        if cfg.w_passthrough:
-            wt = codes[t]
+    for xr, wt in zip(xs, _weight_planes(w_ref, cfg, k)):
+        if cfg.x_resident:
+            xt = xr[:, pl.ds(pl.multiple_of(k * width, width), width)]
         else:
-            wt = route.decode_codes(codes[t], wf, r.rhs_compute, r.rhs_scale)
-        xt = xs[t][...]
-        if r.exact:
-            d = route.exact_dot(xt, wt, r)
-        else:
-            d = route.float_dot(xt, wt, r.precision)
+            xt = xr[...]
+        xt = _decode_x(xt, cfg)
+        if cfg.x_planes == 1 and cfg.k % cfg.bk:  # past K: garbage of a partial block
+            cols = lax.broadcasted_iota(jnp.int32, xt.shape, 1)
+            # TPU v4 has no select on bf16 vectors: select in f32, then round (exactly)
+            wide = xt.astype(jnp.float32) if xt.dtype == jnp.bfloat16 else xt
+            wide = jnp.where(cols < cfg.k - k * width, wide, jnp.zeros((), wide.dtype))
+            xt = wide.astype(xt.dtype)
+        d = route.exact_dot(xt, wt, r) if r.exact else route.float_dot(xt, wt, r.precision)
         step = d if step is None else step + d
-    assert step is not None  # cfg.group >= 1
+    assert step is not None
     if cfg.limbs:
         accs[0][...] += step >> 16
         accs[1][...] += step & 0xFFFF
@@ -305,30 +285,37 @@ def _kernel(cfg: Config, *refs: Any) -> None:
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _run(x: jax.Array, w: jax.Array, cfg: Config) -> jax.Array:
     r = cfg.route
-    mp, np_, kp = cfg.padded
+    _, _, kp = cfg.padded
     nm, nn, nk = cfg.grid
-    bkg = cfg.bk // cfg.group
-    # x: pad, then one plane per code position in a byte group.
-    x = jnp.pad(x, ((0, mp - x.shape[0]), (0, kp - x.shape[1])))
-    planes = [x[:, t :: cfg.group] for t in range(cfg.group)]
-    # w: pad K (in byte groups) and N, then view the byte planes side by side.
-    rows = kp // cfg.group * cfg.nbytes
-    w = jnp.pad(w, ((0, rows - w.shape[0]), (0, np_ - w.shape[1])))
-    w = w.reshape(kp // cfg.group, cfg.nbytes * np_)
-    x_spec = pl.BlockSpec((cfg.bm, bkg), lambda i, j, k: (i, k))
-    w_specs = [
-        pl.BlockSpec((bkg, cfg.bn), functools.partial(lambda p, i, j, k: (k, j + p * nn), p))
-        for p in range(cfg.nbytes)
-    ]
+    g = cfg.x_planes
+    width = cfg.bk // g
+    # x as it is: Pallas copies partial edge blocks, rows past M reach only output rows
+    # that are dropped and columns past K are masked in the kernel. For a packed weight,
+    # one column plane per code position of a byte (padded: planes of one length).
+    planes = [x]
+    if g > 1:
+        x = jnp.pad(x, ((0, 0), (0, kp - x.shape[1])))
+        planes = [x[:, t::g] for t in range(g)]
+    if cfg.x_resident:
+        x_spec = pl.BlockSpec((cfg.bm, kp // g), lambda i, j, k: (i, 0))
+    else:
+        x_spec = pl.BlockSpec((cfg.bm, width), lambda i, j, k: (i, k))
+    w_spec = pl.BlockSpec((cfg.w_block_rows, cfg.bn), lambda i, j, k: (k, j))
     acc_dtype = jnp.int32 if r.exact else jnp.float32
     n_acc = 2 if cfg.limbs else 1
     out_spec = pl.BlockSpec((cfg.bm, cfg.bn), lambda i, j, k: (i, j))
     interpret = pltpu.InterpretParams() if cfg.interpret else False
+    if not cfg.interpret:
+        # The kernel streams its blocks from HBM: without this, XLA may copy a whole
+        # operand into VMEM before the call (7x does so for a 16 MiB weight), a serial
+        # copy the pipeline cannot overlap.
+        planes = [pltpu.with_memory_space_constraint(p, pltpu.HBM) for p in planes]
+        w = pltpu.with_memory_space_constraint(w, pltpu.HBM)
     outs = pl.pallas_call(
         functools.partial(_kernel, cfg),
-        out_shape=[jax.ShapeDtypeStruct((mp, np_), acc_dtype)] * n_acc,
+        out_shape=[jax.ShapeDtypeStruct((cfg.m, cfg.n), acc_dtype)] * n_acc,
         grid=(nm, nn, nk),
-        in_specs=[x_spec] * cfg.group + w_specs,
+        in_specs=[x_spec] * g + [w_spec],
         out_specs=[out_spec] * n_acc,
         scratch_shapes=[pltpu.VMEM((cfg.bm, cfg.bn), acc_dtype)] * n_acc,
         compiler_params=pltpu.CompilerParams(
@@ -337,8 +324,7 @@ def _run(x: jax.Array, w: jax.Array, cfg: Config) -> jax.Array:
         ),
         interpret=interpret,
         name="emulate_matmul",
-    )(*planes, *[w] * cfg.nbytes)
-    outs = [o[: cfg.m, : cfg.n] for o in outs]
+    )(*planes, w)
     if cfg.limbs:
         hi, lo = accumulate.normalize(*outs)
         return accumulate.round_limbs(hi, lo, r.scale, r.out)
@@ -422,7 +408,7 @@ def matmul(
             "a TPU target (target='tpu_v5e', emulate.target(...) or EMULATE_TARGET); on a "
             "machine without a TPU it runs in interpret mode"
         )
-    wdata, wf, kw, n, group = _weight(w, w_format)
+    wdata, wf, kw, n, stored = _weight(w, w_format)
     xv, xf = _activation(x, x_format)
     if xv.ndim != 2:
         raise ValueError(f"x: expected a 2-D (M, K) array, got shape {tuple(xv.shape)}")
@@ -440,17 +426,15 @@ def matmul(
         )
     if 0 in (m, n, k):  # nothing to launch: an empty contraction sums to zero
         return jnp.zeros((m, n), formats.get(r.out).dtype)
-    passthrough = r.rhs_compute == wf.name and not r.rhs_scale and group == 1
-    if passthrough:
-        wdata = from_codes(wdata, wf)
-    if not xf.is_low_precision:
-        xv = route.decode_values(xv, r.lhs_compute)
-    elif r.lhs_compute == xf.name and not r.lhs_scale:
-        xv = from_codes(xv, xf)
-    else:
-        xv = route.decode_codes(xv, xf, r.lhs_compute, r.lhs_scale)
-    nbytes = 3 if group == 4 else 1
-    cfg = config(r, t, m, n, k, group, nbytes, passthrough, block_shape, interpret_mode(interpret))
+    passthrough = r.rhs_compute == wf.name and not r.rhs_scale and stored.layout == "dense"
+    if not xf.is_low_precision and xv.dtype.name not in _X_IN_KERNEL:
+        xv = route.decode_values(xv, r.lhs_compute)  # float16: widened outside the kernel
+    cfg = config(
+        r, t, m, n, k, stored, passthrough, block_shape, interpret_mode(interpret),
+        x_dtype=xv.dtype.name,
+    )  # fmt: skip
+    if cfg.x_dtype != xv.dtype.name:  # a block_shape off the stored type's tiling
+        xv = _decode_outside(xv, xf, cfg.route)
     return _differentiable_run(xv, wdata, w, cfg)
 
 
@@ -467,6 +451,8 @@ def _run_fwd(x, wdata, w, cfg):
 
 def _run_bwd(cfg, res, g):
     x, w = res
+    if isinstance(w, KernelWeight):
+        w = kernel_codes(w)
     fmt = None if isinstance(w, Packed) else cfg.route.rhs
     wv = decode(w, fmt, to=jnp.float32)  # (K, N) values
     dx = jax.lax.dot_general(

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import emulate
 from emulate import compiler
 from emulate.compiler import isolate
 from emulate.mosaic import Verdict
@@ -98,3 +99,14 @@ def test_place_specs_puts_every_leaf_on_the_device():
     assert placed["b"][0].sharding.device_set == {dev}
     with pytest.raises(TypeError, match=r"^arg_specs: expected leaves with shape and dtype"):
         isolate.place_specs((3,), dev)
+
+
+def test_place_specs_keeps_a_packed_weight_packed():
+    # A Packed array has a logical shape and dtype (int4[256, 128]) but is a pytree node:
+    # the argument the program gets is its uint8 data, 128 bytes along K.
+    dev = compiler.device("tpu_v5e")
+    w = emulate.Packed(_spec("uint8", (128, 128)), "int4", -2, 256)
+    (placed,) = isolate.place_specs((w,), dev)
+    assert isinstance(placed, emulate.Packed) and placed.length == 256
+    assert (placed.data.shape, placed.data.dtype) == ((128, 128), jnp.uint8)
+    assert placed.data.sharding.device_set == {dev}

@@ -20,7 +20,7 @@ import pytest
 import emulate
 import emulate.pallas
 from emulate import formats, reference, targets
-from emulate.pallas import matmul_kernel, route
+from emulate.pallas import matmul_config, matmul_kernel, route
 
 DN = (((1,), (0,)), ((), ()))
 
@@ -112,50 +112,105 @@ def _pallas_scope(jaxpr):
     return None
 
 
-def test_packed_weight_stays_packed_in_hbm():
-    k, n = 1024, 512
-    w = emulate.pack(np.zeros((k, n), ml_dtypes.int4), axis=0)
-    x = jnp.zeros((4, k), jnp.bfloat16)
+# Call wrappers, the kernel, and the HBM placement of its operands (lowered to nothing).
+_WRAPPERS = {
+    "with_memory_space_constraint",
+    "pjit",
+    "jit",
+    "custom_vjp_call",
+    "custom_vjp_call_jaxpr",
+    "custom_vmap_call",
+    "closed_call",
+    "pallas_call",
+}
+
+
+def _ops_on(jaxpr, aval):
+    """The primitives (other than call wrappers and the kernel) that take an operand of
+    ``aval``, anywhere in ``jaxpr`` and its sub-jaxprs."""
+    found = []
+    for e in jaxpr.eqns:
+        if e.primitive.name not in _WRAPPERS and any(
+            getattr(v, "aval", None) == aval for v in e.invars
+        ):
+            found.append(e.primitive.name)
+        for v in e.params.values():
+            for sub in v if isinstance(v, (tuple, list)) else (v,):
+                inner = getattr(sub, "jaxpr", sub)
+                if isinstance(inner, jax.extend.core.Jaxpr):
+                    found += _ops_on(inner, aval)
+    return found
+
+
+X = ((4, 1024), "bfloat16")  # x as it is (4 rows, all of K)
+
+
+def _pallas_operands(fn, *args):
+    jaxpr = jax.make_jaxpr(fn)(*args)
+    (call,) = [e for e in _pallas_scope(jaxpr.jaxpr).eqns if e.primitive.name == "pallas_call"]
+    return jaxpr, [(v.aval.shape, v.aval.dtype.name) for v in call.invars]
+
+
+@pytest.mark.parametrize(
+    "w, operands",
+    [
+        # 8-bit weights: the array itself (float8 is bitcast to int8 in the kernel).
+        (jnp.zeros((1024, 512), jnp.int8), [X, ((1024, 512), "int8")]),
+        (jnp.zeros((1024, 512), jnp.float8_e4m3fn), [X, ((1024, 512), "float8_e4m3fn")]),
+        # K-planar int4 and float6: K/2 and 3K/4 bytes, x as it is.
+        (emulate.pallas.prepare_weight(np.zeros((1024, 512), ml_dtypes.int4)),
+         [X, ((512, 512), "uint8")]),
+        (emulate.pallas.prepare_weight(np.zeros((1024, 512), np.uint8), "e2m3"),
+         [X, ((768, 512), "uint8")]),
+        # emulate.pack's layout: the bytes as packed, x in two column planes.
+        (emulate.pack(np.zeros((1024, 512), ml_dtypes.int4), axis=0),
+         [((4, 512), "bfloat16")] * 2 + [((512, 512), "uint8")]),
+    ],
+)  # fmt: skip
+def test_the_kernel_reads_the_weight_as_stored(w, operands):
+    x = jnp.zeros((4, 1024), jnp.bfloat16)
 
     def fn(x, w):
         return emulate.pallas.matmul(x, w, target="tpu_v5e", interpret=False)
 
-    jaxpr = jax.make_jaxpr(fn)(x, w)
-    inner = _pallas_scope(jaxpr.jaxpr)  # the jitted wrapper
-    (call,) = [e for e in inner.eqns if e.primitive.name == "pallas_call"]
-    avals = [(v.aval.shape, v.aval.dtype.name) for v in call.invars]
-    # two bf16 planes of x (even and odd K), one uint8 weight of K/2 x N bytes
-    assert avals == [((16, 512), "bfloat16")] * 2 + [((512, 512), "uint8")]
-    # no decoded weight anywhere in the program outside the kernel
-    for e in inner.eqns:
-        for v in e.outvars:
-            assert v.aval.size < k * n or v.aval.dtype == jnp.uint8, e
-    # float6: three byte planes of the same K/4 x 3N array
-    w6 = emulate.pack(np.zeros((k, n), ml_dtypes.float6_e2m3fn), axis=0)
-    jaxpr = jax.make_jaxpr(fn)(x, w6)
-    (call,) = [e for e in _pallas_scope(jaxpr.jaxpr).eqns if e.primitive.name == "pallas_call"]
-    avals = [(v.aval.shape, v.aval.dtype.name) for v in call.invars]
-    assert avals == [((16, 256), "bfloat16")] * 4 + [((256, 3 * 512), "uint8")] * 3
+    jaxpr, avals = _pallas_operands(fn, x, w)
+    assert avals == operands
+    # nothing converts, pads, reshapes or copies the weight outside the kernel
+    data = w.data if hasattr(w, "data") else w
+    aval = jax.core.ShapedArray(data.shape, data.dtype)
+    assert _ops_on(jaxpr.jaxpr, aval) == []
+
+
+def test_a_six_bit_packed_weight_is_put_in_the_k_planar_layout():
+    # emulate.pack's float6 layout has three bytes per group: the call rearranges it (a
+    # copy, the module docstring says so) into the layout prepare_weight keeps.
+    w6 = emulate.pack(np.zeros((1024, 512), ml_dtypes.float6_e2m3fn), axis=0)
+    x = jnp.zeros((4, 1024), jnp.bfloat16)
+    _, avals = _pallas_operands(
+        lambda x, w: emulate.pallas.matmul(x, w, target="tpu_v5e", interpret=False), x, w6
+    )
+    assert avals == [((4, 1024), "bfloat16"), ((768, 512), "uint8")]
 
 
 def _config(x_fmt, w_fmt, target, m, n, k, group=1, out=None):
     t = targets.get(target)
     r = route.route(x_fmt, w_fmt, target=t, preferred_element_type=out)
-    nbytes = 3 if group == 4 else 1
-    return matmul_kernel.config(r, t, m, n, k, group, nbytes, False, None, True)
+    stored = matmul_config.Stored("planar" if group > 1 else "dense", "uint8", k, group)
+    return matmul_config.config(r, t, m, n, k, stored, False, None, True)
 
 
 def test_default_blocks_come_from_the_target():
     # bn is twice the MXU width; bk fills 2**18 elements of weight tile; bm follows M.
     c = _config("bfloat16", "int4", "tpu_v5e", 1, 4096, 4096, group=2)
-    assert (c.bm, c.bn, c.bk) == (16, 256, 1024)
+    assert (c.bm, c.bn, c.bk) == (1, 256, 1024)  # below the sublane tiling: a block of M
+    assert c.x_resident  # x's (1, 4096) block is fetched once
     assert c.grid == (1, 16, 4)
     c = _config("bfloat16", "int4", "tpu_v6e", 512, 8192, 8192, group=2)
     assert (c.bm, c.bn, c.bk) == (256, 512, 512)
     c = _config("int8", "int8", "tpu_v5e", 3, 200, 300)
-    assert (c.bm, c.bn, c.bk) == (32, 256, 384)  # clamped to the padded problem
-    c = _config("float32", "int8", "tpu_v4", 3, 200, 300)
-    assert c.bm == 8  # f32 blocks tile by 8 rows
+    assert (c.bm, c.bn, c.bk) == (3, 256, 384)  # clamped to the padded problem
+    c = _config("float32", "int8", "tpu_v4", 30, 200, 300)
+    assert c.bm == 32  # f32 blocks tile by 8 rows
     for t in ("tpu_v4", "tpu_v5e", "tpu_v6e", "tpu_v7x"):
         c = _config("bfloat16", "float8_e4m3fn", t, 512, 8192, 8192)
         assert c.vmem_bytes <= targets.get(t).vmem_capacity_bytes // 2
@@ -190,7 +245,8 @@ def _i8(*shape):
         (lambda: emulate.pallas.matmul([[1]], _i8(8, 4), target="v5e"), TypeError,
          r"^x: expected an array, uint8 codes with x_format=, or a Packed array; got list$"),
         (lambda: emulate.pallas.matmul(_i8(4, 8), "w", target="v5e"), TypeError,
-         r"^w: expected an array, uint8 codes with w_format=, or a Packed array; got str$"),
+         r"^w: expected an array, uint8 codes with w_format=, a Packed array or a "
+         r"KernelWeight; got str$"),
         (lambda: emulate.pallas.matmul(
             jnp.ones((4, 8), jnp.bfloat16), _i8(8, 4), target="v5e", block_shape=(10, 128, 128)),
          ValueError, r"^block_shape: bm = 10 must be a multiple of 16 \(the sublane tiling of "

@@ -1,0 +1,211 @@
+"""The static side of :func:`emulate.pallas.matmul`: the weight's layout
+(:class:`Stored`), the block shape and the VMEM budget of one call (:func:`config`,
+:class:`Config`, the kernel's jit key). The kernel is :mod:`emulate.pallas.matmul_kernel`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from emulate import formats, targets
+from emulate.pallas import route
+from emulate.planning.exactness import MAX_CHUNKS, MAX_TOTAL_QUANTA
+
+__all__ = ["Config", "LAYOUTS", "Stored", "config"]
+
+_LANES = 128
+_SUBLANES = {1: 32, 2: 16, 4: 8}  # second-minor tiling of a VMEM block, by element bytes
+_DEFAULT_SCOPED_VMEM = 16 << 20  # Mosaic's default scoped VMEM limit on v4 / v5e
+LAYOUTS = ("dense", "planar", "packed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """The weight as the kernel reads it (static part).
+
+    Attributes:
+      layout: "dense" (one code per byte, or the format's own 8-bit dtype), "planar"
+        (:class:`KernelWeight`) or "packed" (:func:`emulate.pack`'s layout, one byte per
+        group of codes along K).
+      dtype: the stored element type's name ("int8", "uint8", "float8_e4m3fn", ...).
+      rows: rows of the stored array (bytes along K for planar / packed layouts).
+      group, nbytes: codes per group of whole bytes along K, and its bytes (1, 1 dense).
+    """
+
+    layout: str
+    dtype: str
+    rows: int
+    group: int = 1
+    nbytes: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Everything static about one kernel call (hashable: the jit cache key).
+
+    Attributes:
+      route: the :class:`emulate.pallas.route.Route` of the pair on the target.
+      m, n, k: the logical problem shape.
+      bm, bn, bk: the block shape (bk in rows of K).
+      stored: the weight's :class:`Stored` layout.
+      w_passthrough: the weight goes to the matrix unit in its stored type (no decoding).
+      limbs: accumulate an exact int32 sum as two limbs (exact pair, float result).
+      x_resident: x's block spans all of K (fetched once per row block of the output).
+      interpret: whether to run in interpret mode (else compile for TPU).
+      vmem_bytes: the estimated VMEM footprint of one grid step.
+      vmem_limit: the scoped VMEM limit asked of Mosaic (None: its default, 16 MiB or
+        more, when twice the estimate fits in it).
+      x_dtype: the type x is stored in (decoded in the kernel into ``route.lhs_compute``).
+    """
+
+    route: route.Route
+    m: int
+    n: int
+    k: int
+    bm: int
+    bn: int
+    bk: int
+    stored: Stored
+    w_passthrough: bool
+    limbs: bool
+    x_resident: bool
+    interpret: bool
+    vmem_bytes: int
+    vmem_limit: int | None
+    x_dtype: str = ""
+
+    @property
+    def padded(self) -> tuple[int, int, int]:
+        return _round_up(self.m, self.bm), _round_up(self.n, self.bn), _round_up(self.k, self.bk)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        mp, np_, kp = self.padded
+        return mp // self.bm, np_ // self.bn, kp // self.bk
+
+    @property
+    def x_planes(self) -> int:
+        """Column planes of x (``g`` for the packed layout, else 1)."""
+        return self.stored.group if self.stored.layout == "packed" else 1
+
+    @property
+    def w_block_rows(self) -> int:
+        """Rows of the stored weight per K step."""
+        s = self.stored
+        return self.bk if s.layout == "dense" else self.bk // s.group * s.nbytes
+
+
+def _round_up(v: int, m: int) -> int:
+    return -(-v // m) * m
+
+
+def _itemsize(name: str) -> int:
+    return np.dtype(formats.get(name).dtype).itemsize
+
+
+def _check_block(name: str, value: Any, multiple: int, why: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise TypeError(f"block_shape: {name} must be a positive int, got {value!r}")
+    if value % multiple:
+        raise ValueError(f"block_shape: {name} = {value} must be a multiple of {multiple} ({why})")
+    return int(value)
+
+
+def _vmem_bytes(
+    r: route.Route, bm: int, bn: int, bk: int, limbs: bool, x_cols: int, w_rows: int
+) -> int:
+    x_block = bm * x_cols * 4  # at most 4 bytes stored, decoded in the kernel
+    w_block = w_rows * bn  # one byte per stored element
+    temps = 4 * bk * bn * 4  # int32 bytes / words, codes and the decoded tile
+    acc = bm * bn * 4 * (2 if limbs else 1)
+    return 2 * x_block + 2 * w_block + temps + acc + 2 * acc
+
+
+def _default_bk(kq: int, k_multiple: int, bn: int) -> int:
+    """The deepest multiple of ``k_multiple`` that divides ``kq`` (K rounded up to whole
+    ``k_multiple``s) and is at most ``2**18 / bn`` rows (or ``k_multiple``): whole K
+    blocks, so that the last one reads no rows past the weight's end."""
+    cap = max(k_multiple, min(kq, (512 * 512 // bn) // k_multiple * k_multiple))
+    units = kq // k_multiple
+    best = 1
+    for d in range(1, cap // k_multiple + 1):
+        if units % d == 0:
+            best = d
+    return best * k_multiple
+
+
+def config(
+    r: route.Route,
+    t: targets.Target,
+    m: int,
+    n: int,
+    k: int,
+    stored: Stored,
+    w_passthrough: bool,
+    block_shape: Sequence[int] | None,
+    interpret: bool,
+    x_dtype: str | None = None,
+) -> Config:
+    """The :class:`Config` for one call: block shape defaults and checks. ``x_dtype``: the
+    type x is stored in (default: the type the matrix unit takes)."""
+    x_dtype = x_dtype or r.lhs_compute
+    x_sub = _SUBLANES[_itemsize(r.lhs_compute)]
+    stored_sub = _SUBLANES[np.dtype(x_dtype).itemsize]
+    group = stored.group
+    k_multiple = _LANES * group  # each x plane block is lane-dense; whole K-planar tiles
+    limbs = r.exact and formats.get(r.out).is_float
+    per_row = (lambda b: b) if stored.layout == "dense" else (lambda b: b // group * stored.nbytes)
+    cap = (t.vmem_capacity_bytes or 16 << 20) // 2
+    if block_shape is None:
+        mxu = t.mxu_column_size or _LANES
+        sub = max(x_sub, stored_sub)
+        bm = m if m < sub else min(_round_up(m, sub), 256)  # below the tiling: all M rows
+        bn = min(_round_up(n, _LANES), 2 * mxu)
+        bk = _default_bk(_round_up(k, k_multiple), k_multiple, bn)
+        while bk > k_multiple and _vmem_bytes(r, bm, bn, bk, limbs, bk, per_row(bk)) > cap:
+            bk = _default_bk(bk - k_multiple, k_multiple, bn)
+    else:
+        try:
+            bm, bn, bk = block_shape
+        except (TypeError, ValueError):
+            raise TypeError(f"block_shape: expected (bm, bn, bk), got {block_shape!r}") from None
+        bm = _check_block("bm", bm, x_sub, f"the sublane tiling of {r.lhs_compute} blocks")
+        bn = _check_block("bn", bn, _LANES, "the lane width")
+        bk = _check_block(
+            "bk",
+            bk,
+            k_multiple,
+            "the lane width"
+            + (f" times the {group} codes packed along K per byte group" if group > 1 else ""),
+        )
+    if bm % stored_sub and bm != m:  # x's stored blocks would be off their tiling
+        x_dtype = r.lhs_compute  # decoded outside the kernel instead
+    kp = _round_up(k, bk)
+    vmem = _vmem_bytes(r, bm, bn, bk, limbs, bk, per_row(bk))
+    if t.vmem_capacity_bytes and vmem > t.vmem_capacity_bytes:
+        raise ValueError(
+            f"block_shape: ({bm}, {bn}, {bk}) needs about {vmem} bytes of VMEM, more than "
+            f"{t.name}'s {t.vmem_capacity_bytes}; use smaller blocks"
+        )
+    resident = kp > bk and _vmem_bytes(r, bm, bn, bk, limbs, kp, per_row(bk)) <= cap
+    if resident:
+        vmem = _vmem_bytes(r, bm, bn, bk, limbs, kp, per_row(bk))
+    limit = None
+    if 2 * vmem > _DEFAULT_SCOPED_VMEM:
+        limit = min(2 * vmem, t.vmem_capacity_bytes or 2 * vmem)
+    cfg = Config(
+        r, m, n, k, bm, bn, bk, stored, w_passthrough, limbs, resident, interpret, vmem, limit,
+        x_dtype,
+    )  # fmt: skip
+    if limbs:
+        if kp // bk > MAX_CHUNKS or k * route.exact_limit(r) >= MAX_TOTAL_QUANTA:
+            raise ValueError(
+                f"x, w: a contraction of K = {k} in blocks of {bk} exceeds what the exact "
+                f"{r.lhs} x {r.rhs} kernel combines exactly (at most {MAX_CHUNKS} K steps "
+                "and 2**40 quanta); use a larger bk or split the contraction"
+            )
+    return cfg

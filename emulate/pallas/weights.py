@@ -1,0 +1,205 @@
+"""The weight layout :func:`emulate.pallas.matmul` reads without a copy: :class:`KernelWeight`.
+
+A sub-byte weight packed by :func:`emulate.pack` along K holds rows ``g*j .. g*j + g - 1``
+in byte group ``j`` (``g`` codes per group of ``b`` bytes: 2 per byte for 4-bit formats,
+4 per 3 bytes for 6-bit ones). Contracting that in a kernel needs the activations split
+into ``g`` column planes ``x[:, t::g]`` (a strided copy of the activations on every call;
+Mosaic has no lane-strided load of 16-bit data) or, for ``b > 1``, the byte planes of the
+weight side by side (a relayout copy of the weight on every call).
+
+:func:`prepare_weight` stores the same codes once in a *K-planar* layout, the same
+number of bytes: K is cut into tiles of ``T = 128 * g`` rows (zero codes pad the last
+one); tile ``s`` takes ``128 * b`` byte rows, byte ``p`` of every group in rows
+``[s*128*b + p*128, s*128*b + (p+1)*128)``, and group ``r`` of the tile holds the codes of
+rows ``s*T + t*128 + r`` for ``t = 0 .. g-1``, code ``t`` at the bit position
+:func:`emulate.pack` gives element ``t`` of a group. Decoded in VMEM, the ``g`` codes of a
+tile's groups are ``g`` runs of 128 consecutive rows, which stacked give the tile's rows in
+order: the kernel multiplies the activations as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from emulate import formats
+from emulate.formats import Format, FormatLike
+from emulate.numerics.storage import Packed, group_shape, is_array, to_codes, unpack_codes
+
+__all__ = ["KernelWeight", "TILE_GROUPS", "kernel_codes", "prepare_weight", "tiles"]
+
+#: Byte groups per tile along K: one lane-width of rows per code position.
+TILE_GROUPS = 128
+
+
+@jax.tree_util.register_pytree_with_keys_class
+@dataclasses.dataclass(frozen=True, eq=False)
+class KernelWeight:
+    """A (K, N) sub-byte weight in the K-planar layout (module docstring); make it with
+    :func:`prepare_weight` and keep it: :func:`emulate.pallas.matmul` reads it as stored.
+
+    Attributes:
+      data: uint8, ``(ceil(K / tile) * 128 * nbytes, N)``.
+      format_name: the element format (4- or 6-bit, or another width below 8).
+      length: K, the logical rows (the padding rows hold code 0, value +0).
+    """
+
+    data: Any
+    format_name: str
+    length: int
+
+    def __post_init__(self) -> None:
+        f = formats.get(self.format_name, arg="format_name")
+        if not f.packable:
+            raise ValueError(
+                f"format_name: {f.name} is {f.bits}-bit; a KernelWeight holds a format "
+                "narrower than a byte"
+            )
+        shape = getattr(self.data, "shape", None)
+        if not isinstance(shape, tuple) or len(shape) != 2:
+            raise TypeError(f"data: expected a 2-D uint8 array, got {type(self.data).__name__}")
+        if np.dtype(self.data.dtype) != np.uint8:
+            raise TypeError(f"data: expected a uint8 array, got dtype {self.data.dtype}")
+        object.__setattr__(self, "format_name", f.name)
+        want = tiles(f, self.length) * TILE_GROUPS * group_shape(f.bits)[1]
+        if shape[0] != want:
+            raise ValueError(
+                f"length: {self.length} {f.name} rows in the K-planar layout need {want} "
+                f"byte rows, the data has {shape[0]}"
+            )
+
+    def tree_flatten_with_keys(self):
+        return ((jax.tree_util.GetAttrKey("data"), self.data),), (self.format_name, self.length)
+
+    def tree_flatten(self):
+        return (self.data,), (self.format_name, self.length)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        obj = object.__new__(cls)
+        object.__setattr__(obj, "data", children[0])
+        object.__setattr__(obj, "format_name", aux[0])
+        object.__setattr__(obj, "length", aux[1])
+        return obj
+
+    @property
+    def format(self) -> Format:
+        return formats.get(self.format_name)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The logical (K, N)."""
+        return (self.length, int(self.data.shape[1]))
+
+    @property
+    def tile(self) -> int:
+        """Rows of K per tile: 128 times the codes per byte group."""
+        return TILE_GROUPS * group_shape(self.format.bits)[0]
+
+    def __repr__(self) -> str:
+        return f"KernelWeight({self.format_name}[{self.length}, {self.data.shape[1]}])"
+
+
+def tiles(f: Format, k: int) -> int:
+    """The K-planar tiles that hold ``k`` rows of ``f``."""
+    return -(-k // (TILE_GROUPS * group_shape(f.bits)[0]))
+
+
+def prepare_weight(
+    w: Packed | jax.Array | np.ndarray, w_format: FormatLike | None = None
+) -> KernelWeight:
+    """A sub-byte (K, N) weight in the layout :func:`emulate.pallas.matmul` reads as stored.
+
+    Call it once and keep the result in place of the weight: it takes the same bytes as
+    ``emulate.pack(w, axis=0)`` (plus zero codes up to a whole tile of ``128 * g`` rows).
+
+    Args:
+      w: an :class:`emulate.Packed` 2-D weight packed along K (axis 0), an int4 / uint4 /
+        float4_e2m1fn array, or uint8 codes of a sub-byte format with ``w_format``.
+      w_format: the format of raw codes.
+
+    Raises:
+      TypeError: ``w`` is not an array or Packed.
+      ValueError: not 2-D, packed along N, or a format a byte wide or wider (8-bit weights
+        are read as stored: pass them to ``matmul`` directly).
+    """
+    if isinstance(w, KernelWeight):
+        return w
+    if isinstance(w, Packed):
+        if w.ndim != 2 or w.axis != -2:
+            raise ValueError(
+                f"w: a Packed weight must be 2-D (K, N) and packed along K (axis 0); got "
+                f"shape {w.shape} packed along axis {w.axis + w.ndim}"
+            )
+        if w_format is not None and formats.get(w_format) != w.format:
+            raise ValueError(
+                f"w_format: {formats.get(w_format).name} disagrees with the Packed w's format "
+                f"{w.format.name}"
+            )
+        codes, f = unpack_codes(w), w.format
+    elif is_array(w):
+        codes, f = to_codes(w, w_format, arg="w")
+    else:
+        raise TypeError(
+            f"w: expected a Packed weight, a sub-byte array or uint8 codes with w_format; "
+            f"got {type(w).__name__}"
+        )
+    if not f.packable:
+        raise ValueError(
+            f"w: {f.name} is {f.bits}-bit; matmul reads 8-bit weights as stored, pass them "
+            "directly (prepare_weight is for formats narrower than a byte)"
+        )
+    if codes.ndim != 2:
+        raise ValueError(f"w: expected a 2-D (K, N) weight, got shape {tuple(codes.shape)}")
+    data = _planar(codes, f.bits, tiles(f, codes.shape[0]))
+    return KernelWeight(data, f.name, int(codes.shape[0]))
+
+
+@functools.partial(jax.jit, static_argnames=("bits", "n_tiles"))
+def _planar(codes: jax.Array, bits: int, n_tiles: int) -> jax.Array:
+    g, nbytes = group_shape(bits)
+    k, n = codes.shape
+    c = jnp.pad(codes.astype(jnp.uint32), ((0, n_tiles * g * TILE_GROUPS - k), (0, 0)))
+    c = c.reshape(n_tiles, g, TILE_GROUPS, n)
+    planes = []
+    for p in range(nbytes):  # byte p of each group: the bits [8p, 8p + 8) of its stream
+        byte = jnp.zeros((n_tiles, TILE_GROUPS, n), jnp.uint32)
+        for t in range(g):
+            lo = bits * t - 8 * p
+            if lo >= 8 or lo + bits <= 0:
+                continue
+            byte = byte | (c[:, t] << lo if lo >= 0 else c[:, t] >> -lo)
+        planes.append(byte & 0xFF)
+    out = jnp.stack(planes, axis=1)  # (tiles, nbytes, 128, N)
+    return out.reshape(n_tiles * nbytes * TILE_GROUPS, n).astype(jnp.uint8)
+
+
+def kernel_codes(w: KernelWeight) -> jax.Array:
+    """The (K, N) uint8 codes of a :class:`KernelWeight`, in K order (for the gradient and
+    for tests; the kernel never unpacks)."""
+    if not isinstance(w, KernelWeight):
+        raise TypeError(f"w: expected a KernelWeight, got {type(w).__name__}")
+    return _codes(jnp.asarray(w.data), w.format.bits, w.length)
+
+
+@functools.partial(jax.jit, static_argnames=("bits", "length"))
+def _codes(data: jax.Array, bits: int, length: int) -> jax.Array:
+    g, nbytes = group_shape(bits)
+    n = data.shape[1]
+    b = data.astype(jnp.uint32).reshape(-1, nbytes, TILE_GROUPS, n)
+    parts = [b[:, p] for p in range(nbytes)]
+    mask = (1 << bits) - 1
+    runs = []
+    for t in range(g):  # code t of each group: the stream bits [bits*t, bits*(t+1))
+        j, sh = divmod(bits * t, 8)
+        c = parts[j] >> sh
+        if sh + bits > 8:
+            c = c | (parts[j + 1] << (8 - sh))
+        runs.append(c & mask)
+    codes = jnp.stack(runs, axis=1).reshape(-1, n)  # (tiles * g * 128, N) in K order
+    return codes[:length].astype(jnp.uint8)

@@ -1,0 +1,133 @@
+"""emulate.pallas.prepare_weight / KernelWeight: the K-planar layout's bytes against the
+layout's definition written out in numpy, the codes back for every sub-byte width, the
+kernel on prepared weights bit for bit against emulate.reference, and bad input."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import emulate
+import emulate.pallas
+from emulate import reference
+from emulate.pallas import weights
+
+DN = (((1,), (0,)), ((), ()))
+
+
+def _planar_numpy(codes: np.ndarray, bits: int, g: int, nbytes: int) -> np.ndarray:
+    """The layout, from its definition: tile s, byte p of group r at row s*128*b + p*128 + r;
+    group r holds rows s*128*g + t*128 + r at stream bits [bits*t, bits*(t+1))."""
+    k, n = codes.shape
+    tiles = -(-k // (128 * g))
+    c = np.zeros((tiles * 128 * g, n), np.uint64)
+    c[:k] = codes
+    out = np.zeros((tiles * 128 * nbytes, n), np.uint8)
+    for s in range(tiles):
+        for r in range(128):
+            word = sum(
+                int_col << (bits * t)
+                for t, int_col in enumerate(c[s * 128 * g + t * 128 + r] for t in range(g))
+            )
+            for p in range(nbytes):
+                out[s * 128 * nbytes + p * 128 + r] = (word >> np.uint64(8 * p)) & np.uint64(255)
+    return out
+
+
+@pytest.mark.parametrize(
+    "fmt, bits, g, nbytes, k",
+    [("int4", 4, 2, 1, 300), ("float6_e3m2fn", 6, 4, 3, 520), ("int2", 2, 4, 1, 130)],
+)
+def test_the_layout_is_the_documented_one(fmt, bits, g, nbytes, k):
+    rng = np.random.default_rng(bits)
+    codes = rng.integers(0, 1 << bits, (k, 3)).astype(np.uint8)
+    kw = emulate.pallas.prepare_weight(codes, fmt)
+    assert kw.shape == (k, 3) and kw.format.name == fmt and kw.tile == 128 * g
+    assert np.asarray(kw.data).tobytes() == _planar_numpy(codes, bits, g, nbytes).tobytes()
+
+
+@pytest.mark.parametrize("fmt", ["int2", "int3", "uint4", "int5", "float6_e2m3fn"])
+def test_the_codes_come_back(fmt):
+    bits = emulate.formats.get(fmt).bits
+    codes = np.random.default_rng(7).integers(0, 1 << bits, (777, 5)).astype(np.uint8)
+    kw = emulate.pallas.prepare_weight(emulate.pack(codes, fmt, axis=0))
+    assert np.asarray(weights.kernel_codes(kw)).tobytes() == codes.tobytes()
+
+
+def test_prepared_weights_are_bit_identical_to_the_reference():
+    rng = np.random.default_rng(27)
+    x = rng.integers(-128, 128, (20, 700)).astype(np.int8)
+    w = rng.integers(-8, 8, (700, 130)).astype(ml_dtypes.int4)
+    kw = emulate.pallas.prepare_weight(w)
+    # K = 700 in blocks of 512: the last block reads rows past the prepared 768.
+    got = emulate.pallas.matmul(
+        x, kw, target="tpu_v5e", block_shape=(32, 128, 512), out_dtype="float32"
+    )
+    want = reference.dot_general(x, w, DN, preferred_element_type="float32")
+    assert np.asarray(got).tobytes() == want.tobytes()
+    # float6 e2m3 codes x e2m3 weight, decoded to bf16 (v4: no int8 unit for bf16 x int8)
+    xc = rng.integers(0, 64, (9, 300)).astype(np.uint8)
+    wc = rng.integers(0, 64, (300, 140)).astype(np.uint8)
+    got = emulate.pallas.matmul(
+        xc,
+        emulate.pallas.prepare_weight(wc, "e2m3"),
+        target="tpu_v4",
+        x_format="e2m3",
+        out_dtype="float32",
+    )
+    xv = xc.view(ml_dtypes.float6_e2m3fn)
+    wv = wc.view(ml_dtypes.float6_e2m3fn)
+    want = reference.dot_general(xv, wv, DN, preferred_element_type="float32")
+    assert np.asarray(got).tobytes() == want.tobytes()
+
+
+def test_qarray_weights_are_refused_by_name():
+    q = emulate.quantize(np.ones((256, 128), np.float32), emulate.mx.MXFP4, axis=0)
+    with pytest.raises(
+        NotImplementedError,
+        match=r"^w: emulate.pallas.matmul does not decode "
+        r"QArray operands in the kernel yet \(float4_e2m1fn with block scales\)",
+    ):
+        emulate.pallas.matmul(np.ones((4, 256), ml_dtypes.bfloat16), q, target="tpu_v5e")
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda: emulate.pallas.prepare_weight(np.zeros((8, 4), np.int8)), ValueError,
+         r"^w: int8 is 8-bit; matmul reads 8-bit weights as stored, pass them directly"),
+        (lambda: emulate.pallas.prepare_weight(
+            emulate.pack(np.zeros((8, 4), ml_dtypes.int4), axis=1)), ValueError,
+         r"^w: a Packed weight must be 2-D \(K, N\) and packed along K \(axis 0\); got shape "
+         r"\(8, 4\) packed along axis 1$"),
+        (lambda: emulate.pallas.prepare_weight("w"), TypeError,
+         r"^w: expected a Packed weight, a sub-byte array or uint8 codes with w_format; got str$"),
+        (lambda: emulate.pallas.prepare_weight(np.zeros((2, 8, 4), ml_dtypes.int4)), ValueError,
+         r"^w: expected a 2-D \(K, N\) weight, got shape \(2, 8, 4\)$"),
+        (lambda: emulate.pallas.KernelWeight(np.zeros((100, 4), np.uint8), "int4", 256),
+         ValueError, r"^length: 256 int4 rows in the K-planar layout need 128 byte rows, the "
+         r"data has 100$"),
+        (lambda: emulate.pallas.matmul(
+            np.ones((4, 256), np.int8),
+            emulate.pallas.prepare_weight(np.zeros((256, 4), ml_dtypes.int4)),
+            target="v5e", w_format="uint4"), ValueError,
+         r"^w_format: uint4 disagrees with the KernelWeight's format int4$"),
+    ],
+)  # fmt: skip
+def test_bad_input_names_the_argument(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_the_gradient_reads_a_prepared_weight():
+    # d/dx sum(x @ W) = 1 @ W.T: the row sums of the int4 values, exact in f32.
+    w = np.random.default_rng(3).integers(-8, 8, (256, 128)).astype(ml_dtypes.int4)
+    kw = emulate.pallas.prepare_weight(w)
+    dx = jax.grad(lambda x: emulate.pallas.matmul(x, kw, target="tpu_v5e").sum())(
+        jnp.ones((8, 256), jnp.float32)
+    )
+    want = np.broadcast_to(w.astype(np.float32).sum(axis=1), (8, 256))
+    assert np.asarray(dx).tobytes() == want.astype(np.float32).tobytes()

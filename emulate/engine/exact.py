@@ -66,29 +66,37 @@ _NONE = -(1 << 20)  # "no bits": the top exponent of a zero residual
 # that XLA fuses the slicing into that dot's operand and no slice of it is written out.
 
 
-def _column(values: list, shape: tuple[int, ...], at: int, dtype) -> jax.Array:
-    """Per-slice constants shaped to broadcast against values expanded at ``at``."""
+def _column(values: list, shape: tuple[int, ...], at: int | None, dtype) -> jax.Array:
+    """Per-slice constants shaped to broadcast against values expanded at ``at``; with
+    ``at`` None (one slice, no slice axis), a scalar."""
+    if at is None:
+        (value,) = values
+        return jnp.asarray(np.asarray(value, dtype))
     return jnp.asarray(np.asarray(values, dtype)).reshape(
         (1,) * at + (len(values),) + (1,) * (len(shape) - at)
     )
 
 
+def _expand(x: jax.Array, at: int | None) -> jax.Array:
+    return x if at is None else jnp.expand_dims(x, at)
+
+
 def static_stack(
-    v: jax.Array, s: Slicing, compute: str, at: int, which: Sequence[int] | None = None
+    v: jax.Array, s: Slicing, compute: str, at: int | None, which: Sequence[int] | None = None
 ) -> jax.Array:
     """The static slices ``which`` (default all) of decoded f32 values (NaN and Inf already
     zeroed), integer-valued in ``compute``, stacked along a new axis ``at`` (exponent
-    windows, or balanced digits)."""
+    windows, or balanced digits); ``at`` None: the one slice ``which``, without that axis."""
     which = list(range(s.count)) if which is None else list(which)
     bits = lax.bitcast_convert_type(v, jnp.uint32)
     if s.digits:
         return _digit_stack(bits, s, compute, at, which)
     biased = ((bits >> 23) & 0xFF).astype(jnp.int32)
     e = jnp.maximum(biased - 127 - (s.p - 1), s.q_min)
-    index = jnp.expand_dims((e - s.q_min) // s.width, at)
+    index = _expand((e - s.q_min) // s.width, at)
     scale = _column([2.0 ** -(s.q_min + i * s.width) for i in which], v.shape, at, np.float32)
     hit = index == _column(which, v.shape, at, np.int32)
-    return jnp.where(hit, jnp.expand_dims(v, at) * scale, 0.0).astype(compute)
+    return jnp.where(hit, _expand(v, at) * scale, 0.0).astype(compute)
 
 
 def static_slices(v: jax.Array, s: Slicing, compute: str) -> list[jax.Array]:
@@ -97,7 +105,7 @@ def static_slices(v: jax.Array, s: Slicing, compute: str) -> list[jax.Array]:
     return [stack[i] for i in range(s.count)]
 
 
-def _digit_stack(bits: jax.Array, s: Slicing, compute: str, at: int, which: list[int]):
+def _digit_stack(bits: jax.Array, s: Slicing, compute: str, at: int | None, which: list[int]):
     """The balanced base-``2**width`` digits ``which`` of ``|v| / 2**q_min`` (an integer
     below 2**32: every value of the format is a multiple of ``2**q_min``), each with the
     value's sign, from the f32 bits: uint32 shifts and masks, no float operation."""
@@ -109,10 +117,10 @@ def _digit_stack(bits: jax.Array, s: Slicing, compute: str, at: int, which: list
     # most 2**(width - 1) as it is
     mask = [0xFFFFFFFF if i == top else (1 << s.width) - 1 for i in which]
     half = [0 if i == top else 1 << (s.width - 1) for i in which]
-    d = jnp.expand_dims(u, at) >> shift
+    d = _expand(u, at) >> shift
     d = (d & _column(mask, shape, at, np.uint32)).astype(jnp.int32)
     d = d - _column(half, shape, at, np.int32)
-    return jnp.where(jnp.expand_dims(neg, at), -d, d).astype(compute)
+    return jnp.where(_expand(neg, at), -d, d).astype(compute)
 
 
 def _digit_word(bits: jax.Array, s: Slicing) -> tuple[jax.Array, jax.Array]:
@@ -142,16 +150,16 @@ def _row_base(m, e, s: Slicing, axis: int) -> jax.Array:
     return jnp.maximum(t - s.count * s.width + 1, s.q_min)
 
 
-def _row_stack(neg, m, e, base, s: Slicing, compute: str, at: int, which: Sequence[int]):
+def _row_stack(neg, m, e, base, s: Slicing, compute: str, at: int | None, which: Sequence[int]):
     """The slices ``which`` of one block of per-row slices of ``(-1)**neg * m * 2**e`` at
     the rows' ``base`` exponents, stacked along a new axis ``at``."""
-    rel = jnp.expand_dims(e - base, at)  # the element's lowest bit relative to the base
+    rel = _expand(e - base, at)  # the element's lowest bit relative to the base
     sh = rel - _column([i * s.width for i in which], e.shape, at, np.int32)
-    mx = jnp.expand_dims(m, at)
+    mx = _expand(m, at)
     left = mx << jnp.clip(sh, 0, 31)  # bits past the slice are masked off below
     right = mx >> jnp.clip(-sh, 0, 31)
     part = jnp.where(sh >= 0, left, right) & ((1 << s.width) - 1)
-    part = jnp.where(jnp.expand_dims(neg, at), -part, part)
+    part = jnp.where(_expand(neg, at), -part, part)
     return part.astype(compute)
 
 
@@ -165,8 +173,14 @@ def _residual(m, e, base) -> jax.Array:
 # ------------------------------------------------------------------ chunk sums and limbs
 
 
-#: Makes the slices ``which`` of one block of one side, stacked at the side's slice axis.
-Maker = Callable[[Sequence[int]], jax.Array]
+#: Makes the slices ``which`` of one block of one side, stacked at the side's slice axis;
+#: for an int, that one slice without the slice axis.
+Maker = Callable[[Sequence[int] | int], jax.Array]
+
+
+def _where(which: Sequence[int] | int, at: int) -> tuple[list[int], int | None]:
+    """The slice indices and the stacking axis for a maker's ``which``."""
+    return ([which], None) if isinstance(which, int) else (list(which), at)
 
 
 def _pair_chunk_sums(
@@ -182,7 +196,8 @@ def _pair_chunk_sums(
         a = a.reshape(nb, sa * m, n, chunk)
         parts = []
         for j in range(sb):
-            b = make_b([j])
+            b = make_b(j)
+            a = _distinct(a, j)
             parts.append(_dot(a, b.reshape(nb, n, chunk, b.shape[-1])).reshape(nb, n, sa, m, -1))
         return lambda i, j: parts[j][:, :, i]
     b = make_b(range(sb))
@@ -190,9 +205,17 @@ def _pair_chunk_sums(
     b = b.reshape(nb, n, chunk, sb * nn)
     parts = []
     for i in range(sa):
-        a = make_a([i])
-        parts.append(_dot(a.reshape(nb, a.shape[2], n, chunk), b).reshape(nb, n, -1, sb, nn))
+        a = make_a(i)
+        b = _distinct(b, i)
+        parts.append(_dot(a.reshape(nb, a.shape[1], n, chunk), b).reshape(nb, n, -1, sb, nn))
     return lambda i, j: parts[i][:, :, :, j]
+
+
+def _distinct(x: jax.Array, i: int) -> jax.Array:
+    """``x``, seen by XLA as a different array for each ``i``: XLA merges dots that share
+    an operand into one dot over the concatenation of the others (its DotMerger pass),
+    which would write every slice of the larger side out in full."""
+    return lax.optimization_barrier((x, jnp.int32(i)))[0]
 
 
 def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -382,9 +405,10 @@ class _Side:
         """The first block: its slice maker and base exponent (``q_min``, or each row's)."""
         if not self.s.dynamic:  # low-precision values: normal in f32, float ops are safe
 
-            def make(which: Sequence[int]) -> jax.Array:
+            def make(which: Sequence[int] | int) -> jax.Array:
                 v = lax.bitcast_convert_type(self.finite_bits(), jnp.float32)
-                return static_stack(v, self.s, self.compute, self.at, which)
+                idx, at = _where(which, self.at)
+                return static_stack(v, self.s, self.compute, at, idx)
 
             return make, self.s.q_min
         _, m, e = self.split()
@@ -393,9 +417,10 @@ class _Side:
     def block(self, m: jax.Array, base: jax.Array) -> tuple[Maker, jax.Array]:
         """A block of per-row slices of the mantissas ``m`` at ``base``."""
 
-        def make(which: Sequence[int]) -> jax.Array:
+        def make(which: Sequence[int] | int) -> jax.Array:
             neg, _, e = self.split()
-            return _row_stack(neg, m, e, base, self.s, self.compute, self.at, which)
+            idx, at = _where(which, self.at)
+            return _row_stack(neg, m, e, base, self.s, self.compute, at, idx)
 
         return make, base
 

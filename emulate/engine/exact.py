@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import cast
+import math
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -45,53 +46,88 @@ from jax import lax
 
 from emulate import formats, targets
 from emulate.engine.layout import result_shape, to_bkn, to_bmk
+from emulate.engine.limbs import (
+    n_limbs,
+    place,
+    round_wide,
+    sign_magnitude,
+    signed_limbs,
+    subtract_stacked,
+)
+from emulate.engine.operands import Operand, decode_to
 from emulate.numerics import accumulate
 from emulate.numerics.bits import f32_bits, split_f32
-from emulate.planning.exactness import F32_EXACT, I32_EXACT, MAX_CHUNKS
+from emulate.planning.exactness import F32_EXACT, MAX_CHUNKS
 from emulate.planning.slicing import Slicing
 
-__all__ = ["contract", "static_slices"]
+__all__ = ["contract", "static_slices", "static_stack"]
 
 _NONE = -(1 << 20)  # "no bits": the top exponent of a zero residual
 
 
 # ------------------------------------------------------------------------------ slices
+#
+# The slice makers return the slices ``which`` (indices, lowest first) stacked along a new
+# axis ``at`` of the values' shape, built by broadcasting the values against per-slice
+# constants. The larger operand is sliced one slice per dot (``which`` of length 1), so
+# that XLA fuses the slicing into that dot's operand and no slice of it is written out.
+
+
+def _column(values: list, shape: tuple[int, ...], at: int | None, dtype) -> jax.Array:
+    """Per-slice constants shaped to broadcast against values expanded at ``at``; with
+    ``at`` None (one slice, no slice axis), a scalar."""
+    if at is None:
+        (value,) = values
+        return jnp.asarray(np.asarray(value, dtype))
+    return jnp.asarray(np.asarray(values, dtype)).reshape(
+        (1,) * at + (len(values),) + (1,) * (len(shape) - at)
+    )
+
+
+def _expand(x: jax.Array, at: int | None) -> jax.Array:
+    return x if at is None else jnp.expand_dims(x, at)
+
+
+def static_stack(
+    v: jax.Array, s: Slicing, compute: str, at: int | None, which: Sequence[int] | None = None
+) -> jax.Array:
+    """The static slices ``which`` (default all) of decoded f32 values (NaN and Inf already
+    zeroed), integer-valued in ``compute``, stacked along a new axis ``at`` (exponent
+    windows, or balanced digits); ``at`` None: the one slice ``which``, without that axis."""
+    which = list(range(s.count)) if which is None else list(which)
+    bits = lax.bitcast_convert_type(v, jnp.uint32)
+    if s.digits:
+        return _digit_stack(bits, s, compute, at, which)
+    biased = ((bits >> 23) & 0xFF).astype(jnp.int32)
+    e = jnp.maximum(biased - 127 - (s.p - 1), s.q_min)
+    index = _expand((e - s.q_min) // s.width, at)
+    scale = _column([2.0 ** -(s.q_min + i * s.width) for i in which], v.shape, at, np.float32)
+    hit = index == _column(which, v.shape, at, np.int32)
+    return jnp.where(hit, _expand(v, at) * scale, 0.0).astype(compute)
 
 
 def static_slices(v: jax.Array, s: Slicing, compute: str) -> list[jax.Array]:
-    """Split decoded f32 values (NaN and Inf already zeroed) into integer-valued slices
-    (static slicing: exponent windows, or balanced digits)."""
-    bits = lax.bitcast_convert_type(v, jnp.uint32)
-    if s.digits:
-        return _digit_slices(bits, s, compute)
-    biased = ((bits >> 23) & 0xFF).astype(jnp.int32)
-    e = jnp.maximum(biased - 127 - (s.p - 1), s.q_min)
-    index = (e - s.q_min) // s.width
-    out = []
-    for i in range(s.count):
-        base = s.q_min + i * s.width
-        part = jnp.where(index == i, v * jnp.float32(2.0**-base), 0.0)
-        out.append(part.astype(compute))
-    return out
+    """:func:`static_stack` as a list of slices, lowest first."""
+    stack = static_stack(v, s, compute, 0)
+    return [stack[i] for i in range(s.count)]
 
 
-def _digit_slices(bits: jax.Array, s: Slicing, compute: str) -> list[jax.Array]:
-    """The balanced base-``2**width`` digits of ``|v| / 2**q_min`` (an integer below 2**32:
-    every value of the format is a multiple of ``2**q_min``), lowest first, each with the
+def _digit_stack(bits: jax.Array, s: Slicing, compute: str, at: int | None, which: list[int]):
+    """The balanced base-``2**width`` digits ``which`` of ``|v| / 2**q_min`` (an integer
+    below 2**32: every value of the format is a multiple of ``2**q_min``), each with the
     value's sign, from the f32 bits: uint32 shifts and masks, no float operation."""
     neg, u = _digit_word(bits, s)
-    half = 1 << (s.width - 1)
-    mask = jnp.uint32((1 << s.width) - 1)
-    out = []
-    for i in range(s.count):
-        d = u >> jnp.uint32(s.width * i)  # the top digit: at most 2**(width - 1)
-        if i < s.count - 1:
-            d = (d & mask).astype(jnp.int32) - half
-        else:
-            d = d.astype(jnp.int32)
-        d = jnp.where(neg, -d, d)
-        out.append(d.astype(compute))
-    return out
+    top = s.count - 1
+    shape = bits.shape
+    shift = _column([s.width * i for i in which], shape, at, np.uint32)
+    # every digit but the top one is masked and less 2**(width - 1); the top one is at
+    # most 2**(width - 1) as it is
+    mask = [0xFFFFFFFF if i == top else (1 << s.width) - 1 for i in which]
+    half = [0 if i == top else 1 << (s.width - 1) for i in which]
+    d = _expand(u, at) >> shift
+    d = (d & _column(mask, shape, at, np.uint32)).astype(jnp.int32)
+    d = d - _column(half, shape, at, np.int32)
+    return jnp.where(_expand(neg, at), -d, d).astype(compute)
 
 
 def _digit_word(bits: jax.Array, s: Slicing) -> tuple[jax.Array, jax.Array]:
@@ -114,190 +150,92 @@ def _top(m: jax.Array, e: jax.Array) -> jax.Array:
     return jnp.where(m != 0, e + 31 - lax.clz(m), _NONE)
 
 
-def _row_slices(neg, m, e, s: Slicing, compute: str, axis: int):
-    """One block of per-row slices of ``(-1)**neg * m * 2**e`` (K along ``axis``): the
-    slices (lowest first), each row's base exponent (K reduced to 1) and the residual
-    mantissas (the bits below the base)."""
+def _row_base(m, e, s: Slicing, axis: int) -> jax.Array:
+    """Each row's base exponent (K, along ``axis``, reduced to 1): ``count * width`` bits
+    below the row's highest bit, and not below ``q_min``."""
     t = jnp.max(_top(m, e), axis=axis, keepdims=True, initial=_NONE)
-    base = jnp.maximum(t - s.count * s.width + 1, s.q_min)
-    rel = e - base  # the element's lowest bit relative to the base
-    mask = (1 << s.width) - 1
-    out = []
-    for i in range(s.count):
-        sh = rel - i * s.width
-        left = m << jnp.clip(sh, 0, 31)  # bits past the slice are masked off below
-        right = m >> jnp.clip(-sh, 0, 31)
-        part = jnp.where(sh >= 0, left, right) & mask
-        part = jnp.where(neg, -part, part)
-        out.append(part.astype(compute))
+    return jnp.maximum(t - s.count * s.width + 1, s.q_min)
+
+
+def _row_stack(neg, m, e, base, s: Slicing, compute: str, at: int | None, which: Sequence[int]):
+    """The slices ``which`` of one block of per-row slices of ``(-1)**neg * m * 2**e`` at
+    the rows' ``base`` exponents, stacked along a new axis ``at``."""
+    rel = _expand(e - base, at)  # the element's lowest bit relative to the base
+    sh = rel - _column([i * s.width for i in which], e.shape, at, np.int32)
+    mx = _expand(m, at)
+    left = mx << jnp.clip(sh, 0, 31)  # bits past the slice are masked off below
+    right = mx >> jnp.clip(-sh, 0, 31)
+    part = jnp.where(sh >= 0, left, right) & ((1 << s.width) - 1)
+    part = jnp.where(_expand(neg, at), -part, part)
+    return part.astype(compute)
+
+
+def _residual(m, e, base) -> jax.Array:
+    """The mantissa bits of ``m * 2**e`` below each row's ``base`` (what later blocks take)."""
+    rel = e - base
     below = jnp.clip(-rel, 0, 31)
-    residual = jnp.where(rel >= 0, 0, m & ((1 << below) - 1))
-    return out, base, residual
+    return jnp.where(rel >= 0, 0, m & ((1 << below) - 1))
 
 
 # ------------------------------------------------------------------ chunk sums and limbs
 
 
-def _pair_chunk_sums(a: jax.Array, b: jax.Array, sa: int, sb: int, chunk: int, acc) -> jax.Array:
-    """Chunk sums of every pair of ``sa`` lhs slices, concatenated as (B, Sa*M, K), and
-    ``sb`` rhs slices, concatenated as (B, K, Sb*N), in one dot: int32 of shape
-    (B, C, Sa, M, Sb, N) (pair (i, j) is ``[:, :, i, :, j]``, no transpose)."""
-    k = a.shape[-1]
-    n = -(-max(k, 1) // min(chunk, max(k, 1)))
-    chunk = -(-max(k, 1) // n)  # as even as the chunks go: no padding where n divides K
-    pad = n * chunk - k
-    if pad:
-        a = jnp.pad(a, ((0, 0), (0, 0), (0, pad)))
-        b = jnp.pad(b, ((0, 0), (0, pad), (0, 0)))
-    a = a.reshape(a.shape[:2] + (n, chunk))
-    b = b.reshape((b.shape[0], n, chunk, b.shape[2]))
+#: Makes the slices ``which`` of one block of one side, stacked at the side's slice axis;
+#: for an int, that one slice without the slice axis.
+Maker = Callable[[Sequence[int] | int], jax.Array]
+
+
+def _where(which: Sequence[int] | int, at: int) -> tuple[list[int], int | None]:
+    """The slice indices and the stacking axis for a maker's ``which``."""
+    return ([which], None) if isinstance(which, int) else (list(which), at)
+
+
+def _pair_chunk_sums(
+    make_a: Maker, make_b: Maker, counts: tuple[int, int], n: int, chunk: int, rhs_big: bool
+):
+    """Chunk sums of every pair of lhs slices, (B, Sa, M, K), and rhs slices, (B, K, Sb, N),
+    K = ``n * chunk``: ``pair(i, j)``, int32 (B, C, M, N). The smaller side's slices are
+    stacked into one operand; the larger side's are made one per dot, inside its operand."""
+    sa, sb = counts
+    if rhs_big:
+        a = make_a(range(sa))
+        nb, _, m, _ = a.shape
+        a = a.reshape(nb, sa * m, n, chunk)
+        parts = []
+        for j in range(sb):
+            b = make_b(j)
+            a = _distinct(a, j)
+            parts.append(_dot(a, b.reshape(nb, n, chunk, b.shape[-1])).reshape(nb, n, sa, m, -1))
+        return lambda i, j: parts[j][:, :, i]
+    b = make_b(range(sb))
+    nb, _, _, nn = b.shape
+    b = b.reshape(nb, n, chunk, sb * nn)
+    parts = []
+    for i in range(sa):
+        a = make_a(i)
+        b = _distinct(b, i)
+        parts.append(_dot(a.reshape(nb, a.shape[1], n, chunk), b).reshape(nb, n, -1, sb, nn))
+    return lambda i, j: parts[i][:, :, :, j]
+
+
+def _distinct(x: jax.Array, i: int) -> jax.Array:
+    """``x``, seen by XLA as a different array for each ``i``: XLA merges dots that share
+    an operand into one dot over the concatenation of the others (its DotMerger pass),
+    which would write every slice of the larger side out in full."""
+    return lax.optimization_barrier((x, jnp.int32(i)))[0]
+
+
+def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
+    """(B, R, C, chunk) x (B, C, chunk, N) -> (B, C, R, N), int32: exact chunk sums (int32
+    accumulation for int8 slices, f32 for the others)."""
+    acc = jnp.int32 if a.dtype == jnp.int8 else jnp.float32
+    if a.shape[0] == 1 and a.shape[2] == 1:  # a plain matrix product: what XLA fuses best
+        r = lax.dot_general(
+            a[0, :, 0], b[0, 0], (((1,), (0,)), ((), ())), preferred_element_type=acc
+        )
+        return r.astype(jnp.int32)[None, None]
     dn = (((3,), (2,)), ((0, 2), (0, 1)))
-    part = lax.dot_general(a, b, dn, preferred_element_type=acc).astype(jnp.int32)
-    nb, _, sam, sbn = part.shape  # (B, C, Sa*M, Sb*N)
-    return part.reshape(nb, n, sa, sam // sa, sb, sbn // sb)
-
-
-def _signed_limbs(part: jax.Array, shifts: np.ndarray, n_limbs: int, bound: int) -> list[jax.Array]:
-    """``sum_ij part_ij * 2**shifts_ij`` (part from :func:`_pair_chunk_sums`, summed over
-    its chunks) as signed int32 limbs, each of magnitude below 2**26, not normalised.
-
-    Pairs with equal shifts are added first in int32 (the sums of a group of ``g`` pairs
-    stay below ``g * bound``, ``bound`` the largest chunk sum; groups are cut so that this
-    stays below 2**31), so the 16-bit splitting runs once per shift, not once per pair;
-    where ``g * chunks * bound`` stays below 2**31 too, the chunks are added in int32 as well.
-    """
-    per = max(1, I32_EXACT // max(bound, 1))  # pairs whose chunk sums add up in int32
-    groups: dict[int, list[tuple[int, int]]] = {}
-    for i, j in np.ndindex(shifts.shape):
-        groups.setdefault(int(shifts[i, j]), []).append((i, j))
-    n_chunks = part.shape[1]
-    limbs: list[jax.Array | int] = [0] * n_limbs
-    for sh, pairs in sorted(groups.items()):
-        for start in range(0, len(pairs), per):
-            # (B, C, M, N); sum() of a non-empty group is an array, never its start 0
-            f = cast(jax.Array, sum(part[:, :, i, :, j] for i, j in pairs[start : start + per]))
-            hi = lax.shift_right_arithmetic(f, jnp.int32(16))  # |hi| < 2**15
-            lo = f & 0xFFFF
-            if n_chunks == 1:
-                big, small = hi[:, 0], lo[:, 0]
-            elif n_chunks * len(pairs[start : start + per]) <= per:
-                # all of the group's chunk sums add up in int32 (short f32-route chunks)
-                total = jnp.sum(f, axis=1, dtype=jnp.int32)
-                big = lax.shift_right_arithmetic(total, jnp.int32(16))
-                small = total & 0xFFFF
-            else:  # <= 2**15 chunks: |sum hi| < 2**30, sum lo < 2**31
-                big = jnp.sum(hi, axis=1, dtype=jnp.int32)
-                lo_sum = jnp.sum(lo, axis=1, dtype=jnp.int32)
-                big = big + (lo_sum >> 16)
-                small = lo_sum & 0xFFFF
-            # value = big * 2**16 + small, placed at 2**sh
-            q, r = divmod(sh, 16)
-            x = small << r  # < 2**31
-            ah = lax.shift_right_arithmetic(big, jnp.int32(16))  # |ah| < 2**15
-            al = (big & 0xFFFF) << r
-            y = ah << r  # |y| < 2**30
-            for idx, piece in (
-                (q, x & 0xFFFF),
-                (q + 1, (x >> 16) + (al & 0xFFFF)),
-                (q + 2, (al >> 16) + (y & 0xFFFF)),
-                (q + 3, lax.shift_right_arithmetic(y, jnp.int32(16))),
-            ):
-                limbs[idx] = limbs[idx] + piece
-    shape = (part.shape[0], part.shape[3], part.shape[5])
-    return [jnp.broadcast_to(jnp.asarray(x, jnp.int32), shape) for x in limbs]
-
-
-def _sign_magnitude(limbs: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
-    """``(negative, |value|)`` of signed, unnormalised int32 limbs (magnitudes below
-    2**30), the magnitude in normalised uint32 limbs; the top limb must have headroom."""
-
-    def normalise(xs):
-        out, carry = [], jnp.zeros_like(xs[0])
-        for x in xs:
-            x = x + carry
-            out.append(x & 0xFFFF)
-            carry = lax.shift_right_arithmetic(x, jnp.int32(16))
-        return out, carry
-
-    pos, carry = normalise(limbs)
-    neg, _ = normalise([-x for x in limbs])
-    negative = carry < 0
-    return negative, [jnp.where(negative, n, p).astype(jnp.uint32) for p, n in zip(pos, neg)]
-
-
-def _place(acc: jax.Array, rel: list[jax.Array], offset: jax.Array) -> jax.Array:
-    """``acc + rel * 2**offset`` for limbs ``acc`` stacked on a leading axis (each below
-    2**17), normalised limbs ``rel`` and a run-time ``offset >= 0`` (an int32 array of the
-    limbs' shape). Each limb of the result is below 2**17 again (one carry step)."""
-    q = offset >> 4
-    r = (offset & 15).astype(jnp.uint32)
-    zero = jnp.zeros_like(rel[0])
-    padded = [zero, *rel, zero]
-    pieces = [  # rel << r in 16-bit pieces, each < 2**16
-        ((padded[j + 1] << r) & 0xFFFF) | ((padded[j] << r) >> 16) for j in range(len(rel) + 1)
-    ]
-    idx = jnp.arange(acc.shape[0], dtype=jnp.int32).reshape((-1,) + (1,) * q.ndim) - q[None]
-    for j, x in enumerate(pieces):  # each limb receives at most one piece
-        acc = acc + jnp.where(idx == j, x[None], 0)
-    carry = jnp.concatenate([jnp.zeros_like(acc[:1]), acc[:-1] >> 16])
-    return (acc & 0xFFFF) + carry
-
-
-def _subtract_stacked(pos: jax.Array, neg: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
-    """``(negative, |pos - neg|)`` for limbs stacked on a leading axis (each below 2**30),
-    the carries rippled by a scan over the limbs (a long unrolled chain compiles slowly)."""
-
-    def step(carry, limbs):
-        x = limbs + carry  # (2, ...) int32: pos - neg and neg - pos
-        return x >> 16, x & 0xFFFF
-
-    d = pos.astype(jnp.int32) - neg.astype(jnp.int32)
-    both = jnp.stack([d, -d], axis=1)  # (A, 2, ...)
-    carry, out = lax.scan(step, jnp.zeros_like(both[0]), both)
-    negative = carry[0] < 0  # the sign of pos - neg: its final carry (headroom above)
-    mag = jnp.where(negative[None], out[:, 1], out[:, 0]).astype(jnp.uint32)
-    return negative, list(mag)
-
-
-def _select(stack: jax.Array, index: jax.Array) -> jax.Array:
-    """``stack[index]`` per element along the leading axis (0 outside it)."""
-    iota = jnp.arange(stack.shape[0], dtype=jnp.int32).reshape((-1,) + (1,) * index.ndim)
-    return jnp.sum(jnp.where(iota == index[None], stack, 0), axis=0, dtype=jnp.uint32)
-
-
-def _round_wide(negative, limbs: list[jax.Array], q0, to_odd: bool) -> jax.Array:
-    """Round ``(-1)**negative * sum(limbs[i] * 2**(16 i)) * 2**q0`` (normalised limbs;
-    ``q0`` an int or an int32 array) once into float32, subnormals and overflow included:
-    to nearest even, or to odd (for a later rounding into a narrower type). The result is
-    built from its bits, so no arithmetic flushes it."""
-    zero = jnp.zeros_like(limbs[0])
-    stack = jnp.stack([zero, zero, *limbs])  # 32 bits below: windows never run off
-    shape = limbs[0].shape
-    q0 = jnp.broadcast_to(jnp.asarray(q0, jnp.int32), shape) - 32
-    iota = jnp.arange(stack.shape[0], dtype=jnp.int32).reshape((-1,) + (1,) * len(shape))
-    h = jnp.max(jnp.where(stack != 0, iota, 0), axis=0)
-    top = _select(stack, h)
-    msb = 16 * h + 31 - lax.clz(top).astype(jnp.int32)  # bit index of the leading one
-    # The result's quantum (its lowest kept bit): 24 bits below the leading one, or 2**-149.
-    d = jnp.maximum(msb - 23, -149 - q0)  # >= 9: msb >= 32 unless the total is 0
-    p = d - 1  # the rounding bit
-    li, r = p >> 4, (p & 15).astype(jnp.uint32)
-    lo, mid, hi = _select(stack, li), _select(stack, li + 1), _select(stack, li + 2)
-    window = (lo >> r) | (mid << (16 - r)) | jnp.where(r == 0, 0, hi << ((32 - r) & 31))
-    sticky = ((lo & ((jnp.uint32(1) << r) - 1)) != 0) | jnp.any(
-        (iota < li[None]) & (stack != 0), axis=0
-    )
-    f = (window >> 1) & 0xFFFFFF
-    half = (window & 1) == 1
-    if to_odd:
-        f = f | (half | sticky).astype(jnp.uint32)
-    else:
-        f = f + (half & (sticky | ((f & 1) == 1))).astype(jnp.uint32)
-    qt = jnp.minimum(d + q0, 200)  # the exponent of f's unit; >= -149
-    bits = ((qt + 149).astype(jnp.uint32) << 23) + f  # f < 2**23 only for subnormals
-    bits = jnp.where(bits >= 0x7F800000, jnp.uint32(0x7F800000), bits)
-    bits = jnp.where(top == 0, 0, bits | (negative.astype(jnp.uint32) << 31))
-    return lax.bitcast_convert_type(bits, jnp.float32)
+    return lax.dot_general(a, b, dn, preferred_element_type=acc).astype(jnp.int32)
 
 
 # ---------------------------------------------------------------------------- contract
@@ -305,121 +243,182 @@ def _round_wide(negative, limbs: list[jax.Array], q0, to_odd: bool) -> jax.Array
 
 @dataclasses.dataclass(frozen=True)
 class _Side:
-    """One operand in canonical (B, R, K) layout, ready to slice."""
+    """One operand in canonical layout, (B, M, K) for the lhs and (B, K, N) for the rhs,
+    with K padded to whole chunks: ``bits`` builds its f32 bits anew at every use, from the
+    operand as the caller passed it (codes, Packed bytes or values), so that the decode and
+    the slicing fuse into whatever reads them and no copy of the operand is made."""
 
     s: Slicing
-    bits: jax.Array  # the f32 bits of the values, NaN/Inf zeroed
+    bits: Callable[[], jax.Array]
     compute: str
     axis: int  # the contracting axis: 2 for the lhs (B, M, K), 1 for the rhs (B, K, N)
+    specials: bool  # whether the operand's format has NaN or Inf
 
-    def first(self):
-        """The first block: (slices concatenated along the free axis, as the dot takes
-        them, base exponent, residual or None)."""
-        cat = 1 if self.axis == 2 else 2
-        if not self.s.dynamic:  # low-precision values: normal in f32, float ops are safe
-            v = lax.bitcast_convert_type(self.bits, jnp.float32)
-            sl = static_slices(v, self.s, self.compute)
-            return jnp.concatenate(sl, axis=cat), self.s.q_min, None
-        neg, m, e = split_f32(self.bits)
-        sl, base, res = _row_slices(neg, m, e, self.s, self.compute, self.axis)
-        return jnp.concatenate(sl, axis=cat), base, res
+    @property
+    def at(self) -> int:
+        """Where the slices are stacked: before the free axis."""
+        return 1 if self.axis == 2 else 2
+
+    def finite_bits(self) -> jax.Array:
+        b = self.bits()
+        return jnp.where((b & 0x7F800000) != 0x7F800000, b, 0) if self.specials else b
 
     def split(self):
-        return split_f32(self.bits)
+        return split_f32(self.finite_bits())
+
+    def first(self) -> tuple[Maker, int | jax.Array]:
+        """The first block: its slice maker and base exponent (``q_min``, or each row's)."""
+        if not self.s.dynamic:  # low-precision values: normal in f32, float ops are safe
+
+            def make(which: Sequence[int] | int) -> jax.Array:
+                v = lax.bitcast_convert_type(self.finite_bits(), jnp.float32)
+                idx, at = _where(which, self.at)
+                return static_stack(v, self.s, self.compute, at, idx)
+
+            return make, self.s.q_min
+        _, m, e = self.split()
+        return self.block(m, _row_base(m, e, self.s, self.axis))
+
+    def block(self, m: jax.Array, base: jax.Array) -> tuple[Maker, jax.Array]:
+        """A block of per-row slices of the mantissas ``m`` at ``base``."""
+
+        def make(which: Sequence[int] | int) -> jax.Array:
+            neg, _, e = self.split()
+            idx, at = _where(which, self.at)
+            return _row_stack(neg, m, e, base, self.s, self.compute, at, idx)
+
+        return make, base
+
+    def rest(self, res: jax.Array) -> tuple[Maker, jax.Array, jax.Array]:
+        """The next block from the residual mantissas ``res``: maker, base, residual."""
+        _, _, e = self.split()
+        base = _row_base(res, e, self.s, self.axis)
+        return (*self.block(res, base), _residual(res, e, base))
+
+    def more(self) -> jax.Array:
+        """Whether some element has bits below its row's first block (per-row slicing)."""
+        _, m, e = self.split()
+        return jnp.any(_residual(m, e, _row_base(m, e, self.s, self.axis)) != 0)
 
 
-def _n_limbs(max_shift: int) -> int:
-    # value bits: shift + 16 (hi half) + 32 (sum of 2**16 chunk pieces) + pair count, and
-    # two limbs of headroom for the carries
-    return (max_shift + 16 + 32 + 8) // 16 + 2
+def _canonical_bits(x, batch, contracting, lhs: bool, pad: int) -> jax.Array:
+    """The f32 bits of operand ``x`` (an :class:`Operand`, or values exact in f32 or of a
+    wide type) in canonical layout, K zero-padded by ``pad``."""
+    if isinstance(x, Operand):
+        x = x.value if not x.format.is_low_precision else decode_to(x, "float32", 0)
+    x = to_bmk(x, batch, contracting) if lhs else to_bkn(x, batch, contracting)
+    bits = f32_bits(x)
+    if pad:
+        bits = jnp.pad(bits, ((0, 0), (0, 0), (0, pad)) if lhs else ((0, 0), (0, pad), (0, 0)))
+    return bits
 
 
-def contract(plan, lhs_values, rhs_values, dimension_numbers, precision) -> jax.Array:
-    """The exact-mode contraction of decoded f32 operands for a "sliced" plan.
+def contract(plan, lhs, rhs, dimension_numbers, precision) -> jax.Array:
+    """The exact-mode contraction for a "sliced" plan.
 
-    ``precision`` is accepted for symmetry with the other routes; every dot here multiplies
-    values that are exact in the compute type.
+    ``lhs`` and ``rhs`` are :class:`~emulate.engine.operands.Operand` values as the caller
+    stored them (decoded inside the fusions that read them), or arrays of values exact in
+    float32 or of a wide type. ``precision`` is accepted for symmetry with the other routes;
+    every dot here multiplies values that are exact in the compute type.
     """
     del precision
     sa, sb = plan.slicings()
-    compute = plan.lhs_compute
     (lc, rc), (lb, rb) = dimension_numbers
-    a3 = to_bmk(lhs_values, lb, lc)  # (B, M, K)
-    b3 = to_bkn(rhs_values, rb, rc)  # (B, K, N)
-    out_shape = result_shape(lhs_values.shape, rhs_values.shape, dimension_numbers)
-    k = a3.shape[-1]
+    out_shape = result_shape(tuple(lhs.shape), tuple(rhs.shape), dimension_numbers)
+    k = math.prod(lhs.shape[i] for i in lc)
     n_chunks = -(-max(k, 1) // min(plan.k_chunk, max(k, 1)))
     if n_chunks > MAX_CHUNKS:
         raise ValueError(
             f"lhs, rhs: exact mode covers contractions of up to {MAX_CHUNKS * plan.k_chunk} "
             f"for {plan.lhs} x {plan.rhs}; got K = {k}"
         )
-    a3, b3 = f32_bits(a3), f32_bits(b3)
-    fin_a, fin_b = ((x & 0x7F800000) != 0x7F800000 for x in (a3, b3))
-    run = functools.partial(_sliced_sum, plan=plan, sa=sa, sb=sb, k=k)
+    chunk = -(-max(k, 1) // n_chunks)  # as even as the chunks go: no padding where n divides K
+    pad = n_chunks * chunk - k
+
+    def sides(a, b) -> tuple[_Side, _Side]:
+        return (
+            _Side(
+                sa,
+                functools.partial(_canonical_bits, a, lb, lc, True, pad),
+                plan.lhs_compute,
+                2,
+                _has_specials(plan.lhs),
+            ),
+            _Side(
+                sb,
+                functools.partial(_canonical_bits, b, rb, rc, False, pad),
+                plan.rhs_compute,
+                1,
+                _has_specials(plan.rhs),
+            ),
+        )
+
+    # the larger operand is sliced one slice per dot (fused into it), the smaller stacked
+    m_rows = math.prod(lhs.shape[i] for i in range(len(lhs.shape)) if i not in lc and i not in lb)
+    n_cols = math.prod(rhs.shape[i] for i in range(len(rhs.shape)) if i not in rc and i not in rb)
+
+    def run(ab, residual: bool) -> jax.Array:
+        return _sliced_sum(
+            *sides(*ab),
+            plan=plan,
+            chunks=(n_chunks, chunk),
+            residual=residual,
+            rhs_big=n_cols >= m_rows,
+        )
+
+    side_a, side_b = sides(lhs, rhs)
     if not (sa.dynamic or sb.dynamic):
-        r = run((a3, b3), residual=False)
+        r = run((lhs, rhs), residual=False)
     else:
         # Whether any per-row operand has bits below its first block. The whole sum runs
-        # inside the cond (a cond or loop that captures the big slice arrays computed
-        # outside it costs XLA CPU more than the passes it saves).
+        # inside the cond, from the operands as passed (a cond that captured arrays made
+        # from them would write those arrays out).
         more = jnp.zeros((), bool)
-        for side, bits, fin, axis in ((sa, a3, fin_a, 2), (sb, b3, fin_b, 1)):
-            if side.dynamic:
-                neg, m, e = split_f32(jnp.where(fin, bits, 0))
-                more = more | jnp.any(_row_slices(neg, m, e, side, compute, axis)[2] != 0)
+        for side in (side_a, side_b):
+            if side.s.dynamic:
+                more = more | side.more()
         r = lax.cond(
             more,
             functools.partial(run, residual=True),
             functools.partial(run, residual=False),
-            (a3, b3),
+            (lhs, rhs),
         )
-    r = _specials(r, a3, b3, fin_a, fin_b, plan)
+    r = _specials(r, (lhs, rhs), sides, plan)
     return accumulate.round_accumulator(r.reshape(out_shape), plan.out)
 
 
-def _sliced_sum(bits, *, plan, sa: Slicing, sb: Slicing, k: int, residual: bool) -> jax.Array:
-    """The exact sum of the (B, M, K) x (B, K, N) operands given by their f32 bits, rounded
-    into f32 (to odd for a narrower result); with ``residual``, the further blocks of a
-    per-row operand too."""
-    a3, b3 = bits
-    compute = plan.lhs_compute
-    acc = jnp.int32 if compute == "int8" else jnp.float32
-    fin_a, fin_b = ((x & 0x7F800000) != 0x7F800000 for x in (a3, b3))
-    side_a = _Side(sa, jnp.where(fin_a, a3, 0), compute, 2)
-    side_b = _Side(sb, jnp.where(fin_b, b3, 0), compute, 1)
-    shifts = np.add.outer(np.arange(sa.count) * sa.width, np.arange(sb.count) * sb.width)
-    n_rel = _n_limbs(int(shifts.max()))
-    to_odd = formats.get(plan.out).name != "float32"
+def _has_specials(fmt: str) -> bool:
+    f = formats.get(fmt)
+    return f.has_nan or f.has_inf
 
-    chunk = min(plan.k_chunk, max(k, 1))
-    if compute == "int8":
+
+def _sliced_sum(
+    side_a: _Side, side_b: _Side, *, plan, chunks: tuple[int, int], residual: bool, rhs_big: bool
+) -> jax.Array:
+    """The exact sum of the (B, M, K) x (B, K, N) operands, rounded into f32 (to odd for a
+    narrower result); with ``residual``, the further blocks of a per-row operand too."""
+    sa, sb = side_a.s, side_b.s
+    shifts = np.add.outer(np.arange(sa.count) * sa.width, np.arange(sb.count) * sb.width)
+    n_rel = n_limbs(int(shifts.max()))
+    to_odd = formats.get(plan.out).name != "float32"
+    n_chunks, chunk = chunks
+    if plan.lhs_compute == "int8":
         bound = chunk * sa.max_int * sb.max_int  # the largest |chunk sum|
     else:
         bound = min(chunk * sa.max_int * sb.max_int, F32_EXACT)
 
-    def block(cat_a, cat_b):
-        """The block of concatenated lhs slices times the block of rhs slices, as
-        (negative, magnitude limbs)."""
-        part = _pair_chunk_sums(cat_a, cat_b, sa.count, sb.count, plan.k_chunk, acc)
-        return _sign_magnitude(_signed_limbs(part, shifts, n_rel, bound))
+    def block(make_a: Maker, make_b: Maker):
+        """The lhs slices times the rhs slices, as (negative, magnitude limbs)."""
+        counts = (sa.count, sb.count)
+        pair = _pair_chunk_sums(make_a, make_b, counts, n_chunks, chunk, rhs_big)
+        return sign_magnitude(signed_limbs(pair, shifts, n_rel, bound))
 
-    sl_a, base_a, res_a = side_a.first()
-    sl_b, base_b, res_b = side_b.first()
-    # Concatenated once: the dot's operands, reused by the further blocks.
-    negative, mag = block(sl_a, sl_b)
-    q0 = _q0(base_a, base_b)
+    make_a, base_a = side_a.first()
+    make_b, base_b = side_b.first()
+    negative, mag = block(make_a, make_b)
     if not residual:
-        return _round_wide(negative, mag, q0, to_odd)
-    return _residual_blocks(
-        side_a,
-        side_b,
-        (sl_a, base_a, res_a),
-        (sl_b, base_b, res_b),
-        (negative, mag),
-        block,
-        to_odd,
-    )
+        return round_wide(negative, mag, _q0(base_a, base_b), to_odd)
+    return _residual_blocks(side_a, side_b, (negative, mag), block, to_odd)
 
 
 def _q0(base_a, base_b):
@@ -431,18 +430,17 @@ def _q0(base_a, base_b):
     return ea + eb  # (B, M, 1) + (B, 1, N)
 
 
-def _residual_blocks(side_a, side_b, first_a, first_b, first_limbs, block, to_odd):
+def _residual_blocks(side_a: _Side, side_b: _Side, first_limbs, block, to_odd):
     """The exact sum when a per-row operand has bits below its first block: every block
     of the lhs against every block of the rhs, added at run-time shifts into one
-    fixed-point number covering the whole range of the two formats."""
+    fixed-point number covering the whole range of the two formats. Every block's slices
+    are made again from the operands inside the loop that reads them."""
     sa, sb = side_a.s, side_b.s
     lo = sa.q_min + sb.q_min  # no base is below its format's q_min
     hi_a = sa.q_max + sa.p if sa.dynamic else sa.q_min
     hi_b = sb.q_max + sb.p if sb.dynamic else sb.q_min
     n_rel = len(first_limbs[1])
     n_abs = (hi_a + hi_b - lo) // 16 + n_rel + 4  # room for the carries of many blocks
-    sl_a1, base_a1, res_a1 = first_a
-    sl_b1, base_b1, res_b1 = first_b
     shape = first_limbs[1][0].shape
     zeros = jnp.zeros((n_abs, *shape), jnp.uint32)
 
@@ -451,69 +449,72 @@ def _residual_blocks(side_a, side_b, first_a, first_b, first_limbs, block, to_od
         off = jnp.broadcast_to(_q0(base_a, base_b) - lo, shape)
         pos = [jnp.where(negative, 0, x) for x in mag]
         neg = [jnp.where(negative, x, 0) for x in mag]
-        return _place(accs[0], pos, off), _place(accs[1], neg, off)
+        return place(accs[0], pos, off), place(accs[1], neg, off)
 
-    accs = add((zeros, zeros), first_limbs, base_a1, base_b1)
-
-    def against_b(sl_a, base_a, res_b, accs):
-        """Add the lhs block ``sl_a`` times every rhs block still in ``res_b``."""
-        if res_b is None:
+    def against_b(first_a, accs, skip_first: bool):
+        """Add an lhs block (``first_a()``: maker and base) times every rhs block (but the
+        first, with ``skip_first``); the slices are made inside the loop body that reads them."""
+        if not skip_first:
+            (make_a, base_a), (make_b, base_b) = first_a(), side_b.first()
+            accs = add(accs, block(make_a, make_b), base_a, base_b)
+        if not sb.dynamic:
             return accs
-        neg_b, _, e_b = side_b.split()
-
-        def cond(state):
-            return jnp.any(state[0] != 0)
 
         def body(state):
             res, accs = state
-            sl_b, base_b, res = _row_slices(neg_b, res, e_b, sb, side_b.compute, 1)
-            return res, add(accs, block(sl_a, jnp.concatenate(sl_b, axis=2)), base_a, base_b)
+            make_b, base_b, res = side_b.rest(res)
+            make_a, base_a = first_a()
+            return res, add(accs, block(make_a, make_b), base_a, base_b)
 
-        return lax.while_loop(cond, body, (res_b, accs))[1]
+        _, m_b, e_b = side_b.split()
+        res_b = _residual(m_b, e_b, _row_base(m_b, e_b, sb, 1))
+        return lax.while_loop(lambda s: jnp.any(s[0] != 0), body, (res_b, accs))[1]
 
-    accs = against_b(sl_a1, base_a1, res_b1, accs)
-    if res_a1 is not None:
-        neg_a, _, e_a = side_a.split()
-        _, m_b, _ = side_b.split() if sb.dynamic else (None, None, None)
-
-        def cond(state):
-            return jnp.any(state[0] != 0)
+    accs = add((zeros, zeros), first_limbs, side_a.first()[1], side_b.first()[1])
+    accs = against_b(side_a.first, accs, skip_first=True)
+    if sa.dynamic:
+        _, m_a, e_a = side_a.split()
+        res_a = _residual(m_a, e_a, _row_base(m_a, e_a, sa, 2))
 
         def body(state):
             res, accs = state
-            sl_a, base_a, res = _row_slices(neg_a, res, e_a, sa, side_a.compute, 2)
-            sl_a = jnp.concatenate(sl_a, axis=1)
-            if sb.dynamic:
-                accs = against_b(sl_a, base_a, m_b, accs)
-            else:
-                accs = add(accs, block(sl_a, sl_b1), base_a, sb.q_min)
-            return res, accs
+            make_a, base_a, res_next = side_a.rest(res)
+            return res_next, against_b(lambda: (make_a, base_a), accs, skip_first=False)
 
-        accs = lax.while_loop(cond, body, (res_a1, accs))[1]
-    return _round_wide(*_subtract_stacked(*accs), lo, to_odd)
+        accs = lax.while_loop(lambda s: jnp.any(s[0] != 0), body, (res_a, accs))[1]
+    return round_wide(*subtract_stacked(*accs), lo, to_odd)
 
 
-def _specials(r, a3, b3, fin_a, fin_b, plan) -> jax.Array:
+def _specials(r, operands, sides, plan) -> jax.Array:
     """NaN and Inf by IEEE rules, from a dot of the operands with every finite value
     replaced by its sign (0, +-1): exact, no overflow, nothing flushed. Run only when an
-    operand holds NaN or Inf."""
+    operand whose format has NaN or Inf holds one."""
+    side_a, side_b = sides(*operands)
+    if not (side_a.specials or side_b.specials):
+        return r
     try:
         bf16 = targets.get(plan.target).supports("bfloat16", "bfloat16")
     except ValueError:  # a Target built by the caller, not registered by name
         bf16 = plan.lhs_compute == "bfloat16"
     dtype = jnp.bfloat16 if bf16 else jnp.float32
 
-    def signs(bits, finite):  # from the bits: no float operation sees a subnormal
+    def signs(bits):  # from the bits: no float operation sees a subnormal
+        finite = (bits & 0x7F800000) != 0x7F800000
         one = jnp.where((bits >> 31) == 1, -1.0, 1.0)
         nan = jnp.where((bits << 9) != 0, jnp.nan, jnp.inf)  # NaN, or Inf with the sign
         value = jnp.where(finite, jnp.where((bits << 1) == 0, 0.0, 1.0), nan)
         return (value * one).astype(dtype)
 
-    def with_specials(r):
-        sa, sb = signs(a3, fin_a), signs(b3, fin_b)
+    def with_specials(r, a, b):
+        x, y = sides(a, b)
         dn = (((2,), (1,)), ((0,), (0,)))
-        s = lax.dot_general(sa, sb, dn, preferred_element_type=jnp.float32)
+        s = lax.dot_general(
+            signs(x.bits()), signs(y.bits()), dn, preferred_element_type=jnp.float32
+        )
         return jnp.where(jnp.isfinite(s), r, s)
 
-    special = ~(jnp.all(fin_a) & jnp.all(fin_b))
-    return lax.cond(special, with_specials, lambda r: r, r)
+    special = jnp.zeros((), bool)
+    for side in (side_a, side_b):
+        if side.specials:
+            special = special | jnp.any((side.bits() & 0x7F800000) == 0x7F800000)
+    return lax.cond(special, with_specials, lambda r, a, b: r, r, *operands)

@@ -149,7 +149,26 @@ def decode_to(op: Operand, compute: str, scale: int) -> jax.Array:
             return codecs.decode(op.value, f.name, to=jnp.int8)
         v = codecs.decode(op.value, f.name, to=jnp.float32) * jnp.float32(2.0**scale)
         return v.astype(jnp.int8)  # exact: every value * 2**scale is an integer in int8
+    if f.is_integer:
+        return _integer_to_float(op, compute)
     return codecs.decode(op.value, f.name, to=jnp.dtype(compute))
+
+
+def _integer_to_float(op: Operand, compute: str) -> jax.Array:
+    """Integer codes as bf16 or f32 values: by the codec's bit construction where lowered
+    for the CPU (XLA:CPU's int -> float convert is slower), by XLA's own convert of the
+    int32 values elsewhere. Both are exact: every value of an integer format of at most 8
+    bits is an integer below 2**8, which the convert cannot round, and no integer operand
+    is subnormal, so a flushing backend changes nothing."""
+    out = jnp.dtype(compute)
+
+    def bits(v):
+        return codecs.decode(v, op.format_name, to=out)
+
+    def convert(v):
+        return codecs.decode(v, op.format_name, to=jnp.int32).astype(out)
+
+    return lax.platform_dependent(op.value, cpu=bits, default=convert)
 
 
 def exact_inputs(lhs: Operand, rhs: Operand) -> tuple[jax.Array, jax.Array]:

@@ -23,7 +23,7 @@ from emulate import formats
 from emulate.engine import exact, grad, tiled
 from emulate.engine.contract import contract_decoded
 from emulate.engine.layout import DimensionNumbers
-from emulate.engine.operands import Operand, Precision, decode_to, exact_inputs
+from emulate.engine.operands import Operand, Precision, decode_to
 from emulate.planning.plan import Plan, plan
 from emulate.targets import TargetLike
 
@@ -72,7 +72,7 @@ def _route(
     tiling: tiled.Settings,
 ) -> jax.Array:
     if q.slicing is not None:
-        return exact.contract(q, *exact_inputs(lhs, rhs), dn, precision)
+        return exact.contract(q, lhs, rhs, dn, precision)
     t = tiled.choose(q, lhs, rhs, dn, tiling)
     untiled = functools.partial(_untiled, q, dn=dn, precision=precision)
     if t is None:

@@ -169,3 +169,26 @@ def test_a_refused_case_gets_its_status_and_first_line():
     assert row["status"] == "n/a"
     assert row["reason"].startswith("target: emulate.pallas.matmul is a TPU kernel")
     assert "bytes" not in row
+
+
+def test_exact_goals_divide_by_fast_and_name_unestimated_programs():
+    base = {"generation": GEN, "status": "ok", "M": 4, "K": 8, "N": 8, "temp_bytes": 64}
+    rows = [
+        {**base, "pair": "int8", "contender": "fast", "estimate_s": 2.0},
+        {**base, "pair": "int8", "contender": "exact", "estimate_s": 30.0},
+        {**base, "pair": "int4", "contender": "fast", "estimate_s": 1.0},
+        {**base, "pair": "int4", "contender": "exact", "estimate_s": None},
+    ]
+    for r in rows:
+        r["temp_over_decoded_weight"] = r["temp_bytes"] / (2 * 8 * 8)
+    tpu.add_ratios(rows)
+    assert rows[1]["estimate_over_fast"] == 15.0 and rows[3]["estimate_over_fast"] is None
+    est, temp = tpu.exact_goals(rows)
+    assert (est["key"], est["limit"], est["measured"], est["met"]) == (
+        "estimate_over_fast",
+        tpu.EXACT_LIMIT,
+        15.0,
+        False,
+    )
+    assert est["failing"] == ["int8 4x8x8"] and est["unestimated"] == ["int4 4x8x8"]
+    assert (temp["measured"], temp["met"], temp["unestimated"]) == (0.5, True, [])

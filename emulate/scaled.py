@@ -229,6 +229,10 @@ def _segment_layout(q: QArray | None, s, batch, contract, segs: _Segments, side:
     s = s.reshape(s.shape[: len(batch) + len(free)] + (-1,))
     if s.shape[-1] == 0:  # K = 0: one empty segment, nothing to scale
         return jnp.zeros(s.shape[:-1] + idx.shape, s.dtype)
+    if np.array_equal(segs.index[side], np.arange(s.shape[-1])):
+        # one segment per block (the usual case): no gather, which XLA:TPU runs as a
+        # separate program with transposes around it
+        return s
     return jnp.take(s, idx, axis=-1)
 
 

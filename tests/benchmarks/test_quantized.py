@@ -129,6 +129,7 @@ def test_ratios_offsets_and_goals_on_given_figures():
     assert goals["offset_cost"]["generation"] == "tpu_v5e"
     assert goals["offset_cost"]["measured"] == 1.2 and goals["offset_cost"]["met"] is False
     assert goals["offset_cost"]["failing"] == ["awq_g128 1x4x2"]
+    assert goals["offset_bytes"]["measured"] == 1.3 and goals["offset_bytes"]["met"] is False
     assert goals["temp_over_decoded_weight"]["measured"] == 5 / (2 * 4 * 2)
     assert goals["temp_over_decoded_weight"]["met"] is False
     assert goals["bytes_over_stored"]["measured"] == 1.3
@@ -144,7 +145,10 @@ def test_ratios_offsets_and_goals_on_given_figures():
         }
     )
     assert "| tpu_v5e | AWQ int4 g128 (zero points) | 1x4x2 | 1.20 | 1.30 |" in text
-    assert "| tpu_v5e | offset term: (c) with / without | 1.1 | 1.2 | awq_g128 1x4x2 | no |" in text
+    assert (
+        "| tpu_v5e | offset term: (c) with / without, estimate | 1.1 | 1.2 | awq_g128 1x4x2 | no |"
+        in text
+    )
 
 
 def test_cpu_rows_time_every_contender():

@@ -222,7 +222,9 @@ def _segment_layout(q: QArray | None, s, batch, contract, segs: _Segments, side:
         return None
     nd = len(q.shape)
     free = [d for d in range(nd) if d not in batch and d not in contract]
-    idx = jnp.asarray(segs.index[side])
+    first = segs.index[side]
+    assert first is not None  # a QArray has scales, so a block index
+    idx = jnp.asarray(first)
     for d in tuple(batch) + tuple(free):
         b = q.block_shape[d]
         s = jnp.repeat(s, b, axis=d, total_repeat_length=s.shape[d] * b)
@@ -231,7 +233,7 @@ def _segment_layout(q: QArray | None, s, batch, contract, segs: _Segments, side:
     s = s.reshape(s.shape[: len(batch) + len(free)] + (-1,))
     if s.shape[-1] == 0:  # K = 0: one empty segment, nothing to scale
         return jnp.zeros(s.shape[:-1] + idx.shape, s.dtype)
-    if np.array_equal(segs.index[side], np.arange(s.shape[-1])):
+    if np.array_equal(first, np.arange(s.shape[-1])):
         # one segment per block (the usual case): no gather, which XLA:TPU runs as a
         # separate program with transposes around it
         return s

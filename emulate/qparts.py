@@ -94,10 +94,17 @@ def leaf_shape(x: Any) -> tuple[int, ...] | None:
 
 
 def broadcast_blocks(s: jax.Array, block: tuple[int, ...], shape: tuple[int, ...]) -> jax.Array:
-    """Repeat a per-block array over its blocks and cut it to ``shape``."""
+    """Repeat a per-block array over its blocks and cut it to ``shape``.
+
+    Each blocked axis is broadcast along a new axis beside it and merged with it: a
+    broadcast and a reshape, which XLA fuses. ``jnp.repeat`` is a gather on XLA:TPU, whose
+    result is written out (docs/performance.md, "Quantized weights from checkpoints")."""
     for d, b in enumerate(block):
         if b > 1:
-            s = jnp.repeat(s, b, axis=d, total_repeat_length=s.shape[d] * b)
+            n = s.shape[d]
+            s = jnp.expand_dims(s, d + 1)
+            s = jnp.broadcast_to(s, s.shape[: d + 1] + (b,) + s.shape[d + 2 :])
+            s = s.reshape(s.shape[:d] + (n * b,) + s.shape[d + 2 :])
     return s[tuple(slice(0, n) for n in shape)]
 
 

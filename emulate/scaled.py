@@ -13,9 +13,10 @@ f32 and rounded once into the result type. Scales that do not change along K
 and the scales are applied once to its accumulator.
 
 Mode "fast": where scales change along K and the dequantized values are exact in bf16
-(e8m0 scales), or segments are shorter than 64, or the target is the CPU (whose f32 dot
-runs at full rate), the QArrays are dequantized (bf16 where exact, f32 otherwise, both
-operands in one type, f32 at ``Precision.HIGHEST``) and contracted in one dot instead.
+(e8m0 scales), or segments are shorter than 64 on a target other than a TPU, or the
+target is the CPU (whose f32 dot runs at full rate), the QArrays are dequantized (bf16
+where exact, f32 otherwise, both operands in one type, f32 at ``Precision.HIGHEST``) and
+contracted in one dot instead.
 An f32 operand passed by the caller may be multiplied at the caller's ``precision`` (on
 a TPU the default rounds it to bf16; pass ``Precision.HIGHEST`` for the bound). Either
 way, with ``S`` segments and ``a``, ``b`` the dequantized values, the f32 accumulator is
@@ -108,12 +109,13 @@ def _qdot(static: tuple, lhs: Operand | QArray, rhs: Operand | QArray) -> jax.Ar
     p = plan(a.format, b.format, target=target, preferred_element_type="float32", mode=mode)
     segs = _segments(a.shape, b.shape, dn, qa, qb)
     both_affine = qa is not None and qa.is_affine and qb is not None and qb.is_affine
-    if both_affine or (
-        segs.count > 1 and (segs.g < 64 or _bf16_exact(qa, qb) or p.platform == "cpu")
-    ):
+    short = segs.g < 64 and p.platform != "tpu"
+    if both_affine or (segs.count > 1 and (short or _bf16_exact(qa, qb) or p.platform == "cpu")):
         # Scales change along K: one dot of the dequantized values beats many short ones
         # (docs/performance.md, "Matmul on block-scaled weights"), unless they would have
-        # to be f32 and the segments are long on a TPU (an f32 dot costs six bf16 passes).
+        # to be f32 on a TPU (an f32 dot costs six bf16 passes, and XLA:TPU writes the
+        # dequantized weight out in f32: "Quantized weights from checkpoints"), however
+        # short the segments.
         return _dequantized_run(
             qa if qa is not None else a,
             qb if qb is not None else b,
@@ -220,7 +222,9 @@ def _segment_layout(q: QArray | None, s, batch, contract, segs: _Segments, side:
         return None
     nd = len(q.shape)
     free = [d for d in range(nd) if d not in batch and d not in contract]
-    idx = jnp.asarray(segs.index[side])
+    first = segs.index[side]
+    assert first is not None  # a QArray has scales, so a block index
+    idx = jnp.asarray(first)
     for d in tuple(batch) + tuple(free):
         b = q.block_shape[d]
         s = jnp.repeat(s, b, axis=d, total_repeat_length=s.shape[d] * b)
@@ -229,6 +233,10 @@ def _segment_layout(q: QArray | None, s, batch, contract, segs: _Segments, side:
     s = s.reshape(s.shape[: len(batch) + len(free)] + (-1,))
     if s.shape[-1] == 0:  # K = 0: one empty segment, nothing to scale
         return jnp.zeros(s.shape[:-1] + idx.shape, s.dtype)
+    if np.array_equal(first, np.arange(s.shape[-1])):
+        # one segment per block (the usual case): no gather, which XLA:TPU runs as a
+        # separate program with transposes around it
+        return s
     return jnp.take(s, idx, axis=-1)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import cases, harness
 
-BENCHMARKS = ("decode", "exact", "matmul", "pallas_matmul", "scaled", "tpu")
+BENCHMARKS = ("decode", "exact", "matmul", "pallas_matmul", "quantized", "scaled", "tpu")
 
 
 def test_pairs_name_their_operands():

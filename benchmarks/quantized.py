@@ -1,0 +1,660 @@
+"""Checkpoint weights kept as stored (GGUF Q4_K, AutoAWQ int4 g128, bitsandbytes NF4) times
+bf16 activations: emulate against the bf16 floor and against dequantize-then-dot, timed on
+the CPU and compiled (never run) for TPUs.
+
+Run as ``python -m benchmarks.quantized`` from the repository root; ``--quick`` for one
+shape (64x4096x4096) and 3 repeats; ``--help`` for ``--shapes``, ``--schemes``,
+``--generations``, ``--no-cpu`` and ``--no-tpu`` (:mod:`benchmarks.harness` owns the rest).
+
+The weights (K x N logical, made from a fixed seed, built as the importers build them):
+
+  q4_k           GGUF Q4_K: random 144-byte super-blocks (d, dmin set to small f16 values)
+                 read by ``emulate.importers.ggml.parse_blocks`` and made a QArray by
+                 ``emulate.importers.gguf.to_qarray``: (N, K), 4-bit codes packed along
+                 K, 6-bit sub-block scales and mins times the f16 d and -dmin
+  q4_k_no_mins   the same QArray with its offsets (the mins) removed
+  awq_g128       AutoAWQ GEMM int4, group 128: uint4 codes, f16 scales and 4-bit zero
+                 points per group, as ``emulate.importers.as_qarray.to_qarray`` packs them
+  awq_g128_no_zeros  the same QArray without its zero points
+  nf4_b64        bitsandbytes NF4, blocks of 64 along K: uint4 codes into the NF4 table,
+                 f32 absmax per block (``to_qarray`` of the parts ``read_bnb_4bit`` gives)
+
+and the contenders, one jitted program each:
+
+  (a) floor        ``lax.dot_general`` of x and the weight decoded to bf16 up front
+                   (bf16 x bf16, f32 result; one program per layout and shape)
+  (b) dequantize   ``lax.dot_general(x, emulate.dequantize(q, to=bf16), ...)``: the
+                   weight dequantized inside the program, then a bf16 dot (what a user
+                   writes; it rounds the values to bf16, so it is less accurate than (c))
+  (c) emulate      ``emulate.dot_general(x, q, ..., preferred_element_type=f32,
+                   target=T)``, mode fast, the QArray as stored
+
+On the CPU (target ``cpu``) each is timed (harness interleaving); on each TPU generation
+it is compiled with the real compiler for a compile-only device and the compiled
+program's ``cost_analysis()`` (bytes accessed, the compiler's time estimate
+"optimal_seconds") and ``memory_analysis()`` (temporaries, argument and output bytes) are
+read, as :mod:`benchmarks.tpu` does. Stored bytes are the weight as stored
+(``QArray.nbytes``) plus the activations (bf16) and the result (f32).
+
+The offset term's cost is (c) of a scheme with zero points or mins over (c) of the same
+QArray without them (time on the CPU, estimate and bytes on a TPU).
+
+Goals (issue 24, item 6), read from (c): the offset term at most 1.10x (the estimate on
+v5e); temporaries at most 25% of one bf16 copy of the weight; bytes accessed at most
+1.1x the operands as stored plus the result (the weight crosses HBM once as stored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import emulate
+from benchmarks import harness
+from benchmarks.cases import SHAPES, goal, parse_names, parse_shapes, shape_of
+from benchmarks.tpu import estimate_seconds
+from emulate import compiler
+from emulate.codebooks import NF4
+from emulate.importers import ggml, gguf
+from emulate.importers.as_qarray import to_qarray
+from emulate.importers.conventions.parts import StoredParts
+
+BF16 = jnp.bfloat16
+F32 = jnp.float32
+QUICK_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 4096, 4096),)
+GENERATIONS = ("tpu_v4", "tpu_v5e", "tpu_v7x")
+
+OFFSET_LIMIT = 1.10  # (c) with offsets / (c) without, the compiler's estimate on v5e
+TEMP_LIMIT = 0.25  # temporaries / one bf16 copy of the weight (2*K*N bytes)
+BYTES_LIMIT = 1.1  # bytes accessed / (weight as stored + activations + result)
+
+#: ``x @ W`` for a (K, N) weight; ``x @ W.T`` for GGUF's (N, K) rows.
+KN = (((1,), (0,)), ((), ()))
+NK = (((1,), (1,)), ((), ()))
+
+CONTENDERS = {
+    "floor": "(a) bf16 x bf16",
+    "dequantize": "(b) dequantize + dot",
+    "emulate": "(c) emulate",
+}
+
+# ---------------------------------------------------------------------------------------
+# The weights
+
+
+def q4_k_weight(k: int, n: int, rng: np.random.Generator) -> emulate.QArray:
+    """A GGUF Q4_K weight of logical shape (N, K) (ggml's rows along K): random code and
+    scale bytes, ``d`` in [1e-3, 1.1e-2) and ``dmin = d / 2`` (finite f16 values)."""
+    block, size = ggml.BLOCKS["Q4_K"]
+    nb = n * k // block
+    raw = rng.integers(0, 256, (nb, size), dtype=np.uint8)
+    d = (rng.random(nb) * 0.01 + 0.001).astype(np.float16)
+    raw[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
+    raw[:, 2:4] = (d / 2).astype(np.float16).view(np.uint8).reshape(nb, 2)
+    return gguf.to_qarray(ggml.parse_blocks(raw, "Q4_K", (n, k), name="bench.q4_k"))
+
+
+def awq_weight(k: int, n: int, rng: np.random.Generator, group: int = 128) -> emulate.QArray:
+    """An AutoAWQ GEMM int4 weight (K, N) in the parts ``parse_awq`` returns: uint4 codes,
+    f16 scales and uint4 zero points per group of ``group`` along K."""
+    g = min(group, k)
+    parts = StoredParts(
+        codes=rng.integers(0, 16, (k, n), dtype=np.uint8),
+        fmt="uint4",
+        bits=4,
+        block_shape=(g, 1),
+        scales=(rng.random((k // g, n)) * 0.01 + 1e-4).astype(np.float16),
+        zero_points=rng.integers(0, 16, (k // g, n), dtype=np.uint8),
+        zero_bits=4,
+        dtype="float16",
+        source="benchmarks.quantized: AutoAWQ GEMM int4 parts",
+        stored_bits=0,
+    )
+    return to_qarray(parts)
+
+
+def nf4_weight(k: int, n: int, rng: np.random.Generator, block: int = 64) -> emulate.QArray:
+    """A bitsandbytes NF4 weight (K, N) in the parts ``parse_bnb_4bit`` returns: uint4
+    codes into the NF4 table, one f32 absmax per ``block`` elements along K."""
+    b = min(block, k)
+    parts = StoredParts(
+        codes=rng.integers(0, 16, (k, n), dtype=np.uint8),
+        fmt="uint4",
+        bits=4,
+        block_shape=(b, 1),
+        scales=rng.random((k // b, n)).astype(np.float32) + np.float32(0.01),
+        codebook=NF4.array(),
+        dtype="bfloat16",
+        source="benchmarks.quantized: bitsandbytes NF4 parts",
+        stored_bits=0,
+    )
+    return to_qarray(parts)
+
+
+def _without(q: emulate.QArray, part: str) -> emulate.QArray:
+    return dataclasses.replace(q, **{part: None})
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+    """One weight: its name, title, builder ``(k, n, rng) -> QArray``, its dimension
+    numbers against (M, K) activations, and, for a scheme without its offset term, the
+    scheme it is compared with (``base_of``)."""
+
+    name: str
+    title: str
+    build: Callable[[int, int, np.random.Generator], emulate.QArray]
+    dn: Any
+    base_of: str | None = None
+
+
+SCHEMES: dict[str, Scheme] = {
+    s.name: s
+    for s in (
+        Scheme("q4_k", "GGUF Q4_K (scales + mins)", q4_k_weight, NK),
+        Scheme(
+            "q4_k_no_mins",
+            "Q4_K without its mins",
+            lambda k, n, r: _without(q4_k_weight(k, n, r), "offsets"),
+            NK,
+            base_of="q4_k",
+        ),
+        Scheme("awq_g128", "AWQ int4 g128 (zero points)", awq_weight, KN),
+        Scheme(
+            "awq_g128_no_zeros",
+            "AWQ int4 g128 without zero points",
+            lambda k, n, r: _without(awq_weight(k, n, r), "zero_points"),
+            KN,
+            base_of="awq_g128",
+        ),
+        Scheme("nf4_b64", "bnb NF4, blocks of 64", nf4_weight, KN),
+    )
+}
+
+
+def weight_shape(scheme: Scheme, k: int, n: int) -> tuple[int, int]:
+    """The weight's array shape: (N, K) for GGUF rows, (K, N) otherwise."""
+    return (n, k) if scheme.dn == NK else (k, n)
+
+
+def stored_bytes(q: emulate.QArray, m: int, k: int, n: int) -> int:
+    """The operands as stored plus the result: the QArray's bytes, bf16 activations (M, K)
+    and the f32 result (M, N)."""
+    return int(q.nbytes) + 2 * m * k + 4 * m * n
+
+
+# ---------------------------------------------------------------------------------------
+# The programs
+
+
+def programs(scheme: Scheme, target: str) -> dict[str, Callable[..., jax.Array]]:
+    """Each contender as ``fn(x, w)``: ``w`` is the bf16 weight for (a), the QArray
+    otherwise."""
+    dn = scheme.dn
+
+    def floor(x, w):
+        return lax.dot_general(x, w, dn, preferred_element_type=F32)
+
+    def dequantize(x, q):
+        return lax.dot_general(x, emulate.dequantize(q, to=BF16), dn, preferred_element_type=F32)
+
+    def fast(x, q):
+        return emulate.dot_general(x, q, dn, preferred_element_type=F32, target=target)
+
+    return {"floor": floor, "dequantize": dequantize, "emulate": fast}
+
+
+def _specs(tree: Any) -> tuple[Any, list[jax.ShapeDtypeStruct]]:
+    """A pytree's structure and its leaves as ShapeDtypeStructs. A QArray (or Packed) is
+    passed by its leaves: it has ``shape`` and ``dtype`` itself (its logical ones), so a
+    compile helper mapping over leaves would take it for one array."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in leaves]
+
+
+def _by_leaves(fn: Callable[..., Any], treedef: Any) -> Callable[..., Any]:
+    def call(x, leaves):
+        return fn(x, jax.tree.unflatten(treedef, leaves))
+
+    return call
+
+
+# ---------------------------------------------------------------------------------------
+# TPU: the compiler's view
+
+
+def compile_row(
+    scheme: Scheme,
+    contender: str,
+    generation: str,
+    shape: tuple[int, int, int],
+    weight: Any,
+    stored: int,
+) -> dict[str, Any]:
+    """Compile one contender for one generation; one result row (no ratios yet)."""
+    m, k, n = shape
+    row: dict[str, Any] = {
+        "platform": generation,
+        "pair": scheme.name,
+        "contender": contender,
+        "M": m,
+        "K": k,
+        "N": n,
+        "stored_bytes": stored,
+        "status": "ok",
+        "reason": "",
+    }
+    treedef, leaves = _specs(weight)
+    fn = _by_leaves(programs(scheme, generation)[contender], treedef)
+    x = jax.ShapeDtypeStruct((m, k), BF16)
+    t0 = time.perf_counter()
+    try:
+        compiled = compiler.compile(fn, x, leaves, target=generation)
+    except Exception as e:  # noqa: BLE001 - a refusal is a result
+        row.update(status="refused", reason=harness.short_error(e))
+        return row
+    finally:
+        row["compile_s"] = time.perf_counter() - t0
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, list):  # older jax: one dict per program
+        cost = cost[0] if cost else {}
+    mem = compiled.memory_analysis()
+    row["bytes_accessed"] = cost.get("bytes accessed")
+    row["estimate_s"] = estimate_seconds(cost)
+    row["estimate_raw"] = cost.get("optimal_seconds")
+    row["temp_bytes"] = int(mem.temp_size_in_bytes)
+    row["argument_bytes"] = int(mem.argument_size_in_bytes)
+    row["output_bytes"] = int(mem.output_size_in_bytes)
+    add_derived(row)
+    return row
+
+
+def add_derived(row: dict[str, Any]) -> None:
+    """The per-row quotients: temporaries over one bf16 copy of the weight (2*K*N bytes),
+    bytes accessed over the operands as stored plus the result."""
+    row["temp_over_decoded_weight"] = row["temp_bytes"] / (2 * row["K"] * row["N"])
+    b = row.get("bytes_accessed")
+    row["bytes_over_stored"] = None if b is None else b / row["stored_bytes"]
+
+
+def tpu_rows(
+    generation: str,
+    shape: tuple[int, int, int],
+    names: Sequence[str],
+    log: Callable[[str], None] = lambda s: None,
+    contenders: Sequence[str] = tuple(CONTENDERS),
+) -> list[dict[str, Any]]:
+    """Each of ``contenders`` for every scheme at one shape on one generation. (a) is
+    compiled once per weight layout and repeated for each scheme of that layout."""
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    floors: dict[Any, dict[str, Any]] = {}
+    rows = []
+    for name in names:
+        scheme = SCHEMES[name]
+        q = scheme.build(k, n, rng)
+        stored = stored_bytes(q, m, k, n)
+        for key in contenders:
+            if key == "floor":
+                ws = weight_shape(scheme, k, n)
+                if scheme.dn not in floors:
+                    w = jax.ShapeDtypeStruct(ws, BF16)
+                    floors[scheme.dn] = compile_row(scheme, key, generation, shape, w, stored)
+                row = {**floors[scheme.dn], "pair": name, "stored_bytes": stored}
+                add_derived(row)
+            else:
+                row = compile_row(scheme, key, generation, shape, q, stored)
+            log(f"  {generation} {name} {shape_of(row)} {key}: {row['status']}")
+            rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# CPU: timed
+
+
+@dataclasses.dataclass
+class Case:
+    """One timed contender (harness.Timed)."""
+
+    scheme: str
+    contender: str
+    fn: Callable[..., Any]
+    args: tuple
+    times: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.scheme} {self.contender}"
+
+    def run(self) -> float:
+        return harness.timed_call(self.fn, *self.args)
+
+
+def cpu_rows(shape: tuple[int, int, int], names: Sequence[str], repeats: int) -> list[dict]:
+    """Every contender of every scheme at one shape, timed on this CPU (target ``cpu``):
+    one row each with the median, min and max seconds (ratios added later)."""
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((m, k)), BF16)
+    cases = []
+    stored = {}
+    for name in names:
+        scheme = SCHEMES[name]
+        q = scheme.build(k, n, rng)
+        stored[name] = stored_bytes(q, m, k, n)
+        progs = programs(scheme, "cpu")
+        w = emulate.dequantize(q, to=BF16)
+        for key in CONTENDERS:
+            cases.append(Case(name, key, jax.jit(progs[key]), (x, w if key == "floor" else q)))
+    ran, failed = harness.interleave(cases, repeats)
+    rows = []
+    for c in ran:
+        rows.append(
+            {
+                "platform": "cpu",
+                "pair": c.scheme,
+                "contender": c.contender,
+                "M": m,
+                "K": k,
+                "N": n,
+                "stored_bytes": stored[c.scheme],
+                "status": "ok",
+                "reason": "",
+                **harness.stats(c.times),
+            }
+        )
+    for label, why in failed.items():
+        name, contender = label.split(" ")
+        rows.append(
+            {"platform": "cpu", "pair": name, "contender": contender, "M": m, "K": k, "N": n}
+            | {"status": "failed", "reason": why}
+        )
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# Ratios, the offset term, goals
+
+
+def figure(row: dict[str, Any]) -> float | None:
+    """The row's figure of time: the median on the CPU, the compiler's estimate on a TPU."""
+    return row.get("median_s") if row["platform"] == "cpu" else row.get("estimate_s")
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each row's figure (and bytes accessed) over those of (a) and of (b) for the same
+    scheme, platform and shape."""
+    index = {(r["platform"], r["pair"], shape_of(r), r["contender"]): r for r in rows}
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        key = (r["platform"], r["pair"], shape_of(r))
+        for other in ("floor", "dequantize"):
+            o = index.get((*key, other))
+            ok = o is not None and o["status"] == "ok"
+            r[f"over_{other}"] = _ratio(figure(r), figure(o)) if ok else None
+            r[f"bytes_over_{other}"] = (
+                _ratio(r.get("bytes_accessed"), o.get("bytes_accessed")) if ok else None
+            )
+
+
+def offset_costs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each scheme with a variant without its offset term: (c) with over (c) without,
+    per platform and shape (the figure, and bytes accessed on a TPU)."""
+    mine = {
+        (r["platform"], r["pair"], shape_of(r)): r
+        for r in rows
+        if r["contender"] == "emulate" and r["status"] == "ok"
+    }
+    out = []
+    for (platform, name, shape), r in mine.items():
+        base = SCHEMES[name].base_of
+        if base is None or (platform, base, shape) not in mine:
+            continue
+        with_offsets = mine[(platform, base, shape)]
+        out.append(
+            {
+                "platform": platform,
+                "pair": base,
+                "without": name,
+                "M": r["M"],
+                "K": r["K"],
+                "N": r["N"],
+                "offset_cost": _ratio(figure(with_offsets), figure(r)),
+                "offset_bytes": _ratio(with_offsets.get("bytes_accessed"), r.get("bytes_accessed")),
+            }
+        )
+    return out
+
+
+def goals(rows: Sequence[dict[str, Any]], offsets: Sequence[dict[str, Any]]) -> list[dict]:
+    """Issue 24's goals for (c), per TPU generation: the offset term (its estimate, and
+    its bytes accessed), the temporaries and the bytes accessed (module docstring)."""
+    out = []
+    tpu = [r for r in rows if r["platform"] != "cpu"]
+    for gen in dict.fromkeys(r["platform"] for r in tpu):
+        mine = [o for o in offsets if o["platform"] == gen]
+        # the estimate is the goal's figure; bytes accessed stand beside it, since the
+        # compiler gives no estimate for some of these programs
+        for label, key in (
+            ("offset term: (c) with / without, estimate", "offset_cost"),
+            ("offset term: (c) with / without, bytes accessed", "offset_bytes"),
+        ):
+            got = [o for o in mine if o[key] is not None]
+            out.append(goal(label, key, OFFSET_LIMIT, got, generation=gen))
+        fast = [
+            r
+            for r in tpu
+            if r["platform"] == gen and r["contender"] == "emulate" and r["status"] == "ok"
+        ]
+        for label, key, limit in (
+            ("temporaries / one bf16 copy of the weight", "temp_over_decoded_weight", TEMP_LIMIT),
+            ("bytes accessed / (operands as stored + result)", "bytes_over_stored", BYTES_LIMIT),
+        ):
+            got = [r for r in fast if r.get(key) is not None]
+            out.append(goal(label, key, limit, got, generation=gen))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Output
+
+
+def _tpu_cell(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return ""
+    if r["status"] != "ok":
+        return f"{r['status']}: {r['reason'][:60]}".replace("|", "\\|")
+    parts = [f"{harness.mb(r['bytes_accessed'])} MB"]
+    est = "no estimate" if r["estimate_s"] is None else f"{harness.us(r['estimate_s'])} us"
+    if r["contender"] != "floor" and r.get("over_floor") is not None:
+        est += f" ({r['over_floor']:.2f}x)"
+    parts += [est, f"temp {harness.mb(r['temp_bytes'])} MB"]
+    return "; ".join(parts)
+
+
+def _cpu_cell(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return ""
+    if r["status"] != "ok":
+        return f"{r['status']}: {r['reason'][:60]}".replace("|", "\\|")
+    text = f"{harness.ms(r['median_s'])} ms"
+    if r["contender"] != "floor" and r.get("over_floor") is not None:
+        text += f" ({r['over_floor']:.2f}x)"
+    return text
+
+
+def _grouped(rows: Sequence[dict[str, Any]], platform: str) -> dict[tuple, dict[str, dict]]:
+    groups: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        if r["platform"] == platform:
+            groups.setdefault((r["pair"], shape_of(r)), {})[r["contender"]] = r
+    return groups
+
+
+def markdown(report: dict[str, Any]) -> str:
+    rows, env = report["results"], report["environment"]
+    lines = [
+        "# Quantized checkpoint weights (benchmarks/quantized.py)",
+        "",
+        f"`{report['command']}`, {env['time']}; jax {env['jax']}, libtpu "
+        f"{report.get('libtpu')}, {env['cpu_count']} cores, load average "
+        f"{env['load_average']}; {report['wall_s']:.0f} s wall.",
+        "",
+    ]
+    head = "| scheme | M x K x N | stored MB | " + " | ".join(CONTENDERS.values()) + " |"
+    rule = "|---|---|---|" + "---|" * len(CONTENDERS)
+    for platform in dict.fromkeys(r["platform"] for r in rows):
+        cpu = platform == "cpu"
+        lines += [
+            "## CPU, timed (median; ratio to (a))"
+            if cpu
+            else f"## {platform}, compiled (bytes accessed; estimate and ratio to (a); "
+            "temporaries)",
+            "",
+            head,
+            rule,
+        ]
+        for (name, shape), by in _grouped(rows, platform).items():
+            stored = next(iter(by.values())).get("stored_bytes")
+            cell = _cpu_cell if cpu else _tpu_cell
+            lines.append(
+                f"| {SCHEMES[name].title} | {shape} | {harness.mb(stored)} | "
+                + " | ".join(cell(by.get(k)) for k in CONTENDERS)
+                + " |"
+            )
+        lines.append("")
+    if report["offsets"]:
+        lines += [
+            "## The offset term: (c) with zero points / mins over (c) without",
+            "",
+            "| platform | scheme | M x K x N | time or estimate | bytes accessed |",
+            "|---|---|---|---|---|",
+        ]
+        for o in report["offsets"]:
+            lines.append(
+                f"| {o['platform']} | {SCHEMES[o['pair']].title} | {shape_of(o)} | "
+                f"{harness.ratio(o['offset_cost'])} | {harness.ratio(o['offset_bytes'])} |"
+            )
+        lines.append("")
+    if report["goals"]:
+        lines += [
+            "## Goals (issue 24, item 6), (c) emulate",
+            "",
+            "| generation | goal | limit | worst measured | where | met | failing |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for g in report["goals"]:
+            if g["measured"] is None:
+                lines.append(
+                    f"| {g['generation']} | {g['goal']} | {g['limit']:g} | not measured | | | |"
+                )
+                continue
+            lines.append(
+                f"| {g['generation']} | {g['goal']} | {g['limit']:g} | {g['measured']:.3g} | "
+                f"{g['worst']} | {'yes' if g['met'] else 'no'} | {', '.join(g['failing'])} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------
+# Driver
+
+
+def run(args: argparse.Namespace) -> harness.Report:
+    """Time on the CPU and compile for each generation; the report."""
+    shapes = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
+    names = args.schemes or list(SCHEMES)
+    gens: list[str] = []
+    libtpu = None
+    if not args.no_tpu:
+        try:
+            offered = compiler.generations()
+            libtpu = compiler.libtpu_version()
+        except compiler.CompilerUnavailable as e:
+            raise harness.Unavailable(f"{e} (or pass --no-tpu)") from e
+        try:
+            gens = parse_names(args.generations, offered, "--generations")
+        except argparse.ArgumentTypeError as e:
+            raise harness.FlagError(str(e)) from e
+    env = harness.environment()
+    t0 = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+
+    def log(s: str) -> None:
+        print(s, file=sys.stderr, flush=True)
+
+    for shape in shapes:
+        if not args.no_cpu:
+            log(f"cpu {harness.shape_text(shape)}: timing")
+            rows += cpu_rows(shape, names, args.repeats)
+        for gen in gens:
+            rows += tpu_rows(gen, shape, names, log)
+    add_ratios(rows)
+    offsets = offset_costs(rows)
+    data = {
+        "benchmark": "quantized",
+        "command": args.command,
+        "libtpu": libtpu,
+        "contenders": CONTENDERS,
+        "environment": env,
+        "wall_s": time.perf_counter() - t0,
+        "results": rows,
+        "offsets": offsets,
+        "goals": goals(rows, offsets),
+    }
+    return harness.Report(data, markdown(data), markdown=True)
+
+
+def flags(p: argparse.ArgumentParser) -> None:
+    """quantized's own flags."""
+    p.add_argument(
+        "--shapes",
+        type=parse_shapes,
+        help="MxKxN[,MxKxN...] (default "
+        + ",".join(map(harness.shape_text, SHAPES))
+        + "; "
+        + ",".join(map(harness.shape_text, QUICK_SHAPES))
+        + " with --quick)",
+    )
+    p.add_argument(
+        "--schemes",
+        type=lambda s: parse_names(s, list(SCHEMES), "--schemes"),
+        help=f"comma-separated, from: {', '.join(SCHEMES)} (default all)",
+    )
+    p.add_argument(
+        "--generations",
+        default=",".join(GENERATIONS),
+        help=f"comma-separated TPU targets (default {','.join(GENERATIONS)})",
+    )
+    p.add_argument("--no-cpu", action="store_true", help="time nothing on the CPU")
+    p.add_argument("--no-tpu", action="store_true", help="compile nothing for a TPU")
+
+
+BENCHMARK = harness.Benchmark(
+    name="quantized",
+    description=__doc__.splitlines()[0],
+    run=run,
+    flags=flags,
+    repeats=(7, 3),
+    quick=f"{harness.shape_text(QUICK_SHAPES[0])} only, 3 repeats",
+)
+main = BENCHMARK.main
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +53,7 @@ from emulate import formats
 from emulate.formats import F32_MIN_NORMAL, Format, FormatLike
 from emulate.numerics import codecs
 from emulate.numerics.bits import times_pow2
+from emulate.numerics.rounding import ROUNDINGS, check_rounding
 from emulate.numerics.scales import (
     POW2_RULES,
     SCALE_RULES,
@@ -73,9 +75,8 @@ __all__ = [
     "SCALE_RULES",
     "SCALE_FORMATS",
     "element_range",
+    "ROUNDINGS",
 ]
-
-ROUNDINGS = ("nearest_even",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +287,8 @@ def quantize(
     tensor_scale: bool | None = None,
     ragged: bool = False,
     packed: bool = True,
+    key: jax.Array | None = None,
+    random_bits: int | None = None,
 ) -> QArray:
     """Quantize ``x`` into a :class:`QArray` of format ``fmt`` with block scales.
 
@@ -300,7 +303,13 @@ def quantize(
         ``axis=None, block_shape=None``: one scale for the whole tensor.
       scale_fmt: the scales' format, one of ``SCALE_FORMATS``; default float8_e8m0fnu.
       scale_rule: one of ``SCALE_RULES`` (module docstring); default "ocp_floor".
-      rounding: "nearest_even" (the only one built).
+      rounding: how the scaled values are rounded into ``fmt``, one of ``ROUNDINGS``:
+        "nearest_even" (default), "nearest_away", "toward_zero", "toward_positive",
+        "toward_negative" or "stochastic" (as :func:`emulate.encode`; the scales do not
+        depend on it). Scaled values below ``2**-126`` in magnitude are zero first.
+      key, random_bits: for ``rounding="stochastic"`` (and only there): a
+        ``jax.random`` key and the random bits per element, 1 to 32. Element ``i`` of
+        ``x`` uses ``jax.random.bits(key, x.shape, jnp.uint32)[i]``'s top bits.
       saturate: True clamps scaled values to the format's range; False lets them
         overflow to Inf or NaN as :func:`emulate.encode` does (formats without Inf or
         NaN, such as float4_e2m1fn and the integers, always saturate, so False is an
@@ -332,8 +341,7 @@ def quantize(
             raise TypeError(f"{name}: expected True or False, got {type(flag).__name__} {flag!r}")
     if tensor_scale is not None and not isinstance(tensor_scale, (bool, np.bool_)):
         raise TypeError(f"tensor_scale: expected None, True or False, got {tensor_scale!r}")
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"rounding: only {ROUNDINGS} is built, got {rounding!r}")
+    nbits = check_rounding(rounding, key, random_bits)
     if not saturate and not (f.has_inf or f.has_nan):
         raise ValueError(
             f"saturate: {f.name} has neither Inf nor NaN, so values beyond its range must "
@@ -351,7 +359,16 @@ def quantize(
     logical = np.dtype(jnp.float32) if dt.name == "float64" else logical_dtype(dt)
     xf = jnp.asarray(np.asarray(x, np.float32) if isinstance(x, np.ndarray) else x)
     codes, scales, tscale = _quantize(
-        xf.astype(jnp.float32), f.name, sf.name, rule, block, bool(saturate), ts, ee
+        xf.astype(jnp.float32),
+        f.name,
+        sf.name,
+        rule,
+        block,
+        bool(saturate),
+        ts,
+        ee,
+        _Rounding(rounding, nbits),
+        key,
     )
     if packed and f.packable and codes.ndim:
         along = [d for d in range(len(shape)) if block[d] > 1]
@@ -359,10 +376,16 @@ def quantize(
     return QArray(codes, scales, tscale, f.name, sf.name, block, shape, logical, ee)
 
 
+class _Rounding(NamedTuple):
+    mode: str
+    nbits: int
+
+
 @functools.partial(
-    jax.jit, static_argnames=("fmt", "scale_fmt", "rule", "block", "saturate", "ts", "ee")
+    jax.jit,
+    static_argnames=("fmt", "scale_fmt", "rule", "block", "saturate", "ts", "ee", "rounding"),
 )
-def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts, ee):
+def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts, ee, rounding, key):
     f, sf = formats.get(fmt), formats.get(scale_fmt)
     x = jnp.where(jnp.abs(x) < F32_MIN_NORMAL, x * 0.0, x)  # subnormals as XLA reads them
     shape = x.shape
@@ -389,4 +412,9 @@ def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts, ee):
     if saturate:
         y = jnp.clip(y, -float(f.max), float(f.max))
     y = jnp.where(broadcast_blocks(bad, block, shape), 0.0, y)
-    return codecs.encode(y, f.name, saturate=saturate), s_codes, tscale
+    y = jnp.where(jnp.abs(y) < F32_MIN_NORMAL, y * 0.0, y)  # what XLA may or may not flush
+    bits = rounding.nbits or None
+    codes = codecs.encode(
+        y, f.name, saturate=saturate, rounding=rounding.mode, key=key, random_bits=bits
+    )
+    return codes, s_codes, tscale

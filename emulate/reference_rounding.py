@@ -60,7 +60,8 @@ def encode(
         raise ValueError(f"fmt: expected a low-precision format, got {f.name}")
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding: expected one of {ROUNDINGS}, got {rounding!r}")
-    v = np.asarray(x).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        v = np.asarray(x).astype(np.float64)
     r = None
     if rounding == "stochastic":
         if random_values is None or random_bits is None:

@@ -292,7 +292,11 @@ def test_from_parts_checks_shapes():
             dict(fmt="float4_e2m1fn", saturate=False),
             "saturate: float4_e2m1fn has neither Inf nor NaN",
         ),
-        (dict(fmt="float8_e4m3fn", rounding="stochastic"), "rounding: only"),
+        (
+            dict(fmt="float8_e4m3fn", rounding="stochastic"),
+            "key: rounding='stochastic' needs a jax.random key",
+        ),
+        (dict(fmt="float8_e4m3fn", rounding="up"), "rounding: expected one of ('nearest_even',"),
         (dict(fmt="float8_e4m3fn", axis=2), "axis: 2 is not an axis of x with shape (40, 3)"),
         (
             dict(fmt="float8_e4m3fn", scale_rule="absmax"),

@@ -87,6 +87,9 @@ class Scheme:
     ``fmt`` to :func:`quantize`; keyword arguments given there override its fields.
     ``element_exponent``: the elements' implicit power-of-two scale (see
     :class:`QArray`; -6 for MXINT8), which the scale rule counts in the element's range.
+    ``rounding``, ``random_bits``: how elements round (``quantize``'s arguments of those
+    names default to them), e.g. ``dataclasses.replace(mx.MXFP4, rounding="stochastic",
+    random_bits=8)`` for stochastic MXFP4 (``quantize`` then needs ``key=``).
     """
 
     name: str
@@ -98,6 +101,8 @@ class Scheme:
     tensor_scale: bool = False
     doc: str = ""
     element_exponent: int = 0
+    rounding: str = "nearest_even"
+    random_bits: int | None = None
 
     def __repr__(self) -> str:
         return f"Scheme({self.name!r})"
@@ -282,7 +287,7 @@ def quantize(
     axis: int | Sequence[int] | None = None,
     scale_fmt: FormatLike | None = None,
     scale_rule: str | None = None,
-    rounding: str = "nearest_even",
+    rounding: str | None = None,
     saturate: bool = True,
     tensor_scale: bool | None = None,
     ragged: bool = False,
@@ -304,12 +309,14 @@ def quantize(
       scale_fmt: the scales' format, one of ``SCALE_FORMATS``; default float8_e8m0fnu.
       scale_rule: one of ``SCALE_RULES`` (module docstring); default "ocp_floor".
       rounding: how the scaled values are rounded into ``fmt``, one of ``ROUNDINGS``:
-        "nearest_even" (default), "nearest_away", "toward_zero", "toward_positive",
-        "toward_negative" or "stochastic" (as :func:`emulate.encode`; the scales do not
-        depend on it). Scaled values below ``2**-126`` in magnitude are zero first.
-      key, random_bits: for ``rounding="stochastic"`` (and only there): a
-        ``jax.random`` key and the random bits per element, 1 to 32. Element ``i`` of
-        ``x`` uses ``jax.random.bits(key, x.shape, jnp.uint32)[i]``'s top bits.
+        "nearest_even" (the default, or the Scheme's ``rounding``), "nearest_away",
+        "toward_zero", "toward_positive", "toward_negative" or "stochastic" (as
+        :func:`emulate.encode`; the scales do not depend on it). Scaled values below
+        ``2**-126`` in magnitude are zero first.
+      key, random_bits: for ``rounding="stochastic"`` (and only there): a ``jax.random``
+        key and the random bits per element, 1 to 32 (default: the Scheme's
+        ``random_bits``). Element ``i`` of ``x`` uses the top bits of
+        ``jax.random.bits(key, x.shape, jnp.uint32)[i]``.
       saturate: True clamps scaled values to the format's range; False lets them
         overflow to Inf or NaN as :func:`emulate.encode` does (formats without Inf or
         NaN, such as float4_e2m1fn and the integers, always saturate, so False is an
@@ -341,6 +348,11 @@ def quantize(
             raise TypeError(f"{name}: expected True or False, got {type(flag).__name__} {flag!r}")
     if tensor_scale is not None and not isinstance(tensor_scale, (bool, np.bool_)):
         raise TypeError(f"tensor_scale: expected None, True or False, got {tensor_scale!r}")
+    if isinstance(fmt, Scheme):
+        rounding = fmt.rounding if rounding is None else rounding
+        if random_bits is None and rounding == "stochastic":
+            random_bits = fmt.random_bits
+    rounding = "nearest_even" if rounding is None else rounding
     nbits = check_rounding(rounding, key, random_bits)
     if not saturate and not (f.has_inf or f.has_nan):
         raise ValueError(

@@ -108,6 +108,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.scaled",
             "emulate.dot",
             "emulate.conv",
+            "emulate.flax.rounding",
             "emulate.flax.quantize",
             "emulate.flax.load",
             "emulate.flax",

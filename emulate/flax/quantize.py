@@ -48,6 +48,7 @@ except ImportError as e:  # pragma: no cover - exercised where flax is absent
 from emulate import formats
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general, einsum
+from emulate.flax.rounding import next_key
 from emulate.mx import SCHEMES
 from emulate.numerics.storage import Packed
 from emulate.quant import QArray, Scheme, dequantize, quantize
@@ -109,10 +110,12 @@ class _Site:
                     f"this kernel of shape {tuple(w.shape)} has no output axis"
                 )
             axis: tuple[int, ...] = (self.contract[-1], self.free[-1])
-            return quantize(w, s, axis=axis, ragged=True, packed=packed)
+        key = next_key(f"a {s.name} kernel") if s.rounding == "stochastic" else None
+        if len(s.axes) == 2:
+            return quantize(w, s, axis=axis, ragged=True, packed=packed, key=key)
         if s.block is None:  # per output channel: the contraction axes are one block
-            return quantize(w, s, axis=self.contract, packed=packed)
-        return quantize(w, s, axis=self.contract[-1], ragged=True, packed=packed)
+            return quantize(w, s, axis=self.contract, packed=packed, key=key)
+        return quantize(w, s, axis=self.contract[-1], ragged=True, packed=packed, key=key)
 
 
 def _scheme(value: SchemeLike, arg: str) -> Scheme:

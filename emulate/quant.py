@@ -30,8 +30,8 @@ and int4 2):
 
 Power-of-two scales are clamped into the scale format's exponent range (e8m0:
 ``[-127, 127]``); an all-zero block gets the smallest. Elements are then
-``round(x / scale)`` into the element format, round-to-nearest-even, saturating to
-``+-max`` (``saturate=True``). For power-of-two scales the division is exact (one
+``round(x / scale)`` into the element format, to nearest even (or by ``rounding``:
+docs/numerics.md, "Rounding modes"), saturating to ``+-max`` (``saturate=True``). For power-of-two scales the division is exact (one
 rounding in all); for ``absmax`` it is an f32 division followed by the rounding into the
 element format. A block holding NaN or +-Inf gets a NaN scale and zero codes: the whole
 block dequantizes to NaN (the OCP rule for a NaN scale). Inputs below ``2**-126`` in

@@ -65,9 +65,11 @@ def test_keys_missing_or_baked_into_a_program_are_errors():
         m(X)
     with ef.rounding_key(jax.random.key(0)):
         eager = m(X)  # eager: a concrete key is fine
+        frozen = ef.quantize_model(model(), ef.Rule(".*", SCHEME))  # one draw, frozen
         with pytest.raises(ValueError, match=r"^key: a MXFP4 kernel is being traced \(jit\)"):
             nnx.jit(lambda m, x: m(x))(m, X)
     assert eager.shape == (4, 16)
+    assert isinstance(frozen.kernel[...], emulate.QArray)
     with pytest.raises(TypeError, match=r"^key: expected a jax.random key"):
         with ef.rounding_key(3):
             pass

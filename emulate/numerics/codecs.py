@@ -276,7 +276,8 @@ def _encode(
     xa: jax.Array, name: str, saturate: bool, rounding: str, nbits: int, key: jax.Array | None
 ) -> jax.Array:
     f = formats.get(name)
-    rnd = _Rounding(rounding, random_integers(key, xa.shape, nbits) if nbits else None, nbits)
+    r = random_integers(key, xa.shape, nbits) if key is not None and nbits else None
+    rnd = _Rounding(rounding, r, nbits)
     if not f.is_low_precision:
         return xa.astype(f.dtype)
     if f.is_integer:

@@ -38,6 +38,7 @@ from _gfloat_cases import (
     gfloat_round,
     mode_kwargs,
 )
+from gfloat import RoundMode, round_ndarray
 from gfloat.formats import format_info_ocp_int8
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -225,3 +226,20 @@ def test_bad_rounding_arguments_name_themselves(kwargs, error, message):
 def test_wide_formats_take_only_nearest_even():
     with pytest.raises(ValueError, match="rounding: 'toward_zero' is built for the low-precision"):
         emulate.encode(np.float32([1.0]), "bfloat16", rounding="toward_zero")
+
+
+@pytest.mark.parametrize(
+    "bits", [pytest.param(1, marks=pytest.mark.long), pytest.param(23, marks=pytest.mark.long), 32]
+)
+def test_stochastic_of_any_width_gives_gfloat_code(bits):
+    """random_bits from 1 to 32 (32: every bit of the draw, 2**32 not representable in
+    the uint32 arithmetic) against gfloat with the same srbits, float8_e5m2."""
+    f = formats.get("float8_e5m2")
+    x = f32_sample(f)
+    got = codes_of(emulate.encode(x, f.name, rounding="stochastic", key=KEY, random_bits=bits))
+    srbits = np.asarray(random_integers(KEY, x.shape, bits)).astype(np.int64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = round_ndarray(
+            gfloat_info(f), x.astype(np.float64), RoundMode.Stochastic, False, srbits, bits
+        )
+    assert_codes_match(got, want, gfloat_info(f), x, f)

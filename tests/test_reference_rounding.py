@@ -102,9 +102,13 @@ def test_stochastic_probability_is_exact(name, x, n):
     value = fractions.Fraction(float(x))
     r = np.arange(1 << n)
     got = reference_rounding.encode(
-        np.full(r.shape, x, np.float32), name, rounding="stochastic", random_values=r,
-        random_bits=n, saturate=True,
-    ).astype(np.float64)  # fmt: skip
+        np.full(r.shape, x, np.float32),
+        name,
+        rounding="stochastic",
+        random_values=r,
+        random_bits=n,
+        saturate=True,
+    ).astype(np.float64)
     assert set(got.tolist()) <= {lo, hi}
     if lo == hi:
         assert got.tolist() == [lo] * (1 << n)

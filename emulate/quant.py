@@ -31,11 +31,12 @@ and int4 2):
 Power-of-two scales are clamped into the scale format's exponent range (e8m0:
 ``[-127, 127]``); an all-zero block gets the smallest. Elements are then
 ``round(x / scale)`` into the element format, to nearest even (or by ``rounding``:
-docs/numerics.md, "Rounding modes"), saturating to ``+-max`` (``saturate=True``). For power-of-two scales the division is exact (one
-rounding in all); for ``absmax`` it is an f32 division followed by the rounding into the
-element format. A block holding NaN or +-Inf gets a NaN scale and zero codes: the whole
-block dequantizes to NaN (the OCP rule for a NaN scale). Inputs below ``2**-126`` in
-magnitude (f32 subnormals) are read as zero, as XLA does on CPU and TPU.
+docs/numerics.md, "Rounding modes"), saturating to ``+-max`` (``saturate=True``). For
+power-of-two scales the division is exact (one rounding in all); for ``absmax`` it is an
+f32 division followed by the rounding into the element format. A block holding NaN or
++-Inf gets a NaN scale and zero codes: the whole block dequantizes to NaN (the OCP rule
+for a NaN scale). Inputs below ``2**-126`` in magnitude (f32 subnormals) are read as
+zero, as XLA does on CPU and TPU.
 """
 
 from __future__ import annotations
@@ -389,6 +390,8 @@ def quantize(
 
 
 class _Rounding(NamedTuple):
+    """The elements' rounding mode and random bits per element (0 unless stochastic)."""
+
     mode: str
     nbits: int
 
@@ -424,7 +427,8 @@ def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts, ee, rounding, key):
     if saturate:
         y = jnp.clip(y, -float(f.max), float(f.max))
     y = jnp.where(broadcast_blocks(bad, block, shape), 0.0, y)
-    y = jnp.where(jnp.abs(y) < F32_MIN_NORMAL, y * 0.0, y)  # what XLA may or may not flush
+    # below 2**-126: zero on every backend (XLA flushes them on CPU and TPU, not everywhere)
+    y = jnp.where(jnp.abs(y) < F32_MIN_NORMAL, y * 0.0, y)
     bits = rounding.nbits or None
     codes = codecs.encode(
         y, f.name, saturate=saturate, rounding=rounding.mode, key=key, random_bits=bits

@@ -564,14 +564,8 @@ def quantize(
         y = np.clip(y, -float(f.max), float(f.max))
     y = np.where(_repeat_blocks(bad, block, shape), 0.0, y)
     y = np.where(np.abs(y) < F32_MIN_NORMAL, 0.0 * y, y)
-    codes = encode(
-        y,
-        f,
-        saturate=saturate,
-        rounding=rounding,
-        random_values=random_values,
-        random_bits=random_bits,
-    )
+    rv, n = random_values, random_bits
+    codes = encode(y, f, saturate=saturate, rounding=rounding, random_values=rv, random_bits=n)
     scale = np.where(bad, np.nan, scale)
     return codes, scale.astype(sf.dtype), ts
 

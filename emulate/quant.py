@@ -30,12 +30,13 @@ and int4 2):
 
 Power-of-two scales are clamped into the scale format's exponent range (e8m0:
 ``[-127, 127]``); an all-zero block gets the smallest. Elements are then
-``round(x / scale)`` into the element format, round-to-nearest-even, saturating to
-``+-max`` (``saturate=True``). For power-of-two scales the division is exact (one
-rounding in all); for ``absmax`` it is an f32 division followed by the rounding into the
-element format. A block holding NaN or +-Inf gets a NaN scale and zero codes: the whole
-block dequantizes to NaN (the OCP rule for a NaN scale). Inputs below ``2**-126`` in
-magnitude (f32 subnormals) are read as zero, as XLA does on CPU and TPU.
+``round(x / scale)`` into the element format, to nearest even (or by ``rounding``:
+docs/numerics.md, "Rounding modes"), saturating to ``+-max`` (``saturate=True``). For
+power-of-two scales the division is exact (one rounding in all); for ``absmax`` it is an
+f32 division followed by the rounding into the element format. A block holding NaN or
++-Inf gets a NaN scale and zero codes: the whole block dequantizes to NaN (the OCP rule
+for a NaN scale). Inputs below ``2**-126`` in magnitude (f32 subnormals) are read as
+zero, as XLA does on CPU and TPU.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +54,7 @@ from emulate import formats
 from emulate.formats import F32_MIN_NORMAL, Format, FormatLike
 from emulate.numerics import codecs
 from emulate.numerics.bits import times_pow2
+from emulate.numerics.rounding import ROUNDINGS, check_rounding
 from emulate.numerics.scales import (
     POW2_RULES,
     SCALE_RULES,
@@ -73,9 +76,8 @@ __all__ = [
     "SCALE_RULES",
     "SCALE_FORMATS",
     "element_range",
+    "ROUNDINGS",
 ]
-
-ROUNDINGS = ("nearest_even",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +88,9 @@ class Scheme:
     ``fmt`` to :func:`quantize`; keyword arguments given there override its fields.
     ``element_exponent``: the elements' implicit power-of-two scale (see
     :class:`QArray`; -6 for MXINT8), which the scale rule counts in the element's range.
+    ``rounding``, ``random_bits``: how elements round (``quantize``'s arguments of those
+    names default to them), e.g. ``dataclasses.replace(mx.MXFP4, rounding="stochastic",
+    random_bits=8)`` for stochastic MXFP4 (``quantize`` then needs ``key=``).
     """
 
     name: str
@@ -97,6 +102,8 @@ class Scheme:
     tensor_scale: bool = False
     doc: str = ""
     element_exponent: int = 0
+    rounding: str = "nearest_even"
+    random_bits: int | None = None
 
     def __repr__(self) -> str:
         return f"Scheme({self.name!r})"
@@ -281,11 +288,13 @@ def quantize(
     axis: int | Sequence[int] | None = None,
     scale_fmt: FormatLike | None = None,
     scale_rule: str | None = None,
-    rounding: str = "nearest_even",
+    rounding: str | None = None,
     saturate: bool = True,
     tensor_scale: bool | None = None,
     ragged: bool = False,
     packed: bool = True,
+    key: jax.Array | None = None,
+    random_bits: int | None = None,
 ) -> QArray:
     """Quantize ``x`` into a :class:`QArray` of format ``fmt`` with block scales.
 
@@ -300,7 +309,15 @@ def quantize(
         ``axis=None, block_shape=None``: one scale for the whole tensor.
       scale_fmt: the scales' format, one of ``SCALE_FORMATS``; default float8_e8m0fnu.
       scale_rule: one of ``SCALE_RULES`` (module docstring); default "ocp_floor".
-      rounding: "nearest_even" (the only one built).
+      rounding: how the scaled values are rounded into ``fmt``, one of ``ROUNDINGS``:
+        "nearest_even" (the default, or the Scheme's ``rounding``), "nearest_away",
+        "toward_zero", "toward_positive", "toward_negative" or "stochastic" (as
+        :func:`emulate.encode`; the scales do not depend on it). Scaled values below
+        ``2**-126`` in magnitude are zero first.
+      key, random_bits: for ``rounding="stochastic"`` (and only there): a ``jax.random``
+        key and the random bits per element, 1 to 32 (default: the Scheme's
+        ``random_bits``). Element ``i`` of ``x`` uses the top bits of
+        ``jax.random.bits(key, x.shape, jnp.uint32)[i]``.
       saturate: True clamps scaled values to the format's range; False lets them
         overflow to Inf or NaN as :func:`emulate.encode` does (formats without Inf or
         NaN, such as float4_e2m1fn and the integers, always saturate, so False is an
@@ -332,8 +349,12 @@ def quantize(
             raise TypeError(f"{name}: expected True or False, got {type(flag).__name__} {flag!r}")
     if tensor_scale is not None and not isinstance(tensor_scale, (bool, np.bool_)):
         raise TypeError(f"tensor_scale: expected None, True or False, got {tensor_scale!r}")
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"rounding: only {ROUNDINGS} is built, got {rounding!r}")
+    if isinstance(fmt, Scheme):
+        rounding = fmt.rounding if rounding is None else rounding
+        if random_bits is None and rounding == "stochastic":
+            random_bits = fmt.random_bits
+    rounding = "nearest_even" if rounding is None else rounding
+    nbits = check_rounding(rounding, key, random_bits)
     if not saturate and not (f.has_inf or f.has_nan):
         raise ValueError(
             f"saturate: {f.name} has neither Inf nor NaN, so values beyond its range must "
@@ -351,7 +372,16 @@ def quantize(
     logical = np.dtype(jnp.float32) if dt.name == "float64" else logical_dtype(dt)
     xf = jnp.asarray(np.asarray(x, np.float32) if isinstance(x, np.ndarray) else x)
     codes, scales, tscale = _quantize(
-        xf.astype(jnp.float32), f.name, sf.name, rule, block, bool(saturate), ts, ee
+        xf.astype(jnp.float32),
+        f.name,
+        sf.name,
+        rule,
+        block,
+        bool(saturate),
+        ts,
+        ee,
+        _Rounding(rounding, nbits),
+        key,
     )
     if packed and f.packable and codes.ndim:
         along = [d for d in range(len(shape)) if block[d] > 1]
@@ -359,10 +389,18 @@ def quantize(
     return QArray(codes, scales, tscale, f.name, sf.name, block, shape, logical, ee)
 
 
+class _Rounding(NamedTuple):
+    """The elements' rounding mode and random bits per element (0 unless stochastic)."""
+
+    mode: str
+    nbits: int
+
+
 @functools.partial(
-    jax.jit, static_argnames=("fmt", "scale_fmt", "rule", "block", "saturate", "ts", "ee")
+    jax.jit,
+    static_argnames=("fmt", "scale_fmt", "rule", "block", "saturate", "ts", "ee", "rounding"),
 )
-def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts, ee):
+def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts, ee, rounding, key):
     f, sf = formats.get(fmt), formats.get(scale_fmt)
     x = jnp.where(jnp.abs(x) < F32_MIN_NORMAL, x * 0.0, x)  # subnormals as XLA reads them
     shape = x.shape
@@ -389,4 +427,10 @@ def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts, ee):
     if saturate:
         y = jnp.clip(y, -float(f.max), float(f.max))
     y = jnp.where(broadcast_blocks(bad, block, shape), 0.0, y)
-    return codecs.encode(y, f.name, saturate=saturate), s_codes, tscale
+    # below 2**-126: zero on every backend (XLA flushes them on CPU and TPU, not everywhere)
+    y = jnp.where(jnp.abs(y) < F32_MIN_NORMAL, y * 0.0, y)
+    bits = rounding.nbits or None
+    codes = codecs.encode(
+        y, f.name, saturate=saturate, rounding=rounding.mode, key=key, random_bits=bits
+    )
+    return codes, s_codes, tscale

@@ -35,6 +35,7 @@ import numpy.typing as npt
 
 from emulate import formats
 from emulate.formats import F32_MIN_NORMAL, FormatLike
+from emulate.reference_rounding import encode
 
 __all__ = ["decode", "dequantize", "dot_general", "exact_dot_general", "quantize", "round_exact"]
 
@@ -503,8 +504,14 @@ def quantize(
     saturate: bool = True,
     tensor_scale: bool = False,
     element_exponent: int = 0,
+    rounding: str = "nearest_even",
+    random_values: npt.ArrayLike | None = None,
+    random_bits: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, float | None]:
     """Block-scaled quantization by the rules of :mod:`emulate.quant`, in float64 numpy.
+    The elements are rounded by :func:`emulate.reference_rounding.encode` (``rounding``,
+    ``random_values`` of ``x``'s shape, ``random_bits``) after scaled values below
+    ``2**-126`` are made zero, as XLA flushes them.
 
     ``element_exponent``: each element stands for ``code * 2**element_exponent`` (OCP
     MXINT8: -6, int8 as fixed point with six fraction bits), and the power-of-two rules
@@ -556,10 +563,9 @@ def quantize(
     if saturate:
         y = np.clip(y, -float(f.max), float(f.max))
     y = np.where(_repeat_blocks(bad, block, shape), 0.0, y)
-    if f.is_integer:
-        codes = np.round(y).astype(np.int64).astype(f.dtype)
-    else:
-        codes = y.astype(f.dtype)
+    y = np.where(np.abs(y) < F32_MIN_NORMAL, 0.0 * y, y)
+    rv, n = random_values, random_bits
+    codes = encode(y, f, saturate=saturate, rounding=rounding, random_values=rv, random_bits=n)
     scale = np.where(bad, np.nan, scale)
     return codes, scale.astype(sf.dtype), ts
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import emulate
 from emulate import mx, reference
+from emulate.numerics.rounding import ROUNDINGS, random_integers
 from emulate.quant import QArray
 
 # (element format, scale_rule, scale_fmt, tensor_scale): every element format with the
@@ -292,7 +293,11 @@ def test_from_parts_checks_shapes():
             dict(fmt="float4_e2m1fn", saturate=False),
             "saturate: float4_e2m1fn has neither Inf nor NaN",
         ),
-        (dict(fmt="float8_e4m3fn", rounding="stochastic"), "rounding: only"),
+        (
+            dict(fmt="float8_e4m3fn", rounding="stochastic"),
+            "key: rounding='stochastic' needs a jax.random key",
+        ),
+        (dict(fmt="float8_e4m3fn", rounding="up"), "rounding: expected one of ('nearest_even',"),
         (dict(fmt="float8_e4m3fn", axis=2), "axis: 2 is not an axis of x with shape (40, 3)"),
         (
             dict(fmt="float8_e4m3fn", scale_rule="absmax"),
@@ -347,3 +352,78 @@ def test_qarray_indexing_and_key_paths():
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(q)[0]]
     assert paths == [".codes.data", ".scales"]
     assert (q.ndim, q.size, q.dtype) == (2, 512, np.dtype(np.float32))
+
+
+# Each mode but the default (tested above) with one scheme in CI, and "stochastic" with
+# two; every scheme in every mode under the long marker (one compile each, about 2 s).
+ROUNDING_CI = {
+    ("MXFP4", "stochastic"),
+    ("MXINT8", "stochastic"),
+    ("MXFP8_E4M3", "nearest_away"),
+    ("NVFP4", "toward_zero"),
+    ("INT4_G128", "toward_positive"),
+    ("FP8_BLOCK_128x128", "toward_negative"),
+}
+ROUNDING_CASES = [
+    pytest.param(name, mode, marks=() if (name, mode) in ROUNDING_CI else pytest.mark.long)
+    for name in mx.SCHEMES
+    for mode in ROUNDINGS[1:]
+]
+X_ROUNDING = (
+    np.random.default_rng(3).standard_normal((8, 256))
+    * np.exp2(np.random.default_rng(4).integers(-8, 8, (8, 1)))
+).astype(np.float32)
+X_ROUNDING[0, :5] = [0.0, -0.0, 1e-30, 2.0**-126, -3.0e-39]
+
+
+@pytest.mark.parametrize("scheme, rounding", ROUNDING_CASES)
+def test_quantize_rounding_modes_match_reference(scheme, rounding):
+    """Each mode rounds the scaled elements as the numpy oracle does (with the same random
+    integers: element i takes the top bits of jax.random.bits(key, x.shape)[i]); the scales
+    do not depend on the mode (the oracle computes them without it)."""
+    s, x = mx.SCHEMES[scheme], X_ROUNDING.copy()
+    x[1, :32] = 1.0625  # with 256 in the block, an e4m3 tie at scale 1 (for nearest_away)
+    x[1, 0] = 256.0
+    key, n = jax.random.key(11), 9
+    extra = dict(key=key, random_bits=n) if rounding == "stochastic" else {}
+    q = emulate.quantize(x, s, rounding=rounding, **extra)
+    r = np.asarray(random_integers(key, x.shape, n)) if rounding == "stochastic" else None
+    codes, scales, t = reference.quantize(
+        x,
+        s.format,
+        q.block_shape,
+        scale_fmt=s.scale_format,
+        scale_rule=s.scale_rule,
+        tensor_scale=s.tensor_scale,
+        element_exponent=s.element_exponent,
+        rounding=rounding,
+        random_values=r,
+        random_bits=n if r is not None else None,
+    )
+    np.testing.assert_array_equal(_bits(_codes(q)), _bits(codes))
+    np.testing.assert_array_equal(_bits(q.scales), _bits(scales))
+    nearest = reference.quantize(
+        x,
+        s.format,
+        q.block_shape,
+        scale_fmt=s.scale_format,
+        scale_rule=s.scale_rule,
+        tensor_scale=s.tensor_scale,
+        element_exponent=s.element_exponent,
+    )[0]
+    if rounding != "nearest_away" or scheme == "MXFP8_E4M3":
+        assert (_bits(codes) != _bits(nearest)).any()
+
+
+def test_stochastic_mxfp4_is_unbiased_on_average():
+    """MXFP4 of 1.125, a quarter of the way from 1.0 to 1.5 (neighbours in e2m1), in
+    blocks whose scale is 1: the fraction has 2 bits, so exactly a quarter of the random
+    integers round up and the mean over many elements is close to 1.125, where
+    round-to-nearest gives 1.0 everywhere."""
+    x = np.full((8, 256), 1.125, np.float32)
+    x[:, ::32] = 6.0  # each block's maximum: scale 2**0
+    q = emulate.quantize(x, mx.MXFP4, rounding="stochastic", key=jax.random.key(0), random_bits=9)
+    d = np.asarray(emulate.dequantize(q))
+    d = d[x != 6.0]
+    assert set(np.unique(d).tolist()) == {1.0, 1.5}
+    assert abs(float(d.mean()) - 1.125) < 0.02

@@ -16,6 +16,7 @@ from emulate.flax.quantize import (
     emulate_layer,
     quantize_model,
 )
+from emulate.flax.rounding import rounding_key
 
 __all__ = [
     "GGUF_NAMES",
@@ -28,4 +29,5 @@ __all__ = [
     "emulate_layer",
     "load_weights",
     "quantize_model",
+    "rounding_key",
 ]

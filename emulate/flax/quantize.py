@@ -48,6 +48,7 @@ except ImportError as e:  # pragma: no cover - exercised where flax is absent
 from emulate import formats
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general, einsum
+from emulate.flax.rounding import next_key
 from emulate.mx import SCHEMES
 from emulate.numerics.storage import Packed
 from emulate.quant import QArray, Scheme, dequantize, quantize
@@ -102,17 +103,19 @@ class _Site:
                 f"quantize a float kernel of shape {tuple(w.shape)} by; load a QArray again "
                 "or call quantize_model"
             )
+        kw: dict[str, Any] = dict(axis=self.contract[-1], ragged=True)
         if len(s.axes) == 2:
             if not self.free:
                 raise ValueError(
                     f"rules: {s.name} needs 2-D blocks over a contraction and an output axis; "
                     f"this kernel of shape {tuple(w.shape)} has no output axis"
                 )
-            axis: tuple[int, ...] = (self.contract[-1], self.free[-1])
-            return quantize(w, s, axis=axis, ragged=True, packed=packed)
-        if s.block is None:  # per output channel: the contraction axes are one block
-            return quantize(w, s, axis=self.contract, packed=packed)
-        return quantize(w, s, axis=self.contract[-1], ragged=True, packed=packed)
+            kw["axis"] = (self.contract[-1], self.free[-1])
+        elif s.block is None:  # per output channel: the contraction axes are one block
+            kw = dict(axis=self.contract)
+        if s.rounding == "stochastic":
+            kw["key"] = next_key(f"the {s.name} kernel of shape {tuple(w.shape)}")
+        return quantize(w, s, packed=packed, **kw)
 
 
 def _scheme(value: SchemeLike, arg: str) -> Scheme:

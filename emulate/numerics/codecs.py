@@ -18,6 +18,7 @@ result, which is exact because no format has more than 4 mantissa bits.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,13 @@ from jax.typing import ArrayLike, DTypeLike
 
 from emulate import formats
 from emulate.formats import Format, FormatLike
+from emulate.numerics.rounding import (
+    check_rounding,
+    increments,
+    overflow_to_max,
+    random_integers,
+    round_to_integer,
+)
 from emulate.numerics.storage import Packed, from_codes, to_codes
 
 __all__ = ["decode", "decode_float_bits", "decode_int_bits", "encode"]
@@ -185,8 +193,16 @@ def _special(c, mag, exp_field, f: Format):
     return mag == _u32((1 << (f.bits - 1)) - 1 if f.signed else f.code_mask), None
 
 
-def encode(x: ArrayLike, fmt: FormatLike, *, saturate: bool = False) -> jax.Array:
-    """Round values into ``fmt``, round-to-nearest-even, as ml_dtypes' cast does by default.
+def encode(
+    x: ArrayLike,
+    fmt: FormatLike,
+    *,
+    saturate: bool = False,
+    rounding: str = "nearest_even",
+    key: jax.Array | None = None,
+    random_bits: int | None = None,
+) -> jax.Array:
+    """Round values into ``fmt``; by default to nearest, ties to even, as ml_dtypes' cast.
 
     Args:
       x: a jax or numpy array of a float type (float32, bfloat16, float16; float64 numpy
@@ -206,6 +222,15 @@ def encode(x: ArrayLike, fmt: FormatLike, *, saturate: bool = False) -> jax.Arra
           2**-127 give 2**-127, zero, negatives, Inf and NaN give its NaN code.
         * integer formats: round half to even; NaN -> 0; out of range values wrap
           modulo 2**bits (two's complement), or clamp with ``saturate=True``.
+      rounding: one of :data:`emulate.numerics.rounding.ROUNDINGS`: "nearest_even"
+        (default), "nearest_away", "toward_zero", "toward_positive", "toward_negative",
+        "stochastic" (see docs/numerics.md). The overflow rules above hold for every mode,
+        except that a directed mode rounds a finite value beyond the range toward zero to
+        ``+-max`` (toward_zero always; toward_positive for negatives, toward_negative for
+        positives), as IEEE 754 does; Inf inputs still follow the table.
+      key: a ``jax.random`` key, for ``rounding="stochastic"`` only (required there).
+      random_bits: how many random bits each element uses, 1 to 32 (as gfloat's
+        ``srnumbits``), for ``rounding="stochastic"`` only (required there).
 
     Returns:
       An array of ``fmt``'s dtype; for float6 formats, which XLA cannot hold, uint8 codes.
@@ -213,6 +238,12 @@ def encode(x: ArrayLike, fmt: FormatLike, *, saturate: bool = False) -> jax.Arra
     f = formats.get(fmt)
     if not isinstance(saturate, (bool, np.bool_)):
         raise TypeError(f"saturate: expected True or False, got {type(saturate).__name__}")
+    nbits = check_rounding(rounding, key, random_bits)
+    if rounding != "nearest_even" and not f.is_low_precision:
+        raise ValueError(
+            f"rounding: {rounding!r} is built for the low-precision formats, not {f.name} "
+            "(its encode is JAX's astype, to nearest even)"
+        )
     if isinstance(x, Packed):
         raise TypeError("x: got a Packed array, which holds codes already; use decode or unpack")
     if not isinstance(x, (jax.Array, jax.core.Tracer)):
@@ -223,7 +254,7 @@ def encode(x: ArrayLike, fmt: FormatLike, *, saturate: bool = False) -> jax.Arra
     xa = jnp.asarray(x)
     if not (jnp.issubdtype(xa.dtype, jnp.floating) or jnp.issubdtype(xa.dtype, jnp.integer)):
         raise TypeError(f"x: expected a float or integer array, got dtype {xa.dtype}")
-    return _encode(xa, f.name, bool(saturate))
+    return _encode(xa, f.name, bool(saturate), rounding, nbits, key)
 
 
 def _narrow_host_ints(x: np.ndarray, f: Format, saturate: bool) -> np.ndarray:
@@ -240,24 +271,39 @@ def _narrow_host_ints(x: np.ndarray, f: Format, saturate: bool) -> np.ndarray:
     return (x & np.asarray(f.code_mask, x.dtype)).astype(np.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("name", "saturate"))
-def _encode(xa: jax.Array, name: str, saturate: bool) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("name", "saturate", "rounding", "nbits"))
+def _encode(
+    xa: jax.Array, name: str, saturate: bool, rounding: str, nbits: int, key: jax.Array | None
+) -> jax.Array:
     f = formats.get(name)
+    r = random_integers(key, xa.shape, nbits) if key is not None and nbits else None
+    rnd = _Rounding(rounding, r, nbits)
     if not f.is_low_precision:
         return xa.astype(f.dtype)
     if f.is_integer:
-        return _encode_int(xa, f, saturate)
+        return _encode_int(xa, f, saturate, rnd)
     if xa.dtype != jnp.float32:
         xa = xa.astype(jnp.float32)
     u = lax.bitcast_convert_type(xa, jnp.uint32)
-    codes = _encode_e8m0(u, saturate) if not f.has_subnormals else _encode_float(u, f, saturate)
+    if f.has_subnormals:
+        codes = _encode_float(u, f, saturate, rnd)
+    else:
+        codes = _encode_e8m0(u, saturate, rnd)
     return from_codes(codes.astype(jnp.uint8), f)
 
 
-def _encode_int(xa: jax.Array, f: Format, saturate: bool) -> jax.Array:
+class _Rounding(NamedTuple):
+    """A rounding mode with its random integers (stochastic only) and their width."""
+
+    mode: str
+    r: jax.Array | None
+    nbits: int
+
+
+def _encode_int(xa: jax.Array, f: Format, saturate: bool, rnd: _Rounding) -> jax.Array:
     lo, hi = int(f.min), int(f.max)
     if jnp.issubdtype(xa.dtype, jnp.floating):
-        r = jnp.round(xa.astype(jnp.float32))  # half to even
+        r = round_to_integer(xa.astype(jnp.float32), *rnd)
         r = jnp.where(jnp.isnan(r), 0.0, r)
         if saturate:
             v = jnp.clip(r, lo, hi).astype(jnp.int32)
@@ -275,7 +321,7 @@ def _encode_int(xa: jax.Array, f: Format, saturate: bool) -> jax.Array:
     return from_codes(codes.astype(jnp.uint8), f)
 
 
-def _encode_float(u: jax.Array, f: Format, saturate: bool) -> jax.Array:
+def _encode_float(u: jax.Array, f: Format, saturate: bool, rnd: _Rounding) -> jax.Array:
     sign = u >> 31
     mag = u & _u32(0x7FFFFFFF)
     is_nan = mag > _u32(_INF32)
@@ -285,15 +331,14 @@ def _encode_float(u: jax.Array, f: Format, saturate: bool) -> jax.Array:
     e = jnp.where(e32 == 0, -126, e32 - 127)
     full = jnp.where(e32 == 0, frac, frac | _u32(0x800000))
     m_bits = f.mantissa_bits
-    shift = jnp.minimum((23 - m_bits) + jnp.maximum(f.emin - e, 0), 25).astype(jnp.uint32)
-    q = full >> shift
-    rem = full & ((_u32(1) << shift) - _u32(1))
-    half = _u32(1) << (shift - _u32(1))
-    up = (rem > half) | ((rem == half) & ((q & _u32(1)) == 1))
+    shift = (23 - m_bits) + jnp.maximum(f.emin - e, 0)
+    q, up = increments(full, shift, sign == 1, *rnd)
     q = q + up.astype(jnp.uint32)
     exp_part = (jnp.maximum(e, f.emin) + (f.bias - 1)).astype(jnp.uint32) << m_bits
     code_mag = exp_part + q
     max_mag = _u32(f.max_code)
+    to_max = overflow_to_max(sign == 1, rnd.mode) & (code_mag > max_mag) & ~is_inf & ~is_nan
+    code_mag = jnp.where(to_max, max_mag, code_mag)
     overflow = (code_mag > max_mag) | is_inf
     if saturate or not (f.has_inf or f.has_nan):
         over_code = max_mag
@@ -331,7 +376,7 @@ def _nan_code(f: Format) -> int:
     return (1 << (f.bits - 1)) - 1
 
 
-def _encode_e8m0(u: jax.Array, saturate: bool) -> jax.Array:
+def _encode_e8m0(u: jax.Array, saturate: bool, rnd: _Rounding) -> jax.Array:
     sign = u >> 31
     mag = u & _u32(0x7FFFFFFF)
     e32 = (mag >> 23).astype(jnp.int32)
@@ -339,13 +384,10 @@ def _encode_e8m0(u: jax.Array, saturate: bool) -> jax.Array:
     # Normalise f32 denormals: leading bit position of frac gives the exponent.
     lead = 31 - lax.clz(frac).astype(jnp.int32)
     e = jnp.where(e32 == 0, lead - 149, e32 - 127)
-    below = jnp.where(
-        e32 == 0, frac & ((_u32(1) << jnp.maximum(lead, 0).astype(jnp.uint32)) - 1), frac
-    )
-    half = jnp.where(
-        e32 == 0, _u32(1) << jnp.maximum(lead - 1, 0).astype(jnp.uint32), _u32(0x400000)
-    )
-    up = (below >= half) & jnp.where(e32 == 0, lead >= 1, True)  # ties round up (to even 2**(e+1))
+    # |x| = full * 2**(e - shift) with full >> shift == 1; ties to even go up (1 is odd)
+    full = jnp.where(e32 == 0, frac, frac | _u32(0x800000))
+    shift = jnp.where(e32 == 0, jnp.maximum(lead, 0), 23)
+    _, up = increments(full, shift, sign == 1, *rnd)
     code = jnp.clip(e + 127 + up.astype(jnp.int32), 0, 255)
     if saturate:
         code = jnp.minimum(code, 254)

@@ -1,0 +1,204 @@
+"""Rounding modes: which way a value between two neighbours of a format goes.
+
+:func:`emulate.encode` and :func:`emulate.quantize` take ``rounding=`` (one of
+:data:`ROUNDINGS`). The encoder reduces every finite input to an integer magnitude
+``full`` (``< 2**24``: an f32 significand) and a right shift, ``|x| = full * 2**-shift``
+in units of the target's quantum; this module decides whether the truncated magnitude
+``full >> shift`` is incremented, and whether a finite overflow lands on the format's
+largest value instead of Inf/NaN (directed modes, as IEEE 754 says).
+
+Stochastic rounding with ``n`` random bits follows gfloat's ``RoundMode.Stochastic``: the
+fraction ``delta = (full mod 2**shift) / 2**shift`` is first rounded to ``n`` bits (to
+nearest, ties to even) giving ``d / 2**n``, and the magnitude goes up exactly when
+``d + r >= 2**n`` for the element's random integer ``r`` in ``[0, 2**n)``. So over the
+``2**n`` values of ``r`` it goes up ``d`` times: with probability ``delta`` whenever the
+dropped bits fit in ``n`` bits (then the expectation is ``x`` exactly), else within
+``2**-(n+1)`` of it. Element ``i`` takes ``r`` from the top ``n`` bits of
+``jax.random.bits(key, x.shape, jnp.uint32)[i]``: the result is a function of the key,
+the shape and the values, reproducible under jit and vmap.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "ROUNDINGS",
+    "MAX_RANDOM_BITS",
+    "check_rounding",
+    "random_integers",
+    "increments",
+    "round_to_integer",
+    "overflow_to_max",
+]
+
+#: The rounding modes, the default first.
+ROUNDINGS = (
+    "nearest_even",
+    "nearest_away",
+    "toward_zero",
+    "toward_positive",
+    "toward_negative",
+    "stochastic",
+)
+
+#: The most random bits one element may use (one uint32 draw each).
+MAX_RANDOM_BITS = 32
+
+# Shifts beyond this drop every bit of a 24-bit significand, and more than half of it.
+_CAP = 25
+
+
+def check_rounding(rounding: object, key: object, random_bits: object) -> int:
+    """Validate the rounding arguments of :func:`emulate.encode` / :func:`emulate.quantize`;
+    returns the number of random bits (0 unless ``rounding == "stochastic"``).
+
+    Raises:
+      ValueError: an unknown mode; stochastic rounding without ``key`` or ``random_bits``;
+        ``random_bits`` outside ``[1, 32]``; ``key`` or ``random_bits`` given to another
+        mode (they would be ignored).
+      TypeError: ``random_bits`` not an int, or ``key`` not a JAX PRNG key.
+    """
+    if not isinstance(rounding, str) or rounding not in ROUNDINGS:
+        raise ValueError(f"rounding: expected one of {ROUNDINGS}, got {rounding!r}")
+    if rounding != "stochastic":
+        for arg, val in (("key", key), ("random_bits", random_bits)):
+            if val is not None:
+                raise ValueError(
+                    f"{arg}: only rounding='stochastic' uses it, got rounding={rounding!r}"
+                )
+        return 0
+    if key is None:
+        raise ValueError(
+            "key: rounding='stochastic' needs a jax.random key (jax.random.key(seed)); "
+            "the same key gives the same rounding"
+        )
+    if random_bits is None:
+        raise ValueError(
+            f"random_bits: rounding='stochastic' needs the number of random bits per element, "
+            f"1 to {MAX_RANDOM_BITS}"
+        )
+    if isinstance(random_bits, (bool, np.bool_)) or not isinstance(random_bits, (int, np.integer)):
+        raise TypeError(
+            f"random_bits: expected an int from 1 to {MAX_RANDOM_BITS}, got "
+            f"{type(random_bits).__name__} {random_bits!r}"
+        )
+    if not 1 <= random_bits <= MAX_RANDOM_BITS:
+        raise ValueError(f"random_bits: expected 1 to {MAX_RANDOM_BITS}, got {random_bits}")
+    _check_key(key)
+    return int(random_bits)
+
+
+def _check_key(key: object) -> None:
+    dtype = getattr(key, "dtype", None)
+    shape = getattr(key, "shape", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        if shape == ():
+            return
+        raise ValueError(f"key: expected one key (shape ()), got a key array of shape {shape}")
+    if dtype is not None and np.dtype(dtype) == np.uint32 and shape == (2,):
+        return  # a raw key, jax.random.PRNGKey(seed)
+    raise TypeError(
+        "key: expected a jax.random key (jax.random.key(seed) or jax.random.PRNGKey(seed)), "
+        f"got {type(key).__name__}" + (f" of dtype {dtype} and shape {shape}" if dtype else "")
+    )
+
+
+def random_integers(key: jax.Array, shape: tuple[int, ...], random_bits: int) -> jax.Array:
+    """Each element's random integer in ``[0, 2**random_bits)`` (uint32): the top
+    ``random_bits`` bits of ``jax.random.bits(key, shape, jnp.uint32)``."""
+    return jax.random.bits(key, shape, jnp.uint32) >> jnp.uint32(32 - random_bits)
+
+
+def increments(
+    full: jax.Array,
+    shift: jax.Array,
+    negative: jax.Array,
+    rounding: str,
+    r: jax.Array | None = None,
+    random_bits: int = 0,
+) -> tuple[jax.Array, jax.Array]:
+    """Round ``full * 2**-shift`` to an integer by ``rounding``.
+
+    Args:
+      full: uint32 magnitudes below ``2**24``.
+      shift: int32, ``>= 0`` (any size: a shift of 25 or more drops every bit).
+      negative: bool, the sign of the value (directed modes round the magnitude by it).
+      rounding: one of :data:`ROUNDINGS`.
+      r, random_bits: the elements' random integers (:func:`random_integers`) and their
+        width, for ``"stochastic"``.
+
+    Returns:
+      ``(q, up)``: the truncated magnitude ``full >> shift`` (uint32) and whether to add
+      one to it (bool). ``q + up`` may carry into the next binade; the caller's code
+      arithmetic absorbs it.
+    """
+    one = jnp.uint32(1)
+    s = jnp.clip(shift, 0, _CAP).astype(jnp.uint32)
+    q = full >> s
+    rem = full & ((one << s) - one)
+    if rounding in ("nearest_even", "nearest_away"):
+        half = one << (jnp.maximum(s, one) - one)
+        if rounding == "nearest_away":
+            return q, rem >= half
+        return q, (rem > half) | ((rem == half) & ((q & one) == one))
+    inexact = rem != 0
+    if rounding == "toward_zero":
+        return q, jnp.zeros_like(inexact)
+    if rounding == "toward_positive":
+        return q, inexact & ~negative
+    if rounding == "toward_negative":
+        return q, inexact & negative
+    if rounding != "stochastic" or r is None:
+        raise ValueError(f"rounding: {rounding!r} needs its random integers")
+    return q, _stochastic_up(rem, shift, r, random_bits)
+
+
+def _stochastic_up(rem: jax.Array, shift: jax.Array, r: jax.Array, n: int) -> jax.Array:
+    """``d + r >= 2**n`` where ``d`` is ``rem / 2**shift`` rounded to ``n`` bits (ties to
+    even), computed without overflow for ``n`` up to 32."""
+    one = jnp.uint32(1)
+    t = shift.astype(jnp.int32) - n  # bits of rem below the n kept
+    left = jnp.clip(-t, 0, 31).astype(jnp.uint32)
+    right = jnp.clip(t, 0, _CAP).astype(jnp.uint32)
+    kept = jnp.where(t <= 0, rem << left, rem >> right)
+    dropped = rem & ((one << right) - one)
+    half = one << (jnp.maximum(right, one) - one)
+    carry = (t > 0) & ((dropped > half) | ((dropped == half) & ((kept & one) == one)))
+    room = jnp.uint32((1 << n) - 1) - kept  # 2**n - 1 - kept >= 0: kept < 2**n
+    return (r > room) | (carry & (r == room))
+
+
+def overflow_to_max(negative: jax.Array, rounding: str) -> jax.Array | bool:
+    """Where a finite value beyond the format's range rounds to ``+-max`` rather than to
+    Inf (or NaN): the directed modes whose direction is toward zero for that sign, as in
+    IEEE 754. Infinite inputs are not overflow: they stay Inf (or NaN, or ``+-max``, as
+    the format's table says)."""
+    if rounding == "toward_zero":
+        return True
+    if rounding == "toward_positive":
+        return negative
+    if rounding == "toward_negative":
+        return ~negative
+    return False
+
+
+def round_to_integer(
+    x: jax.Array, rounding: str, r: jax.Array | None = None, random_bits: int = 0
+) -> jax.Array:
+    """``x`` (float32) rounded to an integer by ``rounding``, as float32 (exact: every
+    result is an integer below ``2**24`` or ``x`` itself). Values of magnitude ``2**23``
+    and more are integers already and come back unchanged, as do NaN and Inf; f32
+    subnormals take part as their values (bits are read, nothing is flushed)."""
+    u = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    negative = (u >> 31) == 1
+    e32 = ((u >> 23) & jnp.uint32(0xFF)).astype(jnp.int32)
+    frac = u & jnp.uint32(0x7FFFFF)
+    full = jnp.where(e32 == 0, frac, frac | jnp.uint32(0x800000))
+    shift = 150 - jnp.maximum(e32, 1)  # |x| = full * 2**-shift
+    q, up = increments(full, jnp.maximum(shift, 0), negative, rounding, r, random_bits)
+    v = (q + up.astype(jnp.uint32)).astype(jnp.float32)
+    v = jnp.where(negative, -v, v)
+    return jnp.where((shift <= 0) | (e32 == 0xFF), x, v)

@@ -1,0 +1,256 @@
+"""The rounding modes of encode, against gfloat 0.5 (graphcore-research/gfloat, the
+test extra's oracle), the numpy oracle and Fractions.
+
+Conformance: every bf16 value and an f32 sample (random bit patterns: NaN, Inf,
+subnormals, overflow; every tie of the format and its f32 neighbours; values past the
+range) rounded by emulate.encode gives gfloat's code, in every mode, with and without
+saturation; stochastic rounding with gfloat's result for the same random integers
+(``RoundMode.Stochastic``, srbits = the top bits of ``jax.random.bits(key)``). The
+differences are emulate's documented choices, listed in tests/_gfloat_cases.py
+(docs/numerics.md, "Rounding modes").
+
+The CI run takes every format in one mode (the modes rotate over the formats, so each
+mode meets one or two); ``EMULATE_LONG_TESTS=1`` takes every format in every mode.
+"""
+
+from __future__ import annotations
+
+import fractions
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from _gfloat_cases import (
+    FLOATS,
+    INTS,
+    KEY,
+    RANDOM_BITS,
+    assert_codes_match,
+    cases,
+    codes_of,
+    comparable,
+    f32_sample,
+    gfloat_info,
+    gfloat_round,
+    mode_kwargs,
+)
+from gfloat import RoundMode, round_ndarray
+from gfloat.formats import format_info_ocp_int8
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import emulate
+from emulate import formats, reference_rounding
+from emulate.numerics.rounding import ROUNDINGS, increments, random_integers
+
+
+@pytest.mark.parametrize("name, mode, saturate", cases(FLOATS))
+def test_encode_gives_gfloat_code(name, mode, saturate):
+    f = formats.get(name)
+    fi = gfloat_info(f)
+    x = f32_sample(f)
+    got = codes_of(emulate.encode(x, name, saturate=saturate, **mode_kwargs(mode)))
+    srbits = np.asarray(random_integers(KEY, x.shape, RANDOM_BITS))
+    keep, sat, gmode = comparable(f, x, mode, saturate)
+    want = gfloat_round(fi, x[keep], gmode, sat, srbits[keep])
+    assert_codes_match(got[keep], want, fi, x[keep], f)
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        m if m in ("toward_negative", "stochastic") else pytest.param(m, marks=pytest.mark.long)
+        for m in ROUNDINGS
+    ],
+)
+def test_int8_gives_gfloat_ocp_int8(mode):
+    """gfloat's ocp_int8 is int8 with six fraction bits (MXINT8's element): encoding
+    ``64 x`` into int8 (saturating; gfloat raises on overflow otherwise) is its rounding
+    of ``x``, for every bf16 value but NaN (gfloat has none there)."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(np.float32)
+    x = x[~np.isnan(x)]
+    with np.errstate(over="ignore"):
+        x64 = x * 64
+    got = np.asarray(emulate.encode(x64, "int8", saturate=True, **mode_kwargs(mode)))
+    # x * 64 overflows to Inf for |x| > 2**122, which saturates as x does
+    srbits = np.asarray(random_integers(KEY, x.shape, RANDOM_BITS))
+    want = gfloat_round(format_info_ocp_int8, x, mode, True, srbits) * 64
+    np.testing.assert_array_equal(got.astype(np.float64), want)
+
+
+@pytest.mark.parametrize("name, mode, saturate", cases(INTS))
+def test_integers_match_the_oracle(name, mode, saturate):
+    """int4, uint4, int8, uint8 in every mode: emulate.encode equals
+    emulate.reference_rounding.encode (itself checked against Fractions) on the sample."""
+    x = f32_sample(formats.get("int8"))
+    got = np.asarray(emulate.encode(x, name, saturate=saturate, **mode_kwargs(mode)))
+    r = np.asarray(random_integers(KEY, x.shape, RANDOM_BITS))
+    want = reference_rounding.encode(
+        x,
+        name,
+        saturate=saturate,
+        rounding=mode,
+        random_values=r if mode == "stochastic" else None,
+        random_bits=RANDOM_BITS if mode == "stochastic" else None,
+    )
+    np.testing.assert_array_equal(got.astype(np.int64), want.astype(np.int64))
+
+
+@functools.partial(jax.jit, static_argnames="n")
+def ups_over_every_random_integer(full, shift, n):
+    """(q, how many of the 2**n random integers r make full * 2**-shift go up)."""
+    r = jnp.arange(1 << n, dtype=jnp.uint32)
+    q, up = increments(
+        jnp.broadcast_to(full, r.shape),
+        jnp.broadcast_to(shift, r.shape),
+        jnp.zeros(r.shape, bool),
+        "stochastic",
+        r,
+        n,
+    )
+    return q[0], jnp.sum(up)
+
+
+@settings(max_examples=40)
+@given(
+    full=st.integers(0, (1 << 24) - 1),
+    shift=st.integers(0, 40),
+    n=st.sampled_from([1, 3, 8]),
+)
+def test_stochastic_rounds_up_with_the_exact_probability(full, shift, n):
+    """Over all ``2**n`` random integers, ``full * 2**-shift`` goes up exactly ``d`` times,
+    ``d`` its fraction rounded to ``n`` bits (ties to even) by Fractions; when the fraction
+    has at most ``n`` bits the expectation is the value itself (unbiased)."""
+    value = fractions.Fraction(full, 1 << shift)
+    floor = value.numerator // value.denominator
+    delta = value - floor
+    d = round(delta * (1 << n))  # Python's round of a Fraction: ties to even
+    q, ups = ups_over_every_random_integer(jnp.uint32(full), jnp.int32(shift), n)
+    assert int(q) == floor
+    assert int(ups) == d
+    mean = floor + fractions.Fraction(d, 1 << n)
+    if (delta * (1 << n)).denominator == 1:
+        assert mean == value
+    assert abs(mean - value) <= fractions.Fraction(1, 1 << (n + 1))
+
+
+@pytest.mark.parametrize(
+    "name, value, mode, saturate, want",
+    [
+        ("float8_e4m3fn", 465.0, "toward_zero", False, 448.0),
+        ("float8_e4m3fn", 465.0, "toward_negative", False, 448.0),
+        ("float8_e4m3fn", 465.0, "toward_positive", False, np.nan),
+        ("float8_e4m3fn", -465.0, "toward_positive", False, -448.0),
+        ("float8_e4m3fn", 464.0, "nearest_away", False, np.nan),
+        ("float8_e4m3fn", 464.0, "nearest_even", False, 448.0),
+        ("float8_e4m3fn", 465.0, "toward_positive", True, 448.0),
+        ("float8_e4m3fn", np.inf, "toward_zero", False, np.nan),
+        ("float8_e5m2", 1e10, "toward_negative", False, 57344.0),
+        ("float8_e5m2", -1e10, "toward_negative", False, -np.inf),
+        ("float8_e5m2", np.inf, "toward_zero", False, np.inf),
+        ("float8_e5m2", -np.inf, "toward_positive", True, -57344.0),
+        ("float4_e2m1fn", 7.0, "toward_positive", False, 6.0),
+        ("float4_e2m1fn", -0.1, "toward_zero", False, -0.0),
+        ("float4_e2m1fn", 0.1, "toward_positive", False, 0.5),
+        ("float8_e4m3fnuz", -0.0009, "toward_zero", False, 0.0),
+        ("float8_e8m0fnu", 3.0, "toward_zero", False, 2.0),
+        ("float8_e8m0fnu", 3.0, "nearest_even", False, 4.0),
+        ("float8_e8m0fnu", 2.0**127 * 1.5, "toward_zero", False, 2.0**127),
+        ("float8_e8m0fnu", 2.0**127 * 1.5, "toward_positive", False, np.nan),
+        ("int8", 200.7, "toward_zero", True, 127.0),
+        ("int8", -2.5, "nearest_away", False, -3.0),
+        ("int8", -2.5, "toward_positive", False, -2.0),
+        ("uint4", 17.2, "toward_negative", False, 1.0),
+    ],
+)
+def test_overflow_and_zero_in_each_mode(name, value, mode, saturate, want):
+    got = emulate.encode(np.float32([value]), name, rounding=mode, saturate=saturate)
+    got = np.asarray(emulate.decode(got, name, to=jnp.float32)).astype(np.float64)[0]
+    assert got == want or (np.isnan(want) and np.isnan(got))
+    assert np.signbit(got) == np.signbit(want) or np.isnan(want)
+
+
+def stochastic_encode(x, key, bits=8, fmt="float8_e4m3fn"):
+    return emulate.encode(x, fmt, rounding="stochastic", key=key, random_bits=bits)
+
+
+def test_stochastic_is_a_function_of_key_values_and_shape():
+    x = jnp.linspace(-3, 3, 1024, dtype=jnp.float32) * 1.0001
+    k1, k2 = jax.random.key(1), jax.random.key(2)
+    a = codes_of(stochastic_encode(x, k1))
+    np.testing.assert_array_equal(a, codes_of(stochastic_encode(x, k1)))
+    np.testing.assert_array_equal(a, codes_of(jax.jit(stochastic_encode)(x, k1)))
+    assert (a != codes_of(stochastic_encode(x, k2))).sum() > 100
+    raw = codes_of(stochastic_encode(x, jax.random.PRNGKey(1)))
+    np.testing.assert_array_equal(
+        raw, codes_of(stochastic_encode(x, jax.random.wrap_key_data(jax.random.PRNGKey(1))))
+    )
+
+
+def test_stochastic_under_vmap_is_the_loop():
+    x = jnp.float32([[0.3, 1.1, -2.7, 5.0e-3], [7.0, -0.2, 100.1, 1e-5]])
+    keys = jax.random.split(jax.random.key(5), 2)
+    by_key = jax.vmap(stochastic_encode)(x, keys)
+    loop = [stochastic_encode(x[i], keys[i]) for i in range(2)]
+    np.testing.assert_array_equal(codes_of(by_key), codes_of(jnp.stack(loop)))
+    shared = jax.vmap(stochastic_encode, in_axes=(0, None))(x, keys[0])
+    loop = [stochastic_encode(x[i], keys[0]) for i in range(2)]
+    np.testing.assert_array_equal(codes_of(shared), codes_of(jnp.stack(loop)))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(rounding="up"), ValueError, "rounding: expected one of ('nearest_even', "),
+        (dict(rounding="stochastic", random_bits=8), ValueError,
+         "key: rounding='stochastic' needs a jax.random key (jax.random.key(seed))"),
+        (dict(rounding="stochastic", key=KEY), ValueError,
+         "random_bits: rounding='stochastic' needs the number of random bits per element, 1 to 32"),
+        (dict(rounding="stochastic", key=KEY, random_bits=0), ValueError,
+         "random_bits: expected 1 to 32, got 0"),
+        (dict(rounding="stochastic", key=KEY, random_bits=33), ValueError,
+         "random_bits: expected 1 to 32, got 33"),
+        (dict(rounding="stochastic", key=KEY, random_bits=8.0), TypeError,
+         "random_bits: expected an int from 1 to 32, got float 8.0"),
+        (dict(rounding="stochastic", key=KEY, random_bits=True), TypeError,
+         "random_bits: expected an int from 1 to 32, got bool True"),
+        (dict(rounding="stochastic", key=7, random_bits=8), TypeError,
+         "key: expected a jax.random key (jax.random.key(seed) or "
+         "jax.random.PRNGKey(seed)), got int"),
+        (dict(rounding="stochastic", key=jax.random.split(KEY, 2), random_bits=8), ValueError,
+         "key: expected one key (shape ()), got a key array of shape (2,)"),
+        (dict(key=KEY), ValueError,
+         "key: only rounding='stochastic' uses it, got rounding='nearest_even'"),
+        (dict(rounding="toward_zero", random_bits=4), ValueError,
+         "random_bits: only rounding='stochastic' uses it, got rounding='toward_zero'"),
+    ],
+)  # fmt: skip
+def test_bad_rounding_arguments_name_themselves(kwargs, error, message):
+    with pytest.raises(error, match="^" + re.escape(message)):
+        emulate.encode(np.float32([1.0]), "float8_e4m3fn", **kwargs)
+
+
+def test_wide_formats_take_only_nearest_even():
+    with pytest.raises(ValueError, match="rounding: 'toward_zero' is built for the low-precision"):
+        emulate.encode(np.float32([1.0]), "bfloat16", rounding="toward_zero")
+
+
+@pytest.mark.parametrize(
+    "bits", [pytest.param(1, marks=pytest.mark.long), pytest.param(23, marks=pytest.mark.long), 32]
+)
+def test_stochastic_of_any_width_gives_gfloat_code(bits):
+    """random_bits from 1 to 32 (32: every bit of the draw, 2**32 not representable in
+    the uint32 arithmetic) against gfloat with the same srbits, float8_e5m2."""
+    f = formats.get("float8_e5m2")
+    x = f32_sample(f)
+    got = codes_of(emulate.encode(x, f.name, rounding="stochastic", key=KEY, random_bits=bits))
+    srbits = np.asarray(random_integers(KEY, x.shape, bits)).astype(np.int64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = round_ndarray(
+            gfloat_info(f), x.astype(np.float64), RoundMode.Stochastic, False, srbits, bits
+        )
+    assert_codes_match(got, want, gfloat_info(f), x, f)

@@ -203,9 +203,10 @@ class Format:
 
     @property
     def packable(self) -> bool:
-        """Whether :func:`emulate.pack` stores it densely: every format narrower than a byte
-        (2, 3, 4, 5 and 6 bits)."""
-        return self.bits < 8
+        """Whether :func:`emulate.pack` stores it: densely, every format narrower than a
+        byte; one code a byte, the 8-bit formats without a dtype (a Packed array is then
+        what carries their format through the matmuls)."""
+        return self.bits < 8 or (self.bits == 8 and not self.has_dtype)
 
     def __repr__(self) -> str:
         return f"Format({self.name!r})"

@@ -35,6 +35,7 @@ import numpy.typing as npt
 
 from emulate import formats
 from emulate.formats import F32_MIN_NORMAL, FormatLike
+from emulate.reference_codes import decode_codes, encode_values
 
 __all__ = ["decode", "dequantize", "dot_general", "exact_dot_general", "quantize", "round_exact"]
 
@@ -94,7 +95,7 @@ def decode(
             ) from None
         return _cast(arr, target)
     f = formats.get(fmt)
-    if arr.dtype == f.dtype:
+    if arr.dtype == f.dtype and f.has_dtype:
         return _cast(arr, target)
     code_dtype = _CODE_DTYPES[max(8, f.bits)]
     if arr.dtype != code_dtype:
@@ -107,7 +108,7 @@ def decode(
             f"x: code {int(arr.max()):#x} does not fit the {f.bits}-bit format {f.name}; codes "
             f"must lie in [0, {f.code_mask:#x}]"
         )
-    return _cast(arr.view(f.dtype), target)
+    return _cast(arr.view(f.dtype) if f.has_dtype else decode_codes(arr, f), target)
 
 
 def round_exact(numerator: int, exponent: int, fmt: FormatLike) -> float:
@@ -511,7 +512,7 @@ def quantize(
     take the element's largest exponent as ``floor(log2 max) + element_exponent``.
 
     Returns ``(codes, scales, tensor_scale)``: ``codes`` an ml_dtypes array of ``fmt``
-    (int8 / int4 for integers), ``scales`` of ``scale_fmt``, shape
+    (int8 / int4 for integers; uint8 codes for a format without a type), ``scales`` of ``scale_fmt``, shape
     ``ceil(x.shape / block_shape)``; ``tensor_scale`` a float (or None).
     """
     f, sf = formats.get(fmt), formats.get(scale_fmt)
@@ -558,8 +559,8 @@ def quantize(
     y = np.where(_repeat_blocks(bad, block, shape), 0.0, y)
     if f.is_integer:
         codes = np.round(y).astype(np.int64).astype(f.dtype)
-    else:
-        codes = y.astype(f.dtype)
+    else:  # a format without an ml_dtypes type: uint8 codes from the record's oracle
+        codes = y.astype(f.dtype) if f.has_dtype else encode_values(y, f)
     scale = np.where(bad, np.nan, scale)
     return codes, scale.astype(sf.dtype), ts
 
@@ -578,11 +579,14 @@ def dequantize(
     block_shape: tuple[int, ...],
     tensor_scale: float | None = None,
     element_exponent: int = 0,
+    fmt: FormatLike | None = None,
 ) -> np.ndarray:
     """``decode(codes) * 2**element_exponent * (scale * tensor_scale)`` as float32: each
     product rounded to 24 significant bits, results below ``2**-126`` in magnitude flushed
-    to (signed) zero."""
-    v = np.ldexp(np.asarray(codes).astype(np.float64), element_exponent)
+    to (signed) zero. ``fmt`` names the format of uint8 ``codes`` (as :func:`quantize`
+    returns them for a format without an ml_dtypes type)."""
+    v = np.asarray(codes) if fmt is None else decode(codes, fmt, to=np.float64)
+    v = np.ldexp(v.astype(np.float64), element_exponent)
     s = np.asarray(scales).astype(np.float64)
     if tensor_scale is not None:
         s = _round24(s * tensor_scale)

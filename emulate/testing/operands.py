@@ -195,6 +195,8 @@ def qarrays(
     @st.composite
     def draw(d: st.DrawFn) -> QArray:
         codes = d(arrays(f, tuple(shape), elements=elements, fill=fill), label="codes")
+        if isinstance(codes, Packed):  # a format without a dtype: re-packed as asked below
+            codes = np.asarray(unpack_codes(codes))
         svals = d(_draw_scales(sf, nblocks, scales), label="scales")
         ts = None
         if spec.tensor_scale:
@@ -310,7 +312,8 @@ def oracle_values(x: Any, arg: str = "operand") -> tuple[np.ndarray, tuple[int, 
     A :class:`emulate.QArray`: its values by :func:`emulate.reference.dequantize` (float32,
     each code times its scale rounded once, NaN blocks where a scale is NaN), and its
     block shape. A :class:`emulate.Packed` array: its codes unpacked, as an array of the
-    format (uint8 codes viewed as float6). Anything else: ``np.asarray(x)``, block None.
+    format (uint8 codes viewed as float6), or its values in float32 for a format without a
+    dtype (P3109, yours), which float32 holds exactly. Anything else: ``np.asarray(x)``, block None.
     """
     if isinstance(x, QArray):
         f = x.format
@@ -319,12 +322,19 @@ def oracle_values(x: Any, arg: str = "operand") -> tuple[np.ndarray, tuple[int, 
             codes = codes.view(f.dtype)
         ts = None if x.tensor_scale is None else float(np.asarray(x.tensor_scale))
         values = reference.dequantize(
-            codes, np.asarray(x.scales), x.block_shape, ts, x.element_exponent
+            codes,
+            np.asarray(x.scales),
+            x.block_shape,
+            ts,
+            x.element_exponent,
+            fmt=None if f.has_dtype else f,
         )
         return values, tuple(x.block_shape)
     if isinstance(x, Packed):
         f = x.format
         codes = np.asarray(unpack_codes(x))
+        if not f.has_dtype:  # float32 holds every value of such an operand exactly
+            return reference.decode(codes, f, to=np.float32), None
         return (codes.view(f.dtype) if codes.dtype != f.dtype else codes), None
     try:
         return np.asarray(x), None

@@ -4,8 +4,11 @@ tpu_v5e, checked against the oracle (bit for bit where the plan is exact)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import pathlib
+import re
 import sys
 
 import jax
@@ -90,3 +93,13 @@ def test_quantize_into_a_user_format_and_matmul_and_polyfill_on_every_target() -
 def test_validate_checks_a_user_format_row() -> None:
     row = validate.check("tpu_v5e", "e3m3", "u5e3m2", "fast", examples=3, seed=0)
     assert (row.status, row.examples, row.mismatches) == ("ok", 3, 0), row
+
+
+def test_the_api_page_example_prints_what_the_page_says() -> None:
+    page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    section = page.split("## emulate.formats", 1)[1].split("\n## ", 1)[0]
+    code, printed = re.findall(r"^```(?:python|text)\n(.*?)^```$", section, flags=re.M | re.S)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "docs/api.md", "exec"), {})  # noqa: S102 - the page's own example
+    assert out.getvalue() == printed

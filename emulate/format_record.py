@@ -337,9 +337,11 @@ def float_format(
         inf += [c | sign for c in inf]
         if not neg_zero:
             nan.append(sign)
-    exact = tuple(
-        w for w, digits in (("bfloat16", 8), ("float32", 24)) if t + 1 <= digits
-    ) if tiny >= F32_MIN_NORMAL else ()
+    exact = (
+        tuple(w for w, digits in (("bfloat16", 8), ("float32", 24)) if t + 1 <= digits)
+        if tiny >= F32_MIN_NORMAL
+        else ()
+    )
     return Format(
         name=name,
         bits=int(bits),
@@ -377,7 +379,9 @@ def p3109(precision: int, *, bits: int = 8, signed: bool = True, extended: bool 
     if isinstance(precision, bool) or not isinstance(precision, (int, np.integer)):
         raise TypeError(f"precision: expected an int, got {type(precision).__name__}")
     if not 1 <= precision <= bits:
-        raise ValueError(f"precision: a {bits}-bit P3109 format has precision 1 to {bits}, got {precision}")
+        raise ValueError(
+            f"precision: a {bits}-bit P3109 format has precision 1 to {bits}, got {precision}"
+        )
     bias = int(2.0 ** (bits - precision - 1)) if signed else 1 << (bits - precision)
     name = f"p3109_k{bits}p{precision}{'s' if signed else 'u'}{'e' if extended else 'f'}"
     return float_format(

@@ -25,9 +25,9 @@ import numpy as np
 from emulate.format_record import (
     DTYPES,
     F32_MIN_NORMAL,
+    P3109_BINARY8,
     WIDE,
     Format,
-    P3109_BINARY8,
     float_format,
     int8_scale,
     p3109,

@@ -512,7 +512,8 @@ def quantize(
     take the element's largest exponent as ``floor(log2 max) + element_exponent``.
 
     Returns ``(codes, scales, tensor_scale)``: ``codes`` an ml_dtypes array of ``fmt``
-    (int8 / int4 for integers; uint8 codes for a format without a type), ``scales`` of ``scale_fmt``, shape
+    (int8 / int4 for integers; uint8 codes for a format without a type), ``scales`` of
+    ``scale_fmt``, shape
     ``ceil(x.shape / block_shape)``; ``tensor_scale`` a float (or None).
     """
     f, sf = formats.get(fmt), formats.get(scale_fmt)

@@ -82,9 +82,9 @@ def every_bf16() -> np.ndarray:
 
 
 def f32_sample(f: Format, n: int = 4096, seed: int = 0) -> np.ndarray:
-    """float32 inputs for ``f`` (as float64): random bit patterns, and around every pair of neighbouring
-    finite values the midpoint (a tie) and the float32 values either side of it, the
-    overflow threshold included."""
+    """float32 inputs for ``f`` (as float64): random bit patterns, and around every pair of
+    neighbouring finite values the midpoint (a tie) and the float32 values either side of
+    it, the overflow threshold included."""
     rng = np.random.default_rng(seed)
     bits = rng.integers(0, 1 << 32, size=n, dtype=np.uint64).astype(np.uint32)
     values = np.sort(np.unique(np.abs(gfloat_values(f)[np.isfinite(gfloat_values(f))])))

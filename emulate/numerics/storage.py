@@ -7,7 +7,8 @@ code is the format's bit pattern in the low ``bits`` bits of a ``uint8`` (``uint
 
 **Packed arrays.** :class:`Packed` holds codes of any format narrower than a byte (2 to 7
 bits) densely, and the codes of an 8-bit format without a numpy dtype (the P3109 formats,
-yours: :func:`emulate.formats.register`) one a byte, so that the array names its format. Layout along the packed axis (a little-endian bit stream):
+yours: :func:`emulate.formats.register`) one a byte, so that the array names its format.
+Layout along the packed axis (a little-endian bit stream):
 element ``i`` occupies bits ``[bits*i, bits*(i+1))`` of the stream, byte ``j`` holds
 stream bits ``[8j, 8j+8)`` with the least significant bit first. So for 4-bit formats
 element ``2j`` is the LOW nibble of byte ``j`` and element ``2j+1`` the HIGH nibble; for

@@ -268,7 +268,9 @@ def formats(
     ``include_registered``, the scale-only p3109_k8p1ue again only with ``include_scale``)."""
     names = _formats.LOW_PRECISION if include_scale else _formats.LOW_PRECISION_OPERANDS
     if include_registered:
-        more = [n for n in _formats.registered() if include_scale or not _formats.get(n).is_scale_only]
+        more = [
+            n for n in _formats.registered() if include_scale or not _formats.get(n).is_scale_only
+        ]
         names = names + tuple(more)
     return st.sampled_from([_formats.get(n) for n in names])
 

@@ -212,6 +212,10 @@ class Format:
         return f"Format({self.name!r})"
 
 
+# Its public home is emulate.formats, which re-exports it (the API docs list it there once).
+Format.__module__ = "emulate.formats"
+
+
 def unsigned_dtype(bits: int) -> np.dtype:
     """The unsigned numpy dtype that holds a ``bits``-bit code or word: uint8 for 2 to 8
     bits (one code per byte), uint16 for 16, uint32 for 32."""

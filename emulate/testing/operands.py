@@ -195,8 +195,7 @@ def qarrays(
     @st.composite
     def draw(d: st.DrawFn) -> QArray:
         codes = d(arrays(f, tuple(shape), elements=elements, fill=fill), label="codes")
-        if isinstance(codes, Packed):  # a format without a dtype: re-packed as asked below
-            codes = np.asarray(unpack_codes(codes))
+        codes = _codes_of(codes)  # a format without a dtype: re-packed as asked below
         svals = d(_draw_scales(sf, nblocks, scales), label="scales")
         ts = None
         if spec.tensor_scale:
@@ -217,6 +216,12 @@ def qarrays(
         )
 
     return draw()
+
+
+def _codes_of(x: np.ndarray | Packed) -> np.ndarray:
+    """An array of a format's dtype as it is; a Packed one (a format without a dtype) as its
+    uint8 codes."""
+    return np.asarray(unpack_codes(x)) if isinstance(x, Packed) else x
 
 
 def _draw_scales(sf: _formats.Format, nblocks: tuple[int, ...], elements: str):
@@ -247,7 +252,7 @@ class OperandSpec:
             return qarrays(self.quant, shape, elements=elements, scales=self.scales, fill=fill)
         plain_st = arrays(self.format, shape, elements=elements, fill=fill)
         if self.kind == "packed":
-            return plain_st.map(lambda x: pack(x, self.format, axis=self.axis))
+            return plain_st.map(lambda x: pack(_codes_of(x), self.format, axis=self.axis))
         return plain_st
 
     def describe(self) -> str:

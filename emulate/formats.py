@@ -4,19 +4,35 @@ One frozen :class:`Format` per element type. The low-precision family (``LOW_PRE
 is what ``emulate`` decodes; the wide types (``bfloat16``, ``float16``, ``float32``,
 ``int32``) are registered too so that every operand of a matmul has a record.
 
-Numeric fields are derived from ``ml_dtypes.finfo`` / ``ml_dtypes.iinfo``; the NaN and
-Inf code sets are read off ml_dtypes by enumerating every code. Nothing here needs JAX.
+Numeric fields of the ml_dtypes types are derived from ``ml_dtypes.finfo`` /
+``ml_dtypes.iinfo``; their NaN and Inf code sets are read off ml_dtypes by enumerating
+every code. The IEEE P3109 binary8 formats (``P3109_BINARY8``) are registered too, and any
+float format of at most 8 bits can be: build its record with :func:`float_format` (or
+:func:`p3109`) and :func:`register` it. Nothing here needs JAX.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import math
+import re
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import ml_dtypes
 import numpy as np
+
+from emulate.format_record import (
+    DTYPES,
+    F32_MIN_NORMAL,
+    P3109_BINARY8,
+    WIDE,
+    Format,
+    float_format,
+    int8_scale,
+    p3109,
+    unsigned_dtype,
+)
 
 __all__ = [
     "CODE_FORMATS",
@@ -26,151 +42,23 @@ __all__ = [
     "LOW_PRECISION",
     "LOW_PRECISION_OPERANDS",
     "MATMUL_OPERANDS",
+    "P3109_BINARY8",
     "SCALE_ONLY",
     "WIDE",
     "WIDE_FLOATS",
     "dot_accumulator",
     "dot_result",
+    "float_format",
     "get",
     "names",
+    "p3109",
     "preferred_format",
+    "register",
+    "registered",
     "result_format",
     "unsigned_dtype",
 ]
 
-
-@dataclasses.dataclass(frozen=True)
-class Format:
-    """One element type.
-
-    Attributes:
-      name: canonical name, the ml_dtypes / numpy spelling (``"float8_e4m3fn"``).
-      bits: storage width in bits (4, 6, 8, 16 or 32).
-      is_float: True for floating-point formats (including the scale type e8m0).
-      signed: whether the format has a sign (bit ``bits - 1`` for floats, two's
-        complement for integers).
-      exponent_bits, mantissa_bits: field widths (0 and ``bits`` for integers).
-      bias: exponent bias; a normal code with exponent field ``e`` and mantissa field
-        ``m`` has the value ``2**(e - bias) * (1 + m / 2**mantissa_bits)``. 0 for integers.
-      max: largest finite value. min: smallest finite value (``-max`` for signed floats,
-        0 for unsigned integers, 2**-127 for float8_e8m0fnu, which has no zero).
-      min_normal: smallest positive normal value (1 for integers).
-      min_subnormal: smallest positive value, the format's quantum (1 for integers).
-      has_subnormals: False only for float8_e8m0fnu, whose exponent field 0 is
-        the normal value 2**-127.
-      has_inf: whether some code decodes to infinity.
-      nan_codes, inf_codes: the codes (as unsigned ints of ``bits`` bits) that decode
-        to NaN and to +-Inf. float32's 2**24 NaN codes are not listed (``has_nan`` is
-        still True).
-      signed_zero: whether a negative zero code exists (False for the ``fnuz`` formats,
-        whose would-be -0 code is their only NaN).
-      exact_in: names of the wider types that hold every finite value exactly.
-      int8_scale: ``k`` such that ``value * 2**k`` is an int8 for every finite value,
-        or None: the integer-scaled plan (int4 k=0, e2m1 k=1, e2m3 k=3).
-      xla_storable: whether XLA can hold arrays of this dtype (float6 cannot on CPU:
-        carry those as uint8 codes or :class:`emulate.Packed`).
-    """
-
-    name: str
-    bits: int
-    is_float: bool
-    signed: bool
-    exponent_bits: int
-    mantissa_bits: int
-    bias: int
-    max: float
-    min: float
-    min_normal: float
-    min_subnormal: float
-    has_subnormals: bool
-    has_inf: bool
-    nan_codes: tuple[int, ...]
-    inf_codes: tuple[int, ...]
-    signed_zero: bool
-    exact_in: tuple[str, ...]
-    int8_scale: int | None
-    xla_storable: bool
-
-    @property
-    def dtype(self) -> np.dtype:
-        """The numpy / ml_dtypes dtype of this format."""
-        return np.dtype(_DTYPES[self.name])
-
-    @property
-    def is_integer(self) -> bool:
-        return not self.is_float
-
-    @property
-    def is_low_precision(self) -> bool:
-        """A format emulate decodes: ``LOW_PRECISION`` and the integer ``CODE_FORMATS``."""
-        return self.name in LOW_PRECISION or self.name in CODE_FORMATS
-
-    @property
-    def code_mask(self) -> int:
-        return (1 << self.bits) - 1
-
-    @property
-    def has_nan(self) -> bool:
-        return bool(self.nan_codes) or self.bits == 32 and self.is_float
-
-    @property
-    def emin(self) -> int:
-        """Exponent of the smallest normal value (``min_normal == 2**emin``)."""
-        return (0 if self.has_subnormals else -1) + 1 - self.bias
-
-    @property
-    def max_code(self) -> int:
-        """Largest code (sign bit clear) whose value is finite: the code of ``max``."""
-        return int(np.asarray(self.max, self.dtype).reshape(1).view(unsigned_dtype(self.bits))[0])
-
-    @property
-    def packable(self) -> bool:
-        """Whether :func:`emulate.pack` stores it densely: every format narrower than a byte
-        (2, 3, 4, 5 and 6 bits)."""
-        return self.bits < 8
-
-    def __repr__(self) -> str:
-        return f"Format({self.name!r})"
-
-
-def unsigned_dtype(bits: int) -> np.dtype:
-    """The unsigned numpy dtype that holds a ``bits``-bit code or word: uint8 for 2 to 8
-    bits (one code per byte), uint16 for 16, uint32 for 32."""
-    if 2 <= bits <= 8:
-        return np.dtype(np.uint8)
-    return np.dtype({16: np.uint16, 32: np.uint32}[bits])
-
-
-_DTYPES: dict[str, Any] = {
-    "int4": ml_dtypes.int4,
-    "uint4": ml_dtypes.uint4,
-    "int8": np.int8,
-    "uint8": np.uint8,
-    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
-    "float8_e5m2": ml_dtypes.float8_e5m2,
-    "float8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
-    "float8_e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
-    "float8_e4m3b11fnuz": ml_dtypes.float8_e4m3b11fnuz,
-    "float8_e3m4": ml_dtypes.float8_e3m4,
-    "float6_e2m3fn": ml_dtypes.float6_e2m3fn,
-    "float6_e3m2fn": ml_dtypes.float6_e3m2fn,
-    "float4_e2m1fn": ml_dtypes.float4_e2m1fn,
-    "float8_e8m0fnu": ml_dtypes.float8_e8m0fnu,
-    "bfloat16": ml_dtypes.bfloat16,
-    "float16": np.float16,
-    "float32": np.float32,
-    "int32": np.int32,
-    "int2": ml_dtypes.int2,
-    "uint2": ml_dtypes.uint2,
-    # No numpy type holds 3-, 5- or 6-bit integers: their values fit int8 / uint8, and
-    # their codes travel as uint8 (or Packed), as float6 codes do.
-    "int3": np.int8,
-    "uint3": np.uint8,
-    "int5": np.int8,
-    "uint5": np.uint8,
-    "int6": np.int8,
-    "uint6": np.uint8,
-}
 
 #: The formats ``emulate`` decodes, in the order tables list them.
 LOW_PRECISION: tuple[str, ...] = (
@@ -206,9 +94,6 @@ CODE_FORMATS: tuple[str, ...] = (
     "uint6",
 )
 
-#: Types a matrix unit takes as they are; registered so every operand has a record.
-WIDE: tuple[str, ...] = ("bfloat16", "float16", "float32", "int32")
-
 #: The wide float types.
 WIDE_FLOATS: tuple[str, ...] = ("bfloat16", "float16", "float32")
 
@@ -220,10 +105,6 @@ LOW_PRECISION_OPERANDS: tuple[str, ...] = tuple(n for n in LOW_PRECISION if n no
 
 #: Every format a matmul takes as an operand: the low-precision ones and the wide types.
 MATMUL_OPERANDS: tuple[str, ...] = LOW_PRECISION_OPERANDS + WIDE
-
-#: The smallest normal float32, ``2**-126``: backends that flush denormals read any
-#: smaller magnitude as zero.
-F32_MIN_NORMAL = 2.0**-126
 
 #: What names a format: a name or alias, a numpy / ml_dtypes / jnp dtype, or a Format.
 FormatLike: TypeAlias = str | np.dtype[Any] | type[Any] | Format
@@ -300,7 +181,7 @@ def _make_code_int(name: str) -> Format:
 def _make(name: str) -> Format:
     if name in CODE_FORMATS:
         return _make_code_int(name)
-    dtype = np.dtype(_DTYPES[name])
+    dtype = np.dtype(DTYPES[name])
     bits = dtype.itemsize * 8 if name not in _SUB_BYTE else _SUB_BYTE[name]
     if dtype.kind in "iu" or name in ("int4", "uint4"):
         iinfo = ml_dtypes.iinfo(dtype)
@@ -340,7 +221,11 @@ def _make(name: str) -> Format:
     neg_zero_code = 1 << (bits - 1)
     signed_zero = signed and neg_zero_code not in nan
     exact = tuple(w for w in ("bfloat16", "float32") if _fits(info, w))
-    scale = _int8_scale(info, bits) if bits <= 8 and signed else None
+    scale = (
+        int8_scale(float(info.max), float(info.smallest_subnormal))
+        if bits <= 8 and signed
+        else None
+    )
     return Format(
         name=name,
         bits=bits,
@@ -374,7 +259,7 @@ _SUB_BYTE = {
 
 
 def _fits(info: ml_dtypes.finfo, wide: str) -> bool:
-    w = ml_dtypes.finfo(_DTYPES[wide])
+    w = ml_dtypes.finfo(DTYPES[wide])
     return (
         int(info.nmant) <= int(w.nmant)
         and float(info.max) <= float(w.max)
@@ -382,23 +267,63 @@ def _fits(info: ml_dtypes.finfo, wide: str) -> bool:
     )
 
 
-def _int8_scale(info: ml_dtypes.finfo, bits: int) -> int | None:
-    """Smallest k with every finite value * 2**k an integer in [-127, 127], or None."""
-    quantum = float(info.smallest_subnormal)
-    k = 0
-    while quantum * 2.0**k < 1:
-        k += 1
-    return k if float(info.max) * 2.0**k <= 127 else None
-
-
 @functools.cache
 def _registry() -> dict[str, Format]:
-    return {n: _make(n) for n in LOW_PRECISION + WIDE + CODE_FORMATS}
+    # Mutated only by register(), which adds names and never replaces one.
+    reg = {n: _make(n) for n in LOW_PRECISION + WIDE + CODE_FORMATS}
+    reg.update((n, _p3109_of(n)) for n in P3109_BINARY8)
+    return reg
+
+
+_P3109_NAME = re.compile(r"p3109_k([2-8])p([1-8])([su])([ef])")
+
+
+def _p3109_of(name: str) -> Format:
+    k, p, s, d = _P3109_NAME.fullmatch(name).groups()  # type: ignore[union-attr]
+    return p3109(int(p), bits=int(k), signed=s == "s", extended=d == "e")
 
 
 def names() -> tuple[str, ...]:
-    """Every registered format name: the low-precision family, then the wide types."""
-    return LOW_PRECISION + WIDE
+    """Every registered format name: the low-precision family, the P3109 binary8 formats,
+    the formats registered with :func:`register` (in order), then the wide types."""
+    fixed = set(LOW_PRECISION + P3109_BINARY8 + WIDE + CODE_FORMATS)
+    yours = tuple(n for n in _registry() if n not in fixed)
+    return LOW_PRECISION + P3109_BINARY8 + yours + WIDE
+
+
+def registered() -> tuple[str, ...]:
+    """The names of the float formats built from parameters: the P3109 ones and yours."""
+    return tuple(n for n in names() if not get(n).has_dtype)
+
+
+def register(fmt: Format) -> Format:
+    """Register a format record (from :func:`float_format` or :func:`p3109`) under its name,
+    so that every part of emulate finds it by name: decode / encode, Packed, plans, the
+    matmuls, QArrays, the oracle, ``emulate.testing`` and the CLI.
+
+    Registering an equal record again is a no-op. Returns the registered record.
+
+    Raises:
+      TypeError: ``fmt`` is not a Format.
+      ValueError: its name (or its spelling in lower case) is taken by a different
+        format or by an alias (``e4m3``, ``fp8`` ...).
+    """
+    if not isinstance(fmt, Format):
+        raise TypeError(
+            f"fmt: expected a Format (emulate.formats.float_format(...)), got "
+            f"{type(fmt).__name__} {fmt!r}"
+        )
+    reg = _registry()
+    have = reg.get(fmt.name)
+    if have == fmt:
+        return have
+    if have is not None or fmt.name in _ALIASES or fmt.name != fmt.name.strip().lower():
+        what = "an alias" if fmt.name in _ALIASES else "a different format"
+        if have is None and fmt.name not in _ALIASES:
+            what = "not lower case: names are looked up in lower case"
+        raise ValueError(f"fmt: the name {fmt.name!r} is {what}; choose another name")
+    reg[fmt.name] = fmt
+    return fmt
 
 
 def get(fmt: FormatLike, *, arg: str = "fmt") -> Format:
@@ -413,19 +338,31 @@ def get(fmt: FormatLike, *, arg: str = "fmt") -> Format:
       ValueError: for a name or dtype that is not a registered format; the message lists
         the known names.
     """
+    reg = _registry()
     if isinstance(fmt, Format):
-        return fmt
+        have = reg.get(fmt.name)
+        if have is fmt or have == fmt:
+            return fmt
+        raise ValueError(
+            f"{arg}: the format record {fmt.name!r} is not registered"
+            + (" (another format has that name)" if have is not None else "")
+            + "; pass it to emulate.formats.register first"
+        )
     if fmt is None or isinstance(fmt, (bool, int, float)):
         # np.dtype(None) is float64 and np.dtype(int) is int64: neither is what was meant.
         raise TypeError(
             f"{arg}: expected a format name, a dtype or a Format, got {type(fmt).__name__} {fmt!r}"
         )
-    reg = _registry()
     if isinstance(fmt, str):
         key = fmt.strip().lower()
         key = _ALIASES.get(key, key)
         if key in reg:
             return reg[key]
+        if _P3109_NAME.fullmatch(key):
+            try:
+                return register(_p3109_of(key))
+            except ValueError as e:
+                raise ValueError(f"{arg}: {fmt!r} is no P3109 format: {e}") from None
         raise ValueError(f"{arg}: unknown format {fmt!r}; known formats: {', '.join(names())}")
     try:
         dt = np.dtype(fmt)
@@ -461,7 +398,7 @@ def preferred_format(preferred_element_type: FormatLike) -> Format:
 
 def _rank(f: Format) -> tuple[int, int, int, bool]:
     if f.is_float:
-        maxexp = int(ml_dtypes.finfo(f.dtype).maxexp)
+        maxexp = math.frexp(f.max)[1]  # ml_dtypes' finfo.maxexp
         return (maxexp, f.mantissa_bits, f.bits, True)
     return (-1, -1, f.bits, f.signed)
 

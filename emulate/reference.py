@@ -35,6 +35,7 @@ import numpy.typing as npt
 
 from emulate import formats
 from emulate.formats import F32_MIN_NORMAL, FormatLike
+from emulate.reference_codes import decode_codes
 from emulate.reference_rounding import encode
 
 __all__ = ["decode", "dequantize", "dot_general", "exact_dot_general", "quantize", "round_exact"]
@@ -95,7 +96,7 @@ def decode(
             ) from None
         return _cast(arr, target)
     f = formats.get(fmt)
-    if arr.dtype == f.dtype:
+    if arr.dtype == f.dtype and f.has_dtype:
         return _cast(arr, target)
     code_dtype = _CODE_DTYPES[max(8, f.bits)]
     if arr.dtype != code_dtype:
@@ -108,7 +109,7 @@ def decode(
             f"x: code {int(arr.max()):#x} does not fit the {f.bits}-bit format {f.name}; codes "
             f"must lie in [0, {f.code_mask:#x}]"
         )
-    return _cast(arr.view(f.dtype), target)
+    return _cast(arr.view(f.dtype) if f.has_dtype else decode_codes(arr, f), target)
 
 
 def round_exact(numerator: int, exponent: int, fmt: FormatLike) -> float:
@@ -518,7 +519,8 @@ def quantize(
     take the element's largest exponent as ``floor(log2 max) + element_exponent``.
 
     Returns ``(codes, scales, tensor_scale)``: ``codes`` an ml_dtypes array of ``fmt``
-    (int8 / int4 for integers), ``scales`` of ``scale_fmt``, shape
+    (int8 / int4 for integers; uint8 codes for a format without a type), ``scales`` of
+    ``scale_fmt``, shape
     ``ceil(x.shape / block_shape)``; ``tensor_scale`` a float (or None).
     """
     f, sf = formats.get(fmt), formats.get(scale_fmt)
@@ -584,11 +586,14 @@ def dequantize(
     block_shape: tuple[int, ...],
     tensor_scale: float | None = None,
     element_exponent: int = 0,
+    fmt: FormatLike | None = None,
 ) -> np.ndarray:
     """``decode(codes) * 2**element_exponent * (scale * tensor_scale)`` as float32: each
     product rounded to 24 significant bits, results below ``2**-126`` in magnitude flushed
-    to (signed) zero."""
-    v = np.ldexp(np.asarray(codes).astype(np.float64), element_exponent)
+    to (signed) zero. ``fmt`` names the format of uint8 ``codes`` (as :func:`quantize`
+    returns them for a format without an ml_dtypes type)."""
+    v = np.asarray(codes) if fmt is None else decode(codes, fmt, to=np.float64)
+    v = np.ldexp(v.astype(np.float64), element_exponent)
     s = np.asarray(scales).astype(np.float64)
     if tensor_scale is not None:
         s = _round24(s * tensor_scale)

@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from emulate import formats
 from emulate.formats import FormatLike
+from emulate.reference_codes import encode_values
 
 __all__ = ["ROUNDINGS", "encode"]
 
@@ -53,7 +54,8 @@ def encode(
         ``random_bits`` bits, ties to even (gfloat's ``RoundMode.Stochastic``).
 
     Returns:
-      An array of ``fmt``'s ml_dtypes (or numpy integer) type, ``x``'s shape.
+      An array of ``fmt``'s ml_dtypes (or numpy integer) type, ``x``'s shape; for a format
+      without one (:attr:`~emulate.formats.Format.has_dtype` False) its uint8 codes.
     """
     f = formats.get(fmt)
     if not f.is_low_precision:
@@ -67,6 +69,10 @@ def encode(
         if random_values is None or random_bits is None:
             raise ValueError("random_values, random_bits: needed by rounding='stochastic'")
         r = np.broadcast_to(np.asarray(random_values, np.float64), v.shape)
+    if f.is_float and not f.has_dtype and rounding == "nearest_even":
+        # The record's table: a tie goes to the even code, which for a format without
+        # trailing significand bits (P3109 p1) is the even exponent, not the even quantum.
+        return encode_values(v, f, saturate=saturate)
     negative = np.signbit(v)
     with np.errstate(invalid="ignore", over="ignore"):
         if f.is_integer:
@@ -127,7 +133,14 @@ def _float(v, negative, f: formats.Format, saturate, rounding, r, n) -> np.ndarr
         out = np.where(nan, v, out)  # NaN keeps its sign where the format has signed NaNs
     else:  # float6/float4: NaN becomes a zero of the opposite sign (ml_dtypes)
         out = np.where(nan, np.where(negative, 0.0, -0.0), out)
-    return out.astype(f.dtype)
+    if f.has_dtype:
+        return out.astype(f.dtype)
+    # A format without an ml_dtypes type: ``out`` holds representable values (or the
+    # specials), whose codes the record's table gives exactly.
+    codes = encode_values(out, f)
+    if not f.signed:  # every negative input but -0 and NaN has no code, as encode_values
+        codes = np.where(negative & (v != 0) & ~nan, f.nan_code if f.has_nan else 0, codes)
+    return codes.astype(np.uint8)
 
 
 def _integer(v, negative, f: formats.Format, saturate, rounding, r, n) -> np.ndarray:

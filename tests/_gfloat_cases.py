@@ -61,15 +61,17 @@ def gfloat_info(f: formats.Format) -> FormatInfo:
     )
 
 
-def f32_sample(f: formats.Format) -> np.ndarray:
+def f32_sample(f: formats.Format, values: np.ndarray | None = None) -> np.ndarray:
     """Every bf16 value, then f32 values chosen for ``f``: random bit patterns, each tie
     between neighbouring values and the f32 numbers either side of it, quarter points,
-    values past the largest, f32 subnormals and the specials."""
+    values past the largest, f32 subnormals and the specials. ``values``: the value of
+    every code (float64), where ml_dtypes has no type for ``f``."""
     every_bf16 = np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(np.float32)
     rng = np.random.default_rng(26)
     random_bits = rng.integers(0, 1 << 32, 4096, dtype=np.uint64).astype(np.uint32)
-    with np.errstate(invalid="ignore"):
-        values = np.arange(1 << f.bits, dtype=np.uint8).view(f.dtype).astype(np.float64)
+    if values is None:
+        with np.errstate(invalid="ignore"):
+            values = np.arange(1 << f.bits, dtype=np.uint8).view(f.dtype).astype(np.float64)
     v = np.unique(values[np.isfinite(values)])
     lo, hi = v[:-1], v[1:]
     ties = ((lo + hi) / 2).astype(np.float32)

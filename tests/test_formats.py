@@ -18,8 +18,9 @@ FLOATS_LP = [n for n in LOW_PRECISION if formats.get(n).is_float]
 INTS_LP = [n for n in LOW_PRECISION if not formats.get(n).is_float]
 
 
-def test_names_are_low_precision_then_wide() -> None:
-    assert formats.names() == LOW_PRECISION + WIDE
+def test_names_are_low_precision_then_p3109_then_wide() -> None:
+    assert formats.names()[: len(LOW_PRECISION) + 12] == LOW_PRECISION + formats.P3109_BINARY8
+    assert formats.names()[-len(WIDE) :] == WIDE
     assert len(set(formats.names())) == len(formats.names())
 
 

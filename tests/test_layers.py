@@ -21,7 +21,16 @@ PACKAGE = ROOT / "emulate"
 
 #: (layer, its modules in the order in which they may import each other).
 LAYERS: list[tuple[str, list[str]]] = [
-    ("records", ["emulate.formats", "emulate.codebooks", "emulate.tables", "emulate.mosaic"]),
+    (
+        "records",
+        [
+            "emulate.format_record",
+            "emulate.formats",
+            "emulate.codebooks",
+            "emulate.tables",
+            "emulate.mosaic",
+        ],
+    ),
     (
         "profiles, oracle, bounds",
         [
@@ -32,6 +41,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.compiler.compiling",
             "emulate.compiler.probing",
             "emulate.compiler",
+            "emulate.reference_codes",
             "emulate.reference_rounding",
             "emulate.reference",
             "emulate.bounds",

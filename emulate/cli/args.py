@@ -62,7 +62,8 @@ def low_precision(name: str, parser: argparse.ArgumentParser) -> formats.Format:
     if f is None or not f.is_low_precision:
         parser.error(
             f"unknown low-precision format {name!r} "
-            f"(choose from {', '.join(formats.LOW_PRECISION)}, or an alias such as e4m3)"
+            f"(choose from {', '.join(formats.LOW_PRECISION + formats.registered())}, "
+            "or an alias such as e4m3)"
         )
     return f
 

@@ -21,7 +21,8 @@ def add(sub: argparse._SubParsersAction) -> None:
             "Print one row per low-precision format: bits, sign, exponent and mantissa "
             "bits, bias, largest finite value, smallest normal and subnormal values, "
             "the codes that decode to NaN and to Inf, whether -0 exists, the wide types "
-            "that hold every value exactly, and the int8 scale k (value * 2**k is an int8)."
+            "that hold every value exactly, and the int8 scale k (value * 2**k is an int8). "
+            "The ml_dtypes formats, then the IEEE P3109 binary8 family."
         ),
     )
     p.add_argument(
@@ -92,11 +93,14 @@ def format_row(f: formats.Format) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     """Print the formats table; exit status 0."""
-    chosen = [low_precision(n, args.parser) for n in args.names or formats.LOW_PRECISION]
+    default = formats.LOW_PRECISION + formats.registered()
+    chosen = [low_precision(n, args.parser) for n in args.names or default]
     print(table([format_row(f) for f in chosen]))
     print(
-        "\nE/M: exponent/mantissa bits. -0: a negative-zero code exists. exact in: wide "
-        "types holding every value exactly.\nint8 k: value * 2**k is an int8 for every "
-        "finite value (the integer-scaled plan)."
+        "\nE/M: exponent/mantissa bits (M: the precision less one). -0: a negative-zero code "
+        "exists. exact in: wide types holding every value exactly.\nint8 k: value * 2**k is "
+        "an int8 for every finite value (the integer-scaled plan). p3109_k{bits}p{precision}"
+        "{s|u}{e|f}: IEEE P3109 (signed/unsigned,\nextended with +-Inf or finite); any "
+        "other P3109 name is built when named."
     )
     return 0

@@ -160,14 +160,20 @@ def decode_float_bits(codes: jax.Array, f: Format) -> jax.Array:
     mag_mask = (1 << (f.bits - 1)) - 1 if f.signed else f.code_mask
     mag = c & _u32(mag_mask)
     exp_field = mag >> m_bits
-    if f.has_subnormals:
+    if f.has_subnormals and f.bias <= 126:
         x_bits = (mag << (23 - m_bits)) + _u32((127 - f.bias) << 23)
         x = lax.bitcast_convert_type(x_bits, jnp.float32)
         sub = 2.0 * (x - jnp.float32(2.0**-f.bias))
         val = jnp.where(exp_field == 0, sub, x)
         bits = lax.bitcast_convert_type(val, jnp.uint32)
-    else:  # float8_e8m0fnu: exponent only, field 0 is 2**-127 (f32 bits 0x00400000)
-        bits = jnp.where(mag == 0, _u32(0x00400000), mag << 23)
+    else:
+        # Exponent-only formats (float8_e8m0fnu, p3109_k8p1ue): 2**(e - bias), built as
+        # bits, the float32 denormals (2**-127 is 0x00400000) included.
+        ev = mag.astype(jnp.int32) + (127 - f.bias)
+        low = jnp.maximum(ev + 22, 0).astype(jnp.uint32)
+        bits = jnp.where(ev >= 1, jnp.maximum(ev, 0).astype(jnp.uint32) << 23, _u32(1) << low)
+        if f.has_subnormals:  # exponent field 0 is zero
+            bits = jnp.where(mag == 0, _u32(0), bits)
     if f.signed:
         bits = bits | ((c >> (f.bits - 1)) << 31)
     is_nan, is_inf = _special(c, mag, exp_field, f)
@@ -179,18 +185,16 @@ def decode_float_bits(codes: jax.Array, f: Format) -> jax.Array:
 
 
 def _special(c, mag, exp_field, f: Format):
-    """Masks of NaN and Inf codes (None where the format has none)."""
-    all_ones_exp = (1 << f.exponent_bits) - 1
-    if f.has_inf:  # IEEE-like: exponent all ones, mantissa 0 is Inf, else NaN
-        top = exp_field == all_ones_exp
-        m = mag & _u32((1 << f.mantissa_bits) - 1)
-        return top & (m != 0), top & (m == 0)
-    if not f.has_nan:
-        return None, None
-    if not f.signed_zero and f.signed:  # fnuz: the would-be -0 code is the only NaN
-        return c == _u32(1 << (f.bits - 1)), None
-    # fn formats and e8m0: the all-ones magnitude is NaN
-    return mag == _u32((1 << (f.bits - 1)) - 1 if f.signed else f.code_mask), None
+    """Masks of NaN and Inf codes (None where the format has none): gfloat's layout, which
+    every format follows. Above the largest finite magnitude (``f.max_code``) come the Inf
+    magnitude, if any, then the high NaNs; the would-be -0 code may be a NaN too."""
+    is_inf = mag == _u32(f.max_code + 1) if f.has_inf else None
+    nan_from = f.max_code + (2 if f.has_inf else 1)
+    is_nan = mag >= _u32(nan_from) if nan_from <= f.magnitude_mask else None
+    neg_zero = 1 << (f.bits - 1)
+    if f.signed and neg_zero in f.nan_codes:
+        is_nan = c == _u32(neg_zero) if is_nan is None else is_nan | (c == _u32(neg_zero))
+    return is_nan, is_inf
 
 
 def encode(
@@ -330,11 +334,18 @@ def _encode_float(u: jax.Array, f: Format, saturate: bool, rnd: _Rounding) -> ja
     frac = mag & _u32(0x7FFFFF)
     e = jnp.where(e32 == 0, -126, e32 - 127)
     full = jnp.where(e32 == 0, frac, frac | _u32(0x800000))
+    if f.emin < -126:  # the format has values below 2**-126: normalise f32 denormals
+        lead = 31 - lax.clz(frac).astype(jnp.int32)
+        up_shift = jnp.clip(23 - lead, 0, 23).astype(jnp.uint32)
+        e = jnp.where(e32 == 0, lead - 149, e)
+        full = jnp.where(e32 == 0, frac << up_shift, full)
     m_bits = f.mantissa_bits
     shift = (23 - m_bits) + jnp.maximum(f.emin - e, 0)
-    q, up = increments(full, shift, sign == 1, *rnd)
-    q = q + up.astype(jnp.uint32)
     exp_part = (jnp.maximum(e, f.emin) + (f.bias - 1)).astype(jnp.uint32) << m_bits
+    # Ties go to the even code: the exponent field takes part in the parity, which
+    # matters for a format without trailing significand bits (P3109 p1).
+    q, up = increments(full, shift, sign == 1, *rnd, code_base=exp_part)
+    q = q + up.astype(jnp.uint32)
     code_mag = exp_part + q
     max_mag = _u32(f.max_code)
     to_max = overflow_to_max(sign == 1, rnd.mode) & (code_mag > max_mag) & ~is_inf & ~is_nan
@@ -343,14 +354,18 @@ def _encode_float(u: jax.Array, f: Format, saturate: bool, rnd: _Rounding) -> ja
     if saturate or not (f.has_inf or f.has_nan):
         over_code = max_mag
     elif f.has_inf:
-        over_code = _u32(((1 << f.exponent_bits) - 1) << m_bits)
+        over_code = _u32(f.max_code + 1)
     else:
         over_code = None  # becomes NaN below
-    sign_bit = _u32(1 << (f.bits - 1))
+    negative = None
+    if not f.signed:  # negative values (not -0) have no code: NaN, or 0 without one
+        negative = (sign == 1) & (mag != 0) & ~is_nan
+        sign = jnp.zeros_like(sign)
+    sign_bit = _u32(1 << (f.bits - 1)) if f.signed else _u32(0)
     signed = jnp.where(sign == 1, sign_bit, _u32(0))
     if not f.signed_zero:
         signed = jnp.where(code_mag == 0, _u32(0), signed)
-    nan_code = _nan_code(f)
+    nan_code = f.nan_code
     if over_code is None:
         code = jnp.where(overflow, nan_code | sign_bit * sign, code_mag | signed)
         if not f.signed_zero:  # fnuz: one NaN code, no sign
@@ -364,16 +379,9 @@ def _encode_float(u: jax.Array, f: Format, saturate: bool, rnd: _Rounding) -> ja
         code = jnp.where(is_nan, nan, code)
     else:  # ml_dtypes: NaN -> zero of the opposite sign
         code = jnp.where(is_nan, (sign ^ _u32(1)) * sign_bit, code)
+    if negative is not None:
+        code = jnp.where(negative, _u32(nan_code if f.has_nan else 0), code)
     return code
-
-
-def _nan_code(f: Format) -> int:
-    """The (positive) NaN code ml_dtypes produces: quiet NaN, all-ones fn magnitude, fnuz 0x80."""
-    if f.has_inf:
-        return (((1 << f.exponent_bits) - 1) << f.mantissa_bits) | (1 << (f.mantissa_bits - 1))
-    if not f.signed_zero:
-        return 1 << (f.bits - 1)
-    return (1 << (f.bits - 1)) - 1
 
 
 def _encode_e8m0(u: jax.Array, saturate: bool, rnd: _Rounding) -> jax.Array:

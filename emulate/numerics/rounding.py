@@ -119,6 +119,8 @@ def increments(
     rounding: str,
     r: jax.Array | None = None,
     random_bits: int = 0,
+    *,
+    code_base: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Round ``full * 2**-shift`` to an integer by ``rounding``.
 
@@ -129,6 +131,9 @@ def increments(
       rounding: one of :data:`ROUNDINGS`.
       r, random_bits: the elements' random integers (:func:`random_integers`) and their
         width, for ``"stochastic"``.
+      code_base: uint32, the code bits above the magnitude (a float format's exponent
+        field), added to ``q`` for the parity a tie to even looks at: for a format with
+        no trailing significand bits (P3109 ``p1``) the exponent decides it. None: 0.
 
     Returns:
       ``(q, up)``: the truncated magnitude ``full >> shift`` (uint32) and whether to add
@@ -143,7 +148,8 @@ def increments(
         half = one << (jnp.maximum(s, one) - one)
         if rounding == "nearest_away":
             return q, rem >= half
-        return q, (rem > half) | ((rem == half) & ((q & one) == one))
+        code = q if code_base is None else q + code_base
+        return q, (rem > half) | ((rem == half) & ((code & one) == one))
     inexact = rem != 0
     if rounding == "toward_zero":
         return q, jnp.zeros_like(inexact)

@@ -5,8 +5,10 @@ type (older TPUs cannot convert those, and XLA on the CPU cannot hold float6 arr
 code is the format's bit pattern in the low ``bits`` bits of a ``uint8`` (``uint16`` /
 ``uint32`` for the wide types). :func:`to_codes` and :func:`from_codes` convert.
 
-**Packed arrays.** :class:`Packed` holds codes of any format narrower than a byte (2, 3,
-4, 5 or 6 bits) densely. Layout along the packed axis (a little-endian bit stream):
+**Packed arrays.** :class:`Packed` holds codes of any format narrower than a byte (2 to 7
+bits) densely, and the codes of an 8-bit format without a numpy dtype (the P3109 formats,
+yours: :func:`emulate.formats.register`) one a byte, so that the array names its format.
+Layout along the packed axis (a little-endian bit stream):
 element ``i`` occupies bits ``[bits*i, bits*(i+1))`` of the stream, byte ``j`` holds
 stream bits ``[8j, 8j+8)`` with the least significant bit first. So for 4-bit formats
 element ``2j`` is the LOW nibble of byte ``j`` and element ``2j+1`` the HIGH nibble; for
@@ -182,8 +184,9 @@ class Packed:
         if not f.packable:
             raise ValueError(
                 f"format_name: {f.name} is {f.bits}-bit; a Packed array holds a format "
-                "narrower than a byte (2 to 6 bits: int4, uint4, float4_e2m1fn, float6_*, "
-                "int2 ... uint6)"
+                "narrower than a byte (2 to 7 bits: int4, uint4, float4_e2m1fn, float6_*, "
+                "int2 ... uint6, formats you register) or an 8-bit format without a dtype "
+                "(p3109_*, yours)"
             )
         for name in ("axis", "length"):
             v = getattr(self, name)
@@ -277,7 +280,8 @@ def pack(x: jax.Array | np.ndarray, fmt: FormatLike | None = None, *, axis: int 
     Args:
       x: an array of int4, uint4, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn, int2 or
         uint2 (jax or numpy), or uint8 codes with ``fmt`` (any of those, or int3, uint3,
-        int5, uint5, int6, uint6).
+        int5, uint5, int6, uint6, or a registered format without a dtype, 8-bit ones
+        included: a p3109_* format, yours).
       fmt: the format of raw codes.
       axis: the axis to pack along; any length (odd lengths leave zero padding bits).
 
@@ -294,7 +298,8 @@ def pack(x: jax.Array | np.ndarray, fmt: FormatLike | None = None, *, axis: int 
     if not f.packable:
         raise ValueError(
             f"x: {f.name} is {f.bits}-bit, stored one a byte already; pack accepts formats "
-            "of 2 to 6 bits (int4, uint4, float4_e2m1fn, float6_*, int2 ... uint6)"
+            "of 2 to 7 bits (int4, uint4, float4_e2m1fn, float6_*, int2 ... uint6, formats "
+            "you register) and 8-bit formats without a dtype (p3109_*, yours)"
         )
     ndim = codes.ndim
     if ndim == 0 or not -ndim <= axis < ndim:

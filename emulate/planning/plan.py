@@ -191,7 +191,7 @@ def _numerics(p: Plan) -> list[str]:
         return [f"  numerics: exact; the int32 sum wraps into {p.out} as XLA's integer dots do"]
     if p.exact:
         return ["  numerics: exact; the result is the exact sum rounded once"]
-    if p.lhs not in _PLANNED:
+    if not _planned(p.lhs):
         return [
             f"  numerics: XLA's own {p.lhs} dot, as lax.dot_general runs it (the sum "
             "wraps in int32)"
@@ -323,8 +323,20 @@ def plan(
 
 _PLATFORMS = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}
 
-#: The operand types emulate plans for: the low-precision formats and the wide floats.
+#: The operand types emulate plans for: the low-precision formats and the wide floats
+#: (and the registered formats without a dtype: :func:`_planned`).
 _PLANNED = formats.LOW_PRECISION + formats.WIDE_FLOATS
+
+
+def _planned(name: str) -> bool:
+    """Whether emulate plans for operands of this type: ``_PLANNED``, or a format registered
+    from parameters (P3109, yours)."""
+    if name in _PLANNED:
+        return True
+    try:
+        return not formats.get(name).has_dtype
+    except (TypeError, ValueError):
+        return False
 
 
 def _type_name(x: FormatLike | Any) -> str:
@@ -353,10 +365,10 @@ def runs_as_is(
       target: a target name or Target; default the current one.
     """
     a, b = _type_name(lhs), _type_name(rhs)
-    low = formats.LOW_PRECISION
-    if a not in low and b not in low:
+    low = [n for n in (a, b) if n in formats.LOW_PRECISION or _planned(n) and n not in _PLANNED]
+    if not low:
         return True
-    if a not in _PLANNED or b not in _PLANNED:
+    if not (_planned(a) and _planned(b)):
         return True
     return targets.current_target(target).supports(a, b)
 
@@ -450,7 +462,7 @@ def _native(t, a: Format, b: Format, exact: bool, ints: bool, chunk: int | None)
         why = "mixed pair; decoded to one type instead"
     elif exact and not ints:
         why = f"{a.name} takes the exact integer route"
-    elif a.name not in _PLANNED:
+    elif not _planned(a.name):
         why = "ok"  # int32 with itself: XLA's own integer dot, on every target
     elif not t.supports(a.name, b.name):
         why = f"{t.name} has no {a.name} x {b.name} unit"

@@ -210,6 +210,11 @@ def compare(
     got = np.asarray(result)
     (a, ablock), (b, bblock) = oracle_values(lhs, "lhs"), oracle_values(rhs, "rhs")
     lf, rf = _formats.get(a.dtype), _formats.get(b.dtype)
+    undecoded = [_undecoded(x, f) for x, f in ((lhs, lf), (rhs, rf))]
+    if undecoded != [lf, rf]:  # a format without a dtype, handed over as float32 values
+        lf, rf = undecoded
+        if preferred_element_type is None:  # lax's result type of the true formats
+            preferred_element_type = _formats.dot_result(lf, rf).name
     quant = ablock is not None or bblock is not None
     if bound is not None:
         contract, bound_name = "bounded", "the bound given"
@@ -226,7 +231,7 @@ def compare(
         bound_name += f" with {extra_roundings} extra roundings"
     want = reference.dot_general(a, b, dimension_numbers, preferred_element_type)
     out = _formats.get(want.dtype)
-    names = [_operand_name(x, f) for x, f in ((lhs, lf), (rhs, rf))]
+    names = [_operand_name(x, f) for x, f in ((lhs, lf), (rhs, rf))]  # true formats
     base: dict[str, Any] = dict(
         lhs=names[0],
         rhs=names[1],
@@ -328,6 +333,14 @@ def assert_matches_reference(
     )
     if not c.ok:
         raise AssertionError(c.report())
+
+
+def _undecoded(x: Any, f: Format) -> Format:
+    """The format of operand ``x`` before :func:`oracle_values` decoded it: a Packed array
+    of a format without a dtype is handed to the oracle as float32 values (``f``)."""
+    if isinstance(x, Packed) and not x.format.has_dtype:
+        return x.format
+    return f
 
 
 def _operand_name(x: Any, f: Format) -> str:

@@ -16,6 +16,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from emulate import formats as _formats
+from emulate import reference
 from emulate.formats import FormatLike
 from emulate.planning.exactness import F32_EXACT, I32_EXACT, exact_scale, max_quanta
 from emulate.planning.plan import plan as _make_plan
@@ -30,8 +31,8 @@ _MATMUL = (((1,), (0,)), ((), ()))
 
 def _odd_quanta(fmt: FormatLike, scale: int) -> int:
     f = _formats.get(fmt)
-    c = np.array(odd_extreme_codes(f)[:1], np.uint8).view(f.dtype)
-    return int(abs(float(c.astype(np.float64)[0])) * 2**scale)
+    c = np.array(odd_extreme_codes(f)[:1], np.uint8)
+    return int(abs(float(reference.decode(c, f, to=np.float64)[0])) * 2**scale)
 
 
 def exactness_thresholds(

@@ -196,6 +196,7 @@ def qarrays(
     @st.composite
     def draw(d: st.DrawFn) -> QArray:
         codes = d(arrays(f, tuple(shape), elements=elements, fill=fill), label="codes")
+        codes = _codes_of(codes)  # a format without a dtype: re-packed as asked below
         svals = d(_draw_scales(sf, nblocks, scales), label="scales")
         ts = None
         if spec.tensor_scale:
@@ -216,6 +217,12 @@ def qarrays(
         )
 
     return draw()
+
+
+def _codes_of(x: np.ndarray | Packed) -> np.ndarray:
+    """An array of a format's dtype as it is; a Packed one (a format without a dtype) as its
+    uint8 codes."""
+    return np.asarray(unpack_codes(x)) if isinstance(x, Packed) else x
 
 
 def _draw_scales(sf: _formats.Format, nblocks: tuple[int, ...], elements: str):
@@ -246,7 +253,7 @@ class OperandSpec:
             return qarrays(self.quant, shape, elements=elements, scales=self.scales, fill=fill)
         plain_st = arrays(self.format, shape, elements=elements, fill=fill)
         if self.kind == "packed":
-            return plain_st.map(lambda x: pack(x, self.format, axis=self.axis))
+            return plain_st.map(lambda x: pack(_codes_of(x), self.format, axis=self.axis))
         return plain_st
 
     def describe(self) -> str:
@@ -311,7 +318,8 @@ def oracle_values(x: Any, arg: str = "operand") -> tuple[np.ndarray, tuple[int, 
     A :class:`emulate.QArray`: its values by :func:`emulate.reference.dequantize` (float32,
     each code times its scale rounded once, NaN blocks where a scale is NaN), and its
     block shape. A :class:`emulate.Packed` array: its codes unpacked, as an array of the
-    format (uint8 codes viewed as float6). Anything else: ``np.asarray(x)``, block None.
+    format (uint8 codes viewed as float6), or its values in float32 for a format without a
+    dtype (P3109, yours), which float32 holds exactly. Anything else: ``np.asarray(x)``, block None.
     """
     if isinstance(x, QArray):
         f = x.format
@@ -320,12 +328,19 @@ def oracle_values(x: Any, arg: str = "operand") -> tuple[np.ndarray, tuple[int, 
             codes = codes.view(f.dtype)
         ts = None if x.tensor_scale is None else float(np.asarray(x.tensor_scale))
         values = reference.dequantize(
-            codes, np.asarray(x.scales), x.block_shape, ts, x.element_exponent
+            codes,
+            np.asarray(x.scales),
+            x.block_shape,
+            ts,
+            x.element_exponent,
+            fmt=None if f.has_dtype else f,
         )
         return values, tuple(x.block_shape)
     if isinstance(x, Packed):
         f = x.format
         codes = np.asarray(unpack_codes(x))
+        if not f.has_dtype:  # float32 holds every value of such an operand exactly
+            return reference.decode(codes, f, to=np.float32), None
         return (codes.view(f.dtype) if codes.dtype != f.dtype else codes), None
     try:
         return np.asarray(x), None

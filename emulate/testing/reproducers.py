@@ -115,6 +115,24 @@ def reproducer(problem: DotProblem, *, target: str | _targets.Target, mode: str)
     t = _targets.get(target).name
     lhs, rhs, dn, pet = problem
     pet_s = repr(None if pet is None else _formats.get(pet).name)
+    sources, values = [], []
+    for name, x in (("lhs", lhs), ("rhs", rhs)):
+        if isinstance(x, Packed):  # a format without a dtype: its codes, packed
+            sources += [register_source(x.format), packed_source(name, x)]
+            sources.append(
+                f"{name}_values = reference.decode({name}_codes, {x.format_name!r}, "
+                "to=np.float32)  # exact"
+            )
+            values.append(f"{name}_values")
+        else:
+            sources.append(array_source(name, x))
+            values.append(name)
+    want = f"reference.dot_general({values[0]}, {values[1]}, "
+    if pet is None and values != ["lhs", "rhs"]:  # lax's result type of the true formats
+        fl, fr = (x.format if isinstance(x, Packed) else _formats.get(x.dtype) for x in (lhs, rhs))
+        want_pet = repr(_formats.dot_result(fl, fr).name)
+    else:
+        want_pet = pet_s
     return "\n".join(
         [
             "import ml_dtypes",
@@ -123,20 +141,43 @@ def reproducer(problem: DotProblem, *, target: str | _targets.Target, mode: str)
             "import emulate",
             "from emulate import reference, testing",
             "",
-            array_source("lhs", lhs),
-            array_source("rhs", rhs),
+            *[src for src in sources if src],
             f"dimension_numbers = {dn!r}",
             "got = emulate.dot_general(",
             f"    lhs, rhs, dimension_numbers, preferred_element_type={pet_s}, "
             f"target={t!r}, mode={mode!r}",
             ")",
-            f"want = reference.dot_general(lhs, rhs, dimension_numbers, "
-            f"preferred_element_type={pet_s})",
+            f"want = {want}dimension_numbers, preferred_element_type={want_pet})",
             'print("got: ", repr(np.asarray(got)))',
             'print("want:", repr(want))',
             "testing.assert_matches_reference(",
             f"    got, lhs, rhs, dimension_numbers, mode={mode!r}, preferred_element_type={pet_s}",
             ")",
+        ]
+    )
+
+
+def register_source(f: Format) -> str:
+    """Python source that registers ``f`` (a format built with
+    :func:`emulate.formats.float_format`) as the script's process needs it; empty for the
+    formats emulate has built in (the ml_dtypes ones, the P3109 family)."""
+    if f.has_dtype or f.name.startswith("p3109_"):
+        return ""
+    negative_zero = f.signed_zero or not f.signed
+    return (
+        f"emulate.formats.register(emulate.formats.float_format({f.name!r}, bits={f.bits}, "
+        f"precision={f.mantissa_bits + 1}, bias={f.bias}, signed={f.signed}, "
+        f"infinities={f.has_inf}, high_nans={f.high_nans}, negative_zero={negative_zero}))"
+    )
+
+
+def packed_source(name: str, x: Packed) -> str:
+    """Python source that rebuilds the Packed array ``x`` from its uint8 codes."""
+    codes = np.asarray(unpack_codes(x))
+    return "\n".join(
+        [
+            array_source(f"{name}_codes", codes),
+            f"{name} = emulate.pack({name}_codes, {x.format_name!r}, axis={x.axis})",
         ]
     )
 

@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 from emulate import formats as _formats
 from emulate.formats import Format, FormatLike
+from emulate.numerics.storage import Packed, pack
+from emulate.reference_codes import decode_codes, encode_values
 
 __all__ = [
     "DEFAULT_LAYOUTS",
@@ -66,6 +68,20 @@ def _all_codes(f: Format) -> np.ndarray:
     return np.arange(1 << f.bits, dtype=np.uint64)
 
 
+def _values(codes: list[int] | np.ndarray, f: Format) -> np.ndarray:
+    """float64 values of codes of a low-precision format (ml_dtypes or the record's oracle)."""
+    c = np.asarray(codes, np.uint8)
+    return c.view(f.dtype).astype(np.float64) if f.has_dtype else decode_codes(c, f)
+
+
+def _codes(values: np.ndarray, f: Format) -> np.ndarray:
+    """uint8 codes of float64 values (each held by the format), as its cast gives them."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        if not f.has_dtype:
+            return encode_values(values, f)
+        return values.astype(f.dtype).view(np.uint8) & np.uint8(f.code_mask)
+
+
 def finite_codes(fmt: FormatLike) -> list[int]:
     """Every code of the low-precision format ``fmt`` whose value is finite."""
     f = _formats.get(fmt)
@@ -86,9 +102,7 @@ def special_codes(fmt: FormatLike, *, finite: bool = False) -> list[int]:
         + [1.0, -1.0],
         np.float64,
     )
-    with np.errstate(invalid="ignore", over="ignore"):
-        enc = values.astype(f.dtype).view(np.uint8)
-    out = sorted({int(c) & f.code_mask for c in enc})
+    out = sorted({int(c) for c in _codes(values, f)})
     if not finite:
         out += list(f.nan_codes) + list(f.inf_codes)
     keep = set(finite_codes(f)) if finite else set(range(1 << f.bits))
@@ -109,8 +123,7 @@ def codes(fmt: FormatLike, *, elements: str = "all") -> st.SearchStrategy[int]:
     _check_elements(elements)
     pool = list(range(1 << f.bits)) if elements == "all" else finite_codes(f)
     if elements == "normal" and f.is_float:
-        vals = np.array(pool, np.uint8).view(f.dtype).astype(np.float64)
-        pool = [c for c, v in zip(pool, vals) if abs(v) >= f.min_normal]
+        pool = [c for c, v in zip(pool, _values(pool, f)) if abs(v) >= f.min_normal]
     specials = [c for c in special_codes(f, finite=elements != "all") if c in set(pool)]
     return st.one_of(st.sampled_from(specials or pool), st.sampled_from(pool))
 
@@ -119,7 +132,7 @@ def _extreme_codes(f: Format) -> list[int]:
     """Codes of the largest-magnitude finite values (``max`` and, if as large, ``min``)."""
     big = max(abs(f.max), abs(f.min))
     values = np.array([v for v in (f.max, f.min) if abs(v) == big], np.float64)
-    return sorted({int(c) & f.code_mask for c in values.astype(f.dtype).view(np.uint8)})
+    return sorted({int(c) for c in _codes(values, f)})
 
 
 def _wide_values(f: Format, elements: str) -> st.SearchStrategy[float]:
@@ -144,8 +157,10 @@ def arrays(
     *,
     elements: str = "all",
     fill: str | None = None,
-) -> st.SearchStrategy[np.ndarray]:
-    """A numpy array of ``fmt``'s dtype (ml_dtypes), ``shape`` an int tuple or a strategy.
+) -> st.SearchStrategy[np.ndarray | Packed]:
+    """A numpy array of ``fmt``'s dtype (ml_dtypes), ``shape`` an int tuple or a strategy;
+    for a format without a dtype (P3109, yours: :func:`emulate.formats.register`) a
+    :class:`emulate.Packed` array packed along its last axis (shapes need one).
 
     Args:
       fmt: a low-precision format, or a wide float type (bfloat16, float16, float32),
@@ -194,6 +209,8 @@ def arrays(
         raw = st.one_of(bare, raw)
     if wide:
         return raw.map(lambda a: a.astype(f.dtype))
+    if not f.has_dtype:  # no array type names the format: a Packed array does
+        return raw.map(lambda a: pack(a, f, axis=-1))
     return raw.map(lambda a: a.view(f.dtype))
 
 
@@ -212,9 +229,12 @@ def _background(f: Format, fill: object) -> st.SearchStrategy | None:
         return st.sampled_from(odd_extreme_codes(f))
     if isinstance(fill, (int, float, np.integer, np.floating)) and not isinstance(fill, bool):
         v = float(fill)
-        with np.errstate(invalid="ignore", over="ignore"):
-            held = np.asarray([v]).astype(f.dtype)
-        back = float(held.astype(np.float64)[0])
+        if wide:
+            with np.errstate(invalid="ignore", over="ignore"):
+                back = float(np.asarray([v]).astype(f.dtype).astype(np.float64)[0])
+        else:
+            code = int(_codes(np.asarray([v]), f)[0])
+            back = float(_values([code], f)[0])
         if not (back == v or (math.isnan(v) and math.isnan(back))):
             raise ValueError(
                 f"fill: {fill!r} is not a value of {f.name} (it would be stored as {back!r}); "
@@ -222,7 +242,7 @@ def _background(f: Format, fill: object) -> st.SearchStrategy | None:
             )
         if wide:
             return st.just(v)
-        return st.just(int(held.view(np.uint8)[0]) & f.code_mask)
+        return st.just(code)
     raise ValueError(
         f"fill: expected None, 'extreme', 'odd_extreme' or a value of {f.name}, got {fill!r}"
     )
@@ -237,13 +257,22 @@ def odd_extreme_codes(fmt: FormatLike) -> list[int]:
     """
     f = _formats.get(fmt)
     finite = np.array([c for c in finite_codes(f) if c & 1], np.uint8)
-    values = np.abs(finite.view(f.dtype).astype(np.float64))
+    values = np.abs(_values(finite, f))
     return sorted(int(c) for c in finite[values == values.max()])
 
 
-def formats(*, include_scale: bool = False) -> st.SearchStrategy[Format]:
-    """A low-precision :class:`emulate.Format` (float8_e8m0fnu only with ``include_scale``)."""
+def formats(
+    *, include_scale: bool = False, include_registered: bool = False
+) -> st.SearchStrategy[Format]:
+    """A low-precision :class:`emulate.Format` (float8_e8m0fnu only with ``include_scale``;
+    the P3109 formats and yours, :func:`emulate.formats.registered`, with
+    ``include_registered``, the scale-only p3109_k8p1ue again only with ``include_scale``)."""
     names = _formats.LOW_PRECISION if include_scale else _formats.LOW_PRECISION_OPERANDS
+    if include_registered:
+        more = [
+            n for n in _formats.registered() if include_scale or not _formats.get(n).is_scale_only
+        ]
+        names = names + tuple(more)
     return st.sampled_from([_formats.get(n) for n in names])
 
 
@@ -271,8 +300,8 @@ class DotProblem(NamedTuple):
     ``preferred_element_type`` is a format name (``"float32"``) or None.
     """
 
-    lhs: np.ndarray
-    rhs: np.ndarray
+    lhs: np.ndarray | Packed
+    rhs: np.ndarray | Packed
     dimension_numbers: DimensionNumbers
     preferred_element_type: str | None
 

@@ -21,6 +21,19 @@ HAND_KNOWN_MAX = {
     "float6_e3m2fn": "28",
     "float4_e2m1fn": "6",
     "float8_e8m0fnu": "2^127",
+    # P3109 (gfloat 0.5's layout): largest finite magnitude code, worked by hand.
+    "p3109_k8p1se": "2^62",  # 0x7e: 2**(126 - 64)
+    "p3109_k8p1ue": "2^125",  # 0xfd: 2**(253 - 128)
+    "p3109_k8p3se": "49152",  # 0x7e: 2**(31 - 16) * 1.5
+    "p3109_k8p3sf": "57344",  # 0x7f: 2**15 * 1.75
+    "p3109_k8p3ue": "2684354560.0",  # 0xfd: 2**(63 - 32) * 1.25
+    "p3109_k8p3uf": "3221225472.0",  # 0xfe: 2**31 * 1.5
+    "p3109_k8p4se": "224",  # 0x7e: 2**(15 - 8) * 1.75
+    "p3109_k8p4sf": "240",  # 0x7f: 2**7 * 1.875
+    "p3109_k8p4ue": "53248",  # 0xfd: 2**(31 - 16) * 1.625
+    "p3109_k8p4uf": "57344",  # 0xfe: 2**15 * 1.75
+    "p3109_k8p7sf": "1.984375",  # 0x7f: 2**(1 - 1) * (1 + 63/64)
+    "p3109_k8p8uf": "1.984375",  # 0xfe: 2**(1 - 1) * (1 + 126/128)
 }
 
 
@@ -48,8 +61,10 @@ def _rows(out: str) -> dict[str, dict[str, str]]:
 def test_formats_table_has_one_row_per_format_with_max(capsys: pytest.CaptureFixture) -> None:
     assert cli.main(["formats"]) == 0
     rows = _rows(capsys.readouterr().out)
-    assert list(rows) == list(formats.LOW_PRECISION)
-    assert {n: r["max"] for n, r in rows.items()} == HAND_KNOWN_MAX
+    # Then the formats registered in this process (other tests register some).
+    assert list(rows) == list(formats.LOW_PRECISION + formats.registered())
+    assert list(rows)[: len(HAND_KNOWN_MAX)] == list(HAND_KNOWN_MAX)
+    assert {n: rows[n]["max"] for n in HAND_KNOWN_MAX} == HAND_KNOWN_MAX
 
 
 def test_formats_table_cells(capsys: pytest.CaptureFixture) -> None:
@@ -69,6 +84,28 @@ def test_formats_table_cells(capsys: pytest.CaptureFixture) -> None:
     assert rows["float6_e2m3fn"]["int8 k"] == "3"
     assert rows["int4"]["int8 k"] == "0"
     assert rows["float6_e3m2fn"]["int8 k"] == "-"
+    se = rows["p3109_k8p3se"]
+    assert (se["E"], se["M"], se["bias"], se["-0"]) == ("5", "2", "16", "no")
+    assert se["NaN codes"] == "0x80" and se["Inf codes"] == "0x7f,0xff"
+    ue = rows["p3109_k8p4ue"]
+    assert (ue["signed"], ue["NaN codes"], ue["Inf codes"]) == ("no", "0xff", "0xfe")
+    assert rows["p3109_k8p3sf"]["Inf codes"] == "-"
+    assert rows["p3109_k8p7sf"]["int8 k"] == "6"  # multiples of 2**-6 up to 127/64
+    assert rows["p3109_k8p1ue"]["exact in"] == "-"  # 2**-127 is a float32 denormal
+
+
+def test_formats_builds_any_p3109_name_and_refuses_others(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    assert cli.main(["formats", "p3109_k6p3se"]) == 0
+    row = _rows(capsys.readouterr().out)["p3109_k6p3se"]
+    # 6 bits, precision 3, bias 2**(6-3-1) = 4: 0x1e is 2**(7 - 4) * 1.5.
+    assert (row["bits"], row["bias"], row["max"], row["NaN codes"]) == ("6", "4", "12", "0x20")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["formats", "p3109_k8p9se"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("emulate formats: error: unknown low-precision format 'p3109_k8p9se'")
 
 
 def test_formats_selected_by_alias(capsys: pytest.CaptureFixture) -> None:

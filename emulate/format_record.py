@@ -1,0 +1,418 @@
+"""The format record, and float formats built from their parameters (the P3109 family, yours).
+
+:class:`Format` is one element type: its bit layout, range, special codes and exact
+embeddings. :mod:`emulate.formats` builds the records of the ml_dtypes types and keeps the
+registry; this module holds the record itself and :func:`float_format`, which builds the
+record of any narrow float format from the parameters gfloat's ``FormatInfo`` takes (width,
+precision, bias, signedness, infinities, NaN codes, negative zero, subnormals), and
+:func:`p3109`, the IEEE P3109 formats (``p3109_k8p3se`` ...) as gfloat 0.5 defines them.
+
+Such a format has no numpy dtype: its values travel as ``uint8`` codes (or
+:class:`emulate.Packed` below 8 bits), as float6 codes do, and its oracle is the numpy
+decoder of :mod:`emulate.reference_codes`, built from the record. Nothing here needs JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+__all__ = [
+    "DTYPES",
+    "F32_MIN_NORMAL",
+    "Format",
+    "P3109_BINARY8",
+    "WIDE",
+    "float_format",
+    "p3109",
+    "unsigned_dtype",
+]
+
+#: The smallest normal float32, ``2**-126``: backends that flush denormals read any
+#: smaller magnitude as zero.
+F32_MIN_NORMAL = 2.0**-126
+
+#: Types a matrix unit takes as they are; registered so every operand has a record.
+WIDE: tuple[str, ...] = ("bfloat16", "float16", "float32", "int32")
+
+#: The numpy / ml_dtypes dtype of every format that has one (a format built with
+#: :func:`float_format` has none: its codes travel as uint8).
+DTYPES: dict[str, Any] = {
+    "int4": ml_dtypes.int4,
+    "uint4": ml_dtypes.uint4,
+    "int8": np.int8,
+    "uint8": np.uint8,
+    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+    "float8_e5m2": ml_dtypes.float8_e5m2,
+    "float8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
+    "float8_e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
+    "float8_e4m3b11fnuz": ml_dtypes.float8_e4m3b11fnuz,
+    "float8_e3m4": ml_dtypes.float8_e3m4,
+    "float6_e2m3fn": ml_dtypes.float6_e2m3fn,
+    "float6_e3m2fn": ml_dtypes.float6_e3m2fn,
+    "float4_e2m1fn": ml_dtypes.float4_e2m1fn,
+    "float8_e8m0fnu": ml_dtypes.float8_e8m0fnu,
+    "bfloat16": ml_dtypes.bfloat16,
+    "float16": np.float16,
+    "float32": np.float32,
+    "int32": np.int32,
+    "int2": ml_dtypes.int2,
+    "uint2": ml_dtypes.uint2,
+    # No numpy type holds 3-, 5- or 6-bit integers: their values fit int8 / uint8, and
+    # their codes travel as uint8 (or Packed), as float6 codes do.
+    "int3": np.int8,
+    "uint3": np.uint8,
+    "int5": np.int8,
+    "uint5": np.uint8,
+    "int6": np.int8,
+    "uint6": np.uint8,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """One element type.
+
+    Attributes:
+      name: canonical name, the ml_dtypes / numpy spelling (``"float8_e4m3fn"``), gfloat's
+        for the P3109 formats (``"p3109_k8p3se"``), yours for a format you register.
+      bits: storage width in bits (2 to 8, 16 or 32).
+      is_float: True for floating-point formats (including the scale type e8m0).
+      signed: whether the format has a sign (bit ``bits - 1`` for floats, two's
+        complement for integers).
+      exponent_bits, mantissa_bits: field widths (0 and ``bits`` for integers);
+        ``mantissa_bits`` is the precision minus one (the trailing significand bits).
+      bias: exponent bias; a normal code with exponent field ``e`` and mantissa field
+        ``m`` has the value ``2**(e - bias) * (1 + m / 2**mantissa_bits)``. 0 for integers.
+      max: largest finite value. min: smallest finite value (``-max`` for signed floats,
+        0 for unsigned integers and unsigned floats with a zero, 2**-127 for
+        float8_e8m0fnu, which has no zero).
+      min_normal: smallest positive normal value (1 for integers).
+      min_subnormal: smallest positive value, the format's quantum (1 for integers).
+      has_subnormals: False only for float8_e8m0fnu, whose exponent field 0 is
+        the normal value 2**-127.
+      has_inf: whether some code decodes to infinity.
+      nan_codes, inf_codes: the codes (as unsigned ints of ``bits`` bits) that decode
+        to NaN and to +-Inf. float32's 2**24 NaN codes are not listed (``has_nan`` is
+        still True).
+      signed_zero: whether a negative zero code exists (False for the ``fnuz`` and the
+        P3109 formats, whose would-be -0 code is their NaN, and for unsigned formats).
+      exact_in: names of the wider types that hold every finite value exactly (as normal
+        numbers, for the formats built with :func:`float_format`).
+      int8_scale: ``k`` such that ``value * 2**k`` is an int8 for every finite value,
+        or None: the integer-scaled plan (int4 k=0, e2m1 k=1, e2m3 k=3).
+      xla_storable: whether XLA can hold arrays of this dtype (float6 and the formats
+        without a dtype cannot: carry those as uint8 codes or :class:`emulate.Packed`).
+    """
+
+    name: str
+    bits: int
+    is_float: bool
+    signed: bool
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+    max: float
+    min: float
+    min_normal: float
+    min_subnormal: float
+    has_subnormals: bool
+    has_inf: bool
+    nan_codes: tuple[int, ...]
+    inf_codes: tuple[int, ...]
+    signed_zero: bool
+    exact_in: tuple[str, ...]
+    int8_scale: int | None
+    xla_storable: bool
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The numpy / ml_dtypes dtype of this format; ``uint8`` (its codes) for a format
+        that has none (:attr:`has_dtype` False)."""
+        return np.dtype(DTYPES.get(self.name, np.uint8))
+
+    @property
+    def has_dtype(self) -> bool:
+        """Whether numpy / ml_dtypes has a type for it (ml_dtypes is then its oracle)."""
+        return self.name in DTYPES
+
+    @property
+    def is_integer(self) -> bool:
+        return not self.is_float
+
+    @property
+    def is_low_precision(self) -> bool:
+        """A format emulate decodes: every one but the wide types."""
+        return self.name not in WIDE
+
+    @property
+    def is_scale_only(self) -> bool:
+        """A float format with values below 2**-126 (float32 denormals, which XLA's CPU and
+        TPU backends flush): it scales other values and is never a matmul operand
+        (float8_e8m0fnu, p3109_k8p1ue)."""
+        return self.is_float and self.bits <= 8 and self.min_subnormal < F32_MIN_NORMAL
+
+    @property
+    def code_mask(self) -> int:
+        return (1 << self.bits) - 1
+
+    @property
+    def magnitude_mask(self) -> int:
+        """The code bits below the sign bit (all of them for unsigned formats)."""
+        return (1 << (self.bits - 1)) - 1 if self.signed else self.code_mask
+
+    @property
+    def has_nan(self) -> bool:
+        return bool(self.nan_codes) or self.bits == 32 and self.is_float
+
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal value (``min_normal == 2**emin``)."""
+        return (0 if self.has_subnormals else -1) + 1 - self.bias
+
+    @property
+    def high_nans(self) -> int:
+        """How many NaN codes sit at the top of the positive codes (gfloat's
+        ``num_high_nans``): 3 for e5m2, 1 for e4m3fn and the unsigned P3109 formats, 0 for
+        the fnuz and signed P3109 formats, whose NaN is the would-be -0 code."""
+        return sum(1 for c in self.nan_codes if c <= self.magnitude_mask)
+
+    @property
+    def max_code(self) -> int:
+        """Largest code (sign bit clear) whose value is finite: the code of ``max``."""
+        if self.is_integer:
+            return int(self.max)
+        return self.magnitude_mask - self.high_nans - (1 if self.has_inf else 0)
+
+    @property
+    def nan_code(self) -> int:
+        """The NaN code encoders write (positive where NaN has a sign): the would-be -0 code
+        where that is the NaN (fnuz, P3109), the quiet NaN of an IEEE-like format with
+        several NaN codes (e5m2: 0x7e), else the all-ones magnitude (e4m3fn 0x7f, e8m0
+        0xff). Meaningless where ``has_nan`` is False."""
+        neg_zero = 1 << (self.bits - 1)
+        if self.signed and neg_zero in self.nan_codes:
+            return neg_zero
+        if self.has_inf and self.high_nans > 1:
+            return self.max_code + 1 + (1 << (self.mantissa_bits - 1))
+        return self.magnitude_mask
+
+    @property
+    def packable(self) -> bool:
+        """Whether :func:`emulate.pack` stores it: densely, every format narrower than a
+        byte; one code a byte, the 8-bit formats without a dtype (a Packed array is then
+        what carries their format through the matmuls)."""
+        return self.bits < 8 or (self.bits == 8 and not self.has_dtype)
+
+    def __repr__(self) -> str:
+        return f"Format({self.name!r})"
+
+
+# Its public home is emulate.formats, which re-exports it (the API docs list it there once).
+Format.__module__ = "emulate.formats"
+
+
+def unsigned_dtype(bits: int) -> np.dtype:
+    """The unsigned numpy dtype that holds a ``bits``-bit code or word: uint8 for 2 to 8
+    bits (one code per byte), uint16 for 16, uint32 for 32."""
+    if 2 <= bits <= 8:
+        return np.dtype(np.uint8)
+    return np.dtype({16: np.uint16, 32: np.uint32}[bits])
+
+
+def int8_scale(max_value: float, quantum: float) -> int | None:
+    """Smallest ``k`` with every multiple of ``quantum`` up to ``max_value``, times
+    ``2**k``, an integer in [-127, 127]; None if there is none."""
+    k = 0
+    while quantum * 2.0**k < 1:
+        k += 1
+    return k if max_value * 2.0**k <= 127 else None
+
+
+def float_format(
+    name: str,
+    *,
+    bits: int,
+    precision: int,
+    bias: int | None = None,
+    signed: bool = True,
+    infinities: bool = False,
+    high_nans: int = 0,
+    negative_zero: bool = True,
+    subnormals: bool = True,
+) -> Format:
+    """The record of a narrow float format, built from gfloat's ``FormatInfo`` parameters.
+
+    Codes are ``[sign] exponent trailing-significand``, most significant first. Counting
+    magnitudes (the code without its sign bit) from the top: the ``high_nans`` largest are
+    NaN, the next one is +-Inf if ``infinities``; every smaller one is finite. Exponent field
+    0 holds zero and the subnormals ``m * 2**(1 - bias - (precision - 1))``.
+
+    Args:
+      name: the registry name: lower case letters, digits and ``_``; no alias or name of
+        another format (checked by :func:`emulate.formats.register`).
+      bits: storage width, 2 to 8.
+      precision: significand bits including the implicit one, 1 to ``bits``;
+        ``precision - 1`` trailing bits are stored (a signed 8-bit format of precision 8
+        has no exponent field: every value is subnormal).
+      bias: exponent bias; default IEEE's ``2**(exponent_bits - 1) - 1``.
+      signed: whether the top bit is a sign.
+      infinities: whether +-Inf have codes (gfloat's ``Domain.Extended``).
+      high_nans: NaN codes at the top of each sign's magnitudes (gfloat's
+        ``num_high_nans``).
+      negative_zero: whether the sign-bit-only code is -0 (True) or a NaN (False: fnuz,
+        P3109). Ignored for unsigned formats.
+      subnormals: must be True: formats without subnormals are not built (their
+        encoder is not written), except float8_e8m0fnu.
+
+    Raises:
+      TypeError: an argument of the wrong type.
+      ValueError: an impossible record, saying which argument and why: no exponent or
+        significand field fits, no finite nonzero code is left, or values that float32
+        cannot hold (above its max, or below 2**-149); the ``1 <= 127 - bias`` limit of
+        the decoder for formats with a trailing significand.
+      NotImplementedError: ``subnormals=False``.
+    """
+    if not isinstance(name, str) or not name or not all(c.isalnum() or c == "_" for c in name):
+        raise ValueError(
+            f"name: expected a non-empty name of letters, digits and '_', got {name!r}"
+        )
+    for arg, v in (("bits", bits), ("precision", precision), ("high_nans", high_nans)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{arg}: expected an int, got {type(v).__name__} {v!r}")
+    for arg, b in (
+        ("signed", signed),
+        ("infinities", infinities),
+        ("negative_zero", negative_zero),
+        ("subnormals", subnormals),
+    ):
+        if not isinstance(b, (bool, np.bool_)):
+            raise TypeError(f"{arg}: expected True or False, got {type(b).__name__} {b!r}")
+    if not 2 <= bits <= 8:
+        raise ValueError(f"bits: a format is stored in 2 to 8 bits, got {bits}")
+    sign_bits = 1 if signed else 0
+    if not 1 <= precision <= bits:
+        raise ValueError(f"precision: expected 1 to {bits} (the storage bits), got {precision}")
+    if not subnormals:
+        raise NotImplementedError(
+            "subnormals: formats without subnormals are not built (only float8_e8m0fnu is); "
+            "use subnormals=True"
+        )
+    t = precision - 1
+    e_bits = bits - sign_bits - t
+    if bias is None:
+        bias = (1 << (e_bits - 1)) - 1 if e_bits > 0 else 0
+    if isinstance(bias, bool) or not isinstance(bias, (int, np.integer)):
+        raise TypeError(f"bias: expected an int, got {type(bias).__name__} {bias!r}")
+    neg_zero = bool(negative_zero) or not signed
+    mag_mask = (1 << (bits - sign_bits)) - 1
+    max_code = mag_mask - high_nans - (1 if infinities else 0)
+    if high_nans < 0 or max_code < 1:
+        raise ValueError(
+            f"high_nans: {high_nans} NaN codes{' and an Inf' if infinities else ''} leave no "
+            f"finite nonzero code among the {mag_mask + 1} magnitudes"
+        )
+
+    def value(mag: int) -> float:
+        e, m = mag >> t, mag & ((1 << t) - 1)
+        if e == 0:
+            return math.ldexp(m, 1 - bias - t)
+        return math.ldexp((1 << t) + m, e - bias - t)
+
+    top, tiny = value(max_code), value(1)
+    if top > float(np.finfo(np.float32).max) or tiny < 2.0**-149:
+        raise ValueError(
+            f"bias: {bias} puts values outside float32 (largest {top:g}, smallest {tiny:g}); "
+            "emulate decodes into float32"
+        )
+    if t > 0 and 127 - bias < 1:
+        raise ValueError(
+            f"bias: {bias} is too large for a format with a trailing significand (at most 126)"
+        )
+    sign = 1 << (bits - 1)
+    nan = [c for c in range(mag_mask - high_nans + 1, mag_mask + 1)]
+    inf = [max_code + 1] if infinities else []
+    if signed:
+        nan += [c | sign for c in nan]
+        inf += [c | sign for c in inf]
+        if not neg_zero:
+            nan.append(sign)
+    exact = (
+        tuple(w for w, digits in (("bfloat16", 8), ("float32", 24)) if t + 1 <= digits)
+        if tiny >= F32_MIN_NORMAL
+        else ()
+    )
+    return Format(
+        name=name,
+        bits=int(bits),
+        is_float=True,
+        signed=bool(signed),
+        exponent_bits=e_bits,
+        mantissa_bits=t,
+        bias=int(bias),
+        max=top,
+        min=-top if signed else 0.0,
+        min_normal=math.ldexp(1.0, 1 - bias),
+        min_subnormal=tiny,
+        has_subnormals=True,
+        has_inf=bool(infinities),
+        nan_codes=tuple(sorted(nan)),
+        inf_codes=tuple(sorted(inf)),
+        signed_zero=bool(signed) and neg_zero,
+        exact_in=exact,
+        int8_scale=int8_scale(top, tiny),
+        xla_storable=False,
+    )
+
+
+def p3109(precision: int, *, bits: int = 8, signed: bool = True, extended: bool = True) -> Format:
+    """An IEEE P3109 format as gfloat 0.5's ``format_info_p3109(k, p, signedness, domain)``
+    defines it, named as gfloat names it: ``p3109_k{bits}p{precision}{s|u}{e|f}``.
+
+    Signed formats have bias ``2**(bits - precision - 1)`` (floored), their NaN at the
+    would-be -0 code ``0x80`` and no negative zero; unsigned ones bias
+    ``2**(bits - precision)`` and their NaN at the top code. ``extended`` formats put
+    +-Inf just below (``0x7f``/``0xff`` signed, ``0xfe`` unsigned); finite ones have none.
+    """
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 2 <= bits <= 8:
+        raise ValueError(f"bits: a P3109 format here has 2 to 8 bits, got {bits!r}")
+    if isinstance(precision, bool) or not isinstance(precision, (int, np.integer)):
+        raise TypeError(f"precision: expected an int, got {type(precision).__name__}")
+    if not 1 <= precision <= bits:
+        raise ValueError(
+            f"precision: a {bits}-bit P3109 format has precision 1 to {bits}, got {precision}"
+        )
+    bias = int(2.0 ** (bits - precision - 1)) if signed else 1 << (bits - precision)
+    name = f"p3109_k{bits}p{precision}{'s' if signed else 'u'}{'e' if extended else 'f'}"
+    return float_format(
+        name,
+        bits=bits,
+        precision=precision,
+        bias=bias,
+        signed=signed,
+        infinities=extended,
+        high_nans=0 if signed else 1,
+        negative_zero=False,
+    )
+
+
+#: The binary8 P3109 formats, as gfloat 0.5's ``p3109_binary8_formats`` lists them
+#: (every other ``p3109_k{k}p{p}{s|u}{e|f}`` is built on first use of its name).
+P3109_BINARY8: tuple[str, ...] = (
+    "p3109_k8p1se",
+    "p3109_k8p1ue",
+    "p3109_k8p3se",
+    "p3109_k8p3sf",
+    "p3109_k8p3ue",
+    "p3109_k8p3uf",
+    "p3109_k8p4se",
+    "p3109_k8p4sf",
+    "p3109_k8p4ue",
+    "p3109_k8p4uf",
+    "p3109_k8p7sf",
+    "p3109_k8p8uf",
+)

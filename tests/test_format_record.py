@@ -1,0 +1,149 @@
+"""Format records built from parameters: every field checked against gfloat's FormatInfo
+(gfloat 0.5, graphcore-research/gfloat), and the impossible records refused."""
+
+from __future__ import annotations
+
+import gfloat
+import numpy as np
+import pytest
+from gfloat.formats import format_info_p3109
+from gfloat.types import Domain, Signedness
+
+from emulate import formats
+from emulate.format_record import P3109_BINARY8, float_format, p3109
+
+#: gfloat's own list of the binary8 P3109 formats, by name.
+GFLOAT_BINARY8 = {fi.name: fi for fi in gfloat.formats.p3109_binary8_formats}
+
+
+def _gfloat_p3109(name: str) -> gfloat.FormatInfo:
+    k, rest = name.removeprefix("p3109_k").split("p")
+    p, s, d = int(rest[:-2]), rest[-2], rest[-1]
+    return format_info_p3109(
+        int(k),
+        p,
+        Signedness.Signed if s == "s" else Signedness.Unsigned,
+        Domain.Extended if d == "e" else Domain.Finite,
+    )
+
+
+def test_the_built_in_family_is_gfloats_binary8_list() -> None:
+    assert sorted(P3109_BINARY8) == sorted(GFLOAT_BINARY8)
+    assert all(formats.get(n).name == n for n in P3109_BINARY8)
+
+
+FAMILY = [
+    f"p3109_k{k}p{p}{s}{d}"
+    for k in (3, 4, 6, 8)
+    for p in range(1, k + 1)
+    for s in "su"
+    for d in "ef"
+]
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_p3109_record_matches_gfloat_format_info(name: str) -> None:
+    fi = _gfloat_p3109(name)
+    f = formats.get(name)
+    assert (f.bits, f.mantissa_bits + 1, f.bias, f.signed) == (
+        fi.k,
+        fi.precision,
+        fi.bias,
+        fi.is_signed,
+    )
+    assert f.exponent_bits == fi.expBits
+    assert f.max == fi.max and f.min == fi.min
+    assert f.min_subnormal == fi.smallest_subnormal
+    assert f.max_code == fi.code_of_max
+    assert len(f.nan_codes) == fi.num_nans
+    assert fi.code_of_nan in f.nan_codes
+    assert f.has_inf == (fi.domain == Domain.Extended)
+    if f.has_inf:
+        assert fi.code_of_posinf in f.inf_codes
+        assert len(f.inf_codes) == fi.num_infs
+    assert f.signed_zero == (fi.has_nz and fi.is_signed)
+    # Each code's class, as gfloat decodes it.
+    for code in range(1 << f.bits):
+        v = gfloat.decode_float(fi, code).fval
+        assert (code in f.nan_codes) == bool(np.isnan(v)), code
+        assert (code in f.inf_codes) == bool(np.isinf(v)), code
+
+
+def test_user_records_match_gfloat_format_info() -> None:
+    e3m3 = float_format("e3m3", bits=7, precision=4, bias=3, high_nans=1)
+    fi = gfloat.FormatInfo(
+        "e3m3",
+        k=7,
+        precision=4,
+        bias=3,
+        is_signed=True,
+        domain=Domain.Finite,
+        has_nz=True,
+        num_high_nans=1,
+        has_subnormals=True,
+        is_twos_complement=False,
+    )
+    assert (e3m3.max, e3m3.min_subnormal, e3m3.max_code) == (fi.max, 2.0**-5, fi.code_of_max)
+    assert e3m3.max == 28.0 and e3m3.nan_codes == (0x3F, 0x7F) and e3m3.inf_codes == ()
+    assert e3m3.exact_in == ("bfloat16", "float32") and e3m3.int8_scale is None
+    u5 = float_format(
+        "u5e3m2", bits=5, precision=3, bias=3, signed=False, infinities=True, high_nans=1
+    )
+    assert (u5.max, u5.min, u5.nan_codes, u5.inf_codes) == (20.0, 0.0, (31,), (30,))
+    assert u5.nan_code == 31 and u5.max_code == 29 and not u5.signed_zero
+
+
+def test_int8_scale_and_scale_only_come_from_the_values() -> None:
+    # p3109_k8p7sf: multiples of 2**-6 up to 127/64: times 64 they are int8s.
+    assert formats.get("p3109_k8p7sf").int8_scale == 6
+    assert formats.get("p3109_k8p8uf").int8_scale is None  # 254/128: 254 > 127
+    # Values below 2**-126 (float32 denormals): a scale type, like e8m0.
+    assert formats.get("p3109_k8p1ue").is_scale_only
+    assert formats.get("p3109_k8p1ue").exact_in == ()
+    assert formats.get("float8_e8m0fnu").is_scale_only
+    assert not formats.get("p3109_k8p1se").is_scale_only  # down to 2**-63 only
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(bits=9, precision=4), ValueError, "bits: a format is stored in 2 to 8 bits, got 9"),
+        (
+            dict(bits=8, precision=0),
+            ValueError,
+            "precision: expected 1 to 8 (the storage bits), got 0",
+        ),
+        (dict(bits=8, precision=4.0), TypeError, "precision: expected an int, got float 4.0"),
+        (dict(bits=8, precision=4, signed=1), TypeError, "signed: expected True or False"),
+        (
+            dict(bits=4, precision=3, high_nans=7),
+            ValueError,
+            "high_nans: 7 NaN codes leave no finite nonzero code among the 8 magnitudes",
+        ),
+        (
+            dict(bits=8, precision=1, bias=-200),
+            ValueError,
+            "bias: -200 puts values outside float32",
+        ),
+        (
+            dict(bits=8, precision=2, bias=127),
+            ValueError,
+            "bias: 127 is too large for a format with a trailing significand (at most 126)",
+        ),
+        (
+            dict(bits=8, precision=4, subnormals=False),
+            NotImplementedError,
+            "subnormals: formats without subnormals are not built",
+        ),
+    ],
+)
+def test_impossible_records_are_refused(kwargs, error, message) -> None:
+    with pytest.raises(error, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        float_format("x8", **kwargs)
+
+
+def test_names_are_checked() -> None:
+    with pytest.raises(ValueError, match="^name: expected a non-empty name"):
+        float_format("e3 m3", bits=7, precision=4)
+    with pytest.raises(ValueError, match="^precision: a 8-bit P3109 format has precision 1 to 8"):
+        p3109(9)

@@ -53,7 +53,8 @@ import numpy as np
 from jax import lax
 from jax.extend import core as jex_core
 
-from emulate import mosaic, targets
+from emulate import targets
+from emulate.pallas import findings, sites
 
 __all__ = ["MEASURED_WITH", "PASSES", "tpu_numerics"]
 
@@ -272,43 +273,33 @@ def _rounded(x: jax.Array, dtype: np.dtype) -> jax.Array:
 
 
 def _mosaic_sum(t: targets.Target, lhs: np.dtype, rhs: np.dtype, acc: np.dtype, eqn: Any) -> Any:
-    """The type a Pallas dot sums in on ``t`` by Mosaic's recorded rules; ValueError where
-    Mosaic refuses the dot with compatibility mode on (its default)."""
-    names = [_format_name(d) for d in (lhs, rhs, acc)]
+    """The type a Pallas dot sums in on ``t``, by Mosaic's recorded rules as
+    :func:`emulate.pallas.findings.diagnose` reads them (compatibility mode on, its
+    default); ValueError with the compiler's message and fix where Mosaic refuses it."""
     where = _location(eqn)
-    if None in names:
+    shape = "x".join(map(str, eqn.outvars[0].aval.shape)) or "1"
+    types = [_MLIR.get(d.name) for d in (lhs, rhs, acc)]
+    if None in types:
         raise ValueError(
             f"tpu_numerics: the Pallas dot{where} of {lhs.name} x {rhs.name} accumulating in "
             f"{acc.name}: emulate has no Mosaic rule for these types"
         )
-    a, b, c = names
-    if not t.compiles(a, b, acc=c, compat=True):
-        found = mosaic.verdict(t.name, a, b, acc=c, compat=True)
-        said = f": {found.message}" if found is not None and found.message else ""
+    a, b, c = (f"vector<{shape}x{ty}>" for ty in types)
+    site = sites.MatmulSite("kernel", a, b, c, lhs.name, rhs.name, where[4:] or None)
+    found = findings.diagnose(site, t, compat=True)
+    if found is not None and found.kind == findings.REFUSED:
         raise ValueError(
-            f"tpu_numerics: Mosaic refuses the Pallas dot{where} of {a} x {b} accumulating in "
-            f"{c} on {t.name}{said}"
-            + (
-                "; pass preferred_element_type=jnp.float32 (jnp.int32 for integers) and "
-                "cast the result"
-                if np.dtype(acc).itemsize < 4
-                else ""
-            )
+            f"tpu_numerics: Mosaic refuses the Pallas dot{where} of {lhs.name} x {rhs.name} "
+            f"accumulating in {acc.name} on {t.name}: {found.message}; fix: {found.fix}"
         )
-    off = None if t.compiles(a, b, acc=c, compat=False) else mosaic.verdict(t.name, a, b, acc=c)
-    if off is not None and _INT_TO_FLOAT in off.message and np.issubdtype(acc, np.integer):
-        return _F32  # compatibility mode sums in float32 and converts the sum back
     integers = all(np.issubdtype(d, np.integer) for d in (lhs, rhs))
+    if found is not None and _INT_TO_FLOAT in found.message and integers:
+        return _F32  # compatibility mode sums in float32 and converts the sum back
     return _I32 if integers else _F32
 
 
-def _format_name(d: np.dtype) -> str | None:
-    from emulate import formats
-
-    try:
-        return formats.get(d).name
-    except (TypeError, ValueError):
-        return None
+# numpy dtype name -> MLIR element type, the inverse of the kernel check's table.
+_MLIR = {fmt: mlir for mlir, fmt in sites.MLIR_FORMATS.items()} | {"int32": "i32"}
 
 
 def _location(eqn: Any) -> str:

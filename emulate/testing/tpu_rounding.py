@@ -90,8 +90,10 @@ def tpu_numerics(
 
     Returns:
       A function with ``fn``'s signature and result types, traced once per input
-      signature (shapes, dtypes, tree structure) and target, and run under ``jax.jit``
-      inside ``emulate.use_target(target)``.
+      signature (shapes, dtypes, tree structure), target and
+      ``jax.default_matmul_precision`` setting (a dot without ``precision`` takes that
+      setting, as JAX's lowering does), and run under ``jax.jit`` inside
+      ``emulate.use_target(target)``.
 
     Raises:
       TypeError: ``fn`` is not callable.
@@ -109,7 +111,8 @@ def tpu_numerics(
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         t = _tpu(target)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-        key = (tree, tuple(_aval_key(x) for x in leaves), t)
+        precision = getattr(jax.config, "jax_default_matmul_precision", None)
+        key = (tree, tuple(_aval_key(x) for x in leaves), t, precision)
         with targets.use_target(t):
             run = cache.get(key)
             if run is None:
@@ -120,7 +123,7 @@ def tpu_numerics(
                 cache[key] = run
             return run(*leaves)
 
-    wrapped.__wrapped__ = fn  # type: ignore[attr-defined]
+    wrapped.__wrapped__ = fn
     return wrapped
 
 
@@ -214,7 +217,7 @@ def _precision(eqn: Any) -> str:
         if isinstance(p, lax.Precision):
             return p.name
         raise NotImplementedError(f"tpu_numerics: dot precision {p!r} is not modelled")
-    default = jax.config.jax_default_matmul_precision
+    default = getattr(jax.config, "jax_default_matmul_precision", None)
     if default in (None, "default", "bfloat16", "fastest"):
         return "DEFAULT"
     if default in ("high", "bfloat16_3x", "tensorfloat32"):

@@ -59,6 +59,14 @@ def test_float32_operands_get_the_passes_of_their_precision(precision, want):
     assert float(got[0, 0]) - 1 == want
 
 
+def test_a_dot_without_precision_takes_jaxs_default_matmul_precision():
+    f = et.tpu_numerics(_f32_dot(None), target=V5E)
+    assert float(f(ONE_PLUS, ONE)[0, 0]) == 1.0
+    with jax.default_matmul_precision("highest"):
+        assert float(f(ONE_PLUS, ONE)[0, 0]) == 1 + 2**-10
+    assert float(f(ONE_PLUS, ONE)[0, 0]) == 1.0
+
+
 def test_float16_operands_are_rounded_to_bf16_at_default_precision():
     x = np.array([[1 + 2**-9, 1]], np.float16)  # 1 + 2**-9 rounds to 1 in bfloat16
     f = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))

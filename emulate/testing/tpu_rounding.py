@@ -15,8 +15,9 @@ interpret mode) included, to compute what the target's TPU computes as far as ty
   dot's ``precision`` (:data:`PASSES`): one bfloat16 pass at ``DEFAULT`` (each operand
   rounded to bfloat16), three at ``HIGH`` (the operand split into a bfloat16 head and
   tail), full float32 at ``HIGHEST``;
-- inside a Pallas kernel, the pair goes through Mosaic's rules
-  (:meth:`emulate.targets.Target.compiles`, the recorded probe of the real compiler): a
+- inside a Pallas kernel, the pair goes through Mosaic's rules as the kernel check reads
+  them (:func:`emulate.pallas.findings.diagnose`: :meth:`emulate.targets.Target.compiles`
+  and the recorded probe of the real compiler, compatibility mode on): a
   pair or accumulator Mosaic refuses raises ``ValueError`` with the compiler's message (a
   bfloat16 accumulator: "Expected matmul acc to be 32-bit"); a pair that compiles only
   in compatibility mode gets that mode's conversions (public Mosaic source,
@@ -32,8 +33,8 @@ by the reordering of a float32 sum, which the mode "fast" bound ``gamma_K * sum 
 covers; exact sums (integers, and float sums of few significant bits) are equal. XLA:TPU
 may also keep more precision than a program declares (measured: it folds
 ``jnp.dot(bf16, bf16).astype(f32)`` into a float32 dot, and of four bfloat16 block
-results summed in float32 it kept the first unrounded), so a TPU result can be closer to
-the exact sum than this run's, never farther by more than that bound.
+results summed in float32 it kept the first unrounded): this run checks the roundings
+the program declares, of which the TPU makes all or some.
 
 The three-pass ``HIGH`` scheme is modelled as ``hi*hi + hi*lo + lo*hi``; the TPU's result
 differs from that model by about ``2**-18 * sum |a*b|`` (the compiler's split and order

@@ -145,7 +145,7 @@ def _tpu(target: targets.TargetLike) -> targets.Target:
 def _aval_key(x: Any) -> Any:
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return (tuple(x.shape), x.dtype, bool(getattr(x, "weak_type", False)))
-    return (type(x).__name__, x)
+    return (type(x).__name__,)  # a Python scalar is traced as a value of its type
 
 
 def _build(fn: Callable[..., Any], tree: Any, leaves: list[Any], t: targets.Target) -> Any:

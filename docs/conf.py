@@ -1,8 +1,8 @@
 """Sphinx configuration: MyST Markdown pages, the furo theme, autodoc for the API page.
 
 Build: ``sphinx-build -W -b html docs docs/_build/html`` (tests/test_docs.py runs it).
-The capability tables and the CLI reference are generated from the code at build time
-by the ``emulate_docs`` extension in ``docs/_ext``.
+The capability tables and the CLI reference are generated from the code (committed under
+``docs/_generated/``, written by ``python docs/_ext/emulate_docs.py``).
 """
 
 from __future__ import annotations

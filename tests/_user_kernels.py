@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
 
 import emulate
 
@@ -66,3 +67,66 @@ def bf16_fp8(x, w):
 def bf16_fp8_mixed_dot(x, w):
     """Bug: a mixed bf16 x fp8 dot whose result JAX gives as bfloat16, cast to float32."""
     return lax.dot_general(x, w, (((1,), (0,)), ((), ()))).astype(jnp.float32)
+
+
+# Pallas kernels summing K blocks of 128 into a float32 output (interpret mode on the CPU):
+# right, and with each block's result in bfloat16.
+_BK = 128
+
+
+def _blocks_kernel(block_result):
+    def kernel(x_ref, w_ref, o_ref):
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        o_ref[...] += block_result(x_ref[...], w_ref[...]).astype(jnp.float32)
+
+    return kernel
+
+
+def _blocks(block_result, x, w):
+    m, k = x.shape
+    n = w.shape[1]
+    return pl.pallas_call(
+        _blocks_kernel(block_result),
+        grid=(k // _BK,),
+        in_specs=[
+            pl.BlockSpec((m, _BK), lambda i: (0, i)),
+            pl.BlockSpec((_BK, n), lambda i: (i, 0)),
+        ],
+        out_specs=pl.BlockSpec((m, n), lambda i: (0, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        interpret=True,
+    )(x, w)
+
+
+@jax.jit
+def pallas_blocks(x, w):
+    """bfloat16 x bfloat16 in K blocks of 128, each block summed in float32: right."""
+    return _blocks(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32), x, w)
+
+
+@jax.jit
+def pallas_blocks_bf16(x, w):
+    """Bug: no preferred_element_type, each block's dot is bfloat16 (Mosaic refuses it)."""
+    return _blocks(jnp.dot, x, w)
+
+
+@jax.jit
+def xla_blocks_bf16(x, w):
+    """Bug (plain JAX): the K blocks' dots return bfloat16, summed in float32."""
+    k = x.shape[1]
+    parts = [jnp.dot(x[:, i : i + _BK], w[i : i + _BK]) for i in range(0, k, _BK)]
+    return sum(p.astype(jnp.float32) for p in parts)
+
+
+def _int8_kernel(x_ref, w_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.int32)
+
+
+@jax.jit
+def pallas_int8(x, w):
+    """int8 x int8 summed in int32, one block (interpret mode)."""
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.int32)
+    return pl.pallas_call(_int8_kernel, out_shape=out, interpret=True)(x, w)

@@ -6,11 +6,13 @@ Hypothesis profiles:
   dev: 50 random examples per test, no deadline. Loaded otherwise.
 ``HYPOTHESIS_PROFILE=<name>`` picks a profile explicitly and wins over both.
 
-Long tests: a test (or a parametrized case) marked ``@pytest.mark.long`` is a long sweep
-whose representative subset runs by default (each module states its rule). It is
-deselected at collection (pytest counts it as "deselected") unless the environment has
-``EMULATE_LONG_TESTS=1``; docs/testing.md gives the command. pytest's header names the
-profile that ran.
+Opt-in tests (:data:`OPT_IN`): a test (or a parametrized case) marked
+``@pytest.mark.long`` is a long sweep whose representative subset runs by default (each
+module states its rule); one marked ``@pytest.mark.browser`` needs a headless Chromium
+(the HTML report's test). Each is deselected at collection (pytest counts it as
+"deselected") unless the environment has its variable set to 1 (``EMULATE_LONG_TESTS``,
+``EMULATE_BROWSER_TESTS``); docs/testing.md gives the commands. pytest's header names
+what ran.
 """
 
 from __future__ import annotations
@@ -25,11 +27,6 @@ from hypothesis import HealthCheck, settings
 # emulate registers it once): docs/kernels_test.py uses its emulate_target fixture.
 pytest_plugins = ["pytester", "emulate.testing.plugin"]
 
-# The report's test in a real headless Chromium runs only with EMULATE_BROWSER_TESTS=1
-# (where it fails, not skips, if `chromium` is missing: apt-get install -y chromium).
-collect_ignore = (
-    [] if os.environ.get("EMULATE_BROWSER_TESTS") == "1" else ["testing/test_report_browser.py"]
-)
 
 settings.register_profile(
     "ci",
@@ -52,24 +49,33 @@ def _profile() -> str:
 PROFILE = _profile()
 settings.load_profile(PROFILE)
 
-#: Whether the long sweeps run: ``EMULATE_LONG_TESTS=1`` in the environment.
-LONG_TESTS = os.environ.get("EMULATE_LONG_TESTS", "") == "1"
+#: The opt-in markers: marker -> (the variable that selects its tests, what they are).
+#: The browser test fails, not skips, where ``chromium`` is missing (apt-get install -y
+#: chromium); CI does not install it.
+OPT_IN = {
+    "long": ("EMULATE_LONG_TESTS", "a long sweep"),
+    "browser": ("EMULATE_BROWSER_TESTS", "runs a headless Chromium"),
+}
+
+#: The opt-in markers whose tests run in this session.
+SELECTED = frozenset(m for m, (var, _) in OPT_IN.items() if os.environ.get(var, "") == "1")
+LONG_TESTS = "long" in SELECTED
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "long: a long sweep, deselected unless EMULATE_LONG_TESTS=1 (docs/testing.md)"
-    )
+    for marker, (var, what) in OPT_IN.items():
+        config.addinivalue_line(
+            "markers", f"{marker}: {what}, deselected unless {var}=1 (docs/testing.md)"
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the ``long`` items unless the long sweeps were asked for."""
-    if LONG_TESTS:
-        return
-    long_items = [item for item in items if item.get_closest_marker("long")]
-    if long_items:
-        config.hook.pytest_deselected(items=long_items)
-        items[:] = [item for item in items if not item.get_closest_marker("long")]
+    """Deselect the items of each opt-in marker whose variable is not set."""
+    off = [m for m in OPT_IN if m not in SELECTED]
+    dropped = [item for item in items if any(item.get_closest_marker(m) for m in off)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not any(item.get_closest_marker(m) for m in off)]
 
 
 def pytest_report_header() -> list[str]:
@@ -80,7 +86,8 @@ def pytest_report_header() -> list[str]:
         if LONG_TESTS
         else ("default (long sweeps deselected; EMULATE_LONG_TESTS=1 runs them)")
     )
+    browser = "browser test run" if "browser" in SELECTED else "browser test deselected"
     return [
         f"hypothesis profile: {PROFILE} (max_examples={settings().max_examples})",
-        f"emulate test profile: {tests}",
+        f"emulate test profile: {tests}; {browser} (EMULATE_BROWSER_TESTS=1 runs it)",
     ]

@@ -61,7 +61,8 @@ def test_docs_site(tmp_path) -> None:
     _check_cli_reference(site)
     _check_api_page(site)
     _check_tutorial(site)
-    _check_generated_files(DOCS / "_generated")
+    _check_generated_files(emulate_docs.GENERATED)
+    _check_committed_pages(tmp_path / "generated")
 
 
 def _check_pages(site) -> None:
@@ -114,6 +115,19 @@ def _check_api_page(site) -> None:
 def _check_tutorial(site) -> None:
     text = _text(site / "testing.html")
     assert "def test_fp4_is_exact_on_every_deployed_target(target, problem):" in text
+
+
+def _check_committed_pages(fresh: pathlib.Path) -> None:
+    """docs/_generated/ (committed, included by the pages) is what the code prints now."""
+    emulate_docs.write_generated(fresh)
+    names = sorted(p.name for p in fresh.iterdir())
+    assert names == sorted(p.name for p in emulate_docs.GENERATED.iterdir())
+    for name in names:
+        now = emulate_docs.comparable(name, (fresh / name).read_text())
+        committed = emulate_docs.comparable(name, (emulate_docs.GENERATED / name).read_text())
+        assert committed == now, (
+            f"docs/_generated/{name} is out of date: run python docs/_ext/emulate_docs.py"
+        )
 
 
 def _check_generated_files(tmp_path) -> None:

@@ -150,6 +150,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.testing.comparison",
             "emulate.testing.hazards",
             "emulate.testing.reproducers",
+            "emulate.testing.tpu_rounding",
             "emulate.testing.harness",
             "emulate.testing.report",
             "emulate.testing.plugin",

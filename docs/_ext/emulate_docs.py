@@ -1,6 +1,9 @@
 """Sphinx extension: pages generated from the code when the docs are built.
 
-On ``builder-inited`` it writes, under ``docs/_generated/`` (not in git):
+The files under ``docs/_generated/`` are committed (so that GitHub shows them) and the
+build includes them as they are; ``python docs/_ext/emulate_docs.py`` writes them again,
+and tests/test_docs.py fails when they differ from what the code prints now
+(:func:`comparable`: the timings of ``validate.txt`` left out). They are:
 
 - ``targets.txt``: the output of ``python -m emulate targets`` (native pairs and the plan
   each format gets, per target), included by targets.md;
@@ -20,7 +23,12 @@ import contextlib
 import io
 import os
 import pathlib
+import re
+import sys
 from typing import Any
+
+#: Where the generated files are committed.
+GENERATED = pathlib.Path(__file__).resolve().parent.parent / "_generated"
 
 #: The pages the index's toctree names itself, in order.
 PAGES = (
@@ -75,8 +83,16 @@ def write_generated(out: pathlib.Path) -> None:
     (out / "cli.md").write_text("\n".join(parts) + "\n")
 
 
-def _generate(app: Any) -> None:
-    write_generated(pathlib.Path(app.srcdir) / "_generated")
+# The last column of validate.txt: seconds per row ("3.5s", "=cpu"), its header and rule.
+_TIME_COLUMN = re.compile(r"\s+(\d+(\.\d+)?s|=\S+|-+|time)$")
+
+
+def comparable(name: str, text: str) -> str:
+    """``text`` of the generated file ``name`` without what changes from run to run: the
+    time column of ``validate.txt``."""
+    if name != "validate.txt":
+        return text
+    return "\n".join(_TIME_COLUMN.sub("", line) for line in text.splitlines())
 
 
 def _complete_toctree(app: Any, docname: str, source: list[str]) -> None:
@@ -92,6 +108,11 @@ def _complete_toctree(app: Any, docname: str, source: list[str]) -> None:
 
 
 def setup(app: Any) -> dict[str, Any]:
-    app.connect("builder-inited", _generate)
     app.connect("source-read", _complete_toctree)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(GENERATED.parent.parent))
+    write_generated(GENERATED)
+    print(f"wrote {', '.join(sorted(p.name for p in GENERATED.iterdir()))} in {GENERATED}")

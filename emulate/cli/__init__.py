@@ -31,6 +31,7 @@ from typing import NoReturn
 
 from emulate.cli import check_kernel, explain, formats, targets, validate
 from emulate.cli.args import parse_shapes
+from emulate.compiler import devices as tpu_devices
 
 __all__ = ["build_parser", "main", "parse_shapes"]
 
@@ -76,6 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.error(f"missing command (choose from {', '.join(args.commands)})")
     handler: Handler = args.func
+    # On a machine without a TPU, libtpu's start-up warnings would open every command's
+    # stderr; nothing else is silenced (tpu_devices.skip_absent_tpu_backend says when).
+    tpu_devices.skip_absent_tpu_backend()
     try:
         return handler(args)
     except BrokenPipeError:

@@ -84,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         return validate_fn.run(args)
     if args.pair is not None:
         parser.error("--pair needs --fn MODULE:FUNCTION (emulate's own plans take --formats)")
+    if args.tpu_numerics:
+        parser.error("--tpu-numerics needs --fn MODULE:FUNCTION (it rewrites your function)")
     chosen_targets = target_names(args.targets, parser)
     chosen_formats = operand_formats(args.formats, parser)
     modes = list(dict.fromkeys(args.modes or ("fast", "exact")))

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from emulate import mx, testing
+from emulate import mx, targets, testing
 from emulate.cli.args import OPERAND_CHOICES, format_name, target_names
 from emulate.testing.report import render_html, render_json
 
@@ -55,6 +55,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --fn and --contract fast: further float32 roundings your kernel makes",
     )
     p.add_argument("--html", metavar="PATH", help="with --fn: also write an HTML report")
+    p.add_argument(
+        "--tpu-numerics",
+        action="store_true",
+        help="with --fn: run your function as emulate.testing.tpu_numerics rewrites it for "
+        "each --target (TPU targets only): every matmul rounds as that TPU's does",
+    )
 
 
 def load_function(spec: str, parser: argparse.ArgumentParser) -> Callable[..., Any]:
@@ -105,6 +111,12 @@ def run(args: argparse.Namespace) -> int:
     rhs = _operand(args.pair[1], "rhs", parser)
     contract = _contract(args.contract, parser)
     chosen: list[str | None] = list(target_names(args.targets, parser)) if args.targets else [None]
+    if args.tpu_numerics:
+        chosen_targets = [targets.current_target(t) for t in chosen]
+        if others := [t.name for t in chosen_targets if t.kind != "tpu"]:
+            parser.error(
+                f"--tpu-numerics: needs TPU targets (--target v4 v5e ...); got {', '.join(others)}"
+            )
     with testing.collect_results() as results:
         for t in chosen:
             try:
@@ -117,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
                     examples=args.examples,
                     seed=args.seed,
                     extra_roundings=args.extra_roundings,
+                    tpu_numerics=args.tpu_numerics,
                 )
             except AssertionError as e:
                 print(f"FAILED on {results[-1].target}: {e}\n")

@@ -48,6 +48,7 @@ __all__ = [
     "libtpu_version",
     "offered_devices",
     "on_device",
+    "skip_absent_tpu_backend",
 ]
 
 #: Each TPU target's libtpu topology (the first device of which is the compile-only device),
@@ -180,6 +181,31 @@ def _quiet_stderr() -> Iterator[None]:
 def _has_tpu_chips() -> bool:
     """Whether this machine has TPU chips (the device files JAX looks for)."""
     return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def _gpu_plugin_installed() -> bool:
+    names = (d.metadata["Name"] or "" for d in importlib.metadata.distributions())
+    return any(n.lower().replace("_", "-").startswith(("jax-cuda", "jax-rocm")) for n in names)
+
+
+def skip_absent_tpu_backend() -> bool:
+    """Keep JAX from starting a TPU backend on a machine that has no TPU chip.
+
+    With libtpu installed, JAX's first ``jax.devices()`` (any computation) starts its TPU
+    backend; without a chip, libtpu prints five lines about ``TPU_ACCELERATOR_TYPE`` and
+    ``TPU_WORKER_HOSTNAMES`` on stderr, fails, and JAX goes on with the CPU. This sets
+    ``jax_platforms`` to ``"cpu"`` first, so nothing is started and nothing printed; the
+    compile-only devices (:func:`offered_devices`) load libtpu by themselves and still work.
+    It does so only where the outcome is the same: ``JAX_PLATFORMS`` / ``jax_platforms``
+    unset, libtpu installed, no TPU chip device file, and no GPU plugin of JAX installed
+    (whose backend ``"cpu"`` would leave out). Returns whether it set ``jax_platforms``.
+    """
+    if getattr(jax.config, "jax_platforms", None) or libtpu_version() is None or _has_tpu_chips():
+        return False
+    if _gpu_plugin_installed():
+        return False
+    jax.config.update("jax_platforms", "cpu")
+    return True
 
 
 @functools.cache

@@ -29,6 +29,11 @@ Hazards (``emulate.testing.hazards``) and quantized operands (``emulate.testing.
   scales; :func:`plain`, :func:`packed` and :func:`quantized` describe an operand.
   :func:`assert_matches_reference` accepts QArray and Packed operands.
 
+TPU numerics on any backend (``emulate.testing.tpu_rounding``)
+  :func:`tpu_numerics` rewrites a function so that each matmul, in XLA programs and in
+  Pallas kernels run in interpret mode, rounds as the chosen TPU target's does;
+  ``check_function(..., tpu_numerics=True)`` runs the harness that way.
+
 Helpers (``emulate.testing.reproducers``)
   :func:`reproducer` writes a problem as a ready-to-run Python script;
   :func:`representative_targets` picks one target per distinct plan, so that a suite
@@ -81,6 +86,7 @@ from emulate.testing.strategies import (
     special_codes,
 )
 from emulate.testing.strategies import Layout as Layout
+from emulate.testing.tpu_rounding import tpu_numerics
 
 # DimensionNumbers and Layout, the type aliases of the signatures, are re-exported (``X as
 # X``) for annotations, and left out of __all__.
@@ -140,4 +146,5 @@ __all__ = [
     "segment_count",
     "special_codes",
     "threshold_layouts",
+    "tpu_numerics",
 ]

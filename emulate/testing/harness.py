@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from emulate import formats as _formats
 from emulate import targets as _targets
+from emulate.testing import tpu_rounding
 from emulate.testing.comparison import BoundLike, Comparison, compare
 from emulate.testing.hazards import threshold_layouts
 from emulate.testing.operands import OperandSpec, as_spec
@@ -133,6 +134,7 @@ def check_function(
     seed: int = 0,
     elements: str = "all",
     fill: Any = None,
+    tpu_numerics: bool = False,
 ) -> CheckResult:
     """Check ``fn(lhs, rhs)`` against :mod:`emulate.reference` on drawn problems.
 
@@ -158,6 +160,10 @@ def check_function(
         (which the reproducer names).
       examples: problems to draw (hypothesis ``max_examples``); seed: their seed.
       elements, fill: the operands' values, as for :func:`arrays`.
+      tpu_numerics: run ``fn`` as :func:`emulate.testing.tpu_numerics` rewrites it for
+        ``target`` (which must then be a TPU target): every matmul rounds as the TPU's
+        does (accumulator types, Mosaic's rules in Pallas kernels, the passes at each
+        ``precision``), so that accumulator bugs a CPU run hides fail here.
 
     Returns:
       A :class:`CheckResult` (also appended to any :func:`collect_results` list).
@@ -178,6 +184,7 @@ def check_function(
         raise ValueError(f"examples: expected a positive int, got {examples!r}")
     out_name = None if out is None else _formats.get(out).name
     target_name = (_targets.current_target() if target is None else _targets.get(target)).name
+    call = tpu_rounding.tpu_numerics(fn, target=target_name) if tpu_numerics else fn
     pool = _layouts(shapes, layouts)
     problem = _problems(ls, rs, pool, hazards and layouts is None, elements, fill)
     label = "bound" if not isinstance(contract, str) else contract
@@ -190,7 +197,7 @@ def check_function(
         shrinking = bool(failing)
         try:
             with _targets.use_target(target_name):
-                got = np.asarray(fn(a, b))
+                got = np.asarray(call(a, b))
             c = _compare(got, a, b, dn, contract, out_name, extra_roundings)
         except Exception as e:
             failing.append((a, b, dn, f"{type(e).__name__}: {e}"))
@@ -232,6 +239,7 @@ def check_function(
             out=out_name,
             target=target_name,
             extra_roundings=extra_roundings,
+            tpu_numerics=tpu_numerics,
         )
     finally:
         for c in _COLLECTORS:

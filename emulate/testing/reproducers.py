@@ -310,14 +310,18 @@ def function_reproducer(
     out: str | None = None,
     target: str | None = None,
     extra_roundings: int = 0,
+    tpu_numerics: bool = False,
 ) -> str:
     """A script that calls ``fn`` (imported by ``module:qualname``) on ``lhs`` and ``rhs``,
     written as literal values (:func:`operand_source`), and checks the result with
     :func:`emulate.testing.assert_matches_reference`, which raises where the contract
     breaks. A ``contract`` other than "exact" and "fast" (your own bound) is checked as
-    "fast"; edit the last line to pass your ``bound=``."""
+    "fast"; edit the last line to pass your ``bound=``. With ``tpu_numerics`` the script
+    calls ``testing.tpu_numerics(fn, target=target)`` instead of ``fn``."""
     imp, expr = _import_line(fn)
     mode = contract if contract in ("exact", "fast") else "fast"
+    if tpu_numerics:
+        expr = f"testing.tpu_numerics({expr}, target={target!r})"
     call = f"{expr}(lhs, rhs)"
     if target is not None:
         call_lines = [f"with emulate.use_target({target!r}):", f"    got = np.asarray({call})"]

@@ -43,6 +43,15 @@ def test_fn_passes_and_fails(tmp_path):
     assert page.read_text().count('<svg class="hist"') == 2
 
 
+def test_fn_with_tpu_numerics_sees_the_bf16_block_sums():
+    argv = ["--fn", "_user_kernels:xla_blocks_bf16", "--pair", "bfloat16", "bfloat16",
+            "--contract", "fast", "--target", "v5e", "--examples", "6"]  # fmt: skip
+    assert _run(argv)[0] == 0  # a CPU run: XLA folds the bfloat16 roundings away
+    rc, out = _run([*argv, "--tpu-numerics"])
+    assert rc == 1 and out.startswith("FAILED on tpu_v5e: _user_kernels:xla_blocks_bf16 broke")
+    assert "testing.tpu_numerics(xla_blocks_bf16, target='tpu_v5e')(lhs, rhs)" in out
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -57,6 +66,10 @@ def test_fn_passes_and_fails(tmp_path):
         (["--fn", "_user_kernels:int8_exact", "--pair", "int8", "int8", "--contract", "close"],
          "--contract: expected exact, fast or a non-negative number, got 'close'"),
         (["--pair", "int8", "int8"], "--pair needs --fn MODULE:FUNCTION"),
+        (["--fn", "_user_kernels:int8_exact", "--pair", "int8", "int8", "--tpu-numerics",
+          "--target", "v5e", "cpu"],
+         "--tpu-numerics: needs TPU targets (--target v4 v5e ...); got cpu"),
+        (["--tpu-numerics"], "--tpu-numerics needs --fn MODULE:FUNCTION"),
     ],
 )  # fmt: skip
 def test_fn_bad_arguments(argv, message, capsys):

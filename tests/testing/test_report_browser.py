@@ -1,6 +1,7 @@
 """The HTML report in a real headless Chromium: it renders, its histograms are drawn, and
-it needs no network. Collected only with EMULATE_BROWSER_TESTS=1 (tests/conftest.py);
-then a missing ``chromium`` is a failure (install it with ``apt-get install -y chromium``).
+it needs no network. Marked ``browser``: deselected unless EMULATE_BROWSER_TESTS=1
+(tests/conftest.py); then a missing ``chromium`` is a failure (install it with
+``apt-get install -y chromium``).
 """
 
 from __future__ import annotations
@@ -10,8 +11,12 @@ import struct
 import subprocess
 import zlib
 
+import pytest
+
 from emulate.testing.harness import CheckResult
 from emulate.testing.report import render_html
+
+pytestmark = pytest.mark.browser
 
 
 def _entries():

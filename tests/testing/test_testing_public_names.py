@@ -11,6 +11,7 @@ import emulate.testing.hazards
 import emulate.testing.operands
 import emulate.testing.reproducers
 import emulate.testing.strategies
+import emulate.testing.tpu_rounding
 from emulate import testing as et
 
 # The names emulate.testing exported as one module, before the split.
@@ -53,13 +54,22 @@ ADDED = [
     "scale_values",
     "segment_count",
     "threshold_layouts",
+    "tpu_numerics",
 ]
 
 
 def test_every_public_name_is_reexported_from_its_module():
     assert sorted(et.__all__, key=str.swapcase) == sorted(PUBLIC + ADDED, key=str.swapcase)
     t = emulate.testing
-    modules = [t.strategies, t.comparison, t.reproducers, t.harness, t.hazards, t.operands]
+    modules = [
+        t.strategies,
+        t.comparison,
+        t.reproducers,
+        t.harness,
+        t.hazards,
+        t.operands,
+        t.tpu_rounding,
+    ]
     homes = {name: m for m in modules for name in m.__all__}
     for name in PUBLIC + ADDED:
         assert getattr(et, name) is getattr(homes[name], name), name
@@ -71,6 +81,8 @@ def test_every_public_name_is_reexported_from_its_module():
         "DEFAULT_SHAPES",
         "DimensionNumbers",
         "Layout",
+        "MEASURED_WITH",
+        "PASSES",
         "SCALE_ELEMENTS",
         "array_source",
         "check_mode",

@@ -4,7 +4,7 @@
 ``QArray.from_parts``: codes of fewer than 8 bits packed densely along the contraction
 axis (``emulate.pack``), scales in their stored dtype (a nested StoredParts becomes a
 nested QArray: bitsandbytes' double-quantized absmax), zero points (packed at their stored
-width where it holds them), offsets, the codebook, the tensor scale and the act-order
+width along N where it holds them), offsets, the codebook, the tensor scale and the act-order
 permutation as they are. Written against the agreed representation
 (``QArray.from_parts(..., zero_points=, offsets=, codebook=, perm=, perm_axis=)``), which
 the quantized-operand layer provides.
@@ -25,6 +25,10 @@ __all__ = ["to_qarray"]
 
 #: The contraction axis of a logical ``(..., K, N)`` weight: codes pack along it.
 PACK_AXIS = -2
+#: Zero points (one per block, ``(..., K / group, N)``) pack along N, as AutoAWQ and GPTQ
+#: store them: a split along K at block boundaries then never cuts a byte (one group per
+#: device is a split AWQ g128 weights allow), and N is long enough to split anyway.
+ZERO_POINT_AXIS = -1
 
 
 def _codes(parts: StoredParts) -> Any:
@@ -39,7 +43,7 @@ def _zero_points(parts: StoredParts) -> Any:
         return z
     z = np.asarray(z)
     if parts.zero_bits < 8 and z.max(initial=0) < (1 << parts.zero_bits):
-        return pack(z.astype(np.uint8), f"uint{parts.zero_bits}", axis=PACK_AXIS)
+        return pack(z.astype(np.uint8), f"uint{parts.zero_bits}", axis=ZERO_POINT_AXIS)
     return jnp.asarray(z)
 
 

@@ -554,7 +554,6 @@ TESTED_ELSEWHERE = {
     "emulate.engine.run": "plan_for, run_plan: test_dot, engine/test_tiled",
     "emulate.engine.sites": "site scopes: test_program, test_rewrite (emulate.inspect)",
     "emulate.mx": "the MX / NVFP4 schemes: test_quant, test_scaled",
-    "emulate.importers": "lazy re-exports: importers/test_safetensors reaches them through it",
     "emulate.flax": "re-exports only: tests/flax/ reach every name through it",
     "emulate.importers.ggml_parts": GGML,
     "emulate.importers.ggml_legacy": GGML,

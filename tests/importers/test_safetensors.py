@@ -302,20 +302,3 @@ def test_load_safetensors_reads_a_whole_checkpoint_in_one_call(tmp_path) -> None
         "'fp8', 'compressed-tensors' checkpoints whole (for the others, load each layer "
         "with load_modelopt_nvfp4, load_bnb_4bit or load_gpt_oss_mxfp4)"
     )
-
-
-def test_the_readers_are_reachable_as_documented() -> None:
-    """``emulate.importers.<name>`` for every reader docs/api.md lists, imported on first
-    use (``import emulate`` alone reaches it)."""
-    import emulate
-    from emulate.importers import gguf
-
-    assert emulate.importers.load_safetensors is S.load_safetensors
-    assert emulate.importers.load_gguf is gguf.load_gguf
-    assert emulate.importers.read_gguf is gguf.read_gguf
-    for name in emulate.importers.__all__:
-        assert getattr(emulate.importers, name) is getattr(
-            S if name not in ("GGUFFile", "load_gguf", "read_gguf") else gguf, name
-        )
-    with pytest.raises(AttributeError, match="module 'emulate.importers' has no attribute 'x'"):
-        emulate.importers.x  # noqa: B018

@@ -61,6 +61,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "importers: block layouts",
         [
+            "emulate.importers.parts",
             "emulate.importers.ggml_parts",
             "emulate.importers.ggml_legacy",
             "emulate.importers.ggml_kquants",
@@ -77,8 +78,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "importers",
         [
-            "emulate.importers.gguf",
             "emulate.importers.as_qarray",
+            "emulate.importers.gguf",
             "emulate.importers.safetensors",
             "emulate.importers",
         ],
@@ -555,6 +556,7 @@ TESTED_ELSEWHERE = {
     "emulate.engine.sites": "site scopes: test_program, test_rewrite (emulate.inspect)",
     "emulate.mx": "the MX / NVFP4 schemes: test_quant, test_scaled",
     "emulate.flax": "re-exports only: tests/flax/ reach every name through it",
+    "emulate.importers.parts": "the one parts record: importers/test_ggml, test_conventions",
     "emulate.importers.ggml_parts": GGML,
     "emulate.importers.ggml_legacy": GGML,
     "emulate.importers.ggml_kquants": GGML,

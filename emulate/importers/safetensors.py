@@ -1,7 +1,7 @@
 """Quantized weights from safetensors checkpoints, one call per convention, kept as stored.
 
 ``read_<convention>(path, prefix, ...)`` returns the layer's
-:class:`~emulate.importers.conventions.parts.StoredParts` (numpy, logical ``(..., K, N)``
+:class:`~emulate.importers.parts.StoredParts` (numpy, logical ``(..., K, N)``
 order, ``.source`` naming what was read); ``load_<convention>`` the same as an
 ``emulate.QArray`` (:func:`emulate.importers.as_qarray.to_qarray`), logging what it read
 to the ``emulate.importers`` logger. ``path`` is one ``.safetensors`` file or a directory
@@ -41,7 +41,7 @@ from emulate.importers.conventions.floats import (
     parse_modelopt_nvfp4,
 )
 from emulate.importers.conventions.integer import parse_awq, parse_compressed_int, parse_gptq
-from emulate.importers.conventions.parts import StoredParts
+from emulate.importers.parts import StoredParts
 
 if TYPE_CHECKING:
     from emulate.quant import QArray
@@ -245,7 +245,7 @@ def read_bnb_4bit(path: str | os.PathLike[str], prefix: str) -> StoredParts:
 def _qarray(parts: StoredParts) -> QArray:
     from emulate.importers.as_qarray import to_qarray
 
-    LOG.info("read %s (%.3f bits an element)", parts.source, parts.bits_per_element())
+    LOG.info("read %s (%.3f bits an element)", parts.source, parts.bits_per_element)
     return to_qarray(parts)
 
 
@@ -357,7 +357,7 @@ def load_safetensors(path: str | os.PathLike[str], *, config: Any = None) -> dic
         if name.endswith(marker):
             prefix = name[: -len(marker)]
             parts = parse(tensors, prefix, cfg)
-            LOG.info("read %s (%.3f bits an element)", parts.source, parts.bits_per_element())
+            LOG.info("read %s (%.3f bits an element)", parts.source, parts.bits_per_element)
             q = to_qarray(parts)
             axes = (*range(q.ndim - 2), q.ndim - 1, q.ndim - 2)  # (..., K, N) -> (..., N, K)
             out[f"{prefix}.weight"] = transpose(q, axes)

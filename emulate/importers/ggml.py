@@ -159,8 +159,9 @@ def _row_blocks(block_shape: tuple[int, ...], shape: tuple[int, ...]) -> tuple[i
     return (1,) * (len(shape) - 1) + block_shape[-1:]
 
 
-def _per_row(part: np.ndarray | StoredParts, shape: tuple[int, ...]) -> np.ndarray | StoredParts:
-    """A block-major scale or offset part reshaped to the tensor's rows."""
+def _per_row(part: object, shape: tuple[int, ...]) -> np.ndarray | StoredParts:
+    """A block-major scale or offset part (an array or a two-level record) reshaped to
+    the tensor's rows."""
     if isinstance(part, StoredParts):
         return dataclasses.replace(
             part,
@@ -168,7 +169,7 @@ def _per_row(part: np.ndarray | StoredParts, shape: tuple[int, ...]) -> np.ndarr
             scales=_rows(np.asarray(part.scales), shape),
             block_shape=_row_blocks(part.block_shape, shape),
         )
-    return _rows(part, shape)
+    return _rows(np.asarray(part), shape)
 
 
 def _to_rows(parts: StoredParts, shape: tuple[int, ...]) -> StoredParts:

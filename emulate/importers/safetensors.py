@@ -28,7 +28,7 @@ import os
 import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -42,9 +42,7 @@ from emulate.importers.conventions.floats import (
 )
 from emulate.importers.conventions.integer import parse_awq, parse_compressed_int, parse_gptq
 from emulate.importers.parts import StoredParts
-
-if TYPE_CHECKING:
-    from emulate.quant import QArray
+from emulate.qarray import QArray
 
 __all__ = [
     "SafetensorsCheckpoint",

@@ -19,8 +19,10 @@ The public surface:
 - wrapping existing code: :func:`polyfill`, and :func:`inspect` to see its sites;
 - Pallas TPU kernels: :mod:`emulate.pallas` (``matmul``, an in-kernel ``dot``, ``check``),
   imported on first use of ``emulate.pallas`` because it imports ``jax.experimental.pallas``;
-- flax models: :mod:`emulate.flax` (``quantize_model``), imported on first use of
-  ``emulate.flax`` because flax is an optional dependency.
+- flax models: :mod:`emulate.flax` (``quantize_model``, ``load_weights``), imported on
+  first use of ``emulate.flax`` because flax is an optional dependency;
+- checkpoints: :mod:`emulate.importers` (``load_gguf``, ``load_safetensors``, one
+  ``load_<convention>`` per safetensors layout), imported on first use.
 """
 
 from emulate import bounds, codebooks, formats, mx, reference, targets
@@ -76,9 +78,9 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # emulate.pallas imports jax.experimental.pallas, emulate.flax imports flax (optional):
-    # load them on first use only.
-    if name in ("pallas", "flax"):
+    # emulate.pallas imports jax.experimental.pallas, emulate.flax imports flax (optional),
+    # emulate.importers reads through gguf / safetensors (optional): load them on first use.
+    if name in ("pallas", "flax", "importers"):
         import importlib
 
         return importlib.import_module(f"emulate.{name}")

@@ -21,6 +21,15 @@ NNX model with its weights kept as stored, decoding greedy tokens on TPU plans.
    and checks them against the float model that holds ``gguf.quants.dequantize``'s
    weights.
 
+4. The AWQ half: ``write_awq`` writes the same weights as an AutoAWQ GEMM checkpoint (a
+   directory: ``model.safetensors`` with int4 ``qweight``/``qzeros`` packed eight to an
+   int32 along the output features in AWQ's nibble order ``[0, 2, 4, 6, 1, 3, 5, 7]``,
+   f16 ``scales`` per group of 128 inputs, float16 embeddings, norms and ``lm_head``; and
+   ``config.json`` with its ``quantization_config``), ``port_awq`` loads it in one call
+   (``load_weights(Llama(config), load_safetensors(path))``) and ``main_awq`` checks the
+   greedy tokens against the float model holding AutoAWQ's own dequantization
+   (``awq_dequantize``, ``(q - z) * s`` in float16).
+
 Rotary embeddings rotate adjacent pairs ``(x[2i], x[2i+1])``, as llama.cpp does for GGUF
 llama files (its converter permutes Hugging Face's q/k rows to that order). Run it::
 
@@ -43,6 +52,7 @@ from gguf import GGMLQuantizationType
 import emulate
 import emulate.flax
 from emulate.importers.gguf import load_gguf, read_gguf
+from emulate.importers.safetensors import load_safetensors
 
 # --- the model --------------------------------------------------------------------------
 
@@ -62,6 +72,21 @@ class Config:
     @property
     def head_dim(self) -> int:
         return self.dim // self.heads
+
+    @classmethod
+    def from_hf(cls, config: dict) -> Config:
+        """From a Hugging Face llama ``config.json``."""
+        return cls(
+            vocab=int(config["vocab_size"]),
+            dim=int(config["hidden_size"]),
+            hidden=int(config["intermediate_size"]),
+            layers=int(config["num_hidden_layers"]),
+            heads=int(config["num_attention_heads"]),
+            kv_heads=int(config["num_key_value_heads"]),
+            rope_base=float(config["rope_theta"]),
+            eps=float(config["rms_norm_eps"]),
+            max_len=int(config["max_position_embeddings"]),
+        )
 
     @classmethod
     def from_gguf(cls, metadata: dict) -> Config:
@@ -342,5 +367,147 @@ def main(mix: str = "Q4_K_M", config: Config = Config(), steps: int = 8) -> dict
     return tokens
 
 
+# --- the AWQ half: an AutoAWQ GEMM checkpoint of the same weights ------------------------
+
+#: AutoAWQ's AWQ_ORDER: nibble ``i`` (bits ``4i..4i+3``) of a word holds column
+#: ``8c + AWQ_ORDER[i]`` of the word's 8 columns.
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+AWQ_GROUP = 128
+
+
+def awq_pack(q: np.ndarray) -> np.ndarray:
+    """Codes ``q`` (rows, N) in [0, 16) as AutoAWQ GEMM stores them: int32 (rows, N/8)."""
+    cols = q.reshape(q.shape[0], -1, 8)[:, :, AWQ_ORDER].astype(np.uint32)
+    words = np.zeros(cols.shape[:2], np.uint32)
+    for i in range(8):
+        words |= cols[:, :, i] << np.uint32(4 * i)
+    return words.view(np.int32)
+
+
+def quantize_awq(w: np.ndarray, group: int = AWQ_GROUP) -> dict[str, np.ndarray]:
+    """AutoAWQ's asymmetric int4 quantization of ``w`` (out, in) in groups of ``group``
+    inputs (``pseudo_quantize_tensor``: ``s = (max - min) / 15``, ``z = -round(min / s)``,
+    ``q = clip(round(w / s) + z, 0, 15)``; the activation-aware search of scales is left
+    out), packed as its GEMM layer stores it: ``qweight`` (in, out/8), ``qzeros``
+    (in/group, out/8), ``scales`` float16 (in/group, out)."""
+    n, k = w.shape
+    x = w.T.reshape(k // group, group, n).astype(np.float32)
+    lo, hi = x.min(1), x.max(1)
+    s = (np.maximum(hi - lo, 1e-5) / 15).astype(np.float16)
+    s32 = s.astype(np.float32)
+    z = np.clip(-np.round(lo / s32), 0, 15)
+    q = np.clip(np.round(x / s32[:, None]) + z[:, None], 0, 15).astype(np.uint8)
+    return {
+        "qweight": awq_pack(q.reshape(k, n)),
+        "qzeros": awq_pack(z.astype(np.uint8)),
+        "scales": s,
+    }
+
+
+def awq_dequantize(qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """AutoAWQ's ``dequantize_gemm`` in numpy: unpack the nibbles, undo the order, and
+    ``(q - z) * s`` in float16. Returns float16 (in, out)."""
+    shifts = np.arange(0, 32, 4, dtype=np.uint32)
+    reverse = np.argsort(AWQ_ORDER)  # column m of a word is nibble reverse[m]
+
+    def unpack(words: np.ndarray) -> np.ndarray:
+        nib = (words.view(np.uint32)[:, :, None] >> shifts) & 15
+        return nib[:, :, reverse].reshape(words.shape[0], -1).astype(np.int16)
+
+    group = qweight.shape[0] // scales.shape[0]
+    z = np.repeat(unpack(qzeros), group, axis=0)
+    return (unpack(qweight) - z).astype(np.float16) * np.repeat(scales, group, axis=0)
+
+
+def hf_config(c: Config) -> dict:
+    """A Hugging Face llama ``config.json`` with AutoAWQ's ``quantization_config``."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": c.vocab,
+        "hidden_size": c.dim,
+        "intermediate_size": c.hidden,
+        "num_hidden_layers": c.layers,
+        "num_attention_heads": c.heads,
+        "num_key_value_heads": c.kv_heads,
+        "rope_theta": c.rope_base,
+        "rms_norm_eps": c.eps,
+        "max_position_embeddings": c.max_len,
+        "torch_dtype": "float16",
+        "quantization_config": {
+            "quant_method": "awq",
+            "bits": 4,
+            "group_size": AWQ_GROUP,
+            "zero_point": True,
+            "version": "gemm",
+        },
+    }
+
+
+def write_awq(folder: str, c: Config, seed: int = 3) -> None:
+    """``folder``/model.safetensors and config.json: :func:`random_weights` under Hugging
+    Face's names, the decoder blocks' linear layers as AutoAWQ GEMM int4 g128, the rest
+    float16 (AutoAWQ leaves embeddings, norms and ``lm_head`` unquantized)."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    tensors: dict[str, np.ndarray] = {}
+    for name, w in random_weights(c, seed).items():
+        hf = emulate.flax.default_rule(name).replace("/", ".")
+        if hf.startswith("model.layers.") and w.ndim == 2:
+            layer = hf.removesuffix(".weight")
+            tensors |= {f"{layer}.{k}": v for k, v in quantize_awq(w).items()}
+        else:
+            tensors[hf] = w.astype(np.float16)
+    os.makedirs(folder, exist_ok=True)
+    save_file(tensors, os.path.join(folder, "model.safetensors"))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(hf_config(c), f, indent=1)
+
+
+def _hf_config(folder: str) -> Config:
+    import json
+
+    with open(os.path.join(folder, "config.json")) as f:
+        return Config.from_hf(json.load(f))
+
+
+def port_awq(folder: str) -> Llama:
+    """The one call for the AWQ checkpoint: every layer as stored (QArrays)."""
+    return emulate.flax.load_weights(Llama(_hf_config(folder)), load_safetensors(folder))
+
+
+def float_model_awq(folder: str) -> Llama:
+    """The same model holding AutoAWQ's float16 dequantization, as float32."""
+    from safetensors.numpy import load_file
+
+    stored = load_file(os.path.join(folder, "model.safetensors"))
+    weights = {}
+    for name, t in stored.items():
+        if name.endswith(".qweight"):
+            layer = name.removesuffix(".qweight")
+            w = awq_dequantize(t, stored[f"{layer}.qzeros"], stored[f"{layer}.scales"])
+            weights[f"{layer}.weight"] = w.T.astype(np.float32)
+        elif not name.endswith((".qzeros", ".scales")):
+            weights[name] = t.astype(np.float32)
+    return emulate.flax.load_weights(Llama(_hf_config(folder)), weights)
+
+
+def main_awq(config: Config = Config(), steps: int = 8) -> dict[str, list[int]]:
+    prompt = [1, 2, 3, 4]
+    with tempfile.TemporaryDirectory() as tmp:
+        write_awq(tmp, config)
+        model, reference = port_awq(tmp), float_model_awq(tmp)
+    tokens = {"float": greedy(reference, prompt, steps)}
+    for target in ("tpu_v4", "tpu_v5e"):
+        with emulate.target(target):
+            tokens[target] = greedy(model, prompt, steps)
+    for name, t in tokens.items():
+        print(f"AWQ {name:8s} {t}")
+    assert tokens["tpu_v4"] == tokens["tpu_v5e"] == tokens["float"], tokens
+    return tokens
+
+
 if __name__ == "__main__":
     main()
+    main_awq()

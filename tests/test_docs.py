@@ -110,6 +110,9 @@ def _check_api_page(site) -> None:
             assert f'id="emulate.{name}"' in page, name
     for name in testing.__all__:
         assert f'id="emulate.testing.{name}"' in page, name
+    for name in emulate.importers.__all__:  # documented where they are defined
+        owner = getattr(emulate.importers, name).__module__
+        assert f'id="{owner}.{name}"' in page, name
 
 
 def _check_tutorial(site) -> None:

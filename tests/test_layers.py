@@ -73,7 +73,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "importers: block layouts",
         [
-            "emulate.importers",
+            "emulate.importers.parts",
             "emulate.importers.ggml_parts",
             "emulate.importers.ggml_legacy",
             "emulate.importers.ggml_kquants",
@@ -90,9 +90,10 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "importers",
         [
-            "emulate.importers.gguf",
             "emulate.importers.as_qarray",
+            "emulate.importers.gguf",
             "emulate.importers.safetensors",
+            "emulate.importers",
         ],
     ),
     (
@@ -572,8 +573,8 @@ TESTED_ELSEWHERE = {
     "emulate.engine.run": "plan_for, run_plan: test_dot, engine/test_tiled",
     "emulate.engine.sites": "site scopes: test_program, test_rewrite (emulate.inspect)",
     "emulate.mx": "the MX / NVFP4 schemes: test_quant, test_scaled",
-    "emulate.importers": "package docstring only",
     "emulate.flax": "re-exports only: tests/flax/ reach every name through it",
+    "emulate.importers.parts": "the one parts record: importers/test_ggml, test_conventions",
     "emulate.importers.ggml_parts": GGML,
     "emulate.importers.ggml_legacy": GGML,
     "emulate.importers.ggml_kquants": GGML,

@@ -1,7 +1,8 @@
 """A QArray with zero points, offsets and two-level parts sharded over 8 host CPU devices,
-along N and along K at block boundaries: mode "exact" equals the unsharded matmul bit for
-bit; mode "fast" (whose f32 sums XLA may order differently per shard shape) lies within
-twice the documented bound of it.
+along N and along K at block boundaries, and weights loaded by the importers (a GGUF Q4_K
+tensor, an AutoAWQ checkpoint) sharded along K at block boundaries: mode "exact" equals
+the unsharded matmul bit for bit; mode "fast" (whose f32 sums XLA may order differently
+per shard shape) lies within twice the documented bound of it.
 
 The checks run in a subprocess (XLA_FLAGS must be set before JAX starts)."""
 
@@ -71,6 +72,66 @@ SCRIPT = textwrap.dedent(
             out[f"{name}-{target}-{mode}"] = bool(ok)
         out[f"{name}-sharded-leaves"] = [
             len(leaf.sharding.device_set) for leaf in jax.tree.leaves(qs)]
+
+    # Loaded weights, sharded along K at block boundaries: a GGUF Q4_K tensor (N, K),
+    # blocks along its last axis (two-level scales and mins, codes packed along K; one
+    # 256-element super-block per device), and an AutoAWQ GEMM checkpoint read with
+    # load_safetensors, (N, K) as well (zero points packed, group 128 per device).
+    import os, tempfile
+    from safetensors.numpy import save_file
+    from emulate.importers import ggml, gguf as gguf_importer, load_safetensors
+
+    def expand(a, block, shape):
+        a = a.dequantize() if isinstance(a, QArray) else a
+        a = np.asarray(emulate.unpack(a) if isinstance(a, emulate.Packed) else a, np.float64)
+        for axis, b in enumerate(block):
+            a = np.repeat(a, b, axis=axis)
+        return a[tuple(slice(0, n) for n in shape)]
+
+    def magnitude(x, q):  # |x| @ (|v s| + |z s| + |o|)^T for an (N, K) QArray
+        v = np.asarray(emulate.unpack(q.codes), np.float64)
+        s = expand(q.scales, q.block_shape, v.shape)
+        z = 0 if q.zero_points is None else expand(q.zero_points, q.block_shape, v.shape)
+        o = 0 if q.offsets is None else expand(q.offsets, q.block_shape, v.shape)
+        w = np.abs(v * s) + np.abs(z * s) + np.abs(o)
+        return np.abs(np.asarray(x, np.float64)) @ w.T
+
+    n, k = 16, 2048
+    raw = rng.integers(0, 256, (n, k // 256, 144)).astype(np.uint8)
+    d = (np.abs(rng.standard_normal((n, k // 256, 2))) * 2.0**-8).astype("<f2")
+    raw[:, :, 0:4] = d.view(np.uint8).reshape(n, k // 256, 4)  # finite d and dmin
+    q4k = gguf_importer.to_qarray(ggml.parse_blocks(raw.reshape(n, -1), "Q4_K", (n, k)))
+    ka, na = 1024, 32
+    awq_codes = rng.integers(0, 16, (ka, na)).astype(np.uint32)
+    awq_zeros = rng.integers(0, 16, (ka // 128, na)).astype(np.uint32)
+    def awq_pack(c):  # nibble i of a word: column [0, 2, 4, 6, 1, 3, 5, 7][i]
+        cols = c.reshape(c.shape[0], -1, 8)[:, :, [0, 2, 4, 6, 1, 3, 5, 7]]
+        return sum(cols[:, :, i] << (4 * i) for i in range(8)).astype(np.uint32).view(np.int32)
+    folder = tempfile.mkdtemp()
+    save_file({"l.qweight": awq_pack(awq_codes), "l.qzeros": awq_pack(awq_zeros),
+               "l.scales": (rng.uniform(0.5, 1, (ka // 128, na)) * 0.01).astype(np.float16)},
+              os.path.join(folder, "model.safetensors"))
+    awq_config = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
+                  "version": "gemm"}
+    awq = load_safetensors(folder, config=awq_config)["l.weight"]
+    for name, q in {"q4_k": q4k, "awq": awq}.items():
+        kk = q.shape[1]
+        x = jnp.asarray(rng.standard_normal((4, kk)), jnp.bfloat16)
+        qs = jax.device_put(q, NamedSharding(mesh, P(None, "x")))
+        xs = jax.device_put(x, NamedSharding(mesh, P(None, "x")))
+        segments = kk // min(b for b in q.block_shape if b > 1)
+        bound = 2 * emulate.bounds.gamma(kk + segments + 5) * magnitude(x, q)
+        for target, mode in (("cpu", "exact"), ("tpu_v5e", "fast")):
+            f = jax.jit(lambda a, b: emulate.matmul(
+                a, b.T, target=target, mode=mode, preferred_element_type=jnp.float32))
+            want, got = np.asarray(f(x, q)), np.asarray(f(xs, qs))
+            if mode == "exact":
+                ok = np.array_equal(got.view(np.uint32), want.view(np.uint32))
+            else:
+                ok = np.all(np.abs(got.astype(np.float64) - want) <= bound)
+            out[f"loaded_{name}-{target}-{mode}"] = bool(ok)
+        out[f"loaded_{name}-sharded-leaves"] = [
+            len(leaf.sharding.device_set) for leaf in jax.tree.leaves(qs)]
     out["devices"] = jax.device_count()
     print(json.dumps(out))
     """
@@ -98,7 +159,17 @@ def test_sharded_matmul_agrees_with_unsharded(result, layout, target, mode):
     assert result[f"{layout}-{target}-{mode}"] is True
 
 
+@pytest.mark.parametrize("weight", ["q4_k", "awq"])
+@pytest.mark.parametrize(("target", "mode"), [("cpu", "exact"), ("tpu_v5e", "fast")])
+def test_loaded_weights_sharded_along_k_agree_with_unsharded(result, weight, target, mode):
+    assert result[f"loaded_{weight}-{target}-{mode}"] is True
+
+
 def test_every_part_is_split_over_the_devices(result):
     # codes, scales, zero points, offsets (two-level: their codes and scales) all sharded
     assert result["along_n-sharded-leaves"] == [8, 8, 8, 8, 8]
     assert result["along_k-sharded-leaves"] == [8, 8, 8, 8]
+    # Q4_K: codes, sub-block scale codes and d, min codes and -dmin; AWQ: codes, scales,
+    # zero points
+    assert result["loaded_q4_k-sharded-leaves"] == [8, 8, 8, 8, 8]
+    assert result["loaded_awq-sharded-leaves"] == [8, 8, 8]

@@ -1,5 +1,6 @@
 """GGML tensors from their raw block bytes: :func:`parse_blocks` returns a
-:class:`GGMLParts` in logical element order, with scales, offsets and tables as stored.
+:class:`~emulate.importers.parts.StoredParts` in logical element order, with scales,
+offsets and tables as stored.
 
 Types read: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (``ggml_legacy``), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
 (``ggml_kquants``), IQ4_NL, IQ4_XS and MXFP4 (``ggml_iq``); the modules' docstrings give
@@ -29,20 +30,19 @@ from emulate.importers.ggml_legacy import (
     parse_q5_1,
     parse_q8_0,
 )
-from emulate.importers.ggml_parts import BLOCKS, GGMLParts, SubBlockScales
+from emulate.importers.ggml_parts import BLOCKS
+from emulate.importers.parts import StoredParts
 
 __all__ = [
     "BLOCKS",
-    "GGMLParts",
     "KVALUES_IQ4NL",
-    "SubBlockScales",
     "TYPES",
     "check_layout",
     "parse_blocks",
     "stored_bits_per_element",
 ]
 
-_PARSERS: dict[str, Callable[[np.ndarray, str], GGMLParts]] = {
+_PARSERS: dict[str, Callable[[np.ndarray, str], StoredParts]] = {
     "Q4_0": parse_q4_0,
     "Q4_1": parse_q4_1,
     "Q5_0": parse_q5_0,
@@ -95,7 +95,7 @@ def check_layout(ggml_type: str, shape: Sequence[int], *, name: str = "tensor") 
 
 def parse_blocks(
     data: np.ndarray | bytes, ggml_type: str, shape: Sequence[int], *, name: str = "tensor"
-) -> GGMLParts:
+) -> StoredParts:
     """The parts of one GGML tensor, from its block bytes.
 
     Args:
@@ -106,8 +106,9 @@ def parse_blocks(
       name: the tensor's name, for error messages and the parts.
 
     Returns:
-      A :class:`GGMLParts` of shape ``shape``: codes one per element in logical order,
-      per-block arrays of shape ``(*shape[:-1], shape[-1] // block)``.
+      A :class:`~emulate.importers.parts.StoredParts` of shape ``shape``: codes one per
+      element in logical order, per-block arrays of shape ``(*shape[:-1], shape[-1] //
+      block)``, blocks along the last axis (``k_axis = -1``), ``dtype`` float32.
 
     Raises:
       TypeError: ``data`` is not uint8 bytes.
@@ -154,25 +155,29 @@ def _rows(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return x.reshape(*shape[:-1], -1)
 
 
-def _per_row(
-    part: np.ndarray | SubBlockScales, shape: tuple[int, ...]
-) -> np.ndarray | SubBlockScales:
-    """A block-major scale or offset part reshaped to the tensor's rows."""
-    if isinstance(part, SubBlockScales):
+def _row_blocks(block_shape: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (1,) * (len(shape) - 1) + block_shape[-1:]
+
+
+def _per_row(part: object, shape: tuple[int, ...]) -> np.ndarray | StoredParts:
+    """A block-major scale or offset part (an array or a two-level record) reshaped to
+    the tensor's rows."""
+    if isinstance(part, StoredParts):
         return dataclasses.replace(
             part,
             codes=_rows(part.codes, shape),
-            super_scales=_rows(part.super_scales, shape),
+            scales=_rows(np.asarray(part.scales), shape),
+            block_shape=_row_blocks(part.block_shape, shape),
         )
-    return _rows(part, shape)
+    return _rows(np.asarray(part), shape)
 
 
-def _to_rows(parts: GGMLParts, shape: tuple[int, ...]) -> GGMLParts:
+def _to_rows(parts: StoredParts, shape: tuple[int, ...]) -> StoredParts:
     """``parts`` with its block-major arrays reshaped to the tensor's rows."""
     return dataclasses.replace(
         parts,
-        shape=shape,
         codes=parts.codes.reshape(shape),
+        block_shape=_row_blocks(parts.block_shape, shape),
         scales=_per_row(parts.scales, shape),
         offsets=None if parts.offsets is None else _per_row(parts.offsets, shape),
     )

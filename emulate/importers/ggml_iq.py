@@ -1,8 +1,9 @@
 """ggml's codebook and MX blocks: IQ4_NL, IQ4_XS and MXFP4.
 
 Each parser takes the blocks of a tensor, uint8 ``(n_blocks, type_size)``, and returns a
-:class:`GGMLParts` of shape ``(n_blocks, block_size)``. Block layouts (ggml's
-``block_iq4_nl``, ``block_iq4_xs``, ``block_mxfp4``; ``d`` little-endian float16):
+:class:`~emulate.importers.parts.StoredParts` of shape ``(n_blocks, block_size)``. Block
+layouts (ggml's ``block_iq4_nl``, ``block_iq4_xs``, ``block_mxfp4``; ``d`` little-endian
+float16):
 
 - IQ4_NL ``d, qs[16]``: ``W = d * KVALUES_IQ4NL[q]``, ``q`` 4-bit in split halves (as
   Q4_0).
@@ -18,9 +19,11 @@ Each parser takes the blocks of a tensor, uint8 ``(n_blocks, type_size)``, and r
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
-from emulate.importers.ggml_parts import GGMLParts, SubBlockScales, f16_at, split_nibbles
+from emulate.importers.ggml_parts import f16_at, ggml_parts, split_nibbles, sub_block_scales
+from emulate.importers.parts import StoredParts
 
 __all__ = ["KVALUES_IQ4NL", "parse_iq4_nl", "parse_iq4_xs", "parse_mxfp4"]
 
@@ -33,60 +36,30 @@ KVALUES_IQ4NL = np.array(
 KVALUES_IQ4NL.setflags(write=False)
 
 
-def parse_iq4_nl(blocks: np.ndarray, name: str) -> GGMLParts:
+def parse_iq4_nl(blocks: np.ndarray, name: str) -> StoredParts:
     """IQ4_NL: uint4 codes through :data:`KVALUES_IQ4NL`, one f16 scale per 32."""
-    return GGMLParts(
-        name=name,
-        ggml_type="IQ4_NL",
-        shape=(blocks.shape[0], 32),
-        codes=split_nibbles(blocks[:, 2:18], 16),
-        element="uint4",
-        zero_point=0,
-        block=32,
-        scales=f16_at(blocks, 0),
-        scale_format="float16",
-        codebook=KVALUES_IQ4NL,
+    codes = split_nibbles(blocks[:, 2:18], 16)
+    return ggml_parts(
+        blocks, name, "IQ4_NL", codes, "uint4", f16_at(blocks, 0), codebook=KVALUES_IQ4NL
     )
 
 
-def parse_iq4_xs(blocks: np.ndarray, name: str) -> GGMLParts:
+def parse_iq4_xs(blocks: np.ndarray, name: str) -> StoredParts:
     """IQ4_XS: uint4 codes through :data:`KVALUES_IQ4NL`; uint6 sub-block scales (zero
     point 32) times ``d``."""
     n = blocks.shape[0]
     high_word = np.ascontiguousarray(blocks[:, 2:4]).view("<u2").astype(np.uint16)
     high = (high_word >> np.arange(0, 16, 2, dtype=np.uint16)) & 0x03
     low = np.stack([blocks[:, 4:8] & 0x0F, blocks[:, 4:8] >> 4], axis=2).reshape(n, 8)
-    scales = SubBlockScales(
-        codes=(low | (high.astype(np.uint8) << 4)).astype(np.uint8),
-        element="uint6",
-        zero_point=32,
-        super_scales=f16_at(blocks, 0),
-        block=8,
+    scales = sub_block_scales(
+        (low | (high.astype(np.uint8) << 4)).astype(np.uint8), "uint6", f16_at(blocks, 0), 32
     )
-    return GGMLParts(
-        name=name,
-        ggml_type="IQ4_XS",
-        shape=(n, 256),
-        codes=split_nibbles(blocks[:, 8:136], 16),
-        element="uint4",
-        zero_point=0,
-        block=32,
-        scales=scales,
-        scale_format="two_level",
-        codebook=KVALUES_IQ4NL,
-    )
+    codes = split_nibbles(blocks[:, 8:136], 16)
+    return ggml_parts(blocks, name, "IQ4_XS", codes, "uint4", scales, codebook=KVALUES_IQ4NL)
 
 
-def parse_mxfp4(blocks: np.ndarray, name: str) -> GGMLParts:
+def parse_mxfp4(blocks: np.ndarray, name: str) -> StoredParts:
     """MXFP4: e2m1 codes, one e8m0 exponent byte per 32 (see the module docstring)."""
-    return GGMLParts(
-        name=name,
-        ggml_type="MXFP4",
-        shape=(blocks.shape[0], 32),
-        codes=split_nibbles(blocks[:, 1:17], 16),
-        element="float4_e2m1fn",
-        zero_point=0,
-        block=32,
-        scales=np.ascontiguousarray(blocks[:, 0:1]),
-        scale_format="e8m0",
-    )
+    codes = split_nibbles(blocks[:, 1:17], 16)
+    scales = np.ascontiguousarray(blocks[:, 0:1]).view(ml_dtypes.float8_e8m0fnu)
+    return ggml_parts(blocks, name, "MXFP4", codes, "float4_e2m1fn", scales)

@@ -1,8 +1,9 @@
 """ggml's K-quants: 256-element super-blocks with integer sub-block scales (Q2_K ... Q6_K).
 
 Each parser takes the blocks of a tensor, uint8 ``(n_blocks, type_size)``, and returns a
-:class:`GGMLParts` of shape ``(n_blocks, 256)`` whose scales (and offsets) are
-:class:`SubBlockScales`: a small integer per sub-block times the super-block's float16.
+:class:`~emulate.importers.parts.StoredParts` of shape ``(n_blocks, 256)`` whose
+scales (and offsets) are two-level (``ggml_parts.sub_block_scales``): a small integer per
+sub-block times the super-block's float16.
 Block layouts (ggml's ``block_q2_K`` ... ``block_q6_K``; ``d``, ``dmin`` little-endian
 float16), with ``s``, ``m`` the sub-block's scale and min codes:
 
@@ -34,49 +35,30 @@ from __future__ import annotations
 import numpy as np
 
 from emulate.importers.ggml_parts import (
-    GGMLParts,
-    SubBlockScales,
     bit_planes,
     crumbs,
     f16_at,
+    ggml_parts,
     split_nibbles,
+    sub_block_scales,
 )
+from emulate.importers.parts import StoredParts
 
 __all__ = ["parse_q2_k", "parse_q3_k", "parse_q4_k", "parse_q5_k", "parse_q6_k"]
 
 
-def _sub(
-    codes: np.ndarray, element: str, super_scales: np.ndarray, zero_point: int = 0
-) -> SubBlockScales:
-    return SubBlockScales(
-        codes=np.ascontiguousarray(codes),
-        element=element,
-        zero_point=zero_point,
-        super_scales=super_scales,
-        block=codes.shape[1],
-    )
-
-
 def _parts(
+    blocks: np.ndarray,
     name: str,
     ggml_type: str,
     codes: np.ndarray,
     element: str,
-    scales: SubBlockScales,
-    offsets: SubBlockScales | None = None,
+    scales: StoredParts,
+    offsets: StoredParts | None = None,
     zero_point: int = 0,
-) -> GGMLParts:
-    return GGMLParts(
-        name=name,
-        ggml_type=ggml_type,
-        shape=tuple(codes.shape),
-        codes=codes,
-        element=element,
-        zero_point=zero_point,
-        block=256 // scales.codes.shape[1],
-        scales=scales,
-        scale_format="two_level",
-        offsets=offsets,
+) -> StoredParts:
+    return ggml_parts(
+        blocks, name, ggml_type, codes, element, scales, zero_point=zero_point, offsets=offsets
     )
 
 
@@ -96,16 +78,16 @@ def _negated(x: np.ndarray) -> np.ndarray:
     return (x.view(np.uint16) ^ np.uint16(0x8000)).view(np.float16)
 
 
-def parse_q2_k(blocks: np.ndarray, name: str) -> GGMLParts:
+def parse_q2_k(blocks: np.ndarray, name: str) -> StoredParts:
     """Q2_K: uint2 codes; uint4 sub-block scales times ``d``, mins times ``-dmin``."""
     packed = blocks[:, 0:16]
     codes = crumbs(blocks[:, 16:80], 32)
-    scales = _sub(packed & 0x0F, "uint4", f16_at(blocks, 80))
-    offsets = _sub(packed >> 4, "uint4", _negated(f16_at(blocks, 82)))
-    return _parts(name, "Q2_K", codes, "uint2", scales, offsets)
+    scales = sub_block_scales(packed & 0x0F, "uint4", f16_at(blocks, 80))
+    offsets = sub_block_scales(packed >> 4, "uint4", _negated(f16_at(blocks, 82)))
+    return _parts(blocks, name, "Q2_K", codes, "uint2", scales, offsets)
 
 
-def parse_q3_k(blocks: np.ndarray, name: str) -> GGMLParts:
+def parse_q3_k(blocks: np.ndarray, name: str) -> StoredParts:
     """Q3_K: uint3 codes with zero point 4; uint6 sub-block scales (zero point 32) times
     ``d``."""
     low = crumbs(blocks[:, 32:96], 32)
@@ -113,30 +95,30 @@ def parse_q3_k(blocks: np.ndarray, name: str) -> GGMLParts:
     codes = low | (high << 2)
     packed = blocks[:, 96:108]
     sub = split_nibbles(packed[:, 0:8], 8) | (crumbs(packed[:, 8:12], 4) << 4)
-    scales = _sub(sub, "uint6", f16_at(blocks, 108), zero_point=32)
-    return _parts(name, "Q3_K", codes, "uint3", scales, zero_point=4)
+    scales = sub_block_scales(sub, "uint6", f16_at(blocks, 108), 32)
+    return _parts(blocks, name, "Q3_K", codes, "uint3", scales, zero_point=4)
 
 
-def parse_q4_k(blocks: np.ndarray, name: str) -> GGMLParts:
+def parse_q4_k(blocks: np.ndarray, name: str) -> StoredParts:
     """Q4_K: uint4 codes; uint6 sub-block scales times ``d``, mins times ``-dmin``."""
     s, m = k_scale_mins(blocks[:, 4:16])
     codes = split_nibbles(blocks[:, 16:144], 32)
-    scales = _sub(s, "uint6", f16_at(blocks, 0))
-    offsets = _sub(m, "uint6", _negated(f16_at(blocks, 2)))
-    return _parts(name, "Q4_K", codes, "uint4", scales, offsets)
+    scales = sub_block_scales(s, "uint6", f16_at(blocks, 0))
+    offsets = sub_block_scales(m, "uint6", _negated(f16_at(blocks, 2)))
+    return _parts(blocks, name, "Q4_K", codes, "uint4", scales, offsets)
 
 
-def parse_q5_k(blocks: np.ndarray, name: str) -> GGMLParts:
+def parse_q5_k(blocks: np.ndarray, name: str) -> StoredParts:
     """Q5_K: uint5 codes; uint6 sub-block scales times ``d``, mins times ``-dmin``."""
     s, m = k_scale_mins(blocks[:, 4:16])
     codes = split_nibbles(blocks[:, 48:176], 32) | (bit_planes(blocks[:, 16:48], 32) << 4)
-    scales = _sub(s, "uint6", f16_at(blocks, 0))
-    offsets = _sub(m, "uint6", _negated(f16_at(blocks, 2)))
-    return _parts(name, "Q5_K", codes, "uint5", scales, offsets)
+    scales = sub_block_scales(s, "uint6", f16_at(blocks, 0))
+    offsets = sub_block_scales(m, "uint6", _negated(f16_at(blocks, 2)))
+    return _parts(blocks, name, "Q5_K", codes, "uint5", scales, offsets)
 
 
-def parse_q6_k(blocks: np.ndarray, name: str) -> GGMLParts:
+def parse_q6_k(blocks: np.ndarray, name: str) -> StoredParts:
     """Q6_K: uint6 codes with zero point 32; int8 sub-block scales times ``d``."""
     codes = split_nibbles(blocks[:, 0:128], 64) | (crumbs(blocks[:, 128:192], 32) << 4)
-    scales = _sub(blocks[:, 192:208], "int8", f16_at(blocks, 208))
-    return _parts(name, "Q6_K", codes, "uint6", scales, zero_point=32)
+    scales = sub_block_scales(blocks[:, 192:208], "int8", f16_at(blocks, 208))
+    return _parts(blocks, name, "Q6_K", codes, "uint6", scales, zero_point=32)

@@ -1,36 +1,33 @@
-"""GGML quantized tensors as parts in logical element order: the records, the block table
-and the bit-field readers shared by the block parsers.
+"""GGML quantized tensors as :class:`~emulate.importers.parts.StoredParts`: the block
+table, the builders of the record for GGML's layouts, and the bit-field readers shared by
+the block parsers.
 
 A GGML tensor stores its rows along the last axis, each row a sequence of blocks of
 ``block_size`` elements in ``type_size`` bytes (:data:`BLOCKS`). The parsers in
 ``ggml_legacy``, ``ggml_kquants`` and ``ggml_iq`` undo each type's element order and
-return a :class:`GGMLParts`: one uint8 code per element in logical order, and the block
-scales, offsets and tables exactly as stored. Element ``i`` of the tensor stands for::
-
-    W[i] = (value(codes[i]) - zero_point) * scale[block(i)] + offset[block(i)]
-
-where ``value`` reads the code as ``element`` (``int8`` as two's complement, ``uintN`` as
-unsigned, ``float4_e2m1fn`` as OCP e2m1) or, when ``codebook`` is given, as
-``codebook[code]``. ``scale`` and ``offset`` are per block of ``block`` elements along the
-last axis; a :class:`SubBlockScales` stands for its own formula (two-level scales). Pure
-numpy; nothing here imports JAX.
+return the record through :func:`ggml_parts`: one uint8 code per element in logical
+order, the block scales, offsets and tables exactly as stored, blocks along the last axis
+(``k_axis = -1``), and the value ggml's own decoder returns (float32). Two-level scales
+and mins (the K-quants, IQ4_XS) are nested records (:func:`sub_block_scales`): a small
+integer code per sub-block times the super-block's float16, computed in float32 (exact:
+an f16 times an integer of at most 8 bits). Pure numpy; nothing here imports JAX.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
+
+from emulate.importers.parts import StoredParts
 
 __all__ = [
     "BLOCKS",
-    "GGMLParts",
-    "SubBlockScales",
     "bit_planes",
     "crumbs",
     "element_bits",
     "f16_at",
+    "ggml_parts",
     "split_nibbles",
+    "sub_block_scales",
 ]
 
 #: GGML type name -> (elements per block, bytes per block), for the types emulate reads.
@@ -59,7 +56,6 @@ _ELEMENT_BITS = {
     "int8": 8,
     "float4_e2m1fn": 4,
 }
-_SCALE_BITS = {"float16": 16, "e8m0": 8}
 
 
 def element_bits(element: str) -> int:
@@ -67,96 +63,83 @@ def element_bits(element: str) -> int:
     return _ELEMENT_BITS[element]
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class SubBlockScales:
-    """Two-level scales (or offsets) of a K-quant or IQ4_XS tensor, as stored.
+def sub_block_scales(
+    codes: np.ndarray, element: str, super_scales: np.ndarray, zero_point: int = 0
+) -> StoredParts:
+    """Two-level scales (or offsets) of a K-quant or IQ4_XS tensor, block-major, as stored.
 
-    Sub-block ``j`` of a row has the scale ``(value(codes[j]) - zero_point) *
-    super_scales[j // block]``, computed in float32 (exact: an f16 times an integer of at
-    most 8 bits).
+    Sub-block ``j`` of a super-block has the scale ``(value(codes[:, j]) - zero_point) *
+    super_scales``.
 
-    Attributes:
-      codes: uint8, shape ``(*rows, n_sub)``: one code per sub-block, ``element`` bits
+    Args:
+      codes: uint8 ``(n_blocks, n_sub)``: one code per sub-block, ``element`` bits
         (``int8``: two's complement, Q6_K).
       element: ``"uint4"``, ``"uint6"`` or ``"int8"``.
+      super_scales: float16 ``(n_blocks, 1)``: the super-block's ``d``, or ``-dmin`` for
+        the mins of Q2_K, Q4_K and Q5_K (negating an f16 is exact, so the offset is added
+        like every other offset).
       zero_point: subtracted from each code (32 for Q3_K's and IQ4_XS's 6-bit scales).
-      super_scales: float16, shape ``(*rows, n_sub // block)``: the super-block's ``d``,
-        or ``-dmin`` for the mins of Q2_K, Q4_K and Q5_K (negating an f16 is exact, so the
-        offset is added like every other offset).
-      block: sub-blocks per super-block (16 or 8).
     """
+    bits = element_bits(element)
+    return StoredParts(
+        codes=np.ascontiguousarray(codes),
+        fmt=element,
+        bits=bits,
+        block_shape=(1, codes.shape[1]),
+        scales=super_scales,
+        dtype="float32",
+        source=f"{element} sub-block codes times the super-block's float16",
+        stored_bits=codes.size * bits + super_scales.size * 16,
+        zero_points=zero_point or None,
+        k_axis=-1,
+    )
 
-    codes: np.ndarray
-    element: str
-    zero_point: int
-    super_scales: np.ndarray
-    block: int
 
-    @property
-    def bits_per_scale(self) -> float:
-        """Stored bits per sub-block: the code plus its share of the f16 super scale."""
-        return element_bits(self.element) + 16 / self.block
+def ggml_parts(
+    blocks: np.ndarray,
+    name: str,
+    ggml_type: str,
+    codes: np.ndarray,
+    element: str,
+    scales: np.ndarray | StoredParts,
+    *,
+    zero_point: int = 0,
+    offsets: np.ndarray | StoredParts | None = None,
+    codebook: np.ndarray | None = None,
+) -> StoredParts:
+    """The record of one GGML tensor, block-major (``emulate.importers.ggml`` reshapes it
+    to the tensor's rows).
 
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class GGMLParts:
-    """One GGML tensor's stored parts in logical element order (see the module docstring).
-
-    Attributes:
-      name: the tensor's name (used in error messages).
-      ggml_type: the GGML type name (a key of :data:`BLOCKS`).
-      shape: the logical numpy shape (GGUF's dims reversed); rows along the last axis.
-      codes: uint8, ``shape``: one code per element, ``element`` bits wide.
-      element: the codes' format: ``"uint2"``, ``"uint3"``, ``"uint4"``, ``"uint5"``,
-        ``"uint6"``, ``"int8"`` or ``"float4_e2m1fn"``.
+    Args:
+      blocks: the tensor's blocks, uint8 ``(n_blocks, type_size)`` (their bits are the
+        file's).
+      name: the tensor's name. ggml_type: a key of :data:`BLOCKS`.
+      codes: uint8 ``(n_blocks, block_size)``, one code per element, ``element`` bits:
+        ``"uint2"`` ... ``"uint6"``, ``"int8"`` or ``"float4_e2m1fn"``.
+      scales: per block of elements, ``(n_blocks, block_size // block)``: float16,
+        float8_e8m0fnu (MXFP4: ``2**(byte - 127)``; byte 255 is ``2**128`` to ggml), or
+        :func:`sub_block_scales`.
       zero_point: the implicit offset of unsigned codes (Q4_0: 8, Q5_0: 16, Q6_K: 32,
         Q3_K: 4), else 0.
-      block: elements per scale (and offset) along the last axis.
-      scales: per block along the last axis, shape ``(*shape[:-1], shape[-1] // block)``:
-        float16 (``scale_format == "float16"``), uint8 exponent bytes (``"e8m0"``: the
-        scale is ``2**(byte - 127)`` for every byte, 255 included, as ggml reads it), or
-        a :class:`SubBlockScales` (``"two_level"``).
-      scale_format: ``"float16"``, ``"e8m0"`` or ``"two_level"``.
-      offsets: None, float16 per block (Q4_1, Q5_1: ``m``), or a :class:`SubBlockScales`
+      offsets: None, float16 per block (Q4_1, Q5_1: ``m``), or :func:`sub_block_scales`
         (Q2_K, Q4_K, Q5_K: ``-dmin * m``), added after scaling.
-      codebook: None, or the int8 table that ``value`` reads codes through (IQ4_NL,
-        IQ4_XS: ggml's ``kvalues_iq4nl``).
+      codebook: None, or the int8 table the codes index (IQ4_NL, IQ4_XS).
     """
-
-    name: str
-    ggml_type: str
-    shape: tuple[int, ...]
-    codes: np.ndarray
-    element: str
-    zero_point: int
-    block: int
-    scales: np.ndarray | SubBlockScales
-    scale_format: str
-    offsets: np.ndarray | SubBlockScales | None = None
-    codebook: np.ndarray | None = None
-
-    @property
-    def bits_per_element(self) -> float:
-        """Bits an element when codes, scales and offsets are packed densely (the tables
-        and the zero point, one per tensor, are not counted)."""
-        bits = element_bits(self.element) + _bits_per_scale(self.scales, self.scale_format) / (
-            self.block
-        )
-        if self.offsets is not None:
-            bits += _bits_per_scale(self.offsets, "float16") / self.block
-        return bits
-
-    def __repr__(self) -> str:
-        return (
-            f"GGMLParts({self.name!r}, {self.ggml_type}, shape={self.shape}, "
-            f"{self.bits_per_element:g} bits/element)"
-        )
-
-
-def _bits_per_scale(part: np.ndarray | SubBlockScales, scale_format: str) -> float:
-    if isinstance(part, SubBlockScales):
-        return part.bits_per_scale
-    return _SCALE_BITS[scale_format]
+    return StoredParts(
+        codes=codes,
+        fmt=element,
+        bits=element_bits(element),
+        block_shape=(1, codes.shape[1] // scales.shape[1]),
+        scales=scales,
+        dtype="float32",
+        source=f"GGUF {ggml_type}: {name}",
+        stored_bits=blocks.size * 8,
+        zero_points=zero_point or None,
+        offsets=offsets,
+        codebook=codebook,
+        k_axis=-1,
+        name=name,
+    )
 
 
 def f16_at(blocks: np.ndarray, start: int) -> np.ndarray:

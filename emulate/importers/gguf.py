@@ -1,5 +1,5 @@
 """GGUF files, read as stored: :func:`read_gguf` returns each tensor by name, a quantized
-one as :class:`~emulate.importers.ggml.GGMLParts` (its blocks parsed by emulate, not
+one as :class:`~emulate.importers.parts.StoredParts` (its blocks parsed by emulate, not
 dequantized), a plain one (F32, F16, BF16, F64, I8 ... I64) as a numpy array;
 :func:`to_qarray` turns parts into an :class:`emulate.QArray`, and :func:`load_gguf` does
 both in one call.
@@ -23,8 +23,9 @@ import ml_dtypes
 import numpy as np
 from jax.typing import DTypeLike
 
-from emulate.importers.ggml import TYPES, GGMLParts, SubBlockScales, check_layout, parse_blocks
-from emulate.numerics.storage import Packed, pack
+from emulate.importers import as_qarray
+from emulate.importers.ggml import TYPES, check_layout, parse_blocks
+from emulate.importers.parts import StoredParts
 from emulate.quant import QArray
 
 __all__ = ["GGUFFile", "load_gguf", "read_gguf", "to_qarray"]
@@ -49,14 +50,14 @@ class GGUFFile:
 
     Attributes:
       path: the file.
-      tensors: name -> :class:`GGMLParts` (quantized) or numpy array (plain), in file order.
+      tensors: name -> :class:`StoredParts` (quantized) or numpy array (plain), in file order.
       types: name -> GGML type name (``"Q4_K"``, ``"F32"``, ...).
       metadata: the key-value fields (``"general.architecture"``, ``"llama.block_count"``,
         ...): strings, numbers, and lists of them.
     """
 
     path: str
-    tensors: dict[str, GGMLParts | np.ndarray]
+    tensors: dict[str, StoredParts | np.ndarray]
     types: dict[str, str]
     metadata: dict[str, Any]
 
@@ -64,7 +65,7 @@ class GGUFFile:
         """One line per tensor: name, GGML type, numpy shape and bits an element."""
         lines = []
         for name, t in self.tensors.items():
-            bits = t.bits_per_element if isinstance(t, GGMLParts) else 8 * t.dtype.itemsize
+            bits = t.bits_per_element if isinstance(t, StoredParts) else 8 * t.dtype.itemsize
             lines.append(f"{name}: {self.types[name]} {tuple(t.shape)} {bits:g} bits/element")
         return "\n".join(lines)
 
@@ -126,7 +127,7 @@ def _metadata(reader: Any) -> dict[str, Any]:
     }
 
 
-def _read_tensor(tensor: Any) -> tuple[str, GGMLParts | np.ndarray]:
+def _read_tensor(tensor: Any) -> tuple[str, StoredParts | np.ndarray]:
     type_name = tensor.tensor_type.name
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
     if type_name in PLAIN_TYPES:
@@ -142,7 +143,7 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
       path: a GGUF file (little-endian, as llama.cpp writes them).
 
     Returns:
-      A :class:`GGUFFile`: quantized tensors as :class:`GGMLParts` (types Q4_0, Q4_1,
+      A :class:`GGUFFile`: quantized tensors as :class:`StoredParts` (types Q4_0, Q4_1,
       Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4), plain ones
       (F32, F16, BF16, F64, I8, I16, I32, I64) as numpy arrays, shapes in numpy order.
 
@@ -156,7 +157,7 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     reader = _open(path)
     if reader.byte_order != "I":
         raise ValueError(f"{path}: a big-endian GGUF file; emulate reads little-endian ones")
-    tensors: dict[str, GGMLParts | np.ndarray] = {}
+    tensors: dict[str, StoredParts | np.ndarray] = {}
     types: dict[str, str] = {}
     for tensor in reader.tensors:
         try:
@@ -166,44 +167,9 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     return GGUFFile(path, tensors, types, _metadata(reader))
 
 
-# --- parts -> QArray (the agreed representation of issue 24) ---------------------------
-
-
-def _codes(codes: np.ndarray, element: str) -> jnp.ndarray | Packed:
-    """Codes as a QArray holds them: int8 as an int8 array, narrower ones packed densely
-    along the last axis."""
-    if element == "int8":
-        return jnp.asarray(codes.view(np.int8))
-    return pack(jnp.asarray(codes), element)
-
-
-def _block_shape(ndim: int, block: int) -> tuple[int, ...]:
-    return (1,) * (ndim - 1) + (block,)
-
-
-def _per_block(part: np.ndarray | SubBlockScales, scale_format: str, name: str) -> Any:
-    """Scales or offsets as a QArray takes them: an array, or a QArray (two-level)."""
-    if isinstance(part, SubBlockScales):
-        return QArray.from_parts(
-            _codes(part.codes, part.element),
-            jnp.asarray(part.super_scales),
-            block_shape=_block_shape(part.codes.ndim, part.block),
-            fmt=part.element,
-            dtype=jnp.float32,
-            zero_points=part.zero_point or None,
-        )
-    if scale_format == "e8m0":
-        if (part == 255).any():
-            raise ValueError(
-                f"tensor {name!r}: scales hold the e8m0 byte 255, which ggml reads as "
-                "2**128 and an OCP scale as NaN; emulate does not guess between them"
-            )
-        return jnp.asarray(part.view(ml_dtypes.float8_e8m0fnu))
-    return jnp.asarray(part)
-
-
-def to_qarray(parts: GGMLParts, *, dtype: DTypeLike = jnp.float32) -> QArray:
-    """A QArray holding ``parts`` as stored: codes packed at their own width, scales and
+def to_qarray(parts: StoredParts, *, dtype: DTypeLike = jnp.float32) -> QArray:
+    """A QArray holding ``parts`` as stored (:func:`emulate.importers.as_qarray.to_qarray`,
+    the one conversion every importer uses): codes packed at their own width, scales and
     offsets per block along the last axis (two-level ones as QArrays of their integer
     codes with the super-block f16 as block scale), the implicit zero point and the
     codebook. The QArray has the parts' shape: for a linear layer's weight, GGUF's
@@ -217,16 +183,14 @@ def to_qarray(parts: GGMLParts, *, dtype: DTypeLike = jnp.float32) -> QArray:
     Raises:
       ValueError: an MXFP4 tensor with a scale byte 255 (see above).
     """
-    return QArray.from_parts(
-        _codes(parts.codes, parts.element),
-        _per_block(parts.scales, parts.scale_format, parts.name),
-        block_shape=_block_shape(len(parts.shape), parts.block),
-        fmt=parts.element,
-        dtype=dtype,
-        zero_points=parts.zero_point or None,
-        offsets=None if parts.offsets is None else _per_block(parts.offsets, "float16", parts.name),
-        codebook=None if parts.codebook is None else jnp.asarray(parts.codebook),
-    )
+    scales = parts.scales
+    if isinstance(scales, np.ndarray) and scales.dtype == ml_dtypes.float8_e8m0fnu:
+        if (scales.view(np.uint8) == 255).any():
+            raise ValueError(
+                f"tensor {parts.name!r}: scales hold the e8m0 byte 255, which ggml reads as "
+                "2**128 and an OCP scale as NaN; emulate does not guess between them"
+            )
+    return as_qarray.to_qarray(dataclasses.replace(parts, dtype=np.dtype(dtype).name))
 
 
 def load_gguf(path: str | os.PathLike[str], *, dtype: DTypeLike = jnp.float32) -> dict[str, Any]:
@@ -239,6 +203,6 @@ def load_gguf(path: str | os.PathLike[str], *, dtype: DTypeLike = jnp.float32) -
     """
     read = read_gguf(path)
     return {
-        name: to_qarray(t, dtype=dtype) if isinstance(t, GGMLParts) else jnp.asarray(t)
+        name: to_qarray(t, dtype=dtype) if isinstance(t, StoredParts) else jnp.asarray(t)
         for name, t in read.tensors.items()
     }

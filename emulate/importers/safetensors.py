@@ -1,12 +1,13 @@
 """Quantized weights from safetensors checkpoints, one call per convention, kept as stored.
 
 ``read_<convention>(path, prefix, ...)`` returns the layer's
-:class:`~emulate.importers.conventions.parts.StoredParts` (numpy, logical ``(..., K, N)``
+:class:`~emulate.importers.parts.StoredParts` (numpy, logical ``(..., K, N)``
 order, ``.source`` naming what was read); ``load_<convention>`` the same as an
 ``emulate.QArray`` (:func:`emulate.importers.as_qarray.to_qarray`), logging what it read
-to the ``emulate.importers`` logger. ``path`` is one
-``.safetensors`` file or a directory of them (a sharded checkpoint); ``prefix`` the
-layer's name (``"model.layers.0.mlp.up_proj"``).
+to the ``emulate.importers`` logger. ``path`` is one ``.safetensors`` file or a directory
+of them (a sharded checkpoint); ``prefix`` the layer's name
+(``"model.layers.0.mlp.up_proj"``). :func:`load_safetensors` reads a whole checkpoint in
+one call (every quantized layer of the config's ``quant_method``, and the plain tensors).
 
 Settings: ``config`` is a mapping (a ``quantization_config``, or a whole ``config.json``
 holding one), a path to a JSON file, or None to read the ones beside the checkpoint:
@@ -27,7 +28,7 @@ import os
 import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -40,10 +41,8 @@ from emulate.importers.conventions.floats import (
     parse_modelopt_nvfp4,
 )
 from emulate.importers.conventions.integer import parse_awq, parse_compressed_int, parse_gptq
-from emulate.importers.conventions.parts import StoredParts
-
-if TYPE_CHECKING:
-    from emulate.quant import QArray
+from emulate.importers.parts import StoredParts
+from emulate.qarray import QArray
 
 __all__ = [
     "SafetensorsCheckpoint",
@@ -61,6 +60,7 @@ __all__ = [
     "load_fp8_blocks",
     "load_modelopt_nvfp4",
     "load_bnb_4bit",
+    "load_safetensors",
 ]
 
 #: ``load_*`` log what they read (convention, tensors, bits an element) here, at INFO.
@@ -243,7 +243,7 @@ def read_bnb_4bit(path: str | os.PathLike[str], prefix: str) -> StoredParts:
 def _qarray(parts: StoredParts) -> QArray:
     from emulate.importers.as_qarray import to_qarray
 
-    LOG.info("read %s (%.3f bits an element)", parts.source, parts.bits_per_element())
+    LOG.info("read %s (%.3f bits an element)", parts.source, parts.bits_per_element)
     return to_qarray(parts)
 
 
@@ -286,3 +286,79 @@ def load_modelopt_nvfp4(
 def load_bnb_4bit(path: str | os.PathLike[str], prefix: str) -> QArray:
     """:func:`read_bnb_4bit` as an ``emulate.QArray``."""
     return _qarray(read_bnb_4bit(path, prefix))
+
+
+#: quant_method -> (the suffix that marks a quantized layer, the suffixes its reader
+#: consumes, the parser): the conventions :func:`load_safetensors` reads whole.
+_WHOLE: dict[str, tuple[str, tuple[str, ...], Any]] = {
+    "awq": (".qweight", (".qweight", ".qzeros", ".scales"), parse_awq),
+    "gptq": (".qweight", (".qweight", ".qzeros", ".scales", ".g_idx"), parse_gptq),
+    "fp8": (".weight_scale_inv", (".weight", ".weight_scale_inv"), parse_fp8_blocks),
+    "compressed-tensors": (
+        ".weight_packed",
+        (
+            ".weight_packed",
+            ".weight_shape",
+            ".weight_scale",
+            ".weight_zero_point",
+            ".weight_g_idx",
+        ),
+        parse_compressed_int,
+    ),
+}
+
+
+def load_safetensors(path: str | os.PathLike[str], *, config: Any = None) -> dict[str, Any]:
+    """Every tensor of a quantized safetensors checkpoint in one call, for
+    ``emulate.flax.load_weights``.
+
+    The config's ``quant_method`` names the convention: ``"awq"`` (AutoAWQ GEMM),
+    ``"gptq"`` (v1/v2, act-order too), ``"fp8"`` (``weight_scale_inv`` blocks) or
+    ``"compressed-tensors"`` (``pack-quantized`` integers). Each quantized layer (a name
+    ending in ``.qweight``, ``.weight_scale_inv`` or ``.weight_packed``) becomes one
+    QArray under ``{prefix}.weight``, as the unquantized checkpoint names it, in the
+    checkpoint's ``(out_features, in_features)`` orientation (the ``(in, out)`` QArray of
+    :func:`load_awq` and its siblings transposed: codes and scales moved, nothing
+    decoded), so that ``load_weights``' default ``layout="out_in"`` applies to every
+    tensor. Every other tensor (embeddings, norms, an unquantized ``lm_head``) is a JAX
+    array of its stored dtype. Names are in file order.
+
+    Args:
+      path: a ``.safetensors`` file or a directory of them.
+      config: as for :func:`read_awq` (None: the settings beside the checkpoint).
+
+    Raises:
+      ImportError: the ``safetensors`` package is missing.
+      ValueError: a ``quant_method`` this function does not read whole (modelopt, bnb,
+        gpt-oss MXFP4 checkpoints: use the per-layer ``load_*``), and every error of the
+        convention's reader, naming the tensor and the field.
+    """
+    import jax.numpy as jnp
+
+    from emulate.importers.as_qarray import to_qarray
+    from emulate.qarray import transpose
+
+    tensors = SafetensorsCheckpoint(path)
+    cfg = _config(path, config, ("quant_config.json", "quantize_config.json"))
+    method = cfg.get("quant_method")
+    if method not in _WHOLE:
+        raise ValueError(
+            f"config: quant_method is {method!r}; load_safetensors reads "
+            f"{', '.join(map(repr, _WHOLE))} checkpoints whole (for the others, load each "
+            "layer with load_modelopt_nvfp4, load_bnb_4bit or load_gpt_oss_mxfp4)"
+        )
+    marker, consumed, parse = _WHOLE[method]
+    prefixes = [n[: -len(marker)] for n in tensors if n.endswith(marker)]
+    taken = {p + s for p in prefixes for s in consumed}
+    out: dict[str, Any] = {}
+    for name in tensors:
+        if name.endswith(marker):
+            prefix = name[: -len(marker)]
+            parts = parse(tensors, prefix, cfg)
+            LOG.info("read %s (%.3f bits an element)", parts.source, parts.bits_per_element)
+            q = to_qarray(parts)
+            axes = (*range(q.ndim - 2), q.ndim - 1, q.ndim - 2)  # (..., K, N) -> (..., N, K)
+            out[f"{prefix}.weight"] = transpose(q, axes)
+        elif name not in taken:
+            out[name] = jnp.asarray(tensors[name])
+    return out

@@ -9,6 +9,11 @@ weights they encode; loaded, the output head keeps the file's bits an element (2
 
 The "Q4_K_M" mix needs issue 24's representation (two-level scales, offsets, 6-bit codes):
 it passes once h24-rep's branch is merged; "Q8_0" (Q8_0 and MXFP4) runs on what is merged.
+
+The AWQ half: the example's AutoAWQ GEMM writer and its float16 dequantization are checked
+against the test suite's numpy port of AutoAWQ's own decoder
+(``tests/importers/_st_oracles.py``, source and commit cited there); the checkpoint loaded
+with ``load_safetensors`` decodes the float model's tokens on both plans.
 """
 
 from __future__ import annotations
@@ -32,6 +37,12 @@ sys.modules["gguf_llama"] = example
 _spec.loader.exec_module(example)
 
 SMALL = example.Config(layers=1)
+
+_oracles = importlib.util.spec_from_file_location(
+    "_st_oracles_for_examples", PATH.parents[1] / "tests" / "importers" / "_st_oracles.py"
+)
+oracles = importlib.util.module_from_spec(_oracles)
+_oracles.loader.exec_module(oracles)
 
 
 @pytest.mark.parametrize("ggml_type,sub_block", [("Q4_K", 32), ("Q6_K", 16)])
@@ -60,6 +71,41 @@ def test_ported_model_decodes_the_float_models_tokens(mix, tmp_path) -> None:
     stored = sum(leaf.nbytes for leaf in jax.tree.leaves(kernel))
     file_bits = {"Q8_0": 8.5, "Q4_K_M": 6.5625}[mix]  # output.weight: Q8_0 or Q6_K
     assert 8 * stored / kernel.size <= 1.02 * file_bits
+    prompt = [1, 2, 3, 4]
+    want = example.greedy(reference, prompt, 6)
+    for target in ("tpu_v4", "tpu_v5e"):
+        with emulate.target(target):
+            assert example.greedy(model, prompt, 6) == want, target
+
+
+def test_the_examples_awq_writer_decodes_with_autoawqs_decoder() -> None:
+    w = np.random.default_rng(1).normal(size=(64, 256)).astype(np.float32)  # (out, in)
+    t = example.quantize_awq(w)
+    assert t["qweight"].shape == (256, 8) and t["qweight"].dtype == np.int32
+    assert t["qzeros"].shape == (2, 8) and t["scales"].shape == (2, 64)
+    want = oracles.awq_dequantize_gemm(t["qweight"], t["qzeros"], t["scales"], 4, 128)
+    got = example.awq_dequantize(t["qweight"], t["qzeros"], t["scales"])
+    assert got.dtype == want.dtype == np.float16
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    # (q - z) * s within half a step of w, plus the f16 rounding of the product
+    step = np.repeat(t["scales"].astype(np.float32), 128, axis=0)
+    assert (np.abs(got.astype(np.float32) - w.T) <= 0.5 * step + 2**-10 * np.abs(w.T)).all()
+    # AWQ's nibble order is what the file holds: codes packed in plain order decode wrong
+    q, _ = oracles.awq_reverse_order(*oracles.awq_unpack(t["qweight"], t["qzeros"]))
+    plain = oracles.awq_pack(q & 15, list(range(8)))
+    wrong = oracles.awq_dequantize_gemm(plain, t["qzeros"], t["scales"], 4, 128)
+    assert (wrong != want).mean() > 0.5
+
+
+def test_awq_checkpoint_decodes_the_float_models_tokens(tmp_path) -> None:
+    example.write_awq(str(tmp_path), SMALL)
+    model, reference = example.port_awq(str(tmp_path)), example.float_model_awq(str(tmp_path))
+    kernel = model.model.layers[0].mlp.down_proj.kernel[...]
+    assert isinstance(kernel, emulate.QArray) and kernel.shape == (SMALL.hidden, SMALL.dim)
+    assert kernel.format.name == "uint4" and kernel.block_shape == (128, 1)
+    # codes 4 bits, f16 scales and 4-bit zero points per 128: the file's 4.15625 bits
+    assert 8 * kernel.nbytes / kernel.size <= 1.02 * (4 + 16 / 128 + 4 / 128)
+    assert not isinstance(model.lm_head.kernel[...], emulate.QArray)  # float16 in the file
     prompt = [1, 2, 3, 4]
     want = example.greedy(reference, prompt, 6)
     for target in ("tpu_v4", "tpu_v5e"):

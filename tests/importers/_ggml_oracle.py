@@ -19,7 +19,8 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from hypothesis import strategies as st
 
-from emulate.importers.ggml import BLOCKS, GGMLParts, SubBlockScales
+from emulate.importers.ggml import BLOCKS
+from emulate.importers.parts import StoredParts
 
 # Byte offsets of the float16 fields (d, m, dmin) in each block, from ggml's block structs
 # (ggml/src/ggml-common.h): the places where special scales are planted.
@@ -69,34 +70,36 @@ def _per_element(block_values: np.ndarray, block: int) -> np.ndarray:
     return np.repeat(block_values, block, axis=-1)
 
 
-def _block_values(part: np.ndarray | SubBlockScales) -> np.ndarray:
+def _block_values(part: np.ndarray | StoredParts) -> np.ndarray:
     """Float32 per-block scales or offsets: a two-level part as
     ``(value(code) - zero_point) * super_scale``."""
-    if isinstance(part, SubBlockScales):
-        sub = _values(part.codes, part.element, None) - np.float32(part.zero_point)
-        return sub * _per_element(part.super_scales.astype(np.float32), part.block)
+    if isinstance(part, StoredParts):
+        sub = _values(part.codes, part.fmt, None) - np.float32(part.zero_points or 0)
+        assert isinstance(part.scales, np.ndarray) and part.scales.dtype == np.float16
+        return sub * _per_element(part.scales.astype(np.float32), part.block_shape[-1])
     assert part.dtype == np.float16
     return part.astype(np.float32)
 
 
 @np.errstate(all="ignore")
-def terms(p: GGMLParts) -> tuple[np.ndarray, np.ndarray | None]:
+def terms(p: StoredParts) -> tuple[np.ndarray, np.ndarray | None]:
     """Per element, in float32: ``(value(code) - zero_point) * scale`` and the offset
     (None when the type has none)."""
-    v = _values(p.codes, p.element, p.codebook) - np.float32(p.zero_point)
-    if p.scale_format == "e8m0":
-        assert isinstance(p.scales, np.ndarray) and p.scales.dtype == np.uint8
-        exponent = _per_element(p.scales.astype(np.int32) - 127, p.block)
+    v = _values(p.codes, p.fmt, p.codebook) - np.float32(p.zero_points or 0)
+    block = p.block_shape[-1]
+    scales = p.scales
+    if isinstance(scales, np.ndarray) and scales.dtype == ml_dtypes.float8_e8m0fnu:
+        exponent = _per_element(scales.view(np.uint8).astype(np.int32) - 127, block)
         scaled = np.ldexp(v, exponent).astype(np.float32)
     else:
-        scaled = v * _per_element(_block_values(p.scales), p.block)
+        scaled = v * _per_element(_block_values(scales), block)
     if p.offsets is None:
         return scaled, None
-    return scaled, _per_element(_block_values(p.offsets), p.block)
+    return scaled, _per_element(_block_values(p.offsets), block)
 
 
 @np.errstate(all="ignore")
-def recombine(p: GGMLParts) -> np.ndarray:
+def recombine(p: StoredParts) -> np.ndarray:
     """The spec formula in float32, one rounding per operation."""
     scaled, offset = terms(p)
     return scaled if offset is None else scaled + offset

@@ -35,7 +35,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from emulate.importers import safetensors as S
-from emulate.importers.conventions.parts import StoredParts
+from emulate.importers.parts import StoredParts
 
 # the oracles decode Inf and NaN scales as the projects do, with numpy's warnings
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -126,7 +126,7 @@ def test_gptq_matches_gptqmodel(
     )
     oracle = O.gptq_dequantize(t["l.qweight"], t["l.qzeros"], t["l.scales"], t["l.g_idx"], bits, v1)
     same_bits(decoded(parts), oracle)
-    assert parts.bits_per_element() <= 1.02 * parts.stored_bits / parts.size
+    assert parts.bits_per_element <= 1.02 * parts.stored_bits / parts.size
 
 
 def test_gptq_second_route_v1_to_v2_conversion(tmp_path) -> None:

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from emulate.importers.ggml import BLOCKS, TYPES, GGMLParts
+from emulate.importers.ggml import BLOCKS, TYPES
 from emulate.importers.gguf import read_gguf
+from emulate.importers.parts import StoredParts
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _ggml_oracle import assert_bit_identical, oracle, recombine  # noqa: E402
@@ -61,8 +62,8 @@ def test_every_type_reads_as_stored(tmp_path) -> None:
     assert list(read.tensors) == [*written, "f32", "f16", "bf16"]
     for name, (raw, t) in written.items():
         parts = read.tensors[name]
-        assert isinstance(parts, GGMLParts)
-        assert (parts.name, parts.ggml_type, read.types[name]) == (name, t, t)
+        assert isinstance(parts, StoredParts)
+        assert (parts.name, parts.source, read.types[name]) == (name, f"GGUF {t}: {name}", t)
         block_size, _ = BLOCKS[t]
         assert parts.shape == (*raw.shape[:-1], 2 * block_size)
         assert_bit_identical(recombine(parts), oracle(raw, t), t)
@@ -85,7 +86,7 @@ def test_quantized_weights_keep_their_orientation(tmp_path, ggml_type: str) -> N
     path = write_gguf(tmp_path / "w.gguf", {"w": (raw, ggml_type)})
     assert gguf.GGUFReader(path).tensors[0].shape.tolist() == [96, 4]
     parts = read_gguf(path).tensors["w"]
-    assert isinstance(parts, GGMLParts) and parts.shape == (4, 96)
+    assert isinstance(parts, StoredParts) and parts.shape == (4, 96)
     decoded = recombine(parts)
     assert_bit_identical(decoded, oracle(raw, ggml_type), ggml_type)
     assert np.abs(decoded - w).max() < 0.5 * np.abs(w).max()

@@ -16,6 +16,7 @@ magnitude.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pathlib
 import sys
@@ -30,8 +31,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import emulate
-from emulate.importers.ggml import BLOCKS, TYPES, GGMLParts, parse_blocks, stored_bits_per_element
+from emulate.importers.ggml import BLOCKS, TYPES, parse_blocks, stored_bits_per_element
 from emulate.importers.gguf import load_gguf, to_qarray
+from emulate.importers.parts import StoredParts
 from emulate.numerics.storage import Packed, unpack_codes
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -87,7 +89,7 @@ def test_the_qarray_keeps_the_files_bits(ggml_type: str) -> None:
     assert 8 * stored / (8 * 2048) <= 1.02 * stored_bits_per_element(ggml_type)
 
 
-def _magnitude(parts: GGMLParts) -> np.ndarray:
+def _magnitude(parts: StoredParts) -> np.ndarray:
     """Per element ``|s (q - z)| + |offset|`` in float64: the size of the terms summed."""
     scaled, offset = terms(parts)
     out = np.abs(scaled.astype(np.float64))
@@ -100,13 +102,13 @@ def _matmul_error(x: np.ndarray, q, w: np.ndarray, target: str) -> np.ndarray:
     return np.abs(got - x.astype(np.float64) @ w.astype(np.float64).T)
 
 
-def _bound(x: np.ndarray, parts: GGMLParts) -> np.ndarray:
+def _bound(x: np.ndarray, parts: StoredParts) -> np.ndarray:
     k = parts.shape[-1] + 4
     gamma = k * 2.0**-24 / (1 - k * 2.0**-24)
     return gamma * (np.abs(x).astype(np.float64) @ _magnitude(parts).T)
 
 
-def _quantized(ggml_type: str, shape: tuple[int, int]) -> tuple[np.ndarray, GGMLParts]:
+def _quantized(ggml_type: str, shape: tuple[int, int]) -> tuple[np.ndarray, StoredParts]:
     rng = np.random.default_rng(11)
     if ggml_type in QUANTIZABLE:
         w = rng.normal(size=shape).astype(np.float32)
@@ -143,7 +145,7 @@ def test_q4_0_in_emulates_nibble_order_misses_the_bound_by_far() -> None:
     w = oracle(raw, "Q4_0")
     qs = raw.reshape(-1, 18)[:, 2:]
     codes = np.asarray(unpack_codes(Packed(qs, "uint4", -1, 32))).reshape(parts.shape)
-    wrong = to_qarray(GGMLParts(**{**vars(parts), "codes": codes}))
+    wrong = to_qarray(dataclasses.replace(parts, codes=codes))
     x = np.random.default_rng(2).normal(size=(3, 512)).astype(np.float32)
     ratio = _matmul_error(x, wrong, w, "cpu") / _bound(x, parts)
     assert ratio.max() > 1000, ratio.max()

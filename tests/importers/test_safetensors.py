@@ -65,8 +65,8 @@ def test_bits_an_element_stay_within_two_percent(tmp_path) -> None:
         4.25,
     ]
     for parts, bits in zip(cases, expected):
-        assert parts.bits_per_element() == pytest.approx(bits)
-        assert parts.bits_per_element() <= 1.02 * parts.stored_bits / parts.size
+        assert parts.bits_per_element == pytest.approx(bits)
+        assert parts.bits_per_element <= 1.02 * parts.stored_bits / parts.size
 
 
 # -------------------------------------------------------------------------- bad metadata
@@ -222,7 +222,8 @@ def test_missing_safetensors_package_names_the_extra(tmp_path, monkeypatch) -> N
 
 
 def test_conventions_are_pure_numpy() -> None:
-    """The parsers import neither jax nor a module of emulate that is not a convention."""
+    """The parsers import neither jax nor a module of emulate that is not a convention
+    (or the parts record they return)."""
     import ast
 
     from emulate.importers import conventions
@@ -239,7 +240,7 @@ def test_conventions_are_pure_numpy() -> None:
             for name in names:
                 assert not name.startswith("jax"), (path.name, name)
                 assert not name.startswith("emulate") or name.startswith(
-                    "emulate.importers.conventions"
+                    ("emulate.importers.conventions", "emulate.importers.parts")
                 ), (path.name, name)
 
 
@@ -263,3 +264,42 @@ def test_settings_from_the_projects_own_files(tmp_path) -> None:
     parts = S.read_modelopt_nvfp4(path, "l")
     assert parts.source == "modelopt NVFP4: l.weight, l.weight_scale, l.weight_scale_2"
     assert parts.tensor_scale == np.float32(2) and parts.block_shape == (16, 1)
+
+
+def test_load_safetensors_reads_a_whole_checkpoint_in_one_call(tmp_path) -> None:
+    """Every quantized layer as an (out, in) QArray under ``{prefix}.weight``, decoding as
+    the project's own decoder does; plain tensors as stored; a method it does not read
+    whole is refused by name."""
+    import jax.numpy as jnp
+
+    import emulate
+
+    rng = np.random.default_rng(17)
+    t = awq_tensors(rng, 32, 16, 16)
+    t["l.scales"] = np.abs(t["l.scales"]).clip(2**-10, 1).astype(np.float16)  # finite
+    plain = rng.normal(size=(16, 32)).astype(ml_dtypes.bfloat16)
+    path = write(tmp_path / "awq", {**t, "head.weight": plain}, {**AWQ_CONFIG, "group_size": 16})
+    got = S.load_safetensors(path.parent)
+    assert list(got) == ["head.weight", "l.weight"]  # file order (safetensors sorts names)
+    same_bits(np.asarray(got["head.weight"]), plain)
+    q = got["l.weight"]
+    assert isinstance(q, emulate.QArray) and q.shape == (16, 32) and q.dtype == np.float16
+    want = O.awq_dequantize_gemm(t["l.qweight"], t["l.qzeros"], t["l.scales"], 4, 16)
+    same_bits(np.asarray(emulate.dequantize(q, to=jnp.float16)), want.T)
+    # GPTQ act-order: the permutation follows the transpose
+    g = gptq_tensors(rng, 64, 32, 16, 4, True, True)
+    g["l.scales"] = np.abs(g["l.scales"]).clip(2**-10, 1).astype(np.float16)
+    cfg = {"quant_method": "gptq", "bits": 4, "group_size": 16}
+    q = S.load_safetensors(write(tmp_path / "gptq", g), config=cfg)["l.weight"]
+    args = (g["l.qzeros"], g["l.scales"], g["l.g_idx"], 4, True)
+    same_bits(
+        np.asarray(emulate.dequantize(q, to=jnp.float16)),
+        O.gptq_dequantize(g["l.qweight"], *args).T,
+    )
+    with pytest.raises(ValueError) as e:
+        S.load_safetensors(path, config={"quant_method": "bitsandbytes"})
+    assert str(e.value) == (
+        "config: quant_method is 'bitsandbytes'; load_safetensors reads 'awq', 'gptq', "
+        "'fp8', 'compressed-tensors' checkpoints whole (for the others, load each layer "
+        "with load_modelopt_nvfp4, load_bnb_4bit or load_gpt_oss_mxfp4)"
+    )

@@ -154,3 +154,30 @@ class TestBadInput:
             ValueError, match=r"^fmt: uint4 disagrees with the Packed array's format int4$"
         ):
             emulate.decode(p, "uint4")
+
+
+def _doc_packing_examples() -> list[tuple[str, list[int], str]]:
+    """The worked examples of docs/quantized.md's "emulate's own packing"."""
+    import pathlib
+
+    doc = pathlib.Path(__file__).resolve().parents[2] / "docs" / "quantized.md"
+    rows = doc.read_text().split("<!-- packing examples -->")[1].strip().splitlines()[2:]
+    out = []
+    for line in rows:
+        if not line.startswith("|"):
+            break
+        fmt, codes, hexbytes = (c.strip() for c in line.strip("|").split("|"))
+        out.append((fmt, [int(c) for c in codes.split(",")], hexbytes))
+    return out
+
+
+def test_the_documented_packing_examples() -> None:
+    examples = _doc_packing_examples()
+    assert [e[0] for e in examples] == ["uint4", "uint2", "uint3", "uint5", "uint6"]
+    for fmt, codes, hexbytes in examples:
+        bits = formats.get(fmt).bits
+        stream = sum(c << (bits * i) for i, c in enumerate(codes))  # little-endian stream
+        want = stream.to_bytes(-(-bits * len(codes) // 8), "little")
+        assert want.hex(" ") == hexbytes, fmt
+        got = emulate.pack(np.array(codes, np.uint8), fmt).data
+        assert bytes(np.asarray(got)) == want, fmt

@@ -1,38 +1,19 @@
-"""The parts of one quantized weight as a checkpoint stores them, in logical order.
-
-A convention's parser (the sibling modules) reads a checkpoint's tensors and returns one
-:class:`StoredParts`: one code per element (``uint8``), the element format, the block
-scales, zero points, offsets, codebook and act-order permutation, exactly as stored (no
-value is recomputed, so the bits an element stay those of the file). Element ``i`` of the
-logical weight stands for::
-
-    W[i] = (value(codes[i]) - zero_points[block(i)]) * scales[block(i)] * tensor_scale
-           + offsets[block(i)]
-
-the formula of emulate's quantized arrays (``emulate.QArray``), where ``value(c)`` is the
-element format's decode of ``c`` or ``codebook[c]``. The logical shape is the one a flax
-``Dense`` kernel has: ``(..., K, N)``, the contraction axis (input features) second to
-last, output features last; the torch checkpoints' ``(N, K)`` weights are transposed.
-With ``perm`` the codes (and their blocks) are stored in permuted order along ``K`` so
-that groups are contiguous, and ``x @ W == x[..., perm] @ W_stored``.
-
-Pure numpy: nothing here needs JAX. :meth:`StoredParts.dequantize` is the formula above
-in float32 (each product rounded once to f32, in the order written), the numpy statement
-of what the parts mean.
+"""What the safetensors conventions share: reading a checkpoint's tensors checked for
+presence, dtype and rank, the error for metadata an importer does not understand, and the
+bit-level readers (a little-endian bit stream of any width, nibble pairs in either order,
+bitsandbytes' flat blocks, GPTQ's act-order permutation). The parsers (the sibling
+modules) return :class:`~emulate.importers.parts.StoredParts`, in the logical shape a flax
+``Dense`` kernel has, ``(..., K, N)`` (the torch checkpoints' ``(N, K)`` weights
+transposed). Pure numpy: nothing here needs JAX.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 __all__ = [
-    "StoredParts",
     "bad",
     "tensor",
     "unpack_stream",
@@ -40,20 +21,6 @@ __all__ = [
     "flat_block",
     "group_permutation",
 ]
-
-#: Element formats the parsers produce (codes are their bit patterns, one per uint8).
-ELEMENT_FORMATS = (
-    "uint2",
-    "uint3",
-    "uint4",
-    "uint8",
-    "float4_e2m1fn",
-    "float8_e4m3fn",
-)
-_FLOAT_CODES = {
-    "float4_e2m1fn": ml_dtypes.float4_e2m1fn,
-    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
-}
 
 
 def bad(name: str, field: str, got: object, expected: str) -> ValueError:
@@ -151,131 +118,3 @@ def group_permutation(g_idx: np.ndarray, group: int, name: str) -> np.ndarray | 
             f"each group to hold {group} rows (the last one may hold fewer)",
         )
     return perm
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class StoredParts:
-    """One quantized weight as stored, in logical order; see the module docstring.
-
-    Attributes:
-      codes: uint8, one code per element, logical shape ``(..., K, N)`` (rows in ``perm``
-        order when ``perm`` is given).
-      fmt: the element format (one of ``ELEMENT_FORMATS``); with a ``codebook`` the codes
-        are unsigned indices (``uint4``, ``uint8``).
-      bits: the stored width of a code in bits.
-      block_shape: one block length per logical dimension.
-      scales: one scale per block, shape ``ceil(shape / block_shape)``, in the stored
-        dtype (float16, bfloat16, float32, float8_e4m3fn, float8_e8m0fnu), or the
-        :class:`StoredParts` of quantized scales (bitsandbytes' double quantization).
-      zero_points: integers per block (shape of ``scales``), an int for the whole tensor,
-        or None. zero_bits: their stored width.
-      offsets: floats per block or one float added after scaling, or None.
-      tensor_scale: a float32 scalar multiplying every scale, or None.
-      codebook: the table ``value(c) = codebook[c]`` (``2**bits`` entries), or None.
-      perm, perm_axis: the act-order permutation of axis ``perm_axis`` (int32), or None.
-      dtype: the dtype the project's own decoder returns (float16, bfloat16, float32).
-      source: what was read (convention, tensor names, file).
-      stored_bits: the bits of the checkpoint tensors read (for bits an element).
-    """
-
-    codes: np.ndarray
-    fmt: str
-    bits: int
-    block_shape: tuple[int, ...]
-    scales: np.ndarray | StoredParts
-    dtype: str
-    source: str
-    stored_bits: int
-    zero_points: np.ndarray | int | None = None
-    zero_bits: int = 0
-    offsets: np.ndarray | np.floating | float | None = None
-    tensor_scale: np.float32 | None = None
-    codebook: np.ndarray | None = None
-    perm: np.ndarray | None = None
-    perm_axis: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.codes.dtype != np.uint8:
-            raise ValueError(f"codes: dtype is {self.codes.dtype}; expected uint8")
-        if self.fmt not in ELEMENT_FORMATS:
-            raise ValueError(f"fmt: {self.fmt!r}; expected one of {ELEMENT_FORMATS}")
-        grid = tuple(-(-n // b) for n, b in zip(self.codes.shape, self.block_shape))
-        if len(self.block_shape) != self.codes.ndim or tuple(self.scales.shape) != grid:
-            raise ValueError(
-                f"scales: shape {tuple(self.scales.shape)} with block {self.block_shape} "
-                f"over codes {self.codes.shape}; expected {grid}"
-            )
-        if self.codebook is not None and self.codebook.shape != (1 << self.bits,):
-            raise ValueError(f"codebook: shape {self.codebook.shape}; expected ({1 << self.bits},)")
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.codes.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    def parts_bits(self) -> int:
-        """The bits these parts take when kept as stored: codes at ``bits`` each, scales,
-        zero points, offsets, codebook and permutation at their stored widths."""
-
-        def width(x: object) -> int:
-            if isinstance(x, StoredParts):
-                return x.parts_bits()
-            if isinstance(x, np.ndarray):
-                return x.size * x.dtype.itemsize * 8
-            return 32 if x is not None else 0
-
-        z = self.zero_points
-        zbits = z.size * self.zero_bits if isinstance(z, np.ndarray) else 0
-        extra = (self.scales, self.offsets, self.codebook, self.perm, self.tensor_scale)
-        return self.size * self.bits + zbits + sum(width(x) for x in extra)
-
-    def bits_per_element(self) -> float:
-        return self.parts_bits() / max(self.size, 1)
-
-    def values(self) -> np.ndarray:
-        """``value(codes)`` as float32 (integers for integer formats)."""
-        if self.codebook is not None:
-            return self.codebook[self.codes].astype(np.float32)
-        if self.fmt in _FLOAT_CODES:
-            return self.codes.view(_FLOAT_CODES[self.fmt]).astype(np.float32)
-        return self.codes.astype(np.float32)
-
-    def dequantize(self) -> np.ndarray:
-        """The logical weight as float32 (before the cast to ``dtype``), ``perm`` undone:
-        ``((value - z) * (s * tensor_scale)) + offset``, each operation rounded to f32.
-        NaN and Inf follow IEEE (without numpy's warnings)."""
-        with np.errstate(invalid="ignore", over="ignore"):
-            return self._dequantize()
-
-    def _dequantize(self) -> np.ndarray:
-        v = self.values()
-        s = self.scales.dequantize() if isinstance(self.scales, StoredParts) else self.scales
-        s = np.asarray(s).astype(np.float32)
-        if self.tensor_scale is not None:
-            s = s * np.float32(self.tensor_scale)
-        if self.zero_points is not None:
-            v = v - _expand(np.asarray(self.zero_points, np.float32), self.block_shape, v)
-        v = v * _expand(s, self.block_shape, v)
-        if self.offsets is not None:
-            v = v + _expand(np.asarray(self.offsets, np.float32), self.block_shape, v)
-        if self.perm is not None:
-            axis = self.perm_axis if self.perm_axis is not None else -2
-            out = np.empty_like(v)
-            index: list[Any] = [slice(None)] * v.ndim
-            index[axis] = self.perm
-            out[tuple(index)] = v
-            v = out
-        return v
-
-
-def _expand(per_block: np.ndarray, block: tuple[int, ...], like: np.ndarray) -> np.ndarray:
-    """A per-block array (or a scalar) repeated over its blocks, cut to ``like``'s shape."""
-    if per_block.ndim == 0:
-        return per_block
-    out = per_block
-    for axis, b in enumerate(block):
-        out = np.repeat(out, b, axis=axis)
-    return out[tuple(slice(0, n) for n in like.shape)]

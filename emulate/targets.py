@@ -15,12 +15,19 @@ TPU figures are per TensorCore, as JAX states them: multiply by
 compiler (:mod:`emulate.mosaic`) covers a TPU generation, its native pairs are the
 compiler's, and :meth:`Target.compiles` answers whether Mosaic compiles a pair there.
 
-The current target and the default mode live in one of JAX's own context settings
-(``jax.make_user_context``), thread-local like JAX's mesh context and part of the key of
-every ``jax.jit`` cache: a function jitted under one ``with use_target(...)`` block and
-called under another is traced again, never run with the first target's program.
+The current target and the default mode live in a :class:`contextvars.ContextVar`, which
+follows threads (each starts with no block set) and asyncio tasks (each task sees the blocks
+it entered, not those of other tasks in its thread). Each block also enters one of JAX's own
+context settings (``jax.make_user_context``), which is part of the key of every ``jax.jit``
+cache: a function jitted under one ``with use_target(...)`` block and called under another
+is traced again, never run with the first target's program. JAX's setting is per thread,
+not per task: when asyncio tasks of one thread interleave their blocks, the key a jitted
+function is looked up by can be another task's, so emulate refuses to trace under a key
+that is not the calling task's (:func:`current_target` raises), and a task that calls jitted
+functions while other tasks hold other targets should pass ``target=`` to them or keep
+its ``await`` points outside its block.
 :func:`current_target` resolves, in order: an explicit argument, the innermost
-``with use_target(...)`` block of this thread, the ``EMULATE_TARGET`` environment
+``with use_target(...)`` block of this thread or task, the ``EMULATE_TARGET`` environment
 variable, then detection from ``jax.devices()[0]``. :func:`current_mode` resolves an
 explicit mode, the innermost ``with use_mode(...)`` block, then ``"fast"``.
 """
@@ -28,6 +35,7 @@ explicit mode, the innermost ``with use_mode(...)`` block, then ``"fast"``.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import os
@@ -379,39 +387,104 @@ MODES = ("fast", "exact")
 
 
 class _Setting(NamedTuple):
-    """What the ``with`` blocks of this thread set: a target and a mode (None: not set)."""
+    """What the ``with`` blocks of this thread or task set: a target and a mode (None: not
+    set)."""
 
     target: Target | None
     mode: str | None
 
 
-# One JAX user context (public API: ``jax.make_user_context``) holds both: its
-# value is part of the trace and jit cache keys, so every jitted function, emulate's own
-# and the user's, is traced again when the target or mode a block sets changes. It is
-# created at import because JAX asks that user contexts not be created concurrently.
-_SETTING = jax.make_user_context(default_value=_Setting(None, None))
+_UNSET = _Setting(None, None)
+
+# The truth: a ContextVar, so that each asyncio task and each thread sees its own blocks.
+_CONTEXT: contextvars.ContextVar[_Setting] = contextvars.ContextVar(
+    "emulate_setting", default=_UNSET
+)
+
+# jax.jit's key: one JAX user context (public API: ``jax.make_user_context``) whose value
+# is part of the trace and jit cache keys, so every jitted function, emulate's own and the
+# user's, is traced again when the target or mode a block sets changes. JAX keeps it per
+# thread. It is created at import because JAX asks that user contexts not be created
+# concurrently.
+_SETTING = jax.make_user_context(default_value=_UNSET)
+
+
+def _tracing() -> bool:
+    """Whether a transformation (jit, vmap, grad ...) is tracing the calling code."""
+    from jax.extend.core import find_top_trace
+
+    return type(find_top_trace(())).__name__ != "EvalTrace"
 
 
 def _setting() -> _Setting:
-    value = _SETTING.value
-    return value if isinstance(value, _Setting) else _Setting(None, None)
+    """The calling thread's or task's setting.
+
+    Raises:
+      RuntimeError: a trace would be cached under another thread-or-task's setting (JAX's
+        key is per thread; asyncio tasks of one thread interleaved their blocks, or a
+        thread was handed this task's context without entering a block itself).
+    """
+    value = _CONTEXT.get()
+    keyed = _SETTING.value
+    keyed = keyed if isinstance(keyed, _Setting) else _UNSET
+    if keyed == value:
+        return value
+    if not _tracing():  # nothing is cached under the stale key yet: correct it
+        _key_to(value)
+        return value
+    raise RuntimeError(
+        f"emulate.target: this code is traced under target {_describe(value)}, but "
+        f"jax.jit's cache key in this thread holds {_describe(keyed)} (JAX keys jit by "
+        "thread, and other asyncio tasks of this thread entered emulate.target or "
+        "emulate.use_mode blocks meanwhile, or this thread did not enter the block "
+        "itself); pass target= and mode= to the emulate calls, or call the jitted "
+        "function with no await inside its block"
+    )
+
+
+def _describe(s: _Setting) -> str:
+    t = "none set" if s.target is None else s.target.name
+    return t if s.mode is None else f"{t}, mode {s.mode!r}"
+
+
+def _key_to(setting: _Setting) -> None:
+    """Set jax.jit's key in this thread to ``setting``. JAX's context restores, on exit,
+    the value it saw on entry, which is another task's when asyncio tasks interleave their
+    blocks; emulate sets the key from its ContextVar instead, so entering JAX's context
+    without leaving it is the point (it holds one value per thread, not a stack)."""
+    _SETTING(setting).__enter__()
+
+
+@contextlib.contextmanager
+def _entered(setting: _Setting) -> Iterator[None]:
+    """``setting`` in the ContextVar and in jax.jit's key until the block ends; then the
+    enclosing block's, of this thread or task."""
+    token = _CONTEXT.set(setting)
+    _key_to(setting)
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+        _key_to(_CONTEXT.get())
 
 
 @contextlib.contextmanager
 def use_target(name: str | Target) -> Iterator[Target]:
-    """Make ``name`` the current target inside a ``with`` block, for this thread only.
+    """Make ``name`` the current target inside a ``with`` block, for this thread or
+    asyncio task only.
 
     Blocks nest; leaving one (also by an exception) restores the previous target. The
-    setting is one of JAX's context settings: it is thread-local (other threads do not
-    see it), and it is part of ``jax.jit``'s cache key, so a function jitted under one
-    target and called under another is traced again for that target. Also exported as
-    ``target`` (``with emulate.target("v5e"):``).
+    setting lives in a ContextVar (each thread and each asyncio task sees its own blocks)
+    and in one of JAX's context settings, part of ``jax.jit``'s cache key, so a function
+    jitted under one target and called under another is traced again for that target
+    (JAX's key is per thread: see the module docstring for asyncio tasks). Also exported
+    as ``target`` (``with emulate.target("v5e"):``).
 
     Raises:
       ValueError: an unknown target name (before the block starts).
     """
     resolved = get(name)
-    with _SETTING(_setting()._replace(target=resolved)):
+    with _entered(_CONTEXT.get()._replace(target=resolved)):
         yield resolved
 
 
@@ -427,7 +500,8 @@ def _check_mode(mode: str) -> str:
 @contextlib.contextmanager
 def use_mode(mode: str) -> Iterator[str]:
     """Make ``mode`` ("fast" or "exact") the default mode of every matmul inside a
-    ``with`` block, for this thread only; an explicit ``mode=`` argument still wins.
+    ``with`` block, for this thread or asyncio task only; an explicit ``mode=`` argument
+    still wins.
 
     Blocks nest and restore on exit; like :func:`use_target` the setting is part of
     ``jax.jit``'s cache key. :func:`emulate.polyfill` enters it (with :func:`use_target`)
@@ -436,13 +510,13 @@ def use_mode(mode: str) -> Iterator[str]:
     Raises:
       ValueError: a mode other than "fast" or "exact" (before the block starts).
     """
-    with _SETTING(_setting()._replace(mode=_check_mode(mode))):
+    with _entered(_CONTEXT.get()._replace(mode=_check_mode(mode))):
         yield mode
 
 
 def current_mode(mode: str | None = None) -> str:
     """The mode to run in: ``mode`` if given, else the innermost :func:`use_mode` block of
-    this thread, else ``"fast"``.
+    this thread or task, else ``"fast"``.
 
     Raises:
       ValueError: a mode other than "fast" or "exact".
@@ -456,7 +530,7 @@ def current_target(target: TargetLike = None) -> Target:
     """The target to plan for.
 
     Resolution order: ``target`` if given; the innermost :func:`use_target` block of this
-    thread; the ``EMULATE_TARGET`` environment variable (read at each call); else the
+    thread or asyncio task; the ``EMULATE_TARGET`` environment variable (read at each call); else the
     profile detected from ``jax.devices()[0]`` (:func:`from_device`).
 
     Raises:

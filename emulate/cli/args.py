@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import TextIO
 
 import jax
 
@@ -24,11 +25,13 @@ __all__ = [
     "low_precision",
     "mode",
     "operand_formats",
+    "output_file",
     "parse_shapes",
     "positive_int",
     "target",
     "target_names",
     "tpu_target_names",
+    "write_output",
 ]
 
 #: Formats that can be matmul operands (float8_e8m0fnu is a scale type).
@@ -157,6 +160,37 @@ def _within(
             )
         chosen.append(t)
     return list(dict.fromkeys(chosen))
+
+
+def output_file(path: str, option: str, parser: argparse.ArgumentParser) -> TextIO:
+    """``path`` opened for writing before any long work starts (the caller writes and closes
+    it at the end), or a one-line usage error: an empty path, a directory, a directory
+    that does not exist or cannot be written."""
+    if not path:
+        parser.error(f"{option}: expected a path to a file, got ''")
+    try:
+        return open(path, "w", encoding="utf-8")  # noqa: SIM115 - the caller closes it
+    except OSError as e:
+        parser.error(
+            f"cannot write {option} {path!r}: {e.strerror or e} (give a path to a file in an "
+            "existing, writable directory)"
+        )
+
+
+def write_output(
+    out: TextIO, text: str, path: str, option: str, parser: argparse.ArgumentParser
+) -> None:
+    """Write ``text`` to ``out`` (from :func:`output_file`) and close it, or a one-line
+    usage error (a full device reports when the buffer is flushed, at the close)."""
+    try:
+        out.write(text)
+        out.close()
+    except OSError as e:
+        try:
+            out.close()
+        except OSError:
+            pass  # the error is reported below
+        parser.error(f"cannot write {option} {path!r}: {e.strerror or e}")
 
 
 def parse_shapes(spec: str) -> list:

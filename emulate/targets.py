@@ -530,8 +530,8 @@ def current_target(target: TargetLike = None) -> Target:
     """The target to plan for.
 
     Resolution order: ``target`` if given; the innermost :func:`use_target` block of this
-    thread or asyncio task; the ``EMULATE_TARGET`` environment variable (read at each call); else the
-    profile detected from ``jax.devices()[0]`` (:func:`from_device`).
+    thread or asyncio task; the ``EMULATE_TARGET`` environment variable (read at each call);
+    else the profile detected from ``jax.devices()[0]`` (:func:`from_device`).
 
     Raises:
       ValueError: an unknown ``target`` or ``EMULATE_TARGET`` value (the message names

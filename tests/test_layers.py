@@ -106,6 +106,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.scaled",
             "emulate.dot",
             "emulate.conv",
+            "emulate.flax.layers",
             "emulate.flax.quantize",
             "emulate.flax.load",
             "emulate.flax",

@@ -10,8 +10,8 @@ errors argparse words as ``argument --option: <problem>``.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
-from typing import TextIO
 
 import jax
 
@@ -162,34 +162,34 @@ def _within(
     return list(dict.fromkeys(chosen))
 
 
-def output_file(path: str, option: str, parser: argparse.ArgumentParser) -> TextIO:
-    """``path`` opened for writing before any long work starts (the caller writes and closes
-    it at the end), or a one-line usage error: an empty path, a directory, a directory
-    that does not exist or cannot be written."""
+def output_file(path: str, option: str, parser: argparse.ArgumentParser) -> str:
+    """``path`` if a file can be written there, checked before any long work starts by
+    opening it for appending (a file this creates is removed again), or a one-line usage
+    error: an empty path, a directory, a directory that does not exist or cannot be
+    written. :func:`write_output` writes it at the end."""
     if not path:
         parser.error(f"{option}: expected a path to a file, got ''")
+    existed = os.path.lexists(path)
     try:
-        return open(path, "w", encoding="utf-8")  # noqa: SIM115 - the caller closes it
+        with open(path, "a", encoding="utf-8"):
+            pass
     except OSError as e:
         parser.error(
             f"cannot write {option} {path!r}: {e.strerror or e} (give a path to a file in an "
             "existing, writable directory)"
         )
+    if not existed:
+        os.remove(path)
+    return path
 
 
-def write_output(
-    out: TextIO, text: str, path: str, option: str, parser: argparse.ArgumentParser
-) -> None:
-    """Write ``text`` to ``out`` (from :func:`output_file`) and close it, or a one-line
-    usage error (a full device reports when the buffer is flushed, at the close)."""
+def write_output(text: str, path: str, option: str, parser: argparse.ArgumentParser) -> None:
+    """Write ``text`` to ``path`` (checked by :func:`output_file`), or a one-line usage
+    error (a full device reports when the buffer is flushed, at the close)."""
     try:
-        out.write(text)
-        out.close()
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
     except OSError as e:
-        try:
-            out.close()
-        except OSError:
-            pass  # the error is reported below
         parser.error(f"cannot write {option} {path!r}: {e.strerror or e}")
 
 

@@ -163,6 +163,7 @@ def _run_probe(args: argparse.Namespace) -> int:
     for t in names:
         if t.kind != "tpu":
             parser.error(f"--probe: the TPU compiler compiles for TPU targets only, got {t.name}")
+    out = None if args.out is None else output_file(args.out, "--out", parser)
     try:
         offered = compiler.generations()
     except compiler.CompilerUnavailable as e:
@@ -173,18 +174,10 @@ def _run_probe(args: argparse.Namespace) -> int:
                 f"--probe: libtpu {compiler.libtpu_version()} has no compile-only device for "
                 f"{t.name} (choose from {', '.join(offered)})"
             )
-    out = None if args.out is None else output_file(args.out, "--out", parser)
-    try:
-        result = compiler.probe(list(dict.fromkeys(t.name for t in names)) or None)
-        text, changed = compiler.report(result)
-        print(text)
-        if out is not None:
-            write_output(out, result.to_json(), args.out, "--out", parser)
-            print(f"wrote {pathlib.Path(args.out)}")
-    finally:
-        if out is not None and not out.closed:
-            try:
-                out.close()
-            except OSError:
-                pass  # an earlier error is on its way
+    result = compiler.probe(list(dict.fromkeys(t.name for t in names)) or None)
+    text, changed = compiler.report(result)
+    print(text)
+    if out is not None:
+        write_output(result.to_json(), out, "--out", parser)
+        print(f"wrote {pathlib.Path(out)}")
     return 1 if changed else 0

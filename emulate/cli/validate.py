@@ -95,35 +95,28 @@ def run(args: argparse.Namespace) -> int:
     chosen_formats = operand_formats(args.formats, parser)
     modes = list(dict.fromkeys(args.modes or ("fast", "exact")))
     out = None if args.json is None else output_file(args.json, "--json", parser)
-    try:
-        rows = _run_with_progress(chosen_targets, chosen_formats, modes, args)
-        print(validate.render(rows))
-        failed = [r for r in rows if r.status == "mismatch"]
-        for r in failed:
-            print(
-                f"\nMISMATCH {r.target} {r.lhs} x {r.rhs} mode {r.mode!r}: {r.mismatches} of "
-                f"{r.examples} examples broke the contract. Minimal example (hypothesis-shrunk):"
-            )
-            print(r.report)
-            print("\n# --- reproducer: save as repro.py and run python repro.py ---")
-            print(r.reproducer)
-        if out is not None:
-            payload = {
-                "seed": args.seed,
-                "examples": args.examples,
-                "all_layouts": args.all_layouts,
-                "targets": chosen_targets,
-                "formats": chosen_formats,
-                "modes": modes,
-                "rows": [r.to_json() for r in rows],
-            }
-            write_output(out, json.dumps(payload, indent=1) + "\n", args.json, "--json", parser)
-    finally:
-        if out is not None and not out.closed:
-            try:
-                out.close()
-            except OSError:
-                pass  # an earlier error is on its way
+    rows = _run_with_progress(chosen_targets, chosen_formats, modes, args)
+    print(validate.render(rows))
+    failed = [r for r in rows if r.status == "mismatch"]
+    for r in failed:
+        print(
+            f"\nMISMATCH {r.target} {r.lhs} x {r.rhs} mode {r.mode!r}: {r.mismatches} of "
+            f"{r.examples} examples broke the contract. Minimal example (hypothesis-shrunk):"
+        )
+        print(r.report)
+        print("\n# --- reproducer: save as repro.py and run python repro.py ---")
+        print(r.reproducer)
+    if out is not None:
+        payload = {
+            "seed": args.seed,
+            "examples": args.examples,
+            "all_layouts": args.all_layouts,
+            "targets": chosen_targets,
+            "formats": chosen_formats,
+            "modes": modes,
+            "rows": [r.to_json() for r in rows],
+        }
+        write_output(json.dumps(payload, indent=1) + "\n", out, "--json", parser)
     return 1 if failed else 0
 
 

@@ -360,15 +360,25 @@ def _quantize_linen(
         is_leaf=lambda x: isinstance(x, QArray),
     )
     sites: dict[str, Site] = {}
+    refused: list[Exception] = []
 
     def record(next_fun, a, kw, context):
         module = context.module
         if context.method_name == "__call__":
-            _record(module, a, kw, rule, sites)
+            try:
+                _record(module, a, kw, rule, sites)
+            except (TypeError, ValueError) as e:
+                refused.append(type(e)(*e.args))  # before JAX adds its traceback note
+                raise
         return next_fun(*a, **kw)
 
-    with nn.intercept_methods(record):
-        jax.eval_shape(lambda v: model.apply(v, *args, **kwargs), floats)
+    try:
+        with nn.intercept_methods(record):
+            jax.eval_shape(lambda v: model.apply(v, *args, **kwargs), floats)
+    except (TypeError, ValueError):
+        if refused:
+            raise refused[0] from None
+        raise
     new = _unfreeze(dict(variables))
     params = new["params"]
     for path, site in sites.items():

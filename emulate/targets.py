@@ -15,17 +15,10 @@ TPU figures are per TensorCore, as JAX states them: multiply by
 compiler (:mod:`emulate.mosaic`) covers a TPU generation, its native pairs are the
 compiler's, and :meth:`Target.compiles` answers whether Mosaic compiles a pair there.
 
-The current target and the default mode live in a :class:`contextvars.ContextVar`, which
-follows threads (each starts with no block set) and asyncio tasks (each task sees the blocks
-it entered, not those of other tasks in its thread). Each block also enters one of JAX's own
-context settings (``jax.make_user_context``), which is part of the key of every ``jax.jit``
-cache: a function jitted under one ``with use_target(...)`` block and called under another
-is traced again, never run with the first target's program. JAX's setting is per thread,
-not per task: when asyncio tasks of one thread interleave their blocks, the key a jitted
-function is looked up by can be another task's, so emulate refuses to trace under a key
-that is not the calling task's (:func:`current_target` raises), and a task that calls jitted
-functions while other tasks hold other targets should pass ``target=`` to them or keep
-its ``await`` points outside its block.
+The current target and the default mode a ``with use_target(...)`` / ``use_mode(...)``
+block sets follow threads and asyncio tasks, and are part of every ``jax.jit`` cache key
+(:mod:`emulate.context` keeps them): a function jitted under one block and called under
+another is traced again, never run with the first target's program.
 :func:`current_target` resolves, in order: an explicit argument, the innermost
 ``with use_target(...)`` block of this thread or task, the ``EMULATE_TARGET`` environment
 variable, then detection from ``jax.devices()[0]``. :func:`current_mode` resolves an
@@ -35,7 +28,6 @@ explicit mode, the innermost ``with use_mode(...)`` block, then ``"fast"``.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import functools
 import os
@@ -45,8 +37,8 @@ from typing import NamedTuple, TypeAlias
 
 import jax
 
+from emulate import context, mosaic, profiles, tables
 from emulate import formats as _formats
-from emulate import mosaic, profiles, tables
 from emulate.formats import FormatLike
 from emulate.profiles import OPERANDS, TPU_F32_PASSES
 
@@ -386,88 +378,6 @@ def from_device(device: jax.Device) -> Target:
 MODES = ("fast", "exact")
 
 
-class _Setting(NamedTuple):
-    """What the ``with`` blocks of this thread or task set: a target and a mode (None: not
-    set)."""
-
-    target: Target | None
-    mode: str | None
-
-
-_UNSET = _Setting(None, None)
-
-# The truth: a ContextVar, so that each asyncio task and each thread sees its own blocks.
-_CONTEXT: contextvars.ContextVar[_Setting] = contextvars.ContextVar(
-    "emulate_setting", default=_UNSET
-)
-
-# jax.jit's key: one JAX user context (public API: ``jax.make_user_context``) whose value
-# is part of the trace and jit cache keys, so every jitted function, emulate's own and the
-# user's, is traced again when the target or mode a block sets changes. JAX keeps it per
-# thread. It is created at import because JAX asks that user contexts not be created
-# concurrently.
-_SETTING = jax.make_user_context(default_value=_UNSET)
-
-
-def _tracing() -> bool:
-    """Whether a transformation (jit, vmap, grad ...) is tracing the calling code."""
-    from jax.extend.core import find_top_trace
-
-    return type(find_top_trace(())).__name__ != "EvalTrace"
-
-
-def _setting() -> _Setting:
-    """The calling thread's or task's setting.
-
-    Raises:
-      RuntimeError: a trace would be cached under another thread-or-task's setting (JAX's
-        key is per thread; asyncio tasks of one thread interleaved their blocks, or a
-        thread was handed this task's context without entering a block itself).
-    """
-    value = _CONTEXT.get()
-    keyed = _SETTING.value
-    keyed = keyed if isinstance(keyed, _Setting) else _UNSET
-    if keyed == value:
-        return value
-    if not _tracing():  # nothing is cached under the stale key yet: correct it
-        _key_to(value)
-        return value
-    raise RuntimeError(
-        f"emulate.target: this code is traced under target {_describe(value)}, but "
-        f"jax.jit's cache key in this thread holds {_describe(keyed)} (JAX keys jit by "
-        "thread, and other asyncio tasks of this thread entered emulate.target or "
-        "emulate.use_mode blocks meanwhile, or this thread did not enter the block "
-        "itself); pass target= and mode= to the emulate calls, or call the jitted "
-        "function with no await inside its block"
-    )
-
-
-def _describe(s: _Setting) -> str:
-    t = "none set" if s.target is None else s.target.name
-    return t if s.mode is None else f"{t}, mode {s.mode!r}"
-
-
-def _key_to(setting: _Setting) -> None:
-    """Set jax.jit's key in this thread to ``setting``. JAX's context restores, on exit,
-    the value it saw on entry, which is another task's when asyncio tasks interleave their
-    blocks; emulate sets the key from its ContextVar instead, so entering JAX's context
-    without leaving it is the point (it holds one value per thread, not a stack)."""
-    _SETTING(setting).__enter__()
-
-
-@contextlib.contextmanager
-def _entered(setting: _Setting) -> Iterator[None]:
-    """``setting`` in the ContextVar and in jax.jit's key until the block ends; then the
-    enclosing block's, of this thread or task."""
-    token = _CONTEXT.set(setting)
-    _key_to(setting)
-    try:
-        yield
-    finally:
-        _CONTEXT.reset(token)
-        _key_to(_CONTEXT.get())
-
-
 @contextlib.contextmanager
 def use_target(name: str | Target) -> Iterator[Target]:
     """Make ``name`` the current target inside a ``with`` block, for this thread or
@@ -477,14 +387,14 @@ def use_target(name: str | Target) -> Iterator[Target]:
     setting lives in a ContextVar (each thread and each asyncio task sees its own blocks)
     and in one of JAX's context settings, part of ``jax.jit``'s cache key, so a function
     jitted under one target and called under another is traced again for that target
-    (JAX's key is per thread: see the module docstring for asyncio tasks). Also exported
+    (JAX's key is per thread: see :mod:`emulate.context` for asyncio tasks). Also exported
     as ``target`` (``with emulate.target("v5e"):``).
 
     Raises:
       ValueError: an unknown target name (before the block starts).
     """
     resolved = get(name)
-    with _entered(_CONTEXT.get()._replace(target=resolved)):
+    with context.entered(context.setting(traced=False)._replace(target=resolved)):
         yield resolved
 
 
@@ -510,7 +420,7 @@ def use_mode(mode: str) -> Iterator[str]:
     Raises:
       ValueError: a mode other than "fast" or "exact" (before the block starts).
     """
-    with _entered(_CONTEXT.get()._replace(mode=_check_mode(mode))):
+    with context.entered(context.setting(traced=False)._replace(mode=_check_mode(mode))):
         yield mode
 
 
@@ -523,7 +433,7 @@ def current_mode(mode: str | None = None) -> str:
     """
     if mode is not None:
         return _check_mode(mode)
-    return _setting().mode or "fast"
+    return context.setting().mode or "fast"
 
 
 def current_target(target: TargetLike = None) -> Target:
@@ -539,7 +449,7 @@ def current_target(target: TargetLike = None) -> Target:
     """
     if target is not None:
         return get(target)
-    chosen = _setting().target
+    chosen = context.setting().target
     if chosen is not None:
         return chosen
     env = os.environ.get("EMULATE_TARGET", "").strip()

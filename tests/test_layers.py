@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "profiles, oracle, bounds",
         [
             "emulate.profiles",
+            "emulate.context",
             "emulate.targets",
             "emulate.compiler.devices",
             "emulate.compiler.isolate",

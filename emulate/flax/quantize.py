@@ -203,7 +203,8 @@ def _hook_nnx(module: Any, kind: str, site: Site) -> None:
     op = Op("dot" if kind == "embed" else kind, site)
     if kind == "embed":
         if not isinstance(module, QuantizedEmbed):
-            module.__class__ = _quantized_embed_class(type(module))
+            cls: Any = type(module)
+            module.__class__ = _quantized_embed_class(cls)
         module.emulate_op = op
     else:
         setattr(module, _NNX_HOOK[kind], op)
@@ -412,7 +413,7 @@ def _record(module: nn.Module, args: tuple, kwargs: dict, rule: Callable, sites:
             f"variables: no params/{path + '/' if path else ''}kernel for the "
             f"{type(module).__name__} at {path!r}; pass the variables model.init returned"
         )
-    kernel = module.get_variable("params", "kernel")
+    kernel: Any = module.get_variable("params", "kernel")
     sites[path] = _linen_site(module, args, kwargs, chosen, path, kernel)
 
 

@@ -115,6 +115,7 @@ def conv_general_dilated(
                 rhs_dilation,
                 feature_group_count,
                 batch_group_count,
+                where=f"lhs {np.shape(lhs)}, rhs {np.shape(rhs)}",
             )
         return lax.conv_general_dilated(  # plain arrays: passes_through checked them
             cast(Any, lhs),

@@ -135,8 +135,14 @@ def _emulated_dot(call: args.DotArgs) -> jax.Array:
 
 
 def _resharded(out: jax.Array, out_sharding: Any) -> jax.Array:
-    """``out`` with the sharding a JAX call given ``out_sharding`` returns."""
+    """``out`` with the sharding a JAX call given ``out_sharding`` returns. Outside a mesh
+    context (``jax.set_mesh``), ``lax.dot_general`` and ``jnp.einsum`` (jax 0.10) leave a
+    NamedSharding's placement unapplied, jitted or not, where ``reshard`` would fail under
+    jit: so does emulate. A PartitionSpec there is refused by reshard as by lax."""
     if out_sharding is None:
+        return out
+    no_mesh = jax.sharding.get_abstract_mesh().empty
+    if no_mesh and isinstance(out_sharding, jax.sharding.NamedSharding):
         return out
     return jax.sharding.reshard(out, out_sharding)
 

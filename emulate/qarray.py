@@ -283,7 +283,7 @@ class QArray:
                 )
             scales = jnp.asarray(scales)
         if tensor_scale is not None:
-            tensor_scale = jnp.asarray(tensor_scale, jnp.float32)
+            tensor_scale = _tensor_scale(tensor_scale)
             if tensor_scale.shape != ():
                 raise ValueError(f"tensor_scale: expected a scalar, got shape {tensor_scale.shape}")
         if perm is not None:
@@ -487,6 +487,17 @@ def scale_values(q: QArray) -> jax.Array:
     if isinstance(q.scales, QArray):
         return _dequantize(q.scales, "float32")
     return codecs.decode(q.scales, q.scale_format, to=jnp.float32)
+
+
+def _tensor_scale(value: Any) -> jax.Array:
+    """``from_parts``'s ``tensor_scale`` as a float32 array (its shape checked by the caller)."""
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    number = isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+    if not (number or kind in ("f", "i", "u", "V")):
+        raise TypeError(
+            f"tensor_scale: expected None or a float32 scalar, got {type(value).__name__} {value!r}"
+        )
+    return jnp.asarray(value, jnp.float32)
 
 
 def offset_values(q: QArray) -> jax.Array | None:

@@ -234,8 +234,8 @@ def _axis_lengths(
             )
         return tuple(range(nd)), full
     axes = _named_axes(shape, axis)
-    if block_shape is None:
-        return axes, tuple(shape[a] for a in axes)
+    if block_shape is None:  # the whole axis (an empty axis: empty blocks of length 1)
+        return axes, tuple(shape[a] or 1 for a in axes)
     if isinstance(block_shape, (int, np.integer)):
         return axes, (int(block_shape),) * len(axes)
     lens = tuple(block_shape)

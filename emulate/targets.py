@@ -15,12 +15,12 @@ TPU figures are per TensorCore, as JAX states them: multiply by
 compiler (:mod:`emulate.mosaic`) covers a TPU generation, its native pairs are the
 compiler's, and :meth:`Target.compiles` answers whether Mosaic compiles a pair there.
 
-The current target and the default mode live in one of JAX's own context settings
-(``jax.make_user_context``), thread-local like JAX's mesh context and part of the key of
-every ``jax.jit`` cache: a function jitted under one ``with use_target(...)`` block and
-called under another is traced again, never run with the first target's program.
+The current target and the default mode a ``with use_target(...)`` / ``use_mode(...)``
+block sets follow threads and asyncio tasks, and are part of every ``jax.jit`` cache key
+(:mod:`emulate.context` keeps them): a function jitted under one block and called under
+another is traced again, never run with the first target's program.
 :func:`current_target` resolves, in order: an explicit argument, the innermost
-``with use_target(...)`` block of this thread, the ``EMULATE_TARGET`` environment
+``with use_target(...)`` block of this thread or task, the ``EMULATE_TARGET`` environment
 variable, then detection from ``jax.devices()[0]``. :func:`current_mode` resolves an
 explicit mode, the innermost ``with use_mode(...)`` block, then ``"fast"``.
 """
@@ -37,8 +37,8 @@ from typing import NamedTuple, TypeAlias
 
 import jax
 
+from emulate import context, mosaic, profiles, tables
 from emulate import formats as _formats
-from emulate import mosaic, profiles, tables
 from emulate.formats import FormatLike
 from emulate.profiles import OPERANDS, TPU_F32_PASSES
 
@@ -378,40 +378,23 @@ def from_device(device: jax.Device) -> Target:
 MODES = ("fast", "exact")
 
 
-class _Setting(NamedTuple):
-    """What the ``with`` blocks of this thread set: a target and a mode (None: not set)."""
-
-    target: Target | None
-    mode: str | None
-
-
-# One JAX user context (public API: ``jax.make_user_context``) holds both: its
-# value is part of the trace and jit cache keys, so every jitted function, emulate's own
-# and the user's, is traced again when the target or mode a block sets changes. It is
-# created at import because JAX asks that user contexts not be created concurrently.
-_SETTING = jax.make_user_context(default_value=_Setting(None, None))
-
-
-def _setting() -> _Setting:
-    value = _SETTING.value
-    return value if isinstance(value, _Setting) else _Setting(None, None)
-
-
 @contextlib.contextmanager
 def use_target(name: str | Target) -> Iterator[Target]:
-    """Make ``name`` the current target inside a ``with`` block, for this thread only.
+    """Make ``name`` the current target inside a ``with`` block, for this thread or
+    asyncio task only.
 
     Blocks nest; leaving one (also by an exception) restores the previous target. The
-    setting is one of JAX's context settings: it is thread-local (other threads do not
-    see it), and it is part of ``jax.jit``'s cache key, so a function jitted under one
-    target and called under another is traced again for that target. Also exported as
-    ``target`` (``with emulate.target("v5e"):``).
+    setting lives in a ContextVar (each thread and each asyncio task sees its own blocks)
+    and in one of JAX's context settings, part of ``jax.jit``'s cache key, so a function
+    jitted under one target and called under another is traced again for that target
+    (JAX's key is per thread: see :mod:`emulate.context` for asyncio tasks). Also exported
+    as ``target`` (``with emulate.target("v5e"):``).
 
     Raises:
       ValueError: an unknown target name (before the block starts).
     """
     resolved = get(name)
-    with _SETTING(_setting()._replace(target=resolved)):
+    with context.entered(context.setting(traced=False)._replace(target=resolved)):
         yield resolved
 
 
@@ -427,7 +410,8 @@ def _check_mode(mode: str) -> str:
 @contextlib.contextmanager
 def use_mode(mode: str) -> Iterator[str]:
     """Make ``mode`` ("fast" or "exact") the default mode of every matmul inside a
-    ``with`` block, for this thread only; an explicit ``mode=`` argument still wins.
+    ``with`` block, for this thread or asyncio task only; an explicit ``mode=`` argument
+    still wins.
 
     Blocks nest and restore on exit; like :func:`use_target` the setting is part of
     ``jax.jit``'s cache key. :func:`emulate.polyfill` enters it (with :func:`use_target`)
@@ -436,28 +420,28 @@ def use_mode(mode: str) -> Iterator[str]:
     Raises:
       ValueError: a mode other than "fast" or "exact" (before the block starts).
     """
-    with _SETTING(_setting()._replace(mode=_check_mode(mode))):
+    with context.entered(context.setting(traced=False)._replace(mode=_check_mode(mode))):
         yield mode
 
 
 def current_mode(mode: str | None = None) -> str:
     """The mode to run in: ``mode`` if given, else the innermost :func:`use_mode` block of
-    this thread, else ``"fast"``.
+    this thread or task, else ``"fast"``.
 
     Raises:
       ValueError: a mode other than "fast" or "exact".
     """
     if mode is not None:
         return _check_mode(mode)
-    return _setting().mode or "fast"
+    return context.setting().mode or "fast"
 
 
 def current_target(target: TargetLike = None) -> Target:
     """The target to plan for.
 
     Resolution order: ``target`` if given; the innermost :func:`use_target` block of this
-    thread; the ``EMULATE_TARGET`` environment variable (read at each call); else the
-    profile detected from ``jax.devices()[0]`` (:func:`from_device`).
+    thread or asyncio task; the ``EMULATE_TARGET`` environment variable (read at each call);
+    else the profile detected from ``jax.devices()[0]`` (:func:`from_device`).
 
     Raises:
       ValueError: an unknown ``target`` or ``EMULATE_TARGET`` value (the message names
@@ -465,7 +449,7 @@ def current_target(target: TargetLike = None) -> Target:
     """
     if target is not None:
         return get(target)
-    chosen = _setting().target
+    chosen = context.setting().target
     if chosen is not None:
         return chosen
     env = os.environ.get("EMULATE_TARGET", "").strip()

@@ -133,4 +133,39 @@ exact_b_sharded = jax.jit(
     out_shardings=NamedSharding(mesh, P("data", None)),
 )(xb, w8)
 result["exact_bf16_fp8_same"] = bits(exact_b_sharded) == bits(exact_b)
+
+# out_sharding on a mesh of 2 devices outside a mesh context (no jax.set_mesh), jitted or
+# not: emulate's dot_general and einsum return what lax.dot_general and jnp.einsum do.
+two = jax.make_mesh(
+    (2,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,), devices=jax.devices()[:2]
+)
+osh = NamedSharding(two, P("x", None))
+a4 = jnp.asarray(rng.integers(-8, 8, (4, 8)), jnp.int4)
+b4 = jnp.asarray(rng.integers(-8, 8, (8, 4)), jnp.int4)
+f32 = jnp.float32
+pairs = {
+    "dot_general": (
+        lambda a, b: emulate.dot_general(
+            a, b, DN, out_sharding=osh, preferred_element_type=f32, target="tpu_v4"
+        ),
+        lambda a, b: jax.lax.dot_general(a.astype(f32), b.astype(f32), DN, out_sharding=osh),
+    ),
+    "einsum": (
+        lambda a, b: emulate.einsum(
+            "ij,jk->ik", a, b, out_sharding=osh, preferred_element_type=f32, target="tpu_v4"
+        ),
+        lambda a, b: jnp.einsum("ij,jk->ik", a.astype(f32), b.astype(f32), out_sharding=osh),
+    ),
+}
+no_mesh = {}
+for name, (ours, theirs) in pairs.items():
+    for jitted in (False, True):
+        wrap = jax.jit if jitted else (lambda fn: fn)
+        got, want = wrap(ours)(a4, b4), wrap(theirs)(a4, b4)
+        no_mesh[f"{name}-jit" if jitted else name] = [
+            type(got.sharding).__name__,
+            type(want.sharding).__name__,
+            bits(got) == bits(want),
+        ]
+result["out_sharding_no_mesh"] = no_mesh
 print(json.dumps(result))

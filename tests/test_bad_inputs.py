@@ -18,11 +18,15 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from flax import linen, nnx
 from hypothesis import given
 from hypothesis import strategies as st
 from jax import lax
 
 import emulate
+import emulate.compiler
+import emulate.flax
+import emulate.pallas
 from emulate import cli, mx, reference
 
 DN = (((1,), (0,)), ((), ()))
@@ -53,6 +57,27 @@ def _qarray_with_scales(scales):
 
 def _packed(fmt="int4", axis=-1, length=4):
     return emulate.Packed(jnp.zeros((4, 2), jnp.uint8), fmt, axis, length)
+
+
+def _vmap_after_the_packed_axis():
+    p = emulate.pack(jnp.ones((8, 4), jnp.int4), axis=0)
+    return jax.vmap(emulate.unpack, in_axes=1)(p)
+
+
+class _OneDense(linen.Module):
+    @linen.compact
+    def __call__(self, x):
+        return linen.Dense(4)(x)
+
+
+def _quantize_linen(variables):
+    x = np.ones((2, 8), np.float32)
+    return emulate.flax.quantize_model(_OneDense(), "int8", variables, x)
+
+
+class _WithTranspose(nnx.Module):
+    def __init__(self):
+        self.up = nnx.ConvTranspose(3, 2, (2,), rngs=nnx.Rngs(0))
 
 
 CASES = [
@@ -319,6 +344,115 @@ CASES = [
         ValueError,
         r"^feature_group_count: expected a positive int, got 0",
     ),
+    # issue 28: the second sweep
+    (
+        "float6 preferred_element_type on a native pair (cpu pass-through)",
+        lambda: emulate.dot_general(
+            np.ones((4, 8), ml_dtypes.float8_e4m3fn),
+            np.ones((8, 4), ml_dtypes.float8_e4m3fn),
+            DN,
+            preferred_element_type=ml_dtypes.float6_e2m3fn,
+            target="cpu",
+        ),
+        ValueError,
+        r"^preferred_element_type: the result type would be float6_e2m3fn, which XLA cannot "
+        r"hold; pass a wider preferred_element_type \(e\.g\. jnp\.float32",
+    ),
+    (
+        "vmap over an axis after a Packed's packed axis",
+        _vmap_after_the_packed_axis,
+        ValueError,
+        r"^p: 8 int4 elements need 4 bytes along axis -2 \(counted from the end\), the data "
+        r"has 1 axis \(shape \(4,\)\); jax\.vmap and stacking may add or remove axes before "
+        r"the packed axis only",
+    ),
+    (
+        "from_parts tensor_scale='x'",
+        lambda: emulate.QArray.from_parts(
+            np.ones((4, 4), np.int8),
+            np.ones((4, 1), np.float32),
+            block_shape=(1, 4),
+            tensor_scale="x",
+        ),
+        TypeError,
+        r"^tensor_scale: expected None or a float32 scalar, got str 'x'$",
+    ),
+    (
+        "conv operands of different ranks",
+        lambda: emulate.conv_general_dilated(
+            np.ones((1, 1, 4), ml_dtypes.float8_e4m3fn), KER, (1,), "VALID", target="tpu_v4"
+        ),
+        TypeError,  # as lax: "convolution requires lhs and rhs ndim to be equal"
+        r"^lhs, rhs: convolution operands need the same rank, got 3 and 4; lhs "
+        r"float8_e4m3fn\[1, 1, 4\], rhs float8_e4m3fn\[3, 3, 3, 4\], target tpu_v4$",
+    ),
+    (
+        "conv rank-2 operands with a stride",
+        lambda: emulate.conv_general_dilated(
+            np.ones((2, 4), ml_dtypes.float8_e4m3fn),
+            np.ones((3, 4), ml_dtypes.float8_e4m3fn),
+            (1,),
+            "VALID",
+            target="tpu_v4",
+        ),
+        ValueError,
+        r"^window_strides: expected 0 values \(one per spatial dimension: the operands' rank "
+        r"- 2\), got \(1,\); lhs float8_e4m3fn\[2, 4\], rhs float8_e4m3fn\[3, 4\]",
+    ),
+    (
+        "conv rank-2 operands with a stride, passed through",
+        lambda: emulate.conv_general_dilated(
+            np.ones((2, 4), np.float32), np.ones((3, 4), np.float32), (1,), "VALID"
+        ),
+        ValueError,
+        r"^window_strides: expected 0 values \(one per spatial dimension: the operands' rank "
+        r"- 2\), got \(1,\); lhs \(2, 4\), rhs \(3, 4\)$",
+    ),
+    (
+        "linen variables without params",
+        lambda: _quantize_linen({}),
+        ValueError,
+        r"^variables: expected the model's variables, a mapping with a 'params' collection "
+        r"\(what model\.init returns\), got a mapping with the collections \[\]$",
+    ),
+    (
+        "linen variables without the layer's kernel",
+        lambda: _quantize_linen({"params": {}}),
+        ValueError,
+        r"^variables: no params/Dense_0/kernel for the Dense at 'Dense_0'; pass the variables "
+        r"model\.init returned$",
+    ),
+    (
+        "a chosen NNX layer that cannot be quantized",
+        lambda: emulate.flax.quantize_model(_WithTranspose(), "int8"),
+        ValueError,
+        r"^rules: the layer at 'up' \(ConvTranspose\) has a kernel, but emulate\.flax "
+        r"quantizes Linear, LinearGeneral, Einsum, Conv and Embed layers",
+    ),
+    (
+        "Rule subclasses='no'",
+        lambda: emulate.flax.quantize_model(
+            nnx.Linear(4, 2, rngs=nnx.Rngs(0)), emulate.flax.Rule(".*", "int8", subclasses="no")
+        ),
+        ValueError,
+        r"^rules: subclasses must be True or False, got 'no'$",
+    ),
+    (
+        "emulate_layer on a module of another type",
+        lambda: emulate.flax.emulate_layer(nnx.LayerNorm(4, rngs=nnx.Rngs(0))),
+        TypeError,
+        r"^module: expected an NNX Linear, LinearGeneral, Einsum, Conv and Embed layer \(or a "
+        r"subclass\), got LayerNorm$",
+    ),
+    (
+        "pallas.dot with batch dimension numbers",
+        lambda: emulate.pallas.dot(
+            I8, I8, dimension_numbers=(((1,), (1,)), ((0,), (0,))), target="tpu_v4"
+        ),
+        NotImplementedError,
+        r"^dimension_numbers: emulate\.pallas\.dot contracts 2-D tiles without batch "
+        r"dimensions, got batch dimensions \(0,\) and \(0,\)",
+    ),
 ]
 
 
@@ -465,6 +599,36 @@ def test_stacked_qarrays_are_one_qarray_with_a_leading_axis():
     )
 
 
+def test_nvfp4_dequantize_rounds_the_two_level_scale_first():
+    # docs/quantized.md: code * (scale * tensor_scale), the parenthesised product rounded to
+    # f32, then the product with the code rounded once. numpy's float32 multiplications
+    # round once each; the oracle reads codes and scales through ml_dtypes.
+    x = np.random.default_rng(28).standard_normal((32, 64)).astype(np.float32) * 3
+    q = emulate.quantize(x, mx.NVFP4)
+    codes = np.asarray(q.unpacked_codes()).astype(np.float32)
+    scales = np.asarray(q.scales).astype(np.float32)
+    ts = np.float32(q.tensor_scale)
+    s = np.repeat(scales * ts, q.block_shape[1], axis=1)  # (32, 64): one f32 rounding
+    want = codes * s  # one more rounding
+    want = np.where(np.abs(want) < 2.0**-126, np.float32(0) * want, want)
+    got = np.asarray(emulate.dequantize(q))
+    assert got.tobytes() == want.tobytes()
+    once = (codes.astype(np.float64) * np.repeat(scales, 16, axis=1) * float(ts)).astype(
+        np.float32
+    )  # a single rounding of the exact triple product (at most 30 significant bits)
+    assert (once != want).sum() > 0  # the order is observable: the docs must state it
+
+
+def test_quantize_along_an_empty_axis_is_an_empty_qarray():
+    # Per-channel scales over an axis of length 0 (nnx.Linear(0, 4)): empty blocks, and
+    # the matmul over K = 0 gives zeros as lax's does.
+    q = emulate.quantize(np.ones((0, 4), np.float32), "int8", axis=0)
+    assert (q.shape, q.scales.shape) == ((0, 4), (0, 4))
+    got = emulate.matmul(np.ones((2, 0), np.float32), q)
+    want = lax.dot_general(np.ones((2, 0), np.float32), np.ones((0, 4), np.float32), DN)
+    assert got.dtype == want.dtype and np.asarray(got).tolist() == np.asarray(want).tolist()
+
+
 # --- the command line: usage errors exit 2 with one line on stderr -----------------------
 
 
@@ -544,6 +708,53 @@ def test_validate_json_on_a_full_device(capsys):
     assert (
         line == "emulate validate: error: cannot write --json '/dev/full': No space left on device"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--out", ""], "emulate targets: error: --out: expected a path to a file, got ''"),
+        (
+            ["--out", "{tmp}"],
+            "emulate targets: error: cannot write --out '{tmp}': Is a directory (give a path "
+            "to a file in an existing, writable directory)",
+        ),
+        (
+            ["--out", "{tmp}/missing/probe.json"],
+            "emulate targets: error: cannot write --out '{tmp}/missing/probe.json': No such "
+            "file or directory (give a path to a file in an existing, writable directory)",
+        ),
+    ],
+    ids=["empty", "directory", "missing-directory"],
+)
+def test_targets_probe_checks_out_before_the_probe(args, line, tmp_path, capsys):
+    args = [a.format(tmp=tmp_path) for a in args]
+    got = _cli_usage_error(["targets", "--probe", "--target", "v5e", *args], capsys)
+    assert got == line.format(tmp=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "line"),
+    [
+        ("junk", r"emulate targets: error: unknown target 'junk' \(choose from tpu_v2, "),
+        (
+            "cpu",
+            r"emulate targets: error: --probe: the TPU compiler compiles for TPU targets "
+            r"only, got cpu$",
+        ),
+        ("tpu_v4i", r"emulate targets: error: --probe: "),
+    ],
+)
+def test_targets_probe_refuses_targets_in_the_cli_form(name, line, capsys):
+    got = _cli_usage_error(["targets", "--probe", "--target", name], capsys)
+    assert re.match(line, got), got
+    if name == "tpu_v4i" and emulate.compiler.available():
+        assert re.match(
+            r"emulate targets: error: --probe: libtpu \S+ has no compile-only device for "
+            r"tpu_v4i \(choose from tpu_v2, ",
+            got,
+        ), got
 
 
 # --- NaN in quantize past XLA:CPU's vectorised max ----------------------------------------

@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "profiles, oracle, bounds",
         [
             "emulate.profiles",
+            "emulate.context",
             "emulate.targets",
             "emulate.compiler.devices",
             "emulate.compiler.isolate",
@@ -121,6 +122,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.dot",
             "emulate.conv",
             "emulate.flax.rounding",
+            "emulate.flax.layers",
             "emulate.flax.quantize",
             "emulate.flax.load",
             "emulate.flax",

@@ -57,3 +57,13 @@ def test_exact_mode_float8_sharded_is_bit_identical(result):
 
 def test_exact_mode_bf16_x_float8_sharded_is_bit_identical(result):
     assert result["exact_bf16_fp8_same"]
+
+
+def test_out_sharding_outside_a_mesh_context_is_taken_as_jax_takes_it(result):
+    # jax 0.10: without jax.set_mesh, lax.dot_general and jnp.einsum leave a NamedSharding
+    # of a 2-device mesh unapplied (jitted or not); emulate did raise "Length of device
+    # assignment 1 is not equal to the size of the mesh 2" under jit.
+    got = result["out_sharding_no_mesh"]
+    assert sorted(got) == ["dot_general", "dot_general-jit", "einsum", "einsum-jit"]
+    for case, (ours, theirs, same) in got.items():
+        assert (ours, same) == (theirs, True), case

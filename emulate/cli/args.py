@@ -10,6 +10,7 @@ errors argparse words as ``argument --option: <problem>``.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 
 import jax
@@ -24,11 +25,13 @@ __all__ = [
     "low_precision",
     "mode",
     "operand_formats",
+    "output_file",
     "parse_shapes",
     "positive_int",
     "target",
     "target_names",
     "tpu_target_names",
+    "write_output",
 ]
 
 #: Formats that can be matmul operands (float8_e8m0fnu is a scale type).
@@ -158,6 +161,37 @@ def _within(
             )
         chosen.append(t)
     return list(dict.fromkeys(chosen))
+
+
+def output_file(path: str, option: str, parser: argparse.ArgumentParser) -> str:
+    """``path`` if a file can be written there, checked before any long work starts by
+    opening it for appending (a file this creates is removed again), or a one-line usage
+    error: an empty path, a directory, a directory that does not exist or cannot be
+    written. :func:`write_output` writes it at the end."""
+    if not path:
+        parser.error(f"{option}: expected a path to a file, got ''")
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        parser.error(
+            f"cannot write {option} {path!r}: {e.strerror or e} (give a path to a file in an "
+            "existing, writable directory)"
+        )
+    if not existed:
+        os.remove(path)
+    return path
+
+
+def write_output(text: str, path: str, option: str, parser: argparse.ArgumentParser) -> None:
+    """Write ``text`` to ``path`` (checked by :func:`output_file`), or a one-line usage
+    error (a full device reports when the buffer is flushed, at the close)."""
+    try:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
+    except OSError as e:
+        parser.error(f"cannot write {option} {path!r}: {e.strerror or e}")
 
 
 def parse_shapes(spec: str) -> list:

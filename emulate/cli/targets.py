@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import sys
 import textwrap
 from collections.abc import Sequence
 
 from emulate import formats, targets
-from emulate.cli.args import target
+from emulate.cli.args import output_file, target, write_output
 from emulate.planning.matrix import MethodCell, method_matrix
 from emulate.tables import WIDTH, grid, short_target
 
@@ -65,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the tables (exit status 0), or run the probe (``--probe``)."""
     if args.probe:
         return _run_probe(args)
-    if args.out:
+    if args.out is not None:
         args.parser.error("--out goes with --probe")
     chosen = [target(name, args.parser) for name in args.targets or targets.names()]
     names = list(dict.fromkeys(t.name for t in chosen))
@@ -156,18 +155,29 @@ def _table_disagreements(chosen: Sequence[targets.Target], operands: Sequence[st
 
 
 def _run_probe(args: argparse.Namespace) -> int:
+    """Check the targets and the output path, then run the probe (about a minute)."""
     from emulate import compiler
 
+    parser = args.parser
+    names = [target(name, parser) for name in args.targets or ()]
+    for t in names:
+        if t.kind != "tpu":
+            parser.error(f"--probe: the TPU compiler compiles for TPU targets only, got {t.name}")
+    out = None if args.out is None else output_file(args.out, "--out", parser)
     try:
-        result = compiler.probe(args.targets)
-    except (compiler.CompilerUnavailable, ValueError) as e:
-        print(f"emulate targets --probe: {e}", file=sys.stderr)
-        return 2
+        offered = compiler.generations()
+    except compiler.CompilerUnavailable as e:
+        parser.error(f"--probe: {' '.join(str(e).split())}")
+    for t in names:
+        if t.name not in offered:
+            parser.error(
+                f"--probe: libtpu {compiler.libtpu_version()} has no compile-only device for "
+                f"{t.name} (choose from {', '.join(offered)})"
+            )
+    result = compiler.probe(list(dict.fromkeys(t.name for t in names)) or None)
     text, changed = compiler.report(result)
     print(text)
-    if args.out:
-        out = pathlib.Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(result.to_json(), encoding="utf-8")
-        print(f"wrote {out}")
+    if out is not None:
+        write_output(result.to_json(), out, "--out", parser)
+        print(f"wrote {pathlib.Path(out)}")
     return 1 if changed else 0

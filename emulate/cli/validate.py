@@ -12,7 +12,14 @@ import json
 
 from emulate import validate
 from emulate.cli import validate_fn
-from emulate.cli.args import mode, operand_formats, positive_int, target_names
+from emulate.cli.args import (
+    mode,
+    operand_formats,
+    output_file,
+    positive_int,
+    target_names,
+    write_output,
+)
 from emulate.validate import DEFAULT_EXAMPLES
 
 __all__ = ["add", "run"]
@@ -89,49 +96,29 @@ def run(args: argparse.Namespace) -> int:
     chosen_targets = target_names(args.targets, parser)
     chosen_formats = operand_formats(args.formats, parser)
     modes = list(dict.fromkeys(args.modes or ("fast", "exact")))
-    out = None
-    if args.json is not None:
-        try:
-            out = open(args.json, "w")  # noqa: SIM115 - kept open until the rows are written
-        except OSError as e:
-            parser.error(
-                f"cannot write --json {args.json!r}: {e.strerror or e} (give a path to a file "
-                "in an existing, writable directory)"
-            )
-    try:
-        rows = _run_with_progress(chosen_targets, chosen_formats, modes, args)
-        print(validate.render(rows))
-        failed = [r for r in rows if r.status == "mismatch"]
-        for r in failed:
-            print(
-                f"\nMISMATCH {r.target} {r.lhs} x {r.rhs} mode {r.mode!r}: {r.mismatches} of "
-                f"{r.examples} examples broke the contract. Minimal example (hypothesis-shrunk):"
-            )
-            print(r.report)
-            print("\n# --- reproducer: save as repro.py and run python repro.py ---")
-            print(r.reproducer)
-        if out is not None:
-            payload = {
-                "seed": args.seed,
-                "examples": args.examples,
-                "all_layouts": args.all_layouts,
-                "targets": chosen_targets,
-                "formats": chosen_formats,
-                "modes": modes,
-                "rows": [r.to_json() for r in rows],
-            }
-            try:
-                json.dump(payload, out, indent=1)
-                out.write("\n")
-                out.close()  # a full device reports here, when the buffer is flushed
-            except OSError as e:
-                parser.error(f"cannot write --json {args.json!r}: {e.strerror or e}")
-    finally:
-        if out is not None and not out.closed:
-            try:
-                out.close()
-            except OSError:
-                pass  # reported above, or an earlier error is on its way
+    out = None if args.json is None else output_file(args.json, "--json", parser)
+    rows = _run_with_progress(chosen_targets, chosen_formats, modes, args)
+    print(validate.render(rows))
+    failed = [r for r in rows if r.status == "mismatch"]
+    for r in failed:
+        print(
+            f"\nMISMATCH {r.target} {r.lhs} x {r.rhs} mode {r.mode!r}: {r.mismatches} of "
+            f"{r.examples} examples broke the contract. Minimal example (hypothesis-shrunk):"
+        )
+        print(r.report)
+        print("\n# --- reproducer: save as repro.py and run python repro.py ---")
+        print(r.reproducer)
+    if out is not None:
+        payload = {
+            "seed": args.seed,
+            "examples": args.examples,
+            "all_layouts": args.all_layouts,
+            "targets": chosen_targets,
+            "formats": chosen_formats,
+            "modes": modes,
+            "rows": [r.to_json() for r in rows],
+        }
+        write_output(json.dumps(payload, indent=1) + "\n", out, "--json", parser)
     return 1 if failed else 0
 
 

@@ -272,7 +272,8 @@ def _dot_result(
     if not out.xla_storable:
         raise ValueError(
             f"preferred_element_type: the result type would be {out.name}, which XLA cannot "
-            "hold; pass preferred_element_type (e.g. jnp.float32 or jnp.bfloat16)"
+            f"hold; pass {'a wider ' if pet else ''}preferred_element_type (e.g. jnp.float32 "
+            "or jnp.bfloat16)"
         )
     return out.name, None if wrap is None else wrap.name
 
@@ -364,7 +365,7 @@ def _matmul_shape_error(x: Operand | QArray, y: Operand | QArray) -> ValueError 
     return None
 
 
-def _ints(name: str, value: Any, n: int, *, low: int | None) -> tuple[int, ...]:
+def _ints(name: str, value: Any, n: int, *, low: int | None, where: str = "") -> tuple[int, ...]:
     """``value`` as a sequence of ``n`` ints, each at least ``low`` (None: any)."""
     if isinstance(value, str) or not isinstance(value, Sequence | np.ndarray):
         raise TypeError(
@@ -376,7 +377,10 @@ def _ints(name: str, value: Any, n: int, *, low: int | None) -> tuple[int, ...]:
     except TypeError:
         raise TypeError(f"{name}: expected ints, got {tuple(value)!r}") from None
     if len(out) != n:
-        raise ValueError(f"{name}: expected {n} values (one per spatial dimension), got {out}")
+        raise ValueError(
+            f"{name}: expected {n} values (one per spatial dimension: the operands' rank - 2), "
+            f"got {out}" + (f"; {where}" if where else "")
+        )
     if low is not None and any(v < low for v in out):
         raise ValueError(f"{name}: expected ints >= {low}, got {out}")
     return out
@@ -390,6 +394,8 @@ def check_conv_params(
     rhs_dilation: Any,
     feature_group_count: Any,
     batch_group_count: Any,
+    *,
+    where: str = "",
 ) -> tuple[
     tuple[int, ...],
     str | tuple[tuple[int, int], ...],
@@ -398,7 +404,8 @@ def check_conv_params(
 ]:
     """Refuse what ``lax.conv_general_dilated`` refuses for ``nsp`` spatial dimensions,
     before anything is traced; return strides, padding and dilations as ``lax`` takes
-    them (tuples of ints; a padding string as given).
+    them (tuples of ints; a padding string as given). ``where`` (the operands) ends the
+    message of a count that does not match the operands' rank.
 
     Raises:
       TypeError: strides or a dilation that is not a sequence of ints (as lax).
@@ -407,9 +414,9 @@ def check_conv_params(
       PaddingError: an unknown padding string (a ValueError, and the RuntimeError lax
         raises).
     """
-    strides = _ints("window_strides", window_strides, nsp, low=1)
+    strides = _ints("window_strides", window_strides, nsp, low=1, where=where)
     ld, rd = (
-        None if dil is None else _ints(name, dil, nsp, low=1)
+        None if dil is None else _ints(name, dil, nsp, low=1, where=where)
         for name, dil in (("lhs_dilation", lhs_dilation), ("rhs_dilation", rhs_dilation))
     )
     pads: str | tuple[tuple[int, int], ...]
@@ -477,8 +484,9 @@ def conv_args(
     Raises:
       TypeError: a QArray ``lhs`` (not built), an operand that is no array, a
         ``preferred_element_type`` that names no type, an integer result of a float
-        operand; parameters as :func:`check_conv_params`.
-      ValueError: operands of different ranks or of rank below 2 (3 with a QArray kernel),
+        operand, operands of different ranks (as lax); parameters as
+        :func:`check_conv_params`.
+      ValueError: operands of rank below 2 (3 with a QArray kernel),
         input features that do not match the kernel's times ``feature_group_count``, a
         format given for a QArray, a result XLA cannot hold, a QArray kernel's result
         other than float32, bfloat16 or float16; parameters as :func:`check_conv_params`;
@@ -496,7 +504,12 @@ def conv_args(
     b = with_format(rhs, rhs_format, "rhs")
     where = describe(a, b, t)
     least = 3 if isinstance(b, QArray) else 2
-    if len(a.shape) != len(b.shape) or len(a.shape) < least:
+    if len(a.shape) != len(b.shape):  # lax's exception type for it
+        raise TypeError(
+            f"lhs, rhs: convolution operands need the same rank, got {len(a.shape)} and "
+            f"{len(b.shape)}; {where}"
+        )
+    if len(a.shape) < least:
         raise ValueError(
             f"lhs, rhs: convolution operands need the same rank, at least {least}; {where}"
         )
@@ -509,6 +522,7 @@ def conv_args(
         rhs_dilation,
         feature_group_count,
         batch_group_count,
+        where=where,
     )
     in_l, in_r = a.shape[dn.lhs_spec[1]], b.shape[dn.rhs_spec[1]]
     if in_l != in_r * feature_group_count:

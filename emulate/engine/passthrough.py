@@ -49,7 +49,8 @@ def passes_through(
     format and both are types emulate plans for, whose plan is the native dot with no
     exact K-chunking and no host fallback (or no plan at all: a ``preferred_element_type``
     emulate does not plan for, which JAX then takes or refuses). False in mode "exact"
-    (every covered pair gets the exact sum), and for anything emulate must decode.
+    (every covered pair gets the exact sum), for anything emulate must decode, and for a
+    ``preferred_element_type`` XLA cannot hold (float6: emulate's ValueError).
     """
     if current_mode(mode) != "fast" or lhs_format is not None or rhs_format is not None:
         return False
@@ -57,6 +58,8 @@ def passes_through(
         return False
     if not (is_array(lhs) and is_array(rhs)):
         return True
+    if not _xla_holds(preferred_element_type):
+        return False  # emulate's ValueError, not XLA's runtime error
     la, lb = np.dtype(lhs.dtype).name, np.dtype(rhs.dtype).name
     if not runs_as_is(la, lb, target=target):
         return False
@@ -70,6 +73,16 @@ def passes_through(
         # refuses (an integer result of floats): JAX's own result or error.
         return True
     return p.method == "native" and p.fallback is None and p.k_chunk is None
+
+
+def _xla_holds(preferred_element_type: FormatLike | None) -> bool:
+    """False for a result type of emulate's formats that XLA cannot hold (float6)."""
+    if preferred_element_type is None:
+        return True
+    try:
+        return formats.get(preferred_element_type).xla_storable
+    except (TypeError, ValueError):
+        return True  # no format of emulate's: JAX's result or error
 
 
 def unplanned_integer_result(

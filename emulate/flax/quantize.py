@@ -30,13 +30,12 @@ Layers whose kernels were read from a checkpoint already quantized (see
 from __future__ import annotations
 
 import dataclasses
-import re
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 try:
@@ -45,13 +44,21 @@ try:
 except ImportError as e:  # pragma: no cover - exercised where flax is absent
     raise ImportError("emulate.flax needs flax: pip install 'emulate[flax]'") from e
 
-from emulate import formats
-from emulate.conv import conv_general_dilated
-from emulate.dot import dot_general, einsum
-from emulate.flax.rounding import next_key
-from emulate.mx import SCHEMES
+from emulate.flax.layers import (
+    Chosen,
+    LinenPromote,
+    NnxPromote,
+    Op,
+    Rule,
+    RuleFn,
+    SchemeLike,
+    Site,
+    einsum_axes,
+    make_site,
+    rule_fn,
+)
 from emulate.numerics.storage import Packed
-from emulate.quant import QArray, Scheme, dequantize, quantize
+from emulate.quant import QArray, Scheme, dequantize
 
 __all__ = [
     "Rule",
@@ -61,242 +68,6 @@ __all__ = [
     "QuantizedEmbed",
     "QuantizedLinen",
 ]
-
-SchemeLike = Scheme | str
-RuleFn = Callable[[str, Any], "SchemeLike | None"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    """Which layers to quantize and how.
-
-    Attributes:
-      path: a regular expression that must match the whole layer path, names joined by
-        ``/`` (NNX: ``"layers/0/attn/q"``; linen: ``"Dense_0"``, ``"block/conv1"``).
-      scheme: an :mod:`emulate.mx` Scheme or its name (``"MXFP4"``), a format name for
-        per-channel scales (``"int8"``, ``"float8_e4m3fn"``: one float32 ``absmax``
-        scale per output channel), or None to leave matching layers as they are.
-      mode: ``"fast"`` or ``"exact"`` for these layers' matmuls; None: the function's
-        default.
-    """
-
-    path: str = ".*"
-    scheme: SchemeLike | None = None
-    mode: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Site:
-    """One quantized layer: its scheme, the kernel's contraction axes and its free axes.
-    A layer whose kernel was loaded as a QArray has no scheme (nothing to quantize)."""
-
-    scheme: Scheme | None
-    contract: tuple[int, ...]
-    free: tuple[int, ...]
-    mode: str | None
-
-    def quantize(self, w: jax.Array, *, packed: bool = True) -> QArray:
-        s = self.scheme
-        if s is None:
-            raise ValueError(
-                "kernel: this layer was loaded with a QArray kernel and has no scheme to "
-                f"quantize a float kernel of shape {tuple(w.shape)} by; load a QArray again "
-                "or call quantize_model"
-            )
-        kw: dict[str, Any] = dict(axis=self.contract[-1], ragged=True)
-        if len(s.axes) == 2:
-            if not self.free:
-                raise ValueError(
-                    f"rules: {s.name} needs 2-D blocks over a contraction and an output axis; "
-                    f"this kernel of shape {tuple(w.shape)} has no output axis"
-                )
-            kw["axis"] = (self.contract[-1], self.free[-1])
-        elif s.block is None:  # per output channel: the contraction axes are one block
-            kw = dict(axis=self.contract)
-        if s.rounding == "stochastic":
-            kw["key"] = next_key(f"the {s.name} kernel of shape {tuple(w.shape)}")
-        return quantize(w, s, packed=packed, **kw)
-
-
-def _scheme(value: SchemeLike, arg: str) -> Scheme:
-    if isinstance(value, Scheme):
-        return value
-    if isinstance(value, str) and value in SCHEMES:
-        return SCHEMES[value]
-    try:
-        f = formats.get(value)
-    except (TypeError, ValueError):
-        f = None
-    if f is None or not f.is_low_precision or f.name == "float8_e8m0fnu":
-        raise ValueError(
-            f"{arg}: expected an emulate.mx Scheme, a scheme name ({', '.join(SCHEMES)}) or a "
-            f"low-precision format name for per-channel scales, got {value!r}"
-        )
-    return Scheme(f"{f.name}_PER_CHANNEL", f.name, None, (-1,), "float32", "absmax")
-
-
-def _rule_fn(rules: Any) -> Callable[[str, Any], tuple[Scheme, str | None] | None]:
-    """Normalise ``rules`` into ``(path, module) -> (scheme, mode) or None``."""
-    if isinstance(rules, (Scheme, str)):
-        rules = [Rule(".*", rules)]
-    elif isinstance(rules, Rule):
-        rules = [rules]
-    if callable(rules) and not isinstance(rules, Sequence):
-        fn = rules
-
-        def by_callable(path: str, module: Any) -> tuple[Scheme, str | None] | None:
-            got = fn(path, module)
-            if got is None:
-                return None
-            if isinstance(got, Rule):
-                return None if got.scheme is None else (_scheme(got.scheme, "rules"), got.mode)
-            return _scheme(got, "rules"), None
-
-        return by_callable
-    if not isinstance(rules, Sequence) or not all(isinstance(r, Rule) for r in rules):
-        raise TypeError(
-            "rules: expected a Rule, a sequence of Rules, a Scheme or scheme name, or a "
-            f"callable (path, module) -> scheme or None; got {type(rules).__name__}"
-        )
-    compiled = []
-    for r in rules:
-        try:
-            pattern = re.compile(r.path)
-        except re.error as e:
-            raise ValueError(f"rules: path {r.path!r} is not a regular expression: {e}") from None
-        if r.mode not in (None, "fast", "exact"):
-            raise ValueError(f"rules: mode must be 'fast', 'exact' or None, got {r.mode!r}")
-        compiled.append((pattern, None if r.scheme is None else _scheme(r.scheme, "rules"), r.mode))
-
-    def by_rules(path: str, module: Any) -> tuple[Scheme, str | None] | None:
-        for pattern, scheme, mode in compiled:
-            if pattern.fullmatch(path):
-                return None if scheme is None else (scheme, mode)
-        return None
-
-    return by_rules
-
-
-def _einsum_axes(einsum_str: str | None, kernel_ndim: int, where: str) -> tuple[int, ...]:
-    """The kernel's contraction axes in ``"lhs,kernel->out"``."""
-    if not isinstance(einsum_str, str) or "->" not in einsum_str or "," not in einsum_str:
-        raise ValueError(
-            f"rules: the Einsum at {where!r} needs its einsum_str (explicit, with '->') in "
-            f"the constructor to be quantized, got {einsum_str!r}"
-        )
-    ins, out = einsum_str.replace(" ", "").split("->")
-    lhs, rhs = ins.split(",")
-    if "..." in rhs or len(rhs) != kernel_ndim:
-        raise ValueError(
-            f"rules: the Einsum at {where!r} names its kernel {rhs!r}; expected one letter per "
-            f"kernel axis ({kernel_ndim}) and no '...'"
-        )
-    return tuple(i for i, c in enumerate(rhs) if c in lhs and c not in out)
-
-
-def _site(contract: Sequence[int], ndim: int, scheme: Scheme, mode: str | None) -> _Site:
-    c = tuple(int(a) % ndim for a in contract)
-    if not c:
-        raise ValueError("rules: a kernel without contraction axes cannot be quantized")
-    return _Site(scheme, c, tuple(a for a in range(ndim) if a not in c), mode)
-
-
-# --- the operations a quantized layer runs --------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Op:
-    """A layer's ``dot_general`` / ``einsum_op`` / ``conv_general_dilated``: emulate's
-    function when the kernel is a QArray; on a float kernel, quantize it first (straight-
-    through gradient to the float kernel)."""
-
-    kind: str  # "dot", "einsum" or "conv"
-    site: _Site
-
-    def __call__(self, *args: Any, out_sharding: Any = None, **kw: Any) -> jax.Array:
-        if out_sharding is not None:
-            raise ValueError(
-                f"out_sharding: emulate.flax's quantized layers take no out_sharding yet, "
-                f"got {out_sharding!r}; shard with jax.sharding.reshard on the result"
-            )
-        pos = 2 if self.kind == "einsum" else 1
-        head, x, w, rest = args[: pos - 1], args[pos - 1], args[pos], args[pos + 1 :]
-        emulated, plain = FUNCTIONS[self.kind]
-        ekw = dict(kw, mode=self.site.mode) if self.site.mode is not None else kw
-
-        def run(x, q):
-            return emulated(*head, x, q, *rest, **ekw)
-
-        if isinstance(w, QArray):
-            return run(x, w)
-
-        def run_plain(x, wd, dtype):
-            return plain(*head, x, wd, *rest, **kw).astype(dtype)
-
-        return _straight_through(run, run_plain, self.site, x, w)
-
-
-#: What each kind of quantized layer calls: kind ("dot", "einsum", "conv") -> (emulate's
-#: function for a QArray kernel, JAX's function for the straight-through gradient). Read at
-#: call time, so a test may wrap an entry to see every emulated call.
-FUNCTIONS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
-    "dot": (dot_general, lax.dot_general),
-    "einsum": (einsum, jnp.einsum),
-    "conv": (conv_general_dilated, lax.conv_general_dilated),
-}
-
-
-def _straight_through(run, run_plain, site: _Site, x: jax.Array, w: jax.Array) -> jax.Array:
-    """``run(x, quantize(w))``; gradients as of ``run_plain(x, dequantize(quantize(w)))``
-    wrt ``x`` and that dequantized ``w`` (passed straight to ``w``)."""
-
-    @jax.custom_vjp
-    def f(x, w):
-        return run(x, site.quantize(w, packed=False))
-
-    def fwd(x, w):
-        q = site.quantize(w, packed=False)
-        return run(x, q), (x, dequantize(q, to=w.dtype))
-
-    def bwd(res, g):
-        x, wd = res
-        _, vjp = jax.vjp(lambda x, wd: run_plain(x, wd, g.dtype), x, wd)
-        return vjp(g)
-
-    f.defvjp(fwd, bwd)
-    return f(x, w)
-
-
-def _promote(args: Sequence[Any], dtype: Any, inexact: bool) -> list[Any]:
-    """flax's ``promote_dtype`` that lets a QArray through (its logical dtype set)."""
-    present = [a for a in args if a is not None]
-    if dtype is None:
-        dtype = jnp.result_type(*[a.dtype if isinstance(a, QArray) else a for a in present])
-    if inexact and not jnp.issubdtype(dtype, jnp.inexact):
-        dtype = jnp.promote_types(jnp.float32, dtype)
-    out: list[Any] = []
-    for a in args:
-        if a is None:
-            out.append(None)
-        elif isinstance(a, QArray):
-            same = a.dtype == np.dtype(dtype)
-            out.append(a if same else dataclasses.replace(a, dtype=np.dtype(dtype)))
-        else:
-            out.append(jnp.asarray(a, dtype))
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class _NnxPromote:
-    def __call__(self, args: Any, /, *, dtype: Any = None, inexact: bool = True) -> Any:
-        return type(args)(_promote(args, dtype, inexact))
-
-
-@dataclasses.dataclass(frozen=True)
-class _LinenPromote:
-    def __call__(self, *args: Any, dtype: Any = None, inexact: bool = True) -> list[Any]:
-        return _promote(args, dtype, inexact)
-
 
 # --- NNX -----------------------------------------------------------------------------------
 
@@ -310,7 +81,7 @@ class QuantizedEmbed(nnx.Embed):
     """``nnx.Embed`` whose table is quantized: the lookup gathers rows of codes and scales
     and dequantizes them; ``attend`` is an emulated matmul against the table."""
 
-    emulate_op: _Op
+    emulate_op: Op
 
     def __call__(self, inputs: jax.Array, out_sharding: Any = None) -> jax.Array:
         if not jnp.issubdtype(inputs.dtype, jnp.integer):
@@ -350,101 +121,152 @@ def _take_rows(q: QArray, idx: jax.Array) -> jax.Array:
     return dequantize(rows)
 
 
-def _nnx_site(path: str, module: Any, scheme: Scheme, mode: str | None) -> tuple[str, _Site]:
-    if isinstance(module, nnx.Embed):
-        return "embed", _site((1,), 2, scheme, mode)
-    kernel = module.kernel
-    nd = len(kernel.shape)
+def _layer_kind(module: Any, kinds: Mapping[type, str]) -> tuple[str | None, bool]:
+    """(kind, subclass): the kind of the first layer type ``module`` is an instance of
+    (None: none), and whether it is a subclass of that type."""
+    for cls, kind in kinds.items():
+        if isinstance(module, cls):
+            return kind, type(module) is not cls
+    return None, False
+
+
+def _cannot(path: str, module: Any, names: str) -> ValueError:
+    return ValueError(
+        f"rules: the layer at {path!r} ({type(module).__name__}) has a kernel, but "
+        f"emulate.flax quantizes {names} layers (and their subclasses) only; leave it "
+        f"float with Rule({path!r}, None) ahead of the rule that chose it"
+    )
+
+
+def _nnx_site(path: str, module: Any, kind: str, scheme: Scheme, mode: str | None) -> Site:
+    if kind == "embed":
+        return make_site((1,), 2, scheme, mode)
+    nd = len(module.kernel.shape)
     if isinstance(module, nnx.Linear):
-        return "dot", _site((0,), nd, scheme, mode)
+        return make_site((0,), nd, scheme, mode)
     if isinstance(module, nnx.LinearGeneral):
         nb, ni = len(module.batch_axis), len(module.in_features)
-        return "dot", _site(tuple(range(nb, nb + ni)), nd, scheme, mode)
+        return make_site(tuple(range(nb, nb + ni)), nd, scheme, mode)
     if isinstance(module, nnx.Einsum):
-        return "einsum", _site(_einsum_axes(module.einsum_str, nd, path), nd, scheme, mode)
+        return make_site(einsum_axes(module.einsum_str, nd, path), nd, scheme, mode)
     if module.mask is not None:
         raise ValueError(f"rules: the Conv at {path!r} has a mask, which is not built quantized")
-    return "conv", _site(tuple(range(nd - 1)), nd, scheme, mode)
+    return make_site(tuple(range(nd - 1)), nd, scheme, mode)
 
 
-_NNX_KINDS = (nnx.Linear, nnx.LinearGeneral, nnx.Einsum, nnx.Conv, nnx.Embed)
-_NNX_HOOK = {"dot": "dot_general", "einsum": "einsum_op", "conv": "conv_general_dilated"}
-_NNX_KIND: dict[Any, str] = {
+_NNX_KINDS: dict[type, str] = {
     nnx.Linear: "dot",
     nnx.LinearGeneral: "dot",
     nnx.Einsum: "einsum",
     nnx.Conv: "conv",
+    nnx.Embed: "embed",
 }
+_NNX_NAMES = "Linear, LinearGeneral, Einsum, Conv and Embed"
+_NNX_HOOK = {"dot": "dot_general", "einsum": "einsum_op", "conv": "conv_general_dilated"}
+
+
+def _has_kernel(module: Any) -> bool:
+    return any(
+        isinstance(getattr(module, name, None), nnx.Variable) for name in ("kernel", "embedding")
+    )
 
 
 def _quantize_nnx(model: nnx.Module, rule: Callable, qat: bool) -> nnx.Module:
     module: Any
     for path_parts, module in list(nnx.iter_modules(model)):
-        if type(module) not in _NNX_KINDS and not isinstance(module, QuantizedEmbed):
+        kind, subclass = _layer_kind(module, _NNX_KINDS)
+        if kind is None and not _has_kernel(module):
             continue
         path = "/".join(str(p) for p in path_parts)
-        chosen = rule(path, module)
+        chosen: Chosen | None = rule(path, module)
         if chosen is None:
             continue
-        kind, site = _nnx_site(path, module, *chosen)
+        if kind is None:
+            raise _cannot(path, module, _NNX_NAMES)
+        if subclass and not chosen.subclasses and not isinstance(module, QuantizedEmbed):
+            continue
+        site = _nnx_site(path, module, kind, chosen.scheme, chosen.mode)
         name = "embedding" if kind == "embed" else "kernel"
-        var = getattr(module, name)
-        value = var[...]
+        value = getattr(module, name)[...]
         if isinstance(value, QArray):
             value = dequantize(value)  # re-quantizing a frozen layer: from its values
         _hook_nnx(module, kind, site)
         if qat:
             setattr(module, name, nnx.Param(value))
         else:
-            q = site.quantize(jnp.asarray(value))
-            setattr(module, name, QuantizedWeight(q))
+            setattr(module, name, QuantizedWeight(site.quantize(jnp.asarray(value))))
     return model
 
 
-def _hook_nnx(module: Any, kind: str, site: _Site) -> None:
+def _hook_nnx(module: Any, kind: str, site: Site) -> None:
     """Route the layer's matmul (lookup, for an Embed) through emulate."""
-    op = _Op("dot" if kind == "embed" else kind, site)
+    op = Op("dot" if kind == "embed" else kind, site)
     if kind == "embed":
-        module.__class__ = QuantizedEmbed
+        if not isinstance(module, QuantizedEmbed):
+            cls: Any = type(module)
+            module.__class__ = _quantized_embed_class(cls)
         module.emulate_op = op
     else:
         setattr(module, _NNX_HOOK[kind], op)
         if kind == "dot" and isinstance(module, nnx.LinearGeneral):
             module.dot_general_cls = None
-    module.promote_dtype = _NnxPromote()
+    module.promote_dtype = NnxPromote()
+
+
+@functools.cache
+def _quantized_embed_class(cls: type) -> type:
+    """QuantizedEmbed itself for ``nnx.Embed``; for a subclass, a class deriving from both
+    (its own methods kept, the lookup quantized)."""
+    if cls is nnx.Embed:
+        return QuantizedEmbed
+    return type(f"Quantized{cls.__name__}", (QuantizedEmbed, cls), {})
 
 
 def emulate_layer(module: Any, *, mode: str | None = None) -> None:
     """Route an NNX layer's matmul (an Embed's lookup) through emulate for a kernel that is
     already a QArray (:func:`emulate.flax.load_weights` puts it there): nothing is
-    quantized. ``module``: a Linear, LinearGeneral, Einsum, Conv or Embed (not checked)."""
-    kind = "embed" if isinstance(module, nnx.Embed) else _NNX_KIND[type(module)]
-    _hook_nnx(module, kind, _Site(None, (), (), mode))
+    quantized. ``module``: a Linear, LinearGeneral, Einsum, Conv or Embed, or a subclass.
+
+    Raises:
+      TypeError: a module of another type.
+    """
+    kind, _ = _layer_kind(module, _NNX_KINDS)
+    if kind is None:
+        raise TypeError(
+            f"module: expected an NNX {_NNX_NAMES} layer (or a subclass), got "
+            f"{type(module).__name__}"
+        )
+    _hook_nnx(module, kind, Site(None, (), (), mode))
 
 
 # --- linen ---------------------------------------------------------------------------------
 
-_LINEN_KINDS = {nn.Dense: "dot", nn.DenseGeneral: "dot", nn.Einsum: "einsum", nn.Conv: "conv"}
+_LINEN_KINDS: dict[type, str] = {
+    nn.Dense: "dot",
+    nn.DenseGeneral: "dot",
+    nn.Einsum: "einsum",
+    nn.Conv: "conv",
+}
+_LINEN_NAMES = "Dense, DenseGeneral, Einsum and Conv"
 _LINEN_HOOK = {"dot": "dot_general", "conv": "conv_general_dilated"}
 
 
 def _linen_site(
-    module: nn.Module, args: tuple, kwargs: dict, scheme: Scheme, mode: str | None, path: str
-) -> _Site:
-    kernel: Any = module.get_variable("params", "kernel")
-    nd = len(kernel.shape)
-    if type(module) is nn.Dense:
-        return _site((0,), nd, scheme, mode)
-    if type(module) is nn.DenseGeneral:
+    module: nn.Module, args: tuple, kwargs: dict, chosen: Chosen, path: str, kernel: Any
+) -> Site:
+    nd, scheme, mode = len(kernel.shape), chosen.scheme, chosen.mode
+    if isinstance(module, nn.Dense):
+        return make_site((0,), nd, scheme, mode)
+    if isinstance(module, nn.DenseGeneral):
         axis = module.axis if isinstance(module.axis, Sequence) else (module.axis,)
         bd = module.batch_dims if isinstance(module.batch_dims, Sequence) else (module.batch_dims,)
-        return _site(tuple(range(len(bd), len(bd) + len(axis))), nd, scheme, mode)
-    if type(module) is nn.Einsum:
+        return make_site(tuple(range(len(bd), len(bd) + len(axis))), nd, scheme, mode)
+    if isinstance(module, nn.Einsum):
         es = kwargs.get("einsum_str", args[1] if len(args) > 1 else None) or module.einsum_str
-        return _site(_einsum_axes(es, nd, path), nd, scheme, mode)
+        return make_site(einsum_axes(es, nd, path), nd, scheme, mode)
     if module.mask is not None:
         raise ValueError(f"rules: the Conv at {path!r} has a mask, which is not built quantized")
-    return _site(tuple(range(nd - 1)), nd, scheme, mode)
+    return make_site(tuple(range(nd - 1)), nd, scheme, mode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -454,7 +276,7 @@ class QuantizedLinen:
     quantization (read-only)."""
 
     module: nn.Module
-    sites: tuple[tuple[str, _Site], ...]
+    sites: tuple[tuple[str, Site], ...]
 
     @classmethod
     def for_kernels(
@@ -462,7 +284,7 @@ class QuantizedLinen:
     ) -> QuantizedLinen:
         """``module`` with the layers at ``paths`` (``"block/Dense_0"``) running through
         emulate on the QArray kernels its variables hold (nothing is quantized)."""
-        return cls(module, tuple((p, _Site(None, (), (), mode)) for p in paths))
+        return cls(module, tuple((p, Site(None, (), (), mode)) for p in paths))
 
     def apply(self, variables: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
         with nn.intercept_methods(self._intercept):
@@ -470,13 +292,13 @@ class QuantizedLinen:
 
     def _intercept(self, next_fun, args, kwargs, context):
         module = context.module
-        kind = _LINEN_KINDS.get(type(module))
+        kind, _ = _layer_kind(module, _LINEN_KINDS)
         if context.method_name != "__call__" or kind is None:
             return next_fun(*args, **kwargs)
         site = dict(self.sites).get("/".join(module.path))
         if site is None:
             return next_fun(*args, **kwargs)
-        op = _Op(kind, site)
+        op = Op(kind, site)
         stored = module.get_variable("params", "kernel")
         saved = {}
 
@@ -484,7 +306,7 @@ class QuantizedLinen:
             saved[name] = module.__dict__.get(name, _MISSING)
             object.__setattr__(module, name, value)
 
-        override("promote_dtype", _LinenPromote())
+        override("promote_dtype", LinenPromote())
         if kind in _LINEN_HOOK:
             override(_LINEN_HOOK[kind], op)
             override(_LINEN_HOOK[kind] + "_cls", None)
@@ -522,33 +344,86 @@ def _quantize_linen(
             "variables: a linen model needs its variables and example inputs: "
             "quantize_model(model, rules, variables, *inputs)"
         )
-    sites: dict[str, _Site] = {}
+    if not isinstance(variables, Mapping) or not isinstance(variables.get("params"), Mapping):
+        got = (
+            f"a mapping with the collections {sorted(variables)}"
+            if isinstance(variables, Mapping)
+            else type(variables).__name__
+        )
+        raise ValueError(
+            "variables: expected the model's variables, a mapping with a 'params' collection "
+            f"(what model.init returns), got {got}"
+        )
+    frozen = _qarray_kernels(variables["params"], ())
+    floats = jax.tree.map(
+        lambda x: dequantize(x) if isinstance(x, QArray) else x,
+        dict(variables),
+        is_leaf=lambda x: isinstance(x, QArray),
+    )
+    sites: dict[str, Site] = {}
+    refused: list[Exception] = []
 
     def record(next_fun, a, kw, context):
         module = context.module
-        if context.method_name == "__call__" and type(module) in _LINEN_KINDS:
-            path = "/".join(module.path)
-            chosen = rule(path, module)
-            if chosen is not None and path not in sites:
-                scheme, mode = chosen
-                sites[path] = _linen_site(module, a, kw, scheme, mode, path)
+        if context.method_name == "__call__":
+            try:
+                _record(module, a, kw, rule, sites)
+            except (TypeError, ValueError) as e:
+                refused.append(type(e)(*e.args))  # before JAX adds its traceback note
+                raise
         return next_fun(*a, **kw)
 
-    with nn.intercept_methods(record):
-        jax.eval_shape(lambda v: model.apply(v, *args, **kwargs), variables)
-    new = jax.tree.map(lambda x: x, dict(variables), is_leaf=lambda x: isinstance(x, QArray))
-    if not qat:
-        params = _unfreeze(new["params"])
-        for path, site in sites.items():
-            node = params
-            for part in path.split("/"):
-                node = node[part]
-            w = node["kernel"]
-            node["kernel"] = site.quantize(
-                jnp.asarray(dequantize(w) if isinstance(w, QArray) else w)
-            )
-        new["params"] = params
+    try:
+        with nn.intercept_methods(record):
+            jax.eval_shape(lambda v: model.apply(v, *args, **kwargs), floats)
+    except (TypeError, ValueError):
+        if refused:
+            raise refused[0] from None
+        raise
+    new = _unfreeze(dict(variables))
+    params = new["params"]
+    for path, site in sites.items():
+        node = params
+        for part in path.split("/") if path else ():
+            node = node[part]
+        w = node["kernel"]
+        w = jnp.asarray(dequantize(w) if isinstance(w, QArray) else w)
+        node["kernel"] = w if qat else site.quantize(w)
+    for path in frozen:  # quantized before, not chosen now: they stay as they are
+        sites.setdefault(path, Site(None, (), (), None))
     return QuantizedLinen(model, tuple(sites.items())), new
+
+
+def _record(module: nn.Module, args: tuple, kwargs: dict, rule: Callable, sites: dict) -> None:
+    """Add the Site of ``module`` (a layer being called) to ``sites`` if a rule chooses it."""
+    kind, subclass = _layer_kind(module, _LINEN_KINDS)
+    has_kernel = module.has_variable("params", "kernel")
+    if kind is None and not (has_kernel or module.has_variable("params", "embedding")):
+        return
+    path = "/".join(module.path)
+    chosen: Chosen | None = rule(path, module)
+    if chosen is None or path in sites:
+        return
+    if kind is None:
+        raise _cannot(path, module, _LINEN_NAMES)
+    if subclass and not chosen.subclasses:
+        return
+    if not has_kernel:
+        raise ValueError(
+            f"variables: no params/{path + '/' if path else ''}kernel for the "
+            f"{type(module).__name__} at {path!r}; pass the variables model.init returned"
+        )
+    kernel: Any = module.get_variable("params", "kernel")
+    sites[path] = _linen_site(module, args, kwargs, chosen, path, kernel)
+
+
+def _qarray_kernels(params: Mapping[str, Any], where: tuple[str, ...]) -> list[str]:
+    """Paths of the layers whose ``kernel`` in ``params`` is a QArray."""
+    found = ["/".join(where)] if isinstance(params.get("kernel"), QArray) else []
+    for k, v in params.items():
+        if isinstance(v, Mapping):
+            found += _qarray_kernels(v, (*where, str(k)))
+    return found
 
 
 def _unfreeze(tree: Any) -> Any:
@@ -584,13 +459,22 @@ def quantize_model(
       NNX: ``model``. linen: ``(QuantizedLinen, variables)``, use
       ``qmodel.apply(variables, *inputs)`` in place of ``model.apply``.
 
+    Layers are matched by what they are: NNX ``Linear``, ``LinearGeneral``, ``Einsum``,
+    ``Conv`` and ``Embed``, linen ``Dense``, ``DenseGeneral``, ``Einsum`` and ``Conv``, and
+    their subclasses (a :class:`Rule` with ``subclasses=False`` leaves those float). A
+    layer with a kernel of another type that a rule chooses is refused by name. Calling
+    it again on a quantized model re-quantizes the chosen layers from their dequantized
+    values; linen layers quantized before and not chosen now keep their QArrays.
+
     Raises:
       TypeError: rules of another kind, a model that is neither NNX nor linen, a linen
-        model without variables. ValueError: a bad scheme, regular expression or mode; an
-        Einsum without an explicit constructor ``einsum_str``; a masked Conv; a 2-D block
-        scheme on a kernel with no output axis.
+        model without variables. ValueError: a bad scheme, regular expression or mode; a
+        chosen layer of a type that cannot be quantized (named); linen variables without
+        ``params`` or without a chosen layer's kernel; an Einsum without an explicit
+        constructor ``einsum_str``; a masked Conv; a 2-D block scheme on a kernel with no
+        output axis.
     """
-    rule = _rule_fn(rules)
+    rule = rule_fn(rules)
     if isinstance(model, nnx.Module):
         if variables is not None or inputs or input_kwargs:
             raise TypeError("variables, inputs: an NNX model takes neither; pass model, rules")

@@ -245,8 +245,13 @@ class Packed:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """The logical shape: ``data.shape`` with the packed axis at its element length."""
+        """The logical shape: ``data.shape`` with the packed axis at its element length.
+
+        Raises:
+          ValueError: the data has lost the packed axis (``jax.vmap`` over an axis after it).
+        """
         s = list(self.data.shape)
+        _check_packed_axis(self.axis, self.length, self.format, tuple(s))
         s[self.axis] = self.length
         return tuple(s)
 
@@ -343,6 +348,26 @@ def _pack_codes(codes: jax.Array, bits: int, neg_axis: int) -> jax.Array:
     return jnp.moveaxis(byts.astype(jnp.uint8), -1, neg_axis)
 
 
+def _check_packed_axis(axis: int, length: int, f: Format, shape: tuple[int, ...]) -> None:
+    """That data of ``shape`` holds ``length`` elements of ``f`` along ``axis`` (counted from
+    the end). A Packed rebuilt by JAX (``vmap``, ``tree_unflatten``) is not checked on
+    construction; its first use is. ``vmap`` over an axis after the packed one moves the
+    packed axis (or takes it away): the record cannot know, so it says so here."""
+    expect = _packed_len(f.bits, length)
+    if -len(shape) <= axis and shape[axis] == expect:
+        return
+    if -len(shape) <= axis:
+        got = f"the data has {shape[axis]}"
+    else:
+        got = f"the data has {len(shape)} ax{'i' if len(shape) == 1 else 'e'}s"
+    raise ValueError(
+        f"p: {length} {f.name} elements need {expect} bytes along axis {axis} (counted from "
+        f"the end), {got} (shape {shape}); jax.vmap and stacking may add or remove axes "
+        "before the packed axis only: map over one of those, or pack along another axis "
+        "(emulate.pack(x, axis=...))"
+    )
+
+
 def unpack_codes(p: Packed) -> jax.Array:
     """The uint8 codes of a :class:`Packed` array, in its logical shape."""
     if not isinstance(p, Packed):
@@ -351,12 +376,7 @@ def unpack_codes(p: Packed) -> jax.Array:
     data = jnp.asarray(p.data)
     if data.dtype != jnp.uint8:
         raise ValueError(f"p: Packed data must be uint8, got {data.dtype}")
-    expect = _packed_len(f.bits, p.length)
-    if data.shape[p.axis] != expect:
-        raise ValueError(
-            f"p: {p.length} {f.name} elements need {expect} bytes along axis {p.axis}, "
-            f"the data has {data.shape[p.axis]}"
-        )
+    _check_packed_axis(p.axis, p.length, f, tuple(data.shape))
     return _unpack_codes(data, f.bits, p.axis, p.length)
 
 

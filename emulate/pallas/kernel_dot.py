@@ -7,9 +7,21 @@ chip whose matrix unit has no int8 path (``Unsupported matmul RHS type on target
 applies the target's rules when it is traced: the ``tpu.matmul`` keeps int8 operands on a
 TPU v5e / v6e and gets exactly decoded bf16 operands (f32 sums, exact for integers
 because every chunk of at most 1024 int8 products fits f32's 24 bits) on a v4 or v7x.
+
+What the decode adds to a kernel's VMEM: nothing for a native pair. Otherwise each
+decoded operand is a second copy of its tile in the compute type (1 byte an element for
+int8, 2 for bf16, 4 for f32), and the decode's steps run on 32-bit values (an int32 or f32
+temporary of the tile's size, 4 bytes an element), which Mosaic keeps in vector registers
+or spills to VMEM; an exact sum in K-chunks adds one int32 (M, N) partial sum. Budget
+about ``(4 + compute bytes) * (M * K + K * N)`` bytes more than the same kernel's
+``jnp.dot`` (for 256 x 256 int8 tiles decoded to bf16, 768 KiB for both operands; an
+estimate from the decode's steps, not a figure from the compiler), and raise
+``vmem_limit_bytes`` (``pltpu.CompilerParams``) or shrink the blocks by as much.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +51,35 @@ def _format_of(x: jax.Array, arg: str) -> formats.Format:
         ) from None
 
 
+_MATMUL_DN = (((1,), (0,)), ((), ()))
+
+
+def _dimension_numbers(dn: Any) -> Any:
+    """``dn`` as ``(((ca,), (cb,)), ((), ()))`` with ``ca, cb`` in 0, 1 (2-D operands)."""
+    if dn is None:
+        return _MATMUL_DN
+    try:
+        (ca, cb), (ba, bb) = dn
+        ca, cb, ba, bb = (tuple(int(d) for d in x) for x in (ca, cb, ba, bb))
+    except (TypeError, ValueError):
+        raise TypeError(
+            "dimension_numbers: expected ((lhs_contracting, rhs_contracting), (lhs_batch, "
+            f"rhs_batch)) of int sequences, as lax.dot_general takes them; got {dn!r}"
+        ) from None
+    if ba or bb:
+        raise NotImplementedError(
+            f"dimension_numbers: emulate.pallas.dot contracts 2-D tiles without batch "
+            f"dimensions, got batch dimensions {ba} and {bb}; loop over the batch in the "
+            "kernel (or its grid)"
+        )
+    if len(ca) != 1 or len(cb) != 1 or ca[0] not in (0, 1) or cb[0] not in (0, 1):
+        raise ValueError(
+            "dimension_numbers: expected one contracting dimension of each 2-D operand, 0 "
+            f"or 1 (((1,), (0,)) for a @ b, ((1,), (1,)) for a @ b.T), got {ca} and {cb}"
+        )
+    return ((ca[0],), (cb[0],)), ((), ())
+
+
 def dot(
     a: jax.Array,
     b: jax.Array,
@@ -46,6 +87,7 @@ def dot(
     preferred_element_type: FormatLike | None = None,
     target: TargetLike = None,
     precision: lax.PrecisionLike = None,
+    dimension_numbers: Any = None,
 ) -> jax.Array:
     """``a @ b`` for 2-D values inside a Pallas TPU kernel, lowered the way ``target`` runs it.
 
@@ -58,9 +100,11 @@ def dot(
     exact.
 
     Args:
-      a: an (M, K) array loaded from a ref: int8, uint8, int4, uint4, a float8 type,
-        bfloat16, float16 or float32.
-      b: a (K, N) array, likewise.
+      a: an (M, K) array loaded from a ref ((K, M) if ``dimension_numbers`` contract its
+        dimension 0): int8, uint8, int4, uint4, a float8 type, bfloat16, float16 or
+        float32.
+      b: a (K, N) array ((N, K) if ``dimension_numbers`` contract its dimension 1),
+        likewise.
       preferred_element_type: the result type, as for ``lax.dot_general`` (default: what
         ``lax.dot_general`` returns for the pair, e.g. int8 for int8 x int8: pass
         ``jnp.int32`` for the int32 sum).
@@ -70,17 +114,25 @@ def dot(
         targets.
       precision: passed to native float dots (decoded operands are exact, and f32 ones
         are multiplied at ``Precision.HIGHEST``).
+      dimension_numbers: None (``a @ b``), or ``lax.dot_general``'s with one contracting
+        dimension per operand and no batch dimensions: ``(((1,), (1,)), ((), ()))`` takes
+        ``b`` as stored (N, K), ``a @ b.T``, so that a transposed narrow operand is
+        contracted as it is, with no transpose (which Mosaic converts only in
+        compatibility mode for narrow types).
 
     Returns:
-      An (M, N) array of the result type. Integer pairs: the int32 sum (wrapping past
-      2**31 as XLA's integer dots do) converted to the result type; other exact-class pairs
-      (float4_e2m1fn with integers or itself): the exact sum rounded once; the other float
-      pairs: f32 accumulation, within the bound of mode "fast".
+      An (M, N) array of the result type (M: ``a``'s free dimension, N: ``b``'s). Integer
+      pairs: the int32 sum (wrapping past 2**31 as XLA's integer dots do) converted to the
+      result type; other exact-class pairs (float4_e2m1fn with integers or itself): the
+      exact sum rounded once; the other float pairs: f32 accumulation, within the bound of
+      mode "fast".
 
     Raises:
       TypeError: an operand that is not an array of a matmul operand type, or an integer
         result type for float operands.
-      ValueError: operands that are not 2-D or whose K differ, or an unknown target.
+      ValueError: operands that are not 2-D or whose K differ, dimension numbers that do
+        not contract one dimension of each, or an unknown target.
+      NotImplementedError: dimension numbers with batch dimensions.
     """
     fa, fb = _format_of(a, "a"), _format_of(b, "b")
     for arg, x in (("a", a), ("b", b)):
@@ -89,22 +141,24 @@ def dot(
                 f"{arg}: emulate.pallas.dot takes 2-D operands (M, K) @ (K, N), got shape "
                 f"{tuple(x.shape)}"
             )
-    if a.shape[1] != b.shape[0]:
+    dn = _dimension_numbers(dimension_numbers)
+    (ca,), (cb,) = dn[0]
+    if a.shape[ca] != b.shape[cb]:
         raise ValueError(
-            f"a, b: a's K ({a.shape[1]}) differs from b's K ({b.shape[0]}); shapes "
-            f"{tuple(a.shape)} and {tuple(b.shape)}"
+            f"a, b: a's K ({a.shape[ca]}) differs from b's K ({b.shape[cb]}); shapes "
+            f"{tuple(a.shape)} and {tuple(b.shape)}, contracting dimensions {ca} and {cb}"
         )
     r = route.route(fa, fb, target=target, preferred_element_type=preferred_element_type)
     out = jnp.dtype(formats.get(r.out).dtype)
     if r.method == "native":
-        acc = route.float_dot(a, b, precision if precision is not None else r.precision)
+        acc = route.float_dot(a, b, precision if precision is not None else r.precision, dn)
         return accumulate.round_accumulator(acc, r.out) if acc.dtype != out else acc
     x = route.decode_values(a, r.lhs_compute, r.lhs_scale)
     y = route.decode_values(b, r.rhs_compute, r.rhs_scale)
     if not r.exact:
-        acc = route.float_dot(x, y, r.precision)
+        acc = route.float_dot(x, y, r.precision, dn)
         return accumulate.round_accumulator(acc, r.out) if acc.dtype != out else acc
-    total = route.exact_dot(x, y, r)
+    total = route.exact_dot(x, y, r, dn)
     if formats.get(r.out).is_integer:
         return accumulate.round_accumulator(total, r.out) if out != jnp.int32 else total
     hi, lo = accumulate.split(total)

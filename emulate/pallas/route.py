@@ -24,6 +24,7 @@ it is plain ``jnp``).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -223,14 +224,23 @@ def _int_to(v: jax.Array, to: str) -> jax.Array:
     return f if to == "float32" else f.astype(to)
 
 
-def float_dot(a: jax.Array, b: jax.Array, precision: lax.PrecisionLike = None) -> jax.Array:
-    """``a @ b`` with an f32 (float operands) or int32 (integer operands) accumulator."""
+def float_dot(
+    a: jax.Array,
+    b: jax.Array,
+    precision: lax.PrecisionLike = None,
+    dimension_numbers: Any = _MATMUL_DN,
+) -> jax.Array:
+    """``a @ b`` (2-D operands contracted as ``dimension_numbers`` say: one axis each, no
+    batch axes) with an f32 (float operands) or int32 (integer operands) accumulator."""
     acc = jnp.int32 if jnp.issubdtype(a.dtype, jnp.integer) else jnp.float32
-    return lax.dot_general(a, b, _MATMUL_DN, precision=precision, preferred_element_type=acc)
+    return lax.dot_general(a, b, dimension_numbers, precision=precision, preferred_element_type=acc)
 
 
-def exact_dot(a: jax.Array, b: jax.Array, r: Route) -> jax.Array:
-    """The int32 sum of ``a @ b`` for decoded exact-class operands (integers in value).
+def exact_dot(
+    a: jax.Array, b: jax.Array, r: Route, dimension_numbers: Any = _MATMUL_DN
+) -> jax.Array:
+    """The int32 sum of ``a @ b`` for decoded exact-class operands (integers in value),
+    contracted as :func:`float_dot`.
 
     Int8 operands accumulate in int32 (wrapping past 2**31 as XLA's integer dots do). Float
     operands are contracted in chunks of at most ``r.k_chunk`` along K (rounded down to a
@@ -238,18 +248,24 @@ def exact_dot(a: jax.Array, b: jax.Array, r: Route) -> jax.Array:
     int32.
     """
     if a.dtype == jnp.int8:
-        return float_dot(a, b)
-    k = a.shape[1]
+        return float_dot(a, b, None, dimension_numbers)
+    (ca,), (cb,) = dimension_numbers[0]
+    k = a.shape[ca]
     chunk = r.k_chunk or k
     if chunk < k and chunk >= _LANES:  # lane-aligned slices of the loaded tiles
         chunk = chunk // _LANES * _LANES
     total = None
     for start in range(0, k, chunk):
         stop = min(start + chunk, k)
-        part = float_dot(a[:, start:stop], b[start:stop, :], r.precision).astype(jnp.int32)
+        part = float_dot(
+            lax.slice_in_dim(a, start, stop, axis=ca),
+            lax.slice_in_dim(b, start, stop, axis=cb),
+            r.precision,
+            dimension_numbers,
+        ).astype(jnp.int32)
         total = part if total is None else total + part
     if total is None:  # K == 0
-        return jnp.zeros((a.shape[0], b.shape[1]), jnp.int32)
+        return jnp.zeros((a.shape[1 - ca], b.shape[1 - cb]), jnp.int32)
     return total
 
 

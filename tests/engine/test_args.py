@@ -315,8 +315,8 @@ def test_conv_record():
 
 def test_conv_refusals():
     with pytest.raises(
-        ValueError,
-        match=r"^lhs, rhs: convolution operands need the same rank, at least 2; lhs "
+        TypeError,
+        match=r"^lhs, rhs: convolution operands need the same rank, got 4 and 3; lhs "
         r"float8_e4m3fn\[2, 6, 6, 4\], rhs float8_e4m3fn\[2, 2, 6\], target cpu$",
     ):
         args.conv_args(IMG, KER[0], (1, 1), "SAME", target="cpu")

@@ -19,12 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
+from flax import linen, nnx
 from jax import lax
 
 import emulate
 import emulate.flax as ef
-import emulate.flax.quantize as efq
+import emulate.flax.layers as efl
 from emulate import bounds, reference
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
@@ -102,14 +102,14 @@ def _exact_and_bound(kind, head, x, q, rest, kw):
 def sites(monkeypatch):
     """Record every emulated call of a quantized layer: (kind, args, result)."""
     records = []
-    for kind, (emulated, plain) in list(efq.FUNCTIONS.items()):
+    for kind, (emulated, plain) in list(efl.FUNCTIONS.items()):
 
         def record(*args, _kind=kind, _f=emulated, **kw):
             out = _f(*args, **kw)
             records.append((_kind, args, kw, out))
             return out
 
-        monkeypatch.setitem(efq.FUNCTIONS, kind, (record, plain))
+        monkeypatch.setitem(efl.FUNCTIONS, kind, (record, plain))
     return records
 
 
@@ -314,3 +314,106 @@ def test_import_emulate_does_not_import_flax():
     code = "import sys, emulate; assert 'flax' not in sys.modules; emulate.flax.Rule; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# ------------------------------------------------ layers by what they are, bare, again
+
+
+class _MyLinear(nnx.Linear):
+    pass
+
+
+class _MyDense(linen.Dense):
+    pass
+
+
+class _TwoDense(linen.Module):
+    @linen.compact
+    def __call__(self, x):
+        return _MyDense(4, name="mine")(linen.Dense(8, name="plain")(x))
+
+
+X16 = jnp.asarray(np.random.default_rng(5).standard_normal((2, 16)), jnp.float32)
+
+
+def _int8_values(w):
+    """Per-channel int8 with float32 absmax scales, by the oracle."""
+    codes, scales, _ = reference.quantize(
+        np.asarray(w), "int8", (w.shape[0], 1), scale_fmt="float32", scale_rule="absmax"
+    )
+    return reference.dequantize(codes, scales, (w.shape[0], 1))
+
+
+class _Net(nnx.Module):
+    def __init__(self):
+        self.a = _MyLinear(16, 4, rngs=nnx.Rngs(0))
+
+
+def test_nnx_subclasses_are_quantized_unless_excluded():
+    net = ef.quantize_model(_Net(), "int8")
+    assert isinstance(net.a.kernel[...], emulate.QArray)
+    np.testing.assert_array_equal(
+        np.asarray(emulate.dequantize(net.a.kernel[...])), _int8_values(_Net().a.kernel[...])
+    )
+    kept = ef.quantize_model(_Net(), ef.Rule(".*", "int8", subclasses=False))
+    assert type(kept.a.kernel) is nnx.Param
+
+
+def test_linen_subclasses_are_quantized_unless_excluded():
+    model = _TwoDense()
+    variables = model.init(jax.random.key(0), X16)
+    qmodel, qvars = ef.quantize_model(model, "int8", variables, X16)
+    assert [p for p, _ in qmodel.sites] == ["plain", "mine"]
+    assert isinstance(qvars["params"]["mine"]["kernel"], emulate.QArray)
+    qmodel, qvars = ef.quantize_model(
+        model, ef.Rule(".*", "int8", subclasses=False), variables, X16
+    )
+    assert [p for p, _ in qmodel.sites] == ["plain"]
+    assert not isinstance(qvars["params"]["mine"]["kernel"], emulate.QArray)
+
+
+def test_a_chosen_layer_that_cannot_be_quantized_is_refused_by_name():
+    class WithTranspose(nnx.Module):
+        def __init__(self):
+            self.up = nnx.ConvTranspose(3, 2, (2,), rngs=nnx.Rngs(0))
+
+    with pytest.raises(
+        ValueError,
+        match=r"^rules: the layer at 'up' \(ConvTranspose\) has a kernel, but emulate\.flax "
+        r"quantizes Linear, LinearGeneral, Einsum, Conv and Embed layers \(and their "
+        r"subclasses\) only; leave it float with Rule\('up', None\)",
+    ):
+        ef.quantize_model(WithTranspose(), "int8")
+    net = ef.quantize_model(WithTranspose(), [ef.Rule("up", None), ef.Rule(".*", "int8")])
+    assert type(net.up.kernel) is nnx.Param
+
+
+def test_bare_linen_layer_and_quantizing_again():
+    dense = linen.Dense(4)
+    variables = dense.init(jax.random.key(1), X16)
+    qmodel, qvars = ef.quantize_model(dense, "int8", variables, X16)
+    assert [p for p, _ in qmodel.sites] == [""]
+    w = _int8_values(variables["params"]["kernel"])
+    want = np.asarray(X16, np.float64) @ w + np.asarray(variables["params"]["bias"])
+    got = np.asarray(qmodel.apply(qvars, X16), np.float64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=64 * 2.0**-24 * np.abs(want).max())
+    # again, with MXFP4 for "plain" only: from the int8 values; "mine" keeps its int8 QArray
+    model = _TwoDense()
+    first, v1 = ef.quantize_model(model, "int8", model.init(jax.random.key(0), X16), X16)
+    again, v2 = ef.quantize_model(model, ef.Rule("plain", "MXFP4"), v1, X16)
+    assert v2["params"]["mine"]["kernel"] is v1["params"]["mine"]["kernel"]
+    plain = emulate.dequantize(v1["params"]["plain"]["kernel"])
+    want_q = emulate.quantize(plain, emulate.mx.MXFP4, axis=0, ragged=True)
+    got_q = v2["params"]["plain"]["kernel"]
+    assert np.asarray(got_q.scales).tobytes() == np.asarray(want_q.scales).tobytes()
+    assert [p for p, _ in again.sites] == ["plain", "mine"]
+    assert again.apply(v2, X16).shape == (2, 4)
+
+
+def test_an_empty_contraction_gives_the_bias():
+    lin = nnx.Linear(
+        0, 3, kernel_init=nnx.initializers.zeros, bias_init=nnx.initializers.ones, rngs=nnx.Rngs(0)
+    )  # flax's default initializer divides by the fan-in
+    ef.quantize_model(lin, "int8")
+    assert lin.kernel[...].shape == (0, 3)
+    assert np.asarray(lin(jnp.ones((2, 0)))).tolist() == [[1.0] * 3] * 2

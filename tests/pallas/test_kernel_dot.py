@@ -174,6 +174,43 @@ def test_decoding_matches_the_reference_for_every_code(name):
         np.testing.assert_array_equal(scaled, (want * 2.0**k).astype(np.int8))
 
 
+def _kernel_dn(pet, target, dn, a_ref, b_ref, o_ref):
+    o_ref[...] = emulate.pallas.dot(
+        a_ref[...], b_ref[...], preferred_element_type=pet, target=target, dimension_numbers=dn
+    )
+
+
+@pytest.mark.parametrize(
+    "lhs, rhs, pet, target, dn",
+    [
+        ("int8", "int8", jnp.int32, "tpu_v4", (((1,), (1,)), ((), ()))),  # decoded, a @ b.T
+        ("int8", "int8", jnp.int32, "tpu_v5e", (((1,), (1,)), ((), ()))),  # native, a @ b.T
+        ("float4_e2m1fn", "int4", jnp.float32, "tpu_v4", (((0,), (1,)), ((), ()))),  # chunked
+        ("bfloat16", "int8", jnp.float32, "tpu_v7x", (((0,), (0,)), ((), ()))),
+    ],
+)
+def test_transposed_operands_are_contracted_as_stored(lhs, rhs, pet, target, dn):
+    rng = np.random.default_rng(12)
+    fa, fb = formats.get(lhs), formats.get(rhs)
+    (ca,), (cb,) = dn[0]
+    m, k, n = 8, 1024, 128
+    a_shape = (m, k) if ca == 1 else (k, m)
+    b_shape = (k, n) if cb == 0 else (n, k)
+    if fa.is_low_precision:
+        x = rng.choice(np.array(et.finite_codes(fa), np.uint8), a_shape).view(fa.dtype)
+    else:  # integers: every sum exact in f32, whatever the order
+        x = rng.integers(-64, 64, a_shape).astype(fa.dtype)
+    y = rng.choice(np.array(et.finite_codes(fb), np.uint8), b_shape).view(fb.dtype)
+    call = pl.pallas_call(
+        functools.partial(_kernel_dn, pet, target, dn),
+        out_shape=jax.ShapeDtypeStruct((m, n), pet),
+        interpret=pltpu.InterpretParams(),
+    )
+    got = np.asarray(call(x, y))
+    want = reference.dot_general(x, y, dn, pet)  # integer-valued sums: exact in f32 here
+    assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+
+
 def test_bad_input_names_the_argument():
     a = jnp.ones((4, 8), jnp.int8)
     with pytest.raises(TypeError, match=r"^a: expected an array loaded from a ref"):
@@ -182,6 +219,21 @@ def test_bad_input_names_the_argument():
         emulate.pallas.dot(jnp.ones((2, 4, 8), jnp.int8), a.T, target="tpu_v4")
     with pytest.raises(ValueError, match=r"^a, b: a's K \(8\) differs from b's K \(4\)"):
         emulate.pallas.dot(a, a, target="tpu_v4")
+    with pytest.raises(
+        NotImplementedError,
+        match=r"^dimension_numbers: emulate.pallas.dot "
+        r"contracts 2-D tiles without batch dimensions, got batch dimensions "
+        r"\(0,\) and \(0,\)",
+    ):
+        emulate.pallas.dot(a, a, dimension_numbers=(((1,), (1,)), ((0,), (0,))), target="v4")
+    with pytest.raises(
+        ValueError,
+        match=r"^dimension_numbers: expected one contracting "
+        r"dimension of each 2-D operand, 0 or 1",
+    ):
+        emulate.pallas.dot(a, a, dimension_numbers=(((1, 0), (1, 0)), ((), ())), target="v4")
+    with pytest.raises(TypeError, match=r"^dimension_numbers: expected \(\(lhs_contracting"):
+        emulate.pallas.dot(a, a, dimension_numbers="NT", target="v4")
     with pytest.raises(TypeError, match=r"^b: dtype int16 is not a matmul operand type"):
         emulate.pallas.dot(a, jnp.ones((8, 4), jnp.int16), target="tpu_v4")
     with pytest.raises(ValueError, match=r"^target: unknown target 'tpu_v9'"):

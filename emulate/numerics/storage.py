@@ -155,6 +155,11 @@ def from_codes(codes: jax.Array, fmt: FormatLike) -> jax.Array:
     f = formats.get(fmt)
     if not f.xla_storable:
         return codes.astype(jnp.uint8)
+    if f.name == "int4":
+        # A value convert of the sign-extended codes, not a uint4 -> int4 bitcast: XLA:TPU
+        # (libtpu 0.0.42, v5e) drops that bitcast where it feeds a dot, which then reads
+        # the codes as unsigned (code 8 as +8, not -8), int4 and bf16 x int4 dots alike.
+        return ((codes.astype(jnp.int8) ^ jnp.int8(8)) - jnp.int8(8)).astype(jnp.int4)
     if f.bits == 4:
         return lax.bitcast_convert_type(codes.astype(jnp.uint4), f.dtype)
     return lax.bitcast_convert_type(codes.astype(code_dtype(f)), f.dtype)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import emulate
 from emulate import formats
-from emulate.numerics.storage import unpack_codes
+from emulate.numerics.storage import from_codes, unpack_codes
 
 PACKABLE = ["int4", "uint4", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"]
 #: Every format narrower than a byte: the above and the integer code formats.
@@ -181,3 +181,26 @@ def test_the_documented_packing_examples() -> None:
         assert want.hex(" ") == hexbytes, fmt
         got = emulate.pack(np.array(codes, np.uint8), fmt).data
         assert bytes(np.asarray(got)) == want, fmt
+
+
+def test_int4_from_codes_is_a_value_convert_not_a_bitcast():
+    """XLA:TPU (libtpu 0.0.42, v5e) drops a uint4 -> int4 bitcast that feeds a dot and
+    reads the codes as unsigned: ones(2, 5) . codes 8 gave +40 on the chip, not -40. The
+    codes become int4 by a value convert of the sign-extended codes instead."""
+    codes = jnp.arange(16, dtype=jnp.uint8)
+    text = jax.jit(lambda c: from_codes(c, "int4")).lower(codes).as_text()
+    assert "bitcast_convert" not in text
+    got = np.asarray(from_codes(codes, "int4")).astype(np.int64)
+    assert got.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1]
+    dn = (((1,), (0,)), ((), ()))
+    ones, eights = jnp.ones((2, 5), jnp.uint8), jnp.full((5, 3), 8, jnp.uint8)
+    out = emulate.dot_general(
+        ones,
+        eights,
+        dn,
+        lhs_format="int4",
+        rhs_format="int4",
+        preferred_element_type=jnp.int32,
+        target="tpu_v5e",
+    )
+    assert np.asarray(out).tolist() == [[-40] * 3] * 2

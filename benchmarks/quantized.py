@@ -66,7 +66,7 @@ from emulate import compiler
 from emulate.codebooks import NF4
 from emulate.importers import ggml, gguf
 from emulate.importers.as_qarray import to_qarray
-from emulate.importers.conventions.parts import StoredParts
+from emulate.importers.parts import StoredParts
 
 BF16 = jnp.bfloat16
 F32 = jnp.float32

@@ -172,7 +172,10 @@ def test_builtin_copy_agrees_with_jax(name):
     builtin = targets.Target(**{t.name: t for t in profiles.BUILTIN}[name]._asdict())
     chip = pltpu.ChipVersion(profiles.JAX_CHIP[name])
     info = pltpu.get_tpu_info_for_chip(chip, 1)
-    for a, b in itertools.product(formats.names(), repeat=2):
+    # formats numpy has a type for (the P3109 records travel as uint8 codes, which JAX's
+    # table would read as uint8)
+    typed = [n for n in formats.names() if formats.get(n).has_dtype]
+    for a, b in itertools.product(typed, repeat=2):
         want = info.is_matmul_supported(formats.get(a).dtype, formats.get(b).dtype)
         assert builtin.supports(a, b) == want, (name, a, b)
     assert builtin.generation == info.generation

@@ -38,8 +38,8 @@ from _gfloat_cases import (
     gfloat_round,
     mode_kwargs,
 )
+from _record_formats import CHECKED, gfloat_values, nan_as_one, register_user_formats
 from _record_formats import gfloat_info as record_info
-from _record_formats import gfloat_values, nan_as_one
 from gfloat import RoundMode, encode_ndarray, round_ndarray
 from gfloat.formats import format_info_ocp_int8
 from hypothesis import given, settings
@@ -258,9 +258,13 @@ def test_stochastic_of_any_width_gives_gfloat_code(bits):
     assert_codes_match(got, want, gfloat_info(f), x, f)
 
 
-@pytest.mark.parametrize("name, mode, saturate", cases(list(formats.P3109_BINARY8)))
+register_user_formats()
+
+
+@pytest.mark.parametrize("name, mode, saturate", cases(CHECKED))
 def test_formats_from_parameters_round_as_gfloat_in_every_mode(name, mode, saturate):
-    """The P3109 binary8 formats (no ml_dtypes type: uint8 codes), the jnp encoder and
+    """The P3109 binary8 formats and two user-built ones (e3m3, an unsigned 5-bit float;
+    no ml_dtypes type: uint8 codes), the jnp encoder and
     the numpy oracle, against gfloat's round_ndarray. Documented differences
     (docs/numerics.md): NaN codes compared as NaN; unsigned formats give NaN for negative
     inputs, gfloat rounds them as if signed, so those are left out."""

@@ -421,17 +421,18 @@ def dot_result(
 
     Raises:
       TypeError: operands of different types with equal keys and no
-        ``preferred_element_type`` (JAX rejects them even with one; emulate accepts
-        them then), or an integer result with a narrower ``preferred_element_type``.
-      TypeError, ValueError: a ``preferred_element_type`` that is no format
-        (:func:`preferred_format`).
+        ``preferred_element_type`` (float8_e5m2 with float8_e5m2fnuz: JAX rejects them
+        even with one; emulate accepts them then), or an integer result with a narrower
+        ``preferred_element_type``.
+      TypeError, ValueError: ``lhs`` or ``rhs`` that is no format (:func:`get`), a
+        ``preferred_element_type`` that is no format (:func:`preferred_format`).
     """
-    a, b = get(lhs), get(rhs)
+    a, b = get(lhs, arg="lhs"), get(rhs, arg="rhs")
     ra, rb = _rank(a), _rank(b)
     if ra == rb and a != b and preferred_element_type is None:
         raise TypeError(
-            f"dot_general argument type error: {a.name}, {b.name}; "
-            "pass preferred_element_type to choose the result type"
+            f"lhs, rhs: {a.name} and {b.name} have no common result type (lax.dot_general "
+            "refuses the pair); pass preferred_element_type to choose the result type"
         )
     out = a if ra >= rb else b
     if preferred_element_type is None:

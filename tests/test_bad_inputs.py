@@ -9,6 +9,7 @@ the command line's usage errors (exit 2, one line on stderr), NaN propagation in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from fractions import Fraction
@@ -445,6 +446,28 @@ CASES = [
         r"subclass\), got LayerNorm$",
     ),
     (
+        "dot_result of a pair with no common result type",
+        lambda: emulate.formats.dot_result("float8_e5m2", "float8_e5m2fnuz"),
+        TypeError,  # as lax.dot_general: "argument type error: float8_e5m2, float8_e5m2fnuz"
+        r"^lhs, rhs: float8_e5m2 and float8_e5m2fnuz have no common result type "
+        r"\(lax\.dot_general refuses the pair\); pass preferred_element_type to choose the "
+        r"result type$",
+    ),
+    (
+        "dot_general on a pair with no common result type",
+        lambda: emulate.dot_general(
+            np.ones((2, 4), ml_dtypes.float8_e5m2), np.ones((4, 3), ml_dtypes.float8_e5m2fnuz), DN
+        ),
+        TypeError,
+        r"^lhs, rhs: float8_e5m2 and float8_e5m2fnuz have no common result type ",
+    ),
+    (
+        "dot_result rhs=None",
+        lambda: emulate.formats.dot_result("int8", None),
+        TypeError,
+        r"^rhs: expected a format name, a dtype or a Format, got NoneType None$",
+    ),
+    (
         "pallas.dot with batch dimension numbers",
         lambda: emulate.pallas.dot(
             I8, I8, dimension_numbers=(((1,), (1,)), ((0,), (0,))), target="tpu_v4"
@@ -732,6 +755,27 @@ def test_targets_probe_checks_out_before_the_probe(args, line, tmp_path, capsys)
     got = _cli_usage_error(["targets", "--probe", "--target", "v5e", *args], capsys)
     assert got == line.format(tmp=tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full")
+def test_targets_probe_on_a_full_device(monkeypatch, capsys):
+    # A full device takes the empty open of the check before the probe; the write after it
+    # fails: one line and exit 2, as validate --json. The probe itself (11 s for v5e) is
+    # the recorded one here: this test is about the command line's error, not the compiler.
+    recorded = emulate.mosaic.recorded()
+    calls = []
+
+    def probe(targets=None, **kw):
+        calls.append((targets, kw))
+        rows = tuple(r for r in recorded.rows if r.case.target in targets)
+        return dataclasses.replace(
+            recorded, rows=rows, topologies={t: recorded.topologies[t] for t in targets}
+        )
+
+    monkeypatch.setattr(emulate.compiler, "probe", probe)
+    line = _cli_usage_error(["targets", "--probe", "--target", "v5e", "--out", "/dev/full"], capsys)
+    assert calls == [(["tpu_v5e"], {})]
+    assert line == "emulate targets: error: cannot write --out '/dev/full': No space left on device"
 
 
 @pytest.mark.parametrize(

@@ -394,6 +394,12 @@ def reports(jobs: Sequence[Job], *, compat: bool = True) -> list[KernelReport]:
             announced.update(todo)
             for i in todo:
                 how[i] = _without_compiler(prepared[i][2])
+    if compat and verdicts:
+        # every kernel's non-matmul operations in one compile (per setting), not one each
+        try:
+            op_rules.prefetch([(prepared[i][3].ops, prepared[i][2]) for i in verdicts])
+        except (compiler.CompilerUnavailable, TypeError, ValueError):
+            pass  # each kernel's _op_findings says why, once
     results = []
     for i, (_, _, t, found, refused, empty) in enumerate(prepared):
         if i in verdicts:

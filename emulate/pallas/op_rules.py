@@ -29,7 +29,15 @@ from emulate import compiler, formats, targets
 from emulate.mosaic import Verdict
 from emulate.pallas.sites import MLIR_FORMATS, KernelOp
 
-__all__ = ["CHECKED_OPS", "compat_only_ops", "narrow_ops", "op_cost", "op_fix", "op_kernel"]
+__all__ = [
+    "CHECKED_OPS",
+    "compat_only_ops",
+    "narrow_ops",
+    "op_cost",
+    "op_fix",
+    "op_kernel",
+    "prefetch",
+]
 
 #: The operations (as JAX ships them, before Mosaic's canonicalization renames ``arith.``
 #: conversions to ``tpu.``) whose narrow-type forms are checked.
@@ -123,25 +131,47 @@ def _job(op: KernelOp, target: str) -> compiler.Job:
 _cache: dict[tuple, Verdict] = {}
 
 
-def _verdicts(ops: Sequence[KernelOp], target: str) -> dict[tuple, dict[bool, Verdict]]:
-    keys = [(target, op.name, op.operand_types, op.result_types) for op in ops]
+def _verdicts(pairs: Sequence[tuple[KernelOp, str]]) -> dict[tuple, dict[bool, Verdict]]:
+    """Both settings' verdicts on each ``(op, target name)``, from the cache or compiled
+    together: one :func:`emulate.compiler.check_both` for all the uncached ones."""
+    keys = [(target, op.name, op.operand_types, op.result_types) for op, target in pairs]
     todo = {
-        compat: [(k, op) for k, op in zip(keys, ops, strict=True) if (k, compat) not in _cache]
+        compat: list(
+            {
+                k: (k, op, t)
+                for k, (op, t) in zip(keys, pairs, strict=True)
+                if (k, compat) not in _cache
+            }.values()
+        )
         for compat in (True, False)
     }
-    jobs = {c: [_job(op, target) for _, op in todo[c]] for c in todo if todo[c]}
+    jobs = {c: [_job(op, t) for _, op, t in todo[c]] for c in todo if todo[c]}
     if jobs:
         got = compiler.check_both(jobs)
         for c, verdicts in got.items():
-            for (k, _), v in zip(todo[c], verdicts, strict=True):
+            for (k, _, _), v in zip(todo[c], verdicts, strict=True):
                 _cache[(k, c)] = v
     return {k: {c: _cache[(k, c)] for c in (True, False)} for k in keys}
+
+
+def prefetch(kernels: Sequence[tuple[Sequence[KernelOp], targets.Target]]) -> None:
+    """Compile the one-operation kernels of every ``(ops, target)`` in ``kernels`` at once
+    (one compiler subprocess in all, rather than one per kernel), so that the
+    :func:`compat_only_ops` calls that follow find their verdicts cached.
+
+    Raises:
+      CompilerUnavailable, ValueError: as :func:`compat_only_ops`.
+    """
+    pairs = [(op, t.name) for ops, t in kernels for op in narrow_ops(ops)]
+    if pairs:
+        _verdicts(pairs)
 
 
 def compat_only_ops(ops: Sequence[KernelOp], target: targets.Target) -> list[tuple[KernelOp, str]]:
     """``(op, message)`` for each op of :func:`narrow_ops` that compiles with compatibility
     mode on and is refused with it off (``message``: the compiler's first line), by the
-    real compiler (one subprocess for the setting this process lacks).
+    real compiler (one subprocess for the setting this process lacks; none for the
+    operations :func:`prefetch` or an earlier call compiled).
 
     Raises:
       CompilerUnavailable: libtpu is not installed or does not load.
@@ -150,7 +180,7 @@ def compat_only_ops(ops: Sequence[KernelOp], target: targets.Target) -> list[tup
     narrow = narrow_ops(ops)
     if not narrow:
         return []
-    verdicts = _verdicts(narrow, target.name)
+    verdicts = _verdicts([(op, target.name) for op in narrow])
     found = []
     for op in narrow:
         v = verdicts[(target.name, op.name, op.operand_types, op.result_types)]

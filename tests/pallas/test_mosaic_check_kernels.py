@@ -13,7 +13,7 @@ The kernels are vendored under tests/kernels/ (origin, commit and license in eac
   in-kernel activation quantizer (a bf16 -> int8 cast that needs compatibility mode on
   v4 to v6e) and a ``pl.kernel`` kernel on a TensorCore mesh made while it is traced.
 
-Each case is compiled directly, with :func:`emulate.compiler.check_many`, with
+Each case is compiled directly, with :func:`emulate.compiler.check_both`, with
 compatibility mode on and off; check must give the same verdict (ok, or refused with
 the same first line of the message), and it must report compat-only findings (at a
 matmul or at another operation) exactly when the compiler refuses, with compatibility
@@ -26,6 +26,7 @@ import functools
 import pathlib
 import sys
 import warnings
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,7 @@ import pytest
 
 import emulate.pallas
 from emulate import compiler
+from emulate.compiler import isolate
 from emulate.pallas import mosaic_check
 from emulate.pallas.sites import MatmulSite
 
@@ -146,9 +148,9 @@ CASES = [
 ]
 
 
-# The cases check also decides with compatibility mode off (each compile with the mode
-# this process does not have runs in a subprocess, which costs time): one or more per
-# kernel, with a refusal at a matmul, a compat-only matmul and a non-matmul refusal.
+# The cases check also decides with compatibility mode off (a compat-off check compiles
+# in a subprocess): one or more per kernel, with a refusal at a matmul, a compat-only
+# matmul and a non-matmul refusal.
 COMPAT_OFF = {
     "megablox-bf16-tpu_v4",
     "xla-w8a8-int8-tpu_v5e",
@@ -160,26 +162,53 @@ COMPAT_OFF = {
 }
 
 
-@functools.cache
-def _compiler_verdicts(compat: bool) -> dict:
-    """The compiler's verdict on the cases, compiled directly: every case with
-    compatibility mode on; with it off, the ones that compile with it on (is a matmul
-    compat-only?) and the COMPAT_OFF ones."""
-    cases = [p.values for p in CASES]
-    if not compat:
-        on = _compiler_verdicts(True)
-        cases = [c for c, p in zip(cases, CASES) if p.id in COMPAT_OFF or on[_key(*c[:3])].ok]
-    jobs = [compiler.Job(fn, args, target) for fn, args, target, _ in cases]
-    verdicts = compiler.check_many(jobs, compat=compat)
-    return {_key(j.fn, j.arg_specs, j.target): v for j, v in zip(jobs, verdicts, strict=True)}
-
-
 def _key(fn, args, target):
     return (fn.__name__, tuple((a.shape, str(a.dtype)) for a in args), target)
 
 
+# Each case is compiled once per setting and each check is made once: the compiles of all
+# the cases share one call (one subprocess for the setting this process lacks), which
+# keeps the module at seconds rather than a subprocess per case.
+
+
+@functools.cache
+def _compiler_verdicts() -> dict[bool, dict]:
+    """The compiler's verdict on every case, compiled directly, with compatibility mode on
+    and off (the two settings compile at the same time)."""
+    jobs = [compiler.Job(fn, args, target) for fn, args, target, _ in (p.values for p in CASES)]
+    got = compiler.check_both({True: jobs, False: jobs})
+    return {
+        compat: {
+            _key(j.fn, j.arg_specs, j.target): v for j, v in zip(jobs, got[compat], strict=True)
+        }
+        for compat in (True, False)
+    }
+
+
+_SUBPROCESSES: dict[bool, list[int]] = {True: [], False: []}
+
+
+@functools.cache
+def _check_findings(compat: bool) -> dict:
+    """emulate.pallas.check's findings (check is check_many of one job): with compatibility
+    mode on for every case, off for the COMPAT_OFF ones; recorded-rule fallbacks fail.
+    The compiler subprocesses it starts are counted (the jobs of each) in _SUBPROCESSES."""
+    cases = [p.values for p in CASES if compat or p.id in COMPAT_OFF]
+    jobs = [(fn, args, target) for fn, args, target, _ in cases]
+    run = isolate._run_subprocess
+
+    def counted(cjobs, c):
+        _SUBPROCESSES[compat].append(len(cjobs))
+        return run(cjobs, c)
+
+    with warnings.catch_warnings(), mock.patch.object(isolate, "_run_subprocess", counted):
+        warnings.simplefilter("error", mosaic_check.RecordedRulesWarning)
+        results = mosaic_check.check_many(jobs, compat=compat)
+    return {_key(*job): findings for job, findings in zip(jobs, results, strict=True)}
+
+
 def _verdict(fn, args, target, compat):
-    return _compiler_verdicts(compat)[_key(fn, args, target)]
+    return _compiler_verdicts()[compat][_key(fn, args, target)]
 
 
 def _assert_same_verdict(findings, verdict, dots):
@@ -204,7 +233,7 @@ def _assert_same_verdict(findings, verdict, dots):
 
 @pytest.mark.parametrize("fn, args, target, dots", CASES)
 def test_check_equals_the_compiler_on_public_kernels(fn, args, target, dots):
-    findings = emulate.pallas.check(fn, *args, target=target)
+    findings = _check_findings(True)[_key(fn, args, target)]
     on = _verdict(fn, args, target, True)
     _assert_same_verdict(findings, on, dots)
     # compat-only findings: exactly when the compiler, with compatibility mode off,
@@ -222,13 +251,29 @@ def test_check_equals_the_compiler_on_public_kernels(fn, args, target, dots):
 def test_check_equals_the_compiler_with_compat_off():
     cases = [p.values for p in CASES if p.id in COMPAT_OFF]
     assert len(cases) == len(COMPAT_OFF)
-    jobs = [(fn, args, target) for fn, args, target, _ in cases]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", mosaic_check.RecordedRulesWarning)
-        results = mosaic_check.check_many(jobs, compat=False)
-    for (fn, args, target), (*_, dots), findings in zip(jobs, cases, results, strict=True):
+    for fn, args, target, dots in cases:
+        findings = _check_findings(False)[_key(fn, args, target)]
         assert all(f.kind == "refused" for f in findings), findings
         _assert_same_verdict(findings, _verdict(fn, args, target, False), dots)
+
+
+def test_check_many_compiles_the_operations_of_all_kernels_together():
+    # compat on: the kernels compile in this process; their narrow conversions and
+    # comparisons compile with compat off in one subprocess for all 24 cases (none when
+    # an earlier test of this process compiled them all), not one per kernel (11 before).
+    _check_findings(True)
+    assert len(_SUBPROCESSES[True]) <= 1, _SUBPROCESSES[True]
+    # compat off: all the kernels in one subprocess
+    _check_findings(False)
+    assert _SUBPROCESSES[False] == [len(COMPAT_OFF)]
+
+
+def test_check_of_one_kernel_is_check_many_of_one():
+    fn, args, target, _ = next(p.values for p in CASES if p.id == "quantizer-tpu_v5e")
+    assert (
+        emulate.pallas.check(fn, *args, target=target)
+        == _check_findings(True)[_key(fn, args, target)]
+    )
 
 
 def test_gmm_v2_lowers_per_generation():

@@ -34,7 +34,6 @@ import pytest
 
 import emulate.pallas
 from emulate import compiler
-from emulate.compiler import isolate
 from emulate.pallas import mosaic_check
 from emulate.pallas.sites import MatmulSite
 
@@ -185,23 +184,38 @@ def _compiler_verdicts() -> dict[bool, dict]:
     }
 
 
-_SUBPROCESSES: dict[bool, list[int]] = {True: [], False: []}
+# compat-off compiles asked for (jobs per call; a call is one subprocess), by the check
+# with compatibility mode on / off: of kernels (check_many) and of single operations
+_SUBPROCESSES: dict[tuple[str, bool], list[int]] = {
+    (what, c): [] for what in ("kernels", "ops") for c in (True, False)
+}
 
 
 @functools.cache
 def _check_findings(compat: bool) -> dict:
     """emulate.pallas.check's findings (check is check_many of one job): with compatibility
     mode on for every case, off for the COMPAT_OFF ones; recorded-rule fallbacks fail.
-    The compiler subprocesses it starts are counted (the jobs of each) in _SUBPROCESSES."""
+    The compat-off compiles it asks for are counted in _SUBPROCESSES."""
     cases = [p.values for p in CASES if compat or p.id in COMPAT_OFF]
     jobs = [(fn, args, target) for fn, args, target, _ in cases]
-    run = isolate._run_subprocess
+    check_many, check_both = compiler.check_many, compiler.check_both
+    mode = compat
 
-    def counted(cjobs, c):
-        _SUBPROCESSES[compat].append(len(cjobs))
-        return run(cjobs, c)
+    def counted_many(cjobs, *, compat=True):
+        if not compat:
+            _SUBPROCESSES["kernels", mode].append(len(cjobs))
+        return check_many(cjobs, compat=compat)
 
-    with warnings.catch_warnings(), mock.patch.object(isolate, "_run_subprocess", counted):
+    def counted_both(cjobs):
+        if cjobs.get(False):
+            _SUBPROCESSES["ops", mode].append(len(cjobs[False]))
+        return check_both(cjobs)
+
+    with (
+        warnings.catch_warnings(),
+        mock.patch.object(compiler, "check_many", counted_many),
+        mock.patch.object(compiler, "check_both", counted_both),
+    ):
         warnings.simplefilter("error", mosaic_check.RecordedRulesWarning)
         results = mosaic_check.check_many(jobs, compat=compat)
     return {_key(*job): findings for job, findings in zip(jobs, results, strict=True)}
@@ -262,10 +276,13 @@ def test_check_many_compiles_the_operations_of_all_kernels_together():
     # comparisons compile with compat off in one subprocess for all 24 cases (none when
     # an earlier test of this process compiled them all), not one per kernel (11 before).
     _check_findings(True)
-    assert len(_SUBPROCESSES[True]) <= 1, _SUBPROCESSES[True]
-    # compat off: all the kernels in one subprocess
+    assert _SUBPROCESSES["kernels", True] == []
+    assert len(_SUBPROCESSES["ops", True]) <= 1, _SUBPROCESSES["ops", True]
+    # compat off: all the kernels in one subprocess; the operations a refusal is at, in
+    # at most one more (none when the compat-on check compiled them first)
     _check_findings(False)
-    assert _SUBPROCESSES[False] == [len(COMPAT_OFF)]
+    assert _SUBPROCESSES["kernels", False] == [len(COMPAT_OFF)]
+    assert len(_SUBPROCESSES["ops", False]) <= 1, _SUBPROCESSES["ops", False]
 
 
 def test_check_of_one_kernel_is_check_many_of_one():

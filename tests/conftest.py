@@ -13,12 +13,25 @@ module states its rule); one marked ``@pytest.mark.browser`` needs a headless Ch
 "deselected") unless the environment has its variable set to 1 (``EMULATE_LONG_TESTS``,
 ``EMULATE_BROWSER_TESTS``); docs/testing.md gives the commands. pytest's header names
 what ran.
+
+Compilation cache: one session shares one JAX persistent compilation cache, in a fresh
+temporary folder, between its processes: the pytest-xdist workers and the subprocesses
+that tests start inherit it (``EMULATE_TEST_XLA_CACHE``, ``JAX_COMPILATION_CACHE_DIR``),
+with no minimum compile time or size. Tests build the same programs from fresh closures
+and in several processes; XLA compiles each once per session, and a cache hit returns the
+executable the compiler built for the same program and options. Most of the suite's time
+is XLA compiling. ``EMULATE_TEST_COMPILE_CACHE=0`` turns it off; a session never reads
+another session's cache.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
+import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -48,6 +61,28 @@ def _profile() -> str:
 
 PROFILE = _profile()
 settings.load_profile(PROFILE)
+
+
+def _share_compilations() -> None:
+    """Point JAX's persistent compilation cache at this session's folder (module docstring).
+    The first process of the session makes the folder and removes it at exit; the
+    processes it starts find it in the environment."""
+    if os.environ.get("EMULATE_TEST_COMPILE_CACHE", "1") == "0":
+        return
+    folder = os.environ.get("EMULATE_TEST_XLA_CACHE")
+    if not folder:
+        folder = tempfile.mkdtemp(prefix="emulate-test-xla-cache-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        os.environ["EMULATE_TEST_XLA_CACHE"] = folder
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+_share_compilations()
 
 #: The opt-in markers: marker -> (the variable that selects its tests, what they are).
 #: The browser test fails, not skips, where ``chromium`` is missing (apt-get install -y

@@ -62,6 +62,8 @@ __all__ = [
 ]
 
 _LANES = 128
+#: The narrowest lane slice of an x column plane a group may take (Mosaic compiles it).
+_HALF_LANES = 64
 #: How each scale format enters the kernel: its stored type, or the type it is bitcast to.
 _KERNEL_SCALE = {"float16": "uint16"}
 
@@ -222,8 +224,9 @@ def split(
         codes = weights.prepare_weight(codes)  # packed along N: into the K-planar layout
     elif isinstance(codes, Packed) and s.along_k:
         g = group_shape(codes.format.bits)[0]
-        if group_shape(codes.format.bits)[1] > 1 or (s.group // g) % _LANES:
-            codes = weights.prepare_weight(codes)  # column planes would cut groups off lanes
+        if group_shape(codes.format.bits)[1] > 1 or (s.group // g) % _HALF_LANES:
+            # a group's rows in each column plane of x must be whole half-lane slices
+            codes = weights.prepare_weight(codes)
     return codes, _kernel_scales(w.scales, s.scale_format), s, w
 
 

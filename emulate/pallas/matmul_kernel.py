@@ -494,6 +494,11 @@ def matmul(
         )
     if 0 in (m, n, k):  # nothing to launch: an empty contraction sums to zero
         return jnp.zeros((m, n), formats.get(final or r.out).dtype)
+    if scaling and scaling.along_k and stored.layout == "packed" and r.lhs_compute == "float32":
+        # f32 x column planes cut into groups overrun v2/v3's 16 MiB of VMEM (XLA:TPU:
+        # RESOURCE_EXHAUSTED at 64x4096x4096): the K-planar layout instead (prepare once)
+        assert isinstance(w, QArray)
+        wdata, wf, kw, n, stored = _weight(prepare_weight(w.codes), None)
     passthrough = r.rhs_compute == wf.name and not r.rhs_scale and stored.layout == "dense"
     if not xf.is_low_precision and xv.dtype.name not in _X_IN_KERNEL:
         xv = route.decode_values(xv, r.lhs_compute)  # float16: widened outside the kernel

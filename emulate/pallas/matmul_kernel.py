@@ -358,6 +358,9 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
         # copy the pipeline cannot overlap.
         planes = [pltpu.with_memory_space_constraint(p, pltpu.HBM) for p in planes]
         w = pltpu.with_memory_space_constraint(w, pltpu.HBM)
+        # the scales too: 7x otherwise copies them into VMEM before the call (4x their
+        # bytes accessed outside the kernel at 64x4096x4096)
+        extra = [pltpu.with_memory_space_constraint(e, pltpu.HBM) for e in extra]
     outs = pl.pallas_call(
         functools.partial(_kernel, cfg),
         out_shape=[jax.ShapeDtypeStruct((cfg.m, cfg.n), acc_dtype)] * n_acc,

@@ -86,6 +86,19 @@ class Config:
     out: str = ""
 
     @property
+    def scaled_in_kernel(self) -> bool:
+        """Whether the kernel applies a QArray's scales (and tensor scale) itself and
+        writes the result type: f32 accumulators (not limbs) and a float32 or bfloat16
+        result (Mosaic stores no float16)."""
+        # a QArray's route never has an int32 accumulator without limbs (its sum is f32)
+        return self.scaling is not None and not self.limbs and self.out in ("float32", "bfloat16")
+
+    @property
+    def tensor_scaled(self) -> bool:
+        """Whether the QArray weight has a tensor scale (kernel operands of its own)."""
+        return self.scaling is not None and self.scaling.tensor_scaled
+
+    @property
     def group_scaled(self) -> bool:
         """Whether the kernel applies block scales per group of K rows."""
         return self.scaling is not None and self.scaling.along_k

@@ -59,6 +59,7 @@ from jax.experimental.pallas import tpu as pltpu
 from emulate import formats, targets
 from emulate.formats import Format, FormatLike
 from emulate.numerics import accumulate
+from emulate.numerics.bits import times_pow2
 from emulate.numerics.codecs import decode
 from emulate.numerics.storage import (
     Packed,
@@ -241,9 +242,11 @@ def _kernel(cfg: Config, *refs: Any) -> None:
     xs = refs[: cfg.x_planes]
     w_ref = refs[cfg.x_planes]
     rest = refs[cfg.x_planes + 1 :]
-    s_ref = None
-    if cfg.group_scaled:
+    s_ref = ts_refs = None
+    if cfg.group_scaled or cfg.scaled_in_kernel:
         s_ref, rest = rest[0], rest[1:]
+    if cfg.scaled_in_kernel and cfg.tensor_scaled:
+        ts_refs, rest = rest[:2], rest[2:]
     n_acc = 2 if cfg.limbs else 1
     outs, accs = rest[:n_acc], rest[n_acc:]
     k = pl.program_id(2)
@@ -268,7 +271,7 @@ def _kernel(cfg: Config, *refs: Any) -> None:
             wide = jnp.where(cols < cfg.k - k * width, wide, jnp.zeros((), wide.dtype))
             xt = wide.astype(xt.dtype)
         tiles.append((xt, wt))
-    if s_ref is not None:
+    if cfg.group_scaled:
         accs[0][...] += _group_scaled_step(tiles, s_ref, cfg, k)
     else:
         step = None
@@ -284,8 +287,27 @@ def _kernel(cfg: Config, *refs: Any) -> None:
 
     @pl.when(k == pl.num_programs(2) - 1)
     def _store():
+        if cfg.scaled_in_kernel:
+            outs[0][...] = _scaled_result(accs[0][...], s_ref, ts_refs, cfg)
+            return
         for o, a in zip(outs, accs):
             o[...] = a[...]
+
+
+def _scaled_result(acc: jax.Array, s_ref: Any, ts_refs: Any, cfg: Config) -> jax.Array:
+    """The f32 sum times what the K steps did not apply (scales constant along K, the
+    tensor scale, ``2**element_exponent``) as :func:`emulate.pallas.qweight.apply_outside`
+    does, rounded once into the result type."""
+    sc = cfg.scaling
+    assert sc is not None
+    m, e = qweight.store_factors(None if sc.along_k else s_ref[...], sc)
+    if ts_refs is not None:
+        m, e = m * ts_refs[0][...], e + ts_refs[1][...]
+    if sc.element_exponent:
+        e = e + sc.element_exponent
+    if not sc.along_k or ts_refs is not None or sc.element_exponent:
+        acc = times_pow2(acc * m, e)
+    return acc.astype(formats.get(cfg.out).dtype)
 
 
 def _group_scaled_step(tiles: list, s_ref: Any, cfg: Config, k: Any) -> jax.Array:
@@ -342,7 +364,7 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
     acc_dtype = jnp.int32 if r.exact and not cfg.group_scaled else jnp.float32
     n_acc = 2 if cfg.limbs else 1
     extra, extra_specs = [], []
-    if cfg.group_scaled:
+    if cfg.group_scaled or cfg.scaled_in_kernel:
         sc = cfg.scaling
         assert sc is not None
         if sc.per_column:
@@ -350,6 +372,10 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
         else:
             s_spec = pl.BlockSpec((sc.rows, 1), lambda i, j, k: (0, 0))
         extra, extra_specs = [scales], [s_spec]
+    if cfg.scaled_in_kernel and cfg.tensor_scaled:
+        extra += list(qweight.tensor_parts(tensor_scale))
+        extra_specs += [pl.BlockSpec((1, 1), lambda i, j, k: (0, 0))] * 2
+    out_dtype = formats.get(cfg.out).dtype if cfg.scaled_in_kernel else acc_dtype
     out_spec = pl.BlockSpec((cfg.bm, cfg.bn), lambda i, j, k: (i, j))
     interpret = pltpu.InterpretParams() if cfg.interpret else False
     if not cfg.interpret:
@@ -363,7 +389,7 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
         extra = [pltpu.with_memory_space_constraint(e, pltpu.HBM) for e in extra]
     outs = pl.pallas_call(
         functools.partial(_kernel, cfg),
-        out_shape=[jax.ShapeDtypeStruct((cfg.m, cfg.n), acc_dtype)] * n_acc,
+        out_shape=[jax.ShapeDtypeStruct((cfg.m, cfg.n), out_dtype)] * n_acc,
         grid=(nm, nn, nk),
         in_specs=[x_spec] * g + [w_spec] + extra_specs,
         out_specs=[out_spec] * n_acc,
@@ -375,6 +401,8 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
         interpret=interpret,
         name="emulate_matmul",
     )(*planes, w, *extra)
+    if cfg.scaled_in_kernel:
+        return outs[0]
     if cfg.limbs:
         hi, lo = accumulate.normalize(*outs)
         acc = accumulate.round_limbs(hi, lo, r.scale, r.out)

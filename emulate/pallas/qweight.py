@@ -58,6 +58,8 @@ __all__ = [
     "prepare_weight",
     "scale_rows",
     "split",
+    "store_factors",
+    "tensor_parts",
     "values",
 ]
 
@@ -79,6 +81,7 @@ class Scaling:
       scale_format: the scales' format ("float16", "float8_e8m0fnu", ...).
       rows: rows of the scale array (``ceil(K / group)``; 1 when not along K).
       element_exponent: the QArray's (codes stand for ``value * 2**element_exponent``).
+      tensor_scaled: whether the QArray has a tensor scale.
     """
 
     group: int
@@ -87,6 +90,7 @@ class Scaling:
     scale_format: str
     rows: int
     element_exponent: int = 0
+    tensor_scaled: bool = False
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -197,6 +201,7 @@ def _scaling(q: QArray | KernelQWeight, arg: str) -> Scaling:
         scale_format=q.scale_format,
         rows=-(-k // bk) if along_k else 1,
         element_exponent=int(q.element_exponent),
+        tensor_scaled=q.tensor_scale is not None,
     )
 
 
@@ -355,6 +360,28 @@ def scale_rows(block: jax.Array, scale_format: str) -> tuple[jax.Array, jax.Arra
         lo = jnp.where(nan, jnp.float32(jnp.nan), pow2_normal(jnp.where(nan, 0, half)))
         return lo, pow2_normal(jnp.where(nan, 0, e - half))
     return lax.bitcast_convert_type(codecs.decode_float_bits(c, f), jnp.float32), None
+
+
+def store_factors(block: jax.Array | None, s: Scaling) -> tuple[Any, Any]:
+    """In the kernel, at the store: ``(m, e)`` of the scales constant along K for a loaded
+    (1, C) scale block, as :meth:`emulate.QArray.scale_parts` gives them (before the tensor
+    scale and element exponent); ``(1, 0)`` for scales along K (applied per group)."""
+    if s.along_k or block is None:
+        return jnp.float32(1), jnp.int32(0)
+    if s.scale_format == "float8_e8m0fnu":
+        if block.dtype.itemsize == 1 and jnp.issubdtype(block.dtype, jnp.floating):
+            block = lax.bitcast_convert_type(block, jnp.int8)  # Mosaic bitcasts to int8
+        c = block.astype(jnp.int32) & 0xFF
+        m = jnp.where(c == 255, jnp.float32(jnp.nan), jnp.float32(1))
+        return m, jnp.where(c == 255, 0, c - 127)
+    v, _ = scale_rows(block, s.scale_format)
+    return frexp(v)
+
+
+def tensor_parts(tensor_scale: Any) -> tuple[jax.Array, jax.Array]:
+    """A tensor scale's ``(m, e)`` as (1, 1) f32 and int32 arrays (kernel operands)."""
+    m, e = frexp(jnp.asarray(tensor_scale, jnp.float32))
+    return m.reshape(1, 1), e.reshape(1, 1)
 
 
 def _select(rows: jax.Array, index: Any) -> jax.Array:

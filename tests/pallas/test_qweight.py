@@ -1,6 +1,7 @@
 """emulate.pallas.matmul with QArray weights (emulate.pallas.qweight), in TPU interpret mode
 on the CPU: scales constant along K bit for bit against emulate.dot_general and against an
-oracle built from emulate.reference; group scales within gamma_(K + S + 4) of the exact
+oracle built from emulate.reference (applied outside the kernel after exact limbs, or in
+the kernel's last step after an f32 sum); group scales within gamma_(K + S + 4) of the exact
 sum of emulate.reference's dequantized values; prepared weights (same bytes, no layout
 work per call); NaN scales; the gradient; the parts the kernel does not decode refused by
 name.
@@ -96,6 +97,12 @@ CONSTANT_ALONG_K = [
      "column"),
     # int8 x packed int4 on v2 (f32 route), one float32 scale for the tensor, a tensor scale.
     ("int8", "int4", "float32", "tpu_v2", "float32", (8, 384, 128), "tensor"),
+    # bf16 activations (integer values: every f32 partial sum exact, in any order): the
+    # kernel applies the scales itself at its last K step and stores the result type.
+    ("bfloat16", "int8", "float16", "tpu_v5e", "bfloat16", (5, 300, 200), "column"),
+    ("bfloat16", "float4_e2m1fn", "float8_e8m0fnu", "tpu_v6e", "float32", (8, 256, 256),
+     "column"),
+    ("bfloat16", "int8", "bfloat16", "tpu_v4", "float32", (8, 384, 128), "tensor"),
 ]  # fmt: skip
 
 
@@ -107,7 +114,9 @@ def test_scales_constant_along_k_match_dot_general_bit_for_bit(lhs, rhs, sf, tar
     block = (k, 1) if kind == "column" else (k, n)
     ts = np.float32(0.75) if kind == "tensor" else None
     q, codes, scales = _qarray(rhs, sf, (k, n), block, rng, tensor_scale=ts)
-    x = _codes(lhs, (m, k), rng)
+    x = _codes("int8" if lhs == "bfloat16" else lhs, (m, k), rng)
+    if lhs == "bfloat16":
+        x = x.astype(ml_dtypes.bfloat16)
     got = emulate.pallas.matmul(x, q, target=target, out_dtype=out)
     same = emulate.dot_general(x, q, DN, preferred_element_type=out, target=target)
     assert np.asarray(got).dtype == np.dtype(formats.get(out).dtype)

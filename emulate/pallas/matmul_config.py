@@ -23,6 +23,7 @@ _LANES = 128
 _SUBLANES = {1: 32, 2: 16, 4: 8}  # second-minor tiling of a VMEM block, by element bytes
 _DEFAULT_SCOPED_VMEM = 16 << 20  # Mosaic's default scoped VMEM limit on v4 / v5e
 LAYOUTS = ("dense", "planar", "packed")
+_MAX_GROUPS_PER_STEP = 8  # default bk: at most this many scale groups per K step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +222,11 @@ def config(
                     f"scale groups of {gk} rows along K"
                 )
             bk = math.lcm(gk, k_multiple)
+        if block_shape is None and bk // gk > _MAX_GROUPS_PER_STEP:
+            # each group is a dot of its own: many short ones overrun VMEM on v2/v3
+            # (35.8 of 16 MiB for groups of 32 at bk = 1024)
+            unit = math.lcm(gk, k_multiple)
+            bk = max(unit, _MAX_GROUPS_PER_STEP * gk // unit * unit)
     if bm % stored_sub and bm != m:  # x's stored blocks would be off their tiling
         x_dtype = r.lhs_compute  # decoded outside the kernel instead
     kp = _round_up(k, bk)

@@ -6,16 +6,19 @@ operand. Which blocks the kernel applies and where (:class:`Scaling`):
 
 * *constant along K* (blocks of K rows or more: per output channel ``(K, 1)``, per tensor
   ``(K, N)``): the kernel sums the codes exactly as for a plain weight; the scales multiply
-  the f32 accumulator once, outside the kernel, in the fusion that rounds it into the
-  result type (as :func:`emulate.dot_general` does for one segment: ``times_pow2(acc *
-  m, e)``, with ``(m, e)`` :meth:`emulate.QArray.scale_parts`).
-* *groups along K* (blocks of ``G`` rows, ``G`` a multiple of 128: ``(G, 1)`` one scale
-  per group and column, ``(G, N)`` one per group): in the kernel, each group's partial sum
-  (exact for exact-class pairs: int32, then f32) is multiplied by its scale in f32 and
-  added to an f32 accumulator. The scales' block spans every group (``(ceil(K/G), bn)`` or
-  ``(ceil(K/G), 1)``), fetched once per output block; the kernel picks a group's row with
-  a one-hot sum over the block's rows (Mosaic cannot prove a dynamic single-row load of
-  an 8- or 16-bit block aligned: error E2003).
+  the f32 sum once, ``times_pow2(acc * m, e)`` with ``(m, e)`` as
+  :meth:`emulate.QArray.scale_parts` gives them (the product :func:`emulate.dot_general`
+  takes for one segment): in the kernel at its last K step, which then stores the result
+  type (:func:`store_factors`); outside the kernel where the exact sum is kept as int32
+  limbs (exact pairs) or the result is float16 (:func:`apply_outside`).
+* *groups along K* (blocks of ``G`` rows, ``G`` a multiple of 32: ``(G, 1)`` one scale
+  per group and column, OCP MX and GPTQ / AWQ style; ``(G, N)`` one per group): in the
+  kernel, each group's partial sum (exact for exact-class pairs: int32, then f32) is
+  multiplied by its scale in f32 and added to an f32 accumulator. The scales' block spans
+  every group (``(ceil(K/G), bn)`` or ``(ceil(K/G), 1)``), fetched once per output block;
+  the kernel picks a group's row with a one-hot sum over the block's rows (Mosaic cannot
+  prove a dynamic single-row load of an 8- or 16-bit block aligned: error E2003). The
+  tensor scale and ``2**element_exponent`` follow at the last K step.
 
 Scale types in the kernel: float32 and bfloat16 widen exactly (a bfloat16 subnormal
 flushes); float8 scales are decoded from their bits; float8_e8m0fnu scales are applied as
@@ -27,7 +30,7 @@ on every call (XLA:TPU copies for it) unless the weight is prepared once with
 Not built in the kernel (NotImplementedError naming the part): zero points, offsets,
 codebooks, two-level scales, act-order permutations, the 2- to 6-bit integer code
 formats, blocks of several columns other than all N, groups along K that are not a
-multiple of 128 rows.
+multiple of 32 rows (NVFP4's 16).
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ __all__ = [
 ]
 
 _LANES = 128
+#: Group scales: groups along K of a multiple of this many rows (OCP MX's 32 included).
+_MIN_GROUP = 32
 #: The narrowest lane slice of an x column plane a group may take (Mosaic compiles it).
 _HALF_LANES = 64
 #: How each scale format enters the kernel: its stored type, or the type it is bitcast to.
@@ -188,11 +193,11 @@ def _scaling(q: QArray | KernelQWeight, arg: str) -> Scaling:
             "for all N columns (G, N) are built",
         )
     along_k = bk < k
-    if along_k and bk % _LANES:
+    if along_k and bk % _MIN_GROUP:
         _refuse(
             arg,
             f"groups of {bk} rows along K",
-            "group scales are applied per group of a multiple of 128 rows",
+            f"group scales are applied per group of a multiple of {_MIN_GROUP} rows",
         )
     return Scaling(
         group=bk if along_k else max(k, 1),

@@ -138,6 +138,9 @@ GROUPS = [
     ("float4_e2m1fn", "float8_e8m0fnu", "tpu_v6e", (8, 1024, 130), (128, 1), "prepared"),
     ("float8_e4m3fn", "bfloat16", "tpu_v4", (5, 512, 256), (256, 256), "stored"),  # (G, N)
     ("int8", "float32", "tpu_v7x", (8, 2048, 128), (2048 // 2, 1), "stored"),  # G > bk
+    # OCP MX blocks of 32: MXFP4 prepared (K-planar), MXFP8 on v2's f32 route
+    ("float4_e2m1fn", "float8_e8m0fnu", "tpu_v5e", (8, 512, 256), (32, 1), "prepared"),
+    ("float8_e4m3fn", "float8_e8m0fnu", "tpu_v2", (8, 320, 128), (32, 1), "stored"),
 ]
 
 
@@ -236,9 +239,9 @@ def _parts_cases():
         (emulate.QArray.from_parts(u4, s, block_shape=(128, 1), fmt="uint3"),
          r"^w: emulate.pallas.matmul does not decode uint3 codes in the kernel \(2- to 6-bit "
          r"integer code formats\)"),
-        (emulate.quantize(np.ones((256, 128), np.float32), emulate.mx.MXFP4, axis=0),
-         r"^w: emulate.pallas.matmul does not decode groups of 32 rows along K in the kernel "
-         r"\(group scales are applied per group of a multiple of 128 rows\); use "
+        (emulate.QArray.from_parts(ones, jnp.ones((16, 128), jnp.float16), block_shape=(16, 1)),
+         r"^w: emulate.pallas.matmul does not decode groups of 16 rows along K in the kernel "
+         r"\(group scales are applied per group of a multiple of 32 rows\); use "
          r"emulate.dot_general for this QArray$"),
         (emulate.QArray.from_parts(ones, jnp.ones((2, 2), jnp.float16), block_shape=(128, 64)),
          r"^w: emulate.pallas.matmul does not decode blocks of 64 columns in the kernel "

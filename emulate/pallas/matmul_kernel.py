@@ -59,7 +59,6 @@ from jax.experimental.pallas import tpu as pltpu
 from emulate import formats, targets
 from emulate.formats import Format, FormatLike
 from emulate.numerics import accumulate
-from emulate.numerics.bits import times_pow2
 from emulate.numerics.codecs import decode
 from emulate.numerics.storage import (
     Packed,
@@ -272,7 +271,7 @@ def _kernel(cfg: Config, *refs: Any) -> None:
             xt = wide.astype(xt.dtype)
         tiles.append((xt, wt))
     if cfg.group_scaled:
-        accs[0][...] += _group_scaled_step(tiles, s_ref, cfg, k)
+        accs[0][...] += qweight.group_scaled_step(tiles, s_ref, cfg, k)
     else:
         step = None
         for xt, wt in tiles:
@@ -288,57 +287,10 @@ def _kernel(cfg: Config, *refs: Any) -> None:
     @pl.when(k == pl.num_programs(2) - 1)
     def _store():
         if cfg.scaled_in_kernel:
-            outs[0][...] = _scaled_result(accs[0][...], s_ref, ts_refs, cfg)
+            outs[0][...] = qweight.scaled_result(accs[0][...], s_ref, ts_refs, cfg)
             return
         for o, a in zip(outs, accs):
             o[...] = a[...]
-
-
-def _scaled_result(acc: jax.Array, s_ref: Any, ts_refs: Any, cfg: Config) -> jax.Array:
-    """The f32 sum times what the K steps did not apply (scales constant along K, the
-    tensor scale, ``2**element_exponent``) as :func:`emulate.pallas.qweight.apply_outside`
-    does, rounded once into the result type."""
-    sc = cfg.scaling
-    assert sc is not None
-    m, e = qweight.store_factors(None if sc.along_k else s_ref[...], sc)
-    if ts_refs is not None:
-        m, e = m * ts_refs[0][...], e + ts_refs[1][...]
-    if sc.element_exponent:
-        e = e + sc.element_exponent
-    if not sc.along_k or ts_refs is not None or sc.element_exponent:
-        acc = times_pow2(acc * m, e)
-    return acc.astype(formats.get(cfg.out).dtype)
-
-
-def _group_scaled_step(tiles: list, s_ref: Any, cfg: Config, k: Any) -> jax.Array:
-    """One K step of a weight with scales along K: per group of rows, the partial sum of
-    every plane (exact for exact-class pairs, then f32) times the group's scale, in f32."""
-    r = cfg.route
-    sc = cfg.scaling
-    assert sc is not None
-    factors = qweight.scale_rows(s_ref[...], sc.scale_format)
-    sub = min(sc.group, cfg.bk)  # K rows per partial sum
-    rows = sub // cfg.x_planes  # their rows in each plane
-    quantum = jnp.float32(2.0**-r.scale) if r.exact and r.scale else None
-    total = None
-    for q in range(cfg.bk // sub):
-        part = None
-        for xt, wt in tiles:
-            xs = xt[:, q * rows : (q + 1) * rows]
-            ws = wt[q * rows : (q + 1) * rows]
-            d = route.exact_dot(xs, ws, r) if r.exact else route.float_dot(xs, ws, r.precision)
-            part = d if part is None else part + d
-        assert part is not None
-        part = part.astype(jnp.float32)
-        if quantum is not None:
-            part = part * quantum
-        lo, hi = qweight.group_scale(factors, (k * cfg.bk + q * sub) // sc.group)
-        part = part * lo
-        if hi is not None:
-            part = part * hi
-        total = part if total is None else total + part
-    assert total is not None
-    return total
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -516,7 +468,7 @@ def matmul(
     final = None
     if scaling is not None:
         assert isinstance(w, (QArray, KernelQWeight))
-        final = _qarray_result(xv, xf, w, out_dtype)
+        final = qweight.result_type(xv, xf, w, out_dtype)
     r = route.route(xf, wf, target=t, preferred_element_type="float32" if final else out_dtype)
     if not formats.get(final or r.out).xla_storable:
         raise ValueError(
@@ -540,25 +492,6 @@ def matmul(
     if cfg.x_dtype != xv.dtype.name:  # a block_shape off the stored type's tiling
         xv = _decode_outside(xv, xf, cfg.route)
     return _differentiable_run(xv, (wdata, scales, tensor_scale), w, cfg)
-
-
-def _qarray_result(
-    x: jax.Array, xf: Format, w: QArray | KernelQWeight, out_dtype: FormatLike | None
-) -> str:
-    """The result type of ``x @ w`` for a QArray weight: ``out_dtype``, or what
-    ``lax.dot_general`` returns for ``x``'s type and the QArray's ``dtype`` (the QArray's
-    for low-precision ``x``); a float type."""
-    if out_dtype is not None:
-        out = formats.get(out_dtype, arg="out_dtype")
-        if not out.is_float or out.is_low_precision:
-            raise ValueError(
-                f"out_dtype: a QArray weight's product is a float; expected float32, bfloat16 "
-                f"or float16, got {out.name}"
-            )
-        return out.name
-    if xf.is_low_precision:
-        return np.dtype(w.dtype).name
-    return jnp.promote_types(x.dtype, w.dtype).name
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

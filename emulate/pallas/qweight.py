@@ -48,7 +48,7 @@ from emulate.formats import Format
 from emulate.numerics import codecs
 from emulate.numerics.bits import frexp, pow2_normal, times_pow2
 from emulate.numerics.storage import Packed, group_shape
-from emulate.pallas import weights
+from emulate.pallas import route, weights
 from emulate.pallas.weights import KernelWeight, kernel_codes
 from emulate.qarray import QArray, dequantize, parts_text
 from emulate.qparts import as_format_array
@@ -58,6 +58,9 @@ __all__ = [
     "Scaling",
     "apply_outside",
     "group_scale",
+    "group_scaled_step",
+    "result_type",
+    "scaled_result",
     "prepare_weight",
     "scale_rows",
     "split",
@@ -402,3 +405,67 @@ def group_scale(
     """Group ``index``'s scale factors (as :func:`scale_rows`) as (1, C) rows."""
     lo, hi = parts
     return _select(lo, index), None if hi is None else _select(hi, index)
+
+
+def scaled_result(acc: jax.Array, s_ref: Any, ts_refs: Any, cfg: Any) -> jax.Array:
+    """The f32 sum times what the K steps did not apply (scales constant along K, the
+    tensor scale, ``2**element_exponent``) as :func:`apply_outside`
+    does, rounded once into the result type."""
+    sc = cfg.scaling
+    assert sc is not None
+    m, e = store_factors(None if sc.along_k else s_ref[...], sc)
+    if ts_refs is not None:
+        m, e = m * ts_refs[0][...], e + ts_refs[1][...]
+    if sc.element_exponent:
+        e = e + sc.element_exponent
+    if not sc.along_k or ts_refs is not None or sc.element_exponent:
+        acc = times_pow2(acc * m, e)
+    return acc.astype(formats.get(cfg.out).dtype)
+
+
+def group_scaled_step(tiles: list, s_ref: Any, cfg: Any, k: Any) -> jax.Array:
+    """One K step of a weight with scales along K: per group of rows, the partial sum of
+    every plane (exact for exact-class pairs, then f32) times the group's scale, in f32."""
+    r = cfg.route
+    sc = cfg.scaling
+    assert sc is not None
+    factors = scale_rows(s_ref[...], sc.scale_format)
+    sub = min(sc.group, cfg.bk)  # K rows per partial sum
+    rows = sub // cfg.x_planes  # their rows in each plane
+    quantum = jnp.float32(2.0**-r.scale) if r.exact and r.scale else None
+    total = None
+    for q in range(cfg.bk // sub):
+        part = None
+        for xt, wt in tiles:
+            xs = xt[:, q * rows : (q + 1) * rows]
+            ws = wt[q * rows : (q + 1) * rows]
+            d = route.exact_dot(xs, ws, r) if r.exact else route.float_dot(xs, ws, r.precision)
+            part = d if part is None else part + d
+        assert part is not None
+        part = part.astype(jnp.float32)
+        if quantum is not None:
+            part = part * quantum
+        lo, hi = group_scale(factors, (k * cfg.bk + q * sub) // sc.group)
+        part = part * lo
+        if hi is not None:
+            part = part * hi
+        total = part if total is None else total + part
+    assert total is not None
+    return total
+
+
+def result_type(x: jax.Array, xf: Format, w: QArray | KernelQWeight, out_dtype: Any) -> str:
+    """The result type of ``x @ w`` for a QArray weight: ``out_dtype``, or what
+    ``lax.dot_general`` returns for ``x``'s type and the QArray's ``dtype`` (the QArray's
+    for low-precision ``x``); a float type."""
+    if out_dtype is not None:
+        out = formats.get(out_dtype, arg="out_dtype")
+        if not out.is_float or out.is_low_precision:
+            raise ValueError(
+                f"out_dtype: a QArray weight's product is a float; expected float32, bfloat16 "
+                f"or float16, got {out.name}"
+            )
+        return out.name
+    if xf.is_low_precision:
+        return np.dtype(w.dtype).name
+    return jnp.promote_types(x.dtype, w.dtype).name

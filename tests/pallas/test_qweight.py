@@ -286,3 +286,19 @@ def test_bad_input_names_the_argument():
     q3 = emulate.quantize(np.ones((2, 256, 128), np.float32), "int8", axis=1)
     with pytest.raises(ValueError, match=r"^w: expected a 2-D \(K, N\) QArray, got shape "):
         emulate.pallas.matmul(x, q3, target="tpu_v5e")
+
+
+def test_vmap_runs_one_kernel_per_index_with_the_same_bits():
+    rng = np.random.default_rng(9)
+    q, _, _ = _qarray("int8", "float16", (256, 128), (128, 1), rng)
+    p = emulate.pallas.prepare_weight(q)
+    xs = rng.standard_normal((3, 8, 256)).astype(ml_dtypes.bfloat16)
+
+    def run(x, w):
+        return emulate.pallas.matmul(x, w, target="tpu_v5e", out_dtype="float32")
+
+    each = np.stack([np.asarray(run(x, p)) for x in xs])
+    np.testing.assert_array_equal(_bits(jax.vmap(lambda x: run(x, p))(xs)), _bits(each))
+    stacked = jax.tree.map(lambda *v: jnp.stack(v), p, p)  # two prepared weights
+    both = jax.vmap(lambda w: run(xs[0], w))(stacked)
+    np.testing.assert_array_equal(_bits(both), _bits(np.stack([each[0], each[0]])))

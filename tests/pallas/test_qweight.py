@@ -7,7 +7,7 @@ work per call); NaN scales; the gradient; the parts the kernel does not decode r
 name.
 
 Interpret mode compiles each distinct kernel once (about 2 s here): each case is another
-route, layout or scale kind.
+route, layout or scale kind; two more run under EMULATE_LONG_TESTS=1 (marked long).
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ CONSTANT_ALONG_K = [
     # native int8 x int8, one float16 scale per column, rounded into bfloat16.
     ("int8", "int8", "float16", "tpu_v5e", "bfloat16", (5, 300, 200), "column"),
     # packed fp4 x fp4 on v4 (bf16 route, exact chunks), e8m0 scales per column.
-    ("float4_e2m1fn", "float4_e2m1fn", "float8_e8m0fnu", "tpu_v4", "float32", (9, 260, 130),
-     "column"),
+    pytest.param("float4_e2m1fn", "float4_e2m1fn", "float8_e8m0fnu", "tpu_v4", "float32",
+                 (9, 260, 130), "column", marks=pytest.mark.long),
     # int8 x packed int4 on v2 (f32 route), one float32 scale for the tensor, a tensor scale.
     ("int8", "int4", "float32", "tpu_v2", "float32", (8, 384, 128), "tensor"),
     # bf16 activations (integer values: every f32 partial sum exact, in any order): the
@@ -135,7 +135,15 @@ def test_scales_constant_along_k_match_dot_general_bit_for_bit(lhs, rhs, sf, tar
 GROUPS = [
     ("int8", "float16", "tpu_v5e", (7, 640, 200), (128, 1), "stored"),
     ("int4", "float16", "tpu_v5e", (16, 512, 256), (128, 1), "packed"),  # x column planes
-    ("float4_e2m1fn", "float8_e8m0fnu", "tpu_v6e", (8, 1024, 130), (128, 1), "prepared"),
+    pytest.param(
+        "float4_e2m1fn",
+        "float8_e8m0fnu",
+        "tpu_v6e",
+        (8, 1024, 130),
+        (128, 1),
+        "prepared",
+        marks=pytest.mark.long,
+    ),
     ("float8_e4m3fn", "bfloat16", "tpu_v4", (5, 512, 256), (256, 256), "stored"),  # (G, N)
     ("int8", "float32", "tpu_v7x", (8, 2048, 128), (2048 // 2, 1), "stored"),  # G > bk
     # OCP MX blocks of 32: MXFP4 prepared (K-planar), MXFP8 on v2's f32 route

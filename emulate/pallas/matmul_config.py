@@ -89,9 +89,8 @@ class Config:
     @property
     def scaled_in_kernel(self) -> bool:
         """Whether the kernel applies a QArray's scales (and tensor scale) itself and
-        writes the result type: f32 accumulators (not limbs) and a float32 or bfloat16
-        result (Mosaic stores no float16)."""
-        # a QArray's route never has an int32 accumulator without limbs (its sum is f32)
+        writes the result type: an f32 sum, or an exact int32 one that cannot overflow (not
+        limbs), and a float32 or bfloat16 result (Mosaic stores no float16)."""
         return self.scaling is not None and not self.limbs and self.out in ("float32", "bfloat16")
 
     @property
@@ -187,7 +186,12 @@ def config(
     group = stored.group
     k_multiple = _LANES * group  # each x plane block is lane-dense; whole K-planar tiles
     grouped = scaling is not None and scaling.along_k
-    limbs = r.exact and formats.get(r.out).is_float and not grouped
+    # an exact sum for a float result: two int32 limbs, unless it is a QArray's whose
+    # scales follow in the kernel (a float32 / bfloat16 result) and no K can carry it
+    # past int32
+    in_kernel = scaling is not None and (out or r.out) in ("float32", "bfloat16")
+    fits = in_kernel and r.exact and k * route.exact_limit(r) < 2**31
+    limbs = r.exact and formats.get(r.out).is_float and not grouped and not fits
     per_row = (lambda b: b) if stored.layout == "dense" else (lambda b: b // group * stored.nbytes)
     cap = (t.vmem_capacity_bytes or 16 << 20) // 2
     if block_shape is None:

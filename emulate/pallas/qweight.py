@@ -9,8 +9,9 @@ operand. Which blocks the kernel applies and where (:class:`Scaling`):
   the f32 sum once, ``times_pow2(acc * m, e)`` with ``(m, e)`` as
   :meth:`emulate.QArray.scale_parts` gives them (the product :func:`emulate.dot_general`
   takes for one segment): in the kernel at its last K step, which then stores the result
-  type (:func:`store_factors`); outside the kernel where the exact sum is kept as int32
-  limbs (exact pairs) or the result is float16 (:func:`apply_outside`).
+  type (:func:`store_factors`; an exact pair's int32 sum is rounded once into f32 there);
+  outside the kernel for a float16 result or a K whose exact sum could pass int32 (then
+  kept as two int32 limbs; :func:`apply_outside`).
 * *groups along K* (blocks of ``G`` rows, ``G`` a multiple of 32: ``(G, 1)`` one scale
   per group and column, OCP MX and GPTQ / AWQ style; ``(G, N)`` one per group): in the
   kernel, each group's partial sum (exact for exact-class pairs: int32, then f32) is
@@ -408,11 +409,16 @@ def group_scale(
 
 
 def scaled_result(acc: jax.Array, s_ref: Any, ts_refs: Any, cfg: Any) -> jax.Array:
-    """The f32 sum times what the K steps did not apply (scales constant along K, the
-    tensor scale, ``2**element_exponent``) as :func:`apply_outside`
-    does, rounded once into the result type."""
+    """The f32 sum (or an exact int32 sum, rounded once into f32 and scaled by its
+    quantum) times what the K steps did not apply (scales constant along K, the tensor
+    scale, ``2**element_exponent``) as :func:`apply_outside` does, rounded once into the
+    result type."""
     sc = cfg.scaling
     assert sc is not None
+    if acc.dtype == jnp.int32:  # an exact sum that fits int32: rounded once into f32
+        acc = acc.astype(jnp.float32)
+        if cfg.route.scale:
+            acc = acc * jnp.float32(2.0**-cfg.route.scale)
     m, e = store_factors(None if sc.along_k else s_ref[...], sc)
     if ts_refs is not None:
         m, e = m * ts_refs[0][...], e + ts_refs[1][...]

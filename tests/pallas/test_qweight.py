@@ -54,7 +54,9 @@ def _codes(fmt: str, shape: tuple[int, int], rng: np.random.Generator) -> np.nda
     return np.where(finite, v, np.zeros((), f.dtype)).astype(f.dtype)
 
 
-def _scales(sf: str, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+def _scales(
+    sf: str, shape: tuple[int, int], rng: np.random.Generator, shift: int = 0
+) -> np.ndarray:
     """Scales of ``sf`` over a wide range, with the awkward ones: float16 subnormals and
     2**15, e8m0 exponents from -30 to 30."""
     if sf == "float8_e8m0fnu":
@@ -62,13 +64,13 @@ def _scales(sf: str, shape: tuple[int, int], rng: np.random.Generator) -> np.nda
     s = rng.uniform(0.5, 2.0, shape) * np.exp2(rng.integers(-12, 12, shape))
     s[rng.random(shape) < 0.1] = 2.0**-24 * 5  # a float16 subnormal
     s[rng.random(shape) < 0.1] = 2.0**15
-    return s.astype(_SCALE_DTYPES[sf])
+    return (s * 2.0**shift).astype(_SCALE_DTYPES[sf])
 
 
-def _qarray(fmt, sf, shape, block, rng, packed=True, tensor_scale=None):
+def _qarray(fmt, sf, shape, block, rng, packed=True, tensor_scale=None, shift=0):
     codes = _codes(fmt, shape, rng)
     grid = tuple(-(-n // b) for n, b in zip(shape, block))
-    scales = _scales(sf, grid, rng)
+    scales = _scales(sf, grid, rng, shift)
     stored = emulate.pack(codes, axis=0) if packed and formats.get(fmt).packable else codes
     q = emulate.QArray.from_parts(
         stored if not isinstance(stored, np.ndarray) else jnp.asarray(stored),
@@ -90,13 +92,17 @@ def _bits(a) -> np.ndarray:
 
 # (x format, weight format, scale format, target, out, (M, K, N), block of the scales)
 CONSTANT_ALONG_K = [
-    # native int8 x int8, one float16 scale per column, rounded into bfloat16.
+    # native int8 x int8, one float16 scale per column, rounded into bfloat16: the exact
+    # int32 sum (no K here can overflow it) rounded to f32 and scaled in the kernel.
     ("int8", "int8", "float16", "tpu_v5e", "bfloat16", (5, 300, 200), "column"),
     # packed fp4 x fp4 on v4 (bf16 route, exact chunks), e8m0 scales per column.
     pytest.param("float4_e2m1fn", "float4_e2m1fn", "float8_e8m0fnu", "tpu_v4", "float32",
                  (9, 260, 130), "column", marks=pytest.mark.long),
     # int8 x packed int4 on v2 (f32 route), one float32 scale for the tensor, a tensor scale.
     ("int8", "int4", "float32", "tpu_v2", "float32", (8, 384, 128), "tensor"),
+    # a float16 result (Mosaic stores none): the exact sum as int32 limbs, the scales and
+    # the rounding outside the kernel.
+    ("int8", "int8", "float32", "tpu_v5e", "float16", (4, 256, 128), "column"),
     # bf16 activations (integer values: every f32 partial sum exact, in any order): the
     # kernel applies the scales itself at its last K step and stores the result type.
     ("bfloat16", "int8", "float16", "tpu_v5e", "bfloat16", (5, 300, 200), "column"),
@@ -113,7 +119,8 @@ def test_scales_constant_along_k_match_dot_general_bit_for_bit(lhs, rhs, sf, tar
     rng = np.random.default_rng(zlib.crc32(f"{lhs} {rhs} {sf}".encode()))
     block = (k, 1) if kind == "column" else (k, n)
     ts = np.float32(0.75) if kind == "tensor" else None
-    q, codes, scales = _qarray(rhs, sf, (k, n), block, rng, tensor_scale=ts)
+    shift = -22 if out == "float16" else 0  # float16 results: finite
+    q, codes, scales = _qarray(rhs, sf, (k, n), block, rng, tensor_scale=ts, shift=shift)
     x = _codes("int8" if lhs == "bfloat16" else lhs, (m, k), rng)
     if lhs == "bfloat16":
         x = x.astype(ml_dtypes.bfloat16)

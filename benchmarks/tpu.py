@@ -25,6 +25,10 @@ it compiles, and never runs:
                    ``emulate.pallas.prepare_weight(w)`` (the K-planar layout, the bytes
                    of the packed weight); "n/a" with the reason where the kernel does not
                    apply
+  (g) pallas_q     the same kernel on a block-scaled QArray of the weight, prepared once
+                   (``emulate.pallas.prepare_weight(q)``, a ``KernelQWeight``): one scale
+                   per 128 rows of K and column, float16 for integer weights (GPTQ / AWQ
+                   style), float8_e8m0fnu for float weights (OCP MX style), f32 result
 
 and reads, from the compiled program: ``cost_analysis()`` "bytes accessed", "flops" and
 the compiler's own time estimate ("optimal_seconds"), and ``memory_analysis()``
@@ -99,7 +103,14 @@ CONTENDERS = (
     Contender("fast", "(d) emulate fast", "emulate.dot_general, mode fast, target GEN"),
     Contender("exact", "(e) emulate exact", "emulate.dot_general, mode exact, target GEN"),
     Contender("pallas", "(f) emulate.pallas.matmul", "one Pallas kernel, target GEN"),
+    Contender(
+        "pallas_q",
+        "(g) pallas.matmul, QArray",
+        "the kernel on the weight with scales per 128 rows and column, prepared once",
+    ),
 )
+#: (g)'s scale groups along K.
+QARRAY_GROUP = 128
 LABELS = {c.key: c.label for c in CONTENDERS}
 
 
@@ -129,6 +140,26 @@ def kernel_weight_spec(pair: Pair, k: int, n: int) -> Any:
         return _spec((k, n), f.dtype)
     rows = weights.tiles(f, k) * weights.TILE_GROUPS * group_shape(f.bits)[1]
     return emulate.pallas.KernelWeight(_spec((rows, n), jnp.uint8), f.name, k)
+
+
+def kernel_qweight_spec(pair: Pair, k: int, n: int) -> Any:
+    """The (K, N) weight as (g) takes it: a :class:`emulate.pallas.KernelQWeight` of the
+    codes as (f) takes them and one scale per :data:`QARRAY_GROUP` rows and column
+    (float16, held as uint16 bits, for integer weights; float8_e8m0fnu for float ones)."""
+    f = formats.get(pair.rhs)
+    sf = "float16" if f.is_integer else "float8_e8m0fnu"
+    held = jnp.uint16 if sf == "float16" else formats.get(sf).dtype  # float16 as its bits
+    scales = _spec((-(-k // QARRAY_GROUP), n), held)
+    return emulate.pallas.KernelQWeight(
+        kernel_weight_spec(pair, k, n),
+        scales,
+        None,
+        f.name,
+        sf,
+        (QARRAY_GROUP, 1),
+        (k, n),
+        jnp.dtype(F32),
+    )
 
 
 def programs(
@@ -161,6 +192,9 @@ def programs(
     def pallas(x, w):
         return emulate.pallas.matmul(x, w, target=generation, out_dtype=acc, interpret=False)
 
+    def pallas_q(x, w):
+        return emulate.pallas.matmul(x, w, target=generation, out_dtype=F32, interpret=False)
+
     return {
         "floor": (floor, (_spec((m, k), BF16), _spec((k, n), BF16))),
         "astype": (astype, (x, w)),
@@ -168,6 +202,7 @@ def programs(
         "fast": (fast, (x, w_stored)),
         "exact": (exact, (x, w_stored)),
         "pallas": (pallas, (x, kernel_weight_spec(pair, k, n))),
+        "pallas_q": (pallas_q, (x, kernel_qweight_spec(pair, k, n))),
     }
 
 
@@ -207,7 +242,7 @@ def measure_one(
         "pair": pair.name,
         "lhs": pair.lhs,
         "rhs": pair.rhs,
-        "packed": pair.packed and contender in ("fast", "exact", "pallas"),
+        "packed": pair.packed and contender in ("fast", "exact", "pallas", "pallas_q"),
         "M": m,
         "K": k,
         "N": n,
@@ -394,23 +429,27 @@ def pallas_goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The TPU goals of issue 27 for (f) emulate.pallas.matmul, per generation: its HBM
     traffic (the kernel's blocks plus the compiler's bytes for the ops around it) over the
     weight as stored + the activations once + the result (the program's argument and
-    output bytes), and the temporaries outside the kernel."""
+    output bytes), and the temporaries outside the kernel. The same for (g), the kernel on
+    QArray weights, where (g) was compiled for that generation."""
     out = []
     gens = list(dict.fromkeys(r["generation"] for r in rows))
-    kernel = [r for r in rows if r["contender"] == "pallas" and r["status"] == "ok"]
-    for gen in gens:
-        mine = [r for r in kernel if r["generation"] == gen]
-        for label, key, limit in (
-            (
-                "pallas.matmul traffic / (weight as stored + activations once + result)",
-                "bytes_over_stored",
-                KERNEL_TRAFFIC_LIMIT,
-            ),
-            ("pallas.matmul temporaries outside the kernel (bytes)", "temp_outside_kernel",
-             OUTSIDE_TEMP_LIMIT),
-        ):  # fmt: skip
-            got = [r for r in mine if r.get(key) is not None]
-            out.append(goal(label, key, limit, got, generation=gen))
+    for contender, name in (("pallas", "pallas.matmul"), ("pallas_q", "pallas.matmul QArray")):
+        kernel = [r for r in rows if r["contender"] == contender and r["status"] == "ok"]
+        for gen in gens:
+            mine = [r for r in kernel if r["generation"] == gen]
+            if contender == "pallas_q" and not mine:
+                continue
+            for label, key, limit in (
+                (
+                    f"{name} traffic / (weight as stored + activations once + result)",
+                    "bytes_over_stored",
+                    KERNEL_TRAFFIC_LIMIT,
+                ),
+                (f"{name} temporaries outside the kernel (bytes)", "temp_outside_kernel",
+                 OUTSIDE_TEMP_LIMIT),
+            ):  # fmt: skip
+                got = [r for r in mine if r.get(key) is not None]
+                out.append(goal(label, key, limit, got, generation=gen))
     return out
 
 
@@ -518,7 +557,7 @@ def markdown(report: dict[str, Any]) -> str:
             stored = next(
                 (
                     by[k]["stored_bytes"]
-                    for k in ("fast", "pallas")
+                    for k in ("fast", "pallas", "pallas_q")
                     if "stored_bytes" in by.get(k, {})
                 ),
                 None,
@@ -533,7 +572,8 @@ def markdown(report: dict[str, Any]) -> str:
         "## Goals: issue 16, emulate fast (d); issue 27, emulate exact (e)", report["goals"]
     )
     lines += _goal_table(
-        "## Goals (issue 27), emulate.pallas.matmul (f)", report.get("pallas_goals", [])
+        "## Goals (issue 27), emulate.pallas.matmul (f) and on QArray weights (g)",
+        report.get("pallas_goals", []),
     )
     return "\n".join(lines) + "\n"
 

@@ -105,6 +105,50 @@ def pallas_matmul_ragged(x: jax.Array, w: jax.Array, *, target: str) -> jax.Arra
     )
 
 
+#: QArray weights in pallas.matmul (issue 27): name -> (x type, element format, scale
+#: format, block of the scales, tensor scale, result). K = 256 rows, N = 128 columns.
+QARRAY_K = 256
+QARRAY_SCHEMES = {
+    # GPTQ / AWQ-like: K-planar int4, float16 scales (held as uint16 bits) per 128 rows and
+    # column, applied per group in the kernel; a bfloat16 result stored by the kernel.
+    "int4-g128-f16": ("bfloat16", "int4", "float16", (128, 1), False, "bfloat16"),
+    # int8 x int8 per channel: exact int32 limbs, the scales applied outside the kernel.
+    "int8xint8-channel-f16": ("int8", "int8", "float16", (QARRAY_K, 1), False, "bfloat16"),
+    # OCP MXFP4: K-planar e2m1, e8m0 scales per 32 rows (8 groups a K step).
+    "fp4-mx32-e8m0": ("bfloat16", "float4_e2m1fn", "float8_e8m0fnu", (32, 1), False, "float32"),
+    # float8 with one bfloat16 scale per 128 rows for all columns, and a tensor scale.
+    "e4m3-gN-bf16-tensor": ("bfloat16", "float8_e4m3fn", "bfloat16", (128, N), True,
+                            "bfloat16"),
+}  # fmt: skip
+
+
+def qarray_specs(scheme: str) -> tuple[jax.ShapeDtypeStruct, ...]:
+    """x, the codes as the kernel reads them (K-planar bytes for 4-bit), the scales as a
+    KernelQWeight holds them, and a tensor scale where the scheme has one."""
+    lhs, fmt, sf, block, ts, _ = QARRAY_SCHEMES[scheme]
+    f = formats.get(fmt)
+    x = jax.ShapeDtypeStruct((M, QARRAY_K), jnp.dtype(lhs))
+    if f.bits == 4:
+        codes = jax.ShapeDtypeStruct((QARRAY_K // 2, N), jnp.uint8)
+    else:
+        codes = jax.ShapeDtypeStruct((QARRAY_K, N), jnp.dtype(f.dtype))
+    grid = (QARRAY_K // block[0], N // block[1])
+    held = jnp.uint16 if sf == "float16" else jnp.dtype(formats.get(sf).dtype)
+    specs = (x, codes, jax.ShapeDtypeStruct(grid, held))
+    return specs + ((jax.ShapeDtypeStruct((), jnp.float32),) if ts else ())
+
+
+def pallas_matmul_qarray(x, codes, scales, *ts, scheme: str, target: str) -> jax.Array:
+    """``emulate.pallas.matmul`` on a prepared QArray weight (a KernelQWeight)."""
+    _, fmt, sf, block, _, out = QARRAY_SCHEMES[scheme]
+    if formats.get(fmt).bits == 4:
+        codes = emulate.pallas.KernelWeight(codes, fmt, QARRAY_K)
+    w = emulate.pallas.KernelQWeight(
+        codes, scales, ts[0] if ts else None, fmt, sf, block, (QARRAY_K, N), np.dtype("float32")
+    )
+    return emulate.pallas.matmul(x, w, target=target, out_dtype=out, interpret=False)
+
+
 # --------------------------------------------------------------------------------------
 # emulate.pallas.dot, inside a one-block kernel
 

@@ -4,7 +4,9 @@ the installed libtpu offers, with Mosaic's compatibility mode on and off:
 
 - ``emulate.pallas.matmul`` for bf16 and f32 activations with every weight format it
   takes (int8, packed int4, float8_e4m3fn, float8_e5m2, packed float4_e2m1fn, packed
-  float6, uint8, packed uint4) and for the same-type pairs;
+  float6, uint8, packed uint4) and for the same-type pairs, and on prepared QArray weights
+  (``QARRAY_SCHEMES``: group scales of 128 and 32 rows, per-channel scales with exact
+  limbs, scales for all columns with a tensor scale);
 - ``emulate.pallas.dot`` in a one-block kernel, for the same pairs where XLA holds the
   format (not float6);
 - ``emulate.dot_general`` (those pairs), ``emulate.conv_general_dilated`` (a few) and a
@@ -215,6 +217,13 @@ def _cases() -> list[Case]:
         fn = functools.partial(P.decoder, target=t)
         key = ("decoder_block", *(_plan_key(a, w, t, "fast") for a, w in DECODER_PAIRS))
         out.append(Case("decoder_block", "polyfill", t, fn, P.decoder_specs(), repeats(key)))
+    # QArray weights (issue 27): every scheme on every generation, compat on and off; v5e,
+    # v2 and v7x in the default run, the others long.
+    for t in GENERATIONS:
+        for s in P.QARRAY_SCHEMES:
+            fn = functools.partial(P.pallas_matmul_qarray, scheme=s, target=t)
+            long = t not in ("tpu_v2", "tpu_v5e", "tpu_v7x")
+            out.append(Case("pallas.matmul", f"qarray-{s}", t, fn, P.qarray_specs(s), long))
     # Ragged M, K and N: partial edge blocks, the weight's rows and x's columns past K
     # masked in the kernel (TPU v4 has no select on bf16 vectors), x's block all of K.
     for t in ("tpu_v4", "tpu_v5e"):

@@ -4,7 +4,9 @@
   float8 codes, or int4 / float4 / float6 kept packed) is decoded tile by tile in VMEM
   into the type the target's matrix unit takes.
 - :func:`prepare_weight`: a sub-byte weight, once, in the K-planar layout
-  (:class:`KernelWeight`, the same bytes) that :func:`matmul` reads without any copy.
+  (:class:`KernelWeight`, the same bytes) that :func:`matmul` reads without any copy; a
+  block-scaled :class:`emulate.QArray` weight likewise (:class:`KernelQWeight`:
+  :mod:`emulate.pallas.qweight` says which scales the kernel applies).
 - :func:`dot`: a ``jnp.dot`` for values loaded inside your own kernels that lowers to an
   operand pair the target runs.
 - :func:`check`: lowers a function for TPU on any machine and reports each ``tpu.matmul``
@@ -23,10 +25,12 @@ from __future__ import annotations
 from emulate.pallas.kernel_dot import dot
 from emulate.pallas.matmul_kernel import matmul
 from emulate.pallas.mosaic_check import Finding, MatmulSite, check, diagnose, matmul_sites
-from emulate.pallas.weights import KernelWeight, prepare_weight
+from emulate.pallas.qweight import KernelQWeight, prepare_weight
+from emulate.pallas.weights import KernelWeight
 
 __all__ = [
     "Finding",
+    "KernelQWeight",
     "KernelWeight",
     "MatmulSite",
     "check",

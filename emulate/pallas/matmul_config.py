@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from emulate import formats, targets
 from emulate.pallas import route
+from emulate.pallas.qweight import Scaling
 from emulate.planning.exactness import MAX_CHUNKS, MAX_TOTAL_QUANTA
 
 __all__ = ["Config", "LAYOUTS", "Stored", "config"]
@@ -21,6 +23,7 @@ _LANES = 128
 _SUBLANES = {1: 32, 2: 16, 4: 8}  # second-minor tiling of a VMEM block, by element bytes
 _DEFAULT_SCOPED_VMEM = 16 << 20  # Mosaic's default scoped VMEM limit on v4 / v5e
 LAYOUTS = ("dense", "planar", "packed")
+_MAX_GROUPS_PER_STEP = 8  # default bk: at most this many scale groups per K step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +63,9 @@ class Config:
       vmem_limit: the scoped VMEM limit asked of Mosaic (None: its default, 16 MiB or
         more, when twice the estimate fits in it).
       x_dtype: the type x is stored in (decoded in the kernel into ``route.lhs_compute``).
+      scaling: a QArray weight's :class:`emulate.pallas.qweight.Scaling`, or None.
+      out: the result type (``route.out`` unless a QArray's scales are applied to the f32
+        accumulator first).
     """
 
     route: route.Route
@@ -77,6 +83,25 @@ class Config:
     vmem_bytes: int
     vmem_limit: int | None
     x_dtype: str = ""
+    scaling: Scaling | None = None
+    out: str = ""
+
+    @property
+    def scaled_in_kernel(self) -> bool:
+        """Whether the kernel applies a QArray's scales (and tensor scale) itself and
+        writes the result type: an f32 sum, or an exact int32 one that cannot overflow (not
+        limbs), and a float32 or bfloat16 result (Mosaic stores no float16)."""
+        return self.scaling is not None and not self.limbs and self.out in ("float32", "bfloat16")
+
+    @property
+    def tensor_scaled(self) -> bool:
+        """Whether the QArray weight has a tensor scale (kernel operands of its own)."""
+        return self.scaling is not None and self.scaling.tensor_scaled
+
+    @property
+    def group_scaled(self) -> bool:
+        """Whether the kernel applies block scales per group of K rows."""
+        return self.scaling is not None and self.scaling.along_k
 
     @property
     def padded(self) -> tuple[int, int, int]:
@@ -149,15 +174,24 @@ def config(
     block_shape: Sequence[int] | None,
     interpret: bool,
     x_dtype: str | None = None,
+    scaling: Scaling | None = None,
+    out: str | None = None,
 ) -> Config:
     """The :class:`Config` for one call: block shape defaults and checks. ``x_dtype``: the
-    type x is stored in (default: the type the matrix unit takes)."""
+    type x is stored in (default: the type the matrix unit takes); ``scaling``: a QArray
+    weight's scales; ``out``: the result type (default ``r.out``)."""
     x_dtype = x_dtype or r.lhs_compute
     x_sub = _SUBLANES[_itemsize(r.lhs_compute)]
     stored_sub = _SUBLANES[np.dtype(x_dtype).itemsize]
     group = stored.group
     k_multiple = _LANES * group  # each x plane block is lane-dense; whole K-planar tiles
-    limbs = r.exact and formats.get(r.out).is_float
+    grouped = scaling is not None and scaling.along_k
+    # an exact sum for a float result: two int32 limbs, unless it is a QArray's whose
+    # scales follow in the kernel (a float32 / bfloat16 result) and no K can carry it
+    # past int32
+    in_kernel = scaling is not None and (out or r.out) in ("float32", "bfloat16")
+    fits = in_kernel and r.exact and k * route.exact_limit(r) < 2**31
+    limbs = r.exact and formats.get(r.out).is_float and not grouped and not fits
     per_row = (lambda b: b) if stored.layout == "dense" else (lambda b: b // group * stored.nbytes)
     cap = (t.vmem_capacity_bytes or 16 << 20) // 2
     if block_shape is None:
@@ -182,10 +216,28 @@ def config(
             "the lane width"
             + (f" times the {group} codes packed along K per byte group" if group > 1 else ""),
         )
+    if grouped:
+        assert scaling is not None
+        gk = scaling.group
+        if bk % gk and gk % bk:
+            if block_shape is not None:
+                raise ValueError(
+                    f"block_shape: bk = {bk} must be a multiple or a divisor of the weight's "
+                    f"scale groups of {gk} rows along K"
+                )
+            bk = math.lcm(gk, k_multiple)
+        if block_shape is None and bk // gk > _MAX_GROUPS_PER_STEP:
+            # each group is a dot of its own: many short ones overrun VMEM on v2/v3
+            # (35.8 of 16 MiB for groups of 32 at bk = 1024)
+            unit = math.lcm(gk, k_multiple)
+            bk = max(unit, _MAX_GROUPS_PER_STEP * gk // unit * unit)
     if bm % stored_sub and bm != m:  # x's stored blocks would be off their tiling
         x_dtype = r.lhs_compute  # decoded outside the kernel instead
     kp = _round_up(k, bk)
-    vmem = _vmem_bytes(r, bm, bn, bk, limbs, bk, per_row(bk))
+    scale_vmem = 0
+    if scaling is not None and scaling.along_k:  # the resident scale block, as int32 / f32
+        scale_vmem = 2 * 4 * scaling.rows * (bn if scaling.per_column else _LANES) * 2
+    vmem = _vmem_bytes(r, bm, bn, bk, limbs, bk, per_row(bk)) + scale_vmem
     if t.vmem_capacity_bytes and vmem > t.vmem_capacity_bytes:
         raise ValueError(
             f"block_shape: ({bm}, {bn}, {bk}) needs about {vmem} bytes of VMEM, more than "
@@ -193,13 +245,13 @@ def config(
         )
     resident = kp > bk and _vmem_bytes(r, bm, bn, bk, limbs, kp, per_row(bk)) <= cap
     if resident:
-        vmem = _vmem_bytes(r, bm, bn, bk, limbs, kp, per_row(bk))
+        vmem = _vmem_bytes(r, bm, bn, bk, limbs, kp, per_row(bk)) + scale_vmem
     limit = None
     if 2 * vmem > _DEFAULT_SCOPED_VMEM:
         limit = min(2 * vmem, t.vmem_capacity_bytes or 2 * vmem)
     cfg = Config(
         r, m, n, k, bm, bn, bk, stored, w_passthrough, limbs, resident, interpret, vmem, limit,
-        x_dtype,
+        x_dtype, scaling, out or r.out,
     )  # fmt: skip
     if limbs:
         if kp // bk > MAX_CHUNKS or k * route.exact_limit(r) >= MAX_TOTAL_QUANTA:

@@ -68,10 +68,11 @@ from emulate.numerics.storage import (
     to_codes,
     unpack_codes,
 )
-from emulate.pallas import route
+from emulate.pallas import qweight, route
 from emulate.pallas.matmul_config import Config, Stored, config
+from emulate.pallas.qweight import KernelQWeight
 from emulate.pallas.weights import TILE_GROUPS, KernelWeight, kernel_codes, prepare_weight
-from emulate.qarray import QArray, parts_text
+from emulate.qarray import QArray
 
 __all__ = ["matmul", "interpret_mode"]
 
@@ -79,11 +80,9 @@ _X_IN_KERNEL = ("bfloat16", "float32")  # wide activation types decoded in the k
 
 
 def _refuse_qarray(arg: str, q: QArray) -> None:
-    parts = ", ".join(["block scales", *parts_text(q)])
     raise NotImplementedError(
-        f"{arg}: emulate.pallas.matmul does not decode QArray operands in the kernel yet "
-        f"({q.format_name} with {parts}); use emulate.dot_general for a QArray, or pass "
-        "the codes alone"
+        f"{arg}: emulate.pallas.matmul decodes a QArray weight (w) only, not QArray "
+        f"activations ({q!r}); use emulate.dot_general, or pass the codes alone"
     )
 
 
@@ -92,8 +91,6 @@ def _weight(
 ) -> tuple[jax.Array, Format, int, int, Stored]:
     """(stored array, format, K, N, layout) for the weight argument; nothing is copied
     except where the module docstring says so."""
-    if isinstance(w, QArray):
-        _refuse_qarray("w", w)
     if isinstance(w, Packed):
         f = w.format
         if w_format is not None and formats.get(w_format) != f:
@@ -244,6 +241,11 @@ def _kernel(cfg: Config, *refs: Any) -> None:
     xs = refs[: cfg.x_planes]
     w_ref = refs[cfg.x_planes]
     rest = refs[cfg.x_planes + 1 :]
+    s_ref = ts_refs = None
+    if cfg.group_scaled or cfg.scaled_in_kernel:
+        s_ref, rest = rest[0], rest[1:]
+    if cfg.scaled_in_kernel and cfg.tensor_scaled:
+        ts_refs, rest = rest[:2], rest[2:]
     n_acc = 2 if cfg.limbs else 1
     outs, accs = rest[:n_acc], rest[n_acc:]
     k = pl.program_id(2)
@@ -254,7 +256,7 @@ def _kernel(cfg: Config, *refs: Any) -> None:
             a[...] = jnp.zeros(a.shape, a.dtype)
 
     width = cfg.bk // cfg.x_planes
-    step = None
+    tiles = []
     for xr, wt in zip(xs, _weight_planes(w_ref, cfg, k)):
         if cfg.x_resident:
             xt = xr[:, pl.ds(pl.multiple_of(k * width, width), width)]
@@ -267,23 +269,33 @@ def _kernel(cfg: Config, *refs: Any) -> None:
             wide = xt.astype(jnp.float32) if xt.dtype == jnp.bfloat16 else xt
             wide = jnp.where(cols < cfg.k - k * width, wide, jnp.zeros((), wide.dtype))
             xt = wide.astype(xt.dtype)
-        d = route.exact_dot(xt, wt, r) if r.exact else route.float_dot(xt, wt, r.precision)
-        step = d if step is None else step + d
-    assert step is not None
-    if cfg.limbs:
-        accs[0][...] += step >> 16
-        accs[1][...] += step & 0xFFFF
+        tiles.append((xt, wt))
+    if cfg.group_scaled:
+        accs[0][...] += qweight.group_scaled_step(tiles, s_ref, cfg, k)
     else:
-        accs[0][...] += step
+        step = None
+        for xt, wt in tiles:
+            d = route.exact_dot(xt, wt, r) if r.exact else route.float_dot(xt, wt, r.precision)
+            step = d if step is None else step + d
+        assert step is not None
+        if cfg.limbs:
+            accs[0][...] += step >> 16
+            accs[1][...] += step & 0xFFFF
+        else:
+            accs[0][...] += step
 
     @pl.when(k == pl.num_programs(2) - 1)
     def _store():
+        if cfg.scaled_in_kernel:
+            outs[0][...] = qweight.scaled_result(accs[0][...], s_ref, ts_refs, cfg)
+            return
         for o, a in zip(outs, accs):
             o[...] = a[...]
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _run(x: jax.Array, w: jax.Array, cfg: Config) -> jax.Array:
+def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
+    w, scales, tensor_scale = kargs
     r = cfg.route
     _, _, kp = cfg.padded
     nm, nn, nk = cfg.grid
@@ -301,8 +313,21 @@ def _run(x: jax.Array, w: jax.Array, cfg: Config) -> jax.Array:
     else:
         x_spec = pl.BlockSpec((cfg.bm, width), lambda i, j, k: (i, k))
     w_spec = pl.BlockSpec((cfg.w_block_rows, cfg.bn), lambda i, j, k: (k, j))
-    acc_dtype = jnp.int32 if r.exact else jnp.float32
+    acc_dtype = jnp.int32 if r.exact and not cfg.group_scaled else jnp.float32
     n_acc = 2 if cfg.limbs else 1
+    extra, extra_specs = [], []
+    if cfg.group_scaled or cfg.scaled_in_kernel:
+        sc = cfg.scaling
+        assert sc is not None
+        if sc.per_column:
+            s_spec = pl.BlockSpec((sc.rows, cfg.bn), lambda i, j, k: (0, j))
+        else:
+            s_spec = pl.BlockSpec((sc.rows, 1), lambda i, j, k: (0, 0))
+        extra, extra_specs = [scales], [s_spec]
+    if cfg.scaled_in_kernel and cfg.tensor_scaled:
+        extra += list(qweight.tensor_parts(tensor_scale))
+        extra_specs += [pl.BlockSpec((1, 1), lambda i, j, k: (0, 0))] * 2
+    out_dtype = formats.get(cfg.out).dtype if cfg.scaled_in_kernel else acc_dtype
     out_spec = pl.BlockSpec((cfg.bm, cfg.bn), lambda i, j, k: (i, j))
     interpret = pltpu.InterpretParams() if cfg.interpret else False
     if not cfg.interpret:
@@ -311,11 +336,14 @@ def _run(x: jax.Array, w: jax.Array, cfg: Config) -> jax.Array:
         # copy the pipeline cannot overlap.
         planes = [pltpu.with_memory_space_constraint(p, pltpu.HBM) for p in planes]
         w = pltpu.with_memory_space_constraint(w, pltpu.HBM)
+        # the scales too: 7x otherwise copies them into VMEM before the call (4x their
+        # bytes accessed outside the kernel at 64x4096x4096)
+        extra = [pltpu.with_memory_space_constraint(e, pltpu.HBM) for e in extra]
     outs = pl.pallas_call(
         functools.partial(_kernel, cfg),
-        out_shape=[jax.ShapeDtypeStruct((cfg.m, cfg.n), acc_dtype)] * n_acc,
+        out_shape=[jax.ShapeDtypeStruct((cfg.m, cfg.n), out_dtype)] * n_acc,
         grid=(nm, nn, nk),
-        in_specs=[x_spec] * g + [w_spec],
+        in_specs=[x_spec] * g + [w_spec] + extra_specs,
         out_specs=[out_spec] * n_acc,
         scratch_shapes=[pltpu.VMEM((cfg.bm, cfg.bn), acc_dtype)] * n_acc,
         compiler_params=pltpu.CompilerParams(
@@ -324,11 +352,19 @@ def _run(x: jax.Array, w: jax.Array, cfg: Config) -> jax.Array:
         ),
         interpret=interpret,
         name="emulate_matmul",
-    )(*planes, w)
+    )(*planes, w, *extra)
+    if cfg.scaled_in_kernel:
+        return outs[0]
     if cfg.limbs:
         hi, lo = accumulate.normalize(*outs)
-        return accumulate.round_limbs(hi, lo, r.scale, r.out)
-    return accumulate.round_accumulator(outs[0], r.out)
+        acc = accumulate.round_limbs(hi, lo, r.scale, r.out)
+    else:
+        acc = accumulate.round_accumulator(outs[0], r.out)
+    if cfg.scaling is None:
+        return acc
+    # a QArray weight: its scales not applied in the kernel, then one rounding
+    acc = qweight.apply_outside(acc, scales, tensor_scale, cfg.scaling)
+    return accumulate.round_accumulator(acc, cfg.out)
 
 
 def interpret_mode(interpret: bool | None) -> bool:
@@ -408,7 +444,18 @@ def matmul(
             "a TPU target (target='tpu_v5e', emulate.target(...) or EMULATE_TARGET); on a "
             "machine without a TPU it runs in interpret mode"
         )
-    wdata, wf, kw, n, stored = _weight(w, w_format)
+    scales = tensor_scale = scaling = None
+    if isinstance(w, (QArray, KernelQWeight)):
+        if w_format is not None and formats.get(w_format).name != w.format_name:
+            raise ValueError(
+                f"w_format: {formats.get(w_format).name} disagrees with the QArray w's "
+                f"format {w.format_name}"
+            )
+        codes, scales, scaling, _ = qweight.split(w)
+        tensor_scale = w.tensor_scale
+        wdata, wf, kw, n, stored = _weight(codes, w.format_name)
+    else:
+        wdata, wf, kw, n, stored = _weight(w, w_format)
     xv, xf = _activation(x, x_format)
     if xv.ndim != 2:
         raise ValueError(f"x: expected a 2-D (M, K) array, got shape {tuple(xv.shape)}")
@@ -418,43 +465,56 @@ def matmul(
             f"x, w: x's K ({k}) differs from w's K ({kw}); x {xf.name}{[m, k]}, "
             f"w {wf.name}{[kw, n]}"
         )
-    r = route.route(xf, wf, target=t, preferred_element_type=out_dtype)
-    if not formats.get(r.out).xla_storable:
+    final = None
+    if scaling is not None:
+        assert isinstance(w, (QArray, KernelQWeight))
+        final = qweight.result_type(xv, xf, w, out_dtype)
+    r = route.route(xf, wf, target=t, preferred_element_type="float32" if final else out_dtype)
+    if not formats.get(final or r.out).xla_storable:
         raise ValueError(
             f"out_dtype: the result type would be {r.out}, which XLA cannot hold; pass "
             "out_dtype (e.g. jnp.float32)"
         )
     if 0 in (m, n, k):  # nothing to launch: an empty contraction sums to zero
-        return jnp.zeros((m, n), formats.get(r.out).dtype)
+        return jnp.zeros((m, n), formats.get(final or r.out).dtype)
+    if scaling and scaling.along_k and stored.layout == "packed" and r.lhs_compute == "float32":
+        # f32 x column planes cut into groups overrun v2/v3's 16 MiB of VMEM (XLA:TPU:
+        # RESOURCE_EXHAUSTED at 64x4096x4096): the K-planar layout instead (prepare once)
+        assert isinstance(w, QArray)
+        wdata, wf, kw, n, stored = _weight(prepare_weight(w.codes), None)
     passthrough = r.rhs_compute == wf.name and not r.rhs_scale and stored.layout == "dense"
     if not xf.is_low_precision and xv.dtype.name not in _X_IN_KERNEL:
         xv = route.decode_values(xv, r.lhs_compute)  # float16: widened outside the kernel
     cfg = config(
         r, t, m, n, k, stored, passthrough, block_shape, interpret_mode(interpret),
-        x_dtype=xv.dtype.name,
+        x_dtype=xv.dtype.name, scaling=scaling, out=final,
     )  # fmt: skip
     if cfg.x_dtype != xv.dtype.name:  # a block_shape off the stored type's tiling
         xv = _decode_outside(xv, xf, cfg.route)
-    return _differentiable_run(xv, wdata, w, cfg)
+    return _differentiable_run(xv, (wdata, scales, tensor_scale), w, cfg)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _differentiable_run(x: jax.Array, wdata: jax.Array, w: Any, cfg: Config) -> jax.Array:
+def _differentiable_run(x: jax.Array, kargs: tuple, w: Any, cfg: Config) -> jax.Array:
     """The kernel, with the gradient of ``x @ decode(w)`` with respect to ``x`` (the
-    weight holds codes: it has none, as for any integer array) and any ``jax.vmap``."""
-    return _mapped_run(x, wdata, cfg)
+    weight holds codes: it has none, as for any integer array) and any ``jax.vmap``.
+    ``kargs``: the kernel's weight arrays (codes, scales or None, tensor scale or None)."""
+    return _mapped_run(x, kargs, cfg)
 
 
-def _run_fwd(x, wdata, w, cfg):
-    return _mapped_run(x, wdata, cfg), (x, w)
+def _run_fwd(x, kargs, w, cfg):
+    return _mapped_run(x, kargs, cfg), (x, w)
 
 
 def _run_bwd(cfg, res, g):
     x, w = res
-    if isinstance(w, KernelWeight):
-        w = kernel_codes(w)
-    fmt = None if isinstance(w, Packed) else cfg.route.rhs
-    wv = decode(w, fmt, to=jnp.float32)  # (K, N) values
+    if isinstance(w, (QArray, KernelQWeight)):
+        wv = qweight.values(w)
+    else:
+        if isinstance(w, KernelWeight):
+            w = kernel_codes(w)
+        fmt = None if isinstance(w, Packed) else cfg.route.rhs
+        wv = decode(w, fmt, to=jnp.float32)  # (K, N) values
     dx = jax.lax.dot_general(
         g.astype(jnp.float32),
         wv,
@@ -467,23 +527,29 @@ def _run_bwd(cfg, res, g):
 _differentiable_run.defvjp(_run_fwd, _run_bwd)
 
 
-def _mapped_run(x: jax.Array, wdata: jax.Array, cfg: Config) -> jax.Array:
+def _mapped_run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
     """:func:`_run`, which ``jax.vmap`` maps one kernel launch at a time (a pallas_call of
     this grid has no batching rule of its own)."""
 
     @jax.custom_batching.custom_vmap
-    def run(x, wdata):
-        return _run(x, wdata, cfg)
+    def run(x, kargs):
+        return _run(x, kargs, cfg)
 
     @run.def_vmap
-    def _rule(axis_size, in_batched, x, wdata):
-        xb, wb = in_batched
-        if xb and wb:
-            out = jax.lax.map(lambda xw: run(*xw), (x, wdata))
-        elif xb:
-            out = jax.lax.map(lambda xi: run(xi, wdata), x)
+    def _rule(axis_size, in_batched, x, kargs):
+        xb, kb = in_batched
+        if any(jax.tree.leaves(kb)):  # map every weight array along the mapped axis
+            kargs = jax.tree.map(
+                lambda a, b: a if b else jnp.broadcast_to(a, (axis_size, *jnp.shape(a))),
+                kargs,
+                kb,
+            )
+            if xb:
+                out = jax.lax.map(lambda xw: run(*xw), (x, kargs))
+            else:
+                out = jax.lax.map(lambda wi: run(x, wi), kargs)
         else:
-            out = jax.lax.map(lambda wi: run(x, wi), wdata)
+            out = jax.lax.map(lambda xi: run(xi, kargs), x)
         return out, True
 
-    return run(x, wdata)
+    return run(x, kargs)

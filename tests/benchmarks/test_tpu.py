@@ -192,3 +192,21 @@ def test_exact_goals_divide_by_fast_and_name_unestimated_programs():
     )
     assert est["failing"] == ["int8 4x8x8"] and est["unestimated"] == ["int4 4x8x8"]
     assert (temp["measured"], temp["met"], temp["unestimated"]) == (0.5, True, [])
+
+
+def test_the_qarray_kernel_moves_each_operand_and_the_scales_once():
+    # (g): the K-planar int4 codes (K*N/2 bytes) and the float16 scales held as uint16 bits
+    # (one per 128 rows and column: 2 * K/128 * N bytes) once, x once, the f32 result once.
+    [r] = tpu.measure(GEN, (M, K, N), ["int4"], ["pallas_q"], {})
+    tpu.add_ratios([r])
+    assert r["status"] == "ok", r["reason"]
+    scales = 2 * (K // tpu.QARRAY_GROUP) * N
+    assert r["argument_bytes"] == 2 * M * K + K * N // 2 + scales
+    assert r["kernel"]["read"] == 2 * M * K + K * N // 2 + scales
+    assert r["kernel"]["written"] == 4 * M * N
+    assert (r["bytes_over_stored"], r["temp_outside_kernel"]) == (1.0, 0)
+    goals = [g for g in tpu.pallas_goals([r]) if g["goal"].startswith("pallas.matmul QArray")]
+    assert [(g["key"], g["measured"], g["met"]) for g in goals] == [
+        ("bytes_over_stored", 1.0, True),
+        ("temp_outside_kernel", 0, True),
+    ]

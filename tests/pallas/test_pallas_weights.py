@@ -84,16 +84,6 @@ def test_prepared_weights_are_bit_identical_to_the_reference():
     assert np.asarray(got).tobytes() == want.tobytes()
 
 
-def test_qarray_weights_are_refused_by_name():
-    q = emulate.quantize(np.ones((256, 128), np.float32), emulate.mx.MXFP4, axis=0)
-    with pytest.raises(
-        NotImplementedError,
-        match=r"^w: emulate.pallas.matmul does not decode "
-        r"QArray operands in the kernel yet \(float4_e2m1fn with block scales\)",
-    ):
-        emulate.pallas.matmul(np.ones((4, 256), ml_dtypes.bfloat16), q, target="tpu_v5e")
-
-
 @pytest.mark.parametrize(
     "call, error, message",
     [

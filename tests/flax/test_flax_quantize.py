@@ -179,9 +179,9 @@ def test_decoder_gradients(decoder):
     frozen, twin = decoder
     qat = dec.port(dec.Decoder(nnx.Rngs(0)), qat=True)
     with emulate.target("tpu_v4"):
-        g_frozen = nnx.state(nnx.grad(_loss)(frozen))
-        g_qat = nnx.state(nnx.grad(_loss)(qat))
-    g_twin = nnx.state(nnx.grad(_loss)(twin))
+        g_frozen = nnx.state(nnx.jit(nnx.grad(_loss))(frozen))
+        g_qat = nnx.state(nnx.jit(nnx.grad(_loss))(qat))
+    g_twin = nnx.state(nnx.jit(nnx.grad(_loss))(twin))
 
     def paths(state):
         return {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(state)}

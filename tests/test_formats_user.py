@@ -95,8 +95,10 @@ def test_quantize_into_a_user_format_and_matmul_and_polyfill_on_every_target() -
         assert np.array_equal(np.asarray(step(x, q)), np.asarray(got))
 
 
-def test_validate_checks_a_user_format_row() -> None:
-    row = validate.check("tpu_v5e", "e3m3", "u5e3m2", "fast", examples=3, seed=0)
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("mode", ["fast", "exact"])
+def test_validate_checks_a_user_format_row(target: str, mode: str) -> None:
+    row = validate.check(target, "e3m3", "u5e3m2", mode, examples=3, seed=0)
     assert (row.status, row.examples, row.mismatches) == ("ok", 3, 0), row
 
 

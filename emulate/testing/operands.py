@@ -334,6 +334,7 @@ def oracle_values(x: Any, arg: str = "operand") -> tuple[np.ndarray, tuple[int, 
             ts,
             x.element_exponent,
             fmt=None if f.has_dtype else f,
+            scale_fmt=None if _formats.get(x.scale_format).has_dtype else x.scale_format,
         )
         return values, tuple(x.block_shape)
     if isinstance(x, Packed):

@@ -95,7 +95,9 @@ class QArray:
         ``formats.CODE_FORMATS``), or a :class:`emulate.Packed` array, of logical shape
         ``shape``.
       scales: an array of ``scale_format``'s dtype (``float8_e8m0fnu``, ``float8_e4m3fn``,
-        ``bfloat16``, ``float16`` or ``float32``), shape ``ceil(shape / block_shape)``; or
+        the other float8 types, ``bfloat16``, ``float16`` or ``float32``; uint8 codes for a
+        P3109 or registered scale format, :func:`emulate.numerics.scales.scale_format`),
+        shape ``ceil(shape / block_shape)``; or
         a QArray of that shape (two-level scales, ``scale_format`` "float32": its values
         in f32 are the scales).
       tensor_scale: a float32 scalar multiplying everything (NVFP4), or None.

@@ -77,6 +77,16 @@ def test_dot_general_of_user_formats_keeps_the_contract(target: str, mode: str) 
     )
     if mode == "exact":
         assert np.array_equal(np.asarray(got), want)
+    # the same operands as QArrays (one float32 scale of 1 each) through polyfill, in the
+    # same mode: the same contract, bit for bit where the plan is exact
+    qa = emulate.QArray.from_parts(a, np.ones((1, 1), np.float32), block_shape=(4, 40))
+    qb = emulate.QArray.from_parts(b, np.ones((1, 1), np.float32), block_shape=(40, 3))
+    step = jax.jit(emulate.polyfill(lambda x, y: x @ y, target=target, mode=mode))
+    poly = np.asarray(step(qa, qb))
+    c = testing.compare(poly, qa, qb, MATMUL, mode=mode, preferred_element_type=jnp.float32)
+    assert c.ok, c.report()
+    if mode == "exact":
+        assert np.array_equal(poly, want)
 
 
 def test_quantize_into_a_user_format_and_matmul_and_polyfill_on_every_target() -> None:

@@ -129,7 +129,8 @@ def quant_spec(
 
 
 def scale_values(scale_format: FormatLike, *, elements: str = "all") -> st.SearchStrategy[float]:
-    """One scale value of ``scale_format``, special values boosted.
+    """One scale value of ``scale_format`` (any scale format: a P3109 or registered one's
+    values are rounded into it when :func:`qarrays` encodes them), special values boosted.
 
     ``elements``: "all" (NaN, +-Inf where the format has them, 0, the smallest subnormal
     and normal values, the largest value, 1, negatives), "finite", or "normal" (positive

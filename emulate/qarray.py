@@ -48,7 +48,8 @@ from emulate.codebooks import Codebook
 from emulate.formats import Format, FormatLike
 from emulate.numerics import codecs
 from emulate.numerics.bits import f32_bits, frexp, frexp_bits, pow2_normal
-from emulate.numerics.storage import Packed, is_array, to_codes, unpack_codes
+from emulate.numerics.scales import scale_bits
+from emulate.numerics.storage import Packed, is_array, unpack_codes
 from emulate.qparts import (
     SCALE_FORMATS,
     as_format_array,
@@ -65,6 +66,7 @@ from emulate.qparts import (
     stored_codes,
     stored_offsets,
     stored_perm,
+    stored_tensor_scale,
     stored_zero_points,
     validate_qarray,
     zero_point_values,
@@ -295,7 +297,7 @@ class QArray:
                 )
             scales = jnp.asarray(scales)
         if tensor_scale is not None:
-            tensor_scale = _tensor_scale(tensor_scale)
+            tensor_scale = stored_tensor_scale(tensor_scale)
             if tensor_scale.shape != ():
                 raise ValueError(f"tensor_scale: expected a scalar, got shape {tensor_scale.shape}")
         if perm is not None:
@@ -499,25 +501,6 @@ def scale_values(q: QArray) -> jax.Array:
     if isinstance(q.scales, QArray):
         return _dequantize(q.scales, "float32")
     return codecs.decode(q.scales, q.scale_format, to=jnp.float32)
-
-
-def scale_bits(scales: Any, scale_format: str) -> jax.Array:
-    """The f32 bits (uint32) of each scale, by integer operations (nothing flushed)."""
-    f = formats.get(scale_format)
-    if f.is_low_precision:
-        return codecs.decode_float_bits(to_codes(scales, f)[0], f)
-    return f32_bits(jnp.asarray(scales))
-
-
-def _tensor_scale(value: Any) -> jax.Array:
-    """``from_parts``'s ``tensor_scale`` as a float32 array (its shape checked by the caller)."""
-    kind = getattr(getattr(value, "dtype", None), "kind", None)
-    number = isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
-    if not (number or kind in ("f", "i", "u", "V")):
-        raise TypeError(
-            f"tensor_scale: expected None or a float32 scalar, got {type(value).__name__} {value!r}"
-        )
-    return jnp.asarray(value, jnp.float32)
 
 
 def offset_values(q: QArray) -> jax.Array | None:

@@ -56,6 +56,7 @@ __all__ = [
     "stored_codes",
     "stored_offsets",
     "stored_perm",
+    "stored_tensor_scale",
     "stored_zero_points",
     "validate_qarray",
     "zero_point_values",
@@ -347,6 +348,17 @@ def stored_offsets(off: Any) -> Any:
     if is_array(off) and not isinstance(off, jax.core.Tracer) and np.shape(off) == ():
         return float(np.asarray(off, np.float32))
     return jnp.asarray(off) if isinstance(off, np.ndarray) else off
+
+
+def stored_tensor_scale(value: Any) -> jax.Array:
+    """``from_parts``'s ``tensor_scale`` as a float32 array (its shape checked by the caller)."""
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    number = isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+    if not (number or kind in ("f", "i", "u", "V")):
+        raise TypeError(
+            f"tensor_scale: expected None or a float32 scalar, got {type(value).__name__} {value!r}"
+        )
+    return jnp.asarray(value, jnp.float32)
 
 
 def stored_perm(perm: Any, axis: Any, shape: tuple[int, ...]) -> tuple[Any, int]:

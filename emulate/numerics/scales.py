@@ -36,7 +36,8 @@ import numpy as np
 from emulate import formats
 from emulate.formats import F32_MIN_NORMAL, Format, FormatLike
 from emulate.numerics import codecs
-from emulate.numerics.bits import frexp_normal, pow2
+from emulate.numerics.bits import f32_bits, frexp_normal, pow2
+from emulate.numerics.storage import to_codes
 
 __all__ = [
     "POW2_RULES",
@@ -49,6 +50,7 @@ __all__ = [
     "pow2_range",
     "pow2_scales",
     "reciprocal",
+    "scale_bits",
     "scale_format",
     "tensor_scale",
 ]
@@ -118,6 +120,16 @@ def element_range(fmt: FormatLike) -> tuple[int, float]:
 def reciprocal(v: float) -> jax.Array:
     """``1 / v`` rounded once to f32 (0 where it overflows)."""
     return jnp.float32(np.float32(1.0 / v)) if math.isfinite(1.0 / v) else jnp.float32(0)
+
+
+def scale_bits(scales: jax.Array, scale_format: FormatLike) -> jax.Array:
+    """The f32 bits (uint32) of each scale of ``scale_format`` (an array of its dtype, or
+    its uint8 codes), by integer operations: nothing flushed, 2**-127 and f32 subnormals
+    included (:func:`emulate.numerics.bits.frexp_bits` splits them exactly)."""
+    f = formats.get(scale_format)
+    if f.is_low_precision:
+        return codecs.decode_float_bits(to_codes(scales, f)[0], f)
+    return f32_bits(jnp.asarray(scales))
 
 
 def pow2_exponent(amax: jax.Array, f: Format, rule: str, ee: int = 0) -> jax.Array:

@@ -47,8 +47,9 @@ from emulate import formats
 from emulate.codebooks import Codebook
 from emulate.formats import Format, FormatLike
 from emulate.numerics import codecs
-from emulate.numerics.bits import frexp, pow2_normal
-from emulate.numerics.storage import Packed, is_array, to_codes, unpack_codes
+from emulate.numerics.bits import f32_bits, frexp, frexp_bits, pow2_normal
+from emulate.numerics.scales import scale_bits
+from emulate.numerics.storage import Packed, is_array, unpack_codes
 from emulate.qparts import (
     SCALE_FORMATS,
     as_format_array,
@@ -65,6 +66,7 @@ from emulate.qparts import (
     stored_codes,
     stored_offsets,
     stored_perm,
+    stored_tensor_scale,
     stored_zero_points,
     validate_qarray,
     zero_point_values,
@@ -95,7 +97,9 @@ class QArray:
         ``formats.CODE_FORMATS``), or a :class:`emulate.Packed` array, of logical shape
         ``shape``.
       scales: an array of ``scale_format``'s dtype (``float8_e8m0fnu``, ``float8_e4m3fn``,
-        ``bfloat16``, ``float16`` or ``float32``), shape ``ceil(shape / block_shape)``; or
+        the other float8 types, ``bfloat16``, ``float16`` or ``float32``; uint8 codes for a
+        P3109 or registered scale format, :func:`emulate.numerics.scales.scale_format`),
+        shape ``ceil(shape / block_shape)``; or
         a QArray of that shape (two-level scales, ``scale_format`` "float32": its values
         in f32 are the scales).
       tensor_scale: a float32 scalar multiplying everything (NVFP4), or None.
@@ -233,6 +237,7 @@ class QArray:
         codebook: Any = None,
         perm: Any = None,
         perm_axis: int | None = None,
+        scale_fmt: FormatLike | None = None,
     ) -> QArray:
         """A QArray from stored parts (a checkpoint's codes, scales, zeros, mins ...).
 
@@ -240,8 +245,9 @@ class QArray:
           codes: an array of a low-precision format dtype, unsigned integer codes with
             ``fmt`` (with a ``codebook``, ``fmt`` defaults to ``uint{bits}``), or a
             :class:`emulate.Packed` array.
-          scales: an array of one of ``SCALE_FORMATS``' dtypes, shape
-            ``ceil(codes.shape / block_shape)``; or a QArray of that shape (two-level).
+          scales: an array of one of ``SCALE_FORMATS``' dtypes, or uint8 codes of
+            ``scale_fmt``, shape ``ceil(codes.shape / block_shape)``; or a QArray of that
+            shape (two-level).
           block_shape: one block length per dimension of ``codes``.
           fmt: the codes' format when ``codes`` are raw codes.
           tensor_scale: an optional float32 scalar.
@@ -256,6 +262,10 @@ class QArray:
             ``2**bits`` entries (:func:`emulate.codebooks.codebook`).
           perm: None or a permutation (integer array) of axis ``perm_axis`` in which the
             codes are stored; ``perm_axis`` may be given counted from the start.
+          scale_fmt: the scales' format, any scale format
+            (:func:`emulate.numerics.scales.scale_format`: a P3109 or registered float
+            format too, whose ``scales`` are then its uint8 codes); default: the scales'
+            dtype. Not with a QArray of scales.
 
         Raises:
           TypeError, ValueError: naming the argument, for a wrong type, dtype or shape.
@@ -268,6 +278,10 @@ class QArray:
         block = full_block(block_shape, shape, "block_shape")
         grid = grid_shape(shape, block)
         if isinstance(scales, QArray):
+            if scale_fmt is not None:
+                raise ValueError(
+                    f"scale_fmt: a QArray of scales is read in float32; got scale_fmt={scale_fmt!r}"
+                )
             sf_name = "float32"
             if scales.shape != grid:
                 raise ValueError(
@@ -275,7 +289,7 @@ class QArray:
                     f"{shape} in blocks of {block}), got {scales.shape}"
                 )
         else:
-            sf_name = scale_format_of(scales, "scales").name
+            sf_name = scale_format_of(scales, "scales", scale_fmt).name
             if tuple(scales.shape) != grid:
                 raise ValueError(
                     f"scales: expected shape {grid} for codes of shape {shape} in blocks of "
@@ -283,7 +297,7 @@ class QArray:
                 )
             scales = jnp.asarray(scales)
         if tensor_scale is not None:
-            tensor_scale = _tensor_scale(tensor_scale)
+            tensor_scale = stored_tensor_scale(tensor_scale)
             if tensor_scale.shape != ():
                 raise ValueError(f"tensor_scale: expected a scalar, got shape {tensor_scale.shape}")
         if perm is not None:
@@ -489,17 +503,6 @@ def scale_values(q: QArray) -> jax.Array:
     return codecs.decode(q.scales, q.scale_format, to=jnp.float32)
 
 
-def _tensor_scale(value: Any) -> jax.Array:
-    """``from_parts``'s ``tensor_scale`` as a float32 array (its shape checked by the caller)."""
-    kind = getattr(getattr(value, "dtype", None), "kind", None)
-    number = isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
-    if not (number or kind in ("f", "i", "u", "V")):
-        raise TypeError(
-            f"tensor_scale: expected None or a float32 scalar, got {type(value).__name__} {value!r}"
-        )
-    return jnp.asarray(value, jnp.float32)
-
-
 def offset_values(q: QArray) -> jax.Array | None:
     """Each block's offset in float32 (shape of the scales), None without offsets."""
     off = q.offsets
@@ -520,14 +523,12 @@ def block_zero_points(q: QArray) -> jax.Array | None:
 
 def scale_parts(q: QArray) -> tuple[jax.Array, jax.Array]:
     """See :meth:`QArray.scale_parts`."""
-    if q.scale_format == "float8_e8m0fnu" and not isinstance(q.scales, QArray):
-        c = to_codes(q.scales, q.scale_format)[0].astype(jnp.int32)
-        m = jnp.where(c == 255, jnp.float32(jnp.nan), jnp.float32(1))
-        e = jnp.where(c == 255, 0, c - 127)
-    else:
+    if isinstance(q.scales, QArray):
         m, e = frexp(scale_values(q))
+    else:  # from the bits: scales below 2**-126 (e8m0's 2**-127, f32 subnormals) survive
+        m, e = frexp_bits(scale_bits(q.scales, q.scale_format))
     if q.tensor_scale is not None:
-        mt, et = frexp(jnp.asarray(q.tensor_scale, jnp.float32))
+        mt, et = frexp_bits(f32_bits(jnp.asarray(q.tensor_scale, jnp.float32)))
         m, e = m * mt, e + et
     if q.element_exponent:
         e = e + q.element_exponent
@@ -582,9 +583,10 @@ def _dequantize(q: QArray, to: str) -> jax.Array:
     m, e = scale_parts(q)
     # 2**e as two powers of two made per block, then two multiplies per element: the
     # same bits as times_pow2 at a fraction of its elementwise work. Both halves are
-    # normal f32 because -252 <= e <= 254 (e8m0: -127..127; normal f32 scales and tensor
-    # scales: -126..127 each), and they have e's sign, so a product out of range
-    # underflows or overflows in both.
+    # normal f32 because -252 <= e <= 254 (scales: -149..127, tensor scales: -149..127,
+    # clamped at -252, below which every product underflows anyway), and they have e's
+    # sign, so a product out of range underflows or overflows in both.
+    e = jnp.maximum(e, -252)
     e1 = e // 2
     v = v * broadcast_blocks(m, q.block_shape, q.shape)
     for half in (e1, e - e1):

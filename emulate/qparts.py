@@ -30,6 +30,7 @@ from emulate import formats
 from emulate.codebooks import Codebook, codebook
 from emulate.formats import Format, FormatLike
 from emulate.numerics import codecs
+from emulate.numerics.scales import SCALE_FORMATS, is_scale_format, scale_format
 from emulate.numerics.storage import Packed, is_array, to_codes, unpack_codes
 
 __all__ = [
@@ -55,13 +56,12 @@ __all__ = [
     "stored_codes",
     "stored_offsets",
     "stored_perm",
+    "stored_tensor_scale",
     "stored_zero_points",
     "validate_qarray",
     "zero_point_values",
 ]
 
-#: The dtypes of block scales.
-SCALE_FORMATS = ("float8_e8m0fnu", "float8_e4m3fn", "bfloat16", "float16", "float32")
 
 #: The dtypes of a per-block offsets array.
 OFFSET_DTYPES = ("float32", "bfloat16", "float16")
@@ -246,8 +246,11 @@ def validate_qarray(q: Any, arg: str = "QArray") -> None:
     sf = formats.get(q.scale_format, arg=arg)
     if f.name in formats.SCALE_ONLY:  # wide floats are allowed: scaled_matmul's f32 operands
         raise ValueError(f"{arg}: format_name {f.name} is a scale type, not an element format")
-    if sf.name not in SCALE_FORMATS:
-        raise ValueError(f"{arg}: scale_format {sf.name} is not one of {SCALE_FORMATS}")
+    if not is_scale_format(sf):
+        raise ValueError(
+            f"{arg}: scale_format {sf.name} is not a scale format (emulate.numerics.scales: "
+            f"one of {SCALE_FORMATS}, a P3109 or a registered float format with a NaN code)"
+        )
     shape, block = q.shape, q.block_shape
     if not isinstance(shape, tuple) or not all(map(is_int, shape)):
         raise TypeError(f"{arg}: shape must be a tuple of ints, got {shape!r}")
@@ -273,9 +276,10 @@ def validate_qarray(q: Any, arg: str = "QArray") -> None:
     if is_record(q.scales):
         if sf.name != "float32":
             raise ValueError(f"{arg}: a QArray of scales needs scale_format float32, got {sf.name}")
-    elif np.dtype(q.scales.dtype).name != sf.name:
+    elif np.dtype(q.scales.dtype) != sf.dtype:  # uint8 codes for a format without a dtype
         raise ValueError(
-            f"{arg}: scales are {np.dtype(q.scales.dtype).name}, the record says {sf.name}"
+            f"{arg}: scales are {np.dtype(q.scales.dtype).name}, the record says {sf.name} "
+            f"(held as {sf.dtype.name})"
         )
     ts = q.tensor_scale
     if ts is not None and not isinstance(ts, (int, float)) and np.shape(ts) != ():
@@ -346,6 +350,17 @@ def stored_offsets(off: Any) -> Any:
     return jnp.asarray(off) if isinstance(off, np.ndarray) else off
 
 
+def stored_tensor_scale(value: Any) -> jax.Array:
+    """``from_parts``'s ``tensor_scale`` as a float32 array (its shape checked by the caller)."""
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    number = isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+    if not (number or kind in ("f", "i", "u", "V")):
+        raise TypeError(
+            f"tensor_scale: expected None or a float32 scalar, got {type(value).__name__} {value!r}"
+        )
+    return jnp.asarray(value, jnp.float32)
+
+
 def stored_perm(perm: Any, axis: Any, shape: tuple[int, ...]) -> tuple[Any, int]:
     nd = len(shape)
     if not is_int(axis) or not -nd <= axis < nd:
@@ -377,12 +392,29 @@ def logical_dtype(dtype: DTypeLike) -> np.dtype:
     return dt
 
 
-def scale_format_of(scales: jax.Array | np.ndarray, arg: str) -> Format:
+def scale_format_of(
+    scales: jax.Array | np.ndarray, arg: str, scale_fmt: FormatLike | None = None
+) -> Format:
+    """The scale format of ``from_parts``' ``scales``: ``scale_fmt`` when given (checked
+    against the array: its dtype, or uint8 codes for a format without one), else the
+    array's dtype, which must be one of ``SCALE_FORMATS``."""
     if not is_array(scales):
         raise TypeError(f"{arg}: expected an array or a QArray, got {type(scales).__name__}")
     name = np.dtype(scales.dtype).name
+    if scale_fmt is not None:
+        sf = scale_format(scale_fmt, "scale_fmt")
+        if np.dtype(scales.dtype) != sf.dtype:
+            raise ValueError(
+                f"{arg}: dtype {name} does not hold {sf.name} scales; expected "
+                f"{sf.dtype.name}" + ("" if sf.has_dtype else " codes")
+            )
+        return sf
     if name not in SCALE_FORMATS:
-        raise ValueError(f"{arg}: dtype {name} is not a scale format; accepted: {SCALE_FORMATS}")
+        hint = "; pass scale_fmt= for the codes of a scale format without a dtype"
+        raise ValueError(
+            f"{arg}: dtype {name} is not a scale format; accepted: {SCALE_FORMATS}"
+            + (hint if name == "uint8" else "")
+        )
     return formats.get(name)
 
 

@@ -61,6 +61,7 @@ from emulate.numerics.scales import (
     absmax_scales,
     element_range,
     pow2_scales,
+    scale_format,
     tensor_scale,
 )
 from emulate.numerics.storage import is_array, pack
@@ -158,13 +159,7 @@ def resolve_recipe(
         raise ValueError(
             f"fmt: expected a low-precision element format or an emulate.mx Scheme, got {f.name}"
         )
-    scale_fmt = "float8_e8m0fnu" if scale_fmt is None else scale_fmt
-    try:
-        sf = formats.get(scale_fmt)
-    except (TypeError, ValueError):
-        sf = None
-    if sf is None or sf.name not in SCALE_FORMATS:
-        raise ValueError(f"scale_fmt: expected one of {SCALE_FORMATS}, got {scale_fmt!r}")
+    sf = scale_format("float8_e8m0fnu" if scale_fmt is None else scale_fmt, "scale_fmt")
     scale_rule = "ocp_floor" if scale_rule is None else scale_rule
     if scale_rule not in SCALE_RULES:
         raise ValueError(f"scale_rule: expected one of {SCALE_RULES}, got {scale_rule!r}")
@@ -307,7 +302,9 @@ def quantize(
         named axis is one block (per-channel scales along the other axes).
       axis: the axis or axes the blocks run along (negative counts from the end).
         ``axis=None, block_shape=None``: one scale for the whole tensor.
-      scale_fmt: the scales' format, one of ``SCALE_FORMATS``; default float8_e8m0fnu.
+      scale_fmt: the scales' format; default float8_e8m0fnu. One of ``SCALE_FORMATS``,
+        or a P3109 or registered float format of at most 8 bits with a NaN code (its
+        scales are then uint8 codes; :func:`emulate.numerics.scales.scale_format`).
       scale_rule: one of ``SCALE_RULES`` (module docstring); default "ocp_floor".
       rounding: how the scaled values are rounded into ``fmt``, one of ``ROUNDINGS``:
         "nearest_even" (the default, or the Scheme's ``rounding``), "nearest_away",
@@ -362,10 +359,16 @@ def quantize(
         )
     if ts and rule != "absmax":
         raise ValueError(f"tensor_scale: needs scale_rule='absmax', got {rule!r}")
-    if ts and sf.name not in ("float8_e4m3fn", "float16"):
+    if ts and (sf.bits > 8 and sf.name != "float16" or sf.name == "float8_e8m0fnu"):
         raise ValueError(
-            f"tensor_scale: needs a narrow scale format (float8_e4m3fn, as NVFP4, or "
-            f"float16), got scale_fmt={sf.name}"
+            f"tensor_scale: needs a narrow scale format (float8_e4m3fn as NVFP4, another "
+            f"scale format of at most 8 bits, or float16), got scale_fmt={sf.name}"
+        )
+    if ts and float(sf.max) * float(f.max) >= 2.0**126:
+        raise ValueError(
+            f"tensor_scale: max(scale_fmt) * max(fmt) = {float(sf.max) * float(f.max):.4g} "
+            f"({sf.name}, {f.name}) must be below 2**126, so that its reciprocal is a normal "
+            "float32 (XLA flushes smaller ones to zero)"
         )
     shape = tuple(x.shape)
     block = block_shape_for(shape, r.block_shape, r.axis, ragged)

@@ -542,9 +542,9 @@ def quantize(
             s = np.float32(amax) * np.float32(1.0 / float(f.max))
             if ts is not None:
                 s = s * (np.float32(1) / np.float32(ts))
-        s = np.clip(s, np.float32(F32_MIN_NORMAL), np.float32(sf.max)).astype(sf.dtype)
-        s = s.astype(np.float64)
-        scale = np.where(s == 0, float(sf.min_subnormal), s)
+        clipped = np.asarray(np.clip(s, np.float32(F32_MIN_NORMAL), np.float32(sf.max)))
+        s_dec = decode(_scale_codes(clipped, sf), sf.name, to=np.float64)
+        scale = np.where(s_dec == 0, float(sf.min_subnormal), s_dec)
         eff = scale if ts is None else np.float32(scale) * np.float32(ts)
         eff = np.maximum(np.asarray(eff, np.float32), np.float32(F32_MIN_NORMAL))
         inv_eff = np.float32(1) / eff
@@ -569,7 +569,15 @@ def quantize(
     rv, n = random_values, random_bits
     codes = encode(y, f, saturate=saturate, rounding=rounding, random_values=rv, random_bits=n)
     scale = np.where(bad, np.nan, scale)
-    return codes, scale.astype(sf.dtype), ts
+    return codes, _scale_codes(scale, sf), ts
+
+
+def _scale_codes(s: np.ndarray, sf: formats.Format) -> np.ndarray:
+    """Scales rounded to nearest even into ``sf``: ml_dtypes' cast where ``sf`` has a dtype,
+    else the record's codes (uint8, :mod:`emulate.reference_codes`)."""
+    if sf.has_dtype:
+        return np.asarray(s).astype(sf.dtype)
+    return encode(np.asarray(s, np.float64), sf)
 
 
 def _round24(v: np.ndarray) -> np.ndarray:
@@ -587,14 +595,17 @@ def dequantize(
     tensor_scale: float | None = None,
     element_exponent: int = 0,
     fmt: FormatLike | None = None,
+    scale_fmt: FormatLike | None = None,
 ) -> np.ndarray:
     """``decode(codes) * 2**element_exponent * (scale * tensor_scale)`` as float32: each
     product rounded to 24 significant bits, results below ``2**-126`` in magnitude flushed
-    to (signed) zero. ``fmt`` names the format of uint8 ``codes`` (as :func:`quantize`
-    returns them for a format without an ml_dtypes type)."""
+    to (signed) zero. ``fmt`` and ``scale_fmt`` name the formats of uint8 ``codes`` and
+    ``scales`` (as :func:`quantize` returns them for a format without an ml_dtypes type);
+    scales are read exactly, f32 subnormals and e8m0's ``2**-127`` included."""
     v = np.asarray(codes) if fmt is None else decode(codes, fmt, to=np.float64)
     v = np.ldexp(v.astype(np.float64), element_exponent)
-    s = np.asarray(scales).astype(np.float64)
+    s = np.asarray(scales) if scale_fmt is None else decode(scales, scale_fmt, to=np.float64)
+    s = s.astype(np.float64)
     if tensor_scale is not None:
         s = _round24(s * tensor_scale)
     with np.errstate(invalid="ignore", over="ignore"):

@@ -591,7 +591,6 @@ TESTED_ELSEWHERE = {
     "emulate.qparts": "a QArray's parts, checked and read: test_qarray",
     "emulate.engine.qoperands": "the parts in the contraction: test_qarray (matmul bounds)",
     "emulate.numerics.scales": "the scale rules: test_quant (every rule against numpy)",
-    "emulate.numerics.bits": "f32 bit helpers: numerics/test_codecs (every code decoded)",
     "emulate.pallas.route": "kernel routes: pallas/test_kernel_dot, pallas/test_matmul_kernel",
     "emulate.pallas.matmul_config": "blocks and layouts: pallas/test_matmul_kernel (defaults)",
     "emulate.planning.exactness": "exactness limits: planning/test_plan (K-chunks, k_limit)",

@@ -288,7 +288,11 @@ def test_from_parts_checks_shapes():
             "block_shape: 32 does not divide axis 0 of length 40; pass ragged=True",
         ),
         (dict(fmt="float8_e4m3fn", scale_rule="nearest"), "scale_rule: expected one of"),
-        (dict(fmt="float8_e4m3fn", scale_fmt="int8"), "scale_fmt: expected one of"),
+        (
+            dict(fmt="float8_e4m3fn", scale_fmt="int8"),
+            "scale_fmt: int8 is not a scale format; expected bfloat16, float16, float32 or a "
+            "float format of at most 8 bits with a NaN code",
+        ),
         (
             dict(fmt="float4_e2m1fn", saturate=False),
             "saturate: float4_e2m1fn has neither Inf nor NaN",

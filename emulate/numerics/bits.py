@@ -14,7 +14,16 @@ from jax import lax
 
 from emulate.formats import F32_MIN_NORMAL
 
-__all__ = ["f32_bits", "frexp", "frexp_normal", "pow2", "pow2_normal", "split_f32", "times_pow2"]
+__all__ = [
+    "f32_bits",
+    "frexp",
+    "frexp_bits",
+    "frexp_normal",
+    "pow2",
+    "pow2_normal",
+    "split_f32",
+    "times_pow2",
+]
 
 
 def f32_bits(x: jax.Array) -> jax.Array:
@@ -51,6 +60,23 @@ def frexp_normal(a: jax.Array) -> tuple[jax.Array, jax.Array]:
     e = (u >> 23).astype(jnp.int32) - 127
     m = lax.bitcast_convert_type((u & jnp.uint32(0x7FFFFF)) | jnp.uint32(127 << 23), jnp.float32)
     return m, e
+
+
+def frexp_bits(bits: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The f32 values whose bits are ``bits`` (uint32) as ``(m, e)``: an f32 ``m`` and an
+    int32 ``e`` with ``value == m * 2**e``, ``1 <= |m| < 2``, f32 subnormals included (down
+    to ``2**-149``: integer operations only, nothing flushed). Zero gives ``(+-0, 0)``, Inf
+    and NaN give ``(themselves, 0)``."""
+    negative, mant, e_low = split_f32(bits)
+    top = 31 - lax.clz(jnp.maximum(mant, 1))  # the leading bit's position, 0 to 23
+    frac = (mant.astype(jnp.uint32) << (23 - top).astype(jnp.uint32)) & jnp.uint32(0x7FFFFF)
+    m = lax.bitcast_convert_type(frac | jnp.uint32(127 << 23), jnp.float32)
+    m = jnp.where(negative, -m, m)
+    special = (bits & jnp.uint32(0x7F800000)) == jnp.uint32(0x7F800000)
+    zero = (mant == 0) & ~special
+    value = lax.bitcast_convert_type(bits, jnp.float32)
+    m = jnp.where(special, value, jnp.where(zero, jnp.where(negative, -0.0, 0.0), m))
+    return m, jnp.where(special | zero, 0, e_low + top)
 
 
 def frexp(s: jax.Array) -> tuple[jax.Array, jax.Array]:

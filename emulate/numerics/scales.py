@@ -1,4 +1,12 @@
-"""Block scales by rule: the scale a block of values gets from its largest magnitude.
+"""Block scales: which formats may hold them, and the scale a block of values gets from
+its largest magnitude.
+
+Scale formats (:func:`scale_format`, the one rule): bfloat16, float16, float32, and every
+float format of at most 8 bits that has a NaN code (a block holding NaN or Inf gets a NaN
+scale) and whose values lie within ``[2**-127, 2**128)`` (so that a scale and its
+exponent are f32 quantities): float8_e8m0fnu, float8_e4m3fn and the other float8 types,
+the P3109 formats and registered ones. float6 and float4 types have no NaN and are not
+scale formats. A format without a numpy dtype holds its scales as uint8 codes.
 
 With ``amax`` a block's largest magnitude and ``emax``, ``M`` the element format's largest
 value written as ``M * 2**emax`` (``1 <= M < 2``; integers: ``emax = floor(log2(max))``,
@@ -28,21 +36,77 @@ import numpy as np
 from emulate import formats
 from emulate.formats import F32_MIN_NORMAL, Format, FormatLike
 from emulate.numerics import codecs
-from emulate.numerics.bits import frexp_normal, pow2
+from emulate.numerics.bits import f32_bits, frexp_normal, pow2
+from emulate.numerics.storage import to_codes
 
 __all__ = [
     "POW2_RULES",
+    "SCALE_FORMATS",
     "SCALE_RULES",
     "absmax_scales",
     "element_range",
+    "is_scale_format",
     "pow2_exponent",
     "pow2_range",
     "pow2_scales",
     "reciprocal",
+    "scale_bits",
+    "scale_format",
     "tensor_scale",
 ]
 
 SCALE_RULES = ("ocp_floor", "round_up", "ceil", "even", "absmax")
+
+#: The scale formats that have a numpy dtype (built in); :func:`scale_format` also accepts
+#: the P3109 formats and registered ones, whose scales travel as uint8 codes.
+SCALE_FORMATS = (
+    "float8_e8m0fnu",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e4m3b11fnuz",
+    "float8_e3m4",
+    "bfloat16",
+    "float16",
+    "float32",
+)
+
+_WIDE_SCALES = ("bfloat16", "float16", "float32")
+
+
+def is_scale_format(f: Format) -> bool:
+    """Whether block scales may be of format ``f`` (module docstring)."""
+    if f.name in _WIDE_SCALES:
+        return True
+    return (
+        f.is_float
+        and f.bits <= 8
+        and f.has_nan
+        and float(f.min_subnormal) >= 2.0**-127
+        and float(f.max) < 2.0**128
+    )
+
+
+def scale_format(fmt: FormatLike, arg: str = "scale_fmt") -> Format:
+    """The record of scale format ``fmt``; ValueError naming ``arg`` for an unknown format
+    or one that is not a scale format (:func:`is_scale_format`)."""
+    try:
+        f = formats.get(fmt, arg=arg)
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"{arg}: expected a scale format (one of {SCALE_FORMATS}, a P3109 or a registered "
+            f"float format with a NaN code), got {fmt!r} ({err})"
+        ) from None
+    if not is_scale_format(f):
+        raise ValueError(
+            f"{arg}: {f.name} is not a scale format; expected bfloat16, float16, float32 or a "
+            "float format of at most 8 bits with a NaN code and values within "
+            f"[2**-127, 2**128) (such as {', '.join(SCALE_FORMATS[:3])} or a P3109 format)"
+        )
+    return f
+
+
 POW2_RULES = ("ocp_floor", "round_up", "ceil", "even")
 
 
@@ -56,6 +120,16 @@ def element_range(fmt: FormatLike) -> tuple[int, float]:
 def reciprocal(v: float) -> jax.Array:
     """``1 / v`` rounded once to f32 (0 where it overflows)."""
     return jnp.float32(np.float32(1.0 / v)) if math.isfinite(1.0 / v) else jnp.float32(0)
+
+
+def scale_bits(scales: jax.Array, scale_format: FormatLike) -> jax.Array:
+    """The f32 bits (uint32) of each scale of ``scale_format`` (an array of its dtype, or
+    its uint8 codes), by integer operations: nothing flushed, 2**-127 and f32 subnormals
+    included (:func:`emulate.numerics.bits.frexp_bits` splits them exactly)."""
+    f = formats.get(scale_format)
+    if f.is_low_precision:
+        return codecs.decode_float_bits(to_codes(scales, f)[0], f)
+    return f32_bits(jnp.asarray(scales))
 
 
 def pow2_exponent(amax: jax.Array, f: Format, rule: str, ee: int = 0) -> jax.Array:
@@ -76,9 +150,7 @@ def pow2_exponent(amax: jax.Array, f: Format, rule: str, ee: int = 0) -> jax.Arr
 
 def pow2_range(sf: Format) -> tuple[int, int]:
     """The exponents a power-of-two scale of format ``sf`` can hold (normal values only)."""
-    if sf.name == "float8_e8m0fnu":
-        return -127, 127
-    return sf.emin, math.floor(math.log2(float(sf.max)))
+    return max(sf.emin, -127), math.floor(math.log2(float(sf.max)))
 
 
 def pow2_scales(
@@ -113,7 +185,8 @@ def absmax_scales(
     if tscale is not None:
         s = s * (jnp.float32(1) / tscale)
     s = jnp.clip(s, F32_MIN_NORMAL, float(sf.max))  # zero blocks, f32 underflow
-    s_dec = codecs.decode(codecs.encode(s, sf.name), to=jnp.float32)
+    # the format named: uint8 codes of a format without a dtype would read as uint8
+    s_dec = codecs.decode(codecs.encode(s, sf.name), sf.name, to=jnp.float32)
     s_dec = jnp.where(s_dec == 0, jnp.float32(float(sf.min_subnormal)), s_dec)
     codes = codecs.encode(jnp.where(bad, jnp.nan, s_dec), sf.name)
     s_eff = jnp.maximum(s_dec * tscale if tscale is not None else s_dec, F32_MIN_NORMAL)

@@ -21,7 +21,6 @@ import math
 from typing import Any
 
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
 
@@ -130,7 +129,8 @@ def quant_spec(
 
 
 def scale_values(scale_format: FormatLike, *, elements: str = "all") -> st.SearchStrategy[float]:
-    """One scale value of ``scale_format``, special values boosted.
+    """One scale value of ``scale_format`` (any scale format: a P3109 or registered one's
+    values are rounded into it when :func:`qarrays` encodes them), special values boosted.
 
     ``elements``: "all" (NaN, +-Inf where the format has them, 0, the smallest subnormal
     and normal values, the largest value, 1, negatives), "finite", or "normal" (positive
@@ -144,13 +144,12 @@ def scale_values(scale_format: FormatLike, *, elements: str = "all") -> st.Searc
         vals = np.array(codes, np.uint8).view(f.dtype).astype(np.float64)
         special = [2.0**-127, 1.0, 2.0**127] + ([math.nan] if elements == "all" else [])
         return st.one_of(st.sampled_from(special), st.sampled_from([float(v) for v in vals]))
-    fin = ml_dtypes.finfo(f.dtype)
-    big, tiny, normal = float(fin.max), float(fin.smallest_subnormal), float(fin.smallest_normal)
+    big, tiny, normal = float(f.max), float(f.min_subnormal), float(f.min_normal)
     special = [1.0, normal, big, 2.0**-10]
     if elements != "normal":
-        special += [0.0, tiny, -1.0]
+        special += [0.0, tiny] + ([-1.0] if f.signed else [])
     if elements == "all":
-        special += [math.nan, math.inf, -math.inf]
+        special += [math.nan, math.inf] + ([-math.inf] if f.signed else [])
     width = {2: 16, 4: 32}.get(f.dtype.itemsize, 32)
     spread = st.floats(normal, min(big, 2.0**20), width=width)  # type: ignore[arg-type]
     if f.name in ("bfloat16", "float8_e4m3fn"):
@@ -214,6 +213,7 @@ def qarrays(
             fmt=f.name,
             tensor_scale=ts,
             element_exponent=spec.element_exponent,
+            scale_fmt=None if sf.has_dtype else sf.name,
         )
 
     return draw()
@@ -228,6 +228,10 @@ def _codes_of(x: np.ndarray | Packed) -> np.ndarray:
 def _draw_scales(sf: _formats.Format, nblocks: tuple[int, ...], elements: str):
     values = scale_values(sf, elements=elements)
     n = math.prod(nblocks)
+    if not sf.has_dtype:  # a P3109 or registered scale format: its uint8 codes
+        return st.lists(values, min_size=n, max_size=n).map(
+            lambda v: reference.encode(np.array(v, np.float64).reshape(nblocks), sf)
+        )
     return st.lists(values, min_size=n, max_size=n).map(
         lambda v: np.array(v, np.float64).reshape(nblocks).astype(sf.dtype)
     )
@@ -334,6 +338,7 @@ def oracle_values(x: Any, arg: str = "operand") -> tuple[np.ndarray, tuple[int, 
             ts,
             x.element_exponent,
             fmt=None if f.has_dtype else f,
+            scale_fmt=None if _formats.get(x.scale_format).has_dtype else x.scale_format,
         )
         return values, tuple(x.block_shape)
     if isinstance(x, Packed):

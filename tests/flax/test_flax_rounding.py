@@ -11,10 +11,13 @@ missing, are errors.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -24,6 +27,7 @@ import emulate.flax as ef
 SCHEME = dataclasses.replace(emulate.mx.MXFP4, rounding="stochastic", random_bits=8)
 X = jax.random.normal(jax.random.key(1), (4, 64), jnp.float32)
 C = jax.random.normal(jax.random.key(2), (4, 16), jnp.float32)
+MATMUL = (((1,), (0,)), ((), ()))
 
 
 def model() -> nnx.Linear:
@@ -77,3 +81,52 @@ def test_keys_missing_or_baked_into_a_program_are_errors():
     with pytest.raises(TypeError, match=r"^key: expected a jax.random key"):
         with ef.rounding_key(3):
             pass
+
+
+def _qat_snippet() -> str:
+    """The code block of docs/quantized.md's "Stochastic rounding in quantization-aware
+    training" section, as the page shows it."""
+    page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "quantized.md").read_text()
+    section = page.split("## Stochastic rounding in quantization-aware training", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    (code,) = re.findall(r"^```python\n(.*?)^```$", section, flags=re.M | re.S)
+    return code
+
+
+def _run_snippet(batches: list, root_key: jax.Array) -> dict:
+    """Runs the page's snippet on a 64 -> 16 linear layer, plain SGD and the linear loss
+    ``sum(model(x) * y)``: the names the page leaves to the reader."""
+    names = {
+        "jax": jax,
+        "model": nnx.Linear(64, 16, rngs=nnx.Rngs(0)),
+        "loss_fn": lambda m, x, y: jnp.sum(m(x) * y),
+        "batches": batches,
+        "root_key": root_key,
+    }
+    names["optimizer"] = nnx.Optimizer(names["model"], optax.sgd(0.5), wrt=nnx.Param)
+    exec(compile(_qat_snippet(), "docs/quantized.md", "exec"), names)  # noqa: S102
+    return names
+
+
+def test_the_qat_snippet_of_the_quantized_page_trains_with_stochastic_rounding():
+    batches = [(X, C), (2 * X, C)]
+    kernel0 = np.asarray(nnx.Linear(64, 16, rngs=nnx.Rngs(0)).kernel[...])
+    names = _run_snippet(batches, jax.random.key(3))
+    model = names["model"]
+    # straight through: the float master kernel moved by -0.5 * sum_i x_i.T @ y_i exactly as
+    # if quantizing were the identity (the loss is linear), whatever the roundings were
+    want = kernel0 - 0.5 * (np.asarray(X).T @ np.asarray(C) + 2 * np.asarray(X).T @ np.asarray(C))
+    np.testing.assert_allclose(np.asarray(model.kernel[...]), want, rtol=1e-5, atol=1e-5)
+    # the snippet's step forwards the MXFP4 matmul of the kernel rounded stochastically with
+    # fold_in(key, 0); the same key gives the same loss, another key another rounding
+    w = model.kernel[...]
+    key = jax.random.key(11)
+    q = emulate.quantize(w, names["SR_MXFP4"], axis=0, key=jax.random.fold_in(key, 0))
+    want_y = emulate.dot_general(X, q, MATMUL) + model.bias[...]
+    step = names["train_step"]
+    opt = names["optimizer"]
+    loss = float(step(model, opt, X, C, key))
+    assert loss == pytest.approx(float(jnp.sum(want_y * C)), rel=1e-6)
+    nearest = emulate.dot_general(X, emulate.quantize(w, emulate.mx.MXFP4, axis=0), MATMUL)
+    assert loss != pytest.approx(float(jnp.sum((nearest + model.bias[...]) * C)), rel=1e-6)
+    assert names["SR_MXFP4"].rounding == "stochastic" and names["SR_MXFP4"].random_bits == 8

@@ -12,6 +12,7 @@ dequantize bit for bit; matmuls on every target plan within the documented bound
 from __future__ import annotations
 
 import dataclasses
+import os
 from fractions import Fraction
 from typing import Any
 
@@ -311,7 +312,12 @@ def test_matmul_within_the_bound_on_every_plan(p, target, data):
     assert (err <= bound).all(), (err.max(), bound.min())
 
 
-@settings(deadline=None, max_examples=12)
+# each example compiles a mode-"exact" program of its own (2-9 s of XLA CPU): 6 examples
+# by default, 24 under EMULATE_LONG_TESTS=1 (docs/testing.md)
+EXACT_EXAMPLES = 24 if os.environ.get("EMULATE_LONG_TESTS") == "1" else 6
+
+
+@settings(deadline=None, max_examples=EXACT_EXAMPLES)
 @given(p=parts(), target=st.sampled_from(TARGETS))
 def test_exact_mode_rounds_the_dequantized_values_once(p, target):
     k = p.codes.shape[0]

@@ -1,13 +1,32 @@
 """Collects docs/kernels_test.py, the suite of docs/testing.md for a user's own kernels
-(docs/my_kernels.py), with docs/ on sys.path as when it runs from there."""
+(docs/my_kernels.py), with docs/ on sys.path as when it runs from there; checks that it
+is short and uses only emulate's public names, and that each of four deliberate bugs
+(:data:`BUGS`) fails it within 20 examples with a printed reproducer that runs.
+
+A bug is injected by appending its definition to a copy of docs/my_kernels.py (written to
+a temporary folder, so that the reproducer imports the buggy kernel in a fresh process)
+and running the suite's tests on it, under the targets its marker names, at a seed. Seed 0
+runs by default; seeds 1 to 10 under EMULATE_LONG_TESTS=1.
+"""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import importlib.util
 import pathlib
+import re
+import subprocess
 import sys
+import types
+
+import pytest
+
+import emulate
+from emulate import testing
 
 _DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
+_ROOT = _DOCS.parent
 if str(_DOCS) not in sys.path:
     sys.path.insert(0, str(_DOCS))
 _spec = importlib.util.spec_from_file_location(
@@ -19,13 +38,185 @@ _spec.loader.exec_module(_suite)
 
 globals().update({k: v for k, v in vars(_suite).items() if k.startswith("test_")})
 
+_TESTS = ["test_bf16_times_fp8_pallas_kernel", "test_int4_weight_only", "test_int8_matmul"]
+
+#: name -> (the suite's test it must fail, the definitions appended to my_kernels.py).
+BUGS = {
+    "int4 code 8 read as +8": (
+        "test_int4_weight_only",
+        """
+def int4_weight_only(x, w):
+    n = w.unpacked_codes().astype(jnp.int32) & 0xF
+    codes = jnp.where(n > 8, n - 16, n).astype(jnp.float32)  # bug: n > 7
+    scales = jnp.repeat(w.scales, w.block_shape[0], axis=0)[: codes.shape[0]]
+    return jnp.dot(x, codes * scales, precision=lax.Precision.HIGHEST)
+""",
+    ),
+    "scales rounded to bfloat16": (
+        "test_int4_weight_only",
+        """
+def int4_weight_only(x, w):
+    codes = w.unpacked_codes().astype(jnp.float32)
+    s = w.scales.astype(jnp.bfloat16).astype(jnp.float32)  # bug
+    scales = jnp.repeat(s, w.block_shape[0], axis=0)[: codes.shape[0]]
+    return jnp.dot(x, codes * scales, precision=lax.Precision.HIGHEST)
+""",
+    ),
+    "block sums in bfloat16": (
+        "test_bf16_times_fp8_pallas_kernel",
+        """
+def _bf16_fp8_block(x_ref, w_ref, o_ref):
+    w = w_ref[...].astype(jnp.bfloat16)
+    o_ref[...] = jnp.dot(x_ref[...], w).astype(jnp.float32)  # bug: no preferred_element_type
+""",
+    ),
+    "a mixed bfloat16 x float8 dot": (
+        "test_bf16_times_fp8_pallas_kernel",
+        """
+def _bf16_fp8_block(x_ref, w_ref, o_ref):
+    o_ref[...] = lax.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)  # bug
+""",
+    ),
+}
+
+_MARKER = "# --- reproducer: save as repro.py and run python repro.py ---\n"
+
 
 def test_the_suite_is_short_and_complete() -> None:
-    names = sorted(k for k in vars(_suite) if k.startswith("test_"))
-    assert names == [
-        "test_a_broken_kernel_fails_with_a_reproducer",
-        "test_bf16_times_fp8_pallas_kernel",
-        "test_int4_weight_only",
-        "test_int8_matmul",
-    ]
+    assert sorted(k for k in vars(_suite) if k.startswith("test_")) == _TESTS
     assert len((_DOCS / "kernels_test.py").read_text().splitlines()) <= 60
+
+
+def _emulate_names(tree: ast.Module) -> list[tuple[str, str]]:
+    """``(module, attribute)`` for each ``module.attribute`` the suite reads from a module
+    it imported from emulate, and ``(module, name)`` for each ``from module import name``."""
+    aliases: dict[str, str] = {}
+    used: list[tuple[str, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("emulate"):
+            for a in node.names:
+                used.append((node.module or "", a.name))
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("emulate"):
+                    aliases[a.asname or a.name.split(".")[0]] = a.name.split(".")[0]
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+        ):
+            used.append((aliases[node.value.id], node.attr))
+    return used
+
+
+def test_the_suite_uses_only_public_names() -> None:
+    used = _emulate_names(ast.parse((_DOCS / "kernels_test.py").read_text()))
+    assert sorted(set(used)) == [
+        ("emulate", "testing"),
+        ("emulate.testing", "check_function"),
+        ("emulate.testing", "quantized"),
+    ]
+    # Public: in the module's __all__, or a module of the API reference (docs/api.md).
+    documented = re.findall(r"^\.\. automodule:: (\S+)$", (_DOCS / "api.md").read_text(), re.M)
+    assert "emulate.testing" in documented
+    for module, name in used:
+        public = name in importlib.import_module(module).__all__
+        assert public or f"{module}.{name}" in documented, (module, name)
+
+
+def test_the_name_check_sees_private_names() -> None:
+    src = "import emulate\nfrom emulate.testing import harness as h\nh._layouts\nemulate.x\n"
+    assert sorted(_emulate_names(ast.parse(src))) == [
+        ("emulate", "x"),
+        ("emulate.testing", "harness"),
+        ("emulate.testing.harness", "_layouts"),
+    ]
+
+
+def _bugged(bug: str, folder: pathlib.Path) -> types.ModuleType:
+    """docs/my_kernels.py with the bug's definitions appended, written to ``folder`` and
+    loaded as the module ``my_kernels``."""
+    path = folder / "my_kernels.py"
+    path.write_text((_DOCS / "my_kernels.py").read_text() + "\n" + BUGS[bug][1])
+    spec = importlib.util.spec_from_file_location("my_kernels", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _targets(test) -> list[str]:
+    marks = [m for m in getattr(test, "pytestmark", []) if m.name == "emulate"]
+    return list(marks[0].kwargs["targets"]) if marks else [emulate.current_target().name]
+
+
+def _run_with_bug(bug: str, seed: int, folder: pathlib.Path, monkeypatch) -> list:
+    """Runs the suite's test that the bug breaks, per target, with the bug injected:
+    ``[(target, CheckResult, the AssertionError's message or None)]``."""
+    monkeypatch.setitem(sys.modules, "my_kernels", _bugged(bug, folder))
+    monkeypatch.setattr(_suite, "my_kernels", sys.modules["my_kernels"])
+    test = getattr(_suite, BUGS[bug][0])
+    runs = []
+    for target in _targets(test):
+        message = None
+        with testing.collect_results() as results, emulate.use_target(target):
+            with testing.use_default_seed(seed):
+                try:
+                    test(target)
+                except AssertionError as e:
+                    message = str(e)
+        (result,) = results
+        runs.append((target, result, message))
+    return runs
+
+
+def _check_fails(bug: str, runs: list) -> list[str]:
+    """Asserts the bug fails the suite within 20 examples; returns the printed reproducers."""
+    failed = [(t, r, m) for t, r, m in runs if m is not None]
+    assert failed, f"{bug}: the suite passed: {[(t, r.examples) for t, r, _ in runs]}"
+    for target, result, message in failed:
+        assert not result.ok and result.examples <= 20, (bug, target, result.examples)
+        assert _MARKER in message
+    return [(m.split(_MARKER, 1)[1], r.failure) for _, r, m in failed]
+
+
+def test_each_bug_fails_the_suite_with_a_reproducer_that_runs(tmp_path, monkeypatch):
+    scripts = []
+    for i, bug in enumerate(BUGS):
+        folder = tmp_path / f"bug{i}"
+        folder.mkdir()
+        runs = _run_with_bug(bug, 0, folder, monkeypatch)
+        if bug == "a mixed bfloat16 x float8 dot":  # TPU v5e converts the pair (compat mode)
+            assert [(t, m is None) for t, _, m in runs] == [("tpu_v4", False), ("tpu_v5e", True)]
+        for script, failure in _check_fails(bug, runs)[:1]:
+            (folder / "repro.py").write_text(script)
+            scripts.append((bug, folder, failure))
+    # The printed scripts, pasted as they are, run in fresh processes and fail the same way.
+    procs = [
+        (bug, failure, subprocess.Popen(
+            [sys.executable, "repro.py"], cwd=folder, env={**_env(), "PYTHONPATH": str(_ROOT)},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ))
+        for bug, folder, failure in scripts
+    ]  # fmt: skip
+    for bug, failure, proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 1, (bug, err[-2000:])
+        assert failure.splitlines()[0] in err, (bug, failure.splitlines()[0], err[-2000:])
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("seed", range(1, 11))
+def test_each_bug_fails_the_suite_within_20_examples_at_every_seed(seed, tmp_path, monkeypatch):
+    for i, bug in enumerate(BUGS):
+        folder = tmp_path / f"bug{i}"
+        folder.mkdir()
+        _check_fails(bug, _run_with_bug(bug, seed, folder, monkeypatch))

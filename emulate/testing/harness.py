@@ -243,6 +243,8 @@ def check_function(
                 got = np.asarray(call(a, b))
             c = _compare(got, a, b, dn, contract, out_name, extra_roundings)
         except Exception as e:
+            if not shrinking:
+                result.examples += 1  # an example that raised counts as run
             failing.append((a, b, dn, f"{type(e).__name__}: {e}"))
             raise
         if not shrinking:

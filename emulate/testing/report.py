@@ -124,7 +124,8 @@ def _cell(v: Any) -> str:
 
 def render_html(entries: Sequence[tuple[str, CheckResult]], *, title: str = "emulate") -> str:
     """One HTML page for the entries ``(test id, result)``: a summary table, then a
-    section per check with its plot (:func:`histogram_svg` or :func:`outcomes_svg`) and, for a failure, its report and reproducer."""
+    section per check with its plot (:func:`histogram_svg` or :func:`outcomes_svg`) and,
+    for a failure, its report and reproducer."""
     failed = sum(not r.ok for _, r in entries)
     rows, sections = [], []
     for i, (test, r) in enumerate(entries):

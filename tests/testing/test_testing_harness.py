@@ -116,3 +116,27 @@ def test_check_function_bad_arguments():
         et.check_function(uk.int8_exact, "int9", "int8")
     with pytest.raises(ValueError, match=r"^shapes, layouts: give one of them, not both$"):
         et.check_function(uk.int8_exact, "int8", "int8", shapes=[(1, 2, 3)], layouts=[])
+
+
+def test_seed_defaults_to_the_default_seed_and_an_error_counts_as_an_example():
+    def raises(a, b):
+        raise RuntimeError("no kernel")
+
+    tiny = {"shapes": [(1, 2, 1)], "hazards": False}  # little to shrink
+    assert et.default_seed() == 0
+    with et.use_default_seed(11):
+        assert et.default_seed() == 11
+        with pytest.raises(AssertionError, match=r"under cpu \(seed 11, hypothesis-shrunk"):
+            et.check_function(raises, "int8", "int8", target="cpu", **tiny)
+        r = et.check_function(uk.int8_exact, "int8", "int8", examples=2, seed=4, **tiny)
+        assert r.seed == 4
+    assert et.default_seed() == 0
+    with et.collect_results() as results:
+        with pytest.raises(AssertionError, match=r"\(seed 0, "):
+            et.check_function(raises, "int8", "int8", target="cpu", **tiny)
+    assert [(r.examples, r.seed, r.failure) for r in results] == [(1, 0, "RuntimeError: no kernel")]
+    with pytest.raises(TypeError, match=r"^seed: expected an int or None, got str '1'$"):
+        et.check_function(uk.int8_exact, "int8", "int8", seed="1")
+    with pytest.raises(TypeError, match=r"^seed: expected an int, got float 1\.5$"):
+        with et.use_default_seed(1.5):
+            pass

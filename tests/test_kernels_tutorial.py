@@ -46,7 +46,8 @@ BUGS = {
         "test_int4_weight_only",
         """
 def int4_weight_only(x, w):
-    codes = (w.unpacked_codes().astype(jnp.int32) & 0xF).astype(jnp.float32)  # bug: unsigned
+    n = w.unpacked_codes().astype(jnp.int32) & 0xF
+    codes = jnp.where(n > 8, n - 16, n).astype(jnp.float32)  # bug: n > 7
     scales = jnp.repeat(w.scales, w.block_shape[0], axis=0)[: codes.shape[0]]
     return jnp.dot(x, codes * scales, precision=lax.Precision.HIGHEST)
 """,

@@ -40,10 +40,12 @@ globals().update({k: v for k, v in vars(_suite).items() if k.startswith("test_")
 
 _TESTS = ["test_bf16_times_fp8_pallas_kernel", "test_int4_weight_only", "test_int8_matmul"]
 
-#: name -> (the suite's test it must fail, the definitions appended to my_kernels.py).
+#: name -> (the suite's test it must fail, a line of its failure report, the definitions
+#: appended to my_kernels.py).
 BUGS = {
     "int4 code 8 read as +8": (
         "test_int4_weight_only",
+        "first mismatch at index (0, 0): got 8.0, want -8.0;",
         """
 def int4_weight_only(x, w):
     n = w.unpacked_codes().astype(jnp.int32) & 0xF
@@ -54,6 +56,7 @@ def int4_weight_only(x, w):
     ),
     "scales rounded to bfloat16": (
         "test_int4_weight_only",
+        "result differs from emulate.reference in",
         """
 def int4_weight_only(x, w):
     codes = w.unpacked_codes().astype(jnp.float32)
@@ -64,6 +67,7 @@ def int4_weight_only(x, w):
     ),
     "block sums in bfloat16": (
         "test_bf16_times_fp8_pallas_kernel",
+        "'tpu.matmul' op Expected matmul acc to be 32-bit; fix: pass preferred_element_type",
         """
 def _bf16_fp8_block(x_ref, w_ref, o_ref):
     w = w_ref[...].astype(jnp.bfloat16)
@@ -72,6 +76,7 @@ def _bf16_fp8_block(x_ref, w_ref, o_ref):
     ),
     "a mixed bfloat16 x float8 dot": (
         "test_bf16_times_fp8_pallas_kernel",
+        "of bfloat16 x float8_e4m3fn accumulating in float32 on tpu_v4:",
         """
 def _bf16_fp8_block(x_ref, w_ref, o_ref):
     o_ref[...] = lax.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)  # bug
@@ -139,7 +144,7 @@ def _bugged(bug: str, folder: pathlib.Path) -> types.ModuleType:
     """docs/my_kernels.py with the bug's definitions appended, written to ``folder`` and
     loaded as the module ``my_kernels``."""
     path = folder / "my_kernels.py"
-    path.write_text((_DOCS / "my_kernels.py").read_text() + "\n" + BUGS[bug][1])
+    path.write_text((_DOCS / "my_kernels.py").read_text() + "\n" + BUGS[bug][2])
     spec = importlib.util.spec_from_file_location("my_kernels", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -178,7 +183,7 @@ def _check_fails(bug: str, runs: list) -> list[str]:
     assert failed, f"{bug}: the suite passed: {[(t, r.examples) for t, r, _ in runs]}"
     for target, result, message in failed:
         assert not result.ok and 1 <= result.examples <= 20, (bug, target, result.examples)
-        assert _MARKER in message
+        assert _MARKER in message and BUGS[bug][1] in result.failure, (bug, result.failure)
     return [(m.split(_MARKER, 1)[1], r.failure) for _, r, m in failed]
 
 

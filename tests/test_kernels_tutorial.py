@@ -14,6 +14,8 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import json
+import os
 import pathlib
 import re
 import subprocess
@@ -177,27 +179,61 @@ def _run_with_bug(bug: str, seed: int, folder: pathlib.Path, monkeypatch) -> lis
     return runs
 
 
-def _check_fails(bug: str, runs: list) -> list[str]:
-    """Asserts the bug fails the suite within 20 examples; returns the printed reproducers."""
-    failed = [(t, r, m) for t, r, m in runs if m is not None]
-    assert failed, f"{bug}: the suite passed: {[(t, r.examples) for t, r, _ in runs]}"
-    for target, result, message in failed:
-        assert not result.ok and 1 <= result.examples <= 20, (bug, target, result.examples)
-        assert _MARKER in message and BUGS[bug][1] in result.failure, (bug, result.failure)
-    return [(m.split(_MARKER, 1)[1], r.failure) for _, r, m in failed]
+def sweep(seeds: list[int], root: str) -> list[dict]:
+    """Each bug at each seed (its module in ``root/seed<s>/bug<i>/``): one row per target."""
+    rows = []
+    for seed in seeds:
+        for i, bug in enumerate(BUGS):
+            folder = pathlib.Path(root) / f"seed{seed}" / f"bug{i}"
+            folder.mkdir(parents=True)
+            with pytest.MonkeyPatch.context() as mp:
+                for target, r, message in _run_with_bug(bug, seed, folder, mp):
+                    row = {"bug": bug, "seed": seed, "target": target, "folder": str(folder)}
+                    rows.append(row | {"examples": r.examples, "failure": r.failure})
+                    rows[-1]["message"] = message
+    return rows
 
 
-def test_each_bug_fails_the_suite_with_a_reproducer_that_runs(tmp_path, monkeypatch):
+def _sweep_in_a_fresh_process(seeds: list[int], root: pathlib.Path) -> list[dict]:
+    """:func:`sweep` in a fresh interpreter. hypothesis (6.155) mixes the literal constants
+    of every loaded local module into its draws (p = 0.05 a draw), so that a seed draws the
+    same problems only for the same set of loaded modules: run in this process, after other
+    tests (the docs build), seed 0 drew other problems and the bf16-scales bug passed."""
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import test_kernels_tutorial as t; "
+        "print(json.dumps(t.sweep(json.loads(sys.argv[2]), sys.argv[3])))"
+    )
+    argv = [sys.executable, "-c", code, str(_ROOT / "tests"), json.dumps(seeds), str(root)]
+    env = {**_env(), "PYTHONPATH": str(_ROOT)}
+    ran = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1200)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    return json.loads(ran.stdout.splitlines()[-1])
+
+
+def _check_fails(rows: list[dict]) -> list[dict]:
+    """Asserts that each bug, at each seed, fails the suite within 20 examples on some
+    target with a report that names it; returns the failed rows."""
+    failed = [r for r in rows if r["message"] is not None]
+    for bug in BUGS:
+        for seed in sorted({r["seed"] for r in rows}):
+            mine = [r for r in failed if (r["bug"], r["seed"]) == (bug, seed)]
+            assert mine, f"{bug}: the suite passed at seed {seed}"
+    for r in failed:
+        assert 1 <= r["examples"] <= 20, r
+        assert _MARKER in r["message"] and BUGS[r["bug"]][1] in r["failure"], r
+    return failed
+
+
+def test_each_bug_fails_the_suite_with_a_reproducer_that_runs(tmp_path):
+    rows = _sweep_in_a_fresh_process([0], tmp_path)
+    mixed = [(r["target"], r["message"] is None) for r in rows if "mixed" in r["bug"]]
+    assert mixed == [("tpu_v4", False), ("tpu_v5e", True)]  # TPU v5e converts the pair
     scripts = []
-    for i, bug in enumerate(BUGS):
-        folder = tmp_path / f"bug{i}"
-        folder.mkdir()
-        runs = _run_with_bug(bug, 0, folder, monkeypatch)
-        if bug == "a mixed bfloat16 x float8 dot":  # TPU v5e converts the pair (compat mode)
-            assert [(t, m is None) for t, _, m in runs] == [("tpu_v4", False), ("tpu_v5e", True)]
-        for script, failure in _check_fails(bug, runs)[:1]:
-            (folder / "repro.py").write_text(script)
-            scripts.append((bug, folder, failure))
+    for bug in BUGS:
+        r = next(r for r in _check_fails(rows) if r["bug"] == bug)
+        folder = pathlib.Path(r["folder"])
+        (folder / "repro.py").write_text(r["message"].split(_MARKER, 1)[1])
+        scripts.append((bug, folder, r["failure"]))
     # The printed scripts, pasted as they are, run in fresh processes and fail the same way.
     procs = [
         (bug, failure, subprocess.Popen(
@@ -213,15 +249,9 @@ def test_each_bug_fails_the_suite_with_a_reproducer_that_runs(tmp_path, monkeypa
 
 
 def _env() -> dict[str, str]:
-    import os
-
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("seed", range(1, 11))
-def test_each_bug_fails_the_suite_within_20_examples_at_every_seed(seed, tmp_path, monkeypatch):
-    for i, bug in enumerate(BUGS):
-        folder = tmp_path / f"bug{i}"
-        folder.mkdir()
-        _check_fails(bug, _run_with_bug(bug, seed, folder, monkeypatch))
+def test_each_bug_fails_the_suite_within_20_examples_at_every_seed(tmp_path):
+    _check_fails(_sweep_in_a_fresh_process(list(range(1, 11)), tmp_path))

@@ -198,9 +198,7 @@ def check_function(
       seed: their hypothesis seed; default :func:`default_seed` (0, or pytest's
         ``--hypothesis-seed`` under emulate's pytest plugin). A seed draws the same
         problems on every run.
-      elements, fill: the operands' values, as for :func:`arrays`. With
-        ``elements="all"`` one example in three draws finite values and finite QArray
-        scales: NaN and Inf in most examples would hide wrong values behind NaN results.
+      elements, fill: the operands' values, as for :func:`arrays`.
       tpu_numerics: run ``fn`` as :func:`emulate.testing.tpu_numerics` rewrites it for
         ``target`` (which must then be a TPU target): every matmul rounds as the TPU's
         does (accumulator types, Mosaic's rules in Pallas kernels, the passes at each
@@ -312,13 +310,6 @@ def _compare(
     return compare(got, a, b, dn, mode="fast", preferred_element_type=pet, bound=contract)
 
 
-def _finite(spec: OperandSpec, finite: bool) -> OperandSpec:
-    """``spec`` with finite scales when ``finite`` and it draws them all."""
-    if finite and spec.scales == "all":
-        return dataclasses.replace(spec, scales="finite")
-    return spec
-
-
 def _problems(
     ls: OperandSpec,
     rs: OperandSpec,
@@ -330,13 +321,8 @@ def _problems(
     @st.composite
     def drawn(d: st.DrawFn, layouts: st.SearchStrategy[Layout], fill: Any) -> tuple:
         lshape, rshape, dn = d(layouts, label="layout")
-        # One example in three keeps the values (and QArray scales) finite: a NaN or an
-        # Inf, which the boosted draws put in most examples, turns whole rows and columns
-        # of a result into NaN and hides a wrong value there.
-        finite = elements == "all" and d(st.integers(0, 2), label="finite") == 0
-        el = "finite" if finite else elements
-        a = d(_finite(ls, finite).draw(tuple(lshape), elements=el, fill=fill), label="lhs")
-        b = d(_finite(rs, finite).draw(tuple(rshape), elements=el, fill=fill), label="rhs")
+        a = d(ls.draw(tuple(lshape), elements=elements, fill=fill), label="lhs")
+        b = d(rs.draw(tuple(rshape), elements=elements, fill=fill), label="rhs")
         return a, b, dn
 
     plain_pool = drawn(pool, fill)

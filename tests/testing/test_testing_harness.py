@@ -4,6 +4,7 @@ same way."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -45,9 +46,22 @@ def test_int8_summed_in_int32_passes():
     ],
 )
 def test_int4_group_kernel_bugs_are_caught_on_every_seed(bug, line):
-    msgs = [
-        _failure(bug, "float32", et.quantized(INT4_G32), contract="fast", seed=s) for s in SEEDS
-    ]
+    # In a fresh interpreter: hypothesis mixes literal constants of the loaded local
+    # modules into its draws, so that a seed's problems depend on what ran before (after
+    # the docs build, seed 0 or 1 drew problems on which the bf16-scales bug passed).
+    code = (
+        "import json, sys; sys.path[:0] = sys.argv[1:3]; import test_testing_harness as h; "
+        "bug = getattr(h.uk, sys.argv[3]); spec = h.et.quantized(h.INT4_G32); "
+        "print(json.dumps([h._failure(bug, 'float32', spec, contract='fast', seed=s) "
+        "for s in h.SEEDS]))"
+    )
+    here = pathlib.Path(__file__).resolve().parent
+    argv = [sys.executable, "-c", code, str(here), str(here.parent), bug.__name__]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(ROOT)}
+    ran = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    msgs = json.loads(ran.stdout.splitlines()[-1])
+    assert len(msgs) == len(SEEDS)
     assert all("contract: within the segment bound gamma_(K+S+4)" in m for m in msgs)
     assert all(line in m for m in msgs)  # the shrunk example shows it
 

@@ -21,6 +21,8 @@ Your own kernel (``emulate.testing.harness``)
   function on literal values (:func:`function_reproducer`, :func:`literal_source`);
   :func:`collect_results` gathers the :class:`CheckResult` values (the pytest plugin,
   ``emulate.testing.plugin``, writes them as JSON and HTML, ``emulate.testing.report``).
+  Without ``seed=`` it draws with :func:`default_seed`: 0, or the seed of a
+  :func:`use_default_seed` block (the plugin sets pytest's ``--hypothesis-seed`` there).
 
 Hazards (``emulate.testing.hazards``) and quantized operands (``emulate.testing.operands``)
   :func:`exactness_thresholds` and :func:`threshold_layouts` put K where sums stop being
@@ -54,7 +56,13 @@ from emulate.testing.comparison import (
     compare,
     segment_count,
 )
-from emulate.testing.harness import CheckResult, check_function, collect_results
+from emulate.testing.harness import (
+    CheckResult,
+    check_function,
+    collect_results,
+    default_seed,
+    use_default_seed,
+)
 from emulate.testing.hazards import exactness_thresholds, threshold_layouts
 from emulate.testing.operands import (
     OperandSpec,
@@ -126,6 +134,7 @@ __all__ = [
     "codes",
     "collect_results",
     "compare",
+    "default_seed",
     "dot_general_problems",
     "exactness_thresholds",
     "finite_codes",
@@ -147,4 +156,5 @@ __all__ = [
     "special_codes",
     "threshold_layouts",
     "tpu_numerics",
+    "use_default_seed",
 ]

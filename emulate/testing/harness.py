@@ -10,6 +10,7 @@ function on the shrunk operands, written as literal values (:func:`function_repr
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -29,7 +30,15 @@ from emulate.testing.operands import OperandSpec, as_spec
 from emulate.testing.reproducers import function_reproducer
 from emulate.testing.strategies import Layout
 
-__all__ = ["CONTRACTS", "DEFAULT_SHAPES", "CheckResult", "check_function", "collect_results"]
+__all__ = [
+    "CONTRACTS",
+    "DEFAULT_SHAPES",
+    "CheckResult",
+    "check_function",
+    "collect_results",
+    "default_seed",
+    "use_default_seed",
+]
 
 #: The named contracts of :func:`check_function` (a number or a function is a bound).
 CONTRACTS = ("exact", "fast")
@@ -57,6 +66,7 @@ class CheckResult:
       ratios: per example, the largest err/bound (bounded contracts; empty otherwise).
       failure: the failure's report (None when all passed).
       reproducer: the script that reproduces the failure (None when all passed).
+      seed: the hypothesis seed the problems were drawn with.
     """
 
     name: str
@@ -69,6 +79,7 @@ class CheckResult:
     ratios: list[float] = dataclasses.field(default_factory=list)
     failure: str | None = None
     reproducer: str | None = None
+    seed: int = 0
 
     @property
     def ok(self) -> bool:
@@ -82,6 +93,31 @@ class CheckResult:
 
 
 _COLLECTORS: list[list[CheckResult]] = []
+
+_DEFAULT_SEED: contextvars.ContextVar[int] = contextvars.ContextVar("emulate_seed", default=0)
+
+
+def default_seed() -> int:
+    """The seed :func:`check_function` draws with when given none: 0, or the one set by
+    :func:`use_default_seed` (the pytest plugin sets pytest's ``--hypothesis-seed`` there
+    for each test, so that ``pytest --hypothesis-seed=7`` draws other problems)."""
+    return _DEFAULT_SEED.get()
+
+
+@contextlib.contextmanager
+def use_default_seed(seed: int) -> Iterator[int]:
+    """Within this block :func:`check_function` calls without ``seed=`` use ``seed``.
+
+    Raises:
+      TypeError: ``seed`` is not an int.
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed: expected an int, got {type(seed).__name__} {seed!r}")
+    token = _DEFAULT_SEED.set(seed)
+    try:
+        yield seed
+    finally:
+        _DEFAULT_SEED.reset(token)
 
 
 @contextlib.contextmanager
@@ -131,7 +167,7 @@ def check_function(
     extra_roundings: int = 0,
     target: str | None = None,
     examples: int = 20,
-    seed: int = 0,
+    seed: int | None = None,
     elements: str = "all",
     fill: Any = None,
     tpu_numerics: bool = False,
@@ -158,7 +194,10 @@ def check_function(
       extra_roundings: as for :func:`compare` (contract "fast").
       target: run ``fn`` inside ``emulate.use_target(target)``; default the current target
         (which the reproducer names).
-      examples: problems to draw (hypothesis ``max_examples``); seed: their seed.
+      examples: problems to draw (hypothesis ``max_examples``).
+      seed: their hypothesis seed; default :func:`default_seed` (0, or pytest's
+        ``--hypothesis-seed`` under emulate's pytest plugin). A seed draws the same
+        problems on every run.
       elements, fill: the operands' values, as for :func:`arrays`.
       tpu_numerics: run ``fn`` as :func:`emulate.testing.tpu_numerics` rewrites it for
         ``target`` (which must then be a TPU target): every matmul rounds as the TPU's
@@ -182,13 +221,17 @@ def check_function(
         )
     if not isinstance(examples, int) or isinstance(examples, bool) or examples < 1:
         raise ValueError(f"examples: expected a positive int, got {examples!r}")
+    if seed is None:
+        seed = default_seed()
+    elif not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed: expected an int or None, got {type(seed).__name__} {seed!r}")
     out_name = None if out is None else _formats.get(out).name
     target_name = (_targets.current_target() if target is None else _targets.get(target)).name
     call = tpu_rounding.tpu_numerics(fn, target=target_name) if tpu_numerics else fn
     pool = _layouts(shapes, layouts)
     problem = _problems(ls, rs, pool, hazards and layouts is None, elements, fill)
     label = "bound" if not isinstance(contract, str) else contract
-    result = CheckResult(_fn_name(fn), ls.describe(), rs.describe(), label, target_name)
+    result = CheckResult(_fn_name(fn), ls.describe(), rs.describe(), label, target_name, seed=seed)
     failing: list[tuple[Any, Any, Any, str]] = []
 
     def run_one(a: Any, b: Any, dn: Any) -> None:
@@ -200,6 +243,8 @@ def check_function(
                 got = np.asarray(call(a, b))
             c = _compare(got, a, b, dn, contract, out_name, extra_roundings)
         except Exception as e:
+            if not shrinking:
+                result.examples += 1  # an example that raised counts as run
             failing.append((a, b, dn, f"{type(e).__name__}: {e}"))
             raise
         if not shrinking:
@@ -246,8 +291,8 @@ def check_function(
             c.append(result)
     if result.failure is not None:
         raise AssertionError(
-            f"{result.name} broke the contract on {result.lhs} x {result.rhs} "
-            f"(hypothesis-shrunk example):\n{result.failure}\n\n"
+            f"{result.name} broke the contract on {result.lhs} x {result.rhs} under "
+            f"{target_name} (seed {seed}, hypothesis-shrunk example):\n{result.failure}\n\n"
             f"# --- reproducer: save as repro.py and run python repro.py ---\n"
             f"{result.reproducer}"
         )

@@ -178,7 +178,10 @@ def qarrays(
       shape: the logical shape.
       axis, block: override the scheme's blocked axes and block lengths (as in
         :func:`emulate.quantize`); blocks need not divide the axis (the last is shorter).
-      elements, fill: the codes, as for :func:`emulate.testing.arrays`.
+      elements, fill: the codes, as for :func:`emulate.testing.arrays`; with ``fill=None``
+        half of the arrays take the background ``fill="extreme"`` (the largest-magnitude
+        code: int4 -8, int8 -128, float8_e4m3fn +-448), so that a kernel that misreads it
+        (a sign-extension bug reading int4 code 8 as +8) is wrong in most elements.
       scales: the scales, as for :func:`scale_values`: "all" (NaN, Inf, 0, subnormal,
         max boosted), "finite" or "normal".
       packed: hold 4- and 6-bit codes as :class:`emulate.Packed` (along the first axis cut
@@ -192,9 +195,15 @@ def qarrays(
     blocks = spec.block_shape(tuple(shape))
     nblocks = tuple(-(-n // b) for n, b in zip(shape, blocks, strict=True))
 
+    code_arrays = arrays(f, tuple(shape), elements=elements, fill=fill)
+    if fill is None:  # half of the arrays: the extreme code as background (int4: -8)
+        code_arrays = st.one_of(
+            code_arrays, arrays(f, tuple(shape), elements=elements, fill="extreme")
+        )
+
     @st.composite
     def draw(d: st.DrawFn) -> QArray:
-        codes = d(arrays(f, tuple(shape), elements=elements, fill=fill), label="codes")
+        codes = d(code_arrays, label="codes")
         codes = _codes_of(codes)  # a format without a dtype: re-packed as asked below
         svals = d(_draw_scales(sf, nblocks, scales), label="scales")
         ts = None

@@ -11,6 +11,9 @@ installed; ``-p emulate.testing.plugin`` loads it explicitly). It adds:
   ``emulate.use_mode(...)``; the fixture's value is the target name (the mode);
 - the marker ``@pytest.mark.emulate(targets=[...], modes=[...])``: the same for one test,
   overriding the command line;
+- the seed: pytest's ``--hypothesis-seed=N`` (hypothesis' own option) becomes the
+  seed of every :func:`emulate.testing.check_function` call that passes none
+  (:func:`emulate.testing.harness.use_default_seed`); without it the seed is 0;
 - the report: every :func:`emulate.testing.check_function` call made inside a test is
   recorded under the test's id: examples, max ulps, err/bound and its histogram, and the
   reproducer of a failure (:mod:`emulate.testing.report`).
@@ -25,7 +28,7 @@ from typing import Any
 import pytest
 
 from emulate import targets as _targets
-from emulate.testing.harness import CheckResult, collect_results
+from emulate.testing.harness import CheckResult, collect_results, use_default_seed
 from emulate.testing.report import render_html, render_json
 
 __all__ = [
@@ -39,6 +42,7 @@ __all__ = [
 ]
 
 _ENTRIES = pytest.StashKey[list[tuple[str, CheckResult]]]()
+_SEED = pytest.StashKey[int]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -68,12 +72,30 @@ def pytest_configure(config: pytest.Config) -> None:
         "emulate(targets=None, modes=None): run the test over these emulate targets and modes",
     )
     config.stash[_ENTRIES] = []
+    config.stash[_SEED] = _hypothesis_seed(config)
     # Bad option values stop the session before collection (no target detection unless
     # the option is given).
     if config.getoption("--emulate-targets"):
         _targets_of(config, None)
     if config.getoption("--emulate-modes"):
         _modes_of(config, None)
+
+
+def _hypothesis_seed(config: pytest.Config) -> int:
+    """pytest's ``--hypothesis-seed`` as an int (0 when not given or when hypothesis'
+    plugin is not loaded)."""
+    try:
+        value = config.getoption("--hypothesis-seed")
+    except ValueError:  # hypothesis' pytest plugin is not loaded
+        return 0
+    if value is None:
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        raise pytest.UsageError(
+            f"--hypothesis-seed: emulate's checks take an integer seed, got {value!r}"
+        ) from None
 
 
 def _split(value: str | None) -> list[str]:
@@ -126,7 +148,7 @@ def emulate_mode(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    with collect_results() as results:
+    with collect_results() as results, use_default_seed(item.config.stash[_SEED]):
         yield
     item.config.stash[_ENTRIES].extend((item.nodeid, r) for r in results)
 

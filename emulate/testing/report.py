@@ -1,7 +1,9 @@
 """A session's validation report: JSON and one self-contained HTML page.
 
-The HTML holds, per check: examples, max ulps, the largest err/bound, a histogram of the
-per-example err/bound as inline SVG, and the reproducer of any failure. No script, no
+The HTML holds, per check: its seed, examples, max ulps, the largest err/bound, a plot
+as inline SVG (for a bounded contract a histogram of the per-example err/bound; for an
+exact one, which has no err/bound, a bar plot of passed and failed examples), and the
+reproducer of any failure. No script, no
 external asset: it reads the same without a network.
 """
 
@@ -15,7 +17,7 @@ from typing import Any
 
 from emulate.testing.harness import CheckResult
 
-__all__ = ["histogram_svg", "render_html", "render_json"]
+__all__ = ["histogram_svg", "outcomes_svg", "render_html", "render_json"]
 
 _BINS = 10
 
@@ -63,6 +65,53 @@ def histogram_svg(ratios: Sequence[float], *, width: int = 330, height: int = 11
     )
 
 
+def outcomes_svg(passed: int, failed: int, *, width: int = 330, height: int = 110) -> str:
+    """An inline SVG bar plot of an exact check's examples: passed (green) and failed
+    (red), each bar's count written above it.
+
+    Raises:
+      ValueError: a negative count.
+    """
+    if passed < 0 or failed < 0:
+        raise ValueError(f"passed, failed: expected counts >= 0, got {passed}, {failed}")
+    top = max(passed, failed, 1)
+    base, bw = height - 28, width / 4
+    parts = []
+    for i, (label, count, colour) in enumerate(
+        (("passed", passed, "#1e8449"), ("failed", failed, "#c0392b"))
+    ):
+        h = (base - 14) * count / top
+        x = bw / 2 + i * 2 * bw
+        parts.append(
+            f'<rect x="{x:.1f}" y="{base - h:.1f}" width="{bw:.1f}" height="{h:.1f}" '
+            f'fill="{colour}"><title>{label}: {count}</title></rect>'
+            f'<text x="{x + bw / 2:.1f}" y="{base - h - 3:.1f}" font-size="10" '
+            f'text-anchor="middle">{count}</text>'
+            f'<text x="{x + bw / 2:.1f}" y="{base + 12}" font-size="10" '
+            f'text-anchor="middle">{label}</text>'
+        )
+    parts.append(f'<line x1="0" y1="{base}" x2="{width}" y2="{base}" stroke="#888"/>')
+    parts.append(
+        f'<text x="{width / 2:.1f}" y="{height - 2}" font-size="11" text-anchor="middle">'
+        "examples (exact: bit for bit)</text>"
+    )
+    return (
+        f'<svg class="outcomes" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}" role="img" aria-label="passed and failed examples">'
+        + "".join(parts)
+        + "</svg>"
+    )
+
+
+def _plot(r: CheckResult) -> str:
+    """The histogram of err/bound for a bounded check, the passed/failed bars for an
+    exact one (no err/bound)."""
+    if r.contract == "exact" or not r.ratios:
+        failed = 0 if r.ok else 1
+        return outcomes_svg(max(r.examples - failed, 0), failed)
+    return histogram_svg(r.ratios)
+
+
 def render_json(entries: Sequence[tuple[str, CheckResult]]) -> str:
     """The entries ``(test id, result)`` as JSON: ``{"checks": [...]}``."""
     checks = [{"test": t, **r.to_json()} for t, r in entries]
@@ -75,7 +124,8 @@ def _cell(v: Any) -> str:
 
 def render_html(entries: Sequence[tuple[str, CheckResult]], *, title: str = "emulate") -> str:
     """One HTML page for the entries ``(test id, result)``: a summary table, then a
-    section per check with its histogram and, for a failure, its report and reproducer."""
+    section per check with its plot (:func:`histogram_svg` or :func:`outcomes_svg`) and,
+    for a failure, its report and reproducer."""
     failed = sum(not r.ok for _, r in entries)
     rows, sections = [], []
     for i, (test, r) in enumerate(entries):
@@ -91,6 +141,7 @@ def render_html(entries: Sequence[tuple[str, CheckResult]], *, title: str = "emu
                     r.rhs,
                     r.contract,
                     r.target,
+                    r.seed,
                     r.examples,
                     "inf" if math.isinf(r.max_ulps) else f"{r.max_ulps:g}",
                     None if worst is None else f"{worst:.3g}",
@@ -99,8 +150,8 @@ def render_html(entries: Sequence[tuple[str, CheckResult]], *, title: str = "emu
             + f'<td class="{status.lower()}"><a href="#c{i}">{status}</a></td></tr>'
         )
         body = [f'<section id="c{i}"><h2>{html.escape(test)}</h2>']
-        body.append(f"<p>{html.escape(r.name)}: {r.examples} examples</p>")
-        body.append(histogram_svg(r.ratios))
+        body.append(f"<p>{html.escape(r.name)}: {r.examples} examples, seed {r.seed}</p>")
+        body.append(_plot(r))
         if not r.ok:
             body.append(f"<pre class=failure>{html.escape(r.failure or '')}</pre>")
             body.append(f"<pre class=repro>{html.escape(r.reproducer or '')}</pre>")
@@ -116,6 +167,7 @@ def render_html(entries: Sequence[tuple[str, CheckResult]], *, title: str = "emu
                 "rhs",
                 "contract",
                 "target",
+                "seed",
                 "examples",
                 "max ulps",
                 "err/bound",

@@ -40,7 +40,9 @@ def test_fn_passes_and_fails(tmp_path):
         ("_user_kernels:int8_via_f32 on tpu_v4", "tpu_v4", False),
         ("_user_kernels:int8_via_f32 on tpu_v7x", "tpu_v7x", False),
     ]
-    assert page.read_text().count('<svg class="hist"') == 2
+    # Exact checks: a passed/failed bar plot each (no err/bound to histogram), with the seed.
+    assert [c["seed"] for c in checks] == [0, 0]
+    assert page.read_text().count('<svg class="outcomes"') == 2
 
 
 def test_fn_with_tpu_numerics_sees_the_bf16_block_sums():

@@ -53,6 +53,8 @@ def test_plugin_parametrizes_and_reports(pytester: pytest.Pytester):
         "fast,exact",
         "--emulate-report",
         "report",
+        "--hypothesis-seed",
+        "7",
         "-p",
         "no:cacheprovider",
         "-q",
@@ -60,19 +62,23 @@ def test_plugin_parametrizes_and_reports(pytester: pytest.Pytester):
     result.assert_outcomes(passed=6, failed=1)
     report = json.loads((pytester.path / "report.json").read_text())
     rows = [
-        (c["test"].split("::")[1], c["target"], c["examples"], c["failure"] is None)
+        (c["test"].split("::")[1], c["target"], c["seed"], c["examples"], c["failure"] is None)
         for c in report["checks"]
     ]
+    # pytest's --hypothesis-seed is the seed of every check that passes none.
     assert rows == [
-        ("test_good_kernel[tpu_v4]", "tpu_v4", 5, True),
-        ("test_good_kernel[tpu_v5e]", "tpu_v5e", 5, True),
-        ("test_bad_kernel[tpu_v7x]", "tpu_v7x", rows[2][2], False),
+        ("test_good_kernel[tpu_v4]", "tpu_v4", 7, 5, True),
+        ("test_good_kernel[tpu_v5e]", "tpu_v5e", 7, 5, True),
+        ("test_bad_kernel[tpu_v7x]", "tpu_v7x", 7, rows[2][3], False),
     ]
     bad = report["checks"][2]
     assert "with emulate.use_target('tpu_v7x'):" in bad["reproducer"]
+    assert "under tpu_v7x (seed 7, hypothesis-shrunk example)" in "".join(result.outlines)
     assert "from test_suite import int8_via_f32" in bad["reproducer"]
     page = (pytester.path / "report.html").read_text()
-    assert page.count('<svg class="hist"') == 3
+    # Exact checks have no err/bound: a passed/failed bar plot each, no histogram.
+    assert page.count('<svg class="outcomes"') == 3 and '<svg class="hist"' not in page
+    assert "seed 7" in page
     assert "3 checks, 1 failed" in page
     assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     assert "test_bad_kernel[tpu_v7x]" in page and "int8_via_f32(lhs, rhs)" in page

@@ -1,11 +1,15 @@
-"""The HTML report in a real headless Chromium: it renders, its histograms are drawn, and
-it needs no network. Marked ``browser``: deselected unless EMULATE_BROWSER_TESTS=1
-(tests/conftest.py); then a missing ``chromium`` is a failure (install it with
-``apt-get install -y chromium``).
+"""The HTML report in a real headless Chromium: it renders, its plots (histograms of
+err/bound, passed/failed bars of exact checks) are drawn, and it needs no network; once
+for a made-up report, once for the report the plugin writes for the docs suite with a bug
+in it. Screenshots go to the test's tmp folder (and to ``$EMULATE_SCREENSHOTS`` if set).
+Marked ``browser``: deselected unless EMULATE_BROWSER_TESTS=1 (tests/conftest.py); then a
+missing ``chromium`` is a failure (install it with ``apt-get install -y chromium``).
 """
 
 from __future__ import annotations
 
+import os
+import pathlib
 import shutil
 import struct
 import subprocess
@@ -76,15 +80,54 @@ def _png_colours(path) -> set[bytes]:
     return seen
 
 
+def _screenshot(page: pathlib.Path, name: str) -> set[bytes]:
+    """The colours Chromium paints for ``page`` (a 1100x2400 window)."""
+    shot = page.parent / f"{name}.png"
+    _chromium(f"--screenshot={shot}", "--window-size=1100,2400", page.as_uri())
+    keep = os.environ.get("EMULATE_SCREENSHOTS")
+    if keep:
+        pathlib.Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, pathlib.Path(keep) / shot.name)
+    return _png_colours(shot)
+
+
+# The plots' colours: histogram bars, the failure bin / failed bar, the passed bar.
+BLUE, RED, GREEN = (bytes.fromhex(c) for c in ("2e86c1", "c0392b", "1e8449"))
+
+
 def test_report_renders_in_chromium(tmp_path):
     page = tmp_path / "report.html"
     page.write_text(render_html(_entries()))
     dom = _chromium("--dump-dom", page.as_uri()).stdout
-    assert dom.count('<svg class="hist"') == 2
-    assert dom.count("<rect") == 22  # 11 bars per histogram
+    # The exact check: passed/failed bars; the bounded one: a histogram of err/bound.
+    assert dom.count('<svg class="outcomes"') == 1 and dom.count('<svg class="hist"') == 1
+    assert dom.count("<rect") == 13  # 2 bars, 11 bins
     assert "2 checks, 1 failed" in dom and "got 8.0, want -8.0" in dom
-    shot = tmp_path / "shot.png"
-    _chromium(f"--screenshot={shot}", "--window-size=1000,800", page.as_uri())
-    # The red failure bin (#c0392b) and the blue bars (#2e86c1) are painted.
-    colours = _png_colours(shot)
-    assert bytes.fromhex("c0392b") in colours and bytes.fromhex("2e86c1") in colours
+    colours = _screenshot(page, "made_up_report")
+    assert BLUE in colours and RED in colours and GREEN in colours
+
+
+def test_the_plugins_report_of_the_docs_suite_renders(pytester: pytest.Pytester, tmp_path):
+    docs = pathlib.Path(__file__).resolve().parents[2] / "docs"
+    pytester.makepyfile(kernels_test=(docs / "kernels_test.py").read_text())
+    bug = (
+        "\ndef int4_weight_only(x, w):  # scales rounded to bfloat16\n"
+        "    codes = w.unpacked_codes().astype(jnp.float32)\n"
+        "    s = w.scales.astype(jnp.bfloat16).astype(jnp.float32)\n"
+        "    scales = jnp.repeat(s, w.block_shape[0], axis=0)[: codes.shape[0]]\n"
+        "    return jnp.dot(x, codes * scales, precision=lax.Precision.HIGHEST)\n"
+    )
+    pytester.makepyfile(my_kernels=(docs / "my_kernels.py").read_text() + bug)
+    result = pytester.runpytest_subprocess(
+        "-p", "emulate.testing.plugin", "--emulate-report", "report",
+        "--hypothesis-seed", "3", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    result.assert_outcomes(passed=3, failed=1)
+    page = pytester.path / "report.html"
+    dom = _chromium("--dump-dom", page.as_uri()).stdout
+    assert "4 checks, 1 failed" in dom
+    # Bounded checks (int4, the Pallas kernel on two targets): histograms; int8: bars.
+    assert dom.count('<svg class="hist"') == 3 and dom.count('<svg class="outcomes"') == 1
+    assert dom.count("seed 3") == 4 and "from my_kernels import int4_weight_only" in dom
+    colours = _screenshot(page, "docs_suite_report")
+    assert BLUE in colours and RED in colours and GREEN in colours

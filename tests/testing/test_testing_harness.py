@@ -4,6 +4,7 @@ same way."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -45,9 +46,22 @@ def test_int8_summed_in_int32_passes():
     ],
 )
 def test_int4_group_kernel_bugs_are_caught_on_every_seed(bug, line):
-    msgs = [
-        _failure(bug, "float32", et.quantized(INT4_G32), contract="fast", seed=s) for s in SEEDS
-    ]
+    # In a fresh interpreter: hypothesis mixes literal constants of the loaded local
+    # modules into its draws, so that a seed's problems depend on what ran before (after
+    # the docs build, seed 0 or 1 drew problems on which the bf16-scales bug passed).
+    code = (
+        "import json, sys; sys.path[:0] = sys.argv[1:3]; import test_testing_harness as h; "
+        "bug = getattr(h.uk, sys.argv[3]); spec = h.et.quantized(h.INT4_G32); "
+        "print(json.dumps([h._failure(bug, 'float32', spec, contract='fast', seed=s) "
+        "for s in h.SEEDS]))"
+    )
+    here = pathlib.Path(__file__).resolve().parent
+    argv = [sys.executable, "-c", code, str(here), str(here.parent), bug.__name__]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(ROOT)}
+    ran = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    msgs = json.loads(ran.stdout.splitlines()[-1])
+    assert len(msgs) == len(SEEDS)
     assert all("contract: within the segment bound gamma_(K+S+4)" in m for m in msgs)
     assert all(line in m for m in msgs)  # the shrunk example shows it
 
@@ -116,3 +130,27 @@ def test_check_function_bad_arguments():
         et.check_function(uk.int8_exact, "int9", "int8")
     with pytest.raises(ValueError, match=r"^shapes, layouts: give one of them, not both$"):
         et.check_function(uk.int8_exact, "int8", "int8", shapes=[(1, 2, 3)], layouts=[])
+
+
+def test_seed_defaults_to_the_default_seed_and_an_error_counts_as_an_example():
+    def raises(a, b):
+        raise RuntimeError("no kernel")
+
+    tiny = {"shapes": [(1, 2, 1)], "hazards": False}  # little to shrink
+    assert et.default_seed() == 0
+    with et.use_default_seed(11):
+        assert et.default_seed() == 11
+        with pytest.raises(AssertionError, match=r"under cpu \(seed 11, hypothesis-shrunk"):
+            et.check_function(raises, "int8", "int8", target="cpu", **tiny)
+        r = et.check_function(uk.int8_exact, "int8", "int8", examples=2, seed=4, **tiny)
+        assert r.seed == 4
+    assert et.default_seed() == 0
+    with et.collect_results() as results:
+        with pytest.raises(AssertionError, match=r"\(seed 0, "):
+            et.check_function(raises, "int8", "int8", target="cpu", **tiny)
+    assert [(r.examples, r.seed, r.failure) for r in results] == [(1, 0, "RuntimeError: no kernel")]
+    with pytest.raises(TypeError, match=r"^seed: expected an int or None, got str '1'$"):
+        et.check_function(uk.int8_exact, "int8", "int8", seed="1")
+    with pytest.raises(TypeError, match=r"^seed: expected an int, got float 1\.5$"):
+        with et.use_default_seed(1.5):
+            pass

@@ -42,6 +42,7 @@ ADDED = [
     "QuantSpec",
     "check_function",
     "collect_results",
+    "default_seed",
     "exactness_thresholds",
     "function_reproducer",
     "literal_source",
@@ -55,6 +56,7 @@ ADDED = [
     "segment_count",
     "threshold_layouts",
     "tpu_numerics",
+    "use_default_seed",
 ]
 
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _sweeps import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -44,7 +45,7 @@ EXACT_CASES = [(a, b, t) for a, b in EXACT_PAIRS for t in representative_targets
 
 
 @pytest.mark.parametrize("lhs,rhs,target", EXACT_CASES)
-@settings(max_examples=6)
+@settings(max_examples=examples(4, 6))
 @given(data=st.data())
 def test_exact_classes_are_bit_identical_to_reference(lhs, rhs, target, data):
     a, b, dn, pet = data.draw(et.dot_general_problems(lhs, rhs, elements="finite"))
@@ -66,7 +67,7 @@ BOUNDED_CASES = [(a, b, t) for a, b in BOUNDED_PAIRS for t in representative_tar
 
 
 @pytest.mark.parametrize("lhs,rhs,target", BOUNDED_CASES)
-@settings(max_examples=6)
+@settings(max_examples=examples(4, 6))
 @given(data=st.data())
 def test_bounded_classes_are_within_the_bound(lhs, rhs, target, data):
     a, b, dn, pet = data.draw(et.dot_general_problems(lhs, rhs))

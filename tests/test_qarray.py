@@ -12,7 +12,6 @@ dequantize bit for bit; matmuls on every target plan within the documented bound
 from __future__ import annotations
 
 import dataclasses
-import os
 from fractions import Fraction
 from typing import Any
 
@@ -21,6 +20,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _sweeps import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -297,7 +297,7 @@ def _exact_sum_and_magnitude(x: np.ndarray, p: Parts) -> tuple[np.ndarray, np.nd
     return exact, np.abs(x.astype(np.float64)) @ mag
 
 
-@settings(deadline=None, max_examples=12)  # each example compiles its own programs
+@settings(deadline=None, max_examples=examples(6, 12))  # each example compiles its own programs
 @given(p=parts(), target=st.sampled_from(TARGETS), data=st.data())
 def test_matmul_within_the_bound_on_every_plan(p, target, data):
     k = p.codes.shape[0]
@@ -312,12 +312,8 @@ def test_matmul_within_the_bound_on_every_plan(p, target, data):
     assert (err <= bound).all(), (err.max(), bound.min())
 
 
-# each example compiles a mode-"exact" program of its own (2-9 s of XLA CPU): 6 examples
-# by default, 24 under EMULATE_LONG_TESTS=1 (docs/testing.md)
-EXACT_EXAMPLES = 24 if os.environ.get("EMULATE_LONG_TESTS") == "1" else 6
-
-
-@settings(deadline=None, max_examples=EXACT_EXAMPLES)
+# each example compiles a mode-"exact" program of its own (2-9 s of XLA CPU)
+@settings(deadline=None, max_examples=examples(6, 24))
 @given(p=parts(), target=st.sampled_from(TARGETS))
 def test_exact_mode_rounds_the_dequantized_values_once(p, target):
     k = p.codes.shape[0]

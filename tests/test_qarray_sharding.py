@@ -15,6 +15,7 @@ import sys
 import textwrap
 
 import pytest
+from _sweeps import LONG
 
 SCRIPT = textwrap.dedent(
     """
@@ -25,7 +26,7 @@ SCRIPT = textwrap.dedent(
     from emulate import QArray
 
     rng = np.random.default_rng(0)
-    PLANS = json.loads(sys.argv[1])
+    PLANS, LOADED_PLANS = json.loads(sys.argv[1]), json.loads(sys.argv[2])
     mesh = Mesh(np.array(jax.devices()), ("x",))
 
     def weight(k, n, two_level):
@@ -122,7 +123,7 @@ SCRIPT = textwrap.dedent(
         xs = jax.device_put(x, NamedSharding(mesh, P(None, "x")))
         segments = kk // min(b for b in q.block_shape if b > 1)
         bound = 2 * emulate.bounds.gamma(kk + segments + 5) * magnitude(x, q)
-        for target, mode in (("cpu", "exact"), ("tpu_v5e", "fast")):
+        for target, mode in LOADED_PLANS:
             f = jax.jit(lambda a, b: emulate.matmul(
                 a, b.T, target=target, mode=mode, preferred_element_type=jnp.float32))
             want, got = np.asarray(f(x, q)), np.asarray(f(xs, qs))
@@ -139,16 +140,18 @@ SCRIPT = textwrap.dedent(
 )
 
 
-#: The (target, mode) plans of the QArrays built here. Mode "fast" on the CPU (the same
-#: decode as tpu_v5e's, with f32 sums) is long: EMULATE_LONG_TESTS=1 (docs/testing.md).
-LONG = os.environ.get("EMULATE_LONG_TESTS") == "1"
+#: The (target, mode) plans of the QArrays built here and of the loaded weights. Mode
+#: "fast" on the CPU (the same decode as tpu_v5e's, with f32 sums) and the loaded weights
+#: on tpu_v5e (the decode the built QArrays check there) are long: EMULATE_LONG_TESTS=1
+#: (docs/testing.md).
 PLANS = [("cpu", "exact"), ("tpu_v5e", "fast")] + ([("cpu", "fast")] if LONG else [])
+LOADED_PLANS = [("cpu", "exact")] + ([("tpu_v5e", "fast")] if LONG else [])
 
 
 @pytest.fixture(scope="module")
 def result() -> dict:
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    cmd = [sys.executable, "-c", SCRIPT, json.dumps(PLANS)]
+    cmd = [sys.executable, "-c", SCRIPT, json.dumps(PLANS), json.dumps(LOADED_PLANS)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
@@ -168,7 +171,9 @@ def test_sharded_matmul_agrees_with_unsharded(result, layout, target, mode):
 
 
 @pytest.mark.parametrize("weight", ["q4_k", "awq"])
-@pytest.mark.parametrize(("target", "mode"), [("cpu", "exact"), ("tpu_v5e", "fast")])
+@pytest.mark.parametrize(
+    ("target", "mode"), [("cpu", "exact"), pytest.param("tpu_v5e", "fast", marks=pytest.mark.long)]
+)
 def test_loaded_weights_sharded_along_k_agree_with_unsharded(result, weight, target, mode):
     assert result[f"loaded_{weight}-{target}-{mode}"] is True
 

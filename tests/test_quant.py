@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _sweeps import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -94,7 +95,7 @@ def _inputs(draw):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda r: "-".join(map(str, r)))
-@settings(max_examples=8)
+@settings(max_examples=examples(5, 8))
 @given(data=_inputs())
 def test_quantize_matches_reference(case, data):
     x, axis, block = data

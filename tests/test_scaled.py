@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _sweeps import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -304,7 +305,7 @@ _EXACT_PAIRS = [
 
 @pytest.mark.parametrize("out", ["float32", "bfloat16"])
 @pytest.mark.parametrize("pair", _EXACT_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}-{p[2]}-{p[3]}")
-@settings(max_examples=12)
+@settings(max_examples=examples(6, 12))
 @given(data=st.data())
 def test_exact_matches_the_oracle_bit_for_bit(pair, out, data):
     fa, fb, ba, bb = pair

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _sweeps import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -68,7 +69,7 @@ CASES += [("float8_e5m2", "float8_e5m2", "tpu_v5e", 1), ("bfloat16", "float8_e5m
 
 
 @pytest.mark.parametrize("lhs,rhs,target,layout", CASES)
-@settings(max_examples=5)
+@settings(max_examples=examples(3, 5))
 @given(data=st.data())
 def test_exact_mode_is_the_correctly_rounded_sum(lhs, rhs, target, layout, data):
     _check_correctly_rounded(lhs, rhs, target, layout, data)
@@ -364,7 +365,7 @@ WIDE_CASES = [
 
 
 @pytest.mark.parametrize("lhs,rhs,target,layout", WIDE_CASES)
-@settings(max_examples=6)
+@settings(max_examples=examples(4, 6))
 @given(data=st.data())
 def test_wide_operands_give_the_correctly_rounded_sum(lhs, rhs, target, layout, data):
     _check_correctly_rounded(lhs, rhs, target, layout, data)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import formats
+from emulate import formats, targets
 from emulate.formats import FormatLike
 from emulate.numerics import accumulate
 from emulate.pallas import route
@@ -47,6 +47,7 @@ def _format_of(x: jax.Array, arg: str) -> formats.Format:
 
 
 _MATMUL_DN = (((1,), (0,)), ((), ()))
+_LANES = 128
 
 
 def _dimension_numbers(dn: Any) -> Any:
@@ -92,6 +93,27 @@ def _checked(a: Any, b: Any, dimension_numbers: Any) -> tuple[formats.Format, fo
             f"{tuple(a.shape)} and {tuple(b.shape)}, contracting dimensions {ca} and {cb}"
         )
     return fa, fb, dn
+
+
+def _decode_step(r: route.Route, fa: formats.Format, fb: formats.Format, k: int) -> int:
+    """How much of K to decode at a time: for K longer than the target's MXU width, that
+    width if it divides K, else 128 if that does; else all of K, as for 4-bit operands
+    (both formats must take a byte or more). The decoded copies and temporaries alive at
+    once are then those of one K-slice (issue 28: the (128, 512) x (512, 256) int8 blocks
+    of pytorch/xla's quantized matmul took 314368 bytes more scoped VMEM on a TPU v4, not
+    556032, and fit the kernel's own limit)."""
+    if min(fa.bits, fb.bits) < 8:
+        return max(k, 1)
+    mxu = targets.get(r.target).mxu_column_size or _LANES
+    if k > mxu:
+        for width in (mxu, _LANES):
+            if k % width == 0:
+                return width
+    return max(k, 1)
+
+
+def _k_slice(x: jax.Array, start: int, step: int, axis: int, k: int) -> jax.Array:
+    return x if step >= k else lax.slice_in_dim(x, start, start + step, axis=axis)
 
 
 def dot(
@@ -154,12 +176,21 @@ def dot(
     if r.method == "native":
         acc = route.float_dot(a, b, precision if precision is not None else r.precision, dn)
         return accumulate.round_accumulator(acc, r.out) if acc.dtype != out else acc
-    x = route.decode_values(a, r.lhs_compute, r.lhs_scale)
-    y = route.decode_values(b, r.rhs_compute, r.rhs_scale)
+    (ca,), (cb,) = dn[0]
+    k = a.shape[ca]
+    step = _decode_step(r, fa, fb, k)
+    total = None  # summed as the pieces come: each (M, N) partial dies at once
+    for start in range(0, k, step) if k else (0,):  # one piece when K is not cut
+        x = route.decode_values(_k_slice(a, start, step, ca, k), r.lhs_compute, r.lhs_scale)
+        y = route.decode_values(_k_slice(b, start, step, cb, k), r.rhs_compute, r.rhs_scale)
+        if r.exact:  # int32, wrapping as XLA's integer dots do
+            part = route.exact_dot(x, y, r, dn)
+        else:
+            part = route.float_dot(x, y, r.precision, dn)
+        total = part if total is None else total + part
+    assert total is not None
     if not r.exact:
-        acc = route.float_dot(x, y, r.precision, dn)
-        return accumulate.round_accumulator(acc, r.out) if acc.dtype != out else acc
-    total = route.exact_dot(x, y, r, dn)
+        return accumulate.round_accumulator(total, r.out) if total.dtype != out else total
     if formats.get(r.out).is_integer:
         return accumulate.round_accumulator(total, r.out) if out != jnp.int32 else total
     hi, lo = accumulate.split(total)
@@ -185,11 +216,12 @@ def dot_vmem_bytes(
     sum in f32 (an exact-class pair on a bf16 / f32 route) adds ``4 * M * N`` for its
     int32 copy.
 
-    It is an upper estimate from the decode's steps, checked against the real compiler
+    It is an upper estimate from the decode's steps (whole tiles, though :func:`dot`
+    decodes K a slice at a time), checked against the real compiler
     (tests/pallas/test_kernel_dot_vmem.py: pytorch/xla's quantized matmul with ``dot`` in
     place of its ``lax.dot_general``, int8 x int8, against the same kernel's plain dot on
-    a TPU v5e, which runs the pair natively): Mosaic used about half of it on a v4, and
-    up to all of it on a v2 or v3 (whose Mosaic runs f32 dots only).
+    a TPU v5e, which runs the pair natively): Mosaic used 24-41% of it on a v4, 62-100% on
+    a v2 or v3 (whose Mosaic runs f32 dots only).
 
     Raises:
       TypeError, ValueError, NotImplementedError: as :func:`dot`.

@@ -11,17 +11,17 @@ the compiled HLO, compiled under a limit well above it). The baseline is the sam
 with its plain ``lax.dot_general`` on a TPU v5e, which runs int8 x int8 natively: a TPU v4
 (decoded to bf16) or v2 (to f32) refuses that plain dot, so it has no baseline of its own.
 
-Measured (libtpu 0.0.42.1, bytes; the decode's addition, then dot_vmem_bytes):
+Measured (libtpu 0.0.42.1, bytes; the decode's addition over the v5e plain dot, then
+dot_vmem_bytes):
 
 | blocks (bm, bn, bk) | v5e plain | v4 dot (+added / estimate) | v2 dot (+added / estimate) |
 |---|---|---|---|
-| 128, 128, 128 | 229376 | 337920 (+108544 / 196608+65536) | 557056 (+327680 / 327680) |
-| 128, 256, 512 | 897024 | 1453056 (+556032 / 1310720) | 2211840 (+1314816 / 1703936) |
+| 128, 128, 128 | 229376 | 337920 (+108544 / 262144) | 557056 (+327680 / 327680) |
+| 128, 256, 512 | 897024 | 1211392 (+314368 / 1310720) | 1949696 (+1052672 / 1703936) |
 
-With f32 operands multiplied at Precision.HIGHEST, as the route did before, v2 used
-954368 and 5177344 (+724992, +4280320): its extra passes took more than the decode. The
-kernel's own limit for (128, 256, 512) is 1249792 bytes; the v4 program needs 1453056 and
-is refused with it, and compiles with the limit raised by dot_vmem_bytes.
+Before issue 28's fixes (all of K decoded at once; f32 operands multiplied at
+Precision.HIGHEST) v4 used 1453056 for (128, 256, 512), more than the kernel's own limit
+of 1249792, and v2 954368 and 5177344. v3 uses what v2 does to within 1%.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax import lax
+from jax.experimental import pallas as pl
 
 import emulate.pallas
 from emulate import compiler
@@ -146,27 +147,60 @@ def test_the_decode_adds_at_most_dot_vmem_bytes(target, blocks):
     added = used(target, target, blocks) - used("tpu_v5e", None, blocks)
     estimate = added_estimate(target, blocks)
     assert 0 < added <= estimate, (added, estimate)
-    # and not a loose bound: at least a third of it (v4: 41-55%, v2: 77-100%)
-    assert 3 * added >= estimate, (added, estimate)
+    # and not a useless bound: v4 used 24-41% of it, v2 62-100%
+    assert 5 * added >= estimate, (added, estimate)
 
 
-def test_the_kernel_fits_with_its_limit_raised_by_dot_vmem_bytes():
-    """The issue's case: with emulate.pallas.dot the kernel runs out of the scoped VMEM it
-    sets from its own estimate on a v4; raised by dot_vmem_bytes, it compiles (v4, v2)."""
+def test_the_kernel_fits_its_own_limit_on_v4_and_the_raised_one_on_v2():
+    """The issue's case: with emulate.pallas.dot the kernel ran out of the scoped VMEM it
+    sets from its own estimate on a v4 (1453056 bytes used, decoding all of K at once).
+    Decoded a K-slice at a time it fits on a v4; on a v2 it does not, and compiles with
+    the limit raised by dot_vmem_bytes."""
     blocks = (128, 256, 512)
     mod = _kernel_module("tpu_v4", None)
-    with pytest.raises(Exception, match="CompileTimeScopedVmemOom") as e:
-        compiler.compile(_call(mod, blocks), *_ARGS, target="tpu_v4")
+    compiled = compiler.compile(_call(mod, blocks), *_ARGS, target="tpu_v4")
     (own,) = set(mod.own)
     assert own == 1249792  # the kernel's estimate: 1.19M
-    # Mosaic names the allocation that failed (not the total, 1453056 bytes): 1.34M here
+    assert _used_scoped_vmem(compiled) == used("tpu_v4", "tpu_v4", blocks) == 1211392
+    mod = _kernel_module("tpu_v2", None)
+    with pytest.raises(Exception, match="CompileTimeScopedVmemOom") as e:
+        compiler.compile(_call(mod, blocks), *_ARGS, target="tpu_v2")
+    # Mosaic names the allocation that failed, not the total
     sizes = re.search(
         r"Scoped allocation with size ([\d.]+)M and limit 1.19M exceeded", str(e.value)
     )
     assert sizes is not None and float(sizes.group(1)) > 1.19, str(e.value)[:2000]
-    assert used("tpu_v4", "tpu_v4", blocks) == 1453056
-    for target in ("tpu_v4", "tpu_v2"):
-        limit = own + added_estimate(target, blocks)
-        mod = _kernel_module(target, limit)
-        compiled = compiler.compile(_call(mod, blocks), *_ARGS, target=target)
-        assert _used_scoped_vmem(compiled) <= limit
+    limit = own + added_estimate("tpu_v2", blocks)
+    compiled = compiler.compile(
+        _call(_kernel_module("tpu_v2", limit), blocks), *_ARGS, target="tpu_v2"
+    )
+    assert used("tpu_v2", "tpu_v2", blocks) == _used_scoped_vmem(compiled) <= limit
+
+
+def _sliced_dot(a, b, *, pet, target, dn):
+    def kernel(a_ref, b_ref, o_ref):
+        o_ref[...] = emulate.pallas.dot(
+            a_ref[...], b_ref[...], preferred_element_type=pet, target=target,
+            dimension_numbers=dn,
+        )  # fmt: skip
+
+    (ca,), (cb,) = dn[0]
+    out = jax.ShapeDtypeStruct((a.shape[1 - ca], b.shape[1 - cb]), pet)
+    return pl.pallas_call(kernel, out_shape=out)(a, b)
+
+
+@pytest.mark.parametrize("target", ["tpu_v4", "tpu_v2", "tpu_v7x"])
+def test_decoding_k_slices_compiles(target):
+    # K = 512, decoded 128 (256 on v7x) at a time: slices along the lanes of (M, K) and
+    # (N, K) operands and along the sublanes of (K, N) ones, each pair the compiler takes
+    cases = [
+        ("bfloat16", "int8", jnp.float32, (((1,), (0,)), ((), ()))),
+        ("float8_e4m3fn", "float8_e4m3fn", jnp.float32, (((1,), (1,)), ((), ()))),
+        ("uint8", "uint8", jnp.int32, (((0,), (0,)), ((), ()))),
+    ]
+    for lhs, rhs, pet, dn in cases:
+        (ca,), (cb,) = dn[0]
+        a = S((128, 512) if ca == 1 else (512, 128), jnp.dtype(lhs))
+        b = S((512, 256) if cb == 0 else (256, 512), jnp.dtype(rhs))
+        fn = functools.partial(_sliced_dot, pet=pet, target=target, dn=dn)
+        assert compiler.check(fn, a, b, target=target).ok, (lhs, rhs, target)

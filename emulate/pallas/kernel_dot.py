@@ -133,7 +133,8 @@ def dot(
     operands as they are; any other pair is decoded exactly, in vector registers, into the
     type the unit takes (int8 after a power-of-two scaling, bf16 or f32) and contracted
     with an int32 or f32 accumulator, in K-chunks short enough that exact-class sums stay
-    exact.
+    exact. The decoding goes a K-slice of the MXU width at a time, summed as it goes, so
+    that the kernel holds one slice's decoded copies (:func:`dot_vmem_bytes`).
 
     Args:
       a: an (M, K) array loaded from a ref ((K, M) if ``dimension_numbers`` contract its
@@ -148,8 +149,9 @@ def dot(
         one (``emulate.target(...)``, ``EMULATE_TARGET``), read when the kernel is traced.
         JAX caches traces: pass it explicitly when one process traces a kernel for several
         targets.
-      precision: passed to native float dots (decoded operands are exact, and f32 ones
-        are multiplied at ``Precision.HIGHEST``).
+      precision: passed to native float dots (decoded operands are exact; f32 ones are
+        multiplied at ``Precision.HIGHEST`` where bf16 cannot hold their values, in one
+        bf16 pass where it can).
       dimension_numbers: None (``a @ b``), or ``lax.dot_general``'s with one contracting
         dimension per operand and no batch dimensions: ``(((1,), (1,)), ((), ()))`` takes
         ``b`` as stored (N, K), ``a @ b.T``, so that a transposed narrow operand is

@@ -160,8 +160,8 @@ def test_current_target_is_the_default():
     with emulate.target("tpu_v4"):
         (f,) = emulate.pallas.check(kernels.raw_int8, I8, I8)
         assert f.target == "tpu_v4"
-        (site,) = emulate.pallas.matmul_sites(kernels.fixed_int8, I8, I8)
-        assert site.lhs == "bfloat16"
+        sites = emulate.pallas.matmul_sites(kernels.fixed_int8, I8, I8)
+        assert [s.lhs for s in sites] == ["bfloat16"] * 2  # two K-slices of 128
 
 
 def test_sites_inside_jit_scan_and_a_kernel_loop_are_found():

@@ -8,7 +8,7 @@
   block-scaled :class:`emulate.QArray` weight likewise (:class:`KernelQWeight`:
   :mod:`emulate.pallas.qweight` says which scales the kernel applies).
 - :func:`dot`: a ``jnp.dot`` for values loaded inside your own kernels that lowers to an
-  operand pair the target runs.
+  operand pair the target runs; :func:`dot_vmem_bytes`: the VMEM its decoding adds.
 - :func:`check`: lowers a function for TPU on any machine and reports each ``tpu.matmul``
   whose operand types the target lacks, and each operation that compiles only in Mosaic's
   compatibility mode, with the error Mosaic would give and a fix for that operation.
@@ -22,7 +22,7 @@ share in :mod:`emulate.pallas.route`.
 
 from __future__ import annotations
 
-from emulate.pallas.kernel_dot import dot
+from emulate.pallas.kernel_dot import dot, dot_vmem_bytes
 from emulate.pallas.matmul_kernel import matmul
 from emulate.pallas.mosaic_check import Finding, MatmulSite, check, diagnose, matmul_sites
 from emulate.pallas.qweight import KernelQWeight, prepare_weight
@@ -36,6 +36,7 @@ __all__ = [
     "check",
     "diagnose",
     "dot",
+    "dot_vmem_bytes",
     "matmul",
     "matmul_sites",
     "prepare_weight",

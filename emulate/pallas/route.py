@@ -87,13 +87,27 @@ class Route:
 
     @property
     def precision(self) -> lax.Precision | None:
-        """HIGHEST for f32 operands (a TPU otherwise multiplies them in one bf16 pass)."""
-        return lax.Precision.HIGHEST if self.lhs_compute == "float32" else None
+        """HIGHEST for f32 operands whose values bf16 cannot hold (a TPU otherwise
+        multiplies them in one bf16 pass); None (one pass) when both formats' values are
+        exact in bf16, as every decoded low-precision value is (scaled by ``2**scale`` or
+        not): the pass then rounds nothing and each product is exact in f32 (on a TPU
+        v5e, routes for v2 gave the int64 sums of int8 tiles, K = 2048, and the same bits
+        as HIGHEST for bf16 x e4m3fn, fp4 and e5m2). On TPU v2 and v3, whose Mosaic runs
+        f32 dots only, HIGHEST made the kernel add 2 to 3 times the VMEM of one pass."""
+        if self.lhs_compute != "float32":
+            return None
+        return None if _bf16_exact(self.lhs) and _bf16_exact(self.rhs) else lax.Precision.HIGHEST
+
+
+def _bf16_exact(fmt: FormatLike) -> bool:
+    """Whether bf16 holds every value of ``fmt`` exactly."""
+    f = formats.get(fmt)
+    return f.name == "bfloat16" or "bfloat16" in f.exact_in
 
 
 def _widest_float(t: targets.Target, lhs: Format, rhs: Format) -> str:
     """bf16 if the target has bf16 x bf16 and both formats fit bf16, else f32."""
-    fits = all(f.name == "bfloat16" or "bfloat16" in f.exact_in for f in (lhs, rhs))
+    fits = _bf16_exact(lhs) and _bf16_exact(rhs)
     native = t.compiles("bfloat16", "bfloat16")
     return "bfloat16" if fits and native else "float32"
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -272,3 +273,17 @@ def test_benchmark_runs_in_interpret_mode_and_says_so(capsys, monkeypatch):
     assert header[:3] == ["format", "M", "K=N"]
     assert row[:4] == ["int4", "3", "256", "0.03"]  # 256 * 256 / 2 bytes
     assert row[-1] == "bounded" and row[-5:-3] == ["-", "-"]  # no GB/s in interpret mode
+
+
+def test_f32_routes_take_one_pass_only_for_values_bf16_holds():
+    # decoded low-precision values are exact in bf16: one bf16 pass multiplies them
+    # exactly (HIGHEST's extra passes cost v2 / v3 more VMEM than the decode, issue 28)
+    one_pass = [("int8", "int8", "int32"), ("float4_e2m1fn", "int8", "float32"),
+                ("bfloat16", "float8_e4m3fn", "float32")]  # fmt: skip
+    for lhs, rhs, pet in one_pass:
+        r = route.route(lhs, rhs, target="tpu_v2", preferred_element_type=pet)
+        assert (r.lhs_compute, r.precision) == ("float32", None), (lhs, rhs)
+    for lhs, rhs in [("float32", "int8"), ("float16", "int8"), ("float32", "float32")]:
+        for target in ("tpu_v2", "tpu_v4"):
+            r = route.route(lhs, rhs, target=target, preferred_element_type="float32")
+            assert (r.lhs_compute, r.precision) == ("float32", lax.Precision.HIGHEST)

@@ -138,26 +138,30 @@ def test_dot_kernel_lowers_to_a_pair_the_target_runs(target):
     t = targets.get(target)
     sites = emulate.pallas.matmul_sites(kernels.fixed_int8, I8, I8, target=target)
     assert emulate.pallas.check(kernels.fixed_int8, I8, I8, target=target) == []
-    (site,) = sites  # K = 256 is within one exact chunk on every route
     expect = {"int8": "i8", "bfloat16": "bf16", "float32": "f32"}
     native = t.supports("int8", "int8")
     compute = "int8" if native else "bfloat16" if t.supports("bfloat16", "bfloat16") else "float32"
     e = expect[compute]
     acc = "i32" if native else "f32"
-    assert (site.lhs_type, site.rhs_type, site.acc_type) == (
-        f"vector<256x256x{e}>",
-        f"vector<256x256x{e}>",
-        f"vector<256x256x{acc}>",
-    )
-    assert t.supports(site.lhs, site.rhs)
+    # K = 256 is within one exact chunk on every route; a decoded pair is decoded (and
+    # multiplied) a K-slice of the MXU width at a time: two slices on 128-wide MXUs
+    step = 256 if native else t.mxu_column_size
+    assert len(sites) == 256 // step
+    for site in sites:
+        assert (site.lhs_type, site.rhs_type, site.acc_type) == (
+            f"vector<256x{step}x{e}>",
+            f"vector<{step}x256x{e}>",
+            f"vector<256x256x{acc}>",
+        )
+        assert t.supports(site.lhs, site.rhs)
 
 
 def test_current_target_is_the_default():
     with emulate.target("tpu_v4"):
         (f,) = emulate.pallas.check(kernels.raw_int8, I8, I8)
         assert f.target == "tpu_v4"
-        (site,) = emulate.pallas.matmul_sites(kernels.fixed_int8, I8, I8)
-        assert site.lhs == "bfloat16"
+        sites = emulate.pallas.matmul_sites(kernels.fixed_int8, I8, I8)
+        assert [s.lhs for s in sites] == ["bfloat16"] * 2  # two K-slices of 128
 
 
 def test_sites_inside_jit_scan_and_a_kernel_loop_are_found():

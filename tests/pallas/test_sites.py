@@ -22,22 +22,37 @@ I8 = jax.ShapeDtypeStruct((256, 256), jnp.int8)
 
 
 def test_int8_dot_is_bf16_on_v4_and_v7x_and_int8_on_v5e_and_v6e():
-    expect = {"tpu_v4": "bf16", "tpu_v7x": "bf16", "tpu_v5e": "i8", "tpu_v6e": "i8"}
-    for target, e in expect.items():
-        (site,) = sites.matmul_sites(kernels.fixed_int8, I8, I8, target=target)
-        assert site.lhs_type == site.rhs_type == f"vector<256x256x{e}>", target
-        assert site.acc_type == f"vector<256x256x{'i32' if e == 'i8' else 'f32'}>"
-        assert str(site).endswith(
-            f"kernel {site.kernel!r}: tpu.matmul {site.lhs_type}, "
-            f"{site.rhs_type} -> {site.acc_type}"
-        )
+    # (element type, K per tpu.matmul): a decoded pair goes a K-slice of the MXU width at
+    # a time, two of 128 on a v4, one of 256 on a v7x
+    expect = {
+        "tpu_v4": ("bf16", 128), "tpu_v7x": ("bf16", 256),
+        "tpu_v5e": ("i8", 256), "tpu_v6e": ("i8", 256),
+    }  # fmt: skip
+    for target, (e, k) in expect.items():
+        got = sites.matmul_sites(kernels.fixed_int8, I8, I8, target=target)
+        assert len(got) == 256 // k, target
+        for site in got:
+            assert (site.lhs_type, site.rhs_type) == (
+                f"vector<256x{k}x{e}>",
+                f"vector<{k}x256x{e}>",
+            ), target
+            assert site.acc_type == f"vector<256x256x{'i32' if e == 'i8' else 'f32'}>"
+            assert str(site).endswith(
+                f"kernel {site.kernel!r}: tpu.matmul {site.lhs_type}, "
+                f"{site.rhs_type} -> {site.acc_type}"
+            )
 
 
 def test_traces_are_fresh_for_each_target():
     # fixed_int8 reads the current target when traced; JAX would reuse a cached trace.
     order = ["tpu_v5e", "tpu_v4", "tpu_v5e", "tpu_v7x"]
     got = [sites.matmul_sites(kernels.fixed_int8, I8, I8, target=t)[0].lhs_type for t in order]
-    assert got == ["vector<256x256xi8>", "vector<256x256xbf16>"] * 2
+    assert got == [
+        "vector<256x256xi8>",
+        "vector<256x128xbf16>",
+        "vector<256x256xi8>",
+        "vector<256x256xbf16>",
+    ]
 
 
 def test_mlir_element_types_map_to_formats():

@@ -47,8 +47,8 @@ from emulate import formats
 from emulate.codebooks import Codebook
 from emulate.formats import Format, FormatLike
 from emulate.numerics import codecs
-from emulate.numerics.bits import f32_bits, frexp, frexp_bits, pow2_normal
-from emulate.numerics.scales import scale_bits
+from emulate.numerics.bits import frexp, pow2_normal
+from emulate.numerics.scales import scale_frexp
 from emulate.numerics.storage import Packed, is_array, unpack_codes
 from emulate.qparts import (
     SCALE_FORMATS,
@@ -526,9 +526,9 @@ def scale_parts(q: QArray) -> tuple[jax.Array, jax.Array]:
     if isinstance(q.scales, QArray):
         m, e = frexp(scale_values(q))
     else:  # from the bits: scales below 2**-126 (e8m0's 2**-127, f32 subnormals) survive
-        m, e = frexp_bits(scale_bits(q.scales, q.scale_format))
+        m, e = scale_frexp(q.scales, q.scale_format)
     if q.tensor_scale is not None:
-        mt, et = frexp_bits(f32_bits(jnp.asarray(q.tensor_scale, jnp.float32)))
+        mt, et = scale_frexp(jnp.asarray(q.tensor_scale, jnp.float32), "float32")
         m, e = m * mt, e + et
     if q.element_exponent:
         e = e + q.element_exponent

@@ -359,7 +359,7 @@ def quantize(
         )
     if ts and rule != "absmax":
         raise ValueError(f"tensor_scale: needs scale_rule='absmax', got {rule!r}")
-    if ts and (sf.bits > 8 and sf.name != "float16" or sf.name == "float8_e8m0fnu"):
+    if ts and ((sf.bits > 8 and sf.name != "float16") or sf.name == "float8_e8m0fnu"):
         raise ValueError(
             f"tensor_scale: needs a narrow scale format (float8_e4m3fn as NVFP4, another "
             f"scale format of at most 8 bits, or float16), got scale_fmt={sf.name}"

@@ -36,7 +36,7 @@ import numpy as np
 from emulate import formats
 from emulate.formats import F32_MIN_NORMAL, Format, FormatLike
 from emulate.numerics import codecs
-from emulate.numerics.bits import f32_bits, frexp_normal, pow2
+from emulate.numerics.bits import f32_bits, frexp_bits, frexp_normal, pow2
 from emulate.numerics.storage import to_codes
 
 __all__ = [
@@ -50,7 +50,7 @@ __all__ = [
     "pow2_range",
     "pow2_scales",
     "reciprocal",
-    "scale_bits",
+    "scale_frexp",
     "scale_format",
     "tensor_scale",
 ]
@@ -93,10 +93,10 @@ def scale_format(fmt: FormatLike, arg: str = "scale_fmt") -> Format:
     or one that is not a scale format (:func:`is_scale_format`)."""
     try:
         f = formats.get(fmt, arg=arg)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError):
         raise ValueError(
             f"{arg}: expected a scale format (one of {SCALE_FORMATS}, a P3109 or a registered "
-            f"float format with a NaN code), got {fmt!r} ({err})"
+            f"float format with a NaN code), got {fmt!r}"
         ) from None
     if not is_scale_format(f):
         raise ValueError(
@@ -122,14 +122,18 @@ def reciprocal(v: float) -> jax.Array:
     return jnp.float32(np.float32(1.0 / v)) if math.isfinite(1.0 / v) else jnp.float32(0)
 
 
-def scale_bits(scales: jax.Array, scale_format: FormatLike) -> jax.Array:
-    """The f32 bits (uint32) of each scale of ``scale_format`` (an array of its dtype, or
-    its uint8 codes), by integer operations: nothing flushed, 2**-127 and f32 subnormals
-    included (:func:`emulate.numerics.bits.frexp_bits` splits them exactly)."""
+def scale_frexp(scales: jax.Array, scale_format: FormatLike) -> tuple[jax.Array, jax.Array]:
+    """Each scale of ``scale_format`` (an array of its dtype, or its uint8 codes) as
+    ``(m, e)``, ``scale == m * 2**e`` with ``1 <= |m| < 2`` (NaN and Inf: ``(themselves,
+    0)``), taken from its bits by integer operations: nothing flushed, so e8m0's
+    ``2**-127`` and f32 subnormal scales keep their value
+    (:func:`emulate.numerics.bits.frexp_bits`)."""
     f = formats.get(scale_format)
     if f.is_low_precision:
-        return codecs.decode_float_bits(to_codes(scales, f)[0], f)
-    return f32_bits(jnp.asarray(scales))
+        bits = codecs.decode_float_bits(to_codes(scales, f)[0], f)
+    else:
+        bits = f32_bits(jnp.asarray(scales))
+    return frexp_bits(bits)
 
 
 def pow2_exponent(amax: jax.Array, f: Format, rule: str, ee: int = 0) -> jax.Array:

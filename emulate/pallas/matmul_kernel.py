@@ -446,11 +446,7 @@ def matmul(
         )
     scales = tensor_scale = scaling = None
     if isinstance(w, (QArray, KernelQWeight)):
-        if w_format is not None and formats.get(w_format).name != w.format_name:
-            raise ValueError(
-                f"w_format: {formats.get(w_format).name} disagrees with the QArray w's "
-                f"format {w.format_name}"
-            )
+        qweight.check_format(w, w_format)
         codes, scales, scaling, _ = qweight.split(w)
         tensor_scale = w.tensor_scale
         wdata, wf, kw, n, stored = _weight(codes, w.format_name)

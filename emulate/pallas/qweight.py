@@ -48,6 +48,7 @@ from emulate import formats
 from emulate.formats import Format
 from emulate.numerics import codecs
 from emulate.numerics.bits import frexp, pow2_normal, times_pow2
+from emulate.numerics.scales import scale_frexp
 from emulate.numerics.storage import Packed, group_shape
 from emulate.pallas import route, weights
 from emulate.pallas.weights import KernelWeight, kernel_codes
@@ -58,12 +59,13 @@ __all__ = [
     "KernelQWeight",
     "Scaling",
     "apply_outside",
+    "check_format",
     "group_scale",
     "group_scaled_step",
-    "result_type",
-    "scaled_result",
     "prepare_weight",
+    "result_type",
     "scale_rows",
+    "scaled_result",
     "split",
     "store_factors",
     "tensor_parts",
@@ -251,6 +253,16 @@ def _kernel_scales(scales: Any, fmt: str) -> jax.Array:
     return s
 
 
+def check_format(w: QArray | KernelQWeight, w_format: Any) -> None:
+    """ValueError when ``w_format`` (None: nothing to check) names another format than
+    the QArray weight's."""
+    if w_format is not None and formats.get(w_format, arg="w_format").name != w.format_name:
+        raise ValueError(
+            f"w_format: {formats.get(w_format).name} disagrees with the QArray w's format "
+            f"{w.format_name}"
+        )
+
+
 def prepare_weight(w: Any, w_format: Any = None) -> KernelWeight | KernelQWeight:
     """A weight in the layout :func:`emulate.pallas.matmul` reads as stored; call it once
     and keep the result in place of the weight.
@@ -269,11 +281,7 @@ def prepare_weight(w: Any, w_format: Any = None) -> KernelWeight | KernelQWeight
         return w
     if not isinstance(w, QArray):
         return weights.prepare_weight(w, w_format)
-    if w_format is not None and formats.get(w_format).name != w.format_name:
-        raise ValueError(
-            f"w_format: {formats.get(w_format).name} disagrees with the QArray's format "
-            f"{w.format_name}"
-        )
+    check_format(w, w_format)
     codes, scales, _, _ = split(w)
     if isinstance(codes, Packed) or (
         not isinstance(codes, KernelWeight) and np.dtype(codes.dtype).itemsize * 8 != 8
@@ -329,17 +337,13 @@ def apply_outside(acc: jax.Array, scales: jax.Array, tensor_scale: Any, s: Scali
     alone (the kernel applied the scales)."""
     if s.along_k:
         m, e = jnp.float32(1), jnp.int32(0)
-    elif s.scale_format == "float8_e8m0fnu":  # as scale_parts: 2**-127 kept apart
-        c = lax.bitcast_convert_type(scales, jnp.uint8).astype(jnp.int32)
-        m = jnp.where(c == 255, jnp.float32(jnp.nan), jnp.float32(1))
-        e = jnp.where(c == 255, 0, c - 127)
     else:
         v = scales
         if s.scale_format in _KERNEL_SCALE:
             v = lax.bitcast_convert_type(v, jnp.dtype(s.scale_format))
-        m, e = frexp(codecs.decode(v, s.scale_format, to=jnp.float32))
+        m, e = scale_frexp(v, s.scale_format)
     if tensor_scale is not None:
-        mt, et = frexp(jnp.asarray(tensor_scale, jnp.float32))
+        mt, et = scale_frexp(jnp.asarray(tensor_scale, jnp.float32), "float32")
         m, e = m * mt, e + et
     if s.element_exponent:
         e = e + s.element_exponent
@@ -389,7 +393,7 @@ def store_factors(block: jax.Array | None, s: Scaling) -> tuple[Any, Any]:
 
 def tensor_parts(tensor_scale: Any) -> tuple[jax.Array, jax.Array]:
     """A tensor scale's ``(m, e)`` as (1, 1) f32 and int32 arrays (kernel operands)."""
-    m, e = frexp(jnp.asarray(tensor_scale, jnp.float32))
+    m, e = scale_frexp(jnp.asarray(tensor_scale, jnp.float32), "float32")
     return m.reshape(1, 1), e.reshape(1, 1)
 
 

@@ -7,20 +7,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import pathlib
-import re
-import sys
 
+import _record_formats as R
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _pages import section_blocks
 
 import emulate
 from emulate import formats, reference, testing, validate
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import _record_formats as R  # noqa: E402
 
 R.register_user_formats()
 TARGETS = ("cpu", "tpu_v4", "tpu_v5e")
@@ -133,9 +129,7 @@ def test_validate_checks_a_user_format_row(target: str, mode: str) -> None:
 
 
 def test_the_api_page_example_prints_what_the_page_says() -> None:
-    page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
-    section = page.split("## emulate.formats", 1)[1].split("\n## ", 1)[0]
-    code, printed = re.findall(r"^```(?:python|text)\n(.*?)^```$", section, flags=re.M | re.S)
+    code, printed = section_blocks("api.md", "emulate.formats", ("python", "text"))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(code, "docs/api.md", "exec"), {})  # noqa: S102 - the page's own example

@@ -7,13 +7,13 @@ the matmuls on cpu, tpu_v4 and tpu_v5e."""
 from __future__ import annotations
 
 import math
-import pathlib
 import re
-import sys
 
+import _record_formats as R
 import ml_dtypes
 import numpy as np
 import pytest
+from _pages import section_blocks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,9 +21,6 @@ import emulate
 from emulate import formats, reference, testing
 from emulate.numerics.scales import is_scale_format
 from emulate.quant import QArray
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import _record_formats as R  # noqa: E402
 
 R.register_user_formats()
 MATMUL = (((1,), (0,)), ((), ()))
@@ -264,12 +261,10 @@ def test_matmuls_of_qarrays_with_p3109_scales_keep_the_contract(target) -> None:
 
 
 def test_the_scale_formats_example_of_the_quantized_page_runs() -> None:
-    page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "quantized.md").read_text()
-    section = page.split("## Scale formats", 1)[1].split("\n## ", 1)[0]
-    (code,) = re.findall(r"^```python\n(.*?)^```$", section, flags=re.M | re.S)
+    (code,) = section_blocks("quantized.md", "Scale formats")
     w = np.random.default_rng(3).normal(size=(64, 4)).astype(np.float32)
     names = {"emulate": emulate, "QArray": QArray, "w": w}
-    exec(compile(code, "docs/quantized.md", "exec"), names)  # noqa: S102 - the page's example
+    exec(compile(code, "docs/quantized.md", "exec"), names)
     q, same = names["q"], names["same"]
     assert np.asarray(q.scales).dtype == np.uint8 and same.scale_format == "p3109_k8p3se"
     codes, scales, _ = reference.quantize(

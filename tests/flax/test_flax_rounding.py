@@ -11,14 +11,13 @@ missing, are errors.
 from __future__ import annotations
 
 import dataclasses
-import pathlib
-import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _pages import section_blocks
 from flax import nnx
 
 import emulate
@@ -86,10 +85,7 @@ def test_keys_missing_or_baked_into_a_program_are_errors():
 def _qat_snippet() -> str:
     """The code block of docs/quantized.md's "Stochastic rounding in quantization-aware
     training" section, as the page shows it."""
-    page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "quantized.md").read_text()
-    section = page.split("## Stochastic rounding in quantization-aware training", 1)[1]
-    section = section.split("\n## ", 1)[0]
-    (code,) = re.findall(r"^```python\n(.*?)^```$", section, flags=re.M | re.S)
+    (code,) = section_blocks("quantized.md", "Stochastic rounding in quantization-aware training")
     return code
 
 
@@ -104,7 +100,7 @@ def _run_snippet(batches: list, root_key: jax.Array) -> dict:
         "root_key": root_key,
     }
     names["optimizer"] = nnx.Optimizer(names["model"], optax.sgd(0.5), wrt=nnx.Param)
-    exec(compile(_qat_snippet(), "docs/quantized.md", "exec"), names)  # noqa: S102
+    exec(compile(_qat_snippet(), "docs/quantized.md", "exec"), names)
     return names
 
 

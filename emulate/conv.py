@@ -271,8 +271,8 @@ def _run_conv(p: Plan, lhs: Operand, rhs: Operand, slice_features, params) -> ja
 def _conv(p: Plan, lhs: Operand, rhs: Operand, *, slice_features, params) -> jax.Array:
     kw = dict(params)
     dn = kw["dimension_numbers"]
-    x = decode_to(lhs, p.lhs_compute, p.lhs_scale)
-    w = decode_to(rhs, p.rhs_compute, p.rhs_scale)
+    x = decode_to(lhs, p.lhs_compute, p.lhs_scale, target=p.target)
+    w = decode_to(rhs, p.rhs_compute, p.rhs_scale, target=p.target)
     acc_dtype = jnp.dtype(p.accumulator)
     if slice_features is None:
         return finish(p, lax.conv_general_dilated(x, w, preferred_element_type=acc_dtype, **kw))
@@ -315,8 +315,8 @@ def _sliced_conv(p: Plan, lhs: Operand, rhs: Operand, *, params) -> jax.Array:
         x, w = exact_inputs(lhs, rhs)
     else:
         x, w = (
-            decode_to(lhs, p.lhs_compute, p.lhs_scale),
-            decode_to(rhs, p.rhs_compute, p.rhs_scale),
+            decode_to(lhs, p.lhs_compute, p.lhs_scale, target=p.target),
+            decode_to(rhs, p.rhs_compute, p.rhs_scale, target=p.target),
         )
     x = jnp.transpose(x, dn.lhs_spec)  # (N, C, S...)
     w = jnp.transpose(w, dn.rhs_spec)  # (O, Cg, K...)

@@ -27,6 +27,7 @@ from emulate.targets import TargetLike
 __all__ = [
     "Operand",
     "OperandLike",
+    "XLA_CONVERTS",
     "Precision",
     "decode_to",
     "describe",
@@ -130,12 +131,34 @@ def operand(x: OperandLike, fmt: FormatLike | None = None, *, arg: str = "x") ->
     return Operand(codes, f.name)
 
 
-def decode_to(op: Operand, compute: str, scale: int) -> jax.Array:
+#: The formats whose XLA convert to bf16 / f32 a TPU target takes in place of the bit decode
+#: (:func:`decode_to` with ``target=``), where the program is lowered for a TPU and the
+#: operand is held in the format's own dtype (or as 8-bit codes): on these targets the
+#: compiler's estimate for a dot fed by the convert is lower (libtpu 0.0.42.1), and the
+#: convert is exact for every code. Integers of at most 8 bits are exact by construction
+#: (the LLO sign-extends and converts s32 -> f32). The float converts were read from the LLO
+#: (``--xla_jf_dump_llo_text``): on v2 they become integer shifts and masks into the f32
+#: bits, one f32 subtraction of a normal number for the subnormal codes (nothing to flush)
+#: and a sign OR, as the bit decode does; e4m3fn's NaN code becomes the quiet NaN of its
+#: sign, e5m2's NaN codes keep their payload (re-made quiet NaNs of their sign by
+#: :func:`xla_convert`). Not taken: floats on v3 (the same lowering, equal estimates), and
+#: anything from v4 on, where the bit decode fuses into the dot and XLA's convert makes the
+#: compiler tile the weight as in its own mixed dot (4.2x the estimate for bf16 x int8).
+#: See docs/performance.md, issue 27.
+XLA_CONVERTS: dict[str, frozenset[str]] = {
+    "tpu_v2": frozenset({"int8", "int4", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn"}),
+    "tpu_v3": frozenset({"int8", "int4"}),
+}
+
+
+def decode_to(op: Operand, compute: str, scale: int, *, target: str | None = None) -> jax.Array:
     """``op``'s values exactly in the plan's ``compute`` type.
 
     ``compute`` equal to the operand's own format hands it over as it is (a native pair);
     "int8" multiplies exact-class values by ``2**scale`` first (integers then); "bfloat16"
-    and "float32" decode exactly. Wide operands are converted with ``astype``.
+    and "float32" decode exactly: by XLA's own convert where lowered for a TPU and
+    :data:`XLA_CONVERTS` lists the format for ``target`` (the plan's target; None: the bit
+    decode), by the codec's bit decode otherwise. Wide operands are converted with ``astype``.
     """
     f = op.format
     if not f.is_low_precision:
@@ -149,9 +172,56 @@ def decode_to(op: Operand, compute: str, scale: int) -> jax.Array:
             return codecs.decode(op.value, f.name, to=jnp.int8)
         v = codecs.decode(op.value, f.name, to=jnp.float32) * jnp.float32(2.0**scale)
         return v.astype(jnp.int8)  # exact: every value * 2**scale is an integer in int8
+    out = jnp.dtype(compute)
+    v = _as_dtype(op) if f.name in XLA_CONVERTS.get(target or "", ()) else None
+    if v is not None:
+
+        def bits(v):
+            return codecs.decode(v, f.name, to=out)
+
+        def convert(v):
+            return xla_convert(v, f.name, out)
+
+        return lax.platform_dependent(v, tpu=convert, default=bits)
     if f.is_integer:
         return _integer_to_float(op, compute)
-    return codecs.decode(op.value, f.name, to=jnp.dtype(compute))
+    return codecs.decode(op.value, f.name, to=out)
+
+
+def _as_dtype(op: Operand) -> jax.Array | None:
+    """``op``'s value as an array of its format's own dtype (8-bit codes bitcast), or None
+    where it is not one (a Packed array, 4-bit codes)."""
+    f = op.format
+    v = op.value
+    if isinstance(v, Packed) or not f.xla_storable:
+        return None
+    if v.dtype == f.dtype:
+        return v
+    return lax.bitcast_convert_type(v, f.dtype) if f.bits == 8 else None
+
+
+def xla_convert(v: jax.Array, fmt: str, to: Any) -> jax.Array:
+    """``v`` (an array of ``fmt``'s dtype, or its 8-bit codes) by XLA's own convert into
+    ``to`` (bfloat16 or float32). A format with several NaN codes of one sign (e5m2) has
+    its NaNs made the quiet NaN of their sign (0x7FC00000 / 0x7FC0), as the bit decode and
+    ml_dtypes give them: XLA:TPU's convert keeps their payload (e5m2 0x7D becomes the
+    signalling 0x7FA00000). Exact where the backend's convert is (:data:`XLA_CONVERTS`);
+    named for tests, which run it on the CPU, whose convert proves nothing for a TPU."""
+    f = formats.get(fmt)
+    if v.dtype != f.dtype:
+        v = lax.bitcast_convert_type(v, f.dtype)
+    out = jnp.dtype(to)
+    d = v.astype(out)
+    if f.high_nans > 1:
+        u, sign, qnan = (
+            (jnp.uint32, 0x80000000, 0x7FC00000)
+            if out.itemsize == 4
+            else (jnp.uint16, 0x8000, 0x7FC0)
+        )
+        b = lax.bitcast_convert_type(d, u)
+        b = jnp.where(d != d, (b & u(sign)) | u(qnan), b)
+        d = lax.bitcast_convert_type(b, out)
+    return d
 
 
 def _integer_to_float(op: Operand, compute: str) -> jax.Array:

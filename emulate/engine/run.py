@@ -58,8 +58,8 @@ def per_platform(
 def _untiled(
     q: Plan, lhs: Operand, rhs: Operand, dn: DimensionNumbers, precision: Precision
 ) -> jax.Array:
-    a = decode_to(lhs, q.lhs_compute, q.lhs_scale)
-    b = decode_to(rhs, q.rhs_compute, q.rhs_scale)
+    a = decode_to(lhs, q.lhs_compute, q.lhs_scale, target=q.target)
+    b = decode_to(rhs, q.rhs_compute, q.rhs_scale, target=q.target)
     return contract_decoded(q, a, b, dn, precision)
 
 

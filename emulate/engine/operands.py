@@ -34,6 +34,7 @@ __all__ = [
     "exact_inputs",
     "hashable_precision",
     "operand",
+    "xla_convert",
 ]
 
 #: What ``lax.dot_general`` takes as ``precision`` (a list is made a tuple, to hash).

@@ -321,14 +321,9 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
     if cfg.group_scaled or cfg.scaled_in_kernel:
         sc = cfg.scaling
         assert sc is not None
-        if sc.per_column:
-            s_spec = pl.BlockSpec((sc.rows, cfg.bn), lambda i, j, k: (0, j))
-        else:
-            s_spec = pl.BlockSpec((sc.rows, 1), lambda i, j, k: (0, 0))
-        extra, extra_specs = [scales], [s_spec]
-        if sc.affine is not None:  # zero points and offsets (emulate.pallas.qoffsets)
-            extra += affine
-            extra_specs += qoffsets.specs(sc.affine, sc.rows, sc.per_column, cfg.bn)
+        # every row of the scales, zero points, offsets (emulate.pallas.qoffsets)
+        extra = [scales, *affine]
+        extra_specs = [qoffsets.spec(a.shape[0], sc.per_column, cfg.bn) for a in extra]
     if cfg.scaled_in_kernel and cfg.tensor_scaled:
         extra += list(qweight.tensor_parts(tensor_scale))
         extra_specs += [pl.BlockSpec((1, 1), lambda i, j, k: (0, 0))] * 2

@@ -28,12 +28,13 @@ refuses float16 operands: "Invalid vector type for load"), a bitcast outside the
 on every call (XLA:TPU copies for it) unless the weight is prepared once with
 :func:`prepare_weight`, which also puts sub-byte codes in the K-planar layout.
 
-Zero points and offsets (``W = (q - z) * s + o``) are applied per group in the kernel
-(:mod:`emulate.pallas.qoffsets`, which says what it builds); scales constant along K are
-then one group spanning K, applied per K step.
+Zero points, offsets (``W = (q - z) * s + o``) and two-level scales and offsets (GGUF
+K-quants) are applied per group in the kernel (:mod:`emulate.pallas.qoffsets`, which says
+what it builds); scales constant along K are then one group spanning K, applied per K
+step.
 
-Not built in the kernel (NotImplementedError naming the part): the zero points and
-offsets :mod:`emulate.pallas.qoffsets` refuses, codebooks, two-level scales, act-order
+Not built in the kernel (NotImplementedError naming the part): the zero points, offsets
+and two-level parts :mod:`emulate.pallas.qoffsets` refuses, codebooks, act-order
 permutations, the 2- to 6-bit integer code
 formats, blocks of several columns other than all N, groups along K that are not a
 multiple of 32 rows (NVFP4's 16).
@@ -262,6 +263,8 @@ def split(
         if group_shape(codes.format.bits)[1] > 1 or (s.group // g) % _HALF_LANES:
             # a group's rows in each column plane of x must be whole half-lane slices
             codes = weights.prepare_weight(codes)
+    if isinstance(w.scales, QArray):  # two-level: their codes (emulate.pallas.qoffsets)
+        return codes, qoffsets.outer_scales(w), s, w
     return codes, _kernel_scales(w.scales, s.scale_format), s, w
 
 
@@ -330,9 +333,10 @@ def as_qarray(w: KernelQWeight) -> QArray:
     scales = w.scales
     if w.scale_format in _KERNEL_SCALE:
         scales = lax.bitcast_convert_type(jnp.asarray(scales), jnp.float16)
+    parts = {} if w.affine is None else qoffsets.as_parts(w.affine, w.scales)
     return QArray(
         codes,
-        scales,
+        parts.pop("scales", scales),
         w.tensor_scale,
         w.format_name,
         w.scale_format,
@@ -340,7 +344,7 @@ def as_qarray(w: KernelQWeight) -> QArray:
         tuple(w.shape),
         np.dtype(w.dtype),
         w.element_exponent,
-        **({} if w.affine is None else qoffsets.as_parts(w.affine)),
+        **parts,
     )
 
 
@@ -462,10 +466,11 @@ def group_scaled_step(tiles: list, s_ref: Any, cfg: Any, k: Any, aff_refs: Any =
     r = cfg.route
     sc = cfg.scaling
     assert sc is not None
-    factors = scale_rows(s_ref[...], sc.scale_format)
     terms = None
     if sc.affine is not None:
-        terms = qoffsets.GroupTerms(aff_refs, sc.affine, r.exact, r.lhs_scale)
+        terms = qoffsets.GroupTerms(aff_refs, s_ref, sc.affine, r.exact, r.lhs_scale)
+    two_level = terms is not None and terms.two_level_scales
+    factors = None if two_level else scale_rows(s_ref[...], sc.scale_format)
     sub = min(sc.group, cfg.bk)  # K rows per partial sum
     rows = sub // cfg.x_planes  # their rows in each plane
     quantum = jnp.float32(2.0**-r.scale) if r.exact and r.scale else None
@@ -485,7 +490,11 @@ def group_scaled_step(tiles: list, s_ref: Any, cfg: Any, k: Any, aff_refs: Any =
         part = part.astype(jnp.float32)
         if quantum is not None:
             part = part * quantum
-        lo, hi = group_scale(factors, index)
+        if factors is None:
+            assert terms is not None
+            lo, hi = terms.scale(index)
+        else:
+            lo, hi = group_scale(factors, index)
         part = part * lo
         if hi is not None:
             part = part * hi

@@ -206,6 +206,67 @@ def test_a_prepared_weight_holds_no_more_bytes_and_gives_the_same_bits():
     np.testing.assert_array_equal(np.asarray(dx), np.broadcast_to(wv.sum(axis=1), (8, k)))
 
 
+def _q4_k(k, n, rng, *, mins=True, exact=False):
+    """A GGUF Q4_K-like weight (K, N) from numpy parts: uint4 codes, per 32 rows a 6-bit
+    scale code and min code (Packed along the groups), per 256 rows a float16 ``d`` and
+    ``-dmin`` (powers of two from 2**-1 to 2**1 with ``exact``). Returns the QArray and
+    W = q * (sc * d) - m * dmin in float64 (exact)."""
+    groups, supers = -(-k // 32), -(-k // 256)
+    codes = rng.integers(0, 16, (k, n))
+    sc, mn = rng.integers(0, 64, (groups, n)), rng.integers(0, 64, (groups, n))
+    if exact:
+        d = np.ldexp(1.0, rng.integers(-1, 2, (supers, n))).astype(np.float16)
+    else:
+        d = (rng.random((supers, n)) * 0.01 + 1e-3).astype(np.float16)
+    dmin = (-(d.astype(np.float32) / 2)).astype(np.float16)
+
+    def level(c, s):
+        six = emulate.pack(c.astype(np.uint8), "uint6", axis=0)
+        return emulate.QArray.from_parts(six, jnp.asarray(s), block_shape=(8, 1))
+
+    q = emulate.QArray.from_parts(
+        emulate.pack(codes.astype(ml_dtypes.uint4), axis=0),
+        level(sc, d),
+        block_shape=(32, 1),
+        offsets=level(mn, dmin) if mins else None,
+    )
+    s64 = np.repeat(sc * np.repeat(d.astype(np.float64), 8, axis=0)[:groups], 32, axis=0)[:k]
+    w = codes * s64
+    if mins:
+        o = mn * np.repeat(dmin.astype(np.float64), 8, axis=0)[:groups]
+        w = w + np.repeat(o, 32, axis=0)[:k]
+    return q, codes, s64, w
+
+
+def test_two_level_scales_and_mins_are_within_the_bound_in_no_more_bytes():
+    rng = np.random.default_rng(21)
+    k, n, m = 512, 256, 8
+    q, codes, s64, wv = _q4_k(k, n, rng)
+    p = emulate.pallas.prepare_weight(q)
+    assert p.nbytes == q.nbytes  # 6-bit codes stay packed: no more bytes than stored
+    x = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    got = np.asarray(emulate.pallas.matmul(x, p, target="tpu_v5e", out_dtype="float32"))
+    want = np.asarray(x, np.float64) @ wv
+    mag = np.abs(codes) * s64 + np.abs(wv - codes * s64)  # |q s| + |o|
+    bound = bounds.dot_general_bound(np.asarray(x, np.float32), mag, DN, extra_terms=16 + 5)
+    err = np.abs(got.astype(np.float64) - want)
+    assert np.all(err <= bound), float(np.max(err - bound))
+    assert np.count_nonzero(got) > got.size // 2
+
+
+def test_two_level_scales_match_dot_general_bit_for_bit_where_exact():
+    rng = np.random.default_rng(22)
+    k, n, m = 576, 128, 8  # 2.25 super-blocks: a ragged last one
+    q, _, _, wv = _q4_k(k, n, rng, mins=False, exact=True)
+    xi = rng.integers(-8, 8, (m, k))  # every partial sum within 2**24 of the quantum
+    x = xi.astype(np.int8)
+    got = emulate.pallas.matmul(x, q, target="tpu_v5e", out_dtype="float32")
+    same = emulate.dot_general(x, q, DN, preferred_element_type="float32", target="tpu_v5e")
+    np.testing.assert_array_equal(_bits(got), _bits(same))
+    want = (xi.astype(np.float64) @ wv).astype(np.float32)
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
 def _refused():
     ones = jnp.ones((256, 128), jnp.int8)
     s = jnp.ones((2, 128), jnp.float16)
@@ -247,6 +308,9 @@ SCHEMES = {
     "q4_1-g32": ("bfloat16", "uint4", 32, 8, True),
     # int8 x int8 with int8 zero points: the exact int32 route
     "int8-zeros": ("int8", "int8", 128, "int8", False),
+    # GGUF Q4_K: 6-bit sub-block scales and mins (packed along the groups) times float16
+    # super-block scales, decoded in the kernel
+    "q4_k": ("bfloat16", "uint4", 32, None, "two_level"),
 }
 
 
@@ -263,6 +327,10 @@ def _specs(scheme: str):
         out.append(jax.ShapeDtypeStruct((g // 2, _N), jnp.uint8))
     elif zero == "int8":
         out.append(jax.ShapeDtypeStruct((g, _N), jnp.int8))
+    if offsets == "two_level":  # scale codes in place of the scales, then the parts
+        six = jax.ShapeDtypeStruct((g * 6 // 8, _N), jnp.uint8)
+        sup = jax.ShapeDtypeStruct((g // 8, _N), jnp.uint16)
+        return (out[0], out[1], six, six, sup, sup)
     if offsets:
         out.append(jax.ShapeDtypeStruct((g, _N), jnp.uint16))
     return tuple(out)
@@ -272,6 +340,16 @@ def compiled_program(x, codes, scales, *parts, scheme: str, target: str):
     """emulate.pallas.matmul on a prepared weight (a KernelQWeight) with zero points or
     offsets, as emulate.pallas.prepare_weight holds them."""
     _, fmt, group, zero, offsets = SCHEMES[scheme]
+    grid = (_K // group, _N)
+    if offsets == "two_level":
+        level = qoffsets.Level("uint6", 8, "float16")
+        spec = qoffsets.Affine(offset="two_level", offset_level=level, scale_level=level)
+        aff = qoffsets.AffineParts(None, parts[0], spec, grid, parts[1], parts[2])
+        w = emulate.pallas.KernelQWeight(
+            emulate.pallas.KernelWeight(codes, fmt, _K), scales, None, fmt, "float32",
+            (group, 1), (_K, _N), np.dtype("float32"), affine=aff,
+        )  # fmt: skip
+        return emulate.pallas.matmul(x, w, target=target, out_dtype="bfloat16", interpret=False)
     spec = qoffsets.Affine(
         zero="packed" if zero == "packed" else "array" if zero == "int8" else "static",
         zero_value=zero if isinstance(zero, int) else 0,
@@ -280,7 +358,7 @@ def compiled_program(x, codes, scales, *parts, scheme: str, target: str):
         offset_format="float16" if offsets else "",
     )
     zeros = parts[0] if zero in ("packed", "int8") else None
-    aff = qoffsets.AffineParts(zeros, parts[-1] if offsets else None, spec, (_K // group, _N))
+    aff = qoffsets.AffineParts(zeros, parts[-1] if offsets else None, spec, grid)
     if fmt == "uint4":
         codes = emulate.pallas.KernelWeight(codes, fmt, _K)
     w = emulate.pallas.KernelQWeight(
@@ -290,7 +368,12 @@ def compiled_program(x, codes, scales, *parts, scheme: str, target: str):
     return emulate.pallas.matmul(x, w, target=target, out_dtype="bfloat16", interpret=False)
 
 
-_DEFAULT = {("awq-g128", "tpu_v5e"), ("awq-g128", "tpu_v7x"), ("int8-zeros", "tpu_v5e")}
+_DEFAULT = {
+    ("awq-g128", "tpu_v5e"),
+    ("awq-g128", "tpu_v7x"),
+    ("int8-zeros", "tpu_v5e"),
+    ("q4_k", "tpu_v5e"),
+}
 RUNS = [
     pytest.param(s, t, marks=[] if (s, t) in _DEFAULT else [pytest.mark.long], id=f"{s}-{t}")
     for s in SCHEMES

@@ -28,19 +28,29 @@ and the contenders, one jitted program each:
                    writes; it rounds the values to bf16, so it is less accurate than (c))
   (c) emulate      ``emulate.dot_general(x, q, ..., preferred_element_type=f32,
                    target=T)``, mode fast, the QArray as stored
+  (d) pallas       ``emulate.pallas.matmul(x, w, target=T, out_dtype=f32)`` on
+                   ``w = emulate.pallas.prepare_weight(q)`` (GGUF rows: of ``q.T``), made
+                   once and kept (the same bytes); TPUs only (on the CPU it would run in
+                   interpret mode); "not built" where the kernel refuses the scheme (NF4's
+                   codebook)
 
 On the CPU (target ``cpu``) each is timed (harness interleaving); on each TPU generation
 it is compiled with the real compiler for a compile-only device and the compiled
 program's ``cost_analysis()`` (bytes accessed, the compiler's time estimate
 "optimal_seconds") and ``memory_analysis()`` (temporaries, argument and output bytes) are
-read, as :mod:`benchmarks.tpu` does. Stored bytes are the weight as stored
+read, as :mod:`benchmarks.tpu` does; for (d), a Pallas kernel the compiler does not look
+into, the kernel's own HBM traffic is counted from its block shapes and grid
+(:func:`benchmarks.pallas_traffic.kernel_traffic`) and added to the compiler's bytes for
+the ops around it, and there is no estimate. Stored bytes are the weight as stored
 (``QArray.nbytes``) plus the activations (bf16) and the result (f32).
 
-The offset term's cost is (c) of a scheme with zero points or mins over (c) of the same
-QArray without them (time on the CPU, estimate and bytes on a TPU).
+The offset term's cost is (c) (and (d)) of a scheme with zero points or mins over the
+same contender on the QArray without them (time on the CPU, estimate and bytes on a TPU;
+bytes alone for (d)).
 
-Goals (issue 24, item 6), read from (c): the offset term at most 1.10x (the estimate on
-v5e); temporaries at most 25% of one bf16 copy of the weight; bytes accessed at most
+Goals (issue 24, item 6), read from (c) and (d): the offset term at most 1.10x (the
+estimate on v5e; bytes for (d)); temporaries at most 25% of one bf16 copy of the weight;
+bytes accessed (for (d): kernel traffic plus the compiler's bytes outside it) at most
 1.1x the operands as stored plus the result (the weight crosses HBM once as stored).
 """
 
@@ -61,6 +71,7 @@ from jax import lax
 import emulate
 from benchmarks import harness
 from benchmarks.cases import SHAPES, goal, parse_names, parse_shapes, shape_of
+from benchmarks.pallas_traffic import kernel_traffic
 from benchmarks.tpu import estimate_seconds
 from emulate import compiler
 from emulate.codebooks import NF4
@@ -85,7 +96,10 @@ CONTENDERS = {
     "floor": "(a) bf16 x bf16",
     "dequantize": "(b) dequantize + dot",
     "emulate": "(c) emulate",
+    "pallas": "(d) pallas",
 }
+#: Timed on the CPU: (d) would run in Pallas' interpret mode there.
+CPU_CONTENDERS = ("floor", "dequantize", "emulate")
 
 # ---------------------------------------------------------------------------------------
 # The weights
@@ -210,7 +224,18 @@ def programs(scheme: Scheme, target: str) -> dict[str, Callable[..., jax.Array]]
     def fast(x, q):
         return emulate.dot_general(x, q, dn, preferred_element_type=F32, target=target)
 
-    return {"floor": floor, "dequantize": dequantize, "emulate": fast}
+    def pallas(x, w):
+        return emulate.pallas.matmul(x, w, target=target, out_dtype=F32, interpret=False)
+
+    return {"floor": floor, "dequantize": dequantize, "emulate": fast, "pallas": pallas}
+
+
+def pallas_weight(scheme: Scheme, q: emulate.QArray) -> Any:
+    """(d)'s weight: the QArray prepared once for the kernel, ``(K, N)`` (GGUF's rows
+    transposed). Raises NotImplementedError where the kernel does not build the scheme."""
+    import emulate.pallas  # noqa: PLC0415 - loads the kernels
+
+    return emulate.pallas.prepare_weight(q.T if scheme.dn == NK else q)
 
 
 def _specs(tree: Any) -> tuple[Any, list[jax.ShapeDtypeStruct]]:
@@ -274,6 +299,14 @@ def compile_row(
     row["temp_bytes"] = int(mem.temp_size_in_bytes)
     row["argument_bytes"] = int(mem.argument_size_in_bytes)
     row["output_bytes"] = int(mem.output_size_in_bytes)
+    if 'custom_call_target="tpu_custom_call"' in compiled.as_text():
+        # a Pallas kernel: the compiler's bytes cover the ops around it, not the kernel
+        traffic = kernel_traffic(fn, [x, leaves], generation)
+        row["kernel_bytes"] = traffic["bytes"]
+        row["bytes_outside_kernel"] = row["bytes_accessed"]
+        row["bytes_accessed"] = traffic["bytes"] + (row["bytes_accessed"] or 0)
+        row["estimate_outside_kernel_s"] = row["estimate_s"]
+        row["estimate_s"] = None
     add_derived(row)
     return row
 
@@ -304,7 +337,16 @@ def tpu_rows(
         q = scheme.build(k, n, rng)
         stored = stored_bytes(q, m, k, n)
         for key in contenders:
-            if key == "floor":
+            if key == "pallas":
+                try:
+                    w = pallas_weight(scheme, q)
+                except NotImplementedError as e:
+                    row = {"platform": generation, "pair": name, "contender": key}
+                    row |= {"M": m, "K": k, "N": n, "stored_bytes": stored}
+                    row |= {"status": "not built", "reason": harness.short_error(e)}
+                else:
+                    row = compile_row(scheme, key, generation, shape, w, stored)
+            elif key == "floor":
                 ws = weight_shape(scheme, k, n)
                 if scheme.dn not in floors:
                     w = jax.ShapeDtypeStruct(ws, BF16)
@@ -354,7 +396,7 @@ def cpu_rows(shape: tuple[int, int, int], names: Sequence[str], repeats: int) ->
         stored[name] = stored_bytes(q, m, k, n)
         progs = programs(scheme, "cpu")
         w = emulate.dequantize(q, to=BF16)
-        for key in CONTENDERS:
+        for key in CPU_CONTENDERS:
             cases.append(Case(name, key, jax.jit(progs[key]), (x, w if key == "floor" else q)))
     ran, failed = harness.interleave(cases, repeats)
     rows = []
@@ -414,22 +456,23 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 def offset_costs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """For each scheme with a variant without its offset term: (c) with over (c) without,
-    per platform and shape (the figure, and bytes accessed on a TPU)."""
+    and (d) likewise, per platform and shape (the figure, and bytes accessed on a TPU)."""
     mine = {
-        (r["platform"], r["pair"], shape_of(r)): r
+        (r["platform"], r["pair"], shape_of(r), r["contender"]): r
         for r in rows
-        if r["contender"] == "emulate" and r["status"] == "ok"
+        if r["contender"] in ("emulate", "pallas") and r["status"] == "ok"
     }
     out = []
-    for (platform, name, shape), r in mine.items():
+    for (platform, name, shape, contender), r in mine.items():
         base = SCHEMES[name].base_of
-        if base is None or (platform, base, shape) not in mine:
+        if base is None or (platform, base, shape, contender) not in mine:
             continue
-        with_offsets = mine[(platform, base, shape)]
+        with_offsets = mine[(platform, base, shape, contender)]
         out.append(
             {
                 "platform": platform,
                 "pair": base,
+                "contender": contender,
                 "without": name,
                 "M": r["M"],
                 "K": r["K"],
@@ -442,31 +485,37 @@ def offset_costs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def goals(rows: Sequence[dict[str, Any]], offsets: Sequence[dict[str, Any]]) -> list[dict]:
-    """Issue 24's goals for (c), per TPU generation: the offset term (its estimate, and
-    its bytes accessed), the temporaries and the bytes accessed (module docstring)."""
+    """Issue 24's goals for (c) and (d), per TPU generation: the offset term (its
+    estimate, and its bytes accessed), the temporaries and the bytes accessed (module
+    docstring)."""
     out = []
     tpu = [r for r in rows if r["platform"] != "cpu"]
     for gen in dict.fromkeys(r["platform"] for r in tpu):
-        mine = [o for o in offsets if o["platform"] == gen]
-        # the estimate is the goal's figure; bytes accessed stand beside it, since the
-        # compiler gives no estimate for some of these programs
-        for label, key in (
-            ("offset term: (c) with / without, estimate", "offset_cost"),
-            ("offset term: (c) with / without, bytes accessed", "offset_bytes"),
-        ):
-            got = [o for o in mine if o[key] is not None]
-            out.append(goal(label, key, OFFSET_LIMIT, got, generation=gen))
-        fast = [
-            r
-            for r in tpu
-            if r["platform"] == gen and r["contender"] == "emulate" and r["status"] == "ok"
-        ]
-        for label, key, limit in (
-            ("temporaries / one bf16 copy of the weight", "temp_over_decoded_weight", TEMP_LIMIT),
-            ("bytes accessed / (operands as stored + result)", "bytes_over_stored", BYTES_LIMIT),
-        ):
-            got = [r for r in fast if r.get(key) is not None]
-            out.append(goal(label, key, limit, got, generation=gen))
+        for c, tag in (("emulate", "(c)"), ("pallas", "(d)")):
+            mine = [o for o in offsets if o["platform"] == gen and o.get("contender") == c]
+            # the estimate is the goal's figure; bytes accessed stand beside it, since the
+            # compiler gives no estimate for some of these programs (none for a kernel)
+            for label, key in (
+                (f"offset term: {tag} with / without, estimate", "offset_cost"),
+                (f"offset term: {tag} with / without, bytes accessed", "offset_bytes"),
+            ):
+                got = [o for o in mine if o[key] is not None]
+                if got or c == "emulate":
+                    out.append(goal(label, key, OFFSET_LIMIT, got, generation=gen))
+            fast = [
+                r
+                for r in tpu
+                if r["platform"] == gen and r["contender"] == c and r["status"] == "ok"
+            ]
+            for label, key, limit in (
+                (f"{tag} temporaries / one bf16 copy of the weight", "temp_over_decoded_weight",
+                 TEMP_LIMIT),
+                (f"{tag} bytes accessed / (operands as stored + result)", "bytes_over_stored",
+                 BYTES_LIMIT),
+            ):  # fmt: skip
+                got = [r for r in fast if r.get(key) is not None]
+                if got or c == "emulate":
+                    out.append(goal(label, key, limit, got, generation=gen))
     return out
 
 
@@ -540,20 +589,21 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("")
     if report["offsets"]:
         lines += [
-            "## The offset term: (c) with zero points / mins over (c) without",
+            "## The offset term: (c) or (d) with zero points / mins over the same without",
             "",
-            "| platform | scheme | M x K x N | time or estimate | bytes accessed |",
-            "|---|---|---|---|---|",
+            "| platform | scheme | contender | M x K x N | time or estimate | bytes accessed |",
+            "|---|---|---|---|---|---|",
         ]
         for o in report["offsets"]:
             lines.append(
-                f"| {o['platform']} | {SCHEMES[o['pair']].title} | {shape_of(o)} | "
+                f"| {o['platform']} | {SCHEMES[o['pair']].title} | "
+                f"{CONTENDERS[o.get('contender', 'emulate')]} | {shape_of(o)} | "
                 f"{harness.ratio(o['offset_cost'])} | {harness.ratio(o['offset_bytes'])} |"
             )
         lines.append("")
     if report["goals"]:
         lines += [
-            "## Goals (issue 24, item 6), (c) emulate",
+            "## Goals (issue 24, item 6), (c) emulate and (d) pallas",
             "",
             "| generation | goal | limit | worst measured | where | met | failing |",
             "|---|---|---|---|---|---|---|",

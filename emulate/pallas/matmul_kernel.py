@@ -68,7 +68,7 @@ from emulate.numerics.storage import (
     to_codes,
     unpack_codes,
 )
-from emulate.pallas import qweight, route
+from emulate.pallas import qoffsets, qweight, route
 from emulate.pallas.matmul_config import Config, Stored, config
 from emulate.pallas.qweight import KernelQWeight
 from emulate.pallas.weights import TILE_GROUPS, KernelWeight, kernel_codes, prepare_weight
@@ -244,6 +244,8 @@ def _kernel(cfg: Config, *refs: Any) -> None:
     s_ref = ts_refs = None
     if cfg.group_scaled or cfg.scaled_in_kernel:
         s_ref, rest = rest[0], rest[1:]
+    n_aff = cfg.scaling.affine.operands if cfg.scaling and cfg.scaling.affine else 0
+    aff_refs, rest = rest[:n_aff], rest[n_aff:]
     if cfg.scaled_in_kernel and cfg.tensor_scaled:
         ts_refs, rest = rest[:2], rest[2:]
     n_acc = 2 if cfg.limbs else 1
@@ -271,7 +273,7 @@ def _kernel(cfg: Config, *refs: Any) -> None:
             xt = wide.astype(xt.dtype)
         tiles.append((xt, wt))
     if cfg.group_scaled:
-        accs[0][...] += qweight.group_scaled_step(tiles, s_ref, cfg, k)
+        accs[0][...] += qweight.group_scaled_step(tiles, s_ref, cfg, k, aff_refs)
     else:
         step = None
         for xt, wt in tiles:
@@ -295,7 +297,7 @@ def _kernel(cfg: Config, *refs: Any) -> None:
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
-    w, scales, tensor_scale = kargs
+    w, scales, tensor_scale, *affine = kargs
     r = cfg.route
     _, _, kp = cfg.padded
     nm, nn, nk = cfg.grid
@@ -319,11 +321,9 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
     if cfg.group_scaled or cfg.scaled_in_kernel:
         sc = cfg.scaling
         assert sc is not None
-        if sc.per_column:
-            s_spec = pl.BlockSpec((sc.rows, cfg.bn), lambda i, j, k: (0, j))
-        else:
-            s_spec = pl.BlockSpec((sc.rows, 1), lambda i, j, k: (0, 0))
-        extra, extra_specs = [scales], [s_spec]
+        # every row of the scales, zero points, offsets (emulate.pallas.qoffsets)
+        extra = [scales, *affine]
+        extra_specs = [qoffsets.spec(a.shape[0], sc.per_column, cfg.bn) for a in extra]
     if cfg.scaled_in_kernel and cfg.tensor_scaled:
         extra += list(qweight.tensor_parts(tensor_scale))
         extra_specs += [pl.BlockSpec((1, 1), lambda i, j, k: (0, 0))] * 2
@@ -445,7 +445,9 @@ def matmul(
             "machine without a TPU it runs in interpret mode"
         )
     scales = tensor_scale = scaling = None
+    affine: tuple = ()
     if isinstance(w, (QArray, KernelQWeight)):
+        affine = qoffsets.kernel_arrays(w)
         qweight.check_format(w, w_format)
         codes, scales, scaling, _ = qweight.split(w)
         tensor_scale = w.tensor_scale
@@ -487,7 +489,7 @@ def matmul(
     )  # fmt: skip
     if cfg.x_dtype != xv.dtype.name:  # a block_shape off the stored type's tiling
         xv = _decode_outside(xv, xf, cfg.route)
-    return _differentiable_run(xv, (wdata, scales, tensor_scale), w, cfg)
+    return _differentiable_run(xv, (wdata, scales, tensor_scale, *affine), w, cfg)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

@@ -28,8 +28,14 @@ refuses float16 operands: "Invalid vector type for load"), a bitcast outside the
 on every call (XLA:TPU copies for it) unless the weight is prepared once with
 :func:`prepare_weight`, which also puts sub-byte codes in the K-planar layout.
 
-Not built in the kernel (NotImplementedError naming the part): zero points, offsets,
-codebooks, two-level scales, act-order permutations, the 2- to 6-bit integer code
+Zero points, offsets (``W = (q - z) * s + o``) and two-level scales and offsets (GGUF
+K-quants) are applied per group in the kernel (:mod:`emulate.pallas.qoffsets`, which says
+what it builds); scales constant along K are then one group spanning K, applied per K
+step.
+
+Not built in the kernel (NotImplementedError naming the part): the zero points, offsets
+and two-level parts :mod:`emulate.pallas.qoffsets` refuses, codebooks, act-order
+permutations, the 2- to 6-bit integer code
 formats, blocks of several columns other than all N, groups along K that are not a
 multiple of 32 rows (NVFP4's 16).
 """
@@ -50,7 +56,7 @@ from emulate.numerics import codecs
 from emulate.numerics.bits import frexp, pow2_normal, times_pow2
 from emulate.numerics.scales import scale_frexp
 from emulate.numerics.storage import Packed, group_shape
-from emulate.pallas import route, weights
+from emulate.pallas import qoffsets, route, weights
 from emulate.pallas.weights import KernelWeight, kernel_codes
 from emulate.qarray import QArray, dequantize, parts_text
 from emulate.qparts import as_format_array
@@ -79,6 +85,7 @@ _MIN_GROUP = 32
 _HALF_LANES = 64
 #: How each scale format enters the kernel: its stored type, or the type it is bitcast to.
 _KERNEL_SCALE = {"float16": "uint16"}
+_BUILT = "codes times block scales, with zero points and offsets, are built"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +100,7 @@ class Scaling:
       rows: rows of the scale array (``ceil(K / group)``; 1 when not along K).
       element_exponent: the QArray's (codes stand for ``value * 2**element_exponent``).
       tensor_scaled: whether the QArray has a tensor scale.
+      affine: zero points and offsets (:class:`emulate.pallas.qoffsets.Affine`), or None.
     """
 
     group: int
@@ -102,6 +110,7 @@ class Scaling:
     rows: int
     element_exponent: int = 0
     tensor_scaled: bool = False
+    affine: qoffsets.Affine | None = None
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -116,6 +125,8 @@ class KernelQWeight:
       scales: the scales as stored, float16 ones as their uint16 bits (the same bytes).
       tensor_scale: the QArray's float32 tensor scale, or None.
       format_name, scale_format, block_shape, shape, dtype, element_exponent: the QArray's.
+      affine: zero points and offsets as the kernel reads them
+        (:class:`emulate.pallas.qoffsets.AffineParts`), or None.
     """
 
     codes: Any
@@ -127,10 +138,11 @@ class KernelQWeight:
     shape: tuple[int, int]
     dtype: np.dtype
     element_exponent: int = 0
+    affine: Any = None
 
     def tree_flatten_with_keys(self):
-        keys = ("codes", "scales", "tensor_scale")
-        leaves = (self.codes, self.scales, self.tensor_scale)
+        keys = ("codes", "scales", "tensor_scale", "affine")
+        leaves = (self.codes, self.scales, self.tensor_scale, self.affine)
         children = tuple((jax.tree_util.GetAttrKey(k), v) for k, v in zip(keys, leaves))
         aux = (
             self.format_name,
@@ -149,7 +161,7 @@ class KernelQWeight:
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
-        for name, v in zip(("codes", "scales", "tensor_scale"), children):
+        for name, v in zip(("codes", "scales", "tensor_scale", "affine"), children):
             object.__setattr__(obj, name, v)
         for name, v in zip(
             ("format_name", "scale_format", "block_shape", "shape", "dtype", "element_exponent"),
@@ -168,6 +180,7 @@ class KernelQWeight:
         codes = self.codes.data if isinstance(self.codes, KernelWeight) else self.codes
         total = int(np.prod(codes.shape)) * np.dtype(codes.dtype).itemsize
         total += int(np.prod(self.scales.shape)) * np.dtype(self.scales.dtype).itemsize
+        total += self.affine.nbytes if self.affine is not None else 0
         return total + (4 if self.tensor_scale is not None else 0)
 
     def __repr__(self) -> str:
@@ -185,8 +198,11 @@ def _refuse(arg: str, what: str, why: str = "") -> None:
     )
 
 
-def _scaling(q: QArray | KernelQWeight, arg: str) -> Scaling:
-    """Check what the kernel builds for ``q``'s blocks and say how it applies them."""
+def _scaling(
+    q: QArray | KernelQWeight, arg: str, parts: qoffsets.AffineParts | None = None
+) -> Scaling:
+    """Check what the kernel builds for ``q``'s blocks and say how it applies them
+    (``parts``: its zero points and offsets, :func:`emulate.pallas.qoffsets.kernel_parts`)."""
     if len(q.shape) != 2:
         raise ValueError(f"{arg}: expected a 2-D (K, N) QArray, got shape {tuple(q.shape)}")
     k, n = q.shape
@@ -205,14 +221,18 @@ def _scaling(q: QArray | KernelQWeight, arg: str) -> Scaling:
             f"groups of {bk} rows along K",
             f"group scales are applied per group of a multiple of {_MIN_GROUP} rows",
         )
+    group, rows = (bk, -(-k // bk)) if along_k else (max(k, 1), 1)
+    if parts is not None:
+        group, along_k = qoffsets.grouped(k, along_k, group)
     return Scaling(
-        group=bk if along_k else max(k, 1),
+        group=group,
         along_k=along_k,
         per_column=bn == 1 and n > 1,
         scale_format=q.scale_format,
-        rows=-(-k // bk) if along_k else 1,
+        rows=rows,
         element_exponent=int(q.element_exponent),
         tensor_scaled=q.tensor_scale is not None,
+        affine=None if parts is None else parts.spec,
     )
 
 
@@ -228,13 +248,13 @@ def split(
       ValueError: not 2-D.
     """
     if isinstance(w, KernelQWeight):
-        return w.codes, jnp.asarray(w.scales), _scaling(w, arg), w
-    parts = parts_text(w)
+        return w.codes, jnp.asarray(w.scales), _scaling(w, arg, w.affine), w
+    parts = [p for p in parts_text(w) if p.split("=")[0] not in qoffsets.PARTS]
     if parts:
-        _refuse(arg, f"a QArray's {', '.join(parts)}", "only codes times block scales are built")
+        _refuse(arg, f"a QArray's {', '.join(parts)}", _BUILT)
     if w.format_name in formats.CODE_FORMATS:
         _refuse(arg, f"{w.format_name} codes", "2- to 6-bit integer code formats")
-    s = _scaling(w, arg)
+    s = _scaling(w, arg, qoffsets.kernel_parts(w, arg))
     codes = w.codes
     if isinstance(codes, Packed) and (codes.ndim != 2 or codes.axis != -2):
         codes = weights.prepare_weight(codes)  # packed along N: into the K-planar layout
@@ -243,6 +263,8 @@ def split(
         if group_shape(codes.format.bits)[1] > 1 or (s.group // g) % _HALF_LANES:
             # a group's rows in each column plane of x must be whole half-lane slices
             codes = weights.prepare_weight(codes)
+    if isinstance(w.scales, QArray):  # two-level: their codes (emulate.pallas.qoffsets)
+        return codes, qoffsets.outer_scales(w), s, w
     return codes, _kernel_scales(w.scales, s.scale_format), s, w
 
 
@@ -283,6 +305,7 @@ def prepare_weight(w: Any, w_format: Any = None) -> KernelWeight | KernelQWeight
         return weights.prepare_weight(w, w_format)
     check_format(w, w_format)
     codes, scales, _, _ = split(w)
+    parts = qoffsets.kernel_parts(w)
     if isinstance(codes, Packed) or (
         not isinstance(codes, KernelWeight) and np.dtype(codes.dtype).itemsize * 8 != 8
     ):
@@ -297,6 +320,7 @@ def prepare_weight(w: Any, w_format: Any = None) -> KernelWeight | KernelQWeight
         (int(w.shape[0]), int(w.shape[1])),
         w.dtype,
         int(w.element_exponent),
+        parts,
     )
 
 
@@ -309,9 +333,10 @@ def as_qarray(w: KernelQWeight) -> QArray:
     scales = w.scales
     if w.scale_format in _KERNEL_SCALE:
         scales = lax.bitcast_convert_type(jnp.asarray(scales), jnp.float16)
+    parts = {} if w.affine is None else qoffsets.as_parts(w.affine, w.scales)
     return QArray(
         codes,
-        scales,
+        parts.pop("scales", scales),
         w.tensor_scale,
         w.format_name,
         w.scale_format,
@@ -319,6 +344,7 @@ def as_qarray(w: KernelQWeight) -> QArray:
         tuple(w.shape),
         np.dtype(w.dtype),
         w.element_exponent,
+        **parts,
     )
 
 
@@ -433,32 +459,47 @@ def scaled_result(acc: jax.Array, s_ref: Any, ts_refs: Any, cfg: Any) -> jax.Arr
     return acc.astype(formats.get(cfg.out).dtype)
 
 
-def group_scaled_step(tiles: list, s_ref: Any, cfg: Any, k: Any) -> jax.Array:
+def group_scaled_step(tiles: list, s_ref: Any, cfg: Any, k: Any, aff_refs: Any = ()) -> jax.Array:
     """One K step of a weight with scales along K: per group of rows, the partial sum of
-    every plane (exact for exact-class pairs, then f32) times the group's scale, in f32."""
+    every plane (exact for exact-class pairs, then f32) times the group's scale, in f32;
+    with zero points and offsets (``aff_refs``), their terms (:mod:`.qoffsets`)."""
     r = cfg.route
     sc = cfg.scaling
     assert sc is not None
-    factors = scale_rows(s_ref[...], sc.scale_format)
+    terms = None
+    if sc.affine is not None:
+        terms = qoffsets.GroupTerms(aff_refs, s_ref, sc.affine, r.exact, r.lhs_scale)
+    two_level = terms is not None and terms.two_level_scales
+    factors = None if two_level else scale_rows(s_ref[...], sc.scale_format)
     sub = min(sc.group, cfg.bk)  # K rows per partial sum
     rows = sub // cfg.x_planes  # their rows in each plane
     quantum = jnp.float32(2.0**-r.scale) if r.exact and r.scale else None
     total = None
     for q in range(cfg.bk // sub):
-        part = None
+        part, cut = None, []
         for xt, wt in tiles:
             xs = xt[:, q * rows : (q + 1) * rows]
             ws = wt[q * rows : (q + 1) * rows]
             d = route.exact_dot(xs, ws, r) if r.exact else route.float_dot(xs, ws, r.precision)
             part = d if part is None else part + d
+            cut.append(xs)
         assert part is not None
+        index = (k * cfg.bk + q * sub) // sc.group
+        if terms is not None:
+            part = terms.subtract_zero(part, cut, index)
         part = part.astype(jnp.float32)
         if quantum is not None:
             part = part * quantum
-        lo, hi = group_scale(factors, (k * cfg.bk + q * sub) // sc.group)
+        if factors is None:
+            assert terms is not None
+            lo, hi = terms.scale(index)
+        else:
+            lo, hi = group_scale(factors, index)
         part = part * lo
         if hi is not None:
             part = part * hi
+        if terms is not None:
+            part = terms.add_offset(part, index)
         total = part if total is None else total + part
     assert total is not None
     return total

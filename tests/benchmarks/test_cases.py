@@ -12,7 +12,16 @@ import pytest
 
 from benchmarks import cases, harness
 
-BENCHMARKS = ("decode", "exact", "matmul", "pallas_matmul", "quantized", "scaled", "tpu")
+BENCHMARKS = (
+    "decode",
+    "exact",
+    "matmul",
+    "pallas_matmul",
+    "pallas_qtime",
+    "quantized",
+    "scaled",
+    "tpu",
+)
 
 
 def test_pairs_name_their_operands():

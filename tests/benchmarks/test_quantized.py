@@ -99,6 +99,23 @@ def test_offset_cost_is_with_over_without(tpu_rows):
         assert o["offset_cost"] == w["estimate_s"] / wo["estimate_s"]
 
 
+def test_the_pallas_rows_count_the_kernels_traffic(weights):
+    rows = bq.tpu_rows("tpu_v5e", (8, K, N), ["awq_g128", "nf4_b64"], contenders=("pallas",))
+    awq, nf4 = rows
+    assert awq["status"] == "ok", awq["reason"]
+    # the kernel is a custom call: its traffic (block copies) is counted, no estimate;
+    # it reads the prepared weight (the same bytes as stored) and x once, writes the result
+    assert awq["estimate_s"] is None
+    assert awq["bytes_accessed"] == awq["kernel_bytes"] + (awq["bytes_outside_kernel"] or 0)
+    assert (
+        awq["bytes_accessed"]
+        >= awq["stored_bytes"]
+        == weights["awq_g128"].nbytes + (2 * 8 * K + 4 * 8 * N)
+    )
+    assert (nf4["status"], nf4["contender"]) == ("not built", "pallas")
+    assert "codebook" in nf4["reason"]
+
+
 def _row(platform, pair, contender, **figures):
     row = {"platform": platform, "pair": pair, "contender": contender, "M": 1, "K": 4, "N": 2}
     return {**row, "status": "ok", "stored_bytes": 100, **figures}
@@ -144,7 +161,7 @@ def test_ratios_offsets_and_goals_on_given_figures():
             "goals": bq.goals(rows, offsets),
         }
     )
-    assert "| tpu_v5e | AWQ int4 g128 (zero points) | 1x4x2 | 1.20 | 1.30 |" in text
+    assert "| tpu_v5e | AWQ int4 g128 (zero points) | (c) emulate | 1x4x2 | 1.20 | 1.30 |" in text
     assert (
         "| tpu_v5e | offset term: (c) with / without, estimate | 1.1 | 1.2 | awq_g128 1x4x2 | no |"
         in text
@@ -154,7 +171,7 @@ def test_ratios_offsets_and_goals_on_given_figures():
 def test_cpu_rows_time_every_contender():
     rows = bq.cpu_rows((2, K, N), ["nf4_b64"], repeats=1)
     assert [(r["pair"], r["contender"], r["status"]) for r in rows] == [
-        ("nf4_b64", c, "ok") for c in bq.CONTENDERS
+        ("nf4_b64", c, "ok") for c in bq.CPU_CONTENDERS
     ]
     for r in rows:
         assert r["min_s"] <= r["median_s"] <= r["max_s"]

@@ -238,11 +238,6 @@ def _parts_cases():
     s = jnp.ones((2, 128), jnp.float16)
     u4 = jnp.zeros((256, 128), jnp.uint8)
     return [
-        (emulate.QArray.from_parts(ones, s, block_shape=(128, 1), zero_points=1),
-         r"^w: emulate.pallas.matmul does not decode a QArray's zero_points=1 in the kernel "
-         r"\(only codes times block scales are built\); use emulate.dot_general"),
-        (emulate.QArray.from_parts(ones, s, block_shape=(128, 1), offsets=0.5),
-         r"^w: emulate.pallas.matmul does not decode a QArray's offsets in the kernel"),
         (emulate.QArray.from_parts(u4, s, block_shape=(128, 1), codebook=codebooks.NF4),
          r"^w: emulate.pallas.matmul does not decode a QArray's codebook\(NF4\) in the kernel"),
         (emulate.QArray.from_parts(ones, s, block_shape=(128, 1), perm=jnp.arange(256)[::-1],
@@ -250,7 +245,8 @@ def _parts_cases():
          r"^w: emulate.pallas.matmul does not decode a QArray's perm in the kernel"),
         (emulate.QArray.from_parts(ones, emulate.quantize(np.ones((2, 128), np.float32), "int8",
                                                           axis=0), block_shape=(128, 1)),
-         r"^w: emulate.pallas.matmul does not decode a QArray's two_level in the kernel"),
+         r"^w: emulate.pallas.matmul does not decode two-level scales QArray\(int8\[2, 128\], "
+         r"scales float8_e8m0fnu"),
         (emulate.QArray.from_parts(u4, s, block_shape=(128, 1), fmt="uint3"),
          r"^w: emulate.pallas.matmul does not decode uint3 codes in the kernel \(2- to 6-bit "
          r"integer code formats\)"),

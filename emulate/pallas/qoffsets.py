@@ -1,0 +1,513 @@
+"""Zero points, offsets and two-level scales of a :class:`emulate.QArray` weight in
+:func:`emulate.pallas.matmul`.
+
+A weight ``W[k, n] = (q[k, n] - z[g, n]) * s[g, n] + o[g, n]`` (``g`` the group of row
+``k``: AutoAWQ / GPTQ / compressed-tensors asymmetric int4, GGUF Q4_0's static 8, GGUF
+Q4_1 / Q5_1's ``m``) is contracted as its codes, with per group two terms that need only
+the activations' sum over the group's rows, ``X[m, g] = sum_{k in g} x[m, k]``::
+
+    sum_k x[m, k] W[k, n] = sum_g ( (P[m, g, n] - z[g, n] X[m, g]) s[g, n] + X[m, g] o[g, n] )
+
+with ``P`` the group's partial sum of ``x * q`` as the kernel computes it for a plain
+weight. Exact pairs (integer codes times integer, float4 or float6 activations) keep
+``P - z X`` in int32, exact (the kernel's groups are at most 2048 rows, so no 8-bit zero
+point can carry it past int32); other pairs compute it in f32 (``X``: the f32 sum of the
+decoded activations). The scales then apply per group in f32 as for a plain weight, the
+offset term is added in f32, and the result is rounded once. Scales that do not change
+along K make one group spanning K here (so the kernel applies them per K step).
+
+Two-level scales and offsets (``s`` or ``o`` a QArray of the scale grid's shape: GGUF
+K-quants' ``d * sc`` and ``-dmin * m``, 6-bit codes per 32 rows times a float16 per 256
+rows) are decoded in the kernel from their stored codes: a group's code is cut out of
+the bytes it spans (the codes packed along the groups, :func:`emulate.pack`'s bit
+stream), minus the inner zero point, times its super-block scale, one f32 rounding: the
+f32 value :func:`emulate.dequantize` gives it.
+
+Error (mode "fast" pairs): the f32 accumulator is within ``gamma_(K + S + 5) * sum_k |x_k|
+(|q_k s| + |z s| + |o|)`` of the exact sum of the dequantized products (:mod:`emulate.
+scaled`'s bound for the same QArray), ``S`` the number of groups or K steps, whichever is
+larger; with integer codes, zero points and power-of-two scales (or two-level scales
+whose values are integers times powers of two), and every partial sum within 2**24 of
+the scale's quantum, the result is exact, bit-identical to :func:`emulate.dot_general`.
+
+What the kernel reads (:class:`AffineParts`, kept in :class:`emulate.pallas.KernelQWeight`
+by :func:`emulate.pallas.prepare_weight`, no more bytes than stored): zero points of a
+4-bit format (int4 / uint4, an array or Packed along any axis) as their nibbles packed
+along the group axis (two groups a byte: the kernel takes a group's nibble from its
+byte); int8 / uint8 zero points as stored; an int zero point as a constant. Offsets:
+float32 / bfloat16 arrays as stored, float16 ones as their uint16 bits, a float as a
+constant. Two-level parts: their codes packed along the groups (2- to 7-bit) or 8-bit as
+stored, the super-block scales as offsets are (two-level scales' codes are the
+KernelQWeight's ``scales``).
+
+Not built (NotImplementedError): zero points of other types (int16, int32, 2-bit),
+static ones beyond 255 in magnitude, zero points on float codes, any of these parts with
+``element_exponent``, offsets with a tensor scale; two-level parts other than integer
+codes of at most 8 bits with a static zero point, in blocks ``(B, 1)``, times float16 /
+bfloat16 / float32 super-block scales (no further level, offsets, codebook or tensor
+scale).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from emulate import formats
+from emulate.numerics import codecs
+from emulate.numerics.storage import Packed, pack, unpack_codes
+from emulate.qarray import QArray
+from emulate.qparts import is_int
+
+__all__ = [
+    "PARTS",
+    "Affine",
+    "AffineParts",
+    "GroupTerms",
+    "Level",
+    "as_parts",
+    "grouped",
+    "kernel_arrays",
+    "kernel_parts",
+    "outer_scales",
+    "spec",
+]
+
+#: The QArray parts built here (as :func:`emulate.qarray.parts_text` names them).
+PARTS = ("zero_points", "offsets", "two_level")
+_MIN_GROUP = 32
+#: Zero point types the kernel reads: 4-bit ones packed along the group axis, 8-bit as is.
+_ZERO_TYPES = ("int4", "uint4", "int8", "uint8")
+_MAX_STATIC_ZERO = 255
+_OFFSET_TYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "uint16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Level:
+    """A two-level part (scales or offsets that are QArrays): small-integer codes per group
+    (``code_format``, Packed along the groups or 8-bit as stored) minus ``zero``, times a
+    scale per ``block`` groups (``super_format``: float16 as uint16 bits, bfloat16,
+    float32), one f32 rounding, as :func:`emulate.dequantize` computes them."""
+
+    code_format: str
+    block: int
+    super_format: str
+    zero: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Affine:
+    """The static side of a weight's zero points and offsets.
+
+    Attributes:
+      zero: "none", "static" (``zero_value``), "array" (``zero_format`` int8 / uint8, one
+        byte a group) or "packed" (``zero_format`` int4 / uint4, two groups a byte along
+        the group axis, the even group in the low nibble).
+      zero_value: the static zero point (code units).
+      zero_format: the zero points' format name ("" without an array).
+      offset: "none", "static" (``offset_value``), "array" (``offset_format``) or
+        "two_level" (``offset_level``).
+      offset_value: the static offset.
+      offset_format: "float32", "bfloat16" or "float16" (held as uint16 bits).
+      offset_level, scale_level: two-level offsets and scales (:class:`Level`), or None.
+    """
+
+    zero: str = "none"
+    zero_value: int = 0
+    zero_format: str = ""
+    offset: str = "none"
+    offset_value: float = 0.0
+    offset_format: str = ""
+    offset_level: Level | None = None
+    scale_level: Level | None = None
+
+    @property
+    def operands(self) -> int:
+        """Kernel operands: zero points, offsets (two for two-level ones: codes, scales),
+        the two-level scales' super-block scales."""
+        return (
+            int(self.zero in ("array", "packed"))
+            + {"array": 1, "two_level": 2}.get(self.offset, 0)
+            + int(self.scale_level is not None)
+        )
+
+
+@jax.tree_util.register_pytree_with_keys_class
+@dataclasses.dataclass(frozen=True, eq=False)
+class AffineParts:
+    """Zero points and offsets as the kernel reads them (:class:`Affine`'s arrays).
+
+    Attributes:
+      zeros: uint8 / int8 array ``(rows, C)``, ``rows`` the groups (or half of them,
+        rounded up, for 4-bit zero points), ``C`` the scales' columns; or None.
+      offsets: float32 / bfloat16 / uint16 array of the scales' shape; two-level ones:
+        their codes' bytes (:class:`Level`); or None.
+      spec: the :class:`Affine` record.
+      grid: the scales' shape (groups, columns).
+      offset_supers, scale_supers: the super-block scales of two-level offsets and scales
+        (float16 as uint16 bits), or None. (Two-level scales' codes are the
+        KernelQWeight's ``scales``.)
+    """
+
+    zeros: Any
+    offsets: Any
+    spec: Affine
+    grid: tuple[int, int]
+    offset_supers: Any = None
+    scale_supers: Any = None
+
+    def tree_flatten_with_keys(self):
+        names = ("zeros", "offsets", "offset_supers", "scale_supers")
+        children = tuple((jax.tree_util.GetAttrKey(n), getattr(self, n)) for n in names)
+        return children, (self.spec, self.grid)
+
+    def tree_flatten(self):
+        keyed, aux = self.tree_flatten_with_keys()
+        return tuple(v for _, v in keyed), aux
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        obj = object.__new__(cls)
+        names = ("zeros", "offsets", "offset_supers", "scale_supers", "spec", "grid")
+        for name, v in zip(names, (*children, *aux)):
+            object.__setattr__(obj, name, v)
+        return obj
+
+    @property
+    def arrays(self) -> tuple[Any, ...]:
+        """The kernel operands in :attr:`Affine.operands`' order."""
+        leaves = (self.zeros, self.offsets, self.offset_supers, self.scale_supers)
+        return tuple(a for a in leaves if a is not None)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in self.arrays)
+
+
+def _refuse(arg: str, what: str) -> None:
+    raise NotImplementedError(
+        f"{arg}: emulate.pallas.matmul does not decode {what} in the kernel; use "
+        "emulate.dot_general for this QArray"
+    )
+
+
+def _zero_parts(q: QArray, grid: tuple[int, int], arg: str) -> tuple[Any, dict]:
+    z = q.zero_points
+    if z is None:
+        return None, {}
+    if not q.format.is_integer:
+        _refuse(arg, f"zero points on {q.format_name} codes (integer codes are built)")
+    if is_int(z):
+        if abs(int(z)) > _MAX_STATIC_ZERO:
+            _refuse(arg, f"a zero point of {int(z)} (at most {_MAX_STATIC_ZERO} in magnitude)")
+        return None, {"zero": "static", "zero_value": int(z)}
+    fmt = z.format_name if isinstance(z, Packed) else np.dtype(z.dtype).name
+    if fmt not in _ZERO_TYPES:
+        _refuse(arg, f"{fmt} zero points (int4, uint4, int8 and uint8 ones are built)")
+    if formats.get(fmt).bits == 8:
+        return jnp.asarray(z), {"zero": "array", "zero_format": fmt}
+    if not (isinstance(z, Packed) and z.axis + 2 == 0):  # nibbles along the group axis
+        codes = unpack_codes(z) if isinstance(z, Packed) else jnp.asarray(z)
+        z = pack(codes, fmt, axis=0)
+    return jnp.asarray(z.data), {"zero": "packed", "zero_format": fmt}
+
+
+def _as_bits(a: Any) -> tuple[jax.Array, str]:
+    """A float32 / bfloat16 / float16 array as the kernel reads it, and its format."""
+    a = jnp.asarray(a)
+    fmt = a.dtype.name
+    if fmt not in _OFFSET_TYPES:
+        raise TypeError(f"expected a float32, bfloat16 or float16 array, got {fmt}")
+    if fmt != _OFFSET_TYPES[fmt]:
+        a = lax.bitcast_convert_type(a, jnp.dtype(_OFFSET_TYPES[fmt]))
+    return a, fmt
+
+
+def _level(inner: QArray, arg: str, what: str) -> tuple[jax.Array, jax.Array, Level]:
+    """(codes' bytes along the groups, super-block scales, :class:`Level`) of a two-level
+    part ``inner`` (a QArray of the scale grid's shape)."""
+    if len(inner.shape) != 2 or inner.block_shape[1] != 1 or inner.block_shape[0] < 1:
+        _refuse(arg, f"two-level {what} in blocks {tuple(inner.block_shape)} (blocks (B, 1))")
+    if (
+        not inner.format.is_integer
+        or inner.format.bits > 8
+        or isinstance(inner.scales, QArray)
+        or inner.offsets is not None
+        or inner.codebook is not None
+        or inner.perm is not None
+        or inner.tensor_scale is not None
+        or inner.element_exponent
+        or not (inner.zero_points is None or is_int(inner.zero_points))
+        or inner.scale_format not in _OFFSET_TYPES
+    ):
+        _refuse(
+            arg,
+            f"two-level {what} {inner!r} (integer codes of at most 8 bits, a static zero "
+            "point, float16 / bfloat16 / float32 super-block scales are built)",
+        )
+    f = inner.format
+    c = inner.codes
+    if f.bits == 8:
+        data = jnp.asarray(c)
+    else:
+        if not (isinstance(c, Packed) and c.axis + 2 == 0):
+            c = pack(unpack_codes(c) if isinstance(c, Packed) else jnp.asarray(c), f.name, axis=0)
+        data = jnp.asarray(c.data)
+    supers, sf = _as_bits(inner.scales)
+    level = Level(f.name, int(inner.block_shape[0]), sf, int(inner.zero_points or 0))
+    return data, supers, level
+
+
+def _offset_parts(q: QArray, arg: str) -> tuple[tuple[Any, Any], dict]:
+    o = q.offsets
+    if o is None:
+        return (None, None), {}
+    if q.tensor_scale is not None:
+        _refuse(arg, "offsets with a tensor scale")
+    if isinstance(o, float):
+        return (None, None), {"offset": "static", "offset_value": float(o)}
+    if isinstance(o, QArray):
+        data, supers, level = _level(o, arg, "offsets")
+        return (data, supers), {"offset": "two_level", "offset_level": level}
+    a, fmt = _as_bits(o)
+    return (a, None), {"offset": "array", "offset_format": fmt}
+
+
+def kernel_parts(q: QArray, arg: str = "w") -> AffineParts | None:
+    """A 2-D QArray's zero points, offsets and two-level scales' super-block scales as the
+    kernel reads them; None without any.
+
+    Raises:
+      NotImplementedError: a part the kernel does not build (module docstring).
+    """
+    two_level = isinstance(q.scales, QArray)
+    if not q.is_affine and not two_level:
+        return None
+    if q.element_exponent:
+        _refuse(arg, "zero points, offsets or two-level scales with an element_exponent")
+    k, n = q.shape
+    bk, bn = q.block_shape
+    grid = (-(-k // bk), -(-n // bn))
+    zeros, zs = _zero_parts(q, grid, arg)
+    (offsets, offset_supers), os_ = _offset_parts(q, arg)
+    scale_supers = None
+    if two_level:
+        _, scale_supers, level = _level(q.scales, arg, "scales")
+        os_["scale_level"] = level
+    return AffineParts(zeros, offsets, Affine(**zs, **os_), grid, offset_supers, scale_supers)
+
+
+def outer_scales(q: QArray) -> jax.Array:
+    """Two-level scales' codes as the kernel reads them (the KernelQWeight's ``scales``)."""
+    return _level(q.scales, "w", "scales")[0]
+
+
+def kernel_arrays(w: Any) -> tuple[Any, ...]:
+    """The kernel operands of a QArray's or a KernelQWeight's zero points, offsets and
+    two-level super-block scales (:attr:`Affine.operands`' order; none without)."""
+    parts = kernel_parts(w) if isinstance(w, QArray) else getattr(w, "affine", None)
+    return () if parts is None else parts.arrays
+
+
+def _inner(data: Any, supers: Any, level: Level, grid: tuple[int, int]) -> QArray:
+    f = formats.get(level.code_format)
+    codes = jnp.asarray(data) if f.bits == 8 else Packed(jnp.asarray(data), f.name, -2, grid[0])
+    sup = jnp.asarray(supers)
+    if level.super_format == "float16":
+        sup = lax.bitcast_convert_type(sup, jnp.float16)
+    return QArray.from_parts(
+        codes, sup, block_shape=(level.block, 1), zero_points=level.zero or None
+    )
+
+
+def as_parts(p: AffineParts, scales: Any) -> dict[str, Any]:
+    """``zero_points=``, ``offsets=`` (and, for two-level scales, ``scales=`` from the
+    KernelQWeight's ``scales``) of the QArray ``p`` was made from (4-bit zero points Packed
+    along the group axis, float16 offsets as float16)."""
+    a = p.spec
+    zp: Any = None
+    if a.zero == "static":
+        zp = a.zero_value
+    elif a.zero == "array":
+        zp = p.zeros
+    elif a.zero == "packed":
+        zp = Packed(jnp.asarray(p.zeros), a.zero_format, -2, p.grid[0])
+    off: Any = None
+    if a.offset == "static":
+        off = a.offset_value
+    elif a.offset == "array":
+        off = jnp.asarray(p.offsets)
+        if a.offset_format == "float16":
+            off = lax.bitcast_convert_type(off, jnp.float16)
+    elif a.offset == "two_level":
+        assert a.offset_level is not None
+        off = _inner(p.offsets, p.offset_supers, a.offset_level, p.grid)
+    out = {"zero_points": zp, "offsets": off}
+    if a.scale_level is not None:
+        out["scales"] = _inner(scales, p.scale_supers, a.scale_level, p.grid)
+    return out
+
+
+def grouped(k: int, along_k: bool, group: int) -> tuple[int, bool]:
+    """``(group, along_k)`` of a weight with zero points or offsets: scales constant along
+    K become one group spanning K, rounded up to whole groups of 32 rows."""
+    if along_k:
+        return group, True
+    return max(_MIN_GROUP, -(-k // _MIN_GROUP) * _MIN_GROUP), True
+
+
+def spec(rows: int, per_column: bool, bn: int) -> Any:
+    """The BlockSpec of a per-group kernel operand of ``rows`` rows (the scales, zero
+    points, offsets, super-block scales): every row, the columns of the output block
+    (``per_column``) or the one column."""
+    from jax.experimental import pallas as pl  # noqa: PLC0415 - kernel-side only
+
+    if per_column:
+        return pl.BlockSpec((rows, bn), lambda i, j, k: (0, j))
+    return pl.BlockSpec((rows, 1), lambda i, j, k: (0, 0))
+
+
+# --- in the kernel -----------------------------------------------------------------------
+
+
+def _select(rows: jax.Array, index: Any) -> jax.Array:
+    """Row ``index`` (dynamic) of ``rows`` (R, C) as (1, C): a one-hot sum (exact)."""
+    at = lax.broadcasted_iota(jnp.int32, rows.shape, 0) == index
+    return jnp.sum(jnp.where(at, rows, jnp.zeros((), rows.dtype)), axis=0, keepdims=True)
+
+
+def _bytes(block: jax.Array) -> jax.Array:
+    """A loaded 8-bit block as int32 byte values (0..255)."""
+    return block.astype(jnp.int32) & 0xFF
+
+
+def _float_rows(block: jax.Array, fmt: str) -> jax.Array:
+    if fmt == "float32":
+        return block
+    if fmt == "bfloat16":
+        return block.astype(jnp.float32)
+    c = block.astype(jnp.int32) & 0xFFFF  # float16 as its uint16 bits
+    bits = codecs.decode_float_bits(c, formats.get("float16"))
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _packed_code(rows: jax.Array, index: Any, bits: int) -> jax.Array:
+    """Code ``index`` (dynamic) of codes packed along the rows (:func:`emulate.pack`'s bit
+    stream, ``rows`` int32 byte values) as a (1, C) int32 row of unsigned codes."""
+    if bits == 8:
+        return _select(rows, index)
+    bit = index * bits
+    lo, hi = _select(rows, bit // 8), _select(rows, bit // 8 + 1)  # past the end: 0
+    return ((lo | (hi << 8)) >> (bit % 8)) & ((1 << bits) - 1)
+
+
+def _level_value(codes: jax.Array, supers: jax.Array, level: Level, index: Any) -> jax.Array:
+    """Group ``index``'s two-level value, ``(code - zero) * super`` rounded once to f32."""
+    f = formats.get(level.code_format)
+    c = _packed_code(codes, index, f.bits)
+    if f.signed:
+        half = 1 << (f.bits - 1)
+        c = (c ^ half) - half
+    if level.zero:
+        c = c - level.zero
+    return c.astype(jnp.float32) * _select(supers, index // level.block)
+
+
+class GroupTerms:
+    """In the kernel, one K step: the zero-point and offset terms of each group, and
+    two-level scales.
+
+    ``refs``: the kernel operands of :class:`AffineParts` (:attr:`Affine.operands`'
+    order); ``s_ref``: the scales' (two-level: their codes); ``exact``: whether partial
+    sums are exact int32 sums (in quanta of ``2**-lhs_scale``)."""
+
+    def __init__(self, refs: Any, s_ref: Any, spec: Affine, exact: bool, lhs_scale: int):
+        self.spec = spec
+        self.exact = exact
+        self.lhs_scale = lhs_scale
+        refs = list(refs)
+        self.zeros = _bytes(refs.pop(0)[...]) if spec.zero in ("array", "packed") else None
+        self.offsets: Any = None
+        if spec.offset == "array":
+            self.offsets = _float_rows(refs.pop(0)[...], spec.offset_format)
+        elif spec.offset == "two_level":
+            assert spec.offset_level is not None
+            codes = _bytes(refs.pop(0)[...])
+            self.offsets = (codes, _float_rows(refs.pop(0)[...], spec.offset_level.super_format))
+        self.scales: Any = None
+        if spec.scale_level is not None:
+            supers = _float_rows(refs.pop(0)[...], spec.scale_level.super_format)
+            self.scales = (_bytes(s_ref[...]), supers)
+        self.xsum: Any = None
+
+    @property
+    def two_level_scales(self) -> bool:
+        return self.scales is not None
+
+    def scale(self, index: Any) -> tuple[jax.Array, None]:
+        """Group ``index``'s two-level scale as :func:`emulate.pallas.qweight.group_scale`
+        gives a scale: a (1, C) f32 row (and None)."""
+        assert self.spec.scale_level is not None
+        codes, supers = self.scales
+        return _level_value(codes, supers, self.spec.scale_level, index), None
+
+    def _zero(self, index: Any) -> Any:
+        """Group ``index``'s zero points as a (1, C) int32 row, or an int."""
+        s = self.spec
+        if s.zero == "static":
+            return s.zero_value
+        assert self.zeros is not None
+        if s.zero == "packed":
+            byte = _select(self.zeros, index // 2)
+            v = (byte >> ((index % 2) * 4)) & 0xF
+        else:
+            v = _select(self.zeros, index)
+        if formats.get(s.zero_format).signed:
+            half = 1 << (formats.get(s.zero_format).bits - 1)
+            v = (v ^ half) - half
+        return v
+
+    def subtract_zero(self, part: jax.Array, xs: list[jax.Array], index: Any) -> jax.Array:
+        """``part - z X`` for the group ``index``: ``xs``, its decoded x slices (one per
+        column plane); ``part`` int32 (exact) or f32. Keeps ``X`` for :meth:`add_offset`."""
+        if self.spec.zero == "none" and self.spec.offset == "none":
+            return part
+        total = None
+        for x in xs:
+            if jnp.issubdtype(x.dtype, jnp.integer):  # int8: summed in int32 (Mosaic
+                # converts only 32-bit integers to float, and folds int8 -> int32 -> f32)
+                t = jnp.sum(x.astype(jnp.int32), axis=1, keepdims=True)
+            else:  # exact for the integers of an exact route
+                t = jnp.sum(x.astype(jnp.float32), axis=1, keepdims=True)
+            total = t if total is None else total + t
+        assert total is not None
+        self.xsum = total if total.dtype == jnp.float32 else total.astype(jnp.float32)
+        if self.spec.zero == "none":
+            return part
+        z = self._zero(index)
+        if self.exact:
+            return part - total.astype(jnp.int32) * z
+        zf = jnp.float32(z) if isinstance(z, int) else z.astype(jnp.float32)
+        return part - total * zf
+
+    def add_offset(self, scaled: jax.Array, index: Any) -> jax.Array:
+        """``scaled + X o`` for the group ``index`` (after its scale)."""
+        s = self.spec
+        if s.offset == "none":
+            return scaled
+        x = self.xsum
+        if self.exact and self.lhs_scale:
+            x = x * jnp.float32(2.0**-self.lhs_scale)
+        if s.offset == "static":
+            return scaled + x * jnp.float32(s.offset_value)
+        assert self.offsets is not None
+        if s.offset == "two_level":
+            assert s.offset_level is not None
+            codes, supers = self.offsets
+            return scaled + x * _level_value(codes, supers, s.offset_level, index)
+        return scaled + x * _select(self.offsets, index)

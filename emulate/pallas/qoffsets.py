@@ -61,6 +61,7 @@ from jax import lax
 from emulate import formats
 from emulate.numerics import codecs
 from emulate.numerics.storage import Packed, pack, unpack_codes
+from emulate.pallas import qsteps
 from emulate.qarray import QArray
 from emulate.qparts import is_int
 
@@ -396,28 +397,6 @@ def _float_rows(block: jax.Array, fmt: str) -> jax.Array:
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
-def _packed_code(rows: jax.Array, index: Any, bits: int) -> jax.Array:
-    """Code ``index`` (dynamic) of codes packed along the rows (:func:`emulate.pack`'s bit
-    stream, ``rows`` int32 byte values) as a (1, C) int32 row of unsigned codes."""
-    if bits == 8:
-        return _select(rows, index)
-    bit = index * bits
-    lo, hi = _select(rows, bit // 8), _select(rows, bit // 8 + 1)  # past the end: 0
-    return ((lo | (hi << 8)) >> (bit % 8)) & ((1 << bits) - 1)
-
-
-def _level_value(codes: jax.Array, supers: jax.Array, level: Level, index: Any) -> jax.Array:
-    """Group ``index``'s two-level value, ``(code - zero) * super`` rounded once to f32."""
-    f = formats.get(level.code_format)
-    c = _packed_code(codes, index, f.bits)
-    if f.signed:
-        half = 1 << (f.bits - 1)
-        c = (c ^ half) - half
-    if level.zero:
-        c = c - level.zero
-    return c.astype(jnp.float32) * _select(supers, index // level.block)
-
-
 class GroupTerms:
     """In the kernel, one K step: the zero-point and offset terms of each group, and
     two-level scales.
@@ -449,12 +428,33 @@ class GroupTerms:
     def two_level_scales(self) -> bool:
         return self.scales is not None
 
-    def scale(self, index: Any) -> tuple[jax.Array, None]:
-        """Group ``index``'s two-level scale as :func:`emulate.pallas.qweight.group_scale`
-        gives a scale: a (1, C) f32 row (and None)."""
-        assert self.spec.scale_level is not None
-        codes, supers = self.scales
-        return _level_value(codes, supers, self.spec.scale_level, index), None
+    def begin(self, xs: list[jax.Array], first: Any, count: int, rows: int) -> None:
+        """Decode the K step's two-level parts for groups ``first .. first + count - 1``
+        (:func:`emulate.pallas.qsteps.step_levels`) and, for two-level offsets, the group
+        sums of the step's decoded x planes ``xs`` (``rows`` columns a group in each)."""
+        s = self.spec
+        if self.scales is not None:
+            assert s.scale_level is not None
+            codes, supers = self.scales
+            self.step_scales = qsteps.step_levels(codes, supers, s.scale_level, first, count)
+        if s.offset == "two_level":
+            assert s.offset_level is not None
+            codes, supers = self.offsets
+            self.step_offsets = qsteps.step_levels(codes, supers, s.offset_level, first, count)
+            quantum = 2.0**-self.lhs_scale if self.exact else 1.0
+            self.step_sums = qsteps.group_sums(xs, count, rows, quantum)
+
+    def scale(self, q: int) -> tuple[jax.Array, None]:
+        """The step's group ``q``'s two-level scale as
+        :func:`emulate.pallas.qweight.group_scale` gives a scale: a (1, C) f32 row (and
+        None)."""
+        return self.step_scales[q : q + 1], None
+
+    def finish(self, total: jax.Array) -> jax.Array:
+        """The step's sum plus its two-level offset term, ``X @ O`` (one dot)."""
+        if self.spec.offset != "two_level":
+            return total
+        return total + qsteps.offset_term(self.step_sums, self.step_offsets)
 
     def _zero(self, index: Any) -> Any:
         """Group ``index``'s zero points as a (1, C) int32 row, or an int."""
@@ -475,8 +475,8 @@ class GroupTerms:
     def subtract_zero(self, part: jax.Array, xs: list[jax.Array], index: Any) -> jax.Array:
         """``part - z X`` for the group ``index``: ``xs``, its decoded x slices (one per
         column plane); ``part`` int32 (exact) or f32. Keeps ``X`` for :meth:`add_offset`."""
-        if self.spec.zero == "none" and self.spec.offset == "none":
-            return part
+        if self.spec.zero == "none" and self.spec.offset in ("none", "two_level"):
+            return part  # two-level offsets: group sums by the matrix unit (begin)
         total = None
         for x in xs:
             if jnp.issubdtype(x.dtype, jnp.integer):  # int8: summed in int32 (Mosaic
@@ -498,7 +498,7 @@ class GroupTerms:
     def add_offset(self, scaled: jax.Array, index: Any) -> jax.Array:
         """``scaled + X o`` for the group ``index`` (after its scale)."""
         s = self.spec
-        if s.offset == "none":
+        if s.offset in ("none", "two_level"):  # two-level: once per step (finish)
             return scaled
         x = self.xsum
         if self.exact and self.lhs_scale:
@@ -506,8 +506,4 @@ class GroupTerms:
         if s.offset == "static":
             return scaled + x * jnp.float32(s.offset_value)
         assert self.offsets is not None
-        if s.offset == "two_level":
-            assert s.offset_level is not None
-            codes, supers = self.offsets
-            return scaled + x * _level_value(codes, supers, s.offset_level, index)
         return scaled + x * _select(self.offsets, index)

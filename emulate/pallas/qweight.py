@@ -474,6 +474,8 @@ def group_scaled_step(tiles: list, s_ref: Any, cfg: Any, k: Any, aff_refs: Any =
     sub = min(sc.group, cfg.bk)  # K rows per partial sum
     rows = sub // cfg.x_planes  # their rows in each plane
     quantum = jnp.float32(2.0**-r.scale) if r.exact and r.scale else None
+    if terms is not None:  # the step's two-level parts and group sums, once
+        terms.begin([xt for xt, _ in tiles], k * cfg.bk // sc.group, cfg.bk // sub, rows)
     total = None
     for q in range(cfg.bk // sub):
         part, cut = None, []
@@ -492,7 +494,7 @@ def group_scaled_step(tiles: list, s_ref: Any, cfg: Any, k: Any, aff_refs: Any =
             part = part * quantum
         if factors is None:
             assert terms is not None
-            lo, hi = terms.scale(index)
+            lo, hi = terms.scale(q)
         else:
             lo, hi = group_scale(factors, index)
         part = part * lo
@@ -502,7 +504,7 @@ def group_scaled_step(tiles: list, s_ref: Any, cfg: Any, k: Any, aff_refs: Any =
             part = terms.add_offset(part, index)
         total = part if total is None else total + part
     assert total is not None
-    return total
+    return total if terms is None else terms.finish(total)
 
 
 def result_type(x: jax.Array, xf: Format, w: QArray | KernelQWeight, out_dtype: Any) -> str:

@@ -1,0 +1,128 @@
+"""In the kernel, once per K step: the group sums of the activations, two-level parts
+decoded for all of the step's groups at once, and the offset term as one dot.
+
+A weight with an offset per group (``W = q s + o``) adds ``sum_g X[m, g] o[g, n]`` to the
+product, ``X[m, g]`` the sum of ``x[m, k]`` over the rows of group ``g``. Per K step of
+``count`` groups this is matrix-unit work, not per-group vector work:
+
+* ``X = x_tile @ E`` (:func:`group_sums`), ``E`` the constant 0/1 ``(columns, count)``
+  group indicator built from iotas in the kernel: bf16 (or integer) tiles with an f32
+  (int32) accumulator, f32 tiles at ``Precision.HIGHEST``; each entry of ``X`` is a sum of
+  the group's (exactly decoded) activations with one f32 rounding per addition at most,
+  as the vector sum it replaces (an exact route's integer sums are exact).
+* the step's two-level values ``(code - zero) * super`` as a ``(count, C)`` f32 matrix
+  (:func:`step_levels`): each group's code cut out of the 16-bit word of the two bytes it
+  spans, those words picked from the codes' bytes by one one-hot f32 dot at ``Precision.HIGHEST``
+  (bytes and the weights 1 and 256: the f32 sum of one or two products is exact), then
+  shifted and masked per row; the super-block scales picked with exact one-hot selects
+  (NaN and Inf stay in their group; a dot would spread them).
+* the offset term ``X @ O`` (:func:`offset_term`): one f32 dot at ``Precision.HIGHEST``,
+  ``count`` products a sum.
+
+Error: the offset term is an f32 sum of ``count`` products ``X o`` added to the step's
+sum, inside the ``gamma_(K + S + 5)`` bound :mod:`emulate.pallas.qoffsets` states (the
+same products the per-group form adds one at a time).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from emulate import formats
+
+__all__ = ["group_sums", "offset_term", "step_levels"]
+
+_HIGHEST = lax.Precision.HIGHEST
+
+
+def _indicator(cols: int, count: int, rows: int, dtype: Any) -> jax.Array:
+    """``E[c, q] = 1`` where column ``c`` of an x plane lies in group ``q`` (``rows``
+    columns a group), else 0, as ``dtype``."""
+    c = lax.broadcasted_iota(jnp.int32, (cols, count), 0)
+    q = lax.broadcasted_iota(jnp.int32, (cols, count), 1)
+    if jnp.issubdtype(jnp.dtype(dtype), jnp.integer):
+        return (c // rows == q).astype(jnp.int32).astype(dtype)
+    # from f32, not int32: XLA folds int32 -> f32 -> bf16 into one convert, which Mosaic
+    # refuses on v4 to 7x without compatibility mode (integer-to-float on 32-bit only)
+    return jnp.where(c // rows == q, jnp.float32(1), jnp.float32(0)).astype(dtype)
+
+
+def group_sums(xs: list[jax.Array], count: int, rows: int, quantum: float = 1.0) -> jax.Array:
+    """``X`` (bm, count) f32: per group of ``rows`` consecutive columns of each decoded x
+    plane in ``xs`` (bf16, f32 or int8 tiles, one per column plane), the sum over the
+    planes and the group's columns, times ``quantum`` (an exact route's ``2**-scale``)."""
+    total = None
+    for x in xs:
+        e = _indicator(x.shape[1], count, rows, x.dtype)
+        if jnp.issubdtype(x.dtype, jnp.integer):
+            t = lax.dot(x, e, preferred_element_type=jnp.int32).astype(jnp.float32)
+        elif x.dtype == jnp.float32:
+            t = lax.dot(x, e, precision=_HIGHEST, preferred_element_type=jnp.float32)
+        else:
+            t = lax.dot(x, e, preferred_element_type=jnp.float32)
+        total = t if total is None else total + t
+    assert total is not None
+    return total if quantum == 1.0 else total * jnp.float32(quantum)
+
+
+def _select(rows: jax.Array, index: Any) -> jax.Array:
+    """Row ``index`` (dynamic) of ``rows`` (R, C) as (1, C): a one-hot sum (exact)."""
+    at = lax.broadcasted_iota(jnp.int32, rows.shape, 0) == index
+    return jnp.sum(jnp.where(at, rows, jnp.zeros((), rows.dtype)), axis=0, keepdims=True)
+
+
+def _words(byte_rows: jax.Array, first: Any, count: int, bits: int) -> jax.Array:
+    """(count, C) int32: for group ``first + q``, ``lo | hi << 8`` of the two bytes its
+    ``bits``-bit code starts in (:func:`emulate.pack`'s bit stream; past the end: 0), by one
+    one-hot f32 dot of the bytes (exact: integers below 2**16)."""
+    r = byte_rows.shape[0]
+    q = lax.broadcasted_iota(jnp.int32, (count, r), 0)
+    c = lax.broadcasted_iota(jnp.int32, (count, r), 1)
+    lo = (first + q) * bits // 8
+    pick = jnp.where(c == lo, 1.0, 0.0)
+    if bits < 8:
+        pick = pick + jnp.where(c == lo + 1, 256.0, 0.0)
+    # f32 at HIGHEST (exact for integers below 2**16): a bf16 copy of the bytes would be
+    # an int32 -> bf16 convert after XLA folds the f32 step, refused on v4 without compat
+    b = byte_rows.astype(jnp.float32)
+    w = lax.dot(pick, b, precision=_HIGHEST, preferred_element_type=jnp.float32)
+    return w.astype(jnp.int32)
+
+
+def step_levels(
+    byte_rows: jax.Array, supers: jax.Array, level: Any, first: Any, count: int
+) -> jax.Array:
+    """Groups ``first .. first + count - 1``'s two-level values as a (count, C) f32 matrix:
+    ``(code - level.zero) * super`` rounded once to f32 (:func:`emulate.dequantize`'s
+    value). ``byte_rows``: the codes' bytes as int32 (0..255), packed along the groups
+    (8-bit codes one a row); ``supers``: f32 super-block scales, one row per ``level.block``
+    groups; ``level``: :class:`emulate.pallas.qoffsets.Level`."""
+    f = formats.get(level.code_format)
+    bits = f.bits
+    q = lax.broadcasted_iota(jnp.int32, (count, 1), 0)
+    code = _words(byte_rows, first, count, bits)
+    if bits < 8:
+        code = (code >> ((first + q) * bits % 8)) & ((1 << bits) - 1)
+    if f.signed:
+        half = 1 << (bits - 1)
+        code = (code ^ half) - half
+    if level.zero:
+        code = code - level.zero
+    base = first // level.block
+    rel = (first + q) // level.block - base  # (count, 1): 0 .. spans - 1
+    spans = (count - 1) // level.block + 2 if count > 1 else 1
+    sup = None
+    for j in range(spans):
+        v = _select(supers, base + j)
+        sup = v if sup is None else jnp.where(rel == j, v, sup)
+    assert sup is not None
+    return code.astype(jnp.float32) * sup
+
+
+def offset_term(sums: jax.Array, offsets: jax.Array) -> jax.Array:
+    """``X @ O``: the group sums (bm, count) times the step's offsets (count, C), f32."""
+    return lax.dot(sums, offsets, precision=_HIGHEST, preferred_element_type=jnp.float32)

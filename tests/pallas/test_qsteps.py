@@ -1,0 +1,69 @@
+"""emulate.pallas.qsteps, the per-K-step work of the kernel's offsets and two-level parts,
+run as plain JAX on the CPU (the kernel runs them in Pallas; tests/pallas/test_qoffsets.py
+covers them there and with the real TPU compiler): the step's two-level values bit for
+bit against a float64 oracle from the codes before packing (every step position of the
+groups, 3- to 8-bit codes of both signs, a zero point, a ragged last step, NaN, Inf, -0
+and tiny super-block scales kept in their own groups); the group sums and the offset
+term exact on integer-valued bf16, f32 and int8 tiles.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import emulate
+from emulate import formats
+from emulate.pallas import qoffsets, qsteps
+
+# (code format, groups, columns, groups a super-block, zero point, groups a step)
+LEVELS = [
+    ("uint6", 40, 128, 8, 0, 8),  # GGUF Q4_K: 6-bit codes, blocks of 8, 8 groups a step
+    ("int5", 21, 8, 4, 0, 6),  # steps across super-blocks, a ragged last step
+    ("uint3", 9, 4, 2, 3, 1),  # one group a step, a zero point
+    ("int8", 12, 5, 3, -2, 4),  # bytes as stored
+]
+
+
+@pytest.mark.parametrize("fmt, groups, cols, block, zero, count", LEVELS)
+def test_step_levels_are_the_dequantized_values_bit_for_bit(fmt, groups, cols, block, zero,
+                                                            count):  # fmt: skip
+    f = formats.get(fmt)
+    rng = np.random.default_rng(groups)
+    codes = rng.integers(0, 1 << f.bits, (groups, cols))
+    codes[0, :2] = [0, (1 << f.bits) - 1]
+    if f.bits == 8:
+        data = codes.astype(np.uint8)
+    else:
+        data = np.asarray(emulate.pack(codes.astype(np.uint8), fmt, axis=0).data)
+    supers = (rng.standard_normal((-(-groups // block), cols)) * 3).astype(np.float32)
+    supers[0, :4] = [np.nan, np.inf, -0.0, 2.0**-120]  # each stays in its own group
+    level = qoffsets.Level(fmt, block, "float32", zero)
+    run = jax.jit(lambda b, s, first: qsteps.step_levels(b, s, level, first, count))
+    values = codes - (1 << f.bits) * (codes >= (1 << (f.bits - 1))) if f.signed else codes
+    want = (values - zero) * np.repeat(supers.astype(np.float64), block, axis=0)[:groups]
+    want = want.astype(np.float32)  # one rounding, as emulate.dequantize
+    byte_rows = jnp.asarray(data.astype(np.int32))
+    for first in range(0, groups, count):
+        got = np.asarray(run(byte_rows, jnp.asarray(supers), jnp.int32(first)))
+        n = min(count, groups - first)
+        # equal as floats: bit for bit but the sign of a zero (not part of the contract)
+        np.testing.assert_array_equal(got[:n], want[first : first + n])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "int8"])
+def test_group_sums_and_the_offset_term_are_exact_on_integers(dtype):
+    rng = np.random.default_rng(7)
+    m, planes, count, rows = 5, 2, 4, 32
+    xi = rng.integers(-100, 101, (planes, m, count * rows))
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    xs = [jnp.asarray(x.astype(dt)) for x in xi]
+    got = np.asarray(jax.jit(lambda xs: qsteps.group_sums(xs, count, rows, 0.25))(xs))
+    want = xi.reshape(planes, m, count, rows).sum(axis=(0, 3)) * 0.25
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+    offsets = rng.integers(-64, 64, (count, 7)).astype(np.float32) * 0.5
+    term = np.asarray(qsteps.offset_term(jnp.asarray(got), jnp.asarray(offsets)))
+    np.testing.assert_array_equal(term, (want @ offsets).astype(np.float32))

@@ -61,7 +61,7 @@ from jax import lax
 from emulate import formats
 from emulate.numerics import codecs
 from emulate.numerics.storage import Packed, pack, unpack_codes
-from emulate.pallas import qsteps
+from emulate.pallas import qgroups
 from emulate.qarray import QArray
 from emulate.qparts import is_int
 
@@ -430,19 +430,19 @@ class GroupTerms:
 
     def begin(self, xs: list[jax.Array], first: Any, count: int, rows: int) -> None:
         """Decode the K step's two-level parts for groups ``first .. first + count - 1``
-        (:func:`emulate.pallas.qsteps.step_levels`) and, for two-level offsets, the group
+        (:func:`emulate.pallas.qgroups.step_levels`) and, for two-level offsets, the group
         sums of the step's decoded x planes ``xs`` (``rows`` columns a group in each)."""
         s = self.spec
         if self.scales is not None:
             assert s.scale_level is not None
             codes, supers = self.scales
-            self.step_scales = qsteps.step_levels(codes, supers, s.scale_level, first, count)
+            self.step_scales = qgroups.step_levels(codes, supers, s.scale_level, first, count)
         if s.offset == "two_level":
             assert s.offset_level is not None
             codes, supers = self.offsets
-            self.step_offsets = qsteps.step_levels(codes, supers, s.offset_level, first, count)
+            self.step_offsets = qgroups.step_levels(codes, supers, s.offset_level, first, count)
             quantum = 2.0**-self.lhs_scale if self.exact else 1.0
-            self.step_sums = qsteps.group_sums(xs, count, rows, quantum)
+            self.step_sums = qgroups.group_sums(xs, count, rows, quantum)
 
     def scale(self, q: int) -> tuple[jax.Array, None]:
         """The step's group ``q``'s two-level scale as
@@ -454,7 +454,7 @@ class GroupTerms:
         """The step's sum plus its two-level offset term, ``X @ O`` (one dot)."""
         if self.spec.offset != "two_level":
             return total
-        return total + qsteps.offset_term(self.step_sums, self.step_offsets)
+        return total + qgroups.offset_term(self.step_sums, self.step_offsets)
 
     def _zero(self, index: Any) -> Any:
         """Group ``index``'s zero points as a (1, C) int32 row, or an int."""

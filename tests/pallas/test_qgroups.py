@@ -1,4 +1,4 @@
-"""emulate.pallas.qsteps, the per-K-step work of the kernel's offsets and two-level parts,
+"""emulate.pallas.qgroups, the per-K-step work of the kernel's offsets and two-level parts,
 run as plain JAX on the CPU (the kernel runs them in Pallas; tests/pallas/test_qoffsets.py
 covers them there and with the real TPU compiler): the step's two-level values bit for
 bit against a float64 oracle from the codes before packing (every step position of the
@@ -17,7 +17,7 @@ import pytest
 
 import emulate
 from emulate import formats
-from emulate.pallas import qoffsets, qsteps
+from emulate.pallas import qgroups, qoffsets
 
 # (code format, groups, columns, groups a super-block, zero point, groups a step)
 LEVELS = [
@@ -42,7 +42,7 @@ def test_step_levels_are_the_dequantized_values_bit_for_bit(fmt, groups, cols, b
     supers = (rng.standard_normal((-(-groups // block), cols)) * 3).astype(np.float32)
     supers[0, :4] = [np.nan, np.inf, -0.0, 2.0**-120]  # each stays in its own group
     level = qoffsets.Level(fmt, block, "float32", zero)
-    run = jax.jit(lambda b, s, first: qsteps.step_levels(b, s, level, first, count))
+    run = jax.jit(lambda b, s, first: qgroups.step_levels(b, s, level, first, count))
     values = codes - (1 << f.bits) * (codes >= (1 << (f.bits - 1))) if f.signed else codes
     want = (values - zero) * np.repeat(supers.astype(np.float64), block, axis=0)[:groups]
     want = want.astype(np.float32)  # one rounding, as emulate.dequantize
@@ -61,9 +61,9 @@ def test_group_sums_and_the_offset_term_are_exact_on_integers(dtype):
     xi = rng.integers(-100, 101, (planes, m, count * rows))
     dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
     xs = [jnp.asarray(x.astype(dt)) for x in xi]
-    got = np.asarray(jax.jit(lambda xs: qsteps.group_sums(xs, count, rows, 0.25))(xs))
+    got = np.asarray(jax.jit(lambda xs: qgroups.group_sums(xs, count, rows, 0.25))(xs))
     want = xi.reshape(planes, m, count, rows).sum(axis=(0, 3)) * 0.25
     np.testing.assert_array_equal(got, want.astype(np.float32))
     offsets = rng.integers(-64, 64, (count, 7)).astype(np.float32) * 0.5
-    term = np.asarray(qsteps.offset_term(jnp.asarray(got), jnp.asarray(offsets)))
+    term = np.asarray(qgroups.offset_term(jnp.asarray(got), jnp.asarray(offsets)))
     np.testing.assert_array_equal(term, (want @ offsets).astype(np.float32))

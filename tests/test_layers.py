@@ -135,6 +135,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.pallas.route",
             "emulate.pallas.kernel_dot",
             "emulate.pallas.weights",
+            "emulate.pallas.qcodebook",
             "emulate.pallas.qweight",
             "emulate.pallas.matmul_config",
             "emulate.pallas.matmul_kernel",

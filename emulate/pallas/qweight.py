@@ -28,10 +28,12 @@ refuses float16 operands: "Invalid vector type for load"), a bitcast outside the
 on every call (XLA:TPU copies for it) unless the weight is prepared once with
 :func:`prepare_weight`, which also puts sub-byte codes in the K-planar layout.
 
+Codebooks (decoded in VMEM by a select tree) and act-order permutations (the activations'
+columns gathered outside the kernel): :mod:`emulate.pallas.qcodebook`.
+
 Not built in the kernel (NotImplementedError naming the part): zero points, offsets,
-codebooks, two-level scales, act-order permutations, the 2- to 6-bit integer code
-formats, blocks of several columns other than all N, groups along K that are not a
-multiple of 32 rows (NVFP4's 16).
+two-level scales, the 2- to 6-bit integer code formats, blocks of several columns other
+than all N, groups along K that are not a multiple of 32 rows (NVFP4's 16).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import numpy as np
 from jax import lax
 
 from emulate import formats
+from emulate.codebooks import Codebook
 from emulate.formats import Format
 from emulate.numerics import codecs
 from emulate.numerics.bits import frexp, pow2_normal, times_pow2
@@ -116,6 +119,7 @@ class KernelQWeight:
       scales: the scales as stored, float16 ones as their uint16 bits (the same bytes).
       tensor_scale: the QArray's float32 tensor scale, or None.
       format_name, scale_format, block_shape, shape, dtype, element_exponent: the QArray's.
+      codebook, perm, perm_axis: the QArray's (:mod:`emulate.pallas.qcodebook`).
     """
 
     codes: Any
@@ -127,10 +131,13 @@ class KernelQWeight:
     shape: tuple[int, int]
     dtype: np.dtype
     element_exponent: int = 0
+    codebook: Codebook | None = None
+    perm: Any = None
+    perm_axis: int | None = None
 
     def tree_flatten_with_keys(self):
-        keys = ("codes", "scales", "tensor_scale")
-        leaves = (self.codes, self.scales, self.tensor_scale)
+        keys = ("codes", "scales", "tensor_scale", "perm")
+        leaves = (self.codes, self.scales, self.tensor_scale, self.perm)
         children = tuple((jax.tree_util.GetAttrKey(k), v) for k, v in zip(keys, leaves))
         aux = (
             self.format_name,
@@ -139,6 +146,8 @@ class KernelQWeight:
             self.shape,
             self.dtype,
             self.element_exponent,
+            self.codebook,
+            self.perm_axis,
         )
         return children, aux
 
@@ -149,10 +158,19 @@ class KernelQWeight:
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
-        for name, v in zip(("codes", "scales", "tensor_scale"), children):
+        for name, v in zip(("codes", "scales", "tensor_scale", "perm"), children):
             object.__setattr__(obj, name, v)
         for name, v in zip(
-            ("format_name", "scale_format", "block_shape", "shape", "dtype", "element_exponent"),
+            (
+                "format_name",
+                "scale_format",
+                "block_shape",
+                "shape",
+                "dtype",
+                "element_exponent",
+                "codebook",
+                "perm_axis",
+            ),
             aux,
         ):
             object.__setattr__(obj, name, v)
@@ -164,10 +182,12 @@ class KernelQWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the codes and scales as held (the tensor scale: 4)."""
+        """Bytes of the codes and scales as held (the tensor scale: 4), the codebook and
+        the permutation."""
         codes = self.codes.data if isinstance(self.codes, KernelWeight) else self.codes
-        total = int(np.prod(codes.shape)) * np.dtype(codes.dtype).itemsize
-        total += int(np.prod(self.scales.shape)) * np.dtype(self.scales.dtype).itemsize
+        arrays = [codes, self.scales] + ([self.perm] if self.perm is not None else [])
+        total = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in arrays)
+        total += self.codebook.nbytes if self.codebook is not None else 0
         return total + (4 if self.tensor_scale is not None else 0)
 
     def __repr__(self) -> str:
@@ -229,7 +249,8 @@ def split(
     """
     if isinstance(w, KernelQWeight):
         return w.codes, jnp.asarray(w.scales), _scaling(w, arg), w
-    parts = parts_text(w)
+    # the codebook and the permutation: emulate.pallas.qcodebook
+    parts = [p for p in parts_text(w) if not p.startswith("codebook(") and p != "perm"]
     if parts:
         _refuse(arg, f"a QArray's {', '.join(parts)}", "only codes times block scales are built")
     if w.format_name in formats.CODE_FORMATS:
@@ -297,6 +318,9 @@ def prepare_weight(w: Any, w_format: Any = None) -> KernelWeight | KernelQWeight
         (int(w.shape[0]), int(w.shape[1])),
         w.dtype,
         int(w.element_exponent),
+        w.codebook,
+        w.perm,
+        w.perm_axis,
     )
 
 
@@ -319,6 +343,9 @@ def as_qarray(w: KernelQWeight) -> QArray:
         tuple(w.shape),
         np.dtype(w.dtype),
         w.element_exponent,
+        codebook=w.codebook,
+        perm=w.perm,
+        perm_axis=w.perm_axis,
     )
 
 

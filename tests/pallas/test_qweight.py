@@ -23,7 +23,7 @@ import pytest
 
 import emulate
 import emulate.pallas
-from emulate import bounds, codebooks, formats, reference
+from emulate import bounds, formats, reference
 
 DN = (((1,), (0,)), ((), ()))
 _SCALE_DTYPES = {
@@ -243,11 +243,6 @@ def _parts_cases():
          r"\(only codes times block scales are built\); use emulate.dot_general"),
         (emulate.QArray.from_parts(ones, s, block_shape=(128, 1), offsets=0.5),
          r"^w: emulate.pallas.matmul does not decode a QArray's offsets in the kernel"),
-        (emulate.QArray.from_parts(u4, s, block_shape=(128, 1), codebook=codebooks.NF4),
-         r"^w: emulate.pallas.matmul does not decode a QArray's codebook\(NF4\) in the kernel"),
-        (emulate.QArray.from_parts(ones, s, block_shape=(128, 1), perm=jnp.arange(256)[::-1],
-                                   perm_axis=0),
-         r"^w: emulate.pallas.matmul does not decode a QArray's perm in the kernel"),
         (emulate.QArray.from_parts(ones, emulate.quantize(np.ones((2, 128), np.float32), "int8",
                                                           axis=0), block_shape=(128, 1)),
          r"^w: emulate.pallas.matmul does not decode a QArray's two_level in the kernel"),

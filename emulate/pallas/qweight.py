@@ -12,8 +12,10 @@ operand. Which blocks the kernel applies and where (:class:`Scaling`):
   type (:func:`store_factors`; an exact pair's int32 sum is rounded once into f32 there);
   outside the kernel for a float16 result or a K whose exact sum could pass int32 (then
   kept as two int32 limbs; :func:`apply_outside`).
-* *groups along K* (blocks of ``G`` rows, ``G`` a multiple of 32: ``(G, 1)`` one scale
-  per group and column, OCP MX and GPTQ / AWQ style; ``(G, N)`` one per group): in the
+* *groups along K* (blocks of ``G`` rows, ``G`` a multiple of 16: ``(G, 1)`` one scale
+  per group and column, NVFP4 (16), OCP MX (32) and GPTQ / AWQ style; ``(G, N)`` one per
+  group; a dot of ``G`` rows per group, which Mosaic compiles down to 16 rows on v2 to
+  7x, compatibility mode on and off): in the
   kernel, each group's partial sum (exact for exact-class pairs: int32, then f32) is
   multiplied by its scale in f32 and added to an f32 accumulator. The scales' block spans
   every group (``(ceil(K/G), bn)`` or ``(ceil(K/G), 1)``), fetched once per output block;
@@ -33,7 +35,7 @@ columns gathered outside the kernel): :mod:`emulate.pallas.qcodebook`.
 
 Not built in the kernel (NotImplementedError naming the part): zero points, offsets,
 two-level scales, the 2- to 6-bit integer code formats, blocks of several columns other
-than all N, groups along K that are not a multiple of 32 rows (NVFP4's 16).
+than all N, groups along K that are not a multiple of 16 rows.
 """
 
 from __future__ import annotations
@@ -76,8 +78,8 @@ __all__ = [
 ]
 
 _LANES = 128
-#: Group scales: groups along K of a multiple of this many rows (OCP MX's 32 included).
-_MIN_GROUP = 32
+#: Group scales: groups along K of a multiple of this many rows (NVFP4's 16 included).
+_MIN_GROUP = 16
 #: The narrowest lane slice of an x column plane a group may take (Mosaic compiles it).
 _HALF_LANES = 64
 #: How each scale format enters the kernel: its stored type, or the type it is bitcast to.

@@ -18,6 +18,9 @@ The weights (K x N logical, made from a fixed seed, built as the importers build
   awq_g128_no_zeros  the same QArray without its zero points
   nf4_b64        bitsandbytes NF4, blocks of 64 along K: uint4 codes into the NF4 table,
                  f32 absmax per block (``to_qarray`` of the parts ``read_bnb_4bit`` gives)
+  nvfp4          NVIDIA NVFP4 (``emulate.quantize(w, emulate.mx.NVFP4, axis=0)``): e2m1
+                 codes packed along K, an e4m3 scale per 16 rows and column, an f32
+                 tensor scale
 
 and the contenders, one jitted program each:
 
@@ -28,6 +31,10 @@ and the contenders, one jitted program each:
                    writes; it rounds the values to bf16, so it is less accurate than (c))
   (c) emulate      ``emulate.dot_general(x, q, ..., preferred_element_type=f32,
                    target=T)``, mode fast, the QArray as stored
+  (d) pallas       ``emulate.pallas.matmul(x, prepare_weight(q), target=T)``: one Pallas
+                   kernel reading the weight as stored, prepared once (outside the
+                   program); compiled for TPUs only ((K, N) weights; what the kernel
+                   does not decode is "not built")
 
 On the CPU (target ``cpu``) each is timed (harness interleaving); on each TPU generation
 it is compiled with the real compiler for a compile-only device and the compiled
@@ -42,6 +49,12 @@ QArray without them (time on the CPU, estimate and bytes on a TPU).
 Goals (issue 24, item 6), read from (c): the offset term at most 1.10x (the estimate on
 v5e); temporaries at most 25% of one bf16 copy of the weight; bytes accessed at most
 1.1x the operands as stored plus the result (the weight crosses HBM once as stored).
+
+Goals (issues 24 and 27), read from (d): the kernel's own traffic (counted from its block
+shapes and grid, :func:`benchmarks.pallas_traffic.kernel_traffic`: the compiler does not
+look into a Pallas call) plus the bytes the compiler counts outside it at most 1.1x the
+weight as stored plus the activations once plus the result; no temporaries outside the
+kernel.
 """
 
 from __future__ import annotations
@@ -59,8 +72,11 @@ import numpy as np
 from jax import lax
 
 import emulate
+import emulate.mx
+import emulate.pallas
 from benchmarks import harness
 from benchmarks.cases import SHAPES, goal, parse_names, parse_shapes, shape_of
+from benchmarks.pallas_traffic import kernel_traffic
 from benchmarks.tpu import estimate_seconds
 from emulate import compiler
 from emulate.codebooks import NF4
@@ -76,6 +92,7 @@ GENERATIONS = ("tpu_v4", "tpu_v5e", "tpu_v7x")
 OFFSET_LIMIT = 1.10  # (c) with offsets / (c) without, the compiler's estimate on v5e
 TEMP_LIMIT = 0.25  # temporaries / one bf16 copy of the weight (2*K*N bytes)
 BYTES_LIMIT = 1.1  # bytes accessed / (weight as stored + activations + result)
+OUTSIDE_TEMP_LIMIT = 0  # (d): temporaries of the program around the kernel, bytes
 
 #: ``x @ W`` for a (K, N) weight; ``x @ W.T`` for GGUF's (N, K) rows.
 KN = (((1,), (0,)), ((), ()))
@@ -85,7 +102,10 @@ CONTENDERS = {
     "floor": "(a) bf16 x bf16",
     "dequantize": "(b) dequantize + dot",
     "emulate": "(c) emulate",
+    "pallas": "(d) pallas",
 }
+#: Contenders compiled for TPUs only (a Pallas TPU kernel: interpret mode on the CPU).
+TPU_ONLY = ("pallas",)
 
 # ---------------------------------------------------------------------------------------
 # The weights
@@ -140,6 +160,13 @@ def nf4_weight(k: int, n: int, rng: np.random.Generator, block: int = 64) -> emu
     return to_qarray(parts)
 
 
+def nvfp4_weight(k: int, n: int, rng: np.random.Generator) -> emulate.QArray:
+    """An NVFP4 weight (K, N): ``emulate.quantize`` of normal values with the scheme,
+    blocks of 16 along K."""
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    return emulate.quantize(w, emulate.mx.NVFP4, axis=0)
+
+
 def _without(q: emulate.QArray, part: str) -> emulate.QArray:
     return dataclasses.replace(q, **{part: None})
 
@@ -177,6 +204,7 @@ SCHEMES: dict[str, Scheme] = {
             base_of="awq_g128",
         ),
         Scheme("nf4_b64", "bnb NF4, blocks of 64", nf4_weight, KN),
+        Scheme("nvfp4", "NVFP4 (e4m3 per 16, f32 tensor scale)", nvfp4_weight, KN),
     )
 }
 
@@ -197,8 +225,8 @@ def stored_bytes(q: emulate.QArray, m: int, k: int, n: int) -> int:
 
 
 def programs(scheme: Scheme, target: str) -> dict[str, Callable[..., jax.Array]]:
-    """Each contender as ``fn(x, w)``: ``w`` is the bf16 weight for (a), the QArray
-    otherwise."""
+    """Each contender as ``fn(x, w)``: ``w`` is the bf16 weight for (a), the prepared
+    weight (:func:`emulate.pallas.prepare_weight`) for (d), the QArray otherwise."""
     dn = scheme.dn
 
     def floor(x, w):
@@ -210,7 +238,10 @@ def programs(scheme: Scheme, target: str) -> dict[str, Callable[..., jax.Array]]
     def fast(x, q):
         return emulate.dot_general(x, q, dn, preferred_element_type=F32, target=target)
 
-    return {"floor": floor, "dequantize": dequantize, "emulate": fast}
+    def pallas(x, w):
+        return emulate.pallas.matmul(x, w, target=target, out_dtype=F32, interpret=False)
+
+    return {"floor": floor, "dequantize": dequantize, "emulate": fast, "pallas": pallas}
 
 
 def _specs(tree: Any) -> tuple[Any, list[jax.ShapeDtypeStruct]]:
@@ -253,6 +284,15 @@ def compile_row(
         "status": "ok",
         "reason": "",
     }
+    if contender == "pallas":
+        if scheme.dn != KN:
+            row.update(status="n/a", reason="pallas.matmul takes a (K, N) weight")
+            return row
+        try:
+            weight = emulate.pallas.prepare_weight(weight)
+        except NotImplementedError as e:
+            row.update(status="not built", reason=harness.short_error(e))
+            return row
     treedef, leaves = _specs(weight)
     fn = _by_leaves(programs(scheme, generation)[contender], treedef)
     x = jax.ShapeDtypeStruct((m, k), BF16)
@@ -275,6 +315,10 @@ def compile_row(
     row["argument_bytes"] = int(mem.argument_size_in_bytes)
     row["output_bytes"] = int(mem.output_size_in_bytes)
     add_derived(row)
+    if contender == "pallas":  # the compiler counts the program around the kernel only
+        row["kernel_bytes"] = kernel_traffic(fn, [x, leaves], generation)["bytes"]
+        total = row["kernel_bytes"] + (row["bytes_accessed"] or 0)
+        row["kernel_bytes_over_stored"] = total / stored
     return row
 
 
@@ -355,6 +399,8 @@ def cpu_rows(shape: tuple[int, int, int], names: Sequence[str], repeats: int) ->
         progs = programs(scheme, "cpu")
         w = emulate.dequantize(q, to=BF16)
         for key in CONTENDERS:
+            if key in TPU_ONLY:
+                continue
             cases.append(Case(name, key, jax.jit(progs[key]), (x, w if key == "floor" else q)))
     ran, failed = harness.interleave(cases, repeats)
     rows = []
@@ -467,6 +513,20 @@ def goals(rows: Sequence[dict[str, Any]], offsets: Sequence[dict[str, Any]]) -> 
         ):
             got = [r for r in fast if r.get(key) is not None]
             out.append(goal(label, key, limit, got, generation=gen))
+        kernel = [
+            r
+            for r in tpu
+            if r["platform"] == gen and r["contender"] == "pallas" and r["status"] == "ok"
+        ]
+        for label, key, limit in (
+            (
+                "(d) kernel traffic + bytes outside / (weight as stored + activations + result)",
+                "kernel_bytes_over_stored",
+                BYTES_LIMIT,
+            ),
+            ("(d) temporaries outside the kernel, bytes", "temp_bytes", OUTSIDE_TEMP_LIMIT),
+        ):
+            out.append(goal(label, key, limit, kernel, generation=gen))
     return out
 
 
@@ -479,7 +539,11 @@ def _tpu_cell(r: dict[str, Any] | None) -> str:
         return ""
     if r["status"] != "ok":
         return f"{r['status']}: {r['reason'][:60]}".replace("|", "\\|")
-    parts = [f"{harness.mb(r['bytes_accessed'])} MB"]
+    if r.get("kernel_bytes") is not None:
+        outside = harness.mb(r["bytes_accessed"] or 0)
+        parts = [f"kernel {harness.mb(r['kernel_bytes'])} MB + {outside} MB outside"]
+    else:
+        parts = [f"{harness.mb(r['bytes_accessed'])} MB"]
     est = "no estimate" if r["estimate_s"] is None else f"{harness.us(r['estimate_s'])} us"
     if r["contender"] != "floor" and r.get("over_floor") is not None:
         est += f" ({r['over_floor']:.2f}x)"
@@ -553,7 +617,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("")
     if report["goals"]:
         lines += [
-            "## Goals (issue 24, item 6), (c) emulate",
+            "## Goals (issue 24, item 6), (c) emulate; (issues 24 and 27) (d) pallas",
             "",
             "| generation | goal | limit | worst measured | where | met | failing |",
             "|---|---|---|---|---|---|---|",

@@ -37,6 +37,9 @@ def test_each_weight_is_its_scheme_as_stored(weights):
     # the table as bitsandbytes stores it (quant_map), so named "table" by the importer
     assert nf4.block_shape == (64, 1) and nf4.codebook.values == NF4.values
     assert nf4.nbytes == K * N // 2 + (K // 64) * N * 4 + 16 * 4
+    nvfp4 = weights["nvfp4"]  # 4-bit codes, one e4m3 byte per 16, the f32 tensor scale
+    assert nvfp4.block_shape == (16, 1) and nvfp4.scale_format == "float8_e4m3fn"
+    assert nvfp4.nbytes == K * N // 2 + (K // 16) * N + 4
 
 
 def test_the_variants_lose_only_their_offset_term(weights):
@@ -87,6 +90,23 @@ def test_compiled_rows_hold_the_compilers_figures(tpu_rows, weights):
         if r["estimate_s"] is not None:
             assert r["over_floor"] == r["estimate_s"] / floor["estimate_s"]
             assert r["bytes_over_floor"] == r["bytes_accessed"] / floor["bytes_accessed"]
+
+
+def test_the_kernel_reads_the_weight_as_stored_once():
+    # (d): NF4 prepared once; the kernel's blocks at (8, 256, 128) are one grid step, so it
+    # reads the codes (4 bits), the f32 absmax and x once and writes the result once (the
+    # static table is no operand). AWQ's zero points are not built; Q4_K is (N, K).
+    rows = bq.tpu_rows(
+        "tpu_v5e", (8, K, N), ["nf4_b64", "awq_g128", "q4_k"], contenders=("pallas",)
+    )
+    nf4, awq, q4k = rows
+    assert nf4["status"] == "ok", nf4["reason"]
+    assert nf4["kernel_bytes"] == K * N // 2 + (K // 64) * N * 4 + 2 * 8 * K + 4 * 8 * N
+    total = nf4["kernel_bytes"] + (nf4["bytes_accessed"] or 0)  # None: nothing outside
+    assert nf4["kernel_bytes_over_stored"] == total / nf4["stored_bytes"]
+    assert nf4["temp_bytes"] == 0
+    assert (awq["status"], q4k["status"]) == ("not built", "n/a")
+    assert "zero_points" in awq["reason"]
 
 
 def test_offset_cost_is_with_over_without(tpu_rows):
@@ -154,7 +174,7 @@ def test_ratios_offsets_and_goals_on_given_figures():
 def test_cpu_rows_time_every_contender():
     rows = bq.cpu_rows((2, K, N), ["nf4_b64"], repeats=1)
     assert [(r["pair"], r["contender"], r["status"]) for r in rows] == [
-        ("nf4_b64", c, "ok") for c in bq.CONTENDERS
+        ("nf4_b64", c, "ok") for c in bq.CONTENDERS if c not in bq.TPU_ONLY
     ]
     for r in rows:
         assert r["min_s"] <= r["median_s"] <= r["max_s"]

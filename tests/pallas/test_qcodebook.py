@@ -5,7 +5,8 @@ The oracle: the table's values looked up in numpy (``table[codes]``), times the 
 float64 rounded once to float32 (as the checkpoints' decoders compute them), contracted by
 emulate.reference; permutations applied by numpy indexing. NF4 (a float32 table, bf16
 pieces) within gamma_(K + S + 4) of the exact sum; IQ4_NL with int8 activations (exact)
-and an int16 table at K = 1 bit for bit, against the oracle and against
+and an int16 table at K = 1 (columns stored permuted; its gradient) bit for bit, against the
+oracle and against
 emulate.dot_general.
 
 Each case compiles one kernel in interpret mode (about 2 s); the f16-table and prepared
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -136,25 +138,36 @@ def test_iq4_nl_with_int8_activations_and_act_order_is_exact():
 def test_an_int16_table_at_k_1_is_exact(bits):
     # uint4 / uint8 codes (one a byte) into int16 values (two bf16 pieces each): with K = 1
     # every product x * v (8 x 15 bits) is exact in f32, so the result is x * v rounded
-    # once times the scale
+    # once times the scale. The columns are stored permuted (perm along N); the gradient
+    # is that of the logical weight: d/dx sum(x @ W) = the row sum of W.
     rng = np.random.default_rng(28)
     table = (np.linspace(-128, 127, 2**bits).astype(np.int64) * 129).astype(np.int16)
     table[-1] = 32767
     codes = rng.integers(0, 2**bits, (1, 128)).astype(np.uint8)
     scales = np.ldexp(1.0, rng.integers(-6, 6, (1, 128))).astype(np.float32)
+    perm = rng.permutation(128)
     q = emulate.QArray.from_parts(
         jnp.asarray(codes),
         jnp.asarray(scales),
         block_shape=(1, 1),
         fmt=f"uint{bits}",
         codebook=table,
+        perm=jnp.asarray(perm, jnp.int32),
+        perm_axis=-1,
     )
     x = rng.standard_normal((16, 1)).astype(ml_dtypes.bfloat16)
     got = emulate.pallas.matmul(x, q, target="tpu_v5e", out_dtype="float32")
-    want = (
-        np.asarray(x, np.float64) @ _values(table, codes, scales, (1, 1)).astype(np.float64)
-    ).astype(np.float32)
+    stored = _values(table, codes, scales, (1, 1)).astype(np.float64)
+    logical = np.empty_like(stored)
+    logical[:, perm] = stored
+    want = (np.asarray(x, np.float64) @ logical).astype(np.float32)
     np.testing.assert_array_equal(_bits(got), _bits(want))
+    xf = jnp.asarray(x, jnp.float32)
+    dx = jax.grad(lambda x: emulate.pallas.matmul(x, q, target="tpu_v5e").sum())(xf)
+    # the row sum, in f32 (gradients are not exact: docs/numerics.md), within 128 roundings
+    want_dx = np.broadcast_to(logical.sum(1), (16, 1))
+    bound = 128 * 2.0**-24 * np.abs(logical).sum()
+    assert np.all(np.abs(np.asarray(dx, np.float64) - want_dx) <= bound)
 
 
 @pytest.mark.long

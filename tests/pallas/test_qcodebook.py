@@ -4,10 +4,9 @@
 The oracle: the table's values looked up in numpy (``table[codes]``), times the scales in
 float64 rounded once to float32 (as the checkpoints' decoders compute them), contracted by
 emulate.reference; permutations applied by numpy indexing. NF4 (a float32 table, bf16
-pieces) within gamma_(K + S + 4) of the exact sum; IQ4_NL with int8 activations (exact)
-and an int16 table at K = 1 (columns stored permuted; its gradient) bit for bit, against the
-oracle and against
-emulate.dot_general.
+pieces) within gamma_(K + S + 4) of the exact sum; IQ4_NL with int8 activations (exact,
+act-order along K and N) bit for bit, against the oracle and emulate.dot_general; an
+int16 table at K = 1 (columns stored permuted) bit for bit, and its gradient.
 
 Each case compiles one kernel in interpret mode (about 2 s); the f16-table and prepared
 weight, 256-entry table cases run under EMULATE_LONG_TESTS=1 (marked long).

@@ -15,7 +15,9 @@ operand. Which blocks the kernel applies and where (:class:`Scaling`):
 * *groups along K* (blocks of ``G`` rows, ``G`` a multiple of 16: ``(G, 1)`` one scale
   per group and column, NVFP4 (16), OCP MX (32) and GPTQ / AWQ style; ``(G, N)`` one per
   group; a dot of ``G`` rows per group, which Mosaic compiles down to 16 rows on v2 to
-  7x, compatibility mode on and off): in the
+  7x, compatibility mode on and off; where element x scale products are exact in bf16
+  (NVFP4) and a K step holds several groups, the decoded tile's rows are multiplied by
+  their groups' scales instead and one dot runs per step, :func:`rows_scaled`): in the
   kernel, each group's partial sum (exact for exact-class pairs: int32, then f32) is
   multiplied by its scale in f32 and added to an f32 accumulator. The scales' block spans
   every group (``(ceil(K/G), bn)`` or ``(ceil(K/G), 1)``), fetched once per output block;
@@ -82,6 +84,10 @@ _LANES = 128
 _MIN_GROUP = 16
 #: The narrowest lane slice of an x column plane a group may take (Mosaic compiles it).
 _HALF_LANES = 64
+#: (element format, scale format) whose products are exact in bfloat16 (NVFP4: e2m1 values
+#: have 2 significant bits and exponents -1 to 2, e4m3 scales 4 bits and -9 to 8), so a
+#: K step of several groups may scale the weight tile's rows and run one dot.
+_ROW_SCALED = {("float4_e2m1fn", "float8_e4m3fn")}
 #: How each scale format enters the kernel: its stored type, or the type it is bitcast to.
 _KERNEL_SCALE = {"float16": "uint16"}
 
@@ -462,12 +468,52 @@ def scaled_result(acc: jax.Array, s_ref: Any, ts_refs: Any, cfg: Any) -> jax.Arr
     return acc.astype(formats.get(cfg.out).dtype)
 
 
+def rows_scaled(cfg: Any) -> bool:
+    """Whether a K step scales the decoded weight tile's rows by their groups' scales and
+    runs one dot (:func:`group_scaled_step`): several groups a step, a bf16 float route,
+    and element x scale products exact in bf16 (:data:`_ROW_SCALED`)."""
+    sc, r = cfg.scaling, cfg.route
+    return (
+        sc is not None
+        and sc.along_k
+        and sc.group < cfg.bk
+        and not r.exact
+        and r.rhs_compute == "bfloat16"
+        and cfg.x_planes == 1
+        and cfg.codebook is None
+        and (r.rhs, sc.scale_format) in _ROW_SCALED
+    )
+
+
+def _row_scaled_step(tiles: list, factors: tuple, cfg: Any, k: Any) -> jax.Array:
+    """One K step of :func:`rows_scaled`: the (bk, C) tile of each row's group scale (one
+    row selected per group, repeated over the group's rows), times the decoded tile in f32
+    (exact, then exactly bf16), one dot with the f32 accumulator."""
+    sc = cfg.scaling
+    per = cfg.bk // sc.group
+    rows = []
+    for q in range(per):
+        lo, _ = group_scale(factors, k * per + q)
+        rows.append(jnp.broadcast_to(lo, (sc.group, lo.shape[1])))
+    tile_scale = jnp.concatenate(rows, axis=0)
+    total = None
+    for xt, wt in tiles:
+        ws = (wt.astype(jnp.float32) * tile_scale).astype(jnp.bfloat16)
+        d = route.float_dot(xt, ws, cfg.route.precision)
+        total = d if total is None else total + d
+    assert total is not None
+    return total
+
+
 def group_scaled_step(tiles: list, s_ref: Any, cfg: Any, k: Any) -> jax.Array:
     """One K step of a weight with scales along K: per group of rows, the partial sum of
-    every plane (exact for exact-class pairs, then f32) times the group's scale, in f32."""
+    every plane (exact for exact-class pairs, then f32) times the group's scale, in f32;
+    where :func:`rows_scaled`, the tile's rows times their scales and one dot."""
     r = cfg.route
     sc = cfg.scaling
     assert sc is not None
+    if rows_scaled(cfg):
+        return _row_scaled_step(tiles, scale_rows(s_ref[...], sc.scale_format), cfg, k)
     factors = scale_rows(s_ref[...], sc.scale_format)
     sub = min(sc.group, cfg.bk)  # K rows per partial sum
     rows = sub // cfg.x_planes  # their rows in each plane

@@ -183,11 +183,19 @@ def test_group_scales_are_within_the_bound(rhs, sf, target, shape, block, how):
     assert np.count_nonzero(got) > got.size // 2  # not a sum of zeros
 
 
-@pytest.mark.parametrize("how", ["packed", pytest.param("prepared", marks=pytest.mark.long)])
-def test_nvfp4_groups_of_16_rows_are_within_the_bound(how):
+@pytest.mark.parametrize(
+    "how, m",
+    [
+        # M = 256: blocks of 256 rows of x, the tile's rows scaled and one dot per K step
+        ("packed", 256),
+        # M = 8: one dot of 16 rows per group
+        pytest.param("prepared", 8, marks=pytest.mark.long),
+    ],
+)
+def test_nvfp4_groups_of_16_rows_are_within_the_bound(how, m):
     # NVFP4: e2m1 codes, an e4m3 scale per 16 rows along K and column, an f32 tensor
     # scale; K ragged (17 groups), one NaN scale (its column NaN)
-    m, k, n = 8, 272, 128
+    k, n = 272, 128
     rng = np.random.default_rng(16)
     q = emulate.quantize(rng.standard_normal((k, n)).astype(np.float32), mx.NVFP4, axis=0)
     scales = np.array(q.scales)

@@ -450,7 +450,7 @@ class GroupTerms:
         return self.scales is not None
 
     def scale(self, index: Any) -> tuple[jax.Array, None]:
-        """Group ``index``'s two-level scale as :func:`emulate.pallas.qweight.group_scale`
+        """Group ``index``'s two-level scale as :func:`emulate.pallas.qsteps.group_scale`
         gives a scale: a (1, C) f32 row (and None)."""
         assert self.spec.scale_level is not None
         codes, supers = self.scales

@@ -18,6 +18,9 @@ The weights (K x N logical, made from a fixed seed, built as the importers build
   awq_g128_no_zeros  the same QArray without its zero points
   nf4_b64        bitsandbytes NF4, blocks of 64 along K: uint4 codes into the NF4 table,
                  f32 absmax per block (``to_qarray`` of the parts ``read_bnb_4bit`` gives)
+  nvfp4          NVIDIA NVFP4 (``emulate.quantize(w, emulate.mx.NVFP4, axis=0)``): e2m1
+                 codes packed along K, an e4m3 scale per 16 rows and column, an f32
+                 tensor scale
 
 and the contenders, one jitted program each:
 
@@ -69,6 +72,7 @@ import numpy as np
 from jax import lax
 
 import emulate
+import emulate.mx
 from benchmarks import harness
 from benchmarks.cases import SHAPES, goal, parse_names, parse_shapes, shape_of
 from benchmarks.pallas_traffic import kernel_traffic
@@ -154,6 +158,13 @@ def nf4_weight(k: int, n: int, rng: np.random.Generator, block: int = 64) -> emu
     return to_qarray(parts)
 
 
+def nvfp4_weight(k: int, n: int, rng: np.random.Generator) -> emulate.QArray:
+    """An NVFP4 weight (K, N): ``emulate.quantize`` of normal values with the scheme,
+    blocks of 16 along K."""
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    return emulate.quantize(w, emulate.mx.NVFP4, axis=0)
+
+
 def _without(q: emulate.QArray, part: str) -> emulate.QArray:
     return dataclasses.replace(q, **{part: None})
 
@@ -191,6 +202,7 @@ SCHEMES: dict[str, Scheme] = {
             base_of="awq_g128",
         ),
         Scheme("nf4_b64", "bnb NF4, blocks of 64", nf4_weight, KN),
+        Scheme("nvfp4", "NVFP4 (e4m3 per 16, f32 tensor scale)", nvfp4_weight, KN),
     )
 }
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from emulate import formats, targets
 from emulate.pallas import route
+from emulate.pallas.qcodebook import KernelCodebook
 from emulate.pallas.qweight import Scaling
 from emulate.planning.exactness import MAX_CHUNKS, MAX_TOTAL_QUANTA
 
@@ -66,6 +67,8 @@ class Config:
       scaling: a QArray weight's :class:`emulate.pallas.qweight.Scaling`, or None.
       out: the result type (``route.out`` unless a QArray's scales are applied to the f32
         accumulator first).
+      codebook: a codebook weight's :class:`emulate.pallas.qcodebook.KernelCodebook`, or
+        None (``route.rhs`` is then the format its values take in the kernel).
     """
 
     route: route.Route
@@ -85,6 +88,7 @@ class Config:
     x_dtype: str = ""
     scaling: Scaling | None = None
     out: str = ""
+    codebook: KernelCodebook | None = None
 
     @property
     def scaled_in_kernel(self) -> bool:
@@ -176,10 +180,12 @@ def config(
     x_dtype: str | None = None,
     scaling: Scaling | None = None,
     out: str | None = None,
+    codebook: KernelCodebook | None = None,
 ) -> Config:
     """The :class:`Config` for one call: block shape defaults and checks. ``x_dtype``: the
     type x is stored in (default: the type the matrix unit takes); ``scaling``: a QArray
-    weight's scales; ``out``: the result type (default ``r.out``)."""
+    weight's scales; ``out``: the result type (default ``r.out``); ``codebook``: a codebook
+    weight's table in the kernel."""
     x_dtype = x_dtype or r.lhs_compute
     x_sub = _SUBLANES[_itemsize(r.lhs_compute)]
     stored_sub = _SUBLANES[np.dtype(x_dtype).itemsize]
@@ -251,7 +257,7 @@ def config(
         limit = min(2 * vmem, t.vmem_capacity_bytes or 2 * vmem)
     cfg = Config(
         r, m, n, k, bm, bn, bk, stored, w_passthrough, limbs, resident, interpret, vmem, limit,
-        x_dtype, scaling, out or r.out,
+        x_dtype, scaling, out or r.out, codebook,
     )  # fmt: skip
     if limbs:
         if kp // bk > MAX_CHUNKS or k * route.exact_limit(r) >= MAX_TOTAL_QUANTA:

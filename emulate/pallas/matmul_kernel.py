@@ -45,6 +45,7 @@ copies, converts, pads or relayouts it outside the kernel.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -68,7 +69,7 @@ from emulate.numerics.storage import (
     to_codes,
     unpack_codes,
 )
-from emulate.pallas import qoffsets, qweight, route
+from emulate.pallas import qcodebook, qoffsets, qsteps, qweight, route
 from emulate.pallas.matmul_config import Config, Stored, config
 from emulate.pallas.qweight import KernelQWeight
 from emulate.pallas.weights import TILE_GROUPS, KernelWeight, kernel_codes, prepare_weight
@@ -84,6 +85,11 @@ def _refuse_qarray(arg: str, q: QArray) -> None:
         f"{arg}: emulate.pallas.matmul decodes a QArray weight (w) only, not QArray "
         f"activations ({q!r}); use emulate.dot_general, or pass the codes alone"
     )
+
+
+def _stored_order(w: Any) -> Any:
+    """An act-order QArray or prepared weight without its permutation (codes as stored)."""
+    return dataclasses.replace(w, perm=None, perm_axis=None)
 
 
 def _weight(
@@ -184,18 +190,19 @@ def _codes(w_ref: Any, cfg: Config, k: Any) -> jax.Array:
     return c
 
 
-def _weight_planes(w_ref: Any, cfg: Config, k: Any) -> list[jax.Array]:
+def _weight_planes(w_ref: Any, cfg: Config, k: Any) -> list[list[jax.Array]]:
     """The weight block as the matrix unit takes it: one (bk, bn) tile in K order (dense
-    and K-planar layouts) or one tile per code position (packed layout)."""
+    and K-planar layouts) or one tile per code position (packed layout); each a list of
+    one tile, or of a codebook's bfloat16 pieces (:mod:`emulate.pallas.qcodebook`)."""
     r = cfg.route
-    wf = formats.get(r.rhs)
+    wf = formats.get(cfg.codebook.code_format if cfg.codebook else r.rhs)
     s = cfg.stored
     if cfg.w_passthrough:
         if s.dtype == r.rhs_compute and s.rows % cfg.w_block_rows == 0:
-            return [w_ref[...]]
+            return [[w_ref[...]]]
         c = _codes(w_ref, cfg, k).astype(jnp.int8)
         dt = jnp.dtype(formats.get(r.rhs_compute).dtype)
-        return [c if dt == jnp.int8 else lax.bitcast_convert_type(c, dt)]
+        return [[c if dt == jnp.int8 else lax.bitcast_convert_type(c, dt)]]
     c = _codes(w_ref, cfg, k)
     if s.layout == "dense":
         planes = [c]
@@ -211,7 +218,9 @@ def _weight_planes(w_ref: Any, cfg: Config, k: Any) -> list[jax.Array]:
             ]
             runs += split_group_bytes(parts, wf.bits)
         planes = [jnp.concatenate(runs, axis=0) if len(runs) > 1 else runs[0]]
-    return [route.decode_codes(p, wf, r.rhs_compute, r.rhs_scale) for p in planes]
+    if cfg.codebook is not None:
+        return [qcodebook.decode(p, cfg.codebook, r.rhs_compute) for p in planes]
+    return [[route.decode_codes(p, wf, r.rhs_compute, r.rhs_scale)] for p in planes]
 
 
 def _decode_outside(x: jax.Array, xf: Format, r: route.Route) -> jax.Array:
@@ -259,7 +268,7 @@ def _kernel(cfg: Config, *refs: Any) -> None:
 
     width = cfg.bk // cfg.x_planes
     tiles = []
-    for xr, wt in zip(xs, _weight_planes(w_ref, cfg, k)):
+    for xr, wts in zip(xs, _weight_planes(w_ref, cfg, k)):
         if cfg.x_resident:
             xt = xr[:, pl.ds(pl.multiple_of(k * width, width), width)]
         else:
@@ -271,9 +280,9 @@ def _kernel(cfg: Config, *refs: Any) -> None:
             wide = xt.astype(jnp.float32) if xt.dtype == jnp.bfloat16 else xt
             wide = jnp.where(cols < cfg.k - k * width, wide, jnp.zeros((), wide.dtype))
             xt = wide.astype(xt.dtype)
-        tiles.append((xt, wt))
+        tiles += [(xt, wt) for wt in wts]
     if cfg.group_scaled:
-        accs[0][...] += qweight.group_scaled_step(tiles, s_ref, cfg, k, aff_refs)
+        accs[0][...] += qsteps.group_scaled_step(tiles, s_ref, cfg, k, aff_refs)
     else:
         step = None
         for xt, wt in tiles:
@@ -289,7 +298,7 @@ def _kernel(cfg: Config, *refs: Any) -> None:
     @pl.when(k == pl.num_programs(2) - 1)
     def _store():
         if cfg.scaled_in_kernel:
-            outs[0][...] = qweight.scaled_result(accs[0][...], s_ref, ts_refs, cfg)
+            outs[0][...] = qsteps.scaled_result(accs[0][...], s_ref, ts_refs, cfg)
             return
         for o, a in zip(outs, accs):
             o[...] = a[...]
@@ -325,7 +334,7 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
         extra = [scales, *affine]
         extra_specs = [qoffsets.spec(a.shape[0], sc.per_column, cfg.bn) for a in extra]
     if cfg.scaled_in_kernel and cfg.tensor_scaled:
-        extra += list(qweight.tensor_parts(tensor_scale))
+        extra += list(qsteps.tensor_parts(tensor_scale))
         extra_specs += [pl.BlockSpec((1, 1), lambda i, j, k: (0, 0))] * 2
     out_dtype = formats.get(cfg.out).dtype if cfg.scaled_in_kernel else acc_dtype
     out_spec = pl.BlockSpec((cfg.bm, cfg.bn), lambda i, j, k: (i, j))
@@ -444,13 +453,14 @@ def matmul(
             "a TPU target (target='tpu_v5e', emulate.target(...) or EMULATE_TARGET); on a "
             "machine without a TPU it runs in interpret mode"
         )
-    scales = tensor_scale = scaling = None
+    scales = tensor_scale = scaling = perm = perm_axis = None
     affine: tuple = ()
     if isinstance(w, (QArray, KernelQWeight)):
         affine = qoffsets.kernel_arrays(w)
         qweight.check_format(w, w_format)
         codes, scales, scaling, _ = qweight.split(w)
-        tensor_scale = w.tensor_scale
+        tensor_scale, perm, perm_axis = w.tensor_scale, w.perm, w.perm_axis
+        w = _stored_order(w) if perm is not None else w
         wdata, wf, kw, n, stored = _weight(codes, w.format_name)
     else:
         wdata, wf, kw, n, stored = _weight(w, w_format)
@@ -463,11 +473,15 @@ def matmul(
             f"x, w: x's K ({k}) differs from w's K ({kw}); x {xf.name}{[m, k]}, "
             f"w {wf.name}{[kw, n]}"
         )
-    final = None
+    final = cb = None
     if scaling is not None:
         assert isinstance(w, (QArray, KernelQWeight))
         final = qweight.result_type(xv, xf, w, out_dtype)
-    r = route.route(xf, wf, target=t, preferred_element_type="float32" if final else out_dtype)
+        cb = qcodebook.kernel_codebook(w.codebook, wf.name, xf, t)
+        if perm is not None and perm_axis == -2:  # act-order along K: x's columns
+            xv = qcodebook.permute_x(xv, perm)
+    vf = cb.value_format if cb is not None else wf
+    r = route.route(xf, vf, target=t, preferred_element_type="float32" if final else out_dtype)
     if not formats.get(final or r.out).xla_storable:
         raise ValueError(
             f"out_dtype: the result type would be {r.out}, which XLA cannot hold; pass "
@@ -480,16 +494,21 @@ def matmul(
         # RESOURCE_EXHAUSTED at 64x4096x4096): the K-planar layout instead (prepare once)
         assert isinstance(w, QArray)
         wdata, wf, kw, n, stored = _weight(prepare_weight(w.codes), None)
-    passthrough = r.rhs_compute == wf.name and not r.rhs_scale and stored.layout == "dense"
+    passthrough = (
+        cb is None and r.rhs_compute == wf.name and not r.rhs_scale and stored.layout == "dense"
+    )
     if not xf.is_low_precision and xv.dtype.name not in _X_IN_KERNEL:
         xv = route.decode_values(xv, r.lhs_compute)  # float16: widened outside the kernel
     cfg = config(
         r, t, m, n, k, stored, passthrough, block_shape, interpret_mode(interpret),
-        x_dtype=xv.dtype.name, scaling=scaling, out=final,
+        x_dtype=xv.dtype.name, scaling=scaling, out=final, codebook=cb,
     )  # fmt: skip
     if cfg.x_dtype != xv.dtype.name:  # a block_shape off the stored type's tiling
         xv = _decode_outside(xv, xf, cfg.route)
-    return _differentiable_run(xv, (wdata, scales, tensor_scale, *affine), w, cfg)
+    y = _differentiable_run(xv, (wdata, scales, tensor_scale, *affine), w, cfg)
+    if perm is not None and perm_axis == -1:  # the weight's columns stored permuted
+        y = qcodebook.restore_columns(y, perm)
+    return y
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

@@ -446,7 +446,7 @@ class GroupTerms:
 
     def scale(self, q: int) -> tuple[jax.Array, None]:
         """The step's group ``q``'s two-level scale as
-        :func:`emulate.pallas.qweight.group_scale` gives a scale: a (1, C) f32 row (and
+        :func:`emulate.pallas.qsteps.group_scale` gives a scale: a (1, C) f32 row (and
         None)."""
         return self.step_scales[q : q + 1], None
 

@@ -9,11 +9,17 @@ operand. Which blocks the kernel applies and where (:class:`Scaling`):
   the f32 sum once, ``times_pow2(acc * m, e)`` with ``(m, e)`` as
   :meth:`emulate.QArray.scale_parts` gives them (the product :func:`emulate.dot_general`
   takes for one segment): in the kernel at its last K step, which then stores the result
-  type (:func:`store_factors`; an exact pair's int32 sum is rounded once into f32 there);
+  type (:func:`emulate.pallas.qsteps.store_factors`; an exact pair's int32 sum is rounded
+  once into f32 there);
   outside the kernel for a float16 result or a K whose exact sum could pass int32 (then
   kept as two int32 limbs; :func:`apply_outside`).
-* *groups along K* (blocks of ``G`` rows, ``G`` a multiple of 32: ``(G, 1)`` one scale
-  per group and column, OCP MX and GPTQ / AWQ style; ``(G, N)`` one per group): in the
+* *groups along K* (blocks of ``G`` rows, ``G`` a multiple of 16: ``(G, 1)`` one scale
+  per group and column, NVFP4 (16), OCP MX (32) and GPTQ / AWQ style; ``(G, N)`` one per
+  group; a dot of ``G`` rows per group, which Mosaic compiles down to 16 rows on v2 to
+  7x, compatibility mode on and off; where element x scale products are exact in bf16
+  (NVFP4), a K step holds several groups and x blocks have 256 rows or more, the decoded
+  tile's rows are multiplied by their groups' scales instead and one dot runs per step,
+  :func:`rows_scaled`): in the
   kernel, each group's partial sum (exact for exact-class pairs: int32, then f32) is
   multiplied by its scale in f32 and added to an f32 accumulator. The scales' block spans
   every group (``(ceil(K/G), bn)`` or ``(ceil(K/G), 1)``), fetched once per output block;
@@ -31,13 +37,13 @@ on every call (XLA:TPU copies for it) unless the weight is prepared once with
 Zero points, offsets (``W = (q - z) * s + o``) and two-level scales and offsets (GGUF
 K-quants) are applied per group in the kernel (:mod:`emulate.pallas.qoffsets`, which says
 what it builds); scales constant along K are then one group spanning K, applied per K
-step.
+step. Codebooks (decoded in VMEM by a select tree) and act-order permutations (the
+activations' columns gathered outside the kernel): :mod:`emulate.pallas.qcodebook`.
 
 Not built in the kernel (NotImplementedError naming the part): the zero points, offsets
-and two-level parts :mod:`emulate.pallas.qoffsets` refuses, codebooks, act-order
-permutations, the 2- to 6-bit integer code
+and two-level parts :mod:`emulate.pallas.qoffsets` refuses, the 2- to 6-bit integer code
 formats, blocks of several columns other than all N, groups along K that are not a
-multiple of 32 rows (NVFP4's 16).
+multiple of 16 rows.
 """
 
 from __future__ import annotations
@@ -51,12 +57,12 @@ import numpy as np
 from jax import lax
 
 from emulate import formats
+from emulate.codebooks import Codebook
 from emulate.formats import Format
-from emulate.numerics import codecs
-from emulate.numerics.bits import frexp, pow2_normal, times_pow2
+from emulate.numerics.bits import times_pow2
 from emulate.numerics.scales import scale_frexp
 from emulate.numerics.storage import Packed, group_shape
-from emulate.pallas import qoffsets, route, weights
+from emulate.pallas import qoffsets, weights
 from emulate.pallas.weights import KernelWeight, kernel_codes
 from emulate.qarray import QArray, dequantize, parts_text
 from emulate.qparts import as_format_array
@@ -66,21 +72,15 @@ __all__ = [
     "Scaling",
     "apply_outside",
     "check_format",
-    "group_scale",
-    "group_scaled_step",
     "prepare_weight",
     "result_type",
-    "scale_rows",
-    "scaled_result",
     "split",
-    "store_factors",
-    "tensor_parts",
     "values",
 ]
 
 _LANES = 128
-#: Group scales: groups along K of a multiple of this many rows (OCP MX's 32 included).
-_MIN_GROUP = 32
+#: Group scales: groups along K of a multiple of this many rows (NVFP4's 16 included).
+_MIN_GROUP = 16
 #: The narrowest lane slice of an x column plane a group may take (Mosaic compiles it).
 _HALF_LANES = 64
 #: How each scale format enters the kernel: its stored type, or the type it is bitcast to.
@@ -127,6 +127,7 @@ class KernelQWeight:
       format_name, scale_format, block_shape, shape, dtype, element_exponent: the QArray's.
       affine: zero points and offsets as the kernel reads them
         (:class:`emulate.pallas.qoffsets.AffineParts`), or None.
+      codebook, perm, perm_axis: the QArray's (:mod:`emulate.pallas.qcodebook`).
     """
 
     codes: Any
@@ -139,10 +140,13 @@ class KernelQWeight:
     dtype: np.dtype
     element_exponent: int = 0
     affine: Any = None
+    codebook: Codebook | None = None
+    perm: Any = None
+    perm_axis: int | None = None
 
     def tree_flatten_with_keys(self):
-        keys = ("codes", "scales", "tensor_scale", "affine")
-        leaves = (self.codes, self.scales, self.tensor_scale, self.affine)
+        keys = ("codes", "scales", "tensor_scale", "affine", "perm")
+        leaves = (self.codes, self.scales, self.tensor_scale, self.affine, self.perm)
         children = tuple((jax.tree_util.GetAttrKey(k), v) for k, v in zip(keys, leaves))
         aux = (
             self.format_name,
@@ -151,6 +155,8 @@ class KernelQWeight:
             self.shape,
             self.dtype,
             self.element_exponent,
+            self.codebook,
+            self.perm_axis,
         )
         return children, aux
 
@@ -161,10 +167,19 @@ class KernelQWeight:
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
-        for name, v in zip(("codes", "scales", "tensor_scale", "affine"), children):
+        for name, v in zip(("codes", "scales", "tensor_scale", "affine", "perm"), children):
             object.__setattr__(obj, name, v)
         for name, v in zip(
-            ("format_name", "scale_format", "block_shape", "shape", "dtype", "element_exponent"),
+            (
+                "format_name",
+                "scale_format",
+                "block_shape",
+                "shape",
+                "dtype",
+                "element_exponent",
+                "codebook",
+                "perm_axis",
+            ),
             aux,
         ):
             object.__setattr__(obj, name, v)
@@ -176,11 +191,13 @@ class KernelQWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the codes and scales as held (the tensor scale: 4)."""
+        """Bytes of the codes and scales as held (the tensor scale: 4), the codebook and
+        the permutation."""
         codes = self.codes.data if isinstance(self.codes, KernelWeight) else self.codes
-        total = int(np.prod(codes.shape)) * np.dtype(codes.dtype).itemsize
-        total += int(np.prod(self.scales.shape)) * np.dtype(self.scales.dtype).itemsize
+        arrays = [codes, self.scales] + ([self.perm] if self.perm is not None else [])
+        total = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in arrays)
         total += self.affine.nbytes if self.affine is not None else 0
+        total += self.codebook.nbytes if self.codebook is not None else 0
         return total + (4 if self.tensor_scale is not None else 0)
 
     def __repr__(self) -> str:
@@ -249,7 +266,13 @@ def split(
     """
     if isinstance(w, KernelQWeight):
         return w.codes, jnp.asarray(w.scales), _scaling(w, arg, w.affine), w
-    parts = [p for p in parts_text(w) if p.split("=")[0] not in qoffsets.PARTS]
+    # zero points and offsets: emulate.pallas.qoffsets; the codebook and the permutation:
+    # emulate.pallas.qcodebook
+    parts = [
+        p
+        for p in parts_text(w)
+        if p.split("=")[0] not in qoffsets.PARTS and not p.startswith("codebook(") and p != "perm"
+    ]
     if parts:
         _refuse(arg, f"a QArray's {', '.join(parts)}", _BUILT)
     if w.format_name in formats.CODE_FORMATS:
@@ -321,6 +344,9 @@ def prepare_weight(w: Any, w_format: Any = None) -> KernelWeight | KernelQWeight
         w.dtype,
         int(w.element_exponent),
         parts,
+        w.codebook,
+        w.perm,
+        w.perm_axis,
     )
 
 
@@ -344,6 +370,9 @@ def as_qarray(w: KernelQWeight) -> QArray:
         tuple(w.shape),
         np.dtype(w.dtype),
         w.element_exponent,
+        codebook=w.codebook,
+        perm=w.perm,
+        perm_axis=w.perm_axis,
         **parts,
     )
 
@@ -376,135 +405,6 @@ def apply_outside(acc: jax.Array, scales: jax.Array, tensor_scale: Any, s: Scali
     if s.along_k and tensor_scale is None and not s.element_exponent:
         return acc
     return times_pow2(acc * m, e)
-
-
-# --- in the kernel -----------------------------------------------------------------------
-
-
-def scale_rows(block: jax.Array, scale_format: str) -> tuple[jax.Array, jax.Array | None]:
-    """A loaded scale block as f32 ``(value, None)``, or for float8_e8m0fnu ``(2**(e//2),
-    2**(e - e//2))`` (both normal f32; NaN for the NaN code): one row per group."""
-    f = formats.get(scale_format)
-    if scale_format == "float32":
-        return block, None
-    if scale_format == "bfloat16":
-        return block.astype(jnp.float32), None
-    if block.dtype.itemsize == 1 and jnp.issubdtype(block.dtype, jnp.floating):
-        block = lax.bitcast_convert_type(block, jnp.int8)  # Mosaic bitcasts to int8
-    c = block.astype(jnp.int32) & f.code_mask
-    if scale_format == "float8_e8m0fnu":
-        e = c - 127
-        half = e // 2
-        nan = c == 255
-        lo = jnp.where(nan, jnp.float32(jnp.nan), pow2_normal(jnp.where(nan, 0, half)))
-        return lo, pow2_normal(jnp.where(nan, 0, e - half))
-    return lax.bitcast_convert_type(codecs.decode_float_bits(c, f), jnp.float32), None
-
-
-def store_factors(block: jax.Array | None, s: Scaling) -> tuple[Any, Any]:
-    """In the kernel, at the store: ``(m, e)`` of the scales constant along K for a loaded
-    (1, C) scale block, as :meth:`emulate.QArray.scale_parts` gives them (before the tensor
-    scale and element exponent); ``(1, 0)`` for scales along K (applied per group)."""
-    if s.along_k or block is None:
-        return jnp.float32(1), jnp.int32(0)
-    if s.scale_format == "float8_e8m0fnu":
-        if block.dtype.itemsize == 1 and jnp.issubdtype(block.dtype, jnp.floating):
-            block = lax.bitcast_convert_type(block, jnp.int8)  # Mosaic bitcasts to int8
-        c = block.astype(jnp.int32) & 0xFF
-        m = jnp.where(c == 255, jnp.float32(jnp.nan), jnp.float32(1))
-        return m, jnp.where(c == 255, 0, c - 127)
-    v, _ = scale_rows(block, s.scale_format)
-    return frexp(v)
-
-
-def tensor_parts(tensor_scale: Any) -> tuple[jax.Array, jax.Array]:
-    """A tensor scale's ``(m, e)`` as (1, 1) f32 and int32 arrays (kernel operands)."""
-    m, e = scale_frexp(jnp.asarray(tensor_scale, jnp.float32), "float32")
-    return m.reshape(1, 1), e.reshape(1, 1)
-
-
-def _select(rows: jax.Array, index: Any) -> jax.Array:
-    """Row ``index`` (dynamic) of ``rows`` (R, C) as (1, C): a one-hot sum, exact (every
-    other row contributes +0), NaN and Inf kept."""
-    at = lax.broadcasted_iota(jnp.int32, rows.shape, 0) == index
-    return jnp.sum(jnp.where(at, rows, jnp.zeros((), rows.dtype)), axis=0, keepdims=True)
-
-
-def group_scale(
-    parts: tuple[jax.Array, jax.Array | None], index: Any
-) -> tuple[jax.Array, jax.Array | None]:
-    """Group ``index``'s scale factors (as :func:`scale_rows`) as (1, C) rows."""
-    lo, hi = parts
-    return _select(lo, index), None if hi is None else _select(hi, index)
-
-
-def scaled_result(acc: jax.Array, s_ref: Any, ts_refs: Any, cfg: Any) -> jax.Array:
-    """The f32 sum (or an exact int32 sum, rounded once into f32 and scaled by its
-    quantum) times what the K steps did not apply (scales constant along K, the tensor
-    scale, ``2**element_exponent``) as :func:`apply_outside` does, rounded once into the
-    result type."""
-    sc = cfg.scaling
-    assert sc is not None
-    if acc.dtype == jnp.int32:  # an exact sum that fits int32: rounded once into f32
-        acc = acc.astype(jnp.float32)
-        if cfg.route.scale:
-            acc = acc * jnp.float32(2.0**-cfg.route.scale)
-    m, e = store_factors(None if sc.along_k else s_ref[...], sc)
-    if ts_refs is not None:
-        m, e = m * ts_refs[0][...], e + ts_refs[1][...]
-    if sc.element_exponent:
-        e = e + sc.element_exponent
-    if not sc.along_k or ts_refs is not None or sc.element_exponent:
-        acc = times_pow2(acc * m, e)
-    return acc.astype(formats.get(cfg.out).dtype)
-
-
-def group_scaled_step(tiles: list, s_ref: Any, cfg: Any, k: Any, aff_refs: Any = ()) -> jax.Array:
-    """One K step of a weight with scales along K: per group of rows, the partial sum of
-    every plane (exact for exact-class pairs, then f32) times the group's scale, in f32;
-    with zero points and offsets (``aff_refs``), their terms (:mod:`.qoffsets`)."""
-    r = cfg.route
-    sc = cfg.scaling
-    assert sc is not None
-    terms = None
-    if sc.affine is not None:
-        terms = qoffsets.GroupTerms(aff_refs, s_ref, sc.affine, r.exact, r.lhs_scale)
-    two_level = terms is not None and terms.two_level_scales
-    factors = None if two_level else scale_rows(s_ref[...], sc.scale_format)
-    sub = min(sc.group, cfg.bk)  # K rows per partial sum
-    rows = sub // cfg.x_planes  # their rows in each plane
-    quantum = jnp.float32(2.0**-r.scale) if r.exact and r.scale else None
-    if terms is not None:  # the step's two-level parts and group sums, once
-        terms.begin([xt for xt, _ in tiles], k * cfg.bk // sc.group, cfg.bk // sub, rows)
-    total = None
-    for q in range(cfg.bk // sub):
-        part, cut = None, []
-        for xt, wt in tiles:
-            xs = xt[:, q * rows : (q + 1) * rows]
-            ws = wt[q * rows : (q + 1) * rows]
-            d = route.exact_dot(xs, ws, r) if r.exact else route.float_dot(xs, ws, r.precision)
-            part = d if part is None else part + d
-            cut.append(xs)
-        assert part is not None
-        index = (k * cfg.bk + q * sub) // sc.group
-        if terms is not None:
-            part = terms.subtract_zero(part, cut, index)
-        part = part.astype(jnp.float32)
-        if quantum is not None:
-            part = part * quantum
-        if factors is None:
-            assert terms is not None
-            lo, hi = terms.scale(q)
-        else:
-            lo, hi = group_scale(factors, index)
-        part = part * lo
-        if hi is not None:
-            part = part * hi
-        if terms is not None:
-            part = terms.add_offset(part, index)
-        total = part if total is None else total + part
-    assert total is not None
-    return total if terms is None else terms.finish(total)
 
 
 def result_type(x: jax.Array, xf: Format, w: QArray | KernelQWeight, out_dtype: Any) -> str:

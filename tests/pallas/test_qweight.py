@@ -12,6 +12,7 @@ route, layout or scale kind; two more run under EMULATE_LONG_TESTS=1 (marked lon
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 
@@ -22,8 +23,9 @@ import numpy as np
 import pytest
 
 import emulate
+import emulate.mx as mx
 import emulate.pallas
-from emulate import bounds, codebooks, formats, reference
+from emulate import bounds, formats, reference
 
 DN = (((1,), (0,)), ((), ()))
 _SCALE_DTYPES = {
@@ -181,6 +183,39 @@ def test_group_scales_are_within_the_bound(rhs, sf, target, shape, block, how):
     assert np.count_nonzero(got) > got.size // 2  # not a sum of zeros
 
 
+@pytest.mark.parametrize(
+    "how, m",
+    [
+        # M = 256: blocks of 256 rows of x, the tile's rows scaled and one dot per K step
+        ("packed", 256),
+        # M = 8: one dot of 16 rows per group
+        pytest.param("prepared", 8, marks=pytest.mark.long),
+    ],
+)
+def test_nvfp4_groups_of_16_rows_are_within_the_bound(how, m):
+    # NVFP4: e2m1 codes, an e4m3 scale per 16 rows along K and column, an f32 tensor
+    # scale; K ragged (17 groups), one NaN scale (its column NaN)
+    k, n = 272, 128
+    rng = np.random.default_rng(16)
+    q = emulate.quantize(rng.standard_normal((k, n)).astype(np.float32), mx.NVFP4, axis=0)
+    scales = np.array(q.scales)
+    scales[3, 7] = np.uint8(0x7F).view(ml_dtypes.float8_e4m3fn)  # NaN
+    q = dataclasses.replace(q, scales=jnp.asarray(scales))
+    w = emulate.pallas.prepare_weight(q) if how == "prepared" else q
+    x = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    got = np.asarray(emulate.pallas.matmul(x, w, target="tpu_v5e", out_dtype="float32"))
+    codes = np.asarray(q.unpacked_codes())
+    wv = _values(codes, scales, (16, 1), tensor_scale=np.float32(q.tensor_scale))
+    assert np.all(np.isnan(got[:, 7]))
+    keep = np.delete(np.arange(n), 7)
+    got, wv = got[:, keep], wv[:, keep]
+    want = reference.dot_general(x, wv, DN, preferred_element_type="float32").astype(np.float64)
+    bound = bounds.dot_general_bound(x, wv, DN, extra_terms=k // 16 + 4)
+    err = np.abs(got.astype(np.float64) - want)
+    assert np.all(err <= bound + np.abs(want) * 2.0**-24), float(np.max(err - bound))
+    assert np.count_nonzero(got) > got.size // 2
+
+
 def test_a_prepared_weight_holds_the_same_bytes_and_gives_the_same_bits():
     rng = np.random.default_rng(5)
     q, _, _ = _qarray("int8", "float16", (512, 256), (128, 1), rng)
@@ -238,11 +273,6 @@ def _parts_cases():
     s = jnp.ones((2, 128), jnp.float16)
     u4 = jnp.zeros((256, 128), jnp.uint8)
     return [
-        (emulate.QArray.from_parts(u4, s, block_shape=(128, 1), codebook=codebooks.NF4),
-         r"^w: emulate.pallas.matmul does not decode a QArray's codebook\(NF4\) in the kernel"),
-        (emulate.QArray.from_parts(ones, s, block_shape=(128, 1), perm=jnp.arange(256)[::-1],
-                                   perm_axis=0),
-         r"^w: emulate.pallas.matmul does not decode a QArray's perm in the kernel"),
         (emulate.QArray.from_parts(ones, emulate.quantize(np.ones((2, 128), np.float32), "int8",
                                                           axis=0), block_shape=(128, 1)),
          r"^w: emulate.pallas.matmul does not decode two-level scales QArray\(int8\[2, 128\], "
@@ -250,9 +280,9 @@ def _parts_cases():
         (emulate.QArray.from_parts(u4, s, block_shape=(128, 1), fmt="uint3"),
          r"^w: emulate.pallas.matmul does not decode uint3 codes in the kernel \(2- to 6-bit "
          r"integer code formats\)"),
-        (emulate.QArray.from_parts(ones, jnp.ones((16, 128), jnp.float16), block_shape=(16, 1)),
-         r"^w: emulate.pallas.matmul does not decode groups of 16 rows along K in the kernel "
-         r"\(group scales are applied per group of a multiple of 32 rows\); use "
+        (emulate.QArray.from_parts(ones, jnp.ones((32, 128), jnp.float16), block_shape=(8, 1)),
+         r"^w: emulate.pallas.matmul does not decode groups of 8 rows along K in the kernel "
+         r"\(group scales are applied per group of a multiple of 16 rows\); use "
          r"emulate.dot_general for this QArray$"),
         (emulate.QArray.from_parts(ones, jnp.ones((2, 2), jnp.float16), block_shape=(128, 64)),
          r"^w: emulate.pallas.matmul does not decode blocks of 64 columns in the kernel "

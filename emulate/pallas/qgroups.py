@@ -33,8 +33,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from emulate import formats
+from emulate.numerics import codecs
 
-__all__ = ["group_sums", "offset_term", "step_levels"]
+__all__ = ["group_sums", "offset_term", "step_levels", "super_rows"]
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -75,6 +76,25 @@ def _select(rows: jax.Array, index: Any) -> jax.Array:
     return jnp.sum(jnp.where(at, rows, jnp.zeros((), rows.dtype)), axis=0, keepdims=True)
 
 
+def super_rows(block: jax.Array, fmt: str) -> jax.Array:
+    """A loaded block of super-block scales as :func:`step_levels` takes it: float32 as is,
+    bfloat16 widened to f32, float16 (held as uint16 bits) as int32 bits, decoded only in
+    the rows a step selects (the bit formulas cost about 15 vector ops an element)."""
+    if fmt == "float32":
+        return block
+    if fmt == "bfloat16":
+        return block.astype(jnp.float32)
+    return block.astype(jnp.int32) & 0xFFFF
+
+
+def _super_values(rows: jax.Array, fmt: str) -> jax.Array:
+    """Selected rows of :func:`super_rows` as f32 values (exact: float16 is a subset)."""
+    if fmt != "float16":
+        return rows
+    bits = codecs.decode_float_bits(rows, formats.get("float16"))
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
 def _words(byte_rows: jax.Array, first: Any, count: int, bits: int) -> jax.Array:
     """(count, C) int32: for group ``first + q``, ``lo | hi << 8`` of the two bytes its
     ``bits``-bit code starts in (:func:`emulate.pack`'s bit stream; past the end: 0), by one
@@ -99,8 +119,8 @@ def step_levels(
     """Groups ``first .. first + count - 1``'s two-level values as a (count, C) f32 matrix:
     ``(code - level.zero) * super`` rounded once to f32 (:func:`emulate.dequantize`'s
     value). ``byte_rows``: the codes' bytes as int32 (0..255), packed along the groups
-    (8-bit codes one a row); ``supers``: f32 super-block scales, one row per ``level.block``
-    groups; ``level``: :class:`emulate.pallas.qoffsets.Level`."""
+    (8-bit codes one a row); ``supers``: the super-block scales as :func:`super_rows` gives them,
+    one row per ``level.block`` groups; ``level``: :class:`emulate.pallas.qoffsets.Level`."""
     f = formats.get(level.code_format)
     bits = f.bits
     q = lax.broadcasted_iota(jnp.int32, (count, 1), 0)
@@ -117,7 +137,7 @@ def step_levels(
     spans = (count - 1) // level.block + 2 if count > 1 else 1
     sup = None
     for j in range(spans):
-        v = _select(supers, base + j)
+        v = _super_values(_select(supers, base + j), level.super_format)
         sup = v if sup is None else jnp.where(rel == j, v, sup)
     assert sup is not None
     return code.astype(jnp.float32) * sup

@@ -417,10 +417,11 @@ class GroupTerms:
         elif spec.offset == "two_level":
             assert spec.offset_level is not None
             codes = _bytes(refs.pop(0)[...])
-            self.offsets = (codes, _float_rows(refs.pop(0)[...], spec.offset_level.super_format))
+            supers = qgroups.super_rows(refs.pop(0)[...], spec.offset_level.super_format)
+            self.offsets = (codes, supers)
         self.scales: Any = None
         if spec.scale_level is not None:
-            supers = _float_rows(refs.pop(0)[...], spec.scale_level.super_format)
+            supers = qgroups.super_rows(refs.pop(0)[...], spec.scale_level.super_format)
             self.scales = (_bytes(s_ref[...]), supers)
         self.xsum: Any = None
 

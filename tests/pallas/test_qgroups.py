@@ -19,18 +19,20 @@ import emulate
 from emulate import formats
 from emulate.pallas import qgroups, qoffsets
 
-# (code format, groups, columns, groups a super-block, zero point, groups a step)
+# (code format, groups, columns, groups a super-block, zero point, groups a step, super
+# format)
 LEVELS = [
-    ("uint6", 40, 128, 8, 0, 8),  # GGUF Q4_K: 6-bit codes, blocks of 8, 8 groups a step
-    ("int5", 21, 8, 4, 0, 6),  # steps across super-blocks, a ragged last step
-    ("uint3", 9, 4, 2, 3, 1),  # one group a step, a zero point
-    ("int8", 12, 5, 3, -2, 4),  # bytes as stored
+    # GGUF Q4_K: 6-bit codes, blocks of 8, 8 groups a step, float16 d (a subnormal among them)
+    ("uint6", 40, 128, 8, 0, 8, "float16"),
+    ("int5", 21, 8, 4, 0, 6, "float32"),  # steps across super-blocks, a ragged last step
+    ("uint3", 9, 4, 2, 3, 1, "bfloat16"),  # one group a step, a zero point
+    ("int8", 12, 5, 3, -2, 4, "float32"),  # bytes as stored
 ]
 
 
-@pytest.mark.parametrize("fmt, groups, cols, block, zero, count", LEVELS)
+@pytest.mark.parametrize("fmt, groups, cols, block, zero, count, sf", LEVELS)
 def test_step_levels_are_the_dequantized_values_bit_for_bit(fmt, groups, cols, block, zero,
-                                                            count):  # fmt: skip
+                                                            count, sf):  # fmt: skip
     f = formats.get(fmt)
     rng = np.random.default_rng(groups)
     codes = rng.integers(0, 1 << f.bits, (groups, cols))
@@ -40,15 +42,20 @@ def test_step_levels_are_the_dequantized_values_bit_for_bit(fmt, groups, cols, b
     else:
         data = np.asarray(emulate.pack(codes.astype(np.uint8), fmt, axis=0).data)
     supers = (rng.standard_normal((-(-groups // block), cols)) * 3).astype(np.float32)
-    supers[0, :4] = [np.nan, np.inf, -0.0, 2.0**-120]  # each stays in its own group
-    level = qoffsets.Level(fmt, block, "float32", zero)
-    run = jax.jit(lambda b, s, first: qgroups.step_levels(b, s, level, first, count))
+    tiny = 2.0**-24 if sf == "float16" else 2.0**-120  # float16's smallest subnormal
+    supers[0, :4] = [np.nan, np.inf, -0.0, tiny]  # each stays in its own group
+    supers = supers.astype(ml_dtypes.bfloat16 if sf == "bfloat16" else sf)
+    stored = supers.view(np.uint16) if sf == "float16" else supers  # as the kernel reads it
+    level = qoffsets.Level(fmt, block, sf, zero)
+    run = jax.jit(
+        lambda b, s, first: qgroups.step_levels(b, qgroups.super_rows(s, sf), level, first, count)
+    )
     values = codes - (1 << f.bits) * (codes >= (1 << (f.bits - 1))) if f.signed else codes
     want = (values - zero) * np.repeat(supers.astype(np.float64), block, axis=0)[:groups]
     want = want.astype(np.float32)  # one rounding, as emulate.dequantize
     byte_rows = jnp.asarray(data.astype(np.int32))
     for first in range(0, groups, count):
-        got = np.asarray(run(byte_rows, jnp.asarray(supers), jnp.int32(first)))
+        got = np.asarray(run(byte_rows, jnp.asarray(stored), jnp.int32(first)))
         n = min(count, groups - first)
         # equal as floats: bit for bit but the sign of a zero (not part of the contract)
         np.testing.assert_array_equal(got[:n], want[first : first + n])

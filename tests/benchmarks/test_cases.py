@@ -17,6 +17,7 @@ BENCHMARKS = (
     "exact",
     "matmul",
     "pallas_matmul",
+    "pallas_ops",
     "pallas_qtime",
     "quantized",
     "scaled",

@@ -21,7 +21,8 @@ K-quants' ``d * sc`` and ``-dmin * m``, 6-bit codes per 32 rows times a float16 
 rows) are decoded in the kernel from their stored codes: a group's code is cut out of
 the bytes it spans (the codes packed along the groups, :func:`emulate.pack`'s bit
 stream), minus the inner zero point, times its super-block scale, one f32 rounding: the
-f32 value :func:`emulate.dequantize` gives it.
+f32 value :func:`emulate.dequantize` gives it; once per K step for all of the step's
+groups, and two-level offsets' term as one dot per step (:mod:`emulate.pallas.qgroups`).
 
 Error (mode "fast" pairs): the f32 accumulator is within ``gamma_(K + S + 5) * sum_k |x_k|
 (|q_k s| + |z s| + |o|)`` of the exact sum of the dequantized products (:mod:`emulate.

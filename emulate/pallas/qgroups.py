@@ -12,16 +12,20 @@ product, ``X[m, g]`` the sum of ``x[m, k]`` over the rows of group ``g``. Per K 
   as the vector sum it replaces (an exact route's integer sums are exact).
 * the step's two-level values ``(code - zero) * super`` as a ``(count, C)`` f32 matrix
   (:func:`step_levels`): each group's code cut out of the 16-bit word of the two bytes it
-  spans, those words picked from the codes' bytes by one one-hot f32 dot at ``Precision.HIGHEST``
-  (bytes and the weights 1 and 256: the f32 sum of one or two products is exact), then
-  shifted and masked per row; the super-block scales picked with exact one-hot selects
-  (NaN and Inf stay in their group; a dot would spread them).
+  spans, those words picked from the codes' bytes by one one-hot f32 dot at
+  ``Precision.HIGHEST`` (bytes and the weights 1 and 256: the f32 sum of one or two
+  products is exact), then shifted and masked per row; the super-block scales picked with
+  exact one-hot selects (NaN and Inf stay in their group; a dot would spread them), a
+  float16 one decoded from its bits only in the rows a step selects.
 * the offset term ``X @ O`` (:func:`offset_term`): one f32 dot at ``Precision.HIGHEST``,
   ``count`` products a sum.
 
 Error: the offset term is an f32 sum of ``count`` products ``X o`` added to the step's
 sum, inside the ``gamma_(K + S + 5)`` bound :mod:`emulate.pallas.qoffsets` states (the
-same products the per-group form adds one at a time).
+same products the per-group form adds one at a time). Non-finite values: a NaN or Inf
+offset reaches only its column, as before; on a TPU, whose f32 dot at HIGHEST splits each
+operand into bf16 parts, an Inf offset may come out as NaN rather than Inf (not checked on
+a chip; CPU interpret mode keeps IEEE products).
 """
 
 from __future__ import annotations

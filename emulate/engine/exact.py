@@ -439,10 +439,11 @@ def _further_blocks(side_a: _Side, side_b: _Side, first, q0, block, to_odd) -> j
     block: every block of the lhs against every block of the rhs, added at run-time
     shifts into one fixed-point number covering the whole range of the two formats.
 
-    The pairs of blocks after the first pair run in one while loop (one copy of the block
-    program), the rhs blocks innermost: its state is each side's current *cut* (a per-row
-    exponent: the block takes the bits below it) and the limbs; every block's slices are
-    made again from the operands inside the body that reads them."""
+    One while loop places a pending block's limbs and makes the next pair's (one copy of
+    the block program, inside a cond that skips it after the last pair), the rhs blocks
+    innermost: its state is each side's current *cut* (a per-row exponent: the block takes
+    the bits below it), the pending block and the limbs; every block's slices are made
+    again from the operands inside the body that reads them."""
     sa, sb = side_a.s, side_b.s
     lo = sa.q_min + sb.q_min  # no base is below its format's q_min
     hi_a = sa.q_max + sa.p if sa.dynamic else sa.q_min
@@ -452,37 +453,48 @@ def _further_blocks(side_a: _Side, side_b: _Side, first, q0, block, to_odd) -> j
     shape = first[1][0].shape
 
     def add(accs, rel, base_a, base_b):
+        """Place a block's limbs, positive and negative parts stacked on axis 1 of accs."""
         negative, mag = rel
-        off = jnp.broadcast_to(_q0(base_a, base_b) - lo, shape)
-        pos = [jnp.where(negative, 0, x) for x in mag]
-        neg = [jnp.where(negative, x, 0) for x in mag]
-        return place(accs[0], pos, off), place(accs[1], neg, off)
+        off = jnp.broadcast_to(_q0(base_a, base_b) - lo, (2, *shape))
+        parts = [jnp.stack([jnp.where(negative, 0, x), jnp.where(negative, x, 0)]) for x in mag]
+        return place(accs, parts, off)
 
     def side_block(side: _Side, cut):
-        return side.below(cut) if side.s.dynamic else side.first()
+        if not side.s.dynamic:
+            make, base = side.first()
+            return make, jnp.int32(base)
+        return side.below(cut)
 
-    def advance(cut_a, base_a, base_b):
-        """The cuts of the next pair of blocks, and whether there is one."""
-        more_b = side_b.more(base_b) if sb.dynamic else jnp.zeros((), bool)
-        more_a = side_a.more(base_a) if sa.dynamic else jnp.zeros((), bool)
-        cut_b = jnp.where(more_b, base_b, _ALL) if sb.dynamic else jnp.int32(0)
-        if sa.dynamic:
-            cut_a = jnp.where(more_b, cut_a, base_a)
-        return cut_a, cut_b, more_b | more_a
+    def pair(cut_a, cut_b):
+        (make_a, base_a), (make_b, base_b) = side_block(side_a, cut_a), side_block(side_b, cut_b)
+        return block(make_a, make_b), base_a, base_b
+
+    def no_pair(cut_a, cut_b):
+        zero = jnp.zeros(shape, jnp.uint32)
+        base_a = jnp.int32(sa.q_min) if not sa.dynamic else jnp.full_like(cut_a, sa.q_min)
+        base_b = jnp.int32(sb.q_min) if not sb.dynamic else jnp.full_like(cut_b, sb.q_min)
+        return (jnp.zeros(shape, bool), [zero] * n_rel), base_a, base_b
 
     def body(state):
-        cut_a, cut_b, _, accs = state
-        (make_a, base_a), (make_b, base_b) = side_block(side_a, cut_a), side_block(side_b, cut_b)
-        accs = add(accs, block(make_a, make_b), base_a, base_b)
-        return (*advance(cut_a, base_a, base_b), accs)
+        cut_a, cut_b, _, pending, base_a, base_b, accs = state
+        accs = add(accs, pending, base_a, base_b)
+        # the cuts of the next pair of blocks, and whether there is one
+        more_b = side_b.more(base_b) if sb.dynamic else jnp.zeros((), bool)
+        more_a = side_a.more(base_a) if sa.dynamic else jnp.zeros((), bool)
+        if sb.dynamic:
+            cut_b = jnp.where(more_b, base_b, _ALL)
+        if sa.dynamic:
+            cut_a = jnp.where(more_b, cut_a, base_a)
+        go = more_b | more_a
+        return (cut_a, cut_b, go, *lax.cond(go, pair, no_pair, cut_a, cut_b), accs)
 
-    zeros = jnp.zeros((n_abs, *shape), jnp.uint32)
-    _, base_a, base_b = q0
-    accs = add((zeros, zeros), first, base_a, base_b)
-    cut_a = jnp.full_like(base_a, _ALL) if sa.dynamic else jnp.int32(0)
-    state = (*advance(cut_a, base_a, base_b), accs)
-    accs = lax.while_loop(lambda s: s[2], body, state)[3]
-    return round_wide(*subtract_stacked(*accs), lo, to_odd)
+    _, base_a, base_b = (jnp.asarray(x, jnp.int32) for x in q0)
+    cut_a = jnp.full_like(base_a, _ALL)
+    cut_b = jnp.full_like(base_b, _ALL)
+    accs = jnp.zeros((n_abs, 2, *shape), jnp.uint32)
+    state = (cut_a, cut_b, jnp.ones((), bool), first, base_a, base_b, accs)
+    accs = lax.while_loop(lambda s: s[2], body, state)[6]
+    return round_wide(*subtract_stacked(accs[:, 0], accs[:, 1]), lo, to_odd)
 
 
 def _specials(r, operands, sides, plan) -> jax.Array:

@@ -277,21 +277,22 @@ class _Side:
     def first(self) -> tuple[Maker, int | jax.Array]:
         """The first block: its slice maker and base exponent (``q_min``, or each row's)."""
         if not self.s.dynamic:  # low-precision values: normal in f32, float ops are safe
+            v = lax.bitcast_convert_type(self.finite_bits(), jnp.float32)
 
             def make(which: Sequence[int] | int) -> jax.Array:
-                v = lax.bitcast_convert_type(self.finite_bits(), jnp.float32)
                 idx, at = _where(which, self.at)
                 return static_stack(v, self.s, self.compute, at, idx)
 
             return make, self.s.q_min
-        _, m, e = self.split()
-        return self.block(m, _row_base(m, e, self.s, self.axis))
+        neg, m, e = self.split()
+        return self.block(neg, m, e, _row_base(m, e, self.s, self.axis))
 
-    def block(self, m: jax.Array, base: jax.Array) -> tuple[Maker, jax.Array]:
-        """A block of per-row slices of the mantissas ``m`` at ``base``."""
+    def block(self, neg, m, e, base: jax.Array) -> tuple[Maker, jax.Array]:
+        """A block of per-row slices of ``(-1)**neg * m * 2**e`` at ``base``. The makers
+        read arrays made in the caller's scope, where they run: XLA fuses those
+        elementwise producers into every dot operand that reads them."""
 
         def make(which: Sequence[int] | int) -> jax.Array:
-            neg, _, e = self.split()
             idx, at = _where(which, self.at)
             return _row_stack(neg, m, e, base, self.s, self.compute, at, idx)
 
@@ -300,9 +301,9 @@ class _Side:
     def below(self, cut: jax.Array) -> tuple[Maker, jax.Array]:
         """The block of the mantissa bits below each row's ``cut`` (per-row slicing; the
         previous block's base, or ``_ALL`` for the first block): maker and base."""
-        _, m, e = self.split()
+        neg, m, e = self.split()
         res = _residual(m, e, cut)
-        return self.block(res, _row_base(res, e, self.s, self.axis))
+        return self.block(neg, res, e, _row_base(res, e, self.s, self.axis))
 
     def more(self, base: jax.Array) -> jax.Array:
         """Whether some element has bits below its row's ``base`` (per-row slicing)."""

@@ -33,51 +33,45 @@ def signed_limbs(pair, shifts: np.ndarray, count: int, bound: int) -> list[jax.A
     Pairs with equal shifts are added first in int32 (the sums of a group of ``g`` pairs
     stay below ``g * bound``, ``bound`` the largest chunk sum; groups are cut so that this
     stays below 2**31), so the 16-bit splitting runs once per shift, not once per pair;
-    where ``g * chunks * bound`` stays below 2**31 for every group, the chunks are added
-    in int32 as well. The groups are stacked on a leading axis and split together (one
-    copy of the splitting in the program, however many shifts there are).
+    where ``g * chunks * bound`` stays below 2**31 too, the chunks are added in int32 as well.
     """
     per = max(1, I32_EXACT // max(bound, 1))  # pairs whose chunk sums add up in int32
-    by_shift: dict[int, list[tuple[int, int]]] = {}
+    groups: dict[int, list[tuple[int, int]]] = {}
     for i, j in np.ndindex(shifts.shape):
-        by_shift.setdefault(int(shifts[i, j]), []).append((i, j))
-    groups = [
-        (sh, pairs[start : start + per])
-        for sh, pairs in sorted(by_shift.items())
-        for start in range(0, len(pairs), per)
-    ]
+        groups.setdefault(int(shifts[i, j]), []).append((i, j))
     nb, n_chunks, m, nn = pair(0, 0).shape
-    # (G, B, C, M, N); sum() of a non-empty group is an array, never its start 0
-    f = jnp.stack([cast(jax.Array, sum(pair(i, j) for i, j in g)) for _, g in groups])
-    if n_chunks == 1:
-        big = lax.shift_right_arithmetic(f[:, :, 0], jnp.int32(16))  # |big| < 2**15
-        small = f[:, :, 0] & 0xFFFF
-    elif all(n_chunks * len(g) <= per for _, g in groups):
-        # all of a group's chunk sums add up in int32 (short f32-route chunks)
-        total = jnp.sum(f, axis=2, dtype=jnp.int32)
-        big = lax.shift_right_arithmetic(total, jnp.int32(16))
-        small = total & 0xFFFF
-    else:  # <= 2**15 chunks: |sum hi| < 2**30, sum lo < 2**31
-        big = jnp.sum(lax.shift_right_arithmetic(f, jnp.int32(16)), axis=2, dtype=jnp.int32)
-        lo_sum = jnp.sum(f & 0xFFFF, axis=2, dtype=jnp.int32)
-        big = big + (lo_sum >> 16)
-        small = lo_sum & 0xFFFF
-    # each group's value = big * 2**16 + small, placed at 2**sh: 2**(16 q) * 2**r
-    r = jnp.asarray(np.array([sh % 16 for sh, _ in groups], np.int32).reshape(-1, 1, 1, 1))
-    x = small << r  # < 2**31
-    ah = lax.shift_right_arithmetic(big, jnp.int32(16))  # |ah| < 2**15
-    al = (big & 0xFFFF) << r
-    y = ah << r  # |y| < 2**30
-    pieces = [
-        x & 0xFFFF,
-        (x >> 16) + (al & 0xFFFF),
-        (al >> 16) + (y & 0xFFFF),
-        lax.shift_right_arithmetic(y, jnp.int32(16)),
-    ]
     limbs: list[jax.Array | int] = [0] * count
-    for g, (sh, _) in enumerate(groups):
-        for k, piece in enumerate(pieces):
-            limbs[sh // 16 + k] = limbs[sh // 16 + k] + piece[g]
+    for sh, pairs in sorted(groups.items()):
+        for start in range(0, len(pairs), per):
+            # (B, C, M, N); sum() of a non-empty group is an array, never its start 0
+            f = cast(jax.Array, sum(pair(i, j) for i, j in pairs[start : start + per]))
+            hi = lax.shift_right_arithmetic(f, jnp.int32(16))  # |hi| < 2**15
+            lo = f & 0xFFFF
+            if n_chunks == 1:
+                big, small = hi[:, 0], lo[:, 0]
+            elif n_chunks * len(pairs[start : start + per]) <= per:
+                # all of the group's chunk sums add up in int32 (short f32-route chunks)
+                total = jnp.sum(f, axis=1, dtype=jnp.int32)
+                big = lax.shift_right_arithmetic(total, jnp.int32(16))
+                small = total & 0xFFFF
+            else:  # <= 2**15 chunks: |sum hi| < 2**30, sum lo < 2**31
+                big = jnp.sum(hi, axis=1, dtype=jnp.int32)
+                lo_sum = jnp.sum(lo, axis=1, dtype=jnp.int32)
+                big = big + (lo_sum >> 16)
+                small = lo_sum & 0xFFFF
+            # value = big * 2**16 + small, placed at 2**sh
+            q, r = divmod(sh, 16)
+            x = small << r  # < 2**31
+            ah = lax.shift_right_arithmetic(big, jnp.int32(16))  # |ah| < 2**15
+            al = (big & 0xFFFF) << r
+            y = ah << r  # |y| < 2**30
+            for idx, piece in (
+                (q, x & 0xFFFF),
+                (q + 1, (x >> 16) + (al & 0xFFFF)),
+                (q + 2, (al >> 16) + (y & 0xFFFF)),
+                (q + 3, lax.shift_right_arithmetic(y, jnp.int32(16))),
+            ):
+                limbs[idx] = limbs[idx] + piece
     return [jnp.broadcast_to(jnp.asarray(x, jnp.int32), (nb, m, nn)) for x in limbs]
 
 

@@ -6,6 +6,10 @@ target, interleaved after warm-up; the ratio is exact / fast of the medians. Eac
 call follows an untimed call of the same program (``--cold`` leaves that out): right after
 a mode-exact program of another pair, whose temporaries are tens of MiB, a 1 ms fast call
 measured 2 to 2.5x slower here, which says more about the case before it than about it.
+
+``--compile`` times nothing: for each pair and target it lowers and compiles the jitted
+mode-exact program (on the CPU) and reports its StableHLO lines and the XLA compile time
+(process CPU seconds, the least of ``--repeats`` compiles after clearing JAX's caches).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -74,8 +79,52 @@ def operand(
     return jax.device_put(codes) if not f.xla_storable else jnp.asarray(codes.view(f.dtype))
 
 
+def compile_sizes(args: argparse.Namespace) -> harness.Report:
+    """StableHLO lines and XLA:CPU compile seconds of each mode-exact program."""
+    m, k, n = args.shape or (QUICK_SHAPE if args.quick else SHAPE)
+    rng = np.random.default_rng(0)
+    pairs = PAIRS if not args.pairs else [tuple(p.split(":")) for p in args.pairs.split(",")]
+    rows, records = [], []
+    for pair in pairs:
+        a = operand(pair[0], (m, k), rng, args.far_below)
+        b = operand(pair[1], (k, n), rng, args.far_below)
+        fa = pair[0] if not formats.get(pair[0]).xla_storable else None
+        fb = pair[1] if not formats.get(pair[1]).xla_storable else None
+        for target in args.targets.split(","):
+            seconds = []
+            for _ in range(args.repeats):
+                jax.clear_caches()
+                low = jax.jit(
+                    lambda x, y, t=target, fa=fa, fb=fb: emulate.dot_general(
+                        x,
+                        y,
+                        DN,
+                        preferred_element_type=jnp.float32,
+                        target=t,
+                        mode="exact",
+                        lhs_format=fa,
+                        rhs_format=fb,
+                    )
+                ).lower(a, b)
+                start = time.process_time()
+                low.compile()
+                seconds.append(time.process_time() - start)
+            lines = len(low.as_text().splitlines())
+            rows.append([f"{pair[0]} x {pair[1]}", target, str(lines), f"{min(seconds):.2f}"])
+            records.append(dict(pair=pair, target=target, lines=lines, compile_s=min(seconds)))
+    text = [
+        f"mode exact programs, (M, K, N) = ({m}, {k}, {n}), f32 result: StableHLO lines and "
+        f"XLA compile CPU seconds (least of {args.repeats})",
+        harness.text_table(["pair", "target", "lines", "compile s"], rows, right={2, 3}),
+    ]
+    data = {"command": args.command, "env": harness.environment(), "rows": records}
+    return harness.Report(data, "\n".join(text) + "\n")
+
+
 def run(args: argparse.Namespace) -> harness.Report:
     """Time both modes for every pair and target; the table and the JSON."""
+    if args.compile:
+        return compile_sizes(args)
     m, k, n = args.shape or (QUICK_SHAPE if args.quick else SHAPE)
     repeats = args.repeats
     rng = np.random.default_rng(0)
@@ -168,6 +217,11 @@ def flags(p: argparse.ArgumentParser) -> None:
         "--far-below",
         action="store_true",
         help="one wide-operand element 2**-60 below its row (the residual path)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="time nothing: each exact program's StableHLO lines and compile seconds",
     )
     p.add_argument(
         "--cold",

@@ -22,6 +22,13 @@ Two ways to cut an operand:
   slices are taken below each row's residual maximum (a data-dependent number of passes:
   none for rows that span less than ``S * w`` bits, the usual case).
 
+Program shape (its size is the compile time): the first block of both sides is summed
+outside any control flow; with a per-row side, a ``lax.cond`` on "some row has bits below
+its first block" either rounds those limbs or runs the further blocks, every pair of an
+lhs block and an rhs block after the first in one ``while_loop`` (one copy of the block
+program), whose state is each side's per-row *cut* (the block takes the mantissa bits
+below it) and the wide limbs: no operand-sized array is carried or written out.
+
 The chunk sums, at up to ``S_lhs * S_rhs`` different scales, are added exactly in a wide
 fixed-point number held in 16-bit limbs of uint32 arrays (positive and negative parts
 apart, so no limb ever overflows), at the power of two of the row and column scales, and
@@ -63,6 +70,7 @@ from emulate.planning.slicing import Slicing
 __all__ = ["contract", "static_slices", "static_stack"]
 
 _NONE = -(1 << 20)  # "no bits": the top exponent of a zero residual
+_ALL = 1 << 20  # a cut above every bit: the first block of per-row slices
 
 
 # ------------------------------------------------------------------------------ slices
@@ -269,36 +277,38 @@ class _Side:
     def first(self) -> tuple[Maker, int | jax.Array]:
         """The first block: its slice maker and base exponent (``q_min``, or each row's)."""
         if not self.s.dynamic:  # low-precision values: normal in f32, float ops are safe
+            v = lax.bitcast_convert_type(self.finite_bits(), jnp.float32)
 
             def make(which: Sequence[int] | int) -> jax.Array:
-                v = lax.bitcast_convert_type(self.finite_bits(), jnp.float32)
                 idx, at = _where(which, self.at)
                 return static_stack(v, self.s, self.compute, at, idx)
 
             return make, self.s.q_min
-        _, m, e = self.split()
-        return self.block(m, _row_base(m, e, self.s, self.axis))
+        neg, m, e = self.split()
+        return self.block(neg, m, e, _row_base(m, e, self.s, self.axis))
 
-    def block(self, m: jax.Array, base: jax.Array) -> tuple[Maker, jax.Array]:
-        """A block of per-row slices of the mantissas ``m`` at ``base``."""
+    def block(self, neg, m, e, base: jax.Array) -> tuple[Maker, jax.Array]:
+        """A block of per-row slices of ``(-1)**neg * m * 2**e`` at ``base``. The makers
+        read arrays made in the caller's scope, where they run: XLA fuses those
+        elementwise producers into every dot operand that reads them."""
 
         def make(which: Sequence[int] | int) -> jax.Array:
-            neg, _, e = self.split()
             idx, at = _where(which, self.at)
             return _row_stack(neg, m, e, base, self.s, self.compute, at, idx)
 
         return make, base
 
-    def rest(self, res: jax.Array) -> tuple[Maker, jax.Array, jax.Array]:
-        """The next block from the residual mantissas ``res``: maker, base, residual."""
-        _, _, e = self.split()
-        base = _row_base(res, e, self.s, self.axis)
-        return (*self.block(res, base), _residual(res, e, base))
+    def below(self, cut: jax.Array) -> tuple[Maker, jax.Array]:
+        """The block of the mantissa bits below each row's ``cut`` (per-row slicing; the
+        previous block's base, or ``_ALL`` for the first block): maker and base."""
+        neg, m, e = self.split()
+        res = _residual(m, e, cut)
+        return self.block(neg, res, e, _row_base(res, e, self.s, self.axis))
 
-    def more(self) -> jax.Array:
-        """Whether some element has bits below its row's first block (per-row slicing)."""
+    def more(self, base: jax.Array) -> jax.Array:
+        """Whether some element has bits below its row's ``base`` (per-row slicing)."""
         _, m, e = self.split()
-        return jnp.any(_residual(m, e, _row_base(m, e, self.s, self.axis)) != 0)
+        return jnp.any(_residual(m, e, base) != 0)
 
 
 def _canonical_bits(x, batch, contracting, lhs: bool, pad: int) -> jax.Array:
@@ -357,32 +367,30 @@ def contract(plan, lhs, rhs, dimension_numbers, precision) -> jax.Array:
     m_rows = math.prod(lhs.shape[i] for i in range(len(lhs.shape)) if i not in lc and i not in lb)
     n_cols = math.prod(rhs.shape[i] for i in range(len(rhs.shape)) if i not in rc and i not in rb)
 
-    def run(ab, residual: bool) -> jax.Array:
-        return _sliced_sum(
-            *sides(*ab),
-            plan=plan,
-            chunks=(n_chunks, chunk),
-            residual=residual,
-            rhs_big=n_cols >= m_rows,
-        )
-
     side_a, side_b = sides(lhs, rhs)
+    first, q0, block, to_odd = _first_block(
+        side_a, side_b, plan=plan, chunks=(n_chunks, chunk), rhs_big=n_cols >= m_rows
+    )
     if not (sa.dynamic or sb.dynamic):
-        r = run((lhs, rhs), residual=False)
+        r = round_wide(first[0], first[1], q0[0], to_odd)
     else:
-        # Whether any per-row operand has bits below its first block. The whole sum runs
-        # inside the cond, from the operands as passed (a cond that captured arrays made
-        # from them would write those arrays out).
+        # The first block (every row's top S*w bits) is summed outside the cond, which only
+        # takes its output-sized limbs; the further blocks, when some row has bits below
+        # its first block, run inside it from the operands as passed (a cond that captured
+        # arrays made from them would write those arrays out).
         more = jnp.zeros((), bool)
-        for side in (side_a, side_b):
+        for side, base in ((side_a, q0[1]), (side_b, q0[2])):
             if side.s.dynamic:
-                more = more | side.more()
-        r = lax.cond(
-            more,
-            functools.partial(run, residual=True),
-            functools.partial(run, residual=False),
-            (lhs, rhs),
-        )
+                more = more | side.more(base)
+
+        def further(first, q0, a, b):
+            x, y = sides(a, b)
+            return _further_blocks(x, y, first, q0, block, to_odd)
+
+        def done(first, q0, a, b):
+            return round_wide(first[0], first[1], q0[0], to_odd)
+
+        r = lax.cond(more, further, done, first, q0, lhs, rhs)
     r = _specials(r, (lhs, rhs), sides, plan)
     return accumulate.round_accumulator(r.reshape(out_shape), plan.out)
 
@@ -392,11 +400,11 @@ def _has_specials(fmt: str) -> bool:
     return f.has_nan or f.has_inf
 
 
-def _sliced_sum(
-    side_a: _Side, side_b: _Side, *, plan, chunks: tuple[int, int], residual: bool, rhs_big: bool
-) -> jax.Array:
-    """The exact sum of the (B, M, K) x (B, K, N) operands, rounded into f32 (to odd for a
-    narrower result); with ``residual``, the further blocks of a per-row operand too."""
+def _first_block(side_a: _Side, side_b: _Side, *, plan, chunks: tuple[int, int], rhs_big: bool):
+    """The first block of the (B, M, K) x (B, K, N) operands' sum: ``(negative, magnitude
+    limbs)`` relative to ``2**q0`` with ``q0 = (q0, base_a, base_b)``; the block summer
+    (two slice makers to sign-magnitude limbs) and whether the rounding is to odd (for a
+    result narrower than f32)."""
     sa, sb = side_a.s, side_b.s
     shifts = np.add.outer(np.arange(sa.count) * sa.width, np.arange(sb.count) * sb.width)
     n_rel = n_limbs(int(shifts.max()))
@@ -415,10 +423,7 @@ def _sliced_sum(
 
     make_a, base_a = side_a.first()
     make_b, base_b = side_b.first()
-    negative, mag = block(make_a, make_b)
-    if not residual:
-        return round_wide(negative, mag, _q0(base_a, base_b), to_odd)
-    return _residual_blocks(side_a, side_b, (negative, mag), block, to_odd)
+    return block(make_a, make_b), (_q0(base_a, base_b), base_a, base_b), block, to_odd
 
 
 def _q0(base_a, base_b):
@@ -430,59 +435,67 @@ def _q0(base_a, base_b):
     return ea + eb  # (B, M, 1) + (B, 1, N)
 
 
-def _residual_blocks(side_a: _Side, side_b: _Side, first_limbs, block, to_odd):
-    """The exact sum when a per-row operand has bits below its first block: every block
-    of the lhs against every block of the rhs, added at run-time shifts into one
-    fixed-point number covering the whole range of the two formats. Every block's slices
-    are made again from the operands inside the loop that reads them."""
+def _further_blocks(side_a: _Side, side_b: _Side, first, q0, block, to_odd) -> jax.Array:
+    """The exact sum, rounded into f32, when a per-row operand has bits below its first
+    block: every block of the lhs against every block of the rhs, added at run-time
+    shifts into one fixed-point number covering the whole range of the two formats.
+
+    One while loop places a pending block's limbs and makes the next pair's (one copy of
+    the block program, inside a cond that skips it after the last pair), the rhs blocks
+    innermost: its state is each side's current *cut* (a per-row exponent: the block takes
+    the bits below it), the pending block and the limbs; every block's slices are made
+    again from the operands inside the body that reads them."""
     sa, sb = side_a.s, side_b.s
     lo = sa.q_min + sb.q_min  # no base is below its format's q_min
     hi_a = sa.q_max + sa.p if sa.dynamic else sa.q_min
     hi_b = sb.q_max + sb.p if sb.dynamic else sb.q_min
-    n_rel = len(first_limbs[1])
+    n_rel = len(first[1])
     n_abs = (hi_a + hi_b - lo) // 16 + n_rel + 4  # room for the carries of many blocks
-    shape = first_limbs[1][0].shape
-    zeros = jnp.zeros((n_abs, *shape), jnp.uint32)
+    shape = first[1][0].shape
 
     def add(accs, rel, base_a, base_b):
+        """Place a block's limbs, positive and negative parts stacked on axis 1 of accs."""
         negative, mag = rel
-        off = jnp.broadcast_to(_q0(base_a, base_b) - lo, shape)
-        pos = [jnp.where(negative, 0, x) for x in mag]
-        neg = [jnp.where(negative, x, 0) for x in mag]
-        return place(accs[0], pos, off), place(accs[1], neg, off)
+        off = jnp.broadcast_to(_q0(base_a, base_b) - lo, (2, *shape))
+        parts = [jnp.stack([jnp.where(negative, 0, x), jnp.where(negative, x, 0)]) for x in mag]
+        return place(accs, parts, off)
 
-    def against_b(first_a, accs, skip_first: bool):
-        """Add an lhs block (``first_a()``: maker and base) times every rhs block (but the
-        first, with ``skip_first``); the slices are made inside the loop body that reads them."""
-        if not skip_first:
-            (make_a, base_a), (make_b, base_b) = first_a(), side_b.first()
-            accs = add(accs, block(make_a, make_b), base_a, base_b)
-        if not sb.dynamic:
-            return accs
+    def side_block(side: _Side, cut):
+        if not side.s.dynamic:
+            make, base = side.first()
+            return make, jnp.int32(base)
+        return side.below(cut)
 
-        def body(state):
-            res, accs = state
-            make_b, base_b, res = side_b.rest(res)
-            make_a, base_a = first_a()
-            return res, add(accs, block(make_a, make_b), base_a, base_b)
+    def pair(cut_a, cut_b):
+        (make_a, base_a), (make_b, base_b) = side_block(side_a, cut_a), side_block(side_b, cut_b)
+        return block(make_a, make_b), base_a, base_b
 
-        _, m_b, e_b = side_b.split()
-        res_b = _residual(m_b, e_b, _row_base(m_b, e_b, sb, 1))
-        return lax.while_loop(lambda s: jnp.any(s[0] != 0), body, (res_b, accs))[1]
+    def no_pair(cut_a, cut_b):
+        zero = jnp.zeros(shape, jnp.uint32)
+        base_a = jnp.int32(sa.q_min) if not sa.dynamic else jnp.full_like(cut_a, sa.q_min)
+        base_b = jnp.int32(sb.q_min) if not sb.dynamic else jnp.full_like(cut_b, sb.q_min)
+        return (jnp.zeros(shape, bool), [zero] * n_rel), base_a, base_b
 
-    accs = add((zeros, zeros), first_limbs, side_a.first()[1], side_b.first()[1])
-    accs = against_b(side_a.first, accs, skip_first=True)
-    if sa.dynamic:
-        _, m_a, e_a = side_a.split()
-        res_a = _residual(m_a, e_a, _row_base(m_a, e_a, sa, 2))
+    def body(state):
+        cut_a, cut_b, _, pending, base_a, base_b, accs = state
+        accs = add(accs, pending, base_a, base_b)
+        # the cuts of the next pair of blocks, and whether there is one
+        more_b = side_b.more(base_b) if sb.dynamic else jnp.zeros((), bool)
+        more_a = side_a.more(base_a) if sa.dynamic else jnp.zeros((), bool)
+        if sb.dynamic:
+            cut_b = jnp.where(more_b, base_b, _ALL)
+        if sa.dynamic:
+            cut_a = jnp.where(more_b, cut_a, base_a)
+        go = more_b | more_a
+        return (cut_a, cut_b, go, *lax.cond(go, pair, no_pair, cut_a, cut_b), accs)
 
-        def body(state):
-            res, accs = state
-            make_a, base_a, res_next = side_a.rest(res)
-            return res_next, against_b(lambda: (make_a, base_a), accs, skip_first=False)
-
-        accs = lax.while_loop(lambda s: jnp.any(s[0] != 0), body, (res_a, accs))[1]
-    return round_wide(*subtract_stacked(*accs), lo, to_odd)
+    _, base_a, base_b = (jnp.asarray(x, jnp.int32) for x in q0)
+    cut_a = jnp.full_like(base_a, _ALL)
+    cut_b = jnp.full_like(base_b, _ALL)
+    accs = jnp.zeros((n_abs, 2, *shape), jnp.uint32)
+    state = (cut_a, cut_b, jnp.ones((), bool), first, base_a, base_b, accs)
+    accs = lax.while_loop(lambda s: s[2], body, state)[6]
+    return round_wide(*subtract_stacked(accs[:, 0], accs[:, 1]), lo, to_odd)
 
 
 def _specials(r, operands, sides, plan) -> jax.Array:

@@ -475,3 +475,42 @@ def test_plan_reports_the_per_row_slicing():
     assert "further blocks" in text
     q = emulate.plan("float8_e4m3fn", "float32", target="tpu_v4", mode="exact")
     assert "rhs float32 is sliced per column" in q.explain()
+
+
+def _fraction_round(a: np.ndarray, b: np.ndarray, out: str) -> np.ndarray:
+    """``a @ b`` summed in Fractions and rounded once into ``out`` (brute force)."""
+    m, k = a.shape
+    n = b.shape[1]
+    want = np.zeros((m, n), np.float64)
+    for i, j in np.ndindex(m, n):
+        s = sum(Fraction(float(a[i, t])) * Fraction(float(b[t, j])) for t in range(k))
+        s = Fraction(s)
+        shift = s.denominator.bit_length() - 1  # a power of two
+        want[i, j] = reference.round_exact(s.numerator, -shift, out)
+    return want
+
+
+# The default target's int8 slices by default; tpu_v4's bf16 slices as a long sweep.
+@pytest.mark.parametrize("target", [None, pytest.param("tpu_v4", marks=pytest.mark.long)])
+def test_further_blocks_on_both_sides_give_the_correctly_rounded_sum(target):
+    # Both operands sliced per row (column), each with rows (columns) spanning far more
+    # than the S*w bits of a first block, so that the loop over pairs of further blocks
+    # runs on both sides, several blocks deep; against a Fraction oracle.
+    rng = np.random.default_rng(23)
+    a = rng.standard_normal((5, 7)) * 2.0 ** rng.integers(-110, 40, (5, 7))
+    b = rng.standard_normal((7, 4)) * 2.0 ** rng.integers(-120, 60, (7, 4))
+    # Row 0 x column 0: the tie 1 + 2**-24 tipped up only by 2**-100 * 2**-60, which lies
+    # in the third lhs block and the second rhs block.
+    a[0] = [1.0, 2.0**-24, 2.0**-60, 2.0**-100, 0.0, 0.0, 0.0]
+    b[:, 0] = [1.0, 1.0, 0.0, 2.0**-60, 0.0, 0.0, 0.0]
+    # Row 1 x column 1: huge terms cancel; what is left is a sum of far-below products.
+    a[1] = [2.0**30, -(2.0**30), 2.0**-40, -(2.0**-90), 3.0, 2.0**-133, 0.0]
+    b[:, 1] = [2.0**50, 2.0**50, 2.0**-30, 2.0**-70, 0.0, 2.0**-10, 1.0]
+    a = a.astype(BF)
+    b = b.astype(np.float32)
+    for out, name in ((jnp.float32, "float32"), (jnp.bfloat16, "bfloat16")):
+        got = emulate.dot_general(a, b, DN, preferred_element_type=out, target=target, mode="exact")
+        want = _fraction_round(a, b, name)
+        np.testing.assert_array_equal(np.asarray(got).astype(np.float64), want)
+        if name == "float32":
+            assert want[0, 0] == np.float32(1.0 + 2.0**-23)

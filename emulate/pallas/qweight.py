@@ -46,7 +46,8 @@ Q3_K, Q5_K, Q6_K, Q5_0 / Q5_1, 2- and 3-bit GPTQ), stored one per byte or
 K-planar layout of the width, 3 bytes per 4 codes for 6-bit, 5 per 8 for 5-bit), cut out
 of their bytes in the kernel and decoded as integers into int8 values (every one fits),
 which then take the int8 routes: int8 activations are exact (bit for bit
-:func:`emulate.dot_general`). A prepared weight pads K to whole tiles of ``128 * g`` rows
+:func:`emulate.dot_general`); zero points of their width stay packed
+(:mod:`emulate.pallas.qoffsets`). A prepared weight pads K to whole tiles of ``128 * g`` rows
 (512 for 2- and 6-bit, 1024 for 3- and 5-bit codes).
 
 Not built in the kernel (NotImplementedError naming the part): the zero points, offsets

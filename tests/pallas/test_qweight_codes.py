@@ -9,8 +9,10 @@ GPTQ), in TPU interpret mode on the CPU:
   activations: within ``gamma_(K + S + 5) * sum|x| (|q s| + |z s| + |o|)`` of the float64
   sum over ``gguf.quants.dequantize``'s values (the magnitudes from the same oracle: the
   blocks with their code bytes zeroed give ``z s`` and ``o``);
-* compile-only, the real TPU compiler on prepared Q6_K / Q5_K / Q2_K / Q3_K weights,
-  Mosaic's compatibility mode on and off (v5e by default; v4, v5p, v6e, 7x long).
+* 2- and 3-bit GPTQ-like weights (zero points of the codes' width, packed): bit for bit;
+* compile-only, the real TPU compiler on prepared Q6_K / Q5_K / Q2_K / Q3_K and 3-bit
+  GPTQ weights, Mosaic's compatibility mode on and off (Q6_K on v5e by default; every
+  scheme on v2, v3, v4, v5e, v5p, v6e, 7x long).
 """
 
 from __future__ import annotations
@@ -80,6 +82,38 @@ def test_exact_codes_match_dot_general_and_the_integer_oracle_bit_for_bit(fmt, p
         np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
+@pytest.mark.parametrize(
+    "fmt, group",
+    [("uint3", 128), pytest.param("uint2", 64, marks=pytest.mark.long)],
+)
+def test_gptq_zero_points_of_their_width_match_dot_general_bit_for_bit(fmt, group):
+    """2- and 3-bit GPTQ: codes and zero points of the same width (the zero points
+    packed along N as the importer stores them), power-of-two float16 scales per group."""
+    rng = np.random.default_rng(len(fmt) + group)
+    bits = int(fmt[4:])
+    k, n, m = 640, 128, 8  # five groups of 128, or ten of 64
+    c, v = _codes(fmt, (k, n), rng)
+    zc = rng.integers(0, 1 << bits, (k // group, n)).astype(np.uint8)
+    e = rng.integers(-2, 3, (k // group, n))
+    q = emulate.QArray.from_parts(
+        emulate.pack(c, fmt, axis=0),
+        np.ldexp(1.0, e).astype(np.float16),
+        block_shape=(group, 1),
+        fmt=fmt,
+        zero_points=emulate.pack(zc, fmt, axis=1),
+    )
+    xi = rng.integers(-128, 128, (m, k))
+    x = xi.astype(np.int8)
+    wv = (v - np.repeat(zc.astype(np.int64), group, axis=0)) * np.repeat(np.ldexp(1.0, e), group, 0)
+    want = (xi @ wv).astype(np.float32)  # every partial sum a multiple of 2**-2 below 2**22
+    same = emulate.dot_general(x, q, DN, preferred_element_type="float32", target="tpu_v5e")
+    np.testing.assert_array_equal(_bits(same), _bits(want))
+    p = emulate.pallas.prepare_weight(q)
+    for w in (q, p):
+        got = emulate.pallas.matmul(x, w, target="tpu_v5e", out_dtype="float32")
+        np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
 # --- GGUF K-quants from the importer, against gguf-py's dequantize ------------------------
 
 #: type: (byte ranges of its element codes in a block, the float16 fields, group rows)
@@ -143,9 +177,25 @@ def test_gguf_k_quants_are_within_the_bound(name):
 _CN, _CK, _CM = 256, 1024, 64
 
 
+def _gptq3(k: int, n: int, rng) -> emulate.QArray:
+    """A 3-bit GPTQ-like weight: uint3 codes and zero points, float16 scales per 128 rows."""
+    return emulate.QArray.from_parts(
+        emulate.pack(rng.integers(0, 8, (k, n)).astype(np.uint8), "uint3", axis=0),
+        (rng.random((k // 128, n)) * 0.01 + 1e-3).astype(np.float16),
+        block_shape=(128, 1),
+        fmt="uint3",
+        zero_points=emulate.pack(
+            rng.integers(0, 8, (k // 128, n)).astype(np.uint8), "uint3", axis=1
+        ),
+    )
+
+
 @functools.cache
 def _prepared(name: str):
-    _, q = _weight(name, _CN, _CK, seed=1)
+    if name == "GPTQ3":
+        q = _gptq3(_CK, _CN, np.random.default_rng(1))
+    else:
+        _, q = _weight(name, _CN, _CK, seed=1)
     return jax.tree_util.tree_flatten(emulate.pallas.prepare_weight(q))
 
 
@@ -164,8 +214,8 @@ def _specs(name: str) -> tuple:
 _DEFAULT = {("Q6_K", "tpu_v5e")}
 RUNS = [
     pytest.param(s, t, marks=[] if (s, t) in _DEFAULT else [pytest.mark.long], id=f"{s}-{t}")
-    for s in _K_QUANTS
-    for t in ("tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e", "tpu_v7x")
+    for s in (*_K_QUANTS, "GPTQ3")
+    for t in ("tpu_v2", "tpu_v3", "tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e", "tpu_v7x")
 ]
 
 

@@ -10,6 +10,8 @@ GPTQ), in TPU interpret mode on the CPU:
   sum over ``gguf.quants.dequantize``'s values (the magnitudes from the same oracle: the
   blocks with their code bytes zeroed give ``z s`` and ``o``);
 * 2- and 3-bit GPTQ-like weights (zero points of the codes' width, packed): bit for bit;
+  2- and 3-bit GPTQ v1 checkpoints read by ``load_gptq`` (act-order too): within the bound
+  of the numpy port of GPTQ's dequantization;
 * compile-only, the real TPU compiler on prepared Q6_K / Q5_K / Q2_K / Q3_K and 3-bit
   GPTQ weights, Mosaic's compatibility mode on and off (Q6_K on v5e by default; every
   scheme on v2, v3, v4, v5e, v5p, v6e, 7x long).
@@ -18,6 +20,8 @@ GPTQ), in TPU interpret mode on the CPU:
 from __future__ import annotations
 
 import functools
+import pathlib
+import sys
 
 import gguf as gguf_py
 import jax
@@ -30,6 +34,11 @@ import emulate
 import emulate.pallas
 from emulate import bounds, compiler
 from emulate.importers import ggml, gguf
+from emulate.importers import safetensors as st
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "importers"))
+import _st_oracles as st_oracles  # noqa: E402
+from _st_cases import gptq_tensors, write  # noqa: E402
 
 DN = (((1,), (0,)), ((), ()))
 
@@ -54,7 +63,7 @@ def _codes(fmt: str, shape, rng) -> tuple[np.ndarray, np.ndarray]:
     "fmt, packed",
     [
         ("int6", True),
-        ("int3", True),
+        pytest.param("int3", True, marks=pytest.mark.long),
         pytest.param("uint5", False, marks=pytest.mark.long),
         pytest.param("uint2", True, marks=pytest.mark.long),
         pytest.param("uint6", False, marks=pytest.mark.long),
@@ -112,6 +121,34 @@ def test_gptq_zero_points_of_their_width_match_dot_general_bit_for_bit(fmt, grou
     for w in (q, p):
         got = emulate.pallas.matmul(x, w, target="tpu_v5e", out_dtype="float32")
         np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize(
+    "bits, act_order",
+    [pytest.param(3, True, marks=pytest.mark.long), pytest.param(2, False, marks=pytest.mark.long)],
+)
+def test_gptq_checkpoints_from_the_importer_are_within_the_bound(tmp_path, bits, act_order):
+    """2- and 3-bit GPTQ v1 tensors read by ``load_gptq``, against the numpy port of
+    GPTQ's dequantization (tests/importers/_st_oracles.py); the magnitudes ``|q s| +
+    |z s|`` from the same oracle (``z s``: every code 0)."""
+    rng = np.random.default_rng(bits)
+    k, n, m, group = 512, 128, 8, 128
+    t = gptq_tensors(rng, k, n, group, bits, True, act_order=act_order)
+    t["l.scales"] = (rng.random(t["l.scales"].shape) * 0.01 + 1e-3).astype(np.float16)
+    cfg = {"bits": bits, "group_size": group, "checkpoint_format": "gptq"}
+    q = st.load_gptq(write(tmp_path, t, cfg), "l")
+    assert q.format_name == f"uint{bits}"
+    args = (t["l.qzeros"], t["l.scales"], t["l.g_idx"], bits, True)
+    w = st_oracles.gptq_dequantize(t["l.qweight"], *args).astype(np.float64)
+    w0 = st_oracles.gptq_dequantize(np.zeros_like(t["l.qweight"]), *args).astype(np.float64)
+    mag = np.abs(w - w0) + np.abs(w0)
+    x = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    want = np.asarray(x, np.float64) @ w
+    bound = bounds.dot_general_bound(np.asarray(x, np.float32), mag, DN, extra_terms=k // group + 5)
+    got = np.asarray(emulate.pallas.matmul(x, q, target="tpu_v5e", out_dtype="float32"))
+    err = np.abs(got.astype(np.float64) - want)
+    assert np.all(err <= bound), float(np.max(err - bound))
+    assert np.count_nonzero(got) > got.size // 2
 
 
 # --- GGUF K-quants from the importer, against gguf-py's dequantize ------------------------

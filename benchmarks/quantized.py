@@ -13,6 +13,8 @@ The weights (K x N logical, made from a fixed seed, built as the importers build
                  ``emulate.importers.gguf.to_qarray``: (N, K), 4-bit codes packed along
                  K, 6-bit sub-block scales and mins times the f16 d and -dmin
   q4_k_no_mins   the same QArray with its offsets (the mins) removed
+  q6_k, q5_k,    GGUF Q6_K (6-bit codes, zero point 32, int8 sub-block scales), Q5_K,
+  q3_k, q2_k     Q3_K (zero point 4) and Q2_K, built as q4_k is (:func:`k_quant_weight`)
   awq_g128       AutoAWQ GEMM int4, group 128: uint4 codes, f16 scales and 4-bit zero
                  points per group, as ``emulate.importers.as_qarray.to_qarray`` packs them
   awq_g128_no_zeros  the same QArray without its zero points
@@ -61,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -109,16 +112,25 @@ CPU_CONTENDERS = ("floor", "dequantize", "emulate")
 # The weights
 
 
-def q4_k_weight(k: int, n: int, rng: np.random.Generator) -> emulate.QArray:
-    """A GGUF Q4_K weight of logical shape (N, K) (ggml's rows along K): random code and
-    scale bytes, ``d`` in [1e-3, 1.1e-2) and ``dmin = d / 2`` (finite f16 values)."""
-    block, size = ggml.BLOCKS["Q4_K"]
+#: Byte offsets of the float16 fields (d, dmin) in a block of each GGUF K-quant type.
+_F16_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def k_quant_weight(kind: str, k: int, n: int, rng: np.random.Generator) -> emulate.QArray:
+    """A GGUF K-quant weight of logical shape (N, K) (ggml's rows along K): random code
+    and scale bytes, ``d`` in [1e-3, 1.1e-2) and ``dmin = d / 2`` (finite f16 values)."""
+    block, size = ggml.BLOCKS[kind]
     nb = n * k // block
     raw = rng.integers(0, 256, (nb, size), dtype=np.uint8)
     d = (rng.random(nb) * 0.01 + 0.001).astype(np.float16)
-    raw[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
-    raw[:, 2:4] = (d / 2).astype(np.float16).view(np.uint8).reshape(nb, 2)
-    return gguf.to_qarray(ggml.parse_blocks(raw, "Q4_K", (n, k), name="bench.q4_k"))
+    for off, v in zip(_F16_FIELDS[kind], (d, (d / 2).astype(np.float16)), strict=False):
+        raw[:, off : off + 2] = v.view(np.uint8).reshape(nb, 2)
+    return gguf.to_qarray(ggml.parse_blocks(raw, kind, (n, k), name=f"bench.{kind.lower()}"))
+
+
+def q4_k_weight(k: int, n: int, rng: np.random.Generator) -> emulate.QArray:
+    """A GGUF Q4_K weight (:func:`k_quant_weight`)."""
+    return k_quant_weight("Q4_K", k, n, rng)
 
 
 def awq_weight(k: int, n: int, rng: np.random.Generator, group: int = 128) -> emulate.QArray:
@@ -192,6 +204,20 @@ SCHEMES: dict[str, Scheme] = {
             lambda k, n, r: _without(q4_k_weight(k, n, r), "offsets"),
             NK,
             base_of="q4_k",
+        ),
+        *(
+            Scheme(
+                kind.lower(),
+                f"GGUF {kind} ({what})",
+                functools.partial(k_quant_weight, kind),
+                NK,
+            )
+            for kind, what in (
+                ("Q6_K", "6-bit, int8 scales"),
+                ("Q5_K", "5-bit, scales + mins"),
+                ("Q3_K", "3-bit, 6-bit scales"),
+                ("Q2_K", "2-bit, scales + mins"),
+            )
         ),
         Scheme("awq_g128", "AWQ int4 g128 (zero points)", awq_weight, KN),
         Scheme(

@@ -38,6 +38,8 @@ class Stored:
       dtype: the stored element type's name ("int8", "uint8", "float8_e4m3fn", ...).
       rows: rows of the stored array (bytes along K for planar / packed layouts).
       group, nbytes: codes per group of whole bytes along K, and its bytes (1, 1 dense).
+      code: an integer code format of ``emulate.formats.CODE_FORMATS`` (2, 3, 5, 6 bits)
+        the kernel decodes into ``route.rhs`` (int8: every value fits), or "".
     """
 
     layout: str
@@ -45,6 +47,7 @@ class Stored:
     rows: int
     group: int = 1
     nbytes: int = 1
+    code: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

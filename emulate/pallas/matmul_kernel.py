@@ -195,8 +195,8 @@ def _weight_planes(w_ref: Any, cfg: Config, k: Any) -> list[list[jax.Array]]:
     and K-planar layouts) or one tile per code position (packed layout); each a list of
     one tile, or of a codebook's bfloat16 pieces (:mod:`emulate.pallas.qcodebook`)."""
     r = cfg.route
-    wf = formats.get(cfg.codebook.code_format if cfg.codebook else r.rhs)
     s = cfg.stored
+    wf = formats.get(cfg.codebook.code_format if cfg.codebook else s.code or r.rhs)
     if cfg.w_passthrough:
         if s.dtype == r.rhs_compute and s.rows % cfg.w_block_rows == 0:
             return [[w_ref[...]]]
@@ -481,6 +481,8 @@ def matmul(
         if perm is not None and perm_axis == -2:  # act-order along K: x's columns
             xv = qcodebook.permute_x(xv, perm)
     vf = cb.value_format if cb is not None else wf
+    if wf.name in formats.CODE_FORMATS:  # 2- to 6-bit integer codes: their values as int8
+        vf = formats.get("int8")
     r = route.route(xf, vf, target=t, preferred_element_type="float32" if final else out_dtype)
     if not formats.get(final or r.out).xla_storable:
         raise ValueError(
@@ -494,6 +496,8 @@ def matmul(
         # RESOURCE_EXHAUSTED at 64x4096x4096): the K-planar layout instead (prepare once)
         assert isinstance(w, QArray)
         wdata, wf, kw, n, stored = _weight(prepare_weight(w.codes), None)
+    if wf.name in formats.CODE_FORMATS:
+        stored = dataclasses.replace(stored, code=wf.name)
     passthrough = (
         cb is None and r.rhs_compute == wf.name and not r.rhs_scale and stored.layout == "dense"
     )

@@ -33,15 +33,16 @@ the scale's quantum, the result is exact, bit-identical to :func:`emulate.dot_ge
 
 What the kernel reads (:class:`AffineParts`, kept in :class:`emulate.pallas.KernelQWeight`
 by :func:`emulate.pallas.prepare_weight`, no more bytes than stored): zero points of a
-4-bit format (int4 / uint4, an array or Packed along any axis) as their nibbles packed
-along the group axis (two groups a byte: the kernel takes a group's nibble from its
-byte); int8 / uint8 zero points as stored; an int zero point as a constant. Offsets:
+2- to 6-bit format (int4 / uint4, the integer code formats int2 ... uint6 of 2- and
+3-bit GPTQ; an array or Packed along any axis) packed along the group axis
+(:func:`emulate.pack`'s bit stream: the kernel cuts a group's code out of the one or two
+bytes it spans); int8 / uint8 zero points as stored; an int zero point as a constant. Offsets:
 float32 / bfloat16 arrays as stored, float16 ones as their uint16 bits, a float as a
 constant. Two-level parts: their codes packed along the groups (2- to 7-bit) or 8-bit as
 stored, the super-block scales as offsets are (two-level scales' codes are the
 KernelQWeight's ``scales``).
 
-Not built (NotImplementedError): zero points of other types (int16, int32, 2-bit),
+Not built (NotImplementedError): zero points of other types (int16, int32),
 static ones beyond 255 in magnitude, zero points on float codes, any of these parts with
 ``element_exponent``, offsets with a tensor scale; two-level parts other than integer
 codes of at most 8 bits with a static zero point, in blocks ``(B, 1)``, times float16 /
@@ -83,8 +84,9 @@ __all__ = [
 #: The QArray parts built here (as :func:`emulate.qarray.parts_text` names them).
 PARTS = ("zero_points", "offsets", "two_level")
 _MIN_GROUP = 32
-#: Zero point types the kernel reads: 4-bit ones packed along the group axis, 8-bit as is.
-_ZERO_TYPES = ("int4", "uint4", "int8", "uint8")
+#: Zero point types the kernel reads: 2- to 6-bit ones packed along the group axis, 8-bit
+#: as is.
+_ZERO_TYPES = ("int4", "uint4", "int8", "uint8", *formats.CODE_FORMATS)
 _MAX_STATIC_ZERO = 255
 _OFFSET_TYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "uint16"}
 
@@ -108,8 +110,9 @@ class Affine:
 
     Attributes:
       zero: "none", "static" (``zero_value``), "array" (``zero_format`` int8 / uint8, one
-        byte a group) or "packed" (``zero_format`` int4 / uint4, two groups a byte along
-        the group axis, the even group in the low nibble).
+        byte a group) or "packed" (``zero_format`` of 2 to 6 bits, :func:`emulate.pack`'s
+        bit stream along the group axis: int4 / uint4 two groups a byte, the even group
+        in the low nibble).
       zero_value: the static zero point (code units).
       zero_format: the zero points' format name ("" without an array).
       offset: "none", "static" (``offset_value``), "array" (``offset_format``) or
@@ -145,8 +148,9 @@ class AffineParts:
     """Zero points and offsets as the kernel reads them (:class:`Affine`'s arrays).
 
     Attributes:
-      zeros: uint8 / int8 array ``(rows, C)``, ``rows`` the groups (or half of them,
-        rounded up, for 4-bit zero points), ``C`` the scales' columns; or None.
+      zeros: uint8 / int8 array ``(rows, C)``, ``rows`` the groups (or the bytes of their
+        packed codes along the groups for 2- to 6-bit zero points), ``C`` the scales'
+        columns; or None.
       offsets: float32 / bfloat16 / uint16 array of the scales' shape; two-level ones:
         their codes' bytes (:class:`Level`); or None.
       spec: the :class:`Affine` record.
@@ -210,7 +214,7 @@ def _zero_parts(q: QArray, grid: tuple[int, int], arg: str) -> tuple[Any, dict]:
         return None, {"zero": "static", "zero_value": int(z)}
     fmt = z.format_name if isinstance(z, Packed) else np.dtype(z.dtype).name
     if fmt not in _ZERO_TYPES:
-        _refuse(arg, f"{fmt} zero points (int4, uint4, int8 and uint8 ones are built)")
+        _refuse(arg, f"{fmt} zero points (2- to 8-bit integer ones are built)")
     if formats.get(fmt).bits == 8:
         return jnp.asarray(z), {"zero": "array", "zero_format": fmt}
     if not (isinstance(z, Packed) and z.axis + 2 == 0):  # nibbles along the group axis
@@ -383,6 +387,16 @@ def _select(rows: jax.Array, index: Any) -> jax.Array:
     return jnp.sum(jnp.where(at, rows, jnp.zeros((), rows.dtype)), axis=0, keepdims=True)
 
 
+def _packed_code(rows: jax.Array, index: Any, bits: int) -> jax.Array:
+    """Code ``index`` (dynamic) of codes packed along the rows (:func:`emulate.pack`'s bit
+    stream, ``rows`` int32 byte values) as a (1, C) int32 row of unsigned codes."""
+    if bits == 8:
+        return _select(rows, index)
+    bit = index * bits
+    lo, hi = _select(rows, bit // 8), _select(rows, bit // 8 + 1)  # past the end: 0
+    return ((lo | (hi << 8)) >> (bit % 8)) & ((1 << bits) - 1)
+
+
 def _bytes(block: jax.Array) -> jax.Array:
     """A loaded 8-bit block as int32 byte values (0..255)."""
     return block.astype(jnp.int32) & 0xFF
@@ -465,8 +479,7 @@ class GroupTerms:
             return s.zero_value
         assert self.zeros is not None
         if s.zero == "packed":
-            byte = _select(self.zeros, index // 2)
-            v = (byte >> ((index % 2) * 4)) & 0xF
+            v = _packed_code(self.zeros, index, formats.get(s.zero_format).bits)
         else:
             v = _select(self.zeros, index)
         if formats.get(s.zero_format).signed:

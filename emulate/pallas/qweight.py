@@ -40,10 +40,19 @@ what it builds); scales constant along K are then one group spanning K, applied 
 step. Codebooks (decoded in VMEM by a select tree) and act-order permutations (the
 activations' columns gathered outside the kernel): :mod:`emulate.pallas.qcodebook`.
 
+Codes of the 2- to 6-bit integer formats (``emulate.formats.CODE_FORMATS``: GGUF Q2_K,
+Q3_K, Q5_K, Q6_K, Q5_0 / Q5_1, 2- and 3-bit GPTQ), stored one per byte or
+:func:`emulate.pack`-ed: read as any sub-byte weight (:mod:`emulate.pallas.weights`; the
+K-planar layout of the width, 3 bytes per 4 codes for 6-bit, 5 per 8 for 5-bit), cut out
+of their bytes in the kernel and decoded as integers into int8 values (every one fits),
+which then take the int8 routes: int8 activations are exact (bit for bit
+:func:`emulate.dot_general`); zero points of their width stay packed
+(:mod:`emulate.pallas.qoffsets`). A prepared weight pads K to whole tiles of ``128 * g`` rows
+(512 for 2- and 6-bit, 1024 for 3- and 5-bit codes).
+
 Not built in the kernel (NotImplementedError naming the part): the zero points, offsets
-and two-level parts :mod:`emulate.pallas.qoffsets` refuses, the 2- to 6-bit integer code
-formats, blocks of several columns other than all N, groups along K that are not a
-multiple of 16 rows.
+and two-level parts :mod:`emulate.pallas.qoffsets` refuses, blocks of several columns
+other than all N, groups along K that are not a multiple of 16 rows.
 """
 
 from __future__ import annotations
@@ -275,8 +284,6 @@ def split(
     ]
     if parts:
         _refuse(arg, f"a QArray's {', '.join(parts)}", _BUILT)
-    if w.format_name in formats.CODE_FORMATS:
-        _refuse(arg, f"{w.format_name} codes", "2- to 6-bit integer code formats")
     s = _scaling(w, arg, qoffsets.kernel_parts(w, arg))
     codes = w.codes
     if isinstance(codes, Packed) and (codes.ndim != 2 or codes.axis != -2):

@@ -28,6 +28,12 @@ def test_each_weight_is_its_scheme_as_stored(weights):
     assert q4k.scales.format_name == "uint6" and q4k.offsets.format_name == "uint6"
     # GGUF Q4_K: 144 bytes per 256 elements, 4.5 bits; the QArray holds exactly that
     assert q4k.nbytes == N * K // 256 * 144
+    # the other K-quants: codes packed at their width, the bytes of ggml's blocks
+    for name, fmt, size in (("q6_k", "uint6", 210), ("q5_k", "uint5", 176),
+                            ("q3_k", "uint3", 110), ("q2_k", "uint2", 84)):  # fmt: skip
+        q = weights[name]
+        assert q.shape == (N, K) and isinstance(q.codes, Packed)
+        assert q.codes.format_name == fmt and q.nbytes == N * K // 256 * size
     awq = weights["awq_g128"]
     assert awq.shape == (K, N) and awq.block_shape == (128, 1)
     assert awq.scale_format == "float16" and awq.zero_points.format_name == "uint4"

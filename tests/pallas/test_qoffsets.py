@@ -288,8 +288,8 @@ def _refused():
          r"integer codes are built\) in the kernel; use emulate.dot_general for this QArray$"),
         (emulate.QArray.from_parts(ones, s, block_shape=(128, 1),
                                    zero_points=jnp.ones((2, 128), jnp.int32)),
-         r"^w: emulate.pallas.matmul does not decode int32 zero points \(int4, uint4, int8 and "
-         r"uint8 ones are built\) in the kernel"),
+         r"^w: emulate.pallas.matmul does not decode int32 zero points \(2- to 8-bit integer "
+         r"ones are built\) in the kernel"),
         (emulate.QArray.from_parts(ones, s, block_shape=(128, 1), zero_points=300),
          r"^w: emulate.pallas.matmul does not decode a zero point of 300 \(at most 255 in "
          r"magnitude\) in the kernel"),

@@ -270,16 +270,11 @@ def test_the_gradient_is_that_of_the_dequantized_weight():
 
 def _parts_cases():
     ones = jnp.ones((256, 128), jnp.int8)
-    s = jnp.ones((2, 128), jnp.float16)
-    u4 = jnp.zeros((256, 128), jnp.uint8)
     return [
         (emulate.QArray.from_parts(ones, emulate.quantize(np.ones((2, 128), np.float32), "int8",
                                                           axis=0), block_shape=(128, 1)),
          r"^w: emulate.pallas.matmul does not decode two-level scales QArray\(int8\[2, 128\], "
          r"scales float8_e8m0fnu"),
-        (emulate.QArray.from_parts(u4, s, block_shape=(128, 1), fmt="uint3"),
-         r"^w: emulate.pallas.matmul does not decode uint3 codes in the kernel \(2- to 6-bit "
-         r"integer code formats\)"),
         (emulate.QArray.from_parts(ones, jnp.ones((32, 128), jnp.float16), block_shape=(8, 1)),
          r"^w: emulate.pallas.matmul does not decode groups of 8 rows along K in the kernel "
          r"\(group scales are applied per group of a multiple of 16 rows\); use "

@@ -276,6 +276,7 @@ def verdicts(request: pytest.FixtureRequest) -> dict:
         (item.callspec.params["name"], item.callspec.params["target"])
         for item in request.session.items
         if getattr(item, "originalname", "") == "test_the_tpu_compiler_compiles_it"
+        and item.module is request.module
     )
     return _verdicts(runs)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import zlib
 
+import _compile_only as compile_only
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -379,41 +380,24 @@ def compiled_program(x, codes, scales, *parts, scheme: str, target: str):
     return emulate.pallas.matmul(x, w, target=target, out_dtype="bfloat16", interpret=False)
 
 
-_DEFAULT = {("awq-g128", "tpu_v7x"), ("q4_k", "tpu_v5e")}
-RUNS = [
-    pytest.param(s, t, marks=[] if (s, t) in _DEFAULT else [pytest.mark.long], id=f"{s}-{t}")
-    for s in SCHEMES
-    for t in ("tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e", "tpu_v7x")
-]
+RUNS = compile_only.runs(
+    SCHEMES,
+    ("tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e", "tpu_v7x"),
+    {("awq-g128", "tpu_v7x"), ("q4_k", "tpu_v5e")},
+)
 
 
-@functools.cache
-def _verdicts(runs: tuple) -> dict:
-    jobs = [
-        compiler.Job(functools.partial(compiled_program, scheme=s, target=t), _specs(s), t)
-        for s, t in runs
-    ]
-    got = compiler.check_both({True: jobs, False: jobs})
-    return {(r, c): v for c in (True, False) for r, v in zip(runs, got[c], strict=True)}
+def _job(scheme: str, target: str) -> compiler.Job:
+    return compiler.Job(
+        functools.partial(compiled_program, scheme=scheme, target=target), _specs(scheme), target
+    )
 
 
 @pytest.fixture(scope="module")
 def verdicts(request: pytest.FixtureRequest) -> dict:
-    try:
-        compiler.generations()
-    except compiler.CompilerUnavailable:
-        pytest.skip("libtpu is not installed")
-    runs = tuple(
-        (item.callspec.params["scheme"], item.callspec.params["target"])
-        for item in request.session.items
-        if getattr(item, "originalname", "") == "test_the_tpu_compiler_compiles_it"
-        and item.module is request.module
-    )
-    return _verdicts(runs)
+    return compile_only.verdicts(request, "scheme", _job)
 
 
 @pytest.mark.parametrize("scheme, target", RUNS)
 def test_the_tpu_compiler_compiles_it(verdicts, scheme, target):
-    for compat in (True, False):
-        v = verdicts[((scheme, target), compat)]
-        assert v.ok, f"{scheme} on {target}, compat {compat}: {v.stage}: {v.message}\n{v.detail}"
+    compile_only.assert_compiles(verdicts, scheme, target)

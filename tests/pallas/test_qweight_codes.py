@@ -23,6 +23,7 @@ import functools
 import pathlib
 import sys
 
+import _compile_only as compile_only
 import gguf as gguf_py
 import jax
 import jax.numpy as jnp
@@ -248,41 +249,24 @@ def _specs(name: str) -> tuple:
     return (x, *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in leaves))
 
 
-_DEFAULT = {("Q6_K", "tpu_v5e")}
-RUNS = [
-    pytest.param(s, t, marks=[] if (s, t) in _DEFAULT else [pytest.mark.long], id=f"{s}-{t}")
-    for s in (*_K_QUANTS, "GPTQ3")
-    for t in ("tpu_v2", "tpu_v3", "tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e", "tpu_v7x")
-]
+RUNS = compile_only.runs(
+    (*_K_QUANTS, "GPTQ3"),
+    ("tpu_v2", "tpu_v3", "tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e", "tpu_v7x"),
+    {("Q6_K", "tpu_v5e")},
+)
 
 
-@functools.cache
-def _verdicts(runs: tuple) -> dict:
-    jobs = [
-        compiler.Job(functools.partial(compiled_program, name=s, target=t), _specs(s), t)
-        for s, t in runs
-    ]
-    got = compiler.check_both({True: jobs, False: jobs})
-    return {(r, c): v for c in (True, False) for r, v in zip(runs, got[c], strict=True)}
+def _job(name: str, target: str) -> compiler.Job:
+    return compiler.Job(
+        functools.partial(compiled_program, name=name, target=target), _specs(name), target
+    )
 
 
 @pytest.fixture(scope="module")
 def verdicts(request: pytest.FixtureRequest) -> dict:
-    try:
-        compiler.generations()
-    except compiler.CompilerUnavailable:
-        pytest.skip("libtpu is not installed")
-    runs = tuple(
-        (item.callspec.params["name"], item.callspec.params["target"])
-        for item in request.session.items
-        if getattr(item, "originalname", "") == "test_the_tpu_compiler_compiles_it"
-        and item.module is request.module
-    )
-    return _verdicts(runs)
+    return compile_only.verdicts(request, "name", _job)
 
 
 @pytest.mark.parametrize("name, target", RUNS)
 def test_the_tpu_compiler_compiles_it(verdicts, name, target):
-    for compat in (True, False):
-        v = verdicts[((name, target), compat)]
-        assert v.ok, f"{name} on {target}, compat {compat}: {v.stage}: {v.message}\n{v.detail}"
+    compile_only.assert_compiles(verdicts, name, target)

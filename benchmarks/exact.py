@@ -79,17 +79,25 @@ def operand(
     return jax.device_put(codes) if not f.xla_storable else jnp.asarray(codes.view(f.dtype))
 
 
-def compile_sizes(args: argparse.Namespace) -> harness.Report:
-    """StableHLO lines and XLA:CPU compile seconds of each mode-exact program."""
-    m, k, n = args.shape or (QUICK_SHAPE if args.quick else SHAPE)
+def operand_pairs(args: argparse.Namespace, m: int, k: int, n: int):
+    """``(pair, a, b, fa, fb)`` for each pair of ``--pairs``: the (M, K) and (K, N)
+    operands (from one seeded generator, in order) and the format each is passed with
+    (None where XLA holds it)."""
     rng = np.random.default_rng(0)
     pairs = PAIRS if not args.pairs else [tuple(p.split(":")) for p in args.pairs.split(",")]
-    rows, records = [], []
     for pair in pairs:
         a = operand(pair[0], (m, k), rng, args.far_below)
         b = operand(pair[1], (k, n), rng, args.far_below)
         fa = pair[0] if not formats.get(pair[0]).xla_storable else None
         fb = pair[1] if not formats.get(pair[1]).xla_storable else None
+        yield pair, a, b, fa, fb
+
+
+def compile_sizes(args: argparse.Namespace) -> harness.Report:
+    """StableHLO lines and XLA:CPU compile seconds of each mode-exact program."""
+    m, k, n = args.shape or (QUICK_SHAPE if args.quick else SHAPE)
+    rows, records = [], []
+    for pair, a, b, fa, fb in operand_pairs(args, m, k, n):
         for target in args.targets.split(","):
             seconds = []
             for _ in range(args.repeats):
@@ -127,14 +135,8 @@ def run(args: argparse.Namespace) -> harness.Report:
         return compile_sizes(args)
     m, k, n = args.shape or (QUICK_SHAPE if args.quick else SHAPE)
     repeats = args.repeats
-    rng = np.random.default_rng(0)
     cases = []
-    pairs = PAIRS if not args.pairs else [tuple(p.split(":")) for p in args.pairs.split(",")]
-    for pair in pairs:
-        a = operand(pair[0], (m, k), rng, args.far_below)
-        b = operand(pair[1], (k, n), rng, args.far_below)
-        fa = pair[0] if not formats.get(pair[0]).xla_storable else None
-        fb = pair[1] if not formats.get(pair[1]).xla_storable else None
+    for pair, a, b, fa, fb in operand_pairs(args, m, k, n):
         for target in args.targets.split(","):
             for mode in ("fast", "exact"):
                 fn = jax.jit(

@@ -26,6 +26,7 @@ from _st_cases import AWQ_CONFIG, awq_tensors, bnb_tensors, ct_tensors, gptq_ten
 from gguf import GGMLQuantizationType
 
 import emulate
+import emulate.pallas
 from emulate.importers import gguf as G
 from emulate.importers import safetensors as S
 
@@ -180,16 +181,35 @@ def _plans(q: emulate.QArray) -> str:
     return ", ".join(f"{t} {m}" for t, m in zip(TARGETS, methods))
 
 
+#: What emulate.pallas.prepare_weight refuses, by the part its message names.
+KERNEL_REFUSALS = {
+    "blocks of 128 columns": "refused: blocks of 128 columns",
+    "two-level scales in blocks (64, 4)": "refused: two-level scales in (64, 4) blocks",
+}
+
+
+def _kernel(q: emulate.QArray) -> str:
+    """Whether pallas.matmul reads ``q`` in the kernel (in the same bytes), or its refusal."""
+    try:
+        w = emulate.pallas.prepare_weight(q)
+    except NotImplementedError as e:
+        (cell,) = [c for part, c in KERNEL_REFUSALS.items() if part in str(e)]
+        return cell
+    assert w.nbytes == q.nbytes
+    return "in the kernel"
+
+
 def _measured(tmp: pathlib.Path) -> list[list[str]]:
     cases = _gguf_cases(tmp) | _safetensors_cases(tmp)
     return [
-        [name, f"{file_bits:.3f}", f"{q.bits_per_element:.3f}", _plans(q)]
+        [name, f"{file_bits:.3f}", f"{q.bits_per_element:.3f}", _plans(q), _kernel(q)]
         for name, (file_bits, q) in cases.items()
     ]
 
 
 def _doc_rows() -> list[list[str]]:
-    """The conventions table of docs/quantized.md: name, file bits, kept bits, plans."""
+    """The conventions table of docs/quantized.md: name, file bits, kept bits, plans and
+    the kernel's cell."""
     text = DOC.read_text().split("<!-- conventions table -->")[1]
     rows = []
     for line in text.strip().splitlines():

@@ -456,9 +456,9 @@ def matmul(
     scales = tensor_scale = scaling = perm = perm_axis = None
     affine: tuple = ()
     if isinstance(w, (QArray, KernelQWeight)):
-        affine = qoffsets.kernel_arrays(w)
         qweight.check_format(w, w_format)
-        codes, scales, scaling, _ = qweight.split(w)
+        codes, scales, scaling, parts = qweight.split(w)
+        affine = () if parts is None else parts.arrays
         tensor_scale, perm, perm_axis = w.tensor_scale, w.perm, w.perm_axis
         w = _stored_order(w) if perm is not None else w
         wdata, wf, kw, n, stored = _weight(codes, w.format_name)

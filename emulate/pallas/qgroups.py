@@ -39,7 +39,7 @@ from jax import lax
 from emulate import formats
 from emulate.numerics import codecs
 
-__all__ = ["group_sums", "offset_term", "step_levels", "super_rows"]
+__all__ = ["group_sums", "offset_term", "select_row", "step_levels", "super_rows"]
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -74,8 +74,10 @@ def group_sums(xs: list[jax.Array], count: int, rows: int, quantum: float = 1.0)
     return total if quantum == 1.0 else total * jnp.float32(quantum)
 
 
-def _select(rows: jax.Array, index: Any) -> jax.Array:
-    """Row ``index`` (dynamic) of ``rows`` (R, C) as (1, C): a one-hot sum (exact)."""
+def select_row(rows: jax.Array, index: Any) -> jax.Array:
+    """Row ``index`` (dynamic) of ``rows`` (R, C) as (1, C), in the kernel: a one-hot sum,
+    exact (every other row contributes +0), NaN and Inf kept; a row past the end is 0.
+    Mosaic cannot prove a dynamic single-row load of an 8- or 16-bit block aligned."""
     at = lax.broadcasted_iota(jnp.int32, rows.shape, 0) == index
     return jnp.sum(jnp.where(at, rows, jnp.zeros((), rows.dtype)), axis=0, keepdims=True)
 
@@ -141,7 +143,7 @@ def step_levels(
     spans = (count - 1) // level.block + 2 if count > 1 else 1
     sup = None
     for j in range(spans):
-        v = _super_values(_select(supers, base + j), level.super_format)
+        v = _super_values(select_row(supers, base + j), level.super_format)
         sup = v if sup is None else jnp.where(rel == j, v, sup)
     assert sup is not None
     return code.astype(jnp.float32) * sup

@@ -75,7 +75,6 @@ __all__ = [
     "Level",
     "as_parts",
     "grouped",
-    "kernel_arrays",
     "kernel_parts",
     "outer_scales",
     "spec",
@@ -313,13 +312,6 @@ def outer_scales(q: QArray) -> jax.Array:
     return _level(q.scales, "w", "scales")[0]
 
 
-def kernel_arrays(w: Any) -> tuple[Any, ...]:
-    """The kernel operands of a QArray's or a KernelQWeight's zero points, offsets and
-    two-level super-block scales (:attr:`Affine.operands`' order; none without)."""
-    parts = kernel_parts(w) if isinstance(w, QArray) else getattr(w, "affine", None)
-    return () if parts is None else parts.arrays
-
-
 def _inner(data: Any, supers: Any, level: Level, grid: tuple[int, int]) -> QArray:
     f = formats.get(level.code_format)
     codes = jnp.asarray(data) if f.bits == 8 else Packed(jnp.asarray(data), f.name, -2, grid[0])
@@ -381,19 +373,16 @@ def spec(rows: int, per_column: bool, bn: int) -> Any:
 # --- in the kernel -----------------------------------------------------------------------
 
 
-def _select(rows: jax.Array, index: Any) -> jax.Array:
-    """Row ``index`` (dynamic) of ``rows`` (R, C) as (1, C): a one-hot sum (exact)."""
-    at = lax.broadcasted_iota(jnp.int32, rows.shape, 0) == index
-    return jnp.sum(jnp.where(at, rows, jnp.zeros((), rows.dtype)), axis=0, keepdims=True)
-
-
 def _packed_code(rows: jax.Array, index: Any, bits: int) -> jax.Array:
     """Code ``index`` (dynamic) of codes packed along the rows (:func:`emulate.pack`'s bit
     stream, ``rows`` int32 byte values) as a (1, C) int32 row of unsigned codes."""
     if bits == 8:
-        return _select(rows, index)
+        return qgroups.select_row(rows, index)
     bit = index * bits
-    lo, hi = _select(rows, bit // 8), _select(rows, bit // 8 + 1)  # past the end: 0
+    lo, hi = (
+        qgroups.select_row(rows, bit // 8),
+        qgroups.select_row(rows, bit // 8 + 1),
+    )  # past the end: 0
     return ((lo | (hi << 8)) >> (bit % 8)) & ((1 << bits) - 1)
 
 
@@ -481,7 +470,7 @@ class GroupTerms:
         if s.zero == "packed":
             v = _packed_code(self.zeros, index, formats.get(s.zero_format).bits)
         else:
-            v = _select(self.zeros, index)
+            v = qgroups.select_row(self.zeros, index)
         if formats.get(s.zero_format).signed:
             half = 1 << (formats.get(s.zero_format).bits - 1)
             v = (v ^ half) - half
@@ -521,4 +510,4 @@ class GroupTerms:
         if s.offset == "static":
             return scaled + x * jnp.float32(s.offset_value)
         assert self.offsets is not None
-        return scaled + x * _select(self.offsets, index)
+        return scaled + x * qgroups.select_row(self.offsets, index)

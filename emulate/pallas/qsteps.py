@@ -17,7 +17,7 @@ from emulate import formats
 from emulate.numerics import codecs
 from emulate.numerics.bits import frexp, pow2_normal, times_pow2
 from emulate.numerics.scales import scale_frexp
-from emulate.pallas import qoffsets, route
+from emulate.pallas import qgroups, qoffsets, route
 from emulate.pallas.qweight import Scaling
 
 __all__ = [
@@ -83,19 +83,12 @@ def tensor_parts(tensor_scale: Any) -> tuple[jax.Array, jax.Array]:
     return m.reshape(1, 1), e.reshape(1, 1)
 
 
-def _select(rows: jax.Array, index: Any) -> jax.Array:
-    """Row ``index`` (dynamic) of ``rows`` (R, C) as (1, C): a one-hot sum, exact (every
-    other row contributes +0), NaN and Inf kept."""
-    at = lax.broadcasted_iota(jnp.int32, rows.shape, 0) == index
-    return jnp.sum(jnp.where(at, rows, jnp.zeros((), rows.dtype)), axis=0, keepdims=True)
-
-
 def group_scale(
     parts: tuple[jax.Array, jax.Array | None], index: Any
 ) -> tuple[jax.Array, jax.Array | None]:
     """Group ``index``'s scale factors (as :func:`scale_rows`) as (1, C) rows."""
     lo, hi = parts
-    return _select(lo, index), None if hi is None else _select(hi, index)
+    return qgroups.select_row(lo, index), None if hi is None else qgroups.select_row(hi, index)
 
 
 def scaled_result(acc: jax.Array, s_ref: Any, ts_refs: Any, cfg: Any) -> jax.Array:

@@ -264,9 +264,11 @@ def _scaling(
 
 def split(
     w: QArray | KernelQWeight, arg: str = "w"
-) -> tuple[Any, jax.Array, Scaling, KernelQWeight | QArray]:
+) -> tuple[Any, jax.Array, Scaling, qoffsets.AffineParts | None]:
     """(codes as :func:`emulate.pallas.matmul` reads a weight, scales as the kernel reads
-    them, :class:`Scaling`, ``w``) for a QArray or prepared weight.
+    them, :class:`Scaling`, the zero points, offsets and two-level parts as the kernel
+    reads them (:func:`emulate.pallas.qoffsets.kernel_parts`; None without any)) for a
+    QArray or prepared weight.
 
     Raises:
       NotImplementedError: a part of the QArray the kernel does not decode (module
@@ -274,7 +276,7 @@ def split(
       ValueError: not 2-D.
     """
     if isinstance(w, KernelQWeight):
-        return w.codes, jnp.asarray(w.scales), _scaling(w, arg, w.affine), w
+        return w.codes, jnp.asarray(w.scales), _scaling(w, arg, w.affine), w.affine
     # zero points and offsets: emulate.pallas.qoffsets; the codebook and the permutation:
     # emulate.pallas.qcodebook
     parts = [
@@ -284,7 +286,8 @@ def split(
     ]
     if parts:
         _refuse(arg, f"a QArray's {', '.join(parts)}", _BUILT)
-    s = _scaling(w, arg, qoffsets.kernel_parts(w, arg))
+    affine = qoffsets.kernel_parts(w, arg)
+    s = _scaling(w, arg, affine)
     codes = w.codes
     if isinstance(codes, Packed) and (codes.ndim != 2 or codes.axis != -2):
         codes = weights.prepare_weight(codes)  # packed along N: into the K-planar layout
@@ -294,8 +297,8 @@ def split(
             # a group's rows in each column plane of x must be whole half-lane slices
             codes = weights.prepare_weight(codes)
     if isinstance(w.scales, QArray):  # two-level: their codes (emulate.pallas.qoffsets)
-        return codes, qoffsets.outer_scales(w), s, w
-    return codes, _kernel_scales(w.scales, s.scale_format), s, w
+        return codes, qoffsets.outer_scales(w), s, affine
+    return codes, _kernel_scales(w.scales, s.scale_format), s, affine
 
 
 def _kernel_scales(scales: Any, fmt: str) -> jax.Array:
@@ -334,8 +337,7 @@ def prepare_weight(w: Any, w_format: Any = None) -> KernelWeight | KernelQWeight
     if not isinstance(w, QArray):
         return weights.prepare_weight(w, w_format)
     check_format(w, w_format)
-    codes, scales, _, _ = split(w)
-    parts = qoffsets.kernel_parts(w)
+    codes, scales, _, parts = split(w)
     if isinstance(codes, Packed) or (
         not isinstance(codes, KernelWeight) and np.dtype(codes.dtype).itemsize * 8 != 8
     ):

@@ -76,6 +76,7 @@ from jax import lax
 
 import emulate
 import emulate.mx
+import emulate.pallas
 from benchmarks import harness
 from benchmarks.cases import SHAPES, goal, parse_names, parse_shapes, shape_of
 from benchmarks.pallas_traffic import kernel_traffic
@@ -271,8 +272,6 @@ def programs(scheme: Scheme, target: str) -> dict[str, Callable[..., jax.Array]]
 def pallas_weight(scheme: Scheme, q: emulate.QArray) -> Any:
     """(d)'s weight: the QArray prepared once for the kernel, ``(K, N)`` (GGUF's rows
     transposed). Raises NotImplementedError where the kernel does not build the scheme."""
-    import emulate.pallas  # noqa: PLC0415 - loads the kernels
-
     return emulate.pallas.prepare_weight(q.T if scheme.dn == NK else q)
 
 

@@ -22,6 +22,10 @@ and in several processes; XLA compiles each once per session, and a cache hit re
 executable the compiler built for the same program and options. Most of the suite's time
 is XLA compiling. ``EMULATE_TEST_COMPILE_CACHE=0`` turns it off; a session never reads
 another session's cache.
+
+XLA:CPU code generation: the session's processes compile with quicker XLA:CPU settings
+than XLA's defaults (tests/_xla_flags.py, checked to give the same bits by
+tests/test_suite_codegen.py); ``EMULATE_TEST_XLA_DEFAULT=1`` keeps XLA's defaults.
 """
 
 from __future__ import annotations
@@ -31,7 +35,14 @@ import os
 import shutil
 import tempfile
 
-import jax
+from _xla_flags import with_flags
+
+# XLA:CPU code generation: quicker settings for the suite's processes, set before JAX
+# starts its backend (tests/_xla_flags.py says which and why).
+if os.environ.get("EMULATE_TEST_XLA_DEFAULT", "") != "1":
+    os.environ["XLA_FLAGS"] = with_flags(os.environ.get("XLA_FLAGS", ""), add=True)
+
+import jax  # noqa: E402 - after XLA_FLAGS
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -83,6 +94,7 @@ def _share_compilations() -> None:
 
 
 _share_compilations()
+
 
 #: The opt-in markers: marker -> (the variable that selects its tests, what they are).
 #: The browser test fails, not skips, where ``chromium`` is missing (apt-get install -y

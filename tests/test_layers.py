@@ -555,6 +555,7 @@ CROSS_CUTTING = {
     "tests/test_kernels_tutorial.py": "docs/kernels_test.py (docs/testing.md's suite) as written",
     "tests/test_xla_cpu_patterns.py": "programs XLA's CPU backend is known to mishandle",
     "tests/test_tpu_compile.py": "emulated programs through the real TPU compiler",
+    "tests/test_suite_codegen.py": "the suite's XLA:CPU settings give XLA's default bits",
 }
 
 GGML = "one family of GGML block layouts: importers/test_ggml (every type against gguf.quants)"

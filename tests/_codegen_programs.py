@@ -23,9 +23,9 @@ DN = (((1,), (0,)), ((), ()))
 
 def _bits(dtype: object, shape: tuple[int, ...], seed: int, axis: int = 0) -> np.ndarray:
     """Random values of ``dtype`` with NaN and Inf only at index 0 of ``axis`` (a free axis
-    of the contraction), so that most results are finite: every finite code equally likely for 8-bit types; for
-    wider ones random significands over 2**-20 to 2**20 with zeros of both signs and
-    subnormals planted."""
+    of the contraction), so that most results are finite: every finite code equally
+    likely for 8-bit types; for wider ones random significands over 2**-20 to 2**20 with
+    zeros of both signs and subnormals planted."""
     rng = np.random.default_rng(seed)
     dt = np.dtype(dtype)
     if dt.itemsize == 1:
@@ -63,7 +63,8 @@ def _exact_wide() -> np.ndarray:
 
 
 def _exact_float8() -> np.ndarray:
-    a, b = _bits(ml_dtypes.float8_e4m3fn, (3, 64), 3), _bits(ml_dtypes.float8_e5m2, (64, 4), 4, axis=1)
+    a = _bits(ml_dtypes.float8_e4m3fn, (3, 64), 3)
+    b = _bits(ml_dtypes.float8_e5m2, (64, 4), 4, axis=1)
     return np.asarray(
         emulate.dot_general(
             a, b, DN, preferred_element_type=jnp.bfloat16, target="tpu_v5e", mode="exact"

@@ -1,6 +1,8 @@
 """emulate.pallas.matmul with scale blocks of several columns (emulate.pallas.qblocks):
 FP8 e4m3 weights with one scale per 128 x 128 block, in TPU interpret mode on the CPU.
 
+* sums that every f32 order keeps exact (int8 activations, e4m3 or int4 codes, powers
+  of two): bit for bit ``emulate.dot_general`` and an integer oracle;
 * within ``gamma_(K + S + 4) * sum |x w|`` of the exact sum over emulate.reference's
   dequantized values (float64), for K not a multiple of 128, N with a partial last block,
   K = 128, M = 1, blocks of 256 and 384 columns (the output block's lanes cut at
@@ -12,8 +14,10 @@ FP8 e4m3 weights with one scale per 128 x 128 block, in TPU interpret mode on th
 * a DeepSeek-V3 style checkpoint read by the importer, against an oracle of the file's
   bytes (ml_dtypes codes times ``np.kron``-repeated scales, float64);
 * refusals: blocks not a multiple of 128 columns, zero points with column blocks;
-* compile-only, the real TPU compiler, compatibility mode on and off (v5e by default; v2
-  to 7x long).
+* compile-only, the real TPU compiler, compatibility mode on and off: prepared 128 x 128
+  (float32 scales) and 128 x 384 (bfloat16) FP8 weights with bf16 activations, and int4
+  codes in 128 x 256 blocks with int8 activations (the exact route); v5e by default, v2 to
+  7x long.
 
 Interpret mode compiles each distinct kernel once (about 2 s here); the hypothesis
 examples share one shape (one compile).
@@ -107,6 +111,41 @@ def test_fp8_column_blocks_are_within_the_bound(m, k, n, block, sdt, target, pre
     assert got.dtype == jnp.float32 and got.shape == (m, n)
     _check(x, got, codes, scales, block)
     assert np.count_nonzero(np.asarray(got)) > got.size // 2  # not a sum of zeros
+
+
+@pytest.mark.parametrize(
+    "fmt, block",
+    [("float8_e4m3fn", (128, 128)), pytest.param("int4", (128, 256), marks=pytest.mark.long)],
+)
+def test_sums_that_are_exact_match_dot_general_and_an_integer_oracle_bit_for_bit(fmt, block):
+    # int8 activations in [-8, 8), e4m3 codes of exponents -2 to 2 (or int4 codes, the
+    # exact int32 route), power-of-two scales 2**-2 to 2**2: every partial sum is a
+    # multiple of 2**-7 of magnitude at most 300 * 8 * 7.5 * 4 < 2**17 (2**24 units), so
+    # any order of f32 additions gives the exact sum
+    rng = np.random.default_rng(len(fmt))
+    m, k, n = 8, 300, 640
+    if fmt == "int4":
+        v = rng.integers(-8, 8, (k, n))
+        codes = emulate.pack(v.astype(ml_dtypes.int4), axis=0)
+        num = v * 32  # in units of 2**-5
+    else:
+        sign = rng.integers(0, 2, (k, n)) << 7
+        c = (sign | rng.integers(0x28, 0x50, (k, n))).astype(np.uint8)  # 2**-2 .. 2**2
+        c[rng.random((k, n)) < 0.1] = 0x80  # -0
+        codes = jnp.asarray(c.view(E4M3))
+        num = np.asarray(c.view(E4M3).astype(np.float64) * 32).astype(np.int64)
+    grid = (-(-k // block[0]), -(-n // block[1]))
+    e = rng.integers(-2, 3, grid)
+    q = emulate.QArray.from_parts(codes, np.ldexp(1.0, e).astype(np.float32), block_shape=block)
+    xi = rng.integers(-8, 8, (m, k))
+    x = xi.astype(np.int8)
+    se = np.repeat(np.repeat(e, block[0], 0), block[1], 1)[:k, :n] + 2  # >= 0
+    want = ((xi @ (num << se)) / 2.0**7).astype(np.float32)  # exact: |sum| < 2**24 units
+    same = emulate.dot_general(x, q, DN, preferred_element_type="float32", target="tpu_v5e")
+    np.testing.assert_array_equal(np.asarray(same).view(np.uint32), want.view(np.uint32))
+    for w in (q, emulate.pallas.prepare_weight(q)):
+        got = emulate.pallas.matmul(x, w, target="tpu_v5e", out_dtype="float32")
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))
 
 
 _HK, _HN = 200, 300  # the hypothesis examples' shape: one compile
@@ -215,28 +254,36 @@ def test_blocks_the_kernel_does_not_build_are_refused_by_name():
 # --- compile-only: the real TPU compiler -------------------------------------------------
 
 _CM, _CK, _CN = 64, 1024, 1024
-#: scheme: (block, scale dtype)
-SCHEMES = {"fp8-128x128": ((128, 128), jnp.float32), "fp8-128x384-bf16": ((128, 384), jnp.bfloat16)}
+#: scheme: (codes format, block, scale dtype, activations' dtype)
+SCHEMES = {
+    "fp8-128x128": ("float8_e4m3fn", (128, 128), np.float32, jnp.bfloat16),
+    "fp8-128x384-bf16": ("float8_e4m3fn", (128, 384), ml_dtypes.bfloat16, jnp.bfloat16),
+    "int4-128x256-int8x": ("int4", (128, 256), np.float32, jnp.int8),  # the exact route
+}
 
 
-def compiled_program(x, codes, scales, *, scheme: str, target: str):
-    """emulate.pallas.matmul of bf16 activations and a prepared FP8 block-scaled weight."""
-    block, _ = SCHEMES[scheme]
-    w = emulate.pallas.KernelQWeight(
-        codes, scales, None, "float8_e4m3fn", jnp.dtype(scales.dtype).name, block, (_CK, _CN),
-        np.dtype("bfloat16"),
-    )  # fmt: skip
+@functools.cache
+def _prepared(scheme: str):
+    fmt, block, sdt, _ = SCHEMES[scheme]
+    rng = np.random.default_rng(3)
+    if fmt == "int4":
+        codes = emulate.pack(rng.integers(-8, 8, (_CK, _CN)).astype(ml_dtypes.int4), axis=0)
+    else:
+        codes = jnp.asarray(_weight(_CK, _CN, block, rng)[0])
+    grid = (-(-_CK // block[0]), -(-_CN // block[1]))
+    q = emulate.QArray.from_parts(codes, jnp.asarray(np.ones(grid, sdt)), block_shape=block)
+    return jax.tree_util.tree_flatten(emulate.pallas.prepare_weight(q))
+
+
+def compiled_program(x, *leaves, scheme: str, target: str):
+    """emulate.pallas.matmul of the scheme's activations and prepared weight."""
+    w = jax.tree_util.tree_unflatten(_prepared(scheme)[1], leaves)
     return emulate.pallas.matmul(x, w, target=target, out_dtype="bfloat16", interpret=False)
 
 
 def _specs(scheme: str) -> tuple:
-    block, sdt = SCHEMES[scheme]
-    grid = (-(-_CK // block[0]), -(-_CN // block[1]))
-    return (
-        jax.ShapeDtypeStruct((_CM, _CK), jnp.bfloat16),
-        jax.ShapeDtypeStruct((_CK, _CN), E4M3),
-        jax.ShapeDtypeStruct(grid, sdt),
-    )
+    x = jax.ShapeDtypeStruct((_CM, _CK), SCHEMES[scheme][3])
+    return (x, *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in _prepared(scheme)[0]))
 
 
 RUNS = compile_only.runs(

@@ -23,6 +23,8 @@ The weights (K x N logical, made from a fixed seed, built as the importers build
   nvfp4          NVIDIA NVFP4 (``emulate.quantize(w, emulate.mx.NVFP4, axis=0)``): e2m1
                  codes packed along K, an e4m3 scale per 16 rows and column, an f32
                  tensor scale
+  fp8_block128   DeepSeek-V3 FP8: e4m3fn codes (one a byte, finite), one f32 scale per
+                 128 x 128 block, in the parts ``parse_fp8_blocks`` returns
 
 and the contenders, one jitted program each:
 
@@ -171,6 +173,24 @@ def nf4_weight(k: int, n: int, rng: np.random.Generator, block: int = 64) -> emu
     return to_qarray(parts)
 
 
+def fp8_block128_weight(k: int, n: int, rng: np.random.Generator) -> emulate.QArray:
+    """A DeepSeek-V3 FP8 weight (K, N) in the parts ``parse_fp8_blocks`` returns: e4m3fn
+    codes (finite), one f32 ``weight_scale_inv`` per 128 x 128 block."""
+    codes = rng.integers(0, 256, (k, n), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x7E  # no NaN codes
+    parts = StoredParts(
+        codes=codes,
+        fmt="float8_e4m3fn",
+        bits=8,
+        block_shape=(128, 128),
+        scales=rng.random((-(-k // 128), -(-n // 128))).astype(np.float32) * 1e-3 + 1e-5,
+        dtype="bfloat16",
+        source="benchmarks.quantized: DeepSeek-V3 FP8 128x128 block parts",
+        stored_bits=0,
+    )
+    return to_qarray(parts)
+
+
 def nvfp4_weight(k: int, n: int, rng: np.random.Generator) -> emulate.QArray:
     """An NVFP4 weight (K, N): ``emulate.quantize`` of normal values with the scheme,
     blocks of 16 along K."""
@@ -230,6 +250,7 @@ SCHEMES: dict[str, Scheme] = {
         ),
         Scheme("nf4_b64", "bnb NF4, blocks of 64", nf4_weight, KN),
         Scheme("nvfp4", "NVFP4 (e4m3 per 16, f32 tensor scale)", nvfp4_weight, KN),
+        Scheme("fp8_block128", "FP8 e4m3, f32 scale per 128x128", fp8_block128_weight, KN),
     )
 }
 

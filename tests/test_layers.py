@@ -135,6 +135,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.pallas.route",
             "emulate.pallas.kernel_dot",
             "emulate.pallas.weights",
+            "emulate.pallas.qblocks",
             "emulate.pallas.qgroups",
             "emulate.pallas.qoffsets",
             "emulate.pallas.qcodebook",

@@ -245,7 +245,10 @@ def config(
     kp = _round_up(k, bk)
     scale_vmem = 0
     if scaling is not None and scaling.along_k:  # the resident scale block, as int32 / f32
-        scale_vmem = 2 * 4 * scaling.rows * (bn if scaling.per_column else _LANES) * 2
+        lanes = bn if scaling.per_column else _LANES
+        if scaling.columns:  # every block column (emulate.pallas.qblocks)
+            lanes = _round_up(-(-n // scaling.columns), _LANES)
+        scale_vmem = 2 * 4 * scaling.rows * lanes * 2
     vmem = _vmem_bytes(r, bm, bn, bk, limbs, bk, per_row(bk)) + scale_vmem
     if t.vmem_capacity_bytes and vmem > t.vmem_capacity_bytes:
         raise ValueError(

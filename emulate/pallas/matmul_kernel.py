@@ -69,7 +69,7 @@ from emulate.numerics.storage import (
     to_codes,
     unpack_codes,
 )
-from emulate.pallas import qcodebook, qoffsets, qsteps, qweight, route
+from emulate.pallas import qblocks, qcodebook, qoffsets, qsteps, qweight, route
 from emulate.pallas.matmul_config import Config, Stored, config
 from emulate.pallas.qweight import KernelQWeight
 from emulate.pallas.weights import TILE_GROUPS, KernelWeight, kernel_codes, prepare_weight
@@ -333,6 +333,8 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
         # every row of the scales, zero points, offsets (emulate.pallas.qoffsets)
         extra = [scales, *affine]
         extra_specs = [qoffsets.spec(a.shape[0], sc.per_column, cfg.bn) for a in extra]
+        if sc.columns:  # scale blocks of several columns: all of them, resident
+            extra_specs[0] = qblocks.spec(scales.shape)
     if cfg.scaled_in_kernel and cfg.tensor_scaled:
         extra += list(qsteps.tensor_parts(tensor_scale))
         extra_specs += [pl.BlockSpec((1, 1), lambda i, j, k: (0, 0))] * 2

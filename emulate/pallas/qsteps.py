@@ -17,7 +17,7 @@ from emulate import formats
 from emulate.numerics import codecs
 from emulate.numerics.bits import frexp, pow2_normal, times_pow2
 from emulate.numerics.scales import scale_frexp
-from emulate.pallas import qgroups, qoffsets, route
+from emulate.pallas import qblocks, qgroups, qoffsets, route
 from emulate.pallas.qweight import Scaling
 
 __all__ = [
@@ -84,11 +84,20 @@ def tensor_parts(tensor_scale: Any) -> tuple[jax.Array, jax.Array]:
 
 
 def group_scale(
-    parts: tuple[jax.Array, jax.Array | None], index: Any
+    parts: tuple[jax.Array, jax.Array | None], index: Any, cfg: Any = None
 ) -> tuple[jax.Array, jax.Array | None]:
-    """Group ``index``'s scale factors (as :func:`scale_rows`) as (1, C) rows."""
-    lo, hi = parts
-    return qgroups.select_row(lo, index), None if hi is None else qgroups.select_row(hi, index)
+    """Group ``index``'s scale factors (as :func:`scale_rows`) as (1, C) rows; for scale
+    blocks of several columns (``cfg.scaling.columns``), the output block's (1, bn) rows
+    (:func:`emulate.pallas.qblocks.widen`)."""
+    lo = qgroups.select_row(parts[0], index)
+    hi = None if parts[1] is None else qgroups.select_row(parts[1], index)
+    if cfg is not None and cfg.scaling.columns:
+        from jax.experimental import pallas as pl  # noqa: PLC0415 - kernel-side only
+
+        j, cols = pl.program_id(1), cfg.scaling.columns
+        lo = qblocks.widen(lo, cols, cfg.bn, j)
+        hi = None if hi is None else qblocks.widen(hi, cols, cfg.bn, j)
+    return lo, hi
 
 
 def scaled_result(acc: jax.Array, s_ref: Any, ts_refs: Any, cfg: Any) -> jax.Array:
@@ -140,7 +149,7 @@ def _row_scaled_step(tiles: list, factors: tuple, cfg: Any, k: Any) -> jax.Array
     per = cfg.bk // sc.group
     rows = []
     for q in range(per):
-        lo, _ = group_scale(factors, k * per + q)
+        lo, _ = group_scale(factors, k * per + q, cfg)
         rows.append(jnp.broadcast_to(lo, (sc.group, lo.shape[1])))
     tile_scale = jnp.concatenate(rows, axis=0)
     total = None
@@ -192,7 +201,7 @@ def group_scaled_step(tiles: list, s_ref: Any, cfg: Any, k: Any, aff_refs: Any =
             assert terms is not None
             lo, hi = terms.scale(q)
         else:
-            lo, hi = group_scale(factors, index)
+            lo, hi = group_scale(factors, index, cfg)
         part = part * lo
         if hi is not None:
             part = part * hi

@@ -26,6 +26,11 @@ operand. Which blocks the kernel applies and where (:class:`Scaling`):
   the kernel picks a group's row with a one-hot sum over the block's rows (Mosaic cannot
   prove a dynamic single-row load of an 8- or 16-bit block aligned: error E2003). The
   tensor scale and ``2**element_exponent`` follow at the last K step.
+* *blocks of several columns* (``(G, C)``, ``C`` a multiple of 128 short of N: FP8 e4m3
+  weights with 128 x 128 block scales, DeepSeek-V3 style): as groups along K (blocks
+  spanning K: one group, as :func:`emulate.pallas.qoffsets.grouped` makes it), the scale array
+  one resident block as stored, ``(ceil(K/G), ceil(N/C))``, each group's row spread over
+  the output block's lanes in the kernel (:mod:`emulate.pallas.qblocks`).
 
 Scale types in the kernel: float32 and bfloat16 widen exactly (a bfloat16 subnormal
 flushes); float8 scales are decoded from their bits; float8_e8m0fnu scales are applied as
@@ -52,7 +57,8 @@ which then take the int8 routes: int8 activations are exact (bit for bit
 
 Not built in the kernel (NotImplementedError naming the part): the zero points, offsets
 and two-level parts :mod:`emulate.pallas.qoffsets` refuses, blocks of several columns
-other than all N, groups along K that are not a multiple of 16 rows.
+short of N that are not a multiple of 128 columns or that come with zero points or
+offsets, groups along K that are not a multiple of 16 rows.
 """
 
 from __future__ import annotations
@@ -71,7 +77,7 @@ from emulate.formats import Format
 from emulate.numerics.bits import times_pow2
 from emulate.numerics.scales import scale_frexp
 from emulate.numerics.storage import Packed, group_shape
-from emulate.pallas import qoffsets, weights
+from emulate.pallas import qblocks, qoffsets, weights
 from emulate.pallas.weights import KernelWeight, kernel_codes
 from emulate.qarray import QArray, dequantize, parts_text
 from emulate.qparts import as_format_array
@@ -110,6 +116,8 @@ class Scaling:
       element_exponent: the QArray's (codes stand for ``value * 2**element_exponent``).
       tensor_scaled: whether the QArray has a tensor scale.
       affine: zero points and offsets (:class:`emulate.pallas.qoffsets.Affine`), or None.
+      columns: columns of N per scale block, for blocks of several columns short of N (a
+        multiple of 128: :mod:`emulate.pallas.qblocks`); else 0.
     """
 
     group: int
@@ -120,6 +128,7 @@ class Scaling:
     element_exponent: int = 0
     tensor_scaled: bool = False
     affine: qoffsets.Affine | None = None
+    columns: int = 0
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -233,12 +242,20 @@ def _scaling(
         raise ValueError(f"{arg}: expected a 2-D (K, N) QArray, got shape {tuple(q.shape)}")
     k, n = q.shape
     bk, bn = q.block_shape
-    if bn != 1 and bn < n:
+    columns = bn if 1 < bn < n else 0
+    if columns % qblocks.LANES:
         _refuse(
             arg,
             f"blocks of {bn} columns",
-            f"block_shape {tuple(q.block_shape)}: one scale per column (G, 1) or per group "
-            "for all N columns (G, N) are built",
+            f"block_shape {tuple(q.block_shape)}: one scale per column (G, 1), per group "
+            f"for all N columns (G, N) or per block of a multiple of {qblocks.LANES} "
+            "columns are built",
+        )
+    if columns and parts is not None:
+        _refuse(
+            arg,
+            f"zero points or offsets in blocks of {bn} columns",
+            "zero points and offsets per column (G, 1) or for all N columns (G, N) are built",
         )
     along_k = bk < k
     if along_k and bk % _MIN_GROUP:
@@ -248,12 +265,13 @@ def _scaling(
             f"group scales are applied per group of a multiple of {_MIN_GROUP} rows",
         )
     group, rows = (bk, -(-k // bk)) if along_k else (max(k, 1), 1)
-    if parts is not None:
+    if parts is not None or columns:  # one group spanning K where the blocks do
         group, along_k = qoffsets.grouped(k, along_k, group)
     return Scaling(
         group=group,
         along_k=along_k,
         per_column=bn == 1 and n > 1,
+        columns=columns,
         scale_format=q.scale_format,
         rows=rows,
         element_exponent=int(q.element_exponent),

@@ -46,6 +46,9 @@ def test_each_weight_is_its_scheme_as_stored(weights):
     nvfp4 = weights["nvfp4"]  # 4-bit codes, one e4m3 byte per 16, the f32 tensor scale
     assert nvfp4.block_shape == (16, 1) and nvfp4.scale_format == "float8_e4m3fn"
     assert nvfp4.nbytes == K * N // 2 + (K // 16) * N + 4
+    fp8 = weights["fp8_block128"]  # one e4m3fn byte an element, an f32 per 128 x 128
+    assert fp8.block_shape == (128, 128) and fp8.format_name == "float8_e4m3fn"
+    assert fp8.scale_format == "float32" and fp8.nbytes == K * N + (K // 128) * (N // 128) * 4
 
 
 def test_the_variants_lose_only_their_offset_term(weights):

@@ -281,8 +281,8 @@ def _parts_cases():
          r"emulate.dot_general for this QArray$"),
         (emulate.QArray.from_parts(ones, jnp.ones((2, 2), jnp.float16), block_shape=(128, 64)),
          r"^w: emulate.pallas.matmul does not decode blocks of 64 columns in the kernel "
-         r"\(block_shape \(128, 64\): one scale per column \(G, 1\) or per group for all N "
-         r"columns \(G, N\) are built\)"),
+         r"\(block_shape \(128, 64\): one scale per column \(G, 1\), per group for all N "
+         r"columns \(G, N\) or per block of a multiple of 128 columns are built\)"),
     ]  # fmt: skip
 
 

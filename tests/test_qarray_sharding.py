@@ -150,7 +150,8 @@ LOADED_PLANS = [("cpu", "exact")] + ([("tpu_v5e", "fast")] if LONG else [])
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     cmd = [sys.executable, "-c", SCRIPT, json.dumps(PLANS), json.dumps(LOADED_PLANS)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -19,7 +19,8 @@ SCRIPT = pathlib.Path(__file__).with_name("_sharded_polyfill.py")
 
 @pytest.fixture(scope="module")
 def result():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     cmd = [sys.executable, str(SCRIPT)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]

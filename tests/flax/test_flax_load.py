@@ -410,7 +410,8 @@ def test_refusals_name_the_tensor_and_the_path(checkpoint) -> None:
 
 def test_sharded_along_n_on_eight_devices_equals_unsharded() -> None:
     script = pathlib.Path(__file__).with_name("_sharded_load.py")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     out = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env
     )

@@ -34,10 +34,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from emulate import formats
-from emulate.numerics import codecs
+from emulate.numerics import bits, codecs
+from emulate.pallas import qcodebook
 
 __all__ = ["group_sums", "offset_term", "select_row", "step_levels", "super_rows"]
 
@@ -119,33 +121,90 @@ def _words(byte_rows: jax.Array, first: Any, count: int, bits: int) -> jax.Array
     return w.astype(jnp.int32)
 
 
-def step_levels(
-    byte_rows: jax.Array, supers: jax.Array, level: Any, first: Any, count: int
-) -> jax.Array:
-    """Groups ``first .. first + count - 1``'s two-level values as a (count, C) f32 matrix:
-    ``(code - level.zero) * super`` rounded once to f32 (:func:`emulate.dequantize`'s
-    value). ``byte_rows``: the codes' bytes as int32 (0..255), packed along the groups
-    (8-bit codes one a row); ``supers``: the super-block scales as :func:`super_rows` gives them,
-    one row per ``level.block`` groups; ``level``: :class:`emulate.pallas.qoffsets.Level`."""
-    f = formats.get(level.code_format)
-    bits = f.bits
+def _spread(row: jax.Array, col0: Any, cols: int, width: int) -> jax.Array:
+    """(1, width) int32: for output columns ``col0 .. col0 + width - 1``, the entry
+    ``(col0 + c) // cols`` of ``row`` (1, S) int32 bits (past the end: 0), by one one-hot
+    f32 dot of the bits' four bytes (exact: each output sums one byte and zeros; a NaN's
+    bits stay in their columns, as a dot of the values would not)."""
+    s = row.shape[1]
+    plane = lax.broadcasted_iota(jnp.int32, (8, s), 0)
+    shifted = lax.shift_right_logical(jnp.broadcast_to(row, (8, s)), (plane & 3) * 8)
+    byte = (shifted & 0xFF).astype(jnp.float32)
+    t = (
+        col0
+        + lax.broadcasted_iota(jnp.int32, (s, width), 1)
+        - lax.broadcasted_iota(jnp.int32, (s, width), 0) * cols
+    )
+    pick = jnp.where((t >= 0) & (t < cols), 1.0, 0.0)
+    got = lax.dot(byte, pick, precision=_HIGHEST, preferred_element_type=jnp.float32)
+    b = got.astype(jnp.int32)
+    return b[0:1] | (b[1:2] << 8) | (b[2:3] << 16) | (b[3:4] << 24)
+
+
+def _supers(supers: jax.Array, level: Any, first: Any, count: int, col0: Any, width: int):
+    """(count, C) or (1, C) f32: the super-block scale of each of the step's groups."""
+    fmt = level.super_format
+    if level.cols > 1:  # one block spans every group: one row of S scales
+        bits = supers if fmt == "float16" else lax.bitcast_convert_type(supers, jnp.int32)
+        wide = _spread(bits, col0, level.cols, width)
+        if fmt == "float16":
+            return _super_values(wide, fmt)
+        return lax.bitcast_convert_type(wide, jnp.float32)
     q = lax.broadcasted_iota(jnp.int32, (count, 1), 0)
-    code = _words(byte_rows, first, count, bits)
-    if bits < 8:
-        code = (code >> ((first + q) * bits % 8)) & ((1 << bits) - 1)
-    if f.signed:
-        half = 1 << (bits - 1)
-        code = (code ^ half) - half
-    if level.zero:
-        code = code - level.zero
     base = first // level.block
     rel = (first + q) // level.block - base  # (count, 1): 0 .. spans - 1
     spans = (count - 1) // level.block + 2 if count > 1 else 1
     sup = None
     for j in range(spans):
-        v = _super_values(select_row(supers, base + j), level.super_format)
+        v = _super_values(select_row(supers, base + j), fmt)
         sup = v if sup is None else jnp.where(rel == j, v, sup)
     assert sup is not None
+    return sup
+
+
+def _table_times(values: jax.Array, sup: jax.Array, offset: float) -> jax.Array:
+    """``values * sup + offset`` as :func:`emulate.dequantize` computes it, whatever the
+    compiler contracts: ``values * m`` rounded once (``sup = m * 2**e``, ``1 <= |m| <
+    2``), then two exact power-of-two factors (unless the result is below 2**-126, which
+    flushes as there), then the offset added (an FMA of an exact product rounds as the
+    plain add)."""
+    m, e = bits.frexp(sup)
+    e = jnp.maximum(e, -252)
+    half = e >> 1  # floor(e / 2)
+    v = values * m
+    v = v * bits.pow2_normal(half)
+    v = v * bits.pow2_normal(e - half)
+    return v + jnp.float32(offset) if offset else v
+
+
+def step_levels(
+    byte_rows: jax.Array, supers: jax.Array, level: Any, first: Any, count: int, col0: Any = 0
+) -> jax.Array:
+    """Groups ``first .. first + count - 1``'s two-level values as a (count, C) f32 matrix:
+    ``(code - level.zero) * super`` rounded once to f32, or with a codebook
+    ``codebook[code] * super + offset`` (:func:`_table_times`; the table by a select
+    tree, :func:`emulate.pallas.qcodebook.select_tree`): :func:`emulate.dequantize`'s
+    value. ``byte_rows``: the codes' bytes as int32 (0..255), packed along the groups
+    (8-bit codes one a row); ``supers``: the super-block scales as :func:`super_rows`
+    gives them, one row per ``level.block`` groups (``level.cols`` > 1: one row, a scale
+    per ``cols`` columns of the weight); ``level``:
+    :class:`emulate.pallas.qoffsets.Level`; ``col0``: the weight column of the block's
+    first column (``level.cols`` > 1)."""
+    f = formats.get(level.code_format)
+    width = f.bits
+    q = lax.broadcasted_iota(jnp.int32, (count, 1), 0)
+    code = _words(byte_rows, first, count, width)
+    if width < 8:
+        code = (code >> ((first + q) * width % 8)) & ((1 << width) - 1)
+    sup = _supers(supers, level, first, count, col0, byte_rows.shape[1])
+    if level.codebook is not None:
+        table = tuple(float(v) for v in level.codebook.array().astype(np.float32))
+        return _table_times(qcodebook.select_tree(code, table), sup, level.offset)
+    if f.signed:
+        half = 1 << (width - 1)
+        code = (code ^ half) - half
+    if level.zero:
+        code = code - level.zero
     return code.astype(jnp.float32) * sup
 
 

@@ -10,13 +10,17 @@ product, ``X[m, g]`` the sum of ``x[m, k]`` over the rows of group ``g``. Per K 
   (int32) accumulator, f32 tiles at ``Precision.HIGHEST``; each entry of ``X`` is a sum of
   the group's (exactly decoded) activations with one f32 rounding per addition at most,
   as the vector sum it replaces (an exact route's integer sums are exact).
-* the step's two-level values ``(code - zero) * super`` as a ``(count, C)`` f32 matrix
+* the step's two-level values ``(code - zero) * super`` (or bitsandbytes'
+  ``table[code] * super + offset`` by a select tree) as a ``(count, C)`` f32 matrix
   (:func:`step_levels`): each group's code cut out of the 16-bit word of the two bytes it
   spans, those words picked from the codes' bytes by one one-hot f32 dot at
   ``Precision.HIGHEST`` (bytes and the weights 1 and 256: the f32 sum of one or two
   products is exact), then shifted and masked per row; the super-block scales picked with
   exact one-hot selects (NaN and Inf stay in their group; a dot would spread them), a
-  float16 one decoded from its bits only in the rows a step selects.
+  float16 one decoded from its bits only in the rows a step selects; super-block scales
+  of several columns (one row of them) spread to the block's columns by a one-hot f32
+  dot of their four bytes (exact, NaN kept in its columns), every K step (a ``(S, C)``
+  f32 selector, ``S`` the scales: 1 MiB of VMEM at 4096 x 4096 with C = 256).
 * the offset term ``X @ O`` (:func:`offset_term`): one f32 dot at ``Precision.HIGHEST``,
   ``count`` products a sum.
 

@@ -23,6 +23,13 @@ the bytes it spans (the codes packed along the groups, :func:`emulate.pack`'s bi
 stream), minus the inner zero point, times its super-block scale, one f32 rounding: the
 f32 value :func:`emulate.dequantize` gives it; once per K step for all of the step's
 groups, and two-level offsets' term as one dot per step (:mod:`emulate.pallas.qgroups`).
+bitsandbytes' double quantization (NF4 / FP4 ``absmax`` as uint8 codes into the 256-entry
+dynamic map, a float32 ``nested_absmax`` per 256 codes, ``nested_offset``) is a two-level
+part with a table and a static offset (:class:`Level`): ``map[c] * a2`` rounded once to
+f32, then ``+ offset`` rounded once, bitsandbytes' float32 arithmetic bit for bit; its
+nested blocks span every group and several columns below K = 16384 (``(64, 4)`` at K =
+4096), the nested scales then one row, read whole and spread to the output block's
+columns in the kernel.
 
 Error (mode "fast" pairs): the f32 accumulator is within ``gamma_(K + S + 5) * sum_k |x_k|
 (|q_k s| + |z s| + |o|)`` of the exact sum of the dequantized products (:mod:`emulate.
@@ -45,9 +52,10 @@ KernelQWeight's ``scales``).
 Not built (NotImplementedError): zero points of other types (int16, int32),
 static ones beyond 255 in magnitude, zero points on float codes, any of these parts with
 ``element_exponent``, offsets with a tensor scale; two-level parts other than integer
-codes of at most 8 bits with a static zero point, in blocks ``(B, 1)``, times float16 /
-bfloat16 / float32 super-block scales (no further level, offsets, codebook or tensor
-scale).
+codes of at most 8 bits with a static zero point (or unsigned codes into a finite table
+with a static offset), in blocks ``(B, 1)`` or of several columns spanning every group,
+times float16 / bfloat16 / float32 super-block scales (no further level, array offsets or
+tensor scale).
 """
 
 from __future__ import annotations

@@ -184,7 +184,6 @@ def _plans(q: emulate.QArray) -> str:
 #: What emulate.pallas.prepare_weight refuses, by the part its message names.
 KERNEL_REFUSALS = {
     "blocks of 128 columns": "refused: blocks of 128 columns",
-    "two-level scales in blocks (64, 4)": "refused: two-level scales in (64, 4) blocks",
 }
 
 

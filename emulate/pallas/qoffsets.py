@@ -29,7 +29,13 @@ part with a table and a static offset (:class:`Level`): ``map[c] * a2`` rounded 
 f32, then ``+ offset`` rounded once, bitsandbytes' float32 arithmetic bit for bit; its
 nested blocks span every group and several columns below K = 16384 (``(64, 4)`` at K =
 4096), the nested scales then one row, read whole and spread to the output block's
-columns in the kernel.
+columns in the kernel. Against :func:`emulate.dot_general` on the same QArray (bf16
+activations times NF4 / FP4): the decoded absmax is the same f32 value, and the kernel
+multiplies each group's f32 partial sum (the table's bf16 pieces, exact products) by it
+in f32 where dot_general sums its own segments: the two differ only in where the f32
+sums round, each within ``gamma_(K + S + 4) * sum_k |x_k w_k|`` of the exact sum
+(dot_general's bound for a codebook QArray, ``S`` groups), and are bit-identical where
+every partial sum is exact (e.g. one power-of-two activation a row).
 
 Error (mode "fast" pairs): the f32 accumulator is within ``gamma_(K + S + 5) * sum_k |x_k|
 (|q_k s| + |z s| + |o|)`` of the exact sum of the dequantized products (:mod:`emulate.

@@ -19,8 +19,9 @@ product, ``X[m, g]`` the sum of ``x[m, k]`` over the rows of group ``g``. Per K 
   exact one-hot selects (NaN and Inf stay in their group; a dot would spread them), a
   float16 one decoded from its bits only in the rows a step selects; super-block scales
   of several columns (one row of them) spread to the block's columns by a one-hot f32
-  dot of their four bytes (exact, NaN kept in its columns), every K step (a ``(S, C)``
-  f32 selector, ``S`` the scales: 1 MiB of VMEM at 4096 x 4096 with C = 256).
+  dot of their four bytes (exact, NaN kept in its columns), once per output block (its
+  first K step; a ``(S, C)`` f32 selector, ``S`` the scales: 1 MiB of VMEM at 4096 x
+  4096 with C = 256), kept in VMEM scratch for the block's other steps.
 * the offset term ``X @ O`` (:func:`offset_term`): one f32 dot at ``Precision.HIGHEST``,
   ``count`` products a sum.
 
@@ -45,7 +46,14 @@ from emulate import formats
 from emulate.numerics import bits, codecs
 from emulate.pallas import qcodebook
 
-__all__ = ["group_sums", "offset_term", "select_row", "step_levels", "super_rows"]
+__all__ = [
+    "group_sums",
+    "offset_term",
+    "select_row",
+    "spread_supers",
+    "step_levels",
+    "super_rows",
+]
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -145,12 +153,23 @@ def _spread(row: jax.Array, col0: Any, cols: int, width: int) -> jax.Array:
     return b[0:1] | (b[1:2] << 8) | (b[2:3] << 16) | (b[3:4] << 24)
 
 
-def _supers(supers: jax.Array, level: Any, first: Any, count: int, col0: Any, width: int):
+def spread_supers(supers: jax.Array, level: Any, col0: Any, width: int) -> jax.Array:
+    """Super-block scales of ``level.cols`` columns each (one row, as :func:`super_rows`
+    gives it) as the (1, width) int32 bits of each column's scale, for the output block
+    whose first weight column is ``col0``: :func:`step_levels`' ``spread``, made once per
+    output block (a one-hot dot over every scale of the row)."""
+    fmt = level.super_format
+    bits = supers if fmt == "float16" else lax.bitcast_convert_type(supers, jnp.int32)
+    return _spread(bits, col0, level.cols, width)
+
+
+def _supers(
+    supers: jax.Array, level: Any, first: Any, count: int, col0: Any, width: int, spread: Any
+) -> jax.Array:
     """(count, C) or (1, C) f32: the super-block scale of each of the step's groups."""
     fmt = level.super_format
     if level.cols > 1:  # one block spans every group: one row of S scales
-        bits = supers if fmt == "float16" else lax.bitcast_convert_type(supers, jnp.int32)
-        wide = _spread(bits, col0, level.cols, width)
+        wide = spread_supers(supers, level, col0, width) if spread is None else spread
         if fmt == "float16":
             return _super_values(wide, fmt)
         return lax.bitcast_convert_type(wide, jnp.float32)
@@ -182,7 +201,13 @@ def _table_times(values: jax.Array, sup: jax.Array, offset: float) -> jax.Array:
 
 
 def step_levels(
-    byte_rows: jax.Array, supers: jax.Array, level: Any, first: Any, count: int, col0: Any = 0
+    byte_rows: jax.Array,
+    supers: jax.Array,
+    level: Any,
+    first: Any,
+    count: int,
+    col0: Any = 0,
+    spread: Any = None,
 ) -> jax.Array:
     """Groups ``first .. first + count - 1``'s two-level values as a (count, C) f32 matrix:
     ``(code - level.zero) * super`` rounded once to f32, or with a codebook
@@ -193,14 +218,15 @@ def step_levels(
     gives them, one row per ``level.block`` groups (``level.cols`` > 1: one row, a scale
     per ``cols`` columns of the weight); ``level``:
     :class:`emulate.pallas.qoffsets.Level`; ``col0``: the weight column of the block's
-    first column (``level.cols`` > 1)."""
+    first column (``level.cols`` > 1); ``spread``: :func:`spread_supers` of the block, if
+    made already."""
     f = formats.get(level.code_format)
     width = f.bits
     q = lax.broadcasted_iota(jnp.int32, (count, 1), 0)
     code = _words(byte_rows, first, count, width)
     if width < 8:
         code = (code >> ((first + q) * width % 8)) & ((1 << width) - 1)
-    sup = _supers(supers, level, first, count, col0, byte_rows.shape[1])
+    sup = _supers(supers, level, first, count, col0, byte_rows.shape[1], spread)
     if level.codebook is not None:
         table = tuple(float(v) for v in level.codebook.array().astype(np.float32))
         return _table_times(qcodebook.select_tree(code, table), sup, level.offset)

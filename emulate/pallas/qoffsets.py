@@ -155,6 +155,13 @@ class Affine:
     scale_level: Level | None = None
 
     @property
+    def spreads(self) -> tuple[Level, ...]:
+        """The two-level parts whose super-block scales span several columns (offsets,
+        then scales): each takes a (1, bn) int32 VMEM scratch, its spread scales."""
+        levels = (self.offset_level, self.scale_level)
+        return tuple(lv for lv in levels if lv is not None and lv.cols > 1)
+
+    @property
     def operands(self) -> int:
         """Kernel operands: zero points, offsets (two for two-level ones: codes, scales),
         the two-level scales' super-block scales."""
@@ -452,9 +459,19 @@ class GroupTerms:
 
     ``refs``: the kernel operands of :class:`AffineParts` (:attr:`Affine.operands`'
     order); ``s_ref``: the scales' (two-level: their codes); ``exact``: whether partial
-    sums are exact int32 sums (in quanta of ``2**-lhs_scale``)."""
+    sums are exact int32 sums (in quanta of ``2**-lhs_scale``); ``spread_refs``: a (1, C)
+    int32 VMEM scratch per :attr:`Affine.spreads`, filled at the output block's first K
+    step (:func:`emulate.pallas.qgroups.spread_supers`)."""
 
-    def __init__(self, refs: Any, s_ref: Any, spec: Affine, exact: bool, lhs_scale: int):
+    def __init__(
+        self,
+        refs: Any,
+        s_ref: Any,
+        spec: Affine,
+        exact: bool,
+        lhs_scale: int,
+        spread_refs: Any = (),
+    ):
         self.spec = spec
         self.exact = exact
         self.lhs_scale = lhs_scale
@@ -472,12 +489,25 @@ class GroupTerms:
         if spec.scale_level is not None:
             supers = qgroups.super_rows(refs.pop(0)[...], spec.scale_level.super_format)
             self.scales = (_bytes(s_ref[...]), supers)
-        self.col0: Any = 0  # the output block's first column (super-blocks of columns)
-        levels = (spec.offset_level, spec.scale_level)
-        if any(lv is not None and lv.cols > 1 for lv in levels):
+        self.spread: dict[str, Any] = {}  # super-blocks of columns: spread once a block
+        if spec.spreads:
             from jax.experimental import pallas as pl  # noqa: PLC0415 - kernel-side only
 
-            self.col0 = pl.program_id(1) * s_ref.shape[1]
+            col0, width = pl.program_id(1) * s_ref.shape[1], s_ref.shape[1]
+            refs_left = list(spread_refs)
+            for name, lv, part in (
+                ("offsets", spec.offset_level, self.offsets),
+                ("scales", spec.scale_level, self.scales),
+            ):
+                if lv is None or lv.cols == 1:
+                    continue
+                ref = refs_left.pop(0)
+
+                @pl.when(pl.program_id(2) == 0)
+                def _fill(ref=ref, lv=lv, part=part):
+                    ref[...] = qgroups.spread_supers(part[1], lv, col0, width)
+
+                self.spread[name] = ref[...]
         self.xsum: Any = None
 
     @property
@@ -493,13 +523,13 @@ class GroupTerms:
             assert s.scale_level is not None
             codes, supers = self.scales
             self.step_scales = qgroups.step_levels(
-                codes, supers, s.scale_level, first, count, self.col0
+                codes, supers, s.scale_level, first, count, spread=self.spread.get("scales")
             )
         if s.offset == "two_level":
             assert s.offset_level is not None
             codes, supers = self.offsets
             self.step_offsets = qgroups.step_levels(
-                codes, supers, s.offset_level, first, count, self.col0
+                codes, supers, s.offset_level, first, count, spread=self.spread.get("offsets")
             )
             quantum = 2.0**-self.lhs_scale if self.exact else 1.0
             self.step_sums = qgroups.group_sums(xs, count, rows, quantum)

@@ -8,11 +8,12 @@ weight built from bitsandbytes' float32 formulas (bitsandbytes-foundation/bitsan
 product and the sum rounded to float32): within ``emulate.dot_general``'s bound for a
 codebook QArray (``gamma_(K + S + 4)``). Hypothesis draws the shapes (K not a multiple of
 64, a partial nested block past 256 groups, nested blocks of several columns spanning
-every group as bitsandbytes' layout makes them for K < 16384, M = 1, N odd), the codes
-(the table's zero entry, -1 and +1, NF4's ends) and special values (zero and NaN nested
-scales, +-0 and subnormal activations). tests/importers/test_conventions_qarray.py runs an
-imported checkpoint bit for bit; tests/pallas/test_qgroups.py the decoded scales bit for
-bit; tests/pallas/test_qoffsets.py the real TPU compiler.
+every group as bitsandbytes' layout makes them for K < 16384, M = 1, N odd or past one
+output block), the codes (the table's zero entry, -1 and +1, NF4's ends) and special
+values (zero and NaN nested scales, +-0 and subnormal activations).
+tests/importers/test_conventions_qarray.py runs an imported checkpoint bit for bit;
+tests/pallas/test_qgroups.py the decoded scales bit for bit; tests/pallas/test_qoffsets.py
+the real TPU compiler.
 
 Each example compiles one kernel in interpret mode (1.5-3.5 s here): three by default,
 more under EMULATE_LONG_TESTS=1.
@@ -89,7 +90,7 @@ def _weight(k, n, block, rng, nan_super):
 @given(
     layout=st.sampled_from(LAYOUTS),
     m=st.sampled_from([1, 4]),
-    n=st.sampled_from([1, 5, 33]),
+    n=st.sampled_from([1, 5, 33, 300]),  # 300: three output blocks of columns
     nan_super=st.booleans(),
     seed=st.integers(0, 2**16),
 )

@@ -12,6 +12,7 @@ parsers and their oracles are tested without it in tests/importers/test_conventi
 from __future__ import annotations
 
 import _st_oracles as O
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -176,3 +177,10 @@ def test_double_quantized_bnb_through_the_pallas_kernel_bit_for_bit(tmp_path, qu
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     same = emulate.dot_general(x, q, DN, preferred_element_type=jnp.float32, target="tpu_v5e")
     np.testing.assert_array_equal(np.asarray(same).view(np.uint32), want.view(np.uint32))
+    # the gradient is that of the dequantized weight: d/dx sum(x @ W) = the row sums of W
+    dx = jax.grad(
+        lambda x: emulate.pallas.matmul(x, p, target="tpu_v5e", out_dtype=jnp.float32).sum()
+    )(jnp.ones((1, k), jnp.float32))
+    w64 = oracle.T.astype(np.float64)
+    err = np.abs(np.asarray(dx[0], np.float64) - w64.sum(axis=1))
+    assert np.all(err <= n * 2.0**-24 * np.abs(w64).sum(axis=1))

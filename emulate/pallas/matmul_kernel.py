@@ -332,7 +332,10 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
         assert sc is not None
         # every row of the scales, zero points, offsets (emulate.pallas.qoffsets)
         extra = [scales, *affine]
-        extra_specs = [qoffsets.spec(a.shape, sc.per_column, cfg.bn, cfg.n) for a in extra]
+        cols = (1, *(sc.affine.operand_cols if sc.affine is not None else ()))
+        extra_specs = [
+            qoffsets.spec(a.shape, sc.per_column, cfg.bn, cfg.n, c) for a, c in zip(extra, cols)
+        ]
     if cfg.scaled_in_kernel and cfg.tensor_scaled:
         extra += list(qsteps.tensor_parts(tensor_scale))
         extra_specs += [pl.BlockSpec((1, 1), lambda i, j, k: (0, 0))] * 2

@@ -20,8 +20,9 @@ product, ``X[m, g]`` the sum of ``x[m, k]`` over the rows of group ``g``. Per K 
   float16 one decoded from its bits only in the rows a step selects; super-block scales
   of several columns (one row of them) spread to the block's columns by a one-hot f32
   dot of their four bytes (exact, NaN kept in its columns), once per output block (its
-  first K step; a ``(S, C)`` f32 selector, ``S`` the scales: 1 MiB of VMEM at 4096 x
-  4096 with C = 256), kept in VMEM scratch for the block's other steps.
+  first K step; kept in VMEM scratch for the block's other steps), from the window of
+  scales the block needs (:func:`supers_window`: a ``(W, C)`` f32 selector, ``W`` = 128
+  or ``C / cols`` scales) or, where no window fits, the whole row.
 * the offset term ``X @ O`` (:func:`offset_term`): one f32 dot at ``Precision.HIGHEST``,
   ``count`` products a sum.
 
@@ -47,12 +48,14 @@ from emulate.numerics import bits, codecs
 from emulate.pallas import qcodebook
 
 __all__ = [
+    "block_spread",
     "group_sums",
     "offset_term",
     "select_row",
     "spread_supers",
     "step_levels",
     "super_rows",
+    "supers_window",
 ]
 
 _HIGHEST = lax.Precision.HIGHEST
@@ -161,6 +164,42 @@ def spread_supers(supers: jax.Array, level: Any, col0: Any, width: int) -> jax.A
     fmt = level.super_format
     bits = supers if fmt == "float16" else lax.bitcast_convert_type(supers, jnp.int32)
     return _spread(bits, col0, level.cols, width)
+
+
+def supers_window(cols: int, bn: int) -> tuple[int, int] | None:
+    """How a kernel reads super-block scales of ``cols`` columns each (one row) for output
+    blocks of ``bn`` columns: ``(width, per)``, a block of ``width`` scales (``bn / cols``
+    when a multiple of 128, else 128) shared by ``per`` consecutive output blocks; None
+    (the whole row) where ``cols`` does not divide ``bn`` or neither of those fits."""
+    if cols <= 1 or bn % cols:
+        return None
+    w = bn // cols
+    if w % 128 == 0:
+        return w, 1
+    if 128 % w == 0:
+        return 128, 128 // w
+    return None
+
+
+def block_spread(ref: Any, supers: jax.Array, level: Any, width: int) -> jax.Array:
+    """In the kernel: :func:`spread_supers` of the output block (``width`` columns) made at
+    its first K step into the (1, width) int32 VMEM scratch ``ref``, then read from it;
+    ``supers``: the loaded row (the whole one, or the window :func:`supers_window` gives,
+    whose first scale covers weight column ``b0 * level.cols``)."""
+    from jax.experimental import pallas as pl  # noqa: PLC0415 - kernel-side only
+
+    j = pl.program_id(1)
+    window = supers_window(level.cols, width)
+    b0: Any = 0
+    if window is not None and supers.shape[1] == window[0]:
+        b0 = (j // window[1]) * window[0]
+    col0 = j * width - b0 * level.cols
+
+    @pl.when(pl.program_id(2) == 0)
+    def _fill():
+        ref[...] = spread_supers(supers, level, col0, width)
+
+    return ref[...]
 
 
 def _supers(

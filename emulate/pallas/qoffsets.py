@@ -23,19 +23,15 @@ the bytes it spans (the codes packed along the groups, :func:`emulate.pack`'s bi
 stream), minus the inner zero point, times its super-block scale, one f32 rounding: the
 f32 value :func:`emulate.dequantize` gives it; once per K step for all of the step's
 groups, and two-level offsets' term as one dot per step (:mod:`emulate.pallas.qgroups`).
-bitsandbytes' double quantization (NF4 / FP4 ``absmax`` as uint8 codes into the 256-entry
-dynamic map, a float32 ``nested_absmax`` per 256 codes, ``nested_offset``) is a two-level
-part with a table and a static offset (:class:`Level`): ``map[c] * a2`` rounded once to
-f32, then ``+ offset`` rounded once, bitsandbytes' float32 arithmetic bit for bit; its
-nested blocks span every group and several columns below K = 16384 (``(64, 4)`` at K =
-4096), the nested scales then one row, read whole and spread to the output block's
-columns in the kernel. Against :func:`emulate.dot_general` on the same QArray (bf16
-activations times NF4 / FP4): the decoded absmax is the same f32 value, and the kernel
-multiplies each group's f32 partial sum (the table's bf16 pieces, exact products) by it
-in f32 where dot_general sums its own segments: the two differ only in where the f32
-sums round, each within ``gamma_(K + S + 4) * sum_k |x_k w_k|`` of the exact sum
-(dot_general's bound for a codebook QArray, ``S`` groups), and are bit-identical where
-every partial sum is exact (e.g. one power-of-two activation a row).
+bitsandbytes' double quantization (``absmax`` as uint8 codes into the 256-entry map, a
+float32 per 256 codes, an offset) is a two-level part with a table and a static offset
+(:class:`Level`): ``map[c] * a2`` then ``+ offset``, each rounded once to f32 as bnb does;
+below K = 16384 its nested blocks span every group and several columns (``(64, 4)`` at
+K = 4096), spread to the output block's columns in the kernel. Against
+:func:`emulate.dot_general` (bf16 activations x NF4 / FP4): the same f32 absmax; the
+results differ only in where f32 sums round, each within dot_general's bound for a
+codebook QArray (``gamma_(K + S + 4) * sum |x w|``), bit-identical where every partial
+sum is exact (one power-of-two activation a row, say).
 
 Error (mode "fast" pairs): the f32 accumulator is within ``gamma_(K + S + 5) * sum_k |x_k|
 (|q_k s| + |z s| + |o|)`` of the exact sum of the dequantized products (:mod:`emulate.
@@ -160,6 +156,14 @@ class Affine:
         then scales): each takes a (1, bn) int32 VMEM scratch, its spread scales."""
         levels = (self.offset_level, self.scale_level)
         return tuple(lv for lv in levels if lv is not None and lv.cols > 1)
+
+    @property
+    def operand_cols(self) -> tuple[int, ...]:
+        """:attr:`Level.cols` of each kernel operand in :attr:`operands`' order (1 for
+        all but super-block scales of several columns)."""
+        lv, sl = self.offset_level, self.scale_level
+        out = [1] * int(self.zero in ("array", "packed")) + [1] * int(self.offset == "array")
+        return (*out, *([1, lv.cols] if lv is not None else []), *([sl.cols] if sl else []))
 
     @property
     def operands(self) -> int:
@@ -407,16 +411,21 @@ def grouped(k: int, along_k: bool, group: int) -> tuple[int, bool]:
     return max(_MIN_GROUP, -(-k // _MIN_GROUP) * _MIN_GROUP), True
 
 
-def spec(shape: tuple[int, ...], per_column: bool, bn: int, n: int) -> Any:
+def spec(shape: tuple[int, ...], per_column: bool, bn: int, n: int, cols: int = 1) -> Any:
     """The BlockSpec of a per-group kernel operand of ``shape`` (the scales, zero points,
     offsets, super-block scales; ``n`` the weight's columns): every row, the columns of
-    the output block (``per_column``) or the one column; super-block scales of several
-    columns each (:attr:`Level.cols`, fewer columns than ``n``): the whole array."""
+    the output block (``per_column``) or the one column; super-block scales of ``cols`` >
+    1 columns each: the window :func:`emulate.pallas.qgroups.supers_window` gives, or the
+    whole row."""
     from jax.experimental import pallas as pl  # noqa: PLC0415 - kernel-side only
 
-    rows, cols = shape
-    if per_column and cols != n:
-        return pl.BlockSpec((rows, cols), lambda i, j, k: (0, 0))
+    rows, width = shape
+    if per_column and cols > 1:
+        window = qgroups.supers_window(cols, bn)
+        if window is None or width < window[0]:
+            return pl.BlockSpec((rows, width), lambda i, j, k: (0, 0))
+        w, per = window
+        return pl.BlockSpec((rows, w), lambda i, j, k: (0, j // per))
     if per_column:
         return pl.BlockSpec((rows, bn), lambda i, j, k: (0, j))
     return pl.BlockSpec((rows, 1), lambda i, j, k: (0, 0))
@@ -490,24 +499,14 @@ class GroupTerms:
             supers = qgroups.super_rows(refs.pop(0)[...], spec.scale_level.super_format)
             self.scales = (_bytes(s_ref[...]), supers)
         self.spread: dict[str, Any] = {}  # super-blocks of columns: spread once a block
-        if spec.spreads:
-            from jax.experimental import pallas as pl  # noqa: PLC0415 - kernel-side only
-
-            col0, width = pl.program_id(1) * s_ref.shape[1], s_ref.shape[1]
-            refs_left = list(spread_refs)
-            for name, lv, part in (
-                ("offsets", spec.offset_level, self.offsets),
-                ("scales", spec.scale_level, self.scales),
-            ):
-                if lv is None or lv.cols == 1:
-                    continue
+        refs_left = list(spread_refs)
+        for name, lv, part in (
+            ("offsets", spec.offset_level, self.offsets),
+            ("scales", spec.scale_level, self.scales),
+        ):
+            if lv is not None and lv.cols > 1:
                 ref = refs_left.pop(0)
-
-                @pl.when(pl.program_id(2) == 0)
-                def _fill(ref=ref, lv=lv, part=part):
-                    ref[...] = qgroups.spread_supers(part[1], lv, col0, width)
-
-                self.spread[name] = ref[...]
+                self.spread[name] = qgroups.block_spread(ref, part[1], lv, s_ref.shape[1])
         self.xsum: Any = None
 
     @property

@@ -160,9 +160,10 @@ def test_imported_qarray_matmul_within_bound(tmp_path, name: str, target: str) -
 @pytest.mark.parametrize("quant_type", ["nf4", pytest.param("fp4", marks=pytest.mark.long)])
 def test_double_quantized_bnb_through_the_pallas_kernel_bit_for_bit(tmp_path, quant_type) -> None:
     # K = 4096: bitsandbytes' nested blocks of 256 absmax codes are (64, 4) blocks of the
-    # (K / 64, N) scale grid; N = 9 ends in a partial one
+    # (K / 64, N) scale grid; N = 602 ends in a partial one, and the kernel reads the 151
+    # nested scales in windows of 128 (the last one partial) over three output blocks
     rng = np.random.default_rng(31)
-    n, k = 9, 4096
+    n, k = 602, 4096
     t, oracle = bnb_tensors(rng, n, k, 64, nested=True, quant_type=quant_type, dtype="float32")
     q = S.load_bnb_4bit(write(tmp_path, t), "l")
     p = emulate.pallas.prepare_weight(q)

@@ -118,3 +118,14 @@ def test_table_levels_are_bitsandbytes_float32_arithmetic_bit_for_bit(groups, n,
 def _u32(a) -> np.ndarray:
     a = np.where(np.isnan(a), np.float32(np.nan), a).astype(np.float32)  # one NaN's bits
     return a.view(np.uint32)
+
+
+def test_the_window_of_nested_scales_an_output_block_reads():
+    # (columns a nested scale, columns an output block) -> (scales a window, output blocks
+    # a window): bn / cols scales when a multiple of 128, else 128 of them; else the row
+    assert qgroups.supers_window(4, 256) == (128, 2)  # bnb at K = 4096
+    assert qgroups.supers_window(16, 256) == (128, 8)  # bnb at K = 1024
+    assert qgroups.supers_window(2, 512) == (256, 1)  # bnb at K = 8192
+    assert qgroups.supers_window(2, 256) == (128, 1)
+    for cols, bn in ((1, 256), (3, 256), (256, 128), (8, 24)):
+        assert qgroups.supers_window(cols, bn) is None

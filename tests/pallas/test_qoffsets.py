@@ -313,6 +313,9 @@ def test_parts_the_kernel_does_not_build_are_refused_by_name():
 # --- compile-only: the real TPU compiler ------------------------------------------------
 
 _K, _N, _M = 1024, 256, 64
+#: N of the bitsandbytes scheme: its 128 nested scales (16 columns each) are read in
+#: windows of 128 (emulate.pallas.qgroups.supers_window), one per eight output blocks
+_BNB_N = 2048
 #: scheme: (x type, weight format, group, zero points, offsets)
 SCHEMES = {
     # AWQ g128: K-planar uint4, uint4 zero points packed along the groups, float16 scales
@@ -344,8 +347,9 @@ def _specs(scheme: str):
     elif zero == "int8":
         out.append(jax.ShapeDtypeStruct((g, _N), jnp.int8))
     if offsets == "bnb":  # absmax codes in place of the scales, the nested float32 scales
-        return (*out[:2], jax.ShapeDtypeStruct((g, _N), jnp.uint8),
-                jax.ShapeDtypeStruct((1, g * _N // 256), jnp.float32))  # fmt: skip
+        return (out[0], jax.ShapeDtypeStruct((_K // 2, _BNB_N), jnp.uint8),
+                jax.ShapeDtypeStruct((g, _BNB_N), jnp.uint8),
+                jax.ShapeDtypeStruct((1, g * _BNB_N // 256), jnp.float32))  # fmt: skip
     if offsets == "two_level":  # scale codes in place of the scales, then the parts
         six = jax.ShapeDtypeStruct((g * 6 // 8, _N), jnp.uint8)
         sup = jax.ShapeDtypeStruct((g // 8, _N), jnp.uint16)
@@ -361,13 +365,14 @@ def compiled_program(x, codes, scales, *parts, scheme: str, target: str):
     _, fmt, group, zero, offsets = SCHEMES[scheme]
     grid = (_K // group, _N)
     if offsets == "bnb":
+        grid = (_K // group, _BNB_N)
         table = codebooks.codebook(np.linspace(-1, 1, 256, dtype=np.float32))
         level = qoffsets.Level("uint8", grid[0], "float32", 0, table, 0.0137, 256 // grid[0])
         aff = qoffsets.AffineParts(None, None, qoffsets.Affine(scale_level=level), grid,
                                    None, parts[0])  # fmt: skip
         w = emulate.pallas.KernelQWeight(
             emulate.pallas.KernelWeight(codes, fmt, _K), scales, None, fmt, "float32",
-            (group, 1), (_K, _N), np.dtype("bfloat16"), affine=aff, codebook=codebooks.NF4,
+            (group, 1), (_K, _BNB_N), np.dtype("bfloat16"), affine=aff, codebook=codebooks.NF4,
         )  # fmt: skip
         return emulate.pallas.matmul(x, w, target=target, out_dtype="float32", interpret=False)
     if offsets == "two_level":

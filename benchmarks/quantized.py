@@ -20,6 +20,8 @@ The weights (K x N logical, made from a fixed seed, built as the importers build
   awq_g128_no_zeros  the same QArray without its zero points
   nf4_b64        bitsandbytes NF4, blocks of 64 along K: uint4 codes into the NF4 table,
                  f32 absmax per block (``to_qarray`` of the parts ``read_bnb_4bit`` gives)
+  nf4_dq         the same with bitsandbytes' double quantization: uint8 absmax codes
+                 into a 256-entry table, an f32 scale per 256 of them, an offset
   nvfp4          NVIDIA NVFP4 (``emulate.quantize(w, emulate.mx.NVFP4, axis=0)``): e2m1
                  codes packed along K, an e4m3 scale per 16 rows and column, an f32
                  tensor scale
@@ -38,8 +40,7 @@ and the contenders, one jitted program each:
   (d) pallas       ``emulate.pallas.matmul(x, w, target=T, out_dtype=f32)`` on
                    ``w = emulate.pallas.prepare_weight(q)`` (GGUF rows: of ``q.T``), made
                    once and kept (the same bytes); TPUs only (on the CPU it would run in
-                   interpret mode); "not built" where the kernel refuses the scheme (NF4's
-                   codebook)
+                   interpret mode); "not built" where the kernel refuses the scheme
 
 On the CPU (target ``cpu``) each is timed (harness interleaving); on each TPU generation
 it is compiled with the real compiler for a compile-only device and the compiled
@@ -191,6 +192,43 @@ def fp8_block128_weight(k: int, n: int, rng: np.random.Generator) -> emulate.QAr
     return to_qarray(parts)
 
 
+def nf4_dq_weight(k: int, n: int, rng: np.random.Generator, block: int = 64) -> emulate.QArray:
+    """:func:`nf4_weight` with bitsandbytes' double quantization, in the parts
+    ``parse_bnb_4bit`` returns: the absmax as uint8 codes into a 256-entry table (sorted
+    values in [-1, 1] with a 0, as the dynamic map; the kernel's work does not depend on
+    them), a float32 scale per 256 codes of the flattened (N, K / block) absmax (blocks
+    ``(256, 1)`` of the (K / block, N) grid, or ``(G, 256 // G)`` for G = K / block < 256
+    groups) and a float offset."""
+    b = min(block, k)
+    g = k // b
+    bk, bn = (256, 1) if g % 256 == 0 else (g, 256 // g)
+    table = np.sort(np.concatenate([rng.uniform(-1, 1, 255), [0.0]])).astype(np.float32)
+    nested = StoredParts(
+        codes=rng.integers(0, 256, (g, n), dtype=np.uint8),
+        fmt="uint8",
+        bits=8,
+        block_shape=(bk, bn),
+        scales=(rng.random((-(-g // bk), -(-n // bn))) * 0.02).astype(np.float32),
+        codebook=table,
+        offsets=np.float32(0.03),
+        dtype="float32",
+        source="benchmarks.quantized: bitsandbytes nested absmax",
+        stored_bits=0,
+    )
+    parts = StoredParts(
+        codes=rng.integers(0, 16, (k, n), dtype=np.uint8),
+        fmt="uint4",
+        bits=4,
+        block_shape=(b, 1),
+        scales=nested,
+        codebook=NF4.array(),
+        dtype="bfloat16",
+        source="benchmarks.quantized: bitsandbytes NF4 double-quantized parts",
+        stored_bits=0,
+    )
+    return to_qarray(parts)
+
+
 def nvfp4_weight(k: int, n: int, rng: np.random.Generator) -> emulate.QArray:
     """An NVFP4 weight (K, N): ``emulate.quantize`` of normal values with the scheme,
     blocks of 16 along K."""
@@ -249,6 +287,7 @@ SCHEMES: dict[str, Scheme] = {
             base_of="awq_g128",
         ),
         Scheme("nf4_b64", "bnb NF4, blocks of 64", nf4_weight, KN),
+        Scheme("nf4_dq", "bnb NF4, blocks of 64, double quant", nf4_dq_weight, KN),
         Scheme("nvfp4", "NVFP4 (e4m3 per 16, f32 tensor scale)", nvfp4_weight, KN),
         Scheme("fp8_block128", "FP8 e4m3, f32 scale per 128x128", fp8_block128_weight, KN),
     )

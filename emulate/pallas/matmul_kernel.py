@@ -258,7 +258,7 @@ def _kernel(cfg: Config, *refs: Any) -> None:
     if cfg.scaled_in_kernel and cfg.tensor_scaled:
         ts_refs, rest = rest[:2], rest[2:]
     n_acc = 2 if cfg.limbs else 1
-    outs, accs = rest[:n_acc], rest[n_acc:]
+    outs, accs, spread_refs = rest[:n_acc], rest[n_acc : 2 * n_acc], rest[2 * n_acc :]
     k = pl.program_id(2)
 
     @pl.when(k == 0)
@@ -282,7 +282,7 @@ def _kernel(cfg: Config, *refs: Any) -> None:
             xt = wide.astype(xt.dtype)
         tiles += [(xt, wt) for wt in wts]
     if cfg.group_scaled:
-        accs[0][...] += qsteps.group_scaled_step(tiles, s_ref, cfg, k, aff_refs)
+        accs[0][...] += qsteps.group_scaled_step(tiles, s_ref, cfg, k, aff_refs, spread_refs)
     else:
         step = None
         for xt, wt in tiles:
@@ -332,12 +332,19 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
         assert sc is not None
         # every row of the scales, zero points, offsets (emulate.pallas.qoffsets)
         extra = [scales, *affine]
-        extra_specs = [qoffsets.spec(a.shape[0], sc.per_column, cfg.bn) for a in extra]
+        cols = (1, *(sc.affine.operand_cols if sc.affine is not None else ()))
+        extra_specs = [
+            qoffsets.spec(a.shape, sc.per_column, cfg.bn, cfg.n, c) for a, c in zip(extra, cols)
+        ]
         if sc.columns:  # scale blocks of several columns: all of them, resident
             extra_specs[0] = qblocks.spec(scales.shape)
     if cfg.scaled_in_kernel and cfg.tensor_scaled:
         extra += list(qsteps.tensor_parts(tensor_scale))
         extra_specs += [pl.BlockSpec((1, 1), lambda i, j, k: (0, 0))] * 2
+    spread_scratch = []  # two-level scales of several columns: spread once a block
+    if cfg.group_scaled and cfg.scaling is not None and cfg.scaling.affine is not None:
+        spreads = cfg.scaling.affine.spreads
+        spread_scratch = [pltpu.VMEM((1, cfg.bn), jnp.int32)] * len(spreads)
     out_dtype = formats.get(cfg.out).dtype if cfg.scaled_in_kernel else acc_dtype
     out_spec = pl.BlockSpec((cfg.bm, cfg.bn), lambda i, j, k: (i, j))
     interpret = pltpu.InterpretParams() if cfg.interpret else False
@@ -356,7 +363,7 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
         grid=(nm, nn, nk),
         in_specs=[x_spec] * g + [w_spec] + extra_specs,
         out_specs=[out_spec] * n_acc,
-        scratch_shapes=[pltpu.VMEM((cfg.bm, cfg.bn), acc_dtype)] * n_acc,
+        scratch_shapes=[pltpu.VMEM((cfg.bm, cfg.bn), acc_dtype)] * n_acc + spread_scratch,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=cfg.vmem_limit,

@@ -57,6 +57,7 @@ __all__ = [
     "kernel_codebook",
     "permute_x",
     "restore_columns",
+    "select_tree",
 ]
 
 #: Bits of an f32 kept by a bfloat16 piece (sign, exponent, 7 mantissa bits).
@@ -134,9 +135,10 @@ def kernel_codebook(
     return KernelCodebook(values, code_format, "float32", 1, cb.name)
 
 
-def _select_tree(c: jax.Array, values: tuple[float, ...]) -> jax.Array:
+def select_tree(c: jax.Array, values: tuple[float, ...]) -> jax.Array:
     """``values[c]`` in f32 for int32 codes ``c`` in ``[0, len(values))`` (a power of two):
-    one select per pair of entries per level, by the code's bits from the lowest."""
+    one select per pair of entries per level, by the code's bits from the lowest (exact;
+    also the 256-entry maps of two-level scales, :mod:`emulate.pallas.qgroups`)."""
     level: list[Any] = list(values)  # Python floats, then f32 tiles
     bit = 0
     while len(level) > 1:
@@ -164,7 +166,7 @@ def decode(codes: jax.Array, kc: KernelCodebook, to: str) -> list[jax.Array]:
     the matrix unit takes, in ``to`` ("int8", "bfloat16" or "float32"): one tile, or
     ``kc.pieces`` bfloat16 tiles whose sum is the values (module docstring)."""
     c = codes.astype(jnp.int32) & formats.get(kc.code_format).code_mask
-    v = _select_tree(c, kc.values)
+    v = select_tree(c, kc.values)
     if to == "int8":
         return [v.astype(jnp.int32).astype(jnp.int8)]
     if kc.pieces == 1:

@@ -10,13 +10,19 @@ product, ``X[m, g]`` the sum of ``x[m, k]`` over the rows of group ``g``. Per K 
   (int32) accumulator, f32 tiles at ``Precision.HIGHEST``; each entry of ``X`` is a sum of
   the group's (exactly decoded) activations with one f32 rounding per addition at most,
   as the vector sum it replaces (an exact route's integer sums are exact).
-* the step's two-level values ``(code - zero) * super`` as a ``(count, C)`` f32 matrix
+* the step's two-level values ``(code - zero) * super`` (or bitsandbytes'
+  ``table[code] * super + offset`` by a select tree) as a ``(count, C)`` f32 matrix
   (:func:`step_levels`): each group's code cut out of the 16-bit word of the two bytes it
   spans, those words picked from the codes' bytes by one one-hot f32 dot at
   ``Precision.HIGHEST`` (bytes and the weights 1 and 256: the f32 sum of one or two
   products is exact), then shifted and masked per row; the super-block scales picked with
   exact one-hot selects (NaN and Inf stay in their group; a dot would spread them), a
-  float16 one decoded from its bits only in the rows a step selects.
+  float16 one decoded from its bits only in the rows a step selects; super-block scales
+  of several columns (one row of them) spread to the block's columns by a one-hot f32
+  dot of their four bytes (exact, NaN kept in its columns), once per output block (its
+  first K step; kept in VMEM scratch for the block's other steps), from the window of
+  scales the block needs (:func:`supers_window`: a ``(W, C)`` f32 selector, ``W`` = 128
+  or ``C / cols`` scales) or, where no window fits, the whole row.
 * the offset term ``X @ O`` (:func:`offset_term`): one f32 dot at ``Precision.HIGHEST``,
   ``count`` products a sum.
 
@@ -34,12 +40,23 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from emulate import formats
-from emulate.numerics import codecs
+from emulate.numerics import bits, codecs
+from emulate.pallas import qcodebook
 
-__all__ = ["group_sums", "offset_term", "select_row", "step_levels", "super_rows"]
+__all__ = [
+    "block_spread",
+    "group_sums",
+    "offset_term",
+    "select_row",
+    "spread_supers",
+    "step_levels",
+    "super_rows",
+    "supers_window",
+]
 
 _HIGHEST = lax.Precision.HIGHEST
 
@@ -119,33 +136,144 @@ def _words(byte_rows: jax.Array, first: Any, count: int, bits: int) -> jax.Array
     return w.astype(jnp.int32)
 
 
-def step_levels(
-    byte_rows: jax.Array, supers: jax.Array, level: Any, first: Any, count: int
+def _spread(row: jax.Array, col0: Any, cols: int, width: int) -> jax.Array:
+    """(1, width) int32: for output columns ``col0 .. col0 + width - 1``, the entry
+    ``(col0 + c) // cols`` of ``row`` (1, S) int32 bits (past the end: 0), by one one-hot
+    f32 dot of the bits' four bytes (exact: each output sums one byte and zeros; a NaN's
+    bits stay in their columns, as a dot of the values would not)."""
+    s = row.shape[1]
+    plane = lax.broadcasted_iota(jnp.int32, (8, s), 0)
+    shifted = lax.shift_right_logical(jnp.broadcast_to(row, (8, s)), (plane & 3) * 8)
+    byte = (shifted & 0xFF).astype(jnp.float32)
+    t = (
+        col0
+        + lax.broadcasted_iota(jnp.int32, (s, width), 1)
+        - lax.broadcasted_iota(jnp.int32, (s, width), 0) * cols
+    )
+    pick = jnp.where((t >= 0) & (t < cols), 1.0, 0.0)
+    got = lax.dot(byte, pick, precision=_HIGHEST, preferred_element_type=jnp.float32)
+    b = got.astype(jnp.int32)
+    return b[0:1] | (b[1:2] << 8) | (b[2:3] << 16) | (b[3:4] << 24)
+
+
+def spread_supers(supers: jax.Array, level: Any, col0: Any, width: int) -> jax.Array:
+    """Super-block scales of ``level.cols`` columns each (one row, as :func:`super_rows`
+    gives it) as the (1, width) int32 bits of each column's scale, for the output block
+    whose first weight column is ``col0``: :func:`step_levels`' ``spread``, made once per
+    output block (a one-hot dot over every scale of the row)."""
+    fmt = level.super_format
+    bits = supers if fmt == "float16" else lax.bitcast_convert_type(supers, jnp.int32)
+    return _spread(bits, col0, level.cols, width)
+
+
+def supers_window(cols: int, bn: int) -> tuple[int, int] | None:
+    """How a kernel reads super-block scales of ``cols`` columns each (one row) for output
+    blocks of ``bn`` columns: ``(width, per)``, a block of ``width`` scales (``bn / cols``
+    when a multiple of 128, else 128) shared by ``per`` consecutive output blocks; None
+    (the whole row) where ``cols`` does not divide ``bn`` or neither of those fits."""
+    if cols <= 1 or bn % cols:
+        return None
+    w = bn // cols
+    if w % 128 == 0:
+        return w, 1
+    if 128 % w == 0:
+        return 128, 128 // w
+    return None
+
+
+def block_spread(ref: Any, supers: jax.Array, level: Any, width: int) -> jax.Array:
+    """In the kernel: :func:`spread_supers` of the output block (``width`` columns) made at
+    its first K step into the (1, width) int32 VMEM scratch ``ref``, then read from it;
+    ``supers``: the loaded row (the whole one, or the window :func:`supers_window` gives,
+    whose first scale covers weight column ``b0 * level.cols``)."""
+    from jax.experimental import pallas as pl  # noqa: PLC0415 - kernel-side only
+
+    j = pl.program_id(1)
+    window = supers_window(level.cols, width)
+    b0: Any = 0
+    if window is not None and supers.shape[1] == window[0]:
+        b0 = (j // window[1]) * window[0]
+    col0 = j * width - b0 * level.cols
+
+    @pl.when(pl.program_id(2) == 0)
+    def _fill():
+        ref[...] = spread_supers(supers, level, col0, width)
+
+    return ref[...]
+
+
+def _supers(
+    supers: jax.Array, level: Any, first: Any, count: int, col0: Any, width: int, spread: Any
 ) -> jax.Array:
-    """Groups ``first .. first + count - 1``'s two-level values as a (count, C) f32 matrix:
-    ``(code - level.zero) * super`` rounded once to f32 (:func:`emulate.dequantize`'s
-    value). ``byte_rows``: the codes' bytes as int32 (0..255), packed along the groups
-    (8-bit codes one a row); ``supers``: the super-block scales as :func:`super_rows` gives them,
-    one row per ``level.block`` groups; ``level``: :class:`emulate.pallas.qoffsets.Level`."""
-    f = formats.get(level.code_format)
-    bits = f.bits
+    """(count, C) or (1, C) f32: the super-block scale of each of the step's groups."""
+    fmt = level.super_format
+    if level.cols > 1:  # one block spans every group: one row of S scales
+        wide = spread_supers(supers, level, col0, width) if spread is None else spread
+        if fmt == "float16":
+            return _super_values(wide, fmt)
+        return lax.bitcast_convert_type(wide, jnp.float32)
     q = lax.broadcasted_iota(jnp.int32, (count, 1), 0)
-    code = _words(byte_rows, first, count, bits)
-    if bits < 8:
-        code = (code >> ((first + q) * bits % 8)) & ((1 << bits) - 1)
-    if f.signed:
-        half = 1 << (bits - 1)
-        code = (code ^ half) - half
-    if level.zero:
-        code = code - level.zero
     base = first // level.block
     rel = (first + q) // level.block - base  # (count, 1): 0 .. spans - 1
     spans = (count - 1) // level.block + 2 if count > 1 else 1
     sup = None
     for j in range(spans):
-        v = _super_values(select_row(supers, base + j), level.super_format)
+        v = _super_values(select_row(supers, base + j), fmt)
         sup = v if sup is None else jnp.where(rel == j, v, sup)
     assert sup is not None
+    return sup
+
+
+def _table_times(values: jax.Array, sup: jax.Array, offset: float) -> jax.Array:
+    """``values * sup + offset`` as :func:`emulate.dequantize` computes it, whatever the
+    compiler contracts: ``values * m`` rounded once (``sup = m * 2**e``, ``1 <= |m| <
+    2``), then two exact power-of-two factors (unless the result is below 2**-126, which
+    flushes as there), then the offset added (an FMA of an exact product rounds as the
+    plain add)."""
+    m, e = bits.frexp(sup)
+    e = jnp.maximum(e, -252)
+    half = e >> 1  # floor(e / 2)
+    v = values * m
+    v = v * bits.pow2_normal(half)
+    v = v * bits.pow2_normal(e - half)
+    return v + jnp.float32(offset) if offset else v
+
+
+def step_levels(
+    byte_rows: jax.Array,
+    supers: jax.Array,
+    level: Any,
+    first: Any,
+    count: int,
+    col0: Any = 0,
+    spread: Any = None,
+) -> jax.Array:
+    """Groups ``first .. first + count - 1``'s two-level values as a (count, C) f32 matrix:
+    ``(code - level.zero) * super`` rounded once to f32, or with a codebook
+    ``codebook[code] * super + offset`` (:func:`_table_times`; the table by a select
+    tree, :func:`emulate.pallas.qcodebook.select_tree`): :func:`emulate.dequantize`'s
+    value. ``byte_rows``: the codes' bytes as int32 (0..255), packed along the groups
+    (8-bit codes one a row); ``supers``: the super-block scales as :func:`super_rows`
+    gives them, one row per ``level.block`` groups (``level.cols`` > 1: one row, a scale
+    per ``cols`` columns of the weight); ``level``:
+    :class:`emulate.pallas.qoffsets.Level`; ``col0``: the weight column of the block's
+    first column (``level.cols`` > 1); ``spread``: :func:`spread_supers` of the block, if
+    made already."""
+    f = formats.get(level.code_format)
+    width = f.bits
+    q = lax.broadcasted_iota(jnp.int32, (count, 1), 0)
+    code = _words(byte_rows, first, count, width)
+    if width < 8:
+        code = (code >> ((first + q) * width % 8)) & ((1 << width) - 1)
+    sup = _supers(supers, level, first, count, col0, byte_rows.shape[1], spread)
+    if level.codebook is not None:
+        table = tuple(float(v) for v in level.codebook.array().astype(np.float32))
+        return _table_times(qcodebook.select_tree(code, table), sup, level.offset)
+    if f.signed:
+        half = 1 << (width - 1)
+        code = (code ^ half) - half
+    if level.zero:
+        code = code - level.zero
     return code.astype(jnp.float32) * sup
 
 

@@ -23,6 +23,15 @@ the bytes it spans (the codes packed along the groups, :func:`emulate.pack`'s bi
 stream), minus the inner zero point, times its super-block scale, one f32 rounding: the
 f32 value :func:`emulate.dequantize` gives it; once per K step for all of the step's
 groups, and two-level offsets' term as one dot per step (:mod:`emulate.pallas.qgroups`).
+bitsandbytes' double quantization (``absmax`` as uint8 codes into the 256-entry map, a
+float32 per 256 codes, an offset) is a two-level part with a table and a static offset
+(:class:`Level`): ``map[c] * a2`` then ``+ offset``, each rounded once to f32 as bnb does;
+below K = 16384 its nested blocks span every group and several columns (``(64, 4)`` at
+K = 4096), spread to the output block's columns in the kernel. Against
+:func:`emulate.dot_general` (bf16 activations x NF4 / FP4): the same f32 absmax; the
+results differ only in where f32 sums round, each within dot_general's bound for a
+codebook QArray (``gamma_(K + S + 4) * sum |x w|``), bit-identical where every partial
+sum is exact (one power-of-two activation a row, say).
 
 Error (mode "fast" pairs): the f32 accumulator is within ``gamma_(K + S + 5) * sum_k |x_k|
 (|q_k s| + |z s| + |o|)`` of the exact sum of the dequantized products (:mod:`emulate.
@@ -45,9 +54,10 @@ KernelQWeight's ``scales``).
 Not built (NotImplementedError): zero points of other types (int16, int32),
 static ones beyond 255 in magnitude, zero points on float codes, any of these parts with
 ``element_exponent``, offsets with a tensor scale; two-level parts other than integer
-codes of at most 8 bits with a static zero point, in blocks ``(B, 1)``, times float16 /
-bfloat16 / float32 super-block scales (no further level, offsets, codebook or tensor
-scale).
+codes of at most 8 bits with a static zero point (or unsigned codes into a finite table
+with a static offset), in blocks ``(B, 1)`` or of several columns spanning every group,
+times float16 / bfloat16 / float32 super-block scales (no further level, array offsets or
+tensor scale).
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ import numpy as np
 from jax import lax
 
 from emulate import formats
+from emulate.codebooks import Codebook
 from emulate.numerics import codecs
 from emulate.numerics.storage import Packed, pack, unpack_codes
 from emulate.pallas import qgroups
@@ -95,12 +106,21 @@ class Level:
     """A two-level part (scales or offsets that are QArrays): small-integer codes per group
     (``code_format``, Packed along the groups or 8-bit as stored) minus ``zero``, times a
     scale per ``block`` groups (``super_format``: float16 as uint16 bits, bfloat16,
-    float32), one f32 rounding, as :func:`emulate.dequantize` computes them."""
+    float32), one f32 rounding, as :func:`emulate.dequantize` computes them.
+
+    bitsandbytes' double quantization: ``codebook[code] * super + offset`` (the codes
+    unsigned indices into a finite table, ``offset`` a static float), the product and the
+    sum each rounded once to f32, as :func:`emulate.dequantize` and bitsandbytes compute
+    them; ``cols`` > 1: one super-block scale per ``cols`` columns, a block spanning every
+    group (``(G, 256 // G)`` blocks of the ``(G, N)`` grid when ``G`` groups divide 256)."""
 
     code_format: str
     block: int
     super_format: str
     zero: int = 0
+    codebook: Codebook | None = None
+    offset: float = 0.0
+    cols: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +149,21 @@ class Affine:
     offset_format: str = ""
     offset_level: Level | None = None
     scale_level: Level | None = None
+
+    @property
+    def spreads(self) -> tuple[Level, ...]:
+        """The two-level parts whose super-block scales span several columns (offsets,
+        then scales): each takes a (1, bn) int32 VMEM scratch, its spread scales."""
+        levels = (self.offset_level, self.scale_level)
+        return tuple(lv for lv in levels if lv is not None and lv.cols > 1)
+
+    @property
+    def operand_cols(self) -> tuple[int, ...]:
+        """:attr:`Level.cols` of each kernel operand in :attr:`operands`' order (1 for
+        all but super-block scales of several columns)."""
+        lv, sl = self.offset_level, self.scale_level
+        out = [1] * int(self.zero in ("array", "packed")) + [1] * int(self.offset == "array")
+        return (*out, *([1, lv.cols] if lv is not None else []), *([sl.cols] if sl else []))
 
     @property
     def operands(self) -> int:
@@ -191,7 +226,10 @@ class AffineParts:
 
     @property
     def nbytes(self) -> int:
-        return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in self.arrays)
+        """Bytes of the arrays and of two-level parts' tables (static, as a QArray's)."""
+        levels = (self.spec.offset_level, self.spec.scale_level)
+        tables = sum(lv.codebook.nbytes for lv in levels if lv and lv.codebook is not None)
+        return tables + sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in self.arrays)
 
 
 def _refuse(arg: str, what: str) -> None:
@@ -236,14 +274,21 @@ def _as_bits(a: Any) -> tuple[jax.Array, str]:
 def _level(inner: QArray, arg: str, what: str) -> tuple[jax.Array, jax.Array, Level]:
     """(codes' bytes along the groups, super-block scales, :class:`Level`) of a two-level
     part ``inner`` (a QArray of the scale grid's shape)."""
-    if len(inner.shape) != 2 or inner.block_shape[1] != 1 or inner.block_shape[0] < 1:
-        _refuse(arg, f"two-level {what} in blocks {tuple(inner.block_shape)} (blocks (B, 1))")
+    bk, bn = (int(b) for b in inner.block_shape) if len(inner.shape) == 2 else (0, 0)
+    if len(inner.shape) != 2 or bk < 1 or not (bn == 1 or bk >= inner.shape[0]):
+        _refuse(
+            arg,
+            f"two-level {what} in blocks {tuple(inner.block_shape)} (blocks (B, 1), or of "
+            "several columns spanning every group)",
+        )
+    cb = inner.codebook
     if (
         not inner.format.is_integer
         or inner.format.bits > 8
         or isinstance(inner.scales, QArray)
-        or inner.offsets is not None
-        or inner.codebook is not None
+        or not (inner.offsets is None or (cb is not None and isinstance(inner.offsets, float)))
+        or (cb is not None and (inner.format.signed or inner.zero_points is not None))
+        or (cb is not None and not np.all(np.isfinite(cb.array().astype(np.float32))))
         or inner.perm is not None
         or inner.tensor_scale is not None
         or inner.element_exponent
@@ -253,7 +298,8 @@ def _level(inner: QArray, arg: str, what: str) -> tuple[jax.Array, jax.Array, Le
         _refuse(
             arg,
             f"two-level {what} {inner!r} (integer codes of at most 8 bits, a static zero "
-            "point, float16 / bfloat16 / float32 super-block scales are built)",
+            "point, float16 / bfloat16 / float32 super-block scales are built; or unsigned "
+            "codes into a finite table with a static offset, as bitsandbytes)",
         )
     f = inner.format
     c = inner.codes
@@ -264,7 +310,8 @@ def _level(inner: QArray, arg: str, what: str) -> tuple[jax.Array, jax.Array, Le
             c = pack(unpack_codes(c) if isinstance(c, Packed) else jnp.asarray(c), f.name, axis=0)
         data = jnp.asarray(c.data)
     supers, sf = _as_bits(inner.scales)
-    level = Level(f.name, int(inner.block_shape[0]), sf, int(inner.zero_points or 0))
+    offset = 0.0 if inner.offsets is None else float(inner.offsets)
+    level = Level(f.name, bk, sf, int(inner.zero_points or 0), cb, offset, bn)
     return data, supers, level
 
 
@@ -319,7 +366,12 @@ def _inner(data: Any, supers: Any, level: Level, grid: tuple[int, int]) -> QArra
     if level.super_format == "float16":
         sup = lax.bitcast_convert_type(sup, jnp.float16)
     return QArray.from_parts(
-        codes, sup, block_shape=(level.block, 1), zero_points=level.zero or None
+        codes,
+        sup,
+        block_shape=(level.block, level.cols),
+        zero_points=level.zero or None,
+        codebook=level.codebook,
+        offsets=level.offset if level.codebook is not None and level.offset else None,
     )
 
 
@@ -359,12 +411,21 @@ def grouped(k: int, along_k: bool, group: int) -> tuple[int, bool]:
     return max(_MIN_GROUP, -(-k // _MIN_GROUP) * _MIN_GROUP), True
 
 
-def spec(rows: int, per_column: bool, bn: int) -> Any:
-    """The BlockSpec of a per-group kernel operand of ``rows`` rows (the scales, zero
-    points, offsets, super-block scales): every row, the columns of the output block
-    (``per_column``) or the one column."""
+def spec(shape: tuple[int, ...], per_column: bool, bn: int, n: int, cols: int = 1) -> Any:
+    """The BlockSpec of a per-group kernel operand of ``shape`` (the scales, zero points,
+    offsets, super-block scales; ``n`` the weight's columns): every row, the columns of
+    the output block (``per_column``) or the one column; super-block scales of ``cols`` >
+    1 columns each: the window :func:`emulate.pallas.qgroups.supers_window` gives, or the
+    whole row."""
     from jax.experimental import pallas as pl  # noqa: PLC0415 - kernel-side only
 
+    rows, width = shape
+    if per_column and cols > 1:
+        window = qgroups.supers_window(cols, bn)
+        if window is None or width < window[0]:
+            return pl.BlockSpec((rows, width), lambda i, j, k: (0, 0))
+        w, per = window
+        return pl.BlockSpec((rows, w), lambda i, j, k: (0, j // per))
     if per_column:
         return pl.BlockSpec((rows, bn), lambda i, j, k: (0, j))
     return pl.BlockSpec((rows, 1), lambda i, j, k: (0, 0))
@@ -407,9 +468,19 @@ class GroupTerms:
 
     ``refs``: the kernel operands of :class:`AffineParts` (:attr:`Affine.operands`'
     order); ``s_ref``: the scales' (two-level: their codes); ``exact``: whether partial
-    sums are exact int32 sums (in quanta of ``2**-lhs_scale``)."""
+    sums are exact int32 sums (in quanta of ``2**-lhs_scale``); ``spread_refs``: a (1, C)
+    int32 VMEM scratch per :attr:`Affine.spreads`, filled at the output block's first K
+    step (:func:`emulate.pallas.qgroups.spread_supers`)."""
 
-    def __init__(self, refs: Any, s_ref: Any, spec: Affine, exact: bool, lhs_scale: int):
+    def __init__(
+        self,
+        refs: Any,
+        s_ref: Any,
+        spec: Affine,
+        exact: bool,
+        lhs_scale: int,
+        spread_refs: Any = (),
+    ):
         self.spec = spec
         self.exact = exact
         self.lhs_scale = lhs_scale
@@ -427,6 +498,15 @@ class GroupTerms:
         if spec.scale_level is not None:
             supers = qgroups.super_rows(refs.pop(0)[...], spec.scale_level.super_format)
             self.scales = (_bytes(s_ref[...]), supers)
+        self.spread: dict[str, Any] = {}  # super-blocks of columns: spread once a block
+        refs_left = list(spread_refs)
+        for name, lv, part in (
+            ("offsets", spec.offset_level, self.offsets),
+            ("scales", spec.scale_level, self.scales),
+        ):
+            if lv is not None and lv.cols > 1:
+                ref = refs_left.pop(0)
+                self.spread[name] = qgroups.block_spread(ref, part[1], lv, s_ref.shape[1])
         self.xsum: Any = None
 
     @property
@@ -441,11 +521,15 @@ class GroupTerms:
         if self.scales is not None:
             assert s.scale_level is not None
             codes, supers = self.scales
-            self.step_scales = qgroups.step_levels(codes, supers, s.scale_level, first, count)
+            self.step_scales = qgroups.step_levels(
+                codes, supers, s.scale_level, first, count, spread=self.spread.get("scales")
+            )
         if s.offset == "two_level":
             assert s.offset_level is not None
             codes, supers = self.offsets
-            self.step_offsets = qgroups.step_levels(codes, supers, s.offset_level, first, count)
+            self.step_offsets = qgroups.step_levels(
+                codes, supers, s.offset_level, first, count, spread=self.spread.get("offsets")
+            )
             quantum = 2.0**-self.lhs_scale if self.exact else 1.0
             self.step_sums = qgroups.group_sums(xs, count, rows, quantum)
 

@@ -161,11 +161,14 @@ def _row_scaled_step(tiles: list, factors: tuple, cfg: Any, k: Any) -> jax.Array
     return total
 
 
-def group_scaled_step(tiles: list, s_ref: Any, cfg: Any, k: Any, aff_refs: Any = ()) -> jax.Array:
+def group_scaled_step(
+    tiles: list, s_ref: Any, cfg: Any, k: Any, aff_refs: Any = (), spread_refs: Any = ()
+) -> jax.Array:
     """One K step of a weight with scales along K: per group of rows, the partial sum of
     every plane (exact for exact-class pairs, then f32) times the group's scale, in f32;
     with zero points and offsets (``aff_refs``), their terms (:mod:`.qoffsets`); where
-    :func:`rows_scaled`, the tile's rows times their scales and one dot."""
+    :func:`rows_scaled`, the tile's rows times their scales and one dot (``spread_refs``:
+    :class:`emulate.pallas.qoffsets.GroupTerms`')."""
     r = cfg.route
     sc = cfg.scaling
     assert sc is not None
@@ -173,7 +176,7 @@ def group_scaled_step(tiles: list, s_ref: Any, cfg: Any, k: Any, aff_refs: Any =
         return _row_scaled_step(tiles, scale_rows(s_ref[...], sc.scale_format), cfg, k)
     terms = None
     if sc.affine is not None:
-        terms = qoffsets.GroupTerms(aff_refs, s_ref, sc.affine, r.exact, r.lhs_scale)
+        terms = qoffsets.GroupTerms(aff_refs, s_ref, sc.affine, r.exact, r.lhs_scale, spread_refs)
     two_level = terms is not None and terms.two_level_scales
     factors = None if two_level else scale_rows(s_ref[...], sc.scale_format)
     sub = min(sc.group, cfg.bk)  # K rows per partial sum

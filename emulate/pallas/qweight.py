@@ -40,7 +40,8 @@ on every call (XLA:TPU copies for it) unless the weight is prepared once with
 :func:`prepare_weight`, which also puts sub-byte codes in the K-planar layout.
 
 Zero points, offsets (``W = (q - z) * s + o``) and two-level scales and offsets (GGUF
-K-quants) are applied per group in the kernel (:mod:`emulate.pallas.qoffsets`, which says
+K-quants; bitsandbytes' double quantization, whose absmax codes index a 256-entry map) are
+applied per group in the kernel (:mod:`emulate.pallas.qoffsets`, which says
 what it builds); scales constant along K are then one group spanning K, applied per K
 step. Codebooks (decoded in VMEM by a select tree) and act-order permutations (the
 activations' columns gathered outside the kernel): :mod:`emulate.pallas.qcodebook`.

@@ -43,6 +43,12 @@ def test_each_weight_is_its_scheme_as_stored(weights):
     # the table as bitsandbytes stores it (quant_map), so named "table" by the importer
     assert nf4.block_shape == (64, 1) and nf4.codebook.values == NF4.values
     assert nf4.nbytes == K * N // 2 + (K // 64) * N * 4 + 16 * 4
+    dq = weights["nf4_dq"]  # bitsandbytes' double quantization: 4 groups of 64 rows, so
+    # nested blocks (4, 64) of the (4, N) absmax grid: 256 codes each, as bnb flattens them
+    assert dq.block_shape == (64, 1) and dq.scales.block_shape == (4, 64)
+    assert dq.scales.format_name == "uint8" and len(dq.scales.codebook) == 256
+    # codes, one absmax byte per 64, an f32 per 256 absmax, the two tables (256 + 16 f32)
+    assert dq.nbytes == K * N // 2 + (K // 64) * N + (K // 64) * N // 256 * 4 + 272 * 4
     nvfp4 = weights["nvfp4"]  # 4-bit codes, one e4m3 byte per 16, the f32 tensor scale
     assert nvfp4.block_shape == (16, 1) and nvfp4.scale_format == "float8_e4m3fn"
     assert nvfp4.nbytes == K * N // 2 + (K // 16) * N + 4

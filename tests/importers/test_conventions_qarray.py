@@ -1,6 +1,7 @@
 """Imported safetensors weights as ``emulate.QArray``: decoded bit-identically to each
 project's own decoder, and multiplied within the matmul bound on the cpu, tpu_v4, tpu_v5e
-and tpu_v7x plans.
+and tpu_v7x plans; a double-quantized bitsandbytes checkpoint through emulate.pallas.matmul
+(interpret mode) bit for bit where the sum is exact.
 
 This file needs issue 24's quantized representation (``QArray.from_parts`` with
 ``zero_points``, ``offsets``, ``codebook``, ``perm``; 2-, 3- and 5-bit ``uint`` formats;
@@ -11,13 +12,18 @@ parsers and their oracles are tested without it in tests/importers/test_conventi
 from __future__ import annotations
 
 import _st_oracles as O
+import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
 from _st_cases import AWQ_CONFIG, awq_tensors, bnb_tensors, ct_tensors, gptq_tensors, write
 
 import emulate
+import emulate.pallas
 from emulate.importers import safetensors as S
+
+DN = (((1,), (0,)), ((), ()))
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 TARGETS = ("cpu", "tpu_v4", "tpu_v5e", "tpu_v7x")
@@ -149,3 +155,33 @@ def test_imported_qarray_matmul_within_bound(tmp_path, name: str, target: str) -
     n = 2 * k + 4
     bound = (n * 2.0**-24 / (1 - n * 2.0**-24)) * (np.abs(x) @ mag) + 2.0**-126
     assert np.all(np.abs(got - exact) <= bound)
+
+
+@pytest.mark.parametrize("quant_type", ["nf4", pytest.param("fp4", marks=pytest.mark.long)])
+def test_double_quantized_bnb_through_the_pallas_kernel_bit_for_bit(tmp_path, quant_type) -> None:
+    # K = 4096: bitsandbytes' nested blocks of 256 absmax codes are (64, 4) blocks of the
+    # (K / 64, N) scale grid; N = 602 ends in a partial one, and the kernel reads the 151
+    # nested scales in windows of 128 (the last one partial) over three output blocks
+    rng = np.random.default_rng(31)
+    n, k = 602, 4096
+    t, oracle = bnb_tensors(rng, n, k, 64, nested=True, quant_type=quant_type, dtype="float32")
+    q = S.load_bnb_4bit(write(tmp_path, t), "l")
+    p = emulate.pallas.prepare_weight(q)
+    assert p.nbytes == q.nbytes
+    # one power-of-two x per row, in groups 0, 1, 63 and in between: every product, the
+    # group's scale and the sum are exact but one rounding, bnb's float32 weight times 2**e
+    rows = [0, 64, 130, 2049, 4000, 4095]
+    x = np.zeros((len(rows), k), ml_dtypes.bfloat16)
+    x[np.arange(len(rows)), rows] = 2.0 ** np.arange(-3, len(rows) - 3)
+    got = np.asarray(emulate.pallas.matmul(x, p, target="tpu_v5e", out_dtype=jnp.float32))
+    want = oracle.T[rows] * (2.0 ** np.arange(-3, len(rows) - 3))[:, None].astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    same = emulate.dot_general(x, q, DN, preferred_element_type=jnp.float32, target="tpu_v5e")
+    np.testing.assert_array_equal(np.asarray(same).view(np.uint32), want.view(np.uint32))
+    # the gradient is that of the dequantized weight: d/dx sum(x @ W) = the row sums of W
+    dx = jax.grad(
+        lambda x: emulate.pallas.matmul(x, p, target="tpu_v5e", out_dtype=jnp.float32).sum()
+    )(jnp.ones((1, k), jnp.float32))
+    w64 = oracle.T.astype(np.float64)
+    err = np.abs(np.asarray(dx[0], np.float64) - w64.sum(axis=1))
+    assert np.all(err <= n * 2.0**-24 * np.abs(w64).sum(axis=1))

@@ -182,9 +182,7 @@ def _plans(q: emulate.QArray) -> str:
 
 
 #: What emulate.pallas.prepare_weight refuses, by the part its message names.
-KERNEL_REFUSALS = {
-    "two-level scales in blocks (64, 4)": "refused: two-level scales in (64, 4) blocks",
-}
+KERNEL_REFUSALS = {}
 
 
 def _kernel(q: emulate.QArray) -> str:

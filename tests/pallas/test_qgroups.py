@@ -74,3 +74,58 @@ def test_group_sums_and_the_offset_term_are_exact_on_integers(dtype):
     offsets = rng.integers(-64, 64, (count, 7)).astype(np.float32) * 0.5
     term = np.asarray(qgroups.offset_term(jnp.asarray(got), jnp.asarray(offsets)))
     np.testing.assert_array_equal(term, (want @ offsets).astype(np.float32))
+
+
+# bitsandbytes double quantization (bitsandbytes-foundation/bitsandbytes @ 95f9af3,
+# bitsandbytes/functional.py dequantize_4bit: ``absmax = dequantize_blockwise(absmax,
+# state2) + offset``; dequantize_blockwise: ``code[A] * absmax2[block]``, both float32):
+# (groups, columns, groups a super-block, columns a super-block, columns an output block)
+TABLE_LEVELS = [
+    (16, 64, 16, 16, 32),  # K = 1024: (16, 16) blocks spanning every group, two blocks
+    (64, 16, 64, 4, 8),  # K = 4096: (64, 4) blocks
+    (300, 6, 256, 1, 6),  # K = 19200: (256, 1) blocks, a partial last one
+]
+
+
+@pytest.mark.parametrize("groups, n, block, cols, width", TABLE_LEVELS)
+def test_table_levels_are_bitsandbytes_float32_arithmetic_bit_for_bit(groups, n, block, cols,
+                                                                      width):  # fmt: skip
+    rng = np.random.default_rng(groups)
+    table = np.sort(rng.uniform(-1, 1, 256)).astype(np.float32)
+    table[[0, 100, 255]] = [-1.0, 0.0, 1.0]  # -max, the zero entry, +max
+    codes = rng.integers(0, 256, (groups, n))
+    codes[0, :3] = [0, 100, 255]
+    supers = (np.abs(rng.standard_normal((-(-groups // block), -(-n // cols)))) * 0.02).astype(
+        np.float32
+    )
+    supers[0, -1] = np.nan  # stays in its own columns
+    offset = 0.0371
+    level = qoffsets.Level("uint8", block, "float32", 0, emulate.codebooks.codebook(table),
+                           offset, cols)  # fmt: skip
+    sup = np.repeat(np.repeat(supers, block, axis=0), cols, axis=1)[:groups, :n]
+    want = (table[codes] * sup).astype(np.float32) + np.float32(offset)  # float32, as bnb
+    run = jax.jit(
+        lambda b, s, first, col0: qgroups.step_levels(
+            b, qgroups.super_rows(s, "float32"), level, first, groups, col0
+        )
+    )
+    for col0 in range(0, n, width):
+        byte_rows = jnp.asarray(codes[:, col0 : col0 + width].astype(np.int32))
+        got = np.asarray(run(byte_rows, jnp.asarray(supers), jnp.int32(0), jnp.int32(col0)))
+        np.testing.assert_array_equal(_u32(got), _u32(want[:, col0 : col0 + width]))
+
+
+def _u32(a) -> np.ndarray:
+    a = np.where(np.isnan(a), np.float32(np.nan), a).astype(np.float32)  # one NaN's bits
+    return a.view(np.uint32)
+
+
+def test_the_window_of_nested_scales_an_output_block_reads():
+    # (columns a nested scale, columns an output block) -> (scales a window, output blocks
+    # a window): bn / cols scales when a multiple of 128, else 128 of them; else the row
+    assert qgroups.supers_window(4, 256) == (128, 2)  # bnb at K = 4096
+    assert qgroups.supers_window(16, 256) == (128, 8)  # bnb at K = 1024
+    assert qgroups.supers_window(2, 512) == (256, 1)  # bnb at K = 8192
+    assert qgroups.supers_window(2, 256) == (128, 1)
+    for cols, bn in ((1, 256), (3, 256), (256, 128), (8, 24)):
+        assert qgroups.supers_window(cols, bn) is None

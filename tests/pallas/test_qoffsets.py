@@ -5,13 +5,14 @@ points, power-of-two scales); within ``gamma_(K + S + 5) * sum|x| (|q s| + |z s|
 of the float64 sum of the dequantized values otherwise (zero points of both signs, float16
 offsets, a ragged last group, K = 1); NaN and Inf scales; prepared weights (no more bytes,
 the same bits, the gradient); refusals by name; and, compile-only, the real TPU compiler on
-v4, v5e, v5p, v6e and 7x with Mosaic's compatibility mode on and off.
+v4, v5e, v5p, v6e and 7x with Mosaic's compatibility mode on and off (bitsandbytes' double
+quantization among the schemes; its numbers: tests/pallas/test_qoffsets_bnb.py).
 
 Interpret mode compiles each distinct kernel once (about 2-4 s here), so the default run
 takes one case per scheme (the NaN test reuses the Q4_1-like case's kernel); the bf16
 Q4_K, prepared-weight and other bounded cases, the comparisons with emulate.dot_general
 (which its own tests check against the same oracles) and the compile-only programs past
-AWQ g128 on 7x and Q4_K on v5e run under EMULATE_LONG_TESTS=1.
+AWQ g128 on 7x, Q4_K on v5e and bitsandbytes NF4 on v6e run under EMULATE_LONG_TESTS=1.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from _sweeps import LONG
 
 import emulate
 import emulate.pallas
-from emulate import bounds, compiler, formats
+from emulate import bounds, codebooks, compiler, formats
 from emulate.pallas import qoffsets
 
 DN = (((1,), (0,)), ((), ()))
@@ -312,6 +313,9 @@ def test_parts_the_kernel_does_not_build_are_refused_by_name():
 # --- compile-only: the real TPU compiler ------------------------------------------------
 
 _K, _N, _M = 1024, 256, 64
+#: N of the bitsandbytes scheme: its 128 nested scales (16 columns each) are read in
+#: windows of 128 (emulate.pallas.qgroups.supers_window), one per eight output blocks
+_BNB_N = 2048
 #: scheme: (x type, weight format, group, zero points, offsets)
 SCHEMES = {
     # AWQ g128: K-planar uint4, uint4 zero points packed along the groups, float16 scales
@@ -323,6 +327,9 @@ SCHEMES = {
     # GGUF Q4_K: 6-bit sub-block scales and mins (packed along the groups) times float16
     # super-block scales, decoded in the kernel
     "q4_k": ("bfloat16", "uint4", 32, None, "two_level"),
+    # bitsandbytes NF4 with double quantization: uint8 absmax codes into a 256-entry table
+    # times a float32 per 256 codes (here (16, 16) blocks: K = 1024), plus an offset
+    "bnb-nf4-dq": ("bfloat16", "uint4", 64, None, "bnb"),
 }
 
 
@@ -339,6 +346,10 @@ def _specs(scheme: str):
         out.append(jax.ShapeDtypeStruct((g // 2, _N), jnp.uint8))
     elif zero == "int8":
         out.append(jax.ShapeDtypeStruct((g, _N), jnp.int8))
+    if offsets == "bnb":  # absmax codes in place of the scales, the nested float32 scales
+        return (out[0], jax.ShapeDtypeStruct((_K // 2, _BNB_N), jnp.uint8),
+                jax.ShapeDtypeStruct((g, _BNB_N), jnp.uint8),
+                jax.ShapeDtypeStruct((1, g * _BNB_N // 256), jnp.float32))  # fmt: skip
     if offsets == "two_level":  # scale codes in place of the scales, then the parts
         six = jax.ShapeDtypeStruct((g * 6 // 8, _N), jnp.uint8)
         sup = jax.ShapeDtypeStruct((g // 8, _N), jnp.uint16)
@@ -353,6 +364,17 @@ def compiled_program(x, codes, scales, *parts, scheme: str, target: str):
     offsets, as emulate.pallas.prepare_weight holds them."""
     _, fmt, group, zero, offsets = SCHEMES[scheme]
     grid = (_K // group, _N)
+    if offsets == "bnb":
+        grid = (_K // group, _BNB_N)
+        table = codebooks.codebook(np.linspace(-1, 1, 256, dtype=np.float32))
+        level = qoffsets.Level("uint8", grid[0], "float32", 0, table, 0.0137, 256 // grid[0])
+        aff = qoffsets.AffineParts(None, None, qoffsets.Affine(scale_level=level), grid,
+                                   None, parts[0])  # fmt: skip
+        w = emulate.pallas.KernelQWeight(
+            emulate.pallas.KernelWeight(codes, fmt, _K), scales, None, fmt, "float32",
+            (group, 1), (_K, _BNB_N), np.dtype("bfloat16"), affine=aff, codebook=codebooks.NF4,
+        )  # fmt: skip
+        return emulate.pallas.matmul(x, w, target=target, out_dtype="float32", interpret=False)
     if offsets == "two_level":
         level = qoffsets.Level("uint6", 8, "float16")
         spec = qoffsets.Affine(offset="two_level", offset_level=level, scale_level=level)
@@ -383,7 +405,7 @@ def compiled_program(x, codes, scales, *parts, scheme: str, target: str):
 RUNS = compile_only.runs(
     SCHEMES,
     ("tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e", "tpu_v7x"),
-    {("awq-g128", "tpu_v7x"), ("q4_k", "tpu_v5e")},
+    {("awq-g128", "tpu_v7x"), ("q4_k", "tpu_v5e"), ("bnb-nf4-dq", "tpu_v6e")},
 )
 
 

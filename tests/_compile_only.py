@@ -2,8 +2,8 @@
 selected (case, target) with Mosaic's compatibility mode on and off (``compiler.check_both``:
 the compat-off programs in one subprocess), read by each parametrized test.
 
-A module defines ``RUNS = runs(cases, targets, default)``, a module-scoped fixture that
-returns ``verdicts(request, param, jobs)`` and a test parametrized over ``(param,
+A module defines ``RUNS = runs(cases, targets, default)``, ``verdicts = fixture(param,
+program, specs)`` (a module-scoped fixture) and a test parametrized over ``(param,
 "target")`` that calls ``assert_compiles``."""
 
 from __future__ import annotations
@@ -48,6 +48,25 @@ def verdicts(
         if getattr(item, "originalname", "") == TEST_NAME and item.module is request.module
     )
     return _check(jobs, selected)
+
+
+def fixture(
+    param: str, program: Callable[..., Any], specs: Callable[[str], tuple[Any, ...]]
+) -> Any:
+    """A module-scoped pytest fixture of :func:`verdicts`: the run of case ``c`` on target
+    ``t`` compiles ``functools.partial(program, **{param: c, "target": t})`` (``program``
+    a module-level function, so that the compat-off subprocess imports it) on the
+    argument specs ``specs(c)``."""
+
+    def job(case: str, target: str) -> compiler.Job:
+        fn = functools.partial(program, **{param: case, "target": target})
+        return compiler.Job(fn, specs(case), target)
+
+    @pytest.fixture(scope="module")
+    def module_verdicts(request: pytest.FixtureRequest) -> dict:
+        return verdicts(request, param, job)
+
+    return module_verdicts
 
 
 def assert_compiles(got: dict, case: str, target: str) -> None:

@@ -42,7 +42,7 @@ from hypothesis import strategies as st
 
 import emulate
 import emulate.pallas
-from emulate import bounds, compiler, reference
+from emulate import bounds, reference
 from emulate.importers import safetensors as S
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "importers"))
@@ -293,15 +293,7 @@ RUNS = compile_only.runs(
 )
 
 
-def _job(scheme: str, target: str) -> compiler.Job:
-    return compiler.Job(
-        functools.partial(compiled_program, scheme=scheme, target=target), _specs(scheme), target
-    )
-
-
-@pytest.fixture(scope="module")
-def verdicts(request: pytest.FixtureRequest) -> dict:
-    return compile_only.verdicts(request, "scheme", _job)
+verdicts = compile_only.fixture("scheme", compiled_program, _specs)
 
 
 @pytest.mark.parametrize("scheme, target", RUNS)

@@ -17,7 +17,6 @@ AWQ g128 on 7x, Q4_K on v5e and bitsandbytes NF4 on v6e run under EMULATE_LONG_T
 
 from __future__ import annotations
 
-import functools
 import zlib
 
 import _compile_only as compile_only
@@ -30,7 +29,7 @@ from _sweeps import LONG
 
 import emulate
 import emulate.pallas
-from emulate import bounds, codebooks, compiler, formats
+from emulate import bounds, codebooks, formats
 from emulate.pallas import qoffsets
 
 DN = (((1,), (0,)), ((), ()))
@@ -409,15 +408,7 @@ RUNS = compile_only.runs(
 )
 
 
-def _job(scheme: str, target: str) -> compiler.Job:
-    return compiler.Job(
-        functools.partial(compiled_program, scheme=scheme, target=target), _specs(scheme), target
-    )
-
-
-@pytest.fixture(scope="module")
-def verdicts(request: pytest.FixtureRequest) -> dict:
-    return compile_only.verdicts(request, "scheme", _job)
+verdicts = compile_only.fixture("scheme", compiled_program, _specs)
 
 
 @pytest.mark.parametrize("scheme, target", RUNS)

@@ -33,7 +33,7 @@ import pytest
 
 import emulate
 import emulate.pallas
-from emulate import bounds, compiler
+from emulate import bounds
 from emulate.importers import ggml, gguf
 from emulate.importers import safetensors as st
 
@@ -256,15 +256,7 @@ RUNS = compile_only.runs(
 )
 
 
-def _job(name: str, target: str) -> compiler.Job:
-    return compiler.Job(
-        functools.partial(compiled_program, name=name, target=target), _specs(name), target
-    )
-
-
-@pytest.fixture(scope="module")
-def verdicts(request: pytest.FixtureRequest) -> dict:
-    return compile_only.verdicts(request, "name", _job)
+verdicts = compile_only.fixture("name", compiled_program, _specs)
 
 
 @pytest.mark.parametrize("name, target", RUNS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -486,3 +487,52 @@ class TestPassThrough:
                 emulate.einsum("ij,jk", a, b, out_sharding=spec, target="tpu_v4"),
             ):
                 assert got.sharding == want.sharding
+
+
+FLOAT8 = [
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e4m3b11fnuz",
+    "float8_e3m4",
+]
+
+
+def _midpoint_product(dt: np.dtype) -> tuple[float, float, float]:
+    """Positive values ``x, y`` of ``dt`` in [1, 4) whose product is exactly halfway between
+    two neighbours of ``dt``, the lower one even (a tie rounds down), and that midpoint
+    (brute force over the codes)."""
+    values = np.arange(256, dtype=np.uint8).view(dt).astype(float)
+    grid = sorted({float(v) for v in values if np.isfinite(v) and v > 0})
+    for x, y in itertools.product([v for v in grid if 1 <= v < 4], repeat=2):
+        p = Fraction(x) * Fraction(y)
+        above = [v for v in grid if v > p]
+        below = [v for v in grid if v < p]
+        tie = above and below and p not in grid
+        if tie and 2 * p == Fraction(above[0]) + Fraction(below[-1]):
+            if float(np.float32(p).astype(dt)) == below[-1]:
+                return x, y, float(p)
+    raise AssertionError(f"no midpoint product in {dt}")
+
+
+@pytest.mark.parametrize("name", FLOAT8)
+@pytest.mark.parametrize("target", ["cpu", "tpu_v6e"])
+def test_a_float8_result_is_rounded_once_from_the_float32_sum(name, target):
+    # x * y is halfway between two float8 values and t * t tips it up by less than half a
+    # float16 ulp (and more than a float32 one): the f32 sum rounded once gives the upper
+    # neighbour; rounded through float16 first (as XLA:CPU lowers a dot with a float8
+    # result), t * t is lost and the tie goes to even.
+    dt = np.dtype(getattr(ml_dtypes, name))
+    x, y, mid = _midpoint_product(dt)
+    t = 2.0**-8 if float(np.float32(2.0**-8).astype(dt)) == 2.0**-8 else 2.0**-6
+    exact = np.float32(Fraction(x) * Fraction(y) + Fraction(t) * Fraction(t))
+    assert exact > mid and float(exact.astype(np.float16)) == mid
+    a = np.array([[x, t]], dt)
+    b = np.array([[y], [t]], dt)
+    want = reference.dot_general(a, b, DN)
+    assert want.dtype == dt and float(want[0, 0]) > mid
+    got = emulate.dot_general(a, b, DN, target=target)
+    assert got.dtype == dt and np.asarray(got).tobytes() == want.tobytes()
+    got = jax.jit(lambda a, b: emulate.matmul(a, b, target=target))(a, b)
+    assert got.dtype == dt and np.asarray(got).tobytes() == want.tobytes()

@@ -48,7 +48,9 @@ def passes_through(
     dtypes :func:`emulate.runs_as_is` on ``target`` and, where one is a low-precision
     format and both are types emulate plans for, whose plan is the native dot with no
     exact K-chunking and no host fallback (or no plan at all: a ``preferred_element_type``
-    emulate does not plan for, which JAX then takes or refuses). False in mode "exact"
+    emulate does not plan for, which JAX then takes or refuses), and whose result type is
+    not a low-precision float (XLA:CPU rounds a float8 dot result through float16, twice;
+    emulate rounds the f32 sum once, as its contract says). False in mode "exact"
     (every covered pair gets the exact sum), for anything emulate must decode, and for a
     ``preferred_element_type`` XLA cannot hold (float6: emulate's ValueError).
     """
@@ -72,6 +74,10 @@ def passes_through(
         # A native pair with a result type emulate does not plan (int16, float64) or
         # refuses (an integer result of floats): JAX's own result or error.
         return True
+    if formats.get(p.out).is_float and p.out in low:
+        # XLA:CPU rounds a dot's float8 result twice (f32 -> f16 -> f8: a float
+        # normalization pass adds the f16); emulate's native route rounds the f32 sum once.
+        return False
     return p.method == "native" and p.fallback is None and p.k_chunk is None
 
 

@@ -1,11 +1,14 @@
-"""Programs whose results must not depend on XLA:CPU's code generation settings
-(tests/_xla_flags.py): tests/test_suite_codegen.py runs them under the suite's settings
-and under XLA's defaults and asserts the same bits.
+"""Programs run under the suite's XLA:CPU code generation settings (tests/_xla_flags.py)
+and under XLA's defaults by tests/test_suite_codegen.py.
 
-Operands are random bit patterns (NaN, Inf, subnormals and zeros included) of small
-shapes; each program is one emulate front end in one mode: mode "exact" with per-row and
-digit-sliced operands, mode "fast" with a block-scaled QArray, a convolution, and the
-Pallas kernel in interpret mode.
+:data:`EXACT`: results the contract calls exact, which must be the same bits under both
+(operands are random bit patterns, NaN, Inf, subnormals and zeros included, of small
+shapes; mode "exact" with per-row and digit-sliced operands, mode "fast" with a
+block-scaled QArray whose products are exact, an exact convolution, the Pallas kernel's
+int8 x int8). :data:`BOUNDED`: ``emulate.pallas.matmul`` (interpret mode) on QArrays with
+f32 scales, offsets and 128 x 128 blocks, whose f32 multiply-adds LLVM contracts into FMA
+instructions at XLA's default -O2 and not at -O0: the last bits may differ, and each must
+be within the contract's bound of the float64 sum over the weight's values.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import ml_dtypes
 import numpy as np
 
 import emulate
+from emulate import codebooks
 
 DN = (((1,), (0,)), ((), ()))
 
@@ -100,7 +104,7 @@ def _kernel() -> np.ndarray:
     return np.asarray(emulate.pallas.matmul(x, w, target="tpu_v5e", out_dtype=jnp.int32))
 
 
-PROGRAMS: dict[str, Callable[[], np.ndarray]] = {
+EXACT: dict[str, Callable[[], np.ndarray]] = {
     "exact bfloat16 x float32": _exact_wide,
     "exact float8_e4m3fn x float8_e5m2": _exact_float8,
     "fast bfloat16 x MXFP4 QArray": _fast_qarray,
@@ -109,6 +113,67 @@ PROGRAMS: dict[str, Callable[[], np.ndarray]] = {
 }
 
 
+#: A bounded program's result, activations, the weight's values in float64, an array of
+#: magnitudes for the bound (``|q s| + |o|``) and the bound's extra f32 roundings.
+Bounded = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]
+
+
+def _activations(rng: np.random.Generator) -> np.ndarray:
+    return rng.standard_normal((8, 512)).astype(ml_dtypes.bfloat16)
+
+
+def _kernel_f32(x: np.ndarray, q: emulate.QArray) -> np.ndarray:
+    return np.asarray(emulate.pallas.matmul(x, q, target="tpu_v5e", out_dtype=jnp.float32))
+
+
+def _nf4() -> Bounded:
+    rng = np.random.default_rng(11)
+    x = _activations(rng)
+    codes = rng.integers(0, 16, (512, 256))
+    absmax = rng.uniform(0.01, 1, (8, 256)).astype(np.float32)
+    packed = emulate.pack(codes.astype(ml_dtypes.uint4), axis=0)
+    q = emulate.QArray.from_parts(
+        packed, jnp.asarray(absmax), block_shape=(64, 1), codebook=codebooks.NF4
+    )
+    w = codebooks.NF4.array().astype(np.float64)[codes] * np.repeat(absmax, 64, axis=0)
+    return _kernel_f32(x, q), x, w, np.abs(w), 8 + 4
+
+
+def _offsets() -> Bounded:
+    rng = np.random.default_rng(12)
+    x = _activations(rng)
+    codes = rng.integers(0, 16, (512, 256))
+    s = rng.uniform(0.001, 0.1, (4, 256)).astype(np.float32)
+    o = rng.uniform(-0.1, 0.1, (4, 256)).astype(np.float32)
+    packed = emulate.pack(codes.astype(ml_dtypes.uint4), axis=0)
+    q = emulate.QArray.from_parts(
+        packed, jnp.asarray(s), block_shape=(128, 1), offsets=jnp.asarray(o)
+    )
+    qs = codes * np.repeat(s, 128, axis=0).astype(np.float64)
+    ov = np.repeat(o, 128, axis=0).astype(np.float64)
+    return _kernel_f32(x, q), x, qs + ov, np.abs(qs) + np.abs(ov), 4 + 5
+
+
+def _fp8_blocks() -> Bounded:
+    rng = np.random.default_rng(13)
+    x = _activations(rng)
+    codes = rng.integers(0, 256, (512, 256)).astype(np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0  # no NaN
+    e4m3 = codes.view(ml_dtypes.float8_e4m3fn)
+    s = rng.uniform(0.5, 2, (4, 2)).astype(np.float32)
+    q = emulate.QArray.from_parts(jnp.asarray(e4m3), jnp.asarray(s), block_shape=(128, 128))
+    w = e4m3.astype(np.float64) * np.kron(s.astype(np.float64), np.ones((128, 128)))
+    return _kernel_f32(x, q), x, w, np.abs(w), 4 + 4
+
+
+BOUNDED: dict[str, Callable[[], Bounded]] = {
+    "pallas.matmul bfloat16 x NF4 (f32 absmax)": _nf4,
+    "pallas.matmul bfloat16 x uint4 with offsets": _offsets,
+    "pallas.matmul bfloat16 x e4m3fn in 128 x 128 blocks": _fp8_blocks,
+}
+
+
 def results() -> dict[str, np.ndarray]:
-    """Each program's result."""
-    return {name: f() for name, f in PROGRAMS.items()}
+    """Each program's result (a bounded program's first item)."""
+    out = {name: f() for name, f in EXACT.items()}
+    return out | {name: f()[0] for name, f in BOUNDED.items()}

@@ -2,10 +2,16 @@
 
 The suite's processes compile with :data:`TEST_XLA_FLAGS` added to ``XLA_FLAGS``
 (tests/conftest.py sets it before JAX starts a backend; the subprocesses tests start
-inherit it; ``EMULATE_TEST_XLA_DEFAULT=1`` keeps XLA's defaults): the legacy elemental
-fusion emitters and LLVM at -O0, which compile emulate's programs about 3x quicker;
-compiling is most of the suite's time. tests/test_suite_codegen.py asserts that
-tests/_codegen_programs.py's programs give the same bits under both settings.
+inherit it; ``EMULATE_TEST_XLA_DEFAULT=1`` keeps XLA's defaults): the elemental emitters
+in place of the fusion emitters, and LLVM at -O0; compiling emulate's programs takes
+about a third of the time, and compiling is most of the suite's time.
+
+What changes: at -O0 LLVM contracts no f32 multiply-add into an FMA instruction (at XLA's
+default -O2 it does where the host has FMA), so bounded results whose f32 arithmetic has
+such pairs (a group sum times its scale plus the accumulator) may differ in their last
+bits from the same program under XLA's defaults; both are within the contract's bound.
+Exact results cannot differ (their products and sums are exact). tests/test_suite_codegen.py
+checks both on tests/_codegen_programs.py's programs. XLA:TPU's programs are unaffected.
 
 No JAX import here: conftest reads this module before JAX is imported.
 """

@@ -24,8 +24,8 @@ is XLA compiling. ``EMULATE_TEST_COMPILE_CACHE=0`` turns it off; a session never
 another session's cache.
 
 XLA:CPU code generation: the session's processes compile with quicker XLA:CPU settings
-than XLA's defaults (tests/_xla_flags.py, checked to give the same bits by
-tests/test_suite_codegen.py); ``EMULATE_TEST_XLA_DEFAULT=1`` keeps XLA's defaults.
+than XLA's defaults (tests/_xla_flags.py says what they change; tests/test_suite_codegen.py
+checks it); ``EMULATE_TEST_XLA_DEFAULT=1`` keeps XLA's defaults.
 """
 
 from __future__ import annotations

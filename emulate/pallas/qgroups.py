@@ -254,7 +254,7 @@ def step_levels(
     level: Any,
     first: Any,
     count: int,
-    col0: Any = 0,
+    col0: Any = None,
     spread: Any = None,
 ) -> jax.Array:
     """Groups ``first .. first + count - 1``'s two-level values as a (count, C) f32 matrix:
@@ -266,8 +266,18 @@ def step_levels(
     gives them, one row per ``level.block`` groups (``level.cols`` > 1: one row, a scale
     per ``cols`` columns of the weight); ``level``:
     :class:`emulate.pallas.qoffsets.Level`; ``col0``: the weight column of the block's
-    first column (``level.cols`` > 1); ``spread``: :func:`spread_supers` of the block, if
-    made already."""
+    first column (``level.cols`` > 1: this or ``spread`` is required; unused otherwise);
+    ``spread``: :func:`spread_supers` of the block, if made already.
+
+    Raises:
+      ValueError: ``level.cols`` > 1 with neither ``col0`` nor ``spread`` (at trace time:
+        every block but the first would get the first block's scales).
+    """
+    if level.cols > 1 and col0 is None and spread is None:
+        raise ValueError(
+            "col0: expected the weight column of the block's first column (or spread=) "
+            f"for super-block scales of {level.cols} columns each, got None"
+        )
     f = formats.get(level.code_format)
     width = f.bits
     q = lax.broadcasted_iota(jnp.int32, (count, 1), 0)

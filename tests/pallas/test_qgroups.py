@@ -175,3 +175,18 @@ def test_subnormal_super_scales_keep_their_value(sf, cols, table):
         s = supers if cols > 1 else supers[:, col0 : col0 + width]  # the block's columns
         got = np.asarray(run(byte_rows, jnp.asarray(s), jnp.int32(col0)))
         np.testing.assert_array_equal(got, want[:, col0 : col0 + width])
+
+
+def test_scales_of_several_columns_need_the_blocks_first_column():
+    # without col0 (or spread) every output block but the first would silently get the
+    # first block's scales: refused at trace time, naming the argument
+    level = qoffsets.Level("uint8", 4, "float32", 0, None, 0.0, 4)
+    b, s = jnp.zeros((4, 8), jnp.int32), jnp.ones((1, 4), jnp.float32)
+    message = (
+        r"^col0: expected the weight column of the block's first column \(or spread=\) for "
+        r"super-block scales of 4 columns each, got None$"
+    )
+    with pytest.raises(ValueError, match=message):
+        qgroups.step_levels(b, qgroups.super_rows(s, "float32"), level, 0, 4)
+    got = qgroups.step_levels(b, qgroups.super_rows(s, "float32"), level, 0, 4, col0=8)
+    np.testing.assert_array_equal(np.asarray(got), np.zeros((4, 8), np.float32))

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from emulate import formats, targets
-from emulate.pallas import route
+from emulate.pallas import qgroups, route
 from emulate.pallas.qcodebook import KernelCodebook
 from emulate.pallas.qweight import Scaling
 from emulate.planning.exactness import MAX_CHUNKS, MAX_TOTAL_QUANTA
@@ -157,6 +157,33 @@ def _vmem_bytes(
     return 2 * x_block + 2 * w_block + temps + acc + 2 * acc
 
 
+def _spread_vmem(scaling: Scaling | None, n: int, bn: int) -> tuple[int, str]:
+    """VMEM of spreading super-block scales of several columns to an output block of ``bn``
+    columns (:func:`emulate.pallas.qgroups.block_spread`), per such two-level part: its
+    ``(W, bn)`` f32 one-hot selector, its ``(8, W)`` byte planes and the ``(1, W)`` row
+    block it reads (double-buffered, 8 sublanes), ``W`` the scales of the window
+    :func:`emulate.pallas.qgroups.supers_window` gives or, where none fits, of the whole
+    row (``N / cols``: it grows with N); and, for the error, a note naming a whole row.
+    An upper bound: at N = 65536, bn = 384 and 4 columns a scale (a whole row of 16384)
+    Mosaic used 16630272 bytes of scoped VMEM in all on v5e, where this counts 26738688
+    for the spread alone (libtpu 0.0.42.1); uncounted, tpu_v4 ran out of its 16 MiB."""
+    total, note = 0, ""
+    levels = scaling.affine.spreads if scaling is not None and scaling.affine else ()
+    for lv in levels:
+        row = -(-n // lv.cols)
+        window = qgroups.supers_window(lv.cols, bn)
+        lanes = _round_up(row if window is None else min(row, window[0]), _LANES)
+        part = lanes * bn * 4 + 8 * lanes * 4 + 2 * 8 * lanes * 4
+        total += part
+        if window is None:
+            note = (
+                f" ({part} of them to spread the whole row of {row} super-block scales of "
+                f"{lv.cols} columns each to every output block: a bn with bn / {lv.cols} a "
+                "divisor or a multiple of 128 reads a window of them)"
+            )
+    return total, note
+
+
 def _default_bk(kq: int, k_multiple: int, bn: int) -> int:
     """The deepest multiple of ``k_multiple`` that divides ``kq`` (K rounded up to whole
     ``k_multiple``s) and is at most ``2**18 / bn`` rows (or ``k_multiple``): whole K
@@ -249,11 +276,13 @@ def config(
         if scaling.columns:  # every block column (emulate.pallas.qblocks)
             lanes = _round_up(-(-n // scaling.columns), _LANES)
         scale_vmem = 2 * 4 * scaling.rows * lanes * 2
+    spread_vmem, note = _spread_vmem(scaling, n, bn)
+    scale_vmem += spread_vmem
     vmem = _vmem_bytes(r, bm, bn, bk, limbs, bk, per_row(bk)) + scale_vmem
     if t.vmem_capacity_bytes and vmem > t.vmem_capacity_bytes:
         raise ValueError(
-            f"block_shape: ({bm}, {bn}, {bk}) needs about {vmem} bytes of VMEM, more than "
-            f"{t.name}'s {t.vmem_capacity_bytes}; use smaller blocks"
+            f"block_shape: ({bm}, {bn}, {bk}) needs about {vmem} bytes of VMEM{note}, more "
+            f"than {t.name}'s {t.vmem_capacity_bytes}; use smaller blocks"
         )
     resident = kp > bk and _vmem_bytes(r, bm, bn, bk, limbs, kp, per_row(bk)) <= cap
     if resident:

@@ -334,7 +334,7 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
         extra = [scales, *affine]
         cols = (1, *(sc.affine.operand_cols if sc.affine is not None else ()))
         extra_specs = [
-            qoffsets.spec(a.shape, sc.per_column, cfg.bn, cfg.n, c) for a, c in zip(extra, cols)
+            qoffsets.spec(a.shape, sc.per_column, cfg.bn, c) for a, c in zip(extra, cols)
         ]
         if sc.columns:  # scale blocks of several columns: all of them, resident
             extra_specs[0] = qblocks.spec(scales.shape)

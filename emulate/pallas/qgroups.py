@@ -15,9 +15,11 @@ product, ``X[m, g]`` the sum of ``x[m, k]`` over the rows of group ``g``. Per K 
   (:func:`step_levels`): each group's code cut out of the 16-bit word of the two bytes it
   spans, those words picked from the codes' bytes by one one-hot f32 dot at
   ``Precision.HIGHEST`` (bytes and the weights 1 and 256: the f32 sum of one or two
-  products is exact), then shifted and masked per row; the super-block scales picked with
-  exact one-hot selects (NaN and Inf stay in their group; a dot would spread them), a
-  float16 one decoded from its bits only in the rows a step selects; super-block scales
+  products is exact), then shifted and masked per row; the super-block scales held as
+  their int32 bits and picked with exact one-hot selects (NaN and Inf stay in their
+  group; a dot would spread them), each selected one split into ``m * 2**e`` from its bits
+  (a float16 one decoded first), so that no float operation flushes an f32 or bf16
+  subnormal scale, which :func:`emulate.dequantize` keeps; super-block scales
   of several columns (one row of them) spread to the block's columns by a one-hot f32
   dot of their four bytes (exact, NaN kept in its columns), once per output block (its
   first K step; kept in VMEM scratch for the block's other steps), from the window of
@@ -100,22 +102,32 @@ def select_row(rows: jax.Array, index: Any) -> jax.Array:
 
 
 def super_rows(block: jax.Array, fmt: str) -> jax.Array:
-    """A loaded block of super-block scales as :func:`step_levels` takes it: float32 as is,
-    bfloat16 widened to f32, float16 (held as uint16 bits) as int32 bits, decoded only in
-    the rows a step selects (the bit formulas cost about 15 vector ops an element)."""
+    """A loaded block of super-block scales as :func:`step_levels` takes it: int32 bits,
+    never values (a float operation flushes a subnormal f32 or bf16 scale on the CPU and
+    the TPU): float32 as its bits, bfloat16 as the bits of its f32 widening (``<< 16``),
+    float16 (held as uint16 bits) as its 16 bits, decoded only in the rows a step
+    selects (the bit formulas cost about 15 vector ops an element)."""
     if fmt == "float32":
-        return block
+        return lax.bitcast_convert_type(block, jnp.int32)
     if fmt == "bfloat16":
-        return block.astype(jnp.float32)
+        return (lax.bitcast_convert_type(block, jnp.uint16).astype(jnp.int32) & 0xFFFF) << 16
     return block.astype(jnp.int32) & 0xFFFF
 
 
-def _super_values(rows: jax.Array, fmt: str) -> jax.Array:
-    """Selected rows of :func:`super_rows` as f32 values (exact: float16 is a subset)."""
-    if fmt != "float16":
-        return rows
-    bits = codecs.decode_float_bits(rows, formats.get("float16"))
-    return lax.bitcast_convert_type(bits, jnp.float32)
+def _super_factors(rows: jax.Array, fmt: str) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Selected rows of :func:`super_rows` (int32 bits) as three f32 factors ``(m, 2**h,
+    2**(e - h))``, ``scale == m * 2**e`` with ``1 <= |m| < 2`` and ``h = floor(e / 2)``,
+    from the bits by integer operations (:func:`emulate.numerics.bits.frexp_bits`, as
+    :func:`emulate.dequantize` takes them): f32 and bf16 subnormal scales (down to
+    ``2**-149``) keep their value. Zero gives ``(+-0, 1, 1)``, NaN and Inf ``(themselves,
+    1, 1)``."""
+    if fmt == "float16":  # every float16 value is a normal f32 one (or 0, Inf, NaN)
+        b = codecs.decode_float_bits(rows, formats.get("float16"))
+    else:
+        b = lax.bitcast_convert_type(rows, jnp.uint32)
+    m, e = bits.frexp_bits(b)
+    half = e >> 1  # floor(e / 2): both factors normal, -75 <= h <= 64
+    return m, bits.pow2_normal(half), bits.pow2_normal(e - half)
 
 
 def _words(byte_rows: jax.Array, first: Any, count: int, bits: int) -> jax.Array:
@@ -161,9 +173,7 @@ def spread_supers(supers: jax.Array, level: Any, col0: Any, width: int) -> jax.A
     gives it) as the (1, width) int32 bits of each column's scale, for the output block
     whose first weight column is ``col0``: :func:`step_levels`' ``spread``, made once per
     output block (a one-hot dot over every scale of the row)."""
-    fmt = level.super_format
-    bits = supers if fmt == "float16" else lax.bitcast_convert_type(supers, jnp.int32)
-    return _spread(bits, col0, level.cols, width)
+    return _spread(supers, col0, level.cols, width)
 
 
 def supers_window(cols: int, bn: int) -> tuple[int, int] | None:
@@ -204,38 +214,37 @@ def block_spread(ref: Any, supers: jax.Array, level: Any, width: int) -> jax.Arr
 
 def _supers(
     supers: jax.Array, level: Any, first: Any, count: int, col0: Any, width: int, spread: Any
-) -> jax.Array:
-    """(count, C) or (1, C) f32: the super-block scale of each of the step's groups."""
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:func:`_super_factors` of each of the step's groups' super-block scale, each
+    (count, C) or (1, C) f32."""
     fmt = level.super_format
     if level.cols > 1:  # one block spans every group: one row of S scales
         wide = spread_supers(supers, level, col0, width) if spread is None else spread
-        if fmt == "float16":
-            return _super_values(wide, fmt)
-        return lax.bitcast_convert_type(wide, jnp.float32)
+        return _super_factors(wide, fmt)
     q = lax.broadcasted_iota(jnp.int32, (count, 1), 0)
     base = first // level.block
     rel = (first + q) // level.block - base  # (count, 1): 0 .. spans - 1
     spans = (count - 1) // level.block + 2 if count > 1 else 1
-    sup = None
+    got: tuple[jax.Array, ...] = ()
     for j in range(spans):
-        v = _super_values(select_row(supers, base + j), fmt)
-        sup = v if sup is None else jnp.where(rel == j, v, sup)
-    assert sup is not None
-    return sup
+        f = _super_factors(select_row(supers, base + j), fmt)
+        got = f if not got else tuple(jnp.where(rel == j, a, b) for a, b in zip(f, got))
+    m, p1, p2 = got
+    return m, p1, p2
 
 
-def _table_times(values: jax.Array, sup: jax.Array, offset: float) -> jax.Array:
-    """``values * sup + offset`` as :func:`emulate.dequantize` computes it, whatever the
-    compiler contracts: ``values * m`` rounded once (``sup = m * 2**e``, ``1 <= |m| <
-    2``), then two exact power-of-two factors (unless the result is below 2**-126, which
-    flushes as there), then the offset added (an FMA of an exact product rounds as the
-    plain add)."""
-    m, e = bits.frexp(sup)
-    e = jnp.maximum(e, -252)
-    half = e >> 1  # floor(e / 2)
+def _scaled(
+    values: jax.Array, factors: tuple[jax.Array, jax.Array, jax.Array], offset: float
+) -> jax.Array:
+    """``values * scale + offset`` as :func:`emulate.dequantize` computes it, whatever the
+    compiler contracts: ``values * m`` rounded once (``factors`` from
+    :func:`_super_factors`), then the two exact power-of-two factors (unless the result is
+    below 2**-126, which flushes as there), then the offset added (an FMA of an exact
+    product rounds as the plain add)."""
+    m, p1, p2 = factors
     v = values * m
-    v = v * bits.pow2_normal(half)
-    v = v * bits.pow2_normal(e - half)
+    v = v * p1
+    v = v * p2
     return v + jnp.float32(offset) if offset else v
 
 
@@ -245,20 +254,30 @@ def step_levels(
     level: Any,
     first: Any,
     count: int,
-    col0: Any = 0,
+    col0: Any = None,
     spread: Any = None,
 ) -> jax.Array:
     """Groups ``first .. first + count - 1``'s two-level values as a (count, C) f32 matrix:
     ``(code - level.zero) * super`` rounded once to f32, or with a codebook
-    ``codebook[code] * super + offset`` (:func:`_table_times`; the table by a select
+    ``codebook[code] * super + offset`` (:func:`_scaled`; the table by a select
     tree, :func:`emulate.pallas.qcodebook.select_tree`): :func:`emulate.dequantize`'s
     value. ``byte_rows``: the codes' bytes as int32 (0..255), packed along the groups
     (8-bit codes one a row); ``supers``: the super-block scales as :func:`super_rows`
     gives them, one row per ``level.block`` groups (``level.cols`` > 1: one row, a scale
     per ``cols`` columns of the weight); ``level``:
     :class:`emulate.pallas.qoffsets.Level`; ``col0``: the weight column of the block's
-    first column (``level.cols`` > 1); ``spread``: :func:`spread_supers` of the block, if
-    made already."""
+    first column (``level.cols`` > 1: this or ``spread`` is required; unused otherwise);
+    ``spread``: :func:`spread_supers` of the block, if made already.
+
+    Raises:
+      ValueError: ``level.cols`` > 1 with neither ``col0`` nor ``spread`` (at trace time:
+        every block but the first would get the first block's scales).
+    """
+    if level.cols > 1 and col0 is None and spread is None:
+        raise ValueError(
+            "col0: expected the weight column of the block's first column (or spread=) "
+            f"for super-block scales of {level.cols} columns each, got None"
+        )
     f = formats.get(level.code_format)
     width = f.bits
     q = lax.broadcasted_iota(jnp.int32, (count, 1), 0)
@@ -268,13 +287,13 @@ def step_levels(
     sup = _supers(supers, level, first, count, col0, byte_rows.shape[1], spread)
     if level.codebook is not None:
         table = tuple(float(v) for v in level.codebook.array().astype(np.float32))
-        return _table_times(qcodebook.select_tree(code, table), sup, level.offset)
+        return _scaled(qcodebook.select_tree(code, table), sup, level.offset)
     if f.signed:
         half = 1 << (width - 1)
         code = (code ^ half) - half
     if level.zero:
         code = code - level.zero
-    return code.astype(jnp.float32) * sup
+    return _scaled(code.astype(jnp.float32), sup, 0.0)
 
 
 def offset_term(sums: jax.Array, offsets: jax.Array) -> jax.Array:

@@ -411,9 +411,9 @@ def grouped(k: int, along_k: bool, group: int) -> tuple[int, bool]:
     return max(_MIN_GROUP, -(-k // _MIN_GROUP) * _MIN_GROUP), True
 
 
-def spec(shape: tuple[int, ...], per_column: bool, bn: int, n: int, cols: int = 1) -> Any:
+def spec(shape: tuple[int, ...], per_column: bool, bn: int, cols: int = 1) -> Any:
     """The BlockSpec of a per-group kernel operand of ``shape`` (the scales, zero points,
-    offsets, super-block scales; ``n`` the weight's columns): every row, the columns of
+    offsets, super-block scales): every row, the columns of
     the output block (``per_column``) or the one column; super-block scales of ``cols`` >
     1 columns each: the window :func:`emulate.pallas.qgroups.supers_window` gives, or the
     whole row."""

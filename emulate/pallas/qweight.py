@@ -253,10 +253,17 @@ def _scaling(
             "columns are built",
         )
     if columns and parts is not None:
+        a = parts.spec
+        there = (
+            ("zero points", a.zero != "none"),
+            ("two-level offsets" if a.offset == "two_level" else "offsets", a.offset != "none"),
+            ("two-level scales", a.scale_level is not None),
+        )
         _refuse(
             arg,
-            f"zero points or offsets in blocks of {bn} columns",
-            "zero points and offsets per column (G, 1) or for all N columns (G, N) are built",
+            f"{' and '.join(name for name, on in there if on)} in blocks of {bn} columns",
+            "zero points, offsets and two-level scales per column (G, 1) or for all N "
+            "columns (G, N) are built",
         )
     along_k = bk < k
     if along_k and bk % _MIN_GROUP:

@@ -13,7 +13,8 @@ FP8 e4m3 weights with one scale per 128 x 128 block, in TPU interpret mode on th
 * a NaN scale makes exactly its block's columns NaN (a one-hot dot would spread it);
 * a DeepSeek-V3 style checkpoint read by the importer, against an oracle of the file's
   bytes (ml_dtypes codes times ``np.kron``-repeated scales, float64);
-* refusals: blocks not a multiple of 128 columns, zero points with column blocks;
+* refusals: blocks not a multiple of 128 columns; zero points, offsets or two-level
+  scales with column blocks, each named;
 * compile-only, the real TPU compiler, compatibility mode on and off: prepared 128 x 128
   (float32 scales) and 128 x 384 (bfloat16) FP8 weights with bf16 activations, and int4
   codes in 128 x 256 blocks with int8 activations (the exact route); v5e by default, v2 to
@@ -236,13 +237,32 @@ def test_blocks_the_kernel_does_not_build_are_refused_by_name():
         fmt="uint8",
         zero_points=jnp.ones((2, 2), jnp.uint8),
     )
+    inner = emulate.QArray.from_parts(
+        jnp.ones((2, 2), jnp.uint8), jnp.ones((2, 2), jnp.float16), block_shape=(1, 1), fmt="uint8"
+    )
+    q_two = emulate.QArray.from_parts(jnp.ones((256, 256), E4M3), inner, block_shape=(128, 128))
+    q_offsets = emulate.QArray.from_parts(
+        jnp.ones((256, 256), jnp.uint8),
+        jnp.ones((2, 2), jnp.float16),
+        block_shape=(128, 128),
+        fmt="uint8",
+        zero_points=3,
+        offsets=jnp.ones((2, 2), jnp.float32),
+    )
     cases = [
         (q64, r"^w: emulate.pallas.matmul does not decode blocks of 64 columns in the kernel "
               r"\(block_shape \(128, 64\): one scale per column \(G, 1\), per group for all N "
               r"columns \(G, N\) or per block of a multiple of 128 columns are built\); use "
               r"emulate.dot_general for this QArray$"),
-        (q_zero, r"^w: emulate.pallas.matmul does not decode zero points or offsets in blocks "
-                 r"of 128 columns in the kernel"),
+        (q_zero, r"^w: emulate.pallas.matmul does not decode zero points in blocks of 128 "
+                 r"columns in the kernel"),
+        # two-level scales (no zero points, no offsets) are named as what they are
+        (q_two, r"^w: emulate.pallas.matmul does not decode two-level scales in blocks of 128 "
+                r"columns in the kernel \(zero points, offsets and two-level scales per column "
+                r"\(G, 1\) or for all N columns \(G, N\) are built\); use emulate.dot_general "
+                r"for this QArray$"),
+        (q_offsets, r"^w: emulate.pallas.matmul does not decode zero points and offsets in "
+                    r"blocks of 128 columns in the kernel"),
     ]  # fmt: skip
     for q, message in cases:
         with pytest.raises(NotImplementedError, match=message):

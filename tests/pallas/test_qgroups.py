@@ -3,7 +3,8 @@ run as plain JAX on the CPU (the kernel runs them in Pallas; tests/pallas/test_q
 covers them there and with the real TPU compiler): the step's two-level values bit for
 bit against a float64 oracle from the codes before packing (every step position of the
 groups, 3- to 8-bit codes of both signs, a zero point, a ragged last step, NaN, Inf, -0
-and tiny super-block scales kept in their own groups); the group sums and the offset
+and tiny super-block scales kept in their own groups; f32 and bf16 subnormal super-block
+scales keep their value, as emulate.dequantize keeps it); the group sums and the offset
 term exact on integer-valued bf16, f32 and int8 tiles.
 """
 
@@ -129,3 +130,63 @@ def test_the_window_of_nested_scales_an_output_block_reads():
     assert qgroups.supers_window(2, 256) == (128, 1)
     for cols, bn in ((1, 256), (3, 256), (256, 128), (8, 24)):
         assert qgroups.supers_window(cols, bn) is None
+
+
+# Subnormal f32 and bf16 super-block scales (a bitsandbytes nested float32 absmax2 can be
+# one) keep their value, as emulate.dequantize keeps it: the kernel once split them with a
+# float frexp, which flushed them to 0 (review of issue 27). The oracle: the exact product
+# rounded to 24 bits, then results below 2**-126 flushed (the CPU and the TPU flush them,
+# and emulate.dequantize's documented arithmetic does).
+_SUBNORMALS = [2.0**-127, -1.5 * 2.0**-127, 2.0**-133, 1.25 * 2.0**-130]
+
+
+def _rounded_and_flushed(exact: np.ndarray) -> np.ndarray:
+    big = (exact * 2.0**100).astype(np.float32).astype(np.float64)  # 24 bits, no subnormals
+    return np.where(np.abs(big) < 2.0**-26, 0.0, big * 2.0**-100).astype(np.float32)
+
+
+@pytest.mark.parametrize("sf", ["float32", "bfloat16"])
+@pytest.mark.parametrize("cols", [1, 4])
+@pytest.mark.parametrize("table", [False, True], ids=["codes", "table"])
+def test_subnormal_super_scales_keep_their_value(sf, cols, table):
+    rng = np.random.default_rng(cols)
+    groups, n, block = 8, 16, 4 if cols == 1 else 8
+    codes = rng.integers(0, 256, (groups, n))
+    codes[0, :2] = [0, 255]
+    cb = np.sort(rng.uniform(-4, 4, 256)).astype(np.float32)
+    cb[[0, 255]] = [-4.0, 4.0]
+    values = cb[codes].astype(np.float64) if table else codes - 3.0  # zero point 3
+    tiny = _SUBNORMALS + ([2.0**-149] if sf == "float32" else [])
+    shape = (groups // block, n // cols)
+    supers = rng.choice(tiny, shape).astype(np.float32)
+    supers.flat[: len(tiny)] = tiny[: supers.size]
+    supers = supers.astype(ml_dtypes.bfloat16 if sf == "bfloat16" else np.float32)
+    book = emulate.codebooks.codebook(cb) if table else None
+    level = qoffsets.Level("uint8", block, sf, 0 if table else 3, book, 0.0, cols)
+    sup = np.repeat(np.repeat(supers.astype(np.float64), block, axis=0), cols, axis=1)
+    want = _rounded_and_flushed(values * sup)
+    assert np.count_nonzero(want) > want.size // 4  # most products are normal numbers
+    run = jax.jit(
+        lambda b, s, col0: qgroups.step_levels(b, qgroups.super_rows(s, sf), level, 0, groups, col0)
+    )
+    width = 8
+    for col0 in range(0, n, width):
+        byte_rows = jnp.asarray(codes[:, col0 : col0 + width].astype(np.int32))
+        s = supers if cols > 1 else supers[:, col0 : col0 + width]  # the block's columns
+        got = np.asarray(run(byte_rows, jnp.asarray(s), jnp.int32(col0)))
+        np.testing.assert_array_equal(got, want[:, col0 : col0 + width])
+
+
+def test_scales_of_several_columns_need_the_blocks_first_column():
+    # without col0 (or spread) every output block but the first would silently get the
+    # first block's scales: refused at trace time, naming the argument
+    level = qoffsets.Level("uint8", 4, "float32", 0, None, 0.0, 4)
+    b, s = jnp.zeros((4, 8), jnp.int32), jnp.ones((1, 4), jnp.float32)
+    message = (
+        r"^col0: expected the weight column of the block's first column \(or spread=\) for "
+        r"super-block scales of 4 columns each, got None$"
+    )
+    with pytest.raises(ValueError, match=message):
+        qgroups.step_levels(b, qgroups.super_rows(s, "float32"), level, 0, 4)
+    got = qgroups.step_levels(b, qgroups.super_rows(s, "float32"), level, 0, 4, col0=8)
+    np.testing.assert_array_equal(np.asarray(got), np.zeros((4, 8), np.float32))

@@ -10,7 +10,9 @@ codebook QArray (``gamma_(K + S + 4)``). Hypothesis draws the shapes (K not a mu
 64, a partial nested block past 256 groups, nested blocks of several columns spanning
 every group as bitsandbytes' layout makes them for K < 16384, M = 1, N odd or past one
 output block), the codes (the table's zero entry, -1 and +1, NF4's ends) and special
-values (zero and NaN nested scales, +-0 and subnormal activations).
+values (zero and NaN nested scales, +-0 and subnormal activations). A block shape whose
+output blocks spread the nested scales from their whole row is refused by the VMEM check
+when that row is too long (no kernel runs).
 tests/importers/test_conventions_qarray.py runs an imported checkpoint bit for bit;
 tests/pallas/test_qgroups.py the decoded scales bit for bit; tests/pallas/test_qoffsets.py
 the real TPU compiler.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -128,3 +131,44 @@ def test_nested_blocks_of_several_columns_not_spanning_k_are_refused():
     )
     with pytest.raises(NotImplementedError, match=message):
         emulate.pallas.prepare_weight(q)
+
+
+def test_spreading_a_whole_row_of_nested_scales_counts_in_the_vmem_check():
+    # bn = 384 and nested scales of 4 columns: no window fits (384 / 4 = 96), so each
+    # output block spreads from the whole row of N / 4 scales, a (N / 4, bn) f32 selector:
+    # 24 MiB at N = 65536, past tpu_v4's 16 MiB of VMEM. Uncounted, Mosaic refused it
+    # (RESOURCE_EXHAUSTED, 16.75M of 16.00M vmem); counted, a ValueError names block_shape
+    # before anything compiles (eval_shape: nothing runs).
+    k, n = 64, 65536
+    inner = emulate.QArray.from_parts(
+        jnp.zeros((1, n), jnp.uint8),
+        jnp.ones((1, n // 4), jnp.float32),
+        block_shape=(1, 4),
+        codebook=np.linspace(-1, 1, 256).astype(np.float32),
+        offsets=0.01,
+    )
+    q = emulate.QArray.from_parts(
+        emulate.pack(np.zeros((k, n), ml_dtypes.uint4), axis=0),
+        inner,
+        block_shape=(64, 1),
+        codebook=codebooks.NF4,
+    )
+    x = jax.ShapeDtypeStruct((16, k), jnp.bfloat16)
+    message = (
+        r"^block_shape: \(16, 384, 256\) needs about \d+ bytes of VMEM \(26738688 of them to "
+        r"spread the whole row of 16384 super-block scales of 4 columns each to every output "
+        r"block: a bn with bn / 4 a divisor or a multiple of 128 reads a window of them\), "
+        r"more than tpu_v4's 16777216; use smaller blocks(\n|$)"  # then jax's traceback note
+    )
+    for block_shape in ((16, 384, 256), None):  # the default bn = 256 reads windows of 128
+
+        def fn(x, block_shape=block_shape):
+            return emulate.pallas.matmul(
+                x, q, target="tpu_v4", out_dtype="float32", block_shape=block_shape
+            )
+
+        if block_shape is None:
+            assert jax.eval_shape(fn, x).shape == (16, n)
+            continue
+        with pytest.raises(ValueError, match=message):
+            jax.eval_shape(fn, x)

@@ -489,14 +489,7 @@ class TestPassThrough:
                 assert got.sharding == want.sharding
 
 
-FLOAT8 = [
-    "float8_e4m3fn",
-    "float8_e5m2",
-    "float8_e4m3fnuz",
-    "float8_e5m2fnuz",
-    "float8_e4m3b11fnuz",
-    "float8_e3m4",
-]
+FLOAT8 = [f for f in BOUNDED if f.startswith("float8_")]
 
 
 def _midpoint_product(dt: np.dtype) -> tuple[float, float, float]:

@@ -8,11 +8,12 @@ all of them (:func:`spec`: Mosaic takes a block whose last dim is the array's ow
 the index never changes, so Pallas fetches it once per call). No copy is made outside
 the kernel: a prepared weight costs the QArray's bytes.
 
-In the kernel (:func:`widen`), a group's row of factors (``(1, ceil(N / C))`` f32, as
-:func:`emulate.pallas.qsteps.scale_rows` decodes them) becomes the output block's ``(1,
-bn)`` row: each slice of ``w = gcd(bn, C)`` lanes (a multiple of 128, inside one block
-column) takes its block's factor, picked with a one-hot lane sum (exact: the other lanes
-add +0; NaN and Inf stay in their block, where a one-hot dot would spread them with
+In the kernel (:func:`widen`), a group's row of scales (``(1, ceil(N / C))``, as
+:func:`emulate.pallas.qsteps.scale_rows` holds them: f32 factors, or the int32 bits of
+float32 and bfloat16 scales) becomes the output block's ``(1, bn)`` row: each slice of
+``w = gcd(bn, C)`` lanes (a multiple of 128, inside one block column) takes its block's
+factor, picked with a one-hot lane sum (exact: the other lanes add +0, and bits are
+summed as integers; NaN and Inf stay in their block, where a one-hot dot would spread them with
 ``NaN * 0``) and broadcast along the slice. Lanes past the last block column get 0 (their
 output columns lie past N, dropped). The group path of :mod:`emulate.pallas.qsteps` then
 applies the row as it does a per-column scale row: the numerics are those of ``(G, 1)``
@@ -45,10 +46,10 @@ def spec(shape: tuple[int, int]) -> Any:
 
 
 def widen(row: jax.Array, columns: int, bn: int, j: Any) -> jax.Array:
-    """In the kernel: ``row`` (R, B) of one factor per block column, as the (R, bn) rows of
-    output block ``j`` (dynamic) of ``bn`` columns: lane ``c`` takes block column
-    ``(j * bn + c) // columns`` (0 past the last one). ``columns`` and ``bn``: multiples
-    of 128."""
+    """In the kernel: ``row`` (R, B) of one scale per block column (f32 or int32 bits), as
+    the (R, bn) rows of output block ``j`` (dynamic) of ``bn`` columns: lane ``c`` takes
+    block column ``(j * bn + c) // columns`` (0 past the last one). ``columns`` and
+    ``bn``: multiples of 128."""
     r, b = row.shape
     width = math.gcd(bn, columns)
     lane = lax.broadcasted_iota(jnp.int32, (r, b), 1)

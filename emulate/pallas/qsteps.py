@@ -15,7 +15,7 @@ from jax import lax
 
 from emulate import formats
 from emulate.numerics import codecs
-from emulate.numerics.bits import frexp, pow2_normal, times_pow2
+from emulate.numerics.bits import frexp, frexp_bits, pow2_normal, times_pow2
 from emulate.numerics.scales import scale_frexp
 from emulate.pallas import qblocks, qgroups, qoffsets, route
 from emulate.pallas.qweight import Scaling
@@ -41,14 +41,25 @@ _ROW_SCALED = {("float4_e2m1fn", "float8_e4m3fn")}
 _ROW_SCALED_MIN_BM = 256
 
 
+#: Scale formats held as int32 bits in the kernel and split into two factors only in the
+#: rows a step selects (a float operation would flush a subnormal scale on the CPU and the
+#: TPU, which :func:`emulate.dequantize` and :func:`emulate.dot_general` keep).
+_WIDE = ("float32", "bfloat16")
+
+
+def _wide_frexp(bits: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(m, e)`` of float32 scales given as int32 bits (integer operations only)."""
+    return frexp_bits(lax.bitcast_convert_type(bits, jnp.uint32))
+
+
 def scale_rows(block: jax.Array, scale_format: str) -> tuple[jax.Array, jax.Array | None]:
-    """A loaded scale block as f32 ``(value, None)``, or for float8_e8m0fnu ``(2**(e//2),
-    2**(e - e//2))`` (both normal f32; NaN for the NaN code): one row per group."""
+    """A loaded scale block, one row per group: f32 ``(value, None)``; float32 and bfloat16
+    as ``(bits, None)``, their int32 f32 bits (:func:`emulate.pallas.qgroups.super_rows`),
+    which :func:`group_scale` splits into factors in the row it selects; float8_e8m0fnu
+    ``(2**(e//2), 2**(e - e//2))`` (both normal f32; NaN for the NaN code)."""
     f = formats.get(scale_format)
-    if scale_format == "float32":
-        return block, None
-    if scale_format == "bfloat16":
-        return block.astype(jnp.float32), None
+    if scale_format in _WIDE:
+        return qgroups.super_rows(block, scale_format), None
     if block.dtype.itemsize == 1 and jnp.issubdtype(block.dtype, jnp.floating):
         block = lax.bitcast_convert_type(block, jnp.int8)  # Mosaic bitcasts to int8
     c = block.astype(jnp.int32) & f.code_mask
@@ -73,6 +84,8 @@ def store_factors(block: jax.Array | None, s: Scaling) -> tuple[Any, Any]:
         c = block.astype(jnp.int32) & 0xFF
         m = jnp.where(c == 255, jnp.float32(jnp.nan), jnp.float32(1))
         return m, jnp.where(c == 255, 0, c - 127)
+    if s.scale_format in _WIDE:
+        return _wide_frexp(qgroups.super_rows(block, s.scale_format))
     v, _ = scale_rows(block, s.scale_format)
     return frexp(v)
 
@@ -84,19 +97,27 @@ def tensor_parts(tensor_scale: Any) -> tuple[jax.Array, jax.Array]:
 
 
 def group_scale(
-    parts: tuple[jax.Array, jax.Array | None], index: Any, cfg: Any = None
+    parts: tuple[jax.Array, jax.Array | None], index: Any, cfg: Any
 ) -> tuple[jax.Array, jax.Array | None]:
-    """Group ``index``'s scale factors (as :func:`scale_rows`) as (1, C) rows; for scale
-    blocks of several columns (``cfg.scaling.columns``), the output block's (1, bn) rows
-    (:func:`emulate.pallas.qblocks.widen`)."""
+    """Group ``index``'s scale factors (``parts`` as :func:`scale_rows` gives them) as
+    (1, C) rows; for scale blocks of several columns (``cfg.scaling.columns``), the output
+    block's (1, bn) rows (:func:`emulate.pallas.qblocks.widen`). float32 and bfloat16
+    scales (``cfg.scaling.scale_format``; held as bits) become two normal f32 factors
+    ``(m * 2**(e - e//2), 2**(e//2))``: subnormal scales keep their value, a partial sum
+    times the first rounds once as times ``m``, the second is exact unless the result is
+    below 2**-126 (flushed there as in :func:`emulate.dot_general`)."""
     lo = qgroups.select_row(parts[0], index)
     hi = None if parts[1] is None else qgroups.select_row(parts[1], index)
-    if cfg is not None and cfg.scaling.columns:
+    if cfg.scaling.columns:
         from jax.experimental import pallas as pl  # noqa: PLC0415 - kernel-side only
 
         j, cols = pl.program_id(1), cfg.scaling.columns
         lo = qblocks.widen(lo, cols, cfg.bn, j)
         hi = None if hi is None else qblocks.widen(hi, cols, cfg.bn, j)
+    if cfg.scaling.scale_format in _WIDE:
+        m, e = _wide_frexp(lo)
+        half = e >> 1
+        lo, hi = m * pow2_normal(e - half), pow2_normal(half)
     return lo, hi
 
 

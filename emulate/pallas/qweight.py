@@ -32,11 +32,13 @@ operand. Which blocks the kernel applies and where (:class:`Scaling`):
   one resident block as stored, ``(ceil(K/G), ceil(N/C))``, each group's row spread over
   the output block's lanes in the kernel (:mod:`emulate.pallas.qblocks`).
 
-Scale types in the kernel: float32 and bfloat16 widen exactly (a bfloat16 subnormal
-flushes); float8 scales are decoded from their bits; float8_e8m0fnu scales are applied as
-two normal powers of two (2**-127 included); float16 scales go in as uint16 bits (Mosaic
-refuses float16 operands: "Invalid vector type for load"), a bitcast outside the kernel
-on every call (XLA:TPU copies for it) unless the weight is prepared once with
+Scale types in the kernel: float32 and bfloat16 are split into ``(m, e)`` from their bits
+and applied as two normal factors (:func:`emulate.pallas.qsteps.scale_rows`; a subnormal
+scale keeps its value, as in :func:`emulate.dot_general`); float8 scales are decoded from
+their bits; float8_e8m0fnu scales are applied as two normal powers of two (2**-127
+included); float16 scales go in as uint16 bits (Mosaic refuses float16 operands:
+"Invalid vector type for load"), a bitcast outside the kernel on every call (XLA:TPU
+copies for it) unless the weight is prepared once with
 :func:`prepare_weight`, which also puts sub-byte codes in the K-planar layout.
 
 Zero points, offsets (``W = (q - z) * s + o``) and two-level scales and offsets (GGUF

@@ -338,3 +338,26 @@ def test_vmap_runs_one_kernel_per_index_with_the_same_bits():
     stacked = jax.tree.map(lambda *v: jnp.stack(v), p, p)  # two prepared weights
     both = jax.vmap(lambda w: run(xs[0], w))(stacked)
     np.testing.assert_array_equal(_bits(both), _bits(np.stack([each[0], each[0]])))
+
+
+@pytest.mark.parametrize("scale_dtype", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("block_rows", [64, 256])
+def test_subnormal_scales_keep_their_value(scale_dtype, block_rows):
+    # Scales 2**-127 and -3 * 2**-133 (subnormal in f32 and bf16) in groups of 64 rows and
+    # per output channel: each group's sum (integer, exact) times its scale is a normal
+    # f32 number, so the result is that exact sum; a float operation on the scale would
+    # flush it to 0.
+    k, n = 256, 128
+    codes = np.full((k, n), 100, np.int8)
+    codes[:, 1::2] = -7
+    grid = (k // block_rows, n)
+    s = np.where(np.arange(n) % 3 == 0, 2.0**-127, -3 * 2.0**-133) * np.ones(grid)
+    q = emulate.QArray.from_parts(
+        jnp.asarray(codes), jnp.asarray(s.astype(scale_dtype)), block_shape=(block_rows, 1)
+    )
+    x = np.full((2, k), 1000.0, ml_dtypes.bfloat16)
+    got = np.asarray(emulate.pallas.matmul(x, q, target="tpu_v5e", out_dtype=jnp.float32))
+    exact = 1000.0 * codes.astype(np.float64).sum(axis=0) * s[0]  # every product exact
+    want = np.broadcast_to(exact.astype(np.float32), got.shape)
+    assert np.abs(want).min() > 2.0**-126  # normal results
+    np.testing.assert_array_equal(got, want)

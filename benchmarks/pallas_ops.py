@@ -32,7 +32,7 @@ import emulate
 import emulate.pallas
 from benchmarks import harness
 from benchmarks.cases import parse_shape
-from benchmarks.quantized import SCHEMES, pallas_weight
+from benchmarks.quantized import SCHEMES, offset_pairs, pallas_weight
 from emulate.compiler import devices
 
 _OP = re.compile(r'= "?([a-z_]+\.[a-z_.]+)')
@@ -102,11 +102,8 @@ def run(args: argparse.Namespace) -> harness.Report:
             f"| {scheme.title} | {c['ops']} | {c['matmuls']} | {c['vector_elements'] / 1e6:.2f} |"
         )
     lines.append("")
-    for name, scheme in SCHEMES.items():
-        if scheme.base_of in got and name in got:
-            lines.append(
-                f"vector elements {scheme.base_of} / {name}: {got[scheme.base_of] / got[name]:.2f}"
-            )
+    for base, name, ratio in offset_pairs(got):
+        lines.append(f"vector elements {base} / {name}: {ratio:.2f}")
     data = {"benchmark": "pallas_ops", "command": args.command, "rows": rows}
     return harness.Report(data, "\n".join(lines) + "\n")
 

@@ -28,7 +28,7 @@ import emulate
 import emulate.pallas
 from benchmarks import harness
 from benchmarks.cases import parse_shape
-from benchmarks.quantized import SCHEMES, pallas_weight
+from benchmarks.quantized import SCHEMES, offset_pairs, pallas_weight
 
 #: Calls per timed program: one call costs a few hundred microseconds of dispatch on the
 #: lent machine, more than the kernel.
@@ -92,10 +92,8 @@ def run(args: argparse.Namespace) -> harness.Report:
             f"(d) {name}: median {med * 1e6:.1f} us ({med / f_med:.2f}x (a)), "
             f"min {mn * 1e6:.1f} us; weight {q.nbytes / 1e6:.2f} MB"
         )
-    for name, scheme in SCHEMES.items():
-        if scheme.base_of in got and name in got:
-            ratio = got[scheme.base_of] / got[name]
-            lines.append(f"offset term {scheme.base_of} / {name}: {ratio:.3f}")
+    for base, name, ratio in offset_pairs(got):
+        lines.append(f"offset term {base} / {name}: {ratio:.3f}")
     data = {"benchmark": "pallas_qtime", "command": args.command, "device": kind, "rows": rows}
     return harness.Report(data, "\n".join(lines) + "\n")
 

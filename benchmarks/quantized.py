@@ -294,6 +294,16 @@ SCHEMES: dict[str, Scheme] = {
 }
 
 
+def offset_pairs(got: dict[str, float]) -> list[tuple[str, str, float]]:
+    """``(with, without, got[with] / got[without])`` for each scheme in ``got`` whose
+    variant without its offset term (``base_of``) is in ``got`` too."""
+    return [
+        (s.base_of, name, got[s.base_of] / got[name])
+        for name, s in SCHEMES.items()
+        if s.base_of in got and name in got
+    ]
+
+
 def weight_shape(scheme: Scheme, k: int, n: int) -> tuple[int, int]:
     """The weight's array shape: (N, K) for GGUF rows, (K, N) otherwise."""
     return (n, k) if scheme.dn == NK else (k, n)

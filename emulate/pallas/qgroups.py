@@ -107,10 +107,8 @@ def super_rows(block: jax.Array, fmt: str) -> jax.Array:
     the TPU): float32 as its bits, bfloat16 as the bits of its f32 widening (``<< 16``),
     float16 (held as uint16 bits) as its 16 bits, decoded only in the rows a step
     selects (the bit formulas cost about 15 vector ops an element)."""
-    if fmt == "float32":
-        return lax.bitcast_convert_type(block, jnp.int32)
-    if fmt == "bfloat16":
-        return (lax.bitcast_convert_type(block, jnp.uint16).astype(jnp.int32) & 0xFFFF) << 16
+    if fmt in ("float32", "bfloat16"):
+        return lax.bitcast_convert_type(bits.f32_bits(block), jnp.int32)
     return block.astype(jnp.int32) & 0xFFFF
 
 

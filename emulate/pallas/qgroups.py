@@ -146,32 +146,27 @@ def _words(byte_rows: jax.Array, first: Any, count: int, bits: int) -> jax.Array
     return w.astype(jnp.int32)
 
 
-def _spread(row: jax.Array, col0: Any, cols: int, width: int) -> jax.Array:
-    """(1, width) int32: for output columns ``col0 .. col0 + width - 1``, the entry
-    ``(col0 + c) // cols`` of ``row`` (1, S) int32 bits (past the end: 0), by one one-hot
-    f32 dot of the bits' four bytes (exact: each output sums one byte and zeros; a NaN's
-    bits stay in their columns, as a dot of the values would not)."""
-    s = row.shape[1]
+def spread_supers(supers: jax.Array, level: Any, col0: Any, width: int) -> jax.Array:
+    """Super-block scales of ``level.cols`` columns each (one (1, S) row of int32 bits, as
+    :func:`super_rows` gives it) as the (1, width) int32 bits of each column's scale, for
+    the output block whose first weight column is ``col0``: column ``c`` takes entry
+    ``(col0 + c) // level.cols`` (past the end: 0). One one-hot f32 dot of the bits' four
+    bytes (exact: each output sums one byte and zeros; a NaN's bits stay in their columns,
+    as a dot of the values would not); :func:`step_levels`' ``spread``, made once per
+    output block (:func:`block_spread`)."""
+    s = supers.shape[1]
     plane = lax.broadcasted_iota(jnp.int32, (8, s), 0)
-    shifted = lax.shift_right_logical(jnp.broadcast_to(row, (8, s)), (plane & 3) * 8)
+    shifted = lax.shift_right_logical(jnp.broadcast_to(supers, (8, s)), (plane & 3) * 8)
     byte = (shifted & 0xFF).astype(jnp.float32)
     t = (
         col0
         + lax.broadcasted_iota(jnp.int32, (s, width), 1)
-        - lax.broadcasted_iota(jnp.int32, (s, width), 0) * cols
+        - lax.broadcasted_iota(jnp.int32, (s, width), 0) * level.cols
     )
-    pick = jnp.where((t >= 0) & (t < cols), 1.0, 0.0)
+    pick = jnp.where((t >= 0) & (t < level.cols), 1.0, 0.0)
     got = lax.dot(byte, pick, precision=_HIGHEST, preferred_element_type=jnp.float32)
     b = got.astype(jnp.int32)
     return b[0:1] | (b[1:2] << 8) | (b[2:3] << 16) | (b[3:4] << 24)
-
-
-def spread_supers(supers: jax.Array, level: Any, col0: Any, width: int) -> jax.Array:
-    """Super-block scales of ``level.cols`` columns each (one row, as :func:`super_rows`
-    gives it) as the (1, width) int32 bits of each column's scale, for the output block
-    whose first weight column is ``col0``: :func:`step_levels`' ``spread``, made once per
-    output block (a one-hot dot over every scale of the row)."""
-    return _spread(supers, col0, level.cols, width)
 
 
 def supers_window(cols: int, bn: int) -> tuple[int, int] | None:

@@ -18,6 +18,8 @@ No JAX import here: conftest reads this module before JAX is imported.
 
 from __future__ import annotations
 
+import os
+
 #: Added to ``XLA_FLAGS`` for the suite (module docstring).
 TEST_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=0")
 
@@ -31,3 +33,11 @@ def with_flags(xla_flags: str, add: bool) -> str:
         return " ".join(f for f in flags if f.split("=")[0] not in ours)
     named = {f.split("=")[0] for f in flags}
     return " ".join(flags + [f for f in TEST_XLA_FLAGS if f.split("=")[0] not in named])
+
+
+def host_devices_env(count: int = 8) -> dict[str, str]:
+    """This process's environment for a subprocess with ``count`` host CPU devices: its
+    ``XLA_FLAGS`` (the suite's settings included) plus the device count."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}"
+    return env

@@ -9,13 +9,13 @@ The checks run in a subprocess (XLA_FLAGS must be set before JAX starts)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 from _sweeps import LONG
+from _xla_flags import host_devices_env
 
 SCRIPT = textwrap.dedent(
     """
@@ -150,8 +150,7 @@ LOADED_PLANS = [("cpu", "exact")] + ([("tpu_v5e", "fast")] if LONG else [])
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    env = host_devices_env(8)
     cmd = [sys.executable, "-c", SCRIPT, json.dumps(PLANS), json.dumps(LOADED_PLANS)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -7,20 +7,19 @@ starts), so the rest of the suite keeps its single device.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
+from _xla_flags import host_devices_env
 
 SCRIPT = pathlib.Path(__file__).with_name("_sharded_polyfill.py")
 
 
 @pytest.fixture(scope="module")
 def result():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    env = host_devices_env(8)
     cmd = [sys.executable, str(SCRIPT)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]

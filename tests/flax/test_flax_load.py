@@ -18,7 +18,6 @@ representation (zero points, offsets, 5-bit codes): they pass once h24-rep is me
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _xla_flags import host_devices_env
 from flax import linen as nn
 from flax import nnx
 from gguf import GGMLQuantizationType
@@ -410,8 +410,7 @@ def test_refusals_name_the_tensor_and_the_path(checkpoint) -> None:
 
 def test_sharded_along_n_on_eight_devices_equals_unsharded() -> None:
     script = pathlib.Path(__file__).with_name("_sharded_load.py")
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    env = host_devices_env(8)
     out = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env
     )

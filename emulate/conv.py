@@ -103,6 +103,7 @@ def conv_general_dilated(
         K-chunk, or that needs chunking with ``feature_group_count`` or
         ``batch_group_count`` above 1 (not built); a contraction beyond the plan's K limit.
     """
+    precision = args.precision_arg(precision)
     if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
         args.preferred(preferred_element_type)  # emulate's message for a type that is none
         nd = min(np.ndim(cast(Any, lhs)), np.ndim(cast(Any, rhs)))

@@ -92,6 +92,7 @@ def dot_general(
         dimension numbers (emulate's message, naming the operands and the target, with
         JAX's exception type); emulate's own refusals as documented in docs/api.md.
     """
+    precision = args.precision_arg(precision)
     if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
         args.preferred(preferred_element_type)  # emulate's message for a type that is none
         dn = args.dot_dimension_numbers(
@@ -169,6 +170,7 @@ def matmul(
     of :func:`dot_general` (``lax.dot_general``'s rule), where ``jnp.matmul`` raises.
     ``out_sharding`` as in ``jnp.matmul``.
     """
+    precision = args.precision_arg(precision)
     if passes_through(a, b, a_format, b_format, target, mode, preferred_element_type):
         return jnp.matmul(  # plain arrays or scalars: passes_through checked them
             cast(Any, a),
@@ -285,6 +287,7 @@ def einsum(
       Otherwise what ``jnp.einsum`` raises for the same call.
     """
     mode = targets.current_mode(mode)
+    precision = args.precision_arg(precision)
     full = (subscripts, *operands)
     if isinstance(subscripts, str):
         positions = list(range(1, len(full)))
@@ -327,9 +330,9 @@ def einsum(
         x if f is None else from_codes(operand(x, f, arg=f"operands[{i}]").unpacked(), f)
         for i, (x, f) in enumerate(zip(arrays, fm, strict=True))
     ]
-    args = list(full)
+    full_values = list(full)
     for i, v in zip(positions, values, strict=True):
-        args[i] = v
+        full_values[i] = v
     names = [np.dtype(v.dtype).name for v in values if is_array(v)]
     kw: dict[str, Any] = dict(
         out=out,
@@ -339,11 +342,11 @@ def einsum(
         out_sharding=out_sharding,
     )
     if mode == "fast" and not any(n in formats.LOW_PRECISION for n in names):
-        return jnp.einsum(*args, **kw)
+        return jnp.einsum(*full_values, **kw)
     if preferred_element_type is None and names and _jnp_result_type(*names) is None:
         kw["preferred_element_type"] = _lax_result_type(names)
     dot = _einsum_dot(targets.current_target(target), mode)
-    return jnp.einsum(*args, _dot_general=dot, **kw)
+    return jnp.einsum(*full_values, _dot_general=dot, **kw)
 
 
 def _lax_result_type(names: Sequence[str]) -> str:

@@ -70,7 +70,10 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.numerics.accumulate",
         ],
     ),
-    ("quantized operands", ["emulate.qparts", "emulate.qarray", "emulate.quant", "emulate.mx"]),
+    (
+        "quantized operands",
+        ["emulate.qparts", "emulate.qindex", "emulate.qarray", "emulate.quant", "emulate.mx"],
+    ),
     (
         "importers: block layouts",
         [

@@ -89,7 +89,9 @@ def conv_general_dilated(
     that change along them (blocks along the input features): mode "fast" convolves the
     dequantized values (bf16 where exact, f32 at ``Precision.HIGHEST`` otherwise) with
     an f32 accumulator; mode "exact" gives the dequantized values to mode "exact". The
-    result type is ``lax.conv_general_dilated``'s for a kernel of the QArray's ``dtype``.
+    result type is the type both operands promote to (``lax.conv_general_dilated`` takes one
+    dtype; :func:`emulate.formats.promoted`, as flax's Conv promotes them), for a kernel of
+    the QArray's ``dtype``.
     Either way the f32 sum is within ``gamma_(K + 4) * sum|a*b|`` of the exact sum over
     the dequantized values (plus the underflow term of :mod:`emulate.bounds`).
 

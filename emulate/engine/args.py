@@ -459,6 +459,8 @@ def _conv_result(a: Operand, b: Operand | QArray, pet: str | None) -> tuple[str,
     """(result, wrap_to) of a convolution of these operands."""
     if not isinstance(b, QArray):
         return _dot_result(a, b, pet)
+    if pet is None:  # lax takes one kernel dtype: both promoted to it (as flax's Conv does)
+        pet = formats.promoted(a.format_name, b.dtype.name)
     out = formats.dot_result(a.format_name, b.dtype.name, pet)
     if not out.xla_storable or out.is_low_precision or out.is_integer:
         raise ValueError(

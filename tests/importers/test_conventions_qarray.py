@@ -20,6 +20,7 @@ import pytest
 from _st_cases import AWQ_CONFIG, awq_tensors, bnb_tensors, ct_tensors, gptq_tensors, write
 
 import emulate
+import emulate.bounds
 import emulate.pallas
 from emulate.importers import safetensors as S
 
@@ -155,6 +156,12 @@ def test_imported_qarray_matmul_within_bound(tmp_path, name: str, target: str) -
     n = 2 * k + 4
     bound = (n * 2.0**-24 / (1 - n * 2.0**-24)) * (np.abs(x) @ mag) + 2.0**-126
     assert np.all(np.abs(got - exact) <= bound)
+    # and the plain weight's bound (issue 40): gamma_(K + S + 5) * sum |x| |W|, the zero
+    # points subtracted as integers, S the scale blocks along K
+    segments = -(-k // q.block_shape[-2])
+    n = k + segments + emulate.bounds.QARRAY_ROUTE_TERMS["xla"]  # qarray_bound's, batched
+    plain = emulate.bounds.gamma(n) * (np.abs(x) @ np.abs(wf)) + n * 2.0**-125
+    assert np.all(np.abs(got - exact) <= plain)
 
 
 @pytest.mark.parametrize("quant_type", ["nf4", pytest.param("fp4", marks=pytest.mark.long)])

@@ -144,6 +144,19 @@ def test_every_loader_returns_the_checkpoints_out_in_orientation(tmp_path, name:
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("name", CASES)
+def test_an_imported_qarray_gives_its_dense_weights_result_type(tmp_path, name: str) -> None:
+    """bf16, f16 and f32 activations times the checkpoint's QArray (float16 AWQ / GPTQ,
+    bfloat16 compressed-tensors, FP8, NVFP4, ...) give what jnp.matmul gives with the
+    dense weight of the QArray's dtype (issue 40): traced only, nothing compiled."""
+    q, _, _, _ = case(name, tmp_path, np.random.default_rng(CASES.index(name)))
+    w = jax.ShapeDtypeStruct(q.shape, q.dtype)
+    for xd in (jnp.bfloat16, jnp.float16, jnp.float32):
+        x = jax.ShapeDtypeStruct((2, q.shape[-2]), xd)
+        want = jax.eval_shape(jnp.matmul, x, w).dtype
+        assert jax.eval_shape(lambda x: emulate.matmul(x, q), x).dtype == want, (name, xd)
+
+
 def test_an_unknown_layout_is_refused(tmp_path) -> None:
     t = awq_tensors(np.random.default_rng(0), 64, 32, 16)
     with pytest.raises(ValueError) as e:

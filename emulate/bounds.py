@@ -32,11 +32,13 @@ from emulate.formats import F32_MIN_NORMAL
 
 __all__ = [
     "F32_MIN_NORMAL",
+    "QARRAY_ROUTE_TERMS",
     "U_F32",
     "UNDERFLOW_PER_TERM",
     "dot_general_bound",
     "einsum_subscripts",
     "gamma",
+    "qarray_bound",
 ]
 
 U_F32 = 2.0**-24
@@ -94,6 +96,48 @@ def dot_general_bound(
     flushed = flushed * (1 + 2 * max(k, 1) * 2.0**-53)
     g = gamma(k + extra_terms)
     return np.where(nonfinite, np.inf, g * s + flushed + (k + extra_terms) * UNDERFLOW_PER_TERM)
+
+
+#: ``c`` of the QArray bound ``gamma_(K + S + c)`` per route (docs/numerics.md,
+#: "Block-scaled operands"): "xla" (``emulate.dot_general`` / ``matmul`` / ``einsum`` on
+#: every plan, CPU and TPU, mode "fast"), "pallas" (``emulate.pallas.matmul`` with a
+#: QArray weight).
+QARRAY_ROUTE_TERMS = {"xla": 5, "pallas": 5}
+
+
+def qarray_bound(
+    lhs: npt.ArrayLike,
+    rhs: npt.ArrayLike,
+    dimension_numbers: Sequence[Sequence[Sequence[int]]],
+    *,
+    segments: int,
+    route: str = "xla",
+) -> np.ndarray:
+    """Per-element bound on ``|r - exact|`` for a mode "fast" contraction with QArray
+    operands: :func:`dot_general_bound` with ``gamma_(K + S + c)``, ``S = segments`` (the
+    number of K segments: runs over which neither operand's scale changes) and ``c =
+    QARRAY_ROUTE_TERMS[route]``.
+
+    Args:
+      lhs, rhs: the operands' exact values in float64 (or any float dtype): a QArray's
+        *exactly dequantized* values ``(v - z) * s * tensor_scale``, its zero points
+        subtracted as integers (the plain weight's bound: the routes contract ``v - z`` as
+        an exact integer, so nothing depends on ``|v s|`` or ``|z s|`` apart). With offsets
+        ``o``, pass ``|(v - z) s| + |o|`` as the weight (the offset term is summed apart;
+        the bound takes absolute values, so magnitudes are what it needs).
+      dimension_numbers: as in ``lax.dot_general``.
+      segments: S, at least 1.
+      route: "xla" or "pallas".
+
+    Raises:
+      ValueError: an unknown route or ``segments`` below 1.
+    """
+    if route not in QARRAY_ROUTE_TERMS:
+        raise ValueError(f"route: expected one of {sorted(QARRAY_ROUTE_TERMS)}, got {route!r}")
+    if segments < 1:
+        raise ValueError(f"segments: expected at least 1, got {segments}")
+    extra = segments + QARRAY_ROUTE_TERMS[route]
+    return dot_general_bound(lhs, rhs, dimension_numbers, extra_terms=extra)
 
 
 def _subnormal(v: np.ndarray) -> np.ndarray:

@@ -31,10 +31,17 @@ __all__ = ["CODEBOOK_DTYPES", "IQ4_NL", "NF4", "Codebook", "codebook"]
 #: The dtypes a codebook's entries may have.
 CODEBOOK_DTYPES = ("int8", "uint8", "int16", "int32", "float32", "bfloat16", "float16")
 
+#: The built-in tables (filled below), whose name a table of equal entries takes.
+_BUILT_IN: list[Codebook] = []
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Codebook:
     """A table of ``2**bits`` values, hashable (a QArray's static part).
+
+    Two codebooks are equal when their tables are: the same dtype and the same entries,
+    bit for bit (a NaN entry equals a NaN of the same bits; 0.0 and -0.0 differ); the
+    ``name`` is a label, not compared. The hash agrees with that equality.
 
     Attributes:
       values: the entries as Python numbers (ints for an integer table; floats holding
@@ -88,6 +95,17 @@ class Codebook:
     def nbytes(self) -> int:
         return len(self.values) * self.dtype.itemsize
 
+    def _key(self) -> tuple[str, bytes]:
+        return self.dtype_name, self.array().tobytes()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Codebook):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
     def __repr__(self) -> str:
         return f"Codebook({self.name}, {len(self.values)} x {self.dtype_name})"
 
@@ -121,7 +139,9 @@ def codebook(table: Any, *, name: str = "table", arg: str = "codebook") -> Codeb
         values: tuple[Any, ...] = tuple(int(v) for v in arr.astype(np.int64))
     else:
         values = tuple(float(v) for v in arr.astype(np.float64))
-    return Codebook(values, dt.name, name)
+    out = Codebook(values, dt.name, name)
+    # the table of a built-in keeps the built-in's name (NF4's values read as "NF4")
+    return next((b for b in _BUILT_IN if b == out), out) if name == "table" else out
 
 
 NF4 = codebook(
@@ -153,3 +173,5 @@ IQ4_NL = codebook(
     np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8),
     name="IQ4_NL",
 )
+
+_BUILT_IN.extend([NF4, IQ4_NL])

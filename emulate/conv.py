@@ -89,7 +89,9 @@ def conv_general_dilated(
     that change along them (blocks along the input features): mode "fast" convolves the
     dequantized values (bf16 where exact, f32 at ``Precision.HIGHEST`` otherwise) with
     an f32 accumulator; mode "exact" gives the dequantized values to mode "exact". The
-    result type is ``lax.conv_general_dilated``'s for a kernel of the QArray's ``dtype``.
+    result type is the type both operands promote to (``lax.conv_general_dilated`` takes one
+    dtype; :func:`emulate.formats.promoted`, as flax's Conv promotes them), for a kernel of
+    the QArray's ``dtype``.
     Either way the f32 sum is within ``gamma_(K + 4) * sum|a*b|`` of the exact sum over
     the dequantized values (plus the underflow term of :mod:`emulate.bounds`).
 
@@ -103,6 +105,7 @@ def conv_general_dilated(
         K-chunk, or that needs chunking with ``feature_group_count`` or
         ``batch_group_count`` above 1 (not built); a contraction beyond the plan's K limit.
     """
+    precision = args.precision_arg(precision)
     if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
         args.preferred(preferred_element_type)  # emulate's message for a type that is none
         nd = min(np.ndim(cast(Any, lhs)), np.ndim(cast(Any, rhs)))

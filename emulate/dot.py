@@ -92,6 +92,7 @@ def dot_general(
         dimension numbers (emulate's message, naming the operands and the target, with
         JAX's exception type); emulate's own refusals as documented in docs/api.md.
     """
+    precision = args.precision_arg(precision)
     if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
         args.preferred(preferred_element_type)  # emulate's message for a type that is none
         dn = args.dot_dimension_numbers(
@@ -166,9 +167,12 @@ def matmul(
     ``jnp.matmul``'s (``jnp.result_type`` of the operand types: int8 x bfloat16 gives
     bfloat16, int8 x uint8 int16), else, for pairs jnp has no promotion rule for (int4 x
     int8, float8_e4m3fn x float8_e5m2, float8 x bfloat16, float6 codes), the result type
-    of :func:`dot_general` (``lax.dot_general``'s rule), where ``jnp.matmul`` raises.
+    of :func:`dot_general` (``lax.dot_general``'s rule), where ``jnp.matmul`` raises
+    (:func:`emulate.formats.promoted`). A QArray counts as its ``dtype``: bfloat16
+    activations with a float16 QArray give float32, as with the dense float16 weight.
     ``out_sharding`` as in ``jnp.matmul``.
     """
+    precision = args.precision_arg(precision)
     if passes_through(a, b, a_format, b_format, target, mode, preferred_element_type):
         return jnp.matmul(  # plain arrays or scalars: passes_through checked them
             cast(Any, a),
@@ -178,11 +182,11 @@ def matmul(
             out_sharding=out_sharding,
         )
     x, y = args.matmul_operands(a, b, a_format, b_format)
+    if preferred_element_type is None:  # jnp.matmul's type (a QArray counts as its dtype)
+        preferred_element_type = _jnp_result_type(_type_name(x), _type_name(y))
     if isinstance(x, QArray) or isinstance(y, QArray):
         out = _matmul_dims(x, y, precision, preferred_element_type, target, mode)
         return _resharded(out, out_sharding)
-    if preferred_element_type is None:
-        preferred_element_type = _jnp_result_type(x.format_name, y.format_name)
     xv = Operand(x.unpacked()[None, :], x.format_name) if len(x.shape) == 1 else x
     yv = Operand(y.unpacked()[:, None], y.format_name) if len(y.shape) == 1 else y
     xs, ys = xv.shape, yv.shape
@@ -202,22 +206,23 @@ def matmul(
 
 
 def _jnp_result_type(*names: str) -> str | None:
-    """``jnp.result_type`` of operands of these formats, or None where jnp has no rule
-    (a pair with no implicit promotion, or a format XLA cannot hold)."""
-    dtypes = []
-    for n in names:
-        try:
-            f = formats.get(n)
-        except (TypeError, ValueError):  # a type emulate has no format for: int16, complex64
-            dtypes.append(np.dtype(n))
-            continue
-        if not f.xla_storable:
-            return None
-        dtypes.append(f.dtype)
+    """``jnp.matmul``'s result type for operands of these types: :func:`emulate.formats.promoted`
+    (None where jnp has no rule); ``jnp.result_type`` itself where a type has no format
+    (int16, complex64, float64: JAX's own types, which emulate passes on)."""
     try:
-        return np.dtype(jnp.result_type(*dtypes)).name
+        return formats.promoted(*names)
+    except (TypeError, ValueError):  # a type emulate has no format for
+        pass
+    try:
+        return np.dtype(jnp.result_type(*(np.dtype(n) for n in names))).name
     except (TypeError, ValueError):  # ValueError: jax's TypePromotionError
         return None
+
+
+def _type_name(x: Operand | QArray) -> str:
+    """The type a front end's result-type rule reads: a QArray's ``dtype``, an Operand's
+    format."""
+    return x.dtype.name if isinstance(x, QArray) else x.format_name
 
 
 def _matmul_dims(
@@ -285,6 +290,7 @@ def einsum(
       Otherwise what ``jnp.einsum`` raises for the same call.
     """
     mode = targets.current_mode(mode)
+    precision = args.precision_arg(precision)
     full = (subscripts, *operands)
     if isinstance(subscripts, str):
         positions = list(range(1, len(full)))
@@ -327,9 +333,9 @@ def einsum(
         x if f is None else from_codes(operand(x, f, arg=f"operands[{i}]").unpacked(), f)
         for i, (x, f) in enumerate(zip(arrays, fm, strict=True))
     ]
-    args = list(full)
+    full_values = list(full)
     for i, v in zip(positions, values, strict=True):
-        args[i] = v
+        full_values[i] = v
     names = [np.dtype(v.dtype).name for v in values if is_array(v)]
     kw: dict[str, Any] = dict(
         out=out,
@@ -339,11 +345,11 @@ def einsum(
         out_sharding=out_sharding,
     )
     if mode == "fast" and not any(n in formats.LOW_PRECISION for n in names):
-        return jnp.einsum(*args, **kw)
+        return jnp.einsum(*full_values, **kw)
     if preferred_element_type is None and names and _jnp_result_type(*names) is None:
         kw["preferred_element_type"] = _lax_result_type(names)
     dot = _einsum_dot(targets.current_target(target), mode)
-    return jnp.einsum(*args, _dot_general=dot, **kw)
+    return jnp.einsum(*full_values, _dot_general=dot, **kw)
 
 
 def _lax_result_type(names: Sequence[str]) -> str:
@@ -430,6 +436,8 @@ def _einsum_pair(
         (tuple(li.index(c) for c in contract), tuple(ri.index(c) for c in contract)),
         (tuple(li.index(c) for c in batch), tuple(ri.index(c) for c in batch)),
     )
+    if preferred_element_type is None:  # jnp.einsum's type (a QArray counts as its dtype)
+        preferred_element_type = _jnp_result_type(_type_name(x), _type_name(y))
     res = dot_general(x, y, dn, precision, preferred_element_type, target=target, mode=mode)
     res_idx = batch + [c for c in li if c not in ri] + [c for c in ri if c not in li]
     return jnp.transpose(res, tuple(res_idx.index(c) for c in out_idx))

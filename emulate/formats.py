@@ -53,6 +53,7 @@ __all__ = [
     "names",
     "p3109",
     "preferred_format",
+    "promoted",
     "register",
     "registered",
     "result_format",
@@ -443,6 +444,56 @@ def dot_result(
             f"preferred_element_type: {pref.name} is narrower than the result type {out.name}"
         )
     return pref
+
+
+def _promotion_kind(name: str) -> tuple[bool, bool, int, bool] | None:
+    """(is_float, is_low_precision, bits, signed) of a type jax.numpy's implicit promotion
+    takes beside others (the wide types, int8, uint8, int16, int32; a float type XLA holds,
+    as the float side of a pair); None for one it takes only beside itself."""
+    if name == "int16":  # no format: the result of int8 with uint8
+        return False, False, 16, True
+    f = get(name)
+    if not f.xla_storable or not (f.is_float or name in ("int8", "uint8", "int32")):
+        return None
+    return f.is_float, f.is_low_precision, f.bits, f.signed
+
+
+def _promoted_pair(a: str, b: str) -> str | None:
+    if a == b:
+        return a if a == "int16" or get(a).xla_storable else None
+    ka, kb = _promotion_kind(a), _promotion_kind(b)
+    if ka is None or kb is None:
+        return None
+    if ka[0] != kb[0]:  # an integer promotes into any float, float8 included
+        return a if ka[0] else b
+    if ka[0]:  # two float types: wide ones only
+        return None if ka[1] or kb[1] else "float32"  # bf16 with f16, or either with f32
+    if ka[3] == kb[3]:
+        return a if ka[2] >= kb[2] else b
+    signed, unsigned = (ka, kb) if ka[3] else (kb, ka)
+    return f"int{min(max(signed[2], 2 * unsigned[2]), 32)}"  # int8 x uint8: int16
+
+
+def promoted(*types: FormatLike) -> str | None:
+    """The type ``jnp.matmul`` and ``jnp.einsum`` return for operands of these types
+    (``jnp.result_type`` without x64), or None where jax.numpy has no implicit promotion
+    for them (a float8 or float4 type beside another float type; int4 or uint4 beside
+    another type; a type XLA cannot hold: float6, the code formats, P3109). Beside
+    :func:`dot_result` (``lax.dot_general``'s rule, which the front ends apply where this
+    is None), the other half of the one result-type rule: ``bfloat16`` with ``float16``
+    gives ``float32`` here, ``bfloat16`` there; ``int8`` with ``uint8`` gives ``int16``
+    here (a type emulate has no format for). A QArray counts as its ``dtype``.
+
+    Raises:
+      TypeError, ValueError: a type that is no format (:func:`get`).
+    """
+    names = [get(t, arg="types").name for t in types]
+    out: str | None = _promoted_pair(names[0], names[0]) if names else None
+    for n in names[1:]:
+        if out is None:
+            return None
+        out = _promoted_pair(out, n)
+    return out
 
 
 def result_format(

@@ -50,6 +50,7 @@ from emulate.numerics import codecs
 from emulate.numerics.bits import frexp, pow2_normal
 from emulate.numerics.scales import scale_frexp
 from emulate.numerics.storage import Packed, is_array, unpack_codes
+from emulate.qindex import index_leading
 from emulate.qparts import (
     SCALE_FORMATS,
     as_format_array,
@@ -126,7 +127,8 @@ class QArray:
     new leading axis. ``x @ q`` and ``q @ x`` run :func:`emulate.matmul`.
 
     Where code expects an array it reads ``shape``, ``ndim``, ``size``, ``dtype`` (the
-    logical type), ``q[...]`` (``q`` itself, as flax layers read their kernels) and ``q.T``
+    logical type), ``q[...]`` (``q`` itself, as flax layers read their kernels), ``q[i]`` and
+    ``q[a:b]`` on leading axes of block length 1 (one expert of stacked experts) and ``q.T``
     (all axes reversed, a QArray). As a pytree its leaves are ``codes`` (a Packed array's
     ``data``), ``scales``, ``tensor_scale``, ``zero_points``, ``offsets`` and ``perm``
     (those that are arrays), under those names in key paths: a checkpoint stores the
@@ -336,14 +338,10 @@ class QArray:
         return math.prod(self.shape)
 
     def __getitem__(self, key: Any) -> QArray:
-        """``q[...]`` (or ``q[()]``) is ``q`` itself; other indexing is refused (TypeError),
-        since a slice may cut a scale block: index :meth:`dequantize`'s values instead."""
-        if key is Ellipsis or (isinstance(key, tuple) and all(k is Ellipsis for k in key)):
-            return self
-        raise TypeError(
-            f"key: a QArray supports q[...] only (which returns q), got {key!r}; index "
-            "q.dequantize() for values"
-        )
+        """``q[i]``, ``q[a:b]``, ``q[i, j]``: leading axes of block length 1 indexed (an
+        expert of stacked experts), nothing decoded; ``q[...]`` is ``q``. A blocked axis
+        is refused (ValueError): :func:`emulate.qindex.index_leading`."""
+        return index_leading(self, key)
 
     @property
     def T(self) -> QArray:  # noqa: N802 (numpy's name)

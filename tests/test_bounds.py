@@ -249,3 +249,18 @@ def test_einsum_subscripts_match_dot_general(lshape, rshape, dn, subs):
     assert out.shape == want_shape
     want = reference.dot_general(a, b, dn, preferred_element_type=np.int32)
     assert out.tolist() == want.astype(np.int64).tolist()
+
+
+def test_qarray_bound_is_gamma_k_plus_s_plus_c():
+    x = np.array([[1.0, -2.0, 3.0, 0.5]])
+    w = np.array([[1.0], [0.25], [-1.0], [4.0]])
+    dn = (((1,), (0,)), ((), ()))
+    total = 1 * 1 + 2 * 0.25 + 3 * 1 + 0.5 * 4
+    for route, c in (("xla", 5), ("pallas", 5)):
+        got = bounds.qarray_bound(x, w, dn, segments=2, route=route)
+        n = 4 + 2 + c
+        assert got[0, 0] == pytest.approx(bounds.gamma(n) * total + n * 2.0**-125, rel=1e-12)
+    with pytest.raises(ValueError, match=r"^route: expected one of \['pallas', 'xla'\], got 'gpu"):
+        bounds.qarray_bound(x, w, dn, segments=1, route="gpu")
+    with pytest.raises(ValueError, match=r"^segments: expected at least 1, got 0$"):
+        bounds.qarray_bound(x, w, dn, segments=0)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
+import emulate
 from emulate import codebooks
 
 
@@ -61,3 +62,26 @@ def test_user_tables_keep_values_and_dtype(table, bits):
 def test_bad_tables_name_the_argument(table, exc, message):
     with pytest.raises(exc, match=message):
         codebooks.codebook(table)
+
+
+def test_equality_is_by_table_and_the_hash_agrees():
+    """A QArray built from NF4's values holds a codebook equal to NF4 (issue 40); the name
+    is a label, not compared."""
+    nf4 = codebooks.codebook(codebooks.NF4.array())
+    q = emulate.QArray.from_parts(
+        np.zeros((4, 2), np.uint8),
+        np.ones((1, 2), np.float32),
+        block_shape=(4, 1),
+        codebook=codebooks.NF4.array(),
+    )
+    assert nf4 == codebooks.NF4 and q.codebook == codebooks.NF4 and nf4.name == "NF4"
+    assert hash(nf4) == hash(codebooks.NF4) and len({nf4, codebooks.NF4}) == 1
+    renamed = codebooks.codebook(codebooks.NF4.array(), name="mine")
+    assert renamed == codebooks.NF4 and renamed.name == "mine"
+    assert codebooks.NF4 != codebooks.codebook(codebooks.NF4.array().astype(np.float16))
+    assert codebooks.NF4 != codebooks.IQ4_NL and codebooks.NF4 != codebooks.NF4.values
+    nan = np.array([np.nan, 1.0], np.float32)
+    assert codebooks.codebook(nan) == codebooks.codebook(nan.copy())
+    assert codebooks.codebook(np.array([0.0, 1.0], np.float32)) != codebooks.codebook(
+        np.array([-0.0, 1.0], np.float32)
+    )

@@ -333,3 +333,22 @@ def test_result_format_refuses_an_integer_result_of_floats():
         r"got float8_e4m3fn x int8$",
     ):
         formats.result_format("float8_e4m3fn", "int8", "int32")
+
+
+def test_promoted_is_jnp_result_type_for_every_pair():
+    """formats.promoted (jnp.matmul's half of the result-type rule) against JAX's own
+    jnp.result_type on every pair of operand formats; None where jnp has no promotion."""
+    names = list(formats.MATMUL_OPERANDS) + list(formats.CODE_FORMATS)
+    for a in names:
+        for b in names:
+            fa, fb = formats.get(a), formats.get(b)
+            want = None
+            if fa.xla_storable and fb.xla_storable:
+                try:
+                    want = np.dtype(jnp.result_type(fa.dtype, fb.dtype)).name
+                except (TypeError, ValueError):  # jax's TypePromotionError is a ValueError
+                    want = None
+            assert formats.promoted(a, b) == want, (a, b)
+    assert formats.promoted("int8", "uint8", "int8") == "int16"
+    assert formats.promoted("bfloat16", "float16", "int8") == "float32"
+    assert formats.promoted("float8_e4m3fn", "bfloat16", "float32") is None

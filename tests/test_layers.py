@@ -70,7 +70,10 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.numerics.accumulate",
         ],
     ),
-    ("quantized operands", ["emulate.qparts", "emulate.qarray", "emulate.quant", "emulate.mx"]),
+    (
+        "quantized operands",
+        ["emulate.qparts", "emulate.qindex", "emulate.qarray", "emulate.quant", "emulate.mx"],
+    ),
     (
         "importers: block layouts",
         [
@@ -594,7 +597,6 @@ TESTED_ELSEWHERE = {
     "emulate.importers.conventions.bnb": CONVENTIONS,
     "emulate.importers.as_qarray": "parts into QArrays: importers/test_conventions_qarray",
     "emulate.qparts": "a QArray's parts, checked and read: test_qarray",
-    "emulate.engine.qoperands": "the parts in the contraction: test_qarray (matmul bounds)",
     "emulate.numerics.scales": "the scale rules: test_quant (every rule against numpy)",
     "emulate.pallas.route": "kernel routes: pallas/test_kernel_dot, pallas/test_matmul_kernel",
     "emulate.pallas.matmul_config": "blocks and layouts: pallas/test_matmul_kernel (defaults)",

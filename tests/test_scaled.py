@@ -3,6 +3,7 @@ exact sum of the dequantized values (emulate.reference) and the fast-mode bound.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import pathlib
@@ -409,3 +410,72 @@ def test_vmap_over_stacked_qarrays_gives_the_same_bits():
     for mode in ("fast", "exact"):
         got = jax.vmap(lambda q, m=mode: emulate.matmul(xq, q, mode=m))(stacked)
         _same_bits(got, np.stack([np.asarray(emulate.matmul(xq, w, mode=mode)) for w in ws]))
+
+
+# --- one result-type rule for QArrays and dense weights (issue 40) -------------------------
+
+# The QArray dtypes the importers give (float16: AWQ, GPTQ; bfloat16: compressed-tensors,
+# FP8, NVFP4, bnb; float32) and the activations beside them.
+_WEIGHT_DTYPES = ["float16", "bfloat16", "float32"]
+_X_DTYPES = ["bfloat16", "float16", "float32", "int8", "float8_e4m3fn"]
+
+
+def _int4_weight(dtype: str, shape=(32, 8)) -> emulate.QArray:
+    codes = (np.arange(math.prod(shape)) % 16 - 8).astype(ml_dtypes.int4).reshape(shape)
+    scales = np.full((1,) + shape[1:], 0.5, np.dtype(getattr(ml_dtypes, dtype, dtype)))
+    return emulate.QArray.from_parts(
+        codes, scales, block_shape=(shape[0],) + (1,) * (len(shape) - 1), dtype=dtype
+    )
+
+
+def _type_of(fn, *a):
+    """The result type of ``fn(*a)`` (traced only), or the exception type JAX raises."""
+    try:
+        return np.dtype(jax.eval_shape(fn, *a).dtype).name
+    except (TypeError, ValueError) as e:
+        return type(e).__name__
+
+
+@pytest.mark.parametrize("wd", _WEIGHT_DTYPES)
+@pytest.mark.parametrize("xd", _X_DTYPES)
+def test_a_qarray_gives_the_result_type_of_its_dense_weight(xd, wd):
+    """Every front end gives for a QArray what its JAX counterpart gives for the dense
+    weight of the QArray's dtype: lax.dot_general's rule for dot_general (bfloat16 x
+    float16 is bfloat16), jnp's for matmul, einsum and ``@`` (float32), and where jnp has
+    no rule (float8 beside a wide float) lax.dot_general's."""
+    q = _int4_weight(wd)
+    w = jnp.asarray(q.dequantize(wd))
+    x = jnp.ones((4, 32), jnp.dtype(getattr(ml_dtypes, xd, xd)))
+    dn = (((1,), (0,)), ((), ()))
+    lax_type = _type_of(lambda x, w: jax.lax.dot_general(x, w, dn), x, w)
+    jnp_type = _type_of(jnp.matmul, x, w)
+    if jnp_type.endswith("Error"):  # no implicit promotion (TypePromotionError): lax rule
+        jnp_type = lax_type
+    assert _type_of(lambda x: emulate.dot_general(x, q, dn), x) == lax_type
+    assert _type_of(lambda x: emulate.matmul(x, q), x) == jnp_type
+    assert _type_of(lambda x: emulate.einsum("mk,kn->mn", x, q), x) == jnp_type
+    assert _type_of(lambda x: x @ q, x) == jnp_type
+    assert _type_of(lambda x: emulate.matmul(q.T, x.T), x) == jnp_type
+    if xd in ("bfloat16", "float16", "float32"):  # pallas.matmul: weight-only or wide x
+        kernel = functools.partial(emulate.pallas.matmul, target="tpu_v5e", interpret=True)
+        assert _type_of(kernel, x, q) == jnp_type
+        # conv: lax takes one dtype, so both are promoted to jnp's type first (as flax)
+        img, ker = x.reshape(1, 4, 32), _int4_weight(wd, (1, 32, 8))
+        conv = functools.partial(
+            emulate.conv_general_dilated,
+            window_strides=(1,),
+            padding="VALID",
+            dimension_numbers=("NWC", "WIO", "NWC"),
+        )
+        assert _type_of(conv, img, ker) == np.dtype(jnp.promote_types(x.dtype, wd)).name
+
+
+def test_bf16_activations_times_an_f16_qarray_keep_the_f32_sum():
+    """The case of issue 40: bf16 x an f16 QArray is float32 (jnp.matmul's type for the
+    dense f16 weight), not a bfloat16 rounding of the sum."""
+    q = _int4_weight("float16")
+    x = jnp.asarray(np.linspace(-1, 1, 4 * 32), jnp.bfloat16).reshape(4, 32)
+    got = emulate.matmul(x, q)
+    want = jnp.matmul(x, q.dequantize("float16"), precision="highest")
+    assert got.dtype == want.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)

@@ -20,7 +20,7 @@ import dataclasses
 import math
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +35,6 @@ from emulate.engine.operands import (
     OperandLike,
     Precision,
     describe,
-    hashable_precision,
     operand,
 )
 from emulate.engine.passthrough import unplanned_integer_result
@@ -51,6 +50,7 @@ __all__ = [
     "dot_args",
     "dot_dimension_numbers",
     "matmul_operands",
+    "precision_arg",
     "preferred",
     "shape_of",
     "with_format",
@@ -186,6 +186,15 @@ def preferred(preferred_element_type: FormatLike | None) -> str | None:
         return np.dtype(preferred_element_type).name
 
 
+def precision_arg(precision: Any) -> Precision:
+    """A front end's ``precision`` as the front ends pass it on: a list of two (which
+    ``lax.dot_general`` documents and whose hash JAX's caches need) made a tuple; anything
+    else as given, for ``lax`` to read and refuse as it does."""
+    if isinstance(precision, list) and len(precision) == 2:
+        return cast(Precision, tuple(precision))
+    return cast(Precision, precision)
+
+
 def shape_of(x: Any) -> tuple[int, ...]:
     """The shape of an array, Operand, QArray or Python scalar."""
     shape = getattr(x, "shape", None)
@@ -309,7 +318,7 @@ def dot_args(
     a, b = with_format(lhs, lhs_format, "lhs"), with_format(rhs, rhs_format, "rhs")
     dn = dot_dimension_numbers(dimension_numbers, a.shape, b.shape, describe(a, b, t))
     result, wrap_to = _dot_result(a, b, pet)
-    return DotArgs(a, b, dn, hashable_precision(precision), result, wrap_to, t, m, out_sharding)
+    return DotArgs(a, b, dn, precision_arg(precision), result, wrap_to, t, m, out_sharding)
 
 
 def matmul_operands(
@@ -450,6 +459,8 @@ def _conv_result(a: Operand, b: Operand | QArray, pet: str | None) -> tuple[str,
     """(result, wrap_to) of a convolution of these operands."""
     if not isinstance(b, QArray):
         return _dot_result(a, b, pet)
+    if pet is None:  # lax takes one kernel dtype: both promoted to it (as flax's Conv does)
+        pet = formats.promoted(a.format_name, b.dtype.name)
     out = formats.dot_result(a.format_name, b.dtype.name, pet)
     if not out.xla_storable or out.is_low_precision or out.is_integer:
         raise ValueError(
@@ -554,7 +565,7 @@ def conv_args(
         dn,
         int(feature_group_count),
         int(batch_group_count),
-        hashable_precision(precision),
+        precision_arg(precision),
         result,
         wrap_to,
         t,

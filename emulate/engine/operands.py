@@ -10,7 +10,7 @@ be cut into tiles (:mod:`emulate.engine.tiled`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeAlias, cast
+from typing import Any, TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -32,12 +32,12 @@ __all__ = [
     "decode_to",
     "describe",
     "exact_inputs",
-    "hashable_precision",
     "operand",
     "xla_convert",
 ]
 
-#: What ``lax.dot_general`` takes as ``precision`` (a list is made a tuple, to hash).
+#: What ``lax.dot_general`` takes as ``precision`` (a list of two is made a tuple, to hash:
+#: :func:`emulate.engine.args.precision_arg`).
 Precision: TypeAlias = (
     None | str | lax.Precision | tuple[str, str] | tuple[lax.Precision, lax.Precision]
 )
@@ -259,10 +259,3 @@ def describe(a: Operand | QArray, b: Operand | QArray, target: TargetLike) -> st
     return (
         f"lhs {a.format_name}{list(a.shape)}, rhs {b.format_name}{list(b.shape)}, target {t.name}"
     )
-
-
-def hashable_precision(precision: Precision | list[str] | list[lax.Precision]) -> Precision:
-    """``precision`` with a list made a tuple, so that it can be a jit static argument."""
-    if isinstance(precision, list):
-        return cast(Precision, tuple(precision))
-    return precision

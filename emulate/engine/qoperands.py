@@ -2,10 +2,14 @@
 
 - :func:`code_operand`: the codes as an :class:`Operand` of a format the plans know:
   codes of the 2- to 6-bit integer formats and integer codebooks as int8 values (every
-  one fits), float codebooks as values of the table's own dtype. The scales stay apart.
+  one fits), float codebooks as values of the table's own dtype; integer codes with zero
+  points as the exact integers ``v - z`` (int8, bfloat16 or float32, whichever holds
+  their range), so that no rounding sees ``v`` and ``z`` apart and the contraction's error
+  is relative to ``|W|``, not to ``|v s| + |z s|``. The scales stay apart.
 - :func:`with_flat_scales`: two-level scales and offsets (QArrays) combined into float32
   per-block arrays, a small array computed at call time.
-- :func:`offset_coefficients`: per block, ``c = offset - zero_point * scale`` in f32: with
+- :func:`offset_coefficients`: per block, ``c = offset`` (``offset - zero_point * scale``
+  for a codebook's zero points) in f32: with
   ``X`` the sum of the other operand's values over a segment, the segment contributes
   ``scale * sum(x * value) + c * X``, so zero points and offsets cost one product of a
   small (rows, segments) array with a (segments, columns) one, and the weight is never
@@ -34,6 +38,7 @@ from emulate.numerics.storage import Packed, to_codes, unpack_codes
 from emulate.qarray import (
     QArray,
     block_zero_points,
+    broadcast_blocks,
     dequantize,
     offset_values,
     scale_values,
@@ -46,13 +51,51 @@ __all__ = [
     "offset_coefficients",
     "with_flat_scales",
     "without_perm",
+    "zero_points_in_codes",
 ]
+
+
+def zero_points_in_codes(q: QArray | None) -> bool:
+    """Whether :func:`code_operand` subtracts ``q``'s zero points from its codes (integer
+    codes without a codebook): the contraction then reads the exact integers ``v - z``, and
+    :func:`offset_coefficients` leaves the zero points out."""
+    if q is None or q.zero_points is None:
+        return False
+    return q.codebook is None and q.format.is_integer
+
+
+def _range(x: Any) -> tuple[int, int]:
+    """The least and greatest value of a zero-point part (an int, an integer array, Packed)."""
+    if is_int(x):
+        return int(x), int(x)
+    name = x.format_name if isinstance(x, Packed) else np.dtype(x.dtype).name
+    f = formats.get(name)
+    return int(f.min), int(f.max)
+
+
+def _minus_zero_points(q: QArray) -> Operand:
+    """``v - z`` of every element, exact: int8 where the codes' and zero points' ranges
+    keep it within int8, bfloat16 within +-256, float32 otherwise (every one exact)."""
+    f = q.format
+    zlo, zhi = _range(q.zero_points)
+    lo, hi = int(f.min) - zhi, int(f.max) - zlo
+    z = block_zero_points(q)
+    assert z is not None  # zero_points_in_codes
+    # small integers in f32: exact
+    v = element_values(q.unpacked_codes(), f, None) - broadcast_blocks(z, q.block_shape, q.shape)
+    if -128 <= lo and hi <= 127:
+        return Operand(v.astype(jnp.int8), "int8")
+    if -256 <= lo and hi <= 256:
+        return Operand(v.astype(jnp.bfloat16), "bfloat16")
+    return Operand(v, "float32")
 
 
 def code_operand(q: QArray) -> Operand:
     """The codes of ``q`` as an Operand a plan contracts (see the module docstring)."""
     f = q.format
     c = q.codes
+    if zero_points_in_codes(q):
+        return _minus_zero_points(q)
     if q.codebook is not None:
         cb = q.codebook
         idx = codecs.decode(q.unpacked_codes(), f.name, to=jnp.int32)
@@ -90,6 +133,10 @@ def offset_coefficients(q: QArray | None) -> jax.Array | None:
     if q is None or not q.is_affine:
         return None
     z, o = block_zero_points(q), offset_values(q)
+    if zero_points_in_codes(q):  # subtracted from the codes, exactly
+        z = None
+    if z is None and o is None:
+        return None
     c = None
     if z is not None:
         m, e = q.scale_parts()

@@ -13,6 +13,7 @@ their tangents, with the same dimension numbers.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 import jax
@@ -22,7 +23,7 @@ from jax import lax
 from emulate import formats
 from emulate.engine import exact, grad, tiled
 from emulate.engine.contract import contract_decoded
-from emulate.engine.layout import DimensionNumbers
+from emulate.engine.layout import DimensionNumbers, result_shape
 from emulate.engine.operands import Operand, Precision, decode_to
 from emulate.planning.plan import Plan, plan
 from emulate.targets import TargetLike
@@ -71,6 +72,9 @@ def _route(
     precision: Precision,
     tiling: tiled.Settings,
 ) -> jax.Array:
+    shape = result_shape(tuple(lhs.shape), tuple(rhs.shape), dn)
+    if math.prod(shape) == 0:  # no sum to take (M, N or a batch of 0): JAX's empty result
+        return jnp.zeros(shape, formats.get(q.out).dtype)
     if q.slicing is not None:
         return exact.contract(q, lhs, rhs, dn, precision)
     t = tiled.choose(q, lhs, rhs, dn, tiling)

@@ -24,7 +24,7 @@ Orientation: GGUF, Hugging Face and PyTorch store a linear layer's weight as ``(
 ``layout="out_in"`` every tensor that goes to a ``kernel`` has its last two axes swapped
 (a QArray by moving codes, scales and per-block parts: no decoding). Embedding tables
 (``(vocab, features)``), norms and biases keep their shape. ``layout="in_out"`` takes
-kernels as stored (emulate's safetensors importers return ``(in, out)`` QArrays); a
+kernels as stored (a per-layer importer's ``layout="in_out"`` QArrays); a
 callable ``name -> "out_in" or "in_out"`` decides per tensor.
 
 A QArray kernel (or NNX embedding table) is kept as it is, frozen in a

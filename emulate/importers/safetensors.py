@@ -3,9 +3,11 @@
 ``read_<convention>(path, prefix, ...)`` returns the layer's
 :class:`~emulate.importers.parts.StoredParts` (numpy, logical ``(..., K, N)``
 order, ``.source`` naming what was read); ``load_<convention>`` the same as an
-``emulate.QArray`` (:func:`emulate.importers.as_qarray.to_qarray`), logging what it read
-to the ``emulate.importers`` logger. ``path`` is one ``.safetensors`` file or a directory
-of them (a sharded checkpoint); ``prefix`` the layer's name
+``emulate.QArray`` (:func:`emulate.importers.as_qarray.to_qarray`) in the checkpoint's
+``(..., out, in)`` orientation, as every importer returns its QArrays (``load_gguf``,
+:func:`load_safetensors`; ``layout="in_out"`` gives ``(..., in, out)``, for ``x @ q``),
+logging what it read to the ``emulate.importers`` logger. ``path`` is one
+``.safetensors`` file or a directory of them (a sharded checkpoint); ``prefix`` the layer's name
 (``"model.layers.0.mlp.up_proj"``). :func:`load_safetensors` reads a whole checkpoint in
 one call (every quantized layer of the config's ``quant_method``, and the plain tensors).
 
@@ -240,52 +242,88 @@ def read_bnb_4bit(path: str | os.PathLike[str], prefix: str) -> StoredParts:
     return parse_bnb_4bit(SafetensorsCheckpoint(path), prefix)
 
 
-def _qarray(parts: StoredParts) -> QArray:
+#: The orientations a loader returns: ``"out_in"`` (the checkpoint's ``(..., out, in)``,
+#: every loader's default) or ``"in_out"`` (``(..., in, out)``: ``x @ q`` directly).
+_LAYOUTS = ("out_in", "in_out")
+
+
+def _qarray(parts: StoredParts, layout: str = "out_in") -> QArray:
+    """The QArray of ``parts`` (logical ``(..., K, N)``) in ``layout``: codes, scales and
+    per-block parts moved for ``"out_in"``, nothing decoded."""
     from emulate.importers.as_qarray import to_qarray
+    from emulate.qarray import transpose
 
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout: expected 'out_in' or 'in_out', got {layout!r}")
     LOG.info("read %s (%.3f bits an element)", parts.source, parts.bits_per_element)
-    return to_qarray(parts)
+    q = to_qarray(parts)
+    if layout == "in_out":
+        return q
+    return transpose(q, (*range(q.ndim - 2), q.ndim - 1, q.ndim - 2))  # (..., N, K)
 
 
-def load_awq(path: str | os.PathLike[str], prefix: str, *, config: Any = None) -> QArray:
-    """:func:`read_awq` as an ``emulate.QArray``."""
-    return _qarray(read_awq(path, prefix, config=config))
+def load_awq(
+    path: str | os.PathLike[str], prefix: str, *, config: Any = None, layout: str = "out_in"
+) -> QArray:
+    """:func:`read_awq` as an ``emulate.QArray``,
+    ``(out, in)`` (``layout="in_out"``: ``(in, out)``)."""
+    return _qarray(read_awq(path, prefix, config=config), layout)
 
 
-def load_gptq(path: str | os.PathLike[str], prefix: str, *, config: Any = None) -> QArray:
-    """:func:`read_gptq` as an ``emulate.QArray``."""
-    return _qarray(read_gptq(path, prefix, config=config))
+def load_gptq(
+    path: str | os.PathLike[str], prefix: str, *, config: Any = None, layout: str = "out_in"
+) -> QArray:
+    """:func:`read_gptq` as an ``emulate.QArray``,
+    ``(out, in)`` (``layout="in_out"``: ``(in, out)``)."""
+    return _qarray(read_gptq(path, prefix, config=config), layout)
 
 
 def load_compressed_tensors(
-    path: str | os.PathLike[str], prefix: str, *, config: Any = None
+    path: str | os.PathLike[str], prefix: str, *, config: Any = None, layout: str = "out_in"
 ) -> QArray:
-    """:func:`read_compressed_tensors` as an ``emulate.QArray``."""
-    return _qarray(read_compressed_tensors(path, prefix, config=config))
+    """:func:`read_compressed_tensors` as an ``emulate.QArray``,
+    ``(out, in)`` (``layout="in_out"``: ``(in, out)``)."""
+    return _qarray(read_compressed_tensors(path, prefix, config=config), layout)
 
 
-def load_gpt_oss_mxfp4(path: str | os.PathLike[str], prefix: str) -> QArray:
-    """:func:`read_gpt_oss_mxfp4` as an ``emulate.QArray``."""
-    return _qarray(read_gpt_oss_mxfp4(path, prefix))
+def load_gpt_oss_mxfp4(
+    path: str | os.PathLike[str], prefix: str, *, layout: str = "out_in"
+) -> QArray:
+    """:func:`read_gpt_oss_mxfp4` as an ``emulate.QArray``,
+    ``(out, in)`` (``layout="in_out"``: ``(in, out)``)."""
+    return _qarray(read_gpt_oss_mxfp4(path, prefix), layout)
 
 
 def load_fp8_blocks(
-    path: str | os.PathLike[str], prefix: str, *, config: Any = None, dtype: str = "bfloat16"
+    path: str | os.PathLike[str],
+    prefix: str,
+    *,
+    config: Any = None,
+    dtype: str = "bfloat16",
+    layout: str = "out_in",
 ) -> QArray:
-    """:func:`read_fp8_blocks` as an ``emulate.QArray``."""
-    return _qarray(read_fp8_blocks(path, prefix, config=config, dtype=dtype))
+    """:func:`read_fp8_blocks` as an ``emulate.QArray``,
+    ``(out, in)`` (``layout="in_out"``: ``(in, out)``)."""
+    return _qarray(read_fp8_blocks(path, prefix, config=config, dtype=dtype), layout)
 
 
 def load_modelopt_nvfp4(
-    path: str | os.PathLike[str], prefix: str, *, config: Any = None, dtype: str = "bfloat16"
+    path: str | os.PathLike[str],
+    prefix: str,
+    *,
+    config: Any = None,
+    dtype: str = "bfloat16",
+    layout: str = "out_in",
 ) -> QArray:
-    """:func:`read_modelopt_nvfp4` as an ``emulate.QArray``."""
-    return _qarray(read_modelopt_nvfp4(path, prefix, config=config, dtype=dtype))
+    """:func:`read_modelopt_nvfp4` as an ``emulate.QArray``,
+    ``(out, in)`` (``layout="in_out"``: ``(in, out)``)."""
+    return _qarray(read_modelopt_nvfp4(path, prefix, config=config, dtype=dtype), layout)
 
 
-def load_bnb_4bit(path: str | os.PathLike[str], prefix: str) -> QArray:
-    """:func:`read_bnb_4bit` as an ``emulate.QArray``."""
-    return _qarray(read_bnb_4bit(path, prefix))
+def load_bnb_4bit(path: str | os.PathLike[str], prefix: str, *, layout: str = "out_in") -> QArray:
+    """:func:`read_bnb_4bit` as an ``emulate.QArray``,
+    ``(out, in)`` (``layout="in_out"``: ``(in, out)``)."""
+    return _qarray(read_bnb_4bit(path, prefix), layout)
 
 
 #: quant_method -> (the suffix that marks a quantized layer, the suffixes its reader
@@ -317,10 +355,10 @@ def load_safetensors(path: str | os.PathLike[str], *, config: Any = None) -> dic
     ``"compressed-tensors"`` (``pack-quantized`` integers). Each quantized layer (a name
     ending in ``.qweight``, ``.weight_scale_inv`` or ``.weight_packed``) becomes one
     QArray under ``{prefix}.weight``, as the unquantized checkpoint names it, in the
-    checkpoint's ``(out_features, in_features)`` orientation (the ``(in, out)`` QArray of
-    :func:`load_awq` and its siblings transposed: codes and scales moved, nothing
-    decoded), so that ``load_weights``' default ``layout="out_in"`` applies to every
-    tensor. Every other tensor (embeddings, norms, an unquantized ``lm_head``) is a JAX
+    checkpoint's ``(out_features, in_features)`` orientation (as :func:`load_awq` and its
+    siblings return them by default: codes and scales moved, nothing decoded), so that
+    ``load_weights``' default ``layout="out_in"`` applies to every tensor. Every other
+    tensor (embeddings, norms, an unquantized ``lm_head``) is a JAX
     array of its stored dtype. Names are in file order.
 
     Args:
@@ -334,9 +372,6 @@ def load_safetensors(path: str | os.PathLike[str], *, config: Any = None) -> dic
         convention's reader, naming the tensor and the field.
     """
     import jax.numpy as jnp
-
-    from emulate.importers.as_qarray import to_qarray
-    from emulate.qarray import transpose
 
     tensors = SafetensorsCheckpoint(path)
     cfg = _config(path, config, ("quant_config.json", "quantize_config.json"))
@@ -354,11 +389,7 @@ def load_safetensors(path: str | os.PathLike[str], *, config: Any = None) -> dic
     for name in tensors:
         if name.endswith(marker):
             prefix = name[: -len(marker)]
-            parts = parse(tensors, prefix, cfg)
-            LOG.info("read %s (%.3f bits an element)", parts.source, parts.bits_per_element)
-            q = to_qarray(parts)
-            axes = (*range(q.ndim - 2), q.ndim - 1, q.ndim - 2)  # (..., K, N) -> (..., N, K)
-            out[f"{prefix}.weight"] = transpose(q, axes)
+            out[f"{prefix}.weight"] = _qarray(parse(tensors, prefix, cfg))  # (..., N, K)
         elif name not in taken:
             out[name] = jnp.asarray(tensors[name])
     return out

@@ -33,12 +33,12 @@ results differ only in where f32 sums round, each within dot_general's bound for
 codebook QArray (``gamma_(K + S + 4) * sum |x w|``), bit-identical where every partial
 sum is exact (one power-of-two activation a row, say).
 
-Error (mode "fast" pairs): the f32 accumulator is within ``gamma_(K + S + 5) * sum_k |x_k|
-(|q_k s| + |z s| + |o|)`` of the exact sum of the dequantized products (:mod:`emulate.
-scaled`'s bound for the same QArray), ``S`` the number of groups or K steps, whichever is
-larger; with integer codes, zero points and power-of-two scales (or two-level scales
-whose values are integers times powers of two), and every partial sum within 2**24 of
-the scale's quantum, the result is exact, bit-identical to :func:`emulate.dot_general`.
+Error (mode "fast" pairs, whose decoded codes minus zero points are the exact integers
+``q - z``, :func:`emulate.pallas.qsteps.zero_in_codes`): the f32 accumulator is within
+``gamma_(K + S + 5) * sum_k |x_k| (|(q_k - z) s| + |o|)`` of the exact sum: without offsets
+the plain weight's (:func:`emulate.bounds.qarray_bound`), ``S`` the groups or K steps, whichever
+is larger; integer codes, zero points and power-of-two scales with partial sums within
+2**24 quanta give the exact result, bit-identical to :func:`emulate.dot_general`.
 
 What the kernel reads (:class:`AffineParts`, kept in :class:`emulate.pallas.KernelQWeight`
 by :func:`emulate.pallas.prepare_weight`, no more bytes than stored): zero points of a
@@ -480,10 +480,12 @@ class GroupTerms:
         exact: bool,
         lhs_scale: int,
         spread_refs: Any = (),
+        zero_in_codes: bool = False,
     ):
         self.spec = spec
         self.exact = exact
         self.lhs_scale = lhs_scale
+        self.zero_in_codes = zero_in_codes  # the caller subtracts z from the codes
         refs = list(refs)
         self.zeros = _bytes(refs.pop(0)[...]) if spec.zero in ("array", "packed") else None
         self.offsets: Any = None
@@ -545,7 +547,7 @@ class GroupTerms:
             return total
         return total + qgroups.offset_term(self.step_sums, self.step_offsets)
 
-    def _zero(self, index: Any) -> Any:
+    def zero_row(self, index: Any) -> Any:
         """Group ``index``'s zero points as a (1, C) int32 row, or an int."""
         s = self.spec
         if s.zero == "static":
@@ -575,9 +577,9 @@ class GroupTerms:
             total = t if total is None else total + t
         assert total is not None
         self.xsum = total if total.dtype == jnp.float32 else total.astype(jnp.float32)
-        if self.spec.zero == "none":
+        if self.spec.zero == "none" or self.zero_in_codes:
             return part
-        z = self._zero(index)
+        z = self.zero_row(index)
         if self.exact:
             return part - total.astype(jnp.int32) * z
         zf = jnp.float32(z) if isinstance(z, int) else z.astype(jnp.float32)

@@ -28,6 +28,7 @@ __all__ = [
     "scaled_result",
     "store_factors",
     "tensor_parts",
+    "zero_in_codes",
 ]
 
 #: (element format, scale format) whose products are exact in bfloat16 (NVFP4: e2m1 values
@@ -182,6 +183,25 @@ def _row_scaled_step(tiles: list, factors: tuple, cfg: Any, k: Any) -> jax.Array
     return total
 
 
+def zero_in_codes(spec: Any, r: Any) -> bool:
+    """Whether a float route subtracts a weight's zero points from its decoded codes: every
+    ``v - z`` then is an exact integer of the compute type (|v - z| <= 256 in bfloat16), and
+    the dot's error is relative to ``|W|``, not to ``|v s| + |z s|`` (issue 40). Exact
+    routes subtract ``z X`` from their int32 sums instead, exactly."""
+    if r.exact or spec.zero == "none" or r.rhs_compute not in ("bfloat16", "float32"):
+        return False
+    f = formats.get(r.rhs)
+    if not f.is_integer:
+        return False
+    if spec.zero == "static":
+        zlo = zhi = spec.zero_value
+    else:
+        z = formats.get(spec.zero_format)
+        zlo, zhi = int(z.min), int(z.max)
+    reach = max(abs(int(f.min) - zhi), abs(int(f.max) - zlo))
+    return reach <= (256 if r.rhs_compute == "bfloat16" else 2**24)
+
+
 def group_scaled_step(
     tiles: list, s_ref: Any, cfg: Any, k: Any, aff_refs: Any = (), spread_refs: Any = ()
 ) -> jax.Array:
@@ -197,7 +217,10 @@ def group_scaled_step(
         return _row_scaled_step(tiles, scale_rows(s_ref[...], sc.scale_format), cfg, k)
     terms = None
     if sc.affine is not None:
-        terms = qoffsets.GroupTerms(aff_refs, s_ref, sc.affine, r.exact, r.lhs_scale, spread_refs)
+        zero = zero_in_codes(sc.affine, r)
+        terms = qoffsets.GroupTerms(
+            aff_refs, s_ref, sc.affine, r.exact, r.lhs_scale, spread_refs, zero
+        )
     two_level = terms is not None and terms.two_level_scales
     factors = None if two_level else scale_rows(s_ref[...], sc.scale_format)
     sub = min(sc.group, cfg.bk)  # K rows per partial sum
@@ -208,14 +231,17 @@ def group_scaled_step(
     total = None
     for q in range(cfg.bk // sub):
         part, cut = None, []
+        index = (k * cfg.bk + q * sub) // sc.group
         for xt, wt in tiles:
             xs = xt[:, q * rows : (q + 1) * rows]
             ws = wt[q * rows : (q + 1) * rows]
+            if terms is not None and terms.zero_in_codes:  # v - z: exact (zero_in_codes)
+                z = jnp.asarray(terms.zero_row(index), jnp.float32)
+                ws = (ws.astype(jnp.float32) - z).astype(ws.dtype)
             d = route.exact_dot(xs, ws, r) if r.exact else route.float_dot(xs, ws, r.precision)
             part = d if part is None else part + d
             cut.append(xs)
         assert part is not None
-        index = (k * cfg.bk + q * sub) // sc.group
         if terms is not None:
             part = terms.subtract_zero(part, cut, index)
         part = part.astype(jnp.float32)

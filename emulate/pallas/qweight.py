@@ -446,8 +446,9 @@ def apply_outside(acc: jax.Array, scales: jax.Array, tensor_scale: Any, s: Scali
 
 def result_type(x: jax.Array, xf: Format, w: QArray | KernelQWeight, out_dtype: Any) -> str:
     """The result type of ``x @ w`` for a QArray weight: ``out_dtype``, or what
-    ``lax.dot_general`` returns for ``x``'s type and the QArray's ``dtype`` (the QArray's
-    for low-precision ``x``); a float type."""
+    :func:`emulate.matmul` returns for ``x``'s type and the QArray's ``dtype``
+    (:func:`emulate.formats.promoted`, ``jnp.matmul``'s rule: bfloat16 with float16 gives
+    float32; where jnp has none, :func:`emulate.formats.dot_result`'s); a float type."""
     if out_dtype is not None:
         out = formats.get(out_dtype, arg="out_dtype")
         if not out.is_float or out.is_low_precision:
@@ -456,6 +457,5 @@ def result_type(x: jax.Array, xf: Format, w: QArray | KernelQWeight, out_dtype: 
                 f"or float16, got {out.name}"
             )
         return out.name
-    if xf.is_low_precision:
-        return np.dtype(w.dtype).name
-    return jnp.promote_types(x.dtype, w.dtype).name
+    wd = np.dtype(w.dtype).name
+    return formats.promoted(xf.name, wd) or formats.dot_result(xf.name, wd).name

@@ -376,3 +376,57 @@ def test_einsum_names_the_operand_format():
             np.ones((1, 1), np.uint8),
             operand_formats=[None, "int9"],
         )
+
+
+# --- precision as a list of two (issue 40) -----------------------------------------------
+
+HIGHEST_DEFAULT = [lax.Precision.HIGHEST, lax.Precision.DEFAULT]
+
+
+@pytest.mark.parametrize(
+    "precision", [HIGHEST_DEFAULT, ["highest", "default"]], ids=["enums", "strings"]
+)
+@pytest.mark.parametrize("rhs_dtype", ["float32", "int8"], ids=["passes-through", "emulated"])
+def test_a_list_precision_in_every_front_end(precision, rhs_dtype):
+    """lax.dot_general documents a list of two; emulate takes it in every front end and
+    gives what JAX gives for the same pair as a tuple (JAX's own caches refuse the list of
+    enums with "unhashable type: 'list'")."""
+    x = np.linspace(-2, 2, 24, dtype=np.float32).reshape(4, 6)
+    w = (np.arange(18) % 7 - 3).astype(rhs_dtype).reshape(6, 3)
+    img = x.reshape(1, 4, 6, 1)
+    ker = w.reshape(1, 3, 1, 6)[..., :3]
+    conv_dn = ("NHWC", "HWIO", "NHWC")
+    pair = tuple(precision)
+    cases = [
+        (
+            emulate.dot_general(x, w, DN, precision=precision),
+            lax.dot_general(x, w, DN, precision=pair),
+        ),
+        (emulate.matmul(x, w, precision=precision), jnp.matmul(x, w, precision=pair)),
+        (
+            emulate.einsum("ij,jk->ik", x, w, precision=precision),
+            jnp.einsum("ij,jk->ik", x, w, precision=pair),
+        ),
+        (
+            emulate.conv_general_dilated(
+                img, ker, (1, 1), "VALID", dimension_numbers=conv_dn, precision=precision
+            ),
+            lax.conv_general_dilated(  # lax takes one dtype: the int8 kernel's exact values
+                img,
+                ker.astype(np.float32),
+                (1, 1),
+                "VALID",
+                dimension_numbers=conv_dn,
+                precision=pair,
+            ),
+        ),
+    ]
+    for got, want in cases:
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_precision_arg_makes_a_list_of_two_a_tuple():
+    assert args.precision_arg(HIGHEST_DEFAULT) == tuple(HIGHEST_DEFAULT)
+    assert args.precision_arg(["high", "high"]) == ("high", "high")
+    assert args.precision_arg("highest") == "highest" and args.precision_arg(None) is None

@@ -514,3 +514,24 @@ def test_further_blocks_on_both_sides_give_the_correctly_rounded_sum(target):
         np.testing.assert_array_equal(np.asarray(got).astype(np.float64), want)
         if name == "float32":
             assert want[0, 0] == np.float32(1.0 + 2.0**-23)
+
+
+@pytest.mark.parametrize(
+    "lshape, rshape, dn",
+    [
+        ((4, 8), (8, 0), DN),  # N = 0
+        ((0, 8), (8, 3), DN),  # M = 0
+        ((0, 4, 8), (0, 8, 3), (((2,), (1,)), ((0,), (0,)))),  # a batch of 0
+    ],
+)
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_an_empty_result_is_jaxs(lshape, rshape, dn, mode):
+    """No sum to take: JAX's empty result (its type and shape), no ZeroDivisionError from the
+    slicing of mode "exact"."""
+    a = jnp.ones(lshape, jnp.float8_e4m3fn)
+    b = jnp.ones(rshape, jnp.float8_e4m3fn)
+    want = jax.lax.dot_general(a, b, dn)
+    got = emulate.dot_general(a, b, dn, mode=mode, target="tpu_v5e")
+    assert (got.dtype, got.shape) == (want.dtype, want.shape)
+    got32 = emulate.dot_general(a, b, dn, preferred_element_type=jnp.float32, mode=mode)
+    assert (got32.dtype, got32.shape) == (jnp.float32, want.shape)

@@ -20,6 +20,7 @@ import pytest
 from _st_cases import AWQ_CONFIG, awq_tensors, bnb_tensors, ct_tensors, gptq_tensors, write
 
 import emulate
+import emulate.bounds
 import emulate.pallas
 from emulate.importers import safetensors as S
 
@@ -40,13 +41,13 @@ def normal_scales(t: dict[str, np.ndarray], name: str, rng: np.random.Generator)
     t[name] = (m * 2.0 ** rng.integers(-8, -4, s.shape)).astype(s.dtype)
 
 
-def case(name: str, tmp, rng):
+def case(name: str, tmp, rng, layout: str = "in_out"):
     """(QArray, the project's decoded weight (K, N) as float64, its weight with every code
     set to the value 0 (the zero-point term alone) or None, zero_sign)."""
     if name == "awq":
         t = awq_tensors(rng, 64, 32, 16)
         normal_scales(t, "l.scales", rng)
-        q = S.load_awq(write(tmp, t, AWQ_CONFIG), "l")
+        q = S.load_awq(write(tmp, t, AWQ_CONFIG), "l", layout=layout)
         w = O.awq_dequantize_gemm(t["l.qweight"], t["l.qzeros"], t["l.scales"], 4, 16)
         w0 = O.awq_dequantize_gemm(
             np.zeros_like(t["l.qweight"]), t["l.qzeros"], t["l.scales"], 4, 16
@@ -57,7 +58,7 @@ def case(name: str, tmp, rng):
         t = gptq_tensors(rng, 128, 32, 32, bits, v1, act_order=True)
         normal_scales(t, "l.scales", rng)
         cfg = {"bits": bits, "group_size": 32, "checkpoint_format": "gptq" if v1 else "gptq_v2"}
-        q = S.load_gptq(write(tmp, t, cfg), "l")
+        q = S.load_gptq(write(tmp, t, cfg), "l", layout=layout)
         args = (t["l.qzeros"], t["l.scales"], t["l.g_idx"], bits, v1)
         w = O.gptq_dequantize(t["l.qweight"], *args)
         w0 = O.gptq_dequantize(np.zeros_like(t["l.qweight"]), *args)
@@ -72,7 +73,7 @@ def case(name: str, tmp, rng):
             "strategy": "group",
             "group_size": 16,
         }
-        q = S.load_compressed_tensors(write(tmp, t), "l", config=weights)
+        q = S.load_compressed_tensors(write(tmp, t), "l", config=weights, layout=layout)
         s = t["l.weight_scale"]
         w = O.ct_dequantize_group(x_q, s, zp, 16, g_idx).T
         w0 = O.ct_dequantize_group(np.zeros_like(x_q), s, zp, 16, g_idx).T
@@ -80,7 +81,9 @@ def case(name: str, tmp, rng):
     if name == "gpt_oss":
         blocks = rng.integers(0, 256, (2, 8, 2, 16)).astype(np.uint8)
         scales = rng.integers(120, 130, (2, 8, 2)).astype(np.uint8)
-        q = S.load_gpt_oss_mxfp4(write(tmp, {"w_blocks": blocks, "w_scales": scales}), "w")
+        q = S.load_gpt_oss_mxfp4(
+            write(tmp, {"w_blocks": blocks, "w_scales": scales}), "w", layout=layout
+        )
         return q, np.swapaxes(O.gpt_oss_mxfp4(blocks, scales), -1, -2), None, True
     if name == "fp8":
         w8 = rng.integers(0, 0x7F, (160, 200)).astype(np.uint8)
@@ -88,19 +91,21 @@ def case(name: str, tmp, rng):
         w8 = w8.view(ml_dtypes.float8_e4m3fn)
         s = rng.choice([0.5, 0.75, 1.0, 1.25, 1.5], (2, 2)).astype(np.float32)
         cfg = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
-        q = S.load_fp8_blocks(write(tmp, {"l.weight": w8, "l.weight_scale_inv": s}, cfg), "l")
+        q = S.load_fp8_blocks(
+            write(tmp, {"l.weight": w8, "l.weight_scale_inv": s}, cfg), "l", layout=layout
+        )
         return q, O.deepseek_weight_dequant(w8, s).T, None, True
     if name == "nvfp4":
         codes = rng.integers(0, 16, (16, 64)).astype(np.uint8)
         s = rng.integers(0x30, 0x60, (16, 4)).astype(np.uint8).view(ml_dtypes.float8_e4m3fn)
         s2 = np.array(2.0**-6, np.float32)
         t = {"l.weight": O.modelopt_pack(codes), "l.weight_scale": s, "l.weight_scale_2": s2}
-        q = S.load_modelopt_nvfp4(write(tmp, t), "l", config={"quant_algo": "NVFP4"})
+        q = S.load_modelopt_nvfp4(write(tmp, t), "l", config={"quant_algo": "NVFP4"}, layout=layout)
         return q, O.modelopt_dequantize(t["l.weight"], s, s2).T, None, False
     if name.startswith("bnb"):
         # float32: the NF4 table's products do not hold in bfloat16
         t, oracle = bnb_tensors(rng, 32, 128, 64, nested=name == "bnb_nested", dtype="float32")
-        return S.load_bnb_4bit(write(tmp, t), "l"), oracle.T, None, True
+        return S.load_bnb_4bit(write(tmp, t), "l", layout=layout), oracle.T, None, True
     raise AssertionError(name)
 
 
@@ -122,6 +127,41 @@ CASES = [
 #: The matmul runs one case per contraction route (the plain and nested codebooks share
 #: one; GPTQ v1/v2 differ only in the zero points read): compiles are the cost here.
 MATMUL_CASES = [c for c in CASES if c not in ("gptq42", "bnb")]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_every_loader_returns_the_checkpoints_out_in_orientation(tmp_path, name: str) -> None:
+    """One orientation for every importer (issue 40): a per-layer loader returns the
+    checkpoint's (out, in) QArray by default, as load_gguf and load_safetensors do, and
+    the (in, out) one with layout="in_out": the same values, the last two axes swapped."""
+    seed = CASES.index(name)
+    q_in, w, _, _ = case(name, tmp_path / "a", np.random.default_rng(seed), layout="in_out")
+    q_out, _, _, _ = case(name, tmp_path / "b", np.random.default_rng(seed), layout="out_in")
+    assert q_in.shape == w.shape  # (..., K, N): the project's decoded weight, as x @ w
+    assert q_out.shape == (*w.shape[:-2], w.shape[-1], w.shape[-2])
+    got = np.asarray(emulate.dequantize(q_out, jnp.float32))
+    want = np.swapaxes(np.asarray(emulate.dequantize(q_in, jnp.float32)), -1, -2)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_an_imported_qarray_gives_its_dense_weights_result_type(tmp_path, name: str) -> None:
+    """bf16, f16 and f32 activations times the checkpoint's QArray (float16 AWQ / GPTQ,
+    bfloat16 compressed-tensors, FP8, NVFP4, ...) give what jnp.matmul gives with the
+    dense weight of the QArray's dtype (issue 40): traced only, nothing compiled."""
+    q, _, _, _ = case(name, tmp_path, np.random.default_rng(CASES.index(name)))
+    w = jax.ShapeDtypeStruct(q.shape, q.dtype)
+    for xd in (jnp.bfloat16, jnp.float16, jnp.float32):
+        x = jax.ShapeDtypeStruct((2, q.shape[-2]), xd)
+        want = jax.eval_shape(jnp.matmul, x, w).dtype
+        assert jax.eval_shape(lambda x: emulate.matmul(x, q), x).dtype == want, (name, xd)
+
+
+def test_an_unknown_layout_is_refused(tmp_path) -> None:
+    t = awq_tensors(np.random.default_rng(0), 64, 32, 16)
+    with pytest.raises(ValueError) as e:
+        S.load_awq(write(tmp_path, t, AWQ_CONFIG), "l", layout="kn")
+    assert str(e.value) == "layout: expected 'out_in' or 'in_out', got 'kn'"
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -155,6 +195,12 @@ def test_imported_qarray_matmul_within_bound(tmp_path, name: str, target: str) -
     n = 2 * k + 4
     bound = (n * 2.0**-24 / (1 - n * 2.0**-24)) * (np.abs(x) @ mag) + 2.0**-126
     assert np.all(np.abs(got - exact) <= bound)
+    # and the plain weight's bound (issue 40): gamma_(K + S + 5) * sum |x| |W|, the zero
+    # points subtracted as integers, S the scale blocks along K
+    segments = -(-k // q.block_shape[-2])
+    n = k + segments + emulate.bounds.QARRAY_ROUTE_TERMS["xla"]  # qarray_bound's, batched
+    plain = emulate.bounds.gamma(n) * (np.abs(x) @ np.abs(wf)) + n * 2.0**-125
+    assert np.all(np.abs(got - exact) <= plain)
 
 
 @pytest.mark.parametrize("quant_type", ["nf4", pytest.param("fp4", marks=pytest.mark.long)])
@@ -165,7 +211,7 @@ def test_double_quantized_bnb_through_the_pallas_kernel_bit_for_bit(tmp_path, qu
     rng = np.random.default_rng(31)
     n, k = 602, 4096
     t, oracle = bnb_tensors(rng, n, k, 64, nested=True, quant_type=quant_type, dtype="float32")
-    q = S.load_bnb_4bit(write(tmp_path, t), "l")
+    q = S.load_bnb_4bit(write(tmp_path, t), "l", layout="in_out")
     p = emulate.pallas.prepare_weight(q)
     assert p.nbytes == q.nbytes
     # one power-of-two x per row, in groups 0, 1, 63 and in between: every product, the

@@ -29,6 +29,7 @@ import emulate
 import emulate.pallas
 from emulate.importers import gguf as G
 from emulate.importers import safetensors as S
+from emulate.qarray import transpose
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "quantized.md"
 K, N = 4096, 256
@@ -101,7 +102,8 @@ def _safetensors_cases(tmp: pathlib.Path) -> dict[str, tuple[float, emulate.QArr
 
     def add(name, tensors, load):
         path = write(tmp / re.sub(r"\W+", "_", name), tensors)
-        cases[name] = (_file_bits(path), load(path))
+        q = load(path)  # (..., N, K), as every importer returns it
+        cases[name] = (_file_bits(path), transpose(q, (*range(q.ndim - 2), q.ndim - 1, q.ndim - 2)))
 
     cfg = {**AWQ_CONFIG, "group_size": 128}
     add(

@@ -286,6 +286,9 @@ def test_load_safetensors_reads_a_whole_checkpoint_in_one_call(tmp_path) -> None
     assert isinstance(q, emulate.QArray) and q.shape == (16, 32) and q.dtype == np.float16
     want = O.awq_dequantize_gemm(t["l.qweight"], t["l.qzeros"], t["l.scales"], 4, 16)
     same_bits(np.asarray(emulate.dequantize(q, to=jnp.float16)), want.T)
+    layer = S.load_awq(path, "l")  # the per-layer loader: the same (out, in) QArray
+    assert layer.shape == q.shape
+    same_bits(np.asarray(emulate.dequantize(layer, to=jnp.float16)), want.T)
     # GPTQ act-order: the permutation follows the transpose
     g = gptq_tensors(rng, 64, 32, 16, 4, True, True)
     g["l.scales"] = np.abs(g["l.scales"]).clip(2**-10, 1).astype(np.float16)

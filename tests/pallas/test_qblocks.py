@@ -210,7 +210,9 @@ def test_a_deepseek_checkpoint_through_the_importer(tmp_path):
     w8 = w8.view(E4M3)
     s = (rng.uniform(1, 2, (3, 3)) * 2.0 ** rng.integers(-10, -4, (3, 3))).astype(np.float32)
     cfg = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
-    q = S.load_fp8_blocks(write(tmp_path, {"l.weight": w8, "l.weight_scale_inv": s}, cfg), "l")
+    q = S.load_fp8_blocks(
+        write(tmp_path, {"l.weight": w8, "l.weight_scale_inv": s}, cfg), "l", layout="in_out"
+    )
     x = rng.standard_normal((4, k)).astype(ml_dtypes.bfloat16)
     p = emulate.pallas.prepare_weight(q)
     assert p.nbytes == q.nbytes

@@ -137,7 +137,7 @@ def test_gptq_checkpoints_from_the_importer_are_within_the_bound(tmp_path, bits,
     t = gptq_tensors(rng, k, n, group, bits, True, act_order=act_order)
     t["l.scales"] = (rng.random(t["l.scales"].shape) * 0.01 + 1e-3).astype(np.float16)
     cfg = {"bits": bits, "group_size": group, "checkpoint_format": "gptq"}
-    q = st.load_gptq(write(tmp_path, t, cfg), "l")
+    q = st.load_gptq(write(tmp_path, t, cfg), "l", layout="in_out")
     assert q.format_name == f"uint{bits}"
     args = (t["l.qzeros"], t["l.scales"], t["l.g_idx"], bits, True)
     w = st_oracles.gptq_dequantize(t["l.qweight"], *args).astype(np.float64)

@@ -113,6 +113,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.engine.run",
             "emulate.engine.sites",
             "emulate.engine.args",
+            "emulate.engine.ragged_args",
         ],
     ),
     (
@@ -121,6 +122,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.scaled",
             "emulate.dot",
             "emulate.conv",
+            "emulate.ragged",
             "emulate.flax.rounding",
             "emulate.flax.layers",
             "emulate.flax.quantize",

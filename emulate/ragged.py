@@ -36,11 +36,11 @@ from emulate.engine.passthrough import passes_through
 from emulate.engine.ragged_args import (
     BASIC,
     RaggedArgs,
-    check_group_sizes,
     ragged_args,
     ragged_shape,
 )
 from emulate.formats import FormatLike
+from emulate.group_sizes import check_group_sizes
 from emulate.quant import QArray
 
 __all__ = ["ragged_dot", "ragged_dot_general"]

@@ -46,6 +46,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.reference_rounding",
             "emulate.reference",
             "emulate.bounds",
+            "emulate.group_sizes",
         ],
     ),
     (
@@ -145,6 +146,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.pallas.qsteps",
             "emulate.pallas.matmul_config",
             "emulate.pallas.matmul_kernel",
+            "emulate.pallas.gmm_kernel",
             "emulate.pallas.sites",
             "emulate.pallas.op_rules",
             "emulate.pallas.findings",

@@ -31,16 +31,10 @@ from emulate.engine import sites
 from emulate.engine.args import DotArgs, dot_args
 from emulate.engine.operands import OperandLike, Precision, describe
 from emulate.formats import FormatLike
+from emulate.group_sizes import check_group_sizes
 from emulate.quant import QArray
 
-__all__ = [
-    "BASIC",
-    "MODES",
-    "RaggedArgs",
-    "check_group_sizes",
-    "ragged_args",
-    "ragged_shape",
-]
+__all__ = ["BASIC", "MODES", "RaggedArgs", "ragged_args", "ragged_shape"]
 
 #: ``lax.ragged_dot``'s dimension numbers: ``(m, k) x (g, k, n) -> (m, n)``.
 BASIC = lax.RaggedDotDimensionNumbers(
@@ -146,28 +140,6 @@ def ragged_shape(lhs_shape, rhs_shape, gs_shape, rdn) -> tuple[int, ...]:
     return tuple(out.shape)
 
 
-def check_group_sizes(group_sizes: Any, rows: int, dim: str) -> None:
-    """Refuse concrete group sizes that are negative or hold more than ``rows`` rows (per
-    row of a ``group_sizes`` of rank > 1). Fewer is accepted: as in JAX, the rows after
-    the last group belong to none (their results are zero). Traced sizes are not checked
-    (JAX's semantics: a row belongs to group ``j`` where ``start_j <= row < end_j``).
-
-    Raises:
-      ValueError: naming group_sizes, its total and ``rows``.
-    """
-    if isinstance(group_sizes, jax.core.Tracer):
-        return
-    sizes = np.asarray(group_sizes).astype(np.int64)
-    if (sizes < 0).any():
-        raise ValueError(f"group_sizes: sizes must be >= 0, got {sizes.tolist()}")
-    totals = sizes.sum(axis=-1)
-    if (totals > rows).any():
-        raise ValueError(
-            f"group_sizes: the groups hold {int(totals.max())} rows in all, but {dim} has "
-            f"only {rows}; group_sizes {sizes.tolist()} must sum to at most {rows}"
-        )
-
-
 def ragged_args(
     lhs: OperandLike | QArray,
     rhs: OperandLike | QArray,
@@ -191,7 +163,8 @@ def ragged_args(
         (its message, naming the arguments); a QArray lhs outside mode "noncontracting"
         or "batch"; the operand refusals of :func:`~emulate.engine.args.dot_args`.
       ValueError: concrete group sizes that are negative or sum to more than the lhs
-        ragged dimension (:func:`check_group_sizes`); the value refusals of ``dot_args``.
+        ragged dimension (:func:`emulate.group_sizes.check_group_sizes`); the value
+        refusals of ``dot_args``.
     """
     rdn = ragged_dot_dimension_numbers
     if not isinstance(rdn, lax.RaggedDotDimensionNumbers):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
 
 import emulate
-from emulate.engine.ragged_args import BASIC, check_group_sizes, ragged_args
+from emulate.engine.ragged_args import BASIC, ragged_args
 
 E4 = jnp.float8_e4m3fn
 
@@ -95,36 +94,6 @@ def test_a_stacked_qarray_names_its_scheme_in_the_tag() -> None:
     call = ragged_args(jnp.zeros((4, 64), jnp.bfloat16), q, jnp.array([1, 3]), BASIC)
     assert call.tag().rhs == "float4_e2m1fn[2,64,8]:MXFP4"
     assert call.dot.result == "float32"
-
-
-@pytest.mark.parametrize(
-    ("sizes", "rows", "message"),
-    [
-        (
-            [5, 5, 5],
-            10,
-            "group_sizes: the groups hold 15 rows in all, but lhs has only 10; "
-            "group_sizes [5, 5, 5] must sum to at most 10",
-        ),
-        (
-            [[1, 2], [4, 7]],
-            10,
-            "group_sizes: the groups hold 11 rows in all, but lhs has "
-            "only 10; group_sizes [[1, 2], [4, 7]] must sum to at most 10",
-        ),
-        ([1, -1, 2], 10, "group_sizes: sizes must be >= 0, got [1, -1, 2]"),
-    ],
-)
-def test_concrete_group_sizes_are_checked(sizes, rows, message) -> None:
-    with pytest.raises(ValueError) as e:
-        check_group_sizes(np.array(sizes, np.int32), rows, "lhs")
-    assert str(e.value) == message
-
-
-def test_fewer_rows_than_the_lhs_and_traced_sizes_pass() -> None:
-    check_group_sizes(np.array([0, 3, 0]), 10, "lhs")
-    check_group_sizes(np.array([4, 6]), 10, "lhs")
-    jax.jit(lambda g: check_group_sizes(g, 1, "lhs") or g)(jnp.array([5, 5]))
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,10 @@ visits, K / bk)``, K innermost: a visit contracts its row tile with its group's 
 column block over K, and stores only the rows of its group (a row tile shared by two
 groups is visited twice in a row, so its output block stays in VMEM between the visits).
 A group's weight blocks are fetched only on that group's visits: an expert without rows
-is never read, and an expert whose rows fit one row tile is read once per column block
-(once in all). The visit count is bounded statically by ``M / bm + G - 1``; visits past
-the real count repeat the last block indices (no new copy) and do nothing.
+is never read, and an expert's weight is read once per row tile its rows touch (once in
+all where they fit one tile, as in a decode step; :func:`weight_fetches` lists the
+copies). The visit count is bounded statically by ``M / bm + G - 1``; visits past the
+real count keep the last real step's block indices (no new copy) and do nothing.
 
 The blocks, their decoding and the dots are :func:`emulate.pallas.matmul`'s
 (:mod:`emulate.pallas.route`): ``x`` and ``w`` are read as stored and decoded exactly in
@@ -49,7 +50,7 @@ from emulate.pallas import route
 from emulate.pallas.matmul_kernel import interpret_mode
 from emulate.qarray import QArray
 
-__all__ = ["GmmConfig", "ragged_dot", "schedule"]
+__all__ = ["GmmConfig", "ragged_dot", "schedule", "weight_fetches"]
 
 _LANES = 128
 
@@ -123,6 +124,47 @@ def schedule(group_sizes: jax.Array, m: int, bm: int) -> tuple[jax.Array, ...]:
     group = jnp.minimum(group, g - 1)
     tile = first[group] + v - (offsets[group] - tiles[group])
     return group, tile, count.reshape(1), starts, ends
+
+
+def _index_maps(nk: int) -> tuple[Any, Any, Any]:
+    """The block index maps of x, w and the output, over the grid ``(j, v, k)`` and the
+    scalar-prefetched schedule. Past the real visits every index stays the last real
+    step's, so nothing is copied again."""
+
+    def x_map(j, v, k, group, tile, count, *_):
+        return tile[v], jnp.where(v < count[0], k, nk - 1)
+
+    def w_map(j, v, k, group, tile, count, *_):
+        return group[v], jnp.where(v < count[0], k, nk - 1), j
+
+    def o_map(j, v, k, group, tile, *_):
+        return tile[v], j
+
+    return x_map, w_map, o_map
+
+
+def weight_fetches(
+    group_sizes: Any, m: int, k: int, n: int, block_shape: Sequence[int]
+) -> list[tuple[int, int, int]]:
+    """The weight blocks ``(expert, k block, n block)`` the kernel copies from HBM, in
+    order, for concrete ``group_sizes``: the grid walked with the kernel's own index maps
+    and schedule, a block copied where its index differs from the previous step's (the
+    Pallas TPU pipeline's rule). Each is ``bk x bn`` stored elements."""
+    bm, bn, bk = (int(b) for b in block_shape)
+    nk, nn = -(-k // bk), -(-n // bn)
+    sched = [np.asarray(a) for a in schedule(jnp.asarray(group_sizes), m, bm)]
+    _, w_map, _ = _index_maps(nk)
+    out: list[tuple[int, int, int]] = []
+    last = None
+    for j in range(nn):
+        for v in range(len(sched[0])):
+            for kk in range(nk):
+                e, kb, nb = (int(i) for i in w_map(j, v, kk, *sched))
+                index = (e, kb, nb)
+                if index != last:
+                    out.append(index)
+                last = index
+    return out
 
 
 def _decode_x(xt: jax.Array, cfg: GmmConfig) -> jax.Array:
@@ -201,15 +243,7 @@ def _run(x: jax.Array, w: jax.Array, group_sizes: jax.Array, cfg: GmmConfig) -> 
     acc_dtype = jnp.int32 if r.exact else jnp.float32
     n_acc = 2 if cfg.limbs else 1
 
-    def x_map(j, v, k, group, tile, *_):
-        return tile[v], k
-
-    def w_map(j, v, k, group, tile, *_):
-        return group[v], k, j
-
-    def o_map(j, v, k, group, tile, *_):
-        return tile[v], j
-
+    x_map, w_map, o_map = _index_maps(nk)
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=5,
         grid=(nn, cfg.visits, nk),
@@ -270,7 +304,7 @@ def _experts(w: Any, w_format: FormatLike | None) -> tuple[jax.Array, Format]:
 
 def _blocks(block_shape: Sequence[int] | None, m: int, k: int, n: int, sub: int) -> tuple:
     if block_shape is None:
-        bm = min(128, -(-m // sub) * sub)
+        bm = min(256, -(-m // sub) * sub)
         return bm, min(512, -(-k // _LANES) * _LANES), min(256, -(-n // _LANES) * _LANES)
     bm, bn, bk = (int(b) for b in block_shape)
     if bm % sub or bn % _LANES or bk % _LANES or min(bm, bn, bk) <= 0:
@@ -303,7 +337,7 @@ def ragged_dot(
         ``w_format`` (float6 codes too).
       group_sizes: (G,) int, >= 0, summing to at most M (traced values are not checked).
       target: a TPU target; default the current one.
-      block_shape: ``(bm, bn, bk)``; default bm up to 128 rows, bn up to 256, bk up to 512.
+      block_shape: ``(bm, bn, bk)``; default bm up to 256 rows, bn up to 256, bk up to 512.
       out_dtype: the result type (as ``preferred_element_type``); default ``lax``'s.
       interpret: None: interpret mode unless JAX's default backend is a TPU.
 

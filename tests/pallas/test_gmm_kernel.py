@@ -49,6 +49,25 @@ def test_the_schedule_visits_each_routed_group_on_its_row_tiles_only(sizes, bm) 
     assert (ends - starts).tolist() == sizes and ends.tolist() == np.cumsum(sizes).tolist()
 
 
+@pytest.mark.parametrize(
+    "sizes", [[4, 4, 4, 4, 0, 0, 0, 0], [0, 0, 16, 0, 0, 0, 0, 0], [300, 0, 500, 1248, 0, 0, 0, 0]]
+)
+def test_each_routed_expert_is_read_once_per_row_tile_of_its_rows_and_no_other(sizes) -> None:
+    m = max(16, sum(sizes))
+    bm, bn, bk = 256, 256, 512
+    got = gmm_kernel.weight_fetches(sizes, m, 2048, 1024, (bm, bn, bk))
+    want, start = [], 0
+    for j in range(1024 // bn):  # column blocks outermost, then groups in order, then K
+        start = 0
+        for e, size in enumerate(sizes):
+            tiles = len({row // bm for row in range(start, start + size)})
+            want += [(e, kb, j) for _ in range(tiles) for kb in range(2048 // bk)]
+            start += size
+    assert got == want
+    if sum(sizes) <= bm:  # a decode step: each routed expert's blocks exactly once
+        assert len(got) == len(set(got)) == sum(map(bool, sizes)) * (2048 // bk) * (1024 // bn)
+
+
 _INT8 = jax.jit(
     lambda x, w, s, target: gmm_kernel.ragged_dot(
         x, w, s, target=target, out_dtype=jnp.int32, block_shape=INT8_BLOCKS, interpret=True

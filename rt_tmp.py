@@ -1,12 +1,24 @@
-import functools, jax, jax.numpy as jnp, time
-from emulate import compiler
-from emulate.pallas import gmm_kernel as G
-M,K,N,E = 256, 2048, 1024, 8
-cases = {"bf16xe4m3": (jnp.bfloat16, jnp.float8_e4m3fn, jnp.float32), "i8xi8": (jnp.int8, jnp.int8, jnp.int32), "bf16xi8": (jnp.bfloat16, jnp.int8, jnp.bfloat16)}
-for t in ["tpu_v2", "tpu_v3", "tpu_v4", "tpu_v5e", "tpu_v6e", "tpu_v7x"]:
-    for name, (xd, wd, od) in cases.items():
-        fn = functools.partial(G.ragged_dot, target=t, out_dtype=od, interpret=False)
-        specs = (jax.ShapeDtypeStruct((M,K), xd), jax.ShapeDtypeStruct((E,K,N), wd), jax.ShapeDtypeStruct((E,), jnp.int32))
-        t0=time.time()
-        v = compiler.check(fn, *specs, target=t)
-        print(t, name, v.ok, (v.error or "")[:200] if hasattr(v,'error') else v, f"{time.time()-t0:.1f}s", flush=True)
+import numpy as np, gguf, jax, jax.numpy as jnp, emulate, importlib.util, sys, pathlib
+from gguf import GGMLQuantizationType as T
+from emulate.importers import gguf as G
+spec = importlib.util.spec_from_file_location("gguf_llama", "examples/gguf_llama.py"); mod = importlib.util.module_from_spec(spec); sys.modules["gguf_llama"]=mod; spec.loader.exec_module(mod)
+rng = np.random.default_rng(0)
+E, N, K = 3, 8, 256
+rdn = jax.lax.RaggedDotDimensionNumbers((((1,),(2,)),((),())), [0], [0])
+x = rng.normal(size=(6, K)).astype(jnp.bfloat16)
+for t in ["Q4_0","Q4_1","Q5_0","Q5_1","Q8_0","MXFP4","IQ4_NL","Q4_K","Q6_K"]:
+    w = rng.normal(size=(E*N, K)).astype(np.float32)
+    try:
+        if t == "Q4_K": raw = mod.quantize_q4_k(w)
+        elif t == "Q6_K": raw = mod.quantize_q6_k(w)
+        else: raw = gguf.quants.quantize(w, T[t])
+    except NotImplementedError:
+        print(t, "no quantizer"); continue
+    raw = raw.reshape(E, N, -1)
+    wr = gguf.GGUFWriter("/tmp/e.gguf", "llama"); wr.add_tensor("e", raw, raw_dtype=T[t]); wr.write_header_to_file(); wr.write_kv_data_to_file(); wr.write_tensors_to_file(); wr.close()
+    q = G.load_gguf("/tmp/e.gguf")["e"]
+    deq = gguf.quants.dequantize(raw, T[t]).astype(np.float64)
+    y = np.asarray(emulate.ragged_dot_general(jnp.asarray(x), q, jnp.array([2,0,3]), rdn, target="tpu_v5e", preferred_element_type=jnp.float32))
+    xs = np.asarray(x, np.float64)
+    ref = np.concatenate([xs[:2] @ deq[0].T, xs[2:5] @ deq[2].T, np.zeros((1,N))])
+    print(t, q.shape, np.abs(y-ref).max() / np.abs(ref).max())

@@ -3,6 +3,9 @@ polyfill and inspect."""
 
 from __future__ import annotations
 
+import functools
+
+import gguf
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -389,3 +392,69 @@ def test_polyfill_leaves_no_ragged_dot_the_target_lacks_and_inspect_lists_it() -
     assert [(r.primitive, r.status, r.flops) for r in drop_in.rows] == [
         ("ragged_dot_general", "emulated", 144)
     ]
+
+
+def test_vmap_over_lhs_rhs_and_group_sizes_gives_jaxs_bits() -> None:
+    # JAX's test_ragged_dot_general_vmap (same file and commit): batch 3, m = k = n = 128,
+    # 2 groups; float8 operands of halves, so every sum is exact.
+    rng = np.random.default_rng(6)
+    x, w = _halves(rng, (3, 128, 128), E4), _halves(rng, (3, 2, 128, 128), E4)
+    gs = jnp.array([[100, 28], [0, 128], [64, 60]], jnp.int32)
+
+    def run(fn, a, b, s):
+        return fn(a, b, s, preferred_element_type=jnp.float32)
+
+    got = jax.vmap(functools.partial(run, functools.partial(emulate.ragged_dot, target="tpu_v4")))(
+        x, w, gs
+    )
+    want = jax.vmap(functools.partial(run, lax.ragged_dot))(
+        x.astype(jnp.float32), w.astype(jnp.float32), gs
+    )
+    _same(got, want)
+
+
+def test_gradients_reach_a_float_rhs_as_jaxs() -> None:
+    rng = np.random.default_rng(8)
+    x, w = _halves(rng, (8, 16), E5), _halves(rng, (3, 16, 4), jnp.float32)
+    gs = jnp.array([2, 6, 0])
+    got = jax.grad(lambda b: jnp.sum(emulate.ragged_dot(x, b, gs, target="tpu_v4") ** 2))(w)
+    want = jax.grad(lambda b: jnp.sum(lax.ragged_dot(x.astype(jnp.float32), b, gs) ** 2))(w)
+    _same(got, want)
+
+
+@pytest.mark.parametrize("ggml_type", ["Q5_1", "MXFP4"])  # offsets; e8m0 scales
+def test_stacked_gguf_experts_are_each_rows_own_expert(tmp_path, ggml_type) -> None:
+    # 3-D GGUF expert tensors (E, out, in), contracted on their last axis; the oracle is
+    # gguf's own decoder.
+    rng = np.random.default_rng(9)
+    e, n, k = 3, 8, 256
+    t = gguf.GGMLQuantizationType[ggml_type]
+    raw = gguf.quants.quantize(rng.normal(size=(e * n, k)).astype(np.float32), t)
+    raw = raw.reshape(e, n, -1)
+    writer = gguf.GGUFWriter(str(tmp_path / "e.gguf"), "llama")
+    writer.add_tensor("blk.0.ffn_up_exps.weight", raw, raw_dtype=t)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    q = emulate.importers.load_gguf(tmp_path / "e.gguf")["blk.0.ffn_up_exps.weight"]
+    assert q.shape == (e, n, k)
+    values = gguf.quants.dequantize(raw, t).astype(np.float32)
+    x = rng.normal(size=(6, k)).astype(ml_dtypes.bfloat16)
+    sizes = [2, 0, 3]
+    rdn = _rdn((([1], [2]), ([], [])), [0], [0])
+    got = np.asarray(
+        emulate.ragged_dot_general(jnp.asarray(x), q, jnp.array(sizes), rdn, target="tpu_v5e",
+                                   preferred_element_type=jnp.float32)
+    )  # fmt: skip
+    exact = _exact_rows(x, np.swapaxes(values, 1, 2), sizes)
+    gid = np.repeat(np.arange(e + 1), [*sizes, 6 - sum(sizes)])
+    dn = (((1,), (0,)), ((), ()))
+    for i in range(6):
+        if gid[i] == e:
+            assert (got[i] == 0).all()
+            continue
+        bound = bounds.dot_general_bound(
+            x[i : i + 1], values[gid[i]].T, dn, extra_terms=k // 32 + 4
+        )
+        assert (np.abs(got[i] - exact[i]) <= bound[0]).all()

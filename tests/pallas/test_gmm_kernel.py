@@ -170,7 +170,7 @@ _PAIRS = {"bf16xe4m3fn": ("bfloat16", "float8_e4m3fn", "float32"),
           "int8xint8": ("int8", "int8", "int32"),
           "bf16xint8": ("bfloat16", "int8", "bfloat16")}  # fmt: skip
 _TARGETS = ["tpu_v2", "tpu_v4", "tpu_v5e", "tpu_v7x"]
-_DEFAULT = {("bf16xe4m3fn", "tpu_v5e"), ("int8xint8", "tpu_v2"), ("bf16xint8", "tpu_v7x")}
+_DEFAULT = {("bf16xe4m3fn", "tpu_v5e"), ("int8xint8", "tpu_v2")}  # EMULATE_LONG_TESTS: all
 _RUNS = [
     pytest.param(p, t, marks=[] if (p, t) in _DEFAULT else [pytest.mark.long], id=f"{p}-{t}")
     for p in _PAIRS

@@ -458,3 +458,21 @@ def test_stacked_gguf_experts_are_each_rows_own_expert(tmp_path, ggml_type) -> N
             x[i : i + 1], values[gid[i]].T, dn, extra_terms=k // 32 + 4
         )
         assert (np.abs(got[i] - exact[i]) <= bound[0]).all()
+
+
+def test_polyfill_rewrites_ragged_dots_inside_jit_and_scan() -> None:
+    rng = np.random.default_rng(10)
+    x, w = _halves(rng, (4, 6, 8), E4), _halves(rng, (3, 8, 5), E4)
+    gs = jnp.array([2, 0, 4])
+
+    def body(carry, xi):
+        y = lax.ragged_dot(xi, w, gs, preferred_element_type=jnp.float32)
+        return carry + y.sum(), y
+
+    f = jax.jit(lambda xs: lax.scan(body, jnp.float32(0), xs))
+    pf = emulate.polyfill(f, target="tpu_v2")
+    left = {(s.primitive, s.lhs_dtype) for s in program.sites(jax.make_jaxpr(pf)(x))}
+    assert left == {("dot_general", "float32")}
+    got, want = pf(x), f(x.astype(jnp.float32))  # halves: exact sums, equal bits
+    _same(got[1], want[1])
+    _same(got[0], want[0])

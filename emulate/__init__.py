@@ -10,7 +10,8 @@ The public surface:
   :func:`current_mode`, :func:`use_mode`, :func:`plan`, :class:`Plan`, :func:`runs_as_is`
   (which calls go to JAX unchanged);
 - drop-in matmuls: :func:`dot_general`, :func:`matmul`, :func:`einsum`,
-  :func:`conv_general_dilated`;
+  :func:`conv_general_dilated`, :func:`ragged_dot` / :func:`ragged_dot_general` (grouped,
+  mixture-of-experts matmuls);
 - quantized operands: :class:`QArray` (with zero points, offsets, two-level scales,
   codebooks from :mod:`emulate.codebooks` and act-order permutations),
   :func:`quantize`, :func:`dequantize`, the schemes of :mod:`emulate.mx` (MXFP8/6/4,
@@ -33,6 +34,7 @@ from emulate.numerics.codecs import decode, encode
 from emulate.numerics.storage import Packed, pack, unpack
 from emulate.planning.plan import Plan, plan, runs_as_is
 from emulate.quant import QArray, dequantize, quantize
+from emulate.ragged import ragged_dot, ragged_dot_general
 from emulate.report import inspect
 from emulate.rewrite import polyfill, scaled_dot_general
 from emulate.scaled import scaled_matmul
@@ -65,6 +67,8 @@ __all__ = [
     "plan",
     "polyfill",
     "quantize",
+    "ragged_dot",
+    "ragged_dot_general",
     "reference",
     "runs_as_is",
     "scaled_dot_general",

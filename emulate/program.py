@@ -1,6 +1,6 @@
-"""Matmul sites of a JAX program: every ``dot_general``, ``conv_general_dilated`` and
-block-scaled matmul (``jax.nn.scaled_matmul``) in a jaxpr, sub-jaxprs included (jit,
-scan, while, cond, remat, custom_jvp/vjp, shard_map, ...).
+"""Matmul sites of a JAX program: every ``dot_general``, ``conv_general_dilated``, grouped
+matmul (``ragged_dot_general``) and block-scaled matmul (``jax.nn.scaled_matmul``) in a
+jaxpr, sub-jaxprs included (jit, scan, while, cond, remat, custom_jvp/vjp, shard_map, ...).
 
 Sub-jaxprs are found by walking every equation parameter that holds a ``Jaxpr`` or
 ``ClosedJaxpr`` (or a sequence of them), not a fixed list of primitive names, so the walk
@@ -23,6 +23,7 @@ from emulate.planning.plan import runs_as_is
 __all__ = [
     "MATMUL_PRIMITIVES",
     "OPAQUE_PRIMITIVES",
+    "RAGGED_PRIMITIVES",
     "SCALED_PRIMITIVES",
     "Site",
     "sites",
@@ -32,6 +33,10 @@ __all__ = [
 ]
 
 MATMUL_PRIMITIVES = ("dot_general", "conv_general_dilated")
+
+#: Grouped matmuls (``lax.ragged_dot`` / ``ragged_dot_general``): operands lhs and rhs as a
+#: dot's, then ``group_sizes``.
+RAGGED_PRIMITIVES = ("ragged_dot_general",)
 
 #: Block-scaled matmuls (``jax.nn.scaled_matmul``): lowered by JAX only on CUDA and ROCm,
 #: so every one of them is a site to emulate.
@@ -84,7 +89,7 @@ def sites(program: jex_core.Jaxpr | jex_core.ClosedJaxpr) -> list[Site]:
     jaxpr = program.jaxpr if isinstance(program, jex_core.ClosedJaxpr) else program
     found = []
     for eqn in walk(jaxpr):
-        if eqn.primitive.name in MATMUL_PRIMITIVES + SCALED_PRIMITIVES:
+        if eqn.primitive.name in MATMUL_PRIMITIVES + RAGGED_PRIMITIVES + SCALED_PRIMITIVES:
             lhs, rhs = (v.aval for v in eqn.invars[:2])
             found.append(
                 Site(

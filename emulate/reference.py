@@ -38,7 +38,15 @@ from emulate.formats import F32_MIN_NORMAL, FormatLike
 from emulate.reference_codes import decode_codes
 from emulate.reference_rounding import encode
 
-__all__ = ["decode", "dequantize", "dot_general", "exact_dot_general", "quantize", "round_exact"]
+__all__ = [
+    "decode",
+    "dequantize",
+    "dot_general",
+    "exact_dot_general",
+    "quantize",
+    "ragged_dot",
+    "round_exact",
+]
 
 _DECODE_TARGETS: dict[str, Any] = {
     "float32": np.float32,
@@ -252,6 +260,47 @@ def dot_general(
         rounded = np.where(np.isfinite(specials), rounded, specials)
     with np.errstate(invalid="ignore", over="ignore"):
         return rounded.astype(out_fmt.dtype).reshape(shape)
+
+
+def ragged_dot(
+    lhs: npt.ArrayLike,
+    rhs: npt.ArrayLike,
+    group_sizes: npt.ArrayLike,
+    preferred_element_type: FormatLike | None = None,
+) -> np.ndarray:
+    """``jax.lax.ragged_dot`` computed exactly and rounded once, per group.
+
+    Args:
+      lhs: (m, k); rhs: (g, k, n), g >= 1; any registered formats, as :func:`dot_general`.
+      group_sizes: (g,) non-negative integers summing to at most m.
+
+    Returns:
+      (m, n) of :func:`dot_general`'s result type: rows ``start_j .. start_j +
+      group_sizes[j] - 1`` are :func:`dot_general` of those rows with ``rhs[j]``; rows
+      after the last group are zeros.
+
+    Raises:
+      ValueError: shapes that do not fit, negative sizes or sizes summing to more than m;
+        :func:`dot_general`'s refusals.
+    """
+    a, b = np.asarray(lhs), np.asarray(rhs)
+    sizes = [int(s) for s in np.asarray(group_sizes).reshape(-1)]
+    if a.ndim != 2 or b.ndim != 3 or not 1 <= len(sizes) == b.shape[0] or a.shape[1] != b.shape[1]:
+        raise ValueError(
+            f"ragged_dot: expected lhs (m, k), rhs (g, k, n), group_sizes (g,), got "
+            f"{a.shape}, {b.shape}, {np.shape(group_sizes)}"
+        )
+    if min(sizes, default=0) < 0 or sum(sizes) > a.shape[0]:
+        raise ValueError(f"ragged_dot: group_sizes {sizes} for {a.shape[0]} rows")
+    dn = (((1,), (0,)), ((), ()))
+    dtype = dot_general(a[:0], b[0], dn, preferred_element_type).dtype
+    out = np.zeros((a.shape[0], b.shape[2]), dtype=dtype)
+    start = 0
+    for j, size in enumerate(sizes):
+        rows = a[start : start + size]
+        out[start : start + size] = dot_general(rows, b[j], dn, preferred_element_type)
+        start += size
+    return out
 
 
 def _decode_target(to: npt.DTypeLike) -> type[np.generic]:

@@ -48,7 +48,8 @@ class Row:
     """One site.
 
     Attributes:
-      primitive: "dot_general", "conv_general_dilated" or "pallas_call".
+      primitive: "dot_general", "conv_general_dilated", "ragged_dot_general" or
+        "pallas_call".
       source: "file:line (function)" of the user code that made the equation (the
         innermost frame outside emulate, JAX, flax and qwix), then the module path
         in brackets where there is one (``[Model/Dense_0]``); "?" when unknown.
@@ -180,6 +181,9 @@ def _flops(eqn: Any) -> int:
     if eqn.primitive.name == "dot_general":
         (lc, _), _ = eqn.params["dimension_numbers"]
         k = math.prod(lhs.shape[d] for d in lc)
+    elif eqn.primitive.name in program.RAGGED_PRIMITIVES:  # each row against its group
+        (lc, _), _ = eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers
+        k = math.prod(lhs.shape[d] for d in lc)
     elif eqn.primitive.name in program.SCALED_PRIMITIVES:  # (B, M, K) x (B, N, K)
         k = lhs.shape[-1]
     else:
@@ -281,8 +285,11 @@ def _nnx_module_scopes(fn: Callable[..., Any], args: Any) -> Iterator[Callable[.
                 cls.__call__ = before  # type: ignore[method-assign]
 
 
+_SITE_PRIMITIVES = program.MATMUL_PRIMITIVES + program.RAGGED_PRIMITIVES + program.SCALED_PRIMITIVES
+
+
 def _contains_matmul(eqn: Any) -> bool:
-    names = program.MATMUL_PRIMITIVES + program.SCALED_PRIMITIVES
+    names = _SITE_PRIMITIVES
     if eqn.primitive.name in names:
         return True
     return any(
@@ -324,7 +331,7 @@ def _rows(jaxpr: Any, t: targets.Target, mode: str, prefix: tuple[str, ...]) -> 
         if name == "pallas_call":
             yield Row(name, _source(eqn, prefix), "", "", "left alone (pallas_call)", None, 0, None)
             continue
-        if name in program.MATMUL_PRIMITIVES + program.SCALED_PRIMITIVES:
+        if name in _SITE_PRIMITIVES:
             yield _primitive_row(eqn, t, mode, prefix)
             continue
         inner = prefix + tuple(n for n in _scopes(eqn) if n)

@@ -1,10 +1,11 @@
 """``polyfill(fn)``: run a JAX program with every matmul the target lacks replaced by emulate's.
 
 The wrapped function traces ``fn`` to a jaxpr once per input signature and evaluates it
-with each ``dot_general`` / ``conv_general_dilated`` equation whose operand pair the
-target does not run natively (:func:`emulate.runs_as_is`: JAX's own types such as int32,
-complex64 or float64 always stay as they are) replaced by :func:`emulate.dot_general` /
-:func:`emulate.conv_general_dilated` (same result dtype, the plan's numerics), and each
+with each ``dot_general`` / ``conv_general_dilated`` / ``ragged_dot_general`` equation
+whose operand pair the target does not run natively (:func:`emulate.runs_as_is`: JAX's
+own types such as int32, complex64 or float64 always stay as they are) replaced by
+:func:`emulate.dot_general` / :func:`emulate.conv_general_dilated` /
+:func:`emulate.ragged_dot_general` (same result dtype, the plan's numerics), and each
 block-scaled matmul of ``jax.nn.scaled_matmul`` / ``jax.nn.scaled_dot_general`` (which
 JAX lowers only for CUDA and ROCm) by :func:`emulate.scaled_matmul`. Equations
 that the target runs natively, and everything else, are bound again as they are, with
@@ -30,6 +31,7 @@ from emulate import program, targets
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general
 from emulate.planning.plan import runs_as_is
+from emulate.ragged import ragged_dot_general
 from emulate.scaled import scaled_matmul
 
 __all__ = ["polyfill", "scaled_dot_general"]
@@ -179,20 +181,20 @@ class _Rewriter:
         return [read(v) for v in jaxpr.outvars]
 
     def linear_equation(self, eqn: Any, invals: list[Any]) -> Any:
-        if eqn.primitive.name in program.MATMUL_PRIMITIVES:
+        if eqn.primitive.name in program.MATMUL_PRIMITIVES + program.RAGGED_PRIMITIVES:
             lhs, rhs = (v.aval for v in eqn.invars[:2])
             if not self.t.supports(np.dtype(lhs.dtype), np.dtype(rhs.dtype)) and all(
                 jnp.issubdtype(a.dtype, jnp.floating) for a in (lhs, rhs)
             ):
                 params = dict(eqn.params, preferred_element_type=np.dtype(np.float32))
-                wide = [x.astype(jnp.float32) for x in invals]
+                wide = [x.astype(jnp.float32) for x in invals[:2]] + invals[2:]
                 out = _bind(eqn, wide, params)
                 return out.astype(eqn.outvars[0].aval.dtype)
         return _bind(eqn, invals, eqn.params)
 
     def equation(self, eqn: Any, invals: list[Any]) -> Any:
         name = eqn.primitive.name
-        if name in program.MATMUL_PRIMITIVES:
+        if name in program.MATMUL_PRIMITIVES + program.RAGGED_PRIMITIVES:
             lhs, rhs = (v.aval for v in eqn.invars[:2])
             if not runs_as_is(np.dtype(lhs.dtype), np.dtype(rhs.dtype), target=self.t):
                 return self.emulated(eqn, invals)
@@ -301,8 +303,20 @@ class _Rewriter:
     def emulated(self, eqn: Any, invals: list[Any]) -> Any:
         p = eqn.params
         try:
-            lhs, rhs = invals
-            if eqn.primitive.name == "dot_general":
+            lhs, rhs = invals[:2]
+            if eqn.primitive.name in program.RAGGED_PRIMITIVES:
+                out = ragged_dot_general(
+                    lhs,
+                    rhs,
+                    invals[2],
+                    p["ragged_dot_dimension_numbers"],
+                    p["precision"],
+                    p["preferred_element_type"],
+                    p["group_offset"],
+                    target=self.t,
+                    mode=self.mode,
+                )
+            elif eqn.primitive.name == "dot_general":
                 out = dot_general(
                     lhs,
                     rhs,

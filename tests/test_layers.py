@@ -46,6 +46,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.reference_rounding",
             "emulate.reference",
             "emulate.bounds",
+            "emulate.group_sizes",
         ],
     ),
     (
@@ -116,6 +117,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.engine.run",
             "emulate.engine.sites",
             "emulate.engine.args",
+            "emulate.engine.ragged_args",
         ],
     ),
     (
@@ -124,6 +126,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.scaled",
             "emulate.dot",
             "emulate.conv",
+            "emulate.ragged",
             "emulate.flax.rounding",
             "emulate.flax.layers",
             "emulate.flax.quantize",
@@ -146,6 +149,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.pallas.qsteps",
             "emulate.pallas.matmul_config",
             "emulate.pallas.matmul_kernel",
+            "emulate.pallas.gmm_kernel",
             "emulate.pallas.sites",
             "emulate.pallas.op_rules",
             "emulate.pallas.findings",

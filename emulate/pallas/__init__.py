@@ -3,6 +3,10 @@
 - :func:`matmul`: ``x @ w`` as one ``pallas_call`` whose low-precision weight (int8,
   float8 codes, or int4 / float4 / float6 kept packed) is decoded tile by tile in VMEM
   into the type the target's matrix unit takes.
+- :func:`ragged_dot`: ``lax.ragged_dot`` (mixture-of-experts experts, rows sorted by
+  group) as one grouped kernel in the style of megablox's ``gmm``: each routed expert's
+  weight read as stored and decoded in VMEM, experts without rows never read
+  (:mod:`emulate.pallas.gmm_kernel`; dense one-byte experts so far).
 - :func:`prepare_weight`: a sub-byte weight, once, in the K-planar layout
   (:class:`KernelWeight`, the same bytes) that :func:`matmul` reads without any copy; a
   block-scaled :class:`emulate.QArray` weight likewise (:class:`KernelQWeight`:
@@ -22,6 +26,7 @@ share in :mod:`emulate.pallas.route`.
 
 from __future__ import annotations
 
+from emulate.pallas.gmm_kernel import ragged_dot
 from emulate.pallas.kernel_dot import dot, dot_vmem_bytes
 from emulate.pallas.matmul_kernel import matmul
 from emulate.pallas.mosaic_check import Finding, MatmulSite, check, diagnose, matmul_sites
@@ -40,4 +45,5 @@ __all__ = [
     "matmul",
     "matmul_sites",
     "prepare_weight",
+    "ragged_dot",
 ]

@@ -345,7 +345,9 @@ def matmul(
       w: the (K, N) weight: an int8 / uint8 / float8 array, ``uint8`` codes with
         ``w_format`` (float6 codes too), or an :class:`emulate.Packed` int4 / uint4 /
         float4_e2m1fn / float6 array packed along K (``emulate.pack(w, axis=0)``), which
-        stays packed in HBM.
+        stays packed in HBM; a :class:`emulate.pallas.KernelWeight`; a 2-D block-scaled
+        :class:`emulate.QArray` or :class:`emulate.pallas.KernelQWeight`
+        (:mod:`emulate.pallas.qweight` says which parts the kernel decodes).
       target: a TPU target name or Target; default the current target, which must then
         be a TPU (``emulate.target("tpu_v5e")`` or ``EMULATE_TARGET``).
       block_shape: ``(bm, bn, bk)``; default from the target: ``bn`` twice its MXU width,
@@ -379,6 +381,8 @@ def matmul(
       ValueError: shapes that are not (M, K) x (K, N); a weight packed along N; a wide
         (bfloat16/float32) weight; a non-TPU target; block sizes off the tiling or too big
         for VMEM; a contraction too long for the exact combination.
+      NotImplementedError: a QArray ``x``; a part of a QArray ``w`` the kernel does not
+        decode (named, with what is built).
     """
     a = matmul_args(x, w, target=target, out_dtype=out_dtype, x_format=x_format, w_format=w_format)
     if a.empty:  # nothing to launch: an empty contraction sums to zero

@@ -121,6 +121,29 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
+        "pallas",
+        [
+            "emulate.pallas.route",
+            "emulate.pallas.kernel_dot",
+            "emulate.pallas.weights",
+            "emulate.pallas.qcodebook",
+            "emulate.pallas.qgroups",
+            "emulate.pallas.qoffsets",
+            "emulate.pallas.qweight",
+            "emulate.pallas.qsteps",
+            "emulate.pallas.matmul_config",
+            "emulate.pallas.matmul_args",
+            "emulate.pallas.matmul_kernel",
+            "emulate.pallas.gmm_kernel",
+            "emulate.pallas.checking",
+            "emulate.pallas.checking.sites",
+            "emulate.pallas.checking.op_rules",
+            "emulate.pallas.checking.findings",
+            "emulate.pallas.checking.mosaic_check",
+            "emulate.pallas",
+        ],
+    ),
+    (
         "front ends",
         [
             "emulate.scaled",
@@ -135,28 +158,6 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     ("program transforms", ["emulate.program", "emulate.rewrite", "emulate.report"]),
-    (
-        "pallas",
-        [
-            "emulate.pallas.route",
-            "emulate.pallas.kernel_dot",
-            "emulate.pallas.weights",
-            "emulate.pallas.qblocks",
-            "emulate.pallas.qcodebook",
-            "emulate.pallas.qgroups",
-            "emulate.pallas.qoffsets",
-            "emulate.pallas.qweight",
-            "emulate.pallas.qsteps",
-            "emulate.pallas.matmul_config",
-            "emulate.pallas.matmul_kernel",
-            "emulate.pallas.gmm_kernel",
-            "emulate.pallas.sites",
-            "emulate.pallas.op_rules",
-            "emulate.pallas.findings",
-            "emulate.pallas.mosaic_check",
-            "emulate.pallas",
-        ],
-    ),
     ("public API", ["emulate"]),
     (
         "validation",
@@ -423,12 +424,14 @@ TESTS = ROOT / "tests"
 
 #: (test file, private name it reaches) -> why it may. Each is a public seam still missing.
 PRIVATE_REACHES = {
-    ("tests/pallas/test_mosaic_check.py", "emulate.pallas.mosaic_check._compiler_here"): (
-        "a fixture makes the checker believe libtpu is absent, to test the recorded rules"
-    ),
-    ("tests/pallas/test_mosaic_check.py", "emulate.pallas.mosaic_check._warned"): (
-        "the same fixture resets the once-per-process warnings"
-    ),
+    (
+        "tests/pallas/checking/test_mosaic_check.py",
+        "emulate.pallas.checking.mosaic_check._compiler_here",
+    ): "a fixture makes the checker believe libtpu is absent, to test the recorded rules",
+    (
+        "tests/pallas/checking/test_mosaic_check.py",
+        "emulate.pallas.checking.mosaic_check._warned",
+    ): "the same fixture resets the once-per-process warnings",
 }
 
 
@@ -575,12 +578,13 @@ TESTED_ELSEWHERE = {
     "emulate.__main__": "python -m emulate, run by test_validate and test_cli",
     "emulate.engine": "package docstring only",
     "emulate.compiler": "re-exports only: tests/compiler/ reach every name through it",
-    "emulate.cli.check_kernel": "emulate check-kernel: pallas/test_mosaic_check",
+    "emulate.cli.check_kernel": "emulate check-kernel: pallas/checking/test_mosaic_check",
     "emulate.profiles": "the builtin profile rows and JAX's table: test_targets",
     "emulate.testing.operands": "qarrays and operand specs: testing/test_hazards_quantized",
     "emulate.numerics": "package docstring only",
     "emulate.planning": "package docstring only",
     "emulate.pallas": "lazy re-exports: tests/pallas/ reach every name through it",
+    "emulate.pallas.checking": "package docstring only",
     "emulate.engine.limbs": "the limb arithmetic of mode exact: engine/test_exact",
     "emulate.engine.contract": "the plain and K-chunked contraction: test_dot, test_conv",
     "emulate.engine.layout": "dimension numbers: test_dot, test_conv, test_bad_inputs",
@@ -604,7 +608,6 @@ TESTED_ELSEWHERE = {
     "emulate.numerics.scales": "the scale rules: test_quant (every rule against numpy)",
     "emulate.pallas.route": "kernel routes: pallas/test_kernel_dot, pallas/test_matmul_kernel",
     "emulate.pallas.matmul_config": "blocks and layouts: pallas/test_matmul_kernel (defaults)",
-    "emulate.pallas.qsteps": "in-kernel scale steps: pallas/test_qweight, test_qoffsets",
     "emulate.planning.exactness": "exactness limits: planning/test_plan (K-chunks, k_limit)",
     "emulate.planning.slicing": "exponent slicing: engine/test_exact, planning/test_plan",
     "emulate.report": "emulate.inspect: test_program, test_rewrite",
@@ -730,7 +733,9 @@ MOSAIC_RULE = ("verdict", "native_pairs", "compat_only_pairs")
 #: ``Target.compiles`` (recorded) or ``emulate.compiler.compiles`` (the real compiler).
 MOSAIC_RULE_CALLERS = {
     "emulate.targets": "Target.compiles and the probe laid over a profile's native pairs",
-    "emulate.pallas.findings": "a refusal's recorded message, once Target.compiles said no",
+    "emulate.pallas.checking.findings": (
+        "a refusal's recorded message, once Target.compiles said no"
+    ),
 }
 
 

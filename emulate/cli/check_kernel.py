@@ -66,7 +66,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check the kernel on each target; exit status 1 on any finding."""
-    from emulate.pallas import mosaic_check
+    from emulate.pallas.checking import mosaic_check
 
     parser = args.parser
     target_names = tpu_target_names(args.targets, parser)

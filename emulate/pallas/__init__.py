@@ -17,19 +17,31 @@
   whose operand types the target lacks, and each operation that compiles only in Mosaic's
   compatibility mode, with the error Mosaic would give and a fix for that operation.
 
-Import it as ``import emulate.pallas`` (it imports ``jax.experimental.pallas``). One kernel
-per module: :mod:`emulate.pallas.matmul_kernel` (its weight layout:
-:mod:`emulate.pallas.weights`), :mod:`emulate.pallas.kernel_dot`, the
-check in :mod:`emulate.pallas.mosaic_check`, and the routes and in-kernel decoding they
-share in :mod:`emulate.pallas.route`.
+Import it as ``import emulate.pallas`` (it imports ``jax.experimental.pallas``). Modules:
+
+- the matmul kernel, in the order of a call: :mod:`emulate.pallas.matmul_args` (the
+  operands, checked once into a ``MatmulArgs``), :mod:`emulate.pallas.matmul_config`
+  (blocks, layouts and VMEM: the static ``Config``), :mod:`emulate.pallas.matmul_kernel`
+  (the kernel and :func:`matmul`);
+- its weights, on the host: :mod:`emulate.pallas.weights` (the K-planar layout,
+  :class:`KernelWeight`), :mod:`emulate.pallas.qweight` (QArray weights,
+  :class:`KernelQWeight`, :func:`prepare_weight`), :mod:`emulate.pallas.qoffsets` (zero
+  points, offsets and two-level parts), :mod:`emulate.pallas.qcodebook` (codebooks,
+  act-order);
+- its steps in the kernel: :mod:`emulate.pallas.route` (routes, decoding and exact dots,
+  shared with :func:`dot`), :mod:`emulate.pallas.qgroups` (per K step: group sums,
+  two-level parts, the offset dot), :mod:`emulate.pallas.qsteps` (scales per group, scale
+  blocks of several columns, zero-point and offset terms, the store);
+- :mod:`emulate.pallas.kernel_dot`: :func:`dot` for your own kernels;
+- :mod:`emulate.pallas.checking`: the Mosaic check (:func:`check`, :func:`diagnose`).
 """
 
 from __future__ import annotations
 
+from emulate.pallas.checking.mosaic_check import Finding, MatmulSite, check, diagnose, matmul_sites
 from emulate.pallas.gmm_kernel import ragged_dot
 from emulate.pallas.kernel_dot import dot, dot_vmem_bytes
 from emulate.pallas.matmul_kernel import matmul
-from emulate.pallas.mosaic_check import Finding, MatmulSite, check, diagnose, matmul_sites
 from emulate.pallas.qweight import KernelQWeight, prepare_weight
 from emulate.pallas.weights import KernelWeight
 

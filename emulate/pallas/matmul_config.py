@@ -273,7 +273,7 @@ def config(
     scale_vmem = 0
     if scaling is not None and scaling.along_k:  # the resident scale block, as int32 / f32
         lanes = bn if scaling.per_column else _LANES
-        if scaling.columns:  # every block column (emulate.pallas.qblocks)
+        if scaling.columns:  # every block column (emulate.pallas.qsteps.widen)
             lanes = _round_up(-(-n // scaling.columns), _LANES)
         scale_vmem = 2 * 4 * scaling.rows * lanes * 2
     spread_vmem, note = _spread_vmem(scaling, n, bn)

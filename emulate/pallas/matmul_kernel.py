@@ -4,10 +4,17 @@ One ``pallas_call``, grid ``(M / bm, N / bn, K / bk)``, K innermost ("arbitrary"
 "parallel". The weight is the kernel's operand exactly as the caller stores it: nothing
 copies, converts, pads or relayouts it outside the kernel.
 
+A call reads its operands once (:func:`emulate.pallas.matmul_args.matmul_args`, which
+raises every error about ``x``, ``w``, their formats, the target and ``out_dtype``), takes
+its blocks (:func:`emulate.pallas.matmul_config.config`: ``block_shape``, VMEM) and runs
+the kernel. :func:`weight_planes`, :func:`decode_x` and :func:`scale_operands` are the
+kernel's pieces that another kernel on the same records can reuse.
+
 * ``w``, one of three layouts:
 
   - *dense*: int8 / uint8 / float8 arrays, or uint8 codes (float6 codes too), one code
-    per byte; block ``(bk, bn)``. A float8 tile is bitcast to int8 in the kernel.
+    per byte (an int4 / uint4 / float4 array too: ml_dtypes holds one element a byte);
+    block ``(bk, bn)``. A float8 tile is bitcast to int8 in the kernel.
   - *K-planar*: a :class:`emulate.pallas.weights.KernelWeight` (:func:`prepare_weight`),
     sub-byte codes in tiles of ``128 * g`` rows whose ``g`` code positions are runs of
     128 consecutive rows; block ``(bk / g * b, bn)`` bytes (``g`` codes per ``b``-byte
@@ -18,8 +25,8 @@ copies, converts, pads or relayouts it outside the kernel.
     ``(bk / g, bn)``. Code ``t`` of a byte multiplies column plane ``x[:, t::g]``: ``x``
     is split into ``g`` planes outside the kernel (a strided copy of the activations; a
     K-planar weight needs none). A Packed weight of 3 or 5 bytes per group (6-bit, 3-bit,
-    5-bit) and an int4 / uint4 / float4 array are put in the K-planar layout on each
-    call (a copy of the weight): prepare them once instead.
+    5-bit) is put in the K-planar layout on each call (a copy of the weight): prepare it
+    once instead.
 
   Rows past the weight's end in the last K block (Pallas copies a partial edge block)
   are masked to code 0 (+0 in every format) in the kernel; columns past N only reach
@@ -45,7 +52,6 @@ copies, converts, pads or relayouts it outside the kernel.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -63,118 +69,17 @@ from emulate.numerics import accumulate
 from emulate.numerics.codecs import decode
 from emulate.numerics.storage import (
     Packed,
-    group_shape,
-    is_array,
     split_group_bytes,
     to_codes,
-    unpack_codes,
 )
-from emulate.pallas import qblocks, qcodebook, qoffsets, qsteps, qweight, route
-from emulate.pallas.matmul_config import Config, Stored, config
+from emulate.pallas import qcodebook, qoffsets, qsteps, qweight, route
+from emulate.pallas.matmul_args import matmul_args
+from emulate.pallas.matmul_config import Config, config
 from emulate.pallas.qweight import KernelQWeight
-from emulate.pallas.weights import TILE_GROUPS, KernelWeight, kernel_codes, prepare_weight
+from emulate.pallas.weights import TILE_GROUPS, KernelWeight, kernel_codes
 from emulate.qarray import QArray
 
-__all__ = ["matmul", "interpret_mode"]
-
-_X_IN_KERNEL = ("bfloat16", "float32")  # wide activation types decoded in the kernel
-
-
-def _refuse_qarray(arg: str, q: QArray) -> None:
-    raise NotImplementedError(
-        f"{arg}: emulate.pallas.matmul decodes a QArray weight (w) only, not QArray "
-        f"activations ({q!r}); use emulate.dot_general, or pass the codes alone"
-    )
-
-
-def _stored_order(w: Any) -> Any:
-    """An act-order QArray or prepared weight without its permutation (codes as stored)."""
-    return dataclasses.replace(w, perm=None, perm_axis=None)
-
-
-def _weight(
-    w: jax.Array | np.ndarray | Packed | KernelWeight, w_format: FormatLike | None
-) -> tuple[jax.Array, Format, int, int, Stored]:
-    """(stored array, format, K, N, layout) for the weight argument; nothing is copied
-    except where the module docstring says so."""
-    if isinstance(w, Packed):
-        f = w.format
-        if w_format is not None and formats.get(w_format) != f:
-            raise ValueError(
-                f"w_format: {formats.get(w_format).name} disagrees with the Packed w's format "
-                f"{f.name}"
-            )
-        if w.ndim != 2 or w.axis != -2:
-            raise ValueError(
-                f"w: a Packed weight must be 2-D (K, N) and packed along K (axis 0); got "
-                f"shape {w.shape} packed along axis {w.axis + w.ndim}: pack it with "
-                "emulate.pack(w, axis=0)"
-            )
-        group, nbytes = group_shape(f.bits)
-        if nbytes == 1:
-            data = jnp.asarray(w.data)
-            stored = Stored("packed", "uint8", int(data.shape[0]), group, nbytes)
-            return data, f, w.length, int(data.shape[1]), stored
-        w = prepare_weight(w)
-    if isinstance(w, KernelWeight):
-        f = w.format
-        if w_format is not None and formats.get(w_format) != f:
-            raise ValueError(
-                f"w_format: {formats.get(w_format).name} disagrees with the KernelWeight's "
-                f"format {f.name}"
-            )
-        data = jnp.asarray(w.data)
-        group, nbytes = group_shape(f.bits)
-        stored = Stored("planar", "uint8", int(data.shape[0]), group, nbytes)
-        return data, f, w.length, int(data.shape[1]), stored
-    if not is_array(w):
-        raise TypeError(
-            f"w: expected an array, uint8 codes with w_format=, a Packed array or a "
-            f"KernelWeight; got {type(w).__name__}"
-        )
-    dt = np.dtype(w.dtype)
-    as_is = dt.name in formats.names() and formats.get(dt).xla_storable
-    if as_is and (w_format is None or formats.get(w_format).name == dt.name):
-        f = formats.get(dt)
-        data = jnp.asarray(w)
-    else:
-        data, f = to_codes(w, w_format, arg="w")
-    if not f.is_low_precision:
-        raise ValueError(
-            f"w: a {f.name} weight needs no decoding; pass a low-precision weight (int8, "
-            "float8 codes, or emulate.pack(w4, axis=0) for 4- and 6-bit formats)"
-        )
-    if data.ndim != 2:
-        raise ValueError(f"w: expected a 2-D (K, N) weight, got shape {tuple(data.shape)}")
-    if np.dtype(data.dtype).itemsize * 8 != 8:  # int4 / uint4 / float4 arrays
-        return _weight(prepare_weight(data), None)
-    stored = Stored("dense", np.dtype(data.dtype).name, int(data.shape[0]))
-    return data, f, int(data.shape[0]), int(data.shape[1]), stored
-
-
-def _activation(
-    x: jax.Array | np.ndarray | Packed, x_format: FormatLike | None
-) -> tuple[jax.Array, Format]:
-    """(values or codes, format) for the activation argument."""
-    if isinstance(x, QArray):
-        _refuse_qarray("x", x)
-    if isinstance(x, Packed):
-        return unpack_codes(x), x.format
-    if not is_array(x):
-        raise TypeError(
-            f"x: expected an array, uint8 codes with x_format=, or a Packed array; got "
-            f"{type(x).__name__}"
-        )
-    dt = np.dtype(x.dtype)
-    if x_format is None and dt.name in formats.WIDE:
-        return jnp.asarray(x), formats.get(dt)
-    own = dt.name in formats.names() and formats.get(dt).xla_storable and formats.get(dt).bits == 8
-    if own and (x_format is None or formats.get(x_format).name == dt.name):
-        return jnp.asarray(x), formats.get(dt)  # int8 / uint8 / float8: read as stored
-    codes, f = to_codes(x, x_format, arg="x")
-    if not f.is_low_precision:
-        return jnp.asarray(x), f
-    return codes, f
+__all__ = ["decode_x", "interpret_mode", "matmul", "scale_operands", "weight_planes"]
 
 
 def _codes(w_ref: Any, cfg: Config, k: Any) -> jax.Array:
@@ -190,7 +95,7 @@ def _codes(w_ref: Any, cfg: Config, k: Any) -> jax.Array:
     return c
 
 
-def _weight_planes(w_ref: Any, cfg: Config, k: Any) -> list[list[jax.Array]]:
+def weight_planes(w_ref: Any, cfg: Config, k: Any) -> list[list[jax.Array]]:
     """The weight block as the matrix unit takes it: one (bk, bn) tile in K order (dense
     and K-planar layouts) or one tile per code position (packed layout); each a list of
     one tile, or of a codebook's bfloat16 pieces (:mod:`emulate.pallas.qcodebook`)."""
@@ -231,7 +136,7 @@ def _decode_outside(x: jax.Array, xf: Format, r: route.Route) -> jax.Array:
     return route.decode_codes(codes, xf, r.lhs_compute, r.lhs_scale)
 
 
-def _decode_x(xt: jax.Array, cfg: Config) -> jax.Array:
+def decode_x(xt: jax.Array, cfg: Config) -> jax.Array:
     """A loaded x tile in the type the matrix unit takes (exact: widening, or the bit
     formulas on codes)."""
     r = cfg.route
@@ -268,12 +173,12 @@ def _kernel(cfg: Config, *refs: Any) -> None:
 
     width = cfg.bk // cfg.x_planes
     tiles = []
-    for xr, wts in zip(xs, _weight_planes(w_ref, cfg, k)):
+    for xr, wts in zip(xs, weight_planes(w_ref, cfg, k)):
         if cfg.x_resident:
             xt = xr[:, pl.ds(pl.multiple_of(k * width, width), width)]
         else:
             xt = xr[...]
-        xt = _decode_x(xt, cfg)
+        xt = decode_x(xt, cfg)
         if cfg.x_planes == 1 and cfg.k % cfg.bk:  # past K: garbage of a partial block
             cols = lax.broadcasted_iota(jnp.int32, xt.shape, 1)
             # TPU v4 has no select on bf16 vectors: select in f32, then round (exactly)
@@ -304,6 +209,55 @@ def _kernel(cfg: Config, *refs: Any) -> None:
             o[...] = a[...]
 
 
+def scale_operands(
+    cfg: Config, scales: Any, tensor_scale: Any, affine: Sequence[Any]
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """A QArray weight's kernel operands after the weight (scales, zero points, offsets,
+    two-level parts; the tensor scale's two parts where the kernel applies it), their
+    BlockSpecs over the ``(i, j, k)`` grid, and the VMEM scratch of two-level scales of
+    several columns (spread once a block); three empty lists for a plain weight."""
+    extra: list[Any] = []
+    extra_specs: list[Any] = []
+    if cfg.group_scaled or cfg.scaled_in_kernel:
+        sc = cfg.scaling
+        assert sc is not None
+        # every row of the scales, zero points, offsets (emulate.pallas.qoffsets)
+        extra = [scales, *affine]
+        cols = (1, *(sc.affine.operand_cols if sc.affine is not None else ()))
+        extra_specs = [
+            qoffsets.spec(a.shape, sc.per_column, cfg.bn, c) for a, c in zip(extra, cols)
+        ]
+        if sc.columns:  # scale blocks of several columns: all of them, resident
+            extra_specs[0] = qsteps.column_blocks_spec(scales.shape)
+    if cfg.scaled_in_kernel and cfg.tensor_scaled:
+        extra += list(qsteps.tensor_parts(tensor_scale))
+        extra_specs += [pl.BlockSpec((1, 1), lambda i, j, k: (0, 0))] * 2
+    spread_scratch: list[Any] = []
+    if cfg.group_scaled and cfg.scaling is not None and cfg.scaling.affine is not None:
+        spreads = cfg.scaling.affine.spreads
+        spread_scratch = [pltpu.VMEM((1, cfg.bn), jnp.int32)] * len(spreads)
+    return extra, extra_specs, spread_scratch
+
+
+def _result(outs: Sequence[jax.Array], cfg: Config, scales: Any, tensor_scale: Any) -> jax.Array:
+    """The kernel's outputs as the result: as written where the kernel scaled and stored
+    the result type, else the accumulator (or its limbs) rounded once, and a QArray's
+    scales the kernel did not apply, then one more rounding."""
+    r = cfg.route
+    if cfg.scaled_in_kernel:
+        return outs[0]
+    if cfg.limbs:
+        hi, lo = accumulate.normalize(*outs)
+        acc = accumulate.round_limbs(hi, lo, r.scale, r.out)
+    else:
+        acc = accumulate.round_accumulator(outs[0], r.out)
+    if cfg.scaling is None:
+        return acc
+    # a QArray weight: its scales not applied in the kernel, then one rounding
+    acc = qweight.apply_outside(acc, scales, tensor_scale, cfg.scaling)
+    return accumulate.round_accumulator(acc, cfg.out)
+
+
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
     w, scales, tensor_scale, *affine = kargs
@@ -326,25 +280,7 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
     w_spec = pl.BlockSpec((cfg.w_block_rows, cfg.bn), lambda i, j, k: (k, j))
     acc_dtype = jnp.int32 if r.exact and not cfg.group_scaled else jnp.float32
     n_acc = 2 if cfg.limbs else 1
-    extra, extra_specs = [], []
-    if cfg.group_scaled or cfg.scaled_in_kernel:
-        sc = cfg.scaling
-        assert sc is not None
-        # every row of the scales, zero points, offsets (emulate.pallas.qoffsets)
-        extra = [scales, *affine]
-        cols = (1, *(sc.affine.operand_cols if sc.affine is not None else ()))
-        extra_specs = [
-            qoffsets.spec(a.shape, sc.per_column, cfg.bn, c) for a, c in zip(extra, cols)
-        ]
-        if sc.columns:  # scale blocks of several columns: all of them, resident
-            extra_specs[0] = qblocks.spec(scales.shape)
-    if cfg.scaled_in_kernel and cfg.tensor_scaled:
-        extra += list(qsteps.tensor_parts(tensor_scale))
-        extra_specs += [pl.BlockSpec((1, 1), lambda i, j, k: (0, 0))] * 2
-    spread_scratch = []  # two-level scales of several columns: spread once a block
-    if cfg.group_scaled and cfg.scaling is not None and cfg.scaling.affine is not None:
-        spreads = cfg.scaling.affine.spreads
-        spread_scratch = [pltpu.VMEM((1, cfg.bn), jnp.int32)] * len(spreads)
+    extra, extra_specs, spread_scratch = scale_operands(cfg, scales, tensor_scale, affine)
     out_dtype = formats.get(cfg.out).dtype if cfg.scaled_in_kernel else acc_dtype
     out_spec = pl.BlockSpec((cfg.bm, cfg.bn), lambda i, j, k: (i, j))
     interpret = pltpu.InterpretParams() if cfg.interpret else False
@@ -371,18 +307,7 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
         interpret=interpret,
         name="emulate_matmul",
     )(*planes, w, *extra)
-    if cfg.scaled_in_kernel:
-        return outs[0]
-    if cfg.limbs:
-        hi, lo = accumulate.normalize(*outs)
-        acc = accumulate.round_limbs(hi, lo, r.scale, r.out)
-    else:
-        acc = accumulate.round_accumulator(outs[0], r.out)
-    if cfg.scaling is None:
-        return acc
-    # a QArray weight: its scales not applied in the kernel, then one rounding
-    acc = qweight.apply_outside(acc, scales, tensor_scale, cfg.scaling)
-    return accumulate.round_accumulator(acc, cfg.out)
+    return _result(outs, cfg, scales, tensor_scale)
 
 
 def interpret_mode(interpret: bool | None) -> bool:
@@ -420,7 +345,9 @@ def matmul(
       w: the (K, N) weight: an int8 / uint8 / float8 array, ``uint8`` codes with
         ``w_format`` (float6 codes too), or an :class:`emulate.Packed` int4 / uint4 /
         float4_e2m1fn / float6 array packed along K (``emulate.pack(w, axis=0)``), which
-        stays packed in HBM.
+        stays packed in HBM; a :class:`emulate.pallas.KernelWeight`; a 2-D block-scaled
+        :class:`emulate.QArray` or :class:`emulate.pallas.KernelQWeight`
+        (:mod:`emulate.pallas.qweight` says which parts the kernel decodes).
       target: a TPU target name or Target; default the current target, which must then
         be a TPU (``emulate.target("tpu_v5e")`` or ``EMULATE_TARGET``).
       block_shape: ``(bm, bn, bk)``; default from the target: ``bn`` twice its MXU width,
@@ -454,73 +381,33 @@ def matmul(
       ValueError: shapes that are not (M, K) x (K, N); a weight packed along N; a wide
         (bfloat16/float32) weight; a non-TPU target; block sizes off the tiling or too big
         for VMEM; a contraction too long for the exact combination.
+      NotImplementedError: a QArray ``x``; a part of a QArray ``w`` the kernel does not
+        decode (named, with what is built).
     """
-    t = targets.current_target(target)
-    if t.kind != "tpu":
-        raise ValueError(
-            f"target: emulate.pallas.matmul is a TPU kernel and the target is {t.name}; pass "
-            "a TPU target (target='tpu_v5e', emulate.target(...) or EMULATE_TARGET); on a "
-            "machine without a TPU it runs in interpret mode"
-        )
-    scales = tensor_scale = scaling = perm = perm_axis = None
-    affine: tuple = ()
-    if isinstance(w, (QArray, KernelQWeight)):
-        qweight.check_format(w, w_format)
-        codes, scales, scaling, parts = qweight.split(w)
-        affine = () if parts is None else parts.arrays
-        tensor_scale, perm, perm_axis = w.tensor_scale, w.perm, w.perm_axis
-        w = _stored_order(w) if perm is not None else w
-        wdata, wf, kw, n, stored = _weight(codes, w.format_name)
-    else:
-        wdata, wf, kw, n, stored = _weight(w, w_format)
-    xv, xf = _activation(x, x_format)
-    if xv.ndim != 2:
-        raise ValueError(f"x: expected a 2-D (M, K) array, got shape {tuple(xv.shape)}")
-    m, k = xv.shape
-    if k != kw:
-        raise ValueError(
-            f"x, w: x's K ({k}) differs from w's K ({kw}); x {xf.name}{[m, k]}, "
-            f"w {wf.name}{[kw, n]}"
-        )
-    final = cb = None
-    if scaling is not None:
-        assert isinstance(w, (QArray, KernelQWeight))
-        final = qweight.result_type(xv, xf, w, out_dtype)
-        cb = qcodebook.kernel_codebook(w.codebook, wf.name, xf, t)
-        if perm is not None and perm_axis == -2:  # act-order along K: x's columns
-            xv = qcodebook.permute_x(xv, perm)
-    vf = cb.value_format if cb is not None else wf
-    if wf.name in formats.CODE_FORMATS:  # 2- to 6-bit integer codes: their values as int8
-        vf = formats.get("int8")
-    r = route.route(xf, vf, target=t, preferred_element_type="float32" if final else out_dtype)
-    if not formats.get(final or r.out).xla_storable:
-        raise ValueError(
-            f"out_dtype: the result type would be {r.out}, which XLA cannot hold; pass "
-            "out_dtype (e.g. jnp.float32)"
-        )
-    if 0 in (m, n, k):  # nothing to launch: an empty contraction sums to zero
-        return jnp.zeros((m, n), formats.get(final or r.out).dtype)
-    if scaling and scaling.along_k and stored.layout == "packed" and r.lhs_compute == "float32":
-        # f32 x column planes cut into groups overrun v2/v3's 16 MiB of VMEM (XLA:TPU:
-        # RESOURCE_EXHAUSTED at 64x4096x4096): the K-planar layout instead (prepare once)
-        assert isinstance(w, QArray)
-        wdata, wf, kw, n, stored = _weight(prepare_weight(w.codes), None)
-    if wf.name in formats.CODE_FORMATS:
-        stored = dataclasses.replace(stored, code=wf.name)
-    passthrough = (
-        cb is None and r.rhs_compute == wf.name and not r.rhs_scale and stored.layout == "dense"
-    )
-    if not xf.is_low_precision and xv.dtype.name not in _X_IN_KERNEL:
-        xv = route.decode_values(xv, r.lhs_compute)  # float16: widened outside the kernel
+    a = matmul_args(x, w, target=target, out_dtype=out_dtype, x_format=x_format, w_format=w_format)
+    if a.empty:  # nothing to launch: an empty contraction sums to zero
+        return jnp.zeros((a.m, a.n), formats.get(a.out).dtype)
     cfg = config(
-        r, t, m, n, k, stored, passthrough, block_shape, interpret_mode(interpret),
-        x_dtype=xv.dtype.name, scaling=scaling, out=final, codebook=cb,
-    )  # fmt: skip
+        r=a.route,
+        t=a.target,
+        m=a.m,
+        n=a.n,
+        k=a.k,
+        stored=a.stored,
+        w_passthrough=a.passthrough,
+        block_shape=block_shape,
+        interpret=interpret_mode(interpret),
+        x_dtype=a.x.dtype.name,
+        scaling=a.scaling,
+        out=a.out,
+        codebook=a.codebook,
+    )
+    xv = a.x
     if cfg.x_dtype != xv.dtype.name:  # a block_shape off the stored type's tiling
-        xv = _decode_outside(xv, xf, cfg.route)
-    y = _differentiable_run(xv, (wdata, scales, tensor_scale, *affine), w, cfg)
-    if perm is not None and perm_axis == -1:  # the weight's columns stored permuted
-        y = qcodebook.restore_columns(y, perm)
+        xv = _decode_outside(xv, a.x_format, cfg.route)
+    y = _differentiable_run(xv, a.kernel_operands, a.weight, cfg)
+    if a.perm is not None and a.perm_axis == -1:  # the weight's columns stored permuted
+        y = qcodebook.restore_columns(y, a.perm)
     return y
 
 

@@ -87,13 +87,6 @@ class KernelCodebook:
     name: str = "table"
 
 
-def _refuse(arg: str, why: str) -> None:
-    raise NotImplementedError(
-        f"{arg}: emulate.pallas.matmul does not decode this codebook in the kernel ({why}); "
-        "use emulate.dot_general for this QArray"
-    )
-
-
 def _pieces(t32: np.ndarray) -> int | None:
     """How many truncated bfloat16 pieces hold every value of ``t32`` exactly, each piece
     zero or normal; None if three do not."""
@@ -124,7 +117,7 @@ def kernel_codebook(
         return None
     t32 = cb.array().astype(np.float32)  # the values as dequantize reads them
     if not np.all(np.isfinite(t32)):
-        _refuse(arg, f"{cb!r} has NaN or Inf entries")
+        route.refuse(arg, "this codebook", f"{cb!r} has NaN or Inf entries")
     values = tuple(float(v) for v in t32)
     if cb.is_integer and cb.max_abs <= 127:
         return KernelCodebook(values, code_format, "int8", 1, cb.name)

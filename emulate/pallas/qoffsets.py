@@ -1,5 +1,7 @@
 """Zero points, offsets and two-level scales of a :class:`emulate.QArray` weight in
-:func:`emulate.pallas.matmul`.
+:func:`emulate.pallas.matmul`: the host side (what the kernel reads, :func:`kernel_parts`,
+and the records of its static side, :class:`Affine` and :class:`Level`). Their terms in
+the kernel, per K step: :class:`emulate.pallas.qsteps.GroupTerms`.
 
 A weight ``W[k, n] = (q[k, n] - z[g, n]) * s[g, n] + o[g, n]`` (``g`` the group of row
 ``k``: AutoAWQ / GPTQ / compressed-tensors asymmetric int4, GGUF Q4_0's static 8, GGUF
@@ -72,9 +74,9 @@ from jax import lax
 
 from emulate import formats
 from emulate.codebooks import Codebook
-from emulate.numerics import codecs
 from emulate.numerics.storage import Packed, pack, unpack_codes
 from emulate.pallas import qgroups
+from emulate.pallas.route import refuse
 from emulate.qarray import QArray
 from emulate.qparts import is_int
 
@@ -82,7 +84,6 @@ __all__ = [
     "PARTS",
     "Affine",
     "AffineParts",
-    "GroupTerms",
     "Level",
     "as_parts",
     "grouped",
@@ -232,26 +233,19 @@ class AffineParts:
         return tables + sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in self.arrays)
 
 
-def _refuse(arg: str, what: str) -> None:
-    raise NotImplementedError(
-        f"{arg}: emulate.pallas.matmul does not decode {what} in the kernel; use "
-        "emulate.dot_general for this QArray"
-    )
-
-
 def _zero_parts(q: QArray, grid: tuple[int, int], arg: str) -> tuple[Any, dict]:
     z = q.zero_points
     if z is None:
         return None, {}
     if not q.format.is_integer:
-        _refuse(arg, f"zero points on {q.format_name} codes (integer codes are built)")
+        refuse(arg, f"zero points on {q.format_name} codes (integer codes are built)")
     if is_int(z):
         if abs(int(z)) > _MAX_STATIC_ZERO:
-            _refuse(arg, f"a zero point of {int(z)} (at most {_MAX_STATIC_ZERO} in magnitude)")
+            refuse(arg, f"a zero point of {int(z)} (at most {_MAX_STATIC_ZERO} in magnitude)")
         return None, {"zero": "static", "zero_value": int(z)}
     fmt = z.format_name if isinstance(z, Packed) else np.dtype(z.dtype).name
     if fmt not in _ZERO_TYPES:
-        _refuse(arg, f"{fmt} zero points (2- to 8-bit integer ones are built)")
+        refuse(arg, f"{fmt} zero points (2- to 8-bit integer ones are built)")
     if formats.get(fmt).bits == 8:
         return jnp.asarray(z), {"zero": "array", "zero_format": fmt}
     if not (isinstance(z, Packed) and z.axis + 2 == 0):  # nibbles along the group axis
@@ -276,7 +270,7 @@ def _level(inner: QArray, arg: str, what: str) -> tuple[jax.Array, jax.Array, Le
     part ``inner`` (a QArray of the scale grid's shape)."""
     bk, bn = (int(b) for b in inner.block_shape) if len(inner.shape) == 2 else (0, 0)
     if len(inner.shape) != 2 or bk < 1 or not (bn == 1 or bk >= inner.shape[0]):
-        _refuse(
+        refuse(
             arg,
             f"two-level {what} in blocks {tuple(inner.block_shape)} (blocks (B, 1), or of "
             "several columns spanning every group)",
@@ -295,7 +289,7 @@ def _level(inner: QArray, arg: str, what: str) -> tuple[jax.Array, jax.Array, Le
         or not (inner.zero_points is None or is_int(inner.zero_points))
         or inner.scale_format not in _OFFSET_TYPES
     ):
-        _refuse(
+        refuse(
             arg,
             f"two-level {what} {inner!r} (integer codes of at most 8 bits, a static zero "
             "point, float16 / bfloat16 / float32 super-block scales are built; or unsigned "
@@ -320,7 +314,7 @@ def _offset_parts(q: QArray, arg: str) -> tuple[tuple[Any, Any], dict]:
     if o is None:
         return (None, None), {}
     if q.tensor_scale is not None:
-        _refuse(arg, "offsets with a tensor scale")
+        refuse(arg, "offsets with a tensor scale")
     if isinstance(o, float):
         return (None, None), {"offset": "static", "offset_value": float(o)}
     if isinstance(o, QArray):
@@ -341,7 +335,7 @@ def kernel_parts(q: QArray, arg: str = "w") -> AffineParts | None:
     if not q.is_affine and not two_level:
         return None
     if q.element_exponent:
-        _refuse(arg, "zero points, offsets or two-level scales with an element_exponent")
+        refuse(arg, "zero points, offsets or two-level scales with an element_exponent")
     k, n = q.shape
     bk, bn = q.block_shape
     grid = (-(-k // bk), -(-n // bn))
@@ -429,171 +423,3 @@ def spec(shape: tuple[int, ...], per_column: bool, bn: int, cols: int = 1) -> An
     if per_column:
         return pl.BlockSpec((rows, bn), lambda i, j, k: (0, j))
     return pl.BlockSpec((rows, 1), lambda i, j, k: (0, 0))
-
-
-# --- in the kernel -----------------------------------------------------------------------
-
-
-def _packed_code(rows: jax.Array, index: Any, bits: int) -> jax.Array:
-    """Code ``index`` (dynamic) of codes packed along the rows (:func:`emulate.pack`'s bit
-    stream, ``rows`` int32 byte values) as a (1, C) int32 row of unsigned codes."""
-    if bits == 8:
-        return qgroups.select_row(rows, index)
-    bit = index * bits
-    lo, hi = (
-        qgroups.select_row(rows, bit // 8),
-        qgroups.select_row(rows, bit // 8 + 1),
-    )  # past the end: 0
-    return ((lo | (hi << 8)) >> (bit % 8)) & ((1 << bits) - 1)
-
-
-def _bytes(block: jax.Array) -> jax.Array:
-    """A loaded 8-bit block as int32 byte values (0..255)."""
-    return block.astype(jnp.int32) & 0xFF
-
-
-def _float_rows(block: jax.Array, fmt: str) -> jax.Array:
-    if fmt == "float32":
-        return block
-    if fmt == "bfloat16":
-        return block.astype(jnp.float32)
-    c = block.astype(jnp.int32) & 0xFFFF  # float16 as its uint16 bits
-    bits = codecs.decode_float_bits(c, formats.get("float16"))
-    return lax.bitcast_convert_type(bits, jnp.float32)
-
-
-class GroupTerms:
-    """In the kernel, one K step: the zero-point and offset terms of each group, and
-    two-level scales.
-
-    ``refs``: the kernel operands of :class:`AffineParts` (:attr:`Affine.operands`'
-    order); ``s_ref``: the scales' (two-level: their codes); ``exact``: whether partial
-    sums are exact int32 sums (in quanta of ``2**-lhs_scale``); ``spread_refs``: a (1, C)
-    int32 VMEM scratch per :attr:`Affine.spreads`, filled at the output block's first K
-    step (:func:`emulate.pallas.qgroups.spread_supers`)."""
-
-    def __init__(
-        self,
-        refs: Any,
-        s_ref: Any,
-        spec: Affine,
-        exact: bool,
-        lhs_scale: int,
-        spread_refs: Any = (),
-        zero_in_codes: bool = False,
-    ):
-        self.spec = spec
-        self.exact = exact
-        self.lhs_scale = lhs_scale
-        self.zero_in_codes = zero_in_codes  # the caller subtracts z from the codes
-        refs = list(refs)
-        self.zeros = _bytes(refs.pop(0)[...]) if spec.zero in ("array", "packed") else None
-        self.offsets: Any = None
-        if spec.offset == "array":
-            self.offsets = _float_rows(refs.pop(0)[...], spec.offset_format)
-        elif spec.offset == "two_level":
-            assert spec.offset_level is not None
-            codes = _bytes(refs.pop(0)[...])
-            supers = qgroups.super_rows(refs.pop(0)[...], spec.offset_level.super_format)
-            self.offsets = (codes, supers)
-        self.scales: Any = None
-        if spec.scale_level is not None:
-            supers = qgroups.super_rows(refs.pop(0)[...], spec.scale_level.super_format)
-            self.scales = (_bytes(s_ref[...]), supers)
-        self.spread: dict[str, Any] = {}  # super-blocks of columns: spread once a block
-        refs_left = list(spread_refs)
-        for name, lv, part in (
-            ("offsets", spec.offset_level, self.offsets),
-            ("scales", spec.scale_level, self.scales),
-        ):
-            if lv is not None and lv.cols > 1:
-                ref = refs_left.pop(0)
-                self.spread[name] = qgroups.block_spread(ref, part[1], lv, s_ref.shape[1])
-        self.xsum: Any = None
-
-    @property
-    def two_level_scales(self) -> bool:
-        return self.scales is not None
-
-    def begin(self, xs: list[jax.Array], first: Any, count: int, rows: int) -> None:
-        """Decode the K step's two-level parts for groups ``first .. first + count - 1``
-        (:func:`emulate.pallas.qgroups.step_levels`) and, for two-level offsets, the group
-        sums of the step's decoded x planes ``xs`` (``rows`` columns a group in each)."""
-        s = self.spec
-        if self.scales is not None:
-            assert s.scale_level is not None
-            codes, supers = self.scales
-            self.step_scales = qgroups.step_levels(
-                codes, supers, s.scale_level, first, count, spread=self.spread.get("scales")
-            )
-        if s.offset == "two_level":
-            assert s.offset_level is not None
-            codes, supers = self.offsets
-            self.step_offsets = qgroups.step_levels(
-                codes, supers, s.offset_level, first, count, spread=self.spread.get("offsets")
-            )
-            quantum = 2.0**-self.lhs_scale if self.exact else 1.0
-            self.step_sums = qgroups.group_sums(xs, count, rows, quantum)
-
-    def scale(self, q: int) -> tuple[jax.Array, None]:
-        """The step's group ``q``'s two-level scale as
-        :func:`emulate.pallas.qsteps.group_scale` gives a scale: a (1, C) f32 row (and
-        None)."""
-        return self.step_scales[q : q + 1], None
-
-    def finish(self, total: jax.Array) -> jax.Array:
-        """The step's sum plus its two-level offset term, ``X @ O`` (one dot)."""
-        if self.spec.offset != "two_level":
-            return total
-        return total + qgroups.offset_term(self.step_sums, self.step_offsets)
-
-    def zero_row(self, index: Any) -> Any:
-        """Group ``index``'s zero points as a (1, C) int32 row, or an int."""
-        s = self.spec
-        if s.zero == "static":
-            return s.zero_value
-        assert self.zeros is not None
-        if s.zero == "packed":
-            v = _packed_code(self.zeros, index, formats.get(s.zero_format).bits)
-        else:
-            v = qgroups.select_row(self.zeros, index)
-        if formats.get(s.zero_format).signed:
-            half = 1 << (formats.get(s.zero_format).bits - 1)
-            v = (v ^ half) - half
-        return v
-
-    def subtract_zero(self, part: jax.Array, xs: list[jax.Array], index: Any) -> jax.Array:
-        """``part - z X`` for the group ``index``: ``xs``, its decoded x slices (one per
-        column plane); ``part`` int32 (exact) or f32. Keeps ``X`` for :meth:`add_offset`."""
-        if self.spec.zero == "none" and self.spec.offset in ("none", "two_level"):
-            return part  # two-level offsets: group sums by the matrix unit (begin)
-        total = None
-        for x in xs:
-            if jnp.issubdtype(x.dtype, jnp.integer):  # int8: summed in int32 (Mosaic
-                # converts only 32-bit integers to float, and folds int8 -> int32 -> f32)
-                t = jnp.sum(x.astype(jnp.int32), axis=1, keepdims=True)
-            else:  # exact for the integers of an exact route
-                t = jnp.sum(x.astype(jnp.float32), axis=1, keepdims=True)
-            total = t if total is None else total + t
-        assert total is not None
-        self.xsum = total if total.dtype == jnp.float32 else total.astype(jnp.float32)
-        if self.spec.zero == "none" or self.zero_in_codes:
-            return part
-        z = self.zero_row(index)
-        if self.exact:
-            return part - total.astype(jnp.int32) * z
-        zf = jnp.float32(z) if isinstance(z, int) else z.astype(jnp.float32)
-        return part - total * zf
-
-    def add_offset(self, scaled: jax.Array, index: Any) -> jax.Array:
-        """``scaled + X o`` for the group ``index`` (after its scale)."""
-        s = self.spec
-        if s.offset in ("none", "two_level"):  # two-level: once per step (finish)
-            return scaled
-        x = self.xsum
-        if self.exact and self.lhs_scale:
-            x = x * jnp.float32(2.0**-self.lhs_scale)
-        if s.offset == "static":
-            return scaled + x * jnp.float32(s.offset_value)
-        assert self.offsets is not None
-        return scaled + x * qgroups.select_row(self.offsets, index)

@@ -30,7 +30,7 @@ operand. Which blocks the kernel applies and where (:class:`Scaling`):
   weights with 128 x 128 block scales, DeepSeek-V3 style): as groups along K (blocks
   spanning K: one group, as :func:`emulate.pallas.qoffsets.grouped` makes it), the scale array
   one resident block as stored, ``(ceil(K/G), ceil(N/C))``, each group's row spread over
-  the output block's lanes in the kernel (:mod:`emulate.pallas.qblocks`).
+  the output block's lanes in the kernel (:func:`emulate.pallas.qsteps.widen`).
 
 Scale types in the kernel: float32 and bfloat16 are split into ``(m, e)`` from their bits
 and applied as two normal factors (:func:`emulate.pallas.qsteps.scale_rows`; a subnormal
@@ -80,8 +80,9 @@ from emulate.formats import Format
 from emulate.numerics.bits import times_pow2
 from emulate.numerics.scales import scale_frexp
 from emulate.numerics.storage import Packed, group_shape
-from emulate.pallas import qblocks, qoffsets, weights
-from emulate.pallas.weights import KernelWeight, kernel_codes
+from emulate.pallas import qoffsets
+from emulate.pallas.route import refuse
+from emulate.pallas.weights import KernelWeight, kernel_codes, planar_weight
 from emulate.qarray import QArray, dequantize, parts_text
 from emulate.qparts import as_format_array
 
@@ -120,7 +121,7 @@ class Scaling:
       tensor_scaled: whether the QArray has a tensor scale.
       affine: zero points and offsets (:class:`emulate.pallas.qoffsets.Affine`), or None.
       columns: columns of N per scale block, for blocks of several columns short of N (a
-        multiple of 128: :mod:`emulate.pallas.qblocks`); else 0.
+        multiple of 128: :func:`emulate.pallas.qsteps.widen`); else 0.
     """
 
     group: int
@@ -228,14 +229,6 @@ class KernelQWeight:
         )
 
 
-def _refuse(arg: str, what: str, why: str = "") -> None:
-    raise NotImplementedError(
-        f"{arg}: emulate.pallas.matmul does not decode {what} in the kernel"
-        + (f" ({why})" if why else "")
-        + "; use emulate.dot_general for this QArray"
-    )
-
-
 def _scaling(
     q: QArray | KernelQWeight, arg: str, parts: qoffsets.AffineParts | None = None
 ) -> Scaling:
@@ -246,12 +239,12 @@ def _scaling(
     k, n = q.shape
     bk, bn = q.block_shape
     columns = bn if 1 < bn < n else 0
-    if columns % qblocks.LANES:
-        _refuse(
+    if columns % _LANES:
+        refuse(
             arg,
             f"blocks of {bn} columns",
             f"block_shape {tuple(q.block_shape)}: one scale per column (G, 1), per group "
-            f"for all N columns (G, N) or per block of a multiple of {qblocks.LANES} "
+            f"for all N columns (G, N) or per block of a multiple of {_LANES} "
             "columns are built",
         )
     if columns and parts is not None:
@@ -261,7 +254,7 @@ def _scaling(
             ("two-level offsets" if a.offset == "two_level" else "offsets", a.offset != "none"),
             ("two-level scales", a.scale_level is not None),
         )
-        _refuse(
+        refuse(
             arg,
             f"{' and '.join(name for name, on in there if on)} in blocks of {bn} columns",
             "zero points, offsets and two-level scales per column (G, 1) or for all N "
@@ -269,7 +262,7 @@ def _scaling(
         )
     along_k = bk < k
     if along_k and bk % _MIN_GROUP:
-        _refuse(
+        refuse(
             arg,
             f"groups of {bk} rows along K",
             f"group scales are applied per group of a multiple of {_MIN_GROUP} rows",
@@ -313,17 +306,17 @@ def split(
         if p.split("=")[0] not in qoffsets.PARTS and not p.startswith("codebook(") and p != "perm"
     ]
     if parts:
-        _refuse(arg, f"a QArray's {', '.join(parts)}", _BUILT)
+        refuse(arg, f"a QArray's {', '.join(parts)}", _BUILT)
     affine = qoffsets.kernel_parts(w, arg)
     s = _scaling(w, arg, affine)
     codes = w.codes
     if isinstance(codes, Packed) and (codes.ndim != 2 or codes.axis != -2):
-        codes = weights.prepare_weight(codes)  # packed along N: into the K-planar layout
+        codes = planar_weight(codes)  # packed along N: into the K-planar layout
     elif isinstance(codes, Packed) and s.along_k:
         g = group_shape(codes.format.bits)[0]
         if group_shape(codes.format.bits)[1] > 1 or (s.group // g) % _HALF_LANES:
             # a group's rows in each column plane of x must be whole half-lane slices
-            codes = weights.prepare_weight(codes)
+            codes = planar_weight(codes)
     if isinstance(w.scales, QArray):  # two-level: their codes (emulate.pallas.qoffsets)
         return codes, qoffsets.outer_scales(w), s, affine
     return codes, _kernel_scales(w.scales, s.scale_format), s, affine
@@ -352,24 +345,34 @@ def prepare_weight(w: Any, w_format: Any = None) -> KernelWeight | KernelQWeight
 
     A QArray becomes a :class:`KernelQWeight` of the same bytes: sub-byte codes in the
     K-planar layout (plus zero codes up to a whole tile), 8-bit codes as they are,
-    float16 scales as their uint16 bits. Anything else: as
-    :func:`emulate.pallas.weights.prepare_weight`.
+    float16 scales as their uint16 bits. A sub-byte weight becomes a
+    :class:`emulate.pallas.KernelWeight` in the K-planar layout, the bytes of
+    ``emulate.pack(w, axis=0)`` plus zero codes up to a whole tile of ``128 * g`` rows
+    (:func:`emulate.pallas.weights.planar_weight`). A prepared weight is returned as it is.
+
+    Args:
+      w: a 2-D (K, N) QArray; an :class:`emulate.Packed` weight packed along K (axis 0);
+        an int4 / uint4 / float4_e2m1fn array; or uint8 codes of a sub-byte format with
+        ``w_format``.
+      w_format: the format of raw codes (for a QArray: None or its own format).
 
     Raises:
       NotImplementedError: a QArray part the kernel does not decode (:func:`split`).
-      TypeError, ValueError: as :func:`emulate.pallas.weights.prepare_weight`; a QArray
-        that is not 2-D.
+      TypeError: ``w`` is not an array, Packed or QArray.
+      ValueError: not 2-D, packed along N, a format a byte wide or wider (8-bit weights
+        are read as stored: pass them to ``matmul`` directly), a ``w_format`` that
+        disagrees with the weight's.
     """
     if isinstance(w, KernelQWeight):
         return w
     if not isinstance(w, QArray):
-        return weights.prepare_weight(w, w_format)
+        return planar_weight(w, w_format)
     check_format(w, w_format)
     codes, scales, _, parts = split(w)
     if isinstance(codes, Packed) or (
         not isinstance(codes, KernelWeight) and np.dtype(codes.dtype).itemsize * 8 != 8
     ):
-        codes = weights.prepare_weight(codes)
+        codes = planar_weight(codes)
     return KernelQWeight(
         codes,
         scales,

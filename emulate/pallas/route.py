@@ -16,6 +16,8 @@
   so that exact-class values become integers.
 * :func:`exact_dot`: a tile contraction whose partial sums stay exact (K cut into chunks
   of ``Route.k_chunk``), returning the int32 sum in units of the products' quantum.
+* :func:`refuse`: the one NotImplementedError for a part of a QArray weight no kernel
+  decodes (the codebooks, zero points, offsets and scales the kernel modules check).
 
 Everything here runs on values already loaded from refs, inside a kernel (or outside one:
 it is plain ``jnp``).
@@ -24,7 +26,7 @@ it is plain ``jnp``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +46,7 @@ __all__ = [
     "exact_dot",
     "exact_limit",
     "float_dot",
+    "refuse",
 ]
 
 _LANES = 128
@@ -286,3 +289,14 @@ def exact_dot(
 def exact_limit(r: Route) -> int:
     """The largest |product| in quanta (``2**-(lhs_scale + rhs_scale)``)."""
     return max_quanta(r.lhs, r.lhs_scale) * max_quanta(r.rhs, r.rhs_scale)
+
+
+def refuse(arg: str, what: str, why: str = "") -> NoReturn:
+    """Raise the NotImplementedError for argument ``arg``, a QArray weight with a part
+    (``what``) that :func:`emulate.pallas.matmul` does not decode in the kernel; ``why``:
+    what is built instead, or why not (optional)."""
+    raise NotImplementedError(
+        f"{arg}: emulate.pallas.matmul does not decode {what} in the kernel"
+        + (f" ({why})" if why else "")
+        + "; use emulate.dot_general for this QArray"
+    )

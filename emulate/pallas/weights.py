@@ -7,7 +7,7 @@ into ``g`` column planes ``x[:, t::g]`` (a strided copy of the activations on ev
 Mosaic has no lane-strided load of 16-bit data) or, for ``b > 1``, the byte planes of the
 weight side by side (a relayout copy of the weight on every call).
 
-:func:`prepare_weight` stores the same codes once in a *K-planar* layout, the same
+:func:`planar_weight` stores the same codes once in a *K-planar* layout, the same
 number of bytes: K is cut into tiles of ``T = 128 * g`` rows (zero codes pad the last
 one); tile ``s`` takes ``128 * b`` byte rows, byte ``p`` of every group in rows
 ``[s*128*b + p*128, s*128*b + (p+1)*128)``, and group ``r`` of the tile holds the codes of
@@ -31,7 +31,7 @@ from emulate import formats
 from emulate.formats import Format, FormatLike
 from emulate.numerics.storage import Packed, group_shape, is_array, to_codes, unpack_codes
 
-__all__ = ["KernelWeight", "TILE_GROUPS", "kernel_codes", "prepare_weight", "tiles"]
+__all__ = ["KernelWeight", "TILE_GROUPS", "kernel_codes", "planar_weight", "tiles"]
 
 #: Byte groups per tile along K: one lane-width of rows per code position.
 TILE_GROUPS = 128
@@ -41,7 +41,8 @@ TILE_GROUPS = 128
 @dataclasses.dataclass(frozen=True, eq=False)
 class KernelWeight:
     """A (K, N) sub-byte weight in the K-planar layout (module docstring); make it with
-    :func:`prepare_weight` and keep it: :func:`emulate.pallas.matmul` reads it as stored.
+    :func:`emulate.pallas.prepare_weight` and keep it: :func:`emulate.pallas.matmul` reads
+    it as stored.
 
     Attributes:
       data: uint8, ``(ceil(K / tile) * 128 * nbytes, N)``.
@@ -110,13 +111,14 @@ def tiles(f: Format, k: int) -> int:
     return -(-k // (TILE_GROUPS * group_shape(f.bits)[0]))
 
 
-def prepare_weight(
+def planar_weight(
     w: Packed | jax.Array | np.ndarray, w_format: FormatLike | None = None
 ) -> KernelWeight:
-    """A sub-byte (K, N) weight in the layout :func:`emulate.pallas.matmul` reads as stored.
+    """A sub-byte (K, N) weight in the layout :func:`emulate.pallas.matmul` reads as stored
+    (what :func:`emulate.pallas.prepare_weight` does with a weight that is not a QArray).
 
-    Call it once and keep the result in place of the weight: it takes the same bytes as
-    ``emulate.pack(w, axis=0)`` (plus zero codes up to a whole tile of ``128 * g`` rows).
+    It takes the same bytes as ``emulate.pack(w, axis=0)`` (plus zero codes up to a whole
+    tile of ``128 * g`` rows).
 
     Args:
       w: an :class:`emulate.Packed` 2-D weight packed along K (axis 0), an int4 / uint4 /

@@ -16,7 +16,7 @@ interpret mode) included, to compute what the target's TPU computes as far as ty
   rounded to bfloat16), three at ``HIGH`` (the operand split into a bfloat16 head and
   tail), full float32 at ``HIGHEST``;
 - inside a Pallas kernel, the pair goes through Mosaic's rules as the kernel check reads
-  them (:func:`emulate.pallas.findings.diagnose`: :meth:`emulate.targets.Target.compiles`
+  them (:func:`emulate.pallas.checking.findings.diagnose`: :meth:`emulate.targets.Target.compiles`
   and the recorded probe of the real compiler, compatibility mode on): a
   pair or accumulator Mosaic refuses raises ``ValueError`` with the compiler's message (a
   bfloat16 accumulator: "Expected matmul acc to be 32-bit"); a pair that compiles only
@@ -55,7 +55,7 @@ from jax import lax
 from jax.extend import core as jex_core
 
 from emulate import targets
-from emulate.pallas import findings, sites
+from emulate.pallas.checking import findings, sites
 
 __all__ = ["MEASURED_WITH", "PASSES", "tpu_numerics"]
 
@@ -278,7 +278,7 @@ def _rounded(x: jax.Array, dtype: np.dtype) -> jax.Array:
 
 def _mosaic_sum(t: targets.Target, lhs: np.dtype, rhs: np.dtype, acc: np.dtype, eqn: Any) -> Any:
     """The type a Pallas dot sums in on ``t``, by Mosaic's recorded rules as
-    :func:`emulate.pallas.findings.diagnose` reads them (compatibility mode on, its
+    :func:`emulate.pallas.checking.findings.diagnose` reads them (compatibility mode on, its
     default); ValueError with the compiler's message and fix where Mosaic refuses it."""
     where = _location(eqn)
     shape = "x".join(map(str, eqn.outvars[0].aval.shape)) or "1"

@@ -21,10 +21,10 @@ import emulate.pallas
 from emulate import cli, compiler, formats, mosaic, targets
 from emulate.numerics.storage import Packed
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 import _pallas_kernels as kernels  # noqa: E402
 
-from emulate.pallas import mosaic_check
+from emulate.pallas.checking import mosaic_check
 
 KERNELS = pathlib.Path(kernels.__file__)
 TPUS = [n for n in targets.names() if targets.get(n).kind == "tpu"]
@@ -510,7 +510,7 @@ def test_kernels_that_read_get_tpu_info_are_checked():
 
 # ------------------------------------------------------ kernels from public repositories
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "kernels"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "kernels"))
 import jax_matmul  # noqa: E402
 
 

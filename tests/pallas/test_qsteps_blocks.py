@@ -1,4 +1,4 @@
-"""emulate.pallas.matmul with scale blocks of several columns (emulate.pallas.qblocks):
+"""emulate.pallas.matmul with scale blocks of several columns (emulate.pallas.qsteps):
 FP8 e4m3 weights with one scale per 128 x 128 block, in TPU interpret mode on the CPU.
 
 * sums that every f32 order keeps exact (int8 activations, e4m3 or int4 codes, powers

@@ -1,7 +1,7 @@
 """``emulate.pallas.check``: predict Mosaic's "Unsupported matmul ... type" on any machine.
 
 :func:`check` lowers a function for TPU without a TPU and finds its ``tpu.matmul`` sites in
-the Mosaic modules JAX ships (:mod:`emulate.pallas.sites`). Then it decides (each finding's
+the Mosaic modules JAX ships (:mod:`emulate.pallas.checking.sites`). Then it decides (each finding's
 ``basis``, :func:`basis` per target):
 
 - ``"compiler"``: with libtpu installed and a compile-only device for the target
@@ -9,15 +9,15 @@ the Mosaic modules JAX ships (:mod:`emulate.pallas.sites`). Then it decides (eac
   program (:func:`emulate.compiler.check_many`; nothing runs), and a refusal is reported
   with Mosaic's own message at the ``tpu.matmul`` it concerns.
 - ``"recorded"`` and ``"table"``: otherwise each site is decided by
-  :func:`emulate.pallas.findings.diagnose`, that is by
+  :func:`emulate.pallas.checking.findings.diagnose`, that is by
   :meth:`emulate.targets.Target.compiles`: the recorded probe of the real compiler where
   it has the case, else the target's table. A :class:`RecordedRulesWarning` says so once
   per reason per process.
 
 Which matmuls compile only because Mosaic's compatibility mode (``--xla_mosaic_compat_mode``,
 on by default) converts them always comes from the recorded probe
-(:mod:`emulate.pallas.findings`); which other operations (narrow conversions and
-comparisons) need it, from the compiler (:mod:`emulate.pallas.op_rules`), so only with
+(:mod:`emulate.pallas.checking.findings`); which other operations (narrow conversions and
+comparisons) need it, from the compiler (:mod:`emulate.pallas.checking.op_rules`), so only with
 basis ``"compiler"``. A program with no ``tpu.matmul`` warns why
 (:class:`NoMatmulWarning`); :func:`reports` returns what :func:`check` found per job with
 the basis actually used (:class:`KernelReport`), for ``emulate check-kernel``.
@@ -35,8 +35,8 @@ from types import FrameType
 from typing import Any
 
 from emulate import compiler, mosaic, targets
-from emulate.pallas import op_rules
-from emulate.pallas.findings import (
+from emulate.pallas.checking import op_rules
+from emulate.pallas.checking.findings import (
     COMPAT_ONLY,
     REFUSED,
     Finding,
@@ -48,7 +48,7 @@ from emulate.pallas.findings import (
     refused_note,
     site_finding,
 )
-from emulate.pallas.sites import (
+from emulate.pallas.checking.sites import (
     DEVICE_KINDS,
     MLIR_FORMATS,
     KernelOp,

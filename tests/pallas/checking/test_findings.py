@@ -1,13 +1,13 @@
-"""Tests for emulate.pallas.findings: the finding for one tpu.matmul site, decided without a
-compiler by Target.compiles (the recorded probe, else the target's table)."""
+"""Tests for emulate.pallas.checking.findings: the finding for one tpu.matmul site, decided
+without a compiler by Target.compiles (the recorded probe, else the target's table)."""
 
 from __future__ import annotations
 
 import pytest
 
 from emulate import mosaic, targets
-from emulate.pallas import findings
-from emulate.pallas.sites import MLIR_FORMATS, MatmulSite
+from emulate.pallas.checking import findings
+from emulate.pallas.checking.sites import MLIR_FORMATS, MatmulSite
 
 MIXED = "Mosaic matmul invoked with mixed element types, but compatibility mode is disabled."
 AUTO_CONVERSION = (

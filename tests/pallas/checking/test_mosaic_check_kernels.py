@@ -34,10 +34,10 @@ import pytest
 
 import emulate.pallas
 from emulate import compiler
-from emulate.pallas import mosaic_check
-from emulate.pallas.sites import MatmulSite
+from emulate.pallas.checking import mosaic_check
+from emulate.pallas.checking.sites import MatmulSite
 
-KERNELS = pathlib.Path(__file__).resolve().parents[1] / "kernels"
+KERNELS = pathlib.Path(__file__).resolve().parents[2] / "kernels"
 sys.path.insert(0, str(KERNELS))
 sys.path.insert(0, str(KERNELS.parent))
 import _pallas_kernels as own  # noqa: E402

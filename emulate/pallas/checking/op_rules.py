@@ -27,7 +27,7 @@ import numpy as np
 
 from emulate import compiler, formats, targets
 from emulate.mosaic import Verdict
-from emulate.pallas.sites import MLIR_FORMATS, KernelOp
+from emulate.pallas.checking.sites import MLIR_FORMATS, KernelOp
 
 __all__ = [
     "CHECKED_OPS",

@@ -1,4 +1,4 @@
-"""Tests for emulate.pallas.sites: the tpu.matmul sites read from the Mosaic modules JAX
+"""Tests for emulate.pallas.checking.sites: the tpu.matmul sites read from the Mosaic modules JAX
 ships for each pallas_call, lowered for TPU on the CPU."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 import emulate
 import emulate.pallas
 from emulate import formats
-from emulate.pallas import sites
+from emulate.pallas.checking import sites
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 import _pallas_kernels as kernels  # noqa: E402
 
 I8 = jax.ShapeDtypeStruct((256, 256), jnp.int8)

@@ -1,4 +1,4 @@
-"""emulate.pallas.op_rules and what check does with it: an operation other than tpu.matmul
+"""emulate.pallas.checking.op_rules and what check does with it: an operation other than tpu.matmul
 that needs Mosaic's compatibility mode is a finding at its own source line, with a fix for
 that operation (issue 28); pl.kernel kernels, a bf16 accumulator, interpret mode and the
 site a compiler error concerns (issues 25 and 28). Verdicts come from the real compiler
@@ -18,10 +18,10 @@ import pytest
 
 import emulate.pallas
 from emulate import cli, compiler, mosaic
-from emulate.pallas import findings, mosaic_check, op_rules
-from emulate.pallas.sites import KernelOp, KernelScan, MatmulSite
+from emulate.pallas.checking import findings, mosaic_check, op_rules
+from emulate.pallas.checking.sites import KernelOp, KernelScan, MatmulSite
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 import _pallas_kernels as kernels  # noqa: E402
 
 assert compiler.available(), "the real TPU compiler (libtpu) is needed: pip install -e .[test]"

@@ -23,7 +23,7 @@ import re
 
 from emulate import formats, mosaic, targets
 from emulate.mosaic import Verdict
-from emulate.pallas.sites import KernelOp, MatmulSite, acc_format, tpu_target
+from emulate.pallas.checking.sites import KernelOp, MatmulSite, acc_format, tpu_target
 
 __all__ = [
     "COMPAT_ONLY",
@@ -159,7 +159,8 @@ def fix_text(
     """What to change at ``site`` (None: a finding without a site; ``message`` and
     ``detail``, the compiler's or Pallas's text, then tell the cause) on ``t``: one fix
     per cause (the accumulator type, the operand types, a non-matmul operation)."""
-    from emulate.pallas import op_rules, route
+    from emulate.pallas import route
+    from emulate.pallas.checking import op_rules
 
     if isinstance(site, KernelOp):
         return op_rules.op_fix(site)

@@ -1,0 +1,338 @@
+"""The operands of one :func:`emulate.pallas.matmul` call, checked once: :class:`MatmulArgs`.
+
+:func:`matmul_args` is the one place that reads ``x`` and ``w`` as the caller passed them
+and every argument error of the kernel is raised there (TypeError, ValueError or
+NotImplementedError naming the argument), before any array is traced. What it works out:
+
+* the target (a TPU) and the route of the pair on it (:func:`emulate.pallas.route.route`:
+  ``x``'s format times the format the weight's values take in the kernel: a codebook's
+  value format, int8 for the 2- to 6-bit integer code formats, else the codes' own);
+* the activations: values or codes as stored (float16 widened to the route's type,
+  which Mosaic does not load), gathered into the weight's row order for an act-order
+  QArray (:func:`emulate.pallas.qcodebook.permute_x`);
+* the weight: its stored array and :class:`emulate.pallas.matmul_config.Stored` layout
+  (dense as stored, an int4 / uint4 / float4 array too, whose elements ml_dtypes holds
+  one a byte; Packed of one byte per group as stored; K-planar for a
+  :class:`emulate.pallas.KernelWeight`, and on each call for a Packed of 3 or 5 bytes a
+  group, :func:`emulate.pallas.weights.planar_weight`; K-planar too for a group-scaled
+  Packed QArray under float32 activations, whose column planes cut into groups overrun
+  v2/v3's VMEM);
+* a QArray or :class:`emulate.pallas.KernelQWeight` weight's parts as the kernel reads
+  them (:func:`emulate.pallas.qweight.split`: scales, :class:`~emulate.pallas.qweight.
+  Scaling`, zero points and offsets), its tensor scale, codebook
+  (:func:`emulate.pallas.qcodebook.kernel_codebook`), permutation, and result type
+  (:func:`emulate.pallas.qweight.result_type`).
+
+The record holds arrays (not a pytree): it lives between the call's arguments and the
+kernel's jit, which takes :attr:`MatmulArgs.kernel_operands` and a static
+:class:`emulate.pallas.matmul_config.Config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from emulate import formats, targets
+from emulate.formats import Format, FormatLike
+from emulate.numerics.storage import Packed, group_shape, is_array, to_codes, unpack_codes
+from emulate.pallas import qcodebook, qweight, route
+from emulate.pallas.matmul_config import Stored
+from emulate.pallas.qcodebook import KernelCodebook
+from emulate.pallas.qweight import KernelQWeight, Scaling
+from emulate.pallas.weights import KernelWeight, planar_weight
+from emulate.qarray import QArray
+
+__all__ = ["MatmulArgs", "matmul_args"]
+
+_X_IN_KERNEL = ("bfloat16", "float32")  # wide activation types decoded in the kernel
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Weight:
+    """The weight as the kernel reads it: stored array, codes' format, K, N, layout."""
+
+    data: jax.Array
+    format: Format
+    k: int
+    n: int
+    stored: Stored
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MatmulArgs:
+    """One :func:`emulate.pallas.matmul` call's operands, checked (:func:`matmul_args`).
+
+    Attributes:
+      x: the (M, K) activations as the kernel takes them: values (bfloat16, float32; a
+        float16 x widened) or low-precision codes as stored, in the weight's row order.
+      x_format: ``x``'s format.
+      w: the weight's stored array (codes, Packed bytes or K-planar bytes).
+      w_format: the format of the weight's codes.
+      stored: the layout the kernel reads ``w`` in.
+      m, n, k: the problem shape.
+      target: the TPU target.
+      route: the pair's route on ``target`` (:func:`emulate.pallas.route.route`).
+      out: the result type's name.
+      passthrough: the weight goes to the matrix unit as stored (no decoding).
+      weight: the weight argument the gradient decodes (an act-order QArray without its
+        permutation: ``x`` is gathered instead).
+      scales, tensor_scale, affine: a QArray weight's scales as the kernel reads them,
+        its tensor scale and its zero point / offset arrays (:attr:`emulate.pallas.
+        qoffsets.AffineParts.arrays`); None, None, () for a plain weight.
+      scaling: a QArray weight's :class:`emulate.pallas.qweight.Scaling`, or None.
+      perm, perm_axis: a QArray weight's permutation and its axis (-2: of K, gathered
+        into ``x``; -1: of N, the result's columns restored after the kernel), or None.
+      codebook: a codebook weight's :class:`emulate.pallas.qcodebook.KernelCodebook`.
+    """
+
+    x: jax.Array
+    x_format: Format
+    w: jax.Array
+    w_format: Format
+    stored: Stored
+    m: int
+    n: int
+    k: int
+    target: targets.Target
+    route: route.Route
+    out: str
+    passthrough: bool
+    weight: Any
+    scales: Any = None
+    tensor_scale: Any = None
+    affine: tuple[Any, ...] = ()
+    scaling: Scaling | None = None
+    perm: Any = None
+    perm_axis: int | None = None
+    codebook: KernelCodebook | None = None
+
+    @property
+    def empty(self) -> bool:
+        """Whether M, N or K is 0: nothing to launch (an empty contraction sums to 0)."""
+        return 0 in (self.m, self.n, self.k)
+
+    @property
+    def kernel_operands(self) -> tuple[Any, ...]:
+        """The kernel's weight arrays: codes, scales (or None), tensor scale (or None),
+        then the zero point and offset arrays."""
+        return (self.w, self.scales, self.tensor_scale, *self.affine)
+
+
+def _tpu(target: targets.TargetLike) -> targets.Target:
+    t = targets.current_target(target)
+    if t.kind != "tpu":
+        raise ValueError(
+            f"target: emulate.pallas.matmul is a TPU kernel and the target is {t.name}; pass "
+            "a TPU target (target='tpu_v5e', emulate.target(...) or EMULATE_TARGET); on a "
+            "machine without a TPU it runs in interpret mode"
+        )
+    return t
+
+
+def _planar(w: KernelWeight) -> _Weight:
+    data = jnp.asarray(w.data)
+    group, nbytes = group_shape(w.format.bits)
+    stored = Stored("planar", "uint8", int(data.shape[0]), group, nbytes)
+    return _Weight(data, w.format, w.length, int(data.shape[1]), stored)
+
+
+def _packed(w: Packed, w_format: FormatLike | None) -> _Weight:
+    f = w.format
+    if w_format is not None and formats.get(w_format) != f:
+        raise ValueError(
+            f"w_format: {formats.get(w_format).name} disagrees with the Packed w's format {f.name}"
+        )
+    if w.ndim != 2 or w.axis != -2:
+        raise ValueError(
+            f"w: a Packed weight must be 2-D (K, N) and packed along K (axis 0); got "
+            f"shape {w.shape} packed along axis {w.axis + w.ndim}: pack it with "
+            "emulate.pack(w, axis=0)"
+        )
+    group, nbytes = group_shape(f.bits)
+    if nbytes > 1:  # 3 or 5 bytes a group: the K-planar layout, on each call
+        return _planar(planar_weight(w))
+    data = jnp.asarray(w.data)
+    stored = Stored("packed", "uint8", int(data.shape[0]), group, nbytes)
+    return _Weight(data, f, w.length, int(data.shape[1]), stored)
+
+
+def _weight(
+    w: jax.Array | np.ndarray | Packed | KernelWeight, w_format: FormatLike | None
+) -> _Weight:
+    """The weight argument as the kernel reads it; nothing is copied except where the
+    module docstring says so."""
+    if isinstance(w, Packed):
+        return _packed(w, w_format)
+    if isinstance(w, KernelWeight):
+        if w_format is not None and formats.get(w_format) != w.format:
+            raise ValueError(
+                f"w_format: {formats.get(w_format).name} disagrees with the KernelWeight's "
+                f"format {w.format.name}"
+            )
+        return _planar(w)
+    if not is_array(w):
+        raise TypeError(
+            f"w: expected an array, uint8 codes with w_format=, a Packed array or a "
+            f"KernelWeight; got {type(w).__name__}"
+        )
+    dt = np.dtype(w.dtype)
+    as_is = dt.name in formats.names() and formats.get(dt).xla_storable
+    if as_is and (w_format is None or formats.get(w_format).name == dt.name):
+        f = formats.get(dt)
+        data = jnp.asarray(w)
+    else:
+        data, f = to_codes(w, w_format, arg="w")
+    if not f.is_low_precision:
+        raise ValueError(
+            f"w: a {f.name} weight needs no decoding; pass a low-precision weight (int8, "
+            "float8 codes, or emulate.pack(w4, axis=0) for 4- and 6-bit formats)"
+        )
+    if data.ndim != 2:
+        raise ValueError(f"w: expected a 2-D (K, N) weight, got shape {tuple(data.shape)}")
+    if np.dtype(data.dtype).itemsize * 8 != 8:  # an element narrower than a byte
+        return _planar(planar_weight(data))
+    stored = Stored("dense", np.dtype(data.dtype).name, int(data.shape[0]))
+    return _Weight(data, f, int(data.shape[0]), int(data.shape[1]), stored)
+
+
+def _activation(
+    x: jax.Array | np.ndarray | Packed, x_format: FormatLike | None
+) -> tuple[jax.Array, Format]:
+    """(values or codes, format) for the activation argument."""
+    if isinstance(x, QArray):
+        raise NotImplementedError(
+            f"x: emulate.pallas.matmul decodes a QArray weight (w) only, not QArray "
+            f"activations ({x!r}); use emulate.dot_general, or pass the codes alone"
+        )
+    if isinstance(x, Packed):
+        return unpack_codes(x), x.format
+    if not is_array(x):
+        raise TypeError(
+            f"x: expected an array, uint8 codes with x_format=, or a Packed array; got "
+            f"{type(x).__name__}"
+        )
+    dt = np.dtype(x.dtype)
+    if x_format is None and dt.name in formats.WIDE:
+        return jnp.asarray(x), formats.get(dt)
+    own = dt.name in formats.names() and formats.get(dt).xla_storable and formats.get(dt).bits == 8
+    if own and (x_format is None or formats.get(x_format).name == dt.name):
+        return jnp.asarray(x), formats.get(dt)  # int8 / uint8 / float8: read as stored
+    codes, f = to_codes(x, x_format, arg="x")
+    if not f.is_low_precision:
+        return jnp.asarray(x), f
+    return codes, f
+
+
+def _quantized(
+    w: QArray | KernelQWeight, w_format: FormatLike | None
+) -> tuple[_Weight, dict[str, Any]]:
+    """A QArray or prepared weight: its codes as the kernel reads them, and the
+    :class:`MatmulArgs` fields of its other parts (``weight``: without its permutation,
+    which the caller applies to ``x`` or the result)."""
+    qweight.check_format(w, w_format)
+    codes, scales, scaling, parts = qweight.split(w)
+    perm = w.perm
+    stored_order = dataclasses.replace(w, perm=None, perm_axis=None) if perm is not None else w
+    fields = {
+        "weight": stored_order,
+        "scales": scales,
+        "tensor_scale": w.tensor_scale,
+        "affine": () if parts is None else parts.arrays,
+        "scaling": scaling,
+        "perm": perm,
+        "perm_axis": w.perm_axis,
+    }
+    return _weight(codes, w.format_name), fields
+
+
+def matmul_args(
+    x: Any,
+    w: Any,
+    *,
+    target: targets.TargetLike = None,
+    out_dtype: FormatLike | None = None,
+    x_format: FormatLike | None = None,
+    w_format: FormatLike | None = None,
+) -> MatmulArgs:
+    """The checked operands of ``emulate.pallas.matmul(x, w, ...)`` (its arguments of the
+    same names; module docstring).
+
+    Raises:
+      TypeError: an operand that is not an array, Packed, codes (or, for ``w``, a
+        KernelWeight, QArray or KernelQWeight).
+      ValueError: a non-TPU target; shapes that are not (M, K) x (K, N); a weight packed
+        along N; a wide weight; a format that disagrees with the operand's; a result type
+        XLA cannot hold.
+      NotImplementedError: a QArray ``x``; a QArray part the kernel does not decode
+        (:func:`emulate.pallas.qweight.split`, :func:`emulate.pallas.qcodebook.
+        kernel_codebook`).
+    """
+    t = _tpu(target)
+    fields: dict[str, Any] = {"weight": w}
+    if isinstance(w, (QArray, KernelQWeight)):
+        wt, fields = _quantized(w, w_format)
+    else:
+        wt = _weight(w, w_format)
+    xv, xf = _activation(x, x_format)
+    if xv.ndim != 2:
+        raise ValueError(f"x: expected a 2-D (M, K) array, got shape {tuple(xv.shape)}")
+    m, k = xv.shape
+    if k != wt.k:
+        raise ValueError(
+            f"x, w: x's K ({k}) differs from w's K ({wt.k}); x {xf.name}{[m, k]}, "
+            f"w {wt.format.name}{[wt.k, wt.n]}"
+        )
+    final = cb = None
+    q = fields["weight"]
+    if fields.get("scaling") is not None:
+        final = qweight.result_type(xv, xf, q, out_dtype)
+        cb = qcodebook.kernel_codebook(q.codebook, wt.format.name, xf, t)
+        if fields["perm"] is not None and fields["perm_axis"] == -2:  # act-order along K
+            xv = qcodebook.permute_x(xv, fields["perm"])
+    vf = cb.value_format if cb is not None else wt.format
+    if wt.format.name in formats.CODE_FORMATS:  # 2- to 6-bit integer codes: values as int8
+        vf = formats.get("int8")
+    r = route.route(xf, vf, target=t, preferred_element_type="float32" if final else out_dtype)
+    out = final or r.out
+    if not formats.get(out).xla_storable:
+        raise ValueError(
+            f"out_dtype: the result type would be {r.out}, which XLA cannot hold; pass "
+            "out_dtype (e.g. jnp.float32)"
+        )
+    if 0 not in (m, wt.n, k):
+        wt, xv = _laid_out(wt, xv, xf, r, fields)
+    passthrough = (
+        cb is None
+        and r.rhs_compute == wt.format.name
+        and not r.rhs_scale
+        and wt.stored.layout == "dense"
+    )
+    return MatmulArgs(
+        x=xv, x_format=xf, w=wt.data, w_format=wt.format, stored=wt.stored, m=m, n=wt.n,
+        k=k, target=t, route=r, out=out, passthrough=passthrough, codebook=cb, **fields,
+    )  # fmt: skip
+
+
+def _laid_out(
+    wt: _Weight, xv: jax.Array, xf: Format, r: route.Route, fields: dict[str, Any]
+) -> tuple[_Weight, jax.Array]:
+    """The weight and activations of a non-empty call in the layout the route takes:
+    a group-scaled Packed QArray K-planar under float32 activations, the code format
+    named in the layout, float16 activations widened."""
+    scaling = fields.get("scaling")
+    if scaling and scaling.along_k and wt.stored.layout == "packed" and r.lhs_compute == "float32":
+        # f32 x column planes cut into groups overrun v2/v3's 16 MiB of VMEM (XLA:TPU:
+        # RESOURCE_EXHAUSTED at 64x4096x4096): the K-planar layout instead (prepare once)
+        q = fields["weight"]
+        assert isinstance(q, QArray)
+        wt = _planar(planar_weight(q.codes))
+    if wt.format.name in formats.CODE_FORMATS:
+        wt = dataclasses.replace(wt, stored=dataclasses.replace(wt.stored, code=wt.format.name))
+    if not xf.is_low_precision and xv.dtype.name not in _X_IN_KERNEL:
+        xv = route.decode_values(xv, r.lhs_compute)  # float16: widened outside the kernel
+    return wt, xv

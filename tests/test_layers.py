@@ -116,20 +116,6 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
-        "front ends",
-        [
-            "emulate.scaled",
-            "emulate.dot",
-            "emulate.conv",
-            "emulate.flax.rounding",
-            "emulate.flax.layers",
-            "emulate.flax.quantize",
-            "emulate.flax.load",
-            "emulate.flax",
-        ],
-    ),
-    ("program transforms", ["emulate.program", "emulate.rewrite", "emulate.report"]),
-    (
         "pallas",
         [
             "emulate.pallas.route",
@@ -150,6 +136,21 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.pallas",
         ],
     ),
+    (
+        "front ends",
+        [
+            "emulate.kernel_route",
+            "emulate.scaled",
+            "emulate.dot",
+            "emulate.conv",
+            "emulate.flax.rounding",
+            "emulate.flax.layers",
+            "emulate.flax.quantize",
+            "emulate.flax.load",
+            "emulate.flax",
+        ],
+    ),
+    ("program transforms", ["emulate.program", "emulate.rewrite", "emulate.report"]),
     ("public API", ["emulate"]),
     (
         "validation",

@@ -23,7 +23,11 @@ Then the call runs ``lax.platform_dependent``: ``emulate.pallas.matmul`` (Mosaic
 interpret mode) where the program is lowered for a TPU, the XLA route of
 :mod:`emulate.dot` / :mod:`emulate.scaled` everywhere else (under ``jit`` only the chosen
 branch is lowered). Otherwise the call takes the XLA route as before; a call without a
-weight operand is not a weight contraction and this module leaves it alone.
+weight operand is not a weight contraction and this module leaves it alone. Where no TPU
+can be the lowering platform (no TPU backend in the process and JAX's default device not
+a TPU: :func:`tpu_may_lower`), "auto" leaves the kernel out (it would be traced for
+nothing); :func:`emulate.inspect` and :func:`weight_route` decide as for a TPU
+(:func:`planning`), and :func:`emulate.compiler.compile` sets a TPU default device.
 
 The route setting (:func:`use_route`, a ``with`` block like :func:`emulate.use_mode`):
 
@@ -54,6 +58,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.extend.core import jaxpr_as_fun
 
 from emulate import formats, targets
 from emulate.engine.args import DotArgs, dot_args
@@ -69,9 +74,11 @@ __all__ = [
     "decide",
     "held_operands",
     "is_prepared",
+    "planning",
     "prepared_types",
     "prepare_weights",
     "run",
+    "tpu_may_lower",
     "unprepared",
     "use_route",
     "weight_route",
@@ -145,6 +152,38 @@ class WeightRoute:
         """The decision in plain text (what ``emulate.inspect`` shows per site)."""
         head = f"route on {self.target} (setting {self.setting!r}): {self.label()}"
         return f"{head}\n  {self.reason}"
+
+
+_NO_TPU = (
+    "no TPU in this process (no TPU backend, and JAX's default device is not a TPU, as "
+    "emulate.compiler makes a compile-only one): the program runs on this host; "
+    "emulate.use_route('kernel') puts the kernel in for a TPU lowering anyway"
+)
+_PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "emulate_route_planning", default=False
+)
+
+
+def tpu_may_lower() -> bool:
+    """Whether a program traced now may be lowered for a TPU: this process has a TPU
+    backend, or JAX's default device is a TPU device (``jax.default_device``; what
+    :func:`emulate.compiler.compile` sets for a compile-only device). Where neither holds,
+    route "auto" keeps the kernel out of the program: it would only be traced, never run."""
+    dev = getattr(jax.config, "jax_default_device", None)  # set by jax.default_device
+    if getattr(dev, "platform", None) == "tpu":
+        return True
+    return jax.default_backend() == "tpu"
+
+
+@contextlib.contextmanager
+def planning() -> Iterator[None]:
+    """Decide every route as for a TPU lowering inside the block, whatever this process
+    has (:func:`emulate.inspect` and :func:`weight_route` say what a TPU would run)."""
+    token = _PLANNING.set(True)
+    try:
+        yield
+    finally:
+        _PLANNING.reset(token)
 
 
 def _pallas() -> Any:
@@ -307,10 +346,15 @@ def _xla(s: _Static, x: Any, w: Any) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _forward(s: _Static, x: Any, w: Any) -> jax.Array:
+    kernel = _kernel_program(s, x, w)
+    assert not isinstance(kernel, str)  # decide() saw it accepted
+
+    def replay(x: Any, w: Any) -> jax.Array:
+        return jaxpr_as_fun(kernel)(*jax.tree.leaves((x, w)))[0]
+
     if s.interpret:
-        return _kernel(s, x, w, interpret=True)
-    tpu = functools.partial(_kernel, s, interpret=False)
-    return lax.platform_dependent(x, w, tpu=tpu, default=functools.partial(_xla, s))
+        return replay(x, w)
+    return lax.platform_dependent(x, w, tpu=replay, default=functools.partial(_xla, s))
 
 
 _differentiable = jax.custom_jvp(_forward, nondiff_argnums=(0,))
@@ -323,28 +367,36 @@ def _jvp(s: _Static, primals: tuple[Any, Any], tangents: tuple[Any, Any]):
     return out, t
 
 
-def _accepts(s: _Static, x: Any, w: Any) -> str | None:
-    """The kernel's refusal of this call on its abstract shapes, or None (cached)."""
-    avals = tuple((tuple(v.shape), str(v.dtype)) for v in jax.tree.leaves((x, w)))
+def _kernel_program(s: _Static, x: Any, w: Any) -> Any:
+    """``emulate.pallas.matmul`` of this call traced once on its abstract operands (a
+    ClosedJaxpr of the leaves of ``(x, w)``, which the routed program replays: the kernel
+    is not traced again), or the kernel's refusal as text. Cached per static arguments,
+    operand structure and shapes."""
+    s = dataclasses.replace(s, xla=_no_xla)
     try:
-        key = (s, jax.tree.structure((x, w)), avals)
+        avals = tuple((tuple(v.shape), str(v.dtype)) for v in jax.tree.leaves((x, w)))
+        key: Any = (s, jax.tree.structure((x, w)), avals)
         hash(key)
     except TypeError:  # an unhashable part (a codebook's table): no cache
-        return _try_kernel(s, x, w)
-    if key not in _ACCEPTED:
-        _ACCEPTED[key] = _try_kernel(s, x, w)
-    return _ACCEPTED[key]
+        key = None
+    if key is not None and key in _PROGRAMS:
+        return _PROGRAMS[key]
+    treedef = jax.tree.structure((x, w))
 
+    def flat(*leaves: Any) -> jax.Array:
+        xs, ws = jax.tree.unflatten(treedef, leaves)
+        return _kernel(s, xs, ws, interpret=s.interpret)
 
-_ACCEPTED: dict[Any, str | None] = {}
-
-
-def _try_kernel(s: _Static, x: Any, w: Any) -> str | None:
     try:
-        jax.eval_shape(functools.partial(_kernel, s, interpret=False), x, w)
+        got: Any = jax.make_jaxpr(flat)(*jax.tree.leaves((x, w)))
     except (NotImplementedError, ValueError, TypeError) as e:
-        return f"emulate.pallas.matmul refuses it: {e}"
-    return None
+        got = f"emulate.pallas.matmul refuses it: {e}"
+    if key is not None:
+        _PROGRAMS[key] = got
+    return got
+
+
+_PROGRAMS: dict[Any, Any] = {}
 
 
 def decide(call: DotArgs, held: tuple[Any, Any] = (None, None)) -> WeightRoute | None:
@@ -378,8 +430,11 @@ def decide(call: DotArgs, held: tuple[Any, Any] = (None, None)) -> WeightRoute |
         return xla(f"target {t.name} is not a TPU", "target")
     w, x = (rhs, lhs) if side == "rhs" else (lhs, rhs)
     why = _refusal(call, side, x, w)
+    if why is None and setting == "auto" and not _PLANNING.get() and not tpu_may_lower():
+        return WeightRoute("xla", setting, _NO_TPU, side, t.name)
     if why is None:
-        why = _accepts(_static(call, side, interpret, _no_xla), x, w)
+        got = _kernel_program(_static(call, side, interpret, _no_xla), x, w)
+        why = got if isinstance(got, str) else None
     if why is not None:
         return xla(why, "mode" if why.startswith("mode") else side)
     where = (
@@ -388,6 +443,11 @@ def decide(call: DotArgs, held: tuple[Any, Any] = (None, None)) -> WeightRoute |
         else "where the program is lowered for a TPU; the XLA route elsewhere"
     )
     reason = f"{side} read as stored by emulate.pallas.matmul {where}"
+    if isinstance(w, QArray) and w.format.bits < 8:
+        reason += (
+            " (a sub-byte QArray the kernel cannot read as packed is relaid out on every "
+            "call: emulate.prepare_weights it once)"
+        )
     return WeightRoute("kernel", setting, reason, side, t.name, interpret)
 
 
@@ -438,11 +498,19 @@ def weight_route(
       ValueError: under the "kernel" / "interpret" setting, as :func:`decide`; what
         :func:`emulate.dot_general` raises for the arguments.
     """
-    lv, rv, held = held_operands(lhs, rhs)
-    call = dot_args(
-        lv, rv, dimension_numbers, None, preferred_element_type, target=target, mode=mode
-    )
-    return decide(call, held)
+    found: list[WeightRoute | None] = []
+
+    def probe(a: Any, b: Any) -> jax.Array:  # traced: the operands may be abstract
+        lv, rv, held = held_operands(a, b)
+        call = dot_args(
+            lv, rv, dimension_numbers, None, preferred_element_type, target=target, mode=mode
+        )
+        found.append(decide(call, held))
+        return jnp.zeros(())
+
+    with planning():
+        jax.eval_shape(probe, lhs, rhs)
+    return found[0]
 
 
 def prepare_weights(tree: Any, *, target: targets.TargetLike = None) -> Any:

@@ -35,7 +35,7 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
-from emulate import formats, program, targets
+from emulate import formats, kernel_route, program, targets
 from emulate.engine import sites
 from emulate.planning.plan import Plan, plan
 from emulate.tables import table
@@ -230,7 +230,12 @@ def inspect(
         raise ValueError(f"mode: expected one of None, 'fast', 'exact', got {mode!r}")
     t = targets.current_target(target)
     m = targets.current_mode(mode)
-    with targets.use_target(t), targets.use_mode(m), _nnx_module_scopes(fn, args) as traced:
+    with (
+        targets.use_target(t),
+        targets.use_mode(m),
+        kernel_route.planning(),
+        _nnx_module_scopes(fn, args) as traced,
+    ):
         closed = jax.make_jaxpr(traced)(*args)
     return Report(t.name, tuple(_rows(closed.jaxpr, t, m, ())))
 

@@ -92,12 +92,20 @@ def test_a_flax_layer_holds_its_kernel_prepared_and_takes_the_kernel(interpreted
         _assert_within_bound(emulate.dot_general(X, kernel, DN), q)
 
 
-def test_auto_runs_the_xla_route_on_the_cpu_bit_for_bit():
+def test_the_kernel_route_runs_the_xla_route_on_the_cpu_bit_for_bit():
+    # "kernel" puts the kernel in the program (lax.platform_dependent); run on the CPU, the
+    # program is the XLA route. "auto" leaves it out where no TPU can lower it.
     with emulate.target(TPU):
-        auto = emulate.dot_general(X, Q, DN)
+        with emulate.use_route("kernel"):
+            routed = emulate.dot_general(X, Q, DN)
+            jaxpr = str(jax.make_jaxpr(lambda x, q: emulate.dot_general(x, q, DN))(X, Q))
         with emulate.use_route("xla"):
             xla = emulate.dot_general(X, Q, DN)
-    assert np.array_equal(np.asarray(auto), np.asarray(xla))
+        auto = jax.make_jaxpr(lambda x, q: emulate.dot_general(x, q, DN))(X, Q)
+    assert np.array_equal(np.asarray(routed), np.asarray(xla))
+    assert jaxpr.count("pallas_call") == 1 and "platform_index" in jaxpr
+    assert "pallas_call" not in str(auto)
+    assert emulate.kernel_route.tpu_may_lower() is False
 
 
 def test_an_exact_pair_is_bit_identical_to_dot_general_and_the_integers():

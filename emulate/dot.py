@@ -129,19 +129,20 @@ def _emulated_dot(call: args.DotArgs, held: tuple[Any, Any] = (None, None)) -> j
     views, :func:`emulate.kernel_route.held_operands`) by the route
     :func:`emulate.kernel_route.decide` gives it."""
     route = kernel_route.decide(call, held)
-    if route is None:
-        return _resharded(_xla_dot(call), call.out_sharding)
-    label = route.label() if route.kernel else f"xla: {route.reason}"
-    with sites.scope(dataclasses.replace(call.tag(), route=label)):
-        if route.kernel:
+    if route is not None and route.kernel:
+        with sites.scope(dataclasses.replace(call.tag(), route=route.label())):
             out = kernel_route.run(call, route, held, _xla_dot)
-        else:
-            lhs, rhs = (
-                kernel_route.unprepared(h if h is not None else v)
-                for h, v in zip(held, (call.lhs, call.rhs))
-            )
-            out = _xla_dot(dataclasses.replace(call, lhs=lhs, rhs=rhs))
-    return _resharded(out, call.out_sharding)
+        return _resharded(out, call.out_sharding)
+    if held != (None, None):  # a prepared weight on the XLA route: read back
+        lhs, rhs = (
+            kernel_route.unprepared(h if h is not None else v)
+            for h, v in zip(held, (call.lhs, call.rhs))
+        )
+        call = dataclasses.replace(call, lhs=lhs, rhs=rhs)
+    if route is None or call.target.kind != "tpu":
+        return _resharded(_xla_dot(call), call.out_sharding)
+    with sites.scope(dataclasses.replace(call.tag(), route=f"xla: {route.reason}")):
+        return _resharded(_xla_dot(call), call.out_sharding)
 
 
 def _xla_dot(call: args.DotArgs) -> jax.Array:

@@ -92,6 +92,34 @@ def test_a_flax_layer_holds_its_kernel_prepared_and_takes_the_kernel(interpreted
         _assert_within_bound(emulate.dot_general(X, kernel, DN), q)
 
 
+class _Proj(nnx.Module):
+    def __init__(self) -> None:
+        self.proj = nnx.Linear(K, N, use_bias=False, rngs=nnx.Rngs(0))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.proj(x)
+
+
+def test_load_weights_prepares_kernels_once_for_a_tpu_target():
+    weights = {"proj.weight": Q.T}  # a checkpoint's (out, in) rows
+    with emulate.target(TPU):
+        model = emulate.flax.load_weights(_Proj(), weights)
+    kernel = model.proj.kernel[...]
+    assert isinstance(kernel, emulate.pallas.KernelQWeight)
+    assert kernel.nbytes == Q.nbytes  # the same bytes
+    # a pytree flax sees: the state's arrays, split and merged back
+    leaves = jax.tree.leaves(nnx.state(model))
+    assert sorted(str(v.dtype) for v in leaves) == ["int8", "uint16"]  # f16 scales as bits
+    graph, state = nnx.split(model)
+    again = nnx.merge(graph, state)
+    with emulate.target("cpu"):
+        cpu_model = emulate.flax.load_weights(_Proj(), weights)  # keeps the QArray
+    assert isinstance(cpu_model.proj.kernel[...], emulate.QArray)
+    with emulate.target(TPU):  # here the XLA route, on the prepared weight read back
+        got, want = again(X), cpu_model(X)
+    assert np.array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_the_kernel_route_runs_the_xla_route_on_the_cpu_bit_for_bit():
     # "kernel" puts the kernel in the program (lax.platform_dependent); run on the CPU, the
     # program is the XLA route. "auto" leaves it out where no TPU can lower it.

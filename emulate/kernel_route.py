@@ -294,7 +294,7 @@ class _Static:
     target: targets.Target
     mode: str
     interpret: bool
-    xla: Callable[[DotArgs], jax.Array]
+    xla: Callable[[DotArgs], jax.Array] | None  # None: the kernel's program alone
 
 
 def _x_matrix(x: Operand, c: int) -> tuple[jax.Array, str | None, tuple[int, ...]]:
@@ -341,6 +341,7 @@ def _xla(s: _Static, x: Any, w: Any) -> jax.Array:
         unprepared(lhs), unprepared(rhs), s.dimension_numbers, s.precision, s.result,
         s.wrap_to, s.target, s.mode,
     )  # fmt: skip
+    assert s.xla is not None  # run() gives the front end's XLA route
     return s.xla(call)
 
 
@@ -372,7 +373,7 @@ def _kernel_program(s: _Static, x: Any, w: Any) -> Any:
     ClosedJaxpr of the leaves of ``(x, w)``, which the routed program replays: the kernel
     is not traced again), or the kernel's refusal as text. Cached per static arguments,
     operand structure and shapes."""
-    s = dataclasses.replace(s, xla=_no_xla)
+    s = dataclasses.replace(s, xla=None)
     try:
         avals = tuple((tuple(v.shape), str(v.dtype)) for v in jax.tree.leaves((x, w)))
         key: Any = (s, jax.tree.structure((x, w)), avals)
@@ -433,7 +434,7 @@ def decide(call: DotArgs, held: tuple[Any, Any] = (None, None)) -> WeightRoute |
     if why is None and setting == "auto" and not _PLANNING.get() and not tpu_may_lower():
         return WeightRoute("xla", setting, _NO_TPU, side, t.name)
     if why is None:
-        got = _kernel_program(_static(call, side, interpret, _no_xla), x, w)
+        got = _kernel_program(_static(call, side, interpret, None), x, w)
         why = got if isinstance(got, str) else None
     if why is not None:
         return xla(why, "mode" if why.startswith("mode") else side)
@@ -451,11 +452,7 @@ def decide(call: DotArgs, held: tuple[Any, Any] = (None, None)) -> WeightRoute |
     return WeightRoute("kernel", setting, reason, side, t.name, interpret)
 
 
-def _no_xla(call: DotArgs) -> jax.Array:
-    raise AssertionError("the kernel check never runs the XLA route")
-
-
-def _static(call: DotArgs, side: str, interpret: bool, xla: Callable) -> _Static:
+def _static(call: DotArgs, side: str, interpret: bool, xla: Callable | None) -> _Static:
     return _Static(
         side, call.dimension_numbers, call.precision, call.result, call.wrap_to,
         call.target, call.mode, interpret, xla,

@@ -511,12 +511,14 @@ def weight_route(
 
 
 def prepare_weights(tree: Any, *, target: targets.TargetLike = None) -> Any:
-    """``tree`` with every QArray the kernel route takes replaced, once, by its prepared
-    form (:func:`emulate.pallas.prepare_weight`: a :class:`emulate.pallas.KernelQWeight` of
-    the same bytes, sub-byte codes in the K-planar layout), so that no call relayouts it.
+    """``tree`` with every QArray and Packed weight the kernel route takes replaced, once,
+    by its prepared form (:func:`emulate.pallas.prepare_weight`: a
+    :class:`emulate.pallas.KernelQWeight` or :class:`emulate.pallas.KernelWeight` of the
+    same bytes, sub-byte codes in the K-planar layout), so that no call relayouts it.
 
-    A leaf is prepared when the target is a TPU and the QArray is 2-D ``(K, N)`` with
-    parts the kernel decodes; any other leaf (stacked experts, an embedding table read by
+    A leaf is prepared when the target is a TPU and it is a 2-D ``(K, N)`` QArray with
+    parts the kernel decodes, or a 2-D Packed array packed along K (``emulate.pack(w,
+    axis=0)``); any other leaf (stacked experts, an embedding table read by
     row, a scheme the kernel refuses, every leaf on a non-TPU target) is returned as it
     is. The result is a pytree like ``tree``; every front end takes the prepared weights
     (on the XLA route through their QArray, as read back).
@@ -526,11 +528,12 @@ def prepare_weights(tree: Any, *, target: targets.TargetLike = None) -> Any:
         return tree
 
     def prepare(x: Any) -> Any:
-        if not isinstance(x, QArray) or len(x.shape) != 2:
+        packed = isinstance(x, Packed) and x.ndim == 2 and x.axis == -2
+        if not (packed or isinstance(x, QArray)) or len(x.shape) != 2:
             return x
         try:
             return _pallas().prepare_weight(x)
         except (NotImplementedError, ValueError):
             return x
 
-    return jax.tree.map(prepare, tree, is_leaf=lambda v: isinstance(v, QArray))
+    return jax.tree.map(prepare, tree, is_leaf=lambda v: isinstance(v, (QArray, Packed)))

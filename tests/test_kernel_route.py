@@ -92,6 +92,33 @@ def test_a_flax_layer_holds_its_kernel_prepared_and_takes_the_kernel(interpreted
         _assert_within_bound(emulate.dot_general(X, kernel, DN), q)
 
 
+def test_a_prepared_packed_weight_works_on_every_front_end_and_route():
+    rng = np.random.default_rng(11)
+    codes = jnp.asarray(rng.integers(-8, 8, (K, N)), jnp.int4)
+    packed = emulate.pack(codes, axis=0)
+    w = emulate.prepare_weights({"w": packed}, target=TPU)["w"]
+    assert isinstance(w, emulate.pallas.KernelWeight)
+    assert emulate.prepare_weights(packed, target="cpu") is packed  # a CPU target: as it is
+    x = X.reshape(6, K)
+    dn = (((1,), (0,)), ((), ()))
+    f32 = jnp.float32
+    assert emulate.weight_route(x, w, dn, target=TPU).kernel
+    with emulate.target(TPU):
+        got = [
+            emulate.dot_general(x, w, dn, preferred_element_type=f32),
+            emulate.matmul(x, w, preferred_element_type=f32),
+            emulate.einsum("mk,kn->mn", x, w, preferred_element_type=f32),
+        ]
+        with emulate.use_route("interpret"):
+            got.append(emulate.dot_general(x, w, dn, preferred_element_type=f32))
+    xv = np.asarray(x.astype(f32), np.float64)
+    wv = np.asarray(codes, np.float64)
+    bound = bounds.dot_general_bound(xv, wv, dn)
+    for y in got:
+        assert y.shape == (6, N) and y.dtype == f32
+        assert np.all(np.abs(np.asarray(y, np.float64) - xv @ wv) <= bound)
+
+
 class _Proj(nnx.Module):
     def __init__(self) -> None:
         self.proj = nnx.Linear(K, N, use_bias=False, rngs=nnx.Rngs(0))

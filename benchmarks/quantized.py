@@ -36,7 +36,8 @@ and the contenders, one jitted program each:
                    weight dequantized inside the program, then a bf16 dot (what a user
                    writes; it rounds the values to bf16, so it is less accurate than (c))
   (c) emulate      ``emulate.dot_general(x, q, ..., preferred_element_type=f32,
-                   target=T)``, mode fast, the QArray as stored
+                   target=T)``, mode fast, the QArray as stored, on the XLA route
+                   (``emulate.use_route("xla")``: by default the kernel, which is (d))
   (d) pallas       ``emulate.pallas.matmul(x, w, target=T, out_dtype=f32)`` on
                    ``w = emulate.pallas.prepare_weight(q)`` (GGUF rows: of ``q.T``), made
                    once and kept (the same bytes); TPUs only (on the CPU it would run in
@@ -331,7 +332,8 @@ def programs(scheme: Scheme, target: str) -> dict[str, Callable[..., jax.Array]]
         return lax.dot_general(x, emulate.dequantize(q, to=BF16), dn, preferred_element_type=F32)
 
     def fast(x, q):
-        return emulate.dot_general(x, q, dn, preferred_element_type=F32, target=target)
+        with emulate.use_route("xla"):  # the XLA route; the kernel is (d)
+            return emulate.dot_general(x, q, dn, preferred_element_type=F32, target=target)
 
     def pallas(x, w):
         return emulate.pallas.matmul(x, w, target=target, out_dtype=F32, interpret=False)

@@ -17,7 +17,9 @@ it compiles, and never runs:
   (c) xla          ``lax.dot_general`` on the raw dtypes (int32 for int8 x int8);
                    "refused" with the compiler's first line where XLA:TPU refuses it
   (d) fast         ``emulate.dot_general(..., target=GEN)``, mode fast, the weight as
-                   stored (4-bit weights ``emulate.pack(w, axis=0)``)
+                   stored (4-bit weights ``emulate.pack(w, axis=0)``), on the XLA route
+                   (``emulate.use_route("xla")``: by default a TPU target's weight goes
+                   to the kernel, which is (f))
   (e) exact        the same with ``mode="exact"`` (by default at ``--exact-shapes`` only:
                    XLA:TPU takes seconds to minutes for each of these programs)
   (f) pallas       ``emulate.pallas.matmul(x, w, target=GEN)``, the weight as the user
@@ -182,7 +184,8 @@ def programs(
         return lax.dot_general(x, w, DN, preferred_element_type=acc)
 
     def fast(x, w):
-        return emulate.dot_general(x, w, DN, preferred_element_type=acc, target=generation)
+        with emulate.use_route("xla"):  # the XLA route's plan; the kernel is (f) and (g)
+            return emulate.dot_general(x, w, DN, preferred_element_type=acc, target=generation)
 
     def exact(x, w):
         return emulate.dot_general(

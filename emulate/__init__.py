@@ -20,6 +20,9 @@ The public surface:
 - wrapping existing code: :func:`polyfill`, and :func:`inspect` to see its sites;
 - Pallas TPU kernels: :mod:`emulate.pallas` (``matmul``, an in-kernel ``dot``, ``check``),
   imported on first use of ``emulate.pallas`` because it imports ``jax.experimental.pallas``;
+  the route of a weight contraction on a TPU target (:func:`weight_route`,
+  :class:`WeightRoute`, :func:`use_route`, :func:`current_route`, :func:`prepare_weights`:
+  :mod:`emulate.kernel_route`);
 - flax models: :mod:`emulate.flax` (``quantize_model``, ``load_weights``), imported on
   first use of ``emulate.flax`` because flax is an optional dependency;
 - checkpoints: :mod:`emulate.importers` (``load_gguf``, ``load_safetensors``, one
@@ -30,6 +33,13 @@ from emulate import bounds, codebooks, formats, mx, reference, targets
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general, einsum, matmul
 from emulate.formats import Format
+from emulate.kernel_route import (
+    WeightRoute,
+    current_route,
+    prepare_weights,
+    use_route,
+    weight_route,
+)
 from emulate.numerics.codecs import decode, encode
 from emulate.numerics.storage import Packed, pack, unpack
 from emulate.planning.plan import Plan, plan, runs_as_is
@@ -49,10 +59,12 @@ __all__ = [
     "Plan",
     "QArray",
     "Target",
+    "WeightRoute",
     "bounds",
     "codebooks",
     "conv_general_dilated",
     "current_mode",
+    "current_route",
     "current_target",
     "decode",
     "dequantize",
@@ -66,6 +78,7 @@ __all__ = [
     "pack",
     "plan",
     "polyfill",
+    "prepare_weights",
     "quantize",
     "ragged_dot",
     "ragged_dot_general",
@@ -77,7 +90,9 @@ __all__ = [
     "targets",
     "unpack",
     "use_mode",
+    "use_route",
     "use_target",
+    "weight_route",
 ]
 
 

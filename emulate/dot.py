@@ -11,6 +11,7 @@ natively (:mod:`emulate.engine`). :class:`emulate.QArray` operands go to
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import string
 from collections.abc import Callable, Sequence
@@ -21,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import formats, targets
+from emulate import formats, kernel_route, targets
 from emulate.engine import args, sites, tiled
 from emulate.engine.layout import DimensionNumbers
 from emulate.engine.operands import Operand, OperandLike, Precision, operand
@@ -93,7 +94,10 @@ def dot_general(
         JAX's exception type); emulate's own refusals as documented in docs/api.md.
     """
     precision = args.precision_arg(precision)
-    if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
+    lhs, rhs, held = kernel_route.held_operands(lhs, rhs)
+    if held == (None, None) and passes_through(
+        lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type
+    ):
         args.preferred(preferred_element_type)  # emulate's message for a type that is none
         dn = args.dot_dimension_numbers(
             dimension_numbers, args.shape_of(lhs), args.shape_of(rhs), "lhs, rhs: as JAX's"
@@ -118,13 +122,35 @@ def dot_general(
         rhs_format=rhs_format,
         out_sharding=out_sharding,
     )
-    return _emulated_dot(call)
+    return _emulated_dot(call, held)
 
 
-def _emulated_dot(call: args.DotArgs) -> jax.Array:
-    """Run a validated call: QArray operands by :mod:`emulate.scaled`, others by their plan."""
+def _emulated_dot(call: args.DotArgs, held: tuple[Any, Any] = (None, None)) -> jax.Array:
+    """Run a validated call (``held``: prepared weights standing for the call's abstract
+    views, :func:`emulate.kernel_route.held_operands`) by the route
+    :func:`emulate.kernel_route.decide` gives it."""
+    route = kernel_route.decide(call, held)
+    if route is not None and route.kernel:
+        with sites.scope(dataclasses.replace(call.tag(), route=route.label())):
+            out = kernel_route.run(call, route, held, _xla_dot)
+        return _resharded(out, call.out_sharding)
+    if held != (None, None):  # a prepared weight on the XLA route: read back
+        lhs, rhs = (
+            kernel_route.unprepared(h if h is not None else v)
+            for h, v in zip(held, (call.lhs, call.rhs))
+        )
+        call = dataclasses.replace(call, lhs=lhs, rhs=rhs)
+    if route is None or call.target.kind != "tpu":
+        return _resharded(_xla_dot(call), call.out_sharding)
+    with sites.scope(dataclasses.replace(call.tag(), route=f"xla: {route.reason}")):
+        return _resharded(_xla_dot(call), call.out_sharding)
+
+
+def _xla_dot(call: args.DotArgs) -> jax.Array:
+    """The XLA route of a validated call: QArray operands by :mod:`emulate.scaled`, others
+    by their plan."""
     if call.has_qarray:
-        return _resharded(qarray_dot_general(call), call.out_sharding)
+        return qarray_dot_general(call)
     a, b = call.lhs, call.rhs
     assert isinstance(a, Operand) and isinstance(b, Operand)  # no QArray: Operands
     p = plan_for(a, b, call.target, call.result, call.mode)
@@ -132,7 +158,7 @@ def _emulated_dot(call: args.DotArgs) -> jax.Array:
         out = run_plan(p, a, b, call.dimension_numbers, call.precision, tiled.current_settings())
     if call.wrap_to is not None:  # the int32 sum wraps into it as into XLA's own accumulator
         out = out.astype(call.wrap_to)
-    return _resharded(out, call.out_sharding)
+    return out
 
 
 def _resharded(out: jax.Array, out_sharding: Any) -> jax.Array:
@@ -173,7 +199,10 @@ def matmul(
     ``out_sharding`` as in ``jnp.matmul``.
     """
     precision = args.precision_arg(precision)
-    if passes_through(a, b, a_format, b_format, target, mode, preferred_element_type):
+    av, bv, held = kernel_route.held_operands(a, b)
+    if held == (None, None) and passes_through(
+        a, b, a_format, b_format, target, mode, preferred_element_type
+    ):
         return jnp.matmul(  # plain arrays or scalars: passes_through checked them
             cast(Any, a),
             cast(Any, b),
@@ -181,11 +210,14 @@ def matmul(
             preferred_element_type=preferred_element_type,
             out_sharding=out_sharding,
         )
-    x, y = args.matmul_operands(a, b, a_format, b_format)
+    x, y = args.matmul_operands(av, bv, a_format, b_format)
     if preferred_element_type is None:  # jnp.matmul's type (a QArray counts as its dtype)
         preferred_element_type = _jnp_result_type(_type_name(x), _type_name(y))
-    if isinstance(x, QArray) or isinstance(y, QArray):
-        out = _matmul_dims(x, y, precision, preferred_element_type, target, mode)
+    if isinstance(x, QArray) or isinstance(y, QArray) or held != (None, None):
+        # held: a prepared weight (2-D), passed on as it is
+        xh = held[0] if held[0] is not None else x
+        yh = held[1] if held[1] is not None else y
+        out = _matmul_dims(xh, yh, precision, preferred_element_type, target, mode)
         return _resharded(out, out_sharding)
     xv = Operand(x.unpacked()[None, :], x.format_name) if len(x.shape) == 1 else x
     yv = Operand(y.unpacked()[:, None], y.format_name) if len(y.shape) == 1 else y
@@ -226,15 +258,15 @@ def _type_name(x: Operand | QArray) -> str:
 
 
 def _matmul_dims(
-    x: Operand | QArray,
-    y: Operand | QArray,
+    x: Any,
+    y: Any,
     precision: Precision,
     preferred_element_type: FormatLike | None,
     target: TargetLike,
     mode: str | None,
 ) -> jax.Array:
     """``matmul`` as one ``dot_general`` (no broadcasting copies), for QArray operands
-    (shapes checked by :func:`emulate.engine.args.matmul_operands`)."""
+    and prepared weights (shapes checked by :func:`emulate.engine.args.matmul_operands`)."""
     xn, yn = len(x.shape), len(y.shape)
     dn: DimensionNumbers
     if yn <= 2:  # (..., K) x (K,) or (K, N): contract, no batch
@@ -305,7 +337,7 @@ def einsum(
             f"operand_formats: expected one format (or None) per operand, {len(arrays)} in "
             f"all, got {fm!r}"
         )
-    own_path = any(not is_plain(x) for x in arrays) or any(
+    own_path = any(not is_plain(x) or kernel_route.is_prepared(x) for x in arrays) or any(
         f is not None and not formats.get(f, arg=f"operand_formats[{i}]").xla_storable
         for i, f in enumerate(fm)
     )
@@ -391,7 +423,8 @@ def _einsum_pair(
     mode: str,
 ) -> jax.Array:
     """emulate's own two-operand einsum, for QArray, Packed and float6-code operands."""
-    x, y = (args.with_format(v, f, arg) for v, f, arg in zip(operands, fm, ("lhs", "rhs")))
+    xv, yv, held = kernel_route.held_operands(*operands)
+    x, y = (args.with_format(v, f, arg) for v, f, arg in zip((xv, yv), fm, ("lhs", "rhs")))
     ins, out_idx = _parse_einsum(subscripts, (len(x.shape), len(y.shape)))
     li, ri = ins
     for name, idx in (("lhs", li), ("rhs", ri)):
@@ -414,7 +447,7 @@ def _einsum_pair(
     # Indices summed in one operand only: broadcast the other operand along them.
     for mine, other, op_other, is_rhs in ((li, ri, y, True), (ri, li, x, False)):
         lonely = [c for c in mine if c not in other and c not in out_idx]
-        if lonely and isinstance(op_other, QArray):
+        if lonely and (isinstance(op_other, QArray) or held[is_rhs] is not None):
             raise ValueError(
                 f"subscripts: index {lonely[0]!r} is summed in one operand only, which "
                 f"emulate.einsum does not do when the other is a QArray; sum it first"
@@ -438,7 +471,9 @@ def _einsum_pair(
     )
     if preferred_element_type is None:  # jnp.einsum's type (a QArray counts as its dtype)
         preferred_element_type = _jnp_result_type(_type_name(x), _type_name(y))
-    res = dot_general(x, y, dn, precision, preferred_element_type, target=target, mode=mode)
+    xh = held[0] if held[0] is not None else x
+    yh = held[1] if held[1] is not None else y
+    res = dot_general(xh, yh, dn, precision, preferred_element_type, target=target, mode=mode)
     res_idx = batch + [c for c in li if c not in ri] + [c for c in ri if c not in li]
     return jnp.transpose(res, tuple(res_idx.index(c) for c in out_idx))
 

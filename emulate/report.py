@@ -35,7 +35,7 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
-from emulate import formats, program, targets
+from emulate import formats, kernel_route, program, targets
 from emulate.engine import sites
 from emulate.planning.plan import Plan, plan
 from emulate.tables import table
@@ -61,6 +61,9 @@ class Row:
       flops: 2 * output elements * K (0 for pallas_call).
       seconds: flops / the rate of the unit the site runs on (None when the target
         states no rate for it).
+      weight_route: a contraction with a weight operand on a TPU target: "pallas.matmul"
+        (:mod:`emulate.kernel_route`), or "xla: " and why the kernel does not take it;
+        "" otherwise.
     """
 
     primitive: str
@@ -71,6 +74,7 @@ class Row:
     plan: Plan | None
     flops: int
     seconds: float | None
+    weight_route: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,13 +97,28 @@ class Report:
                 "lhs": r.lhs,
                 "rhs": r.rhs,
                 "status": r.status,
-                "route": r.plan.method if r.plan else "",
+                "route": _route_cell(r),
                 "est. time": _fmt_seconds(r.seconds),
             }
             for r in self.rows
         ]
         columns = ("source", "op", "lhs", "rhs", "status", "route", "est. time")
-        return head + "\n" + table(rows, columns=columns, rule=False)
+        notes = [
+            f"  {r.source}: {r.weight_route}"
+            for r in self.rows
+            if r.weight_route.startswith("xla: ")
+        ]
+        why = ["kept off emulate.pallas.matmul:", *notes] if notes else []
+        return "\n".join([head, table(rows, columns=columns, rule=False), *why])
+
+
+def _route_cell(r: Row) -> str:
+    """The route column: the kernel, or the plan's method (marked where a weight stays
+    on the XLA route of a TPU target, the reason listed under the table)."""
+    if r.weight_route == "pallas.matmul":
+        return "pallas.matmul"
+    method = r.plan.method if r.plan else ""
+    return f"{method} (xla)" if r.weight_route else method
 
 
 def _fmt_seconds(s: float | None) -> str:
@@ -215,7 +234,12 @@ def inspect(
         raise ValueError(f"mode: expected one of None, 'fast', 'exact', got {mode!r}")
     t = targets.current_target(target)
     m = targets.current_mode(mode)
-    with targets.use_target(t), targets.use_mode(m), _nnx_module_scopes(fn, args) as traced:
+    with (
+        targets.use_target(t),
+        targets.use_mode(m),
+        kernel_route.planning(),
+        _nnx_module_scopes(fn, args) as traced,
+    ):
         closed = jax.make_jaxpr(traced)(*args)
     return Report(t.name, tuple(_rows(closed.jaxpr, t, m, ())))
 
@@ -315,7 +339,8 @@ def _site_row(eqn: Any, tag: sites.SiteTag, prefix: tuple[str, ...]) -> Row:
         p = None
     status = "native" if p is not None and p.method == "native" and not qarray else "emulated"
     seconds = tag.flops / p.rate if p is not None and p.rate else None
-    return Row(tag.op, _source(eqn, prefix), tag.lhs, tag.rhs, status, p, tag.flops, seconds)
+    src = _source(eqn, prefix)
+    return Row(tag.op, src, tag.lhs, tag.rhs, status, p, tag.flops, seconds, tag.route)
 
 
 def _rows(jaxpr: Any, t: targets.Target, mode: str, prefix: tuple[str, ...]) -> Iterator[Row]:
@@ -325,7 +350,7 @@ def _rows(jaxpr: Any, t: targets.Target, mode: str, prefix: tuple[str, ...]) -> 
         name = eqn.primitive.name
         tag = _site_tag(eqn)
         if tag is not None:
-            if _contains_matmul(eqn):
+            if _contains_matmul(eqn) or tag.route == "pallas.matmul":
                 yield _site_row(eqn, tag, prefix)
             continue
         if name == "pallas_call":

@@ -146,6 +146,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "front ends",
         [
+            "emulate.kernel_route",
             "emulate.scaled",
             "emulate.dot",
             "emulate.conv",

@@ -36,6 +36,8 @@ class SiteTag:
       out: the result format name.
       target: the target name; mode: "fast" or "exact".
       flops: 2 * result elements * K of the logical call.
+      route: for a contraction with a weight operand on a TPU target, its route
+        (:mod:`emulate.kernel_route`): "pallas.matmul", or "xla: " and the reason; else "".
     """
 
     op: str
@@ -45,11 +47,13 @@ class SiteTag:
     target: str
     mode: str
     flops: int
+    route: str = ""
 
     def name(self) -> str:
+        route = f" route {' '.join(self.route.split())}" if self.route else ""
         return (
             f"{PREFIX}{self.op} {self.lhs} x {self.rhs} -> {self.out} "
-            f"on {self.target} mode {self.mode} flops {self.flops})"
+            f"on {self.target} mode {self.mode} flops {self.flops}{route})"
         )
 
 
@@ -57,14 +61,15 @@ def parse(name: str) -> SiteTag | None:
     """The tag a scope name holds, or None for any other name."""
     if not name.startswith(PREFIX) or not name.endswith(")"):
         return None
-    words = name[len(PREFIX) : -1].split(" ")
+    body, _, route = name[len(PREFIX) : -1].partition(" route ")
+    words = body.split(" ")
     try:
         op, lhs, x, rhs, arrow, out, on, target, mode_w, mode, flops_w, flops = words
     except ValueError:
         return None
     if (x, arrow, on, mode_w, flops_w) != ("x", "->", "on", "mode", "flops"):
         return None
-    return SiteTag(op, lhs, rhs, out, target, mode, int(flops))
+    return SiteTag(op, lhs, rhs, out, target, mode, int(flops), route)
 
 
 def scheme_name(q: QArray) -> str:

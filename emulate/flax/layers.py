@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import formats
+from emulate import formats, kernel_route
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general, einsum
 from emulate.flax.rounding import next_key
@@ -243,7 +243,7 @@ class Op:
         def run(x, q):
             return emulated(*head, x, q, *rest, **ekw)
 
-        if isinstance(w, QArray):
+        if isinstance(w, QArray) or kernel_route.is_prepared(w):
             return run(x, w)
 
         def run_plain(x, wd, dtype):
@@ -283,20 +283,27 @@ def _straight_through(run, run_plain, site: Site, x: jax.Array, w: jax.Array) ->
     return f(x, w)
 
 
+def _dtype_of(q: Any) -> Any:
+    return q.dtype
+
+
 def _promote(args: Sequence[Any], dtype: Any, inexact: bool) -> list[Any]:
-    """flax's ``promote_dtype`` that lets a QArray through (its logical dtype set)."""
-    present = [a for a in args if a is not None]
+    """flax's ``promote_dtype`` that lets a QArray or prepared weight
+    (:func:`emulate.prepare_weights`) through (its logical dtype set)."""
+    present: list[Any] = [a for a in args if a is not None]
+    quantized = (QArray, *kernel_route.prepared_types())
     if dtype is None:
-        dtype = jnp.result_type(*[a.dtype if isinstance(a, QArray) else a for a in present])
+        dtype = jnp.result_type(*[_dtype_of(q) if isinstance(q, quantized) else q for q in present])
     if inexact and not jnp.issubdtype(dtype, jnp.inexact):
         dtype = jnp.promote_types(jnp.float32, dtype)
     out: list[Any] = []
     for a in args:
         if a is None:
             out.append(None)
-        elif isinstance(a, QArray):
-            same = a.dtype == np.dtype(dtype)
-            out.append(a if same else dataclasses.replace(a, dtype=np.dtype(dtype)))
+        elif isinstance(a, quantized):
+            q: Any = a
+            same = q.dtype == np.dtype(dtype)
+            out.append(q if same else dataclasses.replace(q, dtype=np.dtype(dtype)))
         else:
             out.append(jnp.asarray(a, dtype))
     return out

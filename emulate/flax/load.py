@@ -29,7 +29,10 @@ callable ``name -> "out_in" or "in_out"`` decides per tensor.
 
 A QArray kernel (or NNX embedding table) is kept as it is, frozen in a
 :class:`~emulate.flax.QuantizedWeight`, and its layer runs through emulate's matmul on
-the current target; plain arrays are cast to the parameter's dtype.
+the current target; plain arrays are cast to the parameter's dtype. NNX: where the current
+target is a TPU, a 2-D QArray kernel the kernel route takes is kept in its prepared form
+instead (:func:`emulate.prepare_weights`: the same bytes in the layout
+``emulate.pallas.matmul`` reads, made once here), so that no call relayouts it.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import numpy as np
 from flax import nnx
 
 from emulate.flax.quantize import QuantizedLinen, QuantizedWeight, emulate_layer
+from emulate.kernel_route import prepare_weights
 from emulate.quant import QArray
 
 __all__ = ["GGUF_NAMES", "NameRule", "default_rule", "load_weights"]
@@ -241,7 +245,10 @@ def _load_nnx(model, weights, rule, layout, mode):
                 f"{attr!r} of a {type(module).__name__}; emulate runs quantized kernels of "
                 "Linear, LinearGeneral, Einsum, Conv and Embed layers: dequantize it first"
             )
-        setattr(module, attr, QuantizedWeight(_as_dtype(value, var.get_value().dtype)))
+        kept = _as_dtype(value, var.get_value().dtype)
+        if layer:  # on a TPU target, in the kernel's layout once (a table is read by row)
+            kept = prepare_weights(kept)
+        setattr(module, attr, QuantizedWeight(kept))
         emulate_layer(module, mode=mode)
     return model
 

@@ -57,6 +57,7 @@ from emulate.flax.layers import (
     make_site,
     rule_fn,
 )
+from emulate.kernel_route import is_prepared, prepare_weights, unprepared
 from emulate.numerics.storage import Packed
 from emulate.quant import QArray, Scheme, dequantize
 
@@ -188,13 +189,17 @@ def _quantize_nnx(model: nnx.Module, rule: Callable, qat: bool) -> nnx.Module:
         site = _nnx_site(path, module, kind, chosen.scheme, chosen.mode)
         name = "embedding" if kind == "embed" else "kernel"
         value = getattr(module, name)[...]
+        if is_prepared(value):
+            value = unprepared(value)
         if isinstance(value, QArray):
             value = dequantize(value)  # re-quantizing a frozen layer: from its values
         _hook_nnx(module, kind, site)
         if qat:
             setattr(module, name, nnx.Param(value))
         else:
-            setattr(module, name, QuantizedWeight(site.quantize(jnp.asarray(value))))
+            q = site.quantize(jnp.asarray(value))
+            # on a TPU target, a kernel in the layout emulate.pallas.matmul reads, made once
+            setattr(module, name, QuantizedWeight(q if kind == "embed" else prepare_weights(q)))
     return model
 
 

@@ -222,6 +222,13 @@ class KernelQWeight:
         total += self.codebook.nbytes if self.codebook is not None else 0
         return total + (4 if self.tensor_scale is not None else 0)
 
+    def __getitem__(self, key: Any) -> KernelQWeight:
+        """``w[...]`` is ``w`` itself (flax reads a variable's value so); other indexing is
+        refused (TypeError), as :meth:`emulate.QArray.__getitem__` refuses it."""
+        if key is Ellipsis or (isinstance(key, tuple) and all(k is Ellipsis for k in key)):
+            return self
+        raise TypeError(f"key: a KernelQWeight supports w[...] only (which returns w), got {key!r}")
+
     def __repr__(self) -> str:
         return (
             f"KernelQWeight({self.format_name}{list(self.shape)}, scales {self.scale_format} "

@@ -18,6 +18,7 @@ import re
 
 import _st_oracles as O
 import gguf
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -188,14 +189,21 @@ KERNEL_REFUSALS = {}
 
 
 def _kernel(q: emulate.QArray) -> str:
-    """Whether pallas.matmul reads ``q`` in the kernel (in the same bytes), or its refusal."""
+    """Whether a model's matmul on ``q`` takes pallas.matmul on a TPU target (the weight as
+    emulate.flax.load_weights keeps it: (K, N), prepared once in the same bytes), or the
+    kernel's refusal."""
+    kn = q if q.shape == (4096, 256) else q.T  # the importers' (N, K) rows: flax's (in, out)
     try:
-        w = emulate.pallas.prepare_weight(q)
+        w = emulate.pallas.prepare_weight(kn)
     except NotImplementedError as e:
         (cell,) = [c for part, c in KERNEL_REFUSALS.items() if part in str(e)]
         return cell
     assert w.nbytes == q.nbytes
-    return "in the kernel"
+    x = jax.ShapeDtypeStruct((1, 4096), jnp.bfloat16)
+    dn = (((1,), (0,)), ((), ()))
+    route = emulate.weight_route(x, w, dn, target="tpu_v5e")  # as load_weights keeps it
+    assert route is not None and route.kernel, route
+    return "kernel route"
 
 
 def _measured(tmp: pathlib.Path) -> list[list[str]]:

@@ -157,8 +157,8 @@ def _float(v, negative, f: formats.Format, saturate, rounding, r, n) -> np.ndarr
     # A format without an ml_dtypes type: ``out`` holds representable values (or the
     # specials), whose codes the record's table gives exactly.
     codes = encode_values(out, f)
-    if not f.signed:  # every negative input but -0 and NaN has no code, as encode_values
-        codes = np.where(negative & (v != 0) & ~nan, f.nan_code if f.has_nan else 0, codes)
+    if not f.signed:  # every negative input, -Inf too, gives 0 in every mode (P3109)
+        codes = np.where(negative & ~nan, 0, codes)
     return codes.astype(np.uint8)
 
 

@@ -398,8 +398,8 @@ def _encode_float(u: jax.Array, f: Format, saturate: bool, rnd: _Rounding) -> ja
     else:
         over_code = None  # becomes NaN below
     negative = None
-    if not f.signed:  # negative values (not -0) have no code: NaN, or 0 without one
-        negative = (sign == 1) & (mag != 0) & ~is_nan
+    if not f.signed:  # P3109's Saturate: a negative value (-Inf too) gives M_lo = 0
+        negative = (sign == 1) & ~is_nan
         sign = jnp.zeros_like(sign)
     sign_bit = _u32(1 << (f.bits - 1)) if f.signed else _u32(0)
     signed = jnp.where(sign == 1, sign_bit, _u32(0))
@@ -420,7 +420,7 @@ def _encode_float(u: jax.Array, f: Format, saturate: bool, rnd: _Rounding) -> ja
     else:  # ml_dtypes: NaN -> zero of the opposite sign
         code = jnp.where(is_nan, (sign ^ _u32(1)) * sign_bit, code)
     if negative is not None:
-        code = jnp.where(negative, _u32(nan_code if f.has_nan else 0), code)
+        code = jnp.where(negative, _u32(0), code)
     return code
 
 

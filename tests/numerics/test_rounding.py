@@ -282,8 +282,9 @@ def test_formats_from_parameters_round_as_gfloat_in_every_mode(name, mode, satur
     """The P3109 binary8 formats and two user-built ones (e3m3, an unsigned 5-bit float;
     no ml_dtypes type: uint8 codes), the jnp encoder and
     the numpy oracle, against gfloat's round_ndarray. Documented differences
-    (docs/numerics.md): NaN codes compared as NaN; unsigned formats give NaN for negative
-    inputs, gfloat rounds them as if signed, so those are left out."""
+    (docs/numerics.md): NaN codes compared as NaN; unsigned formats give 0 for every
+    negative input (-Inf too) in every mode, P3109's Saturate (M_lo), where gfloat 0.5.2
+    rounds them as if signed (a negative value no code holds): checked against the rule."""
     f = formats.get(name)
     fi = record_info(f)
     x = f32_sample(f, gfloat_values(f))
@@ -297,6 +298,7 @@ def test_formats_from_parameters_round_as_gfloat_in_every_mode(name, mode, satur
     )
     for codes in (got, oracle):
         assert codes.dtype == np.uint8
+        assert not codes[~keep & ~np.isnan(x)].any()  # unsigned: negatives give 0
         found = nan_as_one(codes[keep].astype(np.int64), f)
         differ = found != want
         assert not differ.any(), (

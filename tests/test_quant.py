@@ -300,7 +300,8 @@ def test_from_parts_checks_shapes():
         ),
         (
             dict(fmt="float8_e4m3fn", rounding="stochastic"),
-            "key: rounding='stochastic' needs a jax.random key",
+            "key: rounding='stochastic' needs a jax.random key (jax.random.key(seed)); the "
+            "same key gives the same rounding",
         ),
         (dict(fmt="float8_e4m3fn", rounding="up"), "rounding: expected one of ('nearest_even',"),
         (dict(fmt="float8_e4m3fn", axis=2), "axis: 2 is not an axis of x with shape (40, 3)"),

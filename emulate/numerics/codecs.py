@@ -251,7 +251,7 @@ def encode(
     f = formats.get(fmt)
     if not isinstance(saturate, (bool, np.bool_)):
         raise TypeError(f"saturate: expected True or False, got {type(saturate).__name__}")
-    nbits = check_rounding(rounding, key, random_bits, rbits)
+    nbits = check_rounding(rounding, key, random_bits, rbits, takes_rbits=True)
     if rounding != "nearest_even" and not f.is_low_precision:
         raise ValueError(
             f"rounding: {rounding!r} is built for the low-precision formats, not {f.name} "

@@ -72,9 +72,18 @@ MAX_RANDOM_BITS = 32
 _CAP = 25
 
 
-def check_rounding(rounding: object, key: object, random_bits: object, rbits: object = None) -> int:
+def check_rounding(
+    rounding: object,
+    key: object,
+    random_bits: object,
+    rbits: object = None,
+    *,
+    takes_rbits: bool = False,
+) -> int:
     """Validate the rounding arguments of :func:`emulate.encode` / :func:`emulate.quantize`;
     returns the number of random bits (0 unless ``rounding`` is one of :data:`STOCHASTIC`).
+    ``takes_rbits``: the caller also takes explicit random integers (``rbits``), which the
+    message for a missing ``key`` then offers.
 
     Raises:
       ValueError: an unknown mode; a stochastic mode without ``key`` (or ``rbits``) or
@@ -94,9 +103,10 @@ def check_rounding(rounding: object, key: object, random_bits: object, rbits: ob
                 )
         return 0
     if key is None and rbits is None:
+        alternative = ", or the random integers themselves as rbits=" if takes_rbits else ""
         raise ValueError(
-            f"key: rounding={rounding!r} needs a jax.random key (jax.random.key(seed)), or "
-            "the random integers themselves as rbits=; the same key gives the same rounding"
+            f"key: rounding={rounding!r} needs a jax.random key (jax.random.key(seed))"
+            f"{alternative}; the same key gives the same rounding"
         )
     if key is not None and rbits is not None:
         raise ValueError("key, rbits: give one source of random bits, got both")

@@ -16,8 +16,9 @@ def int4_weight_only(x, w):
 
 
 def _bf16_fp8_block(x_ref, w_ref, o_ref):
-    # float8_e4m3fn -> bfloat16 is exact; TPU v4 has no float8 matmul, so widen in-kernel.
-    w = w_ref[...].astype(jnp.bfloat16)
+    # float8_e4m3fn -> bfloat16 is exact; TPU v4 has no float8 matmul, so widen in-kernel,
+    # through float32: Mosaic extends float8 straight to bfloat16 only in compatibility mode.
+    w = w_ref[...].astype(jnp.float32).astype(jnp.bfloat16)
     o_ref[...] = jnp.dot(x_ref[...], w, preferred_element_type=jnp.float32)
 
 

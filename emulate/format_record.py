@@ -191,13 +191,15 @@ class Format:
     @property
     def nan_code(self) -> int:
         """The NaN code encoders write (positive where NaN has a sign): the would-be -0 code
-        where that is the NaN (fnuz, P3109), the quiet NaN of an IEEE-like format with
-        several NaN codes (e5m2: 0x7e), else the all-ones magnitude (e4m3fn 0x7f, e8m0
-        0xff). Meaningless where ``has_nan`` is False."""
+        where that is the NaN (fnuz, P3109), the quiet NaN ml_dtypes writes for its
+        IEEE-like formats with several NaN codes (e5m2: 0x7e, e3m4: 0x7c), else the
+        all-ones magnitude (e4m3fn 0x7f, e8m0 0xff, and every format built from
+        parameters: gfloat's NaN code, ``2**bits - 1``, less the sign bit). Meaningless
+        where ``has_nan`` is False."""
         neg_zero = 1 << (self.bits - 1)
         if self.signed and neg_zero in self.nan_codes:
             return neg_zero
-        if self.has_inf and self.high_nans > 1:
+        if self.has_inf and self.high_nans > 1 and self.has_dtype:  # ml_dtypes' quiet NaN
             return self.max_code + 1 + (1 << (self.mantissa_bits - 1))
         return self.magnitude_mask
 
@@ -377,9 +379,18 @@ def p3109(precision: int, *, bits: int = 8, signed: bool = True, extended: bool 
     would-be -0 code ``0x80`` and no negative zero; unsigned ones bias
     ``2**(bits - precision)`` and their NaN at the top code. ``extended`` formats put
     +-Inf just below (``0x7f``/``0xff`` signed, ``0xfe`` unsigned); finite ones have none.
+
+    Raises:
+      ValueError: ``bits`` outside 2 to 8 (P3109 defines wider formats; emulate's codes
+        are one byte each, so they are not built), ``precision`` outside 1 to ``bits``,
+        or the 2-bit signed extended formats (``p3109_k2p1se``, ``p3109_k2p2se``), whose
+        four codes are 0, +Inf, NaN and -Inf: no finite nonzero value.
     """
     if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 2 <= bits <= 8:
-        raise ValueError(f"bits: a P3109 format here has 2 to 8 bits, got {bits!r}")
+        raise ValueError(
+            f"bits: P3109 formats of 2 to 8 bits are built (one code a byte); wider ones "
+            f"are not, got {bits!r}"
+        )
     if isinstance(precision, bool) or not isinstance(precision, (int, np.integer)):
         raise TypeError(f"precision: expected an int, got {type(precision).__name__}")
     if not 1 <= precision <= bits:
@@ -388,6 +399,12 @@ def p3109(precision: int, *, bits: int = 8, signed: bool = True, extended: bool 
         )
     bias = int(2.0 ** (bits - precision - 1)) if signed else 1 << (bits - precision)
     name = f"p3109_k{bits}p{precision}{'s' if signed else 'u'}{'e' if extended else 'f'}"
+    if bits == 2 and signed and extended:
+        raise ValueError(
+            f"{name} is not built: its four codes are 0, +Inf, NaN and -Inf, no finite "
+            "nonzero value (gfloat's format_info_p3109 describes the same codes), and "
+            "emulate builds formats that hold at least one"
+        )
     return float_format(
         name,
         bits=bits,

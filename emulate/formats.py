@@ -277,6 +277,7 @@ def _registry() -> dict[str, Format]:
 
 
 _P3109_NAME = re.compile(r"p3109_k([2-8])p([1-8])([su])([ef])")
+_P3109_WIDE = re.compile(r"p3109_k(9|[1-9][0-9]+)p[1-9][0-9]*[su][ef]")
 
 
 def _p3109_of(name: str) -> Format:
@@ -362,8 +363,15 @@ def get(fmt: FormatLike, *, arg: str = "fmt") -> Format:
         if _P3109_NAME.fullmatch(key):
             try:
                 return register(_p3109_of(key))
-            except ValueError as e:
-                raise ValueError(f"{arg}: {fmt!r} is no P3109 format: {e}") from None
+            except ValueError as e:  # the record says why (it names the format, or not)
+                named = str(e).startswith(key)
+                raise ValueError(f"{arg}: {e}" if named else f"{arg}: {fmt!r}: {e}") from None
+        wide = _P3109_WIDE.fullmatch(key)
+        if wide:
+            raise ValueError(
+                f"{arg}: {fmt!r} is a {wide.group(1)}-bit P3109 format, not built: emulate "
+                "builds P3109 formats of 2 to 8 bits (its codecs hold one code a byte)"
+            )
         raise ValueError(f"{arg}: unknown format {fmt!r}; known formats: {', '.join(names())}")
     try:
         dt = np.dtype(fmt)

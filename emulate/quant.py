@@ -54,7 +54,7 @@ from emulate import formats
 from emulate.formats import F32_MIN_NORMAL, Format, FormatLike
 from emulate.numerics import codecs
 from emulate.numerics.bits import times_pow2
-from emulate.numerics.rounding import ROUNDINGS, check_rounding
+from emulate.numerics.rounding import ROUNDINGS, STOCHASTIC, check_rounding
 from emulate.numerics.scales import (
     POW2_RULES,
     SCALE_RULES,
@@ -308,10 +308,11 @@ def quantize(
       scale_rule: one of ``SCALE_RULES`` (module docstring); default "ocp_floor".
       rounding: how the scaled values are rounded into ``fmt``, one of ``ROUNDINGS``:
         "nearest_even" (the default, or the Scheme's ``rounding``), "nearest_away",
-        "toward_zero", "toward_positive", "toward_negative" or "stochastic" (as
+        "toward_zero", "toward_positive", "toward_negative", "stochastic" or gfloat's
+        variants "stochastic_odd", "stochastic_fast", "stochastic_fastest" (as
         :func:`emulate.encode`; the scales do not depend on it). Scaled values below
         ``2**-126`` in magnitude are zero first.
-      key, random_bits: for ``rounding="stochastic"`` (and only there): a ``jax.random``
+      key, random_bits: for the stochastic modes (and only there): a ``jax.random``
         key and the random bits per element, 1 to 32 (default: the Scheme's
         ``random_bits``). Element ``i`` of ``x`` uses the top bits of
         ``jax.random.bits(key, x.shape, jnp.uint32)[i]``.
@@ -348,7 +349,7 @@ def quantize(
         raise TypeError(f"tensor_scale: expected None, True or False, got {tensor_scale!r}")
     if isinstance(fmt, Scheme):
         rounding = fmt.rounding if rounding is None else rounding
-        if random_bits is None and rounding == "stochastic":
+        if random_bits is None and rounding in STOCHASTIC:
             random_bits = fmt.random_bits
     rounding = "nearest_even" if rounding is None else rounding
     nbits = check_rounding(rounding, key, random_bits)

@@ -645,12 +645,16 @@ def dequantize(
     element_exponent: int = 0,
     fmt: FormatLike | None = None,
     scale_fmt: FormatLike | None = None,
+    *,
+    exact: bool = False,
 ) -> np.ndarray:
     """``decode(codes) * 2**element_exponent * (scale * tensor_scale)`` as float32: each
     product rounded to 24 significant bits, results below ``2**-126`` in magnitude flushed
     to (signed) zero. ``fmt`` and ``scale_fmt`` name the formats of uint8 ``codes`` and
     ``scales`` (as :func:`quantize` returns them for a format without an ml_dtypes type);
-    scales are read exactly, f32 subnormals and e8m0's ``2**-127`` included."""
+    scales are read exactly, f32 subnormals and e8m0's ``2**-127`` included. With
+    ``exact``, the products unrounded, as float64 (exact: a code has at most 8
+    significant bits, a scale 24), none flushed, none past float32's range made Inf."""
     v = np.asarray(codes) if fmt is None else decode(codes, fmt, to=np.float64)
     v = np.ldexp(v.astype(np.float64), element_exponent)
     s = np.asarray(scales) if scale_fmt is None else decode(scales, scale_fmt, to=np.float64)
@@ -658,6 +662,9 @@ def dequantize(
     if tensor_scale is not None:
         s = _round24(s * tensor_scale)
     with np.errstate(invalid="ignore", over="ignore"):
-        r = _round24(v * _repeat_blocks(s, tuple(block_shape), v.shape))
+        r = v * _repeat_blocks(s, tuple(block_shape), v.shape)
+        if exact:
+            return r
+        r = _round24(r)
         r = np.where(np.abs(r) < F32_MIN_NORMAL, 0.0 * r, r)
         return r.astype(np.float32)

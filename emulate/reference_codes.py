@@ -70,8 +70,9 @@ def encode_values(x: npt.ArrayLike, fmt: FormatLike, *, saturate: bool = False) 
     give +-Inf where the format has it, else its NaN, else +-max; with ``saturate`` always
     +-max. NaN gives the NaN code (without one, a zero of the opposite sign, as ml_dtypes
     casts NaN into float4). A negative value that rounds to
-    zero gives -0 where the format has it. Unsigned formats: every negative value but -0
-    gives the NaN code (0 where there is none).
+    zero gives -0 where the format has it. Unsigned formats: every negative value, -Inf
+    included, gives 0 (P3109's Saturate: ``M_lo``, the smallest finite value), with or
+    without ``saturate``; NaN stays NaN.
     """
     f = formats.get(fmt)
     table = code_values(f)
@@ -101,5 +102,5 @@ def encode_values(x: npt.ArrayLike, fmt: FormatLike, *, saturate: bool = False) 
     else:  # as ml_dtypes casts NaN into float6 / float4: a zero of the opposite sign
         out = np.where(np.isnan(v), np.where(neg, 0, sign_bit), out)
     if not f.signed:
-        out = np.where(neg & (a != 0) & ~np.isnan(v), f.nan_code if f.has_nan else 0, out)
+        out = np.where(neg & ~np.isnan(v), 0, out)
     return out.astype(np.uint8)

@@ -29,6 +29,9 @@ ROUNDINGS = (
     "toward_positive",
     "toward_negative",
     "stochastic",
+    "stochastic_odd",
+    "stochastic_fast",
+    "stochastic_fastest",
 )
 
 
@@ -48,10 +51,17 @@ def encode(
       fmt: a low-precision format (float, integer or float8_e8m0fnu).
       saturate: as :func:`emulate.encode`.
       rounding: one of :data:`ROUNDINGS`.
-      random_values, random_bits: for "stochastic": each element's random integer in
-        ``[0, 2**random_bits)`` (an array of ``x``'s shape) and the width. The magnitude
-        goes up when ``d + r >= 2**random_bits``, ``d`` the dropped fraction rounded to
-        ``random_bits`` bits, ties to even (gfloat's ``RoundMode.Stochastic``).
+      random_values, random_bits: for the stochastic modes: each element's random
+        integer ``r`` in ``[0, 2**random_bits)`` (an array of ``x``'s shape; gfloat's
+        ``srbits``) and the width ``n``. With ``delta`` the dropped fraction, the
+        magnitude goes up when (gfloat's ``RoundMode`` of the same name, its float64
+        arithmetic included):
+
+        - "stochastic": ``d + r >= 2**n``, ``d`` = ``delta * 2**n`` rounded to an
+          integer, ties to even;
+        - "stochastic_odd": the same with ties to odd;
+        - "stochastic_fast": ``delta + (r + 1/2) * 2**-n >= 1`` in float64;
+        - "stochastic_fastest": ``delta + r * 2**-n >= 1`` in float64.
 
     Returns:
       An array of ``fmt``'s ml_dtypes (or numpy integer) type, ``x``'s shape; for a format
@@ -65,9 +75,9 @@ def encode(
     with np.errstate(invalid="ignore"):
         v = np.asarray(x).astype(np.float64)
     r = None
-    if rounding == "stochastic":
+    if rounding.startswith("stochastic"):
         if random_values is None or random_bits is None:
-            raise ValueError("random_values, random_bits: needed by rounding='stochastic'")
+            raise ValueError(f"random_values, random_bits: needed by rounding={rounding!r}")
         r = np.broadcast_to(np.asarray(random_values, np.float64), v.shape)
     if f.is_float and not f.has_dtype and rounding == "nearest_even":
         # The record's table: a tie goes to the even code, which for a format without
@@ -96,8 +106,17 @@ def _up(s: np.ndarray, negative: np.ndarray, rounding: str, r, n) -> np.ndarray:
         up = (delta > 0) & ~negative
     elif rounding == "toward_negative":
         up = (delta > 0) & negative
+    elif rounding == "stochastic_fast":
+        up = delta + (0.5 + r) * 2.0**-n >= 1.0  # float64, as gfloat
+    elif rounding == "stochastic_fastest":
+        up = delta + r * 2.0**-n >= 1.0
     else:
-        d = np.rint(np.ldexp(delta, n))  # numpy's rint: ties to even
+        scaled = np.ldexp(delta, n)
+        d = np.rint(scaled)  # numpy's rint: ties to even
+        if rounding == "stochastic_odd":
+            low = np.floor(scaled)
+            frac = scaled - low
+            d = low + ((frac > 0.5) | ((frac == 0.5) & (np.fmod(low, 2) == 0)))
         up = d + r >= 2.0**n
     return k + up
 
@@ -138,8 +157,8 @@ def _float(v, negative, f: formats.Format, saturate, rounding, r, n) -> np.ndarr
     # A format without an ml_dtypes type: ``out`` holds representable values (or the
     # specials), whose codes the record's table gives exactly.
     codes = encode_values(out, f)
-    if not f.signed:  # every negative input but -0 and NaN has no code, as encode_values
-        codes = np.where(negative & (v != 0) & ~nan, f.nan_code if f.has_nan else 0, codes)
+    if not f.signed:  # every negative input, -Inf too, gives 0 in every mode (P3109)
+        codes = np.where(negative & ~nan, 0, codes)
     return codes.astype(np.uint8)
 
 

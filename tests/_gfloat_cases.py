@@ -23,7 +23,7 @@ from gfloat import Domain, FormatInfo, RoundMode, encode_ndarray, round_ndarray
 from gfloat.formats import format_info_ocp_e8m0
 
 from emulate import formats
-from emulate.numerics.rounding import ROUNDINGS
+from emulate.numerics.rounding import ROUNDINGS, STOCHASTIC
 
 GFLOAT_MODES = {
     "nearest_even": RoundMode.TiesToEven,
@@ -32,6 +32,9 @@ GFLOAT_MODES = {
     "toward_positive": RoundMode.TowardPositive,
     "toward_negative": RoundMode.TowardNegative,
     "stochastic": RoundMode.Stochastic,
+    "stochastic_odd": RoundMode.StochasticOdd,
+    "stochastic_fast": RoundMode.StochasticFast,
+    "stochastic_fastest": RoundMode.StochasticFastest,
 }
 FLOATS = [n for n in formats.LOW_PRECISION if formats.get(n).is_float]
 INTS = [n for n in formats.LOW_PRECISION if formats.get(n).is_integer]
@@ -117,7 +120,7 @@ def codes_of(a) -> np.ndarray:
 
 def mode_kwargs(mode: str) -> dict:
     """encode's rounding arguments for ``mode`` (KEY and RANDOM_BITS when stochastic)."""
-    extra = dict(key=KEY, random_bits=RANDOM_BITS) if mode == "stochastic" else {}
+    extra = dict(key=KEY, random_bits=RANDOM_BITS) if mode in STOCHASTIC else {}
     return dict(rounding=mode, **extra)
 
 
@@ -135,7 +138,7 @@ def comparable(f: formats.Format, x: np.ndarray, mode: str, saturate: bool):
 
 def gfloat_round(fi: FormatInfo, x: np.ndarray, mode: str, sat: bool, srbits) -> np.ndarray:
     """gfloat's ``round_ndarray`` of ``x`` (float64) in ``mode``."""
-    stochastic = mode == "stochastic"
+    stochastic = mode in STOCHASTIC
     with np.errstate(invalid="ignore", over="ignore"):
         return round_ndarray(
             fi,

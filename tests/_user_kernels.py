@@ -130,3 +130,17 @@ def pallas_int8(x, w):
     """int8 x int8 summed in int32, one block (interpret mode)."""
     out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.int32)
     return pl.pallas_call(_int8_kernel, out_shape=out, interpret=True)(x, w)
+
+
+@jax.jit
+def group_sums_scaled(x, q):
+    """x (M, K) float32 times a QArray (K, N) with one float32 scale per group of K: each
+    group's sum of ``x * code`` in float32, times its scale (right; the reference scales
+    each product instead)."""
+    codes = q.unpacked_codes().astype(jnp.float32)
+    g, k = q.block_shape[0], codes.shape[0]
+    out = jnp.zeros((x.shape[0], codes.shape[1]), jnp.float32)
+    for i, k0 in enumerate(range(0, k, g)):
+        part = jnp.dot(x[:, k0 : k0 + g], codes[k0 : k0 + g], precision=HIGHEST)
+        out = out + part * q.scales[i]
+    return out

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import gfloat
 import numpy as np
 import pytest
@@ -147,3 +149,50 @@ def test_names_are_checked() -> None:
         float_format("e3 m3", bits=7, precision=4)
     with pytest.raises(ValueError, match="^precision: a 8-bit P3109 format has precision 1 to 8"):
         p3109(9)
+
+
+def test_a_format_built_from_parameters_writes_the_all_ones_nan() -> None:
+    # An IEEE-like 7-bit e3m3 (Inf, every nonzero trailing field of the top exponent a
+    # NaN): NaN is the all-ones magnitude with the input's sign, 0x3f / 0x7f, where gfloat
+    # writes 0x7f (2**k - 1) for both. The ml_dtypes formats keep ml_dtypes' quiet NaN.
+    import emulate
+
+    record = float_format("ieee_e3m3", bits=7, precision=4, infinities=True, high_nans=7)
+    f = formats.register(record)
+    assert f.nan_code == 0x3F and 0x3C in f.nan_codes
+    codes = np.asarray(emulate.encode(np.float32([np.nan, -np.nan, np.inf]), f))
+    assert codes.tolist() == [0x3F, 0x7F, 0x38]
+    fi = gfloat.FormatInfo(
+        "ieee_e3m3", 7, 4, bias=3, is_signed=True, domain=Domain.Extended, has_nz=True,
+        num_high_nans=7, has_subnormals=True, is_twos_complement=False,
+    )  # fmt: skip
+    assert gfloat.encode_float(fi, np.nan) == 0x7F
+    for name in ("float8_e5m2", "float8_e3m4"):  # ml_dtypes' own NaN code: 0x7e, 0x78
+        ml = np.float32([np.nan]).astype(formats.get(name).dtype).view(np.uint8)
+        assert formats.get(name).nan_code == ml[0] == {"float8_e5m2": 0x7E}.get(name, 0x78)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_the_two_bit_signed_extended_p3109_formats_say_why_they_are_not_built(p) -> None:
+    name = f"p3109_k2p{p}se"
+    why = (
+        f"{name} is not built: its four codes are 0, +Inf, NaN and -Inf, no finite nonzero "
+        "value (gfloat's format_info_p3109 describes the same codes), and emulate builds "
+        "formats that hold at least one"
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(why) + "$"):
+        p3109(p, bits=2)
+    with pytest.raises(ValueError, match=f"^fmt: {name} is not built: its four codes"):
+        formats.get(name)
+    fi = _gfloat_p3109(name)  # gfloat: codes 0, 1, 2, 3 are 0, +Inf, NaN, -Inf
+    assert [gfloat.decode_float(fi, c).fval for c in (0, 1, 3)] == [0.0, np.inf, -np.inf]
+    assert np.isnan(gfloat.decode_float(fi, 2).fval)
+
+
+def test_p3109_formats_wider_than_a_byte_say_they_are_not_built() -> None:
+    with pytest.raises(ValueError, match=r"^fmt: 'p3109_k16p8se' is a 16-bit P3109 format, not "
+                       r"built: emulate builds P3109 formats of 2 to 8 bits \(its codecs hold "
+                       r"one code a byte\)$"):  # fmt: skip
+        formats.get("p3109_k16p8se")
+    with pytest.raises(ValueError, match=r"^bits: P3109 formats of 2 to 8 bits are built"):
+        p3109(3, bits=9)

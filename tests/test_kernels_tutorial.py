@@ -255,3 +255,24 @@ def _env() -> dict[str, str]:
 @pytest.mark.long
 def test_each_bug_fails_the_suite_within_20_examples_at_every_seed(tmp_path):
     _check_fails(_sweep_in_a_fresh_process(list(range(1, 11)), tmp_path))
+
+
+@pytest.mark.parametrize("target", ["tpu_v4", "tpu_v5e", "tpu_v6e", "tpu_v7x"])
+def test_the_pallas_kernel_passes_the_ci_check_of_docs_kernels_md(target):
+    # docs/kernels.md's CI example asserts that emulate.pallas.check finds nothing; the
+    # Pallas kernel of docs/my_kernels.py (run without interpret mode, as check needs)
+    # passes it: it widens float8 through float32 (straight to bfloat16 is compat-only).
+    import jax
+    import jax.numpy as jnp
+    import my_kernels
+    from jax.experimental import pallas as pl
+
+    import emulate.pallas
+
+    def bf16_fp8(x, w):
+        out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32)
+        return pl.pallas_call(my_kernels._bf16_fp8_block, out_shape=out)(x, w)
+
+    x = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((256, 256), jnp.float8_e4m3fn)
+    assert emulate.pallas.check(bf16_fp8, x, w, target=target) == []

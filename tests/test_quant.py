@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import emulate
 from emulate import mx, reference
-from emulate.numerics.rounding import ROUNDINGS, random_integers
+from emulate.numerics.rounding import ROUNDINGS, STOCHASTIC, random_integers
 from emulate.quant import QArray
 
 # (element format, scale_rule, scale_fmt, tensor_scale): every element format with the
@@ -300,7 +300,8 @@ def test_from_parts_checks_shapes():
         ),
         (
             dict(fmt="float8_e4m3fn", rounding="stochastic"),
-            "key: rounding='stochastic' needs a jax.random key",
+            "key: rounding='stochastic' needs a jax.random key (jax.random.key(seed)); the "
+            "same key gives the same rounding",
         ),
         (dict(fmt="float8_e4m3fn", rounding="up"), "rounding: expected one of ('nearest_even',"),
         (dict(fmt="float8_e4m3fn", axis=2), "axis: 2 is not an axis of x with shape (40, 3)"),
@@ -364,6 +365,7 @@ def test_qarray_indexing_and_key_paths():
 ROUNDING_CI = {
     ("MXFP4", "stochastic"),
     ("MXINT8", "stochastic"),
+    ("MXFP4", "stochastic_fastest"),
     ("MXFP8_E4M3", "nearest_away"),
     ("NVFP4", "toward_zero"),
     ("INT4_G128", "toward_positive"),
@@ -390,9 +392,9 @@ def test_quantize_rounding_modes_match_reference(scheme, rounding):
     x[1, :32] = 1.0625  # with 256 in the block, an e4m3 tie at scale 1 (for nearest_away)
     x[1, 0] = 256.0
     key, n = jax.random.key(11), 9
-    extra = dict(key=key, random_bits=n) if rounding == "stochastic" else {}
+    extra = dict(key=key, random_bits=n) if rounding in STOCHASTIC else {}
     q = emulate.quantize(x, s, rounding=rounding, **extra)
-    r = np.asarray(random_integers(key, x.shape, n)) if rounding == "stochastic" else None
+    r = np.asarray(random_integers(key, x.shape, n)) if rounding in STOCHASTIC else None
     codes, scales, t = reference.quantize(
         x,
         s.format,

@@ -11,7 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from emulate import formats, reference, reference_codes
+import emulate
+from emulate import formats, reference, reference_codes, reference_rounding
+from emulate.numerics.rounding import ROUNDINGS, STOCHASTIC
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _record_formats as R  # noqa: E402
@@ -53,12 +55,26 @@ def test_nearest_even_encode_matches_gfloat(name: str, saturate: bool) -> None:
         assert np.array_equal(got[nan] >= 1 << (f.bits - 1), np.signbit(v[nan]))
 
 
-def test_unsigned_formats_send_negative_values_to_nan() -> None:
-    f = formats.get("u5e3m2")
-    got = reference_codes.encode_values(np.array([-1.0, -0.0, -np.inf, -1e-30]), f)
-    assert got.tolist() == [31, 0, 31, 31]
-    got = reference_codes.encode_values(np.array([-1.0, -0.0]), "p3109_k8p4ue", saturate=True)
-    assert got.tolist() == [0xFF, 0]
+NEGATIVES = np.array([-1.0, -0.0, -np.inf, -1e-30, -1e30, np.nan, -np.nan], np.float32)
+
+
+@pytest.mark.parametrize("name", ["u5e3m2", "p3109_k8p4ue", "p3109_k8p3uf", "p3109_k8p1ue"])
+@pytest.mark.parametrize("saturate", [False, True])
+def test_unsigned_formats_send_negative_values_to_zero(name, saturate) -> None:
+    # P3109's Saturate gives M_lo, the smallest finite value (0 for an unsigned format),
+    # for X <= M_lo and for -Inf, in every saturation mode and rounding direction; NaN
+    # stays NaN. The encoder, the numpy oracle and the rounding oracle, every mode.
+    f = formats.get(name)
+    want = [0, 0, 0, 0, 0, f.nan_code, f.nan_code]
+    got = reference_codes.encode_values(NEGATIVES, f, saturate=saturate)
+    assert got.tolist() == want
+    for mode in ROUNDINGS:
+        kw = dict(random_values=np.zeros(7), random_bits=3) if mode in STOCHASTIC else {}
+        oracle = reference_rounding.encode(NEGATIVES, f, saturate=saturate, rounding=mode, **kw)
+        assert oracle.tolist() == want, mode
+        kw = dict(rbits=np.zeros(7, np.int32), random_bits=3) if mode in STOCHASTIC else {}
+        codes = emulate.encode(NEGATIVES, f, saturate=saturate, rounding=mode, **kw)
+        assert np.asarray(codes).tolist() == want, mode
 
 
 def test_quantize_and_dequantize_take_codes_of_such_formats() -> None:

@@ -43,8 +43,8 @@ def test_oracle_gives_gfloat_code(name):
                 name,
                 saturate=saturate,
                 rounding=mode,
-                random_values=srbits if mode == "stochastic" else None,
-                random_bits=RANDOM_BITS if mode == "stochastic" else None,
+                random_values=srbits if mode in rounding.STOCHASTIC else None,
+                random_bits=RANDOM_BITS if mode in rounding.STOCHASTIC else None,
             ).view(np.uint8)
             keep, sat, gmode = comparable(f, x, mode, saturate)
             want = gfloat_round(fi, x[keep], gmode, sat, srbits[keep])

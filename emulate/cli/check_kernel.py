@@ -3,6 +3,13 @@
 Lowers a function's Pallas kernels for each TPU target and prints what Mosaic refuses at
 each ``tpu.matmul`` (:func:`emulate.pallas.check`). Exit status 1 on any finding, 2 when
 the arguments are bad or the kernel does not load or trace.
+
+With a compatibility setting other than this process's (``--no-compat``; libtpu reads the
+setting once, when it loads), the command runs again in a fresh process with that setting,
+which loads MODULE:FUNCTION itself and compiles there: the real compiler decides whether or
+not the function pickles (the API's subprocess needs it to). Where the recorded rules
+decide all the same (no libtpu), each target's line says so and names the operations those
+rules do not see.
 """
 
 from __future__ import annotations
@@ -12,8 +19,10 @@ import importlib
 import importlib.util
 import inspect
 import os
+import subprocess
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from emulate.cli.args import parse_shapes, tpu_target_names
 
@@ -76,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
         parser.error(f"--shapes: {e}")
     fn = _load_function(args.function, parser)
     _check_arity(fn, fn_args, args.function, parser)
+    status = _in_a_process_with_the_setting(args, target_names)
+    if status is not None:
+        return status
     found = 0
     for name in target_names:
         try:
@@ -91,9 +103,58 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name}: {count} tpu.matmul, {verdict} ({how[report.basis]}, {compat})")
         if report.empty:
             print(f"  warning: {report.empty}")
+        if report.basis != "compiler":
+            print(f"  note: {_unseen_by_rules(mosaic_check)}")
         for f in findings:
             print(f)
     return 1 if found else 0
+
+
+#: Set in the environment of the fresh process :func:`_in_a_process_with_the_setting`
+#: starts, so that it checks rather than starting another.
+CHILD_VARIABLE = "EMULATE_CHECK_KERNEL_SETTING"
+
+
+def _in_a_process_with_the_setting(args: argparse.Namespace, names: list[str]) -> int | None:
+    """Where ``args.compat`` is not this process's compatibility setting and libtpu is
+    installed: run the same check in a fresh process with that setting (it loads the
+    function and compiles in-process), pass its output through and return its exit
+    status. None to check here: the setting is this process's, libtpu is absent, or the
+    fresh process died (then the API's own subprocess, or the recorded rules, decide)."""
+    from emulate import compiler
+    from emulate.compiler.devices import is_libtpu_noise
+    from emulate.compiler.isolate import child_env
+
+    if os.environ.get(CHILD_VARIABLE) or args.compat == compiler.compat_mode():
+        return None
+    if compiler.libtpu_version() is None:
+        return None
+    argv = [sys.executable, "-m", "emulate", "check-kernel", args.function, "--target", *names]
+    argv += ["--shapes", args.shapes] if args.shapes else []
+    argv += [] if args.compat else ["--no-compat"]
+    env = child_env(args.compat)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = [root] + [os.path.abspath(p or os.curdir) for p in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env[CHILD_VARIABLE] = "1"
+    ran = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    if ran.returncode not in (0, 1, 2):  # killed (an abort inside libtpu): check here
+        return None
+    sys.stdout.write(ran.stdout)
+    sys.stderr.write("".join(ln for ln in ran.stderr.splitlines(True) if not is_libtpu_noise(ln)))
+    return ran.returncode
+
+
+def _unseen_by_rules(mosaic_check: Any) -> str:
+    """What the recorded rules decide, and the operations they do not see."""
+    ops = ", ".join(mosaic_check.op_rules.CHECKED_OPS)
+    return (
+        "decided without the compiler, by rules that see each tpu.matmul's operand and "
+        f"accumulator types only: conversions and comparisons on types narrower than 32 "
+        f"bits ({ops}; an in-kernel activation quantizer's f32 -> int8 astype is an "
+        "arith.fptosi) are not checked; install libtpu (pip install 'jax[tpu]') for the "
+        "compiler's verdict"
+    )
 
 
 def _load_function(ref: str, parser: argparse.ArgumentParser) -> Callable:

@@ -27,6 +27,7 @@ from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general, einsum
 from emulate.flax.rounding import next_key
 from emulate.mx import SCHEMES
+from emulate.numerics.rounding import STOCHASTIC
 from emulate.quant import QArray, Scheme, dequantize, quantize
 
 __all__ = [
@@ -110,7 +111,7 @@ class Site:
             kw["axis"] = (self.contract[-1], self.free[-1])
         elif s.block is None:  # per output channel: the contraction axes are one block
             kw = dict(axis=self.contract)
-        if s.rounding == "stochastic":
+        if s.rounding in STOCHASTIC:
             kw["key"] = next_key(f"the {s.name} kernel of shape {tuple(w.shape)}")
         return quantize(w, s, packed=packed, **kw)
 

@@ -205,6 +205,7 @@ def encode(
     rounding: str = "nearest_even",
     key: jax.Array | None = None,
     random_bits: int | None = None,
+    rbits: ArrayLike | None = None,
 ) -> jax.Array:
     """Round values into ``fmt``; by default to nearest, ties to even, as ml_dtypes' cast.
 
@@ -228,13 +229,21 @@ def encode(
           modulo 2**bits (two's complement), or clamp with ``saturate=True``.
       rounding: one of :data:`emulate.numerics.rounding.ROUNDINGS`: "nearest_even"
         (default), "nearest_away", "toward_zero", "toward_positive", "toward_negative",
-        "stochastic" (see docs/numerics.md). The overflow rules above hold for every mode,
-        except that a directed mode rounds a finite value beyond the range toward zero to
-        ``+-max`` (toward_zero always; toward_positive for negatives, toward_negative for
-        positives), as IEEE 754 does; Inf inputs still follow the table.
-      key: a ``jax.random`` key, for ``rounding="stochastic"`` only (required there).
+        "stochastic", and gfloat's variants "stochastic_odd", "stochastic_fast",
+        "stochastic_fastest" (see docs/numerics.md). The overflow rules above hold for
+        every mode, except that a directed mode rounds a finite value beyond the range
+        toward zero to ``+-max`` (toward_zero always; toward_positive for negatives,
+        toward_negative for positives), as IEEE 754 does; Inf inputs still follow the
+        table.
+      key: a ``jax.random`` key, for the stochastic modes only: element ``i`` takes the
+        top ``random_bits`` bits of ``jax.random.bits(key, x.shape, uint32)[i]``.
       random_bits: how many random bits each element uses, 1 to 32 (as gfloat's
-        ``srnumbits``), for ``rounding="stochastic"`` only (required there).
+        ``srnumbits``), for the stochastic modes only (required there).
+      rbits: instead of ``key``, each element's random integer in
+        ``[0, 2**random_bits)`` (gfloat's ``srbits``): an integer array broadcastable to
+        ``x``'s shape. The same ``x``, ``rbits`` and ``random_bits`` give gfloat's
+        ``round_float(fi, x, mode, sat, srbits, srnumbits)`` bit for bit. Values outside
+        the range raise when ``rbits`` is a concrete array (not a tracer).
 
     Returns:
       An array of ``fmt``'s dtype; for float6 formats, which XLA cannot hold, uint8 codes.
@@ -242,7 +251,7 @@ def encode(
     f = formats.get(fmt)
     if not isinstance(saturate, (bool, np.bool_)):
         raise TypeError(f"saturate: expected True or False, got {type(saturate).__name__}")
-    nbits = check_rounding(rounding, key, random_bits)
+    nbits = check_rounding(rounding, key, random_bits, rbits, takes_rbits=True)
     if rounding != "nearest_even" and not f.is_low_precision:
         raise ValueError(
             f"rounding: {rounding!r} is built for the low-precision formats, not {f.name} "
@@ -258,7 +267,31 @@ def encode(
     xa = jnp.asarray(x)
     if not (jnp.issubdtype(xa.dtype, jnp.floating) or jnp.issubdtype(xa.dtype, jnp.integer)):
         raise TypeError(f"x: expected a float or integer array, got dtype {xa.dtype}")
-    return _encode(xa, f.name, bool(saturate), rounding, nbits, key)
+    r = None if rbits is None else _random_integers(rbits, xa.shape, nbits)
+    return _encode(xa, f.name, bool(saturate), rounding, nbits, key, r)
+
+
+def _random_integers(rbits: ArrayLike, shape: tuple[int, ...], nbits: int) -> jax.Array:
+    """``rbits`` as uint32 of ``shape``, checked: integers in ``[0, 2**nbits)``."""
+    dtype = getattr(rbits, "dtype", None)
+    if dtype is None:
+        dtype = np.asarray(rbits).dtype
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise TypeError(f"rbits: expected an integer array, got dtype {np.dtype(dtype).name}")
+    if not isinstance(rbits, jax.core.Tracer):
+        values = np.asarray(rbits).astype(np.int64)
+        if values.size and (values.min() < 0 or values.max() >= 1 << nbits):
+            raise ValueError(
+                f"rbits: expected integers in [0, 2**{nbits}) (random_bits={nbits}), got "
+                f"values from {values.min()} to {values.max()}"
+            )
+        try:
+            fits = np.broadcast_shapes(values.shape, shape) == tuple(shape)
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"rbits: shape {values.shape} does not broadcast to x's shape {shape}")
+    return jnp.broadcast_to(jnp.asarray(rbits).astype(jnp.uint32), shape)
 
 
 def _narrow_host_ints(x: np.ndarray, f: Format, saturate: bool) -> np.ndarray:
@@ -277,10 +310,17 @@ def _narrow_host_ints(x: np.ndarray, f: Format, saturate: bool) -> np.ndarray:
 
 @functools.partial(jax.jit, static_argnames=("name", "saturate", "rounding", "nbits"))
 def _encode(
-    xa: jax.Array, name: str, saturate: bool, rounding: str, nbits: int, key: jax.Array | None
+    xa: jax.Array,
+    name: str,
+    saturate: bool,
+    rounding: str,
+    nbits: int,
+    key: jax.Array | None,
+    r: jax.Array | None = None,
 ) -> jax.Array:
     f = formats.get(name)
-    r = random_integers(key, xa.shape, nbits) if key is not None and nbits else None
+    if r is None and key is not None and nbits:
+        r = random_integers(key, xa.shape, nbits)
     rnd = _Rounding(rounding, r, nbits)
     if not f.is_low_precision:
         return xa.astype(f.dtype)
@@ -358,8 +398,8 @@ def _encode_float(u: jax.Array, f: Format, saturate: bool, rnd: _Rounding) -> ja
     else:
         over_code = None  # becomes NaN below
     negative = None
-    if not f.signed:  # negative values (not -0) have no code: NaN, or 0 without one
-        negative = (sign == 1) & (mag != 0) & ~is_nan
+    if not f.signed:  # P3109's Saturate: a negative value (-Inf too) gives M_lo = 0
+        negative = (sign == 1) & ~is_nan
         sign = jnp.zeros_like(sign)
     sign_bit = _u32(1 << (f.bits - 1)) if f.signed else _u32(0)
     signed = jnp.where(sign == 1, sign_bit, _u32(0))
@@ -380,7 +420,7 @@ def _encode_float(u: jax.Array, f: Format, saturate: bool, rnd: _Rounding) -> ja
     else:  # ml_dtypes: NaN -> zero of the opposite sign
         code = jnp.where(is_nan, (sign ^ _u32(1)) * sign_bit, code)
     if negative is not None:
-        code = jnp.where(negative, _u32(nan_code if f.has_nan else 0), code)
+        code = jnp.where(negative, _u32(0), code)
     return code
 
 

@@ -15,7 +15,21 @@ nearest, ties to even) giving ``d / 2**n``, and the magnitude goes up exactly wh
 dropped bits fit in ``n`` bits (then the expectation is ``x`` exactly), else within
 ``2**-(n+1)`` of it. Element ``i`` takes ``r`` from the top ``n`` bits of
 ``jax.random.bits(key, x.shape, jnp.uint32)[i]``: the result is a function of the key,
-the shape and the values, reproducible under jit and vmap.
+the shape and the values, reproducible under jit and vmap; or ``r`` is given
+(:func:`emulate.encode`'s ``rbits``, gfloat's ``srbits``).
+
+gfloat's three other stochastic modes, bit for bit (its ``round_float`` and
+``round_ndarray`` agree on them):
+
+- "stochastic_odd" (``StochasticOdd``): ``delta`` rounded to ``n`` bits with ties to odd,
+  then as "stochastic";
+- "stochastic_fast" (``StochasticFast``): up when ``delta + (r + 1/2) / 2**n >= 1``;
+- "stochastic_fastest" (``StochasticFastest``): up when ``delta + r / 2**n >= 1``:
+  ``delta`` truncated to ``n`` bits.
+
+gfloat evaluates the last two sums in float64, which rounds a sum in
+``[1 - 2**-54, 1)`` up to 1: emulate does the same (possible only with ``n >= 29``, for
+float32 inputs whose dropped fraction has bits below ``2**-54``).
 """
 
 from __future__ import annotations
@@ -26,6 +40,7 @@ import numpy as np
 
 __all__ = [
     "ROUNDINGS",
+    "STOCHASTIC",
     "MAX_RANDOM_BITS",
     "check_rounding",
     "random_integers",
@@ -42,7 +57,13 @@ ROUNDINGS = (
     "toward_positive",
     "toward_negative",
     "stochastic",
+    "stochastic_odd",
+    "stochastic_fast",
+    "stochastic_fastest",
 )
+
+#: The modes that take random bits (``key`` or ``rbits``, and ``random_bits``).
+STOCHASTIC = ("stochastic", "stochastic_odd", "stochastic_fast", "stochastic_fastest")
 
 #: The most random bits one element may use (one uint32 draw each).
 MAX_RANDOM_BITS = 32
@@ -51,34 +72,48 @@ MAX_RANDOM_BITS = 32
 _CAP = 25
 
 
-def check_rounding(rounding: object, key: object, random_bits: object) -> int:
+def check_rounding(
+    rounding: object,
+    key: object,
+    random_bits: object,
+    rbits: object = None,
+    *,
+    takes_rbits: bool = False,
+) -> int:
     """Validate the rounding arguments of :func:`emulate.encode` / :func:`emulate.quantize`;
-    returns the number of random bits (0 unless ``rounding == "stochastic"``).
+    returns the number of random bits (0 unless ``rounding`` is one of :data:`STOCHASTIC`).
+    ``takes_rbits``: the caller also takes explicit random integers (``rbits``), which the
+    message for a missing ``key`` then offers.
 
     Raises:
-      ValueError: an unknown mode; stochastic rounding without ``key`` or ``random_bits``;
-        ``random_bits`` outside ``[1, 32]``; ``key`` or ``random_bits`` given to another
-        mode (they would be ignored).
+      ValueError: an unknown mode; a stochastic mode without ``key`` (or ``rbits``) or
+        ``random_bits``; both ``key`` and ``rbits``; ``random_bits`` outside ``[1, 32]``;
+        ``key``, ``rbits`` or ``random_bits`` given to another mode (they would be
+        ignored).
       TypeError: ``random_bits`` not an int, or ``key`` not a JAX PRNG key.
     """
     if not isinstance(rounding, str) or rounding not in ROUNDINGS:
         raise ValueError(f"rounding: expected one of {ROUNDINGS}, got {rounding!r}")
-    if rounding != "stochastic":
-        for arg, val in (("key", key), ("random_bits", random_bits)):
+    if rounding not in STOCHASTIC:
+        for arg, val in (("key", key), ("random_bits", random_bits), ("rbits", rbits)):
             if val is not None:
                 raise ValueError(
-                    f"{arg}: only rounding='stochastic' uses it, got rounding={rounding!r}"
+                    f"{arg}: only the stochastic modes ({', '.join(STOCHASTIC)}) use it, got "
+                    f"rounding={rounding!r}"
                 )
         return 0
-    if key is None:
+    if key is None and rbits is None:
+        alternative = ", or the random integers themselves as rbits=" if takes_rbits else ""
         raise ValueError(
-            "key: rounding='stochastic' needs a jax.random key (jax.random.key(seed)); "
-            "the same key gives the same rounding"
+            f"key: rounding={rounding!r} needs a jax.random key (jax.random.key(seed))"
+            f"{alternative}; the same key gives the same rounding"
         )
+    if key is not None and rbits is not None:
+        raise ValueError("key, rbits: give one source of random bits, got both")
     if random_bits is None:
         raise ValueError(
-            f"random_bits: rounding='stochastic' needs the number of random bits per element, "
-            f"1 to {MAX_RANDOM_BITS}"
+            f"random_bits: rounding={rounding!r} needs the number of random bits per "
+            f"element, 1 to {MAX_RANDOM_BITS}"
         )
     if isinstance(random_bits, (bool, np.bool_)) or not isinstance(random_bits, (int, np.integer)):
         raise TypeError(
@@ -87,7 +122,8 @@ def check_rounding(rounding: object, key: object, random_bits: object) -> int:
         )
     if not 1 <= random_bits <= MAX_RANDOM_BITS:
         raise ValueError(f"random_bits: expected 1 to {MAX_RANDOM_BITS}, got {random_bits}")
-    _check_key(key)
+    if key is not None:
+        _check_key(key)
     return int(random_bits)
 
 
@@ -157,14 +193,19 @@ def increments(
         return q, inexact & ~negative
     if rounding == "toward_negative":
         return q, inexact & negative
-    if rounding != "stochastic" or r is None:
+    if rounding not in STOCHASTIC or r is None:
         raise ValueError(f"rounding: {rounding!r} needs its random integers")
-    return q, _stochastic_up(rem, shift, r, random_bits)
+    return q, _stochastic_up(rem, shift, r, random_bits, rounding)
 
 
-def _stochastic_up(rem: jax.Array, shift: jax.Array, r: jax.Array, n: int) -> jax.Array:
-    """``d + r >= 2**n`` where ``d`` is ``rem / 2**shift`` rounded to ``n`` bits (ties to
-    even), computed without overflow for ``n`` up to 32."""
+def _stochastic_up(
+    rem: jax.Array, shift: jax.Array, r: jax.Array, n: int, mode: str = "stochastic"
+) -> jax.Array:
+    """Whether the magnitude goes up, ``delta = rem / 2**shift`` written ``(K + F) / 2**n``
+    (``K`` the ``n`` bits kept, ``F`` in ``[0, 1)`` the fraction dropped below them):
+    ``d + r >= 2**n`` for ``d`` = ``K`` rounded by ``F`` (ties to even, or to odd), or
+    gfloat's float64 test ``fl(delta + (r + c) / 2**n) >= 1`` (``c`` = 1/2 or 0), that is
+    ``delta + (r + c) / 2**n >= 1 - 2**-54``. Without overflow for ``n`` up to 32."""
     one = jnp.uint32(1)
     t = shift.astype(jnp.int32) - n  # bits of rem below the n kept
     left = jnp.clip(-t, 0, 31).astype(jnp.uint32)
@@ -172,8 +213,21 @@ def _stochastic_up(rem: jax.Array, shift: jax.Array, r: jax.Array, n: int) -> ja
     kept = jnp.where(t <= 0, rem << left, rem >> right)
     dropped = rem & ((one << right) - one)
     half = one << (jnp.maximum(right, one) - one)
-    carry = (t > 0) & ((dropped > half) | ((dropped == half) & ((kept & one) == one)))
     room = jnp.uint32((1 << n) - 1) - kept  # 2**n - 1 - kept >= 0: kept < 2**n
+    if mode in ("stochastic_fast", "stochastic_fastest"):
+        # K == room: up when F >= 1/2 (fast) or F >= 1 (fastest), less gfloat's 2**(n-54)
+        # (F is a multiple of 2**-t: the slack counts once it reaches 2**-t). Past _CAP,
+        # F < 2**(24-t) is below both.
+        low = t + n - 54
+        slack = jnp.where(low >= 0, one << jnp.clip(low, 0, 31).astype(jnp.uint32), 0)
+        need = (half if mode == "stochastic_fast" else one << right) - slack
+        tie = (t > 0) & (t <= _CAP) & (dropped >= need)
+        if mode == "stochastic_fastest":
+            tie = tie & (low >= 0)
+        return (r > room) | (tie & (r == room))
+    odd = (kept & one) == one
+    at_half = odd if mode == "stochastic" else ~odd  # ties to even, or to odd
+    carry = (t > 0) & ((dropped > half) | ((dropped == half) & at_half))
     return (r > room) | (carry & (r == room))
 
 

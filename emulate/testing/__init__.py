@@ -48,7 +48,7 @@ not import it.
 
 from __future__ import annotations
 
-from emulate.testing import strategies
+from emulate.testing import harness, operands, strategies
 from emulate.testing.comparison import (
     Comparison,
     Mismatch,
@@ -114,13 +114,26 @@ DEFAULT_LAYOUTS = strategies.DEFAULT_LAYOUTS
 #: float32 adds exactly). :func:`threshold_layouts` draws K at every threshold of a pair.
 LONG_K_LAYOUT = strategies.LONG_K_LAYOUT
 
+#: ``(M, K, N)`` of the matmuls :func:`check_function` draws when given neither ``shapes``
+#: nor ``layouts``: K = 1, odd sizes, K = 33 (a ragged block of 32) and K = 160 (a full and
+#: a ragged group of 128).
+DEFAULT_SHAPES = harness.DEFAULT_SHAPES
+
+#: ``(lo, hi)``: the scales ``scales="normal"`` draws (:func:`qarrays`,
+#: :func:`scale_values`) lie in ``[2**-30, 2**14]``: what a quantizer writes, ``absmax /
+#: qmax``, for data whose absmax lies in ``[2**-14, 2**14]`` and a largest code from 1 to
+#: 57344 (float8_e5m2's). ``scales="extreme"`` draws up to the scale format's largest.
+QUANTIZER_SCALES = operands.QUANTIZER_SCALES
+
 #: Values drawn for the wide float types (bfloat16, float16, float32) lie in
 #: ``[-WIDE_RANGE, WIDE_RANGE]``, plus the boosted special values.
 WIDE_RANGE = strategies.WIDE_RANGE
 
 __all__ = [
     "DEFAULT_LAYOUTS",
+    "DEFAULT_SHAPES",
     "LONG_K_LAYOUT",
+    "QUANTIZER_SCALES",
     "WIDE_RANGE",
     "CheckResult",
     "Comparison",

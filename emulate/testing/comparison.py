@@ -52,6 +52,8 @@ class Mismatch:
       allowed: for bounded pairs, the interval ``(lo, hi)`` the contract allows: the
         roundings of ``exact - bound`` and ``exact + bound`` into the result type.
       bound: for bounded pairs, :func:`emulate.bounds.dot_general_bound` there.
+      note: why the reference's value is NaN or Inf where the exact sum is finite (a
+        QArray's code times scale past float32's range), or None.
     """
 
     index: tuple[int, ...]
@@ -60,6 +62,7 @@ class Mismatch:
     exact: Any
     allowed: tuple[float, float] | None = None
     bound: float | None = None
+    note: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +127,10 @@ class Comparison:
         if m is not None:
             lines.append(
                 f"first mismatch at index {m.index}: got {m.got!r}, want {m.want!r}; "
-                f"exact value {_exact_words(m.exact)}"
+                f"exact value {_exact_words(m.exact, _formats.get(self.out))}"
             )
+            if m.note is not None:
+                lines.append(m.note)
             if m.allowed is not None:
                 lines.append(f"allowed: [{m.allowed[0]!r}, {m.allowed[1]!r}] (bound {m.bound!r})")
         ulps = _ulps_words(self.max_ulps)
@@ -133,10 +138,18 @@ class Comparison:
         return "\n".join(lines)
 
 
-def _exact_words(e: Fraction | float) -> str:
-    if isinstance(e, Fraction):
-        return f"Fraction({e.numerator}, {e.denominator}) = {float(e)!r}"
-    return repr(float(e))
+def _exact_words(e: Fraction | float, out: Format) -> str:
+    """The exact sum as a Fraction and a float; past the result type's range, so said."""
+    if not isinstance(e, Fraction):
+        return repr(float(e))
+    try:
+        approx = repr(float(e))
+    except OverflowError:  # past float64's range
+        approx = f"{'-' if e < 0 else ''}inf"
+    words = f"Fraction({e.numerator}, {e.denominator}) = {approx}"
+    if out.is_float and math.isinf(reference.round_exact(*_dyadic(e), out)):
+        words += f", which overflows {out.name} (largest finite value {float(out.max)!r})"
+    return words
 
 
 def _ulps_words(u: float) -> str:
@@ -277,13 +290,18 @@ def compare(
         idx = tuple(int(i) for i in np.unravel_index(flat, got.shape))
         if exact is None:
             exact = reference.exact_dot_general(a, b, dimension_numbers)
+        e = np.asarray(exact, dtype=object).reshape(-1)[flat]
+        note = None
+        if quant and not isinstance(e, Fraction):
+            e, note = _unrounded_exact(e, lhs, rhs, dimension_numbers, flat)
         first = Mismatch(
             index=idx,
             got=_py(got.reshape(-1)[flat]),
             want=_py(want.reshape(-1)[flat]),
-            exact=np.asarray(exact, dtype=object).reshape(-1)[flat],
+            exact=e,
             allowed=None if allowed is None else allowed[flat],
             bound=None if bnd is None else float(bnd.reshape(-1)[flat]),
+            note=note,
         )
     return Comparison(
         **base,
@@ -333,6 +351,27 @@ def assert_matches_reference(
     )
     if not c.ok:
         raise AssertionError(c.report())
+
+
+def _unrounded_exact(
+    e: float, lhs: Any, rhs: Any, dn: Sequence[Sequence[Sequence[int]]], flat: int
+) -> tuple[Fraction | float, str | None]:
+    """The exact sum at ``flat`` from QArray values not rounded to float32 (each code
+    times its scale), where the float32 values' sum ``e`` is NaN or Inf; ``e`` itself,
+    and no note, where the unrounded values are not all finite either."""
+    a, b = (oracle_values(x, exact=True)[0] for x in (lhs, rhs))
+    if not (np.isfinite(a.astype(np.float64)).all() and np.isfinite(b.astype(np.float64)).all()):
+        return e, None
+    to_fraction = np.frompyfunc(Fraction, 1, 1)
+    subs = bounds.einsum_subscripts(a.ndim, b.ndim, dn)
+    fa, fb = (np.asarray(to_fraction(v.astype(np.float64)), dtype=object) for v in (a, b))
+    true = np.einsum(subs, fa, fb).reshape(-1)[flat]
+    note = (
+        f"the reference's value is {float(e)!r} because emulate.reference.dequantize rounds "
+        "each QArray value (code times scale) to float32, and some are past float32's "
+        "range: a kernel that scales each product overflows with it"
+    )
+    return Fraction(true), note
 
 
 def _undecoded(x: Any, f: Format) -> Format:

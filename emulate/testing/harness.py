@@ -184,7 +184,7 @@ def check_function(
         the result type), "fast" (emulate's mode "fast": bit for bit for exact-class
         pairs, within ``gamma_K`` (QArray: ``gamma_(K+S+4)``) otherwise), or a bound:
         a number (largest ``|r - exact|``) or ``bound(lhs_values, rhs_values, dn)``.
-      shapes: ``(M, K, N)`` matmul shapes; default :data:`DEFAULT_SHAPES`.
+      shapes: ``(M, K, N)`` matmul shapes; default :data:`emulate.testing.DEFAULT_SHAPES`.
       layouts: instead of ``shapes``, ``(lhs_shape, rhs_shape, dimension_numbers)`` triples
         or a strategy of them (``fn`` must then contract as they say).
       hazards: also draw K at the pair's exactness thresholds up to 4200

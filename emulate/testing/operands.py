@@ -32,6 +32,7 @@ from emulate.quant import QArray, Scheme
 from emulate.testing.strategies import arrays
 
 __all__ = [
+    "QUANTIZER_SCALES",
     "SCALE_ELEMENTS",
     "OperandSpec",
     "QuantSpec",
@@ -44,7 +45,12 @@ __all__ = [
     "scale_values",
 ]
 
-SCALE_ELEMENTS = ("all", "finite", "normal")
+SCALE_ELEMENTS = ("all", "finite", "normal", "extreme")
+
+#: The range of the scales ``scales="normal"`` draws (:func:`scale_values`): what a
+#: quantizer writes, ``absmax / qmax``, for data whose absmax lies in ``[2**-14, 2**14]``
+#: and a largest code from 1 to 57344 (float8_e5m2's).
+QUANTIZER_SCALES = (2.0**-30, 2.0**14)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,28 +138,50 @@ def scale_values(scale_format: FormatLike, *, elements: str = "all") -> st.Searc
     """One scale value of ``scale_format`` (any scale format: a P3109 or registered one's
     values are rounded into it when :func:`qarrays` encodes them), special values boosted.
 
-    ``elements``: "all" (NaN, +-Inf where the format has them, 0, the smallest subnormal
-    and normal values, the largest value, 1, negatives), "finite", or "normal" (positive
-    normal values only: what a quantizer writes).
+    ``elements``:
+
+    - "all": NaN, +-Inf where the format has them, 0, the smallest subnormal and normal
+      values, the largest value, 1, negatives;
+    - "finite": the same without NaN and Inf;
+    - "normal": what a quantizer writes, ``absmax / qmax`` of finite normal data: positive
+      normal values in :data:`QUANTIZER_SCALES` (``[2**-30, 2**14]``: an absmax in
+      ``[2**-14, 2**14]``, the range :func:`emulate.testing.arrays` draws, over a largest
+      code from 1 to 57344, float8_e5m2's), 1, ``2**-10`` and the ends boosted. A kernel
+      that scales its block sums rather than each product (``s * sum(x * q)``) stays far
+      from float32's overflow and underflow there;
+    - "extreme": positive normal values up to the format's largest (float32: about
+      ``3.4e38``), the largest and the smallest normal boosted: scales no quantizer writes
+      from normal data, where ``s * sum(x * q)`` overflows (or underflows) while the
+      reference, which scales each product, may not.
     """
     f = _formats.get(scale_format)
     if elements not in SCALE_ELEMENTS:
-        raise ValueError(f"scales: expected 'all', 'finite' or 'normal', got {elements!r}")
+        raise ValueError(
+            f"scales: expected 'all', 'finite', 'normal' or 'extreme', got {elements!r}"
+        )
+    lo_q, hi_q = QUANTIZER_SCALES
     if f.name == "float8_e8m0fnu":
         codes = list(range(255)) + ([255] if elements == "all" else [])
-        vals = np.array(codes, np.uint8).view(f.dtype).astype(np.float64)
+        vals = [float(v) for v in np.array(codes, np.uint8).view(f.dtype).astype(np.float64)]
         special = [2.0**-127, 1.0, 2.0**127] + ([math.nan] if elements == "all" else [])
-        return st.one_of(st.sampled_from(special), st.sampled_from([float(v) for v in vals]))
+        if elements == "normal":
+            vals = [v for v in vals if lo_q <= v <= hi_q]
+            special = [lo_q, 1.0, hi_q]
+        return st.one_of(st.sampled_from(special), st.sampled_from(vals))
     big, tiny, normal = float(f.max), float(f.min_subnormal), float(f.min_normal)
+    lo, hi = normal, min(big, 2.0**20)
     special = [1.0, normal, big, 2.0**-10]
-    if elements != "normal":
+    if elements == "normal":
+        lo, hi = max(normal, lo_q), min(big, hi_q)
+        special = [v for v in (1.0, lo, hi, 2.0**-10) if lo <= v <= hi]
+    if elements in ("all", "finite"):
         special += [0.0, tiny] + ([-1.0] if f.signed else [])
     if elements == "all":
         special += [math.nan, math.inf] + ([-math.inf] if f.signed else [])
     width = {2: 16, 4: 32}.get(f.dtype.itemsize, 32)
-    spread = st.floats(normal, min(big, 2.0**20), width=width)  # type: ignore[arg-type]
+    spread = st.floats(lo, hi, width=width)  # type: ignore[arg-type]
     if f.name in ("bfloat16", "float8_e4m3fn"):
-        spread = st.floats(normal, min(big, 2.0**20)).map(
+        spread = st.floats(lo, hi).map(
             lambda v: float(np.float64(v).astype(f.dtype).astype(np.float64))
         )
     return st.one_of(st.sampled_from(special), spread)
@@ -183,7 +211,9 @@ def qarrays(
         code: int4 -8, int8 -128, float8_e4m3fn +-448), so that a kernel that misreads it
         (a sign-extension bug reading int4 code 8 as +8) is wrong in most elements.
       scales: the scales, as for :func:`scale_values`: "all" (NaN, Inf, 0, subnormal,
-        max boosted), "finite" or "normal".
+        max boosted), "finite", "normal" (what a quantizer writes: positive normal values
+        in :data:`QUANTIZER_SCALES`) or "extreme" (positive normal values up to the
+        scale format's largest).
       packed: hold 4- and 6-bit codes as :class:`emulate.Packed` (along the first axis cut
         into blocks of more than one element, as :func:`emulate.quantize` does).
 
@@ -305,7 +335,7 @@ def quantized(
 ) -> OperandSpec:
     """An operand passed as an :class:`emulate.QArray` (see :func:`qarrays`)."""
     if scales not in SCALE_ELEMENTS:
-        raise ValueError(f"scales: expected 'all', 'finite' or 'normal', got {scales!r}")
+        raise ValueError(f"scales: expected 'all', 'finite', 'normal' or 'extreme', got {scales!r}")
     spec = quant_spec(scheme, axis=axis, block=block, scale_format=scale_format)
     return OperandSpec("quantized", spec.format, quant=spec, scales=scales)
 
@@ -325,12 +355,15 @@ def as_spec(x: OperandSpec | Scheme | FormatLike, arg: str) -> OperandSpec:
         ) from None
 
 
-def oracle_values(x: Any, arg: str = "operand") -> tuple[np.ndarray, tuple[int, ...] | None]:
+def oracle_values(
+    x: Any, arg: str = "operand", *, exact: bool = False
+) -> tuple[np.ndarray, tuple[int, ...] | None]:
     """What :mod:`emulate.reference` multiplies for an operand, and its block shape.
 
     A :class:`emulate.QArray`: its values by :func:`emulate.reference.dequantize` (float32,
-    each code times its scale rounded once, NaN blocks where a scale is NaN), and its
-    block shape. A :class:`emulate.Packed` array: its codes unpacked, as an array of the
+    each code times its scale rounded once, NaN blocks where a scale is NaN; with
+    ``exact``, float64 values of each code times its scale, unrounded), and its block
+    shape. A :class:`emulate.Packed` array: its codes unpacked, as an array of the
     format (uint8 codes viewed as float6), or its values in float32 for a format without a
     dtype (P3109, yours), which float32 holds exactly. Anything else: ``np.asarray(x)``, block None.
     """
@@ -348,6 +381,7 @@ def oracle_values(x: Any, arg: str = "operand") -> tuple[np.ndarray, tuple[int, 
             x.element_exponent,
             fmt=None if f.has_dtype else f,
             scale_fmt=None if _formats.get(x.scale_format).has_dtype else x.scale_format,
+            exact=exact,
         )
         return values, tuple(x.block_shape)
     if isinstance(x, Packed):

@@ -16,7 +16,12 @@ installed; ``-p emulate.testing.plugin`` loads it explicitly). It adds:
   (:func:`emulate.testing.harness.use_default_seed`); without it the seed is 0;
 - the report: every :func:`emulate.testing.check_function` call made inside a test is
   recorded under the test's id: examples, max ulps, err/bound and its histogram, and the
-  reproducer of a failure (:mod:`emulate.testing.report`).
+  reproducer of a failure (:mod:`emulate.testing.report`). Every test that made such a
+  call, carries the marker (``pytestmark = pytest.mark.emulate(...)`` marks a module's
+  tests) or asks for ``emulate_target`` / ``emulate_mode`` is listed with its status:
+  passed, failed (an error in setup or teardown too), xfailed, xpassed or skipped, so
+  that tests that check otherwise (``emulate.pallas.check``, your own asserts) are
+  listed too.
 """
 
 from __future__ import annotations
@@ -38,11 +43,13 @@ __all__ = [
     "pytest_configure",
     "pytest_generate_tests",
     "pytest_runtest_call",
+    "pytest_runtest_makereport",
     "pytest_sessionfinish",
 ]
 
 _ENTRIES = pytest.StashKey[list[tuple[str, CheckResult]]]()
 _SEED = pytest.StashKey[int]()
+_STATUS = pytest.StashKey[dict[str, str]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -72,6 +79,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "emulate(targets=None, modes=None): run the test over these emulate targets and modes",
     )
     config.stash[_ENTRIES] = []
+    config.stash[_STATUS] = {}
     config.stash[_SEED] = _hypothesis_seed(config)
     # Bad option values stop the session before collection (no target detection unless
     # the option is given).
@@ -153,11 +161,45 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     item.config.stash[_ENTRIES].extend((item.nodeid, r) for r in results)
 
 
+def _phase_status(report: pytest.TestReport) -> str | None:
+    """The test's status as one phase's report gives it; None where the phase says
+    nothing (a passing setup or teardown)."""
+    xfail = hasattr(report, "wasxfail")
+    if report.failed:
+        return "failed"  # a strict xpass fails too
+    if report.skipped:
+        return "xfailed" if xfail else "skipped"
+    if report.when == "call":
+        return "xpassed" if xfail else "passed"
+    return None
+
+
+def _reported(item: pytest.Item) -> bool:
+    """Whether the report lists ``item``: it carries the marker or uses a fixture."""
+    names = getattr(item, "fixturenames", ())
+    marked = item.get_closest_marker("emulate") is not None
+    return marked or "emulate_target" in names or "emulate_mode" in names
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    status = _phase_status(report)
+    statuses = item.config.stash[_STATUS]
+    checked = any(t == item.nodeid for t, _ in item.config.stash[_ENTRIES])
+    if status is None or not (checked or _reported(item)):
+        return
+    if statuses.get(item.nodeid) != "failed":  # a failed phase decides
+        statuses[item.nodeid] = status
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     path = session.config.getoption("--emulate-report")
     if not path:
         return
     entries = session.config.stash.get(_ENTRIES, [])
+    tests = list(session.config.stash.get(_STATUS, {}).items())
     base = pathlib.Path(path)
-    base.with_suffix(".json").write_text(render_json(entries))
-    base.with_suffix(".html").write_text(render_html(entries))
+    base.with_suffix(".json").write_text(render_json(entries, tests))
+    base.with_suffix(".html").write_text(render_html(entries, tests=tests))

@@ -47,7 +47,7 @@ from hypothesis import strategies as st
 
 import emulate
 from emulate import formats, reference_rounding
-from emulate.numerics.rounding import ROUNDINGS, increments, random_integers
+from emulate.numerics.rounding import ROUNDINGS, STOCHASTIC, increments, random_integers
 
 
 @pytest.mark.parametrize("name, mode, saturate", cases(FLOATS))
@@ -96,8 +96,8 @@ def test_integers_match_the_oracle(name, mode, saturate):
         name,
         saturate=saturate,
         rounding=mode,
-        random_values=r if mode == "stochastic" else None,
-        random_bits=RANDOM_BITS if mode == "stochastic" else None,
+        random_values=r if mode in STOCHASTIC else None,
+        random_bits=RANDOM_BITS if mode in STOCHASTIC else None,
     )
     np.testing.assert_array_equal(got.astype(np.int64), want.astype(np.int64))
 
@@ -209,7 +209,21 @@ def test_stochastic_under_vmap_is_the_loop():
     [
         (dict(rounding="up"), ValueError, "rounding: expected one of ('nearest_even', "),
         (dict(rounding="stochastic", random_bits=8), ValueError,
-         "key: rounding='stochastic' needs a jax.random key (jax.random.key(seed))"),
+         "key: rounding='stochastic' needs a jax.random key (jax.random.key(seed)), or the "
+         "random integers themselves as rbits=; the same key gives the same rounding"),
+        (dict(rounding="stochastic_fast", key=KEY, rbits=np.zeros(1, np.int32), random_bits=8),
+         ValueError, "key, rbits: give one source of random bits, got both"),
+        (dict(rounding="stochastic_odd", rbits=np.array([0, 256]), random_bits=8), ValueError,
+         "rbits: expected integers in [0, 2**8) (random_bits=8), got values from 0 to 256"),
+        (dict(rounding="stochastic_odd", rbits=np.array([-1]), random_bits=8), ValueError,
+         "rbits: expected integers in [0, 2**8) (random_bits=8), got values from -1 to -1"),
+        (dict(rounding="stochastic", rbits=np.float32([1.0]), random_bits=8), TypeError,
+         "rbits: expected an integer array, got dtype float32"),
+        (dict(rounding="stochastic", rbits=np.zeros((2, 3), np.int32), random_bits=8),
+         ValueError, "rbits: shape (2, 3) does not broadcast to x's shape (1,)"),
+        (dict(rbits=np.zeros(1, np.int32)), ValueError,
+         "rbits: only the stochastic modes (stochastic, stochastic_odd, stochastic_fast, "
+         "stochastic_fastest) use it, got rounding='nearest_even'"),
         (dict(rounding="stochastic", key=KEY), ValueError,
          "random_bits: rounding='stochastic' needs the number of random bits per element, 1 to 32"),
         (dict(rounding="stochastic", key=KEY, random_bits=0), ValueError,
@@ -226,9 +240,11 @@ def test_stochastic_under_vmap_is_the_loop():
         (dict(rounding="stochastic", key=jax.random.split(KEY, 2), random_bits=8), ValueError,
          "key: expected one key (shape ()), got a key array of shape (2,)"),
         (dict(key=KEY), ValueError,
-         "key: only rounding='stochastic' uses it, got rounding='nearest_even'"),
+         "key: only the stochastic modes (stochastic, stochastic_odd, stochastic_fast, "
+         "stochastic_fastest) use it, got rounding='nearest_even'"),
         (dict(rounding="toward_zero", random_bits=4), ValueError,
-         "random_bits: only rounding='stochastic' uses it, got rounding='toward_zero'"),
+         "random_bits: only the stochastic modes (stochastic, stochastic_odd, "
+         "stochastic_fast, stochastic_fastest) use it, got rounding='toward_zero'"),
     ],
 )  # fmt: skip
 def test_bad_rounding_arguments_name_themselves(kwargs, error, message):
@@ -266,8 +282,9 @@ def test_formats_from_parameters_round_as_gfloat_in_every_mode(name, mode, satur
     """The P3109 binary8 formats and two user-built ones (e3m3, an unsigned 5-bit float;
     no ml_dtypes type: uint8 codes), the jnp encoder and
     the numpy oracle, against gfloat's round_ndarray. Documented differences
-    (docs/numerics.md): NaN codes compared as NaN; unsigned formats give NaN for negative
-    inputs, gfloat rounds them as if signed, so those are left out."""
+    (docs/numerics.md): NaN codes compared as NaN; unsigned formats give 0 for every
+    negative input (-Inf too) in every mode, P3109's Saturate (M_lo), where gfloat 0.5.2
+    rounds them as if signed (a negative value no code holds): checked against the rule."""
     f = formats.get(name)
     fi = record_info(f)
     x = f32_sample(f, gfloat_values(f))
@@ -281,9 +298,73 @@ def test_formats_from_parameters_round_as_gfloat_in_every_mode(name, mode, satur
     )
     for codes in (got, oracle):
         assert codes.dtype == np.uint8
+        assert not codes[~keep & ~np.isnan(x)].any()  # unsigned: negatives give 0
         found = nan_as_one(codes[keep].astype(np.int64), f)
         differ = found != want
         assert not differ.any(), (
             f"{int(differ.sum())} differ: x={x[keep][differ][:6]}, "
             f"got {found[differ][:6]}, gfloat {want[differ][:6]}"
         )
+
+
+GFLOAT_STOCHASTIC = {
+    "stochastic": RoundMode.Stochastic,
+    "stochastic_odd": RoundMode.StochasticOdd,
+    "stochastic_fast": RoundMode.StochasticFast,
+    "stochastic_fastest": RoundMode.StochasticFastest,
+}
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    name=st.sampled_from(["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn", "int8"]),
+    mode=st.sampled_from(STOCHASTIC),
+    n=st.sampled_from([1, 2, 7, 8, 23, 29, 30, 32]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_explicit_rbits_give_gfloat_code_in_each_stochastic_mode(name, mode, n, seed):
+    """emulate.encode(rbits=r) and the numpy oracle, every bf16 value and the f32 sample
+    (every code of the format reached, each tie and its neighbours), against gfloat's
+    round_ndarray with srbits = r (int8 as gfloat's ocp_int8, x scaled by 64)."""
+    f = formats.get(name)
+    x = f32_sample(formats.get("float8_e4m3fn") if f.is_integer else f)
+    x = x[~np.isnan(x)]
+    rb = np.random.default_rng(seed).integers(0, 1 << n, x.shape, dtype=np.int64)
+    gmode = GFLOAT_STOCHASTIC[mode]
+    kw = dict(rounding=mode, random_bits=n)
+    sat = f.is_integer or not (f.has_inf or f.has_nan)
+    if f.is_integer:
+        with np.errstate(over="ignore"):
+            x64 = x * 64
+        got = np.asarray(emulate.encode(x64, name, saturate=True, rbits=rb, **kw))
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = round_ndarray(format_info_ocp_int8, x.astype(np.float64), gmode, True, rb, n)
+        np.testing.assert_array_equal(got.astype(np.float64), want * 64)
+        return
+    fi = gfloat_info(f)
+    got = codes_of(emulate.encode(x, name, saturate=sat, rbits=rb, **kw))
+    ref = codes_of(reference_rounding.encode(x, name, saturate=sat, random_values=rb, **kw))
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = round_ndarray(fi, x.astype(np.float64), gmode, sat, rb, n)
+    assert_codes_match(got, want, fi, x, f)
+    assert_codes_match(ref, want, fi, x, f)
+    assert len(np.unique(got)) == len(np.unique(codes_of(want.astype(f.dtype))))
+
+
+def test_fast_modes_keep_gfloat_float64_sum():
+    """gfloat tests ``delta + (r + c) * 2**-n >= 1`` in float64, which rounds a sum in
+    ``[1 - 2**-54, 1)`` up: float32 values far below float8_e5m2's smallest subnormal
+    (a dropped fraction with bits below 2**-54) with ``r`` at the edge, n = 29 to 32."""
+    full = np.array([2**24 - 1, 2**24 - 3, 2**23 + 2**22 + 1, 0xFFFFF7], np.float64)
+    x = np.concatenate([full * 2.0 ** -(16 + s) for s in range(40, 62)]).astype(np.float32)
+    delta = [fractions.Fraction(float(v)) * 2**16 for v in x]
+    fi, f, seen = gfloat_info(formats.get("float8_e5m2")), formats.get("float8_e5m2"), 0
+    for mode, c in (("stochastic_fast", fractions.Fraction(1, 2)), ("stochastic_fastest", 0)):
+        for n in (29, 30, 31, 32):
+            room = np.array([(1 << n) - 1 - int(d * 2**n) for d in delta], np.int64)
+            exact = [d + (int(r) + c) / 2**n >= 1 for d, r in zip(delta, room)]
+            got = codes_of(emulate.encode(x, f.name, rounding=mode, random_bits=n, rbits=room))
+            want = round_ndarray(fi, x.astype(np.float64), GFLOAT_STOCHASTIC[mode], False, room, n)
+            assert_codes_match(got, want, fi, x, f)
+            seen += int(np.sum((want > 0) != np.array(exact)))
+    assert seen == 6  # elements where gfloat's float64 sum, not the exact one, decides

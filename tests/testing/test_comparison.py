@@ -130,3 +130,33 @@ def test_bad_mode():
     x = np.ones((1, 1), np.int8)
     with pytest.raises(ValueError, match=r"^mode: expected one of 'fast', 'exact', got 'quick'$"):
         et.compare(x, x, x, DN, mode="quick")
+
+
+def test_an_exact_sum_past_float32_is_named_as_overflowing():
+    # Code 448 times a scale of 2**127 is past float32: the reference's dequantized values
+    # are +Inf and its sum -2*Inf + Inf is NaN, while the exact sum is -448 * 2**127.
+    codes = np.array([[448.0], [448.0]], ml_dtypes.float8_e4m3fn)
+    q = emulate.QArray.from_parts(codes, np.array([[2.0**127]], np.float32), block_shape=(2, 1))
+    x = np.array([[-2.0, 1.0]], np.float32)
+    c = et.compare(np.array([[-np.inf]], np.float32), x, q, DN, mode="fast")
+    assert c.first is not None and c.first.exact == Fraction(-448 * 2**127)
+    lines = c.report().splitlines()
+    assert lines[1] == (
+        f"first mismatch at index (0, 0): got -inf, want nan; exact value Fraction({-448 * 2**127}"
+        ", 1) = -7.622325019029022e+40, which overflows float32 (largest finite value "
+        "3.4028234663852886e+38)"
+    )
+    assert lines[2] == (
+        "the reference's value is nan because emulate.reference.dequantize rounds each QArray "
+        "value (code times scale) to float32, and some are past float32's range: a kernel "
+        "that scales each product overflows with it"
+    )
+    # A plain sum past the result type: the Fraction, and that it overflows.
+    big = np.array([[2.0**127, 2.0**127]], np.float32)
+    ones = np.ones((2, 1), np.float32)
+    c = et.compare(np.array([[0.0]], np.float32), big, ones, DN, mode="exact")
+    assert c.report().splitlines()[1] == (
+        f"first mismatch at index (0, 0): got 0.0, want inf; exact value Fraction({2**128}, 1) = "
+        "3.402823669209385e+38, which overflows float32 (largest finite value "
+        "3.4028234663852886e+38)"
+    )

@@ -174,3 +174,45 @@ def test_collect_results_nest():
             pass
         et.check_function(uk.int8_exact, "int8", "int8", examples=2, hazards=False)
     assert (len(outer), inner) == (1, [])
+
+
+def _drawn(strategy, n=200) -> list:
+    seen: list = []
+
+    @settings(max_examples=n, database=None, derandomize=True)
+    @given(strategy)
+    def draw(v):
+        seen.append(v)
+
+    draw()
+    return seen
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "float8_e8m0fnu", "float8_e4m3fn"])
+def test_normal_scales_are_what_a_quantizer_writes(fmt):
+    lo, hi = et.QUANTIZER_SCALES
+    assert (lo, hi) == (2.0**-30, 2.0**14)
+    f = emulate.formats.get(fmt)
+    seen = _drawn(et.scale_values(fmt, elements="normal"))
+    assert all(max(lo, f.min_normal) <= v <= min(hi, f.max) for v in seen), max(seen)
+    assert max(seen) == min(hi, float(f.max)) and min(seen) == max(lo, float(f.min_normal))
+    extreme = _drawn(et.scale_values(fmt, elements="extreme"))
+    assert float(f.max) in extreme and float(f.min_normal) in extreme
+    assert all(v > 0 and math.isfinite(v) for v in extreme)
+
+
+def test_a_kernel_scaling_its_group_sums_keeps_the_contract_on_normal_scales():
+    # "normal" scales (what a quantizer writes) keep a kernel that scales its block sums,
+    # s * sum(x * q), within the segment bound; at float32's largest scale ("extreme")
+    # its block sum overflows where the reference's s * q, product by product, gives NaN.
+    import _user_kernels as uk
+
+    normal = et.quantized("float8_e4m3fn", axis=0, block=32, scales="normal")
+    et.check_function(uk.group_sums_scaled, "float32", normal, contract="fast", shapes=[(2, 96, 3)])
+    codes = np.full((64, 1), 448.0, ml_dtypes.float8_e4m3fn)
+    codes[32] = -448.0
+    scales = np.array([[1.0], [float(np.finfo(np.float32).max)]], np.float32)
+    q = emulate.QArray.from_parts(codes, scales, block_shape=(32, 1))
+    x = np.ones((1, 64), np.float32)
+    with pytest.raises(AssertionError, match=r"got inf, want nan; exact value .* overflows"):
+        et.assert_matches_reference(uk.group_sums_scaled(x, q), x, q, DN, mode="fast")

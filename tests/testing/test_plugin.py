@@ -96,3 +96,81 @@ def test_plugin_bad_options(pytester: pytest.Pytester):
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --emulate-modes: expected fast or exact, got 'quick'"])
+
+
+STATUS_SUITE = """
+import jax
+import jax.numpy as jnp
+import pytest
+
+import emulate
+from emulate import testing
+
+pytestmark = pytest.mark.emulate(targets=["tpu_v4", "tpu_v5e"])
+
+
+@jax.jit
+def int8_via_f32(a, b):
+    f32 = jnp.float32
+    return jnp.dot(a.astype(f32), b.astype(f32)).astype(jnp.int32)
+
+
+def test_module_marker_sets_the_targets(emulate_target):
+    assert emulate.current_target().name == emulate_target
+
+
+@pytest.mark.xfail(reason="sums int8 in float32", strict=True)
+def test_known_bad_kernel():
+    testing.check_function(int8_via_f32, "int8", "int8", examples=20, seed=0)
+
+
+@pytest.mark.xfail(reason="not yet", strict=False)
+def test_unexpectedly_fine():
+    pass
+
+
+def test_checked_without_check_function():
+    assert emulate.formats.get("int8").bits == 8
+
+
+@pytest.mark.skip(reason="no TPU")
+def test_skipped():
+    pass
+
+
+def test_listed_by_the_module_marker():
+    pass
+"""
+
+
+def test_report_gives_every_test_a_status(pytester: pytest.Pytester):
+    pytester.makepyfile(test_statuses=STATUS_SUITE)
+    result = pytester.runpytest_subprocess(
+        "-p", "emulate.testing.plugin", "--emulate-targets", "tpu_v7x",
+        "--emulate-report", "report", "-p", "no:cacheprovider", "-q",
+    )  # fmt: skip
+    result.assert_outcomes(passed=4, xfailed=1, xpassed=1, skipped=1)
+    report = json.loads((pytester.path / "report.json").read_text())
+    tests = [(t["test"].split("::")[1], t["status"], t["checks"]) for t in report["tests"]]
+    # The module's pytestmark overrides --emulate-targets and lists every test of it.
+    assert tests == [
+        ("test_module_marker_sets_the_targets[tpu_v4]", "passed", 0),
+        ("test_module_marker_sets_the_targets[tpu_v5e]", "passed", 0),
+        ("test_known_bad_kernel", "xfailed", 1),
+        ("test_unexpectedly_fine", "xpassed", 0),
+        ("test_checked_without_check_function", "passed", 0),
+        ("test_skipped", "skipped", 0),
+        ("test_listed_by_the_module_marker", "passed", 0),
+    ]
+    (check,) = report["checks"]
+    assert (check["status"], check["failure"] is None) == ("xfailed", False)
+    page = (pytester.path / "report.html").read_text()
+    assert "1 checks, 0 failed, 1 failed as expected (xfail)" in page
+    assert "7 tests: 4 passed, 0 failed, 1 xfailed, 1 xpassed, 1 skipped" in page
+    verdict = '<td class="failed"><a href="#c0">FAILED</a></td>'
+    assert verdict + '<td class="xfailed">xfailed</td>' in page
+    assert (
+        "<tr><td>test_statuses.py::test_checked_without_check_function</td>"
+        + "<td>-</td>" * 8
+        + '<td>no check_function</td><td class="passed">passed</td></tr>'
+    ) in page

@@ -37,6 +37,8 @@ PUBLIC = [
 ]
 
 ADDED = [
+    "DEFAULT_SHAPES",
+    "QUANTIZER_SCALES",
     "CheckResult",
     "OperandSpec",
     "QuantSpec",
@@ -80,7 +82,6 @@ def test_every_public_name_is_reexported_from_its_module():
         "BoundLike",
         "CONTRACTS",
         "DEFAULT_MAX_K",
-        "DEFAULT_SHAPES",
         "DimensionNumbers",
         "Layout",
         "MEASURED_WITH",

@@ -263,14 +263,47 @@ def test_cli_warns_on_zero_sites():
     ]
 
 
-def test_cli_no_compat_names_the_rules_it_fell_back_to():
+def test_cli_no_compat_asks_the_compiler_for_an_in_kernel_quantizer():
     # The file is loaded beside the tests' own import of it, so its functions do not
-    # pickle for the compat-off subprocess: the recorded rules decide, and the line says so.
-    argv = ["check-kernel", f"{KERNELS}:raw_int8", "--target", "v5e", "--no-compat"]
+    # pickle for the API's compat-off subprocess (the recorded rules answered "ok" there,
+    # blind to the cast): the CLI runs again in a process with compat off, which loads the
+    # file itself, and the compiler refuses the f32 -> int8 cast at its line.
+    argv = ["check-kernel", f"{KERNELS}:quantize_int8", "--target", "v5e", "--no-compat"]
+    code, out, _ = _cli([*argv, "--shapes", "256x256:float32,256x256:int8"])
+    assert code == 1
+    assert out.splitlines() == [
+        "tpu_v5e: 1 tpu.matmul, 1 finding (compiler, compat off)",
+        f"{_at('quantize-cast')}: kernel '_quantize_int8_kernel' on tpu_v5e: Mosaic failed "
+        f"to compile TPU kernel: {FPTOSI}",
+        "  arith.fptosi vector<256x256xf32> -> vector<256x256xi8>",
+        "  fix: convert through 32-bit types: x.astype(jnp.int32).astype(jnp.int8) instead "
+        "of x.astype(jnp.int8) on float32 values",
+        "  note: compiles with compatibility mode on (the default), where compatibility mode "
+        "performs fptosi in 32-bit types, widening the operands and narrowing the result "
+        "(extra vector work)",
+    ]
+
+
+def test_cli_says_what_the_recorded_rules_cannot_see(monkeypatch):
+    # Without libtpu the recorded rules decide: they see tpu.matmul types only, and the
+    # line after the verdict says which operations go unchecked.
+    monkeypatch.setattr(compiler, "libtpu_version", lambda: None)
+    argv = ["check-kernel", f"{KERNELS}:quantize_int8", "--target", "v5e", "--no-compat"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", mosaic_check.RecordedRulesWarning)
-        code, out, _ = _cli([*argv, "--shapes", "256x256:int8,256x256:int8"])
-    assert (code, out) == (0, "tpu_v5e: 1 tpu.matmul, ok (recorded rules, compat off)\n")
+        code, out, _ = _cli([*argv, "--shapes", "256x256:float32,256x256:int8"])
+    assert (code, out.splitlines()) == (
+        0,
+        [
+            "tpu_v5e: 1 tpu.matmul, ok (recorded rules, compat off)",
+            "  note: decided without the compiler, by rules that see each tpu.matmul's operand "
+            "and accumulator types only: conversions and comparisons on types narrower than "
+            "32 bits (arith.fptosi, arith.sitofp, arith.truncf, arith.extf, arith.extsi, "
+            "arith.trunci, arith.cmpf, arith.cmpi; an in-kernel activation quantizer's f32 -> "
+            "int8 astype is an arith.fptosi) are not checked; install libtpu (pip install "
+            "'jax[tpu]') for the compiler's verdict",
+        ],
+    )
 
 
 def test_cli_shapes_cannot_give_keyword_only_arguments():

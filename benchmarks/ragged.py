@@ -16,6 +16,7 @@ write of the output. Nothing runs; the kernel is compiled too, to show that it l
 
 from __future__ import annotations
 
+import argparse
 import functools
 
 import jax
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import emulate
+from benchmarks import harness
 from emulate import compiler
 from emulate.pallas import gmm_kernel
 
@@ -54,7 +56,8 @@ def _kernel_bytes(rows: int, k: int, n: int, sizes: tuple[int, ...]) -> int:
     return len(fetches) * bk * bn + visits * bm * k * 2 + rows * n * 4
 
 
-def main() -> None:
+def run(args: argparse.Namespace) -> None:
+    """Print the table (nothing to write: the figures go to docs/performance.md by hand)."""
     print("| case | target | weights | routed stored | kernel | XLA route | lax bf16 |")
     print("|---|---|---|---|---|---|---|")
     for name, rows, k, n, e, sizes in CASES:
@@ -83,6 +86,14 @@ def main() -> None:
                     flush=True,
                 )
 
+
+BENCHMARK = harness.Benchmark(
+    name="ragged",
+    description=__doc__.splitlines()[0],
+    run=run,
+    writes=False,
+)
+main = BENCHMARK.main
 
 if __name__ == "__main__":
     main()

@@ -15,11 +15,13 @@ from benchmarks import cases, harness
 BENCHMARKS = (
     "decode",
     "exact",
+    "layer_time",
     "matmul",
     "pallas_matmul",
     "pallas_ops",
     "pallas_qtime",
     "quantized",
+    "ragged",
     "scaled",
     "tpu",
 )

@@ -12,11 +12,12 @@ The projections (q, k, v, o, gate, up, down; K x N 4096x4096, 4096x1024 twice, 4
 
 Run as ``python -m benchmarks.layer_time`` on a machine whose JAX backend is a TPU
 (``--rows`` the values of M, ``--repeats``, ``--hbm-gbs``). Each contender is one program
-calling the layer :data:`LOOP` times in a ``fori_loop`` (each call's input depends on the previous output, so
-no call is hoisted), timed with ``block_until_ready`` after two warm-up runs; the figure is
-the median over ``--repeats`` runs divided by :data:`LOOP`. It prints one line per (M,
-contender) with the ratio to ``bf16`` and the time HBM needs to read each contender's
-weights at ``--hbm-gbs`` (default 819, TPU v5e). Nothing here runs in a test.
+calling the layer :data:`LOOP` times in a ``fori_loop`` (each call's input depends on the
+previous output, so no call is hoisted), timed with ``block_until_ready`` after two
+warm-up runs; the figure is the median over ``--repeats`` runs divided by :data:`LOOP`. It
+prints one line per (M, contender) with the ratio to ``bf16`` and the time HBM needs to
+read each contender's weights at ``--hbm-gbs`` (default 819, TPU v5e). Nothing here runs
+in a test.
 """
 
 from __future__ import annotations

@@ -385,18 +385,32 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
     return accumulate.round_accumulator(acc, cfg.out)
 
 
-def interpret_mode(interpret: bool | None) -> bool:
-    """Whether :func:`matmul` runs its kernel in Pallas' interpret mode for this
-    ``interpret`` argument: as given, or (None) wherever the default backend is not a TPU.
+def interpret_mode(interpret: bool | None, *operands: Any) -> bool:
+    """Whether :func:`matmul` runs its kernel in Pallas' interpret mode: as ``interpret``
+    says, or (None) unless the program is built for a TPU
+    (:func:`emulate.targets.building_for_tpu` of ``operands``).
 
     Raises:
       TypeError: ``interpret`` is not None, True or False.
+      ValueError: ``interpret=False`` for a QArray or prepared QArray among ``operands``
+        with no TPU in sight: Pallas lowers its kernel's integer index arithmetic for a
+        known chip only ("Unsupported TPU device kind: cpu" otherwise).
     """
-    if interpret is None:
-        return jax.default_backend() != "tpu"
-    if isinstance(interpret, bool):
-        return interpret
-    raise TypeError(f"interpret: expected None, True or False, got {interpret!r}")
+    if interpret is not None and not isinstance(interpret, bool):
+        raise TypeError(f"interpret: expected None, True or False, got {interpret!r}")
+    if interpret or interpret is None and not targets.building_for_tpu(*operands):
+        return True
+    quantized = any(isinstance(a, (QArray, KernelQWeight)) for a in operands)
+    if not interpret and quantized and not targets.building_for_tpu(*operands):
+        raise ValueError(
+            "interpret: False builds the Mosaic kernel of a quantized weight, which Pallas "
+            'lowers for a known TPU only (else "Unsupported TPU device kind: cpu"), and no '
+            f"TPU is in sight (JAX's default backend is {jax.default_backend()}): compile "
+            "with emulate.compiler.compile(fn, *specs, target=...), or trace and lower "
+            "inside `with jax.default_device(emulate.compiler.device(target)):`; "
+            "interpret=None runs the kernel in interpret mode here"
+        )
+    return False
 
 
 def matmul(
@@ -431,8 +445,9 @@ def matmul(
       out_dtype: the result type (as ``preferred_element_type``); default what
         ``lax.dot_general`` returns for the pair (bfloat16 for bf16 x int4, int8 for
         int8 x int8: pass ``jnp.int32`` for the int32 sum).
-      interpret: None (default): interpret mode unless JAX's default backend is a TPU;
-        True / False to force it.
+      interpret: None (default): interpret mode unless the program is built for a TPU (a
+        TPU backend or default device, as under :func:`emulate.compiler.compile`; see
+        :func:`interpret_mode`); True / False to force it.
       x_format, w_format: the formats of operands passed as raw uint8 codes.
 
     Returns:
@@ -513,7 +528,7 @@ def matmul(
     if not xf.is_low_precision and xv.dtype.name not in _X_IN_KERNEL:
         xv = route.decode_values(xv, r.lhs_compute)  # float16: widened outside the kernel
     cfg = config(
-        r, t, m, n, k, stored, passthrough, block_shape, interpret_mode(interpret),
+        r, t, m, n, k, stored, passthrough, block_shape, interpret_mode(interpret, xv, w),
         x_dtype=xv.dtype.name, scaling=scaling, out=final, codebook=cb,
     )  # fmt: skip
     if cfg.x_dtype != xv.dtype.name:  # a block_shape off the stored type's tiling

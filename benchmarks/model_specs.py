@@ -58,22 +58,26 @@ MODELS = {
     "llama3-8b-awq": Model("Llama-3-8B AWQ int4", _L8B, _AWQ, None, None),
     "gpt-oss-20b-mxfp4": Model("gpt-oss-20B MXFP4", _OSS20B, _OSS, None, None),
     "llama3-70b-q4_k_m-tp8": Model(
-        "Llama-3-70B Q4_K_M, 8 chips", _L70B_CHIP, _Q4_K_M, "Q6_K", "Q4_K"
+        "Llama-3-70B Q4_K_M, 8-way tensor-parallel", _L70B_CHIP, _Q4_K_M, "Q6_K", "Q4_K"
     ),
 }
 
-#: Tensor-parallel topologies (8 chips) of the generations that have one here.
-TOPOLOGIES = {"tpu_v4": "v4:2x2x2", "tpu_v5e": "v5e:2x4", "tpu_v6e": "v6e:2x4"}
+#: Tensor-parallel topologies of 8 devices. libtpu's compile-only v4 topologies expose each
+#: TensorCore as a device (``v4:2x2x2`` has 16): v4's 8 devices are the 8 cores of a 2x2x1
+#: slice (4 chips), each with half a chip's HBM.
+TOPOLOGIES = {"tpu_v4": "v4:2x2x1", "tpu_v5e": "v5e:2x4", "tpu_v6e": "v6e:2x4"}
 
-#: HBM of one JAX device (bytes) and TensorCores per device, from Google Cloud's TPU
-#: system-architecture pages: v2 16 GiB and v3 32 GiB a chip of two cores, each core its
-#: own device (8 / 16 GiB); v4 32 GiB and v5p 95 GiB a megacore chip (one device, two
-#: cores); v5e 16 GiB and v6e 32 GiB a chip of one core; 7x 192 GiB a chip of two
-#: TensorCores, each its own device (96 GiB).
+#: HBM of one compile-only device (bytes) and its TensorCores (``device.num_cores``), from
+#: Google Cloud's TPU system-architecture pages: v2 16 GiB and v3 32 GiB a chip of two
+#: cores, each core its own device (8 / 16 GiB); v4 32 GiB a chip of two cores, which
+#: libtpu's compile-only v4 devices expose one each (16 GiB; in megacore mode one device
+#: has both cores and 32 GiB); v5p 95 GiB a megacore chip (one device, two cores); v5e
+#: 16 GiB and v6e 32 GiB a chip of one core; 7x 192 GiB a chip of two TensorCores, each its
+#: own device (96 GiB).
 HBM = {
     "tpu_v2": (8 * _GiB, 1),
     "tpu_v3": (16 * _GiB, 1),
-    "tpu_v4": (32 * _GiB, 2),
+    "tpu_v4": (16 * _GiB, 1),
     "tpu_v5e": (16 * _GiB, 1),
     "tpu_v5p": (95 * _GiB, 2),
     "tpu_v6e": (32 * _GiB, 1),

@@ -3,7 +3,8 @@ moves, holds and costs, quantized (through emulate's front end, and through
 ``emulate.pallas.matmul`` on prepared weights) beside the bf16 model.
 
 Models (``benchmarks.model_specs``): Llama-3-8B in Q4_K_M and in AWQ int4, gpt-oss-20B in
-MXFP4, Llama-3-70B in Q4_K_M tensor-parallel over 8 chips (v4 2x2x2, v5e 2x4, v6e 2x4).
+MXFP4, Llama-3-70B in Q4_K_M tensor-parallel over 8 devices (v5e 2x4, v6e 2x4, and the 8
+TensorCores of a v4 2x2x1: libtpu's compile-only v4 devices are cores).
 Weights are abstract (``jax.ShapeDtypeStruct`` pytrees of QArrays as the importers build
 them, or of prepared kernel weights): nothing is materialized. Steps: decode at batch 1
 and 16 over a KV cache of 4096, and a prefill of 2048 tokens (batch 1).
@@ -30,9 +31,11 @@ Run ``python -m benchmarks.models`` (everything: about an hour of compiling) or
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -147,7 +150,7 @@ def _costs(
     }
 
 
-def _ideal(m: model_specs.Model, route: str, step: str, lw: dict, hw: dict) -> dict[str, int]:
+def ideal_bytes(m: model_specs.Model, route: str, step: str, lw: dict, hw: dict) -> dict[str, int]:
     """Bytes a step must move per layer and for the head: the weights it reads as stored
     (at batch 1, an MoE reads only its top-k experts), the KV cache read once, the new
     KV rows written, the activations in and out."""
@@ -175,7 +178,7 @@ def measure(model: str, gen: str, step: str, route: str, log: Any) -> dict[str, 
     row: dict[str, Any] = {"model": model, "generation": gen, "step": step, "route": route}
     progs = _programs(m, route, gen, step)
     lw, hw = progs["layer"][1][0], progs["head"][1][0]
-    ideal = _ideal(m, route, step, lw, hw)
+    ideal = ideal_bytes(m, route, step, lw, hw)
     got: dict[str, dict] = {}
     for part, (fn, specs, donate, alone) in progs.items():
         t0 = time.perf_counter()
@@ -188,7 +191,6 @@ def measure(model: str, gen: str, step: str, route: str, log: Any) -> dict[str, 
         log(f"{model} {gen} {step} {route} {part}: {time.perf_counter() - t0:.1f} s")
     lay, hd = got["layer"], got["head"]
     n = s.layers
-    hbm, _ = model_specs.HBM[gen]
     row.update(status="ok", kernels=lay["kernels"] + hd["kernels"])
     row["bytes"] = n * lay["bytes"] + hd["bytes"]
     row["ideal"] = n * ideal["layer"] + ideal["head"]
@@ -202,10 +204,20 @@ def measure(model: str, gen: str, step: str, route: str, log: Any) -> dict[str, 
         n * (ideal["layer_weights"] + ideal["cache"])
         + mw.nbytes(hw) + embed + row["temp"] + hd["output"]
     )  # fmt: skip
-    row["hbm"] = hbm
-    row["fits"] = row["footprint"] <= hbm
     est = [lay["estimate"], hd["estimate"]]
     row["estimate_s"] = None if None in est else n * est[0] + est[1]
+    return derive(row)
+
+
+def derive(row: dict[str, Any]) -> dict[str, Any]:
+    """A measured row's figures that follow from :data:`model_specs.HBM` and the targets'
+    bandwidth: the device's HBM, whether the footprint fits it, bytes and ideal bytes over
+    the bandwidth (seconds)."""
+    if row.get("status") != "ok":
+        return row
+    gen = row["generation"]
+    row["hbm"] = model_specs.HBM[gen][0]
+    row["fits"] = row["footprint"] <= row["hbm"]
     row["bandwidth_s"] = row["bytes"] / model_specs.bandwidth(gen)
     row["floor_s"] = row["ideal"] / model_specs.bandwidth(gen)
     return row
@@ -219,43 +231,52 @@ def _gib(v: float | None) -> str:
     return harness.MISSING if v is None else f"{v / (1 << 30):.2f}"
 
 
-def _cells(r: dict[str, Any] | None) -> list[str]:
-    if r is None:
-        return ["", "", "", "", ""]
+#: each route's name in the tables
+ROUTE_LABELS = {
+    "front": "emulate.matmul (QArray)",
+    "pallas": "pallas.matmul (prepared)",
+    "bf16": "bf16 model",
+}
+
+
+def _cells(r: dict[str, Any]) -> list[str]:
     if r["status"] != "ok":
-        return [r["status"], "", "", "", r.get("reason", "")[:60]]
-    fit = "fits" if r["fits"] else "does not fit"
+        return [r["status"], r.get("reason", "")[:80], "", "", "", ""]
+    fit = "fits" if r["fits"] else "**does not fit**"
     return [
         f"{_gb(r['bytes'])} GB ({r['bytes_over_ideal']:.2f}x)",
-        f"{_gib(r['temp'])} GiB",
+        f"{_gib(r['temp'])} GiB ({100 * r['temp_over_weights']:.1f}%)",
         f"{_gib(r['footprint'])} GiB, {fit}",
-        harness.ms(r["estimate_s"], 2) if r["estimate_s"] is not None else "none",
-        harness.ms(r["bandwidth_s"], 2),
+        "none" if r["estimate_s"] is None else harness.ms(r["estimate_s"], 1),
+        harness.ms(r["bandwidth_s"], 1),
+        harness.ms(r["floor_s"], 1),
     ]
 
 
 def markdown(data: dict[str, Any]) -> str:
-    """One table per model and step: a row per generation, the three routes side by side."""
+    """One table per model and step: a row per generation and route."""
     rows = data["results"]
     lines = [f"`{data['command']}` (libtpu {data['libtpu']}; {data['wall_s']:.0f} s)", ""]
-    heads = ["bytes / step (x ideal)", "temporaries", "footprint / HBM", "estimate", "bytes / BW"]
+    heads = [
+        "generation (HBM)",
+        "route",
+        "bytes / step (x ideal)",
+        "temporaries (% of weights)",
+        "footprint",
+        "compiler's estimate (ms)",
+        "bytes / HBM BW (ms)",
+        "ideal / HBM BW (ms)",
+    ]
     for model in dict.fromkeys(r["model"] for r in rows):
         for step in dict.fromkeys(r["step"] for r in rows if r["model"] == model):
             lines += [f"#### {model_specs.MODELS[model].name}, {step}", ""]
-            cols = [f"{route}: {h}" for route in ROUTES for h in heads]
-            lines += ["| generation | HBM | " + " | ".join(cols) + " |"]
-            lines += ["|---" * (2 + len(cols)) + "|"]
-            for gen in dict.fromkeys(r["generation"] for r in rows):
-                got = {
-                    r["route"]: r
-                    for r in rows
-                    if (r["model"], r["step"], r["generation"]) == (model, step, gen)
-                }
-                if not got:
+            lines += ["| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
+            for r in rows:
+                if (r["model"], r["step"]) != (model, step):
                     continue
-                cells = [c for route in ROUTES for c in _cells(got.get(route))]
-                hbm = f"{model_specs.HBM[gen][0] / (1 << 30):.0f} GiB"
-                lines.append(f"| {gen} | {hbm} | " + " | ".join(cells) + " |")
+                hbm = f"{r['generation']} ({model_specs.HBM[r['generation']][0] >> 30} GiB)"
+                cells = [hbm, ROUTE_LABELS[r["route"]], *_cells(r)]
+                lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -271,7 +292,15 @@ def _names(text: str | None, known: Sequence[str], flag: str) -> list[str] | Non
 
 
 def run(args: argparse.Namespace) -> harness.Report:
-    """Compile every (model, generation, step, route) asked for; the report."""
+    """Compile every (model, generation, step, route) asked for; the report. With
+    ``--from-json``, compile nothing: the tables of earlier runs' JSON, merged."""
+    if args.from_json:
+        runs = [json.loads(p.read_text()) for p in args.from_json]
+        rows = [derive(r) for d in runs for r in d["results"]]
+        commands = "`, `".join(d["command"] for d in runs)
+        data = {"command": commands, "libtpu": runs[0]["libtpu"], "results": rows}
+        data["wall_s"] = sum(d["wall_s"] for d in runs)
+        return harness.Report(data, markdown(data), markdown=True)
     try:
         offered = compiler.generations()
     except compiler.CompilerUnavailable as e:
@@ -316,6 +345,13 @@ def flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generations", help=f"from: {', '.join(GENERATIONS)}")
     p.add_argument("--steps", help=f"from: {', '.join(STEPS)}")
     p.add_argument("--routes", help=f"from: {', '.join(ROUTES)}")
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        nargs="+",
+        metavar="PATH",
+        help="compile nothing: the tables of earlier runs' JSON files, merged",
+    )
 
 
 BENCHMARK = harness.Benchmark(

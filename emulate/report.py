@@ -69,7 +69,8 @@ class Row:
         their bit width, scales not counted) and, for a plain dot, its result.
       compute_seconds: flops / the rate of the unit the site runs on (None when the
         target states no rate for it).
-      memory_seconds: bytes / the target's HBM bandwidth (None when it states none).
+      memory_seconds: bytes / the target's HBM bandwidth (per TensorCore, as JAX's table
+        states it; None when it states none).
     """
 
     primitive: str

@@ -333,11 +333,14 @@ def _site_row(eqn: Any, tag: sites.SiteTag, prefix: tuple[str, ...]) -> Row:
     except (TypeError, ValueError, NotImplementedError):  # e.g. a custom Target's name
         p = None
     status = "native" if p is not None and p.method == "native" and not qarray else "emulated"
-    t = targets.get(tag.target)
+    try:
+        bw = targets.get(tag.target).mem_bw_bytes_per_second
+    except ValueError:  # a custom Target's name
+        bw = None
     moved = _text_bytes(tag.lhs) + _text_bytes(tag.rhs)
     rate = p.rate if p is not None else None
     return _row(
-        tag.op, _source(eqn, prefix), tag.lhs, tag.rhs, status, p, tag.flops, rate, moved, t
+        tag.op, _source(eqn, prefix), tag.lhs, tag.rhs, status, p, tag.flops, rate, moved, bw
     )
 
 
@@ -359,10 +362,9 @@ def _aval_bytes(aval: Any) -> int:
 
 def _row(
     op: str, src: str, lhs: str, rhs: str, status: str, p: Plan | None, flops: int,
-    rate: float | None, moved: int, t: targets.Target,
+    rate: float | None, moved: int, bw: float | None,
 ) -> Row:  # fmt: skip
     compute = flops / rate if rate else None
-    bw = t.mem_bw_bytes_per_second
     memory = moved / bw if bw and moved else None
     known = [v for v in (compute, memory) if v is not None]
     seconds = max(known) if known else None
@@ -397,10 +399,11 @@ def _primitive_row(eqn: Any, t: targets.Target, mode: str, prefix: tuple[str, ..
     p: Plan | None
     src = _source(eqn, prefix)
     moved = sum(_aval_bytes(v.aval) for v in (*eqn.invars[:2], eqn.outvars[0]))
+    bw = t.mem_bw_bytes_per_second
     if name in program.SCALED_PRIMITIVES:
         p = plan(lhs.dtype, rhs.dtype, target=t, preferred_element_type="float32", mode=mode)
         return _row(
-            name, src, _describe(lhs), _describe(rhs), "emulated", p, flops, p.rate, moved, t
+            name, src, _describe(lhs), _describe(rhs), "emulated", p, flops, p.rate, moved, bw
         )
     rate: float | None
     if t.supports(np.dtype(lhs.dtype), np.dtype(rhs.dtype)):
@@ -419,7 +422,7 @@ def _primitive_row(eqn: Any, t: targets.Target, mode: str, prefix: tuple[str, ..
             mode=mode,
         )
         rate, status = p.rate, "emulated"
-    return _row(name, src, _describe(lhs), _describe(rhs), status, p, flops, rate, moved, t)
+    return _row(name, src, _describe(lhs), _describe(rhs), status, p, flops, rate, moved, bw)
 
 
 def _xla_rate(t: targets.Target, *dtypes: Any) -> float | None:

@@ -398,10 +398,10 @@ def interpret_mode(interpret: bool | None, *operands: Any) -> bool:
     """
     if interpret is not None and not isinstance(interpret, bool):
         raise TypeError(f"interpret: expected None, True or False, got {interpret!r}")
-    if interpret or interpret is None and not targets.building_for_tpu(*operands):
-        return True
-    quantized = any(isinstance(a, (QArray, KernelQWeight)) for a in operands)
-    if not interpret and quantized and not targets.building_for_tpu(*operands):
+    tpu = targets.building_for_tpu(*operands)
+    if interpret is None or interpret:
+        return interpret or not tpu
+    if not tpu and any(isinstance(a, (QArray, KernelQWeight)) for a in operands):
         raise ValueError(
             "interpret: False builds the Mosaic kernel of a quantized weight, which Pallas "
             'lowers for a known TPU only (else "Unsupported TPU device kind: cpu"), and no '

@@ -1,6 +1,7 @@
-"""Real-size models on every TPU generation, compile-only: what one decode step or prefill
-moves, holds and costs, quantized (through emulate's front end, and through
-``emulate.pallas.matmul`` on prepared weights) beside the bf16 model.
+"""Real-size quantized models beside their bf16 models on every TPU generation, compile-only.
+
+What one decode step or prefill moves, holds and costs, through emulate's front end and
+through ``emulate.pallas.matmul`` on prepared weights, beside the bf16 model.
 
 Models (``benchmarks.model_specs``): Llama-3-8B in Q4_K_M and in AWQ int4, gpt-oss-20B in
 MXFP4, Llama-3-70B in Q4_K_M tensor-parallel over 8 devices (v5e 2x4, v6e 2x4, and the 8
@@ -24,8 +25,10 @@ for the rest, and no compiler estimate. Per row:
   outputs, against one device's HBM;
 - the compiler's estimate against bytes / HBM bandwidth (one device's).
 
-Run ``python -m benchmarks.models`` (everything: about an hour of compiling) or
-``--quick`` (Llama-3-8B Q4_K_M decode at batch 1 on v2 and v5e: a few minutes).
+Run ``python -m benchmarks.models`` (everything: hours; one real-size layer through the XLA
+route takes 1-5 minutes to compile on 2 busy cores) or
+``--quick`` (Llama-3-8B Q4_K_M decode at batch 1 on v2 and v5e: 519 s at a load average
+of 10-15 on 2 cores).
 """
 
 from __future__ import annotations

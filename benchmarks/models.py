@@ -274,9 +274,11 @@ def markdown(data: dict[str, Any]) -> str:
         for step in dict.fromkeys(r["step"] for r in rows if r["model"] == model):
             lines += [f"#### {model_specs.MODELS[model].name}, {step}", ""]
             lines += ["| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
-            for r in rows:
-                if (r["model"], r["step"]) != (model, step):
-                    continue
+            order = {g: i for i, g in enumerate(GENERATIONS)}
+            picked = [r for r in rows if (r["model"], r["step"]) == (model, step)]
+            for r in sorted(
+                picked, key=lambda r: (order[r["generation"]], ROUTES.index(r["route"]))
+            ):
                 hbm = f"{r['generation']} ({model_specs.HBM[r['generation']][0] >> 30} GiB)"
                 cells = [hbm, ROUTE_LABELS[r["route"]], *_cells(r)]
                 lines.append("| " + " | ".join(cells) + " |")

@@ -74,7 +74,7 @@ from benchmarks.cases import (
     present,
     shape_of,
 )
-from benchmarks.pallas_traffic import kernel_traffic
+from benchmarks.pallas_traffic import estimate_seconds, kernel_traffic
 from emulate import compiler, formats
 from emulate.numerics.storage import Packed, group_shape
 from emulate.pallas import weights
@@ -211,19 +211,6 @@ def programs(
 
 # ---------------------------------------------------------------------------------------
 # What the compiler says
-
-
-def estimate_seconds(cost: dict[str, float]) -> float | None:
-    """The compiler's own time estimate from ``cost_analysis()``: libtpu calls it
-    "optimal_seconds"; any other key ending in "seconds" if a later libtpu renames it.
-    None where there is none, or where it is negative: libtpu gives a negative sentinel
-    (-1 s and the like) for programs it cannot estimate."""
-    value = cost.get("optimal_seconds")
-    if value is None:
-        value = next((v for k, v in sorted(cost.items()) if k.endswith("seconds")), None)
-    if value is None or float(value) < 0:
-        return None
-    return float(value)
 
 
 def _refusal(e: BaseException) -> str:

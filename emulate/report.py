@@ -2,9 +2,10 @@
 
 For each ``dot_general`` and ``conv_general_dilated`` equation (sub-jaxprs included) the
 report gives the source line, the operand dtypes and shapes, whether the target runs it
-natively or :func:`emulate.polyfill` emulates it (and with which plan), and an estimated
-matrix-unit time from the target's op rates. ``pallas_call`` equations are listed as left
-alone: their kernels are not rewritten.
+natively, XLA runs it as it is, or :func:`emulate.polyfill` emulates it (and with which
+plan), and an estimated time: the larger of the matrix-unit time from the target's op
+rates and the time to move the site's bytes at the target's HBM bandwidth (both shown).
+``pallas_call`` equations are listed as left alone: their kernels are not rewritten.
 
 A call of emulate's own matmuls traced inside the function (``x @ q`` on a QArray,
 ``emulate.einsum``, ``emulate.dot_general``) is one row, "emulated", with its operand
@@ -37,7 +38,7 @@ from jax.extend import core as jex_core
 
 from emulate import formats, kernel_route, program, targets
 from emulate.engine import sites
-from emulate.planning.plan import Plan, plan
+from emulate.planning.plan import Plan, plan, runs_as_is
 from emulate.tables import table
 
 __all__ = ["Row", "Report", "inspect"]
@@ -55,15 +56,25 @@ class Row:
         in brackets where there is one (``[Model/Dense_0]``); "?" when unknown.
       lhs, rhs: operand dtype names and shapes, e.g. "int8[64,4096]"; a QArray operand
         of an emulate call shows its element format and scheme ("int4[256,8]:INT4_G128").
-      status: "native", "emulated" or "left alone (pallas_call)". A call of emulate's own
-        matmuls is "emulated" (or "native" when its plan runs the pair as it is).
+      status: "native", "native (XLA)", "emulated" or "left alone (pallas_call)".
+        "native (XLA)": a pair the matrix unit's Mosaic-level table lacks but that
+        :func:`emulate.polyfill` leaves to XLA (:func:`emulate.runs_as_is`: no
+        low-precision operand; XLA:TPU runs it itself, as bf16 x bf16 on v2 and v3). A call
+        of emulate's own matmuls is "emulated" (or "native" when its plan runs the pair as
+        it is).
       plan: the plan for emulated sites (None otherwise).
       flops: 2 * output elements * K (0 for pallas_call).
-      seconds: flops / the rate of the unit the site runs on (None when the target
-        states no rate for it).
+      seconds: the estimate: the larger of ``compute_seconds`` and ``memory_seconds``
+        (None when the target states neither).
       weight_route: a contraction with a weight operand on a TPU target: "pallas.matmul"
         (:mod:`emulate.kernel_route`), or "xla: " and why the kernel does not take it;
         "" otherwise.
+      bytes: what the site moves at least: its operands as stored (a QArray's codes at
+        their bit width, scales not counted) and, for a plain dot, its result.
+      compute_seconds: flops / the rate of the unit the site runs on (None when the
+        target states no rate for it).
+      memory_seconds: bytes / the target's HBM bandwidth (per TensorCore, as JAX's table
+        states it; None when it states none).
     """
 
     primitive: str
@@ -75,6 +86,9 @@ class Row:
     flops: int
     seconds: float | None
     weight_route: str = ""
+    bytes: int = 0
+    compute_seconds: float | None = None
+    memory_seconds: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,11 +112,23 @@ class Report:
                 "rhs": r.rhs,
                 "status": r.status,
                 "route": _route_cell(r),
+                "compute": _fmt_seconds(r.compute_seconds),
+                "memory": _fmt_seconds(r.memory_seconds),
                 "est. time": _fmt_seconds(r.seconds),
             }
             for r in self.rows
         ]
-        columns = ("source", "op", "lhs", "rhs", "status", "route", "est. time")
+        columns = (
+            "source",
+            "op",
+            "lhs",
+            "rhs",
+            "status",
+            "route",
+            "compute",
+            "memory",
+            "est. time",
+        )
         notes = [
             f"  {r.source}: {r.weight_route}"
             for r in self.rows
@@ -338,9 +364,46 @@ def _site_row(eqn: Any, tag: sites.SiteTag, prefix: tuple[str, ...]) -> Row:
     except (TypeError, ValueError, NotImplementedError):  # e.g. a custom Target's name
         p = None
     status = "native" if p is not None and p.method == "native" and not qarray else "emulated"
-    seconds = tag.flops / p.rate if p is not None and p.rate else None
-    src = _source(eqn, prefix)
-    return Row(tag.op, src, tag.lhs, tag.rhs, status, p, tag.flops, seconds, tag.route)
+    try:
+        bw = targets.get(tag.target).mem_bw_bytes_per_second
+    except ValueError:  # a custom Target's name
+        bw = None
+    moved = _text_bytes(tag.lhs) + _text_bytes(tag.rhs)
+    rate = p.rate if p is not None else None
+    row = _row(
+        tag.op, _source(eqn, prefix), tag.lhs, tag.rhs, status, p, tag.flops, rate, moved, bw
+    )
+    return dataclasses.replace(row, weight_route=tag.route)
+
+
+def _text_bytes(operand: str) -> int:
+    """Stored bytes of an operand text ``FORMAT[d0,d1,...]`` (``:SCHEME`` ignored): its
+    elements at the format's bit width."""
+    name, _, dims = operand.split(":")[0].partition("[")
+    try:
+        bits = formats.get(name).bits
+    except (KeyError, ValueError):
+        return 0
+    shape = [int(d) for d in dims.rstrip("]").split(",") if d]
+    return math.prod(shape) * bits // 8
+
+
+def _aval_bytes(aval: Any) -> int:
+    return math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
+
+
+def _row(
+    op: str, src: str, lhs: str, rhs: str, status: str, p: Plan | None, flops: int,
+    rate: float | None, moved: int, bw: float | None,
+) -> Row:  # fmt: skip
+    compute = flops / rate if rate else None
+    memory = moved / bw if bw and moved else None
+    known = [v for v in (compute, memory) if v is not None]
+    seconds = max(known) if known else None
+    return Row(
+        op, src, lhs, rhs, status, p, flops, seconds,
+        bytes=moved, compute_seconds=compute, memory_seconds=memory,
+    )  # fmt: skip
 
 
 def _rows(jaxpr: Any, t: targets.Target, mode: str, prefix: tuple[str, ...]) -> Iterator[Row]:
@@ -370,14 +433,21 @@ def _primitive_row(eqn: Any, t: targets.Target, mode: str, prefix: tuple[str, ..
     flops = _flops(eqn)
     p: Plan | None
     src = _source(eqn, prefix)
+    moved = sum(_aval_bytes(v.aval) for v in (*eqn.invars[:2], eqn.outvars[0]))
+    bw = t.mem_bw_bytes_per_second
     if name in program.SCALED_PRIMITIVES:
         p = plan(lhs.dtype, rhs.dtype, target=t, preferred_element_type="float32", mode=mode)
-        seconds = flops / p.rate if p.rate else None
-        return Row(name, src, _describe(lhs), _describe(rhs), "emulated", p, flops, seconds)
+        return _row(
+            name, src, _describe(lhs), _describe(rhs), "emulated", p, flops, p.rate, moved, bw
+        )
+    rate: float | None
     if t.supports(np.dtype(lhs.dtype), np.dtype(rhs.dtype)):
-        a, b = formats.get(lhs.dtype), formats.get(rhs.dtype)
-        rate = t.native_rate(a, b)
+        rate = t.native_rate(formats.get(lhs.dtype), formats.get(rhs.dtype))
         status, p = "native", None
+    elif runs_as_is(np.dtype(lhs.dtype), np.dtype(rhs.dtype), target=t):
+        # JAX's own types (bf16 x bf16 on v2/v3): polyfill leaves the dot to XLA
+        rate = _xla_rate(t, lhs.dtype, rhs.dtype)
+        status, p = "native (XLA)", None
     else:
         p = plan(
             lhs.dtype,
@@ -387,5 +457,11 @@ def _primitive_row(eqn: Any, t: targets.Target, mode: str, prefix: tuple[str, ..
             mode=mode,
         )
         rate, status = p.rate, "emulated"
-    seconds = flops / rate if rate else None
-    return Row(name, src, _describe(lhs), _describe(rhs), status, p, flops, seconds)
+    return _row(name, src, _describe(lhs), _describe(rhs), status, p, flops, rate, moved, bw)
+
+
+def _xla_rate(t: targets.Target, *dtypes: Any) -> float | None:
+    """The rate of a dot XLA runs itself: bf16 for 16-bit floats (the matrix unit's
+    multipliers on every TPU), float32 for anything wider, where the target states one."""
+    wide = any(np.dtype(d).itemsize > 2 for d in dtypes)
+    return t.rate("float32" if wide else "bfloat16") or None

@@ -57,6 +57,7 @@ __all__ = [
     "detect",
     "from_device",
     "get",
+    "building_for_tpu",
     "names",
     "render_matrix",
     "target",
@@ -372,6 +373,30 @@ def from_device(device: jax.Device) -> Target:
     cc = getattr(device, "compute_capability", None)
     kind = getattr(device, "device_kind", "")
     return detect(device.platform, kind, None if cc is None else str(cc))
+
+
+def building_for_tpu(*arrays: object) -> bool:
+    """Whether the program being traced is built for a TPU: JAX's default backend, its
+    default device (``jax.default_device``; :func:`emulate.compiler.compile` sets the
+    target's compile-only device), the abstract mesh's device
+    (``jax.sharding.use_abstract_mesh``) or the devices of a concrete array among the
+    leaves of ``arrays`` (tracers carry none) is a TPU. A program traced with none of these
+    and lowered for a TPU afterwards (``.trace(...).lower(lowering_platforms=("tpu",))``)
+    cannot be seen here."""
+    default = getattr(jax.config, "jax_default_device", None)  # Device, platform or None
+    abstract = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+    concrete = [
+        a
+        for a in jax.tree.leaves(arrays)
+        if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
+    ]
+    platforms = {
+        jax.default_backend(),
+        getattr(default, "platform", default),
+        getattr(abstract, "platform", None),
+        *(d.platform for a in concrete for d in a.devices()),
+    }
+    return "tpu" in platforms
 
 
 #: The modes of the matmuls: "fast" (bounded) and "exact" (docs/numerics.md).

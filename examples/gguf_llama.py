@@ -11,8 +11,9 @@ NNX model with its weights kept as stored, decoding greedy tokens on TPU plans.
      below: ``gguf.quants`` quantizes only Q4_0 ... Q8_0 and MXFP4), F32 norms;
    - ``"Q8_0"``: Q8_0 attention and embeddings, MXFP4 MLP (``gguf.quants``' quantizers).
 
-2. ``port`` is the one call: ``emulate.flax.load_weights(Llama(config),
-   load_gguf(path))``. GGUF names map to the model's Hugging Face style paths by the
+2. ``port`` is the one call: ``emulate.flax.load_weights(model, load_gguf(path))`` on
+   an abstract ``model = nnx.eval_shape(lambda: Llama(config))`` (no weights made before
+   the file's). GGUF names map to the model's Hugging Face style paths by the
    default rule, each ``(out, in)`` matrix arrives as an ``(in, out)`` QArray kernel
    (codes and scales moved, nothing decoded), and every projection runs through
    emulate's matmul on the current target.
@@ -332,9 +333,11 @@ def write_gguf(path: str, c: Config, mix: str = "Q4_K_M", seed: int = 3) -> None
 
 
 def port(path: str) -> Llama:
-    """The one call: a Llama of the file's config, its weights as stored (QArrays)."""
+    """The one call: a Llama of the file's config, its weights as stored (QArrays). The
+    model is built abstract (``nnx.eval_shape``: shapes only, no random float32 weights,
+    which at 8B would be 32 GB) and ``load_weights`` sets every parameter from the file."""
     config = Config.from_gguf(read_gguf(path).metadata)
-    return emulate.flax.load_weights(Llama(config), load_gguf(path))
+    return emulate.flax.load_weights(nnx.eval_shape(lambda: Llama(config)), load_gguf(path))
 
 
 def float_model(path: str) -> Llama:

@@ -296,6 +296,31 @@ def test_inspect_rows_are_emulate_calls_on_the_users_lines():
             assert r.flops == 2 * 4 * 8 * 256
 
 
+def test_inspect_estimates_the_larger_of_compute_and_memory_time():
+    """A decode-step output head (1 x 4096 by 4096 x 128256, bf16) moves 1.05 GB: its time
+    is the bytes over the HBM bandwidth, not its flops over the matrix unit's rate. On v2
+    and v3, whose Mosaic-level table lacks bf16 x bf16, XLA runs the dot itself (polyfill
+    leaves it): "native (XLA)", not emulated."""
+    x = jax.ShapeDtypeStruct((1, 4096), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((4096, 128256), jnp.bfloat16)
+    moved = 2 * (4096 + 4096 * 128256 + 128256)
+    flops = 2 * 4096 * 128256
+    for target, status in (("tpu_v2", "native (XLA)"), ("tpu_v5e", "native")):
+        t = targets.get(target)
+        (r,) = emulate.inspect(jnp.dot, x, w, target=target).rows
+        assert (r.status, r.plan, r.bytes) == (status, None, moved)
+        assert r.compute_seconds == flops / t.bf16_ops_per_second
+        assert r.memory_seconds == moved / t.mem_bw_bytes_per_second
+        assert r.seconds == r.memory_seconds > 50 * r.compute_seconds
+    (q,) = emulate.inspect(lambda x, q: x @ q, XB, Q4, target="tpu_v2").rows
+    assert q.bytes == 4 * 256 * 2 + 256 * 8 // 2  # bf16 activations, int4 codes
+    assert q.memory_seconds == q.bytes / targets.get("tpu_v2").mem_bw_bytes_per_second
+    assert q.seconds == max(q.compute_seconds, q.memory_seconds)
+    text = str(emulate.inspect(jnp.dot, x, w, target="tpu_v2"))
+    header = text.splitlines()[1].split()
+    assert header[-5:] == ["route", "compute", "memory", "est.", "time"]
+
+
 XC = jnp.asarray(np.random.default_rng(3).standard_normal((1, 6, 6, 32)), jnp.bfloat16)
 WC = jnp.asarray(np.random.default_rng(4).standard_normal((3, 3, 32, 16)), jnp.float8_e4m3fn)
 QC = emulate.quantize(

@@ -587,3 +587,16 @@ def test_cpu_facts():
     assert not cpu.supports("float8_e8m0fnu", "float8_e8m0fnu")
     assert not cpu.supports("float6_e2m3fn", "float6_e2m3fn")
     assert not cpu.has_int4_matmul
+
+
+def test_building_for_tpu_reads_the_backend_default_device_and_abstract_mesh():
+    from emulate import compiler
+
+    assert targets.building_for_tpu() is False
+    assert targets.building_for_tpu(jnp.ones(2), {"w": np.ones(2)}) is False
+    with jax.default_device(compiler.device("tpu_v4")):
+        assert targets.building_for_tpu() is True
+    device = jax.sharding.AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), (), abstract_device=device)):
+        assert targets.building_for_tpu() is True
+    assert targets.building_for_tpu() is False

@@ -18,7 +18,11 @@ __all__ = ["check", "check_both", "check_many", "compile"]
 
 
 def compile(  # noqa: A001 - the module's verb; call it as emulate.compiler.compile
-    fn: Callable[..., Any], *arg_specs: Any, target: str | _targets.Target
+    fn: Callable[..., Any],
+    *arg_specs: Any,
+    target: str | _targets.Target,
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Sequence[str] | None = None,
 ) -> jax.stages.Compiled:
     """Compile ``fn(*arg_specs)`` for ``target`` with the real compiler, in this process.
 
@@ -28,6 +32,12 @@ def compile(  # noqa: A001 - the module's verb; call it as emulate.compiler.comp
     Uses this process's compatibility mode (:func:`compat_mode`); for the other one, use
     :func:`check` with ``compat=``. The result has ``cost_analysis()``,
     ``memory_analysis()`` and ``as_text()``; it cannot run.
+
+    ``donate_argnums`` / ``donate_argnames``: as ``jax.jit``'s, the arguments whose
+    buffers the program may reuse for its outputs (a KV cache updated in place): each
+    donated argument that matches an output's shape and dtype becomes an
+    ``input_output_alias`` of the compiled program, and its bytes count once in
+    ``memory_analysis()`` (``alias_size_in_bytes``), not as argument and output both.
 
     Raises:
       CompilerUnavailable: libtpu is not installed or does not load.
@@ -40,7 +50,8 @@ def compile(  # noqa: A001 - the module's verb; call it as emulate.compiler.comp
     dev = device(target)
     specs = place_specs(arg_specs, dev)
     with on_device(dev):
-        return jax.jit(fn).lower(*specs).compile()
+        jitted = jax.jit(fn, donate_argnums=donate_argnums, donate_argnames=donate_argnames)
+        return jitted.lower(*specs).compile()
 
 
 def check(

@@ -310,18 +310,32 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
     return _result(outs, cfg, scales, tensor_scale)
 
 
-def interpret_mode(interpret: bool | None) -> bool:
-    """Whether :func:`matmul` runs its kernel in Pallas' interpret mode for this
-    ``interpret`` argument: as given, or (None) wherever the default backend is not a TPU.
+def interpret_mode(interpret: bool | None, *operands: Any) -> bool:
+    """Whether :func:`matmul` runs its kernel in Pallas' interpret mode: as ``interpret``
+    says, or (None) unless the program is built for a TPU
+    (:func:`emulate.targets.building_for_tpu` of ``operands``).
 
     Raises:
       TypeError: ``interpret`` is not None, True or False.
+      ValueError: ``interpret=False`` for a QArray or prepared QArray among ``operands``
+        with no TPU in sight: Pallas lowers its kernel's integer index arithmetic for a
+        known chip only ("Unsupported TPU device kind: cpu" otherwise).
     """
-    if interpret is None:
-        return jax.default_backend() != "tpu"
-    if isinstance(interpret, bool):
-        return interpret
-    raise TypeError(f"interpret: expected None, True or False, got {interpret!r}")
+    if interpret is not None and not isinstance(interpret, bool):
+        raise TypeError(f"interpret: expected None, True or False, got {interpret!r}")
+    tpu = targets.building_for_tpu(*operands)
+    if interpret is None or interpret:
+        return interpret or not tpu
+    if not tpu and any(isinstance(a, (QArray, KernelQWeight)) for a in operands):
+        raise ValueError(
+            "interpret: False builds the Mosaic kernel of a quantized weight, which Pallas "
+            'lowers for a known TPU only (else "Unsupported TPU device kind: cpu"), and no '
+            f"TPU is in sight (JAX's default backend is {jax.default_backend()}): compile "
+            "with emulate.compiler.compile(fn, *specs, target=...), or trace and lower "
+            "inside `with jax.default_device(emulate.compiler.device(target)):`; "
+            "interpret=None runs the kernel in interpret mode here"
+        )
+    return False
 
 
 def matmul(
@@ -358,8 +372,9 @@ def matmul(
       out_dtype: the result type (as ``preferred_element_type``); default what
         ``lax.dot_general`` returns for the pair (bfloat16 for bf16 x int4, int8 for
         int8 x int8: pass ``jnp.int32`` for the int32 sum).
-      interpret: None (default): interpret mode unless JAX's default backend is a TPU;
-        True / False to force it.
+      interpret: None (default): interpret mode unless the program is built for a TPU (a
+        TPU backend or default device, as under :func:`emulate.compiler.compile`; see
+        :func:`interpret_mode`); True / False to force it.
       x_format, w_format: the formats of operands passed as raw uint8 codes.
 
     Returns:
@@ -396,7 +411,7 @@ def matmul(
         stored=a.stored,
         w_passthrough=a.passthrough,
         block_shape=block_shape,
-        interpret=interpret_mode(interpret),
+        interpret=interpret_mode(interpret, a.x, w),
         x_dtype=a.x.dtype.name,
         scaling=a.scaling,
         out=a.out,

@@ -29,6 +29,8 @@ import pytest
 from gguf import GGMLQuantizationType
 
 import emulate
+import emulate.flax
+import emulate.importers.gguf
 
 PATH = pathlib.Path(__file__).resolve().parents[2] / "examples" / "gguf_llama.py"
 _spec = importlib.util.spec_from_file_location("gguf_llama", PATH)
@@ -76,6 +78,26 @@ def test_ported_model_decodes_the_float_models_tokens(mix, tmp_path) -> None:
     for target in ("tpu_v4", "tpu_v5e"):
         with emulate.target(target):
             assert example.greedy(model, prompt, 6) == want, target
+
+
+def test_an_abstract_model_loads_the_files_weights_and_nothing_else(tmp_path) -> None:
+    """``nnx.eval_shape(lambda: Llama(config))`` holds no arrays (no random weights); once
+    ``load_weights`` has run, every parameter is an array, bit-equal to the one the file
+    gives a concretely built model."""
+    from flax import nnx
+
+    path = str(tmp_path / "tiny.gguf")
+    example.write_gguf(path, SMALL, "Q8_0")
+    abstract = nnx.eval_shape(lambda: example.Llama(SMALL))
+    assert {type(v).__name__ for v in jax.tree.leaves(nnx.state(abstract))} == {"ShapeDtypeStruct"}
+    weights = emulate.importers.gguf.load_gguf(path)
+    loaded = emulate.flax.load_weights(abstract, weights)
+    concrete = emulate.flax.load_weights(example.Llama(SMALL), weights)
+    got, want = jax.tree.leaves(nnx.state(loaded)), jax.tree.leaves(nnx.state(concrete))
+    assert len(got) == len(want) > 0
+    for a, b in zip(got, want):
+        assert isinstance(a, jax.Array) and a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_the_examples_awq_writer_decodes_with_autoawqs_decoder() -> None:

@@ -19,7 +19,7 @@ import pytest
 
 import emulate
 import emulate.pallas
-from emulate import formats, reference, targets
+from emulate import compiler, formats, reference, targets
 from emulate.pallas import matmul_config, matmul_kernel, route
 
 DN = (((1,), (0,)), ((), ()))
@@ -220,7 +220,53 @@ def test_default_blocks_come_from_the_target():
 def test_interpret_mode_is_the_default_off_tpu():
     assert jax.default_backend() == "cpu"
     assert matmul_kernel.interpret_mode(None) is True
+    assert matmul_kernel.interpret_mode(None, jnp.ones(3)) is True
     assert matmul_kernel.interpret_mode(False) is False
+    assert matmul_kernel.interpret_mode(True, jnp.ones(3)) is True
+    with pytest.raises(TypeError, match=r"^interpret: expected None, True or False, got 1$"):
+        matmul_kernel.interpret_mode(1)
+
+
+def test_the_default_compiles_the_kernel_for_a_tpu_target():
+    """interpret=None under emulate.compiler.compile (a TPU compile-only default device)
+    builds the Mosaic kernel: one tpu_custom_call and no temporaries, where the interpret
+    program would have neither the call nor zero temporaries."""
+    x = jax.ShapeDtypeStruct((8, 256), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((256, 256), jnp.int8)
+    device = compiler.device("tpu_v5e")
+    with jax.default_device(device):
+        assert matmul_kernel.interpret_mode(None) is False
+    got = compiler.compile(
+        lambda x, w: emulate.pallas.matmul(x, w, target="tpu_v5e"), x, w, target="tpu_v5e"
+    )
+    assert got.as_text().count('custom_call_target="tpu_custom_call"') == 1
+    assert got.memory_analysis().temp_size_in_bytes == 0
+
+
+def test_a_quantized_kernel_lowered_with_no_tpu_in_sight_says_what_to_do():
+    """Pallas lowers the integer index arithmetic of a quantized weight's kernel for a
+    known chip only ("Unsupported TPU device kind: cpu" otherwise): interpret=False with
+    no TPU in sight is refused with what to do; with the target's compile-only device as
+    JAX's default device, the same call lowers for TPU."""
+    q = emulate.quantize(np.ones((256, 128), np.float32), emulate.mx.MXFP4, axis=0)
+    x = jax.ShapeDtypeStruct((8, 256), jnp.bfloat16)
+
+    def f(x, q):
+        return emulate.pallas.matmul(x, q, target="tpu_v5e", out_dtype="float32", interpret=False)
+
+    with pytest.raises(ValueError) as e:
+        jax.jit(f).trace(x, q)
+    assert str(e.value) == (
+        "interpret: False builds the Mosaic kernel of a quantized weight, which Pallas lowers "
+        'for a known TPU only (else "Unsupported TPU device kind: cpu"), and no TPU is in '
+        "sight (JAX's default backend is cpu): compile with emulate.compiler.compile(fn, "
+        "*specs, target=...), or trace and lower inside `with "
+        "jax.default_device(emulate.compiler.device(target)):`; interpret=None runs the "
+        "kernel in interpret mode here"
+    )
+    with jax.default_device(compiler.device("tpu_v5e")):
+        lowered = jax.jit(f).trace(x, q).lower(lowering_platforms=("tpu",))
+    assert "tpu_custom_call" in lowered.as_text()
 
 
 def _i8(*shape):

@@ -1,0 +1,373 @@
+"""Real-size quantized models beside their bf16 models on every TPU generation, compile-only.
+
+What one decode step or prefill moves, holds and costs, through emulate's front end and
+through ``emulate.pallas.matmul`` on prepared weights, beside the bf16 model.
+
+Models (``benchmarks.model_specs``): Llama-3-8B in Q4_K_M and in AWQ int4, gpt-oss-20B in
+MXFP4, Llama-3-70B in Q4_K_M tensor-parallel over 8 devices (v5e 2x4, v6e 2x4, and the 8
+TensorCores of a v4 2x2x1: libtpu's compile-only v4 devices are cores).
+Weights are abstract (``jax.ShapeDtypeStruct`` pytrees of QArrays as the importers build
+them, or of prepared kernel weights): nothing is materialized. Steps: decode at batch 1
+and 16 over a KV cache of 4096, and a prefill of 2048 tokens (batch 1).
+
+Each (model, generation, step, route) compiles one decoder layer and the output head with
+the real compiler (``emulate.compiler``, KV caches donated) and extrapolates: per step,
+``layers x layer + head``. A Pallas call counts in neither bytes nor flops in libtpu's
+``cost_analysis()``: a program with kernels has its kernels' HBM traffic counted from
+their block specs and grids (``benchmarks.pallas_traffic``) added to the compiler's bytes
+for the rest, and no compiler estimate. Per row:
+
+- bytes / ideal: bytes accessed per step over (stored weights read + KV cache read +
+  activations in and out);
+- temporaries outside kernels (the largest program's, as the layers run one after
+  another);
+- footprint: all layers' weights and caches + head + token embeddings + temporaries +
+  outputs, against one device's HBM;
+- the compiler's estimate against bytes / HBM bandwidth (one device's).
+
+Run ``python -m benchmarks.models`` (everything: hours; one real-size layer through the XLA
+route takes 1-5 minutes to compile on 2 busy cores) or
+``--quick`` (Llama-3-8B Q4_K_M decode at batch 1 on v2 and v5e: 519 s at a load average
+of 10-15 on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import harness, model_specs
+from benchmarks import model_weights as mw
+from benchmarks.model_layers import ROUTES, head, layer
+from benchmarks.pallas_traffic import estimate_seconds, kernel_traffic
+from emulate import compiler
+from emulate.compiler.devices import on_device
+
+GENERATIONS = ("tpu_v2", "tpu_v3", "tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e", "tpu_v7x")
+#: step name -> (batch, new tokens, KV cache length)
+STEPS = {"decode-1": (1, 1, 4096), "decode-16": (16, 1, 4096), "prefill-2048": (1, 2048, 2048)}
+QUICK = {
+    "models": ["llama3-8b-q4_k_m"],
+    "generations": ["tpu_v2", "tpu_v5e"],
+    "steps": ["decode-1"],
+}
+
+
+def _programs(m: model_specs.Model, route: str, gen: str, step: str) -> dict[str, tuple]:
+    s = m.shape
+    b, t, kv = STEPS[step]
+    x = jax.ShapeDtypeStruct((b, t, s.dim), jnp.bfloat16)
+    cache = jax.ShapeDtypeStruct((b, kv, s.kv_heads, s.head_dim), jnp.bfloat16)
+    pos = jax.ShapeDtypeStruct((), jnp.int32)
+    lw, hw = model_specs.layer_weights(m, route), model_specs.head_weights(m, route)
+    alone = layer(s, route, gen, collective=False)  # traced outside shard_map
+    return {
+        "layer": (layer(s, route, gen), (lw, x, cache, cache, pos), (2, 3), alone),
+        "head": (head(s, route, gen), (hw, x), (), None),
+    }
+
+
+#: the weights split along their last axis (column-parallel) and their first (row-parallel)
+_COLUMNS = ("q", "k", "v", "gate", "up", "head")
+_ROWS = ("o", "down")
+
+
+def _split_axis(path: tuple, leaf: Any) -> int | None:
+    """The axis of a program argument's leaf that tensor parallelism splits: weights by
+    their name (experts' leaves past their leading axis), KV caches along their heads."""
+    arg = path[0].idx
+    if arg in (2, 3):  # the layer's KV caches
+        return 2
+    name = getattr(path[1], "key", None) if arg == 0 and len(path) > 1 else None
+    nd = len(leaf.shape)
+    if nd < 2 or name not in (*_COLUMNS, *_ROWS):
+        return None
+    return nd - 1 if name in _COLUMNS else nd - 2
+
+
+def _compile(fn: Any, specs: tuple, gen: str, donate: tuple, chips: int) -> Any:
+    """``fn(*specs)`` compiled for ``gen``: on one device, or over the 8-chip topology of
+    :data:`model_specs.TOPOLOGIES` with ``fn`` as the per-chip program of a
+    ``jax.shard_map`` (each argument leaf split by :func:`_split_axis`)."""
+    if chips == 1:
+        return compiler.compile(fn, *specs, target=gen, donate_argnums=donate)
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    devices = topologies.get_topology_desc(model_specs.TOPOLOGIES[gen], "tpu").devices
+    mesh = Mesh(devices, ("x",))
+    paths, treedef = jax.tree_util.tree_flatten_with_path(specs)
+    parts, leaves, donated = [], [], []
+    for i, (path, leaf) in enumerate(paths):
+        axis = _split_axis(path, leaf)
+        shape = list(leaf.shape)
+        spec = [None] * len(shape)
+        if axis is not None:
+            shape[axis] *= chips
+            spec[axis] = "x"
+        parts.append(P(*spec))
+        leaves.append(
+            jax.ShapeDtypeStruct(shape, leaf.dtype, sharding=NamedSharding(mesh, P(*spec)))
+        )
+        if path[0].idx in donate:
+            donated.append(i)
+
+    def body(*flat: Any) -> Any:
+        return fn(*jax.tree_util.tree_unflatten(treedef, flat))
+
+    out = (P(), P(None, None, "x", None), P(None, None, "x", None)) if donate else P(None, "x")
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=tuple(parts), out_specs=out, check_vma=False)
+    with on_device(devices[0]):
+        return jax.jit(mapped, donate_argnums=tuple(donated)).lower(*leaves).compile()
+
+
+def _costs(
+    fn: Any, specs: tuple, gen: str, donate: tuple, chips: int, alone: Any = None
+) -> dict[str, Any]:
+    """What one program costs per device: bytes accessed (the compiler's, plus its Pallas
+    kernels' block traffic, counted on ``alone``, the program without collectives, where
+    given), temporaries, outputs, the compiler's estimate (None with kernels, or where
+    libtpu gives its sentinel) and the kernels' count."""
+    compiled = _compile(fn, specs, gen, donate, chips)
+    cost = compiled.cost_analysis() or {}
+    mem = compiled.memory_analysis()
+    kernels = compiled.as_text().count('custom_call_target="tpu_custom_call"')
+    moved = float(cost.get("bytes accessed") or 0.0)
+    if kernels:
+        moved += kernel_traffic(alone or fn, specs, gen)["bytes"]
+    return {
+        "bytes": moved,
+        "temp": int(mem.temp_size_in_bytes),
+        "output": int(mem.output_size_in_bytes) - int(mem.alias_size_in_bytes),
+        "estimate": None if kernels else estimate_seconds(cost),
+        "kernels": kernels,
+    }
+
+
+def ideal_bytes(m: model_specs.Model, route: str, step: str, lw: dict, hw: dict) -> dict[str, int]:
+    """Bytes a step must move per layer and for the head: the weights it reads as stored
+    (at batch 1, an MoE reads only its top-k experts), the KV cache read once, the new
+    KV rows written, the activations in and out."""
+    s = m.shape
+    b, t, kv = STEPS[step]
+    experts = {"gate", "up", "down"} if s.experts else set()
+    weights = sum(mw.nbytes(v) for k, v in lw.items() if k not in experts)
+    routed = sum(mw.nbytes(lw[k]) for k in experts)
+    if s.experts and b * t == 1:
+        routed = routed * s.top_k // s.experts
+    cache = 2 * 2 * b * kv * s.kv_heads * s.head_dim
+    acts = 2 * 2 * b * t * s.dim
+    return {
+        "layer": weights + routed + cache + acts,
+        "head": mw.nbytes(hw) + 2 * b * s.dim + 2 * b * s.vocab,
+        "layer_weights": weights + mw.nbytes({k: lw[k] for k in experts}),
+        "cache": cache,
+    }
+
+
+def measure(model: str, gen: str, step: str, route: str, log: Any) -> dict[str, Any]:
+    """One row: the layer and the head compiled for ``gen``, extrapolated to the model."""
+    m = model_specs.MODELS[model]
+    s = m.shape
+    row: dict[str, Any] = {"model": model, "generation": gen, "step": step, "route": route}
+    progs = _programs(m, route, gen, step)
+    lw, hw = progs["layer"][1][0], progs["head"][1][0]
+    ideal = ideal_bytes(m, route, step, lw, hw)
+    got: dict[str, dict] = {}
+    for part, (fn, specs, donate, alone) in progs.items():
+        t0 = time.perf_counter()
+        try:
+            got[part] = _costs(fn, specs, gen, donate, s.chips, alone)
+        except Exception as e:  # noqa: BLE001 - a refusal is a result
+            row.update(status="refused", reason=f"{part}: {harness.short_error(e)}")
+            log(f"{model} {gen} {step} {route}: {row['reason']}")
+            return row
+        log(f"{model} {gen} {step} {route} {part}: {time.perf_counter() - t0:.1f} s")
+    lay, hd = got["layer"], got["head"]
+    n = s.layers
+    row.update(status="ok", kernels=lay["kernels"] + hd["kernels"])
+    row["bytes"] = n * lay["bytes"] + hd["bytes"]
+    row["ideal"] = n * ideal["layer"] + ideal["head"]
+    row["bytes_over_ideal"] = row["bytes"] / row["ideal"]
+    row["layer_bytes_over_ideal"] = lay["bytes"] / ideal["layer"]
+    row["temp"] = max(lay["temp"], hd["temp"])
+    row["stored_weights"] = n * ideal["layer_weights"] + mw.nbytes(hw)
+    row["temp_over_weights"] = row["temp"] / row["stored_weights"]
+    embed = model_specs.embed_bytes(m, route)
+    row["footprint"] = (
+        n * (ideal["layer_weights"] + ideal["cache"])
+        + mw.nbytes(hw) + embed + row["temp"] + hd["output"]
+    )  # fmt: skip
+    est = [lay["estimate"], hd["estimate"]]
+    row["estimate_s"] = None if None in est else n * est[0] + est[1]
+    return derive(row)
+
+
+def derive(row: dict[str, Any]) -> dict[str, Any]:
+    """A measured row's figures that follow from :data:`model_specs.HBM` and the targets'
+    bandwidth: the device's HBM, whether the footprint fits it, bytes and ideal bytes over
+    the bandwidth (seconds)."""
+    if row.get("status") != "ok":
+        return row
+    gen = row["generation"]
+    row["hbm"] = model_specs.HBM[gen][0]
+    row["fits"] = row["footprint"] <= row["hbm"]
+    row["bandwidth_s"] = row["bytes"] / model_specs.bandwidth(gen)
+    row["floor_s"] = row["ideal"] / model_specs.bandwidth(gen)
+    return row
+
+
+def _gb(v: float | None) -> str:
+    return harness.MISSING if v is None else f"{v / 1e9:.2f}"
+
+
+def _gib(v: float | None) -> str:
+    return harness.MISSING if v is None else f"{v / (1 << 30):.2f}"
+
+
+#: each route's name in the tables
+ROUTE_LABELS = {
+    "front": "emulate.matmul (QArray)",
+    "pallas": "pallas.matmul (prepared)",
+    "bf16": "bf16 model",
+}
+
+
+def _cells(r: dict[str, Any]) -> list[str]:
+    if r["status"] != "ok":
+        return [r["status"], r.get("reason", "")[:80], "", "", "", ""]
+    fit = "fits" if r["fits"] else "**does not fit**"
+    return [
+        f"{_gb(r['bytes'])} GB ({r['bytes_over_ideal']:.2f}x)",
+        f"{_gib(r['temp'])} GiB ({100 * r['temp_over_weights']:.1f}%)",
+        f"{_gib(r['footprint'])} GiB, {fit}",
+        "none" if r["estimate_s"] is None else harness.ms(r["estimate_s"], 1),
+        harness.ms(r["bandwidth_s"], 1),
+        harness.ms(r["floor_s"], 1),
+    ]
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """One table per model and step: a row per generation and route."""
+    rows = data["results"]
+    lines = [f"`{data['command']}` (libtpu {data['libtpu']}; {data['wall_s']:.0f} s)", ""]
+    heads = [
+        "generation (HBM)",
+        "route",
+        "bytes / step (x ideal)",
+        "temporaries (% of weights)",
+        "footprint",
+        "compiler's estimate (ms)",
+        "bytes / HBM BW (ms)",
+        "ideal / HBM BW (ms)",
+    ]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for step in dict.fromkeys(r["step"] for r in rows if r["model"] == model):
+            lines += [f"#### {model_specs.MODELS[model].name}, {step}", ""]
+            lines += ["| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
+            order = {g: i for i, g in enumerate(GENERATIONS)}
+            picked = [r for r in rows if (r["model"], r["step"]) == (model, step)]
+            for r in sorted(
+                picked, key=lambda r: (order[r["generation"]], ROUTES.index(r["route"]))
+            ):
+                hbm = f"{r['generation']} ({model_specs.HBM[r['generation']][0] >> 30} GiB)"
+                cells = [hbm, ROUTE_LABELS[r["route"]], *_cells(r)]
+                lines.append("| " + " | ".join(cells) + " |")
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _names(text: str | None, known: Sequence[str], flag: str) -> list[str] | None:
+    if text is None:
+        return None
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise harness.FlagError(f"{flag}: unknown {bad or text!r}; known: {', '.join(known)}")
+    return names
+
+
+def run(args: argparse.Namespace) -> harness.Report:
+    """Compile every (model, generation, step, route) asked for; the report. With
+    ``--from-json``, compile nothing: the tables of earlier runs' JSON, merged."""
+    if args.from_json:
+        runs = [json.loads(p.read_text()) for p in args.from_json]
+        rows = [derive(r) for d in runs for r in d["results"]]
+        commands = "`, `".join(d["command"] for d in runs)
+        data = {"command": commands, "libtpu": runs[0]["libtpu"], "results": rows}
+        data["wall_s"] = sum(d["wall_s"] for d in runs)
+        return harness.Report(data, markdown(data), markdown=True)
+    try:
+        offered = compiler.generations()
+    except compiler.CompilerUnavailable as e:
+        raise harness.Unavailable(str(e)) from e
+    pick = QUICK if args.quick else {}
+    models = _names(args.models, list(model_specs.MODELS), "--models") or pick.get(
+        "models", list(model_specs.MODELS)
+    )
+    gens = _names(args.generations, GENERATIONS, "--generations") or pick.get(
+        "generations", list(GENERATIONS)
+    )
+    steps = _names(args.steps, list(STEPS), "--steps") or pick.get("steps", list(STEPS))
+    routes = _names(args.routes, ROUTES, "--routes") or list(ROUTES)
+    t0 = time.perf_counter()
+    rows = []
+    for model in models:
+        tp = model_specs.MODELS[model].shape.chips > 1
+        for gen in gens:
+            if gen not in offered or (tp and gen not in model_specs.TOPOLOGIES):
+                continue
+            for step in steps:
+                for route in routes:
+                    rows.append(measure(model, gen, step, route, _log))
+    data = {
+        "benchmark": "models",
+        "command": args.command,
+        "libtpu": compiler.libtpu_version(),
+        "environment": harness.environment(),
+        "wall_s": time.perf_counter() - t0,
+        "results": rows,
+    }
+    return harness.Report(data, markdown(data), markdown=True)
+
+
+def _log(s: str) -> None:
+    print(s, file=sys.stderr, flush=True)
+
+
+def flags(p: argparse.ArgumentParser) -> None:
+    """models' own flags: each a comma-separated subset (default all)."""
+    p.add_argument("--models", help=f"from: {', '.join(model_specs.MODELS)}")
+    p.add_argument("--generations", help=f"from: {', '.join(GENERATIONS)}")
+    p.add_argument("--steps", help=f"from: {', '.join(STEPS)}")
+    p.add_argument("--routes", help=f"from: {', '.join(ROUTES)}")
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        nargs="+",
+        metavar="PATH",
+        help="compile nothing: the tables of earlier runs' JSON files, merged",
+    )
+
+
+BENCHMARK = harness.Benchmark(
+    name="models",
+    description=__doc__.splitlines()[0],
+    run=run,
+    flags=flags,
+    quick="Llama-3-8B Q4_K_M, decode at batch 1, on tpu_v2 and tpu_v5e",
+)
+main = BENCHMARK.main
+
+
+if __name__ == "__main__":
+    sys.exit(main())

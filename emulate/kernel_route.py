@@ -389,7 +389,9 @@ def _kernel_program(s: _Static, x: Any, w: Any) -> Any:
         return _kernel(s, xs, ws, interpret=s.interpret)
 
     try:
-        got: Any = jax.make_jaxpr(flat)(*jax.tree.leaves((x, w)))
+        # the TPU branch of the routed program: the kernel is built as for a TPU
+        with contextlib.nullcontext() if s.interpret else targets.tpu_branch():
+            got: Any = jax.make_jaxpr(flat)(*jax.tree.leaves((x, w)))
     except (NotImplementedError, ValueError, TypeError) as e:
         got = f"emulate.pallas.matmul refuses it: {e}"
     if key is not None:

@@ -28,6 +28,7 @@ explicit mode, the innermost ``with use_mode(...)`` block, then ``"fast"``.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import os
@@ -58,6 +59,7 @@ __all__ = [
     "from_device",
     "get",
     "building_for_tpu",
+    "tpu_branch",
     "names",
     "render_matrix",
     "target",
@@ -375,14 +377,35 @@ def from_device(device: jax.Device) -> Target:
     return detect(device.platform, kind, None if cc is None else str(cc))
 
 
+_TPU_BRANCH: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "emulate_tpu_branch", default=False
+)
+
+
+@contextlib.contextmanager
+def tpu_branch() -> Iterator[None]:
+    """Trace code inside the block that only a TPU lowering reaches (the TPU branch of a
+    ``lax.platform_dependent``, as :mod:`emulate.kernel_route` builds it):
+    :func:`building_for_tpu` is True there, whatever this process has. Lowering such a
+    program for a TPU still needs the chip (a TPU backend or default device, as under
+    :func:`emulate.compiler.compile`)."""
+    token = _TPU_BRANCH.set(True)
+    try:
+        yield
+    finally:
+        _TPU_BRANCH.reset(token)
+
+
 def building_for_tpu(*arrays: object) -> bool:
-    """Whether the program being traced is built for a TPU: JAX's default backend, its
-    default device (``jax.default_device``; :func:`emulate.compiler.compile` sets the
-    target's compile-only device), the abstract mesh's device
-    (``jax.sharding.use_abstract_mesh``) or the devices of a concrete array among the
-    leaves of ``arrays`` (tracers carry none) is a TPU. A program traced with none of these
-    and lowered for a TPU afterwards (``.trace(...).lower(lowering_platforms=("tpu",))``)
-    cannot be seen here."""
+    """Whether the program being traced is built for a TPU: inside :func:`tpu_branch`, or
+    where JAX's default backend, its default device (``jax.default_device``;
+    :func:`emulate.compiler.compile` sets the target's compile-only device), the abstract
+    mesh's device (``jax.sharding.use_abstract_mesh``) or the devices of a concrete array
+    among the leaves of ``arrays`` (tracers carry none) is a TPU. A program traced with none
+    of these and lowered for a TPU afterwards
+    (``.trace(...).lower(lowering_platforms=("tpu",))``) cannot be seen here."""
+    if _TPU_BRANCH.get():
+        return True
     default = getattr(jax.config, "jax_default_device", None)  # Device, platform or None
     abstract = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
     concrete = [

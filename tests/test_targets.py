@@ -600,3 +600,16 @@ def test_building_for_tpu_reads_the_backend_default_device_and_abstract_mesh():
     with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), (), abstract_device=device)):
         assert targets.building_for_tpu() is True
     assert targets.building_for_tpu() is False
+
+
+def test_tpu_branch_builds_for_a_tpu_inside_the_block_only():
+    assert targets.building_for_tpu() is False
+    with targets.tpu_branch():
+        assert targets.building_for_tpu() is True
+        with targets.tpu_branch():
+            assert targets.building_for_tpu() is True
+        assert targets.building_for_tpu() is True
+    assert targets.building_for_tpu() is False
+    with pytest.raises(KeyError), targets.tpu_branch():
+        raise KeyError("left by an exception")
+    assert targets.building_for_tpu() is False

@@ -109,6 +109,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.engine.limbs",
             "emulate.engine.exact",
             "emulate.engine.tiled",
+            "emulate.engine.qtiled",
             "emulate.engine.grad",
             "emulate.engine.run",
             "emulate.engine.sites",

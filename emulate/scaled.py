@@ -378,8 +378,16 @@ def _qtiled_run(a, b, dimension_numbers, precision, out, t: qtiled.QTiling):
     common = jnp.promote_types(vo.dtype, to)
     hi = lax.Precision.HIGHEST if common == jnp.float32 else precision
 
+    (lc, rc), (lb, rb) = dimension_numbers
+    skip = (rc + rb) if t.side == 0 else (lc + lb)
+    rows = math.prod(n for d, n in enumerate(other.shape) if d not in skip)
+    # XLA:CPU's matrix-vector dot widens a bf16 operand to f32 (and runs slower than an f32
+    # one): few rows take f32 values even where bf16 would be exact
+    on_cpu = jnp.float32 if rows < 16 else common
+    hi_cpu = lax.Precision.HIGHEST if on_cpu == jnp.float32 else precision
+
     def cpu(q, vo):
-        return qtiled.contract(t, q, vo.astype(common), dimension_numbers, hi, common)
+        return qtiled.contract(t, q, vo.astype(on_cpu), dimension_numbers, hi_cpu, on_cpu)
 
     def untiled(q, vo):
         w = dequantize(q, to=common)

@@ -18,8 +18,8 @@ The tile (:func:`choose`) is a power of two of whole blocks (and whole packing g
 where the codes are packed along N) whose f32 values fit ``Settings.max_tile_bytes``, and
 at most half the dimension, however small the weight: the loop is what keeps the blocks'
 factors apart from the elements (a two-step loop costs little; a one-step one XLA
-removes). None (run untiled) where the weight has no free dimension or no two tiles of
-whole blocks. Used only where the program is lowered for the CPU
+removes). None (run untiled) where the weight has no free dimension, no two tiles of
+whole blocks, or is tiny (:data:`MIN_ELEMENTS`). Used only where the program is lowered for the CPU
 (``lax.platform_dependent`` in :mod:`emulate.scaled`).
 """
 
@@ -40,7 +40,12 @@ from emulate.numerics.storage import Packed, code_planes, group_shape
 from emulate.qarray import QArray, apply_block_factors, block_factors
 from emulate.qparts import element_values, is_int
 
-__all__ = ["QTiling", "choose", "contract", "slice_blocks", "tile_values"]
+__all__ = ["MIN_ELEMENTS", "QTiling", "choose", "contract", "slice_blocks", "tile_values"]
+
+#: Weights of fewer elements, and within ``Settings.min_bytes`` as f32, stay untiled: one
+#: dequantize and one dot cost little there (the tiny llama example's 256 x 256 matrices
+#: are tiled: two steps halve their decoding time a token).
+MIN_ELEMENTS = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +94,7 @@ def choose(
     (lc, rc), (lb, rb) = dimension_numbers
     contracting, batch = (lc, lb) if side == 0 else (rc, rb)
     free = [d for d in range(len(q.shape)) if d not in contracting and d not in batch]
-    if not free:
+    if not free or (4 * math.prod(q.shape) <= s.min_bytes and math.prod(q.shape) < MIN_ELEMENTS):
         return None
     dim = max(free, key=lambda d: q.shape[d])
     size = q.shape[dim]

@@ -90,8 +90,14 @@ def test_tiled_matmul_is_within_the_bound_for_every_tile(name: str) -> None:
 def test_choose_refuses_what_it_does_not_tile() -> None:
     s, q = _weight("fp8_block128")
     dn = s.dn
-    # a small weight still takes two steps (the loop keeps the blocks' factors apart)
+    # a small weight still takes two steps (the loop keeps the blocks' factors apart),
+    # a tiny one none
+    assert K * N >= qtiled.MIN_ELEMENTS
     assert qtiled.choose(q, 1, 2, dn, tiled.DEFAULT).tile == 256
+    _, tiny = _weight("awq_g128")
+    tiny = qtiled.slice_blocks(tiny, 1, 0, 64)  # 256 x 64
+    assert qtiled.choose(tiny, 1, 2, dn, tiled.DEFAULT) is None
+    assert qtiled.choose(tiny, 1, 2, dn, SETTINGS).tile == 32
     assert qtiled.choose(q, 1, 2, dn, dataclasses.replace(SETTINGS, tile=64)) is None  # 128-blocks
     assert qtiled.choose(q, 1, 2, dn, dataclasses.replace(SETTINGS, enabled=False)) is None
     assert qtiled.choose(q, 1, 2, dn, dataclasses.replace(SETTINGS, tile=128)) == qtiled.QTiling(

@@ -76,6 +76,8 @@ from emulate.qparts import (
 __all__ = [
     "QArray",
     "SCALE_FORMATS",
+    "apply_block_factors",
+    "block_factors",
     "broadcast_blocks",
     "dequantize",
     "logical_dtype",
@@ -537,10 +539,7 @@ def code_values(q: QArray) -> jax.Array:
     """``value(code) - zero_point`` of every element in float32, stored order (without
     ``2**element_exponent``, which :func:`scale_parts` carries)."""
     v = element_values(q.unpacked_codes(), q.format, q.codebook)
-    z = block_zero_points(q)
-    if z is not None:
-        v = v - broadcast_blocks(z, q.block_shape, q.shape)
-    return v
+    return apply_block_factors(v, (block_zero_points(q), None, None, None, None), q.block_shape)
 
 
 def unpermute(q: QArray, v: jax.Array) -> jax.Array:
@@ -575,21 +574,25 @@ def dequantize(q: QArray, to: DTypeLike | None = None) -> jax.Array:
     return _dequantize(q, dt.name)
 
 
+def block_factors(q: QArray) -> tuple[Any, ...]:
+    """Per block, the f32 arrays :func:`apply_block_factors` applies: ``(zero point or None,
+    m, 2**e1, 2**e2, offset or None)``, ``m * 2**(e1 + e2)`` the scale (:func:`scale_parts`);
+    2**e as two normal powers of two of e's sign (e >= -252: below, every product underflows)."""
+    m, e = scale_parts(q)
+    e = jnp.maximum(e, -252)
+    return block_zero_points(q), m, pow2_normal(e // 2), pow2_normal(e - e // 2), offset_values(q)
+
+
+def apply_block_factors(v: jax.Array, factors: tuple, block: tuple[int, ...]) -> jax.Array:
+    """``(v - z) * m * 2**e1 * 2**e2 + o`` per element in f32 (:func:`block_factors`, each
+    broadcast over its ``block``; None: absent); ``v``: the codes' values, stored order."""
+    for f, op in zip(factors, (jnp.subtract, jnp.multiply, jnp.multiply, jnp.multiply, jnp.add)):
+        if f is not None:
+            v = op(v, broadcast_blocks(f, block, v.shape))
+    return v
+
+
 @functools.partial(jax.jit, static_argnames=("to",))
 def _dequantize(q: QArray, to: str) -> jax.Array:
-    v = code_values(q)
-    m, e = scale_parts(q)
-    # 2**e as two powers of two made per block, then two multiplies per element: the
-    # same bits as times_pow2 at a fraction of its elementwise work. Both halves are
-    # normal f32 because -252 <= e <= 254 (scales: -149..127, tensor scales: -149..127,
-    # clamped at -252, below which every product underflows anyway), and they have e's
-    # sign, so a product out of range underflows or overflows in both.
-    e = jnp.maximum(e, -252)
-    e1 = e // 2
-    v = v * broadcast_blocks(m, q.block_shape, q.shape)
-    for half in (e1, e - e1):
-        v = v * broadcast_blocks(pow2_normal(half), q.block_shape, q.shape)
-    o = offset_values(q)
-    if o is not None:
-        v = v + broadcast_blocks(o, q.block_shape, q.shape)
-    return unpermute(q, v).astype(to)
+    v = element_values(q.unpacked_codes(), q.format, q.codebook)
+    return unpermute(q, apply_block_factors(v, block_factors(q), q.block_shape)).astype(to)

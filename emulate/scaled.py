@@ -44,10 +44,10 @@ import numpy as np
 from jax import lax
 
 from emulate import formats
-from emulate.engine import grad, sites, tiled
+from emulate.engine import grad, qtiled, sites, tiled
 from emulate.engine.args import DotArgs, dot_args
 from emulate.engine.layout import to_bfk
-from emulate.engine.operands import Operand, OperandLike, operand
+from emulate.engine.operands import Operand, OperandLike, Precision, operand
 from emulate.engine.qoperands import (
     bf16_exact,
     code_operand,
@@ -116,12 +116,13 @@ def _qdot(static: tuple, lhs: Operand | QArray, rhs: Operand | QArray) -> jax.Ar
         # to be f32 on a TPU (an f32 dot costs six bf16 passes, and XLA:TPU writes the
         # dequantized weight out in f32: "Quantized weights from checkpoints"), however
         # short the segments.
-        return _dequantized_run(
+        return _dequantized(
             qa if qa is not None else a,
             qb if qb is not None else b,
             dn,
             precision,
             out_name,
+            tiled.current_settings(),
         )
     if any(q is not None and c.format_name == "float32" for q, c in ((qa, a), (qb, b))):
         # a float32 codebook's values: a TPU's default precision would round them to bf16
@@ -334,17 +335,66 @@ def _wide(x) -> jax.Array:
     return codecs.decode(x.unpacked(), f.name, to=to)
 
 
-@functools.partial(jax.jit, static_argnames=("dimension_numbers", "precision", "out"))
-def _dequantized_run(a, b, dimension_numbers, precision, out):
+def _dequantized(a, b, dimension_numbers, precision, out, tiling: tiled.Settings) -> jax.Array:
+    """The dequantized values of ``a`` and ``b`` in one dot (:func:`_dequantized_run`);
+    on the CPU a single large QArray is dequantized tile by tile next to the dot
+    (:mod:`emulate.engine.qtiled`)."""
+    t = None
+    if isinstance(a, QArray) != isinstance(b, QArray):
+        side = 0 if isinstance(a, QArray) else 1
+        q, other = (a, b) if side == 0 else (b, a)
+        t = qtiled.choose(q, side, len(other.shape), dimension_numbers, tiling)
+    if t is None:
+        return _dequantized_run(a, b, dimension_numbers, precision, out)
+    return _qtiled_run(a, b, dimension_numbers, precision, out, t)
+
+
+def _common_values(a, b, precision) -> tuple[jax.Array, jax.Array, Precision]:
+    """Both operands' values in one type (XLA's CPU backend runs a mixed-type dot slower
+    than a converted one), and the precision that keeps f32 values whole."""
     va, vb = _wide(a), _wide(b)
-    if va.dtype != vb.dtype:  # XLA's CPU backend runs a mixed-type dot slower than a converted one
+    if va.dtype != vb.dtype:
         common = jnp.promote_types(va.dtype, vb.dtype)
         va, vb = va.astype(common), vb.astype(common)
     if va.dtype == jnp.float32:
         # f32 values not exact in bf16: a TPU's default precision would round them to
         # bf16 (one pass), outside the contract.
         precision = lax.Precision.HIGHEST
+    return va, vb, precision
+
+
+@functools.partial(jax.jit, static_argnames=("dimension_numbers", "precision", "out"))
+def _dequantized_run(a, b, dimension_numbers, precision, out):
+    va, vb, precision = _common_values(a, b, precision)
     acc = lax.dot_general(va, vb, dimension_numbers, precision, preferred_element_type=jnp.float32)
+    return accumulate.round_accumulator(acc, out)
+
+
+@functools.partial(jax.jit, static_argnames=("dimension_numbers", "precision", "out", "t"))
+def _qtiled_run(a, b, dimension_numbers, precision, out, t: qtiled.QTiling):
+    q, other = (a, b) if t.side == 0 else (b, a)
+    to = jnp.bfloat16 if _bf16_exact(q) else jnp.float32
+    vo = _wide(other)
+    common = jnp.promote_types(vo.dtype, to)
+    hi = lax.Precision.HIGHEST if common == jnp.float32 else precision
+
+    (lc, rc), (lb, rb) = dimension_numbers
+    skip = (rc + rb) if t.side == 0 else (lc + lb)
+    rows = math.prod(n for d, n in enumerate(other.shape) if d not in skip)
+    # XLA:CPU's matrix-vector dot widens a bf16 operand to f32 (and runs slower than an f32
+    # one): few rows take f32 values even where bf16 would be exact
+    on_cpu = jnp.float32 if rows < 16 else common
+    hi_cpu = lax.Precision.HIGHEST if on_cpu == jnp.float32 else precision
+
+    def cpu(q, vo):
+        return qtiled.contract(t, q, vo.astype(on_cpu), dimension_numbers, hi_cpu, on_cpu)
+
+    def untiled(q, vo):
+        w = dequantize(q, to=common)
+        va, vb = (w, vo.astype(common)) if t.side == 0 else (vo.astype(common), w)
+        return lax.dot_general(va, vb, dimension_numbers, hi, preferred_element_type=jnp.float32)
+
+    acc = lax.platform_dependent(q, vo, cpu=cpu, default=untiled)
     return accumulate.round_accumulator(acc, out)
 
 

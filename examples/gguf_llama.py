@@ -20,7 +20,8 @@ NNX model with its weights kept as stored, decoding greedy tokens on TPU plans.
 
 3. ``main`` decodes greedy tokens on the ``tpu_v4`` and ``tpu_v5e`` plans (on the CPU)
    and checks them against the float model that holds ``gguf.quants.dequantize``'s
-   weights.
+   weights; ``decode_rates`` times the decode on the ``cpu`` target: tokens per second
+   of the ported model next to the float model's.
 
 4. The AWQ half: ``write_awq`` writes the same weights as an AutoAWQ GEMM checkpoint (a
    directory: ``model.safetensors`` with int4 ``qweight``/``qzeros`` packed eight to an
@@ -42,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+import time
 
 import gguf
 import jax
@@ -370,6 +372,42 @@ def main(mix: str = "Q4_K_M", config: Config = Config(), steps: int = 8) -> dict
     return tokens
 
 
+def step_seconds(models: dict[str, Llama], prompt: list[int], steps: int) -> dict[str, float]:
+    """Median seconds of one greedy decoding step (the whole window, as :func:`greedy`
+    runs it) of each model, the models' steps interleaved (one of each in turn, so that
+    a busy period of a shared machine slows all alike), after one step that compiles."""
+    tokens = jnp.zeros((1, len(prompt) + steps), jnp.int32)
+    tokens = tokens.at[0, : len(prompt)].set(jnp.asarray(prompt, jnp.int32))
+    forward = nnx.jit(lambda m, t: m(t))
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for model in models.values():
+        jax.block_until_ready(forward(model, tokens))
+    for _ in range(steps):
+        for name, model in models.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(forward(model, tokens))
+            times[name].append(time.perf_counter() - t0)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def decode_rates(mix: str = "Q4_K_M", config: Config = Config(), steps: int = 20) -> dict:
+    """Tokens per second of the float model and of the ported one on the ``cpu`` target,
+    printed side by side, and the ported model's time per token over the float one's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "tiny-llama.gguf")
+        write_gguf(path, config, mix)
+        model, reference = port(path), float_model(path)
+    with emulate.target("cpu"):
+        seconds = step_seconds({"float": reference, mix: model}, [1, 2, 3, 4], steps)
+    rates = {name: 1 / t for name, t in seconds.items()}
+    rates["time_ratio"] = rates["float"] / rates[mix]
+    print(
+        f"decode on the CPU: float {rates['float']:.1f} tokens/s, {mix} "
+        f"{rates[mix]:.1f} tokens/s ({rates['time_ratio']:.2f}x the float model's time a token)"
+    )
+    return rates
+
+
 # --- the AWQ half: an AutoAWQ GEMM checkpoint of the same weights ------------------------
 
 #: AutoAWQ's AWQ_ORDER: nibble ``i`` (bits ``4i..4i+3``) of a word holds column
@@ -513,4 +551,5 @@ def main_awq(config: Config = Config(), steps: int = 8) -> dict[str, list[int]]:
 
 if __name__ == "__main__":
     main()
+    decode_rates()
     main_awq()

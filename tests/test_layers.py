@@ -113,6 +113,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.engine.limbs",
             "emulate.engine.exact",
             "emulate.engine.tiled",
+            "emulate.engine.qtiled",
             "emulate.engine.grad",
             "emulate.engine.run",
             "emulate.engine.sites",

@@ -207,9 +207,11 @@ def test_f32_values_contract_at_full_f32_precision(scheme, target):
     jaxpr = jax.make_jaxpr(lambda x, w: emulate.matmul(x, w, target=target))(x, wq)
     dots = [e for e in program.walk(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
     f32 = [e for e in dots if any(v.aval.dtype == jnp.float32 for v in e.invars)]
-    # One f32 dot where the route dequantizes (the CPU); on a TPU both contract their
-    # codes segment by segment (NVFP4's 16-element segments too), with no f32 dot at all.
-    assert len(f32) == (1 if target == "cpu" else 0)
+    # f32 dots where the route dequantizes (the CPU: one a plane of the tiled route,
+    # emulate.engine.qtiled, and the untiled program for other platforms); on a TPU both
+    # contract their codes segment by segment (NVFP4's 16-element segments too), with no
+    # f32 dot at all.
+    assert (len(f32) >= 1) if target == "cpu" else (len(f32) == 0)
     for e in f32:
         assert [v.aval.dtype for v in e.invars] == [jnp.float32, jnp.float32]
         assert e.params["precision"] in (

@@ -62,6 +62,7 @@ __all__ = [
     "choose",
     "contract",
     "current_settings",
+    "dyn_slice",
     "settings",
 ]
 
@@ -375,21 +376,22 @@ def _slice(op: Operand, dim: int, start: int | jax.Array, length: int) -> Operan
     if isinstance(v, Packed) and dim == v.ndim + v.axis:
         bits = v.format.bits
         nbytes = -(-bits * length // 8)
-        data = _dyn_slice(v.data, dim, start * bits // 8, nbytes)
+        data = dyn_slice(v.data, dim, start * bits // 8, nbytes)
         return Operand(Packed(data, v.format_name, v.axis, length), op.format_name)
     if isinstance(v, Packed):
         return Operand(
-            Packed(_dyn_slice(v.data, dim, start, length), v.format_name, v.axis, v.length),
+            Packed(dyn_slice(v.data, dim, start, length), v.format_name, v.axis, v.length),
             op.format_name,
         )
     if op.format.is_low_precision and v.dtype == op.format.dtype:
         if not isinstance(start, int):
-            _, v = lax.optimization_barrier((start, v))  # see _dyn_slice
+            _, v = lax.optimization_barrier((start, v))  # see dyn_slice
         v = to_codes(v, op.format_name)[0]
-    return Operand(_dyn_slice(v, dim, start, length), op.format_name)
+    return Operand(dyn_slice(v, dim, start, length), op.format_name)
 
 
-def _dyn_slice(x: jax.Array, dim: int, start: int | jax.Array, length: int) -> jax.Array:
+def dyn_slice(x: jax.Array, dim: int, start: int | jax.Array, length: int) -> jax.Array:
+    """``x[start:start + length]`` along ``dim``; ``start`` may be traced (see below)."""
     if isinstance(start, int):
         return lax.slice_in_dim(x, start, start + length, axis=dim)
     # The barrier (tied to the loop index) keeps XLA from hoisting what comes next out of
@@ -453,7 +455,7 @@ def contract(
             oo = o_planes[j]
             if t.kind == "k":
                 assert t.other_dim is not None
-                oo = _dyn_slice(oo, t.other_dim, start // g, codes.shape[axis])
+                oo = dyn_slice(oo, t.other_dim, start // g, codes.shape[axis])
             r = dot(dd, oo)
             total = r if total is None else total + r
         assert total is not None  # a tile has at least one plane
@@ -466,7 +468,7 @@ def contract(
             if t.planar:
                 return planar_sum(piece, start)
             assert t.other_dim is not None
-            oo = _dyn_slice(o_dec, t.other_dim, start, length)
+            oo = dyn_slice(o_dec, t.other_dim, start, length)
             return dot(decode_to(piece, d_compute, d_scale), oo)
 
         acc = lax.fori_loop(

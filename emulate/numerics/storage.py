@@ -294,6 +294,11 @@ def pack(x: jax.Array | np.ndarray, fmt: FormatLike | None = None, *, axis: int 
         included: a p3109_* format, yours).
       fmt: the format of raw codes.
       axis: the axis to pack along; any length (odd lengths leave zero padding bits).
+        The default is the last axis; for a matmul weight pack along its contracting
+        axis (K: ``axis=0`` for a (K, N) weight), which the CPU route decodes plane by
+        plane next to the dot: at M = 1 packing along N instead is about 15x slower
+        (docs/performance.md, "The tiled CPU path"). :func:`emulate.quantize` packs
+        along the first axis its blocks run along.
 
     Returns:
       A :class:`Packed` array (see the module docstring for the bit layout).

@@ -11,6 +11,8 @@ parsers and their oracles are tested without it in tests/importers/test_conventi
 
 from __future__ import annotations
 
+import dataclasses
+
 import _st_oracles as O
 import jax
 import jax.numpy as jnp
@@ -22,6 +24,7 @@ from _st_cases import AWQ_CONFIG, awq_tensors, bnb_tensors, ct_tensors, gptq_ten
 import emulate
 import emulate.bounds
 import emulate.pallas
+from emulate.engine import qtiled, tiled
 from emulate.importers import safetensors as S
 
 DN = (((1,), (0,)), ((), ()))
@@ -201,6 +204,37 @@ def test_imported_qarray_matmul_within_bound(tmp_path, name: str, target: str) -
     n = k + segments + emulate.bounds.QARRAY_ROUTE_TERMS["xla"]  # qarray_bound's, batched
     plain = emulate.bounds.gamma(n) * (np.abs(x) @ np.abs(wf)) + n * 2.0**-125
     assert np.all(np.abs(got - exact) <= plain)
+
+
+@pytest.mark.parametrize("name", MATMUL_CASES)
+def test_imported_qarray_matmul_tiled_on_the_cpu_within_bound(tmp_path, name: str) -> None:
+    # the CPU route that dequantizes the weight a tile of columns at a time
+    # (emulate.engine.qtiled), forced onto these small weights
+    rng = np.random.default_rng(100 + CASES.index(name))
+    q, w, w0, _ = case(name, tmp_path, rng)
+    k = w.shape[-2]
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    unpermuted = dataclasses.replace(q, perm=None, perm_axis=None)
+    dn = (((1,), (q.ndim - 2,)), ((), ()))
+    # the narrowest tile of whole blocks (128 for FP8's 128 x 128 blocks)
+    tile = next(
+        (
+            t
+            for t in (8, 64, 128)
+            if qtiled.choose(unpermuted, 1, 2, dn, tiled.Settings(min_bytes=0, tile=t))
+        ),
+        None,
+    )
+    # untiled: gpt_oss (stacked experts, a batched dot) and bnb_nested (its absmax's
+    # blocks span all 32 columns)
+    assert (tile is None) == (name in ("gpt_oss", "bnb_nested"))
+    with tiled.settings(min_bytes=0, tile=tile):
+        got = np.asarray(emulate.matmul(x, q, target="cpu"), np.float64)
+    wf = w.astype(np.float64)
+    mag = np.abs(wf) + (0 if w0 is None else np.abs(w0.astype(np.float64)))
+    n = 2 * k + 4  # as test_imported_qarray_matmul_within_bound
+    bound = (n * 2.0**-24 / (1 - n * 2.0**-24)) * (np.abs(x) @ mag) + 2.0**-126
+    assert np.all(np.abs(got - x.astype(np.float64) @ wf) <= bound)
 
 
 @pytest.mark.parametrize("quant_type", ["nf4", pytest.param("fp4", marks=pytest.mark.long)])

@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 import emulate
 import emulate.bounds
+from emulate.engine import qtiled, tiled
 from emulate.importers.ggml import BLOCKS, TYPES, parse_blocks, stored_bits_per_element
 from emulate.importers.gguf import load_gguf, to_qarray
 from emulate.importers.parts import StoredParts
@@ -159,6 +160,20 @@ def test_matmul_is_within_the_bound(ggml_type: str, target: str) -> None:
     segments = math.ceil(512 / q.block_shape[-1])
     plain = emulate.bounds.qarray_bound(x, w_exact.T, DN, segments=segments)
     assert (np.abs(got - x.astype(np.float64) @ w_exact.T) <= plain).all()
+
+
+@pytest.mark.parametrize("ggml_type", TYPES)
+def test_matmul_tiled_on_the_cpu_is_within_the_bound(ggml_type: str) -> None:
+    # the CPU route that dequantizes the weight a tile of rows at a time
+    # (emulate.engine.qtiled), forced onto a small weight: 8 rows in tiles of 2
+    raw, parts = _quantized(ggml_type, (8, 512))
+    q = to_qarray(parts)
+    settings = tiled.Settings(min_bytes=0, tile=2)
+    assert qtiled.choose(q.T, 1, 2, (((1,), (0,)), ((), ())), settings) is not None
+    x = np.random.default_rng(3).normal(size=(3, 512)).astype(np.float32)
+    with tiled.settings(min_bytes=0, tile=2):
+        error = _matmul_error(x, q, oracle(raw, ggml_type), "cpu")
+    assert (error <= _bound(x, parts)).all(), error.max()
 
 
 def test_q4_0_in_emulates_nibble_order_misses_the_bound_by_far() -> None:

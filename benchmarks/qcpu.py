@@ -1,0 +1,189 @@
+"""Every checkpoint convention of docs/quantized.md's table times bf16 activations on the
+CPU: emulate against the bf16 floor, against dequantize-then-dot and, at M = 1, against
+reading the stored bytes (issue 38).
+
+Run as ``python -m benchmarks.qcpu`` from the repository root; ``--quick`` for M = 1
+and 64 at 4096 x 4096 and 3 repeats; ``--shapes``, ``--schemes`` (names of
+:data:`benchmarks.qweights.CPU_SCHEMES`) and ``--repeats`` (the harness's).
+
+Per shape, one interleaved group (harness timing: every case once per round) of:
+
+  floor        ``lax.dot_general`` of x and a bf16 weight decoded up front (bf16 x bf16,
+               f32 result), one per layout ((K, N) and GGUF's (N, K))
+  read         ``u + 1`` on a uint32 array as large as the largest stored weight of the
+               group; half its time is the time to read those bytes (the copy reads and
+               writes each byte), scaled to each weight's stored bytes
+  dequantize   ``lax.dot_general(x, emulate.dequantize(q, to=bf16))`` in one program
+  emulate      ``emulate.dot_general(x, q, ..., preferred_element_type=f32)``
+
+Goals (issue 38): for M >= 64 every convention's emulate at most 1.25x the floor of its
+layout; at M = 1 at most 2x the time to read its stored bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import emulate
+from benchmarks import harness
+from benchmarks.cases import goal, parse_names, parse_shapes, shape_of
+from benchmarks.qweights import CPU_SCHEMES, KN, NK, Case
+
+BF16 = jnp.bfloat16
+F32 = jnp.float32
+SHAPES = tuple((m, 4096, n) for n in (4096, 14336) for m in (1, 64, 512))
+QUICK_SHAPES = ((1, 4096, 4096), (64, 4096, 4096))
+FLOOR_LIMIT = 1.25  # emulate / the bf16 floor, M >= 64
+READ_LIMIT = 2.0  # emulate / reading the stored bytes, M = 1
+
+
+def _dot(dn: Any) -> Callable[..., jax.Array]:
+    return jax.jit(lambda x, w: lax.dot_general(x, w, dn, preferred_element_type=F32))
+
+
+def _dequantize_dot(dn: Any) -> Callable[..., jax.Array]:
+    return jax.jit(
+        lambda x, q: lax.dot_general(
+            x, emulate.dequantize(q, to=BF16), dn, preferred_element_type=F32
+        )
+    )
+
+
+def _emulate(dn: Any) -> Callable[..., jax.Array]:
+    return jax.jit(lambda x, q: emulate.dot_general(x, q, dn, preferred_element_type=F32))
+
+
+def group_cases(
+    shape: tuple[int, int, int], names: Sequence[str]
+) -> tuple[list[Case], dict[str, int]]:
+    """The cases of one shape and each scheme's stored bytes (the QArray's)."""
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((m, k)), BF16)
+    w = jnp.asarray(rng.standard_normal((k, n)), BF16)
+    cases = [Case("floor", "kn", _dot(KN), (x, w)), Case("floor", "nk", _dot(NK), (x, w.T))]
+    stored = {}
+    for name in names:
+        s = CPU_SCHEMES[name]
+        q = s.build(k, n, rng)
+        stored[name] = int(q.nbytes)
+        cases.append(Case(name, "dequantize", _dequantize_dot(s.dn), (x, q)))
+        cases.append(Case(name, "emulate", _emulate(s.dn), (x, q)))
+    words = jnp.zeros((-(-max(stored.values()) // 4),), jnp.uint32)
+    cases.append(Case("read", "copy", jax.jit(lambda u: u + 1), (words,)))
+    return cases, stored
+
+
+def rows_of(shape: tuple[int, int, int], names: Sequence[str], repeats: int) -> list[dict]:
+    """One row per scheme at ``shape``: medians (seconds) of its contenders, the floor of
+    its layout and the read of its stored bytes, and the ratios."""
+    m, k, n = shape
+    cases, stored = group_cases(shape, names)
+    ran, failed = harness.interleave(cases, repeats)
+    med = {c.label: harness.stats(c.times)["median_s"] for c in ran}
+    copy = med.get("read copy")
+    read_per_byte = None if copy is None else copy / 2 / (4 * -(-max(stored.values()) // 4))
+    rows = []
+    for name in names:
+        floor = med.get(f"floor {'nk' if CPU_SCHEMES[name].dn == NK else 'kn'}")
+        emu, deq = med.get(f"{name} emulate"), med.get(f"{name} dequantize")
+        read = None if read_per_byte is None else read_per_byte * stored[name]
+        rows.append(
+            {
+                "pair": name,
+                "title": CPU_SCHEMES[name].title,
+                "M": m,
+                "K": k,
+                "N": n,
+                "stored_bytes": stored[name],
+                "floor_s": floor,
+                "dequantize_s": deq,
+                "emulate_s": emu,
+                "read_s": read,
+                "emulate_over_floor": _ratio(emu, floor),
+                "dequantize_over_floor": _ratio(deq, floor),
+                "emulate_over_read": _ratio(emu, read),
+                "failed": {lab: why for lab, why in failed.items() if lab.startswith(name + " ")},
+            }
+        )
+    return rows
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 38's two CPU goals over ``rows``."""
+    wide = [r for r in rows if r["M"] >= 64 and r["emulate_over_floor"] is not None]
+    one = [r for r in rows if r["M"] == 1 and r["emulate_over_read"] is not None]
+    return [
+        goal("M >= 64: emulate / bf16 floor", "emulate_over_floor", FLOOR_LIMIT, wide),
+        goal("M = 1: emulate / reading the stored bytes", "emulate_over_read", READ_LIMIT, one),
+    ]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The tables: per shape and scheme, and the goal rows."""
+    out = [
+        "| scheme | M x K x N | stored MB | floor ms | dequantize + dot / floor | "
+        "emulate ms | emulate / floor | emulate / read |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        out.append(
+            f"| {r['title']} | {shape_of(r)} | {harness.mb(r['stored_bytes'])} | "
+            f"{harness.ms(r['floor_s'])} | {harness.ratio(r['dequantize_over_floor'])} | "
+            f"{harness.ms(r['emulate_s'])} | {harness.ratio(r['emulate_over_floor'])} | "
+            f"{harness.ratio(r['emulate_over_read'], 1)} |"
+        )
+    out += ["", "| goal | limit | worst | where | met |", "|---|---|---|---|---|"]
+    for g in report["goals"]:
+        worst = harness.ratio(g["measured"])
+        out.append(f"| {g['goal']} | {g['limit']} | {worst} | {g['worst']} | {g['met']} |")
+    return "\n".join(out) + "\n"
+
+
+def run(args: argparse.Namespace) -> harness.Report:
+    shapes = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
+    names = args.schemes or list(CPU_SCHEMES)
+    rows: list[dict[str, Any]] = []
+    for shape in shapes:
+        rows += rows_of(shape, names, args.repeats)
+        print(f"done {harness.shape_text(shape)}", flush=True)
+    report = {"environment": harness.environment(), "command": args.command, "rows": rows}
+    report["goals"] = goals(rows)
+    return harness.Report(report, markdown(report), markdown=True)
+
+
+def flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--shapes",
+        type=parse_shapes,
+        help="MxKxN[,...] (default: M 1, 64, 512 at K x N 4096x4096 and 4096x14336)",
+    )
+    p.add_argument(
+        "--schemes",
+        type=lambda t: parse_names(t, list(CPU_SCHEMES), "--schemes"),
+        help=f"comma-separated, of {', '.join(CPU_SCHEMES)} (default all)",
+    )
+
+
+BENCHMARK = harness.Benchmark(
+    name="qcpu",
+    description=__doc__.splitlines()[0],
+    run=run,
+    flags=flags,
+    repeats=(5, 3),
+    quick="M = 1 and 64 at 4096 x 4096, 3 repeats",
+)
+
+if __name__ == "__main__":
+    raise SystemExit(BENCHMARK.main())

@@ -377,18 +377,15 @@ def from_device(device: jax.Device) -> Target:
     return detect(device.platform, kind, None if cc is None else str(cc))
 
 
-_TPU_BRANCH: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "emulate_tpu_branch", default=False
-)
+_TPU_BRANCH: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_branch", default=False)
 
 
 @contextlib.contextmanager
 def tpu_branch() -> Iterator[None]:
     """Trace code inside the block that only a TPU lowering reaches (the TPU branch of a
     ``lax.platform_dependent``, as :mod:`emulate.kernel_route` builds it):
-    :func:`building_for_tpu` is True there, whatever this process has. Lowering such a
-    program for a TPU still needs the chip (a TPU backend or default device, as under
-    :func:`emulate.compiler.compile`)."""
+    :func:`building_for_tpu` is True there, whatever this process has. Lowering it for a
+    TPU still needs the chip (a TPU backend or default device: :func:`compiler.compile`)."""
     token = _TPU_BRANCH.set(True)
     try:
         yield

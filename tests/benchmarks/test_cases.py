@@ -21,6 +21,7 @@ BENCHMARKS = (
     "pallas_matmul",
     "pallas_ops",
     "pallas_qtime",
+    "qcpu",
     "quantized",
     "ragged",
     "scaled",
@@ -88,6 +89,7 @@ def test_every_benchmark_registers_under_its_module_name():
     found = sorted(p.stem for p in Path(harness.__file__).parent.glob("*.py"))
     helpers = {"__init__", "cases", "harness", "pallas_traffic", "plots"}
     helpers |= {"model_layers", "model_specs", "model_weights"}  # benchmarks.models' parts
+    helpers.add("qweights")  # the checkpoint weights of quantized and qcpu
     assert found == sorted(helpers | set(BENCHMARKS))
 
 

@@ -218,6 +218,10 @@ def _run(x: jax.Array, kargs: tuple, group_sizes: jax.Array, cfg: Config, groups
         cfg, one[0] if one else None, None, one[1:]
     )
     extra = [scales, *affine] if extra_specs else []
+    if not cfg.interpret:  # streamed from HBM, as emulate.pallas.matmul's operands
+        planes = [pltpu.with_memory_space_constraint(p, pltpu.HBM) for p in planes]
+        w = pltpu.with_memory_space_constraint(w, pltpu.HBM)
+        extra = [pltpu.with_memory_space_constraint(e, pltpu.HBM) for e in extra]
     acc_dtype = jnp.int32 if r.exact and not cfg.group_scaled else jnp.float32
     out_dtype = formats.get(cfg.out).dtype if cfg.scaled_in_kernel else acc_dtype
     n_acc = 2 if cfg.limbs else 1

@@ -39,9 +39,9 @@ def _bits(a) -> np.ndarray:
     return a.view({2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
 
 
-def _rows(a: np.ndarray, group: int) -> np.ndarray:
-    """Per-group parts (G, groups, N) repeated over their rows: (G, K, N)."""
-    return np.repeat(a, group, axis=1)[:, :K]
+def _rows(a: np.ndarray, group: int, k: int = K) -> np.ndarray:
+    """Per-group parts (G, groups, N) repeated over their rows: (G, k, N)."""
+    return np.repeat(a, group, axis=1)[:, :k]
 
 
 def _per_group(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -53,16 +53,16 @@ def _per_group(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return out
 
 
-def _mxfp4(rng) -> tuple[emulate.QArray, np.ndarray]:
+def _mxfp4(rng, k: int = K) -> tuple[emulate.QArray, np.ndarray]:
     """gpt-oss-style experts: e2m1 codes packed along K, e8m0 scales 2**-2 .. 2**2 per 32
     rows and column. Returns the QArray and its values in float64 (exact)."""
-    codes = rng.integers(0, 16, (G, K, N)).astype(np.uint8).view(ml_dtypes.float4_e2m1fn)
-    e = rng.integers(-2, 3, (G, K // 32, N))
+    codes = rng.integers(0, 16, (G, k, N)).astype(np.uint8).view(ml_dtypes.float4_e2m1fn)
+    e = rng.integers(-2, 3, (G, k // 32, N))
     scales = np.ldexp(1.0, e).astype(ml_dtypes.float8_e8m0fnu)
     q = emulate.QArray.from_parts(
         emulate.pack(codes, axis=1), jnp.asarray(scales), block_shape=(1, 32, 1)
     )
-    return q, codes.astype(np.float64) * _rows(np.ldexp(1.0, e), 32)
+    return q, codes.astype(np.float64) * _rows(np.ldexp(1.0, e), 32, k)
 
 
 def _q4_k(rng) -> tuple[emulate.QArray, np.ndarray]:
@@ -122,6 +122,19 @@ def test_qarray_experts_with_int8_rows_are_exact_bit_for_bit(scheme) -> None:
     if scheme == "mxfp4":  # the XLA route of the front end: the same bits
         xla = emulate.ragged_dot(x, q, gs, preferred_element_type="float32", target="tpu_v5e")
         np.testing.assert_array_equal(_bits(got), _bits(xla))
+
+
+def test_a_ragged_last_k_block_is_masked_as_stored_and_prepared() -> None:
+    # K = 320, as gpt-oss's 2880 a ragged last K block (64 of 256 rows; 10 groups of 32)
+    rng = np.random.default_rng(11)
+    q, wv = _mxfp4(rng, k=320)
+    xi = rng.integers(-8, 8, (M, 320))
+    want = _bits(_per_group(xi, wv).astype(np.float32))
+    kw = dict(target="tpu_v5e", out_dtype="float32", block_shape=INT8_BLOCKS, interpret=True)
+    x, gs = jnp.asarray(xi.astype(np.int8)), jnp.array(SIZES)
+    np.testing.assert_array_equal(_bits(gmm_kernel.ragged_dot(x, q, gs, **kw)), want)
+    p = gmm_kernel.prepare_experts(q)  # K-planar: K padded to 512 rows of code 0
+    np.testing.assert_array_equal(_bits(gmm_kernel.ragged_dot(x, p, gs, **kw)), want)
 
 
 def test_mxfp4_experts_with_bf16_rows_are_within_the_bound_and_matmuls_bits() -> None:

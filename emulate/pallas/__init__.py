@@ -5,8 +5,10 @@
   into the type the target's matrix unit takes.
 - :func:`ragged_dot`: ``lax.ragged_dot`` (mixture-of-experts experts, rows sorted by
   group) as one grouped kernel in the style of megablox's ``gmm``: each routed expert's
-  weight read as stored and decoded in VMEM, experts without rows never read
-  (:mod:`emulate.pallas.gmm_kernel`; dense one-byte experts so far).
+  weight read as stored and decoded in VMEM by :func:`matmul`'s kernel body, experts
+  without rows never read (:mod:`emulate.pallas.gmm_kernel`: one-byte, 4-bit and
+  stacked QArray experts such as MXFP4, Q4_K, AWQ); :func:`prepare_experts` puts stacked
+  experts once in the layout it reads.
 - :func:`prepare_weight`: a sub-byte weight, once, in the K-planar layout
   (:class:`KernelWeight`, the same bytes) that :func:`matmul` reads without any copy; a
   block-scaled :class:`emulate.QArray` weight likewise (:class:`KernelQWeight`:
@@ -39,7 +41,7 @@ Import it as ``import emulate.pallas`` (it imports ``jax.experimental.pallas``).
 from __future__ import annotations
 
 from emulate.pallas.checking.mosaic_check import Finding, MatmulSite, check, diagnose, matmul_sites
-from emulate.pallas.gmm_kernel import ragged_dot
+from emulate.pallas.gmm_kernel import prepare_experts, ragged_dot
 from emulate.pallas.kernel_dot import dot, dot_vmem_bytes
 from emulate.pallas.matmul_kernel import matmul
 from emulate.pallas.qweight import KernelQWeight, prepare_weight
@@ -56,6 +58,7 @@ __all__ = [
     "dot_vmem_bytes",
     "matmul",
     "matmul_sites",
+    "prepare_experts",
     "prepare_weight",
     "ragged_dot",
 ]

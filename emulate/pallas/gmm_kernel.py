@@ -17,14 +17,18 @@ all where they fit one tile, as in a decode step; :func:`weight_fetches` lists t
 copies). The visit count is bounded statically by ``M / bm + G - 1``; visits past the
 real count keep the last real step's block indices (no new copy) and do nothing.
 
-The blocks, their decoding and the dots are :func:`emulate.pallas.matmul`'s
-(:mod:`emulate.pallas.route`): ``x`` and ``w`` are read as stored and decoded exactly in
-the kernel into the type the target's matrix unit takes; exact-class pairs sum in int32
-(as two 16-bit limbs when the result is a float: no overflow), others in f32; the sum is
-rounded once, outside the kernel. Built: dense experts, one byte per element (int8,
-uint8, float8 arrays or uint8 codes with ``w_format``, float6 codes too). Not built: 4-bit
-experts (Packed, int4 / float4 arrays) and QArray experts (block scales, zero points,
-codebooks), which :func:`emulate.ragged_dot` runs on the XLA route.
+The experts are :func:`emulate.pallas.matmul`'s weights with a leading expert axis, and a
+visit runs that kernel's body (:func:`emulate.pallas.matmul_kernel.kernel_body`) on its
+blocks: every operand of one expert (codes, scales, zero points, offsets, two-level
+parts; :func:`emulate.pallas.matmul_args.matmul_args` reads them) has one more block
+dimension, indexed by the visit's group. Built: dense one-byte experts (int8, uint8,
+float8, uint8 codes with ``w_format``), 4-bit and other sub-byte experts (int4 / float4
+arrays and :class:`emulate.Packed` packed along K; K-planar when prepared once with
+:func:`prepare_experts`), and stacked QArrays whose scales change along K (OCP MX such as
+gpt-oss MXFP4, GGUF K-quants' two-level scales and mins, AWQ / GPTQ groups with zero
+points). Not built (NotImplementedError naming it): codebooks, act-order permutations,
+tensor scales, scales constant along K, blocks of several columns and two-level parts
+spread over several columns.
 """
 
 from __future__ import annotations
@@ -42,56 +46,22 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from emulate import formats, targets
-from emulate.formats import Format, FormatLike
+from emulate.formats import FormatLike
 from emulate.group_sizes import check_group_sizes
-from emulate.numerics import accumulate
-from emulate.numerics.storage import Packed, is_array, to_codes
-from emulate.pallas import route
-from emulate.pallas.matmul_kernel import interpret_mode
+from emulate.numerics.storage import Packed, is_array
+from emulate.pallas import matmul_kernel
+from emulate.pallas.matmul_args import MatmulArgs, matmul_args
+from emulate.pallas.matmul_config import Config, config
+from emulate.pallas.qweight import KernelQWeight, prepare_weight
+from emulate.pallas.weights import KernelWeight
 from emulate.qarray import QArray
 
-__all__ = ["GmmConfig", "ragged_dot", "schedule", "weight_fetches"]
-
-_LANES = 128
+__all__ = ["prepare_experts", "ragged_dot", "schedule", "weight_fetches"]
 
 
-@dataclasses.dataclass(frozen=True)
-class GmmConfig:
-    """One grouped kernel: the route, the shapes, the blocks.
-
-    Attributes:
-      route: the pair's :class:`emulate.pallas.route.Route`.
-      m, k, n, groups: the problem; bm, bk, bn: the blocks.
-      w_dtype: the stored weight's dtype; w_format: its format (codes: the format's).
-      x_dtype: the stored activations' dtype.
-      limbs: an exact pair with a float result: the int32 sum as two 16-bit limbs.
-      interpret: Pallas interpret mode.
-    """
-
-    route: route.Route
-    m: int
-    k: int
-    n: int
-    groups: int
-    bm: int
-    bk: int
-    bn: int
-    w_dtype: str
-    w_format: str
-    x_dtype: str
-    limbs: bool
-    interpret: bool
-
-    @property
-    def visits(self) -> int:
-        """The static bound on visits: every row tile once, plus one per group boundary."""
-        return -(-self.m // self.bm) + self.groups - 1
-
-    @property
-    def passthrough(self) -> bool:
-        """The weight goes to the matrix unit as stored (int8 x int8 natively)."""
-        r = self.route
-        return self.w_dtype == r.rhs_compute == self.w_format and not r.rhs_scale
+def _visits(m: int, bm: int, groups: int) -> int:
+    """The static bound on visits: every row tile once, plus one per group boundary."""
+    return -(-m // bm) + groups - 1
 
 
 def schedule(group_sizes: jax.Array, m: int, bm: int) -> tuple[jax.Array, ...]:
@@ -126,34 +96,19 @@ def schedule(group_sizes: jax.Array, m: int, bm: int) -> tuple[jax.Array, ...]:
     return group, tile, count.reshape(1), starts, ends
 
 
-def _index_maps(nk: int) -> tuple[Any, Any, Any]:
-    """The block index maps of x, w and the output, over the grid ``(j, v, k)`` and the
-    scalar-prefetched schedule. Past the real visits every index stays the last real
-    step's, so nothing is copied again."""
-
-    def x_map(j, v, k, group, tile, count, *_):
-        return tile[v], jnp.where(v < count[0], k, nk - 1)
-
-    def w_map(j, v, k, group, tile, count, *_):
-        return group[v], jnp.where(v < count[0], k, nk - 1), j
-
-    def o_map(j, v, k, group, tile, *_):
-        return tile[v], j
-
-    return x_map, w_map, o_map
-
-
 def weight_fetches(
     group_sizes: Any, m: int, k: int, n: int, block_shape: Sequence[int]
 ) -> list[tuple[int, int, int]]:
     """The weight blocks ``(expert, k block, n block)`` the kernel copies from HBM, in
     order, for concrete ``group_sizes``: the grid walked with the kernel's own index maps
     and schedule, a block copied where its index differs from the previous step's (the
-    Pallas TPU pipeline's rule). Each is ``bk x bn`` stored elements."""
+    Pallas TPU pipeline's rule). Each is ``bk x bn`` stored elements (``bk`` rows of K:
+    ``bk / 2`` bytes of a 4-bit expert); a QArray expert's scales and zero points are
+    fetched on the same steps, all of the expert's groups at once per column block."""
     bm, bn, bk = (int(b) for b in block_shape)
     nk, nn = -(-k // bk), -(-n // bn)
     sched = [np.asarray(a) for a in schedule(jnp.asarray(group_sizes), m, bm)]
-    _, w_map, _ = _index_maps(nk)
+    w_map = _visit_spec(pl.BlockSpec((bk, bn), lambda i, j, k: (k, j)), nk, True).index_map
     out: list[tuple[int, int, int]] = []
     last = None
     for j in range(nn):
@@ -167,157 +122,162 @@ def weight_fetches(
     return out
 
 
-def _decode_x(xt: jax.Array, cfg: GmmConfig) -> jax.Array:
-    r = cfg.route
-    if cfg.x_dtype == r.lhs_compute and not r.lhs_scale:
-        return xt
-    xf = formats.get(r.lhs)
-    if not xf.is_low_precision:
-        return route.decode_values(xt, r.lhs_compute)
-    if jnp.issubdtype(xt.dtype, jnp.floating):  # float8: Mosaic bitcasts to int8
-        xt = lax.bitcast_convert_type(xt, jnp.int8)
-    return route.decode_codes(xt.astype(jnp.int32) & 0xFF, xf, r.lhs_compute, r.lhs_scale)
+def _expert_count(w: Any) -> int:
+    """G of (G, K, N) experts; TypeError / ValueError for anything else."""
+    if isinstance(w, QArray):
+        shape = tuple(w.shape)
+    elif isinstance(w, Packed):
+        shape = tuple(w.data.shape)
+    elif isinstance(w, (KernelWeight, KernelQWeight)):  # stacked by prepare_experts
+        shape = tuple(jax.tree.leaves(w)[0].shape)
+    elif is_array(w):
+        shape = tuple(np.shape(w))
+    else:
+        raise TypeError(
+            f"w: expected (G, K, N) experts: an array, uint8 codes with w_format, a Packed "
+            f"array, a QArray or prepare_experts' result; got {type(w).__name__}"
+        )
+    if len(shape) != 3:
+        raise ValueError(f"w: expected (G, K, N) experts, got shape {shape}")
+    return shape[0]
 
 
-def _decode_w(wt: jax.Array, cfg: GmmConfig, k: Any) -> jax.Array:
-    """The weight block in the matrix unit's type; rows past K zero (code 0 is +0)."""
-    r = cfg.route
-    partial_k = cfg.k % cfg.bk
-    if cfg.passthrough and not partial_k:
-        return wt
-    if jnp.issubdtype(wt.dtype, jnp.floating):
-        wt = lax.bitcast_convert_type(wt, jnp.int8)
-    c = wt.astype(jnp.int32) & 0xFF
-    if partial_k:
-        rows = lax.broadcasted_iota(jnp.int32, c.shape, 0)
-        c = jnp.where(rows < cfg.k - k * cfg.bk, c, 0)
-    if cfg.passthrough:
-        return c.astype(jnp.int8)
-    return route.decode_codes(c, cfg.w_format, r.rhs_compute, r.rhs_scale)
+def _refuse_parts(a: MatmulArgs) -> None:
+    """NotImplementedError for an expert part the grouped kernel does not take."""
+    sc = a.scaling
+    parts = [
+        ("a codebook", a.codebook is not None),
+        ("an act-order permutation", a.perm is not None),
+        ("a tensor scale", a.tensor_scale is not None),
+        ("scales constant along K", sc is not None and not sc.along_k),
+        ("scale blocks of several columns", sc is not None and bool(sc.columns)),
+        (
+            "two-level parts spread over several columns",
+            sc is not None and sc.affine is not None and bool(sc.affine.spreads),
+        ),
+    ]
+    there = [name for name, on in parts if on]
+    if there:
+        raise NotImplementedError(
+            f"w: QArray experts with {' and '.join(there)} are not built in the grouped "
+            "kernel (built: codes with scales along K, zero points, offsets and two-level "
+            "scales; module emulate.pallas.gmm_kernel); use emulate.ragged_dot"
+        )
 
 
-def _kernel(cfg: GmmConfig, group_ref, tile_ref, count_ref, start_ref, end_ref, *refs) -> None:
-    x_ref, w_ref = refs[:2]
-    n_acc = 2 if cfg.limbs else 1
-    outs, accs = refs[2 : 2 + n_acc], refs[2 + n_acc :]
-    r = cfg.route
-    v, k = pl.program_id(1), pl.program_id(2)
-    real = v < count_ref[0]
+def _visit_spec(spec: Any, nk: int, stacked: bool) -> Any:
+    """A BlockSpec of :func:`emulate.pallas.matmul`'s ``(i, j, k)`` grid on the grouped
+    grid ``(j, v, k)``: row block the visit's tile, K the last real step's past the
+    visits' count, and (``stacked``) a leading expert dimension indexed by the visit's
+    group."""
+    inner = spec.index_map
 
-    @pl.when(real & (k == 0))
-    def _init():
-        for a in accs:
-            a[...] = jnp.zeros(a.shape, a.dtype)
+    def index_map(j, v, k, group, tile, count, *_):
+        kk = jnp.where(v < count[0], k, nk - 1)
+        idx = tuple(inner(tile[v], j, kk))
+        return (group[v], *idx) if stacked else idx
 
-    @pl.when(real)
-    def _step():
-        xt = _decode_x(x_ref[...], cfg)
-        if cfg.k % cfg.bk:  # columns past K: garbage of a partial block
-            cols = lax.broadcasted_iota(jnp.int32, xt.shape, 1)
-            wide = xt.astype(jnp.float32) if xt.dtype == jnp.bfloat16 else xt
-            wide = jnp.where(cols < cfg.k - k * cfg.bk, wide, jnp.zeros((), wide.dtype))
-            xt = wide.astype(xt.dtype)
-        wt = _decode_w(w_ref[...], cfg, k)
-        step = route.exact_dot(xt, wt, r) if r.exact else route.float_dot(xt, wt, r.precision)
-        if cfg.limbs:
-            accs[0][...] += step >> 16
-            accs[1][...] += step & 0xFFFF
-        else:
-            accs[0][...] += step
+    shape = (None, *spec.block_shape) if stacked else spec.block_shape
+    return pl.BlockSpec(shape, index_map)
 
-    @pl.when(real & (k == pl.num_programs(2) - 1))
-    def _store():
+
+def _kernel(cfg: Config, group_ref, tile_ref, count_ref, start_ref, end_ref, *refs) -> None:
+    v = pl.program_id(1)
+
+    def store(o_ref: Any, value: jax.Array) -> None:  # this visit's group's rows only
         g = group_ref[v]
-        rows = tile_ref[v] * cfg.bm + lax.broadcasted_iota(jnp.int32, (cfg.bm, cfg.bn), 0)
+        rows = tile_ref[v] * cfg.bm + lax.broadcasted_iota(jnp.int32, value.shape, 0)
         mine = (rows >= start_ref[g]) & (rows < end_ref[g])
-        for o, a in zip(outs, accs):
-            o[...] = jnp.where(mine, a[...], o[...])
+        # TPU v4 has no select on bf16 vectors: select in f32, then round (exactly)
+        wide = jnp.float32 if value.dtype == jnp.bfloat16 else value.dtype
+        out = jnp.where(mine, value.astype(wide), o_ref[...].astype(wide))
+        o_ref[...] = out.astype(o_ref.dtype)
+
+    @pl.when(v < count_ref[0])
+    def _visit():
+        matmul_kernel.kernel_body(cfg, refs, store)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _run(x: jax.Array, w: jax.Array, group_sizes: jax.Array, cfg: GmmConfig) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("cfg", "groups"))
+def _run(x: jax.Array, kargs: tuple, group_sizes: jax.Array, cfg: Config, groups: int) -> jax.Array:
+    w, scales, tensor_scale, *affine = kargs
     r = cfg.route
     group, tile, count, starts, ends = schedule(group_sizes, cfg.m, cfg.bm)
-    nk = -(-cfg.k // cfg.bk)
-    nn = -(-cfg.n // cfg.bn)
-    acc_dtype = jnp.int32 if r.exact else jnp.float32
+    _, _, kp = cfg.padded
+    nn, nk = cfg.grid[1:]
+    g = cfg.x_planes
+    planes = [x]
+    if g > 1:  # the packed layout: one column plane of x per code position of a byte
+        x = jnp.pad(x, ((0, 0), (0, kp - x.shape[1])))
+        planes = [x[:, t::g] for t in range(g)]
+    x_spec = pl.BlockSpec((cfg.bm, cfg.bk // g), lambda i, j, k: (i, k))
+    w_spec = pl.BlockSpec((cfg.w_block_rows, cfg.bn), lambda i, j, k: (k, j))
+    # one expert's operands give the specs; the stacked ones are the kernel's operands
+    one = [jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in (scales, *affine) if a is not None]
+    _, extra_specs, spread_scratch = matmul_kernel.scale_operands(
+        cfg, one[0] if one else None, None, one[1:]
+    )
+    extra = [scales, *affine] if extra_specs else []
+    if not cfg.interpret:  # streamed from HBM, as emulate.pallas.matmul's operands
+        planes = [pltpu.with_memory_space_constraint(p, pltpu.HBM) for p in planes]
+        w = pltpu.with_memory_space_constraint(w, pltpu.HBM)
+        extra = [pltpu.with_memory_space_constraint(e, pltpu.HBM) for e in extra]
+    acc_dtype = jnp.int32 if r.exact and not cfg.group_scaled else jnp.float32
+    out_dtype = formats.get(cfg.out).dtype if cfg.scaled_in_kernel else acc_dtype
     n_acc = 2 if cfg.limbs else 1
-
-    x_map, w_map, o_map = _index_maps(nk)
+    in_specs = [_visit_spec(x_spec, nk, False)] * g
+    in_specs += [_visit_spec(s, nk, True) for s in [w_spec, *extra_specs]]
+    out_spec = _visit_spec(pl.BlockSpec((cfg.bm, cfg.bn), lambda i, j, k: (i, j)), nk, False)
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=5,
-        grid=(nn, cfg.visits, nk),
-        in_specs=[
-            pl.BlockSpec((cfg.bm, cfg.bk), x_map),
-            pl.BlockSpec((None, cfg.bk, cfg.bn), w_map),
-        ],
-        out_specs=[pl.BlockSpec((cfg.bm, cfg.bn), o_map)] * n_acc,
-        scratch_shapes=[pltpu.VMEM((cfg.bm, cfg.bn), acc_dtype)] * n_acc,
+        grid=(nn, _visits(cfg.m, cfg.bm, groups), nk),
+        in_specs=in_specs,
+        out_specs=[out_spec] * n_acc,
+        scratch_shapes=[pltpu.VMEM((cfg.bm, cfg.bn), acc_dtype)] * n_acc + spread_scratch,
     )
     outs = pl.pallas_call(
         functools.partial(_kernel, cfg),
         grid_spec=grid_spec,
-        out_shape=[jax.ShapeDtypeStruct((cfg.m, cfg.n), acc_dtype)] * n_acc,
+        out_shape=[jax.ShapeDtypeStruct((cfg.m, cfg.n), out_dtype)] * n_acc,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
+            vmem_limit_bytes=cfg.vmem_limit,
         ),
         interpret=pltpu.InterpretParams() if cfg.interpret else False,
         name="emulate_ragged_dot",
-    )(group, tile, count, starts, ends, x, w)
-    if cfg.limbs:
-        out = accumulate.round_limbs(*accumulate.normalize(*outs), r.scale, r.out)
-    else:
-        out = accumulate.round_accumulator(outs[0], r.out)
+    )(group, tile, count, starts, ends, *planes, w, *extra)
+    out = matmul_kernel.kernel_result(outs, cfg, scales, tensor_scale)
     # rows after the last group: never stored (whatever the output buffer held)
     held = jnp.arange(cfg.m, dtype=jnp.int32)[:, None] < ends[-1]
     return jnp.where(held, out, jnp.zeros((), out.dtype))
 
 
-def _experts(w: Any, w_format: FormatLike | None) -> tuple[jax.Array, Format]:
-    """(stored weight, format): dense experts, one byte an element."""
-    if isinstance(w, (QArray, Packed)) or not is_array(w):
-        kind = type(w).__name__
-        raise NotImplementedError(
-            f"w: the grouped kernel reads dense experts of one byte an element (int8, uint8, "
-            f"float8 arrays or uint8 codes with w_format); {kind} experts (4-bit packed, "
-            "QArray block scales, zero points, codebooks) are not built in it: use "
-            "emulate.ragged_dot, which runs them on the XLA route"
-        )
-    dt = np.dtype(w.dtype)
-    if w_format is None and dt.name in formats.names() and formats.get(dt).xla_storable:
-        f = formats.get(dt)
-        data = jnp.asarray(w)
-    else:
-        codes, f = to_codes(w, w_format, arg="w")
-        data = jnp.asarray(codes)
-    if not f.is_low_precision:
-        raise ValueError(f"w: a {f.name} weight needs no decoding; pass low-precision experts")
-    if np.dtype(data.dtype).itemsize != 1 or f.bits < 6 and w_format is None:
-        raise NotImplementedError(
-            f"w: {f.name} experts (4-bit) are not built in the grouped kernel; pass one "
-            "byte an element (uint8 codes with w_format) or use emulate.ragged_dot"
-        )
-    if data.ndim != 3:
-        raise ValueError(f"w: expected (G, K, N) experts, got shape {tuple(data.shape)}")
-    return data, f
+def prepare_experts(w: Any, w_format: FormatLike | None = None) -> Any:
+    """Stacked experts in the layout :func:`ragged_dot` reads as stored, each expert
+    :func:`emulate.pallas.prepare_weight`'s (the K-planar layout of its sub-byte codes,
+    the same bytes plus zero codes up to a whole tile; float16 scales as their bits):
+    call it once and keep the result in place of the experts.
 
+    Args:
+      w: (G, K, N) experts: a stacked QArray, an :class:`emulate.Packed` array packed
+        along K (axis 1), an int4 / uint4 / float4_e2m1fn array, or uint8 codes of a
+        sub-byte format with ``w_format``.
+      w_format: the format of raw codes.
 
-def _blocks(block_shape: Sequence[int] | None, m: int, k: int, n: int, sub: int) -> tuple:
-    if block_shape is None:
-        bm = min(256, -(-m // sub) * sub)
-        return bm, min(512, -(-k // _LANES) * _LANES), min(256, -(-n // _LANES) * _LANES)
-    bm, bn, bk = (int(b) for b in block_shape)
-    if bm % sub or bn % _LANES or bk % _LANES or min(bm, bn, bk) <= 0:
-        raise ValueError(
-            f"block_shape: (bm, bn, bk) must be positive, bm a multiple of {sub} (the "
-            f"sublane tiling of the decoded x), bn and bk of {_LANES}; got {tuple(block_shape)}"
-        )
-    return bm, bk, bn
+    Returns:
+      A :class:`emulate.pallas.KernelWeight` or :class:`emulate.pallas.KernelQWeight`
+      whose arrays have a leading axis of G experts (each record describes one expert).
+
+    Raises:
+      As :func:`emulate.pallas.prepare_weight` for one expert; ValueError: not (G, K, N).
+    """
+    _expert_count(w)
+    return jax.vmap(functools.partial(prepare_weight, w_format=w_format))(w)
 
 
 def ragged_dot(
     x: jax.Array | np.ndarray,
-    w: jax.Array | np.ndarray,
+    w: Any,
     group_sizes: jax.Array | np.ndarray,
     *,
     target: targets.TargetLike = None,
@@ -331,24 +291,30 @@ def ragged_dot(
     module docstring for the schedule and what is built).
 
     Args:
-      x: (M, K) rows sorted by group: bfloat16 or float32, or an int8 / uint8 / float8
-        array (uint8 codes with ``x_format``).
-      w: (G, K, N) experts: int8 / uint8 / float8 arrays, or uint8 codes with
-        ``w_format`` (float6 codes too).
+      x: (M, K) rows sorted by group: bfloat16, float16 or float32, or an int8 / uint8 /
+        float8 array (uint8 codes with ``x_format``).
+      w: (G, K, N) experts, each what :func:`emulate.pallas.matmul` takes as its weight
+        with a leading expert axis: int8 / uint8 / float8 arrays, uint8 codes with
+        ``w_format``, int4 / float4 arrays, :class:`emulate.Packed` packed along K (axis
+        1), a stacked QArray (scales along K, zero points, offsets, two-level scales),
+        or :func:`prepare_experts`' result.
       group_sizes: (G,) int, >= 0, summing to at most M (traced values are not checked).
       target: a TPU target; default the current one.
-      block_shape: ``(bm, bn, bk)``; default bm up to 256 rows, bn up to 256, bk up to 512.
-      out_dtype: the result type (as ``preferred_element_type``); default ``lax``'s.
+      block_shape: ``(bm, bn, bk)``; default :func:`emulate.pallas.matmul`'s for one
+        expert (bm up to 256 rows).
+      out_dtype: the result type (as ``preferred_element_type``); default ``lax``'s
+        (a QArray's: :func:`emulate.matmul`'s).
       interpret: None: interpret mode unless JAX's default backend is a TPU.
 
     Returns:
-      (M, N): each row the product with its group's weight, exact for exact-class pairs
-      (integers, fp4 and e2m3 with integers: bit-identical to
-      :func:`emulate.reference.ragged_dot`), within the bound of mode "fast" otherwise;
-      rows after the last group zero.
+      (M, N): each row the product with its group's weight, each row's bits those of
+      :func:`emulate.pallas.matmul` on its group's rows where that is exact (integer and
+      other exact-class pairs: bit-identical to :func:`emulate.reference.ragged_dot`),
+      within :func:`emulate.pallas.matmul`'s bound otherwise; rows after the last group
+      zero.
 
     Raises:
-      NotImplementedError: experts the kernel does not read yet (4-bit, Packed, QArray).
+      NotImplementedError: expert parts the kernel does not read (module docstring).
       ValueError: a non-TPU target; shapes that do not fit; concrete group sizes that
         are negative or sum to more than M; a block shape off the tiling.
       TypeError: a weight or activation that is no array.
@@ -356,29 +322,39 @@ def ragged_dot(
     t = targets.current_target(target)
     if t.kind != "tpu":
         raise ValueError(f"target: a TPU kernel, and the target is {t.name}; pass a TPU target")
-    wdata, wf = _experts(w, w_format)
-    if x_format is None and np.dtype(x.dtype).name in ("float16",):
-        x = jnp.asarray(x, jnp.float32)
-    xv, xf = jnp.asarray(x), formats.get(x_format or x.dtype)
-    if x_format is not None:
-        xv = jnp.asarray(to_codes(x, x_format, arg="x")[0])
-    g, kw, n = wdata.shape
-    if xv.ndim != 2 or xv.shape[1] != kw or np.shape(group_sizes) != (g,):
+    groups = _expert_count(w)
+    gs_shape = tuple(np.shape(group_sizes))
+    m_x = np.shape(x)[0] if np.ndim(x) == 2 else -1
+    if np.ndim(x) != 2 or gs_shape != (groups,):
         raise ValueError(
-            f"x, w, group_sizes: expected (M, K), (G, K, N) and (G,), got {tuple(xv.shape)}, "
-            f"{tuple(wdata.shape)} and {tuple(np.shape(group_sizes))}"
+            f"x, w, group_sizes: expected (M, K), (G, K, N) and (G,), got "
+            f"{tuple(np.shape(x))}, {groups} experts and {gs_shape}"
         )
-    m, k = xv.shape
-    check_group_sizes(group_sizes, m, "x")
-    vf = formats.get("int8") if wf.name in formats.CODE_FORMATS else wf
-    r = route.route(xf, vf, target=t, preferred_element_type=out_dtype)
-    if 0 in (m, n, k):
-        return jnp.zeros((m, n), formats.get(r.out).dtype)
-    sub = {"float32": 8, "bfloat16": 16, "int8": 32}[r.lhs_compute]
-    bm, bk, bn = _blocks(block_shape, m, k, n, sub)
-    limbs = r.exact and not formats.get(r.out).is_integer
-    cfg = GmmConfig(
-        r, m, k, n, g, bm, bk, bn, np.dtype(wdata.dtype).name, wf.name,
-        np.dtype(xv.dtype).name, limbs, interpret_mode(interpret),
+    check_group_sizes(group_sizes, m_x, "x")
+    kw: dict[str, Any] = dict(target=t, out_dtype=out_dtype, x_format=x_format, w_format=w_format)
+    try:
+        first = w[0] if isinstance(w, QArray) else jax.tree.map(lambda leaf: leaf[0], w)
+        a = matmul_args(x, first, **kw)  # one expert: the checks and the static config
+    except ValueError as e:
+        if str(e).startswith("x, w: x's K"):
+            msg = f"x, w, group_sizes: expected (M, K), (G, K, N) and (G,); {e}"
+            raise ValueError(msg) from None
+        raise
+    _refuse_parts(a)
+    if a.empty:
+        return jnp.zeros((a.m, a.n), formats.get(a.out).dtype)
+    cfg = config(
+        r=a.route, t=a.target, m=a.m, n=a.n, k=a.k, stored=a.stored,
+        w_passthrough=a.passthrough, block_shape=block_shape,
+        interpret=matmul_kernel.interpret_mode(interpret), x_dtype=a.x.dtype.name,
+        scaling=a.scaling, out=a.out, codebook=a.codebook,
     )  # fmt: skip
-    return _run(xv, wdata, jnp.asarray(group_sizes), cfg)
+    if cfg.x_dtype != a.x.dtype.name:
+        raise ValueError(
+            f"block_shape: bm = {cfg.bm} is off the sublane tiling of x's stored "
+            f"{a.x.dtype.name} blocks; pass a multiple of "
+            f"{32 // a.x.dtype.itemsize if a.x.dtype.itemsize < 4 else 8}"
+        )
+    cfg = dataclasses.replace(cfg, x_resident=False)  # x blocks follow the visits' tiles
+    kargs = jax.vmap(lambda we: matmul_args(x, we, **kw).kernel_operands)(w)
+    return _run(a.x, kargs, jnp.asarray(group_sizes), cfg, groups)

@@ -7,8 +7,9 @@ copies, converts, pads or relayouts it outside the kernel.
 A call reads its operands once (:func:`emulate.pallas.matmul_args.matmul_args`, which
 raises every error about ``x``, ``w``, their formats, the target and ``out_dtype``), takes
 its blocks (:func:`emulate.pallas.matmul_config.config`: ``block_shape``, VMEM) and runs
-the kernel. :func:`weight_planes`, :func:`decode_x` and :func:`scale_operands` are the
-kernel's pieces that another kernel on the same records can reuse.
+the kernel. :func:`kernel_body`, :func:`weight_planes`, :func:`decode_x`, :func:`scale_operands` and
+:func:`kernel_result` are the kernel's pieces that another kernel on the same records
+reuses (:mod:`emulate.pallas.gmm_kernel`).
 
 * ``w``, one of three layouts:
 
@@ -79,7 +80,15 @@ from emulate.pallas.qweight import KernelQWeight
 from emulate.pallas.weights import TILE_GROUPS, KernelWeight, kernel_codes
 from emulate.qarray import QArray
 
-__all__ = ["decode_x", "interpret_mode", "matmul", "scale_operands", "weight_planes"]
+__all__ = [
+    "decode_x",
+    "interpret_mode",
+    "kernel_body",
+    "kernel_result",
+    "matmul",
+    "scale_operands",
+    "weight_planes",
+]
 
 
 def _codes(w_ref: Any, cfg: Config, k: Any) -> jax.Array:
@@ -150,7 +159,19 @@ def decode_x(xt: jax.Array, cfg: Config) -> jax.Array:
     return route.decode_codes(xt.astype(jnp.int32) & 0xFF, xf, r.lhs_compute, r.lhs_scale)
 
 
+def _write(o_ref: Any, value: jax.Array) -> None:
+    o_ref[...] = value
+
+
 def _kernel(cfg: Config, *refs: Any) -> None:
+    kernel_body(cfg, refs)
+
+
+def kernel_body(cfg: Config, refs: Sequence[Any], store: Any = _write) -> None:
+    """The kernel's body on one grid step ``(i, j, k)``, K the third grid axis: the refs
+    are the inputs (x planes, weight, scale operands), outputs and scratch of
+    :func:`matmul`'s call; ``store(o_ref, value)`` writes a finished output block (another
+    kernel passes one that writes only some of its rows)."""
     r = cfg.route
     xs = refs[: cfg.x_planes]
     w_ref = refs[cfg.x_planes]
@@ -203,10 +224,10 @@ def _kernel(cfg: Config, *refs: Any) -> None:
     @pl.when(k == pl.num_programs(2) - 1)
     def _store():
         if cfg.scaled_in_kernel:
-            outs[0][...] = qsteps.scaled_result(accs[0][...], s_ref, ts_refs, cfg)
+            store(outs[0], qsteps.scaled_result(accs[0][...], s_ref, ts_refs, cfg))
             return
         for o, a in zip(outs, accs):
-            o[...] = a[...]
+            store(o, a[...])
 
 
 def scale_operands(
@@ -239,7 +260,9 @@ def scale_operands(
     return extra, extra_specs, spread_scratch
 
 
-def _result(outs: Sequence[jax.Array], cfg: Config, scales: Any, tensor_scale: Any) -> jax.Array:
+def kernel_result(
+    outs: Sequence[jax.Array], cfg: Config, scales: Any, tensor_scale: Any
+) -> jax.Array:
     """The kernel's outputs as the result: as written where the kernel scaled and stored
     the result type, else the accumulator (or its limbs) rounded once, and a QArray's
     scales the kernel did not apply, then one more rounding."""
@@ -307,7 +330,7 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
         interpret=interpret,
         name="emulate_matmul",
     )(*planes, w, *extra)
-    return _result(outs, cfg, scales, tensor_scale)
+    return kernel_result(outs, cfg, scales, tensor_scale)
 
 
 def interpret_mode(interpret: bool | None, *operands: Any) -> bool:

@@ -24,7 +24,12 @@ _LANES = 128
 _SUBLANES = {1: 32, 2: 16, 4: 8}  # second-minor tiling of a VMEM block, by element bytes
 _DEFAULT_SCOPED_VMEM = 16 << 20  # Mosaic's default scoped VMEM limit on v4 / v5e
 LAYOUTS = ("dense", "planar", "packed")
-_MAX_GROUPS_PER_STEP = 8  # default bk: at most this many scale groups per K step
+#: Default bk: at most this many scale groups per K step (each group is a dot of its own):
+#: 8 on chips with 16 MiB of VMEM (v2, v3, v4: 35.8 of 16 MiB for groups of 32 at bk =
+#: 1024), 32 on the others (docs/performance.md: on a v5e, Q4_K at M = 1 and 64 ran
+#: 1.7-2.2x faster at bk = 1024 than at bk = 256).
+_MAX_GROUPS_PER_STEP = 8
+_MAX_GROUPS_PER_STEP_LARGE_VMEM = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +134,12 @@ class Config:
         """Rows of the stored weight per K step."""
         s = self.stored
         return self.bk if s.layout == "dense" else self.bk // s.group * s.nbytes
+
+
+def _max_groups(t: targets.Target) -> int:
+    """Scale groups per K step of a default bk on ``t`` (:data:`_MAX_GROUPS_PER_STEP`)."""
+    vmem = t.vmem_capacity_bytes or 16 << 20
+    return _MAX_GROUPS_PER_STEP if vmem <= 16 << 20 else _MAX_GROUPS_PER_STEP_LARGE_VMEM
 
 
 def _round_up(v: int, m: int) -> int:
@@ -262,11 +273,10 @@ def config(
                     f"scale groups of {gk} rows along K"
                 )
             bk = math.lcm(gk, k_multiple)
-        if block_shape is None and bk // gk > _MAX_GROUPS_PER_STEP:
-            # each group is a dot of its own: many short ones overrun VMEM on v2/v3
-            # (35.8 of 16 MiB for groups of 32 at bk = 1024)
+        most = _max_groups(t)
+        if block_shape is None and bk // gk > most:
             unit = math.lcm(gk, k_multiple)
-            bk = max(unit, _MAX_GROUPS_PER_STEP * gk // unit * unit)
+            bk = max(unit, most * gk // unit * unit)
     if bm % stored_sub and bm != m:  # x's stored blocks would be off their tiling
         x_dtype = r.lhs_compute  # decoded outside the kernel instead
     kp = _round_up(k, bk)

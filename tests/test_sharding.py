@@ -184,6 +184,13 @@ SCRIPT = textwrap.dedent(
         qs = shard_weight(q, mesh, spec)
         out[name + "-leaves"] = [len(leaf.sharding.device_set) for leaf in jax.tree.leaves(qs)]
         out[name + "-xla"] = bool(np.array_equal(bits(f(xs, qs)), bits(f(x, q))))
+        xla = np.asarray(f(x, q))
+        def xla_body(a, b, spec=spec):
+            y = f(a, local_weight(b, spec, mesh))
+            return jax.lax.psum(y, "x") if spec[0] else y
+        sm = jax.jit(jax.shard_map(xla_body, mesh=mesh, in_specs=(P(None, spec[0]),
+            weight_specs(q, spec, mesh)), out_specs=P(None, spec[1])))
+        xla_sm = np.asarray(sm(xs, qs))
         kq = emulate.pallas.prepare_weight(q)
         run = lambda a, b: emulate.pallas.matmul(
             a, b, target="tpu_v5e", interpret=True, out_dtype=jnp.float32)
@@ -203,6 +210,8 @@ SCRIPT = textwrap.dedent(
         mag = np.abs(np.asarray(x, np.float64)) @ terms
         bound = 2 * emulate.bounds.gamma(k + k // 128 + 5) * (mag + 1e-30)
         out[name + "-kernel-bounded"] = bool(np.all(np.abs(got - want) <= bound))
+        out[name + "-xla-shard-map-equal"] = bool(np.array_equal(bits(xla_sm), bits(xla)))
+        out[name + "-xla-shard-map-bounded"] = bool(np.all(np.abs(xla_sm - xla) <= bound))
     # int8 x int8, row-parallel: int32 partial sums, a psum of int32: exact
     w = rng.integers(-128, 128, (2048, 128)).astype(np.int8)
     x = rng.integers(-128, 128, (8, 2048)).astype(np.int8)
@@ -244,6 +253,14 @@ def test_column_parallel_kernel_is_bit_identical(result):
     assert result["along_n-kernel-equal"] is True
 
 
+@pytest.mark.parametrize("layout", ["along_n", "along_k"])
+def test_emulate_matmul_runs_per_shard_in_shard_map(result, layout):
+    # column-parallel: the same bits; row-parallel: a psum of f32 partial sums, bounded
+    assert result[f"{layout}-xla-shard-map-bounded"] is True
+    if layout == "along_n":
+        assert result[f"{layout}-xla-shard-map-equal"] is True
+
+
 def test_row_parallel_int8_kernel_with_psum_is_exact(result):
     assert result["int8-row-parallel"] is True
 
@@ -275,7 +292,8 @@ def tpu_collectives() -> dict:
     out = {}
     for topo in ("v5e:2x4", "v4:2x2x2"):
         devs = compiler.topology_devices(topo)
-        mesh = Mesh(np.array(devs[:8]), ("x",))
+        # one device a chip: libtpu lists v4's two TensorCores apart (16 devices)
+        mesh = Mesh(np.array([d for d in devs if d.core_on_chip == 0]), ("x",))
         for spec in (P(None, "x"), P("x", None)):
             placed = lambda w, spec=spec, mesh=mesh: jax.tree.map(  # noqa: E731
                 lambda a, p: jax.ShapeDtypeStruct(

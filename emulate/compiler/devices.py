@@ -257,10 +257,11 @@ def topology_devices(topology: str) -> tuple[jax.Device, ...]:
     ``jax.sharding.Mesh`` over them (nothing executes; ``jax.jit(...).lower(...).compile()``
     runs the real compiler for the sharded program, collectives included).
 
-    ``topology`` is libtpu's name: ``"v5e:2x4"``, ``"v6e:2x4"`` (8 chips, one device
-    each), ``"v4:2x2x2"`` (8 chips, 16 devices: libtpu 0.0.42.1 gives v4 two devices a
-    chip), ``"v5p:2x2x2"``, ``"tpu7x:2x2x2"``; :data:`TOPOLOGIES` lists the single-chip
-    names of each target.
+    ``topology`` is libtpu's name: ``"v5e:2x4"``, ``"v6e:2x4"``, ``"v5p:2x2x2"`` (8 chips,
+    one device each), ``"v4:2x2x2"``, ``"tpu7x:2x2x2"`` (8 chips, 16 devices: libtpu
+    0.0.42.1 lists their two TensorCores a chip apart, ``core_on_chip`` 0 and 1; take one
+    of each chip for a mesh of chips); :data:`TOPOLOGIES` lists each target's one-chip
+    name.
 
     Raises:
       CompilerUnavailable: libtpu is not installed or does not load.

@@ -487,7 +487,12 @@ def _further_blocks(side_a: _Side, side_b: _Side, first, q0, block, to_odd) -> j
         if sa.dynamic:
             cut_a = jnp.where(more_b, cut_a, base_a)
         go = more_b | more_a
-        return (cut_a, cut_b, go, *_varying_cond(go, pair, no_pair, cut_a, cut_b), accs)
+        # both branches' results vary over the mesh axes either's do (inside shard_map a
+        # branch of constants varies over none, and lax.cond refuses a pair that differs)
+        types = [jax.eval_shape(f, cut_a, cut_b) for f in (pair, no_pair)]
+        want = jax.tree.map(lambda a, b: _axes(a) | _axes(b), *types)
+        branches = [lambda *c, f=f: _vary(f(*c), want) for f in (pair, no_pair)]
+        return (cut_a, cut_b, go, *lax.cond(go, *branches, cut_a, cut_b), accs)
 
     _, base_a, base_b = (jnp.asarray(x, jnp.int32) for x in q0)
     cut_a = jnp.full_like(base_a, _ALL)
@@ -548,21 +553,6 @@ def _vary(tree, want):
         return lax.pcast(y, more, to="varying") if more else y
 
     return jax.tree.map(to, tree, want)
-
-
-def _varying_cond(pred: jax.Array, true_fun: Callable, false_fun: Callable, *operands):
-    """``lax.cond`` whose branches' results vary over the same mesh axes: inside
-    ``jax.shard_map`` a branch of constants varies over none, and ``lax.cond`` refuses a
-    pair that differs (each result is cast to the axes either branch's varies over; outside
-    ``shard_map`` there are none and nothing is added)."""
-    types = [jax.eval_shape(f, *operands) for f in (true_fun, false_fun)]
-    want = jax.tree.map(lambda a, b: _axes(a) | _axes(b), *types)
-    return lax.cond(
-        pred,
-        lambda *ops: _vary(true_fun(*ops), want),
-        lambda *ops: _vary(false_fun(*ops), want),
-        *operands,
-    )
 
 
 def _varying_while(cond_fun: Callable, body: Callable, state):

@@ -66,6 +66,21 @@ def test_every_part_of_a_qarray_follows_the_logical_split():
     assert leaf_specs(weight_specs(per_channel, P("x"), MESH)) == [P("x", None), P(None, None)]
 
 
+def test_stacked_experts_split_along_any_axis():
+    one = [
+        emulate.quantize(
+            jnp.asarray(np.random.default_rng(i).standard_normal((256, 64))),
+            "int4",
+            block_shape=(32, 1),
+        )
+        for i in range(8)
+    ]
+    experts = jax.tree.map(lambda *a: jnp.stack(a), *one)  # (8, 256, 64), blocks (1, 32, 1)
+    # codes packed along K (8, 128, 64) and scales (8, 8, 64): E, K (whole groups) or N
+    for spec in (P("x", None, None), P(None, "x", None), P(None, None, "x")):
+        assert leaf_specs(weight_specs(experts, spec, MESH)) == [spec, spec]
+
+
 def test_every_part_of_a_prepared_weight_follows_the_logical_split():
     kq = emulate.pallas.prepare_weight(affine_weight(4096, 128))
     got = weight_specs(kq, P("x", None), MESH)

@@ -17,6 +17,9 @@ The public surface:
   :func:`quantize`, :func:`dequantize`, the schemes of :mod:`emulate.mx` (MXFP8/6/4,
   MXINT8, NVFP4, INT4_G128, FP8_BLOCK_128x128),
   and :func:`scaled_matmul` / :func:`scaled_dot_general` (``jax.nn``'s signatures);
+- across devices: :func:`shard_weight`, :func:`weight_specs`, :func:`local_weight`
+  (every part of a QArray or prepared kernel weight split by one PartitionSpec,
+  :mod:`emulate.sharding`);
 - wrapping existing code: :func:`polyfill`, and :func:`inspect` to see its sites;
 - Pallas TPU kernels: :mod:`emulate.pallas` (``matmul``, an in-kernel ``dot``, ``check``),
   imported on first use of ``emulate.pallas`` because it imports ``jax.experimental.pallas``;
@@ -48,6 +51,7 @@ from emulate.ragged import ragged_dot, ragged_dot_general
 from emulate.report import inspect
 from emulate.rewrite import polyfill, scaled_dot_general
 from emulate.scaled import scaled_matmul
+from emulate.sharding import local_weight, shard_weight, weight_specs
 from emulate.targets import Target, current_mode, current_target, use_mode, use_target
 from emulate.targets import use_target as target
 
@@ -73,6 +77,7 @@ __all__ = [
     "encode",
     "formats",
     "inspect",
+    "local_weight",
     "matmul",
     "mx",
     "pack",
@@ -86,6 +91,7 @@ __all__ = [
     "runs_as_is",
     "scaled_dot_general",
     "scaled_matmul",
+    "shard_weight",
     "target",
     "targets",
     "unpack",
@@ -93,6 +99,7 @@ __all__ = [
     "use_route",
     "use_target",
     "weight_route",
+    "weight_specs",
 ]
 
 

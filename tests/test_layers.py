@@ -152,6 +152,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.dot",
             "emulate.conv",
             "emulate.ragged",
+            "emulate.sharding",
             "emulate.flax.rounding",
             "emulate.flax.layers",
             "emulate.flax.quantize",

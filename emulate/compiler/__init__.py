@@ -7,7 +7,8 @@ nothing else in emulate repeats the name mapping or the subprocess plumbing:
 
 - :mod:`emulate.compiler.devices`: :data:`TOPOLOGIES` (each TPU target's libtpu topology,
   or None where libtpu offers none), :func:`libtpu_version`, :func:`available`,
-  :func:`generations`, :func:`device`, :func:`compat_mode`.
+  :func:`generations`, :func:`device`, :func:`compat_mode`, :func:`topology_devices`
+  (the devices of a multi-chip topology, for a Mesh).
 - :mod:`emulate.compiler.compiling`: :func:`compile` compiles in this process;
   :func:`check`, :func:`check_many` and :func:`check_both` return a
   :class:`emulate.mosaic.Verdict` and run in a subprocess
@@ -33,6 +34,7 @@ from emulate.compiler.devices import (
     first_line,
     generations,
     libtpu_version,
+    topology_devices,
 )
 from emulate.compiler.isolate import Job
 from emulate.compiler.probing import (
@@ -66,4 +68,5 @@ __all__ = [
     "probe",
     "probe_cases",
     "report",
+    "topology_devices",
 ]

@@ -251,6 +251,35 @@ def offered_devices() -> dict[str, jax.Device]:
     return found
 
 
+@functools.cache
+def topology_devices(topology: str) -> tuple[jax.Device, ...]:
+    """The compile-only devices of a multi-chip libtpu topology, for a
+    ``jax.sharding.Mesh`` over them (nothing executes; ``jax.jit(...).lower(...).compile()``
+    runs the real compiler for the sharded program, collectives included).
+
+    ``topology`` is libtpu's name: ``"v5e:2x4"``, ``"v6e:2x4"``, ``"v5p:2x2x2"`` (8 chips,
+    one device each), ``"v4:2x2x2"``, ``"tpu7x:2x2x2"`` (8 chips, 16 devices: libtpu
+    0.0.42.1 lists their two TensorCores a chip apart, ``core_on_chip`` 0 and 1; take one
+    of each chip for a mesh of chips); :data:`TOPOLOGIES` lists each target's one-chip
+    name.
+
+    Raises:
+      CompilerUnavailable: libtpu is not installed or does not load.
+      ValueError: a name libtpu refuses (its message).
+    """
+    offered_devices()  # loads libtpu as this module does (the lockfile setting)
+    from jax.experimental import topologies
+
+    try:
+        with _quiet_stderr():
+            return tuple(topologies.get_topology_desc(topology, "tpu").devices)
+    except Exception as e:  # noqa: BLE001 - libtpu raises JaxRuntimeError
+        raise ValueError(
+            f"topology: libtpu {libtpu_version()} refuses {topology!r} ({first_line(str(e))}); "
+            'names look like "v5e:2x4" or "v4:2x2x2"'
+        ) from e
+
+
 def available() -> bool:
     """Whether the real TPU compiler runs here (libtpu installed and loads).
 

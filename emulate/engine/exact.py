@@ -487,14 +487,19 @@ def _further_blocks(side_a: _Side, side_b: _Side, first, q0, block, to_odd) -> j
         if sa.dynamic:
             cut_a = jnp.where(more_b, cut_a, base_a)
         go = more_b | more_a
-        return (cut_a, cut_b, go, *lax.cond(go, pair, no_pair, cut_a, cut_b), accs)
+        # both branches' results vary over the mesh axes either's do (inside shard_map a
+        # branch of constants varies over none, and lax.cond refuses a pair that differs)
+        types = [jax.eval_shape(f, cut_a, cut_b) for f in (pair, no_pair)]
+        want = jax.tree.map(lambda a, b: _axes(a) | _axes(b), *types)
+        branches = [lambda *c, f=f: _vary(f(*c), want) for f in (pair, no_pair)]
+        return (cut_a, cut_b, go, *lax.cond(go, *branches, cut_a, cut_b), accs)
 
     _, base_a, base_b = (jnp.asarray(x, jnp.int32) for x in q0)
     cut_a = jnp.full_like(base_a, _ALL)
     cut_b = jnp.full_like(base_b, _ALL)
     accs = jnp.zeros((n_abs, 2, *shape), jnp.uint32)
     state = (cut_a, cut_b, jnp.ones((), bool), first, base_a, base_b, accs)
-    accs = lax.while_loop(lambda s: s[2], body, state)[6]
+    accs = _varying_while(lambda s: s[2], body, state)[6]
     return round_wide(*subtract_stacked(accs[:, 0], accs[:, 1]), lo, to_odd)
 
 
@@ -531,3 +536,34 @@ def _specials(r, operands, sides, plan) -> jax.Array:
         if side.specials:
             special = special | jnp.any((side.bits() & 0x7F800000) == 0x7F800000)
     return lax.cond(special, with_specials, lambda r, a, b: r, r, *operands)
+
+
+def _axes(t) -> frozenset:
+    """The mesh axes an array or a ShapeDtypeStruct varies over (inside ``jax.shard_map``;
+    none elsewhere)."""
+    mat = t.manual_axis_type if isinstance(t, jax.ShapeDtypeStruct) else jax.typeof(t).mat
+    return frozenset() if mat is None else frozenset(mat.varying)
+
+
+def _vary(tree, want):
+    """``tree`` with each array cast to also vary over the axes of ``want``'s leaf."""
+
+    def to(y, need):
+        more = tuple(sorted(need - _axes(y)))
+        return lax.pcast(y, more, to="varying") if more else y
+
+    return jax.tree.map(to, tree, want)
+
+
+def _varying_while(cond_fun: Callable, body: Callable, state):
+    """``lax.while_loop`` whose carry varies over the mesh axes any pass of ``body`` makes
+    it vary over (``lax.while_loop`` inside ``jax.shard_map`` refuses a carry whose types
+    change; outside ``shard_map`` nothing is added)."""
+    for _ in range(len(jax.tree.leaves(state)) + 1):
+        out = jax.eval_shape(body, state)
+        want = jax.tree.map(lambda a, b: _axes(a) | _axes(b), state, out)
+        if all(_axes(a) == w for a, w in zip(jax.tree.leaves(state), jax.tree.leaves(want))):
+            break
+        state = _vary(state, want)
+    want = jax.tree.map(_axes, state)
+    return lax.while_loop(cond_fun, lambda s: _vary(body(s), want), state)

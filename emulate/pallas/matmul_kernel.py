@@ -281,6 +281,15 @@ def kernel_result(
     return accumulate.round_accumulator(acc, cfg.out)
 
 
+def varying_struct(shape: tuple[int, ...], dtype: Any, operands: Sequence[Any]) -> Any:
+    """The kernel's output type: ``shape`` and ``dtype``, varying over the mesh axes any
+    operand varies over. Inside ``jax.shard_map`` (``check_vma=True``, its default)
+    ``pallas_call`` needs that said; elsewhere every operand's set is empty."""
+    mats = [jax.typeof(a).mat for a in operands]
+    varying = frozenset().union(*(m.varying for m in mats))
+    return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=mats[0].update(varying=varying))
+
+
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
     w, scales, tensor_scale, *affine = kargs
@@ -318,7 +327,7 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
         extra = [pltpu.with_memory_space_constraint(e, pltpu.HBM) for e in extra]
     outs = pl.pallas_call(
         functools.partial(_kernel, cfg),
-        out_shape=[jax.ShapeDtypeStruct((cfg.m, cfg.n), out_dtype)] * n_acc,
+        out_shape=[varying_struct((cfg.m, cfg.n), out_dtype, (*planes, w, *extra))] * n_acc,
         grid=(nm, nn, nk),
         in_specs=[x_spec] * g + [w_spec] + extra_specs,
         out_specs=[out_spec] * n_acc,

@@ -43,6 +43,27 @@ def test_device_per_offered_target(target):
     assert compiler.device(targets.get(target)) is dev
 
 
+@pytest.mark.parametrize(
+    ("topology", "kind", "chips", "cores"),
+    [
+        ("v5e:2x4", "TPU v5 lite", 8, 1),
+        ("v6e:2x4", "TPU v6 lite", 8, 1),
+        ("v4:2x2x2", "TPU v4", 8, 2),
+    ],
+)
+def test_topology_devices_of_an_eight_chip_topology(topology, kind, chips, cores):
+    devs = compiler.topology_devices(topology)
+    assert len(devs) == chips * cores
+    assert {d.device_kind for d in devs} == {kind}
+    assert len({tuple(d.coords) for d in devs}) == chips
+    assert sorted({d.core_on_chip for d in devs}) == list(range(cores))
+
+
+def test_topology_devices_names_a_refused_topology():
+    with pytest.raises(ValueError, match=r"^topology: libtpu [\d.]+ refuses 'v9:1x1' \("):
+        compiler.topology_devices("v9:1x1")
+
+
 def test_device_accepts_aliases():
     assert compiler.device("v5e") is compiler.device("tpu_v5e")
     assert compiler.device("TPU v6 lite") is compiler.device("tpu_v6e")

@@ -350,7 +350,8 @@ def tpu_collectives() -> dict:
                     out_specs=P(None, spec[1]),
                 )
             )
-            with jax.default_device(devs[0]):
+            # the XLA route: under automatic partitioning JAX refuses a Mosaic kernel
+            with jax.default_device(devs[0]), emulate.use_route("xla"):
                 out[topo, str(spec)] = {
                     "bf16": collective_bytes(
                         bf16.lower(

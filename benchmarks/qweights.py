@@ -63,11 +63,11 @@ def q4_k_weight(k: int, n: int, rng: np.random.Generator) -> emulate.QArray:
     return k_quant_weight("Q4_K", k, n, rng)
 
 
-def awq_weight(k: int, n: int, rng: np.random.Generator, group: int = 128) -> emulate.QArray:
-    """An AutoAWQ GEMM int4 weight (K, N) in the parts ``parse_awq`` returns: uint4 codes,
-    f16 scales and uint4 zero points per group of ``group`` along K."""
+def _int4_group_parts(k: int, n: int, rng: np.random.Generator, group: int) -> StoredParts:
+    """uint4 codes (K, N), f16 scales and uint4 zero points per group of ``group`` along K:
+    the parts ``parse_awq`` and ``parse_gptq`` return."""
     g = min(group, k)
-    parts = StoredParts(
+    return StoredParts(
         codes=rng.integers(0, 16, (k, n), dtype=np.uint8),
         fmt="uint4",
         bits=4,
@@ -76,10 +76,15 @@ def awq_weight(k: int, n: int, rng: np.random.Generator, group: int = 128) -> em
         zero_points=rng.integers(0, 16, (k // g, n), dtype=np.uint8),
         zero_bits=4,
         dtype="float16",
-        source="benchmarks.quantized: AutoAWQ GEMM int4 parts",
+        source="benchmarks.qweights: int4 parts in groups along K",
         stored_bits=0,
     )
-    return to_qarray(parts)
+
+
+def awq_weight(k: int, n: int, rng: np.random.Generator, group: int = 128) -> emulate.QArray:
+    """An AutoAWQ GEMM int4 weight (K, N) in the parts ``parse_awq`` returns: uint4 codes,
+    f16 scales and uint4 zero points per group of ``group`` along K."""
+    return to_qarray(_int4_group_parts(k, n, rng, group))
 
 
 def gptq_act_order_weight(
@@ -88,22 +93,9 @@ def gptq_act_order_weight(
     """A GPTQ int4 act-order weight (K, N) in the parts ``parse_gptq`` returns: uint4
     codes and their groups stored in a random permutation of K, f16 scales and uint4
     zero points per group."""
-    g = min(group, k)
-    parts = StoredParts(
-        codes=rng.integers(0, 16, (k, n), dtype=np.uint8),
-        fmt="uint4",
-        bits=4,
-        block_shape=(g, 1),
-        scales=(rng.random((k // g, n)) * 0.01 + 1e-4).astype(np.float16),
-        zero_points=rng.integers(0, 16, (k // g, n), dtype=np.uint8),
-        zero_bits=4,
-        dtype="float16",
-        source="benchmarks.qweights: GPTQ act-order int4 parts",
-        stored_bits=0,
-        perm=rng.permutation(k).astype(np.int32),
-        perm_axis=-2,
-    )
-    return to_qarray(parts)
+    parts = _int4_group_parts(k, n, rng, group)
+    perm = rng.permutation(k).astype(np.int32)
+    return to_qarray(dataclasses.replace(parts, perm=perm, perm_axis=-2))
 
 
 def nf4_weight(k: int, n: int, rng: np.random.Generator, block: int = 64) -> emulate.QArray:

@@ -76,6 +76,7 @@ __all__ = [
     "is_prepared",
     "planning",
     "prepared_types",
+    "partitioned_over",
     "prepare_weights",
     "run",
     "tpu_may_lower",
@@ -159,9 +160,38 @@ _NO_TPU = (
     "emulate.compiler makes a compile-only one): the program runs on this host; "
     "emulate.use_route('kernel') puts the kernel in for a TPU lowering anyway"
 )
+
+
+def _partitioned(devices: int) -> str:
+    return (
+        f"the program may be partitioned over {devices} devices, and JAX does not partition "
+        "a Pallas kernel: run the contraction inside jax.shard_map (each shard takes the "
+        "kernel), or emulate.use_route('kernel') for a program on one device"
+    )
+
+
 _PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "emulate_route_planning", default=False
 )
+
+
+def partitioned_over() -> int:
+    """How many devices a program traced now may be partitioned over by JAX itself (its
+    automatic partitioning, which refuses a Pallas call: "Mosaic kernels cannot be
+    automatically partitioned"): 1 inside ``jax.shard_map`` over every mesh axis (each
+    shard runs its own program), the size of the non-manual axes of a mesh set with
+    ``jax.sharding.use_mesh`` / ``use_abstract_mesh``, else the TPU devices of this process
+    (a compile-only default device, as :func:`emulate.compiler.compile` sets, counts one).
+    A multi-chip compile-only program whose shardings come only with its arguments cannot
+    be seen here."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.axis_names:
+        manual = jax.sharding.AxisType.Manual
+        sizes = [n for n, t in zip(mesh.axis_sizes, mesh.axis_types) if t != manual]
+        return math.prod(sizes)
+    if jax.default_backend() != "tpu":
+        return 1
+    return len(jax.devices())
 
 
 def tpu_may_lower() -> bool:
@@ -433,8 +463,11 @@ def decide(call: DotArgs, held: tuple[Any, Any] = (None, None)) -> WeightRoute |
         return xla(f"target {t.name} is not a TPU", "target")
     w, x = (rhs, lhs) if side == "rhs" else (lhs, rhs)
     why = _refusal(call, side, x, w)
-    if why is None and setting == "auto" and not _PLANNING.get() and not tpu_may_lower():
-        return WeightRoute("xla", setting, _NO_TPU, side, t.name)
+    if why is None and setting == "auto" and not _PLANNING.get():
+        if not tpu_may_lower():
+            return WeightRoute("xla", setting, _NO_TPU, side, t.name)
+        if (devices := partitioned_over()) > 1:
+            return WeightRoute("xla", setting, _partitioned(devices), side, t.name)
     if why is None:
         got = _kernel_program(_static(call, side, interpret, None), x, w)
         why = got if isinstance(got, str) else None

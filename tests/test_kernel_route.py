@@ -20,6 +20,7 @@ from flax import nnx
 import emulate
 import emulate.pallas
 from emulate import bounds, compiler, reference
+from emulate.engine.args import dot_args
 from emulate.pallas.qweight import as_qarray
 
 assert compiler.available(), "the real TPU compiler (libtpu) is needed: pip install -e .[test]"
@@ -286,3 +287,34 @@ def test_the_tpu_program_is_the_kernel_and_no_temporaries(compiled, target):
     assert text.count('custom_call_target="tpu_custom_call"') == 1
     assert " dot(" not in text and "convolution(" not in text  # no XLA route left
     assert c.memory_analysis().temp_size_in_bytes == 0
+
+
+def test_auto_keeps_a_program_jax_may_partition_on_the_xla_route():
+    # JAX refuses to partition a Pallas call ("Mosaic kernels cannot be automatically
+    # partitioned"): outside shard_map, a mesh of several devices keeps route "auto" on
+    # the XLA route, with the reason; inside shard_map each shard takes the kernel.
+    auto = jax.sharding.AxisType.Auto
+    mesh8 = jax.sharding.AbstractMesh((8,), ("x",), axis_types=(auto,))
+    mesh1 = jax.sharding.AbstractMesh((1,), ("x",), axis_types=(auto,))
+    manual = jax.sharding.AbstractMesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Manual,))
+    assert emulate.kernel_route.partitioned_over() == 1  # no mesh, no TPU backend
+    with jax.sharding.use_abstract_mesh(mesh8):
+        assert emulate.kernel_route.partitioned_over() == 8
+    with jax.sharding.use_abstract_mesh(manual):
+        assert emulate.kernel_route.partitioned_over() == 1
+
+    def jaxpr_under(mesh):
+        with jax.default_device(compiler.device(TPU)), emulate.target(TPU):
+            with jax.sharding.use_abstract_mesh(mesh):
+                return str(jax.make_jaxpr(lambda x, q: emulate.dot_general(x, q, DN))(X, Q))
+
+    assert "pallas_call" not in jaxpr_under(mesh8)
+    assert jaxpr_under(mesh1).count("pallas_call") == 1
+    with jax.sharding.use_abstract_mesh(mesh8), jax.default_device(compiler.device(TPU)):
+        route = emulate.kernel_route.decide(dot_args(X, Q, DN, target=TPU))
+    assert route is not None and route.route == "xla"
+    assert route.reason == (
+        "the program may be partitioned over 8 devices, and JAX does not partition a Pallas "
+        "kernel: run the contraction inside jax.shard_map (each shard takes the kernel), or "
+        "emulate.use_route('kernel') for a program on one device"
+    )

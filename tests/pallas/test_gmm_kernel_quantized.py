@@ -287,3 +287,15 @@ verdicts = compile_only.fixture("scheme", compiled_program, _specs)
 @pytest.mark.parametrize("scheme, target", RUNS)
 def test_the_tpu_compiler_compiles_it(verdicts, scheme, target):
     compile_only.assert_compiles(verdicts, scheme, target)
+
+
+def test_the_compiled_kernel_of_quantized_experts_needs_a_tpu_in_sight():
+    # as emulate.pallas.matmul: interpret=False with no TPU in sight is emulate's message,
+    # naming the argument, not Pallas' "Only interpret mode is supported on CPU backend"
+    w = np.random.default_rng(0).standard_normal((2, 256, 128)).astype(np.float32)
+    q = emulate.quantize(w, "int8", block_shape=32, axis=1)
+    x = jnp.ones((4, 256), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"^interpret: False builds the Mosaic kernel of a "):
+        emulate.pallas.ragged_dot(
+            x, q, jnp.array([2, 2], jnp.int32), target="tpu_v5e", interpret=False
+        )

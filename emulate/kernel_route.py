@@ -60,7 +60,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import jaxpr_as_fun
 
-from emulate import formats, targets
+from emulate import formats, sharding, targets
 from emulate.engine.args import DotArgs, dot_args
 from emulate.engine.operands import Operand
 from emulate.numerics.storage import Packed
@@ -76,7 +76,6 @@ __all__ = [
     "is_prepared",
     "planning",
     "prepared_types",
-    "partitioned_over",
     "prepare_weights",
     "run",
     "tpu_may_lower",
@@ -162,36 +161,14 @@ _NO_TPU = (
 )
 
 
-def _partitioned(devices: int) -> str:
-    return (
-        f"the program may be partitioned over {devices} devices, and JAX does not partition "
-        "a Pallas kernel: run the contraction inside jax.shard_map (each shard takes the "
-        "kernel), or emulate.use_route('kernel') for a program on one device"
-    )
-
-
+_PARTITIONED = (
+    "the program may be partitioned over {} devices, and JAX does not partition a Pallas "
+    "kernel: run the contraction inside jax.shard_map (each shard takes the kernel), or "
+    "emulate.use_route('kernel') for a program on one device"
+)
 _PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "emulate_route_planning", default=False
 )
-
-
-def partitioned_over() -> int:
-    """How many devices a program traced now may be partitioned over by JAX itself (its
-    automatic partitioning, which refuses a Pallas call: "Mosaic kernels cannot be
-    automatically partitioned"): 1 inside ``jax.shard_map`` over every mesh axis (each
-    shard runs its own program), the size of the non-manual axes of a mesh set with
-    ``jax.sharding.use_mesh`` / ``use_abstract_mesh``, else the TPU devices of this process
-    (a compile-only default device, as :func:`emulate.compiler.compile` sets, counts one).
-    A multi-chip compile-only program whose shardings come only with its arguments cannot
-    be seen here."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.axis_names:
-        manual = jax.sharding.AxisType.Manual
-        sizes = [n for n, t in zip(mesh.axis_sizes, mesh.axis_types) if t != manual]
-        return math.prod(sizes)
-    if jax.default_backend() != "tpu":
-        return 1
-    return len(jax.devices())
 
 
 def tpu_may_lower() -> bool:
@@ -466,8 +443,8 @@ def decide(call: DotArgs, held: tuple[Any, Any] = (None, None)) -> WeightRoute |
     if why is None and setting == "auto" and not _PLANNING.get():
         if not tpu_may_lower():
             return WeightRoute("xla", setting, _NO_TPU, side, t.name)
-        if (devices := partitioned_over()) > 1:
-            return WeightRoute("xla", setting, _partitioned(devices), side, t.name)
+        if (devices := sharding.partitioned_over()) > 1:
+            return WeightRoute("xla", setting, _PARTITIONED.format(devices), side, t.name)
     if why is None:
         got = _kernel_program(_static(call, side, interpret, None), x, w)
         why = got if isinstance(got, str) else None

@@ -43,7 +43,7 @@ from emulate import formats
 from emulate.numerics.storage import Packed, group_shape
 from emulate.qarray import QArray
 
-__all__ = ["local_weight", "shard_weight", "weight_specs"]
+__all__ = ["local_weight", "partitioned_over", "shard_weight", "weight_specs"]
 
 #: Rows of K per K-planar tile, per code of a byte group (emulate.pallas.weights).
 _TILE_GROUPS = 128
@@ -338,3 +338,22 @@ def _local(cut: _Cut, x: Any) -> Any:
             aux, (_local(cut, codes), scales, ts, affine, perm)
         )
     return x
+
+
+def partitioned_over() -> int:
+    """How many devices a program traced now may be partitioned over by JAX itself (its
+    automatic partitioning, which refuses a Pallas call: "Mosaic kernels cannot be
+    automatically partitioned"): 1 inside ``jax.shard_map`` over every mesh axis (each
+    shard runs its own program), the size of the non-manual axes of a mesh set with
+    ``jax.sharding.use_mesh`` / ``use_abstract_mesh``, else the TPU devices of this process
+    (a compile-only default device, as :func:`emulate.compiler.compile` sets, counts one).
+    A multi-chip compile-only program whose shardings come only with its arguments cannot
+    be seen here."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.axis_names:
+        manual = jax.sharding.AxisType.Manual
+        sizes = [n for n, t in zip(mesh.axis_sizes, mesh.axis_types) if t != manual]
+        return math.prod(sizes)
+    if jax.default_backend() != "tpu":
+        return 1
+    return len(jax.devices())

@@ -297,11 +297,11 @@ def test_auto_keeps_a_program_jax_may_partition_on_the_xla_route():
     mesh8 = jax.sharding.AbstractMesh((8,), ("x",), axis_types=(auto,))
     mesh1 = jax.sharding.AbstractMesh((1,), ("x",), axis_types=(auto,))
     manual = jax.sharding.AbstractMesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Manual,))
-    assert emulate.kernel_route.partitioned_over() == 1  # no mesh, no TPU backend
+    assert emulate.sharding.partitioned_over() == 1  # no mesh, no TPU backend
     with jax.sharding.use_abstract_mesh(mesh8):
-        assert emulate.kernel_route.partitioned_over() == 8
+        assert emulate.sharding.partitioned_over() == 8
     with jax.sharding.use_abstract_mesh(manual):
-        assert emulate.kernel_route.partitioned_over() == 1
+        assert emulate.sharding.partitioned_over() == 1
 
     def jaxpr_under(mesh):
         with jax.default_device(compiler.device(TPU)), emulate.target(TPU):

@@ -147,12 +147,12 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "front ends",
         [
+            "emulate.sharding",
             "emulate.kernel_route",
             "emulate.scaled",
             "emulate.dot",
             "emulate.conv",
             "emulate.ragged",
-            "emulate.sharding",
             "emulate.flax.rounding",
             "emulate.flax.layers",
             "emulate.flax.quantize",

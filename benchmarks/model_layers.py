@@ -12,11 +12,10 @@ Every projection calls ``matmul(x, w)``, one of:
   (``emulate.pallas.prepare_weight``), which reaches the kernel today;
 - ``"bf16"``: ``jnp.dot`` on bf16 weights, the model the quantized one replaces.
 
-Experts: ``emulate.ragged_dot`` is not on this branch, so the routed experts run as a loop
-of per-expert matmuls: at batch 1 over the top-k slots, each slot's expert picked from the
-stacked weight by a dynamic index (only the routed experts are read); at more tokens over
-every expert, each once on all tokens, weighted by the routing (an expert no token routes
-to is read all the same).
+Experts: each token's top-k (token, expert) pairs are sorted by expert and every expert
+projection is one grouped matmul over them (``grouped_fn``: ``emulate.ragged_dot`` on the
+stacked QArray, ``emulate.pallas.ragged_dot`` on the prepared experts, or
+``lax.ragged_dot`` on bf16 ones): an expert no token routes to is not read.
 """
 
 from __future__ import annotations
@@ -31,8 +30,9 @@ import jax.numpy as jnp
 
 import emulate
 import emulate.pallas
+from benchmarks.model_attention import decode_attention
 
-__all__ = ["ROUTES", "Shape", "head", "layer", "matmul_fn"]
+__all__ = ["ROUTES", "Shape", "grouped_fn", "head", "layer", "matmul_fn"]
 
 #: How a projection multiplies its weight (see the module docstring).
 ROUTES = ("front", "pallas", "bf16")
@@ -100,7 +100,11 @@ def _rope(x: jax.Array, positions: jax.Array) -> jax.Array:
 
 def _attention(s: Shape, mm: Callable, w: dict, x: jax.Array, cache: tuple, pos: jax.Array):
     """Attention of ``x`` (B, T, D) written into the KV cache at ``pos``; the T new rows
-    attend to every cached row up to their own position."""
+    attend to every cached row up to their own position. The caches are (B, KV heads, S,
+    head_dim). One new token (decode) attends through
+    :func:`benchmarks.model_attention.decode_attention`, a kernel reading each cache once
+    (XLA's einsums read it 3.1-3.2x over by libtpu's count from v4 on; in (B, S, KV heads,
+    head_dim) 5.1x on v5e); longer rows (a prefill) through XLA's einsums."""
     b, t, _ = x.shape
     k_cache, v_cache = cache
     rows = x.reshape(b * t, -1)
@@ -108,14 +112,17 @@ def _attention(s: Shape, mm: Callable, w: dict, x: jax.Array, cache: tuple, pos:
     q = _rope(mm(rows, w["q"]).reshape(b, t, s.heads, s.head_dim), positions)
     k = _rope(mm(rows, w["k"]).reshape(b, t, s.kv_heads, s.head_dim), positions)
     v = mm(rows, w["v"]).reshape(b, t, s.kv_heads, s.head_dim)
-    k_cache = jax.lax.dynamic_update_slice(k_cache, k, (0, pos, 0, 0))
-    v_cache = jax.lax.dynamic_update_slice(v_cache, v, (0, pos, 0, 0))
+    k_cache = jax.lax.dynamic_update_slice(k_cache, k.transpose(0, 2, 1, 3), (0, 0, pos, 0))
+    v_cache = jax.lax.dynamic_update_slice(v_cache, v.transpose(0, 2, 1, 3), (0, 0, pos, 0))
     q = q.reshape(b, t, s.kv_heads, s.heads // s.kv_heads, s.head_dim)
-    logits = jnp.einsum("btkgh,bskh->bkgts", q, k_cache, preferred_element_type=jnp.float32)
+    if t == 1:  # decode: one kernel reads each cache once
+        out = decode_attention(q[:, 0], k_cache, v_cache, pos).reshape(b, -1)
+        return mm(out, w["o"]).reshape(x.shape), (k_cache, v_cache)
+    logits = jnp.einsum("btkgh,bksh->bkgts", q, k_cache, preferred_element_type=jnp.float32)
     logits = logits / math.sqrt(s.head_dim)
-    visible = jnp.arange(k_cache.shape[1])[None, :] <= positions[:, None]  # (T, S)
+    visible = jnp.arange(k_cache.shape[2])[None, :] <= positions[:, None]  # (T, S)
     weights = jax.nn.softmax(jnp.where(visible, logits, -1e30), axis=-1).astype(jnp.bfloat16)
-    out = jnp.einsum("bkgts,bskh->btkgh", weights, v_cache).reshape(b * t, -1)
+    out = jnp.einsum("bkgts,bksh->btkgh", weights, v_cache).reshape(b * t, -1)
     return mm(out, w["o"]).reshape(x.shape), (k_cache, v_cache)
 
 
@@ -124,32 +131,48 @@ def _swiglu(mm: Callable, rows: jax.Array, gate: Any, up: Any, down: Any) -> jax
     return mm(h.astype(jnp.bfloat16), down)
 
 
-def _expert(w: Any, e: Any) -> Any:
-    """Expert ``e`` (a traced index) of a stacked (E, K, N) weight: every leaf indexed."""
-    return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, e, 0, keepdims=False), w)
+def grouped_fn(route: str, target: str) -> Callable[[jax.Array, Any, jax.Array], jax.Array]:
+    """``gmm(x, w, group_sizes)``: ``lax.ragged_dot`` of (rows, K) bf16 rows sorted by
+    expert by stacked (E, K, N) experts along ``route`` (``emulate.ragged_dot`` on the
+    QArray, ``emulate.pallas.ragged_dot`` on the prepared experts, ``lax.ragged_dot`` on
+    bf16 ones); the result in bf16."""
+
+    def gmm(x: jax.Array, w: Any, group_sizes: jax.Array) -> jax.Array:
+        if route == "bf16":
+            out = jax.lax.ragged_dot(x, w, group_sizes, preferred_element_type=jnp.float32)
+        elif route == "front":
+            out = emulate.ragged_dot(
+                x, w, group_sizes, preferred_element_type=jnp.float32, target=target
+            )
+        else:
+            out = emulate.pallas.ragged_dot(x, w, group_sizes, target=target, out_dtype=jnp.float32)
+        return out.astype(jnp.bfloat16)
+
+    return gmm
 
 
-def _moe(s: Shape, mm: Callable, w: dict, rows: jax.Array) -> jax.Array:
+def _moe(s: Shape, gmm: Callable, w: dict, rows: jax.Array) -> jax.Array:
+    """The routed experts: each row's top-k (row, expert) pairs sorted by expert, one
+    grouped matmul per projection over them (an expert no row routes to is not read),
+    the results weighted by the routing and summed back into their rows."""
     router = jnp.dot(rows, w["router"], preferred_element_type=jnp.float32)  # (R, E)
     top, idx = jax.lax.top_k(router, s.top_k)
-    gates = jax.nn.softmax(top, axis=-1)  # (R, top_k)
-    out = jnp.zeros(rows.shape, jnp.float32)
-    if rows.shape[0] == 1:  # decode at batch 1: only the routed experts are read
-        for slot in range(s.top_k):
-            e = idx[0, slot]
-            y = _swiglu(mm, rows, _expert(w["gate"], e), _expert(w["up"], e), _expert(w["down"], e))
-            out = out + gates[:, slot : slot + 1] * y.astype(jnp.float32)
-        return out.astype(jnp.bfloat16)
-    for e in range(s.experts):  # every expert once, on every row, weighted by the routing
-        weight = jnp.sum(jnp.where(idx == e, gates, 0.0), axis=-1, keepdims=True)
-        y = _swiglu(mm, rows, _expert(w["gate"], e), _expert(w["up"], e), _expert(w["down"], e))
-        out = out + weight * y.astype(jnp.float32)
+    gates = jax.nn.softmax(top, axis=-1).reshape(-1)  # (R * top_k,)
+    experts = idx.reshape(-1)
+    order = jnp.argsort(experts)
+    source = order // s.top_k  # the row of each sorted pair
+    sizes = jnp.zeros((s.experts,), jnp.int32).at[experts].add(1)
+    xs = rows[source]
+    h = jax.nn.silu(gmm(xs, w["gate"], sizes).astype(jnp.float32))
+    h = h * gmm(xs, w["up"], sizes).astype(jnp.float32)
+    y = gmm(h.astype(jnp.bfloat16), w["down"], sizes).astype(jnp.float32)
+    out = jnp.zeros(rows.shape, jnp.float32).at[source].add(y * gates[order][:, None])
     return out.astype(jnp.bfloat16)
 
 
 def layer(s: Shape, route: str, target: str, *, collective: bool = True) -> Callable[..., Any]:
     """``step(w, x, k_cache, v_cache, pos) -> (x, k_cache, v_cache)``: one decoder layer
-    on ``x`` (B, T, D) bf16 with the caches (B, S, KV heads, head_dim) bf16 written at
+    on ``x`` (B, T, D) bf16 with the caches (B, KV heads, S, head_dim) bf16 written at
     ``pos`` (an int32 scalar). ``w``: norms ``attn_norm``/``mlp_norm`` (D,) f32, ``q``,
     ``k``, ``v``, ``o``, and ``gate``, ``up``, ``down`` (stacked (E, K, N) with a bf16
     ``router`` for an MoE). With several chips, the partial sums of ``o`` and ``down``
@@ -164,7 +187,7 @@ def layer(s: Shape, route: str, target: str, *, collective: bool = True) -> Call
         x = x + attn
         rows = _rms(x, w["mlp_norm"], s.eps).reshape(-1, x.shape[-1])
         if s.experts:
-            mlp = _moe(s, mm, w, rows)
+            mlp = _moe(s, grouped_fn(route, target), w, rows)
         else:
             mlp = _swiglu(mm, rows, w["gate"], w["up"], w["down"])
         mlp = mlp.reshape(x.shape)

@@ -34,6 +34,7 @@ of 10-15 on 2 cores).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -43,13 +44,16 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from benchmarks import harness, model_specs
+from benchmarks import harness, model_attention, model_layers, model_specs
 from benchmarks import model_weights as mw
 from benchmarks.model_layers import ROUTES, head, layer
 from benchmarks.pallas_traffic import estimate_seconds, kernel_traffic
 from emulate import compiler
 from emulate.compiler.devices import on_device
+from emulate.compiler.isolate import place_specs
+from emulate.pallas import gmm_kernel
 
 GENERATIONS = ("tpu_v2", "tpu_v3", "tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e", "tpu_v7x")
 #: step name -> (batch, new tokens, KV cache length)
@@ -65,7 +69,7 @@ def _programs(m: model_specs.Model, route: str, gen: str, step: str) -> dict[str
     s = m.shape
     b, t, kv = STEPS[step]
     x = jax.ShapeDtypeStruct((b, t, s.dim), jnp.bfloat16)
-    cache = jax.ShapeDtypeStruct((b, kv, s.kv_heads, s.head_dim), jnp.bfloat16)
+    cache = jax.ShapeDtypeStruct((b, s.kv_heads, kv, s.head_dim), jnp.bfloat16)
     pos = jax.ShapeDtypeStruct((), jnp.int32)
     lw, hw = model_specs.layer_weights(m, route), model_specs.head_weights(m, route)
     alone = layer(s, route, gen, collective=False)  # traced outside shard_map
@@ -85,7 +89,7 @@ def _split_axis(path: tuple, leaf: Any) -> int | None:
     their name (experts' leaves past their leading axis), KV caches along their heads."""
     arg = path[0].idx
     if arg in (2, 3):  # the layer's KV caches
-        return 2
+        return 1
     name = getattr(path[1], "key", None) if arg == 0 and len(path) > 1 else None
     nd = len(leaf.shape)
     if nd < 2 or name not in (*_COLUMNS, *_ROWS):
@@ -96,12 +100,24 @@ def _split_axis(path: tuple, leaf: Any) -> int | None:
 def _compile(fn: Any, specs: tuple, gen: str, donate: tuple, chips: int) -> Any:
     """``fn(*specs)`` compiled for ``gen``: on one device, or over the 8-chip topology of
     :data:`model_specs.TOPOLOGIES` with ``fn`` as the per-chip program of a
-    ``jax.shard_map`` (each argument leaf split by :func:`_split_axis`)."""
-    if chips == 1:
-        return compiler.compile(fn, *specs, target=gen, donate_argnums=donate)
+    ``jax.shard_map`` (each argument leaf split by :func:`_split_axis`). The weights
+    (``specs[0]``) take the layout the compiled program asks for (``Layout.AUTO``: a
+    server puts them there once, with ``compiled.input_formats``); with the TPU's default
+    layouts, an array whose last dimension is not a multiple of 128 lies transposed
+    (u8[32, 1536, 2880] as {1,2,0}) and the program relayouts it on every call."""
     from jax.experimental import topologies
+    from jax.experimental.layout import Format, Layout
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
+
+    if chips == 1:  # the weights (argument 0) in the layout the program asks for
+        dev = compiler.device(gen)
+        one = jax.sharding.SingleDeviceSharding(dev)
+        placed = place_specs(specs, dev)
+        shardings = (Format(Layout.AUTO, one), *[one] * (len(specs) - 1))
+        with on_device(dev):
+            jitted = jax.jit(fn, in_shardings=shardings, donate_argnums=donate)
+            return jitted.lower(*placed).compile()
 
     devices = topologies.get_topology_desc(model_specs.TOPOLOGIES[gen], "tpu").devices
     mesh = Mesh(devices, ("x",))
@@ -124,14 +140,49 @@ def _compile(fn: Any, specs: tuple, gen: str, donate: tuple, chips: int) -> Any:
     def body(*flat: Any) -> Any:
         return fn(*jax.tree_util.tree_unflatten(treedef, flat))
 
-    out = (P(), P(None, None, "x", None), P(None, None, "x", None)) if donate else P(None, "x")
+    weights = len(jax.tree.leaves(specs[0]))  # argument 0's leaves come first
+    shardings = [
+        Format(Layout.AUTO, leaf.sharding) if i < weights else leaf.sharding
+        for i, leaf in enumerate(leaves)
+    ]
+
+    out = (P(), P(None, "x", None, None), P(None, "x", None, None)) if donate else P(None, "x")
     mapped = jax.shard_map(body, mesh=mesh, in_specs=tuple(parts), out_specs=out, check_vma=False)
     with on_device(devices[0]):
-        return jax.jit(mapped, donate_argnums=tuple(donated)).lower(*leaves).compile()
+        jitted = jax.jit(mapped, in_shardings=tuple(shardings), donate_argnums=tuple(donated))
+        return jitted.lower(*leaves).compile()
+
+
+def routed_sizes(s: model_layers.Shape, rows: int) -> np.ndarray:
+    """The expert group sizes a step's kernel traffic is counted for: the ``rows x top_k``
+    (row, expert) pairs spread evenly over as many experts as they can fill (one token's
+    top-k: k experts of one row; 16 tokens of gpt-oss: all 32 experts, 2 rows each)."""
+    pairs = rows * s.top_k
+    used = min(s.experts, pairs)
+    sizes = np.zeros(s.experts, np.int32)
+    sizes[:used] = pairs // used
+    sizes[: pairs % used] += 1
+    return sizes
+
+
+def _prefetch(s: model_layers.Shape, kv: int, eqn: Any) -> tuple:
+    """A kernel's scalar-prefetch values: the decode attention's position (the last row
+    of a full cache of ``kv`` rows), a grouped kernel's visits under :func:`routed_sizes`."""
+    if eqn.params["name"] == model_attention.NAME:
+        return (np.array([kv - 1], np.int32),)
+    x = eqn.params["grid_mapping"].block_mappings[0]
+    m, bm = int(x.array_aval.shape[0]), int(x.block_shape[0].block_size)
+    return gmm_kernel.schedule(jnp.asarray(routed_sizes(s, m // s.top_k)), m, bm)
 
 
 def _costs(
-    fn: Any, specs: tuple, gen: str, donate: tuple, chips: int, alone: Any = None
+    fn: Any,
+    specs: tuple,
+    gen: str,
+    donate: tuple,
+    chips: int,
+    alone: Any = None,
+    prefetch: Any = None,
 ) -> dict[str, Any]:
     """What one program costs per device: bytes accessed (the compiler's, plus its Pallas
     kernels' block traffic, counted on ``alone``, the program without collectives, where
@@ -143,7 +194,7 @@ def _costs(
     kernels = compiled.as_text().count('custom_call_target="tpu_custom_call"')
     moved = float(cost.get("bytes accessed") or 0.0)
     if kernels:
-        moved += kernel_traffic(alone or fn, specs, gen)["bytes"]
+        moved += kernel_traffic(alone or fn, specs, gen, prefetch)["bytes"]
     return {
         "bytes": moved,
         "temp": int(mem.temp_size_in_bytes),
@@ -186,7 +237,8 @@ def measure(model: str, gen: str, step: str, route: str, log: Any) -> dict[str, 
     for part, (fn, specs, donate, alone) in progs.items():
         t0 = time.perf_counter()
         try:
-            got[part] = _costs(fn, specs, gen, donate, s.chips, alone)
+            prefetch = functools.partial(_prefetch, s, STEPS[step][2])
+            got[part] = _costs(fn, specs, gen, donate, s.chips, alone, prefetch)
         except Exception as e:  # noqa: BLE001 - a refusal is a result
             row.update(status="refused", reason=f"{part}: {harness.short_error(e)}")
             log(f"{model} {gen} {step} {route}: {row['reason']}")
@@ -320,6 +372,7 @@ def run(args: argparse.Namespace) -> harness.Report:
     steps = _names(args.steps, list(STEPS), "--steps") or pick.get("steps", list(STEPS))
     routes = _names(args.routes, ROUTES, "--routes") or list(ROUTES)
     t0 = time.perf_counter()
+    done = _resumed(args.resume)
     rows = []
     for model in models:
         tp = model_specs.MODELS[model].shape.chips > 1
@@ -328,7 +381,13 @@ def run(args: argparse.Namespace) -> harness.Report:
                 continue
             for step in steps:
                 for route in routes:
-                    rows.append(measure(model, gen, step, route, _log))
+                    key = (model, gen, step, route)
+                    if key not in done:
+                        done[key] = measure(model, gen, step, route, _log)
+                        if args.resume is not None:
+                            with args.resume.open("a") as f:
+                                f.write(json.dumps(done[key]) + "\n")
+                    rows.append(derive(done[key]))
     data = {
         "benchmark": "models",
         "command": args.command,
@@ -338,6 +397,15 @@ def run(args: argparse.Namespace) -> harness.Report:
         "results": rows,
     }
     return harness.Report(data, markdown(data), markdown=True)
+
+
+def _resumed(path: Path | None) -> dict[tuple, dict[str, Any]]:
+    """The rows an earlier run appended to ``path`` (one JSON object a line), by (model,
+    generation, step, route); none where there is no such file."""
+    if path is None or not path.exists():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {(r["model"], r["generation"], r["step"], r["route"]): r for r in rows}
 
 
 def _log(s: str) -> None:
@@ -350,6 +418,13 @@ def flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generations", help=f"from: {', '.join(GENERATIONS)}")
     p.add_argument("--steps", help=f"from: {', '.join(STEPS)}")
     p.add_argument("--routes", help=f"from: {', '.join(ROUTES)}")
+    p.add_argument(
+        "--resume",
+        type=Path,
+        metavar="PATH",
+        help="append each row to PATH (JSON lines) as it is measured, and take the rows "
+        "already there instead of compiling them again",
+    )
     p.add_argument(
         "--from-json",
         type=Path,

@@ -9,7 +9,6 @@ maps evaluated at every grid point.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -25,7 +24,7 @@ def _block_dims(block_shape: Iterable[Any]) -> list[int]:
     dims = []
     for b in block_shape:
         size = getattr(b, "block_size", b)
-        dims.append(1 if size is None else int(size))
+        dims.append(size if isinstance(size, int) else 1)  # None / Squeezed(): one
     return dims
 
 
@@ -40,14 +39,46 @@ def _pallas_calls(jaxpr: Any) -> Iterable[Any]:
                     yield from _pallas_calls(inner)
 
 
-def kernel_traffic(fn: Callable[..., Any], specs: Sequence[Any], generation: str) -> dict:
+def _index_points(index_map: Any, grid: tuple[int, ...], prefetch: Sequence[Any]) -> np.ndarray:
+    """The block index of every grid point, row-major: ``(points, block dims)`` int64. The
+    index map's scalar-prefetch refs (SMEM) read ``prefetch``'s values."""
+    points = np.array(list(itertools.product(*(range(g) for g in grid))), np.int32)
+    points = points.reshape(-1, len(grid))
+    if prefetch:
+        from jax._src.state.discharge import discharge_state  # refs as plain values
+
+        index_map_pure = discharge_state(index_map)
+        jaxpr, consts = index_map_pure.jaxpr, index_map_pure.consts
+    else:
+        jaxpr, consts = index_map.jaxpr, index_map.consts
+    n_out = len(index_map.jaxpr.outvars)
+
+    def one(*p: Any) -> Any:
+        return jax.core.eval_jaxpr(jaxpr, consts, *p, *prefetch)[:n_out]
+
+    got = jax.jit(jax.vmap(one))(*(jnp.asarray(points[:, d]) for d in range(len(grid))))
+    return np.stack([np.asarray(v, np.int64) for v in got], axis=1)
+
+
+def kernel_traffic(
+    fn: Callable[..., Any],
+    specs: Sequence[Any],
+    generation: str,
+    prefetch: Callable[[Any], Sequence[Any]] | None = None,
+) -> dict:
     """HBM bytes the Pallas kernels of ``fn(*specs)`` move, from their block shapes and grid.
 
     Pallas TPU walks the grid in row-major order (last dimension fastest) and copies a
     block of an input in only when its block index differs from the previous step's, and
     writes a block of an output back when its index changes or the grid ends. Each
     ``pallas_call`` is traced (``jax.make_jaxpr``, on the generation's compile-only device),
-    its index maps are evaluated at every grid point, and the copies counted.
+    its index maps are evaluated at every grid point, and the copies counted; a block that
+    reaches past the array's end counts only its bytes inside the array (the DMA's).
+
+    ``prefetch(eqn)``: the concrete values of a call's scalar-prefetch operands (a grouped
+    kernel's schedule, which its index maps read), for calls that have them; they are
+    data-dependent, so the caller states them (ValueError where a call needs them and
+    ``prefetch`` is None).
 
     Returns ``{"calls": n, "bytes": total, "read": input bytes, "written": output bytes,
     "grid": [grid of each call], "blocks": [[block dims, copies, bytes] per operand]}``.
@@ -72,28 +103,33 @@ def kernel_traffic(fn: Callable[..., Any], specs: Sequence[Any], generation: str
         gm = eqn.params["grid_mapping"]
         grid = tuple(int(g) for g in gm.grid)
         grids.append(list(grid))
+        values: Sequence[Any] = ()
+        if gm.num_index_operands:
+            if prefetch is None:
+                raise ValueError(
+                    f"prefetch: the kernel {eqn.params.get('name', '')!r} reads "
+                    f"{gm.num_index_operands} scalar-prefetch operands in its index maps; "
+                    "pass their values"
+                )
+            values = [jnp.asarray(v) for v in prefetch(eqn)]
         n_in = gm.num_inputs
         for idx, bm in enumerate(gm.block_mappings):
             dims = _block_dims(bm.block_shape)
             itemsize = np.dtype(bm.array_aval.dtype).itemsize
-            block_bytes = math.prod(dims) * itemsize
-            index_map = bm.index_map_jaxpr
-            copies, last = 0, None
-            for point in itertools.product(*(range(g) for g in grid)):
-                args = [jnp.int32(p) for p in point]
-                got = tuple(
-                    int(v) for v in jax.core.eval_jaxpr(index_map.jaxpr, index_map.consts, *args)
-                )
-                if got != last:
-                    copies += 1
-                    last = got
-            moved = copies * block_bytes
+            index = _index_points(bm.index_map_jaxpr, grid, values)
+            changed = np.ones(len(index), bool)
+            changed[1:] = np.any(index[1:] != index[:-1], axis=1)
+            copied = index[changed]
+            shape = np.array(bm.array_aval.shape, np.int64)
+            size = np.array(dims, np.int64)
+            inside = np.clip(shape - copied * size, 0, size)  # a block's part in the array
+            moved = int(np.prod(inside, axis=1).sum()) * itemsize
             total += moved
             if idx < n_in:
                 read += moved
             else:
                 written += moved
-            blocks.append([dims, copies, moved])
+            blocks.append([dims, int(changed.sum()), moved])
     return {
         "calls": len(calls),
         "bytes": total,

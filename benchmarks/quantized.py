@@ -83,6 +83,7 @@ from benchmarks import harness
 from benchmarks.cases import SHAPES, goal, parse_names, parse_shapes, shape_of
 from benchmarks.pallas_traffic import kernel_traffic
 from benchmarks.qweights import (  # noqa: F401 (the builders, as this module named them)
+    CPU_SCHEMES,
     KN,
     NK,
     SCHEMES,
@@ -115,6 +116,10 @@ CONTENDERS = {
     "emulate": "(c) emulate",
     "pallas": "(d) pallas",
 }
+#: Every scheme a TPU row may name: :data:`SCHEMES` and the conventions
+#: ``benchmarks.qweights`` builds for the CPU benchmark only (GGUF Q4_0, Q8_0, IQ4_XS,
+#: MXFP4; GPTQ act-order), which ``--schemes`` takes with ``--no-cpu``.
+ALL_SCHEMES = {**SCHEMES, **CPU_SCHEMES}
 #: Timed on the CPU: (d) would run in Pallas' interpret mode there.
 CPU_CONTENDERS = ("floor", "dequantize", "emulate")
 
@@ -266,7 +271,7 @@ def tpu_rows(
     floors: dict[Any, dict[str, Any]] = {}
     rows = []
     for name in names:
-        scheme = SCHEMES[name]
+        scheme = ALL_SCHEMES[name]
         q = scheme.build(k, n, rng)
         stored = stored_bytes(q, m, k, n)
         for key in contenders:
@@ -379,7 +384,7 @@ def offset_costs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     }
     out = []
     for (platform, name, shape, contender), r in mine.items():
-        base = SCHEMES[name].base_of
+        base = ALL_SCHEMES[name].base_of
         if base is None or (platform, base, shape, contender) not in mine:
             continue
         with_offsets = mine[(platform, base, shape, contender)]
@@ -497,7 +502,7 @@ def markdown(report: dict[str, Any]) -> str:
             stored = next(iter(by.values())).get("stored_bytes")
             cell = _cpu_cell if cpu else _tpu_cell
             lines.append(
-                f"| {SCHEMES[name].title} | {shape} | {harness.mb(stored)} | "
+                f"| {ALL_SCHEMES[name].title} | {shape} | {harness.mb(stored)} | "
                 + " | ".join(cell(by.get(k)) for k in CONTENDERS)
                 + " |"
             )
@@ -568,7 +573,7 @@ def run(args: argparse.Namespace) -> harness.Report:
             log(f"cpu {harness.shape_text(shape)}: timing")
             rows += cpu_rows(shape, names, args.repeats)
         for gen in gens:
-            rows += tpu_rows(gen, shape, names, log)
+            rows += tpu_rows(gen, shape, names, log, args.contenders or tuple(CONTENDERS))
     add_ratios(rows)
     offsets = offset_costs(rows)
     data = {
@@ -598,8 +603,14 @@ def flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--schemes",
-        type=lambda s: parse_names(s, list(SCHEMES), "--schemes"),
-        help=f"comma-separated, from: {', '.join(SCHEMES)} (default all)",
+        type=lambda s: parse_names(s, list(ALL_SCHEMES), "--schemes"),
+        help=f"comma-separated, from: {', '.join(ALL_SCHEMES)} (default: {', '.join(SCHEMES)}; "
+        "the others on TPUs only, with --no-cpu)",
+    )
+    p.add_argument(
+        "--contenders",
+        type=lambda s: tuple(parse_names(s, list(CONTENDERS), "--contenders")),
+        help=f"comma-separated TPU contenders, from: {', '.join(CONTENDERS)} (default all)",
     )
     p.add_argument(
         "--generations",

@@ -208,6 +208,34 @@ def _default_bk(kq: int, k_multiple: int, bn: int) -> int:
     return best * k_multiple
 
 
+#: Row blocks tried for long x (a prefill), largest first (:func:`_long_bm`).
+_LONG_BM = (2048, 1024, 512)
+
+
+def _long_bm(
+    r: route.Route, m: int, n: int, k: int, bn: int, bk: int, limbs: bool,
+    per_row: Any, cap: int, bm: int,
+) -> int:  # fmt: skip
+    """The row block for ``m`` rows that moves the fewest HBM bytes within ``cap`` bytes
+    of VMEM, from ``bm`` (the default, 256) and :data:`_LONG_BM`: the grid walks K
+    innermost, so the weight is read once per row block (``ceil(m / bm)`` times), and x
+    once if its row block spans all of K in VMEM (resident), else once per column block.
+    Ties go to the smaller block."""
+    kp = _round_up(k, bk)
+    w_bytes = per_row(kp) * _round_up(n, bn)
+    x_bytes = m * kp * 2
+
+    def moved(b: int) -> int:
+        resident = kp > bk and _vmem_bytes(r, b, bn, bk, limbs, kp, per_row(bk)) <= cap
+        return -(-m // b) * w_bytes + x_bytes * (1 if resident else -(-n // bn))
+
+    best = bm
+    for b in sorted({min(c, _round_up(m, 32)) for c in _LONG_BM if c > bm}):
+        if _vmem_bytes(r, b, bn, bk, limbs, bk, per_row(bk)) <= cap and moved(b) < moved(best):
+            best = b
+    return best
+
+
 def config(
     r: route.Route,
     t: targets.Target,
@@ -222,11 +250,13 @@ def config(
     scaling: Scaling | None = None,
     out: str | None = None,
     codebook: KernelCodebook | None = None,
+    long_rows: bool = True,
 ) -> Config:
     """The :class:`Config` for one call: block shape defaults and checks. ``x_dtype``: the
     type x is stored in (default: the type the matrix unit takes); ``scaling``: a QArray
     weight's scales; ``out``: the result type (default ``r.out``); ``codebook``: a codebook
-    weight's table in the kernel."""
+    weight's table in the kernel; ``long_rows``: whether more than 256 rows may take a
+    longer row block (:func:`_long_bm`; the grouped kernel's tiles follow its groups)."""
     x_dtype = x_dtype or r.lhs_compute
     x_sub = _SUBLANES[_itemsize(r.lhs_compute)]
     stored_sub = _SUBLANES[np.dtype(x_dtype).itemsize]
@@ -294,6 +324,9 @@ def config(
             f"block_shape: ({bm}, {bn}, {bk}) needs about {vmem} bytes of VMEM{note}, more "
             f"than {t.name}'s {t.vmem_capacity_bytes}; use smaller blocks"
         )
+    if block_shape is None and long_rows and m > bm:
+        bm = _long_bm(r, m, n, k, bn, bk, limbs, per_row, cap - scale_vmem, bm)
+        vmem = _vmem_bytes(r, bm, bn, bk, limbs, bk, per_row(bk)) + scale_vmem
     resident = kp > bk and _vmem_bytes(r, bm, bn, bk, limbs, kp, per_row(bk)) <= cap
     if resident:
         vmem = _vmem_bytes(r, bm, bn, bk, limbs, kp, per_row(bk)) + scale_vmem

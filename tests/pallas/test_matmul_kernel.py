@@ -206,7 +206,12 @@ def test_default_blocks_come_from_the_target():
     assert c.x_resident  # x's (1, 4096) block is fetched once
     assert c.grid == (1, 16, 4)
     c = _config("bfloat16", "int4", "tpu_v6e", 512, 8192, 8192, group=2)
-    assert (c.bm, c.bn, c.bk) == (256, 512, 512)
+    assert (c.bm, c.bn, c.bk) == (512, 512, 512)  # long x: one row block, read once
+    # a prefill of 2048 rows: x resident in 1024-row blocks (2048 rows of K = 4096 at the
+    # 4 bytes counted an element, double-buffered, pass half of v5e's 128 MiB), so the
+    # weight is read twice, not 8 times in the default 256-row blocks
+    c = _config("bfloat16", "int4", "tpu_v5e", 2048, 14336, 4096, group=2)
+    assert (c.bm, c.grid[0], c.x_resident) == (1024, 2, True)
     c = _config("int8", "int8", "tpu_v5e", 3, 200, 300)
     assert (c.bm, c.bn, c.bk) == (3, 256, 384)  # clamped to the padded problem
     c = _config("float32", "int8", "tpu_v4", 30, 200, 300)

@@ -23,12 +23,16 @@ for the rest, and no compiler estimate. Per row:
   another);
 - footprint: all layers' weights and caches + head + token embeddings + temporaries +
   outputs, against one device's HBM;
-- the compiler's estimate against bytes / HBM bandwidth (one device's).
+- the compiler's estimate against bytes / HBM bandwidth (one device's), and the larger
+  of that and the step's flops (:func:`step_flops`) at the rate the route multiplies
+  (f32 in the kernel on v2 and v3, bf16 elsewhere): a program with kernels gets no
+  estimate from the compiler, so this roofline is what compares it with the bf16 model.
 
-Run ``python -m benchmarks.models`` (everything: hours; one real-size layer through the XLA
-route takes 1-5 minutes to compile on 2 busy cores) or
-``--quick`` (Llama-3-8B Q4_K_M decode at batch 1 on v2 and v5e: 519 s at a load average
-of 10-15 on 2 cores).
+Run ``python -m benchmarks.models`` (every model, step and generation, routes pallas and
+bf16: hours on 2 busy cores; ``--routes front`` adds the QArrays as loaded, relaid out by
+each call, 3-6 minutes a program) or ``--quick`` (Llama-3-8B Q4_K_M decode at batch 1 on
+v2 and v5e, pallas and bf16); ``--resume PATH`` keeps every row as it is measured and
+skips those already there.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ QUICK = {
     "models": ["llama3-8b-q4_k_m"],
     "generations": ["tpu_v2", "tpu_v5e"],
     "steps": ["decode-1"],
+    "routes": ["pallas", "bf16"],
 }
 
 
@@ -101,22 +106,26 @@ def _compile(fn: Any, specs: tuple, gen: str, donate: tuple, chips: int) -> Any:
     """``fn(*specs)`` compiled for ``gen``: on one device, or over the 8-chip topology of
     :data:`model_specs.TOPOLOGIES` with ``fn`` as the per-chip program of a
     ``jax.shard_map`` (each argument leaf split by :func:`_split_axis`). The weights
-    (``specs[0]``) take the layout the compiled program asks for (``Layout.AUTO``: a
-    server puts them there once, with ``compiled.input_formats``); with the TPU's default
-    layouts, an array whose last dimension is not a multiple of 128 lies transposed
-    (u8[32, 1536, 2880] as {1,2,0}) and the program relayouts it on every call."""
+    (``specs[0]``) and the donated KV caches take the layout the compiled program asks
+    for (``Layout.AUTO``: a server puts them there once, with ``compiled.input_formats``);
+    with the TPU's default layouts, an array whose last dimension is not a multiple of 128
+    lies transposed (u8[32, 1536, 2880] as {1,2,0}, a cache of head_dim 64 as {2,3,1,0})
+    and the program relayouts it on every call."""
     from jax.experimental import topologies
     from jax.experimental.layout import Format, Layout
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    if chips == 1:  # the weights (argument 0) in the layout the program asks for
+    held = (0, *donate)  # the weights and the KV caches: in the layout the program asks for
+    if chips == 1:
         dev = compiler.device(gen)
         one = jax.sharding.SingleDeviceSharding(dev)
+        auto = Format(Layout.AUTO, one)
         placed = place_specs(specs, dev)
-        shardings = (Format(Layout.AUTO, one), *[one] * (len(specs) - 1))
+        shardings = tuple(auto if i in held else one for i in range(len(specs)))
+        outs = (one, auto, auto) if donate else one
         with on_device(dev):
-            jitted = jax.jit(fn, in_shardings=shardings, donate_argnums=donate)
+            jitted = jax.jit(fn, in_shardings=shardings, out_shardings=outs, donate_argnums=donate)
             return jitted.lower(*placed).compile()
 
     devices = topologies.get_topology_desc(model_specs.TOPOLOGIES[gen], "tpu").devices
@@ -140,16 +149,22 @@ def _compile(fn: Any, specs: tuple, gen: str, donate: tuple, chips: int) -> Any:
     def body(*flat: Any) -> Any:
         return fn(*jax.tree_util.tree_unflatten(treedef, flat))
 
-    weights = len(jax.tree.leaves(specs[0]))  # argument 0's leaves come first
     shardings = [
-        Format(Layout.AUTO, leaf.sharding) if i < weights else leaf.sharding
-        for i, leaf in enumerate(leaves)
+        Format(Layout.AUTO, leaf.sharding) if path[0].idx in held else leaf.sharding
+        for (path, _), leaf in zip(paths, leaves)
     ]
-
-    out = (P(), P(None, "x", None, None), P(None, "x", None, None)) if donate else P(None, "x")
+    caches = P(None, "x", None, None)
+    out = (P(), caches, caches) if donate else P(None, "x")
+    outs: Any = NamedSharding(mesh, P(None, "x"))
+    if donate:
+        auto_cache = Format(Layout.AUTO, NamedSharding(mesh, caches))
+        outs = (NamedSharding(mesh, P()), auto_cache, auto_cache)
     mapped = jax.shard_map(body, mesh=mesh, in_specs=tuple(parts), out_specs=out, check_vma=False)
     with on_device(devices[0]):
-        jitted = jax.jit(mapped, in_shardings=tuple(shardings), donate_argnums=tuple(donated))
+        jitted = jax.jit(
+            mapped, in_shardings=tuple(shardings), out_shardings=outs,
+            donate_argnums=tuple(donated),
+        )  # fmt: skip
         return jitted.lower(*leaves).compile()
 
 
@@ -225,6 +240,31 @@ def ideal_bytes(m: model_specs.Model, route: str, step: str, lw: dict, hw: dict)
     }
 
 
+def step_flops(s: model_layers.Shape, step: str) -> int:
+    """Multiply-adds x 2 of one step on one device: every row through each projection
+    (an MoE's rows through their top-k experts), the attention over the cache (all of
+    it, as the programs compute it) and the head on each sequence's last row."""
+    b, t, kv = STEPS[step]
+    d, hd = s.dim, s.head_dim
+    attn = d * s.heads * hd * 2 + d * s.kv_heads * hd * 2
+    mlp = 3 * d * s.hidden * (s.top_k or 1) + (d * s.experts if s.experts else 0)
+    scores = 2 * s.heads * hd * kv  # q.k and p.v per row
+    return 2 * (s.layers * b * t * (attn + mlp + scores) + b * d * s.vocab)
+
+
+def _rate(gen: str, route: str) -> float:
+    """Multiply-add x 2 per second of one device for ``route``: the kernel multiplies in
+    f32 on v2 and v3 (Mosaic takes only f32 x f32 there), in bf16 elsewhere; XLA's bf16
+    model in bf16."""
+    from emulate import targets
+
+    t = targets.get(gen)
+    f32 = route != "bf16" and gen in ("tpu_v2", "tpu_v3")
+    per_core = t.f32_ops_per_second if f32 else t.bf16_ops_per_second
+    assert per_core is not None
+    return float(per_core * model_specs.HBM[gen][1])
+
+
 def measure(model: str, gen: str, step: str, route: str, log: Any) -> dict[str, Any]:
     """One row: the layer and the head compiled for ``gen``, extrapolated to the model."""
     m = model_specs.MODELS[model]
@@ -252,6 +292,7 @@ def measure(model: str, gen: str, step: str, route: str, log: Any) -> dict[str, 
     row["bytes_over_ideal"] = row["bytes"] / row["ideal"]
     row["layer_bytes_over_ideal"] = lay["bytes"] / ideal["layer"]
     row["temp"] = max(lay["temp"], hd["temp"])
+    row["flops"] = step_flops(s, step)
     row["stored_weights"] = n * ideal["layer_weights"] + mw.nbytes(hw)
     row["temp_over_weights"] = row["temp"] / row["stored_weights"]
     embed = model_specs.embed_bytes(m, route)
@@ -275,6 +316,9 @@ def derive(row: dict[str, Any]) -> dict[str, Any]:
     row["fits"] = row["footprint"] <= row["hbm"]
     row["bandwidth_s"] = row["bytes"] / model_specs.bandwidth(gen)
     row["floor_s"] = row["ideal"] / model_specs.bandwidth(gen)
+    flops = row.setdefault("flops", step_flops(model_specs.MODELS[row["model"]].shape, row["step"]))
+    compute = flops / _rate(gen, row["route"])
+    row["roofline_s"] = max(row["bandwidth_s"], compute)
     return row
 
 
@@ -296,7 +340,7 @@ ROUTE_LABELS = {
 
 def _cells(r: dict[str, Any]) -> list[str]:
     if r["status"] != "ok":
-        return [r["status"], r.get("reason", "")[:80], "", "", "", ""]
+        return [r["status"], r.get("reason", "")[:80], "", "", "", "", ""]
     fit = "fits" if r["fits"] else "**does not fit**"
     return [
         f"{_gb(r['bytes'])} GB ({r['bytes_over_ideal']:.2f}x)",
@@ -305,6 +349,7 @@ def _cells(r: dict[str, Any]) -> list[str]:
         "none" if r["estimate_s"] is None else harness.ms(r["estimate_s"], 1),
         harness.ms(r["bandwidth_s"], 1),
         harness.ms(r["floor_s"], 1),
+        harness.ms(r["roofline_s"], 1),
     ]
 
 
@@ -321,6 +366,7 @@ def markdown(data: dict[str, Any]) -> str:
         "compiler's estimate (ms)",
         "bytes / HBM BW (ms)",
         "ideal / HBM BW (ms)",
+        "max(bytes / BW, flops / peak) (ms)",
     ]
     for model in dict.fromkeys(r["model"] for r in rows):
         for step in dict.fromkeys(r["step"] for r in rows if r["model"] == model):
@@ -370,7 +416,7 @@ def run(args: argparse.Namespace) -> harness.Report:
         "generations", list(GENERATIONS)
     )
     steps = _names(args.steps, list(STEPS), "--steps") or pick.get("steps", list(STEPS))
-    routes = _names(args.routes, ROUTES, "--routes") or list(ROUTES)
+    routes = _names(args.routes, ROUTES, "--routes") or pick.get("routes", ["pallas", "bf16"])
     t0 = time.perf_counter()
     done = _resumed(args.resume)
     rows = []
@@ -417,7 +463,7 @@ def flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", help=f"from: {', '.join(model_specs.MODELS)}")
     p.add_argument("--generations", help=f"from: {', '.join(GENERATIONS)}")
     p.add_argument("--steps", help=f"from: {', '.join(STEPS)}")
-    p.add_argument("--routes", help=f"from: {', '.join(ROUTES)}")
+    p.add_argument("--routes", help=f"from: {', '.join(ROUTES)} (default pallas,bf16)")
     p.add_argument(
         "--resume",
         type=Path,
@@ -439,7 +485,7 @@ BENCHMARK = harness.Benchmark(
     description=__doc__.splitlines()[0],
     run=run,
     flags=flags,
-    quick="Llama-3-8B Q4_K_M, decode at batch 1, on tpu_v2 and tpu_v5e",
+    quick="Llama-3-8B Q4_K_M, decode at batch 1, on tpu_v2 and tpu_v5e, kernel and bf16",
 )
 main = BENCHMARK.main
 

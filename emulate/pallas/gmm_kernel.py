@@ -59,6 +59,10 @@ from emulate.qarray import QArray
 __all__ = ["prepare_experts", "ragged_dot", "schedule", "weight_fetches"]
 
 
+def _round_up(v: int, m: int) -> int:
+    return -(-v // m) * m
+
+
 def _visits(m: int, bm: int, groups: int) -> int:
     """The static bound on visits: every row tile once, plus one per group boundary."""
     return -(-m // bm) + groups - 1
@@ -301,7 +305,8 @@ def ragged_dot(
       group_sizes: (G,) int, >= 0, summing to at most M (traced values are not checked).
       target: a TPU target; default the current one.
       block_shape: ``(bm, bn, bk)``; default :func:`emulate.pallas.matmul`'s for one
-        expert (bm up to 256 rows).
+        expert, with bm the rows of an average group (M / G, up to 256, whole sublane
+        tiles): each visit reads its row tile of x again.
       out_dtype: the result type (as ``preferred_element_type``); default ``lax``'s
         (a QArray's: :func:`emulate.matmul`'s).
       interpret: None: interpret mode unless JAX's default backend is a TPU.
@@ -355,6 +360,9 @@ def ragged_dot(
             f"{a.x.dtype.name} blocks; pass a multiple of "
             f"{32 // a.x.dtype.itemsize if a.x.dtype.itemsize < 4 else 8}"
         )
-    cfg = dataclasses.replace(cfg, x_resident=False)  # x blocks follow the visits' tiles
+    bm = cfg.bm
+    if block_shape is None:  # a row tile about one group's rows: each visit re-reads its tile
+        bm = min(bm, _round_up(-(-a.m // groups), 32 // a.x.dtype.itemsize))
+    cfg = dataclasses.replace(cfg, x_resident=False, bm=bm)  # x blocks follow the visits
     kargs = jax.vmap(lambda we: matmul_args(x, we, **kw).kernel_operands)(w)
     return _run(a.x, kargs, jnp.asarray(group_sizes), cfg, groups)

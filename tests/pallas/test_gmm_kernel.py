@@ -191,3 +191,22 @@ def test_the_tpu_compiler_compiles_it(verdicts, pair, target) -> None:
     for compat in (True, False):
         v = verdicts[((pair, target), compat)]
         assert v.ok, (pair, target, compat, v.message)
+
+
+def test_the_default_row_tile_is_about_one_group() -> None:
+    # 64 bf16 rows over 32 experts (16 tokens, top-4 of gpt-oss's 32): 2 rows a group on
+    # average, so a row tile of 16 (bf16's sublane tiling), not 64: each visit reads its
+    # tile of x again, and 64-row tiles read 4x the rows
+    x = jax.ShapeDtypeStruct((64, 256), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((32, 256, 128), jnp.int8)
+    gs = jax.ShapeDtypeStruct((32,), jnp.int32)
+    fn = functools.partial(gmm_kernel.ragged_dot, target="tpu_v5e", interpret=True)
+    eqns = list(jax.make_jaxpr(fn)(x, w, gs).eqns)
+    while eqns[0].primitive.name != "pallas_call":  # into the jit calls, depth first
+        e = eqns.pop(0)
+        eqns[:0] = [i for p in e.params.values() if hasattr(p, "eqns") for i in p.eqns] + [
+            i for p in e.params.values() if hasattr(p, "jaxpr") for i in p.jaxpr.eqns
+        ]
+    grid = eqns[0].params["grid_mapping"]
+    assert grid.block_mappings[0].block_shape[0].block_size == 16
+    assert grid.grid[1] == 64 // 16 + 32 - 1  # visits: every row tile, plus one a boundary

@@ -31,7 +31,8 @@ for the rest, and no compiler estimate. Per row:
 Run ``python -m benchmarks.models`` (every model, step and generation, routes pallas and
 bf16: hours on 2 busy cores; ``--routes front`` adds the QArrays as loaded, relaid out by
 each call, 3-6 minutes a program) or ``--quick`` (Llama-3-8B Q4_K_M decode at batch 1 on
-v2 and v5e, pallas and bf16); ``--resume PATH`` keeps every row as it is measured and
+v2 and v5e, pallas and bf16: 395 s at a load average of 16 on 2 shared cores);
+``--resume PATH`` keeps every row as it is measured and
 skips those already there.
 """
 

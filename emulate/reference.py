@@ -499,7 +499,7 @@ def _wrap(sums: np.ndarray, f: formats.Format) -> np.ndarray:
     return wrapped.astype(np.int64).astype(f.dtype)
 
 
-# --- block-scaled quantization (independent of emulate.quant) ------------------------------
+# --- block-scaled quantization (independent of emulate.quantized) ------------------------------
 
 
 def _blockwise_max(a: np.ndarray, block: tuple[int, ...]) -> np.ndarray:
@@ -558,7 +558,7 @@ def quantize(
     random_values: npt.ArrayLike | None = None,
     random_bits: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, float | None]:
-    """Block-scaled quantization by the rules of :mod:`emulate.quant`, in float64 numpy.
+    """Block-scaled quantization by the rules of :func:`emulate.quantize`, in float64 numpy.
     The elements are rounded by :func:`emulate.reference_rounding.encode` (``rounding``,
     ``random_values`` of ``x``'s shape, ``random_bits``) after scaled values below
     ``2**-126`` are made zero, as XLA flushes them.

@@ -73,7 +73,15 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     (
         "quantized operands",
-        ["emulate.qparts", "emulate.qindex", "emulate.qarray", "emulate.quant", "emulate.mx"],
+        [
+            "emulate.quantized",
+            "emulate.quantized.checks",
+            "emulate.quantized.index",
+            "emulate.quantized.values",
+            "emulate.quantized.array",
+            "emulate.quantized.quantizing",
+            "emulate.quantized.mx",
+        ],
     ),
     (
         "importers: block layouts",
@@ -594,7 +602,12 @@ TESTED_ELSEWHERE = {
     "emulate.engine.passthrough": "calls left to JAX: test_dot, test_jax_cases",
     "emulate.engine.run": "plan_for, run_plan: test_dot, engine/test_tiled",
     "emulate.engine.sites": "site scopes: test_program, test_rewrite (emulate.inspect)",
-    "emulate.mx": "the MX / NVFP4 schemes: test_quant, test_scaled",
+    "emulate.quantized": "package docstring only",
+    "emulate.quantized.mx": "the MX / NVFP4 schemes: quantized/test_quantizing, test_scaled",
+    "emulate.quantized.values": (
+        "dequantize and the part readers: quantized/test_array, quantized/test_quantizing "
+        "(against reference.dequantize)"
+    ),
     "emulate.flax": "re-exports only: tests/flax/ reach every name through it",
     "emulate.importers.parts": "the one parts record: importers/test_ggml, test_conventions",
     "emulate.importers.ggml_parts": GGML,
@@ -607,8 +620,10 @@ TESTED_ELSEWHERE = {
     "emulate.importers.conventions.floats": CONVENTIONS,
     "emulate.importers.conventions.bnb": CONVENTIONS,
     "emulate.importers.as_qarray": "parts into QArrays: importers/test_conventions_qarray",
-    "emulate.qparts": "a QArray's parts, checked and read: test_qarray",
-    "emulate.numerics.scales": "the scale rules: test_quant (every rule against numpy)",
+    "emulate.quantized.checks": "a QArray's parts, checked: quantized/test_array",
+    "emulate.numerics.scales": (
+        "the scale rules: quantized/test_quantizing (every rule against numpy)"
+    ),
     "emulate.pallas.route": "kernel routes: pallas/test_kernel_dot, pallas/test_matmul_kernel",
     "emulate.pallas.matmul_config": "blocks and layouts: pallas/test_matmul_kernel (defaults)",
     "emulate.planning.exactness": "exactness limits: planning/test_plan (K-chunks, k_limit)",

@@ -21,7 +21,7 @@ import numpy as np
 
 from emulate.importers.parts import StoredParts
 from emulate.numerics.storage import pack
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 
 __all__ = ["to_qarray"]
 

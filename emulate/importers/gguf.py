@@ -26,7 +26,7 @@ from jax.typing import DTypeLike
 from emulate.importers import as_qarray
 from emulate.importers.ggml import TYPES, check_layout, parse_blocks
 from emulate.importers.parts import StoredParts
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 
 __all__ = ["GGUFFile", "load_gguf", "read_gguf", "to_qarray"]
 

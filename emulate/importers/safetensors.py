@@ -44,7 +44,7 @@ from emulate.importers.conventions.floats import (
 )
 from emulate.importers.conventions.integer import parse_awq, parse_compressed_int, parse_gptq
 from emulate.importers.parts import StoredParts
-from emulate.qarray import QArray
+from emulate.quantized.array import QArray
 
 __all__ = [
     "SafetensorsCheckpoint",
@@ -251,7 +251,7 @@ def _qarray(parts: StoredParts, layout: str = "out_in") -> QArray:
     """The QArray of ``parts`` (logical ``(..., K, N)``) in ``layout``: codes, scales and
     per-block parts moved for ``"out_in"``, nothing decoded."""
     from emulate.importers.as_qarray import to_qarray
-    from emulate.qarray import transpose
+    from emulate.quantized.array import transpose
 
     if layout not in _LAYOUTS:
         raise ValueError(f"layout: expected 'out_in' or 'in_out', got {layout!r}")

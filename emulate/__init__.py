@@ -64,12 +64,15 @@ from emulate.targets import use_target as target
 __version__ = "0.1.0"
 
 #: Modules that moved into a package, under the paths the documentation gave them before
-#: (``import emulate.mx``, ``from emulate.quant import SCALE_FORMATS``): the same module
-#: objects, so both paths name one thing.
+#: (``import emulate.mx``, ``from emulate.quant import SCALE_FORMATS``,
+#: ``emulate.reference_rounding.encode``): the same module objects, so both paths name one
+#: thing.
 _MOVED = {
     "mx": "emulate.quantized.mx",
     "quant": "emulate.quantized.quantizing",
     "qarray": "emulate.quantized.array",
+    "reference_codes": "emulate.reference.codes",
+    "reference_rounding": "emulate.reference.rounding",
 }
 for _old, _new in _MOVED.items():
     sys.modules.setdefault(f"emulate.{_old}", importlib.import_module(_new))

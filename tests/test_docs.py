@@ -220,6 +220,8 @@ MOVED = {
     "emulate.mx": "emulate.quantized.mx",
     "emulate.quant": "emulate.quantized.quantizing",
     "emulate.qarray": "emulate.quantized.array",
+    "emulate.reference_codes": "emulate.reference.codes",
+    "emulate.reference_rounding": "emulate.reference.rounding",
 }
 
 

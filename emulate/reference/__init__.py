@@ -35,8 +35,8 @@ import numpy.typing as npt
 
 from emulate import formats
 from emulate.formats import F32_MIN_NORMAL, FormatLike
-from emulate.reference_codes import decode_codes
-from emulate.reference_rounding import encode
+from emulate.reference.codes import decode_codes
+from emulate.reference.rounding import encode
 
 __all__ = [
     "decode",
@@ -623,7 +623,7 @@ def quantize(
 
 def _scale_codes(s: np.ndarray, sf: formats.Format) -> np.ndarray:
     """Scales rounded to nearest even into ``sf``: ml_dtypes' cast where ``sf`` has a dtype,
-    else the record's codes (uint8, :mod:`emulate.reference_codes`)."""
+    else the record's codes (uint8, :mod:`emulate.reference.codes`)."""
     if sf.has_dtype:
         return np.asarray(s).astype(sf.dtype)
     return encode(np.asarray(s, np.float64), sf)

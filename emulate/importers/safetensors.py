@@ -1,7 +1,7 @@
 """Quantized weights from safetensors checkpoints, one call per convention, kept as stored.
 
 ``read_<convention>(path, prefix, ...)`` returns the layer's
-:class:`~emulate.importers.parts.StoredParts` (numpy, logical ``(..., K, N)``
+:class:`~emulate.importers.stored.StoredParts` (numpy, logical ``(..., K, N)``
 order, ``.source`` naming what was read); ``load_<convention>`` the same as an
 ``emulate.QArray`` (:func:`emulate.importers.as_qarray.to_qarray`) in the checkpoint's
 ``(..., out, in)`` orientation, as every importer returns its QArrays (``load_gguf``,
@@ -43,7 +43,7 @@ from emulate.importers.conventions.floats import (
     parse_modelopt_nvfp4,
 )
 from emulate.importers.conventions.integer import parse_awq, parse_compressed_int, parse_gptq
-from emulate.importers.parts import StoredParts
+from emulate.importers.stored import StoredParts
 from emulate.quantized.array import QArray
 
 __all__ = [

@@ -528,6 +528,9 @@ def test_tests_reach_no_private_name() -> None:
 # ---------------------------------------------------------------- the documented table
 
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
+#: The heading of the doc's layer table (the first code block after it); the picture of the
+#: trunk and its branches above it is for reading, not checked.
+DOC_TABLE_HEADING = "## The layers, module by module\n"
 #: Where a module's name starts on each line of the doc's layer drawing.
 DOC_MODULE_COLUMN = 24
 
@@ -539,10 +542,11 @@ def _doc_module(name: str) -> str:
 
 
 def _doc_layers(text: str) -> list[tuple[str, list[str]]]:
-    """The layer drawing of docs/architecture.md (its first code block) as (layer name,
-    modules) in the form of :data:`LAYERS`. Layers are separated by lines holding only a
-    "│"; a layer's name is its first column with the "Ln" number and parentheses dropped."""
-    block = text.split("```\n", 2)[1]
+    """The layer table of docs/architecture.md (the first code block after
+    :data:`DOC_TABLE_HEADING`) as (layer name, modules) in the form of :data:`LAYERS`. Layers
+    are separated by lines holding only a "│"; a layer's name is its first column with the
+    "Ln" number and parentheses dropped."""
+    block = text.split(DOC_TABLE_HEADING, 1)[1].split("```\n", 2)[1]
     layers: list[tuple[str, list[str]]] = []
     label: list[str] = []
     modules: list[str] = []
@@ -702,7 +706,8 @@ def test_the_guard_sees_each_kind_of_misshapen_tree() -> None:
         "emulate.engine.run._run",
         "emulate.testing._array_expr",
     ]
-    doc = "x\n```\n L0  records            formats   F\n" + " " * 24 + "tables\n  │\n"
+    doc = "```\n L0  records            a picture\n```\n" + DOC_TABLE_HEADING
+    doc += "x\n```\n L0  records            formats   F\n" + " " * 24 + "tables\n  │\n"
     doc += " L1  profiles,          targets\n     oracle (and)\n```\n"
     assert _doc_layers(doc) == [
         ("records", ["emulate.formats", "emulate.tables"]),

@@ -303,3 +303,18 @@ def test_drawn_operands_keep_the_bound(a, b) -> None:
     got = emulate.dot_general(a, b, MATMUL, preferred_element_type=jnp.float32, target="cpu")
     c = testing.compare(got, a, b, MATMUL, mode="fast", preferred_element_type=jnp.float32)
     assert c.ok, c.report()
+
+
+def test_a_format_without_subnormals_holds_power_of_two_scales_from_2_pow_1_minus_bias() -> None:
+    # ns_e4m3's 2**-7 (its 2**-bias) has no code: the smallest power of two is 2**-6, code 8.
+    rng = np.random.default_rng(4)
+    w = (rng.normal(size=(64, 4)) * np.float32([1e-6, 1e-3, 1.0, 50.0])).astype(np.float32)
+    q = emulate.quantize(
+        w, "int8", block_shape=(32, 1), scale_fmt="ns_e4m3", scale_rule="ocp_floor"
+    )
+    codes, scales, _ = reference.quantize(
+        w, "int8", (32, 1), scale_fmt="ns_e4m3", scale_rule="ocp_floor"
+    )
+    assert np.array_equal(np.asarray(q.unpacked_codes()), codes)
+    assert np.array_equal(np.asarray(q.scales), scales)
+    assert np.asarray(q.scales)[:, 0].tolist() == [8, 8]  # 2**-6 for the 1e-6 column

@@ -11,7 +11,8 @@ Decoding a float format with ``E`` exponent bits, ``M`` mantissa bits and bias `
     value = x                      if the exponent field is not 0
     value = 2 * (x - 2**-b)        if it is (subnormal codes and zero)
 
-then the sign, NaN and Inf codes are applied. bf16 results are the top 16 bits of the f32
+(a format without subnormals keeps ``x`` for exponent field 0 too, and 0 for code 0), then
+the sign, NaN and Inf codes are applied. bf16 results are the top 16 bits of the f32
 result, which is exact because no format has more than 4 mantissa bits.
 """
 
@@ -229,6 +230,9 @@ def encode(
         * ``fnuz`` formats have no -0: negative values that round to zero give +0;
         * float8_e8m0fnu (a positive power-of-two scale): ties round up, values below
           2**-127 give 2**-127, zero, negatives, Inf and NaN give its NaN code.
+        * a format without subnormals (``float_format(..., subnormals=False)``): a value
+          below its smallest positive one ``s`` rounds to 0 or ``s`` by the exact fraction
+          ``|x| / s``, in every mode (docs/numerics.md, "Formats without subnormals").
         * integer formats: round half to even; NaN -> 0; out of range values wrap
           modulo 2**bits (two's complement), or clamp with ``saturate=True``.
       rounding: one of :data:`emulate.numerics.rounding.ROUNDINGS`: "nearest_even"

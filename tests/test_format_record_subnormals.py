@@ -13,12 +13,12 @@ import math
 from fractions import Fraction
 
 import _gfloat_cases as G
+import _record_formats as R
 import gfloat
 import hypothesis.extra.numpy as hnp
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gfloat import Domain, FormatInfo
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,31 +43,11 @@ NAMES = list(CONFIGS)
 MATMUL = (((1,), (0,)), ((), ()))
 
 
-def _info(f: formats.Format) -> FormatInfo:
-    return FormatInfo(
-        f.name,
-        k=f.bits,
-        precision=f.mantissa_bits + 1,
-        bias=f.bias,
-        is_signed=f.signed,
-        domain=Domain.Extended if f.has_inf else Domain.Finite,
-        has_nz=f.signed_zero,
-        num_high_nans=f.high_nans,
-        has_subnormals=False,
-        is_twos_complement=False,
-    )
-
-
-def _gfloat_values(f: formats.Format) -> np.ndarray:
-    fi = _info(f)
-    return np.array([gfloat.decode_float(fi, c).fval for c in range(1 << f.bits)])
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_every_code_decodes_as_gfloat_decodes_it(name: str) -> None:
     f = formats.get(name)
     codes = np.arange(1 << f.bits, dtype=np.uint8)
-    want = _gfloat_values(f)
+    want = R.gfloat_values(f)
     nan = np.isnan(want)
     targets = [jnp.float32] + ([jnp.bfloat16] if "bfloat16" in f.exact_in else [])
     for to in targets:
@@ -82,7 +62,7 @@ def test_every_code_decodes_as_gfloat_decodes_it(name: str) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_the_record_holds_gfloats_range(name: str) -> None:
     f = formats.get(name)
-    fi = _info(f)
+    fi = R.gfloat_info(f)
     assert (f.max, f.min, f.min_subnormal, f.min_normal) == (
         fi.max,
         fi.min,
@@ -92,7 +72,7 @@ def test_the_record_holds_gfloats_range(name: str) -> None:
     assert (f.has_subnormals, f.has_zero, f.emin) == (False, True, -f.bias)
     assert f.quantum == 2.0 ** (-f.bias - f.mantissa_bits)
     assert f.min_subnormal == ((1 << f.mantissa_bits) + 1) * f.quantum
-    finite = _gfloat_values(f)[np.isfinite(_gfloat_values(f))]
+    finite = R.gfloat_values(f)[np.isfinite(R.gfloat_values(f))]
     assert all(Fraction(v) % Fraction(f.quantum) == 0 for v in finite)
 
 
@@ -164,7 +144,7 @@ def _check(x: np.ndarray, f: formats.Format, mode: str, saturate: bool, r, n: in
     sat = saturate
     if not (f.has_inf or f.has_nan):  # no NaN, no Inf: always saturates (gfloat raises)
         keep, sat = keep & ~np.isnan(x), True
-    fi = _info(f)
+    fi = R.gfloat_info(f)
     want = _gfloat_round(fi, x[keep], mode, sat, r[keep], n)
     want_nan = np.isnan(want)
     want_codes = gfloat.encode_ndarray(fi, np.where(want_nan, 0.0, want)).astype(np.int64)
@@ -187,7 +167,7 @@ def _sample(f: formats.Format) -> np.ndarray:
     neighbours, past the largest, f32 denormals, specials), with one in 16 of those below
     the smallest value kept (the Fractions oracle is slow), plus the smallest, half of it
     and their float32 neighbours."""
-    x = G.f32_sample(f, _gfloat_values(f)).astype(np.float32)
+    x = G.f32_sample(f, R.gfloat_values(f)).astype(np.float32)
     below = np.flatnonzero(np.abs(x) < f.min_subnormal)
     x = np.delete(x, np.setdiff1d(below, below[::16]))
     s = np.float32([f.min_subnormal, f.min_subnormal / 2, 2.0**-f.bias])
@@ -199,21 +179,7 @@ def _bits_for(i: int) -> int:
     return (1, G.RANDOM_BITS, 32)[i % 3]
 
 
-def _cases() -> list:
-    """(format, mode, saturate): in CI each mode once, the formats rotating and saturation
-    alternating; the rest of the matrix under the long marker."""
-    out = []
-    for i, mode in enumerate(ROUNDINGS):
-        ci = (NAMES[i % len(NAMES)], i % 2 == 1)
-        for name in NAMES:
-            for sat in (False, True):
-                marks = () if (name, sat) == ci else pytest.mark.long
-                tag = "saturate" if sat else "wrap"
-                out.append(pytest.param(name, mode, sat, marks=marks, id=f"{name}-{mode}-{tag}"))
-    return out
-
-
-@pytest.mark.parametrize(("name", "mode", "saturate"), _cases())
+@pytest.mark.parametrize(("name", "mode", "saturate"), G.cases(NAMES, every_mode=True))
 def test_encode_is_gfloats_above_the_smallest_value_and_the_rule_below(
     name: str, mode: str, saturate: bool
 ) -> None:

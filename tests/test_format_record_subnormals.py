@@ -98,6 +98,14 @@ def test_round_exact_rounds_below_the_smallest_value_to_it_or_to_zero() -> None:
     assert reference.round_exact(35, -13, "ns_e4m3") == 0.0  # 35/72 of the smallest
 
 
+def test_round_exact_overflows_by_the_record_of_a_format_without_a_dtype() -> None:
+    # Inf where it has Inf, else NaN, else +-max (its uint8 codes say nothing of either).
+    assert reference.round_exact(1, 100, "ns_e5m2") == math.inf
+    assert reference.round_exact(-1, 100, "p3109_k8p3se") == -math.inf
+    assert math.isnan(reference.round_exact(1, 100, "ns_e4m3"))
+    assert reference.round_exact(-1, 100, "ns_e2m1") == -6.0
+
+
 def _below(x: np.ndarray, f: formats.Format, mode: str, r: np.ndarray, n: int) -> np.ndarray:
     """The rule below the smallest value ``s`` (docs/numerics.md), by brute force: the
     two neighbours 0 and ``s``, the fraction ``d = |x| / s`` as a Fraction; nearest modes

@@ -290,10 +290,12 @@ def _divide(
     full: jax.Array, p: jax.Array, width: int, n: int
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``y = full * 2**p / width`` for ``y < 2**n``: ``(floor(y), frac(y) > 1/2,
-    frac(y) == 1/2)``, by long division in uint32 (``full < 2**24``, ``width < 2**24``)."""
+    frac(y) == 1/2)``, by long division in uint32 (``full < 2**24``, ``width < 2**24``);
+    no division for ``n = 0``, where ``y < 1``."""
     one = jnp.uint32(1)
     w = jnp.uint32(width)
-    q0, r0 = full // w, full % w
+    zero = jnp.zeros_like(full)
+    q0, r0 = (full // w, full % w) if n else (zero, full)
     # p >= 0: the p zero bits after ``full``, a chunk at a time (the remainder stays below
     # ``width``, so ``remainder << step`` fits 32 bits); the quotient stays below 2**n.
     step = 32 - width.bit_length()
@@ -302,12 +304,11 @@ def _divide(
     for i in range(-(-(n + width.bit_length()) // step)):
         c = jnp.clip(p_hi - i * step, 0, step).astype(jnp.uint32)
         wide = rem << c
-        q = (q << c) + wide // w
-        rem = wide % w
+        q, rem = ((q << c) + wide // w, wide % w) if n else (zero, wide)
     up_hi, half_hi = 2 * rem > w, 2 * rem == w
     # p < 0: y = full / (width * 2**m); the remainder rho over width * 2**m.
     m = jnp.clip(-p, 0, 31).astype(jnp.uint32)
-    q_lo = jnp.where(m >= 24, jnp.uint32(0), q0 >> m)
+    q_lo = jnp.where(m >= 24, zero, q0 >> m)
     rho = full - (q_lo << m) * w
     below = jnp.clip(m.astype(jnp.int32) - 1, 0, 31).astype(jnp.uint32)  # rho vs width * 2**(m-1)
     a, b = rho >> below, rho & ((one << below) - one)

@@ -292,3 +292,16 @@ def test_a_format_without_subnormals_holds_power_of_two_scales_from_2_pow_1_minu
     assert np.array_equal(np.asarray(q.unpacked_codes()), codes)
     assert np.array_equal(np.asarray(q.scales), scales)
     assert np.asarray(q.scales)[:, 0].tolist() == [8, 8]  # 2**-6 for the 1e-6 column
+
+
+def test_quantize_into_a_format_without_subnormals_is_the_oracles() -> None:
+    # Elements below the smallest value after scaling go to it or to 0 (ties to 0).
+    rng = np.random.default_rng(5)
+    w = rng.normal(size=(64, 4)).astype(np.float32)
+    w[::4] *= np.float32(2.0**-16)  # far below the block's largest: the rule below s
+    q = emulate.quantize(w, "ns_e4m3", block_shape=(32, 1), scale_fmt="float8_e8m0fnu")
+    codes, scales, _ = reference.quantize(w, "ns_e4m3", (32, 1))
+    assert np.array_equal(np.asarray(q.unpacked_codes()), codes)
+    assert np.array_equal(np.asarray(q.scales).astype(np.float64), scales.astype(np.float64))
+    magnitude = np.asarray(codes) & 0x7F
+    assert (magnitude == 1).any() and ((magnitude == 0) & (w != 0)).any()

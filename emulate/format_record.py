@@ -9,7 +9,7 @@ precision, bias, signedness, infinities, NaN codes, negative zero, subnormals), 
 
 Such a format has no numpy dtype: its values travel as ``uint8`` codes (or
 :class:`emulate.Packed` below 8 bits), as float6 codes do, and its oracle is the numpy
-decoder of :mod:`emulate.reference_codes`, built from the record. Nothing here needs JAX.
+decoder of :mod:`emulate.reference.codes`, built from the record. Nothing here needs JAX.
 """
 
 from __future__ import annotations

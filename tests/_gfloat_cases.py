@@ -1,6 +1,6 @@
 """gfloat as the oracle of the rounding modes: the format descriptions, the value samples
 and emulate's documented differences, shared by tests/numerics/test_rounding.py (the jnp
-encoder) and tests/test_reference_rounding.py (the numpy oracle).
+encoder) and tests/reference/test_reference_rounding.py (the numpy oracle).
 
 The differences (docs/numerics.md, "Rounding modes"):
 

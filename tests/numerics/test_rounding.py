@@ -46,8 +46,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import emulate
-from emulate import formats, reference_rounding
+from emulate import formats
 from emulate.numerics.rounding import ROUNDINGS, STOCHASTIC, increments, random_integers
+from emulate.reference import rounding as reference_rounding
 
 
 @pytest.mark.parametrize("name, mode, saturate", cases(FLOATS))

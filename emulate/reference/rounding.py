@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from emulate import formats
 from emulate.formats import FormatLike
-from emulate.reference_codes import encode_values
+from emulate.reference.codes import encode_values
 
 __all__ = ["ROUNDINGS", "encode"]
 

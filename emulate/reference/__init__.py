@@ -35,8 +35,8 @@ import numpy.typing as npt
 
 from emulate import formats
 from emulate.formats import F32_MIN_NORMAL, FormatLike
-from emulate.reference_codes import decode_codes
-from emulate.reference_rounding import encode
+from emulate.reference.codes import decode_codes
+from emulate.reference.rounding import encode
 
 __all__ = [
     "decode",
@@ -509,7 +509,7 @@ def _wrap(sums: np.ndarray, f: formats.Format) -> np.ndarray:
     return wrapped.astype(np.int64).astype(f.dtype)
 
 
-# --- block-scaled quantization (independent of emulate.quant) ------------------------------
+# --- block-scaled quantization (independent of emulate.quantized) ------------------------------
 
 
 def _blockwise_max(a: np.ndarray, block: tuple[int, ...]) -> np.ndarray:
@@ -569,7 +569,7 @@ def quantize(
     random_values: npt.ArrayLike | None = None,
     random_bits: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, float | None]:
-    """Block-scaled quantization by the rules of :mod:`emulate.quant`, in float64 numpy.
+    """Block-scaled quantization by the rules of :func:`emulate.quantize`, in float64 numpy.
     The elements are rounded by :func:`emulate.reference_rounding.encode` (``rounding``,
     ``random_values`` of ``x``'s shape, ``random_bits``) after scaled values below
     ``2**-126`` are made zero, as XLA flushes them.
@@ -634,7 +634,7 @@ def quantize(
 
 def _scale_codes(s: np.ndarray, sf: formats.Format) -> np.ndarray:
     """Scales rounded to nearest even into ``sf``: ml_dtypes' cast where ``sf`` has a dtype,
-    else the record's codes (uint8, :mod:`emulate.reference_codes`)."""
+    else the record's codes (uint8, :mod:`emulate.reference.codes`)."""
     if sf.has_dtype:
         return np.asarray(s).astype(sf.dtype)
     return encode(np.asarray(s, np.float64), sf)

@@ -138,7 +138,6 @@ def test_int8_scale_and_scale_only_come_from_the_values() -> None:
             "subnormals: a precision-1 format without subnormals has no zero (gfloat 0.5 "
             "decodes its code 0 as 2**-bias, as float8_e8m0fnu's)",
         ),
-
     ],
 )
 def test_impossible_records_are_refused(kwargs, error, message) -> None:

@@ -23,8 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import emulate
-from emulate import formats, reference, reference_rounding, testing
+from emulate import formats, reference, testing
 from emulate.numerics.rounding import ROUNDINGS, STOCHASTIC
+from emulate.reference import rounding as reference_rounding
 
 #: The formats checked, registered here: fn-like (-0, a NaN a sign), unsigned with +Inf and
 #: a NaN, no NaN and no Inf (saturating; the exact class, int8 k=2), fnuz-like (the -0 code
@@ -138,7 +139,7 @@ def _below(x: np.ndarray, f: formats.Format, mode: str, r: np.ndarray, n: int) -
 
 def _check(x: np.ndarray, f: formats.Format, mode: str, saturate: bool, r, n: int) -> None:
     """emulate.encode of float32 ``x`` against gfloat at and above the smallest value and
-    :func:`_below` under it; the numpy oracle (reference_rounding) against both."""
+    :func:`_below` under it; the numpy oracle (emulate.reference.rounding) against both."""
     kwargs = dict(rbits=r, random_bits=n) if mode in STOCHASTIC else {}
     got = np.asarray(emulate.encode(x, f, saturate=saturate, rounding=mode, **kwargs))
     got = got.astype(np.int64)

@@ -325,7 +325,7 @@ def float_format(
             f"finite nonzero code among the {mag_mask + 1} magnitudes"
         )
 
-    outside = float32_range_error(t, bias, max_code)
+    outside = _float32_range_error(t, bias, max_code)
     if outside:
         raise ValueError(f"bias: {bias} puts values outside float32 (its {outside}); {_F32_ONLY}")
 
@@ -375,7 +375,7 @@ def float_format(
 _F32_ONLY = "emulate decodes into float32 (JAX holds no float64 without x64, and no TPU has it)"
 
 
-def float32_range_error(t: int, bias: int, max_code: int) -> str:
+def _float32_range_error(t: int, bias: int, max_code: int) -> str:
     """Why float32 cannot hold every finite value of a float format with ``t`` trailing
     significand bits, exponent ``bias`` and largest finite magnitude code ``max_code``
     (exponent field 0 subnormal), in words; ``""`` where it can: the largest value below
@@ -429,7 +429,7 @@ def p3109(precision: int, *, bits: int = 8, signed: bool = True, extended: bool 
             "emulate builds formats that hold at least one"
         )
     t, magnitudes = precision - 1, 1 << (bits - 1 if signed else bits)
-    outside = float32_range_error(t, bias, magnitudes - 1 - (0 if signed else 1) - int(extended))
+    outside = _float32_range_error(t, bias, magnitudes - 1 - (0 if signed else 1) - int(extended))
     if outside:
         raise ValueError(
             f"{name} is not built: its exponent bias is {bias}, which makes its {outside}; "

@@ -48,7 +48,6 @@ __all__ = [
     "to_codes",
     "unpack",
     "unpack_codes",
-    "wide_codes_not_packed",
 ]
 
 
@@ -57,7 +56,7 @@ def code_dtype(fmt: Format) -> np.dtype:
     return formats.unsigned_dtype(fmt.bits)
 
 
-def wide_codes_not_packed(f: Format) -> str:
+def _wide_codes_not_packed(f: Format) -> str:
     """Why a format of 9 to 16 bits without a dtype (a wide P3109 format) has no packed
     form: the message of every packed path (``pack``, :class:`Packed`, the Pallas
     kernels), after the argument's name."""
@@ -200,7 +199,7 @@ class Packed:
         # skips this, as its leaves may be placeholders rather than arrays.
         f = formats.get(self.format_name, arg="format_name")
         if f.bits > 8 and not f.has_dtype:
-            raise ValueError(f"format_name: {wide_codes_not_packed(f)}")
+            raise ValueError(f"format_name: {_wide_codes_not_packed(f)}")
         if not f.packable:
             raise ValueError(
                 f"format_name: {f.name} is {f.bits}-bit; a Packed array holds a format "
@@ -326,7 +325,7 @@ def pack(x: jax.Array | np.ndarray, fmt: FormatLike | None = None, *, axis: int 
         raise TypeError(f"axis: expected an int, got {type(axis).__name__} {axis!r}")
     codes, f = to_codes(x, fmt)
     if f.bits > 8 and not f.has_dtype:
-        raise ValueError(f"x: {wide_codes_not_packed(f)}")
+        raise ValueError(f"x: {_wide_codes_not_packed(f)}")
     if not f.packable:
         raise ValueError(
             f"x: {f.name} is {f.bits}-bit, stored one a byte already; pack accepts formats "

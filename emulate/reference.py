@@ -654,7 +654,7 @@ def dequantize(
     to (signed) zero. ``fmt`` and ``scale_fmt`` name the formats of uint8 ``codes`` and
     ``scales`` (as :func:`quantize` returns them for a format without an ml_dtypes type);
     scales are read exactly, f32 subnormals and e8m0's ``2**-127`` included. With
-    ``exact``, the products unrounded, as float64 (exact: a code has at most 8
+    ``exact``, the products unrounded, as float64 (exact: a code has at most 16
     significant bits, a scale 24), none flushed, none past float32's range made Inf."""
     v = np.asarray(codes) if fmt is None else decode(codes, fmt, to=np.float64)
     v = np.ldexp(v.astype(np.float64), element_exponent)

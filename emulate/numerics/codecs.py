@@ -11,8 +11,11 @@ Decoding a float format with ``E`` exponent bits, ``M`` mantissa bits and bias `
     value = x                      if the exponent field is not 0
     value = 2 * (x - 2**-b)        if it is (subnormal codes and zero)
 
-then the sign, NaN and Inf codes are applied. bf16 results are the top 16 bits of the f32
-result, which is exact because no format has more than 4 mantissa bits.
+then the sign, NaN and Inf codes are applied. A format whose bias exceeds 126 (an 8-bit
+exponent field: p3109_k16p8se) has float32-denormal values; their bits are built as
+integers. bf16 results are the top 16 bits of the f32 result, exact for every format with
+at most 7 trailing significand bits and values down to 2**-133; decoding any other (the
+wide P3109 formats of precision 9 to 16) into bf16 is refused.
 """
 
 from __future__ import annotations
@@ -279,7 +282,8 @@ def encode(
         the range raise when ``rbits`` is a concrete array (not a tracer).
 
     Returns:
-      An array of ``fmt``'s dtype; for float6 formats, which XLA cannot hold, uint8 codes.
+      An array of ``fmt``'s dtype; for formats XLA cannot hold, their codes: uint8 (float6,
+      the P3109 formats of at most 8 bits, yours), uint16 (P3109 formats of 9 to 16 bits).
     """
     f = formats.get(fmt)
     if not isinstance(saturate, (bool, np.bool_)):

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import emulate
 from emulate import formats, reference, reference_rounding
 from emulate.numerics.rounding import ROUNDINGS, STOCHASTIC
+from emulate.planning import slicing
 
 #: Built wide formats of each kind: 8-bit exponent fields (bias 128, values down to float32
 #: denormals: k9p2ue, k10p2se, k16p8se), bfloat16-exact ones (k12p6se), float32-only ones.
@@ -247,29 +248,42 @@ def test_the_pallas_kernels_refuse_wide_codes() -> None:
                               target="tpu_v5e")  # fmt: skip
 
 
-def test_decoding_into_bfloat16_is_refused_where_it_would_round() -> None:
-    with _refusal(
-        "to: bfloat16 cannot hold every p3109_k16p11se value (11-bit significands, values "
-        "down to 2**-25; bfloat16 has 8-bit ones, down to 2**-133); use jnp.float32"
-    ):
-        emulate.decode(np.zeros(3, np.uint16), "p3109_k16p11se")
-    with _refusal(
-        "to: bfloat16 cannot hold every p3109_k16p8se value (8-bit significands, values "
-        "down to 2**-134; bfloat16 has 8-bit ones, down to 2**-133); use jnp.float32"
-    ):
-        emulate.decode(np.zeros(3, np.uint16), "p3109_k16p8se")
+def _decode_bf16(name: str) -> None:
+    emulate.decode(np.zeros(3, np.uint16), name)
 
 
-def test_a_format_with_float32_denormal_values_is_no_fast_matmul_operand() -> None:
-    with _refusal(
-        "lhs/rhs: no way to run p3109_k16p8se x float32 on target cpu: native: mixed pair; "
-        "decoded to one type instead; bf16: bfloat16 does not hold every p3109_k16p8se "
-        "value; f32: float32 does not hold every p3109_k16p8se value"
-    ):
-        emulate.matmul(
-            np.zeros((2, 4), np.uint16), np.zeros((4, 2), np.float32),
-            a_format="p3109_k16p8se", mode="fast",
-        )  # fmt: skip
+def _fast_matmul(name: str) -> None:
+    a, b = np.zeros((2, 4), np.uint16), np.zeros((4, 2), np.float32)
+    emulate.matmul(a, b, a_format=name, mode="fast")
+
+
+@pytest.mark.parametrize(
+    ("call", "name", "message"),
+    [
+        (
+            _decode_bf16,
+            "p3109_k16p11se",
+            "to: bfloat16 cannot hold every p3109_k16p11se value (11-bit significands, values "
+            "down to 2**-25; bfloat16 has 8-bit ones, down to 2**-133); use jnp.float32",
+        ),
+        (
+            _decode_bf16,
+            "p3109_k16p8se",
+            "to: bfloat16 cannot hold every p3109_k16p8se value (8-bit significands, values "
+            "down to 2**-134; bfloat16 has 8-bit ones, down to 2**-133); use jnp.float32",
+        ),
+        (  # values down to 2**-134: float32 denormals, which XLA flushes in a dot
+            _fast_matmul,
+            "p3109_k16p8se",
+            "lhs/rhs: no way to run p3109_k16p8se x float32 on target cpu: native: mixed "
+            "pair; decoded to one type instead; bf16: bfloat16 does not hold every "
+            "p3109_k16p8se value; f32: float32 does not hold every p3109_k16p8se value",
+        ),
+    ],
+)
+def test_what_would_round_or_flush_is_refused(call, name: str, message: str) -> None:
+    with _refusal(message):
+        call(name)
 
 
 def test_uint8_codes_of_a_wide_format_are_refused() -> None:
@@ -282,3 +296,38 @@ def test_uint8_codes_of_a_wide_format_are_refused() -> None:
         "x: 1 code(s) exceed p3109_k12p6se's 12 bits (e.g. 0x1000; codes must lie in [0, 0xfff])"
     ):
         emulate.decode(np.array([0x1000], np.uint16), "p3109_k12p6se")
+
+
+def test_a_bias_above_126_with_trailing_bits_decodes_and_encodes_as_gfloat() -> None:
+    # An 8-bit e6m1 with bias 127: every value is below 2**-62, the smallest 2**-127, a
+    # float32 denormal (built before as a refused record: the decoder needed 2**-bias normal).
+    f = formats.register(formats.float_format("e6m1_b127", bits=8, precision=2, bias=127))
+    codes = np.arange(256, dtype=np.uint8)
+    want = _gfloat_values(f, codes)
+    got = np.asarray(emulate.decode(codes, f, to=jnp.float32)).astype(np.float64)
+    assert np.array_equal(got, want)
+    x = np.concatenate([want, (want[1:128] + want[:127]) / 2]).astype(np.float32)
+    x = np.concatenate([x, -x])
+    codes_got = np.asarray(emulate.encode(x, f)).astype(np.int64)
+    zeros = np.zeros(x.size, np.int64)
+    assert np.array_equal(codes_got, _gfloat_codes(f, x, "nearest_even", True, zeros))
+
+
+def test_wide_formats_are_sliced_per_row_in_mode_exact() -> None:
+    # Cut statically, p3109_k12p6se's exponent range (2**-36 to 2**31) took 13 slices and
+    # 104 dots with a float32 operand; per row, as float32 is, it takes 3.
+    lhs, rhs, _ = slicing.choose(formats.get("p3109_k12p6se"), formats.get("float32"), "float32")
+    assert (lhs.levels, lhs.width, lhs.count) == (3, 10, 3)
+    assert lhs.dynamic and rhs.dynamic
+
+
+@pytest.mark.long
+def test_mode_exact_on_wide_codes_is_the_reference_bit_for_bit() -> None:
+    rng = np.random.default_rng(5)
+    codes = rng.integers(0, 0x300, (3, 8)).astype(np.uint16)  # values below 2**-122
+    codes[1] = rng.integers(0, 0x7F00, 8)
+    b = (rng.standard_normal((8, 2)) * 2.0**100).astype(np.float32)
+    got = emulate.matmul(codes, b, a_format="p3109_k16p8se", mode="exact")
+    values = reference.decode(codes, "p3109_k16p8se", to=np.float32)
+    want = reference.dot_general(values, b, (((1,), (0,)), ((), ())))
+    assert np.array_equal(np.asarray(got), want, equal_nan=True)

@@ -337,10 +337,14 @@ def _overflow(f: formats.Format, negative: bool) -> float:
     """+-Inf where the format has infinities, else NaN where it has a NaN, else +-max.
 
     Read off ml_dtypes' casts of Inf and NaN rather than the Format's code sets, which are
-    only enumerated for formats of at most 16 bits.
+    only enumerated for formats of at most 16 bits; a format without an ml_dtypes type
+    (P3109, yours: its ``dtype`` is that of its codes) from its record.
     """
-    with np.errstate(invalid="ignore", over="ignore"):
-        inf, nan = np.array([np.inf, np.nan]).astype(f.dtype).astype(np.float64)
+    if not f.has_dtype:
+        inf, nan = (math.inf if f.has_inf else 0.0), (math.nan if f.has_nan else 0.0)
+    else:
+        with np.errstate(invalid="ignore", over="ignore"):
+            inf, nan = np.array([np.inf, np.nan]).astype(f.dtype).astype(np.float64)
     if math.isinf(inf):
         return -math.inf if negative else math.inf
     if math.isnan(nan):

@@ -331,3 +331,17 @@ def test_mode_exact_on_wide_codes_is_the_reference_bit_for_bit() -> None:
     values = reference.decode(codes, "p3109_k16p8se", to=np.float32)
     want = reference.dot_general(values, b, (((1,), (0,)), ((), ())))
     assert np.array_equal(np.asarray(got), want, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "want"),
+    [("p3109_k12p6se", np.inf), ("p3109_k12p6sf", np.nan), ("p3109_k8p3se", np.inf)],
+)
+def test_the_oracle_rounds_overflow_by_the_records_rule(name: str, want: float) -> None:
+    # Read off a cast to the format's dtype this gave +-max for every format without an
+    # ml_dtypes type (a cast of Inf to its uint8 / uint16 codes is no overflow rule).
+    f = formats.get(name)
+    assert reference.round_exact(3, -1, name) == 1.5
+    assert reference.round_exact(1, 200, name) == pytest.approx(want, nan_ok=True)
+    top = int(f.max).bit_length()  # f.max < 2**top: one unit in the last place above
+    assert reference.round_exact(-1, top, name) == pytest.approx(-want, nan_ok=True)

@@ -128,7 +128,7 @@ def test_int8_scale_and_scale_only_come_from_the_values() -> None:
             dict(bits=17, precision=4),
             ValueError,
             "bits: a format is stored in 2 to 16 bits, got 17",
-        ),  # noqa: E501
+        ),
         (
             dict(bits=8, precision=0),
             ValueError,
@@ -149,7 +149,7 @@ def test_int8_scale_and_scale_only_come_from_the_values() -> None:
         (
             dict(bits=8, precision=2, bias=160),
             ValueError,
-            "bias: 160 puts values outside float32 (its smallest positive value 2**-160, below "
+            "bias: 160 puts values outside float32 (its quantum 2**-160, below "
             "float32's smallest denormal 2**-149); emulate decodes into float32 (JAX holds "
             "no float64 without x64, and no TPU has it)",
         ),
@@ -160,9 +160,16 @@ def test_int8_scale_and_scale_only_come_from_the_values() -> None:
             "float32's max (below 2**128))",
         ),
         (
-            dict(bits=8, precision=4, subnormals=False),
-            NotImplementedError,
-            "subnormals: formats without subnormals are not built",
+            dict(bits=8, precision=2, bias=127, subnormals=False),
+            ValueError,
+            "bias: 127 is too large for a format without subnormals with a trailing "
+            "significand (at most 126)",
+        ),
+        (
+            dict(bits=8, precision=1, subnormals=False),
+            ValueError,
+            "subnormals: a precision-1 format without subnormals has no zero (gfloat 0.5 "
+            "decodes its code 0 as 2**-bias, as float8_e8m0fnu's)",
         ),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from emulate import cli, formats
+from emulate.cli.formats import format_row
 
 HAND_KNOWN_MAX = {
     "int4": "7",
@@ -136,3 +137,11 @@ def test_formats_describes_a_wide_p3109_format_and_says_why_one_is_not_built(
         "2**128); emulate decodes into float32 (JAX holds no float64 without x64, and no "
         "TPU has it)"
     )
+
+
+def test_a_format_without_subnormals_has_its_smallest_value_as_min_normal() -> None:
+    # A 4-bit e2m1 without subnormals: 0, 0.75 (1.5 * 2**-1, the smallest), 1 ... 6.
+    f = formats.float_format("cli_e2m1_nosub", bits=4, precision=2, bias=1, subnormals=False)
+    row = format_row(f)
+    assert (row["min normal"], row["min subnormal"], row["max"]) == ("0.75", "-", "6")
+    assert row["int8 k"] == "2"  # multiples of 2**-2 up to 6

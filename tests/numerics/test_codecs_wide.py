@@ -20,9 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import emulate
-from emulate import formats, reference, reference_rounding
+from emulate import formats, reference
 from emulate.numerics.rounding import ROUNDINGS, STOCHASTIC
 from emulate.planning import slicing
+from emulate.reference import rounding as reference_rounding
 
 #: Built wide formats of each kind: 8-bit exponent fields (bias 128, values down to float32
 #: denormals: k9p2ue, k10p2se, k16p8se), bfloat16-exact ones (k12p6se), float32-only ones.

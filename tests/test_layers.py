@@ -63,6 +63,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "bit-level numerics",
         [
             "emulate.numerics",
+            "emulate.numerics.pytree",
             "emulate.numerics.storage",
             "emulate.numerics.bits",
             "emulate.numerics.rounding",

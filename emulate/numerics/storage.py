@@ -34,6 +34,7 @@ from jax import lax
 
 from emulate import formats
 from emulate.formats import Format, FormatLike
+from emulate.numerics.pytree import PytreeRecord
 
 __all__ = [
     "Packed",
@@ -177,9 +178,8 @@ def from_codes(codes: jax.Array, fmt: FormatLike) -> jax.Array:
     return lax.bitcast_convert_type(codes.astype(code_dtype(f)), f.dtype)
 
 
-@jax.tree_util.register_pytree_with_keys_class
 @dataclasses.dataclass(frozen=True, eq=False)
-class Packed:
+class Packed(PytreeRecord, data=("data",), static=("format_name", "axis", "length")):
     """A sub-byte array stored densely: uint8 ``data`` plus static format, axis and length.
 
     ``data`` has the logical shape with the packed axis of length ``length`` replaced by
@@ -235,23 +235,6 @@ class Packed:
                 f"length: {self.length} {f.name} elements need {want} bytes along axis "
                 f"{self.axis}, the data has {shape[self.axis]}"
             )
-
-    def tree_flatten_with_keys(self):
-        return ((jax.tree_util.GetAttrKey("data"), self.data),), (
-            self.format_name,
-            self.axis,
-            self.length,
-        )
-
-    def tree_flatten(self):
-        return (self.data,), (self.format_name, self.axis, self.length)
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        p = object.__new__(cls)
-        for name, v in zip(("data", "format_name", "axis", "length"), (children[0], *aux)):
-            object.__setattr__(p, name, v)
-        return p
 
     @property
     def format(self) -> Format:

@@ -74,6 +74,7 @@ from jax import lax
 
 from emulate import formats
 from emulate.codebooks import Codebook
+from emulate.numerics.pytree import PytreeRecord
 from emulate.numerics.storage import Packed, pack, unpack_codes
 from emulate.pallas import qgroups
 from emulate.pallas.route import refuse
@@ -177,9 +178,12 @@ class Affine:
         )
 
 
-@jax.tree_util.register_pytree_with_keys_class
 @dataclasses.dataclass(frozen=True, eq=False)
-class AffineParts:
+class AffineParts(
+    PytreeRecord,
+    data=("zeros", "offsets", "offset_supers", "scale_supers"),
+    static=("spec", "grid"),
+):
     """Zero points and offsets as the kernel reads them (:class:`Affine`'s arrays).
 
     Attributes:
@@ -201,23 +205,6 @@ class AffineParts:
     grid: tuple[int, int]
     offset_supers: Any = None
     scale_supers: Any = None
-
-    def tree_flatten_with_keys(self):
-        names = ("zeros", "offsets", "offset_supers", "scale_supers")
-        children = tuple((jax.tree_util.GetAttrKey(n), getattr(self, n)) for n in names)
-        return children, (self.spec, self.grid)
-
-    def tree_flatten(self):
-        keyed, aux = self.tree_flatten_with_keys()
-        return tuple(v for _, v in keyed), aux
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        obj = object.__new__(cls)
-        names = ("zeros", "offsets", "offset_supers", "scale_supers", "spec", "grid")
-        for name, v in zip(names, (*children, *aux)):
-            object.__setattr__(obj, name, v)
-        return obj
 
     @property
     def arrays(self) -> tuple[Any, ...]:

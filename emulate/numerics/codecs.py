@@ -12,8 +12,11 @@ Decoding a float format with ``E`` exponent bits, ``M`` mantissa bits and bias `
     value = 2 * (x - 2**-b)        if it is (subnormal codes and zero)
 
 (a format without subnormals keeps ``x`` for exponent field 0 too, and 0 for code 0), then
-the sign, NaN and Inf codes are applied. bf16 results are the top 16 bits of the f32
-result, which is exact because no format has more than 4 mantissa bits.
+the sign, NaN and Inf codes are applied. A format with subnormals whose bias exceeds 126
+(an 8-bit exponent field: p3109_k16p8se) has float32-denormal values; their bits are
+built as integers. bf16 results are the top 16 bits of the f32 result, exact for every
+format with at most 7 trailing significand bits and values down to 2**-133; decoding any
+other (the wide P3109 formats of precision 9 to 16) into bf16 is refused.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from emulate.numerics.rounding import (
     random_integers,
     round_to_integer,
 )
-from emulate.numerics.storage import Packed, from_codes, to_codes
+from emulate.numerics.storage import Packed, code_dtype, from_codes, to_codes
 
 __all__ = ["decode", "decode_float_bits", "decode_int_bits", "encode"]
 
@@ -123,7 +126,22 @@ def _target(to: DTypeLike, f: Format) -> np.dtype:
         raise ValueError(f"to: cannot decode {f.name} to {name}; accepted: {', '.join(accepted)}")
     if name == "int8" and f.max > 127:
         raise ValueError(f"to: int8 cannot hold every {f.name} value; use jnp.int32")
+    if name == "bfloat16" and f.is_low_precision and not _bf16_holds(f):
+        raise ValueError(
+            f"to: bfloat16 cannot hold every {f.name} value ({f.mantissa_bits + 1}-bit "
+            f"significands, values down to 2**{_log2(f.min_subnormal)}; bfloat16 has 8-bit "
+            "ones, down to 2**-133); use jnp.float32"
+        )
     return np.dtype(to)
+
+
+def _bf16_holds(f: Format) -> bool:
+    """Whether bfloat16 holds every value of float format ``f`` (its f32 bits' top half)."""
+    return f.is_integer or (f.mantissa_bits <= 7 and f.min_subnormal >= 2.0**-133)
+
+
+def _log2(v: float) -> int:
+    return int(np.frexp(v)[1]) - 1
 
 
 def decode_int_bits(codes: jax.Array, f: Format) -> jax.Array:
@@ -171,6 +189,8 @@ def decode_float_bits(codes: jax.Array, f: Format) -> jax.Array:
             bits = lax.bitcast_convert_type(val, jnp.uint32)
         else:  # exponent field 0 is normal, (1 + m/2**t) * 2**-bias; code 0 is zero
             bits = jnp.where(mag == 0, _u32(0), x_bits)
+    elif f.has_subnormals and m_bits > 0:
+        bits = _denormal_range_bits(mag, exp_field, f)
     else:
         # Exponent-only formats (float8_e8m0fnu, p3109_k8p1ue): 2**(e - bias), built as
         # bits, the float32 denormals (2**-127 is 0x00400000) included.
@@ -187,6 +207,22 @@ def decode_float_bits(codes: jax.Array, f: Format) -> jax.Array:
     if is_nan is not None:
         bits = jnp.where(is_nan, (bits & _u32(0x80000000)) | _u32(_QNAN32), bits)
     return bits
+
+
+def _denormal_range_bits(mag: jax.Array, exp_field: jax.Array, f: Format) -> jax.Array:
+    """The f32 bits of the magnitudes of a format with a trailing significand and a bias
+    above 126 (P3109's 8-bit exponent fields: p3109_k16p8se), some of whose values are
+    float32 denormals, built as integers (nothing to flush): a normal value's exponent and
+    significand fields, or a denormal's ``value * 2**149``. The record guarantees every
+    value lies in float32's range (at least 2**-149, below 2**128)."""
+    m_bits = f.mantissa_bits
+    e = exp_field.astype(jnp.int32)
+    m = mag & _u32((1 << m_bits) - 1)
+    significand = jnp.where(e == 0, m, m | _u32(1 << m_bits))
+    f32_exp = e + (127 - f.bias)
+    normal = (jnp.maximum(f32_exp, 0).astype(jnp.uint32) << 23) | (m << (23 - m_bits))
+    shift = jnp.clip(jnp.maximum(e, 1) + (149 - f.bias - m_bits), 0, 31).astype(jnp.uint32)
+    return jnp.where(f32_exp >= 1, normal, significand << shift)
 
 
 def _special(c, mag, exp_field, f: Format):
@@ -254,7 +290,8 @@ def encode(
         the range raise when ``rbits`` is a concrete array (not a tracer).
 
     Returns:
-      An array of ``fmt``'s dtype; for float6 formats, which XLA cannot hold, uint8 codes.
+      An array of ``fmt``'s dtype; for formats XLA cannot hold, their codes: uint8 (float6,
+      the P3109 formats of at most 8 bits, yours), uint16 (P3109 formats of 9 to 16 bits).
     """
     f = formats.get(fmt)
     if not isinstance(saturate, (bool, np.bool_)):
@@ -341,7 +378,7 @@ def _encode(
         codes = _encode_float(u, f, saturate, rnd)
     else:
         codes = _encode_e8m0(u, saturate, rnd)
-    return from_codes(codes.astype(jnp.uint8), f)
+    return from_codes(codes.astype(code_dtype(f)), f)
 
 
 class _Rounding(NamedTuple):

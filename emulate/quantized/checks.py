@@ -244,9 +244,11 @@ def _check_codes(q: Any, f: Format, arg: str) -> None:
         raise ValueError(f"{arg}: codes have shape {codes_shape}, the record says {q.shape}")
     if isinstance(q.codes, Packed):
         codes_fmt = q.codes.format_name
-    else:  # float6 and code-format codes are uint8 (XLA cannot hold those types)
+    else:  # float6 and code-format codes are uint8 (XLA cannot hold those types), the wide
+        # P3109 ones uint16
         codes_fmt = np.dtype(q.codes.dtype).name
-        codes_fmt = f.name if codes_fmt == "uint8" and not f.xla_storable else codes_fmt
+        own = formats.unsigned_dtype(f.bits).name
+        codes_fmt = f.name if codes_fmt == own and not f.xla_storable else codes_fmt
     if codes_fmt != f.name:
         raise ValueError(f"{arg}: codes are {codes_fmt}, the record says {f.name}")
 

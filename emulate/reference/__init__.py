@@ -75,8 +75,9 @@ def decode(
       x: an array of a registered format's dtype (any ml_dtypes type, including float6,
         float4 and int4, or a wide type), or, with ``fmt``, an unsigned integer array of raw
         codes: uint8 for formats of at most 8 bits (4-bit codes in the low nibble, 6-bit
-        codes in the low 6 bits, higher bits zero), uint16 for 16-bit and uint32 for 32-bit
-        formats. JAX arrays are accepted through ``np.asarray``.
+        codes in the low 6 bits, higher bits zero), uint16 for 16-bit formats and the
+        P3109 formats of 9 to 16 bits, uint32 for 32-bit formats. JAX arrays are accepted
+        through ``np.asarray``.
       fmt: the format (name, alias, dtype or :class:`emulate.formats.Format`). Optional when
         ``x`` already has the format's dtype; then it must agree with it.
       to: ``np.float32``, ``ml_dtypes.bfloat16`` or ``np.float64``.
@@ -106,7 +107,7 @@ def decode(
     f = formats.get(fmt)
     if arr.dtype == f.dtype and f.has_dtype:
         return _cast(arr, target)
-    code_dtype = _CODE_DTYPES[max(8, f.bits)]
+    code_dtype = _CODE_DTYPES[max(8, f.bits)] if f.has_dtype else f.dtype
     if arr.dtype != code_dtype:
         raise TypeError(
             f"x: got dtype {arr.dtype.name} with fmt={f.name}; accepted: {f.dtype.name} values "
@@ -664,7 +665,7 @@ def dequantize(
     to (signed) zero. ``fmt`` and ``scale_fmt`` name the formats of uint8 ``codes`` and
     ``scales`` (as :func:`quantize` returns them for a format without an ml_dtypes type);
     scales are read exactly, f32 subnormals and e8m0's ``2**-127`` included. With
-    ``exact``, the products unrounded, as float64 (exact: a code has at most 8
+    ``exact``, the products unrounded, as float64 (exact: a code has at most 16
     significant bits, a scale 24), none flushed, none past float32's range made Inf."""
     v = np.asarray(codes) if fmt is None else decode(codes, fmt, to=np.float64)
     v = np.ldexp(v.astype(np.float64), element_exponent)

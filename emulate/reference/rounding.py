@@ -66,7 +66,8 @@ def encode(
 
     Returns:
       An array of ``fmt``'s ml_dtypes (or numpy integer) type, ``x``'s shape; for a format
-      without one (:attr:`~emulate.formats.Format.has_dtype` False) its uint8 codes.
+      without one (:attr:`~emulate.formats.Format.has_dtype` False) its codes (uint8;
+      uint16 for 9 to 16 bits).
     """
     f = formats.get(fmt)
     if not f.is_low_precision:
@@ -197,7 +198,7 @@ def _float(v, negative, f: formats.Format, saturate, rounding, r, n) -> np.ndarr
     codes = encode_values(out, f)
     if not f.signed:  # every negative input, -Inf too, gives 0 in every mode (P3109)
         codes = np.where(negative & ~nan, 0, codes)
-    return codes.astype(np.uint8)
+    return codes.astype(f.dtype)
 
 
 def _integer(v, negative, f: formats.Format, saturate, rounding, r, n) -> np.ndarray:

@@ -266,6 +266,139 @@ def int8_scale(max_value: float, quantum: float) -> int | None:
     return k if max_value * 2.0**k <= 127 else None
 
 
+@dataclasses.dataclass(frozen=True)
+class _FloatLayout:
+    """A narrow float format's code layout, its arguments checked: what
+    :func:`float_format` builds the record from.
+
+    Attributes:
+      bits, signed, infinities, high_nans: as passed.
+      t: trailing significand bits (``precision - 1``); ``e_bits``: exponent bits.
+      bias: the exponent bias (IEEE's default resolved).
+      neg_zero: the sign-bit-only code is -0 (always, for unsigned formats).
+      mag_mask: every bit but the sign; ``max_code``: the largest finite magnitude.
+      subnormals: exponent field 0 holds subnormals (else normal values, code 0 zero).
+    """
+
+    bits: int
+    signed: bool
+    infinities: bool
+    high_nans: int
+    t: int
+    e_bits: int
+    bias: int
+    neg_zero: bool
+    mag_mask: int
+    max_code: int
+    subnormals: bool
+
+    def value(self, mag: int) -> float:
+        """The value of a magnitude code (the code without its sign bit)."""
+        e, m = mag >> self.t, mag & ((1 << self.t) - 1)
+        if e == 0 and (self.subnormals or mag == 0):
+            return math.ldexp(m, 1 - self.bias - self.t)
+        return math.ldexp((1 << self.t) + m, e - self.bias - self.t)
+
+    @property
+    def quantum(self) -> float:
+        """The power of two every value is a multiple of: the smallest positive value, or
+        without subnormals ``2**(-bias - t)``, below it."""
+        return self.value(1) if self.subnormals else math.ldexp(1.0, -self.bias - self.t)
+
+
+def _check_float_arguments(name: Any, ints: dict[str, Any], flags: dict[str, Any]) -> None:
+    """:func:`float_format`'s name, int arguments (``bits``, ``precision``, ``high_nans``)
+    and flags, checked for type and range in the order its docstring lists them."""
+    if not isinstance(name, str) or not name or not all(c.isalnum() or c == "_" for c in name):
+        raise ValueError(
+            f"name: expected a non-empty name of letters, digits and '_', got {name!r}"
+        )
+    for arg, v in ints.items():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{arg}: expected an int, got {type(v).__name__} {v!r}")
+    for arg, b in flags.items():
+        if not isinstance(b, (bool, np.bool_)):
+            raise TypeError(f"{arg}: expected True or False, got {type(b).__name__} {b!r}")
+    bits, precision = ints["bits"], ints["precision"]
+    if not 2 <= bits <= 16:
+        raise ValueError(f"bits: a format is stored in 2 to 16 bits, got {bits}")
+    if not 1 <= precision <= bits:
+        raise ValueError(f"precision: expected 1 to {bits} (the storage bits), got {precision}")
+    if not flags["subnormals"] and precision == 1:
+        raise ValueError(
+            "subnormals: a precision-1 format without subnormals has no zero (gfloat 0.5 "
+            "decodes its code 0 as 2**-bias, as float8_e8m0fnu's); emulate builds formats "
+            "without subnormals whose code 0 is zero: use precision 2 or more, or "
+            "subnormals=True (at precision 1 it holds zero and the same powers of two)"
+        )
+
+
+def _float_layout(
+    bits: int,
+    precision: int,
+    bias: int | None,
+    signed: bool,
+    infinities: bool,
+    high_nans: int,
+    negative_zero: bool,
+    subnormals: bool,
+) -> _FloatLayout:
+    """The layout of checked arguments; raises on a bias of the wrong type, NaN and Inf
+    codes that leave no finite nonzero code, values float32 cannot hold
+    (:func:`_float32_range_error`), and a bias above 126 for a format without subnormals
+    with a trailing significand."""
+    sign_bits = 1 if signed else 0
+    t = precision - 1
+    e_bits = bits - sign_bits - t
+    if bias is None:
+        bias = (1 << (e_bits - 1)) - 1 if e_bits > 0 else 0
+    if isinstance(bias, bool) or not isinstance(bias, (int, np.integer)):
+        raise TypeError(f"bias: expected an int, got {type(bias).__name__} {bias!r}")
+    mag_mask = (1 << (bits - sign_bits)) - 1
+    max_code = mag_mask - high_nans - (1 if infinities else 0)
+    if high_nans < 0 or max_code < 1:
+        raise ValueError(
+            f"high_nans: {high_nans} NaN codes{' and an Inf' if infinities else ''} leave no "
+            f"finite nonzero code among the {mag_mask + 1} magnitudes"
+        )
+    # Every value is a multiple of the quantum; without subnormals it lies below ``tiny``.
+    outside = _float32_range_error(t, bias, max_code, 1 - bias - t if subnormals else -bias - t)
+    if outside:
+        raise ValueError(f"bias: {bias} puts values outside float32 (its {outside}); {_F32_ONLY}")
+    if not subnormals and t > 0 and 127 - bias < 1:
+        raise ValueError(
+            f"bias: {bias} is too large for a format without subnormals with a trailing "
+            "significand (at most 126)"
+        )
+    return _FloatLayout(
+        bits=bits,
+        signed=signed,
+        infinities=infinities,
+        high_nans=high_nans,
+        t=t,
+        e_bits=e_bits,
+        bias=bias,
+        neg_zero=bool(negative_zero) or not signed,
+        mag_mask=mag_mask,
+        max_code=max_code,
+        subnormals=bool(subnormals),
+    )
+
+
+def _special_codes(lay: _FloatLayout) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(NaN codes, Inf codes), sorted: the top ``high_nans`` magnitudes of each sign, the
+    one below them if ``infinities``, and the sign-bit-only code where it is no -0."""
+    sign = 1 << (lay.bits - 1)
+    nan = [c for c in range(lay.mag_mask - lay.high_nans + 1, lay.mag_mask + 1)]
+    inf = [lay.max_code + 1] if lay.infinities else []
+    if lay.signed:
+        nan += [c | sign for c in nan]
+        inf += [c | sign for c in inf]
+        if not lay.neg_zero:
+            nan.append(sign)
+    return tuple(sorted(nan)), tuple(sorted(inf))
+
+
 def float_format(
     name: str,
     *,
@@ -317,76 +450,23 @@ def float_format(
         a trailing significand; ``subnormals=False`` at precision 1 (no zero: gfloat
         decodes code 0 as ``2**-bias``).
     """
-    if not isinstance(name, str) or not name or not all(c.isalnum() or c == "_" for c in name):
-        raise ValueError(
-            f"name: expected a non-empty name of letters, digits and '_', got {name!r}"
-        )
-    for arg, v in (("bits", bits), ("precision", precision), ("high_nans", high_nans)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{arg}: expected an int, got {type(v).__name__} {v!r}")
-    for arg, b in (
-        ("signed", signed),
-        ("infinities", infinities),
-        ("negative_zero", negative_zero),
-        ("subnormals", subnormals),
-    ):
-        if not isinstance(b, (bool, np.bool_)):
-            raise TypeError(f"{arg}: expected True or False, got {type(b).__name__} {b!r}")
-    if not 2 <= bits <= 16:
-        raise ValueError(f"bits: a format is stored in 2 to 16 bits, got {bits}")
-    sign_bits = 1 if signed else 0
-    if not 1 <= precision <= bits:
-        raise ValueError(f"precision: expected 1 to {bits} (the storage bits), got {precision}")
-    if not subnormals and precision == 1:
-        raise ValueError(
-            "subnormals: a precision-1 format without subnormals has no zero (gfloat 0.5 "
-            "decodes its code 0 as 2**-bias, as float8_e8m0fnu's); emulate builds formats "
-            "without subnormals whose code 0 is zero: use precision 2 or more, or "
-            "subnormals=True (at precision 1 it holds zero and the same powers of two)"
-        )
-    t = precision - 1
-    e_bits = bits - sign_bits - t
-    if bias is None:
-        bias = (1 << (e_bits - 1)) - 1 if e_bits > 0 else 0
-    if isinstance(bias, bool) or not isinstance(bias, (int, np.integer)):
-        raise TypeError(f"bias: expected an int, got {type(bias).__name__} {bias!r}")
-    neg_zero = bool(negative_zero) or not signed
-    mag_mask = (1 << (bits - sign_bits)) - 1
-    max_code = mag_mask - high_nans - (1 if infinities else 0)
-    if high_nans < 0 or max_code < 1:
-        raise ValueError(
-            f"high_nans: {high_nans} NaN codes{' and an Inf' if infinities else ''} leave no "
-            f"finite nonzero code among the {mag_mask + 1} magnitudes"
-        )
-
-    # Every value is a multiple of the quantum; without subnormals it lies below ``tiny``.
-    outside = _float32_range_error(t, bias, max_code, 1 - bias - t if subnormals else -bias - t)
-    if outside:
-        raise ValueError(f"bias: {bias} puts values outside float32 (its {outside}); {_F32_ONLY}")
-
-    def value(mag: int) -> float:
-        e, m = mag >> t, mag & ((1 << t) - 1)
-        if e == 0 and (subnormals or mag == 0):
-            return math.ldexp(m, 1 - bias - t)
-        return math.ldexp((1 << t) + m, e - bias - t)
-
-    top, tiny = value(max_code), value(1)
-    quantum = tiny if subnormals else math.ldexp(1.0, -bias - t)
-    if not subnormals and t > 0 and 127 - bias < 1:
-        raise ValueError(
-            f"bias: {bias} is too large for a format without subnormals with a trailing "
-            "significand (at most 126)"
-        )
-    sign = 1 << (bits - 1)
-    nan = [c for c in range(mag_mask - high_nans + 1, mag_mask + 1)]
-    inf = [max_code + 1] if infinities else []
-    if signed:
-        nan += [c | sign for c in nan]
-        inf += [c | sign for c in inf]
-        if not neg_zero:
-            nan.append(sign)
+    _check_float_arguments(
+        name,
+        {"bits": bits, "precision": precision, "high_nans": high_nans},
+        {
+            "signed": signed,
+            "infinities": infinities,
+            "negative_zero": negative_zero,
+            "subnormals": subnormals,
+        },
+    )
+    lay = _float_layout(
+        bits, precision, bias, signed, infinities, high_nans, negative_zero, subnormals
+    )
+    top, tiny = lay.value(lay.max_code), lay.value(1)
+    nan, inf = _special_codes(lay)
     exact = (
-        tuple(w for w, digits in (("bfloat16", 8), ("float32", 24)) if t + 1 <= digits)
+        tuple(w for w, digits in (("bfloat16", 8), ("float32", 24)) if lay.t + 1 <= digits)
         if tiny >= F32_MIN_NORMAL
         else ()
     )
@@ -395,20 +475,20 @@ def float_format(
         bits=int(bits),
         is_float=True,
         signed=bool(signed),
-        exponent_bits=e_bits,
-        mantissa_bits=t,
-        bias=int(bias),
+        exponent_bits=lay.e_bits,
+        mantissa_bits=lay.t,
+        bias=int(lay.bias),
         max=top,
         min=-top if signed else 0.0,
-        min_normal=math.ldexp(1.0, 1 - bias) if subnormals else tiny,
+        min_normal=math.ldexp(1.0, 1 - lay.bias) if subnormals else tiny,
         min_subnormal=tiny,
         has_subnormals=bool(subnormals),
         has_inf=bool(infinities),
-        nan_codes=tuple(sorted(nan)),
-        inf_codes=tuple(sorted(inf)),
-        signed_zero=bool(signed) and neg_zero,
+        nan_codes=nan,
+        inf_codes=inf,
+        signed_zero=bool(signed) and lay.neg_zero,
         exact_in=exact,
-        int8_scale=int8_scale(top, quantum),
+        int8_scale=int8_scale(top, lay.quantum),
         xla_storable=False,
     )
 

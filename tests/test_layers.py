@@ -432,10 +432,6 @@ LONG_FUNCTIONS = {
         "the tiled contraction's one loop body, not yet split into stages (issue 37 names "
         "the front doors first)"
     ),
-    "emulate.format_record.float_format": (
-        "the format constructor; its subnormals and p3109 paths are being rebuilt beside "
-        "this change (issue 37, item 3, last)"
-    ),
 }
 
 

@@ -148,6 +148,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "front ends",
         [
             "emulate.sharding",
+            "emulate.route_setting",
             "emulate.kernel_route",
             "emulate.scaled",
             "emulate.dot",
@@ -594,6 +595,7 @@ TESTED_ELSEWHERE = {
     "emulate.engine.passthrough": "calls left to JAX: test_dot, test_jax_cases",
     "emulate.engine.run": "plan_for, run_plan: test_dot, engine/test_tiled",
     "emulate.engine.sites": "site scopes: test_program, test_rewrite (emulate.inspect)",
+    "emulate.route_setting": "use_route and WeightRoute: test_kernel_route, test_ragged",
     "emulate.mx": "the MX / NVFP4 schemes: test_quant, test_scaled",
     "emulate.flax": "re-exports only: tests/flax/ reach every name through it",
     "emulate.importers.parts": "the one parts record: importers/test_ggml, test_conventions",

@@ -68,8 +68,8 @@ def schedule(group_sizes: jax.Array, m: int, bm: int) -> tuple[jax.Array, ...]:
     """The visits of the grouped kernel, computed in the program (``group_sizes`` traced).
 
     Args:
-      group_sizes: (G,) int, each >= 0, summing to at most ``m`` (traced sizes are not
-        checked: negative ones count as 0, rows past ``m`` are cut off).
+      group_sizes: (G,) int, each >= 0, any total (traced sizes are not checked:
+        negative ones count as 0; rows past ``m`` are cut off, as in JAX).
       m: rows; bm: the row tile.
 
     Returns:
@@ -298,7 +298,8 @@ def ragged_dot(
         ``w_format``, int4 / float4 arrays, :class:`emulate.Packed` packed along K (axis
         1), a stacked QArray (scales along K, zero points, offsets, two-level scales),
         or :func:`prepare_experts`' result.
-      group_sizes: (G,) int, >= 0, summing to at most M (traced values are not checked).
+      group_sizes: (G,) int, >= 0 (traced values are not checked); a total above M cuts
+        the groups at the last row, as in JAX (:mod:`emulate.group_sizes`).
       target: a TPU target; default the current one.
       block_shape: ``(bm, bn, bk)``; default :func:`emulate.pallas.matmul`'s for one
         expert (bm up to 256 rows).
@@ -316,7 +317,7 @@ def ragged_dot(
     Raises:
       NotImplementedError: expert parts the kernel does not read (module docstring).
       ValueError: a non-TPU target; shapes that do not fit; concrete group sizes that
-        are negative or sum to more than M; a block shape off the tiling.
+        are negative; a block shape off the tiling.
       TypeError: a weight or activation that is no array.
     """
     t = targets.current_target(target)
@@ -324,13 +325,12 @@ def ragged_dot(
         raise ValueError(f"target: a TPU kernel, and the target is {t.name}; pass a TPU target")
     groups = _expert_count(w)
     gs_shape = tuple(np.shape(group_sizes))
-    m_x = np.shape(x)[0] if np.ndim(x) == 2 else -1
     if np.ndim(x) != 2 or gs_shape != (groups,):
         raise ValueError(
             f"x, w, group_sizes: expected (M, K), (G, K, N) and (G,), got "
             f"{tuple(np.shape(x))}, {groups} experts and {gs_shape}"
         )
-    check_group_sizes(group_sizes, m_x, "x")
+    check_group_sizes(group_sizes)
     kw: dict[str, Any] = dict(target=t, out_dtype=out_dtype, x_format=x_format, w_format=w_format)
     try:
         first = w[0] if isinstance(w, QArray) else jax.tree.map(lambda leaf: leaf[0], w)

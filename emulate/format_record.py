@@ -9,7 +9,7 @@ precision, bias, signedness, infinities, NaN codes, negative zero, subnormals), 
 
 Such a format has no numpy dtype: its values travel as ``uint8`` codes (or
 :class:`emulate.Packed` below 8 bits), as float6 codes do, and its oracle is the numpy
-decoder of :mod:`emulate.reference_codes`, built from the record. Nothing here needs JAX.
+decoder of :mod:`emulate.reference.codes`, built from the record. Nothing here needs JAX.
 """
 
 from __future__ import annotations
@@ -91,10 +91,17 @@ class Format:
       max: largest finite value. min: smallest finite value (``-max`` for signed floats,
         0 for unsigned integers and unsigned floats with a zero, 2**-127 for
         float8_e8m0fnu, which has no zero).
-      min_normal: smallest positive normal value (1 for integers).
-      min_subnormal: smallest positive value, the format's quantum (1 for integers).
-      has_subnormals: False only for float8_e8m0fnu, whose exponent field 0 is
-        the normal value 2**-127.
+      min_normal: smallest positive normal value (1 for integers); for a format without
+        subnormals, its smallest positive value (gfloat's ``smallest_normal``).
+      min_subnormal: smallest positive value (1 for integers): the format's quantum
+        where it has subnormals; for a format without them, ``min_normal`` (see
+        :attr:`quantum`).
+      has_subnormals: whether exponent field 0 holds subnormals. False for
+        float8_e8m0fnu, whose exponent field 0 is the normal value 2**-127 (it has no
+        zero), and for the formats built with ``float_format(..., subnormals=False)``,
+        whose code 0 is zero and whose other exponent-field-0 codes are normal, as gfloat
+        0.5 decodes ``FormatInfo(has_subnormals=False)``: ``(1 + m/2**t) * 2**-bias``,
+        so ``2**-bias`` itself has no code. False for integers.
       has_inf: whether some code decodes to infinity.
       nan_codes, inf_codes: the codes (as unsigned ints of ``bits`` bits) that decode
         to NaN and to +-Inf. float32's 2**24 NaN codes are not listed (``has_nan`` is
@@ -170,9 +177,26 @@ class Format:
         return bool(self.nan_codes) or self.bits == 32 and self.is_float
 
     @property
+    def has_zero(self) -> bool:
+        """Whether some code decodes to zero: every format but float8_e8m0fnu."""
+        return self.is_integer or self.min <= 0
+
+    @property
     def emin(self) -> int:
-        """Exponent of the smallest normal value (``min_normal == 2**emin``)."""
+        """Exponent of the lowest binade of normal values: ``min_normal == 2**emin``,
+        except for a format without subnormals that has a zero, whose code 0 is zero
+        (``2**emin`` has no code; its smallest value is ``(1 + 2**-t) * 2**emin``)."""
         return (0 if self.has_subnormals else -1) + 1 - self.bias
+
+    @property
+    def quantum(self) -> float:
+        """The largest power of two of which every finite value is a multiple: 1 for
+        integers, ``min_subnormal`` for floats with subnormals (and float8_e8m0fnu),
+        ``2**(emin - mantissa_bits)`` for a format without subnormals (smaller than its
+        smallest value, ``(2**mantissa_bits + 1) * quantum``)."""
+        if self.is_integer or self.has_subnormals or not self.has_zero:
+            return self.min_subnormal
+        return math.ldexp(1.0, self.emin - self.mantissa_bits)
 
     @property
     def high_nans(self) -> int:
@@ -252,7 +276,13 @@ def float_format(
     Codes are ``[sign] exponent trailing-significand``, most significant first. Counting
     magnitudes (the code without its sign bit) from the top: the ``high_nans`` largest are
     NaN, the next one is +-Inf if ``infinities``; every smaller one is finite. Exponent field
-    0 holds zero and the subnormals ``m * 2**(1 - bias - (precision - 1))``.
+    0 holds zero and the subnormals ``m * 2**(1 - bias - (precision - 1))``; with
+    ``subnormals=False``, code 0 (and the sign-bit-only code) is zero and every other code
+    of exponent field 0 is normal, ``(1 + m / 2**t) * 2**-bias`` (``t = precision - 1``),
+    as gfloat 0.5 decodes ``FormatInfo(has_subnormals=False)``: ``2**-bias`` has no code
+    and the smallest positive value is ``(1 + 2**-t) * 2**-bias``. Rounding below that
+    smallest value goes between 0 and it (docs/numerics.md, "Formats without
+    subnormals").
 
     Args:
       name: the registry name: lower case letters, digits and ``_``; no alias or name of
@@ -268,16 +298,16 @@ def float_format(
         ``num_high_nans``).
       negative_zero: whether the sign-bit-only code is -0 (True) or a NaN (False: fnuz,
         P3109). Ignored for unsigned formats.
-      subnormals: must be True: formats without subnormals are not built (their
-        encoder is not written), except float8_e8m0fnu.
+      subnormals: whether exponent field 0 holds subnormals (default) or normal values
+        (above; precision 2 or more).
 
     Raises:
       TypeError: an argument of the wrong type.
       ValueError: an impossible record, saying which argument and why: no exponent or
         significand field fits, no finite nonzero code is left, or values that float32
         cannot hold (above its max, or below 2**-149); the ``1 <= 127 - bias`` limit of
-        the decoder for formats with a trailing significand.
-      NotImplementedError: ``subnormals=False``.
+        the decoder for formats with a trailing significand; ``subnormals=False`` at
+        precision 1 (no zero: gfloat decodes code 0 as ``2**-bias``).
     """
     if not isinstance(name, str) or not name or not all(c.isalnum() or c == "_" for c in name):
         raise ValueError(
@@ -299,10 +329,12 @@ def float_format(
     sign_bits = 1 if signed else 0
     if not 1 <= precision <= bits:
         raise ValueError(f"precision: expected 1 to {bits} (the storage bits), got {precision}")
-    if not subnormals:
-        raise NotImplementedError(
-            "subnormals: formats without subnormals are not built (only float8_e8m0fnu is); "
-            "use subnormals=True"
+    if not subnormals and precision == 1:
+        raise ValueError(
+            "subnormals: a precision-1 format without subnormals has no zero (gfloat 0.5 "
+            "decodes its code 0 as 2**-bias, as float8_e8m0fnu's); emulate builds formats "
+            "without subnormals whose code 0 is zero: use precision 2 or more, or "
+            "subnormals=True (at precision 1 it holds zero and the same powers of two)"
         )
     t = precision - 1
     e_bits = bits - sign_bits - t
@@ -321,12 +353,14 @@ def float_format(
 
     def value(mag: int) -> float:
         e, m = mag >> t, mag & ((1 << t) - 1)
-        if e == 0:
+        if e == 0 and (subnormals or mag == 0):
             return math.ldexp(m, 1 - bias - t)
         return math.ldexp((1 << t) + m, e - bias - t)
 
     top, tiny = value(max_code), value(1)
-    if top > float(np.finfo(np.float32).max) or tiny < 2.0**-149:
+    # Every value is a multiple of the quantum; without subnormals it lies below ``tiny``.
+    quantum = tiny if subnormals else math.ldexp(1.0, -bias - t)
+    if top > float(np.finfo(np.float32).max) or quantum < 2.0**-149:
         raise ValueError(
             f"bias: {bias} puts values outside float32 (largest {top:g}, smallest {tiny:g}); "
             "emulate decodes into float32"
@@ -358,15 +392,15 @@ def float_format(
         bias=int(bias),
         max=top,
         min=-top if signed else 0.0,
-        min_normal=math.ldexp(1.0, 1 - bias),
+        min_normal=math.ldexp(1.0, 1 - bias) if subnormals else tiny,
         min_subnormal=tiny,
-        has_subnormals=True,
+        has_subnormals=bool(subnormals),
         has_inf=bool(infinities),
         nan_codes=tuple(sorted(nan)),
         inf_codes=tuple(sorted(inf)),
         signed_zero=bool(signed) and neg_zero,
         exact_in=exact,
-        int8_scale=int8_scale(top, tiny),
+        int8_scale=int8_scale(top, quantum),
         xla_storable=False,
     )
 

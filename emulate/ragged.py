@@ -43,7 +43,7 @@ from emulate.engine.ragged_args import (
 )
 from emulate.formats import FormatLike
 from emulate.group_sizes import check_group_sizes
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 
 __all__ = ["ragged_dot", "ragged_dot_general", "ragged_dot_route"]
 
@@ -354,7 +354,7 @@ def _shape_refusal(call: RaggedArgs, side: str) -> str | None:
             f"experts of shape {tuple(call.dot.rhs.shape)} grouped along axis "
             f"{call.rhs_group} contracting along axis {tuple(rc)}: the grouped kernel reads "
             "(G, K, N) experts as stored (store them so once, e.g. "
-            "emulate.qarray.transpose(w, (0, 2, 1)) for (E, out, in) checkpoint tensors)"
+            "emulate.quantized.array.transpose(w, (0, 2, 1)) for (E, out, in) checkpoint tensors)"
         )
     return None
 

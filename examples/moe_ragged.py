@@ -13,8 +13,8 @@ Two layers, each loaded from a checkpoint written here the way its project write
 - Mixtral-style: ``ffn_gate_exps`` / ``ffn_up_exps`` / ``ffn_down_exps`` as 3-D Q4_K
   tensors of a GGUF file, read by ``emulate.importers.load_gguf``: stacked QArrays
   ``(E, N, K)`` (GGUF's ``(out, in)`` per expert), turned once into ``(E, K, N)``
-  (``emulate.qarray.transpose``: codes and scales moved, nothing decoded), the layout the
-  grouped kernel reads as stored. Kept ``(E, N, K)`` they still work (layout "enk",
+  (``emulate.quantized.array.transpose``: codes and scales moved, nothing decoded), the
+  layout the grouped kernel reads as stored. Kept ``(E, N, K)`` they still work (layout "enk",
   contracted on their last axis), on the XLA route.
 
 Each layer's experts are then prepared once for the target (``emulate.prepare_weights``:
@@ -141,7 +141,7 @@ def load_mixtral(path: str, router: jax.Array, layout: str = "ekn") -> dict[str,
     params: dict[str, Any] = {"router": router}
     for name in ("gate", "up", "down"):
         q = tensors[f"blk.0.ffn_{name}_exps.weight"]
-        params[name] = emulate.qarray.transpose(q, (0, 2, 1)) if layout == "ekn" else q
+        params[name] = emulate.quantized.array.transpose(q, (0, 2, 1)) if layout == "ekn" else q
     return params
 
 

@@ -641,11 +641,13 @@ def test_experts_the_kernel_refuses_keep_the_xla_route_and_say_why():
     )
     # GGUF's (E, out, in) experts, contracted on their last axis: not as the kernel reads
     enk = lax.RaggedDotDimensionNumbers((((1,), (2,)), ((), ())), (0,), (0,))
-    t = emulate.ragged_dot_route(RX, emulate.qarray.transpose(RQ, (0, 2, 1)), GS, enk, target=TPU)
+    t = emulate.ragged_dot_route(
+        RX, emulate.quantized.array.transpose(RQ, (0, 2, 1)), GS, enk, target=TPU
+    )
     assert t.route == "xla" and t.reason == (
         "experts of shape (3, 128, 256) grouped along axis 0 contracting along axis (2,): the "
         "grouped kernel reads (G, K, N) experts as stored (store them so once, e.g. "
-        "emulate.qarray.transpose(w, (0, 2, 1)) for (E, out, in) checkpoint tensors)"
+        "emulate.quantized.array.transpose(w, (0, 2, 1)) for (E, out, in) checkpoint tensors)"
     )
     assert emulate.ragged_dot_route(RX, RW, GS, target=TPU) is None  # f32 experts: no weight
 

@@ -21,7 +21,7 @@ from emulate import formats, targets
 from emulate.formats import Format, FormatLike
 from emulate.numerics import codecs
 from emulate.numerics.storage import Packed, from_codes, is_array, to_codes, unpack_codes
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 from emulate.targets import TargetLike
 
 __all__ = [

@@ -11,7 +11,8 @@ Decoding a float format with ``E`` exponent bits, ``M`` mantissa bits and bias `
     value = x                      if the exponent field is not 0
     value = 2 * (x - 2**-b)        if it is (subnormal codes and zero)
 
-then the sign, NaN and Inf codes are applied. bf16 results are the top 16 bits of the f32
+(a format without subnormals keeps ``x`` for exponent field 0 too, and 0 for code 0), then
+the sign, NaN and Inf codes are applied. bf16 results are the top 16 bits of the f32
 result, which is exact because no format has more than 4 mantissa bits.
 """
 
@@ -31,6 +32,7 @@ from emulate.formats import Format, FormatLike
 from emulate.numerics.rounding import (
     check_rounding,
     increments,
+    increments_below,
     overflow_to_max,
     random_integers,
     round_to_integer,
@@ -160,19 +162,22 @@ def decode_float_bits(codes: jax.Array, f: Format) -> jax.Array:
     mag_mask = (1 << (f.bits - 1)) - 1 if f.signed else f.code_mask
     mag = c & _u32(mag_mask)
     exp_field = mag >> m_bits
-    if f.has_subnormals and f.bias <= 126:
+    if f.has_zero and f.bias <= 126:
         x_bits = (mag << (23 - m_bits)) + _u32((127 - f.bias) << 23)
-        x = lax.bitcast_convert_type(x_bits, jnp.float32)
-        sub = 2.0 * (x - jnp.float32(2.0**-f.bias))
-        val = jnp.where(exp_field == 0, sub, x)
-        bits = lax.bitcast_convert_type(val, jnp.uint32)
+        if f.has_subnormals:
+            x = lax.bitcast_convert_type(x_bits, jnp.float32)
+            sub = 2.0 * (x - jnp.float32(2.0**-f.bias))
+            val = jnp.where(exp_field == 0, sub, x)
+            bits = lax.bitcast_convert_type(val, jnp.uint32)
+        else:  # exponent field 0 is normal, (1 + m/2**t) * 2**-bias; code 0 is zero
+            bits = jnp.where(mag == 0, _u32(0), x_bits)
     else:
         # Exponent-only formats (float8_e8m0fnu, p3109_k8p1ue): 2**(e - bias), built as
         # bits, the float32 denormals (2**-127 is 0x00400000) included.
         ev = mag.astype(jnp.int32) + (127 - f.bias)
         low = jnp.maximum(ev + 22, 0).astype(jnp.uint32)
         bits = jnp.where(ev >= 1, jnp.maximum(ev, 0).astype(jnp.uint32) << 23, _u32(1) << low)
-        if f.has_subnormals:  # exponent field 0 is zero
+        if f.has_zero:  # code 0 is zero
             bits = jnp.where(mag == 0, _u32(0), bits)
     if f.signed:
         bits = bits | ((c >> (f.bits - 1)) << 31)
@@ -225,6 +230,9 @@ def encode(
         * ``fnuz`` formats have no -0: negative values that round to zero give +0;
         * float8_e8m0fnu (a positive power-of-two scale): ties round up, values below
           2**-127 give 2**-127, zero, negatives, Inf and NaN give its NaN code.
+        * a format without subnormals (``float_format(..., subnormals=False)``): a value
+          below its smallest positive one ``s`` rounds to 0 or ``s`` by the exact fraction
+          ``|x| / s``, in every mode (docs/numerics.md, "Formats without subnormals").
         * integer formats: round half to even; NaN -> 0; out of range values wrap
           modulo 2**bits (two's complement), or clamp with ``saturate=True``.
       rounding: one of :data:`emulate.numerics.rounding.ROUNDINGS`: "nearest_even"
@@ -329,7 +337,7 @@ def _encode(
     if xa.dtype != jnp.float32:
         xa = xa.astype(jnp.float32)
     u = lax.bitcast_convert_type(xa, jnp.uint32)
-    if f.has_subnormals:
+    if f.has_zero:
         codes = _encode_float(u, f, saturate, rnd)
     else:
         codes = _encode_e8m0(u, saturate, rnd)
@@ -387,6 +395,12 @@ def _encode_float(u: jax.Array, f: Format, saturate: bool, rnd: _Rounding) -> ja
     q, up = increments(full, shift, sign == 1, *rnd, code_base=exp_part)
     q = q + up.astype(jnp.uint32)
     code_mag = exp_part + q
+    if not f.has_subnormals:  # below the smallest value (code 1): between 0 and it
+        smallest = int(np.float32(f.min_subnormal).view(np.uint32))
+        width = (1 << m_bits) + 1  # the smallest value in units of 2**(emin - m_bits)
+        shift_below = (23 - m_bits) + (f.emin - e)
+        up_below = increments_below(full, shift_below, width, sign == 1, *rnd)
+        code_mag = jnp.where(mag < _u32(smallest), up_below.astype(jnp.uint32), code_mag)
     max_mag = _u32(f.max_code)
     to_max = overflow_to_max(sign == 1, rnd.mode) & (code_mag > max_mag) & ~is_inf & ~is_nan
     code_mag = jnp.where(to_max, max_mag, code_mag)

@@ -45,7 +45,7 @@ from emulate.pallas.matmul_config import Stored
 from emulate.pallas.qcodebook import KernelCodebook
 from emulate.pallas.qweight import KernelQWeight, Scaling
 from emulate.pallas.weights import KernelWeight, planar_weight
-from emulate.qarray import QArray
+from emulate.quantized.array import QArray
 
 __all__ = ["MatmulArgs", "matmul_args"]
 

@@ -77,8 +77,8 @@ from emulate.codebooks import Codebook
 from emulate.numerics.storage import Packed, pack, unpack_codes
 from emulate.pallas import qgroups
 from emulate.pallas.route import refuse
-from emulate.qarray import QArray
-from emulate.qparts import is_int
+from emulate.quantized.array import QArray
+from emulate.quantized.checks import is_int
 
 __all__ = [
     "PARTS",
@@ -92,7 +92,7 @@ __all__ = [
     "spec",
 ]
 
-#: The QArray parts built here (as :func:`emulate.qarray.parts_text` names them).
+#: The QArray parts built here (as :func:`emulate.quantized.array.parts_text` names them).
 PARTS = ("zero_points", "offsets", "two_level")
 _MIN_GROUP = 32
 #: Zero point types the kernel reads: 2- to 6-bit ones packed along the group axis, 8-bit

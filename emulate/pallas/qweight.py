@@ -83,8 +83,9 @@ from emulate.numerics.storage import Packed, group_shape
 from emulate.pallas import qoffsets
 from emulate.pallas.route import refuse
 from emulate.pallas.weights import KernelWeight, kernel_codes, planar_weight
-from emulate.qarray import QArray, dequantize, parts_text
-from emulate.qparts import as_format_array
+from emulate.quantized.array import QArray, parts_text
+from emulate.quantized.checks import as_format_array
+from emulate.quantized.values import dequantize
 
 __all__ = [
     "KernelQWeight",

@@ -145,14 +145,14 @@ def slicing(fmt: FormatLike, width: int, digits: bool = False) -> Slicing:
     where ``width`` makes ``V`` plus the digits' offset reach 2**32)."""
     f = formats.get(fmt)
     wide = f.name in formats.WIDE_FLOATS
-    if not (wide or f.is_low_precision) or (f.is_float and not f.has_subnormals):
+    if not (wide or f.is_low_precision) or not f.has_zero:
         raise ValueError(
             "fmt: exponent slicing is for the low-precision formats and "
             f"{', '.join(formats.WIDE_FLOATS)}, got {f.name}"
         )
     if f.is_integer:
         return Slicing(f.name, f.bits, 0, 0, width)
-    q_min = round(math.log2(f.min_subnormal))
+    q_min = round(math.log2(f.quantum))  # below the smallest value without subnormals
     q_max = math.floor(math.log2(f.max)) - f.mantissa_bits
     p = f.mantissa_bits + 1
     levels = -(-(p + WIDE_EXTRA_BITS) // width) if wide else None

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from emulate import formats as _formats
 from emulate.formats import Format, FormatLike
 from emulate.numerics.storage import Packed, pack
-from emulate.reference_codes import decode_codes, encode_values
+from emulate.reference.codes import decode_codes, encode_values
 
 __all__ = [
     "DEFAULT_LAYOUTS",

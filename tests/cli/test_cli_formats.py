@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from emulate import cli, formats
+from emulate.cli.formats import format_row
 
 HAND_KNOWN_MAX = {
     "int4": "7",
@@ -111,3 +112,11 @@ def test_formats_builds_any_p3109_name_and_refuses_others(
 def test_formats_selected_by_alias(capsys: pytest.CaptureFixture) -> None:
     assert cli.main(["formats", "e4m3", "fp4"]) == 0
     assert list(_rows(capsys.readouterr().out)) == ["float8_e4m3fn", "float4_e2m1fn"]
+
+
+def test_a_format_without_subnormals_has_its_smallest_value_as_min_normal() -> None:
+    # A 4-bit e2m1 without subnormals: 0, 0.75 (1.5 * 2**-1, the smallest), 1 ... 6.
+    f = formats.float_format("cli_e2m1_nosub", bits=4, precision=2, bias=1, subnormals=False)
+    row = format_row(f)
+    assert (row["min normal"], row["min subnormal"], row["max"]) == ("0.75", "-", "6")
+    assert row["int8 k"] == "2"  # multiples of 2**-2 up to 6

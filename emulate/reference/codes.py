@@ -23,10 +23,11 @@ __all__ = ["code_values", "decode_codes", "encode_values"]
 
 
 def _magnitude(f: formats.Format, mag: int) -> float:
-    """The value the layout gives magnitude code ``mag`` (NaN and Inf codes not applied)."""
+    """The value the layout gives magnitude code ``mag`` (NaN and Inf codes not applied):
+    exponent field 0 holds subnormals, or, without them, zero (code 0) and normals."""
     t = f.mantissa_bits
     e, m = mag >> t, mag & ((1 << t) - 1)
-    if e == 0:
+    if e == 0 and (f.has_subnormals or mag == 0):
         return math.ldexp(m, 1 - f.bias - t)
     return math.ldexp((1 << t) + m, e - f.bias - t)
 

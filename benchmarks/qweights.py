@@ -25,7 +25,7 @@ from emulate.codebooks import NF4
 from emulate.importers import ggml, gguf
 from emulate.importers.as_qarray import to_qarray
 from emulate.importers.conventions.integer import parse_compressed_int
-from emulate.importers.parts import StoredParts
+from emulate.importers.stored import StoredParts
 
 #: ``x @ W`` for a (K, N) weight; ``x @ W.T`` for GGUF's (N, K) rows.
 KN = (((1,), (0,)), ((), ()))

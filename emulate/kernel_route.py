@@ -65,7 +65,7 @@ from emulate.engine.args import DotArgs, dot_args
 from emulate.engine.operands import Operand
 from emulate.numerics.storage import Packed
 from emulate.planning.exactness import exact_class
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 
 __all__ = [
     "ROUTES",

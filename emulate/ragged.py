@@ -41,7 +41,7 @@ from emulate.engine.ragged_args import (
 )
 from emulate.formats import FormatLike
 from emulate.group_sizes import check_group_sizes
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 
 __all__ = ["ragged_dot", "ragged_dot_general"]
 

@@ -32,7 +32,7 @@ from emulate.engine.args import DotArgs, dot_args
 from emulate.engine.operands import OperandLike, Precision, describe
 from emulate.formats import FormatLike
 from emulate.group_sizes import check_group_sizes
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 
 __all__ = ["BASIC", "MODES", "RaggedArgs", "ragged_args", "ragged_shape"]
 

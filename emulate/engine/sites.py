@@ -17,8 +17,8 @@ from collections.abc import Iterator, Sequence
 
 import jax
 
-from emulate import mx
-from emulate.qarray import QArray, parts_text
+from emulate.quantized import mx
+from emulate.quantized.array import QArray, parts_text
 
 __all__ = ["PREFIX", "SiteTag", "operand_text", "parse", "scope"]
 

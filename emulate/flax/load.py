@@ -49,7 +49,7 @@ from flax import nnx
 
 from emulate.flax.quantize import QuantizedLinen, QuantizedWeight, emulate_layer
 from emulate.kernel_route import prepare_weights
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 
 __all__ = ["GGUF_NAMES", "NameRule", "default_rule", "load_weights"]
 

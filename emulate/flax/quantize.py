@@ -59,7 +59,9 @@ from emulate.flax.layers import (
 )
 from emulate.kernel_route import is_prepared, prepare_weights, unprepared
 from emulate.numerics.storage import Packed
-from emulate.quant import QArray, Scheme, dequantize
+from emulate.quantized.array import QArray
+from emulate.quantized.quantizing import Scheme
+from emulate.quantized.values import dequantize
 
 __all__ = [
     "Rule",

@@ -54,7 +54,7 @@ from emulate.pallas.matmul_args import MatmulArgs, matmul_args
 from emulate.pallas.matmul_config import Config, config
 from emulate.pallas.qweight import KernelQWeight, prepare_weight
 from emulate.pallas.weights import KernelWeight
-from emulate.qarray import QArray
+from emulate.quantized.array import QArray
 
 __all__ = ["prepare_experts", "ragged_dot", "schedule", "weight_fetches"]
 

@@ -24,7 +24,7 @@ from emulate.formats import Format, FormatLike
 from emulate.numerics.storage import Packed
 from emulate.planning.exactness import exact_class
 from emulate.planning.plan import MODES
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 from emulate.testing.operands import oracle_values
 
 __all__ = [

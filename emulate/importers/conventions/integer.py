@@ -3,7 +3,7 @@ v2, with and without act-order) and compressed-tensors ``pack-quantized``.
 
 Each parser reads one linear layer's tensors (names ``{prefix}.{tensor}``) and its
 settings, checks every shape, dtype and setting, and returns the layer as
-:class:`~emulate.importers.parts.StoredParts` of logical shape ``(K, N)``.
+:class:`~emulate.importers.stored.StoredParts` of logical shape ``(K, N)``.
 
 - **AutoAWQ GEMM** (``awq/modules/linear/gemm.py``, ``awq/utils/packing_utils.py``):
   ``qweight`` int32 ``(K, N/8)``, eight 4-bit codes per word along N, nibble ``i``
@@ -34,8 +34,8 @@ import ml_dtypes
 import numpy as np
 
 from emulate.importers.conventions.config import setting
-from emulate.importers.conventions.parts import bad, group_permutation, tensor, unpack_stream
-from emulate.importers.parts import StoredParts
+from emulate.importers.conventions.readers import bad, group_permutation, tensor, unpack_stream
+from emulate.importers.stored import StoredParts
 
 __all__ = ["parse_awq", "parse_gptq", "parse_compressed_int"]
 

@@ -24,8 +24,8 @@ The public surface:
 - Pallas TPU kernels: :mod:`emulate.pallas` (``matmul``, an in-kernel ``dot``, ``check``),
   imported on first use of ``emulate.pallas`` because it imports ``jax.experimental.pallas``;
   the route of a weight contraction on a TPU target (:func:`weight_route`,
-  :class:`WeightRoute`, :func:`use_route`, :func:`current_route`, :func:`prepare_weights`:
-  :mod:`emulate.kernel_route`);
+  :func:`ragged_dot_route`, :class:`WeightRoute`, :func:`use_route`, :func:`current_route`,
+  :func:`prepare_weights`: :mod:`emulate.kernel_route`);
 - flax models: :mod:`emulate.flax` (``quantize_model``, ``load_weights``), imported on
   first use of ``emulate.flax`` because flax is an optional dependency;
 - checkpoints: :mod:`emulate.importers` (``load_gguf``, ``load_safetensors``, one
@@ -53,7 +53,7 @@ from emulate.quantized import mx
 from emulate.quantized.array import QArray
 from emulate.quantized.quantizing import quantize
 from emulate.quantized.values import dequantize
-from emulate.ragged import ragged_dot, ragged_dot_general
+from emulate.ragged import ragged_dot, ragged_dot_general, ragged_dot_route
 from emulate.report import inspect
 from emulate.rewrite import polyfill, scaled_dot_general
 from emulate.scaled import scaled_matmul
@@ -108,6 +108,7 @@ __all__ = [
     "quantize",
     "ragged_dot",
     "ragged_dot_general",
+    "ragged_dot_route",
     "reference",
     "runs_as_is",
     "scaled_dot_general",

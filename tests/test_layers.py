@@ -157,6 +157,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "front ends",
         [
             "emulate.sharding",
+            "emulate.route_setting",
             "emulate.kernel_route",
             "emulate.scaled",
             "emulate.dot",
@@ -607,6 +608,7 @@ TESTED_ELSEWHERE = {
     "emulate.engine.passthrough": "calls left to JAX: test_dot, test_jax_cases",
     "emulate.engine.run": "plan_for, run_plan: test_dot, engine/test_tiled",
     "emulate.engine.sites": "site scopes: test_program, test_rewrite (emulate.inspect)",
+    "emulate.route_setting": "use_route and WeightRoute: test_kernel_route, test_ragged",
     "emulate.quantized": "package docstring only",
     "emulate.quantized.mx": "the MX / NVFP4 schemes: quantized/test_quantizing, test_scaled",
     "emulate.quantized.values": (

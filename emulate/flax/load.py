@@ -247,7 +247,7 @@ def _load_nnx(model, weights, rule, layout, mode):
             )
         kept = _as_dtype(value, var.get_value().dtype)
         if layer:  # on a TPU target, in the kernel's layout once (a table is read by row)
-            kept = prepare_weights(kept)
+            kept = prepare_weights(kept, experts=False)
         setattr(module, attr, QuantizedWeight(kept))
         emulate_layer(module, mode=mode)
     return model

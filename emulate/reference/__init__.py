@@ -129,7 +129,9 @@ def round_exact(numerator: int, exponent: int, fmt: FormatLike) -> float:
     ``fmt.max`` the format's overflow rule applies, as ml_dtypes' casts do: Inf where the
     format has Inf (float32, bfloat16, float16, float8_e5m2, float8_e3m4), NaN where it has
     NaN but no Inf (float8_e4m3fn and the fnuz formats: e4m3fn 464 -> 448, 465 -> NaN) and
-    ``+-max`` where it has neither (float6, float4).
+    ``+-max`` where it has neither (float6, float4). A tie goes to the even code: for a
+    format of precision 1 (P3109 p1, every value a power of two) the even exponent field,
+    as gfloat's TiesToEven (``1.5`` into p3109_k8p1se gives ``1.0``, code 64, not 2.0).
 
     Args:
       numerator: any Python or numpy integer.
@@ -173,7 +175,7 @@ def _round(numerator: int, exponent: int, f: formats.Format) -> float:
         rounded = magnitude >> shift
         remainder = magnitude - (rounded << shift)
         half = 1 << (shift - 1)
-        if remainder > half or (remainder == half and rounded & 1):
+        if remainder > half or (remainder == half and _odd_code(rounded, quantum, f)):
             rounded += 1
     negative = numerator < 0
     if rounded.bit_length() - 1 + quantum > _emax(f) or math.ldexp(rounded, quantum) > f.max:
@@ -182,6 +184,19 @@ def _round(numerator: int, exponent: int, f: formats.Format) -> float:
     if value == 0:
         return -0.0 if negative and f.signed_zero else 0.0
     return -value if negative else value
+
+
+def _odd_code(rounded: int, quantum: int, f: formats.Format) -> bool:
+    """Whether ``rounded * 2**quantum`` (``rounded >= 0``, ``quantum >= f.emin - t``, ``t``
+    the trailing significand bits) has an odd code, the code of ties to even.
+
+    With trailing bits the code's last bit is ``rounded``'s. Without them (precision 1:
+    P3109 p1, user formats) ``rounded`` is 0 (code 0) or 1, and ``2**quantum`` has code
+    ``quantum - emin + 1``: the even code is the even exponent field, not the even quantum.
+    """
+    if f.mantissa_bits:
+        return bool(rounded & 1)
+    return rounded != 0 and (quantum - f.emin + 1) % 2 == 1
 
 
 def exact_dot_general(

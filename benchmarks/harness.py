@@ -81,6 +81,12 @@ def ratio(value: float | None, places: int = 2) -> str:
     return MISSING if value is None else f"{value:.{places}f}"
 
 
+def quotient(a: float | None, b: float | None) -> float | None:
+    """``a / b``, or None where either figure is missing or ``b`` is 0 (a compiler that
+    gave no estimate, a contender that did not run)."""
+    return None if a is None or not b else a / b
+
+
 def shape_text(shape: Sequence[int]) -> str:
     """A shape as the flags write it: ``shape_text((64, 4096, 1024)) == "64x4096x1024"``."""
     return "x".join(str(d) for d in shape)
@@ -206,6 +212,45 @@ def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set
         ).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def index(
+    rows: Iterable[dict[str, Any]], fields: Sequence[str], contender: str | None = None
+) -> dict[tuple, dict[str, Any]]:
+    """The rows with status "ok" (and, where given, of ``contender``) by the tuple of
+    their ``fields``: what a ratio looks its denominator up in."""
+    return {
+        tuple(r[f] for f in fields): r
+        for r in rows
+        if r["status"] == "ok" and (contender is None or r["contender"] == contender)
+    }
+
+
+def goal_table(title: str, goals: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown lines: ``title`` and a table of per-generation goals (``cases.goal`` dicts
+    with a "generation"): the limit, the worst figure and where, whether met, and the rows
+    that fail it (then those named in an "unestimated" list, as "(no estimate)"). No
+    goals: no lines."""
+    if not goals:
+        return []
+    lines = [
+        title,
+        "",
+        "| generation | goal | limit | worst measured | where | met | failing |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for g in goals:
+        if g["measured"] is None:
+            lines.append(
+                f"| {g['generation']} | {g['goal']} | {g['limit']:g} | not measured | | | |"
+            )
+            continue
+        failing = g["failing"] + [f"{u} (no estimate)" for u in g.get("unestimated", [])]
+        lines.append(
+            f"| {g['generation']} | {g['goal']} | {g['limit']:g} | {g['measured']:.3g} | "
+            f"{g['worst']} | {'yes' if g['met'] else 'no'} | {', '.join(failing)} |"
+        )
+    return lines
 
 
 def pyplot() -> Any:

@@ -4,7 +4,7 @@ The projections (q, k, v, o, gate, up, down; K x N 4096x4096, 4096x1024 twice, 4
 4096x14336 twice, 14336x4096) multiply bf16 activations of M rows by
 
 * ``bf16``: dense bfloat16 weights through ``jnp.matmul`` (the model a port replaces);
-* ``xla``: GGUF Q4_K QArrays (:func:`benchmarks.quantized.q4_k_weight`, as loaded) through
+* ``xla``: GGUF Q4_K QArrays (:func:`benchmarks.qweights.q4_k_weight`, as loaded) through
   ``emulate.matmul`` under ``emulate.use_route("xla")``, the route every front end took
   before the kernel route;
 * ``kernel``: the same QArrays prepared once (:func:`emulate.prepare_weights`) through
@@ -34,7 +34,7 @@ import numpy as np
 
 import emulate
 from benchmarks import harness
-from benchmarks.quantized import q4_k_weight
+from benchmarks.qweights import q4_k_weight
 
 #: (name, K, N) of one Llama-3-8B decoder layer's projections.
 PROJECTIONS = (

@@ -51,12 +51,10 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-from jax import lax
 
 import emulate
 from benchmarks import harness, plots
 from benchmarks.cases import (
-    DN,
     PAIRS,
     SHAPES,
     WEIGHT_ONLY,
@@ -68,6 +66,7 @@ from benchmarks.cases import (
     present,
     shape_of,
 )
+from benchmarks.contenders import pair_programs
 from benchmarks.harness import interleave, minor_faults, short_error, stats, timed_call
 from emulate import formats
 
@@ -221,35 +220,20 @@ def build_cases(pair: Pair, shape: tuple[int, int, int], seed: int = 0) -> list[
     x_bf16 = jax.device_put(x_np.astype(ml_dtypes.bfloat16))  # exact for every pair here
     w_bf16 = jax.device_put(w_np.astype(ml_dtypes.bfloat16))
     w_emu: Any = jax.block_until_ready(emulate.pack(w, axis=0)) if pair.packed else w
-    acc = pair.accumulator
-
-    def floor(x, w):
-        return jnp.dot(x, w, preferred_element_type=F32)
-
-    def astype(x, w):
-        return jnp.dot(x.astype(BF16), w.astype(BF16), preferred_element_type=F32)
-
-    def xla(x, w):
-        return lax.dot_general(x, w, DN, preferred_element_type=acc)
-
-    def fast(x, w):
-        return emulate.dot_general(x, w, DN, preferred_element_type=acc, target="cpu")
-
-    def exact(x, w):
-        return emulate.dot_general(x, w, DN, preferred_element_type=acc, target="cpu", mode="exact")
+    fn = pair_programs(pair.accumulator, "cpu")
 
     def decode(w):
         return emulate.decode(w, to=BF16)
 
     cases = [
-        Case(pair, shape, "floor", floor, (x_bf16, w_bf16)),
-        Case(pair, shape, "astype", astype, (x, w)),
-        Case(pair, shape, "xla", xla, (x, w)),
-        Case(pair, shape, "fast", fast, (x, w_emu)),
+        Case(pair, shape, "floor", fn["floor"], (x_bf16, w_bf16)),
+        Case(pair, shape, "astype", fn["astype"], (x, w)),
+        Case(pair, shape, "xla", fn["xla"], (x, w)),
+        Case(pair, shape, "fast", fn["fast"], (x, w_emu)),
     ]
     if pair.packed:
-        cases.append(Case(pair, shape, "fast_unpacked", fast, (x, w)))
-    cases.append(Case(pair, shape, "exact", exact, (x, w_emu)))
+        cases.append(Case(pair, shape, "fast_unpacked", fn["fast"], (x, w)))
+    cases.append(Case(pair, shape, "exact", fn["exact"], (x, w_emu)))
     if pair.lhs == "bfloat16":
         cases.append(Case(pair, shape, "decode", decode, (w_emu,)))
     if pair.packed and m == 1:
@@ -403,32 +387,10 @@ def _groups(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return list(groups.values())
 
 
-def markdown(report: dict[str, Any]) -> str:
-    rows = report["results"]
-    env = report["environment"]
-    keys = present(rows, CONTENDERS)
+def _memory_table(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[str]:
+    """The memory section's lines: temporaries per contender, weight bytes per element
+    and page faults per call, one row per pair and shape."""
     lines = [
-        "# matmul benchmark",
-        "",
-        f"`{report['command']}`, {env['time']}; jax {env['jax']} on {env['backend']} "
-        f"({env['device']}, {env['cpu_count']} cores, {env['machine']}), load average "
-        f"{env['load_average']} at the start and {report['load_average_end']} at the end; "
-        f"allocator environment {env.get('malloc_env') or 'default'}; "
-        f"median of {report['repeats']} interleaved repeats after 2 warm-up calls, "
-        "(min-max) in brackets; ratios are to the median of (a).",
-        "",
-        "## Time",
-        "",
-        "| pair | M x K x N | " + " | ".join(LABELS[k] for k in keys) + " |",
-        "|---|---|" + "---|" * len(keys),
-    ]
-    for g in _groups(rows):
-        by = {r["contender"]: r for r in g}
-        cells = [_time_cell(by[k]) if k in by else "" for k in keys]
-        lines.append(
-            f"| {PAIRS[g[0]['pair']].title} | {shape_of(g[0])} | " + " | ".join(cells) + " |"
-        )
-    lines += [
         "",
         "## Memory",
         "",
@@ -462,7 +424,12 @@ def markdown(report: dict[str, Any]) -> str:
             + " / ".join("?" if v is None else f"{v:.0f}" for v in pf)
             + " |"
         )
-    lines += [
+    return lines
+
+
+def _storage_and_goals(report: dict[str, Any]) -> list[str]:
+    """The packed-storage and goals sections' lines."""
+    lines = [
         "",
         "## Packed storage",
         "",
@@ -491,6 +458,35 @@ def markdown(report: dict[str, Any]) -> str:
         )
     lines.append("")
     lines.append("Goal 4 (decode throughput) is measured by `python -m benchmarks.decode`.")
+    return lines
+
+
+def markdown(report: dict[str, Any]) -> str:
+    rows = report["results"]
+    env = report["environment"]
+    keys = present(rows, CONTENDERS)
+    lines = [
+        "# matmul benchmark",
+        "",
+        f"`{report['command']}`, {env['time']}; jax {env['jax']} on {env['backend']} "
+        f"({env['device']}, {env['cpu_count']} cores, {env['machine']}), load average "
+        f"{env['load_average']} at the start and {report['load_average_end']} at the end; "
+        f"allocator environment {env.get('malloc_env') or 'default'}; "
+        f"median of {report['repeats']} interleaved repeats after 2 warm-up calls, "
+        "(min-max) in brackets; ratios are to the median of (a).",
+        "",
+        "## Time",
+        "",
+        "| pair | M x K x N | " + " | ".join(LABELS[k] for k in keys) + " |",
+        "|---|---|" + "---|" * len(keys),
+    ]
+    for g in _groups(rows):
+        by = {r["contender"]: r for r in g}
+        cells = [_time_cell(by[k]) if k in by else "" for k in keys]
+        lines.append(
+            f"| {PAIRS[g[0]['pair']].title} | {shape_of(g[0])} | " + " | ".join(cells) + " |"
+        )
+    lines += _memory_table(rows, keys) + _storage_and_goals(report)
     return "\n".join(lines) + "\n"
 
 

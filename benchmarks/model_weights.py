@@ -27,7 +27,7 @@ from emulate.importers.as_qarray import to_qarray
 from emulate.importers.conventions.floats import parse_gpt_oss_mxfp4
 from emulate.importers.conventions.integer import parse_awq
 from emulate.numerics.storage import Packed
-from emulate.qarray import QArray, transpose
+from emulate.quantized.array import QArray, transpose
 
 __all__ = ["FORMATS", "abstract_weight", "grow", "nbytes", "prepared"]
 

@@ -2,7 +2,8 @@
 
 A Pallas kernel gets no time estimate from the compiler; what its K step asks of the
 vector unit can still be read from the Mosaic module the kernel lowers to. For each
-checkpoint scheme of :mod:`benchmarks.quantized` (prepared once, contender (d)) at one
+checkpoint scheme of :mod:`benchmarks.qweights` (prepared once by
+:func:`benchmarks.schemes.pallas_weight`, :mod:`benchmarks.quantized`'s contender (d)) at one
 shape, this lowers ``emulate.pallas.matmul`` for a compile-only TPU device and counts,
 in the kernel body (one K step; Mosaic's own canonicalization not applied): the ops,
 the ``tpu.matmul`` ops, and the vector elements produced by every other op (the sum of
@@ -32,7 +33,8 @@ import emulate
 import emulate.pallas
 from benchmarks import harness
 from benchmarks.cases import parse_shape
-from benchmarks.quantized import SCHEMES, offset_pairs, pallas_weight
+from benchmarks.qweights import SCHEMES
+from benchmarks.schemes import offset_pairs, pallas_weight
 from emulate.compiler import devices
 
 _OP = re.compile(r'= "?([a-z_]+\.[a-z_.]+)')

@@ -1,7 +1,8 @@
 """Timed on a real TPU: emulate.pallas.matmul on prepared checkpoint weights vs bf16.
 
 ``emulate.pallas.matmul`` on checkpoint weights prepared once (the schemes of
-:mod:`benchmarks.quantized`, contender (d)) against the bf16 x bf16 floor of the same
+:mod:`benchmarks.qweights` as :func:`benchmarks.schemes.pallas_weight` prepares them,
+:mod:`benchmarks.quantized`'s contender (d)) against the bf16 x bf16 floor of the same
 shape, and each scheme with its offset term against the same weight without it.
 
 Run as ``python -m benchmarks.pallas_qtime --no-json`` on a machine whose JAX backend is
@@ -28,7 +29,8 @@ import emulate
 import emulate.pallas
 from benchmarks import harness
 from benchmarks.cases import parse_shape
-from benchmarks.quantized import SCHEMES, offset_pairs, pallas_weight
+from benchmarks.qweights import SCHEMES
+from benchmarks.schemes import offset_pairs, pallas_weight
 
 #: Calls per timed program: one call costs a few hundred microseconds of dispatch on the
 #: lent machine, more than the kernel.

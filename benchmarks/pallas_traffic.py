@@ -1,4 +1,5 @@
-"""The HBM traffic of a Pallas TPU kernel, counted from its block shapes and grid.
+"""The HBM traffic of a Pallas TPU kernel, counted from its block shapes and grid, and the
+figures the TPU compiler gives for a compiled program (:func:`compiled_figures`).
 
 A Pallas kernel is a custom call the TPU compiler does not look into: its
 ``cost_analysis()`` leaves the kernel's own reads and writes out. ``benchmarks.tpu`` adds
@@ -151,3 +152,30 @@ def estimate_seconds(cost: dict[str, float]) -> float | None:
     if value is None or float(value) < 0:
         return None
     return float(value)
+
+
+def compiled_figures(compiled: Any, *, flops: bool = False) -> dict[str, Any]:
+    """What the compiler says of a compiled program: ``cost_analysis()``'s "bytes
+    accessed" (and "flops", where ``flops``), its time estimate (:func:`estimate_seconds`)
+    and the raw "optimal_seconds", and ``memory_analysis()``'s temporaries, argument and
+    output bytes. A Pallas kernel in it counts in neither bytes nor estimate
+    (:func:`kernel_calls`)."""
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, list):  # older jax: one dict per program
+        cost = cost[0] if cost else {}
+    mem = compiled.memory_analysis()
+    out = {"bytes_accessed": cost.get("bytes accessed")}
+    if flops:
+        out["flops"] = cost.get("flops")
+    return out | {
+        "estimate_s": estimate_seconds(cost),
+        "estimate_raw": cost.get("optimal_seconds"),
+        "temp_bytes": int(mem.temp_size_in_bytes),
+        "argument_bytes": int(mem.argument_size_in_bytes),
+        "output_bytes": int(mem.output_size_in_bytes),
+    }
+
+
+def kernel_calls(compiled: Any) -> int:
+    """The Pallas kernels (TPU custom calls) in a compiled program's text."""
+    return compiled.as_text().count('custom_call_target="tpu_custom_call"')

@@ -16,6 +16,10 @@ Per shape, one interleaved group (harness timing: every case once per round) of:
   dequantize   ``lax.dot_general(x, emulate.dequantize(q, to=bf16))`` in one program
   emulate      ``emulate.dot_general(x, q, ..., preferred_element_type=f32)``
 
+Each row carries the 1-minute load average before and after its group was timed (the
+development machine is shared: ratios within a group are comparable, absolute times
+across groups less so).
+
 Goals (issue 38): for M >= 64 every convention's emulate at most 1.25x the floor of its
 layout; at M = 1 at most 2x the time to read its stored bytes.
 """
@@ -23,6 +27,7 @@ layout; at M = 1 at most 2x the time to read its stored bytes.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -86,7 +91,9 @@ def rows_of(shape: tuple[int, int, int], names: Sequence[str], repeats: int) -> 
     its layout and the read of its stored bytes, and the ratios."""
     m, k, n = shape
     cases, stored = group_cases(shape, names)
+    load_before = os.getloadavg()[0]
     ran, failed = harness.interleave(cases, repeats)
+    load = (round(load_before, 1), round(os.getloadavg()[0], 1))
     med = {c.label: harness.stats(c.times)["median_s"] for c in ran}
     copy = med.get("read copy")
     read_per_byte = None if copy is None else copy / 2 / (4 * -(-max(stored.values()) // 4))
@@ -103,6 +110,7 @@ def rows_of(shape: tuple[int, int, int], names: Sequence[str], repeats: int) -> 
                 "K": k,
                 "N": n,
                 "stored_bytes": stored[name],
+                "load": load,
                 "floor_s": floor,
                 "dequantize_s": deq,
                 "emulate_s": emu,
@@ -114,6 +122,12 @@ def rows_of(shape: tuple[int, int, int], names: Sequence[str], repeats: int) -> 
             }
         )
     return rows
+
+
+def _load(row: dict[str, Any]) -> str:
+    """The 1-minute load average before and after the row's group was timed."""
+    load = row.get("load")
+    return "?" if not load else f"{load[0]}-{load[1]}"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -134,15 +148,15 @@ def markdown(report: dict[str, Any]) -> str:
     """The tables: per shape and scheme, and the goal rows."""
     out = [
         "| scheme | M x K x N | stored MB | floor ms | dequantize + dot / floor | "
-        "emulate ms | emulate / floor | emulate / read |",
-        "|---|---|---|---|---|---|---|---|",
+        "emulate ms | emulate / floor | emulate / read | load |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         out.append(
             f"| {r['title']} | {shape_of(r)} | {harness.mb(r['stored_bytes'])} | "
             f"{harness.ms(r['floor_s'])} | {harness.ratio(r['dequantize_over_floor'])} | "
             f"{harness.ms(r['emulate_s'])} | {harness.ratio(r['emulate_over_floor'])} | "
-            f"{harness.ratio(r['emulate_over_read'], 1)} |"
+            f"{harness.ratio(r['emulate_over_read'], 1)} | {_load(r)} |"
         )
     out += ["", "| goal | limit | worst | where | met |", "|---|---|---|---|---|"]
     for g in report["goals"]:

@@ -74,30 +74,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 import emulate
 import emulate.mx
 import emulate.pallas
 from benchmarks import harness
 from benchmarks.cases import SHAPES, goal, parse_names, parse_shapes, shape_of
-from benchmarks.pallas_traffic import kernel_traffic
-from benchmarks.qweights import (  # noqa: F401 (the builders, as this module named them)
-    CPU_SCHEMES,
-    KN,
-    NK,
-    SCHEMES,
-    Case,
-    Scheme,
-    awq_weight,
-    fp8_block128_weight,
-    k_quant_weight,
-    nf4_dq_weight,
-    nf4_weight,
-    nvfp4_weight,
-    q4_k_weight,
-)
-from benchmarks.tpu import estimate_seconds
+from benchmarks.contenders import scheme_programs
+from benchmarks.pallas_traffic import compiled_figures, kernel_calls, kernel_traffic
+from benchmarks.qweights import CPU_SCHEMES, SCHEMES, Case, Scheme
+from benchmarks.schemes import pallas_weight, stored_bytes, weight_shape
 from emulate import compiler
 
 BF16 = jnp.bfloat16
@@ -124,56 +110,8 @@ ALL_SCHEMES = {**SCHEMES, **CPU_SCHEMES}
 CPU_CONTENDERS = ("floor", "dequantize", "emulate")
 
 
-def offset_pairs(got: dict[str, float]) -> list[tuple[str, str, float]]:
-    """``(with, without, got[with] / got[without])`` for each scheme in ``got`` whose
-    variant without its offset term (``base_of``) is in ``got`` too."""
-    return [
-        (s.base_of, name, got[s.base_of] / got[name])
-        for name, s in SCHEMES.items()
-        if s.base_of in got and name in got
-    ]
-
-
-def weight_shape(scheme: Scheme, k: int, n: int) -> tuple[int, int]:
-    """The weight's array shape: (N, K) for GGUF rows, (K, N) otherwise."""
-    return (n, k) if scheme.dn == NK else (k, n)
-
-
-def stored_bytes(q: emulate.QArray, m: int, k: int, n: int) -> int:
-    """The operands as stored plus the result: the QArray's bytes, bf16 activations (M, K)
-    and the f32 result (M, N)."""
-    return int(q.nbytes) + 2 * m * k + 4 * m * n
-
-
 # ---------------------------------------------------------------------------------------
 # The programs
-
-
-def programs(scheme: Scheme, target: str) -> dict[str, Callable[..., jax.Array]]:
-    """Each contender as ``fn(x, w)``: ``w`` is the bf16 weight for (a), the QArray
-    otherwise."""
-    dn = scheme.dn
-
-    def floor(x, w):
-        return lax.dot_general(x, w, dn, preferred_element_type=F32)
-
-    def dequantize(x, q):
-        return lax.dot_general(x, emulate.dequantize(q, to=BF16), dn, preferred_element_type=F32)
-
-    def fast(x, q):
-        with emulate.use_route("xla"):  # the XLA route; the kernel is (d)
-            return emulate.dot_general(x, q, dn, preferred_element_type=F32, target=target)
-
-    def pallas(x, w):
-        return emulate.pallas.matmul(x, w, target=target, out_dtype=F32, interpret=False)
-
-    return {"floor": floor, "dequantize": dequantize, "emulate": fast, "pallas": pallas}
-
-
-def pallas_weight(scheme: Scheme, q: emulate.QArray) -> Any:
-    """(d)'s weight: the QArray prepared once for the kernel, ``(K, N)`` (GGUF's rows
-    transposed). Raises NotImplementedError where the kernel does not build the scheme."""
-    return emulate.pallas.prepare_weight(q.T if scheme.dn == NK else q)
 
 
 def _specs(tree: Any) -> tuple[Any, list[jax.ShapeDtypeStruct]]:
@@ -217,7 +155,7 @@ def compile_row(
         "reason": "",
     }
     treedef, leaves = _specs(weight)
-    fn = _by_leaves(programs(scheme, generation)[contender], treedef)
+    fn = _by_leaves(scheme_programs(scheme.dn, generation)[contender], treedef)
     x = jax.ShapeDtypeStruct((m, k), BF16)
     t0 = time.perf_counter()
     try:
@@ -227,17 +165,8 @@ def compile_row(
         return row
     finally:
         row["compile_s"] = time.perf_counter() - t0
-    cost = compiled.cost_analysis() or {}
-    if isinstance(cost, list):  # older jax: one dict per program
-        cost = cost[0] if cost else {}
-    mem = compiled.memory_analysis()
-    row["bytes_accessed"] = cost.get("bytes accessed")
-    row["estimate_s"] = estimate_seconds(cost)
-    row["estimate_raw"] = cost.get("optimal_seconds")
-    row["temp_bytes"] = int(mem.temp_size_in_bytes)
-    row["argument_bytes"] = int(mem.argument_size_in_bytes)
-    row["output_bytes"] = int(mem.output_size_in_bytes)
-    if 'custom_call_target="tpu_custom_call"' in compiled.as_text():
+    row |= compiled_figures(compiled)
+    if kernel_calls(compiled):
         # a Pallas kernel: the compiler's bytes cover the ops around it, not the kernel
         traffic = kernel_traffic(fn, [x, leaves], generation)
         row["kernel_bytes"] = traffic["bytes"]
@@ -314,7 +243,7 @@ def cpu_rows(shape: tuple[int, int, int], names: Sequence[str], repeats: int) ->
         scheme = SCHEMES[name]
         q = scheme.build(k, n, rng)
         stored[name] = stored_bytes(q, m, k, n)
-        progs = programs(scheme, "cpu")
+        progs = scheme_programs(scheme.dn, "cpu")
         w = emulate.dequantize(q, to=BF16)
         for key in CPU_CONTENDERS:
             cases.append(Case(name, key, jax.jit(progs[key]), (x, w if key == "floor" else q)))
@@ -353,24 +282,20 @@ def figure(row: dict[str, Any]) -> float | None:
     return row.get("median_s") if row["platform"] == "cpu" else row.get("estimate_s")
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or not b else a / b
-
-
 def add_ratios(rows: list[dict[str, Any]]) -> None:
     """Each row's figure (and bytes accessed) over those of (a) and of (b) for the same
     scheme, platform and shape."""
-    index = {(r["platform"], r["pair"], shape_of(r), r["contender"]): r for r in rows}
+    fields = ("platform", "pair", "M", "K", "N", "contender")
+    index = harness.index(rows, fields)
     for r in rows:
         if r["status"] != "ok":
             continue
-        key = (r["platform"], r["pair"], shape_of(r))
         for other in ("floor", "dequantize"):
-            o = index.get((*key, other))
-            ok = o is not None and o["status"] == "ok"
-            r[f"over_{other}"] = _ratio(figure(r), figure(o)) if ok else None
+            o = index.get((*(r[f] for f in fields[:-1]), other))
+            ok = o is not None
+            r[f"over_{other}"] = harness.quotient(figure(r), figure(o)) if ok else None
             r[f"bytes_over_{other}"] = (
-                _ratio(r.get("bytes_accessed"), o.get("bytes_accessed")) if ok else None
+                harness.quotient(r.get("bytes_accessed"), o.get("bytes_accessed")) if ok else None
             )
 
 
@@ -397,8 +322,10 @@ def offset_costs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "M": r["M"],
                 "K": r["K"],
                 "N": r["N"],
-                "offset_cost": _ratio(figure(with_offsets), figure(r)),
-                "offset_bytes": _ratio(with_offsets.get("bytes_accessed"), r.get("bytes_accessed")),
+                "offset_cost": harness.quotient(figure(with_offsets), figure(r)),
+                "offset_bytes": harness.quotient(
+                    with_offsets.get("bytes_accessed"), r.get("bytes_accessed")
+                ),
             }
         )
     return out
@@ -521,23 +448,9 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{harness.ratio(o['offset_cost'])} | {harness.ratio(o['offset_bytes'])} |"
             )
         lines.append("")
-    if report["goals"]:
-        lines += [
-            "## Goals (issue 24, item 6), (c) emulate and (d) pallas",
-            "",
-            "| generation | goal | limit | worst measured | where | met | failing |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for g in report["goals"]:
-            if g["measured"] is None:
-                lines.append(
-                    f"| {g['generation']} | {g['goal']} | {g['limit']:g} | not measured | | | |"
-                )
-                continue
-            lines.append(
-                f"| {g['generation']} | {g['goal']} | {g['limit']:g} | {g['measured']:.3g} | "
-                f"{g['worst']} | {'yes' if g['met'] else 'no'} | {', '.join(g['failing'])} |"
-            )
+    lines += harness.goal_table(
+        "## Goals (issue 24, item 6), (c) emulate and (d) pallas", report["goals"]
+    )
     return "\n".join(lines) + "\n"
 
 

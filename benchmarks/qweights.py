@@ -15,6 +15,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 import emulate
@@ -23,7 +24,8 @@ from benchmarks import harness
 from emulate.codebooks import NF4
 from emulate.importers import ggml, gguf
 from emulate.importers.as_qarray import to_qarray
-from emulate.importers.parts import StoredParts
+from emulate.importers.conventions.integer import parse_compressed_int
+from emulate.importers.stored import StoredParts
 
 #: ``x @ W`` for a (K, N) weight; ``x @ W.T`` for GGUF's (N, K) rows.
 KN = (((1,), (0,)), ((), ()))
@@ -96,6 +98,25 @@ def gptq_act_order_weight(
     parts = _int4_group_parts(k, n, rng, group)
     perm = rng.permutation(k).astype(np.int32)
     return to_qarray(dataclasses.replace(parts, perm=perm, perm_axis=-2))
+
+
+def compressed_int4_weight(
+    k: int, n: int, rng: np.random.Generator, group: int = 128
+) -> emulate.QArray:
+    """A compressed-tensors ``pack-quantized`` int4 weight, symmetric, groups of ``group``
+    along K (the W4A16 preset), through ``parse_compressed_int``: random int32 words
+    ``weight_packed`` (N, K / 8), ``weight_shape`` [N, K], bf16 ``weight_scale``
+    (N, K / group) in [1e-4, 1e-2); logical (K, N) as the importer gives it."""
+    g = min(group, k)
+    tensors = {
+        "w.weight_packed": rng.integers(-(2**31), 2**31, (n, k // 8), dtype=np.int64).astype(
+            np.int32
+        ),
+        "w.weight_shape": np.array([n, k], np.int64),
+        "w.weight_scale": (rng.random((n, k // g)) * 0.01 + 1e-4).astype(ml_dtypes.bfloat16),
+    }
+    config = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group"}
+    return to_qarray(parse_compressed_int(tensors, "w", {**config, "group_size": g}))
 
 
 def nf4_weight(k: int, n: int, rng: np.random.Generator, block: int = 64) -> emulate.QArray:
@@ -265,6 +286,12 @@ CPU_SCHEMES: dict[str, Scheme] = {
                 for kind in ("Q4_0", "Q8_0", "IQ4_XS", "MXFP4")
             ),
             Scheme("gptq_act", "GPTQ int4 g128 act-order", gptq_act_order_weight, KN),
+            Scheme(
+                "ct_int4",
+                "compressed-tensors int4 g128 (symmetric)",
+                compressed_int4_weight,
+                KN,
+            ),
         )
     },
 }

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -114,6 +115,13 @@ def _mxfp4_kernel_bytes(rows: int, k: int, n: int, sizes: tuple[int, ...], bm: i
     return weight + scales + visits * min(bm, rows) * k * 2 + rows * n * 4
 
 
+def _xla_route(*args: Any, **kwargs: Any) -> jax.Array:
+    """``emulate.ragged_dot`` on its XLA route (on a TPU target route "auto" takes the
+    grouped kernel, the column beside it)."""
+    with emulate.use_route("xla"):
+        return emulate.ragged_dot(*args, **kwargs)
+
+
 def mxfp4() -> None:
     """The gpt-oss-like MXFP4 rows."""
     print("| case | target | routed stored | kernel | XLA route | lax bf16 |")
@@ -133,9 +141,7 @@ def mxfp4() -> None:
             )  # fmt: skip
             kfn = functools.partial(_mxfp4, group_sizes=gs, fn=kernel, k=k)
             compiler.compile(kfn, x, codes, scales, target=target)  # it lowers and compiles
-            xla = functools.partial(
-                emulate.ragged_dot, preferred_element_type=jnp.float32, target=target
-            )
+            xla = functools.partial(_xla_route, preferred_element_type=jnp.float32, target=target)
             xb = _ratio(functools.partial(_mxfp4, group_sizes=gs, fn=xla, k=k), x, codes,
                         scales, target=target, routed=routed)  # fmt: skip
             plain = functools.partial(lax.ragged_dot, preferred_element_type=jnp.float32)
@@ -168,7 +174,7 @@ def dense() -> None:
                 )  # fmt: skip
                 compiler.compile(kernel, x, w, g, target=target)  # it lowers and compiles
                 xla = functools.partial(
-                    emulate.ragged_dot, preferred_element_type=jnp.float32, target=target
+                    _xla_route, preferred_element_type=jnp.float32, target=target
                 )
                 plain = functools.partial(lax.ragged_dot, preferred_element_type=jnp.float32)
                 kb = _kernel_bytes(rows, k, n, sizes)

@@ -54,15 +54,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import jax
 import jax.numpy as jnp
-from jax import lax
 
-import emulate
-import emulate.pallas
 from benchmarks import harness, plots
 from benchmarks.cases import (
-    DN,
     PAIRS,
     SHAPES,
     Contender,
@@ -74,10 +69,13 @@ from benchmarks.cases import (
     present,
     shape_of,
 )
-from benchmarks.pallas_traffic import estimate_seconds, kernel_traffic
-from emulate import compiler, formats
-from emulate.numerics.storage import Packed, group_shape
-from emulate.pallas import weights
+from benchmarks.contenders import tpu_programs
+from benchmarks.pallas_traffic import (
+    compiled_figures,
+    kernel_calls,
+    kernel_traffic,
+)
+from emulate import compiler
 
 BF16 = jnp.bfloat16
 F32 = jnp.float32
@@ -111,102 +109,11 @@ CONTENDERS = (
         "the kernel on the weight with scales per 128 rows and column, prepared once",
     ),
 )
-#: (g)'s scale groups along K.
-QARRAY_GROUP = 128
 LABELS = {c.key: c.label for c in CONTENDERS}
 
 
 # ---------------------------------------------------------------------------------------
 # The programs
-
-
-def _spec(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
-
-
-def weight_spec(pair: Pair, k: int, n: int, *, stored: bool) -> Any:
-    """The (K, N) weight: its own dtype, or (``stored`` and a packed pair) a
-    :class:`emulate.Packed` of uint8 bytes packed along K, as ``emulate.pack(w, axis=0)``
-    returns it."""
-    f = formats.get(pair.rhs)
-    if stored and pair.packed:
-        return Packed(_spec((-(-f.bits * k // 8), n), jnp.uint8), f.name, -2, k)
-    return _spec((k, n), f.dtype)
-
-
-def kernel_weight_spec(pair: Pair, k: int, n: int) -> Any:
-    """The (K, N) weight as (f) takes it: its own dtype (8-bit), or a
-    :class:`emulate.pallas.KernelWeight` (a packed pair), as ``prepare_weight`` returns it."""
-    f = formats.get(pair.rhs)
-    if not pair.packed:
-        return _spec((k, n), f.dtype)
-    rows = weights.tiles(f, k) * weights.TILE_GROUPS * group_shape(f.bits)[1]
-    return emulate.pallas.KernelWeight(_spec((rows, n), jnp.uint8), f.name, k)
-
-
-def kernel_qweight_spec(pair: Pair, k: int, n: int) -> Any:
-    """The (K, N) weight as (g) takes it: a :class:`emulate.pallas.KernelQWeight` of the
-    codes as (f) takes them and one scale per :data:`QARRAY_GROUP` rows and column
-    (float16, held as uint16 bits, for integer weights; float8_e8m0fnu for float ones)."""
-    f = formats.get(pair.rhs)
-    sf = "float16" if f.is_integer else "float8_e8m0fnu"
-    held = jnp.uint16 if sf == "float16" else formats.get(sf).dtype  # float16 as its bits
-    scales = _spec((-(-k // QARRAY_GROUP), n), held)
-    return emulate.pallas.KernelQWeight(
-        kernel_weight_spec(pair, k, n),
-        scales,
-        None,
-        f.name,
-        sf,
-        (QARRAY_GROUP, 1),
-        (k, n),
-        jnp.dtype(F32),
-    )
-
-
-def programs(
-    pair: Pair, shape: tuple[int, int, int], generation: str
-) -> dict[str, tuple[Callable[..., Any], tuple[Any, ...]]]:
-    """Each contender's function and argument specs for one pair, shape and generation."""
-    m, k, n = shape
-    x = _spec((m, k), formats.get(pair.lhs).dtype)
-    w = weight_spec(pair, k, n, stored=False)
-    w_stored = weight_spec(pair, k, n, stored=True)
-    acc = pair.accumulator
-
-    def floor(x, w):
-        return jnp.dot(x, w, preferred_element_type=F32)
-
-    def astype(x, w):
-        return jnp.dot(x.astype(BF16), w.astype(BF16), preferred_element_type=F32)
-
-    def xla(x, w):
-        return lax.dot_general(x, w, DN, preferred_element_type=acc)
-
-    def fast(x, w):
-        with emulate.use_route("xla"):  # the XLA route's plan; the kernel is (f) and (g)
-            return emulate.dot_general(x, w, DN, preferred_element_type=acc, target=generation)
-
-    def exact(x, w):
-        return emulate.dot_general(
-            x, w, DN, preferred_element_type=acc, target=generation, mode="exact"
-        )
-
-    def pallas(x, w):
-        return emulate.pallas.matmul(x, w, target=generation, out_dtype=acc, interpret=False)
-
-    def pallas_q(x, w):
-        return emulate.pallas.matmul(x, w, target=generation, out_dtype=F32, interpret=False)
-
-    return {
-        "floor": (floor, (_spec((m, k), BF16), _spec((k, n), BF16))),
-        "astype": (astype, (x, w)),
-        "xla": (xla, (x, w)),
-        "fast": (fast, (x, w_stored)),
-        "exact": (exact, (x, w_stored)),
-        "pallas": (pallas, (x, kernel_weight_spec(pair, k, n))),
-        "pallas_q": (pallas_q, (x, kernel_qweight_spec(pair, k, n))),
-    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -254,21 +161,10 @@ def measure_one(
         return row
     finally:
         row["compile_s"] = time.perf_counter() - t0
-    cost = compiled.cost_analysis() or {}
-    if isinstance(cost, list):  # older jax: one dict per program
-        cost = cost[0] if cost else {}
-    mem = compiled.memory_analysis()
-    text = compiled.as_text()
-    row["bytes_accessed"] = cost.get("bytes accessed")
-    row["flops"] = cost.get("flops")
-    row["estimate_s"] = estimate_seconds(cost)
-    row["estimate_raw"] = cost.get("optimal_seconds")
-    row["temp_bytes"] = int(mem.temp_size_in_bytes)
-    row["argument_bytes"] = int(mem.argument_size_in_bytes)
-    row["output_bytes"] = int(mem.output_size_in_bytes)
+    row |= compiled_figures(compiled, flops=True)
     row["stored_bytes"] = row["argument_bytes"] + row["output_bytes"]
     row["temp_over_decoded_weight"] = row["temp_bytes"] / (2 * k * n)
-    row["custom_calls"] = text.count('custom_call_target="tpu_custom_call"')
+    row["custom_calls"] = kernel_calls(compiled)
     row["bytes"] = row["bytes_accessed"]
     row["bytes_source"] = "compiler"
     if row["custom_calls"]:
@@ -278,8 +174,8 @@ def measure_one(
         # The compiler's figure covers the ops around the kernel but not the kernel.
         row["bytes"] = traffic["bytes"] + (row["bytes_accessed"] or 0)
         row["bytes_source"] = "kernel blocks + compiler (outside the kernel)"
+        row["estimate_outside_kernel_s"] = row["estimate_s"]
         row["estimate_s"] = None
-        row["estimate_outside_kernel_s"] = estimate_seconds(cost)
     if row["bytes"] is not None:
         row["bytes_over_stored"] = row["bytes"] / row["stored_bytes"]
     return row
@@ -288,39 +184,24 @@ def measure_one(
 def add_ratios(rows: list[dict[str, Any]]) -> None:
     """Ratios of bytes and estimate to (a) of the same generation and shape, and of the
     estimate to (c) of the same pair."""
-    floors = {
-        (r["generation"], r["M"], r["K"], r["N"]): r
-        for r in rows
-        if r["contender"] == "floor" and r["status"] == "ok"
-    }
-    xlas = {
-        (r["generation"], r["pair"], r["M"], r["K"], r["N"]): r
-        for r in rows
-        if r["contender"] == "xla" and r["status"] == "ok"
-    }
-    fasts = {
-        (r["generation"], r["pair"], r["M"], r["K"], r["N"]): r
-        for r in rows
-        if r["contender"] == "fast" and r["status"] == "ok"
-    }
+    shape = ("generation", "M", "K", "N")
+    pair = ("generation", "pair", "M", "K", "N")
+    floors = harness.index(rows, shape, "floor")
+    xlas = harness.index(rows, pair, "xla")
+    fasts = harness.index(rows, pair, "fast")
+    q = harness.quotient
     for r in rows:
         if r["status"] != "ok":
             continue
-        f = floors.get((r["generation"], r["M"], r["K"], r["N"]))
-        x = xlas.get((r["generation"], r["pair"], r["M"], r["K"], r["N"]))
-        r["bytes_ratio"] = _ratio(r.get("bytes"), f and f.get("bytes"))
-        r["estimate_ratio"] = _ratio(r.get("estimate_s"), f and f.get("estimate_s"))
-        r["estimate_over_xla"] = _ratio(r.get("estimate_s"), x and x.get("estimate_s"))
+        f = floors.get(tuple(r[k] for k in shape))
+        x = xlas.get(tuple(r[k] for k in pair))
+        r["bytes_ratio"] = q(r.get("bytes"), f and f.get("bytes"))
+        r["estimate_ratio"] = q(r.get("estimate_s"), f and f.get("estimate_s"))
+        r["estimate_over_xla"] = q(r.get("estimate_s"), x and x.get("estimate_s"))
         if r["contender"] == "exact":
-            d = fasts.get((r["generation"], r["pair"], r["M"], r["K"], r["N"]))
-            r["estimate_over_fast"] = _ratio(r.get("estimate_s"), d and d.get("estimate_s"))
+            d = fasts.get(tuple(r[k] for k in pair))
+            r["estimate_over_fast"] = q(r.get("estimate_s"), d and d.get("estimate_s"))
             r["exact_temp_over_decoded_weight"] = r["temp_over_decoded_weight"]
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or not b:
-        return None
-    return a / b
 
 
 def measure(
@@ -339,7 +220,7 @@ def measure(
     rows = []
     for name in pair_names:
         pair = PAIRS[name]
-        progs = programs(pair, shape, generation)
+        progs = tpu_programs(pair, shape, generation)
         for key in contenders:
             cached = ""
             if key == "floor":
@@ -558,38 +439,16 @@ def markdown(report: dict[str, Any]) -> str:
                 + " |"
             )
         lines.append("")
-    lines += _goal_table(
-        "## Goals: issue 16, emulate fast (d); issue 27, emulate exact (e)", report["goals"]
-    )
-    lines += _goal_table(
-        "## Goals (issue 27), emulate.pallas.matmul (f) and on QArray weights (g)",
-        report.get("pallas_goals", []),
-    )
+    for title, goals in (
+        ("## Goals: issue 16, emulate fast (d); issue 27, emulate exact (e)", report["goals"]),
+        (
+            "## Goals (issue 27), emulate.pallas.matmul (f) and on QArray weights (g)",
+            report.get("pallas_goals", []),
+        ),
+    ):
+        table = harness.goal_table(title, goals)
+        lines += [*table, ""] if table else []
     return "\n".join(lines) + "\n"
-
-
-def _goal_table(title: str, rows: Sequence[dict[str, Any]]) -> list[str]:
-    """A markdown table of :func:`goals` / :func:`pallas_goals` rows (none: no lines)."""
-    if not rows:
-        return []
-    lines = [
-        title,
-        "",
-        "| generation | goal | limit | worst measured | where | met | failing |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for g in rows:
-        if g["measured"] is None:
-            lines.append(
-                f"| {g['generation']} | {g['goal']} | {g['limit']:g} | not measured | | | |"
-            )
-            continue
-        failing = g["failing"] + [f"{u} (no estimate)" for u in g.get("unestimated", [])]
-        lines.append(
-            f"| {g['generation']} | {g['goal']} | {g['limit']:g} | {g['measured']:.3g} | "
-            f"{g['worst']} | {'yes' if g['met'] else 'no'} | {', '.join(failing)} |"
-        )
-    return [*lines, ""]
 
 
 def plot(report: dict[str, Any], path: Path) -> Path | None:

@@ -24,15 +24,18 @@ The public surface:
 - Pallas TPU kernels: :mod:`emulate.pallas` (``matmul``, an in-kernel ``dot``, ``check``),
   imported on first use of ``emulate.pallas`` because it imports ``jax.experimental.pallas``;
   the route of a weight contraction on a TPU target (:func:`weight_route`,
-  :class:`WeightRoute`, :func:`use_route`, :func:`current_route`, :func:`prepare_weights`:
-  :mod:`emulate.kernel_route`);
+  :func:`ragged_dot_route`, :class:`WeightRoute`, :func:`use_route`, :func:`current_route`,
+  :func:`prepare_weights`: :mod:`emulate.kernel_route`);
 - flax models: :mod:`emulate.flax` (``quantize_model``, ``load_weights``), imported on
   first use of ``emulate.flax`` because flax is an optional dependency;
 - checkpoints: :mod:`emulate.importers` (``load_gguf``, ``load_safetensors``, one
   ``load_<convention>`` per safetensors layout), imported on first use.
 """
 
-from emulate import bounds, codebooks, formats, mx, reference, targets
+import importlib
+import sys
+
+from emulate import bounds, codebooks, formats, reference, targets
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general, einsum, matmul
 from emulate.formats import Format
@@ -46,8 +49,11 @@ from emulate.kernel_route import (
 from emulate.numerics.codecs import decode, encode
 from emulate.numerics.storage import Packed, pack, unpack
 from emulate.planning.plan import Plan, plan, runs_as_is
-from emulate.quant import QArray, dequantize, quantize
-from emulate.ragged import ragged_dot, ragged_dot_general
+from emulate.quantized import mx
+from emulate.quantized.array import QArray
+from emulate.quantized.quantizing import quantize
+from emulate.quantized.values import dequantize
+from emulate.ragged import ragged_dot, ragged_dot_general, ragged_dot_route
 from emulate.report import inspect
 from emulate.rewrite import polyfill, scaled_dot_general
 from emulate.scaled import scaled_matmul
@@ -56,6 +62,21 @@ from emulate.targets import Target, current_mode, current_target, use_mode, use_
 from emulate.targets import use_target as target
 
 __version__ = "0.1.0"
+
+#: Modules that moved into a package, under the paths the documentation gave them before
+#: (``import emulate.mx``, ``from emulate.quant import SCALE_FORMATS``,
+#: ``emulate.reference_rounding.encode``): the same module objects, so both paths name one
+#: thing.
+_MOVED = {
+    "mx": "emulate.quantized.mx",
+    "quant": "emulate.quantized.quantizing",
+    "qarray": "emulate.quantized.array",
+    "reference_codes": "emulate.reference.codes",
+    "reference_rounding": "emulate.reference.rounding",
+}
+for _old, _new in _MOVED.items():
+    sys.modules.setdefault(f"emulate.{_old}", importlib.import_module(_new))
+del _old, _new
 
 __all__ = [
     "Format",
@@ -87,6 +108,7 @@ __all__ = [
     "quantize",
     "ragged_dot",
     "ragged_dot_general",
+    "ragged_dot_route",
     "reference",
     "runs_as_is",
     "scaled_dot_general",
@@ -107,7 +129,7 @@ def __getattr__(name: str):
     # emulate.pallas imports jax.experimental.pallas, emulate.flax imports flax (optional),
     # emulate.importers reads through gguf / safetensors (optional): load them on first use.
     if name in ("pallas", "flax", "importers"):
-        import importlib
-
         return importlib.import_module(f"emulate.{name}")
+    if name in _MOVED:
+        return sys.modules[_MOVED[name]]
     raise AttributeError(f"module 'emulate' has no attribute {name!r}")

@@ -41,7 +41,8 @@ from emulate.numerics import accumulate
 from emulate.numerics.bits import times_pow2
 from emulate.numerics.storage import Packed
 from emulate.planning.plan import Plan
-from emulate.quant import QArray, broadcast_blocks, dequantize
+from emulate.quantized.array import QArray
+from emulate.quantized.values import broadcast_blocks, dequantize
 from emulate.targets import TargetLike
 
 __all__ = ["GATHER_TAPS", "conv_general_dilated"]

@@ -30,7 +30,7 @@ from emulate.engine.passthrough import is_plain, passes_through
 from emulate.engine.run import plan_for, run_plan
 from emulate.formats import FormatLike
 from emulate.numerics.storage import from_codes, is_array
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 from emulate.scaled import qarray_dot_general
 from emulate.targets import TargetLike
 

@@ -8,8 +8,9 @@ precision, bias, signedness, infinities, NaN codes, negative zero, subnormals), 
 :func:`p3109`, the IEEE P3109 formats (``p3109_k8p3se`` ...) as gfloat 0.5 defines them.
 
 Such a format has no numpy dtype: its values travel as ``uint8`` codes (or
-:class:`emulate.Packed` below 8 bits), as float6 codes do, and its oracle is the numpy
-decoder of :mod:`emulate.reference_codes`, built from the record. Nothing here needs JAX.
+:class:`emulate.Packed` below 8 bits), as float6 codes do, and those of 9 to 16 bits
+(the wide P3109 formats) as ``uint16`` codes, and its oracle is the numpy decoder of
+:mod:`emulate.reference.codes`, built from the record. Nothing here needs JAX.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class Format:
     Attributes:
       name: canonical name, the ml_dtypes / numpy spelling (``"float8_e4m3fn"``), gfloat's
         for the P3109 formats (``"p3109_k8p3se"``), yours for a format you register.
-      bits: storage width in bits (2 to 8, 16 or 32).
+      bits: storage width in bits (2 to 16, or 32).
       is_float: True for floating-point formats (including the scale type e8m0).
       signed: whether the format has a sign (bit ``bits - 1`` for floats, two's
         complement for integers).
@@ -91,10 +92,17 @@ class Format:
       max: largest finite value. min: smallest finite value (``-max`` for signed floats,
         0 for unsigned integers and unsigned floats with a zero, 2**-127 for
         float8_e8m0fnu, which has no zero).
-      min_normal: smallest positive normal value (1 for integers).
-      min_subnormal: smallest positive value, the format's quantum (1 for integers).
-      has_subnormals: False only for float8_e8m0fnu, whose exponent field 0 is
-        the normal value 2**-127.
+      min_normal: smallest positive normal value (1 for integers); for a format without
+        subnormals, its smallest positive value (gfloat's ``smallest_normal``).
+      min_subnormal: smallest positive value (1 for integers): the format's quantum
+        where it has subnormals; for a format without them, ``min_normal`` (see
+        :attr:`quantum`).
+      has_subnormals: whether exponent field 0 holds subnormals. False for
+        float8_e8m0fnu, whose exponent field 0 is the normal value 2**-127 (it has no
+        zero), and for the formats built with ``float_format(..., subnormals=False)``,
+        whose code 0 is zero and whose other exponent-field-0 codes are normal, as gfloat
+        0.5 decodes ``FormatInfo(has_subnormals=False)``: ``(1 + m/2**t) * 2**-bias``,
+        so ``2**-bias`` itself has no code. False for integers.
       has_inf: whether some code decodes to infinity.
       nan_codes, inf_codes: the codes (as unsigned ints of ``bits`` bits) that decode
         to NaN and to +-Inf. float32's 2**24 NaN codes are not listed (``has_nan`` is
@@ -131,9 +139,12 @@ class Format:
 
     @property
     def dtype(self) -> np.dtype:
-        """The numpy / ml_dtypes dtype of this format; ``uint8`` (its codes) for a format
-        that has none (:attr:`has_dtype` False)."""
-        return np.dtype(DTYPES.get(self.name, np.uint8))
+        """The numpy / ml_dtypes dtype of this format; for a format that has none
+        (:attr:`has_dtype` False) the dtype of its codes: ``uint8`` up to 8 bits, ``uint16``
+        for 9 to 16."""
+        if self.name in DTYPES:
+            return np.dtype(DTYPES[self.name])
+        return unsigned_dtype(self.bits)
 
     @property
     def has_dtype(self) -> bool:
@@ -153,8 +164,9 @@ class Format:
     def is_scale_only(self) -> bool:
         """A float format with values below 2**-126 (float32 denormals, which XLA's CPU and
         TPU backends flush): it scales other values and is never a matmul operand
-        (float8_e8m0fnu, p3109_k8p1ue)."""
-        return self.is_float and self.bits <= 8 and self.min_subnormal < F32_MIN_NORMAL
+        (float8_e8m0fnu, p3109_k8p1ue, the P3109 formats with an 8-bit exponent field such
+        as p3109_k16p8se)."""
+        return self.is_float and self.is_low_precision and self.min_subnormal < F32_MIN_NORMAL
 
     @property
     def code_mask(self) -> int:
@@ -170,9 +182,26 @@ class Format:
         return bool(self.nan_codes) or self.bits == 32 and self.is_float
 
     @property
+    def has_zero(self) -> bool:
+        """Whether some code decodes to zero: every format but float8_e8m0fnu."""
+        return self.is_integer or self.min <= 0
+
+    @property
     def emin(self) -> int:
-        """Exponent of the smallest normal value (``min_normal == 2**emin``)."""
+        """Exponent of the lowest binade of normal values: ``min_normal == 2**emin``,
+        except for a format without subnormals that has a zero, whose code 0 is zero
+        (``2**emin`` has no code; its smallest value is ``(1 + 2**-t) * 2**emin``)."""
         return (0 if self.has_subnormals else -1) + 1 - self.bias
+
+    @property
+    def quantum(self) -> float:
+        """The largest power of two of which every finite value is a multiple: 1 for
+        integers, ``min_subnormal`` for floats with subnormals (and float8_e8m0fnu),
+        ``2**(emin - mantissa_bits)`` for a format without subnormals (smaller than its
+        smallest value, ``(2**mantissa_bits + 1) * quantum``)."""
+        if self.is_integer or self.has_subnormals or not self.has_zero:
+            return self.min_subnormal
+        return math.ldexp(1.0, self.emin - self.mantissa_bits)
 
     @property
     def high_nans(self) -> int:
@@ -220,10 +249,12 @@ Format.__module__ = "emulate.formats"
 
 def unsigned_dtype(bits: int) -> np.dtype:
     """The unsigned numpy dtype that holds a ``bits``-bit code or word: uint8 for 2 to 8
-    bits (one code per byte), uint16 for 16, uint32 for 32."""
+    bits (one code per byte), uint16 for 9 to 16, uint32 for 32."""
     if 2 <= bits <= 8:
         return np.dtype(np.uint8)
-    return np.dtype({16: np.uint16, 32: np.uint32}[bits])
+    if 9 <= bits <= 16:
+        return np.dtype(np.uint16)
+    return np.dtype({32: np.uint32}[bits])
 
 
 def int8_scale(max_value: float, quantum: float) -> int | None:
@@ -233,6 +264,139 @@ def int8_scale(max_value: float, quantum: float) -> int | None:
     while quantum * 2.0**k < 1:
         k += 1
     return k if max_value * 2.0**k <= 127 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class _FloatLayout:
+    """A narrow float format's code layout, its arguments checked: what
+    :func:`float_format` builds the record from.
+
+    Attributes:
+      bits, signed, infinities, high_nans: as passed.
+      t: trailing significand bits (``precision - 1``); ``e_bits``: exponent bits.
+      bias: the exponent bias (IEEE's default resolved).
+      neg_zero: the sign-bit-only code is -0 (always, for unsigned formats).
+      mag_mask: every bit but the sign; ``max_code``: the largest finite magnitude.
+      subnormals: exponent field 0 holds subnormals (else normal values, code 0 zero).
+    """
+
+    bits: int
+    signed: bool
+    infinities: bool
+    high_nans: int
+    t: int
+    e_bits: int
+    bias: int
+    neg_zero: bool
+    mag_mask: int
+    max_code: int
+    subnormals: bool
+
+    def value(self, mag: int) -> float:
+        """The value of a magnitude code (the code without its sign bit)."""
+        e, m = mag >> self.t, mag & ((1 << self.t) - 1)
+        if e == 0 and (self.subnormals or mag == 0):
+            return math.ldexp(m, 1 - self.bias - self.t)
+        return math.ldexp((1 << self.t) + m, e - self.bias - self.t)
+
+    @property
+    def quantum(self) -> float:
+        """The power of two every value is a multiple of: the smallest positive value, or
+        without subnormals ``2**(-bias - t)``, below it."""
+        return self.value(1) if self.subnormals else math.ldexp(1.0, -self.bias - self.t)
+
+
+def _check_float_arguments(name: Any, ints: dict[str, Any], flags: dict[str, Any]) -> None:
+    """:func:`float_format`'s name, int arguments (``bits``, ``precision``, ``high_nans``)
+    and flags, checked for type and range in the order its docstring lists them."""
+    if not isinstance(name, str) or not name or not all(c.isalnum() or c == "_" for c in name):
+        raise ValueError(
+            f"name: expected a non-empty name of letters, digits and '_', got {name!r}"
+        )
+    for arg, v in ints.items():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{arg}: expected an int, got {type(v).__name__} {v!r}")
+    for arg, b in flags.items():
+        if not isinstance(b, (bool, np.bool_)):
+            raise TypeError(f"{arg}: expected True or False, got {type(b).__name__} {b!r}")
+    bits, precision = ints["bits"], ints["precision"]
+    if not 2 <= bits <= 16:
+        raise ValueError(f"bits: a format is stored in 2 to 16 bits, got {bits}")
+    if not 1 <= precision <= bits:
+        raise ValueError(f"precision: expected 1 to {bits} (the storage bits), got {precision}")
+    if not flags["subnormals"] and precision == 1:
+        raise ValueError(
+            "subnormals: a precision-1 format without subnormals has no zero (gfloat 0.5 "
+            "decodes its code 0 as 2**-bias, as float8_e8m0fnu's); emulate builds formats "
+            "without subnormals whose code 0 is zero: use precision 2 or more, or "
+            "subnormals=True (at precision 1 it holds zero and the same powers of two)"
+        )
+
+
+def _float_layout(
+    bits: int,
+    precision: int,
+    bias: int | None,
+    signed: bool,
+    infinities: bool,
+    high_nans: int,
+    negative_zero: bool,
+    subnormals: bool,
+) -> _FloatLayout:
+    """The layout of checked arguments; raises on a bias of the wrong type, NaN and Inf
+    codes that leave no finite nonzero code, values float32 cannot hold
+    (:func:`_float32_range_error`), and a bias above 126 for a format without subnormals
+    with a trailing significand."""
+    sign_bits = 1 if signed else 0
+    t = precision - 1
+    e_bits = bits - sign_bits - t
+    if bias is None:
+        bias = (1 << (e_bits - 1)) - 1 if e_bits > 0 else 0
+    if isinstance(bias, bool) or not isinstance(bias, (int, np.integer)):
+        raise TypeError(f"bias: expected an int, got {type(bias).__name__} {bias!r}")
+    mag_mask = (1 << (bits - sign_bits)) - 1
+    max_code = mag_mask - high_nans - (1 if infinities else 0)
+    if high_nans < 0 or max_code < 1:
+        raise ValueError(
+            f"high_nans: {high_nans} NaN codes{' and an Inf' if infinities else ''} leave no "
+            f"finite nonzero code among the {mag_mask + 1} magnitudes"
+        )
+    # Every value is a multiple of the quantum; without subnormals it lies below ``tiny``.
+    outside = _float32_range_error(t, bias, max_code, 1 - bias - t if subnormals else -bias - t)
+    if outside:
+        raise ValueError(f"bias: {bias} puts values outside float32 (its {outside}); {_F32_ONLY}")
+    if not subnormals and t > 0 and 127 - bias < 1:
+        raise ValueError(
+            f"bias: {bias} is too large for a format without subnormals with a trailing "
+            "significand (at most 126)"
+        )
+    return _FloatLayout(
+        bits=bits,
+        signed=signed,
+        infinities=infinities,
+        high_nans=high_nans,
+        t=t,
+        e_bits=e_bits,
+        bias=bias,
+        neg_zero=bool(negative_zero) or not signed,
+        mag_mask=mag_mask,
+        max_code=max_code,
+        subnormals=bool(subnormals),
+    )
+
+
+def _special_codes(lay: _FloatLayout) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(NaN codes, Inf codes), sorted: the top ``high_nans`` magnitudes of each sign, the
+    one below them if ``infinities``, and the sign-bit-only code where it is no -0."""
+    sign = 1 << (lay.bits - 1)
+    nan = [c for c in range(lay.mag_mask - lay.high_nans + 1, lay.mag_mask + 1)]
+    inf = [lay.max_code + 1] if lay.infinities else []
+    if lay.signed:
+        nan += [c | sign for c in nan]
+        inf += [c | sign for c in inf]
+        if not lay.neg_zero:
+            nan.append(sign)
+    return tuple(sorted(nan)), tuple(sorted(inf))
 
 
 def float_format(
@@ -252,12 +416,18 @@ def float_format(
     Codes are ``[sign] exponent trailing-significand``, most significant first. Counting
     magnitudes (the code without its sign bit) from the top: the ``high_nans`` largest are
     NaN, the next one is +-Inf if ``infinities``; every smaller one is finite. Exponent field
-    0 holds zero and the subnormals ``m * 2**(1 - bias - (precision - 1))``.
+    0 holds zero and the subnormals ``m * 2**(1 - bias - (precision - 1))``; with
+    ``subnormals=False``, code 0 (and the sign-bit-only code) is zero and every other code
+    of exponent field 0 is normal, ``(1 + m / 2**t) * 2**-bias`` (``t = precision - 1``),
+    as gfloat 0.5 decodes ``FormatInfo(has_subnormals=False)``: ``2**-bias`` has no code
+    and the smallest positive value is ``(1 + 2**-t) * 2**-bias``. Rounding below that
+    smallest value goes between 0 and it (docs/numerics.md, "Formats without
+    subnormals").
 
     Args:
       name: the registry name: lower case letters, digits and ``_``; no alias or name of
         another format (checked by :func:`emulate.formats.register`).
-      bits: storage width, 2 to 8.
+      bits: storage width, 2 to 16 (codes of 9 to 16 bits travel as uint16).
       precision: significand bits including the implicit one, 1 to ``bits``;
         ``precision - 1`` trailing bits are stored (a signed 8-bit format of precision 8
         has no exponent field: every value is subnormal).
@@ -268,83 +438,35 @@ def float_format(
         ``num_high_nans``).
       negative_zero: whether the sign-bit-only code is -0 (True) or a NaN (False: fnuz,
         P3109). Ignored for unsigned formats.
-      subnormals: must be True: formats without subnormals are not built (their
-        encoder is not written), except float8_e8m0fnu.
+      subnormals: whether exponent field 0 holds subnormals (default) or normal values
+        (above; precision 2 or more).
 
     Raises:
       TypeError: an argument of the wrong type.
       ValueError: an impossible record, saying which argument and why: no exponent or
         significand field fits, no finite nonzero code is left, or values that float32
-        cannot hold (above its max, or below 2**-149); the ``1 <= 127 - bias`` limit of
-        the decoder for formats with a trailing significand.
-      NotImplementedError: ``subnormals=False``.
+        cannot hold (above its max, or below 2**-149: emulate decodes into float32);
+        the ``1 <= 127 - bias`` limit of the decoder for formats without subnormals with
+        a trailing significand; ``subnormals=False`` at precision 1 (no zero: gfloat
+        decodes code 0 as ``2**-bias``).
     """
-    if not isinstance(name, str) or not name or not all(c.isalnum() or c == "_" for c in name):
-        raise ValueError(
-            f"name: expected a non-empty name of letters, digits and '_', got {name!r}"
-        )
-    for arg, v in (("bits", bits), ("precision", precision), ("high_nans", high_nans)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{arg}: expected an int, got {type(v).__name__} {v!r}")
-    for arg, b in (
-        ("signed", signed),
-        ("infinities", infinities),
-        ("negative_zero", negative_zero),
-        ("subnormals", subnormals),
-    ):
-        if not isinstance(b, (bool, np.bool_)):
-            raise TypeError(f"{arg}: expected True or False, got {type(b).__name__} {b!r}")
-    if not 2 <= bits <= 8:
-        raise ValueError(f"bits: a format is stored in 2 to 8 bits, got {bits}")
-    sign_bits = 1 if signed else 0
-    if not 1 <= precision <= bits:
-        raise ValueError(f"precision: expected 1 to {bits} (the storage bits), got {precision}")
-    if not subnormals:
-        raise NotImplementedError(
-            "subnormals: formats without subnormals are not built (only float8_e8m0fnu is); "
-            "use subnormals=True"
-        )
-    t = precision - 1
-    e_bits = bits - sign_bits - t
-    if bias is None:
-        bias = (1 << (e_bits - 1)) - 1 if e_bits > 0 else 0
-    if isinstance(bias, bool) or not isinstance(bias, (int, np.integer)):
-        raise TypeError(f"bias: expected an int, got {type(bias).__name__} {bias!r}")
-    neg_zero = bool(negative_zero) or not signed
-    mag_mask = (1 << (bits - sign_bits)) - 1
-    max_code = mag_mask - high_nans - (1 if infinities else 0)
-    if high_nans < 0 or max_code < 1:
-        raise ValueError(
-            f"high_nans: {high_nans} NaN codes{' and an Inf' if infinities else ''} leave no "
-            f"finite nonzero code among the {mag_mask + 1} magnitudes"
-        )
-
-    def value(mag: int) -> float:
-        e, m = mag >> t, mag & ((1 << t) - 1)
-        if e == 0:
-            return math.ldexp(m, 1 - bias - t)
-        return math.ldexp((1 << t) + m, e - bias - t)
-
-    top, tiny = value(max_code), value(1)
-    if top > float(np.finfo(np.float32).max) or tiny < 2.0**-149:
-        raise ValueError(
-            f"bias: {bias} puts values outside float32 (largest {top:g}, smallest {tiny:g}); "
-            "emulate decodes into float32"
-        )
-    if t > 0 and 127 - bias < 1:
-        raise ValueError(
-            f"bias: {bias} is too large for a format with a trailing significand (at most 126)"
-        )
-    sign = 1 << (bits - 1)
-    nan = [c for c in range(mag_mask - high_nans + 1, mag_mask + 1)]
-    inf = [max_code + 1] if infinities else []
-    if signed:
-        nan += [c | sign for c in nan]
-        inf += [c | sign for c in inf]
-        if not neg_zero:
-            nan.append(sign)
+    _check_float_arguments(
+        name,
+        {"bits": bits, "precision": precision, "high_nans": high_nans},
+        {
+            "signed": signed,
+            "infinities": infinities,
+            "negative_zero": negative_zero,
+            "subnormals": subnormals,
+        },
+    )
+    lay = _float_layout(
+        bits, precision, bias, signed, infinities, high_nans, negative_zero, subnormals
+    )
+    top, tiny = lay.value(lay.max_code), lay.value(1)
+    nan, inf = _special_codes(lay)
     exact = (
-        tuple(w for w, digits in (("bfloat16", 8), ("float32", 24)) if t + 1 <= digits)
+        tuple(w for w, digits in (("bfloat16", 8), ("float32", 24)) if lay.t + 1 <= digits)
         if tiny >= F32_MIN_NORMAL
         else ()
     )
@@ -353,22 +475,40 @@ def float_format(
         bits=int(bits),
         is_float=True,
         signed=bool(signed),
-        exponent_bits=e_bits,
-        mantissa_bits=t,
-        bias=int(bias),
+        exponent_bits=lay.e_bits,
+        mantissa_bits=lay.t,
+        bias=int(lay.bias),
         max=top,
         min=-top if signed else 0.0,
-        min_normal=math.ldexp(1.0, 1 - bias),
+        min_normal=math.ldexp(1.0, 1 - lay.bias) if subnormals else tiny,
         min_subnormal=tiny,
-        has_subnormals=True,
+        has_subnormals=bool(subnormals),
         has_inf=bool(infinities),
-        nan_codes=tuple(sorted(nan)),
-        inf_codes=tuple(sorted(inf)),
-        signed_zero=bool(signed) and neg_zero,
+        nan_codes=nan,
+        inf_codes=inf,
+        signed_zero=bool(signed) and lay.neg_zero,
         exact_in=exact,
-        int8_scale=int8_scale(top, tiny),
+        int8_scale=int8_scale(top, lay.quantum),
         xla_storable=False,
     )
+
+
+_F32_ONLY = "emulate decodes into float32 (JAX holds no float64 without x64, and no TPU has it)"
+
+
+def _float32_range_error(t: int, bias: int, max_code: int, low_exp: int) -> str:
+    """Why float32 cannot hold every finite value of a float format with ``t`` trailing
+    significand bits, exponent ``bias``, largest finite magnitude code ``max_code`` and
+    quantum ``2**low_exp`` (every value a multiple of it), in words; ``""`` where it can:
+    the largest value below 2**128 and the quantum at least 2**-149 (a float32 denormal,
+    which XLA may flush, but whose bits the decoder builds exactly). Integer arithmetic
+    only: the exponents of a 16-bit format with a 15-bit exponent field overflow float64."""
+    top_exp = max(max_code >> t, 1) - bias  # max < 2**(top_exp + 1)
+    if top_exp > 127:
+        return f"largest value at least 2**{top_exp}, above float32's max (below 2**128)"
+    if low_exp < -149:
+        return f"quantum 2**{low_exp}, below float32's smallest denormal 2**-149"
+    return ""
 
 
 def p3109(precision: int, *, bits: int = 8, signed: bool = True, extended: bool = True) -> Format:
@@ -379,17 +519,20 @@ def p3109(precision: int, *, bits: int = 8, signed: bool = True, extended: bool 
     would-be -0 code ``0x80`` and no negative zero; unsigned ones bias
     ``2**(bits - precision)`` and their NaN at the top code. ``extended`` formats put
     +-Inf just below (``0x7f``/``0xff`` signed, ``0xfe`` unsigned); finite ones have none.
+    Formats of 9 to 16 bits store their codes as uint16.
 
     Raises:
-      ValueError: ``bits`` outside 2 to 8 (P3109 defines wider formats; emulate's codes
-        are one byte each, so they are not built), ``precision`` outside 1 to ``bits``,
+      ValueError: ``bits`` outside 2 to 16 (P3109 defines wider formats; emulate's codes
+        are uint8 or uint16, so they are not built), ``precision`` outside 1 to ``bits``,
+        a format whose values float32 cannot hold (an exponent field of 9 bits or more,
+        such as ``p3109_k16p1se``'s values up to 2**16383: emulate decodes into float32),
         or the 2-bit signed extended formats (``p3109_k2p1se``, ``p3109_k2p2se``), whose
         four codes are 0, +Inf, NaN and -Inf: no finite nonzero value.
     """
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 2 <= bits <= 8:
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 2 <= bits <= 16:
         raise ValueError(
-            f"bits: P3109 formats of 2 to 8 bits are built (one code a byte); wider ones "
-            f"are not, got {bits!r}"
+            f"bits: P3109 formats of 2 to 16 bits are built (codes in uint8 or uint16); "
+            f"wider ones are not, got {bits!r}"
         )
     if isinstance(precision, bool) or not isinstance(precision, (int, np.integer)):
         raise TypeError(f"precision: expected an int, got {type(precision).__name__}")
@@ -404,6 +547,14 @@ def p3109(precision: int, *, bits: int = 8, signed: bool = True, extended: bool 
             f"{name} is not built: its four codes are 0, +Inf, NaN and -Inf, no finite "
             "nonzero value (gfloat's format_info_p3109 describes the same codes), and "
             "emulate builds formats that hold at least one"
+        )
+    t, magnitudes = precision - 1, 1 << (bits - 1 if signed else bits)
+    top_code = magnitudes - 1 - (0 if signed else 1) - int(extended)
+    outside = _float32_range_error(t, bias, top_code, 1 - bias - t)
+    if outside:
+        raise ValueError(
+            f"{name} is not built: its exponent bias is {bias}, which makes its {outside}; "
+            f"{_F32_ONLY}"
         )
     return float_format(
         name,

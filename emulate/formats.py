@@ -6,8 +6,9 @@ is what ``emulate`` decodes; the wide types (``bfloat16``, ``float16``, ``float3
 
 Numeric fields of the ml_dtypes types are derived from ``ml_dtypes.finfo`` /
 ``ml_dtypes.iinfo``; their NaN and Inf code sets are read off ml_dtypes by enumerating
-every code. The IEEE P3109 binary8 formats (``P3109_BINARY8``) are registered too, and any
-float format of at most 8 bits can be: build its record with :func:`float_format` (or
+every code. The IEEE P3109 binary8 formats (``P3109_BINARY8``) are registered too, every
+other ``p3109_k{k}p{p}{s|u}{e|f}`` of 2 to 16 bits is built on first use of its name, and
+any float format of at most 16 bits can be: build its record with :func:`float_format` (or
 :func:`p3109`) and :func:`register` it. Nothing here needs JAX.
 """
 
@@ -276,8 +277,8 @@ def _registry() -> dict[str, Format]:
     return reg
 
 
-_P3109_NAME = re.compile(r"p3109_k([2-8])p([1-8])([su])([ef])")
-_P3109_WIDE = re.compile(r"p3109_k(9|[1-9][0-9]+)p[1-9][0-9]*[su][ef]")
+_P3109_NAME = re.compile(r"p3109_k([2-9]|1[0-6])p([1-9]|1[0-6])([su])([ef])")
+_P3109_WIDE = re.compile(r"p3109_k(1[7-9]|[2-9][0-9]|[1-9][0-9]{2,})p[1-9][0-9]*[su][ef]")
 
 
 def _p3109_of(name: str) -> Format:
@@ -370,7 +371,7 @@ def get(fmt: FormatLike, *, arg: str = "fmt") -> Format:
         if wide:
             raise ValueError(
                 f"{arg}: {fmt!r} is a {wide.group(1)}-bit P3109 format, not built: emulate "
-                "builds P3109 formats of 2 to 8 bits (its codecs hold one code a byte)"
+                "builds P3109 formats of 2 to 16 bits (its codes are uint8 or uint16)"
             )
         raise ValueError(f"{arg}: unknown format {fmt!r}; known formats: {', '.join(names())}")
     try:

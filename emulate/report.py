@@ -67,7 +67,8 @@ class Row:
       seconds: the estimate: the larger of ``compute_seconds`` and ``memory_seconds``
         (None when the target states neither).
       weight_route: a contraction with a weight operand on a TPU target: "pallas.matmul"
-        (:mod:`emulate.kernel_route`), or "xla: " and why the kernel does not take it;
+        or "pallas.ragged_dot" (:mod:`emulate.kernel_route`), or "xla: " and why the kernel
+        does not take it;
         "" otherwise.
       bytes: what the site moves at least: its operands as stored (a QArray's codes at
         their bit width, scales not counted) and, for a plain dot, its result.
@@ -134,15 +135,16 @@ class Report:
             for r in self.rows
             if r.weight_route.startswith("xla: ")
         ]
-        why = ["kept off emulate.pallas.matmul:", *notes] if notes else []
+        kept = "kept off the Pallas kernels (emulate.pallas.matmul, ragged_dot):"
+        why = [kept, *notes] if notes else []
         return "\n".join([head, table(rows, columns=columns, rule=False), *why])
 
 
 def _route_cell(r: Row) -> str:
     """The route column: the kernel, or the plan's method (marked where a weight stays
     on the XLA route of a TPU target, the reason listed under the table)."""
-    if r.weight_route == "pallas.matmul":
-        return "pallas.matmul"
+    if r.weight_route.startswith("pallas."):
+        return r.weight_route
     method = r.plan.method if r.plan else ""
     return f"{method} (xla)" if r.weight_route else method
 
@@ -413,7 +415,7 @@ def _rows(jaxpr: Any, t: targets.Target, mode: str, prefix: tuple[str, ...]) -> 
         name = eqn.primitive.name
         tag = _site_tag(eqn)
         if tag is not None:
-            if _contains_matmul(eqn) or tag.route == "pallas.matmul":
+            if _contains_matmul(eqn) or tag.route.startswith("pallas."):
                 yield _site_row(eqn, tag, prefix)
             continue
         if name == "pallas_call":

@@ -61,7 +61,9 @@ from emulate.numerics import accumulate, codecs
 from emulate.numerics.bits import times_pow2
 from emulate.numerics.storage import Packed
 from emulate.planning.plan import plan
-from emulate.quant import SCALE_FORMATS, QArray, dequantize
+from emulate.quantized.array import QArray
+from emulate.quantized.checks import SCALE_FORMATS
+from emulate.quantized.values import dequantize
 from emulate.targets import TargetLike
 
 __all__ = ["qarray_dot_general", "scaled_matmul"]

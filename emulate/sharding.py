@@ -41,7 +41,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from emulate import formats
 from emulate.numerics.storage import Packed, group_shape
-from emulate.qarray import QArray
+from emulate.quantized.array import QArray
 
 __all__ = ["local_weight", "partitioned_over", "shard_weight", "weight_specs"]
 

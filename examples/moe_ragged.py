@@ -1,5 +1,8 @@
 """Routed mixture-of-experts layers on ``emulate.ragged_dot``: each token goes to its top-k
-experts only, and the expert weights stay as their checkpoint stores them.
+experts only, and the expert weights stay as their checkpoint stores them. On a TPU
+target every expert matmul takes the grouped kernel ``emulate.pallas.ragged_dot``, which
+reads each routed expert's weight once as stored; the example prints the route each
+expert matmul took (``emulate.inspect``).
 
 Two layers, each loaded from a checkpoint written here the way its project writes it:
 
@@ -9,14 +12,19 @@ Two layers, each loaded from a checkpoint written here the way its project write
   ``emulate.importers.read_gpt_oss_mxfp4``: stacked QArrays ``(E, K, N)``.
 - Mixtral-style: ``ffn_gate_exps`` / ``ffn_up_exps`` / ``ffn_down_exps`` as 3-D Q4_K
   tensors of a GGUF file, read by ``emulate.importers.load_gguf``: stacked QArrays
-  ``(E, N, K)`` (GGUF's ``(out, in)`` per expert), contracted on their last axis by
-  ``emulate.ragged_dot_general``.
+  ``(E, N, K)`` (GGUF's ``(out, in)`` per expert), turned once into ``(E, K, N)``
+  (``emulate.quantized.array.transpose``: codes and scales moved, nothing decoded), the
+  layout the grouped kernel reads as stored. Kept ``(E, N, K)`` they still work (layout "enk",
+  contracted on their last axis), on the XLA route.
+
+Each layer's experts are then prepared once for the target (``emulate.prepare_weights``:
+on a TPU target, the same bytes in the grouped kernel's layout).
 
 The router is plain JAX: top-k of the logits, the k weights renormalised (softmax over
 the chosen logits), the (token, expert) assignments sorted by expert so that each
 expert's rows are contiguous, and ``group_sizes`` the number of rows per expert.
 
-    python examples/moe_ragged.py      # both layers through polyfill on tpu_v5e and tpu_v4
+    python examples/moe_ragged.py   # both layers, polyfilled, for tpu_v5e and tpu_v4
 """
 
 from __future__ import annotations
@@ -126,14 +134,22 @@ def write_mixtral(path: str, rng: np.random.Generator, experts: int, d: int, f: 
     writer.close()
 
 
-def load_mixtral(path: str, router: jax.Array) -> dict[str, Any]:
-    """The Mixtral layer (layout "enk"): the GGUF file's expert tensors as stacked
-    QArrays (E, N, K)."""
+def load_mixtral(path: str, router: jax.Array, layout: str = "ekn") -> dict[str, Any]:
+    """The Mixtral layer: the GGUF file's expert tensors as stacked QArrays, (E, K, N)
+    (``layout="ekn"``, transposed once) or (E, N, K) as stored (``"enk"``)."""
     tensors = gguf_importer.load_gguf(path)
     params: dict[str, Any] = {"router": router}
     for name in ("gate", "up", "down"):
-        params[name] = tensors[f"blk.0.ffn_{name}_exps.weight"]
+        q = tensors[f"blk.0.ffn_{name}_exps.weight"]
+        params[name] = emulate.quantized.array.transpose(q, (0, 2, 1)) if layout == "ekn" else q
     return params
+
+
+def expert_routes(layer: Any, params: dict[str, Any], x: jax.Array, target: str) -> list[str]:
+    """The route of each expert matmul of ``layer`` on ``target``, as ``emulate.inspect``
+    shows it: "pallas.ragged_dot" (the grouped kernel), or "xla: " and the reason."""
+    rows = emulate.inspect(layer, params, x, target=target).rows
+    return [r.weight_route for r in rows if r.primitive == "ragged_dot_general"]
 
 
 def main() -> None:
@@ -145,15 +161,19 @@ def main() -> None:
         write_gpt_oss(f"{tmp}/oss.safetensors", rng, experts, d, f)
         write_mixtral(f"{tmp}/mixtral.gguf", rng, experts, d, f)
         layers = {
-            "gpt-oss MXFP4": ("ekn", load_gpt_oss(f"{tmp}/oss.safetensors", router)),
-            "Mixtral Q4_K": ("enk", load_mixtral(f"{tmp}/mixtral.gguf", router)),
+            "gpt-oss MXFP4": load_gpt_oss(f"{tmp}/oss.safetensors", router),
+            "Mixtral Q4_K": load_mixtral(f"{tmp}/mixtral.gguf", router),
         }
-    for name, (layout, params) in layers.items():
+    layer = functools.partial(moe, layout="ekn")
+    for name, params in layers.items():
         for target in ("tpu_v5e", "tpu_v4"):
-            run = emulate.polyfill(functools.partial(moe, layout=layout), target=target)
-            left = emulate.program.unsupported_sites(run, params, x, target=target)
-            out = run(params, x)
+            prepared = emulate.prepare_weights(params, target=target)  # once, at load
+            run = emulate.polyfill(layer, target=target)
+            left = emulate.program.unsupported_sites(run, prepared, x, target=target)
+            out = run(prepared, x)  # on this host: the XLA route; on a TPU: the kernel
             print(f"{name} on {target}: unsupported sites {len(left)}, output {out.shape}")
+            for i, r in enumerate(expert_routes(layer, prepared, x, target)):
+                print(f"  expert matmul {i}: {r}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """gfloat as the oracle of the rounding modes: the format descriptions, the value samples
 and emulate's documented differences, shared by tests/numerics/test_rounding.py (the jnp
-encoder) and tests/test_reference_rounding.py (the numpy oracle).
+encoder) and tests/reference/test_reference_rounding.py (the numpy oracle).
 
 The differences (docs/numerics.md, "Rounding modes"):
 
@@ -98,16 +98,20 @@ def f32_sample(f: formats.Format, values: np.ndarray | None = None) -> np.ndarra
     return np.concatenate([every_bf16, random_bits.view(np.float32), pos, -pos])
 
 
-def cases(names: list[str]) -> list:
+def cases(names: list[str], *, every_mode: bool = False) -> list:
     """(format, mode, saturate): in CI each format in one mode, the modes rotating over
-    the formats (so each meets one or two) and saturation alternating; the rest of the
-    matrix under the long marker."""
+    the formats (so each meets one or two) and saturation alternating; with
+    ``every_mode``, each mode once instead, the formats rotating over the modes. The rest
+    of the matrix under the long marker."""
     out = []
     for i, name in enumerate(names):
-        ci = (ROUNDINGS[i % len(ROUNDINGS)], i % 2 == 1)
-        for m in ROUNDINGS:
+        for j, m in enumerate(ROUNDINGS):
             for sat in (False, True):
-                marks = () if (m, sat) == ci else pytest.mark.long
+                if every_mode:
+                    ci = names[j % len(names)] == name and sat == (j % 2 == 1)
+                else:
+                    ci = (m, sat) == (ROUNDINGS[i % len(ROUNDINGS)], i % 2 == 1)
+                marks = () if ci else pytest.mark.long
                 tag = "saturate" if sat else "wrap"
                 out.append(pytest.param(name, m, sat, marks=marks, id=f"{name}-{m}-{tag}"))
     return out

@@ -52,7 +52,7 @@ def gfloat_info(f: Format) -> gfloat.FormatInfo:
         domain=Domain.Extended if f.has_inf else Domain.Finite,
         has_nz=f.signed_zero,
         num_high_nans=f.high_nans,
-        has_subnormals=True,
+        has_subnormals=f.has_subnormals,
         is_twos_complement=False,
     )
 

@@ -212,3 +212,31 @@ def test_readme_examples_run() -> None:
     lines = ran.stdout.splitlines()
     assert lines[0].startswith("float32 (8, 256) ")
     assert lines[1] == "float4_e2m1fn x float4_e2m1fn -> float4_e2m1fn on tpu_v5e (mode 'fast')"
+
+
+#: Modules that moved into packages, under the paths the docs gave them before -> where
+#: they live now (emulate/__init__ keeps the old paths importable).
+MOVED = {
+    "emulate.mx": "emulate.quantized.mx",
+    "emulate.quant": "emulate.quantized.quantizing",
+    "emulate.qarray": "emulate.quantized.array",
+    "emulate.reference_codes": "emulate.reference.codes",
+    "emulate.reference_rounding": "emulate.reference.rounding",
+}
+
+
+def test_moved_modules_import_under_their_documented_paths() -> None:
+    import importlib
+
+    import emulate
+
+    for old, new in MOVED.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+        assert getattr(emulate, old.removeprefix("emulate.")).__name__ == new
+    from emulate.qarray import QArray, dequantize
+    from emulate.quant import SCALE_FORMATS, Scheme, quantize
+
+    assert (QArray, dequantize, quantize) == (emulate.QArray, emulate.dequantize, emulate.quantize)
+    assert isinstance(emulate.mx.MXFP4, Scheme)
+    assert (emulate.mx.MXFP4.format, emulate.mx.MXFP4.block) == ("float4_e2m1fn", (32,))
+    assert "float8_e8m0fnu" in SCALE_FORMATS

@@ -41,9 +41,18 @@ FAMILY = [
     for s in "su"
     for d in "ef"
 ]
+#: The wide formats emulate builds, a few of each width: those with an exponent field of at
+#: most 8 bits (float32 holds their values).
+WIDE_FAMILY = [
+    f"p3109_k{k}p{p}{s}{d}"
+    for k in (9, 12, 16)
+    for s in "su"
+    for p in sorted({k - 8 + (s == "u"), k - 6, k - 1, k})
+    for d in "ef"
+]
 
 
-@pytest.mark.parametrize("name", FAMILY)
+@pytest.mark.parametrize("name", FAMILY + WIDE_FAMILY)
 def test_p3109_record_matches_gfloat_format_info(name: str) -> None:
     fi = _gfloat_p3109(name)
     f = formats.get(name)
@@ -64,8 +73,14 @@ def test_p3109_record_matches_gfloat_format_info(name: str) -> None:
         assert fi.code_of_posinf in f.inf_codes
         assert len(f.inf_codes) == fi.num_infs
     assert f.signed_zero == (fi.has_nz and fi.is_signed)
-    # Each code's class, as gfloat decodes it.
-    for code in range(1 << f.bits):
+    # Each code's class, as gfloat decodes it (above 8 bits the top and bottom 256 codes of
+    # each sign, where the specials are, and every 97th code).
+    codes = range(1 << f.bits)
+    if f.bits > 8:
+        half = 1 << (f.bits - 1)
+        edges = [*range(256), *range(half - 256, half + 256), *range(2 * half - 256, 2 * half)]
+        codes = sorted(set(edges) | set(range(0, 2 * half, 97)))
+    for code in codes:
         v = gfloat.decode_float(fi, code).fval
         assert (code in f.nan_codes) == bool(np.isnan(v)), code
         assert (code in f.inf_codes) == bool(np.isinf(v)), code
@@ -109,7 +124,11 @@ def test_int8_scale_and_scale_only_come_from_the_values() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        (dict(bits=9, precision=4), ValueError, "bits: a format is stored in 2 to 8 bits, got 9"),
+        (
+            dict(bits=17, precision=4),
+            ValueError,
+            "bits: a format is stored in 2 to 16 bits, got 17",
+        ),
         (
             dict(bits=8, precision=0),
             ValueError,
@@ -128,19 +147,34 @@ def test_int8_scale_and_scale_only_come_from_the_values() -> None:
             "bias: -200 puts values outside float32",
         ),
         (
-            dict(bits=8, precision=2, bias=127),
+            dict(bits=8, precision=2, bias=160),
             ValueError,
-            "bias: 127 is too large for a format with a trailing significand (at most 126)",
+            "bias: 160 puts values outside float32 (its quantum 2**-160, below "
+            "float32's smallest denormal 2**-149); emulate decodes into float32 (JAX holds "
+            "no float64 without x64, and no TPU has it)",
         ),
         (
-            dict(bits=8, precision=4, subnormals=False),
-            NotImplementedError,
-            "subnormals: formats without subnormals are not built",
+            dict(bits=16, precision=4),
+            ValueError,
+            "bias: 2047 puts values outside float32 (its largest value at least 2**2048, above "
+            "float32's max (below 2**128))",
+        ),
+        (
+            dict(bits=8, precision=2, bias=127, subnormals=False),
+            ValueError,
+            "bias: 127 is too large for a format without subnormals with a trailing "
+            "significand (at most 126)",
+        ),
+        (
+            dict(bits=8, precision=1, subnormals=False),
+            ValueError,
+            "subnormals: a precision-1 format without subnormals has no zero (gfloat 0.5 "
+            "decodes its code 0 as 2**-bias, as float8_e8m0fnu's)",
         ),
     ],
 )
 def test_impossible_records_are_refused(kwargs, error, message) -> None:
-    with pytest.raises(error, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(error, match="^" + re.escape(message)):
         float_format("x8", **kwargs)
 
 
@@ -189,10 +223,28 @@ def test_the_two_bit_signed_extended_p3109_formats_say_why_they_are_not_built(p)
     assert np.isnan(gfloat.decode_float(fi, 2).fval)
 
 
-def test_p3109_formats_wider_than_a_byte_say_they_are_not_built() -> None:
-    with pytest.raises(ValueError, match=r"^fmt: 'p3109_k16p8se' is a 16-bit P3109 format, not "
-                       r"built: emulate builds P3109 formats of 2 to 8 bits \(its codecs hold "
-                       r"one code a byte\)$"):  # fmt: skip
-        formats.get("p3109_k16p8se")
-    with pytest.raises(ValueError, match=r"^bits: P3109 formats of 2 to 8 bits are built"):
-        p3109(3, bits=9)
+def test_p3109_formats_wider_than_16_bits_say_they_are_not_built() -> None:
+    with pytest.raises(ValueError, match=r"^fmt: 'p3109_k17p8se' is a 17-bit P3109 format, not "
+                       r"built: emulate builds P3109 formats of 2 to 16 bits \(its codes are "
+                       r"uint8 or uint16\)$"):  # fmt: skip
+        formats.get("p3109_k17p8se")
+    with pytest.raises(ValueError, match=r"^bits: P3109 formats of 2 to 16 bits are built"):
+        p3109(3, bits=17)
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("p3109_k16p1se", "16384, which makes its largest value at least 2**16382"),
+        ("p3109_k9p1ue", "256, which makes its largest value at least 2**253"),
+        ("p3109_k16p7sf", "256, which makes its largest value at least 2**255"),
+    ],
+)
+def test_wide_p3109_formats_beyond_float32_say_why_they_are_not_built(name, why) -> None:
+    message = (
+        f"fmt: {name} is not built: its exponent bias is {why}, above float32's max (below "
+        "2**128); emulate decodes into float32 (JAX holds no float64 without x64, and no TPU "
+        "has it)"
+    )
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        formats.get(name)

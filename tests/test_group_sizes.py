@@ -10,31 +10,17 @@ import pytest
 from emulate.group_sizes import check_group_sizes
 
 
-@pytest.mark.parametrize(
-    ("sizes", "rows", "message"),
-    [
-        (
-            [5, 5, 5],
-            10,
-            "group_sizes: the groups hold 15 rows in all, but lhs has only 10; "
-            "group_sizes [5, 5, 5] must sum to at most 10",
-        ),
-        (
-            [[1, 2], [4, 7]],
-            10,
-            "group_sizes: the groups hold 11 rows in all, but lhs has "
-            "only 10; group_sizes [[1, 2], [4, 7]] must sum to at most 10",
-        ),
-        ([1, -1, 2], 10, "group_sizes: sizes must be >= 0, got [1, -1, 2]"),
-    ],
-)
-def test_concrete_group_sizes_are_checked(sizes, rows, message) -> None:
+@pytest.mark.parametrize("sizes", [[1, -1, 2], [[1, 2], [4, -7]]])
+def test_a_negative_size_is_refused_by_name(sizes) -> None:
     with pytest.raises(ValueError) as e:
-        check_group_sizes(np.array(sizes, np.int32), rows, "lhs")
-    assert str(e.value) == message
+        check_group_sizes(np.array(sizes, np.int32))
+    assert str(e.value) == (
+        f"group_sizes: sizes must be >= 0 (the rows of each group), got {sizes}"
+    )
 
 
-def test_fewer_rows_than_the_lhs_and_traced_sizes_pass() -> None:
-    check_group_sizes(np.array([0, 3, 0]), 10, "lhs")
-    check_group_sizes(np.array([4, 6]), 10, "lhs")
-    jax.jit(lambda g: check_group_sizes(g, 1, "lhs") or g)(jnp.array([5, 5]))
+def test_any_total_and_traced_sizes_pass_as_in_jax() -> None:
+    # jax 0.10.2's lax.ragged_dot accepts totals below and above the rows (tests/test_ragged)
+    for sizes in ([0, 3, 0], [4, 6], [5, 5, 5], [[1, 2], [4, 7]]):
+        check_group_sizes(np.array(sizes))
+    jax.jit(lambda g: check_group_sizes(g) or g)(jnp.array([-5, 5]))

@@ -245,7 +245,7 @@ def test_inspect_shows_the_route_per_site():
     assert routes[1].startswith("xla: emulate.pallas.matmul refuses it: w:")
     text = str(report)
     assert "pallas.matmul" in text.splitlines()[2]
-    assert "kept off emulate.pallas.matmul:" in text
+    assert "kept off the Pallas kernels (emulate.pallas.matmul, ragged_dot):" in text
 
 
 # --- compile-only: the real TPU compiler -------------------------------------------------

@@ -42,8 +42,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.compiler.compiling",
             "emulate.compiler.probing",
             "emulate.compiler",
-            "emulate.reference_codes",
-            "emulate.reference_rounding",
+            "emulate.reference.codes",
+            "emulate.reference.rounding",
             "emulate.reference",
             "emulate.bounds",
             "emulate.group_sizes",
@@ -63,6 +63,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "bit-level numerics",
         [
             "emulate.numerics",
+            "emulate.numerics.pytree",
             "emulate.numerics.storage",
             "emulate.numerics.bits",
             "emulate.numerics.rounding",
@@ -73,19 +74,27 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     (
         "quantized operands",
-        ["emulate.qparts", "emulate.qindex", "emulate.qarray", "emulate.quant", "emulate.mx"],
+        [
+            "emulate.quantized",
+            "emulate.quantized.checks",
+            "emulate.quantized.index",
+            "emulate.quantized.values",
+            "emulate.quantized.array",
+            "emulate.quantized.quantizing",
+            "emulate.quantized.mx",
+        ],
     ),
     (
         "importers: block layouts",
         [
-            "emulate.importers.parts",
-            "emulate.importers.ggml_parts",
-            "emulate.importers.ggml_legacy",
-            "emulate.importers.ggml_kquants",
-            "emulate.importers.ggml_iq",
+            "emulate.importers.stored",
+            "emulate.importers.ggml.blocks",
+            "emulate.importers.ggml.legacy",
+            "emulate.importers.ggml.kquants",
+            "emulate.importers.ggml.iq",
             "emulate.importers.ggml",
             "emulate.importers.conventions",
-            "emulate.importers.conventions.parts",
+            "emulate.importers.conventions.readers",
             "emulate.importers.conventions.config",
             "emulate.importers.conventions.integer",
             "emulate.importers.conventions.floats",
@@ -148,6 +157,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "front ends",
         [
             "emulate.sharding",
+            "emulate.route_setting",
             "emulate.kernel_route",
             "emulate.scaled",
             "emulate.dot",
@@ -414,11 +424,87 @@ def _oversized(sources: dict[str, str]) -> dict[str, str]:
     return out
 
 
+BENCHMARKS = {f"benchmarks.{p.stem}": p for p in sorted((ROOT / "benchmarks").glob("*.py"))}
+MAX_BODY_LINES = 80  # statements of one function, its docstring not counted
+
+#: Functions allowed over :data:`MAX_BODY_LINES`, and why.
+LONG_FUNCTIONS = {
+    "emulate.engine.tiled.contract": (
+        "the tiled contraction's one loop body, not yet split into stages (issue 37 names "
+        "the front doors first)"
+    ),
+}
+
+
 def test_modules_stay_small() -> None:
-    over = _oversized({m: p.read_text() for m, p in MODULES.items()})
+    sources = {m: p.read_text() for m, p in (MODULES | BENCHMARKS).items()}
+    over = _oversized(sources)
     assert {m: size for m, size in over.items() if m not in LARGE_MODULES} == {}
     stale = sorted(set(LARGE_MODULES) - set(over))
     assert stale == [], "within the limits now (or gone): remove from LARGE_MODULES"
+
+
+def _long_functions(module: str, source: str) -> dict[str, int]:
+    """``module.name`` (methods and nested functions by their qualified path) -> lines of
+    body, for each function whose body runs over :data:`MAX_BODY_LINES`: from its first
+    statement after the docstring to its last line."""
+    out: dict[str, int] = {}
+
+    def visit(node: ast.AST, path: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = (
+                f"{path}.{child.name}"
+                if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                else path
+            )
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                body = child.body
+                if ast.get_docstring(child, clean=False) is not None:
+                    body = body[1:]
+                lines = child.end_lineno - body[0].lineno + 1 if body and child.end_lineno else 0
+                if lines > MAX_BODY_LINES:
+                    out[name] = lines
+            visit(child, name)
+
+    visit(ast.parse(source), module)
+    return out
+
+
+def test_functions_stay_short() -> None:
+    long = {}
+    for module, path in (MODULES | BENCHMARKS).items():
+        long |= _long_functions(module, path.read_text())
+    assert {f: n for f, n in long.items() if f not in LONG_FUNCTIONS} == {}
+    stale = sorted(set(LONG_FUNCTIONS) - set(long))
+    assert stale == [], "within the limit now (or gone): remove from LONG_FUNCTIONS"
+
+
+def _scripts() -> set[str]:
+    """The benchmarks run as scripts (``python -m benchmarks.NAME``): those with a
+    ``__main__`` guard. The others are the libraries they share."""
+    return {m for m, p in BENCHMARKS.items() if 'if __name__ == "__main__"' in p.read_text()}
+
+
+def _script_imports(sources: dict[str, str], scripts: set[str]) -> list[str]:
+    """``"a imports b"`` for each module of ``sources`` that imports a script of
+    ``scripts`` (one script importing another, or a library importing a script)."""
+    out = []
+    for module, source in sorted(sources.items()):
+        for node in ast.walk(ast.parse(source)):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            out += [f"{module} imports {n}" for n in names if n in scripts and n != module]
+    return sorted(set(out))
+
+
+def test_no_benchmark_imports_a_script() -> None:
+    scripts = _scripts()
+    assert {"benchmarks.tpu", "benchmarks.quantized", "benchmarks.matmul"} <= scripts
+    sources = {m: p.read_text() for m, p in BENCHMARKS.items()}
+    assert _script_imports(sources, scripts) == []
 
 
 # ---------------------------------------------------------------- tests use public names
@@ -520,6 +606,9 @@ def test_tests_reach_no_private_name() -> None:
 # ---------------------------------------------------------------- the documented table
 
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
+#: The heading of the doc's layer table (the first code block after it); the picture of the
+#: trunk and its branches above it is for reading, not checked.
+DOC_TABLE_HEADING = "## The layers, module by module\n"
 #: Where a module's name starts on each line of the doc's layer drawing.
 DOC_MODULE_COLUMN = 24
 
@@ -531,10 +620,11 @@ def _doc_module(name: str) -> str:
 
 
 def _doc_layers(text: str) -> list[tuple[str, list[str]]]:
-    """The layer drawing of docs/architecture.md (its first code block) as (layer name,
-    modules) in the form of :data:`LAYERS`. Layers are separated by lines holding only a
-    "│"; a layer's name is its first column with the "Ln" number and parentheses dropped."""
-    block = text.split("```\n", 2)[1]
+    """The layer table of docs/architecture.md (the first code block after
+    :data:`DOC_TABLE_HEADING`) as (layer name, modules) in the form of :data:`LAYERS`. Layers
+    are separated by lines holding only a "│"; a layer's name is its first column with the
+    "Ln" number and parentheses dropped."""
+    block = text.split(DOC_TABLE_HEADING, 1)[1].split("```\n", 2)[1]
     layers: list[tuple[str, list[str]]] = []
     label: list[str] = []
     modules: list[str] = []
@@ -594,21 +684,29 @@ TESTED_ELSEWHERE = {
     "emulate.engine.passthrough": "calls left to JAX: test_dot, test_jax_cases",
     "emulate.engine.run": "plan_for, run_plan: test_dot, engine/test_tiled",
     "emulate.engine.sites": "site scopes: test_program, test_rewrite (emulate.inspect)",
-    "emulate.mx": "the MX / NVFP4 schemes: test_quant, test_scaled",
+    "emulate.route_setting": "use_route and WeightRoute: test_kernel_route, test_ragged",
+    "emulate.quantized": "package docstring only",
+    "emulate.quantized.mx": "the MX / NVFP4 schemes: quantized/test_quantizing, test_scaled",
+    "emulate.quantized.values": (
+        "dequantize and the part readers: quantized/test_array, quantized/test_quantizing "
+        "(against reference.dequantize)"
+    ),
     "emulate.flax": "re-exports only: tests/flax/ reach every name through it",
-    "emulate.importers.parts": "the one parts record: importers/test_ggml, test_conventions",
-    "emulate.importers.ggml_parts": GGML,
-    "emulate.importers.ggml_legacy": GGML,
-    "emulate.importers.ggml_kquants": GGML,
-    "emulate.importers.ggml_iq": GGML,
-    "emulate.importers.conventions.parts": CONVENTIONS,
+    "emulate.importers.stored": "StoredParts: importers/test_ggml, importers/test_conventions",
+    "emulate.importers.ggml.blocks": GGML,
+    "emulate.importers.ggml.legacy": GGML,
+    "emulate.importers.ggml.kquants": GGML,
+    "emulate.importers.ggml.iq": GGML,
+    "emulate.importers.conventions.readers": CONVENTIONS,
     "emulate.importers.conventions.config": CONVENTIONS,
     "emulate.importers.conventions.integer": CONVENTIONS,
     "emulate.importers.conventions.floats": CONVENTIONS,
     "emulate.importers.conventions.bnb": CONVENTIONS,
     "emulate.importers.as_qarray": "parts into QArrays: importers/test_conventions_qarray",
-    "emulate.qparts": "a QArray's parts, checked and read: test_qarray",
-    "emulate.numerics.scales": "the scale rules: test_quant (every rule against numpy)",
+    "emulate.quantized.checks": "a QArray's parts, checked: quantized/test_array",
+    "emulate.numerics.scales": (
+        "the scale rules: quantized/test_quantizing (every rule against numpy)"
+    ),
     "emulate.pallas.route": "kernel routes: pallas/test_kernel_dot, pallas/test_matmul_kernel",
     "emulate.pallas.matmul_config": "blocks and layouts: pallas/test_matmul_kernel (defaults)",
     "emulate.planning.exactness": "exactness limits: planning/test_plan (K-chunks, k_limit)",
@@ -672,6 +770,29 @@ def test_the_guard_sees_each_kind_of_misshapen_tree() -> None:
         "emulate.a": f"{2 * MAX_DEFINITIONS + 2} lines, {MAX_DEFINITIONS + 1} definitions",
         "emulate.b": "601 lines, 0 definitions",
     }
+
+    def lines(indent: int, count: int) -> str:
+        return (" " * indent + "x = 1\n") * count
+
+    source = (
+        f'def ok():\n    """Doc."""\n{lines(4, MAX_BODY_LINES)}'
+        f"class C:\n    def long(self):\n        def inner():\n{lines(12, MAX_BODY_LINES + 1)}"
+        f"{lines(8, MAX_BODY_LINES)}"
+    )
+    assert _long_functions("benchmarks.a", source) == {
+        "benchmarks.a.C.long": 2 * MAX_BODY_LINES + 2,
+        "benchmarks.a.C.long.inner": MAX_BODY_LINES + 1,
+    }
+    sources = {
+        "benchmarks.a": "from benchmarks import b, harness\n",
+        "benchmarks.b": "import benchmarks.c\n",
+        "benchmarks.c": "from benchmarks.harness import ms\nfrom benchmarks.b import run\n",
+    }
+    assert _script_imports(sources, {"benchmarks.b", "benchmarks.c"}) == [
+        "benchmarks.a imports benchmarks.b",
+        "benchmarks.b imports benchmarks.c",
+        "benchmarks.c imports benchmarks.b",
+    ]
     test_source = (
         "import emulate\nfrom emulate import testing as et\nfrom emulate.engine import run\n"
         "from emulate.dot import _with_format, dot_general\n"
@@ -687,7 +808,8 @@ def test_the_guard_sees_each_kind_of_misshapen_tree() -> None:
         "emulate.engine.run._run",
         "emulate.testing._array_expr",
     ]
-    doc = "x\n```\n L0  records            formats   F\n" + " " * 24 + "tables\n  │\n"
+    doc = "```\n L0  records            a picture\n```\n" + DOC_TABLE_HEADING
+    doc += "x\n```\n L0  records            formats   F\n" + " " * 24 + "tables\n  │\n"
     doc += " L1  profiles,          targets\n     oracle (and)\n```\n"
     assert _doc_layers(doc) == [
         ("records", ["emulate.formats", "emulate.tables"]),

@@ -4,6 +4,8 @@ polyfill and inspect."""
 from __future__ import annotations
 
 import functools
+import math
+import threading
 
 import gguf
 import jax
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 import emulate
-from emulate import bounds, program, reference
+from emulate import bounds, compiler, program, reference
 
 E4, E5 = jnp.float8_e4m3fn, jnp.float8_e5m2
 
@@ -345,18 +347,16 @@ def test_gradients_reach_the_lhs_as_jaxs() -> None:
     ("call", "kind", "message"),
     [
         (
-            lambda x, w: emulate.ragged_dot(x, w, jnp.array([4, 3])),
+            lambda x, w: emulate.ragged_dot(x, w, jnp.array([4, -3])),
             ValueError,
-            "group_sizes: the groups hold 7 rows in all, but lhs's ragged dimension 0 has only "
-            "6; group_sizes [4, 3] must sum to at most 6",
+            "group_sizes: sizes must be >= 0 (the rows of each group), got [4, -3]",
         ),
         (
             lambda x, w: emulate.ragged_dot(
-                x.astype(jnp.float32), w.astype(jnp.float32), jnp.array([4, 3])
+                x.astype(jnp.float32), w.astype(jnp.float32), jnp.array([-1, 3])
             ),
             ValueError,
-            "group_sizes: the groups hold 7 rows in all, but lhs's ragged dimension 0 has only "
-            "6; group_sizes [4, 3] must sum to at most 6",
+            "group_sizes: sizes must be >= 0 (the rows of each group), got [-1, 3]",
         ),
         (
             lambda x, w: emulate.ragged_dot(x, w, jnp.array([1, 1]), group_offset=jnp.array([1])),
@@ -371,6 +371,20 @@ def test_bad_calls_name_the_argument(call, kind, message) -> None:
     with pytest.raises(kind) as e:
         call(x, w)
     assert str(e.value) == message
+
+
+@pytest.mark.parametrize("sizes", [[2, 1], [3, 3], [0, 9], [6, 6]])
+def test_any_total_of_group_sizes_gives_jaxs_bits(sizes) -> None:
+    # jax 0.10.2 accepts totals below and above the rows: fewer leave the last rows zero,
+    # more cut the groups at the last row ([3, 3] over 4 rows: row 3 in group 1)
+    rng = np.random.default_rng(sum(sizes))
+    x, w = _halves(rng, (4, 8), jnp.float32), _halves(rng, (2, 8, 3), jnp.float32)
+    gs = jnp.array(sizes, jnp.int32)
+    want = lax.ragged_dot(x, w, gs)
+    _same(
+        emulate.ragged_dot(x.astype(E4), w.astype(E4), gs, preferred_element_type=jnp.float32), want
+    )
+    _same(emulate.ragged_dot(x, w, gs, target="tpu_v2"), want)
 
 
 def test_polyfill_leaves_no_ragged_dot_the_target_lacks_and_inspect_lists_it() -> None:
@@ -476,3 +490,263 @@ def test_polyfill_rewrites_ragged_dots_inside_jit_and_scan() -> None:
     got, want = pf(x), f(x.astype(jnp.float32))  # halves: exact sums, equal bits
     _same(got[1], want[1])
     _same(got[0], want[0])
+
+
+# --- the grouped kernel route: emulate.pallas.ragged_dot through emulate.kernel_route -------
+# On a TPU target the drop-ins (and polyfill) send stacked experts to the grouped kernel;
+# here it runs in Pallas' interpret mode (use_route("interpret")) on one small MoE shape,
+# shared by the tests below, checked against the float64 oracle and mode "fast"'s bound.
+
+RK, RN, RM, RE = 256, 128, 16, 3
+TPU = "tpu_v5e"
+_R = np.random.default_rng(39)
+RX = jnp.asarray(_R.standard_normal((RM, RK)), jnp.bfloat16)
+RW = _R.standard_normal((RE, RK, RN)).astype(np.float32)
+#: int8 codes, a float16 scale per 32 rows of K and column, per expert
+RQ = emulate.quantize(RW, "int8", block_shape=32, axis=1, scale_fmt="float16")
+#: gpt-oss's scheme: e2m1 codes packed along K, an e8m0 scale per 32 rows of K
+_MX_CODES = _R.integers(0, 16, (RE, RK, RN)).astype(np.uint8).view(ml_dtypes.float4_e2m1fn)
+_MX_EXP = _R.integers(-2, 3, (RE, RK // 32, RN))
+RMX = emulate.QArray.from_parts(
+    emulate.pack(_MX_CODES, axis=1),
+    jnp.asarray(np.ldexp(1.0, _MX_EXP).astype(ml_dtypes.float8_e8m0fnu)),
+    block_shape=(1, 32, 1),
+)
+GS = jnp.array([5, 0, 9], jnp.int32)  # expert 1 routed nothing; the last 2 rows no expert
+GS_OVER = jnp.array([9, 0, 12], jnp.int32)  # 21 > 16 rows: the last group cut, as in JAX
+BASIC = lax.RaggedDotDimensionNumbers((((1,), (1,)), ((), ())), (0,), (0,))
+
+
+def _values(q: emulate.QArray) -> np.ndarray:
+    """The experts' values by the oracle (numpy + ml_dtypes), float64."""
+    return reference.dequantize(
+        np.asarray(q.codes), np.asarray(q.scales).astype(np.float32), q.block_shape
+    ).astype(np.float64)
+
+
+def _assert_routed_within_bound(y, q: emulate.QArray, sizes) -> None:
+    """Each row within gamma_(K + S + 4) of its own expert's exact product; rows in no
+    group zero."""
+    x = np.asarray(RX.astype(jnp.float32), np.float64)
+    w = _values(q)
+    ends = np.minimum(np.cumsum(sizes), RM)
+    gid = np.searchsorted(ends, np.arange(RM), side="right")
+    got = np.asarray(y, np.float64)
+    assert y.shape == (RM, RN) and y.dtype == jnp.float32
+    dn = (((1,), (0,)), ((), ()))
+    for i in range(RM):
+        if gid[i] == RE:
+            assert (got[i] == 0).all()
+            continue
+        bound = bounds.dot_general_bound(x[i : i + 1], w[gid[i]], dn, extra_terms=RK // 32 + 4)
+        assert (np.abs(got[i] - x[i] @ w[gid[i]]) <= bound[0]).all()
+
+
+@pytest.fixture(scope="module")
+def routed() -> dict:
+    """Each front end's result on the grouped kernel route (interpret mode: one kernel
+    program, replayed for each call), and the XLA route's result of the first."""
+    with emulate.target(TPU):
+        with emulate.use_route("interpret"):
+            out = {
+                "ragged_dot": emulate.ragged_dot(RX, RQ, GS),
+                "general": emulate.ragged_dot_general(RX, RQ, GS, BASIC),
+                "over": emulate.ragged_dot(RX, RQ, GS_OVER),
+            }
+        with emulate.use_route("xla"):
+            out["xla"] = emulate.ragged_dot(RX, RQ, GS)
+    return out
+
+
+@pytest.mark.parametrize("front_end", ["ragged_dot", "general", "over", "xla"])
+def test_stacked_experts_take_the_grouped_kernel_within_the_bound(routed, front_end):
+    sizes = GS_OVER if front_end == "over" else GS
+    _assert_routed_within_bound(routed[front_end], RQ, np.asarray(sizes))
+
+
+def test_an_exact_pair_through_polyfill_is_the_integers_bits():
+    rng = np.random.default_rng(8)
+    a = jnp.asarray(rng.integers(-128, 128, (RM, RK)), jnp.int8)
+    b = jnp.asarray(rng.integers(-128, 128, (RE, RK, RN)), jnp.int8)
+    fn = emulate.polyfill(
+        lambda a, b, g: lax.ragged_dot(a, b, g, preferred_element_type=jnp.int32),
+        target="tpu_v4",  # int8 x int8 is emulated there
+    )
+    route = emulate.ragged_dot_route(a, b, GS, target="tpu_v4", preferred_element_type=jnp.int32)
+    assert route.label() == "pallas.ragged_dot"
+    with emulate.use_route("interpret"):
+        got = fn(a, b, GS)
+    ints = np.zeros((RM, RN), np.int64)
+    ints[:5] = np.asarray(a[:5], np.int64) @ np.asarray(b[0], np.int64)
+    ints[5:14] = np.asarray(a[5:14], np.int64) @ np.asarray(b[2], np.int64)
+    assert got.dtype == jnp.int32  # the XLA route's exact sums (test_jax_cases...): its bits
+    assert np.array_equal(np.asarray(got), ints)
+
+
+def _jaxpr(route: str, target: str = TPU) -> str:
+    with emulate.target(target), emulate.use_route(route):
+        return str(jax.make_jaxpr(lambda x, q, g: emulate.ragged_dot(x, q, g))(RX, RQ, GS))
+
+
+def test_the_cpu_keeps_its_route_and_kernel_puts_the_kernel_in_the_tpu_branch(routed):
+    # "auto" leaves the kernel out where no TPU can lower the program (this host), a CPU
+    # target never routes; "kernel" puts it in lax.platform_dependent's TPU branch, and
+    # this CPU runs the XLA branch: the XLA route's bits
+    assert "pallas_call" not in _jaxpr("auto") and "pallas_call" not in _jaxpr("auto", "cpu")
+    kernel = _jaxpr("kernel")
+    assert kernel.count("pallas_call") == 1 and "platform_index" in kernel
+    with emulate.target(TPU), emulate.use_route("kernel"):
+        _same(emulate.ragged_dot(RX, RQ, GS), routed["xla"])
+    with emulate.use_route("kernel"), pytest.raises(ValueError, match=r"^target: route 'kern"):
+        emulate.ragged_dot(RX, RQ, GS, target="cpu")
+
+
+def test_gradients_reach_the_rows_and_vmap_maps_the_kernel(routed):
+    # the routed program's custom_jvp: the backward pass is the XLA route's (it never runs
+    # the kernel); vmap runs the kernel once per batch entry (lax.map)
+    def loss(x):
+        return emulate.ragged_dot(x, RQ, GS).sum()
+
+    xs = jnp.stack([RX, -RX])
+    with emulate.target(TPU), emulate.use_route("kernel"):
+        g = jax.grad(loss)(RX)
+        mapped = jax.vmap(lambda x: emulate.ragged_dot(x, RQ, GS))(xs)
+        jaxpr = str(jax.make_jaxpr(jax.vmap(lambda x: emulate.ragged_dot(x, RQ, GS)))(xs))
+    w = _values(RQ).sum(axis=2)  # d/dx of the row sums: each row its expert's row sums
+    want = np.zeros((RM, RK))
+    want[:5], want[5:14] = w[0], w[2]
+    assert g.dtype == jnp.bfloat16
+    assert np.array_equal(np.asarray(g), np.asarray(jnp.asarray(want, jnp.bfloat16)))
+    assert jaxpr.count("pallas_call") == 1 and "scan" in jaxpr
+    # negated rows give negated sums, and +0 (an accumulator starts at +0) where no group
+    _same(mapped, jnp.stack([routed["xla"], 0.0 - routed["xla"]]))
+
+
+#: scale blocks of 32 columns: the grouped kernel does not take them
+ALONG_N = emulate.quantize(RW, "int8", block_shape=32, axis=2)
+
+
+def test_experts_the_kernel_refuses_keep_the_xla_route_and_say_why():
+    r = emulate.ragged_dot_route(RX, ALONG_N, GS, target=TPU)
+    assert (r.route, r.weight, r.kernel_name) == ("xla", "rhs", "emulate.pallas.ragged_dot")
+    assert r.reason.startswith(
+        "emulate.pallas.ragged_dot refuses it: w: emulate.pallas.matmul does not decode "
+        "blocks of 32 columns in the kernel"
+    )
+    with emulate.use_route("kernel"), pytest.raises(ValueError) as e:
+        emulate.ragged_dot(RX, ALONG_N, GS, target=TPU)
+    assert str(e.value).startswith(
+        "rhs: route 'kernel' asks for emulate.pallas.ragged_dot, which cannot take this call: "
+        "emulate.pallas.ragged_dot refuses it: w: emulate.pallas.matmul does not decode"
+    )
+    # GGUF's (E, out, in) experts, contracted on their last axis: not as the kernel reads
+    enk = lax.RaggedDotDimensionNumbers((((1,), (2,)), ((), ())), (0,), (0,))
+    t = emulate.ragged_dot_route(
+        RX, emulate.quantized.array.transpose(RQ, (0, 2, 1)), GS, enk, target=TPU
+    )
+    assert t.route == "xla" and t.reason == (
+        "experts of shape (3, 128, 256) grouped along axis 0 contracting along axis (2,): the "
+        "grouped kernel reads (G, K, N) experts as stored (store them so once, e.g. "
+        "emulate.quantized.array.transpose(w, (0, 2, 1)) for (E, out, in) checkpoint tensors)"
+    )
+    assert emulate.ragged_dot_route(RX, RW, GS, target=TPU) is None  # f32 experts: no weight
+
+
+def test_explain_and_inspect_say_which_route_each_grouped_matmul_took():
+    r = emulate.ragged_dot_route(RX, RQ, GS, target=TPU)
+    assert r.explain() == (
+        "route on tpu_v5e (setting 'auto'): pallas.ragged_dot\n"
+        "  rhs read as stored by emulate.pallas.ragged_dot where the program is lowered for "
+        "a TPU; the XLA route elsewhere"
+    )
+    report = emulate.inspect(
+        lambda x, a, b, g: (emulate.ragged_dot(x, a, g), emulate.ragged_dot(x, b, g)),
+        RX, RQ, ALONG_N, GS, target=TPU,
+    )  # fmt: skip
+    routes = [row.weight_route for row in report.rows if row.primitive == "ragged_dot_general"]
+    assert routes[0] == "pallas.ragged_dot"
+    assert routes[1].startswith("xla: emulate.pallas.ragged_dot refuses it: w: emulate.pallas")
+
+
+def test_prepare_weights_prepares_stacked_experts_once_and_reads_them_back(routed):
+    tree = emulate.prepare_weights({"e": RQ, "w": RQ[0]}, target=TPU)
+    assert isinstance(tree["e"], emulate.pallas.KernelQWeight)
+    assert isinstance(tree["w"], emulate.pallas.KernelQWeight)
+    assert jax.tree.leaves(tree["e"])[0].shape[0] == RE  # stacked: one expert a row
+    assert emulate.prepare_weights(RQ, target=TPU, experts=False) is RQ  # the flax layers'
+    assert emulate.prepare_weights(RQ, target="cpu") is RQ
+    assert emulate.prepare_weights(ALONG_N, target=TPU) is ALONG_N  # the kernel refuses it
+    back = emulate.kernel_route.unprepared(tree["e"])  # what the XLA route reads
+    assert (back.shape, back.block_shape) == (RQ.shape, RQ.block_shape)
+    assert np.array_equal(np.asarray(back.codes), np.asarray(RQ.codes))
+    _same(back.scales, RQ.scales)
+    packed = emulate.prepare_weights(RMX, target=TPU)  # e2m1 codes: packed back as stored
+    assert np.array_equal(np.asarray(emulate.kernel_route.unprepared(packed).codes.data),
+                          np.asarray(RMX.codes.data))  # fmt: skip
+    with emulate.target(TPU), emulate.use_route("xla"):
+        _same(emulate.ragged_dot(RX, tree["e"], GS), routed["xla"])
+
+
+# --- compile-only: a gpt-oss-like decode step through the real TPU compiler ------------------
+# MXFP4 experts prepared once (prepare_weights), 8 rows routed among 8 experts; nothing is
+# materialized. Compat on: in this process, reading the program; compat off: one subprocess.
+
+_CE, _CK, _CN, _CM = 8, 1024, 512, 8
+_CODES = jax.ShapeDtypeStruct((_CE, _CK // 2, _CN), jnp.uint8)
+_SCALES = jax.ShapeDtypeStruct((_CE, _CK // 32, _CN), jnp.float8_e8m0fnu)
+
+
+def _prepared_mxfp4(codes, scales):
+    packed = emulate.Packed(codes, "float4_e2m1fn", -2, _CK)
+    q = emulate.QArray.from_parts(packed, scales, block_shape=(1, 32, 1))
+    return emulate.prepare_weights(q, target=TPU)
+
+
+_CPREPARED = jax.eval_shape(_prepared_mxfp4, _CODES, _SCALES)
+_CSPECS = (
+    jax.ShapeDtypeStruct((_CM, _CK), jnp.bfloat16),
+    jax.tree.leaves(_CPREPARED),
+    jax.ShapeDtypeStruct((_CE,), jnp.int32),
+)
+COMPILE_TARGETS = ("tpu_v2", "tpu_v5e", "tpu_v6e")
+
+
+def moe_decode_step(x, leaves, group_sizes, *, target):
+    """emulate.ragged_dot on the prepared experts, route "auto" (module-level: the
+    compat-off subprocess imports it)."""
+    w = jax.tree.unflatten(jax.tree.structure(_CPREPARED), leaves)
+    return emulate.ragged_dot(x, w, group_sizes, preferred_element_type=jnp.float32, target=target)
+
+
+@pytest.fixture(scope="module")
+def compiled_steps() -> dict:
+    """target -> the compat-on program; ("compat off", target) -> the compat-off verdict."""
+    jobs = [
+        compiler.Job(functools.partial(moe_decode_step, target=t), _CSPECS, t)
+        for t in COMPILE_TARGETS
+    ]
+    off: list = []
+    thread = threading.Thread(target=lambda: off.extend(compiler.check_many(jobs, compat=False)))
+    thread.start()  # the subprocess compiles while this process does
+    out: dict = {
+        t: compiler.compile(j.fn, *_CSPECS, target=t) for t, j in zip(COMPILE_TARGETS, jobs)
+    }
+    thread.join()
+    out.update({("compat off", t): v for t, v in zip(COMPILE_TARGETS, off, strict=True)})
+    return out
+
+
+@pytest.mark.parametrize("target", COMPILE_TARGETS)
+def test_the_tpu_program_is_one_grouped_kernel_and_no_weight_sized_temporaries(
+    compiled_steps, target
+):
+    c = compiled_steps[target]
+    text = c.as_text()
+    assert text.count('custom_call_target="tpu_custom_call"') == 1
+    assert " dot(" not in text and "convolution(" not in text  # no XLA route for the experts
+    weight = sum(math.prod(v.shape) * v.dtype.itemsize for v in jax.tree.leaves(_CPREPARED))
+    # measured, libtpu 0.0.42.1: 0 bytes on v5e and v6e; on v2 412,672 bytes at every weight
+    # size tried (278 KB .. 2.2 MB of experts): the kernel's fixed scratch, not a weight copy
+    assert c.memory_analysis().temp_size_in_bytes < weight // 4
+    v = compiled_steps[("compat off", target)]
+    assert v.ok, f"compat off on {target}: {v.stage}: {v.message}"

@@ -60,7 +60,9 @@ def low_precision(name: str, parser: argparse.ArgumentParser) -> formats.Format:
     """The low-precision format ``name`` (or alias), or a one-line usage error."""
     try:
         f = formats.get(name)
-    except ValueError:
+    except ValueError as e:
+        if " is not built: " in str(e):  # a P3109 name the record refuses, with the reason
+            parser.error(str(e).removeprefix("fmt: "))
         f = None
     if f is None or not f.is_low_precision:
         parser.error(

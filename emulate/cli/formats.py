@@ -22,7 +22,8 @@ def add(sub: argparse._SubParsersAction) -> None:
             "bits, bias, largest finite value, smallest normal and subnormal values, "
             "the codes that decode to NaN and to Inf, whether -0 exists, the wide types "
             "that hold every value exactly, and the int8 scale k (value * 2**k is an int8). "
-            "The ml_dtypes formats, then the IEEE P3109 binary8 family."
+            "The ml_dtypes formats, then the IEEE P3109 binary8 family (name any other "
+            "P3109 format of 2 to 16 bits to see it)."
         ),
     )
     p.add_argument(
@@ -101,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         "exists. exact in: wide types holding every value exactly.\nint8 k: value * 2**k is "
         "an int8 for every finite value (the integer-scaled plan). p3109_k{bits}p{precision}"
         "{s|u}{e|f}: IEEE P3109 (signed/unsigned,\nextended with +-Inf or finite); any "
-        "other P3109 name is built when named."
+        "other P3109 name of 2 to 16 bits is built when named (codes of 9 to 16 bits as "
+        "uint16),\nexcept those whose values float32 cannot hold (exponent fields of 9 "
+        "bits or more)."
     )
     return 0

@@ -18,8 +18,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from emulate import mx, targets, testing
+from emulate import targets, testing
 from emulate.cli.args import OPERAND_CHOICES, format_name, target_names
+from emulate.quantized import mx
 from emulate.testing.report import render_html, render_json
 
 __all__ = ["add_arguments", "load_function", "run"]

@@ -39,7 +39,7 @@ from emulate.engine.operands import (
 )
 from emulate.engine.passthrough import unplanned_integer_result
 from emulate.formats import FormatLike
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 
 __all__ = [
     "ConvArgs",

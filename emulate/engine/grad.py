@@ -39,8 +39,8 @@ from jax.custom_derivatives import SymbolicZero
 from emulate.engine.operands import Operand, decode_to
 from emulate.numerics import codecs
 from emulate.numerics.storage import Packed
-from emulate.qarray import QArray, code_values, dequantize, unpermute
-from emulate.qparts import broadcast_blocks
+from emulate.quantized.array import QArray
+from emulate.quantized.values import broadcast_blocks, code_values, dequantize, unpermute
 
 __all__ = ["Contract", "bilinear", "tangent_f32", "values_f32"]
 

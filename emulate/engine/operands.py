@@ -20,8 +20,9 @@ from jax import lax
 from emulate import formats, targets
 from emulate.formats import Format, FormatLike
 from emulate.numerics import codecs
+from emulate.numerics.pytree import PytreeRecord
 from emulate.numerics.storage import Packed, from_codes, is_array, to_codes, unpack_codes
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 from emulate.targets import TargetLike
 
 __all__ = [
@@ -43,9 +44,8 @@ Precision: TypeAlias = (
 )
 
 
-@jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True)
-class Operand:
+class Operand(PytreeRecord, data=("value",), static=("format_name",)):
     """An operand before decoding: codes, a wide-typed array or a Packed array, and its format.
 
     Attributes:
@@ -57,13 +57,6 @@ class Operand:
 
     value: Any
     format_name: str
-
-    def tree_flatten(self) -> tuple[tuple[Any], str]:
-        return (self.value,), self.format_name
-
-    @classmethod
-    def tree_unflatten(cls, aux: str, children: tuple[Any, ...]) -> Operand:
-        return cls(children[0], aux)
 
     @property
     def format(self) -> Format:

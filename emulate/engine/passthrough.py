@@ -18,7 +18,7 @@ from emulate.engine.operands import Operand
 from emulate.formats import FormatLike
 from emulate.numerics.storage import Packed, is_array
 from emulate.planning.plan import plan, runs_as_is
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 from emulate.targets import TargetLike, current_mode
 
 __all__ = ["PLANNED", "is_plain", "passes_through", "unplanned_integer_result"]

@@ -35,15 +35,17 @@ from emulate.engine.operands import Operand, OperandLike, operand
 from emulate.numerics import codecs
 from emulate.numerics.bits import times_pow2
 from emulate.numerics.storage import Packed, to_codes, unpack_codes
-from emulate.qarray import (
-    QArray,
+from emulate.quantized.array import QArray
+from emulate.quantized.checks import is_int
+from emulate.quantized.values import (
     block_zero_points,
     broadcast_blocks,
     dequantize,
+    element_values,
+    inverse_permutation,
     offset_values,
     scale_values,
 )
-from emulate.qparts import element_values, inverse_permutation, is_int
 
 __all__ = [
     "bf16_exact",

@@ -6,7 +6,7 @@ f32 dot (:mod:`emulate.scaled`). Done whole, that writes a full f32 copy of the 
 scale from the stored parts per element. Here the QArray is cut along its longest free
 dimension ("N") into tiles of whole blocks (:func:`slice_blocks`: codes, scales, zero
 points, offsets and two-level scales sliced as stored, in their own units); a
-``lax.fori_loop`` dequantizes one tile at a time (:func:`emulate.qarray.dequantize`, so
+``lax.fori_loop`` dequantizes one tile at a time (:func:`emulate.quantized.values.dequantize`, so
 the values are those of the whole weight bit for bit, each block's scale decoded once) and
 contracts it with the other operand in f32, writing its columns of the result. Every
 result element is an f32 dot over the whole of K of the values ``dequantize`` gives, so
@@ -37,8 +37,9 @@ from emulate.engine.layout import DimensionNumbers
 from emulate.engine.operands import Precision
 from emulate.engine.tiled import Settings, dyn_slice
 from emulate.numerics.storage import Packed, code_planes, group_shape
-from emulate.qarray import QArray, apply_block_factors, block_factors
-from emulate.qparts import element_values, is_int
+from emulate.quantized.array import QArray
+from emulate.quantized.checks import is_int
+from emulate.quantized.values import apply_block_factors, block_factors, element_values
 
 __all__ = ["MIN_ELEMENTS", "QTiling", "choose", "contract", "slice_blocks", "tile_values"]
 
@@ -164,7 +165,7 @@ def tile_values(
     q: QArray, to: Any, factors: tuple[jax.Array | None, ...] | None = None
 ) -> jax.Array:
     """:func:`emulate.dequantize` of ``q`` (no permutation) in type ``to``, bit for bit,
-    given each block's factors (:func:`emulate.qarray.block_factors` of ``q``; computed
+    given each block's factors (:func:`emulate.quantized.values.block_factors` of ``q``; computed
     here when None)."""
     if factors is None:
         factors = block_factors(q)

@@ -32,7 +32,7 @@ from emulate.engine.args import DotArgs, dot_args
 from emulate.engine.operands import OperandLike, Precision, describe
 from emulate.formats import FormatLike
 from emulate.group_sizes import check_group_sizes
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 
 __all__ = ["BASIC", "MODES", "RaggedArgs", "ragged_args", "ragged_shape"]
 
@@ -162,9 +162,9 @@ def ragged_args(
         of rank >= 1; shapes and dimension numbers ``lax.ragged_dot_general`` refuses
         (its message, naming the arguments); a QArray lhs outside mode "noncontracting"
         or "batch"; the operand refusals of :func:`~emulate.engine.args.dot_args`.
-      ValueError: concrete group sizes that are negative or sum to more than the lhs
-        ragged dimension (:func:`emulate.group_sizes.check_group_sizes`); the value
-        refusals of ``dot_args``.
+      ValueError: concrete group sizes that are negative
+        (:func:`emulate.group_sizes.check_group_sizes`); the value refusals of
+        ``dot_args``.
     """
     rdn = ragged_dot_dimension_numbers
     if not isinstance(rdn, lax.RaggedDotDimensionNumbers):
@@ -193,7 +193,6 @@ def ragged_args(
             "are masked per group); pass lhs.dequantize() or an array; "
             + describe(call.lhs, call.rhs, call.target)
         )
-    rows = call.lhs.shape[ragged]
-    check_group_sizes(gs, rows, f"lhs's ragged dimension {ragged}")
+    check_group_sizes(gs)
     rhs_group = rdn.rhs_group_dimensions[0] if m == "noncontracting" else None
     return RaggedArgs(call, gs, m, ragged, rhs_group, prefix, out_shape, preferred_element_type)

@@ -17,8 +17,8 @@ from collections.abc import Iterator, Sequence
 
 import jax
 
-from emulate import mx
-from emulate.qarray import QArray, parts_text
+from emulate.quantized import mx
+from emulate.quantized.array import QArray, parts_text
 
 __all__ = ["PREFIX", "SiteTag", "operand_text", "parse", "scope"]
 
@@ -37,7 +37,8 @@ class SiteTag:
       target: the target name; mode: "fast" or "exact".
       flops: 2 * result elements * K of the logical call.
       route: for a contraction with a weight operand on a TPU target, its route
-        (:mod:`emulate.kernel_route`): "pallas.matmul", or "xla: " and the reason; else "".
+        (:mod:`emulate.kernel_route`): "pallas.matmul" or "pallas.ragged_dot", or "xla: " and
+        the reason; else "".
     """
 
     op: str

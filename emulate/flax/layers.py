@@ -26,9 +26,11 @@ from emulate import formats, kernel_route
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general, einsum
 from emulate.flax.rounding import next_key
-from emulate.mx import SCHEMES
 from emulate.numerics.rounding import STOCHASTIC
-from emulate.quant import QArray, Scheme, dequantize, quantize
+from emulate.quantized.array import QArray
+from emulate.quantized.mx import SCHEMES
+from emulate.quantized.quantizing import Scheme, quantize
+from emulate.quantized.values import dequantize
 
 __all__ = [
     "FUNCTIONS",

@@ -49,7 +49,7 @@ from flax import nnx
 
 from emulate.flax.quantize import QuantizedLinen, QuantizedWeight, emulate_layer
 from emulate.kernel_route import prepare_weights
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 
 __all__ = ["GGUF_NAMES", "NameRule", "default_rule", "load_weights"]
 
@@ -247,7 +247,7 @@ def _load_nnx(model, weights, rule, layout, mode):
             )
         kept = _as_dtype(value, var.get_value().dtype)
         if layer:  # on a TPU target, in the kernel's layout once (a table is read by row)
-            kept = prepare_weights(kept)
+            kept = prepare_weights(kept, experts=False)
         setattr(module, attr, QuantizedWeight(kept))
         emulate_layer(module, mode=mode)
     return model

@@ -59,7 +59,9 @@ from emulate.flax.layers import (
 )
 from emulate.kernel_route import is_prepared, prepare_weights, unprepared
 from emulate.numerics.storage import Packed
-from emulate.quant import QArray, Scheme, dequantize
+from emulate.quantized.array import QArray
+from emulate.quantized.quantizing import Scheme
+from emulate.quantized.values import dequantize
 
 __all__ = [
     "Rule",
@@ -199,7 +201,8 @@ def _quantize_nnx(model: nnx.Module, rule: Callable, qat: bool) -> nnx.Module:
         else:
             q = site.quantize(jnp.asarray(value))
             # on a TPU target, a kernel in the layout emulate.pallas.matmul reads, made once
-            setattr(module, name, QuantizedWeight(q if kind == "embed" else prepare_weights(q)))
+            kept = q if kind == "embed" else prepare_weights(q, experts=False)
+            setattr(module, name, QuantizedWeight(kept))
     return model
 
 

@@ -1,7 +1,7 @@
 """Stored parts as an ``emulate.QArray``, kept as stored (issue 24's representation): the
 one conversion of every importer's record (GGUF's and the safetensors conventions').
 
-:func:`to_qarray` hands a :class:`~emulate.importers.parts.StoredParts` to
+:func:`to_qarray` hands a :class:`~emulate.importers.stored.StoredParts` to
 ``QArray.from_parts``: codes of fewer than 8 bits packed densely along the contraction
 axis (``emulate.pack``, axis ``k_axis``), int8 codes as int8, scales in their stored dtype
 (a nested StoredParts becomes a nested QArray: GGUF's two-level scales and mins,
@@ -19,9 +19,9 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from emulate.importers.parts import StoredParts
+from emulate.importers.stored import StoredParts
 from emulate.numerics.storage import pack
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 
 __all__ = ["to_qarray"]
 

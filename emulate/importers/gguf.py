@@ -1,5 +1,5 @@
 """GGUF files, read as stored: :func:`read_gguf` returns each tensor by name, a quantized
-one as :class:`~emulate.importers.parts.StoredParts` (its blocks parsed by emulate, not
+one as :class:`~emulate.importers.stored.StoredParts` (its blocks parsed by emulate, not
 dequantized), a plain one (F32, F16, BF16, F64, I8 ... I64) as a numpy array;
 :func:`to_qarray` turns parts into an :class:`emulate.QArray`, and :func:`load_gguf` does
 both in one call.
@@ -25,8 +25,8 @@ from jax.typing import DTypeLike
 
 from emulate.importers import as_qarray
 from emulate.importers.ggml import TYPES, check_layout, parse_blocks
-from emulate.importers.parts import StoredParts
-from emulate.quant import QArray
+from emulate.importers.stored import StoredParts
+from emulate.quantized.array import QArray
 
 __all__ = ["GGUFFile", "load_gguf", "read_gguf", "to_qarray"]
 

@@ -1,7 +1,7 @@
 """Quantized weights from safetensors checkpoints, one call per convention, kept as stored.
 
 ``read_<convention>(path, prefix, ...)`` returns the layer's
-:class:`~emulate.importers.parts.StoredParts` (numpy, logical ``(..., K, N)``
+:class:`~emulate.importers.stored.StoredParts` (numpy, logical ``(..., K, N)``
 order, ``.source`` naming what was read); ``load_<convention>`` the same as an
 ``emulate.QArray`` (:func:`emulate.importers.as_qarray.to_qarray`) in the checkpoint's
 ``(..., out, in)`` orientation, as every importer returns its QArrays (``load_gguf``,
@@ -43,8 +43,8 @@ from emulate.importers.conventions.floats import (
     parse_modelopt_nvfp4,
 )
 from emulate.importers.conventions.integer import parse_awq, parse_compressed_int, parse_gptq
-from emulate.importers.parts import StoredParts
-from emulate.qarray import QArray
+from emulate.importers.stored import StoredParts
+from emulate.quantized.array import QArray
 
 __all__ = [
     "SafetensorsCheckpoint",
@@ -251,7 +251,7 @@ def _qarray(parts: StoredParts, layout: str = "out_in") -> QArray:
     """The QArray of ``parts`` (logical ``(..., K, N)``) in ``layout``: codes, scales and
     per-block parts moved for ``"out_in"``, nothing decoded."""
     from emulate.importers.as_qarray import to_qarray
-    from emulate.qarray import transpose
+    from emulate.quantized.array import transpose
 
     if layout not in _LAYOUTS:
         raise ValueError(f"layout: expected 'out_in' or 'in_out', got {layout!r}")

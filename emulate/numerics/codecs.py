@@ -11,8 +11,12 @@ Decoding a float format with ``E`` exponent bits, ``M`` mantissa bits and bias `
     value = x                      if the exponent field is not 0
     value = 2 * (x - 2**-b)        if it is (subnormal codes and zero)
 
-then the sign, NaN and Inf codes are applied. bf16 results are the top 16 bits of the f32
-result, which is exact because no format has more than 4 mantissa bits.
+(a format without subnormals keeps ``x`` for exponent field 0 too, and 0 for code 0), then
+the sign, NaN and Inf codes are applied. A format with subnormals whose bias exceeds 126
+(an 8-bit exponent field: p3109_k16p8se) has float32-denormal values; their bits are
+built as integers. bf16 results are the top 16 bits of the f32 result, exact for every
+format with at most 7 trailing significand bits and values down to 2**-133; decoding any
+other (the wide P3109 formats of precision 9 to 16) into bf16 is refused.
 """
 
 from __future__ import annotations
@@ -31,11 +35,12 @@ from emulate.formats import Format, FormatLike
 from emulate.numerics.rounding import (
     check_rounding,
     increments,
+    increments_below,
     overflow_to_max,
     random_integers,
     round_to_integer,
 )
-from emulate.numerics.storage import Packed, from_codes, to_codes
+from emulate.numerics.storage import Packed, code_dtype, from_codes, to_codes
 
 __all__ = ["decode", "decode_float_bits", "decode_int_bits", "encode"]
 
@@ -121,7 +126,22 @@ def _target(to: DTypeLike, f: Format) -> np.dtype:
         raise ValueError(f"to: cannot decode {f.name} to {name}; accepted: {', '.join(accepted)}")
     if name == "int8" and f.max > 127:
         raise ValueError(f"to: int8 cannot hold every {f.name} value; use jnp.int32")
+    if name == "bfloat16" and f.is_low_precision and not _bf16_holds(f):
+        raise ValueError(
+            f"to: bfloat16 cannot hold every {f.name} value ({f.mantissa_bits + 1}-bit "
+            f"significands, values down to 2**{_log2(f.min_subnormal)}; bfloat16 has 8-bit "
+            "ones, down to 2**-133); use jnp.float32"
+        )
     return np.dtype(to)
+
+
+def _bf16_holds(f: Format) -> bool:
+    """Whether bfloat16 holds every value of float format ``f`` (its f32 bits' top half)."""
+    return f.is_integer or (f.mantissa_bits <= 7 and f.min_subnormal >= 2.0**-133)
+
+
+def _log2(v: float) -> int:
+    return int(np.frexp(v)[1]) - 1
 
 
 def decode_int_bits(codes: jax.Array, f: Format) -> jax.Array:
@@ -160,19 +180,24 @@ def decode_float_bits(codes: jax.Array, f: Format) -> jax.Array:
     mag_mask = (1 << (f.bits - 1)) - 1 if f.signed else f.code_mask
     mag = c & _u32(mag_mask)
     exp_field = mag >> m_bits
-    if f.has_subnormals and f.bias <= 126:
+    if f.has_zero and f.bias <= 126:
         x_bits = (mag << (23 - m_bits)) + _u32((127 - f.bias) << 23)
-        x = lax.bitcast_convert_type(x_bits, jnp.float32)
-        sub = 2.0 * (x - jnp.float32(2.0**-f.bias))
-        val = jnp.where(exp_field == 0, sub, x)
-        bits = lax.bitcast_convert_type(val, jnp.uint32)
+        if f.has_subnormals:
+            x = lax.bitcast_convert_type(x_bits, jnp.float32)
+            sub = 2.0 * (x - jnp.float32(2.0**-f.bias))
+            val = jnp.where(exp_field == 0, sub, x)
+            bits = lax.bitcast_convert_type(val, jnp.uint32)
+        else:  # exponent field 0 is normal, (1 + m/2**t) * 2**-bias; code 0 is zero
+            bits = jnp.where(mag == 0, _u32(0), x_bits)
+    elif f.has_subnormals and m_bits > 0:
+        bits = _denormal_range_bits(mag, exp_field, f)
     else:
         # Exponent-only formats (float8_e8m0fnu, p3109_k8p1ue): 2**(e - bias), built as
         # bits, the float32 denormals (2**-127 is 0x00400000) included.
         ev = mag.astype(jnp.int32) + (127 - f.bias)
         low = jnp.maximum(ev + 22, 0).astype(jnp.uint32)
         bits = jnp.where(ev >= 1, jnp.maximum(ev, 0).astype(jnp.uint32) << 23, _u32(1) << low)
-        if f.has_subnormals:  # exponent field 0 is zero
+        if f.has_zero:  # code 0 is zero
             bits = jnp.where(mag == 0, _u32(0), bits)
     if f.signed:
         bits = bits | ((c >> (f.bits - 1)) << 31)
@@ -182,6 +207,22 @@ def decode_float_bits(codes: jax.Array, f: Format) -> jax.Array:
     if is_nan is not None:
         bits = jnp.where(is_nan, (bits & _u32(0x80000000)) | _u32(_QNAN32), bits)
     return bits
+
+
+def _denormal_range_bits(mag: jax.Array, exp_field: jax.Array, f: Format) -> jax.Array:
+    """The f32 bits of the magnitudes of a format with a trailing significand and a bias
+    above 126 (P3109's 8-bit exponent fields: p3109_k16p8se), some of whose values are
+    float32 denormals, built as integers (nothing to flush): a normal value's exponent and
+    significand fields, or a denormal's ``value * 2**149``. The record guarantees every
+    value lies in float32's range (at least 2**-149, below 2**128)."""
+    m_bits = f.mantissa_bits
+    e = exp_field.astype(jnp.int32)
+    m = mag & _u32((1 << m_bits) - 1)
+    significand = jnp.where(e == 0, m, m | _u32(1 << m_bits))
+    f32_exp = e + (127 - f.bias)
+    normal = (jnp.maximum(f32_exp, 0).astype(jnp.uint32) << 23) | (m << (23 - m_bits))
+    shift = jnp.clip(jnp.maximum(e, 1) + (149 - f.bias - m_bits), 0, 31).astype(jnp.uint32)
+    return jnp.where(f32_exp >= 1, normal, significand << shift)
 
 
 def _special(c, mag, exp_field, f: Format):
@@ -225,6 +266,9 @@ def encode(
         * ``fnuz`` formats have no -0: negative values that round to zero give +0;
         * float8_e8m0fnu (a positive power-of-two scale): ties round up, values below
           2**-127 give 2**-127, zero, negatives, Inf and NaN give its NaN code.
+        * a format without subnormals (``float_format(..., subnormals=False)``): a value
+          below its smallest positive one ``s`` rounds to 0 or ``s`` by the exact fraction
+          ``|x| / s``, in every mode (docs/numerics.md, "Formats without subnormals").
         * integer formats: round half to even; NaN -> 0; out of range values wrap
           modulo 2**bits (two's complement), or clamp with ``saturate=True``.
       rounding: one of :data:`emulate.numerics.rounding.ROUNDINGS`: "nearest_even"
@@ -246,7 +290,8 @@ def encode(
         the range raise when ``rbits`` is a concrete array (not a tracer).
 
     Returns:
-      An array of ``fmt``'s dtype; for float6 formats, which XLA cannot hold, uint8 codes.
+      An array of ``fmt``'s dtype; for formats XLA cannot hold, their codes: uint8 (float6,
+      the P3109 formats of at most 8 bits, yours), uint16 (P3109 formats of 9 to 16 bits).
     """
     f = formats.get(fmt)
     if not isinstance(saturate, (bool, np.bool_)):
@@ -329,11 +374,11 @@ def _encode(
     if xa.dtype != jnp.float32:
         xa = xa.astype(jnp.float32)
     u = lax.bitcast_convert_type(xa, jnp.uint32)
-    if f.has_subnormals:
+    if f.has_zero:
         codes = _encode_float(u, f, saturate, rnd)
     else:
         codes = _encode_e8m0(u, saturate, rnd)
-    return from_codes(codes.astype(jnp.uint8), f)
+    return from_codes(codes.astype(code_dtype(f)), f)
 
 
 class _Rounding(NamedTuple):
@@ -387,6 +432,12 @@ def _encode_float(u: jax.Array, f: Format, saturate: bool, rnd: _Rounding) -> ja
     q, up = increments(full, shift, sign == 1, *rnd, code_base=exp_part)
     q = q + up.astype(jnp.uint32)
     code_mag = exp_part + q
+    if not f.has_subnormals:  # below the smallest value (code 1): between 0 and it
+        smallest = int(np.float32(f.min_subnormal).view(np.uint32))
+        width = (1 << m_bits) + 1  # the smallest value in units of 2**(emin - m_bits)
+        shift_below = (23 - m_bits) + (f.emin - e)
+        up_below = increments_below(full, shift_below, width, sign == 1, *rnd)
+        code_mag = jnp.where(mag < _u32(smallest), up_below.astype(jnp.uint32), code_mag)
     max_mag = _u32(f.max_code)
     to_max = overflow_to_max(sign == 1, rnd.mode) & (code_mag > max_mag) & ~is_inf & ~is_nan
     code_mag = jnp.where(to_max, max_mag, code_mag)

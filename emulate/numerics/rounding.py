@@ -45,6 +45,7 @@ __all__ = [
     "check_rounding",
     "random_integers",
     "increments",
+    "increments_below",
     "round_to_integer",
     "overflow_to_max",
 ]
@@ -229,6 +230,92 @@ def _stochastic_up(
     at_half = odd if mode == "stochastic" else ~odd  # ties to even, or to odd
     carry = (t > 0) & ((dropped > half) | ((dropped == half) & at_half))
     return (r > room) | (carry & (r == room))
+
+
+def increments_below(
+    full: jax.Array,
+    shift: jax.Array,
+    width: int,
+    negative: jax.Array,
+    rounding: str,
+    r: jax.Array | None = None,
+    random_bits: int = 0,
+) -> jax.Array:
+    """Whether ``x = full * 2**-shift`` (``0 <= x < width``) rounds up to ``width`` rather
+    than down to 0: a format's values below its smallest positive one, ``width`` in units
+    that make it an integer (a format without subnormals: ``2**t + 1``).
+
+    Each mode treats ``{0, width}`` as the two neighbours, with the exact fraction
+    ``delta = x / width`` (no power of two when ``width`` is odd): "nearest_even" goes up
+    when ``delta > 1/2`` (a tie goes to 0, the even code), "nearest_away" when
+    ``delta >= 1/2``, the directed modes by the sign when ``x > 0``; the stochastic modes
+    apply their formula (module docstring) to the exact ``delta``: with ``y = delta *
+    2**n`` and ``r`` the random integer, up when ``rnd(y) + r >= 2**n``, where ``rnd``
+    rounds to nearest even ("stochastic"), to nearest odd ("stochastic_odd"), half up
+    ("stochastic_fast") or down ("stochastic_fastest"): exact arithmetic, no float64 sum.
+
+    Args:
+      full: uint32 below ``2**24``; shift: int32 (any sign); ``x < width`` is assumed
+        (elsewhere the result is meaningless: select it away).
+      width: a positive int below ``2**24``.
+      negative, rounding, r, random_bits: as :func:`increments`.
+    """
+    n = random_bits if rounding in STOCHASTIC else 0
+    y, above, half = _divide(full, n - shift.astype(jnp.int32), width, n)
+    if rounding == "nearest_even":
+        return above
+    if rounding == "nearest_away":
+        return above | half
+    nonzero = full != 0
+    if rounding == "toward_zero":
+        return jnp.zeros_like(nonzero)
+    if rounding == "toward_positive":
+        return nonzero & ~negative
+    if rounding == "toward_negative":
+        return nonzero & negative
+    if rounding not in STOCHASTIC or r is None:
+        raise ValueError(f"rounding: {rounding!r} needs its random integers")
+    odd = (y & jnp.uint32(1)) == 1
+    carry = {
+        "stochastic": above | (half & odd),
+        "stochastic_odd": above | (half & ~odd),
+        "stochastic_fast": above | half,
+        "stochastic_fastest": jnp.zeros_like(above),
+    }[rounding]
+    room = jnp.uint32((1 << n) - 1) - r  # rnd(y) + r >= 2**n, without overflow
+    return (y > room) | (carry & (y == room))
+
+
+def _divide(
+    full: jax.Array, p: jax.Array, width: int, n: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``y = full * 2**p / width`` for ``y < 2**n``: ``(floor(y), frac(y) > 1/2,
+    frac(y) == 1/2)``, by long division in uint32 (``full < 2**24``, ``width < 2**24``);
+    no division for ``n = 0``, where ``y < 1``."""
+    one = jnp.uint32(1)
+    w = jnp.uint32(width)
+    zero = jnp.zeros_like(full)
+    q0, r0 = (full // w, full % w) if n else (zero, full)
+    # p >= 0: the p zero bits after ``full``, a chunk at a time (the remainder stays below
+    # ``width``, so ``remainder << step`` fits 32 bits); the quotient stays below 2**n.
+    step = 32 - width.bit_length()
+    p_hi = jnp.clip(p, 0, n + width.bit_length())
+    q, rem = q0, r0
+    for i in range(-(-(n + width.bit_length()) // step)):
+        c = jnp.clip(p_hi - i * step, 0, step).astype(jnp.uint32)
+        wide = rem << c
+        q, rem = ((q << c) + wide // w, wide % w) if n else (zero, wide)
+    up_hi, half_hi = 2 * rem > w, 2 * rem == w
+    # p < 0: y = full / (width * 2**m); the remainder rho over width * 2**m.
+    m = jnp.clip(-p, 0, 31).astype(jnp.uint32)
+    q_lo = jnp.where(m >= 24, zero, q0 >> m)
+    rho = full - (q_lo << m) * w
+    below = jnp.clip(m.astype(jnp.int32) - 1, 0, 31).astype(jnp.uint32)  # rho vs width * 2**(m-1)
+    a, b = rho >> below, rho & ((one << below) - one)
+    up_lo = (a > w) | ((a == w) & (b != 0))
+    half_lo = (a == w) & (b == 0)
+    lo = p < 0
+    return jnp.where(lo, q_lo, q), jnp.where(lo, up_lo, up_hi), jnp.where(lo, half_lo, half_hi)
 
 
 def overflow_to_max(negative: jax.Array, rounding: str) -> jax.Array | bool:

@@ -153,8 +153,10 @@ def pow2_exponent(amax: jax.Array, f: Format, rule: str, ee: int = 0) -> jax.Arr
 
 
 def pow2_range(sf: Format) -> tuple[int, int]:
-    """The exponents a power-of-two scale of format ``sf`` can hold (normal values only)."""
-    return max(sf.emin, -127), math.floor(math.log2(float(sf.max)))
+    """The exponents a power-of-two scale of format ``sf`` can hold (normal values only:
+    from ``log2(min_normal)``, rounded up for a format without subnormals, whose
+    ``2**emin`` has no code)."""
+    return max(math.ceil(math.log2(sf.min_normal)), -127), math.floor(math.log2(float(sf.max)))
 
 
 def pow2_scales(

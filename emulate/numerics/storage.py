@@ -3,7 +3,8 @@
 **Codes.** Every codec works on codes, never on XLA's own conversion of a low-precision
 type (older TPUs cannot convert those, and XLA on the CPU cannot hold float6 arrays). A
 code is the format's bit pattern in the low ``bits`` bits of a ``uint8`` (``uint16`` /
-``uint32`` for the wide types). :func:`to_codes` and :func:`from_codes` convert.
+``uint32`` for the wide types; ``uint16`` for the P3109 formats of 9 to 16 bits, which
+have no packed form). :func:`to_codes` and :func:`from_codes` convert.
 
 **Packed arrays.** :class:`Packed` holds codes of any format narrower than a byte (2 to 7
 bits) densely, and the codes of an 8-bit format without a numpy dtype (the P3109 formats,
@@ -33,6 +34,7 @@ from jax import lax
 
 from emulate import formats
 from emulate.formats import Format, FormatLike
+from emulate.numerics.pytree import PytreeRecord
 
 __all__ = [
     "Packed",
@@ -53,6 +55,17 @@ __all__ = [
 def code_dtype(fmt: Format) -> np.dtype:
     """The unsigned dtype that holds one code of ``fmt`` (uint8 for 4-, 6- and 8-bit formats)."""
     return formats.unsigned_dtype(fmt.bits)
+
+
+def _wide_codes_not_packed(f: Format) -> str:
+    """Why a format of 9 to 16 bits without a dtype (a wide P3109 format) has no packed
+    form: the message of every packed path (``pack``, :class:`Packed`, the Pallas
+    kernels), after the argument's name."""
+    return (
+        f"{f.name} is a {f.bits}-bit format, whose codes are uint16: packed storage of "
+        "codes wider than a byte is not built (pack, Packed and the Pallas kernels take "
+        "codes of at most 8 bits); pass its uint16 codes with the format instead"
+    )
 
 
 def is_array(x: Any) -> bool:
@@ -154,7 +167,7 @@ def from_codes(codes: jax.Array, fmt: FormatLike) -> jax.Array:
     """
     f = formats.get(fmt)
     if not f.xla_storable:
-        return codes.astype(jnp.uint8)
+        return codes.astype(code_dtype(f))
     if f.name == "int4":
         # A value convert of the sign-extended codes, not a uint4 -> int4 bitcast: XLA:TPU
         # (libtpu 0.0.42, v5e) drops that bitcast where it feeds a dot, which then reads
@@ -165,9 +178,8 @@ def from_codes(codes: jax.Array, fmt: FormatLike) -> jax.Array:
     return lax.bitcast_convert_type(codes.astype(code_dtype(f)), f.dtype)
 
 
-@jax.tree_util.register_pytree_with_keys_class
 @dataclasses.dataclass(frozen=True, eq=False)
-class Packed:
+class Packed(PytreeRecord, data=("data",), static=("format_name", "axis", "length")):
     """A sub-byte array stored densely: uint8 ``data`` plus static format, axis and length.
 
     ``data`` has the logical shape with the packed axis of length ``length`` replaced by
@@ -186,6 +198,8 @@ class Packed:
         # A record built by hand is checked here; JAX's own rebuilding (tree_unflatten)
         # skips this, as its leaves may be placeholders rather than arrays.
         f = formats.get(self.format_name, arg="format_name")
+        if f.bits > 8 and not f.has_dtype:
+            raise ValueError(f"format_name: {_wide_codes_not_packed(f)}")
         if not f.packable:
             raise ValueError(
                 f"format_name: {f.name} is {f.bits}-bit; a Packed array holds a format "
@@ -221,23 +235,6 @@ class Packed:
                 f"length: {self.length} {f.name} elements need {want} bytes along axis "
                 f"{self.axis}, the data has {shape[self.axis]}"
             )
-
-    def tree_flatten_with_keys(self):
-        return ((jax.tree_util.GetAttrKey("data"), self.data),), (
-            self.format_name,
-            self.axis,
-            self.length,
-        )
-
-    def tree_flatten(self):
-        return (self.data,), (self.format_name, self.axis, self.length)
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        p = object.__new__(cls)
-        for name, v in zip(("data", "format_name", "axis", "length"), (children[0], *aux)):
-            object.__setattr__(p, name, v)
-        return p
 
     @property
     def format(self) -> Format:
@@ -310,6 +307,8 @@ def pack(x: jax.Array | np.ndarray, fmt: FormatLike | None = None, *, axis: int 
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"axis: expected an int, got {type(axis).__name__} {axis!r}")
     codes, f = to_codes(x, fmt)
+    if f.bits > 8 and not f.has_dtype:
+        raise ValueError(f"x: {_wide_codes_not_packed(f)}")
     if not f.packable:
         raise ValueError(
             f"x: {f.name} is {f.bits}-bit, stored one a byte already; pack accepts formats "

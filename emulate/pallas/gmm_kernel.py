@@ -26,9 +26,11 @@ float8, uint8 codes with ``w_format``), 4-bit and other sub-byte experts (int4 /
 arrays and :class:`emulate.Packed` packed along K; K-planar when prepared once with
 :func:`prepare_experts`), and stacked QArrays whose scales change along K (OCP MX such as
 gpt-oss MXFP4, GGUF K-quants' two-level scales and mins, AWQ / GPTQ groups with zero
-points). Not built (NotImplementedError naming it): codebooks, act-order permutations,
-tensor scales, scales constant along K, blocks of several columns and two-level parts
-spread over several columns.
+points, NVFP4's e4m3 block scales with one float32 tensor scale for all the experts, not
+mapped over them). Not built (NotImplementedError naming it): codebooks, act-order
+permutations, scales constant along K, blocks of several columns and two-level parts
+spread over several columns; :func:`prepare_experts` of experts with a tensor scale (the
+kernel reads them as they are).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from emulate.pallas.matmul_args import MatmulArgs, matmul_args
 from emulate.pallas.matmul_config import Config, config
 from emulate.pallas.qweight import KernelQWeight, prepare_weight
 from emulate.pallas.weights import KernelWeight
-from emulate.qarray import QArray
+from emulate.quantized.array import QArray
 
 __all__ = ["prepare_experts", "ragged_dot", "schedule", "weight_fetches"]
 
@@ -72,8 +74,8 @@ def schedule(group_sizes: jax.Array, m: int, bm: int) -> tuple[jax.Array, ...]:
     """The visits of the grouped kernel, computed in the program (``group_sizes`` traced).
 
     Args:
-      group_sizes: (G,) int, each >= 0, summing to at most ``m`` (traced sizes are not
-        checked: negative ones count as 0, rows past ``m`` are cut off).
+      group_sizes: (G,) int, each >= 0, any total (traced sizes are not checked:
+        negative ones count as 0; rows past ``m`` are cut off, as in JAX).
       m: rows; bm: the row tile.
 
     Returns:
@@ -152,7 +154,6 @@ def _refuse_parts(a: MatmulArgs) -> None:
     parts = [
         ("a codebook", a.codebook is not None),
         ("an act-order permutation", a.perm is not None),
-        ("a tensor scale", a.tensor_scale is not None),
         ("scales constant along K", sc is not None and not sc.along_k),
         ("scale blocks of several columns", sc is not None and bool(sc.columns)),
         (
@@ -218,9 +219,14 @@ def _run(x: jax.Array, kargs: tuple, group_sizes: jax.Array, cfg: Config, groups
     w_spec = pl.BlockSpec((cfg.w_block_rows, cfg.bn), lambda i, j, k: (k, j))
     # one expert's operands give the specs; the stacked ones are the kernel's operands
     one = [jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in (scales, *affine) if a is not None]
-    _, extra_specs, spread_scratch = matmul_kernel.scale_operands(
-        cfg, one[0] if one else None, None, one[1:]
+    # (one tensor scale for all the experts, NVFP4's: its two parts last, read by every
+    # visit, not stacked; else kernel_result applies it)
+    ops, extra_specs, spread_scratch = matmul_kernel.scale_operands(
+        cfg, one[0] if one else None, tensor_scale, one[1:]
     )
+    n_t = 2 if cfg.scaled_in_kernel and cfg.tensor_scaled else 0
+    tensor, tensor_specs = ops[len(ops) - n_t :], extra_specs[len(extra_specs) - n_t :]
+    extra_specs = extra_specs[: len(extra_specs) - n_t]
     extra = [scales, *affine] if extra_specs else []
     if not cfg.interpret:  # streamed from HBM, as emulate.pallas.matmul's operands
         planes = [pltpu.with_memory_space_constraint(p, pltpu.HBM) for p in planes]
@@ -231,6 +237,7 @@ def _run(x: jax.Array, kargs: tuple, group_sizes: jax.Array, cfg: Config, groups
     n_acc = 2 if cfg.limbs else 1
     in_specs = [_visit_spec(x_spec, nk, False)] * g
     in_specs += [_visit_spec(s, nk, True) for s in [w_spec, *extra_specs]]
+    in_specs += [_visit_spec(s, nk, False) for s in tensor_specs]
     out_spec = _visit_spec(pl.BlockSpec((cfg.bm, cfg.bn), lambda i, j, k: (i, j)), nk, False)
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=5,
@@ -249,7 +256,7 @@ def _run(x: jax.Array, kargs: tuple, group_sizes: jax.Array, cfg: Config, groups
         ),
         interpret=pltpu.InterpretParams() if cfg.interpret else False,
         name="emulate_ragged_dot",
-    )(group, tile, count, starts, ends, *planes, w, *extra)
+    )(group, tile, count, starts, ends, *planes, w, *extra, *tensor)
     out = matmul_kernel.kernel_result(outs, cfg, scales, tensor_scale)
     # rows after the last group: never stored (whatever the output buffer held)
     held = jnp.arange(cfg.m, dtype=jnp.int32)[:, None] < ends[-1]
@@ -273,9 +280,16 @@ def prepare_experts(w: Any, w_format: FormatLike | None = None) -> Any:
       whose arrays have a leading axis of G experts (each record describes one expert).
 
     Raises:
-      As :func:`emulate.pallas.prepare_weight` for one expert; ValueError: not (G, K, N).
+      As :func:`emulate.pallas.prepare_weight` for one expert; ValueError: not (G, K, N);
+      NotImplementedError: a QArray with a tensor scale (one for all the experts: not
+      stacked per expert; :func:`ragged_dot` reads such experts as they are).
     """
     _expert_count(w)
+    if isinstance(w, QArray) and w.tensor_scale is not None:
+        raise NotImplementedError(
+            "w: stacked experts with a tensor scale (NVFP4) are not prepared; pass the QArray "
+            "itself to emulate.pallas.ragged_dot / emulate.ragged_dot, which read it as stored"
+        )
     return jax.vmap(functools.partial(prepare_weight, w_format=w_format))(w)
 
 
@@ -302,7 +316,8 @@ def ragged_dot(
         ``w_format``, int4 / float4 arrays, :class:`emulate.Packed` packed along K (axis
         1), a stacked QArray (scales along K, zero points, offsets, two-level scales),
         or :func:`prepare_experts`' result.
-      group_sizes: (G,) int, >= 0, summing to at most M (traced values are not checked).
+      group_sizes: (G,) int, >= 0 (traced values are not checked); a total above M cuts
+        the groups at the last row, as in JAX (:mod:`emulate.group_sizes`).
       target: a TPU target; default the current one.
       block_shape: ``(bm, bn, bk)``; default :func:`emulate.pallas.matmul`'s for one
         expert, with bm the rows of an average group (M / G, up to 256, whole sublane
@@ -321,7 +336,7 @@ def ragged_dot(
     Raises:
       NotImplementedError: expert parts the kernel does not read (module docstring).
       ValueError: a non-TPU target; shapes that do not fit; concrete group sizes that
-        are negative or sum to more than M; a block shape off the tiling.
+        are negative; a block shape off the tiling.
       TypeError: a weight or activation that is no array.
     """
     t = targets.current_target(target)
@@ -329,13 +344,12 @@ def ragged_dot(
         raise ValueError(f"target: a TPU kernel, and the target is {t.name}; pass a TPU target")
     groups = _expert_count(w)
     gs_shape = tuple(np.shape(group_sizes))
-    m_x = np.shape(x)[0] if np.ndim(x) == 2 else -1
     if np.ndim(x) != 2 or gs_shape != (groups,):
         raise ValueError(
             f"x, w, group_sizes: expected (M, K), (G, K, N) and (G,), got "
             f"{tuple(np.shape(x))}, {groups} experts and {gs_shape}"
         )
-    check_group_sizes(group_sizes, m_x, "x")
+    check_group_sizes(group_sizes)
     kw: dict[str, Any] = dict(target=t, out_dtype=out_dtype, x_format=x_format, w_format=w_format)
     try:
         first = w[0] if isinstance(w, QArray) else jax.tree.map(lambda leaf: leaf[0], w)
@@ -364,5 +378,9 @@ def ragged_dot(
     if block_shape is None:  # a row tile about one group's rows: each visit re-reads its tile
         bm = min(bm, _round_up(-(-a.m // groups), 32 // a.x.dtype.itemsize))
     cfg = dataclasses.replace(cfg, x_resident=False, bm=bm)  # x blocks follow the visits
+    tensor_scale = a.tensor_scale  # one for all the experts: not mapped over them
+    if isinstance(w, QArray) and w.tensor_scale is not None:
+        w = dataclasses.replace(w, tensor_scale=None)
     kargs = jax.vmap(lambda we: matmul_args(x, we, **kw).kernel_operands)(w)
+    kargs = (kargs[0], kargs[1], tensor_scale, *kargs[3:])
     return _run(a.x, kargs, jnp.asarray(group_sizes), cfg, groups)

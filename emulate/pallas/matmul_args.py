@@ -45,7 +45,7 @@ from emulate.pallas.matmul_config import Stored
 from emulate.pallas.qcodebook import KernelCodebook
 from emulate.pallas.qweight import KernelQWeight, Scaling
 from emulate.pallas.weights import KernelWeight, planar_weight
-from emulate.qarray import QArray
+from emulate.quantized.array import QArray
 
 __all__ = ["MatmulArgs", "matmul_args"]
 
@@ -187,6 +187,7 @@ def _weight(
         data = jnp.asarray(w)
     else:
         data, f = to_codes(w, w_format, arg="w")
+    _refuse_wide_codes(f, "w")
     if not f.is_low_precision:
         raise ValueError(
             f"w: a {f.name} weight needs no decoding; pass a low-precision weight (int8, "
@@ -223,9 +224,21 @@ def _activation(
     if own and (x_format is None or formats.get(x_format).name == dt.name):
         return jnp.asarray(x), formats.get(dt)  # int8 / uint8 / float8: read as stored
     codes, f = to_codes(x, x_format, arg="x")
+    _refuse_wide_codes(f, "x")
     if not f.is_low_precision:
         return jnp.asarray(x), f
     return codes, f
+
+
+def _refuse_wide_codes(f: Format, arg: str) -> None:
+    """The Pallas kernels read codes of at most 8 bits: a format of 9 to 16 bits without a
+    dtype (a wide P3109 format) is refused with a ValueError naming ``arg``."""
+    if f.bits > 8 and not f.has_dtype:
+        raise ValueError(
+            f"{arg}: {f.name} is a {f.bits}-bit format (uint16 codes); the Pallas kernels "
+            "take codes of at most 8 bits, wider ones are not built there: use "
+            "emulate.matmul or emulate.dot_general (the XLA route)"
+        )
 
 
 def _quantized(
@@ -235,6 +248,7 @@ def _quantized(
     :class:`MatmulArgs` fields of its other parts (``weight``: without its permutation,
     which the caller applies to ``x`` or the result)."""
     qweight.check_format(w, w_format)
+    _refuse_wide_codes(formats.get(w.format_name), "w")
     codes, scales, scaling, parts = qweight.split(w)
     perm = w.perm
     stored_order = dataclasses.replace(w, perm=None, perm_axis=None) if perm is not None else w

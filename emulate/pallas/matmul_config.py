@@ -158,9 +158,7 @@ def _check_block(name: str, value: Any, multiple: int, why: str) -> int:
     return int(value)
 
 
-def _vmem_bytes(
-    r: route.Route, bm: int, bn: int, bk: int, limbs: bool, x_cols: int, w_rows: int
-) -> int:
+def _vmem_bytes(bm: int, bn: int, bk: int, limbs: bool, x_cols: int, w_rows: int) -> int:
     x_block = bm * x_cols * 4  # at most 4 bytes stored, decoded in the kernel
     w_block = w_rows * bn  # one byte per stored element
     temps = 4 * bk * bn * 4  # int32 bytes / words, codes and the decoded tile
@@ -208,32 +206,199 @@ def _default_bk(kq: int, k_multiple: int, bn: int) -> int:
     return best * k_multiple
 
 
+@dataclasses.dataclass(frozen=True)
+class _Tiling:
+    """What every block shape of one call must respect, resolved before any is chosen.
+
+    Attributes:
+      x_sub: the sublane tiling of x's blocks in the type the matrix unit takes (rows).
+      stored_sub: the sublane tiling of x's blocks in the type x is stored in (rows).
+      group, nbytes: the weight's codes per byte group along K and that group's bytes.
+      k_multiple: what bk must be a multiple of: the lane width times ``group``.
+      packed: the weight is stored in groups along K (not "dense").
+      limbs: an exact int32 sum for a float result, carried as two limbs.
+      cap: half the target's VMEM (16 MiB where unknown), bytes: what a default block
+        shape and a resident x may fill.
+    """
+
+    x_sub: int
+    stored_sub: int
+    group: int
+    nbytes: int
+    k_multiple: int
+    packed: bool
+    limbs: bool
+    cap: int
+
+    def w_rows(self, bk: int) -> int:
+        """Rows of the stored weight per K step of ``bk`` rows."""
+        return bk // self.group * self.nbytes if self.packed else bk
+
+    def vmem(self, bm: int, bn: int, bk: int, x_cols: int) -> int:
+        """VMEM of one grid step (:func:`_vmem_bytes`), x blocks of ``x_cols`` columns."""
+        return _vmem_bytes(bm, bn, bk, self.limbs, x_cols, self.w_rows(bk))
+
+
+def _tiling(
+    r: route.Route,
+    t: targets.Target,
+    k: int,
+    stored: Stored,
+    x_dtype: str,
+    scaling: Scaling | None,
+    out: str,
+) -> _Tiling:
+    # an exact sum for a float result: two int32 limbs, unless it is a QArray's whose
+    # scales follow in the kernel (a float32 / bfloat16 result) and no K can carry it
+    # past int32
+    grouped = scaling is not None and scaling.along_k
+    in_kernel = scaling is not None and out in ("float32", "bfloat16")
+    fits = in_kernel and r.exact and k * route.exact_limit(r) < 2**31
+    return _Tiling(
+        x_sub=_SUBLANES[_itemsize(r.lhs_compute)],
+        stored_sub=_SUBLANES[np.dtype(x_dtype).itemsize],
+        group=stored.group,
+        nbytes=stored.nbytes,
+        # each x plane block is lane-dense; whole K-planar tiles
+        k_multiple=_LANES * stored.group,
+        packed=stored.layout != "dense",
+        limbs=r.exact and formats.get(r.out).is_float and not grouped and not fits,
+        cap=(t.vmem_capacity_bytes or 16 << 20) // 2,
+    )
+
+
+def _blocks(
+    r: route.Route,
+    t: targets.Target,
+    tl: _Tiling,
+    shape: tuple[int, int, int],
+    block_shape: Sequence[int] | None,
+) -> tuple[int, int, int]:
+    """(bm, bn, bk): the default for ``shape`` (M, N, K) on ``t``, or ``block_shape``
+    checked against the tiling."""
+    m, n, k = shape
+    km = tl.k_multiple
+    if block_shape is None:
+        mxu = t.mxu_column_size or _LANES
+        sub = max(tl.x_sub, tl.stored_sub)
+        bm = m if m < sub else min(_round_up(m, sub), 256)  # below the tiling: all M rows
+        bn = min(_round_up(n, _LANES), 2 * mxu)
+        bk = _default_bk(_round_up(k, km), km, bn)
+        while bk > km and tl.vmem(bm, bn, bk, bk) > tl.cap:
+            bk = _default_bk(bk - km, km, bn)
+        return bm, bn, bk
+    try:
+        bm, bn, bk = block_shape
+    except (TypeError, ValueError):
+        raise TypeError(f"block_shape: expected (bm, bn, bk), got {block_shape!r}") from None
+    packs = f" times the {tl.group} codes packed along K per byte group" if tl.group > 1 else ""
+    return (
+        _check_block("bm", bm, tl.x_sub, f"the sublane tiling of {r.lhs_compute} blocks"),
+        _check_block("bn", bn, _LANES, "the lane width"),
+        _check_block("bk", bk, km, "the lane width" + packs),
+    )
+
+
+def _align_to_groups(
+    bk: int, t: targets.Target, tl: _Tiling, scaling: Scaling, chosen: bool
+) -> int:
+    """bk fitted to a group-scaled weight's scale groups along K: a multiple or a divisor
+    of them (raised on where ``chosen``, the caller's own block shape), and by default at
+    most :func:`_max_groups` of them per K step."""
+    gk = scaling.group
+    if bk % gk and gk % bk:
+        if chosen:
+            raise ValueError(
+                f"block_shape: bk = {bk} must be a multiple or a divisor of the weight's "
+                f"scale groups of {gk} rows along K"
+            )
+        bk = math.lcm(gk, tl.k_multiple)
+    most = _max_groups(t)
+    if not chosen and bk // gk > most:
+        unit = math.lcm(gk, tl.k_multiple)
+        bk = max(unit, most * gk // unit * unit)
+    return bk
+
+
+def _scale_vmem(scaling: Scaling | None, n: int, bn: int) -> tuple[int, str]:
+    """VMEM of a QArray weight's scales in one grid step: the resident block of scales
+    along K (as int32 / f32, double-buffered) and the spread of super-block scales
+    (:func:`_spread_vmem`, with its note)."""
+    total = 0
+    if scaling is not None and scaling.along_k:
+        lanes = bn if scaling.per_column else _LANES
+        if scaling.columns:  # every block column (emulate.pallas.qsteps.widen)
+            lanes = _round_up(-(-n // scaling.columns), _LANES)
+        total = 2 * 4 * scaling.rows * lanes * 2
+    spread, note = _spread_vmem(scaling, n, bn)
+    return total + spread, note
+
+
+def _vmem_plan(
+    t: targets.Target,
+    tl: _Tiling,
+    blocks: tuple[int, int, int],
+    kp: int,
+    scale: tuple[int, str],
+) -> tuple[int, bool, int | None]:
+    """(VMEM bytes of one grid step, whether x's block spans all of K, the scoped VMEM
+    limit to ask of Mosaic or None) for ``blocks`` (bm, bn, bk) over K padded to ``kp``
+    and ``scale``, :func:`_scale_vmem`'s bytes and note. Raises ValueError where the step
+    needs more than the target's VMEM."""
+    bm, bn, bk = blocks
+    scale_vmem, note = scale
+    vmem = tl.vmem(bm, bn, bk, bk) + scale_vmem
+    if t.vmem_capacity_bytes and vmem > t.vmem_capacity_bytes:
+        raise ValueError(
+            f"block_shape: ({bm}, {bn}, {bk}) needs about {vmem} bytes of VMEM{note}, more "
+            f"than {t.name}'s {t.vmem_capacity_bytes}; use smaller blocks"
+        )
+    resident = kp > bk and tl.vmem(bm, bn, bk, kp) <= tl.cap
+    if resident:
+        vmem = tl.vmem(bm, bn, bk, kp) + scale_vmem
+    limit = None
+    if 2 * vmem > _DEFAULT_SCOPED_VMEM:
+        limit = min(2 * vmem, t.vmem_capacity_bytes or 2 * vmem)
+    return vmem, resident, limit
+
+
 #: Row blocks tried for long x (a prefill), largest first (:func:`_long_bm`).
 _LONG_BM = (2048, 1024, 512)
 
 
 def _long_bm(
-    r: route.Route, m: int, n: int, k: int, bn: int, bk: int, limbs: bool,
-    per_row: Any, cap: int, bm: int,
-) -> int:  # fmt: skip
-    """The row block for ``m`` rows that moves the fewest HBM bytes within ``cap`` bytes
-    of VMEM, from ``bm`` (the default, 256) and :data:`_LONG_BM`: the grid walks K
-    innermost, so the weight is read once per row block (``ceil(m / bm)`` times), and x
-    once if its row block spans all of K in VMEM (resident), else once per column block.
-    Ties go to the smaller block."""
+    tl: _Tiling, shape: tuple[int, int, int], bn: int, bk: int, scale_vmem: int, bm: int
+) -> int:
+    """The row block for ``shape``'s M rows (M, N, K) that moves the fewest HBM bytes
+    within half the VMEM, from ``bm`` (the default, 256) and :data:`_LONG_BM`: the grid
+    walks K innermost, so the weight is read once per row block (``ceil(M / bm)`` times),
+    and x once if its row block spans all of K in VMEM (resident), else once per column
+    block. Ties go to the smaller block."""
+    m, n, k = shape
     kp = _round_up(k, bk)
-    w_bytes = per_row(kp) * _round_up(n, bn)
+    w_bytes = tl.w_rows(kp) * _round_up(n, bn)
     x_bytes = m * kp * 2
 
     def moved(b: int) -> int:
-        resident = kp > bk and _vmem_bytes(r, b, bn, bk, limbs, kp, per_row(bk)) <= cap
+        resident = kp > bk and tl.vmem(b, bn, bk, kp) <= tl.cap
         return -(-m // b) * w_bytes + x_bytes * (1 if resident else -(-n // bn))
 
     best = bm
     for b in sorted({min(c, _round_up(m, 32)) for c in _LONG_BM if c > bm}):
-        if _vmem_bytes(r, b, bn, bk, limbs, bk, per_row(bk)) <= cap and moved(b) < moved(best):
+        if tl.vmem(b, bn, bk, bk) + scale_vmem <= tl.cap and moved(b) < moved(best):
             best = b
     return best
+
+
+def _check_exact(r: route.Route, k: int, bk: int, kp: int) -> None:
+    """Raise ValueError where a two-limb exact sum over K in blocks of ``bk`` (K padded to
+    ``kp``) takes more K steps or quanta than the exact combination holds."""
+    if kp // bk > MAX_CHUNKS or k * route.exact_limit(r) >= MAX_TOTAL_QUANTA:
+        raise ValueError(
+            f"x, w: a contraction of K = {k} in blocks of {bk} exceeds what the exact "
+            f"{r.lhs} x {r.rhs} kernel combines exactly (at most {MAX_CHUNKS} K steps "
+            "and 2**40 quanta); use a larger bk or split the contraction"
+        )
 
 
 def config(
@@ -258,90 +423,36 @@ def config(
     weight's table in the kernel; ``long_rows``: whether more than 256 rows may take a
     longer row block (:func:`_long_bm`; the grouped kernel's tiles follow its groups)."""
     x_dtype = x_dtype or r.lhs_compute
-    x_sub = _SUBLANES[_itemsize(r.lhs_compute)]
-    stored_sub = _SUBLANES[np.dtype(x_dtype).itemsize]
-    group = stored.group
-    k_multiple = _LANES * group  # each x plane block is lane-dense; whole K-planar tiles
-    grouped = scaling is not None and scaling.along_k
-    # an exact sum for a float result: two int32 limbs, unless it is a QArray's whose
-    # scales follow in the kernel (a float32 / bfloat16 result) and no K can carry it
-    # past int32
-    in_kernel = scaling is not None and (out or r.out) in ("float32", "bfloat16")
-    fits = in_kernel and r.exact and k * route.exact_limit(r) < 2**31
-    limbs = r.exact and formats.get(r.out).is_float and not grouped and not fits
-    per_row = (lambda b: b) if stored.layout == "dense" else (lambda b: b // group * stored.nbytes)
-    cap = (t.vmem_capacity_bytes or 16 << 20) // 2
-    if block_shape is None:
-        mxu = t.mxu_column_size or _LANES
-        sub = max(x_sub, stored_sub)
-        bm = m if m < sub else min(_round_up(m, sub), 256)  # below the tiling: all M rows
-        bn = min(_round_up(n, _LANES), 2 * mxu)
-        bk = _default_bk(_round_up(k, k_multiple), k_multiple, bn)
-        while bk > k_multiple and _vmem_bytes(r, bm, bn, bk, limbs, bk, per_row(bk)) > cap:
-            bk = _default_bk(bk - k_multiple, k_multiple, bn)
-    else:
-        try:
-            bm, bn, bk = block_shape
-        except (TypeError, ValueError):
-            raise TypeError(f"block_shape: expected (bm, bn, bk), got {block_shape!r}") from None
-        bm = _check_block("bm", bm, x_sub, f"the sublane tiling of {r.lhs_compute} blocks")
-        bn = _check_block("bn", bn, _LANES, "the lane width")
-        bk = _check_block(
-            "bk",
-            bk,
-            k_multiple,
-            "the lane width"
-            + (f" times the {group} codes packed along K per byte group" if group > 1 else ""),
-        )
-    if grouped:
-        assert scaling is not None
-        gk = scaling.group
-        if bk % gk and gk % bk:
-            if block_shape is not None:
-                raise ValueError(
-                    f"block_shape: bk = {bk} must be a multiple or a divisor of the weight's "
-                    f"scale groups of {gk} rows along K"
-                )
-            bk = math.lcm(gk, k_multiple)
-        most = _max_groups(t)
-        if block_shape is None and bk // gk > most:
-            unit = math.lcm(gk, k_multiple)
-            bk = max(unit, most * gk // unit * unit)
-    if bm % stored_sub and bm != m:  # x's stored blocks would be off their tiling
+    out = out or r.out
+    tl = _tiling(r, t, k, stored, x_dtype, scaling, out)
+    bm, bn, bk = _blocks(r, t, tl, (m, n, k), block_shape)
+    if scaling is not None and scaling.along_k:
+        bk = _align_to_groups(bk, t, tl, scaling, block_shape is not None)
+    if block_shape is None and long_rows and m > bm:
+        bm = _long_bm(tl, (m, n, k), bn, bk, _scale_vmem(scaling, n, bn)[0], bm)
+    if bm % tl.stored_sub and bm != m:  # x's stored blocks would be off their tiling
         x_dtype = r.lhs_compute  # decoded outside the kernel instead
     kp = _round_up(k, bk)
-    scale_vmem = 0
-    if scaling is not None and scaling.along_k:  # the resident scale block, as int32 / f32
-        lanes = bn if scaling.per_column else _LANES
-        if scaling.columns:  # every block column (emulate.pallas.qsteps.widen)
-            lanes = _round_up(-(-n // scaling.columns), _LANES)
-        scale_vmem = 2 * 4 * scaling.rows * lanes * 2
-    spread_vmem, note = _spread_vmem(scaling, n, bn)
-    scale_vmem += spread_vmem
-    vmem = _vmem_bytes(r, bm, bn, bk, limbs, bk, per_row(bk)) + scale_vmem
-    if t.vmem_capacity_bytes and vmem > t.vmem_capacity_bytes:
-        raise ValueError(
-            f"block_shape: ({bm}, {bn}, {bk}) needs about {vmem} bytes of VMEM{note}, more "
-            f"than {t.name}'s {t.vmem_capacity_bytes}; use smaller blocks"
-        )
-    if block_shape is None and long_rows and m > bm:
-        bm = _long_bm(r, m, n, k, bn, bk, limbs, per_row, cap - scale_vmem, bm)
-        vmem = _vmem_bytes(r, bm, bn, bk, limbs, bk, per_row(bk)) + scale_vmem
-    resident = kp > bk and _vmem_bytes(r, bm, bn, bk, limbs, kp, per_row(bk)) <= cap
-    if resident:
-        vmem = _vmem_bytes(r, bm, bn, bk, limbs, kp, per_row(bk)) + scale_vmem
-    limit = None
-    if 2 * vmem > _DEFAULT_SCOPED_VMEM:
-        limit = min(2 * vmem, t.vmem_capacity_bytes or 2 * vmem)
-    cfg = Config(
-        r, m, n, k, bm, bn, bk, stored, w_passthrough, limbs, resident, interpret, vmem, limit,
-        x_dtype, scaling, out or r.out, codebook,
-    )  # fmt: skip
-    if limbs:
-        if kp // bk > MAX_CHUNKS or k * route.exact_limit(r) >= MAX_TOTAL_QUANTA:
-            raise ValueError(
-                f"x, w: a contraction of K = {k} in blocks of {bk} exceeds what the exact "
-                f"{r.lhs} x {r.rhs} kernel combines exactly (at most {MAX_CHUNKS} K steps "
-                "and 2**40 quanta); use a larger bk or split the contraction"
-            )
-    return cfg
+    vmem, resident, limit = _vmem_plan(t, tl, (bm, bn, bk), kp, _scale_vmem(scaling, n, bn))
+    if tl.limbs:
+        _check_exact(r, k, bk, kp)
+    return Config(
+        route=r,
+        m=m,
+        n=n,
+        k=k,
+        bm=bm,
+        bn=bn,
+        bk=bk,
+        stored=stored,
+        w_passthrough=w_passthrough,
+        limbs=tl.limbs,
+        x_resident=resident,
+        interpret=interpret,
+        vmem_bytes=vmem,
+        vmem_limit=limit,
+        x_dtype=x_dtype,
+        scaling=scaling,
+        out=out,
+        codebook=codebook,
+    )

@@ -78,7 +78,7 @@ from emulate.pallas.matmul_args import matmul_args
 from emulate.pallas.matmul_config import Config, config
 from emulate.pallas.qweight import KernelQWeight
 from emulate.pallas.weights import TILE_GROUPS, KernelWeight, kernel_codes
-from emulate.qarray import QArray
+from emulate.quantized.array import QArray
 
 __all__ = [
     "decode_x",

@@ -49,7 +49,7 @@ from emulate import formats, targets
 from emulate.codebooks import Codebook
 from emulate.formats import Format
 from emulate.pallas import route
-from emulate.qparts import inverse_permutation
+from emulate.quantized.values import inverse_permutation
 
 __all__ = [
     "KernelCodebook",

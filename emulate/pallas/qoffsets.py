@@ -74,11 +74,12 @@ from jax import lax
 
 from emulate import formats
 from emulate.codebooks import Codebook
+from emulate.numerics.pytree import PytreeRecord
 from emulate.numerics.storage import Packed, pack, unpack_codes
 from emulate.pallas import qgroups
 from emulate.pallas.route import refuse
-from emulate.qarray import QArray
-from emulate.qparts import is_int
+from emulate.quantized.array import QArray
+from emulate.quantized.checks import is_int
 
 __all__ = [
     "PARTS",
@@ -92,7 +93,7 @@ __all__ = [
     "spec",
 ]
 
-#: The QArray parts built here (as :func:`emulate.qarray.parts_text` names them).
+#: The QArray parts built here (as :func:`emulate.quantized.array.parts_text` names them).
 PARTS = ("zero_points", "offsets", "two_level")
 _MIN_GROUP = 32
 #: Zero point types the kernel reads: 2- to 6-bit ones packed along the group axis, 8-bit
@@ -177,9 +178,12 @@ class Affine:
         )
 
 
-@jax.tree_util.register_pytree_with_keys_class
 @dataclasses.dataclass(frozen=True, eq=False)
-class AffineParts:
+class AffineParts(
+    PytreeRecord,
+    data=("zeros", "offsets", "offset_supers", "scale_supers"),
+    static=("spec", "grid"),
+):
     """Zero points and offsets as the kernel reads them (:class:`Affine`'s arrays).
 
     Attributes:
@@ -201,23 +205,6 @@ class AffineParts:
     grid: tuple[int, int]
     offset_supers: Any = None
     scale_supers: Any = None
-
-    def tree_flatten_with_keys(self):
-        names = ("zeros", "offsets", "offset_supers", "scale_supers")
-        children = tuple((jax.tree_util.GetAttrKey(n), getattr(self, n)) for n in names)
-        return children, (self.spec, self.grid)
-
-    def tree_flatten(self):
-        keyed, aux = self.tree_flatten_with_keys()
-        return tuple(v for _, v in keyed), aux
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        obj = object.__new__(cls)
-        names = ("zeros", "offsets", "offset_supers", "scale_supers", "spec", "grid")
-        for name, v in zip(names, (*children, *aux)):
-            object.__setattr__(obj, name, v)
-        return obj
 
     @property
     def arrays(self) -> tuple[Any, ...]:

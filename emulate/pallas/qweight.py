@@ -78,13 +78,15 @@ from emulate import formats
 from emulate.codebooks import Codebook
 from emulate.formats import Format
 from emulate.numerics.bits import times_pow2
+from emulate.numerics.pytree import PytreeRecord
 from emulate.numerics.scales import scale_frexp
 from emulate.numerics.storage import Packed, group_shape
 from emulate.pallas import qoffsets
 from emulate.pallas.route import refuse
 from emulate.pallas.weights import KernelWeight, kernel_codes, planar_weight
-from emulate.qarray import QArray, dequantize, parts_text
-from emulate.qparts import as_format_array
+from emulate.quantized.array import QArray, parts_text
+from emulate.quantized.checks import as_format_array
+from emulate.quantized.values import dequantize
 
 __all__ = [
     "KernelQWeight",
@@ -135,9 +137,21 @@ class Scaling:
     columns: int = 0
 
 
-@jax.tree_util.register_pytree_with_keys_class
 @dataclasses.dataclass(frozen=True, eq=False)
-class KernelQWeight:
+class KernelQWeight(
+    PytreeRecord,
+    data=("codes", "scales", "tensor_scale", "affine", "perm"),
+    static=(
+        "format_name",
+        "scale_format",
+        "block_shape",
+        "shape",
+        "dtype",
+        "element_exponent",
+        "codebook",
+        "perm_axis",
+    ),
+):
     """A (K, N) QArray weight as :func:`emulate.pallas.matmul` reads it without any copy:
     make it once with :func:`prepare_weight` and keep it in place of the QArray.
 
@@ -165,47 +179,6 @@ class KernelQWeight:
     codebook: Codebook | None = None
     perm: Any = None
     perm_axis: int | None = None
-
-    def tree_flatten_with_keys(self):
-        keys = ("codes", "scales", "tensor_scale", "affine", "perm")
-        leaves = (self.codes, self.scales, self.tensor_scale, self.affine, self.perm)
-        children = tuple((jax.tree_util.GetAttrKey(k), v) for k, v in zip(keys, leaves))
-        aux = (
-            self.format_name,
-            self.scale_format,
-            self.block_shape,
-            self.shape,
-            self.dtype,
-            self.element_exponent,
-            self.codebook,
-            self.perm_axis,
-        )
-        return children, aux
-
-    def tree_flatten(self):
-        keyed, aux = self.tree_flatten_with_keys()
-        return tuple(v for _, v in keyed), aux
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        obj = object.__new__(cls)
-        for name, v in zip(("codes", "scales", "tensor_scale", "affine", "perm"), children):
-            object.__setattr__(obj, name, v)
-        for name, v in zip(
-            (
-                "format_name",
-                "scale_format",
-                "block_shape",
-                "shape",
-                "dtype",
-                "element_exponent",
-                "codebook",
-                "perm_axis",
-            ),
-            aux,
-        ):
-            object.__setattr__(obj, name, v)
-        return obj
 
     @property
     def format(self) -> Format:

@@ -29,6 +29,7 @@ import numpy as np
 
 from emulate import formats
 from emulate.formats import Format, FormatLike
+from emulate.numerics.pytree import PytreeRecord
 from emulate.numerics.storage import Packed, group_shape, is_array, to_codes, unpack_codes
 
 __all__ = ["KernelWeight", "TILE_GROUPS", "kernel_codes", "planar_weight", "tiles"]
@@ -37,9 +38,8 @@ __all__ = ["KernelWeight", "TILE_GROUPS", "kernel_codes", "planar_weight", "tile
 TILE_GROUPS = 128
 
 
-@jax.tree_util.register_pytree_with_keys_class
 @dataclasses.dataclass(frozen=True, eq=False)
-class KernelWeight:
+class KernelWeight(PytreeRecord, data=("data",), static=("format_name", "length")):
     """A (K, N) sub-byte weight in the K-planar layout (module docstring); make it with
     :func:`emulate.pallas.prepare_weight` and keep it: :func:`emulate.pallas.matmul` reads
     it as stored.
@@ -73,20 +73,6 @@ class KernelWeight:
                 f"length: {self.length} {f.name} rows in the K-planar layout need {want} "
                 f"byte rows, the data has {shape[0]}"
             )
-
-    def tree_flatten_with_keys(self):
-        return ((jax.tree_util.GetAttrKey("data"), self.data),), (self.format_name, self.length)
-
-    def tree_flatten(self):
-        return (self.data,), (self.format_name, self.length)
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        obj = object.__new__(cls)
-        object.__setattr__(obj, "data", children[0])
-        object.__setattr__(obj, "format_name", aux[0])
-        object.__setattr__(obj, "length", aux[1])
-        return obj
 
     @property
     def format(self) -> Format:

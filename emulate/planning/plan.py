@@ -376,7 +376,7 @@ def runs_as_is(
 def _sliceable(f: Format) -> bool:
     if f.name in ("bfloat16", "float16", "float32"):  # sliced per row, at run-time scales
         return True
-    return f.is_low_precision and (f.is_integer or f.has_subnormals)
+    return f.is_low_precision and f.has_zero  # not float8_e8m0fnu, a scale type
 
 
 def _sliced(t, a: Format, b: Format, out: Format, mode: str) -> Plan:

@@ -139,20 +139,21 @@ def _digit_count(largest: int, width: int) -> int | None:
 
 
 def slicing(fmt: FormatLike, width: int, digits: bool = False) -> Slicing:
-    """The slicing of a format: static for the low-precision formats (integers are one
-    slice, ``m * 2**0``), per row for bfloat16, float16 and float32. ``digits``: balanced
+    """The slicing of a format: static for the low-precision formats of at most 8 bits
+    (integers are one slice, ``m * 2**0``), per row for bfloat16, float16, float32 and the
+    float formats of 9 to 16 bits. ``digits``: balanced
     digits instead of exponent windows (low-precision float formats only; ValueError
     where ``width`` makes ``V`` plus the digits' offset reach 2**32)."""
     f = formats.get(fmt)
-    wide = f.name in formats.WIDE_FLOATS
-    if not (wide or f.is_low_precision) or (f.is_float and not f.has_subnormals):
+    wide = _per_row(f)
+    if not (wide or f.is_low_precision) or not f.has_zero:
         raise ValueError(
             "fmt: exponent slicing is for the low-precision formats and "
             f"{', '.join(formats.WIDE_FLOATS)}, got {f.name}"
         )
     if f.is_integer:
         return Slicing(f.name, f.bits, 0, 0, width)
-    q_min = round(math.log2(f.min_subnormal))
+    q_min = round(math.log2(f.quantum))  # below the smallest value without subnormals
     q_max = math.floor(math.log2(f.max)) - f.mantissa_bits
     p = f.mantissa_bits + 1
     levels = -(-(p + WIDE_EXTRA_BITS) // width) if wide else None
@@ -170,7 +171,7 @@ def _kinds(f: Format) -> list[Slicing]:
     out = []
     for w in _widths(f):
         out.append(slicing(f, w))
-        if f.is_float and f.is_low_precision:
+        if f.is_float and not _per_row(f):
             largest = out[-1].largest
             if _digit_count(largest, w) is not None:
                 out.append(slicing(f, w, digits=True))
@@ -190,8 +191,15 @@ def cost(a: Slicing, b: Slicing, chunk: int) -> float:
     return a.count * b.count * (1 + CHUNK_COST / chunk)
 
 
+def _per_row(f: Format) -> bool:
+    """Whether ``f`` is sliced per row: bfloat16, float16, float32 and the float formats of
+    9 to 16 bits (the wide P3109 ones, whose exponent ranges reach 2**-149 and 2**127:
+    cut statically, p3109_k12p6se would take 13 slices where it takes 4 per row)."""
+    return f.name in formats.WIDE_FLOATS or (f.is_float and f.is_low_precision and f.bits > 8)
+
+
 def _widths(f: Format) -> range:
-    return range(1, 25) if f.name in formats.WIDE_FLOATS else range(1, 17)
+    return range(1, 25) if _per_row(f) else range(1, 17)
 
 
 def choose(lhs: Format, rhs: Format, compute: str) -> tuple[Slicing, Slicing, int] | None:

@@ -24,7 +24,7 @@ from emulate.formats import Format, FormatLike
 from emulate.numerics.storage import Packed
 from emulate.planning.exactness import exact_class
 from emulate.planning.plan import MODES
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 from emulate.testing.operands import oracle_values
 
 __all__ = [
@@ -173,6 +173,122 @@ def check_mode(mode: str) -> str:
 BoundLike = float | npt.ArrayLike | Callable[[np.ndarray, np.ndarray, Any], npt.ArrayLike]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Oracle:
+    """:func:`compare`'s operands as the oracle reads them, and the contract chosen for
+    them: the first stage of a comparison.
+
+    Attributes:
+      a, b: the operands' values (:func:`oracle_values`); ``ablock``, ``bblock``: a QArray
+        operand's scale blocks, or None.
+      lf, rf: the operands' true formats (a format without a dtype, not float32).
+      preferred: the result format the reference rounds into (None: lax's rule).
+      contract: "exact" or "bounded".
+      bound_name: which bound (:attr:`Comparison.bound_name`; "" for "exact").
+      extra: the bound's extra gamma terms (bounded, no bound given; else 0).
+    """
+
+    a: np.ndarray
+    ablock: Any
+    b: np.ndarray
+    bblock: Any
+    lf: Format
+    rf: Format
+    preferred: FormatLike | None
+    contract: str
+    bound_name: str
+    extra: int
+
+
+def _oracle(
+    lhs: Any,
+    rhs: Any,
+    dimension_numbers: Sequence[Sequence[Sequence[int]]],
+    mode: str,
+    preferred_element_type: FormatLike | None,
+    bound: BoundLike | None,
+    extra_roundings: int,
+) -> _Oracle:
+    """The operands' values and true formats, and the contract: with ``bound``, within
+    it; bit for bit in mode "exact" and for exact-class pairs of plain or packed operands;
+    else the segment bound (a QArray operand) or :func:`bounds.dot_general_bound`."""
+    (a, ablock), (b, bblock) = oracle_values(lhs, "lhs"), oracle_values(rhs, "rhs")
+    lf, rf = _formats.get(a.dtype), _formats.get(b.dtype)
+    undecoded = [_undecoded(x, f) for x, f in ((lhs, lf), (rhs, rf))]
+    if undecoded != [lf, rf]:  # a format without a dtype, handed over as float32 values
+        lf, rf = undecoded
+        if preferred_element_type is None:  # lax's result type of the true formats
+            preferred_element_type = _formats.dot_result(lf, rf).name
+    quant = ablock is not None or bblock is not None
+    extra = 0
+    if bound is not None:
+        contract, bound_name = "bounded", "the bound given"
+    elif mode == "exact" or (exact_class(lf, rf) and not quant):
+        contract, bound_name = "exact", ""
+    elif quant:
+        segs = segment_count(a.shape, b.shape, dimension_numbers, ablock, bblock)
+        extra = segs + 4 + extra_roundings
+        contract, bound_name = "bounded", f"the segment bound gamma_(K+S+4), S = {segs}"
+    else:
+        extra = extra_roundings
+        contract, bound_name = "bounded", "emulate.bounds.dot_general_bound"
+    if extra_roundings and bound is None and contract == "bounded":
+        bound_name += f" with {extra_roundings} extra roundings"
+    return _Oracle(
+        a, ablock, b, bblock, lf, rf, preferred_element_type, contract, bound_name, extra
+    )
+
+
+def _verdict(
+    got: np.ndarray,
+    want: np.ndarray,
+    o: _Oracle,
+    operands: tuple[Any, Any],
+    dimension_numbers: Sequence[Sequence[Sequence[int]]],
+    bound: BoundLike | None,
+) -> tuple[int, float, float | None, Mismatch | None]:
+    """``got`` against the reference's ``want`` under ``o``'s contract: the mismatches,
+    the largest error in ulps, the worst bound ratio (bounded; else None) and the first
+    mismatch with its exact sum (or None)."""
+    out = _formats.get(want.dtype)
+    ulps = _ulps(got, want, out)
+    max_ulps = float(ulps.max(initial=0.0))
+    exact = ratio = allowed = bnd = None
+    if o.contract == "exact":
+        bad = ~_same(got, want)
+    else:
+        exact = reference.exact_dot_general(o.a, o.b, dimension_numbers)
+        if bound is None:
+            bnd = bounds.dot_general_bound(o.a, o.b, dimension_numbers, extra_terms=o.extra)
+        else:
+            bnd = _given_bound(bound, o.a, o.b, dimension_numbers, want.shape)
+        flushed = _flushed_nan(o.a, o.b, dimension_numbers)
+        bad, ratios, allowed = _within(got, exact, bnd, out, flushed)
+        ratio = float(max(ratios, default=0.0))
+        # A NaN that the flushing rule allows is not an error of any number of ulps.
+        waived = flushed & np.isnan(got.astype(np.float64)) & ~bad
+        max_ulps = float(np.where(waived, 0.0, ulps).max(initial=0.0))
+    if not bad.any():
+        return 0, max_ulps, ratio, None
+    flat = int(np.flatnonzero(bad.reshape(-1))[0])
+    if exact is None:
+        exact = reference.exact_dot_general(o.a, o.b, dimension_numbers)
+    e = np.asarray(exact, dtype=object).reshape(-1)[flat]
+    note = None
+    if (o.ablock is not None or o.bblock is not None) and not isinstance(e, Fraction):
+        e, note = _unrounded_exact(e, *operands, dimension_numbers, flat)
+    first = Mismatch(
+        index=tuple(int(i) for i in np.unravel_index(flat, got.shape)),
+        got=_py(got.reshape(-1)[flat]),
+        want=_py(want.reshape(-1)[flat]),
+        exact=e,
+        allowed=None if allowed is None else allowed[flat],
+        bound=None if bnd is None else float(bnd.reshape(-1)[flat]),
+        note=note,
+    )
+    return int(bad.sum()), max_ulps, ratio, first
+
+
 def compare(
     result: npt.ArrayLike,
     lhs: Any,
@@ -221,37 +337,17 @@ def compare(
     ):
         raise ValueError(f"extra_roundings: expected a non-negative int, got {extra_roundings!r}")
     got = np.asarray(result)
-    (a, ablock), (b, bblock) = oracle_values(lhs, "lhs"), oracle_values(rhs, "rhs")
-    lf, rf = _formats.get(a.dtype), _formats.get(b.dtype)
-    undecoded = [_undecoded(x, f) for x, f in ((lhs, lf), (rhs, rf))]
-    if undecoded != [lf, rf]:  # a format without a dtype, handed over as float32 values
-        lf, rf = undecoded
-        if preferred_element_type is None:  # lax's result type of the true formats
-            preferred_element_type = _formats.dot_result(lf, rf).name
-    quant = ablock is not None or bblock is not None
-    if bound is not None:
-        contract, bound_name = "bounded", "the bound given"
-    elif mode == "exact" or (exact_class(lf, rf) and not quant):
-        contract, bound_name = "exact", ""
-    elif quant:
-        segs = segment_count(a.shape, b.shape, dimension_numbers, ablock, bblock)
-        extra = segs + 4 + extra_roundings
-        contract, bound_name = "bounded", f"the segment bound gamma_(K+S+4), S = {segs}"
-    else:
-        extra = extra_roundings
-        contract, bound_name = "bounded", "emulate.bounds.dot_general_bound"
-    if extra_roundings and bound is None and contract == "bounded":
-        bound_name += f" with {extra_roundings} extra roundings"
-    want = reference.dot_general(a, b, dimension_numbers, preferred_element_type)
+    o = _oracle(lhs, rhs, dimension_numbers, mode, preferred_element_type, bound, extra_roundings)
+    want = reference.dot_general(o.a, o.b, dimension_numbers, o.preferred)
     out = _formats.get(want.dtype)
-    names = [_operand_name(x, f) for x, f in ((lhs, lf), (rhs, rf))]  # true formats
+    names = [_operand_name(x, f) for x, f in ((lhs, o.lf), (rhs, o.rf))]  # true formats
     base: dict[str, Any] = dict(
         lhs=names[0],
         rhs=names[1],
         out=out.name,
         mode=mode,
-        contract=contract,
-        bound_name=bound_name,
+        contract=o.contract,
+        bound_name=o.bound_name,
     )
     if got.dtype != want.dtype or got.shape != want.shape:
         return Comparison(
@@ -265,51 +361,9 @@ def compare(
                 f"dtype {want.dtype.name} and shape {want.shape}"
             ),
         )
-    ulps = _ulps(got, want, out)
-    max_ulps = float(ulps.max(initial=0.0))
-    exact = None
-    if contract == "exact":
-        bad = ~_same(got, want)
-        ratio = None
-        allowed = bnd = None
-    else:
-        exact = reference.exact_dot_general(a, b, dimension_numbers)
-        if bound is None:
-            bnd = bounds.dot_general_bound(a, b, dimension_numbers, extra_terms=extra)
-        else:
-            bnd = _given_bound(bound, a, b, dimension_numbers, want.shape)
-        flushed = _flushed_nan(a, b, dimension_numbers)
-        bad, ratios, allowed = _within(got, exact, bnd, out, flushed)
-        ratio = float(max(ratios, default=0.0))
-        # A NaN that the flushing rule allows is not an error of any number of ulps.
-        waived = flushed & np.isnan(got.astype(np.float64)) & ~bad
-        max_ulps = float(np.where(waived, 0.0, ulps).max(initial=0.0))
-    first = None
-    if bad.any():
-        flat = int(np.flatnonzero(bad.reshape(-1))[0])
-        idx = tuple(int(i) for i in np.unravel_index(flat, got.shape))
-        if exact is None:
-            exact = reference.exact_dot_general(a, b, dimension_numbers)
-        e = np.asarray(exact, dtype=object).reshape(-1)[flat]
-        note = None
-        if quant and not isinstance(e, Fraction):
-            e, note = _unrounded_exact(e, lhs, rhs, dimension_numbers, flat)
-        first = Mismatch(
-            index=idx,
-            got=_py(got.reshape(-1)[flat]),
-            want=_py(want.reshape(-1)[flat]),
-            exact=e,
-            allowed=None if allowed is None else allowed[flat],
-            bound=None if bnd is None else float(bnd.reshape(-1)[flat]),
-            note=note,
-        )
+    bad, ulps, ratio, first = _verdict(got, want, o, (lhs, rhs), dimension_numbers, bound)
     return Comparison(
-        **base,
-        size=want.size,
-        mismatches=int(bad.sum()),
-        max_ulps=max_ulps,
-        worst_ratio=ratio,
-        first=first,
+        **base, size=want.size, mismatches=bad, max_ulps=ulps, worst_ratio=ratio, first=first
     )
 
 

@@ -212,9 +212,82 @@ def check_function(
         report and a script that calls ``fn`` on it (:func:`function_reproducer`).
       ValueError, TypeError: a bad argument, before anything runs.
     """
+    spec = _resolve(
+        fn,
+        lhs,
+        rhs,
+        contract=contract,
+        shapes=shapes,
+        layouts=layouts,
+        hazards=hazards,
+        out=out,
+        extra_roundings=extra_roundings,
+        target=target,
+        examples=examples,
+        seed=seed,
+        elements=elements,
+        fill=fill,
+        tpu_numerics=tpu_numerics,
+    )
+    result = CheckResult(
+        _fn_name(fn), spec.lhs.describe(), spec.rhs.describe(), spec.label, spec.target,
+        seed=spec.seed,
+    )  # fmt: skip
+    try:
+        _drive(spec, result)
+    finally:
+        for c in _COLLECTORS:
+            c.append(result)
+    if result.failure is not None:
+        raise AssertionError(
+            f"{result.name} broke the contract on {result.lhs} x {result.rhs} under "
+            f"{spec.target} (seed {spec.seed}, hypothesis-shrunk example):\n{result.failure}\n\n"
+            f"# --- reproducer: save as repro.py and run python repro.py ---\n"
+            f"{result.reproducer}"
+        )
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class _CheckSpec:
+    """:func:`check_function`'s arguments, checked and resolved once: what a run needs.
+
+    Attributes:
+      fn: the user's function; ``call`` is what runs: ``fn``, or ``fn`` as
+        :func:`emulate.testing.tpu_numerics` rewrites it for ``target``.
+      lhs, rhs: the operands' :class:`OperandSpec`.
+      contract: "exact", "fast" or a bound; ``label`` names it ("bound" for a bound).
+      out: the result format's name, or None (the dtype ``fn`` returns).
+      extra_roundings: as for :func:`compare`.
+      target: the target's name.
+      examples, seed: hypothesis' ``max_examples`` and seed.
+      problem: the strategy of ``(lhs, rhs, dimension_numbers)`` problems.
+      tpu_numerics: whether ``call`` is the TPU-numerics rewrite (for the reproducer).
+    """
+
+    fn: Callable[[Any, Any], Any]
+    call: Callable[[Any, Any], Any]
+    lhs: OperandSpec
+    rhs: OperandSpec
+    contract: str | BoundLike
+    label: str
+    out: str | None
+    extra_roundings: int
+    target: str
+    examples: int
+    seed: int
+    problem: st.SearchStrategy[tuple[Any, Any, Any]]
+    tpu_numerics: bool
+
+
+def _resolve(fn: Callable[[Any, Any], Any], lhs: Any, rhs: Any, **kw: Any) -> _CheckSpec:
+    """The :class:`_CheckSpec` of a :func:`check_function` call (``kw``: its keyword
+    arguments, all of them), checking each argument in the order the docstring lists
+    them. Raises TypeError / ValueError naming a bad one."""
     if not callable(fn):
         raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
     ls, rs = as_spec(lhs, "lhs"), as_spec(rhs, "rhs")
+    contract, examples, seed = kw["contract"], kw["examples"], kw["seed"]
     if isinstance(contract, str) and contract not in CONTRACTS:
         raise ValueError(
             f"contract: expected 'exact', 'fast', a number or a bound function, got {contract!r}"
@@ -225,13 +298,35 @@ def check_function(
         seed = default_seed()
     elif not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed: expected an int or None, got {type(seed).__name__} {seed!r}")
-    out_name = None if out is None else _formats.get(out).name
+    out = None if kw["out"] is None else _formats.get(kw["out"]).name
+    target = kw["target"]
     target_name = (_targets.current_target() if target is None else _targets.get(target)).name
-    call = tpu_rounding.tpu_numerics(fn, target=target_name) if tpu_numerics else fn
-    pool = _layouts(shapes, layouts)
-    problem = _problems(ls, rs, pool, hazards and layouts is None, elements, fill)
-    label = "bound" if not isinstance(contract, str) else contract
-    result = CheckResult(_fn_name(fn), ls.describe(), rs.describe(), label, target_name, seed=seed)
+    tpu = kw["tpu_numerics"]
+    call = tpu_rounding.tpu_numerics(fn, target=target_name) if tpu else fn
+    layouts = kw["layouts"]
+    pool = _layouts(kw["shapes"], layouts)
+    hazards = kw["hazards"] and layouts is None
+    return _CheckSpec(
+        fn=fn,
+        call=call,
+        lhs=ls,
+        rhs=rs,
+        contract=contract,
+        label="bound" if not isinstance(contract, str) else contract,
+        out=out,
+        extra_roundings=kw["extra_roundings"],
+        target=target_name,
+        examples=examples,
+        seed=seed,
+        problem=_problems(ls, rs, pool, hazards, kw["elements"], kw["fill"]),
+        tpu_numerics=tpu,
+    )
+
+
+def _drive(spec: _CheckSpec, result: CheckResult) -> None:
+    """Run ``spec``'s problems through hypothesis, counting into ``result``; on a failure
+    set ``result.failure`` and ``result.reproducer`` (of the shrunk example). An error
+    hypothesis raises before any example failed propagates."""
     failing: list[tuple[Any, Any, Any, str]] = []
 
     def run_one(a: Any, b: Any, dn: Any) -> None:
@@ -239,9 +334,9 @@ def check_function(
         # new examples, and their errors are not counted.
         shrinking = bool(failing)
         try:
-            with _targets.use_target(target_name):
-                got = np.asarray(call(a, b))
-            c = _compare(got, a, b, dn, contract, out_name, extra_roundings)
+            with _targets.use_target(spec.target):
+                got = np.asarray(spec.call(a, b))
+            c = _compare(got, a, b, dn, spec.contract, spec.out, spec.extra_roundings)
         except Exception as e:
             if not shrinking:
                 result.examples += 1  # an example that raised counts as run
@@ -257,14 +352,14 @@ def check_function(
             raise AssertionError(c.report())
 
     @settings(
-        max_examples=examples,
+        max_examples=spec.examples,
         deadline=None,
         database=None,
         derandomize=False,
         suppress_health_check=list(HealthCheck),
     )
-    @_seed(seed)
-    @given(p=problem)
+    @_seed(spec.seed)
+    @given(p=spec.problem)
     def drive(p: tuple[Any, Any, Any]) -> None:
         run_one(*p)
 
@@ -276,27 +371,16 @@ def check_function(
         a, b, dn, report = failing[-1]
         result.failure = report
         result.reproducer = function_reproducer(
-            fn,
+            spec.fn,
             a,
             b,
             dn,
-            contract=label,
-            out=out_name,
-            target=target_name,
-            extra_roundings=extra_roundings,
-            tpu_numerics=tpu_numerics,
+            contract=spec.label,
+            out=spec.out,
+            target=spec.target,
+            extra_roundings=spec.extra_roundings,
+            tpu_numerics=spec.tpu_numerics,
         )
-    finally:
-        for c in _COLLECTORS:
-            c.append(result)
-    if result.failure is not None:
-        raise AssertionError(
-            f"{result.name} broke the contract on {result.lhs} x {result.rhs} under "
-            f"{target_name} (seed {seed}, hypothesis-shrunk example):\n{result.failure}\n\n"
-            f"# --- reproducer: save as repro.py and run python repro.py ---\n"
-            f"{result.reproducer}"
-        )
-    return result
 
 
 def _compare(

@@ -28,7 +28,8 @@ from emulate import formats as _formats
 from emulate import reference
 from emulate.formats import FormatLike
 from emulate.numerics.storage import Packed, pack, unpack_codes
-from emulate.quant import QArray, Scheme
+from emulate.quantized.array import QArray
+from emulate.quantized.quantizing import Scheme
 from emulate.testing.strategies import arrays
 
 __all__ = [
@@ -61,7 +62,7 @@ class QuantSpec:
       format: the element format name.
       block: block lengths along ``axes`` (None: the whole axis is one block).
       axes: the blocked axes (negative counts from the end).
-      scale_format: the scales' format name (one of ``emulate.quant.SCALE_FORMATS``).
+      scale_format: the scales' format name (one of ``emulate.quantized.checks.SCALE_FORMATS``).
       tensor_scale: also draw a float32 tensor scale (NVFP4).
       element_exponent: the codes' implicit power-of-two scale (-6 for MXINT8).
     """
@@ -98,7 +99,7 @@ def quant_spec(
     Raises:
       ValueError: an unknown scheme name or format; a ``block`` of the wrong length.
     """
-    from emulate import mx
+    from emulate.quantized import mx
 
     if isinstance(scheme, str) and scheme in mx.SCHEMES:
         scheme = mx.SCHEMES[scheme]

@@ -21,7 +21,7 @@ from emulate.formats import Format, FormatLike
 from emulate.numerics.storage import Packed, unpack_codes
 from emulate.planning.plan import Plan
 from emulate.planning.plan import plan as _make_plan
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 from emulate.testing.comparison import check_mode
 from emulate.testing.strategies import DotProblem
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from emulate import formats as _formats
 from emulate.formats import Format, FormatLike
 from emulate.numerics.storage import Packed, pack
-from emulate.reference_codes import decode_codes, encode_values
+from emulate.reference.codes import decode_codes, encode_values
 
 __all__ = [
     "DEFAULT_LAYOUTS",
@@ -265,12 +265,15 @@ def formats(
     *, include_scale: bool = False, include_registered: bool = False
 ) -> st.SearchStrategy[Format]:
     """A low-precision :class:`emulate.Format` (float8_e8m0fnu only with ``include_scale``;
-    the P3109 formats and yours, :func:`emulate.formats.registered`, with
-    ``include_registered``, the scale-only p3109_k8p1ue again only with ``include_scale``)."""
+    the P3109 formats and yours of at most 8 bits, :func:`emulate.formats.registered`, with
+    ``include_registered``, the scale-only p3109_k8p1ue again only with ``include_scale``;
+    the wide P3109 formats, whose uint16 codes :func:`arrays` does not draw, never)."""
     names = _formats.LOW_PRECISION if include_scale else _formats.LOW_PRECISION_OPERANDS
     if include_registered:
         more = [
-            n for n in _formats.registered() if include_scale or not _formats.get(n).is_scale_only
+            n
+            for n in _formats.registered()
+            if (include_scale or not _formats.get(n).is_scale_only) and _formats.get(n).bits <= 8
         ]
         names = names + tuple(more)
     return st.sampled_from([_formats.get(n) for n in names])

@@ -196,3 +196,50 @@ def test_write_without_json_redraws_markdown_and_plot_beside_it(tmp_path, capsys
     assert path.with_suffix(".md").read_text() == "# md\n"
     assert drawn == [path.with_suffix(".png")]
     assert capsys.readouterr().out == f"wrote {path.with_suffix('.md')}\n"
+
+
+def test_quotient_is_none_without_both_figures():
+    assert harness.quotient(3.0, 2.0) == 1.5
+    assert harness.quotient(None, 2.0) is None
+    assert harness.quotient(3.0, None) is None
+    assert harness.quotient(3.0, 0.0) is None
+
+
+def test_index_keys_the_ok_rows_of_a_contender():
+    rows = [
+        {"pair": "a", "M": 1, "contender": "floor", "status": "ok", "v": 1},
+        {"pair": "a", "M": 2, "contender": "floor", "status": "refused", "v": 2},
+        {"pair": "a", "M": 1, "contender": "fast", "status": "ok", "v": 3},
+    ]
+    assert {k: r["v"] for k, r in harness.index(rows, ("pair", "M"), "floor").items()} == {
+        ("a", 1): 1
+    }
+    assert {k: r["v"] for k, r in harness.index(rows, ("M", "contender")).items()} == {
+        (1, "floor"): 1,
+        (1, "fast"): 3,
+    }
+
+
+def test_goal_table_writes_each_goal_and_its_failures():
+    goals = [
+        {"generation": "tpu_v5e", "goal": "g1", "limit": 1.1, "measured": None},
+        {
+            "generation": "tpu_v4",
+            "goal": "g2",
+            "limit": 2,
+            "measured": 2.5,
+            "worst": "int4 1x2x3",
+            "met": False,
+            "failing": ["int4 1x2x3"],
+            "unestimated": ["int8 1x2x3"],
+        },
+    ]
+    assert harness.goal_table("## T", []) == []
+    assert harness.goal_table("## T", goals) == [
+        "## T",
+        "",
+        "| generation | goal | limit | worst measured | where | met | failing |",
+        "|---|---|---|---|---|---|---|",
+        "| tpu_v5e | g1 | 1.1 | not measured | | | |",
+        "| tpu_v4 | g2 | 2 | 2.5 | int4 1x2x3 | no | int4 1x2x3, int8 1x2x3 (no estimate) |",
+    ]

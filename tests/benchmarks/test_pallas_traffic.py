@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from benchmarks.pallas_traffic import kernel_traffic
+from benchmarks.pallas_traffic import estimate_seconds, kernel_traffic
 
 GEN = "tpu_v5e"
 
@@ -42,3 +42,10 @@ def test_kernel_traffic_counts_a_copy_per_change_of_block_index():
     assert got["calls"] == 1 and got["grid"] == [[2, 3]]
     assert [b[1] for b in got["blocks"]] == [2, 6, 6]
     assert (got["read"], got["written"]) == ((2 + 6) * block, 6 * block)
+
+
+def test_estimate_skips_sentinels():
+    assert estimate_seconds({"optimal_seconds": 2e-6, "flops": 1.0}) == 2e-6
+    assert estimate_seconds({"optimal_seconds": -1.0}) is None
+    assert estimate_seconds({"flops": 1.0}) is None
+    assert estimate_seconds({"other_seconds": 3.0}) == 3.0

@@ -15,11 +15,16 @@ K, N = 256, 128
 
 def test_every_base_scheme_and_the_extra_conventions_are_timed() -> None:
     base = {n for n, s in SCHEMES.items() if s.base_of is None}
-    assert base | {"q4_0", "q8_0", "iq4_xs", "mxfp4", "gptq_act"} == set(CPU_SCHEMES)
+    extra = {"q4_0", "q8_0", "iq4_xs", "mxfp4", "gptq_act", "ct_int4"}
+    assert base | extra == set(CPU_SCHEMES)
     g = CPU_SCHEMES["gptq_act"].build(K, N, np.random.default_rng(0))
     assert g.perm is not None and g.perm_axis == -2 and sorted(np.asarray(g.perm)) == list(range(K))
     q = CPU_SCHEMES["q4_0"].build(K, N, np.random.default_rng(0))
     assert q.shape == (N, K) and q.block_shape == (1, 32) and q.nbytes == N * K // 32 * 18
+    c = CPU_SCHEMES["ct_int4"].build(K, N, np.random.default_rng(0))
+    # compressed-tensors W4A16: uint4 codes meaning u - 8, a bf16 scale per 128 along K
+    assert (c.shape, c.block_shape, c.format_name, c.zero_points) == ((K, N), (128, 1), "uint4", 8)
+    assert c.scale_format == "bfloat16" and c.nbytes == K * N // 2 + K // 128 * N * 2
 
 
 def test_one_group_per_shape_with_both_floors_and_the_read() -> None:

@@ -9,14 +9,12 @@ quotients of those figures (the Pallas traffic count itself: test_pallas_traffic
 
 from __future__ import annotations
 
-import math
-
-import jax.numpy as jnp
 import pytest
 
 import emulate.pallas
 from benchmarks import tpu
 from benchmarks.cases import PAIRS
+from benchmarks.contenders import QARRAY_GROUP, tpu_programs
 
 GEN = "tpu_v5e"
 M, K, N = 16, 512, 256
@@ -141,26 +139,10 @@ def test_a_failing_row_is_named_by_the_goal():
     )
 
 
-def test_weight_spec_is_the_packed_layout():
-    p = tpu.weight_spec(PAIRS["float4_e2m1fn"], 64, 32, stored=True)
-    assert (p.data.shape, p.data.dtype, p.length, p.axis) == ((32, 32), jnp.uint8, 64, -2)
-    assert p.shape == (64, 32)
-    raw = tpu.weight_spec(PAIRS["float4_e2m1fn"], 64, 32, stored=False)
-    assert (raw.shape, raw.dtype) == ((64, 32), jnp.dtype("float4_e2m1fn"))
-    assert math.prod(p.data.shape) == 64 * 32 // 2
-
-
-def test_estimate_skips_sentinels():
-    assert tpu.estimate_seconds({"optimal_seconds": 2e-6, "flops": 1.0}) == 2e-6
-    assert tpu.estimate_seconds({"optimal_seconds": -1.0}) is None
-    assert tpu.estimate_seconds({"flops": 1.0}) is None
-    assert tpu.estimate_seconds({"other_seconds": 3.0}) == 3.0
-
-
 def test_a_refused_case_gets_its_status_and_first_line():
     # emulate's own refusal (a TPU kernel asked for a CPU target) is "n/a" with the first
     # line of its message, and no figures.
-    specs = tpu.programs(PAIRS["int8"], (16, 256, 128), GEN)["pallas"][1]
+    specs = tpu_programs(PAIRS["int8"], (16, 256, 128), GEN)["pallas"][1]
 
     def wrong(x, w):
         return emulate.pallas.matmul(x, w, target="cpu", interpret=False)
@@ -200,7 +182,7 @@ def test_the_qarray_kernel_moves_each_operand_and_the_scales_once():
     [r] = tpu.measure(GEN, (M, K, N), ["int4"], ["pallas_q"], {})
     tpu.add_ratios([r])
     assert r["status"] == "ok", r["reason"]
-    scales = 2 * (K // tpu.QARRAY_GROUP) * N
+    scales = 2 * (K // QARRAY_GROUP) * N
     assert r["argument_bytes"] == 2 * M * K + K * N // 2 + scales
     assert r["kernel"]["read"] == 2 * M * K + K * N // 2 + scales
     assert r["kernel"]["written"] == 4 * M * N

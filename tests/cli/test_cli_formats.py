@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from emulate import cli, formats
+from emulate.cli.formats import format_row
 
 HAND_KNOWN_MAX = {
     "int4": "7",
@@ -111,3 +112,36 @@ def test_formats_builds_any_p3109_name_and_refuses_others(
 def test_formats_selected_by_alias(capsys: pytest.CaptureFixture) -> None:
     assert cli.main(["formats", "e4m3", "fp4"]) == 0
     assert list(_rows(capsys.readouterr().out)) == ["float8_e4m3fn", "float4_e2m1fn"]
+
+
+def test_formats_describes_a_wide_p3109_format_and_says_why_one_is_not_built(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    assert cli.main(["formats", "p3109_k16p11se"]) == 0
+    row = _rows(capsys.readouterr().out)["p3109_k16p11se"]
+    # 16 bits, precision 11, bias 2**(16-11-1) = 16; 0x7ffe (exponent field 31, trailing
+    # 1022) is 2**(31 - 16) * (1 + 1022/1024) = 65472; 0x7fff is +Inf, 0x8000 NaN.
+    assert (row["bits"], row["E"], row["M"], row["bias"], row["max"]) == (
+        "16", "5", "10", "16", "65472",
+    )  # fmt: skip
+    assert (row["NaN codes"], row["Inf codes"], row["exact in"]) == (
+        "0x8000", "0x7fff,0xffff", "f32",
+    )  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        cli.main(["formats", "p3109_k16p1se"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        "emulate formats: error: p3109_k16p1se is not built: its exponent bias is 16384, "
+        "which makes its largest value at least 2**16382, above float32's max (below "
+        "2**128); emulate decodes into float32 (JAX holds no float64 without x64, and no "
+        "TPU has it)"
+    )
+
+
+def test_a_format_without_subnormals_has_its_smallest_value_as_min_normal() -> None:
+    # A 4-bit e2m1 without subnormals: 0, 0.75 (1.5 * 2**-1, the smallest), 1 ... 6.
+    f = formats.float_format("cli_e2m1_nosub", bits=4, precision=2, bias=1, subnormals=False)
+    row = format_row(f)
+    assert (row["min normal"], row["min subnormal"], row["max"]) == ("0.75", "-", "6")
+    assert row["int8 k"] == "2"  # multiples of 2**-2 up to 6

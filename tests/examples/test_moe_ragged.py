@@ -1,5 +1,7 @@
 """The routed MoE example: a gpt-oss-style layer (MXFP4 experts from gpt-oss safetensors)
-and a Mixtral-style one (Q4_K experts from GGUF) on ``emulate.ragged_dot_general``.
+and a Mixtral-style one (Q4_K experts from GGUF) on ``emulate.ragged_dot_general``: on the
+CPU route, and prepared once for tpu_v5e through the grouped kernel
+(``emulate.pallas.ragged_dot``) in Pallas' interpret mode.
 
 Oracles: the experts decoded by the test suite's numpy port of gpt-oss's own decoder
 (``tests/importers/_st_oracles.py``, source and commit cited there) and by
@@ -59,7 +61,8 @@ def layers(tmp_path_factory) -> dict:
     }
     return {
         "gpt-oss": ("ekn", example.load_gpt_oss(oss, router), oss_w),
-        "mixtral": ("enk", example.load_mixtral(gg, router), gguf_w),
+        "mixtral": ("ekn", example.load_mixtral(gg, router), gguf_w),
+        "mixtral as stored": ("enk", example.load_mixtral(gg, router, "enk"), gguf_w),
     }
 
 
@@ -79,11 +82,27 @@ def _oracle(params, w, x, top_k: int = 2) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("name", ["gpt-oss", "mixtral"])
-def test_each_token_meets_only_its_experts(layers, name) -> None:
+@pytest.mark.parametrize(
+    ("name", "route"),
+    [
+        ("gpt-oss", "xla"),
+        ("mixtral as stored", "xla"),
+        ("gpt-oss", "interpret"),
+        ("mixtral", "interpret"),
+    ],
+)
+def test_each_token_meets_only_its_experts(layers, name, route) -> None:
     layout, params, w = layers[name]
     x = jnp.asarray(np.random.default_rng(1).normal(size=(TOKENS, D)), jnp.bfloat16)
-    got = np.asarray(jax.jit(functools.partial(example.moe, layout=layout))(params, x))
+    layer = functools.partial(example.moe, layout=layout)
+    if route == "xla":  # the CPU route
+        got = np.asarray(jax.jit(layer)(params, x))
+    else:  # prepared once for a TPU; the grouped kernel in interpret mode (not under jit:
+        # the three expert matmuls then share one compiled kernel program)
+        prepared = emulate.prepare_weights(params, target="tpu_v5e")
+        assert isinstance(prepared["gate"], emulate.pallas.KernelQWeight)
+        with emulate.target("tpu_v5e"), emulate.use_route("interpret"):
+            got = np.asarray(layer(prepared, x))
     want = _oracle(params, w, x)
     assert got.shape == (TOKENS, D) and got.dtype == np.float32
     # f32 sums of exactly decoded weights (measured: 1.6e-7 and 5.4e-7 of the largest
@@ -92,7 +111,7 @@ def test_each_token_meets_only_its_experts(layers, name) -> None:
     assert np.max(np.abs(got - want)) <= 1e-3 * np.max(np.abs(want))
 
 
-@pytest.mark.parametrize("name", ["gpt-oss", "mixtral"])
+@pytest.mark.parametrize("name", ["gpt-oss", "mixtral", "mixtral as stored"])
 def test_the_polyfilled_layer_holds_only_native_pairs_and_inspect_lists_the_experts(
     layers, name
 ) -> None:
@@ -104,13 +123,20 @@ def test_the_polyfilled_layer_holds_only_native_pairs_and_inspect_lists_the_expe
     )
     rows = emulate.inspect(fn, params, x, target="tpu_v5e").rows
     experts = [(r.primitive, r.rhs, r.status) for r in rows if r.primitive != "dot_general"]
-    fmt = {"gpt-oss": "float4_e2m1fn", "mixtral": "uint4"}[name]
-    shape = {
-        "gpt-oss": [f"{EXPERTS},{D},{F}", f"{EXPERTS},{F},{D}"],
-        "mixtral": [f"{EXPERTS},{F},{D}", f"{EXPERTS},{D},{F}"],
-    }[name]
+    fmt = {"gpt-oss": "float4_e2m1fn", "mixtral": "uint4", "mixtral as stored": "uint4"}[name]
+    shape = [f"{EXPERTS},{D},{F}", f"{EXPERTS},{F},{D}"]  # (E, K, N): gate / up, down
+    if name == "mixtral as stored":
+        shape = shape[::-1]  # GGUF's (E, N, K)
     assert [(p, r.split(":")[0], s) for p, r, s in experts] == [
         ("ragged_dot_general", f"{fmt}[{shape[0]}]", "emulated"),
         ("ragged_dot_general", f"{fmt}[{shape[0]}]", "emulated"),
         ("ragged_dot_general", f"{fmt}[{shape[1]}]", "emulated"),
     ]
+    # which route each expert matmul takes on a TPU (what the example prints)
+    routes = example.expert_routes(fn, emulate.prepare_weights(params, target="tpu_v5e"), x,
+                                   "tpu_v5e")  # fmt: skip
+    if name == "mixtral as stored":  # contracted on the experts' last axis: XLA, and why
+        why = "xla: experts of shape (4, 256, 256) grouped along axis 0 contracting along axis"
+        assert len(routes) == 3 and all(r.startswith(f"{why} (2,)") for r in routes)
+    else:
+        assert routes == ["pallas.ragged_dot"] * 3

@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType
 from hypothesis import strategies as st
 
 from emulate.importers.ggml import BLOCKS
-from emulate.importers.parts import StoredParts
+from emulate.importers.stored import StoredParts
 
 # Byte offsets of the float16 fields (d, m, dmin) in each block, from ggml's block structs
 # (ggml/src/ggml-common.h): the places where special scales are planted.

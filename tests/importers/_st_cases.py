@@ -15,7 +15,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from emulate.importers import safetensors as S
-from emulate.importers.parts import StoredParts
+from emulate.importers.stored import StoredParts
 
 _ST_NAMES = {np.dtype(v): k for k, v in S.DTYPES.items()}
 F16 = np.float16

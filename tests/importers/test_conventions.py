@@ -35,7 +35,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from emulate.importers import safetensors as S
-from emulate.importers.parts import StoredParts
+from emulate.importers.stored import StoredParts
 
 # the oracles decode Inf and NaN scales as the projects do, with numpy's warnings
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from emulate.importers import ggml
 from emulate.importers.ggml import BLOCKS, TYPES, parse_blocks
-from emulate.importers.parts import StoredParts
+from emulate.importers.stored import StoredParts
 from emulate.numerics.storage import Packed, unpack_codes
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))

@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType
 
 from emulate.importers.ggml import BLOCKS, TYPES
 from emulate.importers.gguf import read_gguf
-from emulate.importers.parts import StoredParts
+from emulate.importers.stored import StoredParts
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _ggml_oracle import assert_bit_identical, oracle, recombine  # noqa: E402

@@ -35,7 +35,7 @@ import emulate.bounds
 from emulate.engine import qtiled, tiled
 from emulate.importers.ggml import BLOCKS, TYPES, parse_blocks, stored_bits_per_element
 from emulate.importers.gguf import load_gguf, to_qarray
-from emulate.importers.parts import StoredParts
+from emulate.importers.stored import StoredParts
 from emulate.numerics.storage import Packed, unpack_codes
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))

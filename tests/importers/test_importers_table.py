@@ -30,7 +30,7 @@ import emulate
 import emulate.pallas
 from emulate.importers import gguf as G
 from emulate.importers import safetensors as S
-from emulate.qarray import transpose
+from emulate.quantized.array import transpose
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "quantized.md"
 K, N = 4096, 256

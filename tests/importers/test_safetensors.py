@@ -240,7 +240,7 @@ def test_conventions_are_pure_numpy() -> None:
             for name in names:
                 assert not name.startswith("jax"), (path.name, name)
                 assert not name.startswith("emulate") or name.startswith(
-                    ("emulate.importers.conventions", "emulate.importers.parts")
+                    ("emulate.importers.conventions", "emulate.importers.stored")
                 ), (path.name, name)
 
 

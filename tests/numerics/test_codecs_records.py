@@ -1,6 +1,6 @@
 """decode and encode of the formats built from parameters (the P3109 binary8 family, two
 user-built formats) against gfloat 0.5 (graphcore-research/gfloat) and emulate's numpy
-oracle (:mod:`emulate.reference_codes`): every code, every bfloat16 value, a float32 sample
+oracle (:mod:`emulate.reference.codes`): every code, every bfloat16 value, a float32 sample
 with ties and their neighbours, overflow, subnormals, NaN and Inf."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import emulate
-from emulate import formats, reference_codes
+from emulate import formats
+from emulate.reference import codes as reference_codes
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import _record_formats as R  # noqa: E402

@@ -46,8 +46,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import emulate
-from emulate import formats, reference_rounding
+from emulate import formats
 from emulate.numerics.rounding import ROUNDINGS, STOCHASTIC, increments, random_integers
+from emulate.reference import rounding as reference_rounding
 
 
 @pytest.mark.parametrize("name, mode, saturate", cases(FLOATS))
@@ -368,3 +369,64 @@ def test_fast_modes_keep_gfloat_float64_sum():
             assert_codes_match(got, want, fi, x, f)
             seen += int(np.sum((want > 0) != np.array(exact)))
     assert seen == 6  # elements where gfloat's float64 sum, not the exact one, decides
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    width=st.sampled_from([2, 3, 5, 9, 129, (1 << 15) + 1]),
+    mode=st.sampled_from(ROUNDINGS),
+    n=st.sampled_from([1, 5, 32]),
+    data=st.data(),
+)
+def test_increments_below_goes_up_by_the_exact_fraction(width, mode, n, data):
+    """``x = full * 2**-shift`` in ``[0, width)`` goes up to ``width`` (else to 0) by the
+    exact fraction ``x / width`` (docs/numerics.md, "Formats without subnormals"), for odd
+    widths (``2**t + 1``, 16-bit formats included), thresholds and their neighbours."""
+    from emulate.numerics.rounding import increments_below
+
+    n = n if mode in STOCHASTIC else 0
+    shift = data.draw(st.integers(-3, 60))
+
+    def below(full: int) -> bool:
+        return fractions.Fraction(full, 1) * fractions.Fraction(2) ** -shift < width
+
+    k = st.integers(0, (width << (n + 1)) - 1)  # thresholds width * k / 2**(n+1), +-1
+    near = st.tuples(k, st.sampled_from([-1, 0, 1])).map(
+        lambda kd: (
+            int(fractions.Fraction(kd[0], 1 << (n + 1)) * fractions.Fraction(2) ** shift) + kd[1]
+        )
+    )
+    fulls = st.one_of(near, st.integers(0, (1 << 24) - 1)).filter(
+        lambda v: 0 <= v < 1 << 24 and below(v)
+    )
+    full = data.draw(st.lists(fulls, min_size=8, max_size=8))
+    negative = data.draw(st.lists(st.booleans(), min_size=8, max_size=8))
+    r = data.draw(st.lists(st.integers(0, (1 << n) - 1), min_size=8, max_size=8))
+    got = increments_below(
+        jnp.asarray(np.array(full, np.uint32)),
+        jnp.full((8,), shift, jnp.int32),
+        width,
+        jnp.asarray(np.array(negative)),
+        mode,
+        jnp.asarray(np.array(r, np.uint32)) if n else None,
+        n,
+    )
+    half = fractions.Fraction(1, 2)
+    for i, (f_i, neg, r_i) in enumerate(zip(full, negative, r, strict=True)):
+        d = fractions.Fraction(f_i) * fractions.Fraction(2) ** -shift / width
+        y = d * 2**n
+        low = y.numerator // y.denominator
+        rnd = {
+            "stochastic": round(y),
+            "stochastic_odd": low + int(y - low > half or (y - low == half and low % 2 == 0)),
+            "stochastic_fast": (y + half).numerator // (y + half).denominator,
+            "stochastic_fastest": low,
+        }
+        want = {
+            "nearest_even": d > half,
+            "nearest_away": d >= half,
+            "toward_zero": False,
+            "toward_positive": d > 0 and not neg,
+            "toward_negative": d > 0 and neg,
+        }.get(mode, mode in rnd and rnd[mode] + r_i >= 2**n)
+        assert bool(got[i]) == want, (width, mode, n, shift, f_i, r_i)

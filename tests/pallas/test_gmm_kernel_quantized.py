@@ -211,14 +211,57 @@ def test_a_decode_step_reads_each_routed_expert_once_and_no_other(sizes) -> None
     assert len(got) == len(set(got)) and set(got) == want
 
 
+def _nvfp4(rng) -> tuple[emulate.QArray, np.ndarray]:
+    """NVFP4 experts: e2m1 codes packed along K, an e4m3fn scale per 16 rows and column,
+    one float32 tensor scale (not a power of two) for all the experts. Returns the QArray
+    and its values in float64 (exact)."""
+    codes = rng.integers(0, 16, (G, K, N)).astype(np.uint8).view(ml_dtypes.float4_e2m1fn)
+    mant = rng.choice([1.0, 1.125, 1.5, 1.875], (G, K // 16, N))
+    scales = (np.ldexp(1.0, rng.integers(-3, 3, (G, K // 16, N))) * mant).astype(
+        ml_dtypes.float8_e4m3fn
+    )
+    ts = np.float32(0.3)
+    q = emulate.QArray.from_parts(
+        emulate.pack(codes, axis=1), jnp.asarray(scales), block_shape=(1, 16, 1), tensor_scale=ts
+    )
+    values = codes.astype(np.float64) * _rows(scales.astype(np.float64), 16) * np.float64(ts)
+    return q, values
+
+
+@pytest.mark.parametrize("out", ["float32", "float16"])  # the tensor scale in / after
+def test_nvfp4_experts_with_one_tensor_scale_are_within_the_bound_and_matmuls_bits(out) -> None:
+    # float32: the kernel applies block and tensor scales and stores the result; float16
+    # (Mosaic stores none): the tensor scale is applied to the f32 result after the kernel
+    rng = np.random.default_rng(11)
+    q, wv = _nvfp4(rng)
+    x = rng.standard_normal((M, K)).astype(ml_dtypes.bfloat16)
+    kw = dict(target="tpu_v5e", out_dtype=out, block_shape=BF16_BLOCKS, interpret=True)
+    got = np.asarray(gmm_kernel.ragged_dot(jnp.asarray(x), q, jnp.array(SIZES), **kw))
+    assert got.dtype == np.dtype(out)
+    start = 0
+    for g, size in enumerate(SIZES):
+        rows = slice(start, start + size)
+        exact = np.asarray(x[rows], np.float64) @ wv[g]
+        bound = bounds.dot_general_bound(  # 16 groups of 16 rows, the tensor scale: S + 6
+            np.asarray(x[rows], np.float32), np.abs(wv[g]), DN, extra_terms=16 + 6
+        )
+        if out == "float16":  # and the result's own rounding
+            bound = bound + np.abs(exact) * 2.0**-11
+        assert (np.abs(got[rows].astype(np.float64) - exact) <= bound).all()
+        if g == 2 and out == "float32":  # the same kernel body as pallas.matmul's (one
+            # group checked: a matmul program a row count)
+            one = emulate.pallas.matmul(jnp.asarray(x[rows]), q[g], **kw)
+            np.testing.assert_array_equal(_bits(got[rows]), _bits(one))
+        start += size
+    assert (got[start:] == 0).all()
+    with pytest.raises(NotImplementedError, match=r"^w: stacked experts with a tensor scale"):
+        emulate.pallas.prepare_experts(q)
+
+
 def _refused():
     codes = jnp.ones((G, K, 128), jnp.int8)
     per_32 = jnp.ones((G, K // 32, 128), jnp.float32)
     return [
-        (
-            emulate.QArray.from_parts(codes, per_32, block_shape=(1, 32, 1), tensor_scale=2.0),
-            r"^w: QArray experts with a tensor scale are not built in the grouped kernel",
-        ),
         (
             emulate.QArray.from_parts(codes, per_32[:, :1], block_shape=(1, K, 1)),
             r"^w: QArray experts with scales constant along K are not built",
@@ -241,7 +284,7 @@ def test_experts_it_does_not_read_are_refused_by_name(w, message) -> None:
 
 # The real compiler: a decode-sized MoE step on stacked experts (8 experts, 64 rows).
 _E, _M, _K, _N = 8, 64, 2048, 1024
-SCHEMES = ("mxfp4", "q4_k", "awq")
+SCHEMES = ("mxfp4", "q4_k", "awq", "nvfp4")
 
 
 def _specs(scheme: str):
@@ -249,6 +292,9 @@ def _specs(scheme: str):
     codes = jax.ShapeDtypeStruct((_E, _K // 2, _N), jnp.uint8)
     if scheme == "mxfp4":
         return (x, codes, jax.ShapeDtypeStruct((_E, _K // 32, _N), jnp.float8_e8m0fnu))
+    if scheme == "nvfp4":  # e4m3 scales per 16 rows, one float32 tensor scale
+        s = jax.ShapeDtypeStruct((_E, _K // 16, _N), jnp.float8_e4m3fn)
+        return (x, codes, s, jax.ShapeDtypeStruct((), jnp.float32))
     if scheme == "awq":
         s = jax.ShapeDtypeStruct((_E, _K // 128, _N), jnp.float16)
         return (x, codes, s, jax.ShapeDtypeStruct((_E, _K // 128, _N // 2), jnp.uint8))
@@ -260,10 +306,14 @@ def _specs(scheme: str):
 def compiled_program(x, codes, *parts, scheme: str, target: str):
     """emulate.pallas.ragged_dot on a stacked QArray of experts, as a checkpoint holds them
     (routing: the first rows to expert 0, the rest spread over the others)."""
-    fmt = "float4_e2m1fn" if scheme == "mxfp4" else "uint4"
+    fmt = "float4_e2m1fn" if scheme in ("mxfp4", "nvfp4") else "uint4"
     packed = emulate.Packed(codes, fmt, -2, _K)
     if scheme == "mxfp4":
         q = emulate.QArray.from_parts(packed, parts[0], block_shape=(1, 32, 1))
+    elif scheme == "nvfp4":
+        q = emulate.QArray.from_parts(
+            packed, parts[0], block_shape=(1, 16, 1), tensor_scale=parts[1]
+        )
     elif scheme == "awq":
         zp = emulate.Packed(parts[1], "uint4", -1, _N)
         q = emulate.QArray.from_parts(packed, parts[0], block_shape=(1, 128, 1), zero_points=zp)

@@ -1,5 +1,5 @@
 """The storage conventions of quantized safetensors checkpoints, parsed with numpy into
-:class:`~emulate.importers.parts.StoredParts` (codes in logical order, their
+:class:`~emulate.importers.stored.StoredParts` (codes in logical order, their
 scales, zero points, offsets, codebook and act-order permutation, as stored).
 
 One module per family: :mod:`.integer` (AutoAWQ GEMM, GPTQ v1/v2, compressed-tensors

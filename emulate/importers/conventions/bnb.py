@@ -14,7 +14,7 @@ Double quantization: ``absmax`` is then uint8 codes into ``{prefix}.weight.neste
 (the 256-entry dynamic map) with ``{prefix}.weight.nested_absmax`` float32 per
 ``nested_blocksize`` codes and the float ``nested_offset`` added after:
 ``absmax = nested_quant_map[a] * nested_absmax[block] + nested_offset`` (float32), kept as
-nested :class:`~emulate.importers.parts.StoredParts`.
+nested :class:`~emulate.importers.stored.StoredParts`.
 
 Blocks must be rectangular on the ``(N, K)`` weight (``blocksize`` divides K or K divides
 ``blocksize``); others are refused.
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from emulate.importers.conventions.parts import bad, flat_block, nibbles, tensor
-from emulate.importers.parts import StoredParts
+from emulate.importers.conventions.readers import bad, flat_block, nibbles, tensor
+from emulate.importers.stored import StoredParts
 
 __all__ = ["parse_bnb_4bit", "QUANT_STATE_KEYS"]
 

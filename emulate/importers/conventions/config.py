@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from emulate.importers.conventions.parts import bad
+from emulate.importers.conventions.readers import bad
 
 __all__ = ["setting", "MISSING"]
 

@@ -2,7 +2,7 @@
 ``weight_scale_inv`` blocks (DeepSeek-V3), NVIDIA modelopt NVFP4, and compressed-tensors'
 ``nvfp4-pack-quantized`` and ``mxfp4-pack-quantized``.
 
-Each parser returns :class:`~emulate.importers.parts.StoredParts` of logical
+Each parser returns :class:`~emulate.importers.stored.StoredParts` of logical
 shape ``(..., K, N)`` (the torch ``(..., N, K)`` weights transposed).
 
 - **gpt-oss MXFP4** (openai/gpt-oss ``gpt_oss/torch/weights.py``): ``{name}_blocks`` (or
@@ -34,8 +34,8 @@ import ml_dtypes
 import numpy as np
 
 from emulate.importers.conventions.config import setting
-from emulate.importers.conventions.parts import bad, nibbles, tensor
-from emulate.importers.parts import StoredParts
+from emulate.importers.conventions.readers import bad, nibbles, tensor
+from emulate.importers.stored import StoredParts
 
 __all__ = [
     "parse_gpt_oss_mxfp4",

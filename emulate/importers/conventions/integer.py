@@ -3,7 +3,7 @@ v2, with and without act-order) and compressed-tensors ``pack-quantized``.
 
 Each parser reads one linear layer's tensors (names ``{prefix}.{tensor}``) and its
 settings, checks every shape, dtype and setting, and returns the layer as
-:class:`~emulate.importers.parts.StoredParts` of logical shape ``(K, N)``.
+:class:`~emulate.importers.stored.StoredParts` of logical shape ``(K, N)``.
 
 - **AutoAWQ GEMM** (``awq/modules/linear/gemm.py``, ``awq/utils/packing_utils.py``):
   ``qweight`` int32 ``(K, N/8)``, eight 4-bit codes per word along N, nibble ``i``
@@ -27,6 +27,7 @@ settings, checks every shape, dtype and setting, and returns the layer as
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,8 +35,8 @@ import ml_dtypes
 import numpy as np
 
 from emulate.importers.conventions.config import setting
-from emulate.importers.conventions.parts import bad, group_permutation, tensor, unpack_stream
-from emulate.importers.parts import StoredParts
+from emulate.importers.conventions.readers import bad, group_permutation, tensor, unpack_stream
+from emulate.importers.stored import StoredParts
 
 __all__ = ["parse_awq", "parse_gptq", "parse_compressed_int"]
 
@@ -66,6 +67,60 @@ def _group(group_size: int, k: int, where: str) -> int:
     return group_size
 
 
+def _checked_scales(
+    scales: np.ndarray, name: str, want: tuple[int, int], why: str = "", flat: bool = False
+) -> np.ndarray:
+    """``scales`` (the tensor ``name``) of shape ``want``, (groups, N) or (N, groups);
+    ``flat``: one of as many elements in another shape is reshaped to it. Raises
+    ValueError naming ``name`` and ``want`` (then ``why``) otherwise."""
+    got = scales.reshape(want) if flat and scales.size == want[0] * want[1] else scales
+    if got.shape != want:
+        raise bad(name, "shape", scales.shape, f"{want}{why}")
+    return got
+
+
+def _zero_points(
+    zp: np.ndarray, name: str, bits: int, n: int, groups: int, axis: int
+) -> np.ndarray:
+    """Zero points packed ``bits`` to a field along N, N along ``axis`` of ``zp`` (1:
+    GPTQ's ``qzeros`` (groups, words); 0: compressed-tensors' (words, groups)), checked
+    (ValueError naming ``name``) and unpacked to uint8 fields of shape (groups, N)."""
+    words = -(-n * bits // 32)
+    want = (groups, words) if axis == 1 else (words, groups)
+    if zp.shape != want:
+        raise bad(name, "shape", zp.shape, f"{want}")
+    fields = unpack_stream(zp, bits, n, axis=axis)
+    return fields if axis == 1 else fields.T
+
+
+def _g_idx(tensors: Mapping[str, Any], name: str) -> np.ndarray | None:
+    """An act-order ``g_idx`` (int32 or int64, the group of each row of K) where stored."""
+    return tensor(tensors, name, [np.int32, np.int64], 1) if name in tensors else None
+
+
+def _act_order(g_idx: np.ndarray, group: int, name: str) -> tuple[np.ndarray | None, int]:
+    """The permutation of K that sorts ``g_idx``'s groups (:func:`group_permutation`: None
+    where they are in order) and the bits ``g_idx`` is stored in."""
+    return group_permutation(g_idx, group, name), _int_bits(g_idx)
+
+
+def _int_parts(codes: np.ndarray, bits: int, perm: np.ndarray | None, **parts: Any) -> StoredParts:
+    """:class:`StoredParts` of uint ``bits`` codes (K, N), their rows permuted by an
+    act-order ``perm`` where there is one; ``parts``: ``block_shape``, ``scales`` (whose
+    dtype the values take), ``zero_points``, ``zero_bits``, ``source``, ``stored_bits``."""
+    if perm is not None:
+        codes = codes[perm]
+    return StoredParts(
+        codes=np.ascontiguousarray(codes),
+        fmt=f"uint{bits}",
+        bits=bits,
+        dtype=parts["scales"].dtype.name,
+        perm=perm,
+        perm_axis=-2 if perm is not None else None,
+        **parts,
+    )
+
+
 def parse_awq(tensors: Mapping[str, Any], prefix: str, config: Mapping[str, Any]) -> StoredParts:
     """AutoAWQ GEMM int4 (``{prefix}.qweight``, ``.qzeros``, ``.scales``); see the module
     docstring. ``config``: the ``quantization_config`` (``quant_method`` "awq",
@@ -87,8 +142,7 @@ def parse_awq(tensors: Mapping[str, Any], prefix: str, config: Mapping[str, Any]
     group = _group(group_size, k, where)
     if k % group:
         raise bad(f"{prefix}.qweight", "rows", k, f"a multiple of group_size {group}")
-    if scales.shape != (k // group, n):
-        raise bad(f"{prefix}.scales", "shape", scales.shape, f"{(k // group, n)}")
+    scales = _checked_scales(scales, f"{prefix}.scales", (k // group, n))
     if qzeros.shape != (k // group, words):
         raise bad(f"{prefix}.qzeros", "shape", qzeros.shape, f"{(k // group, words)}")
 
@@ -135,12 +189,9 @@ def parse_gptq(tensors: Mapping[str, Any], prefix: str, config: Mapping[str, Any
     k, n = qweight.shape[0] * 32 // bits, qweight.shape[1]
     group = _group(group_size, k, where)
     groups = -(-k // group)
-    if scales.shape != (groups, n):
-        raise bad(f"{prefix}.scales", "shape", scales.shape, f"{(groups, n)}")
-    if qzeros.shape != (groups, -(-n * bits // 32)):
-        raise bad(f"{prefix}.qzeros", "shape", qzeros.shape, f"{(groups, -(-n * bits // 32))}")
+    scales = _checked_scales(scales, f"{prefix}.scales", (groups, n))
+    zeros = _zero_points(qzeros, f"{prefix}.qzeros", bits, n, groups, axis=1)
     codes = unpack_stream(qweight, bits, k, axis=0)
-    zeros = unpack_stream(qzeros, bits, n, axis=1)
     v1 = fmt_name == "gptq"
     # v1 zero points are field + 1, in [1, 2**bits]: one more bit than stored
     zero_points = (
@@ -148,8 +199,8 @@ def parse_gptq(tensors: Mapping[str, Any], prefix: str, config: Mapping[str, Any
     )
     stored = _int_bits(qweight) + _int_bits(qzeros) + _int_bits(scales)
     perm = None
-    if f"{prefix}.g_idx" in tensors:
-        g_idx = tensor(tensors, f"{prefix}.g_idx", [np.int32, np.int64], 1)
+    g_idx = _g_idx(tensors, f"{prefix}.g_idx")
+    if g_idx is not None:
         if g_idx.shape != (k,) or g_idx.min(initial=0) < 0 or g_idx.max(initial=0) >= groups:
             raise bad(
                 f"{prefix}.g_idx",
@@ -157,26 +208,21 @@ def parse_gptq(tensors: Mapping[str, Any], prefix: str, config: Mapping[str, Any
                 f"shape {g_idx.shape}, range [{g_idx.min(initial=0)}, {g_idx.max(initial=0)}]",
                 f"shape ({k},) in [0, {groups})",
             )
-        stored += _int_bits(g_idx)
-        perm = group_permutation(g_idx, group, f"{prefix}.g_idx")
-    if perm is not None:
-        codes = codes[perm]
-    return StoredParts(
-        codes=codes,
-        fmt=f"uint{bits}",
-        bits=bits,
+        perm, g_bits = _act_order(g_idx, group, f"{prefix}.g_idx")
+        stored += g_bits
+    return _int_parts(
+        codes,
+        bits,
+        perm,
         block_shape=(group, 1),
         scales=scales,
         zero_points=zero_points,
         zero_bits=(bits + 1 if bits < 8 else 16) if v1 else bits,
-        dtype=scales.dtype.name,
-        perm=perm,
-        perm_axis=-2 if perm is not None else None,
         source=(
             f"GPTQ {'v1' if v1 else 'v2'} int{bits} g{group}"
             f"{' act-order' if perm is not None else ''}: "
             f"{prefix}.qweight, {prefix}.qzeros, {prefix}.scales"
-            + (f", {prefix}.g_idx" if f"{prefix}.g_idx" in tensors else "")
+            + (f", {prefix}.g_idx" if g_idx is not None else "")
         ),
         stored_bits=stored,
     )
@@ -203,14 +249,17 @@ def _weights_args(config: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
     return weights
 
 
-def parse_compressed_int(
-    tensors: Mapping[str, Any], prefix: str, config: Mapping[str, Any]
-) -> StoredParts:
-    """compressed-tensors ``pack-quantized`` integer weights (``{prefix}.weight_packed``,
-    ``.weight_shape``, ``.weight_scale``, ``.weight_zero_point``, ``.weight_g_idx``); see
-    the module docstring. ``config``: the ``quantization_config`` with one config group,
-    or that group's ``weights`` args (``num_bits`` 2, 4 or 8, ``type`` "int",
-    ``symmetric``, ``strategy`` "group", "channel" or "tensor", ``group_size``)."""
+@dataclasses.dataclass(frozen=True)
+class _PackArgs:
+    """compressed-tensors' ``weights`` args for ``pack-quantized`` integers, checked."""
+
+    args: Mapping[str, Any]
+    bits: int
+    symmetric: bool
+    strategy: str
+
+
+def _pack_args(config: Mapping[str, Any], prefix: str) -> _PackArgs:
     fmt_name = config.get("format", "pack-quantized")
     if fmt_name != "pack-quantized":
         raise bad("quantization_config", "format", repr(fmt_name), "'pack-quantized'")
@@ -223,6 +272,13 @@ def parse_compressed_int(
     strategy = setting(
         args, "strategy", where=where, kind=str, allowed=("group", "channel", "tensor")
     )
+    return _PackArgs(args, bits, symmetric, strategy)
+
+
+def _packed_codes(
+    tensors: Mapping[str, Any], prefix: str, bits: int
+) -> tuple[np.ndarray, int, int]:
+    """(``weight_packed``, N, K), the packed codes checked against ``weight_shape``."""
     packed = tensor(tensors, f"{prefix}.weight_packed", [np.int32], 2)
     shape = tensor(tensors, f"{prefix}.weight_shape", [np.int32, np.int64], 1)
     if (
@@ -236,47 +292,55 @@ def parse_compressed_int(
             shape.tolist(),
             f"[{packed.shape[0]}, K] with ceil(K*{bits}/32) == {packed.shape[1]}",
         )
-    n, k = int(shape[0]), int(shape[1])
+    return packed, int(shape[0]), int(shape[1])
+
+
+def _pack_group(a: _PackArgs, k: int) -> int:
+    """Rows of K per scale: the checked ``group_size`` of strategy "group", else K."""
+    if a.strategy != "group":
+        return k
+    group = setting(a.args, "group_size", where="weights", kind=int)
+    if group <= 0 or k % group:
+        raise bad("weights", "group_size", group, f"a positive divisor of K = {k}")
+    return group
+
+
+def parse_compressed_int(
+    tensors: Mapping[str, Any], prefix: str, config: Mapping[str, Any]
+) -> StoredParts:
+    """compressed-tensors ``pack-quantized`` integer weights (``{prefix}.weight_packed``,
+    ``.weight_shape``, ``.weight_scale``, ``.weight_zero_point``, ``.weight_g_idx``); see
+    the module docstring. ``config``: the ``quantization_config`` with one config group,
+    or that group's ``weights`` args (``num_bits`` 2, 4 or 8, ``type`` "int",
+    ``symmetric``, ``strategy`` "group", "channel" or "tensor", ``group_size``)."""
+    a = _pack_args(config, prefix)
+    bits, strategy = a.bits, a.strategy
+    packed, n, k = _packed_codes(tensors, prefix, bits)
     scale = tensor(
         tensors, f"{prefix}.weight_scale", [np.float16, ml_dtypes.bfloat16, np.float32], (1, 2)
     )
-    if strategy == "group":
-        group = setting(args, "group_size", where=where, kind=int)
-        if group <= 0 or k % group:
-            raise bad(where, "group_size", group, f"a positive divisor of K = {k}")
-    else:
-        group = k
+    group = _pack_group(a, k)
     cols = 1 if strategy == "tensor" else k // group
     rows = 1 if strategy == "tensor" else n
-    scale2 = scale.reshape(rows, cols) if scale.size == rows * cols else scale
-    if scale2.shape != (rows, cols):
-        raise bad(
-            f"{prefix}.weight_scale",
-            "shape",
-            scale.shape,
-            f"{(rows, cols)} for strategy {strategy}",
-        )
-    codes = unpack_stream(packed, bits, k, axis=1).T
+    why = f" for strategy {strategy}"
+    scale2 = _checked_scales(scale, f"{prefix}.weight_scale", (rows, cols), why, flat=True)
     stored = _int_bits(packed) + _int_bits(scale)
     zero_points: np.ndarray | int = 1 << (bits - 1)
-    if not symmetric:
+    if not a.symmetric:
         if strategy == "tensor":
             raise bad(
-                where,
+                "weights",
                 "symmetric",
                 False,
                 "true for strategy 'tensor' (its zero point is not packed)",
             )
         zp = tensor(tensors, f"{prefix}.weight_zero_point", [np.int32], 2)
-        if zp.shape != (-(-n * bits // 32), cols):
-            raise bad(
-                f"{prefix}.weight_zero_point", "shape", zp.shape, f"{(-(-n * bits // 32), cols)}"
-            )
-        zero_points = unpack_stream(zp, bits, n, axis=0).T  # unsigned: the offsets cancel
+        # unsigned: the offsets cancel
+        zero_points = _zero_points(zp, f"{prefix}.weight_zero_point", bits, n, cols, axis=0)
         stored += _int_bits(zp)
     perm = None
-    if f"{prefix}.weight_g_idx" in tensors:
-        g_idx = tensor(tensors, f"{prefix}.weight_g_idx", [np.int32, np.int64], 1)
+    g_idx = _g_idx(tensors, f"{prefix}.weight_g_idx")
+    if g_idx is not None:
         if g_idx.shape != (k,) or strategy != "group":
             raise bad(
                 f"{prefix}.weight_g_idx",
@@ -285,25 +349,20 @@ def parse_compressed_int(
                 f"({k},) with strategy 'group'",
             )
         if not (g_idx == -1).any():  # compressed-tensors reads -1 as "not initialised"
-            perm = group_permutation(g_idx, group, f"{prefix}.weight_g_idx")
-            stored += _int_bits(g_idx)
-    if perm is not None:
-        codes = codes[perm]
-    return StoredParts(
-        codes=np.ascontiguousarray(codes),
-        fmt=f"uint{bits}",
-        bits=bits,
+            perm, g_bits = _act_order(g_idx, group, f"{prefix}.weight_g_idx")
+            stored += g_bits
+    return _int_parts(
+        unpack_stream(packed, bits, k, axis=1).T,
+        bits,
+        perm,
         block_shape=(group, 1) if strategy != "tensor" else (k, n),
         scales=np.ascontiguousarray(scale2.T),
         zero_points=zero_points,
-        zero_bits=bits if not symmetric else 0,
-        dtype=scale.dtype.name,
-        perm=perm,
-        perm_axis=-2 if perm is not None else None,
+        zero_bits=bits if not a.symmetric else 0,
         source=(
             f"compressed-tensors pack-quantized int{bits} {strategy}"
             f"{f' g{group}' if strategy == 'group' else ''} "
-            f"{'symmetric' if symmetric else 'asymmetric'}"
+            f"{'symmetric' if a.symmetric else 'asymmetric'}"
             f"{' act-order' if perm is not None else ''}: "
             f"{prefix}.weight_packed, {prefix}.weight_scale"
         ),

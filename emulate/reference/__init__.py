@@ -35,8 +35,8 @@ import numpy.typing as npt
 
 from emulate import formats
 from emulate.formats import F32_MIN_NORMAL, FormatLike
-from emulate.reference_codes import decode_codes
-from emulate.reference_rounding import encode
+from emulate.reference.codes import decode_codes
+from emulate.reference.rounding import encode
 
 __all__ = [
     "decode",
@@ -75,8 +75,9 @@ def decode(
       x: an array of a registered format's dtype (any ml_dtypes type, including float6,
         float4 and int4, or a wide type), or, with ``fmt``, an unsigned integer array of raw
         codes: uint8 for formats of at most 8 bits (4-bit codes in the low nibble, 6-bit
-        codes in the low 6 bits, higher bits zero), uint16 for 16-bit and uint32 for 32-bit
-        formats. JAX arrays are accepted through ``np.asarray``.
+        codes in the low 6 bits, higher bits zero), uint16 for 16-bit formats and the
+        P3109 formats of 9 to 16 bits, uint32 for 32-bit formats. JAX arrays are accepted
+        through ``np.asarray``.
       fmt: the format (name, alias, dtype or :class:`emulate.formats.Format`). Optional when
         ``x`` already has the format's dtype; then it must agree with it.
       to: ``np.float32``, ``ml_dtypes.bfloat16`` or ``np.float64``.
@@ -106,7 +107,7 @@ def decode(
     f = formats.get(fmt)
     if arr.dtype == f.dtype and f.has_dtype:
         return _cast(arr, target)
-    code_dtype = _CODE_DTYPES[max(8, f.bits)]
+    code_dtype = _CODE_DTYPES[max(8, f.bits)] if f.has_dtype else f.dtype
     if arr.dtype != code_dtype:
         raise TypeError(
             f"x: got dtype {arr.dtype.name} with fmt={f.name}; accepted: {f.dtype.name} values "
@@ -128,13 +129,16 @@ def round_exact(numerator: int, exponent: int, fmt: FormatLike) -> float:
     ``fmt.max`` the format's overflow rule applies, as ml_dtypes' casts do: Inf where the
     format has Inf (float32, bfloat16, float16, float8_e5m2, float8_e3m4), NaN where it has
     NaN but no Inf (float8_e4m3fn and the fnuz formats: e4m3fn 464 -> 448, 465 -> NaN) and
-    ``+-max`` where it has neither (float6, float4).
+    ``+-max`` where it has neither (float6, float4). A tie goes to the even code: for a
+    format of precision 1 (P3109 p1, every value a power of two) the even exponent field,
+    as gfloat's TiesToEven (``1.5`` into p3109_k8p1se gives ``1.0``, code 64, not 2.0).
 
     Args:
       numerator: any Python or numpy integer.
       exponent: any Python or numpy integer.
-      fmt: a float format with zero and subnormals (every registered float format except
-        the scale type float8_e8m0fnu).
+      fmt: a float format with a zero (every registered float format except the scale
+        type float8_e8m0fnu). Without subnormals, a value below the smallest positive one
+        rounds to it or to 0 (a tie to 0, code 0 being even).
 
     Returns:
       A Python float exactly representable in ``fmt`` (or Inf/NaN per the overflow rule).
@@ -157,6 +161,12 @@ def _round(numerator: int, exponent: int, f: formats.Format) -> float:
         return 0.0
     magnitude = abs(numerator)
     top = magnitude.bit_length() - 1 + exponent
+    if not f.has_subnormals and Fraction(magnitude) * Fraction(2) ** exponent < f.min_subnormal:
+        up = Fraction(magnitude) * Fraction(2) ** (exponent + 1) > f.min_subnormal
+        value = f.min_subnormal if up else 0.0
+        if numerator > 0 or (value == 0 and not f.signed_zero):
+            return value
+        return -value
     quantum = max(top, f.emin) - f.mantissa_bits
     shift = quantum - exponent
     if shift <= 0:
@@ -165,7 +175,7 @@ def _round(numerator: int, exponent: int, f: formats.Format) -> float:
         rounded = magnitude >> shift
         remainder = magnitude - (rounded << shift)
         half = 1 << (shift - 1)
-        if remainder > half or (remainder == half and rounded & 1):
+        if remainder > half or (remainder == half and _odd_code(rounded, quantum, f)):
             rounded += 1
     negative = numerator < 0
     if rounded.bit_length() - 1 + quantum > _emax(f) or math.ldexp(rounded, quantum) > f.max:
@@ -174,6 +184,19 @@ def _round(numerator: int, exponent: int, f: formats.Format) -> float:
     if value == 0:
         return -0.0 if negative and f.signed_zero else 0.0
     return -value if negative else value
+
+
+def _odd_code(rounded: int, quantum: int, f: formats.Format) -> bool:
+    """Whether ``rounded * 2**quantum`` (``rounded >= 0``, ``quantum >= f.emin - t``, ``t``
+    the trailing significand bits) has an odd code, the code of ties to even.
+
+    With trailing bits the code's last bit is ``rounded``'s. Without them (precision 1:
+    P3109 p1, user formats) ``rounded`` is 0 (code 0) or 1, and ``2**quantum`` has code
+    ``quantum - emin + 1``: the even code is the even exponent field, not the even quantum.
+    """
+    if f.mantissa_bits:
+        return bool(rounded & 1)
+    return rounded != 0 and (quantum - f.emin + 1) % 2 == 1
 
 
 def exact_dot_general(
@@ -320,10 +343,10 @@ def _cast(arr: np.ndarray, target: npt.DTypeLike) -> np.ndarray:
 
 def _rounding_target(fmt: FormatLike, arg: str) -> formats.Format:
     f = formats.get(fmt, arg=arg)
-    if f.is_integer or not f.has_subnormals:
+    if f.is_integer or not f.has_zero:
         raise ValueError(
-            f"{arg}: {f.name} is not a rounding target; accepted: float formats with zero "
-            "and subnormals (every registered float format except float8_e8m0fnu)"
+            f"{arg}: {f.name} is not a rounding target; accepted: float formats with a zero "
+            "(every registered float format except float8_e8m0fnu)"
         )
     return f
 
@@ -336,10 +359,13 @@ def _overflow(f: formats.Format, negative: bool) -> float:
     """+-Inf where the format has infinities, else NaN where it has a NaN, else +-max.
 
     Read off ml_dtypes' casts of Inf and NaN rather than the Format's code sets, which are
-    only enumerated for formats of at most 16 bits.
+    only enumerated for formats of at most 16 bits; a format without an ml_dtypes type
+    (built from parameters: its uint8 codes are no values) by its record.
     """
     with np.errstate(invalid="ignore", over="ignore"):
         inf, nan = np.array([np.inf, np.nan]).astype(f.dtype).astype(np.float64)
+    if not f.has_dtype:
+        inf, nan = (math.inf if f.has_inf else 0.0), (math.nan if f.has_nan else 0.0)
     if math.isinf(inf):
         return -math.inf if negative else math.inf
     if math.isnan(nan):
@@ -349,7 +375,7 @@ def _overflow(f: formats.Format, negative: bool) -> float:
 
 def _quantum_exponent(f: formats.Format) -> int:
     """``q`` with every finite value of ``f`` an integer multiple of ``2**q``."""
-    return math.frexp(f.min_subnormal)[1] - 1
+    return math.frexp(f.quantum)[1] - 1
 
 
 def _positive_zero(value: float) -> float:
@@ -374,7 +400,7 @@ def _result_format(
     lf = _operand(lhs, "lhs")[1]
     rf = _operand(rhs, "rhs")[1]
     out = formats.result_format(lf, rf, preferred)
-    if out.is_float and not out.has_subnormals:
+    if not out.has_zero:
         raise ValueError(f"preferred_element_type: {out.name} is a scale type, not a result type")
     return out
 
@@ -499,7 +525,7 @@ def _wrap(sums: np.ndarray, f: formats.Format) -> np.ndarray:
     return wrapped.astype(np.int64).astype(f.dtype)
 
 
-# --- block-scaled quantization (independent of emulate.quant) ------------------------------
+# --- block-scaled quantization (independent of emulate.quantized) ------------------------------
 
 
 def _blockwise_max(a: np.ndarray, block: tuple[int, ...]) -> np.ndarray:
@@ -541,7 +567,8 @@ def _scale_exponent(amax: float, f: formats.Format, rule: str) -> int:
 def _scale_range(sf: formats.Format) -> tuple[int, int]:
     if sf.name == "float8_e8m0fnu":
         return -127, 127
-    return round(math.log2(float(sf.min_normal))), math.floor(math.log2(float(sf.max)))
+    # the smallest normal power of two (without subnormals, 2**emin has no code)
+    return math.ceil(math.log2(float(sf.min_normal))), math.floor(math.log2(float(sf.max)))
 
 
 def quantize(
@@ -558,7 +585,7 @@ def quantize(
     random_values: npt.ArrayLike | None = None,
     random_bits: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, float | None]:
-    """Block-scaled quantization by the rules of :mod:`emulate.quant`, in float64 numpy.
+    """Block-scaled quantization by the rules of :func:`emulate.quantize`, in float64 numpy.
     The elements are rounded by :func:`emulate.reference_rounding.encode` (``rounding``,
     ``random_values`` of ``x``'s shape, ``random_bits``) after scaled values below
     ``2**-126`` are made zero, as XLA flushes them.
@@ -623,7 +650,7 @@ def quantize(
 
 def _scale_codes(s: np.ndarray, sf: formats.Format) -> np.ndarray:
     """Scales rounded to nearest even into ``sf``: ml_dtypes' cast where ``sf`` has a dtype,
-    else the record's codes (uint8, :mod:`emulate.reference_codes`)."""
+    else the record's codes (uint8, :mod:`emulate.reference.codes`)."""
     if sf.has_dtype:
         return np.asarray(s).astype(sf.dtype)
     return encode(np.asarray(s, np.float64), sf)
@@ -653,7 +680,7 @@ def dequantize(
     to (signed) zero. ``fmt`` and ``scale_fmt`` name the formats of uint8 ``codes`` and
     ``scales`` (as :func:`quantize` returns them for a format without an ml_dtypes type);
     scales are read exactly, f32 subnormals and e8m0's ``2**-127`` included. With
-    ``exact``, the products unrounded, as float64 (exact: a code has at most 8
+    ``exact``, the products unrounded, as float64 (exact: a code has at most 16
     significant bits, a scale 24), none flushed, none past float32's range made Inf."""
     v = np.asarray(codes) if fmt is None else decode(codes, fmt, to=np.float64)
     v = np.ldexp(v.astype(np.float64), element_exponent)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import emulate
 from emulate import formats, reference, testing
 from emulate.numerics.scales import is_scale_format
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 
 R.register_user_formats()
 MATMUL = (((1,), (0,)), ((), ()))

@@ -1,8 +1,8 @@
 """ggml's K-quants: 256-element super-blocks with integer sub-block scales (Q2_K ... Q6_K).
 
 Each parser takes the blocks of a tensor, uint8 ``(n_blocks, type_size)``, and returns a
-:class:`~emulate.importers.parts.StoredParts` of shape ``(n_blocks, 256)`` whose
-scales (and offsets) are two-level (``ggml_parts.sub_block_scales``): a small integer per
+:class:`~emulate.importers.stored.StoredParts` of shape ``(n_blocks, 256)`` whose
+scales (and offsets) are two-level (``blocks.sub_block_scales``): a small integer per
 sub-block times the super-block's float16.
 Block layouts (ggml's ``block_q2_K`` ... ``block_q6_K``; ``d``, ``dmin`` little-endian
 float16), with ``s``, ``m`` the sub-block's scale and min codes:
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from emulate.importers.ggml_parts import (
+from emulate.importers.ggml.blocks import (
     bit_planes,
     crumbs,
     f16_at,
@@ -42,7 +42,7 @@ from emulate.importers.ggml_parts import (
     split_nibbles,
     sub_block_scales,
 )
-from emulate.importers.parts import StoredParts
+from emulate.importers.stored import StoredParts
 
 __all__ = ["parse_q2_k", "parse_q3_k", "parse_q4_k", "parse_q5_k", "parse_q6_k"]
 

@@ -5,18 +5,15 @@ subnormals, NaN, Inf) gives gfloat's code."""
 
 from __future__ import annotations
 
-import pathlib
-import sys
-
+import _record_formats as R
 import numpy as np
 import pytest
 
 import emulate
-from emulate import formats, reference, reference_codes, reference_rounding
+from emulate import formats, reference
 from emulate.numerics.rounding import ROUNDINGS, STOCHASTIC
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import _record_formats as R  # noqa: E402
+from emulate.reference import codes as reference_codes
+from emulate.reference import rounding as reference_rounding
 
 R.register_user_formats()
 

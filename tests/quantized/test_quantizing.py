@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import emulate
 from emulate import mx, reference
 from emulate.numerics.rounding import ROUNDINGS, STOCHASTIC, random_integers
-from emulate.quant import QArray
+from emulate.quantized.array import QArray
 
 # (element format, scale_rule, scale_fmt, tensor_scale): every element format with the
 # OCP rule, every rule with an 8-bit, a 4-bit and an integer element format.

@@ -1,4 +1,4 @@
-"""emulate.reference_rounding, the numpy oracle of the rounding modes: against gfloat
+"""emulate.reference.rounding, the numpy oracle of the rounding modes: against gfloat
 (every bf16 value and an f32 sample, every float format, every mode, with and without
 saturation: numpy only, so all of it runs in CI), against a brute-force search of the
 format's values, and, for stochastic rounding, against exact probabilities by Fractions.
@@ -22,8 +22,9 @@ from _gfloat_cases import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulate import formats, reference_rounding
+from emulate import formats
 from emulate.numerics import rounding
+from emulate.reference import rounding as reference_rounding
 
 
 def test_the_two_lists_of_modes_agree():

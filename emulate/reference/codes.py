@@ -23,10 +23,11 @@ __all__ = ["code_values", "decode_codes", "encode_values"]
 
 
 def _magnitude(f: formats.Format, mag: int) -> float:
-    """The value the layout gives magnitude code ``mag`` (NaN and Inf codes not applied)."""
+    """The value the layout gives magnitude code ``mag`` (NaN and Inf codes not applied):
+    exponent field 0 holds subnormals, or, without them, zero (code 0) and normals."""
     t = f.mantissa_bits
     e, m = mag >> t, mag & ((1 << t) - 1)
-    if e == 0:
+    if e == 0 and (f.has_subnormals or mag == 0):
         return math.ldexp(m, 1 - f.bias - t)
     return math.ldexp((1 << t) + m, e - f.bias - t)
 
@@ -58,12 +59,15 @@ def code_values(fmt: FormatLike) -> np.ndarray:
 
 
 def decode_codes(codes: npt.ArrayLike, fmt: FormatLike) -> np.ndarray:
-    """float64 values of uint8 ``codes`` of ``fmt`` (each below ``2**fmt.bits``)."""
-    return code_values(fmt)[np.asarray(codes, np.uint8)]
+    """float64 values of ``codes`` of ``fmt`` (each below ``2**fmt.bits``; uint8, or
+    uint16 for a format of 9 to 16 bits)."""
+    f = formats.get(fmt)
+    return code_values(f)[np.asarray(codes, f.dtype)]
 
 
 def encode_values(x: npt.ArrayLike, fmt: FormatLike, *, saturate: bool = False) -> np.ndarray:
-    """Round float values into ``fmt``'s codes (uint8), to nearest with ties to the even
+    """Round float values into ``fmt``'s codes (``fmt.dtype``: uint8, uint16 for 9 to 16
+    bits), to nearest with ties to the even
     code, as :func:`emulate.encode` promises.
 
     Overflow (a value whose rounding with an unbounded exponent exceeds ``max``) and +-Inf
@@ -103,4 +107,4 @@ def encode_values(x: npt.ArrayLike, fmt: FormatLike, *, saturate: bool = False) 
         out = np.where(np.isnan(v), np.where(neg, 0, sign_bit), out)
     if not f.signed:
         out = np.where(neg & ~np.isnan(v), 0, out)
-    return out.astype(np.uint8)
+    return out.astype(f.dtype)

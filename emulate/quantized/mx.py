@@ -27,7 +27,7 @@ every spec block is representable, down to scale byte 0. The QArray records it a
 
 from __future__ import annotations
 
-from emulate.quant import Scheme
+from emulate.quantized.quantizing import Scheme
 
 __all__ = [
     "MXFP8_E4M3",

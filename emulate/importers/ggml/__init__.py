@@ -1,9 +1,9 @@
 """GGML tensors from their raw block bytes: :func:`parse_blocks` returns a
-:class:`~emulate.importers.parts.StoredParts` in logical element order, with scales,
+:class:`~emulate.importers.stored.StoredParts` in logical element order, with scales,
 offsets and tables as stored.
 
-Types read: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (``ggml_legacy``), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
-(``ggml_kquants``), IQ4_NL, IQ4_XS and MXFP4 (``ggml_iq``); the modules' docstrings give
+Types read: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (``ggml.legacy``), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
+(``ggml.kquants``), IQ4_NL, IQ4_XS and MXFP4 (``ggml.iq``); the modules' docstrings give
 each block layout and formula. Pure numpy; nothing here imports JAX.
 """
 
@@ -15,23 +15,17 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from emulate.importers.ggml_iq import KVALUES_IQ4NL, parse_iq4_nl, parse_iq4_xs, parse_mxfp4
-from emulate.importers.ggml_kquants import (
+from emulate.importers.ggml.blocks import BLOCKS
+from emulate.importers.ggml.iq import KVALUES_IQ4NL, parse_iq4_nl, parse_iq4_xs, parse_mxfp4
+from emulate.importers.ggml.kquants import (
     parse_q2_k,
     parse_q3_k,
     parse_q4_k,
     parse_q5_k,
     parse_q6_k,
 )
-from emulate.importers.ggml_legacy import (
-    parse_q4_0,
-    parse_q4_1,
-    parse_q5_0,
-    parse_q5_1,
-    parse_q8_0,
-)
-from emulate.importers.ggml_parts import BLOCKS
-from emulate.importers.parts import StoredParts
+from emulate.importers.ggml.legacy import parse_q4_0, parse_q4_1, parse_q5_0, parse_q5_1, parse_q8_0
+from emulate.importers.stored import StoredParts
 
 __all__ = [
     "BLOCKS",
@@ -106,7 +100,7 @@ def parse_blocks(
       name: the tensor's name, for error messages and the parts.
 
     Returns:
-      A :class:`~emulate.importers.parts.StoredParts` of shape ``shape``: codes one per
+      A :class:`~emulate.importers.stored.StoredParts` of shape ``shape``: codes one per
       element in logical order, per-block arrays of shape ``(*shape[:-1], shape[-1] //
       block)``, blocks along the last axis (``k_axis = -1``), ``dtype`` float32.
 

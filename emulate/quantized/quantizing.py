@@ -1,5 +1,5 @@
 """Quantization: :func:`quantize` turns a float array into a :class:`QArray` (the record
-lives in :mod:`emulate.qarray`, re-exported here with :func:`dequantize`), by a recipe
+lives in :mod:`emulate.quantized.array`, re-exported here with :func:`dequantize`), by a recipe
 (:class:`Recipe`, resolved from the arguments or a named :class:`Scheme`).
 
 A :class:`QArray` of logical shape ``S`` holds codes of one element format (an array of
@@ -65,7 +65,9 @@ from emulate.numerics.scales import (
     tensor_scale,
 )
 from emulate.numerics.storage import is_array, pack
-from emulate.qarray import SCALE_FORMATS, QArray, broadcast_blocks, dequantize, logical_dtype
+from emulate.quantized.array import QArray
+from emulate.quantized.checks import SCALE_FORMATS, logical_dtype
+from emulate.quantized.values import broadcast_blocks, dequantize
 
 __all__ = [
     "QArray",

@@ -1,4 +1,4 @@
-"""The optional parts of a quantized array, each checked and read in one place.
+"""The parts of a quantized array, each checked in one place.
 
 A :class:`emulate.QArray` of logical shape ``S`` and block ``B`` has one entry per block of
 its scale grid ``G = ceil(S / B)``; its optional parts follow the same grid:
@@ -12,7 +12,8 @@ its scale grid ``G = ceil(S / B)``; its optional parts follow the same grid:
 - codebook: an :class:`emulate.codebooks.Codebook`.
 
 The functions here check those parts (naming the argument, what it got and what is
-accepted) and read their values as float32 per-block arrays.
+accepted) and put them in the form the record stores (``stored_*``);
+:mod:`emulate.quantized.values` reads their values.
 """
 
 from __future__ import annotations
@@ -31,21 +32,18 @@ from emulate.codebooks import Codebook, codebook
 from emulate.formats import Format, FormatLike
 from emulate.numerics import codecs
 from emulate.numerics.scales import SCALE_FORMATS, is_scale_format, scale_format
-from emulate.numerics.storage import Packed, is_array, to_codes, unpack_codes
+from emulate.numerics.storage import Packed, is_array, to_codes
 
 __all__ = [
     "OFFSET_DTYPES",
     "SCALE_FORMATS",
     "as_format_array",
-    "broadcast_blocks",
     "check_codebook",
     "check_offsets",
     "check_perm",
     "check_zero_points",
-    "element_values",
     "full_block",
     "grid_shape",
-    "inverse_permutation",
     "is_int",
     "is_record",
     "leaf_shape",
@@ -59,7 +57,6 @@ __all__ = [
     "stored_tensor_scale",
     "stored_zero_points",
     "validate_qarray",
-    "zero_point_values",
 ]
 
 
@@ -91,21 +88,6 @@ def leaf_shape(x: Any) -> tuple[int, ...] | None:
         return packed_shape(x) if isinstance(data_shape, tuple) else None
     shape = getattr(x, "shape", None)
     return tuple(shape) if isinstance(shape, tuple) else None
-
-
-def broadcast_blocks(s: jax.Array, block: tuple[int, ...], shape: tuple[int, ...]) -> jax.Array:
-    """Repeat a per-block array over its blocks and cut it to ``shape``.
-
-    Each blocked axis is broadcast along a new axis beside it and merged with it: a
-    broadcast and a reshape, which XLA fuses. ``jnp.repeat`` is a gather on XLA:TPU, whose
-    result is written out (docs/performance.md, "Quantized weights from checkpoints")."""
-    for d, b in enumerate(block):
-        if b > 1:
-            n = s.shape[d]
-            s = jnp.expand_dims(s, d + 1)
-            s = jnp.broadcast_to(s, s.shape[: d + 1] + (b,) + s.shape[d + 2 :])
-            s = s.reshape(s.shape[:d] + (n * b,) + s.shape[d + 2 :])
-    return s[tuple(slice(0, n) for n in shape)]
 
 
 def check_zero_points(zp: Any, grid: tuple[int, ...], arg: str) -> None:
@@ -198,42 +180,6 @@ def check_perm(perm: Any, axis: Any, shape: tuple[int, ...], arg: str) -> None:
         )
 
 
-def inverse_permutation(perm: jax.Array) -> jax.Array:
-    """``inv`` with ``inv[perm[j]] == j`` (along the last axis)."""
-    n = perm.shape[-1]
-    ar = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), perm.shape)
-    return (
-        jnp.zeros(perm.shape, jnp.int32).at[..., perm].set(ar)
-        if perm.ndim == 1
-        else (jnp.argsort(perm, axis=-1).astype(jnp.int32))
-    )
-
-
-def zero_point_values(zp: Any, grid: tuple[int, ...]) -> jax.Array | None:
-    """The zero points as float32 per block (shape ``grid``), None for none. Exact for
-    integers below 2**24 in magnitude."""
-    if zp is None:
-        return None
-    if is_int(zp):
-        return jnp.full(grid, float(zp), jnp.float32)
-    if isinstance(zp, Packed):
-        return codecs.decode(unpack_codes(zp), zp.format_name, to=jnp.float32)
-    zp = jnp.asarray(zp)
-    if zp.dtype.itemsize < 4 and zp.dtype.name not in ("int4", "uint4", "int2", "uint2"):
-        return zp.astype(jnp.float32)
-    return zp.astype(jnp.int32).astype(jnp.float32)
-
-
-def element_values(codes: jax.Array, f: formats.Format, cb: Codebook | None) -> jax.Array:
-    """The float32 value of every code: ``cb[code]`` with a codebook (unsigned codes), the
-    format's exact decoding otherwise."""
-    if cb is None:
-        return codecs.decode(codes, f.name, to=jnp.float32)
-    idx = codecs.decode(codes, f.name, to=jnp.int32)
-    table = jnp.asarray(cb.array()).astype(jnp.float32)
-    return jnp.take(table, idx, axis=0, mode="clip")
-
-
 def is_record(x: Any) -> bool:
     """Whether ``x`` is a QArray (a record with codes and a block), without importing it."""
     return hasattr(x, "block_shape") and hasattr(x, "codes")
@@ -298,9 +244,11 @@ def _check_codes(q: Any, f: Format, arg: str) -> None:
         raise ValueError(f"{arg}: codes have shape {codes_shape}, the record says {q.shape}")
     if isinstance(q.codes, Packed):
         codes_fmt = q.codes.format_name
-    else:  # float6 and code-format codes are uint8 (XLA cannot hold those types)
+    else:  # float6 and code-format codes are uint8 (XLA cannot hold those types), the wide
+        # P3109 ones uint16
         codes_fmt = np.dtype(q.codes.dtype).name
-        codes_fmt = f.name if codes_fmt == "uint8" and not f.xla_storable else codes_fmt
+        own = formats.unsigned_dtype(f.bits).name
+        codes_fmt = f.name if codes_fmt == own and not f.xla_storable else codes_fmt
     if codes_fmt != f.name:
         raise ValueError(f"{arg}: codes are {codes_fmt}, the record says {f.name}")
 

@@ -10,13 +10,14 @@ casts: docs/numerics.md), which this module writes out case by case.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import numpy.typing as npt
 
 from emulate import formats
 from emulate.formats import FormatLike
-from emulate.reference_codes import encode_values
+from emulate.reference.codes import encode_values
 
 __all__ = ["ROUNDINGS", "encode"]
 
@@ -65,7 +66,8 @@ def encode(
 
     Returns:
       An array of ``fmt``'s ml_dtypes (or numpy integer) type, ``x``'s shape; for a format
-      without one (:attr:`~emulate.formats.Format.has_dtype` False) its uint8 codes.
+      without one (:attr:`~emulate.formats.Format.has_dtype` False) its codes (uint8;
+      uint16 for 9 to 16 bits).
     """
     f = formats.get(fmt)
     if not f.is_low_precision:
@@ -87,7 +89,7 @@ def encode(
     with np.errstate(invalid="ignore", over="ignore"):
         if f.is_integer:
             return _integer(v, negative, f, saturate, rounding, r, random_bits)
-        if not f.has_subnormals:
+        if not f.has_zero:
             return _e8m0(v, negative, saturate, rounding, r, random_bits)
         return _float(v, negative, f, saturate, rounding, r, random_bits)
 
@@ -121,6 +123,39 @@ def _up(s: np.ndarray, negative: np.ndarray, rounding: str, r, n) -> np.ndarray:
     return k + up
 
 
+def _up_below(a, below, negative, smallest: float, rounding: str, r, n) -> np.ndarray:
+    """Where ``a`` (``below``: ``0 <= a < smallest``) rounds up to ``smallest``, by the
+    exact fraction ``delta = a / smallest`` (Fractions): to nearest with ties to 0 (the
+    even code), ties away, directed by the sign, or, with ``y = delta * 2**n``, when
+    ``rnd(y) + r >= 2**n`` (``rnd``: nearest even, nearest odd, half up, down for the four
+    stochastic modes). :func:`emulate.numerics.rounding.increments_below`'s rule."""
+    up = np.zeros(a.shape, bool)
+    for i in zip(*np.nonzero(below)):
+        delta = Fraction(float(a[i])) / Fraction(smallest)
+        if rounding in ("nearest_even", "nearest_away"):
+            tie_up = rounding == "nearest_away"
+            up[i] = delta > Fraction(1, 2) or (delta == Fraction(1, 2) and tie_up)
+        elif rounding.startswith("toward"):
+            up[i] = (
+                delta > 0
+                and rounding != "toward_zero"
+                and (bool(negative[i]) == (rounding == "toward_negative"))
+            )
+        else:
+            y = delta * 2**n
+            low = math.floor(y)
+            frac = y - low
+            carry = {
+                "stochastic": frac > Fraction(1, 2) or (frac == Fraction(1, 2) and low % 2 == 1),
+                "stochastic_odd": frac > Fraction(1, 2)
+                or (frac == Fraction(1, 2) and low % 2 == 0),
+                "stochastic_fast": frac >= Fraction(1, 2),
+                "stochastic_fastest": False,
+            }[rounding]
+            up[i] = low + carry + int(r[i]) >= 2**n
+    return up
+
+
 def _directed_down(negative: np.ndarray, rounding: str) -> np.ndarray:
     """Where a finite overflow rounds to +-max (the directed modes, toward zero)."""
     return {
@@ -136,6 +171,10 @@ def _float(v, negative, f: formats.Format, saturate, rounding, r, n) -> np.ndarr
     exp = np.frexp(np.where(a > 0, a, 1.0))[1] - 1
     quantum = np.maximum(exp, f.emin) - f.mantissa_bits
     mag = np.ldexp(_up(np.ldexp(a, -quantum), negative, rounding, r, n), quantum)
+    if not f.has_subnormals:  # below the smallest value: 0 or the smallest value
+        below = a < f.min_subnormal
+        up = _up_below(a, below, negative, f.min_subnormal, rounding, r, n)
+        mag = np.where(below, np.where(up, f.min_subnormal, 0.0), mag)
     big = float(f.max)
     over = finite & (mag > big)
     mag = np.where(over & _directed_down(negative, rounding), big, mag)
@@ -159,7 +198,7 @@ def _float(v, negative, f: formats.Format, saturate, rounding, r, n) -> np.ndarr
     codes = encode_values(out, f)
     if not f.signed:  # every negative input, -Inf too, gives 0 in every mode (P3109)
         codes = np.where(negative & ~nan, 0, codes)
-    return codes.astype(np.uint8)
+    return codes.astype(f.dtype)
 
 
 def _integer(v, negative, f: formats.Format, saturate, rounding, r, n) -> np.ndarray:

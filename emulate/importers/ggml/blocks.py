@@ -1,10 +1,10 @@
-"""GGML quantized tensors as :class:`~emulate.importers.parts.StoredParts`: the block
+"""GGML quantized tensors as :class:`~emulate.importers.stored.StoredParts`: the block
 table, the builders of the record for GGML's layouts, and the bit-field readers shared by
 the block parsers.
 
 A GGML tensor stores its rows along the last axis, each row a sequence of blocks of
 ``block_size`` elements in ``type_size`` bytes (:data:`BLOCKS`). The parsers in
-``ggml_legacy``, ``ggml_kquants`` and ``ggml_iq`` undo each type's element order and
+``legacy``, ``kquants`` and ``iq`` undo each type's element order and
 return the record through :func:`ggml_parts`: one uint8 code per element in logical
 order, the block scales, offsets and tables exactly as stored, blocks along the last axis
 (``k_axis = -1``), and the value ggml's own decoder returns (float32). Two-level scales
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from emulate.importers.parts import StoredParts
+from emulate.importers.stored import StoredParts
 
 __all__ = [
     "BLOCKS",

@@ -12,28 +12,28 @@ that dtype, uint8 codes for float6 and the 2- to 6-bit integer formats, or
            + offset[block(i)]
 
 where ``value(c)`` is the format's decoding times ``2**element_exponent``, or
-``codebook[c]``; zero points, offsets and codebook are optional (:mod:`emulate.qparts`
-says what each may be). ``scales`` and ``offsets`` may themselves be QArrays of the
-scale grid's shape (two-level scales: GGUF K-quants' 6-bit sub-block scales times an
-f16 super-block scale; bitsandbytes' double quantization). With ``perm`` (act-order) the
-codes are stored with axis ``perm_axis`` permuted: ``W`` read in logical order is
-``W_stored`` with ``W[..., perm[j], ...] == W_stored[..., j, ...]``, so that
-``x @ W == x[..., perm] @ W_stored``.
+``codebook[c]``; zero points, offsets and codebook are optional
+(:mod:`emulate.quantized.checks` says what each may be). ``scales`` and ``offsets`` may
+themselves be QArrays of the scale grid's shape (two-level scales: GGUF K-quants' 6-bit
+sub-block scales times an f16 super-block scale; bitsandbytes' double quantization). With
+``perm`` (act-order) the codes are stored with axis ``perm_axis`` permuted: ``W`` read in
+logical order is ``W_stored`` with ``W[..., perm[j], ...] == W_stored[..., j, ...]``, so
+that ``x @ W == x[..., perm] @ W_stored``.
 
-:func:`dequantize` computes ``W`` in float32 in that order of operations: ``value - zero
-point`` (exact for integers), times the scale (one rounding; exact for power-of-two
-scales), plus the offset (one rounding).
+:func:`~emulate.quantized.values.dequantize` computes ``W`` in float32 in that order of
+operations: ``value - zero point`` (exact for integers), times the scale (one rounding;
+exact for power-of-two scales), plus the offset (one rounding).
 
 One ``block_shape`` covers every case: ``block_shape == S`` is one scale for the tensor,
-``(K, 1)`` one scale per column of a ``(K, N)`` weight (per output channel), ``(32, 1)``
-an OCP MX block of 32 along K, ``(128, 128)`` a 2-D block. :mod:`emulate.quant` makes
-QArrays from float arrays; :meth:`QArray.from_parts` from a checkpoint's stored parts.
+``(K, 1)`` one scale per column of a ``(K, N)`` weight (per output channel), ``(32, 1)`` an
+OCP MX block of 32 along K, ``(128, 128)`` a 2-D block. :mod:`emulate.quantized.quantizing`
+makes QArrays from float arrays; :meth:`QArray.from_parts` from a checkpoint's stored
+parts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -46,19 +46,12 @@ from jax.typing import ArrayLike, DTypeLike
 from emulate import formats
 from emulate.codebooks import Codebook
 from emulate.formats import Format, FormatLike
-from emulate.numerics import codecs
-from emulate.numerics.bits import frexp, pow2_normal
-from emulate.numerics.scales import scale_frexp
 from emulate.numerics.storage import Packed, is_array, unpack_codes
-from emulate.qindex import index_leading
-from emulate.qparts import (
+from emulate.quantized.checks import (
     SCALE_FORMATS,
     as_format_array,
-    broadcast_blocks,
-    element_values,
     full_block,
     grid_shape,
-    inverse_permutation,
     is_int,
     leaf_shape,
     logical_dtype,
@@ -70,18 +63,17 @@ from emulate.qparts import (
     stored_tensor_scale,
     stored_zero_points,
     validate_qarray,
-    zero_point_values,
+)
+from emulate.quantized.index import index_leading
+from emulate.quantized.values import (
+    dequantize,
+    scale_parts,
 )
 
 __all__ = [
     "QArray",
     "SCALE_FORMATS",
-    "apply_block_factors",
-    "block_factors",
-    "broadcast_blocks",
-    "dequantize",
     "logical_dtype",
-    "scale_parts",
     "transpose",
     "validate_qarray",
 ]
@@ -342,7 +334,7 @@ class QArray:
     def __getitem__(self, key: Any) -> QArray:
         """``q[i]``, ``q[a:b]``, ``q[i, j]``: leading axes of block length 1 indexed (an
         expert of stacked experts), nothing decoded; ``q[...]`` is ``q``. A blocked axis
-        is refused (ValueError): :func:`emulate.qindex.index_leading`."""
+        is refused (ValueError): :func:`emulate.quantized.index.index_leading`."""
         return index_leading(self, key)
 
     @property
@@ -491,108 +483,3 @@ def transpose(q: QArray, axes: Sequence[int] | None = None) -> QArray:
         offsets=move(q.offsets),
         perm_axis=perm_axis,
     )
-
-
-# --- values --------------------------------------------------------------------------------
-
-
-def scale_values(q: QArray) -> jax.Array:
-    """Each block's scale in float32 (a QArray of scales: its dequantized values)."""
-    if isinstance(q.scales, QArray):
-        return _dequantize(q.scales, "float32")
-    return codecs.decode(q.scales, q.scale_format, to=jnp.float32)
-
-
-def offset_values(q: QArray) -> jax.Array | None:
-    """Each block's offset in float32 (shape of the scales), None without offsets."""
-    off = q.offsets
-    if off is None:
-        return None
-    grid = grid_shape(q.shape, q.block_shape)
-    if isinstance(off, float):
-        return jnp.full(grid, off, jnp.float32)
-    if isinstance(off, QArray):
-        return _dequantize(off, "float32")
-    return jnp.asarray(off).astype(jnp.float32)
-
-
-def block_zero_points(q: QArray) -> jax.Array | None:
-    """Each block's zero point in float32 (shape of the scales), None without."""
-    return zero_point_values(q.zero_points, grid_shape(q.shape, q.block_shape))
-
-
-def scale_parts(q: QArray) -> tuple[jax.Array, jax.Array]:
-    """See :meth:`QArray.scale_parts`."""
-    if isinstance(q.scales, QArray):
-        m, e = frexp(scale_values(q))
-    else:  # from the bits: scales below 2**-126 (e8m0's 2**-127, f32 subnormals) survive
-        m, e = scale_frexp(q.scales, q.scale_format)
-    if q.tensor_scale is not None:
-        mt, et = scale_frexp(jnp.asarray(q.tensor_scale, jnp.float32), "float32")
-        m, e = m * mt, e + et
-    if q.element_exponent:
-        e = e + q.element_exponent
-    return m, e
-
-
-def code_values(q: QArray) -> jax.Array:
-    """``value(code) - zero_point`` of every element in float32, stored order (without
-    ``2**element_exponent``, which :func:`scale_parts` carries)."""
-    v = element_values(q.unpacked_codes(), q.format, q.codebook)
-    return apply_block_factors(v, (block_zero_points(q), None, None, None, None), q.block_shape)
-
-
-def unpermute(q: QArray, v: jax.Array) -> jax.Array:
-    """Values in stored order put back in logical order (``q.perm`` undone)."""
-    if q.perm is None:
-        return v
-    assert q.perm_axis is not None
-    inv = inverse_permutation(q.perm)
-    if inv.ndim == 1:
-        return jnp.take(v, inv, axis=q.perm_axis)
-    # stacked QArrays: one permutation per index of the leading axes
-    ax = v.ndim + q.perm_axis
-    lead = inv.ndim - 1
-    idx = inv.reshape(inv.shape + (1,) * (v.ndim - ax - 1))
-    return jnp.take_along_axis(v, jnp.broadcast_to(idx, v.shape) if lead == ax else idx, axis=ax)
-
-
-def dequantize(q: QArray, to: DTypeLike | None = None) -> jax.Array:
-    """The values of ``q`` (module docstring): ``(value(code) - zero_point) * (scale *
-    tensor_scale) + offset``, the product rounded once to f32 precision (exact for
-    power-of-two scales), the sum once, values below 2**-126 flushed to zero as XLA does,
-    in logical order (``perm`` undone), then cast to ``to`` (default ``q.dtype``). A NaN
-    scale makes its whole block NaN."""
-    if not isinstance(q, QArray):
-        raise TypeError(f"q: expected an emulate.QArray, got {type(q).__name__}")
-    try:
-        dt = q.dtype if to is None else np.dtype(to)
-    except TypeError:
-        raise TypeError(f"to: expected float32, bfloat16 or float16, got {to!r}") from None
-    if dt.name not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"to: expected float32, bfloat16 or float16, got {dt.name}")
-    return _dequantize(q, dt.name)
-
-
-def block_factors(q: QArray) -> tuple[Any, ...]:
-    """Per block, the f32 arrays :func:`apply_block_factors` applies: ``(zero point or None,
-    m, 2**e1, 2**e2, offset or None)``, ``m * 2**(e1 + e2)`` the scale (:func:`scale_parts`);
-    2**e as two normal powers of two of e's sign (e >= -252: below, every product underflows)."""
-    m, e = scale_parts(q)
-    e = jnp.maximum(e, -252)
-    return block_zero_points(q), m, pow2_normal(e // 2), pow2_normal(e - e // 2), offset_values(q)
-
-
-def apply_block_factors(v: jax.Array, factors: tuple, block: tuple[int, ...]) -> jax.Array:
-    """``(v - z) * m * 2**e1 * 2**e2 + o`` per element in f32 (:func:`block_factors`, each
-    broadcast over its ``block``; None: absent); ``v``: the codes' values, stored order."""
-    for f, op in zip(factors, (jnp.subtract, jnp.multiply, jnp.multiply, jnp.multiply, jnp.add)):
-        if f is not None:
-            v = op(v, broadcast_blocks(f, block, v.shape))
-    return v
-
-
-@functools.partial(jax.jit, static_argnames=("to",))
-def _dequantize(q: QArray, to: str) -> jax.Array:
-    v = element_values(q.unpacked_codes(), q.format, q.codebook)
-    return unpermute(q, apply_block_factors(v, block_factors(q), q.block_shape)).astype(to)

@@ -1,7 +1,7 @@
 """ggml's codebook and MX blocks: IQ4_NL, IQ4_XS and MXFP4.
 
 Each parser takes the blocks of a tensor, uint8 ``(n_blocks, type_size)``, and returns a
-:class:`~emulate.importers.parts.StoredParts` of shape ``(n_blocks, block_size)``. Block
+:class:`~emulate.importers.stored.StoredParts` of shape ``(n_blocks, block_size)``. Block
 layouts (ggml's ``block_iq4_nl``, ``block_iq4_xs``, ``block_mxfp4``; ``d`` little-endian
 float16):
 
@@ -22,8 +22,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from emulate.importers.ggml_parts import f16_at, ggml_parts, split_nibbles, sub_block_scales
-from emulate.importers.parts import StoredParts
+from emulate.importers.ggml.blocks import f16_at, ggml_parts, split_nibbles, sub_block_scales
+from emulate.importers.stored import StoredParts
 
 __all__ = ["KVALUES_IQ4NL", "parse_iq4_nl", "parse_iq4_xs", "parse_mxfp4"]
 

@@ -2,7 +2,7 @@
 presence, dtype and rank, the error for metadata an importer does not understand, and the
 bit-level readers (a little-endian bit stream of any width, nibble pairs in either order,
 bitsandbytes' flat blocks, GPTQ's act-order permutation). The parsers (the sibling
-modules) return :class:`~emulate.importers.parts.StoredParts`, in the logical shape a flax
+modules) return :class:`~emulate.importers.stored.StoredParts`, in the logical shape a flax
 ``Dense`` kernel has, ``(..., K, N)`` (the torch checkpoints' ``(N, K)`` weights
 transposed). Pure numpy: nothing here needs JAX.
 """

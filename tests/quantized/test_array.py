@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 import emulate
 from emulate import codebooks, formats, reference
 from emulate.bounds import UNDERFLOW_PER_TERM, gamma
-from emulate.qarray import QArray
+from emulate.quantized.array import QArray
 
 TARGETS = ("cpu", "tpu_v4", "tpu_v5e", "tpu_v7x")
 INT_FORMATS = ("uint2", "int2", "uint3", "int3", "uint4", "int4", "uint5", "int5", "uint6")

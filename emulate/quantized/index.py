@@ -17,7 +17,7 @@ import operator
 from typing import Any
 
 from emulate.numerics.storage import Packed
-from emulate.qparts import is_int, is_record
+from emulate.quantized.checks import is_int, is_record
 
 __all__ = ["index_leading"]
 

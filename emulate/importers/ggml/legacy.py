@@ -1,7 +1,7 @@
 """ggml's legacy 32-element blocks: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0.
 
 Each parser takes the blocks of a tensor, uint8 ``(n_blocks, type_size)``, and returns a
-:class:`~emulate.importers.parts.StoredParts` of shape ``(n_blocks, 32)``
+:class:`~emulate.importers.stored.StoredParts` of shape ``(n_blocks, 32)``
 (``emulate.importers.ggml`` reshapes it to the tensor's rows). Block layouts (ggml's
 ``block_q4_0`` ... ``block_q8_0``), all scales little-endian float16:
 
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from emulate.importers.ggml_parts import f16_at, ggml_parts, split_nibbles
-from emulate.importers.parts import StoredParts
+from emulate.importers.ggml.blocks import f16_at, ggml_parts, split_nibbles
+from emulate.importers.stored import StoredParts
 
 __all__ = ["parse_q4_0", "parse_q4_1", "parse_q5_0", "parse_q5_1", "parse_q8_0"]
 

@@ -9,6 +9,10 @@ int8 x int8). :data:`BOUNDED`: ``emulate.pallas.matmul`` (interpret mode) on QAr
 f32 scales, offsets and 128 x 128 blocks, whose f32 multiply-adds LLVM contracts into FMA
 instructions at XLA's default -O2 and not at -O0: the last bits may differ, and each must
 be within the contract's bound of the float64 sum over the weight's values.
+
+By default one program of each kind runs (mode "exact" with wide operands, the kernel's
+int8 x int8, NF4 in the kernel); the others are a long sweep (``EMULATE_LONG_TESTS=1``):
+under XLA's defaults each program compiles anew, about 4 s of CPU a program.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from _sweeps import LONG
 
 import emulate
 from emulate import codebooks
@@ -106,11 +111,14 @@ def _kernel() -> np.ndarray:
 
 EXACT: dict[str, Callable[[], np.ndarray]] = {
     "exact bfloat16 x float32": _exact_wide,
-    "exact float8_e4m3fn x float8_e5m2": _exact_float8,
-    "fast bfloat16 x MXFP4 QArray": _fast_qarray,
-    "exact conv bfloat16 x float8_e4m3fn": _conv,
     "pallas.matmul int8 x int8": _kernel,
 }
+if LONG:
+    EXACT |= {
+        "exact float8_e4m3fn x float8_e5m2": _exact_float8,
+        "fast bfloat16 x MXFP4 QArray": _fast_qarray,
+        "exact conv bfloat16 x float8_e4m3fn": _conv,
+    }
 
 
 #: A bounded program's result, activations, the weight's values in float64, an array of
@@ -168,9 +176,12 @@ def _fp8_blocks() -> Bounded:
 
 BOUNDED: dict[str, Callable[[], Bounded]] = {
     "pallas.matmul bfloat16 x NF4 (f32 absmax)": _nf4,
-    "pallas.matmul bfloat16 x uint4 with offsets": _offsets,
-    "pallas.matmul bfloat16 x e4m3fn in 128 x 128 blocks": _fp8_blocks,
 }
+if LONG:
+    BOUNDED |= {
+        "pallas.matmul bfloat16 x uint4 with offsets": _offsets,
+        "pallas.matmul bfloat16 x e4m3fn in 128 x 128 blocks": _fp8_blocks,
+    }
 
 
 def results() -> dict[str, np.ndarray]:

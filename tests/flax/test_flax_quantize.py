@@ -28,7 +28,11 @@ import emulate.flax.layers as efl
 from emulate import bounds, reference
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
-TARGETS = ["tpu_v4", "tpu_v7x"]
+# Two targets: tpu_v4 emulates the int8/float8 pairs tpu_v7x runs natively. Each
+# target-parametrized test runs one of them by default, the other as a long sweep
+# (EMULATE_LONG_TESTS=1); test_cnn_gradients_and_vmap runs tpu_v4.
+V4_LONG = [pytest.param("tpu_v4", marks=pytest.mark.long), "tpu_v7x"]
+V7X_LONG = ["tpu_v4", pytest.param("tpu_v7x", marks=pytest.mark.long)]
 
 
 def _load(name: str):
@@ -148,7 +152,7 @@ def decoder():
     return model, _twin(model, dec.Decoder(nnx.Rngs(0)))
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", V4_LONG)
 def test_decoder_sites_are_within_the_bound(decoder, sites, target):
     model, _ = decoder
     with emulate.target(target):
@@ -156,7 +160,7 @@ def test_decoder_sites_are_within_the_bound(decoder, sites, target):
     _check_sites(sites, expected=6)  # q, kv, o, up, down, attend
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", V7X_LONG)
 def test_decoder_agrees_with_the_dequantized_model(decoder, target):
     model, twin = decoder
     with emulate.target(target):
@@ -238,7 +242,7 @@ def convnet():
     return model, variables, images, qmodel, qvars, twin_vars
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", V4_LONG)
 def test_cnn_sites_and_logits(convnet, sites, target):
     model, _, images, qmodel, qvars, twin_vars = convnet
     assert [p for p, _ in qmodel.sites] == ["stem", "conv", "grouped", "head"]

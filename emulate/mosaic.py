@@ -33,6 +33,7 @@ from emulate import formats, tables
 __all__ = [
     "PROBE_PATH",
     "Probe",
+    "ProgramFacts",
     "ProbeCase",
     "ProbeRow",
     "Verdict",
@@ -51,6 +52,22 @@ _FORMAT_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
+class ProgramFacts:
+    """What a compiled TPU program holds, read from its HLO text and buffer assignment.
+
+    Attributes:
+      tpu_custom_calls: the ``tpu_custom_call`` instructions (Pallas / Mosaic kernels).
+      xla_contractions: the ``dot(`` and ``convolution(`` instructions XLA:TPU kept.
+      temp_bytes: the program's temporary buffers, bytes (``memory_analysis()``'s
+        ``temp_size_in_bytes``; -1 where the compiler gives no memory analysis).
+    """
+
+    tpu_custom_calls: int
+    xla_contractions: int
+    temp_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Verdict:
     """What the compiler (or JAX before it) said about one program.
 
@@ -62,12 +79,15 @@ class Verdict:
       message: the first meaningful line of the error, without the boilerplate prefixes
         ``INTERNAL:`` and ``Mosaic failed to compile TPU kernel:``; ``""`` when ok.
       detail: the whole error text (not compared, not recorded by the probe).
+      program: the compiled program's facts when ok and compiled by
+        :mod:`emulate.compiler` (not compared, not recorded by the probe); else None.
     """
 
     ok: bool
     stage: str = ""
     message: str = ""
     detail: str = dataclasses.field(default="", compare=False, repr=False)
+    program: ProgramFacts | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def verdict(self) -> str:

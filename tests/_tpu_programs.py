@@ -3,7 +3,8 @@
 Every job function lives here, at module level, so that :func:`emulate.compiler.check_many`
 can hand it to its compat-off subprocess by reference (``functools.partial`` of these with
 plain arguments pickles). Each builds one small program: one ``pallas_call`` for the
-Pallas cases, one emulate front-end call for the XLA-level ones.
+Pallas cases, one emulate front-end call for the XLA-level ones and for the kernel route's
+(a prepared weight in ``emulate.matmul``, prepared experts in ``emulate.ragged_dot``).
 """
 
 from __future__ import annotations
@@ -282,3 +283,80 @@ def decoder(leaves: list[jax.Array], x: jax.Array, *, target: str) -> jax.Array:
     graphdef, treedef, _, _ = _decoder()
     block = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
     return emulate.polyfill(block, target=target)(x)
+
+
+# --------------------------------------------------------------------------------------
+# the kernel route (emulate.kernel_route): a model's weights prepared once, route "auto"
+
+#: a model's projection: K x N with int4 codes in groups of 32 rows, float16 scales
+#: (Q4_K-like), prepared once for a TPU (emulate.prepare_weights: a K-planar KernelQWeight).
+MODEL_K, MODEL_N = 1024, 512
+
+
+@functools.cache
+def _model_weight() -> Any:
+    """The prepared weight as shapes (jax.eval_shape: nothing materialized)."""
+
+    def prepare(w: jax.Array) -> Any:
+        q = emulate.quantize(w, "int4", block_shape=32, axis=0, scale_fmt="float16")
+        return emulate.prepare_weights(q, target="tpu_v5e")
+
+    return jax.eval_shape(prepare, jax.ShapeDtypeStruct((MODEL_K, MODEL_N), jnp.float32))
+
+
+def model_specs() -> tuple[jax.ShapeDtypeStruct, list[Any]]:
+    """x (1, 1, K) bf16 (M = 1 decode behind a batch axis) and the weight's leaves."""
+    return (
+        jax.ShapeDtypeStruct((1, 1, MODEL_K), jnp.bfloat16),
+        jax.tree.leaves(_model_weight()),
+    )
+
+
+def model_matmul(x: jax.Array, leaves: list[jax.Array], *, target: str) -> jax.Array:
+    """``emulate.matmul(x, prepared weight)``, route "auto" on ``target``."""
+    w = jax.tree.unflatten(jax.tree.structure(_model_weight()), leaves)
+    with emulate.target(target):
+        return emulate.matmul(x, w, preferred_element_type=jnp.float32)
+
+
+#: gpt-oss-like MoE decode: MXFP4 experts (E, K, N), e2m1 codes packed along K with an e8m0
+#: scale per 32 rows, prepared once; M rows routed among them by group sizes.
+MOE_E, MOE_K, MOE_N, MOE_M = 8, 1024, 512, 8
+
+
+@functools.cache
+def _moe_experts() -> Any:
+    """The prepared experts as shapes (jax.eval_shape: nothing materialized)."""
+
+    def prepare(codes: jax.Array, scales: jax.Array) -> Any:
+        packed = emulate.Packed(codes, "float4_e2m1fn", -2, MOE_K)
+        q = emulate.QArray.from_parts(packed, scales, block_shape=(1, 32, 1))
+        return emulate.prepare_weights(q, target="tpu_v5e")
+
+    return jax.eval_shape(
+        prepare,
+        jax.ShapeDtypeStruct((MOE_E, MOE_K // 2, MOE_N), jnp.uint8),
+        jax.ShapeDtypeStruct((MOE_E, MOE_K // 32, MOE_N), jnp.float8_e8m0fnu),
+    )
+
+
+def moe_specs() -> tuple[jax.ShapeDtypeStruct, list[Any], jax.ShapeDtypeStruct]:
+    """x (M, K) bf16, the experts' leaves and the group sizes (E,) int32."""
+    return (
+        jax.ShapeDtypeStruct((MOE_M, MOE_K), jnp.bfloat16),
+        jax.tree.leaves(_moe_experts()),
+        jax.ShapeDtypeStruct((MOE_E,), jnp.int32),
+    )
+
+
+def moe_expert_bytes() -> int:
+    """The prepared experts' bytes."""
+    return sum(int(np.prod(v.shape)) * v.dtype.itemsize for v in jax.tree.leaves(_moe_experts()))
+
+
+def moe_ragged_dot(
+    x: jax.Array, leaves: list[jax.Array], group_sizes: jax.Array, *, target: str
+) -> jax.Array:
+    """``emulate.ragged_dot(x, prepared experts, group_sizes)``, route "auto" on ``target``."""
+    w = jax.tree.unflatten(jax.tree.structure(_moe_experts()), leaves)
+    return emulate.ragged_dot(x, w, group_sizes, preferred_element_type=jnp.float32, target=target)

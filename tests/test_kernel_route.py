@@ -4,9 +4,9 @@ The kernel route runs here in Pallas' interpret mode (``use_route("interpret")``
 small problem shared by every front end (dot_general, matmul, einsum, polyfill, a flax
 layer), checked against the oracle (``emulate.reference``: the weight's values, the exact
 sum in float64, mode "fast"'s bound); an exact pair bit for bit against dot_general and
-brute-force integers; the refusals and the explain / inspect text; and one compile-only
-program per generation (the real TPU compiler) holding the kernel's custom call and no
-temporaries.
+brute-force integers; the refusals and the explain / inspect text. The program a prepared
+weight gives on every TPU generation (the kernel's one custom call, no temporaries) is
+compiled with the real TPU compiler by tests/test_tpu_compile.py (``emulate.matmul``).
 """
 
 from __future__ import annotations
@@ -246,47 +246,6 @@ def test_inspect_shows_the_route_per_site():
     text = str(report)
     assert "pallas.matmul" in text.splitlines()[2]
     assert "kept off the Pallas kernels (emulate.pallas.matmul, ragged_dot):" in text
-
-
-# --- compile-only: the real TPU compiler -------------------------------------------------
-
-#: int4 codes in groups of 32 rows with float16 scales, prepared once (the K-planar layout)
-PREPARED = emulate.prepare_weights(
-    emulate.quantize(
-        np.random.default_rng(5).standard_normal((1024, 512)).astype(np.float32),
-        "int4",
-        block_shape=32,
-        axis=0,
-        scale_fmt="float16",
-    ),
-    target=TPU,
-)
-
-
-def _decode_step(x, leaves):
-    w = jax.tree.unflatten(jax.tree.structure(PREPARED), leaves)
-    return emulate.matmul(x, w, preferred_element_type=jnp.float32)
-
-
-@pytest.fixture(scope="module")
-def compiled() -> dict[str, jax.stages.Compiled]:
-    leaves = [jax.ShapeDtypeStruct(np.shape(v), v.dtype) for v in jax.tree.leaves(PREPARED)]
-    x = jax.ShapeDtypeStruct((1, 1, 1024), jnp.bfloat16)  # M = 1 decode, a batch axis
-    out = {}
-    for t in ("tpu_v5e", "tpu_v4", "tpu_v2"):
-        with emulate.target(t):
-            out[t] = compiler.compile(_decode_step, x, leaves, target=t)
-    return out
-
-
-@pytest.mark.parametrize("target", ["tpu_v5e", "tpu_v4", "tpu_v2"])
-def test_the_tpu_program_is_the_kernel_and_no_temporaries(compiled, target):
-    assert isinstance(PREPARED, emulate.pallas.KernelQWeight)
-    c = compiled[target]
-    text = c.as_text()
-    assert text.count('custom_call_target="tpu_custom_call"') == 1
-    assert " dot(" not in text and "convolution(" not in text  # no XLA route left
-    assert c.memory_analysis().temp_size_in_bytes == 0
 
 
 def test_auto_keeps_a_program_jax_may_partition_on_the_xla_route():

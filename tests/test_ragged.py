@@ -1,11 +1,11 @@
 """emulate.ragged_dot / ragged_dot_general: JAX's own cases, the oracle, stacked QArrays,
-polyfill and inspect."""
+polyfill and inspect. The grouped kernel's program on every TPU generation (one custom
+call, no weight-sized temporaries) is compiled by tests/test_tpu_compile.py
+(``emulate.ragged_dot``)."""
 
 from __future__ import annotations
 
 import functools
-import math
-import threading
 
 import gguf
 import jax
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 import emulate
-from emulate import bounds, compiler, program, reference
+from emulate import bounds, program, reference
 
 E4, E5 = jnp.float8_e4m3fn, jnp.float8_e5m2
 
@@ -685,68 +685,3 @@ def test_prepare_weights_prepares_stacked_experts_once_and_reads_them_back(route
                           np.asarray(RMX.codes.data))  # fmt: skip
     with emulate.target(TPU), emulate.use_route("xla"):
         _same(emulate.ragged_dot(RX, tree["e"], GS), routed["xla"])
-
-
-# --- compile-only: a gpt-oss-like decode step through the real TPU compiler ------------------
-# MXFP4 experts prepared once (prepare_weights), 8 rows routed among 8 experts; nothing is
-# materialized. Compat on: in this process, reading the program; compat off: one subprocess.
-
-_CE, _CK, _CN, _CM = 8, 1024, 512, 8
-_CODES = jax.ShapeDtypeStruct((_CE, _CK // 2, _CN), jnp.uint8)
-_SCALES = jax.ShapeDtypeStruct((_CE, _CK // 32, _CN), jnp.float8_e8m0fnu)
-
-
-def _prepared_mxfp4(codes, scales):
-    packed = emulate.Packed(codes, "float4_e2m1fn", -2, _CK)
-    q = emulate.QArray.from_parts(packed, scales, block_shape=(1, 32, 1))
-    return emulate.prepare_weights(q, target=TPU)
-
-
-_CPREPARED = jax.eval_shape(_prepared_mxfp4, _CODES, _SCALES)
-_CSPECS = (
-    jax.ShapeDtypeStruct((_CM, _CK), jnp.bfloat16),
-    jax.tree.leaves(_CPREPARED),
-    jax.ShapeDtypeStruct((_CE,), jnp.int32),
-)
-COMPILE_TARGETS = ("tpu_v2", "tpu_v5e", "tpu_v6e")
-
-
-def moe_decode_step(x, leaves, group_sizes, *, target):
-    """emulate.ragged_dot on the prepared experts, route "auto" (module-level: the
-    compat-off subprocess imports it)."""
-    w = jax.tree.unflatten(jax.tree.structure(_CPREPARED), leaves)
-    return emulate.ragged_dot(x, w, group_sizes, preferred_element_type=jnp.float32, target=target)
-
-
-@pytest.fixture(scope="module")
-def compiled_steps() -> dict:
-    """target -> the compat-on program; ("compat off", target) -> the compat-off verdict."""
-    jobs = [
-        compiler.Job(functools.partial(moe_decode_step, target=t), _CSPECS, t)
-        for t in COMPILE_TARGETS
-    ]
-    off: list = []
-    thread = threading.Thread(target=lambda: off.extend(compiler.check_many(jobs, compat=False)))
-    thread.start()  # the subprocess compiles while this process does
-    out: dict = {
-        t: compiler.compile(j.fn, *_CSPECS, target=t) for t, j in zip(COMPILE_TARGETS, jobs)
-    }
-    thread.join()
-    out.update({("compat off", t): v for t, v in zip(COMPILE_TARGETS, off, strict=True)})
-    return out
-
-
-@pytest.mark.parametrize("target", COMPILE_TARGETS)
-def test_the_tpu_program_is_one_grouped_kernel_and_no_weight_sized_temporaries(
-    compiled_steps, target
-):
-    c = compiled_steps[target]
-    text = c.as_text()
-    assert text.count('custom_call_target="tpu_custom_call"') == 1
-    assert " dot(" not in text and "convolution(" not in text  # no XLA route for the experts
-    weight = sum(math.prod(v.shape) * v.dtype.itemsize for v in jax.tree.leaves(_CPREPARED))
-    # measured, libtpu 0.0.42.1: 0 bytes on v5e and v6e; on v2 412,672 bytes at every weight
-    # size tried (278 KB .. 2.2 MB of experts): the kernel's fixed scratch, not a weight copy
-    assert c.memory_analysis().temp_size_in_bytes < weight // 4
-    v = compiled_steps[("compat off", target)]
-    assert v.ok, f"compat off on {target}: {v.stage}: {v.message}"

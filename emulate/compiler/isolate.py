@@ -37,9 +37,16 @@ from emulate.compiler.devices import (
     offered_devices,
     on_device,
 )
-from emulate.mosaic import Verdict
+from emulate.mosaic import ProgramFacts, Verdict
 
-__all__ = ["Job", "child_env", "compile_in_process", "compile_isolated", "place_specs"]
+__all__ = [
+    "Job",
+    "child_env",
+    "compile_in_process",
+    "compile_isolated",
+    "place_specs",
+    "program_facts",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,10 +126,21 @@ def compile_in_process(job: Job) -> Verdict:
     except Exception as e:  # noqa: BLE001 - every refusal is a verdict
         return _refusal("lower", e)
     try:
-        lowered.compile()
+        compiled = lowered.compile()
     except Exception as e:  # noqa: BLE001 - every refusal is a verdict
         return _refusal("compile", e)
-    return Verdict(True)
+    return Verdict(True, program=program_facts(compiled))
+
+
+def program_facts(compiled: jax.stages.Compiled) -> ProgramFacts:
+    """The kernels, XLA contractions and temporary bytes of a compiled TPU program."""
+    text = compiled.as_text() or ""
+    memory = compiled.memory_analysis()
+    return ProgramFacts(
+        tpu_custom_calls=text.count('custom_call_target="tpu_custom_call"'),
+        xla_contractions=text.count(" dot(") + text.count(" convolution("),
+        temp_bytes=int(memory.temp_size_in_bytes) if memory is not None else -1,
+    )
 
 
 def _refusal(stage: str, e: Exception) -> Verdict:
@@ -188,7 +206,10 @@ def _run_subprocess(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
             got = 0
             for raw in proc.stdout:
                 row = json.loads(raw)
-                verdicts.append(Verdict(row["ok"], row["stage"], row["message"], row["detail"]))
+                facts = ProgramFacts(**row["program"]) if row["program"] else None
+                verdicts.append(
+                    Verdict(row["ok"], row["stage"], row["message"], row["detail"], facts)
+                )
                 got += 1
             rc = proc.wait()
             err.seek(0)
@@ -241,9 +262,8 @@ def _worker() -> int:
         return 3
     for job in jobs:
         v = compile_in_process(job)
-        out.write(
-            json.dumps({"ok": v.ok, "stage": v.stage, "message": v.message, "detail": v.detail})
-            + "\n"
-        )
+        facts = dataclasses.asdict(v.program) if v.program is not None else None
+        row = {"ok": v.ok, "stage": v.stage, "message": v.message, "detail": v.detail}
+        out.write(json.dumps({**row, "program": facts}) + "\n")
     out.close()
     return 0

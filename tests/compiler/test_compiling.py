@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from emulate import compiler
-from emulate.mosaic import Verdict
+from emulate.mosaic import ProgramFacts, Verdict
 
 MIXED = "Mosaic matmul invoked with mixed element types, but compatibility mode is disabled."
 
@@ -82,6 +82,8 @@ def test_check_in_process_gives_a_verdict():
     ok = compiler.check(_probe_fn("float32"), _spec("float32"), _spec("float32"), target="v2")
     assert ok == Verdict(True)
     assert ok.verdict == "compiles"
+    # the one-block kernel: its custom call, nothing else
+    assert ok.program == ProgramFacts(tpu_custom_calls=1, xla_contractions=0, temp_bytes=0)
     refused = compiler.check(_probe_fn("int32"), _spec("int8"), _spec("int8"), target="v4")
     assert refused.verdict == "refused"
     assert refused.stage == "compile"
@@ -90,6 +92,7 @@ def test_check_in_process_gives_a_verdict():
         "vector<128x128xi8>"
     )
     assert "tpu.matmul" in refused.detail
+    assert refused.program is None
 
 
 def test_check_with_the_other_compat_setting_runs_a_subprocess():

@@ -15,7 +15,7 @@ import pytest
 import emulate
 from emulate import compiler
 from emulate.compiler import isolate
-from emulate.mosaic import Verdict
+from emulate.mosaic import ProgramFacts, Verdict
 
 MIXED = "Mosaic matmul invoked with mixed element types, but compatibility mode is disabled."
 
@@ -60,6 +60,9 @@ def test_a_subprocess_compiles_with_the_other_setting_and_survives_a_crash():
     assert not crashed.ok and crashed.stage == "crash"
     assert crashed.message.startswith("the compiler process died (signal 6)")
     assert fp8 == Verdict(True)
+    # the program's facts come back through the subprocess's protocol
+    assert fp8.program == ProgramFacts(tpu_custom_calls=1, xla_contractions=0, temp_bytes=0)
+    assert mixed.program is None and crashed.program is None
 
 
 def test_a_subprocess_needs_fn_by_reference():

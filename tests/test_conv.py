@@ -1,5 +1,8 @@
 """emulate.conv_general_dilated against an im2col oracle: the convolution written out as
-patches (numpy) times weights, contracted by :func:`emulate.reference.dot_general`."""
+patches (numpy) times weights, contracted by :func:`emulate.reference.dot_general`.
+
+Hypothesis examples per case: 3 by default, 5 under EMULATE_LONG_TESTS=1 (the exact and
+bounded classes); 2 and 4 (sliced exact); 2 and 3 (QArray kernels)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _sweeps import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -238,7 +242,7 @@ EXACT_CASES = [(a, b, t) for a, b in EXACT_PAIRS for t in representative(a, b)]
 
 
 @pytest.mark.parametrize("lhs,rhs,target", EXACT_CASES)
-@settings(max_examples=5)
+@settings(max_examples=examples(3, 5))
 @given(data=st.data())
 def test_exact_classes_are_bit_identical(lhs, rhs, target, data):
     cfg = data.draw(st.sampled_from(CONFIGS), label="config")
@@ -336,7 +340,7 @@ def _round(x: Fraction, out) -> float:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@settings(max_examples=5)
+@settings(max_examples=examples(3, 5))
 @given(data=st.data())
 def test_bf16_x_fp8_is_within_the_bound(target, data):
     cfg = data.draw(st.sampled_from(CONFIGS), label="config")
@@ -522,7 +526,7 @@ SLICED_CONV_CASES = [
 
 
 @pytest.mark.parametrize("lhs,rhs,target,configs", SLICED_CONV_CASES)
-@settings(max_examples=4)
+@settings(max_examples=examples(2, 4))
 @given(data=st.data())
 def test_sliced_exact_conv_is_bit_identical(lhs, rhs, target, configs, data):
     cfg = CONFIGS[data.draw(st.sampled_from(configs), label="config")]
@@ -585,7 +589,7 @@ _QSCHEMES = {
 
 
 @pytest.mark.parametrize("scheme", sorted(_QSCHEMES))
-@settings(max_examples=3)
+@settings(max_examples=examples(2, 3))
 @given(data=st.data())
 def test_qarray_kernel_is_within_the_bound_of_its_dequantized_values(scheme, data):
     """A QArray kernel (per output channel: codes convolved, then scaled; blocks along

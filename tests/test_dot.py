@@ -1,4 +1,8 @@
-"""emulate.dot_general / matmul / einsum against the reference, on every target."""
+"""emulate.dot_general / matmul / einsum against the reference, on every target.
+
+By default the hypothesis classes draw 2 examples a case and the per-target sweeps run
+one target per distinct plan (see INT8_TARGETS); EMULATE_LONG_TESTS=1 runs 6 examples and
+every target."""
 
 from __future__ import annotations
 
@@ -42,11 +46,39 @@ def representative_targets(lhs: str, rhs: str) -> list[str]:
 EXACT_PAIRS = [(a, b) for a, b in itertools.product(EXACT, EXACT)]
 
 
-EXACT_CASES = [(a, b, t) for a, b in EXACT_PAIRS for t in representative_targets(a, b)]
+def target_sweep(keep) -> list:
+    """TARGETS, those not in ``keep`` marked long."""
+    return [t if t in keep else pytest.param(t, marks=pytest.mark.long) for t in TARGETS]
 
 
+# The per-target sweeps below: by default one target per distinct plan of the pair
+# (representative_targets) plus cpu and tpu_v7x, and for the program check the first
+# target of each set of native pairs; every target under EMULATE_LONG_TESTS=1.
+INT8_TARGETS = target_sweep(
+    {*et.representative_targets("int8", "int8", TARGETS, preferred_element_type="int32")}
+    | {"cpu", "tpu_v7x"}
+)
+FP4_TARGETS = target_sweep(
+    {*representative_targets("float4_e2m1fn", "float4_e2m1fn")} | {"cpu", "tpu_v7x"}
+)
+NATIVE_SET_TARGETS = target_sweep(
+    {*{(t.kind, t.native_pairs): t.name for t in reversed(targets.all_targets())}.values()}
+)
+
+
+# Every pair by default; a same-format pair on each of its representative targets, a
+# mixed pair on one of them, taken in turn (its others under EMULATE_LONG_TESTS=1).
+EXACT_CASES = [
+    (a, b, t) if a == b or i == n % len(ts) else pytest.param(a, b, t, marks=pytest.mark.long)
+    for n, (a, b) in enumerate(EXACT_PAIRS)
+    for ts in [representative_targets(a, b)]
+    for i, t in enumerate(ts)
+]
+
+
+# 2 examples of each case by default, 6 under EMULATE_LONG_TESTS=1 (each new shape compiles).
 @pytest.mark.parametrize("lhs,rhs,target", EXACT_CASES)
-@settings(max_examples=examples(4, 6))
+@settings(max_examples=examples(2, 6))
 @given(data=st.data())
 def test_exact_classes_are_bit_identical_to_reference(lhs, rhs, target, data):
     a, b, dn, pet = data.draw(et.dot_general_problems(lhs, rhs, elements="finite"))
@@ -67,8 +99,9 @@ BOUNDED_PAIRS = [(f, f) for f in BOUNDED] + [
 BOUNDED_CASES = [(a, b, t) for a, b in BOUNDED_PAIRS for t in representative_targets(a, b)]
 
 
+# 2 examples of each case by default, 6 under EMULATE_LONG_TESTS=1.
 @pytest.mark.parametrize("lhs,rhs,target", BOUNDED_CASES)
-@settings(max_examples=examples(4, 6))
+@settings(max_examples=examples(2, 6))
 @given(data=st.data())
 def test_bounded_classes_are_within_the_bound(lhs, rhs, target, data):
     a, b, dn, pet = data.draw(et.dot_general_problems(lhs, rhs))
@@ -84,7 +117,7 @@ def test_bounded_classes_are_within_the_bound(lhs, rhs, target, data):
 DN = (((1,), (0,)), ((), ()))
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", INT8_TARGETS)
 def test_int8_all_minus_128_k4096_is_exact(target):
     a = np.full((2, 4096), -128, np.int8)
     b = np.full((4096, 3), -128, np.int8)
@@ -136,7 +169,7 @@ def test_naive_f32_accumulation_is_wrong_where_emulate_is_exact():
         assert int(got[0, 0]) == exact
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", FP4_TARGETS)
 def test_fp4_k8192_bit_identical(target):
     rng = np.random.default_rng(8192)
     a = rng.integers(0, 16, (3, 8192)).astype(np.uint8).view(ml_dtypes.float4_e2m1fn)
@@ -173,7 +206,7 @@ def test_int8_output_wraps_and_fp8_output_rounds_once():
     assert r.dtype == jnp.float8_e4m3fn and float(r[0, 0]) == -0.5
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", NATIVE_SET_TARGETS)
 def test_program_holds_only_native_pairs(target):
     t = targets.get(target)
     cases = [(l_, r) for l_, r in EXACT_PAIRS] + BOUNDED_PAIRS

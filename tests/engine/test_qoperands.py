@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _sweeps import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -112,8 +113,9 @@ def test_one_nonzero_weight_among_zero_points_is_within_the_plain_bound():
             _check(got, x, w, k // group)
 
 
+# 3 examples of each route by default, 6 under EMULATE_LONG_TESTS=1.
 @pytest.mark.parametrize("target", XLA_TARGETS)
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=examples(3, 6), deadline=None)
 @given(
     case=st.sampled_from(ZERO_POINTS),
     extreme=st.sampled_from(["low", "high", "mid"]),
@@ -134,7 +136,12 @@ def test_xla_routes_are_within_the_plain_weight_bound(
     _check(got, x, w, k // group)
 
 
-@pytest.mark.parametrize(("fmt", "zp"), [("uint4", 8), ("uint4", "uint4"), ("uint8", "uint8")])
+# Packed 4-bit codes with a static and with an array of zero points by default; 8-bit
+# codes with 8-bit zero points under EMULATE_LONG_TESTS=1.
+@pytest.mark.parametrize(
+    ("fmt", "zp"),
+    [("uint4", 8), ("uint4", "uint4"), pytest.param("uint8", "uint8", marks=pytest.mark.long)],
+)
 def test_pallas_matmul_is_within_the_plain_weight_bound(fmt, zp):
     rng = np.random.default_rng(7)
     k, n, group = 256, 128, 128

@@ -21,6 +21,18 @@ K, N = 256, 512
 SETTINGS = tiled.Settings(min_bytes=0)
 
 
+# By default one scheme of each class: two-level scales and mins (q4_k), int8 groups (q8_0),
+# zero points (awq_g128), a codebook with double-quantized scales (nf4_dq), 4-bit floats
+# with a tensor scale (nvfp4), fp8 blocks (fp8_block128) and act-order (gptq_act, the
+# matmul only); the other GGUF K-quants, IQ4_XS, MXFP4, NF4 without double quant and
+# compressed-tensors int4 under EMULATE_LONG_TESTS=1.
+DEFAULT_SCHEMES = {"q4_k", "q8_0", "awq_g128", "nf4_dq", "nvfp4", "fp8_block128", "gptq_act"}
+
+
+def _schemes(names) -> list:
+    return [n if n in DEFAULT_SCHEMES else pytest.param(n, marks=pytest.mark.long) for n in names]
+
+
 def _weight(name: str) -> tuple[Scheme, emulate.QArray]:
     s = CPU_SCHEMES[name]
     return s, s.build(K, N, np.random.default_rng(list(CPU_SCHEMES).index(name)))
@@ -30,7 +42,7 @@ def _free_dim(s: Scheme) -> int:
     return 0 if s.dn == NK else 1
 
 
-@pytest.mark.parametrize("name", [n for n in CPU_SCHEMES if n != "gptq_act"])
+@pytest.mark.parametrize("name", _schemes(n for n in CPU_SCHEMES if n != "gptq_act"))
 def test_a_slice_of_whole_blocks_dequantizes_as_the_slice_of_the_weight(name: str) -> None:
     s, q = _weight(name)
     dim = _free_dim(s)
@@ -58,7 +70,7 @@ def _values(q: emulate.QArray) -> np.ndarray:
     return np.asarray(emulate.dequantize(q, to=jnp.float32), np.float64)
 
 
-@pytest.mark.parametrize("name", list(CPU_SCHEMES))
+@pytest.mark.parametrize("name", _schemes(CPU_SCHEMES))
 def test_tiled_matmul_is_within_the_bound_for_every_tile(name: str) -> None:
     s, q = _weight(name)
     rng = np.random.default_rng(7)

@@ -80,8 +80,13 @@ WEIGHTS = [
 ]
 
 
+# Every weight format and packing by default except float8_e5m2 (e4m3fn's unpacked
+# float8 path), which runs under EMULATE_LONG_TESTS=1.
 @pytest.mark.parametrize("kind", ["k", "n"])
-@pytest.mark.parametrize("fmt,packed", WEIGHTS)
+@pytest.mark.parametrize(
+    "fmt,packed",
+    [pytest.param(*w, marks=pytest.mark.long) if w[0] == "float8_e5m2" else w for w in WEIGHTS],
+)
 def test_bf16_activations_times_weights_within_bound(fmt, packed, kind):
     rng = np.random.default_rng(abs(hash((fmt, packed, kind))) % 2**32)
     xs, ws, dn, side, k_axis = LAYOUTS["x@w"]
@@ -101,9 +106,17 @@ def test_bf16_activations_times_weights_within_bound(fmt, packed, kind):
         assert t.planar == (packed == "k")
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+# Every layout with float8_e5m2 and packed int4 by default; the 6-bit planes on the
+# "batched" layout by default, on the other layouts under EMULATE_LONG_TESTS=1.
 @pytest.mark.parametrize(
-    "fmt,packed", [("float8_e5m2", None), ("int4", "k"), ("float6_e2m3fn", "k")]
+    "layout,fmt,packed",
+    [
+        pytest.param(layout, fmt, packed, marks=pytest.mark.long)
+        if fmt == "float6_e2m3fn" and layout != "batched"
+        else (layout, fmt, packed)
+        for fmt, packed in [("float8_e5m2", None), ("int4", "k"), ("float6_e2m3fn", "k")]
+        for layout in sorted(LAYOUTS)
+    ],
 )
 def test_layouts(layout, fmt, packed):
     rng = np.random.default_rng(7)
@@ -136,12 +149,14 @@ def test_k_of_one_and_tiles_of_every_length():
         assert (t is not None) == tiled_
 
 
+# The CPU route (float4) and two TPU plans (v4, v5e) by default; int8 x int4 on the CPU
+# and the unsigned pair on tpu_v2 under EMULATE_LONG_TESTS=1.
 EXACT_PAIRS = [
     ("int8", "int4", "tpu_v4"),
-    ("int8", "int4", "cpu"),
+    pytest.param("int8", "int4", "cpu", marks=pytest.mark.long),
     ("float4_e2m1fn", "float4_e2m1fn", "cpu"),
     ("int8", "float6_e2m3fn", "tpu_v5e"),
-    ("uint8", "uint4", "tpu_v2"),
+    pytest.param("uint8", "uint4", "tpu_v2", marks=pytest.mark.long),
 ]
 
 
@@ -289,7 +304,16 @@ def test_grad_and_vmap_through_the_tiled_path():
         np.testing.assert_allclose(batched[:, 0], x @ wd, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("fmt", ["int4", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"])
+# One 4-bit and one 6-bit format by default; the others under EMULATE_LONG_TESTS=1.
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        "int4",
+        pytest.param("float4_e2m1fn", marks=pytest.mark.long),
+        "float6_e2m3fn",
+        pytest.param("float6_e3m2fn", marks=pytest.mark.long),
+    ],
+)
 def test_planes_are_the_strided_elements(fmt):
     rng = np.random.default_rng(2)
     bits = formats.get(fmt).bits

@@ -208,6 +208,8 @@ def test_targets_unknown_target_is_one_line(capsys: pytest.CaptureFixture) -> No
     )
 
 
+# Every tpu_v5e case, compiled again: tests/compiler/test_probing.py's default reprobe sample
+# leaves tpu_v5e to this test (v6e stands for the family there).
 def test_targets_probe_reprobes_one_generation(tmp_path, capsys: pytest.CaptureFixture) -> None:
     from emulate import compiler, mosaic
 

@@ -1,6 +1,9 @@
 """emulate.pallas.check and check-kernel: the Mosaic module of each kernel, lowered for TPU on
 the CPU, and the tpu.matmul operand types each target rejects; emulate.pallas.dot and
-emulate.pallas.matmul lower to pairs every target runs."""
+emulate.pallas.matmul lower to pairs every target runs.
+
+One TPU target of each family by default for the per-target sweeps (FAMILIES), and half the
+probe sample a stratum; every target and the full sample under EMULATE_LONG_TESTS=1."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import pytest
+from _sweeps import examples
 
 import emulate
 import emulate.pallas
@@ -47,6 +51,13 @@ def _line(marker: str) -> int:
 
 PROBED = list(mosaic.recorded().topologies)
 UNPROBED = [t for t in TPUS if t not in PROBED]
+# One target of each family by default (v2/v3 f32, v4 bf16 decode, v5e native int8, v7x
+# bf16 decode on a 256-wide MXU); every TPU target under EMULATE_LONG_TESTS=1.
+FAMILIES = {"tpu_v2", "tpu_v4", "tpu_v5e", "tpu_v7x"}
+
+
+def _families(names, keep=FAMILIES):
+    return [pytest.param(n, marks=[] if n in keep else [pytest.mark.long]) for n in names]
 
 
 @pytest.fixture
@@ -133,7 +144,7 @@ def test_targets_without_a_topology_use_jax_table(target):
     assert bool(findings) != targets.get(target).supports("int8", "int8")
 
 
-@pytest.mark.parametrize("target", TPUS)
+@pytest.mark.parametrize("target", _families(TPUS))
 def test_dot_kernel_lowers_to_a_pair_the_target_runs(target):
     t = targets.get(target)
     sites = emulate.pallas.matmul_sites(kernels.fixed_int8, I8, I8, target=target)
@@ -181,7 +192,10 @@ def _mixed(lhs, rhs):
     return a, b
 
 
-@pytest.mark.parametrize("target", ["tpu_v4", "tpu_v5e", "tpu_v7x"])
+# v4 (f32) and v7x (bf16) conversions by default; v5e under EMULATE_LONG_TESTS=1
+@pytest.mark.parametrize(
+    "target", _families(["tpu_v4", "tpu_v5e", "tpu_v7x"], keep={"tpu_v4", "tpu_v7x"})
+)
 def test_int_float_mixes_compile_only_in_compatibility_mode(target):
     # bf16 x int8: compat mode converts the int8 side (to f32; on 7x to bf16).
     for lhs, rhs in ((jnp.bfloat16, jnp.int8), (jnp.int8, jnp.bfloat16)):
@@ -244,7 +258,7 @@ def _matmul_args(lhs: str, rhs: str, m=64, k=1024, n=512):
     return fn, x, w
 
 
-@pytest.mark.parametrize("target", TPUS)
+@pytest.mark.parametrize("target", _families(TPUS))
 def test_matmul_kernel_lowers_to_pairs_every_target_runs(target, recorded_rules):
     # The pairs, by the recorded rules; tests/test_compiler.py compiles the kernel.
     t = targets.get(target)
@@ -391,7 +405,8 @@ def test_python_dash_m_exit_status():
 
 
 def _probe_sample(per_stratum: int):
-    """Probe rows, every (target, compat) stratum, evenly spaced within it."""
+    """Probe rows, every (target, compat) stratum, evenly spaced within it: half as many a
+    stratum by default as under EMULATE_LONG_TESTS=1."""
     rows: dict = {}
     for r in mosaic.recorded().rows:
         rows.setdefault((r.case.target, r.case.compat), []).append(r)
@@ -416,7 +431,7 @@ def _agrees(case, findings):
 @pytest.mark.parametrize("compat", [True, False])
 def test_check_equals_the_compiler_on_the_probe(compat):
     assert HAVE_COMPILER, "libtpu is a test dependency: pip install -e .[test]"
-    rows = [r for r in _probe_sample(14) if r.case.compat == compat]
+    rows = [r for r in _probe_sample(examples(7, 14)) if r.case.compat == compat]
     results = mosaic_check.check_many([_probe_job(r.case) for r in rows], compat=compat)
     bad = [r.case for r, f in zip(rows, results, strict=True) if not _agrees(r.case, f)]
     assert bad == []
@@ -448,7 +463,7 @@ def test_a_refusal_is_placed_at_the_matmul_mosaic_prints():
 
 @pytest.mark.parametrize("compat", [True, False])
 def test_recorded_rules_equal_the_probe(compat, recorded_rules):
-    rows = [r for r in _probe_sample(20) if r.case.compat == compat]
+    rows = [r for r in _probe_sample(examples(10, 20)) if r.case.compat == compat]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", mosaic_check.RecordedRulesWarning)
         results = mosaic_check.check_many([_probe_job(r.case) for r in rows], compat=compat)

@@ -13,11 +13,13 @@ The kernels are vendored under tests/kernels/ (origin, commit and license in eac
   in-kernel activation quantizer (a bf16 -> int8 cast that needs compatibility mode on
   v4 to v6e) and a ``pl.kernel`` kernel on a TensorCore mesh made while it is traced.
 
-Each case is compiled directly, with :func:`emulate.compiler.check_both`, with
-compatibility mode on and off; check must give the same verdict (ok, or refused with
-the same first line of the message), and it must report compat-only findings (at a
-matmul or at another operation) exactly when the compiler refuses, with compatibility
-mode off, a program it compiles with it on, one of them with the compiler's message.
+One or two targets of each kernel by default (CASES), every listed target under
+EMULATE_LONG_TESTS=1. Each case is compiled directly, with
+:func:`emulate.compiler.check_both`, with compatibility mode on and off; check must give
+the same verdict (ok, or refused with the same first line of the message), and it must
+report compat-only findings (at a matmul or at another operation) exactly when the
+compiler refuses, with compatibility mode off, a program it compiles with it on, one of
+them with the compiler's message.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import pytest
+from _sweeps import LONG
 
 import emulate.pallas
 from emulate import compiler
@@ -140,11 +143,33 @@ _KERNEL_CASES = [
     ("pl-kernel", own.mesh_int8, (S((128, 128), jnp.int8),) * 2,
      ("tpu_v4", "tpu_v5e", "tpu_v7x"), MESH_DOT),
 ]  # fmt: skip
+# By default each kernel on the targets where its verdict or program differs most (every
+# COMPAT_OFF case among them); these under EMULATE_LONG_TESTS=1 as well. Only the selected
+# cases are compiled.
+_LONG_CASES = {
+    "megablox-bf16-tpu_v5e",
+    "megablox-bf16-tpu_v7x",
+    "xla-w8a8-int8-tpu_v4",
+    "xla-w8-f32xint8-tpu_v7x",
+    "gmm_v2-int8-tpu_v7x",
+    "gmm_v2-fp8-tpu_v4",
+    "gmm_v2-fp8-tpu_v5e",
+    "quantizer-tpu_v7x",
+    "pl-kernel-tpu_v5e",
+}
 CASES = [
-    pytest.param(fn, args, target, dots, id=f"{name}-{target}")
+    pytest.param(
+        fn,
+        args,
+        target,
+        dots,
+        id=f"{name}-{target}",
+        marks=[pytest.mark.long] if f"{name}-{target}" in _LONG_CASES else [],
+    )
     for name, fn, args, targets, dots in _KERNEL_CASES
     for target in targets
 ]
+SELECTED = [p for p in CASES if LONG or p.id not in _LONG_CASES]
 
 
 # The cases check also decides with compatibility mode off (a compat-off check compiles
@@ -174,7 +199,7 @@ def _key(fn, args, target):
 def _compiler_verdicts() -> dict[bool, dict]:
     """The compiler's verdict on every case, compiled directly, with compatibility mode on
     and off (the two settings compile at the same time)."""
-    jobs = [compiler.Job(fn, args, target) for fn, args, target, _ in (p.values for p in CASES)]
+    jobs = [compiler.Job(fn, args, target) for fn, args, target, _ in (p.values for p in SELECTED)]
     got = compiler.check_both({True: jobs, False: jobs})
     return {
         compat: {
@@ -196,7 +221,7 @@ def _check_findings(compat: bool) -> dict:
     """emulate.pallas.check's findings (check is check_many of one job): with compatibility
     mode on for every case, off for the COMPAT_OFF ones; recorded-rule fallbacks fail.
     The compat-off compiles it asks for are counted in _SUBPROCESSES."""
-    cases = [p.values for p in CASES if compat or p.id in COMPAT_OFF]
+    cases = [p.values for p in SELECTED if compat or p.id in COMPAT_OFF]
     jobs = [(fn, args, target) for fn, args, target, _ in cases]
     check_many, check_both = compiler.check_many, compiler.check_both
     mode = compat
@@ -273,7 +298,7 @@ def test_check_equals_the_compiler_with_compat_off():
 
 def test_check_many_compiles_the_operations_of_all_kernels_together():
     # compat on: the kernels compile in this process; their narrow conversions and
-    # comparisons compile with compat off in one subprocess for all 24 cases (none when
+    # comparisons compile with compat off in one subprocess for all the cases (none when
     # an earlier test of this process compiled them all), not one per kernel (11 before).
     _check_findings(True)
     assert _SUBPROCESSES["kernels", True] == []

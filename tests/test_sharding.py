@@ -8,8 +8,12 @@ with 8 host CPU devices: a sharded QArray through ``emulate.matmul`` under jit e
 unsharded result bit for bit (mode "exact"), and inside ``jax.shard_map`` the Pallas
 kernel (interpret mode) per shard: column-parallel bit for bit; row-parallel plus a psum
 bit for bit for int8 x int8 (an int32 sum), within the f32 bound for a scaled weight.
-Compile-only on 8-chip TPU topologies (v5e 2x4, v4 2x2x2): the sharded projection's
-collectives move the bytes of the bf16 program's."""
+Compile-only on 8-chip TPU topologies: the sharded projection's collectives move the bytes
+of the bf16 program's.
+
+By default the subprocess runs the column-parallel layout and the compile-only check the
+v5e 2x4 topology; EMULATE_LONG_TESTS=1 adds the row-parallel layout (along K) and the v4
+2x2x2 topology."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _sweeps import LONG
 from _xla_flags import host_devices_env
 from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -189,8 +194,9 @@ SCRIPT = textwrap.dedent(
     mesh = Mesh(np.array(jax.devices()), ("x",))
     out = {"devices": jax.device_count()}
     bits = lambda a: np.asarray(a, np.float32).view(np.uint32)
-    for name, (k, n, spec) in {"along_n": (256, 1024, P(None, "x")),
-                               "along_k": (4096, 128, P("x", None))}.items():
+    layouts = {"along_n": (256, 1024, P(None, "x")), "along_k": (4096, 128, P("x", None))}
+    for name in json.loads(sys.argv[2]):
+        k, n, spec = layouts[name]
         q = affine_weight(k, n, rng)
         x = jnp.asarray(rng.standard_normal((8, k)), jnp.bfloat16)
         xs = jax.device_put(x, NamedSharding(mesh, P(None, spec[0])))
@@ -241,11 +247,20 @@ SCRIPT = textwrap.dedent(
 )
 
 
+#: The layouts the subprocess runs: column-parallel (along N) by default; row-parallel
+#: (along K, K = 4096 for whole units of the packed offsets: the Pallas kernel in interpret
+#: mode over 8 shards) under EMULATE_LONG_TESTS=1. Row-parallel stays by default in the
+#: int8 kernel's psum here, in the compile-only collectives below, and along K in
+#: tests/quantized/test_array_sharding.py.
+LAYOUTS = ["along_n"] + (["along_k"] if LONG else [])
+LAYOUT_CASES = ["along_n", pytest.param("along_k", marks=pytest.mark.long)]
+
+
 @pytest.fixture(scope="module")
 def result() -> dict:
     tests = str(__import__("pathlib").Path(__file__).parent)
     run = subprocess.run(
-        [sys.executable, "-c", SCRIPT, tests],
+        [sys.executable, "-c", SCRIPT, tests, json.dumps(LAYOUTS)],
         capture_output=True,
         text=True,
         timeout=900,
@@ -255,7 +270,7 @@ def result() -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("layout", ["along_n", "along_k"])
+@pytest.mark.parametrize("layout", LAYOUT_CASES)
 def test_sharded_weights_give_the_unsharded_result(result, layout):
     assert result["devices"] == 8
     # codes, scales, zero points, two-level offsets' codes and scales: each on 8 devices
@@ -268,7 +283,7 @@ def test_column_parallel_kernel_is_bit_identical(result):
     assert result["along_n-kernel-equal"] is True
 
 
-@pytest.mark.parametrize("layout", ["along_n", "along_k"])
+@pytest.mark.parametrize("layout", LAYOUT_CASES)
 def test_emulate_matmul_runs_per_shard_in_shard_map(result, layout):
     # column-parallel: the same bits; row-parallel: a psum of f32 partial sums, bounded
     assert result[f"{layout}-xla-shard-map-bounded"] is True
@@ -298,78 +313,87 @@ def collective_bytes(hlo: str) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def tpu_collectives() -> dict:
+def tpu_collectives():
     """Per (topology, split): the collectives' bytes of x @ w for a bf16 w, a QArray through
-    emulate.matmul and its prepared weight through the Pallas kernel in shard_map."""
+    emulate.matmul and its prepared weight through the Pallas kernel in shard_map; each
+    topology compiled on first use (the long one only when its cases run)."""
+    cache: dict = {}
+
+    def get(topo: str, split: str) -> dict:
+        if topo not in cache:
+            cache[topo] = _collectives_on(topo)
+        return cache[topo][split]
+
+    return get
+
+
+def _collectives_on(topo: str) -> dict:
     k, n = 4096, 1024
     q = affine_weight(k, n)
     kq = emulate.pallas.prepare_weight(q)
     out = {}
-    for topo in ("v5e:2x4", "v4:2x2x2"):
-        devs = compiler.topology_devices(topo)
-        # one device a chip: libtpu lists v4's two TensorCores apart (16 devices)
-        mesh = Mesh(np.array([d for d in devs if d.core_on_chip == 0]), ("x",))
-        for spec in (P(None, "x"), P("x", None)):
-            placed = lambda w, spec=spec, mesh=mesh: jax.tree.map(  # noqa: E731
-                lambda a, p: jax.ShapeDtypeStruct(
-                    a.shape, a.dtype, sharding=NamedSharding(mesh, p)
-                ),
-                w,
-                weight_specs(w, spec, mesh),
-            )
-            xs = jax.ShapeDtypeStruct(
-                (16, k), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, spec[0]))
-            )
-            outs = NamedSharding(mesh, P(None, spec[1]))
-            bf16 = jax.jit(
-                lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32),
-                out_shardings=outs,
-            )
-            xla = jax.jit(
-                lambda a, b: emulate.matmul(
-                    a, b, target="tpu_v5e", preferred_element_type=jnp.float32
-                ),
-                out_shardings=outs,
-            )
+    devs = compiler.topology_devices(topo)
+    # one device a chip: libtpu lists v4's two TensorCores apart (16 devices)
+    mesh = Mesh(np.array([d for d in devs if d.core_on_chip == 0]), ("x",))
+    for spec in (P(None, "x"), P("x", None)):
+        placed = lambda w, spec=spec, mesh=mesh: jax.tree.map(  # noqa: E731
+            lambda a, p: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, p)),
+            w,
+            weight_specs(w, spec, mesh),
+        )
+        xs = jax.ShapeDtypeStruct(
+            (16, k), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, spec[0]))
+        )
+        outs = NamedSharding(mesh, P(None, spec[1]))
+        bf16 = jax.jit(
+            lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32),
+            out_shardings=outs,
+        )
+        xla = jax.jit(
+            lambda a, b: emulate.matmul(a, b, target="tpu_v5e", preferred_element_type=jnp.float32),
+            out_shardings=outs,
+        )
 
-            def body(a, b, spec=spec, mesh=mesh):
-                y = emulate.pallas.matmul(
-                    a,
-                    local_weight(b, spec, mesh),
-                    target="tpu_v5e",
-                    interpret=False,
-                    out_dtype=jnp.float32,
-                )
-                return jax.lax.psum(y, "x") if spec[0] else y
-
-            kernel = jax.jit(
-                jax.shard_map(
-                    body,
-                    mesh=mesh,
-                    in_specs=(P(None, spec[0]), weight_specs(kq, spec, mesh)),
-                    out_specs=P(None, spec[1]),
-                )
+        def body(a, b, spec=spec, mesh=mesh):
+            y = emulate.pallas.matmul(
+                a,
+                local_weight(b, spec, mesh),
+                target="tpu_v5e",
+                interpret=False,
+                out_dtype=jnp.float32,
             )
-            # the XLA route: under automatic partitioning JAX refuses a Mosaic kernel
-            with jax.default_device(devs[0]), emulate.use_route("xla"):
-                out[topo, str(spec)] = {
-                    "bf16": collective_bytes(
-                        bf16.lower(
-                            xs,
-                            jax.ShapeDtypeStruct(
-                                (k, n), jnp.bfloat16, sharding=NamedSharding(mesh, spec)
-                            ),
-                        )
-                        .compile()
-                        .as_text()
-                    ),
-                    "qarray": collective_bytes(xla.lower(xs, placed(q)).compile().as_text()),
-                    "kernel": collective_bytes(kernel.lower(xs, placed(kq)).compile().as_text()),
-                }
+            return jax.lax.psum(y, "x") if spec[0] else y
+
+        kernel = jax.jit(
+            jax.shard_map(
+                body,
+                mesh=mesh,
+                in_specs=(P(None, spec[0]), weight_specs(kq, spec, mesh)),
+                out_specs=P(None, spec[1]),
+            )
+        )
+        # the XLA route: under automatic partitioning JAX refuses a Mosaic kernel
+        with jax.default_device(devs[0]), emulate.use_route("xla"):
+            out[str(spec)] = {
+                "bf16": collective_bytes(
+                    bf16.lower(
+                        xs,
+                        jax.ShapeDtypeStruct(
+                            (k, n), jnp.bfloat16, sharding=NamedSharding(mesh, spec)
+                        ),
+                    )
+                    .compile()
+                    .as_text()
+                ),
+                "qarray": collective_bytes(xla.lower(xs, placed(q)).compile().as_text()),
+                "kernel": collective_bytes(kernel.lower(xs, placed(kq)).compile().as_text()),
+            }
     return out
 
 
-@pytest.mark.parametrize("topology", ["v5e:2x4", "v4:2x2x2"])
+#: v5e 2x4 by default; v4 2x2x2 (two TensorCores a chip, a 3-D torus: the same programs
+#: over another device list) under EMULATE_LONG_TESTS=1.
+@pytest.mark.parametrize("topology", ["v5e:2x4", pytest.param("v4:2x2x2", marks=pytest.mark.long)])
 @pytest.mark.parametrize(
     ("split", "collectives"),
     [
@@ -381,5 +405,5 @@ def tpu_collectives() -> dict:
 def test_sharded_projection_moves_the_bytes_of_the_bf16_one(
     tpu_collectives, topology, split, collectives
 ):
-    got = tpu_collectives[topology, split]
+    got = tpu_collectives(topology, split)
     assert got == {"bf16": collectives, "qarray": collectives, "kernel": collectives}

@@ -182,8 +182,21 @@ def test_imported_qarray_decodes_like_the_project(tmp_path, name: str) -> None:
     )
 
 
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("name", MATMUL_CASES)
+#: Each case on one target by default, the targets taken in turn; every case on every
+#: target under EMULATE_LONG_TESTS=1.
+MATMUL_TARGET_CASES = [
+    pytest.param(
+        name,
+        target,
+        id=f"{name}-{target}",
+        marks=() if TARGETS[i % len(TARGETS)] == target else pytest.mark.long,
+    )
+    for i, name in enumerate(MATMUL_CASES)
+    for target in TARGETS
+]
+
+
+@pytest.mark.parametrize(("name", "target"), MATMUL_TARGET_CASES)
 def test_imported_qarray_matmul_within_bound(tmp_path, name: str, target: str) -> None:
     rng = np.random.default_rng(100 + CASES.index(name))
     q, w, w0, _ = case(name, tmp_path, rng)

@@ -141,8 +141,27 @@ def _exact_weight(parts: StoredParts) -> np.ndarray:
     return w if offset is None else w + offset.astype(np.float64)
 
 
-@pytest.mark.parametrize("target", PLANS)
-@pytest.mark.parametrize("ggml_type", TYPES)
+#: Each type on one plan by default, the plans taken in turn (each plan meets zero-point,
+#: offset, K-quant and codebook types); every type on every plan under
+#: EMULATE_LONG_TESTS=1.
+MATMUL_CASES = [
+    pytest.param(
+        ggml_type,
+        target,
+        id=f"{ggml_type}-{target}",
+        marks=() if PLANS[i % len(PLANS)] == target else pytest.mark.long,
+    )
+    for i, ggml_type in enumerate(TYPES)
+    for target in PLANS
+]
+
+#: The tiled CPU route by default on one type of each kind (zero points, offsets, two-level
+#: K-quants with and without mins, a codebook, e8m0 scales); every type under
+#: EMULATE_LONG_TESTS=1.
+TILED_DEFAULT = ("Q4_0", "Q4_1", "Q2_K", "Q3_K", "IQ4_NL", "MXFP4")
+
+
+@pytest.mark.parametrize(("ggml_type", "target"), MATMUL_CASES)
 def test_matmul_is_within_the_bound(ggml_type: str, target: str) -> None:
     """Within the documented bound, and within the plain weight's bound (issue 40):
     ``gamma_(K + S + 5) * sum |x| |W|``, ``W`` the exactly dequantized weight
@@ -162,7 +181,10 @@ def test_matmul_is_within_the_bound(ggml_type: str, target: str) -> None:
     assert (np.abs(got - x.astype(np.float64) @ w_exact.T) <= plain).all()
 
 
-@pytest.mark.parametrize("ggml_type", TYPES)
+@pytest.mark.parametrize(
+    "ggml_type",
+    [t if t in TILED_DEFAULT else pytest.param(t, marks=pytest.mark.long) for t in TYPES],
+)
 def test_matmul_tiled_on_the_cpu_is_within_the_bound(ggml_type: str) -> None:
     # the CPU route that dequantizes the weight a tile of rows at a time
     # (emulate.engine.qtiled), forced onto a small weight: 8 rows in tiles of 2

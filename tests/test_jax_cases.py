@@ -13,6 +13,8 @@ Targets: ``cpu`` (XLA's CPU backend: emulate passes through what it runs nativel
 ``tpu_v2`` (only float32 x float32 native, so every other pair of emulate's types is
 emulated). By default (CI) the module runs :func:`subset`, 136 cases that cover every JAX
 test method and every dtype pairing it samples; ``EMULATE_JAX_CASES=all`` runs all 339.
+On ``cpu`` the default runs the first case of each test method only (:func:`_params`); the
+rest of the cases on ``cpu`` under EMULATE_LONG_TESTS=1.
 
 A case that behaves differently is listed in ``DIFFERENT`` with the reason.
 """
@@ -250,11 +252,20 @@ def subset() -> list[dict]:
 
 
 def _params() -> list[Any]:
+    """The cases on each target. On ``cpu`` (emulate passes through what XLA runs), the
+    first case of each JAX test method by default, the rest of the subset marked long."""
     every = os.environ.get("EMULATE_JAX_CASES", "") == "all"
+    cases = CASES if every else subset()
+    firsts = {id(next(c for c in cases if c["test"] == t)) for t in {c["test"] for c in cases}}
     return [
-        pytest.param(c, target, id=f"{_case_id(c)}-{target}")
+        pytest.param(
+            c,
+            target,
+            id=f"{_case_id(c)}-{target}",
+            marks=() if target != "cpu" or id(c) in firsts else pytest.mark.long,
+        )
         for target in TARGETS
-        for c in (CASES if every else subset())
+        for c in cases
     ]
 
 

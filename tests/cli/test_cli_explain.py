@@ -1,4 +1,8 @@
-"""emulate explain: the plan of one pair, as emulate.plan(...).explain() prints it."""
+"""emulate explain: the plan of one pair, as emulate.plan(...).explain() prints it.
+
+The usage errors run in-process by default (a real ``python -m emulate`` exiting 2 without
+a traceback is tests/cli/test_cli_main.py's); explain's own in a subprocess as well under
+EMULATE_LONG_TESTS=1."""
 
 from __future__ import annotations
 
@@ -103,6 +107,7 @@ def test_explain_bad_environment_target_is_one_line(
     assert err.count("\n") == 1
 
 
+@pytest.mark.long  # in-process: test_explain_errors_are_one_line's int32 x int32 case
 def test_explain_exact_on_a_bounded_pair_exits_2_without_traceback() -> None:
     argv = ["explain", "int32", "int32", "--target", "v5e", "--mode", "exact"]
     bad = subprocess.run(

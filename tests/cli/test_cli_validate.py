@@ -1,5 +1,9 @@
 """emulate validate: rows, JSON, consistency with targets/explain, bad input, and a
-deliberately broken decoder that must be caught with a shrunk reproducer."""
+deliberately broken decoder that must be caught with a shrunk reproducer.
+
+``python -m emulate validate``: the run that passes in a subprocess; the usage error
+in-process by default (a real ``python -m emulate`` exiting 2 is tests/cli/test_cli_main.py's),
+in a subprocess under EMULATE_LONG_TESTS=1."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
+from _sweeps import LONG
 
 import emulate
 from emulate import cli, formats
@@ -299,6 +304,13 @@ def test_python_dash_m_validate_without_traceback(tmp_path) -> None:
     assert ok.stderr == ""  # no progress bar when stderr is not a terminal
     assert "cpu     uint4 x uint4  fast  int8" in ok.stdout
     assert list(tmp_path.iterdir()) == []  # no .hypothesis/ left in the working directory
+    if not LONG:  # in-process (module docstring)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exc:
+            cli.main(["validate", "--examples", "0"])
+        assert exc.value.code == 2 and "Traceback" not in err.getvalue()
+        assert len(err.getvalue().strip().splitlines()) == 1
+        return
     bad = subprocess.run(
         [sys.executable, "-m", "emulate", "validate", "--examples", "0"],
         capture_output=True,

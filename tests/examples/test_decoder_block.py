@@ -1,4 +1,7 @@
-"""The decoder-block example: int4 (packed) and float8 weights through polyfill on TPU targets."""
+"""The decoder-block example: int4 (packed) and float8 weights through polyfill on TPU targets.
+
+One TPU target of each plan family by default (``DEFAULT_TPUS``); every TPU target under
+EMULATE_LONG_TESTS=1."""
 
 from __future__ import annotations
 
@@ -20,7 +23,15 @@ _spec = importlib.util.spec_from_file_location("decoder_block", PATH)
 example = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(example)
 
-TPUS = [t.name for t in targets.all_targets() if t.kind == "tpu"]
+# One target of each plan family by default: tpu_v2 (f32 route), tpu_v4 (bf16, int8 and
+# fp8 emulated), tpu_v5e (int8 native), tpu_v7x (fp8 native); every TPU target under
+# EMULATE_LONG_TESTS=1.
+DEFAULT_TPUS = ("tpu_v2", "tpu_v4", "tpu_v5e", "tpu_v7x")
+TPUS = [
+    t.name if t.name in DEFAULT_TPUS else pytest.param(t.name, marks=pytest.mark.long)
+    for t in targets.all_targets()
+    if t.kind == "tpu"
+]
 BLOCK, X = example.make()
 REFERENCE = jax.jit(example.decoded(BLOCK))(X).astype(jnp.float32)
 

@@ -14,6 +14,10 @@ The AWQ half: the example's AutoAWQ GEMM writer and its float16 dequantization a
 against the test suite's numpy port of AutoAWQ's own decoder
 (``tests/importers/_st_oracles.py``, source and commit cited there); the checkpoint loaded
 with ``load_safetensors`` decodes the float model's tokens on both plans.
+
+Targets: by default each model decodes on one of the two plans (``_TARGETS``: the Q8_0
+mix on tpu_v5e, int8 native; Q4_K_M and AWQ on tpu_v4, emulated); on both under
+EMULATE_LONG_TESTS=1.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import gguf
 import jax
 import numpy as np
 import pytest
+from _sweeps import LONG
 from gguf import GGMLQuantizationType
 
 import emulate
@@ -63,6 +68,13 @@ def test_the_examples_k_quant_writers_decode_with_ggufs_decoder(ggml_type, sub_b
     assert (np.abs(decoded - x) <= step[:, None]).all()
 
 
+#: The plans each model decodes its tokens on: both in the long sweep, one by default.
+_TARGETS = {
+    name: ("tpu_v4", "tpu_v5e") if LONG else (target,)
+    for name, target in (("Q8_0", "tpu_v5e"), ("Q4_K_M", "tpu_v4"), ("awq", "tpu_v4"))
+}
+
+
 @pytest.mark.parametrize("mix", ["Q8_0", "Q4_K_M"])
 def test_ported_model_decodes_the_float_models_tokens(mix, tmp_path) -> None:
     path = str(tmp_path / "tiny.gguf")
@@ -75,7 +87,7 @@ def test_ported_model_decodes_the_float_models_tokens(mix, tmp_path) -> None:
     assert 8 * stored / kernel.size <= 1.02 * file_bits
     prompt = [1, 2, 3, 4]
     want = example.greedy(reference, prompt, 6)
-    for target in ("tpu_v4", "tpu_v5e"):
+    for target in _TARGETS[mix]:
         with emulate.target(target):
             assert example.greedy(model, prompt, 6) == want, target
 
@@ -130,6 +142,6 @@ def test_awq_checkpoint_decodes_the_float_models_tokens(tmp_path) -> None:
     assert not isinstance(model.lm_head.kernel[...], emulate.QArray)  # float16 in the file
     prompt = [1, 2, 3, 4]
     want = example.greedy(reference, prompt, 6)
-    for target in ("tpu_v4", "tpu_v5e"):
+    for target in _TARGETS["awq"]:
         with emulate.target(target):
             assert example.greedy(model, prompt, 6) == want, target

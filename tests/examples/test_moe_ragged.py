@@ -7,6 +7,9 @@ Oracles: the experts decoded by the test suite's numpy port of gpt-oss's own dec
 (``tests/importers/_st_oracles.py``, source and commit cited there) and by
 ``gguf.quants.dequantize``; the MoE recomputed in float64 from them, each assignment
 against its own expert only, with the router's choices (plain JAX, not under test).
+
+Each format and each route by default (the marks say which cases); every layer on every
+route under EMULATE_LONG_TESTS=1.
 """
 
 from __future__ import annotations
@@ -82,12 +85,14 @@ def _oracle(params, w, x, top_k: int = 2) -> np.ndarray:
     return out
 
 
+# MXFP4 on the CPU route and Q4_K through the grouped kernel by default; the other two
+# (the GGUF layout on the CPU route, MXFP4 through the kernel) under EMULATE_LONG_TESTS=1.
 @pytest.mark.parametrize(
     ("name", "route"),
     [
         ("gpt-oss", "xla"),
-        ("mixtral as stored", "xla"),
-        ("gpt-oss", "interpret"),
+        pytest.param("mixtral as stored", "xla", marks=pytest.mark.long),
+        pytest.param("gpt-oss", "interpret", marks=pytest.mark.long),
         ("mixtral", "interpret"),
     ],
 )
@@ -111,7 +116,11 @@ def test_each_token_meets_only_its_experts(layers, name, route) -> None:
     assert np.max(np.abs(got - want)) <= 1e-3 * np.max(np.abs(want))
 
 
-@pytest.mark.parametrize("name", ["gpt-oss", "mixtral", "mixtral as stored"])
+# MXFP4 (Pallas route) and the GGUF layout (XLA route, and why) by default; Q4_K on the
+# Pallas route as well under EMULATE_LONG_TESTS=1.
+@pytest.mark.parametrize(
+    "name", ["gpt-oss", pytest.param("mixtral", marks=pytest.mark.long), "mixtral as stored"]
+)
 def test_the_polyfilled_layer_holds_only_native_pairs_and_inspect_lists_the_experts(
     layers, name
 ) -> None:

@@ -133,6 +133,12 @@ class Timed(Protocol):
 T = TypeVar("T", bound=Timed)
 
 
+#: What a compile-only benchmark records as a refused row instead of raising: emulate's
+#: own refusals (ValueError), Pallas' (NotImplementedError) and the TPU compiler's (XLA:TPU
+#: and Mosaic raise JaxRuntimeError). Anything else is a bug in the benchmark and raises.
+COMPILE_REFUSALS = (ValueError, NotImplementedError, jax.errors.JaxRuntimeError)
+
+
 def short_error(e: BaseException, limit: int = 120) -> str:
     """The first line of an exception's message, at most ``limit`` characters."""
     text = str(e).strip()

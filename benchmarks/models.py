@@ -280,7 +280,7 @@ def measure(model: str, gen: str, step: str, route: str, log: Any) -> dict[str, 
         try:
             prefetch = functools.partial(_prefetch, s, STEPS[step][2])
             got[part] = _costs(fn, specs, gen, donate, s.chips, alone, prefetch)
-        except Exception as e:  # noqa: BLE001 - a refusal is a result
+        except harness.COMPILE_REFUSALS as e:
             row.update(status="refused", reason=f"{part}: {harness.short_error(e)}")
             log(f"{model} {gen} {step} {route}: {row['reason']}")
             return row

@@ -160,7 +160,7 @@ def compile_row(
     t0 = time.perf_counter()
     try:
         compiled = compiler.compile(fn, x, leaves, target=generation)
-    except Exception as e:  # noqa: BLE001 - a refusal is a result
+    except harness.COMPILE_REFUSALS as e:
         row.update(status="refused", reason=harness.short_error(e))
         return row
     finally:

@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from emulate import cpu
-from emulate.cpu.form import COLUMNS, NIBBLES, Form, weight_operands
+from emulate.cpu.form import COLUMNS, GROUPS, NIBBLES, Form, weight_operands
+from emulate.numerics.storage import group_shape
 from emulate.quantized.array import QArray
 
 __all__ = ["contract"]
@@ -49,6 +50,9 @@ def contract(q: QArray, x: jax.Array, form: Form) -> jax.Array:
     xe, xo = placeholder, placeholder
     if form.layout != COLUMNS and form.variant == NIBBLES:
         xe, xo = x[:, 0::2], x[:, 1::2]
+    if form.layout != COLUMNS and form.variant == GROUPS:
+        g = group_shape(form.codes.bits)[0]
+        xe = x.reshape(m, -1, g).swapaxes(1, 2).reshape(m, -1)
     xsum = _block_sums(x, bk) if form.offset is not None else placeholder
     consts, slots = weight_operands(q, form)
     call = jax.ffi.ffi_call(

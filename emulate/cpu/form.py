@@ -14,8 +14,9 @@ A packed weight must be packed along K (the layout :func:`emulate.quantize` give
 importers keep); packed along N it is not a form here (the XLA route takes it).
 
 Element loops (:attr:`Form.variant`): :data:`NIBBLES` (4-bit codes packed along K, two a
-byte, decoded in float32 arithmetic), :data:`BYTES` (one code a byte), :data:`BITS` (2-,
-3-, 5-, 6- and 7-bit codes, read as a bit stream).
+byte, decoded in float32 arithmetic), :data:`BYTES` (one code a byte), :data:`GROUPS`
+(layout ROWS: 2-, 3-, 5- and 6-bit codes a byte group at a time: 4 codes in 1 or 3
+bytes, 8 in 3 or 5), :data:`BITS` (any width, read as a bit stream).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from emulate import formats
-from emulate.numerics.storage import Packed
+from emulate.numerics.storage import Packed, group_shape
 from emulate.quantized.array import QArray
 from emulate.quantized.checks import is_int
 from emulate.quantized.values import element_values
@@ -42,6 +43,7 @@ __all__ = [
     "FLOAT16",
     "FLOAT32",
     "Form",
+    "GROUPS",
     "Level",
     "NIBBLES",
     "ROWS",
@@ -56,7 +58,7 @@ __all__ = [
 
 UNSIGNED, SIGNED, TABLE, FLOAT16, BFLOAT16, FLOAT32 = range(6)
 ROWS, COLUMNS = 0, 1
-NIBBLES, BYTES, BITS = range(3)
+NIBBLES, BYTES, BITS, GROUPS = range(4)
 #: The constants' order in the kernel's float32 ``consts``: the weight's zero point and
 #: offset, each two-level part's zero point and offset, and the tensor scale times
 #: ``2**element_exponent``.
@@ -189,6 +191,13 @@ def weight_form(q: QArray, contracting: int) -> Form | None:
         variant = BYTES
     elif codes.bits == 4 and bk % 2 == 0 and q.shape[contracting] % 2 == 0:
         variant = NIBBLES
+    elif (
+        layout == ROWS
+        and bk % group_shape(codes.bits)[0] == 0
+        and q.shape[1] % bk == 0
+        and not isinstance(_factor(q.zero_points), Slot)
+    ):
+        variant = GROUPS
     else:
         variant = BITS
     parts = (_factor(q.zero_points), _factor(q.scales), _factor(q.offsets))
@@ -223,25 +232,33 @@ def _stored(a: Any) -> jax.Array:
     return a.data if isinstance(a, Packed) else jnp.asarray(a)
 
 
-def _table(slot: Slot, fmt: Any, codebook: Any) -> jax.Array:
+def _table(slot: Slot, fmt: Any, codebook: Any, pairs: bool = False) -> jax.Array:
+    """The value of every code (``element_values``: what ``dequantize`` gives); with
+    ``pairs`` (4-bit codes two a byte) by byte: the low codes' values, then the high ones'."""
     if slot.kind != TABLE:
         return jnp.zeros((1,), jnp.float32)
     codes = jnp.arange(1 << slot.bits, dtype=jnp.uint8)
-    return element_values(codes, fmt, codebook)
+    values = element_values(codes, fmt, codebook)
+    if not pairs:
+        return values
+    byte = jnp.arange(256, dtype=jnp.uint8)
+    return jnp.concatenate([values[byte & 15], values[byte >> 4]])
 
 
 _NO_BYTES = np.zeros((1, 1), np.uint8)
 _NO_TABLE = np.zeros((1,), np.float32)
 
 
-def _slot_arrays(part: Any, slot: Slot | None, fmt: Any = None, cb: Any = None) -> tuple:
+def _slot_arrays(
+    part: Any, slot: Slot | None, fmt: Any = None, cb: Any = None, pairs: bool = False
+) -> tuple:
     if slot is None or not isinstance(slot, Slot):
         return (jnp.asarray(_NO_BYTES), jnp.asarray(_NO_TABLE))
     if fmt is None and isinstance(part, Packed):
         fmt = part.format
     if fmt is None and slot.kind == TABLE:
         fmt = formats.get(np.dtype(part.dtype).name)
-    return (_stored(part), _table(slot, fmt, cb))
+    return (_stored(part), _table(slot, fmt, cb, pairs))
 
 
 def weight_operands(q: QArray, form: Form) -> tuple[jax.Array, list[jax.Array]]:
@@ -254,7 +271,7 @@ def weight_operands(q: QArray, form: Form) -> tuple[jax.Array, list[jax.Array]]:
     if form.offset == "const":
         consts[1] = float(q.offsets)
     slots: list[jax.Array] = []
-    slots += _slot_arrays(q.codes, form.codes, q.format, q.codebook)
+    slots += _slot_arrays(q.codes, form.codes, q.format, q.codebook, form.variant == NIBBLES)
     slots += _slot_arrays(
         q.zero_points, form.zero_point if isinstance(form.zero_point, Slot) else None
     )

@@ -34,6 +34,7 @@ from emulate.cpu.form import (
     BITS,
     BYTES,
     COLUMNS,
+    GROUPS,
     NIBBLES,
     SIGNED,
     TABLE,
@@ -43,6 +44,7 @@ from emulate.cpu.form import (
     slot_widths,
 )
 from emulate.cpu.parts import reader, stack_floats
+from emulate.numerics.storage import group_shape
 
 __all__ = ["COLUMN_CHUNK", "ROW_CHUNK", "factors", "handler", "kernel"]
 
@@ -133,25 +135,31 @@ def factors(form: Form) -> Callable:
     return block
 
 
-def _nibble_value(kind: int) -> Callable:
-    """An njit ``(v, table) -> float32`` for a 4-bit code ``v`` held as a float32."""
+def _nibbles(kind: int) -> Callable:
+    """An njit ``(byte, table) -> (low, high)``: the values of a byte's two 4-bit codes.
+    Integers in float32 arithmetic (``h = floor(c / 16)``, ``lo = c - 16 h``); a table
+    kind from the byte-pair table (:func:`emulate.cpu.form.weight_operands`: ``table[b]``
+    the low code's value, ``table[256 + b]`` the high one's), a gather by the byte."""
 
-    @numba.njit(fastmath=FAST)
-    def value(v, table):
-        if kind == SIGNED:
-            return v - F16 * np.floor(v * INV8)
+    @numba.njit(fastmath=FAST, inline="always")
+    def values(byte, table):
         if kind == TABLE:
-            return table[np.uint64(v)]
-        return v
+            return table[byte], table[np.uint64(byte) + np.uint64(256)]
+        c = np.float32(byte)
+        h = np.floor(c * INV16)
+        lo = c - F16 * h
+        if kind == SIGNED:
+            return lo - F16 * np.floor(lo * INV8), h - F16 * np.floor(h * INV8)
+        return lo, h
 
-    return value
+    return values
 
 
 def _code_value(kind: int, bits: int) -> Callable:
     """An njit ``(c, table) -> float32`` for an unsigned integer code ``c``."""
     half, full = 1 << (bits - 1), 1 << bits
 
-    @numba.njit(fastmath=FAST)
+    @numba.njit(fastmath=FAST, inline="always")
     def value(c, table):
         if kind == TABLE:
             return table[c]
@@ -167,24 +175,23 @@ def _row_loop(form: Form) -> Callable:
     over ``[k0, k1)`` of one stored row (layout ROWS)."""
     kind, bits = form.codes.kind, form.codes.bits
     if form.variant == NIBBLES:
-        value = _nibble_value(kind)
+        values = _nibbles(kind)
 
-        @numba.njit(fastmath=FAST)
+        @numba.njit(fastmath=FAST, inline="always")
         def nibbles(x, xe, xo, codes, table, k0, k1, z):
             p = np.float32(0)
             j0 = np.uint64(k0 >> 1)
             for t in range(np.uint64((k1 - k0) >> 1)):
                 j = j0 + t
-                c = np.float32(codes[j])
-                h = np.floor(c * INV16)
-                p += xe[j] * (value(c - F16 * h, table) - z) + xo[j] * (value(h, table) - z)
+                lo, hi = values(codes[j], table)
+                p += xe[j] * (lo - z) + xo[j] * (hi - z)
             return p
 
         return nibbles
     value = _code_value(kind, bits)
     if form.variant == BYTES:
 
-        @numba.njit(fastmath=FAST)
+        @numba.njit(fastmath=FAST, inline="always")
         def per_byte(x, xe, xo, codes, table, k0, k1, z):
             p = np.float32(0)
             base = np.uint64(k0)
@@ -196,7 +203,7 @@ def _row_loop(form: Form) -> Callable:
         return per_byte
     mask = np.uint64((1 << bits) - 1)
 
-    @numba.njit(fastmath=FAST)
+    @numba.njit(fastmath=FAST, inline="always")
     def per_bits(x, xe, xo, codes, table, k0, k1, z):
         p = np.float32(0)
         last = np.uint64(codes.shape[0] - 1)
@@ -212,24 +219,109 @@ def _row_loop(form: Form) -> Callable:
     return per_bits
 
 
+def _float_code(kind: int, bits: int) -> Callable:
+    """An njit ``(c, table) -> float32`` for a code ``c`` held as a float32 integer."""
+    full = np.float32(1 << bits)
+    inv_half = np.float32(2.0 ** (1 - bits))
+
+    @numba.njit(fastmath=FAST, inline="always")
+    def value(c, table):
+        if kind == TABLE:
+            return table[np.uint64(c)]
+        if kind == SIGNED:
+            return c - full * np.floor(c * inv_half)
+        return c
+
+    return value
+
+
+def _group_code(bits: int, q: int) -> Callable:
+    """An njit ``(lo, hi) -> float32``: code ``q`` of a group whose bytes are ``lo`` (bytes
+    0 to 2) and ``hi`` (bytes 3 and 4) as float32 integers: stream bits ``[o, o + b)``,
+    ``o = b q``, as ``floor(w / 2**o) - 2**b floor(w / 2**(o + b))`` (exact: integers below
+    2**24); the code across bytes 2 and 3 of a 5-bit group joined from both."""
+    o, full = bits * q, np.float32(1 << bits)
+    if o + bits <= 24:
+        down, up = np.float32(2.0**-o), np.float32(2.0 ** -(o + bits))
+
+        @numba.njit(fastmath=FAST, inline="always")
+        def low(lo, hi):
+            return np.floor(lo * down) - full * np.floor(lo * up)
+
+        return low
+    if o >= 24:
+        down, up = np.float32(2.0 ** -(o - 24)), np.float32(2.0 ** -(o + bits - 24))
+
+        @numba.njit(fastmath=FAST, inline="always")
+        def high(lo, hi):
+            return np.floor(hi * down) - full * np.floor(hi * up)
+
+        return high
+    down, split = np.float32(2.0**-o), np.float32(2.0 ** (24 - o))
+    carry, inv_carry = np.float32(2.0 ** (o + bits - 24)), np.float32(2.0 ** -(o + bits - 24))
+
+    @numba.njit(fastmath=FAST, inline="always")
+    def across(lo, hi):
+        return np.floor(lo * down) + split * (hi - carry * np.floor(hi * inv_carry))
+
+    return across
+
+
+def _row_groups(kind: int, bits: int) -> Callable:
+    """The row loop of :data:`GROUPS`, an njit ``(xe, codes, table, z, d)``: ``d[t] = sum
+    x (v - z)`` over group ``t``'s ``g`` codes (``nb`` bytes), for every group of one
+    stored row, in float32 arithmetic (:func:`_group_code`); ``x`` in ``g`` planes
+    (``xe[q * K / g + t] = x[g t + q]``, :mod:`emulate.cpu.call`). One long loop over the
+    row (blocks of 16 are too short for LLVM to vectorize a loop over one); the kernel adds
+    each block's ``d`` after."""
+    g, nb = group_shape(bits)
+    value = _float_code(kind, bits)
+    c0, c1, c2, c3 = (_group_code(bits, q) for q in range(4))
+    c4, c5, c6, c7 = (_group_code(bits, q) for q in range(4, 8)) if g == 8 else (c0,) * 4
+    b256, b65536 = np.float32(256), np.float32(65536)
+
+    @numba.njit(fastmath=FAST, inline="always")
+    def groups(xe, codes, table, z, d):
+        plane = np.uint64(d.shape[0])
+        for t in range(plane):
+            at = t * np.uint64(nb)
+            lo = np.float32(codes[at])
+            if nb > 1:
+                lo += b256 * np.float32(codes[at + np.uint64(1)])
+                lo += b65536 * np.float32(codes[at + np.uint64(2)])
+            hi = np.float32(0)
+            if nb > 3:
+                hi = np.float32(codes[at + np.uint64(3)])
+                hi += b256 * np.float32(codes[at + np.uint64(4)])
+            p = xe[t] * (value(c0(lo, hi), table) - z)
+            p += xe[plane + t] * (value(c1(lo, hi), table) - z)
+            p += xe[np.uint64(2) * plane + t] * (value(c2(lo, hi), table) - z)
+            p += xe[np.uint64(3) * plane + t] * (value(c3(lo, hi), table) - z)
+            if g == 8:
+                p += xe[np.uint64(4) * plane + t] * (value(c4(lo, hi), table) - z)
+                p += xe[np.uint64(5) * plane + t] * (value(c5(lo, hi), table) - z)
+                p += xe[np.uint64(6) * plane + t] * (value(c6(lo, hi), table) - z)
+                p += xe[np.uint64(7) * plane + t] * (value(c7(lo, hi), table) - z)
+            d[t] = p
+    return groups
+
+
 def _column_loop(form: Form) -> Callable:
     """An njit ``(x, codes, table, k0, k1, n0, w, zrow, blk)``: ``blk[t] += sum x_k
     (v_(k, n0 + t) - zrow[t])`` over ``[k0, k1)`` (layout COLUMNS)."""
     kind, bits = form.codes.kind, form.codes.bits
     has_zp = form.zero_point is not None
     if form.variant == NIBBLES:
-        value = _nibble_value(kind)
+        values = _nibbles(kind)
 
-        @numba.njit(fastmath=FAST)
+        @numba.njit(fastmath=FAST, inline="always")
         def nibbles(x, codes, table, k0, k1, n0, w, zrow, blk):
             for r in range(k0 >> 1, k1 >> 1):
                 xe, xo = x[2 * r], x[2 * r + 1]
                 row = codes[r]
                 base = np.uint64(n0)
                 for t in range(np.uint64(w)):
-                    c = np.float32(row[base + t])
-                    h = np.floor(c * INV16)
-                    lo, hi = value(c - F16 * h, table), value(h, table)
+                    lo, hi = values(row[base + t], table)
                     if has_zp:
                         lo, hi = lo - zrow[t], hi - zrow[t]
                     blk[t] += xe * lo + xo * hi
@@ -239,7 +331,7 @@ def _column_loop(form: Form) -> Callable:
     mask = np.uint64((1 << bits) - 1)
     packed = form.variant == BITS
 
-    @numba.njit(fastmath=FAST)
+    @numba.njit(fastmath=FAST, inline="always")
     def per_code(x, codes, table, k0, k1, n0, w, zrow, blk):
         base = np.uint64(n0)
         for k in range(k0, k1):
@@ -263,6 +355,8 @@ def _column_loop(form: Form) -> Callable:
 
 
 def _rows_kernel(form: Form, parallel: bool) -> Callable:
+    if form.variant == GROUPS:
+        return _row_groups_kernel(form, parallel)
     loop, block = _row_loop(form), factors(form)
     bn, bk = form.block
     has_offset = form.offset is not None
@@ -287,6 +381,44 @@ def _rows_kernel(form: Form, parallel: bool) -> Callable:
                     for b in range(nb):
                         k0 = b * bk
                         p = loop(x[m], xe[m], xo[m], codes, t0, k0, min(k, k0 + bk), zb[b])
+                        acc += p * sb[b]
+                        if has_offset:
+                            acc += ob[b] * xsum[m, b]
+                    out[m, r] = acc
+
+    return rows
+
+
+def _row_groups_kernel(form: Form, parallel: bool) -> Callable:
+    """Layout ROWS, :data:`GROUPS`: each row's group sums in one loop, then per block."""
+    groups, block = _row_groups(form.codes.kind, form.codes.bits), factors(form)
+    bn, bk = form.block
+    per_block = bk // group_shape(form.codes.bits)[0]
+    has_offset = form.offset is not None
+    const_zp = form.zero_point == "const"
+
+    @numba.njit(parallel=parallel, fastmath=FAST)
+    def rows(x, xe, xo, xsum, consts, s0, t0, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, out):
+        m_rows, k = x.shape
+        n = out.shape[1]
+        nb = k // bk
+        z = consts[0] if const_zp else np.float32(0)
+        for task in prange((n + ROW_CHUNK - 1) // ROW_CHUNK):
+            sb = np.empty(nb, np.float32)
+            ob = np.empty(nb, np.float32)
+            d = np.empty(nb * per_block, np.float32)
+            for r in range(task * ROW_CHUNK, min(n, (task + 1) * ROW_CHUNK)):
+                for b in range(nb):
+                    _, sb[b], ob[b] = block(
+                        consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, b
+                    )
+                for m in range(m_rows):
+                    groups(xe[m], s0[r], t0, z, d)
+                    acc = np.float32(0)
+                    for b in range(nb):
+                        p = np.float32(0)
+                        for i in range(b * per_block, (b + 1) * per_block):
+                            p += d[i]
                         acc += p * sb[b]
                         if has_offset:
                             acc += ob[b] * xsum[m, b]

@@ -46,15 +46,18 @@ unless ``EMULATE_LONG_TESTS=1``, when an earlier generation has the same Mosaic 
 the same kernel for the pair: equal verdicts on every case of the recorded Mosaic probe
 (:func:`emulate.mosaic.recorded`; ok or refused) and an equal ``pallas.route`` of the pair
 (target name aside). In jax 0.10.2's probe that leaves out tpu_v3 (as tpu_v2), tpu_v5p (as
-tpu_v5e) and tpu_v6e except for its native float8 pairs. The XLA-level programs are kept
+tpu_v5e) and tpu_v6e except for its native float8 pairs; and beyond that rule, every
+kernel case of tpu_v4 (KERNEL_LONG_GENERATIONS; its ragged pallas.matmul case runs) and
+the pallas.dot cases of tpu_v5e (DOT_LONG_GENERATIONS) are long, so that each kernel runs
+by default on one old generation (tpu_v2) and one or two new ones. The XLA-level programs are kept
 one per distinct plan already (above), except the scaled contraction in mode "exact"
 (7-9 s of XLA:TPU each): its first plan runs by default, the others are long (the element
 pair's other exact plans are compiled by dot_general's float4 case, the block-scale
 handling around them by the first plan and by mode "fast"). The polyfilled block, an
 XLA-level program too, is long on a generation where an earlier one has the same plans
 for its weight formats (DECODER_PAIRS). The kernel route's programs follow the kernel
-cases' rule for their pair (bf16 x int4, bf16 x float4_e2m1fn): v2, v4, v5e and v7x by
-default, v3, v5p and v6e long.
+cases' rule for their pair (bf16 x int4, bf16 x float4_e2m1fn): v2, v5e and v7x by
+default, v3, v4, v5p and v6e long.
 """
 
 from __future__ import annotations
@@ -173,8 +176,13 @@ def _kernel_key(lhs: str, rhs: str, target: str) -> tuple[Any, ...]:
 #: long: tpu_v4 lies between the old generation run by default (tpu_v2) and the new ones
 #: (tpu_v5e, tpu_v7x); its Mosaic rules stay in the default run through its ragged
 #: pallas.matmul case, and its keys are not recorded, so no later generation is dropped as
-#: a repeat of a case that is itself long. (Saves about 11 s of the default run's 91 s.)
+#: a repeat of a case that is itself long.
 KERNEL_LONG_GENERATIONS = ("tpu_v4",)
+#: Generations whose pallas.dot cases are long as well: the one-block kernel runs by
+#: default on tpu_v2 (old) and tpu_v7x (new), tpu_v5e's pallas.matmul cases stand for its
+#: Mosaic rules; its pallas.dot keys are recorded, so tpu_v6e's cases that repeat them
+#: stay long too (its native float8 pairs run).
+DOT_LONG_GENERATIONS = ("tpu_v5e",)
 
 #: The pairs whose plans the polyfilled decoder block's program depends on: its int4 and
 #: float8_e4m3fn weights against either activation type.
@@ -210,7 +218,7 @@ def _cases() -> list[Case]:
         for a, w in XLA_HELD:
             fn = functools.partial(P.pallas_dot, lhs=a, rhs=w, target=t)
             key = ("pallas.dot", a, w, *_kernel_key(a, w, t))
-            long = t in KERNEL_LONG_GENERATIONS or repeats(key)
+            long = t in KERNEL_LONG_GENERATIONS or repeats(key) or t in DOT_LONG_GENERATIONS
             out.append(Case("pallas.dot", f"{a}x{w}", t, fn, P.dot_specs(a, w), long))
         for mode, pairs, conv_pairs, schemes in (
             ("fast", PAIRS, CONV_PAIRS, SCHEMES),

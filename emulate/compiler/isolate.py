@@ -195,7 +195,7 @@ class _Child:
     to a temporary file, read for the last lines when it dies."""
 
     def __init__(self, env: dict[str, str], cwd: str) -> None:
-        self.env, self.cwd = env, cwd
+        self.env, self.cwd, self.parent = env, cwd, os.getpid()
         self.err: IO[bytes] = tempfile.TemporaryFile()
         root = str(Path(__file__).resolve().parents[2])
         self.proc = subprocess.Popen(
@@ -250,9 +250,12 @@ _locks = {True: threading.Lock(), False: threading.Lock()}
 
 def _child(compat: bool) -> _Child:
     """This process's child for ``compat``: a fresh one when there is none, or when this
-    process's environment or working directory changed since it started."""
+    process's environment or working directory changed since it started (or this process
+    is a fork of the one that started it: that one's child is left alone)."""
     env, cwd = child_env(compat), os.getcwd()
     old = _children.get(compat)
+    if old is not None and old.parent != os.getpid():
+        old = None
     if old is not None and old.proc.poll() is None and (_key(old.env), old.cwd) == (_key(env), cwd):
         return old
     if old is not None:
@@ -270,7 +273,9 @@ def _key(env: dict[str, str]) -> dict[str, str]:
 @atexit.register
 def _close_children() -> None:
     for compat in list(_children):
-        _children.pop(compat).close()
+        child = _children.pop(compat)
+        if child.parent == os.getpid():
+            child.close()
 
 
 def _run_subprocess(jobs: Sequence[Job], compat: bool) -> list[Verdict]:

@@ -48,8 +48,10 @@ the same kernel for the pair: equal verdicts on every case of the recorded Mosai
 (target name aside). In jax 0.10.2's probe that leaves out tpu_v3 (as tpu_v2), tpu_v5p (as
 tpu_v5e) and tpu_v6e except for its native float8 pairs; and beyond that rule, every
 kernel case of tpu_v4 (KERNEL_LONG_GENERATIONS; its ragged pallas.matmul case runs) and
-the pallas.dot cases of tpu_v5e (DOT_LONG_GENERATIONS) are long, so that each kernel runs
-by default on one old generation (tpu_v2) and one or two new ones. The XLA-level programs are kept
+the kernel cases of tpu_v5e whose pair has the route it has on tpu_v2 or tpu_v7x
+(SHARED_ROUTE_LONG_GENERATIONS) are long, so that each kernel runs by default on one old
+generation (tpu_v2) and one new one (tpu_v7x), and on tpu_v5e where its route differs
+from both (the int8 MXU's). The XLA-level programs are kept
 one per distinct plan already (above), except the scaled contraction in mode "exact"
 (7-9 s of XLA:TPU each): its first plan runs by default, the others are long (the element
 pair's other exact plans are compiled by dot_general's float4 case, the block-scale
@@ -178,11 +180,28 @@ def _kernel_key(lhs: str, rhs: str, target: str) -> tuple[Any, ...]:
 #: pallas.matmul case, and its keys are not recorded, so no later generation is dropped as
 #: a repeat of a case that is itself long.
 KERNEL_LONG_GENERATIONS = ("tpu_v4",)
-#: Generations whose pallas.dot cases are long as well: the one-block kernel runs by
-#: default on tpu_v2 (old) and tpu_v7x (new), tpu_v5e's pallas.matmul cases stand for its
-#: Mosaic rules; its pallas.dot keys are recorded, so tpu_v6e's cases that repeat them
-#: stay long too (its native float8 pairs run).
-DOT_LONG_GENERATIONS = ("tpu_v5e",)
+#: Generations whose kernel cases (pallas.matmul, pallas.dot) are long where the pair's
+#: route there, target aside, is its route on one of ROUTE_PEERS (run by default: the
+#: same kernel program): tpu_v5e keeps the pairs of its own routes (its int8 MXU). Its
+#: keys are recorded, so tpu_v6e's cases that repeat them stay long too.
+SHARED_ROUTE_LONG_GENERATIONS = ("tpu_v5e",)
+ROUTE_PEERS = ("tpu_v2", "tpu_v7x")
+
+
+def _route_of_a_peer(lhs: str, rhs: str, target: str) -> bool:
+    """Whether the pair's kernel route on ``target`` (target aside) is its route on one of
+    ROUTE_PEERS."""
+
+    def plain(t: str) -> route.Route:
+        r = route.route(lhs, rhs, target=t, preferred_element_type=P.out_format(lhs, rhs))
+        return dataclasses.replace(r, target="")
+
+    return any(plain(target) == plain(t) for t in ROUTE_PEERS)
+
+
+def _shared_route(lhs: str, rhs: str, target: str) -> bool:
+    return target in SHARED_ROUTE_LONG_GENERATIONS and _route_of_a_peer(lhs, rhs, target)
+
 
 #: The pairs whose plans the polyfilled decoder block's program depends on: its int4 and
 #: float8_e4m3fn weights against either activation type.
@@ -213,12 +232,12 @@ def _cases() -> list[Case]:
         for a, w in PAIRS:
             fn = functools.partial(P.pallas_matmul, lhs=a, rhs=w, target=t)
             key = ("pallas.matmul", a, w, *_kernel_key(a, w, t))
-            long = t in KERNEL_LONG_GENERATIONS or repeats(key)
+            long = t in KERNEL_LONG_GENERATIONS or repeats(key) or _shared_route(a, w, t)
             out.append(Case("pallas.matmul", f"{a}x{w}", t, fn, P.matmul_specs(a, w), long))
         for a, w in XLA_HELD:
             fn = functools.partial(P.pallas_dot, lhs=a, rhs=w, target=t)
             key = ("pallas.dot", a, w, *_kernel_key(a, w, t))
-            long = t in KERNEL_LONG_GENERATIONS or repeats(key) or t in DOT_LONG_GENERATIONS
+            long = t in KERNEL_LONG_GENERATIONS or repeats(key) or _shared_route(a, w, t)
             out.append(Case("pallas.dot", f"{a}x{w}", t, fn, P.dot_specs(a, w), long))
         for mode, pairs, conv_pairs, schemes in (
             ("fast", PAIRS, CONV_PAIRS, SCHEMES),

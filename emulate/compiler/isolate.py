@@ -4,10 +4,11 @@ libtpu reads ``LIBTPU_INIT_ARGS=--xla_mosaic_compat_mode=false`` once, when it l
 compile with the setting other than this process's runs in a subprocess: a child
 ``python -c`` that imports :func:`_worker` from this module, reads batches of pickled
 :class:`Job` lists on stdin and writes one JSON verdict a line. The child stays for later
-calls (one per setting, until this process exits or its environment or working directory
-changes): starting one costs about 2 s of CPU. Jobs pickle by reference (their functions
-must be importable by module path in the child); a job that kills the child (an abort
-inside libtpu) gets a ``"crash"`` verdict and the rest go on in a fresh child.
+calls, one per setting, until this process exits or its working directory or the
+environment variables compiles depend on change (:data:`_CHILD_ENV`): starting one costs
+about 2 s of CPU. Jobs pickle by reference (their functions must be importable by module
+path in the child); a job that kills the child (an abort inside libtpu) gets a
+``"crash"`` verdict and the rest go on in a fresh child.
 """
 
 from __future__ import annotations
@@ -250,8 +251,9 @@ _locks = {True: threading.Lock(), False: threading.Lock()}
 
 def _child(compat: bool) -> _Child:
     """This process's child for ``compat``: a fresh one when there is none, or when this
-    process's environment or working directory changed since it started (or this process
-    is a fork of the one that started it: that one's child is left alone)."""
+    process's working directory or the variables of :data:`_CHILD_ENV` changed since it
+    started, or when this process is a fork of the one that started it (that one's child
+    is left alone)."""
     env, cwd = child_env(compat), os.getcwd()
     old = _children.get(compat)
     if old is not None and old.parent != os.getpid():
@@ -264,10 +266,15 @@ def _child(compat: bool) -> _Child:
     return _children[compat]
 
 
+#: The environment variables a child's compiles depend on, by prefix: JAX's, XLA's and
+#: libtpu's settings, Python's paths, emulate's own.
+_CHILD_ENV = ("JAX_", "XLA_", "LIBTPU_", "TPU_", "ALLOW_MULTIPLE_LIBTPU_LOAD", "PYTHON", "EMULATE_")
+
+
 def _key(env: dict[str, str]) -> dict[str, str]:
-    """What of a child's environment decides whether it may be reused: all but the
-    variable pytest sets for each test."""
-    return {k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}
+    """What of a child's environment decides whether it may be reused (others, such as
+    the test name pytest sets or a path a library records when first imported, do not)."""
+    return {k: v for k, v in env.items() if k.startswith(_CHILD_ENV)}
 
 
 @atexit.register

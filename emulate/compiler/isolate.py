@@ -291,7 +291,16 @@ def _run_subprocess(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
     with _locks[compat]:
         while len(verdicts) < len(jobs):
             todo = list(jobs[len(verdicts) :])
-            got, rc, tail = _child(compat).run(todo)
+            child = _child(compat)
+            try:
+                got, rc, tail = child.run(todo)
+            except BaseException:
+                # interrupted mid-batch: the child's unread verdicts must not answer the
+                # next call
+                _children.pop(compat, None)
+                child.proc.kill()
+                child.close()
+                raise
             verdicts.extend(got)
             if rc is None:
                 break

@@ -86,6 +86,29 @@ def test_the_subprocess_is_kept_for_later_calls_and_replaced_after_a_crash():
     assert later.message == after.message
 
 
+def test_an_interrupted_call_leaves_no_verdicts_to_the_next(monkeypatch):
+    pid = compiler.Job(_pid, (_spec("float32"),), "tpu_v5e")
+    (first,) = isolate.compile_isolated([pid], compat=False)
+
+    class Interrupted(Exception):
+        pass
+
+    def loads(raw):
+        raise Interrupted
+
+    mixed = compiler.Job(
+        functools.partial(_matmul, acc="float32"), (_spec("bfloat16"), _spec("int8")), "v5e"
+    )
+    with monkeypatch.context() as m:
+        m.setattr(isolate, "json", types.SimpleNamespace(loads=loads))
+        with pytest.raises(Interrupted):
+            isolate.compile_isolated([mixed, pid], compat=False)
+    # a fresh child answers: not the interrupted batch's verdict on the mixed pair
+    (after,) = isolate.compile_isolated([pid], compat=False)
+    assert after.stage == "lower" and after.message.startswith("pid ")
+    assert after.message != first.message
+
+
 def test_a_subprocess_needs_fn_by_reference():
     with pytest.raises(TypeError, match=r"^fn: compiling with compat=False runs in a subprocess"):
         isolate.compile_isolated([compiler.Job(lambda x: x, (_spec("float32"),), "v5e")], False)

@@ -26,6 +26,9 @@ The public surface:
   the route of a weight contraction on a TPU target (:func:`weight_route`,
   :func:`ragged_dot_route`, :class:`WeightRoute`, :func:`use_route`, :func:`current_route`,
   :func:`prepare_weights`: :mod:`emulate.kernel_route`);
+- the CPU kernel: a QArray weight times few rows of activations (a decode step) runs a
+  numba-compiled kernel that reads the weight as stored (:mod:`emulate.cpu`;
+  :func:`use_cpu_kernel` turns it off or on);
 - flax models: :mod:`emulate.flax` (``quantize_model``, ``load_weights``), imported on
   first use of ``emulate.flax`` because flax is an optional dependency;
 - checkpoints: :mod:`emulate.importers` (``load_gguf``, ``load_safetensors``, one
@@ -56,6 +59,7 @@ from emulate.quantized.values import dequantize
 from emulate.ragged import ragged_dot, ragged_dot_general, ragged_dot_route
 from emulate.report import inspect
 from emulate.rewrite import polyfill, scaled_dot_general
+from emulate.route_setting import use_cpu_kernel
 from emulate.scaled import scaled_matmul
 from emulate.sharding import local_weight, shard_weight, weight_specs
 from emulate.targets import Target, current_mode, current_target, use_mode, use_target
@@ -117,6 +121,7 @@ __all__ = [
     "target",
     "targets",
     "unpack",
+    "use_cpu_kernel",
     "use_mode",
     "use_route",
     "use_target",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import os
 from collections.abc import Iterator
 
 import jax
@@ -19,10 +20,12 @@ import jax
 __all__ = [
     "ROUTES",
     "WeightRoute",
+    "cpu_kernel_enabled",
     "current_route",
     "planning",
     "planning_now",
     "tpu_may_lower",
+    "use_cpu_kernel",
     "use_route",
 ]
 
@@ -95,6 +98,47 @@ class WeightRoute:
         """The decision in plain text (what ``emulate.inspect`` shows per site)."""
         head = f"route on {self.target} (setting {self.setting!r}): {self.label()}"
         return f"{head}\n  {self.reason}"
+
+
+def _cpu_kernel_default() -> bool:
+    value = os.environ.get("EMULATE_CPU_KERNEL", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"EMULATE_CPU_KERNEL: expected '0' or '1', got {value!r}")
+    return value == "1"
+
+
+_CPU_KERNEL_DEFAULT = _cpu_kernel_default()
+_CPU_KERNEL: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "emulate_cpu_kernel", default=_CPU_KERNEL_DEFAULT
+)
+_CPU_KEY = jax.make_user_context(default_value=_CPU_KERNEL_DEFAULT)
+
+
+@contextlib.contextmanager
+def use_cpu_kernel(enabled: bool) -> Iterator[bool]:
+    """Let (True) or keep (False) the CPU kernel (:mod:`emulate.cpu`) take the QArray
+    contractions it takes on the CPU (few rows of activations), inside a ``with`` block,
+    for this thread or asyncio task; part of ``jax.jit``'s key. The default is the
+    environment variable ``EMULATE_CPU_KERNEL`` ("1", the default, or "0") at import. The
+    route setting "xla" (:func:`use_route`) keeps it out too.
+
+    Raises:
+      TypeError: ``enabled`` is not a bool.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled: expected a bool, got {type(enabled).__name__} {enabled!r}")
+    token = _CPU_KERNEL.set(enabled)
+    try:
+        with _CPU_KEY(enabled):
+            yield enabled
+    finally:
+        _CPU_KERNEL.reset(token)
+
+
+def cpu_kernel_enabled() -> bool:
+    """Whether the CPU kernel may take a contraction traced now (:func:`use_cpu_kernel`,
+    and a route setting other than "xla")."""
+    return _CPU_KERNEL.get() and _ROUTE.get() != "xla"
 
 
 _PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar(

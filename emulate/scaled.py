@@ -44,6 +44,8 @@ import numpy as np
 from jax import lax
 
 from emulate import formats
+from emulate.cpu import call as cpu_call
+from emulate.cpu import route as cpu_route
 from emulate.engine import grad, qtiled, sites, tiled
 from emulate.engine.args import DotArgs, dot_args
 from emulate.engine.layout import to_bfk
@@ -64,6 +66,7 @@ from emulate.planning.plan import plan
 from emulate.quantized.array import QArray
 from emulate.quantized.checks import SCALE_FORMATS
 from emulate.quantized.values import dequantize
+from emulate.route_setting import cpu_kernel_enabled
 from emulate.targets import TargetLike
 
 __all__ = ["qarray_dot_general", "scaled_matmul"]
@@ -339,12 +342,18 @@ def _wide(x) -> jax.Array:
 
 def _dequantized(a, b, dimension_numbers, precision, out, tiling: tiled.Settings) -> jax.Array:
     """The dequantized values of ``a`` and ``b`` in one dot (:func:`_dequantized_run`);
-    on the CPU a single large QArray is dequantized tile by tile next to the dot
+    on the CPU a QArray times few rows is the CPU kernel's (:mod:`emulate.cpu.route`),
+    and a single large QArray is otherwise dequantized tile by tile next to the dot
     (:mod:`emulate.engine.qtiled`)."""
     t = None
     if isinstance(a, QArray) != isinstance(b, QArray):
         side = 0 if isinstance(a, QArray) else 1
         q, other = (a, b) if side == 0 else (b, a)
+        form = None
+        if cpu_kernel_enabled():
+            form = cpu_route.choose(q, side, other.shape, dimension_numbers)
+        if form is not None:
+            return _cpu_kernel_run(a, b, dimension_numbers, precision, out, side, form)
         t = qtiled.choose(q, side, len(other.shape), dimension_numbers, tiling)
     if t is None:
         return _dequantized_run(a, b, dimension_numbers, precision, out)
@@ -397,6 +406,31 @@ def _qtiled_run(a, b, dimension_numbers, precision, out, t: qtiled.QTiling):
         return lax.dot_general(va, vb, dimension_numbers, hi, preferred_element_type=jnp.float32)
 
     acc = lax.platform_dependent(q, vo, cpu=cpu, default=untiled)
+    return accumulate.round_accumulator(acc, out)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("dimension_numbers", "precision", "out", "side", "form")
+)
+def _cpu_kernel_run(a, b, dimension_numbers, precision, out, side: int, form):
+    q, other = (a, b) if side == 0 else (b, a)
+    vo = _wide(other)
+    oc = dimension_numbers[0][1 - side][0]
+    k = vo.shape[oc]
+
+    def cpu(q, vo):
+        x = jnp.moveaxis(vo, oc, -1).reshape(-1, k).astype(jnp.float32)
+        y = cpu_call.contract(q, x, form)
+        y = y.reshape(tuple(n for d, n in enumerate(vo.shape) if d != oc) + (y.shape[1],))
+        return jnp.moveaxis(y, -1, 0) if side == 0 else y
+
+    def xla(q, vo):
+        w = dequantize(q, to=jnp.float32)
+        va, vb = (w, vo.astype(jnp.float32)) if side == 0 else (vo.astype(jnp.float32), w)
+        hi = lax.Precision.HIGHEST
+        return lax.dot_general(va, vb, dimension_numbers, hi, preferred_element_type=jnp.float32)
+
+    acc = lax.platform_dependent(q, vo, cpu=cpu, default=xla)
     return accumulate.round_accumulator(acc, out)
 
 

@@ -23,6 +23,9 @@ executable the compiler built for the same program and options. Most of the suit
 is XLA compiling. ``EMULATE_TEST_COMPILE_CACHE=0`` turns it off; a session never reads
 another session's cache.
 
+The CPU kernel is off unless a test turns it on (``EMULATE_CPU_KERNEL=0``: its numba
+compiles cost seconds a weight form; tests/cpu/ and the importers' oracle tests run it).
+
 XLA:CPU code generation: the session's processes compile with quicker XLA:CPU settings
 than XLA's defaults (tests/_xla_flags.py says what they change; tests/test_suite_codegen.py
 checks it); ``EMULATE_TEST_XLA_DEFAULT=1`` keeps XLA's defaults.
@@ -41,6 +44,12 @@ from _xla_flags import with_flags
 # starts its backend (tests/_xla_flags.py says which and why).
 if os.environ.get("EMULATE_TEST_XLA_DEFAULT", "") != "1":
     os.environ["XLA_FLAGS"] = with_flags(os.environ.get("XLA_FLAGS", ""), add=True)
+
+# The CPU kernel (emulate.cpu): numba compiles one kernel per weight form, 2-4 s each, so
+# the suite keeps it off (EMULATE_CPU_KERNEL, read when emulate is imported) and the tests
+# of the kernel turn it on (emulate.use_cpu_kernel): tests/cpu/, and the importers' oracle
+# tests of each convention through it.
+os.environ.setdefault("EMULATE_CPU_KERNEL", "0")
 
 import jax  # noqa: E402 - after XLA_FLAGS
 import pytest

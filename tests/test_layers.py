@@ -154,6 +154,18 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
+        "cpu kernels",
+        [
+            "emulate.cpu",
+            "emulate.cpu.form",
+            "emulate.cpu.ffi",
+            "emulate.cpu.parts",
+            "emulate.cpu.gemv",
+            "emulate.cpu.call",
+            "emulate.cpu.route",
+        ],
+    ),
+    (
         "front ends",
         [
             "emulate.sharding",
@@ -217,6 +229,9 @@ PALLAS_MAY_IMPORT = {
     "quantized operands",
     "pallas",
 }
+
+#: The CPU kernels, the third branch: the trunk and themselves, never the engine or Pallas.
+CPU_MAY_IMPORT = (PALLAS_MAY_IMPORT - {"pallas"}) | {"cpu kernels"}
 
 RANK = {m: (i, j) for i, (_, mods) in enumerate(LAYERS) for j, m in enumerate(mods)}
 LAYER_OF = {m: name for name, mods in LAYERS for m in mods}
@@ -321,6 +336,17 @@ def test_pallas_stays_off_the_engine() -> None:
         if LAYER_OF[m] == "pallas"
         for t in sorted(ts)
         if LAYER_OF[t] not in PALLAS_MAY_IMPORT
+    ]
+    assert reach == []
+
+
+def test_cpu_kernels_stay_off_the_other_branches() -> None:
+    reach = [
+        f"{m} imports {t} ({LAYER_OF[t]})"
+        for m, (ts, _) in GRAPH.items()
+        if LAYER_OF[m] == "cpu kernels"
+        for t in sorted(ts)
+        if LAYER_OF[t] not in CPU_MAY_IMPORT
     ]
     assert reach == []
 
@@ -631,7 +657,7 @@ def _doc_layers(text: str) -> list[tuple[str, list[str]]]:
     for line in [*block.splitlines(), "│"]:
         if line.strip() == "│":
             name = re.sub(r"\([^)]*\)", "", " ".join(label))
-            layers.append((" ".join(re.sub(r"^L\d+\b", "", name.strip()).split()), modules))
+            layers.append((" ".join(re.sub(r"^L\d+[a-z]?\b", "", name.strip()).split()), modules))
             label, modules = [], []
             continue
         head, rest = line[:DOC_MODULE_COLUMN], line[DOC_MODULE_COLUMN:]
@@ -670,6 +696,9 @@ TESTED_ELSEWHERE = {
     "emulate": "re-exports only: every suite imports it; test_docs checks __all__ is documented",
     "emulate.__main__": "python -m emulate, run by test_validate and test_cli",
     "emulate.engine": "package docstring only",
+    "emulate.cpu": "available / parallel: every kernel test of tests/cpu/ goes through them",
+    "emulate.cpu.ffi": "the call frame: every kernel call of cpu/test_gemv goes through it",
+    "emulate.cpu.call": "contract: cpu/test_gemv's and the importers' kernel tests call it",
     "emulate.compiler": "re-exports only: tests/compiler/ reach every name through it",
     "emulate.cli.check_kernel": "emulate check-kernel: pallas/checking/test_mosaic_check",
     "emulate.profiles": "the builtin profile rows and JAX's table: test_targets",

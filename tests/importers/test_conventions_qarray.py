@@ -219,6 +219,41 @@ def test_imported_qarray_matmul_within_bound(tmp_path, name: str, target: str) -
     assert np.all(np.abs(got - exact) <= plain)
 
 
+#: The CPU kernel (emulate.cpu) by default on one convention of each of its column forms:
+#: packed zero points (AWQ), a float4 table with e4m3 scales and a tensor scale (NVFP4), one
+#: float8 code a byte in 128 x 128 blocks (FP8), a codebook with double-quantized scales
+#: (bnb_nested); the others (act-order among them) under EMULATE_LONG_TESTS=1.
+#: gpt_oss's stacked experts are not a kernel form (a batched dot).
+KERNEL_DEFAULT = ("awq", "nvfp4", "fp8", "bnb_nested")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        n if n in KERNEL_DEFAULT else pytest.param(n, marks=pytest.mark.long)
+        for n in CASES
+        if n != "gpt_oss"
+    ],
+)
+def test_imported_qarray_through_the_cpu_kernel_within_bound(tmp_path, name: str) -> None:
+    rng = np.random.default_rng(200 + CASES.index(name))
+    q, w, _, _ = case(name, tmp_path, rng)
+    k = w.shape[-2]
+    x = rng.standard_normal((3, k)).astype(np.float32)
+
+    def f(x):
+        return emulate.matmul(x, q)
+
+    with emulate.use_cpu_kernel(True):
+        assert "emulate_cpu_gemv_" in jax.jit(f).lower(x).as_text()
+        got = np.asarray(f(jnp.asarray(x)), np.float64)
+    wf = w.astype(np.float64)
+    segments = -(-k // q.block_shape[-2])
+    n = k + segments + emulate.bounds.QARRAY_ROUTE_TERMS["xla"]
+    plain = emulate.bounds.gamma(n) * (np.abs(x) @ np.abs(wf)) + n * 2.0**-125
+    assert np.all(np.abs(got - x.astype(np.float64) @ wf) <= plain)
+
+
 @pytest.mark.parametrize("name", MATMUL_CASES)
 def test_imported_qarray_matmul_tiled_on_the_cpu_within_bound(tmp_path, name: str) -> None:
     # the CPU route that dequantizes the weight a tile of columns at a time

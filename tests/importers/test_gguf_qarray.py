@@ -198,6 +198,39 @@ def test_matmul_tiled_on_the_cpu_is_within_the_bound(ggml_type: str) -> None:
     assert (error <= _bound(x, parts)).all(), error.max()
 
 
+#: The CPU kernel (emulate.cpu) by default on one type of each of its row forms: 4-bit codes
+#: with two-level scales and mins (Q4_K), through a codebook (IQ4_XS), 6-bit codes with
+#: int8 sub-block scales (Q6_K), one signed byte a code (Q8_0); every type under
+#: EMULATE_LONG_TESTS=1 (each form costs a numba compile of seconds).
+KERNEL_DEFAULT = ("Q4_K", "IQ4_XS", "Q6_K", "Q8_0")
+
+
+@pytest.mark.parametrize(
+    "ggml_type",
+    [t if t in KERNEL_DEFAULT else pytest.param(t, marks=pytest.mark.long) for t in TYPES],
+)
+def test_cpu_kernel_is_within_the_bound(ggml_type: str) -> None:
+    # ggml's rows as stored, (N, K) contracted along K: 40 rows (two and a half of the
+    # kernel's row chunks) against gguf's decode
+    raw, parts = _quantized(ggml_type, (40, 512))
+    q = to_qarray(parts)
+    x = np.random.default_rng(4).normal(size=(3, 512)).astype(np.float32)
+    nk = (((1,), (1,)), ((), ()))
+
+    def f(x):
+        return emulate.dot_general(x, q, nk, preferred_element_type=jnp.float32)
+
+    with emulate.use_cpu_kernel(True):
+        assert "emulate_cpu_gemv_" in jax.jit(f).lower(x).as_text()
+        got = np.asarray(f(jnp.asarray(x)), np.float64)
+    w = oracle(raw, ggml_type).astype(np.float64)
+    assert (np.abs(got - x.astype(np.float64) @ w.T) <= _bound(x, parts)).all()
+    w_exact = _exact_weight(parts)
+    segments = math.ceil(512 / q.block_shape[-1])
+    plain = emulate.bounds.qarray_bound(x, w_exact.T, DN, segments=segments)
+    assert (np.abs(got - x.astype(np.float64) @ w_exact.T) <= plain).all()
+
+
 def test_q4_0_in_emulates_nibble_order_misses_the_bound_by_far() -> None:
     raw, parts = _quantized("Q4_0", (4, 512))
     w = oracle(raw, "Q4_0")

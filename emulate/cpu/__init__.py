@@ -1,0 +1,36 @@
+"""The CPU kernels: a QArray weight times few rows of activations, decoded next to the dot
+by a numba-compiled kernel that XLA:CPU calls through JAX's FFI (:mod:`emulate.cpu.call`).
+
+numba (a wheel; it brings its own LLVM, no compiler needed) is a dependency of emulate;
+where it does not import, :func:`available` is False and the XLA route
+(:mod:`emulate.engine.qtiled`) runs instead, with the same contract. numba's threads run
+the kernel where its threading layer is thread-safe (OpenMP or TBB: XLA may call a kernel
+from several threads at once); with its fallback layer the kernel runs on one thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+
+__all__ = ["available", "parallel"]
+
+
+@functools.cache
+def available() -> bool:
+    """Whether numba imports (the kernels can be compiled)."""
+    return importlib.util.find_spec("numba") is not None
+
+
+@functools.cache
+def parallel() -> bool:
+    """Whether numba's OpenMP or TBB threading layer loads (thread-safe: the kernels run
+    on numba's threads), rather than only its fallback layer (one thread)."""
+    for layer in ("omppool", "tbbpool"):
+        try:
+            importlib.import_module(f"numba.np.ufunc.{layer}")
+        except ImportError:
+            continue
+        return True
+    return False

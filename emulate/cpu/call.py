@@ -1,0 +1,57 @@
+"""The JAX side of the CPU kernel: :func:`contract` puts a QArray weight and float32 rows
+of activations through XLA's FFI (:func:`jax.ffi.ffi_call`) to the kernel compiled for the
+weight's :class:`~emulate.cpu.form.Form` (:mod:`emulate.cpu.gemv`).
+
+Under ``vmap`` the call runs once per batch element (``vmap_method="sequential"``); the
+front end (:mod:`emulate.scaled`) gives the kernel every row of the activations at once,
+so a batch of rows is one call, not many.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from emulate import cpu
+from emulate.cpu.form import COLUMNS, NIBBLES, Form, weight_operands
+from emulate.quantized.array import QArray
+
+__all__ = ["contract"]
+
+
+def _block_sums(x: jax.Array, bk: int) -> jax.Array:
+    """``x`` (M, K) summed over each block of ``bk`` columns, float32 (M, ceil(K / bk))."""
+    m, k = x.shape
+    nb = -(-k // bk)
+    x = jnp.pad(x, ((0, 0), (0, nb * bk - k)))
+    return x.reshape(m, nb, bk).sum(axis=-1, dtype=jnp.float32)
+
+
+def contract(q: QArray, x: jax.Array, form: Form) -> jax.Array:
+    """``x @ W`` as float32 (M, N), ``W`` the weight ``q`` oriented (K, N): ``x`` (M, K)
+    float32; ``q`` stored (N, K) for layout ROWS, (K, N) for COLUMNS (``form``,
+    from :func:`emulate.cpu.form.weight_form` for this contraction).
+
+    Raises:
+      RuntimeError: numba is not installed (check :func:`emulate.cpu.available` first).
+    """
+    if not cpu.available():
+        raise RuntimeError("emulate.cpu.call.contract: numba is not installed")
+    from emulate.cpu import ffi, gemv  # numba: only now
+
+    parallel = cpu.parallel()
+    name = f"{form.name}_{'p' if parallel else 's'}"
+    ffi.register(name, gemv.handler(form, parallel))
+    m, _ = x.shape
+    n = q.shape[1] if form.layout == COLUMNS else q.shape[0]
+    bk = q.block_shape[0] if form.layout == COLUMNS else q.block_shape[1]
+    placeholder = jnp.zeros((m, 1), jnp.float32)
+    xe, xo = placeholder, placeholder
+    if form.layout != COLUMNS and form.variant == NIBBLES:
+        xe, xo = x[:, 0::2], x[:, 1::2]
+    xsum = _block_sums(x, bk) if form.offset is not None else placeholder
+    consts, slots = weight_operands(q, form)
+    call = jax.ffi.ffi_call(
+        name, jax.ShapeDtypeStruct((m, n), jnp.float32), vmap_method="sequential"
+    )
+    return call(x, xe, xo, xsum, consts, *slots)

@@ -1,0 +1,274 @@
+"""The CPU kernel's view of a QArray weight: a static :class:`Form` (what the compiled
+kernel is specialized for) and the arrays it reads, built by :func:`weight_form` and
+:func:`weight_operands` from a 2-D QArray and its contracting axis. Plain JAX: nothing here
+needs numba.
+
+Layouts (the codes as stored; the kernel never transposes them):
+
+- :data:`ROWS`: the codes are ``(N, K)``, K along the columns (GGUF's rows): one output
+  element per stored row, a dot product along the row;
+- :data:`COLUMNS`: the codes are ``(K, N)``: each stored row of codes is added, times
+  ``x[k]``, into N accumulators (AWQ, GPTQ, bitsandbytes, NVFP4, FP8 blocks).
+
+A packed weight must be packed along K (the layout :func:`emulate.quantize` gives and the
+importers keep); packed along N it is not a form here (the XLA route takes it).
+
+Element loops (:attr:`Form.variant`): :data:`NIBBLES` (4-bit codes packed along K, two a
+byte, decoded in float32 arithmetic), :data:`BYTES` (one code a byte), :data:`BITS` (2-,
+3-, 5-, 6- and 7-bit codes, read as a bit stream).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from emulate import formats
+from emulate.numerics.storage import Packed
+from emulate.quantized.array import QArray
+from emulate.quantized.checks import is_int
+from emulate.quantized.values import element_values
+
+__all__ = [
+    "BFLOAT16",
+    "BITS",
+    "BYTES",
+    "COLUMNS",
+    "FLOAT16",
+    "FLOAT32",
+    "Form",
+    "Level",
+    "NIBBLES",
+    "ROWS",
+    "SIGNED",
+    "Slot",
+    "TABLE",
+    "UNSIGNED",
+    "slot_widths",
+    "weight_form",
+    "weight_operands",
+]
+
+UNSIGNED, SIGNED, TABLE, FLOAT16, BFLOAT16, FLOAT32 = range(6)
+ROWS, COLUMNS = 0, 1
+NIBBLES, BYTES, BITS = range(3)
+#: The constants' order in the kernel's float32 ``consts``: the weight's zero point and
+#: offset, each two-level part's zero point and offset, and the tensor scale times
+#: ``2**element_exponent``.
+CONSTS = ("zp", "offset", "scale_zp", "scale_offset", "offset_zp", "offset_offset", "tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """One stored array as the kernel reads it (:mod:`emulate.cpu.parts`): how a code
+    becomes a value (``kind``), its width in bits, its packed axis (-1: not packed) and
+    the bytes a code takes where not packed."""
+
+    kind: int
+    bits: int
+    axis: int
+    width: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Level:
+    """A two-level part (a QArray of scales or offsets over the weight's block grid):
+    ``(value(code) - zp) * scale[block] + offset`` with constant ``zp`` and ``offset``."""
+
+    codes: Slot
+    scales: Slot | None
+    block: tuple[int, int]
+    zero_point: bool
+    offset: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Form:
+    """What one compiled kernel is specialized for (hashable: the compile cache's key)."""
+
+    layout: int
+    variant: int
+    codes: Slot
+    block: tuple[int, int]
+    zero_point: Slot | str | None  # "const" for a constant zero point
+    scale: Slot | Level | None
+    offset: Slot | Level | str | None
+
+    @property
+    def name(self) -> str:
+        """A name for XLA's FFI registry, one per form and the same in every process (a
+        program from JAX's persistent cache calls its kernel by this name)."""
+        return "emulate_cpu_gemv_" + hashlib.sha1(repr(self).encode()).hexdigest()[:16]
+
+
+def _format_slot(fmt: Any, bits: int, axis: int, codebook: Any) -> Slot | None:
+    if codebook is not None or not fmt.is_integer:
+        return Slot(TABLE, bits, axis, 1)
+    return Slot(SIGNED if fmt.signed else UNSIGNED, bits, axis, 1)
+
+
+def _array_slot(a: Any, fmt: Any = None, codebook: Any = None) -> Slot | None:
+    """The slot of a stored array (a Packed array, codes of a low-precision format, or
+    float16 / bfloat16 / float32 / integer values), None where the kernel cannot read it."""
+    if isinstance(a, Packed):
+        if a.data.ndim != 2 or a.format.bits > 8:
+            return None
+        return _format_slot(a.format, a.format.bits, a.data.ndim + a.axis, codebook)
+    dt = np.dtype(a.dtype)
+    if a.ndim != 2:
+        return None
+    if fmt is not None and fmt.bits <= 8 and dt.itemsize == 1:
+        return _format_slot(fmt, fmt.bits, -1, codebook)
+    if dt == jnp.float16:
+        return Slot(FLOAT16, 16, -1, 2)
+    if dt == jnp.bfloat16:
+        return Slot(BFLOAT16, 16, -1, 2)
+    if dt == jnp.float32:
+        return Slot(FLOAT32, 32, -1, 4)
+    if dt.kind in "iu" and dt.itemsize in (1, 2, 4):
+        return Slot(SIGNED if dt.kind == "i" else UNSIGNED, 8 * dt.itemsize, -1, dt.itemsize)
+    if dt.itemsize == 1:  # float8 types
+        return Slot(TABLE, 8, -1, 1)
+    return None
+
+
+def _level(q: QArray) -> Level | None:
+    """A two-level part's :class:`Level`, None where it has more than one constant zero
+    point, a plain scale array and a constant offset."""
+    if (
+        len(q.shape) != 2
+        or q.perm is not None
+        or q.tensor_scale is not None
+        or q.element_exponent
+        or not (q.zero_points is None or is_int(q.zero_points))
+        or not (q.offsets is None or isinstance(q.offsets, float))
+        or isinstance(q.scales, QArray)
+    ):
+        return None
+    codes = _array_slot(q.codes, q.format, q.codebook)
+    scales = _array_slot(q.scales)
+    if codes is None or scales is None:
+        return None
+    block = (q.block_shape[0], q.block_shape[1])
+    return Level(codes, scales, block, q.zero_points is not None, q.offsets is not None)
+
+
+def _factor(part: Any) -> Slot | Level | str | None:
+    if part is None:
+        return None
+    if isinstance(part, (int, float)) and not isinstance(part, bool):
+        return "const"
+    if isinstance(part, QArray):
+        return _level(part) or "unreadable"
+    return _array_slot(part) or "unreadable"
+
+
+def weight_form(q: QArray, contracting: int) -> Form | None:
+    """The kernel's form of a 2-D QArray contracted along axis ``contracting``, or None
+    where the kernel does not take it (stacked or act-order QArrays, codes packed along N,
+    codes wider than a byte, parts it cannot read)."""
+    if len(q.shape) != 2 or q.perm is not None or contracting not in (0, 1):
+        return None
+    codes = _array_slot(q.codes, q.format, q.codebook)
+    if codes is None or codes.kind not in (UNSIGNED, SIGNED, TABLE):
+        return None
+    if codes.axis != -1 and codes.axis != 1 - contracting and codes.axis != contracting:
+        return None
+    if codes.axis != -1 and codes.axis != (1 if contracting == 1 else 0):
+        return None
+    if codes.axis == -1 and codes.width != 1:
+        return None
+    layout = ROWS if contracting == 1 else COLUMNS
+    bk = q.block_shape[contracting]
+    if codes.axis == -1:
+        variant = BYTES
+    elif codes.bits == 4 and bk % 2 == 0 and q.shape[contracting] % 2 == 0:
+        variant = NIBBLES
+    else:
+        variant = BITS
+    parts = (_factor(q.zero_points), _factor(q.scales), _factor(q.offsets))
+    if "unreadable" in parts or isinstance(parts[0], Level) or parts[1] == "const":
+        return None
+    block = (q.block_shape[0], q.block_shape[1])
+    return Form(layout, variant, codes, block, *parts)  # type: ignore[arg-type]
+
+
+def slot_widths(form: Form) -> tuple[int, ...]:
+    """The bytes an element of each of the six slots takes (the kernel reads every slot as
+    bytes: XLA passes the arrays as they are, no bitcast)."""
+
+    def width(part: Any, codes: bool) -> int:
+        if isinstance(part, Level):
+            part = part.codes if codes else part.scales
+        return part.width if isinstance(part, Slot) else 1
+
+    zp, scale, off = form.zero_point, form.scale, form.offset
+    return (
+        form.codes.width,
+        width(zp, True),
+        width(scale, True),
+        width(scale, False) if isinstance(scale, Level) else 1,
+        width(off, True),
+        width(off, False) if isinstance(off, Level) else 1,
+    )
+
+
+def _stored(a: Any) -> jax.Array:
+    """A stored array as XLA holds it (a Packed array's bytes)."""
+    return a.data if isinstance(a, Packed) else jnp.asarray(a)
+
+
+def _table(slot: Slot, fmt: Any, codebook: Any) -> jax.Array:
+    if slot.kind != TABLE:
+        return jnp.zeros((1,), jnp.float32)
+    codes = jnp.arange(1 << slot.bits, dtype=jnp.uint8)
+    return element_values(codes, fmt, codebook)
+
+
+_NO_BYTES = np.zeros((1, 1), np.uint8)
+_NO_TABLE = np.zeros((1,), np.float32)
+
+
+def _slot_arrays(part: Any, slot: Slot | None, fmt: Any = None, cb: Any = None) -> tuple:
+    if slot is None or not isinstance(slot, Slot):
+        return (jnp.asarray(_NO_BYTES), jnp.asarray(_NO_TABLE))
+    if fmt is None and isinstance(part, Packed):
+        fmt = part.format
+    if fmt is None and slot.kind == TABLE:
+        fmt = formats.get(np.dtype(part.dtype).name)
+    return (_stored(part), _table(slot, fmt, cb))
+
+
+def weight_operands(q: QArray, form: Form) -> tuple[jax.Array, list[jax.Array]]:
+    """The kernel's float32 constants (:data:`CONSTS`) and its six (bytes, table) slots,
+    flattened: codes, zero points, scales, a two-level scale's scales, offsets, a
+    two-level offset's scales (placeholders where absent)."""
+    consts = [0.0] * len(CONSTS)
+    if form.zero_point == "const":
+        consts[0] = float(q.zero_points)
+    if form.offset == "const":
+        consts[1] = float(q.offsets)
+    slots: list[jax.Array] = []
+    slots += _slot_arrays(q.codes, form.codes, q.format, q.codebook)
+    slots += _slot_arrays(
+        q.zero_points, form.zero_point if isinstance(form.zero_point, Slot) else None
+    )
+    for k, (part, f) in enumerate(((q.scales, form.scale), (q.offsets, form.offset))):
+        if isinstance(f, Level):
+            consts[2 + 2 * k] = float(part.zero_points or 0)
+            consts[3 + 2 * k] = float(part.offsets or 0.0)
+            slots += _slot_arrays(part.codes, f.codes, part.format, part.codebook)
+            slots += _slot_arrays(part.scales, f.scales)
+        else:
+            slots += _slot_arrays(part, f if isinstance(f, Slot) else None)
+            slots += _slot_arrays(None, None)
+    c = jnp.asarray(consts, jnp.float32)
+    tensor = jnp.float32(2.0**q.element_exponent)
+    if q.tensor_scale is not None:
+        tensor = jnp.asarray(q.tensor_scale, jnp.float32) * tensor
+    return c.at[6].set(tensor), slots

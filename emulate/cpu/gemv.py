@@ -1,0 +1,401 @@
+"""numba: ``y = x W`` for few rows of ``x`` and a QArray ``W`` kept as stored, one kernel
+compiled per :class:`emulate.cpu.form.Form` (:func:`kernel`), and the XLA FFI handler that
+calls it (:func:`handler`).
+
+Per block of K (the weight's block along K), the kernel decodes the block's factors once
+(:func:`factors`), sums ``x_k (value(code_k) - z)`` over the block in float32, multiplies
+that sum by the block's scale and, where the weight has offsets, adds ``offset * sum(x_k)``
+over the block (``xsum``, summed once per call). So a result element is the float32 sum of
+``S`` segment sums, each scaled once: the segment route of docs/numerics.md ("Block-scaled
+operands"), within its bound ``gamma_(K + S + 5) * sum |x| (|W| + |o|)``; the products are
+exact for bfloat16 ``x`` and integer ``value - z`` (one rounding for float32 ``x``), the
+additions are float32 in an order the compiler chooses (``reassoc``). NaN and Inf
+propagate (no ``nnan`` / ``ninf``).
+
+The element loops run with unsigned indices (numba's signed ones keep LLVM from
+vectorizing them) and decode 4-bit codes in float32 arithmetic (``h = floor(c / 16)``,
+``lo = c - 16 h``): numba widens integer arithmetic to 64 bits, a quarter of the lanes.
+Rows of ``N`` (layout ROWS) or chunks of :data:`COLUMN_CHUNK` columns (layout COLUMNS) are
+spread over numba's threads where its threading layer is thread-safe
+(:func:`emulate.cpu.threads_safe`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numba
+import numpy as np
+from numba import prange, types
+
+from emulate.cpu import ffi
+from emulate.cpu.form import (
+    BITS,
+    BYTES,
+    COLUMNS,
+    NIBBLES,
+    SIGNED,
+    TABLE,
+    Form,
+    Level,
+    Slot,
+    slot_widths,
+)
+from emulate.cpu.parts import reader, stack_floats
+
+__all__ = ["COLUMN_CHUNK", "ROW_CHUNK", "factors", "handler", "kernel"]
+
+FAST = {"reassoc", "contract", "nsz", "arcp"}
+ROW_CHUNK = 16
+COLUMN_CHUNK = 256
+F16 = np.float32(16.0)
+INV16 = np.float32(0.0625)
+INV8 = np.float32(0.125)
+
+
+def _dummy_reader() -> Callable:
+    @numba.njit
+    def value(data, table, i, j):
+        return np.float32(0)
+
+    return value
+
+
+def _level_value(level: Level) -> Callable:
+    codes = reader(level.codes)
+    scales = reader(level.scales) if level.scales is not None else _dummy_reader()
+    bi, bj = level.block
+    has_zp, has_off, has_scale = level.zero_point, level.offset, level.scales is not None
+
+    @numba.njit
+    def value(c, t, sc, st, zp, off, i, j):
+        v = codes(c, t, i, j)
+        if has_zp:
+            v = np.float32(v - zp)
+        if has_scale:
+            v = np.float32(v * scales(sc, st, i // bi, j // bj))
+        if has_off:
+            v = np.float32(v + off)
+        return v
+
+    return value
+
+
+def _factor(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Callable:
+    """An njit ``(consts, b0, t0, b1, t1, i, j) -> float32`` for one factor: a constant
+    (``consts[off_at - 1]``: the weight's zero point or offset), a slot (``b0``), or a
+    two-level part (codes ``b0``, scales ``b1``, constants at ``zp_at``, ``off_at``)."""
+    if isinstance(part, Level):
+        level = _level_value(part)
+
+        @numba.njit
+        def nested(consts, b0, t0, b1, t1, i, j):
+            return level(b0, t0, b1, t1, consts[zp_at], consts[off_at], i, j)
+
+        return nested
+    if isinstance(part, Slot):
+        slot = reader(part)
+
+        @numba.njit
+        def stored(consts, b0, t0, b1, t1, i, j):
+            return slot(b0, t0, i, j)
+
+        return stored
+    const = off_at - 1 if part == "const" else -1
+
+    @numba.njit
+    def constant(consts, b0, t0, b1, t1, i, j):
+        return consts[const] if const >= 0 else np.float32(0)
+
+    return constant
+
+
+@functools.cache
+def factors(form: Form) -> Callable:
+    """An njit ``(consts, s1, t1, ..., s5, t5, i, j) -> (z, s, o)``: block ``(i, j)``'s
+    zero point, scale (times ``consts[6]``) and offset, float32 (0, ``consts[6]``, 0
+    where absent)."""
+    zp = _factor(form.zero_point, 0, 1)
+    scale = _factor(form.scale, 2, 3)
+    off = _factor(form.offset, 4, 5 if isinstance(form.offset, Level) else 2)
+    has_scale = form.scale is not None
+
+    @numba.njit
+    def block(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, i, j):
+        z = zp(consts, s1, t1, s1, t1, i, j)
+        s = consts[6]
+        if has_scale:
+            s = np.float32(scale(consts, s2, t2, s3, t3, i, j) * s)
+        o = off(consts, s4, t4, s5, t5, i, j)
+        return z, s, o
+
+    return block
+
+
+def _nibble_value(kind: int) -> Callable:
+    """An njit ``(v, table) -> float32`` for a 4-bit code ``v`` held as a float32."""
+
+    @numba.njit(fastmath=FAST)
+    def value(v, table):
+        if kind == SIGNED:
+            return v - F16 * np.floor(v * INV8)
+        if kind == TABLE:
+            return table[np.uint64(v)]
+        return v
+
+    return value
+
+
+def _code_value(kind: int, bits: int) -> Callable:
+    """An njit ``(c, table) -> float32`` for an unsigned integer code ``c``."""
+    half, full = 1 << (bits - 1), 1 << bits
+
+    @numba.njit(fastmath=FAST)
+    def value(c, table):
+        if kind == TABLE:
+            return table[c]
+        if kind == SIGNED:
+            return np.float32(np.int64(c) - full if c >= half else np.int64(c))
+        return np.float32(c)
+
+    return value
+
+
+def _row_loop(form: Form) -> Callable:
+    """An njit ``(x, xe, xo, codes, table, k0, k1, z) -> float32``: ``sum x_k (v_k - z)``
+    over ``[k0, k1)`` of one stored row (layout ROWS)."""
+    kind, bits = form.codes.kind, form.codes.bits
+    if form.variant == NIBBLES:
+        value = _nibble_value(kind)
+
+        @numba.njit(fastmath=FAST)
+        def nibbles(x, xe, xo, codes, table, k0, k1, z):
+            p = np.float32(0)
+            j0 = np.uint64(k0 >> 1)
+            for t in range(np.uint64((k1 - k0) >> 1)):
+                j = j0 + t
+                c = np.float32(codes[j])
+                h = np.floor(c * INV16)
+                p += xe[j] * (value(c - F16 * h, table) - z) + xo[j] * (value(h, table) - z)
+            return p
+
+        return nibbles
+    value = _code_value(kind, bits)
+    if form.variant == BYTES:
+
+        @numba.njit(fastmath=FAST)
+        def per_byte(x, xe, xo, codes, table, k0, k1, z):
+            p = np.float32(0)
+            base = np.uint64(k0)
+            for t in range(np.uint64(k1 - k0)):
+                k = base + t
+                p += x[k] * (value(codes[k], table) - z)
+            return p
+
+        return per_byte
+    mask = np.uint64((1 << bits) - 1)
+
+    @numba.njit(fastmath=FAST)
+    def per_bits(x, xe, xo, codes, table, k0, k1, z):
+        p = np.float32(0)
+        last = np.uint64(codes.shape[0] - 1)
+        for k in range(np.uint64(k0), np.uint64(k1)):
+            bit = k * np.uint64(bits)
+            at = bit >> np.uint64(3)
+            nxt = np.uint64(codes[at + np.uint64(1)]) if at < last else np.uint64(0)
+            window = np.uint64(codes[at]) | (nxt << np.uint64(8))
+            c = (window >> (bit & np.uint64(7))) & mask
+            p += x[k] * (value(c, table) - z)
+        return p
+
+    return per_bits
+
+
+def _column_loop(form: Form) -> Callable:
+    """An njit ``(x, codes, table, k0, k1, n0, w, zrow, blk)``: ``blk[t] += sum x_k
+    (v_(k, n0 + t) - zrow[t])`` over ``[k0, k1)`` (layout COLUMNS)."""
+    kind, bits = form.codes.kind, form.codes.bits
+    has_zp = form.zero_point is not None
+    if form.variant == NIBBLES:
+        value = _nibble_value(kind)
+
+        @numba.njit(fastmath=FAST)
+        def nibbles(x, codes, table, k0, k1, n0, w, zrow, blk):
+            for r in range(k0 >> 1, k1 >> 1):
+                xe, xo = x[2 * r], x[2 * r + 1]
+                row = codes[r]
+                base = np.uint64(n0)
+                for t in range(np.uint64(w)):
+                    c = np.float32(row[base + t])
+                    h = np.floor(c * INV16)
+                    lo, hi = value(c - F16 * h, table), value(h, table)
+                    if has_zp:
+                        lo, hi = lo - zrow[t], hi - zrow[t]
+                    blk[t] += xe * lo + xo * hi
+
+        return nibbles
+    value = _code_value(kind, bits)
+    mask = np.uint64((1 << bits) - 1)
+    packed = form.variant == BITS
+
+    @numba.njit(fastmath=FAST)
+    def per_code(x, codes, table, k0, k1, n0, w, zrow, blk):
+        base = np.uint64(n0)
+        for k in range(k0, k1):
+            xk = x[k]
+            if packed:
+                bit = k * bits
+                at, shift = bit >> 3, np.uint64(bit & 7)
+                has_next = at + 1 < codes.shape[0]
+                for t in range(np.uint64(w)):
+                    nxt = np.uint64(codes[at + 1, base + t]) if has_next else np.uint64(0)
+                    window = np.uint64(codes[at, base + t]) | (nxt << np.uint64(8))
+                    v = value((window >> shift) & mask, table)
+                    blk[t] += xk * (v - zrow[t] if has_zp else v)
+            else:
+                row = codes[k]
+                for t in range(np.uint64(w)):
+                    v = value(row[base + t], table)
+                    blk[t] += xk * (v - zrow[t] if has_zp else v)
+
+    return per_code
+
+
+def _rows_kernel(form: Form, parallel: bool) -> Callable:
+    loop, block = _row_loop(form), factors(form)
+    bn, bk = form.block
+    has_offset = form.offset is not None
+
+    @numba.njit(parallel=parallel, fastmath=FAST)
+    def rows(x, xe, xo, xsum, consts, s0, t0, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, out):
+        m_rows, k = x.shape
+        n = out.shape[1]
+        nb = (k + bk - 1) // bk
+        for task in prange((n + ROW_CHUNK - 1) // ROW_CHUNK):
+            zb = np.empty(nb, np.float32)
+            sb = np.empty(nb, np.float32)
+            ob = np.empty(nb, np.float32)
+            for r in range(task * ROW_CHUNK, min(n, (task + 1) * ROW_CHUNK)):
+                for b in range(nb):
+                    zb[b], sb[b], ob[b] = block(
+                        consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, b
+                    )
+                codes = s0[r]
+                for m in range(m_rows):
+                    acc = np.float32(0)
+                    for b in range(nb):
+                        k0 = b * bk
+                        p = loop(x[m], xe[m], xo[m], codes, t0, k0, min(k, k0 + bk), zb[b])
+                        acc += p * sb[b]
+                        if has_offset:
+                            acc += ob[b] * xsum[m, b]
+                    out[m, r] = acc
+
+    return rows
+
+
+def _columns_kernel(form: Form, parallel: bool) -> Callable:
+    loop, block = _column_loop(form), factors(form)
+    bk, bn = form.block
+    has_offset = form.offset is not None
+
+    @numba.njit(parallel=parallel, fastmath=FAST)
+    def columns(x, xe, xo, xsum, consts, s0, t0, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, out):
+        m_rows, k = x.shape
+        n = out.shape[1]
+        nb = (k + bk - 1) // bk
+        for task in prange((n + COLUMN_CHUNK - 1) // COLUMN_CHUNK):
+            n0 = task * COLUMN_CHUNK
+            w = min(n, n0 + COLUMN_CHUNK) - n0
+            acc = np.zeros((m_rows, COLUMN_CHUNK), np.float32)
+            # the block sums live on the stack: LLVM then knows that the element loop's
+            # stores do not alias the table it gathers from, and vectorizes it
+            blk = numba.carray(stack_floats(COLUMN_CHUNK), (COLUMN_CHUNK,), np.float32)
+            zr = np.empty(COLUMN_CHUNK, np.float32)
+            sr = np.empty(COLUMN_CHUNK, np.float32)
+            orow = np.empty(COLUMN_CHUNK, np.float32)
+            for b in range(nb):
+                for t in range(w):
+                    zr[t], sr[t], orow[t] = block(
+                        consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, b, (n0 + t) // bn
+                    )
+                k0 = b * bk
+                for m in range(m_rows):
+                    blk[:] = 0
+                    loop(x[m], s0, t0, k0, min(k, k0 + bk), n0, w, zr, blk)
+                    for t in range(w):
+                        acc[m, t] += blk[t] * sr[t]
+                        if has_offset:
+                            acc[m, t] += orow[t] * xsum[m, b]
+            out[:, n0 : n0 + w] = acc[:, :w]
+
+    return columns
+
+
+@functools.cache
+def kernel(form: Form, parallel: bool) -> Callable:
+    """The njit kernel of ``form``: ``(x, xe, xo, xsum, consts, s0, t0, ..., s5, t5,
+    out)`` with ``x`` (M, K) float32, ``xe`` / ``xo`` its even and odd columns (layout
+    ROWS with 4-bit codes; any (M, 1) array otherwise), ``xsum`` (M, blocks along K) the
+    block sums of ``x`` (where the weight has offsets), the six (bytes, table) slots of
+    :func:`emulate.cpu.form.weight_operands`, and ``out`` (M, N) float32."""
+    return (_columns_kernel if form.layout == COLUMNS else _rows_kernel)(form, parallel)
+
+
+@numba.njit(cache=True)
+def _floats(frame, i):
+    shape = (ffi.arg_dim(frame, i, 0), ffi.arg_dim(frame, i, 1))
+    return numba.carray(ffi.pointer(ffi.arg_data(frame, i)), shape, np.float32)
+
+
+@numba.njit(cache=True)
+def _bytes(frame, i, width):
+    """Argument ``i`` (a 2-D array of any type, ``width`` bytes an element) as bytes."""
+    shape = (ffi.arg_dim(frame, i, 0), ffi.arg_dim(frame, i, 1) * width)
+    return numba.carray(ffi.pointer(ffi.arg_data(frame, i)), shape, np.uint8)
+
+
+@numba.njit(cache=True)
+def _vector(frame, i):
+    return numba.carray(
+        ffi.pointer(ffi.arg_data(frame, i)), (ffi.arg_dim(frame, i, 0),), np.float32
+    )
+
+
+@functools.cache
+def handler(form: Form, parallel: bool) -> object:
+    """The numba cfunc that XLA calls for ``form`` (:mod:`emulate.cpu.ffi`); its operands
+    are :func:`kernel`'s, in order, and its one result is ``out``."""
+    run = kernel(form, parallel)
+    w0, w1, w2, w3, w4, w5 = slot_widths(form)
+
+    @numba.cfunc(types.int64(types.int64))
+    def call(frame):
+        if ffi.answer_metadata(frame) or not ffi.is_execute(frame):
+            return 0
+        out_shape = (ffi.ret_dim(frame, 0, 0), ffi.ret_dim(frame, 0, 1))
+        out = numba.carray(ffi.pointer(ffi.ret_data(frame, 0)), out_shape, np.float32)
+        run(
+            _floats(frame, 0),
+            _floats(frame, 1),
+            _floats(frame, 2),
+            _floats(frame, 3),
+            _vector(frame, 4),
+            _bytes(frame, 5, w0),
+            _vector(frame, 6),
+            _bytes(frame, 7, w1),
+            _vector(frame, 8),
+            _bytes(frame, 9, w2),
+            _vector(frame, 10),
+            _bytes(frame, 11, w3),
+            _vector(frame, 12),
+            _bytes(frame, 13, w4),
+            _vector(frame, 14),
+            _bytes(frame, 15, w5),
+            _vector(frame, 16),
+            out,
+        )
+        return 0
+
+    return call

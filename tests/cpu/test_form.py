@@ -1,0 +1,94 @@
+"""emulate.cpu.form: which weights the CPU kernel reads, and how (plain JAX: no compile)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+import emulate
+from emulate.cpu.form import (
+    BITS,
+    BYTES,
+    COLUMNS,
+    FLOAT16,
+    FLOAT32,
+    NIBBLES,
+    ROWS,
+    SIGNED,
+    TABLE,
+    UNSIGNED,
+    Form,
+    Level,
+    Slot,
+    slot_widths,
+    weight_form,
+)
+from emulate.quantized.array import QArray
+
+
+def _q4_0(n: int = 8, k: int = 64, axis: int = -1) -> QArray:
+    """GGUF Q4_0's parts: (N, K) uint4 codes, zero point 8, float16 scales per 32 of K."""
+    rng = np.random.default_rng(0)
+    codes = emulate.pack(rng.integers(0, 16, (n, k), dtype=np.uint8), "uint4", axis=axis)
+    scales = np.full((n, k // 32), 0.5, np.float16)
+    return QArray.from_parts(codes, scales, block_shape=(1, 32), zero_points=8)
+
+
+def test_ggml_rows_are_read_as_stored() -> None:
+    form = weight_form(_q4_0(), 1)
+    assert form == Form(
+        ROWS, NIBBLES, Slot(UNSIGNED, 4, 1, 1), (1, 32), "const", Slot(FLOAT16, 16, -1, 2), None
+    )
+    assert slot_widths(form) == (1, 1, 2, 1, 1, 1)
+    assert re.fullmatch("emulate_cpu_gemv_[0-9a-f]{16}", form.name)
+    assert form.name == weight_form(_q4_0(16, 128), 1).name  # shapes are not in the form
+
+
+def test_codes_packed_across_k_are_not_a_form() -> None:
+    assert weight_form(_q4_0(axis=0), 1) is None  # packed along N
+    assert weight_form(_q4_0(), 0) is None  # contracted along N: packed across K
+    assert weight_form(_q4_0(), 1) is not None
+
+
+def test_quantize_gives_the_column_layout() -> None:
+    w = np.random.default_rng(1).normal(size=(64, 16)).astype(np.float32)
+    q = emulate.quantize(w, "int4", block_shape=32, axis=0)
+    form = weight_form(q, 0)
+    assert (form.layout, form.variant, form.codes) == (COLUMNS, NIBBLES, Slot(SIGNED, 4, 0, 1))
+    assert weight_form(emulate.quantize(w, "int8", block_shape=32, axis=0), 0).variant == BYTES
+    e4m3 = emulate.quantize(w, "float8_e4m3fn", block_shape=32, axis=0)
+    assert weight_form(e4m3, 0).codes == Slot(TABLE, 8, -1, 1)
+    # an odd K leaves no whole nibble pairs: the bit-stream loop
+    odd = emulate.quantize(w[:63], "int4", block_shape=32, axis=0, ragged=True)
+    assert weight_form(odd, 0).variant == BITS
+
+
+def test_two_level_scales_are_a_level() -> None:
+    rng = np.random.default_rng(2)
+    sub = QArray.from_parts(
+        emulate.pack(rng.integers(0, 64, (4, 8), dtype=np.uint8), "uint6", axis=-1),
+        np.ones((4, 1), np.float16),
+        block_shape=(1, 8),
+    )
+    codes = emulate.pack(rng.integers(0, 16, (4, 256), dtype=np.uint8), "uint4", axis=-1)
+    q = QArray.from_parts(codes, sub, block_shape=(1, 32), offsets=sub)
+    form = weight_form(q, 1)
+    level = Level(Slot(UNSIGNED, 6, 1, 1), Slot(FLOAT16, 16, -1, 2), (1, 8), False, False)
+    assert (form.scale, form.offset, form.zero_point) == (level, level, None)
+
+
+def test_what_the_kernel_leaves_to_xla() -> None:
+    q = _q4_0()
+    assert weight_form(dataclasses.replace(q, perm=jnp.arange(64), perm_axis=-1), 1) is None
+    stacked = emulate.quantize(np.ones((2, 64, 8), np.float32), "int4", block_shape=32, axis=1)
+    assert weight_form(stacked, 1) is None
+    wide = emulate.quantize(np.ones((64, 8), np.float32), "p3109_k12p4se", block_shape=32, axis=0)
+    assert weight_form(wide, 0) is None  # uint16 codes
+    f32_scales = QArray.from_parts(
+        np.ones((64, 8), ml_dtypes.float8_e4m3fn), np.ones((2, 8), np.float32), block_shape=(32, 1)
+    )
+    assert weight_form(f32_scales, 0).scale == Slot(FLOAT32, 32, -1, 4)

@@ -1,0 +1,108 @@
+"""emulate.cpu.gemv: the CPU kernel through emulate.dot_general, against the numpy oracle
+(emulate.reference) and exact integer sums. Each checkpoint convention against its own
+project's decoder: tests/importers/test_gguf_qarray.py and test_conventions_qarray.py
+(``*cpu_kernel*``).
+
+Two weight forms only (each costs a numba compile of seconds): int4 codes packed along K
+in blocks of 32 with e8m0 scales (columns, two codes a byte), and the same with an odd K
+(the bit-stream loop, a last block of 31).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import emulate
+import emulate.bounds
+from emulate.cpu import route
+from emulate.quantized.array import QArray
+
+K, N = 64, 40
+KN = (((1,), (0,)), ((), ()))
+
+
+def _weight(k: int = K, seed: int = 0) -> tuple[QArray, np.ndarray]:
+    """An int4 weight (k, N), blocks of 32 along K, e8m0 scales 2**-3 .. 2**2, and its
+    values in float64 (emulate.reference)."""
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(-8, 8, (k, N)).astype(ml_dtypes.int4)
+    nb = -(-k // 32)
+    scales = (2.0 ** rng.integers(-3, 3, (nb, N))).astype(ml_dtypes.float8_e8m0fnu)
+    q = QArray.from_parts(emulate.pack(codes, axis=0), scales, block_shape=(32, 1))
+    w = emulate.reference.dequantize(codes, scales, (32, 1), exact=True)
+    return q, w
+
+
+def _dot(x, q, dn=KN):
+    with emulate.use_cpu_kernel(True):
+        f = jax.jit(lambda x: emulate.dot_general(x, q, dn, preferred_element_type=jnp.float32))
+        assert "emulate_cpu_gemv_" in f.lower(x).as_text()
+        return np.asarray(f(x))
+
+
+@pytest.mark.parametrize("k", [K, 63])
+def test_within_the_bound_for_every_row_count(k: int) -> None:
+    q, w = _weight(k)
+    rng = np.random.default_rng(1)
+    for rows in (1, 3, route.MAX_ROWS):
+        x = rng.normal(size=(rows, k)).astype(np.float32)
+        got = _dot(jnp.asarray(x), q)
+        bound = emulate.bounds.qarray_bound(x, w, KN, segments=-(-k // 32))
+        assert (np.abs(got - x.astype(np.float64) @ w) <= bound).all()
+
+
+def test_rows_are_independent_of_the_batch_and_of_jit() -> None:
+    # every result element is its own sum, in one order: the same bits for any rows
+    q, _ = _weight()
+    x = jnp.asarray(np.random.default_rng(2).normal(size=(5, K)), jnp.bfloat16)
+    whole = _dot(x, q)
+    for i in range(5):
+        assert np.array_equal(_dot(x[i : i + 1], q), whole[i : i + 1])
+    with emulate.use_cpu_kernel(True):
+        eager = np.asarray(emulate.dot_general(x, q, KN, preferred_element_type=jnp.float32))
+        mapped = jax.vmap(lambda r: emulate.dot_general(r, q, (((0,), (0,)), ((), ()))))(x)
+    assert np.array_equal(eager, whole)
+    assert np.array_equal(np.asarray(mapped, np.float32), whole)
+
+
+def test_integers_with_power_of_two_scales_are_exact() -> None:
+    q, w = _weight()
+    x = np.random.default_rng(3).integers(-100, 100, (2, K)).astype(np.float32)
+    exact = x.astype(np.int64) @ (w * 8).astype(np.int64)  # w * 8: integers (scales >= 2**-3)
+    assert np.array_equal(_dot(jnp.asarray(x), q), (exact / 8).astype(np.float32))
+
+
+def test_leading_dimensions_and_the_weight_on_the_left() -> None:
+    q, w = _weight()
+    x = np.random.default_rng(4).normal(size=(2, 3, K)).astype(np.float32)
+    got = _dot(jnp.asarray(x), q, (((2,), (0,)), ((), ())))
+    assert got.shape == (2, 3, N)
+    bound = emulate.bounds.qarray_bound(x.reshape(6, K), w, KN, segments=2)
+    assert (np.abs(got.reshape(6, N) - x.reshape(6, K).astype(np.float64) @ w) <= bound).all()
+    with emulate.use_cpu_kernel(True):  # q (K, N) on the left: the result (N, 3)
+        left = emulate.dot_general(q, x[0], (((0,), (1,)), ((), ())))
+    assert np.array_equal(np.asarray(left), got[0].T)
+
+
+def test_nan_and_inf_propagate_as_in_the_exact_sum() -> None:
+    q, w = _weight()
+    x = np.random.default_rng(5).normal(size=(4, K)).astype(np.float32)
+    x[0, 3], x[1, 10], x[2, 40] = np.nan, np.inf, -np.inf
+    got = _dot(jnp.asarray(x), q)
+    with np.errstate(invalid="ignore"):
+        want = x.astype(np.float64) @ w
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.array_equal(np.isposinf(got), np.isposinf(want))
+    assert np.array_equal(np.isneginf(got), np.isneginf(want))
+
+
+def test_gradients_are_the_dequantized_weights() -> None:
+    q, w = _weight()
+    x = jnp.asarray(np.random.default_rng(6).normal(size=(2, K)), jnp.float32)
+    with emulate.use_cpu_kernel(True):
+        g = jax.grad(lambda x: emulate.dot_general(x, q, KN).sum())(x)
+    assert np.array_equal(np.asarray(g), np.broadcast_to(w.sum(axis=1), (2, K)).astype(np.float32))

@@ -1,0 +1,68 @@
+"""emulate.cpu.route and the switch (emulate.use_cpu_kernel, EMULATE_CPU_KERNEL): which
+contractions the CPU kernel takes. Plain tracing: nothing here compiles a kernel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import emulate
+from emulate.cpu import route
+from emulate.cpu.form import COLUMNS
+
+KN = (((1,), (0,)), ((), ()))
+
+
+def _q() -> emulate.QArray:
+    w = np.random.default_rng(0).normal(size=(64, 16)).astype(np.float32)
+    return emulate.quantize(w, "int4", block_shape=32, axis=0)
+
+
+def test_few_rows_without_batch_dimensions() -> None:
+    q = _q()
+    assert route.choose(q, 1, (route.MAX_ROWS, 64), KN).layout == COLUMNS
+    assert route.choose(q, 1, (2, 4, 64), (((2,), (0,)), ((), ()))) is not None
+    assert route.choose(q, 1, (route.MAX_ROWS + 1, 64), KN) is None
+    assert route.choose(q, 1, (0, 64), KN) is None
+    assert route.choose(q, 0, (3, 64), (((0,), (1,)), ((), ()))) is not None
+    batched = (((2,), (1,)), ((0,), (0,)))
+    assert route.choose(q, 1, (1, 2, 64), batched) is None
+
+
+def _lowered(x, q) -> str:
+    f = jax.jit(lambda x: emulate.dot_general(x, q, KN, preferred_element_type=jnp.float32))
+    return f.lower(x).as_text()
+
+
+def test_the_switch_and_the_xla_route_setting() -> None:
+    q, x = _q(), jnp.ones((2, 64), jnp.float32)
+    with emulate.use_cpu_kernel(True):
+        assert "emulate_cpu_gemv_" in _lowered(x, q)
+        with emulate.use_route("xla"):
+            assert "emulate_cpu_gemv_" not in _lowered(x, q)
+        with emulate.use_cpu_kernel(False):
+            assert "emulate_cpu_gemv_" not in _lowered(x, q)
+        assert "emulate_cpu_gemv_" not in _lowered(jnp.ones((9, 64), jnp.float32), q)
+    with pytest.raises(TypeError, match="^enabled: expected a bool, got int 1$"):
+        with emulate.use_cpu_kernel(1):  # type: ignore[arg-type]
+            pass
+
+
+def test_a_bad_environment_value_names_the_variable() -> None:
+    env = {**os.environ, "EMULATE_CPU_KERNEL": "yes", "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run(
+        [sys.executable, "-c", "import emulate.route_setting"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == (
+        "ValueError: EMULATE_CPU_KERNEL: expected '0' or '1', got 'yes'"
+    )

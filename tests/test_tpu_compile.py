@@ -46,15 +46,20 @@ unless ``EMULATE_LONG_TESTS=1``, when an earlier generation has the same Mosaic 
 the same kernel for the pair: equal verdicts on every case of the recorded Mosaic probe
 (:func:`emulate.mosaic.recorded`; ok or refused) and an equal ``pallas.route`` of the pair
 (target name aside). In jax 0.10.2's probe that leaves out tpu_v3 (as tpu_v2), tpu_v5p (as
-tpu_v5e) and tpu_v6e except for its native float8 pairs. The XLA-level programs are kept
+tpu_v5e) and tpu_v6e except for its native float8 pairs; and beyond that rule, every
+kernel case of tpu_v4 (KERNEL_LONG_GENERATIONS; its ragged pallas.matmul case runs) and
+the kernel cases of tpu_v5e whose pair has the route it has on tpu_v2 or tpu_v7x
+(SHARED_ROUTE_LONG_GENERATIONS) are long, so that each kernel runs by default on one old
+generation (tpu_v2) and one new one (tpu_v7x), and on tpu_v5e where its route differs
+from both (the int8 MXU's). The XLA-level programs are kept
 one per distinct plan already (above), except the scaled contraction in mode "exact"
 (7-9 s of XLA:TPU each): its first plan runs by default, the others are long (the element
 pair's other exact plans are compiled by dot_general's float4 case, the block-scale
 handling around them by the first plan and by mode "fast"). The polyfilled block, an
 XLA-level program too, is long on a generation where an earlier one has the same plans
 for its weight formats (DECODER_PAIRS). The kernel route's programs follow the kernel
-cases' rule for their pair (bf16 x int4, bf16 x float4_e2m1fn): v2, v4, v5e and v7x by
-default, v3, v5p and v6e long.
+cases' rule for their pair (bf16 x int4, bf16 x float4_e2m1fn): v2, v5e and v7x by
+default, v3, v4, v5p and v6e long.
 """
 
 from __future__ import annotations
@@ -169,6 +174,35 @@ def _kernel_key(lhs: str, rhs: str, target: str) -> tuple[Any, ...]:
     return (_mosaic_rules(target), dataclasses.replace(r, target=""))
 
 
+#: Generations whose kernel cases (pallas.matmul, pallas.dot, the kernel route) are all
+#: long: tpu_v4 lies between the old generation run by default (tpu_v2) and the new ones
+#: (tpu_v5e, tpu_v7x); its Mosaic rules stay in the default run through its ragged
+#: pallas.matmul case, and its keys are not recorded, so no later generation is dropped as
+#: a repeat of a case that is itself long.
+KERNEL_LONG_GENERATIONS = ("tpu_v4",)
+#: Generations whose kernel cases (pallas.matmul, pallas.dot) are long where the pair's
+#: route there, target aside, is its route on one of ROUTE_PEERS (run by default: the
+#: same kernel program): tpu_v5e keeps the pairs of its own routes (its int8 MXU). Its
+#: keys are recorded, so tpu_v6e's cases that repeat them stay long too.
+SHARED_ROUTE_LONG_GENERATIONS = ("tpu_v5e",)
+ROUTE_PEERS = ("tpu_v2", "tpu_v7x")
+
+
+def _route_of_a_peer(lhs: str, rhs: str, target: str) -> bool:
+    """Whether the pair's kernel route on ``target`` (target aside) is its route on one of
+    ROUTE_PEERS."""
+
+    def plain(t: str) -> route.Route:
+        r = route.route(lhs, rhs, target=t, preferred_element_type=P.out_format(lhs, rhs))
+        return dataclasses.replace(r, target="")
+
+    return any(plain(target) == plain(t) for t in ROUTE_PEERS)
+
+
+def _shared_route(lhs: str, rhs: str, target: str) -> bool:
+    return target in SHARED_ROUTE_LONG_GENERATIONS and _route_of_a_peer(lhs, rhs, target)
+
+
 #: The pairs whose plans the polyfilled decoder block's program depends on: its int4 and
 #: float8_e4m3fn weights against either activation type.
 DECODER_PAIRS = tuple((a, w) for a in ACTIVATIONS for w in ("int4", "float8_e4m3fn"))
@@ -198,11 +232,13 @@ def _cases() -> list[Case]:
         for a, w in PAIRS:
             fn = functools.partial(P.pallas_matmul, lhs=a, rhs=w, target=t)
             key = ("pallas.matmul", a, w, *_kernel_key(a, w, t))
-            out.append(Case("pallas.matmul", f"{a}x{w}", t, fn, P.matmul_specs(a, w), repeats(key)))
+            long = t in KERNEL_LONG_GENERATIONS or repeats(key) or _shared_route(a, w, t)
+            out.append(Case("pallas.matmul", f"{a}x{w}", t, fn, P.matmul_specs(a, w), long))
         for a, w in XLA_HELD:
             fn = functools.partial(P.pallas_dot, lhs=a, rhs=w, target=t)
             key = ("pallas.dot", a, w, *_kernel_key(a, w, t))
-            out.append(Case("pallas.dot", f"{a}x{w}", t, fn, P.dot_specs(a, w), repeats(key)))
+            long = t in KERNEL_LONG_GENERATIONS or repeats(key) or _shared_route(a, w, t)
+            out.append(Case("pallas.dot", f"{a}x{w}", t, fn, P.dot_specs(a, w), long))
         for mode, pairs, conv_pairs, schemes in (
             ("fast", PAIRS, CONV_PAIRS, SCHEMES),
             ("exact", EXACT_PAIRS, EXACT_CONV_PAIRS, EXACT_SCHEMES),
@@ -243,7 +279,7 @@ def _cases() -> list[Case]:
             ("emulate.ragged_dot", "prepared-mxfp4-experts", P.moe_ragged_dot, P.moe_specs(),
              ("bfloat16", "float4_e2m1fn")),
         ):  # fmt: skip
-            long = repeats((program, *pair, *_kernel_key(*pair, t)))
+            long = t in KERNEL_LONG_GENERATIONS or repeats((program, *pair, *_kernel_key(*pair, t)))
             fn = functools.partial(fn, target=t)
             out.append(Case(program, what, t, fn, specs, long))
     # Ragged M, K and N: partial edge blocks, the weight's rows and x's columns past K

@@ -2,15 +2,18 @@
 
 libtpu reads ``LIBTPU_INIT_ARGS=--xla_mosaic_compat_mode=false`` once, when it loads, so a
 compile with the setting other than this process's runs in a subprocess: a child
-``python -c`` that imports :func:`_worker` from this module, reads the pickled
-:class:`Job` list on stdin and writes one JSON verdict a line. Jobs pickle by reference
-(their functions must be importable by module path in the child); a job that kills the
-child (an abort inside libtpu) gets a ``"crash"`` verdict and the rest go on in a fresh
-child.
+``python -c`` that imports :func:`_worker` from this module, reads batches of pickled
+:class:`Job` lists on stdin and writes one JSON verdict a line. The child stays for later
+calls, one per setting, until this process exits or its working directory or the
+environment variables compiles depend on change (:data:`_CHILD_ENV`): starting one costs
+about 2 s of CPU. Jobs pickle by reference (their functions must be importable by module
+path in the child); a job that kills the child (an abort inside libtpu) gets a
+``"crash"`` verdict and the rest go on in a fresh child.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
@@ -19,6 +22,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -185,45 +189,127 @@ _CHILD = (
 )
 
 
-def _run_subprocess(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
-    """Compile ``jobs`` in fresh processes with ``compat``, restarting after a crash."""
-    root = str(Path(__file__).resolve().parents[2])
-    verdicts: list[Verdict] = []
-    while len(verdicts) < len(jobs):
-        todo = list(jobs[len(verdicts) :])
-        payload = pickle.dumps(list(sys.path)) + pickle.dumps(todo)
-        with tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", _CHILD.format(root=root)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                env=child_env(compat),
-            )
-            assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write(payload)
-            proc.stdin.close()
-            got = 0
-            for raw in proc.stdout:
+class _Child:
+    """A compiler subprocess with one compatibility setting, kept for later calls: starting
+    one (importing JAX, loading libtpu) costs about 2 s of CPU, compiling a small kernel
+    there a few ms. It reads batches of jobs on stdin until stdin closes; its stderr goes
+    to a temporary file, read for the last lines when it dies."""
+
+    def __init__(self, env: dict[str, str], cwd: str) -> None:
+        self.env, self.cwd, self.parent = env, cwd, os.getpid()
+        self.err: IO[bytes] = tempfile.TemporaryFile()
+        root = str(Path(__file__).resolve().parents[2])
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _CHILD.format(root=root)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            env=env,
+        )
+
+    def run(self, jobs: Sequence[Job]) -> tuple[list[Verdict], int | None, list[str]]:
+        """The verdicts of ``jobs`` in order, up to the first one the child dies on; when
+        it died, its exit status and the stderr lines it wrote for this batch."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        start = self.err.seek(0, os.SEEK_END)
+        verdicts: list[Verdict] = []
+        try:
+            self.proc.stdin.write(pickle.dumps(list(sys.path)) + pickle.dumps(list(jobs)))
+            self.proc.stdin.flush()
+            while len(verdicts) < len(jobs) and (raw := self.proc.stdout.readline()):
                 row = json.loads(raw)
                 facts = ProgramFacts(**row["program"]) if row["program"] else None
                 verdicts.append(
                     Verdict(row["ok"], row["stage"], row["message"], row["detail"], facts)
                 )
-                got += 1
-            rc = proc.wait()
-            err.seek(0)
-            tail = [
-                line
-                for line in err.read().decode(errors="replace").splitlines()
-                if not is_libtpu_noise(line)
-            ]
-        if got < len(todo):
-            if got == 0 and rc == 3:
+        except BrokenPipeError:
+            pass  # it died before reading the batch: its status says why
+        if len(verdicts) == len(jobs):
+            return verdicts, None, []
+        rc = self.proc.wait()
+        self.err.seek(start)
+        text = self.err.read().decode(errors="replace")
+        self.close()
+        return verdicts, rc, [line for line in text.splitlines() if not is_libtpu_noise(line)]
+
+    def close(self) -> None:
+        """Close its stdin (it exits) and wait for it."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        self.proc.wait()
+        self.err.close()
+
+
+#: The live child of each compatibility setting, and the lock of each (check_both compiles
+#: both settings at once, from two threads).
+_children: dict[bool, _Child] = {}
+_locks = {True: threading.Lock(), False: threading.Lock()}
+
+
+def _child(compat: bool) -> _Child:
+    """This process's child for ``compat``: a fresh one when there is none, or when this
+    process's working directory or the variables of :data:`_CHILD_ENV` changed since it
+    started, or when this process is a fork of the one that started it (that one's child
+    is left alone)."""
+    env, cwd = child_env(compat), os.getcwd()
+    old = _children.get(compat)
+    if old is not None and old.parent != os.getpid():
+        old = None
+    if old is not None and old.proc.poll() is None and (_key(old.env), old.cwd) == (_key(env), cwd):
+        return old
+    if old is not None:
+        old.close()
+    _children[compat] = _Child(env, cwd)
+    return _children[compat]
+
+
+#: The environment variables a child's compiles depend on, by prefix: JAX's, XLA's and
+#: libtpu's settings, Python's paths, emulate's own.
+_CHILD_ENV = ("JAX_", "XLA_", "LIBTPU_", "TPU_", "ALLOW_MULTIPLE_LIBTPU_LOAD", "PYTHON", "EMULATE_")
+
+
+def _key(env: dict[str, str]) -> dict[str, str]:
+    """What of a child's environment decides whether it may be reused (others, such as
+    the test name pytest sets or a path a library records when first imported, do not)."""
+    return {k: v for k, v in env.items() if k.startswith(_CHILD_ENV)}
+
+
+@atexit.register
+def _close_children() -> None:
+    for compat in list(_children):
+        child = _children.pop(compat)
+        if child.parent == os.getpid():
+            child.close()
+
+
+def _run_subprocess(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
+    """Compile ``jobs`` in the subprocess for ``compat``, in a fresh one after a crash."""
+    verdicts: list[Verdict] = []
+    with _locks[compat]:
+        while len(verdicts) < len(jobs):
+            todo = list(jobs[len(verdicts) :])
+            child = _child(compat)
+            try:
+                got, rc, tail = child.run(todo)
+            except BaseException:
+                # interrupted mid-batch: the child's unread verdicts must not answer the
+                # next call
+                _children.pop(compat, None)
+                child.proc.kill()
+                child.close()
+                raise
+            verdicts.extend(got)
+            if rc is None:
+                break
+            _children.pop(compat, None)
+            if not got and rc == 3:
                 raise CompilerUnavailable.because(
                     f"the compiler subprocess could not start ({' '.join(tail)})"
                 )
-            if got == 0 and rc == 4:
+            if not got and rc == 4:
                 raise TypeError(
                     "fn: the compiler subprocess could not unpickle the jobs "
                     f"({first_line(chr(10).join(tail[-1:]))})"
@@ -242,16 +328,12 @@ def _run_subprocess(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
 
 
 def _worker() -> int:
-    """The subprocess side of :func:`_run_subprocess`: one JSON line per job on stdout."""
+    """The subprocess side of :func:`_run_subprocess`: for each batch on stdin (a pickled
+    ``sys.path``, then the pickled jobs), one JSON line per job on stdout; exits when stdin
+    closes."""
     out: IO[str] = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything the C++ side prints to stdout must not reach the protocol
     stdin = sys.stdin.buffer
-    sys.path[:0] = [p for p in pickle.load(stdin) if p not in sys.path]
-    try:
-        jobs: list[Job] = pickle.load(stdin)
-    except Exception as e:  # noqa: BLE001 - a module of a job's fn that does not import here
-        print(f"{type(e).__name__}: {e}", file=sys.stderr)
-        return 4
     # Filtering the traceback of every refused compile costs about 7% of a probe; this
     # process only reports first lines.
     jax.config.update("jax_traceback_filtering", "off")
@@ -260,10 +342,19 @@ def _worker() -> int:
     except CompilerUnavailable as e:
         print(e, file=sys.stderr)
         return 3
-    for job in jobs:
-        v = compile_in_process(job)
-        facts = dataclasses.asdict(v.program) if v.program is not None else None
-        row = {"ok": v.ok, "stage": v.stage, "message": v.message, "detail": v.detail}
-        out.write(json.dumps({**row, "program": facts}) + "\n")
-    out.close()
-    return 0
+    while True:
+        try:
+            path = pickle.load(stdin)
+        except EOFError:
+            return 0
+        sys.path[:0] = [p for p in path if p not in sys.path]
+        try:
+            jobs: list[Job] = pickle.load(stdin)
+        except Exception as e:  # noqa: BLE001 - a module of a job's fn that does not import here
+            print(f"{type(e).__name__}: {e}", file=sys.stderr)
+            return 4
+        for job in jobs:
+            v = compile_in_process(job)
+            facts = dataclasses.asdict(v.program) if v.program is not None else None
+            row = {"ok": v.ok, "stage": v.stage, "message": v.message, "detail": v.detail}
+            out.write(json.dumps({**row, "program": facts}) + "\n")

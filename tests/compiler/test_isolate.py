@@ -1,5 +1,5 @@
 """Tests for emulate.compiler.isolate: compiling with the compatibility setting other than
-this process's, in a subprocess that survives a crash."""
+this process's, in a subprocess that is kept for later calls and survives a crash."""
 
 from __future__ import annotations
 
@@ -63,6 +63,50 @@ def test_a_subprocess_compiles_with_the_other_setting_and_survives_a_crash():
     # the program's facts come back through the subprocess's protocol
     assert fp8.program == ProgramFacts(tpu_custom_calls=1, xla_contractions=0, temp_bytes=0)
     assert mixed.program is None and crashed.program is None
+
+
+def _pid(x: jax.Array) -> jax.Array:
+    """Refused while traced, with the id of the process that traces it as the message."""
+    raise ValueError(f"pid {os.getpid()}")
+
+
+def test_the_subprocess_is_kept_for_later_calls_and_replaced_after_a_crash():
+    pid = compiler.Job(_pid, (_spec("float32"),), "tpu_v5e")
+    (first,) = isolate.compile_isolated([pid], compat=False)
+    (again,) = isolate.compile_isolated([pid], compat=False)
+    assert (first.stage, again.message) == ("lower", first.message)
+    assert first.message != f"pid {os.getpid()}"
+    before, crashed, after = isolate.compile_isolated(
+        [pid, compiler.Job(_abort, (_spec("float32"),), "tpu_v5e"), pid], compat=False
+    )
+    assert before.message == first.message
+    assert crashed.stage == "crash"
+    assert after.stage == "lower" and after.message not in (first.message, f"pid {os.getpid()}")
+    (later,) = isolate.compile_isolated([pid], compat=False)
+    assert later.message == after.message
+
+
+def test_an_interrupted_call_leaves_no_verdicts_to_the_next(monkeypatch):
+    pid = compiler.Job(_pid, (_spec("float32"),), "tpu_v5e")
+    (first,) = isolate.compile_isolated([pid], compat=False)
+
+    class Interrupted(Exception):
+        pass
+
+    def loads(raw):
+        raise Interrupted
+
+    mixed = compiler.Job(
+        functools.partial(_matmul, acc="float32"), (_spec("bfloat16"), _spec("int8")), "v5e"
+    )
+    with monkeypatch.context() as m:
+        m.setattr(isolate, "json", types.SimpleNamespace(loads=loads))
+        with pytest.raises(Interrupted):
+            isolate.compile_isolated([mixed, pid], compat=False)
+    # a fresh child answers: not the interrupted batch's verdict on the mixed pair
+    (after,) = isolate.compile_isolated([pid], compat=False)
+    assert after.stage == "lower" and after.message.startswith("pid ")
+    assert after.message != first.message
 
 
 def test_a_subprocess_needs_fn_by_reference():

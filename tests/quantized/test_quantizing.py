@@ -21,7 +21,19 @@ from emulate.numerics.rounding import ROUNDINGS, STOCHASTIC, random_integers
 from emulate.quantized.array import QArray
 
 # (element format, scale_rule, scale_fmt, tensor_scale): every element format with the
-# OCP rule, every rule with an 8-bit, a 4-bit and an integer element format.
+# OCP rule, every rule with an 8-bit, a 4-bit and an integer element format. By default
+# each (rule, scale format) runs with one of those three formats (in turn); the other two
+# are long (EMULATE_LONG_TESTS=1).
+_RULES = (
+    ("round_up", "float8_e8m0fnu", False),
+    ("ceil", "float8_e8m0fnu", False),
+    ("even", "float8_e8m0fnu", False),
+    ("ocp_floor", "float32", False),
+    ("absmax", "float32", False),
+    ("absmax", "bfloat16", False),
+    ("absmax", "float8_e4m3fn", True),
+)
+_RULE_FORMATS = ("float8_e4m3fn", "float4_e2m1fn", "int8")
 CASES = (
     [
         (f, "ocp_floor", "float8_e8m0fnu", False)
@@ -36,17 +48,9 @@ CASES = (
         )
     ]
     + [
-        (f, rule, sf, ts)
-        for f in ("float8_e4m3fn", "float4_e2m1fn", "int8")
-        for rule, sf, ts in (
-            ("round_up", "float8_e8m0fnu", False),
-            ("ceil", "float8_e8m0fnu", False),
-            ("even", "float8_e8m0fnu", False),
-            ("ocp_floor", "float32", False),
-            ("absmax", "float32", False),
-            ("absmax", "bfloat16", False),
-            ("absmax", "float8_e4m3fn", True),
-        )
+        pytest.param((f, rule, sf, ts), marks=() if i % 3 == j else pytest.mark.long)
+        for j, f in enumerate(_RULE_FORMATS)
+        for i, (rule, sf, ts) in enumerate(_RULES)
     ]
     + [("float6_e2m3fn", "absmax", "float16", True), ("int4", "absmax", "float16", False)]
 )
@@ -123,8 +127,21 @@ def test_quantize_matches_reference(case, data):
     np.testing.assert_array_equal(_bits(emulate.dequantize(q)), _bits(want))
 
 
-@pytest.mark.parametrize("fmt", ["int2", "int3", "int5", "int6"])
-@pytest.mark.parametrize(("scale_rule", "scale_fmt"), [("ocp_floor", "e8m0"), ("absmax", "f16")])
+# Every narrow integer format with each rule; by default int2 and int5 with the OCP rule,
+# int3 and int6 with absmax, the other four long (EMULATE_LONG_TESTS=1).
+@pytest.mark.parametrize(
+    ("fmt", "scale_rule", "scale_fmt"),
+    [
+        pytest.param(
+            f,
+            rule,
+            sf,
+            marks=() if (f in ("int2", "int5")) == (rule == "ocp_floor") else pytest.mark.long,
+        )
+        for rule, sf in (("ocp_floor", "e8m0"), ("absmax", "f16"))
+        for f in ("int2", "int3", "int5", "int6")
+    ],
+)
 @settings(max_examples=4)
 @given(data=_inputs())
 def test_quantize_into_narrow_integers_matches_reference(fmt, scale_rule, scale_fmt, data):

@@ -109,6 +109,11 @@ def _qdot(static: tuple, lhs: Operand | QArray, rhs: Operand | QArray) -> jax.Ar
         vb = _values_operand(rhs, "rhs")
         p = plan_for(va, vb, target, out_name, "exact")
         return run_plan(p, va, vb, dn, precision, tiled.current_settings())
+    form = _cpu_kernel_form(dn, lhs, rhs)
+    if form is not None:
+        # few rows times a QArray on the CPU: the kernel reads the parts as stored
+        # (two-level scales included), so before with_flat_scales decodes them
+        return _cpu_kernel_run(lhs, rhs, dn, precision, out_name, form[0], form[1])
     a, qa = _codes_operand(with_flat_scales(lhs) if isinstance(lhs, QArray) else lhs, "lhs")
     b, qb = _codes_operand(with_flat_scales(rhs) if isinstance(rhs, QArray) else rhs, "rhs")
     p = plan(a.format, b.format, target=target, preferred_element_type="float32", mode=mode)
@@ -342,18 +347,12 @@ def _wide(x) -> jax.Array:
 
 def _dequantized(a, b, dimension_numbers, precision, out, tiling: tiled.Settings) -> jax.Array:
     """The dequantized values of ``a`` and ``b`` in one dot (:func:`_dequantized_run`);
-    on the CPU a QArray times few rows is the CPU kernel's (:mod:`emulate.cpu.route`),
-    and a single large QArray is otherwise dequantized tile by tile next to the dot
+    on the CPU a single large QArray is dequantized tile by tile next to the dot
     (:mod:`emulate.engine.qtiled`)."""
     t = None
     if isinstance(a, QArray) != isinstance(b, QArray):
         side = 0 if isinstance(a, QArray) else 1
         q, other = (a, b) if side == 0 else (b, a)
-        form = None
-        if cpu_kernel_enabled():
-            form = cpu_route.choose(q, side, other.shape, dimension_numbers)
-        if form is not None:
-            return _cpu_kernel_run(a, b, dimension_numbers, precision, out, side, form)
         t = qtiled.choose(q, side, len(other.shape), dimension_numbers, tiling)
     if t is None:
         return _dequantized_run(a, b, dimension_numbers, precision, out)
@@ -407,6 +406,18 @@ def _qtiled_run(a, b, dimension_numbers, precision, out, t: qtiled.QTiling):
 
     acc = lax.platform_dependent(q, vo, cpu=cpu, default=untiled)
     return accumulate.round_accumulator(acc, out)
+
+
+def _cpu_kernel_form(dn, lhs: Operand | QArray, rhs: Operand | QArray):
+    """``(side, form)`` where the CPU kernel takes this contraction (one QArray operand,
+    :func:`emulate.cpu.route.choose`), else None."""
+    if isinstance(lhs, QArray) == isinstance(rhs, QArray) or not cpu_kernel_enabled():
+        return None
+    side = 0 if isinstance(lhs, QArray) else 1
+    q, other = (lhs, rhs) if side == 0 else (rhs, lhs)
+    assert isinstance(q, QArray)
+    form = cpu_route.choose(q, side, other.shape, dn)
+    return None if form is None else (side, form)
 
 
 @functools.partial(

@@ -57,7 +57,7 @@ INV8 = np.float32(0.125)
 
 
 def _dummy_reader() -> Callable:
-    @numba.njit
+    @numba.njit(inline="always")
     def value(data, table, i, j):
         return np.float32(0)
 
@@ -70,7 +70,7 @@ def _level_value(level: Level) -> Callable:
     bi, bj = level.block
     has_zp, has_off, has_scale = level.zero_point, level.offset, level.scales is not None
 
-    @numba.njit
+    @numba.njit(inline="always")
     def value(c, t, sc, st, zp, off, i, j):
         v = codes(c, t, i, j)
         if has_zp:
@@ -91,7 +91,7 @@ def _factor(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Callabl
     if isinstance(part, Level):
         level = _level_value(part)
 
-        @numba.njit
+        @numba.njit(inline="always")
         def nested(consts, b0, t0, b1, t1, i, j):
             return level(b0, t0, b1, t1, consts[zp_at], consts[off_at], i, j)
 
@@ -99,14 +99,14 @@ def _factor(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Callabl
     if isinstance(part, Slot):
         slot = reader(part)
 
-        @numba.njit
+        @numba.njit(inline="always")
         def stored(consts, b0, t0, b1, t1, i, j):
             return slot(b0, t0, i, j)
 
         return stored
     const = off_at - 1 if part == "const" else -1
 
-    @numba.njit
+    @numba.njit(inline="always")
     def constant(consts, b0, t0, b1, t1, i, j):
         return consts[const] if const >= 0 else np.float32(0)
 
@@ -123,7 +123,7 @@ def factors(form: Form) -> Callable:
     off = _factor(form.offset, 4, 5 if isinstance(form.offset, Level) else 2)
     has_scale = form.scale is not None
 
-    @numba.njit
+    @numba.njit(inline="always")
     def block(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, i, j):
         z = zp(consts, s1, t1, s1, t1, i, j)
         s = consts[6]
@@ -281,7 +281,7 @@ def _row_groups(kind: int, bits: int) -> Callable:
     b256, b65536 = np.float32(256), np.float32(65536)
 
     @numba.njit(fastmath=FAST, inline="always")
-    def groups(xe, codes, table, z, d):
+    def groups(xe, xo, codes, table, z, d):
         plane = np.uint64(d.shape[0])
         for t in range(plane):
             at = t * np.uint64(nb)
@@ -303,6 +303,7 @@ def _row_groups(kind: int, bits: int) -> Callable:
                 p += xe[np.uint64(6) * plane + t] * (value(c6(lo, hi), table) - z)
                 p += xe[np.uint64(7) * plane + t] * (value(c7(lo, hi), table) - z)
             d[t] = p
+
     return groups
 
 
@@ -390,10 +391,13 @@ def _rows_kernel(form: Form, parallel: bool) -> Callable:
 
 
 def _row_groups_kernel(form: Form, parallel: bool) -> Callable:
-    """Layout ROWS, :data:`GROUPS`: each row's group sums in one loop, then per block."""
-    groups, block = _row_groups(form.codes.kind, form.codes.bits), factors(form)
+    """Layout ROWS, :data:`GROUPS` (a zero point the same for every block): each row's
+    group sums in one long loop (:func:`_row_groups`), then each block's sum of them,
+    scaled."""
+    groups = _row_groups(form.codes.kind, form.codes.bits)
+    per_block = form.block[1] // group_shape(form.codes.bits)[0]
+    block = factors(form)
     bn, bk = form.block
-    per_block = bk // group_shape(form.codes.bits)[0]
     has_offset = form.offset is not None
     const_zp = form.zero_point == "const"
 
@@ -413,7 +417,7 @@ def _row_groups_kernel(form: Form, parallel: bool) -> Callable:
                         consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, b
                     )
                 for m in range(m_rows):
-                    groups(xe[m], s0[r], t0, z, d)
+                    groups(xe[m], xo[m], s0[r], t0, z, d)
                     acc = np.float32(0)
                     for b in range(nb):
                         p = np.float32(0)

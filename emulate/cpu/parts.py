@@ -57,13 +57,13 @@ def stack_floats(typingctx: Any, count: Any) -> Any:
     return types.voidptr(count), codegen
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def float32_value(bits32: int) -> np.float32:
     """The float32 value of float32 bits ``bits32``."""
     return _f32_from_bits(np.uint64(bits32))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def float16_value(h: int) -> np.float32:
     """The float32 value of float16 bits ``h`` (exact: every float16 is a float32)."""
     h = np.uint64(h)
@@ -83,7 +83,7 @@ def _code_reader(bits: int, axis: int, width: int) -> Callable:
     mask = np.uint64((1 << bits) - 1) if bits < 64 else np.uint64(0)
     eight = np.uint64(8)
 
-    @numba.njit
+    @numba.njit(inline="always")
     def code(data, i, j):
         if axis == -1:
             c = np.uint64(0)
@@ -112,7 +112,7 @@ def reader(slot: Slot) -> Callable:
     kind, bits = slot.kind, slot.bits
     half, full = 1 << (bits - 1), 1 << bits
 
-    @numba.njit
+    @numba.njit(inline="always")
     def value(data, table, i, j):
         c = code(data, i, j)
         if kind == UNSIGNED:

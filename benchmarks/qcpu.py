@@ -14,7 +14,10 @@ Per shape, one interleaved group (harness timing: every case once per round) of:
                group; half its time is the time to read those bytes (the copy reads and
                writes each byte), scaled to each weight's stored bytes
   dequantize   ``lax.dot_general(x, emulate.dequantize(q, to=bf16))`` in one program
-  emulate      ``emulate.dot_general(x, q, ..., preferred_element_type=f32)``
+  emulate      ``emulate.dot_general(x, q, ..., preferred_element_type=f32)``: the CPU
+               kernel (:mod:`emulate.cpu`) for M <= 8, XLA's tiled route above
+  xla          (M <= 8) the same call with the CPU kernel off (``use_cpu_kernel(False)``):
+               XLA's tiled route (:mod:`emulate.engine.qtiled`), the route before the kernel
 
 Each row carries the 1-minute load average before and after its group was timed (the
 development machine is shared: ratios within a group are comparable, absolute times
@@ -40,6 +43,7 @@ import emulate
 from benchmarks import harness
 from benchmarks.cases import goal, parse_names, parse_shapes, shape_of
 from benchmarks.qweights import CPU_SCHEMES, KN, NK, Case
+from emulate.cpu.route import MAX_ROWS
 
 BF16 = jnp.bfloat16
 F32 = jnp.float32
@@ -65,6 +69,16 @@ def _emulate(dn: Any) -> Callable[..., jax.Array]:
     return jax.jit(lambda x, q: emulate.dot_general(x, q, dn, preferred_element_type=F32))
 
 
+def _xla_route(dn: Any) -> Callable[..., jax.Array]:
+    f = _emulate(dn)
+
+    def call(x: jax.Array, q: Any) -> jax.Array:
+        with emulate.use_cpu_kernel(False):  # part of jit's key: traced with the kernel off
+            return f(x, q)
+
+    return call
+
+
 def group_cases(
     shape: tuple[int, int, int], names: Sequence[str]
 ) -> tuple[list[Case], dict[str, int]]:
@@ -81,6 +95,8 @@ def group_cases(
         stored[name] = int(q.nbytes)
         cases.append(Case(name, "dequantize", _dequantize_dot(s.dn), (x, q)))
         cases.append(Case(name, "emulate", _emulate(s.dn), (x, q)))
+        if m <= MAX_ROWS:
+            cases.append(Case(name, "xla", _xla_route(s.dn), (x, q)))
     words = jnp.zeros((-(-max(stored.values()) // 4),), jnp.uint32)
     cases.append(Case("read", "copy", jax.jit(lambda u: u + 1), (words,)))
     return cases, stored
@@ -101,6 +117,7 @@ def rows_of(shape: tuple[int, int, int], names: Sequence[str], repeats: int) -> 
     for name in names:
         floor = med.get(f"floor {'nk' if CPU_SCHEMES[name].dn == NK else 'kn'}")
         emu, deq = med.get(f"{name} emulate"), med.get(f"{name} dequantize")
+        xla = med.get(f"{name} xla")
         read = None if read_per_byte is None else read_per_byte * stored[name]
         rows.append(
             {
@@ -114,10 +131,12 @@ def rows_of(shape: tuple[int, int, int], names: Sequence[str], repeats: int) -> 
                 "floor_s": floor,
                 "dequantize_s": deq,
                 "emulate_s": emu,
+                "xla_s": xla,
                 "read_s": read,
                 "emulate_over_floor": _ratio(emu, floor),
                 "dequantize_over_floor": _ratio(deq, floor),
                 "emulate_over_read": _ratio(emu, read),
+                "xla_over_read": _ratio(xla, read),
                 "failed": {lab: why for lab, why in failed.items() if lab.startswith(name + " ")},
             }
         )
@@ -148,15 +167,16 @@ def markdown(report: dict[str, Any]) -> str:
     """The tables: per shape and scheme, and the goal rows."""
     out = [
         "| scheme | M x K x N | stored MB | floor ms | dequantize + dot / floor | "
-        "emulate ms | emulate / floor | emulate / read | load |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "emulate ms | emulate / floor | emulate / read | XLA route / read | load |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         out.append(
             f"| {r['title']} | {shape_of(r)} | {harness.mb(r['stored_bytes'])} | "
             f"{harness.ms(r['floor_s'])} | {harness.ratio(r['dequantize_over_floor'])} | "
             f"{harness.ms(r['emulate_s'])} | {harness.ratio(r['emulate_over_floor'])} | "
-            f"{harness.ratio(r['emulate_over_read'], 1)} | {_load(r)} |"
+            f"{harness.ratio(r['emulate_over_read'], 1)} | "
+            f"{harness.ratio(r.get('xla_over_read'), 1)} | {_load(r)} |"
         )
     out += ["", "| goal | limit | worst | where | met |", "|---|---|---|---|---|"]
     for g in report["goals"]:

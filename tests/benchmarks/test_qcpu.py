@@ -35,10 +35,15 @@ def test_one_group_per_shape_with_both_floors_and_the_read() -> None:
         "floor nk",
         "awq_g128 dequantize",
         "awq_g128 emulate",
+        "awq_g128 xla",
         "q4_0 dequantize",
         "q4_0 emulate",
+        "q4_0 xla",
         "read copy",
     ]
+    # the XLA route beside the CPU kernel only where the kernel takes the call (M <= 8)
+    wide, _ = qcpu.group_cases((64, K, N), ["q4_0"])
+    assert [c.label for c in wide][2:] == ["q4_0 dequantize", "q4_0 emulate", "read copy"]
     assert stored["q4_0"] == N * K // 32 * 18
     (words,) = cases[-1].args
     assert words.size == -(-max(stored.values()) // 4)

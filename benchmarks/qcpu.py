@@ -10,9 +10,11 @@ Per shape, one interleaved group (harness timing: every case once per round) of:
 
   floor        ``lax.dot_general`` of x and a bf16 weight decoded up front (bf16 x bf16,
                f32 result), one per layout ((K, N) and GGUF's (N, K))
-  read         ``u + 1`` on a uint32 array as large as the largest stored weight of the
-               group; half its time is the time to read those bytes (the copy reads and
-               writes each byte), scaled to each weight's stored bytes
+  read         the sum of a uint64 array as large as the largest stored weight of the
+               group, on numba's threads: a pure read of those bytes, scaled to each
+               weight's stored bytes (:func:`read_bytes`; before 2026-12-06 15:30 UTC half
+               the time of XLA's ``u + 1`` copy, which writes a fresh output too and ran at
+               2-5 GB/s against this read's 30 GB/s: ratios to it were 3-7x too kind)
   dequantize   ``lax.dot_general(x, emulate.dequantize(q, to=bf16))`` in one program
   emulate      ``emulate.dot_general(x, q, ..., preferred_element_type=f32)``: the CPU
                kernel (:mod:`emulate.cpu`) for M <= 8, XLA's tiled route above
@@ -36,6 +38,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numba
 import numpy as np
 from jax import lax
 
@@ -69,6 +72,15 @@ def _emulate(dn: Any) -> Callable[..., jax.Array]:
     return jax.jit(lambda x, q: emulate.dot_general(x, q, dn, preferred_element_type=F32))
 
 
+@numba.njit(parallel=True, cache=True)
+def read_bytes(words: np.ndarray) -> int:
+    """Every byte of ``words`` (uint64) read once: their sum, on numba's threads."""
+    total = np.uint64(0)
+    for i in numba.prange(words.shape[0]):
+        total += words[i]
+    return total
+
+
 def _xla_route(dn: Any) -> Callable[..., jax.Array]:
     f = _emulate(dn)
 
@@ -97,8 +109,8 @@ def group_cases(
         cases.append(Case(name, "emulate", _emulate(s.dn), (x, q)))
         if m <= MAX_ROWS:
             cases.append(Case(name, "xla", _xla_route(s.dn), (x, q)))
-    words = jnp.zeros((-(-max(stored.values()) // 4),), jnp.uint32)
-    cases.append(Case("read", "copy", jax.jit(lambda u: u + 1), (words,)))
+    words = np.ones(-(-max(stored.values()) // 8), np.uint64)
+    cases.append(Case("read", "sum", read_bytes, (words,)))
     return cases, stored
 
 
@@ -111,8 +123,8 @@ def rows_of(shape: tuple[int, int, int], names: Sequence[str], repeats: int) -> 
     ran, failed = harness.interleave(cases, repeats)
     load = (round(load_before, 1), round(os.getloadavg()[0], 1))
     med = {c.label: harness.stats(c.times)["median_s"] for c in ran}
-    copy = med.get("read copy")
-    read_per_byte = None if copy is None else copy / 2 / (4 * -(-max(stored.values()) // 4))
+    read_all = med.get("read sum")
+    read_per_byte = None if read_all is None else read_all / (8 * -(-max(stored.values()) // 8))
     rows = []
     for name in names:
         floor = med.get(f"floor {'nk' if CPU_SCHEMES[name].dn == NK else 'kn'}")

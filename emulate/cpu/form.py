@@ -172,12 +172,16 @@ def _factor(part: Any) -> Slot | Level | str | None:
 
 def weight_form(q: QArray, contracting: int) -> Form | None:
     """The kernel's form of a 2-D QArray contracted along axis ``contracting``, or None
-    where the kernel does not take it (stacked or act-order QArrays, codes packed along N,
-    codes wider than a byte, parts it cannot read)."""
+    where the kernel does not take it: stacked or act-order QArrays, codes packed along N,
+    codes wider than a byte, codes that are not integers (float formats, codebooks: a
+    table lookup an element, which ran slower than XLA's route), parts it cannot read.
+    Tables serve the per-block parts (float8 scales, a codebook of two-level scales)."""
     if len(q.shape) != 2 or q.perm is not None or contracting not in (0, 1):
         return None
     codes = _array_slot(q.codes, q.format, q.codebook)
-    if codes is None or codes.kind not in (UNSIGNED, SIGNED, TABLE):
+    if codes is None or codes.kind not in (UNSIGNED, SIGNED):
+        # float codes and codebooks (a table lookup an element: gathers) measured slower
+        # in the kernel than on XLA's route (docs/performance.md, "The CPU kernel")
         return None
     if codes.axis != -1 and codes.axis != 1 - contracting and codes.axis != contracting:
         return None
@@ -232,33 +236,25 @@ def _stored(a: Any) -> jax.Array:
     return a.data if isinstance(a, Packed) else jnp.asarray(a)
 
 
-def _table(slot: Slot, fmt: Any, codebook: Any, pairs: bool = False) -> jax.Array:
-    """The value of every code (``element_values``: what ``dequantize`` gives); with
-    ``pairs`` (4-bit codes two a byte) by byte: the low codes' values, then the high ones'."""
+def _table(slot: Slot, fmt: Any, codebook: Any) -> jax.Array:
+    """The value of every code (``element_values``: what ``dequantize`` gives)."""
     if slot.kind != TABLE:
         return jnp.zeros((1,), jnp.float32)
-    codes = jnp.arange(1 << slot.bits, dtype=jnp.uint8)
-    values = element_values(codes, fmt, codebook)
-    if not pairs:
-        return values
-    byte = jnp.arange(256, dtype=jnp.uint8)
-    return jnp.concatenate([values[byte & 15], values[byte >> 4]])
+    return element_values(jnp.arange(1 << slot.bits, dtype=jnp.uint8), fmt, codebook)
 
 
 _NO_BYTES = np.zeros((1, 1), np.uint8)
 _NO_TABLE = np.zeros((1,), np.float32)
 
 
-def _slot_arrays(
-    part: Any, slot: Slot | None, fmt: Any = None, cb: Any = None, pairs: bool = False
-) -> tuple:
+def _slot_arrays(part: Any, slot: Slot | None, fmt: Any = None, cb: Any = None) -> tuple:
     if slot is None or not isinstance(slot, Slot):
         return (jnp.asarray(_NO_BYTES), jnp.asarray(_NO_TABLE))
     if fmt is None and isinstance(part, Packed):
         fmt = part.format
     if fmt is None and slot.kind == TABLE:
         fmt = formats.get(np.dtype(part.dtype).name)
-    return (_stored(part), _table(slot, fmt, cb, pairs))
+    return (_stored(part), _table(slot, fmt, cb))
 
 
 def weight_operands(q: QArray, form: Form) -> tuple[jax.Array, list[jax.Array]]:
@@ -271,7 +267,7 @@ def weight_operands(q: QArray, form: Form) -> tuple[jax.Array, list[jax.Array]]:
     if form.offset == "const":
         consts[1] = float(q.offsets)
     slots: list[jax.Array] = []
-    slots += _slot_arrays(q.codes, form.codes, q.format, q.codebook, form.variant == NIBBLES)
+    slots += _slot_arrays(q.codes, form.codes, q.format, q.codebook)
     slots += _slot_arrays(
         q.zero_points, form.zero_point if isinstance(form.zero_point, Slot) else None
     )

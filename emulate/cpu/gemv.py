@@ -37,7 +37,6 @@ from emulate.cpu.form import (
     GROUPS,
     NIBBLES,
     SIGNED,
-    TABLE,
     Form,
     Level,
     Slot,
@@ -136,15 +135,11 @@ def factors(form: Form) -> Callable:
 
 
 def _nibbles(kind: int) -> Callable:
-    """An njit ``(byte, table) -> (low, high)``: the values of a byte's two 4-bit codes.
-    Integers in float32 arithmetic (``h = floor(c / 16)``, ``lo = c - 16 h``); a table
-    kind from the byte-pair table (:func:`emulate.cpu.form.weight_operands`: ``table[b]``
-    the low code's value, ``table[256 + b]`` the high one's), a gather by the byte."""
+    """An njit ``(byte, table) -> (low, high)``: the values of a byte's two 4-bit integer
+    codes in float32 arithmetic (``h = floor(c / 16)``, ``lo = c - 16 h``)."""
 
     @numba.njit(fastmath=FAST, inline="always")
     def values(byte, table):
-        if kind == TABLE:
-            return table[byte], table[np.uint64(byte) + np.uint64(256)]
         c = np.float32(byte)
         h = np.floor(c * INV16)
         lo = c - F16 * h
@@ -161,8 +156,6 @@ def _code_value(kind: int, bits: int) -> Callable:
 
     @numba.njit(fastmath=FAST, inline="always")
     def value(c, table):
-        if kind == TABLE:
-            return table[c]
         if kind == SIGNED:
             return np.float32(np.int64(c) - full if c >= half else np.int64(c))
         return np.float32(c)
@@ -226,8 +219,6 @@ def _float_code(kind: int, bits: int) -> Callable:
 
     @numba.njit(fastmath=FAST, inline="always")
     def value(c, table):
-        if kind == TABLE:
-            return table[np.uint64(c)]
         if kind == SIGNED:
             return c - full * np.floor(c * inv_half)
         return c
@@ -446,7 +437,7 @@ def _columns_kernel(form: Form, parallel: bool) -> Callable:
             w = min(n, n0 + COLUMN_CHUNK) - n0
             acc = np.zeros((m_rows, COLUMN_CHUNK), np.float32)
             # the block sums live on the stack: LLVM then knows that the element loop's
-            # stores do not alias the table it gathers from, and vectorizes it
+            # stores alias none of its loads, and vectorizes it without runtime checks
             blk = numba.carray(stack_floats(COLUMN_CHUNK), (COLUMN_CHUNK,), np.float32)
             zr = np.empty(COLUMN_CHUNK, np.float32)
             sr = np.empty(COLUMN_CHUNK, np.float32)

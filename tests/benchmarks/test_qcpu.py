@@ -39,14 +39,15 @@ def test_one_group_per_shape_with_both_floors_and_the_read() -> None:
         "q4_0 dequantize",
         "q4_0 emulate",
         "q4_0 xla",
-        "read copy",
+        "read sum",
     ]
     # the XLA route beside the CPU kernel only where the kernel takes the call (M <= 8)
     wide, _ = qcpu.group_cases((64, K, N), ["q4_0"])
-    assert [c.label for c in wide][2:] == ["q4_0 dequantize", "q4_0 emulate", "read copy"]
+    assert [c.label for c in wide][2:] == ["q4_0 dequantize", "q4_0 emulate", "read sum"]
     assert stored["q4_0"] == N * K // 32 * 18
     (words,) = cases[-1].args
-    assert words.size == -(-max(stored.values()) // 4)
+    assert words.size == -(-max(stored.values()) // 8)
+    assert qcpu.read_bytes(words[:1000]) == 1000  # np.ones: every word read once
     y = np.asarray(cases[3].fn(*cases[3].args))
     assert y.shape == (2, N) and y.dtype == np.float32
 

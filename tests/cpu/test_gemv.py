@@ -106,3 +106,21 @@ def test_gradients_are_the_dequantized_weights() -> None:
     with emulate.use_cpu_kernel(True):
         g = jax.grad(lambda x: emulate.dot_general(x, q, KN).sum())(x)
     assert np.array_equal(np.asarray(g), np.broadcast_to(w.sum(axis=1), (2, K)).astype(np.float32))
+
+
+def test_rows_as_stored_with_a_last_shorter_block() -> None:
+    # GGUF-style rows (N, K) contracted along K: uint4 codes with zero point 8 and float16
+    # scales per 32, K = 80 (two blocks and one of 16)
+    rng = np.random.default_rng(7)
+    k = 80
+    codes = rng.integers(0, 16, (N, k), dtype=np.uint8)
+    scales = rng.uniform(0.01, 0.1, (N, 3)).astype(np.float16)
+    q = QArray.from_parts(
+        emulate.pack(codes, "uint4", axis=-1), scales, block_shape=(1, 32), zero_points=8
+    )
+    w = (codes.astype(np.float64) - 8) * np.repeat(scales.astype(np.float64), 32, axis=1)[:, :k]
+    x = rng.normal(size=(3, k)).astype(np.float32)
+    nk = (((1,), (1,)), ((), ()))
+    got = _dot(jnp.asarray(x), q, nk)
+    bound = emulate.bounds.qarray_bound(x, w.T, KN, segments=3)
+    assert (np.abs(got - x.astype(np.float64) @ w.T) <= bound).all()

@@ -135,6 +135,19 @@ def factors(form: Form) -> Callable:
     return block
 
 
+def _row_factors(form: Form) -> Callable:
+    """An njit ``(consts, s1, t1, ..., s5, t5, i, zb, sb, ob)``: the factors of every block
+    of row ``i`` of the weight's grid (layout ROWS) into ``zb``, ``sb``, ``ob``."""
+    block = factors(form)
+
+    @numba.njit(inline="always")
+    def row(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, i, zb, sb, ob):
+        for b in range(zb.shape[0]):
+            zb[b], sb[b], ob[b] = block(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, i, b)
+
+    return row
+
+
 def _nibbles(kind: int) -> Callable:
     """An njit ``(byte, table) -> (low, high)``: the values of a byte's two 4-bit integer
     codes in float32 arithmetic (``h = floor(c / 16)``, ``lo = c - 16 h``)."""
@@ -352,7 +365,7 @@ def _rows_kernel(form: Form, parallel: bool) -> Callable:
         return _row_groups_kernel(form, parallel)
     if form.variant == NIBBLES:
         return _row_lanes_kernel(form, parallel)
-    loop, block = _row_loop(form), factors(form)
+    loop, row_factors = _row_loop(form), _row_factors(form)
     bn, bk = form.block
     has_offset = form.offset is not None
 
@@ -366,10 +379,7 @@ def _rows_kernel(form: Form, parallel: bool) -> Callable:
             sb = np.empty(nb, np.float32)
             ob = np.empty(nb, np.float32)
             for r in range(task * ROW_CHUNK, min(n, (task + 1) * ROW_CHUNK)):
-                for b in range(nb):
-                    zb[b], sb[b], ob[b] = block(
-                        consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, b
-                    )
+                row_factors(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, zb, sb, ob)
                 codes = s0[r]
                 for m in range(m_rows):
                     acc = np.float32(0)
@@ -392,7 +402,7 @@ def _row_lanes_kernel(form: Form, parallel: bool) -> Callable:
     The bound is the segment route's: per element the product and the scale (one rounding
     each) and one addition a lane. (One code a byte measured slower this way: Q8_0 keeps
     :func:`_rows_kernel`'s block sums.)"""
-    block = factors(form)
+    row_factors = _row_factors(form)
     bn, bk = form.block
     per = bk // 2  # bytes a block
     lanes = math.gcd(per, 16)
@@ -412,10 +422,7 @@ def _row_lanes_kernel(form: Form, parallel: bool) -> Callable:
             ob = np.empty(nb, np.float32)
             a = numba.carray(stack_floats(16), (16,), np.float32)
             for r in range(task * ROW_CHUNK, min(n, (task + 1) * ROW_CHUNK)):
-                for b in range(nb):
-                    zb[b], sb[b], ob[b] = block(
-                        consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, b
-                    )
+                row_factors(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, zb, sb, ob)
                 codes = s0[r]
                 for m in range(m_rows):
                     em, om = xe[m], xo[m]
@@ -452,7 +459,7 @@ def _row_groups_kernel(form: Form, parallel: bool) -> Callable:
     scaled."""
     groups = _row_groups(form.codes.kind, form.codes.bits)
     per_block = form.block[1] // group_shape(form.codes.bits)[0]
-    block = factors(form)
+    row_factors = _row_factors(form)
     bn, bk = form.block
     has_offset = form.offset is not None
     const_zp = form.zero_point == "const"
@@ -464,14 +471,12 @@ def _row_groups_kernel(form: Form, parallel: bool) -> Callable:
         nb = k // bk
         z = consts[0] if const_zp else np.float32(0)
         for task in prange((n + ROW_CHUNK - 1) // ROW_CHUNK):
+            zb = np.empty(nb, np.float32)
             sb = np.empty(nb, np.float32)
             ob = np.empty(nb, np.float32)
             d = np.empty(nb * per_block, np.float32)
             for r in range(task * ROW_CHUNK, min(n, (task + 1) * ROW_CHUNK)):
-                for b in range(nb):
-                    _, sb[b], ob[b] = block(
-                        consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, b
-                    )
+                row_factors(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, zb, sb, ob)
                 for m in range(m_rows):
                     groups(xe[m], xo[m], s0[r], t0, z, d)
                     acc = np.float32(0)

@@ -66,7 +66,7 @@ from emulate.planning.plan import plan
 from emulate.quantized.array import QArray
 from emulate.quantized.checks import SCALE_FORMATS
 from emulate.quantized.values import dequantize
-from emulate.route_setting import cpu_kernel_enabled
+from emulate.route_setting import cpu_kernel_enabled, planning_now, tpu_may_lower
 from emulate.targets import TargetLike
 
 __all__ = ["qarray_dot_general", "scaled_matmul"]
@@ -109,7 +109,7 @@ def _qdot(static: tuple, lhs: Operand | QArray, rhs: Operand | QArray) -> jax.Ar
         vb = _values_operand(rhs, "rhs")
         p = plan_for(va, vb, target, out_name, "exact")
         return run_plan(p, va, vb, dn, precision, tiled.current_settings())
-    form = _cpu_kernel_form(dn, lhs, rhs)
+    form = _cpu_kernel_form(dn, target, lhs, rhs)
     if form is not None:
         # few rows times a QArray on the CPU: the kernel reads the parts as stored
         # (two-level scales included), so before with_flat_scales decodes them
@@ -408,10 +408,16 @@ def _qtiled_run(a, b, dimension_numbers, precision, out, t: qtiled.QTiling):
     return accumulate.round_accumulator(acc, out)
 
 
-def _cpu_kernel_form(dn, lhs: Operand | QArray, rhs: Operand | QArray):
-    """``(side, form)`` where the CPU kernel takes this contraction (one QArray operand,
-    :func:`emulate.cpu.route.choose`), else None."""
+def _cpu_kernel_form(dn, target, lhs: Operand | QArray, rhs: Operand | QArray):
+    """``(side, form)`` where the CPU kernel takes this contraction: one QArray operand
+    (:func:`emulate.cpu.route.choose`), the CPU target, and a program that only the CPU
+    will run (JAX's CPU backend, no TPU lowering or route planning in view: elsewhere the
+    planned route runs); else None."""
     if isinstance(lhs, QArray) == isinstance(rhs, QArray) or not cpu_kernel_enabled():
+        return None
+    if target.kind != "cpu" or jax.default_backend() != "cpu":
+        return None
+    if tpu_may_lower() or planning_now():
         return None
     side = 0 if isinstance(lhs, QArray) else 1
     q, other = (lhs, rhs) if side == 0 else (rhs, lhs)

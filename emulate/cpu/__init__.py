@@ -25,8 +25,13 @@ def available() -> bool:
 
 @functools.cache
 def parallel() -> bool:
-    """Whether numba's OpenMP or TBB threading layer loads (thread-safe: the kernels run
-    on numba's threads), rather than only its fallback layer (one thread)."""
+    """Whether the kernels run on numba's threads: its threading layer is not forced to
+    "workqueue" (``NUMBA_THREADING_LAYER``: not thread-safe, and XLA may call kernels
+    from several threads) and its OpenMP or TBB layer loads; else one thread."""
+    import numba
+
+    if getattr(numba.config, "THREADING_LAYER", "default") == "workqueue":
+        return False
     for layer in ("omppool", "tbbpool"):
         try:
             importlib.import_module(f"numba.np.ufunc.{layer}")

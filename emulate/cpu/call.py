@@ -2,9 +2,9 @@
 of activations through XLA's FFI (:func:`jax.ffi.ffi_call`) to the kernel compiled for the
 weight's :class:`~emulate.cpu.form.Form` (:mod:`emulate.cpu.gemv`).
 
-Under ``vmap`` the call runs once per batch element (``vmap_method="sequential"``); the
-front end (:mod:`emulate.scaled`) gives the kernel every row of the activations at once,
-so a batch of rows is one call, not many.
+Under ``vmap`` the call runs once per batch element (``vmap_method="sequential"``), each
+reading the whole weight: put the rows in the activations' array instead (the front end,
+:mod:`emulate.scaled`, gives the kernel every row of it in one call).
 """
 
 from __future__ import annotations

@@ -100,6 +100,8 @@ def answer_metadata(frame: int) -> bool:
     _store(meta, 24, np.int32(_API_MAJOR))
     _store(meta, 28, np.int32(_API_MINOR))
     _store(meta, 32, np.uint32(0))  # traits
+    if _load(meta, 0, types.int64) >= 48:  # a struct with state_type_id
+        _store(meta, 40, np.int64(0))  # XLA_FFI_UNKNOWN_TYPE_ID: stateless
     return True
 
 

@@ -60,8 +60,8 @@ UNSIGNED, SIGNED, TABLE, FLOAT16, BFLOAT16, FLOAT32 = range(6)
 ROWS, COLUMNS = 0, 1
 NIBBLES, BYTES, BITS, GROUPS = range(4)
 #: The constants' order in the kernel's float32 ``consts``: the weight's zero point and
-#: offset, each two-level part's zero point and offset, and the tensor scale times
-#: ``2**element_exponent``.
+#: offset, each two-level part's zero point and offset, and a factor of every scale (1:
+#: :func:`weight_form` refuses tensor scales and element exponents).
 CONSTS = ("zp", "offset", "scale_zp", "scale_offset", "offset_zp", "offset_offset", "tensor")
 
 
@@ -114,15 +114,21 @@ def _format_slot(fmt: Any, bits: int, axis: int, codebook: Any) -> Slot | None:
     return Slot(SIGNED if fmt.signed else UNSIGNED, bits, axis, 1)
 
 
+#: numpy dtypes narrower than a byte: XLA:CPU holds them packed two (or four) a byte, which
+#: the kernel's byte readers would misread (a QArray keeps such arrays as given).
+_SUB_BYTE = frozenset({"int2", "uint2", "int4", "uint4", "float4_e2m1fn"})
+
+
 def _array_slot(a: Any, fmt: Any = None, codebook: Any = None) -> Slot | None:
     """The slot of a stored array (a Packed array, codes of a low-precision format, or
-    float16 / bfloat16 / float32 / integer values), None where the kernel cannot read it."""
+    float16 / bfloat16 / float32 / integer values), None where the kernel cannot read it.
+    ``fmt``: the format of uint8 codes (a QArray's format, or its scales' format)."""
     if isinstance(a, Packed):
         if a.data.ndim != 2 or a.format.bits > 8:
             return None
         return _format_slot(a.format, a.format.bits, a.data.ndim + a.axis, codebook)
     dt = np.dtype(a.dtype)
-    if a.ndim != 2:
+    if a.ndim != 2 or dt.name in _SUB_BYTE:
         return None
     if fmt is not None and fmt.bits <= 8 and dt.itemsize == 1:
         return _format_slot(fmt, fmt.bits, -1, codebook)
@@ -153,21 +159,30 @@ def _level(q: QArray) -> Level | None:
     ):
         return None
     codes = _array_slot(q.codes, q.format, q.codebook)
-    scales = _array_slot(q.scales)
+    scales = _array_slot(q.scales, _scale_format(q))
     if codes is None or scales is None:
         return None
     block = (q.block_shape[0], q.block_shape[1])
     return Level(codes, scales, block, q.zero_points is not None, q.offsets is not None)
 
 
-def _factor(part: Any) -> Slot | Level | str | None:
+def _scale_format(q: QArray) -> Any:
+    """The format of ``q``'s stored scales where they are uint8 codes of a format without
+    a numpy dtype (a P3109 or registered format), else None (the dtype says it)."""
+    if isinstance(q.scales, QArray) or np.dtype(q.scales.dtype) != np.uint8:
+        return None
+    fmt = formats.get(q.scale_format)
+    return None if fmt.is_integer else fmt
+
+
+def _factor(part: Any, fmt: Any = None) -> Slot | Level | str | None:
     if part is None:
         return None
     if isinstance(part, (int, float)) and not isinstance(part, bool):
         return "const"
     if isinstance(part, QArray):
         return _level(part) or "unreadable"
-    return _array_slot(part) or "unreadable"
+    return _array_slot(part, fmt) or "unreadable"
 
 
 def weight_form(q: QArray, contracting: int) -> Form | None:
@@ -204,7 +219,11 @@ def weight_form(q: QArray, contracting: int) -> Form | None:
         variant = GROUPS
     else:
         variant = BITS
-    parts = (_factor(q.zero_points), _factor(q.scales), _factor(q.offsets))
+    if q.tensor_scale is not None or q.element_exponent:
+        # one float32 scale a block (scale * tensor scale * 2**e) may leave float32's
+        # range where dequantize's mantissa and exponent do not
+        return None
+    parts = (_factor(q.zero_points), _factor(q.scales, _scale_format(q)), _factor(q.offsets))
     if "unreadable" in parts or isinstance(parts[0], Level) or parts[1] == "const":
         return None
     block = (q.block_shape[0], q.block_shape[1])
@@ -276,12 +295,10 @@ def weight_operands(q: QArray, form: Form) -> tuple[jax.Array, list[jax.Array]]:
             consts[2 + 2 * k] = float(part.zero_points or 0)
             consts[3 + 2 * k] = float(part.offsets or 0.0)
             slots += _slot_arrays(part.codes, f.codes, part.format, part.codebook)
-            slots += _slot_arrays(part.scales, f.scales)
+            slots += _slot_arrays(part.scales, f.scales, _scale_format(part))
         else:
-            slots += _slot_arrays(part, f if isinstance(f, Slot) else None)
+            fmt = _scale_format(q) if k == 0 else None
+            slots += _slot_arrays(part, f if isinstance(f, Slot) else None, fmt)
             slots += _slot_arrays(None, None)
-    c = jnp.asarray(consts, jnp.float32)
-    tensor = jnp.float32(2.0**q.element_exponent)
-    if q.tensor_scale is not None:
-        tensor = jnp.asarray(q.tensor_scale, jnp.float32) * tensor
-    return c.at[6].set(tensor), slots
+    consts[6] = 1.0  # the tensor scale: weight_form refuses tensor scales and exponents
+    return jnp.asarray(consts, jnp.float32), slots

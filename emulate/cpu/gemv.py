@@ -17,7 +17,7 @@ vectorizing them) and decode 4-bit codes in float32 arithmetic (``h = floor(c / 
 ``lo = c - 16 h``): numba widens integer arithmetic to 64 bits, a quarter of the lanes.
 Rows of ``N`` (layout ROWS) or chunks of :data:`COLUMN_CHUNK` columns (layout COLUMNS) are
 spread over numba's threads where its threading layer is thread-safe
-(:func:`emulate.cpu.threads_safe`).
+(:func:`emulate.cpu.parallel`).
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 :class:`emulate.cpu.form.Slot` (its kind, code width and packing are constants of the
 compiled code: no branch on them at run time).
 
-The kernel gets every stored array as a 2-D ``uint8`` array of its raw bytes (XLA's
-bitcast, no copy) and, for :data:`~emulate.cpu.form.TABLE` slots, a float32 table of the
-value of every code. Element ``(i, j)``:
+The kernel gets every stored array as a 2-D ``uint8`` array of its raw bytes (XLA passes
+the array as it is; the handler reads its buffer as bytes) and, for
+:data:`~emulate.cpu.form.TABLE` slots, a float32 table of the value of every code.
+Element ``(i, j)``:
 
 - ``axis == -1``: ``width`` bytes at ``[i, j*width : (j+1)*width]``, little-endian;
 - ``axis == 1``: packed along the columns (:class:`emulate.Packed`'s bit stream: code

@@ -84,6 +84,14 @@ def test_two_level_scales_are_a_level() -> None:
 
 def test_what_the_kernel_leaves_to_xla() -> None:
     q = _q4_0()
+    # codes of a sub-byte numpy dtype: XLA:CPU holds them two a byte
+    unpacked = QArray.from_parts(
+        np.ones((8, 64), ml_dtypes.uint4), np.ones((8, 2), np.float16), block_shape=(1, 32)
+    )
+    assert weight_form(unpacked, 1) is None
+    # one float32 scale a block could leave float32's range with these
+    assert weight_form(dataclasses.replace(q, tensor_scale=jnp.float32(2.0)), 1) is None
+    assert weight_form(dataclasses.replace(q, element_exponent=-6), 1) is None
     assert weight_form(dataclasses.replace(q, perm=jnp.arange(64), perm_axis=-1), 1) is None
     stacked = emulate.quantize(np.ones((2, 64, 8), np.float32), "int4", block_shape=32, axis=1)
     assert weight_form(stacked, 1) is None
@@ -97,3 +105,11 @@ def test_what_the_kernel_leaves_to_xla() -> None:
         np.ones((64, 8), np.int8), np.ones((2, 8), ml_dtypes.float8_e4m3fn), block_shape=(32, 1)
     )
     assert weight_form(e4m3_scales, 0).scale == Slot(TABLE, 8, -1, 1)
+    # uint8 codes of a scale format without a numpy dtype: its table, not the integer
+    p3109 = QArray.from_parts(
+        np.ones((64, 8), np.int8),
+        np.full((2, 8), 120, np.uint8),
+        block_shape=(32, 1),
+        scale_fmt="p3109_k8p4ue",
+    )
+    assert weight_form(p3109, 0).scale == Slot(TABLE, 8, -1, 1)

@@ -49,9 +49,25 @@ def test_the_switch_and_the_xla_route_setting() -> None:
         with emulate.use_cpu_kernel(False):
             assert "emulate_cpu_gemv_" not in _lowered(x, q)
         assert "emulate_cpu_gemv_" not in _lowered(jnp.ones((9, 64), jnp.float32), q)
+    # another target's plan: the planned route, not the CPU's kernel
+    with emulate.use_cpu_kernel(True), emulate.use_target("tpu_v5e"):
+        assert "emulate_cpu_gemv_" not in _lowered(x, q)
     with pytest.raises(TypeError, match="^enabled: expected a bool, got int 1$"):
         with emulate.use_cpu_kernel(1):  # type: ignore[arg-type]
             pass
+
+
+def test_a_thread_unsafe_layer_keeps_the_kernel_on_one_thread(monkeypatch) -> None:
+    import numba
+
+    import emulate.cpu
+
+    emulate.cpu.parallel.cache_clear()
+    monkeypatch.setattr(numba.config, "THREADING_LAYER", "workqueue")
+    try:
+        assert emulate.cpu.parallel() is False
+    finally:
+        emulate.cpu.parallel.cache_clear()
 
 
 def test_a_bad_environment_value_names_the_variable() -> None:

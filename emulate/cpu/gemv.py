@@ -135,15 +135,63 @@ def factors(form: Form) -> Callable:
     return block
 
 
+def _factor_row(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Callable:
+    """An njit ``(consts, b0, t0, b1, t1, i, out)``: :func:`_factor`'s value at ``(i, j)``
+    for every ``j < len(out)`` (one row of the weight's grid), a two-level part's scale
+    decoded once a run of blocks that share it (not once a block)."""
+    if not isinstance(part, Level):
+        one = _factor(part, zp_at, off_at)
+
+        @numba.njit(inline="always")
+        def each(consts, b0, t0, b1, t1, i, out):
+            for j in range(out.shape[0]):
+                out[j] = one(consts, b0, t0, b1, t1, i, j)
+
+        return each
+    codes = reader(part.codes)
+    scales = reader(part.scales) if part.scales is not None else _dummy_reader()
+    bi, bj = part.block
+    has_zp, has_off, has_scale = part.zero_point, part.offset, part.scales is not None
+
+    @numba.njit(inline="always")
+    def level(consts, b0, t0, b1, t1, i, out):
+        zp, off = consts[zp_at], consts[off_at]
+        n = out.shape[0]
+        for u in range((n + bj - 1) // bj):
+            sup = scales(b1, t1, i // bi, u) if has_scale else np.float32(1)
+            for j in range(u * bj, min(n, (u + 1) * bj)):
+                v = codes(b0, t0, i, j)
+                if has_zp:
+                    v = np.float32(v - zp)
+                if has_scale:
+                    v = np.float32(v * sup)
+                if has_off:
+                    v = np.float32(v + off)
+                out[j] = v
+
+    return level
+
+
 def _row_factors(form: Form) -> Callable:
     """An njit ``(consts, s1, t1, ..., s5, t5, i, zb, sb, ob)``: the factors of every block
-    of row ``i`` of the weight's grid (layout ROWS) into ``zb``, ``sb``, ``ob``."""
-    block = factors(form)
+    of row ``i`` of the weight's grid (layout ROWS) into ``zb``, ``sb``, ``ob``: as
+    :func:`factors` gives them, a row at a time."""
+    zp = _factor_row(form.zero_point, 0, 1)
+    scale = _factor_row(form.scale, 2, 3)
+    off = _factor_row(form.offset, 4, 5 if isinstance(form.offset, Level) else 2)
+    has_scale = form.scale is not None
 
     @numba.njit(inline="always")
     def row(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, i, zb, sb, ob):
-        for b in range(zb.shape[0]):
-            zb[b], sb[b], ob[b] = block(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, i, b)
+        zp(consts, s1, t1, s1, t1, i, zb)
+        if has_scale:
+            scale(consts, s2, t2, s3, t3, i, sb)
+            for j in range(sb.shape[0]):
+                sb[j] = np.float32(sb[j] * consts[6])
+        else:
+            for j in range(sb.shape[0]):
+                sb[j] = consts[6]
+        off(consts, s4, t4, s5, t5, i, ob)
 
     return row
 

@@ -31,6 +31,7 @@ import numpy as np
 from numba import prange, types
 
 from emulate.cpu import ffi
+from emulate.cpu.factors import factors, row_factors
 from emulate.cpu.form import (
     BITS,
     BYTES,
@@ -39,14 +40,12 @@ from emulate.cpu.form import (
     NIBBLES,
     SIGNED,
     Form,
-    Level,
-    Slot,
     slot_widths,
 )
-from emulate.cpu.parts import reader, stack_floats
+from emulate.cpu.parts import stack_floats
 from emulate.numerics.storage import group_shape
 
-__all__ = ["COLUMN_CHUNK", "ROW_CHUNK", "factors", "handler", "kernel"]
+__all__ = ["COLUMN_CHUNK", "ROW_CHUNK", "handler", "kernel"]
 
 FAST = {"reassoc", "contract", "nsz", "arcp"}
 ROW_CHUNK = 16
@@ -54,146 +53,6 @@ COLUMN_CHUNK = 256
 F16 = np.float32(16.0)
 INV16 = np.float32(0.0625)
 INV8 = np.float32(0.125)
-
-
-def _dummy_reader() -> Callable:
-    @numba.njit(inline="always")
-    def value(data, table, i, j):
-        return np.float32(0)
-
-    return value
-
-
-def _level_value(level: Level) -> Callable:
-    codes = reader(level.codes)
-    scales = reader(level.scales) if level.scales is not None else _dummy_reader()
-    bi, bj = level.block
-    has_zp, has_off, has_scale = level.zero_point, level.offset, level.scales is not None
-
-    @numba.njit(inline="always")
-    def value(c, t, sc, st, zp, off, i, j):
-        v = codes(c, t, i, j)
-        if has_zp:
-            v = np.float32(v - zp)
-        if has_scale:
-            v = np.float32(v * scales(sc, st, i // bi, j // bj))
-        if has_off:
-            v = np.float32(v + off)
-        return v
-
-    return value
-
-
-def _factor(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Callable:
-    """An njit ``(consts, b0, t0, b1, t1, i, j) -> float32`` for one factor: a constant
-    (``consts[off_at - 1]``: the weight's zero point or offset), a slot (``b0``), or a
-    two-level part (codes ``b0``, scales ``b1``, constants at ``zp_at``, ``off_at``)."""
-    if isinstance(part, Level):
-        level = _level_value(part)
-
-        @numba.njit(inline="always")
-        def nested(consts, b0, t0, b1, t1, i, j):
-            return level(b0, t0, b1, t1, consts[zp_at], consts[off_at], i, j)
-
-        return nested
-    if isinstance(part, Slot):
-        slot = reader(part)
-
-        @numba.njit(inline="always")
-        def stored(consts, b0, t0, b1, t1, i, j):
-            return slot(b0, t0, i, j)
-
-        return stored
-    const = off_at - 1 if part == "const" else -1
-
-    @numba.njit(inline="always")
-    def constant(consts, b0, t0, b1, t1, i, j):
-        return consts[const] if const >= 0 else np.float32(0)
-
-    return constant
-
-
-@functools.cache
-def factors(form: Form) -> Callable:
-    """An njit ``(consts, s1, t1, ..., s5, t5, i, j) -> (z, s, o)``: block ``(i, j)``'s
-    zero point, scale (times ``consts[6]``) and offset, float32 (0, ``consts[6]``, 0
-    where absent)."""
-    zp = _factor(form.zero_point, 0, 1)
-    scale = _factor(form.scale, 2, 3)
-    off = _factor(form.offset, 4, 5 if isinstance(form.offset, Level) else 2)
-    has_scale = form.scale is not None
-
-    @numba.njit(inline="always")
-    def block(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, i, j):
-        z = zp(consts, s1, t1, s1, t1, i, j)
-        s = consts[6]
-        if has_scale:
-            s = np.float32(scale(consts, s2, t2, s3, t3, i, j) * s)
-        o = off(consts, s4, t4, s5, t5, i, j)
-        return z, s, o
-
-    return block
-
-
-def _factor_row(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Callable:
-    """An njit ``(consts, b0, t0, b1, t1, i, out)``: :func:`_factor`'s value at ``(i, j)``
-    for every ``j < len(out)`` (one row of the weight's grid), a two-level part's scale
-    decoded once a run of blocks that share it (not once a block)."""
-    if not isinstance(part, Level):
-        one = _factor(part, zp_at, off_at)
-
-        @numba.njit(inline="always")
-        def each(consts, b0, t0, b1, t1, i, out):
-            for j in range(out.shape[0]):
-                out[j] = one(consts, b0, t0, b1, t1, i, j)
-
-        return each
-    codes = reader(part.codes)
-    scales = reader(part.scales) if part.scales is not None else _dummy_reader()
-    bi, bj = part.block
-    has_zp, has_off, has_scale = part.zero_point, part.offset, part.scales is not None
-
-    @numba.njit(inline="always")
-    def level(consts, b0, t0, b1, t1, i, out):
-        zp, off = consts[zp_at], consts[off_at]
-        n = out.shape[0]
-        for u in range((n + bj - 1) // bj):
-            sup = scales(b1, t1, i // bi, u) if has_scale else np.float32(1)
-            for j in range(u * bj, min(n, (u + 1) * bj)):
-                v = codes(b0, t0, i, j)
-                if has_zp:
-                    v = np.float32(v - zp)
-                if has_scale:
-                    v = np.float32(v * sup)
-                if has_off:
-                    v = np.float32(v + off)
-                out[j] = v
-
-    return level
-
-
-def _row_factors(form: Form) -> Callable:
-    """An njit ``(consts, s1, t1, ..., s5, t5, i, zb, sb, ob)``: the factors of every block
-    of row ``i`` of the weight's grid (layout ROWS) into ``zb``, ``sb``, ``ob``: as
-    :func:`factors` gives them, a row at a time."""
-    zp = _factor_row(form.zero_point, 0, 1)
-    scale = _factor_row(form.scale, 2, 3)
-    off = _factor_row(form.offset, 4, 5 if isinstance(form.offset, Level) else 2)
-    has_scale = form.scale is not None
-
-    @numba.njit(inline="always")
-    def row(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, i, zb, sb, ob):
-        zp(consts, s1, t1, s1, t1, i, zb)
-        if has_scale:
-            scale(consts, s2, t2, s3, t3, i, sb)
-            for j in range(sb.shape[0]):
-                sb[j] = np.float32(sb[j] * consts[6])
-        else:
-            for j in range(sb.shape[0]):
-                sb[j] = consts[6]
-        off(consts, s4, t4, s5, t5, i, ob)
-
-    return row
 
 
 def _nibbles(kind: int) -> Callable:
@@ -413,7 +272,7 @@ def _rows_kernel(form: Form, parallel: bool) -> Callable:
         return _row_groups_kernel(form, parallel)
     if form.variant == NIBBLES:
         return _row_lanes_kernel(form, parallel)
-    loop, row_factors = _row_loop(form), _row_factors(form)
+    loop, fill_factors = _row_loop(form), row_factors(form)
     bn, bk = form.block
     has_offset = form.offset is not None
 
@@ -427,7 +286,7 @@ def _rows_kernel(form: Form, parallel: bool) -> Callable:
             sb = np.empty(nb, np.float32)
             ob = np.empty(nb, np.float32)
             for r in range(task * ROW_CHUNK, min(n, (task + 1) * ROW_CHUNK)):
-                row_factors(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, zb, sb, ob)
+                fill_factors(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, zb, sb, ob)
                 codes = s0[r]
                 for m in range(m_rows):
                     acc = np.float32(0)
@@ -450,7 +309,7 @@ def _row_lanes_kernel(form: Form, parallel: bool) -> Callable:
     The bound is the segment route's: per element the product and the scale (one rounding
     each) and one addition a lane. (One code a byte measured slower this way: Q8_0 keeps
     :func:`_rows_kernel`'s block sums.)"""
-    row_factors = _row_factors(form)
+    fill_factors = row_factors(form)
     bn, bk = form.block
     per = bk // 2  # bytes a block
     lanes = math.gcd(per, 16)
@@ -470,7 +329,7 @@ def _row_lanes_kernel(form: Form, parallel: bool) -> Callable:
             ob = np.empty(nb, np.float32)
             a = numba.carray(stack_floats(16), (16,), np.float32)
             for r in range(task * ROW_CHUNK, min(n, (task + 1) * ROW_CHUNK)):
-                row_factors(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, zb, sb, ob)
+                fill_factors(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, zb, sb, ob)
                 codes = s0[r]
                 for m in range(m_rows):
                     em, om = xe[m], xo[m]
@@ -507,7 +366,7 @@ def _row_groups_kernel(form: Form, parallel: bool) -> Callable:
     scaled."""
     groups = _row_groups(form.codes.kind, form.codes.bits)
     per_block = form.block[1] // group_shape(form.codes.bits)[0]
-    row_factors = _row_factors(form)
+    fill_factors = row_factors(form)
     bn, bk = form.block
     has_offset = form.offset is not None
     const_zp = form.zero_point == "const"
@@ -524,7 +383,7 @@ def _row_groups_kernel(form: Form, parallel: bool) -> Callable:
             ob = np.empty(nb, np.float32)
             d = np.empty(nb * per_block, np.float32)
             for r in range(task * ROW_CHUNK, min(n, (task + 1) * ROW_CHUNK)):
-                row_factors(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, zb, sb, ob)
+                fill_factors(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, zb, sb, ob)
                 for m in range(m_rows):
                     groups(xe[m], xo[m], s0[r], t0, z, d)
                     acc = np.float32(0)

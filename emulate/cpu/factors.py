@@ -1,0 +1,164 @@
+"""numba: a QArray weight's per-block factors (zero point, scale, offset), decoded once a
+block, each compiled for one :class:`~emulate.cpu.form.Form` (constants, stored arrays,
+two-level parts: no branch on the kind at run time).
+
+The kernel's float32 ``consts`` (:data:`emulate.cpu.form.CONSTS`) hold the weight's
+constant zero point (0) and offset (1), each two-level part's zero point and offset (2 to
+5) and a factor of every scale (6). Slots: 1 the zero points, 2 the scales (or a two-level
+scale's codes), 3 a two-level scale's scales, 4 the offsets (or a two-level offset's
+codes), 5 a two-level offset's scales. A two-level part's value is ``(v - zp) * scale +
+offset``, each step rounded to float32 as ``dequantize`` rounds it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numba
+import numpy as np
+
+from emulate.cpu.form import Form, Level, Slot
+from emulate.cpu.parts import reader
+
+__all__ = ["factors", "row_factors"]
+
+
+def _dummy_reader() -> Callable:
+    @numba.njit(inline="always")
+    def value(data, table, i, j):
+        return np.float32(0)
+
+    return value
+
+
+def _level_value(level: Level) -> Callable:
+    codes = reader(level.codes)
+    scales = reader(level.scales) if level.scales is not None else _dummy_reader()
+    bi, bj = level.block
+    has_zp, has_off, has_scale = level.zero_point, level.offset, level.scales is not None
+
+    @numba.njit(inline="always")
+    def value(c, t, sc, st, zp, off, i, j):
+        v = codes(c, t, i, j)
+        if has_zp:
+            v = np.float32(v - zp)
+        if has_scale:
+            v = np.float32(v * scales(sc, st, i // bi, j // bj))
+        if has_off:
+            v = np.float32(v + off)
+        return v
+
+    return value
+
+
+def _factor(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Callable:
+    """An njit ``(consts, b0, t0, b1, t1, i, j) -> float32`` for one factor: a constant
+    (``consts[off_at - 1]``: the weight's zero point or offset), a slot (``b0``), or a
+    two-level part (codes ``b0``, scales ``b1``, constants at ``zp_at``, ``off_at``)."""
+    if isinstance(part, Level):
+        level = _level_value(part)
+
+        @numba.njit(inline="always")
+        def nested(consts, b0, t0, b1, t1, i, j):
+            return level(b0, t0, b1, t1, consts[zp_at], consts[off_at], i, j)
+
+        return nested
+    if isinstance(part, Slot):
+        slot = reader(part)
+
+        @numba.njit(inline="always")
+        def stored(consts, b0, t0, b1, t1, i, j):
+            return slot(b0, t0, i, j)
+
+        return stored
+    const = off_at - 1 if part == "const" else -1
+
+    @numba.njit(inline="always")
+    def constant(consts, b0, t0, b1, t1, i, j):
+        return consts[const] if const >= 0 else np.float32(0)
+
+    return constant
+
+
+@functools.cache
+def factors(form: Form) -> Callable:
+    """An njit ``(consts, s1, t1, ..., s5, t5, i, j) -> (z, s, o)``: block ``(i, j)``'s
+    zero point, scale (times ``consts[6]``) and offset, float32 (0, ``consts[6]``, 0
+    where absent)."""
+    zp = _factor(form.zero_point, 0, 1)
+    scale = _factor(form.scale, 2, 3)
+    off = _factor(form.offset, 4, 5 if isinstance(form.offset, Level) else 2)
+    has_scale = form.scale is not None
+
+    @numba.njit(inline="always")
+    def block(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, i, j):
+        z = zp(consts, s1, t1, s1, t1, i, j)
+        s = consts[6]
+        if has_scale:
+            s = np.float32(scale(consts, s2, t2, s3, t3, i, j) * s)
+        o = off(consts, s4, t4, s5, t5, i, j)
+        return z, s, o
+
+    return block
+
+
+def _factor_row(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Callable:
+    """An njit ``(consts, b0, t0, b1, t1, i, out)``: :func:`_factor`'s value at ``(i, j)``
+    for every ``j < len(out)`` (one row of the weight's grid), a two-level part's scale
+    decoded once a run of blocks that share it (not once a block)."""
+    if not isinstance(part, Level):
+        one = _factor(part, zp_at, off_at)
+
+        @numba.njit(inline="always")
+        def each(consts, b0, t0, b1, t1, i, out):
+            for j in range(out.shape[0]):
+                out[j] = one(consts, b0, t0, b1, t1, i, j)
+
+        return each
+    codes = reader(part.codes)
+    scales = reader(part.scales) if part.scales is not None else _dummy_reader()
+    bi, bj = part.block
+    has_zp, has_off, has_scale = part.zero_point, part.offset, part.scales is not None
+
+    @numba.njit(inline="always")
+    def level(consts, b0, t0, b1, t1, i, out):
+        zp, off = consts[zp_at], consts[off_at]
+        n = out.shape[0]
+        for u in range((n + bj - 1) // bj):
+            sup = scales(b1, t1, i // bi, u) if has_scale else np.float32(1)
+            for j in range(u * bj, min(n, (u + 1) * bj)):
+                v = codes(b0, t0, i, j)
+                if has_zp:
+                    v = np.float32(v - zp)
+                if has_scale:
+                    v = np.float32(v * sup)
+                if has_off:
+                    v = np.float32(v + off)
+                out[j] = v
+
+    return level
+
+
+def row_factors(form: Form) -> Callable:
+    """An njit ``(consts, s1, t1, ..., s5, t5, i, zb, sb, ob)``: the factors of every block
+    of row ``i`` of the weight's grid (layout ROWS) into ``zb``, ``sb``, ``ob``: as
+    :func:`factors` gives them, a row at a time."""
+    zp = _factor_row(form.zero_point, 0, 1)
+    scale = _factor_row(form.scale, 2, 3)
+    off = _factor_row(form.offset, 4, 5 if isinstance(form.offset, Level) else 2)
+    has_scale = form.scale is not None
+
+    @numba.njit(inline="always")
+    def row(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, i, zb, sb, ob):
+        zp(consts, s1, t1, s1, t1, i, zb)
+        if has_scale:
+            scale(consts, s2, t2, s3, t3, i, sb)
+            for j in range(sb.shape[0]):
+                sb[j] = np.float32(sb[j] * consts[6])
+        else:
+            for j in range(sb.shape[0]):
+                sb[j] = consts[6]
+        off(consts, s4, t4, s5, t5, i, ob)
+
+    return row

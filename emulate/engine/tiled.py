@@ -400,7 +400,10 @@ def dyn_slice(x: jax.Array, dim: int, start: int | jax.Array, length: int) -> ja
     # operand before the loop, writing the full copy that tiling avoids.
     _, x = lax.optimization_barrier((start, x))
     dt = x.dtype
-    if jnp.issubdtype(dt, jnp.floating) and dt.itemsize < 4:
+    # bf16, f16 and float8: sliced as their unsigned codes of the same width; float4 (4
+    # bits in a byte of numpy's, no unsigned type of its width to bitcast to here)
+    # is sliced as it is
+    if jnp.issubdtype(dt, jnp.floating) and 8 <= jnp.finfo(dt).bits < 32:
         u = lax.bitcast_convert_type(x, formats.unsigned_dtype(8 * dt.itemsize))
         return lax.bitcast_convert_type(lax.dynamic_slice_in_dim(u, start, length, axis=dim), dt)
     return lax.dynamic_slice_in_dim(x, start, length, axis=dim)

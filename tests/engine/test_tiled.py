@@ -325,3 +325,41 @@ def test_planes_are_the_strided_elements(fmt):
         assert len(got) == min(g, length)
         for j, plane in enumerate(got):
             np.testing.assert_array_equal(np.asarray(plane), codes[j::g])
+
+
+_FLOAT4_TILES = """
+import jax.numpy as jnp, ml_dtypes, numpy as np
+import emulate
+from emulate.quantized.array import QArray
+rng = np.random.default_rng(0)
+codes = np.asarray(rng.standard_normal((4, 64, 256)), ml_dtypes.float4_e2m1fn)
+scales = np.ones((4, 2, 256), ml_dtypes.float8_e8m0fnu)
+q = QArray.from_parts(codes, scales, block_shape=(1, 32, 1))
+x = rng.standard_normal((4, 3, 64)).astype(np.float32)
+dn = (((2,), (1,)), ((0,), (0,)))
+got = np.asarray(emulate.dot_general(x, q, dn, preferred_element_type=jnp.float32))
+want = np.einsum("bmk,bkn->bmn", x.astype(np.float64), codes.astype(np.float64))
+print(float(np.max(np.abs(got - want) / (np.abs(x) @ np.abs(codes.astype(np.float64)) + 1e-30))))
+"""
+
+
+def test_stacked_unpacked_float4_codes_are_sliced_into_tiles() -> None:
+    # A 3-D QArray whose codes are a float4_e2m1fn array (not Packed), tiled on the CPU
+    # (emulate.engine.qtiled slices its leaves with dyn_slice): float4 has no unsigned
+    # type of its width to bitcast to, and JAX refused the uint8 one. Run with XLA's
+    # default CPU emitters: the suite's (elemental emitters) crash on a dynamic slice of
+    # a float4 array ("Invalid bitcast", an XLA:CPU bug).
+    import os
+    import subprocess
+    import sys
+
+    from _xla_flags import with_flags
+
+    env = {**os.environ, "XLA_FLAGS": with_flags(os.environ.get("XLA_FLAGS", ""), add=False)}
+    env["JAX_PLATFORMS"] = "cpu"
+    run_ = subprocess.run(
+        [sys.executable, "-c", _FLOAT4_TILES], env=env, capture_output=True, text=True
+    )
+    assert run_.returncode == 0, run_.stderr[-2000:]
+    # within 2**-20 of sum |x| |w| (K = 64: gamma_(K + S + 5) is about 2**-17.9)
+    assert float(run_.stdout.strip().splitlines()[-1]) < 2.0**-17

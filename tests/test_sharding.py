@@ -327,6 +327,15 @@ def tpu_collectives():
     return get
 
 
+def _abstract(w, spec, mesh):
+    """``w``'s leaves as ShapeDtypeStructs placed by ``weight_specs(w, spec, mesh)``."""
+    return jax.tree.map(
+        lambda a, p: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, p)),
+        w,
+        weight_specs(w, spec, mesh),
+    )
+
+
 def _collectives_on(topo: str) -> dict:
     k, n = 4096, 1024
     q = affine_weight(k, n)
@@ -336,11 +345,6 @@ def _collectives_on(topo: str) -> dict:
     # one device a chip: libtpu lists v4's two TensorCores apart (16 devices)
     mesh = Mesh(np.array([d for d in devs if d.core_on_chip == 0]), ("x",))
     for spec in (P(None, "x"), P("x", None)):
-        placed = lambda w, spec=spec, mesh=mesh: jax.tree.map(  # noqa: E731
-            lambda a, p: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, p)),
-            w,
-            weight_specs(w, spec, mesh),
-        )
         xs = jax.ShapeDtypeStruct(
             (16, k), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, spec[0]))
         )
@@ -385,8 +389,12 @@ def _collectives_on(topo: str) -> dict:
                     .compile()
                     .as_text()
                 ),
-                "qarray": collective_bytes(xla.lower(xs, placed(q)).compile().as_text()),
-                "kernel": collective_bytes(kernel.lower(xs, placed(kq)).compile().as_text()),
+                "qarray": collective_bytes(
+                    xla.lower(xs, _abstract(q, spec, mesh)).compile().as_text()
+                ),
+                "kernel": collective_bytes(
+                    kernel.lower(xs, _abstract(kq, spec, mesh)).compile().as_text()
+                ),
             }
     return out
 

@@ -33,8 +33,6 @@ from numba import prange, types
 from emulate.cpu import ffi
 from emulate.cpu.factors import factors, row_factors
 from emulate.cpu.form import (
-    BITS,
-    BYTES,
     COLUMNS,
     GROUPS,
     NIBBLES,
@@ -42,7 +40,7 @@ from emulate.cpu.form import (
     Form,
     slot_widths,
 )
-from emulate.cpu.parts import stack_floats
+from emulate.cpu.parts import reader, stack_floats
 from emulate.numerics.storage import group_shape
 
 __all__ = ["COLUMN_CHUNK", "ROW_CHUNK", "handler", "kernel"]
@@ -56,11 +54,11 @@ INV8 = np.float32(0.125)
 
 
 def _nibbles(kind: int) -> Callable:
-    """An njit ``(byte, table) -> (low, high)``: the values of a byte's two 4-bit integer
-    codes in float32 arithmetic (``h = floor(c / 16)``, ``lo = c - 16 h``)."""
+    """An njit ``byte -> (low, high)``: the values of a byte's two 4-bit integer codes in
+    float32 arithmetic (``h = floor(c / 16)``, ``lo = c - 16 h``)."""
 
     @numba.njit(fastmath=FAST, inline="always")
-    def values(byte, table):
+    def values(byte):
         c = np.float32(byte)
         h = np.floor(c * INV16)
         lo = c - F16 * h
@@ -71,75 +69,13 @@ def _nibbles(kind: int) -> Callable:
     return values
 
 
-def _code_value(kind: int, bits: int) -> Callable:
-    """An njit ``(c, table) -> float32`` for an unsigned integer code ``c``."""
-    half, full = 1 << (bits - 1), 1 << bits
-
-    @numba.njit(fastmath=FAST, inline="always")
-    def value(c, table):
-        if kind == SIGNED:
-            return np.float32(np.int64(c) - full if c >= half else np.int64(c))
-        return np.float32(c)
-
-    return value
-
-
-def _row_loop(form: Form) -> Callable:
-    """An njit ``(x, xe, xo, codes, table, k0, k1, z) -> float32``: ``sum x_k (v_k - z)``
-    over ``[k0, k1)`` of one stored row (layout ROWS)."""
-    kind, bits = form.codes.kind, form.codes.bits
-    if form.variant == NIBBLES:
-        values = _nibbles(kind)
-
-        @numba.njit(fastmath=FAST, inline="always")
-        def nibbles(x, xe, xo, codes, table, k0, k1, z):
-            p = np.float32(0)
-            j0 = np.uint64(k0 >> 1)
-            for t in range(np.uint64((k1 - k0) >> 1)):
-                j = j0 + t
-                lo, hi = values(codes[j], table)
-                p += xe[j] * (lo - z) + xo[j] * (hi - z)
-            return p
-
-        return nibbles
-    value = _code_value(kind, bits)
-    if form.variant == BYTES:
-
-        @numba.njit(fastmath=FAST, inline="always")
-        def per_byte(x, xe, xo, codes, table, k0, k1, z):
-            p = np.float32(0)
-            base = np.uint64(k0)
-            for t in range(np.uint64(k1 - k0)):
-                k = base + t
-                p += x[k] * (value(codes[k], table) - z)
-            return p
-
-        return per_byte
-    mask = np.uint64((1 << bits) - 1)
-
-    @numba.njit(fastmath=FAST, inline="always")
-    def per_bits(x, xe, xo, codes, table, k0, k1, z):
-        p = np.float32(0)
-        last = np.uint64(codes.shape[0] - 1)
-        for k in range(np.uint64(k0), np.uint64(k1)):
-            bit = k * np.uint64(bits)
-            at = bit >> np.uint64(3)
-            nxt = np.uint64(codes[at + np.uint64(1)]) if at < last else np.uint64(0)
-            window = np.uint64(codes[at]) | (nxt << np.uint64(8))
-            c = (window >> (bit & np.uint64(7))) & mask
-            p += x[k] * (value(c, table) - z)
-        return p
-
-    return per_bits
-
-
 def _float_code(kind: int, bits: int) -> Callable:
-    """An njit ``(c, table) -> float32`` for a code ``c`` held as a float32 integer."""
+    """An njit ``c -> float32`` for an integer code ``c`` held as a float32."""
     full = np.float32(1 << bits)
     inv_half = np.float32(2.0 ** (1 - bits))
 
     @numba.njit(fastmath=FAST, inline="always")
-    def value(c, table):
+    def value(c):
         if kind == SIGNED:
             return c - full * np.floor(c * inv_half)
         return c
@@ -180,7 +116,7 @@ def _group_code(bits: int, q: int) -> Callable:
 
 
 def _row_groups(kind: int, bits: int) -> Callable:
-    """The row loop of :data:`GROUPS`, an njit ``(xe, codes, table, z, d)``: ``d[t] = sum
+    """The row loop of :data:`GROUPS`, an njit ``(xe, codes, z, d)``: ``d[t] = sum
     x (v - z)`` over group ``t``'s ``g`` codes (``nb`` bytes), for every group of one
     stored row, in float32 arithmetic (:func:`_group_code`); ``x`` in ``g`` planes
     (``xe[q * K / g + t] = x[g t + q]``, :mod:`emulate.cpu.call`). One long loop over the
@@ -193,7 +129,7 @@ def _row_groups(kind: int, bits: int) -> Callable:
     b256, b65536 = np.float32(256), np.float32(65536)
 
     @numba.njit(fastmath=FAST, inline="always")
-    def groups(xe, xo, codes, table, z, d):
+    def groups(xe, codes, z, d):
         plane = np.uint64(d.shape[0])
         for t in range(plane):
             at = t * np.uint64(nb)
@@ -205,15 +141,15 @@ def _row_groups(kind: int, bits: int) -> Callable:
             if nb > 3:
                 hi = np.float32(codes[at + np.uint64(3)])
                 hi += b256 * np.float32(codes[at + np.uint64(4)])
-            p = xe[t] * (value(c0(lo, hi), table) - z)
-            p += xe[plane + t] * (value(c1(lo, hi), table) - z)
-            p += xe[np.uint64(2) * plane + t] * (value(c2(lo, hi), table) - z)
-            p += xe[np.uint64(3) * plane + t] * (value(c3(lo, hi), table) - z)
+            p = xe[t] * (value(c0(lo, hi)) - z)
+            p += xe[plane + t] * (value(c1(lo, hi)) - z)
+            p += xe[np.uint64(2) * plane + t] * (value(c2(lo, hi)) - z)
+            p += xe[np.uint64(3) * plane + t] * (value(c3(lo, hi)) - z)
             if g == 8:
-                p += xe[np.uint64(4) * plane + t] * (value(c4(lo, hi), table) - z)
-                p += xe[np.uint64(5) * plane + t] * (value(c5(lo, hi), table) - z)
-                p += xe[np.uint64(6) * plane + t] * (value(c6(lo, hi), table) - z)
-                p += xe[np.uint64(7) * plane + t] * (value(c7(lo, hi), table) - z)
+                p += xe[np.uint64(4) * plane + t] * (value(c4(lo, hi)) - z)
+                p += xe[np.uint64(5) * plane + t] * (value(c5(lo, hi)) - z)
+                p += xe[np.uint64(6) * plane + t] * (value(c6(lo, hi)) - z)
+                p += xe[np.uint64(7) * plane + t] * (value(c7(lo, hi)) - z)
             d[t] = p
 
     return groups
@@ -222,7 +158,7 @@ def _row_groups(kind: int, bits: int) -> Callable:
 def _column_loop(form: Form) -> Callable:
     """An njit ``(x, codes, table, k0, k1, n0, w, zrow, blk)``: ``blk[t] += sum x_k
     (v_(k, n0 + t) - zrow[t])`` over ``[k0, k1)`` (layout COLUMNS)."""
-    kind, bits = form.codes.kind, form.codes.bits
+    kind = form.codes.kind
     has_zp = form.zero_point is not None
     if form.variant == NIBBLES:
         values = _nibbles(kind)
@@ -234,165 +170,146 @@ def _column_loop(form: Form) -> Callable:
                 row = codes[r]
                 base = np.uint64(n0)
                 for t in range(np.uint64(w)):
-                    lo, hi = values(row[base + t], table)
+                    lo, hi = values(row[base + t])
                     if has_zp:
                         lo, hi = lo - zrow[t], hi - zrow[t]
                     blk[t] += xe * lo + xo * hi
 
         return nibbles
-    value = _code_value(kind, bits)
-    mask = np.uint64((1 << bits) - 1)
-    packed = form.variant == BITS
+    # one code a byte read straight from the row (the generic reader's 2-D index ran
+    # 2.4x slower); a bit stream along K through emulate.cpu.parts.reader
+    value = reader(form.codes)
+    byte = _float_code(kind, form.codes.bits)
+    one_a_byte = form.codes.axis == -1
 
     @numba.njit(fastmath=FAST, inline="always")
     def per_code(x, codes, table, k0, k1, n0, w, zrow, blk):
         base = np.uint64(n0)
         for k in range(k0, k1):
-            xk = x[k]
-            if packed:
-                bit = k * bits
-                at, shift = bit >> 3, np.uint64(bit & 7)
-                has_next = at + 1 < codes.shape[0]
-                for t in range(np.uint64(w)):
-                    nxt = np.uint64(codes[at + 1, base + t]) if has_next else np.uint64(0)
-                    window = np.uint64(codes[at, base + t]) | (nxt << np.uint64(8))
-                    v = value((window >> shift) & mask, table)
-                    blk[t] += xk * (v - zrow[t] if has_zp else v)
-            else:
-                row = codes[k]
-                for t in range(np.uint64(w)):
-                    v = value(row[base + t], table)
-                    blk[t] += xk * (v - zrow[t] if has_zp else v)
+            xk, row = x[k], codes[k if one_a_byte else 0]
+            for t in range(np.uint64(w)):
+                if one_a_byte:
+                    v = byte(np.float32(row[base + t]))
+                else:
+                    v = value(codes, table, k, base + t)
+                blk[t] += xk * (v - zrow[t] if has_zp else v)
 
     return per_code
 
 
-def _rows_kernel(form: Form, parallel: bool) -> Callable:
-    if form.variant == GROUPS:
-        return _row_groups_kernel(form, parallel)
-    if form.variant == NIBBLES:
-        return _row_lanes_kernel(form, parallel)
-    loop, fill_factors = _row_loop(form), row_factors(form)
-    bn, bk = form.block
-    has_offset = form.offset is not None
+def _block_sums(form: Form) -> Callable:
+    """:data:`BYTES` and :data:`BITS` rows: each block's ``sum x (v - z)``, times its
+    scale. One code a byte read straight from the row (the generic reader's 2-D index ran
+    Q8_0 4x slower); a bit stream through :func:`emulate.cpu.parts.reader`."""
+    value = reader(form.codes)
+    byte = _float_code(form.codes.kind, form.codes.bits)
+    one_a_byte = form.codes.axis == -1
+    bk = form.block[1]
 
-    @numba.njit(parallel=parallel, fastmath=FAST)
-    def rows(x, xe, xo, xsum, consts, s0, t0, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, out):
-        m_rows, k = x.shape
-        n = out.shape[1]
-        nb = (k + bk - 1) // bk
-        for task in prange((n + ROW_CHUNK - 1) // ROW_CHUNK):
-            zb = np.empty(nb, np.float32)
-            sb = np.empty(nb, np.float32)
-            ob = np.empty(nb, np.float32)
-            for r in range(task * ROW_CHUNK, min(n, (task + 1) * ROW_CHUNK)):
-                fill_factors(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, zb, sb, ob)
-                codes = s0[r]
-                for m in range(m_rows):
-                    acc = np.float32(0)
-                    for b in range(nb):
-                        k0 = b * bk
-                        p = loop(x[m], xe[m], xo[m], codes, t0, k0, min(k, k0 + bk), zb[b])
-                        acc += p * sb[b]
-                        if has_offset:
-                            acc += ob[b] * xsum[m, b]
-                    out[m, r] = acc
+    @numba.njit(fastmath=FAST, inline="always")
+    def row_sum(xm, em, om, codes, table, r, zb, sb, consts, scratch, lanes):
+        k, row = xm.shape[0], codes[r]
+        acc = np.float32(0)
+        for b in range(zb.shape[0]):
+            z, p = zb[b], np.float32(0)
+            for j in range(np.uint64(b * bk), np.uint64(min(k, (b + 1) * bk))):
+                v = byte(np.float32(row[j])) if one_a_byte else value(codes, table, r, j)
+                p += xm[j] * (v - z)
+            acc += p * sb[b]
+        return acc
 
-    return rows
+    return row_sum
 
 
-def _row_lanes_kernel(form: Form, parallel: bool) -> Callable:
-    """Layout ROWS, 4-bit codes: each byte's ``scale * (x_lo (lo - z) + x_hi (hi - z))``
-    added into one of ``lanes`` accumulators on the stack (at most 16: a vector register),
-    one sum of them a row. A sum a block ends every 16 bytes in a horizontal sum that LLVM
-    does not vectorize across blocks (Q4_0 8.0 -> 5.9 ms single-threaded at 4096 x 14336).
-    The bound is the segment route's: per element the product and the scale (one rounding
+def _lane_sums(form: Form) -> Callable:
+    """:data:`NIBBLES` rows: each byte's ``scale * (x_lo (lo - z) + x_hi (hi - z))`` added
+    into one of at most 16 accumulators on the stack (``lanes``: a vector register), one
+    sum of them a row. A sum a block ends every 16 bytes in a horizontal sum that LLVM does
+    not vectorize across blocks (Q4_0 8.0 -> 5.9 ms single-threaded at 4096 x 14336). The
+    bound is the segment route's: per element the product and the scale (one rounding
     each) and one addition a lane. (One code a byte measured slower this way: Q8_0 keeps
-    :func:`_rows_kernel`'s block sums.)"""
-    fill_factors = row_factors(form)
-    bn, bk = form.block
+    :func:`_block_sums`.)"""
+    bk = form.block[1]
     per = bk // 2  # bytes a block
-    lanes = math.gcd(per, 16)
-    chunks = per // lanes
+    width = math.gcd(per, 16)
+    chunks = per // width
     pair = _nibbles(form.codes.kind)
-    has_offset = form.offset is not None
 
-    @numba.njit(parallel=parallel, fastmath=FAST)
-    def rows(x, xe, xo, xsum, consts, s0, t0, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, out):
-        m_rows, k = x.shape
-        n = out.shape[1]
-        nb = (k + bk - 1) // bk
-        full = k // bk
-        for task in prange((n + ROW_CHUNK - 1) // ROW_CHUNK):
-            zb = np.empty(nb, np.float32)
-            sb = np.empty(nb, np.float32)
-            ob = np.empty(nb, np.float32)
-            a = numba.carray(stack_floats(16), (16,), np.float32)
-            for r in range(task * ROW_CHUNK, min(n, (task + 1) * ROW_CHUNK)):
-                fill_factors(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, zb, sb, ob)
-                codes = s0[r]
-                for m in range(m_rows):
-                    em, om = xe[m], xo[m]
-                    for i in range(lanes):
-                        a[i] = 0
-                    off = np.float32(0)
-                    for b in range(full):
-                        z, s = zb[b], sb[b]
-                        for chunk in range(chunks):
-                            base = (b * chunks + chunk) * lanes
-                            for i in range(lanes):
-                                j = base + i
-                                lo, hi = pair(codes[j], t0)
-                                a[i] += s * (em[j] * (lo - z) + om[j] * (hi - z))
-                    if full < nb:  # a last, shorter block
-                        z, s = zb[full], sb[full]
-                        for j in range(full * per, k // 2):
-                            lo, hi = pair(codes[j], t0)
-                            a[0] += s * (em[j] * (lo - z) + om[j] * (hi - z))
-                    if has_offset:
-                        for b in range(nb):
-                            off += ob[b] * xsum[m, b]
-                    acc = np.float32(0)
-                    for i in range(lanes):
-                        acc += a[i]
-                    out[m, r] = acc + off
+    @numba.njit(fastmath=FAST, inline="always")
+    def row_sum(xm, em, om, codes, table, r, zb, sb, consts, scratch, lanes):
+        row = codes[r]
+        full = xm.shape[0] // bk
+        for i in range(width):
+            lanes[i] = 0
+        for b in range(full):
+            z, s = zb[b], sb[b]
+            for chunk in range(chunks):
+                base = (b * chunks + chunk) * width
+                for i in range(width):
+                    j = base + i
+                    lo, hi = pair(row[j])
+                    lanes[i] += s * (em[j] * (lo - z) + om[j] * (hi - z))
+        if full < zb.shape[0]:  # a last, shorter block
+            z, s = zb[full], sb[full]
+            for j in range(full * per, xm.shape[0] // 2):
+                lo, hi = pair(row[j])
+                lanes[0] += s * (em[j] * (lo - z) + om[j] * (hi - z))
+        acc = np.float32(0)
+        for i in range(width):
+            acc += lanes[i]
+        return acc
 
-    return rows
+    return row_sum
 
 
-def _row_groups_kernel(form: Form, parallel: bool) -> Callable:
-    """Layout ROWS, :data:`GROUPS` (a zero point the same for every block): each row's
-    group sums in one long loop (:func:`_row_groups`), then each block's sum of them,
-    scaled."""
+def _group_sums(form: Form) -> Callable:
+    """:data:`GROUPS` rows (a zero point the same for every block): the row's group sums in
+    one long loop (:func:`_row_groups`), then each block's sum of them, scaled."""
     groups = _row_groups(form.codes.kind, form.codes.bits)
     per_block = form.block[1] // group_shape(form.codes.bits)[0]
-    fill_factors = row_factors(form)
+    const_zp = form.zero_point == "const"
+
+    @numba.njit(fastmath=FAST, inline="always")
+    def row_sum(xm, em, om, codes, table, r, zb, sb, consts, scratch, lanes):
+        d = scratch[: zb.shape[0] * per_block]
+        groups(em, codes[r], consts[0] if const_zp else np.float32(0), d)
+        acc = np.float32(0)
+        for b in range(zb.shape[0]):
+            p = np.float32(0)
+            for i in range(b * per_block, (b + 1) * per_block):
+                p += d[i]
+            acc += p * sb[b]
+        return acc
+
+    return row_sum
+
+
+def _rows_kernel(form: Form, parallel: bool) -> Callable:
+    """Layout ROWS: :data:`ROW_CHUNK` rows a task; per row its blocks' factors
+    (:func:`emulate.cpu.factors.row_factors`), then per row of ``x`` the element loop of
+    the form's variant, and the offsets times ``x``'s block sums apart."""
+    body = {NIBBLES: _lane_sums, GROUPS: _group_sums}.get(form.variant, _block_sums)
+    row_sum, fill_factors = body(form), row_factors(form)
     bn, bk = form.block
     has_offset = form.offset is not None
-    const_zp = form.zero_point == "const"
 
     @numba.njit(parallel=parallel, fastmath=FAST)
     def rows(x, xe, xo, xsum, consts, s0, t0, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, out):
         m_rows, k = x.shape
         n = out.shape[1]
-        nb = k // bk
-        z = consts[0] if const_zp else np.float32(0)
+        nb = (k + bk - 1) // bk
         for task in prange((n + ROW_CHUNK - 1) // ROW_CHUNK):
             zb = np.empty(nb, np.float32)
             sb = np.empty(nb, np.float32)
             ob = np.empty(nb, np.float32)
-            d = np.empty(nb * per_block, np.float32)
+            scratch = np.empty(k, np.float32)
+            lanes = numba.carray(stack_floats(16), (16,), np.float32)
             for r in range(task * ROW_CHUNK, min(n, (task + 1) * ROW_CHUNK)):
                 fill_factors(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, zb, sb, ob)
                 for m in range(m_rows):
-                    groups(xe[m], xo[m], s0[r], t0, z, d)
-                    acc = np.float32(0)
-                    for b in range(nb):
-                        p = np.float32(0)
-                        for i in range(b * per_block, (b + 1) * per_block):
-                            p += d[i]
-                        acc += p * sb[b]
-                        if has_offset:
+                    acc = row_sum(x[m], xe[m], xo[m], s0, t0, r, zb, sb, consts, scratch, lanes)
+                    if has_offset:
+                        for b in range(nb):
                             acc += ob[b] * xsum[m, b]
                     out[m, r] = acc
 

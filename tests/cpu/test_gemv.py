@@ -124,3 +124,16 @@ def test_rows_as_stored_with_a_last_shorter_block() -> None:
     got = _dot(jnp.asarray(x), q, nk)
     bound = emulate.bounds.qarray_bound(x, w.T, KN, segments=3)
     assert (np.abs(got - x.astype(np.float64) @ w.T) <= bound).all()
+
+
+def test_one_signed_byte_a_code_in_columns() -> None:
+    # int8 codes (K, N), one a byte: the column loop reads the row of codes straight
+    rng = np.random.default_rng(8)
+    codes = rng.integers(-128, 128, (K, N)).astype(np.int8)
+    scales = rng.uniform(0.01, 0.1, (2, N)).astype(np.float16)
+    q = QArray.from_parts(codes, scales, block_shape=(32, 1))
+    w = codes.astype(np.float64) * np.repeat(scales.astype(np.float64), 32, axis=0)
+    x = rng.normal(size=(2, K)).astype(np.float32)
+    got = _dot(jnp.asarray(x), q)
+    bound = emulate.bounds.qarray_bound(x, w, KN, segments=2)
+    assert (np.abs(got - x.astype(np.float64) @ w) <= bound).all()

@@ -14,6 +14,7 @@ import contextvars
 import dataclasses
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import jax
 
@@ -49,12 +50,20 @@ def use_route(route: str) -> Iterator[str]:
     """
     if route not in ROUTES:
         raise ValueError(f"route: expected one of {', '.join(map(repr, ROUTES))}, got {route!r}")
-    token = _ROUTE.set(route)
+    with _setting(_ROUTE, _KEY, route):
+        yield route
+
+
+@contextlib.contextmanager
+def _setting(var: contextvars.ContextVar, key: Any, value: Any) -> Iterator[None]:
+    """``value`` in ``var`` (this thread or task) and in ``jax.jit``'s key ``key`` for a
+    ``with`` block."""
+    token = var.set(value)
     try:
-        with _KEY(route):
-            yield route
+        with key(value):
+            yield
     finally:
-        _ROUTE.reset(token)
+        var.reset(token)
 
 
 def current_route() -> str:
@@ -127,12 +136,8 @@ def use_cpu_kernel(enabled: bool) -> Iterator[bool]:
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled: expected a bool, got {type(enabled).__name__} {enabled!r}")
-    token = _CPU_KERNEL.set(enabled)
-    try:
-        with _CPU_KEY(enabled):
-            yield enabled
-    finally:
-        _CPU_KERNEL.reset(token)
+    with _setting(_CPU_KERNEL, _CPU_KEY, enabled):
+        yield enabled
 
 
 def cpu_kernel_enabled() -> bool:

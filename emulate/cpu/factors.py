@@ -3,8 +3,8 @@ block, each compiled for one :class:`~emulate.cpu.form.Form` (constants, stored 
 two-level parts: no branch on the kind at run time).
 
 The kernel's float32 ``consts`` (:data:`emulate.cpu.form.CONSTS`) hold the weight's
-constant zero point (0) and offset (1), each two-level part's zero point and offset (2 to
-5) and a factor of every scale (6). Slots: 1 the zero points, 2 the scales (or a two-level
+constant zero point (0) and offset (1), and each two-level part's zero point and offset
+(2 to 5). Slots: 1 the zero points, 2 the scales (or a two-level
 scale's codes), 3 a two-level scale's scales, 4 the offsets (or a two-level offset's
 codes), 5 a two-level offset's scales. A two-level part's value is ``(v - zp) * scale +
 offset``, each step rounded to float32 as ``dequantize`` rounds it.
@@ -84,8 +84,7 @@ def _factor(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Callabl
 @functools.cache
 def factors(form: Form) -> Callable:
     """An njit ``(consts, s1, t1, ..., s5, t5, i, j) -> (z, s, o)``: block ``(i, j)``'s
-    zero point, scale (times ``consts[6]``) and offset, float32 (0, ``consts[6]``, 0
-    where absent)."""
+    zero point, scale and offset, float32 (0, 1, 0 where absent)."""
     zp = _factor(form.zero_point, 0, 1)
     scale = _factor(form.scale, 2, 3)
     off = _factor(form.offset, 4, 5 if isinstance(form.offset, Level) else 2)
@@ -94,9 +93,9 @@ def factors(form: Form) -> Callable:
     @numba.njit(inline="always")
     def block(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, i, j):
         z = zp(consts, s1, t1, s1, t1, i, j)
-        s = consts[6]
+        s = np.float32(1)
         if has_scale:
-            s = np.float32(scale(consts, s2, t2, s3, t3, i, j) * s)
+            s = scale(consts, s2, t2, s3, t3, i, j)
         o = off(consts, s4, t4, s5, t5, i, j)
         return z, s, o
 
@@ -154,11 +153,8 @@ def row_factors(form: Form) -> Callable:
         zp(consts, s1, t1, s1, t1, i, zb)
         if has_scale:
             scale(consts, s2, t2, s3, t3, i, sb)
-            for j in range(sb.shape[0]):
-                sb[j] = np.float32(sb[j] * consts[6])
         else:
-            for j in range(sb.shape[0]):
-                sb[j] = consts[6]
+            sb[:] = 1
         off(consts, s4, t4, s5, t5, i, ob)
 
     return row

@@ -60,9 +60,9 @@ UNSIGNED, SIGNED, TABLE, FLOAT16, BFLOAT16, FLOAT32 = range(6)
 ROWS, COLUMNS = 0, 1
 NIBBLES, BYTES, BITS, GROUPS = range(4)
 #: The constants' order in the kernel's float32 ``consts``: the weight's zero point and
-#: offset, each two-level part's zero point and offset, and a factor of every scale (1:
-#: :func:`weight_form` refuses tensor scales and element exponents).
-CONSTS = ("zp", "offset", "scale_zp", "scale_offset", "offset_zp", "offset_offset", "tensor")
+#: offset, each two-level part's zero point and offset (no tensor scale: :func:`weight_form`
+#: refuses tensor scales and element exponents).
+CONSTS = ("zp", "offset", "scale_zp", "scale_offset", "offset_zp", "offset_offset")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,5 +300,4 @@ def weight_operands(q: QArray, form: Form) -> tuple[jax.Array, list[jax.Array]]:
             fmt = _scale_format(q) if k == 0 else None
             slots += _slot_arrays(part, f if isinstance(f, Slot) else None, fmt)
             slots += _slot_arrays(None, None)
-    consts[6] = 1.0  # the tensor scale: weight_form refuses tensor scales and exponents
     return jnp.asarray(consts, jnp.float32), slots

@@ -160,6 +160,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.cpu.form",
             "emulate.cpu.ffi",
             "emulate.cpu.parts",
+            "emulate.cpu.lanes",
             "emulate.cpu.factors",
             "emulate.cpu.gemv",
             "emulate.cpu.call",

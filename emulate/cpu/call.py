@@ -47,15 +47,13 @@ def contract(q: QArray, x: jax.Array, form: Form) -> jax.Array:
     n = q.shape[1] if form.layout == COLUMNS else q.shape[0]
     bk = q.block_shape[0] if form.layout == COLUMNS else q.block_shape[1]
     placeholder = jnp.zeros((m, 1), jnp.float32)
-    xe, xo = placeholder, placeholder
-    if form.layout != COLUMNS and form.variant == NIBBLES:
-        xe, xo = x[:, 0::2], x[:, 1::2]
-    if form.layout != COLUMNS and form.variant == GROUPS:
-        g = group_shape(form.codes.bits)[0]
+    xe = placeholder
+    if form.layout != COLUMNS and form.variant in (NIBBLES, GROUPS):
+        g = group_shape(form.codes.bits)[0]  # x in planes: xe[q K / g + t] = x[g t + q]
         xe = x.reshape(m, -1, g).swapaxes(1, 2).reshape(m, -1)
     xsum = _block_sums(x, bk) if form.offset is not None else placeholder
     consts, slots = weight_operands(q, form)
     call = jax.ffi.ffi_call(
         name, jax.ShapeDtypeStruct((m, n), jnp.float32), vmap_method="sequential"
     )
-    return call(x, xe, xo, xsum, consts, *slots)
+    return call(x, xe, xsum, consts, *slots)

@@ -18,8 +18,10 @@ from collections.abc import Callable
 import numba
 import numpy as np
 
-from emulate.cpu.form import Form, Level, Slot
+from emulate.cpu.form import SIGNED, UNSIGNED, Form, Level, Slot
+from emulate.cpu.lanes import LANES, code_values
 from emulate.cpu.parts import reader
+from emulate.numerics.storage import group_shape
 
 __all__ = ["factors", "row_factors"]
 
@@ -119,15 +121,30 @@ def _factor_row(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Cal
     scales = reader(part.scales) if part.scales is not None else _dummy_reader()
     bi, bj = part.block
     has_zp, has_off, has_scale = part.zero_point, part.offset, part.scales is not None
+    slot = part.codes
+    # integer codes along the row (a bit stream, or whole bytes): LANES groups at a time
+    packed = int(slot.axis == 1)
+    vector = slot.kind in (UNSIGNED, SIGNED) and (packed or (slot.axis == -1 and slot.width == 1))
+    bits, signed = slot.bits, int(slot.kind == SIGNED)
+    step = LANES * (group_shape(bits)[0] if packed else 1)  # codes a step
 
     @numba.njit(inline="always")
     def level(consts, b0, t0, b1, t1, i, out):
         zp, off = consts[zp_at], consts[off_at]
         n = out.shape[0]
+        done = 0
+        if vector:
+            row = b0[i]
+            for c in range(n // step):
+                # numba binds the intrinsic's typing context: mypy counts it as an argument
+                code_values(out, row, np.uint64(c * LANES), bits, packed, signed)  # type: ignore[call-arg]
+            done = (n // step) * step
+        for j in range(done, n):
+            out[j] = codes(b0, t0, i, j)
         for u in range((n + bj - 1) // bj):
             sup = scales(b1, t1, i // bi, u) if has_scale else np.float32(1)
             for j in range(u * bj, min(n, (u + 1) * bj)):
-                v = codes(b0, t0, i, j)
+                v = out[j]
                 if has_zp:
                     v = np.float32(v - zp)
                 if has_scale:

@@ -137,3 +137,38 @@ def test_one_signed_byte_a_code_in_columns() -> None:
     got = _dot(jnp.asarray(x), q)
     bound = emulate.bounds.qarray_bound(x, w, KN, segments=2)
     assert (np.abs(got - x.astype(np.float64) @ w) <= bound).all()
+
+
+#: Rows as stored (N, K) through the vector steps (emulate.cpu.lanes) and the bit-stream
+#: loop: (code format, packed, block along K, K, zero point). The K values leave tails
+#: after the last whole step; a block of 24 groups (48 4-bit codes) fits no step.
+ROW_FORMS = [
+    ("int5", False, 32, 80, None),  # one signed code a byte; a last block of 16
+    ("uint3", True, 16, 144, 4),  # 2 groups a block; 18 groups: one step and a tail
+    ("uint4", True, 48, 96, 8),  # 24 groups a block: the bit-stream loop
+    pytest.param("uint2", True, 16, 320, None, marks=pytest.mark.long),
+    pytest.param("int6", True, 16, 256, None, marks=pytest.mark.long),
+    pytest.param("uint5", True, 32, 288, 16, marks=pytest.mark.long),
+    pytest.param("int8", False, 32, 100, None, marks=pytest.mark.long),
+    pytest.param("uint4", True, 16, 272, 8, marks=pytest.mark.long),  # 8 groups a block
+]
+
+
+@pytest.mark.parametrize(("fmt", "packed", "bk", "k", "zp"), ROW_FORMS)
+def test_rows_of_every_code_width_within_the_bound(fmt, packed, bk, k, zp) -> None:
+    rng = np.random.default_rng(9)
+    bits = int(fmt.lstrip("uint"))
+    codes = rng.integers(0, 1 << bits, (N, k), dtype=np.uint8)
+    values = codes.astype(np.int64)
+    if fmt.startswith("int"):
+        values = np.where(values >= 1 << (bits - 1), values - (1 << bits), values)
+    nb = -(-k // bk)
+    scales = rng.uniform(0.01, 0.1, (N, nb)).astype(np.float16)
+    stored = emulate.pack(codes, fmt, axis=-1) if packed else codes
+    q = QArray.from_parts(stored, scales, block_shape=(1, bk), fmt=fmt, zero_points=zp)
+    step = np.repeat(scales.astype(np.float64), bk, axis=1)[:, :k]
+    w = (values - (zp or 0)) * step
+    x = rng.normal(size=(2, k)).astype(np.float32)
+    got = _dot(jnp.asarray(x), q, (((1,), (1,)), ((), ())))
+    bound = emulate.bounds.qarray_bound(x, w.T, KN, segments=nb)
+    assert (np.abs(got - x.astype(np.float64) @ w.T) <= bound).all()

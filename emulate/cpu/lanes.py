@@ -1,0 +1,234 @@
+"""numba: the vector step of the row kernel, written as LLVM vector IR (numba's loops do
+not vectorize a dot product whose codes are a few bits each: measured 7-10 G elements/s
+a core against 15-20 G/s here).
+
+:func:`group_lanes` takes :data:`LANES` consecutive groups of a row of integer codes (a
+group is the smallest run of whole bytes that holds whole codes,
+:func:`emulate.numerics.storage.group_shape`: 1 byte for 8- and 4-bit and 2-bit codes, 3
+for 6- and 3-bit, 5 for 5-bit), lane ``t`` holding group ``g0 + t``, and adds
+``s_t * sum_q x_(q, t) (v_(q, t) - z_t)`` into :data:`LANES` float32 accumulators: ``v``
+the codes' integer values (exact in float32), ``x`` the activations in planes (plane
+``q`` holds element ``q`` of every group), ``s`` and ``z`` the groups' scale and zero
+point (one value for every lane, or a vector). Generic LLVM vectors: LLVM picks the
+host's instructions (AVX-512, AVX2, NEON), and splits 16 lanes where registers are
+narrower.
+
+Numerics: each product ``x (v - z)`` is rounded once (exact where ``x`` is bfloat16 and
+``z`` an integer), the group's ``g`` products are added in float32, times ``s`` (one
+rounding), added into the lane: the segment route of docs/numerics.md, within its bound.
+No ``nnan`` / ``ninf``: NaN and Inf propagate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from numba import types
+from numba.core.extending import intrinsic
+
+from emulate.numerics.storage import group_shape
+
+__all__ = ["LANES", "code_values", "group_lanes"]
+
+#: Groups a call takes (lanes of float32 accumulators: one AVX-512 register).
+LANES = 16
+_FAST = ("reassoc", "contract", "nsz", "arcp")
+_F32, _I32, _I64, _I8 = ir.FloatType(), ir.IntType(32), ir.IntType(64), ir.IntType(8)
+_VF, _VI = ir.VectorType(_F32, LANES), ir.VectorType(_I32, LANES)
+
+
+def _splat_int(v: int) -> ir.Constant:
+    return ir.Constant(_VI, [v] * LANES)
+
+
+def _at(context: Any, builder: Any, aty: Any, array: Any, index: Any) -> Any:
+    """A pointer to element ``index`` (i64) of the 1-D ``array``."""
+    data = context.make_array(aty)(context, builder, array).data
+    return builder.gep(data, [index])
+
+
+def _load_floats(context: Any, builder: Any, aty: Any, array: Any, index: Any) -> Any:
+    p = _at(context, builder, aty, array, index)
+    return builder.load(builder.bitcast(p, _VF.as_pointer()), align=4)
+
+
+def _block_floats(context: Any, builder: Any, aty: Any, v: Any, start: Any, per: int) -> Any:
+    """Each lane's block value: ``v`` itself (a scalar), or ``v[(start + t) // per]`` of
+    the array ``v`` (``per`` groups a block: a multiple of :data:`LANES` or a divisor)."""
+    if not isinstance(aty, types.Array):
+        return _splat_float(builder, v)
+    first = builder.udiv(start, ir.Constant(_I64, per))
+    if per % LANES == 0:
+        return _splat_float(builder, builder.load(_at(context, builder, aty, v, first)))
+    blocks = ir.VectorType(_F32, LANES // per)
+    p = _at(context, builder, aty, v, first)
+    few = builder.load(builder.bitcast(p, blocks.as_pointer()), align=4)
+    return builder.shuffle_vector(few, few, ir.Constant(_VI, [t // per for t in range(LANES)]))
+
+
+def _splat_float(builder: Any, v: Any) -> Any:
+    one = builder.insert_element(ir.Constant(_VF, ir.Undefined), v, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, one, _splat_int(0))
+
+
+def _words(builder: Any, raw: Any, nb: int) -> tuple[Any, Any]:
+    """Each lane's group as integers: bytes 0 to 2 (``lo``) and bytes 3 and 4 (``hi``),
+    little-endian; the bytes of lane ``t`` are ``raw[nb t : nb (t + 1)]``."""
+    planes = []
+    for p in range(nb):
+        pick = ir.Constant(_VI, [p + nb * t for t in range(LANES)])
+        planes.append(builder.zext(builder.shuffle_vector(raw, raw, pick), _VI))
+    lo = planes[0]
+    for p in range(1, min(nb, 3)):
+        lo = builder.or_(lo, builder.shl(planes[p], _splat_int(8 * p)))
+    hi = None
+    if nb > 3:
+        hi = planes[3]
+        for p in range(4, nb):
+            hi = builder.or_(hi, builder.shl(planes[p], _splat_int(8 * (p - 3))))
+    return lo, hi
+
+
+def _byte_code(builder: Any, byte: Any, bits: int, signed: bool) -> Any:
+    """A code held alone in a byte, as :func:`emulate.cpu.parts.reader` reads it: the byte,
+    less ``2**bits`` where signed and at least ``2**(bits - 1)``."""
+    if not signed:
+        return byte
+    wrapped = builder.sub(byte, _splat_int(1 << bits))
+    return builder.select(
+        builder.icmp_unsigned(">=", byte, _splat_int(1 << (bits - 1))), wrapped, byte
+    )
+
+
+def _geometry(bits: int, packed: bool) -> tuple[int, int]:
+    """``(codes, bytes)`` a group: :func:`group_shape`, or one code a byte."""
+    return group_shape(bits) if packed else (1, 1)
+
+
+def _codes(builder: Any, raw: Any, bits: int, packed: bool, signed: bool) -> list[Any]:
+    """The codes of each lane's group, one i32 vector per code of a group."""
+    g, nb = _geometry(bits, packed)
+    lo, hi = _words(builder, raw, nb)
+    if not packed:
+        return [_byte_code(builder, lo, bits, signed)]
+    return [_code(builder, lo, hi, bits, q, signed) for q in range(g)]
+
+
+def _code(builder: Any, lo: Any, hi: Any, bits: int, q: int, signed: bool) -> Any:
+    """Code ``q`` of each lane's group (stream bits ``[bits q, bits (q + 1))``) as i32."""
+    o, mask = bits * q, _splat_int((1 << bits) - 1)
+    if o + bits <= 24:
+        c = builder.lshr(lo, _splat_int(o)) if o else lo
+    elif o >= 24:
+        c = builder.lshr(hi, _splat_int(o - 24)) if o > 24 else hi
+    else:  # across bytes 2 and 3
+        c = builder.or_(builder.lshr(lo, _splat_int(o)), builder.shl(hi, _splat_int(24 - o)))
+    c = builder.and_(c, mask)
+    if signed:
+        c = builder.ashr(builder.shl(c, _splat_int(32 - bits)), _splat_int(32 - bits))
+    return c
+
+
+@intrinsic
+def group_lanes(
+    typingctx: Any,
+    lanes: Any,
+    codes: Any,
+    g0: Any,
+    x: Any,
+    plane: Any,
+    s: Any,
+    z: Any,
+    bits: Any,
+    packed: Any,
+    signed: Any,
+    per_block: Any,
+) -> Any:
+    """``lanes[t] += s_t * sum_q x[q * plane + g0 + t] * (v_(q, g0 + t) - z_t)`` for ``t <
+    LANES``: ``lanes`` a float32 array of :data:`LANES` (keep it on the stack:
+    :func:`emulate.cpu.parts.stack_floats`), ``codes`` a uint8 row (group ``i`` at bytes
+    ``[nb i, nb (i + 1))``), ``g0`` the first group (uint64, a multiple of :data:`LANES`),
+    ``x`` float32 planes of ``plane`` (uint64) elements each, ``s`` and ``z`` the
+    blocks' float32 scales and zero points (arrays indexed by block: group ``i`` is in
+    block ``i // per_block``; or one scalar for every block). Compile-time constants:
+    ``bits`` (1 to 8), ``signed`` (0 or 1), ``per_block`` (groups a block: a multiple or
+    a divisor of :data:`LANES`). No bounds checks: the caller keeps ``g0 + LANES`` within
+    the row."""
+    literals = (bits, packed, signed, per_block)
+    if not all(isinstance(a, types.IntegerLiteral) for a in literals):
+        return None
+    width, is_packed, is_signed, per = (a.literal_value for a in literals)
+    if not (per % LANES == 0 or LANES % per == 0):
+        raise ValueError(f"group_lanes: per_block={per} is not a multiple or divisor of {LANES}")
+    g, nb = _geometry(width, is_packed)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        lanes_v, codes_v, g0_v, x_v, plane_v, s_v, z_v = args[:7]
+        start = builder.zext(g0_v, _I64) if g0_v.type.width < 64 else g0_v
+        stride = builder.zext(plane_v, _I64) if plane_v.type.width < 64 else plane_v
+        at = _at(context, builder, sig.args[1], codes_v, builder.mul(start, ir.Constant(_I64, nb)))
+        raw = builder.load(
+            builder.bitcast(at, ir.VectorType(_I8, LANES * nb).as_pointer()), align=1
+        )
+        codes_q = _codes(builder, raw, width, is_packed, is_signed)
+        zv = _block_floats(context, builder, sig.args[6], z_v, start, per)
+        total = None
+        for q in range(g):
+            v = builder.sitofp(codes_q[q], _VF)
+            xq_at = builder.add(start, builder.mul(stride, ir.Constant(_I64, q)))
+            xq = _load_floats(context, builder, sig.args[3], x_v, xq_at)
+            prod = builder.fmul(xq, builder.fsub(v, zv, flags=_FAST), flags=_FAST)
+            total = prod if total is None else builder.fadd(total, prod, flags=_FAST)
+        sv = _block_floats(context, builder, sig.args[5], s_v, start, per)
+        into = context.make_array(sig.args[0])(context, builder, lanes_v).data
+        into = builder.bitcast(into, _VF.as_pointer())
+        acc = builder.load(into, align=4)
+        builder.store(
+            builder.fadd(acc, builder.fmul(sv, total, flags=_FAST), flags=_FAST), into, align=4
+        )
+        return context.get_dummy_value()
+
+    return types.none(lanes, codes, g0, x, plane, s, z, bits, packed, signed, per_block), codegen
+
+
+def _interleave(builder: Any, planes: list[Any]) -> Any:
+    """One vector of ``len(planes) * LANES`` lanes, lane ``g t + q`` = ``planes[q][t]``."""
+    joined = list(planes)
+    while len(joined) > 1:  # concatenate pairs: g is 1, 2, 4 or 8
+        n = joined[0].type.count
+        pick = ir.Constant(ir.VectorType(_I32, 2 * n), list(range(2 * n)))
+        joined = [builder.shuffle_vector(a, b, pick) for a, b in zip(joined[::2], joined[1::2])]
+    g = len(planes)
+    whole = joined[0]
+    order = [q * LANES + t for t in range(LANES) for q in range(g)]
+    return builder.shuffle_vector(whole, whole, ir.Constant(ir.VectorType(_I32, g * LANES), order))
+
+
+@intrinsic
+def code_values(
+    typingctx: Any, out: Any, codes: Any, g0: Any, bits: Any, packed: Any, signed: Any
+) -> Any:
+    """``out[g (g0 + t) + q] = v_(q, g0 + t)`` for ``t <`` :data:`LANES` and each of a
+    group's ``g`` codes: the codes' integer values as float32 (exact), in the codes'
+    order. ``codes`` and ``g0`` as for :func:`group_lanes`; ``out`` float32, indexed by
+    code. No bounds checks."""
+    if not all(isinstance(a, types.IntegerLiteral) for a in (bits, packed, signed)):
+        return None
+    width, is_packed, is_signed = (a.literal_value for a in (bits, packed, signed))
+    g, nb = _geometry(width, is_packed)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        out_v, codes_v, g0_v = args[:3]
+        start = builder.zext(g0_v, _I64) if g0_v.type.width < 64 else g0_v
+        at = _at(context, builder, sig.args[1], codes_v, builder.mul(start, ir.Constant(_I64, nb)))
+        raw = builder.load(
+            builder.bitcast(at, ir.VectorType(_I8, LANES * nb).as_pointer()), align=1
+        )
+        planes = [builder.sitofp(c, _VF) for c in _codes(builder, raw, width, is_packed, is_signed)]
+        values = _interleave(builder, planes)
+        into = _at(context, builder, sig.args[0], out_v, builder.mul(start, ir.Constant(_I64, g)))
+        builder.store(values, builder.bitcast(into, values.type.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(out, codes, g0, bits, packed, signed), codegen

@@ -1,0 +1,110 @@
+"""emulate.cpu.lanes: the vector steps against brute force over the documented layout
+(codes a bit stream, least significant bit first, or one a byte as
+emulate.cpu.parts.reader reads them) and exact integer sums."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import numba
+import numpy as np
+import pytest
+
+from emulate.cpu.lanes import LANES, code_values, group_lanes
+from emulate.numerics.storage import group_shape
+
+WIDTHS = (2, 3, 4, 5, 6, 8)
+
+
+def _code(row: np.ndarray, i: int, bits: int, packed: bool, signed: bool) -> int:
+    """Code ``i`` of a byte row, brute force: bits ``[bits i, bits (i + 1))`` of the
+    little-endian stream, two's complement where signed; or byte ``i`` as the reader
+    reads it (less ``2**bits`` where signed and at least ``2**(bits - 1)``)."""
+    if packed:
+        c = sum(
+            ((int(row[(bits * i + b) // 8]) >> ((bits * i + b) % 8)) & 1) << b for b in range(bits)
+        )
+    else:
+        c = int(row[i])
+    return c - (1 << bits) if signed and c >= 1 << (bits - 1) else c
+
+
+@functools.cache
+def _values(bits: int, packed: int, signed: int):
+    @numba.njit
+    def run(out, codes, steps):
+        for c in range(steps):
+            code_values(out, codes, np.uint64(c * LANES), bits, packed, signed)
+
+    return run
+
+
+@functools.cache
+def _lanes(bits: int, packed: int, signed: int, per_block: int):
+    @numba.njit
+    def run(codes, steps, x, plane, s, z):
+        acc = np.zeros(LANES, np.float32)
+        for c in range(steps):
+            at = np.uint64(c * LANES)
+            group_lanes(acc, codes, at, x, np.uint64(plane), s, z, bits, packed, signed, per_block)
+        return acc
+
+    return run
+
+
+@pytest.mark.parametrize(("bits", "packed", "signed"), itertools.product(WIDTHS, (1, 0), (1, 0)))
+def test_code_values_are_the_codes_in_order(bits: int, packed: int, signed: int) -> None:
+    g, nb = group_shape(bits) if packed else (1, 1)
+    steps = 3
+    codes = np.random.default_rng(bits).integers(0, 256, steps * LANES * nb, dtype=np.uint8)
+    out = np.full(steps * LANES * g + 1, -0.5, np.float32)
+    _values(bits, packed, signed)(out, codes, steps)
+    want = [_code(codes, i, bits, packed, signed) for i in range(steps * LANES * g)]
+    assert out[:-1].tolist() == want
+    assert out[-1] == -0.5  # nothing written past the steps
+
+
+PER_BLOCK = (1, 2, 4, 8, 16, 32)
+
+
+def _sums_cases() -> list:
+    """Every width, sign and block size (groups a block); by default one block size per
+    width and sign, in turn (each case compiles two kernels)."""
+    cases = []
+    for i, (bits, signed) in enumerate(itertools.product(WIDTHS, (1, 0))):
+        for j, per_block in enumerate(PER_BLOCK):
+            long = () if j == i % len(PER_BLOCK) else pytest.mark.long
+            cases.append(pytest.param(bits, signed, per_block, marks=long))
+    return cases
+
+
+@pytest.mark.parametrize(("bits", "signed", "per_block"), _sums_cases())
+def test_group_lanes_are_exact_integer_sums(bits: int, signed: int, per_block: int) -> None:
+    # integer x and zero points, power-of-two scales: every float32 step is exact, so each
+    # lane equals the float64 sum over its groups (block factors as arrays, or as one
+    # scalar where the blocks hold 16 groups)
+    rng = np.random.default_rng(10 + bits)
+    for packed in (1, 0):
+        g, nb = group_shape(bits) if packed else (1, 1)
+        steps = 4
+        groups = steps * LANES
+        codes = rng.integers(0, 256, groups * nb, dtype=np.uint8)
+        x = rng.integers(-64, 64, g * groups).astype(np.float32)  # plane q: x[q * groups + t]
+        v = np.array([_code(codes, i, bits, packed, signed) for i in range(g * groups)])
+        v = v.reshape(groups, g)  # group t, code q
+        xs = x.reshape(g, groups).T.astype(np.float64)
+        nblocks = groups // per_block
+        s = (2.0 ** rng.integers(-4, 4, nblocks)).astype(np.float32)
+        z = rng.integers(-8, 8, nblocks).astype(np.float32)
+        run = _lanes(bits, packed, signed, per_block)
+        b = np.arange(groups) // per_block
+        terms = s[b] * ((v - z[b][:, None]) * xs).sum(axis=1)
+        assert (
+            run(codes, steps, x, groups, s, z).tolist()
+            == terms.reshape(steps, LANES).sum(0).tolist()
+        )
+        if per_block == 16:
+            got = run(codes, steps, x, groups, np.float32(0.25), np.float32(3))
+            want = 0.25 * ((v - 3) * xs).sum(axis=1)
+            assert got.tolist() == want.reshape(steps, LANES).sum(axis=0).tolist()

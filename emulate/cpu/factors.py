@@ -18,8 +18,8 @@ from collections.abc import Callable
 import numba
 import numpy as np
 
-from emulate.cpu.form import SIGNED, UNSIGNED, Form, Level, Slot
-from emulate.cpu.lanes import LANES, code_values
+from emulate.cpu.form import BFLOAT16, FLOAT16, SIGNED, UNSIGNED, Form, Level, Slot
+from emulate.cpu.lanes import LANES, code_values, half_values
 from emulate.cpu.parts import reader
 from emulate.numerics.storage import group_shape
 
@@ -110,10 +110,20 @@ def _factor_row(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Cal
     decoded once a run of blocks that share it (not once a block)."""
     if not isinstance(part, Level):
         one = _factor(part, zp_at, off_at)
+        # float16 / bfloat16 factors stored along the row: LANES a step
+        halves = isinstance(part, Slot) and part.kind in (FLOAT16, BFLOAT16)
+        brain = int(isinstance(part, Slot) and part.kind == BFLOAT16)
 
         @numba.njit(inline="always")
         def each(consts, b0, t0, b1, t1, i, out):
-            for j in range(out.shape[0]):
+            n, done = out.shape[0], 0
+            if halves:
+                row = b0[i]
+                for c in range(n // LANES):
+                    # numba binds the intrinsic's typing context: mypy counts it
+                    half_values(out, row, np.uint64(c * LANES), brain)  # type: ignore[call-arg]
+                done = (n // LANES) * LANES
+            for j in range(done, n):
                 out[j] = one(consts, b0, t0, b1, t1, i, j)
 
         return each
@@ -143,7 +153,7 @@ def _factor_row(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Cal
             out[j] = codes(b0, t0, i, j)
         for u in range((n + bj - 1) // bj):
             sup = scales(b1, t1, i // bi, u) if has_scale else np.float32(1)
-            for j in range(u * bj, min(n, (u + 1) * bj)):
+            for j in range(np.uint64(u * bj), np.uint64(min(n, (u + 1) * bj))):
                 v = out[j]
                 if has_zp:
                     v = np.float32(v - zp)

@@ -29,7 +29,7 @@ from numba.core.extending import intrinsic
 
 from emulate.numerics.storage import group_shape
 
-__all__ = ["LANES", "code_values", "group_lanes"]
+__all__ = ["LANES", "code_values", "group_lanes", "half_values"]
 
 #: Groups a call takes (lanes of float32 accumulators: one AVX-512 register).
 LANES = 16
@@ -232,3 +232,49 @@ def code_values(
         return context.get_dummy_value()
 
     return types.none(out, codes, g0, bits, packed, signed), codegen
+
+
+def _half_bits_to_float(builder: Any, h: Any) -> Any:
+    """float32 values of float16 bits ``h`` (an i32 vector), as
+    :func:`emulate.cpu.parts.float16_value` gives them: subnormals as ``m * 2**-24``,
+    NaN made quiet with its payload kept."""
+    sign = builder.shl(builder.and_(h, _splat_int(0x8000)), _splat_int(16))
+    e = builder.and_(builder.lshr(h, _splat_int(10)), _splat_int(31))
+    m = builder.and_(h, _splat_int(1023))
+    low = builder.shl(m, _splat_int(13))
+    normal = builder.or_(builder.shl(builder.add(e, _splat_int(112)), _splat_int(23)), low)
+    quiet = builder.select(
+        builder.icmp_unsigned("!=", m, _splat_int(0)), _splat_int(0x00400000), _splat_int(0)
+    )
+    special = builder.or_(builder.or_(_splat_int(0x7F800000), quiet), low)
+    tiny = builder.fmul(builder.sitofp(m, _VF), ir.Constant(_VF, [2.0**-24] * LANES))
+    tiny = builder.bitcast(tiny, _VI)
+    bits = builder.select(builder.icmp_unsigned("==", e, _splat_int(31)), special, normal)
+    bits = builder.select(builder.icmp_unsigned("==", e, _splat_int(0)), tiny, bits)
+    return builder.bitcast(builder.or_(bits, sign), _VF)
+
+
+@intrinsic
+def half_values(typingctx: Any, out: Any, data: Any, j0: Any, brain: Any) -> Any:
+    """``out[j0 + t]`` = the float32 value of the float16 (``brain`` 0) or bfloat16
+    (``brain`` 1, a compile-time constant) at bytes ``[2 (j0 + t), 2 (j0 + t) + 2)`` of
+    ``data`` (uint8, little-endian), for ``t <`` :data:`LANES`. Exact. No bounds checks."""
+    if not isinstance(brain, types.IntegerLiteral):
+        return None
+    is_brain = bool(brain.literal_value)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        out_v, data_v, j0_v = args[:3]
+        start = builder.zext(j0_v, _I64) if j0_v.type.width < 64 else j0_v
+        at = _at(context, builder, sig.args[1], data_v, builder.mul(start, ir.Constant(_I64, 2)))
+        halves = ir.VectorType(ir.IntType(16), LANES)
+        h = builder.zext(builder.load(builder.bitcast(at, halves.as_pointer()), align=1), _VI)
+        if is_brain:
+            values = builder.bitcast(builder.shl(h, _splat_int(16)), _VF)
+        else:
+            values = _half_bits_to_float(builder, h)
+        into = _at(context, builder, sig.args[0], out_v, start)
+        builder.store(values, builder.bitcast(into, _VF.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(out, data, j0, brain), codegen

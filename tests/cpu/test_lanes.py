@@ -7,11 +7,12 @@ from __future__ import annotations
 import functools
 import itertools
 
+import ml_dtypes
 import numba
 import numpy as np
 import pytest
 
-from emulate.cpu.lanes import LANES, code_values, group_lanes
+from emulate.cpu.lanes import LANES, code_values, group_lanes, half_values
 from emulate.numerics.storage import group_shape
 
 WIDTHS = (2, 3, 4, 5, 6, 8)
@@ -108,3 +109,31 @@ def test_group_lanes_are_exact_integer_sums(bits: int, signed: int, per_block: i
             got = run(codes, steps, x, groups, np.float32(0.25), np.float32(3))
             want = 0.25 * ((v - 3) * xs).sum(axis=1)
             assert got.tolist() == want.reshape(steps, LANES).sum(axis=0).tolist()
+
+
+@functools.cache
+def _halves(brain: int):
+    @numba.njit
+    def run(out, data):
+        for c in range(out.shape[0] // LANES):
+            half_values(out, data, np.uint64(c * LANES), brain)
+
+    return run
+
+
+@pytest.mark.parametrize("brain", [0, 1])
+def test_every_half_is_its_float32(brain: int) -> None:
+    # every float16 (bfloat16) code against numpy's (ml_dtypes') float32; a float16 NaN
+    # made quiet with its payload kept, a bfloat16 NaN's bits kept
+    codes = np.arange(1 << 16, dtype=np.uint16)
+    out = np.zeros(1 << 16, np.float32)
+    _halves(brain)(out, codes.view(np.uint8))
+    want = codes.view(ml_dtypes.bfloat16 if brain else np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    c = codes[nan].astype(np.uint32)
+    if brain:
+        nan_bits = c << 16
+    else:
+        nan_bits = ((c & 0x8000) << 16) | 0x7FC00000 | ((c & 0x3FF) << 13)
+    assert np.array_equal(out[nan].view(np.uint32), nan_bits)

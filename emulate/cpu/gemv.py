@@ -39,13 +39,14 @@ from emulate.cpu import ffi
 from emulate.cpu.factors import factors, row_factors
 from emulate.cpu.form import (
     BITS,
+    BYTES,
     COLUMNS,
     NIBBLES,
     SIGNED,
     Form,
     slot_widths,
 )
-from emulate.cpu.lanes import LANES, group_lanes
+from emulate.cpu.lanes import LANES, column_lanes, group_lanes
 from emulate.cpu.parts import reader, stack_floats
 from emulate.numerics.storage import group_shape
 
@@ -87,6 +88,52 @@ def _float_code(kind: int, bits: int) -> Callable:
         return c
 
     return value
+
+
+def _column_lanes(form: Form, scalar: Callable) -> Callable:
+    """:data:`NIBBLES` and :data:`BYTES` columns: :data:`LANES` columns at a time
+    (:func:`emulate.cpu.lanes.column_lanes`, the lanes kept in registers over the block's
+    rows), the columns after the last whole step through ``scalar`` (the element loop)."""
+    bits, signed = form.codes.bits, int(form.codes.kind == SIGNED)
+    packed = int(form.codes.axis != -1)
+    g = group_shape(bits)[0] if packed else 1
+    has_zp = form.zero_point is not None
+
+    @numba.njit(fastmath=FAST, inline="always")
+    def columns(x, codes, table, k0, k1, n0, w, zrow, blk):
+        l0 = numba.carray(stack_floats(LANES), (LANES,), np.float32)
+        l1 = numba.carray(stack_floats(LANES), (LANES,), np.float32)
+        l2 = numba.carray(stack_floats(LANES), (LANES,), np.float32)
+        l3 = numba.carray(stack_floats(LANES), (LANES,), np.float32)
+        wide = 4 * LANES
+        steps = w // wide
+        for c in range(steps):
+            for i in range(LANES):
+                l0[i] = 0
+                l1[i] = 0
+                l2[i] = 0
+                l3[i] = 0
+            at = np.uint64(n0 + c * wide)
+            z0 = zrow[c * wide :] if has_zp else np.float32(0)
+            z1 = zrow[c * wide + LANES :] if has_zp else np.float32(0)
+            z2 = zrow[c * wide + 2 * LANES :] if has_zp else np.float32(0)
+            z3 = zrow[c * wide + 3 * LANES :] if has_zp else np.float32(0)
+            for r in range(np.uint64(k0 // g), np.uint64(k1 // g)):
+                row, kr = codes[r], r * np.uint64(g)
+                column_lanes(l0, row, at, x, kr, z0, bits, packed, signed)
+                column_lanes(l1, row, at + np.uint64(LANES), x, kr, z1, bits, packed, signed)
+                column_lanes(l2, row, at + np.uint64(2 * LANES), x, kr, z2, bits, packed, signed)
+                column_lanes(l3, row, at + np.uint64(3 * LANES), x, kr, z3, bits, packed, signed)
+            for i in range(LANES):
+                blk[c * wide + i] += l0[i]
+                blk[c * wide + LANES + i] += l1[i]
+                blk[c * wide + 2 * LANES + i] += l2[i]
+                blk[c * wide + 3 * LANES + i] += l3[i]
+        done = steps * wide
+        if done < w:
+            scalar(x, codes, table, k0, k1, n0 + done, w - done, zrow[done:], blk[done:])
+
+    return columns
 
 
 def _column_loop(form: Form) -> Callable:
@@ -230,6 +277,8 @@ def _rows_kernel(form: Form, parallel: bool) -> Callable:
 
 def _columns_kernel(form: Form, parallel: bool) -> Callable:
     loop, block = _column_loop(form), factors(form)
+    if form.variant in (NIBBLES, BYTES):
+        loop = _column_lanes(form, loop)
     bk, bn = form.block
     has_offset = form.offset is not None
 

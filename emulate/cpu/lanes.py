@@ -29,7 +29,7 @@ from numba.core.extending import intrinsic
 
 from emulate.numerics.storage import group_shape
 
-__all__ = ["LANES", "code_values", "group_lanes", "half_values"]
+__all__ = ["LANES", "code_values", "column_lanes", "group_lanes", "half_values"]
 
 #: Groups a call takes (lanes of float32 accumulators: one AVX-512 register).
 LANES = 16
@@ -173,12 +173,13 @@ def group_lanes(
         )
         codes_q = _codes(builder, raw, width, is_packed, is_signed)
         zv = _block_floats(context, builder, sig.args[6], z_v, start, per)
+        zi = builder.fptosi(zv, _VI)  # zero points are integers: v - z exact in i32
         total = None
         for q in range(g):
-            v = builder.sitofp(codes_q[q], _VF)
+            v = builder.sitofp(builder.sub(codes_q[q], zi), _VF)
             xq_at = builder.add(start, builder.mul(stride, ir.Constant(_I64, q)))
             xq = _load_floats(context, builder, sig.args[3], x_v, xq_at)
-            prod = builder.fmul(xq, builder.fsub(v, zv, flags=_FAST), flags=_FAST)
+            prod = builder.fmul(xq, v, flags=_FAST)
             total = prod if total is None else builder.fadd(total, prod, flags=_FAST)
         sv = _block_floats(context, builder, sig.args[5], s_v, start, per)
         into = context.make_array(sig.args[0])(context, builder, lanes_v).data
@@ -278,3 +279,55 @@ def half_values(typingctx: Any, out: Any, data: Any, j0: Any, brain: Any) -> Any
         return context.get_dummy_value()
 
     return types.none(out, data, j0, brain), codegen
+
+
+@intrinsic
+def column_lanes(
+    typingctx: Any,
+    lanes: Any,
+    row: Any,
+    n0: Any,
+    x: Any,
+    k0: Any,
+    z: Any,
+    bits: Any,
+    packed: Any,
+    signed: Any,
+) -> Any:
+    """Layout COLUMNS: ``lanes[t] += sum_q x[k0 + q] (v_q(row[n0 + t]) - z_t)`` for ``t <``
+    :data:`LANES`: ``row`` one stored row of uint8 codes, each byte ``g`` codes packed
+    along K (``bits`` 1, 2, 4 or 8; ``packed`` 1) or one code (``packed`` 0); ``x`` float32
+    activations; ``z`` float32 zero points of the :data:`LANES` columns (an array from
+    index 0) or one scalar. No bounds checks."""
+    if not all(isinstance(a, types.IntegerLiteral) for a in (bits, packed, signed)):
+        return None
+    width, is_packed, is_signed = (a.literal_value for a in (bits, packed, signed))
+    g, nb = _geometry(width, is_packed)
+    if nb != 1:
+        raise ValueError(f"column_lanes: {width}-bit codes packed along K span bytes")
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        lanes_v, row_v, n0_v, x_v, k0_v, z_v = args[:6]
+        first = builder.zext(n0_v, _I64) if n0_v.type.width < 64 else n0_v
+        k_first = builder.zext(k0_v, _I64) if k0_v.type.width < 64 else k0_v
+        at = _at(context, builder, sig.args[1], row_v, first)
+        raw = builder.load(builder.bitcast(at, ir.VectorType(_I8, LANES).as_pointer()), align=1)
+        if isinstance(sig.args[5], types.Array):
+            zv = _load_floats(context, builder, sig.args[5], z_v, ir.Constant(_I64, 0))
+        else:
+            zv = _splat_float(builder, z_v)
+        zi = builder.fptosi(zv, _VI)  # zero points are integers: v - z exact in i32
+        total = None
+        for q, code in enumerate(_codes(builder, raw, width, is_packed, is_signed)):
+            xq_at = builder.add(k_first, ir.Constant(_I64, q))
+            xq = _splat_float(builder, builder.load(_at(context, builder, sig.args[3], x_v, xq_at)))
+            v = builder.sitofp(builder.sub(code, zi), _VF)
+            prod = builder.fmul(xq, v, flags=_FAST)
+            total = prod if total is None else builder.fadd(total, prod, flags=_FAST)
+        into = builder.bitcast(
+            context.make_array(sig.args[0])(context, builder, lanes_v).data, _VF.as_pointer()
+        )
+        builder.store(builder.fadd(builder.load(into, align=4), total, flags=_FAST), into, align=4)
+        return context.get_dummy_value()
+
+    return types.none(lanes, row, n0, x, k0, z, bits, packed, signed), codegen

@@ -21,7 +21,7 @@ import emulate.bounds
 from emulate.cpu import route
 from emulate.quantized.array import QArray
 
-K, N = 64, 40
+K, N = 64, 72  # N: one step of 64 columns and 8 after it (layout COLUMNS)
 KN = (((1,), (0,)), ((), ()))
 
 

@@ -14,7 +14,7 @@ import functools
 import importlib
 import importlib.util
 
-__all__ = ["available", "parallel"]
+__all__ = ["available", "parallel", "table_lookups"]
 
 
 @functools.cache
@@ -39,3 +39,20 @@ def parallel() -> bool:
             continue
         return True
     return False
+
+
+@functools.cache
+def table_lookups() -> bool:
+    """Whether the kernels look up 16-entry tables (4-bit codebooks and float codes) in a
+    register: numba compiles for this host (``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES``
+    unset) and the host has AVX-512 (one ``vpermps`` a vector of 16 codes). Elsewhere
+    such weights take the XLA route (a gather an element measured slower there)."""
+    if not available():
+        return False
+    import numba
+    from llvmlite import binding
+
+    config = numba.config
+    if getattr(config, "CPU_NAME", None) or getattr(config, "CPU_FEATURES", None):
+        return False
+    return bool(binding.get_host_cpu_features().get("avx512f"))

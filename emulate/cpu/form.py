@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from emulate import formats
+from emulate import cpu, formats
 from emulate.numerics.storage import Packed, group_shape
 from emulate.quantized.array import QArray
 from emulate.quantized.checks import is_int
@@ -185,18 +185,26 @@ def _factor(part: Any, fmt: Any = None) -> Slot | Level | str | None:
     return _array_slot(part, fmt) or "unreadable"
 
 
+def _looked_up(codes: Slot) -> bool:
+    """Whether the kernel looks up ``codes``' values in a register: 4-bit float codes or
+    codebook indices on a host with :func:`emulate.cpu.table_lookups`."""
+    return codes.kind == TABLE and codes.bits == 4 and cpu.table_lookups()
+
+
 def weight_form(q: QArray, contracting: int) -> Form | None:
     """The kernel's form of a 2-D QArray contracted along axis ``contracting``, or None
     where the kernel does not take it: stacked or act-order QArrays, codes packed along N,
     codes wider than a byte, codes that are not integers (float formats, codebooks: a
-    table lookup an element, which ran slower than XLA's route), parts it cannot read.
+    table lookup an element, which ran slower than XLA's route) unless 4-bit on a host
+    whose registers hold their table (:func:`emulate.cpu.table_lookups`), parts it
+    cannot read.
     Tables serve the per-block parts (float8 scales, a codebook of two-level scales)."""
     if len(q.shape) != 2 or q.perm is not None or contracting not in (0, 1):
         return None
     codes = _array_slot(q.codes, q.format, q.codebook)
-    if codes is None or codes.kind not in (UNSIGNED, SIGNED):
-        # float codes and codebooks (a table lookup an element: gathers) measured slower
-        # in the kernel than on XLA's route (docs/performance.md, "The CPU kernel")
+    if codes is None or not (codes.kind in (UNSIGNED, SIGNED) or _looked_up(codes)):
+        # other float codes and codebooks (a table lookup an element: gathers) measured
+        # slower in the kernel than on XLA's route (docs/performance.md, "The CPU kernel")
         return None
     if codes.axis != -1 and codes.axis != 1 - contracting and codes.axis != contracting:
         return None

@@ -43,6 +43,7 @@ from emulate.cpu.form import (
     COLUMNS,
     NIBBLES,
     SIGNED,
+    TABLE,
     Form,
     slot_widths,
 )
@@ -96,8 +97,13 @@ def _column_lanes(form: Form, scalar: Callable) -> Callable:
     rows), the columns after the last whole step through ``scalar`` (the element loop)."""
     bits, signed = form.codes.bits, int(form.codes.kind == SIGNED)
     packed = int(form.codes.axis != -1)
+    lookup = int(form.codes.kind == TABLE)
     g = group_shape(bits)[0] if packed else 1
     has_zp = form.zero_point is not None
+
+    @numba.njit(fastmath=FAST, inline="always")
+    def step(lanes, row, table, at, x, kr, z):
+        column_lanes(lanes, row, table, at, x, kr, z, bits, packed, signed, lookup)
 
     @numba.njit(fastmath=FAST, inline="always")
     def columns(x, codes, table, k0, k1, n0, w, zrow, blk):
@@ -120,10 +126,10 @@ def _column_lanes(form: Form, scalar: Callable) -> Callable:
             z3 = zrow[c * wide + 3 * LANES :] if has_zp else np.float32(0)
             for r in range(np.uint64(k0 // g), np.uint64(k1 // g)):
                 row, kr = codes[r], r * np.uint64(g)
-                column_lanes(l0, row, at, x, kr, z0, bits, packed, signed)
-                column_lanes(l1, row, at + np.uint64(LANES), x, kr, z1, bits, packed, signed)
-                column_lanes(l2, row, at + np.uint64(2 * LANES), x, kr, z2, bits, packed, signed)
-                column_lanes(l3, row, at + np.uint64(3 * LANES), x, kr, z3, bits, packed, signed)
+                step(l0, row, table, at, x, kr, z0)
+                step(l1, row, table, at + np.uint64(LANES), x, kr, z1)
+                step(l2, row, table, at + np.uint64(2 * LANES), x, kr, z2)
+                step(l3, row, table, at + np.uint64(3 * LANES), x, kr, z3)
             for i in range(LANES):
                 blk[c * wide + i] += l0[i]
                 blk[c * wide + LANES + i] += l1[i]
@@ -141,7 +147,7 @@ def _column_loop(form: Form) -> Callable:
     (v_(k, n0 + t) - zrow[t])`` over ``[k0, k1)`` (layout COLUMNS)."""
     kind = form.codes.kind
     has_zp = form.zero_point is not None
-    if form.variant == NIBBLES:
+    if form.variant == NIBBLES and kind != TABLE:
         values = _nibbles(kind)
 
         @numba.njit(fastmath=FAST, inline="always")
@@ -206,6 +212,7 @@ def _vector_sums(form: Form) -> Callable:
     (a last, shorter block) one at a time, each times its block's scale."""
     bits, signed = form.codes.bits, int(form.codes.kind == SIGNED)
     packed = int(form.codes.axis != -1)
+    lookup = int(form.codes.kind == TABLE)
     g = group_shape(bits)[0] if packed else 1
     bk = form.block[1]
     per_block = bk // g  # groups a block: bk % g == 0 for these variants
@@ -224,7 +231,21 @@ def _vector_sums(form: Form) -> Callable:
             steps = (k // bk) * (per_block // LANES)
         for c in range(steps):
             at = np.uint64(c * LANES)
-            group_lanes(lanes, row, at, planes, plane, sb, zb, bits, packed, signed, per_block)
+            group_lanes(
+                lanes,
+                row,
+                table,
+                at,
+                planes,
+                plane,
+                sb,
+                zb,
+                bits,
+                packed,
+                signed,
+                lookup,
+                per_block,
+            )
         acc = np.float32(0)
         for i in range(LANES):
             acc += lanes[i]

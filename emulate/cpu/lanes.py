@@ -25,6 +25,7 @@ from typing import Any
 
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from emulate.numerics.storage import group_shape
@@ -115,6 +116,30 @@ def _codes(builder: Any, raw: Any, bits: int, packed: bool, signed: bool) -> lis
     return [_code(builder, lo, hi, bits, q, signed) for q in range(g)]
 
 
+def _looked_up(builder: Any, table: Any, code: Any) -> Any:
+    """``table[code]`` in each lane: AVX-512's ``vpermps`` (16 entries, 4-bit codes; only
+    where :func:`emulate.cpu.table_lookups` holds)."""
+    fnty = ir.FunctionType(_VF, [_VF, _VI])
+    permute = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.permvar.sf.512")
+    return builder.call(permute, [table, code])
+
+
+def _values(builder: Any, table: Any, codes: list[Any], zv: Any) -> list[Any]:
+    """Each code's value less its zero point, float32: ``table[c] - z`` where the codes
+    index a table, else ``c - z`` in int32 (zero points are integers) converted once."""
+    if table is not None:
+        return [builder.fsub(_looked_up(builder, table, c), zv, flags=_FAST) for c in codes]
+    zi = builder.fptosi(zv, _VI)
+    return [builder.sitofp(builder.sub(c, zi), _VF) for c in codes]
+
+
+def _table(context: Any, builder: Any, aty: Any, table: Any, lookup: int) -> Any:
+    """The 16-entry float32 table as a vector, None where the codes are integers."""
+    if not lookup:
+        return None
+    return _load_floats(context, builder, aty, table, ir.Constant(_I64, 0))
+
+
 def _code(builder: Any, lo: Any, hi: Any, bits: int, q: int, signed: bool) -> Any:
     """Code ``q`` of each lane's group (stream bits ``[bits q, bits (q + 1))``) as i32."""
     o, mask = bits * q, _splat_int((1 << bits) - 1)
@@ -135,6 +160,7 @@ def group_lanes(
     typingctx: Any,
     lanes: Any,
     codes: Any,
+    table: Any,
     g0: Any,
     x: Any,
     plane: Any,
@@ -143,45 +169,50 @@ def group_lanes(
     bits: Any,
     packed: Any,
     signed: Any,
+    lookup: Any,
     per_block: Any,
 ) -> Any:
     """``lanes[t] += s_t * sum_q x[q * plane + g0 + t] * (v_(q, g0 + t) - z_t)`` for ``t <
     LANES``: ``lanes`` a float32 array of :data:`LANES` (keep it on the stack:
     :func:`emulate.cpu.parts.stack_floats`), ``codes`` a uint8 row (group ``i`` at bytes
-    ``[nb i, nb (i + 1))``), ``g0`` the first group (uint64, a multiple of :data:`LANES`),
-    ``x`` float32 planes of ``plane`` (uint64) elements each, ``s`` and ``z`` the
-    blocks' float32 scales and zero points (arrays indexed by block: group ``i`` is in
-    block ``i // per_block``; or one scalar for every block). Compile-time constants:
-    ``bits`` (1 to 8), ``signed`` (0 or 1), ``per_block`` (groups a block: a multiple or
+    ``[nb i, nb (i + 1))``), ``table`` the float32 value of each code where ``lookup``
+    (16 entries, 4-bit codes), ``g0`` the first group (uint64, a multiple of
+    :data:`LANES`), ``x`` float32 planes of ``plane`` (uint64) elements each, ``s`` and
+    ``z`` the blocks' float32 scales and zero points (arrays indexed by block: group ``i``
+    is in block ``i // per_block``; or one scalar for every block). Compile-time
+    constants: ``bits`` (1 to 8), ``packed`` (1: a bit stream; 0: one code a byte),
+    ``signed`` (0 or 1), ``lookup`` (1: values from ``table``, only where
+    :func:`emulate.cpu.table_lookups` holds), ``per_block`` (groups a block: a multiple or
     a divisor of :data:`LANES`). No bounds checks: the caller keeps ``g0 + LANES`` within
     the row."""
-    literals = (bits, packed, signed, per_block)
+    literals = (bits, packed, signed, lookup, per_block)
     if not all(isinstance(a, types.IntegerLiteral) for a in literals):
         return None
-    width, is_packed, is_signed, per = (a.literal_value for a in literals)
+    width, is_packed, is_signed, is_lookup, per = (a.literal_value for a in literals)
+    if is_lookup and width != 4:
+        raise ValueError(f"group_lanes: table lookups take 4-bit codes, got {width}")
     if not (per % LANES == 0 or LANES % per == 0):
         raise ValueError(f"group_lanes: per_block={per} is not a multiple or divisor of {LANES}")
     g, nb = _geometry(width, is_packed)
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        lanes_v, codes_v, g0_v, x_v, plane_v, s_v, z_v = args[:7]
+        lanes_v, codes_v, table_v, g0_v, x_v, plane_v, s_v, z_v = args[:8]
         start = builder.zext(g0_v, _I64) if g0_v.type.width < 64 else g0_v
         stride = builder.zext(plane_v, _I64) if plane_v.type.width < 64 else plane_v
         at = _at(context, builder, sig.args[1], codes_v, builder.mul(start, ir.Constant(_I64, nb)))
         raw = builder.load(
             builder.bitcast(at, ir.VectorType(_I8, LANES * nb).as_pointer()), align=1
         )
-        codes_q = _codes(builder, raw, width, is_packed, is_signed)
-        zv = _block_floats(context, builder, sig.args[6], z_v, start, per)
-        zi = builder.fptosi(zv, _VI)  # zero points are integers: v - z exact in i32
+        zv = _block_floats(context, builder, sig.args[7], z_v, start, per)
+        table_vec = _table(context, builder, sig.args[2], table_v, is_lookup)
+        values = _values(builder, table_vec, _codes(builder, raw, width, is_packed, is_signed), zv)
         total = None
-        for q in range(g):
-            v = builder.sitofp(builder.sub(codes_q[q], zi), _VF)
+        for q, v in enumerate(values):
             xq_at = builder.add(start, builder.mul(stride, ir.Constant(_I64, q)))
-            xq = _load_floats(context, builder, sig.args[3], x_v, xq_at)
+            xq = _load_floats(context, builder, sig.args[4], x_v, xq_at)
             prod = builder.fmul(xq, v, flags=_FAST)
             total = prod if total is None else builder.fadd(total, prod, flags=_FAST)
-        sv = _block_floats(context, builder, sig.args[5], s_v, start, per)
+        sv = _block_floats(context, builder, sig.args[6], s_v, start, per)
         into = context.make_array(sig.args[0])(context, builder, lanes_v).data
         into = builder.bitcast(into, _VF.as_pointer())
         acc = builder.load(into, align=4)
@@ -190,7 +221,8 @@ def group_lanes(
         )
         return context.get_dummy_value()
 
-    return types.none(lanes, codes, g0, x, plane, s, z, bits, packed, signed, per_block), codegen
+    args = (lanes, codes, table, g0, x, plane, s, z, bits, packed, signed, lookup, per_block)
+    return types.none(*args), codegen
 
 
 def _interleave(builder: Any, planes: list[Any]) -> Any:
@@ -286,6 +318,7 @@ def column_lanes(
     typingctx: Any,
     lanes: Any,
     row: Any,
+    table: Any,
     n0: Any,
     x: Any,
     k0: Any,
@@ -293,35 +326,40 @@ def column_lanes(
     bits: Any,
     packed: Any,
     signed: Any,
+    lookup: Any,
 ) -> Any:
     """Layout COLUMNS: ``lanes[t] += sum_q x[k0 + q] (v_q(row[n0 + t]) - z_t)`` for ``t <``
     :data:`LANES`: ``row`` one stored row of uint8 codes, each byte ``g`` codes packed
     along K (``bits`` 1, 2, 4 or 8; ``packed`` 1) or one code (``packed`` 0); ``x`` float32
     activations; ``z`` float32 zero points of the :data:`LANES` columns (an array from
-    index 0) or one scalar. No bounds checks."""
-    if not all(isinstance(a, types.IntegerLiteral) for a in (bits, packed, signed)):
+    index 0) or one scalar; ``table`` and ``lookup`` as for :func:`group_lanes`. No bounds
+    checks."""
+    literals = (bits, packed, signed, lookup)
+    if not all(isinstance(a, types.IntegerLiteral) for a in literals):
         return None
-    width, is_packed, is_signed = (a.literal_value for a in (bits, packed, signed))
+    width, is_packed, is_signed, is_lookup = (a.literal_value for a in literals)
+    if is_lookup and width != 4:
+        raise ValueError(f"column_lanes: table lookups take 4-bit codes, got {width}")
     g, nb = _geometry(width, is_packed)
     if nb != 1:
         raise ValueError(f"column_lanes: {width}-bit codes packed along K span bytes")
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        lanes_v, row_v, n0_v, x_v, k0_v, z_v = args[:6]
+        lanes_v, row_v, table_v, n0_v, x_v, k0_v, z_v = args[:7]
         first = builder.zext(n0_v, _I64) if n0_v.type.width < 64 else n0_v
         k_first = builder.zext(k0_v, _I64) if k0_v.type.width < 64 else k0_v
         at = _at(context, builder, sig.args[1], row_v, first)
         raw = builder.load(builder.bitcast(at, ir.VectorType(_I8, LANES).as_pointer()), align=1)
-        if isinstance(sig.args[5], types.Array):
-            zv = _load_floats(context, builder, sig.args[5], z_v, ir.Constant(_I64, 0))
+        if isinstance(sig.args[6], types.Array):
+            zv = _load_floats(context, builder, sig.args[6], z_v, ir.Constant(_I64, 0))
         else:
             zv = _splat_float(builder, z_v)
-        zi = builder.fptosi(zv, _VI)  # zero points are integers: v - z exact in i32
+        table_vec = _table(context, builder, sig.args[2], table_v, is_lookup)
+        values = _values(builder, table_vec, _codes(builder, raw, width, is_packed, is_signed), zv)
         total = None
-        for q, code in enumerate(_codes(builder, raw, width, is_packed, is_signed)):
+        for q, v in enumerate(values):
             xq_at = builder.add(k_first, ir.Constant(_I64, q))
-            xq = _splat_float(builder, builder.load(_at(context, builder, sig.args[3], x_v, xq_at)))
-            v = builder.sitofp(builder.sub(code, zi), _VF)
+            xq = _splat_float(builder, builder.load(_at(context, builder, sig.args[4], x_v, xq_at)))
             prod = builder.fmul(xq, v, flags=_FAST)
             total = prod if total is None else builder.fadd(total, prod, flags=_FAST)
         into = builder.bitcast(
@@ -330,4 +368,4 @@ def column_lanes(
         builder.store(builder.fadd(builder.load(into, align=4), total, flags=_FAST), into, align=4)
         return context.get_dummy_value()
 
-    return types.none(lanes, row, n0, x, k0, z, bits, packed, signed), codegen
+    return types.none(lanes, row, table, n0, x, k0, z, bits, packed, signed, lookup), codegen

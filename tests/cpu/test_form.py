@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 
 import emulate
+import emulate.cpu
 from emulate.cpu.form import (
     BITS,
     BYTES,
@@ -60,9 +61,17 @@ def test_quantize_gives_the_column_layout() -> None:
     form = weight_form(q, 0)
     assert (form.layout, form.variant, form.codes) == (COLUMNS, NIBBLES, Slot(SIGNED, 4, 0, 1))
     assert weight_form(emulate.quantize(w, "int8", block_shape=32, axis=0), 0).variant == BYTES
-    # float codes: a table lookup an element, left to XLA's route
+    # 8-bit float codes: a table lookup an element, left to XLA's route
     assert weight_form(emulate.quantize(w, "float8_e4m3fn", block_shape=32, axis=0), 0) is None
-    assert weight_form(emulate.quantize(w, emulate.mx.MXFP4, axis=0), 0) is None
+
+
+def test_four_bit_tables_only_where_the_host_holds_them_in_a_register(monkeypatch) -> None:
+    w = np.random.default_rng(1).normal(size=(64, 16)).astype(np.float32)
+    mx = emulate.quantize(w, emulate.mx.MXFP4, axis=0)
+    monkeypatch.setattr(emulate.cpu, "table_lookups", lambda: True)
+    assert weight_form(mx, 0).codes == Slot(TABLE, 4, 0, 1)
+    monkeypatch.setattr(emulate.cpu, "table_lookups", lambda: False)
+    assert weight_form(mx, 0) is None
     # an odd K leaves no whole nibble pairs: the bit-stream loop
     odd = emulate.quantize(w[:63], "int4", block_shape=32, axis=0, ragged=True)
     assert weight_form(odd, 0).variant == BITS

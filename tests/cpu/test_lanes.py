@@ -12,10 +12,12 @@ import numba
 import numpy as np
 import pytest
 
-from emulate.cpu.lanes import LANES, code_values, group_lanes, half_values
+from emulate import cpu
+from emulate.cpu.lanes import LANES, code_values, column_lanes, group_lanes, half_values
 from emulate.numerics.storage import group_shape
 
 WIDTHS = (2, 3, 4, 5, 6, 8)
+_NO_TABLE = np.zeros(16, np.float32)
 
 
 def _code(row: np.ndarray, i: int, bits: int, packed: bool, signed: bool) -> int:
@@ -42,13 +44,14 @@ def _values(bits: int, packed: int, signed: int):
 
 
 @functools.cache
-def _lanes(bits: int, packed: int, signed: int, per_block: int):
+def _lanes(bits: int, packed: int, signed: int, per_block: int, lookup: int = 0):
     @numba.njit
-    def run(codes, steps, x, plane, s, z):
+    def run(codes, steps, x, plane, s, z, table=_NO_TABLE):
         acc = np.zeros(LANES, np.float32)
         for c in range(steps):
             at = np.uint64(c * LANES)
-            group_lanes(acc, codes, at, x, np.uint64(plane), s, z, bits, packed, signed, per_block)
+            p = np.uint64(plane)
+            group_lanes(acc, codes, table, at, x, p, s, z, bits, packed, signed, lookup, per_block)
         return acc
 
     return run
@@ -137,3 +140,55 @@ def test_every_half_is_its_float32(brain: int) -> None:
     else:
         nan_bits = ((c & 0x8000) << 16) | 0x7FC00000 | ((c & 0x3FF) << 13)
     assert np.array_equal(out[nan].view(np.uint32), nan_bits)
+
+
+@functools.cache
+def _columns(bits: int, packed: int, signed: int, lookup: int):
+    @numba.njit
+    def run(rows, table, x, z):
+        acc = np.zeros(LANES, np.float32)
+        g = 8 // bits if packed else 1
+        for r in range(rows.shape[0]):
+            column_lanes(
+                acc,
+                rows[r],
+                table,
+                np.uint64(0),
+                x,
+                np.uint64(r * g),
+                z,
+                bits,
+                packed,
+                signed,
+                lookup,
+            )
+        return acc
+
+    return run
+
+
+@pytest.mark.skipif(not cpu.table_lookups(), reason="no AVX-512: 4-bit tables take XLA's route")
+@pytest.mark.parametrize("packed", [1, 0])
+def test_four_bit_tables_are_looked_up_exactly(packed: int) -> None:
+    # table values and x of few significant bits: every float32 step is exact
+    rng = np.random.default_rng(20 + packed)
+    table = (rng.integers(-32, 32, 16) / 8).astype(np.float32)
+    g, nb = (2, 1) if packed else (1, 1)
+    steps, groups = 2, 2 * LANES
+    codes = rng.integers(0, 256 if packed else 16, groups * nb, dtype=np.uint8)
+    x = rng.integers(-64, 64, g * groups).astype(np.float32)
+    v = table[[_code(codes, i, 4, packed, 0) for i in range(g * groups)]].reshape(groups, g)
+    s = (2.0 ** rng.integers(-4, 4, groups)).astype(np.float32)
+    z = np.zeros(groups, np.float32)
+    got = _lanes(4, packed, 0, 1, lookup=1)(codes, steps, x, groups, s, z, table)
+    terms = s * (v * x.reshape(g, groups).T).sum(axis=1)
+    assert got.tolist() == terms.reshape(steps, LANES).sum(axis=0).tolist()
+    # columns: rows of 16 bytes, each byte g codes along K
+    rows = codes.reshape(-1, LANES)
+    zc = rng.integers(-2, 2, LANES).astype(np.float32)
+    got = _columns(4, packed, 0, 1)(rows, table, x, zc)
+    vals = np.array([[_code(r, i, 4, packed, 0) for i in range(g * LANES)] for r in rows])
+    vals = table[vals].reshape(len(rows), LANES, g)  # row, column, code along K
+    xk = x[: len(rows) * g].reshape(len(rows), g)
+    want = ((vals - zc[None, :, None]) * xk[:, None, :]).sum(axis=(0, 2))
+    assert got.tolist() == want.tolist()

@@ -24,7 +24,10 @@ is XLA compiling. ``EMULATE_TEST_COMPILE_CACHE=0`` turns it off; a session never
 another session's cache.
 
 The CPU kernel is off unless a test turns it on (``EMULATE_CPU_KERNEL=0``: its numba
-compiles cost seconds a weight form; tests/cpu/ and the importers' oracle tests run it).
+compiles cost seconds a weight form; tests/cpu/ and the importers' oracle tests run it),
+and compiled for one thread (``NUMBA_THREADING_LAYER=workqueue``: a kernel over numba's
+threads compiles in twice the time); tests/cpu/test_gemv.py checks that the threaded
+kernel gives the same bits.
 
 XLA:CPU code generation: the session's processes compile with quicker XLA:CPU settings
 than XLA's defaults (tests/_xla_flags.py says what they change; tests/test_suite_codegen.py
@@ -50,6 +53,10 @@ if os.environ.get("EMULATE_TEST_XLA_DEFAULT", "") != "1":
 # of the kernel turn it on (emulate.use_cpu_kernel): tests/cpu/, and the importers' oracle
 # tests of each convention through it.
 os.environ.setdefault("EMULATE_CPU_KERNEL", "0")
+# ... and compiles the kernels for one thread (emulate.cpu.parallel is False under numba's
+# workqueue layer): a threaded kernel compiles in 5 s against 2.7 s (Q4_K); one test
+# compiles threaded kernels and compares their bits (tests/cpu/test_gemv.py)
+os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 
 import jax  # noqa: E402 - after XLA_FLAGS
 import pytest

@@ -701,8 +701,6 @@ TESTED_ELSEWHERE = {
     "emulate.cpu": "available / parallel: every kernel test of tests/cpu/ goes through them",
     "emulate.cpu.ffi": "the call frame: every kernel call of cpu/test_gemv goes through it",
     "emulate.cpu.call": "contract: cpu/test_gemv's and the importers' kernel tests call it",
-    "emulate.cpu.factors": "every kernel of cpu/test_gemv and the importers' oracle tests "
-    "decodes its blocks' factors through it",
     "emulate.compiler": "re-exports only: tests/compiler/ reach every name through it",
     "emulate.cli.check_kernel": "emulate check-kernel: pallas/checking/test_mosaic_check",
     "emulate.profiles": "the builtin profile rows and JAX's table: test_targets",

@@ -45,14 +45,19 @@ def parallel() -> bool:
 def table_lookups() -> bool:
     """Whether the kernels look up 16-entry tables (4-bit codebooks and float codes) in a
     register: numba compiles for this host (``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES``
-    unset) and the host has AVX-512 (one ``vpermps`` a vector of 16 codes). Elsewhere
-    such weights take the XLA route (a gather an element measured slower there)."""
+    unset) with AVX-512 among the features it compiles with (``NUMBA_ENABLE_AVX=0`` turns
+    them off): one ``vpermps`` a vector of 16 codes. Elsewhere such weights take the XLA
+    route (a gather an element measured slower there)."""
     if not available():
         return False
     import numba
-    from llvmlite import binding
+    from numba.core import codegen
 
     config = numba.config
     if getattr(config, "CPU_NAME", None) or getattr(config, "CPU_FEATURES", None):
         return False
-    return bool(binding.get_host_cpu_features().get("avx512f"))
+    try:  # numba's view: it honours NUMBA_ENABLE_AVX and returns "" where LLVM cannot tell
+        features = codegen.get_host_cpu_features()
+    except RuntimeError:
+        return False
+    return "+avx512f" in features.split(",")

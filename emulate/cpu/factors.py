@@ -7,7 +7,9 @@ constant zero point (0) and offset (1), and each two-level part's zero point and
 (2 to 5). Slots: 1 the zero points, 2 the scales (or a two-level
 scale's codes), 3 a two-level scale's scales, 4 the offsets (or a two-level offset's
 codes), 5 a two-level offset's scales. A two-level part's value is ``(v - zp) * scale +
-offset``, each step rounded to float32 as ``dequantize`` rounds it.
+offset``, each step rounded to float32 as ``dequantize`` rounds it (the product is fenced,
+:func:`emulate.cpu.parts.rounded`: in a kernel compiled with fast-math flags, ``* scale +
+offset`` became one fused multiply-add, one rounding).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 
 from emulate.cpu.form import BFLOAT16, FLOAT16, SIGNED, UNSIGNED, Form, Level, Slot
 from emulate.cpu.lanes import LANES, code_values, half_values
-from emulate.cpu.parts import reader
+from emulate.cpu.parts import reader, rounded
 from emulate.numerics.storage import group_shape
 
 __all__ = ["factors", "row_factors"]
@@ -46,7 +48,7 @@ def _level_value(level: Level) -> Callable:
         if has_zp:
             v = np.float32(v - zp)
         if has_scale:
-            v = np.float32(v * scales(sc, st, i // bi, j // bj))
+            v = rounded(np.float32(v * scales(sc, st, i // bi, j // bj)))
         if has_off:
             v = np.float32(v + off)
         return v
@@ -158,7 +160,7 @@ def _factor_row(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Cal
                 if has_zp:
                     v = np.float32(v - zp)
                 if has_scale:
-                    v = np.float32(v * sup)
+                    v = rounded(np.float32(v * sup))
                 if has_off:
                     v = np.float32(v + off)
                 out[j] = v

@@ -1,7 +1,8 @@
 """The CPU kernel's view of a QArray weight: a static :class:`Form` (what the compiled
 kernel is specialized for) and the arrays it reads, built by :func:`weight_form` and
 :func:`weight_operands` from a 2-D QArray and its contracting axis. Plain JAX: nothing here
-needs numba.
+needs numba, but for 4-bit table codes, whose form asks numba which instructions it
+compiles with (:func:`emulate.cpu.table_lookups`).
 
 Layouts (the codes as stored; the kernel never transposes them):
 
@@ -14,9 +15,9 @@ A packed weight must be packed along K (the layout :func:`emulate.quantize` give
 importers keep); packed along N it is not a form here (the XLA route takes it).
 
 Element loops (:attr:`Form.variant`): :data:`NIBBLES` (4-bit codes packed along K, two a
-byte, decoded in float32 arithmetic), :data:`BYTES` (one code a byte), :data:`GROUPS`
-(layout ROWS: 2-, 3-, 5- and 6-bit codes a byte group at a time: 4 codes in 1 or 3
-bytes, 8 in 3 or 5), :data:`BITS` (any width, read as a bit stream).
+byte), :data:`BYTES` (one code a byte), :data:`GROUPS` (layout ROWS: 2-, 3-, 5- and 6-bit
+codes a byte group at a time: 4 codes in 1 or 3 bytes, 8 in 3 or 5), :data:`BITS` (any
+width, read as a bit stream); :func:`vector_step` says which run as vector steps.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ __all__ = [
     "FLOAT32",
     "Form",
     "GROUPS",
+    "LANES",
     "Level",
     "NIBBLES",
     "ROWS",
@@ -52,11 +54,14 @@ __all__ = [
     "TABLE",
     "UNSIGNED",
     "slot_widths",
+    "vector_step",
     "weight_form",
     "weight_operands",
 ]
 
 UNSIGNED, SIGNED, TABLE, FLOAT16, BFLOAT16, FLOAT32 = range(6)
+#: Groups of codes one vector step of the kernel takes (:mod:`emulate.cpu.lanes`).
+LANES = 16
 ROWS, COLUMNS = 0, 1
 NIBBLES, BYTES, BITS, GROUPS = range(4)
 #: The constants' order in the kernel's float32 ``consts``: the weight's zero point and
@@ -235,7 +240,24 @@ def weight_form(q: QArray, contracting: int) -> Form | None:
     if "unreadable" in parts or isinstance(parts[0], Level) or parts[1] == "const":
         return None
     block = (q.block_shape[0], q.block_shape[1])
-    return Form(layout, variant, codes, block, *parts)  # type: ignore[arg-type]
+    form = Form(layout, variant, codes, block, *parts)  # type: ignore[arg-type]
+    if codes.kind == TABLE and not vector_step(form):
+        return None  # a table lookup an element: slower than XLA's route
+    return form
+
+
+def vector_step(form: Form) -> bool:
+    """Whether the kernel's element loop is the vector step (:mod:`emulate.cpu.lanes`):
+    codes a group at a time (:data:`NIBBLES`, :data:`BYTES`; layout ROWS also
+    :data:`GROUPS`) and, for layout ROWS, blocks of a multiple or a divisor of
+    :data:`LANES` groups. Elsewhere a loop over one code at a time."""
+    if form.layout == COLUMNS:
+        return form.variant in (NIBBLES, BYTES)
+    if form.variant == BITS:
+        return False
+    g = group_shape(form.codes.bits)[0] if form.codes.axis != -1 else 1
+    per_block = form.block[1] // g
+    return per_block % LANES == 0 or LANES % per_block == 0
 
 
 def slot_widths(form: Form) -> tuple[int, ...]:

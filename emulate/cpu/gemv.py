@@ -38,14 +38,13 @@ from numba import prange, types
 from emulate.cpu import ffi
 from emulate.cpu.factors import factors, row_factors
 from emulate.cpu.form import (
-    BITS,
-    BYTES,
     COLUMNS,
     NIBBLES,
     SIGNED,
     TABLE,
     Form,
     slot_widths,
+    vector_step,
 )
 from emulate.cpu.lanes import LANES, column_lanes, group_lanes
 from emulate.cpu.parts import reader, stack_floats
@@ -167,7 +166,7 @@ def _column_loop(form: Form) -> Callable:
     # 2.4x slower); a bit stream along K through emulate.cpu.parts.reader
     value = reader(form.codes)
     byte = _float_code(kind, form.codes.bits)
-    one_a_byte = form.codes.axis == -1
+    one_a_byte = form.codes.axis == -1 and kind != TABLE  # table codes: their values
 
     @numba.njit(fastmath=FAST, inline="always")
     def per_code(x, codes, table, k0, k1, n0, w, zrow, blk):
@@ -185,8 +184,9 @@ def _column_loop(form: Form) -> Callable:
 
 
 def _block_sums(form: Form) -> Callable:
-    """:data:`BITS` rows: each block's ``sum x (v - z)``, the codes read one at a time as a
-    bit stream (:func:`emulate.cpu.parts.reader`), times its scale."""
+    """Rows outside the vector step (:data:`BITS`; blocks of other sizes): each block's
+    ``sum x (v - z)``, the codes read one at a time (:func:`emulate.cpu.parts.reader`),
+    times its scale."""
     value = reader(form.codes)
     bk = form.block[1]
 
@@ -258,12 +258,9 @@ def _vector_sums(form: Form) -> Callable:
 
 
 def _row_body(form: Form) -> Callable:
-    """The row loop of ``form`` (layout ROWS): :func:`_vector_sums` where its blocks fit
-    the lanes, else :func:`_block_sums`."""
-    g = group_shape(form.codes.bits)[0] if form.codes.axis != -1 else 1
-    per_block = form.block[1] // g
-    fits = per_block % LANES == 0 or LANES % per_block == 0
-    return _vector_sums(form) if form.variant != BITS and fits else _block_sums(form)
+    """The row loop of ``form`` (layout ROWS): :func:`_vector_sums` where
+    :func:`emulate.cpu.form.vector_step` holds, else :func:`_block_sums`."""
+    return _vector_sums(form) if vector_step(form) else _block_sums(form)
 
 
 def _rows_kernel(form: Form, parallel: bool) -> Callable:
@@ -298,7 +295,7 @@ def _rows_kernel(form: Form, parallel: bool) -> Callable:
 
 def _columns_kernel(form: Form, parallel: bool) -> Callable:
     loop, block = _column_loop(form), factors(form)
-    if form.variant in (NIBBLES, BYTES):
+    if vector_step(form):
         loop = _column_lanes(form, loop)
     bk, bn = form.block
     has_offset = form.offset is not None

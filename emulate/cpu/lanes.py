@@ -13,10 +13,11 @@ point (one value for every lane, or a vector). Generic LLVM vectors: LLVM picks 
 host's instructions (AVX-512, AVX2, NEON), and splits 16 lanes where registers are
 narrower.
 
-Numerics: each product ``x (v - z)`` is rounded once (exact where ``x`` is bfloat16 and
-``z`` an integer), the group's ``g`` products are added in float32, times ``s`` (one
-rounding), added into the lane: the segment route of docs/numerics.md, within its bound.
-No ``nnan`` / ``ninf``: NaN and Inf propagate.
+Numerics: ``v - z`` is exact (integers in int32, or a table value less an integer); each
+product ``x (v - z)`` is rounded once or fused into an addition (exact where ``x`` is
+bfloat16 and ``v - z`` an integer), the group's ``g`` products are added in float32, times
+``s`` (one rounding), added into the lane: the segment route of docs/numerics.md, within
+its bound. No ``nnan`` / ``ninf``: NaN and Inf propagate.
 """
 
 from __future__ import annotations
@@ -28,12 +29,11 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
+from emulate.cpu.form import LANES
 from emulate.numerics.storage import group_shape
 
 __all__ = ["LANES", "code_values", "column_lanes", "group_lanes", "half_values"]
 
-#: Groups a call takes (lanes of float32 accumulators: one AVX-512 register).
-LANES = 16
 _FAST = ("reassoc", "contract", "nsz", "arcp")
 _F32, _I32, _I64, _I8 = ir.FloatType(), ir.IntType(32), ir.IntType(64), ir.IntType(8)
 _VF, _VI = ir.VectorType(_F32, LANES), ir.VectorType(_I32, LANES)
@@ -180,7 +180,7 @@ def group_lanes(
     :data:`LANES`), ``x`` float32 planes of ``plane`` (uint64) elements each, ``s`` and
     ``z`` the blocks' float32 scales and zero points (arrays indexed by block: group ``i``
     is in block ``i // per_block``; or one scalar for every block). Compile-time
-    constants: ``bits`` (1 to 8), ``packed`` (1: a bit stream; 0: one code a byte),
+    constants: ``bits`` (2 to 8), ``packed`` (1: a bit stream; 0: one code a byte),
     ``signed`` (0 or 1), ``lookup`` (1: values from ``table``, only where
     :func:`emulate.cpu.table_lookups` holds), ``per_block`` (groups a block: a multiple or
     a divisor of :data:`LANES`). No bounds checks: the caller keeps ``g0 + LANES`` within

@@ -29,7 +29,7 @@ from numba.core.extending import intrinsic
 
 from emulate.cpu.form import BFLOAT16, FLOAT16, SIGNED, TABLE, UNSIGNED, Slot
 
-__all__ = ["float16_value", "float32_value", "reader", "stack_floats"]
+__all__ = ["float16_value", "float32_value", "reader", "rounded", "stack_floats"]
 
 
 @intrinsic
@@ -41,6 +41,20 @@ def _f32_from_bits(typingctx: Any, bits32: Any) -> Any:
         return builder.bitcast(low, ir.FloatType())
 
     return types.float32(bits32), codegen
+
+
+@intrinsic
+def _fence(typingctx: Any, value: Any) -> Any:
+    """``value`` (float32) through ``llvm.arithmetic.fence``."""
+    if value != types.float32:
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
+        fence = cgutils.get_or_insert_function(builder.module, fnty, "llvm.arithmetic.fence.f32")
+        return builder.call(fence, [args[0]])
+
+    return types.float32(value), codegen
 
 
 @intrinsic
@@ -56,6 +70,14 @@ def stack_floats(typingctx: Any, count: Any) -> Any:
         return builder.bitcast(space, ir.IntType(8).as_pointer())
 
     return types.voidptr(count), codegen
+
+
+@numba.njit(inline="always")
+def rounded(value: np.float32) -> np.float32:
+    """``value`` (float32) as it is, fenced (``llvm.arithmetic.fence``): a fast-math caller
+    cannot fuse its rounding into a later operation (a multiply and an add into one FMA,
+    one rounding instead of two)."""
+    return _fence(value)
 
 
 @numba.njit(cache=True, inline="always")

@@ -122,3 +122,30 @@ def test_what_the_kernel_leaves_to_xla() -> None:
         scale_fmt="p3109_k8p4ue",
     )
     assert weight_form(p3109, 0).scale == Slot(TABLE, 8, -1, 1)
+
+
+def test_table_lookups_follow_what_numba_compiles_with(monkeypatch) -> None:
+    import numba
+    from numba.core import codegen
+
+    def features(text):
+        def get():
+            if text is None:
+                raise RuntimeError("no features")
+            return text
+
+        return get
+
+    cases = [
+        ("+avx2,+avx512f,+fma", None, True),
+        ("+avx2,-avx512f", None, False),  # NUMBA_ENABLE_AVX=0 turns them off
+        (None, None, False),  # LLVM cannot tell
+        ("+avx512f", "generic", False),  # NUMBA_CPU_NAME: not this host's code
+    ]
+    for text, name, want in cases:
+        monkeypatch.setattr(codegen, "get_host_cpu_features", features(text))
+        monkeypatch.setattr(numba.config, "CPU_NAME", name, raising=False)
+        emulate.cpu.table_lookups.cache_clear()
+        assert emulate.cpu.table_lookups() is want
+    monkeypatch.undo()
+    emulate.cpu.table_lookups.cache_clear()

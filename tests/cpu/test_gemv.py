@@ -18,6 +18,8 @@ import pytest
 
 import emulate
 import emulate.bounds
+import emulate.cpu
+from emulate import cpu
 from emulate.cpu import route
 from emulate.quantized.array import QArray
 
@@ -172,3 +174,48 @@ def test_rows_of_every_code_width_within_the_bound(fmt, packed, bk, k, zp) -> No
     got = _dot(jnp.asarray(x), q, (((1,), (1,)), ((), ())))
     bound = emulate.bounds.qarray_bound(x, w.T, KN, segments=nb)
     assert (np.abs(got - x.astype(np.float64) @ w.T) <= bound).all()
+
+
+def test_one_table_code_a_byte_in_columns() -> None:
+    # uint8 codes of a 4-bit format without a numpy dtype (P3109 k4p2, values from gfloat):
+    # 64 columns a vector step, the 8 after it one at a time, both through the table
+    from gfloat import decode_float
+    from gfloat.formats import format_info_p3109
+
+    from emulate.format_record import p3109
+
+    fmt = emulate.formats.register(p3109(2, bits=4))
+    table = np.array([decode_float(format_info_p3109(4, 2), c).fval for c in range(16)])
+    rng = np.random.default_rng(10)
+    codes = rng.choice([0, 1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13, 14], size=(K, N)).astype(np.uint8)
+    scales = rng.uniform(0.5, 2, (2, N)).astype(np.float32)
+    q = QArray.from_parts(codes, scales, block_shape=(32, 1), fmt=fmt.name)
+    w = table[codes] * np.repeat(scales.astype(np.float64), 32, axis=0)
+    x = rng.normal(size=(2, K)).astype(np.float32)
+    with emulate.use_cpu_kernel(True):
+        f = jax.jit(lambda x: emulate.dot_general(x, q, KN, preferred_element_type=jnp.float32))
+        taken = "emulate_cpu_gemv_" in f.lower(x).as_text()
+        got = np.asarray(f(jnp.asarray(x)))
+    assert taken == cpu.table_lookups()
+    bound = emulate.bounds.qarray_bound(x, w, KN, segments=2)
+    assert (np.abs(got - x.astype(np.float64) @ w) <= bound).all()
+
+
+def test_threads_give_the_one_thread_bits(monkeypatch) -> None:
+    # the suite compiles kernels for one thread (tests/conftest.py); here numba's threads
+    # take rows in tasks of 16 (five tasks) and columns in chunks of 256: same bits
+    rng = np.random.default_rng(11)
+    codes = rng.integers(0, 16, (N, K), dtype=np.uint8)
+    scales = rng.uniform(0.01, 0.1, (N, 2)).astype(np.float16)
+    rows = QArray.from_parts(
+        emulate.pack(codes, "uint4", axis=-1), scales, block_shape=(1, 32), zero_points=8
+    )
+    columns, _ = _weight()
+    x = jnp.asarray(rng.normal(size=(3, K)), jnp.float32)
+    nk = (((1,), (1,)), ((), ()))
+    assert not emulate.cpu.parallel()
+    one = [_dot(x, rows, nk), _dot(x, columns)]
+    monkeypatch.setattr(emulate.cpu, "parallel", lambda: True)
+    threaded = [_dot(x, rows, nk), _dot(x, columns)]
+    for a, b in zip(one, threaded):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))

@@ -43,11 +43,12 @@ def parallel() -> bool:
 
 @functools.cache
 def table_lookups() -> bool:
-    """Whether the kernels look up 16-entry tables (4-bit codebooks and float codes) in a
-    register: numba compiles for this host (``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES``
-    unset) with AVX-512 among the features it compiles with (``NUMBA_ENABLE_AVX=0`` turns
-    them off): one ``vpermps`` a vector of 16 codes. Elsewhere such weights take the XLA
-    route (a gather an element measured slower there)."""
+    """Whether the kernels look up the values of 4- and 8-bit codes (codebooks, float codes)
+    in registers: numba compiles for this host (``NUMBA_CPU_NAME`` /
+    ``NUMBA_CPU_FEATURES`` unset) with AVX-512 among the features it compiles with
+    (``NUMBA_ENABLE_AVX=0`` turns them off): one ``vpermps`` a vector of 16 4-bit codes,
+    eight ``vpermi2ps`` for 8-bit ones. Elsewhere such weights take the XLA route (a
+    gather an element measured slower there)."""
     if not available():
         return False
     import numba

@@ -1,7 +1,7 @@
 """The CPU kernel's view of a QArray weight: a static :class:`Form` (what the compiled
 kernel is specialized for) and the arrays it reads, built by :func:`weight_form` and
 :func:`weight_operands` from a 2-D QArray and its contracting axis. Plain JAX: nothing here
-needs numba, but for 4-bit table codes, whose form asks numba which instructions it
+needs numba, but for 4- and 8-bit table codes, whose form asks numba which instructions it
 compiles with (:func:`emulate.cpu.table_lookups`).
 
 Layouts (the codes as stored; the kernel never transposes them):
@@ -191,17 +191,17 @@ def _factor(part: Any, fmt: Any = None) -> Slot | Level | str | None:
 
 
 def _looked_up(codes: Slot) -> bool:
-    """Whether the kernel looks up ``codes``' values in a register: 4-bit float codes or
-    codebook indices on a host with :func:`emulate.cpu.table_lookups`."""
-    return codes.kind == TABLE and codes.bits == 4 and cpu.table_lookups()
+    """Whether the kernel looks up ``codes``' values in registers: 4- or 8-bit float codes
+    or codebook indices on a host with :func:`emulate.cpu.table_lookups`."""
+    return codes.kind == TABLE and codes.bits in (4, 8) and cpu.table_lookups()
 
 
 def weight_form(q: QArray, contracting: int) -> Form | None:
     """The kernel's form of a 2-D QArray contracted along axis ``contracting``, or None
     where the kernel does not take it: stacked or act-order QArrays, codes packed along N,
     codes wider than a byte, codes that are not integers (float formats, codebooks: a
-    table lookup an element, which ran slower than XLA's route) unless 4-bit on a host
-    whose registers hold their table (:func:`emulate.cpu.table_lookups`), parts it
+    table lookup an element, which ran slower than XLA's route) unless 4- or 8-bit on a
+    host whose registers hold their table (:func:`emulate.cpu.table_lookups`), parts it
     cannot read.
     Tables serve the per-block parts (float8 scales, a codebook of two-level scales)."""
     if len(q.shape) != 2 or q.perm is not None or contracting not in (0, 1):

@@ -116,15 +116,28 @@ def _codes(builder: Any, raw: Any, bits: int, packed: bool, signed: bool) -> lis
     return [_code(builder, lo, hi, bits, q, signed) for q in range(g)]
 
 
-def _looked_up(builder: Any, table: Any, code: Any) -> Any:
-    """``table[code]`` in each lane: AVX-512's ``vpermps`` (16 entries, 4-bit codes; only
-    where :func:`emulate.cpu.table_lookups` holds)."""
-    fnty = ir.FunctionType(_VF, [_VF, _VI])
-    permute = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.permvar.sf.512")
-    return builder.call(permute, [table, code])
+def _looked_up(builder: Any, table: list[Any], code: Any) -> Any:
+    """``table[code]`` in each lane, on AVX-512 (only where :func:`emulate.cpu.table_lookups`
+    holds): a 16-entry table (4-bit codes) by one ``vpermps``; a 256-entry one (8-bit
+    codes) by eight 32-entry ``vpermi2ps`` and a choice among them on the code's top three
+    bits. ``table``: the table as vectors of :data:`LANES`."""
+    if len(table) == 1:
+        fnty = ir.FunctionType(_VF, [_VF, _VI])
+        name = "llvm.x86.avx512.permvar.sf.512"
+        return builder.call(
+            cgutils.get_or_insert_function(builder.module, fnty, name), [table[0], code]
+        )
+    fnty = ir.FunctionType(_VF, [_VF, _VI, _VF])
+    pair = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpermi2var.ps.512")
+    low = builder.and_(code, _splat_int(31))
+    picks = [builder.call(pair, [table[2 * j], low, table[2 * j + 1]]) for j in range(8)]
+    for bit in (5, 6, 7):  # halve the candidates on each of the code's top bits
+        set_ = builder.icmp_unsigned("!=", builder.and_(code, _splat_int(1 << bit)), _splat_int(0))
+        picks = [builder.select(set_, b, a) for a, b in zip(picks[::2], picks[1::2])]
+    return picks[0]
 
 
-def _values(builder: Any, table: Any, codes: list[Any], zv: Any) -> list[Any]:
+def _values(builder: Any, table: list[Any] | None, codes: list[Any], zv: Any) -> list[Any]:
     """Each code's value less its zero point, float32: ``table[c] - z`` where the codes
     index a table, else ``c - z`` in int32 (zero points are integers) converted once."""
     if table is not None:
@@ -133,11 +146,15 @@ def _values(builder: Any, table: Any, codes: list[Any], zv: Any) -> list[Any]:
     return [builder.sitofp(builder.sub(c, zi), _VF) for c in codes]
 
 
-def _table(context: Any, builder: Any, aty: Any, table: Any, lookup: int) -> Any:
-    """The 16-entry float32 table as a vector, None where the codes are integers."""
+def _table(context: Any, builder: Any, aty: Any, table: Any, lookup: int, bits: int) -> Any:
+    """The float32 table of ``2**bits`` entries (4 or 8 bits) as vectors of :data:`LANES`,
+    None where the codes are integers."""
     if not lookup:
         return None
-    return _load_floats(context, builder, aty, table, ir.Constant(_I64, 0))
+    return [
+        _load_floats(context, builder, aty, table, ir.Constant(_I64, LANES * i))
+        for i in range((1 << bits) // LANES)
+    ]
 
 
 def _code(builder: Any, lo: Any, hi: Any, bits: int, q: int, signed: bool) -> Any:
@@ -176,7 +193,7 @@ def group_lanes(
     LANES``: ``lanes`` a float32 array of :data:`LANES` (keep it on the stack:
     :func:`emulate.cpu.parts.stack_floats`), ``codes`` a uint8 row (group ``i`` at bytes
     ``[nb i, nb (i + 1))``), ``table`` the float32 value of each code where ``lookup``
-    (16 entries, 4-bit codes), ``g0`` the first group (uint64, a multiple of
+    (16 or 256 entries: 4- or 8-bit codes), ``g0`` the first group (uint64, a multiple of
     :data:`LANES`), ``x`` float32 planes of ``plane`` (uint64) elements each, ``s`` and
     ``z`` the blocks' float32 scales and zero points (arrays indexed by block: group ``i``
     is in block ``i // per_block``; or one scalar for every block). Compile-time
@@ -189,8 +206,8 @@ def group_lanes(
     if not all(isinstance(a, types.IntegerLiteral) for a in literals):
         return None
     width, is_packed, is_signed, is_lookup, per = (a.literal_value for a in literals)
-    if is_lookup and width != 4:
-        raise ValueError(f"group_lanes: table lookups take 4-bit codes, got {width}")
+    if is_lookup and width not in (4, 8):
+        raise ValueError(f"group_lanes: table lookups take 4- or 8-bit codes, got {width}")
     if not (per % LANES == 0 or LANES % per == 0):
         raise ValueError(f"group_lanes: per_block={per} is not a multiple or divisor of {LANES}")
     g, nb = _geometry(width, is_packed)
@@ -204,7 +221,7 @@ def group_lanes(
             builder.bitcast(at, ir.VectorType(_I8, LANES * nb).as_pointer()), align=1
         )
         zv = _block_floats(context, builder, sig.args[7], z_v, start, per)
-        table_vec = _table(context, builder, sig.args[2], table_v, is_lookup)
+        table_vec = _table(context, builder, sig.args[2], table_v, is_lookup, width)
         values = _values(builder, table_vec, _codes(builder, raw, width, is_packed, is_signed), zv)
         total = None
         for q, v in enumerate(values):
@@ -338,8 +355,8 @@ def column_lanes(
     if not all(isinstance(a, types.IntegerLiteral) for a in literals):
         return None
     width, is_packed, is_signed, is_lookup = (a.literal_value for a in literals)
-    if is_lookup and width != 4:
-        raise ValueError(f"column_lanes: table lookups take 4-bit codes, got {width}")
+    if is_lookup and width not in (4, 8):
+        raise ValueError(f"column_lanes: table lookups take 4- or 8-bit codes, got {width}")
     g, nb = _geometry(width, is_packed)
     if nb != 1:
         raise ValueError(f"column_lanes: {width}-bit codes packed along K span bytes")
@@ -354,7 +371,7 @@ def column_lanes(
             zv = _load_floats(context, builder, sig.args[6], z_v, ir.Constant(_I64, 0))
         else:
             zv = _splat_float(builder, z_v)
-        table_vec = _table(context, builder, sig.args[2], table_v, is_lookup)
+        table_vec = _table(context, builder, sig.args[2], table_v, is_lookup, width)
         values = _values(builder, table_vec, _codes(builder, raw, width, is_packed, is_signed), zv)
         total = None
         for q, v in enumerate(values):

@@ -61,17 +61,20 @@ def test_quantize_gives_the_column_layout() -> None:
     form = weight_form(q, 0)
     assert (form.layout, form.variant, form.codes) == (COLUMNS, NIBBLES, Slot(SIGNED, 4, 0, 1))
     assert weight_form(emulate.quantize(w, "int8", block_shape=32, axis=0), 0).variant == BYTES
-    # 8-bit float codes: a table lookup an element, left to XLA's route
-    assert weight_form(emulate.quantize(w, "float8_e4m3fn", block_shape=32, axis=0), 0) is None
 
 
-def test_four_bit_tables_only_where_the_host_holds_them_in_a_register(monkeypatch) -> None:
+def test_tables_only_where_the_host_holds_them_in_registers(monkeypatch) -> None:
     w = np.random.default_rng(1).normal(size=(64, 16)).astype(np.float32)
     mx = emulate.quantize(w, emulate.mx.MXFP4, axis=0)
+    fp8 = emulate.quantize(w, "float8_e4m3fn", block_shape=32, axis=0)
     monkeypatch.setattr(emulate.cpu, "table_lookups", lambda: True)
     assert weight_form(mx, 0).codes == Slot(TABLE, 4, 0, 1)
+    assert weight_form(fp8, 0).codes == Slot(TABLE, 8, -1, 1)
+    # an odd K: the bit-stream loop, a table lookup an element: left to XLA's route
+    assert weight_form(emulate.quantize(w[:63], emulate.mx.MXFP4, axis=0, ragged=True), 0) is None
     monkeypatch.setattr(emulate.cpu, "table_lookups", lambda: False)
     assert weight_form(mx, 0) is None
+    assert weight_form(fp8, 0) is None
     # an odd K leaves no whole nibble pairs: the bit-stream loop
     odd = emulate.quantize(w[:63], "int4", block_shape=32, axis=0, ragged=True)
     assert weight_form(odd, 0).variant == BITS

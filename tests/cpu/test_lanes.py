@@ -167,27 +167,31 @@ def _columns(bits: int, packed: int, signed: int, lookup: int):
     return run
 
 
-@pytest.mark.skipif(not cpu.table_lookups(), reason="no AVX-512: 4-bit tables take XLA's route")
-@pytest.mark.parametrize("packed", [1, 0])
-def test_four_bit_tables_are_looked_up_exactly(packed: int) -> None:
-    # table values and x of few significant bits: every float32 step is exact
-    rng = np.random.default_rng(20 + packed)
-    table = (rng.integers(-32, 32, 16) / 8).astype(np.float32)
-    g, nb = (2, 1) if packed else (1, 1)
-    steps, groups = 2, 2 * LANES
-    codes = rng.integers(0, 256 if packed else 16, groups * nb, dtype=np.uint8)
+@pytest.mark.skipif(not cpu.table_lookups(), reason="no AVX-512: table codes take XLA's route")
+@pytest.mark.parametrize(("bits", "packed"), [(4, 1), (4, 0), (8, 0)])
+def test_tables_are_looked_up_exactly(bits: int, packed: int) -> None:
+    # table values and x of few significant bits, block zero points: every float32 step
+    # is exact; codes of every value (8-bit: all 256 entries, a top bit of each kind)
+    rng = np.random.default_rng(20 + bits + packed)
+    table = (rng.integers(-32, 32, 1 << bits) / 8).astype(np.float32)
+    g = 8 // bits if packed else 1
+    steps = 32 if bits == 8 else 2
+    groups = steps * LANES
+    codes = rng.permutation(np.arange(groups) % 256).astype(np.uint8)
+    if bits == 4:
+        codes = rng.integers(0, 256 if packed else 16, groups, dtype=np.uint8)
     x = rng.integers(-64, 64, g * groups).astype(np.float32)
-    v = table[[_code(codes, i, 4, packed, 0) for i in range(g * groups)]].reshape(groups, g)
+    v = table[[_code(codes, i, bits, packed, 0) for i in range(g * groups)]].reshape(groups, g)
     s = (2.0 ** rng.integers(-4, 4, groups)).astype(np.float32)
-    z = np.zeros(groups, np.float32)
-    got = _lanes(4, packed, 0, 1, lookup=1)(codes, steps, x, groups, s, z, table)
-    terms = s * (v * x.reshape(g, groups).T).sum(axis=1)
+    z = rng.integers(-2, 2, groups).astype(np.float32)
+    got = _lanes(bits, packed, 0, 1, lookup=1)(codes, steps, x, groups, s, z, table)
+    terms = s * ((v - z[:, None]) * x.reshape(g, groups).T).sum(axis=1)
     assert got.tolist() == terms.reshape(steps, LANES).sum(axis=0).tolist()
     # columns: rows of 16 bytes, each byte g codes along K
     rows = codes.reshape(-1, LANES)
     zc = rng.integers(-2, 2, LANES).astype(np.float32)
-    got = _columns(4, packed, 0, 1)(rows, table, x, zc)
-    vals = np.array([[_code(r, i, 4, packed, 0) for i in range(g * LANES)] for r in rows])
+    got = _columns(bits, packed, 0, 1)(rows, table, x, zc)
+    vals = np.array([[_code(r, i, bits, packed, 0) for i in range(g * LANES)] for r in rows])
     vals = table[vals].reshape(len(rows), LANES, g)  # row, column, code along K
     xk = x[: len(rows) * g].reshape(len(rows), g)
     want = ((vals - zc[None, :, None]) * xk[:, None, :]).sum(axis=(0, 2))

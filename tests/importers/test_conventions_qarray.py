@@ -222,13 +222,13 @@ def test_imported_qarray_matmul_within_bound(tmp_path, name: str, target: str) -
 
 #: The CPU kernel (emulate.cpu) takes the integer conventions: by default AWQ (packed zero
 #: points along N), the others (act-order, 2- and 3-bit GPTQ) under EMULATE_LONG_TESTS=1;
-#: bitsandbytes' NF4 codebook where the host looks its table up in a register
-#: (emulate.cpu.table_lookups). FP8 (8-bit codes) and NVFP4 (a tensor scale) stay on XLA's
-#: route and gpt_oss's stacked experts are not a kernel form (a batched dot): checked by
-#: default (no compile).
-NOT_KERNEL = ("gpt_oss", "fp8", "nvfp4")
-TABLE_CASES = ("bnb", "bnb_nested")
-KERNEL_DEFAULT = ("awq", "bnb", *NOT_KERNEL)
+#: the table codes (bitsandbytes' NF4 codebook, FP8's e4m3 codes) where the host looks
+#: their table up in registers (emulate.cpu.table_lookups): FP8 by default. NVFP4 (a tensor
+#: scale) stays on XLA's route and gpt_oss's stacked experts are not a kernel form (a
+#: batched dot): checked by default (no compile).
+NOT_KERNEL = ("gpt_oss", "nvfp4")
+TABLE_CASES = ("bnb", "bnb_nested", "fp8")
+KERNEL_DEFAULT = ("awq", "fp8", *NOT_KERNEL)
 
 
 @pytest.mark.parametrize(

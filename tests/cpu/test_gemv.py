@@ -153,6 +153,7 @@ ROW_FORMS = [
     pytest.param("uint5", True, 32, 288, 16, marks=pytest.mark.long),
     pytest.param("int8", False, 32, 100, None, marks=pytest.mark.long),
     pytest.param("uint4", True, 16, 272, 8, marks=pytest.mark.long),  # 8 groups a block
+    pytest.param("int3", False, 40, 120, None, marks=pytest.mark.long),  # bytes, 40 a block
 ]
 
 

@@ -50,7 +50,7 @@ def _dot(x, q, dn=KN):
 def test_within_the_bound_for_every_row_count(k: int) -> None:
     q, w = _weight(k)
     rng = np.random.default_rng(1)
-    for rows in (1, 3, route.MAX_ROWS):
+    for rows in (1, 3, route.FEW_ROWS):
         x = rng.normal(size=(rows, k)).astype(np.float32)
         got = _dot(jnp.asarray(x), q)
         bound = emulate.bounds.qarray_bound(x, w, KN, segments=-(-k // 32))
@@ -60,9 +60,9 @@ def test_within_the_bound_for_every_row_count(k: int) -> None:
 def test_rows_are_independent_of_the_batch_and_of_jit() -> None:
     # every result element is its own sum, in one order: the same bits for any rows
     q, _ = _weight()
-    x = jnp.asarray(np.random.default_rng(2).normal(size=(5, K)), jnp.bfloat16)
+    x = jnp.asarray(np.random.default_rng(2).normal(size=(route.FEW_ROWS, K)), jnp.bfloat16)
     whole = _dot(x, q)
-    for i in range(5):
+    for i in range(route.FEW_ROWS):
         assert np.array_equal(_dot(x[i : i + 1], q), whole[i : i + 1])
     with emulate.use_cpu_kernel(True):
         eager = np.asarray(emulate.dot_general(x, q, KN, preferred_element_type=jnp.float32))
@@ -80,12 +80,12 @@ def test_integers_with_power_of_two_scales_are_exact() -> None:
 
 def test_leading_dimensions_and_the_weight_on_the_left() -> None:
     q, w = _weight()
-    x = np.random.default_rng(4).normal(size=(2, 3, K)).astype(np.float32)
+    x = np.random.default_rng(4).normal(size=(2, 2, K)).astype(np.float32)
     got = _dot(jnp.asarray(x), q, (((2,), (0,)), ((), ())))
-    assert got.shape == (2, 3, N)
-    bound = emulate.bounds.qarray_bound(x.reshape(6, K), w, KN, segments=2)
-    assert (np.abs(got.reshape(6, N) - x.reshape(6, K).astype(np.float64) @ w) <= bound).all()
-    with emulate.use_cpu_kernel(True):  # q (K, N) on the left: the result (N, 3)
+    assert got.shape == (2, 2, N)
+    bound = emulate.bounds.qarray_bound(x.reshape(4, K), w, KN, segments=2)
+    assert (np.abs(got.reshape(4, N) - x.reshape(4, K).astype(np.float64) @ w) <= bound).all()
+    with emulate.use_cpu_kernel(True):  # q (K, N) on the left: the result (N, 2)
         left = emulate.dot_general(q, x[0], (((0,), (1,)), ((), ())))
     assert np.array_equal(np.asarray(left), got[0].T)
 

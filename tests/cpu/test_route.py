@@ -26,13 +26,29 @@ def _q() -> emulate.QArray:
 
 def test_few_rows_without_batch_dimensions() -> None:
     q = _q()
-    assert route.choose(q, 1, (route.MAX_ROWS, 64), KN).layout == COLUMNS
-    assert route.choose(q, 1, (2, 4, 64), (((2,), (0,)), ((), ()))) is not None
-    assert route.choose(q, 1, (route.MAX_ROWS + 1, 64), KN) is None
+    assert route.choose(q, 1, (route.FEW_ROWS, 64), KN).layout == COLUMNS
+    assert route.choose(q, 1, (2, 2, 64), (((2,), (0,)), ((), ()))) is not None
+    assert route.choose(q, 1, (route.FEW_ROWS + 1, 64), KN) is None
     assert route.choose(q, 1, (0, 64), KN) is None
     assert route.choose(q, 0, (3, 64), (((0,), (1,)), ((), ()))) is not None
     batched = (((2,), (1,)), ((0,), (0,)))
     assert route.choose(q, 1, (1, 2, 64), batched) is None
+
+
+def test_more_rows_where_xlas_route_decodes_slowly() -> None:
+    # two-level scales (a QArray of scales) and 4-bit tables: up to MAX_ROWS rows
+    rng = np.random.default_rng(1)
+    codes = emulate.pack(rng.integers(0, 16, (64, 16), dtype=np.uint8), "uint4", axis=0)
+    inner = emulate.QArray.from_parts(
+        rng.integers(0, 64, (2, 16), dtype=np.uint8),
+        np.ones((1, 16), np.float16),
+        block_shape=(2, 1),
+        fmt="uint6",
+    )
+    two_level = emulate.QArray.from_parts(codes, inner, block_shape=(32, 1))
+    assert route.choose(two_level, 1, (route.MAX_ROWS, 64), KN) is not None
+    assert route.choose(two_level, 1, (route.MAX_ROWS + 1, 64), KN) is None
+    assert route.max_rows(route.choose(_q(), 1, (1, 64), KN)) == route.FEW_ROWS
 
 
 def _lowered(x, q) -> str:

@@ -13,8 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from emulate import cpu
-from emulate.cpu.form import COLUMNS, GROUPS, NIBBLES, Form, weight_operands
-from emulate.numerics.storage import group_shape
+from emulate.cpu.form import COLUMNS, Form, vector_step, weight_operands
 from emulate.quantized.array import QArray
 
 __all__ = ["contract"]
@@ -48,9 +47,9 @@ def contract(q: QArray, x: jax.Array, form: Form) -> jax.Array:
     bk = q.block_shape[0] if form.layout == COLUMNS else q.block_shape[1]
     placeholder = jnp.zeros((m, 1), jnp.float32)
     xe = placeholder
-    if form.layout != COLUMNS and form.variant in (NIBBLES, GROUPS):
-        g = group_shape(form.codes.bits)[0]  # x in planes: xe[q K / g + t] = x[g t + q]
-        xe = x.reshape(m, -1, g).swapaxes(1, 2).reshape(m, -1)
+    g = form.codes.group
+    if form.layout != COLUMNS and vector_step(form) and g > 1:
+        xe = x.reshape(m, -1, g).swapaxes(1, 2).reshape(m, -1)  # xe[q K / g + t] = x[g t + q]
     xsum = _block_sums(x, bk) if form.offset is not None else placeholder
     consts, slots = weight_operands(q, form)
     call = jax.ffi.ffi_call(

@@ -23,7 +23,6 @@ import numpy as np
 from emulate.cpu.form import BFLOAT16, FLOAT16, SIGNED, UNSIGNED, Form, Level, Slot
 from emulate.cpu.lanes import LANES, code_values, half_values
 from emulate.cpu.parts import reader, rounded
-from emulate.numerics.storage import group_shape
 
 __all__ = ["factors", "row_factors"]
 
@@ -36,22 +35,34 @@ def _dummy_reader() -> Callable:
     return value
 
 
+def _affine(level: Level) -> Callable:
+    """An njit ``(v, zp, scale, offset) -> float32``: a two-level part's value of code value
+    ``v``, ``(v - zp) * scale + offset``, each step rounded to float32 as ``dequantize``
+    rounds it (the product fenced: :func:`emulate.cpu.parts.rounded`)."""
+    has_zp, has_off, has_scale = level.zero_point, level.offset, level.scales is not None
+
+    @numba.njit(inline="always")
+    def value(v, zp, scale, off):
+        if has_zp:
+            v = np.float32(v - zp)
+        if has_scale:
+            v = rounded(np.float32(v * scale))
+        if has_off:
+            v = np.float32(v + off)
+        return v
+
+    return value
+
+
 def _level_value(level: Level) -> Callable:
     codes = reader(level.codes)
     scales = reader(level.scales) if level.scales is not None else _dummy_reader()
     bi, bj = level.block
-    has_zp, has_off, has_scale = level.zero_point, level.offset, level.scales is not None
+    affine = _affine(level)
 
     @numba.njit(inline="always")
     def value(c, t, sc, st, zp, off, i, j):
-        v = codes(c, t, i, j)
-        if has_zp:
-            v = np.float32(v - zp)
-        if has_scale:
-            v = rounded(np.float32(v * scales(sc, st, i // bi, j // bj)))
-        if has_off:
-            v = np.float32(v + off)
-        return v
+        return affine(codes(c, t, i, j), zp, scales(sc, st, i // bi, j // bj), off)
 
     return value
 
@@ -132,13 +143,15 @@ def _factor_row(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Cal
     codes = reader(part.codes)
     scales = reader(part.scales) if part.scales is not None else _dummy_reader()
     bi, bj = part.block
-    has_zp, has_off, has_scale = part.zero_point, part.offset, part.scales is not None
+    has_scale = part.scales is not None
+    affine = _affine(part)
     slot = part.codes
     # integer codes along the row (a bit stream, or whole bytes): LANES groups at a time
-    packed = int(slot.axis == 1)
-    vector = slot.kind in (UNSIGNED, SIGNED) and (packed or (slot.axis == -1 and slot.width == 1))
-    bits, signed = slot.bits, int(slot.kind == SIGNED)
-    step = LANES * (group_shape(bits)[0] if packed else 1)  # codes a step
+    bits, packed, signed, _ = slot.step
+    vector = slot.kind in (UNSIGNED, SIGNED) and (
+        slot.axis == 1 or (slot.axis == -1 and slot.width == 1)
+    )
+    step = LANES * slot.group  # codes a step
 
     @numba.njit(inline="always")
     def level(consts, b0, t0, b1, t1, i, out):
@@ -156,14 +169,7 @@ def _factor_row(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Cal
         for u in range((n + bj - 1) // bj):
             sup = scales(b1, t1, i // bi, u) if has_scale else np.float32(1)
             for j in range(np.uint64(u * bj), np.uint64(min(n, (u + 1) * bj))):
-                v = out[j]
-                if has_zp:
-                    v = np.float32(v - zp)
-                if has_scale:
-                    v = rounded(np.float32(v * sup))
-                if has_off:
-                    v = np.float32(v + off)
-                out[j] = v
+                out[j] = affine(out[j], zp, sup, off)
 
     return level
 

@@ -53,6 +53,7 @@ __all__ = [
     "Slot",
     "TABLE",
     "UNSIGNED",
+    "group_geometry",
     "slot_widths",
     "vector_step",
     "weight_form",
@@ -80,6 +81,24 @@ class Slot:
     bits: int
     axis: int
     width: int
+
+    @property
+    def group(self) -> int:
+        """Codes a group as the vector steps read them (:func:`group_geometry`)."""
+        return group_geometry(self.bits, self.axis != -1)[0]
+
+    @property
+    def step(self) -> tuple[int, int, int, int]:
+        """The vector steps' compile-time constants for these codes
+        (:mod:`emulate.cpu.lanes`): ``(bits, packed, signed, lookup)``, each an int."""
+        return self.bits, int(self.axis != -1), int(self.kind == SIGNED), int(self.kind == TABLE)
+
+
+def group_geometry(bits: int, packed: bool) -> tuple[int, int]:
+    """``(codes, bytes)`` of one group of codes as the vector steps read them: the
+    smallest run of whole bytes that holds whole codes of a bit stream
+    (:func:`emulate.numerics.storage.group_shape`), or one code a byte."""
+    return group_shape(bits) if packed else (1, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,8 +274,7 @@ def vector_step(form: Form) -> bool:
         return form.variant in (NIBBLES, BYTES)
     if form.variant == BITS:
         return False
-    g = group_shape(form.codes.bits)[0] if form.codes.axis != -1 else 1
-    per_block = form.block[1] // g
+    per_block = form.block[1] // form.codes.group
     return per_block % LANES == 0 or LANES % per_block == 0
 
 

@@ -17,9 +17,7 @@ additions are float32 in an order the compiler chooses (``reassoc``). NaN and In
 propagate (no ``nnan`` / ``ninf``).
 
 The numba loops run with unsigned indices (numba's signed ones keep LLVM from vectorizing
-them) and decode 4-bit codes of the column loop in float32 arithmetic (``h = floor(c /
-16)``, ``lo = c - 16 h``): numba widens integer arithmetic to 64 bits, a quarter of the
-lanes.
+them).
 
 Rows of ``N`` (layout ROWS) or chunks of :data:`COLUMN_CHUNK` columns (layout COLUMNS) are
 spread over numba's threads where its threading layer is thread-safe
@@ -39,7 +37,6 @@ from emulate.cpu import ffi
 from emulate.cpu.factors import factors, row_factors
 from emulate.cpu.form import (
     COLUMNS,
-    NIBBLES,
     SIGNED,
     TABLE,
     Form,
@@ -48,7 +45,6 @@ from emulate.cpu.form import (
 )
 from emulate.cpu.lanes import LANES, column_lanes, group_lanes
 from emulate.cpu.parts import reader, stack_floats
-from emulate.numerics.storage import group_shape
 
 __all__ = ["COLUMN_CHUNK", "ROW_CHUNK", "handler", "kernel"]
 
@@ -60,25 +56,15 @@ COLUMN_CHUNK = 256
 #: from the L1 cache's ways (measured at 1 x 4096 x 4096 / 14336, 2 threads: 16 rows
 #: 0.83 / 2.42 ms for compressed-tensors int4, against 1.68 / 2.99 ms for a whole block).
 ROWS_A_PASS = 16
-F16 = np.float32(16.0)
-INV16 = np.float32(0.0625)
-INV8 = np.float32(0.125)
 
 
-def _nibbles(kind: int) -> Callable:
-    """An njit ``byte -> (low, high)``: the values of a byte's two 4-bit integer codes in
-    float32 arithmetic (``h = floor(c / 16)``, ``lo = c - 16 h``)."""
-
-    @numba.njit(fastmath=FAST, inline="always")
-    def values(byte):
-        c = np.float32(byte)
-        h = np.floor(c * INV16)
-        lo = c - F16 * h
-        if kind == SIGNED:
-            return lo - F16 * np.floor(lo * INV8), h - F16 * np.floor(h * INV8)
-        return lo, h
-
-    return values
+def _byte_codes(form: Form) -> tuple[bool, Callable]:
+    """Whether the codes are integers one a byte, read straight from their row (the
+    generic reader's 2-D index ran 2.4-4x slower), and the njit ``c -> float32`` of such a
+    code ``c`` held as a float32."""
+    codes = form.codes
+    one_a_byte = codes.axis == -1 and codes.kind != TABLE  # table codes: their values
+    return one_a_byte, _float_code(codes.kind, codes.bits)
 
 
 def _float_code(kind: int, bits: int) -> Callable:
@@ -100,10 +86,8 @@ def _column_lanes(form: Form, scalar: Callable) -> Callable:
     (:func:`emulate.cpu.lanes.column_lanes`, four vectors of :data:`LANES`, kept in
     registers over :data:`ROWS_A_PASS` rows), the columns after the last whole step
     through ``scalar`` (the element loop)."""
-    bits, signed = form.codes.bits, int(form.codes.kind == SIGNED)
-    packed = int(form.codes.axis != -1)
-    lookup = int(form.codes.kind == TABLE)
-    g = group_shape(bits)[0] if packed else 1
+    bits, packed, signed, lookup = form.codes.step
+    g = form.codes.group
     has_zp = form.zero_point is not None
 
     @numba.njit(fastmath=FAST, inline="always")
@@ -144,30 +128,11 @@ def _column_lanes(form: Form, scalar: Callable) -> Callable:
 
 def _column_loop(form: Form) -> Callable:
     """An njit ``(x, codes, table, k0, k1, n0, w, zrow, blk)``: ``blk[t] += sum x_k
-    (v_(k, n0 + t) - zrow[t])`` over ``[k0, k1)`` (layout COLUMNS)."""
-    kind = form.codes.kind
+    (v_(k, n0 + t) - zrow[t])`` over ``[k0, k1)`` (layout COLUMNS), one code at a time:
+    the forms outside the vector step, and the columns after its last whole step."""
     has_zp = form.zero_point is not None
-    if form.variant == NIBBLES and kind != TABLE:
-        values = _nibbles(kind)
-
-        @numba.njit(fastmath=FAST, inline="always")
-        def nibbles(x, codes, table, k0, k1, n0, w, zrow, blk):
-            for r in range(k0 >> 1, k1 >> 1):
-                xe, xo = x[2 * r], x[2 * r + 1]
-                row = codes[r]
-                base = np.uint64(n0)
-                for t in range(np.uint64(w)):
-                    lo, hi = values(row[base + t])
-                    if has_zp:
-                        lo, hi = lo - zrow[t], hi - zrow[t]
-                    blk[t] += xe * lo + xo * hi
-
-        return nibbles
-    # one code a byte read straight from the row (the generic reader's 2-D index ran
-    # 2.4x slower); a bit stream along K through emulate.cpu.parts.reader
     value = reader(form.codes)
-    byte = _float_code(kind, form.codes.bits)
-    one_a_byte = form.codes.axis == -1 and kind != TABLE  # table codes: their values
+    one_a_byte, byte = _byte_codes(form)
 
     @numba.njit(fastmath=FAST, inline="always")
     def per_code(x, codes, table, k0, k1, n0, w, zrow, blk):
@@ -186,12 +151,10 @@ def _column_loop(form: Form) -> Callable:
 
 def _block_sums(form: Form) -> Callable:
     """Rows outside the vector step (:data:`BITS`; blocks of other sizes): each block's
-    ``sum x (v - z)``, the codes read one at a time, times its scale. One integer code a
-    byte straight from the row (the generic reader's 2-D index ran Q8_0 4x slower); else
-    through :func:`emulate.cpu.parts.reader`."""
+    ``sum x (v - z)``, the codes read one at a time (:func:`_byte_codes`, else
+    :func:`emulate.cpu.parts.reader`), times its scale."""
     value = reader(form.codes)
-    byte = _float_code(form.codes.kind, form.codes.bits)
-    one_a_byte = form.codes.axis == -1 and form.codes.kind != TABLE
+    one_a_byte, byte = _byte_codes(form)
     bk = form.block[1]
 
     @numba.njit(fastmath=FAST, inline="always")
@@ -215,10 +178,8 @@ def _vector_sums(form: Form) -> Callable:
     (:func:`emulate.cpu.lanes.group_lanes`, ``x`` in planes: ``xe``, or ``x`` itself for
     one code a byte), one sum of the lanes a row; the elements after the last whole step
     (a last, shorter block) one at a time, each times its block's scale."""
-    bits, signed = form.codes.bits, int(form.codes.kind == SIGNED)
-    packed = int(form.codes.axis != -1)
-    lookup = int(form.codes.kind == TABLE)
-    g = group_shape(bits)[0] if packed else 1
+    bits, packed, signed, lookup = form.codes.step
+    g = form.codes.group
     bk = form.block[1]
     per_block = bk // g  # groups a block: bk % g == 0 for these variants
     value = reader(form.codes)
@@ -342,8 +303,8 @@ def _columns_kernel(form: Form, parallel: bool) -> Callable:
 def kernel(form: Form, parallel: bool) -> Callable:
     """The njit kernel of ``form``: ``(x, xe, xsum, consts, s0, t0, ..., s5, t5, out)``
     with ``x`` (M, K) float32, ``xe`` its columns in ``g`` planes (``xe[:, q K / g + t] =
-    x[:, g t + q]``, ``g`` codes a group: layout ROWS with codes packed along K; any
-    (M, 1) array otherwise), ``xsum`` (M, blocks along K) the
+    x[:, g t + q]``, ``g`` codes a group: layout ROWS in vector steps of codes packed along
+    K; any (M, 1) array otherwise), ``xsum`` (M, blocks along K) the
     block sums of ``x`` (where the weight has offsets), the six (bytes, table) slots of
     :func:`emulate.cpu.form.weight_operands`, and ``out`` (M, N) float32."""
     return (_columns_kernel if form.layout == COLUMNS else _rows_kernel)(form, parallel)

@@ -1,6 +1,7 @@
-"""numba: the vector step of the row kernel, written as LLVM vector IR (numba's loops do
-not vectorize a dot product whose codes are a few bits each: measured 7-10 G elements/s
-a core against 15-20 G/s here).
+"""numba: the CPU kernel's vector steps, written as LLVM vector IR (numba's loops do not
+vectorize a dot product whose codes are a few bits each: measured 7-10 G elements/s a
+core against 15-20 G/s here): :func:`group_lanes` (layout ROWS), :func:`column_lanes`
+(layout COLUMNS), and the factors' decoders :func:`code_values` and :func:`half_values`.
 
 :func:`group_lanes` takes :data:`LANES` consecutive groups of a row of integer codes (a
 group is the smallest run of whole bytes that holds whole codes,
@@ -29,8 +30,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from emulate.cpu.form import LANES
-from emulate.numerics.storage import group_shape
+from emulate.cpu.form import LANES, group_geometry
 
 __all__ = ["LANES", "code_values", "column_lanes", "group_lanes", "half_values"]
 
@@ -41,6 +41,43 @@ _VF, _VI = ir.VectorType(_F32, LANES), ir.VectorType(_I32, LANES)
 
 def _splat_int(v: int) -> ir.Constant:
     return ir.Constant(_VI, [v] * LANES)
+
+
+def _index(builder: Any, v: Any) -> Any:
+    """An integer argument as an i64 index."""
+    return builder.zext(v, _I64) if v.type.width < 64 else v
+
+
+def _load_groups(context: Any, builder: Any, aty: Any, codes: Any, start: Any, nb: int) -> Any:
+    """The bytes of :data:`LANES` groups of ``nb`` bytes from group ``start`` on."""
+    at = _at(context, builder, aty, codes, builder.mul(start, ir.Constant(_I64, nb)))
+    return builder.load(builder.bitcast(at, ir.VectorType(_I8, LANES * nb).as_pointer()), align=1)
+
+
+def _dot(builder: Any, xs: list[Any], values: list[Any]) -> Any:
+    """``sum_q xs[q] * values[q]``, lane by lane, float32."""
+    total = None
+    for xq, v in zip(xs, values):
+        prod = builder.fmul(xq, v, flags=_FAST)
+        total = prod if total is None else builder.fadd(total, prod, flags=_FAST)
+    return total
+
+
+def _add_into(context: Any, builder: Any, aty: Any, lanes: Any, v: Any) -> None:
+    """``lanes += v``: the :data:`LANES` float32s of the array ``lanes``."""
+    into = builder.bitcast(context.make_array(aty)(context, builder, lanes).data, _VF.as_pointer())
+    builder.store(builder.fadd(builder.load(into, align=4), v, flags=_FAST), into, align=4)
+
+
+def _literals(name: str, args: tuple, lookup_at: int | None = None) -> tuple | None:
+    """The values of ``args`` (numba literals), None until numba gives literals; the
+    value at ``lookup_at`` (a table lookup) asks for 4- or 8-bit codes (the first)."""
+    if not all(isinstance(a, types.IntegerLiteral) for a in args):
+        return None
+    values = tuple(a.literal_value for a in args)
+    if lookup_at is not None and values[lookup_at] and values[0] not in (4, 8):
+        raise ValueError(f"{name}: table lookups take 4- or 8-bit codes, got {values[0]}")
+    return values
 
 
 def _at(context: Any, builder: Any, aty: Any, array: Any, index: Any) -> Any:
@@ -102,14 +139,9 @@ def _byte_code(builder: Any, byte: Any, bits: int, signed: bool) -> Any:
     )
 
 
-def _geometry(bits: int, packed: bool) -> tuple[int, int]:
-    """``(codes, bytes)`` a group: :func:`group_shape`, or one code a byte."""
-    return group_shape(bits) if packed else (1, 1)
-
-
 def _codes(builder: Any, raw: Any, bits: int, packed: bool, signed: bool) -> list[Any]:
     """The codes of each lane's group, one i32 vector per code of a group."""
-    g, nb = _geometry(bits, packed)
+    g, nb = group_geometry(bits, packed)
     lo, hi = _words(builder, raw, nb)
     if not packed:
         return [_byte_code(builder, lo, bits, signed)]
@@ -202,39 +234,38 @@ def group_lanes(
     :func:`emulate.cpu.table_lookups` holds), ``per_block`` (groups a block: a multiple or
     a divisor of :data:`LANES`). No bounds checks: the caller keeps ``g0 + LANES`` within
     the row."""
-    literals = (bits, packed, signed, lookup, per_block)
-    if not all(isinstance(a, types.IntegerLiteral) for a in literals):
+    checked = _literals("group_lanes", (bits, packed, signed, lookup, per_block), 3)
+    if checked is None:
         return None
-    width, is_packed, is_signed, is_lookup, per = (a.literal_value for a in literals)
-    if is_lookup and width not in (4, 8):
-        raise ValueError(f"group_lanes: table lookups take 4- or 8-bit codes, got {width}")
+    width, is_packed, is_signed, is_lookup, per = checked
     if not (per % LANES == 0 or LANES % per == 0):
         raise ValueError(f"group_lanes: per_block={per} is not a multiple or divisor of {LANES}")
-    g, nb = _geometry(width, is_packed)
+    nb = group_geometry(width, is_packed)[1]
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         lanes_v, codes_v, table_v, g0_v, x_v, plane_v, s_v, z_v = args[:8]
-        start = builder.zext(g0_v, _I64) if g0_v.type.width < 64 else g0_v
-        stride = builder.zext(plane_v, _I64) if plane_v.type.width < 64 else plane_v
-        at = _at(context, builder, sig.args[1], codes_v, builder.mul(start, ir.Constant(_I64, nb)))
-        raw = builder.load(
-            builder.bitcast(at, ir.VectorType(_I8, LANES * nb).as_pointer()), align=1
-        )
+        start, stride = _index(builder, g0_v), _index(builder, plane_v)
+        raw = _load_groups(context, builder, sig.args[1], codes_v, start, nb)
         zv = _block_floats(context, builder, sig.args[7], z_v, start, per)
         table_vec = _table(context, builder, sig.args[2], table_v, is_lookup, width)
         values = _values(builder, table_vec, _codes(builder, raw, width, is_packed, is_signed), zv)
-        total = None
-        for q, v in enumerate(values):
-            xq_at = builder.add(start, builder.mul(stride, ir.Constant(_I64, q)))
-            xq = _load_floats(context, builder, sig.args[4], x_v, xq_at)
-            prod = builder.fmul(xq, v, flags=_FAST)
-            total = prod if total is None else builder.fadd(total, prod, flags=_FAST)
+        xs = [
+            _load_floats(
+                context,
+                builder,
+                sig.args[4],
+                x_v,
+                builder.add(start, builder.mul(stride, ir.Constant(_I64, q))),
+            )
+            for q in range(len(values))
+        ]
         sv = _block_floats(context, builder, sig.args[6], s_v, start, per)
-        into = context.make_array(sig.args[0])(context, builder, lanes_v).data
-        into = builder.bitcast(into, _VF.as_pointer())
-        acc = builder.load(into, align=4)
-        builder.store(
-            builder.fadd(acc, builder.fmul(sv, total, flags=_FAST), flags=_FAST), into, align=4
+        _add_into(
+            context,
+            builder,
+            sig.args[0],
+            lanes_v,
+            builder.fmul(sv, _dot(builder, xs, values), flags=_FAST),
         )
         return context.get_dummy_value()
 
@@ -263,18 +294,16 @@ def code_values(
     group's ``g`` codes: the codes' integer values as float32 (exact), in the codes'
     order. ``codes`` and ``g0`` as for :func:`group_lanes`; ``out`` float32, indexed by
     code. No bounds checks."""
-    if not all(isinstance(a, types.IntegerLiteral) for a in (bits, packed, signed)):
+    checked = _literals("code_values", (bits, packed, signed))
+    if checked is None:
         return None
-    width, is_packed, is_signed = (a.literal_value for a in (bits, packed, signed))
-    g, nb = _geometry(width, is_packed)
+    width, is_packed, is_signed = checked
+    g, nb = group_geometry(width, is_packed)
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         out_v, codes_v, g0_v = args[:3]
-        start = builder.zext(g0_v, _I64) if g0_v.type.width < 64 else g0_v
-        at = _at(context, builder, sig.args[1], codes_v, builder.mul(start, ir.Constant(_I64, nb)))
-        raw = builder.load(
-            builder.bitcast(at, ir.VectorType(_I8, LANES * nb).as_pointer()), align=1
-        )
+        start = _index(builder, g0_v)
+        raw = _load_groups(context, builder, sig.args[1], codes_v, start, nb)
         planes = [builder.sitofp(c, _VF) for c in _codes(builder, raw, width, is_packed, is_signed)]
         values = _interleave(builder, planes)
         into = _at(context, builder, sig.args[0], out_v, builder.mul(start, ir.Constant(_I64, g)))
@@ -309,13 +338,14 @@ def half_values(typingctx: Any, out: Any, data: Any, j0: Any, brain: Any) -> Any
     """``out[j0 + t]`` = the float32 value of the float16 (``brain`` 0) or bfloat16
     (``brain`` 1, a compile-time constant) at bytes ``[2 (j0 + t), 2 (j0 + t) + 2)`` of
     ``data`` (uint8, little-endian), for ``t <`` :data:`LANES`. Exact. No bounds checks."""
-    if not isinstance(brain, types.IntegerLiteral):
+    checked = _literals("half_values", (brain,))
+    if checked is None:
         return None
-    is_brain = bool(brain.literal_value)
+    is_brain = bool(checked[0])
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         out_v, data_v, j0_v = args[:3]
-        start = builder.zext(j0_v, _I64) if j0_v.type.width < 64 else j0_v
+        start = _index(builder, j0_v)
         at = _at(context, builder, sig.args[1], data_v, builder.mul(start, ir.Constant(_I64, 2)))
         halves = ir.VectorType(ir.IntType(16), LANES)
         h = builder.zext(builder.load(builder.bitcast(at, halves.as_pointer()), align=1), _VI)
@@ -351,38 +381,39 @@ def column_lanes(
     activations; ``z`` float32 zero points of the :data:`LANES` columns (an array from
     index 0) or one scalar; ``table`` and ``lookup`` as for :func:`group_lanes`. No bounds
     checks."""
-    literals = (bits, packed, signed, lookup)
-    if not all(isinstance(a, types.IntegerLiteral) for a in literals):
+    checked = _literals("column_lanes", (bits, packed, signed, lookup), 3)
+    if checked is None:
         return None
-    width, is_packed, is_signed, is_lookup = (a.literal_value for a in literals)
-    if is_lookup and width not in (4, 8):
-        raise ValueError(f"column_lanes: table lookups take 4- or 8-bit codes, got {width}")
-    g, nb = _geometry(width, is_packed)
-    if nb != 1:
+    width, is_packed, is_signed, is_lookup = checked
+    if group_geometry(width, is_packed)[1] != 1:
         raise ValueError(f"column_lanes: {width}-bit codes packed along K span bytes")
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         lanes_v, row_v, table_v, n0_v, x_v, k0_v, z_v = args[:7]
-        first = builder.zext(n0_v, _I64) if n0_v.type.width < 64 else n0_v
-        k_first = builder.zext(k0_v, _I64) if k0_v.type.width < 64 else k0_v
-        at = _at(context, builder, sig.args[1], row_v, first)
-        raw = builder.load(builder.bitcast(at, ir.VectorType(_I8, LANES).as_pointer()), align=1)
+        k_first = _index(builder, k0_v)
+        raw = _load_groups(context, builder, sig.args[1], row_v, _index(builder, n0_v), 1)
         if isinstance(sig.args[6], types.Array):
             zv = _load_floats(context, builder, sig.args[6], z_v, ir.Constant(_I64, 0))
         else:
             zv = _splat_float(builder, z_v)
         table_vec = _table(context, builder, sig.args[2], table_v, is_lookup, width)
         values = _values(builder, table_vec, _codes(builder, raw, width, is_packed, is_signed), zv)
-        total = None
-        for q, v in enumerate(values):
-            xq_at = builder.add(k_first, ir.Constant(_I64, q))
-            xq = _splat_float(builder, builder.load(_at(context, builder, sig.args[4], x_v, xq_at)))
-            prod = builder.fmul(xq, v, flags=_FAST)
-            total = prod if total is None else builder.fadd(total, prod, flags=_FAST)
-        into = builder.bitcast(
-            context.make_array(sig.args[0])(context, builder, lanes_v).data, _VF.as_pointer()
-        )
-        builder.store(builder.fadd(builder.load(into, align=4), total, flags=_FAST), into, align=4)
+        xs = [
+            _splat_float(
+                builder,
+                builder.load(
+                    _at(
+                        context,
+                        builder,
+                        sig.args[4],
+                        x_v,
+                        builder.add(k_first, ir.Constant(_I64, q)),
+                    )
+                ),
+            )
+            for q in range(len(values))
+        ]
+        _add_into(context, builder, sig.args[0], lanes_v, _dot(builder, xs, values))
         return context.get_dummy_value()
 
     return types.none(lanes, row, table, n0, x, k0, z, bits, packed, signed, lookup), codegen

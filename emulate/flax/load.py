@@ -48,7 +48,7 @@ import numpy as np
 from flax import nnx
 
 from emulate.flax.quantize import QuantizedLinen, QuantizedWeight, emulate_layer
-from emulate.kernel_route import prepare_weights
+from emulate.routing.prepared import prepare_weights
 from emulate.quantized.array import QArray
 
 __all__ = ["GGUF_NAMES", "NameRule", "default_rule", "load_weights"]

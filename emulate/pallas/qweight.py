@@ -202,6 +202,11 @@ class KernelQWeight(
             return self
         raise TypeError(f"key: a KernelQWeight supports w[...] only (which returns w), got {key!r}")
 
+    def read_back(self) -> QArray:
+        """The QArray it was prepared from (:func:`as_qarray`): how the XLA route reads it
+        (:class:`emulate.engine.prepared.Prepared`)."""
+        return as_qarray(self)
+
     def __repr__(self) -> str:
         return (
             f"KernelQWeight({self.format_name}{list(self.shape)}, scales {self.scale_format} "

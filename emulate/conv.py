@@ -141,7 +141,7 @@ _LAX_PARAMS = (
 )
 
 
-def _run_conv(call: conv_args.ConvArgs) -> jax.Array:
+def _validated_conv(call: conv_args.ConvArgs) -> jax.Array:
     """Run a validated call: a QArray kernel by its scales' rule, others by their plan."""
     with sites.scope(call.tag()):
         if isinstance(call.rhs, QArray):
@@ -151,7 +151,7 @@ def _run_conv(call: conv_args.ConvArgs) -> jax.Array:
     return out if call.out_sharding is None else jax.sharding.reshard(out, call.out_sharding)
 
 
-_DOOR = front.FrontDoor(_plain_conv, conv_args.conv_args, _run_conv)
+_DOOR = front.FrontDoor(_plain_conv, conv_args.conv_args, _validated_conv)
 
 
 def _emulated_conv(call: conv_args.ConvArgs, a: Operand, b: Operand) -> jax.Array:

@@ -117,7 +117,7 @@ def _emulated_dot(call: args.DotArgs) -> jax.Array:
     route = routing.choose(call, op)
     tag = routing.site_tag(call, op, route)
     with sites.scope(tag) if tag is not None else contextlib.nullcontext():
-        if route is not None and route.kernel:
+        if op is not None and route is not None and route.kernel:
             out = routing.run(call, op, route)
         else:
             out = _xla_dot(call.read_back())
@@ -195,6 +195,7 @@ def matmul(
         xq, yq = (v if args.is_quantized(v) else o for v, o in ((a, x), (b, y)))
         out = _matmul_dims(xq, yq, precision, preferred_element_type, target, mode)
         return _resharded(out, out_sharding)
+    assert isinstance(x, Operand) and isinstance(y, Operand)  # QArrays are handed on above
     xv = Operand(x.unpacked()[None, :], x.format_name) if len(x.shape) == 1 else x
     yv = Operand(y.unpacked()[:, None], y.format_name) if len(y.shape) == 1 else y
     xs, ys = xv.shape, yv.shape

@@ -13,8 +13,6 @@ import sys
 import warnings
 from typing import Any
 
-import jax
-
 from emulate import routing
 from emulate.engine.args import DotArgs
 from emulate.routing import ops, setting
@@ -44,11 +42,7 @@ def _decide(call: DotArgs, held: tuple[Any, Any] = (None, None)) -> routing.Weig
     :func:`emulate.routing.dot_op` (``held``: prepared weights standing for the views)."""
     if held != (None, None):
         call = dataclasses.replace(call, prepared=held)
-    return routing.choose(call, routing.dot_op(call, _no_xla_route))
-
-
-def _no_xla_route(call: DotArgs) -> jax.Array:
-    raise AssertionError("emulate.kernel_route.decide runs nothing")
+    return routing.choose(call, routing.dot_op(call))
 
 
 def _held_operands(lhs: Any, rhs: Any) -> tuple[Any, Any, tuple[Any, Any]]:
@@ -72,7 +66,7 @@ def _prepared_types() -> tuple[type, ...]:
 
 
 _KEPT = {
-    "decide": ("emulate.routing.choose(call, emulate.routing.dot_op(call, xla))", _decide),
+    "decide": ("emulate.routing.choose(call, emulate.routing.dot_op(call))", _decide),
     "held_operands": ("emulate.engine.args.dot_args (it keeps them)", _held_operands),
     "operand_refusal": ("emulate.routing.ops.operand_refusal", _operand_refusal),
     "prepared_types": ("emulate.engine.prepared.Prepared", _prepared_types),

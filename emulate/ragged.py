@@ -166,7 +166,7 @@ def _emulated_ragged(call: RaggedArgs) -> jax.Array:
     op = routing.ragged_op(call, _xla_route)
     route = routing.choose(call, op)
     with sites.scope(routing.site_tag(call, op, route) or call.tag()):
-        if route is not None and route.kernel:
+        if op is not None and route is not None and route.kernel:
             return routing.run(call, op, route)
         return _xla_route(call.read_back())
 

@@ -135,7 +135,7 @@ class Report:
             for r in self.rows
             if r.weight_route.startswith("xla: ")
         ]
-        why = [_KEPT.get(_kind(self.target), _KEPT["tpu"]), *notes] if notes else []
+        why = [_KEPT.get(_kind(self.target) or "tpu", _KEPT["tpu"]), *notes] if notes else []
         return "\n".join([head, table(rows, columns=columns, rule=False), *why])
 
 

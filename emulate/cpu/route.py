@@ -57,17 +57,16 @@ def kernel_form(
         return f"{len(lc)} contracting dimensions: the CPU kernel contracts one"
     qc, oc = (lc[0], rc[0]) if side == 0 else (rc[0], lc[0])
     rows = math.prod(n for d, n in enumerate(other_shape) if d != oc)
-    form = weight_form(q, qc) if 1 <= rows <= MAX_ROWS else None
-    if form is None and 1 <= rows <= MAX_ROWS:
+    form = weight_form(q, qc)
+    if form is None:
         return (
             "a weight the CPU kernel has no form for (emulate.cpu.form.weight_form: "
             "stacked or act-order, packed along N, wider than a byte, float codes or "
             "codebooks without table lookups in registers, parts it cannot read)"
         )
-    most = MAX_ROWS if form is None else max_rows(form)
-    if form is None or rows > most:
+    if not 1 <= rows <= max_rows(form):
         return (
-            f"{rows} rows of activations: the CPU kernel takes 1 to {most} for this weight "
-            "(a decode step's few rows; XLA's matrix-matrix dot is faster for more)"
+            f"{rows} rows of activations: the CPU kernel takes 1 to {max_rows(form)} for "
+            "this weight (a decode step's few rows; XLA's matrix-matrix dot is faster for more)"
         )
     return form

@@ -171,7 +171,7 @@ def with_format(x: OperandLike | QArray, fmt: FormatLike | None, arg: str) -> Op
       ValueError: a format given for a QArray or a prepared weight (``{arg}_format``).
       TypeError, ValueError: as :func:`emulate.engine.operands.operand`.
     """
-    if not is_quantized(x):
+    if not isinstance(x, QArray) and not is_prepared(x):
         return operand(x, fmt, arg=arg)
     if fmt is not None:
         what = "QArray" if isinstance(x, QArray) else "prepared weight"

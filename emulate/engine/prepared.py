@@ -14,7 +14,7 @@ record beside its :func:`view`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import jax
 
@@ -44,7 +44,7 @@ class Prepared(Protocol):
         ...
 
 
-def is_prepared(x: Any) -> bool:
+def is_prepared(x: Any) -> TypeGuard[Prepared]:
     """Whether ``x`` is a prepared weight (:class:`Prepared`)."""
     return isinstance(x, Prepared)
 

@@ -23,7 +23,6 @@ import numpy as np
 from jax import lax
 
 from emulate import formats
-from emulate.routing.prepared import Prepared, is_prepared
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general, einsum
 from emulate.flax.rounding import next_key
@@ -32,6 +31,7 @@ from emulate.quantized.array import QArray
 from emulate.quantized.mx import SCHEMES
 from emulate.quantized.quantizing import Scheme, quantize
 from emulate.quantized.values import dequantize
+from emulate.routing.prepared import Prepared, is_prepared
 
 __all__ = [
     "FUNCTIONS",

@@ -40,22 +40,23 @@ __all__ = ["choose", "dot_op", "ragged_op"]
 
 
 def dot_op(
-    call: DotArgs, xla_route: Callable[[DotArgs], jax.Array]
+    call: DotArgs, xla_route: Callable[[DotArgs], jax.Array] | None = None
 ) -> PallasMatmul | CpuGemv | None:
     """The kernel a ``dot_general`` call is decided for: the CPU kernel on a CPU target,
     ``emulate.pallas.matmul`` on any other (which a target that is no TPU keeps off);
-    ``xla_route`` is the front end's XLA route. None for a call without a weight operand."""
+    ``xla_route``: the front end's XLA route, which :func:`emulate.routing.run` needs (None:
+    the op is only decided about). None for a call without a weight operand."""
     if call.target.kind == "cpu":
         return CpuGemv.of(call, xla_route)
     return PallasMatmul.of(call, xla_route)
 
 
 def ragged_op(
-    call: RaggedArgs, xla_route: Callable[[RaggedArgs], jax.Array]
+    call: RaggedArgs, xla_route: Callable[[RaggedArgs], jax.Array] | None = None
 ) -> PallasGrouped | None:
     """The kernel a ``ragged_dot_general`` call is decided for: ``emulate.pallas.ragged_dot``
-    (the grouped kernel; no other target has one). None for a call without a weight
-    operand."""
+    (the grouped kernel; no other target has one); ``xla_route`` as in :func:`dot_op`. None
+    for a call without a weight operand."""
     return PallasGrouped.of(call, xla_route)
 
 

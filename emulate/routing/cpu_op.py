@@ -63,7 +63,7 @@ class CpuGemv:
     compiles_when_traced: ClassVar[bool] = True  # numba compiles the kernel when traced
 
     @classmethod
-    def of(cls, call: DotArgs, xla_route: Callable[[DotArgs], jax.Array]) -> CpuGemv | None:
+    def of(cls, call: DotArgs, xla_route: Callable[[DotArgs], jax.Array] | None) -> CpuGemv | None:
         """The op of a validated call; None for a call without a weight operand."""
         side = weight_side(*call.operands)
         if side is None:
@@ -82,10 +82,9 @@ class CpuGemv:
             return _SWITCHED_OFF
         if call.mode != "fast":
             return f'mode {call.mode!r}: the CPU kernel gives mode "fast"\'s result'
-        lhs, rhs = call.operands
-        if isinstance(lhs, QArray) == isinstance(rhs, QArray):
-            quantized = "two QArrays" if isinstance(lhs, QArray) else "no QArray"
-            return f"{quantized} (or a prepared weight): the CPU kernel takes one QArray weight"
+        if isinstance(call.lhs, QArray) == isinstance(call.rhs, QArray):  # views: read back
+            quantized = "two QArrays" if isinstance(call.lhs, QArray) else "no QArray"
+            return f"{quantized}: the CPU kernel takes one QArray weight"
         x, w = self.operands(call)
         got = self._form(x, w)
         return got if isinstance(got, str) else None
@@ -131,5 +130,5 @@ class CpuGemv:
             lhs, rhs, self.dimension_numbers, self.precision, self.result, None,
             self.target, self.mode,
         )  # fmt: skip
-        assert self.xla_route is not None  # the front end gives it
+        assert self.xla_route is not None  # the front end gave it: the op runs
         return self.xla_route(call)

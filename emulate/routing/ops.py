@@ -87,9 +87,15 @@ class KernelOp(Protocol):
     interpretable: ClassVar[bool]
     map_batches: ClassVar[bool]
     compiles_when_traced: ClassVar[bool]
-    side: str
-    interpret: bool
-    xla_route: Callable[[Any], jax.Array] | None
+
+    @property
+    def side(self) -> str: ...
+
+    @property
+    def interpret(self) -> bool: ...
+
+    @property
+    def xla_route(self) -> Callable[[Any], jax.Array] | None: ...
 
     def operands(self, call: Any) -> tuple[Any, Any]:
         """``(x, w)``: what the kernel and the XLA route take from the call, the weight

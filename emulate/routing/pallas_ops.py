@@ -85,7 +85,9 @@ class PallasMatmul:
     compiles_when_traced: ClassVar[bool] = False
 
     @classmethod
-    def of(cls, call: DotArgs, xla_route: Callable[[DotArgs], jax.Array]) -> PallasMatmul | None:
+    def of(
+        cls, call: DotArgs, xla_route: Callable[[DotArgs], jax.Array] | None
+    ) -> PallasMatmul | None:
         """The op of a validated call; None for a call without a weight operand."""
         side = weight_side(*call.operands)
         if side is None:
@@ -152,7 +154,7 @@ class PallasMatmul:
             unprepared(lhs), unprepared(rhs), self.dimension_numbers, self.precision,
             self.result, self.wrap_to, self.target, self.mode,
         )  # fmt: skip
-        assert self.xla_route is not None  # the front end gives it
+        assert self.xla_route is not None  # the front end gave it: the op runs
         return self.xla_route(call)
 
 
@@ -179,7 +181,7 @@ class PallasGrouped:
 
     @classmethod
     def of(
-        cls, call: RaggedArgs, xla_route: Callable[[RaggedArgs], jax.Array]
+        cls, call: RaggedArgs, xla_route: Callable[[RaggedArgs], jax.Array] | None
     ) -> PallasGrouped | None:
         """The op of a validated call; None for a call without a weight operand."""
         d = call.dot
@@ -254,5 +256,5 @@ class PallasGrouped:
             rows, unprepared(w), group_sizes, BASIC, self.precision, self.preferred,
             target=self.target, mode=self.mode,
         )  # fmt: skip
-        assert self.xla_route is not None  # the front end gives it
+        assert self.xla_route is not None  # the front end gave it: the op runs
         return self.xla_route(call)

@@ -334,7 +334,7 @@ def _dequantized(a, b, dimension_numbers, precision, out, tiling: tiled.Settings
     if isinstance(a, QArray) != isinstance(b, QArray):
         side = 0 if isinstance(a, QArray) else 1
         q, other = (a, b) if side == 0 else (b, a)
-        t = qtiled.choose(q, side, len(other.shape), dimension_numbers, tiling)
+        t = qtiled.qtiling_for(q, side, len(other.shape), dimension_numbers, tiling)
     if t is None:
         return _dequantized_run(a, b, dimension_numbers, precision, out)
     return _qtiled_run(a, b, dimension_numbers, precision, out, t)

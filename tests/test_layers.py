@@ -954,6 +954,137 @@ def test_the_guard_sees_a_second_reader_of_the_mosaic_rule() -> None:
     assert _rule_calls("from emulate import mosaic\nmosaic.recorded()\n") == set()
 
 
+# ------------------------------------------------ one owner of the route decision
+
+#: What a route decision reads and runs, by the module that defines it: the route setting
+#: and whether a program traced now may be lowered for a platform, the record of one
+#: decision, the CPU kernel's own rule, and the kernels' entry points a route runs. Only
+#: ``emulate.routing`` decides who runs a contraction (``emulate.routing.choose``); any
+#: other module that uses one of these makes a second route decision.
+ROUTE_RULE: dict[str, set[str]] = {
+    "emulate.routing.setting": {
+        "current_route",
+        "cpu_kernel_enabled",
+        "tpu_may_lower",
+        "planning_now",
+        "WeightRoute",
+    },
+    "emulate.routing": {"current_route", "tpu_may_lower", "WeightRoute"},
+    "emulate.cpu.route": {"kernel_form", "max_rows", "FEW_ROWS", "MAX_ROWS"},
+    "emulate.cpu.form": {"weight_form"},
+    "emulate.cpu.call": {"contract"},
+    "emulate.pallas": {"matmul", "ragged_dot"},
+    "emulate.pallas.matmul_kernel": {"matmul"},
+    "emulate.pallas.gmm_kernel": {"ragged_dot"},
+}
+#: Modules outside ``emulate.routing`` that may use :data:`ROUTE_RULE`, and why (a
+#: kernel's own package may use its own names: ``emulate.pallas.*``, ``emulate.cpu.*``).
+ROUTE_RULE_USERS = {
+    "emulate": "re-exports the public names (WeightRoute, current_route) from routing",
+    "emulate.kernel_route": "the deprecated path resolves the old names to routing's",
+}
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` of an attribute chain over a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+def _rule_path(path: str) -> set[str]:
+    owner, _, name = path.rpartition(".")
+    return {path} if name in ROUTE_RULE.get(owner, ()) else set()
+
+
+def _route_uses(module: str, source: str) -> set[str]:
+    """The :data:`ROUTE_RULE` names (``owner.name``) that a module's text imports or
+    reaches through a module it imports."""
+    tree = ast.parse(source)
+    found: set[str] = set()
+    aliases: dict[str, str] = {}  # local name -> the dotted path it stands for
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "emulate":
+                    aliases[a.asname or "emulate"] = a.name if a.asname else "emulate"
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, node)
+            if base.split(".")[0] != "emulate":
+                continue
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{base}.{a.name}"
+                found |= _rule_path(f"{base}.{a.name}")
+    for node in ast.walk(tree):
+        dotted = _dotted(node) if isinstance(node, ast.Attribute) else None
+        head, _, rest = (dotted or "").partition(".")
+        if head in aliases and rest:
+            found |= _rule_path(f"{aliases[head]}.{rest}")
+    return found
+
+
+def _second_decisions(uses: dict[str, set[str]]) -> list[str]:
+    """``"m uses owner.name"`` for each use outside ``emulate.routing``, the owner's own
+    package and :data:`ROUTE_RULE_USERS`."""
+    out = []
+    for m, paths in sorted(uses.items()):
+        for path in sorted(paths):
+            package = ".".join(path.split(".")[:2])
+            if m == package or m.startswith(package + ".") or m in ROUTE_RULE_USERS:
+                continue
+            if m == "emulate.routing" or m.startswith("emulate.routing."):
+                continue
+            out.append(f"{m} uses {path}")
+    return out
+
+
+def test_one_owner_of_the_route_decision() -> None:
+    uses = {m: _route_uses(m, path.read_text()) for m, path in MODULES.items()}
+    assert _second_decisions(uses) == []
+    assert sorted(m for m in ROUTE_RULE_USERS if not uses.get(m)) == []  # stale entries
+    # one function named choose, the route decision (the others say what they choose)
+    defining = [
+        m
+        for m, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef) and node.name == "choose"
+    ]
+    assert defining == ["emulate.routing.choose"]
+
+
+def test_the_guard_sees_a_second_route_decision() -> None:
+    source = (
+        "from emulate.routing.setting import current_route\n"
+        "from emulate.cpu import route\n"
+        "import emulate.pallas\n"
+        "import emulate.routing as r\n"
+        "def decide(call):\n"
+        "    if current_route() != 'xla' and not r.tpu_may_lower():\n"
+        "        return route.kernel_form(call.rhs, 1, call.lhs.shape, call.dn)\n"
+        "    return emulate.pallas.matmul(call.lhs, call.rhs)\n"
+    )
+    uses = _route_uses("emulate.scaled", source)
+    assert uses == {
+        "emulate.routing.setting.current_route",
+        "emulate.routing.tpu_may_lower",
+        "emulate.cpu.route.kernel_form",
+        "emulate.pallas.matmul",
+    }
+    assert _second_decisions({"emulate.scaled": uses, "emulate.routing.choose": uses}) == [
+        "emulate.scaled uses emulate.cpu.route.kernel_form",
+        "emulate.scaled uses emulate.pallas.matmul",
+        "emulate.scaled uses emulate.routing.setting.current_route",
+        "emulate.scaled uses emulate.routing.tpu_may_lower",
+    ]
+    assert _second_decisions({"emulate.pallas.gmm_kernel": {"emulate.pallas.matmul"}}) == []
+    setting_only = "from emulate import routing\nwith routing.use_route('xla'):\n    pass\n"
+    assert _route_uses("emulate.ragged", setting_only) == set()
+
+
 def _clashing_basenames(tests: list[str]) -> list[str]:
     """Test files that share a basename: tests/ has no ``__init__.py``, so pytest imports
     each file as a top-level module by its basename, and the second one fails to import."""

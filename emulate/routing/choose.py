@@ -87,17 +87,17 @@ def choose(call: Any, op: KernelOp | None) -> WeightRoute | None:
         return xla("the route setting is 'xla'", side)
     if target.kind != op.platform:
         return xla(f"target {target.name} is not {PLATFORMS[op.platform]}", "target")
-    why = op.refusal(call)
+    x, w = op.operands(call)
+    why = op.refusal(call, x, w)
     if why is None and setting == "auto" and not planning_now():
         if (elsewhere := op.unlowered()) is not None:
             return xla(elsewhere, side)
     if why is None and not op.compiles_when_traced:
         traced = dataclasses.replace(op, interpret=interpret)  # type: ignore[type-var]
-        got = kernel_program(traced, *op.operands(call))
+        got = kernel_program(traced, x, w)
         why = got if isinstance(got, str) else None
     if why is not None:
         return xla(why, "mode" if why.startswith("mode") else side)
-    _, w = op.operands(call)
     where = (
         "in Pallas' interpret mode on every platform"
         if interpret

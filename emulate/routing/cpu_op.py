@@ -77,7 +77,7 @@ class CpuGemv:
         c = call.read_back()  # the kernel reads a QArray
         return (c.rhs, c.lhs) if self.side == "lhs" else (c.lhs, c.rhs)
 
-    def refusal(self, call: DotArgs) -> str | None:
+    def refusal(self, call: DotArgs, x: Operand, w: Any) -> str | None:
         if not cpu_kernel_enabled():
             return _SWITCHED_OFF
         if call.mode != "fast":
@@ -85,7 +85,6 @@ class CpuGemv:
         if isinstance(call.lhs, QArray) == isinstance(call.rhs, QArray):  # views: read back
             quantized = "two QArrays" if isinstance(call.lhs, QArray) else "no QArray"
             return f"{quantized}: the CPU kernel takes one QArray weight"
-        x, w = self.operands(call)
         got = self._form(x, w)
         return got if isinstance(got, str) else None
 

@@ -102,9 +102,10 @@ class KernelOp(Protocol):
         ``w`` as given (a prepared weight as it is)."""
         ...
 
-    def refusal(self, call: Any) -> str | None:
-        """Why the kernel cannot take this call, known without tracing it (operand pairs,
-        shapes, a switch), or None."""
+    def refusal(self, call: Any, x: Any, w: Any) -> str | None:
+        """Why the kernel cannot take this call (its operands ``x``, ``w`` from
+        :meth:`operands`), known without tracing it (operand pairs, shapes, a switch), or
+        None."""
         ...
 
     def unlowered(self) -> str | None:

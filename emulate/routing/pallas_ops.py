@@ -101,8 +101,7 @@ class PallasMatmul:
         lhs, rhs = call.operands
         return (rhs, lhs) if self.side == "lhs" else (lhs, rhs)
 
-    def refusal(self, call: DotArgs) -> str | None:
-        x, w = self.operands(call)
+    def refusal(self, call: DotArgs, x: Any, w: Any) -> str | None:
         return operand_refusal(call.mode, call.result, x, w) or self._shape_refusal(w)
 
     def _shape_refusal(self, w: Any) -> str | None:
@@ -198,9 +197,9 @@ class PallasGrouped:
         x, w = (rhs, lhs) if self.side == "lhs" else (lhs, rhs)
         return (x, call.group_sizes), w
 
-    def refusal(self, call: RaggedArgs) -> str | None:
-        (x, _), w = self.operands(call)
-        return operand_refusal(call.dot.mode, call.dot.result, x, w) or self._shape_refusal(call)
+    def refusal(self, call: RaggedArgs, x: tuple[Operand, Any], w: Any) -> str | None:
+        d = call.dot
+        return operand_refusal(d.mode, d.result, x[0], w) or self._shape_refusal(call)
 
     def _shape_refusal(self, call: RaggedArgs) -> str | None:
         """Why the grouped kernel cannot take this call's shapes, or None: it takes

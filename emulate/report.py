@@ -135,7 +135,8 @@ class Report:
             for r in self.rows
             if r.weight_route.startswith("xla: ")
         ]
-        why = [_KEPT.get(_kind(self.target) or "tpu", _KEPT["tpu"]), *notes] if notes else []
+        kind = targets.get(self.target).kind if self.target in targets.names() else "tpu"
+        why = [_KEPT.get(kind, _KEPT["tpu"]), *notes] if notes else []
         return "\n".join([head, table(rows, columns=columns, rule=False), *why])
 
 
@@ -146,22 +147,10 @@ _KEPT = {
 }
 
 
-def _kind(target: str) -> str | None:
-    try:
-        return targets.get(target).kind
-    except ValueError:  # a custom Target's name
-        return None
-
-
-def _on_kernel(route: str) -> bool:
-    """Whether a site's route (:attr:`Row.weight_route`) names a kernel."""
-    return bool(route) and not route.startswith("xla")
-
-
 def _route_cell(r: Row) -> str:
     """The route column: the kernel, or the plan's method (marked where a weight stays
     on the XLA route of a target with a kernel, the reason listed under the table)."""
-    if _on_kernel(r.weight_route):
+    if r.weight_route and not r.weight_route.startswith("xla"):  # a kernel's label
         return r.weight_route
     method = r.plan.method if r.plan else ""
     return f"{method} (xla)" if r.weight_route else method
@@ -433,7 +422,7 @@ def _rows(jaxpr: Any, t: targets.Target, mode: str, prefix: tuple[str, ...]) -> 
         name = eqn.primitive.name
         tag = _site_tag(eqn)
         if tag is not None:
-            if _contains_matmul(eqn) or _on_kernel(tag.route):
+            if _contains_matmul(eqn) or (tag.route and not tag.route.startswith("xla")):
                 yield _site_row(eqn, tag, prefix)
             continue
         if name == "pallas_call":

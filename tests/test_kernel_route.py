@@ -1,4 +1,5 @@
-"""The deprecated paths emulate.kernel_route and emulate.route_setting: every old name
+"""The deprecated paths emulate.kernel_route, emulate.route_setting and
+emulate.pallas.route: every old name
 still resolves, to the new object (or, for the old signatures kept, the same answer),
 with a DeprecationWarning that names its new home."""
 
@@ -12,6 +13,7 @@ import pytest
 
 import emulate
 import emulate.kernel_route
+import emulate.pallas.route
 import emulate.route_setting
 from emulate import routing
 from emulate.engine.args import dot_args
@@ -71,3 +73,15 @@ def test_route_setting_names_resolve_to_routing_setting():
         with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
             emulate.route_setting.nothing  # noqa: B018
         assert emulate.use_route is routing.use_route  # the public names do not warn
+
+
+def test_pallas_route_names_resolve_to_pallas_compute():
+    from emulate.pallas import compute
+
+    value, message = _old(emulate.pallas.route, "route")
+    assert value is compute.in_kernel
+    assert message == (
+        "emulate.pallas.route.route is deprecated: use emulate.pallas.compute.in_kernel"
+    )
+    assert _old(emulate.pallas.route, "Route")[0] is compute.Compute
+    assert _old(emulate.pallas.route, "exact_dot")[0] is compute.exact_dot

@@ -141,6 +141,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "pallas",
         [
+            "emulate.pallas.compute",
             "emulate.pallas.route",
             "emulate.pallas.kernel_dot",
             "emulate.pallas.weights",
@@ -783,7 +784,8 @@ TESTED_ELSEWHERE = {
     "emulate.numerics.scales": (
         "the scale rules: quantized/test_quantizing (every rule against numpy)"
     ),
-    "emulate.pallas.route": "kernel routes: pallas/test_kernel_dot, pallas/test_matmul_kernel",
+    "emulate.pallas.compute": "a pair's compute: pallas/test_kernel_dot, pallas/test_matmul_kernel",
+    "emulate.pallas.route": "the deprecated path of pallas.compute: test_kernel_route",
     "emulate.pallas.matmul_config": "blocks and layouts: pallas/test_matmul_kernel (defaults)",
     "emulate.planning.exactness": "exactness limits: planning/test_plan (K-chunks, k_limit)",
     "emulate.planning.slicing": "exponent slicing: engine/test_exact, planning/test_plan",

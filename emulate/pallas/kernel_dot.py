@@ -26,7 +26,7 @@ from jax import lax
 from emulate import formats, targets
 from emulate.formats import FormatLike
 from emulate.numerics import accumulate
-from emulate.pallas import route
+from emulate.pallas import compute
 from emulate.targets import TargetLike
 
 __all__ = ["dot", "dot_vmem_bytes"]
@@ -95,7 +95,7 @@ def _checked(a: Any, b: Any, dimension_numbers: Any) -> tuple[formats.Format, fo
     return fa, fb, dn
 
 
-def _decode_step(r: route.Route, fa: formats.Format, fb: formats.Format, k: int) -> int:
+def _decode_step(r: compute.Compute, fa: formats.Format, fb: formats.Format, k: int) -> int:
     """How much of K to decode at a time: for K longer than the target's MXU width, that
     width if it divides K, else 128 if that does; else all of K, as for 4-bit operands
     (both formats must take a byte or more). The decoded copies and temporaries alive at
@@ -173,22 +173,22 @@ def dot(
       NotImplementedError: dimension numbers with batch dimensions.
     """
     fa, fb, dn = _checked(a, b, dimension_numbers)
-    r = route.route(fa, fb, target=target, preferred_element_type=preferred_element_type)
+    r = compute.in_kernel(fa, fb, target=target, preferred_element_type=preferred_element_type)
     out = jnp.dtype(formats.get(r.out).dtype)
     if r.method == "native":
-        acc = route.float_dot(a, b, precision if precision is not None else r.precision, dn)
+        acc = compute.float_dot(a, b, precision if precision is not None else r.precision, dn)
         return accumulate.round_accumulator(acc, r.out) if acc.dtype != out else acc
     (ca,), (cb,) = dn[0]
     k = a.shape[ca]
     step = _decode_step(r, fa, fb, k)
     total = None  # summed as the pieces come: each (M, N) partial dies at once
     for start in range(0, k, step) if k else (0,):  # one piece when K is not cut
-        x = route.decode_values(_k_slice(a, start, step, ca, k), r.lhs_compute, r.lhs_scale)
-        y = route.decode_values(_k_slice(b, start, step, cb, k), r.rhs_compute, r.rhs_scale)
+        x = compute.decode_values(_k_slice(a, start, step, ca, k), r.lhs_compute, r.lhs_scale)
+        y = compute.decode_values(_k_slice(b, start, step, cb, k), r.rhs_compute, r.rhs_scale)
         if r.exact:  # int32, wrapping as XLA's integer dots do
-            part = route.exact_dot(x, y, r, dn)
+            part = compute.exact_dot(x, y, r, dn)
         else:
-            part = route.float_dot(x, y, r.precision, dn)
+            part = compute.float_dot(x, y, r.precision, dn)
         total = part if total is None else total + part
     assert total is not None
     if not r.exact:
@@ -229,7 +229,7 @@ def dot_vmem_bytes(
       TypeError, ValueError, NotImplementedError: as :func:`dot`.
     """
     fa, fb, dn = _checked(a, b, dimension_numbers)
-    r = route.route(fa, fb, target=target, preferred_element_type=preferred_element_type)
+    r = compute.in_kernel(fa, fb, target=target, preferred_element_type=preferred_element_type)
     if r.method == "native":
         return 0
     total = 0

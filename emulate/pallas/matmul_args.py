@@ -4,7 +4,7 @@
 and every argument error of the kernel is raised there (TypeError, ValueError or
 NotImplementedError naming the argument), before any array is traced. What it works out:
 
-* the target (a TPU) and the route of the pair on it (:func:`emulate.pallas.route.route`:
+* the target (a TPU) and how the pair computes on it (:func:`emulate.pallas.compute.in_kernel`:
   ``x``'s format times the format the weight's values take in the kernel: a codebook's
   value format, int8 for the 2- to 6-bit integer code formats, else the codes' own);
 * the activations: values or codes as stored (float16 widened to the route's type,
@@ -40,7 +40,7 @@ import numpy as np
 from emulate import formats, targets
 from emulate.formats import Format, FormatLike
 from emulate.numerics.storage import Packed, group_shape, is_array, to_codes, unpack_codes
-from emulate.pallas import qcodebook, qweight, route
+from emulate.pallas import compute, qcodebook, qweight
 from emulate.pallas.matmul_config import Stored
 from emulate.pallas.qcodebook import KernelCodebook
 from emulate.pallas.qweight import KernelQWeight, Scaling
@@ -76,7 +76,7 @@ class MatmulArgs:
       stored: the layout the kernel reads ``w`` in.
       m, n, k: the problem shape.
       target: the TPU target.
-      route: the pair's route on ``target`` (:func:`emulate.pallas.route.route`).
+      compute: how the pair computes on ``target`` (:func:`emulate.pallas.compute.in_kernel`).
       out: the result type's name.
       passthrough: the weight goes to the matrix unit as stored (no decoding).
       weight: the weight argument the gradient decodes (an act-order QArray without its
@@ -99,7 +99,7 @@ class MatmulArgs:
     n: int
     k: int
     target: targets.Target
-    route: route.Route
+    compute: compute.Compute
     out: str
     passthrough: bool
     weight: Any
@@ -311,7 +311,9 @@ def matmul_args(
     vf = cb.value_format if cb is not None else wt.format
     if wt.format.name in formats.CODE_FORMATS:  # 2- to 6-bit integer codes: values as int8
         vf = formats.get("int8")
-    r = route.route(xf, vf, target=t, preferred_element_type="float32" if final else out_dtype)
+    r = compute.in_kernel(
+        xf, vf, target=t, preferred_element_type="float32" if final else out_dtype
+    )
     out = final or r.out
     if not formats.get(out).xla_storable:
         raise ValueError(
@@ -328,12 +330,12 @@ def matmul_args(
     )
     return MatmulArgs(
         x=xv, x_format=xf, w=wt.data, w_format=wt.format, stored=wt.stored, m=m, n=wt.n,
-        k=k, target=t, route=r, out=out, passthrough=passthrough, codebook=cb, **fields,
+        k=k, target=t, compute=r, out=out, passthrough=passthrough, codebook=cb, **fields,
     )  # fmt: skip
 
 
 def _laid_out(
-    wt: _Weight, xv: jax.Array, xf: Format, r: route.Route, fields: dict[str, Any]
+    wt: _Weight, xv: jax.Array, xf: Format, r: compute.Compute, fields: dict[str, Any]
 ) -> tuple[_Weight, jax.Array]:
     """The weight and activations of a non-empty call in the layout the route takes:
     a group-scaled Packed QArray K-planar under float32 activations, the code format
@@ -348,5 +350,5 @@ def _laid_out(
     if wt.format.name in formats.CODE_FORMATS:
         wt = dataclasses.replace(wt, stored=dataclasses.replace(wt.stored, code=wt.format.name))
     if not xf.is_low_precision and xv.dtype.name not in _X_IN_KERNEL:
-        xv = route.decode_values(xv, r.lhs_compute)  # float16: widened outside the kernel
+        xv = compute.decode_values(xv, r.lhs_compute)  # float16: widened outside the kernel
     return wt, xv

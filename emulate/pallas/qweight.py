@@ -82,7 +82,7 @@ from emulate.numerics.pytree import PytreeRecord
 from emulate.numerics.scales import scale_frexp
 from emulate.numerics.storage import Packed, group_shape
 from emulate.pallas import qoffsets
-from emulate.pallas.route import refuse
+from emulate.pallas.compute import refuse
 from emulate.pallas.weights import KernelWeight, kernel_codes, planar_weight
 from emulate.quantized.array import QArray, parts_text
 from emulate.quantized.checks import as_format_array

@@ -455,10 +455,6 @@ LARGE_MODULES: dict[str, str] = {
         "the target records and their lookups; to be split by concept once the kernel-time "
         "model's generation constants have settled there"
     ),
-    "emulate.engine.args": (
-        "the front ends' validated records; to be split by concept with the routing move "
-        "(issue 48, item 1), which reshapes them"
-    ),
     "benchmarks.harness": "to be split by concept with the benchmarks' JSON results (issue 48)",
     "benchmarks.tpu": "to be split by concept with the benchmarks' JSON results (issue 48)",
 }

@@ -106,20 +106,20 @@ def test_float8_pairs_are_within_the_bound(lhs, rhs, target):
     et.assert_matches_reference(got, x, y, DN, mode="fast", preferred_element_type=jnp.float32)
 
 
-def test_routes_per_target():
-    def compute(lhs, rhs, target):
+def test_computes_per_target():
+    def computes(lhs, rhs, target):
         r = compute.in_kernel(lhs, rhs, target=target, preferred_element_type=None)
         return r.lhs_compute, r.rhs_compute, r.k_chunk
 
-    assert compute("int8", "int8", "tpu_v4") == ("bfloat16", "bfloat16", 1024)
-    assert compute("int8", "int8", "tpu_v7x") == ("bfloat16", "bfloat16", 1024)
-    assert compute("int8", "int8", "tpu_v5e") == ("int8", "int8", None)
-    assert compute("int8", "int8", "tpu_v6e") == ("int8", "int8", None)
-    assert compute("uint8", "uint8", "tpu_v5e") == ("bfloat16", "bfloat16", 258)
-    assert compute("int8", "int4", "tpu_v4") == ("bfloat16", "bfloat16", 16384)
-    assert compute("float4_e2m1fn", "float4_e2m1fn", "tpu_v7x") == ("bfloat16", "bfloat16", 116508)
-    assert compute("int8", "int8", "tpu_v2") == ("float32", "float32", 1024)
-    assert compute("bfloat16", "int8", "tpu_v5e") == ("bfloat16", "bfloat16", None)
+    assert computes("int8", "int8", "tpu_v4") == ("bfloat16", "bfloat16", 1024)
+    assert computes("int8", "int8", "tpu_v7x") == ("bfloat16", "bfloat16", 1024)
+    assert computes("int8", "int8", "tpu_v5e") == ("int8", "int8", None)
+    assert computes("int8", "int8", "tpu_v6e") == ("int8", "int8", None)
+    assert computes("uint8", "uint8", "tpu_v5e") == ("bfloat16", "bfloat16", 258)
+    assert computes("int8", "int4", "tpu_v4") == ("bfloat16", "bfloat16", 16384)
+    assert computes("float4_e2m1fn", "float4_e2m1fn", "tpu_v7x") == ("bfloat16", "bfloat16", 116508)
+    assert computes("int8", "int8", "tpu_v2") == ("float32", "float32", 1024)
+    assert computes("bfloat16", "int8", "tpu_v5e") == ("bfloat16", "bfloat16", None)
     # The compiler refuses unsigned operands (Pallas), so no probed profile calls them
     # native: the plan itself decodes them.
     r = compute.in_kernel("uint4", "uint4", target="tpu_v5e")

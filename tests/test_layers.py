@@ -1025,10 +1025,10 @@ def _rule_path(path: str) -> set[str]:
     return {path} if name in ROUTE_RULE.get(owner, ()) else set()
 
 
-def _route_uses(module: str, source: str) -> set[str]:
-    """The :data:`ROUTE_RULE` names (``owner.name``) that a module's text imports or
-    reaches through a module it imports."""
-    tree = ast.parse(source)
+def _route_uses(module: str, source: str | ast.Module) -> set[str]:
+    """The :data:`ROUTE_RULE` names (``owner.name``) that a module's text (or its parsed
+    tree) imports or reaches through a module it imports."""
+    tree = ast.parse(source) if isinstance(source, str) else source
     found: set[str] = set()
     aliases: dict[str, str] = {}  # local name -> the dotted path it stands for
     for node in ast.walk(tree):
@@ -1067,14 +1067,15 @@ def _second_decisions(uses: dict[str, set[str]]) -> list[str]:
 
 
 def test_one_owner_of_the_route_decision() -> None:
-    uses = {m: _route_uses(m, path.read_text()) for m, path in MODULES.items()}
+    trees = {m: ast.parse(path.read_text()) for m, path in MODULES.items()}
+    uses = {m: _route_uses(m, tree) for m, tree in trees.items()}
     assert _second_decisions(uses) == []
     assert sorted(m for m in ROUTE_RULE_USERS if not uses.get(m)) == []  # stale entries
     # one function named choose, the route decision (the others say what they choose)
     defining = [
         m
-        for m, path in MODULES.items()
-        for node in ast.walk(ast.parse(path.read_text()))
+        for m, tree in trees.items()
+        for node in ast.walk(tree)
         if isinstance(node, ast.FunctionDef) and node.name == "choose"
     ]
     assert defining == ["emulate.routing.choose"]

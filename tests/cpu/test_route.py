@@ -75,27 +75,10 @@ def _lowered(x, q) -> str:
     return f.lower(x).as_text()
 
 
-def test_the_switch_and_the_xla_route_setting() -> None:
-    q, x = _q(), jnp.ones((2, 64), jnp.float32)
-    with emulate.use_cpu_kernel(True):
-        assert "emulate_cpu_gemv_" in _lowered(x, q)
-        with emulate.use_route("xla"):
-            assert "emulate_cpu_gemv_" not in _lowered(x, q)
-        with emulate.use_cpu_kernel(False):
-            assert "emulate_cpu_gemv_" not in _lowered(x, q)
-        assert "emulate_cpu_gemv_" not in _lowered(jnp.ones((9, 64), jnp.float32), q)
-    # another target's plan: the planned route, not the CPU's kernel
-    with emulate.use_cpu_kernel(True), emulate.use_target("tpu_v5e"):
-        assert "emulate_cpu_gemv_" not in _lowered(x, q)
-    with pytest.raises(TypeError, match="^enabled: expected a bool, got int 1$"):
-        with emulate.use_cpu_kernel(1):  # type: ignore[arg-type]
-            pass
-
-
-def test_every_front_end_runs_the_kernel_within_the_bound() -> None:
-    # the route of emulate.routing (routing/test_cpu_op.py: its decisions) runs the kernel:
-    # dot_general, matmul, einsum and polyfill, against the oracle's values and mode
-    # "fast"'s bound, beside the XLA route; the gradient is the XLA route's
+def _front_ends_run_the_kernel_within_the_bound() -> None:
+    """The route of emulate.routing (routing/test_cpu_op.py: its decisions) runs the kernel:
+    dot_general, matmul, einsum and polyfill, against the oracle's values and mode "fast"'s
+    bound, beside the XLA route; the gradient is the XLA route's."""
     q, x = _q(), jnp.asarray(np.random.default_rng(3).standard_normal((2, 64)), jnp.float32)
     w = reference.dequantize(
         np.asarray(emulate.unpack(q.codes)), np.asarray(q.scales), q.block_shape
@@ -118,6 +101,24 @@ def test_every_front_end_runs_the_kernel_within_the_bound() -> None:
         assert y.shape == (2, 16) and y.dtype == jnp.float32, name
         assert np.all(np.abs(np.asarray(y, np.float64) - xv @ w) <= bound), name
     assert np.allclose(np.asarray(g), np.broadcast_to(w.sum(axis=1), (2, 64)), rtol=1e-6)
+
+
+def test_the_switch_and_the_xla_route_setting() -> None:
+    q, x = _q(), jnp.ones((2, 64), jnp.float32)
+    with emulate.use_cpu_kernel(True):
+        assert "emulate_cpu_gemv_" in _lowered(x, q)
+        with emulate.use_route("xla"):
+            assert "emulate_cpu_gemv_" not in _lowered(x, q)
+        with emulate.use_cpu_kernel(False):
+            assert "emulate_cpu_gemv_" not in _lowered(x, q)
+        assert "emulate_cpu_gemv_" not in _lowered(jnp.ones((9, 64), jnp.float32), q)
+    # another target's plan: the planned route, not the CPU's kernel
+    with emulate.use_cpu_kernel(True), emulate.use_target("tpu_v5e"):
+        assert "emulate_cpu_gemv_" not in _lowered(x, q)
+    with pytest.raises(TypeError, match="^enabled: expected a bool, got int 1$"):
+        with emulate.use_cpu_kernel(1):  # type: ignore[arg-type]
+            pass
+    _front_ends_run_the_kernel_within_the_bound()  # the same form: compiled once
 
 
 def test_a_thread_unsafe_layer_keeps_the_kernel_on_one_thread(monkeypatch) -> None:

@@ -40,7 +40,7 @@ from emulate.formats import Format
 from emulate.numerics.storage import Packed
 from emulate.quantized.checks import grid_shape, is_int, is_record
 
-__all__ = ["Constant", "Layout", "Level", "Part", "Stored", "kind", "layout_of"]
+__all__ = ["Constant", "Layout", "Level", "Part", "Stored", "describe", "kind", "layout_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +145,34 @@ class Level(Layout):
     table, tensor scale and exponent. GGUF K-quants: 6-bit codes minus nothing, times an
     f16 super-block scale; bitsandbytes: uint8 codes into a 256-entry table, times an f32
     scale, plus a constant offset."""
+
+
+def describe(lay: Layout) -> str:
+    """The QArray ``lay`` describes, as its repr writes it (for messages):
+    ``QArray(int4[4096, 4096], scales float16[32, 4096] per block (128, 1), zero_points,
+    dtype=bfloat16)``."""
+    zero, offset, scale = lay.zero, lay.offset, lay.scale
+    named = (
+        (f"zero_points={zero.value}" if isinstance(zero, Constant) else "zero_points", zero),
+        ("offsets", offset),
+        (f"codebook({lay.table.name})" if lay.table is not None else "", lay.table),
+        (
+            "two_level",
+            scale if isinstance(scale, Level) else offset if isinstance(offset, Level) else None,
+        ),
+        ("perm", lay.perm),
+    )
+    extra = ", tensor_scale" if lay.tensor is not None else ""
+    extra += "".join(f", {name}" for name, part in named if part is not None)
+    scales = (
+        f"scales {describe(scale)}"
+        if isinstance(scale, Level)
+        else f"scales {lay.scale_format}{list(scale.shape)}"
+    )
+    return (
+        f"QArray({lay.format_name}{list(lay.shape)}, {scales} per block "
+        f"{lay.block_shape}{extra}, dtype={lay.dtype.name})"
+    )
 
 
 #: One part's description: absent (None), constant, stored, two-level or table.

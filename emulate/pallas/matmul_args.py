@@ -10,18 +10,21 @@ NotImplementedError naming the argument), before any array is traced. What it wo
 * the activations: values or codes as stored (float16 widened to the route's type,
   which Mosaic does not load), gathered into the weight's row order for an act-order
   QArray (:func:`emulate.pallas.qcodebook.permute_x`);
-* the weight: its stored array and :class:`emulate.pallas.matmul_config.Stored` layout
-  (dense as stored, an int4 / uint4 / float4 array too, whose elements ml_dtypes holds
-  one a byte; Packed of one byte per group as stored; K-planar for a
-  :class:`emulate.pallas.KernelWeight`, and on each call for a Packed of 3 or 5 bytes a
-  group, :func:`emulate.pallas.weights.planar_weight`; K-planar too for a group-scaled
-  Packed QArray under float32 activations, whose column planes cut into groups overrun
-  v2/v3's VMEM);
 * a QArray or :class:`emulate.pallas.KernelQWeight` weight's parts as the kernel reads
-  them (:func:`emulate.pallas.qweight.split`: scales, :class:`~emulate.pallas.qweight.
+  them, from the QArray's :class:`~emulate.quantized.layout.Layout`, read once
+  (:func:`emulate.pallas.qweight.split`: scales, :class:`~emulate.pallas.qweight.
   Scaling`, zero points and offsets), its tensor scale, codebook
   (:func:`emulate.pallas.qcodebook.kernel_codebook`), permutation, and result type
-  (:func:`emulate.pallas.qweight.result_type`).
+  (:func:`emulate.pallas.qweight.result_type`);
+* then, once the route is known, the weight's stored array and
+  :class:`emulate.pallas.matmul_config.Stored` layout, decided in one place
+  (:func:`emulate.pallas.weights.kernel_layout`): dense as stored (an int4 / uint4 /
+  float4 array too, whose elements ml_dtypes holds one a byte); Packed of one byte per
+  group as stored; K-planar for a :class:`emulate.pallas.KernelWeight`, and on each call
+  for a Packed of 3 or 5 bytes a group, a QArray's codes packed along K whose scale
+  groups cut the activations' column planes short of half a lane width, and a
+  group-scaled Packed QArray under float32 activations, whose column planes cut into
+  groups overrun v2/v3's VMEM.
 
 The record holds arrays (not a pytree): it lives between the call's arguments and the
 kernel's jit, which takes :attr:`MatmulArgs.kernel_operands` and a static
@@ -346,14 +349,11 @@ def _laid_out(src: _Source, r: route.Route, nonempty: bool) -> _Weight:
     # RESOURCE_EXHAUSTED at 64x4096x4096): the K-planar layout instead (prepare once)
     planar = nonempty and group is not None and r.lhs_compute == "float32"
     codes = kernel_layout(src.codes, group=group, planar=planar)
-    if isinstance(codes, KernelWeight):
+    if isinstance(codes, (KernelWeight, Packed)):
         data, k = jnp.asarray(codes.data), codes.length
         g, nbytes = group_shape(codes.format.bits)
-        stored = Stored("planar", "uint8", int(data.shape[0]), g, nbytes)
-    elif isinstance(codes, Packed):
-        data, k = jnp.asarray(codes.data), codes.length
-        g, nbytes = group_shape(codes.format.bits)
-        stored = Stored("packed", "uint8", int(data.shape[0]), g, nbytes)
+        layout = "planar" if isinstance(codes, KernelWeight) else "packed"
+        stored = Stored(layout, "uint8", int(data.shape[0]), g, nbytes)
     else:
         data = jnp.asarray(codes)
         k = int(data.shape[0])

@@ -1,7 +1,8 @@
 """Zero points, offsets and two-level scales of a :class:`emulate.QArray` weight in
 :func:`emulate.pallas.matmul`: the host side (what the kernel reads, :func:`kernel_parts`,
-and the records of its static side, :class:`Affine` and :class:`KernelLevel`). Their terms in
-the kernel, per K step: :class:`emulate.pallas.qsteps.GroupTerms`.
+from the QArray's :class:`~emulate.quantized.layout.Layout`, and the records of its static
+side, :class:`Affine` and :class:`KernelLevel`). Their terms in the kernel, per K step:
+:class:`emulate.pallas.qsteps.GroupTerms`.
 
 A weight ``W[k, n] = (q[k, n] - z[g, n]) * s[g, n] + o[g, n]`` (``g`` the group of row
 ``k``: AutoAWQ / GPTQ / compressed-tensors asymmetric int4, GGUF Q4_0's static 8, GGUF
@@ -101,7 +102,8 @@ _OFFSET_TYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "uint1
 
 @dataclasses.dataclass(frozen=True)
 class KernelLevel:
-    """A two-level part (scales or offsets that are QArrays): small-integer codes per group
+    """A two-level part (:class:`emulate.quantized.layout.Level`) as the kernel decodes it
+    (part of its jit key): small-integer codes per group
     (``code_format``, Packed along the groups or 8-bit as stored) minus ``zero``, times a
     scale per ``block`` groups (``super_format``: float16 as uint16 bits, bfloat16,
     float32), one f32 rounding, as :func:`emulate.dequantize` computes them.

@@ -385,9 +385,8 @@ def prepare_weight(w: Any, w_format: Any = None) -> KernelWeight | KernelQWeight
     check_format(w, w_format)
     p = split(w)
     lay = layout_of(w)
-    group = p.scaling.group if p.scaling.along_k else None
     return KernelQWeight(
-        kernel_layout(p.codes, group=group, planar=True),
+        kernel_layout(p.codes, planar=True),
         p.scales,
         p.tensor,
         lay.format_name,

@@ -1044,18 +1044,14 @@ def _stray_part_reads(module: str, source: str) -> list[str]:
 
 
 def test_one_reader_of_a_qarrays_parts() -> None:
-    stray = [
-        r for m, path in sorted(MODULES.items()) for r in _stray_part_reads(m, path.read_text())
-    ]
+    sources = {m: path.read_text() for m, path in sorted(MODULES.items())}
+    stray = [r for m, source in sources.items() for r in _stray_part_reads(m, source)]
     assert stray == []
     # every allowance is still needed (the QArray's package as a whole)
-    unused = [
-        m for m in PART_READERS if ".quantized" not in m and not _part_reads(MODULES[m].read_text())
-    ]
+    reads = {m: _part_reads(sources[m]) for m in (*PART_READERS, *OTHER_RECORDS)}
+    unused = [m for m in PART_READERS if ".quantized" not in m and not reads[m]]
     unused += [
-        m
-        for m, (names, _) in OTHER_RECORDS.items()
-        if not any(root in names for root, _ in _part_reads(MODULES[m].read_text()))
+        m for m, (names, _) in OTHER_RECORDS.items() if not any(r in names for r, _ in reads[m])
     ]
     assert unused == []
 

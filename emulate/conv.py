@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import formats
+from emulate import formats, moved
 from emulate.engine import args, exact, grad, sites
 from emulate.engine.contract import check_k, combine_chunk_sums, contract_decoded, finish
 from emulate.engine.operands import (
@@ -385,3 +385,7 @@ def _patches(x: jax.Array, window, kw) -> jax.Array:
     if not taps:  # a window with no taps
         return jnp.zeros(bits.shape[:2] + (0, *out), x.dtype)
     return lax.bitcast_convert_type(jnp.stack(taps, axis=2), x.dtype)
+
+
+#: Names the docs gave this module before they moved (emulate.moved).
+__getattr__ = moved.module_getattr(__name__)

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import formats
+from emulate import formats, moved
 from emulate.cpu import call as cpu_call
 from emulate.cpu import route as cpu_route
 from emulate.engine import grad, qtiled, sites, tiled
@@ -518,3 +518,7 @@ def scaled_matmul(
     dn = (((2,), (2,)), ((0,), (0,)))
     call = dot_args(qa, qb, dn, None, preferred_element_type, target=target, mode=mode)
     return qarray_dot_general(call)
+
+
+#: Names the docs gave this module before they moved (emulate.moved).
+__getattr__ = moved.module_getattr(__name__)

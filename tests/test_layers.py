@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.codebooks",
             "emulate.tables",
             "emulate.mosaic",
+            "emulate.moved",
         ],
     ),
     (

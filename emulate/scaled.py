@@ -241,7 +241,8 @@ def _segment_layout(q: QArray | None, s, batch, contract, segs: _Segments, side:
         s = jnp.repeat(s, b, axis=d, total_repeat_length=s.shape[d] * b)
         s = lax.slice_in_dim(s, 0, q.shape[d], axis=d)
     s = jnp.transpose(s, tuple(batch) + tuple(free) + tuple(contract))
-    s = s.reshape(s.shape[: len(batch) + len(free)] + (-1,))
+    kept = len(batch) + len(free)
+    s = s.reshape(s.shape[:kept] + (math.prod(s.shape[kept:]),))  # no -1: N may be 0
     if s.shape[-1] == 0:  # K = 0: one empty segment, nothing to scale
         return jnp.zeros(s.shape[:-1] + idx.shape, s.dtype)
     if np.array_equal(first, np.arange(s.shape[-1])):

@@ -34,6 +34,7 @@ from emulate.engine.operands import (
     exact_inputs,
     operand,
 )
+from emulate.engine.out_sharding import resharded
 from emulate.engine.passthrough import passes_through
 from emulate.engine.run import per_platform, plan_for
 from emulate.formats import FormatLike
@@ -158,7 +159,7 @@ def conv_general_dilated(
             out = _qarray_conv(call, call.lhs, call.rhs)
         else:
             out = _emulated_conv(call, call.lhs, call.rhs)
-    return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
+    return resharded(out, out_sharding)
 
 
 def _emulated_conv(call: args.ConvArgs, a: Operand, b: Operand) -> jax.Array:

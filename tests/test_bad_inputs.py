@@ -934,9 +934,12 @@ def test_dimension_numbers_none_is_lax_dot(dtype):
 # --- issue 49: the fourth sweep -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("features", [(0, 4), (4, 0)], ids=["in_features=0", "out_features=0"])
-@pytest.mark.parametrize("scheme", ["int8", "int4"])
-def test_an_empty_flax_linear_quantizes_and_runs_as_flax(features, scheme):
+@pytest.mark.parametrize(
+    ("scheme", "features"),
+    [("int8", (0, 4)), ("int4", (4, 0))],
+    ids=["int8-in_features=0", "int4-out_features=0"],
+)
+def test_an_empty_flax_linear_quantizes_and_runs_as_flax(scheme, features):
     # ZeroDivisionError before: the CPU kernel took K = 0, packing and the scales' layout
     # divided by an empty axis
     layer = nnx.Linear(*features, kernel_init=nnx.initializers.ones, rngs=nnx.Rngs(0))

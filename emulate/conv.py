@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import formats
+from emulate import formats, moved
 from emulate.engine import args, exact, grad, sites
 from emulate.engine.contract import check_k, combine_chunk_sums, contract_decoded, finish
 from emulate.engine.operands import (
@@ -34,6 +34,7 @@ from emulate.engine.operands import (
     exact_inputs,
     operand,
 )
+from emulate.engine.out_sharding import resharded
 from emulate.engine.passthrough import passes_through
 from emulate.engine.run import per_platform, plan_for
 from emulate.formats import FormatLike
@@ -158,7 +159,7 @@ def conv_general_dilated(
             out = _qarray_conv(call, call.lhs, call.rhs)
         else:
             out = _emulated_conv(call, call.lhs, call.rhs)
-    return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
+    return resharded(out, out_sharding)
 
 
 def _emulated_conv(call: args.ConvArgs, a: Operand, b: Operand) -> jax.Array:
@@ -386,3 +387,7 @@ def _patches(x: jax.Array, window, kw) -> jax.Array:
     if not taps:  # a window with no taps
         return jnp.zeros(bits.shape[:2] + (0, *out), x.dtype)
     return lax.bitcast_convert_type(jnp.stack(taps, axis=2), x.dtype)
+
+
+#: Names the docs gave this module before they moved (emulate.moved).
+__getattr__ = moved.module_getattr(__name__)

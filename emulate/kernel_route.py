@@ -68,7 +68,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import jaxpr_as_fun
 
-from emulate import formats, sharding, targets
+from emulate import formats, moved, sharding, targets
 from emulate.engine.args import DotArgs, dot_args
 from emulate.engine.operands import Operand
 from emulate.numerics.storage import Packed, pack
@@ -542,3 +542,7 @@ def prepare_weights(tree: Any, *, target: targets.TargetLike = None, experts: bo
             return x
 
     return jax.tree.map(prepare, tree, is_leaf=lambda v: isinstance(v, (QArray, Packed)))
+
+
+#: Names the docs gave this module before they moved (emulate.moved).
+__getattr__ = moved.module_getattr(__name__)

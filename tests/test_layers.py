@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.codebooks",
             "emulate.tables",
             "emulate.mosaic",
+            "emulate.moved",
         ],
     ),
     (
@@ -130,6 +131,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.engine.tiled",
             "emulate.engine.qtiled",
             "emulate.engine.grad",
+            "emulate.engine.out_sharding",
             "emulate.engine.run",
             "emulate.engine.sites",
             "emulate.engine.args",

@@ -40,9 +40,9 @@ from emulate.engine.run import per_platform, plan_for
 from emulate.formats import FormatLike
 from emulate.numerics import accumulate
 from emulate.numerics.bits import times_pow2
-from emulate.numerics.storage import Packed
 from emulate.planning.plan import Plan
 from emulate.quantized.array import QArray
+from emulate.quantized.layout import layout_of
 from emulate.quantized.values import broadcast_blocks, dequantize
 from emulate.targets import TargetLike
 
@@ -233,7 +233,7 @@ def _qarray_conv(call: args.ConvArgs, a: Operand, q: QArray) -> jax.Array:
             mode == "fast"
             and a.format_name == "bfloat16"
             and q.scale_format == "float8_e8m0fnu"
-            and q.tensor_scale is None
+            and layout_of(q).tensor is None
             and (q.format.is_integer or "bfloat16" in q.format.exact_in)
         )
         values = dequantize(q, to=jnp.bfloat16 if exact_bf16 else jnp.float32)
@@ -242,7 +242,8 @@ def _qarray_conv(call: args.ConvArgs, a: Operand, q: QArray) -> jax.Array:
         return conv_general_dilated(
             a, values, precision=precision, preferred_element_type=out, mode=mode, **kw
         )
-    codes = q.codes if isinstance(q.codes, Packed) else operand(q.codes, q.format_name, arg="rhs")
+    packed = layout_of(q).codes.packed_axis is not None
+    codes = q.codes if packed else operand(q.codes, q.format_name, arg="rhs")
     acc = conv_general_dilated(
         a, codes, precision=precision, preferred_element_type="float32", mode="fast", **kw
     )

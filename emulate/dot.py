@@ -26,6 +26,7 @@ from emulate import formats, routing, targets
 from emulate.engine import args, front, sites, tiled
 from emulate.engine.layout import DimensionNumbers
 from emulate.engine.operands import Operand, OperandLike, Precision, operand
+from emulate.engine.out_sharding import resharded
 from emulate.engine.passthrough import is_plain, passes_through
 from emulate.engine.run import plan_for, run_plan
 from emulate.formats import FormatLike
@@ -121,7 +122,7 @@ def _emulated_dot(call: args.DotArgs) -> jax.Array:
             out = routing.run(call, op, route)
         else:
             out = _xla_dot(call.read_back())
-    return _resharded(out, call.out_sharding)
+    return resharded(out, call.out_sharding)
 
 
 _DOOR = front.FrontDoor(_plain_dot, args.dot_args, _emulated_dot)
@@ -140,19 +141,6 @@ def _xla_dot(call: args.DotArgs) -> jax.Array:
     if call.wrap_to is not None:  # the int32 sum wraps into it as into XLA's own accumulator
         out = out.astype(call.wrap_to)
     return out
-
-
-def _resharded(out: jax.Array, out_sharding: Any) -> jax.Array:
-    """``out`` with the sharding a JAX call given ``out_sharding`` returns. Outside a mesh
-    context (``jax.set_mesh``), ``lax.dot_general`` and ``jnp.einsum`` (jax 0.10) leave a
-    NamedSharding's placement unapplied, jitted or not, where ``reshard`` would fail under
-    jit: so does emulate. A PartitionSpec there is refused by reshard as by lax."""
-    if out_sharding is None:
-        return out
-    no_mesh = jax.sharding.get_abstract_mesh().empty
-    if no_mesh and isinstance(out_sharding, jax.sharding.NamedSharding):
-        return out
-    return jax.sharding.reshard(out, out_sharding)
 
 
 def matmul(
@@ -194,7 +182,7 @@ def matmul(
     if args.is_quantized(a) or args.is_quantized(b):  # handed on as it is, not broadcast
         xq, yq = (v if args.is_quantized(v) else o for v, o in ((a, x), (b, y)))
         out = _matmul_dims(xq, yq, precision, preferred_element_type, target, mode)
-        return _resharded(out, out_sharding)
+        return resharded(out, out_sharding)
     assert isinstance(x, Operand) and isinstance(y, Operand)  # QArrays are handed on above
     xv = Operand(x.unpacked()[None, :], x.format_name) if len(x.shape) == 1 else x
     yv = Operand(y.unpacked()[:, None], y.format_name) if len(y.shape) == 1 else y
@@ -211,7 +199,7 @@ def matmul(
         out = out[..., 0, :]
     if len(y.shape) == 1:
         out = out[..., 0]
-    return _resharded(out, out_sharding)
+    return resharded(out, out_sharding)
 
 
 def _jnp_result_type(*names: str) -> str | None:
@@ -337,7 +325,7 @@ def einsum(
             target=target,
             mode=mode,
         )
-        return _resharded(res, out_sharding)
+        return resharded(res, out_sharding)
     values = [
         x if f is None else from_codes(operand(x, f, arg=f"operands[{i}]").unpacked(), f)
         for i, (x, f) in enumerate(zip(arrays, fm, strict=True))

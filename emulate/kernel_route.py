@@ -13,7 +13,7 @@ import sys
 import warnings
 from typing import Any
 
-from emulate import routing
+from emulate import moved, routing
 from emulate.engine.args import DotArgs
 from emulate.routing import ops, setting
 
@@ -82,4 +82,7 @@ def __getattr__(name: str) -> Any:
             stacklevel=2,
         )
         return value
-    raise AttributeError(f"module 'emulate.kernel_route' has no attribute {name!r}")
+    return _older(name)  # names moved before (emulate.moved), or AttributeError
+
+
+_older = moved.module_getattr(__name__)

@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 
 from emulate import cpu
-from emulate.cpu.form import TABLE, Form, Level, weight_form
+from emulate.cpu.form import TABLE, Form, LevelSlots, weight_form
 from emulate.quantized.array import QArray
 
 __all__ = ["FEW_ROWS", "MAX_ROWS", "kernel_form", "max_rows"]
@@ -36,7 +36,7 @@ MAX_ROWS = 8
 
 def max_rows(form: Form) -> int:
     """The most rows of activations the kernel takes for ``form``."""
-    two_level = isinstance(form.scale, Level) or isinstance(form.offset, Level)
+    two_level = isinstance(form.scale, LevelSlots) or isinstance(form.offset, LevelSlots)
     four_bit_table = form.codes.kind == TABLE and form.codes.bits == 4
     return MAX_ROWS if two_level or four_bit_table else FEW_ROWS
 
@@ -46,8 +46,9 @@ def kernel_form(
 ) -> Form | str:
     """The kernel's form for ``q`` (on ``side``: 0 lhs, 1 rhs) contracted with an operand
     of ``other_shape``, or why the kernel does not take it (a str): numba missing, batch
-    dimensions, more than one contracting dimension, more rows than :func:`max_rows`, or
-    a weight without a kernel form (:func:`emulate.cpu.form.weight_form`)."""
+    dimensions, more than one contracting dimension, an empty weight (K or N of 0: XLA's
+    route gives its zeros), more rows than :func:`max_rows`, or a weight without a kernel
+    form (:func:`emulate.cpu.form.weight_form`)."""
     (lc, rc), (lb, rb) = dimension_numbers
     if not cpu.available():
         return "numba is not installed: the CPU kernel is compiled by numba"
@@ -55,6 +56,8 @@ def kernel_form(
         return "batch dimensions: the CPU kernel multiplies one 2-D weight"
     if len(lc) != 1:
         return f"{len(lc)} contracting dimensions: the CPU kernel contracts one"
+    if 0 in q.shape:
+        return f"an empty weight (shape {tuple(q.shape)}): XLA's route gives its zeros"
     qc, oc = (lc[0], rc[0]) if side == 0 else (rc[0], lc[0])
     rows = math.prod(n for d, n in enumerate(other_shape) if d != oc)
     form = weight_form(q, qc)

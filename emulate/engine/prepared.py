@@ -19,8 +19,9 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 import jax
 
 from emulate.engine.operands import Operand
-from emulate.numerics.storage import Packed, pack
+from emulate.numerics.storage import pack
 from emulate.quantized.array import QArray
+from emulate.quantized.layout import layout_of
 
 __all__ = ["Prepared", "is_prepared", "unprepared", "view"]
 
@@ -57,7 +58,7 @@ def unprepared(x: Any) -> Any:
         return x
     if len(jax.tree.leaves(x)[0].shape) > 2:  # stacked experts (prepare_experts): each
         q = jax.vmap(unprepared)(x)
-        if isinstance(q, QArray) and not isinstance(q.codes, Packed) and q.format.bits < 8:
+        if isinstance(q, QArray) and layout_of(q).codes.packed_axis is None and q.format.bits < 8:
             # packed along K as emulate.quantize stores them: the XLA route's operand (a
             # float4 array in its tiled loop crashes XLA:CPU's elemental emitter, jax 0.10.2)
             q = dataclasses.replace(q, codes=pack(q.codes, axis=-2))

@@ -41,6 +41,11 @@ def test_few_rows_without_batch_dimensions() -> None:
     )
     assert route.kernel_form(q, 1, (0, 64), KN).startswith("0 rows of activations: ")
     assert _taken(route.kernel_form(q, 0, (3, 64), (((0,), (1,)), ((), ()))))
+    for empty in ((0, 16), (64, 0)):  # K or N of 0: XLA's route gives the zeros
+        e = emulate.quantize(np.ones(empty, np.float32), "int8", axis=0)
+        assert route.kernel_form(e, 1, (2, empty[0]), KN) == (
+            f"an empty weight (shape {empty}): XLA's route gives its zeros"
+        )
     batched = (((2,), (1,)), ((0,), (0,)))
     assert route.kernel_form(q, 1, (1, 2, 64), batched) == (
         "batch dimensions: the CPU kernel multiplies one 2-D weight"

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import formats, targets
+from emulate import formats, moved, targets
 from emulate.engine import sites
 from emulate.engine.layout import DimensionNumbers, normalize_dimension_numbers
 from emulate.engine.operands import (
@@ -341,3 +341,7 @@ def _matmul_shape_error(x: Operand | QArray, y: Operand | QArray) -> ValueError 
     except ValueError:
         return ValueError(f"a, b: batch dimensions {xm[:-2]} and {ym[:-2]} do not broadcast")
     return None
+
+
+#: Names the docs gave this module before they moved (emulate.moved).
+__getattr__ = moved.module_getattr(__name__)

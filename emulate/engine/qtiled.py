@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from emulate import moved
 from emulate.engine.layout import DimensionNumbers
 from emulate.engine.operands import Precision
 from emulate.engine.tiled import Settings, dyn_slice
@@ -266,3 +267,7 @@ def contract(
         start = t.n_full * t.tile
         out = lax.dynamic_update_slice_in_dim(out, columns(start, rest), start, axis=t.out_dim)
     return out
+
+
+#: Names the docs gave this module before they moved (emulate.moved).
+__getattr__ = moved.module_getattr(__name__)

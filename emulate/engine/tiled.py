@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import formats
+from emulate import formats, moved
 from emulate.engine.contract import contract_decoded, finish
 from emulate.engine.layout import DimensionNumbers
 from emulate.engine.operands import Operand, Precision, decode_to
@@ -510,3 +510,7 @@ def contract(
             out, columns(t.n_full * t.tile, rest), t.n_full * t.tile, axis=t.out_dim
         )
     return out
+
+
+#: Names the docs gave this module before they moved (emulate.moved).
+__getattr__ = moved.module_getattr(__name__)

@@ -10,7 +10,9 @@ says where it lives now.
   naming the new path, and hands out each name from the first new home that has it.
 - :data:`NAMES`: a name that left a module which still exists
   (``emulate.conv.PaddingError``) -> its path now. The module's ``__getattr__``
-  (:func:`module_getattr`) hands it out, with the same warning.
+  (:func:`module_getattr`) hands it out, with the same warning; so does a stand-in for a
+  name renamed in its module's move (``emulate.pallas.route.route`` ->
+  ``emulate.pallas.compute.in_kernel``).
 
 The modules that moved whole into a package before these (``emulate.mx``,
 ``emulate.quant``, ``emulate.qarray``, ``emulate.reference_codes``,
@@ -50,10 +52,12 @@ MODULES: Final[dict[str, tuple[str, ...]]] = {
     "emulate.pallas.op_rules": ("emulate.pallas.checking.op_rules",),
     "emulate.pallas.sites": ("emulate.pallas.checking.sites",),
     "emulate.pallas.qblocks": ("emulate.pallas.qsteps",),
+    "emulate.route_setting": ("emulate.routing.setting",),
+    "emulate.pallas.route": ("emulate.pallas.compute",),
 }
 
-#: ``module.name`` the docs named, the module still there but the name gone from it -> the
-#: name's path now.
+#: ``module.name`` the docs named, the module still there but the name gone from it (or a
+#: :data:`MODULES` path whose name was renamed in the move) -> the name's path now.
 NAMES: Final[dict[str, str]] = {
     "emulate.compiler.verdict": "emulate.mosaic.verdict",
     "emulate.compiler.Verdict": "emulate.mosaic.Verdict",
@@ -68,6 +72,8 @@ NAMES: Final[dict[str, str]] = {
     "emulate.engine.tiled.choose": "emulate.engine.tiled.tiling_for",
     "emulate.engine.qtiled.choose": "emulate.engine.qtiled.qtiling_for",
     "emulate.kernel_route.partitioned_over": "emulate.sharding.partitioned_over",
+    "emulate.pallas.route.Route": "emulate.pallas.compute.Compute",
+    "emulate.pallas.route.route": "emulate.pallas.compute.in_kernel",
     "emulate.scaled.dot_general": "emulate.dot_general",
     "emulate.scaled.scaled_dot_general": "emulate.scaled_dot_general",
 }
@@ -124,6 +130,10 @@ class _Moved(types.ModuleType):
             return sorted({n for home in self.__homes for n in _public(home)})
         if name.startswith("__"):
             raise AttributeError(name)
+        renamed = NAMES.get(f"{self.__name__}.{name}")
+        if renamed is not None:
+            _warn(f"{self.__name__}.{name}", renamed)
+            return resolve(renamed)
         for home in self.__homes:
             module = importlib.import_module(home)
             if hasattr(module, name):

@@ -1,11 +1,9 @@
-"""The deprecated paths emulate.kernel_route, emulate.route_setting and
-emulate.pallas.route: every old name
-still resolves, to the new object (or, for the old signatures kept, the same answer),
-with a DeprecationWarning that names its new home."""
+"""The deprecated path emulate.kernel_route: every old name still resolves, to the new
+object (or, for the old signatures kept, the same answer), with a DeprecationWarning that
+names its new home. (emulate.route_setting and emulate.pallas.route are emulate.moved's
+stand-ins: tests/test_moved.py.)"""
 
 from __future__ import annotations
-
-import warnings
 
 import jax.numpy as jnp
 import numpy as np
@@ -13,11 +11,8 @@ import pytest
 
 import emulate
 import emulate.kernel_route
-import emulate.pallas.route
-import emulate.route_setting
 from emulate import routing
 from emulate.engine.args import dot_args
-from emulate.routing import setting
 
 DN = (((1,), (0,)), ((), ()))
 Q = emulate.quantize(np.ones((256, 128), np.float32), "int8", block_shape=32, axis=0)
@@ -59,29 +54,3 @@ def test_kernel_route_keeps_decide_with_its_old_signature():
     with routing.planning():
         assert decide(call) == routing.choose(call, routing.dot_op(call))
         assert decide(call).label() == "pallas.matmul"
-
-
-def test_route_setting_names_resolve_to_routing_setting():
-    value, message = _old(emulate.route_setting, "use_cpu_kernel")
-    assert value is setting.use_cpu_kernel
-    assert message == (
-        "emulate.route_setting.use_cpu_kernel is deprecated: use "
-        "emulate.routing.setting.use_cpu_kernel"
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
-            emulate.route_setting.nothing  # noqa: B018
-        assert emulate.use_route is routing.use_route  # the public names do not warn
-
-
-def test_pallas_route_names_resolve_to_pallas_compute():
-    from emulate.pallas import compute
-
-    value, message = _old(emulate.pallas.route, "route")
-    assert value is compute.in_kernel
-    assert message == (
-        "emulate.pallas.route.route is deprecated: use emulate.pallas.compute.in_kernel"
-    )
-    assert _old(emulate.pallas.route, "Route")[0] is compute.Compute
-    assert _old(emulate.pallas.route, "exact_dot")[0] is compute.exact_dot

@@ -145,7 +145,6 @@ LAYERS: list[tuple[str, list[str]]] = [
         "pallas",
         [
             "emulate.pallas.compute",
-            "emulate.pallas.route",
             "emulate.pallas.kernel_dot",
             "emulate.pallas.weights",
             "emulate.pallas.qcodebook",
@@ -193,7 +192,6 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.routing.run",
             "emulate.routing.query",
             "emulate.routing",
-            "emulate.route_setting",
             "emulate.kernel_route",
             "emulate.scaled",
             "emulate.dot",
@@ -747,7 +745,6 @@ TESTED_ELSEWHERE = {
     "emulate.engine.passthrough": "calls left to JAX: test_dot, test_jax_cases",
     "emulate.engine.run": "plan_for, run_plan: test_dot, engine/test_tiled",
     "emulate.engine.sites": "site scopes: test_program, test_rewrite (emulate.inspect)",
-    "emulate.route_setting": "the deprecated path of routing.setting: test_kernel_route",
     "emulate.routing": "re-exports only: routing/test_choose reaches its names through it",
     "emulate.routing.setting": "use_route, use_cpu_kernel, WeightRoute: routing/, cpu/test_route",
     "emulate.routing.ops": "weight_side and operand pairs: routing/test_choose, test_ragged",
@@ -784,7 +781,6 @@ TESTED_ELSEWHERE = {
         "the scale rules: quantized/test_quantizing (every rule against numpy)"
     ),
     "emulate.pallas.compute": "a pair's compute: pallas/test_kernel_dot, pallas/test_matmul_kernel",
-    "emulate.pallas.route": "the deprecated path of pallas.compute: test_kernel_route",
     "emulate.pallas.matmul_config": "blocks and layouts: pallas/test_matmul_kernel (defaults)",
     "emulate.planning.exactness": "exactness limits: planning/test_plan (K-chunks, k_limit)",
     "emulate.planning.slicing": "exponent slicing: engine/test_exact, planning/test_plan",

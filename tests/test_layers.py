@@ -993,6 +993,15 @@ ROUTE_RULE: dict[str, set[str]] = {
         "WeightRoute",
     },
     "emulate.routing": {"current_route", "tpu_may_lower", "WeightRoute"},
+    # the deprecated paths (emulate.moved's stand-ins) reach the same names
+    "emulate.route_setting": {
+        "current_route",
+        "cpu_kernel_enabled",
+        "tpu_may_lower",
+        "planning_now",
+        "WeightRoute",
+    },
+    "emulate.kernel_route": {"choose", "decide", "run", "run_op", "tpu_may_lower"},
     "emulate.cpu.route": {"kernel_form", "max_rows", "FEW_ROWS", "MAX_ROWS"},
     "emulate.cpu.form": {"weight_form"},
     "emulate.cpu.call": {"contract"},
@@ -1024,14 +1033,21 @@ def _rule_path(path: str) -> set[str]:
     return {path} if name in ROUTE_RULE.get(owner, ()) else set()
 
 
-def _route_uses(module: str, source: str | ast.Module) -> set[str]:
-    """The :data:`ROUTE_RULE` names (``owner.name``) that a module's text (or its parsed
-    tree) imports or reaches through a module it imports."""
+def _route_scan(module: str, source: str | ast.Module) -> tuple[set[str], bool]:
+    """In one walk of a module's text (or its parsed tree): the :data:`ROUTE_RULE` names
+    (``owner.name``) it imports or reaches through a module it imports, and whether it
+    defines a function named ``choose`` (the route decision's name)."""
     tree = ast.parse(source) if isinstance(source, str) else source
     found: set[str] = set()
     aliases: dict[str, str] = {}  # local name -> the dotted path it stands for
+    reached: list[str] = []  # a.b.c of each attribute chain over a name
+    chooses = False
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Attribute):
+            dotted = _dotted(node)
+            if dotted is not None:
+                reached.append(dotted)
+        elif isinstance(node, ast.Import):
             for a in node.names:
                 if a.name.split(".")[0] == "emulate":
                     aliases[a.asname or "emulate"] = a.name if a.asname else "emulate"
@@ -1042,12 +1058,18 @@ def _route_uses(module: str, source: str | ast.Module) -> set[str]:
             for a in node.names:
                 aliases[a.asname or a.name] = f"{base}.{a.name}"
                 found |= _rule_path(f"{base}.{a.name}")
-    for node in ast.walk(tree):
-        dotted = _dotted(node) if isinstance(node, ast.Attribute) else None
-        head, _, rest = (dotted or "").partition(".")
+        elif isinstance(node, ast.FunctionDef) and node.name == "choose":
+            chooses = True
+    for dotted in reached:
+        head, _, rest = dotted.partition(".")
         if head in aliases and rest:
             found |= _rule_path(f"{aliases[head]}.{rest}")
-    return found
+    return found, chooses
+
+
+def _route_uses(module: str, source: str | ast.Module) -> set[str]:
+    """The :data:`ROUTE_RULE` names a module uses (:func:`_route_scan`)."""
+    return _route_scan(module, source)[0]
 
 
 def _second_decisions(uses: dict[str, set[str]]) -> list[str]:
@@ -1066,45 +1088,52 @@ def _second_decisions(uses: dict[str, set[str]]) -> list[str]:
 
 
 def test_one_owner_of_the_route_decision() -> None:
-    trees = {m: ast.parse(path.read_text()) for m, path in MODULES.items()}
-    uses = {m: _route_uses(m, tree) for m, tree in trees.items()}
+    scans = {m: _route_scan(m, path.read_text()) for m, path in MODULES.items()}
+    uses = {m: found for m, (found, _) in scans.items()}
     assert _second_decisions(uses) == []
     assert sorted(m for m in ROUTE_RULE_USERS if not uses.get(m)) == []  # stale entries
     # one function named choose, the route decision (the others say what they choose)
-    defining = [
-        m
-        for m, tree in trees.items()
-        for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef) and node.name == "choose"
-    ]
-    assert defining == ["emulate.routing.choose"]
+    assert [m for m, (_, chooses) in scans.items() if chooses] == ["emulate.routing.choose"]
+
+
+#: A second route decision as main had it before emulate.routing (emulate/scaled.py's CPU
+#: kernel rule, 2026-12-07), and a front end deciding for the Pallas kernel itself.
+PLANTED_DECISION = """
+from emulate.cpu import route as cpu_route
+from emulate.route_setting import cpu_kernel_enabled, planning_now, tpu_may_lower
+import emulate.routing as r
+import emulate.pallas
+
+
+def _cpu_kernel_form(dn, target, lhs, rhs):
+    if not cpu_kernel_enabled() or tpu_may_lower() or planning_now():
+        return None
+    return cpu_route.kernel_form(rhs, 1, lhs.shape, dn)
+
+
+def choose(call):
+    if r.current_route() != "xla":
+        return emulate.pallas.matmul(call.lhs, call.rhs)
+"""
 
 
 def test_the_guard_sees_a_second_route_decision() -> None:
-    source = (
-        "from emulate.routing.setting import current_route\n"
-        "from emulate.cpu import route\n"
-        "import emulate.pallas\n"
-        "import emulate.routing as r\n"
-        "def decide(call):\n"
-        "    if current_route() != 'xla' and not r.tpu_may_lower():\n"
-        "        return route.kernel_form(call.rhs, 1, call.lhs.shape, call.dn)\n"
-        "    return emulate.pallas.matmul(call.lhs, call.rhs)\n"
-    )
-    uses = _route_uses("emulate.scaled", source)
-    assert uses == {
-        "emulate.routing.setting.current_route",
-        "emulate.routing.tpu_may_lower",
-        "emulate.cpu.route.kernel_form",
-        "emulate.pallas.matmul",
-    }
-    assert _second_decisions({"emulate.scaled": uses, "emulate.routing.choose": uses}) == [
-        "emulate.scaled uses emulate.cpu.route.kernel_form",
-        "emulate.scaled uses emulate.pallas.matmul",
-        "emulate.scaled uses emulate.routing.setting.current_route",
-        "emulate.scaled uses emulate.routing.tpu_may_lower",
-    ]
+    for module in ("emulate.scaled", "emulate.ragged"):
+        source = MODULES[module].read_text() + PLANTED_DECISION
+        found, chooses = _route_scan(module, source)
+        assert chooses  # a second definition of choose, which the test above refuses
+        assert _second_decisions({module: found}) == [
+            f"{module} uses emulate.cpu.route.kernel_form",
+            f"{module} uses emulate.pallas.matmul",
+            f"{module} uses emulate.route_setting.cpu_kernel_enabled",
+            f"{module} uses emulate.route_setting.planning_now",
+            f"{module} uses emulate.route_setting.tpu_may_lower",
+            f"{module} uses emulate.routing.current_route",
+        ]
+    # a kernel's own package, routing itself and the route setting alone are no decision
     assert _second_decisions({"emulate.pallas.gmm_kernel": {"emulate.pallas.matmul"}}) == []
+    planted = _route_uses("emulate.routing.choose", PLANTED_DECISION)
+    assert _second_decisions({"emulate.routing.choose": planted}) == []
     setting_only = "from emulate import routing\nwith routing.use_route('xla'):\n    pass\n"
     assert _route_uses("emulate.ragged", setting_only) == set()
 

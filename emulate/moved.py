@@ -174,9 +174,11 @@ _FINDER = _Finder()
 
 
 def install() -> None:
-    """Put the finder of the old module paths on ``sys.meta_path`` (once)."""
+    """Put the finder of the old module paths first on ``sys.meta_path`` (once): an old
+    path is the stand-in even where another finder still sees a file of that name (an
+    editable install of an older checkout, a stale site-packages copy)."""
     if _FINDER not in sys.meta_path:
-        sys.meta_path.append(_FINDER)
+        sys.meta_path.insert(0, _FINDER)
 
 
 def module_getattr(module: str) -> Callable[[str], Any]:

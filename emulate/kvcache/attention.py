@@ -87,7 +87,7 @@ class _Attention:
             o = decode_kernel.decode(
                 xq[:, 0], k, ks, v, vs, visible, layer, cfg, self.out_dtype, self.interpret
             )
-            return queries.head_outputs(o, self.geometry)[:, None]  # (B, 1, KV, G, hd)
+            return o[:, None]  # (B, 1, KV, G, hd)
         return prefill_kernel.prefill(
             xq, k, ks, v, vs, visible, layer, self.format, self.geometry, self.block,
             self.compute, self.out_dtype, self.interpret,
@@ -96,6 +96,7 @@ class _Attention:
     def xla(self, x: tuple, w: tuple) -> jax.Array:
         xs, visible, layer = x
         k, ks, v, vs = (None if a is None else a[layer] for a in w)
+        assert k is not None and v is not None
         out = xla_route.attend(xs, k, ks, v, vs, visible, self.format, self.block)
         return out.astype(self.out_dtype)
 

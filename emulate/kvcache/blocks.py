@@ -39,6 +39,7 @@ __all__ = [
     "Geometry",
     "code_parts",
     "compute_dtype",
+    "normalized",
     "row_tokens",
     "scale_rows",
     "softmax_step",
@@ -82,11 +83,11 @@ class Geometry:
             return _LANES
         return row
 
-    def start(self, h: int) -> int:
+    def start(self, h: Any) -> Any:
         """The first lane of head ``h``'s window in a code row."""
         return (h * self.head_dim) // self.window * self.window
 
-    def offset(self, h: int) -> int:
+    def offset(self, h: Any) -> Any:
         """Head ``h``'s first lane inside its window."""
         return h * self.head_dim - self.start(h)
 
@@ -95,7 +96,7 @@ class Geometry:
         """Row groups of a stacked operand: (piece, scale block) pairs."""
         return PIECES * self.blocks
 
-    def lane_mask(self, h: int, j: int, shape: tuple[int, int]) -> jax.Array:
+    def lane_mask(self, h: Any, j: int, shape: tuple[int, ...]) -> jax.Array:
         """Which lanes of a window hold head ``h``'s scale block ``j``."""
         lane = lax.broadcasted_iota(jnp.int32, shape, 1) - self.offset(h)
         width = self.head_dim // self.blocks
@@ -161,7 +162,7 @@ def code_parts(
 
 def scale_rows(loaded: jax.Array, fmt: CacheFormat) -> jax.Array:
     """Loaded per-token or block scales (stored dtype) as f32 values."""
-    if fmt.scale_format == "float32":
+    if fmt.scale_format in ("float32", None):
         return loaded.astype(jnp.float32)
     mask = 0xFFFF if fmt.scale_format == "float16" else 0xFF
     bits = codecs.decode_float_bits(loaded.astype(jnp.int32) & mask, formats.get(fmt.scale_format))
@@ -202,6 +203,13 @@ def softmax_step(
     p = jnp.exp(logits - m_safe)
     alpha = jnp.exp(m_prev - m_safe)
     return p, alpha, m, alpha * l_prev + jnp.sum(p, axis=1, keepdims=True)
+
+
+def normalized(acc: jax.Array, total: jax.Array) -> jax.Array:
+    """The online softmax's result ``acc / total``; 0 where a row saw no token (``total``
+    is 0), NaN where the sum is NaN (a NaN score or value)."""
+    empty = total == 0
+    return jnp.where(empty, 0.0, acc / jnp.where(empty, 1.0, total))
 
 
 def row_tokens(

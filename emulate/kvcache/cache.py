@@ -19,8 +19,9 @@ from emulate.kvcache import layout, writing
 from emulate.kvcache.formats import CacheFormat, cache_format
 from emulate.numerics import codecs
 from emulate.numerics.pytree import PytreeRecord
+from emulate.quantized.quantizing import quantize
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "head_scales"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +156,7 @@ class KVCache(
         if k.shape != v.shape:
             raise ValueError(f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}")
         positions = self.lengths[:, None] + jnp.arange(k.shape[1], dtype=jnp.int32)[None, :]
-        parts = {}
+        parts: dict[str, Any] = {}
         for name, rows in (("k", k), ("v", v)):
             fixed = (
                 getattr(self, f"{name}_scales")[layer]
@@ -236,3 +237,25 @@ def _head_scales(value: Any, fmt: CacheFormat, layers: int, kv_heads: int, arg: 
             f"{arg}: expected a float or an array of shape ({layers}, {kv_heads}): {e}"
         ) from None
     return s
+
+
+def head_scales(x: Any, format: str | CacheFormat) -> jax.Array:  # noqa: A002 - the format
+    """Fixed per-head scales for a ``*_per_head`` format from sample K (or V) values ``x``
+    (layers, tokens, kv_heads, head_dim): per layer and head, :func:`emulate.quantize`'s
+    ``absmax`` scale over the samples (their largest magnitude times ``fl(1 / max)`` of
+    the element format, a float32). Returns (layers, kv_heads) float32 for
+    :meth:`KVCache.create`'s ``k_scales`` / ``v_scales``.
+
+    Raises:
+      ValueError: a format without per-head scales, or ``x`` not 4-D.
+    """
+    fmt = cache_format(format)
+    if fmt.granularity != "head":
+        raise ValueError(f"format: {fmt.name} has no fixed per-head scales")
+    if len(getattr(x, "shape", ())) != 4:
+        raise ValueError(
+            f"x: expected (layers, tokens, kv_heads, head_dim), got shape {getattr(x, 'shape', x)}"
+        )
+    x = jnp.asarray(x, jnp.float32)
+    q = quantize(x, fmt.element, axis=(1, 3), scale_fmt="float32", scale_rule="absmax")
+    return q.scales.reshape(x.shape[0], x.shape[2])

@@ -108,8 +108,8 @@ def _kernel(cfg: DecodeConfig, visible_ref, layer_ref, *refs: Any) -> None:
     def _done():
         for h in range(g.kv_heads):
             total = l_sc[h][:, :1]
-            out = jnp.where(total > 0, acc_sc[h] / jnp.where(total > 0, total, 1.0), 0.0)
-            o_ref[h] = out.astype(o_ref.dtype)
+            out = blocks.normalized(acc_sc[h], total)
+            o_ref[h] = out[:, g.offset(h) : g.offset(h) + g.head_dim].astype(o_ref.dtype)
 
 
 def _group_rows(g: Geometry, group: int) -> slice:
@@ -183,11 +183,9 @@ def _values(
     return out
 
 
-def _group_lanes(g: Geometry, h: int, shape: tuple[int, int]) -> jax.Array:
+def _group_lanes(g: Geometry, h: int, shape: tuple[int, ...]) -> jax.Array:
     """(rows, window) bool: the lanes of head ``h``'s scale block ``j`` in each row of
-    row group ``i * blocks + j``. Built on the whole stacked array (a select on a slice
-    that starts inside a sublane tile gave wrong values on a real v5e, where Pallas'
-    interpret mode did not)."""
+    row group ``i * blocks + j`` (one select on the whole stacked product)."""
     row = lax.broadcasted_iota(jnp.int32, shape, 0)
     keep = None
     for group in range(g.row_groups):
@@ -215,9 +213,10 @@ def decode(
     ``layer`` (int32 scalar) of the stacked codes ``k``, ``v`` (L, B, code rows, KV *
     head_dim) and their per-token or block scales (L, B, KV * nb, S) (None for per-head
     and unscaled formats). Sequence ``b`` shows its first ``visible[b]`` tokens (B,)
-    int32 (0: none; its output is then 0). Returns (B, KV, groups, window) in
-    ``out_dtype``, the lanes outside each head zero. ``interpret``: Pallas' interpret
-    mode (on the CPU)."""
+    int32 (0: none; its output is then 0). Returns (B, KV, groups, head_dim) in
+    ``out_dtype`` (each head's lanes taken in the kernel: XLA:TPU gave zeros for a lane
+    slice at 64 of a (1, 2, 4, 128) kernel result on a real v5e, jax 0.10.2).
+    ``interpret``: Pallas' interpret mode (on the CPU)."""
     g, n = cfg.geometry, cfg.block
     batch = k.shape[1]
     tokens = 2 * k.shape[2] if cfg.format.packed else k.shape[2]
@@ -253,7 +252,7 @@ def decode(
             pltpu.with_memory_space_constraint(x, pltpu.HBM) if i else x
             for i, x in enumerate(operands)
         ]
-    out_shape = (batch, g.kv_heads, g.groups, g.window)
+    out_shape = (batch, g.kv_heads, g.groups, g.head_dim)
     rows = g.row_groups * g.groups
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=2,

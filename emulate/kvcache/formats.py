@@ -162,8 +162,10 @@ class CacheFormat:
     def bytes_per_token(self, kv_heads: int, head_dim: int) -> float:
         """Stored bytes of one token of one layer, K and V with their scales."""
         codes = kv_heads * head_dim * self.bits / 8
-        scales = 0 if self.granularity in (None, "head") else kv_heads * self.blocks(head_dim)
-        return 2 * (codes + scales * (self.scale_dtype.itemsize if scales else 0))
+        dt = self.scale_dtype
+        scaled = self.granularity in ("token", "block") and dt is not None
+        scales = kv_heads * self.blocks(head_dim) * dt.itemsize if dt is not None and scaled else 0
+        return 2 * (codes + scales)
 
 
 def _token(element: str, doc: str) -> CacheFormat:

@@ -103,7 +103,8 @@ def _kernel(cfg: PrefillConfig, visible_ref, layer_ref, *refs: Any) -> None:
             pieces = [x.astype(cfg.compute) for x in blocks.split3(pj)]
             if len(vparts) == 2:
                 halves = [blocks.tiles_apart(x) for x in pieces]
-                d = sum(_stacked_dot([x[i] for x in halves], [vparts[i]], False) for i in (0, 1))
+                lo, hi = (_stacked_dot([x[i] for x in halves], [vparts[i]], False) for i in (0, 1))
+                d = lo + hi
             else:
                 d = _stacked_dot(pieces, vparts, False)
             if not g.whole_head:
@@ -114,8 +115,22 @@ def _kernel(cfg: PrefillConfig, visible_ref, layer_ref, *refs: Any) -> None:
     @pl.when(s == pl.num_programs(3) - 1)
     def _done():
         total = l_sc[...][:, :1]
-        out = jnp.where(total > 0, acc_sc[...] / jnp.where(total > 0, total, 1.0), 0.0)
-        o_ref[...] = out.reshape(o_ref.shape).astype(o_ref.dtype)
+        out = blocks.normalized(acc_sc[...], total)
+        o_ref[...] = _head_lanes(out, g, h).reshape(o_ref.shape).astype(o_ref.dtype)
+
+
+def _head_lanes(out: jax.Array, g: Geometry, h: Any) -> jax.Array:
+    """Head ``h``'s lanes of its window (``h`` traced: each possible offset sliced
+    statically, the head's chosen by a scalar compare)."""
+    if g.window == g.head_dim:
+        return out
+    offset = g.offset(h)
+    picked = None
+    for off in range(0, g.window, g.head_dim):
+        lanes = out[:, off : off + g.head_dim]
+        picked = lanes if picked is None else jnp.where(offset == off, lanes, picked)
+    assert picked is not None
+    return picked
 
 
 def _scales(ref: Any, cfg: PrefillConfig, h: Any) -> list[jax.Array]:
@@ -194,6 +209,7 @@ def prefill(
 
     code_spec = pl.BlockSpec((None, None, rows, g.window), codes_at)
     q_spec = pl.BlockSpec((None, None, g.groups, bq, g.window), queries_at)
+    out_spec = pl.BlockSpec((None, None, g.groups, bq, g.head_dim), queries_at)
     specs, operands = [q_spec, code_spec], [x, k]
     if k_scales is not None:
         scale_spec = pl.BlockSpec((None, None, k_scales.shape[2], block), scales_at)
@@ -211,7 +227,7 @@ def prefill(
         num_scalar_prefetch=2,
         grid=(batch, g.kv_heads, tq // bq, tokens // block),
         in_specs=specs,
-        out_specs=q_spec,
+        out_specs=out_spec,
         scratch_shapes=[
             pltpu.VMEM((cfg.rows, 128), jnp.float32),
             pltpu.VMEM((cfg.rows, 128), jnp.float32),
@@ -221,15 +237,11 @@ def prefill(
     o = pl.pallas_call(
         functools.partial(_kernel, cfg),
         grid_spec=grid_spec,
-        out_shape=jax.ShapeDtypeStruct(x.shape, out_dtype),
+        out_shape=jax.ShapeDtypeStruct((*x.shape[:-1], g.head_dim), out_dtype),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
         ),
         interpret=pltpu.InterpretParams() if interpret else False,
         name=NAME,
     )(visible.astype(jnp.int32), jnp.reshape(layer, (1,)).astype(jnp.int32), *operands)
-    o = o[:, :, :, :t]  # (B, KV, G, T, window)
-    if g.window != g.head_dim:
-        lanes = [o[:, h, ..., g.offset(h) : g.offset(h) + g.head_dim] for h in range(g.kv_heads)]
-        o = jnp.stack(lanes, axis=1)
-    return jnp.moveaxis(o, 3, 1)
+    return jnp.moveaxis(o[:, :, :, :t], 3, 1)  # (B, T, KV, G, head_dim)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from emulate.kvcache.blocks import Geometry
 
-__all__ = ["head_outputs", "scaled_queries", "windowed"]
+__all__ = ["scaled_queries", "windowed"]
 
 
 def scaled_queries(q: jax.Array, kv_heads: int, factor: jax.Array) -> jax.Array:
@@ -40,12 +40,3 @@ def windowed(x: jax.Array, g: Geometry) -> jax.Array:
         pad = [(0, 0)] * (x.ndim - 2) + [(off, g.window - off - g.head_dim)]
         placed.append(jnp.pad(x[..., h, :, :], pad))
     return jnp.stack(placed, axis=-3)
-
-
-def head_outputs(o: jax.Array, g: Geometry) -> jax.Array:
-    """Kernel outputs ``(..., KV, G, [T,] window)`` cut to each head's lanes: ``(..., KV,
-    G, [T,] head_dim)``."""
-    if g.window == g.head_dim:
-        return o
-    heads = [o[:, h, ..., g.offset(h) : g.offset(h) + g.head_dim] for h in range(g.kv_heads)]
-    return jnp.stack(heads, axis=1)

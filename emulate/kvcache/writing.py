@@ -51,6 +51,7 @@ def token_codes(
         packed=False,
     )
     scales = q.scales
+    assert fmt.scale_dtype is not None
     if scales.dtype != fmt.scale_dtype:  # float16 bits, e8m0 codes
         scales = lax.bitcast_convert_type(scales, fmt.scale_dtype)
     return _stored_codes(q.codes, fmt).reshape(b, t, kv * hd), scales.reshape(b, t, -1)

@@ -112,5 +112,5 @@ def attend(
     )
     _, lsum, acc = lax.fori_loop(0, trips, body, state)
     total = lsum[..., None]
-    out = jnp.where(total > 0, acc / jnp.where(total > 0, total, 1.0), 0.0)
+    out = blocks.normalized(acc, total)
     return jnp.moveaxis(out, 3, 1)  # (B, T, KV, G, hd)

@@ -93,8 +93,8 @@ class KVCache(
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
         fmt.check_head_dim(head_dim)
         s = layout.capacity(length)
-        codes = jnp.zeros((layers, *layout.code_shape(fmt, batch, s, kv_heads, head_dim)))
-        k = codes.astype(fmt.code_dtype)
+        shape = (layers, *layout.code_shape(fmt, batch, s, kv_heads, head_dim))
+        k, v = (jnp.zeros(shape, fmt.code_dtype) for _ in "kv")  # two buffers: both donated
         ks = vs = None
         if fmt.granularity == "head":
             ks, vs = (
@@ -107,11 +107,11 @@ class KVCache(
                 "(pass them with a *_per_head format)"
             )
         elif fmt.granularity is not None:
-            shape = layout.scale_shape(fmt, batch, s, kv_heads, head_dim)
-            assert shape is not None and fmt.scale_dtype is not None
-            ks = vs = jnp.zeros((layers, *shape), fmt.scale_dtype)
+            scale_shape = layout.scale_shape(fmt, batch, s, kv_heads, head_dim)
+            assert scale_shape is not None and fmt.scale_dtype is not None
+            ks, vs = (jnp.zeros((layers, *scale_shape), fmt.scale_dtype) for _ in "kv")
         lengths = jnp.zeros((batch,), jnp.int32)
-        return cls(k, k, ks, vs, lengths, fmt, head_dim)
+        return cls(k, v, ks, vs, lengths, fmt, head_dim)
 
     # --- sizes --------------------------------------------------------------------------
 

@@ -128,9 +128,9 @@ def test_a_token_past_the_capacity_is_dropped() -> None:
     cache = cache.write(0, x, x)
     k = values(cache, 0, "k")
     assert k.shape[1] == 256
-    np.testing.assert_array_equal(k[0, 254:], 1.0)  # 256 and 257 fell off the end
+    assert (k[0, 254:] > 0.99).all()  # 256 and 257 fell off the end
     np.testing.assert_array_equal(k[0, :254], 0.0)  # and wrapped onto nothing
-    np.testing.assert_array_equal(k[1, :4], 1.0)
+    assert (k[1, :4] > 0.99).all() and (k[1, 4:] == 0).all()
 
 
 def test_a_donated_cache_is_updated_in_place() -> None:

@@ -37,6 +37,7 @@ from emulate.pallas.route import decode_codes
 __all__ = [
     "PIECES",
     "Geometry",
+    "cache_operands",
     "code_parts",
     "compute_dtype",
     "normalized",
@@ -203,6 +204,25 @@ def softmax_step(
     p = jnp.exp(logits - m_safe)
     alpha = jnp.exp(m_prev - m_safe)
     return p, alpha, m, alpha * l_prev + jnp.sum(p, axis=1, keepdims=True)
+
+
+def cache_operands(
+    stored: tuple[Any, Any, Any, Any], code_spec: Any, scale_spec: Any, interpret: bool
+) -> tuple[list[Any], list[Any]]:
+    """A kernel's cache operands ``(k, k_scales, v, v_scales)`` (scales None for per-head
+    and unscaled formats: left out) and their block specs, in that order; outside
+    interpret mode each constrained to stay in HBM and be streamed (7x would otherwise
+    copy a whole cache into VMEM first)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    k, ks, v, vs = stored
+    if ks is None:
+        specs, operands = [code_spec, code_spec], [k, v]
+    else:
+        specs, operands = [code_spec, scale_spec, code_spec, scale_spec], [k, ks, v, vs]
+    if not interpret:
+        operands = [pltpu.with_memory_space_constraint(a, pltpu.HBM) for a in operands]
+    return specs, operands
 
 
 def normalized(acc: jax.Array, total: jax.Array) -> jax.Array:

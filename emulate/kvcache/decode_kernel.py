@@ -236,22 +236,15 @@ def decode(
     def per_sequence(b: Any, s: Any, vis: Any, lay: Any) -> tuple:
         return (b, 0, 0, 0)
 
-    scaled = k_scales is not None
     code_spec = pl.BlockSpec((None, None, cfg.rows, width), codes_at)
-    specs = [pl.BlockSpec((None, *xq.shape[1:]), per_sequence), code_spec]
-    operands = [xq, k]
-    if scaled:
-        scale_spec = pl.BlockSpec((None, None, k_scales.shape[2], n), scales_at)
-        specs += [scale_spec, code_spec, scale_spec]
-        operands += [k_scales, v, v_scales]
-    else:
-        specs.append(code_spec)
-        operands.append(v)
-    if not interpret:  # streamed from HBM (7x would otherwise copy a whole cache to VMEM)
-        operands = [
-            pltpu.with_memory_space_constraint(x, pltpu.HBM) if i else x
-            for i, x in enumerate(operands)
-        ]
+    scale_spec = (
+        None if k_scales is None else pl.BlockSpec((None, None, k_scales.shape[2], n), scales_at)
+    )
+    specs, operands = blocks.cache_operands(
+        (k, k_scales, v, v_scales), code_spec, scale_spec, interpret
+    )
+    specs = [pl.BlockSpec((None, *xq.shape[1:]), per_sequence), *specs]
+    operands = [xq, *operands]
     out_shape = (batch, g.kv_heads, g.groups, g.head_dim)
     rows = g.row_groups * g.groups
     grid_spec = pltpu.PrefetchScalarGridSpec(

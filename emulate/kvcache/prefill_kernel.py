@@ -210,19 +210,15 @@ def prefill(
     code_spec = pl.BlockSpec((None, None, rows, g.window), codes_at)
     q_spec = pl.BlockSpec((None, None, g.groups, bq, g.window), queries_at)
     out_spec = pl.BlockSpec((None, None, g.groups, bq, g.head_dim), queries_at)
-    specs, operands = [q_spec, code_spec], [x, k]
-    if k_scales is not None:
-        scale_spec = pl.BlockSpec((None, None, k_scales.shape[2], block), scales_at)
-        specs += [scale_spec, code_spec, scale_spec]
-        operands += [k_scales, v, v_scales]
-    else:
-        specs.append(code_spec)
-        operands.append(v)
-    if not interpret:
-        operands = [
-            pltpu.with_memory_space_constraint(a, pltpu.HBM) if i else a
-            for i, a in enumerate(operands)
-        ]
+    scale_spec = (
+        None
+        if k_scales is None
+        else pl.BlockSpec((None, None, k_scales.shape[2], block), scales_at)
+    )
+    specs, operands = blocks.cache_operands(
+        (k, k_scales, v, v_scales), code_spec, scale_spec, interpret
+    )
+    specs, operands = [q_spec, *specs], [x, *operands]
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=2,
         grid=(batch, g.kv_heads, tq // bq, tokens // block),

@@ -5,8 +5,7 @@ and the real TPU compiler (compile-only) with Mosaic's compatibility mode on and
 
 from __future__ import annotations
 
-import functools
-
+import _compile_only as compile_only
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,7 +58,7 @@ def test_a_sequence_that_sees_nothing_gives_zero() -> None:
     assert _interpret(("q4_0", 64, 2, 4, 512, 256), [0, 300]) < 1
 
 
-def _specs(name: str, batch: int, kv: int, g: int, hd: int, cap: int) -> tuple:
+def _specs_of(name: str, batch: int, kv: int, g: int, hd: int, cap: int) -> tuple:
     cache = jax.eval_shape(lambda: KVCache.create(2, batch, kv, hd, cap, name))
     return jax.ShapeDtypeStruct((batch, 1, kv * g, hd), jnp.bfloat16), cache
 
@@ -67,7 +66,7 @@ def _specs(name: str, batch: int, kv: int, g: int, hd: int, cap: int) -> tuple:
 @pytest.mark.parametrize("name", ["int8", "q4_0", pytest.param("bfloat16", marks=pytest.mark.long)])
 def test_the_kernel_reads_each_stored_byte_once(name) -> None:
     batch, kv, g, hd, cap = 4, 8, 4, 128, 4096
-    q, cache = _specs(name, batch, kv, g, hd, cap)
+    q, cache = _specs_of(name, batch, kv, g, hd, cap)
 
     def fn(q, cache):
         with emulate.use_route("kernel"):
@@ -93,45 +92,31 @@ def test_the_kernel_reads_each_stored_byte_once(name) -> None:
 
 
 # The real compiler: a small layer (2 KV heads of 128, 4 query heads each, 1024 tokens).
-_TARGETS = ["tpu_v2", "tpu_v4", "tpu_v5e", "tpu_v7x"]
-_DEFAULT = {("q4_0", "tpu_v2")}  # f32-only matrix units, 4-bit codes, f16 scales
-_RUNS = [
-    pytest.param(n, t, marks=[] if (n, t) in _DEFAULT else [pytest.mark.long], id=f"{n}-{t}")
-    for n in ("q4_0", "float8_e5m2", "mxfp4", "int8", "bfloat16")
-    for t in _TARGETS
-]
-
-
-def _job(name: str, target: str) -> compiler.Job:
+def compiled_program(xq, k, ks, v, vs, visible, layer, *, name: str, target: str):
     fmt = emulate.kvcache.cache_format(name)
-    g = Geometry(2, 4, 128, fmt.blocks(128))
     compute = "float32" if target in ("tpu_v2", "tpu_v3") else "bfloat16"
-    cfg = decode_kernel.DecodeConfig(fmt, g, 512, compute)
-    _, cache = _specs(name, 2, 2, 4, 128, 1024)
-    specs = (
+    cfg = decode_kernel.DecodeConfig(fmt, Geometry(2, 4, 128, fmt.blocks(128)), 512, compute)
+    return decode_kernel.decode(xq, k, ks, v, vs, visible, layer, cfg)
+
+
+def _specs(name: str) -> tuple:
+    _, cache = _specs_of(name, 2, 2, 4, 128, 1024)
+    return (
         jax.ShapeDtypeStruct((2, 2, 4, 128), jnp.float32),
         cache.k, cache.k_scales, cache.v, cache.v_scales,
         jax.ShapeDtypeStruct((2,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32),
     )  # fmt: skip
-    return compiler.Job(functools.partial(decode_kernel.decode, cfg=cfg), specs, target)
 
 
-@pytest.fixture(scope="module")
-def verdicts(request) -> dict:
-    runs = [
-        (item.callspec.params["name"], item.callspec.params["target"])
-        for item in request.session.items
-        if getattr(item, "originalname", "") == "test_the_tpu_compiler_compiles_it"
-        and item.module is request.module
-    ]
-    jobs = [_job(n, t) for n, t in runs]
-    got = compiler.check_both({True: jobs, False: jobs})
-    return {(run, c): v for c in (True, False) for run, v in zip(runs, got[c], strict=True)}
+RUNS = compile_only.runs(
+    ("q4_0", "float8_e5m2", "mxfp4", "int8", "bfloat16"),
+    ("tpu_v2", "tpu_v4", "tpu_v5e", "tpu_v7x"),
+    {("q4_0", "tpu_v2")},  # f32-only matrix units, 4-bit codes, float16 scales
+)
+verdicts = compile_only.fixture("name", compiled_program, _specs)
 
 
 @pytest.mark.skipif(not compiler.available(), reason="libtpu is not installed")
-@pytest.mark.parametrize(("name", "target"), _RUNS)
+@pytest.mark.parametrize("name, target", RUNS)
 def test_the_tpu_compiler_compiles_it(verdicts, name, target) -> None:
-    for compat in (True, False):
-        v = verdicts[((name, target), compat)]
-        assert v.ok, (name, target, compat, v.message)
+    compile_only.assert_compiles(verdicts, name, target)

@@ -4,8 +4,7 @@ real TPU compiler (compile-only) with Mosaic's compatibility mode on and off."""
 
 from __future__ import annotations
 
-import functools
-
+import _compile_only as compile_only
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,44 +42,29 @@ def test_the_kernel_is_within_the_bound_of_the_dequantized_cache(case) -> None:
     assert check(got, q, cache, np.asarray(lengths), 1 / np.sqrt(hd), block) < 1
 
 
-_TARGETS = ["tpu_v2", "tpu_v4", "tpu_v5e", "tpu_v7x"]
-_RUNS = [
-    pytest.param(n, t, marks=[pytest.mark.long], id=f"{n}-{t}")
-    for n in ("q4_0", "int8", "mxfp4", "bfloat16")
-    for t in _TARGETS
-]
-
-
-def _job(name: str, target: str) -> compiler.Job:
+def compiled_program(xq, k, ks, v, vs, visible, layer, *, name: str, target: str):
     fmt = emulate.kvcache.cache_format(name)
-    g = Geometry(2, 4, 128, fmt.blocks(128))
     compute = "float32" if target in ("tpu_v2", "tpu_v3") else "bfloat16"
+    g = Geometry(2, 4, 128, fmt.blocks(128))
+    return prefill_kernel.prefill(xq, k, ks, v, vs, visible, layer, fmt, g, 512, compute)
+
+
+def _specs(name: str) -> tuple:
     cache = jax.eval_shape(lambda: KVCache.create(2, 1, 2, 128, 2048, name))
-    fn = functools.partial(prefill_kernel.prefill, fmt=fmt, g=g, block=512, compute=compute)
-    specs = (
+    return (
         jax.ShapeDtypeStruct((1, 512, 2, 4, 128), jnp.float32),
         cache.k, cache.k_scales, cache.v, cache.v_scales,
         jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((), jnp.int32),
     )  # fmt: skip
-    return compiler.Job(fn, specs, target)
 
 
-@pytest.fixture(scope="module")
-def verdicts(request) -> dict:
-    runs = [
-        (item.callspec.params["name"], item.callspec.params["target"])
-        for item in request.session.items
-        if getattr(item, "originalname", "") == "test_the_tpu_compiler_compiles_it"
-        and item.module is request.module
-    ]
-    jobs = [_job(n, t) for n, t in runs]
-    got = compiler.check_both({True: jobs, False: jobs})
-    return {(run, c): v for c in (True, False) for run, v in zip(runs, got[c], strict=True)}
+RUNS = compile_only.runs(
+    ("q4_0", "int8", "mxfp4", "bfloat16"), ("tpu_v2", "tpu_v4", "tpu_v5e", "tpu_v7x"), set()
+)  # all under EMULATE_LONG_TESTS=1: the decode kernel's test compiles the shared pieces
+verdicts = compile_only.fixture("name", compiled_program, _specs)
 
 
 @pytest.mark.skipif(not compiler.available(), reason="libtpu is not installed")
-@pytest.mark.parametrize(("name", "target"), _RUNS)
+@pytest.mark.parametrize("name, target", RUNS)
 def test_the_tpu_compiler_compiles_it(verdicts, name, target) -> None:
-    for compat in (True, False):
-        v = verdicts[((name, target), compat)]
-        assert v.ok, (name, target, compat, v.message)
+    compile_only.assert_compiles(verdicts, name, target)

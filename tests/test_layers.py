@@ -203,6 +203,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.flax.layers",
             "emulate.flax.quantize",
             "emulate.flax.load",
+            "emulate.flax.kvcache",
             "emulate.flax",
         ],
     ),

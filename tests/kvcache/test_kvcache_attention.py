@@ -118,12 +118,16 @@ def test_a_long_sequence_stays_within_the_bound() -> None:
 
 
 def test_the_route_is_the_kernel_on_a_tpu_and_xla_elsewhere() -> None:
-    cache = jax.eval_shape(lambda: KVCache.create(2, 1, 8, 128, 4096, "q4_0"))
-    q = jax.ShapeDtypeStruct((1, 1, 32, 128), jnp.bfloat16)
+    cache = jax.eval_shape(lambda: KVCache.create(2, 1, 1, 128, 4096, "q4_0"))
+    q = jax.ShapeDtypeStruct((1, 1, 4, 128), jnp.bfloat16)
     r = attention_route(q, cache, 1, target="tpu_v2")
     assert r.kernel and r.label() == "kvcache.attention"
     r = attention_route(q, cache, 1, target="cpu")
-    assert not r.kernel and r.reason == "the target cpu is not a TPU" or "not a TPU" in r.reason
+    assert not r.kernel and r.reason == "target cpu is not a TPU"
+    rows = emulate.inspect(lambda q, c: attention(q, c, 1), q, cache, target="tpu_v5e").rows
+    assert [(r.primitive, r.rhs, r.weight_route) for r in rows] == [
+        ("attention", "int4[2,1,4096,1,128]:kvcache(q4_0)", "kvcache.attention")
+    ]
     with emulate.use_route("xla"):
         assert not attention_route(q, cache, 1, target="tpu_v5e").kernel
     small = KVCache.create(2, 1, 8, 128, 256, "int8")

@@ -155,7 +155,6 @@ class KVCache(
         self._check_rows(v, "v")
         if k.shape != v.shape:
             raise ValueError(f"v: shape {tuple(v.shape)} differs from k's {tuple(k.shape)}")
-        positions = self.lengths[:, None] + jnp.arange(k.shape[1], dtype=jnp.int32)[None, :]
         parts: dict[str, Any] = {}
         for name, rows in (("k", k), ("v", v)):
             fixed = (
@@ -166,7 +165,7 @@ class KVCache(
             codes, scales = writing.token_codes(rows, self.format, fixed)
             stored = getattr(self, f"{name}_scales") if self.format.granularity != "head" else None
             new_codes, new_scales = writing.put(
-                getattr(self, name), stored, layer, positions, codes, scales, self.format
+                getattr(self, name), stored, layer, self.lengths, codes, scales, self.format
             )
             parts[name] = new_codes
             if new_scales is not None:

@@ -88,10 +88,7 @@ def put(
     seqs, t = new_codes.shape[:2]
     rows, lanes = codes.shape[2:]
     tokens = 2 * rows if fmt.packed else rows
-    window = (
-        (-(-t // layout.TILE) + 1) * layout.HALF if fmt.packed else (-(-t // _ROWS) + 1) * _ROWS
-    )
-    window = min(rows, window)
+    window = min(rows, (-(-t // layout.TILE) + 1) * layout.HALF if fmt.packed else t)
     new = new_codes.astype(codes.dtype if not fmt.packed else jnp.uint8)
 
     def one(b: Any, carry: tuple) -> tuple:

@@ -32,7 +32,7 @@ from emulate.kvcache import layout
 from emulate.kvcache.formats import CacheFormat
 from emulate.numerics import codecs
 from emulate.numerics.storage import split_group_bytes
-from emulate.pallas.route import decode_codes
+from emulate.pallas.route import decode_codes, decode_values
 
 __all__ = [
     "PIECES",
@@ -139,16 +139,28 @@ def code_parts(
     """A loaded block of stored codes decoded into ``to``: one array of the block's
     shape, or for 4-bit codes two (the low nibbles, then the high ones: the first and
     the second :data:`emulate.kvcache.layout.HALF` tokens of each tile). Exact: every
-    element value is a bf16 value. With ``first`` (the block's first token) and
-    ``limit``, the rows of tokens at or past ``limit`` are zero (before the conversion:
-    v4 has no bf16 select)."""
+    element value is a bf16 value.
+
+    With ``first`` (the block's first token) and ``limit``, the rows of tokens at or past
+    ``limit`` are zero where a code could decode to NaN or Inf (float8 codes, bfloat16
+    values; done on the integer codes: v4 has no bf16 select); integer and float4 codes
+    are always finite, and a zero weight times them is zero, so they are left as they
+    are (a select an element is a fifth of the decoding's vector work)."""
+    element = fmt.element_format
+    if not (element.has_nan or element.has_inf):
+        limit = None
     if fmt.granularity is None:  # bfloat16 values
         values = [loaded.astype(jnp.float32)]
+    elif fmt.element == "int8":  # sign-extended as loaded, then built from its bits
+        values = [decode_values(loaded, "float32")]
+    elif fmt.element == "int4":  # two's complement nibbles: (n ^ 8) - 8, from bits
+        c = loaded.astype(jnp.int32)
+        values = [_int4_values(n) for n in split_group_bytes([c], 4)]
     else:
         if jnp.issubdtype(loaded.dtype, jnp.floating):  # float8: Mosaic bitcasts to int8
             loaded = lax.bitcast_convert_type(loaded, jnp.int8)
-        c = loaded.astype(jnp.int32) & 0xFF
-        codes = split_group_bytes([c], 4) if fmt.packed else [c]
+        c = loaded.astype(jnp.int32)
+        codes = split_group_bytes([c], 4) if fmt.packed else [c & 0xFF]
         if limit is not None:  # code 0 is zero in every element format
             codes = [
                 jnp.where(row_tokens(fmt, p.shape, first, i) < limit, p, 0)
@@ -159,6 +171,14 @@ def code_parts(
     if limit is not None:
         values = [jnp.where(row_tokens(fmt, v.shape, first, 0) < limit, v, 0.0) for v in values]
     return [v.astype(to) for v in values]
+
+
+def _int4_values(n: jax.Array) -> jax.Array:
+    """int4 codes ``n`` (int32, 0..15) as f32 values: ``n ^ 8`` is the value plus 8, so
+    the float ``2**23 + 2**22 + (n ^ 8)`` is built by an OR into its bits and the
+    offset subtracted once (exact: integers below 2**22): three vector ops a code."""
+    biased = lax.bitcast_convert_type((n ^ 8) | 0x4B400000, jnp.float32)
+    return biased - jnp.float32(12582912.0 + 8.0)
 
 
 def scale_rows(loaded: jax.Array, fmt: CacheFormat) -> jax.Array:

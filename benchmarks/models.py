@@ -55,6 +55,7 @@ import numpy as np
 import emulate.kvcache
 from benchmarks import harness, model_layers, model_specs
 from benchmarks import model_weights as mw
+from benchmarks.model_goals import goal_lines
 from benchmarks.model_layers import ROUTES, head, layer
 from benchmarks.pallas_traffic import estimate_seconds, kernel_traffic
 from emulate import compiler
@@ -428,6 +429,7 @@ def markdown(data: dict[str, Any]) -> str:
                 cells = [hbm, label, *_cells(r)]
                 lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
+    lines += goal_lines(rows)
     return "\n".join(lines) + "\n"
 
 

@@ -19,6 +19,7 @@ from emulate.kvcache import layout, writing
 from emulate.kvcache.formats import CacheFormat, cache_format
 from emulate.numerics import codecs
 from emulate.numerics.pytree import PytreeRecord
+from emulate.quantized.layout import Stored, layout_of
 from emulate.quantized.quantizing import quantize
 
 __all__ = ["KVCache", "head_scales"]
@@ -257,4 +258,6 @@ def head_scales(x: Any, format: str | CacheFormat) -> jax.Array:  # noqa: A002 -
         )
     x = jnp.asarray(x, jnp.float32)
     q = quantize(x, fmt.element, axis=(1, 3), scale_fmt="float32", scale_rule="absmax")
-    return q.scales.reshape(x.shape[0], x.shape[2])
+    scale = layout_of(q).scale
+    assert isinstance(scale, Stored)  # float32 scales: one level
+    return scale.data.reshape(x.shape[0], x.shape[2])

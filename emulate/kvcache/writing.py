@@ -106,13 +106,13 @@ def put(
             # transposed and copy all of it to and from the kernel's layout
             w = min((-(-t // _LANES) + 1) * _LANES, scales.shape[-1])
             c0 = jnp.clip((p // _LANES) * _LANES, 0, scales.shape[-1] - w)
-            at = (layer, b, 0, c0)
-            old_s = lax.dynamic_slice(scales, at, (1, 1, scales.shape[2], w))[0, 0]
+            at_s = (layer, b, 0, c0)
+            old_s = lax.dynamic_slice(scales, at_s, (1, 1, scales.shape[2], w))[0, 0]
             col = c0 + jnp.arange(w, dtype=jnp.int32)
             take = jnp.take(new_scales[b].T, jnp.clip(col - p, 0, t - 1), axis=1)
             keep = (col >= p) & (col < p + t)
             scales = lax.dynamic_update_slice(
-                scales, jnp.where(keep[None, :], take, old_s)[None, None], at
+                scales, jnp.where(keep[None, :], take, old_s)[None, None], at_s
             )
         return codes, scales
 

@@ -63,7 +63,10 @@ def _specs_of(name: str, batch: int, kv: int, g: int, hd: int, cap: int) -> tupl
     return jax.ShapeDtypeStruct((batch, 1, kv * g, hd), jnp.bfloat16), cache
 
 
-@pytest.mark.parametrize("name", ["int8", "q4_0", pytest.param("bfloat16", marks=pytest.mark.long)])
+#: q4_0 by default (packed codes and block scales); the others under EMULATE_LONG_TESTS=1
+@pytest.mark.parametrize(
+    "name", ["q4_0", *(pytest.param(n, marks=pytest.mark.long) for n in ("int8", "bfloat16"))]
+)
 def test_the_kernel_reads_each_stored_byte_once(name) -> None:
     batch, kv, g, hd, cap = 4, 8, 4, 128, 4096
     q, cache = _specs_of(name, batch, kv, g, hd, cap)

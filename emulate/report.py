@@ -135,15 +135,21 @@ class Report:
             for r in self.rows
             if r.weight_route.startswith("xla: ")
         ]
-        kept = "kept off the Pallas kernels (emulate.pallas.matmul, ragged_dot):"
+        kept = "kept off the Pallas kernels (pallas.matmul, pallas.ragged_dot, kvcache.attention):"
         why = [kept, *notes] if notes else []
         return "\n".join([head, table(rows, columns=columns, rule=False), *why])
+
+
+def _kernel_label(route: str) -> bool:
+    """Whether a site's route is a kernel's label (``pallas.matmul``, ``pallas.ragged_dot``,
+    ``kvcache.attention``), not "xla: " and a reason, nor empty."""
+    return bool(route) and not route.startswith("xla: ")
 
 
 def _route_cell(r: Row) -> str:
     """The route column: the kernel, or the plan's method (marked where a weight stays
     on the XLA route of a TPU target, the reason listed under the table)."""
-    if r.weight_route.startswith("pallas."):
+    if _kernel_label(r.weight_route):
         return r.weight_route
     method = r.plan.method if r.plan else ""
     return f"{method} (xla)" if r.weight_route else method
@@ -415,7 +421,7 @@ def _rows(jaxpr: Any, t: targets.Target, mode: str, prefix: tuple[str, ...]) -> 
         name = eqn.primitive.name
         tag = _site_tag(eqn)
         if tag is not None:
-            if _contains_matmul(eqn) or tag.route.startswith("pallas."):
+            if _contains_matmul(eqn) or _kernel_label(tag.route):
                 yield _site_row(eqn, tag, prefix)
             continue
         if name == "pallas_call":

@@ -29,6 +29,9 @@ The public surface:
 - the CPU kernel: a QArray weight times few rows of activations (a decode step) runs a
   numba-compiled kernel that reads the weight as stored (:mod:`emulate.cpu`; its route is
   :mod:`emulate.routing`'s; :func:`use_cpu_kernel` turns it off or on);
+- quantized KV caches: :mod:`emulate.kvcache` (``KVCache``, ``attention``: K and V in
+  8 or 4 bits, attention reading them as stored), imported on first use of
+  ``emulate.kvcache`` because its kernels import ``jax.experimental.pallas``;
 - flax models: :mod:`emulate.flax` (``quantize_model``, ``load_weights``), imported on
   first use of ``emulate.flax`` because flax is an optional dependency;
 - checkpoints: :mod:`emulate.importers` (``load_gguf``, ``load_safetensors``, one
@@ -133,9 +136,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # emulate.pallas imports jax.experimental.pallas, emulate.flax imports flax (optional),
-    # emulate.importers reads through gguf / safetensors (optional): load them on first use.
-    if name in ("pallas", "flax", "importers"):
+    # emulate.pallas and emulate.kvcache import jax.experimental.pallas, emulate.flax imports
+    # flax (optional), emulate.importers reads through gguf / safetensors (optional): load
+    # them on first use.
+    if name in ("pallas", "flax", "importers", "kvcache"):
         return importlib.import_module(f"emulate.{name}")
     if name in _MOVED:
         return sys.modules[_MOVED[name]]

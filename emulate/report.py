@@ -142,15 +142,21 @@ class Report:
 
 #: The heading of the reasons listed under the table, by the target's kind.
 _KEPT = {
-    "tpu": "kept off the Pallas kernels (emulate.pallas.matmul, ragged_dot):",
+    "tpu": "kept off the Pallas kernels (pallas.matmul, pallas.ragged_dot, kvcache.attention):",
     "cpu": "kept off the CPU kernel (emulate.cpu.gemv):",
 }
+
+
+def _kernel_label(route: str) -> bool:
+    """Whether a site's route is a kernel's label (``pallas.matmul``, ``pallas.ragged_dot``,
+    ``kvcache.attention``, ``cpu.gemv``), not "xla: " and a reason, nor empty."""
+    return bool(route) and not route.startswith("xla: ")
 
 
 def _route_cell(r: Row) -> str:
     """The route column: the kernel, or the plan's method (marked where a weight stays
     on the XLA route of a target with a kernel, the reason listed under the table)."""
-    if r.weight_route and not r.weight_route.startswith("xla"):  # a kernel's label
+    if _kernel_label(r.weight_route):
         return r.weight_route
     method = r.plan.method if r.plan else ""
     return f"{method} (xla)" if r.weight_route else method
@@ -422,7 +428,7 @@ def _rows(jaxpr: Any, t: targets.Target, mode: str, prefix: tuple[str, ...]) -> 
         name = eqn.primitive.name
         tag = _site_tag(eqn)
         if tag is not None:
-            if _contains_matmul(eqn) or (tag.route and not tag.route.startswith("xla")):
+            if _contains_matmul(eqn) or _kernel_label(tag.route):
                 yield _site_row(eqn, tag, prefix)
             continue
         if name == "pallas_call":

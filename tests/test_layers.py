@@ -179,6 +179,21 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
+        "kv cache",
+        [
+            "emulate.kvcache.formats",
+            "emulate.kvcache.layout",
+            "emulate.kvcache.writing",
+            "emulate.kvcache.cache",
+            "emulate.kvcache.blocks",
+            "emulate.kvcache.queries",
+            "emulate.kvcache.decode_kernel",
+            "emulate.kvcache.prefill_kernel",
+            "emulate.kvcache.xla_route",
+            "emulate.kvcache.bounds",
+        ],
+    ),
+    (
         "front ends",
         [
             "emulate.sharding",
@@ -197,10 +212,13 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.dot",
             "emulate.conv",
             "emulate.ragged",
+            "emulate.kvcache.attention",
+            "emulate.kvcache",
             "emulate.flax.rounding",
             "emulate.flax.layers",
             "emulate.flax.quantize",
             "emulate.flax.load",
+            "emulate.flax.kvcache",
             "emulate.flax",
         ],
     ),
@@ -785,6 +803,13 @@ TESTED_ELSEWHERE = {
     "emulate.planning.exactness": "exactness limits: planning/test_plan (K-chunks, k_limit)",
     "emulate.planning.slicing": "exponent slicing: engine/test_exact, planning/test_plan",
     "emulate.report": "emulate.inspect: test_program, test_rewrite",
+    "emulate.kvcache": "re-exports only: tests/kvcache/ reach every name through it",
+    "emulate.kvcache.layout": "the token layout: kvcache/test_kvcache_cache (numpy's unpacking)",
+    "emulate.kvcache.writing": "written tokens: kvcache/test_kvcache_cache (reference.quantize)",
+    "emulate.kvcache.blocks": "the kernels' pieces: kvcache/test_kvcache_*_kernel (interpret mode)",
+    "emulate.kvcache.queries": "scaled queries: kvcache/test_kvcache_attention and the kernels",
+    "emulate.kvcache.xla_route": "the XLA route: kvcache/test_kvcache_attention (float64 oracle)",
+    "emulate.kvcache.bounds": "the stated bound: every kvcache attention test checks against it",
 }
 
 
@@ -990,16 +1015,14 @@ ROUTE_RULE: dict[str, set[str]] = {
         "cpu_kernel_enabled",
         "tpu_may_lower",
         "planning_now",
-        "WeightRoute",
     },
-    "emulate.routing": {"current_route", "tpu_may_lower", "WeightRoute"},
+    "emulate.routing": {"current_route", "tpu_may_lower"},
     # the deprecated paths (emulate.moved's stand-ins) reach the same names
     "emulate.route_setting": {
         "current_route",
         "cpu_kernel_enabled",
         "tpu_may_lower",
         "planning_now",
-        "WeightRoute",
     },
     "emulate.kernel_route": {"choose", "decide", "run", "run_op", "tpu_may_lower"},
     "emulate.cpu.route": {"kernel_form", "max_rows", "FEW_ROWS", "MAX_ROWS"},

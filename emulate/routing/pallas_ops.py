@@ -32,7 +32,7 @@ from emulate.quantized.array import QArray
 from emulate.routing.ops import kernel_operand, operand_refusal, weight_side
 from emulate.routing.setting import tpu_may_lower
 
-__all__ = ["PallasGrouped", "PallasMatmul"]
+__all__ = ["PallasGrouped", "PallasMatmul", "pallas_unlowered"]
 
 _NO_TPU = (
     "no TPU in this process (no TPU backend, and JAX's default device is not a TPU, as "
@@ -47,7 +47,7 @@ _PARTITIONED = (
 )
 
 
-def _unlowered() -> str | None:
+def pallas_unlowered() -> str | None:
     """Why route "auto" keeps a Pallas kernel out of a program traced now: no TPU may
     lower it, or JAX may partition it (it does not partition a Pallas call)."""
     if not tpu_may_lower():
@@ -121,7 +121,7 @@ class PallasMatmul:
         return None
 
     def unlowered(self) -> str | None:
-        return _unlowered()
+        return pallas_unlowered()
 
     def advice(self, w: Any) -> str:
         if isinstance(w, QArray) and w.format.bits < 8:
@@ -232,7 +232,7 @@ class PallasGrouped:
         return None
 
     def unlowered(self) -> str | None:
-        return _unlowered()
+        return pallas_unlowered()
 
     def advice(self, w: Any) -> str:
         return ""

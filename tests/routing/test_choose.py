@@ -257,7 +257,9 @@ def test_inspect_shows_the_route_per_site():
     assert routes[1].startswith("xla: emulate.pallas.matmul refuses it: w:")
     text = str(report)
     assert "pallas.matmul" in text.splitlines()[2]
-    assert "kept off the Pallas kernels (emulate.pallas.matmul, ragged_dot):" in text
+    assert (
+        "kept off the Pallas kernels (pallas.matmul, pallas.ragged_dot, kvcache.attention):" in text
+    )
 
 
 def test_auto_keeps_a_program_jax_may_partition_on_the_xla_route():

@@ -18,6 +18,12 @@ nothing else in emulate repeats the name mapping or the subprocess plumbing:
 - :mod:`emulate.compiler.probing`: :func:`probe` compiles a one-line Pallas matmul for every
   case of :func:`probe_cases`, :func:`compiles` one case; :func:`disagreements`,
   :func:`differences` and :func:`report` compare probes with JAX's table and each other.
+- :mod:`emulate.compiler.timing`: :func:`estimate` (and :func:`estimate_many`,
+  :func:`estimate_dump`) times a compiled program from libtpu's final bundle schedule:
+  a :class:`ProgramTime` with each Mosaic kernel's and XLA fusion's :class:`KernelTime`.
+  It reads the schedule with :mod:`emulate.compiler.bundles`, replays it with
+  :mod:`emulate.compiler.replay`, and takes each generation's clock, bandwidth and
+  calibration from :mod:`emulate.compiler.generations` (:func:`generation`).
 
 The recorded probe and its verdicts (``emulate/data/mosaic_probe.json``) live in
 :mod:`emulate.mosaic` and need no compiler; :meth:`emulate.targets.Target.compiles` reads
@@ -36,6 +42,7 @@ from emulate.compiler.devices import (
     libtpu_version,
     topology_devices,
 )
+from emulate.compiler.generations import Generation, generation
 from emulate.compiler.isolate import Job
 from emulate.compiler.probing import (
     Disagreement,
@@ -46,12 +53,24 @@ from emulate.compiler.probing import (
     probe_cases,
     report,
 )
+from emulate.compiler.timing import (
+    KernelTime,
+    ProgramRefused,
+    ProgramTime,
+    estimate,
+    estimate_dump,
+    estimate_many,
+)
 
 __all__ = [
     "TOPOLOGIES",
     "CompilerUnavailable",
     "Disagreement",
+    "Generation",
     "Job",
+    "KernelTime",
+    "ProgramRefused",
+    "ProgramTime",
     "available",
     "check",
     "check_both",
@@ -62,7 +81,11 @@ __all__ = [
     "device",
     "differences",
     "disagreements",
+    "estimate",
+    "estimate_dump",
+    "estimate_many",
     "first_line",
+    "generation",
     "generations",
     "libtpu_version",
     "probe",

@@ -63,6 +63,7 @@ __all__ = [
     "Schedule",
     "ScheduleFiles",
     "Window",
+    "aliases",
     "dump_files",
     "parse",
     "parse_analysis",
@@ -411,6 +412,7 @@ def read(path: str | Path) -> Schedule:
 
 
 _FILE = re.compile(r"^(\d+)-(.+)-(\d+)-(schedule-analysis_)?final_bundles\.txt$")
+_DEDUP = re.compile(r"^(\d+)-TLP-(\d+)-deduplication-map\.txt$")
 
 
 def _program_name(file_name: str) -> str | None:
@@ -436,3 +438,26 @@ def dump_files(directory: str | Path, names: Iterator[str] | None = None) -> lis
         for (_, name), files in found.items()
         if "bundles" in files
     ]
+
+
+def aliases(directory: str | Path, names: Iterator[str] | None = None) -> dict[str, str]:
+    """The top-level programs' deduplication maps in a dump directory (written when the
+    dump's pass regex matches ``deduplication-map``): each HLO name that libtpu compiled
+    as a copy of another, mapped to the name whose schedule it dumped
+    (``{"multiply_add_fusion": "multiply_add_fusion.1"}``). ``names``: only these files.
+
+    The map's text reads ``key:NAME`` / ``equivalent_hlos[size=N]:`` / N indented names.
+    """
+    d = Path(directory)
+    listed = sorted(names) if names is not None else sorted(p.name for p in d.iterdir())
+    found: dict[str, str] = {}
+    for file_name in listed:
+        if not _DEDUP.match(file_name):
+            continue
+        key = ""
+        for line in (d / file_name).read_text().splitlines():
+            if line.startswith("key:"):
+                key = line[4:].strip()
+            elif line.startswith("  ") and key and line.strip() != key:
+                found[line.strip()] = key
+    return found

@@ -218,11 +218,11 @@ _DUMP_FLAGS = re.compile(r"--xla_jf_dump\w*(=\S*)?")
 
 def dump_args(directory: str) -> list[str]:
     """libtpu's flags that write each compiled program's final bundle schedule (and only
-    that pass) into ``directory``."""
+    that pass, with the top-level program's deduplication map) into ``directory``."""
     return [
         f"--xla_jf_dump_to={directory}",
         "--xla_jf_dump_llo_text=true",
-        "--xla_jf_dump_llo_pass_label_regex=final_bundles",
+        "--xla_jf_dump_llo_pass_label_regex=final_bundles|deduplication-map",
     ]
 
 
@@ -493,6 +493,7 @@ def _worker() -> int:
                 out.write(json.dumps(_row(compile_in_process(job))) + "\n")
                 continue
             before = set(os.listdir(dump_dir))
+            jax.clear_caches()  # a program JAX compiled before would leave no files
             compiled = _compiled(job)
             if isinstance(compiled, Verdict):
                 out.write(json.dumps(_row(compiled)) + "\n")

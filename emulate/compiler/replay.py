@@ -235,14 +235,16 @@ def _dma_step(op: Op, pred: Getter | None) -> _Step:
     flag_text = op.named.get("dst_syncflagno")
     flag = getter(flag_text) if flag_text is not None else None
     direction = code.partition(".")[2]
-    reads = direction.startswith("hbm") or code == "dma"
+    reads = direction.startswith("hbm")
     writes = direction.endswith("to_hbm")
-    if not (reads or writes):  # SMEM, host: not HBM traffic
-        reads = writes = False
+    descriptor = None
+    if code == "dma" and op.operands:  # v2/v3: the descriptor was stored to SMEM
+        m = re.match(r"^\[#(\w+)", op.operands[0])
+        descriptor = m.group(1) if m else ""
     return _Step(
         _DMA,
         pred,
-        args=(window.nbytes if window else None, granules, flag, reads, writes),
+        args=(window.nbytes if window else None, granules, flag, reads, writes, descriptor),
     )
 
 
@@ -323,6 +325,250 @@ class _Flags:
         return t
 
 
+#: The granularity (cycles) of the DMA backlog a memoized callee run is keyed by.
+_BACKLOG_STEP: Final = 64
+
+
+@dataclasses.dataclass
+class _Memo:
+    """What one replay reuses: each schedule compiled once, and each callee's run by the
+    DMA backlog it started with (a callee starts with fresh registers and flags, so its
+    run depends on nothing else: a loop calling a kernel 20 times replays it once)."""
+
+    compiled: dict[int, _Compiled] = dataclasses.field(default_factory=dict)
+    runs: dict[tuple[int, int], tuple[Run, float]] = dataclasses.field(default_factory=dict)
+
+
+def _call(
+    callee: Schedule,
+    machine: Machine,
+    programs: Mapping[str, Schedule] | None,
+    dmas: _Dmas,
+    start: float,
+    memo: _Memo,
+) -> Run:
+    """``callee``'s run from cycle ``start`` on the shared DMA timeline."""
+    # the backlog in steps of _BACKLOG_STEP cycles: a loop's calls then replay once
+    backlog = int(max(dmas.free_at - start, 0) // _BACKLOG_STEP) * _BACKLOG_STEP
+    key = (id(callee), backlog)
+    if key in memo.runs:
+        run, free_after = memo.runs[key]
+        dmas.free_at = max(dmas.free_at, start + free_after)
+        return dataclasses.replace(run, start_cycle=start)
+    run = replay(callee, machine, programs, _dmas=dmas, _start=start, _cache=memo)
+    memo.runs[key] = (run, dmas.free_at - start)
+    return run
+
+
+class _Core:
+    """One program's replay: the core's scalar state, its position and its counts."""
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        machine: Machine,
+        programs: Mapping[str, Schedule] | None,
+        dmas: _Dmas,
+        start: float,
+        memo: _Memo,
+    ) -> None:
+        compiled = memo.compiled.get(id(schedule))
+        if compiled is None:
+            compiled = memo.compiled[id(schedule)] = _compile(schedule, machine.delay_slots)
+        self.schedule, self.compiled, self.machine = schedule, compiled, machine
+        self.programs, self.dmas, self.memo, self.start = programs or {}, dmas, memo, start
+        self.flags = _Flags()
+        self.regs: dict[str, Value] = {}
+        self.smem: dict[Value, Value] = {}
+        self.divider: collections.deque[Value] = collections.deque()
+        self.unresolved: list[str] = []
+        self.loops: collections.Counter[int] = collections.Counter()
+        self.calls: list[Run] = []
+        self.issued = self.delay = self.read = self.written = self.dmas_issued = 0
+        self.stall = 0.0
+        self.now = start  # the current cycle on the shared timeline
+        self.cpb = machine.cycles_per_bundle
+        self.pc = 0
+        self.jump_at, self.jump_to = -1, 0  # a taken branch: after jump_at, go to jump_to
+        # this bundle's register and SMEM writes, applied when it ends
+        self.writes: list[tuple[str, Value]] = []
+        self.stores: list[tuple[Value, Value]] = []
+
+    def note(self, text: str) -> None:
+        if len(self.unresolved) < 20 and text not in self.unresolved:
+            self.unresolved.append(text)
+
+    def run(self) -> Run:
+        steps, nxt = self.compiled.steps, self.compiled.next_busy
+        n = len(steps)
+        while True:
+            if 0 <= self.jump_at < self.pc:
+                self.pc, self.jump_at = self.jump_to, -1
+            pc = self.pc
+            if pc >= n:
+                break
+            if not steps[pc]:  # bundles without scalar work: one cycle each
+                limit = nxt[pc] if self.jump_at < 0 else min(nxt[pc], self.jump_at + 1)
+                self.issued += limit - pc
+                self.now += (limit - pc) * self.cpb
+                self.pc = limit
+                continue
+            self.bundle(steps[pc])
+            if self.issued > self.machine.max_bundles:
+                self.note(f"stopped after {self.machine.max_bundles} bundles")
+                break
+        return Run(
+            name=self.schedule.name,
+            issued=self.issued,
+            delay_cycles=self.delay,
+            stall_cycles=self.stall,
+            hbm_read_bytes=self.read,
+            hbm_write_bytes=self.written,
+            dmas=self.dmas_issued,
+            loops=dict(self.loops),
+            grid=self.compiled.grid,
+            unresolved=tuple(self.unresolved),
+            calls=tuple(self.calls),
+            start_cycle=self.start,
+            cycles_per_bundle=self.cpb,
+        )
+
+    def bundle(self, steps: tuple[_Step, ...]) -> None:
+        """Issue the bundle at ``pc``: every operation reads the registers as they were
+        before it; then its writes land and the core moves on a cycle."""
+        regs = self.regs
+        for s in steps:
+            if s.pred is not None:
+                p = s.pred(regs)
+                if p is None or isinstance(p, Addr):
+                    if s.kind == _BRANCH:
+                        self.note(f"branch at {self.pc:#x} on an unknown predicate: not taken")
+                        continue
+                    if s.kind in (_SET, _SLD, _POP):
+                        self.writes.append((s.dest, None))
+                        continue
+                elif not p:
+                    continue
+            self.HANDLERS[s.kind](self, s)
+        for reg, value in self.writes:
+            regs[reg] = value
+        for address, value in self.stores:
+            self.smem[address] = value
+        self.writes.clear()
+        self.stores.clear()
+        self.issued += 1
+        self.now += self.cpb
+        self.pc += 1
+
+    def set(self, s: _Step) -> None:
+        self.writes.append((s.dest, s.fn(self.regs) if s.fn is not None else None))
+
+    def load(self, s: _Step) -> None:
+        self.writes.append((s.dest, self.smem.get(s.args[0](self.regs))))
+
+    def store(self, s: _Step) -> None:
+        self.stores.append((s.args[0](self.regs), s.args[1](self.regs)))
+
+    def branch(self, s: _Step) -> None:
+        target = s.args[0]
+        if target is None:
+            self.note(f"branch at {self.pc:#x} to a region the schedule does not start")
+            return
+        if target <= self.pc:
+            self.loops[target] += 1
+        self.jump_at = self.pc + self.compiled.delay_slots.get(self.pc, 0)
+        self.jump_to = target
+
+    def divide(self, s: _Step) -> None:
+        a, b = s.args[0](self.regs), s.args[1](self.regs)
+        ok = isinstance(a, int) and isinstance(b, int) and b
+        # the divider's results pop in order: quotient, then remainder
+        self.divider.extend((a // b, a % b) if ok else (None, None))
+
+    def pop(self, s: _Step) -> None:
+        self.writes.append((s.dest, self.divider.popleft() if self.divider else None))
+
+    def direction(self, descriptor: str) -> tuple[bool, bool]:
+        """(reads, writes) HBM of a descriptor DMA: its descriptor's words name the
+        buffers it moves between; an output operand's is a write, else a read."""
+        words = [self.smem.get(Addr(descriptor, i)) for i in range(8)]
+        kinds = {w.base.split()[0] for w in words if isinstance(w, Addr)}
+        return "output" not in kinds, "output" in kinds
+
+    def dma(self, s: _Step) -> None:
+        nbytes, granules_of, flag_of, reads, writes_hbm, descriptor = s.args
+        if descriptor is not None:
+            reads, writes_hbm = self.direction(descriptor)
+        granules = granules_of(self.regs) if granules_of is not None else None
+        unit = self.machine.granule_bytes
+        if nbytes is None:
+            nbytes = granules * unit if isinstance(granules, int) else 0
+            if not isinstance(granules, int):
+                self.note(f"DMA at {self.pc:#x} of unknown size: counted as 0 bytes")
+        if not isinstance(granules, int):
+            granules = -(-nbytes // unit)
+        self.dmas_issued += 1
+        done = self.now
+        if reads or writes_hbm:
+            self.read += nbytes if reads else 0
+            self.written += nbytes if writes_hbm else 0
+            done = self.dmas.issue(self.now, nbytes)
+        flag = flag_of(self.regs) if flag_of is not None else None
+        self.flags.pending[flag].append((done, granules))
+
+    def wait(self, s: _Step) -> None:
+        flag, need = s.args[0](self.regs), s.args[1](self.regs)
+        if not isinstance(need, int):
+            self.note(f"wait at {self.pc:#x} for an unknown count: no stall")
+            return
+        until = self.flags.wait(flag, need, self.now)
+        if until is None:
+            self.note(f"wait at {self.pc:#x} for granules no DMA brings: no stall")
+        elif until > self.now:
+            self.stall += until - self.now
+            self.now = until
+
+    def sync_add(self, s: _Step) -> None:
+        flag, delta = s.args[0](self.regs), s.args[1](self.regs)
+        if isinstance(delta, int):
+            self.flags.land(flag, self.now)
+            self.flags.count[flag] += signed(delta)
+
+    def sync_set(self, s: _Step) -> None:
+        flag, value = s.args[0](self.regs), s.args[1](self.regs)
+        self.flags.land(flag, self.now)
+        self.flags.count[flag] = value if isinstance(value, int) else 0
+
+    def delay_cycles(self, s: _Step) -> None:
+        self.delay += s.args[0]
+        self.now += s.args[0] * self.cpb
+
+    def call(self, s: _Step) -> None:
+        name = s.args[0]
+        callee = self.programs.get(name)
+        if callee is None:
+            self.note(f"call of {name or 'an unnamed program'}: not in the dump, 0 cycles")
+            return
+        run = _call(callee, self.machine, self.programs, self.dmas, self.now + self.cpb, self.memo)
+        self.calls.append(run)
+        self.now += run.cycles
+
+    HANDLERS: dict[int, Callable[[_Core, _Step], None]] = {
+        _SET: set,
+        _SLD: load,
+        _SST: store,
+        _BRANCH: branch,
+        _DIV: divide,
+        _POP: pop,
+        _DMA: dma,
+        _WAIT: wait,
+        _SYNCADD: sync_add,
+        _SYNCSET: sync_set,
+        _DELAY: delay_cycles,
+        _CALL: call,
+    }
+
+
 def replay(
     schedule: Schedule,
     machine: Machine,
@@ -330,7 +576,7 @@ def replay(
     *,
     _dmas: _Dmas | None = None,
     _start: float = 0.0,
-    _cache: dict[int, _Compiled] | None = None,
+    _cache: _Memo | None = None,
 ) -> Run:
     """Run ``schedule``'s control flow on ``machine``; the cycles it takes.
 
@@ -338,151 +584,6 @@ def replay(
     top-level program calls its fusions and kernels); a call to a program not there costs
     its one bundle and is noted in :attr:`Run.unresolved`.
     """
-    cache = _cache if _cache is not None else {}
-    compiled = cache.get(id(schedule))
-    if compiled is None:
-        compiled = cache[id(schedule)] = _compile(schedule, machine.delay_slots)
     dmas = _dmas if _dmas is not None else _Dmas(machine)
-    flags = _Flags()
-    regs: dict[str, Value] = {}
-    smem: dict[Value, Value] = {}
-    divider: collections.deque[Value] = collections.deque()
-    unresolved: list[str] = []
-    loops: collections.Counter[int] = collections.Counter()
-    calls: list[Run] = []
-    steps, nxt, slots = compiled.steps, compiled.next_busy, compiled.delay_slots
-    n = len(steps)
-    issued = delay = 0
-    stall = 0.0
-    read = written = count = 0
-    pc = 0
-    jump_at, jump_to = -1, 0  # a taken branch: after bundle jump_at, go to jump_to
-    now = _start  # the current cycle on the shared timeline
-    cpb = machine.cycles_per_bundle
-
-    def note(text: str) -> None:
-        if len(unresolved) < 20 and text not in unresolved:
-            unresolved.append(text)
-
-    while pc < n:
-        if 0 <= jump_at < pc:
-            pc, jump_at = jump_to, -1
-            continue
-        if not steps[pc]:  # bundles without scalar work: one cycle each
-            limit = nxt[pc] if jump_at < 0 else min(nxt[pc], jump_at + 1)
-            issued += limit - pc
-            now += (limit - pc) * cpb
-            pc = limit
-            continue
-        writes: list[tuple[str, Value]] = []
-        stores: list[tuple[Value, Value]] = []
-        for s in steps[pc]:
-            if s.pred is not None:
-                p = s.pred(regs)
-                if p is None or isinstance(p, Addr):
-                    if s.kind == _BRANCH:
-                        note(f"branch at {pc:#x} on an unknown predicate: not taken")
-                        continue
-                    if s.kind == _SET or s.kind == _SLD or s.kind == _POP:
-                        writes.append((s.dest, None))
-                        continue
-                elif not p:
-                    continue
-            kind = s.kind
-            if kind == _SET:
-                value = s.fn(regs) if s.fn is not None else None
-                writes.append((s.dest, value))
-            elif kind == _SLD:
-                writes.append((s.dest, smem.get(s.args[0](regs))))
-            elif kind == _SST:
-                stores.append((s.args[0](regs), s.args[1](regs)))
-            elif kind == _BRANCH:
-                target = s.args[0]
-                if target is None:
-                    note(f"branch at {pc:#x} to a region the schedule does not start")
-                    continue
-                if target <= pc:
-                    loops[target] += 1
-                jump_at, jump_to = pc + slots.get(pc, 0), target
-            elif kind == _DIV:
-                a, b = s.args[0](regs), s.args[1](regs)
-                ok = isinstance(a, int) and isinstance(b, int) and b
-                # the divider's results pop in order: quotient, then remainder
-                divider.extend((a // b, a % b) if ok else (None, None))
-            elif kind == _POP:
-                writes.append((s.dest, divider.popleft() if divider else None))
-            elif kind == _DMA:
-                nbytes, granules_of, flag_of, reads, writes_hbm = s.args
-                granules = granules_of(regs) if granules_of is not None else None
-                if nbytes is None:
-                    nbytes = granules * machine.granule_bytes if isinstance(granules, int) else 0
-                    if not isinstance(granules, int):
-                        note(f"DMA at {pc:#x} of unknown size: counted as 0 bytes")
-                if not isinstance(granules, int):
-                    granules = -(-nbytes // machine.granule_bytes)
-                count += 1
-                if reads or writes_hbm:
-                    read += nbytes if reads else 0
-                    written += nbytes if writes_hbm and not reads else 0
-                    done = dmas.issue(now, nbytes)
-                else:
-                    done = now
-                flag = flag_of(regs) if flag_of is not None else None
-                flags.pending[flag].append((done, granules))
-            elif kind == _WAIT:
-                flag, need = s.args[0](regs), s.args[1](regs)
-                if not isinstance(need, int):
-                    note(f"wait at {pc:#x} for an unknown count: no stall")
-                    continue
-                until = flags.wait(flag, need, now)
-                if until is None:
-                    note(f"wait at {pc:#x} for granules no DMA brings: no stall")
-                elif until > now:
-                    stall += until - now
-                    now = until
-            elif kind == _SYNCADD:
-                flag, delta = s.args[0](regs), s.args[1](regs)
-                if isinstance(delta, int):
-                    flags.land(flag, now)
-                    flags.count[flag] += signed(delta)
-            elif kind == _SYNCSET:
-                flag, value = s.args[0](regs), s.args[1](regs)
-                flags.land(flag, now)
-                flags.count[flag] = value if isinstance(value, int) else 0
-            elif kind == _DELAY:
-                delay += s.args[0]
-                now += s.args[0] * cpb
-            elif kind == _CALL:
-                name = s.args[0]
-                callee = (programs or {}).get(name)
-                if callee is None:
-                    note(f"call of {name or 'an unnamed program'}: not in the dump, 0 cycles")
-                    continue
-                run = replay(callee, machine, programs, _dmas=dmas, _start=now + cpb, _cache=cache)
-                calls.append(run)
-                now += run.cycles
-        for reg, value in writes:
-            regs[reg] = value
-        for address, value in stores:
-            smem[address] = value
-        issued += 1
-        now += cpb
-        pc += 1
-        if issued > machine.max_bundles:
-            note(f"stopped after {machine.max_bundles} bundles")
-            break
-    return Run(
-        name=schedule.name,
-        issued=issued,
-        delay_cycles=delay,
-        stall_cycles=stall,
-        hbm_read_bytes=read,
-        hbm_write_bytes=written,
-        dmas=count,
-        loops=dict(loops),
-        grid=compiled.grid,
-        unresolved=tuple(unresolved),
-        calls=tuple(calls),
-        start_cycle=_start,
-        cycles_per_bundle=cpb,
-    )
+    memo = _cache if _cache is not None else _Memo()
+    return _Core(schedule, machine, programs, dmas, _start, memo).run()

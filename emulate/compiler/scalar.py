@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 _MASK: Final = 0xFFFFFFFF
-IMMEDIATE = re.compile(r"^\$?(-?(?:0x[0-9a-fA-F]+|\d+))")
+IMMEDIATE = re.compile(r"^\$?(-?(?:0x[0-9a-fA-F]+|\d+))$")
 _ALLOC = re.compile(r"^\[#(\w+)(?:\s*\+\s*\$?(0x[0-9a-fA-F]+|\d+))?\]$")
 SMEM = re.compile(r"^\[smem:\[(.*?)\]\](.*)$")
 
@@ -225,8 +225,12 @@ def value_fn(op: Op) -> Callable[[dict[str, Value]], Value] | None:
         base, off = getter(args[0]), getter(args[1].split()[0])
         return lambda r: add(base(r), off(r))
     if code.startswith("inlined_call_operand"):
-        index = re.search(r"index: (\d+)", op.operands[0] if op.operands else "")
-        addr = Addr(f"operand {index.group(1) if index else op.dest}")
+        # the operand's buffer: "input 0", "output 1" (its kind tells a DMA's direction)
+        text = op.operands[0] if op.operands else ""
+        index = re.search(r"index: (\d+)", text)
+        kind = re.search(r"kind: (\w+)", text)
+        name = f"{kind.group(1) if kind else 'operand'} {index.group(1) if index else op.dest}"
+        addr = Addr(name)
         return lambda r: addr
     if code == "scalar_parameter_address" and args:
         addr = Addr(f"parameter {args[0]}")

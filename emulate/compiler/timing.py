@@ -219,13 +219,21 @@ def machine(gen: Generation) -> Machine:
     )
 
 
-def _kinds(top: _bundles.Schedule) -> dict[str, str]:
-    """Each called program's kind, from the top-level program's call comments."""
+def _kinds(top: _bundles.Schedule, files: Mapping[str, _bundles.ScheduleFiles]) -> dict[str, str]:
+    """Each called program's kind, from the top-level program's call comments: a
+    ``custom-call`` is a Mosaic kernel when its schedule analysis names a
+    ``tpu_custom_call`` (XLA has custom calls of its own)."""
     kinds: dict[str, str] = {}
     for _, op in top.ops("inlined_call"):
         m = _KIND.search(op.comment)
-        if m:
-            kinds[m.group(1)] = "kernel" if m.group(2) == "custom-call" else m.group(2)
+        if not m:
+            continue
+        kind = m.group(2)
+        if kind == "custom-call":
+            f = files.get(m.group(1))
+            text = f.analysis.read_text() if f is not None and f.analysis is not None else ""
+            kind = "kernel" if "tpu_custom_call" in text else kind
+        kinds[m.group(1)] = kind
     return kinds
 
 
@@ -285,6 +293,7 @@ def estimate_dump(
     files: Sequence[str] | None = None,
     cost: Mapping[str, float] | None = None,
     calibrated: bool = True,
+    constants: Generation | None = None,
 ) -> ProgramTime:
     """The :class:`ProgramTime` of one program whose final bundle schedules libtpu dumped
     into ``directory`` (run with ``LIBTPU_INIT_ARGS="--xla_jf_dump_to=DIR
@@ -299,13 +308,15 @@ def estimate_dump(
         hold exactly one top-level program.
       cost: the compiled program's ``cost_analysis()`` (for ``xla_optimal_seconds``).
       calibrated: apply the recorded calibration (:func:`generation`).
+      constants: the generation's constants to use instead (a what-if: another clock,
+        bandwidth or calibration); ``target`` and ``calibrated`` are then ignored.
 
     Raises:
       ValueError: no top-level program's schedule among the files, or several; a
         target without a clock; a schedule libtpu wrote in a form this reader does not
         know (the file is named).
     """
-    gen = generation(target, calibrated=calibrated)
+    gen = constants if constants is not None else generation(target, calibrated=calibrated)
     found = _bundles.dump_files(Path(directory), iter(files) if files is not None else None)
     tops = [f for f in found if f.name == "TLP"]
     if len(tops) != 1:
@@ -316,9 +327,14 @@ def estimate_dump(
             "process, or pass the files of one compile"
         )
     programs = {f.name: _bundles.read(f.bundles) for f in found}
+    by_name = {f.name: f for f in found}
+    for alias, key in _bundles.aliases(Path(directory), iter(files) if files else None).items():
+        if key in programs and alias not in programs:
+            programs[alias] = programs[key]
+            by_name.setdefault(alias, by_name[key])
     top = programs["TLP"]
     run = replay(top, machine(gen), programs)
-    kinds = _kinds(top)
+    kinds = _kinds(top, by_name)
     called = _summaries(_flatten(run), programs, kinds, gen)
     return ProgramTime(
         target=gen.target,

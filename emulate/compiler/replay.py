@@ -33,7 +33,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from emulate.compiler.bundles import Op, Schedule, physical
 from emulate.compiler.scalar import (

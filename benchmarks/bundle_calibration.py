@@ -12,8 +12,8 @@ calibrated model and the error.
 
 The calibration, per target with timings: the cycles a bundle takes (the compute-bound
 rows: each Mosaic kernel and the XLA route) and the fraction of peak HBM bandwidth DMAs
-reach (the memory-bound rows: the bf16 programs), each fitted on its rows as the
-geometric mean of real over raw model. ``--write`` stores them in
+reach (the memory-bound rows: the bf16 programs), each the geometric mean over its rows
+of real over raw model (of raw model over real for the bandwidth). ``--write`` stores them in
 ``emulate/data/bundle_calibration.json``, which :func:`emulate.compiler.generation`
 reads. Run as ``python -m benchmarks.bundle_calibration [--write]``; nothing here runs
 in a test.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import json
 import math
 import os
@@ -45,7 +46,8 @@ DUMPS = harness.RESULTS / "bundle_dumps"
 _LOAD = (
     "import importlib.util, sys; "
     "s = importlib.util.spec_from_file_location('chip_programs', {path!r}); "
-    "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
+    "m = importlib.util.module_from_spec(s); sys.modules['chip_programs'] = m; "
+    "s.loader.exec_module(m); "
     "sys.exit(m.dump_main(sys.argv[1:]))"
 )
 
@@ -84,16 +86,12 @@ def _tree(commit: str, scratch: Path) -> Path:
     tree = scratch / full[:12]
     if not tree.exists():
         tree.mkdir(parents=True)
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", full], capture_output=True, check=True)
-        with tarfile.open(fileobj=_BytesIO(archive.stdout)) as tar:
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", full], capture_output=True, check=True
+        )
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
             tar.extractall(tree, filter="data")
     return tree
-
-
-def _BytesIO(data: bytes) -> Any:  # noqa: N802 - a constructor's name
-    import io
-
-    return io.BytesIO(data)
 
 
 def _git(*args: str) -> str:
@@ -130,21 +128,30 @@ def dumps(target: str, commit: str, cases: Iterable[str], scratch: Path) -> tupl
     return directory, manifest
 
 
-def model_seconds(directory: Path, entry: dict, target: str, **gen: float) -> dict[str, float]:
-    """One timed program's estimate a call: total, kernels', XLA's, and its compute and
-    stall parts, with the generation's constants overridden by ``gen``."""
-    from emulate.compiler import generation, timing
+@dataclasses.dataclass(frozen=True)
+class Located:
+    """A recorded timing and the dumped schedules of the program it timed."""
 
-    base = generation(target, calibrated=False)
-    g = dataclasses.replace(base, **gen)
-    t = timing.estimate_dump(directory, target, files=entry["files"], constants=g)
-    compute = sum(k.compute_seconds for k in t.kernels + t.xla)
+    row: Row
+    directory: Path
+    files: tuple[str, ...]
+
+
+def model(at: Located, **constants: float) -> dict[str, float]:
+    """The estimate a call of ``at``'s program (seconds): total, its kernels', XLA's, the
+    bundles' and the DMA stalls' parts, and its HBM bytes; the generation's raw
+    constants overridden by ``constants``."""
+    from emulate.compiler import estimate_dump, generation
+
+    g = dataclasses.replace(generation(at.row.target, calibrated=False), **constants)  # type: ignore[arg-type]
+    t = estimate_dump(at.directory, at.row.target, files=at.files, constants=g)
+    called = t.kernels + t.xla
     return {
         "seconds": t.seconds / LOOP,
         "kernels": t.kernel_seconds / LOOP,
         "xla": t.xla_seconds / LOOP,
-        "compute": compute / LOOP,
-        "stall": sum(k.stall_seconds for k in t.kernels + t.xla) / LOOP,
+        "compute": sum(k.compute_seconds for k in called) / LOOP,
+        "stall": sum(k.stall_seconds for k in called) / LOOP,
         "bytes": t.hbm_bytes / LOOP,
     }
 
@@ -153,101 +160,107 @@ def _memory_bound(case: str) -> bool:
     return case.startswith(("layer/bf16", "projection/bf16"))
 
 
-def fit(target: str, raw: list[tuple[Row, dict[str, float]]]) -> dict[str, Any]:
-    """The calibration of ``target`` from its rows' raw estimates (see the docstring)."""
-    compute = [r.seconds / m["seconds"] for r, m in raw if not _memory_bound(r.case)]
-    memory = [r.seconds / m["seconds"] for r, m in raw if _memory_bound(r.case)]
+def fit(raw: list[tuple[Located, dict[str, float]]]) -> dict[str, Any]:
+    """One target's calibration from its rows' raw estimates (see the docstring)."""
 
     def gmean(v: list[float]) -> float:
         return math.exp(sum(math.log(x) for x in v) / len(v)) if v else 1.0
 
+    compute = [a.row.seconds / m["seconds"] for a, m in raw if not _memory_bound(a.row.case)]
+    memory = [m["seconds"] / a.row.seconds for a, m in raw if _memory_bound(a.row.case)]
     return {
         "cycles_per_bundle": round(gmean(compute), 4),
-        "hbm_efficiency": round(1 / gmean(memory), 4) if memory else 1.0,
+        "hbm_efficiency": round(gmean(memory), 4),
         "compute_rows": len(compute),
         "memory_rows": len(memory),
     }
 
 
-def run(args: argparse.Namespace) -> harness.Report:
-    """Estimate every recorded timing; the report (and the calibration file with
-    ``--write``)."""
-    from emulate.compiler import generations, libtpu_version
-
-    recorded = rows(args.data)
+def locate(recorded: list[Row], scratch: Path) -> list[Located]:
+    """Each timing with its program's dumped schedules (compiled where missing)."""
     groups: dict[tuple[str, str], list[Row]] = {}
     for r in recorded:
         groups.setdefault((r.target, r.commit), []).append(r)
-    raw: dict[str, list[tuple[Row, dict[str, float]]]] = {}
+    found = []
+    for (target, commit), rs in groups.items():
+        directory, manifest = dumps(target, commit, [r.case for r in rs], scratch)
+        for r in rs:
+            entry = manifest[r.case]
+            if "error" in entry:
+                print(f"{r.case} at {commit[:7]}: {entry['error']}", file=sys.stderr)
+                continue
+            found.append(Located(r, directory, tuple(entry["files"])))
+    return found
+
+
+_HEADS = ("target", "program", "commit", "real (us)", "model, raw (us)",
+          "model, calibrated (us)", "error")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> harness.Report:
+    """Estimate every recorded timing; the report (and the calibration file with
+    ``--write``)."""
+    from emulate.compiler import libtpu_version
+
     with tempfile.TemporaryDirectory(prefix="emulate-trees-") as scratch:
-        for (target, commit), rs in groups.items():
-            directory, manifest = dumps(target, commit, [r.case for r in rs], Path(scratch))
-            for r in rs:
-                entry = manifest[r.case]
-                if "error" in entry:
-                    print(f"{r.case} at {commit[:7]}: {entry['error']}", file=sys.stderr)
-                    continue
-                raw.setdefault(target, []).append((r, model_seconds(directory, entry, target)))
-    calibration = {t: fit(t, got) for t, got in raw.items()}
-    lines = [f"`{args.command}` (libtpu {libtpu_version()})", ""]
-    table = [
-        "| target | program | commit | real (us) | model, raw (us) | model, calibrated (us) | error |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    out_rows = []
+        located = locate(rows(args.data), Path(scratch))
+    raw: dict[str, list[tuple[Located, dict[str, float]]]] = {}
+    for at in located:
+        raw.setdefault(at.row.target, []).append((at, model(at)))
+    calibration = {t: fit(got) for t, got in raw.items()}
+    table = ["| " + " | ".join(_HEADS) + " |", "|---" * len(_HEADS) + "|"]
+    out = []
     for target, got in raw.items():
         c = calibration[target]
-        for r, m in got:
-            cal = model_seconds(
-                *_where(target, r), target,
-                cycles_per_bundle=c["cycles_per_bundle"], hbm_efficiency=c["hbm_efficiency"],
-            )  # fmt: skip
+        for at, m in got:
+            cal = model(at, cycles_per_bundle=c["cycles_per_bundle"],
+                        hbm_efficiency=c["hbm_efficiency"])  # fmt: skip
+            r = at.row
             err = cal["seconds"] / r.seconds - 1
-            out_rows.append({"target": target, "case": r.case, "commit": r.commit, "real_s": r.seconds,
-                             "raw": m, "calibrated": cal, "error": err})  # fmt: skip
+            out.append({"target": target, "case": r.case, "commit": r.commit, "error": err,
+                        "real_s": r.seconds, "raw": m, "calibrated": cal})  # fmt: skip
             table.append(
                 f"| {target} | `{r.case}` | {r.commit[:7]} | {r.seconds * 1e6:.1f} | "
                 f"{m['seconds'] * 1e6:.1f} | {cal['seconds'] * 1e6:.1f} | {err * 100:+.1f}% |"
             )
-    lines += table + [""]
+        errors = [abs(float(o["error"])) for o in out if o["target"] == target]
+        c["worst_error"] = round(max(errors), 4)
+        c["source"] = (
+            f"{len(got)} timings in benchmarks/data/chip_times "
+            f"({', '.join(sorted({a.row.source for a, _ in got}))})"
+        )
+    lines = [f"`{args.command}` (libtpu {libtpu_version()})", "", *table, ""]
     for t, c in calibration.items():
-        errs = [abs(o["error"]) for o in out_rows if o["target"] == t]
         lines.append(
             f"{t}: {c['cycles_per_bundle']:.3f} cycles a bundle ({c['compute_rows']} rows), "
             f"DMAs at {c['hbm_efficiency']:.3f} of peak HBM ({c['memory_rows']} rows); "
-            f"worst error {max(errs) * 100:.1f}%"
+            f"worst error {c['worst_error'] * 100:.1f}%"
         )
-        c["worst_error"] = round(max(errs), 4)
     if args.write:
-        payload = {
-            "about": "written by python -m benchmarks.bundle_calibration --write",
-            "libtpu": libtpu_version(),
-            "generations": {
-                t: {**c, "source": f"{len([o for o in out_rows if o['target'] == t])} timings "
-                    f"in benchmarks/data/chip_times ({', '.join(sorted({r.source for r, _ in raw[t]}))})"}
-                for t, c in calibration.items()
-            },
-        }  # fmt: skip
-        generations.CALIBRATION_PATH.write_text(json.dumps(payload, indent=1) + "\n")
-        generations.calibrations.cache_clear()
-        lines.append(f"wrote {generations.CALIBRATION_PATH.relative_to(ROOT)}")
-    data = {"benchmark": "bundle_calibration", "command": args.command, "rows": out_rows,
+        lines.append(_write(calibration, libtpu_version()))
+    data = {"benchmark": "bundle_calibration", "command": args.command, "rows": out,
             "calibration": calibration}  # fmt: skip
     return harness.Report(data, "\n".join(lines) + "\n")
 
 
-_WHERE: dict[tuple[str, str], tuple[Path, dict]] = {}
+def _write(calibration: dict[str, Any], libtpu: str | None) -> str:
+    from emulate.compiler import cores
 
-
-def _where(target: str, r: Row) -> tuple[Path, dict]:
-    directory = DUMPS / target / _git("rev-parse", r.commit)[:12]
-    manifest = json.loads((directory / "manifest.json").read_text())
-    return directory, manifest[r.case]
+    payload = {
+        "about": "written by python -m benchmarks.bundle_calibration --write",
+        "libtpu": libtpu,
+        "generations": calibration,
+    }
+    cores.CALIBRATION_PATH.write_text(json.dumps(payload, indent=1) + "\n")
+    cores.calibrations.cache_clear()
+    return f"wrote {cores.CALIBRATION_PATH.relative_to(ROOT)}"
 
 
 def flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, default=DATA, help="the timings' directory")
-    p.add_argument("--write", action="store_true", help="write emulate/data/bundle_calibration.json")
+    p.add_argument(
+        "--write", action="store_true", help="write emulate/data/bundle_calibration.json"
+    )
 
 
 BENCHMARK = harness.Benchmark(

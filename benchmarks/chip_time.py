@@ -56,7 +56,9 @@ def _commit(given: str | None) -> str | None:
     if given:
         return given
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        )
     except (OSError, subprocess.CalledProcessError):
         return None
     return out.stdout.strip() or None
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> harness.Report:
         "libtpu": _version("libtpu") or _version("libtpu-nightly"),
         "commit": _commit(args.commit),
         "command": args.command,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "loop": LOOP,
         "repeats": args.repeats,
         "rows": rows,

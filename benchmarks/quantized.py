@@ -78,7 +78,7 @@ import numpy as np
 import emulate
 import emulate.mx
 import emulate.pallas
-from benchmarks import harness
+from benchmarks import bundle_columns, harness
 from benchmarks.cases import SHAPES, goal, parse_names, parse_shapes, shape_of
 from benchmarks.contenders import scheme_programs
 from benchmarks.pallas_traffic import compiled_figures, kernel_calls, kernel_traffic
@@ -159,13 +159,16 @@ def compile_row(
     x = jax.ShapeDtypeStruct((m, k), BF16)
     t0 = time.perf_counter()
     try:
-        compiled = compiler.compile(fn, x, leaves, target=generation)
+        compiled, timed = bundle_columns.compile_timed(
+            lambda: compiler.compile(fn, x, leaves, target=generation), generation
+        )
     except harness.COMPILE_REFUSALS as e:
         row.update(status="refused", reason=harness.short_error(e))
         return row
     finally:
         row["compile_s"] = time.perf_counter() - t0
-    row |= compiled_figures(compiled)
+    row |= compiled_figures(compiled) | timed
+    row |= bundle_columns.floors(generation, stored, k * n)
     if kernel_calls(compiled):
         # a Pallas kernel: the compiler's bytes cover the ops around it, not the kernel
         traffic = kernel_traffic(fn, [x, leaves], generation)
@@ -402,6 +405,26 @@ def _grouped(rows: Sequence[dict[str, Any]], platform: str) -> dict[tuple, dict[
     return groups
 
 
+def _bundle_table(rows: Sequence[dict[str, Any]], platform: str) -> list[str]:
+    """The bundle model's time of each contender (:mod:`benchmarks.bundle_columns`)."""
+    lines = [
+        f"## {platform}, the bundle model (us; x (a) and x the stored bytes at the HBM "
+        "bandwidth; the matrix units' feed floor)",
+        "",
+        "| scheme | M x K x N | stored / HBM (us) | feed floor (us) | "
+        + " | ".join(CONTENDERS.values()) + " |",
+        "|---|---|---|---|" + "---|" * len(CONTENDERS),
+    ]  # fmt: skip
+    for (name, shape), by in _grouped(rows, platform).items():
+        first = next(iter(by.values()))
+        lines.append(
+            f"| {ALL_SCHEMES[name].title} | {shape} | {harness.us(first.get('hbm_s'))} | "
+            f"{harness.us(first.get('feed_s'))} | "
+            + " | ".join(bundle_columns.cell(by.get(k)) for k in CONTENDERS) + " |"
+        )  # fmt: skip
+    return [*lines, ""]
+
+
 def markdown(report: dict[str, Any]) -> str:
     rows, env = report["results"], report["environment"]
     lines = [
@@ -434,6 +457,8 @@ def markdown(report: dict[str, Any]) -> str:
                 + " |"
             )
         lines.append("")
+        if not cpu and any(r.get("bundle_s") for r in rows if r["platform"] == platform):
+            lines += _bundle_table(rows, platform)
     if report["offsets"]:
         lines += [
             "## The offset term: (c) or (d) with zero points / mins over the same without",
@@ -488,6 +513,7 @@ def run(args: argparse.Namespace) -> harness.Report:
         for gen in gens:
             rows += tpu_rows(gen, shape, names, log, args.contenders or tuple(CONTENDERS))
     add_ratios(rows)
+    bundle_columns.add_ratios(rows, ("platform", "pair", "M", "K", "N"), "floor")
     offsets = offset_costs(rows)
     data = {
         "benchmark": "quantized",
@@ -541,6 +567,7 @@ BENCHMARK = harness.Benchmark(
     flags=flags,
     repeats=(7, 3),
     quick=f"{harness.shape_text(QUICK_SHAPES[0])} only, 3 repeats",
+    dumps=True,
 )
 main = BENCHMARK.main
 

@@ -44,7 +44,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.compiler.bundles",
             "emulate.compiler.scalar",
             "emulate.compiler.replay",
-            "emulate.compiler.generations",
+            "emulate.compiler.cores",
             "emulate.compiler.timing",
             "emulate.compiler",
             "emulate.reference.codes",

@@ -7,7 +7,7 @@ top-level program with every fusion and kernel it calls (:mod:`emulate.compiler.
 loops, predicated regions, the Pallas grid, DMAs against HBM bandwidth) and returns a
 :class:`ProgramTime`: each Mosaic kernel's time, bundles a grid step, steps, DMA bytes and
 whether its schedule or its DMAs bound it; XLA's own fusions the same way; the program's
-total; and the generation's constants (:mod:`emulate.compiler.generations`).
+total; and the generation's constants (:mod:`emulate.compiler.cores`).
 
 Example (a Q4_K weight prepared for the kernel; numbers from libtpu 0.0.42.1)::
 
@@ -37,9 +37,9 @@ from typing import Any
 
 from emulate import targets as _targets
 from emulate.compiler import bundles as _bundles
-from emulate.compiler.devices import device, libtpu_version
-from emulate.compiler.generations import Generation, generation
-from emulate.compiler.isolate import Dumped, Job, dump_isolated
+from emulate.compiler.cores import Generation, generation
+from emulate.compiler.devices import compat_mode, device, libtpu_version
+from emulate.compiler.isolate import DUMP_VARIABLE, Dumped, Job, child_env, dump_isolated
 from emulate.compiler.replay import Machine, Run, replay
 from emulate.mosaic import Verdict
 
@@ -47,7 +47,10 @@ __all__ = [
     "KernelTime",
     "ProgramTime",
     "ProgramRefused",
+    "dump_directory",
+    "dumping_env",
     "estimate",
+    "estimate_compiled",
     "estimate_dump",
     "estimate_many",
     "machine",
@@ -430,3 +433,71 @@ def estimate(
     if isinstance(result, Verdict):
         raise ProgramRefused(result)
     return result
+
+
+_DUMP_TO = re.compile(r"--xla_jf_dump_to=(\S+)")
+
+
+def dump_directory() -> str | None:
+    """The directory this process's libtpu dumps final bundle schedules into (its
+    ``LIBTPU_INIT_ARGS`` asks for ``--xla_jf_dump_to=DIR`` with LLO text), or None.
+    libtpu reads the variable once, when it loads: set it before anything loads libtpu
+    (:func:`dumping_env` gives the environment of a process that dumps)."""
+    args = os.environ.get("LIBTPU_INIT_ARGS", "")
+    m = _DUMP_TO.search(args)
+    return m.group(1) if m and "--xla_jf_dump_llo_text=true" in args else None
+
+
+def dumping_env(directory: str | os.PathLike[str]) -> dict[str, str]:
+    """This process's environment for a subprocess whose libtpu dumps final bundle
+    schedules into ``directory`` (this process's Mosaic compatibility setting kept), for
+    :func:`estimate_compiled` there."""
+    env = child_env(compat_mode(), dump_to=str(directory))
+    env.pop(DUMP_VARIABLE, None)
+    return env
+
+
+def estimate_compiled(
+    compile_program: Callable[[], Any],
+    target: str | _targets.Target,
+    *,
+    calibrated: bool = True,
+) -> tuple[Any, ProgramTime]:
+    """Run ``compile_program()`` (which compiles one program for ``target`` with the
+    real compiler in this process, as :func:`emulate.compiler.compile` or a
+    ``jax.jit(...).lower(...).compile()`` with shardings and layouts of one's own does)
+    and estimate that program from the schedules its compile dumped: ``(compiled,
+    ProgramTime)``.
+
+    This process's libtpu must dump (:func:`dump_directory`; start it with
+    :func:`dumping_env`). JAX's caches are cleared first, so that the program is
+    compiled, and dumped, again even where JAX compiled it before.
+
+    Raises:
+      RuntimeError: this process's libtpu does not dump, or the compile dumped no
+        top-level program.
+      Exception: whatever ``compile_program`` raises.
+    """
+    import jax
+
+    directory = dump_directory()
+    if directory is None:
+        raise RuntimeError(
+            "estimate_compiled: this process's libtpu does not dump its schedules; start "
+            "it with emulate.compiler.dumping_env(DIR) (LIBTPU_INIT_ARGS='--xla_jf_dump_to"
+            "=DIR --xla_jf_dump_llo_text=true'), or use emulate.compiler.estimate"
+        )
+    os.makedirs(directory, exist_ok=True)
+    before = set(os.listdir(directory))
+    jax.clear_caches()
+    compiled = compile_program()
+    added = sorted(set(os.listdir(directory)) - before)
+    cost = compiled.cost_analysis() if hasattr(compiled, "cost_analysis") else None
+    if isinstance(cost, list):
+        cost = cost[0] if cost else None
+    try:
+        return compiled, estimate_dump(
+            directory, target, files=added, cost=cost, calibrated=calibrated
+        )
+    finally:
+        _remove(Dumped(directory, tuple(added), {}))

@@ -62,7 +62,11 @@ def test_the_kernel_schedule_as_read():
 def test_a_dma_with_its_named_operands_and_window():
     s = bundles.read(_files("tpu_v5e")["tiny_matmul.1"].bundles)
     (dma,) = s.bundles[0x25].ops
-    assert (dma.opcode, dma.predicate, dma.operands) == ("dma.hbm_to_vmem", "!%p658_p9", ("[thread:$0]",))
+    assert (dma.opcode, dma.predicate, dma.operands) == (
+        "dma.hbm_to_vmem",
+        "!%p658_p9",
+        ("[thread:$0]",),
+    )
     assert dma.named == {
         "hbm": "%s155_s8",
         "size_in_granules": "2048",
@@ -115,14 +119,21 @@ def test_an_excerpt_with_a_kept_value_nested_comments_and_a_multi_line_bundle():
     assert (add.opcode, add.operands, add.predicate) == ("sadd.s32", ("1", "%s2_s2"), None)
     assert first.starts == (3,) and first.ends == ()
     (halt,) = second.ops
-    assert (second.mark, second.depth, halt.opcode, halt.predicate) == ("LB", 2, "shalt.err", "!%p8_p1")
+    assert (second.mark, second.depth, halt.opcode, halt.predicate) == (
+        "LB",
+        2,
+        "shalt.err",
+        "!%p8_p1",
+    )
     assert halt.comment.startswith("BoundsCheck 1 [deref of %s4]")
     assert second.ends == (3, 4) and second.starts == (4,)
     assert third.ops == ()
 
 
 def test_what_is_not_a_schedule_is_refused_with_its_reason():
-    with pytest.raises(ValueError, match=r"^schedule 'x': no bundle found \(not a final_bundles file\)$"):
+    with pytest.raises(
+        ValueError, match=r"^schedule 'x': no bundle found \(not a final_bundles file\)$"
+    ):
         bundles.parse("HloModule foo\n", "x")
     with pytest.raises(ValueError, match=r"^schedule 'x': bundle 1 has address 0x2$"):
         bundles.parse(HEAD + "   0   :  {}\n   0x2   :  {}\n", "x")

@@ -12,7 +12,9 @@ HEAD = "= control target key start\nLB: loop body\n= control target key end\n\n"
 
 # A loop of four iterations (s0 = 1 .. 4) whose region 6 (a vdelay 3 and one more bundle)
 # runs only when s0 == 2; each branch has one delay slot.
-LOOP = HEAD + """\
+LOOP = (
+    HEAD
+    + """\
      0   :  { %s1_s0 = smov 0 }
    0x1 LB: > { %s2_s0 = sadd.s32 1, %s1_s0 } /* Start region 5 */
    0x2   : > { %p3_p0 = scmp.ne.s32.totalorder %s2_s0, 2 }
@@ -20,11 +22,12 @@ LOOP = HEAD + """\
    0x4   : > {}
    0x5   : > { %5 = vdelay 3 } /* Start region 6 */
    0x6   : > {} /* End region 6 */
-   0x7 PF: > { %p6_p1 = scmp.ge.s32.totalorder %s2_s0, 4 /* loop exit test */ } /* Start/End empty region 7 */
+   0x7 PF: > { %p6_p1 = scmp.ge.s32.totalorder %s2_s0, 4 } /* Start/End empty region 7 */
    0x8   : > { %7 = sbr.rel (!%p6_p1) target = $region5 }
    0x9   : > {} /* End region 5 */
    0xa   :  {}
 """
+)
 
 
 def _machine(**kw: float) -> replay.Machine:

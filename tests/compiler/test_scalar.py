@@ -60,9 +60,8 @@ def test_addresses_move_by_offsets_and_compare_within_one_allocation():
     assert lt is not None
     assert lt({"s1": Addr("a", 1), "s2": Addr("a", 2)}) is True
     assert lt({"s1": Addr("a", 1), "s2": Addr("b", 2)}) is None
-    operand = scalar.value_fn(
-        _op("%s5_s0 = inlined_call_operand.hbm [shape: f32[8], index: 2, kind: output, shape index: {}]")
-    )
+    text = "[shape: f32[8], index: 2, kind: output, shape index: {}]"
+    operand = scalar.value_fn(_op(f"%s5_s0 = inlined_call_operand.hbm {text}"))
     assert operand is not None and operand({}) == Addr("output 2")
 
 

@@ -1,4 +1,4 @@
-"""The constants of each TPU generation that turn a bundle schedule into seconds.
+"""The TensorCore of each TPU generation: the constants that turn a bundle schedule into seconds.
 
 :mod:`emulate.targets` already owns what JAX's table states per TensorCore: the HBM
 bandwidth (``mem_bw_bytes_per_second``), VMEM, the matrix unit's width and the peak

@@ -63,3 +63,32 @@ def cell(r: dict[str, Any] | None) -> str:
     if r.get("bundle_over_hbm") is not None:
         notes.append(f"{r['bundle_over_hbm']:.1f}x HBM")
     return text + (f" ({', '.join(notes)})" if notes else "")
+
+
+def table(
+    groups: dict[tuple[str, str], dict[str, dict[str, Any]]],
+    platform: str,
+    titles: dict[str, str],
+    contenders: dict[str, str],
+) -> list[str]:
+    """The bundle model's table for one TPU generation of :mod:`benchmarks.quantized`: a
+    row per (scheme, shape) of ``groups`` with the bytes and feed floors and each
+    contender's :func:`cell`; nothing where no row has a bundle estimate."""
+    if not any(r.get("bundle_s") for by in groups.values() for r in by.values()):
+        return []
+    lines = [
+        f"## {platform}, the bundle model (us; x (a) and x the stored bytes at the HBM "
+        "bandwidth; the matrix units' feed floor)",
+        "",
+        "| scheme | M x K x N | stored / HBM (us) | feed floor (us) | "
+        + " | ".join(contenders.values()) + " |",
+        "|---|---|---|---|" + "---|" * len(contenders),
+    ]  # fmt: skip
+    for (name, shape), by in groups.items():
+        first = next(iter(by.values()))
+        lines.append(
+            f"| {titles[name]} | {shape} | {harness.us(first.get('hbm_s'))} | "
+            f"{harness.us(first.get('feed_s'))} | "
+            + " | ".join(cell(by.get(k)) for k in contenders) + " |"
+        )  # fmt: skip
+    return [*lines, ""]

@@ -405,26 +405,6 @@ def _grouped(rows: Sequence[dict[str, Any]], platform: str) -> dict[tuple, dict[
     return groups
 
 
-def _bundle_table(rows: Sequence[dict[str, Any]], platform: str) -> list[str]:
-    """The bundle model's time of each contender (:mod:`benchmarks.bundle_columns`)."""
-    lines = [
-        f"## {platform}, the bundle model (us; x (a) and x the stored bytes at the HBM "
-        "bandwidth; the matrix units' feed floor)",
-        "",
-        "| scheme | M x K x N | stored / HBM (us) | feed floor (us) | "
-        + " | ".join(CONTENDERS.values()) + " |",
-        "|---|---|---|---|" + "---|" * len(CONTENDERS),
-    ]  # fmt: skip
-    for (name, shape), by in _grouped(rows, platform).items():
-        first = next(iter(by.values()))
-        lines.append(
-            f"| {ALL_SCHEMES[name].title} | {shape} | {harness.us(first.get('hbm_s'))} | "
-            f"{harness.us(first.get('feed_s'))} | "
-            + " | ".join(bundle_columns.cell(by.get(k)) for k in CONTENDERS) + " |"
-        )  # fmt: skip
-    return [*lines, ""]
-
-
 def markdown(report: dict[str, Any]) -> str:
     rows, env = report["results"], report["environment"]
     lines = [
@@ -457,8 +437,9 @@ def markdown(report: dict[str, Any]) -> str:
                 + " |"
             )
         lines.append("")
-        if not cpu and any(r.get("bundle_s") for r in rows if r["platform"] == platform):
-            lines += _bundle_table(rows, platform)
+        if not cpu:
+            titles = {name: ALL_SCHEMES[name].title for name in ALL_SCHEMES}
+            lines += bundle_columns.table(_grouped(rows, platform), platform, titles, CONTENDERS)
     if report["offsets"]:
         lines += [
             "## The offset term: (c) or (d) with zero points / mins over the same without",

@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.compiler.probing",
             "emulate.compiler.bundles",
             "emulate.compiler.scalar",
+            "emulate.compiler.steps",
             "emulate.compiler.replay",
             "emulate.compiler.cores",
             "emulate.compiler.timing",

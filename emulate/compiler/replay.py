@@ -31,27 +31,31 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from emulate.compiler.bundles import Op, Schedule, physical
-from emulate.compiler.scalar import (
-    IMMEDIATE,
-    SMEM,
-    Addr,
-    Getter,
-    Value,
-    getter,
-    signed,
-    smem_address,
-    value_fn,
+from emulate.compiler.bundles import Schedule
+from emulate.compiler.scalar import Addr, Value, signed
+from emulate.compiler.steps import (
+    BRANCH,
+    CALL,
+    DELAY,
+    DIVIDE,
+    DMA,
+    LOAD,
+    POP,
+    SET,
+    STORE,
+    SYNC_ADD,
+    SYNC_SET,
+    WAIT,
+    Compiled,
+    Step,
+    compile_schedule,
+    delay_slots,
 )
 
 __all__ = ["Machine", "Run", "delay_slots", "replay"]
-
-_CALLEE = re.compile(r"%([\w.\-]+) = |^\s*(<[\w\-]+>)")
-_TARGET = re.compile(r"\$region(\d+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,143 +141,6 @@ class Run:
         return (max(self.loops.values()) + 1) if self.loops else 1
 
 
-def delay_slots(schedule: Schedule, slots: int) -> dict[int, int]:
-    """For each branch of ``schedule`` (by address), the bundles it issues after itself
-    before it takes effect: ``slots`` (the generation's, :class:`Machine`), or fewer for a
-    forward branch whose target comes sooner (the bundles in between run either way)."""
-    starts = schedule.region_starts()
-    found: dict[int, int] = {}
-    for b in schedule.bundles:
-        for op in b.ops:
-            if not op.opcode.startswith("sbr"):
-                continue
-            m = _TARGET.search(" ".join(op.operands))
-            target = starts.get(int(m.group(1))) if m else None
-            n = slots
-            if target is not None and target > b.address:
-                n = min(n, target - b.address - 1)
-            found[b.address] = n
-    return found
-
-
-# --- the compiled program -------------------------------------------------------------
-
-# Kinds of operations the replay acts on.
-_SET, _SLD, _SST, _DIV, _POP, _BRANCH, _DMA, _WAIT, _SYNCADD, _SYNCSET, _DELAY, _CALL = range(12)
-
-
-@dataclasses.dataclass
-class _Step:
-    """One operation the replay acts on, compiled."""
-
-    kind: int
-    pred: Getter | None
-    dest: str = ""  # the register written (_SET, _SLD, _POP)
-    fn: Callable[[dict[str, Value]], Value] | None = None  # _SET's value
-    args: tuple[Any, ...] = ()
-
-
-def _callee(op: Op) -> str:
-    m = _CALLEE.search(op.comment)
-    return (m.group(1) or m.group(2)) if m else ""
-
-
-def _compile_op(op: Op, starts: Mapping[int, int]) -> _Step | None:
-    code = op.opcode
-    if code == "sphi" or code.startswith(("shalt", "sfence", "cfence", "compiler")):
-        return None
-    if code.startswith("v") and not code.startswith(("vsyncadd", "vsyncpa", "vdelay")):
-        return None  # vector work: it only counts as issued
-    pred = getter(op.predicate) if op.predicate else None
-    if code.startswith("v"):
-        if code.startswith("vsyncadd") and op.operands:
-            return _Step(_SYNCADD, pred, args=(getter(op.operands[0]), getter(op.operands[-1])))
-        if code.startswith("vsyncpa") and op.operands:
-            return _Step(_SYNCSET, pred, args=(getter(op.operands[0]), getter(op.operands[-1])))
-        if code == "vdelay" and op.operands:
-            m = IMMEDIATE.match(op.operands[0])
-            return _Step(_DELAY, pred, args=(int(m.group(1), 0) if m else 0,))
-        return None
-    if code == "sbr.rel" or code.startswith("sbr"):
-        m = _TARGET.search(" ".join(op.operands))
-        target = starts.get(int(m.group(1))) if m else None
-        return _Step(_BRANCH, pred, args=(target,))
-    if code == "dma.done.wait" and len(op.operands) >= 2:
-        return _Step(_WAIT, pred, args=(getter(op.operands[0]), getter(op.operands[1])))
-    if code == "dma" or code.startswith("dma."):
-        if code == "dma.done.wait":
-            return None
-        return _dma_step(op, pred)
-    if code == "inlined_call":
-        return _Step(_CALL, pred, args=(_callee(op),))
-    if code == "sdivrem.u32" and len(op.operands) == 2:
-        a, b = getter(op.operands[0]), getter(op.operands[1])
-        return _Step(_DIV, pred, dest=op.dest, args=(a, b))
-    if code.startswith("spop") and op.operands:
-        return _Step(_POP, pred, dest=physical(op.dest), args=(op.operands[0],))
-    if code == "sld" and op.operands:
-        m = SMEM.match(op.operands[0])
-        address = smem_address(m.group(1)) if m else (lambda r: None)
-        return _Step(_SLD, pred, dest=physical(op.dest), args=(address,))
-    if code == "sst" and op.operands:
-        m = SMEM.match(op.operands[0])
-        if m is None:
-            return None
-        return _Step(_SST, pred, args=(smem_address(m.group(1)), getter(m.group(2))))
-    reg = physical(op.dest)
-    if reg[:1] not in ("s", "p") or reg == op.dest:
-        return None  # no scalar register written
-    keep = getter(op.keeps) if op.keeps else None
-    return _Step(_SET, pred, dest=reg, fn=value_fn(op), args=(keep,))
-
-
-def _dma_step(op: Op, pred: Getter | None) -> _Step:
-    code = op.opcode
-    window = op.window
-    size = op.named.get("size_in_granules")
-    granules = getter(size) if size is not None else None
-    flag_text = op.named.get("dst_syncflagno")
-    flag = getter(flag_text) if flag_text is not None else None
-    direction = code.partition(".")[2]
-    reads = direction.startswith("hbm")
-    writes = direction.endswith("to_hbm")
-    descriptor = None
-    if code == "dma" and op.operands:  # v2/v3: the descriptor was stored to SMEM
-        m = re.match(r"^\[#(\w+)", op.operands[0])
-        descriptor = m.group(1) if m else ""
-    return _Step(
-        _DMA,
-        pred,
-        args=(window.nbytes if window else None, granules, flag, reads, writes, descriptor),
-    )
-
-
-@dataclasses.dataclass
-class _Compiled:
-    steps: list[tuple[_Step, ...]]  # per bundle: the operations the replay acts on
-    next_busy: list[int]  # per bundle: the next bundle (>= it) with steps, or len
-    delay_slots: dict[int, int]
-    grid: tuple[int, ...]
-
-
-def _compile(schedule: Schedule, slots: int) -> _Compiled:
-    starts = schedule.region_starts()
-    steps: list[tuple[_Step, ...]] = []
-    grid: tuple[int, ...] = ()
-    for b in schedule.bundles:
-        compiled = tuple(s for op in b.ops if (s := _compile_op(op, starts)) is not None)
-        steps.append(compiled)
-        if not grid:
-            for op in b.ops:
-                if op.opcode.startswith("dma") and (w := op.window) and w.iteration_bounds:
-                    grid = w.iteration_bounds
-                    break
-    nxt = [len(steps)] * (len(steps) + 1)
-    for i in range(len(steps) - 1, -1, -1):
-        nxt[i] = i if steps[i] else nxt[i + 1]
-    return _Compiled(steps, nxt, delay_slots(schedule, slots), grid)
-
-
 # --- the run --------------------------------------------------------------------------
 
 
@@ -335,7 +202,7 @@ class _Memo:
     DMA backlog it started with (a callee starts with fresh registers and flags, so its
     run depends on nothing else: a loop calling a kernel 20 times replays it once)."""
 
-    compiled: dict[int, _Compiled] = dataclasses.field(default_factory=dict)
+    compiled: dict[int, Compiled] = dataclasses.field(default_factory=dict)
     runs: dict[tuple[int, int], tuple[Run, float]] = dataclasses.field(default_factory=dict)
 
 
@@ -374,7 +241,7 @@ class _Core:
     ) -> None:
         compiled = memo.compiled.get(id(schedule))
         if compiled is None:
-            compiled = memo.compiled[id(schedule)] = _compile(schedule, machine.delay_slots)
+            compiled = memo.compiled[id(schedule)] = compile_schedule(schedule, machine.delay_slots)
         self.schedule, self.compiled, self.machine = schedule, compiled, machine
         self.programs, self.dmas, self.memo, self.start = programs or {}, dmas, memo, start
         self.flags = _Flags()
@@ -433,7 +300,7 @@ class _Core:
             cycles_per_bundle=self.cpb,
         )
 
-    def bundle(self, steps: tuple[_Step, ...]) -> None:
+    def bundle(self, steps: tuple[Step, ...]) -> None:
         """Issue the bundle at ``pc``: every operation reads the registers as they were
         before it; then its writes land and the core moves on a cycle."""
         regs = self.regs
@@ -441,10 +308,10 @@ class _Core:
             if s.pred is not None:
                 p = s.pred(regs)
                 if p is None or isinstance(p, Addr):
-                    if s.kind == _BRANCH:
+                    if s.kind == BRANCH:
                         self.note(f"branch at {self.pc:#x} on an unknown predicate: not taken")
                         continue
-                    if s.kind in (_SET, _SLD, _POP):
+                    if s.kind in (SET, LOAD, POP):
                         self.writes.append((s.dest, None))
                         continue
                 elif not p:
@@ -460,16 +327,16 @@ class _Core:
         self.now += self.cpb
         self.pc += 1
 
-    def set(self, s: _Step) -> None:
+    def set(self, s: Step) -> None:
         self.writes.append((s.dest, s.fn(self.regs) if s.fn is not None else None))
 
-    def load(self, s: _Step) -> None:
+    def load(self, s: Step) -> None:
         self.writes.append((s.dest, self.smem.get(s.args[0](self.regs))))
 
-    def store(self, s: _Step) -> None:
+    def store(self, s: Step) -> None:
         self.stores.append((s.args[0](self.regs), s.args[1](self.regs)))
 
-    def branch(self, s: _Step) -> None:
+    def branch(self, s: Step) -> None:
         target = s.args[0]
         if target is None:
             self.note(f"branch at {self.pc:#x} to a region the schedule does not start")
@@ -479,13 +346,13 @@ class _Core:
         self.jump_at = self.pc + self.compiled.delay_slots.get(self.pc, 0)
         self.jump_to = target
 
-    def divide(self, s: _Step) -> None:
+    def divide(self, s: Step) -> None:
         a, b = s.args[0](self.regs), s.args[1](self.regs)
         ok = isinstance(a, int) and isinstance(b, int) and b
         # the divider's results pop in order: quotient, then remainder
         self.divider.extend((a // b, a % b) if ok else (None, None))
 
-    def pop(self, s: _Step) -> None:
+    def pop(self, s: Step) -> None:
         self.writes.append((s.dest, self.divider.popleft() if self.divider else None))
 
     def direction(self, descriptor: str) -> tuple[bool, bool]:
@@ -495,7 +362,7 @@ class _Core:
         kinds = {w.base.split()[0] for w in words if isinstance(w, Addr)}
         return "output" not in kinds, "output" in kinds
 
-    def dma(self, s: _Step) -> None:
+    def dma(self, s: Step) -> None:
         nbytes, granules_of, flag_of, reads, writes_hbm, descriptor = s.args
         if descriptor is not None:
             reads, writes_hbm = self.direction(descriptor)
@@ -516,7 +383,7 @@ class _Core:
         flag = flag_of(self.regs) if flag_of is not None else None
         self.flags.pending[flag].append((done, granules))
 
-    def wait(self, s: _Step) -> None:
+    def wait(self, s: Step) -> None:
         flag, need = s.args[0](self.regs), s.args[1](self.regs)
         if not isinstance(need, int):
             self.note(f"wait at {self.pc:#x} for an unknown count: no stall")
@@ -528,22 +395,22 @@ class _Core:
             self.stall += until - self.now
             self.now = until
 
-    def sync_add(self, s: _Step) -> None:
+    def sync_add(self, s: Step) -> None:
         flag, delta = s.args[0](self.regs), s.args[1](self.regs)
         if isinstance(delta, int):
             self.flags.land(flag, self.now)
             self.flags.count[flag] += signed(delta)
 
-    def sync_set(self, s: _Step) -> None:
+    def sync_set(self, s: Step) -> None:
         flag, value = s.args[0](self.regs), s.args[1](self.regs)
         self.flags.land(flag, self.now)
         self.flags.count[flag] = value if isinstance(value, int) else 0
 
-    def delay_cycles(self, s: _Step) -> None:
+    def delay_cycles(self, s: Step) -> None:
         self.delay += s.args[0]
         self.now += s.args[0] * self.cpb
 
-    def call(self, s: _Step) -> None:
+    def call(self, s: Step) -> None:
         name = s.args[0]
         callee = self.programs.get(name)
         if callee is None:
@@ -553,19 +420,19 @@ class _Core:
         self.calls.append(run)
         self.now += run.cycles
 
-    HANDLERS: dict[int, Callable[[_Core, _Step], None]] = {
-        _SET: set,
-        _SLD: load,
-        _SST: store,
-        _BRANCH: branch,
-        _DIV: divide,
-        _POP: pop,
-        _DMA: dma,
-        _WAIT: wait,
-        _SYNCADD: sync_add,
-        _SYNCSET: sync_set,
-        _DELAY: delay_cycles,
-        _CALL: call,
+    HANDLERS: dict[int, Callable[[_Core, Step], None]] = {
+        SET: set,
+        LOAD: load,
+        STORE: store,
+        BRANCH: branch,
+        DIVIDE: divide,
+        POP: pop,
+        DMA: dma,
+        WAIT: wait,
+        SYNC_ADD: sync_add,
+        SYNC_SET: sync_set,
+        DELAY: delay_cycles,
+        CALL: call,
     }
 
 

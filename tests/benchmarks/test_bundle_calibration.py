@@ -76,7 +76,7 @@ def test_the_bundle_cells():
     ]
     bundle_columns.add_ratios(rows, ("platform", "pair"), "floor")
     assert [bundle_columns.cell(r) for r in rows] == [
-        "2.0 us (2.0x HBM)", "5.0 us (2.50x (a), 5.0x HBM)", "refused"
+        "2 us (2.0x HBM)", "5 us (2.50x (a), 5.0x HBM)", "refused"
     ]  # fmt: skip
     assert bundle_columns.cell(None) == ""
     assert bundle_columns.cell({"status": "ok"}) == "?"

@@ -11,7 +11,8 @@ previous result so that no call is hoisted: one call with ``block_until_ready`` 
 - ``projection/bf16/m<M>``: the same shape, dense bf16 weights through ``jnp.dot``;
 - ``layer/<contender>/m<M>``: :func:`benchmarks.layer_time.layer`, one Llama-3-8B
   layer's projections, with dense bf16 weights (``bf16``), Q4_K QArrays on the XLA route
-  (``xla``) or prepared for the kernel route (``kernel``).
+  (``xla``) or prepared for the kernel route (``kernel``); the weights are constants of
+  the program, as ``benchmarks.layer_time`` closed over them.
 
 :mod:`benchmarks.chip_time` times them on a lent TPU; :mod:`benchmarks.bundle_calibration`
 compiles them for a TPU target and estimates them from the compiler's schedule. The same
@@ -73,7 +74,7 @@ class ChipCase:
         p = self.parts()
         rng = np.random.default_rng(0)
         if p["kind"] == "layer":
-            return _layer_program(p["contender"], p["m"], rng)
+            return _layer_program(p["contender"], p["m"], target, rng)
         return _projection_program(p["scheme"], p["m"], p["block_shape"], target, rng)
 
 
@@ -117,7 +118,7 @@ def looped(x: jax.Array, w: Any, *, call: Callable[..., jax.Array]) -> jax.Array
 
 
 def _layer_program(
-    contender: str, m: int, rng: np.random.Generator
+    contender: str, m: int, target: str, rng: np.random.Generator
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     import emulate
     from benchmarks.layer_time import PROJECTIONS
@@ -131,14 +132,16 @@ def _layer_program(
         }
     else:
         ws = {name: q4_k_weight(k, n, rng).T for name, k, n in PROJECTIONS}
-        if contender == "kernel":
-            ws = emulate.prepare_weights(ws)
+        if contender == "kernel":  # prepared for the target (on the host: left as they are)
+            ws = emulate.prepare_weights(ws, target=target)
     route = "xla" if contender == "xla" else "auto"
-    return functools.partial(looped_layer, route=route), (x, ws)
+    # the weights are the program's constants, as benchmarks.layer_time's closure made them
+    return functools.partial(looped_layer, ws=ws, route=route), (x,)
 
 
-def looped_layer(x: jax.Array, ws: dict[str, Any], *, route: str) -> jax.Array:
-    """:func:`benchmarks.layer_time.layer` :data:`LOOP` times on route ``route``."""
+def looped_layer(x: jax.Array, *, ws: dict[str, Any], route: str) -> jax.Array:
+    """:func:`benchmarks.layer_time.layer` :data:`LOOP` times on route ``route``, the
+    weights ``ws`` closed over (jit constants, which XLA may fold into the program)."""
     import emulate
     from benchmarks.layer_time import layer
 

@@ -73,7 +73,8 @@ class Job:
       arg_specs: a pytree per positional argument whose leaves have ``shape`` and
         ``dtype`` (``jax.ShapeDtypeStruct``, numpy or jax arrays); any sharding they carry
         is replaced by the target's compile-only device.
-      target: a TPU target name or alias with a topology (see :data:`TOPOLOGIES`).
+      target: a TPU target name or alias with a topology (see :data:`TOPOLOGIES`); ``fn``
+        is traced under ``emulate.target(target)``.
       donate_argnums: the positional arguments whose buffers the program may reuse for
         its outputs (as ``jax.jit``'s).
     """
@@ -159,11 +160,11 @@ def _compiled(job: Job) -> jax.stages.Compiled | Verdict:
     dev = device(job.target)
     specs = place_specs(job.arg_specs, dev)
     try:
-        # The target's device is the default one and the abstract mesh's while tracing and
-        # lowering, so that code asking which device it runs on (pltpu.get_tpu_info(), which
-        # Pallas calls when it lowers integer division, emit_pipeline; pl.kernel's
-        # create_tensorcore_mesh) sees the target.
-        with on_device(dev):
+        # Traced and lowered under emulate.target(job.target), the target's device the
+        # default one and the abstract mesh's, so that code asking what it runs on
+        # (emulate's kernels; pltpu.get_tpu_info(), which Pallas calls when it lowers
+        # integer division, emit_pipeline; pl.kernel's create_tensorcore_mesh) sees it.
+        with on_device(dev, job.target):
             jitted = jax.jit(job.fn, donate_argnums=job.donate_argnums or None)
             lowered = jitted.lower(*specs)
     except Exception as e:  # noqa: BLE001 - every refusal is a verdict

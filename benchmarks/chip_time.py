@@ -1,19 +1,24 @@
 """Timed on a real TPU: the programs of benchmarks.chip_programs, as raw JSON for the bundle model.
 
-Run on a lent TPU from the repository root, without installing emulate (it needs jax,
-numpy and ml_dtypes only)::
+Run on a lent TPU from the repository root, without installing emulate (it needs jax with
+its TPU backend, numpy and ml_dtypes only)::
 
-    python -m benchmarks.chip_time --json $OUT/chip_time.json --commit $(git rev-parse HEAD)
+    python -m benchmarks.chip_time --commit COMMIT
 
 Each case of :data:`CASES` (or ``--cases``) is built (weights from a fixed seed, prepared
 once on the chip), compiled and called twice, then timed ``--repeats`` times with
 ``block_until_ready``; a case's figure is the median over the repeats of one program
 (:data:`benchmarks.chip_programs.LOOP` calls in a ``fori_loop``) divided by the calls.
 Cases left when ``--budget-s`` seconds have passed are skipped and listed (the default
-keeps a run of every case well inside 10 minutes on a v5e). The JSON holds the device
-kind, the target it maps to, jax/jaxlib/libtpu versions, the commit, the command, the
-date and every timing; commit it under ``benchmarks/data/chip_times/`` and
-``python -m benchmarks.bundle_calibration`` sets the bundle model beside it.
+keeps a run of every case well inside 10 minutes on a v5e: the projections first, the
+layers, whose weights are the program's constants and compile slowest, last). The JSON
+holds the device kind, the target it maps to, jax/jaxlib/libtpu versions and the
+runtime's platform version, the commit, the command, the date and every timing; it is
+written again after each case (a run cut short keeps what it timed), to ``--json``, by
+default ``$OUT/chip_time.json`` where ``OUT`` is set (the lent machine's folder that comes
+back), else ``benchmarks/results/chip_time.json``. Commit it under
+``benchmarks/data/chip_times/`` and ``python -m benchmarks.bundle_calibration`` sets the
+bundle model beside it.
 """
 
 from __future__ import annotations
@@ -21,9 +26,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
+import json
+import os
 import statistics
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import jax
 
@@ -65,8 +74,10 @@ def _commit(given: str | None) -> str | None:
 
 
 def _time_case(name: str, target: str, repeats: int) -> dict[str, object]:
+    t0 = time.perf_counter()
     fn, host_args = ChipCase(name).build(target)
     args = jax.device_put(host_args)
+    built = time.perf_counter() - t0
     jitted = jax.jit(fn)
     t0 = time.perf_counter()
     jax.block_until_ready(jitted(*args))
@@ -82,35 +93,42 @@ def _time_case(name: str, target: str, repeats: int) -> dict[str, object]:
         "seconds": statistics.median(times),
         "min_s": min(times),
         "times_s": times,
+        "build_s": built,
         "first_call_s": first,
     }
 
 
+def _platform_version(dev: jax.Device) -> str | None:
+    try:
+        return str(dev.client.platform_version)
+    except AttributeError:
+        return None
+
+
 def run(args: argparse.Namespace) -> harness.Report:
-    """Time every case on this machine's TPU; the report."""
+    """Time every case on this machine's TPU; the report (the JSON written after each
+    case)."""
     import emulate
 
     dev = jax.devices()[0]
     if dev.platform != "tpu":
         raise harness.Unavailable(f"benchmarks.chip_time times a TPU; this JAX runs {dev.platform}")
     target = emulate.targets.from_device(dev).name
+    if os.environ.get("OUT") and args.json == BENCHMARK.default_json:
+        args.json = Path(os.environ["OUT"]) / "chip_time.json"  # the lent machine's folder
     start = time.perf_counter()
-    rows, skipped, failed = [], [], {}
-    for name in args.cases:
-        if time.perf_counter() - start > args.budget_s:
-            skipped.append(name)
-            continue
-        try:
-            rows.append(_time_case(name, target, args.repeats))
-        except Exception as e:  # noqa: BLE001 - a case that fails is reported, the rest run
-            failed[name] = f"{type(e).__name__}: {str(e)[:400]}"
+    rows: list[dict[str, object]] = []
+    skipped: list[str] = []
+    failed: dict[str, str] = {}
     data = {
         "benchmark": "chip_time",
         "device_kind": dev.device_kind,
+        "devices": jax.device_count(),
         "target": target,
         "jax": jax.__version__,
         "jaxlib": _version("jaxlib"),
         "libtpu": _version("libtpu") or _version("libtpu-nightly"),
+        "platform_version": _platform_version(dev),
         "commit": _commit(args.commit),
         "command": args.command,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -119,8 +137,22 @@ def run(args: argparse.Namespace) -> harness.Report:
         "rows": rows,
         "skipped": skipped,
         "failed": failed,
-        "wall_s": time.perf_counter() - start,
+        "wall_s": 0.0,
     }
+    for name in args.cases:
+        if time.perf_counter() - start > args.budget_s:
+            skipped.append(name)
+            continue
+        try:
+            rows.append(_time_case(name, target, args.repeats))
+            print(f"{name}: {float(rows[-1]['seconds']) * 1e6:.1f} us", file=sys.stderr)  # type: ignore[arg-type]
+        except Exception as e:  # noqa: BLE001 - a case that fails is reported, the rest run
+            failed[name] = f"{type(e).__name__}: {str(e)[:400]}"
+            print(f"{name}: {failed[name][:200]}", file=sys.stderr)
+        data["wall_s"] = time.perf_counter() - start
+        if args.json is not None:  # what was timed so far survives a run cut short
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(data, indent=2) + "\n")
     lines = [f"`{args.command}`: {dev.device_kind} ({target}), {args.repeats} repeats", ""]
     lines += [f"{r['case']:36s} {float(r['seconds']) * 1e6:9.1f} us" for r in rows]  # type: ignore[arg-type]
     lines += [f"{n:36s} skipped (budget)" for n in skipped]
@@ -158,4 +190,4 @@ BENCHMARK = harness.Benchmark(
 main = BENCHMARK.main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -53,6 +53,14 @@ into, the kernel's own HBM traffic is counted from its block shapes and grid
 the ops around it, and there is no estimate. Stored bytes are the weight as stored
 (``QArray.nbytes``) plus the activations (bf16) and the result (f32).
 
+On every TPU generation each program is also timed by the bundle model
+(:mod:`benchmarks.bundle_columns`: :func:`emulate.compiler.estimate_compiled` replays
+libtpu's final bundle schedule of every kernel and fusion, calibrated where a real chip
+was timed), printed per generation beside the stored bytes at the HBM bandwidth and the
+matrix units' feed floor (K x N weight elements, a unit's width a cycle per unit); the
+run then happens in a process whose libtpu dumps its schedules (the harness starts one;
+``--no-bundles`` leaves the columns out).
+
 The offset term's cost is (c) (and (d)) of a scheme with zero points or mins over the
 same contender on the QArray without them (time on the CPU, estimate and bytes on a TPU;
 bytes alone for (d)).
@@ -89,7 +97,7 @@ from emulate import compiler
 BF16 = jnp.bfloat16
 F32 = jnp.float32
 QUICK_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 4096, 4096),)
-GENERATIONS = ("tpu_v4", "tpu_v5e", "tpu_v7x")
+GENERATIONS = ("tpu_v2", "tpu_v3", "tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e", "tpu_v7x")
 
 OFFSET_LIMIT = 1.10  # (c) with offsets / (c) without, the compiler's estimate on v5e
 TEMP_LIMIT = 0.25  # temporaries / one bf16 copy of the weight (2*K*N bytes)

@@ -37,6 +37,15 @@ def test_case_names_and_their_refusal():
         ChipCase(name).parts()
 
 
+def test_chip_time_refuses_a_machine_without_a_tpu(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert chip_time.main(["--cases", "projection/bf16/m1"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "benchmarks.chip_time times a TPU; this JAX runs cpu"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_fit_is_a_geometric_mean_per_kind_of_row():
     def at(case: str, real: float) -> bundle_calibration.Located:
         row = bundle_calibration.Row(case, "tpu_v5e", "0" * 40, real, "x.json")

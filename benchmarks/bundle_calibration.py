@@ -100,9 +100,12 @@ def _git(*args: str) -> str:
     ).stdout.strip()
 
 
-def dumps(target: str, commit: str, cases: Iterable[str], scratch: Path) -> tuple[Path, dict]:
+def dumps(
+    target: str, commit: str, cases: Iterable[str], scratch: Path, *, compile_missing: bool = True
+) -> tuple[Path, dict]:
     """The dump directory of ``commit``'s programs for ``target`` and its manifest
-    (``{case: {"files": [...]} or {"error": ...}}``), compiling the cases it lacks."""
+    (``{case: {"files": [...]} or {"error": ...}}``), compiling the cases it lacks (unless
+    not ``compile_missing``: those are then absent from the manifest)."""
     from emulate.compiler import compat_mode
     from emulate.compiler.isolate import child_env
 
@@ -112,7 +115,7 @@ def dumps(target: str, commit: str, cases: Iterable[str], scratch: Path) -> tupl
     manifest_path = directory / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     todo = sorted(set(cases) - set(manifest))
-    if todo:
+    if todo and compile_missing:
         tree = _tree(commit, scratch)
         env = child_env(compat_mode(), dump_to=str(directory))
         env["PYTHONPATH"] = str(tree)
@@ -176,16 +179,21 @@ def fit(raw: list[tuple[Located, dict[str, float]]]) -> dict[str, Any]:
     }
 
 
-def locate(recorded: list[Row], scratch: Path) -> list[Located]:
-    """Each timing with its program's dumped schedules (compiled where missing)."""
+def locate(recorded: list[Row], scratch: Path, *, compile_missing: bool = True) -> list[Located]:
+    """Each timing with its program's dumped schedules (compiled where missing, else
+    left out with a line on stderr)."""
     groups: dict[tuple[str, str], list[Row]] = {}
     for r in recorded:
         groups.setdefault((r.target, r.commit), []).append(r)
     found = []
     for (target, commit), rs in groups.items():
-        directory, manifest = dumps(target, commit, [r.case for r in rs], scratch)
+        cases = [r.case for r in rs]
+        directory, manifest = dumps(target, commit, cases, scratch, compile_missing=compile_missing)
         for r in rs:
-            entry = manifest[r.case]
+            entry = manifest.get(r.case)
+            if entry is None:
+                print(f"{r.case} at {commit[:7]}: not dumped (--no-compile)", file=sys.stderr)
+                continue
             if "error" in entry:
                 print(f"{r.case} at {commit[:7]}: {entry['error']}", file=sys.stderr)
                 continue
@@ -203,7 +211,7 @@ def run(args: argparse.Namespace) -> harness.Report:
     from emulate.compiler import libtpu_version
 
     with tempfile.TemporaryDirectory(prefix="emulate-trees-") as scratch:
-        located = locate(rows(args.data), Path(scratch))
+        located = locate(rows(args.data), Path(scratch), compile_missing=not args.no_compile)
     raw: dict[str, list[tuple[Located, dict[str, float]]]] = {}
     for at in located:
         raw.setdefault(at.row.target, []).append((at, model(at)))
@@ -261,6 +269,10 @@ def flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--write", action="store_true", help="write emulate/data/bundle_calibration.json"
     )
+    p.add_argument(
+        "--no-compile", action="store_true",
+        help="estimate only the programs already dumped under benchmarks/results/bundle_dumps",
+    )  # fmt: skip
 
 
 BENCHMARK = harness.Benchmark(

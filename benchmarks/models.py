@@ -30,8 +30,9 @@ for the rest, and no compiler estimate. Per row:
 - the bundle model's time (:func:`emulate.compiler.estimate_compiled`: every kernel's and
   fusion's schedule replayed, calibrated where real-chip timings exist) per step and per
   token, its ratio to the bf16 model's, and the matrix units' feed floor: the weight
-  elements a step multiplies (:func:`weight_elements`), ``mxu_size`` a cycle per unit
-  (at decode each passes through a unit once). ``--no-bundles`` leaves these out; with
+  elements a step multiplies (:func:`weight_elements`) at the rate the device's units take
+  them in (:meth:`emulate.compiler.Generation.feed_seconds`: at decode each passes through
+  a unit once). ``--no-bundles`` leaves these out; with
   them, the run happens in a process whose libtpu dumps its schedules (the harness
   starts one).
 
@@ -352,7 +353,8 @@ def derive(row: dict[str, Any]) -> dict[str, Any]:
     row["roofline_s"] = max(row["bandwidth_s"], compute)
     s = model_specs.MODELS[row["model"]].shape
     b, t, _ = STEPS[row["step"]]
-    row["feed_s"] = compiler.generation(gen).feed_seconds(weight_elements(s, row["step"]))
+    cores = model_specs.HBM[gen][1]  # TensorCores a device drives (v5p: 2)
+    row["feed_s"] = compiler.generation(gen).feed_seconds(weight_elements(s, row["step"])) / cores
     if row.get("bundle_s") is not None:
         row["bundle_token_s"] = row["bundle_s"] / (b * t)
     return row

@@ -57,7 +57,8 @@ On every TPU generation each program is also timed by the bundle model
 (:mod:`benchmarks.bundle_columns`: :func:`emulate.compiler.estimate_compiled` replays
 libtpu's final bundle schedule of every kernel and fusion, calibrated where a real chip
 was timed), printed per generation beside the stored bytes at the HBM bandwidth and the
-matrix units' feed floor (K x N weight elements, a unit's width a cycle per unit); the
+matrix units' feed floor (K x N weight elements at the rate a core's units take them in,
+:meth:`emulate.compiler.Generation.feed_seconds`); the
 run then happens in a process whose libtpu dumps its schedules (the harness starts one;
 ``--no-bundles`` leaves the columns out).
 

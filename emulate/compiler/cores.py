@@ -102,6 +102,8 @@ class Generation:
       hbm_bytes_per_second: one TensorCore's HBM bandwidth (:mod:`emulate.targets`).
       mxu_count: matrix units per TensorCore.
       mxu_size: a matrix unit's width (128 or 256).
+      peak_bf16_ops_per_second: the core's published dense bf16 rate (2 ops a
+        multiply-add; :mod:`emulate.targets`).
       vmem_bytes: VMEM per TensorCore.
       granule_bytes: the DMA granule.
       delay_slots: the bundles a branch issues after itself before it takes effect.
@@ -117,6 +119,7 @@ class Generation:
     hbm_bytes_per_second: float
     mxu_count: int
     mxu_size: int
+    peak_bf16_ops_per_second: float
     vmem_bytes: int
     granule_bytes: int
     delay_slots: int
@@ -129,10 +132,14 @@ class Generation:
         return nbytes / self.hbm_bytes_per_second
 
     def feed_seconds(self, elements: float) -> float:
-        """Seconds the matrix units need to take in ``elements`` weight elements, each
-        unit ``mxu_size`` elements a cycle (at decode every weight element passes
-        through a unit once)."""
-        return elements / (self.mxu_count * self.mxu_size * self.clock_hz)
+        """Seconds one TensorCore's matrix units need to take in ``elements`` weight
+        elements (at decode every weight element passes through a unit once): a
+        ``mxu_size``-wide unit takes ``mxu_size`` elements in the cycle it does
+        ``mxu_size**2`` multiply-adds, so the core takes ``peak_bf16_ops_per_second / 2 /
+        mxu_size`` elements a second. The peak rate, not the bundle clock: from v5e on a
+        bundle feeds more multiply-adds than the units' width squared (see the module
+        docstring)."""
+        return elements * 2 * self.mxu_size / self.peak_bf16_ops_per_second
 
 
 @functools.cache
@@ -160,7 +167,7 @@ def generation(target: str | _targets.Target, *, calibrated: bool = True) -> Gen
             f"target: the bundle time model is for TPU targets, got {t.name!r} ({t.kind})"
         )
     clock = CLOCKS.get(t.name)
-    if clock is None or t.mem_bw_bytes_per_second is None:
+    if clock is None or t.mem_bw_bytes_per_second is None or t.bf16_ops_per_second is None:
         raise ValueError(f"target: no clock is known for {t.name!r}; known: {', '.join(CLOCKS)}")
     gen = Generation(
         target=t.name,
@@ -169,6 +176,7 @@ def generation(target: str | _targets.Target, *, calibrated: bool = True) -> Gen
         hbm_bytes_per_second=float(t.mem_bw_bytes_per_second),
         mxu_count=MXU_COUNT[t.name],
         mxu_size=int(t.mxu_column_size or 128),
+        peak_bf16_ops_per_second=float(t.bf16_ops_per_second),
         vmem_bytes=int(t.vmem_capacity_bytes or 0),
         granule_bytes=GRANULE_BYTES.get(t.generation or 0, _GRANULE_FROM_V5),
         delay_slots=DELAY_SLOTS.get(t.generation or 0, _DELAY_SLOTS_FROM_V5),

@@ -57,8 +57,9 @@ def test_the_constants_targets_already_own_are_read_from_them():
 def test_seconds_for_bytes_and_for_the_matrix_units_feed():
     g = dataclasses.replace(generation("tpu_v5e", calibrated=False), clock_hz=1e9)
     assert g.hbm_seconds(820e9) == 1.0
-    # 4 units, 128 elements a cycle each, at 1 GHz
-    assert g.feed_seconds(4 * 128 * 1e9) == 1.0
+    # 197 TFLOP/s = 98.5e12 multiply-adds a second, 128 x 128 of them for 128 elements
+    assert g.feed_seconds(98.5e12 / 128) == 1.0
+    assert generation("tpu_v7x").feed_seconds(1155e12 / 2 / 256) == 1.0
 
 
 def test_the_calibration_applies_only_where_recorded(monkeypatch):

@@ -9,10 +9,10 @@ previous result so that no call is hoisted: one call with ``block_until_ready`` 
   of bf16 activations (M, 4096) by a 4096 x 14336 checkpoint weight of
   :data:`benchmarks.qweights.SCHEMES` prepared once, f32 result;
 - ``projection/bf16/m<M>``: the same shape, dense bf16 weights through ``jnp.dot``;
-- ``layer/<contender>/m<M>``: :func:`benchmarks.layer_time.layer`, one Llama-3-8B
-  layer's projections, with dense bf16 weights (``bf16``), Q4_K QArrays on the XLA route
-  (``xla``) or prepared for the kernel route (``kernel``); the weights are constants of
-  the program, as ``benchmarks.layer_time`` closed over them.
+- ``layer/<contender>/m<M>``: :func:`layer`, one Llama-3-8B layer's projections (what
+  ``benchmarks.layer_time`` times), with dense bf16 weights (``bf16``), Q4_K QArrays on
+  the XLA route (``xla``) or prepared for the kernel route (``kernel``); the weights are
+  constants of the program, as ``benchmarks.layer_time`` closed over them.
 
 :mod:`benchmarks.chip_time` times them on a lent TPU; :mod:`benchmarks.bundle_calibration`
 compiles them for a TPU target and estimates them from the compiler's schedule. The same
@@ -40,6 +40,16 @@ import numpy as np
 LOOP = 20
 #: K, N of the single projection (Llama-3-8B's gate and up).
 SHAPE = (4096, 14336)
+#: (name, K, N) of one Llama-3-8B decoder layer's projections.
+PROJECTIONS = (
+    ("q", 4096, 4096),
+    ("k", 4096, 1024),
+    ("v", 4096, 1024),
+    ("o", 4096, 4096),
+    ("gate", 4096, 14336),
+    ("up", 4096, 14336),
+    ("down", 14336, 4096),
+)
 _CASE = re.compile(
     r"^(?:projection/(?P<scheme>[\w.]+)/m(?P<m>\d+)(?:/(?P<blocks>default|\d+x\d+x\d+))?"
     r"|layer/(?P<contender>bf16|xla|kernel)/m(?P<lm>\d+))$"
@@ -121,7 +131,6 @@ def _layer_program(
     contender: str, m: int, target: str, rng: np.random.Generator
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     import emulate
-    from benchmarks.layer_time import PROJECTIONS
     from benchmarks.qweights import q4_k_weight
 
     x = np.asarray(rng.standard_normal((m, 4096)), dtype=jnp.bfloat16)
@@ -140,16 +149,30 @@ def _layer_program(
 
 
 def looped_layer(x: jax.Array, *, ws: dict[str, Any], route: str) -> jax.Array:
-    """:func:`benchmarks.layer_time.layer` :data:`LOOP` times on route ``route``, the
+    """:func:`layer` :data:`LOOP` times on route ``route``, the
     weights ``ws`` closed over (jit constants, which XLA may fold into the program)."""
     import emulate
-    from benchmarks.layer_time import layer
 
     def body(i: Any, c: jax.Array) -> jax.Array:
         return layer(x + (c * 0).astype(x.dtype), ws)[:, : x.shape[1]] * 0 + c
 
     with emulate.use_route(route):
         return jax.lax.fori_loop(0, LOOP, body, jnp.zeros(x.shape, jnp.float32))
+
+
+def layer(x: jax.Array, ws: dict[str, Any]) -> jax.Array:
+    """The projections of one layer on ``x`` (M, 4096) bf16 through ``emulate.matmul``,
+    chained as a decoder layer chains them (attention itself left out): a (M, 4096) f32
+    result."""
+    import emulate
+
+    def mm(a: jax.Array, w: Any) -> jax.Array:
+        return emulate.matmul(a.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+
+    q, k, v = mm(x, ws["q"]), mm(x, ws["k"]), mm(x, ws["v"])
+    h = mm(q + jnp.tile(k + v, (1, 4)), ws["o"])
+    g, u = mm(h, ws["gate"]), mm(h, ws["up"])
+    return mm(jax.nn.silu(g) * u, ws["down"])
 
 
 def dump(directory: str, names: list[str], target: str) -> dict[str, Any]:

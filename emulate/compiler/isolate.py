@@ -199,7 +199,10 @@ def compile_isolated(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
         cannot import.
       CompilerUnavailable: the subprocess cannot load the compiler.
     """
-    portable = [Job(j.fn, _portable(j.arg_specs), _targets.get(j.target).name) for j in jobs]
+    portable = [
+        Job(j.fn, _portable(j.arg_specs), _targets.get(j.target).name, tuple(j.donate_argnums))
+        for j in jobs
+    ]
     try:
         pickle.dumps([j.fn for j in portable])
     except (pickle.PicklingError, AttributeError, TypeError) as e:
@@ -208,7 +211,8 @@ def compile_isolated(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
             f"compat={compat_mode()}), which needs fn to pickle by reference (a module-level "
             f"function or a functools.partial of one); got {e}"
         ) from e
-    return _run_subprocess(portable, compat)
+    # a fresh child after a crash
+    return [_verdict(row) for row, _ in _run_rows(portable, compat, dump=False)]
 
 
 #: The environment variable that tells a compiler child its dump directory.
@@ -266,7 +270,8 @@ class _Child:
         root = str(Path(__file__).resolve().parents[2])
         run_env = env
         if self.dump_dir is not None:
-            run_env = child_env(_compat_of(env), dump_to=self.dump_dir)
+            compat = compat_setting(env.get("LIBTPU_INIT_ARGS", ""))
+            run_env = child_env(compat, dump_to=self.dump_dir)
             run_env.update({k: v for k, v in env.items() if k not in run_env})
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _CHILD.format(root=root)],
@@ -308,10 +313,6 @@ class _Child:
         self.err.close()
         if self.dump_dir is not None:
             shutil.rmtree(self.dump_dir, ignore_errors=True)
-
-
-def _compat_of(env: dict[str, str]) -> bool:
-    return compat_setting(env.get("LIBTPU_INIT_ARGS", ""))
 
 
 def _verdict(row: dict[str, Any]) -> Verdict:
@@ -359,11 +360,6 @@ def _close_children() -> None:
         child = _children.pop(key)
         if child.parent == os.getpid():
             child.close()
-
-
-def _run_subprocess(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
-    """Compile ``jobs`` in the subprocess for ``compat``, in a fresh one after a crash."""
-    return [_verdict(row) for row, _ in _run_rows(jobs, compat, dump=False)]
 
 
 def dump_isolated(jobs: Sequence[Job]) -> list[tuple[Verdict, Dumped | None]]:

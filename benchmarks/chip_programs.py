@@ -11,8 +11,10 @@ previous result so that no call is hoisted: one call with ``block_until_ready`` 
 - ``projection/bf16/m<M>``: the same shape, dense bf16 weights through ``jnp.dot``;
 - ``layer/<contender>/m<M>``: :func:`layer`, one Llama-3-8B layer's projections (what
   ``benchmarks.layer_time`` times), with dense bf16 weights (``bf16``), Q4_K QArrays on
-  the XLA route (``xla``) or prepared for the kernel route (``kernel``); the weights are
-  constants of the program, as ``benchmarks.layer_time`` closed over them.
+  the XLA route (``xla``) or prepared for the kernel route (``kernel``), passed as the
+  program's arguments (``benchmarks.layer_time`` closed over them, making them constants
+  of the program; compiling 123-436 MB of constants took over 7 GB of host memory and was
+  killed on a 24 GB machine, while the kernels and fusions are the same).
 
 :mod:`benchmarks.chip_time` times them on a lent TPU; :mod:`benchmarks.bundle_calibration`
 compiles them for a TPU target and estimates them from the compiler's schedule. The same
@@ -144,13 +146,11 @@ def _layer_program(
         if contender == "kernel":  # prepared for the target (on the host: left as they are)
             ws = emulate.prepare_weights(ws, target=target)
     route = "xla" if contender == "xla" else "auto"
-    # the weights are the program's constants, as benchmarks.layer_time's closure made them
-    return functools.partial(looped_layer, ws=ws, route=route), (x,)
+    return functools.partial(looped_layer, route=route), (x, ws)
 
 
-def looped_layer(x: jax.Array, *, ws: dict[str, Any], route: str) -> jax.Array:
-    """:func:`layer` :data:`LOOP` times on route ``route``, the
-    weights ``ws`` closed over (jit constants, which XLA may fold into the program)."""
+def looped_layer(x: jax.Array, ws: dict[str, Any], *, route: str) -> jax.Array:
+    """:func:`layer` :data:`LOOP` times on route ``route``."""
     import emulate
 
     def body(i: Any, c: jax.Array) -> jax.Array:

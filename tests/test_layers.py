@@ -136,6 +136,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.pallas.route",
             "emulate.pallas.kernel_dot",
             "emulate.pallas.weights",
+            "emulate.pallas.words",
             "emulate.pallas.qcodebook",
             "emulate.pallas.qgroups",
             "emulate.pallas.qoffsets",

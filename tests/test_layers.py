@@ -142,6 +142,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.pallas.qoffsets",
             "emulate.pallas.qweight",
             "emulate.pallas.qsteps",
+            "emulate.pallas.word_groups",
+            "emulate.pallas.word_step",
             "emulate.pallas.matmul_config",
             "emulate.pallas.matmul_args",
             "emulate.pallas.matmul_kernel",

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from emulate import formats, targets
-from emulate.pallas import qgroups, route
+from emulate.pallas import qgroups, route, word_groups, word_step
 from emulate.pallas.qcodebook import KernelCodebook
 from emulate.pallas.qweight import Scaling
 from emulate.planning.exactness import MAX_CHUNKS, MAX_TOTAL_QUANTA
@@ -77,6 +77,8 @@ class Config:
         accumulator first).
       codebook: a codebook weight's :class:`emulate.pallas.qcodebook.KernelCodebook`, or
         None (``route.rhs`` is then the format its values take in the kernel).
+      word_step: the kernel body is :func:`emulate.pallas.word_step.body` (a 4-bit weight
+        read in whole words, group partial sums on the matrix unit; x spans K).
     """
 
     route: route.Route
@@ -97,6 +99,7 @@ class Config:
     scaling: Scaling | None = None
     out: str = ""
     codebook: KernelCodebook | None = None
+    word_step: bool = False
 
     @property
     def scaled_in_kernel(self) -> bool:
@@ -416,16 +419,23 @@ def config(
     out: str | None = None,
     codebook: KernelCodebook | None = None,
     long_rows: bool = True,
+    words: bool = True,
 ) -> Config:
     """The :class:`Config` for one call: block shape defaults and checks. ``x_dtype``: the
     type x is stored in (default: the type the matrix unit takes); ``scaling``: a QArray
     weight's scales; ``out``: the result type (default ``r.out``); ``codebook``: a codebook
     weight's table in the kernel; ``long_rows``: whether more than 256 rows may take a
-    longer row block (:func:`_long_bm`; the grouped kernel's tiles follow its groups)."""
+    longer row block (:func:`_long_bm`; the grouped kernel's tiles follow its groups);
+    ``words``: whether :mod:`emulate.pallas.word_step` may run the call (not in the
+    grouped kernel, whose x blocks follow its visits)."""
     x_dtype = x_dtype or r.lhs_compute
     out = out or r.out
     tl = _tiling(r, t, k, stored, x_dtype, scaling, out)
     bm, bn, bk = _blocks(r, t, tl, (m, n, k), block_shape)
+    if words and word_step.applies(r, stored, scaling, codebook, bm):
+        return _word_config(
+            r, t, tl, (m, n, k), stored, block_shape, interpret, x_dtype, scaling, out
+        )
     if scaling is not None and scaling.along_k:
         bk = _align_to_groups(bk, t, tl, scaling, block_shape is not None)
     if block_shape is None and long_rows and m > bm:
@@ -455,4 +465,62 @@ def config(
         scaling=scaling,
         out=out,
         codebook=codebook,
+    )
+
+
+#: Default blocks of the word step (:mod:`emulate.pallas.word_step`): columns per block and
+#: the deepest K step (measured by libtpu's bundle schedule on v4 to 7x, 1 x 4096 x 14336
+#: Q4_K: 512 x 2048 kept the matrix unit fed at fewer bundles per code than 256 x 1024).
+_WORD_BN = 512
+_WORD_BK = 2048
+
+
+def _word_config(
+    r: route.Route,
+    t: targets.Target,
+    tl: _Tiling,
+    shape: tuple[int, int, int],
+    stored: Stored,
+    block_shape: Sequence[int] | None,
+    interpret: bool,
+    x_dtype: str,
+    scaling: Scaling | None,
+    out: str,
+) -> Config:
+    """The :class:`Config` of a call :func:`emulate.pallas.word_step.applies` to: its blocks
+    (x spans K, resident), checked against VMEM."""
+    m, n, k = shape
+    bm, bn, bk = _blocks(r, t, tl, shape, block_shape)
+    if block_shape is None:
+        bn = min(_round_up(n, _LANES), _WORD_BN)
+        bk = min(_round_up(k, word_groups.unit(None)), _WORD_BK)
+    kp = _round_up(k, bk)
+    vmem = word_step.vmem_bytes(bm, bn, bk, k, np.dtype(x_dtype).itemsize, scaling)
+    if t.vmem_capacity_bytes and vmem > t.vmem_capacity_bytes:
+        raise ValueError(
+            f"block_shape: ({bm}, {bn}, {bk}) needs about {vmem} bytes of VMEM, more "
+            f"than {t.name}'s {t.vmem_capacity_bytes}; use smaller blocks"
+        )
+    limit = None
+    if 2 * vmem > _DEFAULT_SCOPED_VMEM:
+        limit = min(2 * vmem, t.vmem_capacity_bytes or 2 * vmem)
+    return Config(
+        route=r,
+        m=m,
+        n=n,
+        k=k,
+        bm=bm,
+        bn=bn,
+        bk=bk,
+        stored=stored,
+        w_passthrough=False,
+        limbs=False,
+        x_resident=kp > bk,
+        interpret=interpret,
+        vmem_bytes=vmem,
+        vmem_limit=limit,
+        x_dtype=x_dtype,
+        scaling=scaling,
+        out=out,
+        word_step=True,
     )

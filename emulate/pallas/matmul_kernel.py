@@ -73,7 +73,7 @@ from emulate.numerics.storage import (
     split_group_bytes,
     to_codes,
 )
-from emulate.pallas import qcodebook, qoffsets, qsteps, qweight, route, words
+from emulate.pallas import qcodebook, qoffsets, qsteps, qweight, route, word_step, words
 from emulate.pallas.matmul_args import matmul_args
 from emulate.pallas.matmul_config import Config, config
 from emulate.pallas.qweight import KernelQWeight
@@ -197,6 +197,9 @@ def kernel_body(cfg: Config, refs: Sequence[Any], store: Any = _write) -> None:
     if cfg.scaled_in_kernel and cfg.tensor_scaled:
         ts_refs, rest = rest[:2], rest[2:]
     n_acc = 2 if cfg.limbs else 1
+    if cfg.word_step:  # a 4-bit weight in whole words, at decode
+        word_step.body(cfg, xs[0], w_ref, s_ref, aff_refs, ts_refs, rest[0], rest[1:], store)
+        return
     outs, accs, spread_refs = rest[:n_acc], rest[n_acc : 2 * n_acc], rest[2 * n_acc :]
     k = pl.program_id(2)
 
@@ -315,6 +318,8 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
     # that are dropped and columns past K are masked in the kernel. For a packed weight,
     # one column plane per code position of a byte (padded: planes of one length).
     planes = [x]
+    if word_step.piece_order(cfg):  # f32 tiles in piece order: x's columns to match
+        planes = [words.to_piece_order(jnp.pad(x, ((0, 0), (0, kp - x.shape[1]))))]
     if g > 1:
         x = jnp.pad(x, ((0, 0), (0, kp - x.shape[1])))
         planes = [x[:, t::g] for t in range(g)]
@@ -344,7 +349,9 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
         grid=(nm, nn, nk),
         in_specs=[x_spec] * g + [w_spec] + extra_specs,
         out_specs=[out_spec] * n_acc,
-        scratch_shapes=[pltpu.VMEM((cfg.bm, cfg.bn), acc_dtype)] * n_acc + spread_scratch,
+        scratch_shapes=word_step.scratch_shapes(cfg)
+        if cfg.word_step
+        else [pltpu.VMEM((cfg.bm, cfg.bn), acc_dtype)] * n_acc + spread_scratch,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=cfg.vmem_limit,

@@ -127,13 +127,16 @@ _WRAPPERS = {
 
 def _ops_on(jaxpr, aval):
     """The primitives (other than call wrappers and the kernel) that take an operand of
-    ``aval``, anywhere in ``jaxpr`` and its sub-jaxprs."""
+    ``aval``, anywhere in ``jaxpr`` and its sub-jaxprs outside the kernel's own (where a
+    loaded block can have the weight's shape)."""
     found = []
     for e in jaxpr.eqns:
         if e.primitive.name not in _WRAPPERS and any(
             getattr(v, "aval", None) == aval for v in e.invars
         ):
             found.append(e.primitive.name)
+        if e.primitive.name == "pallas_call":
+            continue
         for v in e.params.values():
             for sub in v if isinstance(v, (tuple, list)) else (v,):
                 inner = getattr(sub, "jaxpr", sub)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from jax import lax
 
 from emulate import formats, targets
 from emulate.pallas import qgroups, route, word_groups, word_step
@@ -161,12 +162,18 @@ def _check_block(name: str, value: Any, multiple: int, why: str) -> int:
     return int(value)
 
 
-def _vmem_bytes(bm: int, bn: int, bk: int, limbs: bool, x_cols: int, w_rows: int) -> int:
+def _vmem_bytes(
+    bm: int, bn: int, bk: int, limbs: bool, x_cols: int, w_rows: int, highest: bool = False
+) -> int:
     x_block = bm * x_cols * 4  # at most 4 bytes stored, decoded in the kernel
     w_block = w_rows * bn  # one byte per stored element
     temps = 4 * bk * bn * 4  # int32 bytes / words, codes and the decoded tile
     acc = bm * bn * 4 * (2 if limbs else 1)
-    return 2 * x_block + 2 * w_block + temps + acc + 2 * acc
+    # an f32 dot at Precision.HIGHEST: each operand cut into bfloat16 pieces and a partial
+    # product per pass (measured on v2, f32 x at 2048 x 4096 x 14336 Q4_K: 20.3 MiB of
+    # scoped VMEM for (1024, 256, 256) blocks, 6.9 MiB counted without this term)
+    split = 6 * (2 * bm * bk + 2 * bk * bn + 4 * bm * bn) if highest else 0
+    return 2 * x_block + 2 * w_block + temps + acc + 2 * acc + split
 
 
 def _spread_vmem(scaling: Scaling | None, n: int, bn: int) -> tuple[int, str]:
@@ -222,6 +229,7 @@ class _Tiling:
       limbs: an exact int32 sum for a float result, carried as two limbs.
       cap: half the target's VMEM (16 MiB where unknown), bytes: what a default block
         shape and a resident x may fill.
+      highest: the dots run at ``Precision.HIGHEST`` (f32 operands bf16 cannot hold).
     """
 
     x_sub: int
@@ -232,6 +240,7 @@ class _Tiling:
     packed: bool
     limbs: bool
     cap: int
+    highest: bool = False
 
     def w_rows(self, bk: int) -> int:
         """Rows of the stored weight per K step of ``bk`` rows."""
@@ -239,7 +248,7 @@ class _Tiling:
 
     def vmem(self, bm: int, bn: int, bk: int, x_cols: int) -> int:
         """VMEM of one grid step (:func:`_vmem_bytes`), x blocks of ``x_cols`` columns."""
-        return _vmem_bytes(bm, bn, bk, self.limbs, x_cols, self.w_rows(bk))
+        return _vmem_bytes(bm, bn, bk, self.limbs, x_cols, self.w_rows(bk), self.highest)
 
 
 def _tiling(
@@ -267,6 +276,7 @@ def _tiling(
         packed=stored.layout != "dense",
         limbs=r.exact and formats.get(r.out).is_float and not grouped and not fits,
         cap=(t.vmem_capacity_bytes or 16 << 20) // 2,
+        highest=r.precision == lax.Precision.HIGHEST,
     )
 
 
@@ -333,6 +343,11 @@ def _scale_vmem(scaling: Scaling | None, n: int, bn: int) -> tuple[int, str]:
         if scaling.columns:  # every block column (emulate.pallas.qsteps.widen)
             lanes = _round_up(-(-n // scaling.columns), _LANES)
         total = 2 * 4 * scaling.rows * lanes * 2
+        a = scaling.affine
+        levels = (a.scale_level, a.offset_level) if a is not None else ()
+        # each two-level part's code bytes as f32, cut in pieces for a one-hot dot at
+        # Precision.HIGHEST per K step (emulate.pallas.qgroups.step_levels)
+        total += sum(6 * 4 * scaling.rows * lanes for lv in levels if lv is not None)
     spread, note = _spread_vmem(scaling, n, bn)
     return total + spread, note
 
@@ -468,11 +483,11 @@ def config(
     )
 
 
-#: Default blocks of the word step (:mod:`emulate.pallas.word_step`): columns per block and
-#: the deepest K step (measured by libtpu's bundle schedule on v4 to 7x, 1 x 4096 x 14336
-#: Q4_K: 512 x 2048 kept the matrix unit fed at fewer bundles per code than 256 x 1024).
-_WORD_BN = 512
-_WORD_BK = 2048
+#: Default (bk, bn) of the word step (:mod:`emulate.pallas.word_step`), largest first:
+#: the first whose VMEM fits half the target's (measured by libtpu's bundle schedule on
+#: v4 to 7x, 1 x 4096 x 14336 Q4_K: 2048 x 512 kept the matrix unit fed at fewer
+#: bundles per code than 1024 x 256; v2 and v3 take smaller ones with f32 activations).
+_WORD_BLOCKS = ((2048, 512), (2048, 256), (1024, 512), (1024, 256), (512, 256), (256, 128))
 
 
 def _word_config(
@@ -491,11 +506,26 @@ def _word_config(
     (x spans K, resident), checked against VMEM."""
     m, n, k = shape
     bm, bn, bk = _blocks(r, t, tl, shape, block_shape)
+    xb = np.dtype(x_dtype).itemsize
+
+    def vmem_of(bn: int, bk: int) -> int:
+        return word_step.vmem_bytes(bm, bn, bk, k, xb, scaling, tl.highest)
+
     if block_shape is None:
-        bn = min(_round_up(n, _LANES), _WORD_BN)
-        bk = min(_round_up(k, word_groups.unit(None)), _WORD_BK)
+        for cbk, cbn in _WORD_BLOCKS:
+            bn = min(_round_up(n, _LANES), cbn)
+            bk = min(_round_up(k, word_groups.unit(None)), cbk)
+            if vmem_of(bn, bk) <= tl.cap:
+                break
+        if m > bm and word_step.partial_rows(r, scaling, 1) == 1:
+            # one group a dot: as long a row block as fits (the weight is read once per
+            # row block, :func:`_long_bm`)
+            for b in sorted({min(c, _round_up(m, tl.x_sub)) for c in _LONG_BM}, reverse=True):
+                if b > bm and word_step.vmem_bytes(b, bn, bk, k, xb, scaling, tl.highest) <= tl.cap:
+                    bm = b
+                    break
     kp = _round_up(k, bk)
-    vmem = word_step.vmem_bytes(bm, bn, bk, k, np.dtype(x_dtype).itemsize, scaling)
+    vmem = vmem_of(bn, bk)
     if t.vmem_capacity_bytes and vmem > t.vmem_capacity_bytes:
         raise ValueError(
             f"block_shape: ({bm}, {bn}, {bk}) needs about {vmem} bytes of VMEM, more "

@@ -50,6 +50,7 @@ __all__ = [
     "applies",
     "body",
     "dot_rows",
+    "partial_rows",
     "piece_order",
     "scratch_shapes",
     "vmem_bytes",
@@ -73,6 +74,12 @@ def dot_rows(target: str) -> int:
 def _dot_groups(scaling: Any, target: str) -> int:
     """Groups per dot: the rows of partial sums per row of x."""
     return max(1, dot_rows(target) // word_groups.unit(scaling))
+
+
+def partial_rows(r: route.Route, scaling: Any, bm: int) -> int:
+    """Rows of partial sums a K step keeps for ``bm`` rows of x: the groups a dot spans
+    times ``bm`` (at most :data:`MAX_ROWS` for :func:`applies`)."""
+    return _dot_groups(scaling, r.target) * bm
 
 
 def applies(r: route.Route, stored: Any, scaling: Any, codebook: Any, bm: int) -> bool:
@@ -101,7 +108,7 @@ def applies(r: route.Route, stored: Any, scaling: Any, codebook: Any, bm: int) -
                 or a.offset not in ("none", "static", "array", "two_level")
             ):
                 return False
-    return _dot_groups(scaling, r.target) * bm <= MAX_ROWS
+    return partial_rows(r, scaling, bm) <= MAX_ROWS
 
 
 def scratch_shapes(cfg: Any) -> list[Any]:
@@ -114,15 +121,20 @@ def scratch_shapes(cfg: Any) -> list[Any]:
     return [acc, *word_groups.scratch_shapes(cfg)]
 
 
-def vmem_bytes(bm: int, bn: int, bk: int, k: int, x_bytes: int, scaling: Any) -> int:
+def vmem_bytes(
+    bm: int, bn: int, bk: int, k: int, x_bytes: int, scaling: Any, highest: bool = False
+) -> int:
     """VMEM of one grid step of :func:`body` (an upper estimate): the double-buffered
-    weight and x blocks (x spanning K), the decoded tile and its temporaries, the
-    partial sums, the per-group scratch and the first step's decoding."""
+    weight and x blocks (x spanning K), the step's decoded tiles and their temporaries
+    (Mosaic keeps a step's worth live: 8 bytes an element, 40 with f32 dots at
+    ``Precision.HIGHEST`` (``highest``), whose operands it cuts in bfloat16 pieces:
+    measured on v2 with f32 x, 39.5 MiB for (2048, 512) blocks), the partial sums, the
+    per-group scratch and the first step's decoding."""
     kp = -(-k // bk) * bk
     r = _TILE // word_groups.unit(scaling)
     w = 2 * (bk // 2) * bn
-    x = 2 * bm * kp * x_bytes
-    tile = 6 * _TILE * bn * 4
+    x = 2 * bm * kp * x_bytes + 6 * bm * bk  # and the step's slice as f32 and bf16
+    tile = (40 if highest else 8) * bk * bn
     sums = 3 * r * bm * bn * 4
     units = kp // word_groups.unit(scaling)
     groups = 12 * units * bn * 4 if scaling is not None else 0
@@ -175,7 +187,7 @@ def _decode_options(cfg: Any) -> dict[str, Any]:
 
 def _step_sums(cfg: Any, x: jax.Array, wv: jax.Array, parts: Any) -> jax.Array:
     """The K step's ``(R * bm, bn)`` scaled partial sums (module docstring): ``x`` the
-    step's (bm, bk) f32 activations, ``wv`` its (bk / 8, bn) words, ``parts`` its rows of
+    step's (bm, bk) activations as stored, ``wv`` its (bk / 8, bn) words, ``parts`` its rows of
     the per-group parts (:class:`emulate.pallas.word_groups.StepParts`, or None)."""
     r, sc = cfg.route, cfg.scaling
     a = sc.affine if sc is not None and sc.along_k else None
@@ -199,7 +211,10 @@ def _step_sums(cfg: Any, x: jax.Array, wv: jax.Array, parts: Any) -> jax.Array:
         for h in range(_TILE // dr):
             d0 = c * _TILE + h * dr  # the dot's first row of the step
             first = d0 // u  # its first scale unit
-            xbd = _block_diagonal(x[:, d0 : d0 + dr], rd, min(u, dr), opts["piece_order"])
+            xc = x[:, d0 : d0 + dr]
+            if rd > 1:  # selects in f32: v4 has none on bf16 vectors
+                xc = xc.astype(jnp.float32)
+            xbd = _block_diagonal(xc, rd, min(u, dr), opts["piece_order"])
             t = lax.dot_general(
                 xbd.astype(jnp.dtype(r.rhs_compute)),
                 wt[h * dr : (h + 1) * dr],
@@ -213,7 +228,7 @@ def _step_sums(cfg: Any, x: jax.Array, wv: jax.Array, parts: Any) -> jax.Array:
                     t = t * _tiled(s, cfg.bm)
             off = rows("offset", first, rd)
             if off is not None or static_offset is not None:
-                xs = jnp.sum(xbd, axis=1, keepdims=True)
+                xs = jnp.sum(xbd.astype(jnp.float32), axis=1, keepdims=True)
                 o: Any = _tiled(off, cfg.bm) if off is not None else jnp.float32(static_offset)
                 t = t + xs * o
             total = t if total is None else total + t
@@ -264,10 +279,12 @@ def body(
         if grouped:
             word_groups.fill(cfg, s_ref, aff_refs, refs)
 
-    x = x_ref[:, pl.ds(pl.multiple_of(k * bk, bk), bk)].astype(jnp.float32)
+    x = x_ref[:, pl.ds(pl.multiple_of(k * bk, bk), bk)]
     if cfg.k % bk and not piece_order(cfg):  # columns past K: garbage of a partial block
         cols = lax.broadcasted_iota(jnp.int32, x.shape, 1)
-        x = jnp.where(cols < cfg.k - k * bk, x, jnp.float32(0))
+        # v4 has no select on bf16 vectors: select in f32, then round (exactly)
+        wide = jnp.where(cols < cfg.k - k * bk, x.astype(jnp.float32), jnp.float32(0))
+        x = wide.astype(x.dtype)
     parts = word_groups.StepParts(cfg, refs, k) if grouped else None
     total = _step_sums(cfg, x, words.words(w_ref[...]), parts)
     rd = _dot_groups(sc, cfg.route.target)

@@ -204,16 +204,22 @@ def _config(x_fmt, w_fmt, target, m, n, k, group=1, out=None):
 
 def test_default_blocks_come_from_the_target():
     # bn is twice the MXU width; bk fills 2**18 elements of weight tile; bm follows M.
+    # At decode a 4-bit weight takes the word step's (2048, 512) blocks.
     c = _config("bfloat16", "int4", "tpu_v5e", 1, 4096, 4096, group=2)
-    assert (c.bm, c.bn, c.bk) == (1, 256, 1024)  # below the sublane tiling: a block of M
+    assert (c.bm, c.bn, c.bk) == (1, 512, 2048) and c.word_step  # bm: a block of M
     assert c.x_resident  # x's (1, 4096) block is fetched once
-    assert c.grid == (1, 16, 4)
+    assert c.grid == (1, 8, 2)
+    c = _config("bfloat16", "uint8", "tpu_v5e", 1, 4096, 4096)
+    assert (c.bm, c.bn, c.bk) == (1, 256, 1024) and not c.word_step
     c = _config("bfloat16", "int4", "tpu_v6e", 512, 8192, 8192, group=2)
-    assert (c.bm, c.bn, c.bk) == (512, 512, 512)  # long x: one row block, read once
-    # a prefill of 2048 rows: x resident in 1024-row blocks (2048 rows of K = 4096 at the
-    # 4 bytes counted an element, double-buffered, pass half of v5e's 128 MiB), so the
-    # weight is read twice, not 8 times in the default 256-row blocks
+    assert (c.bm, c.bn, c.bk) == (512, 512, 2048)  # long x: one row block, read once
+    assert c.word_step  # one group a dot: no partial sums to keep apart
+    # a prefill of 2048 rows: x resident in 2048-row blocks (the word step counts x at
+    # its own 2 bytes an element: 2048 x 4096, double-buffered, fits half of v5e's 128
+    # MiB), so the weight is read once, not 8 times in the default 256-row blocks
     c = _config("bfloat16", "int4", "tpu_v5e", 2048, 14336, 4096, group=2)
+    assert (c.bm, c.grid[0], c.x_resident) == (2048, 1, True)
+    c = _config("bfloat16", "uint8", "tpu_v5e", 2048, 14336, 4096)  # x at 4 bytes counted
     assert (c.bm, c.grid[0], c.x_resident) == (1024, 2, True)
     c = _config("int8", "int8", "tpu_v5e", 3, 200, 300)
     assert (c.bm, c.bn, c.bk) == (3, 256, 384)  # clamped to the padded problem

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numba
 import numpy as np
 
-from emulate.cpu.form import BFLOAT16, FLOAT16, SIGNED, UNSIGNED, Form, Level, Slot
+from emulate.cpu.form import BFLOAT16, FLOAT16, SIGNED, UNSIGNED, Form, LevelSlots, Slot
 from emulate.cpu.lanes import LANES, code_values, half_values
 from emulate.cpu.parts import reader, rounded
 
@@ -35,7 +35,7 @@ def _dummy_reader() -> Callable:
     return value
 
 
-def _affine(level: Level) -> Callable:
+def _affine(level: LevelSlots) -> Callable:
     """An njit ``(v, zp, scale, offset) -> float32``: a two-level part's value of code value
     ``v``, ``(v - zp) * scale + offset``, each step rounded to float32 as ``dequantize``
     rounds it (the product fenced: :func:`emulate.cpu.parts.rounded`)."""
@@ -54,7 +54,7 @@ def _affine(level: Level) -> Callable:
     return value
 
 
-def _level_value(level: Level) -> Callable:
+def _level_value(level: LevelSlots) -> Callable:
     codes = reader(level.codes)
     scales = reader(level.scales) if level.scales is not None else _dummy_reader()
     bi, bj = level.block
@@ -67,11 +67,11 @@ def _level_value(level: Level) -> Callable:
     return value
 
 
-def _factor(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Callable:
+def _factor(part: Slot | LevelSlots | str | None, zp_at: int, off_at: int) -> Callable:
     """An njit ``(consts, b0, t0, b1, t1, i, j) -> float32`` for one factor: a constant
     (``consts[off_at - 1]``: the weight's zero point or offset), a slot (``b0``), or a
     two-level part (codes ``b0``, scales ``b1``, constants at ``zp_at``, ``off_at``)."""
-    if isinstance(part, Level):
+    if isinstance(part, LevelSlots):
         level = _level_value(part)
 
         @numba.njit(inline="always")
@@ -102,7 +102,7 @@ def factors(form: Form) -> Callable:
     zero point, scale and offset, float32 (0, 1, 0 where absent)."""
     zp = _factor(form.zero_point, 0, 1)
     scale = _factor(form.scale, 2, 3)
-    off = _factor(form.offset, 4, 5 if isinstance(form.offset, Level) else 2)
+    off = _factor(form.offset, 4, 5 if isinstance(form.offset, LevelSlots) else 2)
     has_scale = form.scale is not None
 
     @numba.njit(inline="always")
@@ -117,11 +117,11 @@ def factors(form: Form) -> Callable:
     return block
 
 
-def _factor_row(part: Slot | Level | str | None, zp_at: int, off_at: int) -> Callable:
+def _factor_row(part: Slot | LevelSlots | str | None, zp_at: int, off_at: int) -> Callable:
     """An njit ``(consts, b0, t0, b1, t1, i, out)``: :func:`_factor`'s value at ``(i, j)``
     for every ``j < len(out)`` (one row of the weight's grid), a two-level part's scale
     decoded once a run of blocks that share it (not once a block)."""
-    if not isinstance(part, Level):
+    if not isinstance(part, LevelSlots):
         one = _factor(part, zp_at, off_at)
         # float16 / bfloat16 factors stored along the row: LANES a step
         halves = isinstance(part, Slot) and part.kind in (FLOAT16, BFLOAT16)
@@ -180,7 +180,7 @@ def row_factors(form: Form) -> Callable:
     :func:`factors` gives them, a row at a time."""
     zp = _factor_row(form.zero_point, 0, 1)
     scale = _factor_row(form.scale, 2, 3)
-    off = _factor_row(form.offset, 4, 5 if isinstance(form.offset, Level) else 2)
+    off = _factor_row(form.offset, 4, 5 if isinstance(form.offset, LevelSlots) else 2)
     has_scale = form.scale is not None
 
     @numba.njit(inline="always")

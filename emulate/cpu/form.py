@@ -30,10 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from emulate import cpu, formats
-from emulate.numerics.storage import Packed, group_shape
+from emulate import cpu
+from emulate.numerics.storage import group_shape
 from emulate.quantized.array import QArray
-from emulate.quantized.checks import is_int
+from emulate.quantized.layout import Constant, Layout, Level, Stored, layout_of
 from emulate.quantized.values import element_values
 
 __all__ = [
@@ -46,7 +46,7 @@ __all__ = [
     "Form",
     "GROUPS",
     "LANES",
-    "Level",
+    "LevelSlots",
     "NIBBLES",
     "ROWS",
     "SIGNED",
@@ -102,9 +102,10 @@ def group_geometry(bits: int, packed: bool) -> tuple[int, int]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Level:
-    """A two-level part (a QArray of scales or offsets over the weight's block grid):
-    ``(value(code) - zp) * scale[block] + offset`` with constant ``zp`` and ``offset``."""
+class LevelSlots:
+    """The slots of a two-level part (:class:`emulate.quantized.layout.Level`: a QArray of
+    scales or offsets over the weight's block grid): ``(value(code) - zp) * scale[block] +
+    offset`` with constant ``zp`` and ``offset``."""
 
     codes: Slot
     scales: Slot | None
@@ -122,8 +123,8 @@ class Form:
     codes: Slot
     block: tuple[int, int]
     zero_point: Slot | str | None  # "const" for a constant zero point
-    scale: Slot | Level | None
-    offset: Slot | Level | str | None
+    scale: Slot | LevelSlots | None
+    offset: Slot | LevelSlots | str | None
 
     @property
     def name(self) -> str:
@@ -132,7 +133,7 @@ class Form:
         return "emulate_cpu_gemv_" + hashlib.sha1(repr(self).encode()).hexdigest()[:16]
 
 
-def _format_slot(fmt: Any, bits: int, axis: int, codebook: Any) -> Slot | None:
+def _format_slot(fmt: Any, bits: int, axis: int, codebook: Any) -> Slot:
     if codebook is not None or not fmt.is_integer:
         return Slot(TABLE, bits, axis, 1)
     return Slot(SIGNED if fmt.signed else UNSIGNED, bits, axis, 1)
@@ -143,19 +144,19 @@ def _format_slot(fmt: Any, bits: int, axis: int, codebook: Any) -> Slot | None:
 _SUB_BYTE = frozenset({"int2", "uint2", "int4", "uint4", "float4_e2m1fn"})
 
 
-def _array_slot(a: Any, fmt: Any = None, codebook: Any = None) -> Slot | None:
-    """The slot of a stored array (a Packed array, codes of a low-precision format, or
+def _slot(s: Stored, codebook: Any = None) -> Slot | None:
+    """The slot of a stored part (a Packed array, codes of a low-precision format, or
     float16 / bfloat16 / float32 / integer values), None where the kernel cannot read it.
-    ``fmt``: the format of uint8 codes (a QArray's format, or its scales' format)."""
-    if isinstance(a, Packed):
-        if a.data.ndim != 2 or a.format.bits > 8:
-            return None
-        return _format_slot(a.format, a.format.bits, a.data.ndim + a.axis, codebook)
-    dt = np.dtype(a.dtype)
-    if a.ndim != 2 or dt.name in _SUB_BYTE:
+    ``codebook``: the table the codes index (codes only)."""
+    if len(s.shape) != 2:
         return None
-    if fmt is not None and fmt.bits <= 8 and dt.itemsize == 1:
-        return _format_slot(fmt, fmt.bits, -1, codebook)
+    if s.packed_axis is not None:
+        return None if s.bits > 8 else _format_slot(s.format, s.bits, s.packed_axis, codebook)
+    dt = s.dtype
+    if dt.name in _SUB_BYTE:
+        return None
+    if s.bits <= 8 and dt.itemsize == 1:  # codes of a format of at most a byte
+        return _format_slot(s.format, s.bits, -1, codebook)
     if dt == jnp.float16:
         return Slot(FLOAT16, 16, -1, 2)
     if dt == jnp.bfloat16:
@@ -164,49 +165,38 @@ def _array_slot(a: Any, fmt: Any = None, codebook: Any = None) -> Slot | None:
         return Slot(FLOAT32, 32, -1, 4)
     if dt.kind in "iu" and dt.itemsize in (1, 2, 4):
         return Slot(SIGNED if dt.kind == "i" else UNSIGNED, 8 * dt.itemsize, -1, dt.itemsize)
-    if dt.itemsize == 1:  # float8 types
-        return Slot(TABLE, 8, -1, 1)
     return None
 
 
-def _level(q: QArray) -> Level | None:
-    """A two-level part's :class:`Level`, None where it has more than one constant zero
-    point, a plain scale array and a constant offset."""
+def _level(lv: Level) -> LevelSlots | None:
+    """A two-level part's :class:`LevelSlots`, None where it has more than one constant
+    zero point, a plain scale array and a constant offset."""
     if (
-        len(q.shape) != 2
-        or q.perm is not None
-        or q.tensor_scale is not None
-        or q.element_exponent
-        or not (q.zero_points is None or is_int(q.zero_points))
-        or not (q.offsets is None or isinstance(q.offsets, float))
-        or isinstance(q.scales, QArray)
+        len(lv.shape) != 2
+        or lv.perm is not None
+        or lv.tensor is not None
+        or lv.exponent
+        or isinstance(lv.zero, Stored)
+        or isinstance(lv.offset, (Stored, Level))
+        or not isinstance(lv.scale, Stored)
     ):
         return None
-    codes = _array_slot(q.codes, q.format, q.codebook)
-    scales = _array_slot(q.scales, _scale_format(q))
+    codes = _slot(lv.codes, lv.table)
+    scales = _slot(lv.scale)
     if codes is None or scales is None:
         return None
-    block = (q.block_shape[0], q.block_shape[1])
-    return Level(codes, scales, block, q.zero_points is not None, q.offsets is not None)
+    block = (lv.block_shape[0], lv.block_shape[1])
+    return LevelSlots(codes, scales, block, lv.zero is not None, lv.offset is not None)
 
 
-def _scale_format(q: QArray) -> Any:
-    """The format of ``q``'s stored scales where they are uint8 codes of a format without
-    a numpy dtype (a P3109 or registered format), else None (the dtype says it)."""
-    if isinstance(q.scales, QArray) or np.dtype(q.scales.dtype) != np.uint8:
-        return None
-    fmt = formats.get(q.scale_format)
-    return None if fmt.is_integer else fmt
-
-
-def _factor(part: Any, fmt: Any = None) -> Slot | Level | str | None:
+def _factor(part: Any) -> Slot | LevelSlots | str | None:
     if part is None:
         return None
-    if isinstance(part, (int, float)) and not isinstance(part, bool):
+    if isinstance(part, Constant):
         return "const"
-    if isinstance(part, QArray):
+    if isinstance(part, Level):
         return _level(part) or "unreadable"
-    return _array_slot(part, fmt) or "unreadable"
+    return _slot(part) or "unreadable"
 
 
 def _looked_up(codes: Slot) -> bool:
@@ -215,50 +205,50 @@ def _looked_up(codes: Slot) -> bool:
     return codes.kind == TABLE and codes.bits in (4, 8) and cpu.table_lookups()
 
 
-def weight_form(q: QArray, contracting: int) -> Form | None:
-    """The kernel's form of a 2-D QArray contracted along axis ``contracting``, or None
-    where the kernel does not take it: stacked or act-order QArrays, codes packed along N,
-    codes wider than a byte, codes that are not integers (float formats, codebooks: a
-    table lookup an element, which ran slower than XLA's route) unless 4- or 8-bit on a
-    host whose registers hold their table (:func:`emulate.cpu.table_lookups`), parts it
-    cannot read.
-    Tables serve the per-block parts (float8 scales, a codebook of two-level scales)."""
-    if len(q.shape) != 2 or q.perm is not None or contracting not in (0, 1):
+def weight_form(q: QArray | Layout, contracting: int) -> Form | None:
+    """The kernel's form of a 2-D QArray (or its :class:`~emulate.quantized.layout.Layout`)
+    contracted along axis ``contracting``, or None where the kernel does not take it:
+    stacked or act-order QArrays, codes packed along N, codes wider than a byte, codes that
+    are not integers (float formats, codebooks: a table lookup an element, which ran
+    slower than XLA's route) unless 4- or 8-bit on a host whose registers hold their table
+    (:func:`emulate.cpu.table_lookups`), a tensor scale or element exponent, parts it
+    cannot read. Tables serve the per-block parts (float8 scales, a codebook of two-level
+    scales)."""
+    lay = q if isinstance(q, Layout) else layout_of(q)
+    if len(lay.shape) != 2 or lay.perm is not None or contracting not in (0, 1):
         return None
-    codes = _array_slot(q.codes, q.format, q.codebook)
+    codes = _slot(lay.codes, lay.table)
     if codes is None or not (codes.kind in (UNSIGNED, SIGNED) or _looked_up(codes)):
         # other float codes and codebooks (a table lookup an element: gathers) measured
         # slower in the kernel than on XLA's route (docs/performance.md, "The CPU kernel")
         return None
-    if codes.axis != -1 and codes.axis != 1 - contracting and codes.axis != contracting:
-        return None
-    if codes.axis != -1 and codes.axis != (1 if contracting == 1 else 0):
+    if codes.axis != -1 and codes.axis != contracting:  # packed along K only
         return None
     if codes.axis == -1 and codes.width != 1:
         return None
     layout = ROWS if contracting == 1 else COLUMNS
-    bk = q.block_shape[contracting]
+    bk = lay.block_shape[contracting]
     if codes.axis == -1:
         variant = BYTES
-    elif codes.bits == 4 and bk % 2 == 0 and q.shape[contracting] % 2 == 0:
+    elif codes.bits == 4 and bk % 2 == 0 and lay.shape[contracting] % 2 == 0:
         variant = NIBBLES
     elif (
         layout == ROWS
         and bk % group_shape(codes.bits)[0] == 0
-        and q.shape[1] % bk == 0
-        and not isinstance(_factor(q.zero_points), Slot)
+        and lay.shape[1] % bk == 0
+        and not isinstance(_factor(lay.zero), Slot)
     ):
         variant = GROUPS
     else:
         variant = BITS
-    if q.tensor_scale is not None or q.element_exponent:
+    if lay.tensor is not None or lay.exponent:
         # one float32 scale a block (scale * tensor scale * 2**e) may leave float32's
         # range where dequantize's mantissa and exponent do not
         return None
-    parts = (_factor(q.zero_points), _factor(q.scales, _scale_format(q)), _factor(q.offsets))
-    if "unreadable" in parts or isinstance(parts[0], Level) or parts[1] == "const":
+    parts = (_factor(lay.zero), _factor(lay.scale), _factor(lay.offset))
+    if "unreadable" in parts or isinstance(parts[0], LevelSlots) or parts[1] == "const":
         return None
-    block = (q.block_shape[0], q.block_shape[1])
+    block = (lay.block_shape[0], lay.block_shape[1])
     form = Form(layout, variant, codes, block, *parts)  # type: ignore[arg-type]
     if codes.kind == TABLE and not vector_step(form):
         return None  # a table lookup an element: slower than XLA's route
@@ -283,7 +273,7 @@ def slot_widths(form: Form) -> tuple[int, ...]:
     bytes: XLA passes the arrays as they are, no bitcast)."""
 
     def width(part: Any, codes: bool) -> int:
-        if isinstance(part, Level):
+        if isinstance(part, LevelSlots):
             part = part.codes if codes else part.scales
         return part.width if isinstance(part, Slot) else 1
 
@@ -292,15 +282,10 @@ def slot_widths(form: Form) -> tuple[int, ...]:
         form.codes.width,
         width(zp, True),
         width(scale, True),
-        width(scale, False) if isinstance(scale, Level) else 1,
+        width(scale, False) if isinstance(scale, LevelSlots) else 1,
         width(off, True),
-        width(off, False) if isinstance(off, Level) else 1,
+        width(off, False) if isinstance(off, LevelSlots) else 1,
     )
-
-
-def _stored(a: Any) -> jax.Array:
-    """A stored array as XLA holds it (a Packed array's bytes)."""
-    return a.data if isinstance(a, Packed) else jnp.asarray(a)
 
 
 def _table(slot: Slot, fmt: Any, codebook: Any) -> jax.Array:
@@ -314,38 +299,38 @@ _NO_BYTES = np.zeros((1, 1), np.uint8)
 _NO_TABLE = np.zeros((1,), np.float32)
 
 
-def _slot_arrays(part: Any, slot: Slot | None, fmt: Any = None, cb: Any = None) -> tuple:
-    if slot is None or not isinstance(slot, Slot):
+def _slot_arrays(part: Any, slot: Any, codebook: Any = None) -> tuple:
+    """A slot's (bytes as XLA holds them, code values) for a stored part; placeholders
+    where the slot is absent, constant or two-level."""
+    if not isinstance(slot, Slot):
         return (jnp.asarray(_NO_BYTES), jnp.asarray(_NO_TABLE))
-    if fmt is None and isinstance(part, Packed):
-        fmt = part.format
-    if fmt is None and slot.kind == TABLE:
-        fmt = formats.get(np.dtype(part.dtype).name)
-    return (_stored(part), _table(slot, fmt, cb))
+    fmt = part.format if slot.kind == TABLE else None
+    return (jnp.asarray(part.data), _table(slot, fmt, codebook))
 
 
-def weight_operands(q: QArray, form: Form) -> tuple[jax.Array, list[jax.Array]]:
+def _constant(part: Any, default: float) -> float:
+    return float(part.value) if isinstance(part, Constant) else default
+
+
+def weight_operands(q: QArray | Layout, form: Form) -> tuple[jax.Array, list[jax.Array]]:
     """The kernel's float32 constants (:data:`CONSTS`) and its six (bytes, table) slots,
     flattened: codes, zero points, scales, a two-level scale's scales, offsets, a
     two-level offset's scales (placeholders where absent)."""
+    lay = q if isinstance(q, Layout) else layout_of(q)
     consts = [0.0] * len(CONSTS)
-    if form.zero_point == "const":
-        consts[0] = float(q.zero_points)
-    if form.offset == "const":
-        consts[1] = float(q.offsets)
+    consts[0] = _constant(lay.zero, 0.0)
+    consts[1] = _constant(lay.offset, 0.0)
     slots: list[jax.Array] = []
-    slots += _slot_arrays(q.codes, form.codes, q.format, q.codebook)
-    slots += _slot_arrays(
-        q.zero_points, form.zero_point if isinstance(form.zero_point, Slot) else None
-    )
-    for k, (part, f) in enumerate(((q.scales, form.scale), (q.offsets, form.offset))):
-        if isinstance(f, Level):
-            consts[2 + 2 * k] = float(part.zero_points or 0)
-            consts[3 + 2 * k] = float(part.offsets or 0.0)
-            slots += _slot_arrays(part.codes, f.codes, part.format, part.codebook)
-            slots += _slot_arrays(part.scales, f.scales, _scale_format(part))
+    slots += _slot_arrays(lay.codes, form.codes, lay.table)
+    slots += _slot_arrays(lay.zero, form.zero_point)
+    for k, (part, f) in enumerate(((lay.scale, form.scale), (lay.offset, form.offset))):
+        if isinstance(f, LevelSlots):
+            assert isinstance(part, Level)
+            consts[2 + 2 * k] = _constant(part.zero, 0.0)
+            consts[3 + 2 * k] = _constant(part.offset, 0.0)
+            slots += _slot_arrays(part.codes, f.codes, part.table)
+            slots += _slot_arrays(part.scale, f.scales)
         else:
-            fmt = _scale_format(q) if k == 0 else None
-            slots += _slot_arrays(part, f if isinstance(f, Slot) else None, fmt)
+            slots += _slot_arrays(part, f)
             slots += _slot_arrays(None, None)
     return jnp.asarray(consts, jnp.float32), slots

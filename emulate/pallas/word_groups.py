@@ -29,7 +29,7 @@ from emulate import formats
 from emulate.numerics import codecs
 from emulate.numerics.bits import frexp_bits, pow2_normal
 from emulate.pallas import qcodebook, qgroups, qsteps
-from emulate.pallas.qoffsets import Affine, Level
+from emulate.pallas.qoffsets import Affine, KernelLevel
 
 __all__ = [
     "PARTS",
@@ -56,7 +56,7 @@ def unit(scaling: Any) -> int:
     return min(scaling.group, _TILE)
 
 
-def _levels(cfg: Any) -> dict[str, Level | None]:
+def _levels(cfg: Any) -> dict[str, KernelLevel | None]:
     """The two-level parts of a call: "scale" and "offset" (or None)."""
     sc = cfg.scaling
     a = sc.affine if sc is not None and sc.along_k else None
@@ -66,7 +66,7 @@ def _levels(cfg: Any) -> dict[str, Level | None]:
     }
 
 
-def super_rows(cfg: Any, lv: Level) -> int:
+def super_rows(cfg: Any, lv: KernelLevel) -> int:
     """Rows of K per row of a two-level part's super-block factors in scratch: a whole
     tile (256 rows) where a super-block spans tiles, else one group (factors spread)."""
     g = cfg.scaling.group
@@ -169,7 +169,7 @@ def packed_codes(byte_rows: jax.Array, bits: int, count: int) -> jax.Array:
     return lax.shift_right_logical(word, shift) & ((1 << bits) - 1)
 
 
-def _level_codes(byte_rows: jax.Array, lv: Level, count: int) -> jax.Array:
+def _level_codes(byte_rows: jax.Array, lv: KernelLevel, count: int) -> jax.Array:
     """A two-level part's (count, C) f32 values before the super-block scale: ``code -
     zero`` (exact) or ``table[code]`` (a codebook's f32 entry)."""
     code = packed_codes(byte_rows, formats.get(lv.code_format).bits, count)
@@ -185,14 +185,14 @@ def _level_codes(byte_rows: jax.Array, lv: Level, count: int) -> jax.Array:
     return code.astype(jnp.float32)
 
 
-def _factor_count(lv: Level) -> int:
+def _factor_count(lv: KernelLevel) -> int:
     """Factors a two-level part's super-block scale is applied as: one for float16 scales
     (every one a normal f32 number, so ``fl(v * m) * 2**e == fl(v * s)``), else three
     (:func:`emulate.pallas.qgroups.super_factors`: f32 and bf16 subnormals kept)."""
     return 1 if lv.super_format == "float16" else 3
 
 
-def _level_factors(supers: jax.Array, lv: Level, bn: int) -> tuple[jax.Array, ...]:
+def _level_factors(supers: jax.Array, lv: KernelLevel, bn: int) -> tuple[jax.Array, ...]:
     """The super-block scales as the factors :func:`_factor_count` says (one row per
     super-block, or for scales of several columns one (1, bn) row spread to the block's
     columns): the f32 scale, or ``(m, 2**h, 2**(e - h))``."""
@@ -204,7 +204,7 @@ def _level_factors(supers: jax.Array, lv: Level, bn: int) -> tuple[jax.Array, ..
     return qgroups.super_factors(supers, lv.super_format)
 
 
-def _column0(lv: Level, supers: jax.Array, bn: int) -> Any:
+def _column0(lv: KernelLevel, supers: jax.Array, bn: int) -> Any:
     """The weight column of the output block's first column, counted from the first scale
     of the loaded window of super-block scales (:func:`emulate.pallas.qgroups.block_spread`)."""
     from jax.experimental import pallas as pl  # noqa: PLC0415 - kernel-side only
@@ -243,7 +243,7 @@ def _store_units(ref: Any, v: jax.Array, group: int, units: int) -> None:
         ref[i, :g, :] = t
 
 
-def _store_factors(ref: Any, factors: tuple[jax.Array, ...], lv: Level, cfg: Any) -> None:
+def _store_factors(ref: Any, factors: tuple[jax.Array, ...], lv: KernelLevel, cfg: Any) -> None:
     """Super-block factors into their (L, 3 n, 128) scratch: rows ``[0, n)``, ``[n, 2n)``,
     ``[2n, 3n)`` hold ``m``, ``2**h``, ``2**(e - h)``, one row per :func:`_super_rows`
     rows of K (a super-block's row repeated over the tiles or groups it spans)."""
@@ -362,7 +362,7 @@ class StepParts:
             for name in ("scale", "scale_hi", "zero", "offset")
             if name in refs
         }
-        self.supers: dict[str, tuple[list[jax.Array], int, Level]] = {}
+        self.supers: dict[str, tuple[list[jax.Array], int, KernelLevel]] = {}
         for name, lv in _levels(cfg).items():
             if lv is not None:
                 ref = refs[name + "_supers"]

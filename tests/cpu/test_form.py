@@ -23,7 +23,7 @@ from emulate.cpu.form import (
     TABLE,
     UNSIGNED,
     Form,
-    Level,
+    LevelSlots,
     Slot,
     slot_widths,
     weight_form,
@@ -90,7 +90,7 @@ def test_two_level_scales_are_a_level() -> None:
     codes = emulate.pack(rng.integers(0, 16, (4, 256), dtype=np.uint8), "uint4", axis=-1)
     q = QArray.from_parts(codes, sub, block_shape=(1, 32), offsets=sub)
     form = weight_form(q, 1)
-    level = Level(Slot(UNSIGNED, 6, 1, 1), Slot(FLOAT16, 16, -1, 2), (1, 8), False, False)
+    level = LevelSlots(Slot(UNSIGNED, 6, 1, 1), Slot(FLOAT16, 16, -1, 2), (1, 8), False, False)
     assert (form.scale, form.offset, form.zero_point) == (level, level, None)
 
 

@@ -214,11 +214,13 @@ def test_default_blocks_come_from_the_target():
     c = _config("bfloat16", "int4", "tpu_v6e", 512, 8192, 8192, group=2)
     assert (c.bm, c.bn, c.bk) == (512, 512, 2048)  # long x: one row block, read once
     assert c.word_step  # one group a dot: no partial sums to keep apart
-    # a prefill of 2048 rows: x resident in 2048-row blocks (the word step counts x at
-    # its own 2 bytes an element: 2048 x 4096, double-buffered, fits half of v5e's 128
-    # MiB), so the weight is read once, not 8 times in the default 256-row blocks
+    # a prefill of 2048 rows: x resident in 1024-row blocks, so the weight is read twice,
+    # not 8 times in the default 256-row blocks (2048 rows: x double-buffered at 2 bytes,
+    # 32 MiB, its step slice as f32 and bf16, 24 MiB, and the partial sums, 12 MiB, pass
+    # half of v5e's 128 MiB)
     c = _config("bfloat16", "int4", "tpu_v5e", 2048, 14336, 4096, group=2)
-    assert (c.bm, c.grid[0], c.x_resident) == (2048, 1, True)
+    assert (c.bm, c.grid[0], c.x_resident, c.word_step) == (1024, 2, True, True)
+    assert c.vmem_bytes <= 64 << 20
     c = _config("bfloat16", "uint8", "tpu_v5e", 2048, 14336, 4096)  # x at 4 bytes counted
     assert (c.bm, c.grid[0], c.x_resident) == (1024, 2, True)
     c = _config("int8", "int8", "tpu_v5e", 3, 200, 300)

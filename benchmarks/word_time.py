@@ -1,8 +1,13 @@
 """Timed on a real TPU: emulate.pallas.matmul at decode (the word step) against bf16.
 
-Self-contained (jax, numpy and ml_dtypes only: no numba, flax or gguf), for a lent chip:
-``python -m benchmarks.word_time`` (``--rows 1,16``, ``--repeats``, ``--hbm-gbs``,
-``--schemes``, ``--shapes KxN,...``, ``--check``). For each scheme and shape it builds a
+Self-contained (jax, numpy and ml_dtypes only: no numba, flax or gguf), for a lent chip,
+run from the repository root (emulate need not be installed)::
+
+    python -m benchmarks.word_time --json $OUT/word_time.json --commit <sha>
+
+(``--rows 1,16``, ``--repeats``, ``--hbm-gbs``, ``--schemes``, ``--shapes KxN,...``,
+``--no-check``, ``--budget-s``; ``--commit`` defaults to ``git rev-parse HEAD`` where a
+git checkout is there). For each scheme and shape it builds a
 weight with numpy (:func:`weight`: GGUF Q4_K-like two-level scales and mins, AWQ-like
 float16 scales and packed zero points per 128 rows, plain int4; the same kernel paths as
 the checkpoints' weights), prepares it once, and times one program calling
@@ -10,17 +15,28 @@ the checkpoints' weights), prepares it once, and times one program calling
 depending on the previous result) against the same loop over ``jnp.dot`` with the bf16
 weight, median over ``--repeats`` runs after two warm-ups, divided by :data:`LOOP`; and
 prints the time HBM needs to read each weight at ``--hbm-gbs`` (default 819, v5e).
-``--check`` first compares every kernel's result with the float64 product of the
-weight's exact values (bit for bit where every partial sum is exact: integer-valued
-activations and power-of-two scales), on the chip itself. Nothing here runs in a test.
+It first compares every kernel's result with the float64 product of the weight's exact
+values (bit for bit where every partial sum is exact: integer-valued activations and
+power-of-two scales), on the chip itself (``--no-check`` skips it). Cases left when
+``--budget-s`` seconds have passed (default 420: the default run takes well under that on
+a v5e) are listed as skipped. It prints one line per case and writes the raw JSON (device
+kind, target, jax / jaxlib / libtpu versions, commit, command, date, every timing) to
+``--json``. Nothing here runs in a test.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import importlib.metadata
+import json
+import shlex
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -87,23 +103,33 @@ def _looped(f: Callable[[jax.Array, Any], jax.Array]) -> Callable[..., jax.Array
     return jax.jit(g)
 
 
-def _seconds(fn: Callable[..., jax.Array], *args: Any, repeats: int) -> float:
-    for _ in range(2):
-        jax.block_until_ready(fn(*args))
+def _seconds(fn: Callable[..., jax.Array], *args: Any, repeats: int) -> dict[str, Any]:
+    """Median, minimum and every time of one call (a program of :data:`LOOP` calls divided
+    by LOOP) after two warm-ups, the first of which compiles."""
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    first = time.perf_counter() - t0
+    jax.block_until_ready(fn(*args))
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         jax.block_until_ready(fn(*args))
         times.append((time.perf_counter() - t0) / LOOP)
-    return statistics.median(times)
+    return {
+        "seconds": statistics.median(times),
+        "min_s": min(times),
+        "times_s": times,
+        "first_call_s": first,
+    }
 
 
 def _nbytes(w: Any) -> int:
     return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(w))
 
 
-def check(schemes: list[str], rows: list[int], target: str | None = None) -> list[str]:
-    """The kernel on this machine against the float64 oracle (module docstring)."""
+def check(schemes: list[str], rows: list[int], target: str | None = None) -> list[dict[str, Any]]:
+    """The kernel on this machine against the float64 oracle (module docstring): one row
+    per scheme and M, with the count of elements whose bits differ."""
     out = []
     rng = np.random.default_rng(0)
     for kind in schemes:
@@ -119,39 +145,100 @@ def check(schemes: list[str], rows: list[int], target: str | None = None) -> lis
             )
             want = (xi.astype(np.float64) @ wv).astype(np.float32)
             same = got.view(np.uint32) == want.view(np.uint32)
-            verdict = "bit for bit" if same.all() else f"{(~same).sum()} of {same.size} differ"
-            out.append(f"check {kind} M={m}: {verdict}")
+            out.append(
+                {
+                    "scheme": kind,
+                    "m": m,
+                    "k": k,
+                    "n": n,
+                    "differ": int((~same).sum()),
+                    "of": same.size,
+                }
+            )
     return out
 
 
-def run(args: argparse.Namespace) -> list[str]:
-    kind = jax.devices()[0].device_kind
-    lines = [f"{kind}, jax {jax.__version__}, LOOP {LOOP}, {args.repeats} repeats"]
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _commit(given: str | None) -> str | None:
+    if given:
+        return given
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every case on this machine (module docstring): the report as a JSON-able dict,
+    each line logged as it is measured."""
+    dev = jax.devices()[0]
+    target = args.target or emulate.targets.from_device(dev).name
+    data: dict[str, Any] = {
+        "benchmark": "word_time",
+        "device_kind": dev.device_kind,
+        "platform": dev.platform,
+        "target": target,
+        "jax": jax.__version__,
+        "jaxlib": _version("jaxlib"),
+        "libtpu": _version("libtpu") or _version("libtpu-nightly"),
+        "commit": _commit(args.commit),
+        "command": args.command,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "loop": LOOP,
+        "repeats": args.repeats,
+        "hbm_gbs": args.hbm_gbs,
+    }
+    log(f"{dev.device_kind} ({target}), jax {jax.__version__}, libtpu {data['libtpu']}, "
+        f"LOOP {LOOP}, {args.repeats} repeats")  # fmt: skip
+    start = time.perf_counter()
     if args.check:
-        lines += check(args.schemes, args.rows, args.target)
+        data["check"] = check(args.schemes, args.rows, target)
+        for c in data["check"]:
+            verdict = "bit for bit" if not c["differ"] else f"{c['differ']} of {c['of']} differ"
+            log(f"check {c['scheme']} M={c['m']}: {verdict}")
     rng = np.random.default_rng(1)
-    call = _looped(
-        lambda x, w: emulate.pallas.matmul(x, w, target=args.target, out_dtype=jnp.float32)
-    )
+    call = _looped(lambda x, w: emulate.pallas.matmul(x, w, target=target, out_dtype=jnp.float32))
     dense = _looped(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32))
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
     for k, n in args.shapes:
-        wd = jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16)
+        weights: dict[str, Any] = {}
         for m in args.rows:
+            if time.perf_counter() - start > args.budget_s:
+                skipped += [f"{m}x{k}x{n} {s}" for s in ["bf16", *args.schemes]]
+                continue
             x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
-            t_bf16 = _seconds(dense, x, wd, repeats=args.repeats)
-            lines.append(
-                f"{m}x{k}x{n} bf16: {t_bf16 * 1e6:.1f} us "
-                f"(HBM {k * n * 2 / args.hbm_gbs / 1e3:.1f} us)"
-            )
+            if "bf16" not in weights:
+                weights["bf16"] = jnp.asarray(rng.standard_normal((k, n)), jnp.bfloat16)
+            bf16 = _seconds(dense, x, weights["bf16"], repeats=args.repeats)
+            bf16.update(scheme="bf16", m=m, k=k, n=n, nbytes=k * n * 2)
+            rows.append(bf16)
+            log(f"{m}x{k}x{n} bf16: {bf16['seconds'] * 1e6:.1f} us "
+                f"(HBM {k * n * 2 / args.hbm_gbs / 1e3:.1f} us)")  # fmt: skip
             for kind_ in args.schemes:
-                w = emulate.pallas.prepare_weight(weight(kind_, k, n, rng)[0])
-                t = _seconds(call, x, w, repeats=args.repeats)
-                hbm = _nbytes(w) / args.hbm_gbs / 1e3
-                lines.append(
-                    f"{m}x{k}x{n} {kind_}: {t * 1e6:.1f} us, {t / hbm * 1e-6:.2f}x of its bytes "
-                    f"at {args.hbm_gbs:g} GB/s ({hbm:.1f} us), {t / t_bf16:.2f}x of bf16"
-                )
-    return lines
+                if kind_ not in weights:
+                    weights[kind_] = emulate.pallas.prepare_weight(weight(kind_, k, n, rng)[0])
+                w = weights[kind_]
+                row = _seconds(call, x, w, repeats=args.repeats)
+                row.update(scheme=kind_, m=m, k=k, n=n, nbytes=_nbytes(w))
+                rows.append(row)
+                t, hbm = row["seconds"], row["nbytes"] / (args.hbm_gbs * 1e9)
+                log(f"{m}x{k}x{n} {kind_}: {t * 1e6:.1f} us, {t / hbm:.2f}x of its bytes at "
+                    f"{args.hbm_gbs:g} GB/s ({hbm * 1e6:.1f} us), "
+                    f"{t / bf16['seconds']:.2f}x of bf16")  # fmt: skip
+    data.update(rows=rows, skipped=skipped, wall_s=time.perf_counter() - start)
+    if skipped:
+        log(f"skipped after {args.budget_s:g} s: {', '.join(skipped)}")
+    return data
 
 
 def _shape(s: str) -> tuple[int, int]:
@@ -170,11 +257,19 @@ def main(argv: list[str] | None = None) -> None:
         type=lambda s: [_shape(v) for v in s.split(",")],
         default=[(4096, 14336), (14336, 4096)],
     )
-    p.add_argument("--check", action="store_true")
+    p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--target", default=None, help="the TPU's generation (default: detected)")
+    p.add_argument("--json", type=Path, default=None, help="where to write the raw JSON")
+    p.add_argument("--commit", default=None, help="the commit measured (default: git's HEAD)")
+    p.add_argument("--budget-s", type=float, default=420.0)
     args = p.parse_args(argv)
-    for line in run(args):
-        print(line, flush=True)
+    args.command = shlex.join([Path(sys.executable).name, "-m", "benchmarks.word_time", *(
+        sys.argv[1:] if argv is None else argv)])  # fmt: skip
+    data = run(args, lambda line: print(line, flush=True))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"wrote {args.json}", flush=True)
 
 
 if __name__ == "__main__":

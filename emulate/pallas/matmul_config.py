@@ -374,10 +374,15 @@ def _vmem_plan(
     resident = kp > bk and tl.vmem(bm, bn, bk, kp) <= tl.cap
     if resident:
         vmem = tl.vmem(bm, bn, bk, kp) + scale_vmem
-    limit = None
-    if 2 * vmem > _DEFAULT_SCOPED_VMEM:
-        limit = min(2 * vmem, t.vmem_capacity_bytes or 2 * vmem)
-    return vmem, resident, limit
+    return vmem, resident, _scoped_limit(t, vmem)
+
+
+def _scoped_limit(t: targets.Target, vmem: int) -> int | None:
+    """The scoped VMEM limit a call of about ``vmem`` bytes a step asks Mosaic for: twice
+    that, within the target's VMEM, where Mosaic's default would not hold it; else None."""
+    if 2 * vmem <= _DEFAULT_SCOPED_VMEM:
+        return None
+    return min(2 * vmem, t.vmem_capacity_bytes or 2 * vmem)
 
 
 #: Row blocks tried for long x (a prefill), largest first (:func:`_long_bm`).
@@ -531,9 +536,6 @@ def _word_config(
             f"block_shape: ({bm}, {bn}, {bk}) needs about {vmem} bytes of VMEM, more "
             f"than {t.name}'s {t.vmem_capacity_bytes}; use smaller blocks"
         )
-    limit = None
-    if 2 * vmem > _DEFAULT_SCOPED_VMEM:
-        limit = min(2 * vmem, t.vmem_capacity_bytes or 2 * vmem)
     return Config(
         route=r,
         m=m,
@@ -548,7 +550,7 @@ def _word_config(
         x_resident=kp > bk,
         interpret=interpret,
         vmem_bytes=vmem,
-        vmem_limit=limit,
+        vmem_limit=_scoped_limit(t, vmem),
         x_dtype=x_dtype,
         scaling=scaling,
         out=out,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -98,9 +99,29 @@ class KernelWeight(PytreeRecord, data=("data",), static=("format_name", "length"
         return formats.get(self.format_name)
 
     @property
-    def shape(self) -> tuple[int, int]:
-        """The logical (K, N)."""
-        return (self.length, int(self.data.shape[1]))
+    def dtype(self) -> np.dtype:
+        """The logical element dtype (the format's ml_dtypes dtype), as :class:`Packed`'s."""
+        return self.format.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The logical (K, N); stacked experts (:func:`emulate.pallas.prepare_experts`,
+        whose data has a leading expert axis): (G, K, N)."""
+        return (*(int(d) for d in self.data.shape[:-2]), self.length, int(self.data.shape[-1]))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.data.shape)
+
+    @property
+    def size(self) -> int:
+        """Logical elements (the padding rows of the last tile not counted)."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of storage as held (the padding rows of the last tile counted)."""
+        return math.prod(self.data.shape)
 
     @property
     def tile(self) -> int:
@@ -108,7 +129,7 @@ class KernelWeight(PytreeRecord, data=("data",), static=("format_name", "length"
         return TILE_GROUPS * group_shape(self.format.bits)[0]
 
     def __repr__(self) -> str:
-        return f"KernelWeight({self.format_name}[{self.length}, {self.data.shape[1]}])"
+        return f"KernelWeight({self.format_name}{list(self.shape)})"
 
 
 def tiles(f: Format, k: int) -> int:

@@ -145,3 +145,18 @@ def test_the_gradient_reads_a_prepared_weight():
     )
     want = np.broadcast_to(w.astype(np.float32).sum(axis=1), (8, 256))
     assert np.asarray(dx).tobytes() == want.astype(np.float32).tobytes()
+
+
+def test_a_kernel_weight_answers_as_the_packed_array():
+    # shape, dtype, ndim, size, nbytes as emulate.Packed answers them (K a whole number of
+    # tiles: no padding rows), also for stacked experts (a leading axis on the data)
+    codes = np.random.default_rng(3).integers(-8, 8, (512, 384)).astype(ml_dtypes.int4)
+    packed = emulate.pack(codes, axis=0)
+    kw = emulate.pallas.prepare_weight(codes)
+    answers = ((512, 384), np.dtype(ml_dtypes.int4), 2, 512 * 384, 512 * 384 // 2)
+    for a in (packed, kw):
+        assert (a.shape, a.dtype, a.ndim, a.size, a.nbytes) == answers
+    stacked = emulate.pallas.prepare_experts(np.stack([codes, codes]))
+    assert (stacked.shape, stacked.ndim, stacked.size, stacked.nbytes) == (
+        (2, 512, 384), 3, 2 * 512 * 384, 512 * 384,
+    )  # fmt: skip

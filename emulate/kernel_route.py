@@ -362,6 +362,8 @@ def _kernel_program(op: Any, x: Any, w: Any) -> Any:
         # the TPU branch of the routed program: the kernel is built as for a TPU
         with contextlib.nullcontext() if op.interpret else targets.tpu_branch():
             got: Any = jax.make_jaxpr(flat)(*jax.tree.leaves((x, w)))
+    except _pallas().RelayoutError:  # no XLA route in its place: that one reads more still
+        raise
     except (NotImplementedError, ValueError, TypeError) as e:
         got = f"{op.kernel_name} refuses it: {e}"
     if key is not None:

@@ -14,7 +14,7 @@ import numpy as np
 from jax import lax
 
 from emulate import formats, targets
-from emulate.pallas import qgroups, route, word_groups, word_step
+from emulate.pallas import compute, qgroups, word_groups, word_step
 from emulate.pallas.qcodebook import KernelCodebook
 from emulate.pallas.qweight import Scaling
 from emulate.planning.exactness import MAX_CHUNKS, MAX_TOTAL_QUANTA
@@ -45,7 +45,7 @@ class Stored:
       rows: rows of the stored array (bytes along K for planar / packed layouts).
       group, nbytes: codes per group of whole bytes along K, and its bytes (1, 1 dense).
       code: an integer code format of ``emulate.formats.CODE_FORMATS`` (2, 3, 5, 6 bits)
-        the kernel decodes into ``route.rhs`` (int8: every value fits), or "".
+        the kernel decodes into ``compute.rhs`` (int8: every value fits), or "".
     """
 
     layout: str
@@ -61,7 +61,7 @@ class Config:
     """Everything static about one kernel call (hashable: the jit cache key).
 
     Attributes:
-      route: the :class:`emulate.pallas.route.Route` of the pair on the target.
+      compute: the :class:`emulate.pallas.compute.Compute` of the pair on the target.
       m, n, k: the logical problem shape.
       bm, bn, bk: the block shape (bk in rows of K).
       stored: the weight's :class:`Stored` layout.
@@ -72,17 +72,17 @@ class Config:
       vmem_bytes: the estimated VMEM footprint of one grid step.
       vmem_limit: the scoped VMEM limit asked of Mosaic (None: its default, 16 MiB or
         more, when twice the estimate fits in it).
-      x_dtype: the type x is stored in (decoded in the kernel into ``route.lhs_compute``).
+      x_dtype: the type x is stored in (decoded in the kernel into ``compute.lhs_compute``).
       scaling: a QArray weight's :class:`emulate.pallas.qweight.Scaling`, or None.
-      out: the result type (``route.out`` unless a QArray's scales are applied to the f32
+      out: the result type (``compute.out`` unless a QArray's scales are applied to the f32
         accumulator first).
       codebook: a codebook weight's :class:`emulate.pallas.qcodebook.KernelCodebook`, or
-        None (``route.rhs`` is then the format its values take in the kernel).
+        None (``compute.rhs`` is then the format its values take in the kernel).
       word_step: the kernel body is :func:`emulate.pallas.word_step.body` (a 4-bit weight
         read in whole words, group partial sums on the matrix unit; x spans K).
     """
 
-    route: route.Route
+    compute: compute.Compute
     m: int
     n: int
     k: int
@@ -252,7 +252,7 @@ class _Tiling:
 
 
 def _tiling(
-    r: route.Route,
+    r: compute.Compute,
     t: targets.Target,
     k: int,
     stored: Stored,
@@ -265,7 +265,7 @@ def _tiling(
     # past int32
     grouped = scaling is not None and scaling.along_k
     in_kernel = scaling is not None and out in ("float32", "bfloat16")
-    fits = in_kernel and r.exact and k * route.exact_limit(r) < 2**31
+    fits = in_kernel and r.exact and k * compute.exact_limit(r) < 2**31
     return _Tiling(
         x_sub=_SUBLANES[_itemsize(r.lhs_compute)],
         stored_sub=_SUBLANES[np.dtype(x_dtype).itemsize],
@@ -281,7 +281,7 @@ def _tiling(
 
 
 def _blocks(
-    r: route.Route,
+    r: compute.Compute,
     t: targets.Target,
     tl: _Tiling,
     shape: tuple[int, int, int],
@@ -413,10 +413,10 @@ def _long_bm(
     return best
 
 
-def _check_exact(r: route.Route, k: int, bk: int, kp: int) -> None:
+def _check_exact(r: compute.Compute, k: int, bk: int, kp: int) -> None:
     """Raise ValueError where a two-limb exact sum over K in blocks of ``bk`` (K padded to
     ``kp``) takes more K steps or quanta than the exact combination holds."""
-    if kp // bk > MAX_CHUNKS or k * route.exact_limit(r) >= MAX_TOTAL_QUANTA:
+    if kp // bk > MAX_CHUNKS or k * compute.exact_limit(r) >= MAX_TOTAL_QUANTA:
         raise ValueError(
             f"x, w: a contraction of K = {k} in blocks of {bk} exceeds what the exact "
             f"{r.lhs} x {r.rhs} kernel combines exactly (at most {MAX_CHUNKS} K steps "
@@ -425,7 +425,7 @@ def _check_exact(r: route.Route, k: int, bk: int, kp: int) -> None:
 
 
 def config(
-    r: route.Route,
+    r: compute.Compute,
     t: targets.Target,
     m: int,
     n: int,
@@ -467,7 +467,7 @@ def config(
     if tl.limbs:
         _check_exact(r, k, bk, kp)
     return Config(
-        route=r,
+        compute=r,
         m=m,
         n=n,
         k=k,
@@ -496,7 +496,7 @@ _WORD_BLOCKS = ((2048, 512), (2048, 256), (1024, 512), (1024, 256), (512, 256), 
 
 
 def _word_config(
-    r: route.Route,
+    r: compute.Compute,
     t: targets.Target,
     tl: _Tiling,
     shape: tuple[int, int, int],
@@ -537,7 +537,7 @@ def _word_config(
             f"than {t.name}'s {t.vmem_capacity_bytes}; use smaller blocks"
         )
     return Config(
-        route=r,
+        compute=r,
         m=m,
         n=n,
         k=k,

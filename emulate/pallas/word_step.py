@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from emulate import formats, targets
-from emulate.pallas import qsteps, route, word_groups, words
+from emulate.pallas import compute, qsteps, word_groups, words
 
 __all__ = [
     "MAX_ROWS",
@@ -76,13 +76,13 @@ def _dot_groups(scaling: Any, target: str) -> int:
     return max(1, dot_rows(target) // word_groups.unit(scaling))
 
 
-def partial_rows(r: route.Route, scaling: Any, bm: int) -> int:
+def partial_rows(r: compute.Compute, scaling: Any, bm: int) -> int:
     """Rows of partial sums a K step keeps for ``bm`` rows of x: the groups a dot spans
     times ``bm`` (at most :data:`MAX_ROWS` for :func:`applies`)."""
     return _dot_groups(scaling, r.target) * bm
 
 
-def applies(r: route.Route, stored: Any, scaling: Any, codebook: Any, bm: int) -> bool:
+def applies(r: compute.Compute, stored: Any, scaling: Any, codebook: Any, bm: int) -> bool:
     """Whether :func:`body` runs a call: a 4-bit integer weight in word order
     (``int4`` / ``uint4`` codes of a :class:`emulate.pallas.KernelWeight` or prepared
     QArray), float activations on a float route, groups along K of 16 to 256 rows or a
@@ -116,7 +116,7 @@ def scratch_shapes(cfg: Any) -> list[Any]:
     then the per-group parts' (:func:`emulate.pallas.word_groups.scratch_shapes`)."""
     from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
 
-    rows = _dot_groups(cfg.scaling, cfg.route.target) * cfg.bm
+    rows = _dot_groups(cfg.scaling, cfg.compute.target) * cfg.bm
     acc = pltpu.VMEM((cfg.bn // _LANES, rows, _LANES), jnp.float32)
     return [acc, *word_groups.scratch_shapes(cfg)]
 
@@ -165,12 +165,12 @@ def piece_order(cfg: Any) -> bool:
     """Whether the call decodes f32 tiles in piece order and takes ``x`` permuted so
     (:func:`emulate.pallas.words.to_piece_order`, outside the kernel): f32 routes, where
     a tile in K order would cost a pack and an unpack per pair of rows."""
-    return cfg.word_step and cfg.route.rhs_compute == "float32"
+    return cfg.word_step and cfg.compute.rhs_compute == "float32"
 
 
 def _decode_options(cfg: Any) -> dict[str, Any]:
     """:func:`emulate.pallas.words.tile_values`' static options for the call."""
-    r, sc = cfg.route, cfg.scaling
+    r, sc = cfg.compute, cfg.scaling
     a = sc.affine if sc is not None and sc.along_k else None
     bf16_vpu = words.bf16_vector_unit(targets.get(r.target)) and (
         a is None or a.zero in ("none", "static") or a.zero_format in _SMALL_ZEROS
@@ -189,7 +189,7 @@ def _step_sums(cfg: Any, x: jax.Array, wv: jax.Array, parts: Any) -> jax.Array:
     """The K step's ``(R * bm, bn)`` scaled partial sums (module docstring): ``x`` the
     step's (bm, bk) activations as stored, ``wv`` its (bk / 8, bn) words, ``parts`` its rows of
     the per-group parts (:class:`emulate.pallas.word_groups.StepParts`, or None)."""
-    r, sc = cfg.route, cfg.scaling
+    r, sc = cfg.compute, cfg.scaling
     a = sc.affine if sc is not None and sc.along_k else None
     u = word_groups.unit(sc)
     dr, rd = dot_rows(r.target), _dot_groups(sc, r.target)
@@ -287,7 +287,7 @@ def body(
         x = wide.astype(x.dtype)
     parts = word_groups.StepParts(cfg, refs, k) if grouped else None
     total = _step_sums(cfg, x, words.words(w_ref[...]), parts)
-    rd = _dot_groups(sc, cfg.route.target)
+    rd = _dot_groups(sc, cfg.compute.target)
     for i, tl in enumerate(word_groups.lane_tiles(total)):
         acc[i] += tl
 

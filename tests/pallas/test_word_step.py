@@ -29,7 +29,7 @@ def _bits(a) -> np.ndarray:
 def _config(x, w, target):
     a = matmul_args.matmul_args(x, w, target=target, out_dtype="float32")
     return matmul_config.config(
-        r=a.route, t=a.target, m=a.m, n=a.n, k=a.k, stored=a.stored,
+        r=a.compute, t=a.target, m=a.m, n=a.n, k=a.k, stored=a.stored,
         w_passthrough=a.passthrough, block_shape=None, interpret=True,
         x_dtype=a.x.dtype.name, scaling=a.scaling, out=a.out, codebook=a.codebook,
     )  # fmt: skip

@@ -84,7 +84,11 @@ class RelayoutError(ValueError):
     """A weight :func:`emulate.pallas.matmul` would lay out again on every call of a TPU
     program (a copy of the weight per call, several times its stored bytes): the message
     names what would be copied and the fix, preparing it once
-    (:func:`emulate.pallas.prepare_weight`, :func:`emulate.prepare_weights`)."""
+    (:func:`emulate.pallas.prepare_weight`, :func:`emulate.prepare_weights`). The kernel
+    route raises it rather than take the XLA route (``reroute``), which reads such a
+    weight tens of times over."""
+
+    reroute = False
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -162,12 +162,12 @@ class KernelQWeight(
       format_name, scale_format, block_shape, dtype, element_exponent: the QArray's.
       matrix: the (K, N) of the weight, of each expert in stacked experts
         (:func:`emulate.pallas.prepare_experts`, whose arrays have a leading expert axis).
-
-    It answers ``shape``, ``dtype``, ``ndim``, ``size`` and ``nbytes`` as the QArray does
-    (stacked experts: ``(G, K, N)``).
       affine: zero points and offsets as the kernel reads them
         (:class:`emulate.pallas.qoffsets.AffineParts`), or None.
       codebook, perm, perm_axis: the QArray's (:mod:`emulate.pallas.qcodebook`).
+
+    It answers ``shape``, ``dtype``, ``ndim``, ``size`` and ``nbytes`` as the QArray does
+    (stacked experts: ``(G, K, N)``).
     """
 
     codes: Any

@@ -15,6 +15,7 @@ from benchmarks import cases, harness
 BENCHMARKS = (
     "decode",
     "exact",
+    "kv_attention",
     "layer_time",
     "matmul",
     "models",

@@ -286,7 +286,7 @@ def decoder(leaves: list[jax.Array], x: jax.Array, *, target: str) -> jax.Array:
 
 
 # --------------------------------------------------------------------------------------
-# the kernel route (emulate.kernel_route): a model's weights prepared once, route "auto"
+# the kernel route (emulate.routing): a model's weights prepared once, route "auto"
 
 #: a model's projection: K x N with int4 codes in groups of 32 rows, float16 scales
 #: (Q4_K-like), prepared once for a TPU (emulate.prepare_weights: a K-planar KernelQWeight).

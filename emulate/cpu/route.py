@@ -1,4 +1,5 @@
-"""When the CPU kernel takes a contraction: :func:`choose` (the one owner of that rule).
+"""Which contractions the CPU kernel takes: :func:`kernel_form` (the one owner of that rule;
+:func:`emulate.routing.choose` asks it for a CPU target, beside the route setting).
 
 The kernel (:mod:`emulate.cpu.gemv`) reads the weight once per call and decodes every
 block next to its dot product; it is set by the weight's stored bytes, where XLA's route
@@ -19,7 +20,7 @@ from emulate import cpu
 from emulate.cpu.form import TABLE, Form, LevelSlots, weight_form
 from emulate.quantized.array import QArray
 
-__all__ = ["FEW_ROWS", "MAX_ROWS", "choose", "max_rows"]
+__all__ = ["FEW_ROWS", "MAX_ROWS", "kernel_form", "max_rows"]
 
 #: The most rows of activations (the product of the other operand's free dimensions) the
 #: kernel takes for any form. At 4 rows and 4096 x 14336 the kernel and XLA's route were
@@ -40,20 +41,35 @@ def max_rows(form: Form) -> int:
     return MAX_ROWS if two_level or four_bit_table else FEW_ROWS
 
 
-def choose(
+def kernel_form(
     q: QArray, side: int, other_shape: Sequence[int], dimension_numbers: tuple
-) -> Form | None:
+) -> Form | str:
     """The kernel's form for ``q`` (on ``side``: 0 lhs, 1 rhs) contracted with an operand
-    of ``other_shape``, or None where the kernel does not take it: numba missing, batch
-    dimensions, more than one contracting dimension, more rows than :func:`max_rows`, an
-    empty weight (K or N of 0: XLA's route gives its zeros), or a weight without a kernel
+    of ``other_shape``, or why the kernel does not take it (a str): numba missing, batch
+    dimensions, more than one contracting dimension, an empty weight (K or N of 0: XLA's
+    route gives its zeros), more rows than :func:`max_rows`, or a weight without a kernel
     form (:func:`emulate.cpu.form.weight_form`)."""
     (lc, rc), (lb, rb) = dimension_numbers
-    if not cpu.available() or lb or rb or len(lc) != 1 or 0 in q.shape:
-        return None
+    if not cpu.available():
+        return "numba is not installed: the CPU kernel is compiled by numba"
+    if lb or rb:
+        return "batch dimensions: the CPU kernel multiplies one 2-D weight"
+    if len(lc) != 1:
+        return f"{len(lc)} contracting dimensions: the CPU kernel contracts one"
+    if 0 in q.shape:
+        return f"an empty weight (shape {tuple(q.shape)}): XLA's route gives its zeros"
     qc, oc = (lc[0], rc[0]) if side == 0 else (rc[0], lc[0])
     rows = math.prod(n for d, n in enumerate(other_shape) if d != oc)
-    if not 1 <= rows <= MAX_ROWS:
-        return None
     form = weight_form(q, qc)
-    return form if form is not None and rows <= max_rows(form) else None
+    if form is None:
+        return (
+            "a weight the CPU kernel has no form for (emulate.cpu.form.weight_form: "
+            "stacked or act-order, packed along N, wider than a byte, float codes or "
+            "codebooks without table lookups in registers, parts it cannot read)"
+        )
+    if not 1 <= rows <= max_rows(form):
+        return (
+            f"{rows} rows of activations: the CPU kernel takes 1 to {max_rows(form)} for "
+            "this weight (a decode step's few rows; XLA's matrix-matrix dot is faster for more)"
+        )
+    return form

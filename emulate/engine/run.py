@@ -77,7 +77,7 @@ def _route(
         return jnp.zeros(shape, formats.get(q.out).dtype)
     if q.slicing is not None:
         return exact.contract(q, lhs, rhs, dn, precision)
-    t = tiled.choose(q, lhs, rhs, dn, tiling)
+    t = tiled.tiling_for(q, lhs, rhs, dn, tiling)
     untiled = functools.partial(_untiled, q, dn=dn, precision=precision)
     if t is None:
         return untiled(lhs, rhs)

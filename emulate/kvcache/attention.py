@@ -5,27 +5,29 @@ On a TPU target the cache is read once as stored by a Pallas kernel
 (:mod:`emulate.kvcache.decode_kernel` for one new token a sequence,
 :mod:`emulate.kvcache.prefill_kernel` for blocks of queries); elsewhere by the XLA route
 (:mod:`emulate.kvcache.xla_route`), with the same numerics contract. The decision is
-the project's kernel-route owner's (:func:`emulate.kernel_route.choose`, its settings:
-:func:`emulate.use_route`), and :func:`emulate.inspect` shows it per call.
+the project's kernel-route owner's (:func:`emulate.routing.choose`, for the
+:class:`emulate.routing.KernelOp` ``_Attention``; its settings: :func:`emulate.use_route`),
+and :func:`emulate.inspect` shows it per call.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from emulate import kernel_route, targets
+from emulate import routing, targets
 from emulate.engine import sites
 from emulate.kvcache import blocks, layout, queries, xla_route
 from emulate.kvcache.blocks import Geometry
 from emulate.kvcache.cache import KVCache
 from emulate.kvcache.formats import CacheFormat
-from emulate.route_setting import WeightRoute
+from emulate.routing.pallas_ops import pallas_unlowered
+from emulate.routing.setting import WeightRoute
 
 __all__ = ["KERNEL_NAME", "attention", "attention_route", "default_block"]
 
@@ -55,10 +57,24 @@ def default_block(fmt: CacheFormat, geometry: Geometry, capacity: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Call:
+    """A checked attention call as :func:`emulate.routing.choose` reads it: its target, its
+    operands ``x = (scaled queries, visible, layer)`` and ``w = (k, k_scales, v,
+    v_scales)`` (the stacked cache arrays), and why the kernel cannot take it (None)."""
+
+    target: targets.Target
+    x: tuple
+    w: tuple
+    why: str | None
+
+    def read_back(self) -> _Call:
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
 class _Attention:
-    """One attention call on the kernel route (what :func:`emulate.kernel_route.run_op`
-    runs): ``x = (scaled queries, visible, layer)``, ``w = (k, k_scales, v, v_scales)``
-    (the stacked cache arrays)."""
+    """The attention kernels as a :class:`emulate.routing.KernelOp`: what their program is
+    specialized on, their kernel and their XLA route (its own: ``xla_route`` is unused)."""
 
     format: CacheFormat
     geometry: Geometry
@@ -66,8 +82,25 @@ class _Attention:
     target: targets.Target
     out_dtype: str = "float32"
     interpret: bool = False
-    xla_route: Any = None  # the route record's field; this op's XLA route is its own
-    kernel_name = KERNEL_NAME
+    xla_route: Any = None
+    side: str = "rhs"
+    kernel_name: ClassVar[str] = KERNEL_NAME
+    platform: ClassVar[str] = "tpu"
+    interpretable: ClassVar[bool] = True
+    map_batches: ClassVar[bool] = False
+    compiles_when_traced: ClassVar[bool] = False
+
+    def operands(self, call: _Call) -> tuple[tuple, tuple]:
+        return call.x, call.w
+
+    def refusal(self, call: _Call, x: tuple, w: tuple) -> str | None:
+        return call.why
+
+    def unlowered(self) -> str | None:
+        return pallas_unlowered()
+
+    def advice(self, w: Any) -> str:
+        return ""
 
     @property
     def compute(self) -> str:
@@ -195,11 +228,11 @@ def attention(
         ``emulate.use_route("kernel")``, a call the kernel cannot take.
     """
     op, x, w, v_heads = _call(q, cache, layer, scale, visible, block, target)
-    route = _route(op, x, w)
+    call, route = _route(op, x, w)
     b, t, h, hd = q.shape
     with sites.scope(_tag(q, cache, op, route)):
         if route.kernel:
-            out = kernel_route.run_op(op, route, x, w)
+            out = routing.run(call, op, route)
         else:
             out = op.xla(x, w)
     if v_heads is not None:
@@ -207,11 +240,14 @@ def attention(
     return out.reshape(b, t, h, hd).astype(q.dtype)
 
 
-def _route(op: _Attention, x: tuple, w: tuple) -> WeightRoute:
+def _route(op: _Attention, x: tuple, w: tuple) -> tuple[_Call, WeightRoute]:
     why = None
     if jnp.dtype(x[0].dtype) != jnp.float32:  # the scaled queries are f32 by construction
         why = "queries must be float"
-    return kernel_route.choose("rhs", op.target, why, op, x, w)
+    call = _Call(op.target, x, w, why)
+    route = routing.choose(call, op)
+    assert route is not None  # an op: a route
+    return call, route
 
 
 def attention_route(
@@ -233,10 +269,10 @@ def attention_route(
 
     def probe(q: Any, cache: KVCache) -> jax.Array:
         op, x, w, _ = _call(q, cache, layer, None, None, block, target)
-        found.append(_route(op, x, w))
+        found.append(_route(op, x, w)[1])
         return jnp.zeros(())
 
-    with kernel_route.planning():
+    with routing.planning():
         jax.eval_shape(probe, q, cache)
     return found[0]
 

@@ -8,7 +8,7 @@ values (:func:`code_parts`, :func:`scale_rows`), the 4-bit tiles' token order
 
 Everything here is plain ``jnp`` on loaded values that Mosaic compiles on every TPU
 generation with compatibility mode off: 32-bit integer ops and bitcasts for the decoding
-(:func:`emulate.pallas.route.decode_codes`), no integer-to-float conversion of narrow
+(:func:`emulate.pallas.compute.decode_codes`), no integer-to-float conversion of narrow
 types, no gather.
 
 Why pieces: the matrix unit multiplies a bf16 (or, on v2 and v3, f32 in one bf16 pass)
@@ -32,7 +32,7 @@ from emulate.kvcache import layout
 from emulate.kvcache.formats import CacheFormat
 from emulate.numerics import codecs
 from emulate.numerics.storage import split_group_bytes
-from emulate.pallas.route import decode_codes, decode_values
+from emulate.pallas.compute import decode_codes, decode_values
 
 __all__ = [
     "PIECES",

@@ -4,7 +4,7 @@
 and every argument error of the kernel is raised there (TypeError, ValueError or
 NotImplementedError naming the argument), before any array is traced. What it works out:
 
-* the target (a TPU) and the route of the pair on it (:func:`emulate.pallas.route.route`:
+* the target (a TPU) and how the pair computes on it (:func:`emulate.pallas.compute.in_kernel`:
   ``x``'s format times the format the weight's values take in the kernel: a codebook's
   value format, int8 for the 2- to 6-bit integer code formats, else the codes' own);
 * the activations: values or codes as stored (float16 widened to the route's type,
@@ -43,7 +43,7 @@ import numpy as np
 from emulate import formats, targets
 from emulate.formats import Format, FormatLike
 from emulate.numerics.storage import Packed, group_shape, is_array, to_codes, unpack_codes
-from emulate.pallas import qcodebook, qweight, route
+from emulate.pallas import compute, qcodebook, qweight
 from emulate.pallas.matmul_config import Stored
 from emulate.pallas.qcodebook import KernelCodebook
 from emulate.pallas.qweight import KernelQWeight, QParts, Scaling
@@ -92,7 +92,7 @@ class MatmulArgs:
       stored: the layout the kernel reads ``w`` in.
       m, n, k: the problem shape.
       target: the TPU target.
-      route: the pair's route on ``target`` (:func:`emulate.pallas.route.route`).
+      compute: how the pair computes on ``target`` (:func:`emulate.pallas.compute.in_kernel`).
       out: the result type's name.
       passthrough: the weight goes to the matrix unit as stored (no decoding).
       weight: the weight argument the gradient decodes (an act-order QArray without its
@@ -115,7 +115,7 @@ class MatmulArgs:
     n: int
     k: int
     target: targets.Target
-    route: route.Route
+    compute: compute.Compute
     out: str
     passthrough: bool
     weight: Any
@@ -309,7 +309,9 @@ def matmul_args(
     vf = cb.value_format if cb is not None else src.format
     if src.format.name in formats.CODE_FORMATS:  # 2- to 6-bit integer codes: values as int8
         vf = formats.get("int8")
-    r = route.route(xf, vf, target=t, preferred_element_type="float32" if final else out_dtype)
+    r = compute.in_kernel(
+        xf, vf, target=t, preferred_element_type="float32" if final else out_dtype
+    )
     out = final or r.out
     if not formats.get(out).xla_storable:
         raise ValueError(
@@ -319,7 +321,7 @@ def matmul_args(
     nonempty = 0 not in (m, src.n, k)
     wt = _laid_out(src, r, nonempty)
     if nonempty and not xf.is_low_precision and xv.dtype.name not in _X_IN_KERNEL:
-        xv = route.decode_values(xv, r.lhs_compute)  # float16: widened outside the kernel
+        xv = compute.decode_values(xv, r.lhs_compute)  # float16: widened outside the kernel
     passthrough = (
         cb is None
         and r.rhs_compute == wt.format.name
@@ -328,7 +330,7 @@ def matmul_args(
     )
     return MatmulArgs(
         x=xv, x_format=xf, w=wt.data, w_format=wt.format, stored=wt.stored, m=m, n=wt.n,
-        k=k, target=t, route=r, out=out, passthrough=passthrough, codebook=cb,
+        k=k, target=t, compute=r, out=out, passthrough=passthrough, codebook=cb,
         weight=w if p is None else p.weight,
         scales=None if p is None else p.scales,
         tensor_scale=None if p is None else p.tensor,
@@ -339,7 +341,7 @@ def matmul_args(
     )  # fmt: skip
 
 
-def _laid_out(src: _Source, r: route.Route, nonempty: bool) -> _Weight:
+def _laid_out(src: _Source, r: compute.Compute, nonempty: bool) -> _Weight:
     """The weight in the layout the kernel reads it in: the one place a call decides it
     (:func:`emulate.pallas.weights.kernel_layout`; a group-scaled Packed QArray K-planar
     under float32 activations), and the codes' format named in the layout."""

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from emulate import formats, targets
-from emulate.pallas import qgroups, route
+from emulate.pallas import compute, qgroups
 from emulate.pallas.qcodebook import KernelCodebook
 from emulate.pallas.qweight import Scaling
 from emulate.planning.exactness import MAX_CHUNKS, MAX_TOTAL_QUANTA
@@ -44,7 +44,7 @@ class Stored:
       rows: rows of the stored array (bytes along K for planar / packed layouts).
       group, nbytes: codes per group of whole bytes along K, and its bytes (1, 1 dense).
       code: an integer code format of ``emulate.formats.CODE_FORMATS`` (2, 3, 5, 6 bits)
-        the kernel decodes into ``route.rhs`` (int8: every value fits), or "".
+        the kernel decodes into ``compute.rhs`` (int8: every value fits), or "".
     """
 
     layout: str
@@ -60,7 +60,7 @@ class Config:
     """Everything static about one kernel call (hashable: the jit cache key).
 
     Attributes:
-      route: the :class:`emulate.pallas.route.Route` of the pair on the target.
+      compute: the :class:`emulate.pallas.compute.Compute` of the pair on the target.
       m, n, k: the logical problem shape.
       bm, bn, bk: the block shape (bk in rows of K).
       stored: the weight's :class:`Stored` layout.
@@ -71,15 +71,15 @@ class Config:
       vmem_bytes: the estimated VMEM footprint of one grid step.
       vmem_limit: the scoped VMEM limit asked of Mosaic (None: its default, 16 MiB or
         more, when twice the estimate fits in it).
-      x_dtype: the type x is stored in (decoded in the kernel into ``route.lhs_compute``).
+      x_dtype: the type x is stored in (decoded in the kernel into ``compute.lhs_compute``).
       scaling: a QArray weight's :class:`emulate.pallas.qweight.Scaling`, or None.
-      out: the result type (``route.out`` unless a QArray's scales are applied to the f32
+      out: the result type (``compute.out`` unless a QArray's scales are applied to the f32
         accumulator first).
       codebook: a codebook weight's :class:`emulate.pallas.qcodebook.KernelCodebook`, or
-        None (``route.rhs`` is then the format its values take in the kernel).
+        None (``compute.rhs`` is then the format its values take in the kernel).
     """
 
-    route: route.Route
+    compute: compute.Compute
     m: int
     n: int
     k: int
@@ -240,7 +240,7 @@ class _Tiling:
 
 
 def _tiling(
-    r: route.Route,
+    r: compute.Compute,
     t: targets.Target,
     k: int,
     stored: Stored,
@@ -253,7 +253,7 @@ def _tiling(
     # past int32
     grouped = scaling is not None and scaling.along_k
     in_kernel = scaling is not None and out in ("float32", "bfloat16")
-    fits = in_kernel and r.exact and k * route.exact_limit(r) < 2**31
+    fits = in_kernel and r.exact and k * compute.exact_limit(r) < 2**31
     return _Tiling(
         x_sub=_SUBLANES[_itemsize(r.lhs_compute)],
         stored_sub=_SUBLANES[np.dtype(x_dtype).itemsize],
@@ -268,7 +268,7 @@ def _tiling(
 
 
 def _blocks(
-    r: route.Route,
+    r: compute.Compute,
     t: targets.Target,
     tl: _Tiling,
     shape: tuple[int, int, int],
@@ -390,10 +390,10 @@ def _long_bm(
     return best
 
 
-def _check_exact(r: route.Route, k: int, bk: int, kp: int) -> None:
+def _check_exact(r: compute.Compute, k: int, bk: int, kp: int) -> None:
     """Raise ValueError where a two-limb exact sum over K in blocks of ``bk`` (K padded to
     ``kp``) takes more K steps or quanta than the exact combination holds."""
-    if kp // bk > MAX_CHUNKS or k * route.exact_limit(r) >= MAX_TOTAL_QUANTA:
+    if kp // bk > MAX_CHUNKS or k * compute.exact_limit(r) >= MAX_TOTAL_QUANTA:
         raise ValueError(
             f"x, w: a contraction of K = {k} in blocks of {bk} exceeds what the exact "
             f"{r.lhs} x {r.rhs} kernel combines exactly (at most {MAX_CHUNKS} K steps "
@@ -402,7 +402,7 @@ def _check_exact(r: route.Route, k: int, bk: int, kp: int) -> None:
 
 
 def config(
-    r: route.Route,
+    r: compute.Compute,
     t: targets.Target,
     m: int,
     n: int,
@@ -437,7 +437,7 @@ def config(
     if tl.limbs:
         _check_exact(r, k, bk, kp)
     return Config(
-        route=r,
+        compute=r,
         m=m,
         n=n,
         k=k,

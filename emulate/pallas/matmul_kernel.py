@@ -73,7 +73,7 @@ from emulate.numerics.storage import (
     split_group_bytes,
     to_codes,
 )
-from emulate.pallas import qcodebook, qoffsets, qsteps, qweight, route
+from emulate.pallas import compute, qcodebook, qoffsets, qsteps, qweight
 from emulate.pallas.matmul_args import matmul_args
 from emulate.pallas.matmul_config import Config, config
 from emulate.pallas.qweight import KernelQWeight
@@ -108,7 +108,7 @@ def weight_planes(w_ref: Any, cfg: Config, k: Any) -> list[list[jax.Array]]:
     """The weight block as the matrix unit takes it: one (bk, bn) tile in K order (dense
     and K-planar layouts) or one tile per code position (packed layout); each a list of
     one tile, or of a codebook's bfloat16 pieces (:mod:`emulate.pallas.qcodebook`)."""
-    r = cfg.route
+    r = cfg.compute
     s = cfg.stored
     wf = formats.get(cfg.codebook.code_format if cfg.codebook else s.code or r.rhs)
     if cfg.w_passthrough:
@@ -134,29 +134,29 @@ def weight_planes(w_ref: Any, cfg: Config, k: Any) -> list[list[jax.Array]]:
         planes = [jnp.concatenate(runs, axis=0) if len(runs) > 1 else runs[0]]
     if cfg.codebook is not None:
         return [qcodebook.decode(p, cfg.codebook, r.rhs_compute) for p in planes]
-    return [[route.decode_codes(p, wf, r.rhs_compute, r.rhs_scale)] for p in planes]
+    return [[compute.decode_codes(p, wf, r.rhs_compute, r.rhs_scale)] for p in planes]
 
 
-def _decode_outside(x: jax.Array, xf: Format, r: route.Route) -> jax.Array:
+def _decode_outside(x: jax.Array, xf: Format, r: compute.Compute) -> jax.Array:
     """x decoded by XLA before the kernel, into the type the matrix unit takes."""
     if not xf.is_low_precision:
-        return route.decode_values(x, r.lhs_compute)
+        return compute.decode_values(x, r.lhs_compute)
     codes = to_codes(x, xf)[0] if x.dtype != jnp.uint8 else x
-    return route.decode_codes(codes, xf, r.lhs_compute, r.lhs_scale)
+    return compute.decode_codes(codes, xf, r.lhs_compute, r.lhs_scale)
 
 
 def decode_x(xt: jax.Array, cfg: Config) -> jax.Array:
     """A loaded x tile in the type the matrix unit takes (exact: widening, or the bit
     formulas on codes)."""
-    r = cfg.route
+    r = cfg.compute
     if cfg.x_dtype == r.lhs_compute:  # stored so (no format has a scale there) or decoded
         return xt
     xf = formats.get(r.lhs)
     if not xf.is_low_precision:
-        return route.decode_values(xt, r.lhs_compute)
+        return compute.decode_values(xt, r.lhs_compute)
     if jnp.issubdtype(xt.dtype, jnp.floating):  # float8: Mosaic bitcasts to int8
         xt = lax.bitcast_convert_type(xt, jnp.int8)
-    return route.decode_codes(xt.astype(jnp.int32) & 0xFF, xf, r.lhs_compute, r.lhs_scale)
+    return compute.decode_codes(xt.astype(jnp.int32) & 0xFF, xf, r.lhs_compute, r.lhs_scale)
 
 
 def _write(o_ref: Any, value: jax.Array) -> None:
@@ -172,7 +172,7 @@ def kernel_body(cfg: Config, refs: Sequence[Any], store: Any = _write) -> None:
     are the inputs (x planes, weight, scale operands), outputs and scratch of
     :func:`matmul`'s call; ``store(o_ref, value)`` writes a finished output block (another
     kernel passes one that writes only some of its rows)."""
-    r = cfg.route
+    r = cfg.compute
     xs = refs[: cfg.x_planes]
     w_ref = refs[cfg.x_planes]
     rest = refs[cfg.x_planes + 1 :]
@@ -212,7 +212,7 @@ def kernel_body(cfg: Config, refs: Sequence[Any], store: Any = _write) -> None:
     else:
         step = None
         for xt, wt in tiles:
-            d = route.exact_dot(xt, wt, r) if r.exact else route.float_dot(xt, wt, r.precision)
+            d = compute.exact_dot(xt, wt, r) if r.exact else compute.float_dot(xt, wt, r.precision)
             step = d if step is None else step + d
         assert step is not None
         if cfg.limbs:
@@ -266,7 +266,7 @@ def kernel_result(
     """The kernel's outputs as the result: as written where the kernel scaled and stored
     the result type, else the accumulator (or its limbs) rounded once, and a QArray's
     scales the kernel did not apply, then one more rounding."""
-    r = cfg.route
+    r = cfg.compute
     if cfg.scaled_in_kernel:
         return outs[0]
     if cfg.limbs:
@@ -293,7 +293,7 @@ def varying_struct(shape: tuple[int, ...], dtype: Any, operands: Sequence[Any]) 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
     w, scales, tensor_scale, *affine = kargs
-    r = cfg.route
+    r = cfg.compute
     _, _, kp = cfg.padded
     nm, nn, nk = cfg.grid
     g = cfg.x_planes
@@ -435,7 +435,7 @@ def matmul(
     if a.empty:  # nothing to launch: an empty contraction sums to zero
         return jnp.zeros((a.m, a.n), formats.get(a.out).dtype)
     cfg = config(
-        r=a.route,
+        r=a.compute,
         t=a.target,
         m=a.m,
         n=a.n,
@@ -451,7 +451,7 @@ def matmul(
     )
     xv = a.x
     if cfg.x_dtype != xv.dtype.name:  # a block_shape off the stored type's tiling
-        xv = _decode_outside(xv, a.x_format, cfg.route)
+        xv = _decode_outside(xv, a.x_format, cfg.compute)
     y = _differentiable_run(xv, a.kernel_operands, a.weight, cfg)
     if a.perm is not None and a.perm_axis == -1:  # the weight's columns stored permuted
         y = qcodebook.restore_columns(y, a.perm)
@@ -477,7 +477,7 @@ def _run_bwd(cfg, res, g):
     else:
         if isinstance(w, KernelWeight):
             w = kernel_codes(w)
-        fmt = None if isinstance(w, Packed) else cfg.route.rhs
+        fmt = None if isinstance(w, Packed) else cfg.compute.rhs
         wv = decode(w, fmt, to=jnp.float32)  # (K, N) values
     dx = jax.lax.dot_general(
         g.astype(jnp.float32),

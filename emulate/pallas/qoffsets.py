@@ -78,7 +78,7 @@ from emulate.codebooks import Codebook
 from emulate.numerics.pytree import PytreeRecord
 from emulate.numerics.storage import Packed, pack, unpack_codes
 from emulate.pallas import qgroups
-from emulate.pallas.route import refuse
+from emulate.pallas.compute import refuse
 from emulate.quantized.array import QArray
 from emulate.quantized.layout import Constant, Layout, Level, Stored, describe
 

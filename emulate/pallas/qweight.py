@@ -81,7 +81,7 @@ from emulate.numerics.bits import times_pow2
 from emulate.numerics.pytree import PytreeRecord
 from emulate.numerics.scales import scale_frexp
 from emulate.pallas import qoffsets
-from emulate.pallas.route import refuse
+from emulate.pallas.compute import refuse
 from emulate.pallas.weights import KernelWeight, kernel_codes, kernel_layout, planar_weight
 from emulate.quantized.array import QArray
 from emulate.quantized.checks import as_format_array
@@ -199,6 +199,11 @@ class KernelQWeight(
         if key is Ellipsis or (isinstance(key, tuple) and all(k is Ellipsis for k in key)):
             return self
         raise TypeError(f"key: a KernelQWeight supports w[...] only (which returns w), got {key!r}")
+
+    def read_back(self) -> QArray:
+        """The QArray it was prepared from (:func:`as_qarray`): how the XLA route reads it
+        (:class:`emulate.engine.prepared.Prepared`)."""
+        return as_qarray(self)
 
     def __repr__(self) -> str:
         return (

@@ -98,6 +98,11 @@ class KernelWeight(PytreeRecord, data=("data",), static=("format_name", "length"
         """Rows of K per tile: 128 times the codes per byte group."""
         return TILE_GROUPS * group_shape(self.format.bits)[0]
 
+    def read_back(self) -> jax.Array:
+        """The (K, N) uint8 codes, one a byte (:func:`kernel_codes`): how the XLA route reads
+        it (:class:`emulate.engine.prepared.Prepared`)."""
+        return kernel_codes(self)
+
     def __repr__(self) -> str:
         return f"KernelWeight({self.format_name}[{self.length}, {self.data.shape[1]}])"
 

@@ -1,5 +1,6 @@
-"""emulate.cpu.route and the switch (emulate.use_cpu_kernel, EMULATE_CPU_KERNEL): which
-contractions the CPU kernel takes. Plain tracing: nothing here compiles a kernel."""
+"""emulate.cpu.route.kernel_form and the switch (emulate.use_cpu_kernel,
+EMULATE_CPU_KERNEL): which contractions the CPU kernel takes, and why not. Plain tracing:
+nothing here compiles a kernel."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 import emulate
+from emulate import bounds, reference
 from emulate.cpu import route
 from emulate.cpu.form import COLUMNS
 
@@ -24,18 +26,34 @@ def _q() -> emulate.QArray:
     return emulate.quantize(w, "int4", block_shape=32, axis=0)
 
 
+def _taken(got: object) -> bool:
+    return not isinstance(got, str)
+
+
 def test_few_rows_without_batch_dimensions() -> None:
     q = _q()
-    assert route.choose(q, 1, (route.FEW_ROWS, 64), KN).layout == COLUMNS
-    assert route.choose(q, 1, (2, 2, 64), (((2,), (0,)), ((), ()))) is not None
-    assert route.choose(q, 1, (route.FEW_ROWS + 1, 64), KN) is None
-    assert route.choose(q, 1, (0, 64), KN) is None
+    form = route.kernel_form(q, 1, (route.FEW_ROWS, 64), KN)
+    assert not isinstance(form, str) and form.layout == COLUMNS
+    assert _taken(route.kernel_form(q, 1, (2, 2, 64), (((2,), (0,)), ((), ()))))
+    assert route.kernel_form(q, 1, (route.FEW_ROWS + 1, 64), KN) == (
+        "5 rows of activations: the CPU kernel takes 1 to 4 for this weight (a decode "
+        "step's few rows; XLA's matrix-matrix dot is faster for more)"
+    )
+    assert route.kernel_form(q, 1, (0, 64), KN).startswith("0 rows of activations: ")
+    assert _taken(route.kernel_form(q, 0, (3, 64), (((0,), (1,)), ((), ()))))
     for empty in ((0, 16), (64, 0)):  # K or N of 0: XLA's route gives the zeros
         e = emulate.quantize(np.ones(empty, np.float32), "int8", axis=0)
-        assert route.choose(e, 1, (2, empty[0]), KN) is None
-    assert route.choose(q, 0, (3, 64), (((0,), (1,)), ((), ()))) is not None
+        assert route.kernel_form(e, 1, (2, empty[0]), KN) == (
+            f"an empty weight (shape {empty}): XLA's route gives its zeros"
+        )
     batched = (((2,), (1,)), ((0,), (0,)))
-    assert route.choose(q, 1, (1, 2, 64), batched) is None
+    assert route.kernel_form(q, 1, (1, 2, 64), batched) == (
+        "batch dimensions: the CPU kernel multiplies one 2-D weight"
+    )
+    assert route.kernel_form(emulate.quantize(np.ones((64, 16), np.float32), "int4",
+                             block_shape=32, axis=1), 1, (1, 64), KN).startswith(
+        "a weight the CPU kernel has no form for"
+    )  # fmt: skip
 
 
 def test_more_rows_where_xlas_route_decodes_slowly() -> None:
@@ -49,14 +67,45 @@ def test_more_rows_where_xlas_route_decodes_slowly() -> None:
         fmt="uint6",
     )
     two_level = emulate.QArray.from_parts(codes, inner, block_shape=(32, 1))
-    assert route.choose(two_level, 1, (route.MAX_ROWS, 64), KN) is not None
-    assert route.choose(two_level, 1, (route.MAX_ROWS + 1, 64), KN) is None
-    assert route.max_rows(route.choose(_q(), 1, (1, 64), KN)) == route.FEW_ROWS
+    assert _taken(route.kernel_form(two_level, 1, (route.MAX_ROWS, 64), KN))
+    assert route.kernel_form(two_level, 1, (route.MAX_ROWS + 1, 64), KN).startswith(
+        "9 rows of activations: the CPU kernel takes 1 to 8 for this weight"
+    )
+    form = route.kernel_form(_q(), 1, (1, 64), KN)
+    assert not isinstance(form, str) and route.max_rows(form) == route.FEW_ROWS
 
 
 def _lowered(x, q) -> str:
     f = jax.jit(lambda x: emulate.dot_general(x, q, KN, preferred_element_type=jnp.float32))
     return f.lower(x).as_text()
+
+
+def _front_ends_run_the_kernel_within_the_bound() -> None:
+    """The route of emulate.routing (routing/test_cpu_op.py: its decisions) runs the kernel:
+    dot_general, matmul, einsum and polyfill, against the oracle's values and mode "fast"'s
+    bound, beside the XLA route; the gradient is the XLA route's."""
+    q, x = _q(), jnp.asarray(np.random.default_rng(3).standard_normal((2, 64)), jnp.float32)
+    w = reference.dequantize(
+        np.asarray(emulate.unpack(q.codes)), np.asarray(q.scales), q.block_shape
+    ).astype(np.float64)
+    xv = np.asarray(x, np.float64)
+    bound = bounds.dot_general_bound(xv, w, KN, extra_terms=64 // 32 + 4)
+    with emulate.use_cpu_kernel(True):
+        f = jax.jit(lambda x: emulate.dot_general(x, q, KN, preferred_element_type=jnp.float32))
+        assert f.lower(x).as_text().count("stablehlo.custom_call @emulate_cpu_gemv_") == 1
+        got = {
+            "dot_general": f(x),
+            "matmul": emulate.matmul(x, q),
+            "einsum": emulate.einsum("mk,kn->mn", x, q),
+            "polyfill": emulate.polyfill(lambda x, q: x @ q, target="cpu")(x, q),
+        }
+        with emulate.use_route("xla"):
+            got["xla"] = emulate.matmul(x, q)
+        g = jax.grad(lambda x: emulate.matmul(x, q).sum())(x)
+    for name, y in got.items():
+        assert y.shape == (2, 16) and y.dtype == jnp.float32, name
+        assert np.all(np.abs(np.asarray(y, np.float64) - xv @ w) <= bound), name
+    assert np.allclose(np.asarray(g), np.broadcast_to(w.sum(axis=1), (2, 64)), rtol=1e-6)
 
 
 def test_the_switch_and_the_xla_route_setting() -> None:
@@ -74,6 +123,7 @@ def test_the_switch_and_the_xla_route_setting() -> None:
     with pytest.raises(TypeError, match="^enabled: expected a bool, got int 1$"):
         with emulate.use_cpu_kernel(1):  # type: ignore[arg-type]
             pass
+    _front_ends_run_the_kernel_within_the_bound()  # the same form: compiled once
 
 
 def test_a_thread_unsafe_layer_keeps_the_kernel_on_one_thread(monkeypatch) -> None:
@@ -92,7 +142,7 @@ def test_a_thread_unsafe_layer_keeps_the_kernel_on_one_thread(monkeypatch) -> No
 def test_a_bad_environment_value_names_the_variable() -> None:
     env = {**os.environ, "EMULATE_CPU_KERNEL": "yes", "JAX_PLATFORMS": "cpu"}
     run = subprocess.run(
-        [sys.executable, "-c", "import emulate.route_setting"],
+        [sys.executable, "-c", "import emulate.routing.setting"],
         env=env,
         capture_output=True,
         text=True,

@@ -274,7 +274,7 @@ def test_imported_qarray_matmul_tiled_on_the_cpu_within_bound(tmp_path, name: st
         (
             t
             for t in (8, 64, 128)
-            if qtiled.choose(unpermuted, 1, 2, dn, tiled.Settings(min_bytes=0, tile=t))
+            if qtiled.qtiling_for(unpermuted, 1, 2, dn, tiled.Settings(min_bytes=0, tile=t))
         ),
         None,
     )

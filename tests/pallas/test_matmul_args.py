@@ -94,19 +94,19 @@ def test_act_order_along_k_gathers_x_and_drops_the_permutation_from_the_weight()
 
 def test_float16_activations_are_widened_and_code_formats_take_the_int8_route():
     a = matmul_args(np.ones((4, 128), np.float16), np.ones((128, 128), np.int8), target=T)
-    assert a.x_format.name == "float16" and a.x.dtype.name == a.route.lhs_compute
+    assert a.x_format.name == "float16" and a.x.dtype.name == a.compute.lhs_compute
     assert a.x.dtype.name != "float16"
     w = np.random.default_rng(4).standard_normal((256, 128)).astype(np.float32)
     q = emulate.quantize(w, "int3", block_shape=64, axis=0)
     a3 = matmul_args(np.ones((4, 256), np.int8), q, target=T)
-    assert a3.stored.code == "int3" and a3.route.rhs == "int8"
+    assert a3.stored.code == "int3" and a3.compute.rhs == "int8"
 
 
 def test_a_prepared_weight_gives_the_same_record_as_its_qarray():
     q = _q4(256, 128)
     x = np.ones((4, 256), jnp.bfloat16)
     a, p = matmul_args(x, q, target=T), matmul_args(x, emulate.pallas.prepare_weight(q), target=T)
-    assert (a.scaling, a.out, a.route, a.w_format) == (p.scaling, p.out, p.route, p.w_format)
+    assert (a.scaling, a.out, a.compute, a.w_format) == (p.scaling, p.out, p.compute, p.w_format)
     assert isinstance(p.weight, emulate.pallas.KernelQWeight)
 
 

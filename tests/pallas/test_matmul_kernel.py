@@ -20,7 +20,7 @@ import pytest
 import emulate
 import emulate.pallas
 from emulate import compiler, formats, reference, targets
-from emulate.pallas import matmul_config, matmul_kernel, route
+from emulate.pallas import compute, matmul_config, matmul_kernel
 
 DN = (((1,), (0,)), ((), ()))
 
@@ -93,7 +93,7 @@ def test_int8_sums_past_two_to_the_24_stay_exact():
         [1099 * 2**14 + 1, 1099 * 2**14 - 128],
         [1099 * 2**14 - 128, 1100 * 2**14],
     ]
-    r = route.route("int8", "int8", target="tpu_v4", preferred_element_type="int32")
+    r = compute.in_kernel("int8", "int8", target="tpu_v4", preferred_element_type="int32")
     assert (r.method, r.lhs_compute, r.k_chunk) == ("bf16", "bfloat16", 1024)
 
 
@@ -194,7 +194,7 @@ def test_a_six_bit_packed_weight_is_put_in_the_k_planar_layout():
 
 def _config(x_fmt, w_fmt, target, m, n, k, group=1, out=None):
     t = targets.get(target)
-    r = route.route(x_fmt, w_fmt, target=t, preferred_element_type=out)
+    r = compute.in_kernel(x_fmt, w_fmt, target=t, preferred_element_type=out)
     stored = matmul_config.Stored("planar" if group > 1 else "dense", "uint8", k, group)
     return matmul_config.config(r, t, m, n, k, stored, False, None, True)
 

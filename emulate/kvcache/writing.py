@@ -99,7 +99,7 @@ def put(
     group = layout.HALF if fmt.packed else _ROWS
     per_group = layout.TILE if fmt.packed else _ROWS  # tokens
     groups = rows // group
-    span = min(groups, -(-t // per_group) + 1)
+    span = min(groups, -(-(t - 1) // per_group) + 1)  # groups t tokens can touch
     grouped = codes.reshape(n_layers, batch, groups, group, lanes)
     new = new_codes.astype(codes.dtype if not fmt.packed else jnp.uint8)
 

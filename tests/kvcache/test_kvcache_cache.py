@@ -77,13 +77,15 @@ def test_writes_store_what_emulate_quantize_gives(name) -> None:
     cache = KVCache.create(2, B, KV, HD, 600, name, **_scale_args(name))
     assert cache.capacity == 768 and cache.k.dtype == cache.format.code_dtype
     x = _rows(rng, 300)
-    step = jax.jit(lambda c, x: c.write(1, x, -x).advance(jnp.array([300, 130])))
-    cache = step(cache, x)  # sequence 1 then writes its next tokens over 130..429
+    step = jax.jit(lambda c, x: c.write(1, x, -x).advance(jnp.array([318, 254])))
+    # then 3 tokens across a 32-row group (318..320) and a 4-bit tile (254..256), sequence
+    # 1's over its own earlier ones
+    cache = step(cache, x)
     x2 = _rows(rng, 3)
     cache = jax.jit(lambda c, x: c.write(1, x, x).advance(3))(cache, x2)
-    assert np.asarray(cache.lengths).tolist() == [303, 133]
-    later = [300 + np.arange(3), 130 + np.arange(3)]
-    written = [(x, [np.arange(300), np.arange(130)]), (x2, later)]
+    assert np.asarray(cache.lengths).tolist() == [321, 257]
+    later = [318 + np.arange(3), 254 + np.arange(3)]
+    written = [(x, [np.arange(300), np.arange(254)]), (x2, later)]
     for rows, pos in written:
         codes, scales = _expected(rows, name)
         got_codes, got_scales = _stored(cache, np.stack([np.resize(p, rows.shape[1]) for p in pos]))

@@ -77,14 +77,14 @@ def test_writes_store_what_emulate_quantize_gives(name) -> None:
     cache = KVCache.create(2, B, KV, HD, 600, name, **_scale_args(name))
     assert cache.capacity == 768 and cache.k.dtype == cache.format.code_dtype
     x = _rows(rng, 300)
-    step = jax.jit(lambda c, x: c.write(1, x, -x).advance(jnp.array([318, 254])))
-    # then 3 tokens across a 32-row group (318..320) and a 4-bit tile (254..256), sequence
-    # 1's over its own earlier ones
+    step = jax.jit(lambda c, x: c.write(1, x, -x).advance(jnp.array([382, 254])))
+    # then 3 tokens across a 32-row group and a 4-bit tile's halves (382..384: two runs of
+    # rows) and across a tile (254..256, sequence 1's over its own earlier ones)
     cache = step(cache, x)
     x2 = _rows(rng, 3)
     cache = jax.jit(lambda c, x: c.write(1, x, x).advance(3))(cache, x2)
-    assert np.asarray(cache.lengths).tolist() == [321, 257]
-    later = [318 + np.arange(3), 254 + np.arange(3)]
+    assert np.asarray(cache.lengths).tolist() == [385, 257]
+    later = [382 + np.arange(3), 254 + np.arange(3)]
     written = [(x, [np.arange(300), np.arange(254)]), (x2, later)]
     for rows, pos in written:
         codes, scales = _expected(rows, name)

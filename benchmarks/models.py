@@ -26,7 +26,15 @@ for the rest, and no compiler estimate. Per row:
 - the compiler's estimate against bytes / HBM bandwidth (one device's), and the larger
   of that and the step's flops (:func:`step_flops`) at the rate the route multiplies
   (f32 in the kernel on v2 and v3, bf16 elsewhere): a program with kernels gets no
-  estimate from the compiler, so this roofline is what compares it with the bf16 model.
+  estimate from the compiler, so this roofline is what compares it with the bf16 model;
+- the bundle model's time (:func:`emulate.compiler.estimate_compiled`: every kernel's and
+  fusion's schedule replayed, calibrated where real-chip timings exist) per step and per
+  token, its ratio to the bf16 model's, and the matrix units' feed floor: the weight
+  elements a step multiplies (:func:`weight_elements`) at the rate the device's units take
+  them in (:meth:`emulate.compiler.Generation.feed_seconds`: at decode each passes through
+  a unit once). ``--no-bundles`` leaves these out; with
+  them, the run happens in a process whose libtpu dumps its schedules (the harness
+  starts one).
 
 Run ``python -m benchmarks.models`` (every model, step and generation, routes pallas and
 bf16: hours on 2 busy cores; ``--routes front`` adds the QArrays as loaded, relaid out by
@@ -237,7 +245,13 @@ def _costs(
     kernels' block traffic, counted on ``alone``, the program without collectives, where
     given), temporaries, outputs, the compiler's estimate (None with kernels, or where
     libtpu gives its sentinel) and the kernels' count."""
-    compiled = _compile(fn, specs, gen, donate, chips)
+    timed = None
+    if compiler.dump_directory() is not None:
+        compiled, timed = compiler.estimate_compiled(
+            lambda: _compile(fn, specs, gen, donate, chips), gen
+        )
+    else:
+        compiled = _compile(fn, specs, gen, donate, chips)
     cost = compiled.cost_analysis() or {}
     mem = compiled.memory_analysis()
     kernels = compiled.as_text().count('custom_call_target="tpu_custom_call"')
@@ -250,6 +264,8 @@ def _costs(
         "output": int(mem.output_size_in_bytes) - int(mem.alias_size_in_bytes),
         "estimate": None if kernels else estimate_seconds(cost),
         "kernels": kernels,
+        "bundle_s": None if timed is None else timed.seconds,
+        "bundle_kernels_s": None if timed is None else timed.kernel_seconds,
     }
 
 
@@ -287,6 +303,18 @@ def step_flops(s: model_layers.Shape, step: str) -> int:
     mlp = 3 * d * s.hidden * (s.top_k or 1) + (d * s.experts if s.experts else 0)
     scores = 2 * s.heads * hd * kv  # q.k and p.v per row
     return 2 * (s.layers * b * t * (attn + mlp + scores) + b * d * s.vocab)
+
+
+def weight_elements(s: model_layers.Shape, step: str) -> int:
+    """Weight elements one step multiplies on one device: each layer's attention
+    projections and the experts its rows reach (every expert once any row uses it; at
+    most rows x top-k of them), and the head."""
+    b, t, _ = STEPS[step]
+    d, hd = s.dim, s.head_dim
+    attn = 2 * d * s.heads * hd + 2 * d * s.kv_heads * hd
+    used = min(s.experts, b * t * s.top_k) if s.experts else 1
+    mlp = 3 * d * s.hidden * used + (d * s.experts if s.experts else 0)
+    return (s.layers * (attn + mlp) + d * s.vocab) // s.chips
 
 
 def _rate(gen: str, route: str) -> float:
@@ -344,6 +372,9 @@ def measure(
     )  # fmt: skip
     est = [lay["estimate"], hd["estimate"]]
     row["estimate_s"] = None if None in est else n * est[0] + est[1]
+    if lay["bundle_s"] is not None and hd["bundle_s"] is not None:
+        row["bundle_s"] = n * lay["bundle_s"] + hd["bundle_s"]
+        row["bundle_kernels_s"] = n * lay["bundle_kernels_s"] + hd["bundle_kernels_s"]
     return derive(row)
 
 
@@ -361,6 +392,12 @@ def derive(row: dict[str, Any]) -> dict[str, Any]:
     flops = row.setdefault("flops", step_flops(model_specs.MODELS[row["model"]].shape, row["step"]))
     compute = flops / _rate(gen, row["route"])
     row["roofline_s"] = max(row["bandwidth_s"], compute)
+    s = model_specs.MODELS[row["model"]].shape
+    b, t, _ = STEPS[row["step"]]
+    cores = model_specs.HBM[gen][1]  # TensorCores a device drives (v5p: 2)
+    row["feed_s"] = compiler.generation(gen).feed_seconds(weight_elements(s, row["step"])) / cores
+    if row.get("bundle_s") is not None:
+        row["bundle_token_s"] = row["bundle_s"] / (b * t)
     return row
 
 
@@ -380,9 +417,19 @@ ROUTE_LABELS = {
 }
 
 
-def _cells(r: dict[str, Any]) -> list[str]:
+def _bundle_cells(r: dict[str, Any], bf16: dict[str, Any] | None) -> list[str]:
+    """The bundle model's cells: ms a step (ms a token), x the bf16 model's, feed floor."""
+    if r.get("bundle_s") is None:
+        return [harness.MISSING, harness.MISSING, harness.ms(r["feed_s"], 2)]
+    base = None if bf16 is None else bf16.get("bundle_s")
+    ratio = harness.MISSING if not base else f"{r['bundle_s'] / base:.2f}x"
+    step = f"{harness.ms(r['bundle_s'], 1)} ({harness.ms(r['bundle_token_s'], 3)})"
+    return [step, ratio, harness.ms(r["feed_s"], 2)]
+
+
+def _cells(r: dict[str, Any], bf16: dict[str, Any] | None = None) -> list[str]:
     if r["status"] != "ok":
-        return [r["status"], r.get("reason", "")[:80], "", "", "", "", ""]
+        return [r["status"], r.get("reason", "")[:80], "", "", "", "", "", "", "", ""]
     fit = "fits" if r["fits"] else "**does not fit**"
     return [
         f"{_gb(r['bytes'])} GB ({r['bytes_over_ideal']:.2f}x)",
@@ -392,6 +439,7 @@ def _cells(r: dict[str, Any]) -> list[str]:
         harness.ms(r["bandwidth_s"], 1),
         harness.ms(r["floor_s"], 1),
         harness.ms(r["roofline_s"], 1),
+        *_bundle_cells(r, bf16),
     ]
 
 
@@ -409,7 +457,15 @@ def markdown(data: dict[str, Any]) -> str:
         "bytes / HBM BW (ms)",
         "ideal / HBM BW (ms)",
         "max(bytes / BW, flops / peak) (ms)",
+        "bundle model: ms / step (ms / token)",
+        "x bf16 model",
+        "MXU feed floor (ms)",
     ]
+    bf16 = {
+        (r["model"], r["generation"], r["step"]): r
+        for r in rows
+        if r["route"] == "bf16" and r.get("status") == "ok" and _cache(r) == "bfloat16"
+    }
     for model in dict.fromkeys(r["model"] for r in rows):
         for step in dict.fromkeys(r["step"] for r in rows if r["model"] == model):
             lines += [f"#### {model_specs.MODELS[model].name}, {step}", ""]
@@ -423,10 +479,11 @@ def markdown(data: dict[str, Any]) -> str:
                 ),
             ):  # fmt: skip
                 hbm = f"{r['generation']} ({model_specs.HBM[r['generation']][0] >> 30} GiB)"
+                base = bf16.get((model, r["generation"], step))
                 label = ROUTE_LABELS[r["route"]]
                 if r.get("cache"):
                     label += f", {r['cache']} KV cache"
-                cells = [hbm, label, *_cells(r)]
+                cells = [hbm, label, *_cells(r, base)]
                 lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
     lines += goal_lines(rows)
@@ -547,6 +604,7 @@ BENCHMARK = harness.Benchmark(
     run=run,
     flags=flags,
     quick="Llama-3-8B Q4_K_M, decode at batch 1, on tpu_v2 and tpu_v5e, kernel and bf16",
+    dumps=True,
 )
 main = BENCHMARK.main
 

@@ -153,11 +153,14 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.pallas.compute",
             "emulate.pallas.kernel_dot",
             "emulate.pallas.weights",
+            "emulate.pallas.words",
             "emulate.pallas.qcodebook",
             "emulate.pallas.qgroups",
             "emulate.pallas.qoffsets",
             "emulate.pallas.qweight",
             "emulate.pallas.qsteps",
+            "emulate.pallas.word_groups",
+            "emulate.pallas.word_step",
             "emulate.pallas.matmul_config",
             "emulate.pallas.matmul_args",
             "emulate.pallas.matmul_kernel",
@@ -1204,6 +1207,7 @@ OTHER_RECORDS = {
     "emulate.pallas.qweight": ({"kw", "self", "s"}, "KernelQWeight (kw, self) and Scaling (s)"),
     "emulate.pallas.qoffsets": ({"p", "self"}, "AffineParts, the kernel's zero points, offsets"),
     "emulate.pallas.qsteps": ({"sc", "self"}, "Scaling, the kernel's group terms"),
+    "emulate.pallas.word_step": ({"scaling"}, "Scaling, the word step's scales"),
     "emulate.sharding": ({"kw", "a"}, "KernelQWeight (kw) and AffineParts (a)"),
 }
 

@@ -768,7 +768,6 @@ TESTED_ELSEWHERE = {
     "emulate.pallas.checking": "package docstring only",
     "emulate.engine.limbs": "the limb arithmetic of mode exact: engine/test_exact",
     "emulate.engine.contract": "the plain and K-chunked contraction: test_dot, test_conv",
-    "emulate.engine.layout": "dimension numbers: test_dot, test_conv, test_bad_inputs",
     "emulate.engine.passthrough": "calls left to JAX: test_dot, test_jax_cases",
     "emulate.engine.run": "plan_for, run_plan: test_dot, engine/test_tiled",
     "emulate.engine.sites": "site scopes: test_program, test_rewrite (emulate.inspect)",

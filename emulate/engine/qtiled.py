@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from emulate import moved
-from emulate.engine.layout import DimensionNumbers
+from emulate.engine.layout import DimensionNumbers, dot_general
 from emulate.engine.operands import Precision
 from emulate.engine.tiled import Settings, dyn_slice
 from emulate.numerics.storage import Packed, code_planes, group_shape
@@ -236,9 +236,7 @@ def contract(
 
     def dot(w: jax.Array, o: jax.Array) -> jax.Array:
         a, b = (w, o) if t.side == 0 else (o, w)
-        return lax.dot_general(
-            a, b, dimension_numbers, precision, preferred_element_type=jnp.float32
-        )
+        return dot_general(a, b, dimension_numbers, precision, preferred_element_type=jnp.float32)
 
     def columns(start: int | jax.Array, length: int, factors=None) -> jax.Array:
         tile = piece(start, length)

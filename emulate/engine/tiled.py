@@ -50,7 +50,7 @@ from jax import lax
 
 from emulate import formats, moved
 from emulate.engine.contract import contract_decoded, finish
-from emulate.engine.layout import DimensionNumbers
+from emulate.engine.layout import DimensionNumbers, dot_general
 from emulate.engine.operands import Operand, Precision, decode_to
 from emulate.numerics.storage import Packed, code_planes, to_codes
 from emulate.planning.plan import Plan
@@ -444,7 +444,7 @@ def contract(
         return (dd, oo) if t.side == 0 else (oo, dd)
 
     def dot(dd: jax.Array, oo: jax.Array) -> jax.Array:
-        return lax.dot_general(
+        return dot_general(
             *pair(dd, oo), dimension_numbers, precision, preferred_element_type=acc_dtype
         )
 

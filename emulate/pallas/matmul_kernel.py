@@ -74,7 +74,7 @@ from emulate.numerics.storage import (
     to_codes,
 )
 from emulate.pallas import compute, qcodebook, qoffsets, qsteps, qweight, word_step, words
-from emulate.pallas.matmul_args import matmul_args
+from emulate.pallas.matmul_args import matmul_args, refuse_relayout
 from emulate.pallas.matmul_config import Config, config
 from emulate.pallas.qweight import KernelQWeight
 from emulate.pallas.weights import TILE_GROUPS, WORD_ORDER_BITS, KernelWeight, kernel_codes
@@ -454,6 +454,8 @@ def matmul(
     a = matmul_args(x, w, target=target, out_dtype=out_dtype, x_format=x_format, w_format=w_format)
     if a.empty:  # nothing to launch: an empty contraction sums to zero
         return jnp.zeros((a.m, a.n), formats.get(a.out).dtype)
+    interpret = interpret_mode(interpret, a.x, w)
+    refuse_relayout(a, w, interpret)
     cfg = config(
         r=a.compute,
         t=a.target,
@@ -463,7 +465,7 @@ def matmul(
         stored=a.stored,
         w_passthrough=a.passthrough,
         block_shape=block_shape,
-        interpret=interpret_mode(interpret, a.x, w),
+        interpret=interpret,
         x_dtype=a.x.dtype.name,
         scaling=a.scaling,
         out=a.out,

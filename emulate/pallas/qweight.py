@@ -252,6 +252,8 @@ class QParts:
       perm, perm_axis: the act-order permutation and its axis, or None.
       dtype: the weight's logical dtype (for the result type).
       weight: the weight in its stored order (without its permutation), for the gradient.
+      repacked: the parts other than the codes packed again for the kernel
+        (:func:`emulate.pallas.qoffsets.repacked`; none for a prepared weight).
     """
 
     codes: Any
@@ -266,6 +268,7 @@ class QParts:
     perm_axis: int | None
     dtype: np.dtype
     weight: Any
+    repacked: tuple[str, ...] = ()
 
 
 def _scaling(
@@ -355,7 +358,7 @@ def split(w: QArray | KernelQWeight, arg: str = "w") -> QParts:
     return QParts(
         lay.codes.array, lay.format, _shape(lay), scales, s, affine,
         None if lay.tensor is None else lay.tensor.array, lay.table, perm, lay.perm_axis,
-        lay.dtype, stored_order,
+        lay.dtype, stored_order, qoffsets.repacked(lay),
     )  # fmt: skip
 
 

@@ -185,13 +185,18 @@ def test_the_kernel_reads_the_weight_as_stored(w, operands):
 
 
 def test_a_six_bit_packed_weight_is_put_in_the_k_planar_layout():
-    # emulate.pack's float6 layout has three bytes per group: the call rearranges it (a
-    # copy, the module docstring says so) into the layout prepare_weight keeps.
+    # emulate.pack's float6 layout has three bytes per group: the kernel reads the layout
+    # prepare_weight keeps. A traced weight in a TPU program would be rearranged on every
+    # call: refused, naming the fix; a constant is rearranged once, as the program is traced.
     w6 = emulate.pack(np.zeros((1024, 512), ml_dtypes.float6_e2m3fn), axis=0)
     x = jnp.zeros((4, 1024), jnp.bfloat16)
-    _, avals = _pallas_operands(
-        lambda x, w: emulate.pallas.matmul(x, w, target="tpu_v5e", interpret=False), x, w6
-    )
+
+    def tpu(x, w):
+        return emulate.pallas.matmul(x, w, target="tpu_v5e", interpret=False)
+
+    with pytest.raises(emulate.pallas.RelayoutError, match=r"^w: a Packed float6_e2m3fn\[1024"):
+        jax.make_jaxpr(tpu)(x, w6)
+    _, avals = _pallas_operands(lambda x: tpu(x, w6), x)
     assert avals == [((4, 1024), "bfloat16"), ((768, 512), "uint8")]
 
 
@@ -265,6 +270,7 @@ def test_a_quantized_kernel_lowered_with_no_tpu_in_sight_says_what_to_do():
     no TPU in sight is refused with what to do; with the target's compile-only device as
     JAX's default device, the same call lowers for TPU."""
     q = emulate.quantize(np.ones((256, 128), np.float32), emulate.mx.MXFP4, axis=0)
+    q = emulate.pallas.prepare_weight(q)  # else laid out again on every call (refused)
     x = jax.ShapeDtypeStruct((8, 256), jnp.bfloat16)
 
     def f(x, q):

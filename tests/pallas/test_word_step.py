@@ -8,13 +8,14 @@ emulate.bounds otherwise, NaN scales kept in their column; which calls take the 
 
 from __future__ import annotations
 
+import jax
 import ml_dtypes
 import numpy as np
 import pytest
 
 import emulate
 import emulate.pallas
-from emulate import bounds, codebooks, formats
+from emulate import bounds, codebooks, compiler, formats
 from emulate.pallas import matmul_args, matmul_config, word_step
 
 DN = (((1,), (0,)), ((), ()))
@@ -28,7 +29,7 @@ def _bits(a) -> np.ndarray:
 def _config(x, w, target):
     a = matmul_args.matmul_args(x, w, target=target, out_dtype="float32")
     return matmul_config.config(
-        r=a.route, t=a.target, m=a.m, n=a.n, k=a.k, stored=a.stored,
+        r=a.compute, t=a.target, m=a.m, n=a.n, k=a.k, stored=a.stored,
         w_passthrough=a.passthrough, block_shape=None, interpret=True,
         x_dtype=a.x.dtype.name, scaling=a.scaling, out=a.out, codebook=a.codebook,
     )  # fmt: skip
@@ -174,3 +175,23 @@ def test_which_calls_take_the_word_step():
         q.codes, np.ones((8, 256), np.float32), block_shape=(64, 1), codebook=codebooks.NF4
     )
     assert not _config(x1, emulate.pallas.prepare_weight(nf4), "tpu_v5e").word_step  # a table
+
+
+@pytest.mark.parametrize("target", ["tpu_v2", pytest.param("tpu_v3", marks=pytest.mark.long)])
+def test_float32_activations_compile_with_the_blocks_the_config_picks(target):
+    # An nnx.Linear with dtype=None multiplies f32 activations by a prepared kernel. Mosaic
+    # cuts f32 operands of a dot at Precision.HIGHEST into bfloat16 pieces and keeps them
+    # live: decode (the word step, a Q4_K weight) and prefill (2048 rows, an AWQ weight:
+    # the same blocks, a shorter kernel to compile) must pick blocks whose scoped VMEM fits
+    # v2/v3's 16 MiB (before: "Ran out of memory in memory space vmem", 39.5 and 20.3
+    # MiB). Compiled by the real TPU compiler, nothing runs; tpu_v3 (the rules and blocks
+    # of tpu_v2) under EMULATE_LONG_TESTS=1.
+    rng = np.random.default_rng(9)
+    for m, q in ((1, _q4_k(4096, 512, rng)[0]), (2048, _awq(4096, 512, 128, rng)[0])):
+        w = emulate.pallas.prepare_weight(q)
+        x = np.zeros((m, 4096), np.float32)
+        assert _config(x, w, target).word_step  # one group a dot at prefill: long rows
+        compiler.compile(
+            lambda x, w: emulate.pallas.matmul(x, w, out_dtype="float32"),
+            jax.ShapeDtypeStruct(x.shape, x.dtype), w, target=target,
+        )  # fmt: skip

@@ -17,6 +17,7 @@ BENCHMARKS = (
     "chip_time",
     "decode",
     "exact",
+    "kv_attention",
     "layer_time",
     "matmul",
     "models",

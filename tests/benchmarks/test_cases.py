@@ -91,7 +91,8 @@ def test_every_benchmark_registers_under_its_module_name():
         assert module.main == module.BENCHMARK.main
     found = sorted(p.stem for p in Path(harness.__file__).parent.glob("*.py"))
     helpers = {"__init__", "cases", "harness", "pallas_traffic", "plots"}
-    helpers |= {"model_goals", "model_layers", "model_specs", "model_steps", "model_weights"}  # models
+    # models
+    helpers |= {"model_goals", "model_layers", "model_specs", "model_steps", "model_weights"}
     helpers.add("qweights")  # the checkpoint weights of quantized and qcpu
     helpers |= {"contenders", "schemes"}  # what matmul / tpu and the quantized scripts share
     helpers.add("chip_programs")  # the programs chip_time times and bundle_calibration estimates

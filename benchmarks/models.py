@@ -26,7 +26,15 @@ for the rest, and no compiler estimate. Per row:
 - the compiler's estimate against bytes / HBM bandwidth (one device's), and the larger
   of that and the step's flops (:func:`step_flops`) at the rate the route multiplies
   (f32 in the kernel on v2 and v3, bf16 elsewhere): a program with kernels gets no
-  estimate from the compiler, so this roofline is what compares it with the bf16 model.
+  estimate from the compiler, so this roofline is what compares it with the bf16 model;
+- the bundle model's time (:func:`emulate.compiler.estimate_compiled`: every kernel's and
+  fusion's schedule replayed, calibrated where real-chip timings exist) per step and per
+  token, its ratio to the bf16 model's, and the matrix units' feed floor: the weight
+  elements a step multiplies (:func:`weight_elements`) at the rate the device's units take
+  them in (:meth:`emulate.compiler.Generation.feed_seconds`: at decode each passes through
+  a unit once). ``--no-bundles`` leaves these out; with
+  them, the run happens in a process whose libtpu dumps its schedules (the harness
+  starts one).
 
 Run ``python -m benchmarks.models`` (every model, step and generation, routes pallas and
 bf16: hours on 2 busy cores; ``--routes front`` adds the QArrays as loaded, relaid out by
@@ -52,11 +60,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import emulate.kvcache
 from benchmarks import harness, model_layers, model_specs
 from benchmarks import model_weights as mw
 from benchmarks.model_goals import goal_lines
 from benchmarks.model_layers import ROUTES, head, layer
+from benchmarks.model_steps import STEPS, ideal_bytes, routed_sizes, step_flops, weight_elements
 from benchmarks.pallas_traffic import estimate_seconds, kernel_traffic
 from emulate import compiler
 from emulate.compiler.devices import on_device
@@ -65,10 +73,6 @@ from emulate.kvcache import KVCache, decode_kernel, prefill_kernel
 from emulate.pallas import gmm_kernel
 
 GENERATIONS = ("tpu_v2", "tpu_v3", "tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e", "tpu_v7x")
-#: step name -> (batch, new tokens, KV cache length)
-STEPS = {"decode-1": (1, 1, 4096), "decode-16": (16, 1, 4096), "prefill-2048": (1, 2048, 2048)}
-#: long contexts, asked for by name (issue 47's 70B goal: 16 sequences of 8192 tokens)
-STEPS["decode-16x8192"] = (16, 1, 8192)
 #: KV cache formats a row may hold (:data:`emulate.kvcache.FORMATS`), bfloat16 first.
 CACHES = ("bfloat16", "int8", "float8_e4m3fn", "int8_per_head", "q8_0", "q4_0", "mxfp4")
 QUICK = {
@@ -196,18 +200,6 @@ def _compile(fn: Any, specs: tuple, gen: str, donate: tuple, chips: int) -> Any:
         return jitted.lower(*leaves).compile()
 
 
-def routed_sizes(s: model_layers.Shape, rows: int) -> np.ndarray:
-    """The expert group sizes a step's kernel traffic is counted for: the ``rows x top_k``
-    (row, expert) pairs spread evenly over as many experts as they can fill (one token's
-    top-k: k experts of one row; 16 tokens of gpt-oss: all 32 experts, 2 rows each)."""
-    pairs = rows * s.top_k
-    used = min(s.experts, pairs)
-    sizes = np.zeros(s.experts, np.int32)
-    sizes[:used] = pairs // used
-    sizes[: pairs % used] += 1
-    return sizes
-
-
 _ARG2 = jax.tree_util.SequenceKey(2)
 
 
@@ -237,7 +229,13 @@ def _costs(
     kernels' block traffic, counted on ``alone``, the program without collectives, where
     given), temporaries, outputs, the compiler's estimate (None with kernels, or where
     libtpu gives its sentinel) and the kernels' count."""
-    compiled = _compile(fn, specs, gen, donate, chips)
+    timed = None
+    if compiler.dump_directory() is not None:
+        compiled, timed = compiler.estimate_compiled(
+            lambda: _compile(fn, specs, gen, donate, chips), gen
+        )
+    else:
+        compiled = _compile(fn, specs, gen, donate, chips)
     cost = compiled.cost_analysis() or {}
     mem = compiled.memory_analysis()
     kernels = compiled.as_text().count('custom_call_target="tpu_custom_call"')
@@ -250,43 +248,9 @@ def _costs(
         "output": int(mem.output_size_in_bytes) - int(mem.alias_size_in_bytes),
         "estimate": None if kernels else estimate_seconds(cost),
         "kernels": kernels,
+        "bundle_s": None if timed is None else timed.seconds,
+        "bundle_kernels_s": None if timed is None else timed.kernel_seconds,
     }
-
-
-def ideal_bytes(
-    m: model_specs.Model, route: str, step: str, lw: dict, hw: dict, cache: str = "bfloat16"
-) -> dict[str, int]:
-    """Bytes a step must move per layer and for the head: the weights it reads as stored
-    (at batch 1, an MoE reads only its top-k experts), the KV cache read once as stored
-    in format ``cache`` (its codes and scales), the activations in and out."""
-    s = m.shape
-    b, t, kv = STEPS[step]
-    experts = {"gate", "up", "down"} if s.experts else set()
-    weights = sum(mw.nbytes(v) for k, v in lw.items() if k not in experts)
-    routed = sum(mw.nbytes(lw[k]) for k in experts)
-    if s.experts and b * t == 1:
-        routed = routed * s.top_k // s.experts
-    fmt = emulate.kvcache.cache_format(cache)
-    cache_bytes = int(fmt.bytes_per_token(s.kv_heads, s.head_dim) * b * kv)
-    acts = 2 * 2 * b * t * s.dim
-    return {
-        "layer": weights + routed + cache_bytes + acts,
-        "head": mw.nbytes(hw) + 2 * b * s.dim + 2 * b * s.vocab,
-        "layer_weights": weights + mw.nbytes({k: lw[k] for k in experts}),
-        "cache": cache_bytes,
-    }
-
-
-def step_flops(s: model_layers.Shape, step: str) -> int:
-    """Multiply-adds x 2 of one step on one device: every row through each projection
-    (an MoE's rows through their top-k experts), the attention over the cache (all of
-    it, as the programs compute it) and the head on each sequence's last row."""
-    b, t, kv = STEPS[step]
-    d, hd = s.dim, s.head_dim
-    attn = d * s.heads * hd * 2 + d * s.kv_heads * hd * 2
-    mlp = 3 * d * s.hidden * (s.top_k or 1) + (d * s.experts if s.experts else 0)
-    scores = 2 * s.heads * hd * kv  # q.k and p.v per row
-    return 2 * (s.layers * b * t * (attn + mlp + scores) + b * d * s.vocab)
 
 
 def _rate(gen: str, route: str) -> float:
@@ -344,6 +308,9 @@ def measure(
     )  # fmt: skip
     est = [lay["estimate"], hd["estimate"]]
     row["estimate_s"] = None if None in est else n * est[0] + est[1]
+    if lay["bundle_s"] is not None and hd["bundle_s"] is not None:
+        row["bundle_s"] = n * lay["bundle_s"] + hd["bundle_s"]
+        row["bundle_kernels_s"] = n * lay["bundle_kernels_s"] + hd["bundle_kernels_s"]
     return derive(row)
 
 
@@ -361,6 +328,12 @@ def derive(row: dict[str, Any]) -> dict[str, Any]:
     flops = row.setdefault("flops", step_flops(model_specs.MODELS[row["model"]].shape, row["step"]))
     compute = flops / _rate(gen, row["route"])
     row["roofline_s"] = max(row["bandwidth_s"], compute)
+    s = model_specs.MODELS[row["model"]].shape
+    b, t, _ = STEPS[row["step"]]
+    cores = model_specs.HBM[gen][1]  # TensorCores a device drives (v5p: 2)
+    row["feed_s"] = compiler.generation(gen).feed_seconds(weight_elements(s, row["step"])) / cores
+    if row.get("bundle_s") is not None:
+        row["bundle_token_s"] = row["bundle_s"] / (b * t)
     return row
 
 
@@ -380,9 +353,19 @@ ROUTE_LABELS = {
 }
 
 
-def _cells(r: dict[str, Any]) -> list[str]:
+def _bundle_cells(r: dict[str, Any], bf16: dict[str, Any] | None) -> list[str]:
+    """The bundle model's cells: ms a step (ms a token), x the bf16 model's, feed floor."""
+    if r.get("bundle_s") is None:
+        return [harness.MISSING, harness.MISSING, harness.ms(r["feed_s"], 2)]
+    base = None if bf16 is None else bf16.get("bundle_s")
+    ratio = harness.MISSING if not base else f"{r['bundle_s'] / base:.2f}x"
+    step = f"{harness.ms(r['bundle_s'], 1)} ({harness.ms(r['bundle_token_s'], 3)})"
+    return [step, ratio, harness.ms(r["feed_s"], 2)]
+
+
+def _cells(r: dict[str, Any], bf16: dict[str, Any] | None = None) -> list[str]:
     if r["status"] != "ok":
-        return [r["status"], r.get("reason", "")[:80], "", "", "", "", ""]
+        return [r["status"], r.get("reason", "")[:80], "", "", "", "", "", "", "", ""]
     fit = "fits" if r["fits"] else "**does not fit**"
     return [
         f"{_gb(r['bytes'])} GB ({r['bytes_over_ideal']:.2f}x)",
@@ -392,6 +375,7 @@ def _cells(r: dict[str, Any]) -> list[str]:
         harness.ms(r["bandwidth_s"], 1),
         harness.ms(r["floor_s"], 1),
         harness.ms(r["roofline_s"], 1),
+        *_bundle_cells(r, bf16),
     ]
 
 
@@ -409,7 +393,15 @@ def markdown(data: dict[str, Any]) -> str:
         "bytes / HBM BW (ms)",
         "ideal / HBM BW (ms)",
         "max(bytes / BW, flops / peak) (ms)",
+        "bundle model: ms / step (ms / token)",
+        "x bf16 model",
+        "MXU feed floor (ms)",
     ]
+    bf16 = {
+        (r["model"], r["generation"], r["step"]): r
+        for r in rows
+        if r["route"] == "bf16" and r.get("status") == "ok" and _cache(r) == "bfloat16"
+    }
     for model in dict.fromkeys(r["model"] for r in rows):
         for step in dict.fromkeys(r["step"] for r in rows if r["model"] == model):
             lines += [f"#### {model_specs.MODELS[model].name}, {step}", ""]
@@ -423,10 +415,11 @@ def markdown(data: dict[str, Any]) -> str:
                 ),
             ):  # fmt: skip
                 hbm = f"{r['generation']} ({model_specs.HBM[r['generation']][0] >> 30} GiB)"
+                base = bf16.get((model, r["generation"], step))
                 label = ROUTE_LABELS[r["route"]]
                 if r.get("cache"):
                     label += f", {r['cache']} KV cache"
-                cells = [hbm, label, *_cells(r)]
+                cells = [hbm, label, *_cells(r, base)]
                 lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
     lines += goal_lines(rows)
@@ -547,6 +540,7 @@ BENCHMARK = harness.Benchmark(
     run=run,
     flags=flags,
     quick="Llama-3-8B Q4_K_M, decode at batch 1, on tpu_v2 and tpu_v5e, kernel and bf16",
+    dumps=True,
 )
 main = BENCHMARK.main
 

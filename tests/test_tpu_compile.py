@@ -409,7 +409,12 @@ def _assert_one_kernel(case: Case, facts: mosaic.ProgramFacts | None) -> None:
     (no XLA route for the weight), and no weight-sized temporary."""
     assert facts is not None
     assert (facts.tpu_custom_calls, facts.xla_contractions) == (1, 0), facts
-    if case.program == "emulate.matmul":
+    if case.program == "emulate.matmul" and case.target in ("tpu_v2", "tpu_v3"):
+        # the word step's f32 route takes x's columns in piece order, a copy of x made by
+        # XLA before the kernel (measured, libtpu 0.0.42.1: 147,456 bytes on v2, x (1,
+        # 1024) bf16 tiled (8, 128)), never of the weight (256 KiB of codes)
+        assert facts.temp_bytes <= 147456, facts
+    elif case.program == "emulate.matmul":
         assert facts.temp_bytes == 0, facts
     else:
         # measured, libtpu 0.0.42.1, compat on and off: 0 bytes on v4, v5e, v6e and v7x;

@@ -51,6 +51,7 @@ from emulate.pallas.checking.mosaic_check import (
 )
 from emulate.pallas.gmm_kernel import prepare_experts, ragged_dot
 from emulate.pallas.kernel_dot import dot, dot_vmem_bytes
+from emulate.pallas.matmul_args import RelayoutError
 from emulate.pallas.matmul_kernel import matmul
 from emulate.pallas.qweight import KernelQWeight, prepare_weight
 from emulate.pallas.weights import KernelWeight
@@ -62,6 +63,7 @@ __all__ = [
     "MatmulSite",
     "NoMatmulWarning",
     "RecordedRulesWarning",
+    "RelayoutError",
     "check",
     "diagnose",
     "dot",

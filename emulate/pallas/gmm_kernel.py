@@ -367,7 +367,7 @@ def ragged_dot(
         r=a.compute, t=a.target, m=a.m, n=a.n, k=a.k, stored=a.stored,
         w_passthrough=a.passthrough, block_shape=block_shape,
         interpret=matmul_kernel.interpret_mode(interpret, a.x, first), x_dtype=a.x.dtype.name,
-        scaling=a.scaling, out=a.out, codebook=a.codebook, long_rows=False,
+        scaling=a.scaling, out=a.out, codebook=a.codebook, long_rows=False, words=False,
     )  # fmt: skip
     if cfg.x_dtype != a.x.dtype.name:
         raise ValueError(

@@ -77,6 +77,18 @@ class _Weight:
     k: int
     n: int
     stored: Stored
+    copied: bool = False
+
+
+class RelayoutError(ValueError):
+    """A weight :func:`emulate.pallas.matmul` would lay out again on every call of a TPU
+    program (a copy of the weight per call, several times its stored bytes): the message
+    names what would be copied and the fix, preparing it once
+    (:func:`emulate.pallas.prepare_weight`, :func:`emulate.prepare_weights`). The kernel
+    route raises it rather than take the XLA route (``reroute``), which reads such a
+    weight tens of times over."""
+
+    reroute = False
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -104,6 +116,9 @@ class MatmulArgs:
       perm, perm_axis: a QArray weight's permutation and its axis (-2: of K, gathered
         into ``x``; -1: of N, the result's columns restored after the kernel), or None.
       codebook: a codebook weight's :class:`emulate.pallas.qcodebook.KernelCodebook`.
+      relaid: what the call lays out again for the kernel (the codes into the K-planar
+        layout, a QArray's sub-byte parts packed along the groups): copies made on every
+        call; empty for weights read as stored (:func:`refuse_relayout`).
     """
 
     x: jax.Array
@@ -126,6 +141,7 @@ class MatmulArgs:
     perm: Any = None
     perm_axis: int | None = None
     codebook: KernelCodebook | None = None
+    relaid: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -328,6 +344,9 @@ def matmul_args(
         and not r.rhs_scale
         and wt.stored.layout == "dense"
     )
+    relaid = (("codes (into the K-planar layout)",) if wt.copied else ()) + (
+        p.repacked if p is not None and nonempty else ()
+    )
     return MatmulArgs(
         x=xv, x_format=xf, w=wt.data, w_format=wt.format, stored=wt.stored, m=m, n=wt.n,
         k=k, target=t, compute=r, out=out, passthrough=passthrough, codebook=cb,
@@ -338,7 +357,28 @@ def matmul_args(
         scaling=None if p is None else p.scaling,
         perm=None if p is None else p.perm,
         perm_axis=None if p is None else p.perm_axis,
+        relaid=relaid,
     )  # fmt: skip
+
+
+def refuse_relayout(a: MatmulArgs, w: Any, interpret: bool) -> None:
+    """Raise :class:`RelayoutError` where a call built for a TPU (not ``interpret``) would
+    lay its weight ``w`` out again (``a.relaid``) and ``w`` is traced: the copy would run
+    on every call of the compiled program (a weight closed over as a constant is laid out
+    once, when the program is traced)."""
+    if interpret or not a.relaid:
+        return
+    if not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(w)):
+        return
+    what = "an array" if is_array(w) else f"a {type(w).__name__}"
+    raise RelayoutError(
+        f"w: {what} {a.w_format.name}{[a.k, a.n]} is not stored as the TPU kernel reads "
+        f"it: its {' and '.join(a.relaid)} would be laid out again on every call of the "
+        "program (a copy of the weight each call, several times its stored bytes); "
+        "prepare it once, outside the program: emulate.pallas.prepare_weight(w) (a model's "
+        "parameters: emulate.prepare_weights(params, target=...); emulate.flax.load_weights "
+        "and quantize_model do it under emulate.target(...) with a TPU target)"
+    )
 
 
 def _laid_out(src: _Source, r: compute.Compute, nonempty: bool) -> _Weight:
@@ -351,6 +391,7 @@ def _laid_out(src: _Source, r: compute.Compute, nonempty: bool) -> _Weight:
     # RESOURCE_EXHAUSTED at 64x4096x4096): the K-planar layout instead (prepare once)
     planar = nonempty and group is not None and r.lhs_compute == "float32"
     codes = kernel_layout(src.codes, group=group, planar=planar)
+    copied = nonempty and codes is not src.codes
     if isinstance(codes, (KernelWeight, Packed)):
         data, k = jnp.asarray(codes.data), codes.length
         g, nbytes = group_shape(codes.format.bits)
@@ -362,4 +403,4 @@ def _laid_out(src: _Source, r: compute.Compute, nonempty: bool) -> _Weight:
         stored = Stored("dense", np.dtype(data.dtype).name, k)
     if nonempty and src.format.name in formats.CODE_FORMATS:
         stored = dataclasses.replace(stored, code=src.format.name)
-    return _Weight(data, src.format, k, int(data.shape[1]), stored)
+    return _Weight(data, src.format, k, int(data.shape[1]), stored, copied)

@@ -73,11 +73,11 @@ from emulate.numerics.storage import (
     split_group_bytes,
     to_codes,
 )
-from emulate.pallas import compute, qcodebook, qoffsets, qsteps, qweight
-from emulate.pallas.matmul_args import matmul_args
+from emulate.pallas import compute, qcodebook, qoffsets, qsteps, qweight, word_step, words
+from emulate.pallas.matmul_args import matmul_args, refuse_relayout
 from emulate.pallas.matmul_config import Config, config
 from emulate.pallas.qweight import KernelQWeight
-from emulate.pallas.weights import TILE_GROUPS, KernelWeight, kernel_codes
+from emulate.pallas.weights import TILE_GROUPS, WORD_ORDER_BITS, KernelWeight, kernel_codes
 from emulate.quantized.array import QArray
 
 __all__ = [
@@ -104,6 +104,17 @@ def _codes(w_ref: Any, cfg: Config, k: Any) -> jax.Array:
     return c
 
 
+def _word_order_codes(w_ref: Any, cfg: Config, k: Any) -> jax.Array:
+    """A loaded block of word-order 4-bit tiles (:mod:`emulate.pallas.words`) as its int32
+    codes in K order, the tiles past the weight's end zeroed."""
+    c = words.natural_codes(words.words(w_ref[...]), cfg.interpret)
+    rows = cfg.w_block_rows
+    if cfg.stored.rows % rows:  # a partial last block: whole tiles of garbage past the end
+        valid = (cfg.stored.rows - k * rows) * cfg.stored.group
+        c = jnp.where(lax.broadcasted_iota(jnp.int32, c.shape, 0) < valid, c, 0)
+    return c
+
+
 def weight_planes(w_ref: Any, cfg: Config, k: Any) -> list[list[jax.Array]]:
     """The weight block as the matrix unit takes it: one (bk, bn) tile in K order (dense
     and K-planar layouts) or one tile per code position (packed layout); each a list of
@@ -117,12 +128,14 @@ def weight_planes(w_ref: Any, cfg: Config, k: Any) -> list[list[jax.Array]]:
         c = _codes(w_ref, cfg, k).astype(jnp.int8)
         dt = jnp.dtype(formats.get(r.rhs_compute).dtype)
         return [[c if dt == jnp.int8 else lax.bitcast_convert_type(c, dt)]]
-    c = _codes(w_ref, cfg, k)
-    if s.layout == "dense":
-        planes = [c]
+    if s.layout == "planar" and wf.bits in WORD_ORDER_BITS:  # whole words, K order
+        planes = [_word_order_codes(w_ref, cfg, k)]
+    elif s.layout == "dense":
+        planes = [_codes(w_ref, cfg, k)]
     elif s.layout == "packed":
-        planes = split_group_bytes([c], wf.bits)
+        planes = split_group_bytes([_codes(w_ref, cfg, k)], wf.bits)
     else:  # K-planar: per tile, g runs of 128 consecutive rows
+        c = _codes(w_ref, cfg, k)
         per_tile = TILE_GROUPS * s.nbytes
         runs = []
         for t in range(c.shape[0] // per_tile):
@@ -184,6 +197,9 @@ def kernel_body(cfg: Config, refs: Sequence[Any], store: Any = _write) -> None:
     if cfg.scaled_in_kernel and cfg.tensor_scaled:
         ts_refs, rest = rest[:2], rest[2:]
     n_acc = 2 if cfg.limbs else 1
+    if cfg.word_step:  # a 4-bit weight in whole words, at decode
+        word_step.body(cfg, xs[0], w_ref, s_ref, aff_refs, ts_refs, rest[0], rest[1:], store)
+        return
     outs, accs, spread_refs = rest[:n_acc], rest[n_acc : 2 * n_acc], rest[2 * n_acc :]
     k = pl.program_id(2)
 
@@ -302,6 +318,8 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
     # that are dropped and columns past K are masked in the kernel. For a packed weight,
     # one column plane per code position of a byte (padded: planes of one length).
     planes = [x]
+    if word_step.piece_order(cfg):  # f32 tiles in piece order: x's columns to match
+        planes = [words.to_piece_order(jnp.pad(x, ((0, 0), (0, kp - x.shape[1]))))]
     if g > 1:
         x = jnp.pad(x, ((0, 0), (0, kp - x.shape[1])))
         planes = [x[:, t::g] for t in range(g)]
@@ -331,7 +349,9 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
         grid=(nm, nn, nk),
         in_specs=[x_spec] * g + [w_spec] + extra_specs,
         out_specs=[out_spec] * n_acc,
-        scratch_shapes=[pltpu.VMEM((cfg.bm, cfg.bn), acc_dtype)] * n_acc + spread_scratch,
+        scratch_shapes=word_step.scratch_shapes(cfg)
+        if cfg.word_step
+        else [pltpu.VMEM((cfg.bm, cfg.bn), acc_dtype)] * n_acc + spread_scratch,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=cfg.vmem_limit,
@@ -434,6 +454,8 @@ def matmul(
     a = matmul_args(x, w, target=target, out_dtype=out_dtype, x_format=x_format, w_format=w_format)
     if a.empty:  # nothing to launch: an empty contraction sums to zero
         return jnp.zeros((a.m, a.n), formats.get(a.out).dtype)
+    interpret = interpret_mode(interpret, a.x, w)
+    refuse_relayout(a, w, interpret)
     cfg = config(
         r=a.compute,
         t=a.target,
@@ -443,7 +465,7 @@ def matmul(
         stored=a.stored,
         w_passthrough=a.passthrough,
         block_shape=block_shape,
-        interpret=interpret_mode(interpret, a.x, w),
+        interpret=interpret,
         x_dtype=a.x.dtype.name,
         scaling=a.scaling,
         out=a.out,

@@ -46,6 +46,7 @@ from emulate.pallas.qweight import Scaling
 __all__ = [
     "GroupTerms",
     "column_blocks_spec",
+    "float_rows",
     "group_scale",
     "group_scaled_step",
     "rows_scaled",
@@ -335,7 +336,9 @@ def _bytes(block: jax.Array) -> jax.Array:
     return block.astype(jnp.int32) & 0xFF
 
 
-def _float_rows(block: jax.Array, fmt: str) -> jax.Array:
+def float_rows(block: jax.Array, fmt: str) -> jax.Array:
+    """A loaded block of float32, bfloat16 or float16 values (float16 held as its uint16
+    bits) as f32 values (exact)."""
     if fmt == "float32":
         return block
     if fmt == "bfloat16":
@@ -374,7 +377,7 @@ class GroupTerms:
         self.zeros = _bytes(refs.pop(0)[...]) if spec.zero in ("array", "packed") else None
         self.offsets: Any = None
         if spec.offset == "array":
-            self.offsets = _float_rows(refs.pop(0)[...], spec.offset_format)
+            self.offsets = float_rows(refs.pop(0)[...], spec.offset_format)
         elif spec.offset == "two_level":
             assert spec.offset_level is not None
             codes = _bytes(refs.pop(0)[...])

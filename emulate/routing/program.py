@@ -24,7 +24,11 @@ def kernel_program(op: KernelOp, x: Any, w: Any) -> Any:
     """``op``'s kernel traced on the abstract operands ``(x, w)``: a ClosedJaxpr of the
     leaves of ``(x, w)``, or the kernel's refusal as text (the NotImplementedError,
     ValueError or TypeError it raised, after "<kernel> refuses it: "). A Pallas kernel is
-    traced as for a TPU (:func:`emulate.targets.tpu_branch`) unless in interpret mode."""
+    traced as for a TPU (:func:`emulate.targets.tpu_branch`) unless in interpret mode.
+
+    Raises:
+      ValueError: what the kernel raised with ``reroute = False`` (a refusal the XLA route
+        would not mend: :class:`emulate.pallas.RelayoutError`)."""
     op = dataclasses.replace(op, xla_route=None)  # type: ignore[type-var]
     try:
         avals = tuple((tuple(v.shape), str(v.dtype)) for v in jax.tree.leaves((x, w)))
@@ -45,6 +49,8 @@ def kernel_program(op: KernelOp, x: Any, w: Any) -> Any:
         with targets.tpu_branch() if tpu else contextlib.nullcontext():
             got: Any = jax.make_jaxpr(flat)(*jax.tree.leaves((x, w)))
     except (NotImplementedError, ValueError, TypeError) as e:
+        if getattr(e, "reroute", True) is False:  # a refusal no other route mends
+            raise
         got = f"{op.kernel_name} refuses it: {e}"
     if key is not None:
         _PROGRAMS[key] = got

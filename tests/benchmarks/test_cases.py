@@ -13,6 +13,8 @@ import pytest
 from benchmarks import cases, harness
 
 BENCHMARKS = (
+    "bundle_calibration",
+    "chip_time",
     "decode",
     "exact",
     "layer_time",
@@ -91,6 +93,8 @@ def test_every_benchmark_registers_under_its_module_name():
     helpers |= {"model_goals", "model_layers", "model_specs", "model_weights"}  # models
     helpers.add("qweights")  # the checkpoint weights of quantized and qcpu
     helpers |= {"contenders", "schemes"}  # what matmul / tpu and the quantized scripts share
+    helpers.add("chip_programs")  # the programs chip_time times and bundle_calibration estimates
+    helpers.add("bundle_columns")  # the bundle model's figures in quantized and models
     assert found == sorted(helpers | set(BENCHMARKS))
 
 

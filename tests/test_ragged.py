@@ -685,3 +685,31 @@ def test_prepare_weights_prepares_stacked_experts_once_and_reads_them_back(route
                           np.asarray(RMX.codes.data))  # fmt: skip
     with emulate.target(TPU), emulate.use_route("xla"):
         _same(emulate.ragged_dot(RX, tree["e"], GS), routed["xla"])
+
+
+# Rows stored (K, M): contracting axis 0, ragged axis 1. The XLA route's dense dot met
+# XLA:CPU's "Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32"
+# (emulate.engine.layout.dot_general), on the CPU target and tpu_v5e alike.
+KM = _rdn((((0,), (1,)), ((), ())), (1,), (0,))
+
+
+@pytest.mark.parametrize(("experts", "target"), [("float8_e4m3fn", "tpu_v5e"), ("MXFP4", "cpu")])
+def test_rows_stored_k_by_m_run_with_each_rows_own_expert(experts, target) -> None:
+    rng = np.random.default_rng(3)
+    x = _halves(rng, (32, 6), jnp.bfloat16)
+    if experts == "MXFP4":
+        codes = rng.integers(0, 16, (2, 32, 8)).astype(np.uint8).view(ml_dtypes.float4_e2m1fn)
+        scales = np.ldexp(1.0, rng.integers(-2, 3, (2, 1, 8))).astype(ml_dtypes.float8_e8m0fnu)
+        w = emulate.QArray.from_parts(
+            emulate.pack(codes, axis=1), jnp.asarray(scales), block_shape=(1, 32, 1)
+        )
+        values = np.asarray(w.dequantize(jnp.float32), np.float64)
+    else:
+        w = _halves(rng, (2, 32, 8), E4)
+        values = np.asarray(w, np.float64)
+    got = emulate.ragged_dot_general(x, w, jnp.array([2, 4]), KM, target=target)
+    xv = np.asarray(x, np.float64)
+    want = np.concatenate([xv[:, :2].T @ values[0], xv[:, 2:].T @ values[1]])  # exact sums
+    out = np.float32 if experts == "MXFP4" else ml_dtypes.bfloat16  # a QArray's: f32
+    assert got.dtype == out
+    np.testing.assert_array_equal(np.asarray(got), want.astype(out))

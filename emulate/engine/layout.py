@@ -9,6 +9,7 @@ sliced contractions index one K axis.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Sequence
@@ -123,19 +124,49 @@ def to_bkn(x: jax.Array, batch: Sequence[int], contract: Sequence[int]) -> jax.A
     return x.reshape(nb, nk, math.prod(x.shape[len(batch) + len(contract) :]))
 
 
+def _canonical(a: jax.Array, b: jax.Array, dimension_numbers: DimensionNumbers) -> bool:
+    """Whether a dot is ``(batch..., M, K) x (batch..., K, N)`` (or ``(batch..., N, K)``):
+    the batch dimensions leading and in order, one free and one contracting dimension on
+    each side."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    nb = len(lb)
+    lead = tuple(range(nb))
+    if tuple(lb) != lead or tuple(rb) != lead or a.ndim != nb + 2 or b.ndim != nb + 2:
+        return False
+    return tuple(lc) == (nb + 1,) and tuple(rc) in ((nb,), (nb + 1,))
+
+
 def _xla_cpu_refuses(a: jax.Array, b: jax.Array, dimension_numbers: DimensionNumbers, acc) -> bool:
     """Whether XLA:CPU (jax 0.10.2) may fail to run this dot: a bfloat16 operand, a float32
-    result and an lhs with a contracting dimension before a free one (a "transposed" lhs).
-    With an rhs its dot decomposer rearranges it fails at run time, "Unsupported element
-    type for DotThunk::Execute: BF16 x BF16 = F32" (JAX's own ``lax.dot_general`` of
-    bf16[32, 6] and bf16[2, 32, 8] contracting (0, 1) fails alike; float16 does not)."""
+    result and a layout off :func:`_canonical`. With an lhs stored (K, M) (as given, or
+    after XLA folds a transpose into the dot) and an rhs its dot decomposer rearranges, it
+    fails at run time: "Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32"
+    (JAX's own ``lax.dot_general`` of bf16[32, 6] and bf16[2, 32, 8] contracting (0, 1)
+    fails alike; float16 does not)."""
     if acc is None or jnp.dtype(acc) != jnp.float32:
         return False
     if jnp.dtype(jnp.bfloat16) not in (jnp.dtype(a.dtype), jnp.dtype(b.dtype)):
         return False
-    (lc, _), (lb, _) = dimension_numbers
-    free = free_dims(a.ndim, lb, lc)
-    return bool(free) and min(lc, default=a.ndim) < max(free)
+    return not _canonical(a, b, dimension_numbers)
+
+
+def _canonical_dot(
+    a: jax.Array, b: jax.Array, dimension_numbers: DimensionNumbers, precision, acc
+) -> jax.Array:
+    """The dot as ``(batch..., M, K) x (batch..., K, N)``, reshaped back."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    nb = len(lb)
+    batch = tuple(a.shape[d] for d in lb)
+    k = math.prod(a.shape[d] for d in lc)
+    lf, rf = free_dims(a.ndim, lb, lc), free_dims(b.ndim, rb, rc)
+    m, n = math.prod(a.shape[d] for d in lf), math.prod(b.shape[d] for d in rf)
+    a2 = jnp.transpose(a, (*lb, *lf, *lc)).reshape(batch + (m, k))
+    b2 = jnp.transpose(b, (*rb, *rc, *rf)).reshape(batch + (k, n))
+    a2 = lax.optimization_barrier(a2)  # XLA would fold the transpose back into the dot
+    same = tuple(range(nb))
+    dn = (((nb + 1,), (nb,)), (same, same))
+    out = lax.dot_general(a2, b2, dn, precision, preferred_element_type=acc)
+    return out.reshape(result_shape(a.shape, b.shape, dimension_numbers))
 
 
 def dot_general(
@@ -147,27 +178,25 @@ def dot_general(
 ) -> jax.Array:
     """``lax.dot_general`` of decoded operands, written in a layout every backend runs.
 
-    The XLA-level dot of emulate's own contractions. A layout XLA:CPU cannot run
-    (:func:`_xla_cpu_refuses`) is written as the canonical ``(batch..., M, K) x
-    (batch..., K, N)`` dot, the free and the contracting dimensions each merged into one,
-    and reshaped back: the same products and sums, the same result shape. (A merged batch
-    of 1 does not do: XLA drops it and meets the same failure.) Other calls are
-    ``lax.dot_general`` as given."""
-    if not _xla_cpu_refuses(a, b, dimension_numbers, preferred_element_type):
-        return lax.dot_general(
-            a, b, dimension_numbers, precision, preferred_element_type=preferred_element_type
-        )
-    (lc, rc), (lb, rb) = dimension_numbers
-    nb = len(lb)
-    batch = tuple(a.shape[d] for d in lb)
-    k = math.prod(a.shape[d] for d in lc)
-    lf, rf = free_dims(a.ndim, lb, lc), free_dims(b.ndim, rb, rc)
-    m, n = math.prod(a.shape[d] for d in lf), math.prod(b.shape[d] for d in rf)
-    a2 = jnp.transpose(a, (*lb, *lf, *lc)).reshape(batch + (m, k))
-    b2 = jnp.transpose(b, (*rb, *rc, *rf)).reshape(batch + (k, n))
-    same = tuple(range(nb))
-    out = lax.dot_general(
-        a2, b2, (((nb + 1,), (nb,)), (same, same)), precision,
+    The XLA-level dot of emulate's own contractions. A call XLA:CPU may fail to run
+    (:func:`_xla_cpu_refuses`) is written, where it runs on the CPU only
+    (``lax.platform_dependent``: other backends' programs are unchanged), as the canonical
+    ``(batch..., M, K) x (batch..., K, N)`` dot, the free and the contracting dimensions
+    each merged into one, and reshaped back: the same products and sums, the same result.
+    (A merged batch of 1 does not do: XLA drops it and meets the same failure.) Other
+    calls are ``lax.dot_general`` as given."""
+    plain = functools.partial(
+        lax.dot_general,
+        dimension_numbers=dimension_numbers,
+        precision=precision,
         preferred_element_type=preferred_element_type,
-    )  # fmt: skip
-    return out.reshape(result_shape(a.shape, b.shape, dimension_numbers))
+    )
+    if not _xla_cpu_refuses(a, b, dimension_numbers, preferred_element_type):
+        return plain(a, b)
+    cpu = functools.partial(
+        _canonical_dot,
+        dimension_numbers=dimension_numbers,
+        precision=precision,
+        acc=preferred_element_type,
+    )
+    return lax.platform_dependent(a, b, cpu=cpu, default=plain)

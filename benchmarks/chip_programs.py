@@ -14,7 +14,11 @@ previous result so that no call is hoisted: one call with ``block_until_ready`` 
   the XLA route (``xla``) or prepared for the kernel route (``kernel``), passed as the
   program's arguments (``benchmarks.layer_time`` closed over them, making them constants
   of the program; compiling 123-436 MB of constants took over 7 GB of host memory and was
-  killed on a 24 GB machine, while the kernels and fusions are the same).
+  killed on a 24 GB machine, while the kernels and fusions are the same);
+- ``attention/<format>/<kernel|xla>``: ``emulate.kvcache.attention`` of one decode token
+  of 16 sequences over a Llama-3-8B layer's cache (8 KV heads of 128, 4 query heads each,
+  4096 tokens every one visible) stored in :data:`emulate.kvcache.FORMATS` ``format``,
+  filled by ``KVCache.write`` of random K and V (on the chip), on the kernel or XLA route.
 
 :mod:`benchmarks.chip_time` times them on a lent TPU; :mod:`benchmarks.bundle_calibration`
 compiles them for a TPU target and estimates them from the compiler's schedule. The same
@@ -54,7 +58,8 @@ PROJECTIONS = (
 )
 _CASE = re.compile(
     r"^(?:projection/(?P<scheme>[\w.]+)/m(?P<m>\d+)(?:/(?P<blocks>default|\d+x\d+x\d+))?"
-    r"|layer/(?P<contender>bf16|xla|kernel)/m(?P<lm>\d+))$"
+    r"|layer/(?P<contender>bf16|xla|kernel)/m(?P<lm>\d+)"
+    r"|attention/(?P<cache>\w+)/(?P<route>kernel|xla))$"
 )
 
 
@@ -70,9 +75,11 @@ class ChipCase:
         m = _CASE.match(self.name)
         if m is None:
             raise ValueError(
-                f"case: {self.name!r} is not projection/<scheme>/m<M>[/<bm>x<bn>x<bk>|/default] "
-                "or layer/<bf16|xla|kernel>/m<M>"
+                f"case: {self.name!r} is not projection/<scheme>/m<M>[/<bm>x<bn>x<bk>|/default], "
+                "layer/<bf16|xla|kernel>/m<M> or attention/<cache format>/<kernel|xla>"
             )
+        if m.group("cache"):
+            return {"kind": "attention", "cache": m.group("cache"), "route": m.group("route")}
         if m.group("contender"):
             return {"kind": "layer", "contender": m.group("contender"), "m": int(m.group("lm"))}
         blocks = m.group("blocks")
@@ -87,6 +94,8 @@ class ChipCase:
         rng = np.random.default_rng(0)
         if p["kind"] == "layer":
             return _layer_program(p["contender"], p["m"], target, rng)
+        if p["kind"] == "attention":
+            return _attention_program(p["cache"], p["route"], rng)
         return _projection_program(p["scheme"], p["m"], p["block_shape"], target, rng)
 
 
@@ -147,6 +156,37 @@ def _layer_program(
             ws = emulate.prepare_weights(ws, target=target)
     route = "xla" if contender == "xla" else "auto"
     return functools.partial(looped_layer, route=route), (x, ws)
+
+
+#: (sequences, KV heads, query heads a KV head, head_dim, tokens) of the attention cases.
+ATTENTION = (16, 8, 4, 128, 4096)
+
+
+def _attention_program(
+    fmt: str, route: str, rng: np.random.Generator
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    import emulate.kvcache
+
+    b, kvh, g, hd, t = ATTENTION
+    cache = emulate.kvcache.KVCache.create(1, b, kvh, hd, t, fmt)
+    k, v = (jnp.asarray(rng.standard_normal((b, t, kvh, hd)), jnp.bfloat16) for _ in range(2))
+    cache = jax.jit(lambda c, k, v: c.write(0, k, v).advance(t))(cache, k, v)
+    q = np.asarray(rng.standard_normal((b, 1, kvh * g, hd)), dtype=jnp.bfloat16)
+    return functools.partial(looped_attention, route=route), (q, cache)
+
+
+def looped_attention(q: jax.Array, cache: Any, *, route: str) -> jax.Array:
+    """``emulate.kvcache.attention`` of ``q`` over layer 0 of ``cache`` :data:`LOOP` times
+    on route ``route``, each call's queries depending on the previous result."""
+    import emulate
+    import emulate.kvcache
+
+    def body(i: Any, c: jax.Array) -> jax.Array:
+        out = emulate.kvcache.attention(q + (c * 0).astype(q.dtype), cache, 0)
+        return c + out[0, 0, 0, 0].astype(jnp.float32)
+
+    with emulate.use_route(route):
+        return jax.lax.fori_loop(0, LOOP, body, jnp.float32(0))
 
 
 def looped_layer(x: jax.Array, ws: dict[str, Any], *, route: str) -> jax.Array:

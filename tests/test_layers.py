@@ -158,6 +158,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "emulate.cpu",
             "emulate.cpu.form",
+            "emulate.cpu.operands",
             "emulate.cpu.ffi",
             "emulate.cpu.parts",
             "emulate.cpu.lanes",
@@ -699,7 +700,6 @@ TESTED_ELSEWHERE = {
     "emulate.__main__": "python -m emulate, run by test_validate and test_cli",
     "emulate.engine": "package docstring only",
     "emulate.cpu": "available / parallel: every kernel test of tests/cpu/ goes through them",
-    "emulate.cpu.ffi": "the call frame: every kernel call of cpu/test_gemv goes through it",
     "emulate.cpu.call": "contract: cpu/test_gemv's and the importers' kernel tests call it",
     "emulate.compiler": "re-exports only: tests/compiler/ reach every name through it",
     "emulate.cli.check_kernel": "emulate check-kernel: pallas/checking/test_mosaic_check",

@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from emulate import cpu
-from emulate.cpu.form import COLUMNS, Form, vector_step, weight_operands
+from emulate.cpu.form import Form, Layout, vector_step
+from emulate.cpu.operands import weight_operands, wire
 from emulate.quantized.array import QArray
 
 __all__ = ["contract"]
@@ -43,16 +44,16 @@ def contract(q: QArray, x: jax.Array, form: Form) -> jax.Array:
     name = f"{form.name}_{'p' if parallel else 's'}"
     ffi.register(name, gemv.handler(form, parallel))
     m, _ = x.shape
-    n = q.shape[1] if form.layout == COLUMNS else q.shape[0]
-    bk = q.block_shape[0] if form.layout == COLUMNS else q.block_shape[1]
+    columns = form.layout == Layout.COLUMNS
+    n = q.shape[1] if columns else q.shape[0]
+    bk = q.block_shape[0] if columns else q.block_shape[1]
     placeholder = jnp.zeros((m, 1), jnp.float32)
     xe = placeholder
     g = form.codes.group
-    if form.layout != COLUMNS and vector_step(form) and g > 1:
+    if not columns and vector_step(form) and g > 1:
         xe = x.reshape(m, -1, g).swapaxes(1, 2).reshape(m, -1)  # xe[q K / g + t] = x[g t + q]
     xsum = _block_sums(x, bk) if form.offset is not None else placeholder
-    consts, slots = weight_operands(q, form)
     call = jax.ffi.ffi_call(
         name, jax.ShapeDtypeStruct((m, n), jnp.float32), vmap_method="sequential"
     )
-    return call(x, xe, xsum, consts, *slots)
+    return call(*wire(x, xe, xsum, weight_operands(q, form)))

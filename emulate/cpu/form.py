@@ -1,32 +1,34 @@
-"""The CPU kernel's view of a QArray weight: a static :class:`Form` (what the compiled
-kernel is specialized for) and the arrays it reads, built by :func:`weight_form` and
-:func:`weight_operands` from a 2-D QArray and its contracting axis. Plain JAX: nothing here
-needs numba, but for 4- and 8-bit table codes, whose form asks numba which instructions it
-compiles with (:func:`emulate.cpu.table_lookups`).
+"""The CPU kernel's view of a QArray weight: a static :class:`Form`, what the compiled
+kernel is specialized for, built by :func:`weight_form` from a 2-D QArray and its
+contracting axis (the arrays it reads: :mod:`emulate.cpu.operands`). Plain JAX: nothing
+here needs numba, but for 4- and 8-bit table codes, whose form asks numba which
+instructions it compiles with (:func:`emulate.cpu.table_lookups`).
 
-Layouts (the codes as stored; the kernel never transposes them):
+Layouts (:class:`Layout`: the codes as stored; the kernel never transposes them):
 
-- :data:`ROWS`: the codes are ``(N, K)``, K along the columns (GGUF's rows): one output
+- ``ROWS``: the codes are ``(N, K)``, K along the columns (GGUF's rows): one output
   element per stored row, a dot product along the row;
-- :data:`COLUMNS`: the codes are ``(K, N)``: each stored row of codes is added, times
+- ``COLUMNS``: the codes are ``(K, N)``: each stored row of codes is added, times
   ``x[k]``, into N accumulators (AWQ, GPTQ, bitsandbytes, NVFP4, FP8 blocks).
 
 A packed weight must be packed along K (the layout :func:`emulate.quantize` gives and the
 importers keep); packed along N it is not a form here (the XLA route takes it).
 
-Element loops (:attr:`Form.variant`): :data:`NIBBLES` (4-bit codes packed along K, two a
-byte), :data:`BYTES` (one code a byte), :data:`GROUPS` (layout ROWS: 2-, 3-, 5- and 6-bit
-codes a byte group at a time: 4 codes in 1 or 3 bytes, 8 in 3 or 5), :data:`BITS` (any
-width, read as a bit stream); :func:`vector_step` says which run as vector steps.
+Element loops (:class:`Loop`, :attr:`Form.loop`): ``NIBBLES`` (4-bit codes packed along K,
+two a byte), ``BYTES`` (one code a byte), ``GROUPS`` (layout ROWS: 2-, 3-, 5- and 6-bit
+codes a byte group at a time: 4 codes in 1 or 3 bytes, 8 in 3 or 5), ``BITS`` (any width,
+read as a bit stream); :func:`vector_step` says which run as vector steps.
+
+docs/cpu_kernel.md tells how a form becomes code.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -34,41 +36,62 @@ from emulate import cpu, formats
 from emulate.numerics.storage import Packed, group_shape
 from emulate.quantized.array import QArray
 from emulate.quantized.checks import is_int
-from emulate.quantized.values import element_values
 
 __all__ = [
-    "BFLOAT16",
-    "BITS",
-    "BYTES",
-    "COLUMNS",
-    "FLOAT16",
-    "FLOAT32",
-    "Form",
-    "GROUPS",
+    "CONSTANT",
     "LANES",
+    "Constant",
+    "FactorForm",
+    "Form",
+    "Kind",
+    "Layout",
     "Level",
-    "NIBBLES",
-    "ROWS",
-    "SIGNED",
+    "Loop",
     "Slot",
-    "TABLE",
-    "UNSIGNED",
     "group_geometry",
-    "slot_widths",
     "vector_step",
     "weight_form",
-    "weight_operands",
 ]
 
-UNSIGNED, SIGNED, TABLE, FLOAT16, BFLOAT16, FLOAT32 = range(6)
+
+class _Named(enum.IntEnum):
+    """An int the numba code compares with, printed by name (``Kind.SIGNED``: a
+    :class:`Form`'s repr, which names its compiled kernel, reads as what it is)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+
+class Kind(_Named):
+    """How a stored code becomes a value (:func:`emulate.cpu.parts.reader`)."""
+
+    UNSIGNED = 0  #: the code's bits, an unsigned integer
+    SIGNED = 1  #: two's complement over the code's width
+    TABLE = 2  #: the value in the slot's table (float codes, codebook indices)
+    FLOAT16 = 3  #: float16 bits
+    BFLOAT16 = 4  #: bfloat16 bits
+    FLOAT32 = 5  #: float32 bits
+
+
+class Layout(_Named):
+    """How the codes are stored against the contraction (the kernel never transposes)."""
+
+    ROWS = 0  #: (N, K): a dot product along each stored row (GGUF)
+    COLUMNS = 1  #: (K, N): each row of codes, times ``x[k]``, into N sums (AWQ, GPTQ, ...)
+
+
+class Loop(_Named):
+    """The element loop a :class:`Form` compiles (:func:`vector_step` says which run as
+    vector steps)."""
+
+    NIBBLES = 0  #: 4-bit codes packed along K, two a byte
+    BYTES = 1  #: one code a byte
+    BITS = 2  #: any width, read as a bit stream, one code at a time
+    GROUPS = 3  #: layout ROWS: 2-, 3-, 5- and 6-bit codes a byte group at a time
+
+
 #: Groups of codes one vector step of the kernel takes (:mod:`emulate.cpu.lanes`).
 LANES = 16
-ROWS, COLUMNS = 0, 1
-NIBBLES, BYTES, BITS, GROUPS = range(4)
-#: The constants' order in the kernel's float32 ``consts``: the weight's zero point and
-#: offset, each two-level part's zero point and offset (no tensor scale: :func:`weight_form`
-#: refuses tensor scales and element exponents).
-CONSTS = ("zp", "offset", "scale_zp", "scale_offset", "offset_zp", "offset_offset")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +100,7 @@ class Slot:
     becomes a value (``kind``), its width in bits, its packed axis (-1: not packed) and
     the bytes a code takes where not packed."""
 
-    kind: int
+    kind: Kind
     bits: int
     axis: int
     width: int
@@ -91,7 +114,8 @@ class Slot:
     def step(self) -> tuple[int, int, int, int]:
         """The vector steps' compile-time constants for these codes
         (:mod:`emulate.cpu.lanes`): ``(bits, packed, signed, lookup)``, each an int."""
-        return self.bits, int(self.axis != -1), int(self.kind == SIGNED), int(self.kind == TABLE)
+        packed, signed, lookup = self.axis != -1, self.kind == Kind.SIGNED, self.kind == Kind.TABLE
+        return self.bits, int(packed), int(signed), int(lookup)
 
 
 def group_geometry(bits: int, packed: bool) -> tuple[int, int]:
@@ -114,16 +138,29 @@ class Level:
 
 
 @dataclasses.dataclass(frozen=True)
+class Constant:
+    """A factor that is one number for the whole weight (the kernel reads it from its
+    float32 constants: :class:`emulate.cpu.operands.Factor`)."""
+
+
+CONSTANT = Constant()
+
+#: How the kernel reads one of a weight's factors (zero point, scale, offset): absent, a
+#: constant, a stored array, or a two-level part.
+FactorForm = Slot | Level | Constant | None
+
+
+@dataclasses.dataclass(frozen=True)
 class Form:
     """What one compiled kernel is specialized for (hashable: the compile cache's key)."""
 
-    layout: int
-    variant: int
+    layout: Layout
+    loop: Loop
     codes: Slot
     block: tuple[int, int]
-    zero_point: Slot | str | None  # "const" for a constant zero point
+    zero_point: Slot | Constant | None
     scale: Slot | Level | None
-    offset: Slot | Level | str | None
+    offset: FactorForm
 
     @property
     def name(self) -> str:
@@ -132,10 +169,10 @@ class Form:
         return "emulate_cpu_gemv_" + hashlib.sha1(repr(self).encode()).hexdigest()[:16]
 
 
-def _format_slot(fmt: Any, bits: int, axis: int, codebook: Any) -> Slot | None:
+def _format_slot(fmt: Any, bits: int, axis: int, codebook: Any) -> Slot:
     if codebook is not None or not fmt.is_integer:
-        return Slot(TABLE, bits, axis, 1)
-    return Slot(SIGNED if fmt.signed else UNSIGNED, bits, axis, 1)
+        return Slot(Kind.TABLE, bits, axis, 1)
+    return Slot(Kind.SIGNED if fmt.signed else Kind.UNSIGNED, bits, axis, 1)
 
 
 #: numpy dtypes narrower than a byte: XLA:CPU holds them packed two (or four) a byte, which
@@ -157,15 +194,16 @@ def _array_slot(a: Any, fmt: Any = None, codebook: Any = None) -> Slot | None:
     if fmt is not None and fmt.bits <= 8 and dt.itemsize == 1:
         return _format_slot(fmt, fmt.bits, -1, codebook)
     if dt == jnp.float16:
-        return Slot(FLOAT16, 16, -1, 2)
+        return Slot(Kind.FLOAT16, 16, -1, 2)
     if dt == jnp.bfloat16:
-        return Slot(BFLOAT16, 16, -1, 2)
+        return Slot(Kind.BFLOAT16, 16, -1, 2)
     if dt == jnp.float32:
-        return Slot(FLOAT32, 32, -1, 4)
+        return Slot(Kind.FLOAT32, 32, -1, 4)
     if dt.kind in "iu" and dt.itemsize in (1, 2, 4):
-        return Slot(SIGNED if dt.kind == "i" else UNSIGNED, 8 * dt.itemsize, -1, dt.itemsize)
+        kind = Kind.SIGNED if dt.kind == "i" else Kind.UNSIGNED
+        return Slot(kind, 8 * dt.itemsize, -1, dt.itemsize)
     if dt.itemsize == 1:  # float8 types
-        return Slot(TABLE, 8, -1, 1)
+        return Slot(Kind.TABLE, 8, -1, 1)
     return None
 
 
@@ -183,14 +221,14 @@ def _level(q: QArray) -> Level | None:
     ):
         return None
     codes = _array_slot(q.codes, q.format, q.codebook)
-    scales = _array_slot(q.scales, _scale_format(q))
+    scales = _array_slot(q.scales, scale_format(q))
     if codes is None or scales is None:
         return None
     block = (q.block_shape[0], q.block_shape[1])
     return Level(codes, scales, block, q.zero_points is not None, q.offsets is not None)
 
 
-def _scale_format(q: QArray) -> Any:
+def scale_format(q: QArray) -> Any:
     """The format of ``q``'s stored scales where they are uint8 codes of a format without
     a numpy dtype (a P3109 or registered format), else None (the dtype says it)."""
     if isinstance(q.scales, QArray) or np.dtype(q.scales.dtype) != np.uint8:
@@ -199,20 +237,44 @@ def _scale_format(q: QArray) -> Any:
     return None if fmt.is_integer else fmt
 
 
-def _factor(part: Any, fmt: Any = None) -> Slot | Level | str | None:
+class _Unreadable(Exception):
+    """A part the kernel cannot read: the weight is not a form."""
+
+
+def _factor(part: Any, fmt: Any = None) -> FactorForm:
+    """How the kernel reads ``part`` (a QArray's zero points, scales or offsets)."""
     if part is None:
         return None
     if isinstance(part, (int, float)) and not isinstance(part, bool):
-        return "const"
-    if isinstance(part, QArray):
-        return _level(part) or "unreadable"
-    return _array_slot(part, fmt) or "unreadable"
+        return CONSTANT
+    factor = _level(part) if isinstance(part, QArray) else _array_slot(part, fmt)
+    if factor is None:
+        raise _Unreadable
+    return factor
 
 
 def _looked_up(codes: Slot) -> bool:
     """Whether the kernel looks up ``codes``' values in registers: 4- or 8-bit float codes
     or codebook indices on a host with :func:`emulate.cpu.table_lookups`."""
-    return codes.kind == TABLE and codes.bits in (4, 8) and cpu.table_lookups()
+    return codes.kind == Kind.TABLE and codes.bits in (4, 8) and cpu.table_lookups()
+
+
+def _loop(q: QArray, codes: Slot, zero_point: FactorForm, layout: Layout, contracting: int) -> Loop:
+    """The element loop of ``q``'s codes (``codes``, zero points ``zero_point``)
+    contracted along ``contracting``."""
+    bk = q.block_shape[contracting]
+    if codes.axis == -1:
+        return Loop.BYTES
+    if codes.bits == 4 and bk % 2 == 0 and q.shape[contracting] % 2 == 0:
+        return Loop.NIBBLES
+    if (
+        layout == Layout.ROWS
+        and bk % group_shape(codes.bits)[0] == 0
+        and q.shape[1] % bk == 0
+        and not isinstance(zero_point, Slot)
+    ):
+        return Loop.GROUPS
+    return Loop.BITS
 
 
 def weight_form(q: QArray, contracting: int) -> Form | None:
@@ -226,126 +288,41 @@ def weight_form(q: QArray, contracting: int) -> Form | None:
     if len(q.shape) != 2 or q.perm is not None or contracting not in (0, 1):
         return None
     codes = _array_slot(q.codes, q.format, q.codebook)
-    if codes is None or not (codes.kind in (UNSIGNED, SIGNED) or _looked_up(codes)):
+    if codes is None or not (codes.kind in (Kind.UNSIGNED, Kind.SIGNED) or _looked_up(codes)):
         # other float codes and codebooks (a table lookup an element: gathers) measured
         # slower in the kernel than on XLA's route (docs/performance.md, "The CPU kernel")
         return None
-    if codes.axis != -1 and codes.axis != 1 - contracting and codes.axis != contracting:
-        return None
-    if codes.axis != -1 and codes.axis != (1 if contracting == 1 else 0):
-        return None
-    if codes.axis == -1 and codes.width != 1:
-        return None
-    layout = ROWS if contracting == 1 else COLUMNS
-    bk = q.block_shape[contracting]
-    if codes.axis == -1:
-        variant = BYTES
-    elif codes.bits == 4 and bk % 2 == 0 and q.shape[contracting] % 2 == 0:
-        variant = NIBBLES
-    elif (
-        layout == ROWS
-        and bk % group_shape(codes.bits)[0] == 0
-        and q.shape[1] % bk == 0
-        and not isinstance(_factor(q.zero_points), Slot)
-    ):
-        variant = GROUPS
-    else:
-        variant = BITS
+    if codes.axis not in (-1, contracting) or (codes.axis == -1 and codes.width != 1):
+        return None  # packed along N, or wider than a byte
     if q.tensor_scale is not None or q.element_exponent:
         # one float32 scale a block (scale * tensor scale * 2**e) may leave float32's
         # range where dequantize's mantissa and exponent do not
         return None
-    parts = (_factor(q.zero_points), _factor(q.scales, _scale_format(q)), _factor(q.offsets))
-    if "unreadable" in parts or isinstance(parts[0], Level) or parts[1] == "const":
+    try:
+        zero_point = _factor(q.zero_points)
+        scale = _factor(q.scales, scale_format(q))
+        offset = _factor(q.offsets)
+    except _Unreadable:
         return None
+    if isinstance(zero_point, Level) or isinstance(scale, Constant):
+        return None
+    layout = Layout.ROWS if contracting == 1 else Layout.COLUMNS
     block = (q.block_shape[0], q.block_shape[1])
-    form = Form(layout, variant, codes, block, *parts)  # type: ignore[arg-type]
-    if codes.kind == TABLE and not vector_step(form):
+    loop = _loop(q, codes, zero_point, layout, contracting)
+    form = Form(layout, loop, codes, block, zero_point, scale, offset)
+    if codes.kind == Kind.TABLE and not vector_step(form):
         return None  # a table lookup an element: slower than XLA's route
     return form
 
 
 def vector_step(form: Form) -> bool:
     """Whether the kernel's element loop is the vector step (:mod:`emulate.cpu.lanes`):
-    codes a group at a time (:data:`NIBBLES`, :data:`BYTES`; layout ROWS also
-    :data:`GROUPS`) and, for layout ROWS, blocks of a multiple or a divisor of
+    codes a group at a time (:data:`Loop.NIBBLES`, :data:`Loop.BYTES`; layout ROWS also
+    :data:`Loop.GROUPS`) and, for layout ROWS, blocks of a multiple or a divisor of
     :data:`LANES` groups. Elsewhere a loop over one code at a time."""
-    if form.layout == COLUMNS:
-        return form.variant in (NIBBLES, BYTES)
-    if form.variant == BITS:
+    if form.layout == Layout.COLUMNS:
+        return form.loop in (Loop.NIBBLES, Loop.BYTES)
+    if form.loop == Loop.BITS:
         return False
     per_block = form.block[1] // form.codes.group
     return per_block % LANES == 0 or LANES % per_block == 0
-
-
-def slot_widths(form: Form) -> tuple[int, ...]:
-    """The bytes an element of each of the six slots takes (the kernel reads every slot as
-    bytes: XLA passes the arrays as they are, no bitcast)."""
-
-    def width(part: Any, codes: bool) -> int:
-        if isinstance(part, Level):
-            part = part.codes if codes else part.scales
-        return part.width if isinstance(part, Slot) else 1
-
-    zp, scale, off = form.zero_point, form.scale, form.offset
-    return (
-        form.codes.width,
-        width(zp, True),
-        width(scale, True),
-        width(scale, False) if isinstance(scale, Level) else 1,
-        width(off, True),
-        width(off, False) if isinstance(off, Level) else 1,
-    )
-
-
-def _stored(a: Any) -> jax.Array:
-    """A stored array as XLA holds it (a Packed array's bytes)."""
-    return a.data if isinstance(a, Packed) else jnp.asarray(a)
-
-
-def _table(slot: Slot, fmt: Any, codebook: Any) -> jax.Array:
-    """The value of every code (``element_values``: what ``dequantize`` gives)."""
-    if slot.kind != TABLE:
-        return jnp.zeros((1,), jnp.float32)
-    return element_values(jnp.arange(1 << slot.bits, dtype=jnp.uint8), fmt, codebook)
-
-
-_NO_BYTES = np.zeros((1, 1), np.uint8)
-_NO_TABLE = np.zeros((1,), np.float32)
-
-
-def _slot_arrays(part: Any, slot: Slot | None, fmt: Any = None, cb: Any = None) -> tuple:
-    if slot is None or not isinstance(slot, Slot):
-        return (jnp.asarray(_NO_BYTES), jnp.asarray(_NO_TABLE))
-    if fmt is None and isinstance(part, Packed):
-        fmt = part.format
-    if fmt is None and slot.kind == TABLE:
-        fmt = formats.get(np.dtype(part.dtype).name)
-    return (_stored(part), _table(slot, fmt, cb))
-
-
-def weight_operands(q: QArray, form: Form) -> tuple[jax.Array, list[jax.Array]]:
-    """The kernel's float32 constants (:data:`CONSTS`) and its six (bytes, table) slots,
-    flattened: codes, zero points, scales, a two-level scale's scales, offsets, a
-    two-level offset's scales (placeholders where absent)."""
-    consts = [0.0] * len(CONSTS)
-    if form.zero_point == "const":
-        consts[0] = float(q.zero_points)
-    if form.offset == "const":
-        consts[1] = float(q.offsets)
-    slots: list[jax.Array] = []
-    slots += _slot_arrays(q.codes, form.codes, q.format, q.codebook)
-    slots += _slot_arrays(
-        q.zero_points, form.zero_point if isinstance(form.zero_point, Slot) else None
-    )
-    for k, (part, f) in enumerate(((q.scales, form.scale), (q.offsets, form.offset))):
-        if isinstance(f, Level):
-            consts[2 + 2 * k] = float(part.zero_points or 0)
-            consts[3 + 2 * k] = float(part.offsets or 0.0)
-            slots += _slot_arrays(part.codes, f.codes, part.format, part.codebook)
-            slots += _slot_arrays(part.scales, f.scales, _scale_format(part))
-        else:
-            fmt = _scale_format(q) if k == 0 else None
-            slots += _slot_arrays(part, f if isinstance(f, Slot) else None, fmt)
-            slots += _slot_arrays(None, None)
-    return jnp.asarray(consts, jnp.float32), slots

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import numba
 import numpy as np
@@ -35,18 +36,12 @@ from numba import prange, types
 
 from emulate.cpu import ffi
 from emulate.cpu.factors import factors, row_factors
-from emulate.cpu.form import (
-    COLUMNS,
-    SIGNED,
-    TABLE,
-    Form,
-    slot_widths,
-    vector_step,
-)
+from emulate.cpu.form import Form, Kind, Layout, vector_step
 from emulate.cpu.lanes import LANES, column_lanes, group_lanes
+from emulate.cpu.operands import Arg, Factor, Stored, Weight, byte_widths
 from emulate.cpu.parts import reader, stack_floats
 
-__all__ = ["COLUMN_CHUNK", "ROW_CHUNK", "handler", "kernel"]
+__all__ = ["COLUMN_CHUNK", "ROW_CHUNK", "handler", "kernel", "listing"]
 
 FAST = {"reassoc", "contract", "nsz", "arcp"}
 ROW_CHUNK = 16
@@ -63,18 +58,19 @@ def _byte_codes(form: Form) -> tuple[bool, Callable]:
     generic reader's 2-D index ran 2.4-4x slower), and the njit ``c -> float32`` of such a
     code ``c`` held as a float32."""
     codes = form.codes
-    one_a_byte = codes.axis == -1 and codes.kind != TABLE  # table codes: their values
+    one_a_byte = codes.axis == -1 and codes.kind != Kind.TABLE  # table codes: their values
     return one_a_byte, _float_code(codes.kind, codes.bits)
 
 
-def _float_code(kind: int, bits: int) -> Callable:
+def _float_code(kind: Kind, bits: int) -> Callable:
     """An njit ``c -> float32`` for an integer code ``c`` held as a float32."""
     full = np.float32(1 << bits)
     inv_half = np.float32(2.0 ** (1 - bits))
+    signed = kind == Kind.SIGNED
 
     @numba.njit(fastmath=FAST, inline="always")
     def value(c):
-        if kind == SIGNED:
+        if signed:
             return c - full * np.floor(c * inv_half)
         return c
 
@@ -82,7 +78,7 @@ def _float_code(kind: int, bits: int) -> Callable:
 
 
 def _column_lanes(form: Form, scalar: Callable) -> Callable:
-    """:data:`NIBBLES` and :data:`BYTES` columns: 64 columns a step
+    """``NIBBLES`` and ``BYTES`` columns: 64 columns a step
     (:func:`emulate.cpu.lanes.column_lanes`, four vectors of :data:`LANES`, kept in
     registers over :data:`ROWS_A_PASS` rows), the columns after the last whole step
     through ``scalar`` (the element loop)."""
@@ -95,7 +91,8 @@ def _column_lanes(form: Form, scalar: Callable) -> Callable:
         column_lanes(lanes, row, table, at, x, kr, z, bits, packed, signed, lookup)
 
     @numba.njit(fastmath=FAST, inline="always")
-    def columns(x, codes, table, k0, k1, n0, w, zrow, blk):
+    def columns(x, stored, k0, k1, n0, w, zrow, blk):
+        codes, table = stored.data, stored.table
         wide = 4 * LANES
         steps = w // wide
         first, last = np.uint64(k0 // g), np.uint64(k1 // g)
@@ -121,21 +118,22 @@ def _column_lanes(form: Form, scalar: Callable) -> Callable:
                     step(b3, row, table, at + np.uint64(3 * LANES), x, kr, z3)
         done = steps * wide
         if done < w:
-            scalar(x, codes, table, k0, k1, n0 + done, w - done, zrow[done:], blk[done:])
+            scalar(x, stored, k0, k1, n0 + done, w - done, zrow[done:], blk[done:])
 
     return columns
 
 
 def _column_loop(form: Form) -> Callable:
-    """An njit ``(x, codes, table, k0, k1, n0, w, zrow, blk)``: ``blk[t] += sum x_k
-    (v_(k, n0 + t) - zrow[t])`` over ``[k0, k1)`` (layout COLUMNS), one code at a time:
+    """An njit ``(x, stored, k0, k1, n0, w, zrow, blk)``: ``blk[t] += sum x_k (v_(k, n0 + t)
+    - zrow[t])`` over ``[k0, k1)`` (layout COLUMNS; the codes ``stored``), one code at a time:
     the forms outside the vector step, and the columns after its last whole step."""
     has_zp = form.zero_point is not None
     value = reader(form.codes)
     one_a_byte, byte = _byte_codes(form)
 
     @numba.njit(fastmath=FAST, inline="always")
-    def per_code(x, codes, table, k0, k1, n0, w, zrow, blk):
+    def per_code(x, stored, k0, k1, n0, w, zrow, blk):
+        codes, table = stored.data, stored.table
         base = np.uint64(n0)
         for k in range(k0, k1):
             xk, row = x[k], codes[k if one_a_byte else 0]
@@ -150,7 +148,7 @@ def _column_loop(form: Form) -> Callable:
 
 
 def _block_sums(form: Form) -> Callable:
-    """Rows outside the vector step (:data:`BITS`; blocks of other sizes): each block's
+    """Rows outside the vector step (``BITS``; blocks of other sizes): each block's
     ``sum x (v - z)``, the codes read one at a time (:func:`_byte_codes`, else
     :func:`emulate.cpu.parts.reader`), times its scale."""
     value = reader(form.codes)
@@ -158,7 +156,8 @@ def _block_sums(form: Form) -> Callable:
     bk = form.block[1]
 
     @numba.njit(fastmath=FAST, inline="always")
-    def row_sum(xm, xe, codes, table, r, zb, sb, lanes):
+    def row_sum(xm, xe, stored, r, zb, sb, lanes):
+        codes, table = stored.data, stored.table
         k, row = xm.shape[0], codes[r]
         acc = np.float32(0)
         for b in range(zb.shape[0]):
@@ -173,7 +172,7 @@ def _block_sums(form: Form) -> Callable:
 
 
 def _vector_sums(form: Form) -> Callable:
-    """:data:`NIBBLES`, :data:`GROUPS` and :data:`BYTES` rows whose blocks hold a multiple
+    """``NIBBLES``, ``GROUPS`` and ``BYTES`` rows whose blocks hold a multiple
     or a divisor of :data:`LANES` groups: :data:`LANES` groups of codes at a time
     (:func:`emulate.cpu.lanes.group_lanes`, ``x`` in planes: ``xe``, or ``x`` itself for
     one code a byte), one sum of the lanes a row; the elements after the last whole step
@@ -185,7 +184,8 @@ def _vector_sums(form: Form) -> Callable:
     value = reader(form.codes)
 
     @numba.njit(fastmath=FAST, inline="always")
-    def row_sum(xm, xe, codes, table, r, zb, sb, lanes):
+    def row_sum(xm, xe, stored, r, zb, sb, lanes):
+        codes, table = stored.data, stored.table
         k = xm.shape[0]
         n_groups = k // g  # K % g == 0 for these variants
         planes = xm if g == 1 else xe
@@ -229,6 +229,36 @@ def _row_body(form: Form) -> Callable:
     return _vector_sums(form) if vector_step(form) else _block_sums(form)
 
 
+@numba.njit(inline="always")
+def _leaves(w):
+    """The arrays and constants of the :class:`~emulate.cpu.operands.Weight` ``w``, one
+    flat tuple (depth first): numba's parallel loops take arrays, scalars and flat tuples
+    of them, not nested records; :func:`_weight` rebuilds the record inside the loop."""
+    return (
+        *(w.codes.data, w.codes.table),
+        *(w.zero_point.stored.data, w.zero_point.stored.table),
+        *(w.zero_point.scales.data, w.zero_point.scales.table),
+        *(w.zero_point.zero_point, w.zero_point.constant),
+        *(w.scale.stored.data, w.scale.stored.table, w.scale.scales.data, w.scale.scales.table),
+        *(w.scale.zero_point, w.scale.constant),
+        *(w.offset.stored.data, w.offset.stored.table),
+        *(w.offset.scales.data, w.offset.scales.table),
+        *(w.offset.zero_point, w.offset.constant),
+    )
+
+
+@numba.njit(inline="always")
+def _weight(leaves):
+    """The :class:`~emulate.cpu.operands.Weight` of :func:`_leaves`' tuple."""
+    (c, ct, z, zt, zs, zst, zz, zc, s, st, ss, sst, sz, sc, o, ot, os, ost, oz, oc) = leaves
+    return Weight(
+        Stored(c, ct),
+        Factor(Stored(z, zt), Stored(zs, zst), zz, zc),
+        Factor(Stored(s, st), Stored(ss, sst), sz, sc),
+        Factor(Stored(o, ot), Stored(os, ost), oz, oc),
+    )
+
+
 def _rows_kernel(form: Form, parallel: bool) -> Callable:
     """Layout ROWS: :data:`ROW_CHUNK` rows a task; per row its blocks' factors
     (:func:`emulate.cpu.factors.row_factors`), then per row of ``x`` the element loop of
@@ -238,19 +268,21 @@ def _rows_kernel(form: Form, parallel: bool) -> Callable:
     has_offset = form.offset is not None
 
     @numba.njit(parallel=parallel, fastmath=FAST)
-    def rows(x, xe, xsum, consts, s0, t0, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, out):
+    def rows(x, xe, xsum, weight, out):
         m_rows, k = x.shape
         n = out.shape[1]
         nb = (k + bk - 1) // bk
+        leaves = _leaves(weight)
         for task in prange((n + ROW_CHUNK - 1) // ROW_CHUNK):
+            weight = _weight(leaves)
             zb = np.empty(nb, np.float32)
             sb = np.empty(nb, np.float32)
             ob = np.empty(nb, np.float32)
             lanes = numba.carray(stack_floats(LANES), (LANES,), np.float32)
             for r in range(task * ROW_CHUNK, min(n, (task + 1) * ROW_CHUNK)):
-                fill_factors(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, r // bn, zb, sb, ob)
+                fill_factors(weight, r // bn, zb, sb, ob)
                 for m in range(m_rows):
-                    acc = row_sum(x[m], xe[m], s0, t0, r, zb, sb, lanes)
+                    acc = row_sum(x[m], xe[m], weight.codes, r, zb, sb, lanes)
                     if has_offset:
                         for b in range(nb):
                             acc += ob[b] * xsum[m, b]
@@ -267,11 +299,13 @@ def _columns_kernel(form: Form, parallel: bool) -> Callable:
     has_offset = form.offset is not None
 
     @numba.njit(parallel=parallel, fastmath=FAST)
-    def columns(x, xe, xsum, consts, s0, t0, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, out):
+    def columns(x, xe, xsum, weight, out):
         m_rows, k = x.shape
         n = out.shape[1]
         nb = (k + bk - 1) // bk
+        leaves = _leaves(weight)
         for task in prange((n + COLUMN_CHUNK - 1) // COLUMN_CHUNK):
+            weight = _weight(leaves)
             n0 = task * COLUMN_CHUNK
             w = min(n, n0 + COLUMN_CHUNK) - n0
             acc = np.zeros((m_rows, COLUMN_CHUNK), np.float32)
@@ -283,13 +317,11 @@ def _columns_kernel(form: Form, parallel: bool) -> Callable:
             orow = np.empty(COLUMN_CHUNK, np.float32)
             for b in range(nb):
                 for t in range(w):
-                    zr[t], sr[t], orow[t] = block(
-                        consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, b, (n0 + t) // bn
-                    )
+                    zr[t], sr[t], orow[t] = block(weight, b, (n0 + t) // bn)
                 k0 = b * bk
                 for m in range(m_rows):
                     blk[:] = 0
-                    loop(x[m], s0, t0, k0, min(k, k0 + bk), n0, w, zr, blk)
+                    loop(x[m], weight.codes, k0, min(k, k0 + bk), n0, w, zr, blk)
                     for t in range(w):
                         acc[m, t] += blk[t] * sr[t]
                         if has_offset:
@@ -301,13 +333,14 @@ def _columns_kernel(form: Form, parallel: bool) -> Callable:
 
 @functools.cache
 def kernel(form: Form, parallel: bool) -> Callable:
-    """The njit kernel of ``form``: ``(x, xe, xsum, consts, s0, t0, ..., s5, t5, out)``
-    with ``x`` (M, K) float32, ``xe`` its columns in ``g`` planes (``xe[:, q K / g + t] =
-    x[:, g t + q]``, ``g`` codes a group: layout ROWS in vector steps of codes packed along
-    K; any (M, 1) array otherwise), ``xsum`` (M, blocks along K) the
-    block sums of ``x`` (where the weight has offsets), the six (bytes, table) slots of
-    :func:`emulate.cpu.form.weight_operands`, and ``out`` (M, N) float32."""
-    return (_columns_kernel if form.layout == COLUMNS else _rows_kernel)(form, parallel)
+    """The njit kernel of ``form``: ``(x, xe, xsum, weight, out)`` with ``x`` (M, K)
+    float32, ``xe`` its columns in ``g`` planes (``xe[:, q K / g + t] = x[:, g t + q]``,
+    ``g`` codes a group: layout ROWS in vector steps of codes packed along K; any (M, 1)
+    array otherwise), ``xsum`` (M, blocks along K) the block sums of ``x`` (where the
+    weight has offsets), ``weight`` the :class:`~emulate.cpu.operands.Weight` (parts as
+    2-D uint8 bytes), and ``out`` (M, N) float32."""
+    run = _columns_kernel if form.layout == Layout.COLUMNS else _rows_kernel
+    return run(form, parallel)
 
 
 @numba.njit(cache=True)
@@ -330,12 +363,46 @@ def _vector(frame, i):
     )
 
 
+@numba.njit(inline="always")
+def _stored(frame, i, width):
+    """The stored part at argument ``i`` (its table at ``i + 1``)."""
+    return Stored(_bytes(frame, i, width), _vector(frame, i + 1))
+
+
+def _weight_of(form: Form) -> Callable:
+    """An njit ``frame -> Weight``: the weight's parts from XLA's call frame, by the
+    positions of :class:`~emulate.cpu.operands.Arg` (the order
+    :func:`emulate.cpu.operands.wire` flattens them in)."""
+    w_codes, w_zp, w_zps, w_s, w_ss, w_o, w_os = byte_widths(form)
+
+    @numba.njit(inline="always")
+    def weight_of(frame):
+        c = _vector(frame, Arg.CONSTANTS)
+        return Weight(
+            _stored(frame, Arg.CODES, w_codes),
+            Factor(
+                _stored(frame, Arg.ZERO_POINT, w_zp),
+                _stored(frame, Arg.ZERO_POINT_SCALES, w_zps),
+                c[0],
+                c[1],
+            ),
+            Factor(
+                _stored(frame, Arg.SCALE, w_s), _stored(frame, Arg.SCALE_SCALES, w_ss), c[2], c[3]
+            ),
+            Factor(
+                _stored(frame, Arg.OFFSET, w_o), _stored(frame, Arg.OFFSET_SCALES, w_os), c[4], c[5]
+            ),
+        )
+
+    return weight_of
+
+
 @functools.cache
 def handler(form: Form, parallel: bool) -> object:
-    """The numba cfunc that XLA calls for ``form`` (:mod:`emulate.cpu.ffi`); its operands
-    are :func:`kernel`'s, in order, and its one result is ``out``."""
+    """The numba cfunc that XLA calls for ``form`` (:mod:`emulate.cpu.ffi`): its operands
+    are :func:`emulate.cpu.operands.wire`'s, its one result ``out``."""
     run = kernel(form, parallel)
-    w0, w1, w2, w3, w4, w5 = slot_widths(form)
+    weight_of = _weight_of(form)
 
     @numba.cfunc(types.int64(types.int64))
     def call(frame):
@@ -343,25 +410,25 @@ def handler(form: Form, parallel: bool) -> object:
             return 0
         out_shape = (ffi.ret_dim(frame, 0, 0), ffi.ret_dim(frame, 0, 1))
         out = numba.carray(ffi.pointer(ffi.ret_data(frame, 0)), out_shape, np.float32)
-        run(
-            _floats(frame, 0),
-            _floats(frame, 1),
-            _floats(frame, 2),
-            _vector(frame, 3),
-            _bytes(frame, 4, w0),
-            _vector(frame, 5),
-            _bytes(frame, 6, w1),
-            _vector(frame, 7),
-            _bytes(frame, 8, w2),
-            _vector(frame, 9),
-            _bytes(frame, 10, w3),
-            _vector(frame, 11),
-            _bytes(frame, 12, w4),
-            _vector(frame, 13),
-            _bytes(frame, 14, w5),
-            _vector(frame, 15),
-            out,
-        )
+        x, xe, xsum = _floats(frame, Arg.X), _floats(frame, Arg.XE), _floats(frame, Arg.XSUM)
+        run(x, xe, xsum, weight_of(frame), out)
         return 0
 
     return call
+
+
+def listing(form: Form, what: str = "asm", parallel: bool = False) -> str:
+    """The code compiled for ``form``'s kernel (:func:`kernel`, every step inlined into it):
+    its optimized LLVM IR (``what="llvm"``) or this host's assembly (``"asm"``), for the
+    types the handler calls it with (docs/cpu_kernel.md). Compiles the kernel first if
+    needed (seconds).
+
+    Raises:
+      ValueError: ``what`` is neither "llvm" nor "asm".
+    """
+    if what not in ("llvm", "asm"):
+        raise ValueError(f"what: expected 'llvm' or 'asm', got {what!r}")
+    handler(form, parallel)  # compiles the kernel for the frame's types
+    run: Any = kernel(form, parallel)  # a numba dispatcher
+    code = run.inspect_llvm() if what == "llvm" else run.inspect_asm()
+    return "\n".join(code.values())

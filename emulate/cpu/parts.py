@@ -4,7 +4,7 @@ compiled code: no branch on them at run time).
 
 The kernel gets every stored array as a 2-D ``uint8`` array of its raw bytes (XLA passes
 the array as it is; the handler reads its buffer as bytes) and, for
-:data:`~emulate.cpu.form.TABLE` slots, a float32 table of the value of every code.
+:attr:`~emulate.cpu.form.Kind.TABLE` slots, a float32 table of the value of every code.
 Element ``(i, j)``:
 
 - ``axis == -1``: ``width`` bytes at ``[i, j*width : (j+1)*width]``, little-endian;
@@ -27,7 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from emulate.cpu.form import BFLOAT16, FLOAT16, SIGNED, TABLE, UNSIGNED, Slot
+from emulate.cpu.form import Kind, Slot
 
 __all__ = ["float16_value", "float32_value", "reader", "rounded", "stack_floats"]
 
@@ -138,15 +138,15 @@ def reader(slot: Slot) -> Callable:
     @numba.njit(inline="always")
     def value(data, table, i, j):
         c = code(data, i, j)
-        if kind == UNSIGNED:
+        if kind == Kind.UNSIGNED:
             return np.float32(c)
-        if kind == SIGNED:
+        if kind == Kind.SIGNED:
             return np.float32(np.int64(c) - full if c >= half else np.int64(c))
-        if kind == TABLE:
+        if kind == Kind.TABLE:
             return table[c]
-        if kind == FLOAT16:
+        if kind == Kind.FLOAT16:
             return float16_value(c)
-        if kind == BFLOAT16:
+        if kind == Kind.BFLOAT16:
             return float32_value(c << np.uint64(16))
         return float32_value(c)
 

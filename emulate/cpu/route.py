@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 
 from emulate import cpu
-from emulate.cpu.form import TABLE, Form, Level, weight_form
+from emulate.cpu.form import Form, Kind, Level, weight_form
 from emulate.quantized.array import QArray
 
 __all__ = ["FEW_ROWS", "MAX_ROWS", "choose", "max_rows"]
@@ -36,7 +36,7 @@ MAX_ROWS = 8
 def max_rows(form: Form) -> int:
     """The most rows of activations the kernel takes for ``form``."""
     two_level = isinstance(form.scale, Level) or isinstance(form.offset, Level)
-    four_bit_table = form.codes.kind == TABLE and form.codes.bits == 4
+    four_bit_table = form.codes.kind == Kind.TABLE and form.codes.bits == 4
     return MAX_ROWS if two_level or four_bit_table else FEW_ROWS
 
 

@@ -20,7 +20,7 @@ import emulate
 import emulate.bounds
 import emulate.cpu
 from emulate import cpu
-from emulate.cpu import route
+from emulate.cpu import gemv, route
 from emulate.quantized.array import QArray
 
 K, N = 64, 72  # N: one step of 64 columns and 8 after it (layout COLUMNS)
@@ -55,6 +55,16 @@ def test_within_the_bound_for_every_row_count(k: int) -> None:
         got = _dot(jnp.asarray(x), q)
         bound = emulate.bounds.qarray_bound(x, w, KN, segments=-(-k // 32))
         assert (np.abs(got - x.astype(np.float64) @ w) <= bound).all()
+
+
+def test_the_listing_is_the_compiled_kernel() -> None:
+    q, _ = _weight()
+    form = route.choose(q, 1, (1, K), KN)
+    ir = gemv.listing(form, "llvm")
+    assert "define " in ir and "<16 x float>" in ir  # the vector steps, inlined
+    assert len(gemv.listing(form, "asm").splitlines()) > 100
+    with pytest.raises(ValueError, match="^what: expected 'llvm' or 'asm', got 'ir'$"):
+        gemv.listing(form, "ir")
 
 
 def test_rows_are_independent_of_the_batch_and_of_jit() -> None:

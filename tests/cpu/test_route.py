@@ -14,7 +14,7 @@ import pytest
 
 import emulate
 from emulate.cpu import route
-from emulate.cpu.form import COLUMNS
+from emulate.cpu.form import Layout
 
 KN = (((1,), (0,)), ((), ()))
 
@@ -26,7 +26,7 @@ def _q() -> emulate.QArray:
 
 def test_few_rows_without_batch_dimensions() -> None:
     q = _q()
-    assert route.choose(q, 1, (route.FEW_ROWS, 64), KN).layout == COLUMNS
+    assert route.choose(q, 1, (route.FEW_ROWS, 64), KN).layout == Layout.COLUMNS
     assert route.choose(q, 1, (2, 2, 64), (((2,), (0,)), ((), ()))) is not None
     assert route.choose(q, 1, (route.FEW_ROWS + 1, 64), KN) is None
     assert route.choose(q, 1, (0, 64), KN) is None

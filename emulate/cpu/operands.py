@@ -1,0 +1,168 @@
+"""The arrays the CPU kernel reads, as named records: a :class:`Weight` of
+:class:`Stored` parts and :class:`Factor` s, built once from a QArray and its
+:class:`~emulate.cpu.form.Form` (:func:`weight_operands`), flattened into XLA's FFI
+operands in one order (:func:`wire`, positions :class:`Arg`) and rebuilt from the call
+frame once, by the handler (:func:`emulate.cpu.gemv.handler`). The kernels read every
+part by its role (``weight.scale.stored``), never by position. Plain JAX: the records are
+NamedTuples, which numba's compiled code takes as they are.
+
+Every stored part travels as two operands: its raw bytes, as XLA holds the array (no
+bitcast: an int8-to-uint8 bitcast made XLA copy 62 MB), read by the kernel as a 2-D
+uint8 array; and, for :attr:`~emulate.cpu.form.Kind.TABLE` slots, the float32 value of
+every code (what ``dequantize`` gives), else a one-element placeholder. Absent parts are
+placeholders too. The constants (a constant factor's value, a two-level part's zero
+point and offset) travel in one float32 vector, two a factor (:data:`CONSTANTS`).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from emulate import formats
+from emulate.cpu.form import Constant, FactorForm, Form, Kind, Level, Slot, scale_format
+from emulate.numerics.storage import Packed
+from emulate.quantized.array import QArray
+from emulate.quantized.values import element_values
+
+__all__ = [
+    "CONSTANTS",
+    "Arg",
+    "Factor",
+    "Stored",
+    "Weight",
+    "byte_widths",
+    "weight_operands",
+    "wire",
+]
+
+
+class Stored(NamedTuple):
+    """One stored array: ``data`` its bytes (the kernel's view: 2-D uint8; the JAX side:
+    the array as stored), ``table`` the float32 value of each code (TABLE slots; else a
+    placeholder)."""
+
+    data: Any
+    table: Any
+
+
+class Factor(NamedTuple):
+    """One of a weight's block factors (zero point, scale or offset) as the kernel reads it
+    (:class:`~emulate.cpu.form.FactorForm` says which fields serve): ``stored`` a stored
+    factor, or a two-level part's codes; ``scales`` a two-level part's scales;
+    ``zero_point`` a two-level part's constant zero point; ``constant`` a constant
+    factor's value, or a two-level part's constant offset (float32; 0 where unused)."""
+
+    stored: Stored
+    scales: Stored
+    zero_point: Any
+    constant: Any
+
+
+class Weight(NamedTuple):
+    """A QArray weight's parts as the kernel reads them."""
+
+    codes: Stored
+    zero_point: Factor
+    scale: Factor
+    offset: Factor
+
+
+class Arg(enum.IntEnum):
+    """The kernel's FFI operands by position (:func:`wire`); a stored part is two operands:
+    its bytes at its position, its table after them. The one result is ``out``."""
+
+    X = 0  #: (M, K) float32 activations
+    XE = 1  #: x's columns in planes (:func:`emulate.cpu.gemv.kernel`), else (M, 1)
+    XSUM = 2  #: (M, blocks along K) block sums of x where the weight has offsets
+    CONSTANTS = 3  #: float32 (6,): :data:`CONSTANTS`
+    CODES = 4
+    ZERO_POINT = 6
+    ZERO_POINT_SCALES = 8  #: a placeholder: zero points have no two-level form
+    SCALE = 10
+    SCALE_SCALES = 12
+    OFFSET = 14
+    OFFSET_SCALES = 16
+
+
+#: The float32 constants' order: each factor's (zero point, constant) in
+#: :class:`Weight`'s order.
+CONSTANTS = tuple(f"{factor}.{c}" for factor in Weight._fields[1:] for c in Factor._fields[2:])
+
+_NO_BYTES = np.zeros((1, 1), np.uint8)
+_NO_TABLE = np.zeros((1,), np.float32)
+
+
+def _absent() -> Stored:
+    return Stored(jnp.asarray(_NO_BYTES), jnp.asarray(_NO_TABLE))
+
+
+def _table(slot: Slot, fmt: Any, codebook: Any) -> jax.Array:
+    """The value of every code (``element_values``: what ``dequantize`` gives)."""
+    if slot.kind != Kind.TABLE:
+        return jnp.asarray(_NO_TABLE)
+    return element_values(jnp.arange(1 << slot.bits, dtype=jnp.uint8), fmt, codebook)
+
+
+def _stored(part: Any, slot: Slot | None, fmt: Any = None, codebook: Any = None) -> Stored:
+    """``part`` as :class:`Stored` (a placeholder where ``slot`` is None)."""
+    if slot is None:
+        return _absent()
+    if fmt is None and isinstance(part, Packed):
+        fmt = part.format
+    if fmt is None and slot.kind == Kind.TABLE:
+        fmt = formats.get(np.dtype(part.dtype).name)
+    data = part.data if isinstance(part, Packed) else jnp.asarray(part)
+    return Stored(data, _table(slot, fmt, codebook))
+
+
+def _factor(part: Any, form: FactorForm, fmt: Any = None) -> Factor:
+    if isinstance(form, Level):
+        return Factor(
+            _stored(part.codes, form.codes, part.format, part.codebook),
+            _stored(part.scales, form.scales, scale_format(part)),
+            float(part.zero_points or 0),
+            float(part.offsets or 0.0),
+        )
+    value = float(part) if isinstance(form, Constant) else 0.0
+    return Factor(
+        _stored(part, form if isinstance(form, Slot) else None, fmt), _absent(), 0.0, value
+    )
+
+
+def weight_operands(q: QArray, form: Form) -> Weight:
+    """``q``'s parts as the kernel of ``form`` reads them (``form``: from
+    :func:`emulate.cpu.form.weight_form`)."""
+    return Weight(
+        _stored(q.codes, form.codes, q.format, q.codebook),
+        _factor(q.zero_points, form.zero_point),
+        _factor(q.scales, form.scale, scale_format(q)),
+        _factor(q.offsets, form.offset),
+    )
+
+
+def wire(x: jax.Array, xe: jax.Array, xsum: jax.Array, weight: Weight) -> list[jax.Array]:
+    """The FFI operands in :class:`Arg`'s order."""
+    factors = weight[1:]
+    constants = jnp.asarray([c for f in factors for c in (f.zero_point, f.constant)], jnp.float32)
+    parts = [weight.codes] + [s for f in factors for s in (f.stored, f.scales)]
+    return [x, xe, xsum, constants] + [a for p in parts for a in p]
+
+
+def _width(form: FactorForm, scales: bool = False) -> int:
+    if isinstance(form, Level):
+        form = form.scales if scales else form.codes
+    elif scales:
+        return 1
+    return form.width if isinstance(form, Slot) else 1
+
+
+def byte_widths(form: Form) -> tuple[int, ...]:
+    """The bytes an element of each stored part takes, in :func:`wire`'s order (codes,
+    then each factor's stored array and scales): the kernel reads every part as bytes."""
+    factors = (form.zero_point, form.scale, form.offset)
+    return (form.codes.width, *(w for f in factors for w in (_width(f), _width(f, True))))

@@ -23,17 +23,8 @@ from typing import Any, TypeAlias
 import ml_dtypes
 import numpy as np
 
-from emulate.format_record import (
-    DTYPES,
-    F32_MIN_NORMAL,
-    P3109_BINARY8,
-    WIDE,
-    Format,
-    float_format,
-    int8_scale,
-    p3109,
-    unsigned_dtype,
-)
+from emulate.float_format import P3109_BINARY8, float_format, p3109
+from emulate.format_record import DTYPES, F32_MIN_NORMAL, WIDE, Format, int8_scale, unsigned_dtype
 
 __all__ = [
     "CODE_FORMATS",

@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "records",
         [
             "emulate.format_record",
+            "emulate.float_format",
             "emulate.formats",
             "emulate.codebooks",
             "emulate.tables",
@@ -44,6 +45,9 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.compiler",
             "emulate.reference.codes",
             "emulate.reference.rounding",
+            "emulate.reference.decoding",
+            "emulate.reference.exact",
+            "emulate.reference.quantizing",
             "emulate.reference",
             "emulate.bounds",
             "emulate.group_sizes",
@@ -120,6 +124,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.engine.layout",
             "emulate.engine.contract",
             "emulate.engine.limbs",
+            "emulate.engine.slices",
             "emulate.engine.exact",
             "emulate.engine.tiled",
             "emulate.engine.qtiled",
@@ -192,6 +197,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "emulate.testing.strategies",
             "emulate.testing.operands",
+            "emulate.testing.distance",
             "emulate.testing.comparison",
             "emulate.testing.hazards",
             "emulate.testing.reproducers",
@@ -426,13 +432,22 @@ def test_the_guard_sees_each_kind_of_violation() -> None:
 
 MAX_LINES = 600
 MAX_DEFINITIONS = 25  # top-level functions and classes
+#: A module past this share of either cap is split by concept before it reaches the cap,
+#: so that no commit moves code only to fit a number.
+NEAR_CAP = 0.95
 
 #: Modules allowed over :data:`MAX_LINES` or :data:`MAX_DEFINITIONS`, and why.
-LARGE_MODULES = {
-    "emulate.reference": (
-        "the oracle, kept in one file on purpose: one reading shows everything the library "
-        "is checked against, and it imports nothing it checks"
+LARGE_MODULES: dict[str, str] = {
+    "emulate.targets": (
+        "the target records and their lookups; to be split by concept once the kernel-time "
+        "model's generation constants have settled there"
     ),
+    "emulate.engine.args": (
+        "the front ends' validated records; to be split by concept with the routing move "
+        "(issue 48, item 1), which reshapes them"
+    ),
+    "benchmarks.harness": "to be split by concept with the benchmarks' JSON results (issue 48)",
+    "benchmarks.tpu": "to be split by concept with the benchmarks' JSON results (issue 48)",
 }
 
 
@@ -443,12 +458,12 @@ def _size(source: str) -> tuple[int, int]:
     return len(source.splitlines()), len(defs)
 
 
-def _oversized(sources: dict[str, str]) -> dict[str, str]:
-    """The modules over the limits, each with its size in words."""
+def _oversized(sources: dict[str, str], share: float = 1.0) -> dict[str, str]:
+    """The modules past ``share`` of either limit, each with its size in words."""
     out = {}
     for module, source in sorted(sources.items()):
         lines, defs = _size(source)
-        if lines > MAX_LINES or defs > MAX_DEFINITIONS:
+        if lines > share * MAX_LINES or defs > share * MAX_DEFINITIONS:
             out[module] = f"{lines} lines, {defs} definitions"
     return out
 
@@ -467,8 +482,12 @@ LONG_FUNCTIONS = {
 
 def test_modules_stay_small() -> None:
     sources = {m: p.read_text() for m, p in (MODULES | BENCHMARKS).items()}
-    over = _oversized(sources)
-    assert {m: size for m, size in over.items() if m not in LARGE_MODULES} == {}
+    over = _oversized(sources, NEAR_CAP)
+    near = {m: size for m, size in over.items() if m not in LARGE_MODULES}
+    assert near == {}, (
+        f"within {1 - NEAR_CAP:.0%} of a cap ({MAX_LINES} lines, {MAX_DEFINITIONS} "
+        "definitions): split by concept, or name the reason in LARGE_MODULES"
+    )
     stale = sorted(set(LARGE_MODULES) - set(over))
     assert stale == [], "within the limits now (or gone): remove from LARGE_MODULES"
 
@@ -717,6 +736,10 @@ TESTED_ELSEWHERE = {
     "emulate.engine.sites": "site scopes: test_program, test_rewrite (emulate.inspect)",
     "emulate.route_setting": "use_route and WeightRoute: test_kernel_route, test_ragged",
     "emulate.quantized": "package docstring only",
+    "emulate.reference.quantizing": (
+        "the oracle's quantize / dequantize: quantized/test_quantizing, "
+        "quantized/test_quantizing_scale_formats (emulate.quantize against it)"
+    ),
     "emulate.quantized.mx": "the MX / NVFP4 schemes: quantized/test_quantizing, test_scaled",
     "emulate.quantized.values": (
         "dequantize and the part readers: quantized/test_array, quantized/test_quantizing "
@@ -801,6 +824,9 @@ def test_the_guard_sees_each_kind_of_misshapen_tree() -> None:
         "emulate.a": f"{2 * MAX_DEFINITIONS + 2} lines, {MAX_DEFINITIONS + 1} definitions",
         "emulate.b": "601 lines, 0 definitions",
     }
+    near = "x = 1\n" * (int(NEAR_CAP * MAX_LINES) + 1)
+    assert _oversized({"emulate.n": near}) == {}
+    assert _oversized({"emulate.n": near}, NEAR_CAP) == {"emulate.n": "571 lines, 0 definitions"}
 
     def lines(indent: int, count: int) -> str:
         return (" " * indent + "x = 1\n") * count

@@ -2,7 +2,7 @@
 its own power of two, added exactly in a wide fixed-point number of 16-bit limbs (int32 or
 uint32 arrays, positive and negative parts apart where they accumulate) and rounded once
 into float32 (to nearest even, or to odd for a later rounding into a narrower type).
-:mod:`emulate.engine.exact` makes the slices and their chunk sums."""
+:mod:`emulate.engine.slices` makes the slices, :mod:`emulate.engine.exact` their chunk sums."""
 
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ from emulate.formats import FormatLike
 from emulate.numerics.storage import Packed, pack, unpack_codes
 from emulate.quantized.array import QArray
 from emulate.quantized.quantizing import Scheme
+from emulate.reference.rounding import encode
 from emulate.testing.strategies import arrays
 
 __all__ = [
@@ -270,7 +271,7 @@ def _draw_scales(sf: _formats.Format, nblocks: tuple[int, ...], elements: str):
     n = math.prod(nblocks)
     if not sf.has_dtype:  # a P3109 or registered scale format: its uint8 codes
         return st.lists(values, min_size=n, max_size=n).map(
-            lambda v: reference.encode(np.array(v, np.float64).reshape(nblocks), sf)
+            lambda v: encode(np.array(v, np.float64).reshape(nblocks), sf)
         )
     return st.lists(values, min_size=n, max_size=n).map(
         lambda v: np.array(v, np.float64).reshape(nblocks).astype(sf.dtype)

@@ -193,7 +193,7 @@ def test_one_table_code_a_byte_in_columns() -> None:
     from gfloat import decode_float
     from gfloat.formats import format_info_p3109
 
-    from emulate.format_record import p3109
+    from emulate.float_format import p3109
 
     fmt = emulate.formats.register(p3109(2, bits=4))
     table = np.array([decode_float(format_info_p3109(4, 2), c).fval for c in range(16)])

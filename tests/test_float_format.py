@@ -12,7 +12,7 @@ from gfloat.formats import format_info_p3109
 from gfloat.types import Domain, Signedness
 
 from emulate import formats
-from emulate.format_record import P3109_BINARY8, float_format, p3109
+from emulate.float_format import P3109_BINARY8, float_format, p3109
 
 #: gfloat's own list of the binary8 P3109 formats, by name.
 GFLOAT_BINARY8 = {fi.name: fi for fi in gfloat.formats.p3109_binary8_formats}

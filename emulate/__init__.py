@@ -38,7 +38,7 @@ The public surface:
 import importlib
 import sys
 
-from emulate import bounds, codebooks, formats, reference, targets
+from emulate import bounds, codebooks, formats, moved, reference, targets
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general, einsum, matmul
 from emulate.formats import Format
@@ -81,6 +81,7 @@ _MOVED = {
 for _old, _new in _MOVED.items():
     sys.modules.setdefault(f"emulate.{_old}", importlib.import_module(_new))
 del _old, _new
+moved.install()  # the module paths the docs gave before a move (emulate.moved)
 
 __all__ = [
     "Format",

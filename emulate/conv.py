@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import formats
+from emulate import formats, moved
 from emulate.engine import args, exact, grad, sites
 from emulate.engine.contract import check_k, combine_chunk_sums, contract_decoded, finish
 from emulate.engine.operands import (
@@ -34,14 +34,15 @@ from emulate.engine.operands import (
     exact_inputs,
     operand,
 )
+from emulate.engine.out_sharding import resharded
 from emulate.engine.passthrough import passes_through
 from emulate.engine.run import per_platform, plan_for
 from emulate.formats import FormatLike
 from emulate.numerics import accumulate
 from emulate.numerics.bits import times_pow2
-from emulate.numerics.storage import Packed
 from emulate.planning.plan import Plan
 from emulate.quantized.array import QArray
+from emulate.quantized.layout import layout_of
 from emulate.quantized.values import broadcast_blocks, dequantize
 from emulate.targets import TargetLike
 
@@ -158,7 +159,7 @@ def conv_general_dilated(
             out = _qarray_conv(call, call.lhs, call.rhs)
         else:
             out = _emulated_conv(call, call.lhs, call.rhs)
-    return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
+    return resharded(out, out_sharding)
 
 
 def _emulated_conv(call: args.ConvArgs, a: Operand, b: Operand) -> jax.Array:
@@ -232,7 +233,7 @@ def _qarray_conv(call: args.ConvArgs, a: Operand, q: QArray) -> jax.Array:
             mode == "fast"
             and a.format_name == "bfloat16"
             and q.scale_format == "float8_e8m0fnu"
-            and q.tensor_scale is None
+            and layout_of(q).tensor is None
             and (q.format.is_integer or "bfloat16" in q.format.exact_in)
         )
         values = dequantize(q, to=jnp.bfloat16 if exact_bf16 else jnp.float32)
@@ -241,7 +242,8 @@ def _qarray_conv(call: args.ConvArgs, a: Operand, q: QArray) -> jax.Array:
         return conv_general_dilated(
             a, values, precision=precision, preferred_element_type=out, mode=mode, **kw
         )
-    codes = q.codes if isinstance(q.codes, Packed) else operand(q.codes, q.format_name, arg="rhs")
+    packed = layout_of(q).codes.packed_axis is not None
+    codes = q.codes if packed else operand(q.codes, q.format_name, arg="rhs")
     acc = conv_general_dilated(
         a, codes, precision=precision, preferred_element_type="float32", mode="fast", **kw
     )
@@ -385,3 +387,7 @@ def _patches(x: jax.Array, window, kw) -> jax.Array:
     if not taps:  # a window with no taps
         return jnp.zeros(bits.shape[:2] + (0, *out), x.dtype)
     return lax.bitcast_convert_type(jnp.stack(taps, axis=2), x.dtype)
+
+
+#: Names the docs gave this module before they moved (emulate.moved).
+__getattr__ = moved.module_getattr(__name__)

@@ -26,6 +26,7 @@ from emulate import formats, kernel_route, targets
 from emulate.engine import args, sites, tiled
 from emulate.engine.layout import DimensionNumbers
 from emulate.engine.operands import Operand, OperandLike, Precision, operand
+from emulate.engine.out_sharding import resharded
 from emulate.engine.passthrough import is_plain, passes_through
 from emulate.engine.run import plan_for, run_plan
 from emulate.formats import FormatLike
@@ -133,7 +134,7 @@ def _emulated_dot(call: args.DotArgs, held: tuple[Any, Any] = (None, None)) -> j
     if route is not None and route.kernel:
         with sites.scope(dataclasses.replace(call.tag(), route=route.label())):
             out = kernel_route.run(call, route, held, _xla_dot)
-        return _resharded(out, call.out_sharding)
+        return resharded(out, call.out_sharding)
     if held != (None, None):  # a prepared weight on the XLA route: read back
         lhs, rhs = (
             kernel_route.unprepared(h if h is not None else v)
@@ -141,9 +142,9 @@ def _emulated_dot(call: args.DotArgs, held: tuple[Any, Any] = (None, None)) -> j
         )
         call = dataclasses.replace(call, lhs=lhs, rhs=rhs)
     if route is None or call.target.kind != "tpu":
-        return _resharded(_xla_dot(call), call.out_sharding)
+        return resharded(_xla_dot(call), call.out_sharding)
     with sites.scope(dataclasses.replace(call.tag(), route=f"xla: {route.reason}")):
-        return _resharded(_xla_dot(call), call.out_sharding)
+        return resharded(_xla_dot(call), call.out_sharding)
 
 
 def _xla_dot(call: args.DotArgs) -> jax.Array:
@@ -159,19 +160,6 @@ def _xla_dot(call: args.DotArgs) -> jax.Array:
     if call.wrap_to is not None:  # the int32 sum wraps into it as into XLA's own accumulator
         out = out.astype(call.wrap_to)
     return out
-
-
-def _resharded(out: jax.Array, out_sharding: Any) -> jax.Array:
-    """``out`` with the sharding a JAX call given ``out_sharding`` returns. Outside a mesh
-    context (``jax.set_mesh``), ``lax.dot_general`` and ``jnp.einsum`` (jax 0.10) leave a
-    NamedSharding's placement unapplied, jitted or not, where ``reshard`` would fail under
-    jit: so does emulate. A PartitionSpec there is refused by reshard as by lax."""
-    if out_sharding is None:
-        return out
-    no_mesh = jax.sharding.get_abstract_mesh().empty
-    if no_mesh and isinstance(out_sharding, jax.sharding.NamedSharding):
-        return out
-    return jax.sharding.reshard(out, out_sharding)
 
 
 def matmul(
@@ -218,7 +206,7 @@ def matmul(
         xh = held[0] if held[0] is not None else x
         yh = held[1] if held[1] is not None else y
         out = _matmul_dims(xh, yh, precision, preferred_element_type, target, mode)
-        return _resharded(out, out_sharding)
+        return resharded(out, out_sharding)
     xv = Operand(x.unpacked()[None, :], x.format_name) if len(x.shape) == 1 else x
     yv = Operand(y.unpacked()[:, None], y.format_name) if len(y.shape) == 1 else y
     xs, ys = xv.shape, yv.shape
@@ -234,7 +222,7 @@ def matmul(
         out = out[..., 0, :]
     if len(y.shape) == 1:
         out = out[..., 0]
-    return _resharded(out, out_sharding)
+    return resharded(out, out_sharding)
 
 
 def _jnp_result_type(*names: str) -> str | None:
@@ -360,7 +348,7 @@ def einsum(
             target=target,
             mode=mode,
         )
-        return _resharded(res, out_sharding)
+        return resharded(res, out_sharding)
     values = [
         x if f is None else from_codes(operand(x, f, arg=f"operands[{i}]").unpacked(), f)
         for i, (x, f) in enumerate(zip(arrays, fm, strict=True))

@@ -68,12 +68,13 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import jaxpr_as_fun
 
-from emulate import formats, sharding, targets
+from emulate import formats, moved, sharding, targets
 from emulate.engine.args import DotArgs, dot_args
 from emulate.engine.operands import Operand
 from emulate.numerics.storage import Packed, pack
 from emulate.planning.exactness import exact_class
 from emulate.quantized.array import QArray
+from emulate.quantized.layout import layout_of
 from emulate.route_setting import (
     ROUTES,
     WeightRoute,
@@ -152,7 +153,7 @@ def unprepared(x: Any) -> Any:
         return x
     if len(jax.tree.leaves(x)[0].shape) > 2:  # stacked experts (prepare_experts): each
         q = jax.vmap(unprepared)(x)
-        if isinstance(q, QArray) and not isinstance(q.codes, Packed) and q.format.bits < 8:
+        if isinstance(q, QArray) and layout_of(q).codes.packed_axis is None and q.format.bits < 8:
             # packed along K as emulate.quantize stores them: the XLA route's operand (a
             # float4 array in its tiled loop crashes XLA:CPU's elemental emitter, jax 0.10.2)
             q = dataclasses.replace(q, codes=pack(q.codes, axis=-2))
@@ -541,3 +542,7 @@ def prepare_weights(tree: Any, *, target: targets.TargetLike = None, experts: bo
             return x
 
     return jax.tree.map(prepare, tree, is_leaf=lambda v: isinstance(v, (QArray, Packed)))
+
+
+#: Names the docs gave this module before they moved (emulate.moved).
+__getattr__ = moved.module_getattr(__name__)

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import formats
+from emulate import formats, moved
 from emulate.cpu import call as cpu_call
 from emulate.cpu import route as cpu_route
 from emulate.engine import grad, qtiled, sites, tiled
@@ -241,7 +241,8 @@ def _segment_layout(q: QArray | None, s, batch, contract, segs: _Segments, side:
         s = jnp.repeat(s, b, axis=d, total_repeat_length=s.shape[d] * b)
         s = lax.slice_in_dim(s, 0, q.shape[d], axis=d)
     s = jnp.transpose(s, tuple(batch) + tuple(free) + tuple(contract))
-    s = s.reshape(s.shape[: len(batch) + len(free)] + (-1,))
+    kept = len(batch) + len(free)
+    s = s.reshape(s.shape[:kept] + (math.prod(s.shape[kept:]),))  # no -1: N may be 0
     if s.shape[-1] == 0:  # K = 0: one empty segment, nothing to scale
         return jnp.zeros(s.shape[:-1] + idx.shape, s.dtype)
     if np.array_equal(first, np.arange(s.shape[-1])):
@@ -518,3 +519,7 @@ def scaled_matmul(
     dn = (((2,), (2,)), ((0,), (0,)))
     call = dot_args(qa, qb, dn, None, preferred_element_type, target=target, mode=mode)
     return qarray_dot_general(call)
+
+
+#: Names the docs gave this module before they moved (emulate.moved).
+__getattr__ = moved.module_getattr(__name__)

@@ -169,22 +169,22 @@ def _level_units(level: Any, bk: int, bn: int) -> tuple[tuple[int, int], tuple[i
     return (bk * g, bn), (bk * level.block, bn * level.cols)
 
 
-def _kernel_qweight_spec(cut: _Cut, w: Any) -> Any:
+def _kernel_qweight_spec(cut: _Cut, kw: Any) -> Any:
     """A :class:`emulate.pallas.KernelQWeight` of PartitionSpec leaves."""
-    bk, bn = w.block_shape
-    grid = (-(-w.shape[0] // bk), -(-w.shape[1] // bn))
+    bk, bn = kw.block_shape
+    grid = (-(-kw.shape[0] // bk), -(-kw.shape[1] // bn))
     weights = _pallas("weights")
-    if weights is not None and isinstance(w.codes, weights.KernelWeight):
-        codes = _planar_spec(cut, w.codes, (1, 1))
+    if weights is not None and isinstance(kw.codes, weights.KernelWeight):
+        codes = _planar_spec(cut, kw.codes, (1, 1))
     else:
-        codes = _codes_spec(cut, w.codes, (1, 1), "codes")
-    a = w.affine
+        codes = _codes_spec(cut, kw.codes, (1, 1), "codes")
+    a = kw.affine
     scale_level = None if a is None else a.spec.scale_level
     scale_units = (bk, bn) if scale_level is None else _level_units(scale_level, bk, bn)[0]
-    scales = cut.leaf(w.scales, grid, scale_units, "scales")
-    if w.perm is not None and cut.ways[w.perm_axis + 2] > 1:
+    scales = cut.leaf(kw.scales, grid, scale_units, "scales")
+    if kw.perm is not None and cut.ways[kw.perm_axis + 2] > 1:
         raise ValueError(
-            f"{cut.arg}: an act-order permutation along axis {w.perm_axis + 2} cannot be "
+            f"{cut.arg}: an act-order permutation along axis {kw.perm_axis + 2} cannot be "
             "split along that axis (the activations' gather would cross shards)"
         )
     affine = None
@@ -206,9 +206,9 @@ def _kernel_qweight_spec(cut: _Cut, w: Any) -> Any:
             None if ssu is None else cut.leaf(a.scale_supers, grid, ssu, "scales' scales"),
         )
         affine = type(a).tree_unflatten(a.tree_flatten()[1], parts)
-    ts = None if w.tensor_scale is None else PartitionSpec()
-    perm = None if w.perm is None else PartitionSpec()
-    return type(w).tree_unflatten(w.tree_flatten()[1], (codes, scales, ts, affine, perm))
+    ts = None if kw.tensor_scale is None else PartitionSpec()
+    perm = None if kw.perm is None else PartitionSpec()
+    return type(kw).tree_unflatten(kw.tree_flatten()[1], (codes, scales, ts, affine, perm))
 
 
 def weight_specs(w: Any, spec: PartitionSpec, mesh: Any, arg: str = "w") -> Any:

@@ -138,3 +138,15 @@ def interpreted_mixed(a, b):
     """The mixed kernel in interpret mode: plain XLA operations, no Mosaic module."""
     out = jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), jnp.float32)
     return pl.pallas_call(_mixed_kernel, out_shape=out, interpret=True)(a, b)
+
+
+def _transposed_int8_kernel(x_ref, w_ref, o_ref):
+    w = w_ref[...].T  # site: transpose
+    o_ref[...] = emulate.pallas.dot(x_ref[...], w, preferred_element_type=jnp.int32)
+
+
+def transposed_int8(x, w):
+    """An (N, K) int8 weight transposed in the kernel before emulate.pallas.dot (issue 49):
+    Mosaic transposes 8-bit values only in compatibility mode."""
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.int32)
+    return pl.pallas_call(_transposed_int8_kernel, out_shape=out)(x, w)

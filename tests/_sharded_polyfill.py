@@ -140,6 +140,7 @@ two = jax.make_mesh(
     (2,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,), devices=jax.devices()[:2]
 )
 osh = NamedSharding(two, P("x", None))
+osh3 = NamedSharding(two, P(None, "x", None))
 a4 = jnp.asarray(rng.integers(-8, 8, (4, 8)), jnp.int4)
 b4 = jnp.asarray(rng.integers(-8, 8, (8, 4)), jnp.int4)
 f32 = jnp.float32
@@ -155,6 +156,33 @@ pairs = {
             "ij,jk->ik", a, b, out_sharding=osh, preferred_element_type=f32, target="tpu_v4"
         ),
         lambda a, b: jnp.einsum("ij,jk->ik", a.astype(f32), b.astype(f32), out_sharding=osh),
+    ),
+    # emulate's own einsum contraction (a Packed operand) and the convolution (issue 49:
+    # both applied the placement, and under jit raised)
+    "einsum-packed": (
+        lambda a, b: emulate.einsum(
+            "ij,jk->ik",
+            a,
+            emulate.pack(b, axis=0),
+            out_sharding=osh,
+            preferred_element_type=f32,
+            target="tpu_v4",
+        ),
+        lambda a, b: jnp.einsum("ij,jk->ik", a.astype(f32), b.astype(f32), out_sharding=osh),
+    ),
+    "conv_general_dilated": (
+        lambda a, b: emulate.conv_general_dilated(
+            a[None],
+            b[:4, :, None],
+            (1,),
+            "VALID",
+            out_sharding=osh3,
+            preferred_element_type=f32,
+            target="tpu_v4",
+        ),
+        lambda a, b: jax.lax.conv_general_dilated(
+            a[None].astype(f32), b[:4, :, None].astype(f32), (1,), "VALID", out_sharding=osh3
+        ),
     ),
 }
 no_mesh = {}

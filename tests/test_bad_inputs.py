@@ -929,3 +929,22 @@ def test_dimension_numbers_none_is_lax_dot(dtype):
     if dtype != jnp.int4:  # XLA:CPU cannot compile JAX's own int4 dot
         want = jax.lax.dot_general(x, w, None, preferred_element_type=jnp.float32)
     assert got.dtype == want.dtype and np.asarray(got).tobytes() == np.asarray(want).tobytes()
+
+
+# --- issue 49: the fourth sweep -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("scheme", "features"),
+    [("int8", (0, 4)), ("int4", (4, 0))],
+    ids=["int8-in_features=0", "int4-out_features=0"],
+)
+def test_an_empty_flax_linear_quantizes_and_runs_as_flax(scheme, features):
+    # ZeroDivisionError before: the CPU kernel took K = 0, packing and the scales' layout
+    # divided by an empty axis
+    layer = nnx.Linear(*features, kernel_init=nnx.initializers.ones, rngs=nnx.Rngs(0))
+    x = np.ones((2, features[0]), np.float32)
+    want = layer(x)
+    got = emulate.flax.quantize_model(layer, scheme)(x)
+    assert (got.dtype, got.shape) == (want.dtype, want.shape)
+    assert np.asarray(got).tolist() == np.asarray(want).tolist()

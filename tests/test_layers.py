@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.codebooks",
             "emulate.tables",
             "emulate.mosaic",
+            "emulate.moved",
         ],
     ),
     (
@@ -83,6 +84,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.quantized.checks",
             "emulate.quantized.index",
             "emulate.quantized.values",
+            "emulate.quantized.layout",
             "emulate.quantized.array",
             "emulate.quantized.quantizing",
             "emulate.quantized.mx",
@@ -129,6 +131,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.engine.tiled",
             "emulate.engine.qtiled",
             "emulate.engine.grad",
+            "emulate.engine.out_sharding",
             "emulate.engine.run",
             "emulate.engine.sites",
             "emulate.engine.args",
@@ -956,6 +959,121 @@ def test_the_guard_sees_a_second_reader_of_the_mosaic_rule() -> None:
     source = "from emulate import mosaic\nfrom emulate.mosaic import native_pairs\nmosaic.verdict\n"
     assert _rule_calls(source) == {"verdict", "native_pairs"}
     assert _rule_calls("from emulate import mosaic\nmosaic.recorded()\n") == set()
+
+
+# --------------------------------------------------- one reader of a QArray's parts
+
+#: The QArray fields a reader must take from its layout (:mod:`emulate.quantized.layout`):
+#: the optional parts whose kinds the layout describes. ``codes``, ``scales``, ``codebook``
+#: and ``perm`` are read whole in many places; what they are (an array, Packed, a QArray:
+#: two-level) is one of the layout's answers, so testing it is a part read too
+#: (:data:`KIND_TESTED`), as is reading inside scales or offsets (:data:`INSIDE`).
+QARRAY_PARTS = ("zero_points", "offsets", "tensor_scale", "element_exponent")
+KIND_TESTED = ("codes", "scales", "zero_points", "offsets")
+INSIDE = ("scales", "offsets")
+
+#: The modules that read a QArray's parts themselves, and why: the QArray's own package
+#: (the record, its checks, indexing, values, quantizing, and the layout every kernel
+#: takes), and the XLA route's readers, which contract every part as it is stored.
+PART_READERS = {
+    **{
+        m: "the QArray's own package: the record, its checks, values, layout and builders"
+        for m in MODULES
+        if m == "emulate.quantized" or m.startswith("emulate.quantized.")
+    },
+    "emulate.engine.qoperands": "the XLA route's operands: codes minus zero points, offsets",
+    "emulate.engine.qtiled": "the XLA route's K tiles: each part sliced along K",
+    "emulate.engine.grad": "the gradient: each part's tangent, part by part",
+}
+#: Other records with fields of those names, read in these modules through these names:
+#: (the names, what they are).
+OTHER_RECORDS = {
+    "emulate.importers.stored": ({"self"}, "StoredParts, a checkpoint's parts as stored"),
+    "emulate.importers.as_qarray": ({"parts"}, "StoredParts"),
+    "emulate.importers.ggml": ({"parts"}, "StoredParts"),
+    "emulate.engine.sites": ({"s"}, "an emulate.mx scheme's tensor_scale flag"),
+    "emulate.testing.operands": ({"scheme", "spec"}, "the strategies' scheme records"),
+    "emulate.pallas.matmul_args": ({"self"}, "MatmulArgs' kernel operands"),
+    "emulate.pallas.gmm_kernel": ({"a"}, "MatmulArgs' tensor scale"),
+    "emulate.pallas.qweight": ({"kw", "self", "s"}, "KernelQWeight (kw, self) and Scaling (s)"),
+    "emulate.pallas.qoffsets": ({"p", "self"}, "AffineParts, the kernel's zero points, offsets"),
+    "emulate.pallas.qsteps": ({"sc", "self"}, "Scaling, the kernel's group terms"),
+    "emulate.sharding": ({"kw", "a"}, "KernelQWeight (kw) and AffineParts (a)"),
+}
+
+
+def _root(node: ast.expr) -> str:
+    """The name an attribute chain starts from (``q`` of ``q.scales.codes``), or ""."""
+    while isinstance(node, ast.Attribute | ast.Subscript | ast.Call):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _part_reads(source: str) -> list[tuple[str, str]]:
+    """``(name it starts from, the read as written)`` of each read of a QArray's parts in a
+    module's text (:data:`QARRAY_PARTS`, :data:`KIND_TESTED`, :data:`INSIDE`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        read = None
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            inner = node.value
+            if node.attr in QARRAY_PARTS or (
+                isinstance(inner, ast.Attribute) and inner.attr in INSIDE
+            ):
+                read = node
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "isinstance"
+            and node.args
+            and isinstance(node.args[0], ast.Attribute)
+            and node.args[0].attr in KIND_TESTED
+        ):
+            read = node.args[0]
+        if read is not None:
+            where = (node.lineno, node.col_offset, node.end_col_offset)
+            found.append((where, _root(read), ast.unparse(node)))
+    return [(root, text) for _, root, text in sorted(found)]
+
+
+def _stray_part_reads(module: str, source: str) -> list[str]:
+    """The reads of a QArray's parts in ``module`` that neither :data:`PART_READERS` nor
+    :data:`OTHER_RECORDS` allow."""
+    if module in PART_READERS:
+        return []
+    names = OTHER_RECORDS.get(module, (set(), ""))[0]
+    return [f"{module}: {text}" for root, text in _part_reads(source) if root not in names]
+
+
+def test_one_reader_of_a_qarrays_parts() -> None:
+    sources = {m: path.read_text() for m, path in sorted(MODULES.items())}
+    stray = [r for m, source in sources.items() for r in _stray_part_reads(m, source)]
+    assert stray == []
+    # every allowance is still needed (the QArray's package as a whole)
+    reads = {m: _part_reads(sources[m]) for m in (*PART_READERS, *OTHER_RECORDS)}
+    unused = [m for m in PART_READERS if ".quantized" not in m and not reads[m]]
+    unused += [
+        m for m, (names, _) in OTHER_RECORDS.items() if not any(r in names for r, _ in reads[m])
+    ]
+    assert unused == []
+
+
+def test_the_guard_sees_a_stray_read_of_a_qarrays_parts() -> None:
+    planted = (
+        "\nq.zero_points\nw.tensor_scale is None\nisinstance(q.scales, QArray)\n"
+        "isinstance(q.codes, Packed)\nq.offsets.codes\nkw.element_exponent\n"
+    )
+    source = MODULES["emulate.pallas.qweight"].read_text() + planted
+    assert _stray_part_reads("emulate.pallas.qweight", source) == [
+        "emulate.pallas.qweight: q.zero_points",
+        "emulate.pallas.qweight: w.tensor_scale",
+        "emulate.pallas.qweight: isinstance(q.scales, QArray)",
+        "emulate.pallas.qweight: isinstance(q.codes, Packed)",
+        "emulate.pallas.qweight: q.offsets",
+        "emulate.pallas.qweight: q.offsets.codes",
+    ]
+    # the layout's own answers are no part reads
+    assert _part_reads("lay = layout_of(q)\nlay.zero\nlay.tensor.array\nlay.exponent\n") == []
 
 
 def _clashing_basenames(tests: list[str]) -> list[str]:

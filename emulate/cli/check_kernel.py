@@ -150,8 +150,8 @@ def _unseen_by_rules(mosaic_check: Any) -> str:
     ops = ", ".join(mosaic_check.op_rules.CHECKED_OPS)
     return (
         "decided without the compiler, by rules that see each tpu.matmul's operand and "
-        f"accumulator types only: conversions and comparisons on types narrower than 32 "
-        f"bits ({ops}; an in-kernel activation quantizer's f32 -> int8 astype is an "
+        f"accumulator types only: conversions, comparisons and transposes on types narrower "
+        f"than 32 bits ({ops}; an in-kernel activation quantizer's f32 -> int8 astype is an "
         "arith.fptosi) are not checked; install libtpu (pip install 'jax[tpu]') for the "
         "compiler's verdict"
     )

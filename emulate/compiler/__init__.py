@@ -24,6 +24,7 @@ The recorded probe and its verdicts (``emulate/data/mosaic_probe.json``) live in
 them. Reprobe with ``python -m emulate targets --probe [--out PATH]``.
 """
 
+from emulate import moved
 from emulate.compiler.compiling import check, check_both, check_many, compile
 from emulate.compiler.devices import (
     TOPOLOGIES,
@@ -70,3 +71,7 @@ __all__ = [
     "report",
     "topology_devices",
 ]
+
+
+#: Names the docs gave this module before they moved (emulate.moved).
+__getattr__ = moved.module_getattr(__name__)

@@ -26,9 +26,11 @@ def compile(  # noqa: A001 - the module's verb; call it as emulate.compiler.comp
 ) -> jax.stages.Compiled:
     """Compile ``fn(*arg_specs)`` for ``target`` with the real compiler, in this process.
 
-    The target's device is JAX's default device and the abstract mesh's while ``fn`` is
-    traced and lowered (:func:`~emulate.compiler.devices.on_device`: so
-    ``pltpu.get_tpu_info()`` and ``pltpu.create_tensorcore_mesh`` describe the target).
+    ``fn`` is traced and lowered under ``emulate.target(target)``, with the target's device
+    as JAX's default device and the abstract mesh's
+    (:func:`~emulate.compiler.devices.on_device`): so emulate's kernels and drop-ins plan
+    for the target, and ``pltpu.get_tpu_info()`` and ``pltpu.create_tensorcore_mesh``
+    describe it.
     Uses this process's compatibility mode (:func:`compat_mode`); for the other one, use
     :func:`check` with ``compat=``. The result has ``cost_analysis()``,
     ``memory_analysis()`` and ``as_text()``; it cannot run.
@@ -49,7 +51,7 @@ def compile(  # noqa: A001 - the module's verb; call it as emulate.compiler.comp
     """
     dev = device(target)
     specs = place_specs(arg_specs, dev)
-    with on_device(dev):
+    with on_device(dev, target):
         jitted = jax.jit(fn, donate_argnums=donate_argnums, donate_argnames=donate_argnames)
         return jitted.lower(*specs).compile()
 

@@ -333,15 +333,25 @@ def device(target: str | _targets.Target) -> jax.Device:
 
 
 @contextlib.contextmanager
-def on_device(dev: jax.Device) -> Iterator[None]:
-    """``dev`` is JAX's default device and the abstract mesh's device while a program is
-    traced and lowered for it: code that asks which device it runs on sees the target,
-    whether it reads ``jax.devices()``'s default (``pltpu.get_tpu_info()``) or the abstract
-    mesh (``pltpu.create_tensorcore_mesh``, which ``pl.kernel`` kernels call while they
-    are traced, and which on a machine without a TPU would otherwise read the CPU)."""
+def on_device(dev: jax.Device, target: _targets.TargetLike = None) -> Iterator[None]:
+    """Trace and lower a program for ``dev`` and ``target``: ``dev`` is JAX's default device
+    and the abstract mesh's device, and ``target`` (default: the target ``dev`` stands for,
+    from its ``device_kind``) emulate's current target, as in ``emulate.target(target)``.
+
+    So code that asks what it runs on sees the target, whether it reads emulate's target
+    (``emulate.pallas.matmul``, every drop-in's plan), ``jax.devices()``'s default
+    (``pltpu.get_tpu_info()``) or the abstract mesh (``pltpu.create_tensorcore_mesh``,
+    which ``pl.kernel`` kernels call while they are traced, and which on a machine without
+    a TPU would otherwise read the CPU)."""
+    if target is None:
+        target = _targets.detect("tpu", dev.device_kind)
     abstract = jax.sharding.AbstractDevice(
         device_kind=dev.device_kind, num_cores=getattr(dev, "num_cores", 1), platform="tpu"
     )
     mesh = jax.sharding.AbstractMesh((), (), abstract_device=abstract)
-    with jax.default_device(dev), jax.sharding.use_abstract_mesh(mesh):
+    with (
+        _targets.use_target(target),
+        jax.default_device(dev),
+        jax.sharding.use_abstract_mesh(mesh),
+    ):
         yield

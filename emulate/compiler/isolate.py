@@ -63,7 +63,8 @@ class Job:
       arg_specs: a pytree per positional argument whose leaves have ``shape`` and
         ``dtype`` (``jax.ShapeDtypeStruct``, numpy or jax arrays); any sharding they carry
         is replaced by the target's compile-only device.
-      target: a TPU target name or alias with a topology (see :data:`TOPOLOGIES`).
+      target: a TPU target name or alias with a topology (see :data:`TOPOLOGIES`); ``fn``
+        is traced under ``emulate.target(target)``.
     """
 
     fn: Callable[..., Any]
@@ -121,11 +122,11 @@ def compile_in_process(job: Job) -> Verdict:
     dev = device(job.target)
     specs = place_specs(job.arg_specs, dev)
     try:
-        # The target's device is the default one and the abstract mesh's while tracing and
-        # lowering, so that code asking which device it runs on (pltpu.get_tpu_info(), which
-        # Pallas calls when it lowers integer division, emit_pipeline; pl.kernel's
-        # create_tensorcore_mesh) sees the target.
-        with on_device(dev):
+        # Traced and lowered under emulate.target(job.target), the target's device the
+        # default one and the abstract mesh's, so that code asking what it runs on
+        # (emulate's kernels; pltpu.get_tpu_info(), which Pallas calls when it lowers
+        # integer division, emit_pipeline; pl.kernel's create_tensorcore_mesh) sees it.
+        with on_device(dev, job.target):
             lowered = jax.jit(job.fn).lower(*specs)
     except Exception as e:  # noqa: BLE001 - every refusal is a verdict
         return _refusal("lower", e)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from emulate import cpu
-from emulate.cpu.form import Form, Layout, vector_step
+from emulate.cpu.form import Form, Orientation, vector_step
 from emulate.cpu.operands import weight_operands, wire
 from emulate.quantized.array import QArray
 
@@ -44,7 +44,7 @@ def contract(q: QArray, x: jax.Array, form: Form) -> jax.Array:
     name = f"{form.name}_{'p' if parallel else 's'}"
     ffi.register(name, gemv.handler(form, parallel))
     m, _ = x.shape
-    columns = form.layout == Layout.COLUMNS
+    columns = form.orientation == Orientation.COLUMNS
     n = q.shape[1] if columns else q.shape[0]
     bk = q.block_shape[0] if columns else q.block_shape[1]
     placeholder = jnp.zeros((m, 1), jnp.float32)

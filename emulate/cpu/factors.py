@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numba
 import numpy as np
 
-from emulate.cpu.form import Constant, FactorForm, Form, Kind, Level, Slot
+from emulate.cpu.form import ConstantFactor, FactorForm, Form, Kind, LevelSlots, Slot
 from emulate.cpu.lanes import LANES, code_values, half_values
 from emulate.cpu.parts import reader, rounded
 
@@ -33,7 +33,7 @@ def _dummy_reader() -> Callable:
     return value
 
 
-def _affine(level: Level) -> Callable:
+def _affine(level: LevelSlots) -> Callable:
     """An njit ``(v, zp, scale, offset) -> float32``: a two-level part's value of code value
     ``v``, ``(v - zp) * scale + offset``, each step rounded to float32 as ``dequantize``
     rounds it (the product fenced: :func:`emulate.cpu.parts.rounded`)."""
@@ -55,7 +55,7 @@ def _affine(level: Level) -> Callable:
 def _factor(form: FactorForm) -> Callable:
     """An njit ``(f, i, j) -> float32``: factor ``f`` (a :class:`~emulate.cpu.operands.Factor`
     of form ``form``) at block ``(i, j)`` (0 where absent)."""
-    if isinstance(form, Level):
+    if isinstance(form, LevelSlots):
         codes = reader(form.codes)
         scales = reader(form.scales) if form.scales is not None else _dummy_reader()
         bi, bj = form.block
@@ -64,7 +64,7 @@ def _factor(form: FactorForm) -> Callable:
         @numba.njit(inline="always")
         def nested(f, i, j):
             v = codes(f.stored.data, f.stored.table, i, j)
-            s = scales(f.scales.data, f.scales.table, i // bi, j // bj)
+            s = scales(f.level_scales.data, f.level_scales.table, i // bi, j // bj)
             return affine(v, f.zero_point, s, f.constant)
 
         return nested
@@ -76,7 +76,7 @@ def _factor(form: FactorForm) -> Callable:
             return slot(f.stored.data, f.stored.table, i, j)
 
         return stored
-    is_constant = isinstance(form, Constant)
+    is_constant = isinstance(form, ConstantFactor)
 
     @numba.njit(inline="always")
     def constant(f, i, j):
@@ -105,7 +105,7 @@ def factors(form: Form) -> Callable:
     return block
 
 
-def _halves_row(form: Slot | Constant | None) -> Callable:
+def _halves_row(form: Slot | ConstantFactor | None) -> Callable:
     """An njit ``(f, i, out)``: :func:`_factor`'s value at ``(i, j)`` for every ``j <
     len(out)``, float16 / bfloat16 factors stored along the row :data:`LANES` a step."""
     one = _factor(form)
@@ -127,7 +127,7 @@ def _halves_row(form: Slot | Constant | None) -> Callable:
     return each
 
 
-def _level_row(form: Level) -> Callable:
+def _level_row(form: LevelSlots) -> Callable:
     """An njit ``(f, i, out)``: a two-level part's value at ``(i, j)`` for every ``j <
     len(out)``, its scale decoded once a run of blocks that share it (not once a block),
     integer codes along the row (a bit stream, or whole bytes) :data:`LANES` groups a
@@ -157,7 +157,9 @@ def _level_row(form: Level) -> Callable:
         for j in range(done, n):
             out[j] = codes(f.stored.data, f.stored.table, i, j)
         for u in range((n + bj - 1) // bj):
-            sup = scales(f.scales.data, f.scales.table, i // bi, u) if has_scale else np.float32(1)
+            sup = np.float32(1)
+            if has_scale:
+                sup = scales(f.level_scales.data, f.level_scales.table, i // bi, u)
             for j in range(np.uint64(u * bj), np.uint64(min(n, (u + 1) * bj))):
                 out[j] = affine(out[j], f.zero_point, sup, f.constant)
 
@@ -167,7 +169,7 @@ def _level_row(form: Level) -> Callable:
 def _factor_row(form: FactorForm) -> Callable:
     """An njit ``(f, i, out)``: :func:`_factor`'s value at ``(i, j)`` for every ``j <
     len(out)`` (one row of the weight's grid)."""
-    return _level_row(form) if isinstance(form, Level) else _halves_row(form)
+    return _level_row(form) if isinstance(form, LevelSlots) else _halves_row(form)
 
 
 def row_factors(form: Form) -> Callable:

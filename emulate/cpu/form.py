@@ -4,7 +4,7 @@ contracting axis (the arrays it reads: :mod:`emulate.cpu.operands`). Plain JAX: 
 here needs numba, but for 4- and 8-bit table codes, whose form asks numba which
 instructions it compiles with (:func:`emulate.cpu.table_lookups`).
 
-Layouts (:class:`Layout`: the codes as stored; the kernel never transposes them):
+Orientations (:class:`Orientation`: the codes as stored; the kernel never transposes them):
 
 - ``ROWS``: the codes are ``(N, K)``, K along the columns (GGUF's rows): one output
   element per stored row, a dot product along the row;
@@ -30,22 +30,21 @@ import hashlib
 from typing import Any
 
 import jax.numpy as jnp
-import numpy as np
 
-from emulate import cpu, formats
-from emulate.numerics.storage import Packed, group_shape
+from emulate import cpu
+from emulate.numerics.storage import group_shape
 from emulate.quantized.array import QArray
-from emulate.quantized.checks import is_int
+from emulate.quantized.layout import Constant, Layout, Level, Stored, layout_of
 
 __all__ = [
     "CONSTANT",
     "LANES",
-    "Constant",
+    "ConstantFactor",
     "FactorForm",
     "Form",
     "Kind",
-    "Layout",
-    "Level",
+    "Orientation",
+    "LevelSlots",
     "Loop",
     "Slot",
     "group_geometry",
@@ -73,7 +72,7 @@ class Kind(_Named):
     FLOAT32 = 5  #: float32 bits
 
 
-class Layout(_Named):
+class Orientation(_Named):
     """How the codes are stored against the contraction (the kernel never transposes)."""
 
     ROWS = 0  #: (N, K): a dot product along each stored row (GGUF)
@@ -126,7 +125,7 @@ def group_geometry(bits: int, packed: bool) -> tuple[int, int]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Level:
+class LevelSlots:
     """A two-level part (a QArray of scales or offsets over the weight's block grid):
     ``(value(code) - zp) * scale[block] + offset`` with constant ``zp`` and ``offset``."""
 
@@ -138,28 +137,28 @@ class Level:
 
 
 @dataclasses.dataclass(frozen=True)
-class Constant:
+class ConstantFactor:
     """A factor that is one number for the whole weight (the kernel reads it from its
     float32 constants: :class:`emulate.cpu.operands.Factor`)."""
 
 
-CONSTANT = Constant()
+CONSTANT = ConstantFactor()
 
 #: How the kernel reads one of a weight's factors (zero point, scale, offset): absent, a
 #: constant, a stored array, or a two-level part.
-FactorForm = Slot | Level | Constant | None
+FactorForm = Slot | LevelSlots | ConstantFactor | None
 
 
 @dataclasses.dataclass(frozen=True)
 class Form:
     """What one compiled kernel is specialized for (hashable: the compile cache's key)."""
 
-    layout: Layout
+    orientation: Orientation
     loop: Loop
     codes: Slot
     block: tuple[int, int]
-    zero_point: Slot | Constant | None
-    scale: Slot | Level | None
+    zero_point: Slot | ConstantFactor | None
+    scale: Slot | LevelSlots | None
     offset: FactorForm
 
     @property
@@ -180,19 +179,19 @@ def _format_slot(fmt: Any, bits: int, axis: int, codebook: Any) -> Slot:
 _SUB_BYTE = frozenset({"int2", "uint2", "int4", "uint4", "float4_e2m1fn"})
 
 
-def _array_slot(a: Any, fmt: Any = None, codebook: Any = None) -> Slot | None:
-    """The slot of a stored array (a Packed array, codes of a low-precision format, or
+def _slot(s: Stored, codebook: Any = None) -> Slot | None:
+    """The slot of a stored part (a Packed array, codes of a format of at most a byte, or
     float16 / bfloat16 / float32 / integer values), None where the kernel cannot read it.
-    ``fmt``: the format of uint8 codes (a QArray's format, or its scales' format)."""
-    if isinstance(a, Packed):
-        if a.data.ndim != 2 or a.format.bits > 8:
-            return None
-        return _format_slot(a.format, a.format.bits, a.data.ndim + a.axis, codebook)
-    dt = np.dtype(a.dtype)
-    if a.ndim != 2 or dt.name in _SUB_BYTE:
+    ``codebook``: the table the codes index (codes only)."""
+    if len(s.shape) != 2:
         return None
-    if fmt is not None and fmt.bits <= 8 and dt.itemsize == 1:
-        return _format_slot(fmt, fmt.bits, -1, codebook)
+    if s.packed_axis is not None:
+        return None if s.bits > 8 else _format_slot(s.format, s.bits, s.packed_axis, codebook)
+    dt = s.dtype
+    if dt.name in _SUB_BYTE:
+        return None
+    if s.bits <= 8 and dt.itemsize == 1:  # codes of a format of at most a byte
+        return _format_slot(s.format, s.bits, -1, codebook)
     if dt == jnp.float16:
         return Slot(Kind.FLOAT16, 16, -1, 2)
     if dt == jnp.bfloat16:
@@ -202,52 +201,41 @@ def _array_slot(a: Any, fmt: Any = None, codebook: Any = None) -> Slot | None:
     if dt.kind in "iu" and dt.itemsize in (1, 2, 4):
         kind = Kind.SIGNED if dt.kind == "i" else Kind.UNSIGNED
         return Slot(kind, 8 * dt.itemsize, -1, dt.itemsize)
-    if dt.itemsize == 1:  # float8 types
-        return Slot(Kind.TABLE, 8, -1, 1)
     return None
 
 
-def _level(q: QArray) -> Level | None:
-    """A two-level part's :class:`Level`, None where it has more than one constant zero
+def _level(lv: Level) -> LevelSlots | None:
+    """A two-level part's :class:`LevelSlots`, None where it has more than a constant zero
     point, a plain scale array and a constant offset."""
     if (
-        len(q.shape) != 2
-        or q.perm is not None
-        or q.tensor_scale is not None
-        or q.element_exponent
-        or not (q.zero_points is None or is_int(q.zero_points))
-        or not (q.offsets is None or isinstance(q.offsets, float))
-        or isinstance(q.scales, QArray)
+        len(lv.shape) != 2
+        or lv.perm is not None
+        or lv.tensor is not None
+        or lv.exponent
+        or isinstance(lv.zero, Stored)
+        or isinstance(lv.offset, (Stored, Level))
+        or not isinstance(lv.scale, Stored)
     ):
         return None
-    codes = _array_slot(q.codes, q.format, q.codebook)
-    scales = _array_slot(q.scales, scale_format(q))
+    codes = _slot(lv.codes, lv.table)
+    scales = _slot(lv.scale)
     if codes is None or scales is None:
         return None
-    block = (q.block_shape[0], q.block_shape[1])
-    return Level(codes, scales, block, q.zero_points is not None, q.offsets is not None)
-
-
-def scale_format(q: QArray) -> Any:
-    """The format of ``q``'s stored scales where they are uint8 codes of a format without
-    a numpy dtype (a P3109 or registered format), else None (the dtype says it)."""
-    if isinstance(q.scales, QArray) or np.dtype(q.scales.dtype) != np.uint8:
-        return None
-    fmt = formats.get(q.scale_format)
-    return None if fmt.is_integer else fmt
+    block = (lv.block_shape[0], lv.block_shape[1])
+    return LevelSlots(codes, scales, block, lv.zero is not None, lv.offset is not None)
 
 
 class _Unreadable(Exception):
     """A part the kernel cannot read: the weight is not a form."""
 
 
-def _factor(part: Any, fmt: Any = None) -> FactorForm:
-    """How the kernel reads ``part`` (a QArray's zero points, scales or offsets)."""
+def _factor(part: Constant | Stored | Level | None) -> FactorForm:
+    """How the kernel reads ``part`` (a layout's zero points, scales or offsets)."""
     if part is None:
         return None
-    if isinstance(part, (int, float)) and not isinstance(part, bool):
+    if isinstance(part, Constant):
         return CONSTANT
-    factor = _level(part) if isinstance(part, QArray) else _array_slot(part, fmt)
+    factor = _level(part) if isinstance(part, Level) else _slot(part)
     if factor is None:
         raise _Unreadable
     return factor
@@ -259,57 +247,57 @@ def _looked_up(codes: Slot) -> bool:
     return codes.kind == Kind.TABLE and codes.bits in (4, 8) and cpu.table_lookups()
 
 
-def _loop(q: QArray, codes: Slot, zero_point: FactorForm, layout: Layout, contracting: int) -> Loop:
-    """The element loop of ``q``'s codes (``codes``, zero points ``zero_point``)
+def _loop(lay: Layout, codes: Slot, zero_point: FactorForm, contracting: int) -> Loop:
+    """The element loop of ``lay``'s codes (``codes``, zero points ``zero_point``)
     contracted along ``contracting``."""
-    bk = q.block_shape[contracting]
+    bk = lay.block_shape[contracting]
     if codes.axis == -1:
         return Loop.BYTES
-    if codes.bits == 4 and bk % 2 == 0 and q.shape[contracting] % 2 == 0:
+    if codes.bits == 4 and bk % 2 == 0 and lay.shape[contracting] % 2 == 0:
         return Loop.NIBBLES
     if (
-        layout == Layout.ROWS
+        contracting == 1  # Orientation.ROWS
         and bk % group_shape(codes.bits)[0] == 0
-        and q.shape[1] % bk == 0
+        and lay.shape[1] % bk == 0
         and not isinstance(zero_point, Slot)
     ):
         return Loop.GROUPS
     return Loop.BITS
 
 
-def weight_form(q: QArray, contracting: int) -> Form | None:
-    """The kernel's form of a 2-D QArray contracted along axis ``contracting``, or None
-    where the kernel does not take it: stacked or act-order QArrays, codes packed along N,
-    codes wider than a byte, codes that are not integers (float formats, codebooks: a
-    table lookup an element, which ran slower than XLA's route) unless 4- or 8-bit on a
-    host whose registers hold their table (:func:`emulate.cpu.table_lookups`), parts it
-    cannot read.
-    Tables serve the per-block parts (float8 scales, a codebook of two-level scales)."""
-    if len(q.shape) != 2 or q.perm is not None or contracting not in (0, 1):
+def weight_form(q: QArray | Layout, contracting: int) -> Form | None:
+    """The kernel's form of a 2-D QArray (or its :class:`~emulate.quantized.layout.Layout`)
+    contracted along axis ``contracting``, or None where the kernel does not take it:
+    stacked or act-order QArrays, codes packed along N, codes wider than a byte, codes that
+    are not integers (float formats, codebooks: a table lookup an element, which ran
+    slower than XLA's route) unless 4- or 8-bit on a host whose registers hold their table
+    (:func:`emulate.cpu.table_lookups`), a tensor scale or element exponent, parts it
+    cannot read. Tables serve the per-block parts (float8 scales, a codebook of two-level
+    scales)."""
+    lay = q if isinstance(q, Layout) else layout_of(q)
+    if len(lay.shape) != 2 or lay.perm is not None or contracting not in (0, 1):
         return None
-    codes = _array_slot(q.codes, q.format, q.codebook)
+    codes = _slot(lay.codes, lay.table)
     if codes is None or not (codes.kind in (Kind.UNSIGNED, Kind.SIGNED) or _looked_up(codes)):
         # other float codes and codebooks (a table lookup an element: gathers) measured
         # slower in the kernel than on XLA's route (docs/performance.md, "The CPU kernel")
         return None
     if codes.axis not in (-1, contracting) or (codes.axis == -1 and codes.width != 1):
         return None  # packed along N, or wider than a byte
-    if q.tensor_scale is not None or q.element_exponent:
+    if lay.tensor is not None or lay.exponent:
         # one float32 scale a block (scale * tensor scale * 2**e) may leave float32's
         # range where dequantize's mantissa and exponent do not
         return None
     try:
-        zero_point = _factor(q.zero_points)
-        scale = _factor(q.scales, scale_format(q))
-        offset = _factor(q.offsets)
+        zero_point, scale, offset = _factor(lay.zero), _factor(lay.scale), _factor(lay.offset)
     except _Unreadable:
         return None
-    if isinstance(zero_point, Level) or isinstance(scale, Constant):
+    if isinstance(zero_point, LevelSlots) or isinstance(scale, ConstantFactor):
         return None
-    layout = Layout.ROWS if contracting == 1 else Layout.COLUMNS
-    block = (q.block_shape[0], q.block_shape[1])
-    loop = _loop(q, codes, zero_point, layout, contracting)
-    form = Form(layout, loop, codes, block, zero_point, scale, offset)
+    orientation = Orientation.ROWS if contracting == 1 else Orientation.COLUMNS
+    block = (lay.block_shape[0], lay.block_shape[1])
+    loop = _loop(lay, codes, zero_point, contracting)
+    form = Form(orientation, loop, codes, block, zero_point, scale, offset)
     if codes.kind == Kind.TABLE and not vector_step(form):
         return None  # a table lookup an element: slower than XLA's route
     return form
@@ -320,7 +308,7 @@ def vector_step(form: Form) -> bool:
     codes a group at a time (:data:`Loop.NIBBLES`, :data:`Loop.BYTES`; layout ROWS also
     :data:`Loop.GROUPS`) and, for layout ROWS, blocks of a multiple or a divisor of
     :data:`LANES` groups. Elsewhere a loop over one code at a time."""
-    if form.layout == Layout.COLUMNS:
+    if form.orientation == Orientation.COLUMNS:
         return form.loop in (Loop.NIBBLES, Loop.BYTES)
     if form.loop == Loop.BITS:
         return False

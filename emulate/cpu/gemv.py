@@ -2,11 +2,11 @@
 compiled per :class:`emulate.cpu.form.Form` (:func:`kernel`), and the XLA FFI handler that
 calls it (:func:`handler`).
 
-Layout ROWS (a dot product along each stored row): 16 groups of codes a step in LLVM
+Orientation ROWS (a dot product along each stored row): 16 groups of codes a step in LLVM
 vector IR (:mod:`emulate.cpu.lanes`: ``s x (v - z)`` summed a group at a time into 16
 lanes, one sum of the lanes a row); codes that fit no step (a last, shorter block, blocks
 of other sizes, other widths) one at a time, ``sum x (v - z)`` a block times its scale.
-Layout COLUMNS: per block of K, ``sum x (v - z)`` into a row of block sums, each scaled
+Orientation COLUMNS: per block of K, ``sum x (v - z)`` into a row of block sums, each scaled
 once. The block's factors are decoded once (:mod:`emulate.cpu.factors`); where the weight
 has offsets, ``offset * sum(x_k)`` over the block is added apart (``xsum``, summed once
 per call). So a result element is a float32 sum of products ``x (v - z)``, a group's
@@ -36,9 +36,9 @@ from numba import prange, types
 
 from emulate.cpu import ffi
 from emulate.cpu.factors import factors, row_factors
-from emulate.cpu.form import Form, Kind, Layout, vector_step
+from emulate.cpu.form import Form, Kind, Orientation, vector_step
 from emulate.cpu.lanes import LANES, column_lanes, group_lanes
-from emulate.cpu.operands import Arg, Factor, Stored, Weight, byte_widths
+from emulate.cpu.operands import Arg, Factor, StoredBytes, Weight, byte_widths
 from emulate.cpu.parts import reader, stack_floats
 
 __all__ = ["COLUMN_CHUNK", "ROW_CHUNK", "handler", "kernel", "listing"]
@@ -237,12 +237,13 @@ def _leaves(w):
     return (
         *(w.codes.data, w.codes.table),
         *(w.zero_point.stored.data, w.zero_point.stored.table),
-        *(w.zero_point.scales.data, w.zero_point.scales.table),
+        *(w.zero_point.level_scales.data, w.zero_point.level_scales.table),
         *(w.zero_point.zero_point, w.zero_point.constant),
-        *(w.scale.stored.data, w.scale.stored.table, w.scale.scales.data, w.scale.scales.table),
+        *(w.scale.stored.data, w.scale.stored.table),
+        *(w.scale.level_scales.data, w.scale.level_scales.table),
         *(w.scale.zero_point, w.scale.constant),
         *(w.offset.stored.data, w.offset.stored.table),
-        *(w.offset.scales.data, w.offset.scales.table),
+        *(w.offset.level_scales.data, w.offset.level_scales.table),
         *(w.offset.zero_point, w.offset.constant),
     )
 
@@ -252,15 +253,15 @@ def _weight(leaves):
     """The :class:`~emulate.cpu.operands.Weight` of :func:`_leaves`' tuple."""
     (c, ct, z, zt, zs, zst, zz, zc, s, st, ss, sst, sz, sc, o, ot, os, ost, oz, oc) = leaves
     return Weight(
-        Stored(c, ct),
-        Factor(Stored(z, zt), Stored(zs, zst), zz, zc),
-        Factor(Stored(s, st), Stored(ss, sst), sz, sc),
-        Factor(Stored(o, ot), Stored(os, ost), oz, oc),
+        StoredBytes(c, ct),
+        Factor(StoredBytes(z, zt), StoredBytes(zs, zst), zz, zc),
+        Factor(StoredBytes(s, st), StoredBytes(ss, sst), sz, sc),
+        Factor(StoredBytes(o, ot), StoredBytes(os, ost), oz, oc),
     )
 
 
 def _rows_kernel(form: Form, parallel: bool) -> Callable:
-    """Layout ROWS: :data:`ROW_CHUNK` rows a task; per row its blocks' factors
+    """Orientation ROWS: :data:`ROW_CHUNK` rows a task; per row its blocks' factors
     (:func:`emulate.cpu.factors.row_factors`), then per row of ``x`` the element loop of
     the form's variant, and the offsets times ``x``'s block sums apart."""
     row_sum, fill_factors = _row_body(form), row_factors(form)
@@ -339,7 +340,7 @@ def kernel(form: Form, parallel: bool) -> Callable:
     array otherwise), ``xsum`` (M, blocks along K) the block sums of ``x`` (where the
     weight has offsets), ``weight`` the :class:`~emulate.cpu.operands.Weight` (parts as
     2-D uint8 bytes), and ``out`` (M, N) float32."""
-    run = _columns_kernel if form.layout == Layout.COLUMNS else _rows_kernel
+    run = _columns_kernel if form.orientation == Orientation.COLUMNS else _rows_kernel
     return run(form, parallel)
 
 
@@ -366,7 +367,7 @@ def _vector(frame, i):
 @numba.njit(inline="always")
 def _stored(frame, i, width):
     """The stored part at argument ``i`` (its table at ``i + 1``)."""
-    return Stored(_bytes(frame, i, width), _vector(frame, i + 1))
+    return StoredBytes(_bytes(frame, i, width), _vector(frame, i + 1))
 
 
 def _weight_of(form: Form) -> Callable:

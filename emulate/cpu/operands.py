@@ -1,5 +1,5 @@
 """The arrays the CPU kernel reads, as named records: a :class:`Weight` of
-:class:`Stored` parts and :class:`Factor` s, built once from a QArray and its
+:class:`StoredBytes` parts and :class:`Factor` s, built once from a QArray and its
 :class:`~emulate.cpu.form.Form` (:func:`weight_operands`), flattened into XLA's FFI
 operands in one order (:func:`wire`, positions :class:`Arg`) and rebuilt from the call
 frame once, by the handler (:func:`emulate.cpu.gemv.handler`). The kernels read every
@@ -23,17 +23,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from emulate import formats
-from emulate.cpu.form import Constant, FactorForm, Form, Kind, Level, Slot, scale_format
-from emulate.numerics.storage import Packed
+from emulate.cpu.form import FactorForm, Form, Kind, LevelSlots, Slot
 from emulate.quantized.array import QArray
+from emulate.quantized.layout import Constant, Layout, Level, Stored, layout_of
 from emulate.quantized.values import element_values
 
 __all__ = [
     "CONSTANTS",
     "Arg",
     "Factor",
-    "Stored",
+    "StoredBytes",
     "Weight",
     "byte_widths",
     "weight_operands",
@@ -41,7 +40,7 @@ __all__ = [
 ]
 
 
-class Stored(NamedTuple):
+class StoredBytes(NamedTuple):
     """One stored array: ``data`` its bytes (the kernel's view: 2-D uint8; the JAX side:
     the array as stored), ``table`` the float32 value of each code (TABLE slots; else a
     placeholder)."""
@@ -53,12 +52,12 @@ class Stored(NamedTuple):
 class Factor(NamedTuple):
     """One of a weight's block factors (zero point, scale or offset) as the kernel reads it
     (:class:`~emulate.cpu.form.FactorForm` says which fields serve): ``stored`` a stored
-    factor, or a two-level part's codes; ``scales`` a two-level part's scales;
+    factor, or a two-level part's codes; ``level_scales`` a two-level part's scales;
     ``zero_point`` a two-level part's constant zero point; ``constant`` a constant
     factor's value, or a two-level part's constant offset (float32; 0 where unused)."""
 
-    stored: Stored
-    scales: Stored
+    stored: StoredBytes
+    level_scales: StoredBytes
     zero_point: Any
     constant: Any
 
@@ -66,7 +65,7 @@ class Factor(NamedTuple):
 class Weight(NamedTuple):
     """A QArray weight's parts as the kernel reads them."""
 
-    codes: Stored
+    codes: StoredBytes
     zero_point: Factor
     scale: Factor
     offset: Factor
@@ -97,8 +96,8 @@ _NO_BYTES = np.zeros((1, 1), np.uint8)
 _NO_TABLE = np.zeros((1,), np.float32)
 
 
-def _absent() -> Stored:
-    return Stored(jnp.asarray(_NO_BYTES), jnp.asarray(_NO_TABLE))
+def _absent() -> StoredBytes:
+    return StoredBytes(jnp.asarray(_NO_BYTES), jnp.asarray(_NO_TABLE))
 
 
 def _table(slot: Slot, fmt: Any, codebook: Any) -> jax.Array:
@@ -108,40 +107,41 @@ def _table(slot: Slot, fmt: Any, codebook: Any) -> jax.Array:
     return element_values(jnp.arange(1 << slot.bits, dtype=jnp.uint8), fmt, codebook)
 
 
-def _stored(part: Any, slot: Slot | None, fmt: Any = None, codebook: Any = None) -> Stored:
-    """``part`` as :class:`Stored` (a placeholder where ``slot`` is None)."""
-    if slot is None:
+def _stored(part: Stored | None, slot: Any, codebook: Any = None) -> StoredBytes:
+    """``part`` as :class:`StoredBytes` (a placeholder where ``slot`` is no :class:`Slot`:
+    the part is absent, constant or two-level)."""
+    if part is None or not isinstance(slot, Slot):
         return _absent()
-    if fmt is None and isinstance(part, Packed):
-        fmt = part.format
-    if fmt is None and slot.kind == Kind.TABLE:
-        fmt = formats.get(np.dtype(part.dtype).name)
-    data = part.data if isinstance(part, Packed) else jnp.asarray(part)
-    return Stored(data, _table(slot, fmt, codebook))
+    fmt = part.format if slot.kind == Kind.TABLE else None
+    return StoredBytes(jnp.asarray(part.data), _table(slot, fmt, codebook))
 
 
-def _factor(part: Any, form: FactorForm, fmt: Any = None) -> Factor:
-    if isinstance(form, Level):
+def _constant(part: Any) -> float:
+    return float(part.value) if isinstance(part, Constant) else 0.0
+
+
+def _factor(part: Constant | Stored | Level | None, form: FactorForm) -> Factor:
+    if isinstance(form, LevelSlots):
+        assert isinstance(part, Level)
         return Factor(
-            _stored(part.codes, form.codes, part.format, part.codebook),
-            _stored(part.scales, form.scales, scale_format(part)),
-            float(part.zero_points or 0),
-            float(part.offsets or 0.0),
+            _stored(part.codes, form.codes, part.table),
+            _stored(part.scale, form.scales),  # type: ignore[arg-type]
+            _constant(part.zero),
+            _constant(part.offset),
         )
-    value = float(part) if isinstance(form, Constant) else 0.0
-    return Factor(
-        _stored(part, form if isinstance(form, Slot) else None, fmt), _absent(), 0.0, value
-    )
+    stored = _stored(part, form) if isinstance(part, Stored) else _absent()
+    return Factor(stored, _absent(), 0.0, _constant(part))
 
 
-def weight_operands(q: QArray, form: Form) -> Weight:
-    """``q``'s parts as the kernel of ``form`` reads them (``form``: from
-    :func:`emulate.cpu.form.weight_form`)."""
+def weight_operands(q: QArray | Layout, form: Form) -> Weight:
+    """``q``'s parts (a QArray or its :class:`~emulate.quantized.layout.Layout`) as the
+    kernel of ``form`` reads them (``form``: from :func:`emulate.cpu.form.weight_form`)."""
+    lay = q if isinstance(q, Layout) else layout_of(q)
     return Weight(
-        _stored(q.codes, form.codes, q.format, q.codebook),
-        _factor(q.zero_points, form.zero_point),
-        _factor(q.scales, form.scale, scale_format(q)),
-        _factor(q.offsets, form.offset),
+        _stored(lay.codes, form.codes, lay.table),
+        _factor(lay.zero, form.zero_point),
+        _factor(lay.scale, form.scale),
+        _factor(lay.offset, form.offset),
     )
 
 
@@ -149,12 +149,12 @@ def wire(x: jax.Array, xe: jax.Array, xsum: jax.Array, weight: Weight) -> list[j
     """The FFI operands in :class:`Arg`'s order."""
     factors = weight[1:]
     constants = jnp.asarray([c for f in factors for c in (f.zero_point, f.constant)], jnp.float32)
-    parts = [weight.codes] + [s for f in factors for s in (f.stored, f.scales)]
+    parts = [weight.codes] + [s for f in factors for s in (f.stored, f.level_scales)]
     return [x, xe, xsum, constants] + [a for p in parts for a in p]
 
 
 def _width(form: FactorForm, scales: bool = False) -> int:
-    if isinstance(form, Level):
+    if isinstance(form, LevelSlots):
         form = form.scales if scales else form.codes
     elif scales:
         return 1

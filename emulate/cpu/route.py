@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 
 from emulate import cpu
-from emulate.cpu.form import Form, Kind, Level, weight_form
+from emulate.cpu.form import Form, Kind, LevelSlots, weight_form
 from emulate.quantized.array import QArray
 
 __all__ = ["FEW_ROWS", "MAX_ROWS", "choose", "max_rows"]
@@ -35,7 +35,7 @@ MAX_ROWS = 8
 
 def max_rows(form: Form) -> int:
     """The most rows of activations the kernel takes for ``form``."""
-    two_level = isinstance(form.scale, Level) or isinstance(form.offset, Level)
+    two_level = isinstance(form.scale, LevelSlots) or isinstance(form.offset, LevelSlots)
     four_bit_table = form.codes.kind == Kind.TABLE and form.codes.bits == 4
     return MAX_ROWS if two_level or four_bit_table else FEW_ROWS
 
@@ -45,10 +45,11 @@ def choose(
 ) -> Form | None:
     """The kernel's form for ``q`` (on ``side``: 0 lhs, 1 rhs) contracted with an operand
     of ``other_shape``, or None where the kernel does not take it: numba missing, batch
-    dimensions, more than one contracting dimension, more rows than :func:`max_rows`, or
-    a weight without a kernel form (:func:`emulate.cpu.form.weight_form`)."""
+    dimensions, more than one contracting dimension, more rows than :func:`max_rows`, an
+    empty weight (K or N of 0: XLA's route gives its zeros), or a weight without a kernel
+    form (:func:`emulate.cpu.form.weight_form`)."""
     (lc, rc), (lb, rb) = dimension_numbers
-    if not cpu.available() or lb or rb or len(lc) != 1:
+    if not cpu.available() or lb or rb or len(lc) != 1 or 0 in q.shape:
         return None
     qc, oc = (lc[0], rc[0]) if side == 0 else (rc[0], lc[0])
     rows = math.prod(n for d, n in enumerate(other_shape) if d != oc)

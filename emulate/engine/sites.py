@@ -19,6 +19,7 @@ import jax
 
 from emulate.quantized import mx
 from emulate.quantized.array import QArray, parts_text
+from emulate.quantized.layout import layout_of
 
 __all__ = ["PREFIX", "SiteTag", "operand_text", "parse", "scope"]
 
@@ -85,7 +86,7 @@ def scheme_name(q: QArray) -> str:
         if (
             s.format == q.format_name
             and s.scale_format == q.scale_format
-            and s.tensor_scale == (q.tensor_scale is not None)
+            and s.tensor_scale == (layout_of(q).tensor is not None)
             and blocked == sorted(b for b in (s.block or ()) if b is not None)
         ):
             return s.name

@@ -351,9 +351,12 @@ def _pack_codes(codes: jax.Array, bits: int, neg_axis: int) -> jax.Array:
     group, nbytes_group = group_shape(bits)
     pad = (-n) % group
     c = jnp.pad(c, [(0, 0)] * (c.ndim - 1) + [(0, pad)])
-    c = c.reshape(c.shape[:-1] + (-1, group))
+    # explicit sizes throughout: a -1 in a reshape divides by the other sizes (0 for an
+    # empty axis before the packed one)
+    c = c.reshape(c.shape[:-1] + ((n + pad) // group, group))
     byts = jnp.stack([_group_byte(c, bits, j) for j in range(nbytes_group)], axis=-1)
-    byts = byts.reshape(byts.shape[:-2] + (-1,))[..., : _packed_len(bits, n)]
+    byts = byts.reshape(byts.shape[:-2] + (byts.shape[-2] * byts.shape[-1],))
+    byts = byts[..., : _packed_len(bits, n)]
     return jnp.moveaxis(byts.astype(jnp.uint8), -1, neg_axis)
 
 
@@ -411,7 +414,7 @@ def _unpack_codes(data: jax.Array, bits: int, axis: int, length: int) -> jax.Arr
         c = (jnp.expand_dims(word, ax + 1) >> pattern) & mask
     else:
         c = jnp.stack(split_group_bytes(group_bytes(data, ax, bits), bits), axis=ax + 1)
-    c = c.reshape(c.shape[:ax] + (-1,) + c.shape[ax + 2 :])
+    c = c.reshape(c.shape[:ax] + (c.shape[ax] * c.shape[ax + 1],) + c.shape[ax + 2 :])
     return lax.slice_in_dim(c, 0, length, axis=ax).astype(jnp.uint8)
 
 
@@ -428,7 +431,7 @@ def group_bytes(data: jax.Array, axis: int, bits: int) -> list[jax.Array]:
         widths = [(0, 0)] * data.ndim
         widths[axis] = (0, pad)
         data = jnp.pad(data, widths)
-    groups = data.reshape(data.shape[:axis] + (-1, n) + data.shape[axis + 1 :])
+    groups = data.reshape(data.shape[:axis] + (data.shape[axis] // n, n) + data.shape[axis + 1 :])
     return [lax.index_in_dim(groups, j, axis + 1, keepdims=False) for j in range(n)]
 
 

@@ -40,7 +40,15 @@ Import it as ``import emulate.pallas`` (it imports ``jax.experimental.pallas``).
 
 from __future__ import annotations
 
-from emulate.pallas.checking.mosaic_check import Finding, MatmulSite, check, diagnose, matmul_sites
+from emulate.pallas.checking.mosaic_check import (
+    Finding,
+    MatmulSite,
+    NoMatmulWarning,
+    RecordedRulesWarning,
+    check,
+    diagnose,
+    matmul_sites,
+)
 from emulate.pallas.gmm_kernel import prepare_experts, ragged_dot
 from emulate.pallas.kernel_dot import dot, dot_vmem_bytes
 from emulate.pallas.matmul_kernel import matmul
@@ -52,6 +60,8 @@ __all__ = [
     "KernelQWeight",
     "KernelWeight",
     "MatmulSite",
+    "NoMatmulWarning",
+    "RecordedRulesWarning",
     "check",
     "diagnose",
     "dot",

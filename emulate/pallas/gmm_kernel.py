@@ -57,6 +57,7 @@ from emulate.pallas.matmul_config import Config, config
 from emulate.pallas.qweight import KernelQWeight, prepare_weight
 from emulate.pallas.weights import KernelWeight
 from emulate.quantized.array import QArray
+from emulate.quantized.layout import layout_of
 
 __all__ = ["prepare_experts", "ragged_dot", "schedule", "weight_fetches"]
 
@@ -285,7 +286,7 @@ def prepare_experts(w: Any, w_format: FormatLike | None = None) -> Any:
       stacked per expert; :func:`ragged_dot` reads such experts as they are).
     """
     _expert_count(w)
-    if isinstance(w, QArray) and w.tensor_scale is not None:
+    if isinstance(w, QArray) and layout_of(w).tensor is not None:
         raise NotImplementedError(
             "w: stacked experts with a tensor scale (NVFP4) are not prepared; pass the QArray "
             "itself to emulate.pallas.ragged_dot / emulate.ragged_dot, which read it as stored"
@@ -379,7 +380,7 @@ def ragged_dot(
         bm = min(bm, _round_up(-(-a.m // groups), 32 // a.x.dtype.itemsize))
     cfg = dataclasses.replace(cfg, x_resident=False, bm=bm)  # x blocks follow the visits
     tensor_scale = a.tensor_scale  # one for all the experts: not mapped over them
-    if isinstance(w, QArray) and w.tensor_scale is not None:
+    if isinstance(w, QArray) and layout_of(w).tensor is not None:
         w = dataclasses.replace(w, tensor_scale=None)
     kargs = jax.vmap(lambda we: matmul_args(x, we, **kw).kernel_operands)(w)
     kargs = (kargs[0], kargs[1], tensor_scale, *kargs[3:])

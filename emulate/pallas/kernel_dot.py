@@ -116,6 +116,114 @@ def _k_slice(x: jax.Array, start: int, step: int, axis: int, k: int) -> jax.Arra
     return x if step >= k else lax.slice_in_dim(x, start, start + step, axis=axis)
 
 
+#: The share of a generation's scoped VMEM (Mosaic's default limit, 16 MiB, or less VMEM)
+#: that one output tile's decoded slices and partial sums may take: the kernel's own
+#: blocks and buffers take the rest.
+_TILE_SHARE = 8
+_SCOPED_VMEM = 16 << 20
+
+
+def _tile_bytes(mb: int, nb: int, step: int, r: route.Route) -> int:
+    """VMEM of one output tile (mb, nb): the K-slices of both operands decoded (the copy
+    and the 32-bit temporaries), and its partial and running sums (32-bit each)."""
+    cx = 4 + jnp.dtype(r.lhs_compute).itemsize
+    cy = 4 + jnp.dtype(r.rhs_compute).itemsize
+    return cx * mb * step + cy * step * nb + 8 * mb * nb
+
+
+def _cuts(size: int, unit: int) -> list[int]:
+    """The block lengths that cut ``size`` into equal blocks of whole ``unit``s, longest
+    first (``size`` alone where it is no multiple of ``unit``)."""
+    if size % unit:
+        return [size]
+    return [b for b in range(size, 0, -unit) if size % b == 0]
+
+
+def _output_tile(r: route.Route, m: int, n: int, step: int) -> tuple[int, int]:
+    """The (rows, columns) of the output tiles :func:`dot` contracts one at a time: the
+    whole (m, n) where its decoding fits the budget (:data:`_TILE_SHARE` of the target's
+    scoped VMEM), else the largest tiles of whole 128-lane column blocks and 32-row
+    blocks (a sublane tile of 8-bit values) that do, columns cut first. So a large block
+    decoded on a generation of 16 MiB of VMEM (v2 to v4: 1024 x 1024 int8 tiles took
+    23-26 MiB decoded whole) stays within it."""
+    vmem = targets.get(r.target).vmem_capacity_bytes or _SCOPED_VMEM
+    budget = min(vmem, _SCOPED_VMEM) // _TILE_SHARE
+    rows, cols = _cuts(m, 32), _cuts(n, _LANES)
+    for mb in rows:
+        for nb in cols:
+            if _tile_bytes(mb, nb, step, r) <= budget:
+                return mb, nb
+    return rows[-1], cols[-1]
+
+
+def _rows_first(x: jax.Array) -> jax.Array:
+    """``x.T`` for a (K, M) operand narrower than 16 bits, transposed as 32-bit values:
+    Mosaic transposes 8-bit values (4-bit on v7x) only in compatibility mode ("Unsupported
+    transpose with element type bitwidth smaller than supported minimum"), and with it
+    off a matmul whose narrow LHS is contracted along dimension 0 crashed the compiler
+    (libtpu 0.0.42.1)."""
+    dt = jnp.dtype(x.dtype)
+    if jnp.issubdtype(dt, jnp.integer):
+        return x.astype(jnp.int32).T.astype(dt)
+    unsigned = jnp.uint8 if dt.itemsize == 1 and formats.get(dt).bits == 8 else jnp.uint4
+    u = lax.bitcast_convert_type(x, unsigned)
+    return lax.bitcast_convert_type(u.astype(jnp.int32).T.astype(unsigned), dt)
+
+
+def _is_narrow(x: jax.Array) -> bool:
+    return formats.get(np.dtype(x.dtype)).bits < 16
+
+
+def _lhs_as_rows(x: jax.Array, dn: Any) -> tuple[jax.Array, Any]:
+    """``x`` and the dimension numbers with a narrow LHS contracted along dimension 0 made
+    (M, K) (:func:`_rows_first`); anything else as it is."""
+    (ca,), (cb,) = dn[0]
+    if ca == 0 and _is_narrow(x):
+        return _rows_first(x), (((1,), (cb,)), ((), ()))
+    return x, dn
+
+
+def _contract_tile(a: jax.Array, b: jax.Array, r: route.Route, dn: Any, step: int) -> jax.Array:
+    """One output tile: K decoded a slice of ``step`` at a time, the slices' products
+    summed as they come (each partial dies at once)."""
+    (ca,), (cb,) = dn[0]
+    k = a.shape[ca]
+    total = None
+    for start in range(0, k, step) if k else (0,):  # one piece when K is not cut
+        x = route.decode_values(_k_slice(a, start, step, ca, k), r.lhs_compute, r.lhs_scale)
+        y = route.decode_values(_k_slice(b, start, step, cb, k), r.rhs_compute, r.rhs_scale)
+        x, xdn = _lhs_as_rows(x, dn)
+        if r.exact:  # int32, wrapping as XLA's integer dots do
+            part = route.exact_dot(x, y, r, xdn)
+        else:
+            part = route.float_dot(x, y, r.precision, xdn)
+        total = part if total is None else total + part
+    assert total is not None
+    return total
+
+
+def _free_slice(x: jax.Array, start: int, size: int, contracting: int) -> jax.Array:
+    axis = 1 - contracting
+    if size >= x.shape[axis]:
+        return x
+    return lax.slice_in_dim(x, start, start + size, axis=axis)
+
+
+def _tiled(a: jax.Array, b: jax.Array, r: route.Route, dn: Any, step: int) -> jax.Array:
+    """The decoded contraction, one output tile (:func:`_output_tile`) at a time."""
+    (ca,), (cb,) = dn[0]
+    m, n = a.shape[1 - ca], b.shape[1 - cb]
+    mb, nb = _output_tile(r, m, n, step)
+    rows = []
+    for m0 in range(0, m, mb) if m else (0,):
+        cols = [
+            _contract_tile(_free_slice(a, m0, mb, ca), _free_slice(b, n0, nb, cb), r, dn, step)
+            for n0 in (range(0, n, nb) if n else (0,))
+        ]
+        rows.append(cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=1))
+    return rows[0] if len(rows) == 1 else jnp.concatenate(rows, axis=0)
+
+
 def dot(
     a: jax.Array,
     b: jax.Array,
@@ -134,7 +242,9 @@ def dot(
     type the unit takes (int8 after a power-of-two scaling, bf16 or f32) and contracted
     with an int32 or f32 accumulator, in K-chunks short enough that exact-class sums stay
     exact. The decoding goes a K-slice of the MXU width at a time, summed as it goes, so
-    that the kernel holds one slice's decoded copies (:func:`dot_vmem_bytes`).
+    that the kernel holds one slice's decoded copies (:func:`dot_vmem_bytes`); a large
+    block is contracted one output tile at a time, so that the slices and partial sums of
+    a tile stay within an eighth of the generation's scoped VMEM (16 MiB at most).
 
     Args:
       a: an (M, K) array loaded from a ref ((K, M) if ``dimension_numbers`` contract its
@@ -156,7 +266,9 @@ def dot(
         dimension per operand and no batch dimensions: ``(((1,), (1,)), ((), ()))`` takes
         ``b`` as stored (N, K), ``a @ b.T``, so that a transposed narrow operand is
         contracted as it is, with no transpose (which Mosaic converts only in
-        compatibility mode for narrow types).
+        compatibility mode for narrow types). A narrow ``a`` stored (K, M) (8 or 4 bits
+        as it reaches the matrix unit) is transposed as 32-bit values first: Mosaic
+        transposes narrower ones only in compatibility mode.
 
     Returns:
       An (M, N) array of the result type (M: ``a``'s free dimension, N: ``b``'s). Integer
@@ -176,21 +288,12 @@ def dot(
     r = route.route(fa, fb, target=target, preferred_element_type=preferred_element_type)
     out = jnp.dtype(formats.get(r.out).dtype)
     if r.method == "native":
+        a, dn = _lhs_as_rows(a, dn)
         acc = route.float_dot(a, b, precision if precision is not None else r.precision, dn)
         return accumulate.round_accumulator(acc, r.out) if acc.dtype != out else acc
     (ca,), (cb,) = dn[0]
-    k = a.shape[ca]
-    step = _decode_step(r, fa, fb, k)
-    total = None  # summed as the pieces come: each (M, N) partial dies at once
-    for start in range(0, k, step) if k else (0,):  # one piece when K is not cut
-        x = route.decode_values(_k_slice(a, start, step, ca, k), r.lhs_compute, r.lhs_scale)
-        y = route.decode_values(_k_slice(b, start, step, cb, k), r.rhs_compute, r.rhs_scale)
-        if r.exact:  # int32, wrapping as XLA's integer dots do
-            part = route.exact_dot(x, y, r, dn)
-        else:
-            part = route.float_dot(x, y, r.precision, dn)
-        total = part if total is None else total + part
-    assert total is not None
+    step = _decode_step(r, fa, fb, a.shape[ca])
+    total = _tiled(a, b, r, dn, step)
     if not r.exact:
         return accumulate.round_accumulator(total, r.out) if total.dtype != out else total
     if formats.get(r.out).is_integer:

@@ -10,18 +10,21 @@ NotImplementedError naming the argument), before any array is traced. What it wo
 * the activations: values or codes as stored (float16 widened to the route's type,
   which Mosaic does not load), gathered into the weight's row order for an act-order
   QArray (:func:`emulate.pallas.qcodebook.permute_x`);
-* the weight: its stored array and :class:`emulate.pallas.matmul_config.Stored` layout
-  (dense as stored, an int4 / uint4 / float4 array too, whose elements ml_dtypes holds
-  one a byte; Packed of one byte per group as stored; K-planar for a
-  :class:`emulate.pallas.KernelWeight`, and on each call for a Packed of 3 or 5 bytes a
-  group, :func:`emulate.pallas.weights.planar_weight`; K-planar too for a group-scaled
-  Packed QArray under float32 activations, whose column planes cut into groups overrun
-  v2/v3's VMEM);
 * a QArray or :class:`emulate.pallas.KernelQWeight` weight's parts as the kernel reads
-  them (:func:`emulate.pallas.qweight.split`: scales, :class:`~emulate.pallas.qweight.
+  them, from the QArray's :class:`~emulate.quantized.layout.Layout`, read once
+  (:func:`emulate.pallas.qweight.split`: scales, :class:`~emulate.pallas.qweight.
   Scaling`, zero points and offsets), its tensor scale, codebook
   (:func:`emulate.pallas.qcodebook.kernel_codebook`), permutation, and result type
-  (:func:`emulate.pallas.qweight.result_type`).
+  (:func:`emulate.pallas.qweight.result_type`);
+* then, once the route is known, the weight's stored array and
+  :class:`emulate.pallas.matmul_config.Stored` layout, decided in one place
+  (:func:`emulate.pallas.weights.kernel_layout`): dense as stored (an int4 / uint4 /
+  float4 array too, whose elements ml_dtypes holds one a byte); Packed of one byte per
+  group as stored; K-planar for a :class:`emulate.pallas.KernelWeight`, and on each call
+  for a Packed of 3 or 5 bytes a group, a QArray's codes packed along K whose scale
+  groups cut the activations' column planes short of half a lane width, and a
+  group-scaled Packed QArray under float32 activations, whose column planes cut into
+  groups overrun v2/v3's VMEM.
 
 The record holds arrays (not a pytree): it lives between the call's arguments and the
 kernel's jit, which takes :attr:`MatmulArgs.kernel_operands` and a static
@@ -43,13 +46,26 @@ from emulate.numerics.storage import Packed, group_shape, is_array, to_codes, un
 from emulate.pallas import qcodebook, qweight, route
 from emulate.pallas.matmul_config import Stored
 from emulate.pallas.qcodebook import KernelCodebook
-from emulate.pallas.qweight import KernelQWeight, Scaling
-from emulate.pallas.weights import KernelWeight, planar_weight
+from emulate.pallas.qweight import KernelQWeight, QParts, Scaling
+from emulate.pallas.weights import KernelWeight, kernel_layout
 from emulate.quantized.array import QArray
 
 __all__ = ["MatmulArgs", "matmul_args"]
 
 _X_IN_KERNEL = ("bfloat16", "float32")  # wide activation types decoded in the kernel
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Source:
+    """The weight argument, checked, before its layout is decided (:func:`_laid_out`): its
+    codes (an array, Packed array or KernelWeight), their format, K, N, and a QArray's or
+    prepared weight's other parts (:func:`emulate.pallas.qweight.split`)."""
+
+    codes: Any
+    format: Format
+    k: int
+    n: int
+    parts: QParts | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -134,14 +150,7 @@ def _tpu(target: targets.TargetLike) -> targets.Target:
     return t
 
 
-def _planar(w: KernelWeight) -> _Weight:
-    data = jnp.asarray(w.data)
-    group, nbytes = group_shape(w.format.bits)
-    stored = Stored("planar", "uint8", int(data.shape[0]), group, nbytes)
-    return _Weight(data, w.format, w.length, int(data.shape[1]), stored)
-
-
-def _packed(w: Packed, w_format: FormatLike | None) -> _Weight:
+def _packed(w: Packed, w_format: FormatLike | None) -> _Source:
     f = w.format
     if w_format is not None and formats.get(w_format) != f:
         raise ValueError(
@@ -153,19 +162,14 @@ def _packed(w: Packed, w_format: FormatLike | None) -> _Weight:
             f"shape {w.shape} packed along axis {w.axis + w.ndim}: pack it with "
             "emulate.pack(w, axis=0)"
         )
-    group, nbytes = group_shape(f.bits)
-    if nbytes > 1:  # 3 or 5 bytes a group: the K-planar layout, on each call
-        return _planar(planar_weight(w))
-    data = jnp.asarray(w.data)
-    stored = Stored("packed", "uint8", int(data.shape[0]), group, nbytes)
-    return _Weight(data, f, w.length, int(data.shape[1]), stored)
+    return _Source(w, f, w.length, int(w.data.shape[1]))
 
 
 def _weight(
     w: jax.Array | np.ndarray | Packed | KernelWeight, w_format: FormatLike | None
-) -> _Weight:
-    """The weight argument as the kernel reads it; nothing is copied except where the
-    module docstring says so."""
+) -> _Source:
+    """The weight argument (or a QArray's codes), checked; its layout is decided once, after
+    the route (:func:`_laid_out`)."""
     if isinstance(w, Packed):
         return _packed(w, w_format)
     if isinstance(w, KernelWeight):
@@ -174,7 +178,7 @@ def _weight(
                 f"w_format: {formats.get(w_format).name} disagrees with the KernelWeight's "
                 f"format {w.format.name}"
             )
-        return _planar(w)
+        return _Source(w, w.format, w.length, int(w.data.shape[1]))
     if not is_array(w):
         raise TypeError(
             f"w: expected an array, uint8 codes with w_format=, a Packed array or a "
@@ -188,17 +192,10 @@ def _weight(
     else:
         data, f = to_codes(w, w_format, arg="w")
     _refuse_wide_codes(f, "w")
-    if not f.is_low_precision:
-        raise ValueError(
-            f"w: a {f.name} weight needs no decoding; pass a low-precision weight (int8, "
-            "float8 codes, or emulate.pack(w4, axis=0) for 4- and 6-bit formats)"
-        )
+    _refuse_wide_values(f)
     if data.ndim != 2:
         raise ValueError(f"w: expected a 2-D (K, N) weight, got shape {tuple(data.shape)}")
-    if np.dtype(data.dtype).itemsize * 8 != 8:  # an element narrower than a byte
-        return _planar(planar_weight(data))
-    stored = Stored("dense", np.dtype(data.dtype).name, int(data.shape[0]))
-    return _Weight(data, f, int(data.shape[0]), int(data.shape[1]), stored)
+    return _Source(data, f, int(data.shape[0]), int(data.shape[1]))
 
 
 def _activation(
@@ -230,6 +227,15 @@ def _activation(
     return codes, f
 
 
+def _refuse_wide_values(f: Format) -> None:
+    """A weight of a wide type (bfloat16, float16, float32) is refused with a ValueError."""
+    if not f.is_low_precision:
+        raise ValueError(
+            f"w: a {f.name} weight needs no decoding; pass a low-precision weight (int8, "
+            "float8 codes, or emulate.pack(w4, axis=0) for 4- and 6-bit formats)"
+        )
+
+
 def _refuse_wide_codes(f: Format, arg: str) -> None:
     """The Pallas kernels read codes of at most 8 bits: a format of 9 to 16 bits without a
     dtype (a wide P3109 format) is refused with a ValueError naming ``arg``."""
@@ -241,27 +247,21 @@ def _refuse_wide_codes(f: Format, arg: str) -> None:
         )
 
 
-def _quantized(
-    w: QArray | KernelQWeight, w_format: FormatLike | None
-) -> tuple[_Weight, dict[str, Any]]:
-    """A QArray or prepared weight: its codes as the kernel reads them, and the
-    :class:`MatmulArgs` fields of its other parts (``weight``: without its permutation,
-    which the caller applies to ``x`` or the result)."""
+def _quantized(w: QArray | KernelQWeight, w_format: FormatLike | None) -> _Source:
+    """A QArray or prepared weight: its parts as the kernel reads them
+    (:func:`emulate.pallas.qweight.split`), its codes as stored (raw codes of a format
+    without an XLA dtype as :func:`emulate.numerics.storage.to_codes` gives them)."""
     qweight.check_format(w, w_format)
-    _refuse_wide_codes(formats.get(w.format_name), "w")
-    codes, scales, scaling, parts = qweight.split(w)
-    perm = w.perm
-    stored_order = dataclasses.replace(w, perm=None, perm_axis=None) if perm is not None else w
-    fields = {
-        "weight": stored_order,
-        "scales": scales,
-        "tensor_scale": w.tensor_scale,
-        "affine": () if parts is None else parts.arrays,
-        "scaling": scaling,
-        "perm": perm,
-        "perm_axis": w.perm_axis,
-    }
-    return _weight(codes, w.format_name), fields
+    p = qweight.split(w)
+    f = p.format
+    _refuse_wide_codes(f, "w")
+    _refuse_wide_values(f)
+    codes = p.codes
+    if not isinstance(codes, (Packed, KernelWeight)) and not (
+        np.dtype(codes.dtype).name == f.name and f.xla_storable
+    ):
+        codes = to_codes(codes, f, arg="w")[0]
+    return _Source(codes, f, p.shape[0], p.shape[1], p)
 
 
 def matmul_args(
@@ -287,29 +287,27 @@ def matmul_args(
         kernel_codebook`).
     """
     t = _tpu(target)
-    fields: dict[str, Any] = {"weight": w}
-    if isinstance(w, (QArray, KernelQWeight)):
-        wt, fields = _quantized(w, w_format)
-    else:
-        wt = _weight(w, w_format)
+    src = (
+        _quantized(w, w_format) if isinstance(w, (QArray, KernelQWeight)) else _weight(w, w_format)
+    )
     xv, xf = _activation(x, x_format)
     if xv.ndim != 2:
         raise ValueError(f"x: expected a 2-D (M, K) array, got shape {tuple(xv.shape)}")
     m, k = xv.shape
-    if k != wt.k:
+    if k != src.k:
         raise ValueError(
-            f"x, w: x's K ({k}) differs from w's K ({wt.k}); x {xf.name}{[m, k]}, "
-            f"w {wt.format.name}{[wt.k, wt.n]}"
+            f"x, w: x's K ({k}) differs from w's K ({src.k}); x {xf.name}{[m, k]}, "
+            f"w {src.format.name}{[src.k, src.n]}"
         )
     final = cb = None
-    q = fields["weight"]
-    if fields.get("scaling") is not None:
-        final = qweight.result_type(xv, xf, q, out_dtype)
-        cb = qcodebook.kernel_codebook(q.codebook, wt.format.name, xf, t)
-        if fields["perm"] is not None and fields["perm_axis"] == -2:  # act-order along K
-            xv = qcodebook.permute_x(xv, fields["perm"])
-    vf = cb.value_format if cb is not None else wt.format
-    if wt.format.name in formats.CODE_FORMATS:  # 2- to 6-bit integer codes: values as int8
+    p = src.parts
+    if p is not None:
+        final = qweight.result_type(xf, p.dtype, out_dtype)
+        cb = qcodebook.kernel_codebook(p.codebook, src.format.name, xf, t)
+        if p.perm is not None and p.perm_axis == -2:  # act-order along K
+            xv = qcodebook.permute_x(xv, p.perm)
+    vf = cb.value_format if cb is not None else src.format
+    if src.format.name in formats.CODE_FORMATS:  # 2- to 6-bit integer codes: values as int8
         vf = formats.get("int8")
     r = route.route(xf, vf, target=t, preferred_element_type="float32" if final else out_dtype)
     out = final or r.out
@@ -318,8 +316,10 @@ def matmul_args(
             f"out_dtype: the result type would be {r.out}, which XLA cannot hold; pass "
             "out_dtype (e.g. jnp.float32)"
         )
-    if 0 not in (m, wt.n, k):
-        wt, xv = _laid_out(wt, xv, xf, r, fields)
+    nonempty = 0 not in (m, src.n, k)
+    wt = _laid_out(src, r, nonempty)
+    if nonempty and not xf.is_low_precision and xv.dtype.name not in _X_IN_KERNEL:
+        xv = route.decode_values(xv, r.lhs_compute)  # float16: widened outside the kernel
     passthrough = (
         cb is None
         and r.rhs_compute == wt.format.name
@@ -328,25 +328,36 @@ def matmul_args(
     )
     return MatmulArgs(
         x=xv, x_format=xf, w=wt.data, w_format=wt.format, stored=wt.stored, m=m, n=wt.n,
-        k=k, target=t, route=r, out=out, passthrough=passthrough, codebook=cb, **fields,
+        k=k, target=t, route=r, out=out, passthrough=passthrough, codebook=cb,
+        weight=w if p is None else p.weight,
+        scales=None if p is None else p.scales,
+        tensor_scale=None if p is None else p.tensor,
+        affine=() if p is None or p.affine is None else p.affine.arrays,
+        scaling=None if p is None else p.scaling,
+        perm=None if p is None else p.perm,
+        perm_axis=None if p is None else p.perm_axis,
     )  # fmt: skip
 
 
-def _laid_out(
-    wt: _Weight, xv: jax.Array, xf: Format, r: route.Route, fields: dict[str, Any]
-) -> tuple[_Weight, jax.Array]:
-    """The weight and activations of a non-empty call in the layout the route takes:
-    a group-scaled Packed QArray K-planar under float32 activations, the code format
-    named in the layout, float16 activations widened."""
-    scaling = fields.get("scaling")
-    if scaling and scaling.along_k and wt.stored.layout == "packed" and r.lhs_compute == "float32":
-        # f32 x column planes cut into groups overrun v2/v3's 16 MiB of VMEM (XLA:TPU:
-        # RESOURCE_EXHAUSTED at 64x4096x4096): the K-planar layout instead (prepare once)
-        q = fields["weight"]
-        assert isinstance(q, QArray)
-        wt = _planar(planar_weight(q.codes))
-    if wt.format.name in formats.CODE_FORMATS:
-        wt = dataclasses.replace(wt, stored=dataclasses.replace(wt.stored, code=wt.format.name))
-    if not xf.is_low_precision and xv.dtype.name not in _X_IN_KERNEL:
-        xv = route.decode_values(xv, r.lhs_compute)  # float16: widened outside the kernel
-    return wt, xv
+def _laid_out(src: _Source, r: route.Route, nonempty: bool) -> _Weight:
+    """The weight in the layout the kernel reads it in: the one place a call decides it
+    (:func:`emulate.pallas.weights.kernel_layout`; a group-scaled Packed QArray K-planar
+    under float32 activations), and the codes' format named in the layout."""
+    s = src.parts.scaling if src.parts is not None else None
+    group = s.group if s is not None and s.along_k else None
+    # f32 x column planes cut into groups overrun v2/v3's 16 MiB of VMEM (XLA:TPU:
+    # RESOURCE_EXHAUSTED at 64x4096x4096): the K-planar layout instead (prepare once)
+    planar = nonempty and group is not None and r.lhs_compute == "float32"
+    codes = kernel_layout(src.codes, group=group, planar=planar)
+    if isinstance(codes, (KernelWeight, Packed)):
+        data, k = jnp.asarray(codes.data), codes.length
+        g, nbytes = group_shape(codes.format.bits)
+        layout = "planar" if isinstance(codes, KernelWeight) else "packed"
+        stored = Stored(layout, "uint8", int(data.shape[0]), g, nbytes)
+    else:
+        data = jnp.asarray(codes)
+        k = int(data.shape[0])
+        stored = Stored("dense", np.dtype(data.dtype).name, k)
+    if nonempty and src.format.name in formats.CODE_FORMATS:
+        stored = dataclasses.replace(stored, code=src.format.name)
+    return _Weight(data, src.format, k, int(data.shape[1]), stored)

@@ -258,7 +258,7 @@ def step_levels(
     (8-bit codes one a row); ``supers``: the super-block scales as :func:`super_rows`
     gives them, one row per ``level.block`` groups (``level.cols`` > 1: one row, a scale
     per ``cols`` columns of the weight); ``level``:
-    :class:`emulate.pallas.qoffsets.Level`; ``col0``: the weight column of the block's
+    :class:`emulate.pallas.qoffsets.KernelLevel`; ``col0``: the weight column of the block's
     first column (``level.cols`` > 1: this or ``spread`` is required; unused otherwise);
     ``spread``: :func:`spread_supers` of the block, if made already.
 

@@ -1,7 +1,8 @@
 """Zero points, offsets and two-level scales of a :class:`emulate.QArray` weight in
 :func:`emulate.pallas.matmul`: the host side (what the kernel reads, :func:`kernel_parts`,
-and the records of its static side, :class:`Affine` and :class:`Level`). Their terms in
-the kernel, per K step: :class:`emulate.pallas.qsteps.GroupTerms`.
+from the QArray's :class:`~emulate.quantized.layout.Layout`, and the records of its static
+side, :class:`Affine` and :class:`KernelLevel`). Their terms in the kernel, per K step:
+:class:`emulate.pallas.qsteps.GroupTerms`.
 
 A weight ``W[k, n] = (q[k, n] - z[g, n]) * s[g, n] + o[g, n]`` (``g`` the group of row
 ``k``: AutoAWQ / GPTQ / compressed-tensors asymmetric int4, GGUF Q4_0's static 8, GGUF
@@ -27,7 +28,7 @@ f32 value :func:`emulate.dequantize` gives it; once per K step for all of the st
 groups, and two-level offsets' term as one dot per step (:mod:`emulate.pallas.qgroups`).
 bitsandbytes' double quantization (``absmax`` as uint8 codes into the 256-entry map, a
 float32 per 256 codes, an offset) is a two-level part with a table and a static offset
-(:class:`Level`): ``map[c] * a2`` then ``+ offset``, each rounded once to f32 as bnb does;
+(:class:`KernelLevel`): ``map[c] * a2`` then ``+ offset``, each rounded once to f32 as bnb does;
 below K = 16384 its nested blocks span every group and several columns (``(64, 4)`` at
 K = 4096), spread to the output block's columns in the kernel. Against
 :func:`emulate.dot_general` (bf16 activations x NF4 / FP4): the same f32 absmax; the
@@ -79,22 +80,18 @@ from emulate.numerics.storage import Packed, pack, unpack_codes
 from emulate.pallas import qgroups
 from emulate.pallas.route import refuse
 from emulate.quantized.array import QArray
-from emulate.quantized.checks import is_int
+from emulate.quantized.layout import Constant, Layout, Level, Stored, describe
 
 __all__ = [
-    "PARTS",
     "Affine",
     "AffineParts",
-    "Level",
+    "KernelLevel",
     "as_parts",
     "grouped",
     "kernel_parts",
-    "outer_scales",
     "spec",
 ]
 
-#: The QArray parts built here (as :func:`emulate.quantized.array.parts_text` names them).
-PARTS = ("zero_points", "offsets", "two_level")
 _MIN_GROUP = 32
 #: Zero point types the kernel reads: 2- to 6-bit ones packed along the group axis, 8-bit
 #: as is.
@@ -104,8 +101,9 @@ _OFFSET_TYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "uint1
 
 
 @dataclasses.dataclass(frozen=True)
-class Level:
-    """A two-level part (scales or offsets that are QArrays): small-integer codes per group
+class KernelLevel:
+    """A two-level part (:class:`emulate.quantized.layout.Level`) as the kernel decodes it
+    (part of its jit key): small-integer codes per group
     (``code_format``, Packed along the groups or 8-bit as stored) minus ``zero``, times a
     scale per ``block`` groups (``super_format``: float16 as uint16 bits, bfloat16,
     float32), one f32 rounding, as :func:`emulate.dequantize` computes them.
@@ -140,7 +138,7 @@ class Affine:
         "two_level" (``offset_level``).
       offset_value: the static offset.
       offset_format: "float32", "bfloat16" or "float16" (held as uint16 bits).
-      offset_level, scale_level: two-level offsets and scales (:class:`Level`), or None.
+      offset_level, scale_level: two-level offsets and scales (:class:`KernelLevel`), or None.
     """
 
     zero: str = "none"
@@ -149,11 +147,11 @@ class Affine:
     offset: str = "none"
     offset_value: float = 0.0
     offset_format: str = ""
-    offset_level: Level | None = None
-    scale_level: Level | None = None
+    offset_level: KernelLevel | None = None
+    scale_level: KernelLevel | None = None
 
     @property
-    def spreads(self) -> tuple[Level, ...]:
+    def spreads(self) -> tuple[KernelLevel, ...]:
         """The two-level parts whose super-block scales span several columns (offsets,
         then scales): each takes a (1, bn) int32 VMEM scratch, its spread scales."""
         levels = (self.offset_level, self.scale_level)
@@ -161,7 +159,7 @@ class Affine:
 
     @property
     def operand_cols(self) -> tuple[int, ...]:
-        """:attr:`Level.cols` of each kernel operand in :attr:`operands`' order (1 for
+        """:attr:`KernelLevel.cols` of each kernel operand in :attr:`operands`' order (1 for
         all but super-block scales of several columns)."""
         lv, sl = self.offset_level, self.scale_level
         out = [1] * int(self.zero in ("array", "packed")) + [1] * int(self.offset == "array")
@@ -191,7 +189,7 @@ class AffineParts(
         packed codes along the groups for 2- to 6-bit zero points), ``C`` the scales'
         columns; or None.
       offsets: float32 / bfloat16 / uint16 array of the scales' shape; two-level ones:
-        their codes' bytes (:class:`Level`); or None.
+        their codes' bytes (:class:`KernelLevel`); or None.
       spec: the :class:`Affine` record.
       grid: the scales' shape (groups, columns).
       offset_supers, scale_supers: the super-block scales of two-level offsets and scales
@@ -220,25 +218,33 @@ class AffineParts(
         return tables + sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in self.arrays)
 
 
-def _zero_parts(q: QArray, grid: tuple[int, int], arg: str) -> tuple[Any, dict]:
-    z = q.zero_points
+def _along_groups(codes: Stored) -> jax.Array:
+    """Codes of at most 7 bits as the kernel reads them: the bytes of :func:`emulate.pack`'s
+    bit stream along the group axis (axis 0), as stored where they are so packed."""
+    c = codes.array
+    if not (isinstance(c, Packed) and codes.packed_axis == 0):
+        c = pack(
+            unpack_codes(c) if isinstance(c, Packed) else jnp.asarray(c), codes.format_name, axis=0
+        )
+    return jnp.asarray(c.data)
+
+
+def _zero_parts(q: Layout, arg: str) -> tuple[Any, dict]:
+    z = q.zero
     if z is None:
         return None, {}
     if not q.format.is_integer:
         refuse(arg, f"zero points on {q.format_name} codes (integer codes are built)")
-    if is_int(z):
-        if abs(int(z)) > _MAX_STATIC_ZERO:
-            refuse(arg, f"a zero point of {int(z)} (at most {_MAX_STATIC_ZERO} in magnitude)")
-        return None, {"zero": "static", "zero_value": int(z)}
-    fmt = z.format_name if isinstance(z, Packed) else np.dtype(z.dtype).name
-    if fmt not in _ZERO_TYPES:
-        refuse(arg, f"{fmt} zero points (2- to 8-bit integer ones are built)")
-    if formats.get(fmt).bits == 8:
-        return jnp.asarray(z), {"zero": "array", "zero_format": fmt}
-    if not (isinstance(z, Packed) and z.axis + 2 == 0):  # nibbles along the group axis
-        codes = unpack_codes(z) if isinstance(z, Packed) else jnp.asarray(z)
-        z = pack(codes, fmt, axis=0)
-    return jnp.asarray(z.data), {"zero": "packed", "zero_format": fmt}
+    if isinstance(z, Constant):
+        if abs(int(z.value)) > _MAX_STATIC_ZERO:
+            refuse(arg, f"a zero point of {int(z.value)} (at most {_MAX_STATIC_ZERO} in magnitude)")
+        return None, {"zero": "static", "zero_value": int(z.value)}
+    assert isinstance(z, Stored)
+    if z.format_name not in _ZERO_TYPES:
+        refuse(arg, f"{z.format_name} zero points (2- to 8-bit integer ones are built)")
+    if z.bits == 8:
+        return jnp.asarray(z.array), {"zero": "array", "zero_format": z.format_name}
+    return _along_groups(z), {"zero": "packed", "zero_format": z.format_name}
 
 
 def _as_bits(a: Any) -> tuple[jax.Array, str]:
@@ -252,9 +258,9 @@ def _as_bits(a: Any) -> tuple[jax.Array, str]:
     return a, fmt
 
 
-def _level(inner: QArray, arg: str, what: str) -> tuple[jax.Array, jax.Array, Level]:
-    """(codes' bytes along the groups, super-block scales, :class:`Level`) of a two-level
-    part ``inner`` (a QArray of the scale grid's shape)."""
+def _level(inner: Level, arg: str, what: str) -> tuple[jax.Array, jax.Array, KernelLevel]:
+    """(codes' bytes along the groups, super-block scales, :class:`KernelLevel`) of a
+    two-level part ``inner`` (a QArray of the scale grid's shape)."""
     bk, bn = (int(b) for b in inner.block_shape) if len(inner.shape) == 2 else (0, 0)
     if len(inner.shape) != 2 or bk < 1 or not (bn == 1 or bk >= inner.shape[0]):
         refuse(
@@ -262,85 +268,73 @@ def _level(inner: QArray, arg: str, what: str) -> tuple[jax.Array, jax.Array, Le
             f"two-level {what} in blocks {tuple(inner.block_shape)} (blocks (B, 1), or of "
             "several columns spanning every group)",
         )
-    cb = inner.codebook
+    cb, f = inner.table, inner.format
     if (
-        not inner.format.is_integer
-        or inner.format.bits > 8
-        or isinstance(inner.scales, QArray)
-        or not (inner.offsets is None or (cb is not None and isinstance(inner.offsets, float)))
-        or (cb is not None and (inner.format.signed or inner.zero_points is not None))
+        not f.is_integer
+        or f.bits > 8
+        or not isinstance(inner.scale, Stored)
+        or not (inner.offset is None or (cb is not None and isinstance(inner.offset, Constant)))
+        or (cb is not None and (f.signed or inner.zero is not None))
         or (cb is not None and not np.all(np.isfinite(cb.array().astype(np.float32))))
         or inner.perm is not None
-        or inner.tensor_scale is not None
-        or inner.element_exponent
-        or not (inner.zero_points is None or is_int(inner.zero_points))
+        or inner.tensor is not None
+        or inner.exponent
+        or isinstance(inner.zero, Stored)
         or inner.scale_format not in _OFFSET_TYPES
     ):
         refuse(
             arg,
-            f"two-level {what} {inner!r} (integer codes of at most 8 bits, a static zero "
-            "point, float16 / bfloat16 / float32 super-block scales are built; or unsigned "
-            "codes into a finite table with a static offset, as bitsandbytes)",
+            f"two-level {what} {describe(inner)} (integer codes of at most 8 bits, a static "
+            "zero point, float16 / bfloat16 / float32 super-block scales are built; or "
+            "unsigned codes into a finite table with a static offset, as bitsandbytes)",
         )
-    f = inner.format
-    c = inner.codes
-    if f.bits == 8:
-        data = jnp.asarray(c)
-    else:
-        if not (isinstance(c, Packed) and c.axis + 2 == 0):
-            c = pack(unpack_codes(c) if isinstance(c, Packed) else jnp.asarray(c), f.name, axis=0)
-        data = jnp.asarray(c.data)
-    supers, sf = _as_bits(inner.scales)
-    offset = 0.0 if inner.offsets is None else float(inner.offsets)
-    level = Level(f.name, bk, sf, int(inner.zero_points or 0), cb, offset, bn)
-    return data, supers, level
+    data = jnp.asarray(inner.codes.array) if f.bits == 8 else _along_groups(inner.codes)
+    supers, sf = _as_bits(inner.scale.array)
+    offset = float(inner.offset.value) if isinstance(inner.offset, Constant) else 0.0
+    zero = int(inner.zero.value) if isinstance(inner.zero, Constant) else 0
+    return data, supers, KernelLevel(f.name, bk, sf, zero, cb, offset, bn)
 
 
-def _offset_parts(q: QArray, arg: str) -> tuple[tuple[Any, Any], dict]:
-    o = q.offsets
+def _offset_parts(q: Layout, arg: str) -> tuple[tuple[Any, Any], dict]:
+    o = q.offset
     if o is None:
         return (None, None), {}
-    if q.tensor_scale is not None:
+    if q.tensor is not None:
         refuse(arg, "offsets with a tensor scale")
-    if isinstance(o, float):
-        return (None, None), {"offset": "static", "offset_value": float(o)}
-    if isinstance(o, QArray):
+    if isinstance(o, Constant):
+        return (None, None), {"offset": "static", "offset_value": float(o.value)}
+    if isinstance(o, Level):
         data, supers, level = _level(o, arg, "offsets")
         return (data, supers), {"offset": "two_level", "offset_level": level}
-    a, fmt = _as_bits(o)
+    a, fmt = _as_bits(o.array)
     return (a, None), {"offset": "array", "offset_format": fmt}
 
 
-def kernel_parts(q: QArray, arg: str = "w") -> AffineParts | None:
+def kernel_parts(q: Layout, arg: str = "w") -> tuple[AffineParts | None, jax.Array | None]:
     """A 2-D QArray's zero points, offsets and two-level scales' super-block scales as the
-    kernel reads them; None without any.
+    kernel reads them (None without any), and two-level scales' codes as the kernel reads
+    them (the KernelQWeight's ``scales``; None for plain scales), from its layout.
 
     Raises:
       NotImplementedError: a part the kernel does not build (module docstring).
     """
-    two_level = isinstance(q.scales, QArray)
-    if not q.is_affine and not two_level:
-        return None
-    if q.element_exponent:
+    two_level = isinstance(q.scale, Level)
+    if q.zero is None and q.offset is None and not two_level:
+        return None, None
+    if q.exponent:
         refuse(arg, "zero points, offsets or two-level scales with an element_exponent")
-    k, n = q.shape
-    bk, bn = q.block_shape
-    grid = (-(-k // bk), -(-n // bn))
-    zeros, zs = _zero_parts(q, grid, arg)
+    zeros, zs = _zero_parts(q, arg)
     (offsets, offset_supers), os_ = _offset_parts(q, arg)
-    scale_supers = None
-    if two_level:
-        _, scale_supers, level = _level(q.scales, arg, "scales")
+    scale_codes = scale_supers = None
+    if isinstance(q.scale, Level):
+        scale_codes, scale_supers, level = _level(q.scale, arg, "scales")
         os_["scale_level"] = level
-    return AffineParts(zeros, offsets, Affine(**zs, **os_), grid, offset_supers, scale_supers)
+    grid = (q.grid[0], q.grid[1])
+    spec = Affine(**zs, **os_)
+    return AffineParts(zeros, offsets, spec, grid, offset_supers, scale_supers), scale_codes
 
 
-def outer_scales(q: QArray) -> jax.Array:
-    """Two-level scales' codes as the kernel reads them (the KernelQWeight's ``scales``)."""
-    return _level(q.scales, "w", "scales")[0]
-
-
-def _inner(data: Any, supers: Any, level: Level, grid: tuple[int, int]) -> QArray:
+def _inner(data: Any, supers: Any, level: KernelLevel, grid: tuple[int, int]) -> QArray:
     f = formats.get(level.code_format)
     codes = jnp.asarray(data) if f.bits == 8 else Packed(jnp.asarray(data), f.name, -2, grid[0])
     sup = jnp.asarray(supers)

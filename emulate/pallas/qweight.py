@@ -80,16 +80,17 @@ from emulate.formats import Format
 from emulate.numerics.bits import times_pow2
 from emulate.numerics.pytree import PytreeRecord
 from emulate.numerics.scales import scale_frexp
-from emulate.numerics.storage import Packed, group_shape
 from emulate.pallas import qoffsets
 from emulate.pallas.route import refuse
-from emulate.pallas.weights import KernelWeight, kernel_codes, planar_weight
-from emulate.quantized.array import QArray, parts_text
+from emulate.pallas.weights import KernelWeight, kernel_codes, kernel_layout, planar_weight
+from emulate.quantized.array import QArray
 from emulate.quantized.checks import as_format_array
+from emulate.quantized.layout import Layout, layout_of
 from emulate.quantized.values import dequantize
 
 __all__ = [
     "KernelQWeight",
+    "QParts",
     "Scaling",
     "apply_outside",
     "check_format",
@@ -102,11 +103,8 @@ __all__ = [
 _LANES = 128
 #: Group scales: groups along K of a multiple of this many rows (NVFP4's 16 included).
 _MIN_GROUP = 16
-#: The narrowest lane slice of an x column plane a group may take (Mosaic compiles it).
-_HALF_LANES = 64
 #: How each scale format enters the kernel: its stored type, or the type it is bitcast to.
 _KERNEL_SCALE = {"float16": "uint16"}
-_BUILT = "codes times block scales, with zero points and offsets, are built"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,8 +207,43 @@ class KernelQWeight(
         )
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class QParts:
+    """A QArray or prepared weight as :func:`emulate.pallas.matmul` reads it (:func:`split`):
+    its codes as stored (the call lays them out once, after the route:
+    :func:`emulate.pallas.weights.kernel_layout`), every other part as the kernel reads it.
+
+    Attributes:
+      codes: the codes as stored: an array, a Packed array or a :class:`KernelWeight`.
+      format: the codes' format.
+      shape: the weight's (K, N).
+      scales: the scales as the kernel reads them (two-level ones: their codes' bytes).
+      scaling: the :class:`Scaling`.
+      affine: zero points, offsets and two-level parts
+        (:class:`emulate.pallas.qoffsets.AffineParts`), or None.
+      tensor: the float32 tensor scale, or None.
+      codebook: the table the codes index, or None.
+      perm, perm_axis: the act-order permutation and its axis, or None.
+      dtype: the weight's logical dtype (for the result type).
+      weight: the weight in its stored order (without its permutation), for the gradient.
+    """
+
+    codes: Any
+    format: Format
+    shape: tuple[int, int]
+    scales: jax.Array
+    scaling: Scaling
+    affine: qoffsets.AffineParts | None
+    tensor: Any
+    codebook: Codebook | None
+    perm: Any
+    perm_axis: int | None
+    dtype: np.dtype
+    weight: Any
+
+
 def _scaling(
-    q: QArray | KernelQWeight, arg: str, parts: qoffsets.AffineParts | None = None
+    q: Layout | KernelQWeight, arg: str, parts: qoffsets.AffineParts | None = None
 ) -> Scaling:
     """Check what the kernel builds for ``q``'s blocks and say how it applies them
     (``parts``: its zero points and offsets, :func:`emulate.pallas.qoffsets.kernel_parts`)."""
@@ -250,6 +283,11 @@ def _scaling(
     group, rows = (bk, -(-k // bk)) if along_k else (max(k, 1), 1)
     if parts is not None or columns:  # one group spanning K where the blocks do
         group, along_k = qoffsets.grouped(k, along_k, group)
+    if isinstance(q, KernelQWeight):
+        kw = q
+        exponent, tensor_scaled = int(kw.element_exponent), kw.tensor_scale is not None
+    else:
+        exponent, tensor_scaled = q.exponent, q.tensor is not None
     return Scaling(
         group=group,
         along_k=along_k,
@@ -257,19 +295,15 @@ def _scaling(
         columns=columns,
         scale_format=q.scale_format,
         rows=rows,
-        element_exponent=int(q.element_exponent),
-        tensor_scaled=q.tensor_scale is not None,
+        element_exponent=exponent,
+        tensor_scaled=tensor_scaled,
         affine=None if parts is None else parts.spec,
     )
 
 
-def split(
-    w: QArray | KernelQWeight, arg: str = "w"
-) -> tuple[Any, jax.Array, Scaling, qoffsets.AffineParts | None]:
-    """(codes as :func:`emulate.pallas.matmul` reads a weight, scales as the kernel reads
-    them, :class:`Scaling`, the zero points, offsets and two-level parts as the kernel
-    reads them (:func:`emulate.pallas.qoffsets.kernel_parts`; None without any)) for a
-    QArray or prepared weight.
+def split(w: QArray | KernelQWeight, arg: str = "w") -> QParts:
+    """A QArray or prepared weight as the kernel reads it (:class:`QParts`): its parts read
+    once, from the QArray's :class:`~emulate.quantized.layout.Layout`.
 
     Raises:
       NotImplementedError: a part of the QArray the kernel does not decode (module
@@ -277,33 +311,34 @@ def split(
       ValueError: not 2-D.
     """
     if isinstance(w, KernelQWeight):
-        return w.codes, jnp.asarray(w.scales), _scaling(w, arg, w.affine), w.affine
-    # zero points and offsets: emulate.pallas.qoffsets; the codebook and the permutation:
-    # emulate.pallas.qcodebook
-    parts = [
-        p
-        for p in parts_text(w)
-        if p.split("=")[0] not in qoffsets.PARTS and not p.startswith("codebook(") and p != "perm"
-    ]
-    if parts:
-        refuse(arg, f"a QArray's {', '.join(parts)}", _BUILT)
-    affine = qoffsets.kernel_parts(w, arg)
-    s = _scaling(w, arg, affine)
-    codes = w.codes
-    if isinstance(codes, Packed) and (codes.ndim != 2 or codes.axis != -2):
-        codes = planar_weight(codes)  # packed along N: into the K-planar layout
-    elif isinstance(codes, Packed) and s.along_k:
-        g = group_shape(codes.format.bits)[0]
-        if group_shape(codes.format.bits)[1] > 1 or (s.group // g) % _HALF_LANES:
-            # a group's rows in each column plane of x must be whole half-lane slices
-            codes = planar_weight(codes)
-    if isinstance(w.scales, QArray):  # two-level: their codes (emulate.pallas.qoffsets)
-        return codes, qoffsets.outer_scales(w), s, affine
-    return codes, _kernel_scales(w.scales, s.scale_format), s, affine
+        kw = w
+        s = _scaling(kw, arg, kw.affine)
+        kw_order = dataclasses.replace(kw, perm=None, perm_axis=None) if kw.perm is not None else kw
+        return QParts(
+            kw.codes, kw.format, _shape(kw), jnp.asarray(kw.scales), s, kw.affine, kw.tensor_scale,
+            kw.codebook, kw.perm, kw.perm_axis, np.dtype(kw.dtype), kw_order,
+        )  # fmt: skip
+    lay = layout_of(w)
+    # zero points, offsets, two-level parts: emulate.pallas.qoffsets; the codebook and the
+    # permutation: emulate.pallas.qcodebook
+    affine, level_codes = qoffsets.kernel_parts(lay, arg)
+    s = _scaling(lay, arg, affine)
+    scales = level_codes if level_codes is not None else _kernel_scales(lay.scale, s.scale_format)
+    perm = None if lay.perm is None else lay.perm.array
+    stored_order = dataclasses.replace(w, perm=None, perm_axis=None) if perm is not None else w
+    return QParts(
+        lay.codes.array, lay.format, _shape(lay), scales, s, affine,
+        None if lay.tensor is None else lay.tensor.array, lay.table, perm, lay.perm_axis,
+        lay.dtype, stored_order,
+    )  # fmt: skip
+
+
+def _shape(q: Layout | KernelQWeight) -> tuple[int, int]:
+    return int(q.shape[0]), int(q.shape[1])
 
 
 def _kernel_scales(scales: Any, fmt: str) -> jax.Array:
-    s = jnp.asarray(scales)
+    s = jnp.asarray(scales.array)
     if fmt in _KERNEL_SCALE and s.dtype != jnp.dtype(_KERNEL_SCALE[fmt]):
         s = lax.bitcast_convert_type(s, jnp.dtype(_KERNEL_SCALE[fmt]))
     return s
@@ -348,51 +383,48 @@ def prepare_weight(w: Any, w_format: Any = None) -> KernelWeight | KernelQWeight
     if not isinstance(w, QArray):
         return planar_weight(w, w_format)
     check_format(w, w_format)
-    codes, scales, _, parts = split(w)
-    if isinstance(codes, Packed) or (
-        not isinstance(codes, KernelWeight) and np.dtype(codes.dtype).itemsize * 8 != 8
-    ):
-        codes = planar_weight(codes)
+    p = split(w)
+    lay = layout_of(w)
     return KernelQWeight(
-        codes,
-        scales,
-        w.tensor_scale,
-        w.format_name,
-        w.scale_format,
-        (int(w.block_shape[0]), int(w.block_shape[1])),
-        (int(w.shape[0]), int(w.shape[1])),
-        w.dtype,
-        int(w.element_exponent),
-        parts,
-        w.codebook,
-        w.perm,
-        w.perm_axis,
+        kernel_layout(p.codes, planar=True),
+        p.scales,
+        p.tensor,
+        lay.format_name,
+        lay.scale_format,
+        (int(lay.block_shape[0]), int(lay.block_shape[1])),
+        p.shape,
+        lay.dtype,
+        lay.exponent,
+        p.affine,
+        p.codebook,
+        p.perm,
+        p.perm_axis,
     )
 
 
-def as_qarray(w: KernelQWeight) -> QArray:
+def as_qarray(kw: KernelQWeight) -> QArray:
     """The QArray a :class:`KernelQWeight` was prepared from (codes unpacked to one per
     byte, float16 scales as float16)."""
-    codes = w.codes
+    codes = kw.codes
     if isinstance(codes, KernelWeight):
-        codes = as_format_array(kernel_codes(codes), w.format)
-    scales = w.scales
-    if w.scale_format in _KERNEL_SCALE:
+        codes = as_format_array(kernel_codes(codes), kw.format)
+    scales = kw.scales
+    if kw.scale_format in _KERNEL_SCALE:
         scales = lax.bitcast_convert_type(jnp.asarray(scales), jnp.float16)
-    parts = {} if w.affine is None else qoffsets.as_parts(w.affine, w.scales)
+    parts = {} if kw.affine is None else qoffsets.as_parts(kw.affine, kw.scales)
     return QArray(
         codes,
         parts.pop("scales", scales),
-        w.tensor_scale,
-        w.format_name,
-        w.scale_format,
-        tuple(w.block_shape),
-        tuple(w.shape),
-        np.dtype(w.dtype),
-        w.element_exponent,
-        codebook=w.codebook,
-        perm=w.perm,
-        perm_axis=w.perm_axis,
+        kw.tensor_scale,
+        kw.format_name,
+        kw.scale_format,
+        tuple(kw.block_shape),
+        tuple(kw.shape),
+        np.dtype(kw.dtype),
+        kw.element_exponent,
+        codebook=kw.codebook,
+        perm=kw.perm,
+        perm_axis=kw.perm_axis,
         **parts,
     )
 
@@ -427,9 +459,10 @@ def apply_outside(acc: jax.Array, scales: jax.Array, tensor_scale: Any, s: Scali
     return times_pow2(acc * m, e)
 
 
-def result_type(x: jax.Array, xf: Format, w: QArray | KernelQWeight, out_dtype: Any) -> str:
-    """The result type of ``x @ w`` for a QArray weight: ``out_dtype``, or what
-    :func:`emulate.matmul` returns for ``x``'s type and the QArray's ``dtype``
+def result_type(xf: Format, dtype: Any, out_dtype: Any) -> str:
+    """The result type of ``x @ w`` for a QArray weight of logical ``dtype`` and
+    activations of format ``xf``: ``out_dtype``, or what :func:`emulate.matmul` returns
+    for ``x``'s type and the QArray's ``dtype``
     (:func:`emulate.formats.promoted`, ``jnp.matmul``'s rule: bfloat16 with float16 gives
     float32; where jnp has none, :func:`emulate.formats.dot_result`'s); a float type."""
     if out_dtype is not None:
@@ -440,5 +473,5 @@ def result_type(x: jax.Array, xf: Format, w: QArray | KernelQWeight, out_dtype: 
                 f"or float16, got {out.name}"
             )
         return out.name
-    wd = np.dtype(w.dtype).name
+    wd = np.dtype(dtype).name
     return formats.promoted(xf.name, wd) or formats.dot_result(xf.name, wd).name

@@ -32,10 +32,20 @@ from emulate.formats import Format, FormatLike
 from emulate.numerics.pytree import PytreeRecord
 from emulate.numerics.storage import Packed, group_shape, is_array, to_codes, unpack_codes
 
-__all__ = ["KernelWeight", "TILE_GROUPS", "kernel_codes", "planar_weight", "tiles"]
+__all__ = [
+    "KernelWeight",
+    "TILE_GROUPS",
+    "kernel_codes",
+    "kernel_layout",
+    "planar_weight",
+    "tiles",
+]
 
 #: Byte groups per tile along K: one lane-width of rows per code position.
 TILE_GROUPS = 128
+#: The narrowest lane slice of an x column plane a scale group's rows may take (Mosaic
+#: compiles it).
+_HALF_LANES = 64
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -146,6 +156,35 @@ def planar_weight(
         raise ValueError(f"w: expected a 2-D (K, N) weight, got shape {tuple(codes.shape)}")
     data = _planar(codes, f.bits, tiles(f, codes.shape[0]))
     return KernelWeight(data, f.name, int(codes.shape[0]))
+
+
+def kernel_layout(
+    codes: Any, *, group: int | None = None, planar: bool = False
+) -> KernelWeight | jax.Array | Packed:
+    """A (K, N) weight's codes in the layout :func:`emulate.pallas.matmul` reads them in:
+    the one place that decides it (:func:`emulate.pallas.matmul_args.matmul_args` calls it
+    once, after the route; :func:`emulate.pallas.prepare_weight` with ``planar``).
+
+    - a :class:`KernelWeight` as it is;
+    - a Packed array of one byte a group packed along K as stored, unless ``planar`` or a
+      scale group of ``group`` rows of K (None: scales constant along K) takes less than a
+      whole half-lane slice of each x column plane;
+    - any other Packed array (3 or 5 bytes a group; packed along N, which
+      :func:`planar_weight` refuses: ValueError) in the K-planar layout (a copy);
+    - an array as it is (8-bit elements, ml_dtypes' int4 ... too: one a byte), but for
+      elements of another width (K-planar).
+    """
+    if isinstance(codes, KernelWeight):
+        return codes
+    if isinstance(codes, Packed):
+        g, nbytes = group_shape(codes.format.bits)
+        split_groups = group is not None and (group // g) % _HALF_LANES != 0
+        if planar or nbytes > 1 or codes.ndim != 2 or codes.axis != -2 or split_groups:
+            return planar_weight(codes)
+        return codes
+    if np.dtype(codes.dtype).itemsize * 8 != 8:
+        return planar_weight(codes)
+    return codes
 
 
 @functools.partial(jax.jit, static_argnames=("bits", "n_tiles"))

@@ -6,7 +6,9 @@ stacked QArray: ``jax.tree.map(jnp.stack, ...)`` and ``vmap`` make it so) is the
 QArray of index ``i``: its codes, scales, zero points, offsets and a QArray of scales
 indexed alike, nothing decoded. Keys: ints and slices (any step) of the leading axes,
 optionally closed by ``...``; a full slice ``:`` leaves an axis as it is, blocked or not,
-so ``q[0, :, :]`` works and ``q[...]`` is ``q``. The record is read without importing
+so ``q[0, :, :]`` works and ``q[...]`` is ``q``. Any axis of block length 1 may be
+indexed so, also one after a packed axis (``q[:, 1]``: one column of per-column int4
+scales packed along K). The record is read without importing
 :class:`emulate.QArray` (``dataclasses.replace`` builds the result; it validates it).
 """
 
@@ -86,7 +88,11 @@ def _take(x: Any, entries: tuple[int | slice, ...]) -> Any:
     if is_record(x):
         return index_leading(x, entries)
     if isinstance(x, Packed):
-        return Packed(x.data[entries], x.format_name, x.axis, x.length)
+        # the packed axis is counted from the end: an int taking an axis after it away
+        # moves it one closer to the end
+        packed = x.data.ndim + x.axis
+        gone = sum(isinstance(k, int) for d, k in enumerate(entries) if d > packed)
+        return Packed(x.data[entries], x.format_name, x.axis + gone, x.length)
     return x[entries]
 
 

@@ -29,6 +29,7 @@ from emulate import reference
 from emulate.formats import FormatLike
 from emulate.numerics.storage import Packed, pack, unpack_codes
 from emulate.quantized.array import QArray
+from emulate.quantized.layout import layout_of
 from emulate.quantized.quantizing import Scheme
 from emulate.reference.rounding import encode
 from emulate.testing.strategies import arrays
@@ -374,13 +375,14 @@ def oracle_values(
         codes = np.asarray(x.unpacked_codes())
         if codes.dtype == np.uint8 and f.dtype != np.uint8:
             codes = codes.view(f.dtype)
-        ts = None if x.tensor_scale is None else float(np.asarray(x.tensor_scale))
+        lay = layout_of(x)
+        ts = None if lay.tensor is None else float(np.asarray(lay.tensor.array))
         values = reference.dequantize(
             codes,
             np.asarray(x.scales),
             x.block_shape,
             ts,
-            x.element_exponent,
+            lay.exponent,
             fmt=None if f.has_dtype else f,
             scale_fmt=None if _formats.get(x.scale_format).has_dtype else x.scale_format,
             exact=exact,

@@ -22,6 +22,7 @@ from emulate.numerics.storage import Packed, unpack_codes
 from emulate.planning.plan import Plan
 from emulate.planning.plan import plan as _make_plan
 from emulate.quantized.array import QArray
+from emulate.quantized.layout import layout_of
 from emulate.testing.comparison import check_mode
 from emulate.testing.strategies import DotProblem
 
@@ -258,17 +259,18 @@ def operand_source(name: str, x: Any) -> str:
             literal_source(f"{name}_codes", codes),
             literal_source(f"{name}_scales", np.asarray(x.scales)),
         ]
+        lay = layout_of(x)
         c = f"{name}_codes"
-        if isinstance(x.codes, Packed):
-            c = f"emulate.pack({name}_codes, axis={x.codes.axis})"
+        if lay.codes.packed_axis is not None:
+            c = f"emulate.pack({name}_codes, axis={lay.codes.array.axis})"
         elif not x.format.xla_storable:
             c = f"{name}_codes.view(np.uint8), fmt={x.format_name!r}"
-        ts = None if x.tensor_scale is None else float(np.asarray(x.tensor_scale))
+        ts = None if lay.tensor is None else float(np.asarray(lay.tensor.array))
         lines.append(
             f"{name} = emulate.QArray.from_parts(\n    {c}, {name}_scales, "
             f"block_shape={tuple(x.block_shape)!r}, tensor_scale={ts!r},\n    "
             f"dtype={'ml_dtypes' if x.dtype.name == 'bfloat16' else 'np'}.{x.dtype.name}, "
-            f"element_exponent={x.element_exponent}\n)"
+            f"element_exponent={lay.exponent}\n)"
         )
         return "\n".join(lines)
     return literal_source(name, np.asarray(x))

@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import emulate
+import emulate.pallas
 from emulate import compiler
 from emulate.mosaic import ProgramFacts, Verdict
 
@@ -32,6 +34,31 @@ def _matmul(x, w, *, acc):
 
 def _probe_fn(acc: str) -> functools.partial[jax.Array]:
     return functools.partial(_matmul, acc=acc)
+
+
+def _for_v5e_only(x):
+    """``x + 1`` traced for tpu_v5e; a ValueError naming the target traced for otherwise."""
+    if emulate.current_target().name != "tpu_v5e":
+        raise ValueError(f"traced for {emulate.current_target().name}")
+    return x + 1
+
+
+def _kernel_matmul(x, w):
+    return emulate.pallas.matmul(x, w)
+
+
+def test_compile_traces_for_its_target():
+    """A program compiled for a target is traced for it (issue 49): emulate's kernel inside
+    plans for tpu_v5e without an emulate.target block around the call, in this process
+    (and, in test_check_with_the_other_compat_setting_runs_a_subprocess, in the
+    subprocess of the other compat setting)."""
+    compiled = compiler.compile(
+        _kernel_matmul, _spec("bfloat16", (8, 256)), _spec("int8", (256, 128)), target="v5e"
+    )
+    assert 'custom_call_target="tpu_custom_call"' in compiled.as_text()
+    job = compiler.Job(_for_v5e_only, (_spec("float32"),), "tpu_v5e")
+    assert compiler.check_many([job]) == [Verdict(True)]
+    assert emulate.current_target().name == "cpu"  # restored
 
 
 def test_compile_runs_the_real_compiler():
@@ -99,10 +126,11 @@ def test_check_with_the_other_compat_setting_runs_a_subprocess():
     jobs = [
         compiler.Job(_probe_fn("float32"), (_spec("bfloat16"), _spec("int8")), "tpu_v5e"),
         compiler.Job(_probe_fn("float32"), (_spec("float8_e4m3fn"),) * 2, "tpu_v5e"),
+        compiler.Job(_for_v5e_only, (_spec("float32"),), "tpu_v5e"),  # traced for its target
     ]
-    mixed, fp8 = compiler.check_many(jobs, compat=False)
+    mixed, fp8, traced = compiler.check_many(jobs, compat=False)
     assert (mixed.ok, mixed.stage, mixed.message) == (False, "compile", MIXED)
-    assert fp8 == Verdict(True)
+    assert fp8 == traced == Verdict(True)
     with pytest.raises(TypeError, match=r"^fn: compiling with compat=False runs in a subprocess"):
         compiler.check(lambda x: x, _spec("float32"), target="tpu_v5e", compat=False)
 

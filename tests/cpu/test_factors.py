@@ -11,7 +11,7 @@ import pytest
 import emulate
 from emulate.cpu.factors import factors, row_factors
 from emulate.cpu.form import weight_form
-from emulate.cpu.operands import Factor, Stored, Weight, byte_widths, weight_operands
+from emulate.cpu.operands import Factor, StoredBytes, Weight, byte_widths, weight_operands
 from emulate.quantized.array import QArray
 
 N = 3
@@ -35,13 +35,13 @@ def _two_level(k: int, bk: int, per: int, scale_dtype) -> tuple[QArray, np.ndarr
     return q, want
 
 
-def _bytes(s: Stored, width: int) -> Stored:
+def _bytes(s: StoredBytes, width: int) -> StoredBytes:
     """A stored part as the kernel reads it: 2-D uint8 bytes, ``width`` a code."""
     b = np.ascontiguousarray(np.asarray(s.data))
     b = b.reshape(b.shape[0], -1) if b.ndim == 2 else b.reshape(1, -1)
     b = b.view(np.uint8).reshape(b.shape[0], -1)
     assert b.shape[1] % width == 0
-    return Stored(b, np.asarray(s.table))
+    return StoredBytes(b, np.asarray(s.table))
 
 
 def _operands(q: QArray, contracting: int) -> tuple:
@@ -53,7 +53,7 @@ def _operands(q: QArray, contracting: int) -> tuple:
     factors = [
         Factor(
             _bytes(f.stored, next(widths)),
-            _bytes(f.scales, next(widths)),
+            _bytes(f.level_scales, next(widths)),
             np.float32(f.zero_point),
             np.float32(f.constant),
         )

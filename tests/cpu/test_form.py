@@ -11,7 +11,7 @@ import numpy as np
 
 import emulate
 import emulate.cpu
-from emulate.cpu.form import CONSTANT, Form, Kind, Layout, Level, Loop, Slot, weight_form
+from emulate.cpu.form import CONSTANT, Form, Kind, LevelSlots, Loop, Orientation, Slot, weight_form
 from emulate.quantized.array import QArray
 
 
@@ -26,11 +26,11 @@ def _q4_0(n: int = 8, k: int = 64, axis: int = -1) -> QArray:
 def test_ggml_rows_are_read_as_stored() -> None:
     form = weight_form(_q4_0(), 1)
     codes, scales = Slot(Kind.UNSIGNED, 4, 1, 1), Slot(Kind.FLOAT16, 16, -1, 2)
-    assert form == Form(Layout.ROWS, Loop.NIBBLES, codes, (1, 32), CONSTANT, scales, None)
+    assert form == Form(Orientation.ROWS, Loop.NIBBLES, codes, (1, 32), CONSTANT, scales, None)
     assert repr(form) == (
-        "Form(layout=Layout.ROWS, loop=Loop.NIBBLES, codes=Slot(kind=Kind.UNSIGNED, bits=4,"
-        " axis=1, width=1), block=(1, 32), zero_point=Constant(), scale=Slot(kind=Kind.FLOAT16,"
-        " bits=16, axis=-1, width=2), offset=None)"
+        "Form(orientation=Orientation.ROWS, loop=Loop.NIBBLES, codes=Slot(kind=Kind.UNSIGNED,"
+        " bits=4, axis=1, width=1), block=(1, 32), zero_point=ConstantFactor(),"
+        " scale=Slot(kind=Kind.FLOAT16, bits=16, axis=-1, width=2), offset=None)"
     )
     assert re.fullmatch("emulate_cpu_gemv_[0-9a-f]{16}", form.name)
     assert form.name == weight_form(_q4_0(16, 128), 1).name  # shapes are not in the form
@@ -46,8 +46,8 @@ def test_quantize_gives_the_column_layout() -> None:
     w = np.random.default_rng(1).normal(size=(64, 16)).astype(np.float32)
     q = emulate.quantize(w, "int4", block_shape=32, axis=0)
     form = weight_form(q, 0)
-    want = (Layout.COLUMNS, Loop.NIBBLES, Slot(Kind.SIGNED, 4, 0, 1))
-    assert (form.layout, form.loop, form.codes) == want
+    want = (Orientation.COLUMNS, Loop.NIBBLES, Slot(Kind.SIGNED, 4, 0, 1))
+    assert (form.orientation, form.loop, form.codes) == want
     assert weight_form(emulate.quantize(w, "int8", block_shape=32, axis=0), 0).loop == Loop.BYTES
 
 
@@ -78,7 +78,8 @@ def test_two_level_scales_are_a_level() -> None:
     codes = emulate.pack(rng.integers(0, 16, (4, 256), dtype=np.uint8), "uint4", axis=-1)
     q = QArray.from_parts(codes, sub, block_shape=(1, 32), offsets=sub)
     form = weight_form(q, 1)
-    level = Level(Slot(Kind.UNSIGNED, 6, 1, 1), Slot(Kind.FLOAT16, 16, -1, 2), (1, 8), False, False)
+    codes6, scales16 = Slot(Kind.UNSIGNED, 6, 1, 1), Slot(Kind.FLOAT16, 16, -1, 2)
+    level = LevelSlots(codes6, scales16, (1, 8), False, False)
     assert (form.scale, form.offset, form.zero_point) == (level, level, None)
 
 

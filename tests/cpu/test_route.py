@@ -14,7 +14,7 @@ import pytest
 
 import emulate
 from emulate.cpu import route
-from emulate.cpu.form import Layout
+from emulate.cpu.form import Orientation
 
 KN = (((1,), (0,)), ((), ()))
 
@@ -26,10 +26,13 @@ def _q() -> emulate.QArray:
 
 def test_few_rows_without_batch_dimensions() -> None:
     q = _q()
-    assert route.choose(q, 1, (route.FEW_ROWS, 64), KN).layout == Layout.COLUMNS
+    assert route.choose(q, 1, (route.FEW_ROWS, 64), KN).orientation == Orientation.COLUMNS
     assert route.choose(q, 1, (2, 2, 64), (((2,), (0,)), ((), ()))) is not None
     assert route.choose(q, 1, (route.FEW_ROWS + 1, 64), KN) is None
     assert route.choose(q, 1, (0, 64), KN) is None
+    for empty in ((0, 16), (64, 0)):  # K or N of 0: XLA's route gives the zeros
+        e = emulate.quantize(np.ones(empty, np.float32), "int8", axis=0)
+        assert route.choose(e, 1, (2, empty[0]), KN) is None
     assert route.choose(q, 0, (3, 64), (((0,), (1,)), ((), ()))) is not None
     batched = (((2,), (1,)), ((0,), (0,)))
     assert route.choose(q, 1, (1, 2, 64), batched) is None

@@ -47,6 +47,21 @@ def test_pack_round_trips(case):
     assert p.nbytes == codes.size // n * -(-bits * n // 8)
 
 
+@pytest.mark.parametrize("shape", [(0, 5), (5, 0), (2, 0, 3)])
+@pytest.mark.parametrize("name", ["int4", "float6_e2m3fn"])
+def test_arrays_with_an_empty_axis_pack_and_unpack(name, shape):
+    # an empty axis before the packed one left a reshape nothing to divide by (issue 49:
+    # nnx.Linear(4, 0) quantized to int4 raised ZeroDivisionError)
+    codes = np.zeros(shape, np.uint8)
+    bits = formats.get(name).bits
+    for axis in range(len(shape)):
+        p = emulate.pack(codes, name, axis=axis)
+        assert p.data.shape == tuple(
+            -(-bits * n // 8) if d == axis else n for d, n in enumerate(shape)
+        )
+        assert np.asarray(unpack_codes(p)).shape == shape
+
+
 def _bit_stream(codes: np.ndarray, bits: int, axis: int) -> np.ndarray:
     """The documented layout, built bit by bit: element i at stream bits [bits*i,
     bits*(i+1)), least significant first, byte j = stream bits [8j, 8j+8)."""

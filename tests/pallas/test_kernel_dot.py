@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -188,6 +189,8 @@ def _kernel_dn(pet, target, dn, a_ref, b_ref, o_ref):
         ("int8", "int8", jnp.int32, "tpu_v5e", (((1,), (1,)), ((), ()))),  # native, a @ b.T
         ("float4_e2m1fn", "int4", jnp.float32, "tpu_v4", (((0,), (1,)), ((), ()))),  # chunked
         ("bfloat16", "int8", jnp.float32, "tpu_v7x", (((0,), (0,)), ((), ()))),
+        ("int8", "int8", jnp.int32, "tpu_v5e", (((0,), (0,)), ((), ()))),  # rows first
+        ("float4_e2m1fn", "float4_e2m1fn", jnp.float32, "tpu_v5e", (((0,), (1,)), ((), ()))),
     ],
 )
 def test_transposed_operands_are_contracted_as_stored(lhs, rhs, pet, target, dn):
@@ -210,6 +213,45 @@ def test_transposed_operands_are_contracted_as_stored(lhs, rhs, pet, target, dn)
     got = np.asarray(call(x, y))
     want = reference.dot_general(x, y, dn, pet)  # integer-valued sums: exact in f32 here
     assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+
+
+_NARROW_VECTOR = re.compile(r"vector<(?:\d+x)+(?:i8|i4|f8\w+|f4E2M1FN)>")
+
+
+@pytest.mark.parametrize(
+    "lhs, rhs, target, dn",
+    [
+        ("int8", "int8", "tpu_v5e", (((0,), (0,)), ((), ()))),  # native
+        ("int4", "int4", "tpu_v6e", (((0,), (1,)), ((), ()))),  # the int8 route
+        ("float8_e4m3fn", "float8_e4m3fn", "tpu_v6e", (((0,), (0,)), ((), ()))),  # native
+        ("float4_e2m1fn", "float4_e2m1fn", "tpu_v5e", (((0,), (1,)), ((), ()))),  # int8 x 2**k
+    ],
+)
+def test_a_narrow_lhs_stored_k_first_reaches_the_matmul_rows_first(lhs, rhs, target, dn, capsys):
+    # issue 49: with the LHS contracted along dimension 0 Mosaic transposed the narrow
+    # values itself, which compiles only in compatibility mode (with it off libtpu 0.0.42.1
+    # crashed); dot now transposes them as 32-bit values. The Mosaic module, as printed:
+    def kernel(a_ref, b_ref, o_ref):
+        o_ref[...] = emulate.pallas.dot(
+            a_ref[...], b_ref[...], preferred_element_type=jnp.float32, target=target,
+            dimension_numbers=dn,
+        )  # fmt: skip
+
+    def f(a, b):
+        out = jax.ShapeDtypeStruct((256, 256), jnp.float32)
+        return pl.pallas_call(kernel, out_shape=out, debug=True)(a, b)
+
+    specs = [jax.ShapeDtypeStruct((256, 256), jnp.dtype(t)) for t in (lhs, rhs)]
+    capsys.readouterr()
+    jax.jit(f).trace(*specs).lower(lowering_platforms=("tpu",))
+    printed = [ln for ln in capsys.readouterr().out.splitlines() if "tpu." in ln]
+    matmuls = [ln for ln in printed if "tpu.matmul" in ln]
+    assert matmuls
+    for line in matmuls:
+        lhs_type = line.rsplit(" : ", 1)[1].split(",")[0].strip()
+        assert _NARROW_VECTOR.fullmatch(lhs_type), line  # the pair stays narrow
+        assert "dot_dimension_numbers<[1], " in line, line  # contracting its dimension 1
+    assert [ln for ln in printed if "tpu.transpose" in ln and _NARROW_VECTOR.search(ln)] == []
 
 
 def test_bad_input_names_the_argument():

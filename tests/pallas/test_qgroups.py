@@ -47,7 +47,7 @@ def test_step_levels_are_the_dequantized_values_bit_for_bit(fmt, groups, cols, b
     supers[0, :4] = [np.nan, np.inf, -0.0, tiny]  # each stays in its own group
     supers = supers.astype(ml_dtypes.bfloat16 if sf == "bfloat16" else sf)
     stored = supers.view(np.uint16) if sf == "float16" else supers  # as the kernel reads it
-    level = qoffsets.Level(fmt, block, sf, zero)
+    level = qoffsets.KernelLevel(fmt, block, sf, zero)
     run = jax.jit(
         lambda b, s, first: qgroups.step_levels(b, qgroups.super_rows(s, sf), level, first, count)
     )
@@ -101,7 +101,7 @@ def test_table_levels_are_bitsandbytes_float32_arithmetic_bit_for_bit(groups, n,
     )
     supers[0, -1] = np.nan  # stays in its own columns
     offset = 0.0371
-    level = qoffsets.Level("uint8", block, "float32", 0, emulate.codebooks.codebook(table),
+    level = qoffsets.KernelLevel("uint8", block, "float32", 0, emulate.codebooks.codebook(table),
                            offset, cols)  # fmt: skip
     sup = np.repeat(np.repeat(supers, block, axis=0), cols, axis=1)[:groups, :n]
     want = (table[codes] * sup).astype(np.float32) + np.float32(offset)  # float32, as bnb
@@ -162,7 +162,7 @@ def test_subnormal_super_scales_keep_their_value(sf, cols, table):
     supers.flat[: len(tiny)] = tiny[: supers.size]
     supers = supers.astype(ml_dtypes.bfloat16 if sf == "bfloat16" else np.float32)
     book = emulate.codebooks.codebook(cb) if table else None
-    level = qoffsets.Level("uint8", block, sf, 0 if table else 3, book, 0.0, cols)
+    level = qoffsets.KernelLevel("uint8", block, sf, 0 if table else 3, book, 0.0, cols)
     sup = np.repeat(np.repeat(supers.astype(np.float64), block, axis=0), cols, axis=1)
     want = _rounded_and_flushed(values * sup)
     assert np.count_nonzero(want) > want.size // 4  # most products are normal numbers
@@ -180,7 +180,7 @@ def test_subnormal_super_scales_keep_their_value(sf, cols, table):
 def test_scales_of_several_columns_need_the_blocks_first_column():
     # without col0 (or spread) every output block but the first would silently get the
     # first block's scales: refused at trace time, naming the argument
-    level = qoffsets.Level("uint8", 4, "float32", 0, None, 0.0, 4)
+    level = qoffsets.KernelLevel("uint8", 4, "float32", 0, None, 0.0, 4)
     b, s = jnp.zeros((4, 8), jnp.int32), jnp.ones((1, 4), jnp.float32)
     message = (
         r"^col0: expected the weight column of the block's first column \(or spread=\) for "

@@ -366,7 +366,7 @@ def compiled_program(x, codes, scales, *parts, scheme: str, target: str):
     if offsets == "bnb":
         grid = (_K // group, _BNB_N)
         table = codebooks.codebook(np.linspace(-1, 1, 256, dtype=np.float32))
-        level = qoffsets.Level("uint8", grid[0], "float32", 0, table, 0.0137, 256 // grid[0])
+        level = qoffsets.KernelLevel("uint8", grid[0], "float32", 0, table, 0.0137, 256 // grid[0])
         aff = qoffsets.AffineParts(None, None, qoffsets.Affine(scale_level=level), grid,
                                    None, parts[0])  # fmt: skip
         w = emulate.pallas.KernelQWeight(
@@ -375,7 +375,7 @@ def compiled_program(x, codes, scales, *parts, scheme: str, target: str):
         )  # fmt: skip
         return emulate.pallas.matmul(x, w, target=target, out_dtype="float32", interpret=False)
     if offsets == "two_level":
-        level = qoffsets.Level("uint6", 8, "float16")
+        level = qoffsets.KernelLevel("uint6", 8, "float16")
         spec = qoffsets.Affine(offset="two_level", offset_level=level, scale_level=level)
         aff = qoffsets.AffineParts(None, parts[0], spec, grid, parts[1], parts[2])
         w = emulate.pallas.KernelQWeight(

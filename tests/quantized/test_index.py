@@ -113,3 +113,15 @@ def test_refusals():
     )
     with pytest.raises(ValueError, match=r"^key: axis 2 of this QArray is act-order permuted;"):
         by_column[:, :, 0]
+
+
+@pytest.mark.parametrize("key", [(slice(None), -1), (0, slice(None), 2)])
+def test_an_axis_after_the_packed_one(key):
+    # int4 per-column scales, packed along K: an int on an axis after the packed one takes
+    # that axis away (issue 49: "axis: -2 is out of range for data of shape (32,)" before)
+    w = np.arange(-32, 32, dtype=np.float32).reshape(64, 1) * np.arange(1, 5, dtype=np.float32)
+    q = emulate.quantize(w if len(key) == 2 else np.stack([w, -w]), "int4", axis=len(key) - 2)
+    got = q[key]
+    assert isinstance(got.codes, emulate.Packed) and got.codes.axis == -1
+    want = np.asarray(q.dequantize(jnp.float32))[key]
+    np.testing.assert_array_equal(np.asarray(got.dequantize(jnp.float32)), want)

@@ -4,15 +4,18 @@ Mosaic's compatibility mode (``--xla_mosaic_compat_mode``, on by default) also r
 element-wise operations on narrow types that a generation's vector unit lacks: with it off,
 libtpu 0.0.42.1 refuses a bf16 -> int8 conversion on v4 and v5e ("On this target
 float-to-integer conversions can only happen on 32-bit values"), and an int8 -> bf16 one
-("integer-to-float conversions can only happen on 32-bit values"). A kernel that quantizes
-its activations in the kernel compiles only because compatibility mode is on.
+("integer-to-float conversions can only happen on 32-bit values"); and a transpose of 8-bit
+values on v4 to v6e, of 4-bit ones on v7x ("Unsupported transpose with element type
+bitwidth smaller than supported minimum"). A kernel that quantizes its activations in the
+kernel, or transposes a loaded int8 tile (``w_ref[...].T``), compiles only because
+compatibility mode is on.
 
 The rule is the compiler's own, asked per operation: :func:`compat_only_ops` compiles a
 one-operation kernel with the operation's element types and shape (:func:`op_kernel`) with
-compatibility mode on and off, for each conversion or comparison on a type narrower than
-32 bits (:data:`CHECKED_OPS`), and calls the operation compat-only where only the first
-compiles. The verdicts are cached per process; an operation Mosaic refuses for other reasons
-in the one-operation kernel is not reported.
+compatibility mode on and off, for each conversion, comparison or transpose on a type
+narrower than 32 bits (:data:`CHECKED_OPS`), and calls the operation compat-only where only
+the first compiles. The verdicts are cached per process; an operation Mosaic refuses for
+other reasons in the one-operation kernel is not reported.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ CHECKED_OPS = (
     "arith.trunci",
     "arith.cmpf",
     "arith.cmpi",
+    "tpu.transpose",
 )
 
 _VECTOR = re.compile(r"vector<((?:[0-9]+x)+)([A-Za-z0-9]+)>")
@@ -99,32 +103,37 @@ def narrow_ops(ops: Sequence[KernelOp]) -> list[KernelOp]:
     return list(found.values())
 
 
-def _op_body(x_ref, o_ref, *, compare: bool) -> None:  # noqa: ANN001 - Pallas refs
+def _op_body(x_ref, o_ref, *, compare: bool, transpose: bool = False) -> None:  # noqa: ANN001
     v = x_ref[...]
-    if compare:  # the mask selects in the operand's own type (no relayout to int32)
+    if transpose:
+        o_ref[...] = v.T
+    elif compare:  # the mask selects in the operand's own type (no relayout to int32)
         zero = jnp.zeros_like(v)
         o_ref[...] = jnp.where(v > zero, v, zero)
     else:
         o_ref[...] = v.astype(o_ref.dtype)
 
 
-def op_kernel(x: jax.Array, *, out: str, compare: bool) -> jax.Array:
-    """A one-operation Pallas kernel: ``x`` converted to dtype ``out`` (a conversion), or
-    ``where(x > 0, x, 0)`` (a comparison, ``compare``; ``out`` unused). Module level, so
-    that a compiler subprocess receives it by reference."""
+def op_kernel(x: jax.Array, *, out: str, compare: bool, transpose: bool = False) -> jax.Array:
+    """A one-operation Pallas kernel: ``x`` converted to dtype ``out`` (a conversion),
+    ``where(x > 0, x, 0)`` (a comparison, ``compare``; ``out`` unused), or ``x.T`` (a 2-D
+    transpose, ``transpose``; ``out`` unused). Module level, so that a compiler subprocess
+    receives it by reference."""
     from jax.experimental import pallas as pl
 
-    dtype = x.dtype if compare else jnp.dtype(out)
-    body = functools.partial(_op_body, compare=compare)
-    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, dtype))(x)
+    dtype = x.dtype if compare or transpose else jnp.dtype(out)
+    shape = x.shape[::-1] if transpose else x.shape
+    body = functools.partial(_op_body, compare=compare, transpose=transpose)
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(shape, dtype))(x)
 
 
 def _job(op: KernelOp, target: str) -> compiler.Job:
     compare = op.name in ("arith.cmpf", "arith.cmpi")
+    transpose = op.name == "tpu.transpose"
     operand = _vector(op.operand_types[0])
     assert operand is not None  # narrow_ops keeps vectors only
     out = "int32" if compare else str(_vector(op.result_types[0])[1])  # type: ignore[index]
-    fn = functools.partial(op_kernel, out=out, compare=compare)
+    fn = functools.partial(op_kernel, out=out, compare=compare, transpose=transpose)
     return compiler.Job(fn, (jax.ShapeDtypeStruct(*operand),), target)
 
 
@@ -200,6 +209,15 @@ def op_fix(op: KernelOp) -> str:
     src = _element(op.operand_types[0]) if op.operand_types else "?"
     dst = _element(op.result_types[0]) if op.result_types else "?"
     base = op.name.split(".", 1)[-1]
+    if base == "transpose":
+        wide = "int32" if src.startswith(("int", "uint")) else "float32"
+        return (
+            f"contract the operand as stored instead (emulate.pallas.dot(a, b, "
+            "dimension_numbers=...), or lax.dot_general's, takes (K, M) and (N, K) operands "
+            f"with no transpose), or transpose in 32 bits: {src} values widened to {wide} "
+            "(float8 and float4 codes through lax.bitcast_convert_type to unsigned integers "
+            f"first), transposed, narrowed back to {src}"
+        )
     if base in ("fptosi", "sitofp"):
         steps = ["float32", "int32"] if base == "fptosi" else ["int32", "float32"]
         steps = [s for s in steps if s != src] + ([dst] if dst not in steps else [])
@@ -218,6 +236,11 @@ def op_fix(op: KernelOp) -> str:
 
 def op_cost(op: KernelOp) -> str:
     """What compatibility mode does to ``op``."""
+    if op.name == "tpu.transpose":
+        return (
+            "compatibility mode transposes the narrow values in a wider type, widening them "
+            "and narrowing the result (extra vector work)"
+        )
     return (
         f"compatibility mode performs {op.name.split('.', 1)[-1]} in 32-bit types, widening "
         "the operands and narrowing the result (extra vector work)"

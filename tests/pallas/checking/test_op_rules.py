@@ -57,16 +57,19 @@ def _at(marker: str) -> str:
 
 @pytest.fixture(scope="module")
 def quantizer():
-    """check's findings for the in-kernel quantizer, and the compiler's own verdicts."""
+    """check's findings for the in-kernel quantizer (and, keyed by "transpose", for a
+    kernel that transposes an int8 tile), and the compiler's own verdicts."""
     jobs = [(kernels.quantize_int8, (BF16, I8), t) for t in ("tpu_v4", "tpu_v5e")]
+    jobs.append((kernels.transposed_int8, (I8, I8), "tpu_v5e"))
+    keys = ["tpu_v4", "tpu_v5e", "transpose"]
     on = mosaic_check.check_many(jobs, compat=True)
     off = mosaic_check.check_many(jobs, compat=False)
     cjobs = [compiler.Job(fn, args, t) for fn, args, t in jobs]
     verdicts = compiler.check_both({True: cjobs, False: cjobs})
     return {
-        (t, c): (found[i], verdicts[c][i])
+        (key, c): (found[i], verdicts[c][i])
         for c, found in ((True, on), (False, off))
-        for i, t in enumerate(("tpu_v4", "tpu_v5e"))
+        for i, key in enumerate(keys)
     }
 
 
@@ -106,6 +109,37 @@ def test_with_compat_off_the_refusal_is_at_the_cast_not_the_matmul(quantizer):
             CAST_FIX,
         )
         assert f.note == "compiles with compatibility mode on (the default), where " + CAST_COST
+
+
+TRANSPOSE = (
+    "Unsupported transpose with element type bitwidth smaller than supported minimum. "
+    "Enable compatibility mode to allow this.8 vs 16"
+)
+
+
+def test_a_narrow_transpose_is_compat_only_at_its_line(quantizer):
+    # issue 49: an int8 tile transposed in the kernel compiles only with compatibility mode
+    # on (v4 to v6e; 4-bit ones on v7x); check said nothing
+    (f,), verdict = quantizer[("transpose", True)]
+    assert verdict.ok
+    assert (f.kind, f.basis, f.message, f.location) == (
+        "compat-only",
+        "compiler",
+        TRANSPOSE,
+        _at("transpose"),
+    )
+    assert isinstance(f.site, KernelOp)
+    assert (f.site.name, f.site.operand_types) == ("tpu.transpose", ("vector<256x256xi8>",))
+    assert f.fix.startswith("contract the operand as stored instead (emulate.pallas.dot(a, b, ")
+    assert f.note == op_rules.op_cost(f.site)
+    (f,), verdict = quantizer[("transpose", False)]
+    assert (verdict.ok, verdict.message, f.kind, f.message) == (
+        False,
+        TRANSPOSE,
+        "refused",
+        TRANSPOSE,
+    )
+    assert f.location == _at("transpose")
 
 
 def test_on_v4_the_matmul_is_refused_and_the_cast_is_compat_only(quantizer):
@@ -297,9 +331,10 @@ def test_cli_says_what_the_recorded_rules_cannot_see(monkeypatch):
         [
             "tpu_v5e: 1 tpu.matmul, ok (recorded rules, compat off)",
             "  note: decided without the compiler, by rules that see each tpu.matmul's operand "
-            "and accumulator types only: conversions and comparisons on types narrower than "
-            "32 bits (arith.fptosi, arith.sitofp, arith.truncf, arith.extf, arith.extsi, "
-            "arith.trunci, arith.cmpf, arith.cmpi; an in-kernel activation quantizer's f32 -> "
+            "and accumulator types only: conversions, comparisons and transposes on types "
+            "narrower than 32 bits (arith.fptosi, arith.sitofp, arith.truncf, arith.extf, "
+            "arith.extsi, arith.trunci, arith.cmpf, arith.cmpi, tpu.transpose; an in-kernel "
+            "activation quantizer's f32 -> "
             "int8 astype is an arith.fptosi) are not checked; install libtpu (pip install "
             "'jax[tpu]') for the compiler's verdict",
         ],

@@ -423,7 +423,8 @@ def _cpu_kernel_form(dn, target, lhs: Operand | QArray, rhs: Operand | QArray):
     side = 0 if isinstance(lhs, QArray) else 1
     q, other = (lhs, rhs) if side == 0 else (rhs, lhs)
     assert isinstance(q, QArray)
-    form = cpu_route.choose(q, side, other.shape, dn)
+    integer = isinstance(other, Operand) and other.format.is_integer
+    form = cpu_route.choose(q, side, other.shape, dn, other_integer=integer)
     return None if form is None else (side, form)
 
 

@@ -41,15 +41,21 @@ def max_rows(form: Form) -> int:
 
 
 def choose(
-    q: QArray, side: int, other_shape: Sequence[int], dimension_numbers: tuple
+    q: QArray,
+    side: int,
+    other_shape: Sequence[int],
+    dimension_numbers: tuple,
+    other_integer: bool = False,
 ) -> Form | None:
     """The kernel's form for ``q`` (on ``side``: 0 lhs, 1 rhs) contracted with an operand
-    of ``other_shape``, or None where the kernel does not take it: numba missing, batch
-    dimensions, more than one contracting dimension, more rows than :func:`max_rows`, an
-    empty weight (K or N of 0: XLA's route gives its zeros), or a weight without a kernel
-    form (:func:`emulate.cpu.form.weight_form`)."""
+    of ``other_shape`` (integers where ``other_integer``), or None where the kernel does
+    not take it: numba missing, integer activations (the contract sums integer products
+    exactly in int32; the kernel sums in float32), batch dimensions, more than one
+    contracting dimension, more rows than :func:`max_rows`, an empty weight (K or N of 0:
+    XLA's route gives its zeros), or a weight without a kernel form
+    (:func:`emulate.cpu.form.weight_form`)."""
     (lc, rc), (lb, rb) = dimension_numbers
-    if not cpu.available() or lb or rb or len(lc) != 1 or 0 in q.shape:
+    if not cpu.available() or other_integer or lb or rb or len(lc) != 1 or 0 in q.shape:
         return None
     qc, oc = (lc[0], rc[0]) if side == 0 else (rc[0], lc[0])
     rows = math.prod(n for d, n in enumerate(other_shape) if d != oc)

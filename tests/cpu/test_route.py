@@ -59,6 +59,22 @@ def _lowered(x, q) -> str:
     return f.lower(x).as_text()
 
 
+def test_integer_activations_keep_the_exact_route() -> None:
+    # an int8 per-channel weight times int8 activations: integer x integer, which the
+    # contract sums exactly in int32; the kernel sums in float32 (127 * 127 * 2**17 =
+    # 2114060288 came out 2113930368), so it refuses integer activations
+    k = 2**17
+    w = emulate.QArray.from_parts(
+        np.full((k, 8), 127, np.int8), np.ones((1, 8), np.float32), block_shape=(k, 1)
+    )
+    x = jnp.full((1, k), 127, jnp.int8)
+    with emulate.use_cpu_kernel(True):
+        assert "emulate_cpu_gemv_" in _lowered(x.astype(jnp.float32), w)
+        assert "emulate_cpu_gemv_" not in _lowered(x, w)
+        got = jax.jit(lambda x: emulate.dot_general(x, w, KN))(x)
+    assert np.asarray(got).tolist() == [[2114060288.0] * 8]
+
+
 def test_the_switch_and_the_xla_route_setting() -> None:
     q, x = _q(), jnp.ones((2, 64), jnp.float32)
     with emulate.use_cpu_kernel(True):

@@ -20,9 +20,16 @@ import numpy as np
 
 from emulate.cpu.form import ConstantFactor, FactorForm, Form, Kind, LevelSlots, Slot
 from emulate.cpu.lanes import LANES, code_values, half_values
-from emulate.cpu.parts import reader, rounded
+from emulate.cpu.parts import flushed, frexp32, pow2, reader, rounded
 
-__all__ = ["factors", "row_factors"]
+__all__ = ["LIMIT", "combined_scale", "factors", "ordinary", "row_factors", "scale_parts"]
+
+#: Factors (scales, offsets, zero points) of at least this magnitude, Inf and NaN leave the
+#: kernel's arithmetic, which multiplies a block's sum by its scale: there each element's
+#: dequantized value is multiplied and summed instead (:mod:`emulate.cpu.dequantized`),
+#: so that NaN and Inf come out as the dequantized product gives them (``0 * Inf`` is NaN
+#: in the product where a block sum would hide it).
+LIMIT = np.float32(2.0**100)
 
 
 def _dummy_reader() -> Callable:
@@ -92,17 +99,77 @@ def factors(form: Form) -> Callable:
     absent)."""
     zero_point, scale, offset = _factor(form.zero_point), _factor(form.scale), _factor(form.offset)
     has_scale = form.scale is not None
+    combine = combined_scale(form)
 
     @numba.njit(inline="always")
     def block(weight, i, j):
         z = zero_point(weight.zero_point, i, j)
         s = np.float32(1)
         if has_scale:
-            s = scale(weight.scale, i, j)
+            s = combine(scale(weight.scale, i, j), weight.tensor)
         o = offset(weight.offset, i, j)
         return z, s, o
 
     return block
+
+
+def _scaled(form: Form) -> bool:
+    return form.tensor or form.exponent != 0
+
+
+def combined_scale(form: Form) -> Callable:
+    """An njit ``(s, t) -> float32``: block scale ``s`` times tensor scale ``t`` times
+    ``2**element_exponent`` as ``dequantize`` forms it (``s``'s and ``t``'s mantissas
+    multiplied and rounded once, exponents added), where that is a normal float32 below
+    :data:`LIMIT` (exact); else Inf or NaN, which send the block to the dequantized path.
+    ``s`` itself where the form has neither a tensor scale nor an element exponent."""
+    scaled, ee = _scaled(form), form.exponent
+
+    @numba.njit(inline="always")
+    def combine(s, t):
+        if not scaled:
+            return s
+        ms, es = frexp32(s)
+        mt, et = frexp32(t)
+        m = rounded(np.float32(ms * mt))
+        e = es + et + ee
+        if m == 0 or not np.isfinite(m):
+            return m
+        if e < -126 or e > 99:
+            return np.float32(np.inf)
+        return np.float32(m * pow2(e))
+
+    return combine
+
+
+def scale_parts(form: Form) -> Callable:
+    """An njit ``(weight, i, j) -> (m, p1, p2)``: block ``(i, j)``'s scale as ``dequantize``
+    applies it, ``m * p1 * p2`` (:func:`emulate.quantized.values.block_factors`: the
+    mantissa of the scale times the tensor scale's, and two normal powers of two)."""
+    scale = _factor(form.scale)
+    has_scale, scaled, ee = form.scale is not None, _scaled(form), form.exponent
+    flush = isinstance(form.scale, LevelSlots)  # dequantize flushes a two-level scale first
+
+    @numba.njit(inline="always")
+    def parts(weight, i, j):
+        s = scale(weight.scale, i, j) if has_scale else np.float32(1)
+        if flush:
+            s = flushed(s)
+        m, e = frexp32(s)
+        if scaled:
+            mt, et = frexp32(weight.tensor)
+            m = rounded(np.float32(m * mt))
+            e = 0 if not np.isfinite(m) else e + et + ee
+        e = max(e, -252)
+        return m, pow2(e // 2), pow2(e - e // 2)
+
+    return parts
+
+
+@numba.njit(inline="always")
+def ordinary(v: np.float32) -> bool:
+    """Whether a factor stays in the kernel's arithmetic (finite, below :data:`LIMIT`)."""
+    return bool(abs(v) < LIMIT)
 
 
 def _halves_row(form: Slot | ConstantFactor | None) -> Callable:
@@ -149,17 +216,20 @@ def _level_row(form: LevelSlots) -> Callable:
         n = out.shape[0]
         done = 0
         if vector:
-            row = f.stored.data[i]
+            row, table = f.stored.data[i], f.stored.table
             for c in range(n // step):
+                at, g0 = np.uint64(c * step), np.uint64(c * LANES)
                 # numba binds the intrinsic's typing context: mypy counts it as an argument
-                code_values(out, row, np.uint64(c * LANES), bits, packed, signed)  # type: ignore[call-arg]
+                code_values(out, at, row, table, g0, bits, packed, signed, 0)  # type: ignore[call-arg]
             done = (n // step) * step
         for j in range(done, n):
             out[j] = codes(f.stored.data, f.stored.table, i, j)
         for u in range((n + bj - 1) // bj):
-            sup = np.float32(1)
-            if has_scale:
-                sup = scales(f.level_scales.data, f.level_scales.table, i // bi, u)
+            sup = (
+                scales(f.level_scales.data, f.level_scales.table, i // bi, u)
+                if has_scale
+                else np.float32(1)
+            )
             for j in range(np.uint64(u * bj), np.uint64(min(n, (u + 1) * bj))):
                 out[j] = affine(out[j], f.zero_point, sup, f.constant)
 
@@ -173,21 +243,29 @@ def _factor_row(form: FactorForm) -> Callable:
 
 
 def row_factors(form: Form) -> Callable:
-    """An njit ``(weight, i, zb, sb, ob)``: the factors of every block of row ``i`` of the
-    weight's grid (layout ROWS) into ``zb``, ``sb``, ``ob``: as :func:`factors` gives them,
-    a row at a time."""
+    """An njit ``(weight, i, zb, sb, ob) -> bool``: the factors of every block of row ``i``
+    of the weight's grid (layout ROWS) into ``zb``, ``sb``, ``ob``: as :func:`factors`
+    gives them, a row at a time; whether they are all :func:`ordinary`."""
     zero_point = _factor_row(form.zero_point)
     scale = _factor_row(form.scale)
     offset = _factor_row(form.offset)
-    has_scale = form.scale is not None
+    has_scale, scaled = form.scale is not None, _scaled(form)
+    combine = combined_scale(form)
 
     @numba.njit(inline="always")
     def row(weight, i, zb, sb, ob):
         zero_point(weight.zero_point, i, zb)
         if has_scale:
             scale(weight.scale, i, sb)
+            if scaled:
+                for j in range(sb.shape[0]):
+                    sb[j] = combine(sb[j], weight.tensor)
         else:
             sb[:] = 1
         offset(weight.offset, i, ob)
+        fine = True
+        for j in range(sb.shape[0]):
+            fine &= ordinary(zb[j]) & ordinary(sb[j]) & ordinary(ob[j])
+        return bool(fine)
 
     return row

@@ -160,6 +160,13 @@ class Form:
     zero_point: Slot | ConstantFactor | None
     scale: Slot | LevelSlots | None
     offset: FactorForm
+    #: ``tensor``: a float32 tensor scale multiplies every block's scale (NVFP4);
+    #: ``exponent``: each code stands for its value times ``2**exponent`` (the QArray's
+    #: element exponent). The product of the two scales and the power of two is taken as
+    #: ``dequantize`` takes it (mantissa times mantissa, exponents added:
+    #: :func:`emulate.cpu.factors.combined_scale`).
+    tensor: bool = False
+    exponent: int = 0
 
     @property
     def name(self) -> str:
@@ -244,23 +251,18 @@ def _factor(part: Constant | Stored | Level | None) -> FactorForm:
 def _looked_up(codes: Slot) -> bool:
     """Whether the kernel looks up ``codes``' values in registers: 4- or 8-bit float codes
     or codebook indices on a host with :func:`emulate.cpu.table_lookups`."""
-    return codes.kind == Kind.TABLE and codes.bits in (4, 8) and cpu.table_lookups()
+    return codes.kind == Kind.TABLE and codes.bits in (4, 8) and cpu.table_lookups(codes.bits)
 
 
-def _loop(lay: Layout, codes: Slot, zero_point: FactorForm, contracting: int) -> Loop:
-    """The element loop of ``lay``'s codes (``codes``, zero points ``zero_point``)
-    contracted along ``contracting``."""
+def _loop(lay: Layout, codes: Slot, contracting: int) -> Loop:
+    """The element loop of ``lay``'s codes (``codes``) contracted along ``contracting``."""
     bk = lay.block_shape[contracting]
     if codes.axis == -1:
         return Loop.BYTES
     if codes.bits == 4 and bk % 2 == 0 and lay.shape[contracting] % 2 == 0:
         return Loop.NIBBLES
-    if (
-        contracting == 1  # Orientation.ROWS
-        and bk % group_shape(codes.bits)[0] == 0
-        and lay.shape[1] % bk == 0
-        and not isinstance(zero_point, Slot)
-    ):
+    g = group_shape(codes.bits)[0]
+    if contracting == 1 and bk % g == 0 and lay.shape[1] % g == 0:  # Orientation.ROWS
         return Loop.GROUPS
     return Loop.BITS
 
@@ -271,9 +273,9 @@ def weight_form(q: QArray | Layout, contracting: int) -> Form | None:
     stacked or act-order QArrays, codes packed along N, codes wider than a byte, codes that
     are not integers (float formats, codebooks: a table lookup an element, which ran
     slower than XLA's route) unless 4- or 8-bit on a host whose registers hold their table
-    (:func:`emulate.cpu.table_lookups`), a tensor scale or element exponent, parts it
-    cannot read. Tables serve the per-block parts (float8 scales, a codebook of two-level
-    scales)."""
+    (:func:`emulate.cpu.table_lookups`), parts it cannot read, a tensor scale or element
+    exponent over two-level scales. Tables serve the per-block parts (float8 scales, a
+    codebook of two-level scales)."""
     lay = q if isinstance(q, Layout) else layout_of(q)
     if len(lay.shape) != 2 or lay.perm is not None or contracting not in (0, 1):
         return None
@@ -284,20 +286,29 @@ def weight_form(q: QArray | Layout, contracting: int) -> Form | None:
         return None
     if codes.axis not in (-1, contracting) or (codes.axis == -1 and codes.width != 1):
         return None  # packed along N, or wider than a byte
-    if lay.tensor is not None or lay.exponent:
-        # one float32 scale a block (scale * tensor scale * 2**e) may leave float32's
-        # range where dequantize's mantissa and exponent do not
-        return None
     try:
         zero_point, scale, offset = _factor(lay.zero), _factor(lay.scale), _factor(lay.offset)
     except _Unreadable:
         return None
     if isinstance(zero_point, LevelSlots) or isinstance(scale, ConstantFactor):
         return None
+    scaled = lay.tensor is not None or lay.exponent != 0
+    if scaled and not isinstance(scale, Slot):
+        return None  # the two-level scales' mantissas are flushed first: not built
     orientation = Orientation.ROWS if contracting == 1 else Orientation.COLUMNS
     block = (lay.block_shape[0], lay.block_shape[1])
-    loop = _loop(lay, codes, zero_point, contracting)
-    form = Form(orientation, loop, codes, block, zero_point, scale, offset)
+    loop = _loop(lay, codes, contracting)
+    form = Form(
+        orientation,
+        loop,
+        codes,
+        block,
+        zero_point,
+        scale,
+        offset,
+        lay.tensor is not None,
+        int(lay.exponent),
+    )
     if codes.kind == Kind.TABLE and not vector_step(form):
         return None  # a table lookup an element: slower than XLA's route
     return form

@@ -11,7 +11,7 @@ bitcast: an int8-to-uint8 bitcast made XLA copy 62 MB), read by the kernel as a 
 uint8 array; and, for :attr:`~emulate.cpu.form.Kind.TABLE` slots, the float32 value of
 every code (what ``dequantize`` gives), else a one-element placeholder. Absent parts are
 placeholders too. The constants (a constant factor's value, a two-level part's zero
-point and offset) travel in one float32 vector, two a factor (:data:`CONSTANTS`).
+point and offset, the tensor scale) travel in one float32 vector (:data:`CONSTANTS`).
 """
 
 from __future__ import annotations
@@ -63,12 +63,14 @@ class Factor(NamedTuple):
 
 
 class Weight(NamedTuple):
-    """A QArray weight's parts as the kernel reads them."""
+    """A QArray weight's parts as the kernel reads them (``tensor``: the tensor scale,
+    float32, 1 where the QArray has none)."""
 
     codes: StoredBytes
     zero_point: Factor
     scale: Factor
     offset: Factor
+    tensor: Any
 
 
 class Arg(enum.IntEnum):
@@ -78,7 +80,7 @@ class Arg(enum.IntEnum):
     X = 0  #: (M, K) float32 activations
     XE = 1  #: x's columns in planes (:func:`emulate.cpu.gemv.kernel`), else (M, 1)
     XSUM = 2  #: (M, blocks along K) block sums of x where the weight has offsets
-    CONSTANTS = 3  #: float32 (6,): :data:`CONSTANTS`
+    CONSTANTS = 3  #: float32 (7,): :data:`CONSTANTS`
     CODES = 4
     ZERO_POINT = 6
     ZERO_POINT_SCALES = 8  #: a placeholder: zero points have no two-level form
@@ -89,8 +91,11 @@ class Arg(enum.IntEnum):
 
 
 #: The float32 constants' order: each factor's (zero point, constant) in
-#: :class:`Weight`'s order.
-CONSTANTS = tuple(f"{factor}.{c}" for factor in Weight._fields[1:] for c in Factor._fields[2:])
+#: :class:`Weight`'s order, then the tensor scale.
+CONSTANTS = (
+    *(f"{factor}.{c}" for factor in Weight._fields[1:4] for c in Factor._fields[2:]),
+    "tensor",
+)
 
 _NO_BYTES = np.zeros((1, 1), np.uint8)
 _NO_TABLE = np.zeros((1,), np.float32)
@@ -137,18 +142,21 @@ def weight_operands(q: QArray | Layout, form: Form) -> Weight:
     """``q``'s parts (a QArray or its :class:`~emulate.quantized.layout.Layout`) as the
     kernel of ``form`` reads them (``form``: from :func:`emulate.cpu.form.weight_form`)."""
     lay = q if isinstance(q, Layout) else layout_of(q)
+    tensor = 1.0 if lay.tensor is None else lay.tensor.array
     return Weight(
         _stored(lay.codes, form.codes, lay.table),
         _factor(lay.zero, form.zero_point),
         _factor(lay.scale, form.scale),
         _factor(lay.offset, form.offset),
+        jnp.asarray(tensor, jnp.float32),
     )
 
 
 def wire(x: jax.Array, xe: jax.Array, xsum: jax.Array, weight: Weight) -> list[jax.Array]:
     """The FFI operands in :class:`Arg`'s order."""
-    factors = weight[1:]
-    constants = jnp.asarray([c for f in factors for c in (f.zero_point, f.constant)], jnp.float32)
+    factors = (weight.zero_point, weight.scale, weight.offset)
+    numbers = [c for f in factors for c in (f.zero_point, f.constant)] + [weight.tensor]
+    constants = jnp.stack([jnp.asarray(c, jnp.float32) for c in numbers])
     parts = [weight.codes] + [s for f in factors for s in (f.stored, f.level_scales)]
     return [x, xe, xsum, constants] + [a for p in parts for a in p]
 

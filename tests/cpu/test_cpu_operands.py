@@ -50,6 +50,7 @@ def test_each_part_travels_at_its_position() -> None:
         "scale.constant": 0.25,
         "offset.zero_point": 0.0,
         "offset.constant": 0.0,
+        "tensor": 1.0,
     }
     # codes, zero point (+ its scales), scale codes (+ float16 scales), offsets (+ scales)
     assert byte_widths(form) == (1, 1, 1, 1, 2, 4, 1)
@@ -59,7 +60,7 @@ def test_table_codes_carry_their_values(monkeypatch) -> None:
     # uint8 codes of float8_e4m3fn: the table holds each code's value (ml_dtypes' decode)
     import emulate.cpu
 
-    monkeypatch.setattr(emulate.cpu, "table_lookups", lambda: True)
+    monkeypatch.setattr(emulate.cpu, "table_lookups", lambda bits=4: True)
     w = np.random.default_rng(1).normal(size=(64, 16)).astype(np.float32)
     q = emulate.quantize(w, "float8_e4m3fn", block_shape=32, axis=0)
     args = wire(w, w, w, weight_operands(q, weight_form(q, 0)))

@@ -57,9 +57,9 @@ def _operands(q: QArray, contracting: int) -> tuple:
             np.float32(f.zero_point),
             np.float32(f.constant),
         )
-        for f in w[1:]
+        for f in (w.zero_point, w.scale, w.offset)
     ]
-    return form, Weight(codes, *factors)
+    return form, Weight(codes, *factors, np.float32(w.tensor))
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,8 @@ def test_ggml_rows_are_read_as_stored() -> None:
     assert repr(form) == (
         "Form(orientation=Orientation.ROWS, loop=Loop.NIBBLES, codes=Slot(kind=Kind.UNSIGNED,"
         " bits=4, axis=1, width=1), block=(1, 32), zero_point=ConstantFactor(),"
-        " scale=Slot(kind=Kind.FLOAT16, bits=16, axis=-1, width=2), offset=None)"
+        " scale=Slot(kind=Kind.FLOAT16, bits=16, axis=-1, width=2), offset=None,"
+        " tensor=False, exponent=0)"
     )
     assert re.fullmatch("emulate_cpu_gemv_[0-9a-f]{16}", form.name)
     assert form.name == weight_form(_q4_0(16, 128), 1).name  # shapes are not in the form
@@ -55,12 +56,12 @@ def test_tables_only_where_the_host_holds_them_in_registers(monkeypatch) -> None
     w = np.random.default_rng(1).normal(size=(64, 16)).astype(np.float32)
     mx = emulate.quantize(w, emulate.mx.MXFP4, axis=0)
     fp8 = emulate.quantize(w, "float8_e4m3fn", block_shape=32, axis=0)
-    monkeypatch.setattr(emulate.cpu, "table_lookups", lambda: True)
+    monkeypatch.setattr(emulate.cpu, "table_lookups", lambda bits=4: True)
     assert weight_form(mx, 0).codes == Slot(Kind.TABLE, 4, 0, 1)
     assert weight_form(fp8, 0).codes == Slot(Kind.TABLE, 8, -1, 1)
     # an odd K: the bit-stream loop, a table lookup an element: left to XLA's route
     assert weight_form(emulate.quantize(w[:63], emulate.mx.MXFP4, axis=0, ragged=True), 0) is None
-    monkeypatch.setattr(emulate.cpu, "table_lookups", lambda: False)
+    monkeypatch.setattr(emulate.cpu, "table_lookups", lambda bits=4: False)
     assert weight_form(mx, 0) is None
     assert weight_form(fp8, 0) is None
     # an odd K leaves no whole nibble pairs: the bit-stream loop
@@ -90,9 +91,10 @@ def test_what_the_kernel_leaves_to_xla() -> None:
         np.ones((8, 64), ml_dtypes.uint4), np.ones((8, 2), np.float16), block_shape=(1, 32)
     )
     assert weight_form(unpacked, 1) is None
-    # one float32 scale a block could leave float32's range with these
-    assert weight_form(dataclasses.replace(q, tensor_scale=jnp.float32(2.0)), 1) is None
-    assert weight_form(dataclasses.replace(q, element_exponent=-6), 1) is None
+    # a tensor scale and an element exponent over stored scales: their product is taken
+    # as dequantize takes it; over two-level scales (flushed first there): not built
+    assert weight_form(dataclasses.replace(q, tensor_scale=jnp.float32(2.0)), 1).tensor
+    assert weight_form(dataclasses.replace(q, element_exponent=-6), 1).exponent == -6
     assert weight_form(dataclasses.replace(q, perm=jnp.arange(64), perm_axis=-1), 1) is None
     stacked = emulate.quantize(np.ones((2, 64, 8), np.float32), "int4", block_shape=32, axis=1)
     assert weight_form(stacked, 1) is None
@@ -129,15 +131,17 @@ def test_table_lookups_follow_what_numba_compiles_with(monkeypatch) -> None:
         return get
 
     cases = [
-        ("+avx2,+avx512f,+fma", None, True),
-        ("+avx2,-avx512f", None, False),  # NUMBA_ENABLE_AVX=0 turns them off
-        (None, None, False),  # LLVM cannot tell
-        ("+avx512f", "generic", False),  # NUMBA_CPU_NAME: not this host's code
+        ("+avx2,+avx512f,+fma", None, "avx512", (True, True)),
+        ("+avx2,-avx512f,+fma", None, "avx2", (True, False)),  # 4-bit tables only
+        ("-avx2,-avx512f", None, None, (False, False)),  # NUMBA_ENABLE_AVX=0 turns both off
+        (None, None, None, (False, False)),  # LLVM cannot tell
+        ("+avx512f", "generic", None, (False, False)),  # NUMBA_CPU_NAME: not this host's code
     ]
-    for text, name, want in cases:
+    for text, name, isa, lookups in cases:
         monkeypatch.setattr(codegen, "get_host_cpu_features", features(text))
         monkeypatch.setattr(numba.config, "CPU_NAME", name, raising=False)
-        emulate.cpu.table_lookups.cache_clear()
-        assert emulate.cpu.table_lookups() is want
+        emulate.cpu.vector_isa.cache_clear()
+        assert emulate.cpu.vector_isa() == isa
+        assert (emulate.cpu.table_lookups(4), emulate.cpu.table_lookups(8)) == lookups
     monkeypatch.undo()
-    emulate.cpu.table_lookups.cache_clear()
+    emulate.cpu.vector_isa.cache_clear()

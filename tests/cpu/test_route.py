@@ -26,9 +26,8 @@ def _q() -> emulate.QArray:
 
 def test_few_rows_without_batch_dimensions() -> None:
     q = _q()
-    assert route.choose(q, 1, (route.FEW_ROWS, 64), KN).orientation == Orientation.COLUMNS
+    assert route.choose(q, 1, (route.MAX_ROWS, 64), KN).orientation == Orientation.COLUMNS
     assert route.choose(q, 1, (2, 2, 64), (((2,), (0,)), ((), ()))) is not None
-    assert route.choose(q, 1, (route.FEW_ROWS + 1, 64), KN) is None
     assert route.choose(q, 1, (0, 64), KN) is None
     for empty in ((0, 16), (64, 0)):  # K or N of 0: XLA's route gives the zeros
         e = emulate.quantize(np.ones(empty, np.float32), "int8", axis=0)
@@ -38,31 +37,27 @@ def test_few_rows_without_batch_dimensions() -> None:
     assert route.choose(q, 1, (1, 2, 64), batched) is None
 
 
-def test_more_rows_where_xlas_route_decodes_slowly() -> None:
-    # two-level scales (a QArray of scales) and 4-bit tables: up to MAX_ROWS rows
-    rng = np.random.default_rng(1)
-    codes = emulate.pack(rng.integers(0, 16, (64, 16), dtype=np.uint8), "uint4", axis=0)
-    inner = emulate.QArray.from_parts(
-        rng.integers(0, 64, (2, 16), dtype=np.uint8),
-        np.ones((1, 16), np.float16),
-        block_shape=(2, 1),
-        fmt="uint6",
+def test_many_rows_where_the_codes_decode_a_vector_step_at_a_time() -> None:
+    # more than MAX_ROWS rows: the many-rows kernel (emulate.cpu.gemm), for vector-step
+    # forms and, in layout COLUMNS, whole strips of 16 columns
+    q = _q()
+    assert route.choose(q, 1, (route.MAX_ROWS + 1, 64), KN) is not None
+    assert route.choose(q, 1, (512, 64), KN) is not None
+    narrow = emulate.quantize(np.ones((64, 24), np.float32), "int4", block_shape=32, axis=0)
+    assert route.choose(narrow, 1, (route.MAX_ROWS, 64), KN) is not None
+    assert route.choose(narrow, 1, (route.MAX_ROWS + 1, 64), KN) is None
+    odd = emulate.quantize(
+        np.ones((63, 16), np.float32), "int4", block_shape=32, axis=0, ragged=True
     )
-    two_level = emulate.QArray.from_parts(codes, inner, block_shape=(32, 1))
-    assert route.choose(two_level, 1, (route.MAX_ROWS, 64), KN) is not None
-    assert route.choose(two_level, 1, (route.MAX_ROWS + 1, 64), KN) is None
-    assert route.max_rows(route.choose(_q(), 1, (1, 64), KN)) == route.FEW_ROWS
-
-
-def _lowered(x, q) -> str:
-    f = jax.jit(lambda x: emulate.dot_general(x, q, KN, preferred_element_type=jnp.float32))
-    return f.lower(x).as_text()
+    assert route.choose(odd, 1, (route.MAX_ROWS, 63), KN) is not None  # the bit-stream loop
+    assert route.choose(odd, 1, (route.MAX_ROWS + 1, 63), KN) is None
 
 
 def test_integer_activations_keep_the_exact_route() -> None:
     # an int8 per-channel weight times int8 activations: integer x integer, which the
     # contract sums exactly in int32; the kernel sums in float32 (127 * 127 * 2**17 =
     # 2114060288 came out 2113930368), so it refuses integer activations
+    assert route.choose(_q(), 1, (1, 64), KN, other_integer=True) is None
     k = 2**17
     w = emulate.QArray.from_parts(
         np.full((k, 8), 127, np.int8), np.ones((1, 8), np.float32), block_shape=(k, 1)
@@ -75,6 +70,11 @@ def test_integer_activations_keep_the_exact_route() -> None:
     assert np.asarray(got).tolist() == [[2114060288.0] * 8]
 
 
+def _lowered(x, q) -> str:
+    f = jax.jit(lambda x: emulate.dot_general(x, q, KN, preferred_element_type=jnp.float32))
+    return f.lower(x).as_text()
+
+
 def test_the_switch_and_the_xla_route_setting() -> None:
     q, x = _q(), jnp.ones((2, 64), jnp.float32)
     with emulate.use_cpu_kernel(True):
@@ -83,7 +83,6 @@ def test_the_switch_and_the_xla_route_setting() -> None:
             assert "emulate_cpu_gemv_" not in _lowered(x, q)
         with emulate.use_cpu_kernel(False):
             assert "emulate_cpu_gemv_" not in _lowered(x, q)
-        assert "emulate_cpu_gemv_" not in _lowered(jnp.ones((9, 64), jnp.float32), q)
     # another target's plan: the planned route, not the CPU's kernel
     with emulate.use_cpu_kernel(True), emulate.use_target("tpu_v5e"):
         assert "emulate_cpu_gemv_" not in _lowered(x, q)

@@ -354,6 +354,9 @@ class Benchmark:
     ``repeats_help``). ``quick``: the help of ``--quick``; "" for no ``--quick``.
     ``writes``: whether a run writes ``benchmarks/results/NAME.json`` when ``--json``
     is not given. ``plots``: whether the report has a PNG (adds ``--no-plot``).
+    ``dumps``: the benchmark estimates programs from libtpu's bundle schedules
+    (``emulate.compiler.estimate_compiled``): :meth:`main` runs it in a process whose
+    libtpu dumps them (this one when it does, else a fresh one) unless ``--no-bundles``.
     """
 
     name: str
@@ -365,6 +368,7 @@ class Benchmark:
     quick: str = ""
     writes: bool = True
     plots: bool = False
+    dumps: bool = False
 
     @property
     def default_json(self) -> Path:
@@ -393,6 +397,11 @@ class Benchmark:
         p.add_argument("--no-json", action="store_true", help="write no files, only print")
         if self.plots:
             p.add_argument("--no-plot", action="store_true", help="write no PNG")
+        if self.dumps:
+            p.add_argument(
+                "--no-bundles", action="store_true",
+                help="no estimates from the compiler's bundle schedules (faster)",
+            )  # fmt: skip
         return p
 
     def parse(self, argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -417,6 +426,10 @@ class Benchmark:
     def main(self, argv: Sequence[str] | None = None) -> int:
         """Parse, run, print the report and write its files; returns the exit code."""
         args = self.parse(argv)
+        if self.dumps and not args.no_bundles:
+            code = _rerun_dumping(self.name, list(sys.argv[1:] if argv is None else argv))
+            if code is not None:
+                return code
         try:
             report = self.run(args)
         except FlagError as e:
@@ -430,3 +443,20 @@ class Benchmark:
         if args.json is not None:
             write(report, args.json, plot=args.plot)
         return 0
+
+
+def _rerun_dumping(name: str, argv: list[str]) -> int | None:
+    """Run ``python -m benchmarks.NAME argv`` in a fresh process whose libtpu dumps its
+    bundle schedules into a temporary directory, and return its exit status; None when
+    this process's libtpu dumps already (or there is no libtpu: the run says so)."""
+    from emulate import compiler
+
+    if compiler.dump_directory() is not None or compiler.libtpu_version() is None:
+        return None
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="emulate-bundles-") as d:
+        env = compiler.dumping_env(d)
+        command = [sys.executable, "-m", f"benchmarks.{name}", *argv]
+        return subprocess.run(command, env=env, check=False).returncode

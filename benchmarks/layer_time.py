@@ -34,33 +34,11 @@ import numpy as np
 
 import emulate
 from benchmarks import harness
+from benchmarks.chip_programs import PROJECTIONS, layer
 from benchmarks.qweights import q4_k_weight
 
-#: (name, K, N) of one Llama-3-8B decoder layer's projections.
-PROJECTIONS = (
-    ("q", 4096, 4096),
-    ("k", 4096, 1024),
-    ("v", 4096, 1024),
-    ("o", 4096, 4096),
-    ("gate", 4096, 14336),
-    ("up", 4096, 14336),
-    ("down", 14336, 4096),
-)
 #: Layer calls per timed program.
 LOOP = 20
-
-
-def layer(x: jax.Array, ws: dict[str, Any]) -> jax.Array:
-    """The projections of one layer on ``x`` (M, 4096) bf16, chained as a decoder layer
-    chains them (attention itself left out): a (M, 4096) f32 result."""
-
-    def mm(a: jax.Array, w: Any) -> jax.Array:
-        return emulate.matmul(a.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
-
-    q, k, v = mm(x, ws["q"]), mm(x, ws["k"]), mm(x, ws["v"])
-    h = mm(q + jnp.tile(k + v, (1, 4)), ws["o"])
-    g, u = mm(h, ws["gate"]), mm(h, ws["up"])
-    return mm(jax.nn.silu(g) * u, ws["down"])
 
 
 def _looped(ws: dict[str, Any]) -> Callable[[jax.Array], jax.Array]:

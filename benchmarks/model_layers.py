@@ -21,7 +21,6 @@ stacked QArray, ``emulate.pallas.ragged_dot`` on the prepared experts, or
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -29,8 +28,9 @@ import jax
 import jax.numpy as jnp
 
 import emulate
+import emulate.kvcache
 import emulate.pallas
-from benchmarks.model_attention import decode_attention
+from emulate.kvcache import KVCache
 
 __all__ = ["ROUTES", "Shape", "grouped_fn", "head", "layer", "matmul_fn"]
 
@@ -98,32 +98,24 @@ def _rope(x: jax.Array, positions: jax.Array) -> jax.Array:
     return out.reshape(x.shape).astype(jnp.bfloat16)
 
 
-def _attention(s: Shape, mm: Callable, w: dict, x: jax.Array, cache: tuple, pos: jax.Array):
-    """Attention of ``x`` (B, T, D) written into the KV cache at ``pos``; the T new rows
-    attend to every cached row up to their own position. The caches are (B, KV heads, S,
-    head_dim). One new token (decode) attends through
-    :func:`benchmarks.model_attention.decode_attention`, a kernel reading each cache once
-    (XLA's einsums read it 3.1-3.2x over by libtpu's count from v4 on; in (B, S, KV heads,
-    head_dim) 5.1x on v5e); longer rows (a prefill) through XLA's einsums."""
+def _attention(
+    s: Shape, mm: Callable, w: dict, x: jax.Array, cache: KVCache, pos: jax.Array, target: str
+):
+    """Attention of ``x`` (B, T, D) written into the one-layer KV cache at ``pos`` (every
+    sequence's length: an int32 scalar); the T new rows attend to every cached row up to
+    their own position, through :func:`emulate.kvcache.attention` (a Pallas kernel that
+    reads the cache once as stored, in any of its formats: decode one token, prefill
+    blocks of queries)."""
     b, t, _ = x.shape
-    k_cache, v_cache = cache
     rows = x.reshape(b * t, -1)
     positions = pos + jnp.arange(t)
     q = _rope(mm(rows, w["q"]).reshape(b, t, s.heads, s.head_dim), positions)
     k = _rope(mm(rows, w["k"]).reshape(b, t, s.kv_heads, s.head_dim), positions)
     v = mm(rows, w["v"]).reshape(b, t, s.kv_heads, s.head_dim)
-    k_cache = jax.lax.dynamic_update_slice(k_cache, k.transpose(0, 2, 1, 3), (0, 0, pos, 0))
-    v_cache = jax.lax.dynamic_update_slice(v_cache, v.transpose(0, 2, 1, 3), (0, 0, pos, 0))
-    q = q.reshape(b, t, s.kv_heads, s.heads // s.kv_heads, s.head_dim)
-    if t == 1:  # decode: one kernel reads each cache once
-        out = decode_attention(q[:, 0], k_cache, v_cache, pos).reshape(b, -1)
-        return mm(out, w["o"]).reshape(x.shape), (k_cache, v_cache)
-    logits = jnp.einsum("btkgh,bksh->bkgts", q, k_cache, preferred_element_type=jnp.float32)
-    logits = logits / math.sqrt(s.head_dim)
-    visible = jnp.arange(k_cache.shape[2])[None, :] <= positions[:, None]  # (T, S)
-    weights = jax.nn.softmax(jnp.where(visible, logits, -1e30), axis=-1).astype(jnp.bfloat16)
-    out = jnp.einsum("bkgts,bksh->btkgh", weights, v_cache).reshape(b * t, -1)
-    return mm(out, w["o"]).reshape(x.shape), (k_cache, v_cache)
+    cache = cache.with_lengths(jnp.broadcast_to(pos, (b,))).write(0, k, v)
+    with emulate.use_route("kernel"):  # also in the program traced alone, off shard_map
+        out = emulate.kvcache.attention(q, cache, 0, target=target).reshape(b * t, -1)
+    return mm(out, w["o"]).reshape(x.shape), cache
 
 
 def _swiglu(mm: Callable, rows: jax.Array, gate: Any, up: Any, down: Any) -> jax.Array:
@@ -171,17 +163,17 @@ def _moe(s: Shape, gmm: Callable, w: dict, rows: jax.Array) -> jax.Array:
 
 
 def layer(s: Shape, route: str, target: str, *, collective: bool = True) -> Callable[..., Any]:
-    """``step(w, x, k_cache, v_cache, pos) -> (x, k_cache, v_cache)``: one decoder layer
-    on ``x`` (B, T, D) bf16 with the caches (B, KV heads, S, head_dim) bf16 written at
-    ``pos`` (an int32 scalar). ``w``: norms ``attn_norm``/``mlp_norm`` (D,) f32, ``q``,
+    """``step(w, x, cache, pos) -> (x, cache)``: one decoder layer on ``x`` (B, T, D) bf16
+    with its one-layer :class:`emulate.kvcache.KVCache` (any format) written at ``pos``
+    (an int32 scalar). ``w``: norms ``attn_norm``/``mlp_norm`` (D,) f32, ``q``,
     ``k``, ``v``, ``o``, and ``gate``, ``up``, ``down`` (stacked (E, K, N) with a bf16
     ``router`` for an MoE). With several chips, the partial sums of ``o`` and ``down``
     are summed across them (``psum`` over mesh axis "x"), unless not ``collective`` (a
     program traced alone, outside ``shard_map``, to count its kernels' traffic)."""
     mm = matmul_fn(route, target)
 
-    def step(w: dict, x: jax.Array, k_cache: jax.Array, v_cache: jax.Array, pos: jax.Array):
-        attn, cache = _attention(s, mm, w, _rms(x, w["attn_norm"], s.eps), (k_cache, v_cache), pos)
+    def step(w: dict, x: jax.Array, cache: KVCache, pos: jax.Array):
+        attn, cache = _attention(s, mm, w, _rms(x, w["attn_norm"], s.eps), cache, pos, target)
         if s.chips > 1 and collective:
             attn = jax.lax.psum(attn, "x")
         x = x + attn
@@ -193,7 +185,7 @@ def layer(s: Shape, route: str, target: str, *, collective: bool = True) -> Call
         mlp = mlp.reshape(x.shape)
         if s.chips > 1 and collective:
             mlp = jax.lax.psum(mlp, "x")
-        return x + mlp, *cache
+        return x + mlp, cache
 
     return step
 

@@ -26,7 +26,15 @@ for the rest, and no compiler estimate. Per row:
 - the compiler's estimate against bytes / HBM bandwidth (one device's), and the larger
   of that and the step's flops (:func:`step_flops`) at the rate the route multiplies
   (f32 in the kernel on v2 and v3, bf16 elsewhere): a program with kernels gets no
-  estimate from the compiler, so this roofline is what compares it with the bf16 model.
+  estimate from the compiler, so this roofline is what compares it with the bf16 model;
+- the bundle model's time (:func:`emulate.compiler.estimate_compiled`: every kernel's and
+  fusion's schedule replayed, calibrated where real-chip timings exist) per step and per
+  token, its ratio to the bf16 model's, and the matrix units' feed floor: the weight
+  elements a step multiplies (:func:`weight_elements`) at the rate the device's units take
+  them in (:meth:`emulate.compiler.Generation.feed_seconds`: at decode each passes through
+  a unit once). ``--no-bundles`` leaves these out; with
+  them, the run happens in a process whose libtpu dumps its schedules (the harness
+  starts one).
 
 Run ``python -m benchmarks.models`` (every model, step and generation, routes pallas and
 bf16: hours on 2 busy cores; ``--routes front`` adds the QArrays as loaded, relaid out by
@@ -40,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import sys
 import time
@@ -51,18 +60,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import harness, model_attention, model_layers, model_specs
+from benchmarks import harness, model_layers, model_specs
 from benchmarks import model_weights as mw
+from benchmarks.model_goals import goal_lines
 from benchmarks.model_layers import ROUTES, head, layer
+from benchmarks.model_steps import STEPS, ideal_bytes, routed_sizes, step_flops, weight_elements
 from benchmarks.pallas_traffic import estimate_seconds, kernel_traffic
 from emulate import compiler
 from emulate.compiler.devices import on_device
 from emulate.compiler.isolate import place_specs
+from emulate.kvcache import KVCache, decode_kernel, prefill_kernel
 from emulate.pallas import gmm_kernel
 
 GENERATIONS = ("tpu_v2", "tpu_v3", "tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e", "tpu_v7x")
-#: step name -> (batch, new tokens, KV cache length)
-STEPS = {"decode-1": (1, 1, 4096), "decode-16": (16, 1, 4096), "prefill-2048": (1, 2048, 2048)}
+#: KV cache formats a row may hold (:data:`emulate.kvcache.FORMATS`), bfloat16 first.
+CACHES = ("bfloat16", "int8", "float8_e4m3fn", "int8_per_head", "q8_0", "q4_0", "mxfp4")
 QUICK = {
     "models": ["llama3-8b-q4_k_m"],
     "generations": ["tpu_v2", "tpu_v5e"],
@@ -71,16 +83,27 @@ QUICK = {
 }
 
 
-def _programs(m: model_specs.Model, route: str, gen: str, step: str) -> dict[str, tuple]:
+def cache_spec(s: model_layers.Shape, batch: int, tokens: int, fmt: str) -> Any:
+    """One layer's abstract KV cache (a :class:`emulate.kvcache.KVCache` of shapes) in
+    cache format ``fmt`` (fixed per-head scales where the format has them)."""
+    scales = {"k_scales": 1.0, "v_scales": 1.0} if fmt.endswith("_per_head") else {}
+    return jax.eval_shape(
+        lambda: KVCache.create(1, batch, s.kv_heads, s.head_dim, tokens, fmt, **scales)
+    )
+
+
+def _programs(
+    m: model_specs.Model, route: str, gen: str, step: str, cache_format: str = "bfloat16"
+) -> dict[str, tuple]:
     s = m.shape
     b, t, kv = STEPS[step]
     x = jax.ShapeDtypeStruct((b, t, s.dim), jnp.bfloat16)
-    cache = jax.ShapeDtypeStruct((b, s.kv_heads, kv, s.head_dim), jnp.bfloat16)
+    cache = cache_spec(s, b, kv, cache_format)
     pos = jax.ShapeDtypeStruct((), jnp.int32)
     lw, hw = model_specs.layer_weights(m, route), model_specs.head_weights(m, route)
     alone = layer(s, route, gen, collective=False)  # traced outside shard_map
     return {
-        "layer": (layer(s, route, gen), (lw, x, cache, cache, pos), (2, 3), alone),
+        "layer": (layer(s, route, gen), (lw, x, cache, pos), (2,), alone),
         "head": (head(s, route, gen), (hw, x), (), None),
     }
 
@@ -92,10 +115,14 @@ _ROWS = ("o", "down")
 
 def _split_axis(path: tuple, leaf: Any) -> int | None:
     """The axis of a program argument's leaf that tensor parallelism splits: weights by
-    their name (experts' leaves past their leading axis), KV caches along their heads."""
+    their name (experts' leaves past their leading axis), the KV cache along its heads
+    (code rows' lanes, scale rows, per-head scales; not the lengths)."""
     arg = path[0].idx
-    if arg in (2, 3):  # the layer's KV caches
-        return 1
+    if arg == 2:  # the layer's KV cache
+        part = getattr(path[1], "name", "")
+        if part == "lengths":
+            return None
+        return 3 if part in ("k", "v") else len(leaf.shape) - 2
     name = getattr(path[1], "key", None) if arg == 0 and len(path) > 1 else None
     nd = len(leaf.shape)
     if nd < 2 or name not in (*_COLUMNS, *_ROWS):
@@ -124,7 +151,7 @@ def _compile(fn: Any, specs: tuple, gen: str, donate: tuple, chips: int) -> Any:
         auto = Format(Layout.AUTO, one)
         placed = place_specs(specs, dev)
         shardings = tuple(auto if i in held else one for i in range(len(specs)))
-        outs = (one, auto, auto) if donate else one
+        outs = (one, auto) if donate else one
         with on_device(dev):
             jitted = jax.jit(fn, in_shardings=shardings, out_shardings=outs, donate_argnums=donate)
             return jitted.lower(*placed).compile()
@@ -154,12 +181,16 @@ def _compile(fn: Any, specs: tuple, gen: str, donate: tuple, chips: int) -> Any:
         Format(Layout.AUTO, leaf.sharding) if path[0].idx in held else leaf.sharding
         for (path, _), leaf in zip(paths, leaves)
     ]
-    caches = P(None, "x", None, None)
-    out = (P(), caches, caches) if donate else P(None, "x")
+    caches = jax.tree_util.tree_map_with_path(
+        lambda p, leaf: P(*[("x" if d == _split_axis((_ARG2, *p), leaf) else None)
+                            for d in range(len(leaf.shape))]),
+        specs[2],
+    ) if donate else None  # fmt: skip
+    out = (P(), caches) if donate else P(None, "x")
     outs: Any = NamedSharding(mesh, P(None, "x"))
     if donate:
-        auto_cache = Format(Layout.AUTO, NamedSharding(mesh, caches))
-        outs = (NamedSharding(mesh, P()), auto_cache, auto_cache)
+        auto_cache = jax.tree.map(lambda p: Format(Layout.AUTO, NamedSharding(mesh, p)), caches)
+        outs = (NamedSharding(mesh, P()), auto_cache)
     mapped = jax.shard_map(body, mesh=mesh, in_specs=tuple(parts), out_specs=out, check_vma=False)
     with on_device(devices[0]):
         jitted = jax.jit(
@@ -169,23 +200,17 @@ def _compile(fn: Any, specs: tuple, gen: str, donate: tuple, chips: int) -> Any:
         return jitted.lower(*leaves).compile()
 
 
-def routed_sizes(s: model_layers.Shape, rows: int) -> np.ndarray:
-    """The expert group sizes a step's kernel traffic is counted for: the ``rows x top_k``
-    (row, expert) pairs spread evenly over as many experts as they can fill (one token's
-    top-k: k experts of one row; 16 tokens of gpt-oss: all 32 experts, 2 rows each)."""
-    pairs = rows * s.top_k
-    used = min(s.experts, pairs)
-    sizes = np.zeros(s.experts, np.int32)
-    sizes[:used] = pairs // used
-    sizes[: pairs % used] += 1
-    return sizes
+_ARG2 = jax.tree_util.SequenceKey(2)
 
 
-def _prefetch(s: model_layers.Shape, kv: int, eqn: Any) -> tuple:
-    """A kernel's scalar-prefetch values: the decode attention's position (the last row
-    of a full cache of ``kv`` rows), a grouped kernel's visits under :func:`routed_sizes`."""
-    if eqn.params["name"] == model_attention.NAME:
-        return (np.array([kv - 1], np.int32),)
+def _prefetch(s: model_layers.Shape, step: str, eqn: Any) -> tuple:
+    """A kernel's scalar-prefetch values: the attention's visible tokens (decode: a full
+    cache, each sequence's ``kv`` tokens; prefill: query ``t`` sees ``1 + t``) and layer,
+    a grouped kernel's visits under :func:`routed_sizes`."""
+    b, t, kv = STEPS[step]
+    if eqn.params["name"] in (decode_kernel.NAME, prefill_kernel.NAME):
+        seen = kv if eqn.params["name"] == decode_kernel.NAME else 1
+        return np.full((b,), seen, np.int32), np.zeros((1,), np.int32)
     x = eqn.params["grid_mapping"].block_mappings[0]
     m, bm = int(x.array_aval.shape[0]), int(x.block_shape[0].block_size)
     return gmm_kernel.schedule(jnp.asarray(routed_sizes(s, m // s.top_k)), m, bm)
@@ -204,7 +229,13 @@ def _costs(
     kernels' block traffic, counted on ``alone``, the program without collectives, where
     given), temporaries, outputs, the compiler's estimate (None with kernels, or where
     libtpu gives its sentinel) and the kernels' count."""
-    compiled = _compile(fn, specs, gen, donate, chips)
+    timed = None
+    if compiler.dump_directory() is not None:
+        compiled, timed = compiler.estimate_compiled(
+            lambda: _compile(fn, specs, gen, donate, chips), gen
+        )
+    else:
+        compiled = _compile(fn, specs, gen, donate, chips)
     cost = compiled.cost_analysis() or {}
     mem = compiled.memory_analysis()
     kernels = compiled.as_text().count('custom_call_target="tpu_custom_call"')
@@ -217,40 +248,9 @@ def _costs(
         "output": int(mem.output_size_in_bytes) - int(mem.alias_size_in_bytes),
         "estimate": None if kernels else estimate_seconds(cost),
         "kernels": kernels,
+        "bundle_s": None if timed is None else timed.seconds,
+        "bundle_kernels_s": None if timed is None else timed.kernel_seconds,
     }
-
-
-def ideal_bytes(m: model_specs.Model, route: str, step: str, lw: dict, hw: dict) -> dict[str, int]:
-    """Bytes a step must move per layer and for the head: the weights it reads as stored
-    (at batch 1, an MoE reads only its top-k experts), the KV cache read once, the new
-    KV rows written, the activations in and out."""
-    s = m.shape
-    b, t, kv = STEPS[step]
-    experts = {"gate", "up", "down"} if s.experts else set()
-    weights = sum(mw.nbytes(v) for k, v in lw.items() if k not in experts)
-    routed = sum(mw.nbytes(lw[k]) for k in experts)
-    if s.experts and b * t == 1:
-        routed = routed * s.top_k // s.experts
-    cache = 2 * 2 * b * kv * s.kv_heads * s.head_dim
-    acts = 2 * 2 * b * t * s.dim
-    return {
-        "layer": weights + routed + cache + acts,
-        "head": mw.nbytes(hw) + 2 * b * s.dim + 2 * b * s.vocab,
-        "layer_weights": weights + mw.nbytes({k: lw[k] for k in experts}),
-        "cache": cache,
-    }
-
-
-def step_flops(s: model_layers.Shape, step: str) -> int:
-    """Multiply-adds x 2 of one step on one device: every row through each projection
-    (an MoE's rows through their top-k experts), the attention over the cache (all of
-    it, as the programs compute it) and the head on each sequence's last row."""
-    b, t, kv = STEPS[step]
-    d, hd = s.dim, s.head_dim
-    attn = d * s.heads * hd * 2 + d * s.kv_heads * hd * 2
-    mlp = 3 * d * s.hidden * (s.top_k or 1) + (d * s.experts if s.experts else 0)
-    scores = 2 * s.heads * hd * kv  # q.k and p.v per row
-    return 2 * (s.layers * b * t * (attn + mlp + scores) + b * d * s.vocab)
 
 
 def _rate(gen: str, route: str) -> float:
@@ -266,25 +266,30 @@ def _rate(gen: str, route: str) -> float:
     return float(per_core * model_specs.HBM[gen][1])
 
 
-def measure(model: str, gen: str, step: str, route: str, log: Any) -> dict[str, Any]:
-    """One row: the layer and the head compiled for ``gen``, extrapolated to the model."""
+def measure(
+    model: str, gen: str, step: str, route: str, log: Any, cache: str = "bfloat16"
+) -> dict[str, Any]:
+    """One row: the layer (its KV cache in format ``cache``) and the head compiled for
+    ``gen``, extrapolated to the model."""
     m = model_specs.MODELS[model]
     s = m.shape
     row: dict[str, Any] = {"model": model, "generation": gen, "step": step, "route": route}
-    progs = _programs(m, route, gen, step)
+    if cache != "bfloat16":
+        row["cache"] = cache
+    progs = _programs(m, route, gen, step, cache)
     lw, hw = progs["layer"][1][0], progs["head"][1][0]
-    ideal = ideal_bytes(m, route, step, lw, hw)
+    ideal = ideal_bytes(m, route, step, lw, hw, cache)
     got: dict[str, dict] = {}
     for part, (fn, specs, donate, alone) in progs.items():
         t0 = time.perf_counter()
         try:
-            prefetch = functools.partial(_prefetch, s, STEPS[step][2])
+            prefetch = functools.partial(_prefetch, s, step)
             got[part] = _costs(fn, specs, gen, donate, s.chips, alone, prefetch)
         except harness.COMPILE_REFUSALS as e:
             row.update(status="refused", reason=f"{part}: {harness.short_error(e)}")
             log(f"{model} {gen} {step} {route}: {row['reason']}")
             return row
-        log(f"{model} {gen} {step} {route} {part}: {time.perf_counter() - t0:.1f} s")
+        log(f"{model} {gen} {step} {route} {cache} {part}: {time.perf_counter() - t0:.1f} s")
     lay, hd = got["layer"], got["head"]
     n = s.layers
     row.update(status="ok", kernels=lay["kernels"] + hd["kernels"])
@@ -303,6 +308,9 @@ def measure(model: str, gen: str, step: str, route: str, log: Any) -> dict[str, 
     )  # fmt: skip
     est = [lay["estimate"], hd["estimate"]]
     row["estimate_s"] = None if None in est else n * est[0] + est[1]
+    if lay["bundle_s"] is not None and hd["bundle_s"] is not None:
+        row["bundle_s"] = n * lay["bundle_s"] + hd["bundle_s"]
+        row["bundle_kernels_s"] = n * lay["bundle_kernels_s"] + hd["bundle_kernels_s"]
     return derive(row)
 
 
@@ -320,6 +328,12 @@ def derive(row: dict[str, Any]) -> dict[str, Any]:
     flops = row.setdefault("flops", step_flops(model_specs.MODELS[row["model"]].shape, row["step"]))
     compute = flops / _rate(gen, row["route"])
     row["roofline_s"] = max(row["bandwidth_s"], compute)
+    s = model_specs.MODELS[row["model"]].shape
+    b, t, _ = STEPS[row["step"]]
+    cores = model_specs.HBM[gen][1]  # TensorCores a device drives (v5p: 2)
+    row["feed_s"] = compiler.generation(gen).feed_seconds(weight_elements(s, row["step"])) / cores
+    if row.get("bundle_s") is not None:
+        row["bundle_token_s"] = row["bundle_s"] / (b * t)
     return row
 
 
@@ -339,9 +353,19 @@ ROUTE_LABELS = {
 }
 
 
-def _cells(r: dict[str, Any]) -> list[str]:
+def _bundle_cells(r: dict[str, Any], bf16: dict[str, Any] | None) -> list[str]:
+    """The bundle model's cells: ms a step (ms a token), x the bf16 model's, feed floor."""
+    if r.get("bundle_s") is None:
+        return [harness.MISSING, harness.MISSING, harness.ms(r["feed_s"], 2)]
+    base = None if bf16 is None else bf16.get("bundle_s")
+    ratio = harness.MISSING if not base else f"{r['bundle_s'] / base:.2f}x"
+    step = f"{harness.ms(r['bundle_s'], 1)} ({harness.ms(r['bundle_token_s'], 3)})"
+    return [step, ratio, harness.ms(r["feed_s"], 2)]
+
+
+def _cells(r: dict[str, Any], bf16: dict[str, Any] | None = None) -> list[str]:
     if r["status"] != "ok":
-        return [r["status"], r.get("reason", "")[:80], "", "", "", "", ""]
+        return [r["status"], r.get("reason", "")[:80], "", "", "", "", "", "", "", ""]
     fit = "fits" if r["fits"] else "**does not fit**"
     return [
         f"{_gb(r['bytes'])} GB ({r['bytes_over_ideal']:.2f}x)",
@@ -351,6 +375,7 @@ def _cells(r: dict[str, Any]) -> list[str]:
         harness.ms(r["bandwidth_s"], 1),
         harness.ms(r["floor_s"], 1),
         harness.ms(r["roofline_s"], 1),
+        *_bundle_cells(r, bf16),
     ]
 
 
@@ -368,7 +393,15 @@ def markdown(data: dict[str, Any]) -> str:
         "bytes / HBM BW (ms)",
         "ideal / HBM BW (ms)",
         "max(bytes / BW, flops / peak) (ms)",
+        "bundle model: ms / step (ms / token)",
+        "x bf16 model",
+        "MXU feed floor (ms)",
     ]
+    bf16 = {
+        (r["model"], r["generation"], r["step"]): r
+        for r in rows
+        if r["route"] == "bf16" and r.get("status") == "ok" and _cache(r) == "bfloat16"
+    }
     for model in dict.fromkeys(r["model"] for r in rows):
         for step in dict.fromkeys(r["step"] for r in rows if r["model"] == model):
             lines += [f"#### {model_specs.MODELS[model].name}, {step}", ""]
@@ -376,12 +409,20 @@ def markdown(data: dict[str, Any]) -> str:
             order = {g: i for i, g in enumerate(GENERATIONS)}
             picked = [r for r in rows if (r["model"], r["step"]) == (model, step)]
             for r in sorted(
-                picked, key=lambda r: (order[r["generation"]], ROUTES.index(r["route"]))
-            ):
+                picked,
+                key=lambda r: (
+                    order[r["generation"]], ROUTES.index(r["route"]), CACHES.index(_cache(r))
+                ),
+            ):  # fmt: skip
                 hbm = f"{r['generation']} ({model_specs.HBM[r['generation']][0] >> 30} GiB)"
-                cells = [hbm, ROUTE_LABELS[r["route"]], *_cells(r)]
+                base = bf16.get((model, r["generation"], step))
+                label = ROUTE_LABELS[r["route"]]
+                if r.get("cache"):
+                    label += f", {r['cache']} KV cache"
+                cells = [hbm, label, *_cells(r, base)]
                 lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
+    lines += goal_lines(rows)
     return "\n".join(lines) + "\n"
 
 
@@ -416,8 +457,9 @@ def run(args: argparse.Namespace) -> harness.Report:
     gens = _names(args.generations, GENERATIONS, "--generations") or pick.get(
         "generations", list(GENERATIONS)
     )
-    steps = _names(args.steps, list(STEPS), "--steps") or pick.get("steps", list(STEPS))
+    steps = _names(args.steps, list(STEPS), "--steps") or pick.get("steps", list(STEPS)[:3])
     routes = _names(args.routes, ROUTES, "--routes") or pick.get("routes", ["pallas", "bf16"])
+    caches = _names(args.caches, CACHES, "--caches") or ["bfloat16"]
     t0 = time.perf_counter()
     done = _resumed(args.resume)
     rows = []
@@ -426,15 +468,16 @@ def run(args: argparse.Namespace) -> harness.Report:
         for gen in gens:
             if gen not in offered or (tp and gen not in model_specs.TOPOLOGIES):
                 continue
-            for step in steps:
-                for route in routes:
-                    key = (model, gen, step, route)
-                    if key not in done:
-                        done[key] = measure(model, gen, step, route, _log)
-                        if args.resume is not None:
-                            with args.resume.open("a") as f:
-                                f.write(json.dumps(done[key]) + "\n")
-                    rows.append(derive(done[key]))
+            for step, route, cache in itertools.product(steps, routes, caches):
+                if route == "bf16" and cache != "bfloat16":
+                    continue  # the bf16 model's rows: its bf16 cache
+                key = (model, gen, step, route, cache)
+                if key not in done:
+                    done[key] = measure(model, gen, step, route, _log, cache)
+                    if args.resume is not None:
+                        with args.resume.open("a") as f:
+                            f.write(json.dumps(done[key]) + "\n")
+                rows.append(derive(done[key]))
     data = {
         "benchmark": "models",
         "command": args.command,
@@ -452,7 +495,12 @@ def _resumed(path: Path | None) -> dict[tuple, dict[str, Any]]:
     if path is None or not path.exists():
         return {}
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {(r["model"], r["generation"], r["step"], r["route"]): r for r in rows}
+    return {(r["model"], r["generation"], r["step"], r["route"], _cache(r)): r for r in rows}
+
+
+def _cache(row: dict[str, Any]) -> str:
+    """A row's KV cache format (rows before cache formats hold a bfloat16 cache)."""
+    return row.get("cache", "bfloat16")
 
 
 def _log(s: str) -> None:
@@ -465,6 +513,11 @@ def flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generations", help=f"from: {', '.join(GENERATIONS)}")
     p.add_argument("--steps", help=f"from: {', '.join(STEPS)}")
     p.add_argument("--routes", help=f"from: {', '.join(ROUTES)} (default pallas,bf16)")
+    p.add_argument(
+        "--caches",
+        help=f"KV cache formats, from: {', '.join(CACHES)} (default bfloat16; the bf16 "
+        "model keeps its bfloat16 cache)",
+    )
     p.add_argument(
         "--resume",
         type=Path,
@@ -487,6 +540,7 @@ BENCHMARK = harness.Benchmark(
     run=run,
     flags=flags,
     quick="Llama-3-8B Q4_K_M, decode at batch 1, on tpu_v2 and tpu_v5e, kernel and bf16",
+    dumps=True,
 )
 main = BENCHMARK.main
 

@@ -53,6 +53,15 @@ into, the kernel's own HBM traffic is counted from its block shapes and grid
 the ops around it, and there is no estimate. Stored bytes are the weight as stored
 (``QArray.nbytes``) plus the activations (bf16) and the result (f32).
 
+On every TPU generation each program is also timed by the bundle model
+(:mod:`benchmarks.bundle_columns`: :func:`emulate.compiler.estimate_compiled` replays
+libtpu's final bundle schedule of every kernel and fusion, calibrated where a real chip
+was timed), printed per generation beside the stored bytes at the HBM bandwidth and the
+matrix units' feed floor (K x N weight elements at the rate a core's units take them in,
+:meth:`emulate.compiler.Generation.feed_seconds`); the
+run then happens in a process whose libtpu dumps its schedules (the harness starts one;
+``--no-bundles`` leaves the columns out).
+
 The offset term's cost is (c) (and (d)) of a scheme with zero points or mins over the
 same contender on the QArray without them (time on the CPU, estimate and bytes on a TPU;
 bytes alone for (d)).
@@ -78,7 +87,7 @@ import numpy as np
 import emulate
 import emulate.mx
 import emulate.pallas
-from benchmarks import harness
+from benchmarks import bundle_columns, harness
 from benchmarks.cases import SHAPES, goal, parse_names, parse_shapes, shape_of
 from benchmarks.contenders import scheme_programs
 from benchmarks.pallas_traffic import compiled_figures, kernel_calls, kernel_traffic
@@ -89,7 +98,7 @@ from emulate import compiler
 BF16 = jnp.bfloat16
 F32 = jnp.float32
 QUICK_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 4096, 4096),)
-GENERATIONS = ("tpu_v4", "tpu_v5e", "tpu_v7x")
+GENERATIONS = ("tpu_v2", "tpu_v3", "tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e", "tpu_v7x")
 
 OFFSET_LIMIT = 1.10  # (c) with offsets / (c) without, the compiler's estimate on v5e
 TEMP_LIMIT = 0.25  # temporaries / one bf16 copy of the weight (2*K*N bytes)
@@ -159,13 +168,16 @@ def compile_row(
     x = jax.ShapeDtypeStruct((m, k), BF16)
     t0 = time.perf_counter()
     try:
-        compiled = compiler.compile(fn, x, leaves, target=generation)
+        compiled, timed = bundle_columns.compile_timed(
+            lambda: compiler.compile(fn, x, leaves, target=generation), generation
+        )
     except harness.COMPILE_REFUSALS as e:
         row.update(status="refused", reason=harness.short_error(e))
         return row
     finally:
         row["compile_s"] = time.perf_counter() - t0
-    row |= compiled_figures(compiled)
+    row |= compiled_figures(compiled) | timed
+    row |= bundle_columns.floors(generation, stored, k * n)
     if kernel_calls(compiled):
         # a Pallas kernel: the compiler's bytes cover the ops around it, not the kernel
         traffic = kernel_traffic(fn, [x, leaves], generation)
@@ -434,6 +446,9 @@ def markdown(report: dict[str, Any]) -> str:
                 + " |"
             )
         lines.append("")
+        if not cpu:
+            titles = {name: ALL_SCHEMES[name].title for name in ALL_SCHEMES}
+            lines += bundle_columns.table(_grouped(rows, platform), platform, titles, CONTENDERS)
     if report["offsets"]:
         lines += [
             "## The offset term: (c) or (d) with zero points / mins over the same without",
@@ -488,6 +503,7 @@ def run(args: argparse.Namespace) -> harness.Report:
         for gen in gens:
             rows += tpu_rows(gen, shape, names, log, args.contenders or tuple(CONTENDERS))
     add_ratios(rows)
+    bundle_columns.add_ratios(rows, ("platform", "pair", "M", "K", "N"), "floor")
     offsets = offset_costs(rows)
     data = {
         "benchmark": "quantized",
@@ -541,6 +557,7 @@ BENCHMARK = harness.Benchmark(
     flags=flags,
     repeats=(7, 3),
     quick=f"{harness.shape_text(QUICK_SHAPES[0])} only, 3 repeats",
+    dumps=True,
 )
 main = BENCHMARK.main
 

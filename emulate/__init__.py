@@ -23,12 +23,15 @@ The public surface:
 - wrapping existing code: :func:`polyfill`, and :func:`inspect` to see its sites;
 - Pallas TPU kernels: :mod:`emulate.pallas` (``matmul``, an in-kernel ``dot``, ``check``),
   imported on first use of ``emulate.pallas`` because it imports ``jax.experimental.pallas``;
-  the route of a weight contraction on a TPU target (:func:`weight_route`,
+  the route of a weight contraction, a kernel or XLA (:func:`weight_route`,
   :func:`ragged_dot_route`, :class:`WeightRoute`, :func:`use_route`, :func:`current_route`,
-  :func:`prepare_weights`: :mod:`emulate.kernel_route`);
+  :func:`prepare_weights`: :mod:`emulate.routing`);
 - the CPU kernel: a QArray weight times few rows of activations (a decode step) runs a
-  numba-compiled kernel that reads the weight as stored (:mod:`emulate.cpu`;
-  :func:`use_cpu_kernel` turns it off or on);
+  numba-compiled kernel that reads the weight as stored (:mod:`emulate.cpu`; its route is
+  :mod:`emulate.routing`'s; :func:`use_cpu_kernel` turns it off or on);
+- quantized KV caches: :mod:`emulate.kvcache` (``KVCache``, ``attention``: K and V in
+  8 or 4 bits, attention reading them as stored), imported on first use of
+  ``emulate.kvcache`` because its kernels import ``jax.experimental.pallas``;
 - flax models: :mod:`emulate.flax` (``quantize_model``, ``load_weights``), imported on
   first use of ``emulate.flax`` because flax is an optional dependency;
 - checkpoints: :mod:`emulate.importers` (``load_gguf``, ``load_safetensors``, one
@@ -42,13 +45,6 @@ from emulate import bounds, codebooks, formats, moved, reference, targets
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general, einsum, matmul
 from emulate.formats import Format
-from emulate.kernel_route import (
-    WeightRoute,
-    current_route,
-    prepare_weights,
-    use_route,
-    weight_route,
-)
 from emulate.numerics.codecs import decode, encode
 from emulate.numerics.storage import Packed, pack, unpack
 from emulate.planning.plan import Plan, plan, runs_as_is
@@ -56,10 +52,18 @@ from emulate.quantized import mx
 from emulate.quantized.array import QArray
 from emulate.quantized.quantizing import quantize
 from emulate.quantized.values import dequantize
-from emulate.ragged import ragged_dot, ragged_dot_general, ragged_dot_route
+from emulate.ragged import ragged_dot, ragged_dot_general
 from emulate.report import inspect
 from emulate.rewrite import polyfill, scaled_dot_general
-from emulate.route_setting import use_cpu_kernel
+from emulate.routing import (
+    WeightRoute,
+    current_route,
+    prepare_weights,
+    ragged_dot_route,
+    use_cpu_kernel,
+    use_route,
+    weight_route,
+)
 from emulate.scaled import scaled_matmul
 from emulate.sharding import local_weight, shard_weight, weight_specs
 from emulate.targets import Target, current_mode, current_target, use_mode, use_target
@@ -132,9 +136,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # emulate.pallas imports jax.experimental.pallas, emulate.flax imports flax (optional),
-    # emulate.importers reads through gguf / safetensors (optional): load them on first use.
-    if name in ("pallas", "flax", "importers"):
+    # emulate.pallas and emulate.kvcache import jax.experimental.pallas, emulate.flax imports
+    # flax (optional), emulate.importers reads through gguf / safetensors (optional): load
+    # them on first use.
+    if name in ("pallas", "flax", "importers", "kvcache"):
         return importlib.import_module(f"emulate.{name}")
     if name in _MOVED:
         return sys.modules[_MOVED[name]]

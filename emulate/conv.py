@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +23,7 @@ import numpy as np
 from jax import lax
 
 from emulate import formats, moved
-from emulate.engine import args, exact, grad, sites
+from emulate.engine import args, conv_args, exact, front, grad, sites
 from emulate.engine.contract import check_k, combine_chunk_sums, contract_decoded, finish
 from emulate.engine.operands import (
     Operand,
@@ -35,7 +35,6 @@ from emulate.engine.operands import (
     operand,
 )
 from emulate.engine.out_sharding import resharded
-from emulate.engine.passthrough import passes_through
 from emulate.engine.run import per_platform, plan_for
 from emulate.formats import FormatLike
 from emulate.numerics import accumulate
@@ -101,68 +100,62 @@ def conv_general_dilated(
       TypeError: ``window_strides`` or a dilation that is not a sequence of ints (as lax).
       ValueError: strides or dilations below 1, a padding that is no padding string or
         (low, high) pairs (an unknown string raises
-        :class:`emulate.engine.args.PaddingError`, also a RuntimeError as in lax), rank or
+        :class:`emulate.engine.conv_args.PaddingError`, also a RuntimeError as in lax), rank or
         feature-count mismatches (naming both operands and the target);
         an exact plan on a native sub-byte pair (int4) whose window alone exceeds the exact
         K-chunk, or that needs chunking with ``feature_group_count`` or
         ``batch_group_count`` above 1 (not built); a contraction beyond the plan's K limit.
     """
-    precision = args.precision_arg(precision)
-    if passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
-        args.preferred(preferred_element_type)  # emulate's message for a type that is none
-        nd = min(np.ndim(cast(Any, lhs)), np.ndim(cast(Any, rhs)))
-        if nd >= 2:  # emulate's messages, with lax's exception types
-            args.check_conv_params(
-                nd - 2,
-                window_strides,
-                padding,
-                lhs_dilation,
-                rhs_dilation,
-                feature_group_count,
-                batch_group_count,
-                where=f"lhs {np.shape(lhs)}, rhs {np.shape(rhs)}",
-            )
-        return lax.conv_general_dilated(  # plain arrays: passes_through checked them
-            cast(Any, lhs),
-            cast(Any, rhs),
-            window_strides,
-            padding,
-            lhs_dilation,
-            rhs_dilation,
-            dimension_numbers,
-            feature_group_count,
-            batch_group_count,
-            precision,
-            preferred_element_type,
-            out_sharding=out_sharding,
+    return front.call(_DOOR, locals())
+
+
+def _plain_conv(a: Mapping[str, Any]) -> jax.Array:
+    """A call that goes to ``lax.conv_general_dilated`` (plain arrays: passes_through
+    checked them), after emulate's messages for a type that is none and for the
+    parameters (with lax's exception types)."""
+    args.preferred(a["preferred_element_type"])
+    lhs, rhs = a["lhs"], a["rhs"]
+    params = {name: a[name] for name in _LAX_PARAMS}
+    nd = min(np.ndim(lhs), np.ndim(rhs))
+    if nd >= 2:
+        conv_args.check_conv_params(
+            nd - 2,
+            *(params[name] for name in _LAX_PARAMS if name != "dimension_numbers"),
+            where=f"lhs {np.shape(lhs)}, rhs {np.shape(rhs)}",
         )
-    call = args.conv_args(
-        lhs,
-        rhs,
-        window_strides,
-        padding,
-        lhs_dilation,
-        rhs_dilation,
-        dimension_numbers,
-        feature_group_count,
-        batch_group_count,
-        precision,
-        preferred_element_type,
-        target=target,
-        mode=mode,
-        lhs_format=lhs_format,
-        rhs_format=rhs_format,
-        out_sharding=out_sharding,
-    )
+    return lax.conv_general_dilated(
+        lhs, rhs, **params, precision=a["precision"],
+        preferred_element_type=a["preferred_element_type"], out_sharding=a["out_sharding"],
+    )  # fmt: skip
+
+
+#: ``lax.conv_general_dilated``'s parameters between the operands and ``precision``;
+#: without ``dimension_numbers``, :func:`emulate.engine.conv_args.check_conv_params`' order.
+_LAX_PARAMS = (
+    "window_strides",
+    "padding",
+    "lhs_dilation",
+    "rhs_dilation",
+    "dimension_numbers",
+    "feature_group_count",
+    "batch_group_count",
+)
+
+
+def _validated_conv(call: conv_args.ConvArgs) -> jax.Array:
+    """Run a validated call: a QArray kernel by its scales' rule, others by their plan."""
     with sites.scope(call.tag()):
         if isinstance(call.rhs, QArray):
             out = _qarray_conv(call, call.lhs, call.rhs)
         else:
             out = _emulated_conv(call, call.lhs, call.rhs)
-    return resharded(out, out_sharding)
+    return resharded(out, call.out_sharding)
 
 
-def _emulated_conv(call: args.ConvArgs, a: Operand, b: Operand) -> jax.Array:
+_DOOR = front.FrontDoor(_plain_conv, conv_args.conv_args, _validated_conv)
+
+
+def _emulated_conv(call: conv_args.ConvArgs, a: Operand, b: Operand) -> jax.Array:
     """The convolution of two validated operands by their plan."""
     where = describe(a, b, call.target)
     p = plan_for(a, b, call.target, call.result, call.mode)
@@ -221,7 +214,7 @@ def _contract_f32(static: tuple, x: jax.Array, w: jax.Array) -> jax.Array:
 _differentiable_conv = grad.bilinear(_route, _contract_f32)
 
 
-def _qarray_conv(call: args.ConvArgs, a: Operand, q: QArray) -> jax.Array:
+def _qarray_conv(call: conv_args.ConvArgs, a: Operand, q: QArray) -> jax.Array:
     """:func:`conv_general_dilated` with a QArray kernel (see its docstring)."""
     mode, precision, out = call.mode, call.precision, call.result
     dn = call.dimension_numbers
@@ -293,7 +286,7 @@ def _conv(p: Plan, lhs: Operand, rhs: Operand, *, slice_features, params) -> jax
 
 
 def _pads(
-    lshape: tuple[int, ...], rshape: tuple[int, ...], call: args.ConvArgs
+    lshape: tuple[int, ...], rshape: tuple[int, ...], call: conv_args.ConvArgs
 ) -> tuple[tuple[int, int], ...]:
     """Explicit (low, high) pads, as ``lax.conv_general_dilated`` resolves a padding string."""
     if not isinstance(call.padding, str):

@@ -11,10 +11,10 @@ natively (:mod:`emulate.engine`). :class:`emulate.QArray` operands go to
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import functools
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import jax
@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import formats, kernel_route, targets
-from emulate.engine import args, sites, tiled
+from emulate import formats, routing, targets
+from emulate.engine import args, front, sites, tiled
 from emulate.engine.layout import DimensionNumbers
 from emulate.engine.operands import Operand, OperandLike, Precision, operand
 from emulate.engine.out_sharding import resharded
@@ -94,57 +94,38 @@ def dot_general(
         dimension numbers (emulate's message, naming the operands and the target, with
         JAX's exception type); emulate's own refusals as documented in docs/api.md.
     """
-    precision = args.precision_arg(precision)
-    lhs, rhs, held = kernel_route.held_operands(lhs, rhs)
-    if held == (None, None) and passes_through(
-        lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type
-    ):
-        args.preferred(preferred_element_type)  # emulate's message for a type that is none
-        dn = args.dot_dimension_numbers(
-            dimension_numbers, args.shape_of(lhs), args.shape_of(rhs), "lhs, rhs: as JAX's"
-        )
-        return lax.dot_general(  # plain arrays or scalars: passes_through checked them
-            cast(Any, lhs),
-            cast(Any, rhs),
-            dn,
-            precision,
-            preferred_element_type,
-            out_sharding=out_sharding,
-        )
-    call = args.dot_args(
-        lhs,
-        rhs,
-        dimension_numbers,
-        precision,
-        preferred_element_type,
-        target=target,
-        mode=mode,
-        lhs_format=lhs_format,
-        rhs_format=rhs_format,
-        out_sharding=out_sharding,
+    return front.call(_DOOR, locals())
+
+
+def _plain_dot(a: Mapping[str, Any]) -> jax.Array:
+    """A call that goes to ``lax.dot_general`` (plain arrays or scalars: passes_through
+    checked them), after emulate's messages for a type that is none and for dimension
+    numbers."""
+    args.preferred(a["preferred_element_type"])
+    lhs, rhs = a["lhs"], a["rhs"]
+    dn = args.dot_dimension_numbers(
+        a["dimension_numbers"], args.shape_of(lhs), args.shape_of(rhs), "lhs, rhs: as JAX's"
     )
-    return _emulated_dot(call, held)
+    return lax.dot_general(
+        lhs, rhs, dn, a["precision"], a["preferred_element_type"], out_sharding=a["out_sharding"]
+    )
 
 
-def _emulated_dot(call: args.DotArgs, held: tuple[Any, Any] = (None, None)) -> jax.Array:
-    """Run a validated call (``held``: prepared weights standing for the call's abstract
-    views, :func:`emulate.kernel_route.held_operands`) by the route
-    :func:`emulate.kernel_route.decide` gives it."""
-    route = kernel_route.decide(call, held)
-    if route is not None and route.kernel:
-        with sites.scope(dataclasses.replace(call.tag(), route=route.label())):
-            out = kernel_route.run(call, route, held, _xla_dot)
-        return resharded(out, call.out_sharding)
-    if held != (None, None):  # a prepared weight on the XLA route: read back
-        lhs, rhs = (
-            kernel_route.unprepared(h if h is not None else v)
-            for h, v in zip(held, (call.lhs, call.rhs))
-        )
-        call = dataclasses.replace(call, lhs=lhs, rhs=rhs)
-    if route is None or call.target.kind != "tpu":
-        return resharded(_xla_dot(call), call.out_sharding)
-    with sites.scope(dataclasses.replace(call.tag(), route=f"xla: {route.reason}")):
-        return resharded(_xla_dot(call), call.out_sharding)
+def _emulated_dot(call: args.DotArgs) -> jax.Array:
+    """Run a validated call by the route :func:`emulate.routing.choose` gives it: the
+    kernel route (:func:`emulate.routing.run`), or the XLA route on the call read back."""
+    op = routing.dot_op(call, _xla_dot)
+    route = routing.choose(call, op)
+    tag = routing.site_tag(call, op, route)
+    with sites.scope(tag) if tag is not None else contextlib.nullcontext():
+        if op is not None and route is not None and route.kernel:
+            out = routing.run(call, op, route)
+        else:
+            out = _xla_dot(call.read_back())
+    return resharded(out, call.out_sharding)
+
+
+_DOOR = front.FrontDoor(_plain_dot, args.dot_args, _emulated_dot)
 
 
 def _xla_dot(call: args.DotArgs) -> jax.Array:
@@ -187,10 +168,7 @@ def matmul(
     ``out_sharding`` as in ``jnp.matmul``.
     """
     precision = args.precision_arg(precision)
-    av, bv, held = kernel_route.held_operands(a, b)
-    if held == (None, None) and passes_through(
-        a, b, a_format, b_format, target, mode, preferred_element_type
-    ):
+    if passes_through(a, b, a_format, b_format, target, mode, preferred_element_type):
         return jnp.matmul(  # plain arrays or scalars: passes_through checked them
             cast(Any, a),
             cast(Any, b),
@@ -198,15 +176,14 @@ def matmul(
             preferred_element_type=preferred_element_type,
             out_sharding=out_sharding,
         )
-    x, y = args.matmul_operands(av, bv, a_format, b_format)
+    x, y = args.matmul_operands(a, b, a_format, b_format)  # a prepared weight: its view
     if preferred_element_type is None:  # jnp.matmul's type (a QArray counts as its dtype)
         preferred_element_type = _jnp_result_type(_type_name(x), _type_name(y))
-    if isinstance(x, QArray) or isinstance(y, QArray) or held != (None, None):
-        # held: a prepared weight (2-D), passed on as it is
-        xh = held[0] if held[0] is not None else x
-        yh = held[1] if held[1] is not None else y
-        out = _matmul_dims(xh, yh, precision, preferred_element_type, target, mode)
+    if args.is_quantized(a) or args.is_quantized(b):  # handed on as it is, not broadcast
+        xq, yq = (v if args.is_quantized(v) else o for v, o in ((a, x), (b, y)))
+        out = _matmul_dims(xq, yq, precision, preferred_element_type, target, mode)
         return resharded(out, out_sharding)
+    assert isinstance(x, Operand) and isinstance(y, Operand)  # QArrays are handed on above
     xv = Operand(x.unpacked()[None, :], x.format_name) if len(x.shape) == 1 else x
     yv = Operand(y.unpacked()[:, None], y.format_name) if len(y.shape) == 1 else y
     xs, ys = xv.shape, yv.shape
@@ -325,7 +302,7 @@ def einsum(
             f"operand_formats: expected one format (or None) per operand, {len(arrays)} in "
             f"all, got {fm!r}"
         )
-    own_path = any(not is_plain(x) or kernel_route.is_prepared(x) for x in arrays) or any(
+    own_path = any(not is_plain(x) for x in arrays) or any(
         f is not None and not formats.get(f, arg=f"operand_formats[{i}]").xla_storable
         for i, f in enumerate(fm)
     )
@@ -411,8 +388,8 @@ def _einsum_pair(
     mode: str,
 ) -> jax.Array:
     """emulate's own two-operand einsum, for QArray, Packed and float6-code operands."""
-    xv, yv, held = kernel_route.held_operands(*operands)
-    x, y = (args.with_format(v, f, arg) for v, f, arg in zip((xv, yv), fm, ("lhs", "rhs")))
+    given = tuple(operands)  # a prepared weight is handed on as it is; its view is checked
+    x, y = (args.with_format(v, f, arg) for v, f, arg in zip(given, fm, ("lhs", "rhs")))
     ins, out_idx = _parse_einsum(subscripts, (len(x.shape), len(y.shape)))
     li, ri = ins
     for name, idx in (("lhs", li), ("rhs", ri)):
@@ -435,7 +412,7 @@ def _einsum_pair(
     # Indices summed in one operand only: broadcast the other operand along them.
     for mine, other, op_other, is_rhs in ((li, ri, y, True), (ri, li, x, False)):
         lonely = [c for c in mine if c not in other and c not in out_idx]
-        if lonely and (isinstance(op_other, QArray) or held[is_rhs] is not None):
+        if lonely and args.is_quantized(given[is_rhs]):
             raise ValueError(
                 f"subscripts: index {lonely[0]!r} is summed in one operand only, which "
                 f"emulate.einsum does not do when the other is a QArray; sum it first"
@@ -459,9 +436,8 @@ def _einsum_pair(
     )
     if preferred_element_type is None:  # jnp.einsum's type (a QArray counts as its dtype)
         preferred_element_type = _jnp_result_type(_type_name(x), _type_name(y))
-    xh = held[0] if held[0] is not None else x
-    yh = held[1] if held[1] is not None else y
-    res = dot_general(xh, yh, dn, precision, preferred_element_type, target=target, mode=mode)
+    xq, yq = (v if args.is_quantized(v) else o for v, o in zip(given, (x, y)))
+    res = dot_general(xq, yq, dn, precision, preferred_element_type, target=target, mode=mode)
     res_idx = batch + [c for c in li if c not in ri] + [c for c in ri if c not in li]
     return jnp.transpose(res, tuple(res_idx.index(c) for c in out_idx))
 

@@ -10,7 +10,9 @@ says where it lives now.
   naming the new path, and hands out each name from the first new home that has it.
 - :data:`NAMES`: a name that left a module which still exists
   (``emulate.conv.PaddingError``) -> its path now. The module's ``__getattr__``
-  (:func:`module_getattr`) hands it out, with the same warning.
+  (:func:`module_getattr`) hands it out, with the same warning; so does a stand-in for a
+  name renamed in its module's move (``emulate.pallas.route.route`` ->
+  ``emulate.pallas.compute.in_kernel``).
 
 The modules that moved whole into a package before these (``emulate.mx``,
 ``emulate.quant``, ``emulate.qarray``, ``emulate.reference_codes``,
@@ -50,10 +52,12 @@ MODULES: Final[dict[str, tuple[str, ...]]] = {
     "emulate.pallas.op_rules": ("emulate.pallas.checking.op_rules",),
     "emulate.pallas.sites": ("emulate.pallas.checking.sites",),
     "emulate.pallas.qblocks": ("emulate.pallas.qsteps",),
+    "emulate.route_setting": ("emulate.routing.setting",),
+    "emulate.pallas.route": ("emulate.pallas.compute",),
 }
 
-#: ``module.name`` the docs named, the module still there but the name gone from it -> the
-#: name's path now.
+#: ``module.name`` the docs named, the module still there but the name gone from it (or a
+#: :data:`MODULES` path whose name was renamed in the move) -> the name's path now.
 NAMES: Final[dict[str, str]] = {
     "emulate.compiler.verdict": "emulate.mosaic.verdict",
     "emulate.compiler.Verdict": "emulate.mosaic.Verdict",
@@ -63,8 +67,13 @@ NAMES: Final[dict[str, str]] = {
     "emulate.compiler.PROBE_PATH": "emulate.mosaic.PROBE_PATH",
     "emulate.compiler.natural_accumulator": "emulate.mosaic.natural_accumulator",
     "emulate.compiler.recorded": "emulate.mosaic.recorded",
-    "emulate.conv.PaddingError": "emulate.engine.args.PaddingError",
+    "emulate.conv.PaddingError": "emulate.engine.conv_args.PaddingError",
+    "emulate.engine.args.PaddingError": "emulate.engine.conv_args.PaddingError",
+    "emulate.engine.tiled.choose": "emulate.engine.tiled.tiling_for",
+    "emulate.engine.qtiled.choose": "emulate.engine.qtiled.qtiling_for",
     "emulate.kernel_route.partitioned_over": "emulate.sharding.partitioned_over",
+    "emulate.pallas.route.Route": "emulate.pallas.compute.Compute",
+    "emulate.pallas.route.route": "emulate.pallas.compute.in_kernel",
     "emulate.scaled.dot_general": "emulate.dot_general",
     "emulate.scaled.scaled_dot_general": "emulate.scaled_dot_general",
 }
@@ -121,6 +130,10 @@ class _Moved(types.ModuleType):
             return sorted({n for home in self.__homes for n in _public(home)})
         if name.startswith("__"):
             raise AttributeError(name)
+        renamed = NAMES.get(f"{self.__name__}.{name}")
+        if renamed is not None:
+            _warn(f"{self.__name__}.{name}", renamed)
+            return resolve(renamed)
         for home in self.__homes:
             module = importlib.import_module(home)
             if hasattr(module, name):
@@ -161,9 +174,11 @@ _FINDER = _Finder()
 
 
 def install() -> None:
-    """Put the finder of the old module paths on ``sys.meta_path`` (once)."""
+    """Put the finder of the old module paths first on ``sys.meta_path`` (once): an old
+    path is the stand-in even where another finder still sees a file of that name (an
+    editable install of an older checkout, a stale site-packages copy)."""
     if _FINDER not in sys.meta_path:
-        sys.meta_path.append(_FINDER)
+        sys.meta_path.insert(0, _FINDER)
 
 
 def module_getattr(module: str) -> Callable[[str], Any]:

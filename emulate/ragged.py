@@ -21,8 +21,7 @@ JAX's own CPU lowering does.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any, cast
 
 import jax
@@ -30,11 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import kernel_route, targets
+from emulate import routing, targets
 from emulate.dot import dot_general
-from emulate.engine import sites
+from emulate.engine import front, sites
 from emulate.engine.operands import Operand, OperandLike, Precision
-from emulate.engine.passthrough import passes_through
 from emulate.engine.ragged_args import (
     BASIC,
     RaggedArgs,
@@ -44,6 +42,7 @@ from emulate.engine.ragged_args import (
 from emulate.formats import FormatLike
 from emulate.group_sizes import check_group_sizes
 from emulate.quantized.array import QArray
+from emulate.routing.query import ragged_dot_route
 
 __all__ = ["ragged_dot", "ragged_dot_general", "ragged_dot_route"]
 
@@ -151,56 +150,39 @@ def ragged_dot_general(
         raise NotImplementedError(
             "out_sharding: not built for emulate.ragged_dot; pass None and shard the result"
         )
-    held = rhs if kernel_route.is_prepared(rhs) else None  # prepare_experts' result
-    if held is not None:
-        rhs = jax.eval_shape(kernel_route.unprepared, held)  # its view: shapes and dtypes only
-    elif passes_through(lhs, rhs, lhs_format, rhs_format, target, mode, preferred_element_type):
-        _check_plain_sizes(lhs, rhs, group_sizes, ragged_dot_dimension_numbers)
-        return lax.ragged_dot_general(
-            cast(Any, lhs),
-            cast(Any, rhs),
-            group_sizes,
-            ragged_dot_dimension_numbers,
-            precision,
-            preferred_element_type,
-        )
-    call = ragged_args(
-        lhs,
-        rhs,
-        group_sizes,
-        ragged_dot_dimension_numbers,
-        precision,
-        preferred_element_type,
-        target=target,
-        mode=mode,
-        lhs_format=lhs_format,
-        rhs_format=rhs_format,
-    )
-    route = _route_of(call, held)
-    tag = call.tag()
-    if route is not None and call.dot.target.kind == "tpu":
-        label = route.label() if route.kernel else f"xla: {route.reason}"
-        tag = dataclasses.replace(tag, route=label)
-    with sites.scope(tag):
-        if route is not None and route.kernel:
-            w = held if held is not None else call.dot.rhs
-            op = _grouped(call, _xla_route)
-            return kernel_route.run_op(op, route, (call.dot.lhs, call.group_sizes), w)
-        if held is not None:  # prepared experts on the XLA route: read back
-            call = dataclasses.replace(
-                call, dot=dataclasses.replace(call.dot, rhs=kernel_route.unprepared(held))
-            )
-        with kernel_route.use_route("xla"):  # each group's dot: the route is decided
-            return _xla_route(call)
+    return front.call(_DOOR, locals())
+
+
+def _plain_ragged(a: Mapping[str, Any]) -> jax.Array:
+    """A call that goes to ``lax.ragged_dot_general``, after the group-size check."""
+    lhs, rhs, gs, rdn = a["lhs"], a["rhs"], a["group_sizes"], a["ragged_dot_dimension_numbers"]
+    _check_plain_sizes(lhs, rhs, gs, rdn)
+    return lax.ragged_dot_general(lhs, rhs, gs, rdn, a["precision"], a["preferred_element_type"])
+
+
+def _emulated_ragged(call: RaggedArgs) -> jax.Array:
+    """Run a validated call by the route :func:`emulate.routing.choose` gives it: the
+    grouped kernel (:func:`emulate.routing.run`), or the XLA route on the call read back."""
+    op = routing.ragged_op(call, _xla_route)
+    route = routing.choose(call, op)
+    with sites.scope(routing.site_tag(call, op, route) or call.tag()):
+        if op is not None and route is not None and route.kernel:
+            return routing.run(call, op, route)
+        return _xla_route(call.read_back())
+
+
+_DOOR = front.FrontDoor(_plain_ragged, ragged_args, _emulated_ragged)
 
 
 def _xla_route(call: RaggedArgs) -> jax.Array:
-    """The XLA route of a validated call (module docstring), in its mode."""
-    if call.mode == "noncontracting":
-        return _noncontracting(call)
-    if call.mode == "contracting":
-        return _contracting(call)
-    return _dot(call, call.dot.lhs, call.dot.dimension_numbers)
+    """The XLA route of a validated call (module docstring), in its mode; each group's
+    dot on the XLA route (the route of the call is decided)."""
+    with routing.use_route("xla"):
+        if call.mode == "noncontracting":
+            return _noncontracting(call)
+        if call.mode == "contracting":
+            return _contracting(call)
+        return _dot(call, call.dot.lhs, call.dot.dimension_numbers)
 
 
 def _check_plain_sizes(lhs: Any, rhs: Any, group_sizes: Any, rdn: Any) -> None:
@@ -280,138 +262,3 @@ def _contracting(call: RaggedArgs) -> jax.Array:
     shift = tuple(i + 1 for i in lc), tuple(i + 1 for i in lb)
     out = _dot(call, lhs, ((shift[0], rc), (shift[1], rb)))  # [b..., g, lf..., rf...]
     return jnp.moveaxis(out, len(lb), 0)
-
-
-# --- the grouped kernel route (emulate.pallas.ragged_dot; the decision is kernel_route's) ---
-
-
-@dataclasses.dataclass(frozen=True)
-class _Grouped:
-    """A ``lax.ragged_dot`` call ``(m, k) x (g, k, n)`` on the kernel route: what its
-    program is specialized on, its kernel (``emulate.pallas.ragged_dot``) and its XLA route
-    (:func:`emulate.kernel_route.run_op` runs it). ``x`` is ``(lhs, group_sizes)``."""
-
-    precision: Any
-    preferred: Any
-    result: str
-    wrap_to: str | None
-    target: targets.Target
-    mode: str
-    interpret: bool
-    xla_route: Callable[[RaggedArgs], jax.Array] | None
-    kernel_name = "emulate.pallas.ragged_dot"
-    map_batches = True  # vmap: once per batch entry (Pallas cannot batch the schedule)
-
-    def kernel(self, x: tuple[Operand, Any], w: Any) -> jax.Array:
-        from emulate.pallas import gmm_kernel  # only where the kernel route is taken
-
-        rows, group_sizes = x
-        v, x_format = kernel_route.kernel_operand(rows, weight=False)
-        wk, w_format = kernel_route.kernel_operand(w, weight=True)
-        y = gmm_kernel.ragged_dot(
-            v, wk, group_sizes, target=self.target, out_dtype=self.result,
-            interpret=self.interpret, x_format=x_format, w_format=w_format,
-        )  # fmt: skip
-        return y.astype(self.wrap_to) if self.wrap_to is not None else y
-
-    def xla(self, x: tuple[Operand, Any], w: Any) -> jax.Array:
-        rows, group_sizes = x
-        experts = kernel_route.unprepared(w) if kernel_route.is_prepared(w) else w
-        call = ragged_args(
-            rows, experts, group_sizes, BASIC, self.precision, self.preferred,
-            target=self.target, mode=self.mode,
-        )  # fmt: skip
-        assert self.xla_route is not None  # the front end gives it
-        with kernel_route.use_route("xla"):
-            return self.xla_route(call)
-
-
-def _grouped(call: RaggedArgs, xla: Callable[[RaggedArgs], jax.Array] | None) -> _Grouped:
-    d = call.dot
-    return _Grouped(d.precision, call.preferred, d.result, d.wrap_to, d.target, d.mode, False, xla)
-
-
-def _shape_refusal(call: RaggedArgs, side: str) -> str | None:
-    """Why ``emulate.pallas.ragged_dot`` cannot take this call's shapes, or None: it takes
-    ``lax.ragged_dot``'s ``(m, k) x (g, k, n)``, the experts as stored ``(G, K, N)``."""
-    if call.mode != "noncontracting":
-        return (
-            f"a ragged {call.mode} dimension: the grouped kernel takes rows sorted by group, "
-            "lax.ragged_dot's (m, k) x (g, k, n)"
-        )
-    if side != "rhs":
-        return "the weight is lhs: the grouped kernel's experts are rhs (g, k, n)"
-    (lc, rc), (lb, rb) = call.dot.dimension_numbers
-    if lb or rb:
-        return "batch dimensions: the grouped kernel multiplies (m, k) rows by (G, K, N) experts"
-    if len(call.dot.lhs.shape) != 2 or tuple(lc) != (1,):
-        return (
-            f"lhs of shape {tuple(call.dot.lhs.shape)} contracting along axis {tuple(lc)}: "
-            "the grouped kernel takes (m, k) rows"
-        )
-    if call.rhs_group != 0 or tuple(rc) != (1,):
-        return (
-            f"experts of shape {tuple(call.dot.rhs.shape)} grouped along axis "
-            f"{call.rhs_group} contracting along axis {tuple(rc)}: the grouped kernel reads "
-            "(G, K, N) experts as stored (store them so once, e.g. "
-            "emulate.quantized.array.transpose(w, (0, 2, 1)) for (E, out, in) checkpoint tensors)"
-        )
-    return None
-
-
-def _route_of(call: RaggedArgs, held: Any = None) -> kernel_route.WeightRoute | None:
-    """The route of a validated call (``held``: prepared experts standing for the call's
-    rhs view): :func:`emulate.kernel_route.choose` for ``emulate.pallas.ragged_dot``;
-    None for a call without a weight operand.
-
-    Raises:
-      ValueError: under the "kernel" or "interpret" setting, a call the grouped kernel
-        cannot take, naming the argument and the reason.
-    """
-    d = call.dot
-    rhs = held if held is not None else d.rhs
-    side = kernel_route.weight_side(d.lhs, rhs)
-    if side is None:
-        return None
-    w, x = (rhs, d.lhs) if side == "rhs" else (d.lhs, rhs)
-    why = kernel_route.operand_refusal(d, x, w) or _shape_refusal(call, side)
-    op = _grouped(call, None)
-    return kernel_route.choose(side, d.target, why, op, (x, call.group_sizes), w)
-
-
-def ragged_dot_route(
-    lhs: Any,
-    rhs: Any,
-    group_sizes: Any,
-    ragged_dot_dimension_numbers: lax.RaggedDotDimensionNumbers = BASIC,
-    *,
-    preferred_element_type: FormatLike | None = None,
-    target: targets.TargetLike = None,
-    mode: str | None = None,
-) -> kernel_route.WeightRoute | None:
-    """The route :func:`ragged_dot_general` would give this call (arguments as its;
-    arrays or ``jax.ShapeDtypeStruct`` s), decided as for a TPU lowering, without running
-    it: ``emulate.pallas.ragged_dot`` (``route.label()`` is "pallas.ragged_dot") or XLA
-    with the reason; None for a call without a weight operand. ``print(r.explain())``
-    says why, as :func:`emulate.weight_route` does for ``dot_general``.
-
-    Raises:
-      ValueError: under the "kernel" / "interpret" setting, a call the grouped kernel
-        cannot take; what :func:`ragged_dot_general` raises for the arguments.
-    """
-    found: list[kernel_route.WeightRoute | None] = []
-
-    def probe(a: Any, b: Any, g: Any) -> jax.Array:  # traced: the operands may be abstract
-        held = b if kernel_route.is_prepared(b) else None
-        view = jax.eval_shape(kernel_route.unprepared, b) if held is not None else b
-        call = ragged_args(
-            a, view, g, ragged_dot_dimension_numbers, None, preferred_element_type,
-            target=target, mode=mode,
-        )  # fmt: skip
-        found.append(_route_of(call, held))
-        return jnp.zeros(())
-
-    sizes = group_sizes if hasattr(group_sizes, "dtype") else np.asarray(group_sizes)
-    with kernel_route.planning():
-        jax.eval_shape(probe, lhs, rhs, sizes)
-    return found[0]

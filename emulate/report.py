@@ -36,7 +36,7 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
-from emulate import formats, kernel_route, program, targets
+from emulate import formats, program, routing, targets
 from emulate.engine import sites
 from emulate.planning.plan import Plan, plan, runs_as_is
 from emulate.tables import table
@@ -66,10 +66,10 @@ class Row:
       flops: 2 * output elements * K (0 for pallas_call).
       seconds: the estimate: the larger of ``compute_seconds`` and ``memory_seconds``
         (None when the target states neither).
-      weight_route: a contraction with a weight operand on a TPU target: "pallas.matmul"
-        or "pallas.ragged_dot" (:mod:`emulate.kernel_route`), or "xla: " and why the kernel
-        does not take it;
-        "" otherwise.
+      weight_route: a contraction with a weight operand on a target with a kernel for it
+        (:mod:`emulate.routing`): the kernel ("pallas.matmul", "pallas.ragged_dot" on a
+        TPU, "cpu.gemv" on the CPU), or "xla: " and why the kernel does not take it; ""
+        otherwise.
       bytes: what the site moves at least: its operands as stored (a QArray's codes at
         their bit width, scales not counted) and, for a plain dot, its result.
       compute_seconds: flops / the rate of the unit the site runs on (None when the
@@ -135,15 +135,28 @@ class Report:
             for r in self.rows
             if r.weight_route.startswith("xla: ")
         ]
-        kept = "kept off the Pallas kernels (emulate.pallas.matmul, ragged_dot):"
-        why = [kept, *notes] if notes else []
+        kind = targets.get(self.target).kind if self.target in targets.names() else "tpu"
+        why = [_KEPT.get(kind, _KEPT["tpu"]), *notes] if notes else []
         return "\n".join([head, table(rows, columns=columns, rule=False), *why])
+
+
+#: The heading of the reasons listed under the table, by the target's kind.
+_KEPT = {
+    "tpu": "kept off the Pallas kernels (pallas.matmul, pallas.ragged_dot, kvcache.attention):",
+    "cpu": "kept off the CPU kernel (emulate.cpu.gemv):",
+}
+
+
+def _kernel_label(route: str) -> bool:
+    """Whether a site's route is a kernel's label (``pallas.matmul``, ``pallas.ragged_dot``,
+    ``kvcache.attention``, ``cpu.gemv``), not "xla: " and a reason, nor empty."""
+    return bool(route) and not route.startswith("xla: ")
 
 
 def _route_cell(r: Row) -> str:
     """The route column: the kernel, or the plan's method (marked where a weight stays
-    on the XLA route of a TPU target, the reason listed under the table)."""
-    if r.weight_route.startswith("pallas."):
+    on the XLA route of a target with a kernel, the reason listed under the table)."""
+    if _kernel_label(r.weight_route):
         return r.weight_route
     method = r.plan.method if r.plan else ""
     return f"{method} (xla)" if r.weight_route else method
@@ -265,7 +278,7 @@ def inspect(
     with (
         targets.use_target(t),
         targets.use_mode(m),
-        kernel_route.planning(),
+        routing.planning(),
         _nnx_module_scopes(fn, args) as traced,
     ):
         closed = jax.make_jaxpr(traced)(*args)
@@ -415,7 +428,7 @@ def _rows(jaxpr: Any, t: targets.Target, mode: str, prefix: tuple[str, ...]) -> 
         name = eqn.primitive.name
         tag = _site_tag(eqn)
         if tag is not None:
-            if _contains_matmul(eqn) or tag.route.startswith("pallas."):
+            if _contains_matmul(eqn) or _kernel_label(tag.route):
                 yield _site_row(eqn, tag, prefix)
             continue
         if name == "pallas_call":

@@ -44,16 +44,15 @@ import numpy as np
 from jax import lax
 
 from emulate import formats, moved
-from emulate.cpu import call as cpu_call
-from emulate.cpu import route as cpu_route
 from emulate.engine import grad, qtiled, sites, tiled
 from emulate.engine.args import DotArgs, dot_args
-from emulate.engine.layout import to_bfk
+from emulate.engine.layout import dot_general, to_bfk
 from emulate.engine.operands import Operand, OperandLike, Precision, operand
 from emulate.engine.qoperands import (
     bf16_exact,
     code_operand,
     offset_coefficients,
+    wide_values,
     with_flat_scales,
     without_perm,
 )
@@ -66,7 +65,6 @@ from emulate.planning.plan import plan
 from emulate.quantized.array import QArray
 from emulate.quantized.checks import SCALE_FORMATS
 from emulate.quantized.values import dequantize
-from emulate.route_setting import cpu_kernel_enabled, planning_now, tpu_may_lower
 from emulate.targets import TargetLike
 
 __all__ = ["qarray_dot_general", "scaled_matmul"]
@@ -109,11 +107,6 @@ def _qdot(static: tuple, lhs: Operand | QArray, rhs: Operand | QArray) -> jax.Ar
         vb = _values_operand(rhs, "rhs")
         p = plan_for(va, vb, target, out_name, "exact")
         return run_plan(p, va, vb, dn, precision, tiled.current_settings())
-    form = _cpu_kernel_form(dn, target, lhs, rhs)
-    if form is not None:
-        # few rows times a QArray on the CPU: the kernel reads the parts as stored
-        # (two-level scales included), so before with_flat_scales decodes them
-        return _cpu_kernel_run(lhs, rhs, dn, precision, out_name, form[0], form[1])
     a, qa = _codes_operand(with_flat_scales(lhs) if isinstance(lhs, QArray) else lhs, "lhs")
     b, qb = _codes_operand(with_flat_scales(rhs) if isinstance(rhs, QArray) else rhs, "rhs")
     p = plan(a.format, b.format, target=target, preferred_element_type="float32", mode=mode)
@@ -165,7 +158,7 @@ def _values_operand(x: Operand | QArray, arg: str) -> Operand:
 
 def _contract_f32(static: tuple, a: jax.Array, b: jax.Array) -> jax.Array:
     dn, precision = static[:2]
-    return lax.dot_general(a, b, dn, precision, preferred_element_type=jnp.float32)
+    return dot_general(a, b, dn, precision, preferred_element_type=jnp.float32)
 
 
 # Differentiable as the dequantized math (emulate.engine.grad): gradients reach float
@@ -304,7 +297,7 @@ def _scaled_run(
             x = _segment_sums(other[0], other[1].format, other[2])
             lhs, rhs = (c, x) if lhs_side else (x, c)  # (batch..., free..., segment) each
             dn_seg = (((lhs.ndim - 1,), (rhs.ndim - 1,)), (tuple(range(nb)),) * 2)
-            acc = acc + lax.dot_general(
+            acc = acc + dot_general(
                 lhs, rhs, dn_seg, lax.Precision.HIGHEST, preferred_element_type=jnp.float32
             )
     return accumulate.round_accumulator(acc, out)
@@ -334,18 +327,6 @@ def _bf16_exact(*qs) -> bool:
     return all(bf16_exact(q) for q in qs)
 
 
-def _wide(x) -> jax.Array:
-    """A QArray's values (bf16 where that is exact: e8m0 scales without a tensor scale and
-    elements exact in bf16; f32 otherwise), or an operand decoded to bf16 / f32."""
-    if isinstance(x, QArray):
-        return dequantize(x, to=jnp.bfloat16 if _bf16_exact(x) else jnp.float32)
-    f = x.format
-    if not f.is_low_precision:
-        return x.value
-    to = jnp.bfloat16 if "bfloat16" in f.exact_in else jnp.float32
-    return codecs.decode(x.unpacked(), f.name, to=to)
-
-
 def _dequantized(a, b, dimension_numbers, precision, out, tiling: tiled.Settings) -> jax.Array:
     """The dequantized values of ``a`` and ``b`` in one dot (:func:`_dequantized_run`);
     on the CPU a single large QArray is dequantized tile by tile next to the dot
@@ -354,7 +335,7 @@ def _dequantized(a, b, dimension_numbers, precision, out, tiling: tiled.Settings
     if isinstance(a, QArray) != isinstance(b, QArray):
         side = 0 if isinstance(a, QArray) else 1
         q, other = (a, b) if side == 0 else (b, a)
-        t = qtiled.choose(q, side, len(other.shape), dimension_numbers, tiling)
+        t = qtiled.qtiling_for(q, side, len(other.shape), dimension_numbers, tiling)
     if t is None:
         return _dequantized_run(a, b, dimension_numbers, precision, out)
     return _qtiled_run(a, b, dimension_numbers, precision, out, t)
@@ -363,7 +344,7 @@ def _dequantized(a, b, dimension_numbers, precision, out, tiling: tiled.Settings
 def _common_values(a, b, precision) -> tuple[jax.Array, jax.Array, Precision]:
     """Both operands' values in one type (XLA's CPU backend runs a mixed-type dot slower
     than a converted one), and the precision that keeps f32 values whole."""
-    va, vb = _wide(a), _wide(b)
+    va, vb = wide_values(a), wide_values(b)
     if va.dtype != vb.dtype:
         common = jnp.promote_types(va.dtype, vb.dtype)
         va, vb = va.astype(common), vb.astype(common)
@@ -377,7 +358,7 @@ def _common_values(a, b, precision) -> tuple[jax.Array, jax.Array, Precision]:
 @functools.partial(jax.jit, static_argnames=("dimension_numbers", "precision", "out"))
 def _dequantized_run(a, b, dimension_numbers, precision, out):
     va, vb, precision = _common_values(a, b, precision)
-    acc = lax.dot_general(va, vb, dimension_numbers, precision, preferred_element_type=jnp.float32)
+    acc = dot_general(va, vb, dimension_numbers, precision, preferred_element_type=jnp.float32)
     return accumulate.round_accumulator(acc, out)
 
 
@@ -385,7 +366,7 @@ def _dequantized_run(a, b, dimension_numbers, precision, out):
 def _qtiled_run(a, b, dimension_numbers, precision, out, t: qtiled.QTiling):
     q, other = (a, b) if t.side == 0 else (b, a)
     to = jnp.bfloat16 if _bf16_exact(q) else jnp.float32
-    vo = _wide(other)
+    vo = wide_values(other)
     common = jnp.promote_types(vo.dtype, to)
     hi = lax.Precision.HIGHEST if common == jnp.float32 else precision
 
@@ -403,53 +384,9 @@ def _qtiled_run(a, b, dimension_numbers, precision, out, t: qtiled.QTiling):
     def untiled(q, vo):
         w = dequantize(q, to=common)
         va, vb = (w, vo.astype(common)) if t.side == 0 else (vo.astype(common), w)
-        return lax.dot_general(va, vb, dimension_numbers, hi, preferred_element_type=jnp.float32)
+        return dot_general(va, vb, dimension_numbers, hi, preferred_element_type=jnp.float32)
 
     acc = lax.platform_dependent(q, vo, cpu=cpu, default=untiled)
-    return accumulate.round_accumulator(acc, out)
-
-
-def _cpu_kernel_form(dn, target, lhs: Operand | QArray, rhs: Operand | QArray):
-    """``(side, form)`` where the CPU kernel takes this contraction: one QArray operand
-    (:func:`emulate.cpu.route.choose`), the CPU target, and a program that only the CPU
-    will run (JAX's CPU backend, no TPU lowering or route planning in view: elsewhere the
-    planned route runs); else None."""
-    if isinstance(lhs, QArray) == isinstance(rhs, QArray) or not cpu_kernel_enabled():
-        return None
-    if target.kind != "cpu" or jax.default_backend() != "cpu":
-        return None
-    if tpu_may_lower() or planning_now():
-        return None
-    side = 0 if isinstance(lhs, QArray) else 1
-    q, other = (lhs, rhs) if side == 0 else (rhs, lhs)
-    assert isinstance(q, QArray)
-    integer = isinstance(other, Operand) and other.format.is_integer
-    form = cpu_route.choose(q, side, other.shape, dn, other_integer=integer)
-    return None if form is None else (side, form)
-
-
-@functools.partial(
-    jax.jit, static_argnames=("dimension_numbers", "precision", "out", "side", "form")
-)
-def _cpu_kernel_run(a, b, dimension_numbers, precision, out, side: int, form):
-    q, other = (a, b) if side == 0 else (b, a)
-    vo = _wide(other)
-    oc = dimension_numbers[0][1 - side][0]
-    k = vo.shape[oc]
-
-    def cpu(q, vo):
-        x = jnp.moveaxis(vo, oc, -1).reshape(-1, k).astype(jnp.float32)
-        y = cpu_call.contract(q, x, form)
-        y = y.reshape(tuple(n for d, n in enumerate(vo.shape) if d != oc) + (y.shape[1],))
-        return jnp.moveaxis(y, -1, 0) if side == 0 else y
-
-    def xla(q, vo):
-        w = dequantize(q, to=jnp.float32)
-        va, vb = (w, vo.astype(jnp.float32)) if side == 0 else (vo.astype(jnp.float32), w)
-        hi = lax.Precision.HIGHEST
-        return lax.dot_general(va, vb, dimension_numbers, hi, preferred_element_type=jnp.float32)
-
-    acc = lax.platform_dependent(q, vo, cpu=cpu, default=xla)
     return accumulate.round_accumulator(acc, out)
 
 

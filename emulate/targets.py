@@ -383,7 +383,7 @@ _TPU_BRANCH: contextvars.ContextVar[bool] = contextvars.ContextVar("tpu_branch",
 @contextlib.contextmanager
 def tpu_branch() -> Iterator[None]:
     """Trace code inside the block that only a TPU lowering reaches (the TPU branch of a
-    ``lax.platform_dependent``, as :mod:`emulate.kernel_route` builds it):
+    ``lax.platform_dependent``, as :func:`emulate.routing.run` builds it):
     :func:`building_for_tpu` is True there, whatever this process has. Lowering it for a
     TPU still needs the chip (a TPU backend or default device: :func:`compiler.compile`)."""
     token = _TPU_BRANCH.set(True)

@@ -41,6 +41,7 @@ llama files (its converter permutes Hugging Face's q/k rows to that order). Run 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tempfile
 import time
@@ -54,8 +55,10 @@ from gguf import GGMLQuantizationType
 
 import emulate
 import emulate.flax
+import emulate.kvcache
 from emulate.importers.gguf import load_gguf, read_gguf
 from emulate.importers.safetensors import load_safetensors
+from emulate.kvcache import KVCache
 
 # --- the model --------------------------------------------------------------------------
 
@@ -113,12 +116,13 @@ def _linear(n_in: int, n_out: int, rngs: nnx.Rngs) -> nnx.Linear:
     return nnx.Linear(n_in, n_out, use_bias=False, rngs=rngs)
 
 
-def rope(x: jax.Array, base: float) -> jax.Array:
-    """Rotary embedding of ``x`` (B, T, heads, head_dim) at positions 0..T-1, adjacent
-    pairs rotated together."""
+def rope(x: jax.Array, base: float, positions: jax.Array | None = None) -> jax.Array:
+    """Rotary embedding of ``x`` (B, T, heads, head_dim) at ``positions`` (B, T) (default
+    0..T-1 for every sequence), adjacent pairs rotated together."""
     t, d = x.shape[1], x.shape[-1]
-    angle = jnp.arange(t)[:, None] * base ** (-jnp.arange(0, d, 2) / d)  # (T, d/2)
-    cos, sin = jnp.cos(angle)[:, None, :], jnp.sin(angle)[:, None, :]
+    pos = jnp.arange(t)[None, :] if positions is None else positions
+    angle = pos[..., None] * base ** (-jnp.arange(0, d, 2) / d)  # (B or 1, T, d/2)
+    cos, sin = jnp.cos(angle)[:, :, None, :], jnp.sin(angle)[:, :, None, :]
     even, odd = x[..., 0::2], x[..., 1::2]
     return jnp.stack([even * cos - odd * sin, even * sin + odd * cos], -1).reshape(x.shape)
 
@@ -131,11 +135,19 @@ class Attention(nnx.Module):
         self.v_proj = _linear(c.dim, c.kv_heads * c.head_dim, rngs)
         self.o_proj = _linear(c.heads * c.head_dim, c.dim, rngs)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, cache: KVCache | None = None, layer: int = 0):
+        """Causal attention over ``x`` (B, T, dim); with a ``cache``, over the cache too:
+        the T new tokens at each sequence's length, written into ``layer`` and read as
+        stored (``emulate.kvcache.attention``); then returns ``(out, cache)``."""
         c, (b, t, _) = self.c, x.shape
-        q = rope(self.q_proj(x).reshape(b, t, c.heads, c.head_dim), c.rope_base)
-        k = rope(self.k_proj(x).reshape(b, t, c.kv_heads, c.head_dim), c.rope_base)
+        pos = None if cache is None else cache.lengths[:, None] + jnp.arange(t)[None, :]
+        q = rope(self.q_proj(x).reshape(b, t, c.heads, c.head_dim), c.rope_base, pos)
+        k = rope(self.k_proj(x).reshape(b, t, c.kv_heads, c.head_dim), c.rope_base, pos)
         v = self.v_proj(x).reshape(b, t, c.kv_heads, c.head_dim)
+        if cache is not None:
+            cache = cache.write(layer, k, v)
+            out = emulate.kvcache.attention(q, cache, layer)
+            return self.o_proj(out.reshape(b, t, c.heads * c.head_dim)), cache
         q = q.reshape(b, t, c.kv_heads, c.heads // c.kv_heads, c.head_dim)
         logits = jnp.einsum("btkgh,bskh->bkgts", q, k) / np.sqrt(c.head_dim).astype(np.float32)
         causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
@@ -165,6 +177,12 @@ class Block(nnx.Module):
         x = x + self.self_attn(self.input_layernorm(x))
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def cached(self, x: jax.Array, cache: KVCache, layer: int) -> tuple[jax.Array, KVCache]:
+        """The block over ``x`` (B, T, dim) with the KV cache's ``layer``."""
+        attn, cache = self.self_attn(self.input_layernorm(x), cache, layer)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), cache
+
 
 class Decoder(nnx.Module):
     def __init__(self, c: Config, rngs: nnx.Rngs):
@@ -188,6 +206,23 @@ class Llama(nnx.Module):
             x = block(x)
         return self.lm_head(self.model.norm(x))
 
+    def init_cache(self, batch: int, length: int, format: str = "bfloat16") -> None:  # noqa: A002
+        """Hold an empty KV cache for ``batch`` sequences of ``length`` tokens in
+        ``format`` (:data:`emulate.kvcache.FORMATS`) in an ``emulate.flax.KVCacheVariable``."""
+        c = self.model.layers[0].self_attn.c
+        cache = KVCache.create(c.layers, batch, c.kv_heads, c.head_dim, length, format)
+        self.kv_cache = emulate.flax.KVCacheVariable(cache)
+
+    def decode(self, tokens: jax.Array) -> jax.Array:
+        """Logits (B, T, vocab) of the ``T`` next tokens of each sequence (B, T), which
+        attend to the cache's tokens and to each other; the cache takes them."""
+        cache = self.kv_cache.get_value()
+        x = self.model.embed_tokens(tokens)
+        for i, block in enumerate(self.model.layers):
+            x, cache = block.cached(x, cache, i)
+        self.kv_cache.set_value(cache.advance(tokens.shape[1]))
+        return self.lm_head(self.model.norm(x))
+
 
 def greedy(model: Llama, prompt: list[int], steps: int) -> list[int]:
     """``steps`` greedy tokens after ``prompt``: the whole window each step (one compile:
@@ -201,6 +236,77 @@ def greedy(model: Llama, prompt: list[int], steps: int) -> list[int]:
         logits = forward(model, jnp.asarray(tokens))
         tokens[0, i] = int(jnp.argmax(logits[0, i - 1]))
     return tokens[0, len(prompt) :].tolist()
+
+
+def decode_cached(
+    model: Llama,
+    prompt: list[int],
+    steps: int,
+    format: str = "bfloat16",  # noqa: A002 - the cache's format
+    follow: list[int] | None = None,
+) -> tuple[list[int], np.ndarray]:
+    """``steps`` tokens after ``prompt`` decoded with a KV cache in ``format``: the
+    prompt in one step, then one token a step, each step jitted with the cache donated
+    (updated in place). The greedy tokens, or ``follow``'s (teacher forcing: the logits
+    of another run's tokens); and the logits (steps, vocab) each step gave."""
+    model.init_cache(1, len(prompt) + steps, format)
+    graphdef, weights, cache = nnx.split(model, nnx.Not(nnx.Cache), nnx.Cache)
+    tokens, rows = [], []
+    logits, cache = _cached_step(graphdef, weights, cache, jnp.asarray([prompt], jnp.int32))
+    for i in range(steps):
+        rows.append(np.asarray(logits[0], np.float32))
+        tokens.append(int(np.argmax(rows[-1])) if follow is None else follow[i])
+        if i + 1 < steps:
+            step_in = jnp.asarray([[tokens[-1]]], jnp.int32)
+            logits, cache = _cached_step(graphdef, weights, cache, step_in)
+    return tokens, np.stack(rows)
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _cached_step(graphdef, weights, cache, tokens):
+    """One decode step of :func:`decode_cached`: the last position's logits and the
+    cache (donated: updated in place)."""
+    m = nnx.merge(graphdef, weights, cache)
+    return m.decode(tokens)[:, -1], nnx.state(m, nnx.Cache)
+
+
+#: The cache formats of :func:`cache_accuracy`: 8-bit per token and blocks, 4-bit blocks.
+CACHE_FORMATS = ("int8", "float8_e4m3fn", "float8_e5m2", "q8_0", "q4_0", "mxfp4")
+
+
+def cache_accuracy(
+    mix: str = "Q4_K_M", config: Config = Config(), steps: int = 256, formats=CACHE_FORMATS
+) -> dict[str, dict[str, float]]:
+    """Each cache format against the bfloat16 cache over ``steps`` greedy tokens (on the
+    ``cpu`` target): the bfloat16 run's tokens are fed to every run, and its logits of
+    each next token compared. Per format: ``max_delta`` (the largest |logit difference|),
+    ``top1`` (the share of steps whose argmax is the bfloat16 run's token) and ``margin``
+    (the largest gap between the bfloat16 run's best and second-best logit among the
+    steps where the format chose another token: the near-ties a cache's rounding flips)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "tiny-llama.gguf")
+        write_gguf(path, config, mix)
+        model = port(path)
+    prompt = [1, 2, 3, 4]
+    with emulate.target("cpu"):
+        ref_tokens, ref = decode_cached(model, prompt, steps)
+        table = {}
+        for fmt in formats:
+            _, got = decode_cached(model, prompt, steps, fmt, follow=ref_tokens)
+            agree = np.argmax(got, axis=-1) == np.asarray(ref_tokens)
+            top2 = np.sort(ref, axis=-1)[:, -2:]
+            gaps = (top2[:, 1] - top2[:, 0])[~agree]
+            table[fmt] = {
+                "max_delta": float(np.abs(got - ref).max()),
+                "top1": float(np.mean(agree)),
+                "margin": float(gaps.max()) if gaps.size else 0.0,
+            }
+            got = table[fmt]
+            print(
+                f"{fmt:16s} max |delta logit| {got['max_delta']:.4f}  top-1 {got['top1']:.3f}"
+                f"  flips within a margin of {got['margin']:.3f}"
+            )
+    return table
 
 
 # --- K-quant writers (numpy; the block layouts of ggml's Q4_K and Q6_K) --------------------
@@ -553,3 +659,4 @@ if __name__ == "__main__":
     main()
     decode_rates()
     main_awq()
+    cache_accuracy()

@@ -38,8 +38,9 @@ def pallas_k(rhs: str) -> int:
 
 # Formats XLA cannot hold (float6) and the sub-byte ones pallas.matmul takes packed.
 _PACKED = {"int4", "uint4", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"}
-# Of those, the ones pallas.matmul gets as emulate.pallas.prepare_weight returns them.
-_PREPARED = {"int4", "float4_e2m1fn", "float6_e3m2fn"}
+# Of those, the ones pallas.matmul gets as emulate.pallas.prepare_weight returns them (a
+# traced float6 Packed weight, laid out again on every call, is refused in a TPU program).
+_PREPARED = {"int4", "float4_e2m1fn", "float6_e3m2fn", "float6_e2m3fn"}
 
 DN = (((1,), (0,)), ((), ()))
 
@@ -78,7 +79,7 @@ def pallas_matmul(x: jax.Array, w: Any, *, lhs: str, rhs: str, target: str) -> j
     """``emulate.pallas.matmul`` compiled for TPU (interpret off)."""
     if rhs in _PREPARED:  # the layout users keep (same bytes: one K-planar tile)
         w = emulate.pallas.KernelWeight(w, rhs, pallas_k(rhs))
-    elif rhs in _PACKED:  # emulate.pack's layout: x in column planes; float6 re-laid
+    elif rhs in _PACKED:  # emulate.pack's layout: x in column planes
         w = emulate.Packed(w, rhs, -2, pallas_k(rhs))
     return emulate.pallas.matmul(
         x,
@@ -286,7 +287,7 @@ def decoder(leaves: list[jax.Array], x: jax.Array, *, target: str) -> jax.Array:
 
 
 # --------------------------------------------------------------------------------------
-# the kernel route (emulate.kernel_route): a model's weights prepared once, route "auto"
+# the kernel route (emulate.routing): a model's weights prepared once, route "auto"
 
 #: a model's projection: K x N with int4 codes in groups of 32 rows, float16 scales
 #: (Q4_K-like), prepared once for a TPU (emulate.prepare_weights: a K-planar KernelQWeight).

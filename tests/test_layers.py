@@ -43,6 +43,12 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.compiler.isolate",
             "emulate.compiler.compiling",
             "emulate.compiler.probing",
+            "emulate.compiler.bundles",
+            "emulate.compiler.scalar",
+            "emulate.compiler.steps",
+            "emulate.compiler.replay",
+            "emulate.compiler.cores",
+            "emulate.compiler.timing",
             "emulate.compiler",
             "emulate.reference.codes",
             "emulate.reference.rounding",
@@ -121,6 +127,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "emulate.engine",
             "emulate.engine.operands",
+            "emulate.engine.prepared",
             "emulate.engine.qoperands",
             "emulate.engine.passthrough",
             "emulate.engine.layout",
@@ -135,20 +142,25 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.engine.run",
             "emulate.engine.sites",
             "emulate.engine.args",
+            "emulate.engine.conv_args",
             "emulate.engine.ragged_args",
+            "emulate.engine.front",
         ],
     ),
     (
         "pallas",
         [
-            "emulate.pallas.route",
+            "emulate.pallas.compute",
             "emulate.pallas.kernel_dot",
             "emulate.pallas.weights",
+            "emulate.pallas.words",
             "emulate.pallas.qcodebook",
             "emulate.pallas.qgroups",
             "emulate.pallas.qoffsets",
             "emulate.pallas.qweight",
             "emulate.pallas.qsteps",
+            "emulate.pallas.word_groups",
+            "emulate.pallas.word_step",
             "emulate.pallas.matmul_config",
             "emulate.pallas.matmul_args",
             "emulate.pallas.matmul_kernel",
@@ -182,19 +194,46 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
+        "kv cache",
+        [
+            "emulate.kvcache.formats",
+            "emulate.kvcache.layout",
+            "emulate.kvcache.writing",
+            "emulate.kvcache.cache",
+            "emulate.kvcache.blocks",
+            "emulate.kvcache.queries",
+            "emulate.kvcache.decode_kernel",
+            "emulate.kvcache.prefill_kernel",
+            "emulate.kvcache.xla_route",
+            "emulate.kvcache.bounds",
+        ],
+    ),
+    (
         "front ends",
         [
             "emulate.sharding",
-            "emulate.route_setting",
+            "emulate.routing.setting",
+            "emulate.routing.ops",
+            "emulate.routing.prepared",
+            "emulate.routing.program",
+            "emulate.routing.pallas_ops",
+            "emulate.routing.cpu_op",
+            "emulate.routing.choose",
+            "emulate.routing.run",
+            "emulate.routing.query",
+            "emulate.routing",
             "emulate.kernel_route",
             "emulate.scaled",
             "emulate.dot",
             "emulate.conv",
             "emulate.ragged",
+            "emulate.kvcache.attention",
+            "emulate.kvcache",
             "emulate.flax.rounding",
             "emulate.flax.layers",
             "emulate.flax.quantize",
             "emulate.flax.load",
+            "emulate.flax.kvcache",
             "emulate.flax",
         ],
     ),
@@ -449,10 +488,6 @@ LARGE_MODULES: dict[str, str] = {
     "emulate.targets": (
         "the target records and their lookups; to be split by concept once the kernel-time "
         "model's generation constants have settled there"
-    ),
-    "emulate.engine.args": (
-        "the front ends' validated records; to be split by concept with the routing move "
-        "(issue 48, item 1), which reshapes them"
     ),
     "benchmarks.harness": "to be split by concept with the benchmarks' JSON results (issue 48)",
     "benchmarks.tpu": "to be split by concept with the benchmarks' JSON results (issue 48)",
@@ -739,11 +774,18 @@ TESTED_ELSEWHERE = {
     "emulate.pallas.checking": "package docstring only",
     "emulate.engine.limbs": "the limb arithmetic of mode exact: engine/test_exact",
     "emulate.engine.contract": "the plain and K-chunked contraction: test_dot, test_conv",
-    "emulate.engine.layout": "dimension numbers: test_dot, test_conv, test_bad_inputs",
     "emulate.engine.passthrough": "calls left to JAX: test_dot, test_jax_cases",
     "emulate.engine.run": "plan_for, run_plan: test_dot, engine/test_tiled",
     "emulate.engine.sites": "site scopes: test_program, test_rewrite (emulate.inspect)",
-    "emulate.route_setting": "use_route and WeightRoute: test_kernel_route, test_ragged",
+    "emulate.routing": "re-exports only: routing/test_choose reaches its names through it",
+    "emulate.routing.setting": "use_route, use_cpu_kernel, WeightRoute: routing/, cpu/test_route",
+    "emulate.routing.ops": "weight_side and operand pairs: routing/test_choose, test_ragged",
+    "emulate.routing.prepared": "prepare_weights: routing/test_choose, test_ragged, flax/",
+    "emulate.routing.program": "the traced kernel and its refusal: routing/test_choose",
+    "emulate.routing.pallas_ops": "the Pallas kernels' routes: routing/test_choose, test_ragged",
+    "emulate.routing.run": "the kernel route run: routing/test_choose, test_ragged, cpu/test_route",
+    "emulate.routing.query": "weight_route, ragged_dot_route: routing/, test_ragged",
+    "emulate.engine.front": "every front door's call: test_dot, test_conv, test_ragged",
     "emulate.quantized": "package docstring only",
     "emulate.reference.quantizing": (
         "the oracle's quantize / dequantize: quantized/test_quantizing, "
@@ -770,11 +812,18 @@ TESTED_ELSEWHERE = {
     "emulate.numerics.scales": (
         "the scale rules: quantized/test_quantizing (every rule against numpy)"
     ),
-    "emulate.pallas.route": "kernel routes: pallas/test_kernel_dot, pallas/test_matmul_kernel",
+    "emulate.pallas.compute": "a pair's compute: pallas/test_kernel_dot, pallas/test_matmul_kernel",
     "emulate.pallas.matmul_config": "blocks and layouts: pallas/test_matmul_kernel (defaults)",
     "emulate.planning.exactness": "exactness limits: planning/test_plan (K-chunks, k_limit)",
     "emulate.planning.slicing": "exponent slicing: engine/test_exact, planning/test_plan",
     "emulate.report": "emulate.inspect: test_program, test_rewrite",
+    "emulate.kvcache": "re-exports only: tests/kvcache/ reach every name through it",
+    "emulate.kvcache.layout": "the token layout: kvcache/test_kvcache_cache (numpy's unpacking)",
+    "emulate.kvcache.writing": "written tokens: kvcache/test_kvcache_cache (reference.quantize)",
+    "emulate.kvcache.blocks": "the kernels' pieces: kvcache/test_kvcache_*_kernel (interpret mode)",
+    "emulate.kvcache.queries": "scaled queries: kvcache/test_kvcache_attention and the kernels",
+    "emulate.kvcache.xla_route": "the XLA route: kvcache/test_kvcache_attention (float64 oracle)",
+    "emulate.kvcache.bounds": "the stated bound: every kvcache attention test checks against it",
 }
 
 
@@ -967,6 +1016,165 @@ def test_the_guard_sees_a_second_reader_of_the_mosaic_rule() -> None:
     assert _rule_calls("from emulate import mosaic\nmosaic.recorded()\n") == set()
 
 
+# ------------------------------------------------ one owner of the route decision
+
+#: What a route decision reads and runs, by the module that defines it: the route setting
+#: and whether a program traced now may be lowered for a platform, the record of one
+#: decision, the CPU kernel's own rule, and the kernels' entry points a route runs. Only
+#: ``emulate.routing`` decides who runs a contraction (``emulate.routing.choose``); any
+#: other module that uses one of these makes a second route decision.
+ROUTE_RULE: dict[str, set[str]] = {
+    "emulate.routing.setting": {
+        "current_route",
+        "cpu_kernel_enabled",
+        "tpu_may_lower",
+        "planning_now",
+    },
+    "emulate.routing": {"current_route", "tpu_may_lower"},
+    # the deprecated paths (emulate.moved's stand-ins) reach the same names
+    "emulate.route_setting": {
+        "current_route",
+        "cpu_kernel_enabled",
+        "tpu_may_lower",
+        "planning_now",
+    },
+    "emulate.kernel_route": {"choose", "decide", "run", "run_op", "tpu_may_lower"},
+    "emulate.cpu.route": {"kernel_form", "many_rows", "MAX_ROWS"},
+    "emulate.cpu.form": {"weight_form"},
+    "emulate.cpu.call": {"contract"},
+    "emulate.pallas": {"matmul", "ragged_dot"},
+    "emulate.pallas.matmul_kernel": {"matmul"},
+    "emulate.pallas.gmm_kernel": {"ragged_dot"},
+}
+#: Modules outside ``emulate.routing`` that may use :data:`ROUTE_RULE`, and why (a
+#: kernel's own package may use its own names: ``emulate.pallas.*``, ``emulate.cpu.*``).
+ROUTE_RULE_USERS = {
+    "emulate": "re-exports the public names (WeightRoute, current_route) from routing",
+    "emulate.kernel_route": "the deprecated path resolves the old names to routing's",
+}
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` of an attribute chain over a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+def _rule_path(path: str) -> set[str]:
+    owner, _, name = path.rpartition(".")
+    return {path} if name in ROUTE_RULE.get(owner, ()) else set()
+
+
+def _route_scan(module: str, source: str | ast.Module) -> tuple[set[str], bool]:
+    """In one walk of a module's text (or its parsed tree): the :data:`ROUTE_RULE` names
+    (``owner.name``) it imports or reaches through a module it imports, and whether it
+    defines a function named ``choose`` (the route decision's name)."""
+    tree = ast.parse(source) if isinstance(source, str) else source
+    found: set[str] = set()
+    aliases: dict[str, str] = {}  # local name -> the dotted path it stands for
+    reached: list[str] = []  # a.b.c of each attribute chain over a name
+    chooses = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            dotted = _dotted(node)
+            if dotted is not None:
+                reached.append(dotted)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "emulate":
+                    aliases[a.asname or "emulate"] = a.name if a.asname else "emulate"
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, node)
+            if base.split(".")[0] != "emulate":
+                continue
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{base}.{a.name}"
+                found |= _rule_path(f"{base}.{a.name}")
+        elif isinstance(node, ast.FunctionDef) and node.name == "choose":
+            chooses = True
+    for dotted in reached:
+        head, _, rest = dotted.partition(".")
+        if head in aliases and rest:
+            found |= _rule_path(f"{aliases[head]}.{rest}")
+    return found, chooses
+
+
+def _route_uses(module: str, source: str | ast.Module) -> set[str]:
+    """The :data:`ROUTE_RULE` names a module uses (:func:`_route_scan`)."""
+    return _route_scan(module, source)[0]
+
+
+def _second_decisions(uses: dict[str, set[str]]) -> list[str]:
+    """``"m uses owner.name"`` for each use outside ``emulate.routing``, the owner's own
+    package and :data:`ROUTE_RULE_USERS`."""
+    out = []
+    for m, paths in sorted(uses.items()):
+        for path in sorted(paths):
+            package = ".".join(path.split(".")[:2])
+            if m == package or m.startswith(package + ".") or m in ROUTE_RULE_USERS:
+                continue
+            if m == "emulate.routing" or m.startswith("emulate.routing."):
+                continue
+            out.append(f"{m} uses {path}")
+    return out
+
+
+def test_one_owner_of_the_route_decision() -> None:
+    scans = {m: _route_scan(m, path.read_text()) for m, path in MODULES.items()}
+    uses = {m: found for m, (found, _) in scans.items()}
+    assert _second_decisions(uses) == []
+    assert sorted(m for m in ROUTE_RULE_USERS if not uses.get(m)) == []  # stale entries
+    # one function named choose, the route decision (the others say what they choose)
+    assert [m for m, (_, chooses) in scans.items() if chooses] == ["emulate.routing.choose"]
+
+
+#: A second route decision as main had it before emulate.routing (emulate/scaled.py's CPU
+#: kernel rule, 2026-12-07), and a front end deciding for the Pallas kernel itself.
+PLANTED_DECISION = """
+from emulate.cpu import route as cpu_route
+from emulate.route_setting import cpu_kernel_enabled, planning_now, tpu_may_lower
+import emulate.routing as r
+import emulate.pallas
+
+
+def _cpu_kernel_form(dn, target, lhs, rhs):
+    if not cpu_kernel_enabled() or tpu_may_lower() or planning_now():
+        return None
+    return cpu_route.kernel_form(rhs, 1, lhs.shape, dn)
+
+
+def choose(call):
+    if r.current_route() != "xla":
+        return emulate.pallas.matmul(call.lhs, call.rhs)
+"""
+
+
+def test_the_guard_sees_a_second_route_decision() -> None:
+    for module in ("emulate.scaled", "emulate.ragged"):
+        source = MODULES[module].read_text() + PLANTED_DECISION
+        found, chooses = _route_scan(module, source)
+        assert chooses  # a second definition of choose, which the test above refuses
+        assert _second_decisions({module: found}) == [
+            f"{module} uses emulate.cpu.route.kernel_form",
+            f"{module} uses emulate.pallas.matmul",
+            f"{module} uses emulate.route_setting.cpu_kernel_enabled",
+            f"{module} uses emulate.route_setting.planning_now",
+            f"{module} uses emulate.route_setting.tpu_may_lower",
+            f"{module} uses emulate.routing.current_route",
+        ]
+    # a kernel's own package, routing itself and the route setting alone are no decision
+    assert _second_decisions({"emulate.pallas.gmm_kernel": {"emulate.pallas.matmul"}}) == []
+    planted = _route_uses("emulate.routing.choose", PLANTED_DECISION)
+    assert _second_decisions({"emulate.routing.choose": planted}) == []
+    setting_only = "from emulate import routing\nwith routing.use_route('xla'):\n    pass\n"
+    assert _route_uses("emulate.ragged", setting_only) == set()
+
+
 # --------------------------------------------------- one reader of a QArray's parts
 
 #: The QArray fields a reader must take from its layout (:mod:`emulate.quantized.layout`):
@@ -1004,6 +1212,7 @@ OTHER_RECORDS = {
     "emulate.pallas.qweight": ({"kw", "self", "s"}, "KernelQWeight (kw, self) and Scaling (s)"),
     "emulate.pallas.qoffsets": ({"p", "self"}, "AffineParts, the kernel's zero points, offsets"),
     "emulate.pallas.qsteps": ({"sc", "self"}, "Scaling, the kernel's group terms"),
+    "emulate.pallas.word_step": ({"scaling"}, "Scaling, the word step's scales"),
     "emulate.sharding": ({"kw", "a"}, "KernelQWeight (kw) and AffineParts (a)"),
 }
 

@@ -492,7 +492,7 @@ def test_polyfill_rewrites_ragged_dots_inside_jit_and_scan() -> None:
     _same(got[0], want[0])
 
 
-# --- the grouped kernel route: emulate.pallas.ragged_dot through emulate.kernel_route -------
+# --- the grouped kernel route: emulate.pallas.ragged_dot through emulate.routing ------------
 # On a TPU target the drop-ins (and polyfill) send stacked experts to the grouped kernel;
 # here it runs in Pallas' interpret mode (use_route("interpret")) on one small MoE shape,
 # shared by the tests below, checked against the float64 oracle and mode "fast"'s bound.
@@ -676,12 +676,12 @@ def test_prepare_weights_prepares_stacked_experts_once_and_reads_them_back(route
     assert emulate.prepare_weights(RQ, target=TPU, experts=False) is RQ  # the flax layers'
     assert emulate.prepare_weights(RQ, target="cpu") is RQ
     assert emulate.prepare_weights(ALONG_N, target=TPU) is ALONG_N  # the kernel refuses it
-    back = emulate.kernel_route.unprepared(tree["e"])  # what the XLA route reads
+    back = emulate.routing.unprepared(tree["e"])  # what the XLA route reads
     assert (back.shape, back.block_shape) == (RQ.shape, RQ.block_shape)
     assert np.array_equal(np.asarray(back.codes), np.asarray(RQ.codes))
     _same(back.scales, RQ.scales)
     packed = emulate.prepare_weights(RMX, target=TPU)  # e2m1 codes: packed back as stored
-    assert np.array_equal(np.asarray(emulate.kernel_route.unprepared(packed).codes.data),
+    assert np.array_equal(np.asarray(emulate.routing.unprepared(packed).codes.data),
                           np.asarray(RMX.codes.data))  # fmt: skip
     with emulate.target(TPU), emulate.use_route("xla"):
         _same(emulate.ragged_dot(RX, tree["e"], GS), routed["xla"])

@@ -44,7 +44,7 @@ Default profile and long sweep (tests/conftest.py, docs/testing.md): a kernel ca
 (``pallas.matmul``, ``pallas.dot``) on a generation is marked ``long``, so deselected
 unless ``EMULATE_LONG_TESTS=1``, when an earlier generation has the same Mosaic rules and
 the same kernel for the pair: equal verdicts on every case of the recorded Mosaic probe
-(:func:`emulate.mosaic.recorded`; ok or refused) and an equal ``pallas.route`` of the pair
+(:func:`emulate.mosaic.recorded`; ok or refused) and an equal ``pallas.compute`` of the pair
 (target name aside). In jax 0.10.2's probe that leaves out tpu_v3 (as tpu_v2), tpu_v5p (as
 tpu_v5e) and tpu_v6e except for its native float8 pairs; and beyond that rule, every
 kernel case of tpu_v4 (KERNEL_LONG_GENERATIONS; its ragged pallas.matmul case runs) and
@@ -78,7 +78,7 @@ import pytest
 
 import emulate
 from emulate import compiler, mosaic
-from emulate.pallas import route
+from emulate.pallas import compute
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _tpu_programs as P  # noqa: E402
@@ -170,7 +170,7 @@ def _mosaic_rules(target: str) -> tuple[Any, ...]:
 def _kernel_key(lhs: str, rhs: str, target: str) -> tuple[Any, ...]:
     """What a kernel case's outcome depends on: the generation's Mosaic rules and the
     route of the pair there (without the target's name)."""
-    r = route.route(lhs, rhs, target=target, preferred_element_type=P.out_format(lhs, rhs))
+    r = compute.in_kernel(lhs, rhs, target=target, preferred_element_type=P.out_format(lhs, rhs))
     return (_mosaic_rules(target), dataclasses.replace(r, target=""))
 
 
@@ -192,8 +192,8 @@ def _route_of_a_peer(lhs: str, rhs: str, target: str) -> bool:
     """Whether the pair's kernel route on ``target`` (target aside) is its route on one of
     ROUTE_PEERS."""
 
-    def plain(t: str) -> route.Route:
-        r = route.route(lhs, rhs, target=t, preferred_element_type=P.out_format(lhs, rhs))
+    def plain(t: str) -> compute.Compute:
+        r = compute.in_kernel(lhs, rhs, target=t, preferred_element_type=P.out_format(lhs, rhs))
         return dataclasses.replace(r, target="")
 
     return any(plain(target) == plain(t) for t in ROUTE_PEERS)
@@ -409,7 +409,12 @@ def _assert_one_kernel(case: Case, facts: mosaic.ProgramFacts | None) -> None:
     (no XLA route for the weight), and no weight-sized temporary."""
     assert facts is not None
     assert (facts.tpu_custom_calls, facts.xla_contractions) == (1, 0), facts
-    if case.program == "emulate.matmul":
+    if case.program == "emulate.matmul" and case.target in ("tpu_v2", "tpu_v3"):
+        # the word step's f32 route takes x's columns in piece order, a copy of x made by
+        # XLA before the kernel (measured, libtpu 0.0.42.1: 147,456 bytes on v2, x (1,
+        # 1024) bf16 tiled (8, 128)), never of the weight (256 KiB of codes)
+        assert facts.temp_bytes <= 147456, facts
+    elif case.program == "emulate.matmul":
         assert facts.temp_bytes == 0, facts
     else:
         # measured, libtpu 0.0.42.1, compat on and off: 0 bytes on v4, v5e, v6e and v7x;
@@ -424,7 +429,7 @@ def test_kernel_routes_never_lean_on_compat_mode(target):
     the int8 route) is a same-type pair that the recorded probe says compiles with compat
     mode off: no mixed pair, no int8 x int8 on a v7x (compat mode would sum it in f32)."""
     for a, w in PAIRS + (("bfloat16", "bfloat16"), ("float32", "float32")):
-        r = route.route(a, w, target=target, preferred_element_type=P.out_format(a, w))
+        r = compute.in_kernel(a, w, target=target, preferred_element_type=P.out_format(a, w))
         if r.method in ("native", "int8"):
             assert r.lhs_compute == r.rhs_compute, (a, w, r)
             v = mosaic.verdict(target, r.lhs_compute, r.rhs_compute, compat=False)

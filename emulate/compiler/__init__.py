@@ -18,6 +18,13 @@ nothing else in emulate repeats the name mapping or the subprocess plumbing:
 - :mod:`emulate.compiler.probing`: :func:`probe` compiles a one-line Pallas matmul for every
   case of :func:`probe_cases`, :func:`compiles` one case; :func:`disagreements`,
   :func:`differences` and :func:`report` compare probes with JAX's table and each other.
+- :mod:`emulate.compiler.timing`: :func:`estimate` (and :func:`estimate_many`,
+  :func:`estimate_dump`, :func:`estimate_compiled` in a process started with
+  :func:`dumping_env`) times a compiled program from libtpu's final bundle schedule:
+  a :class:`ProgramTime` with each Mosaic kernel's and XLA fusion's :class:`KernelTime`.
+  It reads the schedule with :mod:`emulate.compiler.bundles`, replays it with
+  :mod:`emulate.compiler.replay`, and takes each generation's clock, bandwidth and
+  calibration from :mod:`emulate.compiler.cores` (:func:`generation`).
 
 The recorded probe and its verdicts (``emulate/data/mosaic_probe.json``) live in
 :mod:`emulate.mosaic` and need no compiler; :meth:`emulate.targets.Target.compiles` reads
@@ -26,6 +33,7 @@ them. Reprobe with ``python -m emulate targets --probe [--out PATH]``.
 
 from emulate import moved
 from emulate.compiler.compiling import check, check_both, check_many, compile
+from emulate.compiler.cores import Generation, generation
 from emulate.compiler.devices import (
     TOPOLOGIES,
     CompilerUnavailable,
@@ -47,12 +55,27 @@ from emulate.compiler.probing import (
     probe_cases,
     report,
 )
+from emulate.compiler.timing import (
+    KernelTime,
+    ProgramRefused,
+    ProgramTime,
+    dump_directory,
+    dumping_env,
+    estimate,
+    estimate_compiled,
+    estimate_dump,
+    estimate_many,
+)
 
 __all__ = [
     "TOPOLOGIES",
     "CompilerUnavailable",
     "Disagreement",
+    "Generation",
     "Job",
+    "KernelTime",
+    "ProgramRefused",
+    "ProgramTime",
     "available",
     "check",
     "check_both",
@@ -63,7 +86,14 @@ __all__ = [
     "device",
     "differences",
     "disagreements",
+    "dump_directory",
+    "dumping_env",
+    "estimate",
+    "estimate_compiled",
+    "estimate_dump",
+    "estimate_many",
     "first_line",
+    "generation",
     "generations",
     "libtpu_version",
     "probe",

@@ -9,6 +9,11 @@ environment variables compiles depend on change (:data:`_CHILD_ENV`): starting o
 about 2 s of CPU. Jobs pickle by reference (their functions must be importable by module
 path in the child); a job that kills the child (an abort inside libtpu) gets a
 ``"crash"`` verdict and the rest go on in a fresh child.
+
+:func:`dump_isolated` compiles in a child started with libtpu's dump flags
+(:func:`dump_args`): each program's final bundle schedule lands in a directory that child
+owns, and each job's answer names the files its compile added (read by
+:mod:`emulate.compiler.timing`).
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ import json
 import os
 import pickle
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Final
 
 import jax
 import numpy as np
@@ -35,6 +41,7 @@ from emulate.compiler.devices import (
     COMPAT_FLAG,
     CompilerUnavailable,
     compat_mode,
+    compat_setting,
     device,
     first_line,
     is_libtpu_noise,
@@ -44,10 +51,13 @@ from emulate.compiler.devices import (
 from emulate.mosaic import ProgramFacts, Verdict
 
 __all__ = [
+    "Dumped",
     "Job",
     "child_env",
     "compile_in_process",
     "compile_isolated",
+    "dump_args",
+    "dump_isolated",
     "place_specs",
     "program_facts",
 ]
@@ -65,11 +75,31 @@ class Job:
         is replaced by the target's compile-only device.
       target: a TPU target name or alias with a topology (see :data:`TOPOLOGIES`); ``fn``
         is traced under ``emulate.target(target)``.
+      donate_argnums: the positional arguments whose buffers the program may reuse for
+        its outputs (as ``jax.jit``'s).
     """
 
     fn: Callable[..., Any]
     arg_specs: tuple[Any, ...]
     target: str
+    donate_argnums: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Dumped:
+    """What one compile in a dumping child left: the files it added to the child's dump
+    directory (libtpu's final bundle schedules) and the compiler's cost analysis.
+
+    Attributes:
+      directory: the child's dump directory.
+      files: the file names the compile added, sorted.
+      cost: ``compiled.cost_analysis()``'s numbers (``"optimal_seconds"``, ``"bytes
+        accessed"``, ``"flops"`` ...).
+    """
+
+    directory: str
+    files: tuple[str, ...]
+    cost: dict[str, float]
 
 
 class _Spec:
@@ -119,6 +149,14 @@ def place_specs(arg_specs: tuple[Any, ...], dev: jax.Device) -> tuple[Any, ...]:
 def compile_in_process(job: Job) -> Verdict:
     """Compile ``job`` in this process (its compatibility setting); the verdict, never an
     exception for a program JAX or the compiler refuses."""
+    compiled = _compiled(job)
+    if isinstance(compiled, Verdict):
+        return compiled
+    return Verdict(True, program=program_facts(compiled))
+
+
+def _compiled(job: Job) -> jax.stages.Compiled | Verdict:
+    """``job`` compiled in this process, or the verdict that refuses it."""
     dev = device(job.target)
     specs = place_specs(job.arg_specs, dev)
     try:
@@ -127,14 +165,14 @@ def compile_in_process(job: Job) -> Verdict:
         # (emulate's kernels; pltpu.get_tpu_info(), which Pallas calls when it lowers
         # integer division, emit_pipeline; pl.kernel's create_tensorcore_mesh) sees it.
         with on_device(dev, job.target):
-            lowered = jax.jit(job.fn).lower(*specs)
+            jitted = jax.jit(job.fn, donate_argnums=job.donate_argnums or None)
+            lowered = jitted.lower(*specs)
     except Exception as e:  # noqa: BLE001 - every refusal is a verdict
         return _refusal("lower", e)
     try:
-        compiled = lowered.compile()
+        return lowered.compile()
     except Exception as e:  # noqa: BLE001 - every refusal is a verdict
         return _refusal("compile", e)
-    return Verdict(True, program=program_facts(compiled))
 
 
 def program_facts(compiled: jax.stages.Compiled) -> ProgramFacts:
@@ -161,7 +199,10 @@ def compile_isolated(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
         cannot import.
       CompilerUnavailable: the subprocess cannot load the compiler.
     """
-    portable = [Job(j.fn, _portable(j.arg_specs), _targets.get(j.target).name) for j in jobs]
+    portable = [
+        Job(j.fn, _portable(j.arg_specs), _targets.get(j.target).name, tuple(j.donate_argnums))
+        for j in jobs
+    ]
     try:
         pickle.dumps([j.fn for j in portable])
     except (pickle.PicklingError, AttributeError, TypeError) as e:
@@ -170,14 +211,38 @@ def compile_isolated(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
             f"compat={compat_mode()}), which needs fn to pickle by reference (a module-level "
             f"function or a functools.partial of one); got {e}"
         ) from e
-    return _run_subprocess(portable, compat)
+    # a fresh child after a crash
+    return [_verdict(row) for row, _ in _run_rows(portable, compat, dump=False)]
 
 
-def child_env(compat: bool) -> dict[str, str]:
-    """The environment of a compiler subprocess with compatibility mode ``compat``."""
+#: The environment variable that tells a compiler child its dump directory.
+DUMP_VARIABLE: Final = "EMULATE_BUNDLE_DUMP"
+
+_DUMP_FLAGS = re.compile(r"--xla_jf_dump\w*(=\S*)?")
+
+
+def dump_args(directory: str) -> list[str]:
+    """libtpu's flags that write each compiled program's final bundle schedule (and only
+    that pass, with the top-level program's deduplication map) into ``directory``."""
+    return [
+        f"--xla_jf_dump_to={directory}",
+        "--xla_jf_dump_llo_text=true",
+        "--xla_jf_dump_llo_pass_label_regex=final_bundles|deduplication-map",
+    ]
+
+
+def child_env(compat: bool, dump_to: str | None = None) -> dict[str, str]:
+    """The environment of a compiler subprocess with compatibility mode ``compat``;
+    ``dump_to``: a directory its libtpu dumps final bundle schedules into (this process's
+    own dump flags are dropped either way)."""
     env = dict(os.environ)
-    args = re.sub(rf"{COMPAT_FLAG}(=\S*)?", "", env.get("LIBTPU_INIT_ARGS", "")).split()
+    text = re.sub(rf"{COMPAT_FLAG}(=\S*)?", "", env.get("LIBTPU_INIT_ARGS", ""))
+    args = _DUMP_FLAGS.sub("", text).split()
     args.append(f"{COMPAT_FLAG}={'true' if compat else 'false'}")
+    env.pop(DUMP_VARIABLE, None)
+    if dump_to is not None:
+        args += dump_args(dump_to)
+        env[DUMP_VARIABLE] = dump_to
     env["LIBTPU_INIT_ARGS"] = " ".join(args)
     env["JAX_PLATFORMS"] = "cpu"  # compile-only devices need no TPU backend
     env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # beside this process and the other setting's
@@ -194,47 +259,51 @@ class _Child:
     """A compiler subprocess with one compatibility setting, kept for later calls: starting
     one (importing JAX, loading libtpu) costs about 2 s of CPU, compiling a small kernel
     there a few ms. It reads batches of jobs on stdin until stdin closes; its stderr goes
-    to a temporary file, read for the last lines when it dies."""
+    to a temporary file, read for the last lines when it dies. A dumping child (``dump``)
+    also owns a temporary directory libtpu writes its final bundle schedules into, removed
+    when the child closes."""
 
-    def __init__(self, env: dict[str, str], cwd: str) -> None:
+    def __init__(self, env: dict[str, str], cwd: str, dump: bool = False) -> None:
         self.env, self.cwd, self.parent = env, cwd, os.getpid()
+        self.dump_dir = tempfile.mkdtemp(prefix="emulate-bundles-") if dump else None
         self.err: IO[bytes] = tempfile.TemporaryFile()
         root = str(Path(__file__).resolve().parents[2])
+        run_env = env
+        if self.dump_dir is not None:
+            compat = compat_setting(env.get("LIBTPU_INIT_ARGS", ""))
+            run_env = child_env(compat, dump_to=self.dump_dir)
+            run_env.update({k: v for k, v in env.items() if k not in run_env})
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _CHILD.format(root=root)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.err,
-            env=env,
+            env=run_env,
         )
 
-    def run(self, jobs: Sequence[Job]) -> tuple[list[Verdict], int | None, list[str]]:
-        """The verdicts of ``jobs`` in order, up to the first one the child dies on; when
-        it died, its exit status and the stderr lines it wrote for this batch."""
+    def run(self, jobs: Sequence[Job]) -> tuple[list[dict[str, Any]], int | None, list[str]]:
+        """The answers (JSON rows) to ``jobs`` in order, up to the first one the child dies
+        on; when it died, its exit status and the stderr lines it wrote for this batch."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         start = self.err.seek(0, os.SEEK_END)
-        verdicts: list[Verdict] = []
+        rows: list[dict[str, Any]] = []
         try:
             self.proc.stdin.write(pickle.dumps(list(sys.path)) + pickle.dumps(list(jobs)))
             self.proc.stdin.flush()
-            while len(verdicts) < len(jobs) and (raw := self.proc.stdout.readline()):
-                row = json.loads(raw)
-                facts = ProgramFacts(**row["program"]) if row["program"] else None
-                verdicts.append(
-                    Verdict(row["ok"], row["stage"], row["message"], row["detail"], facts)
-                )
+            while len(rows) < len(jobs) and (raw := self.proc.stdout.readline()):
+                rows.append(json.loads(raw))
         except BrokenPipeError:
             pass  # it died before reading the batch: its status says why
-        if len(verdicts) == len(jobs):
-            return verdicts, None, []
+        if len(rows) == len(jobs):
+            return rows, None, []
         rc = self.proc.wait()
         self.err.seek(start)
         text = self.err.read().decode(errors="replace")
         self.close()
-        return verdicts, rc, [line for line in text.splitlines() if not is_libtpu_noise(line)]
+        return rows, rc, [line for line in text.splitlines() if not is_libtpu_noise(line)]
 
     def close(self) -> None:
-        """Close its stdin (it exits) and wait for it."""
+        """Close its stdin (it exits), wait for it, remove its dump directory."""
         if self.proc.stdin is not None and not self.proc.stdin.closed:
             try:
                 self.proc.stdin.close()
@@ -242,29 +311,36 @@ class _Child:
                 pass
         self.proc.wait()
         self.err.close()
+        if self.dump_dir is not None:
+            shutil.rmtree(self.dump_dir, ignore_errors=True)
 
 
-#: The live child of each compatibility setting, and the lock of each (check_both compiles
-#: both settings at once, from two threads).
-_children: dict[bool, _Child] = {}
-_locks = {True: threading.Lock(), False: threading.Lock()}
+def _verdict(row: dict[str, Any]) -> Verdict:
+    facts = ProgramFacts(**row["program"]) if row["program"] else None
+    return Verdict(row["ok"], row["stage"], row["message"], row["detail"], facts)
 
 
-def _child(compat: bool) -> _Child:
-    """This process's child for ``compat``: a fresh one when there is none, or when this
-    process's working directory or the variables of :data:`_CHILD_ENV` changed since it
-    started, or when this process is a fork of the one that started it (that one's child
-    is left alone)."""
+#: The live child of each (compatibility setting, dumping), and the lock of each
+#: (check_both compiles both settings at once, from two threads).
+_children: dict[tuple[bool, bool], _Child] = {}
+_locks = {(c, d): threading.Lock() for c in (True, False) for d in (True, False)}
+
+
+def _child(compat: bool, dump: bool = False) -> _Child:
+    """This process's child for ``compat`` (a dumping one when ``dump``): a fresh one
+    when there is none, or when this process's working directory or the variables of
+    :data:`_CHILD_ENV` changed since it started, or when this process is a fork of the one
+    that started it (that one's child is left alone)."""
     env, cwd = child_env(compat), os.getcwd()
-    old = _children.get(compat)
+    old = _children.get((compat, dump))
     if old is not None and old.parent != os.getpid():
         old = None
     if old is not None and old.proc.poll() is None and (_key(old.env), old.cwd) == (_key(env), cwd):
         return old
     if old is not None:
         old.close()
-    _children[compat] = _Child(env, cwd)
-    return _children[compat]
+    _children[compat, dump] = _Child(env, cwd, dump)
+    return _children[compat, dump]
 
 
 #: The environment variables a child's compiles depend on, by prefix: JAX's, XLA's and
@@ -280,32 +356,68 @@ def _key(env: dict[str, str]) -> dict[str, str]:
 
 @atexit.register
 def _close_children() -> None:
-    for compat in list(_children):
-        child = _children.pop(compat)
+    for key in list(_children):
+        child = _children.pop(key)
         if child.parent == os.getpid():
             child.close()
 
 
-def _run_subprocess(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
-    """Compile ``jobs`` in the subprocess for ``compat``, in a fresh one after a crash."""
-    verdicts: list[Verdict] = []
-    with _locks[compat]:
-        while len(verdicts) < len(jobs):
-            todo = list(jobs[len(verdicts) :])
-            child = _child(compat)
+def dump_isolated(jobs: Sequence[Job]) -> list[tuple[Verdict, Dumped | None]]:
+    """Compile ``jobs`` in order in a child with this process's compatibility setting that
+    dumps final bundle schedules (:func:`dump_args`); for each, its verdict and, when it
+    compiled, what the compile left (:class:`Dumped`). The caller reads the files and may
+    delete them; the directory goes when the child does.
+
+    Raises:
+      TypeError: a job's ``fn`` that does not pickle by reference, or that the subprocess
+        cannot import.
+      CompilerUnavailable: the subprocess cannot load the compiler.
+    """
+    portable = [
+        Job(j.fn, _portable(j.arg_specs), _targets.get(j.target).name, tuple(j.donate_argnums))
+        for j in jobs
+    ]
+    try:
+        pickle.dumps([j.fn for j in portable])
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        raise TypeError(
+            "fn: reading the compiler's schedule compiles in a subprocess (libtpu reads its "
+            "dump flags when it loads), which needs fn to pickle by reference (a module-level "
+            f"function or a functools.partial of one); got {e}"
+        ) from e
+    out: list[tuple[Verdict, Dumped | None]] = []
+    for row, directory in _run_rows(portable, compat_mode(), dump=True):
+        dumped = None
+        if row.get("files") is not None and directory is not None:
+            dumped = Dumped(directory, tuple(row["files"]), dict(row.get("cost") or {}))
+        out.append((_verdict(row), dumped))
+    return out
+
+
+def _run_rows(
+    jobs: Sequence[Job], compat: bool, dump: bool
+) -> list[tuple[dict[str, Any], str | None]]:
+    """Each job's JSON row and the dump directory of the child that answered it, compiled
+    in the child for (``compat``, ``dump``), in a fresh one after a crash."""
+    rows: list[tuple[dict[str, Any], str | None]] = []
+    key = (compat, dump)
+    with _locks[key]:
+        while len(rows) < len(jobs):
+            todo = list(jobs[len(rows) :])
+            child = _child(compat, dump)
             try:
                 got, rc, tail = child.run(todo)
             except BaseException:
-                # interrupted mid-batch: the child's unread verdicts must not answer the
+                # interrupted mid-batch: the child's unread answers must not answer the
                 # next call
-                _children.pop(compat, None)
+                _children.pop(key, None)
                 child.proc.kill()
                 child.close()
                 raise
-            verdicts.extend(got)
+            rows.extend((row, child.dump_dir) for row in got)
             if rc is None:
                 break
-            _children.pop(compat, None)
+            _children.pop(key, None)
             if not got and rc == 3:
                 raise CompilerUnavailable.because(
                     f"the compiler subprocess could not start ({' '.join(tail)})"
@@ -317,24 +429,43 @@ def _run_subprocess(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
                 )
             how = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
             message = first_line("\n".join(tail[-3:])) if tail else ""
-            verdicts.append(
-                Verdict(
-                    False,
-                    "crash",
-                    f"the compiler process died ({how}){': ' + message if message else ''}",
-                    "\n".join(tail[-50:]),
-                )
+            crash = Verdict(
+                False,
+                "crash",
+                f"the compiler process died ({how}){': ' + message if message else ''}",
+                "\n".join(tail[-50:]),
             )
-    return verdicts
+            rows.append((_row(crash), None))
+    return rows
+
+
+def _row(v: Verdict, **extra: Any) -> dict[str, Any]:
+    facts = dataclasses.asdict(v.program) if v.program is not None else None
+    row = {"ok": v.ok, "stage": v.stage, "message": v.message, "detail": v.detail}
+    return {**row, "program": facts, **extra}
+
+
+def _cost(compiled: jax.stages.Compiled) -> dict[str, float]:
+    """The numbers of ``compiled.cost_analysis()`` (one dict; libtpu's list of one
+    unwrapped)."""
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - a compiler without a cost analysis
+        return {}
+    if isinstance(cost, list):
+        cost = cost[0] if cost else {}
+    return {k: float(v) for k, v in (cost or {}).items() if isinstance(v, (int, float))}
 
 
 def _worker() -> int:
-    """The subprocess side of :func:`_run_subprocess`: for each batch on stdin (a pickled
+    """The subprocess side of :func:`_run_rows`: for each batch on stdin (a pickled
     ``sys.path``, then the pickled jobs), one JSON line per job on stdout; exits when stdin
-    closes."""
+    closes. A dumping child's lines also name the files each compile added to its dump
+    directory and give the compiler's cost analysis."""
     out: IO[str] = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything the C++ side prints to stdout must not reach the protocol
     stdin = sys.stdin.buffer
+    dump_dir = os.environ.get(DUMP_VARIABLE)
     # Filtering the traceback of every refused compile costs about 7% of a probe; this
     # process only reports first lines.
     jax.config.update("jax_traceback_filtering", "off")
@@ -355,7 +486,15 @@ def _worker() -> int:
             print(f"{type(e).__name__}: {e}", file=sys.stderr)
             return 4
         for job in jobs:
-            v = compile_in_process(job)
-            facts = dataclasses.asdict(v.program) if v.program is not None else None
-            row = {"ok": v.ok, "stage": v.stage, "message": v.message, "detail": v.detail}
-            out.write(json.dumps({**row, "program": facts}) + "\n")
+            if dump_dir is None:
+                out.write(json.dumps(_row(compile_in_process(job))) + "\n")
+                continue
+            before = set(os.listdir(dump_dir))
+            jax.clear_caches()  # a program JAX compiled before would leave no files
+            compiled = _compiled(job)
+            if isinstance(compiled, Verdict):
+                out.write(json.dumps(_row(compiled)) + "\n")
+                continue
+            files = sorted(set(os.listdir(dump_dir)) - before)
+            v = Verdict(True, program=program_facts(compiled))
+            out.write(json.dumps(_row(v, files=files, cost=_cost(compiled))) + "\n")

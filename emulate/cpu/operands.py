@@ -2,7 +2,7 @@
 :class:`StoredBytes` parts and :class:`Factor` s, built once from a QArray and its
 :class:`~emulate.cpu.form.Form` (:func:`weight_operands`), flattened into XLA's FFI
 operands in one order (:func:`wire`, positions :class:`Arg`) and rebuilt from the call
-frame once, by the handler (:func:`emulate.cpu.gemv.handler`). The kernels read every
+frame once, by the handler (:func:`emulate.cpu.handler.handler`). The kernels read every
 part by its role (``weight.scale.stored``), never by position. Plain JAX: the records are
 NamedTuples, which numba's compiled code takes as they are.
 

@@ -1,24 +1,25 @@
-"""Each front end's arguments, checked once into a frozen record.
+"""A dot's arguments, checked once into a frozen record.
 
-``dot_general``, ``matmul``, ``einsum``, ``scaled_matmul`` and the QArray routes build a
-:class:`DotArgs` with :func:`dot_args`; ``conv_general_dilated`` builds a :class:`ConvArgs`
-with :func:`conv_args`. As JAX's ``_dot_general_shape_rule`` and
-``_conv_general_dilated_shape_rule`` do, each validator refuses a malformed call before
-anything is traced and returns the call normalized: operands as
-:class:`~emulate.engine.operands.Operand` or :class:`~emulate.QArray`, dimension numbers
-as tuples of ints, K, the result type, the precision (hashable), the target and the mode.
-The rest of the call reads the record and checks nothing again.
+``dot_general``, ``matmul``, ``einsum``, ``scaled_matmul``, ``ragged_dot`` and the QArray
+routes build a :class:`DotArgs` with :func:`dot_args` (``conv_general_dilated`` builds its
+own record: :mod:`emulate.engine.conv_args`). As JAX's ``_dot_general_shape_rule`` does,
+the validator refuses a malformed call before anything is traced and returns the call
+normalized: operands as :class:`~emulate.engine.operands.Operand` or
+:class:`~emulate.QArray`, dimension numbers as tuples of ints, K, the result type, the
+precision (hashable), the target and the mode. A prepared weight
+(:class:`emulate.engine.prepared.Prepared`) stays in the record as it was given, beside
+its abstract view, which the checks read. The rest of the call reads the record and checks
+nothing again.
 
 Exception types: where ``jax.lax.dot_general`` refuses the same shapes, its type with
-emulate's message (naming the operands and the target); convolution parameters with
-``lax.conv_general_dilated``'s types; emulate's own refusals as each function lists.
+emulate's message (naming the operands and the target); emulate's own refusals as each
+function lists.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -27,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import formats, targets
+from emulate import formats, moved, targets
 from emulate.engine import sites
 from emulate.engine.layout import DimensionNumbers, normalize_dimension_numbers
 from emulate.engine.operands import (
@@ -38,27 +39,22 @@ from emulate.engine.operands import (
     operand,
 )
 from emulate.engine.passthrough import unplanned_integer_result
+from emulate.engine.prepared import is_prepared, unprepared, view
 from emulate.formats import FormatLike
 from emulate.quantized.array import QArray
 
 __all__ = [
-    "ConvArgs",
     "DotArgs",
-    "PaddingError",
-    "check_conv_params",
-    "conv_args",
     "dot_args",
     "dot_dimension_numbers",
+    "is_quantized",
     "matmul_operands",
     "precision_arg",
     "preferred",
+    "result_types",
     "shape_of",
     "with_format",
 ]
-
-
-class PaddingError(ValueError, RuntimeError):
-    """An unknown padding string: a ValueError, and the RuntimeError ``lax`` raises for it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +72,9 @@ class DotArgs:
         into it (as XLA's integer dot wraps); None otherwise.
       target, mode: resolved (the current ones where the call gave none).
       out_sharding: as given to the front end.
+      prepared: for each operand, the prepared weight it was given as
+        (:class:`emulate.engine.prepared.Prepared`), or None; ``lhs`` / ``rhs`` are then
+        its abstract view (shapes and dtypes of what it reads back as).
     """
 
     lhs: Operand | QArray
@@ -87,10 +86,26 @@ class DotArgs:
     target: targets.Target
     mode: str
     out_sharding: Any = None
+    prepared: tuple[Any, Any] = (None, None)
 
     @property
     def has_qarray(self) -> bool:
         return isinstance(self.lhs, QArray) or isinstance(self.rhs, QArray)
+
+    @property
+    def operands(self) -> tuple[Any, Any]:
+        """``(lhs, rhs)`` as a kernel reads them: a prepared weight as it was given."""
+        return tuple(  # type: ignore[return-value]
+            v if p is None else p for v, p in zip((self.lhs, self.rhs), self.prepared)
+        )
+
+    def read_back(self) -> DotArgs:
+        """The call as the XLA route takes it: each prepared weight read back
+        (:func:`emulate.engine.prepared.unprepared`); the call itself if it has none."""
+        if self.prepared == (None, None):
+            return self
+        lhs, rhs = (unprepared(v) for v in self.operands)
+        return dataclasses.replace(self, lhs=lhs, rhs=rhs, prepared=(None, None))
 
     @property
     def k(self) -> int:
@@ -108,65 +123,6 @@ class DotArgs:
             self.target.name,
             self.mode,
             sites.dot_flops(a.shape, b.shape, self.dimension_numbers),
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class ConvArgs:
-    """One validated ``conv_general_dilated`` call: the parameters as ``lax`` takes them
-    (strides and dilations as tuples of ints, padding a string or (low, high) pairs),
-    ``dimension_numbers`` as ``lax.ConvDimensionNumbers``, and ``result`` / ``wrap_to`` /
-    ``target`` / ``mode`` as in :class:`DotArgs`. ``out_shape`` is the result's shape."""
-
-    lhs: Operand
-    rhs: Operand | QArray
-    window_strides: tuple[int, ...]
-    padding: str | tuple[tuple[int, int], ...]
-    lhs_dilation: tuple[int, ...] | None
-    rhs_dilation: tuple[int, ...] | None
-    dimension_numbers: lax.ConvDimensionNumbers
-    feature_group_count: int
-    batch_group_count: int
-    precision: Precision
-    result: str
-    wrap_to: str | None
-    target: targets.Target
-    mode: str
-    out_shape: tuple[int, ...]
-    out_sharding: Any = None
-
-    @property
-    def window(self) -> int:
-        """Taps of the kernel window (1 without spatial dimensions)."""
-        return math.prod(self.rhs.shape[d] for d in self.dimension_numbers.rhs_spec[2:])
-
-    @property
-    def k(self) -> int:
-        """``in_features_per_group * window``: the length of each output's sum."""
-        return self.rhs.shape[self.dimension_numbers.rhs_spec[1]] * self.window
-
-    def lax_params(self) -> dict[str, Any]:
-        """The keyword arguments of ``lax.conv_general_dilated`` (no operands, no types)."""
-        return dict(
-            window_strides=self.window_strides,
-            padding=self.padding,
-            lhs_dilation=self.lhs_dilation,
-            rhs_dilation=self.rhs_dilation,
-            dimension_numbers=self.dimension_numbers,
-            feature_group_count=self.feature_group_count,
-            batch_group_count=self.batch_group_count,
-        )
-
-    def tag(self) -> sites.SiteTag:
-        a, b = self.lhs, self.rhs
-        return sites.SiteTag(
-            "conv_general_dilated",
-            sites.operand_text(a.format_name, a.shape),
-            sites.operand_text(b.format_name, b.shape, b if isinstance(b, QArray) else None),
-            self.result,
-            self.target.name,
-            self.mode,
-            2 * math.prod(self.out_shape) * self.k,
         )
 
 
@@ -201,21 +157,29 @@ def shape_of(x: Any) -> tuple[int, ...]:
     return tuple(shape) if shape is not None else tuple(np.shape(x))
 
 
+def is_quantized(x: Any) -> bool:
+    """Whether ``x`` is a QArray or a prepared weight (which reads back as a QArray or a
+    weight's codes): an operand the front ends hand on as it is."""
+    return isinstance(x, QArray) or is_prepared(x)
+
+
 def with_format(x: OperandLike | QArray, fmt: FormatLike | None, arg: str) -> Operand | QArray:
-    """A QArray as it is (its codes carry their format), anything else as an Operand.
+    """A QArray as it is (its codes carry their format), a prepared weight as its abstract
+    view (:func:`emulate.engine.prepared.view`), anything else as an Operand.
 
     Raises:
-      ValueError: a format given for a QArray (``{arg}_format``).
+      ValueError: a format given for a QArray or a prepared weight (``{arg}_format``).
       TypeError, ValueError: as :func:`emulate.engine.operands.operand`.
     """
-    if not isinstance(x, QArray):
+    if not isinstance(x, QArray) and not is_prepared(x):
         return operand(x, fmt, arg=arg)
     if fmt is not None:
+        what = "QArray" if isinstance(x, QArray) else "prepared weight"
         raise ValueError(
-            f"{arg}_format: a QArray carries its format ({x.format_name}); pass "
+            f"{arg}_format: a {what} carries its format ({x.format_name}); pass "
             f"{arg}_format only with uint8 codes, got {arg}_format={fmt!r}"
         )
-    return x
+    return view(x)
 
 
 def _default_dimension_numbers(lhs: tuple[int, ...], rhs: tuple[int, ...]) -> DimensionNumbers:
@@ -263,7 +227,7 @@ def dot_dimension_numbers(
         raise
 
 
-def _dot_result(
+def result_types(
     a: Operand | QArray, b: Operand | QArray, pet: str | None
 ) -> tuple[str, str | None]:
     """(result, wrap_to) of a dot of these operands; the refusals of :func:`dot_args`."""
@@ -301,7 +265,9 @@ def dot_args(
     out_sharding: Any = None,
 ) -> DotArgs:
     """The one validator of an emulated ``dot_general`` call (arguments as
-    :func:`emulate.dot_general`'s).
+    :func:`emulate.dot_general`'s). An operand may be a prepared weight
+    (:class:`emulate.engine.prepared.Prepared`): the record keeps it
+    (:attr:`DotArgs.prepared`) and checks its view.
 
     Raises:
       TypeError: an operand that is no array (:func:`~emulate.engine.operands.operand`),
@@ -317,8 +283,11 @@ def dot_args(
     m = targets.current_mode(mode)
     a, b = with_format(lhs, lhs_format, "lhs"), with_format(rhs, rhs_format, "rhs")
     dn = dot_dimension_numbers(dimension_numbers, a.shape, b.shape, describe(a, b, t))
-    result, wrap_to = _dot_result(a, b, pet)
-    return DotArgs(a, b, dn, precision_arg(precision), result, wrap_to, t, m, out_sharding)
+    result, wrap_to = result_types(a, b, pet)
+    prepared = (lhs if is_prepared(lhs) else None, rhs if is_prepared(rhs) else None)
+    return DotArgs(
+        a, b, dn, precision_arg(precision), result, wrap_to, t, m, out_sharding, prepared
+    )
 
 
 def matmul_operands(
@@ -374,202 +343,5 @@ def _matmul_shape_error(x: Operand | QArray, y: Operand | QArray) -> ValueError 
     return None
 
 
-def _ints(name: str, value: Any, n: int, *, low: int | None, where: str = "") -> tuple[int, ...]:
-    """``value`` as a sequence of ``n`` ints, each at least ``low`` (None: any)."""
-    if isinstance(value, str) or not isinstance(value, Sequence | np.ndarray):
-        raise TypeError(
-            f"{name}: expected a sequence of {n} ints (one per spatial dimension), got "
-            f"{type(value).__name__} {value!r}"
-        )
-    try:
-        out = tuple(operator.index(v) for v in value)
-    except TypeError:
-        raise TypeError(f"{name}: expected ints, got {tuple(value)!r}") from None
-    if len(out) != n:
-        raise ValueError(
-            f"{name}: expected {n} values (one per spatial dimension: the operands' rank - 2), "
-            f"got {out}" + (f"; {where}" if where else "")
-        )
-    if low is not None and any(v < low for v in out):
-        raise ValueError(f"{name}: expected ints >= {low}, got {out}")
-    return out
-
-
-def check_conv_params(
-    nsp: int,
-    window_strides: Any,
-    padding: Any,
-    lhs_dilation: Any,
-    rhs_dilation: Any,
-    feature_group_count: Any,
-    batch_group_count: Any,
-    *,
-    where: str = "",
-) -> tuple[
-    tuple[int, ...],
-    str | tuple[tuple[int, int], ...],
-    tuple[int, ...] | None,
-    tuple[int, ...] | None,
-]:
-    """Refuse what ``lax.conv_general_dilated`` refuses for ``nsp`` spatial dimensions,
-    before anything is traced; return strides, padding and dilations as ``lax`` takes
-    them (tuples of ints; a padding string as given). ``where`` (the operands) ends the
-    message of a count that does not match the operands' rank.
-
-    Raises:
-      TypeError: strides or a dilation that is not a sequence of ints (as lax).
-      ValueError: the wrong count, values below 1, a padding of other than ``nsp``
-        (low, high) pairs of ints, a group count that is no positive int.
-      PaddingError: an unknown padding string (a ValueError, and the RuntimeError lax
-        raises).
-    """
-    strides = _ints("window_strides", window_strides, nsp, low=1, where=where)
-    ld, rd = (
-        None if dil is None else _ints(name, dil, nsp, low=1, where=where)
-        for name, dil in (("lhs_dilation", lhs_dilation), ("rhs_dilation", rhs_dilation))
-    )
-    pads: str | tuple[tuple[int, int], ...]
-    if isinstance(padding, str):
-        if padding.upper() not in ("VALID", "SAME", "SAME_LOWER"):
-            raise PaddingError(
-                f"padding: expected 'VALID', 'SAME', 'SAME_LOWER' or {nsp} (low, high) "
-                f"pairs, got {padding!r}"
-            )
-        pads = padding
-    else:
-        try:
-            pads = tuple((operator.index(lo), operator.index(hi)) for lo, hi in padding)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"padding: expected 'VALID', 'SAME', 'SAME_LOWER' or {nsp} (low, high) pairs "
-                f"of ints, got {padding!r}"
-            ) from None
-        if len(pads) != nsp:
-            raise ValueError(f"padding: expected {nsp} (low, high) pairs, got {len(pads)}")
-    for name, v in (
-        ("feature_group_count", feature_group_count),
-        ("batch_group_count", batch_group_count),
-    ):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name}: expected a positive int, got {v!r}")
-    return strides, pads, ld, rd
-
-
-def _conv_result(a: Operand, b: Operand | QArray, pet: str | None) -> tuple[str, str | None]:
-    """(result, wrap_to) of a convolution of these operands."""
-    if not isinstance(b, QArray):
-        return _dot_result(a, b, pet)
-    if pet is None:  # lax takes one kernel dtype: both promoted to it (as flax's Conv does)
-        pet = formats.promoted(a.format_name, b.dtype.name)
-    out = formats.dot_result(a.format_name, b.dtype.name, pet)
-    if not out.xla_storable or out.is_low_precision or out.is_integer:
-        raise ValueError(
-            f"preferred_element_type: the result of a convolution with a QArray kernel must "
-            f"be float32, bfloat16 or float16, got {out.name}"
-        )
-    return out.name, None
-
-
-def conv_args(
-    lhs: OperandLike,
-    rhs: OperandLike | QArray,
-    window_strides: Sequence[int],
-    padding: str | Sequence[tuple[int, int]],
-    lhs_dilation: Sequence[int] | None = None,
-    rhs_dilation: Sequence[int] | None = None,
-    dimension_numbers: lax.ConvGeneralDilatedDimensionNumbers = None,
-    feature_group_count: int = 1,
-    batch_group_count: int = 1,
-    precision: Precision = None,
-    preferred_element_type: FormatLike | None = None,
-    *,
-    target: targets.TargetLike = None,
-    mode: str | None = None,
-    lhs_format: FormatLike | None = None,
-    rhs_format: FormatLike | None = None,
-    out_sharding: Any = None,
-) -> ConvArgs:
-    """The one validator of an emulated ``conv_general_dilated`` call (arguments as
-    :func:`emulate.conv_general_dilated`'s).
-
-    Raises:
-      TypeError: a QArray ``lhs`` (not built), an operand that is no array, a
-        ``preferred_element_type`` that names no type, an integer result of a float
-        operand, operands of different ranks (as lax); parameters as
-        :func:`check_conv_params`.
-      ValueError: operands of rank below 2 (3 with a QArray kernel),
-        input features that do not match the kernel's times ``feature_group_count``, a
-        format given for a QArray, a result XLA cannot hold, a QArray kernel's result
-        other than float32, bfloat16 or float16; parameters as :func:`check_conv_params`;
-        shapes ``lax.conv_general_dilated`` refuses otherwise (its error).
-    """
-    if isinstance(lhs, QArray):
-        raise TypeError(
-            "lhs: a QArray input is not built for convolutions (only QArray kernels, rhs); "
-            "pass lhs.dequantize() or an array of a low-precision format"
-        )
-    pet = preferred(preferred_element_type)
-    t = targets.current_target(target)
-    m = targets.current_mode(mode)
-    a = operand(lhs, lhs_format, arg="lhs")
-    b = with_format(rhs, rhs_format, "rhs")
-    where = describe(a, b, t)
-    least = 3 if isinstance(b, QArray) else 2
-    if len(a.shape) != len(b.shape):  # lax's exception type for it
-        raise TypeError(
-            f"lhs, rhs: convolution operands need the same rank, got {len(a.shape)} and "
-            f"{len(b.shape)}; {where}"
-        )
-    if len(a.shape) < least:
-        raise ValueError(
-            f"lhs, rhs: convolution operands need the same rank, at least {least}; {where}"
-        )
-    dn = lax.conv_dimension_numbers(a.shape, b.shape, dimension_numbers)
-    strides, pads, ld, rd = check_conv_params(
-        len(a.shape) - 2,
-        window_strides,
-        padding,
-        lhs_dilation,
-        rhs_dilation,
-        feature_group_count,
-        batch_group_count,
-        where=where,
-    )
-    in_l, in_r = a.shape[dn.lhs_spec[1]], b.shape[dn.rhs_spec[1]]
-    if in_l != in_r * feature_group_count:
-        raise ValueError(
-            f"lhs, rhs: lhs has {in_l} input features, rhs expects {in_r} x "
-            f"feature_group_count {feature_group_count}; {where}"
-        )
-    result, wrap_to = _conv_result(a, b, pet)
-    params: dict[str, Any] = dict(
-        window_strides=strides,
-        padding=pads,
-        lhs_dilation=ld,
-        rhs_dilation=rd,
-        dimension_numbers=dn,
-        feature_group_count=int(feature_group_count),
-        batch_group_count=int(batch_group_count),
-    )
-    out_shape = jax.eval_shape(  # lax's own shape rule, on float32 stand-ins
-        lambda x, w: lax.conv_general_dilated(x, w, **params),
-        *(jax.ShapeDtypeStruct(s, jnp.float32) for s in (a.shape, b.shape)),
-    ).shape
-    return ConvArgs(
-        a,
-        b,
-        strides,
-        pads,
-        ld,
-        rd,
-        dn,
-        int(feature_group_count),
-        int(batch_group_count),
-        precision_arg(precision),
-        result,
-        wrap_to,
-        t,
-        m,
-        tuple(out_shape),
-        out_sharding,
-    )
+#: Names the docs gave this module before they moved (emulate.moved).
+__getattr__ = moved.module_getattr(__name__)

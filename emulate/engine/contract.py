@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from emulate import formats
-from emulate.engine.layout import DimensionNumbers, to_bfk
+from emulate.engine.layout import DimensionNumbers, dot_general, to_bfk
 from emulate.engine.operands import Precision
 from emulate.numerics import accumulate
 from emulate.planning.plan import Plan
@@ -71,9 +71,7 @@ def contract_decoded(
     k = math.prod(lhs.shape[d] for d in lc)
     check_k(p, k)
     if p.k_chunk is None or k <= p.k_chunk:
-        acc = lax.dot_general(
-            lhs, rhs, dimension_numbers, precision, preferred_element_type=acc_dtype
-        )
+        acc = dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type=acc_dtype)
         return finish(p, acc)
     lhs3 = to_bfk(lhs, lb, lc)
     rhs3 = to_bfk(rhs, rb, rc)

@@ -20,6 +20,7 @@ from jax import lax
 
 __all__ = [
     "DimensionNumbers",
+    "dot_general",
     "free_dims",
     "normalize_dimension_numbers",
     "result_shape",
@@ -120,3 +121,53 @@ def to_bkn(x: jax.Array, batch: Sequence[int], contract: Sequence[int]) -> jax.A
     nb = math.prod(x.shape[: len(batch)])
     nk = math.prod(x.shape[len(batch) : len(batch) + len(contract)])
     return x.reshape(nb, nk, math.prod(x.shape[len(batch) + len(contract) :]))
+
+
+def _xla_cpu_refuses(a: jax.Array, b: jax.Array, dimension_numbers: DimensionNumbers, acc) -> bool:
+    """Whether XLA:CPU (jax 0.10.2) may fail to run this dot: a bfloat16 operand, a float32
+    result and an lhs with a contracting dimension before a free one (a "transposed" lhs).
+    With an rhs its dot decomposer rearranges it fails at run time, "Unsupported element
+    type for DotThunk::Execute: BF16 x BF16 = F32" (JAX's own ``lax.dot_general`` of
+    bf16[32, 6] and bf16[2, 32, 8] contracting (0, 1) fails alike; float16 does not)."""
+    if acc is None or jnp.dtype(acc) != jnp.float32:
+        return False
+    if jnp.dtype(jnp.bfloat16) not in (jnp.dtype(a.dtype), jnp.dtype(b.dtype)):
+        return False
+    (lc, _), (lb, _) = dimension_numbers
+    free = free_dims(a.ndim, lb, lc)
+    return bool(free) and min(lc, default=a.ndim) < max(free)
+
+
+def dot_general(
+    a: jax.Array,
+    b: jax.Array,
+    dimension_numbers: DimensionNumbers,
+    precision=None,
+    preferred_element_type=None,
+) -> jax.Array:
+    """``lax.dot_general`` of decoded operands, written in a layout every backend runs.
+
+    The XLA-level dot of emulate's own contractions. A layout XLA:CPU cannot run
+    (:func:`_xla_cpu_refuses`) is written as the canonical ``(batch..., M, K) x
+    (batch..., K, N)`` dot, the free and the contracting dimensions each merged into one,
+    and reshaped back: the same products and sums, the same result shape. (A merged batch
+    of 1 does not do: XLA drops it and meets the same failure.) Other calls are
+    ``lax.dot_general`` as given."""
+    if not _xla_cpu_refuses(a, b, dimension_numbers, preferred_element_type):
+        return lax.dot_general(
+            a, b, dimension_numbers, precision, preferred_element_type=preferred_element_type
+        )
+    (lc, rc), (lb, rb) = dimension_numbers
+    nb = len(lb)
+    batch = tuple(a.shape[d] for d in lb)
+    k = math.prod(a.shape[d] for d in lc)
+    lf, rf = free_dims(a.ndim, lb, lc), free_dims(b.ndim, rb, rc)
+    m, n = math.prod(a.shape[d] for d in lf), math.prod(b.shape[d] for d in rf)
+    a2 = jnp.transpose(a, (*lb, *lf, *lc)).reshape(batch + (m, k))
+    b2 = jnp.transpose(b, (*rb, *rc, *rf)).reshape(batch + (k, n))
+    same = tuple(range(nb))
+    out = lax.dot_general(
+        a2, b2, (((nb + 1,), (nb,)), (same, same)), precision,
+        preferred_element_type=preferred_element_type,
+    )  # fmt: skip
+    return out.reshape(result_shape(a.shape, b.shape, dimension_numbers))

@@ -15,6 +15,7 @@ import numpy as np
 
 from emulate import formats
 from emulate.engine.operands import Operand
+from emulate.engine.prepared import Prepared
 from emulate.formats import FormatLike
 from emulate.numerics.storage import Packed, is_array
 from emulate.planning.plan import plan, runs_as_is
@@ -28,8 +29,9 @@ PLANNED: tuple[str, ...] = formats.LOW_PRECISION + formats.WIDE_FLOATS
 
 
 def is_plain(x: Any) -> bool:
-    """Whether ``x`` is what JAX itself takes (not a QArray, Packed array or Operand)."""
-    return not isinstance(x, (QArray, Packed, Operand))
+    """Whether ``x`` is what JAX itself takes (not a QArray, Packed array, Operand or
+    prepared weight)."""
+    return not isinstance(x, (QArray, Packed, Operand, Prepared))
 
 
 def passes_through(

@@ -51,6 +51,7 @@ __all__ = [
     "bf16_exact",
     "code_operand",
     "offset_coefficients",
+    "wide_values",
     "with_flat_scales",
     "without_perm",
     "zero_points_in_codes",
@@ -171,6 +172,19 @@ def bf16_exact(q: QArray | None) -> bool:
     if f.is_integer:
         return max(abs(f.min - z), abs(f.max - z)) <= 256
     return z == 0 and "bfloat16" in f.exact_in
+
+
+def wide_values(x: Operand | QArray) -> jax.Array:
+    """A QArray's values (bf16 where that is exact: :func:`bf16_exact`; f32 otherwise), or
+    an operand's: a wide float as it is, a low-precision one decoded to bf16 where every
+    value is exact in it, f32 otherwise."""
+    if isinstance(x, QArray):
+        return dequantize(x, to=jnp.bfloat16 if bf16_exact(x) else jnp.float32)
+    f = x.format
+    if not f.is_low_precision:
+        return x.value
+    to = jnp.bfloat16 if "bfloat16" in f.exact_in else jnp.float32
+    return codecs.decode(x.unpacked(), f.name, to=to)
 
 
 def _take_operand(x: Operand, idx: jax.Array, axis: int) -> Operand:

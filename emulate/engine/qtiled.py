@@ -14,7 +14,7 @@ the bound of docs/numerics.md is unchanged (XLA's dot may add a column's product
 another order for another tile width: the bits may depend on the tile where the sum is
 not exact, as they may on the batch size).
 
-The tile (:func:`choose`) is a power of two of whole blocks (and whole packing groups
+The tile (:func:`qtiling_for`) is a power of two of whole blocks (and whole packing groups
 where the codes are packed along N) whose f32 values fit ``Settings.max_tile_bytes``, and
 at most half the dimension, however small the weight: the loop is what keeps the blocks'
 factors apart from the elements (a two-step loop costs little; a one-step one XLA
@@ -33,7 +33,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from emulate.engine.layout import DimensionNumbers
+from emulate import moved
+from emulate.engine.layout import DimensionNumbers, dot_general
 from emulate.engine.operands import Precision
 from emulate.engine.tiled import Settings, dyn_slice
 from emulate.numerics.storage import Packed, code_planes, group_shape
@@ -41,7 +42,7 @@ from emulate.quantized.array import QArray
 from emulate.quantized.checks import is_int
 from emulate.quantized.values import apply_block_factors, block_factors, element_values
 
-__all__ = ["MIN_ELEMENTS", "QTiling", "choose", "contract", "slice_blocks", "tile_values"]
+__all__ = ["MIN_ELEMENTS", "QTiling", "qtiling_for", "contract", "slice_blocks", "tile_values"]
 
 #: Weights of fewer elements, and within ``Settings.min_bytes`` as f32, stay untiled: one
 #: dequantize and one dot cost little there (the tiny llama example's 256 x 256 matrices
@@ -86,7 +87,7 @@ def _stacked(q: QArray) -> bool:
     return codes.ndim != len(q.shape)
 
 
-def choose(
+def qtiling_for(
     q: QArray, side: int, other_ndim: int, dimension_numbers: DimensionNumbers, s: Settings
 ) -> QTiling | None:
     """The tiling of ``q`` (on ``side``) for this contraction, or None to run untiled."""
@@ -235,9 +236,7 @@ def contract(
 
     def dot(w: jax.Array, o: jax.Array) -> jax.Array:
         a, b = (w, o) if t.side == 0 else (o, w)
-        return lax.dot_general(
-            a, b, dimension_numbers, precision, preferred_element_type=jnp.float32
-        )
+        return dot_general(a, b, dimension_numbers, precision, preferred_element_type=jnp.float32)
 
     def columns(start: int | jax.Array, length: int, factors=None) -> jax.Array:
         tile = piece(start, length)
@@ -266,3 +265,7 @@ def contract(
         start = t.n_full * t.tile
         out = lax.dynamic_update_slice_in_dim(out, columns(start, rest), start, axis=t.out_dim)
     return out
+
+
+#: Names the docs gave this module before they moved (emulate.moved).
+__getattr__ = moved.module_getattr(__name__)

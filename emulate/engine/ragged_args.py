@@ -28,8 +28,9 @@ from jax import lax
 
 from emulate import targets
 from emulate.engine import sites
-from emulate.engine.args import DotArgs, dot_args
+from emulate.engine.args import DotArgs, dot_args, shape_of
 from emulate.engine.operands import OperandLike, Precision, describe
+from emulate.engine.prepared import view
 from emulate.formats import FormatLike
 from emulate.group_sizes import check_group_sizes
 from emulate.quantized.array import QArray
@@ -71,6 +72,15 @@ class RaggedArgs:
     prefix: tuple[int, ...]
     out_shape: tuple[int, ...]
     preferred: Any = None
+
+    @property
+    def target(self) -> targets.Target:
+        return self.dot.target
+
+    def read_back(self) -> RaggedArgs:
+        """The call as the XLA route takes it (:meth:`DotArgs.read_back`)."""
+        dot = self.dot.read_back()
+        return self if dot is self.dot else dataclasses.replace(self, dot=dot)
 
     @property
     def groups(self) -> int:
@@ -154,7 +164,9 @@ def ragged_args(
     rhs_format: FormatLike | None = None,
 ) -> RaggedArgs:
     """The one validator of an emulated ``ragged_dot_general`` call (arguments as
-    :func:`emulate.ragged_dot_general`'s).
+    :func:`emulate.ragged_dot_general`'s). Prepared experts
+    (:func:`emulate.pallas.prepare_experts`) stay in the record as
+    :func:`~emulate.engine.args.dot_args` keeps a prepared weight.
 
     Raises:
       TypeError: ``ragged_dot_dimension_numbers`` that is no
@@ -173,7 +185,7 @@ def ragged_args(
             f"{type(rdn).__name__} {rdn!r}"
         )
     gs = _group_sizes(group_sizes)
-    lhs_shape, rhs_shape = (tuple(getattr(x, "shape", np.shape(x))) for x in (lhs, rhs))
+    lhs_shape, rhs_shape = (shape_of(view(x)) for x in (lhs, rhs))
     out_shape = ragged_shape(lhs_shape, rhs_shape, np.shape(gs), rdn)
     call = dot_args(
         lhs,

@@ -23,7 +23,7 @@ from jax import lax
 from emulate import formats
 from emulate.engine import exact, grad, tiled
 from emulate.engine.contract import contract_decoded
-from emulate.engine.layout import DimensionNumbers, result_shape
+from emulate.engine.layout import DimensionNumbers, dot_general, result_shape
 from emulate.engine.operands import Operand, Precision, decode_to
 from emulate.planning.plan import Plan, plan
 from emulate.targets import TargetLike
@@ -77,7 +77,7 @@ def _route(
         return jnp.zeros(shape, formats.get(q.out).dtype)
     if q.slicing is not None:
         return exact.contract(q, lhs, rhs, dn, precision)
-    t = tiled.choose(q, lhs, rhs, dn, tiling)
+    t = tiled.tiling_for(q, lhs, rhs, dn, tiling)
     untiled = functools.partial(_untiled, q, dn=dn, precision=precision)
     if t is None:
         return untiled(lhs, rhs)
@@ -107,7 +107,7 @@ def _forward(static: tuple, lhs: Operand, rhs: Operand) -> jax.Array:
 
 def _contract_f32(static: tuple, a: jax.Array, b: jax.Array) -> jax.Array:
     _, dimension_numbers, precision, _ = static
-    return lax.dot_general(a, b, dimension_numbers, precision, preferred_element_type=jnp.float32)
+    return dot_general(a, b, dimension_numbers, precision, preferred_element_type=jnp.float32)
 
 
 _differentiable_run = grad.bilinear(_forward, _contract_f32)

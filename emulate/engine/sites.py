@@ -37,9 +37,9 @@ class SiteTag:
       out: the result format name.
       target: the target name; mode: "fast" or "exact".
       flops: 2 * result elements * K of the logical call.
-      route: for a contraction with a weight operand on a TPU target, its route
-        (:mod:`emulate.kernel_route`): "pallas.matmul" or "pallas.ragged_dot", or "xla: " and
-        the reason; else "".
+      route: for a contraction with a weight operand on a target with a kernel for it, its
+        route (:mod:`emulate.routing`): the kernel's label ("pallas.matmul",
+        "pallas.ragged_dot", "cpu.gemv"), or "xla: " and the reason; else "".
     """
 
     op: str

@@ -29,7 +29,7 @@ runs a concatenating fusion far slower than plain decodes); a contraction does n
 on the order of K. The measurements behind each threshold are in docs/performance.md
 ("The tiled CPU path").
 
-Tiles are chosen from static shapes (:func:`choose`) so that the temporaries stay within
+Tiles are chosen from static shapes (:func:`tiling_for`) so that the temporaries stay within
 a fraction of one decoded copy. The tiled program is used only when the computation is
 lowered for the CPU (``lax.platform_dependent``); other platforms keep the untiled program.
 """
@@ -48,9 +48,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import formats
+from emulate import formats, moved
 from emulate.engine.contract import contract_decoded, finish
-from emulate.engine.layout import DimensionNumbers
+from emulate.engine.layout import DimensionNumbers, dot_general
 from emulate.engine.operands import Operand, Precision, decode_to
 from emulate.numerics.storage import Packed, code_planes, to_codes
 from emulate.planning.plan import Plan
@@ -59,7 +59,7 @@ __all__ = [
     "DEFAULT",
     "Settings",
     "Tiling",
-    "choose",
+    "tiling_for",
     "contract",
     "current_settings",
     "dyn_slice",
@@ -160,7 +160,7 @@ def _group(op: Operand) -> int:
     return 2 if op.format.bits == 4 else 4
 
 
-def choose(
+def tiling_for(
     p: Plan, lhs: Operand, rhs: Operand, dimension_numbers: DimensionNumbers, s: Settings
 ) -> Tiling | None:
     """The tiling for ``p`` on these operands (static shapes), or None to run untiled.
@@ -444,7 +444,7 @@ def contract(
         return (dd, oo) if t.side == 0 else (oo, dd)
 
     def dot(dd: jax.Array, oo: jax.Array) -> jax.Array:
-        return lax.dot_general(
+        return dot_general(
             *pair(dd, oo), dimension_numbers, precision, preferred_element_type=acc_dtype
         )
 
@@ -510,3 +510,7 @@ def contract(
             out, columns(t.n_full * t.tile, rest), t.n_full * t.tile, axis=t.out_dim
         )
     return out
+
+
+#: Names the docs gave this module before they moved (emulate.moved).
+__getattr__ = moved.module_getattr(__name__)

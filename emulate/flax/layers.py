@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate import formats, kernel_route
+from emulate import formats
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general, einsum
 from emulate.flax.rounding import next_key
@@ -31,6 +31,7 @@ from emulate.quantized.array import QArray
 from emulate.quantized.mx import SCHEMES
 from emulate.quantized.quantizing import Scheme, quantize
 from emulate.quantized.values import dequantize
+from emulate.routing.prepared import Prepared, is_prepared
 
 __all__ = [
     "FUNCTIONS",
@@ -246,7 +247,7 @@ class Op:
         def run(x, q):
             return emulated(*head, x, q, *rest, **ekw)
 
-        if isinstance(w, QArray) or kernel_route.is_prepared(w):
+        if isinstance(w, QArray) or is_prepared(w):
             return run(x, w)
 
         def run_plain(x, wd, dtype):
@@ -294,7 +295,7 @@ def _promote(args: Sequence[Any], dtype: Any, inexact: bool) -> list[Any]:
     """flax's ``promote_dtype`` that lets a QArray or prepared weight
     (:func:`emulate.prepare_weights`) through (its logical dtype set)."""
     present: list[Any] = [a for a in args if a is not None]
-    quantized = (QArray, *kernel_route.prepared_types())
+    quantized = (QArray, Prepared)
     if dtype is None:
         dtype = jnp.result_type(*[_dtype_of(q) if isinstance(q, quantized) else q for q in present])
     if inexact and not jnp.issubdtype(dtype, jnp.inexact):

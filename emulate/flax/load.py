@@ -48,8 +48,8 @@ import numpy as np
 from flax import nnx
 
 from emulate.flax.quantize import QuantizedLinen, QuantizedWeight, emulate_layer
-from emulate.kernel_route import prepare_weights
 from emulate.quantized.array import QArray
+from emulate.routing.prepared import prepare_weights
 
 __all__ = ["GGUF_NAMES", "NameRule", "default_rule", "load_weights"]
 

@@ -57,11 +57,11 @@ from emulate.flax.layers import (
     make_site,
     rule_fn,
 )
-from emulate.kernel_route import is_prepared, prepare_weights, unprepared
 from emulate.numerics.storage import Packed
 from emulate.quantized.array import QArray
 from emulate.quantized.quantizing import Scheme
 from emulate.quantized.values import dequantize
+from emulate.routing.prepared import is_prepared, prepare_weights, unprepared
 
 __all__ = [
     "Rule",

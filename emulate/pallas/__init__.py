@@ -30,8 +30,8 @@ Import it as ``import emulate.pallas`` (it imports ``jax.experimental.pallas``).
   :class:`KernelQWeight`, :func:`prepare_weight`), :mod:`emulate.pallas.qoffsets` (zero
   points, offsets and two-level parts), :mod:`emulate.pallas.qcodebook` (codebooks,
   act-order);
-- its steps in the kernel: :mod:`emulate.pallas.route` (routes, decoding and exact dots,
-  shared with :func:`dot`), :mod:`emulate.pallas.qgroups` (per K step: group sums,
+- its steps in the kernel: :mod:`emulate.pallas.compute` (a pair's compute, decoding and
+  exact dots, shared with :func:`dot`), :mod:`emulate.pallas.qgroups` (per K step: group sums,
   two-level parts, the offset dot), :mod:`emulate.pallas.qsteps` (scales per group, scale
   blocks of several columns, zero-point and offset terms, the store);
 - :mod:`emulate.pallas.kernel_dot`: :func:`dot` for your own kernels;
@@ -51,6 +51,7 @@ from emulate.pallas.checking.mosaic_check import (
 )
 from emulate.pallas.gmm_kernel import prepare_experts, ragged_dot
 from emulate.pallas.kernel_dot import dot, dot_vmem_bytes
+from emulate.pallas.matmul_args import RelayoutError
 from emulate.pallas.matmul_kernel import matmul
 from emulate.pallas.qweight import KernelQWeight, prepare_weight
 from emulate.pallas.weights import KernelWeight
@@ -62,6 +63,7 @@ __all__ = [
     "MatmulSite",
     "NoMatmulWarning",
     "RecordedRulesWarning",
+    "RelayoutError",
     "check",
     "diagnose",
     "dot",

@@ -207,7 +207,7 @@ def _kernel(cfg: Config, group_ref, tile_ref, count_ref, start_ref, end_ref, *re
 @functools.partial(jax.jit, static_argnames=("cfg", "groups"))
 def _run(x: jax.Array, kargs: tuple, group_sizes: jax.Array, cfg: Config, groups: int) -> jax.Array:
     w, scales, tensor_scale, *affine = kargs
-    r = cfg.route
+    r = cfg.compute
     group, tile, count, starts, ends = schedule(group_sizes, cfg.m, cfg.bm)
     _, _, kp = cfg.padded
     nn, nk = cfg.grid[1:]
@@ -364,10 +364,10 @@ def ragged_dot(
     if a.empty:
         return jnp.zeros((a.m, a.n), formats.get(a.out).dtype)
     cfg = config(
-        r=a.route, t=a.target, m=a.m, n=a.n, k=a.k, stored=a.stored,
+        r=a.compute, t=a.target, m=a.m, n=a.n, k=a.k, stored=a.stored,
         w_passthrough=a.passthrough, block_shape=block_shape,
         interpret=matmul_kernel.interpret_mode(interpret, a.x, first), x_dtype=a.x.dtype.name,
-        scaling=a.scaling, out=a.out, codebook=a.codebook, long_rows=False,
+        scaling=a.scaling, out=a.out, codebook=a.codebook, long_rows=False, words=False,
     )  # fmt: skip
     if cfg.x_dtype != a.x.dtype.name:
         raise ValueError(

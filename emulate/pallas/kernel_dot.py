@@ -26,7 +26,7 @@ from jax import lax
 from emulate import formats, targets
 from emulate.formats import FormatLike
 from emulate.numerics import accumulate
-from emulate.pallas import route
+from emulate.pallas import compute
 from emulate.targets import TargetLike
 
 __all__ = ["dot", "dot_vmem_bytes"]
@@ -95,7 +95,7 @@ def _checked(a: Any, b: Any, dimension_numbers: Any) -> tuple[formats.Format, fo
     return fa, fb, dn
 
 
-def _decode_step(r: route.Route, fa: formats.Format, fb: formats.Format, k: int) -> int:
+def _decode_step(r: compute.Compute, fa: formats.Format, fb: formats.Format, k: int) -> int:
     """How much of K to decode at a time: for K longer than the target's MXU width, that
     width if it divides K, else 128 if that does; else all of K, as for 4-bit operands
     (both formats must take a byte or more). The decoded copies and temporaries alive at
@@ -123,7 +123,7 @@ _TILE_SHARE = 8
 _SCOPED_VMEM = 16 << 20
 
 
-def _tile_bytes(mb: int, nb: int, step: int, r: route.Route) -> int:
+def _tile_bytes(mb: int, nb: int, step: int, r: compute.Compute) -> int:
     """VMEM of one output tile (mb, nb): the K-slices of both operands decoded (the copy
     and the 32-bit temporaries), and its partial and running sums (32-bit each)."""
     cx = 4 + jnp.dtype(r.lhs_compute).itemsize
@@ -139,7 +139,7 @@ def _cuts(size: int, unit: int) -> list[int]:
     return [b for b in range(size, 0, -unit) if size % b == 0]
 
 
-def _output_tile(r: route.Route, m: int, n: int, step: int) -> tuple[int, int]:
+def _output_tile(r: compute.Compute, m: int, n: int, step: int) -> tuple[int, int]:
     """The (rows, columns) of the output tiles :func:`dot` contracts one at a time: the
     whole (m, n) where its decoding fits the budget (:data:`_TILE_SHARE` of the target's
     scoped VMEM), else the largest tiles of whole 128-lane column blocks and 32-row
@@ -183,20 +183,20 @@ def _lhs_as_rows(x: jax.Array, dn: Any) -> tuple[jax.Array, Any]:
     return x, dn
 
 
-def _contract_tile(a: jax.Array, b: jax.Array, r: route.Route, dn: Any, step: int) -> jax.Array:
+def _contract_tile(a: jax.Array, b: jax.Array, r: compute.Compute, dn: Any, step: int) -> jax.Array:
     """One output tile: K decoded a slice of ``step`` at a time, the slices' products
     summed as they come (each partial dies at once)."""
     (ca,), (cb,) = dn[0]
     k = a.shape[ca]
     total = None
     for start in range(0, k, step) if k else (0,):  # one piece when K is not cut
-        x = route.decode_values(_k_slice(a, start, step, ca, k), r.lhs_compute, r.lhs_scale)
-        y = route.decode_values(_k_slice(b, start, step, cb, k), r.rhs_compute, r.rhs_scale)
+        x = compute.decode_values(_k_slice(a, start, step, ca, k), r.lhs_compute, r.lhs_scale)
+        y = compute.decode_values(_k_slice(b, start, step, cb, k), r.rhs_compute, r.rhs_scale)
         x, xdn = _lhs_as_rows(x, dn)
         if r.exact:  # int32, wrapping as XLA's integer dots do
-            part = route.exact_dot(x, y, r, xdn)
+            part = compute.exact_dot(x, y, r, xdn)
         else:
-            part = route.float_dot(x, y, r.precision, xdn)
+            part = compute.float_dot(x, y, r.precision, xdn)
         total = part if total is None else total + part
     assert total is not None
     return total
@@ -209,7 +209,7 @@ def _free_slice(x: jax.Array, start: int, size: int, contracting: int) -> jax.Ar
     return lax.slice_in_dim(x, start, start + size, axis=axis)
 
 
-def _tiled(a: jax.Array, b: jax.Array, r: route.Route, dn: Any, step: int) -> jax.Array:
+def _tiled(a: jax.Array, b: jax.Array, r: compute.Compute, dn: Any, step: int) -> jax.Array:
     """The decoded contraction, one output tile (:func:`_output_tile`) at a time."""
     (ca,), (cb,) = dn[0]
     m, n = a.shape[1 - ca], b.shape[1 - cb]
@@ -285,11 +285,11 @@ def dot(
       NotImplementedError: dimension numbers with batch dimensions.
     """
     fa, fb, dn = _checked(a, b, dimension_numbers)
-    r = route.route(fa, fb, target=target, preferred_element_type=preferred_element_type)
+    r = compute.in_kernel(fa, fb, target=target, preferred_element_type=preferred_element_type)
     out = jnp.dtype(formats.get(r.out).dtype)
     if r.method == "native":
         a, dn = _lhs_as_rows(a, dn)
-        acc = route.float_dot(a, b, precision if precision is not None else r.precision, dn)
+        acc = compute.float_dot(a, b, precision if precision is not None else r.precision, dn)
         return accumulate.round_accumulator(acc, r.out) if acc.dtype != out else acc
     (ca,), (cb,) = dn[0]
     step = _decode_step(r, fa, fb, a.shape[ca])
@@ -332,7 +332,7 @@ def dot_vmem_bytes(
       TypeError, ValueError, NotImplementedError: as :func:`dot`.
     """
     fa, fb, dn = _checked(a, b, dimension_numbers)
-    r = route.route(fa, fb, target=target, preferred_element_type=preferred_element_type)
+    r = compute.in_kernel(fa, fb, target=target, preferred_element_type=preferred_element_type)
     if r.method == "native":
         return 0
     total = 0

@@ -4,7 +4,7 @@
 and every argument error of the kernel is raised there (TypeError, ValueError or
 NotImplementedError naming the argument), before any array is traced. What it works out:
 
-* the target (a TPU) and the route of the pair on it (:func:`emulate.pallas.route.route`:
+* the target (a TPU) and how the pair computes on it (:func:`emulate.pallas.compute.in_kernel`:
   ``x``'s format times the format the weight's values take in the kernel: a codebook's
   value format, int8 for the 2- to 6-bit integer code formats, else the codes' own);
 * the activations: values or codes as stored (float16 widened to the route's type,
@@ -43,7 +43,7 @@ import numpy as np
 from emulate import formats, targets
 from emulate.formats import Format, FormatLike
 from emulate.numerics.storage import Packed, group_shape, is_array, to_codes, unpack_codes
-from emulate.pallas import qcodebook, qweight, route
+from emulate.pallas import compute, qcodebook, qweight
 from emulate.pallas.matmul_config import Stored
 from emulate.pallas.qcodebook import KernelCodebook
 from emulate.pallas.qweight import KernelQWeight, QParts, Scaling
@@ -77,6 +77,18 @@ class _Weight:
     k: int
     n: int
     stored: Stored
+    copied: bool = False
+
+
+class RelayoutError(ValueError):
+    """A weight :func:`emulate.pallas.matmul` would lay out again on every call of a TPU
+    program (a copy of the weight per call, several times its stored bytes): the message
+    names what would be copied and the fix, preparing it once
+    (:func:`emulate.pallas.prepare_weight`, :func:`emulate.prepare_weights`). The kernel
+    route raises it rather than take the XLA route (``reroute``), which reads such a
+    weight tens of times over."""
+
+    reroute = False
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -92,7 +104,7 @@ class MatmulArgs:
       stored: the layout the kernel reads ``w`` in.
       m, n, k: the problem shape.
       target: the TPU target.
-      route: the pair's route on ``target`` (:func:`emulate.pallas.route.route`).
+      compute: how the pair computes on ``target`` (:func:`emulate.pallas.compute.in_kernel`).
       out: the result type's name.
       passthrough: the weight goes to the matrix unit as stored (no decoding).
       weight: the weight argument the gradient decodes (an act-order QArray without its
@@ -104,6 +116,9 @@ class MatmulArgs:
       perm, perm_axis: a QArray weight's permutation and its axis (-2: of K, gathered
         into ``x``; -1: of N, the result's columns restored after the kernel), or None.
       codebook: a codebook weight's :class:`emulate.pallas.qcodebook.KernelCodebook`.
+      relaid: what the call lays out again for the kernel (the codes into the K-planar
+        layout, a QArray's sub-byte parts packed along the groups): copies made on every
+        call; empty for weights read as stored (:func:`refuse_relayout`).
     """
 
     x: jax.Array
@@ -115,7 +130,7 @@ class MatmulArgs:
     n: int
     k: int
     target: targets.Target
-    route: route.Route
+    compute: compute.Compute
     out: str
     passthrough: bool
     weight: Any
@@ -126,6 +141,7 @@ class MatmulArgs:
     perm: Any = None
     perm_axis: int | None = None
     codebook: KernelCodebook | None = None
+    relaid: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -309,7 +325,9 @@ def matmul_args(
     vf = cb.value_format if cb is not None else src.format
     if src.format.name in formats.CODE_FORMATS:  # 2- to 6-bit integer codes: values as int8
         vf = formats.get("int8")
-    r = route.route(xf, vf, target=t, preferred_element_type="float32" if final else out_dtype)
+    r = compute.in_kernel(
+        xf, vf, target=t, preferred_element_type="float32" if final else out_dtype
+    )
     out = final or r.out
     if not formats.get(out).xla_storable:
         raise ValueError(
@@ -319,16 +337,19 @@ def matmul_args(
     nonempty = 0 not in (m, src.n, k)
     wt = _laid_out(src, r, nonempty)
     if nonempty and not xf.is_low_precision and xv.dtype.name not in _X_IN_KERNEL:
-        xv = route.decode_values(xv, r.lhs_compute)  # float16: widened outside the kernel
+        xv = compute.decode_values(xv, r.lhs_compute)  # float16: widened outside the kernel
     passthrough = (
         cb is None
         and r.rhs_compute == wt.format.name
         and not r.rhs_scale
         and wt.stored.layout == "dense"
     )
+    relaid = (("codes (into the K-planar layout)",) if wt.copied else ()) + (
+        p.repacked if p is not None and nonempty else ()
+    )
     return MatmulArgs(
         x=xv, x_format=xf, w=wt.data, w_format=wt.format, stored=wt.stored, m=m, n=wt.n,
-        k=k, target=t, route=r, out=out, passthrough=passthrough, codebook=cb,
+        k=k, target=t, compute=r, out=out, passthrough=passthrough, codebook=cb,
         weight=w if p is None else p.weight,
         scales=None if p is None else p.scales,
         tensor_scale=None if p is None else p.tensor,
@@ -336,10 +357,31 @@ def matmul_args(
         scaling=None if p is None else p.scaling,
         perm=None if p is None else p.perm,
         perm_axis=None if p is None else p.perm_axis,
+        relaid=relaid,
     )  # fmt: skip
 
 
-def _laid_out(src: _Source, r: route.Route, nonempty: bool) -> _Weight:
+def refuse_relayout(a: MatmulArgs, w: Any, interpret: bool) -> None:
+    """Raise :class:`RelayoutError` where a call built for a TPU (not ``interpret``) would
+    lay its weight ``w`` out again (``a.relaid``) and ``w`` is traced: the copy would run
+    on every call of the compiled program (a weight closed over as a constant is laid out
+    once, when the program is traced)."""
+    if interpret or not a.relaid:
+        return
+    if not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(w)):
+        return
+    what = "an array" if is_array(w) else f"a {type(w).__name__}"
+    raise RelayoutError(
+        f"w: {what} {a.w_format.name}{[a.k, a.n]} is not stored as the TPU kernel reads "
+        f"it: its {' and '.join(a.relaid)} would be laid out again on every call of the "
+        "program (a copy of the weight each call, several times its stored bytes); "
+        "prepare it once, outside the program: emulate.pallas.prepare_weight(w) (a model's "
+        "parameters: emulate.prepare_weights(params, target=...); emulate.flax.load_weights "
+        "and quantize_model do it under emulate.target(...) with a TPU target)"
+    )
+
+
+def _laid_out(src: _Source, r: compute.Compute, nonempty: bool) -> _Weight:
     """The weight in the layout the kernel reads it in: the one place a call decides it
     (:func:`emulate.pallas.weights.kernel_layout`; a group-scaled Packed QArray K-planar
     under float32 activations), and the codes' format named in the layout."""
@@ -349,6 +391,7 @@ def _laid_out(src: _Source, r: route.Route, nonempty: bool) -> _Weight:
     # RESOURCE_EXHAUSTED at 64x4096x4096): the K-planar layout instead (prepare once)
     planar = nonempty and group is not None and r.lhs_compute == "float32"
     codes = kernel_layout(src.codes, group=group, planar=planar)
+    copied = nonempty and codes is not src.codes
     if isinstance(codes, (KernelWeight, Packed)):
         data, k = jnp.asarray(codes.data), codes.length
         g, nbytes = group_shape(codes.format.bits)
@@ -360,4 +403,4 @@ def _laid_out(src: _Source, r: route.Route, nonempty: bool) -> _Weight:
         stored = Stored("dense", np.dtype(data.dtype).name, k)
     if nonempty and src.format.name in formats.CODE_FORMATS:
         stored = dataclasses.replace(stored, code=src.format.name)
-    return _Weight(data, src.format, k, int(data.shape[1]), stored)
+    return _Weight(data, src.format, k, int(data.shape[1]), stored, copied)

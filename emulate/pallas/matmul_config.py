@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from jax import lax
 
 from emulate import formats, targets
-from emulate.pallas import qgroups, route
+from emulate.pallas import compute, qgroups, word_groups, word_step
 from emulate.pallas.qcodebook import KernelCodebook
 from emulate.pallas.qweight import Scaling
 from emulate.planning.exactness import MAX_CHUNKS, MAX_TOTAL_QUANTA
@@ -44,7 +45,7 @@ class Stored:
       rows: rows of the stored array (bytes along K for planar / packed layouts).
       group, nbytes: codes per group of whole bytes along K, and its bytes (1, 1 dense).
       code: an integer code format of ``emulate.formats.CODE_FORMATS`` (2, 3, 5, 6 bits)
-        the kernel decodes into ``route.rhs`` (int8: every value fits), or "".
+        the kernel decodes into ``compute.rhs`` (int8: every value fits), or "".
     """
 
     layout: str
@@ -60,7 +61,7 @@ class Config:
     """Everything static about one kernel call (hashable: the jit cache key).
 
     Attributes:
-      route: the :class:`emulate.pallas.route.Route` of the pair on the target.
+      compute: the :class:`emulate.pallas.compute.Compute` of the pair on the target.
       m, n, k: the logical problem shape.
       bm, bn, bk: the block shape (bk in rows of K).
       stored: the weight's :class:`Stored` layout.
@@ -71,15 +72,17 @@ class Config:
       vmem_bytes: the estimated VMEM footprint of one grid step.
       vmem_limit: the scoped VMEM limit asked of Mosaic (None: its default, 16 MiB or
         more, when twice the estimate fits in it).
-      x_dtype: the type x is stored in (decoded in the kernel into ``route.lhs_compute``).
+      x_dtype: the type x is stored in (decoded in the kernel into ``compute.lhs_compute``).
       scaling: a QArray weight's :class:`emulate.pallas.qweight.Scaling`, or None.
-      out: the result type (``route.out`` unless a QArray's scales are applied to the f32
+      out: the result type (``compute.out`` unless a QArray's scales are applied to the f32
         accumulator first).
       codebook: a codebook weight's :class:`emulate.pallas.qcodebook.KernelCodebook`, or
-        None (``route.rhs`` is then the format its values take in the kernel).
+        None (``compute.rhs`` is then the format its values take in the kernel).
+      word_step: the kernel body is :func:`emulate.pallas.word_step.body` (a 4-bit weight
+        read in whole words, group partial sums on the matrix unit; x spans K).
     """
 
-    route: route.Route
+    compute: compute.Compute
     m: int
     n: int
     k: int
@@ -97,6 +100,7 @@ class Config:
     scaling: Scaling | None = None
     out: str = ""
     codebook: KernelCodebook | None = None
+    word_step: bool = False
 
     @property
     def scaled_in_kernel(self) -> bool:
@@ -158,12 +162,18 @@ def _check_block(name: str, value: Any, multiple: int, why: str) -> int:
     return int(value)
 
 
-def _vmem_bytes(bm: int, bn: int, bk: int, limbs: bool, x_cols: int, w_rows: int) -> int:
+def _vmem_bytes(
+    bm: int, bn: int, bk: int, limbs: bool, x_cols: int, w_rows: int, highest: bool = False
+) -> int:
     x_block = bm * x_cols * 4  # at most 4 bytes stored, decoded in the kernel
     w_block = w_rows * bn  # one byte per stored element
     temps = 4 * bk * bn * 4  # int32 bytes / words, codes and the decoded tile
     acc = bm * bn * 4 * (2 if limbs else 1)
-    return 2 * x_block + 2 * w_block + temps + acc + 2 * acc
+    # an f32 dot at Precision.HIGHEST: each operand cut into bfloat16 pieces and a partial
+    # product per pass (measured on v2, f32 x at 2048 x 4096 x 14336 Q4_K: 20.3 MiB of
+    # scoped VMEM for (1024, 256, 256) blocks, 6.9 MiB counted without this term)
+    split = 6 * (2 * bm * bk + 2 * bk * bn + 4 * bm * bn) if highest else 0
+    return 2 * x_block + 2 * w_block + temps + acc + 2 * acc + split
 
 
 def _spread_vmem(scaling: Scaling | None, n: int, bn: int) -> tuple[int, str]:
@@ -219,6 +229,7 @@ class _Tiling:
       limbs: an exact int32 sum for a float result, carried as two limbs.
       cap: half the target's VMEM (16 MiB where unknown), bytes: what a default block
         shape and a resident x may fill.
+      highest: the dots run at ``Precision.HIGHEST`` (f32 operands bf16 cannot hold).
     """
 
     x_sub: int
@@ -229,6 +240,7 @@ class _Tiling:
     packed: bool
     limbs: bool
     cap: int
+    highest: bool = False
 
     def w_rows(self, bk: int) -> int:
         """Rows of the stored weight per K step of ``bk`` rows."""
@@ -236,11 +248,11 @@ class _Tiling:
 
     def vmem(self, bm: int, bn: int, bk: int, x_cols: int) -> int:
         """VMEM of one grid step (:func:`_vmem_bytes`), x blocks of ``x_cols`` columns."""
-        return _vmem_bytes(bm, bn, bk, self.limbs, x_cols, self.w_rows(bk))
+        return _vmem_bytes(bm, bn, bk, self.limbs, x_cols, self.w_rows(bk), self.highest)
 
 
 def _tiling(
-    r: route.Route,
+    r: compute.Compute,
     t: targets.Target,
     k: int,
     stored: Stored,
@@ -253,7 +265,7 @@ def _tiling(
     # past int32
     grouped = scaling is not None and scaling.along_k
     in_kernel = scaling is not None and out in ("float32", "bfloat16")
-    fits = in_kernel and r.exact and k * route.exact_limit(r) < 2**31
+    fits = in_kernel and r.exact and k * compute.exact_limit(r) < 2**31
     return _Tiling(
         x_sub=_SUBLANES[_itemsize(r.lhs_compute)],
         stored_sub=_SUBLANES[np.dtype(x_dtype).itemsize],
@@ -264,11 +276,12 @@ def _tiling(
         packed=stored.layout != "dense",
         limbs=r.exact and formats.get(r.out).is_float and not grouped and not fits,
         cap=(t.vmem_capacity_bytes or 16 << 20) // 2,
+        highest=r.precision == lax.Precision.HIGHEST,
     )
 
 
 def _blocks(
-    r: route.Route,
+    r: compute.Compute,
     t: targets.Target,
     tl: _Tiling,
     shape: tuple[int, int, int],
@@ -330,6 +343,11 @@ def _scale_vmem(scaling: Scaling | None, n: int, bn: int) -> tuple[int, str]:
         if scaling.columns:  # every block column (emulate.pallas.qsteps.widen)
             lanes = _round_up(-(-n // scaling.columns), _LANES)
         total = 2 * 4 * scaling.rows * lanes * 2
+        a = scaling.affine
+        levels = (a.scale_level, a.offset_level) if a is not None else ()
+        # each two-level part's code bytes as f32, cut in pieces for a one-hot dot at
+        # Precision.HIGHEST per K step (emulate.pallas.qgroups.step_levels)
+        total += sum(6 * 4 * scaling.rows * lanes for lv in levels if lv is not None)
     spread, note = _spread_vmem(scaling, n, bn)
     return total + spread, note
 
@@ -356,10 +374,15 @@ def _vmem_plan(
     resident = kp > bk and tl.vmem(bm, bn, bk, kp) <= tl.cap
     if resident:
         vmem = tl.vmem(bm, bn, bk, kp) + scale_vmem
-    limit = None
-    if 2 * vmem > _DEFAULT_SCOPED_VMEM:
-        limit = min(2 * vmem, t.vmem_capacity_bytes or 2 * vmem)
-    return vmem, resident, limit
+    return vmem, resident, _scoped_limit(t, vmem)
+
+
+def _scoped_limit(t: targets.Target, vmem: int) -> int | None:
+    """The scoped VMEM limit a call of about ``vmem`` bytes a step asks Mosaic for: twice
+    that, within the target's VMEM, where Mosaic's default would not hold it; else None."""
+    if 2 * vmem <= _DEFAULT_SCOPED_VMEM:
+        return None
+    return min(2 * vmem, t.vmem_capacity_bytes or 2 * vmem)
 
 
 #: Row blocks tried for long x (a prefill), largest first (:func:`_long_bm`).
@@ -390,10 +413,10 @@ def _long_bm(
     return best
 
 
-def _check_exact(r: route.Route, k: int, bk: int, kp: int) -> None:
+def _check_exact(r: compute.Compute, k: int, bk: int, kp: int) -> None:
     """Raise ValueError where a two-limb exact sum over K in blocks of ``bk`` (K padded to
     ``kp``) takes more K steps or quanta than the exact combination holds."""
-    if kp // bk > MAX_CHUNKS or k * route.exact_limit(r) >= MAX_TOTAL_QUANTA:
+    if kp // bk > MAX_CHUNKS or k * compute.exact_limit(r) >= MAX_TOTAL_QUANTA:
         raise ValueError(
             f"x, w: a contraction of K = {k} in blocks of {bk} exceeds what the exact "
             f"{r.lhs} x {r.rhs} kernel combines exactly (at most {MAX_CHUNKS} K steps "
@@ -402,7 +425,7 @@ def _check_exact(r: route.Route, k: int, bk: int, kp: int) -> None:
 
 
 def config(
-    r: route.Route,
+    r: compute.Compute,
     t: targets.Target,
     m: int,
     n: int,
@@ -416,16 +439,23 @@ def config(
     out: str | None = None,
     codebook: KernelCodebook | None = None,
     long_rows: bool = True,
+    words: bool = True,
 ) -> Config:
     """The :class:`Config` for one call: block shape defaults and checks. ``x_dtype``: the
     type x is stored in (default: the type the matrix unit takes); ``scaling``: a QArray
     weight's scales; ``out``: the result type (default ``r.out``); ``codebook``: a codebook
     weight's table in the kernel; ``long_rows``: whether more than 256 rows may take a
-    longer row block (:func:`_long_bm`; the grouped kernel's tiles follow its groups)."""
+    longer row block (:func:`_long_bm`; the grouped kernel's tiles follow its groups);
+    ``words``: whether :mod:`emulate.pallas.word_step` may run the call (not in the
+    grouped kernel, whose x blocks follow its visits)."""
     x_dtype = x_dtype or r.lhs_compute
     out = out or r.out
     tl = _tiling(r, t, k, stored, x_dtype, scaling, out)
     bm, bn, bk = _blocks(r, t, tl, (m, n, k), block_shape)
+    if words and word_step.applies(r, stored, scaling, codebook, bm):
+        return _word_config(
+            r, t, tl, (m, n, k), stored, block_shape, interpret, x_dtype, scaling, out
+        )
     if scaling is not None and scaling.along_k:
         bk = _align_to_groups(bk, t, tl, scaling, block_shape is not None)
     if block_shape is None and long_rows and m > bm:
@@ -437,7 +467,7 @@ def config(
     if tl.limbs:
         _check_exact(r, k, bk, kp)
     return Config(
-        route=r,
+        compute=r,
         m=m,
         n=n,
         k=k,
@@ -455,4 +485,74 @@ def config(
         scaling=scaling,
         out=out,
         codebook=codebook,
+    )
+
+
+#: Default (bk, bn) of the word step (:mod:`emulate.pallas.word_step`), largest first:
+#: the first whose VMEM fits half the target's (measured by libtpu's bundle schedule on
+#: v4 to 7x, 1 x 4096 x 14336 Q4_K: 2048 x 512 kept the matrix unit fed at fewer
+#: bundles per code than 1024 x 256; v2 and v3 take smaller ones with f32 activations).
+_WORD_BLOCKS = ((2048, 512), (2048, 256), (1024, 512), (1024, 256), (512, 256), (256, 128))
+
+
+def _word_config(
+    r: compute.Compute,
+    t: targets.Target,
+    tl: _Tiling,
+    shape: tuple[int, int, int],
+    stored: Stored,
+    block_shape: Sequence[int] | None,
+    interpret: bool,
+    x_dtype: str,
+    scaling: Scaling | None,
+    out: str,
+) -> Config:
+    """The :class:`Config` of a call :func:`emulate.pallas.word_step.applies` to: its blocks
+    (x spans K, resident), checked against VMEM."""
+    m, n, k = shape
+    bm, bn, bk = _blocks(r, t, tl, shape, block_shape)
+    xb = np.dtype(x_dtype).itemsize
+
+    def vmem_of(bn: int, bk: int) -> int:
+        return word_step.vmem_bytes(bm, bn, bk, k, xb, scaling, tl.highest)
+
+    if block_shape is None:
+        for cbk, cbn in _WORD_BLOCKS:
+            bn = min(_round_up(n, _LANES), cbn)
+            bk = min(_round_up(k, word_groups.unit(None)), cbk)
+            if vmem_of(bn, bk) <= tl.cap:
+                break
+        if m > bm and word_step.partial_rows(r, scaling, 1) == 1:
+            # one group a dot: as long a row block as fits (the weight is read once per
+            # row block, :func:`_long_bm`)
+            for b in sorted({min(c, _round_up(m, tl.x_sub)) for c in _LONG_BM}, reverse=True):
+                if b > bm and word_step.vmem_bytes(b, bn, bk, k, xb, scaling, tl.highest) <= tl.cap:
+                    bm = b
+                    break
+    kp = _round_up(k, bk)
+    vmem = vmem_of(bn, bk)
+    if t.vmem_capacity_bytes and vmem > t.vmem_capacity_bytes:
+        raise ValueError(
+            f"block_shape: ({bm}, {bn}, {bk}) needs about {vmem} bytes of VMEM, more "
+            f"than {t.name}'s {t.vmem_capacity_bytes}; use smaller blocks"
+        )
+    return Config(
+        compute=r,
+        m=m,
+        n=n,
+        k=k,
+        bm=bm,
+        bn=bn,
+        bk=bk,
+        stored=stored,
+        w_passthrough=False,
+        limbs=False,
+        x_resident=kp > bk,
+        interpret=interpret,
+        vmem_bytes=vmem,
+        vmem_limit=_scoped_limit(t, vmem),
+        x_dtype=x_dtype,
+        scaling=scaling,
+        out=out,
+        word_step=True,
     )

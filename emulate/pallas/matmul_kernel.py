@@ -73,11 +73,11 @@ from emulate.numerics.storage import (
     split_group_bytes,
     to_codes,
 )
-from emulate.pallas import qcodebook, qoffsets, qsteps, qweight, route
-from emulate.pallas.matmul_args import matmul_args
+from emulate.pallas import compute, qcodebook, qoffsets, qsteps, qweight, word_step, words
+from emulate.pallas.matmul_args import matmul_args, refuse_relayout
 from emulate.pallas.matmul_config import Config, config
 from emulate.pallas.qweight import KernelQWeight
-from emulate.pallas.weights import TILE_GROUPS, KernelWeight, kernel_codes
+from emulate.pallas.weights import TILE_GROUPS, WORD_ORDER_BITS, KernelWeight, kernel_codes
 from emulate.quantized.array import QArray
 
 __all__ = [
@@ -104,11 +104,22 @@ def _codes(w_ref: Any, cfg: Config, k: Any) -> jax.Array:
     return c
 
 
+def _word_order_codes(w_ref: Any, cfg: Config, k: Any) -> jax.Array:
+    """A loaded block of word-order 4-bit tiles (:mod:`emulate.pallas.words`) as its int32
+    codes in K order, the tiles past the weight's end zeroed."""
+    c = words.natural_codes(words.words(w_ref[...]), cfg.interpret)
+    rows = cfg.w_block_rows
+    if cfg.stored.rows % rows:  # a partial last block: whole tiles of garbage past the end
+        valid = (cfg.stored.rows - k * rows) * cfg.stored.group
+        c = jnp.where(lax.broadcasted_iota(jnp.int32, c.shape, 0) < valid, c, 0)
+    return c
+
+
 def weight_planes(w_ref: Any, cfg: Config, k: Any) -> list[list[jax.Array]]:
     """The weight block as the matrix unit takes it: one (bk, bn) tile in K order (dense
     and K-planar layouts) or one tile per code position (packed layout); each a list of
     one tile, or of a codebook's bfloat16 pieces (:mod:`emulate.pallas.qcodebook`)."""
-    r = cfg.route
+    r = cfg.compute
     s = cfg.stored
     wf = formats.get(cfg.codebook.code_format if cfg.codebook else s.code or r.rhs)
     if cfg.w_passthrough:
@@ -117,12 +128,14 @@ def weight_planes(w_ref: Any, cfg: Config, k: Any) -> list[list[jax.Array]]:
         c = _codes(w_ref, cfg, k).astype(jnp.int8)
         dt = jnp.dtype(formats.get(r.rhs_compute).dtype)
         return [[c if dt == jnp.int8 else lax.bitcast_convert_type(c, dt)]]
-    c = _codes(w_ref, cfg, k)
-    if s.layout == "dense":
-        planes = [c]
+    if s.layout == "planar" and wf.bits in WORD_ORDER_BITS:  # whole words, K order
+        planes = [_word_order_codes(w_ref, cfg, k)]
+    elif s.layout == "dense":
+        planes = [_codes(w_ref, cfg, k)]
     elif s.layout == "packed":
-        planes = split_group_bytes([c], wf.bits)
+        planes = split_group_bytes([_codes(w_ref, cfg, k)], wf.bits)
     else:  # K-planar: per tile, g runs of 128 consecutive rows
+        c = _codes(w_ref, cfg, k)
         per_tile = TILE_GROUPS * s.nbytes
         runs = []
         for t in range(c.shape[0] // per_tile):
@@ -134,29 +147,29 @@ def weight_planes(w_ref: Any, cfg: Config, k: Any) -> list[list[jax.Array]]:
         planes = [jnp.concatenate(runs, axis=0) if len(runs) > 1 else runs[0]]
     if cfg.codebook is not None:
         return [qcodebook.decode(p, cfg.codebook, r.rhs_compute) for p in planes]
-    return [[route.decode_codes(p, wf, r.rhs_compute, r.rhs_scale)] for p in planes]
+    return [[compute.decode_codes(p, wf, r.rhs_compute, r.rhs_scale)] for p in planes]
 
 
-def _decode_outside(x: jax.Array, xf: Format, r: route.Route) -> jax.Array:
+def _decode_outside(x: jax.Array, xf: Format, r: compute.Compute) -> jax.Array:
     """x decoded by XLA before the kernel, into the type the matrix unit takes."""
     if not xf.is_low_precision:
-        return route.decode_values(x, r.lhs_compute)
+        return compute.decode_values(x, r.lhs_compute)
     codes = to_codes(x, xf)[0] if x.dtype != jnp.uint8 else x
-    return route.decode_codes(codes, xf, r.lhs_compute, r.lhs_scale)
+    return compute.decode_codes(codes, xf, r.lhs_compute, r.lhs_scale)
 
 
 def decode_x(xt: jax.Array, cfg: Config) -> jax.Array:
     """A loaded x tile in the type the matrix unit takes (exact: widening, or the bit
     formulas on codes)."""
-    r = cfg.route
+    r = cfg.compute
     if cfg.x_dtype == r.lhs_compute:  # stored so (no format has a scale there) or decoded
         return xt
     xf = formats.get(r.lhs)
     if not xf.is_low_precision:
-        return route.decode_values(xt, r.lhs_compute)
+        return compute.decode_values(xt, r.lhs_compute)
     if jnp.issubdtype(xt.dtype, jnp.floating):  # float8: Mosaic bitcasts to int8
         xt = lax.bitcast_convert_type(xt, jnp.int8)
-    return route.decode_codes(xt.astype(jnp.int32) & 0xFF, xf, r.lhs_compute, r.lhs_scale)
+    return compute.decode_codes(xt.astype(jnp.int32) & 0xFF, xf, r.lhs_compute, r.lhs_scale)
 
 
 def _write(o_ref: Any, value: jax.Array) -> None:
@@ -172,7 +185,7 @@ def kernel_body(cfg: Config, refs: Sequence[Any], store: Any = _write) -> None:
     are the inputs (x planes, weight, scale operands), outputs and scratch of
     :func:`matmul`'s call; ``store(o_ref, value)`` writes a finished output block (another
     kernel passes one that writes only some of its rows)."""
-    r = cfg.route
+    r = cfg.compute
     xs = refs[: cfg.x_planes]
     w_ref = refs[cfg.x_planes]
     rest = refs[cfg.x_planes + 1 :]
@@ -184,6 +197,9 @@ def kernel_body(cfg: Config, refs: Sequence[Any], store: Any = _write) -> None:
     if cfg.scaled_in_kernel and cfg.tensor_scaled:
         ts_refs, rest = rest[:2], rest[2:]
     n_acc = 2 if cfg.limbs else 1
+    if cfg.word_step:  # a 4-bit weight in whole words, at decode
+        word_step.body(cfg, xs[0], w_ref, s_ref, aff_refs, ts_refs, rest[0], rest[1:], store)
+        return
     outs, accs, spread_refs = rest[:n_acc], rest[n_acc : 2 * n_acc], rest[2 * n_acc :]
     k = pl.program_id(2)
 
@@ -212,7 +228,7 @@ def kernel_body(cfg: Config, refs: Sequence[Any], store: Any = _write) -> None:
     else:
         step = None
         for xt, wt in tiles:
-            d = route.exact_dot(xt, wt, r) if r.exact else route.float_dot(xt, wt, r.precision)
+            d = compute.exact_dot(xt, wt, r) if r.exact else compute.float_dot(xt, wt, r.precision)
             step = d if step is None else step + d
         assert step is not None
         if cfg.limbs:
@@ -266,7 +282,7 @@ def kernel_result(
     """The kernel's outputs as the result: as written where the kernel scaled and stored
     the result type, else the accumulator (or its limbs) rounded once, and a QArray's
     scales the kernel did not apply, then one more rounding."""
-    r = cfg.route
+    r = cfg.compute
     if cfg.scaled_in_kernel:
         return outs[0]
     if cfg.limbs:
@@ -293,7 +309,7 @@ def varying_struct(shape: tuple[int, ...], dtype: Any, operands: Sequence[Any]) 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
     w, scales, tensor_scale, *affine = kargs
-    r = cfg.route
+    r = cfg.compute
     _, _, kp = cfg.padded
     nm, nn, nk = cfg.grid
     g = cfg.x_planes
@@ -302,6 +318,8 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
     # that are dropped and columns past K are masked in the kernel. For a packed weight,
     # one column plane per code position of a byte (padded: planes of one length).
     planes = [x]
+    if word_step.piece_order(cfg):  # f32 tiles in piece order: x's columns to match
+        planes = [words.to_piece_order(jnp.pad(x, ((0, 0), (0, kp - x.shape[1]))))]
     if g > 1:
         x = jnp.pad(x, ((0, 0), (0, kp - x.shape[1])))
         planes = [x[:, t::g] for t in range(g)]
@@ -331,7 +349,9 @@ def _run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
         grid=(nm, nn, nk),
         in_specs=[x_spec] * g + [w_spec] + extra_specs,
         out_specs=[out_spec] * n_acc,
-        scratch_shapes=[pltpu.VMEM((cfg.bm, cfg.bn), acc_dtype)] * n_acc + spread_scratch,
+        scratch_shapes=word_step.scratch_shapes(cfg)
+        if cfg.word_step
+        else [pltpu.VMEM((cfg.bm, cfg.bn), acc_dtype)] * n_acc + spread_scratch,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=cfg.vmem_limit,
@@ -434,8 +454,10 @@ def matmul(
     a = matmul_args(x, w, target=target, out_dtype=out_dtype, x_format=x_format, w_format=w_format)
     if a.empty:  # nothing to launch: an empty contraction sums to zero
         return jnp.zeros((a.m, a.n), formats.get(a.out).dtype)
+    interpret = interpret_mode(interpret, a.x, w)
+    refuse_relayout(a, w, interpret)
     cfg = config(
-        r=a.route,
+        r=a.compute,
         t=a.target,
         m=a.m,
         n=a.n,
@@ -443,7 +465,7 @@ def matmul(
         stored=a.stored,
         w_passthrough=a.passthrough,
         block_shape=block_shape,
-        interpret=interpret_mode(interpret, a.x, w),
+        interpret=interpret,
         x_dtype=a.x.dtype.name,
         scaling=a.scaling,
         out=a.out,
@@ -451,7 +473,7 @@ def matmul(
     )
     xv = a.x
     if cfg.x_dtype != xv.dtype.name:  # a block_shape off the stored type's tiling
-        xv = _decode_outside(xv, a.x_format, cfg.route)
+        xv = _decode_outside(xv, a.x_format, cfg.compute)
     y = _differentiable_run(xv, a.kernel_operands, a.weight, cfg)
     if a.perm is not None and a.perm_axis == -1:  # the weight's columns stored permuted
         y = qcodebook.restore_columns(y, a.perm)
@@ -477,7 +499,7 @@ def _run_bwd(cfg, res, g):
     else:
         if isinstance(w, KernelWeight):
             w = kernel_codes(w)
-        fmt = None if isinstance(w, Packed) else cfg.route.rhs
+        fmt = None if isinstance(w, Packed) else cfg.compute.rhs
         wv = decode(w, fmt, to=jnp.float32)  # (K, N) values
     dx = jax.lax.dot_general(
         g.astype(jnp.float32),

@@ -48,7 +48,7 @@ from jax import lax
 from emulate import formats, targets
 from emulate.codebooks import Codebook
 from emulate.formats import Format
-from emulate.pallas import route
+from emulate.pallas import compute
 from emulate.quantized.values import inverse_permutation
 
 __all__ = [
@@ -117,12 +117,12 @@ def kernel_codebook(
         return None
     t32 = cb.array().astype(np.float32)  # the values as dequantize reads them
     if not np.all(np.isfinite(t32)):
-        route.refuse(arg, "this codebook", f"{cb!r} has NaN or Inf entries")
+        compute.refuse(arg, "this codebook", f"{cb!r} has NaN or Inf entries")
     values = tuple(float(v) for v in t32)
     if cb.is_integer and cb.max_abs <= 127:
         return KernelCodebook(values, code_format, "int8", 1, cb.name)
     pieces = _pieces(t32)
-    r = route.route(xf, "bfloat16", target=target, preferred_element_type="float32")
+    r = compute.in_kernel(xf, "bfloat16", target=target, preferred_element_type="float32")
     if pieces is not None and r.lhs_compute == r.rhs_compute == "bfloat16":
         return KernelCodebook(values, code_format, "bfloat16", pieces, cb.name)
     return KernelCodebook(values, code_format, "float32", 1, cb.name)

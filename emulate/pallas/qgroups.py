@@ -53,9 +53,11 @@ __all__ = [
     "block_spread",
     "group_sums",
     "offset_term",
+    "scaled",
     "select_row",
     "spread_supers",
     "step_levels",
+    "super_factors",
     "super_rows",
     "supers_window",
 ]
@@ -112,7 +114,7 @@ def super_rows(block: jax.Array, fmt: str) -> jax.Array:
     return block.astype(jnp.int32) & 0xFFFF
 
 
-def _super_factors(rows: jax.Array, fmt: str) -> tuple[jax.Array, jax.Array, jax.Array]:
+def super_factors(rows: jax.Array, fmt: str) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Selected rows of :func:`super_rows` (int32 bits) as three f32 factors ``(m, 2**h,
     2**(e - h))``, ``scale == m * 2**e`` with ``1 <= |m| < 2`` and ``h = floor(e / 2)``,
     from the bits by integer operations (:func:`emulate.numerics.bits.frexp_bits`, as
@@ -208,30 +210,30 @@ def block_spread(ref: Any, supers: jax.Array, level: Any, width: int) -> jax.Arr
 def _supers(
     supers: jax.Array, level: Any, first: Any, count: int, col0: Any, width: int, spread: Any
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """:func:`_super_factors` of each of the step's groups' super-block scale, each
+    """:func:`super_factors` of each of the step's groups' super-block scale, each
     (count, C) or (1, C) f32."""
     fmt = level.super_format
     if level.cols > 1:  # one block spans every group: one row of S scales
         wide = spread_supers(supers, level, col0, width) if spread is None else spread
-        return _super_factors(wide, fmt)
+        return super_factors(wide, fmt)
     q = lax.broadcasted_iota(jnp.int32, (count, 1), 0)
     base = first // level.block
     rel = (first + q) // level.block - base  # (count, 1): 0 .. spans - 1
     spans = (count - 1) // level.block + 2 if count > 1 else 1
     got: tuple[jax.Array, ...] = ()
     for j in range(spans):
-        f = _super_factors(select_row(supers, base + j), fmt)
+        f = super_factors(select_row(supers, base + j), fmt)
         got = f if not got else tuple(jnp.where(rel == j, a, b) for a, b in zip(f, got))
     m, p1, p2 = got
     return m, p1, p2
 
 
-def _scaled(
+def scaled(
     values: jax.Array, factors: tuple[jax.Array, jax.Array, jax.Array], offset: float
 ) -> jax.Array:
     """``values * scale + offset`` as :func:`emulate.dequantize` computes it, whatever the
     compiler contracts: ``values * m`` rounded once (``factors`` from
-    :func:`_super_factors`), then the two exact power-of-two factors (unless the result is
+    :func:`super_factors`), then the two exact power-of-two factors (unless the result is
     below 2**-126, which flushes as there), then the offset added (an FMA of an exact
     product rounds as the plain add)."""
     m, p1, p2 = factors
@@ -252,7 +254,7 @@ def step_levels(
 ) -> jax.Array:
     """Groups ``first .. first + count - 1``'s two-level values as a (count, C) f32 matrix:
     ``(code - level.zero) * super`` rounded once to f32, or with a codebook
-    ``codebook[code] * super + offset`` (:func:`_scaled`; the table by a select
+    ``codebook[code] * super + offset`` (:func:`scaled`; the table by a select
     tree, :func:`emulate.pallas.qcodebook.select_tree`): :func:`emulate.dequantize`'s
     value. ``byte_rows``: the codes' bytes as int32 (0..255), packed along the groups
     (8-bit codes one a row); ``supers``: the super-block scales as :func:`super_rows`
@@ -280,13 +282,13 @@ def step_levels(
     sup = _supers(supers, level, first, count, col0, byte_rows.shape[1], spread)
     if level.codebook is not None:
         table = tuple(float(v) for v in level.codebook.array().astype(np.float32))
-        return _scaled(qcodebook.select_tree(code, table), sup, level.offset)
+        return scaled(qcodebook.select_tree(code, table), sup, level.offset)
     if f.signed:
         half = 1 << (width - 1)
         code = (code ^ half) - half
     if level.zero:
         code = code - level.zero
-    return _scaled(code.astype(jnp.float32), sup, 0.0)
+    return scaled(code.astype(jnp.float32), sup, 0.0)
 
 
 def offset_term(sums: jax.Array, offsets: jax.Array) -> jax.Array:

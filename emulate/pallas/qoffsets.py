@@ -78,7 +78,7 @@ from emulate.codebooks import Codebook
 from emulate.numerics.pytree import PytreeRecord
 from emulate.numerics.storage import Packed, pack, unpack_codes
 from emulate.pallas import qgroups
-from emulate.pallas.route import refuse
+from emulate.pallas.compute import refuse
 from emulate.quantized.array import QArray
 from emulate.quantized.layout import Constant, Layout, Level, Stored, describe
 
@@ -89,6 +89,7 @@ __all__ = [
     "as_parts",
     "grouped",
     "kernel_parts",
+    "repacked",
     "spec",
 ]
 
@@ -218,11 +219,30 @@ class AffineParts(
         return tables + sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in self.arrays)
 
 
+def _packed_along_groups(codes: Stored) -> bool:
+    """Whether sub-byte codes are stored as the kernel reads them (packed along axis 0)."""
+    return isinstance(codes.array, Packed) and codes.packed_axis == 0
+
+
+def repacked(q: Layout) -> tuple[str, ...]:
+    """The parts :func:`kernel_parts` packs again for the kernel (a copy on every call of a
+    program that takes the QArray as it is; a prepared weight holds them so): sub-byte zero
+    points and two-level codes not packed along the groups."""
+    levels = (("two-level scales' codes", q.scale), ("two-level offsets' codes", q.offset))
+    parts = [("zero points", q.zero)] + [(name, lv.codes) for name, lv in levels
+                                         if isinstance(lv, Level)]  # fmt: skip
+    return tuple(
+        name
+        for name, c in parts
+        if isinstance(c, Stored) and c.bits < 8 and not _packed_along_groups(c)
+    )
+
+
 def _along_groups(codes: Stored) -> jax.Array:
     """Codes of at most 7 bits as the kernel reads them: the bytes of :func:`emulate.pack`'s
     bit stream along the group axis (axis 0), as stored where they are so packed."""
     c = codes.array
-    if not (isinstance(c, Packed) and codes.packed_axis == 0):
+    if not _packed_along_groups(codes):
         c = pack(
             unpack_codes(c) if isinstance(c, Packed) else jnp.asarray(c), codes.format_name, axis=0
         )

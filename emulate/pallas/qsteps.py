@@ -39,13 +39,14 @@ from emulate import formats
 from emulate.numerics import codecs
 from emulate.numerics.bits import frexp, frexp_bits, pow2_normal, times_pow2
 from emulate.numerics.scales import scale_frexp
-from emulate.pallas import qgroups, route
+from emulate.pallas import compute, qgroups
 from emulate.pallas.qoffsets import Affine
 from emulate.pallas.qweight import Scaling
 
 __all__ = [
     "GroupTerms",
     "column_blocks_spec",
+    "float_rows",
     "group_scale",
     "group_scaled_step",
     "rows_scaled",
@@ -157,8 +158,8 @@ def scaled_result(acc: jax.Array, s_ref: Any, ts_refs: Any, cfg: Any) -> jax.Arr
     assert sc is not None
     if acc.dtype == jnp.int32:  # an exact sum that fits int32: rounded once into f32
         acc = acc.astype(jnp.float32)
-        if cfg.route.scale:
-            acc = acc * jnp.float32(2.0**-cfg.route.scale)
+        if cfg.compute.scale:
+            acc = acc * jnp.float32(2.0**-cfg.compute.scale)
     m, e = store_factors(None if sc.along_k else s_ref[...], sc)
     if ts_refs is not None:
         m, e = m * ts_refs[0][...], e + ts_refs[1][...]
@@ -174,7 +175,7 @@ def rows_scaled(cfg: Any) -> bool:
     runs one dot (:func:`group_scaled_step`): several groups a step, a bf16 float route,
     element x scale products exact in bf16 (:data:`_ROW_SCALED`) and blocks of at least
     :data:`_ROW_SCALED_MIN_BM` rows of x."""
-    sc, r = cfg.scaling, cfg.route
+    sc, r = cfg.scaling, cfg.compute
     return (
         sc is not None
         and sc.along_k
@@ -203,7 +204,7 @@ def _row_scaled_step(tiles: list, factors: tuple, cfg: Any, k: Any) -> jax.Array
     total = None
     for xt, wt in tiles:
         ws = (wt.astype(jnp.float32) * tile_scale).astype(jnp.bfloat16)
-        d = route.float_dot(xt, ws, cfg.route.precision)
+        d = compute.float_dot(xt, ws, cfg.compute.precision)
         total = d if total is None else total + d
     assert total is not None
     return total
@@ -236,7 +237,7 @@ def group_scaled_step(
     with zero points and offsets (``aff_refs``), their terms (:class:`GroupTerms`); where
     :func:`rows_scaled`, the tile's rows times their scales and one dot (``spread_refs``:
     :class:`GroupTerms`')."""
-    r = cfg.route
+    r = cfg.compute
     sc = cfg.scaling
     assert sc is not None
     if rows_scaled(cfg):
@@ -262,7 +263,7 @@ def group_scaled_step(
             if terms is not None and terms.zero_in_codes:  # v - z: exact (zero_in_codes)
                 z = jnp.asarray(terms.zero_row(index), jnp.float32)
                 ws = (ws.astype(jnp.float32) - z).astype(ws.dtype)
-            d = route.exact_dot(xs, ws, r) if r.exact else route.float_dot(xs, ws, r.precision)
+            d = compute.exact_dot(xs, ws, r) if r.exact else compute.float_dot(xs, ws, r.precision)
             part = d if part is None else part + d
             cut.append(xs)
         assert part is not None
@@ -335,7 +336,9 @@ def _bytes(block: jax.Array) -> jax.Array:
     return block.astype(jnp.int32) & 0xFF
 
 
-def _float_rows(block: jax.Array, fmt: str) -> jax.Array:
+def float_rows(block: jax.Array, fmt: str) -> jax.Array:
+    """A loaded block of float32, bfloat16 or float16 values (float16 held as its uint16
+    bits) as f32 values (exact)."""
     if fmt == "float32":
         return block
     if fmt == "bfloat16":
@@ -374,7 +377,7 @@ class GroupTerms:
         self.zeros = _bytes(refs.pop(0)[...]) if spec.zero in ("array", "packed") else None
         self.offsets: Any = None
         if spec.offset == "array":
-            self.offsets = _float_rows(refs.pop(0)[...], spec.offset_format)
+            self.offsets = float_rows(refs.pop(0)[...], spec.offset_format)
         elif spec.offset == "two_level":
             assert spec.offset_level is not None
             codes = _bytes(refs.pop(0)[...])

@@ -67,6 +67,7 @@ offsets, groups along K that are not a multiple of 16 rows.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -81,7 +82,7 @@ from emulate.numerics.bits import times_pow2
 from emulate.numerics.pytree import PytreeRecord
 from emulate.numerics.scales import scale_frexp
 from emulate.pallas import qoffsets
-from emulate.pallas.route import refuse
+from emulate.pallas.compute import refuse
 from emulate.pallas.weights import KernelWeight, kernel_codes, kernel_layout, planar_weight
 from emulate.quantized.array import QArray
 from emulate.quantized.checks import as_format_array
@@ -143,7 +144,7 @@ class KernelQWeight(
         "format_name",
         "scale_format",
         "block_shape",
-        "shape",
+        "matrix",
         "dtype",
         "element_exponent",
         "codebook",
@@ -158,10 +159,15 @@ class KernelQWeight(
         :class:`emulate.pallas.KernelWeight` (sub-byte codes, K-planar).
       scales: the scales as stored, float16 ones as their uint16 bits (the same bytes).
       tensor_scale: the QArray's float32 tensor scale, or None.
-      format_name, scale_format, block_shape, shape, dtype, element_exponent: the QArray's.
+      format_name, scale_format, block_shape, dtype, element_exponent: the QArray's.
+      matrix: the (K, N) of the weight, of each expert in stacked experts
+        (:func:`emulate.pallas.prepare_experts`, whose arrays have a leading expert axis).
       affine: zero points and offsets as the kernel reads them
         (:class:`emulate.pallas.qoffsets.AffineParts`), or None.
       codebook, perm, perm_axis: the QArray's (:mod:`emulate.pallas.qcodebook`).
+
+    It answers ``shape``, ``dtype``, ``ndim``, ``size`` and ``nbytes`` as the QArray does
+    (stacked experts: ``(G, K, N)``).
     """
 
     codes: Any
@@ -170,7 +176,7 @@ class KernelQWeight(
     format_name: str
     scale_format: str
     block_shape: tuple[int, int]
-    shape: tuple[int, int]
+    matrix: tuple[int, int]
     dtype: np.dtype
     element_exponent: int = 0
     affine: Any = None
@@ -181,6 +187,21 @@ class KernelQWeight(
     @property
     def format(self) -> Format:
         return formats.get(self.format_name)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The logical shape: :attr:`matrix`, after the codes' leading axes (stacked
+        experts: ``(G, K, N)``)."""
+        codes = self.codes.data if isinstance(self.codes, KernelWeight) else self.codes
+        return (*(int(d) for d in codes.shape[:-2]), *(int(d) for d in self.matrix))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -199,6 +220,11 @@ class KernelQWeight(
         if key is Ellipsis or (isinstance(key, tuple) and all(k is Ellipsis for k in key)):
             return self
         raise TypeError(f"key: a KernelQWeight supports w[...] only (which returns w), got {key!r}")
+
+    def read_back(self) -> QArray:
+        """The QArray it was prepared from (:func:`as_qarray`): how the XLA route reads it
+        (:class:`emulate.engine.prepared.Prepared`)."""
+        return as_qarray(self)
 
     def __repr__(self) -> str:
         return (
@@ -226,6 +252,8 @@ class QParts:
       perm, perm_axis: the act-order permutation and its axis, or None.
       dtype: the weight's logical dtype (for the result type).
       weight: the weight in its stored order (without its permutation), for the gradient.
+      repacked: the parts other than the codes packed again for the kernel
+        (:func:`emulate.pallas.qoffsets.repacked`; none for a prepared weight).
     """
 
     codes: Any
@@ -240,6 +268,7 @@ class QParts:
     perm_axis: int | None
     dtype: np.dtype
     weight: Any
+    repacked: tuple[str, ...] = ()
 
 
 def _scaling(
@@ -329,7 +358,7 @@ def split(w: QArray | KernelQWeight, arg: str = "w") -> QParts:
     return QParts(
         lay.codes.array, lay.format, _shape(lay), scales, s, affine,
         None if lay.tensor is None else lay.tensor.array, lay.table, perm, lay.perm_axis,
-        lay.dtype, stored_order,
+        lay.dtype, stored_order, qoffsets.repacked(lay),
     )  # fmt: skip
 
 

@@ -15,12 +15,21 @@ rows ``s*T + t*128 + r`` for ``t = 0 .. g-1``, code ``t`` at the bit position
 :func:`emulate.pack` gives element ``t`` of a group. Decoded in VMEM, the ``g`` codes of a
 tile's groups are ``g`` runs of 128 consecutive rows, which stacked give the tile's rows in
 order: the kernel multiplies the activations as they are.
+
+4-bit codes (two a byte, ``T = 256``) are in *word order* within their tile instead
+(:func:`word_order_rows`): the tile's 128 byte rows are read as 32 little-endian 32-bit
+words per column (bytes ``4i .. 4i + 3`` form word ``i``), and nibble ``p`` of word ``i``
+(bits ``4p .. 4p + 3``) holds tile row ``64 * (p % 4) + 2 * i + p // 4``. A kernel then
+cuts rows in order out of whole words: ``(word >> 4q) & 0x000F000F`` holds rows
+``64q + 2i`` and ``64q + 2i + 1`` in its two 16-bit halves, the halves of a pair of
+bfloat16 rows (:mod:`emulate.pallas.words`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -39,6 +48,7 @@ __all__ = [
     "kernel_layout",
     "planar_weight",
     "tiles",
+    "word_order_rows",
 ]
 
 #: Byte groups per tile along K: one lane-width of rows per code position.
@@ -89,17 +99,42 @@ class KernelWeight(PytreeRecord, data=("data",), static=("format_name", "length"
         return formats.get(self.format_name)
 
     @property
-    def shape(self) -> tuple[int, int]:
-        """The logical (K, N)."""
-        return (self.length, int(self.data.shape[1]))
+    def dtype(self) -> np.dtype:
+        """The logical element dtype (the format's ml_dtypes dtype), as :class:`Packed`'s."""
+        return self.format.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The logical (K, N); stacked experts (:func:`emulate.pallas.prepare_experts`,
+        whose data has a leading expert axis): (G, K, N)."""
+        return (*(int(d) for d in self.data.shape[:-2]), self.length, int(self.data.shape[-1]))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.data.shape)
+
+    @property
+    def size(self) -> int:
+        """Logical elements (the padding rows of the last tile not counted)."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of storage as held (the padding rows of the last tile counted)."""
+        return math.prod(self.data.shape)
 
     @property
     def tile(self) -> int:
         """Rows of K per tile: 128 times the codes per byte group."""
         return TILE_GROUPS * group_shape(self.format.bits)[0]
 
+    def read_back(self) -> jax.Array:
+        """The (K, N) uint8 codes, one a byte (:func:`kernel_codes`): how the XLA route reads
+        it (:class:`emulate.engine.prepared.Prepared`)."""
+        return kernel_codes(self)
+
     def __repr__(self) -> str:
-        return f"KernelWeight({self.format_name}[{self.length}, {self.data.shape[1]}])"
+        return f"KernelWeight({self.format_name}{list(self.shape)})"
 
 
 def tiles(f: Format, k: int) -> int:
@@ -158,6 +193,27 @@ def planar_weight(
     return KernelWeight(data, f.name, int(codes.shape[0]))
 
 
+#: Code widths stored in word order (:func:`word_order_rows`); the others in byte planes.
+WORD_ORDER_BITS = (4,)
+
+
+@functools.cache
+def word_order_rows(bits: int = 4) -> np.ndarray:
+    """The tile row of each code in a word-order tile (module docstring), as an int array
+    ``(128, 2)``: ``rows[b, h]`` is the row held by nibble ``h`` (0 low, 1 high) of the
+    tile's byte row ``b`` (byte ``b % 4`` of word ``b // 4``). Rows ``64q + 2i + e`` come
+    from nibble ``q + 4e`` of word ``i``."""
+    if bits not in WORD_ORDER_BITS:
+        raise ValueError(f"bits: word order is built for {WORD_ORDER_BITS}-bit codes, got {bits}")
+    rows = np.zeros((TILE_GROUPS, 2), np.int64)
+    for b in range(TILE_GROUPS):
+        i, j = divmod(b, 4)
+        for h in range(2):
+            p = 2 * j + h  # the nibble's position in its word
+            rows[b, h] = 64 * (p % 4) + 2 * i + p // 4
+    return rows
+
+
 def kernel_layout(
     codes: Any, *, group: int | None = None, planar: bool = False
 ) -> KernelWeight | jax.Array | Packed:
@@ -192,6 +248,11 @@ def _planar(codes: jax.Array, bits: int, n_tiles: int) -> jax.Array:
     g, nbytes = group_shape(bits)
     k, n = codes.shape
     c = jnp.pad(codes.astype(jnp.uint32), ((0, n_tiles * g * TILE_GROUPS - k), (0, 0)))
+    if bits in WORD_ORDER_BITS:
+        rows = word_order_rows(bits)
+        tile = c.reshape(n_tiles, g * TILE_GROUPS, n)
+        pairs = tile[:, rows[:, 0]] | (tile[:, rows[:, 1]] << 4)  # (tiles, 128, N)
+        return pairs.reshape(n_tiles * TILE_GROUPS, n).astype(jnp.uint8)
     c = c.reshape(n_tiles, g, TILE_GROUPS, n)
     planes = []
     for p in range(nbytes):  # byte p of each group: the bits [8p, 8p + 8) of its stream
@@ -218,6 +279,15 @@ def kernel_codes(w: KernelWeight) -> jax.Array:
 def _codes(data: jax.Array, bits: int, length: int) -> jax.Array:
     g, nbytes = group_shape(bits)
     n = data.shape[1]
+    if bits in WORD_ORDER_BITS:
+        b = data.astype(jnp.uint32).reshape(-1, TILE_GROUPS, n)
+        nibbles = jnp.concatenate([b & 0xF, b >> 4], axis=1)  # position h * 128 + byte row
+        rows = word_order_rows(bits)
+        where = np.zeros(g * TILE_GROUPS, np.int64)
+        where[rows[:, 0]] = np.arange(TILE_GROUPS)
+        where[rows[:, 1]] = TILE_GROUPS + np.arange(TILE_GROUPS)
+        codes = nibbles[:, where].reshape(-1, n)
+        return codes[:length].astype(jnp.uint8)
     b = data.astype(jnp.uint32).reshape(-1, nbytes, TILE_GROUPS, n)
     parts = [b[:, p] for p in range(nbytes)]
     mask = (1 << bits) - 1

@@ -388,7 +388,7 @@ def _sliced(t, a: Format, b: Format, out: Format, mode: str) -> Plan:
         ("bfloat16", "bfloat16", "float32"),
         ("float32", "float32", "float32"),
     ):
-        chosen = exponent_slicing.choose(a, b, compute)
+        chosen = exponent_slicing.fewest_passes(a, b, compute)
         rate = t.rate(rate_name)
         ok = chosen is not None and t.supports(compute, compute)
         if chosen is None:

@@ -37,7 +37,7 @@ __all__ = [
     "MIN_CHUNK",
     "WIDE_EXTRA_BITS",
     "Slicing",
-    "choose",
+    "fewest_passes",
     "cost",
     "digit_offset",
     "slicing",
@@ -166,7 +166,7 @@ def slicing(fmt: FormatLike, width: int, digits: bool = False) -> Slicing:
 
 
 def _kinds(f: Format) -> list[Slicing]:
-    """Every slicing of ``f`` that :func:`choose` weighs: per width, exponent windows and,
+    """Every slicing of ``f`` that :func:`fewest_passes` weighs: per width, exponent windows and,
     for low-precision float formats, balanced digits where they fit."""
     out = []
     for w in _widths(f):
@@ -202,7 +202,7 @@ def _widths(f: Format) -> range:
     return range(1, 25) if _per_row(f) else range(1, 17)
 
 
-def choose(lhs: Format, rhs: Format, compute: str) -> tuple[Slicing, Slicing, int] | None:
+def fewest_passes(lhs: Format, rhs: Format, compute: str) -> tuple[Slicing, Slicing, int] | None:
     """The slicings with the fewest passes for ``compute`` ("int8", "bfloat16", "float32"),
     and the K-chunk that keeps every partial sum exact; None if ``compute`` cannot hold
     the slices (int8 and a format with more than 7 significant bits)."""

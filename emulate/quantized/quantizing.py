@@ -76,6 +76,7 @@ __all__ = [
     "quantize",
     "dequantize",
     "resolve_recipe",
+    "round_scaled",
     "SCALE_RULES",
     "SCALE_FORMATS",
     "element_range",
@@ -430,13 +431,29 @@ def _quantize(x, fmt, scale_fmt, rule, block, saturate, ts, ee, rounding, key):
     else:
         s_codes, s_eff = absmax_scales(amax, bad, f, sf, tscale)
         y = x * broadcast_blocks(jnp.float32(1) / s_eff, block, shape)
+    y = jnp.where(broadcast_blocks(bad, block, shape), 0.0, y)
+    codes = round_scaled(y, f, saturate, rounding.mode, key, rounding.nbits or None)
+    return codes, s_codes, tscale
+
+
+def round_scaled(
+    y: jax.Array,
+    fmt: FormatLike,
+    saturate: bool = True,
+    rounding: str = "nearest_even",
+    key: jax.Array | None = None,
+    random_bits: int | None = None,
+) -> jax.Array:
+    """The element codes of values already divided by their scales (f32): what
+    :func:`quantize` does after the division, and what a caller with its own scales (a KV
+    cache's fixed per-head scales) does the same way. With ``saturate`` the values are
+    clamped to ``+-max(fmt)`` first; magnitudes below ``2**-126`` become zero (as XLA
+    flushes them on CPU and TPU, not everywhere); then :func:`emulate.encode` rounds
+    (``rounding``, ``key``, ``random_bits``: as there)."""
+    f = formats.get(fmt)
     if saturate:
         y = jnp.clip(y, -float(f.max), float(f.max))
-    y = jnp.where(broadcast_blocks(bad, block, shape), 0.0, y)
-    # below 2**-126: zero on every backend (XLA flushes them on CPU and TPU, not everywhere)
     y = jnp.where(jnp.abs(y) < F32_MIN_NORMAL, y * 0.0, y)
-    bits = rounding.nbits or None
-    codes = codecs.encode(
-        y, f.name, saturate=saturate, rounding=rounding.mode, key=key, random_bits=bits
+    return codecs.encode(
+        y, f.name, saturate=saturate, rounding=rounding, key=key, random_bits=random_bits
     )
-    return codes, s_codes, tscale

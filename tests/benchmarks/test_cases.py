@@ -13,8 +13,11 @@ import pytest
 from benchmarks import cases, harness
 
 BENCHMARKS = (
+    "bundle_calibration",
+    "chip_time",
     "decode",
     "exact",
+    "kv_attention",
     "layer_time",
     "matmul",
     "models",
@@ -88,9 +91,12 @@ def test_every_benchmark_registers_under_its_module_name():
         assert module.main == module.BENCHMARK.main
     found = sorted(p.stem for p in Path(harness.__file__).parent.glob("*.py"))
     helpers = {"__init__", "cases", "harness", "pallas_traffic", "plots"}
-    helpers |= {"model_attention", "model_layers", "model_specs", "model_weights"}  # models
+    # models
+    helpers |= {"model_goals", "model_layers", "model_specs", "model_steps", "model_weights"}
     helpers.add("qweights")  # the checkpoint weights of quantized and qcpu
     helpers |= {"contenders", "schemes"}  # what matmul / tpu and the quantized scripts share
+    helpers.add("chip_programs")  # the programs chip_time times and bundle_calibration estimates
+    helpers.add("bundle_columns")  # the bundle model's figures in quantized and models
     assert found == sorted(helpers | set(BENCHMARKS))
 
 

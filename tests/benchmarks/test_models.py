@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from benchmarks import model_specs, models
 from benchmarks import model_weights as mw
+from benchmarks.model_goals import goal_lines
 from benchmarks.model_layers import Shape
 
 #: GGML's block bytes per 256 elements (gguf-py's GGML_QUANT_SIZES)
@@ -71,3 +72,34 @@ def test_one_generation_every_route(monkeypatch):
         + 2 * d * 256
         + 4 * d
     )
+
+
+def test_goal_lines_say_met_or_by_how_much_not():
+    gib = 1 << 30
+
+    def row(gen, step, cache, over, footprint, model="llama3-8b-q4_k_m"):
+        hbm = {"tpu_v2": 8, "tpu_v5e": 16}[gen] * gib
+        return dict(
+            model=model, generation=gen, step=step, cache=cache, status="ok",
+            bytes_over_ideal=over, footprint=footprint * gib, hbm=hbm,
+        )  # fmt: skip
+
+    rows = [
+        row("tpu_v2", "decode-16", "q4_0", 1.2, 7.5),
+        row("tpu_v5e", "decode-16", "int8", 1.125, 12.5),
+        row("tpu_v5e", "decode-16", "bfloat16", 1.0, 14.0) | {"cache": None},  # not a goal row
+    ]
+    assert goal_lines(rows) == [
+        "#### Goals for quantized KV caches (issue 47)",
+        "",
+        "- met: llama3-8b-q4_k_m decode-16 tpu_v2 q4_0 cache: 1.200x <= 1.25x",
+        "- **not met**: llama3-8b-q4_k_m decode-16 tpu_v5e int8 cache: 1.125x > 1.1x, "
+        "over by 0.025x of the ideal",
+        "- met: Llama-3-8B Q4_K_M, 16 x 4096 tokens, one v2 core, a 4-bit cache: q4_0 cache, "
+        "7.50 GiB of 8 GiB (0.50 GiB spare)",
+        "- **not met**: Llama-3-8B Q4_K_M, 16 x 4096 tokens, one v5e, an 8-bit cache, 4 GiB "
+        "spare: int8 cache, 12.50 GiB of 16 GiB (3.50 GiB spare), 0.50 GiB short",
+        "- not measured here: Llama-3-70B Q4_K_M, 16 x 8192 tokens, 8 v5e chips, an 8-bit cache",
+        "",
+    ]
+    assert goal_lines([]) == []

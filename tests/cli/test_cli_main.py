@@ -41,10 +41,7 @@ def test_bad_arguments_exit_2_with_one_line(
 
 
 def test_python_dash_m_runs_without_traceback() -> None:
-    ok = subprocess.run(
-        [sys.executable, "-m", "emulate", "formats"], capture_output=True, text=True, check=False
-    )
-    assert ok.returncode == 0 and "float8_e4m3fn" in ok.stdout
+    # a command that runs: test_no_libtpu_start_up_lines_on_a_machine_without_a_tpu
     bad = subprocess.run(
         [sys.executable, "-m", "emulate", "nope"], capture_output=True, text=True, check=False
     )
@@ -61,7 +58,7 @@ def test_no_libtpu_start_up_lines_on_a_machine_without_a_tpu():
         [sys.executable, "-m", "emulate", "explain", "int8", "int8"],
         capture_output=True, text=True, env=env, check=False, timeout=300,
     )  # fmt: skip
-    assert run.returncode == 0 and run.stdout
+    assert run.returncode == 0 and "int8 x int8" in run.stdout
     assert run.stderr == ""
     if devices.libtpu_version() is not None:  # and the compile-only devices still load
         probe = (

@@ -18,7 +18,8 @@ def _q() -> emulate.QArray:
 
 @pytest.mark.parametrize("many", [False, True])
 def test_the_listing_is_the_compiled_kernel(many: bool) -> None:
-    form = route.choose(_q(), 1, (1, 64), KN)
+    form = route.kernel_form(_q(), 1, (1, 64), KN)
+    assert not isinstance(form, str)
     ir = handler.listing(form, "llvm", many=many)
     # the vector steps, inlined: 16 lanes of the few-rows steps, 8 of the micro-kernels
     assert "define " in ir and ("<8 x float>" if many else "<16 x float>") in ir

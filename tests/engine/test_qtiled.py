@@ -76,7 +76,7 @@ def test_tiled_matmul_is_within_the_bound_for_every_tile(name: str) -> None:
     rng = np.random.default_rng(7)
     x = jnp.asarray(rng.standard_normal((3, K)), jnp.bfloat16)
     unpermuted = dataclasses.replace(q, perm=None, perm_axis=None) if q.perm is not None else q
-    t = qtiled.choose(unpermuted, 1, 2, s.dn, dataclasses.replace(SETTINGS, tile=128))
+    t = qtiled.qtiling_for(unpermuted, 1, 2, s.dn, dataclasses.replace(SETTINGS, tile=128))
     assert t is not None and t.tile == 128 and t.size == N  # the tiled route runs
 
     def run(tile: int, jit: bool = True) -> np.ndarray:
@@ -105,20 +105,22 @@ def test_choose_refuses_what_it_does_not_tile() -> None:
     # a small weight still takes two steps (the loop keeps the blocks' factors apart),
     # a tiny one none
     assert K * N >= qtiled.MIN_ELEMENTS
-    assert qtiled.choose(q, 1, 2, dn, tiled.DEFAULT).tile == 256
+    assert qtiled.qtiling_for(q, 1, 2, dn, tiled.DEFAULT).tile == 256
     _, tiny = _weight("awq_g128")
     tiny = qtiled.slice_blocks(tiny, 1, 0, 64)  # 256 x 64
-    assert qtiled.choose(tiny, 1, 2, dn, tiled.DEFAULT) is None
-    assert qtiled.choose(tiny, 1, 2, dn, SETTINGS).tile == 32
-    assert qtiled.choose(q, 1, 2, dn, dataclasses.replace(SETTINGS, tile=64)) is None  # 128-blocks
-    assert qtiled.choose(q, 1, 2, dn, dataclasses.replace(SETTINGS, enabled=False)) is None
-    assert qtiled.choose(q, 1, 2, dn, dataclasses.replace(SETTINGS, tile=128)) == qtiled.QTiling(
-        side=1, dim=1, size=N, tile=128, out_dim=1
-    )
+    assert qtiled.qtiling_for(tiny, 1, 2, dn, tiled.DEFAULT) is None
+    assert qtiled.qtiling_for(tiny, 1, 2, dn, SETTINGS).tile == 32
+    assert (
+        qtiled.qtiling_for(q, 1, 2, dn, dataclasses.replace(SETTINGS, tile=64)) is None
+    )  # 128-blocks
+    assert qtiled.qtiling_for(q, 1, 2, dn, dataclasses.replace(SETTINGS, enabled=False)) is None
+    assert qtiled.qtiling_for(
+        q, 1, 2, dn, dataclasses.replace(SETTINGS, tile=128)
+    ) == qtiled.QTiling(side=1, dim=1, size=N, tile=128, out_dim=1)
     _, g = _weight("gptq_act")
-    assert g.perm is not None and qtiled.choose(g, 1, 2, dn, SETTINGS) is None
+    assert g.perm is not None and qtiled.qtiling_for(g, 1, 2, dn, SETTINGS) is None
     # the largest tile within max_tile_bytes of f32 values: 2**17 bytes / (K * 4) = 128
-    auto = qtiled.choose(q, 1, 2, dn, dataclasses.replace(SETTINGS, max_tile_bytes=1 << 17))
+    auto = qtiled.qtiling_for(q, 1, 2, dn, dataclasses.replace(SETTINGS, max_tile_bytes=1 << 17))
     assert auto is not None and auto.tile == 128
 
 
@@ -126,7 +128,7 @@ def test_a_qarray_on_the_left_is_tiled_along_its_free_dimension() -> None:
     s, q = _weight("awq_g128")  # (K, N): contract its K (dim 0) with x's
     x = jnp.asarray(np.random.default_rng(8).standard_normal((3, K)), jnp.bfloat16)
     dn = (((0,), (1,)), ((), ()))
-    t = qtiled.choose(q, 0, 2, dn, dataclasses.replace(SETTINGS, tile=128))
+    t = qtiled.qtiling_for(q, 0, 2, dn, dataclasses.replace(SETTINGS, tile=128))
     assert t == qtiled.QTiling(side=0, dim=1, size=N, tile=128, out_dim=0)
     with tiled.settings(min_bytes=0, tile=128):
         got = np.asarray(emulate.dot_general(q, x, dn, preferred_element_type=jnp.float32))

@@ -55,7 +55,7 @@ def _as_format(codes: np.ndarray, fmt: str) -> np.ndarray:
 def _choice(lhs, rhs, dn, pet, target="cpu", mode="fast") -> tiled.Tiling | None:
     a, b = operand(lhs), operand(rhs)
     p = run.plan_for(a, b, target, pet, mode)
-    return tiled.choose(p, a, b, dn, tiled.current_settings())
+    return tiled.tiling_for(p, a, b, dn, tiled.current_settings())
 
 
 def _run_and_check(x, w_arg, x_ref, w_ref, dn, side, *, kind, tile, pet=F32, target="cpu"):
@@ -246,7 +246,7 @@ def test_default_choice_for_weight_shapes(m, k, n, kind, tiles):
     )
     for w, tile in zip(weights, tiles, strict=True):
         p = emulate.plan("bfloat16", w.format_name, target="cpu", preferred_element_type=F32)
-        t = tiled.choose(p, Operand(x, "bfloat16"), w, DN, tiled.Settings())
+        t = tiled.tiling_for(p, Operand(x, "bfloat16"), w, DN, tiled.Settings())
         assert (t.kind, t.tile, t.side, t.dim) == (kind, tile, 1, 0 if kind == "k" else 1)
         assert t.planar == (isinstance(w.value, Packed) and m < 2048)
 

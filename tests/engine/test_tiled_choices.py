@@ -1,4 +1,4 @@
-"""Regression table for :func:`emulate.engine.tiled.choose`: which tiling it picks for a
+"""Regression table for :func:`emulate.engine.tiled.tiling_for`: which tiling it picks for a
 grid of (layout, weight format and packing, activation format, M x K x N, target, mode,
 settings).
 
@@ -3875,4 +3875,4 @@ def test_choice_is_unchanged(row) -> None:
     lhs, rhs = (w, x) if side == 0 else (x, w)
     ints = lhs.format.is_integer and rhs.format.is_integer
     p = run.plan_for(lhs, rhs, target, "int32" if ints else "float32", mode)
-    assert _result(tiled.choose(p, lhs, rhs, dn, SETTINGS[setting])) == expected
+    assert _result(tiled.tiling_for(p, lhs, rhs, dn, SETTINGS[setting])) == expected

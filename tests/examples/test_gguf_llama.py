@@ -92,6 +92,25 @@ def test_ported_model_decodes_the_float_models_tokens(mix, tmp_path) -> None:
             assert example.greedy(model, prompt, 6) == want, target
 
 
+def test_a_kv_cache_decodes_the_full_windows_tokens(tmp_path) -> None:
+    """``decode_cached`` (the prompt in one step, then one token a step, the cache donated)
+    with a bfloat16 cache gives the full-window greedy tokens and logits; an 8-bit and a
+    4-bit cache decode the same model, their logits near the bfloat16 cache's (the
+    accuracy over 256 tokens: docs/performance.md)."""
+    path = str(tmp_path / "tiny.gguf")
+    example.write_gguf(path, SMALL, "Q8_0")
+    model = example.float_model(path)  # float weights: quick to compile; the cache is tested
+    prompt = [1, 2, 3, 4]
+    with emulate.target("cpu"):
+        want = example.greedy(model, prompt, 6)
+        tokens, bf16 = example.decode_cached(model, prompt, 6)
+        assert tokens == want
+        for fmt, close in (("int8", 0.1), ("q4_0", 2.0))[: 2 if LONG else 1]:
+            _, got = example.decode_cached(model, prompt, 6, fmt, follow=tokens)
+            assert got.shape == bf16.shape and np.abs(got - bf16).max() < close, fmt
+            assert not np.array_equal(got, bf16), fmt  # the cache's rounding shows
+
+
 def test_an_abstract_model_loads_the_files_weights_and_nothing_else(tmp_path) -> None:
     """``nnx.eval_shape(lambda: Llama(config))`` holds no arrays (no random weights); once
     ``load_weights`` has run, every parameter is an array, bit-equal to the one the file

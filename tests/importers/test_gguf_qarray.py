@@ -192,7 +192,7 @@ def test_matmul_tiled_on_the_cpu_is_within_the_bound(ggml_type: str) -> None:
     raw, parts = _quantized(ggml_type, (8, 512))
     q = to_qarray(parts)
     settings = tiled.Settings(min_bytes=0, tile=2)
-    assert qtiled.choose(q.T, 1, 2, (((1,), (0,)), ((), ())), settings) is not None
+    assert qtiled.qtiling_for(q.T, 1, 2, (((1,), (0,)), ((), ())), settings) is not None
     x = np.random.default_rng(3).normal(size=(3, 512)).astype(np.float32)
     with tiled.settings(min_bytes=0, tile=2):
         error = _matmul_error(x, q, oracle(raw, ggml_type), "cpu")

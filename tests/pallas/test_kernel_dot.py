@@ -20,7 +20,7 @@ from jax.experimental.pallas import tpu as pltpu
 import emulate.pallas
 from emulate import formats, reference, targets
 from emulate import testing as et
-from emulate.pallas import route
+from emulate.pallas import compute
 
 DN = (((1,), (0,)), ((), ()))
 
@@ -68,7 +68,7 @@ def test_int8_to_bf16_on_v7x_rounds_once():
     ],
 )
 def test_exact_pairs_are_bit_identical(lhs, rhs, pet, target, method):
-    r = route.route(lhs, rhs, target=target, preferred_element_type=pet)
+    r = compute.in_kernel(lhs, rhs, target=target, preferred_element_type=pet)
     assert r.method == method
     rng = np.random.default_rng(3)
     fa, fb = formats.get(lhs), formats.get(rhs)
@@ -107,43 +107,43 @@ def test_float8_pairs_are_within_the_bound(lhs, rhs, target):
     et.assert_matches_reference(got, x, y, DN, mode="fast", preferred_element_type=jnp.float32)
 
 
-def test_routes_per_target():
-    def compute(lhs, rhs, target):
-        r = route.route(lhs, rhs, target=target, preferred_element_type=None)
+def test_computes_per_target():
+    def computes(lhs, rhs, target):
+        r = compute.in_kernel(lhs, rhs, target=target, preferred_element_type=None)
         return r.lhs_compute, r.rhs_compute, r.k_chunk
 
-    assert compute("int8", "int8", "tpu_v4") == ("bfloat16", "bfloat16", 1024)
-    assert compute("int8", "int8", "tpu_v7x") == ("bfloat16", "bfloat16", 1024)
-    assert compute("int8", "int8", "tpu_v5e") == ("int8", "int8", None)
-    assert compute("int8", "int8", "tpu_v6e") == ("int8", "int8", None)
-    assert compute("uint8", "uint8", "tpu_v5e") == ("bfloat16", "bfloat16", 258)
-    assert compute("int8", "int4", "tpu_v4") == ("bfloat16", "bfloat16", 16384)
-    assert compute("float4_e2m1fn", "float4_e2m1fn", "tpu_v7x") == ("bfloat16", "bfloat16", 116508)
-    assert compute("int8", "int8", "tpu_v2") == ("float32", "float32", 1024)
-    assert compute("bfloat16", "int8", "tpu_v5e") == ("bfloat16", "bfloat16", None)
+    assert computes("int8", "int8", "tpu_v4") == ("bfloat16", "bfloat16", 1024)
+    assert computes("int8", "int8", "tpu_v7x") == ("bfloat16", "bfloat16", 1024)
+    assert computes("int8", "int8", "tpu_v5e") == ("int8", "int8", None)
+    assert computes("int8", "int8", "tpu_v6e") == ("int8", "int8", None)
+    assert computes("uint8", "uint8", "tpu_v5e") == ("bfloat16", "bfloat16", 258)
+    assert computes("int8", "int4", "tpu_v4") == ("bfloat16", "bfloat16", 16384)
+    assert computes("float4_e2m1fn", "float4_e2m1fn", "tpu_v7x") == ("bfloat16", "bfloat16", 116508)
+    assert computes("int8", "int8", "tpu_v2") == ("float32", "float32", 1024)
+    assert computes("bfloat16", "int8", "tpu_v5e") == ("bfloat16", "bfloat16", None)
     # The compiler refuses unsigned operands (Pallas), so no probed profile calls them
     # native: the plan itself decodes them.
-    r = route.route("uint4", "uint4", target="tpu_v5e")
+    r = compute.in_kernel("uint4", "uint4", target="tpu_v5e")
     assert (r.method, r.note) == ("int8", "")
     # A profile that calls them native (JAX's table does, for v5e) still does not get them
     # as they are: Pallas' dot would read them as signed.
     v5e = targets.get("tpu_v5e")
     table = dataclasses.replace(v5e, native_pairs=v5e.table_pairs, rules="table")
-    r = route.route("uint4", "uint4", target=table)
+    r = compute.in_kernel("uint4", "uint4", target=table)
     assert r.method == "int8"
     assert r.note == (
         "Pallas TPU dot reads integer operands as signed, so native uint4 x uint4 would "
         "misread the values above 7"
     )
-    r = route.route("uint8", "uint8", target=table)
+    r = compute.in_kernel("uint8", "uint8", target=table)
     assert r.note.endswith("would misread the values above 127")
-    r = route.route("int4", "int4", target="tpu_v5e")
+    r = compute.in_kernel("int4", "int4", target="tpu_v5e")
     assert (r.method, r.note) == (
         "int8",
         "int4 x int4 is widened to int8 (exactly): XLA's CPU backend, which runs kernels in "
         "interpret mode, cannot compile a dot of 4-bit integers",
     )
-    assert route.route("int8", "int8", target="tpu_v5e").note == ""
+    assert compute.in_kernel("int8", "int8", target="tpu_v5e").note == ""
 
 
 def _same_bits(got: np.ndarray, want: np.ndarray) -> None:
@@ -163,16 +163,16 @@ def test_decoding_matches_the_reference_for_every_code(name):
     f = formats.get(name)
     codes = np.arange(1 << f.bits, dtype=np.uint8)
     want = reference.decode(codes, name, to=np.float32)
-    _same_bits(np.asarray(route.decode_codes(jnp.asarray(codes), name, "float32")), want)
+    _same_bits(np.asarray(compute.decode_codes(jnp.asarray(codes), name, "float32")), want)
     # high bits above the code are ignored (a nibble plane cut from a byte, say)
     high = jnp.asarray(codes.astype(np.int32) | (0x5A << f.bits))
-    _same_bits(np.asarray(route.decode_codes(high, name, "float32")), want)
+    _same_bits(np.asarray(compute.decode_codes(high, name, "float32")), want)
     if f.xla_storable:  # loaded values of the format itself
-        got = route.decode_values(jnp.asarray(codes.view(f.dtype)), "float32")
+        got = compute.decode_values(jnp.asarray(codes.view(f.dtype)), "float32")
         _same_bits(np.asarray(got), want)
     if f.int8_scale is not None:  # exact class: value * 2**k as int8
         k = f.int8_scale
-        scaled = np.asarray(route.decode_codes(jnp.asarray(codes), name, "int8", k))
+        scaled = np.asarray(compute.decode_codes(jnp.asarray(codes), name, "int8", k))
         np.testing.assert_array_equal(scaled, (want * 2.0**k).astype(np.int8))
 
 
@@ -323,9 +323,9 @@ def test_f32_routes_take_one_pass_only_for_values_bf16_holds():
     one_pass = [("int8", "int8", "int32"), ("float4_e2m1fn", "int8", "float32"),
                 ("bfloat16", "float8_e4m3fn", "float32")]  # fmt: skip
     for lhs, rhs, pet in one_pass:
-        r = route.route(lhs, rhs, target="tpu_v2", preferred_element_type=pet)
+        r = compute.in_kernel(lhs, rhs, target="tpu_v2", preferred_element_type=pet)
         assert (r.lhs_compute, r.precision) == ("float32", None), (lhs, rhs)
     for lhs, rhs in [("float32", "int8"), ("float16", "int8"), ("float32", "float32")]:
         for target in ("tpu_v2", "tpu_v4"):
-            r = route.route(lhs, rhs, target=target, preferred_element_type="float32")
+            r = compute.in_kernel(lhs, rhs, target=target, preferred_element_type="float32")
             assert (r.lhs_compute, r.precision) == ("float32", lax.Precision.HIGHEST)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 
 import emulate
 import emulate.pallas
-from emulate.pallas.matmul_args import matmul_args
+from emulate.pallas.matmul_args import matmul_args, refuse_relayout
 from emulate.pallas.matmul_config import Stored
 from emulate.pallas.weights import KernelWeight, kernel_codes
 
@@ -94,19 +95,19 @@ def test_act_order_along_k_gathers_x_and_drops_the_permutation_from_the_weight()
 
 def test_float16_activations_are_widened_and_code_formats_take_the_int8_route():
     a = matmul_args(np.ones((4, 128), np.float16), np.ones((128, 128), np.int8), target=T)
-    assert a.x_format.name == "float16" and a.x.dtype.name == a.route.lhs_compute
+    assert a.x_format.name == "float16" and a.x.dtype.name == a.compute.lhs_compute
     assert a.x.dtype.name != "float16"
     w = np.random.default_rng(4).standard_normal((256, 128)).astype(np.float32)
     q = emulate.quantize(w, "int3", block_shape=64, axis=0)
     a3 = matmul_args(np.ones((4, 256), np.int8), q, target=T)
-    assert a3.stored.code == "int3" and a3.route.rhs == "int8"
+    assert a3.stored.code == "int3" and a3.compute.rhs == "int8"
 
 
 def test_a_prepared_weight_gives_the_same_record_as_its_qarray():
     q = _q4(256, 128)
     x = np.ones((4, 256), jnp.bfloat16)
     a, p = matmul_args(x, q, target=T), matmul_args(x, emulate.pallas.prepare_weight(q), target=T)
-    assert (a.scaling, a.out, a.route, a.w_format) == (p.scaling, p.out, p.route, p.w_format)
+    assert (a.scaling, a.out, a.compute, a.w_format) == (p.scaling, p.out, p.compute, p.w_format)
     assert isinstance(p.weight, emulate.pallas.KernelQWeight)
 
 
@@ -134,3 +135,51 @@ def test_a_prepared_weight_gives_the_same_record_as_its_qarray():
 def test_the_builder_names_the_argument(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def _awq_like(k: int, n: int) -> emulate.QArray:
+    """uint4 codes packed along K, float16 scales and uint4 zero points packed along N (as
+    AutoAWQ stores them) per 128 rows."""
+    rng = np.random.default_rng(2)
+    codes = rng.integers(0, 16, (k, n)).astype(ml_dtypes.uint4)
+    z = rng.integers(0, 16, (k // 128, n)).astype(ml_dtypes.uint4)
+    return emulate.QArray.from_parts(
+        emulate.pack(codes, axis=0), jnp.ones((k // 128, n), jnp.float16),
+        block_shape=(128, 1), zero_points=emulate.pack(z, axis=1),
+    )  # fmt: skip
+
+
+RELAYOUT = (
+    "w: a QArray int4[512, 128] is not stored as the TPU kernel reads it: its codes (into "
+    "the K-planar layout) would be laid out again on every call of the program (a copy of "
+    "the weight each call, several times its stored bytes); prepare it once, outside the "
+    "program: emulate.pallas.prepare_weight(w) (a model's parameters: "
+    "emulate.prepare_weights(params, target=...); emulate.flax.load_weights and "
+    "quantize_model do it under emulate.target(...) with a TPU target)"
+)
+
+
+def test_what_a_call_lays_out_again_is_named_and_refused_in_a_tpu_program():
+    x = jnp.ones((2, 512), jnp.bfloat16)
+    q32, awq = _q4(512, 128, block=32), _awq_like(512, 128)
+    # groups of 32 rows split the packed column planes: the codes go K-planar, a copy;
+    # AWQ's zero points packed along N are packed along the groups again
+    assert matmul_args(x, q32, target=T).relaid == ("codes (into the K-planar layout)",)
+    assert matmul_args(x, awq, target=T).relaid == ("zero points",)
+    assert matmul_args(x, _q4(512, 128), target=T).relaid == ()  # 128 rows: as stored
+    for q in (q32, awq):
+        assert matmul_args(x, emulate.pallas.prepare_weight(q), target=T).relaid == ()
+
+    def tpu_program(w):  # as emulate.pallas.matmul checks it, built for a TPU
+        refuse_relayout(matmul_args(x, w, target=T), w, interpret=False)
+
+    with pytest.raises(emulate.pallas.RelayoutError) as e:
+        jax.make_jaxpr(tpu_program)(q32)
+    assert str(e.value) == RELAYOUT and isinstance(e.value, ValueError)
+    with pytest.raises(emulate.pallas.RelayoutError, match=r"its zero points would be laid"):
+        jax.make_jaxpr(tpu_program)(awq)
+    # a weight that is no tracer (a constant is laid out once, as the program is traced),
+    # interpret mode (no TPU program) and nothing to lay out are let through
+    tpu_program(q32)
+    jax.make_jaxpr(lambda w: refuse_relayout(matmul_args(x, w, target=T), w, True))(q32)
+    jax.make_jaxpr(tpu_program)(emulate.pallas.prepare_weight(q32))

@@ -20,7 +20,7 @@ import pytest
 import emulate
 import emulate.pallas
 from emulate import compiler, formats, reference, targets
-from emulate.pallas import matmul_config, matmul_kernel, route
+from emulate.pallas import compute, matmul_config, matmul_kernel
 
 DN = (((1,), (0,)), ((), ()))
 
@@ -93,7 +93,7 @@ def test_int8_sums_past_two_to_the_24_stay_exact():
         [1099 * 2**14 + 1, 1099 * 2**14 - 128],
         [1099 * 2**14 - 128, 1100 * 2**14],
     ]
-    r = route.route("int8", "int8", target="tpu_v4", preferred_element_type="int32")
+    r = compute.in_kernel("int8", "int8", target="tpu_v4", preferred_element_type="int32")
     assert (r.method, r.lhs_compute, r.k_chunk) == ("bf16", "bfloat16", 1024)
 
 
@@ -127,13 +127,16 @@ _WRAPPERS = {
 
 def _ops_on(jaxpr, aval):
     """The primitives (other than call wrappers and the kernel) that take an operand of
-    ``aval``, anywhere in ``jaxpr`` and its sub-jaxprs."""
+    ``aval``, anywhere in ``jaxpr`` and its sub-jaxprs outside the kernel's own (where a
+    loaded block can have the weight's shape)."""
     found = []
     for e in jaxpr.eqns:
         if e.primitive.name not in _WRAPPERS and any(
             getattr(v, "aval", None) == aval for v in e.invars
         ):
             found.append(e.primitive.name)
+        if e.primitive.name == "pallas_call":
+            continue
         for v in e.params.values():
             for sub in v if isinstance(v, (tuple, list)) else (v,):
                 inner = getattr(sub, "jaxpr", sub)
@@ -182,35 +185,48 @@ def test_the_kernel_reads_the_weight_as_stored(w, operands):
 
 
 def test_a_six_bit_packed_weight_is_put_in_the_k_planar_layout():
-    # emulate.pack's float6 layout has three bytes per group: the call rearranges it (a
-    # copy, the module docstring says so) into the layout prepare_weight keeps.
+    # emulate.pack's float6 layout has three bytes per group: the kernel reads the layout
+    # prepare_weight keeps. A traced weight in a TPU program would be rearranged on every
+    # call: refused, naming the fix; a constant is rearranged once, as the program is traced.
     w6 = emulate.pack(np.zeros((1024, 512), ml_dtypes.float6_e2m3fn), axis=0)
     x = jnp.zeros((4, 1024), jnp.bfloat16)
-    _, avals = _pallas_operands(
-        lambda x, w: emulate.pallas.matmul(x, w, target="tpu_v5e", interpret=False), x, w6
-    )
+
+    def tpu(x, w):
+        return emulate.pallas.matmul(x, w, target="tpu_v5e", interpret=False)
+
+    with pytest.raises(emulate.pallas.RelayoutError, match=r"^w: a Packed float6_e2m3fn\[1024"):
+        jax.make_jaxpr(tpu)(x, w6)
+    _, avals = _pallas_operands(lambda x: tpu(x, w6), x)
     assert avals == [((4, 1024), "bfloat16"), ((768, 512), "uint8")]
 
 
 def _config(x_fmt, w_fmt, target, m, n, k, group=1, out=None):
     t = targets.get(target)
-    r = route.route(x_fmt, w_fmt, target=t, preferred_element_type=out)
+    r = compute.in_kernel(x_fmt, w_fmt, target=t, preferred_element_type=out)
     stored = matmul_config.Stored("planar" if group > 1 else "dense", "uint8", k, group)
     return matmul_config.config(r, t, m, n, k, stored, False, None, True)
 
 
 def test_default_blocks_come_from_the_target():
     # bn is twice the MXU width; bk fills 2**18 elements of weight tile; bm follows M.
+    # At decode a 4-bit weight takes the word step's (2048, 512) blocks.
     c = _config("bfloat16", "int4", "tpu_v5e", 1, 4096, 4096, group=2)
-    assert (c.bm, c.bn, c.bk) == (1, 256, 1024)  # below the sublane tiling: a block of M
+    assert (c.bm, c.bn, c.bk) == (1, 512, 2048) and c.word_step  # bm: a block of M
     assert c.x_resident  # x's (1, 4096) block is fetched once
-    assert c.grid == (1, 16, 4)
+    assert c.grid == (1, 8, 2)
+    c = _config("bfloat16", "uint8", "tpu_v5e", 1, 4096, 4096)
+    assert (c.bm, c.bn, c.bk) == (1, 256, 1024) and not c.word_step
     c = _config("bfloat16", "int4", "tpu_v6e", 512, 8192, 8192, group=2)
-    assert (c.bm, c.bn, c.bk) == (512, 512, 512)  # long x: one row block, read once
-    # a prefill of 2048 rows: x resident in 1024-row blocks (2048 rows of K = 4096 at the
-    # 4 bytes counted an element, double-buffered, pass half of v5e's 128 MiB), so the
-    # weight is read twice, not 8 times in the default 256-row blocks
+    assert (c.bm, c.bn, c.bk) == (512, 512, 2048)  # long x: one row block, read once
+    assert c.word_step  # one group a dot: no partial sums to keep apart
+    # a prefill of 2048 rows: x resident in 1024-row blocks, so the weight is read twice,
+    # not 8 times in the default 256-row blocks (2048 rows: x double-buffered at 2 bytes,
+    # 32 MiB, its step slice as f32 and bf16, 24 MiB, and the partial sums, 12 MiB, pass
+    # half of v5e's 128 MiB)
     c = _config("bfloat16", "int4", "tpu_v5e", 2048, 14336, 4096, group=2)
+    assert (c.bm, c.grid[0], c.x_resident, c.word_step) == (1024, 2, True, True)
+    assert c.vmem_bytes <= 64 << 20
+    c = _config("bfloat16", "uint8", "tpu_v5e", 2048, 14336, 4096)  # x at 4 bytes counted
     assert (c.bm, c.grid[0], c.x_resident) == (1024, 2, True)
     c = _config("int8", "int8", "tpu_v5e", 3, 200, 300)
     assert (c.bm, c.bn, c.bk) == (3, 256, 384)  # clamped to the padded problem
@@ -254,6 +270,7 @@ def test_a_quantized_kernel_lowered_with_no_tpu_in_sight_says_what_to_do():
     no TPU in sight is refused with what to do; with the target's compile-only device as
     JAX's default device, the same call lowers for TPU."""
     q = emulate.quantize(np.ones((256, 128), np.float32), emulate.mx.MXFP4, axis=0)
+    q = emulate.pallas.prepare_weight(q)  # else laid out again on every call (refused)
     x = jax.ShapeDtypeStruct((8, 256), jnp.bfloat16)
 
     def f(x, q):

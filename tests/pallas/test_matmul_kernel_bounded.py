@@ -16,7 +16,7 @@ import emulate
 import emulate.pallas
 from emulate import formats
 from emulate import testing as et
-from emulate.pallas import route
+from emulate.pallas import compute
 
 DN = (((1,), (0,)), ((), ()))
 
@@ -112,7 +112,7 @@ def test_float6_codes_and_default_result_type():
     ],
 )
 def test_other_routes_are_within_the_bound(x_dtype, fmt, target, method):
-    r = route.route(x_dtype, fmt, target=target, preferred_element_type="float32")
+    r = compute.in_kernel(x_dtype, fmt, target=target, preferred_element_type="float32")
     assert r.method == method
     f = formats.get(fmt)
     rng = np.random.default_rng(zlib.crc32(f"{x_dtype} {fmt}".encode()))

@@ -37,9 +37,33 @@ def _planar_numpy(codes: np.ndarray, bits: int, g: int, nbytes: int) -> np.ndarr
     return out
 
 
+def _word_order_numpy(codes: np.ndarray) -> np.ndarray:
+    """4-bit word order, from its definition: in tile s, nibble p of little-endian 32-bit
+    word i (bytes 4i .. 4i + 3 of the tile's 128 byte rows) holds row 64*(p%4) + 2i + p//4."""
+    k, n = codes.shape
+    tiles = -(-k // 256)
+    c = np.zeros((tiles * 256, n), np.uint32)
+    c[:k] = codes
+    words = np.zeros((tiles * 32, n), np.uint32)
+    for s in range(tiles):
+        for i in range(32):
+            for p in range(8):
+                words[s * 32 + i] |= c[s * 256 + 64 * (p % 4) + 2 * i + p // 4] << np.uint32(4 * p)
+    as_bytes = words.astype("<u4").view(np.uint8).reshape(tiles * 32, n, 4)
+    return as_bytes.transpose(0, 2, 1).reshape(-1, n)
+
+
+def test_4_bit_codes_are_in_word_order():
+    codes = np.random.default_rng(4).integers(0, 16, (300, 3)).astype(np.uint8)
+    kw = emulate.pallas.prepare_weight(codes, "uint4")
+    assert kw.tile == 256
+    assert np.asarray(kw.data).tobytes() == _word_order_numpy(codes).tobytes()
+    assert np.asarray(weights.kernel_codes(kw)).tobytes() == codes.tobytes()
+
+
 @pytest.mark.parametrize(
     "fmt, bits, g, nbytes, k",
-    [("int4", 4, 2, 1, 300), ("float6_e3m2fn", 6, 4, 3, 520), ("int2", 2, 4, 1, 130)],
+    [("float6_e3m2fn", 6, 4, 3, 520), ("int2", 2, 4, 1, 130)],
 )
 def test_the_layout_is_the_documented_one(fmt, bits, g, nbytes, k):
     rng = np.random.default_rng(bits)
@@ -121,3 +145,18 @@ def test_the_gradient_reads_a_prepared_weight():
     )
     want = np.broadcast_to(w.astype(np.float32).sum(axis=1), (8, 256))
     assert np.asarray(dx).tobytes() == want.astype(np.float32).tobytes()
+
+
+def test_a_kernel_weight_answers_as_the_packed_array():
+    # shape, dtype, ndim, size, nbytes as emulate.Packed answers them (K a whole number of
+    # tiles: no padding rows), also for stacked experts (a leading axis on the data)
+    codes = np.random.default_rng(3).integers(-8, 8, (512, 384)).astype(ml_dtypes.int4)
+    packed = emulate.pack(codes, axis=0)
+    kw = emulate.pallas.prepare_weight(codes)
+    answers = ((512, 384), np.dtype(ml_dtypes.int4), 2, 512 * 384, 512 * 384 // 2)
+    for a in (packed, kw):
+        assert (a.shape, a.dtype, a.ndim, a.size, a.nbytes) == answers
+    stacked = emulate.pallas.prepare_experts(np.stack([codes, codes]))
+    assert (stacked.shape, stacked.ndim, stacked.size, stacked.nbytes) == (
+        (2, 512, 384), 3, 2 * 512 * 384, 512 * 384,
+    )  # fmt: skip

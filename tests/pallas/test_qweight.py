@@ -361,3 +361,31 @@ def test_subnormal_scales_keep_their_value(scale_dtype, block_rows):
     want = np.broadcast_to(exact.astype(np.float32), got.shape)
     assert np.abs(want).min() > 2.0**-126  # normal results
     np.testing.assert_array_equal(got, want)
+
+
+def _answers(a) -> tuple:
+    return tuple(a.shape), np.dtype(a.dtype), a.ndim, a.size, a.nbytes
+
+
+def test_a_prepared_weight_answers_as_its_qarray():
+    # shape, dtype, ndim, size, nbytes as the QArray answers them: one weight, then the
+    # stacked experts prepare_experts makes (their arrays carry a leading expert axis)
+    rng = np.random.default_rng(12)
+    q, _, _ = _qarray("int4", "float16", (512, 384), (128, 1), rng)
+    p = emulate.pallas.prepare_weight(q)
+    assert _answers(p) == _answers(q) == ((512, 384), np.dtype("float32"), 2, 512 * 384,
+                                          512 * 384 // 2 + 4 * 384 * 2)  # fmt: skip
+    codes = rng.integers(0, 16, (3, 512, 256)).astype(ml_dtypes.uint4)
+    z = emulate.pack(rng.integers(0, 16, (3, 4, 256)).astype(ml_dtypes.uint4), axis=2)
+    experts = emulate.QArray.from_parts(
+        emulate.pack(codes, axis=1), jnp.ones((3, 4, 256), jnp.float16),
+        block_shape=(1, 128, 1), zero_points=z, dtype=jnp.bfloat16,
+    )  # fmt: skip
+    stacked = emulate.pallas.prepare_experts(experts)
+    assert _answers(stacked) == _answers(experts) == (
+        (3, 512, 256), np.dtype(jnp.bfloat16), 3, 3 * 512 * 256,
+        3 * (512 * 256 // 2 + 4 * 256 * 2 + 4 * 256 // 2),
+    )  # fmt: skip
+    assert "[3, 512, 256]" in repr(stacked)
+    # one expert of the stack answers as one expert of the QArray
+    assert _answers(jax.tree.map(lambda a: a[1], stacked)) == _answers(experts[1])

@@ -3,7 +3,7 @@
 A :class:`Finding` is a site the target's TPU compiler refuses (kind ``"refused"``), or one
 that compiles only because Mosaic's compatibility mode converts it (``"compat-only"``),
 with the compiler's message, the fix (:func:`emulate.pallas.dot` or
-:func:`emulate.pallas.matmul`, by the kernel route of :mod:`emulate.pallas.route`) and what
+:func:`emulate.pallas.matmul`, by the kernel route of :mod:`emulate.pallas.compute`) and what
 the conversion costs. :func:`diagnose` decides one site without a compiler, by
 :meth:`emulate.targets.Target.compiles`: the recorded probe of the real compiler, per
 (lhs, rhs, accumulator) element types and compat setting (``basis="recorded"``), and the
@@ -159,7 +159,7 @@ def fix_text(
     """What to change at ``site`` (None: a finding without a site; ``message`` and
     ``detail``, the compiler's or Pallas's text, then tell the cause) on ``t``: one fix
     per cause (the accumulator type, the operand types, a non-matmul operation)."""
-    from emulate.pallas import route
+    from emulate.pallas import compute
     from emulate.pallas.checking import op_rules
 
     if isinstance(site, KernelOp):
@@ -181,7 +181,7 @@ def fix_text(
     try:
         if site.lhs is None or site.rhs is None:  # an element type with no format (i32)
             raise ValueError("no format")
-        r = route.route(site.lhs, site.rhs, target=t, preferred_element_type=acc)
+        r = compute.in_kernel(site.lhs, site.rhs, target=t, preferred_element_type=acc)
     except (TypeError, ValueError, NotImplementedError):
         return generic
     how = "exact" if r.exact else 'within the bound of mode "fast"'

@@ -1,10 +1,12 @@
 """The route setting of weight contractions and the record of one route decision.
 
-:func:`use_route` (a ``with`` block, part of ``jax.jit``'s key) chooses between the Pallas
-kernels and XLA for every contraction with a weight operand; :class:`WeightRoute` records
-what :mod:`emulate.kernel_route` (the one owner of the decision) decided and why;
-:func:`planning` and :func:`tpu_may_lower` say whether a program traced now is decided as
-for a TPU lowering. The rule itself and the settings' meaning: :mod:`emulate.kernel_route`.
+:func:`use_route` (a ``with`` block, part of ``jax.jit``'s key) chooses between the kernels
+(Pallas on a TPU target, the CPU kernel on the CPU) and XLA for every contraction with a
+weight operand, and :func:`use_cpu_kernel` lets the CPU kernel in or keeps it out;
+:class:`WeightRoute` records what :func:`emulate.routing.choose` (the one owner of the
+decision) decided and why; :func:`planning` and :func:`tpu_may_lower` say whether a program
+traced now is decided as for a lowering for its target. The rule itself and the settings'
+meaning: :mod:`emulate.routing`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ __all__ = [
     "use_route",
 ]
 
-#: The route settings (:mod:`emulate.kernel_route`'s docstring says what each does).
+#: The route settings (:mod:`emulate.routing`'s docstring says what each does).
 ROUTES = ("auto", "kernel", "interpret", "xla")
 
 _ROUTE: contextvars.ContextVar[str] = contextvars.ContextVar("emulate_route", default="auto")
@@ -76,15 +78,17 @@ class WeightRoute:
     """The route of one contraction with a weight operand.
 
     Attributes:
-      route: "kernel" (``emulate.pallas.matmul`` where lowered for a TPU; in interpret
-        mode everywhere when ``interpret``) or "xla".
+      route: "kernel" (the kernel :attr:`kernel_name` where the program is lowered for its
+        platform, the XLA route elsewhere; in interpret mode everywhere when
+        ``interpret``) or "xla".
       setting: the route setting it was decided under (:data:`ROUTES`).
       reason: why, in words (the kernel's own message where it refuses the weight).
       weight: "lhs" or "rhs", the weight operand; None for a call without one.
       target: the target's name.
       interpret: the kernel runs in interpret mode on every platform.
-      kernel_name: the kernel of the kernel route: ``emulate.pallas.matmul``, or
-        ``emulate.pallas.ragged_dot`` for a grouped matmul (:mod:`emulate.ragged`).
+      kernel_name: the kernel the route was decided for: ``emulate.pallas.matmul``,
+        ``emulate.pallas.ragged_dot`` (a grouped matmul) or ``emulate.cpu.gemv`` (the CPU
+        kernel) (:mod:`emulate.routing.ops`).
     """
 
     route: str
@@ -100,7 +104,8 @@ class WeightRoute:
         return self.route == "kernel"
 
     def label(self) -> str:
-        """One word for tables: ``pallas.matmul``, ``pallas.ragged_dot`` or ``xla``."""
+        """One word for tables: ``pallas.matmul``, ``pallas.ragged_dot``, ``cpu.gemv`` or
+        ``xla``."""
         return self.kernel_name.removeprefix("emulate.") if self.kernel else "xla"
 
     def explain(self) -> str:

@@ -1,12 +1,14 @@
-"""Kernel-side building blocks shared by :mod:`emulate.pallas.kernel_dot` and the matmul kernel.
+"""How an operand pair computes inside a kernel, and the building blocks shared by
+:mod:`emulate.pallas.kernel_dot` and the matmul kernel. (Which back end runs a contraction,
+a kernel or XLA, is :mod:`emulate.routing`'s; this is the compute inside the kernel.)
 
-* :func:`route`: how one operand pair runs inside a Pallas TPU kernel on a target. It is
-  :func:`emulate.plan` with one kernel-level correction: of the native integer pairs only
-  int8 x int8 is kept. Pallas TPU ``dot`` treats every integer operand as signed, so
-  uint8 and uint4 values above 127 / 7 would be misread; and XLA's CPU backend, which
-  runs kernels in interpret mode, cannot compile a dot of int4 operands. Those pairs take
-  the int8 route when their values fit int8 and the bf16 (or f32) route otherwise. And
-  a pair goes to ``tpu.matmul`` as it is (native, or the int8 route) only where Mosaic
+* :func:`in_kernel`: how one operand pair computes inside a Pallas TPU kernel on a target
+  (a :class:`Compute`). It is :func:`emulate.plan` with one kernel-level correction: of
+  the native integer pairs only int8 x int8 is kept. Pallas TPU ``dot`` treats every
+  integer operand as signed, so uint8 and uint4 values above 127 / 7 would be misread; and
+  XLA's CPU backend, which runs kernels in interpret mode, cannot compile a dot of int4
+  operands. Those pairs compute as int8 when their values fit int8 and as bf16 (or f32)
+  otherwise. And a pair goes to ``tpu.matmul`` as it is (native, or as int8) only where Mosaic
   compiles it with compatibility mode off (:meth:`emulate.targets.Target.compiles`, the
   recorded probe of the real compiler): never a mixed pair, never int8 x int8 on a v7x,
   whose compatibility mode would sum it in f32.
@@ -15,7 +17,7 @@
   no conversion of a low-precision type by the compiler), optionally scaled by ``2**k``
   so that exact-class values become integers.
 * :func:`exact_dot`: a tile contraction whose partial sums stay exact (K cut into chunks
-  of ``Route.k_chunk``), returning the int32 sum in units of the products' quantum.
+  of ``Compute.k_chunk``), returning the int32 sum in units of the products' quantum.
 * :func:`refuse`: the one NotImplementedError for a part of a QArray weight no kernel
   decodes (the codebooks, zero points, offsets and scales the kernel modules check).
 
@@ -39,8 +41,8 @@ from emulate.planning.exactness import F32_EXACT, exact_class, exact_scale, max_
 from emulate.planning.plan import plan
 
 __all__ = [
-    "Route",
-    "route",
+    "Compute",
+    "in_kernel",
     "decode_codes",
     "decode_values",
     "exact_dot",
@@ -54,8 +56,8 @@ _MATMUL_DN = (((1,), (0,)), ((), ()))
 
 
 @dataclasses.dataclass(frozen=True)
-class Route:
-    """How ``lhs x rhs`` runs inside a kernel on ``target``.
+class Compute:
+    """How ``lhs x rhs`` computes inside a kernel on ``target``.
 
     Attributes:
       target, lhs, rhs, out: names (``out`` is the result format).
@@ -65,9 +67,9 @@ class Route:
       lhs_scale, rhs_scale: exact-class operands are decoded as ``value * 2**scale``
         (integers); the sum is scaled back by ``2**-(lhs_scale + rhs_scale)`` once.
       k_chunk: the longest contraction one float dot may take and still return an exact
-        sum (exact class on a bf16/f32 route); None where no cut is needed.
+        sum (exact class computed in bf16 or f32); None where no cut is needed.
       exact: whether the result is the exact sum rounded once.
-      note: why the route differs from :func:`emulate.plan`'s, or "".
+      note: why the compute differs from :func:`emulate.plan`'s, or "".
     """
 
     target: str
@@ -94,7 +96,7 @@ class Route:
         multiplies them in one bf16 pass); None (one pass) when both formats' values are
         exact in bf16, as every decoded low-precision value is (scaled by ``2**scale`` or
         not): the pass then rounds nothing and each product is exact in f32 (on a TPU
-        v5e, routes for v2 gave the int64 sums of int8 tiles, K = 2048, and the same bits
+        v5e, computes for v2 gave the int64 sums of int8 tiles, K = 2048, and the same bits
         as HIGHEST for bf16 x e4m3fn, fp4 and e5m2). On TPU v2 and v3, whose Mosaic runs
         f32 dots only, HIGHEST made the kernel add 2 to 3 times the VMEM of one pass."""
         if self.lhs_compute != "float32":
@@ -115,14 +117,15 @@ def _widest_float(t: targets.Target, lhs: Format, rhs: Format) -> str:
     return "bfloat16" if fits and native else "float32"
 
 
-def route(
+def in_kernel(
     lhs: FormatLike,
     rhs: FormatLike,
     *,
     target: targets.TargetLike = None,
     preferred_element_type: FormatLike | None = None,
-) -> Route:
-    """The kernel route for ``lhs x rhs`` on ``target`` (a TPU profile or any other).
+) -> Compute:
+    """How ``lhs x rhs`` computes inside a kernel on ``target`` (a TPU profile or any
+    other).
 
     Raises:
       ValueError, TypeError, NotImplementedError: as :func:`emulate.plan`.
@@ -165,7 +168,7 @@ def route(
         acc, k_chunk = "float32", F32_EXACT // prod
     else:
         acc, k_chunk = formats.dot_accumulator(a, b), None
-    return Route(
+    return Compute(
         target=t.name,
         lhs=a.name,
         rhs=b.name,
@@ -254,7 +257,7 @@ def float_dot(
 
 
 def exact_dot(
-    a: jax.Array, b: jax.Array, r: Route, dimension_numbers: Any = _MATMUL_DN
+    a: jax.Array, b: jax.Array, r: Compute, dimension_numbers: Any = _MATMUL_DN
 ) -> jax.Array:
     """The int32 sum of ``a @ b`` for decoded exact-class operands (integers in value),
     contracted as :func:`float_dot`.
@@ -286,7 +289,7 @@ def exact_dot(
     return total
 
 
-def exact_limit(r: Route) -> int:
+def exact_limit(r: Compute) -> int:
     """The largest |product| in quanta (``2**-(lhs_scale + rhs_scale)``)."""
     return max_quanta(r.lhs, r.lhs_scale) * max_quanta(r.rhs, r.rhs_scale)
 

@@ -1,0 +1,205 @@
+"""The programs timed on a real TPU and estimated by the bundle model, defined once.
+
+Each :class:`ChipCase` is one program that calls a matmul (or a decoder layer's seven
+projections) :data:`LOOP` times in a ``fori_loop``, each call's input depending on the
+previous result so that no call is hoisted: one call with ``block_until_ready`` costs
+400-600 us of dispatch on a v5e, more than the kernels measured. Names say what is timed:
+
+- ``projection/<scheme>/m<M>/<bm>x<bn>x<bk>`` (or ``/default``): ``emulate.pallas.matmul``
+  of bf16 activations (M, 4096) by a 4096 x 14336 checkpoint weight of
+  :data:`benchmarks.qweights.SCHEMES` prepared once, f32 result;
+- ``projection/bf16/m<M>``: the same shape, dense bf16 weights through ``jnp.dot``;
+- ``layer/<contender>/m<M>``: :func:`layer`, one Llama-3-8B layer's projections (what
+  ``benchmarks.layer_time`` times), with dense bf16 weights (``bf16``), Q4_K QArrays on
+  the XLA route (``xla``) or prepared for the kernel route (``kernel``), passed as the
+  program's arguments (``benchmarks.layer_time`` closed over them, making them constants
+  of the program; compiling 123-436 MB of constants took over 7 GB of host memory and was
+  killed on a 24 GB machine, while the kernels and fusions are the same).
+
+:mod:`benchmarks.chip_time` times them on a lent TPU; :mod:`benchmarks.bundle_calibration`
+compiles them for a TPU target and estimates them from the compiler's schedule. The same
+file is also loaded by path inside a checkout of another commit (its ``emulate`` and
+``benchmarks`` first on ``PYTHONPATH``; :func:`dump_main`) to dump the schedules of the
+programs timed at that commit; it needs only the APIs those commits already had.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+#: Calls of the measured function in one timed program.
+LOOP = 20
+#: K, N of the single projection (Llama-3-8B's gate and up).
+SHAPE = (4096, 14336)
+#: (name, K, N) of one Llama-3-8B decoder layer's projections.
+PROJECTIONS = (
+    ("q", 4096, 4096),
+    ("k", 4096, 1024),
+    ("v", 4096, 1024),
+    ("o", 4096, 4096),
+    ("gate", 4096, 14336),
+    ("up", 4096, 14336),
+    ("down", 14336, 4096),
+)
+_CASE = re.compile(
+    r"^(?:projection/(?P<scheme>[\w.]+)/m(?P<m>\d+)(?:/(?P<blocks>default|\d+x\d+x\d+))?"
+    r"|layer/(?P<contender>bf16|xla|kernel)/m(?P<lm>\d+))$"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChipCase:
+    """One timed program (see the module docstring for the names)."""
+
+    name: str
+
+    def parts(self) -> dict[str, Any]:
+        """The name's parts: kind ("projection" or "layer"), scheme or contender, M,
+        block shape (None: the kernel's default)."""
+        m = _CASE.match(self.name)
+        if m is None:
+            raise ValueError(
+                f"case: {self.name!r} is not projection/<scheme>/m<M>[/<bm>x<bn>x<bk>|/default] "
+                "or layer/<bf16|xla|kernel>/m<M>"
+            )
+        if m.group("contender"):
+            return {"kind": "layer", "contender": m.group("contender"), "m": int(m.group("lm"))}
+        blocks = m.group("blocks")
+        shape = None if blocks in (None, "default") else tuple(int(v) for v in blocks.split("x"))
+        return {"kind": "projection", "scheme": m.group("scheme"), "m": int(m.group("m")),
+                "block_shape": shape}  # fmt: skip
+
+    def build(self, target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        """The program (a function that pickles by reference) and its arguments (host
+        arrays; weights built from a fixed seed), for ``target``."""
+        p = self.parts()
+        rng = np.random.default_rng(0)
+        if p["kind"] == "layer":
+            return _layer_program(p["contender"], p["m"], target, rng)
+        return _projection_program(p["scheme"], p["m"], p["block_shape"], target, rng)
+
+
+def _projection_program(
+    scheme: str, m: int, block_shape: tuple[int, ...] | None, target: str, rng: np.random.Generator
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    k, n = SHAPE
+    x = np.asarray(rng.standard_normal((m, k)), dtype=jnp.bfloat16)
+    if scheme == "bf16":
+        w = np.asarray(rng.standard_normal((k, n)) * 0.02, dtype=jnp.bfloat16)
+        return functools.partial(looped, call=_dense), (x, w)
+    import emulate.pallas
+    from benchmarks.qweights import NK, SCHEMES
+
+    s = SCHEMES[scheme]
+    q = s.build(k, n, rng)
+    w = emulate.pallas.prepare_weight(q.T if s.dn == NK else q)
+    call = functools.partial(_kernel, target=target, block_shape=block_shape)
+    return functools.partial(looped, call=call), (x, w)
+
+
+def _dense(x: jax.Array, w: jax.Array) -> jax.Array:
+    return jnp.dot(x, w, preferred_element_type=jnp.float32)
+
+
+def _kernel(x: jax.Array, w: Any, *, target: str, block_shape: tuple[int, ...] | None) -> Any:
+    import emulate.pallas
+
+    return emulate.pallas.matmul(
+        x, w, target=target, out_dtype=jnp.float32, block_shape=block_shape
+    )
+
+
+def looped(x: jax.Array, w: Any, *, call: Callable[..., jax.Array]) -> jax.Array:
+    """``call(x, w)`` :data:`LOOP` times, each call's x depending on the previous result."""
+
+    def body(i: Any, c: jax.Array) -> jax.Array:
+        return c + call(x + (c * 0).astype(x.dtype), w)[0, 0]
+
+    return jax.lax.fori_loop(0, LOOP, body, jnp.float32(0))
+
+
+def _layer_program(
+    contender: str, m: int, target: str, rng: np.random.Generator
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    import emulate
+    from benchmarks.qweights import q4_k_weight
+
+    x = np.asarray(rng.standard_normal((m, 4096)), dtype=jnp.bfloat16)
+    if contender == "bf16":
+        ws: dict[str, Any] = {
+            name: np.asarray(rng.standard_normal((k, n)) * 0.02, dtype=jnp.bfloat16)
+            for name, k, n in PROJECTIONS
+        }
+    else:
+        ws = {name: q4_k_weight(k, n, rng).T for name, k, n in PROJECTIONS}
+        if contender == "kernel":  # prepared for the target (on the host: left as they are)
+            ws = emulate.prepare_weights(ws, target=target)
+    route = "xla" if contender == "xla" else "auto"
+    return functools.partial(looped_layer, route=route), (x, ws)
+
+
+def looped_layer(x: jax.Array, ws: dict[str, Any], *, route: str) -> jax.Array:
+    """:func:`layer` :data:`LOOP` times on route ``route``."""
+    import emulate
+
+    def body(i: Any, c: jax.Array) -> jax.Array:
+        return layer(x + (c * 0).astype(x.dtype), ws)[:, : x.shape[1]] * 0 + c
+
+    with emulate.use_route(route):
+        return jax.lax.fori_loop(0, LOOP, body, jnp.zeros(x.shape, jnp.float32))
+
+
+def layer(x: jax.Array, ws: dict[str, Any]) -> jax.Array:
+    """The projections of one layer on ``x`` (M, 4096) bf16 through ``emulate.matmul``,
+    chained as a decoder layer chains them (attention itself left out): a (M, 4096) f32
+    result."""
+    import emulate
+
+    def mm(a: jax.Array, w: Any) -> jax.Array:
+        return emulate.matmul(a.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+
+    q, k, v = mm(x, ws["q"]), mm(x, ws["k"]), mm(x, ws["v"])
+    h = mm(q + jnp.tile(k + v, (1, 4)), ws["o"])
+    g, u = mm(h, ws["gate"]), mm(h, ws["up"])
+    return mm(jax.nn.silu(g) * u, ws["down"])
+
+
+def dump(directory: str, names: list[str], target: str) -> dict[str, Any]:
+    """Compile each case for ``target`` in this process (its libtpu started with dump
+    flags into ``directory``); for each, the files its compile added, or why it failed."""
+    import emulate.compiler
+
+    out: dict[str, Any] = {}
+    for name in names:
+        before = set(os.listdir(directory))
+        jax.clear_caches()  # a program JAX compiled before would leave no files
+        try:
+            fn, args = ChipCase(name).build(target)
+            emulate.compiler.compile(fn, *args, target=target)
+        except Exception as e:  # noqa: BLE001 - reported per case
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            continue
+        out[name] = {"files": sorted(set(os.listdir(directory)) - before)}
+    return out
+
+
+def dump_main(argv: list[str]) -> int:
+    """``DIR TARGET CASE...``: :func:`dump`, its result as one JSON line on stdout (the
+    calibration loads this file by path in a checkout of another commit and calls it)."""
+    if len(argv) < 3:
+        print("usage: dump_main DIR TARGET CASE...", file=sys.stderr)
+        return 2
+    directory, target, names = argv[0], argv[1], argv[2:]
+    print(json.dumps(dump(directory, names, target)))
+    return 0

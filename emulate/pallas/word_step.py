@@ -1,0 +1,300 @@
+"""``emulate.pallas.matmul`` at decode: a few rows of activations times a 4-bit weight at
+the speed of the weight's bytes.
+
+At one to a few dozen rows of ``x`` the matrix unit is idle most of the time and the
+vector unit's per-element work sets the pace: unpacking each code, its group's scale,
+zero point and offset. This module's kernel body (:func:`body`, chosen by
+:func:`applies`) does per element only what cannot be shared:
+
+* The weight block is read as 32-bit words and decoded a tile of 256 rows at a time into
+  the matrix unit's type, in K order, zero points subtracted
+  (:func:`emulate.pallas.words.tile_values`: about two vector operations per pair of codes
+  with bfloat16 arithmetic, three and a conversion per code without).
+* Scales and offsets are applied to partial sums, never to elements. The ``R`` groups
+  of ``G`` rows a dot spans (``R = D / G`` for groups of 16 rows up to the dot's ``D``
+  rows; one for longer groups) get their own partial sums from that one dot: ``x``'s rows
+  are repeated ``R`` times, copy ``g`` of row ``m`` keeping only group ``g``'s columns (a
+  block diagonal ``(R * bm, D)`` left operand, rows in ``(m, g)`` order), so row ``(m,
+  g)`` of the product is group ``g``'s partial sum for row ``m``. It is scaled by the group's
+  scales (one multiply per partial sum), offsets add ``X o`` with ``X`` the row sums of
+  the same operand, and the ``(R * bm, bn)`` sums accumulate in f32 over K; the ``R``
+  rows of each ``m`` are added once, at the last K step.
+* Each group's scale, zero point and offset is decoded once per output column block, at
+  its first K step, into VMEM scratch (:mod:`emulate.pallas.word_groups`); each K step
+  reads its own rows.
+* Each dot takes the matrix unit's depth of rows (:func:`dot_rows`: 128 to v5p, 256 from
+  v6e on), so its sums leave the unit once.
+
+Numerics: as the other group-scaled routes (:mod:`emulate.pallas.qsteps`): the decoded
+``c - z`` is exact, each product exact in f32 (bf16 operands) or at ``Precision.HIGHEST``
+(f32 ones), each group's partial sum (over at most 256 rows a dot, plus, for groups longer
+than 256 rows, one scaled partial sum per 256 rows) times its scale rounded once, the
+offset term ``X o`` added per group, all added in f32: within ``gamma_(K + S + 5)`` of the
+exact sum, the bound :func:`emulate.bounds.qarray_bound` states for the kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from emulate import formats, targets
+from emulate.pallas import compute, qsteps, word_groups, words
+
+__all__ = [
+    "MAX_ROWS",
+    "applies",
+    "body",
+    "dot_rows",
+    "partial_rows",
+    "piece_order",
+    "scratch_shapes",
+    "vmem_bytes",
+]
+
+_LANES = 128
+_TILE = words.TILE_ROWS
+#: At most this many rows of partial sums per K step, ``R * bm`` (rows of x times the
+#: groups of a dot): decode-sized row blocks.
+MAX_ROWS = 256
+#: Zero-point formats whose codes take the bfloat16 decode (``128 + z`` exact in bf16).
+_SMALL_ZEROS = ("int4", "uint4", "int2", "uint2", "int3", "uint3")
+
+
+def dot_rows(target: str) -> int:
+    """Rows of K per dot: the matrix unit's depth (128 to v5p, 256 from v6e on), so that
+    each dot is one pass of the unit and its sums leave it once."""
+    return min(_TILE, targets.get(target).mxu_column_size or _LANES)
+
+
+def _dot_groups(scaling: Any, target: str) -> int:
+    """Groups per dot: the rows of partial sums per row of x."""
+    return max(1, dot_rows(target) // word_groups.unit(scaling))
+
+
+def partial_rows(r: compute.Compute, scaling: Any, bm: int) -> int:
+    """Rows of partial sums a K step keeps for ``bm`` rows of x: the groups a dot spans
+    times ``bm`` (at most :data:`MAX_ROWS` for :func:`applies`)."""
+    return _dot_groups(scaling, r.target) * bm
+
+
+def applies(r: compute.Compute, stored: Any, scaling: Any, codebook: Any, bm: int) -> bool:
+    """Whether :func:`body` runs a call: a 4-bit integer weight in word order
+    (``int4`` / ``uint4`` codes of a :class:`emulate.pallas.KernelWeight` or prepared
+    QArray), float activations on a float route, groups along K of 16 to 256 rows or a
+    multiple of 256 (or scales constant along K), zero points and offsets the kernel
+    decodes per group, no codebook or column blocks, and at most :data:`MAX_ROWS` rows of
+    partial sums per step."""
+    if r.exact or r.rhs not in ("int4", "uint4") or codebook is not None:
+        return False
+    if stored.layout != "planar" or stored.group != 2 or stored.nbytes != 1 or stored.code:
+        return False
+    if r.lhs_compute not in ("bfloat16", "float32") or r.rhs_compute != r.lhs_compute:
+        return False
+    if scaling is not None:
+        if scaling.columns or scaling.element_exponent and scaling.along_k:
+            return False
+        if scaling.along_k:
+            g = scaling.group
+            if not (g % 16 == 0 and (_TILE % g == 0 or g % _TILE == 0)):
+                return False
+            a = scaling.affine
+            if a is not None and (
+                a.zero not in ("none", "static", "array", "packed")
+                or a.offset not in ("none", "static", "array", "two_level")
+            ):
+                return False
+    return partial_rows(r, scaling, bm) <= MAX_ROWS
+
+
+def scratch_shapes(cfg: Any) -> list[Any]:
+    """The VMEM scratch of :func:`body`: the ``(bn / 128, R * bm, 128)`` f32 partial sums,
+    then the per-group parts' (:func:`emulate.pallas.word_groups.scratch_shapes`)."""
+    from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
+
+    rows = _dot_groups(cfg.scaling, cfg.compute.target) * cfg.bm
+    acc = pltpu.VMEM((cfg.bn // _LANES, rows, _LANES), jnp.float32)
+    return [acc, *word_groups.scratch_shapes(cfg)]
+
+
+def vmem_bytes(
+    bm: int, bn: int, bk: int, k: int, x_bytes: int, scaling: Any, highest: bool = False
+) -> int:
+    """VMEM of one grid step of :func:`body` (an upper estimate): the double-buffered
+    weight and x blocks (x spanning K), the step's decoded tiles and their temporaries
+    (Mosaic keeps a step's worth live: 8 bytes an element, 40 with f32 dots at
+    ``Precision.HIGHEST`` (``highest``), whose operands it cuts in bfloat16 pieces:
+    measured on v2 with f32 x, 39.5 MiB for (2048, 512) blocks), the partial sums, the
+    per-group scratch and the first step's decoding."""
+    kp = -(-k // bk) * bk
+    r = _TILE // word_groups.unit(scaling)
+    w = 2 * (bk // 2) * bn
+    x = 2 * bm * kp * x_bytes + 6 * bm * bk  # and the step's slice as f32 and bf16
+    tile = (40 if highest else 8) * bk * bn
+    sums = 3 * r * bm * bn * 4
+    units = kp // word_groups.unit(scaling)
+    groups = 12 * units * bn * 4 if scaling is not None else 0
+    return w + x + tile + sums + groups
+
+
+def _tiled(rows: jax.Array, bm: int) -> jax.Array:
+    """(R, bn) rows as the (R * bm, bn) rows of the partial sums, ``(m, g)`` order."""
+    return rows if bm == 1 else jnp.tile(rows, (bm, 1))
+
+
+def _block_diagonal(xc: jax.Array, r: int, u: int, pieces: bool) -> jax.Array:
+    """``(R * bm, D)``: row ``m * R + g`` is ``xc[m]`` on group ``g``'s columns, 0 off
+    them (``R = D / u`` groups of ``u`` rows of K; with ``pieces`` the columns are in
+    piece order, :func:`emulate.pallas.words.piece_rows`); ``xc`` itself when R is 1."""
+    if r == 1:
+        return xc
+    bm, d = xc.shape
+    rep = jnp.broadcast_to(xc, (r, d)) if bm == 1 else jnp.repeat(xc, r, axis=0)
+    col = lax.broadcasted_iota(jnp.int32, rep.shape, 1)
+    if pieces:  # the column's K row, 64q + 2i (the pair's second row shares its group)
+        col = col // 64 * 64 + 2 * (col % 32)
+    row = lax.broadcasted_iota(jnp.int32, rep.shape, 0)
+    return jnp.where(col // u == row % r, rep, jnp.zeros((), rep.dtype))
+
+
+def piece_order(cfg: Any) -> bool:
+    """Whether the call decodes f32 tiles in piece order and takes ``x`` permuted so
+    (:func:`emulate.pallas.words.to_piece_order`, outside the kernel): f32 routes, where
+    a tile in K order would cost a pack and an unpack per pair of rows."""
+    return cfg.word_step and cfg.compute.rhs_compute == "float32"
+
+
+def _decode_options(cfg: Any) -> dict[str, Any]:
+    """:func:`emulate.pallas.words.tile_values`' static options for the call."""
+    r, sc = cfg.compute, cfg.scaling
+    a = sc.affine if sc is not None and sc.along_k else None
+    bf16_vpu = words.bf16_vector_unit(targets.get(r.target)) and (
+        a is None or a.zero in ("none", "static") or a.zero_format in _SMALL_ZEROS
+    )
+    return {
+        "signed": formats.get(r.rhs).signed,
+        "to": r.rhs_compute,
+        "bf16_vpu": bf16_vpu,
+        "interpret": cfg.interpret,
+        "group": word_groups.unit(sc),
+        "piece_order": piece_order(cfg),
+    }
+
+
+def _step_sums(cfg: Any, x: jax.Array, wv: jax.Array, parts: Any) -> jax.Array:
+    """The K step's ``(R * bm, bn)`` scaled partial sums (module docstring): ``x`` the
+    step's (bm, bk) activations as stored, ``wv`` its (bk / 8, bn) words, ``parts`` its rows of
+    the per-group parts (:class:`emulate.pallas.word_groups.StepParts`, or None)."""
+    r, sc = cfg.compute, cfg.scaling
+    a = sc.affine if sc is not None and sc.along_k else None
+    u = word_groups.unit(sc)
+    dr, rd = dot_rows(r.target), _dot_groups(sc, r.target)
+    opts = _decode_options(cfg)
+    static_zero = a.zero_value if a is not None and a.zero == "static" else None
+    static_offset = a.offset_value if a is not None and a.offset == "static" else None
+
+    def rows(name: str, first: int, n: int) -> jax.Array | None:
+        return None if parts is None else parts.rows(name, first, n)
+
+    total = None
+    for c in range(cfg.bk // _TILE):
+        z = rows("zero", c * _TILE // u, _TILE // u)
+        wt = words.tile_values(
+            wv[c * words.TILE_WORDS : (c + 1) * words.TILE_WORDS],
+            zero=static_zero if z is None else z,
+            **opts,
+        )
+        for h in range(_TILE // dr):
+            d0 = c * _TILE + h * dr  # the dot's first row of the step
+            first = d0 // u  # its first scale unit
+            xc = x[:, d0 : d0 + dr]
+            if rd > 1:  # selects in f32: v4 has none on bf16 vectors
+                xc = xc.astype(jnp.float32)
+            xbd = _block_diagonal(xc, rd, min(u, dr), opts["piece_order"])
+            t = lax.dot_general(
+                xbd.astype(jnp.dtype(r.rhs_compute)),
+                wt[h * dr : (h + 1) * dr],
+                (((1,), (0,)), ((), ())),
+                precision=r.precision,
+                preferred_element_type=jnp.float32,
+            )
+            for name in ("scale", "scale_hi"):
+                s = rows(name, first, rd)
+                if s is not None:
+                    t = t * _tiled(s, cfg.bm)
+            off = rows("offset", first, rd)
+            if off is not None or static_offset is not None:
+                xs = jnp.sum(xbd.astype(jnp.float32), axis=1, keepdims=True)
+                o: Any = _tiled(off, cfg.bm) if off is not None else jnp.float32(static_offset)
+                t = t + xs * o
+            total = t if total is None else total + t
+    assert total is not None
+    return total
+
+
+def _result(acc: Any, rd: int, bm: int, bn: int) -> jax.Array:
+    """The (bm, bn) sum over the ``rd`` group rows of each row of x (strided loads)."""
+    from jax.experimental import pallas as pl  # noqa: PLC0415 - kernel-side only
+
+    tiles = []
+    for i in range(bn // _LANES):
+        s = acc[i, pl.ds(0, bm, stride=rd), :] if rd > 1 else acc[i]
+        for g in range(1, rd):
+            s = s + acc[i, pl.ds(g, bm, stride=rd), :]
+        tiles.append(s)
+    return tiles[0] if len(tiles) == 1 else jnp.concatenate(tiles, axis=1)
+
+
+def body(
+    cfg: Any,
+    x_ref: Any,
+    w_ref: Any,
+    s_ref: Any,
+    aff_refs: Sequence[Any],
+    ts_refs: Any,
+    out_ref: Any,
+    scratch: Sequence[Any],
+    store: Any,
+) -> None:
+    """The kernel's body on grid step ``(i, j, k)`` (module docstring): ``x_ref`` the
+    resident (bm, Kp) activations, ``w_ref`` the (bk / 2, bn) word-order bytes, ``s_ref``
+    and ``aff_refs`` the QArray's scale operands (or None and ()), ``ts_refs`` the tensor
+    scale's two parts (or None), ``scratch`` :func:`scratch_shapes`' arrays; ``store``
+    writes the finished output block."""
+    from jax.experimental import pallas as pl  # noqa: PLC0415 - kernel-side only
+
+    sc = cfg.scaling
+    grouped = sc is not None and sc.along_k
+    acc, refs = scratch[0], word_groups.bind(cfg, scratch[1:])
+    bk = cfg.bk
+    k = pl.program_id(2)
+
+    @pl.when(k == 0)
+    def _first():
+        acc[...] = jnp.zeros(acc.shape, acc.dtype)
+        if grouped:
+            word_groups.fill(cfg, s_ref, aff_refs, refs)
+
+    x = x_ref[:, pl.ds(pl.multiple_of(k * bk, bk), bk)]
+    if cfg.k % bk and not piece_order(cfg):  # columns past K: garbage of a partial block
+        cols = lax.broadcasted_iota(jnp.int32, x.shape, 1)
+        # v4 has no select on bf16 vectors: select in f32, then round (exactly)
+        wide = jnp.where(cols < cfg.k - k * bk, x.astype(jnp.float32), jnp.float32(0))
+        x = wide.astype(x.dtype)
+    parts = word_groups.StepParts(cfg, refs, k) if grouped else None
+    total = _step_sums(cfg, x, words.words(w_ref[...]), parts)
+    rd = _dot_groups(sc, cfg.compute.target)
+    for i, tl in enumerate(word_groups.lane_tiles(total)):
+        acc[i] += tl
+
+    @pl.when(k == pl.num_programs(2) - 1)
+    def _store():
+        res = _result(acc, rd, cfg.bm, cfg.bn)
+        if cfg.scaled_in_kernel:
+            store(out_ref, qsteps.scaled_result(res, s_ref, ts_refs, cfg))
+        else:
+            store(out_ref, res)

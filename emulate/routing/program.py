@@ -1,0 +1,57 @@
+"""A kernel op's kernel traced once on a call's abstract operands: the program the kernel
+route replays (:func:`emulate.routing.run`), or the kernel's refusal as text
+(:func:`emulate.routing.choose` reads it). Cached per op (its XLA route left out), operand
+structure and shapes, so that a call decided and then run traces its kernel once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any
+
+import jax
+
+from emulate import targets
+from emulate.routing.ops import KernelOp
+
+__all__ = ["kernel_program"]
+
+_PROGRAMS: dict[Any, Any] = {}
+
+
+def kernel_program(op: KernelOp, x: Any, w: Any) -> Any:
+    """``op``'s kernel traced on the abstract operands ``(x, w)``: a ClosedJaxpr of the
+    leaves of ``(x, w)``, or the kernel's refusal as text (the NotImplementedError,
+    ValueError or TypeError it raised, after "<kernel> refuses it: "). A Pallas kernel is
+    traced as for a TPU (:func:`emulate.targets.tpu_branch`) unless in interpret mode.
+
+    Raises:
+      ValueError: what the kernel raised with ``reroute = False`` (a refusal the XLA route
+        would not mend: :class:`emulate.pallas.RelayoutError`)."""
+    op = dataclasses.replace(op, xla_route=None)  # type: ignore[type-var]
+    try:
+        avals = tuple((tuple(v.shape), str(v.dtype)) for v in jax.tree.leaves((x, w)))
+        key: Any = (op, jax.tree.structure((x, w)), avals)
+        hash(key)
+    except TypeError:  # an unhashable part (a codebook's table): no cache
+        key = None
+    if key is not None and key in _PROGRAMS:
+        return _PROGRAMS[key]
+    treedef = jax.tree.structure((x, w))
+
+    def flat(*leaves: Any) -> jax.Array:
+        return op.kernel(*jax.tree.unflatten(treedef, leaves))
+
+    tpu = op.platform == "tpu" and not op.interpret
+    try:
+        # the TPU branch of the routed program: the kernel is built as for a TPU
+        with targets.tpu_branch() if tpu else contextlib.nullcontext():
+            got: Any = jax.make_jaxpr(flat)(*jax.tree.leaves((x, w)))
+    except (NotImplementedError, ValueError, TypeError) as e:
+        if getattr(e, "reroute", True) is False:  # a refusal no other route mends
+            raise
+        got = f"{op.kernel_name} refuses it: {e}"
+    if key is not None:
+        _PROGRAMS[key] = got
+    return got

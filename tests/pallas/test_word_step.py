@@ -1,0 +1,197 @@
+"""emulate.pallas.word_step: emulate.pallas.matmul at decode (4-bit weights read in whole
+words, group partial sums on the matrix unit), in TPU interpret mode on the CPU, on each
+of its decodes (f32 and a pack: v5e; bfloat16 arithmetic: v6e; piece order and f32
+activations: v2 and f32 x): bit for bit against an exact float64 oracle where every
+partial sum is exact (integer-valued activations, power-of-two scales, zero points,
+two-level scales and mins, a ragged K, N and last tile, two K steps), within the bound of
+emulate.bounds otherwise, NaN scales kept in their column; which calls take the step."""
+
+from __future__ import annotations
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+
+import emulate
+import emulate.pallas
+from emulate import bounds, codebooks, compiler, formats
+from emulate.pallas import matmul_args, matmul_config, word_step
+
+DN = (((1,), (0,)), ((), ()))
+
+
+def _bits(a) -> np.ndarray:
+    a = np.asarray(a)
+    return a.view({2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+
+
+def _config(x, w, target):
+    a = matmul_args.matmul_args(x, w, target=target, out_dtype="float32")
+    return matmul_config.config(
+        r=a.compute, t=a.target, m=a.m, n=a.n, k=a.k, stored=a.stored,
+        w_passthrough=a.passthrough, block_shape=None, interpret=True,
+        x_dtype=a.x.dtype.name, scaling=a.scaling, out=a.out, codebook=a.codebook,
+    )  # fmt: skip
+
+
+def _awq(k, n, group, rng, *, zero="packed", pow2=True):
+    """A uint4 QArray (codes packed along K), float16 scales per ``group`` rows (powers of
+    two from 2**-2 to 2**2 with ``pow2``), zero points ("packed" uint4 along N, an int,
+    or None). Returns it and W = (q - z) * s in float64 (exact)."""
+    groups = -(-k // group)
+    codes = rng.integers(0, 16, (k, n))
+    if pow2:
+        s = np.ldexp(1.0, rng.integers(-2, 3, (groups, n))).astype(np.float16)
+    else:
+        s = rng.uniform(1e-3, 2.0, (groups, n)).astype(np.float16)
+    if zero == "packed":
+        z = rng.integers(0, 16, (groups, n))
+        zp = emulate.pack(z.astype(ml_dtypes.uint4), axis=1)
+    else:
+        z, zp = np.full((groups, n), zero or 0), zero
+    q = emulate.QArray.from_parts(
+        emulate.pack(codes.astype(ml_dtypes.uint4), axis=0),
+        s,
+        block_shape=(group, 1),
+        zero_points=zp,
+    )
+    rows = np.repeat(np.arange(groups), group)[:k]
+    return q, (codes - z[rows]) * s.astype(np.float64)[rows]
+
+
+def _q4_k(k, n, rng):
+    """A GGUF Q4_K-like QArray: uint4 codes, per 32 rows 6-bit scale and min codes packed
+    along the groups, per 256 rows power-of-two float16 ``d`` and ``-d/2``. Returns it and
+    W = q * sc * d - m * d / 2 in float64 (exact)."""
+    groups, supers = -(-k // 32), -(-k // 256)
+    codes = rng.integers(0, 16, (k, n))
+    sc, mn = rng.integers(0, 64, (groups, n)), rng.integers(0, 64, (groups, n))
+    d = np.ldexp(1.0, rng.integers(-1, 2, (supers, n))).astype(np.float16)
+    dmin = (-(d.astype(np.float32) / 2)).astype(np.float16)
+
+    def level(c, s):
+        six = emulate.pack(c.astype(np.uint8), "uint6", axis=0)
+        return emulate.QArray.from_parts(six, s, block_shape=(8, 1))
+
+    q = emulate.QArray.from_parts(
+        emulate.pack(codes.astype(ml_dtypes.uint4), axis=0),
+        level(sc, d),
+        block_shape=(32, 1),
+        offsets=level(mn, dmin),
+    )
+    g = np.repeat(np.arange(groups), 32)[:k]
+    dg = np.repeat(d.astype(np.float64), 8, axis=0)[:groups]
+    ming = np.repeat(dmin.astype(np.float64), 8, axis=0)[:groups]
+    return q, codes * (sc * dg)[g] + (mn * ming)[g]
+
+
+def _int_x(m, k, rng) -> np.ndarray:
+    return rng.integers(-8, 9, (m, k)).astype(ml_dtypes.bfloat16)
+
+
+# (weight, target, (M, K, N)): every partial sum exact in f32, so the result is the exact
+# sum rounded once to f32 on every decode.
+EXACT = [
+    ("awq", "tpu_v5e", (3, 700, 300)),  # ragged K (a partial tile), N and groups
+    ("awq", "tpu_v6e", (3, 700, 300)),  # bfloat16 arithmetic: 128 + c - (128 + z)
+    # uint4 - 8 (a static zero point) on the bf16 route
+    pytest.param("q4_0", "tpu_v6e", (1, 512, 256), marks=pytest.mark.long),
+    ("q4_k", "tpu_v5e", (2, 576, 128)),  # two-level scales and mins, a ragged super-block
+    ("int4", "tpu_v2", (16, 2304, 128)),  # piece order, two K steps, a partial last block
+    pytest.param("int4", "tpu_v5e", (16, 2304, 128), marks=pytest.mark.long),
+]
+
+
+@pytest.mark.parametrize("kind, target, shape", EXACT)
+def test_exact_sums_are_bit_for_bit(kind, target, shape):
+    m, k, n = shape
+    rng = np.random.default_rng(sum(map(ord, kind + target)))
+    if kind == "awq":
+        w, wv = _awq(k, n, 128, rng)
+    elif kind == "q4_0":
+        w, wv = _awq(k, n, 32, rng, zero=8)
+    elif kind == "q4_k":
+        w, wv = _q4_k(k, n, rng)
+    else:
+        codes = rng.integers(-8, 8, (k, n))
+        w, wv = codes.astype(ml_dtypes.int4), codes.astype(np.float64)
+    p = emulate.pallas.prepare_weight(w)
+    x = _int_x(m, k, rng)
+    assert _config(x, p, target).word_step
+    got = emulate.pallas.matmul(x, p, target=target, out_dtype="float32")
+    want = (np.asarray(x, np.float64) @ wv).astype(np.float32)
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize(
+    "x_dtype, target",
+    [("bfloat16", "tpu_v5e"), pytest.param("float32", "tpu_v5e", marks=pytest.mark.long)],
+)
+def test_float_scales_and_activations_are_within_the_bound(x_dtype, target):
+    rng = np.random.default_rng(3)
+    m, k, n = 4, 1024, 256
+    w, wv = _awq(k, n, 128, rng, pow2=False)
+    x = rng.standard_normal((m, k)).astype(np.dtype(formats.get(x_dtype).dtype))
+    p = emulate.pallas.prepare_weight(w)
+    cfg = _config(x, p, target)
+    assert cfg.word_step and word_step.piece_order(cfg) == (x_dtype == "float32")
+    got = np.asarray(emulate.pallas.matmul(x, p, target=target, out_dtype="float32"))
+    xf = np.asarray(x, np.float64)
+    bound = bounds.qarray_bound(xf, wv, DN, segments=k // 128, route="pallas")
+    assert np.all(np.abs(got - xf @ wv) <= bound)
+
+
+def test_a_nan_scale_stays_in_its_column():
+    rng = np.random.default_rng(4)
+    w, wv = _awq(512, 256, 32, rng)
+    s = np.asarray(w.scales).copy()
+    s[3, 17] = np.nan
+    w = emulate.QArray.from_parts(w.codes, s, block_shape=(32, 1), zero_points=w.zero_points)
+    x = _int_x(2, 512, rng)
+    got = np.asarray(
+        emulate.pallas.matmul(
+            x, emulate.pallas.prepare_weight(w), target="tpu_v5e", out_dtype="float32"
+        )
+    )
+    assert np.isnan(got[:, 17]).all()
+    keep = np.arange(256) != 17
+    want = (np.asarray(x, np.float64) @ wv[:, keep]).astype(np.float32)
+    np.testing.assert_array_equal(_bits(got[:, keep]), _bits(want))
+
+
+def test_which_calls_take_the_word_step():
+    rng = np.random.default_rng(5)
+    q, _ = _awq(512, 256, 32, rng)
+    p = emulate.pallas.prepare_weight(q)
+    x1, x128 = _int_x(1, 512, rng), _int_x(128, 512, rng)
+    assert _config(x1, p, "tpu_v5e").word_step
+    assert _config(x1, p, "tpu_v6e").word_step
+    assert not _config(x128, p, "tpu_v5e").word_step  # 4 groups a dot x 128 rows > 256
+    g128 = emulate.pallas.prepare_weight(_awq(512, 256, 128, rng)[0])
+    assert _config(x128, g128, "tpu_v5e").word_step  # one group a dot
+    assert not _config(np.ones((1, 512), np.int8), p, "tpu_v5e").word_step  # exact route
+    nf4 = emulate.QArray.from_parts(
+        q.codes, np.ones((8, 256), np.float32), block_shape=(64, 1), codebook=codebooks.NF4
+    )
+    assert not _config(x1, emulate.pallas.prepare_weight(nf4), "tpu_v5e").word_step  # a table
+
+
+@pytest.mark.parametrize("target", ["tpu_v2", pytest.param("tpu_v3", marks=pytest.mark.long)])
+def test_float32_activations_compile_with_the_blocks_the_config_picks(target):
+    # An nnx.Linear with dtype=None multiplies f32 activations by a prepared kernel. Mosaic
+    # cuts f32 operands of a dot at Precision.HIGHEST into bfloat16 pieces and keeps them
+    # live: decode (the word step, a Q4_K weight) and prefill (2048 rows, an AWQ weight:
+    # the same blocks, a shorter kernel to compile) must pick blocks whose scoped VMEM fits
+    # v2/v3's 16 MiB (before: "Ran out of memory in memory space vmem", 39.5 and 20.3
+    # MiB). Compiled by the real TPU compiler, nothing runs; tpu_v3 (the rules and blocks
+    # of tpu_v2) under EMULATE_LONG_TESTS=1.
+    rng = np.random.default_rng(9)
+    for m, q in ((1, _q4_k(4096, 512, rng)[0]), (2048, _awq(4096, 512, 128, rng)[0])):
+        w = emulate.pallas.prepare_weight(q)
+        x = np.zeros((m, 4096), np.float32)
+        assert _config(x, w, target).word_step  # one group a dot at prefill: long rows
+        compiler.compile(
+            lambda x, w: emulate.pallas.matmul(x, w, out_dtype="float32"),
+            jax.ShapeDtypeStruct(x.shape, x.dtype), w, target=target,
+        )  # fmt: skip

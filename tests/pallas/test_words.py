@@ -1,0 +1,104 @@
+"""emulate.pallas.words: 4-bit codes cut out of whole words, against the word order's
+definition written out in numpy (tests/pallas/test_pallas_weights.py checks the bytes of
+the layout itself): every decode (bfloat16 arithmetic, f32 and a pack, piece order),
+signed and unsigned codes, static and per-group zero points, bit for bit; the codes back
+in K order; the interpret-mode pack and the piece order's permutation of x."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import emulate.pallas
+from emulate.pallas import words
+
+
+def _tiles(codes: np.ndarray) -> jnp.ndarray:
+    """The (32 T, C) int32 words of a prepared weight of ``codes`` (T tiles of 256 rows)."""
+    kw = emulate.pallas.prepare_weight(codes, "uint4")
+    return jax.jit(words.words)(jnp.asarray(kw.data))
+
+
+def _jit(f, **static):
+    """``f`` with ``static`` keyword arguments, under jit (pltpu.bitcast has no eager rule)."""
+    return jax.jit(functools.partial(f, **static))
+
+
+def _values(codes: np.ndarray, signed: bool, zero, group: int) -> np.ndarray:
+    """The oracle: each code's value (two's complement for signed codes) minus its zero
+    point, per group of ``group`` rows, in float64."""
+    v = codes.astype(np.int64)
+    if signed:
+        v = np.where(v >= 8, v - 16, v)
+    if zero is None:
+        return v.astype(np.float64)
+    z = zero if isinstance(zero, int) else np.repeat(zero, group, axis=0)
+    return (v - z).astype(np.float64)
+
+
+CASES = [
+    # (signed, to, bf16 vector unit, zero, group)
+    (False, "bfloat16", False, None, 256),
+    (True, "bfloat16", False, None, 256),
+    (False, "bfloat16", False, 8, 256),  # uint4 - 8: the int4 decode of n ^ 8
+    (False, "bfloat16", True, 8, 256),
+    (True, "bfloat16", True, None, 256),
+    (False, "bfloat16", False, "groups", 32),
+    (False, "bfloat16", True, "groups", 32),
+    (True, "float32", False, "groups", 64),
+    (False, "float32", False, "groups", 128),
+]
+
+
+@pytest.mark.parametrize("signed, to, bf16_vpu, zero, group", CASES)
+def test_tile_values_are_the_codes_in_k_order(signed, to, bf16_vpu, zero, group):
+    rng = np.random.default_rng(hash((signed, to, bf16_vpu, str(zero), group)) % 2**32)
+    codes = rng.integers(0, 16, (256, 256)).astype(np.uint8)
+    z = None if zero is None else zero
+    if zero == "groups":
+        z = rng.integers(0, 16, (256 // group, 256))
+    opts = dict(signed=signed, to=to, bf16_vpu=bf16_vpu, interpret=True, group=group)
+    if zero == "groups":
+        got = _jit(words.tile_values, **opts)(_tiles(codes), zero=jnp.asarray(z, jnp.int32))
+    else:
+        got = _jit(words.tile_values, zero=z, **opts)(_tiles(codes))
+    assert got.dtype == jnp.dtype(to) and got.shape == (256, 256)
+    want = _values(codes, signed, z, group)
+    np.testing.assert_array_equal(np.asarray(got, np.float64), want)
+
+
+def test_piece_order_holds_the_rows_piece_rows_names():
+    rng = np.random.default_rng(5)
+    codes = rng.integers(0, 16, (256, 128)).astype(np.uint8)
+    z = rng.integers(0, 16, (8, 128))
+    opts = dict(signed=False, to="float32", bf16_vpu=False, interpret=True, group=32)
+    decode = _jit(words.tile_values, piece_order=True, **opts)
+    got = decode(_tiles(codes), zero=jnp.asarray(z, jnp.int32))
+    rows = words.piece_rows(256)
+    assert sorted(rows.tolist()) == list(range(256))
+    np.testing.assert_array_equal(np.asarray(got), _values(codes, False, z, 32)[rows])
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    np.testing.assert_array_equal(
+        np.asarray(words.to_piece_order(jnp.asarray(x))), x[:, np.concatenate([rows, 256 + rows])]
+    )
+
+
+def test_natural_codes_are_the_codes():
+    codes = np.random.default_rng(6).integers(0, 16, (512, 128)).astype(np.uint8)
+    got = _jit(words.natural_codes, interpret=True)(_tiles(codes))
+    np.testing.assert_array_equal(np.asarray(got), codes.astype(np.int32))
+
+
+def test_pack_rows_interleaves_rows_as_bfloat16():
+    rng = np.random.default_rng(7)
+    a = rng.integers(-255, 256, (8, 128)).astype(np.float32)
+    b = rng.integers(-255, 256, (8, 128)).astype(np.float32)
+    got = np.asarray(_jit(words.pack_rows, interpret=True)(jnp.asarray(a), jnp.asarray(b)))
+    want = np.stack([a, b], axis=1).reshape(16, 128).astype(ml_dtypes.bfloat16)
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))

@@ -14,7 +14,7 @@ import functools
 import importlib
 import importlib.util
 
-__all__ = ["available", "parallel", "table_lookups"]
+__all__ = ["available", "parallel", "table_lookups", "vector_isa"]
 
 
 @functools.cache
@@ -42,23 +42,36 @@ def parallel() -> bool:
 
 
 @functools.cache
-def table_lookups() -> bool:
-    """Whether the kernels look up the values of 4- and 8-bit codes (codebooks, float codes)
-    in registers: numba compiles for this host (``NUMBA_CPU_NAME`` /
-    ``NUMBA_CPU_FEATURES`` unset) with AVX-512 among the features it compiles with
-    (``NUMBA_ENABLE_AVX=0`` turns them off): one ``vpermps`` a vector of 16 4-bit codes,
-    eight ``vpermi2ps`` for 8-bit ones. Elsewhere such weights take the XLA route (a
-    gather an element measured slower there)."""
+def vector_isa() -> str | None:
+    """The x86 vector instructions the kernels may call by name: "avx512" where numba
+    compiles for this host (``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` unset) with
+    AVX-512F among the features it compiles with, "avx2" where with AVX2, else None
+    (``NUMBA_ENABLE_AVX=0`` turns both off; the kernels' generic LLVM vectors serve every
+    host). Read from ``numba.core.codegen.get_host_cpu_features``, which honours
+    ``NUMBA_ENABLE_AVX`` (llvmlite's own host features do not: an AVX-512 intrinsic compiled
+    without AVX-512 aborts the process)."""
     if not available():
-        return False
+        return None
     import numba
     from numba.core import codegen
 
     config = numba.config
     if getattr(config, "CPU_NAME", None) or getattr(config, "CPU_FEATURES", None):
-        return False
+        return None
     try:  # numba's view: it honours NUMBA_ENABLE_AVX and returns "" where LLVM cannot tell
-        features = codegen.get_host_cpu_features()
+        features = codegen.get_host_cpu_features().split(",")
     except RuntimeError:
-        return False
-    return "+avx512f" in features.split(",")
+        return None
+    if "+avx512f" in features:
+        return "avx512"
+    return "avx2" if "+avx2" in features else None
+
+
+def table_lookups(bits: int = 4) -> bool:
+    """Whether the kernels look up the values of ``bits``-bit codes (codebooks, float codes)
+    in registers (:func:`vector_isa`): 4-bit codes by one ``vpermps`` a vector of 16
+    (AVX-512) or two ``vpermps`` and a blend a vector of 8 (AVX2); 8-bit codes by eight
+    ``vpermi2ps`` (AVX-512 only). Elsewhere such weights take the XLA route (a gather an
+    element measured slower there)."""
+    isa = vector_isa()
+    return isa == "avx512" or (isa == "avx2" and bits == 4)

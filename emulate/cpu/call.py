@@ -13,7 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from emulate import cpu
-from emulate.cpu.form import COLUMNS, Form, vector_step, weight_operands
+from emulate.cpu.form import Form, Orientation, vector_step
+from emulate.cpu.operands import weight_operands, wire
+from emulate.cpu.route import MAX_ROWS, many_rows
 from emulate.quantized.array import QArray
 
 __all__ = ["contract"]
@@ -34,25 +36,32 @@ def contract(q: QArray, x: jax.Array, form: Form) -> jax.Array:
 
     Raises:
       RuntimeError: numba is not installed (check :func:`emulate.cpu.available` first).
+      ValueError: ``x`` has more than :data:`emulate.cpu.route.MAX_ROWS` rows and the
+        many-rows kernel does not take ``form`` (:func:`emulate.cpu.route.many_rows`).
     """
     if not cpu.available():
         raise RuntimeError("emulate.cpu.call.contract: numba is not installed")
-    from emulate.cpu import ffi, gemv  # numba: only now
+    columns = form.orientation == Orientation.COLUMNS
+    n = q.shape[1] if columns else q.shape[0]
+    many = x.shape[0] > MAX_ROWS
+    if x.shape[0] < 1 or (many and not many_rows(form, n)):
+        raise ValueError(
+            f"x: expected 1 to {MAX_ROWS} rows for this weight's form, got shape {tuple(x.shape)}"
+        )
+    from emulate.cpu import ffi, handler  # numba: only now
 
     parallel = cpu.parallel()
-    name = f"{form.name}_{'p' if parallel else 's'}"
-    ffi.register(name, gemv.handler(form, parallel))
+    name = f"{form.name}_{'p' if parallel else 's'}{'_many' if many else ''}"
+    ffi.register(name, handler.handler(form, parallel, many))
     m, _ = x.shape
-    n = q.shape[1] if form.layout == COLUMNS else q.shape[0]
-    bk = q.block_shape[0] if form.layout == COLUMNS else q.block_shape[1]
+    bk = q.block_shape[0] if columns else q.block_shape[1]
     placeholder = jnp.zeros((m, 1), jnp.float32)
     xe = placeholder
     g = form.codes.group
-    if form.layout != COLUMNS and vector_step(form) and g > 1:
+    if not columns and vector_step(form) and g > 1:
         xe = x.reshape(m, -1, g).swapaxes(1, 2).reshape(m, -1)  # xe[q K / g + t] = x[g t + q]
     xsum = _block_sums(x, bk) if form.offset is not None else placeholder
-    consts, slots = weight_operands(q, form)
     call = jax.ffi.ffi_call(
         name, jax.ShapeDtypeStruct((m, n), jnp.float32), vmap_method="sequential"
     )
-    return call(x, xe, xsum, consts, *slots)
+    return call(*wire(x, xe, xsum, weight_operands(q, form)))

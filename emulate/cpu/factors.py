@@ -2,14 +2,12 @@
 block, each compiled for one :class:`~emulate.cpu.form.Form` (constants, stored arrays,
 two-level parts: no branch on the kind at run time).
 
-The kernel's float32 ``consts`` (:data:`emulate.cpu.form.CONSTS`) hold the weight's
-constant zero point (0) and offset (1), and each two-level part's zero point and offset
-(2 to 5). Slots: 1 the zero points, 2 the scales (or a two-level
-scale's codes), 3 a two-level scale's scales, 4 the offsets (or a two-level offset's
-codes), 5 a two-level offset's scales. A two-level part's value is ``(v - zp) * scale +
-offset``, each step rounded to float32 as ``dequantize`` rounds it (the product is fenced,
-:func:`emulate.cpu.parts.rounded`: in a kernel compiled with fast-math flags, ``* scale +
-offset`` became one fused multiply-add, one rounding).
+Each factor is read from its :class:`~emulate.cpu.operands.Factor` record: a constant
+factor is its ``constant``; a stored one is read from ``stored``; a two-level part's value
+is ``(v - zero_point) * scale + constant`` of its code ``v`` (``stored``) and its scale
+(``scales``), each step rounded to float32 as ``dequantize`` rounds it (the product is
+fenced, :func:`emulate.cpu.parts.rounded`: in a kernel compiled with fast-math flags,
+``* scale + offset`` became one fused multiply-add, one rounding).
 """
 
 from __future__ import annotations
@@ -20,11 +18,18 @@ from collections.abc import Callable
 import numba
 import numpy as np
 
-from emulate.cpu.form import BFLOAT16, FLOAT16, SIGNED, UNSIGNED, Form, LevelSlots, Slot
+from emulate.cpu.form import ConstantFactor, FactorForm, Form, Kind, LevelSlots, Slot
 from emulate.cpu.lanes import LANES, code_values, half_values
-from emulate.cpu.parts import reader, rounded
+from emulate.cpu.parts import flushed, frexp32, pow2, reader, rounded
 
-__all__ = ["factors", "row_factors"]
+__all__ = ["LIMIT", "combined_scale", "factors", "ordinary", "row_factors", "scale_parts"]
+
+#: Factors (scales, offsets, zero points) of at least this magnitude, Inf and NaN leave the
+#: kernel's arithmetic, which multiplies a block's sum by its scale: there each element's
+#: dequantized value is multiplied and summed instead (:mod:`emulate.cpu.dequantized`),
+#: so that NaN and Inf come out as the dequantized product gives them (``0 * Inf`` is NaN
+#: in the product where a block sum would hide it).
+LIMIT = np.float32(2.0**100)
 
 
 def _dummy_reader() -> Callable:
@@ -54,142 +59,213 @@ def _affine(level: LevelSlots) -> Callable:
     return value
 
 
-def _level_value(level: LevelSlots) -> Callable:
-    codes = reader(level.codes)
-    scales = reader(level.scales) if level.scales is not None else _dummy_reader()
-    bi, bj = level.block
-    affine = _affine(level)
-
-    @numba.njit(inline="always")
-    def value(c, t, sc, st, zp, off, i, j):
-        return affine(codes(c, t, i, j), zp, scales(sc, st, i // bi, j // bj), off)
-
-    return value
-
-
-def _factor(part: Slot | LevelSlots | str | None, zp_at: int, off_at: int) -> Callable:
-    """An njit ``(consts, b0, t0, b1, t1, i, j) -> float32`` for one factor: a constant
-    (``consts[off_at - 1]``: the weight's zero point or offset), a slot (``b0``), or a
-    two-level part (codes ``b0``, scales ``b1``, constants at ``zp_at``, ``off_at``)."""
-    if isinstance(part, LevelSlots):
-        level = _level_value(part)
+def _factor(form: FactorForm) -> Callable:
+    """An njit ``(f, i, j) -> float32``: factor ``f`` (a :class:`~emulate.cpu.operands.Factor`
+    of form ``form``) at block ``(i, j)`` (0 where absent)."""
+    if isinstance(form, LevelSlots):
+        codes = reader(form.codes)
+        scales = reader(form.scales) if form.scales is not None else _dummy_reader()
+        bi, bj = form.block
+        affine = _affine(form)
 
         @numba.njit(inline="always")
-        def nested(consts, b0, t0, b1, t1, i, j):
-            return level(b0, t0, b1, t1, consts[zp_at], consts[off_at], i, j)
+        def nested(f, i, j):
+            v = codes(f.stored.data, f.stored.table, i, j)
+            s = scales(f.level_scales.data, f.level_scales.table, i // bi, j // bj)
+            return affine(v, f.zero_point, s, f.constant)
 
         return nested
-    if isinstance(part, Slot):
-        slot = reader(part)
+    if isinstance(form, Slot):
+        slot = reader(form)
 
         @numba.njit(inline="always")
-        def stored(consts, b0, t0, b1, t1, i, j):
-            return slot(b0, t0, i, j)
+        def stored(f, i, j):
+            return slot(f.stored.data, f.stored.table, i, j)
 
         return stored
-    const = off_at - 1 if part == "const" else -1
+    is_constant = isinstance(form, ConstantFactor)
 
     @numba.njit(inline="always")
-    def constant(consts, b0, t0, b1, t1, i, j):
-        return consts[const] if const >= 0 else np.float32(0)
+    def constant(f, i, j):
+        return f.constant if is_constant else np.float32(0)
 
     return constant
 
 
 @functools.cache
 def factors(form: Form) -> Callable:
-    """An njit ``(consts, s1, t1, ..., s5, t5, i, j) -> (z, s, o)``: block ``(i, j)``'s
-    zero point, scale and offset, float32 (0, 1, 0 where absent)."""
-    zp = _factor(form.zero_point, 0, 1)
-    scale = _factor(form.scale, 2, 3)
-    off = _factor(form.offset, 4, 5 if isinstance(form.offset, LevelSlots) else 2)
+    """An njit ``(weight, i, j) -> (z, s, o)``: block ``(i, j)``'s zero point, scale and
+    offset of ``weight`` (a :class:`~emulate.cpu.operands.Weight`), float32 (0, 1, 0 where
+    absent)."""
+    zero_point, scale, offset = _factor(form.zero_point), _factor(form.scale), _factor(form.offset)
     has_scale = form.scale is not None
+    combine = combined_scale(form)
 
     @numba.njit(inline="always")
-    def block(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, i, j):
-        z = zp(consts, s1, t1, s1, t1, i, j)
+    def block(weight, i, j):
+        z = zero_point(weight.zero_point, i, j)
         s = np.float32(1)
         if has_scale:
-            s = scale(consts, s2, t2, s3, t3, i, j)
-        o = off(consts, s4, t4, s5, t5, i, j)
+            s = combine(scale(weight.scale, i, j), weight.tensor)
+        o = offset(weight.offset, i, j)
         return z, s, o
 
     return block
 
 
-def _factor_row(part: Slot | LevelSlots | str | None, zp_at: int, off_at: int) -> Callable:
-    """An njit ``(consts, b0, t0, b1, t1, i, out)``: :func:`_factor`'s value at ``(i, j)``
-    for every ``j < len(out)`` (one row of the weight's grid), a two-level part's scale
-    decoded once a run of blocks that share it (not once a block)."""
-    if not isinstance(part, LevelSlots):
-        one = _factor(part, zp_at, off_at)
-        # float16 / bfloat16 factors stored along the row: LANES a step
-        halves = isinstance(part, Slot) and part.kind in (FLOAT16, BFLOAT16)
-        brain = int(isinstance(part, Slot) and part.kind == BFLOAT16)
+def _scaled(form: Form) -> bool:
+    return form.tensor or form.exponent != 0
 
-        @numba.njit(inline="always")
-        def each(consts, b0, t0, b1, t1, i, out):
-            n, done = out.shape[0], 0
-            if halves:
-                row = b0[i]
-                for c in range(n // LANES):
-                    # numba binds the intrinsic's typing context: mypy counts it
-                    half_values(out, row, np.uint64(c * LANES), brain)  # type: ignore[call-arg]
-                done = (n // LANES) * LANES
-            for j in range(done, n):
-                out[j] = one(consts, b0, t0, b1, t1, i, j)
 
-        return each
-    codes = reader(part.codes)
-    scales = reader(part.scales) if part.scales is not None else _dummy_reader()
-    bi, bj = part.block
-    has_scale = part.scales is not None
-    affine = _affine(part)
-    slot = part.codes
-    # integer codes along the row (a bit stream, or whole bytes): LANES groups at a time
+def combined_scale(form: Form) -> Callable:
+    """An njit ``(s, t) -> float32``: block scale ``s`` times tensor scale ``t`` times
+    ``2**element_exponent`` as ``dequantize`` forms it (``s``'s and ``t``'s mantissas
+    multiplied and rounded once, exponents added), where that is a normal float32 below
+    :data:`LIMIT` (exact); else Inf or NaN, which send the block to the dequantized path.
+    ``s`` itself where the form has neither a tensor scale nor an element exponent."""
+    scaled, ee = _scaled(form), form.exponent
+
+    @numba.njit(inline="always")
+    def combine(s, t):
+        if not scaled:
+            return s
+        ms, es = frexp32(s)
+        mt, et = frexp32(t)
+        m = rounded(np.float32(ms * mt))
+        e = es + et + ee
+        if m == 0 or not np.isfinite(m):
+            return m
+        if e < -126 or e > 99:
+            return np.float32(np.inf)
+        return np.float32(m * pow2(e))
+
+    return combine
+
+
+def scale_parts(form: Form) -> Callable:
+    """An njit ``(weight, i, j) -> (m, p1, p2)``: block ``(i, j)``'s scale as ``dequantize``
+    applies it, ``m * p1 * p2`` (:func:`emulate.quantized.values.block_factors`: the
+    mantissa of the scale times the tensor scale's, and two normal powers of two)."""
+    scale = _factor(form.scale)
+    has_scale, scaled, ee = form.scale is not None, _scaled(form), form.exponent
+    flush = isinstance(form.scale, LevelSlots)  # dequantize flushes a two-level scale first
+
+    @numba.njit(inline="always")
+    def parts(weight, i, j):
+        s = scale(weight.scale, i, j) if has_scale else np.float32(1)
+        if flush:
+            s = flushed(s)
+        m, e = frexp32(s)
+        if scaled:
+            mt, et = frexp32(weight.tensor)
+            m = rounded(np.float32(m * mt))
+            e = 0 if not np.isfinite(m) else e + et + ee
+        e = max(e, -252)
+        return m, pow2(e // 2), pow2(e - e // 2)
+
+    return parts
+
+
+@numba.njit(inline="always")
+def ordinary(v: np.float32) -> bool:
+    """Whether a factor stays in the kernel's arithmetic (finite, below :data:`LIMIT`)."""
+    return bool(abs(v) < LIMIT)
+
+
+def _halves_row(form: Slot | ConstantFactor | None) -> Callable:
+    """An njit ``(f, i, out)``: :func:`_factor`'s value at ``(i, j)`` for every ``j <
+    len(out)``, float16 / bfloat16 factors stored along the row :data:`LANES` a step."""
+    one = _factor(form)
+    halves = isinstance(form, Slot) and form.kind in (Kind.FLOAT16, Kind.BFLOAT16)
+    brain = int(isinstance(form, Slot) and form.kind == Kind.BFLOAT16)
+
+    @numba.njit(inline="always")
+    def each(f, i, out):
+        n, done = out.shape[0], 0
+        if halves:
+            row = f.stored.data[i]
+            for c in range(n // LANES):
+                # numba binds the intrinsic's typing context: mypy counts it
+                half_values(out, row, np.uint64(c * LANES), brain)  # type: ignore[call-arg]
+            done = (n // LANES) * LANES
+        for j in range(done, n):
+            out[j] = one(f, i, j)
+
+    return each
+
+
+def _level_row(form: LevelSlots) -> Callable:
+    """An njit ``(f, i, out)``: a two-level part's value at ``(i, j)`` for every ``j <
+    len(out)``, its scale decoded once a run of blocks that share it (not once a block),
+    integer codes along the row (a bit stream, or whole bytes) :data:`LANES` groups a
+    step."""
+    codes = reader(form.codes)
+    scales = reader(form.scales) if form.scales is not None else _dummy_reader()
+    bi, bj = form.block
+    has_scale = form.scales is not None
+    affine = _affine(form)
+    slot = form.codes
     bits, packed, signed, _ = slot.step
-    vector = slot.kind in (UNSIGNED, SIGNED) and (
+    vector = slot.kind in (Kind.UNSIGNED, Kind.SIGNED) and (
         slot.axis == 1 or (slot.axis == -1 and slot.width == 1)
     )
     step = LANES * slot.group  # codes a step
 
     @numba.njit(inline="always")
-    def level(consts, b0, t0, b1, t1, i, out):
-        zp, off = consts[zp_at], consts[off_at]
+    def level(f, i, out):
         n = out.shape[0]
         done = 0
         if vector:
-            row = b0[i]
+            row, table = f.stored.data[i], f.stored.table
             for c in range(n // step):
+                at, g0 = np.uint64(c * step), np.uint64(c * LANES)
                 # numba binds the intrinsic's typing context: mypy counts it as an argument
-                code_values(out, row, np.uint64(c * LANES), bits, packed, signed)  # type: ignore[call-arg]
+                code_values(out, at, row, table, g0, bits, packed, signed, 0)  # type: ignore[call-arg]
             done = (n // step) * step
         for j in range(done, n):
-            out[j] = codes(b0, t0, i, j)
+            out[j] = codes(f.stored.data, f.stored.table, i, j)
         for u in range((n + bj - 1) // bj):
-            sup = scales(b1, t1, i // bi, u) if has_scale else np.float32(1)
+            sup = (
+                scales(f.level_scales.data, f.level_scales.table, i // bi, u)
+                if has_scale
+                else np.float32(1)
+            )
             for j in range(np.uint64(u * bj), np.uint64(min(n, (u + 1) * bj))):
-                out[j] = affine(out[j], zp, sup, off)
+                out[j] = affine(out[j], f.zero_point, sup, f.constant)
 
     return level
 
 
+def _factor_row(form: FactorForm) -> Callable:
+    """An njit ``(f, i, out)``: :func:`_factor`'s value at ``(i, j)`` for every ``j <
+    len(out)`` (one row of the weight's grid)."""
+    return _level_row(form) if isinstance(form, LevelSlots) else _halves_row(form)
+
+
 def row_factors(form: Form) -> Callable:
-    """An njit ``(consts, s1, t1, ..., s5, t5, i, zb, sb, ob)``: the factors of every block
-    of row ``i`` of the weight's grid (layout ROWS) into ``zb``, ``sb``, ``ob``: as
-    :func:`factors` gives them, a row at a time."""
-    zp = _factor_row(form.zero_point, 0, 1)
-    scale = _factor_row(form.scale, 2, 3)
-    off = _factor_row(form.offset, 4, 5 if isinstance(form.offset, LevelSlots) else 2)
-    has_scale = form.scale is not None
+    """An njit ``(weight, i, zb, sb, ob) -> bool``: the factors of every block of row ``i``
+    of the weight's grid (layout ROWS) into ``zb``, ``sb``, ``ob``: as :func:`factors`
+    gives them, a row at a time; whether they are all :func:`ordinary`."""
+    zero_point = _factor_row(form.zero_point)
+    scale = _factor_row(form.scale)
+    offset = _factor_row(form.offset)
+    has_scale, scaled = form.scale is not None, _scaled(form)
+    combine = combined_scale(form)
 
     @numba.njit(inline="always")
-    def row(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, i, zb, sb, ob):
-        zp(consts, s1, t1, s1, t1, i, zb)
+    def row(weight, i, zb, sb, ob):
+        zero_point(weight.zero_point, i, zb)
         if has_scale:
-            scale(consts, s2, t2, s3, t3, i, sb)
+            scale(weight.scale, i, sb)
+            if scaled:
+                for j in range(sb.shape[0]):
+                    sb[j] = combine(sb[j], weight.tensor)
         else:
             sb[:] = 1
-        off(consts, s4, t4, s5, t5, i, ob)
+        offset(weight.offset, i, ob)
+        fine = True
+        for j in range(sb.shape[0]):
+            fine &= ordinary(zb[j]) & ordinary(sb[j]) & ordinary(ob[j])
+        return bool(fine)
 
     return row

@@ -4,7 +4,7 @@ compiled code: no branch on them at run time).
 
 The kernel gets every stored array as a 2-D ``uint8`` array of its raw bytes (XLA passes
 the array as it is; the handler reads its buffer as bytes) and, for
-:data:`~emulate.cpu.form.TABLE` slots, a float32 table of the value of every code.
+:attr:`~emulate.cpu.form.Kind.TABLE` slots, a float32 table of the value of every code.
 Element ``(i, j)``:
 
 - ``axis == -1``: ``width`` bytes at ``[i, j*width : (j+1)*width]``, little-endian;
@@ -27,9 +27,25 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from emulate.cpu.form import BFLOAT16, FLOAT16, SIGNED, TABLE, UNSIGNED, Slot
+from emulate.cpu.form import Kind, Slot
+from emulate.cpu.operands import Factor, StoredBytes, Weight
 
-__all__ = ["float16_value", "float32_value", "reader", "rounded", "stack_floats"]
+__all__ = [
+    "F32_MIN_NORMAL",
+    "flat",
+    "flushed",
+    "float16_value",
+    "float32_value",
+    "frexp32",
+    "pow2",
+    "reader",
+    "rounded",
+    "stack_floats",
+    "unflat",
+]
+
+#: The least normal float32, 2**-126.
+F32_MIN_NORMAL = np.float32(2.0**-126)
 
 
 @intrinsic
@@ -41,6 +57,19 @@ def _f32_from_bits(typingctx: Any, bits32: Any) -> Any:
         return builder.bitcast(low, ir.FloatType())
 
     return types.float32(bits32), codegen
+
+
+@intrinsic
+def _bits_of_f32(typingctx: Any, value: Any) -> Any:
+    """The bits of the float32 ``value`` as a uint32 (an LLVM bitcast: no arithmetic, so a
+    subnormal keeps its bits under flush-to-zero)."""
+    if value != types.float32:
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(value), codegen
 
 
 @intrinsic
@@ -102,6 +131,41 @@ def float16_value(h: int) -> np.float32:
     return _f32_from_bits(sign | ((e + np.uint64(112)) << np.uint64(23)) | (m << np.uint64(13)))
 
 
+@numba.njit(inline="always")
+def frexp32(value: np.float32) -> tuple[np.float32, int]:
+    """``(m, e)`` with ``value == m * 2**e`` and ``1 <= |m| < 2``, from the bits of the
+    float32 ``value`` (subnormals included, nothing flushed); zero gives ``(+-0, 0)``, Inf
+    and NaN ``(themselves, 0)``: :func:`emulate.numerics.bits.frexp_bits` in numba."""
+    bits = np.uint64(_bits_of_f32(np.float32(value)))
+    sign = bits & np.uint64(0x80000000)
+    field = (bits >> np.uint64(23)) & np.uint64(255)
+    mant = bits & np.uint64(0x7FFFFF)
+    if field == 255 or (field == 0 and mant == 0):
+        return np.float32(value), 0
+    if field == 0:  # subnormal: normalize the mantissa
+        top = 0
+        while (mant >> np.uint64(top + 1)) != 0:
+            top += 1
+        frac = (mant << np.uint64(23 - top)) & np.uint64(0x7FFFFF)
+        return _f32_from_bits(sign | np.uint64(127 << 23) | frac), top - 149
+    return _f32_from_bits(sign | np.uint64(127 << 23) | mant), int(field) - 127
+
+
+@numba.njit(inline="always")
+def pow2(n: int) -> np.float32:
+    """``2**n`` as a float32 built from its bits, for ``-126 <= n <= 127``."""
+    return _f32_from_bits(np.uint64(n + 127) << np.uint64(23))
+
+
+@numba.njit(inline="always")
+def flushed(value: np.float32) -> np.float32:
+    """``value``, a float32 below 2**-126 in magnitude flushed to zero (of its sign), as
+    XLA:CPU flushes every result."""
+    if abs(value) < F32_MIN_NORMAL:
+        return np.float32(0) * value
+    return value
+
+
 def _code_reader(bits: int, axis: int, width: int) -> Callable:
     mask = np.uint64((1 << bits) - 1) if bits < 64 else np.uint64(0)
     eight = np.uint64(8)
@@ -138,16 +202,53 @@ def reader(slot: Slot) -> Callable:
     @numba.njit(inline="always")
     def value(data, table, i, j):
         c = code(data, i, j)
-        if kind == UNSIGNED:
+        if kind == Kind.UNSIGNED:
             return np.float32(c)
-        if kind == SIGNED:
+        if kind == Kind.SIGNED:
             return np.float32(np.int64(c) - full if c >= half else np.int64(c))
-        if kind == TABLE:
+        if kind == Kind.TABLE:
             return table[c]
-        if kind == FLOAT16:
+        if kind == Kind.FLOAT16:
             return float16_value(c)
-        if kind == BFLOAT16:
+        if kind == Kind.BFLOAT16:
             return float32_value(c << np.uint64(16))
         return float32_value(c)
 
     return value
+
+
+@numba.njit(inline="always")
+def flat(w):
+    """The arrays and constants of the :class:`~emulate.cpu.operands.Weight` ``w``, one
+    flat tuple (depth first): numba's parallel loops take arrays, scalars and flat tuples
+    of them, not nested records; :func:`unflat` rebuilds the record inside the loop."""
+    return (
+        *(w.codes.data, w.codes.table),
+        *(w.zero_point.stored.data, w.zero_point.stored.table),
+        *(w.zero_point.level_scales.data, w.zero_point.level_scales.table),
+        *(w.zero_point.zero_point, w.zero_point.constant),
+        *(
+            w.scale.stored.data,
+            w.scale.stored.table,
+            w.scale.level_scales.data,
+            w.scale.level_scales.table,
+        ),
+        *(w.scale.zero_point, w.scale.constant),
+        *(w.offset.stored.data, w.offset.stored.table),
+        *(w.offset.level_scales.data, w.offset.level_scales.table),
+        *(w.offset.zero_point, w.offset.constant),
+        w.tensor,
+    )
+
+
+@numba.njit(inline="always")
+def unflat(leaves):
+    """The :class:`~emulate.cpu.operands.Weight` of :func:`flat`' tuple."""
+    (c, ct, z, zt, zs, zst, zz, zc, s, st, ss, sst, sz, sc, o, ot, os, ost, oz, oc, t) = leaves
+    return Weight(
+        StoredBytes(c, ct),
+        Factor(StoredBytes(z, zt), StoredBytes(zs, zst), zz, zc),
+        Factor(StoredBytes(s, st), StoredBytes(ss, sst), sz, sc),
+        Factor(StoredBytes(o, ot), StoredBytes(os, ost), oz, oc),
+        t,
+    )

@@ -1,14 +1,13 @@
 """Which contractions the CPU kernel takes: :func:`kernel_form` (the one owner of that rule;
 :func:`emulate.routing.choose` asks it for a CPU target, beside the route setting).
 
-The kernel (:mod:`emulate.cpu.gemv`) reads the weight once per call and decodes every
-block next to its dot product; it is set by the weight's stored bytes, where XLA's route
-(:mod:`emulate.engine.qtiled`) decodes tiles to float32 and runs XLA:CPU's dot. For few
-rows of activations (decode steps) the kernel wins; for many XLA's matrix-matrix dot does
-(docs/performance.md, "The CPU kernel"): it takes at most :data:`FEW_ROWS` rows, and up
-to :data:`MAX_ROWS` where XLA's route decodes slowly (two-level factors, 4-bit tables).
-The kernel decodes the weight once per row of activations, so its time grows with the
-rows; XLA's tiles are decoded once per call.
+The kernel reads the weight once per call, as stored; XLA's route
+(:mod:`emulate.engine.qtiled`) decodes tiles to float32 and runs XLA:CPU's dot. Up to
+:data:`MAX_ROWS` rows of activations each block of the weight is decoded once for all
+rows, next to their dot products (:mod:`emulate.cpu.gemv`); beyond, a panel at a time
+into float32 matrix-multiply micro-kernels (:mod:`emulate.cpu.gemm`, :func:`many_rows`).
+Integer activations stay off the kernel: the contract sums integer x integer exactly in
+int32, the kernel sums in float32.
 """
 
 from __future__ import annotations
@@ -17,41 +16,38 @@ import math
 from collections.abc import Sequence
 
 from emulate import cpu
-from emulate.cpu.form import TABLE, Form, LevelSlots, weight_form
+from emulate.cpu.form import Form, Orientation, vector_step, weight_form
 from emulate.quantized.array import QArray
 
-__all__ = ["FEW_ROWS", "MAX_ROWS", "kernel_form", "max_rows"]
+__all__ = ["MAX_ROWS", "kernel_form", "many_rows"]
 
 #: The most rows of activations (the product of the other operand's free dimensions) the
-#: kernel takes for any form. At 4 rows and 4096 x 14336 the kernel and XLA's route were
-#: within 20% of each other for the one-level forms (compressed-tensors and Q4_0 faster in
-#: the kernel, AWQ, GPTQ and FP8 blocks on XLA's); at 8 rows XLA's route ran AWQ 1.8x
-#: faster (benchmarks.qcpu, docs/performance.md, "Fourth pass").
-FEW_ROWS = 4
-#: The most rows the kernel takes where XLA's route decodes slowly: two-level scales or
-#: offsets (the K-quants, bitsandbytes' double quantization) and 4-bit tables (codebooks,
-#: float4): at 8 rows the kernel ran Q4_K 3.3x, NF4 2.9x and Q2_K 4.6x faster.
-MAX_ROWS = 8
-
-
-def max_rows(form: Form) -> int:
-    """The most rows of activations the kernel takes for ``form``."""
-    two_level = isinstance(form.scale, LevelSlots) or isinstance(form.offset, LevelSlots)
-    four_bit_table = form.codes.kind == TABLE and form.codes.bits == 4
-    return MAX_ROWS if two_level or four_bit_table else FEW_ROWS
+#: few-rows kernel takes: every block of the weight is decoded once for all of them.
+MAX_ROWS = 16
 
 
 def kernel_form(
-    q: QArray, side: int, other_shape: Sequence[int], dimension_numbers: tuple
+    q: QArray,
+    side: int,
+    other_shape: Sequence[int],
+    dimension_numbers: tuple,
+    other_integer: bool = False,
 ) -> Form | str:
     """The kernel's form for ``q`` (on ``side``: 0 lhs, 1 rhs) contracted with an operand
-    of ``other_shape``, or why the kernel does not take it (a str): numba missing, batch
-    dimensions, more than one contracting dimension, an empty weight (K or N of 0: XLA's
-    route gives its zeros), more rows than :func:`max_rows`, or a weight without a kernel
-    form (:func:`emulate.cpu.form.weight_form`)."""
+    of ``other_shape`` (integers where ``other_integer``), or why the kernel does not take
+    it (a str): numba missing, integer activations, batch dimensions, more than one
+    contracting dimension, an empty weight (K or N of 0: XLA's route gives its zeros), no
+    rows, a weight without a kernel form (:func:`emulate.cpu.form.weight_form`), or more
+    rows than :data:`MAX_ROWS` where the many-rows kernel does not take the form
+    (:func:`many_rows`)."""
     (lc, rc), (lb, rb) = dimension_numbers
     if not cpu.available():
         return "numba is not installed: the CPU kernel is compiled by numba"
+    if other_integer:
+        return (
+            "integer activations: the contract sums integer x integer exactly in int32, "
+            "the CPU kernel in float32"
+        )
     if lb or rb:
         return "batch dimensions: the CPU kernel multiplies one 2-D weight"
     if len(lc) != 1:
@@ -60,6 +56,8 @@ def kernel_form(
         return f"an empty weight (shape {tuple(q.shape)}): XLA's route gives its zeros"
     qc, oc = (lc[0], rc[0]) if side == 0 else (rc[0], lc[0])
     rows = math.prod(n for d, n in enumerate(other_shape) if d != oc)
+    if rows < 1:
+        return f"{rows} rows of activations: the CPU kernel takes at least 1"
     form = weight_form(q, qc)
     if form is None:
         return (
@@ -67,9 +65,18 @@ def kernel_form(
             "stacked or act-order, packed along N, wider than a byte, float codes or "
             "codebooks without table lookups in registers, parts it cannot read)"
         )
-    if not 1 <= rows <= max_rows(form):
+    if rows > MAX_ROWS and not many_rows(form, q.shape[1 - qc]):
         return (
-            f"{rows} rows of activations: the CPU kernel takes 1 to {max_rows(form)} for "
-            "this weight (a decode step's few rows; XLA's matrix-matrix dot is faster for more)"
+            f"{rows} rows of activations: the CPU kernel takes 1 to {MAX_ROWS} for this "
+            "weight (more where its codes decode a vector step at a time and, stored (K, "
+            "N), N is a multiple of 16)"
         )
     return form
+
+
+def many_rows(form: Form, n: int) -> bool:
+    """Whether the many-rows kernel (:mod:`emulate.cpu.gemm`: the weight decoded a panel at
+    a time into the float32 micro-kernels) takes ``form`` with ``n`` output columns: codes
+    that decode a vector step at a time (:func:`emulate.cpu.form.vector_step`), and for
+    layout COLUMNS whole strips of 16 columns."""
+    return vector_step(form) and (form.orientation == Orientation.ROWS or n % 16 == 0)

@@ -94,7 +94,8 @@ class CpuGemv:
         if w.perm is not None:
             w = dataclasses.replace(w, perm=None, perm_axis=None)
         side = 0 if self.side == "lhs" else 1
-        return cpu_route.kernel_form(w, side, x.shape, self.dimension_numbers)
+        integer = x.format.is_integer  # integer x integer: exact in int32, not the kernel's
+        return cpu_route.kernel_form(w, side, x.shape, self.dimension_numbers, integer)
 
     def unlowered(self) -> str | None:
         if jax.default_backend() != "cpu":
@@ -112,7 +113,7 @@ class CpuGemv:
         lhs, rhs, restore = without_perm(lhs, rhs, dn)
         q, other = (lhs, rhs) if self.side == "lhs" else (rhs, lhs)
         side = 0 if self.side == "lhs" else 1
-        form = cpu_route.kernel_form(q, side, other.shape, dn)
+        form = cpu_route.kernel_form(q, side, other.shape, dn, other.format.is_integer)
         assert not isinstance(form, str)  # choose() saw it taken
         vo = wide_values(other)
         oc = dn[0][1 - side][0]

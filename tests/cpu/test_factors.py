@@ -10,7 +10,8 @@ import pytest
 
 import emulate
 from emulate.cpu.factors import factors, row_factors
-from emulate.cpu.form import slot_widths, weight_form, weight_operands
+from emulate.cpu.form import weight_form
+from emulate.cpu.operands import Factor, StoredBytes, Weight, byte_widths, weight_operands
 from emulate.quantized.array import QArray
 
 N = 3
@@ -34,17 +35,31 @@ def _two_level(k: int, bk: int, per: int, scale_dtype) -> tuple[QArray, np.ndarr
     return q, want
 
 
+def _bytes(s: StoredBytes, width: int) -> StoredBytes:
+    """A stored part as the kernel reads it: 2-D uint8 bytes, ``width`` a code."""
+    b = np.ascontiguousarray(np.asarray(s.data))
+    b = b.reshape(b.shape[0], -1) if b.ndim == 2 else b.reshape(1, -1)
+    b = b.view(np.uint8).reshape(b.shape[0], -1)
+    assert b.shape[1] % width == 0
+    return StoredBytes(b, np.asarray(s.table))
+
+
 def _operands(q: QArray, contracting: int) -> tuple:
-    """The kernel's consts and six (bytes, table) slots as numpy arrays (bytes 2-D)."""
+    """The form and the kernel's :class:`Weight` record as numpy arrays (bytes 2-D)."""
     form = weight_form(q, contracting)
-    consts, slots = weight_operands(q, form)
-    arrays = []
-    for i, (a, width) in enumerate(zip(slots[::2], slot_widths(form))):
-        b = np.ascontiguousarray(np.asarray(a))
-        b = b.reshape(b.shape[0], -1) if b.ndim == 2 else b.reshape(1, -1)
-        arrays += [b.view(np.uint8).reshape(b.shape[0], -1), np.asarray(slots[2 * i + 1])]
-        assert arrays[-2].shape[1] % width == 0
-    return form, np.asarray(consts), arrays
+    w = weight_operands(q, form)
+    widths = iter(byte_widths(form))
+    codes = _bytes(w.codes, next(widths))
+    factors = [
+        Factor(
+            _bytes(f.stored, next(widths)),
+            _bytes(f.level_scales, next(widths)),
+            np.float32(f.zero_point),
+            np.float32(f.constant),
+        )
+        for f in (w.zero_point, w.scale, w.offset)
+    ]
+    return form, Weight(codes, *factors, np.float32(w.tensor))
 
 
 @pytest.mark.parametrize(
@@ -55,27 +70,27 @@ def test_two_level_scales_are_dequantizes_bits(k: int, per: int, scale_dtype) ->
     # 72 (34) blocks a row: vector steps of 64 codes and a tail; (v - 5) * s + 0.37 rounded
     # twice (float32 s: the product rounds), which one fused multiply-add would not
     q, want = _two_level(k, 32, per, scale_dtype)
-    form, consts, (s0, t0, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5) = _operands(q, 1)
+    form, weight = _operands(q, 1)
     fill = row_factors(form)
 
     @numba.njit(fastmath={"reassoc", "contract", "nsz", "arcp"})
-    def rows(out):
+    def rows(weight, out):
         nb = out.shape[1]
         zb, ob = np.empty(nb, np.float32), np.empty(nb, np.float32)
         for i in range(out.shape[0]):
-            fill(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, i, zb, out[i], ob)
+            fill(weight, i, zb, out[i], ob)
 
     got = np.zeros_like(want)
-    rows(got)
+    rows(weight, got)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     block = factors(form)
 
     @numba.njit(fastmath={"reassoc", "contract", "nsz", "arcp"})
-    def each(out):
+    def each(weight, out):
         for i in range(out.shape[0]):
             for j in range(out.shape[1]):
-                out[i, j] = block(consts, s1, t1, s2, t2, s3, t3, s4, t4, s5, t5, i, j)[1]
+                out[i, j] = block(weight, i, j)[1]
 
     got[:] = 0
-    each(got)
+    each(weight, got)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -10,17 +10,21 @@ in blocks of 32 with e8m0 scales (columns, two codes a byte), and the same with 
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _dequantized_product import as_dequantized
 
 import emulate
 import emulate.bounds
 import emulate.cpu
 from emulate import cpu
 from emulate.cpu import route
+from emulate.cpu.form import Loop, weight_form
 from emulate.quantized.array import QArray
 
 K, N = 64, 72  # N: one step of 64 columns and 8 after it (layout COLUMNS)
@@ -50,7 +54,7 @@ def _dot(x, q, dn=KN):
 def test_within_the_bound_for_every_row_count(k: int) -> None:
     q, w = _weight(k)
     rng = np.random.default_rng(1)
-    for rows in (1, 3, route.FEW_ROWS):
+    for rows in (1, 3, route.MAX_ROWS):
         x = rng.normal(size=(rows, k)).astype(np.float32)
         got = _dot(jnp.asarray(x), q)
         bound = emulate.bounds.qarray_bound(x, w, KN, segments=-(-k // 32))
@@ -60,9 +64,9 @@ def test_within_the_bound_for_every_row_count(k: int) -> None:
 def test_rows_are_independent_of_the_batch_and_of_jit() -> None:
     # every result element is its own sum, in one order: the same bits for any rows
     q, _ = _weight()
-    x = jnp.asarray(np.random.default_rng(2).normal(size=(route.FEW_ROWS, K)), jnp.bfloat16)
+    x = jnp.asarray(np.random.default_rng(2).normal(size=(route.MAX_ROWS, K)), jnp.bfloat16)
     whole = _dot(x, q)
-    for i in range(route.FEW_ROWS):
+    for i in range(route.MAX_ROWS):
         assert np.array_equal(_dot(x[i : i + 1], q), whole[i : i + 1])
     with emulate.use_cpu_kernel(True):
         eager = np.asarray(emulate.dot_general(x, q, KN, preferred_element_type=jnp.float32))
@@ -217,3 +221,77 @@ def test_threads_give_the_one_thread_bits(monkeypatch) -> None:
     one = _dot(x, rows, nk)
     monkeypatch.setattr(emulate.cpu, "parallel", lambda: True)
     assert np.array_equal(one.view(np.uint32), _dot(x, rows, nk).view(np.uint32))
+
+
+def _q4_rows(rng: np.random.Generator, offsets: np.ndarray | None = None) -> QArray:
+    """GGUF-like rows (N, K): uint4 codes, zero point 8, float32 scales per 32 of K."""
+    codes = rng.integers(0, 16, (N, K), dtype=np.uint8)
+    scales = rng.uniform(0.01, 0.1, (N, K // 32)).astype(np.float32)
+    return QArray.from_parts(
+        emulate.pack(codes, "uint4", axis=-1),
+        scales,
+        block_shape=(1, 32),
+        zero_points=8,
+        offsets=offsets,
+    )
+
+
+def test_rows_as_stored_are_independent_of_the_batch() -> None:
+    # rows (N, K): every row of x through the same steps, its 16 lanes summed in one order
+    rng = np.random.default_rng(12)
+    q = _q4_rows(rng)
+    x = jnp.asarray(rng.normal(size=(route.MAX_ROWS, K)), jnp.float32)
+    nk = (((1,), (1,)), ((), ()))
+    whole = _dot(x, q, nk)
+    for i in (0, 5, route.MAX_ROWS - 1):
+        assert np.array_equal(
+            _dot(x[i : i + 1], q, nk).view(np.uint32), whole[i : i + 1].view(np.uint32)
+        )
+    for rows in (2, 7):
+        assert np.array_equal(_dot(x[:rows], q, nk).view(np.uint32), whole[:rows].view(np.uint32))
+
+
+def test_nvfp4_takes_its_tensor_scale_as_dequantize_does() -> None:
+    # e2m1 codes, e4m3 scales per 16, an f32 tensor scale: the product of the two scales
+    # rounded once (reference.dequantize); a tensor scale that sends the product below
+    # float32's normal range (the dequantized values flush) and one past it (Inf)
+    rng = np.random.default_rng(15)
+    wf = rng.normal(size=(K, N)).astype(np.float32)
+    q = emulate.quantize(wf, emulate.mx.NVFP4, axis=0)
+    x = rng.normal(size=(2, K)).astype(np.float32)
+    codes = np.asarray(emulate.unpack(q.codes))
+    for ts in (None, 2.0**-135, 2.0**125):
+        if ts is not None:
+            q = dataclasses.replace(q, tensor_scale=jnp.float32(ts))
+        w = emulate.reference.dequantize(
+            codes, np.asarray(q.scales), (16, 1), tensor_scale=float(np.asarray(q.tensor_scale))
+        ).astype(np.float64)
+        with emulate.use_cpu_kernel(True):
+            f = jax.jit(
+                lambda x, q: emulate.dot_general(x, q, KN, preferred_element_type=jnp.float32)
+            )
+            taken = "emulate_cpu_gemv_" in f.lower(x, q).as_text()
+            got = np.asarray(f(jnp.asarray(x), q))
+        assert taken == cpu.table_lookups(4)
+        as_dequantized(got, x, w, K // 16)
+
+
+def test_groups_with_stored_zero_points_and_a_last_shorter_block() -> None:
+    # 3-bit codes a group of 8 in 3 bytes, blocks of 16 (2 groups), K = 88 (5 blocks and
+    # one of 8), uint8 zero points per block
+    rng = np.random.default_rng(16)
+    k, bk = 88, 16
+    nb = -(-k // bk)
+    codes = rng.integers(0, 8, (N, k), dtype=np.uint8)
+    zps = rng.integers(0, 8, (N, nb), dtype=np.uint8)
+    scales = rng.uniform(0.01, 0.1, (N, nb)).astype(np.float16)
+    q = QArray.from_parts(
+        emulate.pack(codes, "uint3", axis=-1), scales, block_shape=(1, bk), zero_points=zps
+    )
+    assert weight_form(q, 1).loop == Loop.GROUPS
+    step = np.repeat(scales.astype(np.float64), bk, axis=1)[:, :k]
+    w = (codes.astype(np.float64) - np.repeat(zps, bk, axis=1)[:, :k]) * step
+    x = rng.normal(size=(3, k)).astype(np.float32)
+    got = _dot(jnp.asarray(x), q, (((1,), (1,)), ((), ())))
+    bound = emulate.bounds.qarray_bound(x, w.T, KN, segments=nb)
+    assert (np.abs(got - x.astype(np.float64) @ w.T) <= bound).all()

@@ -13,7 +13,15 @@ import numpy as np
 import pytest
 
 from emulate import cpu
-from emulate.cpu.lanes import LANES, code_values, column_lanes, group_lanes, half_values
+from emulate.cpu.lanes import (
+    LANES,
+    code_values,
+    column_dot,
+    column_lanes,
+    column_values,
+    group_lanes,
+    half_values,
+)
 from emulate.numerics.storage import group_shape
 
 WIDTHS = (2, 3, 4, 5, 6, 8)
@@ -35,10 +43,13 @@ def _code(row: np.ndarray, i: int, bits: int, packed: bool, signed: bool) -> int
 
 @functools.cache
 def _values(bits: int, packed: int, signed: int):
+    g = group_shape(bits)[0] if packed else 1
+
     @numba.njit
     def run(out, codes, steps):
         for c in range(steps):
-            code_values(out, codes, np.uint64(c * LANES), bits, packed, signed)
+            at = np.uint64(c * LANES * g)
+            code_values(out, at, codes, _NO_TABLE, np.uint64(c * LANES), bits, packed, signed, 0)
 
     return run
 
@@ -47,7 +58,7 @@ def _values(bits: int, packed: int, signed: int):
 def _lanes(bits: int, packed: int, signed: int, per_block: int, lookup: int = 0):
     @numba.njit
     def run(codes, steps, x, plane, s, z, table=_NO_TABLE):
-        acc = np.zeros(LANES, np.float32)
+        acc = np.zeros((x.shape[0], LANES), np.float32)  # x: (rows, g * plane)
         for c in range(steps):
             at = np.uint64(c * LANES)
             p = np.uint64(plane)
@@ -87,31 +98,29 @@ def _sums_cases() -> list:
 def test_group_lanes_are_exact_integer_sums(bits: int, signed: int, per_block: int) -> None:
     # integer x and zero points, power-of-two scales: every float32 step is exact, so each
     # lane equals the float64 sum over its groups (block factors as arrays, or as one
-    # scalar where the blocks hold 16 groups)
+    # scalar where the blocks hold 16 groups), for each of three rows of x at once
     rng = np.random.default_rng(10 + bits)
     for packed in (1, 0):
         g, nb = group_shape(bits) if packed else (1, 1)
         steps = 4
         groups = steps * LANES
         codes = rng.integers(0, 256, groups * nb, dtype=np.uint8)
-        x = rng.integers(-64, 64, g * groups).astype(np.float32)  # plane q: x[q * groups + t]
+        x = rng.integers(-64, 64, (3, g * groups)).astype(np.float32)  # plane q: [q groups + t]
         v = np.array([_code(codes, i, bits, packed, signed) for i in range(g * groups)])
         v = v.reshape(groups, g)  # group t, code q
-        xs = x.reshape(g, groups).T.astype(np.float64)
+        xs = x.reshape(3, g, groups).swapaxes(1, 2).astype(np.float64)  # row, group, code
         nblocks = groups // per_block
         s = (2.0 ** rng.integers(-4, 4, nblocks)).astype(np.float32)
         z = rng.integers(-8, 8, nblocks).astype(np.float32)
         run = _lanes(bits, packed, signed, per_block)
         b = np.arange(groups) // per_block
-        terms = s[b] * ((v - z[b][:, None]) * xs).sum(axis=1)
-        assert (
-            run(codes, steps, x, groups, s, z).tolist()
-            == terms.reshape(steps, LANES).sum(0).tolist()
-        )
+        terms = s[b] * ((v - z[b][:, None]) * xs).sum(axis=2)
+        want = terms.reshape(3, steps, LANES).sum(1)
+        assert run(codes, steps, x, groups, s, z).tolist() == want.tolist()
         if per_block == 16:
-            got = run(codes, steps, x, groups, np.float32(0.25), np.float32(3))
-            want = 0.25 * ((v - 3) * xs).sum(axis=1)
-            assert got.tolist() == want.reshape(steps, LANES).sum(axis=0).tolist()
+            got = run(codes, steps, x[1:], groups, np.float32(0.25), np.float32(3))
+            want = 0.25 * ((v - 3) * xs[1:]).sum(axis=2)
+            assert got.tolist() == want.reshape(2, steps, LANES).sum(axis=1).tolist()
 
 
 @functools.cache
@@ -143,6 +152,37 @@ def test_every_half_is_its_float32(brain: int) -> None:
 
 
 @functools.cache
+def _columns_once(bits: int, packed: int, signed: int):
+    g = 8 // bits if packed else 1
+
+    @numba.njit
+    def run(rows, x, z):
+        acc = np.zeros((x.shape[0], LANES), np.float32)
+        values = np.empty(g * LANES, np.float32)
+        for r in range(rows.shape[0]):
+            column_values(values, rows[r], _NO_TABLE, np.uint64(0), z, bits, packed, signed, 0)
+            for m in range(x.shape[0]):
+                column_dot(acc[m], values, x[m], np.uint64(r * g), g)
+        return acc
+
+    return run
+
+
+@pytest.mark.parametrize(("bits", "packed", "signed"), [(4, 1, 1), (8, 0, 0), (2, 1, 0)])
+def test_columns_decoded_once_are_the_columns_decoded_per_row(bits, packed, signed) -> None:
+    # float x and zero points: the same bits, row by row, as the one-row step
+    rng = np.random.default_rng(30 + bits)
+    g = 8 // bits if packed else 1
+    rows = rng.integers(0, 256, (24, LANES), dtype=np.uint8)
+    x = rng.normal(size=(3, 24 * g)).astype(np.float32)
+    z = rng.normal(size=LANES).astype(np.float32)
+    once = _columns_once(bits, packed, signed)(rows, x, z)
+    for m in range(3):
+        alone = _columns(bits, packed, signed, 0)(rows, _NO_TABLE, x[m], z)
+        assert np.array_equal(once[m].view(np.uint32), alone.view(np.uint32))
+
+
+@functools.cache
 def _columns(bits: int, packed: int, signed: int, lookup: int):
     @numba.njit
     def run(rows, table, x, z):
@@ -167,8 +207,20 @@ def _columns(bits: int, packed: int, signed: int, lookup: int):
     return run
 
 
-@pytest.mark.skipif(not cpu.table_lookups(), reason="no AVX-512: table codes take XLA's route")
-@pytest.mark.parametrize(("bits", "packed"), [(4, 1), (4, 0), (8, 0)])
+@pytest.mark.parametrize(
+    ("bits", "packed"),
+    [
+        (4, 1),
+        (4, 0),
+        pytest.param(
+            8,
+            0,
+            marks=pytest.mark.skipif(
+                not cpu.table_lookups(8), reason="no AVX-512: 8-bit tables take XLA's route"
+            ),
+        ),
+    ],
+)
 def test_tables_are_looked_up_exactly(bits: int, packed: int) -> None:
     # table values and x of few significant bits, block zero points: every float32 step
     # is exact; codes of every value (8-bit: all 256 entries, a top bit of each kind)
@@ -184,9 +236,9 @@ def test_tables_are_looked_up_exactly(bits: int, packed: int) -> None:
     v = table[[_code(codes, i, bits, packed, 0) for i in range(g * groups)]].reshape(groups, g)
     s = (2.0 ** rng.integers(-4, 4, groups)).astype(np.float32)
     z = rng.integers(-2, 2, groups).astype(np.float32)
-    got = _lanes(bits, packed, 0, 1, lookup=1)(codes, steps, x, groups, s, z, table)
+    got = _lanes(bits, packed, 0, 1, lookup=1)(codes, steps, x[None], groups, s, z, table)
     terms = s * ((v - z[:, None]) * x.reshape(g, groups).T).sum(axis=1)
-    assert got.tolist() == terms.reshape(steps, LANES).sum(axis=0).tolist()
+    assert got[0].tolist() == terms.reshape(steps, LANES).sum(axis=0).tolist()
     # columns: rows of 16 bytes, each byte g codes along K
     rows = codes.reshape(-1, LANES)
     zc = rng.integers(-2, 2, LANES).astype(np.float32)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import emulate
-from emulate.cpu.form import BFLOAT16, FLOAT16, FLOAT32, SIGNED, TABLE, UNSIGNED, Slot
+from emulate.cpu.form import Kind, Slot
 from emulate.cpu.parts import float16_value, float32_value, reader
 
 
@@ -48,7 +48,7 @@ def test_packed_codes_read_back(bits: int, axis: int) -> None:
         fmt = f"uint{bits}"
         packed = emulate.pack(codes, fmt, axis=axis - 2)
         assert np.array_equal(np.asarray(packed.data), data)
-    read = reader(Slot(UNSIGNED, bits, axis, 1))
+    read = reader(Slot(Kind.UNSIGNED, bits, axis, 1))
     table = np.zeros(1, np.float32)
     got = [[read(data, table, i, j) for j in range(11)] for i in range(5)]
     assert np.array_equal(np.array(got), codes.astype(np.float32))
@@ -57,17 +57,17 @@ def test_packed_codes_read_back(bits: int, axis: int) -> None:
 def test_signed_table_and_float_slots() -> None:
     table = np.zeros(1, np.float32)
     nibbles = np.array([[0x8F, 0x07]], np.uint8)  # codes 15, 8, 7, 0 along the row
-    signed = reader(Slot(SIGNED, 4, 1, 1))
+    signed = reader(Slot(Kind.SIGNED, 4, 1, 1))
     assert [signed(nibbles, table, 0, j) for j in range(4)] == [-1.0, -8.0, 7.0, 0.0]
     lut = np.arange(16, dtype=np.float32) * 0.5
-    assert reader(Slot(TABLE, 4, 1, 1))(nibbles, lut, 0, 1) == 4.0
+    assert reader(Slot(Kind.TABLE, 4, 1, 1))(nibbles, lut, 0, 1) == 4.0
     h = np.array([[1.5, -2.25, 65504.0]], np.float16)
-    f16 = reader(Slot(FLOAT16, 16, -1, 2))
+    f16 = reader(Slot(Kind.FLOAT16, 16, -1, 2))
     assert [f16(h.view(np.uint8), table, 0, j) for j in range(3)] == [1.5, -2.25, 65504.0]
     b = np.array([[3.0, -0.0078125]], ml_dtypes.bfloat16)
-    bf16 = reader(Slot(BFLOAT16, 16, -1, 2))
+    bf16 = reader(Slot(Kind.BFLOAT16, 16, -1, 2))
     assert [bf16(b.view(np.uint8), table, 0, j) for j in range(2)] == [3.0, -0.0078125]
     f = np.array([[1e-40, -3.5]], np.float32)  # a subnormal survives (no flush)
-    f32 = reader(Slot(FLOAT32, 32, -1, 4))
+    f32 = reader(Slot(Kind.FLOAT32, 32, -1, 4))
     got = np.array([f32(f.view(np.uint8), table, 0, j) for j in range(2)], np.float32)
     assert np.array_equal(got.view(np.uint32), f[0].view(np.uint32))

@@ -16,7 +16,7 @@ import pytest
 import emulate
 from emulate import bounds, reference
 from emulate.cpu import route
-from emulate.cpu.form import COLUMNS
+from emulate.cpu.form import Orientation
 
 KN = (((1,), (0,)), ((), ()))
 
@@ -32,13 +32,9 @@ def _taken(got: object) -> bool:
 
 def test_few_rows_without_batch_dimensions() -> None:
     q = _q()
-    form = route.kernel_form(q, 1, (route.FEW_ROWS, 64), KN)
-    assert not isinstance(form, str) and form.layout == COLUMNS
+    form = route.kernel_form(q, 1, (route.MAX_ROWS, 64), KN)
+    assert not isinstance(form, str) and form.orientation == Orientation.COLUMNS
     assert _taken(route.kernel_form(q, 1, (2, 2, 64), (((2,), (0,)), ((), ()))))
-    assert route.kernel_form(q, 1, (route.FEW_ROWS + 1, 64), KN) == (
-        "5 rows of activations: the CPU kernel takes 1 to 4 for this weight (a decode "
-        "step's few rows; XLA's matrix-matrix dot is faster for more)"
-    )
     assert route.kernel_form(q, 1, (0, 64), KN).startswith("0 rows of activations: ")
     assert _taken(route.kernel_form(q, 0, (3, 64), (((0,), (1,)), ((), ()))))
     for empty in ((0, 16), (64, 0)):  # K or N of 0: XLA's route gives the zeros
@@ -56,23 +52,43 @@ def test_few_rows_without_batch_dimensions() -> None:
     )  # fmt: skip
 
 
-def test_more_rows_where_xlas_route_decodes_slowly() -> None:
-    # two-level scales (a QArray of scales) and 4-bit tables: up to MAX_ROWS rows
-    rng = np.random.default_rng(1)
-    codes = emulate.pack(rng.integers(0, 16, (64, 16), dtype=np.uint8), "uint4", axis=0)
-    inner = emulate.QArray.from_parts(
-        rng.integers(0, 64, (2, 16), dtype=np.uint8),
-        np.ones((1, 16), np.float16),
-        block_shape=(2, 1),
-        fmt="uint6",
+def test_many_rows_where_the_codes_decode_a_vector_step_at_a_time() -> None:
+    # more than MAX_ROWS rows: the many-rows kernel (emulate.cpu.gemm), for vector-step
+    # forms and, in layout COLUMNS, whole strips of 16 columns
+    q = _q()
+    assert _taken(route.kernel_form(q, 1, (route.MAX_ROWS + 1, 64), KN))
+    assert _taken(route.kernel_form(q, 1, (512, 64), KN))
+    narrow = emulate.quantize(np.ones((64, 24), np.float32), "int4", block_shape=32, axis=0)
+    assert _taken(route.kernel_form(narrow, 1, (route.MAX_ROWS, 64), KN))
+    assert route.kernel_form(narrow, 1, (route.MAX_ROWS + 1, 64), KN) == (
+        "17 rows of activations: the CPU kernel takes 1 to 16 for this weight (more where "
+        "its codes decode a vector step at a time and, stored (K, N), N is a multiple of 16)"
     )
-    two_level = emulate.QArray.from_parts(codes, inner, block_shape=(32, 1))
-    assert _taken(route.kernel_form(two_level, 1, (route.MAX_ROWS, 64), KN))
-    assert route.kernel_form(two_level, 1, (route.MAX_ROWS + 1, 64), KN).startswith(
-        "9 rows of activations: the CPU kernel takes 1 to 8 for this weight"
+    odd = emulate.quantize(
+        np.ones((63, 16), np.float32), "int4", block_shape=32, axis=0, ragged=True
     )
-    form = route.kernel_form(_q(), 1, (1, 64), KN)
-    assert not isinstance(form, str) and route.max_rows(form) == route.FEW_ROWS
+    assert _taken(route.kernel_form(odd, 1, (route.MAX_ROWS, 63), KN))  # the bit-stream loop
+    assert not _taken(route.kernel_form(odd, 1, (route.MAX_ROWS + 1, 63), KN))
+
+
+def test_integer_activations_keep_the_exact_route() -> None:
+    # an int8 per-channel weight times int8 activations: integer x integer, which the
+    # contract sums exactly in int32; the kernel sums in float32 (127 * 127 * 2**17 =
+    # 2114060288 came out 2113930368), so it refuses integer activations
+    assert route.kernel_form(_q(), 1, (1, 64), KN, other_integer=True) == (
+        "integer activations: the contract sums integer x integer exactly in int32, the CPU "
+        "kernel in float32"
+    )
+    k = 2**17
+    w = emulate.QArray.from_parts(
+        np.full((k, 8), 127, np.int8), np.ones((1, 8), np.float32), block_shape=(k, 1)
+    )
+    x = jnp.full((1, k), 127, jnp.int8)
+    with emulate.use_cpu_kernel(True):
+        assert "emulate_cpu_gemv_" in _lowered(x.astype(jnp.float32), w)
+        assert "emulate_cpu_gemv_" not in _lowered(x, w)
+        got = jax.jit(lambda x: emulate.dot_general(x, w, KN))(x)
+    assert np.asarray(got).tolist() == [[2114060288.0] * 8]
 
 
 def _lowered(x, q) -> str:
@@ -116,7 +132,6 @@ def test_the_switch_and_the_xla_route_setting() -> None:
             assert "emulate_cpu_gemv_" not in _lowered(x, q)
         with emulate.use_cpu_kernel(False):
             assert "emulate_cpu_gemv_" not in _lowered(x, q)
-        assert "emulate_cpu_gemv_" not in _lowered(jnp.ones((9, 64), jnp.float32), q)
     # another target's plan: the planned route, not the CPU's kernel
     with emulate.use_cpu_kernel(True), emulate.use_target("tpu_v5e"):
         assert "emulate_cpu_gemv_" not in _lowered(x, q)

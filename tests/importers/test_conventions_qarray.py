@@ -222,13 +222,13 @@ def test_imported_qarray_matmul_within_bound(tmp_path, name: str, target: str) -
 
 #: The CPU kernel (emulate.cpu) takes the integer conventions: by default AWQ (packed zero
 #: points along N), the others (act-order, 2- and 3-bit GPTQ) under EMULATE_LONG_TESTS=1;
-#: the table codes (bitsandbytes' NF4 codebook, FP8's e4m3 codes) where the host looks
-#: their table up in registers (emulate.cpu.table_lookups): FP8 by default. NVFP4 (a tensor
-#: scale) stays on XLA's route and gpt_oss's stacked experts are not a kernel form (a
-#: batched dot): checked by default (no compile).
-NOT_KERNEL = ("gpt_oss", "nvfp4")
-TABLE_CASES = ("bnb", "bnb_nested", "fp8")
-KERNEL_DEFAULT = ("awq", "fp8", *NOT_KERNEL)
+#: the table codes (bitsandbytes' NF4 codebook, NVFP4's e2m1 codes with its tensor scale,
+#: FP8's e4m3 codes) where the host looks their table of that many bits up in registers
+#: (emulate.cpu.table_lookups): FP8 and NVFP4 by default. gpt_oss's stacked experts are not
+#: a kernel form (a batched dot): checked by default (no compile).
+NOT_KERNEL = ("gpt_oss",)
+TABLE_BITS = {"bnb": 4, "bnb_nested": 4, "nvfp4": 4, "fp8": 8}
+KERNEL_DEFAULT = ("awq", "fp8", "nvfp4", *NOT_KERNEL)
 
 
 @pytest.mark.parametrize(
@@ -247,7 +247,8 @@ def test_imported_qarray_through_the_cpu_kernel_within_bound(tmp_path, name: str
     with emulate.use_cpu_kernel(True):
         taken = "emulate_cpu_gemv_" in jax.jit(f).lower(x).as_text()
         assert taken == (
-            name not in NOT_KERNEL and (name not in TABLE_CASES or emulate.cpu.table_lookups())
+            name not in NOT_KERNEL
+            and (name not in TABLE_BITS or emulate.cpu.table_lookups(TABLE_BITS[name]))
         )
         if not taken:
             return

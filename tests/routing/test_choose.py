@@ -220,12 +220,11 @@ def test_route_kernel_refuses_what_the_kernel_cannot_take_by_name():
         "target gpu_sm90 is not a TPU"
     )
     with emulate.use_route("kernel"), emulate.use_cpu_kernel(True), pytest.raises(ValueError) as e:
-        emulate.weight_route(X, Q, DN, target="cpu")  # six rows of activations
+        emulate.weight_route(X.astype(jnp.int8), Q, DN, target="cpu")  # integer activations
     assert str(e.value) == (
-        "rhs: route 'kernel' asks for emulate.cpu.gemv, which cannot take this call: 6 rows of "
-        "activations: the CPU kernel takes 1 to 4 for this weight (a decode step's few rows; "
-        "XLA's matrix-matrix dot is faster for more); use emulate.use_route('auto') or ('xla') "
-        "for the XLA route"
+        "rhs: route 'kernel' asks for emulate.cpu.gemv, which cannot take this call: integer "
+        "activations: the contract sums integer x integer exactly in int32, the CPU kernel in "
+        "float32; use emulate.use_route('auto') or ('xla') for the XLA route"
     )
     with emulate.use_route("kernel"), pytest.raises(ValueError, match=r"^mode: route 'kernel'"):
         emulate.weight_route(X, Q, DN, target=TPU, mode="exact")

@@ -18,7 +18,7 @@ _RNG = np.random.default_rng(5)
 W = _RNG.standard_normal((K, N)).astype(np.float32)
 Q = emulate.quantize(W, "int4", block_shape=32, axis=0, scale_fmt="float16")
 X2 = jnp.asarray(_RNG.standard_normal((2, K)), jnp.float32)
-X9 = jnp.asarray(_RNG.standard_normal((9, K)), jnp.float32)
+XI = jnp.asarray(_RNG.integers(-8, 8, (2, K)), jnp.int8)  # integer x integer: exact, no kernel
 TAKEN = (
     "route on cpu (setting 'auto'): cpu.gemv\n"
     "  rhs read as stored by emulate.cpu.gemv where the program is lowered for the CPU; the "
@@ -36,12 +36,12 @@ def test_weight_route_reports_the_cpu_kernel_and_why_not():
     assert emulate.weight_route(X2, Q, DN, target="cpu").explain() == TAKEN
     lhs = emulate.weight_route(Q.T, X2.T, (((1,), (0,)), ((), ())), target="cpu")
     assert (lhs.label(), lhs.weight) == ("cpu.gemv", "lhs")
-    many = emulate.weight_route(X9, Q, DN, target="cpu")
-    assert (many.route, many.kernel_name, many.reason) == (
+    integer = emulate.weight_route(XI, Q, DN, target="cpu")
+    assert (integer.route, integer.kernel_name, integer.reason) == (
         "xla",
         "emulate.cpu.gemv",
-        "9 rows of activations: the CPU kernel takes 1 to 4 for this weight (a decode step's "
-        "few rows; XLA's matrix-matrix dot is faster for more)",
+        "integer activations: the contract sums integer x integer exactly in int32, the CPU "
+        "kernel in float32",
     )
     exact = emulate.weight_route(X2, Q, DN, target="cpu", mode="exact")
     assert exact.reason == "mode 'exact': the CPU kernel gives mode \"fast\"'s result"
@@ -73,11 +73,11 @@ def test_an_act_order_or_prepared_weight_is_decided_as_its_qarray_is():
 
 
 def test_inspect_shows_the_cpu_kernel_and_the_sites_kept_off_it():
-    report = emulate.inspect(lambda a, b, q: (a @ q, b @ q), X2, X9, Q, target="cpu")
+    report = emulate.inspect(lambda a, b, q: (a @ q, b @ q), X2, XI, Q, target="cpu")
     assert [r.weight_route for r in report.rows] == [
         "cpu.gemv",
-        "xla: 9 rows of activations: the CPU kernel takes 1 to 4 for this weight (a decode "
-        "step's few rows; XLA's matrix-matrix dot is faster for more)",
+        "xla: integer activations: the contract sums integer x integer exactly in int32, the "
+        "CPU kernel in float32",
     ]
     text = str(report).splitlines()
     assert text[2].split()[6] == "cpu.gemv"  # the route column

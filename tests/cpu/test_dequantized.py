@@ -1,0 +1,97 @@
+"""emulate.cpu.dequantized: blocks whose factors are NaN, infinite or huge give what the
+dequantized product gives (tests/_dequantized_product.py: NaN where a zero meets an
+infinite scale), in the few-rows kernel (layouts COLUMNS and ROWS) and the many-rows one.
+One special value a test."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _dequantized_product import as_dequantized
+
+import emulate
+from emulate.cpu import route
+from emulate.quantized.array import QArray
+
+K, N = 64, 72  # N: one step of 64 columns and 8 after it (layout COLUMNS)
+KN = (((1,), (0,)), ((), ()))
+NK = (((1,), (1,)), ((), ()))
+
+
+def _dot(x, q, dn=KN):
+    with emulate.use_cpu_kernel(True):
+        f = jax.jit(lambda x: emulate.dot_general(x, q, dn, preferred_element_type=jnp.float32))
+        assert "emulate_cpu_gemv_" in f.lower(x).as_text()
+        return np.asarray(f(x))
+
+
+def _q4_rows(rng: np.random.Generator, scales: np.ndarray) -> QArray:
+    """GGUF-like rows (N, K): uint4 codes, zero point 8, the float32 ``scales`` per 32."""
+    codes = rng.integers(0, 16, (N, K), dtype=np.uint8)
+    return QArray.from_parts(
+        emulate.pack(codes, "uint4", axis=-1), scales, block_shape=(1, 32), zero_points=8
+    )
+
+
+SPECIALS = [np.nan, np.inf, -np.inf, 2.0**110]
+
+
+@pytest.mark.parametrize("special", SPECIALS)
+@pytest.mark.parametrize("part", ["scale", pytest.param("offset", marks=pytest.mark.long)])
+def test_a_special_factor_in_columns_gives_the_dequantized_product(part, special) -> None:
+    # int8 codes (K, N) with zeros, f32 scales per 32 of K: a special scale (or offset) in
+    # a column of the vector steps (3) and one after them (70)
+    rng = np.random.default_rng(13)
+    codes = rng.integers(-3, 4, (K, N)).astype(np.int8)
+    scales = rng.uniform(0.5, 2, (2, N)).astype(np.float32)
+    offsets = rng.uniform(-1, 1, (2, N)).astype(np.float32) if part == "offset" else None
+    (scales if part == "scale" else offsets)[[0, 1], [3, 70]] = special
+    q = QArray.from_parts(codes, scales, block_shape=(32, 1), offsets=offsets)
+    w = codes.astype(np.float64) * np.repeat(scales.astype(np.float64), 32, axis=0)
+    if offsets is not None:
+        w = w + np.repeat(offsets.astype(np.float64), 32, axis=0)
+    x = rng.normal(size=(3, K)).astype(np.float32)
+    x[1, :8] = 0  # zeros against an infinite scale: NaN in the product
+    as_dequantized(_dot(jnp.asarray(x), q), x, w, 2)
+
+
+@pytest.mark.parametrize(
+    "special",
+    [np.inf, *(pytest.param(v, marks=pytest.mark.long) for v in (np.nan, -np.inf, 2.0**110))],
+)
+def test_a_special_scale_in_rows_gives_the_dequantized_product(special) -> None:
+    rng = np.random.default_rng(14)
+    scales = rng.uniform(0.01, 0.1, (N, K // 32)).astype(np.float32)
+    scales[[2, 40], [0, 1]] = special
+    q = _q4_rows(rng, scales)
+    codes = emulate.unpack(q.codes).astype(np.float64)
+    w = ((codes - 8) * np.repeat(scales.astype(np.float64), 32, axis=1)).T
+    x = rng.normal(size=(3, K)).astype(np.float32)
+    x[2, 40:] = 0
+    as_dequantized(_dot(jnp.asarray(x), q, NK), x, w, 2)
+
+
+@pytest.mark.parametrize("layout", ["columns", "rows"])
+def test_the_many_rows_kernel_gives_the_dequantized_product(layout) -> None:
+    # more rows than the few-rows kernel takes: the panels hold the dequantized values
+    rng = np.random.default_rng(17)
+    m = route.MAX_ROWS + 4
+    x = rng.normal(size=(m, K)).astype(np.float32)
+    x[3, :8] = 0
+    if layout == "columns":
+        codes = rng.integers(-3, 4, (K, 64)).astype(np.int8)
+        scales = rng.uniform(0.5, 2, (2, 64)).astype(np.float32)
+        scales[[0, 1], [3, 50]] = [np.inf, np.nan]
+        q = QArray.from_parts(codes, scales, block_shape=(32, 1))
+        w = codes.astype(np.float64) * np.repeat(scales.astype(np.float64), 32, axis=0)
+        got = _dot(jnp.asarray(x), q)
+    else:
+        scales = rng.uniform(0.01, 0.1, (N, K // 32)).astype(np.float32)
+        scales[[2, 40], [0, 1]] = [np.inf, -np.inf]
+        q = _q4_rows(rng, scales)
+        codes = emulate.unpack(q.codes).astype(np.float64)
+        w = ((codes - 8) * np.repeat(scales.astype(np.float64), 32, axis=1)).T
+        got = _dot(jnp.asarray(x), q, NK)
+    as_dequantized(got, x, w, 2)

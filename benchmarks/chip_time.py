@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.metadata
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,6 +36,7 @@ import jax
 
 from benchmarks import harness
 from benchmarks.chip_programs import LOOP, ChipCase
+from benchmarks.chip_run import commit, package_version
 
 _BLOCKS = ("default", "16x256x1024", "16x512x1024", "16x1024x2048", "16x512x4096")
 
@@ -52,25 +51,6 @@ CASES: tuple[str, ...] = tuple(
     + [f"projection/bf16/m{m}" for m in (1, 64)]
     + [f"layer/{c}/m{m}" for c in ("bf16", "xla", "kernel") for m in (1, 64)]
 )  # fmt: skip
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _commit(given: str | None) -> str | None:
-    if given:
-        return given
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip() or None
 
 
 def _time_case(name: str, target: str, repeats: int) -> dict[str, object]:
@@ -126,10 +106,10 @@ def run(args: argparse.Namespace) -> harness.Report:
         "devices": jax.device_count(),
         "target": target,
         "jax": jax.__version__,
-        "jaxlib": _version("jaxlib"),
-        "libtpu": _version("libtpu") or _version("libtpu-nightly"),
+        "jaxlib": package_version("jaxlib"),
+        "libtpu": package_version("libtpu") or package_version("libtpu-nightly"),
         "platform_version": _platform_version(dev),
-        "commit": _commit(args.commit),
+        "commit": commit(args.commit),
         "command": args.command,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "loop": LOOP,

@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.metadata
 import json
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -46,6 +44,7 @@ import numpy as np
 
 import emulate
 import emulate.pallas
+from benchmarks.chip_run import commit, package_version
 
 #: Calls per timed program (one call alone costs hundreds of us of dispatch on a lent chip).
 LOOP = 50
@@ -158,25 +157,6 @@ def check(schemes: list[str], rows: list[int], target: str | None = None) -> lis
     return out
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _commit(given: str | None) -> str | None:
-    if given:
-        return given
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip() or None
-
-
 def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every case on this machine (module docstring): the report as a JSON-able dict,
     each line logged as it is measured."""
@@ -188,9 +168,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         "platform": dev.platform,
         "target": target,
         "jax": jax.__version__,
-        "jaxlib": _version("jaxlib"),
-        "libtpu": _version("libtpu") or _version("libtpu-nightly"),
-        "commit": _commit(args.commit),
+        "jaxlib": package_version("jaxlib"),
+        "libtpu": package_version("libtpu") or package_version("libtpu-nightly"),
+        "commit": commit(args.commit),
         "command": args.command,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "loop": LOOP,

@@ -32,7 +32,7 @@ from emulate.engine.args import DotArgs, dot_args, shape_of
 from emulate.engine.operands import OperandLike, Precision, describe
 from emulate.engine.prepared import view
 from emulate.formats import FormatLike
-from emulate.group_sizes import check_group_sizes
+from emulate.group_sizes import as_group_sizes, check_group_sizes
 from emulate.quantized.array import QArray
 
 __all__ = ["BASIC", "MODES", "RaggedArgs", "ragged_args", "ragged_shape"]
@@ -92,25 +92,6 @@ class RaggedArgs:
         per_group = self.groups if self.mode == "noncontracting" else 1
         tag = self.dot.tag()
         return dataclasses.replace(tag, op="ragged_dot_general", flops=tag.flops // per_group)
-
-
-def _group_sizes(group_sizes: Any) -> Any:
-    """``group_sizes`` as an integer array of rank >= 1 (TypeError otherwise, as JAX)."""
-    dtype = getattr(group_sizes, "dtype", None)
-    if dtype is None:
-        group_sizes = np.asarray(group_sizes)
-        dtype = group_sizes.dtype
-    if not jnp.issubdtype(dtype, jnp.integer):
-        raise TypeError(
-            "group_sizes: expected an array of integers (the number of rows in each group), "
-            f"got {np.dtype(dtype).name}{list(np.shape(group_sizes))}"
-        )
-    if np.ndim(group_sizes) == 0:
-        raise TypeError(
-            "group_sizes: expected an array of rank >= 1 (one size per group, shape (g,)), "
-            f"got a scalar {np.dtype(dtype).name}"
-        )
-    return group_sizes
 
 
 def _mode(rdn: lax.RaggedDotDimensionNumbers, lhs_rank: int) -> tuple[str, int, tuple[int, ...]]:
@@ -184,7 +165,7 @@ def ragged_args(
             "ragged_dot_dimension_numbers: expected a jax.lax.RaggedDotDimensionNumbers, got "
             f"{type(rdn).__name__} {rdn!r}"
         )
-    gs = _group_sizes(group_sizes)
+    gs = as_group_sizes(group_sizes)
     lhs_shape, rhs_shape = (shape_of(view(x)) for x in (lhs, rhs))
     out_shape = ragged_shape(lhs_shape, rhs_shape, np.shape(gs), rdn)
     call = dot_args(

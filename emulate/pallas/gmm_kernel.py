@@ -49,7 +49,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from emulate import formats, targets
 from emulate.formats import FormatLike
-from emulate.group_sizes import check_group_sizes
+from emulate.group_sizes import as_group_sizes, check_group_sizes
 from emulate.numerics.storage import Packed, is_array
 from emulate.pallas import matmul_kernel
 from emulate.pallas.matmul_args import MatmulArgs, matmul_args
@@ -344,6 +344,7 @@ def ragged_dot(
     if t.kind != "tpu":
         raise ValueError(f"target: a TPU kernel, and the target is {t.name}; pass a TPU target")
     groups = _expert_count(w)
+    group_sizes = as_group_sizes(group_sizes)
     gs_shape = tuple(np.shape(group_sizes))
     if np.ndim(x) != 2 or gs_shape != (groups,):
         raise ValueError(

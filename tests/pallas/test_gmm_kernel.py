@@ -4,8 +4,6 @@ compiler (compile-only) with Mosaic's compatibility mode on and off."""
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -15,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import emulate
-from emulate import bounds, compiler, reference
+from emulate import bounds, reference
 from emulate.pallas import gmm_kernel
 
 M, K, N, G = 50, 200, 130, 4
@@ -145,64 +143,41 @@ def test_bad_calls_name_the_argument() -> None:
         gmm_kernel.ragged_dot(x[:, :100], w, jnp.ones(G, jnp.int32), target="tpu_v5e")
 
 
-# The real compiler: a decode-sized MoE step (8 experts, 256 rows, K 2048, N 1024).
-_PAIRS = {"bf16xe4m3fn": ("bfloat16", "float8_e4m3fn", "float32"),
-          "int8xint8": ("int8", "int8", "int32"),
-          "bf16xint8": ("bfloat16", "int8", "bfloat16")}  # fmt: skip
-_TARGETS = ["tpu_v2", "tpu_v4", "tpu_v5e", "tpu_v7x"]
-_DEFAULT = {("bf16xe4m3fn", "tpu_v5e"), ("int8xint8", "tpu_v2")}  # EMULATE_LONG_TESTS: all
-_RUNS = [
-    pytest.param(p, t, marks=[] if (p, t) in _DEFAULT else [pytest.mark.long], id=f"{p}-{t}")
-    for p in _PAIRS
-    for t in _TARGETS
-]
-
-
-def _job(pair: str, target: str) -> compiler.Job:
-    x, w, out = _PAIRS[pair]
-    fn = functools.partial(gmm_kernel.ragged_dot, target=target, out_dtype=out, interpret=False)
-    specs = (
-        jax.ShapeDtypeStruct((256, 2048), x),
-        jax.ShapeDtypeStruct((8, 2048, 1024), w),
-        jax.ShapeDtypeStruct((8,), jnp.int32),
+@pytest.mark.parametrize(
+    ("sizes", "got"),
+    [
+        (jnp.array([1.5, 0, 4.5, 26]), "float32[4]"),
+        (jnp.array([True, False, True, True]), "bool[4]"),
+        ([1.5, 0.0, 4.5, 26.0], "float64[4]"),
+        (jnp.int32(32), None),
+    ],
+)
+def test_group_sizes_that_are_not_integers_are_refused_as_jax_refuses_them(sizes, got) -> None:
+    # issue 49: the kernel truncated float sizes and read bool ones, a row came back zero
+    x, w = jnp.ones((M, K), jnp.bfloat16), jnp.ones((G, K, N), jnp.int8)
+    with pytest.raises(TypeError) as e:
+        gmm_kernel.ragged_dot(x, w, sizes, target="tpu_v5e")
+    want = (
+        f"group_sizes: expected an array of integers (the number of rows in each group), got {got}"
+        if got
+        else "group_sizes: expected an array of rank >= 1 (one size per group, shape (g,)), "
+        "got a scalar int32"
     )
-    return compiler.Job(fn, specs, target)
+    assert str(e.value) == want
+    with pytest.raises(TypeError):  # JAX's own call refuses them with the same type
+        jax.lax.ragged_dot(x, w, jnp.asarray(sizes))
 
 
-@pytest.fixture(scope="module")
-def verdicts(request) -> dict:
-    runs = [  # this session's selected runs only
-        (item.callspec.params["pair"], item.callspec.params["target"])
-        for item in request.session.items
-        if getattr(item, "originalname", "") == "test_the_tpu_compiler_compiles_it"
-        and item.module is request.module
-    ]
-    jobs = [_job(p, t) for p, t in runs]
-    got = compiler.check_both({True: jobs, False: jobs})
-    return {(run, c): v for c in (True, False) for run, v in zip(runs, got[c], strict=True)}
-
-
-@pytest.mark.parametrize(("pair", "target"), _RUNS)
-def test_the_tpu_compiler_compiles_it(verdicts, pair, target) -> None:
-    for compat in (True, False):
-        v = verdicts[((pair, target), compat)]
-        assert v.ok, (pair, target, compat, v.message)
-
-
-def test_the_default_row_tile_is_about_one_group() -> None:
-    # 64 bf16 rows over 32 experts (16 tokens, top-4 of gpt-oss's 32): 2 rows a group on
-    # average, so a row tile of 16 (bf16's sublane tiling), not 64: each visit reads its
-    # tile of x again, and 64-row tiles read 4x the rows
-    x = jax.ShapeDtypeStruct((64, 256), jnp.bfloat16)
-    w = jax.ShapeDtypeStruct((32, 256, 128), jnp.int8)
-    gs = jax.ShapeDtypeStruct((32,), jnp.int32)
-    fn = functools.partial(gmm_kernel.ragged_dot, target="tpu_v5e", interpret=True)
-    eqns = list(jax.make_jaxpr(fn)(x, w, gs).eqns)
-    while eqns[0].primitive.name != "pallas_call":  # into the jit calls, depth first
-        e = eqns.pop(0)
-        eqns[:0] = [i for p in e.params.values() if hasattr(p, "eqns") for i in p.eqns] + [
-            i for p in e.params.values() if hasattr(p, "jaxpr") for i in p.jaxpr.eqns
-        ]
-    grid = eqns[0].params["grid_mapping"]
-    assert grid.block_mappings[0].block_shape[0].block_size == 16
-    assert grid.grid[1] == 64 // 16 + 32 - 1  # visits: every row tile, plus one a boundary
+def test_a_list_of_group_sizes_is_taken_as_an_array() -> None:
+    xi = np.random.default_rng(0).integers(-3, 4, (M, K))
+    wi = np.random.default_rng(1).integers(-3, 4, (G, K, N))
+    sizes = [M // 4, M // 2, 0, M // 4]  # 49 of 50 rows: the last belongs to no group
+    got = gmm_kernel.ragged_dot(
+        jnp.asarray(xi, jnp.bfloat16), jnp.asarray(wi, jnp.int8), sizes,
+        target="tpu_v5e", interpret=True,
+    )  # fmt: skip
+    want = np.zeros((M, N), np.int64)
+    ends = np.cumsum(sizes)
+    for j, (start, end) in enumerate(zip(ends - sizes, ends, strict=True)):
+        want[start:end] = xi[start:end] @ wi[j]  # integer sums: exact in float32
+    assert np.asarray(got, np.float64).tolist() == want.astype(np.float64).tolist()

@@ -68,6 +68,9 @@ NAMES: Final[dict[str, str]] = {
     "emulate.compiler.natural_accumulator": "emulate.mosaic.natural_accumulator",
     "emulate.compiler.recorded": "emulate.mosaic.recorded",
     "emulate.conv.PaddingError": "emulate.engine.conv_args.PaddingError",
+    "emulate.cpu.gemv.listing": "emulate.cpu.handler.listing",
+    "emulate.cpu.route.choose": "emulate.cpu.route.kernel_form",  # a refusal: its reason
+    "emulate.cpu.route.FEW_ROWS": "emulate.cpu.route.MAX_ROWS",  # every form takes 16
     "emulate.engine.args.PaddingError": "emulate.engine.conv_args.PaddingError",
     "emulate.engine.tiled.choose": "emulate.engine.tiled.tiling_for",
     "emulate.engine.qtiled.choose": "emulate.engine.qtiled.qtiling_for",

@@ -44,9 +44,9 @@ import numpy as np
 from jax import lax
 
 from emulate import formats, moved
-from emulate.engine import grad, qtiled, sites, tiled
+from emulate.engine import grad, layout, qtiled, sites, tiled
 from emulate.engine.args import DotArgs, dot_args
-from emulate.engine.layout import dot_general, to_bfk
+from emulate.engine.layout import to_bfk
 from emulate.engine.operands import Operand, OperandLike, Precision, operand
 from emulate.engine.qoperands import (
     bf16_exact,
@@ -158,7 +158,7 @@ def _values_operand(x: Operand | QArray, arg: str) -> Operand:
 
 def _contract_f32(static: tuple, a: jax.Array, b: jax.Array) -> jax.Array:
     dn, precision = static[:2]
-    return dot_general(a, b, dn, precision, preferred_element_type=jnp.float32)
+    return layout.dot_general(a, b, dn, precision, preferred_element_type=jnp.float32)
 
 
 # Differentiable as the dequantized math (emulate.engine.grad): gradients reach float
@@ -297,7 +297,7 @@ def _scaled_run(
             x = _segment_sums(other[0], other[1].format, other[2])
             lhs, rhs = (c, x) if lhs_side else (x, c)  # (batch..., free..., segment) each
             dn_seg = (((lhs.ndim - 1,), (rhs.ndim - 1,)), (tuple(range(nb)),) * 2)
-            acc = acc + dot_general(
+            acc = acc + layout.dot_general(
                 lhs, rhs, dn_seg, lax.Precision.HIGHEST, preferred_element_type=jnp.float32
             )
     return accumulate.round_accumulator(acc, out)
@@ -358,7 +358,9 @@ def _common_values(a, b, precision) -> tuple[jax.Array, jax.Array, Precision]:
 @functools.partial(jax.jit, static_argnames=("dimension_numbers", "precision", "out"))
 def _dequantized_run(a, b, dimension_numbers, precision, out):
     va, vb, precision = _common_values(a, b, precision)
-    acc = dot_general(va, vb, dimension_numbers, precision, preferred_element_type=jnp.float32)
+    acc = layout.dot_general(
+        va, vb, dimension_numbers, precision, preferred_element_type=jnp.float32
+    )
     return accumulate.round_accumulator(acc, out)
 
 
@@ -384,7 +386,7 @@ def _qtiled_run(a, b, dimension_numbers, precision, out, t: qtiled.QTiling):
     def untiled(q, vo):
         w = dequantize(q, to=common)
         va, vb = (w, vo.astype(common)) if t.side == 0 else (vo.astype(common), w)
-        return dot_general(va, vb, dimension_numbers, hi, preferred_element_type=jnp.float32)
+        return layout.dot_general(va, vb, dimension_numbers, hi, preferred_element_type=jnp.float32)
 
     acc = lax.platform_dependent(q, vo, cpu=cpu, default=untiled)
     return accumulate.round_accumulator(acc, out)

@@ -42,6 +42,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from emulate import moved
 from emulate.cpu import dequantized
 from emulate.cpu.factors import factors, ordinary, row_factors
 from emulate.cpu.form import Form, Kind, Orientation, vector_step
@@ -390,3 +391,6 @@ def kernel(form: Form, parallel: bool) -> Callable:
     2-D uint8 bytes), and ``out`` (M, N) float32."""
     run = _columns_kernel if form.orientation == Orientation.COLUMNS else _rows_kernel
     return run(form, parallel)
+
+
+__getattr__ = moved.module_getattr(__name__)

@@ -15,11 +15,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from emulate import cpu
+from emulate import cpu, moved
 from emulate.cpu.form import Form, Orientation, vector_step, weight_form
 from emulate.quantized.array import QArray
 
-__all__ = ["MAX_ROWS", "kernel_form", "many_rows"]
+__all__ = ["MAX_ROWS", "kernel_form", "many_rows", "max_rows"]
 
 #: The most rows of activations (the product of the other operand's free dimensions) the
 #: few-rows kernel takes: every block of the weight is decoded once for all of them.
@@ -74,9 +74,19 @@ def kernel_form(
     return form
 
 
+def max_rows(form: Form) -> int:
+    """The most rows of activations the few-rows kernel takes for ``form``: :data:`MAX_ROWS`
+    for every form since issue 50 (more rows: :func:`many_rows`). Kept for code written
+    against the docs that named it."""
+    return MAX_ROWS
+
+
 def many_rows(form: Form, n: int) -> bool:
     """Whether the many-rows kernel (:mod:`emulate.cpu.gemm`: the weight decoded a panel at
     a time into the float32 micro-kernels) takes ``form`` with ``n`` output columns: codes
     that decode a vector step at a time (:func:`emulate.cpu.form.vector_step`), and for
     layout COLUMNS whole strips of 16 columns."""
     return vector_step(form) and (form.orientation == Orientation.ROWS or n % 16 == 0)
+
+
+__getattr__ = moved.module_getattr(__name__)

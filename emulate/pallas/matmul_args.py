@@ -84,11 +84,10 @@ class RelayoutError(ValueError):
     """A weight :func:`emulate.pallas.matmul` would lay out again on every call of a TPU
     program (a copy of the weight per call, several times its stored bytes): the message
     names what would be copied and the fix, preparing it once
-    (:func:`emulate.pallas.prepare_weight`, :func:`emulate.prepare_weights`). The kernel
-    route raises it rather than take the XLA route (``reroute``), which reads such a
-    weight tens of times over."""
-
-    reroute = False
+    (:func:`emulate.pallas.prepare_weight`, :func:`emulate.prepare_weights`). Route
+    "kernel" raises it; route "auto" takes the XLA route instead (which reads such a
+    weight tens of times over) and ``emulate.weight_route`` / ``emulate.inspect`` show this
+    refusal as the reason."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -25,10 +25,9 @@ def kernel_program(op: KernelOp, x: Any, w: Any) -> Any:
     leaves of ``(x, w)``, or the kernel's refusal as text (the NotImplementedError,
     ValueError or TypeError it raised, after "<kernel> refuses it: "). A Pallas kernel is
     traced as for a TPU (:func:`emulate.targets.tpu_branch`) unless in interpret mode.
-
-    Raises:
-      ValueError: what the kernel raised with ``reroute = False`` (a refusal the XLA route
-        would not mend: :class:`emulate.pallas.RelayoutError`)."""
+    A :class:`emulate.pallas.RelayoutError` is a refusal like the others: route "kernel"
+    raises it with its fix, route "auto" takes the XLA route and says why
+    (``emulate.weight_route`` / ``emulate.inspect``)."""
     op = dataclasses.replace(op, xla_route=None)  # type: ignore[type-var]
     try:
         avals = tuple((tuple(v.shape), str(v.dtype)) for v in jax.tree.leaves((x, w)))
@@ -49,8 +48,6 @@ def kernel_program(op: KernelOp, x: Any, w: Any) -> Any:
         with targets.tpu_branch() if tpu else contextlib.nullcontext():
             got: Any = jax.make_jaxpr(flat)(*jax.tree.leaves((x, w)))
     except (NotImplementedError, ValueError, TypeError) as e:
-        if getattr(e, "reroute", True) is False:  # a refusal no other route mends
-            raise
         got = f"{op.kernel_name} refuses it: {e}"
     if key is not None:
         _PROGRAMS[key] = got

@@ -295,20 +295,21 @@ def test_auto_keeps_a_program_jax_may_partition_on_the_xla_route():
 
 def test_a_weight_laid_out_again_on_every_call_is_refused_with_the_fix():
     # int4 codes in groups of 32 rows: the kernel reads them K-planar, a copy per call of a
-    # TPU program that takes the QArray as it is; every route that builds one refuses it
-    # (the XLA route in its place would read the weight tens of times over), naming the fix
+    # TPU program that takes the QArray as it is: route "kernel" refuses it naming the fix;
+    # route "auto" takes the XLA route and its reason says why
     q32 = emulate.quantize(W, "int4", block_shape=32, axis=0, scale_fmt="float16")
     fix = r"prepare it once, outside the program: emulate\.pallas\.prepare_weight\(w\)"
+    copied = (
+        "w: a QArray int4[256, 128] is not stored as the TPU kernel reads it: its "
+        "codes (into the K-planar layout) would be laid out again on every call"
+    )
     with emulate.target(TPU):
-        for setting in ("kernel", "auto"):
-            with emulate.use_route(setting), pytest.raises(emulate.pallas.RelayoutError) as e:
-                emulate.weight_route(X, q32, DN)  # "auto": as compiling for the TPU plans
-            assert str(e.value).startswith(
-                "w: a QArray int4[256, 128] is not stored as the TPU kernel reads it: its "
-                "codes (into the K-planar layout) would be laid out again on every call"
-            )
-        with emulate.use_route("kernel"), pytest.raises(ValueError, match=fix):
+        with emulate.use_route("auto"):
+            r = emulate.weight_route(X, q32, DN)
+        assert not r.kernel and copied in r.reason, r.reason
+        with emulate.use_route("kernel"), pytest.raises(ValueError, match=fix) as e:
             jax.make_jaxpr(lambda x, q: emulate.dot_general(x, q, DN))(X, q32)
+        assert copied in str(e.value)
         prepared = emulate.prepare_weights(q32)
         assert emulate.weight_route(X, prepared, DN).kernel
         with emulate.use_route("interpret"):  # no TPU program: the copy is allowed

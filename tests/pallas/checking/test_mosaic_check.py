@@ -242,13 +242,13 @@ def _matmul_args(lhs: str, rhs: str, m=64, k=1024, n=512):
     lf, rf = formats.get(lhs), formats.get(rhs)
     x_dtype = lf.dtype if not lf.is_low_precision else jnp.uint8
     x = jax.ShapeDtypeStruct((m, k), x_dtype)
-    if rf.packable:
+    if rf.packable and rf.bits != 6:  # a 6-bit Packed weight wants prepare_weight (K-planar)
         w = Packed(jax.ShapeDtypeStruct((rf.bits * k // 8, n), jnp.uint8), rf.name, -2, k)
     else:
         w = jax.ShapeDtypeStruct((k, n), jnp.uint8)
     out = jnp.int32 if lf.is_integer and rf.is_integer else jnp.float32
     x_format = lf.name if lf.is_low_precision else None
-    w_format = None if rf.packable else rf.name
+    w_format = None if isinstance(w, Packed) else rf.name
 
     def fn(x, w):
         return emulate.pallas.matmul(

@@ -191,14 +191,9 @@ def _refusal(stage: str, e: Exception) -> Verdict:
     return Verdict(False, stage, first_line(str(e)) or type(e).__name__, text[:8000])
 
 
-def compile_isolated(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
-    """Compile ``jobs`` in a subprocess with compatibility mode ``compat``, in order.
-
-    Raises:
-      TypeError: a job's ``fn`` that does not pickle by reference, or that the subprocess
-        cannot import.
-      CompilerUnavailable: the subprocess cannot load the compiler.
-    """
+def _portable_jobs(jobs: Sequence[Job], why: str) -> list[Job]:
+    """``jobs`` as a child process takes them (specs, target names), their functions checked
+    to pickle by reference (TypeError naming fn and ``why`` a child compiles them)."""
     portable = [
         Job(j.fn, _portable(j.arg_specs), _targets.get(j.target).name, tuple(j.donate_argnums))
         for j in jobs
@@ -207,10 +202,25 @@ def compile_isolated(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
         pickle.dumps([j.fn for j in portable])
     except (pickle.PicklingError, AttributeError, TypeError) as e:
         raise TypeError(
-            f"fn: compiling with compat={compat} runs in a subprocess (this process has "
-            f"compat={compat_mode()}), which needs fn to pickle by reference (a module-level "
+            f"fn: {why}, which needs fn to pickle by reference (a module-level "
             f"function or a functools.partial of one); got {e}"
         ) from e
+    return portable
+
+
+def compile_isolated(jobs: Sequence[Job], compat: bool) -> list[Verdict]:
+    """Compile ``jobs`` in a subprocess with compatibility mode ``compat``, in order.
+
+    Raises:
+      TypeError: a job's ``fn`` that does not pickle by reference, or that the subprocess
+        cannot import.
+      CompilerUnavailable: the subprocess cannot load the compiler.
+    """
+    portable = _portable_jobs(
+        jobs,
+        f"compiling with compat={compat} runs in a subprocess (this process has "
+        f"compat={compat_mode()})",
+    )
     # a fresh child after a crash
     return [_verdict(row) for row, _ in _run_rows(portable, compat, dump=False)]
 
@@ -373,18 +383,11 @@ def dump_isolated(jobs: Sequence[Job]) -> list[tuple[Verdict, Dumped | None]]:
         cannot import.
       CompilerUnavailable: the subprocess cannot load the compiler.
     """
-    portable = [
-        Job(j.fn, _portable(j.arg_specs), _targets.get(j.target).name, tuple(j.donate_argnums))
-        for j in jobs
-    ]
-    try:
-        pickle.dumps([j.fn for j in portable])
-    except (pickle.PicklingError, AttributeError, TypeError) as e:
-        raise TypeError(
-            "fn: reading the compiler's schedule compiles in a subprocess (libtpu reads its "
-            "dump flags when it loads), which needs fn to pickle by reference (a module-level "
-            f"function or a functools.partial of one); got {e}"
-        ) from e
+    portable = _portable_jobs(
+        jobs,
+        "reading the compiler's schedule compiles in a subprocess (libtpu reads its "
+        "dump flags when it loads)",
+    )
     out: list[tuple[Verdict, Dumped | None]] = []
     for row, directory in _run_rows(portable, compat_mode(), dump=True):
         dumped = None

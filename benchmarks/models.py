@@ -68,7 +68,7 @@ from benchmarks.model_steps import STEPS, ideal_bytes, routed_sizes, step_flops,
 from benchmarks.pallas_traffic import estimate_seconds, kernel_traffic
 from emulate import compiler
 from emulate.compiler.devices import on_device
-from emulate.compiler.isolate import place_specs
+from emulate.compiler.jobs import place_specs
 from emulate.kvcache import KVCache, decode_kernel, prefill_kernel
 from emulate.pallas import gmm_kernel
 

@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.context",
             "emulate.targets",
             "emulate.compiler.devices",
+            "emulate.compiler.jobs",
             "emulate.compiler.isolate",
             "emulate.compiler.compiling",
             "emulate.compiler.probing",

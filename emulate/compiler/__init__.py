@@ -45,7 +45,7 @@ from emulate.compiler.devices import (
     libtpu_version,
     topology_devices,
 )
-from emulate.compiler.isolate import Job
+from emulate.compiler.jobs import Job
 from emulate.compiler.probing import (
     Disagreement,
     compiles,

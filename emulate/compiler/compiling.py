@@ -11,7 +11,8 @@ import jax
 
 from emulate import targets as _targets
 from emulate.compiler.devices import compat_mode, device, on_device
-from emulate.compiler.isolate import Job, compile_in_process, compile_isolated, place_specs
+from emulate.compiler.isolate import compile_isolated
+from emulate.compiler.jobs import Job, compile_in_process, place_specs
 from emulate.mosaic import Verdict
 
 __all__ = ["check", "check_both", "check_many", "compile"]

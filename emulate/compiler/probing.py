@@ -27,7 +27,7 @@ from emulate import formats as _formats
 from emulate import targets as _targets
 from emulate.compiler.compiling import check_both, check_many
 from emulate.compiler.devices import TOPOLOGIES, device, generations, libtpu_version
-from emulate.compiler.isolate import Job
+from emulate.compiler.jobs import Job
 from emulate.mosaic import Probe, ProbeCase, ProbeRow, Verdict, natural_accumulator, recorded
 
 __all__ = [

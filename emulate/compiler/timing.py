@@ -39,7 +39,8 @@ from emulate import targets as _targets
 from emulate.compiler import bundles as _bundles
 from emulate.compiler.cores import Generation, generation
 from emulate.compiler.devices import compat_mode, device, libtpu_version
-from emulate.compiler.isolate import DUMP_VARIABLE, Dumped, Job, child_env, dump_isolated
+from emulate.compiler.isolate import child_env, dump_isolated
+from emulate.compiler.jobs import DUMP_VARIABLE, Dumped, Job
 from emulate.compiler.replay import Machine, Run, replay
 from emulate.mosaic import Verdict
 

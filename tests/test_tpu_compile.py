@@ -264,11 +264,13 @@ def _cases() -> list[Case]:
         key = ("decoder_block", *(_plan_key(a, w, t, "fast") for a, w in DECODER_PAIRS))
         out.append(Case("decoder_block", "polyfill", t, fn, P.decoder_specs(), repeats(key)))
     # QArray weights (issue 27): every scheme on every generation, compat on and off; v5e,
-    # v2 and v7x in the default run, the others long.
+    # v2 and v7x in the default run, the others long; NVFP4 on v5e (its word step's decode
+    # and scales those of MXFP4's, which runs on v2 too, but for the e4m3 scales).
     for t in GENERATIONS:
         for s in P.QARRAY_SCHEMES:
             fn = functools.partial(P.pallas_matmul_qarray, scheme=s, target=t)
             long = t not in ("tpu_v2", "tpu_v5e", "tpu_v7x")
+            long = long or (s == "fp4-nv16-e4m3-tensor" and t != "tpu_v5e")
             out.append(Case("pallas.matmul", f"qarray-{s}", t, fn, P.qarray_specs(s), long))
     # The kernel route (issue 39): a prepared weight through emulate.matmul at M = 1 behind a
     # batch axis, and prepared MXFP4 experts through emulate.ragged_dot; route "auto".

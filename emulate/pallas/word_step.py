@@ -9,7 +9,9 @@ zero point and offset. This module's kernel body (:func:`body`, chosen by
 * The weight block is read as 32-bit words and decoded a tile of 256 rows at a time into
   the matrix unit's type, in K order, zero points subtracted
   (:func:`emulate.pallas.words.tile_values`: about two vector operations per pair of codes
-  with bfloat16 arithmetic, three and a conversion per code without).
+  with bfloat16 arithmetic, three and a conversion per code without; float4_e2m1fn
+  codes, MXFP4 and NVFP4, built as floats from their bits: four and a half operations
+  per code with bfloat16 arithmetic, seven and a half without).
 * Scales and offsets are applied to partial sums, never to elements. The ``R`` groups
   of ``G`` rows a dot spans (``R = D / G`` for groups of 16 rows up to the dot's ``D``
   rows; one for longer groups) get their own partial sums from that one dot: ``x``'s rows
@@ -26,11 +28,14 @@ zero point and offset. This module's kernel body (:func:`body`, chosen by
   v6e on), so its sums leave the unit once.
 
 Numerics: as the other group-scaled routes (:mod:`emulate.pallas.qsteps`): the decoded
-``c - z`` is exact, each product exact in f32 (bf16 operands) or at ``Precision.HIGHEST``
-(f32 ones), each group's partial sum (over at most 256 rows a dot, plus, for groups longer
-than 256 rows, one scaled partial sum per 256 rows) times its scale rounded once, the
-offset term ``X o`` added per group, all added in f32: within ``gamma_(K + S + 5)`` of the
-exact sum, the bound :func:`emulate.bounds.qarray_bound` states for the kernel.
+``c - z`` (or e2m1 value) is exact, each product exact in f32 (bf16 operands) or at
+``Precision.HIGHEST`` (f32 ones), each group's partial sum (over at most 256 rows a dot,
+plus, for groups longer than 256 rows, one scaled partial sum per 256 rows) times its
+scale rounded once (MXFP4's e8m0 scales are powers of two: exact unless the product leaves
+f32's normal range; NVFP4's e4m3 scales are not, and the group path applies them so too),
+the offset term ``X o`` added per group, all added in f32, then a tensor scale (NVFP4)
+times the f32 sum, rounded once: within ``gamma_(K + S + 5)`` of the exact sum, the bound
+:func:`emulate.bounds.qarray_bound` states for the kernel.
 """
 
 from __future__ import annotations
@@ -61,6 +66,9 @@ _TILE = words.TILE_ROWS
 #: At most this many rows of partial sums per K step, ``R * bm`` (rows of x times the
 #: groups of a dot): decode-sized row blocks.
 MAX_ROWS = 256
+#: The 4-bit code formats the step decodes (:mod:`emulate.pallas.words`).
+_E2M1 = "float4_e2m1fn"
+_CODES = ("int4", "uint4", _E2M1)
 #: Zero-point formats whose codes take the bfloat16 decode (``128 + z`` exact in bf16).
 _SMALL_ZEROS = ("int4", "uint4", "int2", "uint2", "int3", "uint3")
 
@@ -83,13 +91,13 @@ def partial_rows(r: compute.Compute, scaling: Any, bm: int) -> int:
 
 
 def applies(r: compute.Compute, stored: Any, scaling: Any, codebook: Any, bm: int) -> bool:
-    """Whether :func:`body` runs a call: a 4-bit integer weight in word order
-    (``int4`` / ``uint4`` codes of a :class:`emulate.pallas.KernelWeight` or prepared
-    QArray), float activations on a float route, groups along K of 16 to 256 rows or a
-    multiple of 256 (or scales constant along K), zero points and offsets the kernel
-    decodes per group, no codebook or column blocks, and at most :data:`MAX_ROWS` rows of
-    partial sums per step."""
-    if r.exact or r.rhs not in ("int4", "uint4") or codebook is not None:
+    """Whether :func:`body` runs a call: a 4-bit weight in word order (``int4`` /
+    ``uint4`` / ``float4_e2m1fn`` codes of a :class:`emulate.pallas.KernelWeight` or
+    prepared QArray: MXFP4, NVFP4), float activations on a float route, groups along K of
+    16 to 256 rows or a multiple of 256 (or scales constant along K), zero points and
+    offsets the kernel decodes per group (integer codes only), no codebook or column
+    blocks, and at most :data:`MAX_ROWS` rows of partial sums per step."""
+    if r.exact or r.rhs not in _CODES or codebook is not None:
         return False
     if stored.layout != "planar" or stored.group != 2 or stored.nbytes != 1 or stored.code:
         return False
@@ -103,6 +111,8 @@ def applies(r: compute.Compute, stored: Any, scaling: Any, codebook: Any, bm: in
             if not (g % 16 == 0 and (_TILE % g == 0 or g % _TILE == 0)):
                 return False
             a = scaling.affine
+            if a is not None and r.rhs == _E2M1:
+                return False
             if a is not None and (
                 a.zero not in ("none", "static", "array", "packed")
                 or a.offset not in ("none", "static", "array", "two_level")
@@ -182,6 +192,7 @@ def _decode_options(cfg: Any) -> dict[str, Any]:
         "interpret": cfg.interpret,
         "group": word_groups.unit(sc),
         "piece_order": piece_order(cfg),
+        "e2m1": r.rhs == _E2M1,
     }
 
 

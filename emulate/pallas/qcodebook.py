@@ -58,6 +58,7 @@ __all__ = [
     "permute_x",
     "restore_columns",
     "select_tree",
+    "split_pieces",
 ]
 
 #: Bits of an f32 kept by a bfloat16 piece (sign, exponent, 7 mantissa bits).
@@ -128,14 +129,16 @@ def kernel_codebook(
     return KernelCodebook(values, code_format, "float32", 1, cb.name)
 
 
-def select_tree(c: jax.Array, values: tuple[float, ...]) -> jax.Array:
+def select_tree(c: jax.Array, values: tuple[float, ...], first_bit: int = 0) -> jax.Array:
     """``values[c]`` in f32 for int32 codes ``c`` in ``[0, len(values))`` (a power of two):
     one select per pair of entries per level, by the code's bits from the lowest (exact;
-    also the 256-entry maps of two-level scales, :mod:`emulate.pallas.qgroups`)."""
+    also the 256-entry maps of two-level scales, :mod:`emulate.pallas.qgroups`). With
+    ``first_bit``, the code is bits ``first_bit ..`` of ``c`` (a nibble of a word, tested
+    in place: no shift, no mask)."""
     level: list[Any] = list(values)  # Python floats, then f32 tiles
-    bit = 0
+    bit = first_bit
     while len(level) > 1:
-        on = (c & (1 << bit)) != 0
+        on = c < 0 if bit == 31 else (c & (1 << bit)) != 0  # bit 31: the int32's sign
         nxt: list[Any] = []
         for lo, hi in zip(level[0::2], level[1::2]):
             if isinstance(lo, float) and isinstance(hi, float) and _same(lo, hi):
@@ -164,14 +167,22 @@ def decode(codes: jax.Array, kc: KernelCodebook, to: str) -> list[jax.Array]:
         return [v.astype(jnp.int32).astype(jnp.int8)]
     if kc.pieces == 1:
         return [v.astype(to)]
+    return [p.astype(jnp.bfloat16) for p in split_pieces(v, kc.pieces)]
+
+
+def split_pieces(v: jax.Array, pieces: int) -> list[jax.Array]:
+    """f32 values ``v`` as ``pieces`` f32 arrays whose values are bfloat16 numbers (each
+    the rest with its low 16 bits cleared, the last the rest itself) summing to ``v``
+    exactly (module docstring; :attr:`KernelCodebook.pieces` says how many hold a table's
+    values)."""
     out = []
-    for _ in range(kc.pieces - 1):
+    for _ in range(pieces - 1):
         hi = lax.bitcast_convert_type(
             lax.bitcast_convert_type(v, jnp.int32) & jnp.int32(_BF16_MASK), jnp.float32
         )
-        out.append(hi.astype(jnp.bfloat16))
+        out.append(hi)
         v = v - hi
-    out.append(v.astype(jnp.bfloat16))
+    out.append(v)
     return out
 
 

@@ -7,8 +7,8 @@ two-level scales and mins, a ragged K, N and last tile, two K steps), within the
 emulate.bounds otherwise, NaN scales kept in their column; float4_e2m1fn weights (MXFP4,
 NVFP4: every code at every nibble of a word, e8m0 scales 2**-127 and NaN, e4m3 scales at
 their largest, subnormal and NaN, a tensor scale) bit for bit against emulate.reference's
-values; which calls take the step. The real compiler compiles the MXFP4 and NVFP4 steps
-in tests/test_tpu_compile.py (qarray-fp4-*)."""
+values; NF4 (a 16-entry table) within the bound; which calls take the step. The real
+compiler compiles the MXFP4 and NVFP4 steps in tests/test_tpu_compile.py (qarray-fp4-*)."""
 
 from __future__ import annotations
 
@@ -128,21 +128,39 @@ def test_exact_sums_are_bit_for_bit(kind, target, shape):
     np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
+def _nf4(k, n, rng):
+    """A bitsandbytes NF4 QArray (uint4 codes into the NF4 table, every code at every
+    nibble of a word; f32 absmax per 64 rows) and its values from emulate.reference."""
+    r, c = np.meshgrid(np.arange(k), np.arange(n), indexing="ij")
+    codes = ((r + c) % 16).astype(ml_dtypes.uint4)
+    absmax = rng.uniform(1e-3, 2.0, (k // 64, n)).astype(np.float32)
+    q = emulate.QArray.from_parts(
+        emulate.pack(codes, axis=0), absmax, block_shape=(64, 1), codebook=codebooks.NF4
+    )
+    table = codebooks.NF4.array().astype(np.float32)[codes.astype(np.uint8)]
+    return q, reference.dequantize(table, absmax, (64, 1), exact=True)
+
+
 @pytest.mark.parametrize(
-    "x_dtype, target",
-    [("bfloat16", "tpu_v5e"), pytest.param("float32", "tpu_v5e", marks=pytest.mark.long)],
+    "kind, x_dtype, target",
+    [
+        ("nf4", "bfloat16", "tpu_v5e"),  # a select tree per nibble, three bf16 pieces
+        pytest.param("awq", "bfloat16", "tpu_v5e", marks=pytest.mark.long),
+        pytest.param("awq", "float32", "tpu_v5e", marks=pytest.mark.long),
+    ],
 )
-def test_float_scales_and_activations_are_within_the_bound(x_dtype, target):
+def test_float_scales_and_activations_are_within_the_bound(kind, x_dtype, target):
     rng = np.random.default_rng(3)
-    m, k, n = 4, 1024, 256
-    w, wv = _awq(k, n, 128, rng, pow2=False)
+    m, k, n = 4, 256 if kind == "nf4" else 1024, 256  # NF4: one tile (a smaller program)
+    w, wv = _nf4(k, n, rng) if kind == "nf4" else _awq(k, n, 128, rng, pow2=False)
     x = rng.standard_normal((m, k)).astype(np.dtype(formats.get(x_dtype).dtype))
     p = emulate.pallas.prepare_weight(w)
     cfg = _config(x, p, target)
     assert cfg.word_step and word_step.piece_order(cfg) == (x_dtype == "float32")
     got = np.asarray(emulate.pallas.matmul(x, p, target=target, out_dtype="float32"))
     xf = np.asarray(x, np.float64)
-    bound = bounds.qarray_bound(xf, wv, DN, segments=k // 128, route="pallas")
+    segments = k // (64 if kind == "nf4" else 128)
+    bound = bounds.qarray_bound(xf, wv, DN, segments=segments, route="pallas")
     assert np.all(np.abs(got - xf @ wv) <= bound)
 
 
@@ -179,7 +197,7 @@ def test_which_calls_take_the_word_step():
     nf4 = emulate.QArray.from_parts(
         q.codes, np.ones((8, 256), np.float32), block_shape=(64, 1), codebook=codebooks.NF4
     )
-    assert not _config(x1, emulate.pallas.prepare_weight(nf4), "tpu_v5e").word_step  # a table
+    assert _config(x1, emulate.pallas.prepare_weight(nf4), "tpu_v5e").word_step  # a table
     e2m1 = emulate.Packed(q.codes.data, "float4_e2m1fn", -2, 512)  # its bytes as e2m1 codes
     mx = emulate.QArray.from_parts(
         e2m1, np.ones((16, 256), ml_dtypes.float8_e8m0fnu), block_shape=(32, 1)

@@ -9,15 +9,17 @@ run from the repository root (emulate need not be installed)::
 ``--no-check``, ``--budget-s``; ``--commit`` defaults to ``git rev-parse HEAD`` where a
 git checkout is there). For each scheme and shape it builds a
 weight with numpy (:func:`weight`: GGUF Q4_K-like two-level scales and mins, AWQ-like
-float16 scales and packed zero points per 128 rows, plain int4; the same kernel paths as
-the checkpoints' weights), prepares it once, and times one program calling
+float16 scales and packed zero points per 128 rows, plain int4, MXFP4, NVFP4 with its
+tensor scale, bitsandbytes NF4; the same kernel paths as the checkpoints' weights),
+prepares it once, and times one program calling
 ``emulate.pallas.matmul`` :data:`LOOP` times in a ``fori_loop`` (each call's input
 depending on the previous result) against the same loop over ``jnp.dot`` with the bf16
 weight, median over ``--repeats`` runs after two warm-ups, divided by :data:`LOOP`; and
 prints the time HBM needs to read each weight at ``--hbm-gbs`` (default 819, v5e).
 It first compares every kernel's result with the float64 product of the weight's exact
 values (bit for bit where every partial sum is exact: integer-valued activations and
-power-of-two scales), on the chip itself (``--no-check`` skips it). Cases left when
+power-of-two scales; NF4, whose f32 table makes no sum exact: its largest relative
+error), on the chip itself (``--no-check`` skips it). Cases left when
 ``--budget-s`` seconds have passed (default 420: the default run takes well under that on
 a v5e) are listed as skipped. It prints one line per case and writes the raw JSON (device
 kind, target, jax / jaxlib / libtpu versions, commit, command, date, every timing) to
@@ -48,7 +50,10 @@ from benchmarks.chip_run import commit, package_version
 
 #: Calls per timed program (one call alone costs hundreds of us of dispatch on a lent chip).
 LOOP = 50
-SCHEMES = ("q4_k", "awq", "int4")
+SCHEMES = ("q4_k", "awq", "int4", "mxfp4", "nvfp4", "nf4")
+#: Schemes whose partial sums cannot all be exact (a codebook's f32 entries): the check
+#: reports their largest relative error instead of bits.
+_INEXACT = ("nf4",)
 
 
 def weight(
@@ -59,6 +64,8 @@ def weight(
     if kind == "int4":
         codes = rng.integers(-8, 8, (k, n))
         return codes.astype(ml_dtypes.int4), codes.astype(np.float64)
+    if kind in ("mxfp4", "nvfp4", "nf4"):
+        return _float_weight(kind, k, n, rng, pow2)
     codes = rng.integers(0, 16, (k, n))
     q4 = emulate.pack(codes.astype(ml_dtypes.uint4), axis=0)
     if kind == "awq":
@@ -90,6 +97,40 @@ def weight(
     dg = np.repeat(d.astype(np.float64), 8, axis=0)
     mg = np.repeat(dmin.astype(np.float64), 8, axis=0)
     return q, codes * (sc * dg)[g] + (mn * mg)[g]
+
+
+def _float_weight(
+    kind: str, k: int, n: int, rng: np.random.Generator, pow2: bool
+) -> tuple[Any, np.ndarray]:
+    """:func:`weight` of the float-coded schemes: MXFP4 (e2m1 codes, e8m0 scales per 32
+    rows), NVFP4 (e4m3 scales per 16 rows in [0.25, 4], powers of two with ``pow2``, and
+    a tensor scale) and bitsandbytes NF4 (uint4 codes into the NF4 table, f32 absmax per
+    64 rows)."""
+    codes = rng.integers(0, 16, (k, n)).astype(np.uint8)
+    if kind == "nf4":
+        table = emulate.codebooks.NF4.array().astype(np.float64)
+        s = rng.uniform(0.01, 1.0, (k // 64, n)).astype(np.float32)
+        q = emulate.QArray.from_parts(
+            emulate.pack(codes.astype(ml_dtypes.uint4), axis=0), s, block_shape=(64, 1),
+            codebook=emulate.codebooks.NF4,
+        )  # fmt: skip
+        return q, table[codes] * np.repeat(s.astype(np.float64), 64, axis=0)
+    e2m1 = codes.view(ml_dtypes.float4_e2m1fn)
+    v = e2m1.astype(np.float64)
+    if kind == "mxfp4":
+        e = rng.integers(-2, 3, (k // 32, n))
+        s = np.ldexp(1.0, e).astype(ml_dtypes.float8_e8m0fnu)
+        q = emulate.QArray.from_parts(emulate.pack(e2m1, axis=0), s, block_shape=(32, 1))
+        return q, v * np.repeat(s.astype(np.float64), 32, axis=0)
+    if pow2:
+        s = np.ldexp(1.0, rng.integers(-2, 3, (k // 16, n))).astype(ml_dtypes.float8_e4m3fn)
+    else:
+        s = rng.uniform(0.25, 4.0, (k // 16, n)).astype(ml_dtypes.float8_e4m3fn)
+    ts = np.float32(0.5 if pow2 else 0.75)
+    q = emulate.QArray.from_parts(
+        emulate.pack(e2m1, axis=0), s, block_shape=(16, 1), tensor_scale=ts
+    )
+    return q, v * np.repeat(s.astype(np.float64), 16, axis=0) * np.float64(ts)
 
 
 def _looped(f: Callable[[jax.Array, Any], jax.Array]) -> Callable[..., jax.Array]:
@@ -142,8 +183,10 @@ def check(schemes: list[str], rows: list[int], target: str | None = None) -> lis
                     x, emulate.pallas.prepare_weight(w), target=target, out_dtype=jnp.float32
                 )
             )
-            want = (xi.astype(np.float64) @ wv).astype(np.float32)
+            exact = xi.astype(np.float64) @ wv
+            want = exact.astype(np.float32)
             same = got.view(np.uint32) == want.view(np.uint32)
+            rel = np.abs(got - exact).max() / max(np.abs(exact).max(), 1e-30)
             out.append(
                 {
                     "scheme": kind,
@@ -152,6 +195,8 @@ def check(schemes: list[str], rows: list[int], target: str | None = None) -> lis
                     "n": n,
                     "differ": int((~same).sum()),
                     "of": same.size,
+                    "max_rel_error": float(rel),
+                    "exact_sums": kind not in _INEXACT,
                 }
             )
     return out
@@ -184,6 +229,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         data["check"] = check(args.schemes, args.rows, target)
         for c in data["check"]:
             verdict = "bit for bit" if not c["differ"] else f"{c['differ']} of {c['of']} differ"
+            if not c["exact_sums"]:  # a codebook's f32 entries: rounded partial sums
+                verdict = f"largest error {c['max_rel_error']:.2e} of the largest result"
             log(f"check {c['scheme']} M={c['m']}: {verdict}")
     rng = np.random.default_rng(1)
     call = _looped(lambda x, w: emulate.pallas.matmul(x, w, target=target, out_dtype=jnp.float32))

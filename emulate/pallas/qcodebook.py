@@ -48,7 +48,7 @@ from jax import lax
 from emulate import formats, targets
 from emulate.codebooks import Codebook
 from emulate.formats import Format
-from emulate.pallas import compute
+from emulate.pallas import compute, words
 from emulate.quantized.values import inverse_permutation
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "restore_columns",
     "select_tree",
     "split_pieces",
+    "table_tiles",
 ]
 
 #: Bits of an f32 kept by a bfloat16 piece (sign, exponent, 7 mantissa bits).
@@ -184,6 +185,29 @@ def split_pieces(v: jax.Array, pieces: int) -> list[jax.Array]:
         v = v - hi
     out.append(v)
     return out
+
+
+def table_tiles(
+    w: jax.Array, kc: KernelCodebook, *, to: str, interpret: bool, piece_order: bool
+) -> list[jax.Array]:
+    """One word-order tile (:mod:`emulate.pallas.words`), (32, C) int32 words of uint4
+    codes into a 16-entry table, as its (256, C) values in ``to``: per nibble a select
+    tree whose bit tests read the word in place (:func:`select_tree`), the f32 values split
+    into the table's bfloat16 pieces (:func:`split_pieces`) and each two rows one bfloat16
+    pair (:func:`emulate.pallas.words.pack_rows`): a list of one tile, or one per piece.
+    With ``piece_order`` (f32, one piece) the rows in piece order, unpacked."""
+    n = kc.pieces if to == "bfloat16" else 1
+    runs: list[list[jax.Array]] = [[] for _ in range(n)]
+    for q in range(4):  # rows 64q + 2i + e: nibble q + 4e
+        pair = [select_tree(w, kc.values, 4 * (q + 4 * e)) for e in range(2)]
+        if piece_order:
+            runs[0] += pair
+            continue
+        split = [split_pieces(v, n) for v in pair]
+        for i in range(n):
+            v = words.pack_rows(split[0][i], split[1][i], interpret)
+            runs[i].append(v.astype(jnp.float32) if to == "float32" else v)
+    return [jnp.concatenate(r, axis=0) for r in runs]
 
 
 def permute_x(x: jax.Array, perm: Any) -> jax.Array:

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from emulate import formats, targets
-from emulate.pallas import compute, qsteps, word_groups, words
+from emulate.pallas import compute, qcodebook, qsteps, word_groups, words
 
 __all__ = [
     "MAX_ROWS",
@@ -232,7 +232,7 @@ def _step_sums(cfg: Any, x: jax.Array, wv: jax.Array, parts: Any) -> jax.Array:
         z = rows("zero", c * _TILE // u, _TILE // u)
         tile = wv[c * words.TILE_WORDS : (c + 1) * words.TILE_WORDS]
         if cfg.codebook is not None:  # a select tree per nibble, a tile per piece
-            wts = words.table_tiles(
+            wts = qcodebook.table_tiles(
                 tile, cfg.codebook, to=r.rhs_compute, interpret=cfg.interpret,
                 piece_order=opts["piece_order"],
             )  # fmt: skip

@@ -17,7 +17,7 @@ gives rows in order a pair at a time:
   small integer); on TPU v2 and v3, whose matrix unit takes f32 only, the pair is widened
   back to f32 (the rows in order).
 * :func:`natural_codes` gives the codes themselves (int32, K order), for the kernel's
-  other routes; :func:`table_tiles` the values of codes into a 16-entry table (NF4).
+  other routes (a 16-entry table's values: :func:`emulate.pallas.qcodebook.table_tiles`).
 
 Everything is exact: the decoded value of every code is ``c - z`` (signed codes as
 two's complement nibbles, ``z`` the zero point or 0) in the compute type.
@@ -44,8 +44,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from emulate.pallas import qcodebook
-
 __all__ = [
     "TILE_ROWS",
     "TILE_WORDS",
@@ -55,7 +53,6 @@ __all__ = [
     "natural_codes",
     "pack_rows",
     "piece_rows",
-    "table_tiles",
     "tile_values",
     "to_piece_order",
     "words",
@@ -285,30 +282,6 @@ def _e2m1_tile(
         v = e2m1_pairs(w, q, bf16_vpu=bf16_vpu and to == "bfloat16", interpret=interpret)
         runs.append(v.astype(jnp.float32) if to == "float32" else v)
     return jnp.concatenate(runs, axis=0)
-
-
-def table_tiles(
-    w: jax.Array, kc: Any, *, to: str, interpret: bool, piece_order: bool
-) -> list[jax.Array]:
-    """One word-order tile, (32, C) int32 words of uint4 codes into a 16-entry table (a
-    :class:`emulate.pallas.qcodebook.KernelCodebook`), as its (256, C) values in ``to``:
-    per nibble a select tree whose bit tests read the word in place
-    (:func:`emulate.pallas.qcodebook.select_tree`), the f32 values split into the table's
-    bfloat16 pieces (:func:`emulate.pallas.qcodebook.split_pieces`) and each two rows one
-    bfloat16 pair (:func:`pack_rows`): a list of one tile, or one per piece. With
-    ``piece_order`` (f32, one piece) the rows in piece order, unpacked."""
-    n = kc.pieces if to == "bfloat16" else 1
-    runs: list[list[jax.Array]] = [[] for _ in range(n)]
-    for q in range(4):  # rows 64q + 2i + e: nibble q + 4e
-        pair = [qcodebook.select_tree(w, kc.values, 4 * (q + 4 * e)) for e in range(2)]
-        if piece_order:
-            runs[0] += pair
-            continue
-        split = [qcodebook.split_pieces(v, n) for v in pair]
-        for i in range(n):
-            v = pack_rows(split[0][i], split[1][i], interpret)
-            runs[i].append(v.astype(jnp.float32) if to == "float32" else v)
-    return [jnp.concatenate(r, axis=0) for r in runs]
 
 
 def piece_rows(n: int) -> np.ndarray:

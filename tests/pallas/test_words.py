@@ -3,8 +3,8 @@ definition written out in numpy (tests/pallas/test_pallas_weights.py checks the 
 the layout itself): every decode (bfloat16 arithmetic, f32 and a pack, piece order),
 signed and unsigned codes, static and per-group zero points, bit for bit; the codes back
 in K order; the interpret-mode pack and the piece order's permutation of x; float4_e2m1fn
-codes (every code at every nibble) against emulate.reference and NF4 codes against the
-table, each decode bit for bit."""
+codes (every code at every nibble) against emulate.reference, bit for bit (NF4's table:
+tests/pallas/test_qcodebook.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ import pytest
 
 import emulate.pallas
 import emulate.reference
-from emulate import codebooks, formats, targets
-from emulate.pallas import qcodebook, words
+from emulate.pallas import words
 
 
 def _tiles(codes: np.ndarray) -> jnp.ndarray:
@@ -132,20 +131,3 @@ def test_e2m1_tiles_are_every_code_bit_for_bit(to, bf16_vpu, piece_order):
     want = want.astype(got.dtype)
     np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), want.view(f"u{want.itemsize}"))
 
-
-@pytest.mark.parametrize("to, piece_order", [("bfloat16", False), ("float32", True)])
-def test_table_tiles_are_the_nf4_table_bit_for_bit(to, piece_order):
-    # NF4's float32 entries (bitsandbytes' table, emulate.codebooks) for every code at every
-    # nibble: three bfloat16 pieces summing to the entry exactly (bf16 routes), or the entry
-    # in f32 in piece order (v2 / v3)
-    codes = _every_code_at_every_position()
-    x_format = formats.get("bfloat16" if to == "bfloat16" else "float32")
-    kc = qcodebook.kernel_codebook(codebooks.NF4, "uint4", x_format, targets.get("tpu_v5e"))
-    decode = _jit(words.table_tiles, kc=kc, to=to, interpret=True, piece_order=piece_order)
-    tiles = [np.asarray(t) for t in decode(_tiles(codes))]
-    assert len(tiles) == (3 if to == "bfloat16" else 1)
-    assert all(t.dtype == np.dtype(to) for t in tiles)
-    want = codebooks.NF4.array().astype(np.float32)[codes].astype(np.float64)
-    if piece_order:
-        want = want[words.piece_rows(256)]
-    np.testing.assert_array_equal(sum(t.astype(np.float64) for t in tiles), want)

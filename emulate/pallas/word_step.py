@@ -98,8 +98,9 @@ def applies(r: compute.Compute, stored: Any, scaling: Any, codebook: Any, bm: in
     prepared QArray: MXFP4, NVFP4; ``uint4`` codes into a 16-entry codebook: NF4,
     IQ4_NL), float activations on a float route, groups along K of 16 to 256 rows or a
     multiple of 256 (or scales constant along K), zero points (integer codes only) and
-    offsets the kernel decodes per group, no column blocks, and at most :data:`MAX_ROWS`
-    rows of partial sums per step."""
+    offsets the kernel decodes per group (none with a codebook: bitsandbytes' double
+    quantization keeps the per-element kernel), no column blocks, and at most
+    :data:`MAX_ROWS` rows of partial sums per step."""
     if r.exact:
         return False
     if codebook is not None:  # a 16-entry table: the values' type is the route's
@@ -119,8 +120,8 @@ def applies(r: compute.Compute, stored: Any, scaling: Any, codebook: Any, bm: in
             if not (g % 16 == 0 and (_TILE % g == 0 or g % _TILE == 0)):
                 return False
             a = scaling.affine
-            if a is not None and a.zero != "none" and (r.rhs == _E2M1 or codebook is not None):
-                return False
+            if a is not None and (codebook is not None or a.zero != "none" and r.rhs == _E2M1):
+                return False  # a codebook's nested (double-quantized) scales: not built
             if a is not None and (
                 a.zero not in ("none", "static", "array", "packed")
                 or a.offset not in ("none", "static", "array", "two_level")

@@ -250,6 +250,7 @@ def _costs(
         "kernels": kernels,
         "bundle_s": None if timed is None else timed.seconds,
         "bundle_kernels_s": None if timed is None else timed.kernel_seconds,
+        "dma_bytes": None if timed is None else timed.hbm_bytes,
     }
 
 
@@ -311,6 +312,11 @@ def measure(
     if lay["bundle_s"] is not None and hd["bundle_s"] is not None:
         row["bundle_s"] = n * lay["bundle_s"] + hd["bundle_s"]
         row["bundle_kernels_s"] = n * lay["bundle_kernels_s"] + hd["bundle_kernels_s"]
+    if lay.get("dma_bytes") is not None and hd.get("dma_bytes") is not None:
+        # what the schedule's DMAs move between HBM and VMEM: the chip's real traffic
+        # (libtpu's "bytes accessed" also counts XLA ops whose operands live in VMEM)
+        row["dma_bytes"] = n * lay["dma_bytes"] + hd["dma_bytes"]
+        row["dma_over_ideal"] = row["dma_bytes"] / row["ideal"]
     return derive(row)
 
 
@@ -367,8 +373,9 @@ def _cells(r: dict[str, Any], bf16: dict[str, Any] | None = None) -> list[str]:
     if r["status"] != "ok":
         return [r["status"], r.get("reason", "")[:80], "", "", "", "", "", "", "", ""]
     fit = "fits" if r["fits"] else "**does not fit**"
+    dma = "" if r.get("dma_over_ideal") is None else f"; DMAs {r['dma_over_ideal']:.3f}x"
     return [
-        f"{_gb(r['bytes'])} GB ({r['bytes_over_ideal']:.2f}x)",
+        f"{_gb(r['bytes'])} GB ({r['bytes_over_ideal']:.3f}x{dma})",
         f"{_gib(r['temp'])} GiB ({100 * r['temp_over_weights']:.1f}%)",
         f"{_gib(r['footprint'])} GiB, {fit}",
         "none" if r["estimate_s"] is None else harness.ms(r["estimate_s"], 1),

@@ -187,13 +187,22 @@ def test_write_names_a_shape_that_does_not_fit() -> None:
 
 
 @pytest.mark.skipif(not compiler.available(), reason="libtpu is not installed")
-@pytest.mark.parametrize("name", ["int8", pytest.param("q4_0", marks=pytest.mark.long)])
-def test_a_write_moves_its_window_not_the_layer_on_v5e(name) -> None:
+@pytest.mark.parametrize(
+    ("name", "target", "batch", "kv"),
+    [
+        ("int8", "tpu_v5e", B, KV),
+        pytest.param("q4_0", "tpu_v5e", B, KV, marks=pytest.mark.long),
+        # float16 scales in a loop: 7x kept the layer's scales in VMEM and copied them in
+        # and out (0.51 of the cache accessed); at 2 sequences it does not (15 s a compile)
+        pytest.param("q4_0", "tpu_v7x", 16, 8, marks=pytest.mark.long),
+    ],
+)
+def test_a_write_moves_its_window_not_the_layer(name, target, batch, kv) -> None:
     # slicing the window at a traced row made XLA:TPU relay the whole layer out first:
     # 25.3 MB accessed to write one token into each of 2 sequences of a 4.3 MB int8 cache
-    cache = jax.eval_shape(lambda: KVCache.create(1, B, KV, 128, 4096, name))
-    x = jax.ShapeDtypeStruct((B, 1, KV, 128), jnp.bfloat16)
+    cache = jax.eval_shape(lambda: KVCache.create(1, batch, kv, 128, 4096, name))
+    x = jax.ShapeDtypeStruct((batch, 1, kv, 128), jnp.bfloat16)
     write = compiler.compile(
-        lambda c, x: c.write(0, x, x), cache, x, target="tpu_v5e", donate_argnums=0
+        lambda c, x: c.write(0, x, x), cache, x, target=target, donate_argnums=0
     )
-    assert write.cost_analysis()["bytes accessed"] < 0.5 * cache.nbytes
+    assert write.cost_analysis()["bytes accessed"] < 0.2 * cache.nbytes

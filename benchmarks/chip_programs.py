@@ -59,7 +59,8 @@ PROJECTIONS = (
 _CASE = re.compile(
     r"^(?:projection/(?P<scheme>[\w.]+)/m(?P<m>\d+)(?:/(?P<blocks>default|\d+x\d+x\d+))?"
     r"|layer/(?P<contender>bf16|xla|kernel)/m(?P<lm>\d+)"
-    r"|attention/(?P<cache>\w+)/(?P<route>kernel|xla))$"
+    r"|attention/(?P<cache>\w+)/(?P<route>kernel|xla)"
+    r"|stream/(?P<stream>bf16|i32)/(?P<sbk>\d+)x(?P<sbn>\d+))$"
 )
 
 
@@ -76,8 +77,12 @@ class ChipCase:
         if m is None:
             raise ValueError(
                 f"case: {self.name!r} is not projection/<scheme>/m<M>[/<bm>x<bn>x<bk>|/default], "
-                "layer/<bf16|xla|kernel>/m<M> or attention/<cache format>/<kernel|xla>"
+                "layer/<bf16|xla|kernel>/m<M>, attention/<cache format>/<kernel|xla> or "
+                "stream/<bf16|i32>/<bk>x<bn>"
             )
+        if m.group("stream"):
+            return {"kind": "stream", "dtype": m.group("stream"),
+                    "block_shape": (int(m.group("sbk")), int(m.group("sbn")))}  # fmt: skip
         if m.group("cache"):
             return {"kind": "attention", "cache": m.group("cache"), "route": m.group("route")}
         if m.group("contender"):
@@ -96,6 +101,8 @@ class ChipCase:
             return _layer_program(p["contender"], p["m"], target, rng)
         if p["kind"] == "attention":
             return _attention_program(p["cache"], p["route"], rng)
+        if p["kind"] == "stream":
+            return _stream_program(p["dtype"], p["block_shape"])
         return _projection_program(p["scheme"], p["m"], p["block_shape"], target, rng)
 
 
@@ -134,6 +141,55 @@ def looped(x: jax.Array, w: Any, *, call: Callable[..., jax.Array]) -> jax.Array
 
     def body(i: Any, c: jax.Array) -> jax.Array:
         return c + call(x + (c * 0).astype(x.dtype), w)[0, 0]
+
+    return jax.lax.fori_loop(0, LOOP, body, jnp.float32(0))
+
+
+#: Rows of the streamed array by dtype: 4096 x 14336 bf16 or 2048 x 14336 int32 (117 MB).
+STREAM_ROWS = {"bf16": 4096, "i32": 2048}
+
+
+def _stream_program(
+    dtype: str, block_shape: tuple[int, int]
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    dt = {"bf16": jnp.bfloat16, "i32": jnp.int32}[dtype]
+    w = np.ones((STREAM_ROWS[dtype], SHAPE[1]), dtype=dt)
+    x = np.zeros((8, SHAPE[1]), dtype=np.float32)
+    return functools.partial(looped_stream, block_shape=block_shape), (x, w)
+
+
+def stream(x: jax.Array, w: jax.Array, block_shape: tuple[int, int]) -> jax.Array:
+    """A Pallas kernel that reads ``w`` (K, N) block by block, ``block_shape`` (bk, bn) a
+    grid step over a (N / bn, K / bk) grid, and does next to nothing with it (adds its
+    first 8 rows to ``x``'s (8, bn) block): the time of its DMAs alone, for the bundle
+    model's DMA law (``benchmarks.bundle_calibration``)."""
+    from jax.experimental import pallas as pl
+
+    bk, bn = block_shape
+    k, n = w.shape
+
+    def kernel(x_ref: Any, w_ref: Any, o_ref: Any) -> None:
+        @pl.when(pl.program_id(1) == 0)
+        def _() -> None:
+            o_ref[...] = x_ref[...]
+
+        o_ref[...] += w_ref[0:8, :].astype(jnp.float32)
+
+    return pl.pallas_call(
+        kernel,
+        grid=(n // bn, k // bk),
+        in_specs=[pl.BlockSpec((8, bn), lambda j, i: (0, j)),
+                  pl.BlockSpec((bk, bn), lambda j, i: (i, j))],
+        out_specs=pl.BlockSpec((8, bn), lambda j, i: (0, j)),
+        out_shape=jax.ShapeDtypeStruct((8, n), jnp.float32),
+    )(x, w)  # fmt: skip
+
+
+def looped_stream(x: jax.Array, w: jax.Array, *, block_shape: tuple[int, int]) -> jax.Array:
+    """:func:`stream` :data:`LOOP` times, each call's x depending on the previous result."""
+
+    def body(i: Any, c: jax.Array) -> jax.Array:
+        return c + stream(x + c * 0, w, block_shape)[0, 0]
 
     return jax.lax.fori_loop(0, LOOP, body, jnp.float32(0))
 

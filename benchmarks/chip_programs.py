@@ -44,6 +44,8 @@ import numpy as np
 
 #: Calls of the measured function in one timed program.
 LOOP = 20
+#: Calls in a program of ``benchmarks.word_time`` (the ``word/`` cases).
+WORD_LOOP = 50
 #: K, N of the single projection (Llama-3-8B's gate and up).
 SHAPE = (4096, 14336)
 #: (name, K, N) of one Llama-3-8B decoder layer's projections.
@@ -60,7 +62,8 @@ _CASE = re.compile(
     r"^(?:projection/(?P<scheme>[\w.]+)/m(?P<m>\d+)(?:/(?P<blocks>default|\d+x\d+x\d+))?"
     r"|layer/(?P<contender>bf16|xla|kernel)/m(?P<lm>\d+)"
     r"|attention/(?P<cache>\w+)/(?P<route>kernel|xla)"
-    r"|stream/(?P<stream>bf16|i32)/(?P<sbk>\d+)x(?P<sbn>\d+))$"
+    r"|stream/(?P<stream>bf16|i32)/(?P<sbk>\d+)x(?P<sbn>\d+)"
+    r"|word/(?P<word>bf16|q4_k|awq|int4)/m(?P<wm>\d+)/(?P<wk>\d+)x(?P<wn>\d+))$"
 )
 
 
@@ -78,8 +81,11 @@ class ChipCase:
             raise ValueError(
                 f"case: {self.name!r} is not projection/<scheme>/m<M>[/<bm>x<bn>x<bk>|/default], "
                 "layer/<bf16|xla|kernel>/m<M>, attention/<cache format>/<kernel|xla> or "
-                "stream/<bf16|i32>/<bk>x<bn>"
+                "stream/<bf16|i32>/<bk>x<bn> or word/<bf16|q4_k|awq|int4>/m<M>/<K>x<N>"
             )
+        if m.group("word"):
+            return {"kind": "word", "scheme": m.group("word"), "m": int(m.group("wm")),
+                    "k": int(m.group("wk")), "n": int(m.group("wn"))}  # fmt: skip
         if m.group("stream"):
             return {"kind": "stream", "dtype": m.group("stream"),
                     "block_shape": (int(m.group("sbk")), int(m.group("sbn")))}  # fmt: skip
@@ -92,6 +98,12 @@ class ChipCase:
         return {"kind": "projection", "scheme": m.group("scheme"), "m": int(m.group("m")),
                 "block_shape": shape}  # fmt: skip
 
+    @property
+    def loop(self) -> int:
+        """Calls in the timed program: :data:`WORD_LOOP` for ``word/`` cases (what
+        ``benchmarks.word_time`` times), else :data:`LOOP`."""
+        return WORD_LOOP if self.name.startswith("word/") else LOOP
+
     def build(self, target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         """The program (a function that pickles by reference) and its arguments (host
         arrays; weights built from a fixed seed), for ``target``."""
@@ -103,6 +115,8 @@ class ChipCase:
             return _attention_program(p["cache"], p["route"], rng)
         if p["kind"] == "stream":
             return _stream_program(p["dtype"], p["block_shape"])
+        if p["kind"] == "word":
+            return _word_program(p["scheme"], p["m"], p["k"], p["n"], target, rng)
         return _projection_program(p["scheme"], p["m"], p["block_shape"], target, rng)
 
 
@@ -136,13 +150,30 @@ def _kernel(x: jax.Array, w: Any, *, target: str, block_shape: tuple[int, ...] |
     )
 
 
-def looped(x: jax.Array, w: Any, *, call: Callable[..., jax.Array]) -> jax.Array:
-    """``call(x, w)`` :data:`LOOP` times, each call's x depending on the previous result."""
+def looped(x: jax.Array, w: Any, *, call: Callable[..., jax.Array], loop: int = LOOP) -> jax.Array:
+    """``call(x, w)`` ``loop`` times, each call's x depending on the previous result."""
 
     def body(i: Any, c: jax.Array) -> jax.Array:
         return c + call(x + (c * 0).astype(x.dtype), w)[0, 0]
 
-    return jax.lax.fori_loop(0, LOOP, body, jnp.float32(0))
+    return jax.lax.fori_loop(0, loop, body, jnp.float32(0))
+
+
+def _word_program(
+    scheme: str, m: int, k: int, n: int, target: str, rng: np.random.Generator
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """The program ``benchmarks.word_time`` times for one scheme and shape (its weight
+    builder, :data:`WORD_LOOP` calls)."""
+    x = np.asarray(rng.standard_normal((m, k)), dtype=jnp.bfloat16)
+    if scheme == "bf16":
+        w = np.asarray(rng.standard_normal((k, n)), dtype=jnp.bfloat16)
+        return functools.partial(looped, call=_dense, loop=WORD_LOOP), (x, w)
+    import emulate.pallas
+    from benchmarks.word_time import weight
+
+    q = emulate.pallas.prepare_weight(weight(scheme, k, n, rng)[0])
+    call = functools.partial(_kernel, target=target, block_shape=None)
+    return functools.partial(looped, call=call, loop=WORD_LOOP), (x, q)
 
 
 #: Rows of the streamed array by dtype: 4096 x 14336 bf16 or 2048 x 14336 int32 (117 MB).

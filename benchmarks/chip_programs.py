@@ -169,11 +169,58 @@ def _word_program(
         w = np.asarray(rng.standard_normal((k, n)), dtype=jnp.bfloat16)
         return functools.partial(looped, call=_dense, loop=WORD_LOOP), (x, w)
     import emulate.pallas
-    from benchmarks.word_time import weight
 
-    q = emulate.pallas.prepare_weight(weight(scheme, k, n, rng)[0])
+    q = emulate.pallas.prepare_weight(word_weight(scheme, k, n, rng)[0])
     call = functools.partial(_kernel, target=target, block_shape=None)
     return functools.partial(looped, call=call, loop=WORD_LOOP), (x, q)
+
+
+def word_weight(
+    kind: str, k: int, n: int, rng: np.random.Generator, pow2: bool = False
+) -> tuple[Any, np.ndarray]:
+    """The weight ``benchmarks.word_time`` times for scheme ``kind`` (``"q4_k"``: GGUF
+    Q4_K-like two-level scales and mins; ``"awq"``: float16 scales and packed zero points
+    per 128 rows; ``"int4"``: plain codes), K x N: (the QArray or int4 array, its exact
+    (K, N) values in float64). ``pow2``: power-of-two scales (every partial sum of
+    integer activations exact)."""
+    import ml_dtypes
+
+    import emulate
+
+    if kind == "int4":
+        codes = rng.integers(-8, 8, (k, n))
+        return codes.astype(ml_dtypes.int4), codes.astype(np.float64)
+    codes = rng.integers(0, 16, (k, n))
+    q4 = emulate.pack(codes.astype(ml_dtypes.uint4), axis=0)
+    if kind == "awq":
+        groups = k // 128
+        if pow2:
+            s = np.ldexp(1.0, rng.integers(-2, 3, (groups, n))).astype(np.float16)
+        else:
+            s = rng.uniform(1e-3, 1e-2, (groups, n)).astype(np.float16)
+        z = rng.integers(0, 16, (groups, n))
+        q = emulate.QArray.from_parts(
+            q4, s, block_shape=(128, 1), zero_points=emulate.pack(z.astype(ml_dtypes.uint4), axis=1)
+        )
+        rows = np.repeat(np.arange(groups), 128)
+        return q, (codes - z[rows]) * s.astype(np.float64)[rows]
+    groups, supers = k // 32, k // 256
+    sc, mn = rng.integers(0, 64, (groups, n)), rng.integers(0, 64, (groups, n))
+    if pow2:
+        d = np.ldexp(1.0, rng.integers(-1, 2, (supers, n))).astype(np.float16)
+    else:
+        d = (rng.random((supers, n)) * 0.01 + 1e-3).astype(np.float16)
+    dmin = (-(d.astype(np.float32) / 2)).astype(np.float16)
+
+    def level(c: np.ndarray, s: np.ndarray) -> emulate.QArray:
+        six = emulate.pack(c.astype(np.uint8), "uint6", axis=0)
+        return emulate.QArray.from_parts(six, s, block_shape=(8, 1))
+
+    q = emulate.QArray.from_parts(q4, level(sc, d), block_shape=(32, 1), offsets=level(mn, dmin))
+    g = np.repeat(np.arange(groups), 32)
+    dg = np.repeat(d.astype(np.float64), 8, axis=0)
+    mg = np.repeat(dmin.astype(np.float64), 8, axis=0)
+    return q, codes * (sc * dg)[g] + (mn * mg)[g]
 
 
 #: Rows of the streamed array by dtype: 4096 x 14336 bf16 or 2048 x 14336 int32 (117 MB).

@@ -12,7 +12,8 @@ rates. This module owns what the time model adds, each with its source
   by twice that number is the bundle rate at which that matmul reaches the peak. On v2,
   v3 and v4 this reading gives 0.711, 0.961 and 1.069 GHz (1.6-2.3% above the published
   clocks: XLA's matmul keeps the units about 98% busy); on v5e it gives 1.19 GHz, where
-  the kernels timed on a real v5e ran at 1.21 GHz of their schedule (the peak rate over
+  the kernels timed on a real v5e, the host's launch of each timed program taken out,
+  issue 1.39 G bundles a second (``cycles_per_bundle`` 0.857; the peak rate over
   four 128 x 128 units would say 1.5 GHz, which the schedules contradict: they feed
   82.6k multiply-adds a bundle, more than 4 x 128 x 128).
 - the matrix units a core has (JAX's ``TpuInfo.num_mxus``; the schedules address

@@ -7,10 +7,10 @@ run from the repository root (emulate need not be installed)::
 
 (``--rows 1,16``, ``--repeats``, ``--hbm-gbs``, ``--schemes``, ``--shapes KxN,...``,
 ``--no-check``, ``--budget-s``; ``--commit`` defaults to ``git rev-parse HEAD`` where a
-git checkout is there). For each scheme and shape it builds a
-weight with numpy (:func:`benchmarks.chip_programs.word_weight`: GGUF Q4_K-like two-level scales and mins, AWQ-like
-float16 scales and packed zero points per 128 rows, plain int4; the same kernel paths as
-the checkpoints' weights), prepares it once, and times one program calling
+git checkout is there). For each scheme and shape it builds a weight with numpy
+(:func:`benchmarks.chip_programs.word_weight`: GGUF Q4_K-like two-level scales and mins,
+AWQ-like float16 scales and packed zero points per 128 rows, plain int4; the same kernel
+paths as the checkpoints' weights), prepares it once, and times one program calling
 ``emulate.pallas.matmul`` :data:`LOOP` times in a ``fori_loop`` (each call's input
 depending on the previous result) against the same loop over ``jnp.dot`` with the bf16
 weight, median over ``--repeats`` runs after two warm-ups, divided by :data:`LOOP`; and

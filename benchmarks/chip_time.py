@@ -36,7 +36,7 @@ import jax
 
 from benchmarks import harness
 from benchmarks.chip_programs import LOOP, ChipCase
-from benchmarks.chip_run import commit, package_version
+from benchmarks.provenance import commit, package_version
 
 _BLOCKS = ("default", "16x256x1024", "16x512x1024", "16x1024x2048", "16x512x4096")
 

@@ -56,7 +56,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from benchmarks import harness, plots
+from benchmarks import harness, plots, provenance, tables, units
 from benchmarks.cases import (
     PAIRS,
     SHAPES,
@@ -186,10 +186,10 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
     estimate to (c) of the same pair."""
     shape = ("generation", "M", "K", "N")
     pair = ("generation", "pair", "M", "K", "N")
-    floors = harness.index(rows, shape, "floor")
-    xlas = harness.index(rows, pair, "xla")
-    fasts = harness.index(rows, pair, "fast")
-    q = harness.quotient
+    floors = tables.index(rows, shape, "floor")
+    xlas = tables.index(rows, pair, "xla")
+    fasts = tables.index(rows, pair, "fast")
+    q = units.quotient
     for r in rows:
         if r["status"] != "ok":
             continue
@@ -336,11 +336,11 @@ def _cell(r: dict[str, Any] | None) -> str:
         reason = reason.replace("|", "\\|")
         return f"{r['status']}: {reason}"
     mark = "†" if r.get("kernel") else ""
-    parts = [f"{harness.mb(r['bytes'])}{mark} MB"]
+    parts = [f"{units.mb(r['bytes'])}{mark} MB"]
     if r.get("bytes_ratio") is not None and r["contender"] != "floor":
         parts[0] += f" ({r['bytes_ratio']:.2f}x)"
     if r.get("estimate_s") is not None:
-        est = f"{harness.us(r['estimate_s'])} us"
+        est = f"{units.us(r['estimate_s'])} us"
         if r.get("estimate_ratio") is not None and r["contender"] != "floor":
             est += f" ({r['estimate_ratio']:.2f}x)"
         parts.append(est)
@@ -348,7 +348,7 @@ def _cell(r: dict[str, Any] | None) -> str:
         parts.append("no estimate (custom call)")
     else:
         parts.append(f"no estimate (sentinel {r.get('estimate_raw')})")
-    parts.append(f"temp {harness.mb(r['temp_bytes'])} MB")
+    parts.append(f"temp {units.mb(r['temp_bytes'])} MB")
     return "; ".join(parts)
 
 
@@ -383,7 +383,7 @@ def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
             elif r["status"] != "ok":
                 cells.append(r["status"])
             else:
-                x = harness.ratio
+                x = units.ratio
                 cells.append(
                     f"{x(r.get('estimate_over_xla'))} / {x(r.get('estimate_ratio'))}; "
                     f"{x(r.get('bytes_over_stored'))}; {x(r['temp_over_decoded_weight'])}"
@@ -434,7 +434,7 @@ def markdown(report: dict[str, Any]) -> str:
                 None,
             )
             lines.append(
-                f"| {PAIRS[pair].title} | {shape_of(any_row)} | {harness.mb(stored)} | "
+                f"| {PAIRS[pair].title} | {shape_of(any_row)} | {units.mb(stored)} | "
                 + " | ".join(_cell(by.get(k)) for k in keys)
                 + " |"
             )
@@ -446,7 +446,7 @@ def markdown(report: dict[str, Any]) -> str:
             report.get("pallas_goals", []),
         ),
     ):
-        table = harness.goal_table(title, goals)
+        table = tables.goal_table(title, goals)
         lines += [*table, ""] if table else []
     return "\n".join(lines) + "\n"
 
@@ -484,7 +484,7 @@ def run(args: argparse.Namespace) -> harness.Report | None:
         c.key for c in CONTENDERS if not (args.quick and c.key == "exact")
     ]
     exact_shapes: Sequence[tuple[int, int, int]] | None = args.exact_shapes
-    env = harness.environment()
+    env = provenance.environment()
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []
     floor_cache: dict[tuple, dict[str, Any]] = {}
@@ -508,7 +508,7 @@ def run(args: argparse.Namespace) -> harness.Report | None:
         "generations": list(gens),
         "contenders": {c.key: f"{c.label}: {c.doc}" for c in CONTENDERS},
         "environment": env,
-        "load_average_end": harness.environment()["load_average"],
+        "load_average_end": provenance.environment()["load_average"],
         "wall_s": time.perf_counter() - t0,
         "compile_s": sum(r.get("compile_s", 0.0) for r in rows if not r.get("cached")),
         "results": rows,
@@ -528,7 +528,7 @@ def flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--shapes",
         type=parse_shapes,
-        help="MxKxN[,MxKxN...] (default " + ",".join(map(harness.shape_text, SHAPES)) + ")",
+        help="MxKxN[,MxKxN...] (default " + ",".join(map(units.shape_text, SHAPES)) + ")",
     )
     p.add_argument(
         "--formats",
@@ -546,7 +546,7 @@ def flags(p: argparse.ArgumentParser) -> None:
         type=_exact_shapes,
         default=list(EXACT_SHAPES),
         help="MxKxN[,...] at which (e) exact is compiled, or 'all' (default "
-        + ",".join(map(harness.shape_text, EXACT_SHAPES))
+        + ",".join(map(units.shape_text, EXACT_SHAPES))
         + "; each exact program takes XLA:TPU seconds to minutes)",
     )
     p.add_argument(

@@ -44,7 +44,7 @@ import numpy as np
 
 import emulate
 import emulate.pallas
-from benchmarks.chip_run import commit, package_version
+from benchmarks.provenance import commit, package_version
 
 #: Calls per timed program (one call alone costs hundreds of us of dispatch on a lent chip).
 LOOP = 50

@@ -490,7 +490,6 @@ LARGE_MODULES: dict[str, str] = {
         "the target records and their lookups; to be split by concept once the kernel-time "
         "model's generation constants have settled there"
     ),
-    "benchmarks.harness": "to be split by concept with the benchmarks' JSON results (issue 48)",
     "benchmarks.tpu": "to be split by concept with the benchmarks' JSON results (issue 48)",
 }
 

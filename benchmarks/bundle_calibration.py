@@ -37,6 +37,7 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.chip_programs import LOOP
+from benchmarks.tables import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data" / "chip_times"
@@ -216,7 +217,7 @@ def run(args: argparse.Namespace) -> harness.Report:
     for at in located:
         raw.setdefault(at.row.target, []).append((at, model(at)))
     calibration = {t: fit(got) for t, got in raw.items()}
-    table = ["| " + " | ".join(_HEADS) + " |", "|---" * len(_HEADS) + "|"]
+    cells = []
     out = []
     for target, got in raw.items():
         c = calibration[target]
@@ -227,17 +228,22 @@ def run(args: argparse.Namespace) -> harness.Report:
             err = cal["seconds"] / r.seconds - 1
             out.append({"target": target, "case": r.case, "commit": r.commit, "error": err,
                         "real_s": r.seconds, "raw": m, "calibrated": cal})  # fmt: skip
-            table.append(
-                f"| {target} | `{r.case}` | {r.commit[:7]} | {r.seconds * 1e6:.1f} | "
-                f"{m['seconds'] * 1e6:.1f} | {cal['seconds'] * 1e6:.1f} | {err * 100:+.1f}% |"
-            )
+            cells.append((
+                target, f"`{r.case}`", r.commit[:7], f"{r.seconds * 1e6:.1f}",
+                f"{m['seconds'] * 1e6:.1f}", f"{cal['seconds'] * 1e6:.1f}", f"{err * 100:+.1f}%",
+            ))  # fmt: skip
         errors = [abs(float(o["error"])) for o in out if o["target"] == target]
         c["worst_error"] = round(max(errors), 4)
         c["source"] = (
             f"{len(got)} timings in benchmarks/data/chip_times "
             f"({', '.join(sorted({a.row.source for a, _ in got}))})"
         )
-    lines = [f"`{args.command}` (libtpu {libtpu_version()})", "", *table, ""]
+    lines = [
+        f"`{args.command}` (libtpu {libtpu_version()})",
+        "",
+        *markdown_table(_HEADS, cells),
+        "",
+    ]
     for t, c in calibration.items():
         lines.append(
             f"{t}: {c['cycles_per_bundle']:.3f} cycles a bundle ({c['compute_rows']} rows), "

@@ -14,7 +14,7 @@ from xml.sax.saxutils import escape
 #: Series colours, in order (the Okabe-Ito palette, distinct in colour-blind vision).
 COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
 
-_W, _H = 640, 360  # the image
+_W, _H = 680, 400  # the image
 _L, _R, _T, _B = 64, 170, 36, 48  # margins: left (y labels), right (legend), top, bottom
 
 
@@ -49,13 +49,13 @@ def line_chart(
 ) -> str:
     """An SVG document: ``series`` (name -> (x, y) points, x > 0, plotted on a log2 x
     axis; y >= 0, or > 0 with ``log_y``) as lines with markers, in :data:`COLOURS` order.
-    Raises ValueError for no points, more series than colours, or a point the axes cannot
-    show."""
+    Past the eighth series the colours repeat with dashed lines. Raises ValueError for no
+    points, more than twice as many series as colours, or a point the axes cannot show."""
     points = [p for pts in series.values() for p in pts]
     if not points:
         raise ValueError(f"line_chart {title!r}: no points to draw")
-    if len(series) > len(COLOURS):
-        raise ValueError(f"line_chart {title!r}: {len(series)} series, at most {len(COLOURS)}")
+    if len(series) > 2 * len(COLOURS):
+        raise ValueError(f"line_chart {title!r}: {len(series)} series, at most {2 * len(COLOURS)}")
     if any(x <= 0 or y < 0 or (log_y and y <= 0) for x, y in points):
         raise ValueError(f"line_chart {title!r}: x must be > 0 and y >= 0 (> 0 on a log axis)")
     xs = _ticks(min(x for x, _ in points), max(x for x, _ in points), log=True)
@@ -95,9 +95,12 @@ def line_chart(
         f'text-anchor="middle">{escape(y_label)}</text>'
     )
     for i, (name, pts) in enumerate(series.items()):
-        colour = COLOURS[i]
+        colour = COLOURS[i % len(COLOURS)]
+        dash = ' stroke-dasharray="6 3"' if i >= len(COLOURS) else ""
         coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in sorted(pts))
-        out.append(f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        out.append(
+            f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="2"{dash}/>'
+        )
         out += [
             f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{colour}"/>'
             for x, y in sorted(pts)
@@ -105,7 +108,7 @@ def line_chart(
         ly = _T + 10 + 18 * i
         out.append(
             f'<line x1="{_W - _R + 12}" y1="{ly}" x2="{_W - _R + 32}" y2="{ly}" '
-            f'stroke="{colour}" stroke-width="2"/>'
+            f'stroke="{colour}" stroke-width="2"{dash}/>'
         )
         out.append(f'<text x="{_W - _R + 38}" y="{ly + 4}">{escape(name)}</text>')
     out.append("</svg>")

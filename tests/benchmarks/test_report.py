@@ -67,8 +67,8 @@ def test_markdown_table_escapes_bars_and_counts_cells():
 
 def test_line_chart_places_points_on_log_axes_and_refuses_what_it_cannot_draw():
     text = svg.line_chart("t", "x", "y", {"s": [(1, 10.0), (16, 40.0)]}, log_y=True)
-    # x ticks 1..16 span the plot's 406 px from x = 64; y ticks 8..64 (log2) its 276 px
-    assert '<circle cx="64.0" cy="' in text and '<circle cx="470.0" cy="' in text
+    # x ticks 1..16 span the plot's 446 px from x = 64
+    assert '<circle cx="64.0" cy="' in text and '<circle cx="510.0" cy="' in text
     assert text == svg.line_chart("t", "x", "y", {"s": [(16, 40.0), (1, 10.0)]}, log_y=True)
     with pytest.raises(ValueError, match="no points"):
         svg.line_chart("t", "x", "y", {})

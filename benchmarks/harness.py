@@ -182,6 +182,7 @@ class Benchmark:
             code = _rerun_dumping(self.name, list(sys.argv[1:] if argv is None else argv))
             if code is not None:
                 return code
+        head = provenance(self.name, args.command, getattr(args, "commit", None))  # at the start
         try:
             report = self.run(args)
         except FlagError as e:
@@ -191,7 +192,6 @@ class Benchmark:
             return 2
         if report is None:
             return 0
-        head = provenance(self.name, args.command, getattr(args, "commit", None))
         report = dataclasses.replace(report, data={**head, **report.data})
         print(report.text, end="" if report.text.endswith("\n") else "\n")
         if args.json is not None:

@@ -90,6 +90,8 @@ def _source_line(results: Iterable[Result]) -> str:
     for r in results:
         d = r.data
         device = d.get("device_kind") or d.get("target") or "?"
+        if d.get("platform") == "cpu" and d.get("libtpu"):
+            device = f"compile-only, libtpu {d['libtpu']}"
         parts.append(
             f"`benchmarks/data/{r.path}` ({device}, commit {r.commit[:7]}, {r.date[:10]}, "
             f"`{d.get('command', '?')}`)"
@@ -222,6 +224,9 @@ def word_step(results: Sequence[Result]) -> Block:
 # TPU by the compiler
 
 
+_MODEL_ROUTES = {"pallas": "pallas.matmul (prepared)", "bf16": "bf16 model", "xla": "XLA route"}
+
+
 def models(results: Sequence[Result]) -> Block:
     """The latest ``benchmarks.models`` row of each (model, step, generation, route,
     cache), one table a model and step: what a step reads against its ideal bytes,
@@ -243,7 +248,7 @@ def models(results: Sequence[Result]) -> Block:
             bf16 = latest.get((m, st, gen, "bf16", ""))
             bundle = row.get("bundle_s")
             versus = units.quotient(bundle, bf16.get("bundle_s") if bf16 else None)
-            label = "bf16 model" if route == "bf16" else route + (f", {cache} cache" * bool(cache))
+            label = _MODEL_ROUTES.get(route, route) + (f", {cache} KV cache" * bool(cache))
             fits = "" if row["fits"] else ", **does not fit**"
             rows.append((
                 f"{gen} ({row['hbm'] >> 30} GiB)",
@@ -263,51 +268,12 @@ def models(results: Sequence[Result]) -> Block:
     return Block("\n".join(lines))
 
 
-# ---------------------------------------------------------------------------------------
-# CPU
-
-
-def qcpu(results: Sequence[Result]) -> Block:
-    """The latest ``benchmarks.qcpu`` run: each checkpoint convention at each shape,
-    emulate's time against the f32 dot on the exact weight, the bf16 floor and reading
-    the stored bytes; one plot of emulate's time over the f32 dot's against M per shape."""
-    r = results[-1]
-    rows = [
-        (x["title"], f"{x['M']}x{x['K']}x{x['N']}", units.mb(x["stored_bytes"]),
-         units.ms(x["emulate_s"]), units.ratio(x["emulate_over_f32"]),
-         units.ratio(x["emulate_over_floor"]), units.ratio(x["emulate_over_read"], 1))
-        for x in r.data["rows"]
-    ]  # fmt: skip
-    load = (r.data.get("environment") or {}).get("load_average")
-    lines = [f"{r.data.get('device_kind', 'cpu')} ({r.data.get('cpu_count', '?')} cores, load "
-             f"{load[0] if load else '?'} at the start): bf16 activations times each stored "
-             "weight, us a call and ratios within the run:", ""]  # fmt: skip
-    heads = ["scheme", "M x K x N", "stored MB", "emulate (ms)", "x f32 dot", "x bf16 floor",
-             "x reading the stored bytes"]  # fmt: skip
-    lines += markdown_table(heads, rows)
-    plots = {}
-    for k, n in dict.fromkeys((x["K"], x["N"]) for x in r.data["rows"]):
-        series: dict[str, list[tuple[float, float]]] = {}
-        for x in r.data["rows"]:
-            if (x["K"], x["N"]) == (k, n) and x["emulate_over_f32"] is not None:
-                series.setdefault(x["title"], []).append((x["M"], x["emulate_over_f32"]))
-        name = f"qcpu-{k}x{n}.svg"
-        plots[name] = svg.line_chart(
-            f"CPU: M x {k} x {n}", "rows M", "emulate / f32 dot", series, log_y=True
-        )
-        lines += [
-            "",
-            f"![emulate over the f32 dot against M, {k} x {n}](images/performance/{name})",
-        ]
-    lines += ["", _source_line([r])]
-    return Block("\n".join(lines), plots)
-
-
 #: The generated sections: name (as the page's markers write it) -> (the folder under
 #: ``benchmarks/data`` it reads, its renderer).
 SECTIONS: dict[str, tuple[str, Callable[[Sequence[Result]], Block]]] = {
     "tpu-chip-programs": ("chip_times", chip_programs),
     "tpu-chip-word-step": ("word_times", word_step),
+    "tpu-compiler-models": ("models", models),
 }
 
 

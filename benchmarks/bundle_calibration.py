@@ -53,6 +53,7 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.chip_programs import LOOP
+from benchmarks.tables import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data" / "chip_times"
@@ -351,7 +352,7 @@ def run(args: argparse.Namespace) -> harness.Report:
             cal = dataclasses.replace(
                 raw, cycles_per_bundle=c["cycles_per_bundle"], hbm_efficiency=c["hbm_efficiency"],
                 dma_latency_s=c["dma_latency_s"])  # fmt: skip
-            table = ["| " + " | ".join(_HEADS) + " |", "|---" * len(_HEADS) + "|"]
+            cells = []
             for at in found:
                 r, m0, m1 = at.row, model(at, raw), model(at, cal)
                 before, after = m0["seconds"], timed(m1, r, launch)
@@ -362,11 +363,11 @@ def run(args: argparse.Namespace) -> harness.Report:
                     "raw_error": before / r.seconds - 1, "error": after / r.seconds - 1,
                     "raw": m0, "calibrated": m1,
                 })  # fmt: skip
-                table.append(
-                    f"| `{r.case}` | {r.commit[:7]} | {role(r)} | {r.seconds * 1e6:.1f} | "
-                    f"{before * 1e6:.1f} | {(before / r.seconds - 1) * 100:+.1f}% | "
-                    f"{after * 1e6:.1f} | {(after / r.seconds - 1) * 100:+.1f}% |"
-                )
+                cells.append((
+                    f"`{r.case}`", r.commit[:7], role(r), f"{r.seconds * 1e6:.1f}",
+                    f"{before * 1e6:.1f}", f"{(before / r.seconds - 1) * 100:+.1f}%",
+                    f"{after * 1e6:.1f}", f"{(after / r.seconds - 1) * 100:+.1f}%",
+                ))  # fmt: skip
             mine = [o for o in out if o["target"] == target]
             held = [abs(o["error"]) for o in mine if o["role"] == "held out"]
             c["worst_error"] = round(max(abs(o["error"]) for o in mine), 4)
@@ -375,7 +376,7 @@ def run(args: argparse.Namespace) -> harness.Report:
                 f"{len(found)} timings in benchmarks/data "
                 f"({', '.join(sorted({a.row.source for a in found}))})"
             )
-            lines += [f"{target}:", "", *table, ""]
+            lines += [f"{target}:", "", *markdown_table(_HEADS, cells), ""]
             lines.append(
                 f"{target}: {c['cycles_per_bundle']:.3f} cycles a bundle ({c['bundle_rows']} "
                 f"rows), DMAs at {c['hbm_efficiency']:.2f} of peak HBM with a "

@@ -27,7 +27,6 @@ kind, target, jax / jaxlib / libtpu versions, commit, command, date, every timin
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import shlex
 import statistics
@@ -45,7 +44,7 @@ import numpy as np
 import emulate
 import emulate.pallas
 from benchmarks.chip_programs import word_weight as weight
-from benchmarks.chip_run import commit, package_version
+from benchmarks.provenance import provenance
 
 #: Calls per timed program (one call alone costs hundreds of us of dispatch on a lent chip).
 LOOP = 50
@@ -123,16 +122,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     dev = jax.devices()[0]
     target = args.target or emulate.targets.from_device(dev).name
     data: dict[str, Any] = {
-        "benchmark": "word_time",
-        "device_kind": dev.device_kind,
-        "platform": dev.platform,
+        **provenance("word_time", args.command, args.commit),
         "target": target,
-        "jax": jax.__version__,
-        "jaxlib": package_version("jaxlib"),
-        "libtpu": package_version("libtpu") or package_version("libtpu-nightly"),
-        "commit": commit(args.commit),
-        "command": args.command,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "loop": LOOP,
         "repeats": args.repeats,
         "hbm_gbs": args.hbm_gbs,

@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.profiles",
             "emulate.context",
             "emulate.targets",
+            "emulate.capabilities",
             "emulate.compiler.devices",
             "emulate.compiler.jobs",
             "emulate.compiler.isolate",
@@ -485,14 +486,7 @@ MAX_DEFINITIONS = 25  # top-level functions and classes
 NEAR_CAP = 0.95
 
 #: Modules allowed over :data:`MAX_LINES` or :data:`MAX_DEFINITIONS`, and why.
-LARGE_MODULES: dict[str, str] = {
-    "emulate.targets": (
-        "the target records and their lookups; to be split by concept once the kernel-time "
-        "model's generation constants have settled there"
-    ),
-    "benchmarks.harness": "to be split by concept with the benchmarks' JSON results (issue 48)",
-    "benchmarks.tpu": "to be split by concept with the benchmarks' JSON results (issue 48)",
-}
+LARGE_MODULES: dict[str, str] = {}
 
 
 def _size(source: str) -> tuple[int, int]:

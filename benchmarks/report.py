@@ -257,7 +257,7 @@ def models(results: Sequence[Result]) -> Block:
                 f"{row['footprint'] / 2**30:.2f} GiB{fits}",
                 units.ms(row["bandwidth_s"]),
                 units.ms(bundle),
-                "" if route == "bf16" else f"{units.ratio(versus)}x",
+                "" if route == "bf16" or versus is None else f"{units.ratio(versus)}x",
             ))  # fmt: skip
         lines += [f"{model}, {step}, one device:", ""]
         heads = ["generation (HBM)", "route", "bytes a step (x ideal)", "footprint",

@@ -3,9 +3,10 @@
 project's decoder: tests/importers/test_gguf_qarray.py and test_conventions_qarray.py
 (``*cpu_kernel*``).
 
-Two weight forms only (each costs a numba compile of seconds): int4 codes packed along K
-in blocks of 32 with e8m0 scales (columns, two codes a byte), and the same with an odd K
-(the bit-stream loop, a last block of 31).
+Each weight form costs a numba compile of some 20 s on CI's 2 cores: most tests share one
+(int4 codes packed along K in blocks of 32 with e8m0 scales: columns, two codes a byte),
+each other test adds one form that no shared one covers; the breadth (more code widths, an
+odd K's bit-stream reader in the column loop) is long (EMULATE_LONG_TESTS=1).
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def _dot(x, q, dn=KN):
         return np.asarray(f(x))
 
 
-@pytest.mark.parametrize("k", [K, 63])
+# K = 63 (codes packed along K with a last block of 31: the bit-stream reader in the column
+# loop) is a second weight form, a numba compile of some 20 s: long; K = 64's form is the
+# file's shared one.
+@pytest.mark.parametrize("k", [K, pytest.param(63, marks=pytest.mark.long)])
 def test_within_the_bound_for_every_row_count(k: int) -> None:
     q, w = _weight(k)
     rng = np.random.default_rng(1)

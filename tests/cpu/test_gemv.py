@@ -137,10 +137,12 @@ def test_rows_as_stored_with_a_last_shorter_block() -> None:
 
 
 def test_one_signed_byte_a_code_in_columns() -> None:
-    # int8 codes (K, N), one a byte: the column loop reads the row of codes straight
+    # int8 codes (K, N), one a byte: the column loop reads the row of codes straight;
+    # float32 scales per 32 rows, the weight form of test_dequantized.py's columns (one
+    # numba compile for both; float16 scales: the rows tests here)
     rng = np.random.default_rng(8)
     codes = rng.integers(-128, 128, (K, N)).astype(np.int8)
-    scales = rng.uniform(0.01, 0.1, (2, N)).astype(np.float16)
+    scales = rng.uniform(0.01, 0.1, (2, N)).astype(np.float32)
     q = QArray.from_parts(codes, scales, block_shape=(32, 1))
     w = codes.astype(np.float64) * np.repeat(scales.astype(np.float64), 32, axis=0)
     x = rng.normal(size=(2, K)).astype(np.float32)

@@ -179,6 +179,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "cpu kernels",
         [
             "emulate.cpu",
+            "emulate.cpu.kernel_cache",
             "emulate.cpu.form",
             "emulate.cpu.operands",
             "emulate.cpu.ffi",

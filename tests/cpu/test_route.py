@@ -1,7 +1,6 @@
 """emulate.cpu.route.kernel_form and the switch (emulate.use_cpu_kernel,
-EMULATE_CPU_KERNEL): which contractions the CPU kernel takes, and why not. Plain tracing,
-but for the integer-activation test's lowering (a weight form test_dequantized.py compiles
-too)."""
+EMULATE_CPU_KERNEL): which contractions the CPU kernel takes, and why not. Plain tracing:
+nothing here compiles a kernel."""
 
 from __future__ import annotations
 
@@ -73,18 +72,17 @@ def test_many_rows_where_the_codes_decode_a_vector_step_at_a_time() -> None:
 
 
 def test_integer_activations_keep_the_exact_route() -> None:
-    # an int8 weight times int8 activations: integer x integer, which the contract sums
-    # exactly in int32; the kernel sums in float32 (127 * 127 * 2**17 = 2114060288 came out
-    # 2113930368; float32 partial sums of 16129 are inexact from 1041 terms on), so it
-    # refuses integer activations. float32 scales per 32 rows: the weight form of
-    # test_dequantized.py's columns (one numba compile for both)
+    # an int8 per-channel weight times int8 activations: integer x integer, which the
+    # contract sums exactly in int32; the kernel sums in float32 (127 * 127 * 2**17 =
+    # 2114060288 came out 2113930368; float32 partial sums of 16129 are inexact from
+    # 1041 terms on), so it refuses integer activations
     assert route.kernel_form(_q(), 1, (1, 64), KN, other_integer=True) == (
         "integer activations: the contract sums integer x integer exactly in int32, the CPU "
         "kernel in float32"
     )
     k = 2**12
     w = emulate.QArray.from_parts(
-        np.full((k, 8), 127, np.int8), np.ones((k // 32, 8), np.float32), block_shape=(32, 1)
+        np.full((k, 8), 127, np.int8), np.ones((1, 8), np.float32), block_shape=(k, 1)
     )
     x = jnp.full((1, k), 127, jnp.int8)
     with emulate.use_cpu_kernel(True):

@@ -7,10 +7,10 @@ run from the repository root (emulate need not be installed)::
 
 (``--rows 1,16``, ``--repeats``, ``--hbm-gbs``, ``--schemes``, ``--shapes KxN,...``,
 ``--no-check``, ``--budget-s``; ``--commit`` defaults to ``git rev-parse HEAD`` where a
-git checkout is there). For each scheme and shape it builds a
-weight with numpy (:func:`weight`: GGUF Q4_K-like two-level scales and mins, AWQ-like
-float16 scales and packed zero points per 128 rows, plain int4; the same kernel paths as
-the checkpoints' weights), prepares it once, and times one program calling
+git checkout is there). For each scheme and shape it builds a weight with numpy
+(:func:`benchmarks.chip_programs.word_weight`: GGUF Q4_K-like two-level scales and mins,
+AWQ-like float16 scales and packed zero points per 128 rows, plain int4; the same kernel
+paths as the checkpoints' weights), prepares it once, and times one program calling
 ``emulate.pallas.matmul`` :data:`LOOP` times in a ``fori_loop`` (each call's input
 depending on the previous result) against the same loop over ``jnp.dot`` with the bf16
 weight, median over ``--repeats`` runs after two warm-ups, divided by :data:`LOOP`; and
@@ -44,52 +44,12 @@ import numpy as np
 
 import emulate
 import emulate.pallas
+from benchmarks.chip_programs import word_weight as weight
 from benchmarks.chip_run import commit, package_version
 
 #: Calls per timed program (one call alone costs hundreds of us of dispatch on a lent chip).
 LOOP = 50
 SCHEMES = ("q4_k", "awq", "int4")
-
-
-def weight(
-    kind: str, k: int, n: int, rng: np.random.Generator, pow2: bool = False
-) -> tuple[Any, np.ndarray]:
-    """(the QArray or int4 array, its exact (K, N) values in float64). ``pow2``: power-of-two
-    scales (every partial sum of integer activations exact)."""
-    if kind == "int4":
-        codes = rng.integers(-8, 8, (k, n))
-        return codes.astype(ml_dtypes.int4), codes.astype(np.float64)
-    codes = rng.integers(0, 16, (k, n))
-    q4 = emulate.pack(codes.astype(ml_dtypes.uint4), axis=0)
-    if kind == "awq":
-        groups = k // 128
-        if pow2:
-            s = np.ldexp(1.0, rng.integers(-2, 3, (groups, n))).astype(np.float16)
-        else:
-            s = rng.uniform(1e-3, 1e-2, (groups, n)).astype(np.float16)
-        z = rng.integers(0, 16, (groups, n))
-        q = emulate.QArray.from_parts(
-            q4, s, block_shape=(128, 1), zero_points=emulate.pack(z.astype(ml_dtypes.uint4), axis=1)
-        )
-        rows = np.repeat(np.arange(groups), 128)
-        return q, (codes - z[rows]) * s.astype(np.float64)[rows]
-    groups, supers = k // 32, k // 256
-    sc, mn = rng.integers(0, 64, (groups, n)), rng.integers(0, 64, (groups, n))
-    if pow2:
-        d = np.ldexp(1.0, rng.integers(-1, 2, (supers, n))).astype(np.float16)
-    else:
-        d = (rng.random((supers, n)) * 0.01 + 1e-3).astype(np.float16)
-    dmin = (-(d.astype(np.float32) / 2)).astype(np.float16)
-
-    def level(c: np.ndarray, s: np.ndarray) -> emulate.QArray:
-        six = emulate.pack(c.astype(np.uint8), "uint6", axis=0)
-        return emulate.QArray.from_parts(six, s, block_shape=(8, 1))
-
-    q = emulate.QArray.from_parts(q4, level(sc, d), block_shape=(32, 1), offsets=level(mn, dmin))
-    g = np.repeat(np.arange(groups), 32)
-    dg = np.repeat(d.astype(np.float64), 8, axis=0)
-    mg = np.repeat(dmin.astype(np.float64), 8, axis=0)
-    return q, codes * (sc * dg)[g] + (mn * mg)[g]
 
 
 def _looped(f: Callable[[jax.Array, Any], jax.Array]) -> Callable[..., jax.Array]:

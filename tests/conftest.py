@@ -30,7 +30,9 @@ numba's threads compiles in twice the time); tests/cpu/test_gemv.py checks that 
 threaded kernel gives the same bits. The session's processes share the kernels they
 compile through a fresh temporary folder (``EMULATE_CPU_KERNEL_CACHE``,
 :mod:`emulate.cpu.kernel_cache`): a form is compiled once a session, not once a worker;
-``EMULATE_TEST_CPU_KERNEL_CACHE=0`` turns it off.
+``EMULATE_TEST_CPU_KERNEL_CACHE=0`` turns it off; an ``EMULATE_CPU_KERNEL_CACHE`` set by the
+caller is used instead (a folder kept between runs: a kernel's file is keyed by the
+sources of emulate/cpu, so a changed kernel compiles again).
 
 XLA:CPU code generation: the session's processes compile with quicker XLA:CPU settings
 than XLA's defaults (tests/_xla_flags.py says what they change; tests/test_suite_codegen.py
@@ -121,7 +123,10 @@ def _share_cpu_kernels() -> None:
     exit, as for the XLA cache."""
     if os.environ.get("EMULATE_TEST_CPU_KERNEL_CACHE", "1") == "0":
         return
-    if not os.environ.get("EMULATE_TEST_CPU_KERNELS"):
+    session = os.environ.get("EMULATE_TEST_CPU_KERNELS")
+    if os.environ.get("EMULATE_CPU_KERNEL_CACHE") and not session:
+        return  # the caller's folder (one kept between runs: its files are keyed by source)
+    if not session:
         folder = tempfile.mkdtemp(prefix="emulate-test-cpu-kernels-")
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
         os.environ["EMULATE_TEST_CPU_KERNELS"] = folder

@@ -130,4 +130,3 @@ def test_e2m1_tiles_are_every_code_bit_for_bit(to, bf16_vpu, piece_order):
     assert got.dtype == np.dtype(to)
     want = want.astype(got.dtype)
     np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), want.view(f"u{want.itemsize}"))
-

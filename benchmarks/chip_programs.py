@@ -63,7 +63,7 @@ _CASE = re.compile(
     r"|layer/(?P<contender>bf16|xla|kernel)/m(?P<lm>\d+)"
     r"|attention/(?P<cache>\w+)/(?P<route>kernel|xla)"
     r"|stream/(?P<stream>bf16|i32)/(?P<sbk>\d+)x(?P<sbn>\d+)"
-    r"|word/(?P<word>bf16|q4_k|awq|int4)/m(?P<wm>\d+)/(?P<wk>\d+)x(?P<wn>\d+))$"
+    r"|word/(?P<word>bf16|q4_k|awq|int4|mxfp4|nvfp4|nf4)/m(?P<wm>\d+)/(?P<wk>\d+)x(?P<wn>\d+))$"
 )
 
 
@@ -81,7 +81,8 @@ class ChipCase:
             raise ValueError(
                 f"case: {self.name!r} is not projection/<scheme>/m<M>[/<bm>x<bn>x<bk>|/default], "
                 "layer/<bf16|xla|kernel>/m<M>, attention/<cache format>/<kernel|xla> or "
-                "stream/<bf16|i32>/<bk>x<bn> or word/<bf16|q4_k|awq|int4>/m<M>/<K>x<N>"
+                "stream/<bf16|i32>/<bk>x<bn> or "
+                "word/<bf16|q4_k|awq|int4|mxfp4|nvfp4|nf4>/m<M>/<K>x<N>"
             )
         if m.group("word"):
             return {"kind": "word", "scheme": m.group("word"), "m": int(m.group("wm")),

@@ -32,6 +32,7 @@ from emulate import cli, mx, reference
 
 DN = (((1,), (0,)), ((), ()))
 I8 = np.ones((4, 8), np.int8)
+F4 = ml_dtypes.float4_e2m1fn
 W8 = np.ones((8, 4), np.int8)
 X = np.ones((64, 32), np.float32)
 IMG = np.ones((2, 8, 8, 3), ml_dtypes.float8_e4m3fn)  # NHWC
@@ -475,6 +476,71 @@ CASES = [
         NotImplementedError,
         r"^dimension_numbers: emulate\.pallas\.dot contracts 2-D tiles without batch "
         r"dimensions, got batch dimensions \(0,\) and \(0,\)",
+    ),
+    # issue 49: sub-byte result types reached XLA's verifier ("does not support custom
+    # element sizes", a JaxRuntimeError, as lax's own call); None operands were read as
+    # arrays of rank 0 and blamed on the dimension numbers
+    *(
+        (
+            f"float4_e2m1fn preferred_element_type on {name} (cpu pass-through)",
+            call,
+            ValueError,
+            r"^preferred_element_type: the result type would be float4_e2m1fn, which XLA cannot "
+            r"hold; pass a wider preferred_element_type \(e\.g\. jnp\.float32 or "
+            r"jnp\.bfloat16\)$",
+        )
+        for name, call in (
+            ("dot_general", lambda: emulate.dot_general(X, X.T, DN, preferred_element_type=F4)),
+            (
+                "ragged_dot",
+                lambda: emulate.ragged_dot(X, X.T[None], np.array([64]), preferred_element_type=F4),
+            ),
+        )
+    ),
+    (
+        "pallas.matmul out_dtype=float4_e2m1fn",
+        lambda: emulate.pallas.matmul(
+            np.ones((8, 8), jnp.bfloat16), I8.T, out_dtype=ml_dtypes.float4_e2m1fn, target="tpu_v4"
+        ),
+        ValueError,
+        r"^out_dtype: the result type would be float4_e2m1fn, which XLA cannot hold; pass "
+        r"out_dtype \(e\.g\. jnp\.float32\)$",
+    ),
+    (
+        "int4 preferred_element_type of float operands",
+        lambda: emulate.ragged_dot(X, X.T[None], np.array([64]), preferred_element_type=jnp.int4),
+        TypeError,
+        r"^preferred_element_type: an integer result \(int4\) needs integer operands",
+    ),
+    *(
+        (
+            f"{fn} {arg}=None",
+            call,
+            TypeError,
+            rf"^{arg}: expected an array \(jax or numpy\), a QArray, a Packed array or uint8 "
+            rf"codes with {arg}_format=, got None$",
+        )
+        for fn, arg, call in (
+            ("dot_general", "rhs", lambda: emulate.dot_general(X, None, DN)),
+            ("dot_general", "lhs", lambda: emulate.dot_general(None, X, DN)),
+            ("ragged_dot", "rhs", lambda: emulate.ragged_dot(X, None, np.array([64]))),
+            ("ragged_dot", "lhs", lambda: emulate.ragged_dot(None, X.T[None], np.array([64]))),
+            (
+                "conv_general_dilated",
+                "rhs",
+                lambda: emulate.conv_general_dilated(IMG, None, (1, 1), "SAME"),
+            ),
+        )
+    ),
+    *(
+        (
+            f"ragged_dot group_sizes={got}",
+            lambda value=value: emulate.ragged_dot(X, X.T[None], value),
+            TypeError,
+            rf"^group_sizes: expected an array of integers \(the number of rows in each "
+            rf"group\), got {got}$",
+        )
+        for got, value in (("None", None), ("str", "64"))
     ),
 ]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks import harness
+from benchmarks import tables, units
 from emulate import compiler
 
 
@@ -37,15 +37,15 @@ def floors(target: str, stored_bytes: float, weight_elements: float) -> dict[str
 def add_ratios(rows: list[dict[str, Any]], fields: Sequence[str], base: str) -> None:
     """Each row's ``bundle_s`` over that of the row whose ``contender`` is ``base`` and
     whose ``fields`` match (``bundle_over_base``), and over its ``hbm_s``."""
-    index = harness.index(rows, (*fields, "contender"))
+    index = tables.index(rows, (*fields, "contender"))
     for r in rows:
         if r.get("bundle_s") is None:
             continue
         b = index.get((*(r[f] for f in fields), base))
-        r["bundle_over_base"] = harness.quotient(
+        r["bundle_over_base"] = units.quotient(
             r["bundle_s"], None if b is None else b.get("bundle_s")
         )
-        r["bundle_over_hbm"] = harness.quotient(r["bundle_s"], r.get("hbm_s"))
+        r["bundle_over_hbm"] = units.quotient(r["bundle_s"], r.get("hbm_s"))
 
 
 def cell(r: dict[str, Any] | None) -> str:
@@ -55,8 +55,8 @@ def cell(r: dict[str, Any] | None) -> str:
     if r.get("status", "ok") != "ok":
         return r["status"]
     if r.get("bundle_s") is None:
-        return harness.MISSING
-    text = f"{harness.us(r['bundle_s'])} us"
+        return units.MISSING
+    text = f"{units.us(r['bundle_s'])} us"
     notes = []
     if r.get("contender") != "floor" and r.get("bundle_over_base") is not None:
         notes.append(f"{r['bundle_over_base']:.2f}x (a)")
@@ -87,8 +87,8 @@ def table(
     for (name, shape), by in groups.items():
         first = next(iter(by.values()))
         lines.append(
-            f"| {titles[name]} | {shape} | {harness.us(first.get('hbm_s'))} | "
-            f"{harness.us(first.get('feed_s'))} | "
+            f"| {titles[name]} | {shape} | {units.us(first.get('hbm_s'))} | "
+            f"{units.us(first.get('feed_s'))} | "
             + " | ".join(cell(by.get(k)) for k in contenders) + " |"
         )  # fmt: skip
     return [*lines, ""]

@@ -44,6 +44,8 @@ import numpy as np
 
 #: Calls of the measured function in one timed program.
 LOOP = 20
+#: Calls in a program of ``benchmarks.word_time`` (the ``word/`` cases).
+WORD_LOOP = 50
 #: K, N of the single projection (Llama-3-8B's gate and up).
 SHAPE = (4096, 14336)
 #: (name, K, N) of one Llama-3-8B decoder layer's projections.
@@ -59,7 +61,9 @@ PROJECTIONS = (
 _CASE = re.compile(
     r"^(?:projection/(?P<scheme>[\w.]+)/m(?P<m>\d+)(?:/(?P<blocks>default|\d+x\d+x\d+))?"
     r"|layer/(?P<contender>bf16|xla|kernel)/m(?P<lm>\d+)"
-    r"|attention/(?P<cache>\w+)/(?P<route>kernel|xla))$"
+    r"|attention/(?P<cache>\w+)/(?P<route>kernel|xla)"
+    r"|stream/(?P<stream>bf16|i32)/(?P<sbk>\d+)x(?P<sbn>\d+)"
+    r"|word/(?P<word>bf16|q4_k|awq|int4)/m(?P<wm>\d+)/(?P<wk>\d+)x(?P<wn>\d+))$"
 )
 
 
@@ -76,8 +80,15 @@ class ChipCase:
         if m is None:
             raise ValueError(
                 f"case: {self.name!r} is not projection/<scheme>/m<M>[/<bm>x<bn>x<bk>|/default], "
-                "layer/<bf16|xla|kernel>/m<M> or attention/<cache format>/<kernel|xla>"
+                "layer/<bf16|xla|kernel>/m<M>, attention/<cache format>/<kernel|xla> or "
+                "stream/<bf16|i32>/<bk>x<bn> or word/<bf16|q4_k|awq|int4>/m<M>/<K>x<N>"
             )
+        if m.group("word"):
+            return {"kind": "word", "scheme": m.group("word"), "m": int(m.group("wm")),
+                    "k": int(m.group("wk")), "n": int(m.group("wn"))}  # fmt: skip
+        if m.group("stream"):
+            return {"kind": "stream", "dtype": m.group("stream"),
+                    "block_shape": (int(m.group("sbk")), int(m.group("sbn")))}  # fmt: skip
         if m.group("cache"):
             return {"kind": "attention", "cache": m.group("cache"), "route": m.group("route")}
         if m.group("contender"):
@@ -86,6 +97,12 @@ class ChipCase:
         shape = None if blocks in (None, "default") else tuple(int(v) for v in blocks.split("x"))
         return {"kind": "projection", "scheme": m.group("scheme"), "m": int(m.group("m")),
                 "block_shape": shape}  # fmt: skip
+
+    @property
+    def loop(self) -> int:
+        """Calls in the timed program: :data:`WORD_LOOP` for ``word/`` cases (what
+        ``benchmarks.word_time`` times), else :data:`LOOP`."""
+        return WORD_LOOP if self.name.startswith("word/") else LOOP
 
     def build(self, target: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         """The program (a function that pickles by reference) and its arguments (host
@@ -96,6 +113,10 @@ class ChipCase:
             return _layer_program(p["contender"], p["m"], target, rng)
         if p["kind"] == "attention":
             return _attention_program(p["cache"], p["route"], rng)
+        if p["kind"] == "stream":
+            return _stream_program(p["dtype"], p["block_shape"])
+        if p["kind"] == "word":
+            return _word_program(p["scheme"], p["m"], p["k"], p["n"], target, rng)
         return _projection_program(p["scheme"], p["m"], p["block_shape"], target, rng)
 
 
@@ -129,11 +150,165 @@ def _kernel(x: jax.Array, w: Any, *, target: str, block_shape: tuple[int, ...] |
     )
 
 
-def looped(x: jax.Array, w: Any, *, call: Callable[..., jax.Array]) -> jax.Array:
-    """``call(x, w)`` :data:`LOOP` times, each call's x depending on the previous result."""
+def looped(x: jax.Array, w: Any, *, call: Callable[..., jax.Array], loop: int = LOOP) -> jax.Array:
+    """``call(x, w)`` ``loop`` times, each call's x depending on the previous result."""
 
     def body(i: Any, c: jax.Array) -> jax.Array:
         return c + call(x + (c * 0).astype(x.dtype), w)[0, 0]
+
+    return jax.lax.fori_loop(0, loop, body, jnp.float32(0))
+
+
+def _word_program(
+    scheme: str, m: int, k: int, n: int, target: str, rng: np.random.Generator
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """The program ``benchmarks.word_time`` times for one scheme and shape (its weight
+    builder, :data:`WORD_LOOP` calls)."""
+    x = np.asarray(rng.standard_normal((m, k)), dtype=jnp.bfloat16)
+    if scheme == "bf16":
+        w = np.asarray(rng.standard_normal((k, n)), dtype=jnp.bfloat16)
+        return functools.partial(looped, call=_dense, loop=WORD_LOOP), (x, w)
+    import emulate.pallas
+
+    q = emulate.pallas.prepare_weight(word_weight(scheme, k, n, rng)[0])
+    call = functools.partial(_kernel, target=target, block_shape=None)
+    return functools.partial(looped, call=call, loop=WORD_LOOP), (x, q)
+
+
+def _float_weight(
+    kind: str, k: int, n: int, rng: np.random.Generator, pow2: bool
+) -> tuple[Any, np.ndarray]:
+    """:func:`weight` of the float-coded schemes: MXFP4 (e2m1 codes, e8m0 scales per 32
+    rows), NVFP4 (e4m3 scales per 16 rows in [0.25, 4], powers of two with ``pow2``, and
+    a tensor scale) and bitsandbytes NF4 (uint4 codes into the NF4 table, f32 absmax per
+    64 rows)."""
+    import ml_dtypes
+
+    import emulate
+
+    codes = rng.integers(0, 16, (k, n)).astype(np.uint8)
+    if kind == "nf4":
+        table = emulate.codebooks.NF4.array().astype(np.float64)
+        s = rng.uniform(0.01, 1.0, (k // 64, n)).astype(np.float32)
+        q = emulate.QArray.from_parts(
+            emulate.pack(codes.astype(ml_dtypes.uint4), axis=0), s, block_shape=(64, 1),
+            codebook=emulate.codebooks.NF4,
+        )  # fmt: skip
+        return q, table[codes] * np.repeat(s.astype(np.float64), 64, axis=0)
+    e2m1 = codes.view(ml_dtypes.float4_e2m1fn)
+    v = e2m1.astype(np.float64)
+    if kind == "mxfp4":
+        e = rng.integers(-2, 3, (k // 32, n))
+        s = np.ldexp(1.0, e).astype(ml_dtypes.float8_e8m0fnu)
+        q = emulate.QArray.from_parts(emulate.pack(e2m1, axis=0), s, block_shape=(32, 1))
+        return q, v * np.repeat(s.astype(np.float64), 32, axis=0)
+    if pow2:
+        s = np.ldexp(1.0, rng.integers(-2, 3, (k // 16, n))).astype(ml_dtypes.float8_e4m3fn)
+    else:
+        s = rng.uniform(0.25, 4.0, (k // 16, n)).astype(ml_dtypes.float8_e4m3fn)
+    ts = np.float32(0.5 if pow2 else 0.75)
+    q = emulate.QArray.from_parts(
+        emulate.pack(e2m1, axis=0), s, block_shape=(16, 1), tensor_scale=ts
+    )
+    return q, v * np.repeat(s.astype(np.float64), 16, axis=0) * np.float64(ts)
+
+
+def word_weight(
+    kind: str, k: int, n: int, rng: np.random.Generator, pow2: bool = False
+) -> tuple[Any, np.ndarray]:
+    """The weight ``benchmarks.word_time`` times for scheme ``kind`` (``"q4_k"``: GGUF
+    Q4_K-like two-level scales and mins; ``"awq"``: float16 scales and packed zero points
+    per 128 rows; ``"int4"``: plain codes; ``"mxfp4"``, ``"nvfp4"``, ``"nf4"``:
+    :func:`_float_weight`), K x N: (the QArray or int4 array, its exact
+    (K, N) values in float64). ``pow2``: power-of-two scales (every partial sum of
+    integer activations exact)."""
+    import ml_dtypes
+
+    import emulate
+
+    if kind in ("mxfp4", "nvfp4", "nf4"):
+        return _float_weight(kind, k, n, rng, pow2)
+    if kind == "int4":
+        codes = rng.integers(-8, 8, (k, n))
+        return codes.astype(ml_dtypes.int4), codes.astype(np.float64)
+    codes = rng.integers(0, 16, (k, n))
+    q4 = emulate.pack(codes.astype(ml_dtypes.uint4), axis=0)
+    if kind == "awq":
+        groups = k // 128
+        if pow2:
+            s = np.ldexp(1.0, rng.integers(-2, 3, (groups, n))).astype(np.float16)
+        else:
+            s = rng.uniform(1e-3, 1e-2, (groups, n)).astype(np.float16)
+        z = rng.integers(0, 16, (groups, n))
+        q = emulate.QArray.from_parts(
+            q4, s, block_shape=(128, 1), zero_points=emulate.pack(z.astype(ml_dtypes.uint4), axis=1)
+        )
+        rows = np.repeat(np.arange(groups), 128)
+        return q, (codes - z[rows]) * s.astype(np.float64)[rows]
+    groups, supers = k // 32, k // 256
+    sc, mn = rng.integers(0, 64, (groups, n)), rng.integers(0, 64, (groups, n))
+    if pow2:
+        d = np.ldexp(1.0, rng.integers(-1, 2, (supers, n))).astype(np.float16)
+    else:
+        d = (rng.random((supers, n)) * 0.01 + 1e-3).astype(np.float16)
+    dmin = (-(d.astype(np.float32) / 2)).astype(np.float16)
+
+    def level(c: np.ndarray, s: np.ndarray) -> emulate.QArray:
+        six = emulate.pack(c.astype(np.uint8), "uint6", axis=0)
+        return emulate.QArray.from_parts(six, s, block_shape=(8, 1))
+
+    q = emulate.QArray.from_parts(q4, level(sc, d), block_shape=(32, 1), offsets=level(mn, dmin))
+    g = np.repeat(np.arange(groups), 32)
+    dg = np.repeat(d.astype(np.float64), 8, axis=0)
+    mg = np.repeat(dmin.astype(np.float64), 8, axis=0)
+    return q, codes * (sc * dg)[g] + (mn * mg)[g]
+
+
+#: Rows of the streamed array by dtype: 4096 x 14336 bf16 or 2048 x 14336 int32 (117 MB).
+STREAM_ROWS = {"bf16": 4096, "i32": 2048}
+
+
+def _stream_program(
+    dtype: str, block_shape: tuple[int, int]
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    dt = {"bf16": jnp.bfloat16, "i32": jnp.int32}[dtype]
+    w = np.ones((STREAM_ROWS[dtype], SHAPE[1]), dtype=dt)
+    x = np.zeros((8, SHAPE[1]), dtype=np.float32)
+    return functools.partial(looped_stream, block_shape=block_shape), (x, w)
+
+
+def stream(x: jax.Array, w: jax.Array, block_shape: tuple[int, int]) -> jax.Array:
+    """A Pallas kernel that reads ``w`` (K, N) block by block, ``block_shape`` (bk, bn) a
+    grid step over a (N / bn, K / bk) grid, and does next to nothing with it (adds its
+    first 8 rows to ``x``'s (8, bn) block): the time of its DMAs alone, for the bundle
+    model's DMA law (``benchmarks.bundle_calibration``)."""
+    from jax.experimental import pallas as pl
+
+    bk, bn = block_shape
+    k, n = w.shape
+
+    def kernel(x_ref: Any, w_ref: Any, o_ref: Any) -> None:
+        @pl.when(pl.program_id(1) == 0)
+        def _() -> None:
+            o_ref[...] = x_ref[...]
+
+        o_ref[...] += w_ref[0:8, :].astype(jnp.float32)
+
+    return pl.pallas_call(
+        kernel,
+        grid=(n // bn, k // bk),
+        in_specs=[pl.BlockSpec((8, bn), lambda j, i: (0, j)),
+                  pl.BlockSpec((bk, bn), lambda j, i: (i, j))],
+        out_specs=pl.BlockSpec((8, bn), lambda j, i: (0, j)),
+        out_shape=jax.ShapeDtypeStruct((8, n), jnp.float32),
+    )(x, w)  # fmt: skip
+
+
+def looped_stream(x: jax.Array, w: jax.Array, *, block_shape: tuple[int, int]) -> jax.Array:
+    """:func:`stream` :data:`LOOP` times, each call's x depending on the previous result."""
+
+    def body(i: Any, c: jax.Array) -> jax.Array:
+        return c + stream(x + c * 0, w, block_shape)[0, 0]
 
     return jax.lax.fori_loop(0, LOOP, body, jnp.float32(0))
 

@@ -24,7 +24,6 @@ bundle model beside it.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -36,7 +35,8 @@ import jax
 
 from benchmarks import harness
 from benchmarks.chip_programs import LOOP, ChipCase
-from benchmarks.chip_run import commit, package_version
+from benchmarks.provenance import provenance
+from benchmarks.tables import text_table
 
 _BLOCKS = ("default", "16x256x1024", "16x512x1024", "16x1024x2048", "16x512x4096")
 
@@ -101,17 +101,9 @@ def run(args: argparse.Namespace) -> harness.Report:
     skipped: list[str] = []
     failed: dict[str, str] = {}
     data = {
-        "benchmark": "chip_time",
-        "device_kind": dev.device_kind,
+        **provenance("chip_time", args.command, args.commit),
         "devices": jax.device_count(),
-        "target": target,
-        "jax": jax.__version__,
-        "jaxlib": package_version("jaxlib"),
-        "libtpu": package_version("libtpu") or package_version("libtpu-nightly"),
         "platform_version": _platform_version(dev),
-        "commit": commit(args.commit),
-        "command": args.command,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "loop": LOOP,
         "repeats": args.repeats,
         "rows": rows,
@@ -133,10 +125,11 @@ def run(args: argparse.Namespace) -> harness.Report:
         if args.json is not None:  # what was timed so far survives a run cut short
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(data, indent=2) + "\n")
+    table = [[str(r["case"]), f"{float(r['seconds']) * 1e6:.1f}"] for r in rows]  # type: ignore[arg-type]
+    table += [[n, "skipped (budget)"] for n in skipped]
+    table += [[n, f"failed: {why[:100]}"] for n, why in failed.items()]
     lines = [f"`{args.command}`: {dev.device_kind} ({target}), {args.repeats} repeats", ""]
-    lines += [f"{r['case']:36s} {float(r['seconds']) * 1e6:9.1f} us" for r in rows]  # type: ignore[arg-type]
-    lines += [f"{n:36s} skipped (budget)" for n in skipped]
-    lines += [f"{n:36s} failed: {why[:100]}" for n, why in failed.items()]
+    lines.append(text_table(["program", "us a call"], table, right={1}))
     return harness.Report(data, "\n".join(lines) + "\n")
 
 

@@ -37,8 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import harness
-from benchmarks.harness import interleave, minor_faults, timed_call
+from benchmarks import harness, provenance, tables, units
+from benchmarks.timing import interleave, minor_faults, timed_call
 from emulate import formats
 from emulate.numerics import codecs, storage
 
@@ -167,7 +167,7 @@ def measure(cases: Sequence[Case], repeats: int) -> list[Case]:
 
 def _ratio_or_dash(value: float | None) -> str:
     """A ratio, or "-" where it does not apply (a copy against the same-size copy)."""
-    return "-" if value is None else harness.ratio(value)
+    return "-" if value is None else units.ratio(value)
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
@@ -188,7 +188,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
             r["format"],
             r["input"],
             r["to"],
-            harness.ms(r["median_s"], places=3),
+            units.ms(r["median_s"], places=3),
             f"{r['elements_per_s'] / 1e9:.3f}",
             f"{r['gb_per_s']:.2f}",
             _ratio_or_dash(r["ratio_to_copy"]),
@@ -197,7 +197,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         ]
         for r in rows
     ]
-    return harness.text_table(headers, cells, right={3, 4, 5, 6, 7, 8})
+    return tables.text_table(headers, cells, right={3, 4, 5, 6, 7, 8})
 
 
 def run(args: argparse.Namespace) -> harness.Report:
@@ -219,7 +219,7 @@ def run(args: argparse.Namespace) -> harness.Report:
         r["ratio_to_same_size_copy"] = r["gb_per_s"] / g if g else None
     for r in copy_rows.values():
         r["ratio_to_copy"] = r["gb_per_s"] / ref if ref else None
-    env = harness.environment()
+    env = provenance.environment()
     report = {
         "benchmark": "decode",
         "command": args.command,

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import emulate
-from benchmarks import harness
+from benchmarks import harness, provenance, tables, timing, units
 from benchmarks.cases import DN, parse_shape
 from emulate import formats
 
@@ -61,7 +61,7 @@ class Case:
     def run(self) -> float:
         if self.warm:
             jax.block_until_ready(self.fn(*self.args))
-        return harness.timed_call(self.fn, *self.args)
+        return timing.timed_call(self.fn, *self.args)
 
 
 def operand(
@@ -123,9 +123,9 @@ def compile_sizes(args: argparse.Namespace) -> harness.Report:
     text = [
         f"mode exact programs, (M, K, N) = ({m}, {k}, {n}), f32 result: StableHLO lines and "
         f"XLA compile CPU seconds (least of {args.repeats})",
-        harness.text_table(["pair", "target", "lines", "compile s"], rows, right={2, 3}),
+        tables.text_table(["pair", "target", "lines", "compile s"], rows, right={2, 3}),
     ]
-    data = {"command": args.command, "env": harness.environment(), "rows": records}
+    data = {"command": args.command, "env": provenance.environment(), "rows": records}
     return harness.Report(data, "\n".join(text) + "\n")
 
 
@@ -152,8 +152,8 @@ def run(args: argparse.Namespace) -> harness.Report:
                     )
                 )
                 cases.append(Case(pair, target, mode, fn, (a, b), warm=not args.cold))
-    ok, failed = harness.interleave(cases, repeats)
-    med = {c.label: harness.stats(c.times)["median_s"] for c in ok}
+    ok, failed = timing.interleave(cases, repeats)
+    med = {c.label: timing.stats(c.times)["median_s"] for c in ok}
     rows, records = [], []
     for c in ok:
         if c.mode != "exact":
@@ -168,8 +168,8 @@ def run(args: argparse.Namespace) -> harness.Report:
                 c.target,
                 p.method,
                 f"{sa}x{sb}",
-                harness.ms(fast, places=2),
-                harness.ms(med[c.label], places=2),
+                units.ms(fast, places=2),
+                units.ms(med[c.label], places=2),
                 f"{ratio:.1f}x",
             ]
         )
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> harness.Report:
     lines = [
         f"mode exact against mode fast, (M, K, N) = ({m}, {k}, {n}), f32 result, "
         f"medians of {repeats} interleaved rounds",
-        harness.text_table(
+        tables.text_table(
             ["pair", "target", "route", "slices", "fast ms", "exact ms", "exact/fast"],
             rows,
             right={4, 5, 6},
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> harness.Report:
     ]
     data = {
         "command": args.command,
-        "env": harness.environment(),
+        "env": provenance.environment(),
         "shape": [m, k, n],
         "rows": records,
     }
@@ -208,8 +208,8 @@ def flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--shape",
         type=parse_shape,
-        help=f"MxKxN (default {harness.shape_text(SHAPE)}, "
-        f"{harness.shape_text(QUICK_SHAPE)} with --quick)",
+        help=f"MxKxN (default {units.shape_text(SHAPE)}, "
+        f"{units.shape_text(QUICK_SHAPE)} with --quick)",
     )
     p.add_argument("--targets", default="tpu_v5e,tpu_v4", help="comma-separated targets")
     p.add_argument(

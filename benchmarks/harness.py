@@ -1,27 +1,27 @@
-"""The harness every benchmark here runs under: flags, timing, tables, units and files.
+"""The harness every benchmark here runs under: its flags, its run, and the files it
+writes.
 
 A benchmark module builds its cases and contenders and renders its own report; it
 registers itself as a :class:`Benchmark` and leaves the rest to this module (the model is
 JAX's ``benchmarks/math_benchmark.py``, where ``google_benchmark`` owns flags, timing and
-output). Run any of them as ``python -m benchmarks.NAME`` from the repository root.
+output). Run any of them as ``python -m benchmarks.NAME`` from the repository root. The
+rest is shared by concept: :mod:`benchmarks.timing` (the timing loop),
+:mod:`benchmarks.units`, :mod:`benchmarks.tables`, :mod:`benchmarks.plots` (the PNGs) and
+:mod:`benchmarks.provenance` (what every result file says about its run).
 
 Flags the harness owns (each benchmark adds its own beside them):
 
   --quick        a short run (where the benchmark defines one)
   --repeats N    timed rounds (where the benchmark times anything)
   --json PATH    where the JSON goes (default ``benchmarks/results/NAME.json``, not in
-                 git); the markdown (``.md``) and the plot (``.png``) go beside it
+                 git; a result kept for docs/performance.md goes under
+                 ``benchmarks/data/NAME/``); the markdown (``.md``) and the plot
+                 (``.png``) go beside it
   --no-json      write no files, only print
   --no-plot      write no PNG (where the benchmark draws one)
 
-Timing: every case is run twice to warm up (the first call compiles), then ``repeats``
-interleaved rounds are timed (every case once per round: A B C A B C ...), so that a
-slow period of a shared machine hits all cases alike. Each call ends in
-``block_until_ready``.
-
-Units: :func:`ms`, :func:`us` and :func:`mb` print three significant digits (whole
-numbers from 100 up), or a fixed number of decimals where ``places`` is given; a missing
-figure (None) prints as ``"?"``.
+The JSON starts with :func:`benchmarks.provenance.provenance`'s fields (benchmark,
+command, commit, date, device, versions), then the benchmark's own.
 """
 
 from __future__ import annotations
@@ -29,262 +29,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import platform
-import statistics
 import sys
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
-import jax
-
-try:
-    import resource
-except ImportError:  # not on Windows
-    resource = None  # type: ignore[assignment]
+from benchmarks.provenance import provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MISSING = "?"
-
-# ---------------------------------------------------------------------------------------
-# Units
-
-
-def _digits(v: float, places: int | None) -> str:
-    if places is not None:
-        return f"{v:.{places}f}"
-    return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
-
-
-def ms(seconds: float | None, places: int | None = None) -> str:
-    """``seconds`` in milliseconds, without the unit: ``ms(0.0123) == "12.3"``,
-    ``ms(0.1234) == "123"``, ``ms(0.0123, places=3) == "12.300"``, ``ms(None) == "?"``."""
-    return MISSING if seconds is None else _digits(seconds * 1e3, places)
-
-
-def us(seconds: float | None, places: int | None = None) -> str:
-    """``seconds`` in microseconds, without the unit, as :func:`ms` writes milliseconds."""
-    return MISSING if seconds is None else _digits(seconds * 1e6, places)
-
-
-def mb(nbytes: float | None, places: int | None = None) -> str:
-    """``nbytes`` in megabytes (10**6 bytes), without the unit: ``mb(8_388_608) == "8.39"``,
-    ``mb(134_217_728) == "134"``, ``mb(None) == "?"``."""
-    return MISSING if nbytes is None else _digits(nbytes / 1e6, places)
-
-
-def ratio(value: float | None, places: int = 2) -> str:
-    """A ratio with ``places`` decimals and no unit: ``ratio(1.234) == "1.23"``,
-    ``ratio(None) == "?"``."""
-    return MISSING if value is None else f"{value:.{places}f}"
-
-
-def quotient(a: float | None, b: float | None) -> float | None:
-    """``a / b``, or None where either figure is missing or ``b`` is 0 (a compiler that
-    gave no estimate, a contender that did not run)."""
-    return None if a is None or not b else a / b
-
-
-def shape_text(shape: Sequence[int]) -> str:
-    """A shape as the flags write it: ``shape_text((64, 4096, 1024)) == "64x4096x1024"``."""
-    return "x".join(str(d) for d in shape)
-
-
-# ---------------------------------------------------------------------------------------
-# Timing
-
-
-def timed_call(fn: Callable[..., Any], *args: Any) -> float:
-    """Seconds for ``fn(*args)`` up to ``block_until_ready`` of its result (a pytree)."""
-    t0 = time.perf_counter()
-    out = fn(*args)
-    jax.block_until_ready(out)
-    dt = time.perf_counter() - t0
-    del out
-    return dt
-
-
-def minor_faults() -> int | None:
-    """This process's minor page faults so far (None where ``getrusage`` is missing).
-
-    glibc hands a block over its mmap threshold (dynamic, at most 32 MiB by default) back
-    to the OS when it is freed, so an XLA program whose output or temporaries exceed it
-    faults every page of them in again on each call, and the kernel zeroes each page. The
-    difference of two readings around a call counts those pages (4 KiB each).
-    """
-    if resource is None:
-        return None
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-class Timed(Protocol):
-    """What :func:`interleave` times: ``run()`` returns the seconds of one call."""
-
-    times: list[float]
-
-    @property
-    def label(self) -> str: ...
-
-    def run(self) -> float: ...
-
-
-T = TypeVar("T", bound=Timed)
-
-
-#: What a compile-only benchmark records as a refused row instead of raising: emulate's
-#: own refusals (ValueError), Pallas' (NotImplementedError) and the TPU compiler's (XLA:TPU
-#: and Mosaic raise JaxRuntimeError). Anything else is a bug in the benchmark and raises.
-COMPILE_REFUSALS = (ValueError, NotImplementedError, jax.errors.JaxRuntimeError)
-
-
-def short_error(e: BaseException, limit: int = 120) -> str:
-    """The first line of an exception's message, at most ``limit`` characters."""
-    text = str(e).strip()
-    line = text.splitlines()[0] if text else type(e).__name__
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def interleave(
-    cases: Iterable[T], repeats: int, *, warmup: int = 2, report: bool = True
-) -> tuple[list[T], dict[str, str]]:
-    """Warm up each case, then time ``repeats`` interleaved rounds.
-
-    Returns the cases that ran (their ``times`` filled in) and, for each one that raised
-    during the warm-up, its label and a short reason; ``report`` also prints those to
-    stderr.
-    """
-    ok: list[T] = []
-    failed: dict[str, str] = {}
-    for c in cases:
-        try:
-            for _ in range(warmup):
-                c.run()
-        except Exception as e:  # noqa: BLE001 - report and go on with the other cases
-            failed[c.label] = short_error(e)
-            if report:
-                print(f"skipped {c.label}: {failed[c.label]}", file=sys.stderr)
-            continue
-        ok.append(c)
-    for _ in range(repeats):
-        for c in ok:
-            c.times.append(c.run())
-    return ok, failed
-
-
-def stats(times: Sequence[float]) -> dict[str, float]:
-    """Median, min and max of ``times`` (seconds)."""
-    return {
-        "median_s": statistics.median(times),
-        "min_s": min(times),
-        "max_s": max(times),
-    }
-
-
-def environment() -> dict[str, Any]:
-    """Where and when a benchmark ran: versions, backend, cores, load, time."""
-    try:
-        load: list[float] | None = [round(v, 2) for v in os.getloadavg()]
-    except OSError:
-        load = None
-    return {
-        "jax": jax.__version__,
-        "backend": jax.default_backend(),
-        "device": jax.devices()[0].device_kind,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "load_average": load,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        # allocator settings that change the timings of programs with large temporaries
-        "malloc_env": {k: v for k, v in os.environ.items() if k in _MALLOC_ENV},
-    }
-
-
-_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES", "LD_PRELOAD")
-
-# ---------------------------------------------------------------------------------------
-# Tables and files
-
-
-def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> str:
-    """A plain-text table with aligned columns; columns in ``right`` are right-aligned."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-
-    def line(vals: Sequence[str]) -> str:
-        return "  ".join(
-            v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(vals, widths))
-        ).rstrip()
-
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
-
-
-def index(
-    rows: Iterable[dict[str, Any]], fields: Sequence[str], contender: str | None = None
-) -> dict[tuple, dict[str, Any]]:
-    """The rows with status "ok" (and, where given, of ``contender``) by the tuple of
-    their ``fields``: what a ratio looks its denominator up in."""
-    return {
-        tuple(r[f] for f in fields): r
-        for r in rows
-        if r["status"] == "ok" and (contender is None or r["contender"] == contender)
-    }
-
-
-def goal_table(title: str, goals: Sequence[dict[str, Any]]) -> list[str]:
-    """Markdown lines: ``title`` and a table of per-generation goals (``cases.goal`` dicts
-    with a "generation"): the limit, the worst figure and where, whether met, and the rows
-    that fail it (then those named in an "unestimated" list, as "(no estimate)"). No
-    goals: no lines."""
-    if not goals:
-        return []
-    lines = [
-        title,
-        "",
-        "| generation | goal | limit | worst measured | where | met | failing |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for g in goals:
-        if g["measured"] is None:
-            lines.append(
-                f"| {g['generation']} | {g['goal']} | {g['limit']:g} | not measured | | | |"
-            )
-            continue
-        failing = g["failing"] + [f"{u} (no estimate)" for u in g.get("unestimated", [])]
-        lines.append(
-            f"| {g['generation']} | {g['goal']} | {g['limit']:g} | {g['measured']:.3g} | "
-            f"{g['worst']} | {'yes' if g['met'] else 'no'} | {', '.join(failing)} |"
-        )
-    return lines
-
-
-def pyplot() -> Any:
-    """``matplotlib.pyplot`` on the non-interactive Agg backend, or None (after printing
-    how to install it) where matplotlib is missing: it is only in the ``bench`` extra, and
-    the PNG only draws what the JSON and the markdown already hold."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install -e .[bench]); no PNG written")
-        return None
-    return plt
-
-
-def legend_entries(axes: Iterable[Any]) -> tuple[list[Any], list[str]]:
-    """The handles and labels of all ``axes``, each label once, in first-seen order: one
-    figure legend for panels that each show some of the contenders."""
-    handles: list[Any] = []
-    labels: list[str] = []
-    for ax in axes:
-        for h, label in zip(*ax.get_legend_handles_labels()):
-            if label not in labels:
-                handles.append(h)
-                labels.append(label)
-    return handles, labels
 
 
 Plot = Callable[[dict[str, Any], Path], "Path | None"]
@@ -430,6 +182,7 @@ class Benchmark:
             code = _rerun_dumping(self.name, list(sys.argv[1:] if argv is None else argv))
             if code is not None:
                 return code
+        head = provenance(self.name, args.command, getattr(args, "commit", None))  # at the start
         try:
             report = self.run(args)
         except FlagError as e:
@@ -439,6 +192,7 @@ class Benchmark:
             return 2
         if report is None:
             return 0
+        report = dataclasses.replace(report, data={**head, **report.data})
         print(report.text, end="" if report.text.endswith("\n") else "\n")
         if args.json is not None:
             write(report, args.json, plot=args.plot)

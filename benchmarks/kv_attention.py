@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import emulate
-from benchmarks import harness
+from benchmarks import harness, provenance, units
 from benchmarks.pallas_traffic import kernel_traffic
 from emulate import compiler
 from emulate.kvcache import FORMATS, KVCache, attention
@@ -93,7 +93,7 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(
             f"| {r['generation']} | {r['cache']} | {r['stored'] / 2**20:.1f} | "
             f"{r['kernel_over_ideal']:.4f} | {100 * r['temp_over_cache']:.2f}% | "
-            f"{harness.MISSING if xla is None else format(xla, '.2f')} |"
+            f"{units.MISSING if xla is None else format(xla, '.2f')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> harness.Report:
         "command": args.command,
         "libtpu": compiler.libtpu_version(),
         "shape": shape,
-        "environment": harness.environment(),
+        "environment": provenance.environment(),
         "wall_s": time.perf_counter() - t0,
         "results": rows,
     }

@@ -53,7 +53,7 @@ import ml_dtypes
 import numpy as np
 
 import emulate
-from benchmarks import harness, plots
+from benchmarks import harness, plots, provenance, units
 from benchmarks.cases import (
     PAIRS,
     SHAPES,
@@ -67,7 +67,7 @@ from benchmarks.cases import (
     shape_of,
 )
 from benchmarks.contenders import pair_programs
-from benchmarks.harness import interleave, minor_faults, short_error, stats, timed_call
+from benchmarks.timing import interleave, minor_faults, short_error, stats, timed_call
 from emulate import formats
 
 BF16 = jnp.bfloat16
@@ -374,10 +374,10 @@ def issue16_goals(rows: Sequence[dict[str, Any]]) -> list[dict]:
 def _time_cell(r: dict[str, Any]) -> str:
     if r["status"] != "ok":
         return f"n/a ({r['reason']})"
-    span = f"{harness.ms(r['min_s'])}-{harness.ms(r['max_s'])}"
+    span = f"{units.ms(r['min_s'])}-{units.ms(r['max_s'])}"
     if r["contender"] == "floor":
-        return f"{harness.ms(r['median_s'])} ms ({span})"
-    return f"**{r['ratio']:.2f}x** {harness.ms(r['median_s'])} ms ({span})"
+        return f"{units.ms(r['median_s'])} ms ({span})"
+    return f"**{r['ratio']:.2f}x** {units.ms(r['median_s'])} ms ({span})"
 
 
 def _groups(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -412,7 +412,7 @@ def _memory_table(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[s
             if r is None or r["temp_bytes"] is None:
                 cells.append("" if r is None else "n/a")
             else:
-                cells.append(f"{harness.mb(r['temp_bytes'])} ({r['temp_over_decoded_weight']:.2f})")
+                cells.append(f"{units.mb(r['temp_bytes'])} ({r['temp_over_decoded_weight']:.2f})")
         wb = [by[k]["weight_bytes_per_element"] for k in ("floor", "astype", "fast") if k in by]
         pf = [by[k].get("page_faults_per_call") for k in ("floor", "fast") if k in by]
         lines.append(
@@ -503,7 +503,7 @@ def run(args: argparse.Namespace) -> harness.Report:
     """Measure every pair at every shape; the report (markdown, JSON and plot)."""
     shapes = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
     pair_names = args.formats or (QUICK_PAIRS if args.quick else tuple(PAIRS))
-    env = harness.environment()
+    env = provenance.environment()
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []
     for shape in shapes:
@@ -511,7 +511,7 @@ def run(args: argparse.Namespace) -> harness.Report:
             t = time.perf_counter()
             rows += measure(PAIRS[name], shape, args.repeats)
             print(
-                f"  {name} {harness.shape_text(shape)}: {time.perf_counter() - t:.1f} s",
+                f"  {name} {units.shape_text(shape)}: {time.perf_counter() - t:.1f} s",
                 file=sys.stderr,
             )
     k, n = max((s[1], s[2]) for s in shapes)
@@ -524,7 +524,7 @@ def run(args: argparse.Namespace) -> harness.Report:
         "median / median of the floor",
         "contenders": {c.key: f"{c.label}: {c.doc}" for c in CONTENDERS},
         "environment": env,
-        "load_average_end": harness.environment()["load_average"],
+        "load_average_end": provenance.environment()["load_average"],
         "wall_s": time.perf_counter() - t0,
         "results": rows,
         "storage": storage,
@@ -538,7 +538,7 @@ def flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--shapes",
         type=parse_shapes,
-        help="MxKxN[,MxKxN...] (default " + ",".join(map(harness.shape_text, SHAPES)) + ")",
+        help="MxKxN[,MxKxN...] (default " + ",".join(map(units.shape_text, SHAPES)) + ")",
     )
     p.add_argument(
         "--formats",

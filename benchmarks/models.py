@@ -60,7 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks import harness, model_layers, model_specs
+from benchmarks import harness, model_layers, model_specs, provenance, timing, units
 from benchmarks import model_weights as mw
 from benchmarks.model_goals import goal_lines
 from benchmarks.model_layers import ROUTES, head, layer
@@ -250,6 +250,7 @@ def _costs(
         "kernels": kernels,
         "bundle_s": None if timed is None else timed.seconds,
         "bundle_kernels_s": None if timed is None else timed.kernel_seconds,
+        "dma_bytes": None if timed is None else timed.hbm_bytes,
     }
 
 
@@ -285,8 +286,8 @@ def measure(
         try:
             prefetch = functools.partial(_prefetch, s, step)
             got[part] = _costs(fn, specs, gen, donate, s.chips, alone, prefetch)
-        except harness.COMPILE_REFUSALS as e:
-            row.update(status="refused", reason=f"{part}: {harness.short_error(e)}")
+        except timing.COMPILE_REFUSALS as e:
+            row.update(status="refused", reason=f"{part}: {timing.short_error(e)}")
             log(f"{model} {gen} {step} {route}: {row['reason']}")
             return row
         log(f"{model} {gen} {step} {route} {cache} {part}: {time.perf_counter() - t0:.1f} s")
@@ -311,6 +312,11 @@ def measure(
     if lay["bundle_s"] is not None and hd["bundle_s"] is not None:
         row["bundle_s"] = n * lay["bundle_s"] + hd["bundle_s"]
         row["bundle_kernels_s"] = n * lay["bundle_kernels_s"] + hd["bundle_kernels_s"]
+    if lay.get("dma_bytes") is not None and hd.get("dma_bytes") is not None:
+        # what the schedule's DMAs move between HBM and VMEM: the chip's real traffic
+        # (libtpu's "bytes accessed" also counts XLA ops whose operands live in VMEM)
+        row["dma_bytes"] = n * lay["dma_bytes"] + hd["dma_bytes"]
+        row["dma_over_ideal"] = row["dma_bytes"] / row["ideal"]
     return derive(row)
 
 
@@ -338,11 +344,11 @@ def derive(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _gb(v: float | None) -> str:
-    return harness.MISSING if v is None else f"{v / 1e9:.2f}"
+    return units.MISSING if v is None else f"{v / 1e9:.2f}"
 
 
 def _gib(v: float | None) -> str:
-    return harness.MISSING if v is None else f"{v / (1 << 30):.2f}"
+    return units.MISSING if v is None else f"{v / (1 << 30):.2f}"
 
 
 #: each route's name in the tables
@@ -356,25 +362,26 @@ ROUTE_LABELS = {
 def _bundle_cells(r: dict[str, Any], bf16: dict[str, Any] | None) -> list[str]:
     """The bundle model's cells: ms a step (ms a token), x the bf16 model's, feed floor."""
     if r.get("bundle_s") is None:
-        return [harness.MISSING, harness.MISSING, harness.ms(r["feed_s"], 2)]
+        return [units.MISSING, units.MISSING, units.ms(r["feed_s"], 2)]
     base = None if bf16 is None else bf16.get("bundle_s")
-    ratio = harness.MISSING if not base else f"{r['bundle_s'] / base:.2f}x"
-    step = f"{harness.ms(r['bundle_s'], 1)} ({harness.ms(r['bundle_token_s'], 3)})"
-    return [step, ratio, harness.ms(r["feed_s"], 2)]
+    ratio = units.MISSING if not base else f"{r['bundle_s'] / base:.2f}x"
+    step = f"{units.ms(r['bundle_s'], 1)} ({units.ms(r['bundle_token_s'], 3)})"
+    return [step, ratio, units.ms(r["feed_s"], 2)]
 
 
 def _cells(r: dict[str, Any], bf16: dict[str, Any] | None = None) -> list[str]:
     if r["status"] != "ok":
         return [r["status"], r.get("reason", "")[:80], "", "", "", "", "", "", "", ""]
     fit = "fits" if r["fits"] else "**does not fit**"
+    dma = "" if r.get("dma_over_ideal") is None else f"; DMAs {r['dma_over_ideal']:.3f}x"
     return [
-        f"{_gb(r['bytes'])} GB ({r['bytes_over_ideal']:.2f}x)",
+        f"{_gb(r['bytes'])} GB ({r['bytes_over_ideal']:.3f}x{dma})",
         f"{_gib(r['temp'])} GiB ({100 * r['temp_over_weights']:.1f}%)",
         f"{_gib(r['footprint'])} GiB, {fit}",
-        "none" if r["estimate_s"] is None else harness.ms(r["estimate_s"], 1),
-        harness.ms(r["bandwidth_s"], 1),
-        harness.ms(r["floor_s"], 1),
-        harness.ms(r["roofline_s"], 1),
+        "none" if r["estimate_s"] is None else units.ms(r["estimate_s"], 1),
+        units.ms(r["bandwidth_s"], 1),
+        units.ms(r["floor_s"], 1),
+        units.ms(r["roofline_s"], 1),
         *_bundle_cells(r, bf16),
     ]
 
@@ -482,7 +489,7 @@ def run(args: argparse.Namespace) -> harness.Report:
         "benchmark": "models",
         "command": args.command,
         "libtpu": compiler.libtpu_version(),
-        "environment": harness.environment(),
+        "environment": provenance.environment(),
         "wall_s": time.perf_counter() - t0,
         "results": rows,
     }

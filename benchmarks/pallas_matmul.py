@@ -42,7 +42,7 @@ import numpy as np
 
 import emulate
 import emulate.pallas
-from benchmarks import harness
+from benchmarks import harness, timing, units
 from benchmarks.cases import DN
 from emulate import formats, targets
 from emulate import testing as et
@@ -155,8 +155,8 @@ def run(
             checked[i] = c.contract
     for _ in range(repeats):
         for i, (_, _, _, x, w_arg, _, w_bf16, kernel, xla) in enumerate(cases):
-            times[i][0].append(harness.timed_call(kernel, x, w_arg))
-            times[i][1].append(harness.timed_call(xla, x, w_bf16))
+            times[i][0].append(timing.timed_call(kernel, x, w_arg))
+            times[i][1].append(timing.timed_call(xla, x, w_bf16))
     rows = []
     for i, (fmt, m, kn, _, w_arg, _, _, _, _) in enumerate(cases):
         f = formats.get(fmt)
@@ -191,13 +191,13 @@ def render(rows: Sequence[Row], interpret: bool = False) -> str:
                 str(r.m),
                 str(r.k),
                 f"{r.weight_bytes / 1e6:.2f}",
-                harness.ms(r.kernel_s, 3),
-                harness.ms(r.xla_s, 3),
+                units.ms(r.kernel_s, 3),
+                units.ms(r.xla_s, 3),
                 f"{r.speedup:.2f}",
                 "-" if interpret else f"{r.kernel_bw / 1e9:.1f}",
                 "-" if frac is None else f"{frac:.0%}",
-                harness.ms(r.bound_s, 3),
-                harness.ms(r.xla_bound_s, 3),
+                units.ms(r.bound_s, 3),
+                units.ms(r.xla_bound_s, 3),
                 r.checked or "-",
             ]
         )

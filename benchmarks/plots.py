@@ -1,6 +1,6 @@
 """The PNGs of benchmarks.matmul and benchmarks.tpu, drawn from their reports' JSON.
 
-matplotlib is only in the ``bench`` extra (:func:`benchmarks.harness.pyplot` says so and
+matplotlib is only in the ``bench`` extra (:func:`pyplot` says so and
 returns None where it is missing): the JSON and the markdown are the measurement, the PNG
 only draws them. Each contender keeps one colour (``C0``, ``C1``, ... in the order its
 benchmark lists them) in every panel.
@@ -9,12 +9,39 @@ benchmark lists them) in every panel.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import harness
 from benchmarks.cases import PAIRS, Contender, present
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend, or None (after printing
+    how to install it) where matplotlib is missing: it is only in the ``bench`` extra, and
+    the PNG only draws what the JSON and the markdown already hold."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e .[bench]); no PNG written")
+        return None
+    return plt
+
+
+def legend_entries(axes: Iterable[Any]) -> tuple[list[Any], list[str]]:
+    """The handles and labels of all ``axes``, each label once, in first-seen order: one
+    figure legend for panels that each show some of the contenders."""
+    handles: list[Any] = []
+    labels: list[str] = []
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+    return handles, labels
 
 
 def matmul_figure(
@@ -23,7 +50,7 @@ def matmul_figure(
     """Ratio to the floor against M, one panel per pair; None if matplotlib is missing."""
     label_of = {c.key: c.label for c in contenders}
     color_of = {c.key: f"C{i}" for i, c in enumerate(contenders)}
-    plt = harness.pyplot()
+    plt = pyplot()
     if plt is None:
         return None
     rows = [r for r in report["results"] if r["status"] == "ok" and r.get("ratio")]
@@ -58,7 +85,7 @@ def matmul_figure(
         ax.set_ylim(bottom=0)
     for ax in list(axes.flat)[len(pairs) :]:
         ax.axis("off")
-    handles, labels = harness.legend_entries(list(axes.flat)[: len(pairs)])
+    handles, labels = legend_entries(list(axes.flat)[: len(pairs)])
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small")
     env = report["environment"]
     fig.suptitle(
@@ -78,7 +105,7 @@ def tpu_figure(report: dict[str, Any], path: Path, contenders: Sequence[Contende
     at the first shape measured; None (and a message) if matplotlib is missing."""
     label_of = {c.key: c.label for c in contenders}
     color_of = {c.key: f"C{i}" for i, c in enumerate(contenders)}
-    plt = harness.pyplot()
+    plt = pyplot()
     if plt is None:
         return None
     rows = [r for r in report["results"] if r["status"] == "ok"]
@@ -123,7 +150,7 @@ def tpu_figure(report: dict[str, Any], path: Path, contenders: Sequence[Contende
                 ax.set_title(PAIRS[name].title)
             if col == 0:
                 ax.set_ylabel(ylabel)
-    handles, labels = harness.legend_entries(axes.flat)
+    handles, labels = legend_entries(axes.flat)
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small")
     fig.suptitle(
         f"TPU compiler's view, {shape[0]}x{shape[1]}x{shape[2]}, ratio to (a) bf16 "

@@ -51,7 +51,7 @@ import numpy as np
 from jax import lax
 
 import emulate
-from benchmarks import harness
+from benchmarks import harness, provenance, timing, units
 from benchmarks.cases import goal, parse_names, parse_shapes, shape_of
 from benchmarks.qweights import CPU_SCHEMES, KN, NK, Case
 from emulate.cpu.route import MAX_ROWS
@@ -144,9 +144,9 @@ def rows_of(shape: tuple[int, int, int], names: Sequence[str], repeats: int) -> 
     m, k, n = shape
     cases, stored = group_cases(shape, names)
     load_before = os.getloadavg()[0]
-    ran, failed = harness.interleave(cases, repeats)
+    ran, failed = timing.interleave(cases, repeats)
     load = (round(load_before, 1), round(os.getloadavg()[0], 1))
-    med = {c.label: harness.stats(c.times)["median_s"] for c in ran}
+    med = {c.label: timing.stats(c.times)["median_s"] for c in ran}
     read_all = med.get("read sum")
     read_per_byte = None if read_all is None else read_all / (8 * -(-max(stored.values()) // 8))
     rows = []
@@ -226,16 +226,16 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for r in report["rows"]:
         out.append(
-            f"| {r['title']} | {shape_of(r)} | {harness.mb(r['stored_bytes'])} | "
-            f"{harness.ms(r['f32_s'])} | {harness.ms(r['emulate_s'])} | "
-            f"{harness.ratio(r['emulate_over_f32'])} | {harness.ratio(r['emulate_over_floor'])} | "
-            f"{harness.ratio(r['emulate_over_read'], 1)} | "
-            f"{harness.ratio(r.get('emulate_over_m1'))} | "
-            f"{harness.ratio(r.get('xla_over_f32'))} | {_load(r)} |"
+            f"| {r['title']} | {shape_of(r)} | {units.mb(r['stored_bytes'])} | "
+            f"{units.ms(r['f32_s'])} | {units.ms(r['emulate_s'])} | "
+            f"{units.ratio(r['emulate_over_f32'])} | {units.ratio(r['emulate_over_floor'])} | "
+            f"{units.ratio(r['emulate_over_read'], 1)} | "
+            f"{units.ratio(r.get('emulate_over_m1'))} | "
+            f"{units.ratio(r.get('xla_over_f32'))} | {_load(r)} |"
         )
     out += ["", "| goal | limit | worst | where | met |", "|---|---|---|---|---|"]
     for g in report["goals"]:
-        worst = harness.ratio(g["measured"])
+        worst = units.ratio(g["measured"])
         out.append(f"| {g['goal']} | {g['limit']} | {worst} | {g['worst']} | {g['met']} |")
     return "\n".join(out) + "\n"
 
@@ -246,8 +246,8 @@ def run(args: argparse.Namespace) -> harness.Report:
     rows: list[dict[str, Any]] = []
     for shape in shapes:
         rows += rows_of(shape, names, args.repeats)
-        print(f"done {harness.shape_text(shape)}", flush=True)
-    report = {"environment": harness.environment(), "command": args.command, "rows": rows}
+        print(f"done {units.shape_text(shape)}", flush=True)
+    report = {"environment": provenance.environment(), "command": args.command, "rows": rows}
     report["goals"] = goals(rows)
     return harness.Report(report, markdown(report), markdown=True)
 

@@ -87,7 +87,7 @@ import numpy as np
 import emulate
 import emulate.mx
 import emulate.pallas
-from benchmarks import bundle_columns, harness
+from benchmarks import bundle_columns, harness, provenance, tables, timing, units
 from benchmarks.cases import SHAPES, goal, parse_names, parse_shapes, shape_of
 from benchmarks.contenders import scheme_programs
 from benchmarks.pallas_traffic import compiled_figures, kernel_calls, kernel_traffic
@@ -171,8 +171,8 @@ def compile_row(
         compiled, timed = bundle_columns.compile_timed(
             lambda: compiler.compile(fn, x, leaves, target=generation), generation
         )
-    except harness.COMPILE_REFUSALS as e:
-        row.update(status="refused", reason=harness.short_error(e))
+    except timing.COMPILE_REFUSALS as e:
+        row.update(status="refused", reason=timing.short_error(e))
         return row
     finally:
         row["compile_s"] = time.perf_counter() - t0
@@ -222,7 +222,7 @@ def tpu_rows(
                 except NotImplementedError as e:
                     row = {"platform": generation, "pair": name, "contender": key}
                     row |= {"M": m, "K": k, "N": n, "stored_bytes": stored}
-                    row |= {"status": "not built", "reason": harness.short_error(e)}
+                    row |= {"status": "not built", "reason": timing.short_error(e)}
                 else:
                     row = compile_row(scheme, key, generation, shape, w, stored)
             elif key == "floor":
@@ -259,7 +259,7 @@ def cpu_rows(shape: tuple[int, int, int], names: Sequence[str], repeats: int) ->
         w = emulate.dequantize(q, to=BF16)
         for key in CPU_CONTENDERS:
             cases.append(Case(name, key, jax.jit(progs[key]), (x, w if key == "floor" else q)))
-    ran, failed = harness.interleave(cases, repeats)
+    ran, failed = timing.interleave(cases, repeats)
     rows = []
     for c in ran:
         rows.append(
@@ -273,7 +273,7 @@ def cpu_rows(shape: tuple[int, int, int], names: Sequence[str], repeats: int) ->
                 "stored_bytes": stored[c.scheme],
                 "status": "ok",
                 "reason": "",
-                **harness.stats(c.times),
+                **timing.stats(c.times),
             }
         )
     for label, why in failed.items():
@@ -298,16 +298,16 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
     """Each row's figure (and bytes accessed) over those of (a) and of (b) for the same
     scheme, platform and shape."""
     fields = ("platform", "pair", "M", "K", "N", "contender")
-    index = harness.index(rows, fields)
+    index = tables.index(rows, fields)
     for r in rows:
         if r["status"] != "ok":
             continue
         for other in ("floor", "dequantize"):
             o = index.get((*(r[f] for f in fields[:-1]), other))
             ok = o is not None
-            r[f"over_{other}"] = harness.quotient(figure(r), figure(o)) if ok else None
+            r[f"over_{other}"] = units.quotient(figure(r), figure(o)) if ok else None
             r[f"bytes_over_{other}"] = (
-                harness.quotient(r.get("bytes_accessed"), o.get("bytes_accessed")) if ok else None
+                units.quotient(r.get("bytes_accessed"), o.get("bytes_accessed")) if ok else None
             )
 
 
@@ -334,8 +334,8 @@ def offset_costs(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "M": r["M"],
                 "K": r["K"],
                 "N": r["N"],
-                "offset_cost": harness.quotient(figure(with_offsets), figure(r)),
-                "offset_bytes": harness.quotient(
+                "offset_cost": units.quotient(figure(with_offsets), figure(r)),
+                "offset_bytes": units.quotient(
                     with_offsets.get("bytes_accessed"), r.get("bytes_accessed")
                 ),
             }
@@ -387,11 +387,11 @@ def _tpu_cell(r: dict[str, Any] | None) -> str:
         return ""
     if r["status"] != "ok":
         return f"{r['status']}: {r['reason'][:60]}".replace("|", "\\|")
-    parts = [f"{harness.mb(r['bytes_accessed'])} MB"]
-    est = "no estimate" if r["estimate_s"] is None else f"{harness.us(r['estimate_s'])} us"
+    parts = [f"{units.mb(r['bytes_accessed'])} MB"]
+    est = "no estimate" if r["estimate_s"] is None else f"{units.us(r['estimate_s'])} us"
     if r["contender"] != "floor" and r.get("over_floor") is not None:
         est += f" ({r['over_floor']:.2f}x)"
-    parts += [est, f"temp {harness.mb(r['temp_bytes'])} MB"]
+    parts += [est, f"temp {units.mb(r['temp_bytes'])} MB"]
     return "; ".join(parts)
 
 
@@ -400,7 +400,7 @@ def _cpu_cell(r: dict[str, Any] | None) -> str:
         return ""
     if r["status"] != "ok":
         return f"{r['status']}: {r['reason'][:60]}".replace("|", "\\|")
-    text = f"{harness.ms(r['median_s'])} ms"
+    text = f"{units.ms(r['median_s'])} ms"
     if r["contender"] != "floor" and r.get("over_floor") is not None:
         text += f" ({r['over_floor']:.2f}x)"
     return text
@@ -441,7 +441,7 @@ def markdown(report: dict[str, Any]) -> str:
             stored = next(iter(by.values())).get("stored_bytes")
             cell = _cpu_cell if cpu else _tpu_cell
             lines.append(
-                f"| {ALL_SCHEMES[name].title} | {shape} | {harness.mb(stored)} | "
+                f"| {ALL_SCHEMES[name].title} | {shape} | {units.mb(stored)} | "
                 + " | ".join(cell(by.get(k)) for k in CONTENDERS)
                 + " |"
             )
@@ -460,10 +460,10 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {o['platform']} | {SCHEMES[o['pair']].title} | "
                 f"{CONTENDERS[o.get('contender', 'emulate')]} | {shape_of(o)} | "
-                f"{harness.ratio(o['offset_cost'])} | {harness.ratio(o['offset_bytes'])} |"
+                f"{units.ratio(o['offset_cost'])} | {units.ratio(o['offset_bytes'])} |"
             )
         lines.append("")
-    lines += harness.goal_table(
+    lines += tables.goal_table(
         "## Goals (issue 24, item 6), (c) emulate and (d) pallas", report["goals"]
     )
     return "\n".join(lines) + "\n"
@@ -489,7 +489,7 @@ def run(args: argparse.Namespace) -> harness.Report:
             gens = parse_names(args.generations, offered, "--generations")
         except argparse.ArgumentTypeError as e:
             raise harness.FlagError(str(e)) from e
-    env = harness.environment()
+    env = provenance.environment()
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []
 
@@ -498,7 +498,7 @@ def run(args: argparse.Namespace) -> harness.Report:
 
     for shape in shapes:
         if not args.no_cpu:
-            log(f"cpu {harness.shape_text(shape)}: timing")
+            log(f"cpu {units.shape_text(shape)}: timing")
             rows += cpu_rows(shape, names, args.repeats)
         for gen in gens:
             rows += tpu_rows(gen, shape, names, log, args.contenders or tuple(CONTENDERS))
@@ -525,9 +525,9 @@ def flags(p: argparse.ArgumentParser) -> None:
         "--shapes",
         type=parse_shapes,
         help="MxKxN[,MxKxN...] (default "
-        + ",".join(map(harness.shape_text, SHAPES))
+        + ",".join(map(units.shape_text, SHAPES))
         + "; "
-        + ",".join(map(harness.shape_text, QUICK_SHAPES))
+        + ",".join(map(units.shape_text, QUICK_SHAPES))
         + " with --quick)",
     )
     p.add_argument(
@@ -556,7 +556,7 @@ BENCHMARK = harness.Benchmark(
     run=run,
     flags=flags,
     repeats=(7, 3),
-    quick=f"{harness.shape_text(QUICK_SHAPES[0])} only, 3 repeats",
+    quick=f"{units.shape_text(QUICK_SHAPES[0])} only, 3 repeats",
     dumps=True,
 )
 main = BENCHMARK.main

@@ -20,7 +20,7 @@ import numpy as np
 
 import emulate
 import emulate.mx
-from benchmarks import harness
+from benchmarks import timing
 from emulate.codebooks import NF4
 from emulate.importers import ggml, gguf
 from emulate.importers.as_qarray import to_qarray
@@ -259,7 +259,7 @@ SCHEMES: dict[str, Scheme] = {
 
 @dataclasses.dataclass
 class Case:
-    """One timed contender (harness.Timed)."""
+    """One timed contender (timing.Timed)."""
 
     scheme: str
     contender: str
@@ -272,7 +272,7 @@ class Case:
         return f"{self.scheme} {self.contender}"
 
     def run(self) -> float:
-        return harness.timed_call(self.fn, *self.args)
+        return timing.timed_call(self.fn, *self.args)
 
 
 #: Every convention of docs/quantized.md's table that the CPU benchmark times.

@@ -17,13 +17,14 @@ checkpoint stores them; the kernel's traffic adds the scale blocks it copies (al
 expert's groups for a column block, on each visit) and counts partial edge blocks by
 their real bytes. ``--mxfp4`` runs only those.
 
-    python -m benchmarks.ragged [--mxfp4]
+    python -m benchmarks.ragged [--mxfp4] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import sys
 from typing import Any
 
 import jax
@@ -32,6 +33,7 @@ from jax import lax
 
 import emulate
 from benchmarks import harness
+from benchmarks.tables import markdown_table
 from emulate import compiler
 from emulate.pallas import gmm_kernel
 
@@ -122,10 +124,10 @@ def _xla_route(*args: Any, **kwargs: Any) -> jax.Array:
         return emulate.ragged_dot(*args, **kwargs)
 
 
-def mxfp4() -> None:
-    """The gpt-oss-like MXFP4 rows."""
-    print("| case | target | routed stored | kernel | XLA route | lax bf16 |")
-    print("|---|---|---|---|---|---|")
+def mxfp4() -> list[dict[str, Any]]:
+    """The gpt-oss-like MXFP4 rows: bytes over the routed experts' stored bytes (the XLA
+    routes' as text: a ratio, or why the compiler refused)."""
+    out = []
     for name, rows, k, n, e, sizes in MXFP4_CASES:
         routed = sum(1 for s in sizes if s) * (k * n // 2 + k // 32 * n)
         gs = jnp.array(sizes, jnp.int32)
@@ -148,17 +150,16 @@ def mxfp4() -> None:
             pb = _ratio(functools.partial(_with_sizes, plain, gs), x, wb, target=target,
                         routed=routed)  # fmt: skip
             kb = _mxfp4_kernel_bytes(rows, k, n, sizes, bm)
-            print(
-                f"| {name} | {target} | {routed / 2**20:.1f} MiB | {kb / routed:.3f}x | "
-                f"{xb} | {pb} |",
-                flush=True,
-            )
+            out.append({"case": name, "target": target, "weights": "mxfp4",
+                        "routed_bytes": routed, "kernel": kb / routed, "xla": xb,
+                        "lax_bf16": pb})  # fmt: skip
+            print(f"{name} {target}: done", file=sys.stderr, flush=True)
+    return out
 
 
-def dense() -> None:
-    """The one-byte experts' rows."""
-    print("| case | target | weights | routed stored | kernel | XLA route | lax bf16 |")
-    print("|---|---|---|---|---|---|---|")
+def dense() -> list[dict[str, Any]]:
+    """The one-byte experts' rows: bytes over the routed experts' stored bytes."""
+    out = []
     for name, rows, k, n, e, sizes in CASES:
         routed = sum(1 for s in sizes if s) * k * n
         gs = jnp.array(sizes, jnp.int32)
@@ -180,18 +181,36 @@ def dense() -> None:
                 kb = _kernel_bytes(rows, k, n, sizes)
                 xb = _bytes(functools.partial(_with_sizes, xla, gs), x, w, target=target)
                 pb = _bytes(functools.partial(_with_sizes, plain, gs), x, wb, target=target)
-                print(
-                    f"| {name} | {target} | {wname} | {routed / 2**20:.1f} MiB | "
-                    f"{kb / routed:.2f}x | {xb / routed:.2f}x | {pb / routed:.2f}x |",
-                    flush=True,
-                )
+                out.append({"case": name, "target": target, "weights": wname,
+                            "routed_bytes": routed, "kernel": kb / routed,
+                            "xla": f"{xb / routed:.2f}x",
+                            "lax_bf16": f"{pb / routed:.2f}x"})  # fmt: skip
+                print(f"{name} {target} {wname}: done", file=sys.stderr, flush=True)
+    return out
 
 
-def run(args: argparse.Namespace) -> None:
-    """Print the tables (nothing to write: the figures go to docs/performance.md by hand)."""
+def table(rows: list[dict[str, Any]], places: int) -> list[str]:
+    """Markdown lines of ``rows``: case, target, weights, the routed experts' stored MiB,
+    and each route's bytes over them (the kernel's with ``places`` decimals)."""
+    heads = ["case", "target", "weights", "routed stored", "kernel", "XLA route", "lax bf16"]
+    return markdown_table(heads, [
+        (r["case"], r["target"], r["weights"], f"{r['routed_bytes'] / 2**20:.1f} MiB",
+         f"{r['kernel']:.{places}f}x", r["xla"], r["lax_bf16"])
+        for r in rows
+    ])  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> harness.Report:
+    """The one-byte experts' rows (unless ``--mxfp4``), then the MXFP4 rows: their tables
+    and the JSON."""
+    lines, rows = [], []
     if not args.mxfp4:
-        dense()
-    mxfp4()
+        rows += dense()
+        lines += [*table(rows, 2), ""]
+    mx = mxfp4()
+    rows += mx
+    lines += table(mx, 3)
+    return harness.Report({"benchmark": "ragged", "rows": rows}, "\n".join(lines) + "\n")
 
 
 def flags(p: argparse.ArgumentParser) -> None:
@@ -203,7 +222,7 @@ BENCHMARK = harness.Benchmark(
     description=__doc__.splitlines()[0],
     run=run,
     flags=flags,
-    writes=False,
+    writes=True,
 )
 main = BENCHMARK.main
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import emulate
-from benchmarks import harness
+from benchmarks import harness, provenance, tables, timing, units
 from benchmarks.cases import parse_shape
 from emulate import mx
 
@@ -48,7 +48,7 @@ class Case:
         return f"{self.scheme} {self.name}"
 
     def run(self) -> float:
-        return harness.timed_call(self.fn, *self.args)
+        return timing.timed_call(self.fn, *self.args)
 
 
 def cases(scheme: str, m: int, k: int, n: int, target: str) -> list[Case]:
@@ -84,24 +84,24 @@ def run(args: argparse.Namespace) -> harness.Report:
     rows: list[list[str]] = []
     record: dict = {
         "command": args.command,
-        "environment": harness.environment(),
+        "environment": provenance.environment(),
         "shape": [m, k, n],
         "results": [],
     }
     for scheme in args.schemes.split(","):
-        ran, failed = harness.interleave(cases(scheme, m, k, n, args.target), args.repeats)
-        floor = harness.stats(ran[0].times)["median_s"]
+        ran, failed = timing.interleave(cases(scheme, m, k, n, args.target), args.repeats)
+        floor = timing.stats(ran[0].times)["median_s"]
         for c in ran:
-            st = harness.stats(c.times)
+            st = timing.stats(c.times)
             ratio = st["median_s"] / floor
-            rows.append([scheme, c.name, f"{harness.ms(st['median_s'], 2)} ms", f"{ratio:.2f}x"])
+            rows.append([scheme, c.name, f"{units.ms(st['median_s'], 2)} ms", f"{ratio:.2f}x"])
             record["results"].append({"scheme": scheme, "case": c.name, **st, "ratio": ratio})
         for label, why in failed.items():
             rows.append([scheme, label, "n/a", why])
     text = "\n".join(
         [
             f"bf16 x QArray, M x K x N = {m} x {k} x {n}, target {args.target}",
-            harness.text_table(["scheme", "contender", "median", "ratio"], rows, right={2, 3}),
+            tables.text_table(["scheme", "contender", "median", "ratio"], rows, right={2, 3}),
         ]
     )
     return harness.Report(record, text + "\n")
@@ -112,8 +112,8 @@ def flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--shape",
         type=parse_shape,
-        help=f"MxKxN (default {harness.shape_text(SHAPE)}, "
-        f"{harness.shape_text(QUICK_SHAPE)} with --quick)",
+        help=f"MxKxN (default {units.shape_text(SHAPE)}, "
+        f"{units.shape_text(QUICK_SHAPE)} with --quick)",
     )
     p.add_argument("--schemes", default=",".join(SCHEMES))
     p.add_argument("--target", default="cpu")

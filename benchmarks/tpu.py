@@ -56,13 +56,12 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from benchmarks import harness, plots
+from benchmarks import harness, plots, provenance, tables, tpu_goals, units
 from benchmarks.cases import (
     PAIRS,
     SHAPES,
     Contender,
     Pair,
-    goal,
     parse_names,
     parse_pairs,
     parse_shapes,
@@ -83,18 +82,6 @@ F32 = jnp.float32
 #: Mode "exact" is compiled at these shapes only, unless --exact-shapes says otherwise.
 EXACT_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 4096, 4096),)
 QUICK_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 4096, 4096),)
-
-# The goals of issue 16 for (d) on every generation.
-TEMP_LIMIT = 0.25  # temporaries / one bf16 copy of the weight (2*K*N bytes)
-BYTES_LIMIT = 1.1  # bytes accessed / (argument bytes + output bytes)
-ESTIMATE_LIMIT = 1.0  # estimate / estimate of (c)
-# The goals of issue 27 for (f) on every generation.
-KERNEL_TRAFFIC_LIMIT = 1.1  # kernel blocks + bytes outside / (weight + activations + result)
-OUTSIDE_TEMP_LIMIT = 0.0  # temporaries of the program around the kernel, bytes
-# The goals of issue 27 for (e), stated for v5e and printed for every generation.
-EXACT_LIMIT = 10.0  # estimate of (e) / estimate of (d), the same pair
-EXACT_TEMP_LIMIT = 1.0  # temporaries of (e) / one bf16 copy of the weight
-
 
 CONTENDERS = (
     Contender("floor", "(a) bf16 pre-decoded", "bf16 x bf16 dot on operands decoded up front"),
@@ -186,10 +173,10 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
     estimate to (c) of the same pair."""
     shape = ("generation", "M", "K", "N")
     pair = ("generation", "pair", "M", "K", "N")
-    floors = harness.index(rows, shape, "floor")
-    xlas = harness.index(rows, pair, "xla")
-    fasts = harness.index(rows, pair, "fast")
-    q = harness.quotient
+    floors = tables.index(rows, shape, "floor")
+    xlas = tables.index(rows, pair, "xla")
+    fasts = tables.index(rows, pair, "fast")
+    q = units.quotient
     for r in rows:
         if r["status"] != "ok":
             continue
@@ -246,85 +233,6 @@ def measure(
 
 
 # ---------------------------------------------------------------------------------------
-# Goals
-
-
-def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The TPU goals per generation: issue 16's for (d) emulate fast (temporaries, bytes
-    accessed over the operands as stored plus the result, estimate over (c)), then issue
-    27's for (e) emulate exact (:func:`exact_goals`)."""
-    out = []
-    gens = list(dict.fromkeys(r["generation"] for r in rows))
-    fast = [r for r in rows if r["contender"] == "fast" and r["status"] == "ok"]
-    for gen in gens:
-        mine = [r for r in fast if r["generation"] == gen]
-        for label, key, limit in (
-            ("temporaries / one bf16 copy of the weight", "temp_over_decoded_weight", TEMP_LIMIT),
-            ("bytes accessed / (operands as stored + result)", "bytes_over_stored", BYTES_LIMIT),
-            (
-                "compiler estimate / that of (c) XLA's mixed dot",
-                "estimate_over_xla",
-                ESTIMATE_LIMIT,
-            ),
-        ):
-            got = [r for r in mine if r.get(key) is not None]
-            out.append(goal(label, key, limit, got, generation=gen))
-    return out + exact_goals(rows)
-
-
-def exact_goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 27's goals for (e) emulate exact, per generation where (e) was compiled: its
-    estimate over (d)'s for the same pair, and its temporaries over one bf16 copy of the
-    weight. A program the compiler gives no estimate for (a sentinel) is left out of the
-    first and named in ``unestimated``, and the goal is then not met."""
-    out = []
-    exact = [r for r in rows if r["contender"] == "exact" and r["status"] == "ok"]
-    for gen in dict.fromkeys(r["generation"] for r in exact):
-        mine = [r for r in exact if r["generation"] == gen]
-        for label, key, limit in (
-            ("(e) exact: compiler estimate / that of (d) fast", "estimate_over_fast", EXACT_LIMIT),
-            (
-                "(e) exact: temporaries / one bf16 copy of the weight",
-                "exact_temp_over_decoded_weight",
-                EXACT_TEMP_LIMIT,
-            ),
-        ):
-            got = [r for r in mine if r.get(key) is not None]
-            g = goal(label, key, limit, got, generation=gen)
-            g["unestimated"] = [f"{r['pair']} {shape_of(r)}" for r in mine if r.get(key) is None]
-            out.append(g)
-    return out
-
-
-def pallas_goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The TPU goals of issue 27 for (f) emulate.pallas.matmul, per generation: its HBM
-    traffic (the kernel's blocks plus the compiler's bytes for the ops around it) over the
-    weight as stored + the activations once + the result (the program's argument and
-    output bytes), and the temporaries outside the kernel. The same for (g), the kernel on
-    QArray weights, where (g) was compiled for that generation."""
-    out = []
-    gens = list(dict.fromkeys(r["generation"] for r in rows))
-    for contender, name in (("pallas", "pallas.matmul"), ("pallas_q", "pallas.matmul QArray")):
-        kernel = [r for r in rows if r["contender"] == contender and r["status"] == "ok"]
-        for gen in gens:
-            mine = [r for r in kernel if r["generation"] == gen]
-            if contender == "pallas_q" and not mine:
-                continue
-            for label, key, limit in (
-                (
-                    f"{name} traffic / (weight as stored + activations once + result)",
-                    "bytes_over_stored",
-                    KERNEL_TRAFFIC_LIMIT,
-                ),
-                (f"{name} temporaries outside the kernel (bytes)", "temp_outside_kernel",
-                 OUTSIDE_TEMP_LIMIT),
-            ):  # fmt: skip
-                got = [r for r in mine if r.get(key) is not None]
-                out.append(goal(label, key, limit, got, generation=gen))
-    return out
-
-
-# ---------------------------------------------------------------------------------------
 # Output
 
 
@@ -336,11 +244,11 @@ def _cell(r: dict[str, Any] | None) -> str:
         reason = reason.replace("|", "\\|")
         return f"{r['status']}: {reason}"
     mark = "†" if r.get("kernel") else ""
-    parts = [f"{harness.mb(r['bytes'])}{mark} MB"]
+    parts = [f"{units.mb(r['bytes'])}{mark} MB"]
     if r.get("bytes_ratio") is not None and r["contender"] != "floor":
         parts[0] += f" ({r['bytes_ratio']:.2f}x)"
     if r.get("estimate_s") is not None:
-        est = f"{harness.us(r['estimate_s'])} us"
+        est = f"{units.us(r['estimate_s'])} us"
         if r.get("estimate_ratio") is not None and r["contender"] != "floor":
             est += f" ({r['estimate_ratio']:.2f}x)"
         parts.append(est)
@@ -348,7 +256,7 @@ def _cell(r: dict[str, Any] | None) -> str:
         parts.append("no estimate (custom call)")
     else:
         parts.append(f"no estimate (sentinel {r.get('estimate_raw')})")
-    parts.append(f"temp {harness.mb(r['temp_bytes'])} MB")
+    parts.append(f"temp {units.mb(r['temp_bytes'])} MB")
     return "; ".join(parts)
 
 
@@ -383,7 +291,7 @@ def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
             elif r["status"] != "ok":
                 cells.append(r["status"])
             else:
-                x = harness.ratio
+                x = units.ratio
                 cells.append(
                     f"{x(r.get('estimate_over_xla'))} / {x(r.get('estimate_ratio'))}; "
                     f"{x(r.get('bytes_over_stored'))}; {x(r['temp_over_decoded_weight'])}"
@@ -434,7 +342,7 @@ def markdown(report: dict[str, Any]) -> str:
                 None,
             )
             lines.append(
-                f"| {PAIRS[pair].title} | {shape_of(any_row)} | {harness.mb(stored)} | "
+                f"| {PAIRS[pair].title} | {shape_of(any_row)} | {units.mb(stored)} | "
                 + " | ".join(_cell(by.get(k)) for k in keys)
                 + " |"
             )
@@ -446,7 +354,7 @@ def markdown(report: dict[str, Any]) -> str:
             report.get("pallas_goals", []),
         ),
     ):
-        table = harness.goal_table(title, goals)
+        table = tables.goal_table(title, goals)
         lines += [*table, ""] if table else []
     return "\n".join(lines) + "\n"
 
@@ -484,7 +392,7 @@ def run(args: argparse.Namespace) -> harness.Report | None:
         c.key for c in CONTENDERS if not (args.quick and c.key == "exact")
     ]
     exact_shapes: Sequence[tuple[int, int, int]] | None = args.exact_shapes
-    env = harness.environment()
+    env = provenance.environment()
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []
     floor_cache: dict[tuple, dict[str, Any]] = {}
@@ -508,13 +416,13 @@ def run(args: argparse.Namespace) -> harness.Report | None:
         "generations": list(gens),
         "contenders": {c.key: f"{c.label}: {c.doc}" for c in CONTENDERS},
         "environment": env,
-        "load_average_end": harness.environment()["load_average"],
+        "load_average_end": provenance.environment()["load_average"],
         "wall_s": time.perf_counter() - t0,
         "compile_s": sum(r.get("compile_s", 0.0) for r in rows if not r.get("cached")),
         "results": rows,
     }
-    data["goals"] = goals(rows)
-    data["pallas_goals"] = pallas_goals(rows)
+    data["goals"] = tpu_goals.goals(rows)
+    data["pallas_goals"] = tpu_goals.pallas_goals(rows)
     return harness.Report(data, markdown(data), markdown=True, plot=plot)
 
 
@@ -528,7 +436,7 @@ def flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--shapes",
         type=parse_shapes,
-        help="MxKxN[,MxKxN...] (default " + ",".join(map(harness.shape_text, SHAPES)) + ")",
+        help="MxKxN[,MxKxN...] (default " + ",".join(map(units.shape_text, SHAPES)) + ")",
     )
     p.add_argument(
         "--formats",
@@ -546,7 +454,7 @@ def flags(p: argparse.ArgumentParser) -> None:
         type=_exact_shapes,
         default=list(EXACT_SHAPES),
         help="MxKxN[,...] at which (e) exact is compiled, or 'all' (default "
-        + ",".join(map(harness.shape_text, EXACT_SHAPES))
+        + ",".join(map(units.shape_text, EXACT_SHAPES))
         + "; each exact program takes XLA:TPU seconds to minutes)",
     )
     p.add_argument(

@@ -7,27 +7,28 @@ run from the repository root (emulate need not be installed)::
 
 (``--rows 1,16``, ``--repeats``, ``--hbm-gbs``, ``--schemes``, ``--shapes KxN,...``,
 ``--no-check``, ``--budget-s``; ``--commit`` defaults to ``git rev-parse HEAD`` where a
-git checkout is there). For each scheme and shape it builds a
-weight with numpy (:func:`weight`: GGUF Q4_K-like two-level scales and mins, AWQ-like
-float16 scales and packed zero points per 128 rows, plain int4; the same kernel paths as
-the checkpoints' weights), prepares it once, and times one program calling
-``emulate.pallas.matmul`` :data:`LOOP` times in a ``fori_loop`` (each call's input
-depending on the previous result) against the same loop over ``jnp.dot`` with the bf16
-weight, median over ``--repeats`` runs after two warm-ups, divided by :data:`LOOP`; and
-prints the time HBM needs to read each weight at ``--hbm-gbs`` (default 819, v5e).
-It first compares every kernel's result with the float64 product of the weight's exact
-values (bit for bit where every partial sum is exact: integer-valued activations and
-power-of-two scales), on the chip itself (``--no-check`` skips it). Cases left when
-``--budget-s`` seconds have passed (default 420: the default run takes well under that on
-a v5e) are listed as skipped. It prints one line per case and writes the raw JSON (device
-kind, target, jax / jaxlib / libtpu versions, commit, command, date, every timing) to
-``--json``. Nothing here runs in a test.
+git checkout is there). For each scheme and shape it builds a weight with numpy
+(:func:`benchmarks.chip_programs.word_weight`: GGUF Q4_K-like two-level scales and mins,
+AWQ-like float16 scales and packed zero points per 128 rows, plain int4, MXFP4, NVFP4
+with its tensor scale, bitsandbytes NF4; the same kernel paths as the checkpoints'
+weights), prepares it once, and times one program calling ``emulate.pallas.matmul``
+:data:`LOOP` times in a ``fori_loop`` (each call's input depending on the previous
+result) against the same loop over ``jnp.dot`` with the bf16 weight, median over
+``--repeats`` runs after two warm-ups, divided by :data:`LOOP`; and prints the time HBM
+needs to read each weight at ``--hbm-gbs`` (default 819, v5e). It first compares every
+kernel's result with the float64 product of the weight's exact values (bit for bit where
+every partial sum is exact: integer-valued activations and power-of-two scales; NF4,
+whose f32 table makes no sum exact: its largest relative error), on the chip itself
+(``--no-check`` skips it). Cases left when ``--budget-s`` seconds have passed (default
+420: the default run takes well under that on a v5e) are listed as skipped. It prints
+one line per case and writes the raw JSON (device kind, target, jax / jaxlib / libtpu
+versions, commit, command, date, every timing) to ``--json``. Nothing here runs in a
+test.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import shlex
 import statistics
@@ -44,52 +45,15 @@ import numpy as np
 
 import emulate
 import emulate.pallas
-from benchmarks.chip_run import commit, package_version
+from benchmarks.chip_programs import word_weight as weight
+from benchmarks.provenance import provenance
 
 #: Calls per timed program (one call alone costs hundreds of us of dispatch on a lent chip).
 LOOP = 50
-SCHEMES = ("q4_k", "awq", "int4")
-
-
-def weight(
-    kind: str, k: int, n: int, rng: np.random.Generator, pow2: bool = False
-) -> tuple[Any, np.ndarray]:
-    """(the QArray or int4 array, its exact (K, N) values in float64). ``pow2``: power-of-two
-    scales (every partial sum of integer activations exact)."""
-    if kind == "int4":
-        codes = rng.integers(-8, 8, (k, n))
-        return codes.astype(ml_dtypes.int4), codes.astype(np.float64)
-    codes = rng.integers(0, 16, (k, n))
-    q4 = emulate.pack(codes.astype(ml_dtypes.uint4), axis=0)
-    if kind == "awq":
-        groups = k // 128
-        if pow2:
-            s = np.ldexp(1.0, rng.integers(-2, 3, (groups, n))).astype(np.float16)
-        else:
-            s = rng.uniform(1e-3, 1e-2, (groups, n)).astype(np.float16)
-        z = rng.integers(0, 16, (groups, n))
-        q = emulate.QArray.from_parts(
-            q4, s, block_shape=(128, 1), zero_points=emulate.pack(z.astype(ml_dtypes.uint4), axis=1)
-        )
-        rows = np.repeat(np.arange(groups), 128)
-        return q, (codes - z[rows]) * s.astype(np.float64)[rows]
-    groups, supers = k // 32, k // 256
-    sc, mn = rng.integers(0, 64, (groups, n)), rng.integers(0, 64, (groups, n))
-    if pow2:
-        d = np.ldexp(1.0, rng.integers(-1, 2, (supers, n))).astype(np.float16)
-    else:
-        d = (rng.random((supers, n)) * 0.01 + 1e-3).astype(np.float16)
-    dmin = (-(d.astype(np.float32) / 2)).astype(np.float16)
-
-    def level(c: np.ndarray, s: np.ndarray) -> emulate.QArray:
-        six = emulate.pack(c.astype(np.uint8), "uint6", axis=0)
-        return emulate.QArray.from_parts(six, s, block_shape=(8, 1))
-
-    q = emulate.QArray.from_parts(q4, level(sc, d), block_shape=(32, 1), offsets=level(mn, dmin))
-    g = np.repeat(np.arange(groups), 32)
-    dg = np.repeat(d.astype(np.float64), 8, axis=0)
-    mg = np.repeat(dmin.astype(np.float64), 8, axis=0)
-    return q, codes * (sc * dg)[g] + (mn * mg)[g]
+SCHEMES = ("q4_k", "awq", "int4", "mxfp4", "nvfp4", "nf4")
+#: Schemes whose partial sums cannot all be exact (a codebook's f32 entries): the check
+#: reports their largest relative error instead of bits.
+_INEXACT = ("nf4",)
 
 
 def _looped(f: Callable[[jax.Array, Any], jax.Array]) -> Callable[..., jax.Array]:
@@ -142,8 +106,10 @@ def check(schemes: list[str], rows: list[int], target: str | None = None) -> lis
                     x, emulate.pallas.prepare_weight(w), target=target, out_dtype=jnp.float32
                 )
             )
-            want = (xi.astype(np.float64) @ wv).astype(np.float32)
+            exact = xi.astype(np.float64) @ wv
+            want = exact.astype(np.float32)
             same = got.view(np.uint32) == want.view(np.uint32)
+            rel = np.abs(got - exact).max() / max(np.abs(exact).max(), 1e-30)
             out.append(
                 {
                     "scheme": kind,
@@ -152,6 +118,8 @@ def check(schemes: list[str], rows: list[int], target: str | None = None) -> lis
                     "n": n,
                     "differ": int((~same).sum()),
                     "of": same.size,
+                    "max_rel_error": float(rel),
+                    "exact_sums": kind not in _INEXACT,
                 }
             )
     return out
@@ -163,16 +131,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     dev = jax.devices()[0]
     target = args.target or emulate.targets.from_device(dev).name
     data: dict[str, Any] = {
-        "benchmark": "word_time",
-        "device_kind": dev.device_kind,
-        "platform": dev.platform,
+        **provenance("word_time", args.command, args.commit),
         "target": target,
-        "jax": jax.__version__,
-        "jaxlib": package_version("jaxlib"),
-        "libtpu": package_version("libtpu") or package_version("libtpu-nightly"),
-        "commit": commit(args.commit),
-        "command": args.command,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "loop": LOOP,
         "repeats": args.repeats,
         "hbm_gbs": args.hbm_gbs,
@@ -184,6 +144,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         data["check"] = check(args.schemes, args.rows, target)
         for c in data["check"]:
             verdict = "bit for bit" if not c["differ"] else f"{c['differ']} of {c['of']} differ"
+            if not c["exact_sums"]:  # a codebook's f32 entries: rounded partial sums
+                verdict = f"largest error {c['max_rel_error']:.2e} of the largest result"
             log(f"check {c['scheme']} M={c['m']}: {verdict}")
     rng = np.random.default_rng(1)
     call = _looped(lambda x, w: emulate.pallas.matmul(x, w, target=target, out_dtype=jnp.float32))

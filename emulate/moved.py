@@ -78,6 +78,9 @@ NAMES: Final[dict[str, str]] = {
     "emulate.pallas.route.Route": "emulate.pallas.compute.Compute",
     "emulate.pallas.route.route": "emulate.pallas.compute.in_kernel",
     "emulate.scaled.dot_general": "emulate.dot_general",
+    "emulate.targets.CapabilityRow": "emulate.capabilities.CapabilityRow",
+    "emulate.targets.capability_matrix": "emulate.capabilities.capability_matrix",
+    "emulate.targets.render_matrix": "emulate.capabilities.render_matrix",
     "emulate.scaled.scaled_dot_general": "emulate.scaled_dot_general",
 }
 

@@ -116,8 +116,12 @@ QARRAY_SCHEMES = {
     "int4-g128-f16": ("bfloat16", "int4", "float16", (128, 1), False, "bfloat16"),
     # int8 x int8 per channel: exact int32 limbs, the scales applied outside the kernel.
     "int8xint8-channel-f16": ("int8", "int8", "float16", (QARRAY_K, 1), False, "bfloat16"),
-    # OCP MXFP4: K-planar e2m1, e8m0 scales per 32 rows (8 groups a K step).
+    # OCP MXFP4: K-planar e2m1, e8m0 scales per 32 rows (8 groups a K step; the word step
+    # where 32 rows of partial sums per group fit: v2 to 7x).
     "fp4-mx32-e8m0": ("bfloat16", "float4_e2m1fn", "float8_e8m0fnu", (32, 1), False, "float32"),
+    # NVFP4: e4m3 scales per 16 rows and a tensor scale (the word step to v5p).
+    "fp4-nv16-e4m3-tensor": ("bfloat16", "float4_e2m1fn", "float8_e4m3fn", (16, 1), True,
+                             "float32"),
     # float8 with one bfloat16 scale per 128 rows for all columns, and a tensor scale.
     "e4m3-gN-bf16-tensor": ("bfloat16", "float8_e4m3fn", "bfloat16", (128, N), True,
                             "bfloat16"),

@@ -11,7 +11,7 @@ import re
 import subprocess
 import sys
 
-from emulate import cli, formats, targets
+from emulate import capabilities, cli, formats, targets
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -73,7 +73,7 @@ def _check_pages(site) -> None:
 
 def _check_capability_tables(site) -> None:
     text = _text(site / "targets.html")
-    matrix = targets.render_matrix(["v4", "v5e"], ["int4", "uint4", "int8", "uint8"])
+    matrix = capabilities.render_matrix(["v4", "v5e"], ["int4", "uint4", "int8", "uint8"])
     # int8 x int8 and bf16 x int8 emulated on v4: the compiler refuses both without compat
     # mode; the integer pairs native on v5e, the unsigned ones nowhere
     assert [line.split() for line in matrix.splitlines()[3:7]] == [
@@ -82,7 +82,7 @@ def _check_capability_tables(site) -> None:
         ["int8", "e/e", "N/e"],
         ["uint8", "e/e", "e/e"],
     ]
-    full = targets.render_matrix(targets.names(), MATRIX_ROWS)
+    full = capabilities.render_matrix(targets.names(), MATRIX_ROWS)
     assert _stdout(["targets"]).startswith(full)  # the page's first table
     for line in _stdout(["targets"]).splitlines():
         assert line in text, line

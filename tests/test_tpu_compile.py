@@ -52,14 +52,21 @@ the kernel cases of tpu_v5e whose pair has the route it has on tpu_v2 or tpu_v7x
 (SHARED_ROUTE_LONG_GENERATIONS) are long, so that each kernel runs by default on one old
 generation (tpu_v2) and one new one (tpu_v7x), and on tpu_v5e where its route differs
 from both (the int8 MXU's). The XLA-level programs are kept
-one per distinct plan already (above), except the scaled contraction in mode "exact"
-(7-9 s of XLA:TPU each): its first plan runs by default, the others are long (the element
-pair's other exact plans are compiled by dot_general's float4 case, the block-scale
-handling around them by the first plan and by mode "fast"). The polyfilled block, an
-XLA-level program too, is long on a generation where an earlier one has the same plans
-for its weight formats (DECODER_PAIRS). The kernel route's programs follow the kernel
-cases' rule for their pair (bf16 x int4, bf16 x float4_e2m1fn): v2, v5e and v7x by
-default, v3, v4, v5p and v6e long.
+one per distinct plan already (above), except the scaled contraction (7-20 s of XLA:TPU
+each) and the convolutions in mode "exact" (8-23 s for float8): the first plan of each
+scheme (of each exact conv pair) runs by default, the others are long (the element pair's
+other plans are compiled by dot_general's float4 and float8 cases on their generations,
+the block-scale and window handling around them by the first plan). The polyfilled
+block, an XLA-level program too, is long on a generation where an earlier one has the
+same plans for its weight formats (DECODER_PAIRS). The kernel route's programs follow the
+kernel cases' rule for their pair (bf16 x int4, bf16 x float4_e2m1fn): v2, v5e and v7x
+by default, v3, v4, v5p and v6e long.
+
+Compatibility mode: each default kernel case compiles with one setting, alternating
+(:func:`_alternate_compat`): a pair's default generations take compat on and off in turn,
+and the pairs of one generation alternate too, so each pair and each generation compiles
+with both; every kernel case with both settings is long. That halves the Mosaic compiles
+of the default run (the fixture took 100 s of CI's 1460 s).
 """
 
 from __future__ import annotations
@@ -129,6 +136,9 @@ class Case:
     fn: Callable[..., Any]
     specs: tuple[Any, ...]
     long: bool = False
+    #: a kernel case's one compatibility setting in the default run (both under
+    #: EMULATE_LONG_TESTS=1); None: every setting of :func:`_compat_settings` by default
+    default_compat: bool | None = None
 
     @property
     def id(self) -> str:
@@ -252,23 +262,26 @@ def _cases() -> list[Case]:
                 if not first("conv", mode, a, w, t):
                     continue
                 fn = functools.partial(P.conv, lhs=a, rhs=w, target=t, mode=mode)
-                out.append(Case("conv", f"{mode}-{a}x{w}", t, fn, P.conv_specs(a, w)))
+                long = mode == "exact" and repeats(("conv", mode, a, w))
+                out.append(Case("conv", f"{mode}-{a}x{w}", t, fn, P.conv_specs(a, w), long))
             for s in schemes:
                 el = getattr(emulate.mx, s).format
                 if not first(f"scaled-{s}", mode, el, el, t):
                     continue
                 fn = functools.partial(P.scaled, scheme=s, target=t, mode=mode)
-                long = mode == "exact" and repeats(("scaled", mode, s))
+                long = repeats(("scaled", mode, s))
                 out.append(Case("scaled", f"{mode}-{s}", t, fn, P.scaled_specs(), long))
         fn = functools.partial(P.decoder, target=t)
         key = ("decoder_block", *(_plan_key(a, w, t, "fast") for a, w in DECODER_PAIRS))
         out.append(Case("decoder_block", "polyfill", t, fn, P.decoder_specs(), repeats(key)))
     # QArray weights (issue 27): every scheme on every generation, compat on and off; v5e,
-    # v2 and v7x in the default run, the others long.
+    # v2 and v7x in the default run, the others long; NVFP4 on v5e (its word step's decode
+    # and scales those of MXFP4's, which runs on v2 too, but for the e4m3 scales).
     for t in GENERATIONS:
         for s in P.QARRAY_SCHEMES:
             fn = functools.partial(P.pallas_matmul_qarray, scheme=s, target=t)
             long = t not in ("tpu_v2", "tpu_v5e", "tpu_v7x")
+            long = long or (s == "fp4-nv16-e4m3-tensor" and t != "tpu_v5e")
             out.append(Case("pallas.matmul", f"qarray-{s}", t, fn, P.qarray_specs(s), long))
     # The kernel route (issue 39): a prepared weight through emulate.matmul at M = 1 behind a
     # batch axis, and prepared MXFP4 experts through emulate.ragged_dot; route "auto".
@@ -287,13 +300,34 @@ def _cases() -> list[Case]:
     for t in ("tpu_v4", "tpu_v5e"):
         fn = functools.partial(P.pallas_matmul_ragged, target=t)
         out.append(Case("pallas.matmul", "ragged-bfloat16xint4", t, fn, P.ragged_specs()))
+    return _alternate_compat(out)
+
+
+def _alternate_compat(cases: list[Case]) -> list[Case]:
+    """Each default kernel case with one compatibility setting: the i-th case of a
+    (program, pair) in generation order takes compat on where i + j is even, j the pair's
+    index in the program's default cases, so each pair compiles with compat on and off on
+    its generations, and each generation compiles pairs of both settings. Both settings
+    of every kernel case under EMULATE_LONG_TESTS=1."""
+    pair_index: dict[tuple[str, str], int] = {}
+    seen: dict[tuple[str, str], int] = {}
+    out = []
+    for c in cases:
+        if c.program not in KERNEL_PROGRAMS or c.long:
+            out.append(c)
+            continue
+        key = (c.program, c.what)
+        j = pair_index.setdefault(key, sum(k[0] == c.program for k in pair_index))
+        i = seen.get(key, 0)
+        seen[key] = i + 1
+        out.append(dataclasses.replace(c, default_compat=(i + j) % 2 == 0))
     return out
 
 
-CASES = _cases()
 #: the front ends whose program on a TPU target is one Pallas kernel (the kernel route)
 ROUTED_PROGRAMS = ("emulate.matmul", "emulate.ragged_dot")
 KERNEL_PROGRAMS = ("pallas.matmul", "pallas.dot", *ROUTED_PROGRAMS)
+CASES = _cases()
 FOUR_BIT_INPUTS = ("int4", "uint4", "float4_e2m1fn")
 
 
@@ -377,12 +411,17 @@ def verdicts(
     return _verdicts
 
 
+def _long_run(case: Case, compat: bool) -> bool:
+    """Whether the run of ``case`` with ``compat`` is in the long sweep only."""
+    return case.long or (case.default_compat is not None and compat != case.default_compat)
+
+
 RUNS = [
     pytest.param(
         c,
         compat,
         id=f"{c.id}-compat_{'on' if compat else 'off'}",
-        marks=[pytest.mark.long] if c.long else [],
+        marks=[pytest.mark.long] if _long_run(c, compat) else [],
     )
     for c in CASES
     for compat in _compat_settings(c)

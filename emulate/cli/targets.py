@@ -1,6 +1,6 @@
 """``emulate targets [--target T ...] [--probe [--out PATH]]``: native pairs and plans.
 
-Prints :func:`emulate.targets.render_matrix` (native / emulated operand pairs per target and
+Prints :func:`emulate.capabilities.render_matrix` (native / emulated operand pairs per target and
 format), where JAX's table and the compiler disagree, then two
 :func:`emulate.planning.matrix.method_matrix` grids: the plan method each format gets
 against itself and against bfloat16, with the native pairs planned another way and the
@@ -14,7 +14,7 @@ import pathlib
 import textwrap
 from collections.abc import Sequence
 
-from emulate import formats, targets
+from emulate import capabilities, formats, targets
 from emulate.cli.args import output_file, target, write_output
 from emulate.planning.matrix import MethodCell, method_matrix
 from emulate.tables import WIDTH, grid, short_target
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     chosen = [target(name, args.parser) for name in args.targets or targets.names()]
     names = list(dict.fromkeys(t.name for t in chosen))
     operands = [f for f in targets.OPERANDS if f not in formats.SCALE_ONLY]
-    lines = targets.render_matrix(names, operands).splitlines()
+    lines = capabilities.render_matrix(names, operands).splitlines()
     lines.append("float8_e8m0fnu, a scale type and never a matmul operand, is left out.")
     lines += _table_disagreements([targets.get(n) for n in names], operands)
     low = list(formats.LOW_PRECISION_OPERANDS)

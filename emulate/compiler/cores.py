@@ -12,7 +12,8 @@ rates. This module owns what the time model adds, each with its source
   by twice that number is the bundle rate at which that matmul reaches the peak. On v2,
   v3 and v4 this reading gives 0.711, 0.961 and 1.069 GHz (1.6-2.3% above the published
   clocks: XLA's matmul keeps the units about 98% busy); on v5e it gives 1.19 GHz, where
-  the kernels timed on a real v5e ran at 1.21 GHz of their schedule (the peak rate over
+  the kernels timed on a real v5e, the host's launch of each timed program taken out,
+  issue 1.39 G bundles a second (``cycles_per_bundle`` 0.857; the peak rate over
   four 128 x 128 units would say 1.5 GHz, which the schedules contradict: they feed
   82.6k multiply-adds a bundle, more than 4 x 128 x 128).
 - the matrix units a core has (JAX's ``TpuInfo.num_mxus``; the schedules address
@@ -22,7 +23,9 @@ rates. This module owns what the time model adds, each with its source
 - a branch's delay slots (1 on v2, v3, v4; 4 from v5e on, read off the loops' back edges);
 - the calibration against real-chip timings, where there are some
   (``emulate/data/bundle_calibration.json``, written by
-  ``python -m benchmarks.bundle_calibration --write``).
+  ``python -m benchmarks.bundle_calibration --write``): the cycles a bundle takes, the
+  fraction of peak HBM bandwidth a DMA stream reaches, a DMA's round trip and the host's
+  cost of launching a program.
 """
 
 from __future__ import annotations
@@ -110,6 +113,13 @@ class Generation:
       cycles_per_bundle: the calibration's cycles a bundle (1.0: none).
       hbm_efficiency: the calibration's fraction of ``hbm_bytes_per_second`` DMAs reach
         (1.0: none).
+      dma_latency_s: the calibration's round trip of one DMA: seconds from its issue to
+        its landing on top of its bytes, overlapped with other DMAs' transfers but not
+        with the waits that depend on it (0.0: none; :class:`~emulate.compiler.replay.Machine`).
+      dispatch_seconds: the calibration's cost of launching one program and waiting for
+        it from the host (a timed program of n calls took this plus n calls). Not part of
+        any estimate: a program's time is the chip's; this is what a host adds per
+        launch. 0.0: not measured.
       calibration: what the calibration was fitted on, or ``""`` when uncalibrated.
     """
 
@@ -125,6 +135,8 @@ class Generation:
     delay_slots: int
     cycles_per_bundle: float = 1.0
     hbm_efficiency: float = 1.0
+    dma_latency_s: float = 0.0
+    dispatch_seconds: float = 0.0
     calibration: str = ""
 
     def hbm_seconds(self, nbytes: float) -> float:
@@ -188,5 +200,7 @@ def generation(target: str | _targets.Target, *, calibrated: bool = True) -> Gen
         gen,
         cycles_per_bundle=float(found.get("cycles_per_bundle", 1.0)),  # type: ignore[arg-type]
         hbm_efficiency=float(found.get("hbm_efficiency", 1.0)),  # type: ignore[arg-type]
+        dma_latency_s=float(found.get("dma_latency_s", 0.0)),  # type: ignore[arg-type]
+        dispatch_seconds=float(found.get("dispatch_seconds", 0.0)),  # type: ignore[arg-type]
         calibration=str(found.get("source", "")),
     )

@@ -220,6 +220,7 @@ def machine(gen: Generation) -> Machine:
         granule_bytes=gen.granule_bytes,
         delay_slots=gen.delay_slots,
         cycles_per_bundle=gen.cycles_per_bundle,
+        dma_latency_s=gen.dma_latency_s,
     )
 
 

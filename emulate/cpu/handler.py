@@ -15,7 +15,7 @@ import numba
 import numpy as np
 from numba import types
 
-from emulate.cpu import ffi, gemm, gemv
+from emulate.cpu import ffi, gemm, gemv, kernel_cache
 from emulate.cpu.form import Form
 from emulate.cpu.operands import Arg, Factor, StoredBytes, Weight, byte_widths
 
@@ -81,15 +81,25 @@ def _kernel(form: Form, parallel: bool, many: bool) -> Callable:
     return (gemm.kernel if many else gemv.kernel)(form, parallel)
 
 
+#: The handler's C signature: the address of XLA's call frame in, an error code out.
+_SIGNATURE = types.int64(types.int64)
+
+
 @functools.cache
 def handler(form: Form, parallel: bool, many: bool = False) -> object:
     """The numba cfunc that XLA calls for ``form`` (:mod:`emulate.cpu.ffi`): its operands
     are :func:`emulate.cpu.operands.wire`'s, its one result ``out``; the many-rows kernel
-    (:func:`emulate.cpu.gemm.kernel`) where ``many``, else the few-rows one."""
+    (:func:`emulate.cpu.gemm.kernel`) where ``many``, else the few-rows one. Compiled once
+    a process, or loaded from the folder of :mod:`emulate.cpu.kernel_cache` where
+    ``EMULATE_CPU_KERNEL_CACHE`` names one."""
+    return kernel_cache.cfunc(_call(form, parallel, many), _SIGNATURE, (form, parallel, many))
+
+
+def _call(form: Form, parallel: bool, many: bool) -> Callable:
+    """The Python function of :func:`handler`'s cfunc."""
     run = _kernel(form, parallel, many)
     weight_of = _weight_of(form)
 
-    @numba.cfunc(types.int64(types.int64))
     def call(frame):
         if ffi.answer_metadata(frame) or not ffi.is_execute(frame):
             return 0
@@ -114,7 +124,10 @@ def listing(form: Form, what: str = "asm", parallel: bool = False, many: bool = 
     """
     if what not in ("llvm", "asm"):
         raise ValueError(f"what: expected 'llvm' or 'asm', got {what!r}")
-    handler(form, parallel, many)  # compiles the kernel for the frame's types
     run: Any = _kernel(form, parallel, many)  # a numba dispatcher
+    if not run.signatures:
+        # compiled for the frame's types by a handler, unless that handler was loaded from
+        # the folder of emulate.cpu.kernel_cache (or not built yet)
+        numba.cfunc(_SIGNATURE)(_call(form, parallel, many))
     code = run.inspect_llvm() if what == "llvm" else run.inspect_asm()
     return "\n".join(code.values())

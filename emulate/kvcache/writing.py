@@ -119,8 +119,7 @@ def put(
             return [row // group]
         return [row // group, jnp.maximum(end - (t - 1), 0) // group]
 
-    def one(b: Any, carry: tuple) -> tuple:
-        grouped, scales = carry
+    def one(b: Any, grouped: jax.Array) -> jax.Array:
         p = start[b]
         for first in firsts(p):
             first = jnp.clip(first, 0, groups - span)
@@ -129,22 +128,32 @@ def put(
             row = first * group + jnp.arange(span * group, dtype=jnp.int32)
             merged = _merged(old.reshape(span * group, lanes), row, new[b], p, t, tokens, fmt)
             grouped = lax.dynamic_update_slice(grouped, merged.reshape(old.shape), at)
-        if scales is not None and new_scales is not None:
-            # whole 128-lane columns: a narrower update makes XLA:TPU lay the array out
-            # transposed and copy all of it to and from the kernel's layout
-            w = min((-(-(t - 1) // _LANES) + 1) * _LANES, scales.shape[-1])
-            c0 = jnp.clip((p // _LANES) * _LANES, 0, scales.shape[-1] - w)
-            at_s = (layer, b, 0, c0)
-            old_s = lax.dynamic_slice(scales, at_s, (1, 1, scales.shape[2], w))[0, 0]
-            col = c0 + jnp.arange(w, dtype=jnp.int32)
-            take = jnp.take(new_scales[b].T, jnp.clip(col - p, 0, t - 1), axis=1)
-            keep = (col >= p) & (col < p + t)
-            scales = lax.dynamic_update_slice(
-                scales, jnp.where(keep[None, :], take, old_s)[None, None], at_s
-            )
-        return grouped, scales
+        return grouped
 
-    grouped, scales = lax.fori_loop(0, seqs, one, (grouped, scales))
+    def one_scales(b: Any, scales: jax.Array) -> jax.Array:
+        assert new_scales is not None
+        p = start[b]
+        # whole 128-lane columns: a narrower update makes XLA:TPU lay the array out
+        # transposed and copy all of it to and from the kernel's layout
+        w = min((-(-(t - 1) // _LANES) + 1) * _LANES, scales.shape[-1])
+        c0 = jnp.clip((p // _LANES) * _LANES, 0, scales.shape[-1] - w)
+        at_s = (layer, b, 0, c0)
+        old_s = lax.dynamic_slice(scales, at_s, (1, 1, scales.shape[2], w))[0, 0]
+        col = c0 + jnp.arange(w, dtype=jnp.int32)
+        take = jnp.take(new_scales[b].T, jnp.clip(col - p, 0, t - 1), axis=1)
+        keep = (col >= p) & (col < p + t)
+        return lax.dynamic_update_slice(
+            scales, jnp.where(keep[None, :], take, old_s)[None, None], at_s
+        )
+
+    grouped = lax.fori_loop(0, seqs, one, grouped)
+    if scales is not None and new_scales is not None:
+        # 16-bit scales (float16: q4_0, q8_0) carried through a loop: XLA:TPU on 7x keeps
+        # the whole array in VMEM in (16, 128) tiles for the loop and copies it in and
+        # out around it (4 copies of a layer's scales: 16.8 MB for the 8B at 16 x 4096
+        # tokens); written in straight-line code, each window is updated in HBM
+        unroll = scales.dtype.itemsize == 2
+        scales = lax.fori_loop(0, seqs, one_scales, scales, unroll=unroll)
     return grouped.reshape(codes.shape), scales
 
 

@@ -454,7 +454,7 @@ def config(
     bm, bn, bk = _blocks(r, t, tl, (m, n, k), block_shape)
     if words and word_step.applies(r, stored, scaling, codebook, bm):
         return _word_config(
-            r, t, tl, (m, n, k), stored, block_shape, interpret, x_dtype, scaling, out
+            r, t, tl, (m, n, k), stored, block_shape, interpret, x_dtype, scaling, out, codebook
         )
     if scaling is not None and scaling.along_k:
         bk = _align_to_groups(bk, t, tl, scaling, block_shape is not None)
@@ -506,15 +506,17 @@ def _word_config(
     x_dtype: str,
     scaling: Scaling | None,
     out: str,
+    codebook: KernelCodebook | None,
 ) -> Config:
     """The :class:`Config` of a call :func:`emulate.pallas.word_step.applies` to: its blocks
     (x spans K, resident), checked against VMEM."""
     m, n, k = shape
     bm, bn, bk = _blocks(r, t, tl, shape, block_shape)
     xb = np.dtype(x_dtype).itemsize
+    pieces = codebook.pieces if codebook is not None and r.rhs_compute == "bfloat16" else 1
 
-    def vmem_of(bn: int, bk: int) -> int:
-        return word_step.vmem_bytes(bm, bn, bk, k, xb, scaling, tl.highest)
+    def vmem_of(bn: int, bk: int, bm: int = bm) -> int:
+        return word_step.vmem_bytes(bm, bn, bk, k, xb, scaling, tl.highest, pieces)
 
     if block_shape is None:
         for cbk, cbn in _WORD_BLOCKS:
@@ -526,7 +528,7 @@ def _word_config(
             # one group a dot: as long a row block as fits (the weight is read once per
             # row block, :func:`_long_bm`)
             for b in sorted({min(c, _round_up(m, tl.x_sub)) for c in _LONG_BM}, reverse=True):
-                if b > bm and word_step.vmem_bytes(b, bn, bk, k, xb, scaling, tl.highest) <= tl.cap:
+                if b > bm and vmem_of(bn, bk, b) <= tl.cap:
                     bm = b
                     break
     kp = _round_up(k, bk)
@@ -554,5 +556,6 @@ def _word_config(
         x_dtype=x_dtype,
         scaling=scaling,
         out=out,
+        codebook=codebook,
         word_step=True,
     )

@@ -48,7 +48,7 @@ from jax import lax
 from emulate import formats, targets
 from emulate.codebooks import Codebook
 from emulate.formats import Format
-from emulate.pallas import compute
+from emulate.pallas import compute, words
 from emulate.quantized.values import inverse_permutation
 
 __all__ = [
@@ -58,6 +58,8 @@ __all__ = [
     "permute_x",
     "restore_columns",
     "select_tree",
+    "split_pieces",
+    "table_tiles",
 ]
 
 #: Bits of an f32 kept by a bfloat16 piece (sign, exponent, 7 mantissa bits).
@@ -128,14 +130,16 @@ def kernel_codebook(
     return KernelCodebook(values, code_format, "float32", 1, cb.name)
 
 
-def select_tree(c: jax.Array, values: tuple[float, ...]) -> jax.Array:
+def select_tree(c: jax.Array, values: tuple[float, ...], first_bit: int = 0) -> jax.Array:
     """``values[c]`` in f32 for int32 codes ``c`` in ``[0, len(values))`` (a power of two):
     one select per pair of entries per level, by the code's bits from the lowest (exact;
-    also the 256-entry maps of two-level scales, :mod:`emulate.pallas.qgroups`)."""
+    also the 256-entry maps of two-level scales, :mod:`emulate.pallas.qgroups`). With
+    ``first_bit``, the code is bits ``first_bit ..`` of ``c`` (a nibble of a word, tested
+    in place: no shift, no mask)."""
     level: list[Any] = list(values)  # Python floats, then f32 tiles
-    bit = 0
+    bit = first_bit
     while len(level) > 1:
-        on = (c & (1 << bit)) != 0
+        on = c < 0 if bit == 31 else (c & (1 << bit)) != 0  # bit 31: the int32's sign
         nxt: list[Any] = []
         for lo, hi in zip(level[0::2], level[1::2]):
             if isinstance(lo, float) and isinstance(hi, float) and _same(lo, hi):
@@ -164,15 +168,46 @@ def decode(codes: jax.Array, kc: KernelCodebook, to: str) -> list[jax.Array]:
         return [v.astype(jnp.int32).astype(jnp.int8)]
     if kc.pieces == 1:
         return [v.astype(to)]
+    return [p.astype(jnp.bfloat16) for p in split_pieces(v, kc.pieces)]
+
+
+def split_pieces(v: jax.Array, pieces: int) -> list[jax.Array]:
+    """f32 values ``v`` as ``pieces`` f32 arrays whose values are bfloat16 numbers (each
+    the rest with its low 16 bits cleared, the last the rest itself) summing to ``v``
+    exactly (module docstring; :attr:`KernelCodebook.pieces` says how many hold a table's
+    values)."""
     out = []
-    for _ in range(kc.pieces - 1):
+    for _ in range(pieces - 1):
         hi = lax.bitcast_convert_type(
             lax.bitcast_convert_type(v, jnp.int32) & jnp.int32(_BF16_MASK), jnp.float32
         )
-        out.append(hi.astype(jnp.bfloat16))
+        out.append(hi)
         v = v - hi
-    out.append(v.astype(jnp.bfloat16))
+    out.append(v)
     return out
+
+
+def table_tiles(
+    w: jax.Array, kc: KernelCodebook, *, to: str, interpret: bool, piece_order: bool
+) -> list[jax.Array]:
+    """One word-order tile (:mod:`emulate.pallas.words`), (32, C) int32 words of uint4
+    codes into a 16-entry table, as its (256, C) values in ``to``: per nibble a select
+    tree whose bit tests read the word in place (:func:`select_tree`), the f32 values split
+    into the table's bfloat16 pieces (:func:`split_pieces`) and each two rows one bfloat16
+    pair (:func:`emulate.pallas.words.pack_rows`): a list of one tile, or one per piece.
+    With ``piece_order`` (f32, one piece) the rows in piece order, unpacked."""
+    n = kc.pieces if to == "bfloat16" else 1
+    runs: list[list[jax.Array]] = [[] for _ in range(n)]
+    for q in range(4):  # rows 64q + 2i + e: nibble q + 4e
+        pair = [select_tree(w, kc.values, 4 * (q + 4 * e)) for e in range(2)]
+        if piece_order:
+            runs[0] += pair
+            continue
+        split = [split_pieces(v, n) for v in pair]
+        for i in range(n):
+            v = words.pack_rows(split[0][i], split[1][i], interpret)
+            runs[i].append(v.astype(jnp.float32) if to == "float32" else v)
+    return [jnp.concatenate(r, axis=0) for r in runs]
 
 
 def permute_x(x: jax.Array, perm: Any) -> jax.Array:

@@ -9,7 +9,9 @@ zero point and offset. This module's kernel body (:func:`body`, chosen by
 * The weight block is read as 32-bit words and decoded a tile of 256 rows at a time into
   the matrix unit's type, in K order, zero points subtracted
   (:func:`emulate.pallas.words.tile_values`: about two vector operations per pair of codes
-  with bfloat16 arithmetic, three and a conversion per code without).
+  with bfloat16 arithmetic, three and a conversion per code without; float4_e2m1fn
+  codes, MXFP4 and NVFP4, built as floats from their bits: four and a half operations
+  per code with bfloat16 arithmetic, seven and a half without).
 * Scales and offsets are applied to partial sums, never to elements. The ``R`` groups
   of ``G`` rows a dot spans (``R = D / G`` for groups of 16 rows up to the dot's ``D``
   rows; one for longer groups) get their own partial sums from that one dot: ``x``'s rows
@@ -26,11 +28,14 @@ zero point and offset. This module's kernel body (:func:`body`, chosen by
   v6e on), so its sums leave the unit once.
 
 Numerics: as the other group-scaled routes (:mod:`emulate.pallas.qsteps`): the decoded
-``c - z`` is exact, each product exact in f32 (bf16 operands) or at ``Precision.HIGHEST``
-(f32 ones), each group's partial sum (over at most 256 rows a dot, plus, for groups longer
-than 256 rows, one scaled partial sum per 256 rows) times its scale rounded once, the
-offset term ``X o`` added per group, all added in f32: within ``gamma_(K + S + 5)`` of the
-exact sum, the bound :func:`emulate.bounds.qarray_bound` states for the kernel.
+``c - z`` (or e2m1 value) is exact, each product exact in f32 (bf16 operands) or at
+``Precision.HIGHEST`` (f32 ones), each group's partial sum (over at most 256 rows a dot,
+plus, for groups longer than 256 rows, one scaled partial sum per 256 rows) times its
+scale rounded once (MXFP4's e8m0 scales are powers of two: exact unless the product leaves
+f32's normal range; NVFP4's e4m3 scales are not, and the group path applies them so too),
+the offset term ``X o`` added per group, all added in f32, then a tensor scale (NVFP4)
+times the f32 sum, rounded once: within ``gamma_(K + S + 5)`` of the exact sum, the bound
+:func:`emulate.bounds.qarray_bound` states for the kernel.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from emulate import formats, targets
-from emulate.pallas import compute, qsteps, word_groups, words
+from emulate.pallas import compute, qcodebook, qsteps, word_groups, words
 
 __all__ = [
     "MAX_ROWS",
@@ -61,6 +66,11 @@ _TILE = words.TILE_ROWS
 #: At most this many rows of partial sums per K step, ``R * bm`` (rows of x times the
 #: groups of a dot): decode-sized row blocks.
 MAX_ROWS = 256
+#: The 4-bit code formats the step decodes (:mod:`emulate.pallas.words`).
+_E2M1 = "float4_e2m1fn"
+_CODES = ("int4", "uint4", _E2M1)
+#: The types a uint4 codebook's values take in the kernel (:mod:`emulate.pallas.qcodebook`).
+_TABLE_VALUES = ("bfloat16", "float32", "int8")
 #: Zero-point formats whose codes take the bfloat16 decode (``128 + z`` exact in bf16).
 _SMALL_ZEROS = ("int4", "uint4", "int2", "uint2", "int3", "uint3")
 
@@ -83,13 +93,20 @@ def partial_rows(r: compute.Compute, scaling: Any, bm: int) -> int:
 
 
 def applies(r: compute.Compute, stored: Any, scaling: Any, codebook: Any, bm: int) -> bool:
-    """Whether :func:`body` runs a call: a 4-bit integer weight in word order
-    (``int4`` / ``uint4`` codes of a :class:`emulate.pallas.KernelWeight` or prepared
-    QArray), float activations on a float route, groups along K of 16 to 256 rows or a
-    multiple of 256 (or scales constant along K), zero points and offsets the kernel
-    decodes per group, no codebook or column blocks, and at most :data:`MAX_ROWS` rows of
-    partial sums per step."""
-    if r.exact or r.rhs not in ("int4", "uint4") or codebook is not None:
+    """Whether :func:`body` runs a call: a 4-bit weight in word order (``int4`` /
+    ``uint4`` / ``float4_e2m1fn`` codes of a :class:`emulate.pallas.KernelWeight` or
+    prepared QArray: MXFP4, NVFP4; ``uint4`` codes into a 16-entry codebook: NF4,
+    IQ4_NL), float activations on a float route, groups along K of 16 to 256 rows or a
+    multiple of 256 (or scales constant along K), zero points (integer codes only) and
+    offsets the kernel decodes per group (none with a codebook: bitsandbytes' double
+    quantization keeps the per-element kernel), no column blocks, and at most
+    :data:`MAX_ROWS` rows of partial sums per step."""
+    if r.exact:
+        return False
+    if codebook is not None:  # a 16-entry table: the values' type is the route's
+        if codebook.code_format != "uint4" or r.rhs not in _TABLE_VALUES:
+            return False
+    elif r.rhs not in _CODES:
         return False
     if stored.layout != "planar" or stored.group != 2 or stored.nbytes != 1 or stored.code:
         return False
@@ -103,6 +120,8 @@ def applies(r: compute.Compute, stored: Any, scaling: Any, codebook: Any, bm: in
             if not (g % 16 == 0 and (_TILE % g == 0 or g % _TILE == 0)):
                 return False
             a = scaling.affine
+            if a is not None and (codebook is not None or a.zero != "none" and r.rhs == _E2M1):
+                return False  # a codebook's nested (double-quantized) scales: not built
             if a is not None and (
                 a.zero not in ("none", "static", "array", "packed")
                 or a.offset not in ("none", "static", "array", "two_level")
@@ -122,19 +141,27 @@ def scratch_shapes(cfg: Any) -> list[Any]:
 
 
 def vmem_bytes(
-    bm: int, bn: int, bk: int, k: int, x_bytes: int, scaling: Any, highest: bool = False
+    bm: int,
+    bn: int,
+    bk: int,
+    k: int,
+    x_bytes: int,
+    scaling: Any,
+    highest: bool = False,
+    pieces: int = 1,
 ) -> int:
     """VMEM of one grid step of :func:`body` (an upper estimate): the double-buffered
     weight and x blocks (x spanning K), the step's decoded tiles and their temporaries
     (Mosaic keeps a step's worth live: 8 bytes an element, 40 with f32 dots at
     ``Precision.HIGHEST`` (``highest``), whose operands it cuts in bfloat16 pieces:
-    measured on v2 with f32 x, 39.5 MiB for (2048, 512) blocks), the partial sums, the
-    per-group scratch and the first step's decoding."""
+    measured on v2 with f32 x, 39.5 MiB for (2048, 512) blocks; 6 more for each further
+    bfloat16 piece of a codebook's values, ``pieces``), the partial sums, the per-group
+    scratch and the first step's decoding."""
     kp = -(-k // bk) * bk
     r = _TILE // word_groups.unit(scaling)
     w = 2 * (bk // 2) * bn
     x = 2 * bm * kp * x_bytes + 6 * bm * bk  # and the step's slice as f32 and bf16
-    tile = (40 if highest else 8) * bk * bn
+    tile = (40 if highest else 8 + 6 * (pieces - 1)) * bk * bn
     sums = 3 * r * bm * bn * 4
     units = kp // word_groups.unit(scaling)
     groups = 12 * units * bn * 4 if scaling is not None else 0
@@ -182,6 +209,7 @@ def _decode_options(cfg: Any) -> dict[str, Any]:
         "interpret": cfg.interpret,
         "group": word_groups.unit(sc),
         "piece_order": piece_order(cfg),
+        "e2m1": r.rhs == _E2M1,
     }
 
 
@@ -203,11 +231,14 @@ def _step_sums(cfg: Any, x: jax.Array, wv: jax.Array, parts: Any) -> jax.Array:
     total = None
     for c in range(cfg.bk // _TILE):
         z = rows("zero", c * _TILE // u, _TILE // u)
-        wt = words.tile_values(
-            wv[c * words.TILE_WORDS : (c + 1) * words.TILE_WORDS],
-            zero=static_zero if z is None else z,
-            **opts,
-        )
+        tile = wv[c * words.TILE_WORDS : (c + 1) * words.TILE_WORDS]
+        if cfg.codebook is not None:  # a select tree per nibble, a tile per piece
+            wts = qcodebook.table_tiles(
+                tile, cfg.codebook, to=r.rhs_compute, interpret=cfg.interpret,
+                piece_order=opts["piece_order"],
+            )  # fmt: skip
+        else:
+            wts = [words.tile_values(tile, zero=static_zero if z is None else z, **opts)]
         for h in range(_TILE // dr):
             d0 = c * _TILE + h * dr  # the dot's first row of the step
             first = d0 // u  # its first scale unit
@@ -215,13 +246,17 @@ def _step_sums(cfg: Any, x: jax.Array, wv: jax.Array, parts: Any) -> jax.Array:
             if rd > 1:  # selects in f32: v4 has none on bf16 vectors
                 xc = xc.astype(jnp.float32)
             xbd = _block_diagonal(xc, rd, min(u, dr), opts["piece_order"])
-            t = lax.dot_general(
-                xbd.astype(jnp.dtype(r.rhs_compute)),
-                wt[h * dr : (h + 1) * dr],
-                (((1,), (0,)), ((), ())),
-                precision=r.precision,
-                preferred_element_type=jnp.float32,
-            )
+            t = None
+            for wt in wts:  # one tile, or a codebook's bfloat16 pieces
+                d = lax.dot_general(
+                    xbd.astype(jnp.dtype(r.rhs_compute)),
+                    wt[h * dr : (h + 1) * dr],
+                    (((1,), (0,)), ((), ())),
+                    precision=r.precision,
+                    preferred_element_type=jnp.float32,
+                )
+                t = d if t is None else t + d
+            assert t is not None
             for name in ("scale", "scale_hi"):
                 s = rows(name, first, rd)
                 if s is not None:

@@ -17,10 +17,22 @@ gives rows in order a pair at a time:
   small integer); on TPU v2 and v3, whose matrix unit takes f32 only, the pair is widened
   back to f32 (the rows in order).
 * :func:`natural_codes` gives the codes themselves (int32, K order), for the kernel's
-  other routes.
+  other routes (a 16-entry table's values: :func:`emulate.pallas.qcodebook.table_tiles`).
 
 Everything is exact: the decoded value of every code is ``c - z`` (signed codes as
 two's complement nibbles, ``z`` the zero point or 0) in the compute type.
+
+float4_e2m1fn codes (``e2m1=True``: MXFP4, NVFP4) are built as floats from their bits,
+exactly (every value, 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, is a bfloat16). The
+magnitude's three bits ``em = 2E + m`` go under the exponent and mantissa fields of
+``y = 2**(E - 1) * (1 + m / 2)`` (bfloat16 bits ``(em << 6) + 0x3F00``), the value of
+every normal code (``E > 0``); for the subnormal binade (codes 0 and 1: values 0 and 0.5,
+where ``y`` is 0.5 and 0.75) the value is ``2y - 1``, so it is ``min(y, 2y - 1)``
+(exact: small dyadic numbers), with no select and no float subnormal (XLA and the TPU
+flush those); the sign bit is put in last. Both halves of a word, two rows, are built at
+once with integer operations (:func:`e2m1_pairs`); with bfloat16 arithmetic the ``min``
+runs on the pair (nine operations a pair of rows), elsewhere on each half widened to f32,
+then one pack (fifteen).
 """
 
 from __future__ import annotations
@@ -36,6 +48,8 @@ __all__ = [
     "TILE_ROWS",
     "TILE_WORDS",
     "bf16_vector_unit",
+    "e2m1_pairs",
+    "e2m1_values",
     "natural_codes",
     "pack_rows",
     "piece_rows",
@@ -74,13 +88,18 @@ def pack_rows(a: jax.Array, b: jax.Array, interpret: bool) -> jax.Array:
     bits from the f32 bits (exact values: truncation is the rounding)."""
     from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
 
+    return pltpu.bitcast(_packed_words(a, b, interpret), jnp.bfloat16)
+
+
+def _packed_words(a: jax.Array, b: jax.Array, interpret: bool) -> jax.Array:
+    """:func:`pack_rows`' pairs as their 32-bit words (``a`` the low halves)."""
+    from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
+
     if interpret:
         lo = lax.shift_right_logical(lax.bitcast_convert_type(a, jnp.uint32), jnp.uint32(16))
         hi = lax.bitcast_convert_type(b, jnp.uint32) & jnp.uint32(0xFFFF0000)
-        word = lo | hi
-    else:
-        word = pltpu.pack_elementwise([a, b], packed_dtype=jnp.bfloat16)
-    return pltpu.bitcast(word, jnp.bfloat16)
+        return lo | hi
+    return pltpu.pack_elementwise([a, b], packed_dtype=jnp.bfloat16)
 
 
 def _nibble(w: jax.Array, p: int) -> jax.Array:
@@ -89,6 +108,76 @@ def _nibble(w: jax.Array, p: int) -> jax.Array:
         return w & 0xF
     s = lax.shift_right_logical(w, 4 * p)
     return s if p == 7 else s & 0xF
+
+
+def _shifted(w: jax.Array, left: int) -> jax.Array:
+    """``w`` shifted left by ``left`` bits (right, logically, by ``-left``)."""
+    if left > 0:
+        return lax.shift_left(w, left)
+    return lax.shift_right_logical(w, -left) if left < 0 else w
+
+
+#: bfloat16 bits of 0.5 (exponent field 126) in both halves: the e2m1 magnitude ``em`` at
+#: bits 6-8 of a half above it is ``2**(E - 1) * (1 + m / 2)``.
+_HALF_PAIR = 0x3F003F00
+_SIGN = -0x80000000  # bit 31 as an int32
+_SIGN_PAIR = -0x7FFF8000  # 0x80008000: bits 15 and 31
+_EM_PAIR = 0x01C001C0  # the magnitude's three bits at 6-8 of each half
+_HIGH_HALF = -0x10000  # 0xFFFF0000
+
+
+def _subnormal_fixed(y: jax.Array) -> jax.Array:
+    """``min(y, 2y - 1)`` (module docstring): the e2m1 magnitude from ``y``, exact in
+    f32 and in bfloat16 (``y`` in {0.5, 0.75, 1, 1.5, 2, 3, 4, 6})."""
+    return jnp.minimum(y, y + y - jnp.asarray(1, y.dtype))
+
+
+def _e2m1_halves(w: jax.Array, q: int) -> tuple[jax.Array, jax.Array]:
+    """For nibbles ``q`` (low half) and ``q + 4`` (high half) of each int32 word, q in
+    0..3: the bfloat16 pair of ``y`` (module docstring: magnitudes under 0.5's exponent)
+    and the pair's sign bits, as int32 words."""
+    y = (_shifted(w, 6 - 4 * q) & _EM_PAIR) + _HALF_PAIR
+    return y, _shifted(w, 12 - 4 * q) & _SIGN_PAIR
+
+
+def e2m1_pairs(w: jax.Array, q: int, *, bf16_vpu: bool, interpret: bool) -> jax.Array:
+    """Nibbles ``q`` and ``q + 4`` (q in 0..3) of each of the (R, C) int32 words,
+    float4_e2m1fn codes, as the (2R, C) bfloat16 values of rows ``2i`` (nibble ``q`` of
+    word ``i``) and ``2i + 1`` (nibble ``q + 4``), exactly: both halves built at once
+    (:func:`_e2m1_halves`), then ``min(y, 2y - 1)`` with bfloat16 arithmetic
+    (``bf16_vpu``: TPU v6e and later) or on each half widened to f32 and one pack
+    (:func:`pack_rows`), and the sign bits put in last."""
+    from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
+
+    y, sign = _e2m1_halves(w, q)
+    if bf16_vpu:
+        v = pltpu.bitcast(_subnormal_fixed(pltpu.bitcast(y, jnp.bfloat16)), jnp.int32)
+        return pltpu.bitcast(v | sign, jnp.bfloat16)
+    lo, hi = _e2m1_halves_f32(y)
+    word = _packed_words(lo, hi, interpret)
+    word = word | lax.bitcast_convert_type(sign, word.dtype)
+    return pltpu.bitcast(word, jnp.bfloat16)
+
+
+def _e2m1_halves_f32(y: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The magnitudes of a pair of ``y`` (:func:`_e2m1_halves`) as two f32 arrays (low
+    half, high half): each half widened (a shift, a mask), then ``min(y, 2y - 1)``."""
+    lo = lax.bitcast_convert_type(lax.shift_left(y, 16), jnp.float32)
+    hi = lax.bitcast_convert_type(y & _HIGH_HALF, jnp.float32)
+    return _subnormal_fixed(lo), _subnormal_fixed(hi)
+
+
+def e2m1_values(w: jax.Array, q: int) -> tuple[jax.Array, jax.Array]:
+    """Nibbles ``q`` and ``q + 4`` (q in 0..3) of each int32 word, float4_e2m1fn codes,
+    as their f32 values (two arrays, rows in piece order): :func:`_e2m1_halves_f32` and
+    each half's sign bit. Exact for all 16 codes (-0 for code 8)."""
+    y, sign = _e2m1_halves(w, q)
+    lo, hi = _e2m1_halves_f32(y)
+    lo_sign, hi_sign = lax.shift_left(sign, 16), sign & _SIGN
+    return (
+        lax.bitcast_convert_type(lax.bitcast_convert_type(lo, jnp.int32) | lo_sign, jnp.float32),
+        lax.bitcast_convert_type(lax.bitcast_convert_type(hi, jnp.int32) | hi_sign, jnp.float32),
+    )
 
 
 def _rows_of(zero: Any, rows: int, start: int, group: int, dtype: Any) -> Any:
@@ -120,6 +209,7 @@ def tile_values(
     zero: Any = None,
     group: int = TILE_ROWS,
     piece_order: bool = False,
+    e2m1: bool = False,
 ) -> jax.Array:
     """One word-order tile, (32, C) int32 words, as its (256, C) values ``c - z`` in K
     order, of type ``to`` ("bfloat16" or "float32"); with ``piece_order`` (f32 only) in
@@ -136,7 +226,11 @@ def tile_values(
         tile's zero points per group of ``group`` rows (Z = 256 / group, group a
         multiple of 16).
       group: rows per zero point (when ``zero`` is an array).
+      e2m1: the codes are float4_e2m1fn (``signed`` and ``zero`` unused): their values
+        (:func:`e2m1_values`, :func:`e2m1_pairs`).
     """
+    if e2m1:
+        return _e2m1_tile(w, to=to, bf16_vpu=bf16_vpu, interpret=interpret, piece_order=piece_order)
     if bf16_vpu and to == "bfloat16":
         from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
 
@@ -172,6 +266,20 @@ def tile_values(
             runs += pair
             continue
         v = pack_rows(pair[0], pair[1], interpret)
+        runs.append(v.astype(jnp.float32) if to == "float32" else v)
+    return jnp.concatenate(runs, axis=0)
+
+
+def _e2m1_tile(
+    w: jax.Array, *, to: str, bf16_vpu: bool, interpret: bool, piece_order: bool
+) -> jax.Array:
+    """:func:`tile_values` of float4_e2m1fn codes."""
+    runs: list[jax.Array] = []
+    for q in range(4):  # rows 64q + 2i + e: nibble q + 4e
+        if piece_order:
+            runs += e2m1_values(w, q)
+            continue
+        v = e2m1_pairs(w, q, bf16_vpu=bf16_vpu and to == "bfloat16", interpret=interpret)
         runs.append(v.astype(jnp.float32) if to == "float32" else v)
     return jnp.concatenate(runs, axis=0)
 

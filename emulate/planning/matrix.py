@@ -4,7 +4,7 @@
 and returns one :class:`MethodCell` each: the plan's method, whether the target runs the
 pair natively, and the route a native plan takes off its own platform. ``emulate
 targets`` draws two of these matrices (``fmt x fmt`` and ``bfloat16 x fmt``) under the
-native-pair matrix of :func:`emulate.targets.render_matrix`.
+native-pair matrix of :func:`emulate.capabilities.render_matrix`.
 """
 
 from __future__ import annotations

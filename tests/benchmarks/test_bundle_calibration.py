@@ -3,9 +3,6 @@ real-chip timings, the programs' names, the fit and the cells (nothing compiled 
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
-
 import pytest
 
 from benchmarks import bundle_calibration, bundle_columns, chip_time
@@ -32,6 +29,13 @@ def test_case_names_and_their_refusal():
     assert ChipCase("layer/xla/m64").parts() == {"kind": "layer", "contender": "xla", "m": 64}
     with pytest.raises(ValueError, match=r"^case: 'layer/fp8/m1' is not projection/"):
         ChipCase("layer/fp8/m1").parts()
+    assert ChipCase("stream/i32/256x512").parts() == {
+        "kind": "stream", "dtype": "i32", "block_shape": (256, 512)
+    }  # fmt: skip
+    assert ChipCase("word/awq/m16/14336x4096").parts() == {
+        "kind": "word", "scheme": "awq", "m": 16, "k": 14336, "n": 4096
+    }  # fmt: skip
+    assert (ChipCase("word/awq/m16/14336x4096").loop, ChipCase("layer/xla/m64").loop) == (50, 20)
     assert len(chip_time.CASES) == 26
     for name in chip_time.CASES:
         ChipCase(name).parts()
@@ -46,21 +50,36 @@ def test_chip_time_refuses_a_machine_without_a_tpu(tmp_path, monkeypatch, capsys
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_fit_is_a_geometric_mean_per_kind_of_row():
-    def at(case: str, real: float) -> bundle_calibration.Located:
-        row = bundle_calibration.Row(case, "tpu_v5e", "0" * 40, real, "x.json")
-        return bundle_calibration.Located(row, Path("."), ())
+def test_word_time_rows_stream_rows_and_the_launch():
+    rows = bundle_calibration.rows()
+    words = [r for r in rows if r.case.startswith("word/")]
+    assert len(words) == 16 and {r.loop for r in words} == {50}
+    assert {r.commit[:7] for r in words} == {"844893e"}
+    q4k = {r.case: r.seconds for r in words}["word/q4_k/m1/4096x14336"]
+    assert q4k == pytest.approx(88.3778e-6, rel=1e-5)
+    streams = [r for r in rows if r.case.startswith("stream/")]
+    assert len(streams) == 14 and {r.loop for r in streams} == {20}
+    assert {bundle_calibration.role(r) for r in streams} == {"DMA"}
+    fitted = [r for r in rows if bundle_calibration.role(r) == "bundles"]
+    assert len(fitted) == 10 and {r.case.split("/")[1] for r in fitted} == {"q4_k"}
+    held = [r for r in rows if bundle_calibration.role(r) == "held out"]
+    assert len(held) == len(rows) - 24
+    # the median of six programs of trivial calls, 576.2 ... 682.2 us
+    launch = bundle_calibration.dispatch_seconds("tpu_v5e")
+    assert launch == pytest.approx((619.91 + 650.58) / 2 * 1e-6, rel=1e-4)
+    assert bundle_calibration.dispatch_seconds("tpu_v2") is None
+    assert bundle_calibration.step_bytes("stream/bf16/512x2048") == 2 << 20
+    assert bundle_calibration.step_bytes("stream/i32/256x512") == 512 << 10
 
-    raw = [
-        (at("projection/q4_k/m1/default", 2.0), {"seconds": 1.0}),
-        (at("layer/kernel/m1", 8.0), {"seconds": 1.0}),
-        (at("layer/bf16/m1", 2.0), {"seconds": 1.0}),
-    ]
-    got = bundle_calibration.fit(raw)
-    assert got["cycles_per_bundle"] == 4.0  # sqrt(2 * 8)
-    assert got["hbm_efficiency"] == 0.5  # the bf16 row took twice the model's DMA time
-    assert (got["compute_rows"], got["memory_rows"]) == (2, 1)
-    assert math.isclose(bundle_calibration.fit(raw[:1])["hbm_efficiency"], 1.0)
+
+def test_the_calibrated_column_adds_the_launch_per_call():
+    row = bundle_calibration.Row("word/int4/m1/4096x14336", "tpu_v5e", "0" * 40, 1e-4, "x", 50)
+    assert bundle_calibration.timed({"seconds": 60e-6}, row, 635e-6) == pytest.approx(72.7e-6)
+
+
+def test_the_search_finds_a_minimum():
+    got = bundle_calibration._minimize(lambda v: (v - 0.3) ** 2, 0.0, 1.0, steps=30)
+    assert got == pytest.approx(0.3, abs=1e-5)
 
 
 def test_the_bundle_cells():

@@ -95,8 +95,11 @@ def test_every_benchmark_registers_under_its_module_name():
     helpers |= {"model_goals", "model_layers", "model_specs", "model_steps", "model_weights"}
     helpers.add("qweights")  # the checkpoint weights of quantized and qcpu
     helpers |= {"contenders", "schemes"}  # what matmul / tpu and the quantized scripts share
+    helpers.add("tpu_goals")  # the TPU goals of issues 16 and 27, read off tpu's rows
     helpers.add("chip_programs")  # the programs chip_time times and bundle_calibration estimates
-    helpers.add("chip_run")  # what chip_time and word_time record about a run
+    helpers.add("provenance")  # what every result file records about its run
+    helpers |= {"timing", "units", "tables", "svg"}  # the harness's concepts, shared
+    helpers.add("report")  # docs/performance.md from benchmarks/data, no Benchmark
     helpers.add("word_time")  # a script for a lent TPU (jax, numpy, ml_dtypes only), no Benchmark
     helpers.add("bundle_columns")  # the bundle model's figures in quantized and models
     assert found == sorted(helpers | set(BENCHMARKS))

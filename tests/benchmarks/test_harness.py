@@ -1,85 +1,17 @@
-"""benchmarks.harness: the units, the timing loop, the table, the flags every benchmark
-shares, and what a registered benchmark writes. Expected strings are written out by hand."""
+"""benchmarks.harness: the flags every benchmark shares, and what a registered benchmark
+writes (the provenance at the head of its JSON). Expected strings are written out by hand."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from benchmarks import harness
-
-
-def test_units_print_three_significant_digits_or_fixed_places():
-    assert harness.ms(0.0123) == "12.3"
-    assert harness.ms(0.001) == "1"
-    assert harness.ms(0.1234) == "123"
-    assert harness.ms(1.5) == "1500"  # no exponent from 1000 up
-    assert harness.ms(0.0123, places=3) == "12.300"
-    assert harness.ms(2.5e-5, places=2) == "0.03"
-    assert harness.us(2e-6) == "2"
-    assert harness.us(1.234e-4) == "123"
-    assert harness.us(0.0125) == "12500"
-    assert harness.mb(8_388_608) == "8.39"
-    assert harness.mb(134_217_728) == "134"
-    assert harness.mb(2_500_000_000) == "2500"
-    assert harness.mb(32_768, places=2) == "0.03"
-    assert harness.ratio(1.234) == "1.23"
-    assert harness.ratio(0.5, places=1) == "0.5"
-    assert harness.shape_text((64, 4096, 1024)) == "64x4096x1024"
-
-
-def test_a_missing_figure_prints_as_a_question_mark():
-    for fmt in (harness.ms, harness.us, harness.mb, harness.ratio):
-        assert fmt(None) == "?"
-
-
-def test_text_table_aligns_columns():
-    got = harness.text_table(["name", "ms"], [["a", "1.5"], ["long name", "12.25"]], right={1})
-    assert got == "\n".join(
-        [
-            "name          ms",
-            "---------  -----",
-            "a            1.5",
-            "long name  12.25",
-        ]
-    )
-
-
-def test_stats_and_short_error():
-    assert harness.stats([3.0, 1.0, 2.0, 10.0]) == {"median_s": 2.5, "min_s": 1.0, "max_s": 10.0}
-    assert harness.short_error(ValueError("first line\nsecond")) == "first line"
-    assert harness.short_error(ValueError("x" * 30), limit=10) == "xxxxxxx..."
-    assert harness.short_error(KeyboardInterrupt()) == "KeyboardInterrupt"
-
-
-class _Case:
-    def __init__(self, label: str, calls: list[str], fail: bool = False) -> None:
-        self.label = label
-        self.times: list[float] = []
-        self.calls = calls
-        self.fail = fail
-
-    def run(self) -> float:
-        self.calls.append(self.label)
-        if self.fail:
-            raise RuntimeError("no such program\nmore detail")
-        return float(len(self.calls))
-
-
-def test_interleave_warms_up_each_case_then_times_rounds(capsys):
-    calls: list[str] = []
-    a, bad, b = _Case("A", calls), _Case("B", calls, fail=True), _Case("C", calls)
-    ok, failed = harness.interleave([a, bad, b], repeats=3)
-    assert ok == [a, b]
-    assert failed == {"B": "no such program"}
-    # two warm-up calls each (the failing case stops at its first), then A C rounds
-    assert calls == ["A", "A", "B", "C", "C", "A", "C", "A", "C", "A", "C"]
-    assert a.times == [6.0, 8.0, 10.0] and b.times == [7.0, 9.0, 11.0]
-    assert capsys.readouterr().err == "skipped B: no such program\n"
 
 
 def _tiny(plotted: list[Path], seen: list[argparse.Namespace], **kw: Any) -> harness.Benchmark:
@@ -113,7 +45,16 @@ def test_a_registered_benchmark_writes_json_markdown_and_plot(tmp_path, capsys):
     out = tmp_path / "sub" / "t.json"
     assert bench.main(["--quick", "--size", "5", "--json", str(out)]) == 0
     command = f"python -m benchmarks.tiny --quick --size 5 --json {out}"
-    assert json.loads(out.read_text()) == {"repeats": 2, "quick": True, "command": command}
+    written = json.loads(out.read_text())
+    head = {k: written.pop(k) for k in list(written) if k not in ("repeats", "quick", "command")}
+    assert written == {"repeats": 2, "quick": True, "command": command}
+    # the provenance of every result file heads it (benchmarks.provenance)
+    assert sorted(head) == [
+        "benchmark", "commit", "cpu_count", "date", "device_kind", "jax", "jaxlib", "libtpu",
+        "machine", "platform", "python", "target",
+    ]  # fmt: skip
+    assert head["benchmark"] == "tiny" and head["device_kind"] == "cpu"
+    assert re.fullmatch("[0-9a-f]{40}", head["commit"])
     assert out.with_suffix(".md").read_text() == "# tiny\n\nsize 5\n"
     assert plotted == [out.with_suffix(".png")]
     assert capsys.readouterr().out.splitlines() == [
@@ -196,50 +137,3 @@ def test_write_without_json_redraws_markdown_and_plot_beside_it(tmp_path, capsys
     assert path.with_suffix(".md").read_text() == "# md\n"
     assert drawn == [path.with_suffix(".png")]
     assert capsys.readouterr().out == f"wrote {path.with_suffix('.md')}\n"
-
-
-def test_quotient_is_none_without_both_figures():
-    assert harness.quotient(3.0, 2.0) == 1.5
-    assert harness.quotient(None, 2.0) is None
-    assert harness.quotient(3.0, None) is None
-    assert harness.quotient(3.0, 0.0) is None
-
-
-def test_index_keys_the_ok_rows_of_a_contender():
-    rows = [
-        {"pair": "a", "M": 1, "contender": "floor", "status": "ok", "v": 1},
-        {"pair": "a", "M": 2, "contender": "floor", "status": "refused", "v": 2},
-        {"pair": "a", "M": 1, "contender": "fast", "status": "ok", "v": 3},
-    ]
-    assert {k: r["v"] for k, r in harness.index(rows, ("pair", "M"), "floor").items()} == {
-        ("a", 1): 1
-    }
-    assert {k: r["v"] for k, r in harness.index(rows, ("M", "contender")).items()} == {
-        (1, "floor"): 1,
-        (1, "fast"): 3,
-    }
-
-
-def test_goal_table_writes_each_goal_and_its_failures():
-    goals = [
-        {"generation": "tpu_v5e", "goal": "g1", "limit": 1.1, "measured": None},
-        {
-            "generation": "tpu_v4",
-            "goal": "g2",
-            "limit": 2,
-            "measured": 2.5,
-            "worst": "int4 1x2x3",
-            "met": False,
-            "failing": ["int4 1x2x3"],
-            "unestimated": ["int8 1x2x3"],
-        },
-    ]
-    assert harness.goal_table("## T", []) == []
-    assert harness.goal_table("## T", goals) == [
-        "## T",
-        "",
-        "| generation | goal | limit | worst measured | where | met | failing |",
-        "|---|---|---|---|---|---|---|",
-        "| tpu_v5e | g1 | 1.1 | not measured | | | |",
-        "| tpu_v4 | g2 | 2 | 2.5 | int4 1x2x3 | no | int4 1x2x3, int8 1x2x3 (no estimate) |",
-    ]

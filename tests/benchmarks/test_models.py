@@ -78,7 +78,7 @@ def test_goal_lines_say_met_or_by_how_much_not():
     gib = 1 << 30
 
     def row(gen, step, cache, over, footprint, model="llama3-8b-q4_k_m"):
-        hbm = {"tpu_v2": 8, "tpu_v5e": 16}[gen] * gib
+        hbm = {"tpu_v2": 8, "tpu_v4": 32, "tpu_v5e": 16}[gen] * gib
         return dict(
             model=model, generation=gen, step=step, cache=cache, status="ok",
             bytes_over_ideal=over, footprint=footprint * gib, hbm=hbm,
@@ -87,6 +87,8 @@ def test_goal_lines_say_met_or_by_how_much_not():
     rows = [
         row("tpu_v2", "decode-16", "q4_0", 1.2, 7.5),
         row("tpu_v5e", "decode-16", "int8", 1.125, 12.5),
+        row("tpu_v5e", "decode-16", "q4_0", 1.113, 7.1) | {"dma_over_ideal": 1.028},
+        row("tpu_v4", "decode-16", "q4_0", 1.2, 7.1) | {"dma_over_ideal": 1.101},
         row("tpu_v5e", "decode-16", "bfloat16", 1.0, 14.0) | {"cache": None},  # not a goal row
     ]
     assert goal_lines(rows) == [
@@ -95,6 +97,10 @@ def test_goal_lines_say_met_or_by_how_much_not():
         "- met: llama3-8b-q4_k_m decode-16 tpu_v2 q4_0 cache: 1.200x <= 1.25x",
         "- **not met**: llama3-8b-q4_k_m decode-16 tpu_v5e int8 cache: 1.125x > 1.1x, "
         "over by 0.025x of the ideal",
+        "- met: llama3-8b-q4_k_m decode-16 tpu_v5e q4_0 cache: 1.028x by the schedule's DMAs "
+        "(libtpu's bytes accessed 1.113x) <= 1.1x",
+        "- **not met**: llama3-8b-q4_k_m decode-16 tpu_v4 q4_0 cache: 1.101x by the schedule's "
+        "DMAs (libtpu's bytes accessed 1.200x) > 1.1x, over by 0.001x of the ideal",
         "- met: Llama-3-8B Q4_K_M, 16 x 4096 tokens, one v2 core, a 4-bit cache: q4_0 cache, "
         "7.50 GiB of 8 GiB (0.50 GiB spare)",
         "- **not met**: Llama-3-8B Q4_K_M, 16 x 4096 tokens, one v5e, an 8-bit cache, 4 GiB "

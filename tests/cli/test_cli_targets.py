@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from emulate import cli, formats
+from emulate import capabilities, cli, formats
 
 TPU_CHIPS = {  # column label -> JAX's ChipVersion value, written out independently of emulate
     "v2": "v2",
@@ -187,8 +187,8 @@ def test_targets_selected_by_alias(capsys: pytest.CaptureFixture) -> None:
 def test_targets_opens_with_the_library_matrix(targets_out: str) -> None:
     from emulate import targets
 
-    # One renderer: the first table and its source lines are targets.render_matrix's.
-    matrix = targets.render_matrix(targets.names(), MATRIX_ROWS)
+    # One renderer: the first table and its source lines are capabilities.render_matrix's.
+    matrix = capabilities.render_matrix(targets.names(), MATRIX_ROWS)
     assert targets_out.startswith(matrix)
     assert targets_out[len(matrix) :].startswith(
         "float8_e8m0fnu, a scale type and never a matmul operand, is left out.\n"

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from emulate import targets
-from emulate.compiler import cores, generation
+from emulate.compiler import cores, generation, timing
 
 
 def test_published_clocks_and_the_ones_read_off_the_schedule():
@@ -63,15 +63,18 @@ def test_seconds_for_bytes_and_for_the_matrix_units_feed():
 
 
 def test_the_calibration_applies_only_where_recorded(monkeypatch):
-    monkeypatch.setattr(
-        cores,
-        "calibrations",
-        lambda: {"tpu_v5e": {"cycles_per_bundle": 1.25, "hbm_efficiency": 0.8, "source": "3 rows"}},
-    )
+    found = {"cycles_per_bundle": 1.25, "hbm_efficiency": 0.8, "dma_latency_s": 4e-7,
+             "dispatch_seconds": 6e-4, "source": "3 rows"}  # fmt: skip
+    monkeypatch.setattr(cores, "calibrations", lambda: {"tpu_v5e": found})
     g = generation("tpu_v5e")
     assert (g.cycles_per_bundle, g.hbm_efficiency, g.calibration) == (1.25, 0.8, "3 rows")
+    assert (g.dma_latency_s, g.dispatch_seconds) == (4e-7, 6e-4)
+    m = timing.machine(g)
+    assert (m.cycles_per_bundle, m.dma_latency_s) == (1.25, 4e-7)
+    assert m.hbm_bytes_per_second == pytest.approx(0.8 * g.hbm_bytes_per_second)
     raw = generation("tpu_v5e", calibrated=False)
     assert (raw.cycles_per_bundle, raw.hbm_efficiency, raw.calibration) == (1.0, 1.0, "")
+    assert (raw.dma_latency_s, raw.dispatch_seconds) == (0.0, 0.0)
     assert generation("tpu_v4").calibration == ""
 
 

@@ -92,6 +92,25 @@ def test_a_wait_stalls_until_its_dma_lands():
     assert late.stall_cycles == pytest.approx(10 + 100 - 21)
 
 
+def test_a_round_trip_overlaps_the_transfers_in_flight():
+    # two DMAs of 100 granules issued in bundles 0 and 1, then waited for in turn; 100
+    # cycles of round trip each: A lands at 1000 + 100, B's bytes follow A's on the HBM
+    # timeline (1000 -> 2000) and land at 2100: one round trip is paid, not two
+    text = HEAD + "\n".join([
+        "     0   :  { %1 = dma.hbm_to_vmem [thread:$0]  /*hbm=*/%s9_s9, "
+        "/*size_in_granules=*/100, /*vmem=*/%s9_s9, /*dst_syncflagno=*/[#allocation3] }",
+        "   0x1   :  { %2 = dma.hbm_to_vmem [thread:$0]  /*hbm=*/%s9_s9, "
+        "/*size_in_granules=*/100, /*vmem=*/%s9_s9, /*dst_syncflagno=*/[#allocation4] }",
+        "   0x2   :  { %3 = dma.done.wait [#allocation3], 100 }",
+        "   0x3   :  { %4 = dma.done.wait [#allocation4], 100 }",
+    ]) + "\n"  # fmt: skip
+    run = replay.replay(bundles.parse(text, "two"), _machine(dma_latency_s=1e-7))
+    assert run.stall_cycles == pytest.approx((1100 - 2) + (2100 - 1101))
+    assert run.cycles == pytest.approx(2101)
+    plain = replay.replay(bundles.parse(text, "two"), _machine())
+    assert plain.cycles == pytest.approx(2001)
+
+
 def test_a_wait_no_dma_answers_does_not_stall():
     text = HEAD + "     0   :  { %2 = dma.done.wait [#allocation3], 8 }\n"
     run = replay.replay(bundles.parse(text, "w"), _machine())

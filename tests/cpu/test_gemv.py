@@ -3,9 +3,10 @@
 project's decoder: tests/importers/test_gguf_qarray.py and test_conventions_qarray.py
 (``*cpu_kernel*``).
 
-Two weight forms only (each costs a numba compile of seconds): int4 codes packed along K
-in blocks of 32 with e8m0 scales (columns, two codes a byte), and the same with an odd K
-(the bit-stream loop, a last block of 31).
+Each weight form costs a numba compile of some 20 s on CI's 2 cores: most tests share one
+(int4 codes packed along K in blocks of 32 with e8m0 scales: columns, two codes a byte),
+each other test adds one form that no shared one covers; the breadth (more code widths, an
+odd K's bit-stream reader in the column loop) is long (EMULATE_LONG_TESTS=1).
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def _dot(x, q, dn=KN):
         return np.asarray(f(x))
 
 
-@pytest.mark.parametrize("k", [K, 63])
+# K = 63 (codes packed along K with a last block of 31: the bit-stream reader in the column
+# loop) is a second weight form, a numba compile of some 20 s: long; K = 64's form is the
+# file's shared one.
+@pytest.mark.parametrize("k", [K, pytest.param(63, marks=pytest.mark.long)])
 def test_within_the_bound_for_every_row_count(k: int) -> None:
     q, w = _weight(k)
     rng = np.random.default_rng(1)
@@ -133,10 +137,12 @@ def test_rows_as_stored_with_a_last_shorter_block() -> None:
 
 
 def test_one_signed_byte_a_code_in_columns() -> None:
-    # int8 codes (K, N), one a byte: the column loop reads the row of codes straight
+    # int8 codes (K, N), one a byte: the column loop reads the row of codes straight;
+    # float32 scales per 32 rows, the weight form of test_dequantized.py's columns (one
+    # numba compile for both; float16 scales: the rows tests here)
     rng = np.random.default_rng(8)
     codes = rng.integers(-128, 128, (K, N)).astype(np.int8)
-    scales = rng.uniform(0.01, 0.1, (2, N)).astype(np.float16)
+    scales = rng.uniform(0.01, 0.1, (2, N)).astype(np.float32)
     q = QArray.from_parts(codes, scales, block_shape=(32, 1))
     w = codes.astype(np.float64) * np.repeat(scales.astype(np.float64), 32, axis=0)
     x = rng.normal(size=(2, K)).astype(np.float32)

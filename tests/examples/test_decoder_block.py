@@ -5,6 +5,7 @@ EMULATE_LONG_TESTS=1."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import pathlib
 import subprocess
@@ -32,12 +33,24 @@ TPUS = [
     for t in targets.all_targets()
     if t.kind == "tpu"
 ]
-BLOCK, X = example.make()
-REFERENCE = jax.jit(example.decoded(BLOCK))(X).astype(jnp.float32)
+
+
+@functools.cache
+def _made() -> tuple:
+    """The example's block and input, built on first use: not at collection, which every
+    pytest-xdist worker runs."""
+    return example.make()
+
+
+@functools.cache
+def _reference() -> jax.Array:
+    block, x = _made()
+    return jax.jit(example.decoded(block))(x).astype(jnp.float32)
 
 
 @pytest.mark.parametrize("target", TPUS)
 def test_rewritten_program_holds_only_native_pairs(target):
+    BLOCK, X = _made()
     t = targets.get(target)
     before = program.sites(jax.make_jaxpr(BLOCK)(X))
     assert any(not t.supports(s.lhs_dtype, s.rhs_dtype) for s in before)
@@ -56,6 +69,7 @@ def test_rewritten_program_holds_only_native_pairs(target):
 
 @pytest.mark.parametrize("target", TPUS)
 def test_logits_agree_with_weights_decoded_up_front(target):
+    BLOCK, X = _made()
     got = jax.jit(emulate.polyfill(BLOCK, target=target))(X).astype(jnp.float32)
     assert got.shape == (16, 64)
     p = emulate.plan("bfloat16", "int4", target=target, preferred_element_type=jnp.float32)
@@ -64,13 +78,15 @@ def test_logits_agree_with_weights_decoded_up_front(target):
         "bfloat16", "float8_e4m3fn"
     ):
         # Same route as the decoded model (bf16 x bf16, f32 accumulation): the same bits.
-        np.testing.assert_array_equal(got, REFERENCE)
+        np.testing.assert_array_equal(got, _reference())
     else:
         # f32 route (v2/v3) or XLA's own bf16 x fp8 dot (v7+): f32 sums in another order.
-        np.testing.assert_allclose(got, REFERENCE, atol=0.05, rtol=0.02)
+        np.testing.assert_allclose(got, _reference(), atol=0.05, rtol=0.02)
 
 
 def test_grad_through_the_polyfilled_block():
+    BLOCK, X = _made()
+
     def loss(model, x):
         return jnp.sum(model(x).astype(jnp.float32) ** 2)
 
@@ -83,6 +99,7 @@ def test_grad_through_the_polyfilled_block():
 
 
 def test_inspect_lists_every_site():
+    BLOCK, X = _made()
     report = emulate.inspect(BLOCK, X, target="tpu_v4")
     assert len(report.rows) == 9 and len(report.emulated) == 7
     kinds = sorted({(r.lhs, r.rhs, r.status) for r in report.rows})

@@ -18,7 +18,7 @@ from emulate.kvcache import KVCache
 class _Model(nnx.Module):
     def __init__(self) -> None:
         self.w = nnx.Param(jnp.full((2, 64), 0.5))
-        self.kv = emulate.flax.KVCacheVariable(KVCache.create(1, 1, 2, 64, 256, "q4_0"))
+        self.kv = emulate.flax.KVCacheVariable(KVCache.create(1, 1, 2, 64, 256, "int8"))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         cache = self.kv.get_value().write(0, x * self.w[...], x)

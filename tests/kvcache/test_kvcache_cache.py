@@ -77,12 +77,16 @@ def test_writes_store_what_emulate_quantize_gives(name) -> None:
     cache = KVCache.create(2, B, KV, HD, 600, name, **_scale_args(name))
     assert cache.capacity == 768 and cache.k.dtype == cache.format.code_dtype
     x = _rows(rng, 300)
-    step = jax.jit(lambda c, x: c.write(1, x, -x).advance(jnp.array([382, 254])))
     # then 3 tokens across a 32-row group and a 4-bit tile's halves (382..384: two runs of
-    # rows) and across a tile (254..256, sequence 1's over its own earlier ones)
-    cache = step(cache, x)
+    # rows) and across a tile (254..256, sequence 1's over its own earlier ones); both
+    # writes in one program (one compile: 4-7 s each on the CPU)
     x2 = _rows(rng, 3)
-    cache = jax.jit(lambda c, x: c.write(1, x, x).advance(3))(cache, x2)
+
+    def step(c, x, x2):
+        c = c.write(1, x, -x).advance(jnp.array([382, 254]))
+        return c.write(1, x2, x2).advance(3)
+
+    cache = jax.jit(step)(cache, x, x2)
     assert np.asarray(cache.lengths).tolist() == [385, 257]
     later = [382 + np.arange(3), 254 + np.arange(3)]
     written = [(x, [np.arange(300), np.arange(254)]), (x2, later)]
@@ -140,11 +144,11 @@ def test_a_donated_cache_is_updated_in_place() -> None:
     cache = KVCache.create(2, B, KV, HD, 256, "int8")
     x = jnp.ones((B, 1, KV, HD), jnp.float32)
     step = jax.jit(lambda c, x: c.write(1, x, x).advance(1), donate_argnums=0)
-    text = step.lower(cache, x).compile().as_text()
-    aliased = text.split("input_output_alias=", 1)[1].split("\n", 1)[0]
+    compiled = step.lower(cache, x).compile()  # called below: one compile
+    aliased = compiled.as_text().split("input_output_alias=", 1)[1].split("\n", 1)[0]
     assert aliased.count("may-alias") + aliased.count("must-alias") == 5  # every leaf
     old = cache
-    cache = step(cache, x)
+    cache = compiled(cache, x)
     assert old.k.is_deleted() and not cache.k.is_deleted()
 
 
@@ -183,13 +187,22 @@ def test_write_names_a_shape_that_does_not_fit() -> None:
 
 
 @pytest.mark.skipif(not compiler.available(), reason="libtpu is not installed")
-@pytest.mark.parametrize("name", ["int8", pytest.param("q4_0", marks=pytest.mark.long)])
-def test_a_write_moves_its_window_not_the_layer_on_v5e(name) -> None:
+@pytest.mark.parametrize(
+    ("name", "target", "batch", "kv"),
+    [
+        ("int8", "tpu_v5e", B, KV),
+        pytest.param("q4_0", "tpu_v5e", B, KV, marks=pytest.mark.long),
+        # float16 scales in a loop: 7x kept the layer's scales in VMEM and copied them in
+        # and out (0.51 of the cache accessed); at 2 sequences it does not (15 s a compile)
+        pytest.param("q4_0", "tpu_v7x", 16, 8, marks=pytest.mark.long),
+    ],
+)
+def test_a_write_moves_its_window_not_the_layer(name, target, batch, kv) -> None:
     # slicing the window at a traced row made XLA:TPU relay the whole layer out first:
     # 25.3 MB accessed to write one token into each of 2 sequences of a 4.3 MB int8 cache
-    cache = jax.eval_shape(lambda: KVCache.create(1, B, KV, 128, 4096, name))
-    x = jax.ShapeDtypeStruct((B, 1, KV, 128), jnp.bfloat16)
+    cache = jax.eval_shape(lambda: KVCache.create(1, batch, kv, 128, 4096, name))
+    x = jax.ShapeDtypeStruct((batch, 1, kv, 128), jnp.bfloat16)
     write = compiler.compile(
-        lambda c, x: c.write(0, x, x), cache, x, target="tpu_v5e", donate_argnums=0
+        lambda c, x: c.write(0, x, x), cache, x, target=target, donate_argnums=0
     )
-    assert write.cost_analysis()["bytes accessed"] < 0.5 * cache.nbytes
+    assert write.cost_analysis()["bytes accessed"] < 0.2 * cache.nbytes

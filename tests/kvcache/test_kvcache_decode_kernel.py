@@ -51,7 +51,7 @@ def test_the_kernel_is_within_the_bound_of_the_dequantized_cache(case) -> None:
 
 
 def test_a_nan_scale_among_the_visible_tokens_makes_its_heads_nan() -> None:
-    _interpret(("int8", 128, 1, 2, 256, 256), [40, 1], special="nan")
+    _interpret(_CASES[1], [40, 1], special="nan")  # the int8 case's program: no new compile
 
 
 def test_a_sequence_that_sees_nothing_gives_zero() -> None:
@@ -68,15 +68,17 @@ def _specs_of(name: str, batch: int, kv: int, g: int, hd: int, cap: int) -> tupl
     "name", ["q4_0", *(pytest.param(n, marks=pytest.mark.long) for n in ("int8", "bfloat16"))]
 )
 def test_the_kernel_reads_each_stored_byte_once(name) -> None:
-    batch, kv, g, hd, cap = 4, 8, 4, 128, 4096
+    batch, kv, g, hd, cap = 2, 8, 4, 128, 4096
     q, cache = _specs_of(name, batch, kv, g, hd, cap)
 
     def fn(q, cache):
         with emulate.use_route("kernel"):
             return attention(q, cache, 1, target="tpu_v5e")
 
-    full = np.full((batch,), cap, np.int32)
-    got = kernel_traffic(fn, (q, cache), "tpu_v5e", prefetch=lambda eqn: (full, np.array([1])))
+    # sequence 1 half full: its blocks past the length are not read (one count:
+    # each traces the kernel and evaluates its index maps, 6 s)
+    seen = np.array([cap, cap // 2], np.int32)
+    got = kernel_traffic(fn, (q, cache), "tpu_v5e", prefetch=lambda eqn: (seen, np.array([1])))
     stored = (
         sum(
             a.size * a.dtype.itemsize
@@ -85,13 +87,10 @@ def test_the_kernel_reads_each_stored_byte_once(name) -> None:
         )
         // 2
     )  # one layer of two
+    visible = stored * 3 // 4  # the stored bytes of the visible tokens
     x_and_out = batch * kv * g * hd * (4 + 2)  # f32 queries in, bf16 out
     assert got["calls"] == 1
-    assert got["bytes"] <= 1.005 * stored + x_and_out
-    # half the tokens: half the blocks read
-    half = np.full((batch,), cap // 2, np.int32)
-    got = kernel_traffic(fn, (q, cache), "tpu_v5e", prefetch=lambda eqn: (half, np.array([1])))
-    assert got["read"] <= 0.51 * stored + x_and_out
+    assert visible <= got["read"] and got["bytes"] <= 1.005 * visible + x_and_out
 
 
 # The real compiler: a small layer (2 KV heads of 128, 4 query heads each, 1024 tokens).

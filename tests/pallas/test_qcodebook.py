@@ -6,7 +6,8 @@ float64 rounded once to float32 (as the checkpoints' decoders compute them), con
 emulate.reference; permutations applied by numpy indexing. NF4 (a float32 table, bf16
 pieces) within gamma_(K + S + 4) of the exact sum; IQ4_NL with int8 activations (exact,
 act-order along K and N) bit for bit, against the oracle and emulate.dot_general; an
-int16 table at K = 1 (columns stored permuted) bit for bit, and its gradient.
+int16 table at K = 1 (columns stored permuted) bit for bit, and its gradient; the word
+step's decode of NF4 codes (qcodebook.table_tiles) against the table bit for bit.
 
 Each case compiles one kernel in interpret mode (about 2 s); the f16-table and prepared
 weight, 256-entry table cases run under EMULATE_LONG_TESTS=1 (marked long).
@@ -14,6 +15,7 @@ weight, 256-entry table cases run under EMULATE_LONG_TESTS=1 (marked long).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -25,7 +27,7 @@ import pytest
 import emulate
 import emulate.pallas
 from emulate import bounds, codebooks, formats, reference, targets
-from emulate.pallas import qcodebook
+from emulate.pallas import qcodebook, words
 
 DN = (((1,), (0,)), ((), ()))
 
@@ -226,3 +228,27 @@ def test_a_table_with_nan_or_inf_is_refused():
         r"\(Codebook\(table, 16 x float32\) has NaN or Inf entries\); use emulate.dot_general",
     ):
         emulate.pallas.matmul(np.ones((8, 256), ml_dtypes.bfloat16), q, target="tpu_v5e")
+
+
+@pytest.mark.parametrize("to, piece_order", [("bfloat16", False), ("float32", True)])
+def test_table_tiles_are_the_nf4_table_bit_for_bit(to, piece_order):
+    # NF4's float32 entries (bitsandbytes' table, emulate.codebooks) for every code at every
+    # nibble: three bfloat16 pieces summing to the entry exactly (bf16 routes), or the entry
+    # in f32 in piece order (v2 / v3)
+    r, c = np.meshgrid(np.arange(256), np.arange(256), indexing="ij")
+    codes = ((r + c) % 16).astype(np.uint8)  # every code at every nibble of a word
+    x_format = formats.get("bfloat16" if to == "bfloat16" else "float32")
+    kc = qcodebook.kernel_codebook(codebooks.NF4, "uint4", x_format, targets.get("tpu_v5e"))
+    decode = jax.jit(
+        functools.partial(
+            qcodebook.table_tiles, kc=kc, to=to, interpret=True, piece_order=piece_order
+        )
+    )
+    data = emulate.pallas.prepare_weight(codes, "uint4").data
+    tiles = [np.asarray(t) for t in decode(jax.jit(words.words)(jnp.asarray(data)))]
+    assert len(tiles) == (3 if to == "bfloat16" else 1)
+    assert all(t.dtype == np.dtype(to) for t in tiles)
+    want = codebooks.NF4.array().astype(np.float32)[codes].astype(np.float64)
+    if piece_order:
+        want = want[words.piece_rows(256)]
+    np.testing.assert_array_equal(sum(t.astype(np.float64) for t in tiles), want)

@@ -4,7 +4,11 @@ of its decodes (f32 and a pack: v5e; bfloat16 arithmetic: v6e; piece order and f
 activations: v2 and f32 x): bit for bit against an exact float64 oracle where every
 partial sum is exact (integer-valued activations, power-of-two scales, zero points,
 two-level scales and mins, a ragged K, N and last tile, two K steps), within the bound of
-emulate.bounds otherwise, NaN scales kept in their column; which calls take the step."""
+emulate.bounds otherwise, NaN scales kept in their column; float4_e2m1fn weights (MXFP4,
+NVFP4: every code at every nibble of a word, e8m0 scales 2**-127 and NaN, e4m3 scales at
+their largest, subnormal and NaN, a tensor scale) bit for bit against emulate.reference's
+values; NF4 (a 16-entry table) within the bound; which calls take the step. The real
+compiler compiles the MXFP4 and NVFP4 steps in tests/test_tpu_compile.py (qarray-fp4-*)."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import pytest
 
 import emulate
 import emulate.pallas
-from emulate import bounds, codebooks, compiler, formats
+from emulate import bounds, codebooks, compiler, formats, reference
 from emulate.pallas import matmul_args, matmul_config, word_step
 
 DN = (((1,), (0,)), ((), ()))
@@ -124,24 +128,43 @@ def test_exact_sums_are_bit_for_bit(kind, target, shape):
     np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
+def _nf4(k, n, rng):
+    """A bitsandbytes NF4 QArray (uint4 codes into the NF4 table, every code at every
+    nibble of a word; f32 absmax per 64 rows) and its values from emulate.reference."""
+    r, c = np.meshgrid(np.arange(k), np.arange(n), indexing="ij")
+    codes = ((r + c) % 16).astype(ml_dtypes.uint4)
+    absmax = rng.uniform(1e-3, 2.0, (k // 64, n)).astype(np.float32)
+    q = emulate.QArray.from_parts(
+        emulate.pack(codes, axis=0), absmax, block_shape=(64, 1), codebook=codebooks.NF4
+    )
+    table = codebooks.NF4.array().astype(np.float32)[codes.astype(np.uint8)]
+    return q, reference.dequantize(table, absmax, (64, 1), exact=True)
+
+
 @pytest.mark.parametrize(
-    "x_dtype, target",
-    [("bfloat16", "tpu_v5e"), pytest.param("float32", "tpu_v5e", marks=pytest.mark.long)],
+    "kind, x_dtype, target",
+    [
+        ("nf4", "bfloat16", "tpu_v5e"),  # a select tree per nibble, three bf16 pieces
+        pytest.param("awq", "bfloat16", "tpu_v5e", marks=pytest.mark.long),
+        pytest.param("awq", "float32", "tpu_v5e", marks=pytest.mark.long),
+    ],
 )
-def test_float_scales_and_activations_are_within_the_bound(x_dtype, target):
+def test_float_scales_and_activations_are_within_the_bound(kind, x_dtype, target):
     rng = np.random.default_rng(3)
-    m, k, n = 4, 1024, 256
-    w, wv = _awq(k, n, 128, rng, pow2=False)
+    m, k, n = 4, 256 if kind == "nf4" else 1024, 256  # NF4: one tile (a smaller program)
+    w, wv = _nf4(k, n, rng) if kind == "nf4" else _awq(k, n, 128, rng, pow2=False)
     x = rng.standard_normal((m, k)).astype(np.dtype(formats.get(x_dtype).dtype))
     p = emulate.pallas.prepare_weight(w)
     cfg = _config(x, p, target)
     assert cfg.word_step and word_step.piece_order(cfg) == (x_dtype == "float32")
     got = np.asarray(emulate.pallas.matmul(x, p, target=target, out_dtype="float32"))
     xf = np.asarray(x, np.float64)
-    bound = bounds.qarray_bound(xf, wv, DN, segments=k // 128, route="pallas")
+    segments = k // (64 if kind == "nf4" else 128)
+    bound = bounds.qarray_bound(xf, wv, DN, segments=segments, route="pallas")
     assert np.all(np.abs(got - xf @ wv) <= bound)
 
 
+@pytest.mark.long  # NaN scales of the e2m1 weights run by default (below)
 def test_a_nan_scale_stays_in_its_column():
     rng = np.random.default_rng(4)
     w, wv = _awq(512, 256, 32, rng)
@@ -174,7 +197,19 @@ def test_which_calls_take_the_word_step():
     nf4 = emulate.QArray.from_parts(
         q.codes, np.ones((8, 256), np.float32), block_shape=(64, 1), codebook=codebooks.NF4
     )
-    assert not _config(x1, emulate.pallas.prepare_weight(nf4), "tpu_v5e").word_step  # a table
+    assert _config(x1, emulate.pallas.prepare_weight(nf4), "tpu_v5e").word_step  # a table
+    e2m1 = emulate.Packed(q.codes.data, "float4_e2m1fn", -2, 512)  # its bytes as e2m1 codes
+    mx = emulate.QArray.from_parts(
+        e2m1, np.ones((16, 256), ml_dtypes.float8_e8m0fnu), block_shape=(32, 1)
+    )
+    assert _config(x1, emulate.pallas.prepare_weight(mx), "tpu_v5e").word_step
+    nv = emulate.QArray.from_parts(
+        e2m1, np.ones((32, 256), ml_dtypes.float8_e4m3fn), block_shape=(16, 1),
+        tensor_scale=np.float32(2),
+    )  # fmt: skip
+    nv = emulate.pallas.prepare_weight(nv)
+    assert _config(_int_x(32, 512, rng), nv, "tpu_v5e").word_step  # 8 groups a dot x 32
+    assert not _config(_int_x(48, 512, rng), nv, "tpu_v5e").word_step
 
 
 @pytest.mark.parametrize("target", ["tpu_v2", pytest.param("tpu_v3", marks=pytest.mark.long)])
@@ -195,3 +230,72 @@ def test_float32_activations_compile_with_the_blocks_the_config_picks(target):
             lambda x, w: emulate.pallas.matmul(x, w, out_dtype="float32"),
             jax.ShapeDtypeStruct(x.shape, x.dtype), w, target=target,
         )  # fmt: skip
+
+
+def _every_e2m1_code(k: int, n: int) -> np.ndarray:
+    """(k, n) float4_e2m1fn codes: column ``c`` holds code ``(r + c) % 16`` at row ``r``,
+    so every code sits at every row of a word-order tile (every nibble of every word)."""
+    r, c = np.meshgrid(np.arange(k), np.arange(n), indexing="ij")
+    return ((r + c) % 16).astype(np.uint8)
+
+
+def _e2m1_qarray(codes, scales, group, tensor_scale=None):
+    """A QArray of e2m1 ``codes`` (uint8) packed along K, ``scales`` per ``group`` rows,
+    and its exact values from emulate.reference (float64, no rounding)."""
+    e2m1 = codes.view(ml_dtypes.float4_e2m1fn)
+    q = emulate.QArray.from_parts(
+        emulate.pack(e2m1, axis=0), scales, block_shape=(group, 1), tensor_scale=tensor_scale
+    )
+    wv = reference.dequantize(e2m1, scales, (group, 1), exact=True)
+    return q, wv
+
+
+def _x4(m, k, rng) -> np.ndarray:
+    """bf16 multiples of 4 (-16 .. 16): every group's partial sum an even integer, so a
+    2**-127 scale gives a normal f32 product."""
+    return (4 * rng.integers(-4, 5, (m, k))).astype(ml_dtypes.bfloat16)
+
+
+def test_mxfp4_every_code_and_e8m0_scale_are_bit_for_bit():
+    # e8m0 scales 2**-2 .. 2**2, a column of 2**-127 (code 0x00: two normal factors,
+    # 2**-64 and 2**-63) and a NaN (0xFF) group: the exact sum rounded once to f32; the
+    # bf16 pack decode of TPU v5e
+    k, n, m = 256, 256, 2
+    rng = np.random.default_rng(11)
+    bits = (127 + rng.integers(-2, 3, (k // 32, n))).astype(np.uint8)
+    bits[:, 5] = 0x00
+    bits[3, 9] = 0xFF
+    q, wv = _e2m1_qarray(_every_e2m1_code(k, n), bits.view(ml_dtypes.float8_e8m0fnu), 32)
+    x = _x4(m, k, rng)
+    p = emulate.pallas.prepare_weight(q)
+    assert _config(x, p, "tpu_v5e").word_step
+    got = np.asarray(emulate.pallas.matmul(x, p, target="tpu_v5e", out_dtype="float32"))
+    with np.errstate(invalid="ignore"):
+        want = (np.asarray(x, np.float64) @ wv).astype(np.float32)
+    assert np.isnan(got[:, 9]).all() and np.abs(got[:, 5]).max() < 2.0**-110
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+def test_nvfp4_e4m3_scales_and_tensor_scale_are_bit_for_bit():
+    # e4m3 scales in [0.25, 4] (4 significant bits: every group's sum times its scale is
+    # exact), a column at the largest (448), one of subnormals (k * 2**-9), a NaN group,
+    # and a tensor scale of 0.75 applied to the f32 sum once; the bfloat16-arithmetic
+    # decode of TPU v6e
+    k, n, m = 256, 128, 2
+    rng = np.random.default_rng(12)
+    values = reference.decode(np.arange(256, dtype=np.uint8), "float8_e4m3fn", to=np.float64)
+    usual = np.flatnonzero((values >= 0.25) & (values <= 4)).astype(np.uint8)
+    bits = rng.choice(usual, (k // 16, n))
+    bits[:, 3] = 0x7E  # 448
+    bits[:, 7] = rng.integers(1, 8, k // 16)  # subnormals
+    bits[2, 11] = 0x7F  # NaN
+    scales = bits.view(ml_dtypes.float8_e4m3fn)
+    q, wv = _e2m1_qarray(_every_e2m1_code(k, n), scales, 16, tensor_scale=np.float32(0.75))
+    x = _x4(m, k, rng)
+    p = emulate.pallas.prepare_weight(q)
+    assert _config(x, p, "tpu_v6e").word_step
+    got = np.asarray(emulate.pallas.matmul(x, p, target="tpu_v6e", out_dtype="float32"))
+    with np.errstate(invalid="ignore"):
+        want = ((np.asarray(x, np.float64) @ wv) * 0.75).astype(np.float32)
+    assert np.isnan(got[:, 11]).all() and not np.isnan(np.delete(got, 11, axis=1)).any()
+    np.testing.assert_array_equal(_bits(got), _bits(want))

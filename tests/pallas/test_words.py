@@ -2,7 +2,9 @@
 definition written out in numpy (tests/pallas/test_pallas_weights.py checks the bytes of
 the layout itself): every decode (bfloat16 arithmetic, f32 and a pack, piece order),
 signed and unsigned codes, static and per-group zero points, bit for bit; the codes back
-in K order; the interpret-mode pack and the piece order's permutation of x."""
+in K order; the interpret-mode pack and the piece order's permutation of x; float4_e2m1fn
+codes (every code at every nibble) against emulate.reference, bit for bit (NF4's table:
+tests/pallas/test_qcodebook.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 
 import emulate.pallas
+import emulate.reference
 from emulate.pallas import words
 
 
@@ -102,3 +105,28 @@ def test_pack_rows_interleaves_rows_as_bfloat16():
     want = np.stack([a, b], axis=1).reshape(16, 128).astype(ml_dtypes.bfloat16)
     assert got.dtype == ml_dtypes.bfloat16
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def _every_code_at_every_position() -> np.ndarray:
+    """(256, 256) codes: column ``c`` holds code ``(r + c) % 16`` at row ``r``, so each of
+    the 16 codes takes every row of the tile (every nibble of every word) in some column."""
+    r, c = np.meshgrid(np.arange(256), np.arange(256), indexing="ij")
+    return ((r + c) % 16).astype(np.uint8)
+
+
+@pytest.mark.parametrize(
+    "to, bf16_vpu, piece_order",
+    [("bfloat16", False, False), ("bfloat16", True, False), ("float32", False, True)],
+)
+def test_e2m1_tiles_are_every_code_bit_for_bit(to, bf16_vpu, piece_order):
+    # the oracle: ml_dtypes' float4_e2m1fn values of the codes (emulate.reference),
+    # compared as bits: code 8 is -0 and must stay so
+    codes = _every_code_at_every_position()
+    opts = dict(signed=False, to=to, bf16_vpu=bf16_vpu, interpret=True, e2m1=True)
+    got = np.asarray(_jit(words.tile_values, piece_order=piece_order, **opts)(_tiles(codes)))
+    want = emulate.reference.decode(codes, "float4_e2m1fn", to=np.float64)
+    if piece_order:
+        want = want[words.piece_rows(256)]
+    assert got.dtype == np.dtype(to)
+    want = want.astype(got.dtype)
+    np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), want.view(f"u{want.itemsize}"))

@@ -498,10 +498,11 @@ def promoted(*types: FormatLike) -> str | None:
 
 
 def xla_result(f: Format) -> bool:
-    """Whether an XLA dot or convolution can return ``f``: a type XLA holds, a byte or
-    wider. XLA's verifier refuses a sub-byte result (int4, uint4, float4_e2m1fn: "does not
-    support custom element sizes", jax 0.10.2, lax's own call included); float6 has no XLA
-    type at all. The front ends refuse both with a ValueError before XLA sees them."""
+    """Whether XLA's own dot or convolution can return ``f``: a type XLA holds, a byte or
+    wider. XLA:CPU's verifier refuses a sub-byte result (int4, uint4, float4_e2m1fn: "does
+    not support custom element sizes", jax 0.10.2, lax's own call included); float6 has
+    no XLA type at all. The front ends pass no such call through to JAX: emulate's route
+    rounds the sum into a sub-byte type (float6: a ValueError)."""
     return f.xla_storable and f.bits >= 8
 
 

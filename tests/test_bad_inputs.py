@@ -32,7 +32,6 @@ from emulate import cli, mx, reference
 
 DN = (((1,), (0,)), ((), ()))
 I8 = np.ones((4, 8), np.int8)
-F4 = ml_dtypes.float4_e2m1fn
 W8 = np.ones((8, 4), np.int8)
 X = np.ones((64, 32), np.float32)
 IMG = np.ones((2, 8, 8, 3), ml_dtypes.float8_e4m3fn)  # NHWC
@@ -477,35 +476,9 @@ CASES = [
         r"^dimension_numbers: emulate\.pallas\.dot contracts 2-D tiles without batch "
         r"dimensions, got batch dimensions \(0,\) and \(0,\)",
     ),
-    # issue 49: sub-byte result types reached XLA's verifier ("does not support custom
-    # element sizes", a JaxRuntimeError, as lax's own call); None operands were read as
-    # arrays of rank 0 and blamed on the dimension numbers
-    *(
-        (
-            f"float4_e2m1fn preferred_element_type on {name} (cpu pass-through)",
-            call,
-            ValueError,
-            r"^preferred_element_type: the result type would be float4_e2m1fn, which XLA cannot "
-            r"hold; pass a wider preferred_element_type \(e\.g\. jnp\.float32 or "
-            r"jnp\.bfloat16\)$",
-        )
-        for name, call in (
-            ("dot_general", lambda: emulate.dot_general(X, X.T, DN, preferred_element_type=F4)),
-            (
-                "ragged_dot",
-                lambda: emulate.ragged_dot(X, X.T[None], np.array([64]), preferred_element_type=F4),
-            ),
-        )
-    ),
-    (
-        "pallas.matmul out_dtype=float4_e2m1fn",
-        lambda: emulate.pallas.matmul(
-            np.ones((8, 8), jnp.bfloat16), I8.T, out_dtype=ml_dtypes.float4_e2m1fn, target="tpu_v4"
-        ),
-        ValueError,
-        r"^out_dtype: the result type would be float4_e2m1fn, which XLA cannot hold; pass "
-        r"out_dtype \(e\.g\. jnp\.float32\)$",
-    ),
+    # issue 49: an integer sub-byte result of floats reached XLA's verifier ("does not
+    # support custom element sizes", a JaxRuntimeError, as lax's own call); None operands
+    # were read as arrays of rank 0 and blamed on the dimension numbers
     (
         "int4 preferred_element_type of float operands",
         lambda: emulate.ragged_dot(X, X.T[None], np.array([64]), preferred_element_type=jnp.int4),
@@ -1014,3 +987,18 @@ def test_an_empty_flax_linear_quantizes_and_runs_as_flax(scheme, features):
     got = emulate.flax.quantize_model(layer, scheme)(x)
     assert (got.dtype, got.shape) == (want.dtype, want.shape)
     assert np.asarray(got).tolist() == np.asarray(want).tolist()
+
+
+def test_a_float4_result_of_plain_operands_is_the_sum_rounded_once():
+    # issue 49: lax's own call (and emulate's pass-through) failed in XLA's verifier ("does
+    # not support custom element sizes"); emulate's route rounds the exact f32 sum to e2m1
+    x = np.array([[1.25, 1.25, 1.25], [0.5, 0.25, 0.0]], np.float32)
+    w = np.ones((3, 2), np.float32)
+    want = (x.astype(np.float64) @ w).astype(ml_dtypes.float4_e2m1fn)  # 3.75 -> 4, 0.75 -> 1
+    f4 = ml_dtypes.float4_e2m1fn
+    for got in (
+        emulate.dot_general(x, w, DN, preferred_element_type=f4),
+        emulate.ragged_dot(x, w[None], np.array([2]), preferred_element_type=f4),
+    ):
+        assert got.dtype == f4
+        assert np.asarray(got).view(np.uint8).tolist() == want.view(np.uint8).tolist()

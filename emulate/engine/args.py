@@ -242,7 +242,7 @@ def result_types(
         return out.name, None
     wrap = unplanned_integer_result(pet, a, b)
     out = formats.result_format(a.format, b.format, "int32" if wrap is not None else pet)
-    if not formats.xla_result(out):
+    if not out.xla_storable:
         raise ValueError(
             f"preferred_element_type: the result type would be {out.name}, which XLA cannot "
             f"hold; pass {'a wider ' if pet else ''}preferred_element_type (e.g. jnp.float32 "

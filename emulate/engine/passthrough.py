@@ -59,8 +59,9 @@ def passes_through(
     not a low-precision float (XLA:CPU rounds a float8 dot result through float16, twice;
     emulate rounds the f32 sum once, as its contract says). False in mode "exact"
     (every covered pair gets the exact sum), for anything emulate must decode, and for a
-    ``preferred_element_type`` an XLA dot cannot return (float6, float4, int4:
-    emulate's ValueError, where JAX's call fails in XLA's verifier).
+    ``preferred_element_type`` an XLA dot cannot return (float4, int4: emulate's route
+    rounds the sum into it, where JAX's call fails in XLA's verifier; float6: emulate's
+    ValueError).
     """
     if current_mode(mode) != "fast" or lhs_format is not None or rhs_format is not None:
         return False

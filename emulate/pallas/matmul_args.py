@@ -328,7 +328,7 @@ def matmul_args(
         xf, vf, target=t, preferred_element_type="float32" if final else out_dtype
     )
     out = final or r.out
-    if not formats.xla_result(formats.get(out)):
+    if not formats.get(out).xla_storable:
         raise ValueError(
             f"out_dtype: the result type would be {r.out}, which XLA cannot hold; pass "
             "out_dtype (e.g. jnp.float32)"

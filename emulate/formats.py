@@ -50,6 +50,7 @@ __all__ = [
     "registered",
     "result_format",
     "unsigned_dtype",
+    "xla_result",
 ]
 
 
@@ -494,6 +495,15 @@ def promoted(*types: FormatLike) -> str | None:
             return None
         out = _promoted_pair(out, n)
     return out
+
+
+def xla_result(f: Format) -> bool:
+    """Whether XLA's own dot or convolution can return ``f``: a type XLA holds, a byte or
+    wider. XLA:CPU's verifier refuses a sub-byte result (int4, uint4, float4_e2m1fn: "does
+    not support custom element sizes", jax 0.10.2, lax's own call included); float6 has
+    no XLA type at all. The front ends pass no such call through to JAX: emulate's route
+    rounds the sum into a sub-byte type (float6: a ValueError)."""
+    return f.xla_storable and f.bits >= 8
 
 
 def result_format(

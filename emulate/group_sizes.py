@@ -34,11 +34,21 @@ def as_group_sizes(group_sizes: Any) -> Any:
     or tuple as a numpy array (so every route accepts what ``lax.ragged_dot`` accepts).
 
     Raises:
-      TypeError: sizes that are not integers (float, bool) or a scalar, as JAX raises,
-        naming group_sizes, what it got and what is accepted.
+      TypeError: None, or sizes that are not integers (float, bool) or a scalar, as JAX
+        raises, naming group_sizes, what it got and what is accepted.
     """
+    if group_sizes is None:
+        raise TypeError(
+            "group_sizes: expected an array of integers (the number of rows in each group), "
+            "got None"
+        )
     dtype = getattr(group_sizes, "dtype", None)
     if dtype is None:
+        if not isinstance(group_sizes, (list, tuple, int)):
+            raise TypeError(
+                "group_sizes: expected an array of integers (the number of rows in each "
+                f"group), got {type(group_sizes).__name__}"
+            )
         group_sizes = np.asarray(group_sizes)
         dtype = group_sizes.dtype
     if not jnp.issubdtype(dtype, jnp.integer):

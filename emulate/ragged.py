@@ -40,7 +40,7 @@ from emulate.engine.ragged_args import (
     ragged_shape,
 )
 from emulate.formats import FormatLike
-from emulate.group_sizes import check_group_sizes
+from emulate.group_sizes import as_group_sizes, check_group_sizes
 from emulate.quantized.array import QArray
 from emulate.routing.query import ragged_dot_route
 
@@ -155,7 +155,8 @@ def ragged_dot_general(
 
 def _plain_ragged(a: Mapping[str, Any]) -> jax.Array:
     """A call that goes to ``lax.ragged_dot_general``, after the group-size check."""
-    lhs, rhs, gs, rdn = a["lhs"], a["rhs"], a["group_sizes"], a["ragged_dot_dimension_numbers"]
+    lhs, rhs, rdn = a["lhs"], a["rhs"], a["ragged_dot_dimension_numbers"]
+    gs = as_group_sizes(a["group_sizes"])  # a list as an array, as on every route
     _check_plain_sizes(lhs, rhs, gs, rdn)
     return lax.ragged_dot_general(lhs, rhs, gs, rdn, a["precision"], a["preferred_element_type"])
 
@@ -186,12 +187,9 @@ def _xla_route(call: RaggedArgs) -> jax.Array:
 
 
 def _check_plain_sizes(lhs: Any, rhs: Any, group_sizes: Any, rdn: Any) -> None:
-    """The group-size check of a call handed to JAX, after JAX's shape rule (JAX checks
-    the rest: types, dimension numbers)."""
-    dtype = getattr(group_sizes, "dtype", None)
-    if not isinstance(rdn, lax.RaggedDotDimensionNumbers) or dtype is None:
-        return
-    if jnp.issubdtype(dtype, jnp.integer) and np.ndim(group_sizes) >= 1:
+    """The sign check of :func:`as_group_sizes`' sizes handed to JAX, after JAX's shape
+    rule (JAX checks the rest: types, dimension numbers)."""
+    if isinstance(rdn, lax.RaggedDotDimensionNumbers):
         ragged_shape(np.shape(lhs), np.shape(rhs), np.shape(group_sizes), rdn)
         check_group_sizes(group_sizes)
 

@@ -476,6 +476,45 @@ CASES = [
         r"^dimension_numbers: emulate\.pallas\.dot contracts 2-D tiles without batch "
         r"dimensions, got batch dimensions \(0,\) and \(0,\)",
     ),
+    # issue 49: an integer sub-byte result of floats reached XLA's verifier ("does not
+    # support custom element sizes", a JaxRuntimeError, as lax's own call); None operands
+    # were read as arrays of rank 0 and blamed on the dimension numbers
+    (
+        "int4 preferred_element_type of float operands",
+        lambda: emulate.ragged_dot(X, X.T[None], np.array([64]), preferred_element_type=jnp.int4),
+        TypeError,
+        r"^preferred_element_type: an integer result \(int4\) needs integer operands",
+    ),
+    *(
+        (
+            f"{fn} {arg}=None",
+            call,
+            TypeError,
+            rf"^{arg}: expected an array \(jax or numpy\), a QArray, a Packed array or uint8 "
+            rf"codes with {arg}_format=, got None$",
+        )
+        for fn, arg, call in (
+            ("dot_general", "rhs", lambda: emulate.dot_general(X, None, DN)),
+            ("dot_general", "lhs", lambda: emulate.dot_general(None, X, DN)),
+            ("ragged_dot", "rhs", lambda: emulate.ragged_dot(X, None, np.array([64]))),
+            ("ragged_dot", "lhs", lambda: emulate.ragged_dot(None, X.T[None], np.array([64]))),
+            (
+                "conv_general_dilated",
+                "rhs",
+                lambda: emulate.conv_general_dilated(IMG, None, (1, 1), "SAME"),
+            ),
+        )
+    ),
+    *(
+        (
+            f"ragged_dot group_sizes={got}",
+            lambda value=value: emulate.ragged_dot(X, X.T[None], value),
+            TypeError,
+            rf"^group_sizes: expected an array of integers \(the number of rows in each "
+            rf"group\), got {got}$",
+        )
+        for got, value in (("None", None), ("str", "64"))
+    ),
 ]
 
 
@@ -948,3 +987,18 @@ def test_an_empty_flax_linear_quantizes_and_runs_as_flax(scheme, features):
     got = emulate.flax.quantize_model(layer, scheme)(x)
     assert (got.dtype, got.shape) == (want.dtype, want.shape)
     assert np.asarray(got).tolist() == np.asarray(want).tolist()
+
+
+def test_a_float4_result_of_plain_operands_is_the_sum_rounded_once():
+    # issue 49: lax's own call (and emulate's pass-through) failed in XLA's verifier ("does
+    # not support custom element sizes"); emulate's route rounds the exact f32 sum to e2m1
+    x = np.array([[1.25, 1.25, 1.25], [0.5, 0.25, 0.0]], np.float32)
+    w = np.ones((3, 2), np.float32)
+    want = (x.astype(np.float64) @ w).astype(ml_dtypes.float4_e2m1fn)  # 3.75 -> 4, 0.75 -> 1
+    f4 = ml_dtypes.float4_e2m1fn
+    for got in (
+        emulate.dot_general(x, w, DN, preferred_element_type=f4),
+        emulate.ragged_dot(x, w[None], np.array([2]), preferred_element_type=f4),
+    ):
+        assert got.dtype == f4
+        assert np.asarray(got).view(np.uint8).tolist() == want.view(np.uint8).tolist()

@@ -687,6 +687,35 @@ def test_prepare_weights_prepares_stacked_experts_once_and_reads_them_back(route
         _same(emulate.ragged_dot(RX, tree["e"], GS), routed["xla"])
 
 
+def test_prepare_weights_returns_experts_the_grouped_kernel_refuses_unchanged():
+    # issue 49: int8 per-channel experts became a KernelQWeight the grouped kernel then
+    # refused; docs/porting.md: forms the kernel does not take come back unchanged
+    per_channel = emulate.quantize(RW[:, :32, :8], "int8", axis=1)
+    assert emulate.prepare_weights({"e": per_channel}, target=TPU)["e"] is per_channel
+    with pytest.raises(NotImplementedError) as e:
+        emulate.pallas.prepare_experts(per_channel)
+    assert str(e.value) == (
+        "w: QArray experts with scales constant along K are not built in the grouped kernel "
+        "(built: codes with scales along K, zero points, offsets and two-level scales; module "
+        "emulate.pallas.gmm_kernel); use emulate.ragged_dot"
+    )
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, E4])
+def test_a_list_of_group_sizes_is_an_array_on_every_route(dtype):
+    # issue 49: the plain pass-through handed the list to lax, which refuses it, while the
+    # emulated routes took it; a list is now the array of its sizes on both
+    x, w = (
+        _halves(np.random.default_rng(5), (6, 4), dtype),
+        _halves(np.random.default_rng(6), (2, 4, 3), dtype),
+    )
+    want = emulate.ragged_dot(x, w, jnp.array([2, 3], jnp.int32))
+    if dtype == jnp.float32:
+        _same(want, lax.ragged_dot(x, w, jnp.array([2, 3], jnp.int32)))
+    _same(emulate.ragged_dot(x, w, [2, 3]), want)
+    _same(emulate.ragged_dot(x, w, (2, 3)), want)
+
+
 # Rows stored (K, M): contracting axis 0, ragged axis 1. The XLA route's dense dot met
 # XLA:CPU's "Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32"
 # (emulate.engine.layout.dot_general), on the CPU target and tpu_v5e alike.

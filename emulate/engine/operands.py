@@ -10,7 +10,7 @@ be cut into tiles (:mod:`emulate.engine.tiled`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,7 @@ __all__ = [
     "describe",
     "exact_inputs",
     "operand",
+    "refuse_non_array",
     "xla_convert",
 ]
 
@@ -81,6 +82,21 @@ class Operand(PytreeRecord, data=("value",), static=("format_name",)):
 OperandLike: TypeAlias = jax.Array | np.ndarray | Packed | Operand
 
 
+def refuse_non_array(x: Any, arg: str) -> NoReturn:
+    """The TypeError for an operand ``arg`` that is no array: a Python scalar or list, None
+    (named as None) or any other object."""
+    if isinstance(x, (int, float, bool, complex, list, tuple)):
+        raise TypeError(
+            f"{arg}: expected an array (jax or numpy), a Packed array or uint8 codes "
+            f"with {arg}_format=, got {type(x).__name__}"
+        )
+    got = "None" if x is None else type(x).__name__
+    raise TypeError(
+        f"{arg}: expected an array (jax or numpy), a QArray, a Packed array or uint8 "
+        f"codes with {arg}_format=, got {got}"
+    )
+
+
 def operand(x: OperandLike, fmt: FormatLike | None = None, *, arg: str = "x") -> Operand:
     """Normalise an operand: an array of any registered format (jax or numpy, float6 numpy
     arrays included), ``uint8`` codes with ``fmt``, or a Packed array.
@@ -100,12 +116,7 @@ def operand(x: OperandLike, fmt: FormatLike | None = None, *, arg: str = "x") ->
             )
         return Operand(x, x.format_name)
     if not is_array(x):
-        if isinstance(x, (int, float, bool, complex, list, tuple)):
-            raise TypeError(
-                f"{arg}: expected an array (jax or numpy), a Packed array or uint8 codes "
-                f"with {arg}_format=, got {type(x).__name__}"
-            )
-        raise TypeError(f"{arg}: expected an array, got {type(x).__name__}")
+        refuse_non_array(x, arg)
     dt = np.dtype(x.dtype)
     if fmt is None and dt.name in formats.WIDE:
         return Operand(jnp.asarray(x), dt.name)

@@ -28,6 +28,10 @@ __all__ = ["PLANNED", "is_plain", "passes_through", "unplanned_integer_result"]
 PLANNED: tuple[str, ...] = formats.LOW_PRECISION + formats.WIDE_FLOATS
 
 
+#: Non-array operands handed to JAX as they are (its rules and errors).
+_JAX_VALUES = (int, float, complex, bool, np.generic, list, tuple)
+
+
 def is_plain(x: Any) -> bool:
     """Whether ``x`` is what JAX itself takes (not a QArray, Packed array, Operand or
     prepared weight)."""
@@ -46,7 +50,8 @@ def passes_through(
     """Whether a dot or convolution call goes to JAX unchanged.
 
     True in mode "fast" for plain operands (no formats given, no QArray or Packed array)
-    that are not both arrays (Python scalars, lists: JAX's rules and errors), or whose
+    that are not both arrays but values JAX takes (Python scalars, lists: JAX's rules and
+    errors; None or any other object is emulate's TypeError), or whose
     dtypes :func:`emulate.runs_as_is` on ``target`` and, where one is a low-precision
     format and both are types emulate plans for, whose plan is the native dot with no
     exact K-chunking and no host fallback (or no plan at all: a ``preferred_element_type``
@@ -54,14 +59,18 @@ def passes_through(
     not a low-precision float (XLA:CPU rounds a float8 dot result through float16, twice;
     emulate rounds the f32 sum once, as its contract says). False in mode "exact"
     (every covered pair gets the exact sum), for anything emulate must decode, and for a
-    ``preferred_element_type`` XLA cannot hold (float6: emulate's ValueError).
+    ``preferred_element_type`` an XLA dot cannot return (float4, int4: emulate's route
+    rounds the sum into it, where JAX's call fails in XLA's verifier; float6: emulate's
+    ValueError).
     """
     if current_mode(mode) != "fast" or lhs_format is not None or rhs_format is not None:
         return False
     if not (is_plain(lhs) and is_plain(rhs)):
         return False
     if not (is_array(lhs) and is_array(rhs)):
-        return True
+        # Python scalars and lists: JAX's rules and errors; None or any other object:
+        # emulate's TypeError naming the operand (JAX's plain step would read its shape).
+        return all(is_array(x) or isinstance(x, _JAX_VALUES) for x in (lhs, rhs))
     if not _xla_holds(preferred_element_type):
         return False  # emulate's ValueError, not XLA's runtime error
     la, lb = np.dtype(lhs.dtype).name, np.dtype(rhs.dtype).name
@@ -84,11 +93,12 @@ def passes_through(
 
 
 def _xla_holds(preferred_element_type: FormatLike | None) -> bool:
-    """False for a result type of emulate's formats that XLA cannot hold (float6)."""
+    """False for a result type of emulate's formats that an XLA dot cannot return (float6,
+    sub-byte types: :func:`emulate.formats.xla_result`)."""
     if preferred_element_type is None:
         return True
     try:
-        return formats.get(preferred_element_type).xla_storable
+        return formats.xla_result(formats.get(preferred_element_type))
     except (TypeError, ValueError):
         return True  # no format of emulate's: JAX's result or error
 

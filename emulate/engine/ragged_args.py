@@ -29,10 +29,12 @@ from jax import lax
 from emulate import targets
 from emulate.engine import sites
 from emulate.engine.args import DotArgs, dot_args, shape_of
-from emulate.engine.operands import OperandLike, Precision, describe
+from emulate.engine.operands import OperandLike, Precision, describe, refuse_non_array
+from emulate.engine.passthrough import is_plain
 from emulate.engine.prepared import view
 from emulate.formats import FormatLike
 from emulate.group_sizes import as_group_sizes, check_group_sizes
+from emulate.numerics.storage import is_array
 from emulate.quantized.array import QArray
 
 __all__ = ["BASIC", "MODES", "RaggedArgs", "ragged_args", "ragged_shape"]
@@ -165,6 +167,9 @@ def ragged_args(
             "ragged_dot_dimension_numbers: expected a jax.lax.RaggedDotDimensionNumbers, got "
             f"{type(rdn).__name__} {rdn!r}"
         )
+    for arg, x in (("lhs", lhs), ("rhs", rhs)):
+        if is_plain(x) and not is_array(x):
+            refuse_non_array(x, arg)  # before the shapes, which would blame the dimensions
     gs = as_group_sizes(group_sizes)
     lhs_shape, rhs_shape = (shape_of(view(x)) for x in (lhs, rhs))
     out_shape = ragged_shape(lhs_shape, rhs_shape, np.shape(gs), rdn)

@@ -51,10 +51,10 @@ from emulate import formats, targets
 from emulate.formats import FormatLike
 from emulate.group_sizes import as_group_sizes, check_group_sizes
 from emulate.numerics.storage import Packed, is_array
-from emulate.pallas import matmul_kernel
-from emulate.pallas.matmul_args import MatmulArgs, matmul_args
+from emulate.pallas import matmul_kernel, qweight
+from emulate.pallas.matmul_args import matmul_args
 from emulate.pallas.matmul_config import Config, config
-from emulate.pallas.qweight import KernelQWeight, prepare_weight
+from emulate.pallas.qweight import KernelQWeight, Scaling, prepare_weight
 from emulate.pallas.weights import KernelWeight
 from emulate.quantized.array import QArray
 from emulate.quantized.layout import layout_of
@@ -149,12 +149,12 @@ def _expert_count(w: Any) -> int:
     return shape[0]
 
 
-def _refuse_parts(a: MatmulArgs) -> None:
-    """NotImplementedError for an expert part the grouped kernel does not take."""
-    sc = a.scaling
+def _refuse_parts(codebook: bool, perm: Any, sc: Scaling | None) -> None:
+    """NotImplementedError for an expert part the grouped kernel does not take (a
+    codebook, an act-order permutation, the scaling ``sc``)."""
     parts = [
-        ("a codebook", a.codebook is not None),
-        ("an act-order permutation", a.perm is not None),
+        ("a codebook", codebook),
+        ("an act-order permutation", perm is not None),
         ("scales constant along K", sc is not None and not sc.along_k),
         ("scale blocks of several columns", sc is not None and bool(sc.columns)),
         (
@@ -291,6 +291,9 @@ def prepare_experts(w: Any, w_format: FormatLike | None = None) -> Any:
             "w: stacked experts with a tensor scale (NVFP4) are not prepared; pass the QArray "
             "itself to emulate.pallas.ragged_dot / emulate.ragged_dot, which read it as stored"
         )
+    if isinstance(w, QArray):  # what ragged_dot refuses is not laid out for it
+        p = qweight.split(w[0])
+        _refuse_parts(p.codebook is not None, p.perm, p.scaling)
     return jax.vmap(functools.partial(prepare_weight, w_format=w_format))(w)
 
 
@@ -361,7 +364,7 @@ def ragged_dot(
             msg = f"x, w, group_sizes: expected (M, K), (G, K, N) and (G,); {e}"
             raise ValueError(msg) from None
         raise
-    _refuse_parts(a)
+    _refuse_parts(a.codebook is not None, a.perm, a.scaling)
     if a.empty:
         return jnp.zeros((a.m, a.n), formats.get(a.out).dtype)
     cfg = config(

@@ -137,7 +137,7 @@ def test_a_ragged_last_k_block_is_masked_as_stored_and_prepared() -> None:
     np.testing.assert_array_equal(_bits(gmm_kernel.ragged_dot(x, p, gs, **kw)), want)
 
 
-def test_mxfp4_experts_with_bf16_rows_are_within_the_bound_and_matmuls_bits() -> None:
+def test_mxfp4_experts_with_bf16_rows_are_within_the_bound() -> None:
     rng = np.random.default_rng(7)
     q, wv = _mxfp4(rng)
     x = rng.standard_normal((M, K)).astype(ml_dtypes.bfloat16)
@@ -150,10 +150,9 @@ def test_mxfp4_experts_with_bf16_rows_are_within_the_bound_and_matmuls_bits() ->
         bound = bounds.dot_general_bound(  # 8 groups of 32 rows: S + 4 roundings more
             np.asarray(x[rows], np.float32), np.abs(wv[g]), DN, extra_terms=8 + 4
         )
+        # (not emulate.pallas.matmul's bits: it takes the word step for MXFP4, which scales
+        # group partial sums; the grouped kernel does not: both within the bound)
         assert (np.abs(got[rows] - exact) <= bound).all()
-        if size:  # the same kernel body as emulate.pallas.matmul on the expert's rows
-            one = emulate.pallas.matmul(jnp.asarray(x[rows]), q[g], **kw)
-            np.testing.assert_array_equal(_bits(got[rows]), _bits(one))
         start += size
     assert (got[start:] == 0).all() and np.count_nonzero(got[:start]) > got[:start].size // 2
 
@@ -229,7 +228,7 @@ def _nvfp4(rng) -> tuple[emulate.QArray, np.ndarray]:
 
 
 @pytest.mark.parametrize("out", ["float32", "float16"])  # the tensor scale in / after
-def test_nvfp4_experts_with_one_tensor_scale_are_within_the_bound_and_matmuls_bits(out) -> None:
+def test_nvfp4_experts_with_one_tensor_scale_are_within_the_bound(out) -> None:
     # float32: the kernel applies block and tensor scales and stores the result; float16
     # (Mosaic stores none): the tensor scale is applied to the f32 result after the kernel
     rng = np.random.default_rng(11)
@@ -247,11 +246,9 @@ def test_nvfp4_experts_with_one_tensor_scale_are_within_the_bound_and_matmuls_bi
         )
         if out == "float16":  # and the result's own rounding
             bound = bound + np.abs(exact) * 2.0**-11
+        # (not emulate.pallas.matmul's bits: it takes the word step for NVFP4; the grouped
+        # kernel does not: both within the bound)
         assert (np.abs(got[rows].astype(np.float64) - exact) <= bound).all()
-        if g == 2 and out == "float32":  # the same kernel body as pallas.matmul's (one
-            # group checked: a matmul program a row count)
-            one = emulate.pallas.matmul(jnp.asarray(x[rows]), q[g], **kw)
-            np.testing.assert_array_equal(_bits(got[rows]), _bits(one))
         start += size
     assert (got[start:] == 0).all()
     with pytest.raises(NotImplementedError, match=r"^w: stacked experts with a tensor scale"):

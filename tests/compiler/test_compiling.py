@@ -13,27 +13,13 @@ import emulate
 import emulate.pallas
 from emulate import compiler
 from emulate.mosaic import ProgramFacts, Verdict
+from tests.compiler._programs import matmul, spec
 
 MIXED = "Mosaic matmul invoked with mixed element types, but compatibility mode is disabled."
 
 
-def _spec(fmt: str, shape: tuple[int, int] = (128, 128)) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(shape, jnp.dtype(fmt))
-
-
-def _kernel(x_ref, w_ref, o_ref):
-    o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=o_ref.dtype)
-
-
-def _matmul(x, w, *, acc):
-    from jax.experimental import pallas as pl
-
-    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.dtype(acc))
-    return pl.pallas_call(_kernel, out_shape=out)(x, w)
-
-
 def _probe_fn(acc: str) -> functools.partial[jax.Array]:
-    return functools.partial(_matmul, acc=acc)
+    return functools.partial(matmul, acc=acc)
 
 
 def _for_v5e_only(x):
@@ -53,10 +39,10 @@ def test_compile_traces_for_its_target():
     (and, in test_check_with_the_other_compat_setting_runs_a_subprocess, in the
     subprocess of the other compat setting)."""
     compiled = compiler.compile(
-        _kernel_matmul, _spec("bfloat16", (8, 256)), _spec("int8", (256, 128)), target="v5e"
+        _kernel_matmul, spec("bfloat16", (8, 256)), spec("int8", (256, 128)), target="v5e"
     )
     assert 'custom_call_target="tpu_custom_call"' in compiled.as_text()
-    job = compiler.Job(_for_v5e_only, (_spec("float32"),), "tpu_v5e")
+    job = compiler.Job(_for_v5e_only, (spec("float32"),), "tpu_v5e")
     assert compiler.check_many([job]) == [Verdict(True)]
     assert emulate.current_target().name == "cpu"  # restored
 
@@ -68,7 +54,7 @@ def test_compile_runs_the_real_compiler():
     def f(x, w):
         return jax.lax.dot(x, w, preferred_element_type=jnp.int32)
 
-    compiled = compiler.compile(f, _spec("int8"), _spec("int8"), target="tpu_v4")
+    compiled = compiler.compile(f, spec("int8"), spec("int8"), target="tpu_v4")
     assert isinstance(compiled, jax.stages.Compiled)
     assert compiled.cost_analysis()["flops"] > 0
     assert "dot" in compiled.as_text()
@@ -96,22 +82,22 @@ def test_compile_donates_a_kv_cache():
 
 def test_compile_raises_the_compilers_error():
     with pytest.raises(Exception, match="Unsupported matmul RHS type on target"):
-        compiler.compile(_probe_fn("int32"), _spec("int8"), _spec("int8"), target="tpu_v4")
+        compiler.compile(_probe_fn("int32"), spec("int8"), spec("int8"), target="tpu_v4")
 
 
 def test_compile_rejects_leaves_without_shape():
     with pytest.raises(TypeError, match=r"^arg_specs: expected leaves with shape and dtype"):
-        compiler.compile(_probe_fn("float32"), 3, _spec("float32"), target="tpu_v4")
+        compiler.compile(_probe_fn("float32"), 3, spec("float32"), target="tpu_v4")
 
 
 def test_check_in_process_gives_a_verdict():
     assert compiler.compat_mode() is True  # this process: libtpu's default
-    ok = compiler.check(_probe_fn("float32"), _spec("float32"), _spec("float32"), target="v2")
+    ok = compiler.check(_probe_fn("float32"), spec("float32"), spec("float32"), target="v2")
     assert ok == Verdict(True)
     assert ok.verdict == "compiles"
     # the one-block kernel: its custom call, nothing else
     assert ok.program == ProgramFacts(tpu_custom_calls=1, xla_contractions=0, temp_bytes=0)
-    refused = compiler.check(_probe_fn("int32"), _spec("int8"), _spec("int8"), target="v4")
+    refused = compiler.check(_probe_fn("int32"), spec("int8"), spec("int8"), target="v4")
     assert refused.verdict == "refused"
     assert refused.stage == "compile"
     assert refused.message == (
@@ -124,25 +110,25 @@ def test_check_in_process_gives_a_verdict():
 
 def test_check_with_the_other_compat_setting_runs_a_subprocess():
     jobs = [
-        compiler.Job(_probe_fn("float32"), (_spec("bfloat16"), _spec("int8")), "tpu_v5e"),
-        compiler.Job(_probe_fn("float32"), (_spec("float8_e4m3fn"),) * 2, "tpu_v5e"),
-        compiler.Job(_for_v5e_only, (_spec("float32"),), "tpu_v5e"),  # traced for its target
+        compiler.Job(_probe_fn("float32"), (spec("bfloat16"), spec("int8")), "tpu_v5e"),
+        compiler.Job(_probe_fn("float32"), (spec("float8_e4m3fn"),) * 2, "tpu_v5e"),
+        compiler.Job(_for_v5e_only, (spec("float32"),), "tpu_v5e"),  # traced for its target
     ]
     mixed, fp8, traced = compiler.check_many(jobs, compat=False)
     assert (mixed.ok, mixed.stage, mixed.message) == (False, "compile", MIXED)
     assert fp8 == traced == Verdict(True)
     with pytest.raises(TypeError, match=r"^fn: compiling with compat=False runs in a subprocess"):
-        compiler.check(lambda x: x, _spec("float32"), target="tpu_v5e", compat=False)
+        compiler.check(lambda x: x, spec("float32"), target="tpu_v5e", compat=False)
 
 
 def test_check_both_compiles_each_setting():
-    job = compiler.Job(_probe_fn("float32"), (_spec("bfloat16"), _spec("int8")), "tpu_v5e")
+    job = compiler.Job(_probe_fn("float32"), (spec("bfloat16"), spec("int8")), "tpu_v5e")
     got = compiler.check_both({True: [job], False: [job]})
     assert got[True] == [Verdict(True)]
     assert [(v.ok, v.message) for v in got[False]] == [(False, MIXED)]
 
 
 def test_check_many_names_a_target_without_a_device_before_compiling():
-    job = compiler.Job(_probe_fn("float32"), (_spec("float32"),) * 2, "tpu_v7")
+    job = compiler.Job(_probe_fn("float32"), (spec("float32"),) * 2, "tpu_v7")
     with pytest.raises(ValueError, match=r"^target: libtpu .* offers no compile-only topology"):
         compiler.check_many([job], compat=False)

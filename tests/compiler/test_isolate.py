@@ -9,29 +9,14 @@ import sys
 import types
 
 import jax
-import jax.numpy as jnp
 import pytest
 
 from emulate import compiler
 from emulate.compiler import isolate
 from emulate.mosaic import ProgramFacts, Verdict
+from tests.compiler._programs import matmul, spec
 
 MIXED = "Mosaic matmul invoked with mixed element types, but compatibility mode is disabled."
-
-
-def _spec(fmt: str, shape: tuple[int, int] = (128, 128)) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(shape, jnp.dtype(fmt))
-
-
-def _kernel(x_ref, w_ref, o_ref):
-    o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=o_ref.dtype)
-
-
-def _matmul(x, w, *, acc):
-    from jax.experimental import pallas as pl
-
-    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.dtype(acc))
-    return pl.pallas_call(_kernel, out_shape=out)(x, w)
 
 
 def _abort(x: jax.Array) -> jax.Array:
@@ -48,11 +33,11 @@ def test_child_env_sets_the_flag_once():
 
 
 def test_a_subprocess_compiles_with_the_other_setting_and_survives_a_crash():
-    acc = functools.partial(_matmul, acc="float32")
+    acc = functools.partial(matmul, acc="float32")
     jobs = [
-        compiler.Job(acc, (_spec("bfloat16"), _spec("int8")), "tpu_v5e"),
-        compiler.Job(_abort, (_spec("float32"),), "tpu_v5e"),
-        compiler.Job(acc, (_spec("float8_e4m3fn"),) * 2, "v5e"),
+        compiler.Job(acc, (spec("bfloat16"), spec("int8")), "tpu_v5e"),
+        compiler.Job(_abort, (spec("float32"),), "tpu_v5e"),
+        compiler.Job(acc, (spec("float8_e4m3fn"),) * 2, "v5e"),
     ]
     mixed, crashed, fp8 = isolate.compile_isolated(jobs, compat=False)
     assert (mixed.ok, mixed.stage, mixed.message) == (False, "compile", MIXED)
@@ -70,13 +55,13 @@ def _pid(x: jax.Array) -> jax.Array:
 
 
 def test_the_subprocess_is_kept_for_later_calls_and_replaced_after_a_crash():
-    pid = compiler.Job(_pid, (_spec("float32"),), "tpu_v5e")
+    pid = compiler.Job(_pid, (spec("float32"),), "tpu_v5e")
     (first,) = isolate.compile_isolated([pid], compat=False)
     (again,) = isolate.compile_isolated([pid], compat=False)
     assert (first.stage, again.message) == ("lower", first.message)
     assert first.message != f"pid {os.getpid()}"
     before, crashed, after = isolate.compile_isolated(
-        [pid, compiler.Job(_abort, (_spec("float32"),), "tpu_v5e"), pid], compat=False
+        [pid, compiler.Job(_abort, (spec("float32"),), "tpu_v5e"), pid], compat=False
     )
     assert before.message == first.message
     assert crashed.stage == "crash"
@@ -86,7 +71,7 @@ def test_the_subprocess_is_kept_for_later_calls_and_replaced_after_a_crash():
 
 
 def test_an_interrupted_call_leaves_no_verdicts_to_the_next(monkeypatch):
-    pid = compiler.Job(_pid, (_spec("float32"),), "tpu_v5e")
+    pid = compiler.Job(_pid, (spec("float32"),), "tpu_v5e")
     (first,) = isolate.compile_isolated([pid], compat=False)
 
     class Interrupted(Exception):
@@ -96,7 +81,7 @@ def test_an_interrupted_call_leaves_no_verdicts_to_the_next(monkeypatch):
         raise Interrupted
 
     mixed = compiler.Job(
-        functools.partial(_matmul, acc="float32"), (_spec("bfloat16"), _spec("int8")), "v5e"
+        functools.partial(matmul, acc="float32"), (spec("bfloat16"), spec("int8")), "v5e"
     )
     with monkeypatch.context() as m:
         m.setattr(isolate, "json", types.SimpleNamespace(loads=loads))
@@ -110,7 +95,7 @@ def test_an_interrupted_call_leaves_no_verdicts_to_the_next(monkeypatch):
 
 def test_a_subprocess_needs_fn_by_reference():
     with pytest.raises(TypeError, match=r"^fn: compiling with compat=False runs in a subprocess"):
-        isolate.compile_isolated([compiler.Job(lambda x: x, (_spec("float32"),), "v5e")], False)
+        isolate.compile_isolated([compiler.Job(lambda x: x, (spec("float32"),), "v5e")], False)
 
 
 def test_a_subprocess_reports_a_fn_it_cannot_import(monkeypatch):
@@ -118,7 +103,7 @@ def test_a_subprocess_reports_a_fn_it_cannot_import(monkeypatch):
     exec("def f(x):\n    return x\n", module.__dict__)
     monkeypatch.setitem(sys.modules, module.__name__, module)
     with pytest.raises(TypeError) as e:
-        isolate.compile_isolated([compiler.Job(module.f, (_spec("float32"),), "v5e")], False)
+        isolate.compile_isolated([compiler.Job(module.f, (spec("float32"),), "v5e")], False)
     assert str(e.value) == (
         "fn: the compiler subprocess could not unpickle the jobs (ModuleNotFoundError: "
         "No module named 'emulate_test_only_here')"

@@ -5,6 +5,9 @@ first process that needs it, written there, and loaded by every later process th
 it (the pytest-xdist workers of a test session, a script run again). Unset or empty (the
 default), every process compiles its own, as numba does without ``cache=True``.
 
+Not safe yet: a Q4_K form loaded by a second process crashed it (SIGSEGV, 2026-12-07,
+``benchmarks.qcpu --schemes q4_k`` run twice with the variable set); cause not found.
+
 numba's own ``cache=True`` does not serve here: it keys a closure by the pickled cells it
 closes over, and the kernels close over numba dispatchers, which pickle with a new id in
 every process. A kernel's file is named instead by a hash of what its machine code

@@ -142,24 +142,32 @@ def _exact_weight(parts: StoredParts) -> np.ndarray:
     return w if offset is None else w + offset.astype(np.float64)
 
 
-#: Each type on one plan by default, the plans taken in turn (each plan meets zero-point,
-#: offset, K-quant and codebook types); every type on every plan under
-#: EMULATE_LONG_TESTS=1.
+#: By default one type of each kind (zero points: Q4_0; offsets: Q4_1; two-level K-quants
+#: with mins: Q4_K, without: Q6_K; a codebook: IQ4_NL; e8m0 scales: MXFP4), each on one
+#: plan, the plans taken in turn (every plan runs by default). The other types (Q5_0, Q5_1,
+#: Q8_0, Q2_K, Q3_K, Q5_K, IQ4_XS) are the same kinds with other code widths or block
+#: sizes, whose decode test_dequantized_qarray_is_ggmls_decode checks by default and whose
+#: packed codes tests/pallas/test_qweight_codes.py multiplies: every type on every plan
+#: under EMULATE_LONG_TESTS=1.
+MATMUL_DEFAULT = ("Q4_0", "Q4_1", "Q4_K", "Q6_K", "IQ4_NL", "MXFP4")
 MATMUL_CASES = [
     pytest.param(
         ggml_type,
         target,
         id=f"{ggml_type}-{target}",
-        marks=() if PLANS[i % len(PLANS)] == target else pytest.mark.long,
+        marks=()
+        if ggml_type in MATMUL_DEFAULT and PLANS[i % len(PLANS)] == target
+        else pytest.mark.long,
     )
     for i, ggml_type in enumerate(TYPES)
     for target in PLANS
 ]
 
-#: The tiled CPU route by default on one type of each kind (zero points, offsets, two-level
-#: K-quants with and without mins, a codebook, e8m0 scales); every type under
-#: EMULATE_LONG_TESTS=1.
-TILED_DEFAULT = ("Q4_0", "Q4_1", "Q2_K", "Q3_K", "IQ4_NL", "MXFP4")
+#: The tiled CPU route by default on one type of each kind (zero points: Q4_0; two-level
+#: K-quants, their mins the offsets: Q2_K; a codebook: IQ4_NL; e8m0 scales: MXFP4); every
+#: type under EMULATE_LONG_TESTS=1 (Q4_1's one-level offsets and Q3_K's two-level scales
+#: without mins tile the same parts along the same rows).
+TILED_DEFAULT = ("Q4_0", "Q2_K", "IQ4_NL", "MXFP4")
 
 
 @pytest.mark.parametrize(("ggml_type", "target"), MATMUL_CASES)

@@ -64,7 +64,7 @@ def _run(case, data_seed: int, lengths: list[int], special: str | None = None) -
 @pytest.mark.parametrize(
     "case", _CASES + [pytest.param(c, marks=pytest.mark.long) for c in _LONG_CASES], ids=str
 )
-@settings(max_examples=examples(5, 30), deadline=None)
+@settings(max_examples=examples(3, 30), deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
     lengths=st.lists(st.integers(1, 768), min_size=B, max_size=B),

@@ -11,7 +11,11 @@ name; and, compile-only, the real TPU compiler on an MXFP4 expert stack (v5e by 
 Q4_K / AWQ and v4 / v6e under EMULATE_LONG_TESTS=1).
 
 Each distinct kernel compiles once in interpret mode (a few seconds), so the default run
-takes one case per scheme."""
+takes one case per scheme; the int8-row exact test runs MXFP4 and AWQ by default, Q4_K's
+two-level experts under EMULATE_LONG_TESTS=1 (the grouped kernel decodes every QArray
+through emulate.pallas.qweight, whose two-level scales and mins run in the kernel by
+default in tests/pallas/test_qoffsets.py's
+test_two_level_scales_and_mins_match_dot_general_bit_for_bit_where_exact)."""
 
 from __future__ import annotations
 
@@ -108,7 +112,9 @@ def _awq(rng) -> tuple[emulate.QArray, np.ndarray]:
 _SCHEMES = {"mxfp4": _mxfp4, "q4_k": _q4_k, "awq": _awq}
 
 
-@pytest.mark.parametrize("scheme", list(_SCHEMES))
+@pytest.mark.parametrize(
+    "scheme", [pytest.param(s, marks=pytest.mark.long) if s == "q4_k" else s for s in _SCHEMES]
+)
 def test_qarray_experts_with_int8_rows_are_exact_bit_for_bit(scheme) -> None:
     rng = np.random.default_rng(len(scheme))
     q, wv = _SCHEMES[scheme](rng)

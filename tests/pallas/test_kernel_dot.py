@@ -189,7 +189,11 @@ def _kernel_dn(pet, target, dn, a_ref, b_ref, o_ref):
         ("int8", "int8", jnp.int32, "tpu_v5e", (((1,), (1,)), ((), ()))),  # native, a @ b.T
         ("float4_e2m1fn", "int4", jnp.float32, "tpu_v4", (((0,), (1,)), ((), ()))),  # chunked
         ("bfloat16", "int8", jnp.float32, "tpu_v7x", (((0,), (0,)), ((), ()))),
-        ("int8", "int8", jnp.int32, "tpu_v5e", (((0,), (0,)), ((), ()))),  # rows first
+        # rows first: long (EMULATE_LONG_TESTS=1), the same pair, target and dimension
+        # numbers run by default in test_a_narrow_lhs_stored_k_first_reaches_the_matmul_rows_first
+        pytest.param(
+            "int8", "int8", jnp.int32, "tpu_v5e", (((0,), (0,)), ((), ())), marks=pytest.mark.long
+        ),
         ("float4_e2m1fn", "float4_e2m1fn", jnp.float32, "tpu_v5e", (((0,), (1,)), ((), ()))),
     ],
 )

@@ -141,8 +141,18 @@ def test_a_native_pair_adds_nothing(blocks):
     assert used("tpu_v5e", "tpu_v5e", blocks) == used("tpu_v5e", None, blocks)
 
 
-@pytest.mark.parametrize("blocks", BLOCKS, ids=lambda b: "x".join(map(str, b)))
-@pytest.mark.parametrize("target", ["tpu_v4", "tpu_v2"])
+# By default each target once, on one of the two block shapes (v4 the larger, v2 the
+# smaller); the other two pairs under EMULATE_LONG_TESTS=1.
+@pytest.mark.parametrize(
+    "target, blocks",
+    [
+        ("tpu_v4", BLOCKS[1]),
+        ("tpu_v2", BLOCKS[0]),
+        pytest.param("tpu_v4", BLOCKS[0], marks=pytest.mark.long),
+        pytest.param("tpu_v2", BLOCKS[1], marks=pytest.mark.long),
+    ],
+    ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else v,
+)
 def test_the_decode_adds_at_most_dot_vmem_bytes(target, blocks):
     added = used(target, target, blocks) - used("tpu_v5e", None, blocks)
     estimate = added_estimate(target, blocks)

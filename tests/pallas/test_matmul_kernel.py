@@ -53,12 +53,32 @@ EXACT_CASES = [
     ("int8", "int8", "tpu_v2", "bfloat16", (8, 1100, 130), (8, 128, 256)),
     # packed int4 weight: two nibble planes, bf16 route.
     ("int8", "int4", "tpu_v4", "int32", (16, 513, 129), (16, 128, 256)),
-    # packed int4, int8 route, float result from limbs.
-    ("int8", "int4", "tpu_v6e", "float32", (40, 700, 260), (32, 256, 256)),
+    # packed int4, int8 route, float result from limbs. Long (EMULATE_LONG_TESTS=1): the
+    # int8 route runs by default with fp4 on v5e (a float32 result from limbs too), packed
+    # int4 on v4.
+    pytest.param(
+        "int8",
+        "int4",
+        "tpu_v6e",
+        "float32",
+        (40, 700, 260),
+        (32, 256, 256),
+        marks=pytest.mark.long,
+    ),
     # fp4 x fp4: int8 route, both sides scaled by 2.
     ("float4_e2m1fn", "float4_e2m1fn", "tpu_v5e", "float32", (9, 260, 140), (32, 128, 256)),
-    # fp4 x fp4 on v7x: bf16 route, rounded once into bf16.
-    ("float4_e2m1fn", "float4_e2m1fn", "tpu_v7x", "bfloat16", (9, 600, 140), (16, 128, 512)),
+    # fp4 x fp4 on v7x: bf16 route, rounded once into bf16. Long (EMULATE_LONG_TESTS=1):
+    # the bf16 route runs by default on v4 (int8, int4), the fp4 decode on v5e and the
+    # rounding into bf16 on v2.
+    pytest.param(
+        "float4_e2m1fn",
+        "float4_e2m1fn",
+        "tpu_v7x",
+        "bfloat16",
+        (9, 600, 140),
+        (16, 128, 512),
+        marks=pytest.mark.long,
+    ),
     # uint8 x uint8: Pallas' dot is signed, so bf16 with 256-deep chunks inside a 512 tile.
     ("uint8", "uint8", "tpu_v5e", "int32", (8, 1000, 128), (16, 128, 512)),
     # packed float6 (four codes in three bytes), x as float6 codes, scaled by 8 each.

@@ -36,10 +36,14 @@ WEIGHTS = [
     "float4_e2m1fn",
 ]
 TPUS = ["tpu_v4", "tpu_v5e", "tpu_v6e", "tpu_v7x"]
-# By default one or two formats of each class (every TPU target among them); the other
-# float8 formats (the same decode over another exponent range) and float6_e3m2fn (also in
+# By default one format of each class (every TPU target among them); uint4 and uint8
+# (int4's and int8's decode without the sign), the other float8 formats (the same decode
+# over another exponent range) and float6_e3m2fn (also in
 # test_float6_codes_and_default_result_type) are long (EMULATE_LONG_TESTS=1).
 LONG_WEIGHTS = {
+    "uint4",
+    "uint8",
+    "float8_e5m2",
     "float8_e4m3fnuz",
     "float8_e5m2fnuz",
     "float8_e4m3b11fnuz",

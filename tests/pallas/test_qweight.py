@@ -7,7 +7,8 @@ work per call); NaN scales; the gradient; the parts the kernel does not decode r
 name.
 
 Interpret mode compiles each distinct kernel once (about 2 s here): each case is another
-route, layout or scale kind; two more run under EMULATE_LONG_TESTS=1 (marked long).
+route, layout or scale kind; more run under EMULATE_LONG_TESTS=1 (marked long, each
+with the default case that takes its route).
 """
 
 from __future__ import annotations
@@ -106,8 +107,11 @@ CONSTANT_ALONG_K = [
     # the rounding outside the kernel.
     ("int8", "int8", "float32", "tpu_v5e", "float16", (4, 256, 128), "column"),
     # bf16 activations (integer values: every f32 partial sum exact, in any order): the
-    # kernel applies the scales itself at its last K step and stores the result type.
-    ("bfloat16", "int8", "float16", "tpu_v5e", "bfloat16", (5, 300, 200), "column"),
+    # kernel applies the scales itself at its last K step and stores the result type. The
+    # int8 weight with column scales on v5e is long (EMULATE_LONG_TESTS=1): column scales
+    # run by default on the fp4 weight below, the int8 weight on v4.
+    pytest.param("bfloat16", "int8", "float16", "tpu_v5e", "bfloat16", (5, 300, 200),
+                 "column", marks=pytest.mark.long),
     ("bfloat16", "float4_e2m1fn", "float8_e8m0fnu", "tpu_v6e", "float32", (8, 256, 256),
      "column"),
     ("bfloat16", "int8", "bfloat16", "tpu_v4", "float32", (8, 384, 128), "tensor"),
@@ -340,9 +344,18 @@ def test_vmap_runs_one_kernel_per_index_with_the_same_bits():
     np.testing.assert_array_equal(_bits(both), _bits(np.stack([each[0], each[0]])))
 
 
-@pytest.mark.parametrize("scale_dtype", [np.float32, ml_dtypes.bfloat16])
-@pytest.mark.parametrize("block_rows", [64, 256])
-def test_subnormal_scales_keep_their_value(scale_dtype, block_rows):
+# By default each scale dtype and each group length once (64 rows with float32 scales,
+# 256 with bfloat16); the other two pairs under EMULATE_LONG_TESTS=1.
+@pytest.mark.parametrize(
+    "block_rows, scale_dtype",
+    [
+        (64, np.float32),
+        (256, ml_dtypes.bfloat16),
+        pytest.param(64, ml_dtypes.bfloat16, marks=pytest.mark.long),
+        pytest.param(256, np.float32, marks=pytest.mark.long),
+    ],
+)
+def test_subnormal_scales_keep_their_value(block_rows, scale_dtype):
     # Scales 2**-127 and -3 * 2**-133 (subnormal in f32 and bf16) in groups of 64 rows and
     # per output channel: each group's sum (integer, exact) times its scale is a normal
     # f32 number, so the result is that exact sum; a float operation on the scale would

@@ -208,8 +208,8 @@ def _bits(a) -> np.ndarray:
     return np.asarray(a, np.float32).view(np.uint32)
 
 
-# 10 examples by default, the ci profile's 20 under EMULATE_LONG_TESTS=1
-@settings(deadline=None, max_examples=examples(10, 20))
+# 6 examples by default, the ci profile's 20 under EMULATE_LONG_TESTS=1
+@settings(deadline=None, max_examples=examples(6, 20))
 @given(p=parts(specials=True), packed=st.booleans(), data=st.data())
 def test_dequantize_matches_the_formula_bit_for_bit(p, packed, data):
     zp_dtype = data.draw(st.sampled_from([np.int32, np.uint8]))
@@ -298,8 +298,8 @@ def _exact_sum_and_magnitude(x: np.ndarray, p: Parts) -> tuple[np.ndarray, np.nd
     return exact, np.abs(x.astype(np.float64)) @ mag
 
 
-# each example compiles its own programs: 3 by default, 12 under EMULATE_LONG_TESTS=1
-@settings(deadline=None, max_examples=examples(3, 12))
+# each example compiles its own programs: 2 by default, 12 under EMULATE_LONG_TESTS=1
+@settings(deadline=None, max_examples=examples(2, 12))
 @given(p=parts(), target=st.sampled_from(TARGETS), data=st.data())
 def test_matmul_within_the_bound_on_every_plan(p, target, data):
     k = p.codes.shape[0]
@@ -314,9 +314,9 @@ def test_matmul_within_the_bound_on_every_plan(p, target, data):
     assert (err <= bound).all(), (err.max(), bound.min())
 
 
-# each example compiles a mode-"exact" program of its own (2-9 s of XLA CPU): 3 by
+# each example compiles a mode-"exact" program of its own (2-9 s of XLA CPU): 2 by
 # default, 24 under EMULATE_LONG_TESTS=1
-@settings(deadline=None, max_examples=examples(3, 24))
+@settings(deadline=None, max_examples=examples(2, 24))
 @given(p=parts(), target=st.sampled_from(TARGETS))
 def test_exact_mode_rounds_the_dequantized_values_once(p, target):
     k = p.codes.shape[0]

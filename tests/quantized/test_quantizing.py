@@ -22,8 +22,12 @@ from emulate.quantized.array import QArray
 
 # (element format, scale_rule, scale_fmt, tensor_scale): every element format with the
 # OCP rule, every rule with an 8-bit, a 4-bit and an integer element format. By default
-# each (rule, scale format) runs with one of those three formats (in turn); the other two
-# are long (EMULATE_LONG_TESTS=1).
+# the OCP rule runs one format of each encoding (float8_e4m3fn, float6_e2m3fn,
+# float4_e2m1fn, packed int4): float8_e5m2, float6_e3m2fn and int8 take the same code path
+# with other widths (int8 runs by default with the other rules), and are long; each other
+# (rule, scale format) runs with one of the three formats (in turn), the other two long
+# (EMULATE_LONG_TESTS=1).
+_OCP_LONG = ("float8_e5m2", "float6_e3m2fn", "int8")
 _RULES = (
     ("round_up", "float8_e8m0fnu", False),
     ("ceil", "float8_e8m0fnu", False),
@@ -36,7 +40,10 @@ _RULES = (
 _RULE_FORMATS = ("float8_e4m3fn", "float4_e2m1fn", "int8")
 CASES = (
     [
-        (f, "ocp_floor", "float8_e8m0fnu", False)
+        pytest.param(
+            (f, "ocp_floor", "float8_e8m0fnu", False),
+            marks=pytest.mark.long if f in _OCP_LONG else (),
+        )
         for f in (
             "float8_e4m3fn",
             "float8_e5m2",
@@ -99,7 +106,7 @@ def _inputs(draw):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda r: "-".join(map(str, r)))
-@settings(max_examples=examples(5, 8))
+@settings(max_examples=examples(3, 8))  # each example compiles: 3 by default, 8 long
 @given(data=_inputs())
 def test_quantize_matches_reference(case, data):
     x, axis, block = data
@@ -127,8 +134,12 @@ def test_quantize_matches_reference(case, data):
     np.testing.assert_array_equal(_bits(emulate.dequantize(q)), _bits(want))
 
 
-# Every narrow integer format with each rule; by default int2 and int5 with the OCP rule,
-# int3 and int6 with absmax, the other four long (EMULATE_LONG_TESTS=1).
+# Every narrow integer format with each rule; by default int2 with the OCP rule and int3
+# with absmax (the other widths pack and round through the same code), the other six long
+# (EMULATE_LONG_TESTS=1).
+_NARROW_DEFAULT = (("int2", "ocp_floor"), ("int3", "absmax"))
+
+
 @pytest.mark.parametrize(
     ("fmt", "scale_rule", "scale_fmt"),
     [
@@ -136,7 +147,7 @@ def test_quantize_matches_reference(case, data):
             f,
             rule,
             sf,
-            marks=() if (f in ("int2", "int5")) == (rule == "ocp_floor") else pytest.mark.long,
+            marks=() if (f, rule) in _NARROW_DEFAULT else pytest.mark.long,
         )
         for rule, sf in (("ocp_floor", "e8m0"), ("absmax", "f16"))
         for f in ("int2", "int3", "int5", "int6")
@@ -245,7 +256,7 @@ _SCALE_EDGES = {
 
 @pytest.mark.parametrize("sf", list(_SCALE_EDGES))
 @pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn", "int8"])
-@settings(max_examples=6)
+@settings(max_examples=examples(3, 6))  # 3 by default, 6 under EMULATE_LONG_TESTS=1
 @given(data=st.data())
 def test_dequantize_at_the_scale_extremes_matches_reference(fmt, sf, data):
     # Scales (and scale x tensor scale) from 2**-254 to 2**254: products that land in range

@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _pages import section_blocks
+from _sweeps import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -145,7 +146,8 @@ def test_quantize_with_any_scale_format_matches_the_oracle(fmt, sf, rule, ts) ->
     assert np.isnan(want[:32, 1]).all() and np.isnan(want[32:, 2]).all()  # NaN, Inf blocks
 
 
-@settings(max_examples=4, deadline=None)
+# 2 examples by default, 8 under EMULATE_LONG_TESTS=1
+@settings(max_examples=examples(2, 8), deadline=None)
 @given(
     x=testing.arrays("float32", st.tuples(st.integers(1, 40), st.integers(1, 3))),
     sf=st.sampled_from(["p3109_k8p3se", "p3109_k8p4uf", "u5e3m2", "float8_e5m2fnuz"]),
@@ -278,7 +280,8 @@ def test_the_scale_formats_example_of_the_quantized_page_runs() -> None:
     assert _same_values(same.dequantize(), want) and _same_values(q.dequantize(), want)
 
 
-@settings(max_examples=6, deadline=None)
+# 3 examples by default (each compiles its matmul), 12 under EMULATE_LONG_TESTS=1
+@settings(max_examples=examples(3, 12), deadline=None)
 @given(
     data=st.data(),
     sf=st.sampled_from(["p3109_k8p3se", "p3109_k8p4ue", "u5e3m2", "float8_e5m2"]),

@@ -145,9 +145,25 @@ def _rounded_and_flushed(exact: np.ndarray) -> np.ndarray:
     return np.where(np.abs(big) < 2.0**-26, 0.0, big * 2.0**-100).astype(np.float32)
 
 
-@pytest.mark.parametrize("sf", ["float32", "bfloat16"])
-@pytest.mark.parametrize("cols", [1, 4])
-@pytest.mark.parametrize("table", [False, True], ids=["codes", "table"])
+# By default four of the eight (scale dtype, columns, codes or table) triples, each pair of
+# values among them once; the other four under EMULATE_LONG_TESTS=1.
+_SUBNORMAL_DEFAULT = {("float32", 1, False), ("bfloat16", 4, False), ("float32", 4, True),
+                      ("bfloat16", 1, True)}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "sf, cols, table",
+    [
+        pytest.param(
+            sf, cols, table,
+            marks=() if (sf, cols, table) in _SUBNORMAL_DEFAULT else pytest.mark.long,
+            id=f"{'table' if table else 'codes'}-{cols}-{sf}",
+        )
+        for table in (False, True)
+        for cols in (1, 4)
+        for sf in ("float32", "bfloat16")
+    ],
+)  # fmt: skip
 def test_subnormal_super_scales_keep_their_value(sf, cols, table):
     rng = np.random.default_rng(cols)
     groups, n, block = 8, 16, 4 if cols == 1 else 8

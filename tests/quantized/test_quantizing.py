@@ -178,7 +178,20 @@ def test_quantize_into_narrow_integers_matches_reference(fmt, scale_rule, scale_
     np.testing.assert_array_equal(_bits(emulate.dequantize(q)), _bits(want))
 
 
-@pytest.mark.parametrize("scheme", list(mx.SCHEMES.values()), ids=lambda s: s.name)
+#: Every preset by default but three under EMULATE_LONG_TESTS=1, each the rule of a default
+#: one with another element format of its width: MXFP8_E5M2 (MXFP8_E4M3's), MXFP6_E3M2
+#: (MXFP6_E2M3's) and FP8_PER_CHANNEL (INT8_PER_CHANNEL's, float8 codes as FP8_BLOCK_128x128).
+_PRESETS_LONG = ("MXFP8_E5M2", "MXFP6_E3M2", "FP8_PER_CHANNEL")
+
+
+@pytest.mark.parametrize(
+    "scheme",
+    [
+        pytest.param(s, marks=pytest.mark.long) if s.name in _PRESETS_LONG else s
+        for s in mx.SCHEMES.values()
+    ],
+    ids=lambda s: s.name,
+)
 def test_presets_round_trip_against_reference(scheme):
     rng = np.random.default_rng(7)
     x = (rng.standard_normal((256, 256)) * np.exp2(rng.integers(-6, 6, (256, 1)))).astype(
@@ -368,7 +381,17 @@ def _oracle_values(q: emulate.QArray) -> np.ndarray:
     )
 
 
-@pytest.mark.parametrize("scheme", ["MXFP4", "MXFP6_E2M3", "NVFP4", "INT4_G128", "MXFP8_E4M3"])
+# MXFP8_E4M3 (unpacked codes, MXFP4's e8m0 scale blocks) under EMULATE_LONG_TESTS=1
+@pytest.mark.parametrize(
+    "scheme",
+    [
+        "MXFP4",
+        "MXFP6_E2M3",
+        "NVFP4",
+        "INT4_G128",
+        pytest.param("MXFP8_E4M3", marks=pytest.mark.long),
+    ],
+)
 def test_transpose_moves_codes_scales_and_blocks(scheme):
     w = jax.random.normal(jax.random.key(3), (3, 64, 16))
     q = emulate.quantize(w, emulate.mx.SCHEMES[scheme], axis=1)

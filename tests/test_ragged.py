@@ -290,7 +290,12 @@ def _stacked(scheme, e, k, n, seed):
     return emulate.quantize(w, scheme, axis=1)
 
 
-@pytest.mark.parametrize("scheme", ["MXFP4", "INT4_G128", "MXFP6_E2M3"])
+# MXFP4 under EMULATE_LONG_TESTS=1: stacked MXFP4 experts run by default in
+# test_rows_stored_k_by_m_run_with_each_rows_own_expert[MXFP4-cpu] and (from GGUF) in
+# test_stacked_gguf_experts_are_each_rows_own_expert[MXFP4].
+@pytest.mark.parametrize(
+    "scheme", [pytest.param("MXFP4", marks=pytest.mark.long), "INT4_G128", "MXFP6_E2M3"]
+)
 def test_stacked_qarray_experts_are_each_rows_own_expert(scheme) -> None:
     q = _stacked(getattr(emulate.mx, scheme), 4, 64, 16, 1)
     rng = np.random.default_rng(0)

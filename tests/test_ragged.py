@@ -687,6 +687,17 @@ def test_prepare_weights_prepares_stacked_experts_once_and_reads_them_back(route
         _same(emulate.ragged_dot(RX, tree["e"], GS), routed["xla"])
 
 
+@pytest.mark.parametrize("experts", ["no", None, 0, 1])
+def test_prepare_weights_refuses_experts_that_is_no_bool(experts):
+    # issue 49's sweep: any object was read for its truth, so experts="no" prepared them
+    with pytest.raises(TypeError) as e:
+        emulate.prepare_weights(RQ, target=TPU, experts=experts)
+    assert str(e.value) == (
+        "experts: expected a bool (True: prepare stacked (E, K, N) experts too), got "
+        f"{type(experts).__name__} {experts!r}"
+    )
+
+
 def test_prepare_weights_returns_experts_the_grouped_kernel_refuses_unchanged():
     # issue 49: int8 per-channel experts became a KernelQWeight the grouped kernel then
     # refused; docs/porting.md: forms the kernel does not take come back unchanged

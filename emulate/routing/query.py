@@ -3,7 +3,10 @@
 Each traces the front end's validator on the arguments (arrays or
 ``jax.ShapeDtypeStruct`` s) under :func:`~emulate.routing.setting.planning` and asks
 :func:`~emulate.routing.choose` for the op the front end would run, so the answer is the
-front end's, decided as for a lowering for the target.
+front end's, decided as for a lowering for the target. A call the front end hands to JAX
+as it is (:func:`~emulate.engine.passthrough.passes_through`: bool or complex operands, an
+integer result of floats) has no route: None, after the front end's plain step traced on
+the arguments (:mod:`emulate.engine.plain`), so the query raises what the call raises.
 """
 
 from __future__ import annotations
@@ -12,13 +15,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from emulate import targets
 from emulate.engine.args import dot_args
+from emulate.engine.passthrough import passes_through
+from emulate.engine.plain import plain_dot, plain_ragged
 from emulate.engine.ragged_args import BASIC, ragged_args
 from emulate.formats import FormatLike
+from emulate.group_sizes import as_group_sizes, check_group_sizes
 from emulate.routing.choose import choose, dot_op, ragged_op
 from emulate.routing.setting import WeightRoute, planning
 
@@ -46,6 +51,12 @@ def weight_route(
     found: list[WeightRoute | None] = []
 
     def probe(a: Any, b: Any) -> jax.Array:  # traced: the operands may be abstract
+        if passes_through(a, b, None, None, target, mode, preferred_element_type):
+            pet = preferred_element_type
+            plain = {"lhs": a, "rhs": b, "dimension_numbers": dimension_numbers}
+            plain_dot({**plain, "precision": None, "preferred_element_type": pet})
+            found.append(None)
+            return jnp.zeros(())
         call = dot_args(
             a, b, dimension_numbers, None, preferred_element_type, target=target, mode=mode
         )
@@ -75,11 +86,18 @@ def ragged_dot_route(
 
     Raises:
       ValueError: under the "kernel" / "interpret" setting, a call the grouped kernel
-        cannot take; what :func:`emulate.ragged_dot_general` raises for the arguments.
+        cannot take; what :func:`emulate.ragged_dot_general` raises for the arguments
+        (concrete negative group sizes included).
     """
     found: list[WeightRoute | None] = []
 
     def probe(a: Any, b: Any, g: Any) -> jax.Array:  # traced: the operands may be abstract
+        if passes_through(a, b, None, None, target, mode, preferred_element_type):
+            plain_ragged({"lhs": a, "rhs": b, "group_sizes": g, "precision": None,
+                          "ragged_dot_dimension_numbers": ragged_dot_dimension_numbers,
+                          "preferred_element_type": preferred_element_type})  # fmt: skip
+            found.append(None)
+            return jnp.zeros(())
         call = ragged_args(
             a, b, g, ragged_dot_dimension_numbers, None, preferred_element_type,
             target=target, mode=mode,
@@ -87,7 +105,10 @@ def ragged_dot_route(
         found.append(choose(call, ragged_op(call)))
         return jnp.zeros(())
 
-    sizes = group_sizes if hasattr(group_sizes, "dtype") else np.asarray(group_sizes)
+    sizes = group_sizes
+    if not isinstance(group_sizes, jax.ShapeDtypeStruct):  # concrete: checked as the call's
+        sizes = as_group_sizes(group_sizes)
+        check_group_sizes(sizes)
     with planning():
         jax.eval_shape(probe, lhs, rhs, sizes)
     return found[0]

@@ -550,6 +550,8 @@ def transform_cases() -> Iterator[Case]:
                     x.astype(BF16)
                 ),
             )
+            if fe_name.startswith("polyfill"):  # lax.ragged_dot takes no QArray
+                continue
             yield c(
                 "QArray experts, jit",
                 lambda f=f: jax.jit(f)(xq, q, gs),

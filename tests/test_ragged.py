@@ -703,6 +703,12 @@ def test_route_queries_answer_none_for_calls_the_front_end_hands_to_jax(dtype, p
     assert emulate.ragged_dot_route(*abstract, preferred_element_type=pet, target=TPU) is None
     with pytest.raises(TypeError, match=r"^lhs, rhs, group_sizes, ragged_dot_dimension_numb"):
         emulate.ragged_dot_route(x, w[:, :4], gs, preferred_element_type=pet)  # lax's rule
+    for a, b in ((x.tolist(), w), (x, w.tolist())):  # lax's TypeError, as the call's (was
+        # a TracerArrayConversionError: the query traced the list's numbers)
+        with pytest.raises(TypeError, match=r"^Error interpreting argument to ragged_dot_gen"):
+            emulate.ragged_dot(a, b, gs, preferred_element_type=pet)
+        with pytest.raises(TypeError, match=r"^Error interpreting argument to ragged_dot_gen"):
+            emulate.ragged_dot_route(a, b, gs, preferred_element_type=pet)
 
 
 def test_ragged_dot_route_refuses_negative_group_sizes_as_the_call_does():

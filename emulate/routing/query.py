@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from emulate import targets
@@ -64,7 +65,7 @@ def weight_route(
         return jnp.zeros(())
 
     with planning():
-        jax.eval_shape(probe, lhs, rhs)
+        _abstractly(probe, lhs, rhs)
     return found[0]
 
 
@@ -110,5 +111,26 @@ def ragged_dot_route(
         sizes = as_group_sizes(group_sizes)
         check_group_sizes(sizes)
     with planning():
-        jax.eval_shape(probe, lhs, rhs, sizes)
+        _abstractly(probe, lhs, rhs, sizes)
     return found[0]
+
+
+def _abstractly(probe: Any, *values: Any) -> None:
+    """``jax.eval_shape`` of ``probe(*values)`` with the arrays (and ``ShapeDtypeStruct`` s)
+    abstract; any other value (a list, a scalar, None, a QArray's pytree is an array's) as
+    it is, so the probe sees what the front end would (``eval_shape`` would make a list of
+    numbers a list of tracers)."""
+    abstract = [isinstance(v, (jax.Array, np.ndarray, jax.ShapeDtypeStruct)) or
+                not _plain_value(v) for v in values]  # fmt: skip
+    given = [v for v, a in zip(values, abstract) if a]
+
+    def run(*xs: Any) -> Any:
+        it = iter(xs)
+        return probe(*(next(it) if a else v for v, a in zip(values, abstract)))
+
+    jax.eval_shape(run, *given)
+
+
+def _plain_value(v: Any) -> bool:
+    """A value JAX reads by its own rules (a Python number, list or tuple, None)."""
+    return v is None or isinstance(v, (int, float, complex, bool, list, tuple, str))

@@ -493,6 +493,10 @@ def _ragged_cases(fe_name: str, fe: Callable[..., Any], target: str) -> Iterator
         ("QArray, NaN/Inf in lhs", q, _with_nan(xq, (0, 0), (4, 1)), gs),
     ):
         yield case(label, (xx, qq, sizes), weight=True, **_against_oracle(xx, qq, sizes))
+    yield case("QArray, m = 0", (xq[:0], q, np.zeros(3, np.int32)), weight=True,
+               **_against_oracle(xq[:0], q, np.zeros(3, np.int32)))  # fmt: skip
+    yield case("QArray, all groups empty", (xq, q, np.zeros(3, np.int32)), weight=True,
+               **_against_oracle(xq, q, np.zeros(3, np.int32)))  # fmt: skip
     yield case("QArray, list sizes", (xq, q, [3, 0, 4]), weight=True, **_against_oracle(xq, q, gs))
     yield case("QArray, float sizes", (xq, q, np.array([3.0, 0, 4])), want=None, weight=True)
     yield case("QArray, k differs", (xq[:, :32], q, gs), want=None, weight=True)
@@ -697,6 +701,18 @@ def pallas_cases() -> Iterator[Case]:
     yield c("out_dtype float4_e2m1fn", (x, q, gs), out_dtype="float4_e2m1fn")
     xn = _with_nan(x, (0, 0), (6, 3))
     yield c("NaN/Inf in x", (xn, q, gs), **_against_oracle(xn, q, gs))
+    qn = _with_nan_scales(q)
+    yield c("NaN/Inf scales", (x, qn, gs), **_against_oracle(x, qn, gs))
+    yield c(
+        "m = 0",
+        (x[:0], q, np.zeros(3, np.int32)),
+        **_against_oracle(x[:0], q, np.zeros(3, np.int32)),
+    )
+    yield c(
+        "all groups empty",
+        (x, q, np.zeros(3, np.int32)),
+        **_against_oracle(x, q, np.zeros(3, np.int32)),
+    )
 
 
 def _route_or_none(r: Any) -> str:

@@ -922,17 +922,40 @@ def cpu_kernel_cases() -> Iterator[Case]:
                         bound=lambda _, b=bnd: b,
                         weight=True,
                     )
-    yield Case("EMULATE_CPU_KERNEL", "'yes'", lambda: _env_import("yes"))
-
-
-def _env_import(value: str) -> None:
-    env = dict(os.environ, EMULATE_CPU_KERNEL=value)
-    p = subprocess.run(
-        [sys.executable, "-c", "import emulate"], env=env, capture_output=True, text=True
+    yield Case(
+        "EMULATE_CPU_KERNEL", "'yes'", lambda: _env_run("import emulate", EMULATE_CPU_KERNEL="yes")
     )
-    last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
-    kind, _, msg = last.partition(": ")
-    raise {"ValueError": ValueError, "TypeError": TypeError}.get(kind, RuntimeError)(msg or last)
+    yield Case("EMULATE_CPU_KERNEL_CACHE", "a file", _cache_names_a_file)
+
+
+#: a QArray weight times one row on the CPU: the CPU kernel's call (a subprocess's script)
+_CPU_KERNEL_CALL = """
+import numpy as np, emulate
+q = emulate.quantize(np.ones((64, 32), np.float32), "int8", block_shape=32, axis=0)
+emulate.dot_general(np.ones((1, 64), np.float32), q, (((1,), (0,)), ((), ())), target="cpu")
+"""
+
+
+def _env_run(script: str, **env: str) -> None:
+    """Run ``script`` in a fresh process with ``env`` set; raise its last exception line's
+    type (ValueError / TypeError; RuntimeError for any other) with its message."""
+    full = dict(os.environ, **env)
+    p = subprocess.run([sys.executable, "-c", script], env=full, capture_output=True, text=True)
+    if p.returncode == 0:
+        return
+    lines = [ln for ln in p.stderr.strip().splitlines() if re.match(r"^\w+(\.\w+)*: ", ln)]
+    kind, _, msg = (lines[-1] if lines else p.stderr.strip()[-300:]).partition(": ")
+    raise {"ValueError": ValueError, "TypeError": TypeError}.get(kind, RuntimeError)(msg)
+
+
+def _cache_names_a_file() -> None:
+    """The CPU kernel's call with EMULATE_CPU_KERNEL_CACHE naming a file, not a folder."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "a-file")
+        open(path, "w").close()
+        _env_run(_CPU_KERNEL_CALL, EMULATE_CPU_KERNEL="1", EMULATE_CPU_KERNEL_CACHE=path)
 
 
 #: every family of cases, by name

@@ -47,9 +47,22 @@ ENV = "EMULATE_CPU_KERNEL_CACHE"
 
 
 def folder() -> pathlib.Path | None:
-    """The folder of compiled kernels, or None where :data:`ENV` is unset or empty."""
+    """The folder of compiled kernels (made at the first write where missing), or None
+    where :data:`ENV` is unset or empty.
+
+    Raises:
+      ValueError: :data:`ENV` names something that is not a folder (a file).
+    """
     value = os.environ.get(ENV, "")
-    return pathlib.Path(value) if value else None
+    if not value:
+        return None
+    path = pathlib.Path(value)
+    if path.exists() and not path.is_dir():
+        raise ValueError(
+            f"{ENV}: expected a folder for the compiled CPU kernels (made if missing), got "
+            f"{value!r}, which is not a folder; unset it to compile in every process"
+        )
+    return path
 
 
 @functools.cache

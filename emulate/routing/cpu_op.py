@@ -86,7 +86,14 @@ class CpuGemv:
             quantized = "two QArrays" if isinstance(call.lhs, QArray) else "no QArray"
             return f"{quantized}: the CPU kernel takes one QArray weight"
         got = self._form(x, w)
-        return got if isinstance(got, str) else None
+        if isinstance(got, str):
+            return got
+        # the kernel is taken: a kernel folder that is none is the caller's error, raised
+        # here, not a refusal read from the kernel's trace (the XLA route would hide it)
+        from emulate.cpu import kernel_cache  # numba: only where the kernel is taken
+
+        kernel_cache.folder()
+        return None
 
     def _form(self, x: Operand, w: QArray) -> Any:
         """The kernel's form for the call (:func:`emulate.cpu.route.kernel_form`), or why

@@ -562,6 +562,14 @@ def transform_cases() -> Iterator[Case]:
                 lambda f=f: f(xq, q, gs),
                 weight=True,
             )
+            once = jax.jit(f)  # one jitted function, called under every route setting
+            yield Case(
+                fe_name,
+                f"{target}: QArray experts, one jit under every setting",
+                lambda once=once: once(xq, q, gs),
+                weight=True,
+                **_against_oracle(xq, q, gs),
+            )
             yield c(
                 "QArray experts, vmap over lhs",
                 lambda f=f: jax.vmap(f, (0, None, None))(xqs, q, gs),
@@ -880,6 +888,13 @@ def compiler_cases() -> Iterator[Case]:
         text = jax.jit(fn, donate_argnums=d).lower(*specs).as_text()
         return "aliased" if "tf.aliasing_output" in text else "not aliased"
 
+    for d in ("0", 1.5, 5, (None,), [0, 7]):  # refused before the dumping process starts
+        yield Case(
+            "compiler.estimate",
+            f"donate_argnums={d!r}",
+            lambda d=d: emulate.compiler.estimate(fn, *specs, target="tpu_v5e", donate_argnums=d),
+            lambda d=d: theirs(d),
+        )
     for d in (None, 0, 1, (0, 1), [0], (), -1, 5, "0", 1.5, (0, 0), (None,)):
         yield Case(
             "compiler.compile", f"donate_argnums={d!r}", lambda d=d: ours(d), lambda d=d: theirs(d)

@@ -705,6 +705,10 @@ def pallas_cases() -> Iterator[Case]:
     yield c("w 2-D", (x, q[0], gs))
     yield c("k differs", (x[:, :64], q, gs))
     yield c("the CPU target", (x, q, gs), target="cpu")
+    for bs in ((8,), (0, 128, 128), "a", (7, 128, 128), (16, 128, 100), (16.0, 128, 128)):
+        yield c(f"block_shape={bs!r}", (x, q, gs), block_shape=bs)
+    yield c("x_format a bad name", (x8.view(np.uint8), w8, gs), x_format="int9")
+    yield c("w_format disagreeing with a QArray", (x, q, gs), w_format="float8_e4m3fn")
     yield c("out_dtype a bad name", (x, q, gs), out_dtype="float7")
     yield c("out_dtype float4_e2m1fn", (x, q, gs), out_dtype="float4_e2m1fn")
     xn = _with_nan(x, (0, 0), (6, 3))

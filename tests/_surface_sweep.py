@@ -74,6 +74,7 @@ def halves(seed: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return (rng.integers(-4, 5, shape) / 2).astype(dt)
 
 
+@functools.cache  # the same experts for every front end and target: quantized once
 def experts(fmt: str = "int8", e: int = 3, k: int = 64, n: int = 16, seed: int = 1, **kw: Any):
     """A stacked QArray: ``(e, k, n)`` values quantized with scales along K."""
     w = np.random.default_rng(seed).standard_normal((e, k, n)).astype(np.float32)
@@ -845,11 +846,11 @@ def setting_cases() -> Iterator[Case]:
         ("MXFP4 experts", experts("MXFP4")),
         ("per-channel experts", experts("int8", block_shape=None)),
     ):
-        prepared = emulate.prepare_weights({"e": w}, target=tpu)["e"]
+        prepared = functools.cache(lambda w=w: emulate.prepare_weights({"e": w}, target=tpu)["e"])
         yield Case(
             "prepare_weights",
             f"{label}: ragged_dot on the prepared form",
-            lambda w=prepared: emulate.ragged_dot(xq, w, gs, target=tpu),
+            lambda p=prepared: emulate.ragged_dot(xq, p(), gs, target=tpu),
             lambda w=w: _xla(lambda: emulate.ragged_dot(xq, w, gs, target=tpu)),
             bound=lambda g: np.abs(np.asarray(g, np.float64)) * 2.0**-20 + 1e-6,
             weight=True,

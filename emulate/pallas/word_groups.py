@@ -40,6 +40,7 @@ __all__ = [
     "packed_codes",
     "parts",
     "scratch_shapes",
+    "scratch_bytes",
     "unit",
     "units",
 ]
@@ -123,6 +124,32 @@ def scratch_shapes(cfg: Any) -> list[Any]:
             dt = jnp.int32 if name == "zero" else jnp.float32
             out.append(pltpu.VMEM((lanes, units(cfg), _LANES), dt))
     return out
+
+
+#: Live (units, bn) 32-bit arrays per part with a row a scale unit at the first K step of
+#: an output block: the part's scratch and its decoding's temporaries (the loaded bytes as
+#: int32, the codes, their values, the rows spread over the block's lanes, and a spare).
+_FILL_ARRAYS = 6
+
+
+def scratch_bytes(cfg: Any) -> int:
+    """VMEM of :func:`scratch_shapes` and of :func:`fill`'s decoding (an upper estimate):
+    :data:`_FILL_ARRAYS` (units, bn) 32-bit arrays per part with a row a scale unit, and
+    each two-level part's super-block factors as allocated. ``cfg``: anything with the
+    call's ``scaling``, ``k``, ``bk`` and ``bn``."""
+    have = parts(cfg)
+    kp = -(-cfg.k // cfg.bk) * cfg.bk
+    rows = 0
+    for name in PARTS:
+        if not have[name]:
+            continue
+        if name.endswith("_supers"):
+            lv = _levels(cfg)[name.split("_")[0]]
+            assert lv is not None
+            rows += _factor_count(lv) * max(8, kp // super_rows(cfg, lv))
+        else:
+            rows += _FILL_ARRAYS * units(cfg)
+    return rows * cfg.bn * 4
 
 
 def lane_tiles(v: jax.Array) -> list[jax.Array]:

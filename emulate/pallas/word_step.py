@@ -42,6 +42,7 @@ times the f32 sum, rounded once: within ``gamma_(K + S + 5)`` of the exact sum, 
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -174,9 +175,8 @@ def vmem_bytes(
     x = 2 * bm * kp * x_bytes + 6 * bm * bk  # and the step's slice as f32 and bf16
     tile = (40 if highest else 8 + 6 * (pieces - 1)) * bk * bn
     sums = 3 * r * bm * bn * 4
-    units = kp // word_groups.unit(scaling)
-    groups = 12 * units * bn * 4 if scaling is not None else 0
-    return w + x + tile + sums + groups
+    shape = types.SimpleNamespace(scaling=scaling, k=k, bk=bk, bn=bn)
+    return w + x + tile + sums + word_groups.scratch_bytes(shape)
 
 
 def _tiled(rows: jax.Array, bm: int) -> jax.Array:

@@ -133,6 +133,7 @@ EXACT = [
     ("q6_k", "tpu_v5e", (2, 700, 300)),
     pytest.param("q6_k", "tpu_v6e", (3, 700, 128), marks=pytest.mark.long),
     pytest.param("q6_k", "tpu_v2", (16, 2560, 128), marks=pytest.mark.long),
+    pytest.param("int6", "tpu_v6e", (2, 700, 256), marks=pytest.mark.long),  # no scales
 ]
 
 
@@ -146,6 +147,9 @@ def test_exact_sums_are_bit_for_bit(kind, target, shape):
         w, wv = _awq(k, n, 32, rng, zero=8)
     elif kind == "q4_k":
         w, wv = _q4_k(k, n, rng)
+    elif kind == "int6":  # two's complement 6-bit codes, as uint8
+        codes = rng.integers(-32, 32, (k, n))
+        w, wv = emulate.pallas.prepare_weight((codes & 63).astype(np.uint8), "int6"), codes
     elif kind == "q6_k":
         w, wv = _q6_k(k, n, rng)
         x = rng.integers(-2, 3, (m, k)).astype(ml_dtypes.bfloat16)  # every sum below 2**24

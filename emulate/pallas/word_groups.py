@@ -40,7 +40,7 @@ __all__ = [
     "packed_codes",
     "parts",
     "scratch_shapes",
-    "scratch_bytes",
+    "part_rows",
     "unit",
     "units",
 ]
@@ -101,7 +101,7 @@ def units(cfg: Any) -> int:
     return kp // unit(cfg.scaling)
 
 
-def _part_rows(cfg: Any) -> list[tuple[str, int]]:
+def part_rows(cfg: Any) -> list[tuple[str, int]]:
     """The scratch rows of each part the call needs (:func:`parts`, in :data:`PARTS`
     order): a row per scale unit, or for a two-level part's super-block factors
     :func:`_factor_count` blocks of a row per :func:`super_rows` rows of K (at least 8)."""
@@ -122,30 +122,15 @@ def _part_rows(cfg: Any) -> list[tuple[str, int]]:
 
 def scratch_shapes(cfg: Any) -> list[Any]:
     """Per part (:func:`parts`, in :data:`PARTS` order) a ``(bn / 128, rows, 128)`` VMEM
-    array (:func:`_part_rows`): f32 scales, offsets and super-block factors, int32 zero
+    array (:func:`part_rows`): f32 scales, offsets and super-block factors, int32 zero
     points."""
     from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
 
     lanes = cfg.bn // _LANES
     return [
         pltpu.VMEM((lanes, rows, _LANES), jnp.int32 if name == "zero" else jnp.float32)
-        for name, rows in _part_rows(cfg)
+        for name, rows in part_rows(cfg)
     ]
-
-
-#: Live (units, bn) 32-bit arrays per part with a row a scale unit at the first K step of
-#: an output block: the part's scratch and its decoding's temporaries (the loaded bytes as
-#: int32, the codes, their values, the rows spread over the block's lanes, and a spare).
-_FILL_ARRAYS = 6
-
-
-def scratch_bytes(cfg: Any) -> int:
-    """VMEM of :func:`scratch_shapes` and of :func:`fill`'s decoding (an upper estimate):
-    :data:`_FILL_ARRAYS` (units, bn) 32-bit arrays per part with a row a scale unit, and
-    each two-level part's super-block factors as allocated. ``cfg``: anything with the
-    call's ``scaling``, ``k``, ``bk`` and ``bn``."""
-    rows = sum(n if name.endswith("_supers") else _FILL_ARRAYS * n for name, n in _part_rows(cfg))
-    return rows * cfg.bn * 4
 
 
 def lane_tiles(v: jax.Array) -> list[jax.Array]:

@@ -77,6 +77,11 @@ _CODES = ("int4", "uint4", _E2M1)
 _SIX_BIT_CODES = ("int6", "uint6")
 #: The types a uint4 codebook's values take in the kernel (:mod:`emulate.pallas.qcodebook`).
 _TABLE_VALUES = ("bfloat16", "float32", "int8")
+#: Live (units, bn) 32-bit arrays per per-group part with a row a scale unit at the first
+#: K step of an output block (:func:`vmem_bytes`): the part's scratch and its decoding's
+#: temporaries (the loaded bytes as int32, the codes, their values, the rows spread over the
+#: block's lanes, and a spare). Super-block factors count as allocated.
+_FILL_ARRAYS = 6
 #: Zero-point formats whose codes take the bfloat16 decode (``128 + z`` exact in bf16).
 _SMALL_ZEROS = ("int4", "uint4", "int2", "uint2", "int3", "uint3", "int5", "uint5", "int6", "uint6")
 
@@ -168,7 +173,8 @@ def vmem_bytes(
     ``Precision.HIGHEST`` (``highest``), whose operands it cuts in bfloat16 pieces:
     measured on v2 with f32 x, 39.5 MiB for (2048, 512) blocks; 6 more for each further
     bfloat16 piece of a codebook's values, ``pieces``), the partial sums, the per-group
-    scratch and the first step's decoding; ``bits``: the codes' width (4 or 6)."""
+    scratch and the first step's decoding (:data:`_FILL_ARRAYS`); ``bits``: the codes'
+    width (4 or 6)."""
     kp = -(-k // bk) * bk
     r = _TILE // word_groups.unit(scaling)
     w = 2 * (bk * bits // 8) * bn
@@ -176,7 +182,11 @@ def vmem_bytes(
     tile = (40 if highest else 8 + 6 * (pieces - 1)) * bk * bn
     sums = 3 * r * bm * bn * 4
     shape = types.SimpleNamespace(scaling=scaling, k=k, bk=bk, bn=bn)
-    return w + x + tile + sums + word_groups.scratch_bytes(shape)
+    groups = sum(  # the per-group scratch, and what decoding it keeps live at the first step
+        n if name.endswith("_supers") else _FILL_ARRAYS * n
+        for name, n in word_groups.part_rows(shape)
+    )
+    return w + x + tile + sums + groups * bn * 4
 
 
 def _tiled(rows: jax.Array, bm: int) -> jax.Array:

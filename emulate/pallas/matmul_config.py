@@ -516,9 +516,10 @@ def _word_config(
     pieces = codebook.pieces if codebook is not None and r.rhs_compute == "bfloat16" else 1
 
     bits = 8 * stored.nbytes // stored.group
+    dot = word_step.dot_rows(r.target)
 
     def vmem_of(bn: int, bk: int, bm: int = bm) -> int:
-        return word_step.vmem_bytes(bm, bn, bk, k, xb, scaling, tl.highest, pieces, bits)
+        return word_step.vmem_bytes(bm, bn, bk, k, xb, scaling, tl.highest, pieces, bits, dot)
 
     if block_shape is None:
         for cbk, cbn in _WORD_BLOCKS:

@@ -166,6 +166,7 @@ def vmem_bytes(
     highest: bool = False,
     pieces: int = 1,
     bits: int = 4,
+    dot: int = _TILE,
 ) -> int:
     """VMEM of one grid step of :func:`body` (an upper estimate): the double-buffered
     weight and x blocks (x spanning K), the step's decoded tiles and their temporaries
@@ -174,9 +175,10 @@ def vmem_bytes(
     measured on v2 with f32 x, 39.5 MiB for (2048, 512) blocks; 6 more for each further
     bfloat16 piece of a codebook's values, ``pieces``), the partial sums, the per-group
     scratch and the first step's decoding (:data:`_FILL_ARRAYS`); ``bits``: the codes'
-    width (4 or 6)."""
+    width (4 or 6); ``dot``: rows of K per dot (:func:`dot_rows`), which set the rows of
+    partial sums."""
     kp = -(-k // bk) * bk
-    r = _TILE // word_groups.unit(scaling)
+    r = max(1, dot // word_groups.unit(scaling))
     w = 2 * (bk * bits // 8) * bn
     x = 2 * bm * kp * x_bytes + 6 * bm * bk  # and the step's slice as f32 and bf16
     tile = (40 if highest else 8 + 6 * (pieces - 1)) * bk * bn

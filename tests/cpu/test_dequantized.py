@@ -1,7 +1,10 @@
 """emulate.cpu.dequantized: blocks whose factors are NaN, infinite or huge give what the
 dequantized product gives (tests/_dequantized_product.py: NaN where a zero meets an
 infinite scale), in the few-rows kernel (layouts COLUMNS and ROWS) and the many-rows one.
-One special value a test."""
+One special value a test. Each layout and kernel is a weight form of its own (a numba
+compile of some 20 s on 2 cores): the rows of the few-rows kernel by default (GGUF's
+layout; its form is tests/cpu/test_gemv.py's rows form), the others under
+EMULATE_LONG_TESTS=1."""
 
 from __future__ import annotations
 
@@ -38,8 +41,9 @@ def _q4_rows(rng: np.random.Generator, scales: np.ndarray) -> QArray:
 SPECIALS = [np.nan, np.inf, -np.inf, 2.0**110]
 
 
+@pytest.mark.long  # a weight form of its own (columns, int8 codes): a numba compile
 @pytest.mark.parametrize("special", SPECIALS)
-@pytest.mark.parametrize("part", ["scale", pytest.param("offset", marks=pytest.mark.long)])
+@pytest.mark.parametrize("part", ["scale", "offset"])
 def test_a_special_factor_in_columns_gives_the_dequantized_product(part, special) -> None:
     # int8 codes (K, N) with zeros, f32 scales per 32 of K: a special scale (or offset) in
     # a column of the vector steps (3) and one after them (70)
@@ -73,6 +77,7 @@ def test_a_special_scale_in_rows_gives_the_dequantized_product(special) -> None:
     as_dequantized(_dot(jnp.asarray(x), q, NK), x, w, 2)
 
 
+@pytest.mark.long  # two weight forms of their own: numba compiles
 @pytest.mark.parametrize("layout", ["columns", "rows"])
 def test_the_many_rows_kernel_gives_the_dequantized_product(layout) -> None:
     # more rows than the few-rows kernel takes: the panels hold the dequantized values

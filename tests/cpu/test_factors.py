@@ -64,7 +64,12 @@ def _operands(q: QArray, contracting: int) -> tuple:
 
 @pytest.mark.parametrize(
     ("k", "per", "scale_dtype"),
-    [(2304, 8, np.float32), pytest.param(1088, 16, np.float32, marks=pytest.mark.long)],
+    [
+        # each a numba compile of some 20 s on 2 cores; the kernel reads two-level scales by
+        # default through GGUF's Q4_K (tests/importers/test_gguf_qarray.py)
+        pytest.param(2304, 8, np.float32, marks=pytest.mark.long),
+        pytest.param(1088, 16, np.float32, marks=pytest.mark.long),
+    ],
 )
 def test_two_level_scales_are_dequantizes_bits(k: int, per: int, scale_dtype) -> None:
     # 72 (34) blocks a row: vector steps of 64 codes and a tail; (v - 5) * s + 0.37 rounded

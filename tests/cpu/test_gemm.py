@@ -1,6 +1,9 @@
 """emulate.cpu.gemm: the many-rows kernel (more rows than emulate.cpu.route.MAX_ROWS)
 through emulate.dot_general, against the float64 product of the dequantized weight
-(emulate.reference) and exact integer sums. Special factors: tests/cpu/test_dequantized.py."""
+(emulate.reference) and exact integer sums. Special factors: tests/cpu/test_dequantized.py.
+The rows layout (a second weight form, a numba compile of some 20 s on 2 cores) is long
+(EMULATE_LONG_TESTS=1).
+"""
 
 from __future__ import annotations
 
@@ -47,7 +50,7 @@ def _rows(rng: np.random.Generator, n: int = 70) -> tuple[QArray, np.ndarray]:
     return q, w.T
 
 
-@pytest.mark.parametrize("layout", ["columns", "rows"])
+@pytest.mark.parametrize("layout", ["columns", pytest.param("rows", marks=pytest.mark.long)])
 def test_many_rows_within_the_bound_and_independent_of_the_batch(layout: str) -> None:
     # 6-row (3-row) tiles and their remainders; the first 17 rows alone give the same bits
     rng = np.random.default_rng(1)

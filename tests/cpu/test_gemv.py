@@ -5,8 +5,10 @@ project's decoder: tests/importers/test_gguf_qarray.py and test_conventions_qarr
 
 Each weight form costs a numba compile of some 20 s on CI's 2 cores: most tests share one
 (int4 codes packed along K in blocks of 32 with e8m0 scales: columns, two codes a byte),
-each other test adds one form that no shared one covers; the breadth (more code widths, an
-odd K's bit-stream reader in the column loop) is long (EMULATE_LONG_TESTS=1).
+a second is the rows of GGUF's layout (uint4 codes, zero point 8, float32 scales per 32);
+each other test adds one form that no shared one covers and is long (EMULATE_LONG_TESTS=1)
+but one code width of the rows (uint3): more code widths, an odd K's bit-stream reader in
+the column loop, a table code, NVFP4's tensor scale, stored zero points.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ def test_gradients_are_the_dequantized_weights() -> None:
     assert np.array_equal(np.asarray(g), np.broadcast_to(w.sum(axis=1), (2, K)).astype(np.float32))
 
 
+@pytest.mark.long  # a weight form of its own: a numba compile (module docstring)
 def test_rows_as_stored_with_a_last_shorter_block() -> None:
     # GGUF-style rows (N, K) contracted along K: uint4 codes with zero point 8 and float16
     # scales per 32, K = 80 (two blocks and one of 16)
@@ -155,9 +158,9 @@ def test_one_signed_byte_a_code_in_columns() -> None:
 #: loop: (code format, packed, block along K, K, zero point). The K values leave tails
 #: after the last whole step; a block of 24 groups (48 4-bit codes) fits no step.
 ROW_FORMS = [
-    ("int5", False, 32, 80, None),  # one signed code a byte; a last block of 16
     ("uint3", True, 16, 144, 4),  # 2 groups a block; 18 groups: one step and a tail
-    ("uint4", True, 48, 96, 8),  # 24 groups a block: the bit-stream loop
+    pytest.param("int5", False, 32, 80, None, marks=pytest.mark.long),  # a byte; a last block
+    pytest.param("uint4", True, 48, 96, 8, marks=pytest.mark.long),  # the bit-stream loop
     pytest.param("uint2", True, 16, 320, None, marks=pytest.mark.long),
     pytest.param("int6", True, 16, 256, None, marks=pytest.mark.long),
     pytest.param("uint5", True, 32, 288, 16, marks=pytest.mark.long),
@@ -187,6 +190,7 @@ def test_rows_of_every_code_width_within_the_bound(fmt, packed, bk, k, zp) -> No
     assert (np.abs(got - x.astype(np.float64) @ w.T) <= bound).all()
 
 
+@pytest.mark.long  # a weight form of its own: a numba compile (module docstring)
 def test_one_table_code_a_byte_in_columns() -> None:
     # uint8 codes of a 4-bit format without a numpy dtype (P3109 k4p2, values from gfloat):
     # 64 columns a vector step, the 8 after it one at a time, both through the table
@@ -257,6 +261,7 @@ def test_rows_as_stored_are_independent_of_the_batch() -> None:
         assert np.array_equal(_dot(x[:rows], q, nk).view(np.uint32), whole[:rows].view(np.uint32))
 
 
+@pytest.mark.long  # a weight form of its own: a numba compile (module docstring)
 def test_nvfp4_takes_its_tensor_scale_as_dequantize_does() -> None:
     # e2m1 codes, e4m3 scales per 16, an f32 tensor scale: the product of the two scales
     # rounded once (reference.dequantize); a tensor scale that sends the product below
@@ -282,6 +287,7 @@ def test_nvfp4_takes_its_tensor_scale_as_dequantize_does() -> None:
         as_dequantized(got, x, w, K // 16)
 
 
+@pytest.mark.long  # a weight form of its own: a numba compile (module docstring)
 def test_groups_with_stored_zero_points_and_a_last_shorter_block() -> None:
     # 3-bit codes a group of 8 in 3 bytes, blocks of 16 (2 groups), K = 88 (5 blocks and
     # one of 8), uint8 zero points per block

@@ -86,10 +86,21 @@ def test_integer_activations_keep_the_exact_route() -> None:
     )
     x = jnp.full((1, k), 127, jnp.int8)
     with emulate.use_cpu_kernel(True):
-        assert "emulate_cpu_gemv_" in _lowered(x.astype(jnp.float32), w)
         assert "emulate_cpu_gemv_" not in _lowered(x, w)
         got = jax.jit(lambda x: emulate.dot_general(x, w, KN))(x)
     assert np.asarray(got).tolist() == [[127 * 127 * 2**12] * 8]
+
+
+@pytest.mark.long  # a numba compile of the weight's form (some 20 s on 2 cores)
+def test_float_activations_take_the_kernel_for_the_same_weight() -> None:
+    # the control of the test above: the same weight with float32 activations is the
+    # kernel's
+    k = 2**12
+    w = emulate.QArray.from_parts(
+        np.full((k, 8), 127, np.int8), np.ones((1, 8), np.float32), block_shape=(k, 1)
+    )
+    with emulate.use_cpu_kernel(True):
+        assert "emulate_cpu_gemv_" in _lowered(jnp.full((1, k), 127, jnp.float32), w)
 
 
 def _lowered(x, q) -> str:

@@ -75,7 +75,7 @@ _TARGETS = {
 }
 
 
-@pytest.mark.parametrize("mix", ["Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("mix", [pytest.param("Q8_0", marks=pytest.mark.long), "Q4_K_M"])
 def test_ported_model_decodes_the_float_models_tokens(mix, tmp_path) -> None:
     path = str(tmp_path / "tiny.gguf")
     example.write_gguf(path, SMALL, mix)

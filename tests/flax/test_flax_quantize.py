@@ -254,6 +254,9 @@ def test_cnn_sites_and_logits(convnet, sites, target):
     np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5)
 
 
+# long: the decoder's gradients run by default (test_decoder_gradients), vmap of emulate's
+# routes in tests/engine/ and tests/test_scaled.py
+@pytest.mark.long
 def test_cnn_gradients_and_vmap(convnet):
     model, variables, images, qmodel, qvars, twin_vars = convnet
 

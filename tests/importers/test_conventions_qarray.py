@@ -220,8 +220,9 @@ def test_imported_qarray_matmul_within_bound(tmp_path, name: str, target: str) -
     assert np.all(np.abs(got - exact) <= plain)
 
 
-#: The CPU kernel (emulate.cpu) takes the integer conventions: by default AWQ (packed zero
-#: points along N), the others (act-order, 2- and 3-bit GPTQ) under EMULATE_LONG_TESTS=1;
+#: The CPU kernel (emulate.cpu) takes the integer conventions (AWQ's packed zero points
+#: along N, act-order, 2- and 3-bit GPTQ) under EMULATE_LONG_TESTS=1 (GGUF's Q4_K, by
+#: default in test_gguf_qarray.py, runs the kernel's integer loops on a real convention);
 #: the table codes (bitsandbytes' NF4 codebook, NVFP4's e2m1 codes with its tensor scale,
 #: FP8's e4m3 codes) where the host looks their table of that many bits up in registers
 #: (emulate.cpu.table_lookups): FP8 by default, NVFP4 long (each form costs a numba compile
@@ -230,7 +231,7 @@ def test_imported_qarray_matmul_within_bound(tmp_path, name: str, target: str) -
 #: stacked experts are not a kernel form (a batched dot): checked by default (no compile).
 NOT_KERNEL = ("gpt_oss",)
 TABLE_BITS = {"bnb": 4, "bnb_nested": 4, "nvfp4": 4, "fp8": 8}
-KERNEL_DEFAULT = ("awq", "fp8", *NOT_KERNEL)
+KERNEL_DEFAULT = ("fp8", *NOT_KERNEL)
 
 
 @pytest.mark.parametrize(

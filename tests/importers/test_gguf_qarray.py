@@ -199,17 +199,16 @@ def test_matmul_tiled_on_the_cpu_is_within_the_bound(ggml_type: str) -> None:
     assert (error <= _bound(x, parts)).all(), error.max()
 
 
-#: The CPU kernel (emulate.cpu) by default on two of GGUF's forms: 4-bit codes with
-#: two-level scales and mins (Q4_K, the K-quants' reading) and a 4-bit codebook (IQ4_XS);
-#: every type under EMULATE_LONG_TESTS=1 (each form costs a numba compile of some 20 s on
-#: CI's 2 cores). The kernel's loops for the other forms run by default in tests/cpu/ on
-#: synthetic weights: one signed code a byte with float16 scales per 32, as Q8_0 stores it
-#: (test_gemv.py's int5 rows), and codes a byte group at a time, Q6_K's loop (its packed
-#: uint3 rows with zero points). The codebook and float4 types (IQ4_NL, IQ4_XS, MXFP4)
-#: take the kernel where the host looks their table up in a register
-#: (emulate.cpu.table_lookups), else XLA's route.
+#: The CPU kernel (emulate.cpu) by default on one of GGUF's forms: 4-bit codes with
+#: two-level scales and mins (Q4_K, the K-quants' reading); every type under
+#: EMULATE_LONG_TESTS=1 (each form costs a numba compile of some 20 s on CI's 2 cores).
+#: The kernel's loops for other forms run by default in tests/cpu/ on synthetic weights:
+#: codes a byte group at a time, Q6_K's loop (test_gemv.py's packed uint3 rows with zero
+#: points), and Q4_0's rows (uint4 codes, zero point 8, scales per 32). The codebook and
+#: float4 types (IQ4_NL, IQ4_XS, MXFP4) take the kernel where the host looks their table up
+#: in a register (emulate.cpu.table_lookups), else XLA's route.
 TABLE_TYPES = ("IQ4_NL", "IQ4_XS", "MXFP4")
-KERNEL_DEFAULT = ("Q4_K", "IQ4_XS")
+KERNEL_DEFAULT = ("Q4_K",)
 
 
 @pytest.mark.parametrize(

@@ -47,7 +47,9 @@ def test_int8_summed_in_int32_passes():
     "bug, line",
     [
         (uk.int4_weight_only_unsigned, "got 8.0, want -8.0"),
-        (uk.int4_weight_only_bf16_scales, "rhs_scales = np.array("),
+        pytest.param(
+            uk.int4_weight_only_bf16_scales, "rhs_scales = np.array(", marks=pytest.mark.long
+        ),
     ],
 )
 def test_int4_group_kernel_bugs_are_caught_on_every_seed(bug, line):

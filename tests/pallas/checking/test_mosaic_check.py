@@ -327,6 +327,7 @@ def test_cli_flags_v4_and_passes_v5e():
     assert (code, out) == (0, f"tpu_v5e: 1 tpu.matmul, ok ({BASIS}, compat on)\n")
 
 
+@pytest.mark.long  # per target by default: test_cli_flags_v4_and_passes_v5e
 def test_cli_all_targets_and_the_fixed_kernel():
     code, out, _ = _cli(["check-kernel", f"{KERNELS}:raw_int8", "--target", "all", *SHAPES])
     assert code == 1
@@ -388,6 +389,7 @@ def test_parse_shapes():
         cli.parse_shapes("8:e2m3")
 
 
+@pytest.mark.long  # the CLI's verdicts and exit codes run by default in-process (_cli)
 def test_python_dash_m_exit_status():
     done = subprocess.run(
         [sys.executable, "-m", "emulate", "check-kernel", f"{KERNELS}:raw_int8"]
@@ -405,8 +407,8 @@ def test_python_dash_m_exit_status():
 
 
 def _probe_sample(per_stratum: int):
-    """Probe rows, every (target, compat) stratum, evenly spaced within it: half as many a
-    stratum by default as under EMULATE_LONG_TESTS=1."""
+    """Probe rows, every (target, compat) stratum, evenly spaced within it: a few a
+    stratum by default, more under EMULATE_LONG_TESTS=1."""
     rows: dict = {}
     for r in mosaic.recorded().rows:
         rows.setdefault((r.case.target, r.case.compat), []).append(r)
@@ -431,7 +433,7 @@ def _agrees(case, findings):
 @pytest.mark.parametrize("compat", [True, False])
 def test_check_equals_the_compiler_on_the_probe(compat):
     assert HAVE_COMPILER, "libtpu is a test dependency: pip install -e .[test]"
-    rows = [r for r in _probe_sample(examples(7, 14)) if r.case.compat == compat]
+    rows = [r for r in _probe_sample(examples(3, 14)) if r.case.compat == compat]
     results = mosaic_check.check_many([_probe_job(r.case) for r in rows], compat=compat)
     bad = [r.case for r, f in zip(rows, results, strict=True) if not _agrees(r.case, f)]
     assert bad == []
@@ -463,7 +465,7 @@ def test_a_refusal_is_placed_at_the_matmul_mosaic_prints():
 
 @pytest.mark.parametrize("compat", [True, False])
 def test_recorded_rules_equal_the_probe(compat, recorded_rules):
-    rows = [r for r in _probe_sample(examples(10, 20)) if r.case.compat == compat]
+    rows = [r for r in _probe_sample(examples(4, 20)) if r.case.compat == compat]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", mosaic_check.RecordedRulesWarning)
         results = mosaic_check.check_many([_probe_job(r.case) for r in rows], compat=compat)

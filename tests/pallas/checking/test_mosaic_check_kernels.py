@@ -144,17 +144,23 @@ _KERNEL_CASES = [
      ("tpu_v4", "tpu_v5e", "tpu_v7x"), MESH_DOT),
 ]  # fmt: skip
 # By default each kernel on the targets where its verdict or program differs most (every
-# COMPAT_OFF case among them); these under EMULATE_LONG_TESTS=1 as well. Only the selected
+# COMPAT_OFF case among them), one target where a second adds no new verdict (the bf16
+# megablox and unscaled int8 gmm_v2 programs, the quantizer, the plain kernel); these
+# under EMULATE_LONG_TESTS=1 as well. Only the selected
 # cases are compiled.
 _LONG_CASES = {
+    "megablox-bf16-tpu_v2",
     "megablox-bf16-tpu_v5e",
     "megablox-bf16-tpu_v7x",
     "xla-w8a8-int8-tpu_v4",
     "xla-w8-f32xint8-tpu_v7x",
     "gmm_v2-int8-tpu_v7x",
+    "gmm_v2-int8-unscaled-tpu_v7x",
     "gmm_v2-fp8-tpu_v4",
     "gmm_v2-fp8-tpu_v5e",
+    "quantizer-tpu_v4",
     "quantizer-tpu_v7x",
+    "pl-kernel-tpu_v4",
     "pl-kernel-tpu_v5e",
 }
 CASES = [

@@ -63,7 +63,7 @@ _CASE = re.compile(
     r"|layer/(?P<contender>bf16|xla|kernel)/m(?P<lm>\d+)"
     r"|attention/(?P<cache>\w+)/(?P<route>kernel|xla)"
     r"|stream/(?P<stream>bf16|i32)/(?P<sbk>\d+)x(?P<sbn>\d+)"
-    r"|word/(?P<word>bf16|q4_k|awq|int4|mxfp4|nvfp4|nf4)/m(?P<wm>\d+)/(?P<wk>\d+)x(?P<wn>\d+))$"
+    r"|word/(?P<word>bf16|q4_k|q6_k|awq|int4|mxfp4|nvfp4|nf4)/m(?P<wm>\d+)/(?P<wk>\d+)x(?P<wn>\d+))$"
 )
 
 
@@ -82,7 +82,7 @@ class ChipCase:
                 f"case: {self.name!r} is not projection/<scheme>/m<M>[/<bm>x<bn>x<bk>|/default], "
                 "layer/<bf16|xla|kernel>/m<M>, attention/<cache format>/<kernel|xla> or "
                 "stream/<bf16|i32>/<bk>x<bn> or "
-                "word/<bf16|q4_k|awq|int4|mxfp4|nvfp4|nf4>/m<M>/<K>x<N>"
+                "word/<bf16|q4_k|q6_k|awq|int4|mxfp4|nvfp4|nf4>/m<M>/<K>x<N>"
             )
         if m.group("word"):
             return {"kind": "word", "scheme": m.group("word"), "m": int(m.group("wm")),
@@ -214,21 +214,47 @@ def _float_weight(
     return q, v * np.repeat(s.astype(np.float64), 16, axis=0) * np.float64(ts)
 
 
+def _q6_k_weight(k: int, n: int, rng: np.random.Generator, pow2: bool) -> tuple[Any, np.ndarray]:
+    """:func:`word_weight` of GGUF Q6_K: uint6 codes with zero point 32, int8 scale codes
+    per 16 rows times a float16 ``d`` per 256 rows (with ``pow2``: codes in -8..7 and
+    ``d`` 2**-1 or 1, so that with integer activations in -8..8 every partial sum over
+    K = 2304 rows is a multiple of 1/2 under 2**23: exact in f32)."""
+    import emulate
+
+    codes = rng.integers(0, 64, (k, n))
+    if pow2:
+        sc = rng.integers(-8, 8, (k // 16, n))
+        d = np.ldexp(1.0, rng.integers(-1, 1, (k // 256, n))).astype(np.float16)
+    else:
+        sc = rng.integers(-128, 128, (k // 16, n))
+        d = (rng.random((k // 256, n)) * 0.01 + 1e-3).astype(np.float16)
+    level = emulate.QArray.from_parts(sc.astype(np.int8), d, block_shape=(16, 1))
+    q = emulate.QArray.from_parts(
+        emulate.pack(codes.astype(np.uint8), "uint6", axis=0), level, block_shape=(16, 1),
+        zero_points=32,
+    )  # fmt: skip
+    g = np.repeat(np.arange(k // 16), 16)
+    dg = np.repeat(d.astype(np.float64), 16, axis=0)
+    return q, (codes - 32.0) * (sc * dg)[g]
+
+
 def word_weight(
     kind: str, k: int, n: int, rng: np.random.Generator, pow2: bool = False
 ) -> tuple[Any, np.ndarray]:
     """The weight ``benchmarks.word_time`` times for scheme ``kind`` (``"q4_k"``: GGUF
-    Q4_K-like two-level scales and mins; ``"awq"``: float16 scales and packed zero points
-    per 128 rows; ``"int4"``: plain codes; ``"mxfp4"``, ``"nvfp4"``, ``"nf4"``:
-    :func:`_float_weight`), K x N: (the QArray or int4 array, its exact
-    (K, N) values in float64). ``pow2``: power-of-two scales (every partial sum of
-    integer activations exact)."""
+    Q4_K-like two-level scales and mins; ``"q6_k"``: GGUF Q6_K-like, :func:`_q6_k_weight`;
+    ``"awq"``: float16 scales and packed zero points per 128 rows; ``"int4"``: plain
+    codes; ``"mxfp4"``, ``"nvfp4"``, ``"nf4"``: :func:`_float_weight`), K x N: (the QArray
+    or int4 array, its exact (K, N) values in float64). ``pow2``: power-of-two scales
+    (every partial sum of integer activations exact)."""
     import ml_dtypes
 
     import emulate
 
     if kind in ("mxfp4", "nvfp4", "nf4"):
         return _float_weight(kind, k, n, rng, pow2)
+    if kind == "q6_k":
+        return _q6_k_weight(k, n, rng, pow2)
     if kind == "int4":
         codes = rng.integers(-8, 8, (k, n))
         return codes.astype(ml_dtypes.int4), codes.astype(np.float64)

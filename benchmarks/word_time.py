@@ -9,7 +9,8 @@ run from the repository root (emulate need not be installed)::
 ``--no-check``, ``--budget-s``; ``--commit`` defaults to ``git rev-parse HEAD`` where a
 git checkout is there). For each scheme and shape it builds a weight with numpy
 (:func:`benchmarks.chip_programs.word_weight`: GGUF Q4_K-like two-level scales and mins,
-AWQ-like float16 scales and packed zero points per 128 rows, plain int4, MXFP4, NVFP4
+GGUF Q6_K-like 6-bit codes with int8 scales times a float16 d, AWQ-like float16 scales
+and packed zero points per 128 rows, plain int4, MXFP4, NVFP4
 with its tensor scale, bitsandbytes NF4; the same kernel paths as the checkpoints'
 weights), prepares it once, and times one program calling ``emulate.pallas.matmul``
 :data:`LOOP` times in a ``fori_loop`` (each call's input depending on the previous
@@ -50,7 +51,7 @@ from benchmarks.provenance import provenance
 
 #: Calls per timed program (one call alone costs hundreds of us of dispatch on a lent chip).
 LOOP = 50
-SCHEMES = ("q4_k", "awq", "int4", "mxfp4", "nvfp4", "nf4")
+SCHEMES = ("q4_k", "q6_k", "awq", "int4", "mxfp4", "nvfp4", "nf4")
 #: Schemes whose partial sums cannot all be exact (a codebook's f32 entries): the check
 #: reports their largest relative error instead of bits.
 _INEXACT = ("nf4",)

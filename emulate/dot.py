@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import string
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import jax
@@ -28,6 +28,7 @@ from emulate.engine.layout import DimensionNumbers
 from emulate.engine.operands import Operand, OperandLike, Precision, operand
 from emulate.engine.out_sharding import resharded
 from emulate.engine.passthrough import is_plain, passes_through
+from emulate.engine.plain import plain_dot
 from emulate.engine.run import plan_for, run_plan
 from emulate.formats import FormatLike
 from emulate.numerics.storage import from_codes, is_array
@@ -97,20 +98,6 @@ def dot_general(
     return front.call(_DOOR, locals())
 
 
-def _plain_dot(a: Mapping[str, Any]) -> jax.Array:
-    """A call that goes to ``lax.dot_general`` (plain arrays or scalars: passes_through
-    checked them), after emulate's messages for a type that is none and for dimension
-    numbers."""
-    args.preferred(a["preferred_element_type"])
-    lhs, rhs = a["lhs"], a["rhs"]
-    dn = args.dot_dimension_numbers(
-        a["dimension_numbers"], args.shape_of(lhs), args.shape_of(rhs), "lhs, rhs: as JAX's"
-    )
-    return lax.dot_general(
-        lhs, rhs, dn, a["precision"], a["preferred_element_type"], out_sharding=a["out_sharding"]
-    )
-
-
 def _emulated_dot(call: args.DotArgs) -> jax.Array:
     """Run a validated call by the route :func:`emulate.routing.choose` gives it: the
     kernel route (:func:`emulate.routing.run`), or the XLA route on the call read back."""
@@ -125,7 +112,7 @@ def _emulated_dot(call: args.DotArgs) -> jax.Array:
     return resharded(out, call.out_sharding)
 
 
-_DOOR = front.FrontDoor(_plain_dot, args.dot_args, _emulated_dot)
+_DOOR = front.FrontDoor(plain_dot, args.dot_args, _emulated_dot)
 
 
 def _xla_dot(call: args.DotArgs) -> jax.Array:

@@ -21,7 +21,6 @@ JAX's own CPU lowering does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, cast
 
 import jax
@@ -33,14 +32,9 @@ from emulate import routing, targets
 from emulate.dot import dot_general
 from emulate.engine import front, sites
 from emulate.engine.operands import Operand, OperandLike, Precision
-from emulate.engine.ragged_args import (
-    BASIC,
-    RaggedArgs,
-    ragged_args,
-    ragged_shape,
-)
+from emulate.engine.plain import plain_ragged
+from emulate.engine.ragged_args import BASIC, RaggedArgs, ragged_args
 from emulate.formats import FormatLike
-from emulate.group_sizes import as_group_sizes, check_group_sizes
 from emulate.quantized.array import QArray
 from emulate.routing.query import ragged_dot_route
 
@@ -153,14 +147,6 @@ def ragged_dot_general(
     return front.call(_DOOR, locals())
 
 
-def _plain_ragged(a: Mapping[str, Any]) -> jax.Array:
-    """A call that goes to ``lax.ragged_dot_general``, after the group-size check."""
-    lhs, rhs, rdn = a["lhs"], a["rhs"], a["ragged_dot_dimension_numbers"]
-    gs = as_group_sizes(a["group_sizes"])  # a list as an array, as on every route
-    _check_plain_sizes(lhs, rhs, gs, rdn)
-    return lax.ragged_dot_general(lhs, rhs, gs, rdn, a["precision"], a["preferred_element_type"])
-
-
 def _emulated_ragged(call: RaggedArgs) -> jax.Array:
     """Run a validated call by the route :func:`emulate.routing.choose` gives it: the
     grouped kernel (:func:`emulate.routing.run`), or the XLA route on the call read back."""
@@ -172,7 +158,7 @@ def _emulated_ragged(call: RaggedArgs) -> jax.Array:
         return _xla_route(call.read_back())
 
 
-_DOOR = front.FrontDoor(_plain_ragged, ragged_args, _emulated_ragged)
+_DOOR = front.FrontDoor(plain_ragged, ragged_args, _emulated_ragged)
 
 
 def _xla_route(call: RaggedArgs) -> jax.Array:
@@ -184,14 +170,6 @@ def _xla_route(call: RaggedArgs) -> jax.Array:
         if call.mode == "contracting":
             return _contracting(call)
         return _dot(call, call.dot.lhs, call.dot.dimension_numbers)
-
-
-def _check_plain_sizes(lhs: Any, rhs: Any, group_sizes: Any, rdn: Any) -> None:
-    """The sign check of :func:`as_group_sizes`' sizes handed to JAX, after JAX's shape
-    rule (JAX checks the rest: types, dimension numbers)."""
-    if isinstance(rdn, lax.RaggedDotDimensionNumbers):
-        ragged_shape(np.shape(lhs), np.shape(rhs), np.shape(group_sizes), rdn)
-        check_group_sizes(group_sizes)
 
 
 def _dot(call: RaggedArgs, lhs: Operand | QArray, dn: Any) -> jax.Array:

@@ -30,6 +30,7 @@ from jax.typing import ArrayLike, DTypeLike
 from emulate import program, targets
 from emulate.conv import conv_general_dilated
 from emulate.dot import dot_general
+from emulate.engine.passthrough import xla_holds
 from emulate.planning.plan import runs_as_is
 from emulate.ragged import ragged_dot_general
 from emulate.scaled import scaled_matmul
@@ -196,7 +197,10 @@ class _Rewriter:
         name = eqn.primitive.name
         if name in program.MATMUL_PRIMITIVES + program.RAGGED_PRIMITIVES:
             lhs, rhs = (v.aval for v in eqn.invars[:2])
-            if not runs_as_is(np.dtype(lhs.dtype), np.dtype(rhs.dtype), target=self.t):
+            if not runs_as_is(
+                np.dtype(lhs.dtype), np.dtype(rhs.dtype), target=self.t
+            ) or not xla_holds(eqn.params["preferred_element_type"]):
+                # a result XLA's dot cannot return (float4, int4, float6): emulate's route
                 return self.emulated(eqn, invals)
         if name in program.SCALED_PRIMITIVES:
             a, b, a_scales, b_scales = invals

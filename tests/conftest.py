@@ -27,11 +27,8 @@ The CPU kernel is off unless a test turns it on (``EMULATE_CPU_KERNEL=0``: its n
 compiles cost some 20 s a weight form on 2 cores; tests/cpu/ and the importers' oracle tests
 run it), and compiled for one thread (``NUMBA_THREADING_LAYER=workqueue``: a kernel over
 numba's threads compiles in twice the time); tests/cpu/test_gemv.py checks that the
-threaded kernel gives the same bits. ``EMULATE_TEST_CPU_KERNEL_CACHE=1`` has the session's
-processes share the kernels they compile through a fresh temporary folder
-(``EMULATE_CPU_KERNEL_CACHE``, :mod:`emulate.cpu.kernel_cache`): a form compiled once a
-session, not once a worker. Off by default: a Q4_K form loaded from the folder by a second
-process crashed it (SIGSEGV, 2026-12-07; benchmarks.qcpu --schemes q4_k), cause not found.
+threaded kernel gives the same bits. Each worker compiles the forms its tests need (the
+folder of compiled kernels, :mod:`emulate.cpu.kernel_cache`, is switched off).
 
 XLA:CPU code generation: the session's processes compile with quicker XLA:CPU settings
 than XLA's defaults (tests/_xla_flags.py says what they change; tests/test_suite_codegen.py
@@ -114,25 +111,6 @@ def _share_compilations() -> None:
 
 
 _share_compilations()
-
-
-def _share_cpu_kernels() -> None:
-    """Point the CPU kernel's folder of compiled kernels (emulate.cpu.kernel_cache) at this
-    session's folder (module docstring), made by the first process and removed at its
-    exit, as for the XLA cache."""
-    if os.environ.get("EMULATE_TEST_CPU_KERNEL_CACHE", "0") != "1":
-        return  # off by default (module docstring: a crash loading a cached Q4_K form)
-    session = os.environ.get("EMULATE_TEST_CPU_KERNELS")
-    if os.environ.get("EMULATE_CPU_KERNEL_CACHE") and not session:
-        return  # the caller's folder (one kept between runs: its files are keyed by source)
-    if not session:
-        folder = tempfile.mkdtemp(prefix="emulate-test-cpu-kernels-")
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        os.environ["EMULATE_TEST_CPU_KERNELS"] = folder
-    os.environ["EMULATE_CPU_KERNEL_CACHE"] = os.environ["EMULATE_TEST_CPU_KERNELS"]
-
-
-_share_cpu_kernels()
 
 
 #: The opt-in markers: marker -> (the variable that selects its tests, what they are).

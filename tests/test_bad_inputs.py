@@ -996,9 +996,15 @@ def test_a_float4_result_of_plain_operands_is_the_sum_rounded_once():
     w = np.ones((3, 2), np.float32)
     want = (x.astype(np.float64) @ w).astype(ml_dtypes.float4_e2m1fn)  # 3.75 -> 4, 0.75 -> 1
     f4 = ml_dtypes.float4_e2m1fn
+    gs = np.array([2])
     for got in (
         emulate.dot_general(x, w, DN, preferred_element_type=f4),
-        emulate.ragged_dot(x, w[None], np.array([2]), preferred_element_type=f4),
+        emulate.ragged_dot(x, w[None], gs, preferred_element_type=f4),
+        # issue 49's sweep: polyfill bound such equations as they were, into XLA's verifier
+        emulate.polyfill(lambda a, b: lax.dot_general(a, b, DN, preferred_element_type=f4))(x, w),
+        emulate.polyfill(lambda a, b: lax.ragged_dot(a, b, gs, preferred_element_type=f4))(
+            x, w[None]
+        ),
     ):
         assert got.dtype == f4
         assert np.asarray(got).view(np.uint8).tolist() == want.view(np.uint8).tolist()

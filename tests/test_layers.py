@@ -147,6 +147,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "emulate.engine.args",
             "emulate.engine.conv_args",
             "emulate.engine.ragged_args",
+            "emulate.engine.plain",
             "emulate.engine.front",
         ],
     ),
@@ -752,6 +753,7 @@ CROSS_CUTTING = {
     "tests/test_xla_cpu_patterns.py": "programs XLA's CPU backend is known to mishandle",
     "tests/test_tpu_compile.py": "emulated programs through the real TPU compiler",
     "tests/test_suite_codegen.py": "the suite's XLA:CPU settings give XLA's default bits",
+    "tests/test_surface_sweep.py": "issue 49's sweep of the new callables (tests/_surface_sweep)",
 }
 
 GGML = "one family of GGML block layouts: importers/test_ggml (every type against gguf.quants)"
@@ -786,6 +788,7 @@ TESTED_ELSEWHERE = {
     "emulate.routing.pallas_ops": "the Pallas kernels' routes: routing/test_choose, test_ragged",
     "emulate.routing.run": "the kernel route run: routing/test_choose, test_ragged, cpu/test_route",
     "emulate.routing.query": "weight_route, ragged_dot_route: routing/, test_ragged",
+    "emulate.engine.plain": "the plain steps: test_dot, test_ragged, test_surface_sweep",
     "emulate.engine.front": "every front door's call: test_dot, test_conv, test_ragged",
     "emulate.quantized": "package docstring only",
     "emulate.reference.quantizing": (

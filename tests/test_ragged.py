@@ -290,7 +290,12 @@ def _stacked(scheme, e, k, n, seed):
     return emulate.quantize(w, scheme, axis=1)
 
 
-@pytest.mark.parametrize("scheme", ["MXFP4", "INT4_G128", "MXFP6_E2M3"])
+# MXFP4 under EMULATE_LONG_TESTS=1: stacked MXFP4 experts run by default in
+# test_rows_stored_k_by_m_run_with_each_rows_own_expert[MXFP4-cpu] and (from GGUF) in
+# test_stacked_gguf_experts_are_each_rows_own_expert[MXFP4].
+@pytest.mark.parametrize(
+    "scheme", [pytest.param("MXFP4", marks=pytest.mark.long), "INT4_G128", "MXFP6_E2M3"]
+)
 def test_stacked_qarray_experts_are_each_rows_own_expert(scheme) -> None:
     q = _stacked(getattr(emulate.mx, scheme), 4, 64, 16, 1)
     rng = np.random.default_rng(0)
@@ -685,6 +690,51 @@ def test_prepare_weights_prepares_stacked_experts_once_and_reads_them_back(route
                           np.asarray(RMX.codes.data))  # fmt: skip
     with emulate.target(TPU), emulate.use_route("xla"):
         _same(emulate.ragged_dot(RX, tree["e"], GS), routed["xla"])
+
+
+@pytest.mark.parametrize(
+    ("dtype", "pet"), [(np.bool_, None), (np.complex64, None), (np.float32, jnp.int32)]
+)
+def test_route_queries_answer_none_for_calls_the_front_end_hands_to_jax(dtype, pet):
+    # issue 49's sweep: the queries ran the validator of emulated calls on calls the front
+    # end hands to lax as they are, and refused what the front end computes
+    x, w = np.ones((4, 8), dtype), np.ones((2, 8, 3), dtype)
+    gs = np.array([1, 3], np.int32)
+    assert emulate.ragged_dot(x, w, gs, preferred_element_type=pet).shape == (4, 3)
+    assert emulate.ragged_dot_route(x, w, gs, preferred_element_type=pet, target=TPU) is None
+    dn = (((1,), (0,)), ((), ()))
+    assert emulate.weight_route(x, w[0], dn, preferred_element_type=pet, target=TPU) is None
+    abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (x, w, gs)]
+    assert emulate.ragged_dot_route(*abstract, preferred_element_type=pet, target=TPU) is None
+    with pytest.raises(TypeError, match=r"^lhs, rhs, group_sizes, ragged_dot_dimension_numb"):
+        emulate.ragged_dot_route(x, w[:, :4], gs, preferred_element_type=pet)  # lax's rule
+    for a, b in ((x.tolist(), w), (x, w.tolist())):  # lax's TypeError, as the call's (was
+        # a TracerArrayConversionError: the query traced the list's numbers)
+        with pytest.raises(TypeError, match=r"^Error interpreting argument to ragged_dot_gen"):
+            emulate.ragged_dot(a, b, gs, preferred_element_type=pet)
+        with pytest.raises(TypeError, match=r"^Error interpreting argument to ragged_dot_gen"):
+            emulate.ragged_dot_route(a, b, gs, preferred_element_type=pet)
+
+
+def test_ragged_dot_route_refuses_negative_group_sizes_as_the_call_does():
+    # issue 49's sweep: traced by the query, concrete sizes were never checked
+    sizes = np.array([-1, 20, 0], np.int32)
+    msg = r"^group_sizes: sizes must be >= 0 \(the rows of each group\), got \[-1, 20, 0\]$"
+    with pytest.raises(ValueError, match=msg):
+        emulate.ragged_dot(RX, RQ, sizes, target=TPU)
+    with pytest.raises(ValueError, match=msg):
+        emulate.ragged_dot_route(RX, RQ, sizes, target=TPU)
+
+
+@pytest.mark.parametrize("experts", ["no", None, 0, 1])
+def test_prepare_weights_refuses_experts_that_is_no_bool(experts):
+    # issue 49's sweep: any object was read for its truth, so experts="no" prepared them
+    with pytest.raises(TypeError) as e:
+        emulate.prepare_weights(RQ, target=TPU, experts=experts)
+    assert str(e.value) == (
+        "experts: expected a bool (True: prepare stacked (E, K, N) experts too), got "
+        f"{type(experts).__name__} {experts!r}"
+    )
 
 
 def test_prepare_weights_returns_experts_the_grouped_kernel_refuses_unchanged():

@@ -178,10 +178,19 @@ CASES = [
     ("dot_general int8", idot, (A8, B8), "tpu_v4", "fast"),
     ("dot_general int8", idot, (A8, B8), "tpu_v4", "exact"),
 ]
+#: Under EMULATE_LONG_TESTS=1 only: einsum in mode "exact" (6 s: its exact program), as
+#: mode "exact" reaches the calls inside by default through "qarray @" and the int8
+#: dot_general, and einsum's front end in mode "fast".
+LONG_CASES = {("einsum", "exact")}
 
 
 @pytest.mark.parametrize(
-    "fn,args,target,mode", [c[1:] for c in CASES], ids=[f"{c[0]}-{c[3]}-{c[4]}" for c in CASES]
+    "fn,args,target,mode",
+    [
+        pytest.param(*c[1:], marks=pytest.mark.long if (c[0], c[4]) in LONG_CASES else ())
+        for c in CASES
+    ],
+    ids=[f"{c[0]}-{c[3]}-{c[4]}" for c in CASES],
 )
 def test_polyfill_target_and_mode_reach_inner_calls(fn, args, target, mode):
     inside = sites(emulate.polyfill(fn, target=target, mode=mode), *args)

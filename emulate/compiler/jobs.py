@@ -56,12 +56,31 @@ class Job:
         is traced under ``emulate.target(target)``.
       donate_argnums: the positional arguments whose buffers the program may reuse for
         its outputs (as ``jax.jit``'s).
+
+    Raises:
+      TypeError: a ``donate_argnums`` that is not a tuple of ints (``jax.jit``'s type for
+        it; checked here, not in the process that compiles the job).
+      ValueError: an index past ``arg_specs`` (``jax.jit``'s type for it).
     """
 
     fn: Callable[..., Any]
     arg_specs: tuple[Any, ...]
     target: str
     donate_argnums: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        d = self.donate_argnums
+        if not isinstance(d, tuple) or not all(isinstance(i, int) for i in d):
+            raise TypeError(
+                "donate_argnums: expected a tuple of ints (indices of positional "
+                f"arguments), got {d!r}"
+            )
+        n = len(self.arg_specs)
+        if any(i >= n for i in d):
+            raise ValueError(
+                f"donate_argnums: {d!r} names an argument past the {n} positional "
+                "argument(s) of arg_specs"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

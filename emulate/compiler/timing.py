@@ -424,13 +424,20 @@ def estimate(
 
     Raises:
       CompilerUnavailable: libtpu is not installed or does not load.
-      ValueError: a target without a compile-only device or a clock.
+      ValueError: a target without a compile-only device or a clock; a
+        ``donate_argnums`` past the arguments (as ``jax.jit``).
       TypeError: a leaf of ``arg_specs`` without shape and dtype; a ``fn`` that does not
-        pickle by reference.
+        pickle by reference; a ``donate_argnums`` that is no int or sequence of ints.
       ProgramRefused: the compiler (or JAX) refused the program; ``.verdict`` says why.
     """
-    donated = (donate_argnums,) if isinstance(donate_argnums, int) else (donate_argnums or ())
-    job = Job(fn, tuple(arg_specs), _targets.get(target).name, tuple(donated))
+    donated = donate_argnums
+    if isinstance(donate_argnums, int):
+        donated = (donate_argnums,)
+    elif donate_argnums is None:
+        donated = ()
+    elif isinstance(donate_argnums, (list, tuple)):
+        donated = tuple(donate_argnums)
+    job = Job(fn, tuple(arg_specs), _targets.get(target).name, donated)  # type: ignore[arg-type]
     (result,) = estimate_many([job], calibrated=calibrated)
     if isinstance(result, Verdict):
         raise ProgramRefused(result)

@@ -1,12 +1,13 @@
-"""Compiled CPU kernels kept in a folder between processes, opt-in: where the environment
-variable ``EMULATE_CPU_KERNEL_CACHE`` names a folder, each weight form's handler
-(:func:`emulate.cpu.handler.handler`, a numba compile of some 10-20 s) is compiled by the
-first process that needs it, written there, and loaded by every later process that needs
-it (the pytest-xdist workers of a test session, a script run again). Unset or empty (the
-default), every process compiles its own, as numba does without ``cache=True``.
+"""Compiled CPU kernels kept in a folder between processes: built, and switched off.
 
-Not safe yet: a Q4_K form loaded by a second process crashed it (SIGSEGV, 2026-12-07,
-``benchmarks.qcpu --schemes q4_k`` run twice with the variable set); cause not found.
+:func:`cfunc_in` compiles a numba cfunc into a folder, or loads it from there when a
+process wrote it under the same key. It is not used for the kernels: a Q4_K handler
+(:func:`emulate.cpu.handler.handler`) loaded by a second process crashed it (SIGSEGV,
+2026-12-07, ``benchmarks.qcpu --shapes 1x256x256 --schemes q4_k`` run twice; a Q8_0
+handler and small cfuncs load and run; cause not found). Until that is understood,
+:func:`cfunc`, the handlers' entry, compiles every kernel in every process (numba's
+behaviour without ``cache=True``; some 10-20 s a weight form), and where the environment
+variable ``EMULATE_CPU_KERNEL_CACHE`` is set it warns that the variable is ignored.
 
 numba's own ``cache=True`` does not serve here: it keys a closure by the pickled cells it
 closes over, and the kernels close over numba dispatchers, which pickle with a new id in
@@ -31,6 +32,7 @@ import pathlib
 import pickle
 import sys
 import uuid
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -40,14 +42,15 @@ from numba.core.ccallback import CFunc
 
 from emulate import cpu
 
-__all__ = ["ENV", "cfunc", "folder"]
+__all__ = ["ENV", "cfunc", "cfunc_in", "folder"]
 
-#: The environment variable naming the folder (read at each compile).
+#: The environment variable that named the folder of compiled kernels: ignored, with a
+#: warning (module docstring).
 ENV = "EMULATE_CPU_KERNEL_CACHE"
 
 
 def folder() -> pathlib.Path | None:
-    """The folder of compiled kernels, or None where :data:`ENV` is unset or empty."""
+    """The folder :data:`ENV` names, or None where it is unset or empty."""
     value = os.environ.get(ENV, "")
     return pathlib.Path(value) if value else None
 
@@ -96,12 +99,25 @@ class _CachedCFunc(CFunc):
 
 
 def cfunc(fn: Callable[..., Any], sig: Any, key: tuple[Any, ...]) -> CFunc:
-    """``numba.cfunc(sig)(fn)``, compiled, or loaded from :func:`folder` where a process
-    wrote it under ``key`` (what ``fn``'s code depends on beyond emulate.cpu's sources and
-    the host: the form, the thread setting, the kernel)."""
-    where = folder()
-    if where is None:
-        return numba.cfunc(sig)(fn)
+    """``numba.cfunc(sig)(fn)``, compiled in this process: a kernel's handler. Where
+    :data:`ENV` is set, warns (RuntimeWarning; Python's default filter shows it once) that
+    it is ignored (module docstring); ``key`` is what :func:`cfunc_in` would file it under."""
+    if folder() is not None:
+        warnings.warn(
+            f"{ENV} is ignored: CPU kernels loaded from the folder crashed a process (a Q4_K "
+            "form, SIGSEGV; cause not found), so every process compiles its own "
+            "(docs/cpu_kernel.md)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return numba.cfunc(sig)(fn)
+
+
+def cfunc_in(where: pathlib.Path, fn: Callable[..., Any], sig: Any, key: tuple[Any, ...]) -> CFunc:
+    """``numba.cfunc(sig)(fn)``, compiled and written to the folder ``where``, or loaded
+    from it where a process wrote it under ``key`` (what ``fn``'s code depends on beyond
+    emulate.cpu's sources and the host). Not used for the kernels (module docstring: a
+    loaded Q4_K handler crashed its process); small cfuncs load and run."""
     parts = (
         key,
         cpu.vector_isa(),

@@ -22,7 +22,7 @@ from emulate.planning.plan import plan, runs_as_is
 from emulate.quantized.array import QArray
 from emulate.targets import TargetLike, current_mode
 
-__all__ = ["PLANNED", "is_plain", "passes_through", "unplanned_integer_result"]
+__all__ = ["PLANNED", "is_plain", "passes_through", "unplanned_integer_result", "xla_holds"]
 
 #: The operand types emulate plans for: the low-precision formats and the wide floats.
 PLANNED: tuple[str, ...] = formats.LOW_PRECISION + formats.WIDE_FLOATS
@@ -71,7 +71,7 @@ def passes_through(
         # Python scalars and lists: JAX's rules and errors; None or any other object:
         # emulate's TypeError naming the operand (JAX's plain step would read its shape).
         return all(is_array(x) or isinstance(x, _JAX_VALUES) for x in (lhs, rhs))
-    if not _xla_holds(preferred_element_type):
+    if not xla_holds(preferred_element_type):
         return False  # emulate's ValueError, not XLA's runtime error
     la, lb = np.dtype(lhs.dtype).name, np.dtype(rhs.dtype).name
     if not runs_as_is(la, lb, target=target):
@@ -92,9 +92,10 @@ def passes_through(
     return p.method == "native" and p.fallback is None and p.k_chunk is None
 
 
-def _xla_holds(preferred_element_type: FormatLike | None) -> bool:
+def xla_holds(preferred_element_type: FormatLike | None) -> bool:
     """False for a result type of emulate's formats that an XLA dot cannot return (float6,
-    sub-byte types: :func:`emulate.formats.xla_result`)."""
+    sub-byte types: :func:`emulate.formats.xla_result`): such a call is emulate's, on every
+    front end (the drop-ins here, :func:`emulate.polyfill`'s equations)."""
     if preferred_element_type is None:
         return True
     try:

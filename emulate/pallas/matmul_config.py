@@ -78,7 +78,7 @@ class Config:
         accumulator first).
       codebook: a codebook weight's :class:`emulate.pallas.qcodebook.KernelCodebook`, or
         None (``compute.rhs`` is then the format its values take in the kernel).
-      word_step: the kernel body is :func:`emulate.pallas.word_step.body` (a 4-bit weight
+      word_step: the kernel body is :func:`emulate.pallas.word_step.body` (a 4- or 6-bit weight
         read in whole words, group partial sums on the matrix unit; x spans K).
     """
 
@@ -515,13 +515,16 @@ def _word_config(
     xb = np.dtype(x_dtype).itemsize
     pieces = codebook.pieces if codebook is not None and r.rhs_compute == "bfloat16" else 1
 
+    bits = 8 * stored.nbytes // stored.group
+    dot = word_step.dot_rows(r.target)
+
     def vmem_of(bn: int, bk: int, bm: int = bm) -> int:
-        return word_step.vmem_bytes(bm, bn, bk, k, xb, scaling, tl.highest, pieces)
+        return word_step.vmem_bytes(bm, bn, bk, k, xb, scaling, tl.highest, pieces, bits, dot)
 
     if block_shape is None:
         for cbk, cbn in _WORD_BLOCKS:
             bn = min(_round_up(n, _LANES), cbn)
-            bk = min(_round_up(k, word_groups.unit(None)), cbk)
+            bk = min(_round_up(k, max(word_groups.unit(None), tl.k_multiple)), cbk)
             if vmem_of(bn, bk) <= tl.cap:
                 break
         if m > bm and word_step.partial_rows(r, scaling, 1) == 1:

@@ -105,12 +105,14 @@ def _codes(w_ref: Any, cfg: Config, k: Any) -> jax.Array:
 
 
 def _word_order_codes(w_ref: Any, cfg: Config, k: Any) -> jax.Array:
-    """A loaded block of word-order 4-bit tiles (:mod:`emulate.pallas.words`) as its int32
-    codes in K order, the tiles past the weight's end zeroed."""
-    c = words.natural_codes(words.words(w_ref[...]), cfg.interpret)
+    """A loaded block of word-order 4- or 6-bit tiles (:mod:`emulate.pallas.words`) as its
+    int32 codes in K order, the tiles past the weight's end zeroed."""
+    s = cfg.stored
+    bits = 8 * s.nbytes // s.group
+    c = words.natural_codes(words.words(w_ref[...]), cfg.interpret, bits)
     rows = cfg.w_block_rows
-    if cfg.stored.rows % rows:  # a partial last block: whole tiles of garbage past the end
-        valid = (cfg.stored.rows - k * rows) * cfg.stored.group
+    if s.rows % rows:  # a partial last block: whole tiles of garbage past the end
+        valid = (s.rows - k * rows) // s.nbytes * s.group
         c = jnp.where(lax.broadcasted_iota(jnp.int32, c.shape, 0) < valid, c, 0)
     return c
 

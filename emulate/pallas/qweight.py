@@ -51,10 +51,11 @@ activations' columns gathered outside the kernel): :mod:`emulate.pallas.qcodeboo
 Codes of the 2- to 6-bit integer formats (``emulate.formats.CODE_FORMATS``: GGUF Q2_K,
 Q3_K, Q5_K, Q6_K, Q5_0 / Q5_1, 2- and 3-bit GPTQ), stored one per byte or
 :func:`emulate.pack`-ed: read as any sub-byte weight (:mod:`emulate.pallas.weights`; the
-K-planar layout of the width, 3 bytes per 4 codes for 6-bit, 5 per 8 for 5-bit), cut out
-of their bytes in the kernel and decoded as integers into int8 values (every one fits),
-which then take the int8 routes: int8 activations are exact (bit for bit
-:func:`emulate.dot_general`); zero points of their width stay packed
+K-planar layout of the width, 3 bytes per 4 codes for 6-bit (in word order), 5 per 8
+for 5-bit), cut out of their bytes in the kernel and decoded as integers into int8 values
+(every one fits), which then take the int8 routes: int8 activations are exact (bit for
+bit :func:`emulate.dot_general`); at decode with float activations 6-bit codes take
+:mod:`emulate.pallas.word_step` as 4-bit ones do; zero points of their width stay packed
 (:mod:`emulate.pallas.qoffsets`). A prepared weight pads K to whole tiles of ``128 * g`` rows
 (512 for 2- and 6-bit, 1024 for 3- and 5-bit codes).
 

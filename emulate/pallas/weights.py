@@ -23,6 +23,16 @@ words per column (bytes ``4i .. 4i + 3`` form word ``i``), and nibble ``p`` of w
 cuts rows in order out of whole words: ``(word >> 4q) & 0x000F000F`` holds rows
 ``64q + 2i`` and ``64q + 2i + 1`` in its two 16-bit halves, the halves of a pair of
 bfloat16 rows (:mod:`emulate.pallas.words`).
+
+6-bit codes (four a 3-byte group, ``T = 512``) are in word order too, each 512-row tile
+as two *word tiles* of 256 rows and 192 byte rows (:func:`word_fields`): the codes' low
+four bits in the 128 byte rows of a 4-bit word-order tile, then their high two bits in 64
+byte rows, 16 words of 16 two-bit *crumbs*: crumb ``p`` (bits ``2p .. 2p + 1``) of word
+``j`` holds row ``64 * (r % 4) + 2 * (j + 16 * (r // 4)) + p // 8`` with ``r = p % 8``. So
+``(crumbs >> (2r - 4)) & 0x00300030`` puts the high bits of a pair of rows at bits 4-5 of
+the two halves of the pair's nibble word (``r = q`` for words 0-15 of run ``q``, ``r = q +
+4`` for words 16-31): the same bytes as :func:`emulate.pack`'s, cut as GGUF Q6_K cuts its
+codes (low nibbles and high two bits apart).
 """
 
 from __future__ import annotations
@@ -48,7 +58,10 @@ __all__ = [
     "kernel_layout",
     "planar_weight",
     "tiles",
+    "WORD_TILE_ROWS",
+    "word_fields",
     "word_order_rows",
+    "word_tile_bytes",
 ]
 
 #: Byte groups per tile along K: one lane-width of rows per code position.
@@ -194,15 +207,17 @@ def planar_weight(
 
 
 #: Code widths stored in word order (:func:`word_order_rows`); the others in byte planes.
-WORD_ORDER_BITS = (4,)
+WORD_ORDER_BITS = (4, 6)
+#: Rows of K per word tile (a 4-bit tile; half a 6-bit one).
+WORD_TILE_ROWS = 256
 
 
 @functools.cache
 def word_order_rows(bits: int = 4) -> np.ndarray:
-    """The tile row of each code in a word-order tile (module docstring), as an int array
-    ``(128, 2)``: ``rows[b, h]`` is the row held by nibble ``h`` (0 low, 1 high) of the
+    """The tile row of each nibble in a 4-bit word-order tile (module docstring), as an int
+    array ``(128, 2)``: ``rows[b, h]`` is the row held by nibble ``h`` (0 low, 1 high) of the
     tile's byte row ``b`` (byte ``b % 4`` of word ``b // 4``). Rows ``64q + 2i + e`` come
-    from nibble ``q + 4e`` of word ``i``."""
+    from nibble ``q + 4e`` of word ``i``. A 6-bit word tile's low nibbles are so too."""
     if bits not in WORD_ORDER_BITS:
         raise ValueError(f"bits: word order is built for {WORD_ORDER_BITS}-bit codes, got {bits}")
     rows = np.zeros((TILE_GROUPS, 2), np.int64)
@@ -212,6 +227,42 @@ def word_order_rows(bits: int = 4) -> np.ndarray:
             p = 2 * j + h  # the nibble's position in its word
             rows[b, h] = 64 * (p % 4) + 2 * i + p // 4
     return rows
+
+
+@functools.cache
+def _crumb_rows() -> np.ndarray:
+    """The word tile row of each crumb of a 6-bit word tile's 64 byte rows of high bits, as
+    an int array ``(64, 4)``: ``rows[b, c]`` is held by bits ``2c .. 2c + 1`` of byte row
+    ``b`` (crumb ``p = 4 (b % 4) + c`` of word ``j = b // 4``; module docstring)."""
+    rows = np.zeros((TILE_GROUPS // 2, 4), np.int64)
+    for b in range(TILE_GROUPS // 2):
+        j, byte = divmod(b, 4)
+        for c in range(4):
+            p = 4 * byte + c
+            r, e = p % 8, p // 8
+            rows[b, c] = 64 * (r % 4) + 2 * (j + 16 * (r // 4)) + e
+    return rows
+
+
+@functools.cache
+def word_fields(bits: int) -> tuple[tuple[int, int, np.ndarray, int, int], ...]:
+    """Where a word tile (:data:`WORD_TILE_ROWS` rows of K) of ``bits``-bit codes keeps each
+    code's bits: per field ``(first byte row, shift, tile rows, width, code shift)``,
+    byte row ``first + b`` holds at bits ``shift .. shift + width - 1`` the bits ``code
+    shift .. code shift + width - 1`` of the code of tile row ``tile_rows[b]``. 4-bit: two
+    nibbles a byte (128 byte rows); 6-bit: those of the low four bits, then four crumbs a
+    byte of the high two (64 byte rows more)."""
+    rows = word_order_rows(bits)
+    out = [(0, 4 * h, rows[:, h], 4, 0) for h in range(2)]
+    if bits == 6:
+        crumbs = _crumb_rows()
+        out += [(TILE_GROUPS, 2 * c, crumbs[:, c], 2, 4) for c in range(4)]
+    return tuple(out)
+
+
+def word_tile_bytes(bits: int) -> int:
+    """Byte rows of a word tile (:func:`word_fields`): 128 (4-bit), 192 (6-bit)."""
+    return WORD_TILE_ROWS * bits // 8
 
 
 def kernel_layout(
@@ -249,10 +300,12 @@ def _planar(codes: jax.Array, bits: int, n_tiles: int) -> jax.Array:
     k, n = codes.shape
     c = jnp.pad(codes.astype(jnp.uint32), ((0, n_tiles * g * TILE_GROUPS - k), (0, 0)))
     if bits in WORD_ORDER_BITS:
-        rows = word_order_rows(bits)
-        tile = c.reshape(n_tiles, g * TILE_GROUPS, n)
-        pairs = tile[:, rows[:, 0]] | (tile[:, rows[:, 1]] << 4)  # (tiles, 128, N)
-        return pairs.reshape(n_tiles * TILE_GROUPS, n).astype(jnp.uint8)
+        tile = c.reshape(-1, WORD_TILE_ROWS, n)
+        out = jnp.zeros((tile.shape[0], word_tile_bytes(bits), n), jnp.uint32)
+        for first, shift, rows, width, code_shift in word_fields(bits):
+            part = ((tile[:, rows] >> code_shift) & ((1 << width) - 1)) << shift
+            out = out.at[:, first : first + len(rows)].add(part)  # disjoint bits: an or
+        return out.reshape(-1, n).astype(jnp.uint8)
     c = c.reshape(n_tiles, g, TILE_GROUPS, n)
     planes = []
     for p in range(nbytes):  # byte p of each group: the bits [8p, 8p + 8) of its stream
@@ -280,14 +333,12 @@ def _codes(data: jax.Array, bits: int, length: int) -> jax.Array:
     g, nbytes = group_shape(bits)
     n = data.shape[1]
     if bits in WORD_ORDER_BITS:
-        b = data.astype(jnp.uint32).reshape(-1, TILE_GROUPS, n)
-        nibbles = jnp.concatenate([b & 0xF, b >> 4], axis=1)  # position h * 128 + byte row
-        rows = word_order_rows(bits)
-        where = np.zeros(g * TILE_GROUPS, np.int64)
-        where[rows[:, 0]] = np.arange(TILE_GROUPS)
-        where[rows[:, 1]] = TILE_GROUPS + np.arange(TILE_GROUPS)
-        codes = nibbles[:, where].reshape(-1, n)
-        return codes[:length].astype(jnp.uint8)
+        b = data.astype(jnp.uint32).reshape(-1, word_tile_bytes(bits), n)
+        codes = jnp.zeros((b.shape[0], WORD_TILE_ROWS, n), jnp.uint32)
+        for first, shift, rows, width, code_shift in word_fields(bits):
+            part = (b[:, first : first + len(rows)] >> shift) & ((1 << width) - 1)
+            codes = codes.at[:, rows].add(part << code_shift)
+        return codes.reshape(-1, n)[:length].astype(jnp.uint8)
     b = data.astype(jnp.uint32).reshape(-1, nbytes, TILE_GROUPS, n)
     parts = [b[:, p] for p in range(nbytes)]
     mask = (1 << bits) - 1

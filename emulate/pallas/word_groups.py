@@ -40,6 +40,7 @@ __all__ = [
     "packed_codes",
     "parts",
     "scratch_shapes",
+    "part_rows",
     "unit",
     "units",
 ]
@@ -100,14 +101,10 @@ def units(cfg: Any) -> int:
     return kp // unit(cfg.scaling)
 
 
-def scratch_shapes(cfg: Any) -> list[Any]:
-    """Per part (:func:`parts`, in :data:`PARTS` order) a ``(bn / 128, rows, 128)`` VMEM
-    array: a row per scale unit for scales, zero points (int32) and offsets, and for each
-    two-level part's super-block factors :func:`_factor_count` blocks of a row per
-    :func:`super_rows` rows of K."""
-    from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
-
-    lanes = cfg.bn // _LANES
+def part_rows(cfg: Any) -> list[tuple[str, int]]:
+    """The scratch rows of each part the call needs (:func:`parts`, in :data:`PARTS`
+    order): a row per scale unit, or for a two-level part's super-block factors
+    :func:`_factor_count` blocks of a row per :func:`super_rows` rows of K (at least 8)."""
     have = parts(cfg)
     kp = -(-cfg.k // cfg.bk) * cfg.bk
     out = []
@@ -117,12 +114,23 @@ def scratch_shapes(cfg: Any) -> list[Any]:
         if name.endswith("_supers"):
             lv = _levels(cfg)[name.split("_")[0]]
             assert lv is not None
-            n = max(8, kp // super_rows(cfg, lv))
-            out.append(pltpu.VMEM((lanes, _factor_count(lv) * n, _LANES), jnp.float32))
+            out.append((name, _factor_count(lv) * max(8, kp // super_rows(cfg, lv))))
         else:
-            dt = jnp.int32 if name == "zero" else jnp.float32
-            out.append(pltpu.VMEM((lanes, units(cfg), _LANES), dt))
+            out.append((name, units(cfg)))
     return out
+
+
+def scratch_shapes(cfg: Any) -> list[Any]:
+    """Per part (:func:`parts`, in :data:`PARTS` order) a ``(bn / 128, rows, 128)`` VMEM
+    array (:func:`part_rows`): f32 scales, offsets and super-block factors, int32 zero
+    points."""
+    from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
+
+    lanes = cfg.bn // _LANES
+    return [
+        pltpu.VMEM((lanes, rows, _LANES), jnp.int32 if name == "zero" else jnp.float32)
+        for name, rows in part_rows(cfg)
+    ]
 
 
 def lane_tiles(v: jax.Array) -> list[jax.Array]:

@@ -1,5 +1,5 @@
-"""``emulate.pallas.matmul`` at decode: a few rows of activations times a 4-bit weight at
-the speed of the weight's bytes.
+"""``emulate.pallas.matmul`` at decode: a few rows of activations times a 4- or 6-bit
+weight at the speed of the weight's bytes.
 
 At one to a few dozen rows of ``x`` the matrix unit is idle most of the time and the
 vector unit's per-element work sets the pace: unpacking each code, its group's scale,
@@ -11,7 +11,9 @@ zero point and offset. This module's kernel body (:func:`body`, chosen by
   (:func:`emulate.pallas.words.tile_values`: about two vector operations per pair of codes
   with bfloat16 arithmetic, three and a conversion per code without; float4_e2m1fn
   codes, MXFP4 and NVFP4, built as floats from their bits: four and a half operations
-  per code with bfloat16 arithmetic, seven and a half without).
+  per code with bfloat16 arithmetic, seven and a half without; 6-bit integer codes, GGUF
+  Q6_K, their high two bits from 16 more words a tile put in under the nibbles: three
+  and a half operations per code with bfloat16 arithmetic, five and a half without).
 * Scales and offsets are applied to partial sums, never to elements. The ``R`` groups
   of ``G`` rows a dot spans (``R = D / G`` for groups of 16 rows up to the dot's ``D``
   rows; one for longer groups) get their own partial sums from that one dot: ``x``'s rows
@@ -40,6 +42,7 @@ times the f32 sum, rounded once: within ``gamma_(K + S + 5)`` of the exact sum, 
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,10 +72,18 @@ MAX_ROWS = 256
 #: The 4-bit code formats the step decodes (:mod:`emulate.pallas.words`).
 _E2M1 = "float4_e2m1fn"
 _CODES = ("int4", "uint4", _E2M1)
+#: The 6-bit integer code formats it decodes (stored as codes of
+#: ``emulate.formats.CODE_FORMATS``: GGUF Q6_K's uint6 with zero point 32).
+_SIX_BIT_CODES = ("int6", "uint6")
 #: The types a uint4 codebook's values take in the kernel (:mod:`emulate.pallas.qcodebook`).
 _TABLE_VALUES = ("bfloat16", "float32", "int8")
+#: Live (units, bn) 32-bit arrays per per-group part with a row a scale unit at the first
+#: K step of an output block (:func:`vmem_bytes`): the part's scratch and its decoding's
+#: temporaries (the loaded bytes as int32, the codes, their values, the rows spread over the
+#: block's lanes, and a spare). Super-block factors count as allocated.
+_FILL_ARRAYS = 6
 #: Zero-point formats whose codes take the bfloat16 decode (``128 + z`` exact in bf16).
-_SMALL_ZEROS = ("int4", "uint4", "int2", "uint2", "int3", "uint3")
+_SMALL_ZEROS = ("int4", "uint4", "int2", "uint2", "int3", "uint3", "int5", "uint5", "int6", "uint6")
 
 
 def dot_rows(target: str) -> int:
@@ -96,19 +107,24 @@ def applies(r: compute.Compute, stored: Any, scaling: Any, codebook: Any, bm: in
     """Whether :func:`body` runs a call: a 4-bit weight in word order (``int4`` /
     ``uint4`` / ``float4_e2m1fn`` codes of a :class:`emulate.pallas.KernelWeight` or
     prepared QArray: MXFP4, NVFP4; ``uint4`` codes into a 16-entry codebook: NF4,
-    IQ4_NL), float activations on a float route, groups along K of 16 to 256 rows or a
+    IQ4_NL) or a 6-bit one (``int6`` / ``uint6`` integer codes: GGUF Q6_K), float
+    activations on a float route, groups along K of 16 to 256 rows or a
     multiple of 256 (or scales constant along K), zero points (integer codes only) and
     offsets the kernel decodes per group (none with a codebook: bitsandbytes' double
     quantization keeps the per-element kernel), no column blocks, and at most
     :data:`MAX_ROWS` rows of partial sums per step."""
     if r.exact:
         return False
+    six = stored.code in _SIX_BIT_CODES and codebook is None
     if codebook is not None:  # a 16-entry table: the values' type is the route's
         if codebook.code_format != "uint4" or r.rhs not in _TABLE_VALUES:
             return False
-    elif r.rhs not in _CODES:
+    elif r.rhs not in _CODES and not six:
         return False
-    if stored.layout != "planar" or stored.group != 2 or stored.nbytes != 1 or stored.code:
+    grouping = (4, 3) if six else (2, 1)  # codes per byte group, its bytes
+    if stored.layout != "planar" or (stored.group, stored.nbytes) != grouping:
+        return False
+    if stored.code and not six:
         return False
     if r.lhs_compute not in ("bfloat16", "float32") or r.rhs_compute != r.lhs_compute:
         return False
@@ -149,6 +165,8 @@ def vmem_bytes(
     scaling: Any,
     highest: bool = False,
     pieces: int = 1,
+    bits: int = 4,
+    dot: int = _TILE,
 ) -> int:
     """VMEM of one grid step of :func:`body` (an upper estimate): the double-buffered
     weight and x blocks (x spanning K), the step's decoded tiles and their temporaries
@@ -156,16 +174,21 @@ def vmem_bytes(
     ``Precision.HIGHEST`` (``highest``), whose operands it cuts in bfloat16 pieces:
     measured on v2 with f32 x, 39.5 MiB for (2048, 512) blocks; 6 more for each further
     bfloat16 piece of a codebook's values, ``pieces``), the partial sums, the per-group
-    scratch and the first step's decoding."""
+    scratch and the first step's decoding (:data:`_FILL_ARRAYS`); ``bits``: the codes'
+    width (4 or 6); ``dot``: rows of K per dot (:func:`dot_rows`), which set the rows of
+    partial sums."""
     kp = -(-k // bk) * bk
-    r = _TILE // word_groups.unit(scaling)
-    w = 2 * (bk // 2) * bn
+    r = max(1, dot // word_groups.unit(scaling))
+    w = 2 * (bk * bits // 8) * bn
     x = 2 * bm * kp * x_bytes + 6 * bm * bk  # and the step's slice as f32 and bf16
     tile = (40 if highest else 8 + 6 * (pieces - 1)) * bk * bn
     sums = 3 * r * bm * bn * 4
-    units = kp // word_groups.unit(scaling)
-    groups = 12 * units * bn * 4 if scaling is not None else 0
-    return w + x + tile + sums + groups
+    shape = types.SimpleNamespace(scaling=scaling, k=k, bk=bk, bn=bn)
+    groups = sum(  # the per-group scratch, and what decoding it keeps live at the first step
+        n if name.endswith("_supers") else _FILL_ARRAYS * n
+        for name, n in word_groups.part_rows(shape)
+    )
+    return w + x + tile + sums + groups * bn * 4
 
 
 def _tiled(rows: jax.Array, bm: int) -> jax.Array:
@@ -203,7 +226,7 @@ def _decode_options(cfg: Any) -> dict[str, Any]:
         a is None or a.zero in ("none", "static") or a.zero_format in _SMALL_ZEROS
     )
     return {
-        "signed": formats.get(r.rhs).signed,
+        "signed": formats.get(cfg.stored.code or r.rhs).signed,
         "to": r.rhs_compute,
         "bf16_vpu": bf16_vpu,
         "interpret": cfg.interpret,
@@ -215,13 +238,16 @@ def _decode_options(cfg: Any) -> dict[str, Any]:
 
 def _step_sums(cfg: Any, x: jax.Array, wv: jax.Array, parts: Any) -> jax.Array:
     """The K step's ``(R * bm, bn)`` scaled partial sums (module docstring): ``x`` the
-    step's (bm, bk) activations as stored, ``wv`` its (bk / 8, bn) words, ``parts`` its rows of
-    the per-group parts (:class:`emulate.pallas.word_groups.StepParts`, or None)."""
+    step's (bm, bk) activations as stored, ``wv`` its (bk / 8, bn) words (3 bk / 16 for
+    6-bit codes), ``parts`` its rows of the per-group parts
+    (:class:`emulate.pallas.word_groups.StepParts`, or None)."""
     r, sc = cfg.compute, cfg.scaling
     a = sc.affine if sc is not None and sc.along_k else None
     u = word_groups.unit(sc)
     dr, rd = dot_rows(r.target), _dot_groups(sc, r.target)
     opts = _decode_options(cfg)
+    six = cfg.stored.code in _SIX_BIT_CODES  # 16 words of high crumbs after each tile's 32
+    per_tile = words.TILE_WORDS + (words.HIGH_WORDS if six else 0)
     static_zero = a.zero_value if a is not None and a.zero == "static" else None
     static_offset = a.offset_value if a is not None and a.offset == "static" else None
 
@@ -231,14 +257,16 @@ def _step_sums(cfg: Any, x: jax.Array, wv: jax.Array, parts: Any) -> jax.Array:
     total = None
     for c in range(cfg.bk // _TILE):
         z = rows("zero", c * _TILE // u, _TILE // u)
-        tile = wv[c * words.TILE_WORDS : (c + 1) * words.TILE_WORDS]
+        tile = wv[c * per_tile : c * per_tile + words.TILE_WORDS]
+        high = wv[c * per_tile + words.TILE_WORDS : (c + 1) * per_tile] if six else None
         if cfg.codebook is not None:  # a select tree per nibble, a tile per piece
             wts = qcodebook.table_tiles(
                 tile, cfg.codebook, to=r.rhs_compute, interpret=cfg.interpret,
                 piece_order=opts["piece_order"],
             )  # fmt: skip
         else:
-            wts = [words.tile_values(tile, zero=static_zero if z is None else z, **opts)]
+            zero = static_zero if z is None else z
+            wts = [words.tile_values(tile, zero=zero, high=high, **opts)]
         for h in range(_TILE // dr):
             d0 = c * _TILE + h * dr  # the dot's first row of the step
             first = d0 // u  # its first scale unit

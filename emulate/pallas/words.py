@@ -33,6 +33,16 @@ flush those); the sign bit is put in last. Both halves of a word, two rows, are 
 once with integer operations (:func:`e2m1_pairs`); with bfloat16 arithmetic the ``min``
 runs on the pair (nine operations a pair of rows), elsewhere on each half widened to f32,
 then one pack (fifteen).
+
+6-bit codes (``high``: a 6-bit word tile's 16 words of high crumbs,
+:func:`emulate.pallas.weights.word_fields`) are cut as 4-bit ones with their high two bits
+put in under each half's nibble: ``((w >> 4q) & 0x000F000F) | ((h >> (2r - 4)) &
+0x00300030) | 0x43004300`` is the bfloat16 pair ``128 + c`` (:func:`six_bit_pairs`; ``h``
+shifted once for words 0-15 of the run, once for 16-31). With bfloat16 arithmetic one
+subtraction of ``128 + z`` follows (seven operations a pair of rows); elsewhere each half
+is widened to f32 (a shift or a mask), ``128 + z`` subtracted, and the pair packed again
+(eleven), or kept as two f32 pieces (piece order). Signed (int6) codes flip the top bit
+of every crumb first, ``c ^ 32``, and subtract 32 more.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ import numpy as np
 from jax import lax
 
 __all__ = [
+    "HIGH_WORDS",
     "TILE_ROWS",
     "TILE_WORDS",
     "bf16_vector_unit",
@@ -53,6 +64,7 @@ __all__ = [
     "natural_codes",
     "pack_rows",
     "piece_rows",
+    "six_bit_pairs",
     "tile_values",
     "to_piece_order",
     "words",
@@ -66,6 +78,9 @@ _RUN = 64
 #: Targets whose vector unit has bfloat16 arithmetic (from TPU v6e on).
 _BF16_VPU_GENERATIONS = 6
 _SIGN_FLIP = -0x77777778  # 0x88888888 as an int32: flips the top bit of every nibble
+_CRUMB_SIGN_FLIP = -0x55555556  # 0xAAAAAAAA: flips the top bit of every crumb
+#: Word rows of a 6-bit word tile's high crumbs (:func:`emulate.pallas.weights.word_fields`).
+HIGH_WORDS = 16
 
 
 def bf16_vector_unit(target: Any) -> bool:
@@ -115,6 +130,60 @@ def _shifted(w: jax.Array, left: int) -> jax.Array:
     if left > 0:
         return lax.shift_left(w, left)
     return lax.shift_right_logical(w, -left) if left < 0 else w
+
+
+_NIBBLE_PAIR = 0x000F000F
+_HIGH_PAIR = 0x00300030  # bits 4-5 of each half
+_BF16_128_PAIR = 0x43004300  # bfloat16 128 in both halves
+
+
+def six_bit_pairs(w: jax.Array, h: jax.Array, q: int) -> jax.Array:
+    """Run ``q`` (rows ``64q + 2i + e``, q in 0..3) of a 6-bit word tile: its (32, C) nibble
+    words ``w`` and (16, C) crumb words ``h`` as (32, C) int32 words, each the bfloat16
+    pair ``128 + c`` of rows ``64q + 2i`` (low half) and ``64q + 2i + 1`` (high half)."""
+    n = _shifted(w, -4 * q) & _NIBBLE_PAIR
+    hi = jnp.concatenate(
+        [_shifted(h, 4 - 2 * q) & _HIGH_PAIR, _shifted(h, -4 - 2 * q) & _HIGH_PAIR], axis=0
+    )
+    return n | hi | _BF16_128_PAIR
+
+
+def _six_bit_tile(
+    w: jax.Array,
+    high: jax.Array,
+    *,
+    signed: bool,
+    to: str,
+    bf16_vpu: bool,
+    interpret: bool,
+    zero: Any,
+    group: int,
+    piece_order: bool,
+) -> jax.Array:
+    """:func:`tile_values` of 6-bit codes (module docstring)."""
+    from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
+
+    if signed:
+        high = high ^ _CRUMB_SIGN_FLIP  # c ^ 32: its value plus 32
+    bias = 128 + (32 if signed else 0)
+    runs: list[jax.Array] = []
+    for q in range(4):
+        p = six_bit_pairs(w, high, q)
+        if bf16_vpu and to == "bfloat16":
+            z = _rows_of(zero, _RUN, _RUN * q, group, jnp.float32)
+            off = bias + (0 if z is None else z)
+            runs.append(pltpu.bitcast(p, jnp.bfloat16) - jnp.asarray(off).astype(jnp.bfloat16))
+            continue
+        z = _rows_of(zero, TILE_WORDS, TILE_WORDS * q, group // 2, jnp.float32)
+        off = jnp.float32(bias) + (0 if z is None else z)
+        lo = lax.bitcast_convert_type(lax.shift_left(p, 16), jnp.float32) - off
+        hi = lax.bitcast_convert_type(p & _HIGH_HALF, jnp.float32) - off
+        if piece_order:
+            runs += [lo, hi]
+            continue
+        v = pack_rows(lo, hi, interpret)
+        runs.append(v.astype(jnp.float32) if to == "float32" else v)
+    return jnp.concatenate(runs, axis=0)
 
 
 #: bfloat16 bits of 0.5 (exponent field 126) in both halves: the e2m1 magnitude ``em`` at
@@ -210,6 +279,7 @@ def tile_values(
     group: int = TILE_ROWS,
     piece_order: bool = False,
     e2m1: bool = False,
+    high: jax.Array | None = None,
 ) -> jax.Array:
     """One word-order tile, (32, C) int32 words, as its (256, C) values ``c - z`` in K
     order, of type ``to`` ("bfloat16" or "float32"); with ``piece_order`` (f32 only) in
@@ -228,7 +298,14 @@ def tile_values(
       group: rows per zero point (when ``zero`` is an array).
       e2m1: the codes are float4_e2m1fn (``signed`` and ``zero`` unused): their values
         (:func:`e2m1_values`, :func:`e2m1_pairs`).
+      high: 6-bit codes: the word tile's (16, C) int32 words of high crumbs (``w`` its
+        nibbles; ``signed``: int6). Zero points as for 4-bit codes.
     """
+    if high is not None:
+        return _six_bit_tile(
+            w, high, signed=signed, to=to, bf16_vpu=bf16_vpu, interpret=interpret,
+            zero=zero, group=group, piece_order=piece_order,
+        )  # fmt: skip
     if e2m1:
         return _e2m1_tile(w, to=to, bf16_vpu=bf16_vpu, interpret=interpret, piece_order=piece_order)
     if bf16_vpu and to == "bfloat16":
@@ -298,17 +375,20 @@ def to_piece_order(x: jax.Array) -> jax.Array:
     return x.reshape(m, k // _RUN, TILE_WORDS, 2).swapaxes(2, 3).reshape(m, k)
 
 
-def natural_codes(w: jax.Array, interpret: bool) -> jax.Array:
-    """Word-order tiles, (32 T, C) int32 words, as their (256 T, C) unsigned int32 codes
-    in K order (exact: each pair of rows goes through a bfloat16 pair and back)."""
+def natural_codes(w: jax.Array, interpret: bool, bits: int = 4) -> jax.Array:
+    """Word-order tiles of ``bits``-bit codes (4 or 6), (32 T or 48 T, C) int32 words, as
+    their (256 T, C) unsigned int32 codes in K order (exact: each pair of rows goes through
+    a bfloat16 pair and back)."""
+    per = TILE_WORDS + (HIGH_WORDS if bits == 6 else 0)
     tiles = []
-    for t in range(w.shape[0] // TILE_WORDS):
+    for t in range(w.shape[0] // per):
         v = tile_values(
-            w[t * TILE_WORDS : (t + 1) * TILE_WORDS],
+            w[t * per : t * per + TILE_WORDS],
             signed=False,
             to="float32",
             bf16_vpu=False,
             interpret=interpret,
+            high=w[t * per + TILE_WORDS : (t + 1) * per] if bits == 6 else None,
         )
         tiles.append(v.astype(jnp.int32))
     return tiles[0] if len(tiles) == 1 else jnp.concatenate(tiles, axis=0)

@@ -35,7 +35,16 @@ def prepare_weights(tree: Any, *, target: targets.TargetLike = None, experts: bo
     ``experts=False``: the ``emulate.flax`` layers' 3-D kernels are einsum weights), the
     leaf is returned as it is. The result is a pytree like ``tree``; every front end takes
     the prepared weights (on the XLA route through their QArray, as read back).
+
+    Raises:
+      TypeError: ``experts`` is not a bool.
+      ValueError: an unknown ``target``.
     """
+    if not isinstance(experts, bool):
+        raise TypeError(
+            f"experts: expected a bool (True: prepare stacked (E, K, N) experts too), got "
+            f"{type(experts).__name__} {experts!r}"
+        )
     t = targets.current_target(target)
     if t.kind != "tpu":
         return tree

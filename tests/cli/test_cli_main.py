@@ -1,4 +1,7 @@
-"""The emulate command line as a whole: unknown or missing commands, python -m emulate."""
+"""The emulate command line as a whole: unknown or missing commands, python -m emulate.
+
+Default vs long: the bad commands run in process; python -m emulate runs one command in a
+fresh interpreter by default (explain), the bad command's run under python -m is long."""
 
 from __future__ import annotations
 
@@ -40,6 +43,10 @@ def test_bad_arguments_exit_2_with_one_line(
     assert "Traceback" not in err
 
 
+# long: a second fresh interpreter; by default the bad command's one line and exit code 2
+# are checked in process (test_bad_arguments_exit_2_with_one_line's ["bogus"]) and
+# python -m emulate runs in test_no_libtpu_start_up_lines_on_a_machine_without_a_tpu
+@pytest.mark.long
 def test_python_dash_m_runs_without_traceback() -> None:
     # a command that runs: test_no_libtpu_start_up_lines_on_a_machine_without_a_tpu
     bad = subprocess.run(

@@ -122,3 +122,22 @@ def test_estimate_refuses_before_compiling():
     with pytest.raises(TypeError, match=r"^arg_specs: expected leaves with shape and dtype"):
         compiler.estimate(functools.partial(tiny_matmul), 3, target="tpu_v5e")
     assert timing.machine(generation("tpu_v2")).delay_slots == 1
+
+
+@pytest.mark.parametrize(
+    ("donate", "error", "message"),
+    [
+        ("0", TypeError, "donate_argnums: expected a tuple of ints (indices of positional "
+         "arguments), got '0'"),
+        ((None,), TypeError, "donate_argnums: expected a tuple of ints (indices of "
+         "positional arguments), got (None,)"),
+        (5, ValueError, "donate_argnums: (5,) names an argument past the 2 positional "
+         "argument(s) of arg_specs"),
+    ],
+)  # fmt: skip
+def test_estimate_refuses_a_bad_donate_argnums_before_any_process_starts(donate, error, message):
+    # issue 49's sweep: the job went to the dumping subprocess, whose jax.jit refused it
+    # there (ProgramRefused after seconds), or tuple() of it failed unnamed
+    with pytest.raises(error) as e:
+        compiler.estimate(tiny_matmul, spec(), spec(), target="tpu_v5e", donate_argnums=donate)
+    assert str(e.value) == message

@@ -127,7 +127,9 @@ def test_vmap_of_grad_fp8():
         _assert_close(batched[i], theirs(stack[i]), jnp.float8_e4m3fn)
 
 
-@pytest.mark.parametrize("mode", ["fast", "exact"])
+# Mode "exact" under EMULATE_LONG_TESTS=1: its backward is the same rule, which
+# test_dot_general_grad_equals_jax_on_narrow_operands[float8_e4m3fn-exact] checks by default.
+@pytest.mark.parametrize("mode", ["fast", pytest.param("exact", marks=pytest.mark.long)])
 def test_matmul_and_einsum_grads_equal_jnp(mode):
     dt = jnp.bfloat16 if mode == "fast" else jnp.float8_e4m3fn
     a = jnp.asarray(RNG.standard_normal((2, 4, 16)), jnp.float32).astype(dt)
@@ -187,7 +189,8 @@ def test_conv_f32_check_grads():
     check_grads(f, (X, W), **CG)
 
 
-@pytest.mark.parametrize("mode", ["fast", "exact"])
+# Mode "exact" under EMULATE_LONG_TESTS=1 (the exact backward: as above).
+@pytest.mark.parametrize("mode", ["fast", pytest.param("exact", marks=pytest.mark.long)])
 def test_conv_fp8_grad_equals_jax(mode):
     x, w = X.astype(jnp.float8_e4m3fn), W.astype(jnp.float8_e4m3fn)
 
@@ -216,7 +219,11 @@ CODES = jnp.asarray(RNG.standard_normal((16, 3)) * 4, jnp.float32).astype(jnp.fl
 SCALES = jnp.asarray(np.exp2(RNG.integers(-3, 3, (2, 3))) * 1.5, jnp.float32)
 
 
-@pytest.mark.parametrize("mode,target", [("fast", "cpu"), ("fast", "tpu_v5e"), ("exact", "cpu")])
+# tpu_v5e's fast plan (the same decode, another dot dtype) under EMULATE_LONG_TESTS=1.
+@pytest.mark.parametrize(
+    "mode,target",
+    [("fast", "cpu"), pytest.param("fast", "tpu_v5e", marks=pytest.mark.long), ("exact", "cpu")],
+)
 def test_qarray_matmul_grads_wrt_activations_and_scales(mode, target):
     # Codes given to from_parts are read as bits (no gradient reaches them there).
     def ours(x, scales):

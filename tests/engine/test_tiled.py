@@ -80,12 +80,23 @@ WEIGHTS = [
 ]
 
 
-# Every weight format and packing by default except float8_e5m2 (e4m3fn's unpacked
-# float8 path), which runs under EMULATE_LONG_TESTS=1.
-@pytest.mark.parametrize("kind", ["k", "n"])
+# Every weight format and packing tiled along K by default except float8_e5m2 (e4m3fn's
+# unpacked float8 path); tiles along N by default for the two packings whose planes the N
+# tiles cut (int4 packed along K, float6_e3m2fn packed along N), for the unpacked and
+# the other K-packed weights (the same tiles of decoded values) under
+# EMULATE_LONG_TESTS=1.
+N_TILED = {("int4", "k"), ("float6_e3m2fn", "n")}
+
+
 @pytest.mark.parametrize(
-    "fmt,packed",
-    [pytest.param(*w, marks=pytest.mark.long) if w[0] == "float8_e5m2" else w for w in WEIGHTS],
+    "fmt,packed,kind",
+    [
+        pytest.param(*w, kind, marks=pytest.mark.long)
+        if w[0] == "float8_e5m2" or (kind == "n" and w not in N_TILED)
+        else (*w, kind)
+        for kind in ("k", "n")
+        for w in WEIGHTS
+    ],
 )
 def test_bf16_activations_times_weights_within_bound(fmt, packed, kind):
     rng = np.random.default_rng(abs(hash((fmt, packed, kind))) % 2**32)

@@ -10,7 +10,9 @@ differences are emulate's documented choices, listed in tests/_gfloat_cases.py
 (docs/numerics.md, "Rounding modes").
 
 The CI run takes every format in one mode (the modes rotate over the formats, so each
-mode meets one or two); ``EMULATE_LONG_TESTS=1`` takes every format in every mode.
+mode meets one or two) and fewer examples of the explicit random bits and of
+increments_below (``examples``); ``EMULATE_LONG_TESTS=1`` takes every format in every
+mode and more examples.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from _gfloat_cases import (
 )
 from _record_formats import CHECKED, gfloat_values, nan_as_one, register_user_formats
 from _record_formats import gfloat_info as record_info
+from _sweeps import examples
 from gfloat import RoundMode, encode_ndarray, round_ndarray
 from gfloat.formats import format_info_ocp_int8
 from hypothesis import given, settings
@@ -316,7 +319,10 @@ GFLOAT_STOCHASTIC = {
 }
 
 
-@settings(max_examples=12, deadline=None)
+# 4 examples by default (each rounds every bf16 value and the f32 sample of a format: the
+# modes themselves meet every format in the rotating cases above), 12 under
+# EMULATE_LONG_TESTS=1.
+@settings(max_examples=examples(4, 12), deadline=None)
 @given(
     name=st.sampled_from(["float8_e4m3fn", "float8_e5m2", "float4_e2m1fn", "int8"]),
     mode=st.sampled_from(STOCHASTIC),
@@ -371,7 +377,7 @@ def test_fast_modes_keep_gfloat_float64_sum():
     assert seen == 6  # elements where gfloat's float64 sum, not the exact one, decides
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=examples(3, 6), deadline=None)  # 6 under EMULATE_LONG_TESTS=1
 @given(
     width=st.sampled_from([2, 3, 5, 9, 129, (1 << 15) + 1]),
     mode=st.sampled_from(ROUNDINGS),

@@ -53,6 +53,38 @@ def _word_order_numpy(codes: np.ndarray) -> np.ndarray:
     return as_bytes.transpose(0, 2, 1).reshape(-1, n)
 
 
+def _six_bit_word_order_numpy(codes: np.ndarray) -> np.ndarray:
+    """6-bit word order, from its definition: each 512-row tile two word tiles of 256 rows,
+    each the 4-bit word order of the codes' low nibbles (128 byte rows) and then 16 words
+    (64 byte rows) whose crumb p (bits 2p .. 2p + 1) of word j holds the high two bits of
+    row 64 * (r % 4) + 2 * (j + 16 * (r // 4)) + p // 8, r = p % 8."""
+    k, n = codes.shape
+    halves = -(-k // 512) * 2
+    c = np.zeros((halves * 256, n), np.uint32)
+    c[:k] = codes
+    parts = []
+    for h in range(halves):
+        tile = c[h * 256 : (h + 1) * 256]
+        parts.append(_word_order_numpy(tile & 0xF))
+        high = np.zeros((16, n), np.uint32)
+        for j in range(16):
+            for p in range(16):
+                r = p % 8
+                row = 64 * (r % 4) + 2 * (j + 16 * (r // 4)) + p // 8
+                high[j] |= (tile[row] >> np.uint32(4)) << np.uint32(2 * p)
+        parts.append(high.astype("<u4").view(np.uint8).reshape(16, n, 4).transpose(0, 2, 1))
+    return np.concatenate([p_.reshape(-1, n) for p_ in parts], axis=0)
+
+
+@pytest.mark.parametrize("fmt", ["uint6", "float6_e3m2fn"])
+def test_6_bit_codes_are_in_word_order(fmt):
+    codes = np.random.default_rng(6).integers(0, 64, (520, 3)).astype(np.uint8)
+    kw = emulate.pallas.prepare_weight(codes, fmt)
+    assert kw.tile == 512 and kw.data.shape == (768, 3)
+    assert np.asarray(kw.data).tobytes() == _six_bit_word_order_numpy(codes).tobytes()
+    assert np.asarray(weights.kernel_codes(kw)).tobytes() == codes.tobytes()
+
+
 def test_4_bit_codes_are_in_word_order():
     codes = np.random.default_rng(4).integers(0, 16, (300, 3)).astype(np.uint8)
     kw = emulate.pallas.prepare_weight(codes, "uint4")
@@ -63,7 +95,7 @@ def test_4_bit_codes_are_in_word_order():
 
 @pytest.mark.parametrize(
     "fmt, bits, g, nbytes, k",
-    [("float6_e3m2fn", 6, 4, 3, 520), ("int2", 2, 4, 1, 130)],
+    [("int5", 5, 8, 5, 1030), ("int2", 2, 4, 1, 130)],
 )
 def test_the_layout_is_the_documented_one(fmt, bits, g, nbytes, k):
     rng = np.random.default_rng(bits)

@@ -1,5 +1,5 @@
-"""emulate.pallas.word_step: emulate.pallas.matmul at decode (4-bit weights read in whole
-words, group partial sums on the matrix unit), in TPU interpret mode on the CPU, on each
+"""emulate.pallas.word_step: emulate.pallas.matmul at decode (4- and 6-bit weights read in
+whole words, group partial sums on the matrix unit), in TPU interpret mode on the CPU, on each
 of its decodes (f32 and a pack: v5e; bfloat16 arithmetic: v6e; piece order and f32
 activations: v2 and f32 x): bit for bit against an exact float64 oracle where every
 partial sum is exact (integer-valued activations, power-of-two scales, zero points,
@@ -7,7 +7,11 @@ two-level scales and mins, a ragged K, N and last tile, two K steps), within the
 emulate.bounds otherwise, NaN scales kept in their column; float4_e2m1fn weights (MXFP4,
 NVFP4: every code at every nibble of a word, e8m0 scales 2**-127 and NaN, e4m3 scales at
 their largest, subnormal and NaN, a tensor scale) bit for bit against emulate.reference's
-values; NF4 (a 16-entry table) within the bound; which calls take the step. The real
+values; NF4 (a 16-entry table) within the bound; GGUF Q6_K-like 6-bit weights (every code
+at every nibble and crumb, int8 scale codes at their extremes, d subnormal, large and
+NaN) bit for bit (random GGUF Q6_K blocks against gguf.quants within the bound:
+tests/pallas/test_qweight_codes.py), compiled by the real compiler; which calls take the
+step. The real
 compiler compiles the MXFP4 and NVFP4 steps in tests/test_tpu_compile.py (qarray-fp4-*)."""
 
 from __future__ import annotations
@@ -90,6 +94,27 @@ def _q4_k(k, n, rng):
     return q, codes * (sc * dg)[g] + (mn * ming)[g]
 
 
+def _q6_k(k, n, rng, *, codes=None, sc=None, d=None):
+    """A GGUF Q6_K-like QArray: uint6 codes with zero point 32, per 16 rows int8 scale
+    codes, per 256 rows a float16 ``d`` (powers of two 2**-1 and 1 unless given). Returns it
+    and W = (q - 32) * sc * d in float64 (exact)."""
+    groups, supers = -(-k // 16), -(-k // 256)
+    codes = rng.integers(0, 64, (k, n)) if codes is None else codes
+    sc = rng.integers(-128, 128, (groups, n)) if sc is None else sc
+    if d is None:
+        d = np.ldexp(1.0, rng.integers(-1, 1, (supers, n))).astype(np.float16)
+    level = emulate.QArray.from_parts(sc.astype(np.int8), d, block_shape=(16, 1))
+    q = emulate.QArray.from_parts(
+        emulate.pack(codes.astype(np.uint8), "uint6", axis=0),
+        level,
+        block_shape=(16, 1),
+        zero_points=32,
+    )
+    g = np.repeat(np.arange(groups), 16)[:k]
+    dg = np.repeat(d.astype(np.float64), 16, axis=0)[:groups]
+    return q, (codes - 32.0) * (sc * dg)[g]
+
+
 def _int_x(m, k, rng) -> np.ndarray:
     return rng.integers(-8, 9, (m, k)).astype(ml_dtypes.bfloat16)
 
@@ -104,6 +129,12 @@ EXACT = [
     ("q4_k", "tpu_v5e", (2, 576, 128)),  # two-level scales and mins, a ragged super-block
     ("int4", "tpu_v2", (16, 2304, 128)),  # piece order, two K steps, a partial last block
     pytest.param("int4", "tpu_v5e", (16, 2304, 128), marks=pytest.mark.long),
+    # 6-bit codes (nibbles and crumbs), int8 sub-block scales times d: a ragged K (a
+    # partial 512-row tile and super-block); bfloat16 arithmetic; piece order
+    ("q6_k", "tpu_v5e", (2, 700, 128)),
+    pytest.param("q6_k", "tpu_v6e", (3, 700, 128), marks=pytest.mark.long),
+    pytest.param("q6_k", "tpu_v2", (16, 2560, 128), marks=pytest.mark.long),
+    pytest.param("int6", "tpu_v6e", (2, 700, 256), marks=pytest.mark.long),  # no scales
 ]
 
 
@@ -117,14 +148,46 @@ def test_exact_sums_are_bit_for_bit(kind, target, shape):
         w, wv = _awq(k, n, 32, rng, zero=8)
     elif kind == "q4_k":
         w, wv = _q4_k(k, n, rng)
+    elif kind == "int6":  # two's complement 6-bit codes, as uint8
+        codes = rng.integers(-32, 32, (k, n))
+        w, wv = emulate.pallas.prepare_weight((codes & 63).astype(np.uint8), "int6"), codes
+    elif kind == "q6_k":
+        w, wv = _q6_k(k, n, rng)
+        x = rng.integers(-2, 3, (m, k)).astype(ml_dtypes.bfloat16)  # every sum below 2**24
     else:
         codes = rng.integers(-8, 8, (k, n))
         w, wv = codes.astype(ml_dtypes.int4), codes.astype(np.float64)
     p = emulate.pallas.prepare_weight(w)
-    x = _int_x(m, k, rng)
+    x = x if kind == "q6_k" else _int_x(m, k, rng)
     assert _config(x, p, target).word_step
     got = emulate.pallas.matmul(x, p, target=target, out_dtype="float32")
     want = (np.asarray(x, np.float64) @ wv).astype(np.float32)
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+def test_q6_k_extreme_codes_and_scales_are_bit_for_bit():
+    # every 6-bit code at every row of a word tile (every nibble and crumb of every word),
+    # int8 scale codes -128 and 127 in whole columns, d at float16's smallest subnormal
+    # (2**-24) and at 2**15 in whole columns, a NaN d (its super-block's 16 groups): the
+    # exact sum rounded once to f32 (x in -2..2: every partial sum exact)
+    k, n, m = 576, 256, 2
+    rng = np.random.default_rng(13)
+    r, c = np.meshgrid(np.arange(k), np.arange(n), indexing="ij")
+    codes = (r + c) % 64
+    sc = rng.integers(-128, 128, (k // 16, n))
+    sc[:, 3], sc[:, 4] = -128, 127
+    d = np.ldexp(1.0, rng.integers(-1, 1, (3, n))).astype(np.float16)
+    d[:, 5], d[:, 6] = np.float16(2.0**-24), np.float16(2.0**15)
+    d[1, 9] = np.nan
+    w, wv = _q6_k(k, n, rng, codes=codes, sc=sc, d=d)
+    x = rng.integers(-2, 3, (m, k)).astype(ml_dtypes.bfloat16)
+    p = emulate.pallas.prepare_weight(w)
+    assert _config(x, p, "tpu_v5e").word_step
+    got = np.asarray(emulate.pallas.matmul(x, p, target="tpu_v5e", out_dtype="float32"))
+    with np.errstate(invalid="ignore"):
+        want = (np.asarray(x, np.float64) @ wv).astype(np.float32)
+    assert np.isnan(got[:, 9]).all() and not np.isnan(np.delete(got, 9, axis=1)).any()
+    assert 0 < np.abs(got[:, 5]).max() < 2.0**-2
     np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
@@ -147,19 +210,28 @@ def _nf4(k, n, rng):
         ("nf4", "bfloat16", "tpu_v5e"),  # a select tree per nibble, three bf16 pieces
         pytest.param("awq", "bfloat16", "tpu_v5e", marks=pytest.mark.long),
         pytest.param("awq", "float32", "tpu_v5e", marks=pytest.mark.long),
+        # float16 d of a GGUF's size, f32 activations: piece order, K steps of 256 rows
+        pytest.param("q6_k", "float32", "tpu_v2", marks=pytest.mark.long),
     ],
 )
 def test_float_scales_and_activations_are_within_the_bound(kind, x_dtype, target):
     rng = np.random.default_rng(3)
     m, k, n = 4, 256 if kind == "nf4" else 1024, 256  # NF4: one tile (a smaller program)
-    w, wv = _nf4(k, n, rng) if kind == "nf4" else _awq(k, n, 128, rng, pow2=False)
+    group = {"nf4": 64, "q6_k": 16}.get(kind, 128)
+    if kind == "nf4":
+        w, wv = _nf4(k, n, rng)
+    elif kind == "q6_k":
+        d = rng.uniform(1e-3, 1.1e-2, (k // 256, n)).astype(np.float16)
+        w, wv = _q6_k(k, n, rng, d=d)
+    else:
+        w, wv = _awq(k, n, 128, rng, pow2=False)
     x = rng.standard_normal((m, k)).astype(np.dtype(formats.get(x_dtype).dtype))
     p = emulate.pallas.prepare_weight(w)
     cfg = _config(x, p, target)
     assert cfg.word_step and word_step.piece_order(cfg) == (x_dtype == "float32")
     got = np.asarray(emulate.pallas.matmul(x, p, target=target, out_dtype="float32"))
     xf = np.asarray(x, np.float64)
-    segments = k // (64 if kind == "nf4" else 128)
+    segments = k // group
     bound = bounds.qarray_bound(xf, wv, DN, segments=segments, route="pallas")
     assert np.all(np.abs(got - xf @ wv) <= bound)
 
@@ -210,6 +282,12 @@ def test_which_calls_take_the_word_step():
     nv = emulate.pallas.prepare_weight(nv)
     assert _config(_int_x(32, 512, rng), nv, "tpu_v5e").word_step  # 8 groups a dot x 32
     assert not _config(_int_x(48, 512, rng), nv, "tpu_v5e").word_step
+    q6 = emulate.pallas.prepare_weight(_q6_k(512, 256, rng)[0])  # 16 rows a group
+    assert _config(x1, q6, "tpu_v5e").word_step and _config(x1, q6, "tpu_v2").word_step
+    assert _config(_int_x(16, 512, rng), q6, "tpu_v6e").word_step  # 16 groups a dot x 16
+    assert not _config(_int_x(17, 512, rng), q6, "tpu_v6e").word_step
+    six = emulate.pallas.prepare_weight(np.zeros((512, 256), np.uint8), "float6_e2m3fn")
+    assert not _config(x1, six, "tpu_v5e").word_step  # 6-bit floats: the per-element kernel
 
 
 @pytest.mark.parametrize("target", ["tpu_v2", pytest.param("tpu_v3", marks=pytest.mark.long)])
@@ -230,6 +308,27 @@ def test_float32_activations_compile_with_the_blocks_the_config_picks(target):
             lambda x, w: emulate.pallas.matmul(x, w, out_dtype="float32"),
             jax.ShapeDtypeStruct(x.shape, x.dtype), w, target=target,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "target, x_dtype",
+    [
+        ("tpu_v5e", "bfloat16"),  # f32 halves and a pack
+        # bfloat16 arithmetic (the pair's subtraction compiles for 4-bit codes by default)
+        pytest.param("tpu_v6e", "bfloat16", marks=pytest.mark.long),
+        pytest.param("tpu_v2", "float32", marks=pytest.mark.long),  # piece order, f32 dots
+        pytest.param("tpu_v4", "bfloat16", marks=pytest.mark.long),
+        pytest.param("tpu_v7x", "bfloat16", marks=pytest.mark.long),
+    ],
+)
+def test_q6_k_word_step_compiles(target, x_dtype):
+    # the real TPU compiler (compile-only) takes the 6-bit decode at a decode shape
+    w = emulate.pallas.prepare_weight(_q6_k(4096, 512, np.random.default_rng(10))[0])
+    x = jax.ShapeDtypeStruct((1, 4096), np.dtype(formats.get(x_dtype).dtype))
+    assert _config(np.zeros(x.shape, x.dtype), w, target).word_step
+    compiler.compile(
+        lambda x, w: emulate.pallas.matmul(x, w, out_dtype="float32"), x, w, target=target
+    )
 
 
 def _every_e2m1_code(k: int, n: int) -> np.ndarray:

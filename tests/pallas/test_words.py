@@ -4,7 +4,9 @@ the layout itself): every decode (bfloat16 arithmetic, f32 and a pack, piece ord
 signed and unsigned codes, static and per-group zero points, bit for bit; the codes back
 in K order; the interpret-mode pack and the piece order's permutation of x; float4_e2m1fn
 codes (every code at every nibble) against emulate.reference, bit for bit (NF4's table:
-tests/pallas/test_qcodebook.py)."""
+tests/pallas/test_qcodebook.py); 6-bit codes (nibbles and crumbs of a 6-bit word tile) on
+every decode, unsigned and two's complement, static and per-group zero points, bit for bit,
+with a property test boosting the extreme and sign-boundary codes at every position."""
 
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _sweeps import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import emulate.pallas
 import emulate.reference
@@ -130,3 +135,106 @@ def test_e2m1_tiles_are_every_code_bit_for_bit(to, bf16_vpu, piece_order):
     assert got.dtype == np.dtype(to)
     want = want.astype(got.dtype)
     np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), want.view(f"u{want.itemsize}"))
+
+
+def _six_bit_words(codes: np.ndarray) -> jnp.ndarray:
+    """The int32 words of a prepared uint6 weight of ``codes`` (512 rows a tile: two word
+    tiles of 48 words, 32 of nibbles and 16 of crumbs)."""
+    kw = emulate.pallas.prepare_weight(codes, "uint6")
+    return jax.jit(words.words)(jnp.asarray(kw.data))
+
+
+def _six_bit_values(codes: np.ndarray, signed: bool, zero, group: int) -> np.ndarray:
+    v = codes.astype(np.int64)
+    if signed:
+        v = np.where(v >= 32, v - 64, v)
+    z = 0 if zero is None else zero if isinstance(zero, int) else np.repeat(zero, group, axis=0)
+    return (v - z).astype(np.float64)
+
+
+@functools.cache
+def _six_bit_decoder(static_zero, **opts):
+    """``tile_values`` of a 6-bit word tile under jit (one compile per decode), a static
+    zero point (or None) or, with ``static_zero == "array"``, an array argument."""
+    if static_zero == "array":
+        return _jit(words.tile_values, **opts)
+    return _jit(words.tile_values, zero=static_zero, **opts)
+
+
+def _six_bit_decode(w, half: int, zero, **opts):
+    """Word tile ``half`` (rows ``256 half ..``) of the words ``w`` by ``tile_values``."""
+    t = w[48 * half : 48 * half + 48]
+    if zero is None or isinstance(zero, int):
+        return _six_bit_decoder(zero, **opts)(t[:32], high=t[32:])
+    decode = _six_bit_decoder("array", **opts)
+    return decode(t[:32], high=t[32:], zero=jnp.asarray(zero, jnp.int32))
+
+
+SIX_BIT_CASES = [
+    # (signed, to, bf16 vector unit, piece order, zero, group)
+    (False, "bfloat16", False, False, 32, 16),  # GGUF Q6_K on v4 / v5e: f32 halves, a pack
+    (False, "bfloat16", True, False, 32, 16),  # v6e, 7x: one bfloat16 subtraction
+    (True, "bfloat16", True, False, None, 256),  # int6: crumbs' top bits flipped
+    (True, "bfloat16", False, False, "groups", 16),
+    (False, "float32", False, True, "groups", 32),  # v2 / v3: piece order
+    (True, "float32", False, False, None, 256),
+]
+
+
+@pytest.mark.parametrize("signed, to, bf16_vpu, piece_order, zero, group", SIX_BIT_CASES)
+def test_six_bit_tiles_are_the_codes(signed, to, bf16_vpu, piece_order, zero, group):
+    rng = np.random.default_rng(hash((signed, to, bf16_vpu, str(zero), group)) % 2**32)
+    codes = rng.integers(0, 64, (512, 256)).astype(np.uint8)
+    w = _six_bit_words(codes)
+    opts = dict(signed=signed, to=to, bf16_vpu=bf16_vpu, interpret=True, group=group,
+                piece_order=piece_order)  # fmt: skip
+    for half in range(2):
+        z = rng.integers(0, 64, (256 // group, 256)) if zero == "groups" else zero
+        got = _six_bit_decode(w, half, z, **opts)
+        want = _six_bit_values(codes[256 * half : 256 * (half + 1)], signed, z, group)
+        if piece_order:
+            want = want[words.piece_rows(256)]
+        assert got.dtype == jnp.dtype(to) and got.shape == (256, 256)
+        np.testing.assert_array_equal(np.asarray(got, np.float64), want)
+
+
+def test_six_bit_natural_codes_are_the_codes():
+    codes = np.random.default_rng(8).integers(0, 64, (1024, 128)).astype(np.uint8)
+    got = _jit(words.natural_codes, interpret=True, bits=6)(_six_bit_words(codes))
+    np.testing.assert_array_equal(np.asarray(got), codes.astype(np.int32))
+
+
+#: 6-bit codes at the edges: 0, 63 (the unsigned extremes), 31 / 32 (int6's largest and
+#: -32, Q6_K's 32 - 1 and 0), 15 / 16 (a carry from the nibble into the crumbs).
+_SIX_BIT_SPECIAL = [0, 63, 31, 32, 15, 16, 48, 47]
+
+
+@functools.cache
+def _six_bit_base() -> np.ndarray:
+    """Random codes the drawn special codes are written into."""
+    return np.random.default_rng(9).integers(0, 64, (512, 128)).astype(np.uint8)
+
+
+@settings(max_examples=examples(6, 60), deadline=None)
+@given(
+    cells=st.lists(
+        st.tuples(st.integers(0, 511), st.integers(0, 127), st.sampled_from(_SIX_BIT_SPECIAL)),
+        max_size=40,
+    ),
+    fill=st.sampled_from([None, *_SIX_BIT_SPECIAL]),
+    decode=st.sampled_from([0, 1, 2, 5]),
+)
+def test_six_bit_special_codes_at_any_position(cells, fill, decode):
+    # a decode of SIX_BIT_CASES with a static zero point or none, the whole
+    # weight one special code (``fill``) or random, special codes at drawn positions
+    codes = _six_bit_base().copy() if fill is None else np.full((512, 128), fill, np.uint8)
+    for r, c, v in cells:
+        codes[r, c] = v
+    signed, to, bf16_vpu, piece_order, zero, group = SIX_BIT_CASES[decode]
+    w = _six_bit_words(codes)
+    opts = dict(signed=signed, to=to, bf16_vpu=bf16_vpu, interpret=True, group=group,
+                piece_order=piece_order)  # fmt: skip
+    for half in range(2):
+        got = _six_bit_decode(w, half, zero, **opts)
+        want = _six_bit_values(codes[256 * half : 256 * (half + 1)], signed, zero, group)
+        np.testing.assert_array_equal(np.asarray(got, np.float64), want)

@@ -85,13 +85,15 @@ def test_plugin_parametrizes_and_reports(pytester: pytest.Pytester):
 
 
 def test_plugin_bad_options(pytester: pytest.Pytester):
+    # in process: a usage error stops pytest before any test (or JAX) runs; a subprocess
+    # would only add two interpreter start-ups
     pytester.makepyfile(test_suite="def test_t(emulate_target):\n    pass\n")
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest_inprocess(
         "-p", "emulate.testing.plugin", "--emulate-targets", "tpu_v99", "-p", "no:cacheprovider"
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --emulate-targets: target: unknown target 'tpu_v99'; *"])
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest_inprocess(
         "-p", "emulate.testing.plugin", "--emulate-modes", "quick", "-p", "no:cacheprovider"
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR

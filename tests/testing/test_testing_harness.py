@@ -3,10 +3,12 @@ every seed within 20 examples, and the reproducer runs in a fresh process and fa
 same way.
 
 Seeds: seed 0 by default (0 and 1 for the int8 bug); 0 and 1 (0 to 3 for the int8 bug)
-under EMULATE_LONG_TESTS=1."""
+under EMULATE_LONG_TESTS=1. Reproducers: the int4 bug's runs by default, the int8 bug's
+(the same script route with plain operands only) under EMULATE_LONG_TESTS=1."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -53,9 +55,19 @@ def test_int8_summed_in_int32_passes():
     ],
 )
 def test_int4_group_kernel_bugs_are_caught_on_every_seed(bug, line):
-    # In a fresh interpreter: hypothesis mixes literal constants of the loaded local
-    # modules into its draws, so that a seed's problems depend on what ran before (after
-    # the docs build, seed 0 or 1 drew problems on which the bf16-scales bug passed).
+    msgs = _fresh_failures(bug.__name__)
+    assert len(msgs) == len(SEEDS)
+    assert all("contract: within the segment bound gamma_(K+S+4)" in m for m in msgs)
+    assert all(line in m for m in msgs)  # the shrunk example shows it
+
+
+@functools.cache
+def _fresh_failures(bug: str) -> list[str]:
+    """The failure messages of the int4 kernel bug ``bug`` at each of :data:`SEEDS`, run
+    in a fresh interpreter: hypothesis mixes literal constants of the loaded local modules
+    into its draws, so that a seed's problems depend on what ran before (after the docs
+    build, seed 0 or 1 drew problems on which the bf16-scales bug passed). One run a
+    worker: test_reproducers_paste_and_run takes seed 0's (the default seed's) too."""
     code = (
         "import json, sys; sys.path[:0] = sys.argv[1:3]; import test_testing_harness as h; "
         "bug = getattr(h.uk, sys.argv[3]); spec = h.et.quantized(h.INT4_G32); "
@@ -63,14 +75,11 @@ def test_int4_group_kernel_bugs_are_caught_on_every_seed(bug, line):
         "for s in h.SEEDS]))"
     )
     here = pathlib.Path(__file__).resolve().parent
-    argv = [sys.executable, "-c", code, str(here), str(here.parent), bug.__name__]
+    argv = [sys.executable, "-c", code, str(here), str(here.parent), bug]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(ROOT)}
     ran = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     assert ran.returncode == 0, ran.stderr[-3000:]
-    msgs = json.loads(ran.stdout.splitlines()[-1])
-    assert len(msgs) == len(SEEDS)
-    assert all("contract: within the segment bound gamma_(K+S+4)" in m for m in msgs)
-    assert all(line in m for m in msgs)  # the shrunk example shows it
+    return json.loads(ran.stdout.splitlines()[-1])
 
 
 def test_int4_group_kernel_passes_within_the_segment_bound():
@@ -93,23 +102,25 @@ def _run_script(script: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_reproducers_paste_and_run():
-    int8 = _failure(uk.int8_via_f32, "int8", "int8")
-    int4 = _failure(
-        uk.int4_weight_only_unsigned, "float32", et.quantized(INT4_G32), contract="fast"
-    )
-    for msg, shows in [
-        (int8, "lhs = np.full((1, 1041), 127, dtype=np.int8)"),
-        (int4, "rhs_codes = np.array([[-8, -8]], dtype=ml_dtypes.int4)"),
-    ]:
-        report, script = msg.split(
-            "# --- reproducer: save as repro.py and run python repro.py ---\n"
-        )
-        assert shows in script.splitlines()
-        done = _run_script(script)
-        assert done.returncode == 1
-        first = [ln for ln in report.splitlines() if ln.startswith("first mismatch")][0]
-        assert first in done.stderr
+# The int4 reproducer by default: its script rebuilds a plain float32 lhs and a quantized
+# rhs (codes, scales), so it runs the plain operands' route of the int8 one as well; the
+# int8 reproducer (np.full for the repeated 127s, also checked by
+# test_literal_source_never_elides_the_odd_element) is a second fresh process, long.
+@pytest.mark.parametrize("case", [pytest.param("int8", marks=pytest.mark.long), "int4"])
+def test_reproducers_paste_and_run(case):
+    if case == "int8":
+        msg = _failure(uk.int8_via_f32, "int8", "int8")
+        shows = "lhs = np.full((1, 1041), 127, dtype=np.int8)"
+    else:
+        # seed 0, check_function's default seed, run in a fresh interpreter
+        msg = _fresh_failures(uk.int4_weight_only_unsigned.__name__)[0]
+        shows = "rhs_codes = np.array([[-8, -8]], dtype=ml_dtypes.int4)"
+    report, script = msg.split("# --- reproducer: save as repro.py and run python repro.py ---\n")
+    assert shows in script.splitlines()
+    done = _run_script(script)
+    assert done.returncode == 1
+    first = [ln for ln in report.splitlines() if ln.startswith("first mismatch")][0]
+    assert first in done.stderr
 
 
 def test_literal_source_never_elides_the_odd_element():

@@ -73,11 +73,12 @@ def test_integers_with_power_of_two_scales_are_exact() -> None:
 
 
 def test_nan_and_inf_activations_propagate() -> None:
+    # the columns' weight form (the default many-rows test's: one numba compile for both)
     rng = np.random.default_rng(3)
-    q, w = _rows(rng)
+    q, w = _columns(rng)
     x = rng.normal(size=(route.MAX_ROWS + 2, K)).astype(np.float32)
     x[0, 3], x[1, 100], x[17, 300] = np.nan, np.inf, -np.inf
-    got = _dot(jnp.asarray(x), q, NK)
+    got = _dot(jnp.asarray(x), q, KN)
     with np.errstate(invalid="ignore"):
         want = x.astype(np.float64) @ w
     assert np.array_equal(np.isnan(got), np.isnan(want))

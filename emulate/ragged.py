@@ -132,13 +132,13 @@ def ragged_dot_general(
         checked); the value refusals of :func:`emulate.dot_general`; under
         ``emulate.use_route("kernel")``, a call ``emulate.pallas.ragged_dot`` cannot take,
         naming the argument and the kernel's reason.
-      NotImplementedError: a ``group_offset`` (``lax.ragged_dot_general`` raises it too,
-        jax 0.10.2) or an ``out_sharding``.
+      NotImplementedError: a ``group_offset`` (not built; ``lax.ragged_dot_general`` of
+        jax 0.10.2 fails on one too, with a TypeError: it hashes the array) or an
+        ``out_sharding``.
     """
     if group_offset is not None:
         raise NotImplementedError(
-            "group_offset: not supported (jax.lax.ragged_dot_general raises "
-            "NotImplementedError for it too); pass None"
+            "group_offset: not supported (jax.lax.ragged_dot_general fails on it too); pass None"
         )
     if out_sharding is not None:
         raise NotImplementedError(

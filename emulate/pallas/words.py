@@ -176,8 +176,8 @@ def _six_bit_tile(
             continue
         z = _rows_of(zero, TILE_WORDS, TILE_WORDS * q, group // 2, jnp.float32)
         off = jnp.float32(bias) + (0 if z is None else z)
-        lo = lax.bitcast_convert_type(lax.shift_left(p, 16), jnp.float32) - off
-        hi = lax.bitcast_convert_type(p & _HIGH_HALF, jnp.float32) - off
+        lo, hi = _pair_halves(p)
+        lo, hi = lo - off, hi - off
         if piece_order:
             runs += [lo, hi]
             continue
@@ -231,9 +231,17 @@ def e2m1_pairs(w: jax.Array, q: int, *, bf16_vpu: bool, interpret: bool) -> jax.
 def _e2m1_halves_f32(y: jax.Array) -> tuple[jax.Array, jax.Array]:
     """The magnitudes of a pair of ``y`` (:func:`_e2m1_halves`) as two f32 arrays (low
     half, high half): each half widened (a shift, a mask), then ``min(y, 2y - 1)``."""
-    lo = lax.bitcast_convert_type(lax.shift_left(y, 16), jnp.float32)
-    hi = lax.bitcast_convert_type(y & _HIGH_HALF, jnp.float32)
+    lo, hi = _pair_halves(y)
     return _subnormal_fixed(lo), _subnormal_fixed(hi)
+
+
+def _pair_halves(p: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """int32 words ``p``, each a pair of bfloat16 values, as two f32 arrays (low half, high
+    half), each exact: the half shifted (or masked) into f32's top 16 bits."""
+    return (
+        lax.bitcast_convert_type(lax.shift_left(p, 16), jnp.float32),
+        lax.bitcast_convert_type(p & _HIGH_HALF, jnp.float32),
+    )
 
 
 def e2m1_values(w: jax.Array, q: int) -> tuple[jax.Array, jax.Array]:

@@ -20,7 +20,8 @@ that tests start inherit it (``EMULATE_TEST_XLA_CACHE``, ``JAX_COMPILATION_CACHE
 with no minimum compile time or size. Tests build the same programs from fresh closures
 and in several processes; XLA compiles each once per session, and a cache hit returns the
 executable the compiler built for the same program and options. Most of the suite's time
-is XLA compiling. ``EMULATE_TEST_COMPILE_CACHE=0`` turns it off; a session never reads
+is JAX tracing and lowering programs in Python (the cache saves only XLA's part).
+``EMULATE_TEST_COMPILE_CACHE=0`` turns it off; a session never reads
 another session's cache.
 
 The CPU kernel is off unless a test turns it on (``EMULATE_CPU_KERNEL=0``: its numba
@@ -59,9 +60,21 @@ os.environ.setdefault("EMULATE_CPU_KERNEL", "0")
 # compiles threaded kernels and compares their bits (tests/cpu/test_gemv.py)
 os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 
+import contextlib  # noqa: E402
+import sys  # noqa: E402
+
 import jax  # noqa: E402 - after XLA_FLAGS
 import pytest
 from hypothesis import HealthCheck, settings
+
+# Without -n, pytest loads emulate's plugin (its pytest11 entry point) before this file,
+# and emulate reads EMULATE_CPU_KERNEL at import: the kernel would then be on for every
+# test of such a run. Keep the session's thread as the variable says.
+_SESSION_SETTINGS = contextlib.ExitStack()
+if "emulate.routing.setting" in sys.modules:
+    import emulate
+
+    _SESSION_SETTINGS.enter_context(emulate.use_cpu_kernel(os.environ["EMULATE_CPU_KERNEL"] == "1"))
 
 # pytester runs pytest inside a test: tests/testing/test_plugin.py checks emulate's plugin.
 # emulate's own plugin (its pytest11 entry point has the module's name, so an installed

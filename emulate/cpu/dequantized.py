@@ -1,13 +1,13 @@
 """numba: the weight's rows (layout ROWS) or a block of a column (layout COLUMNS) whose
-factors leave the kernel's arithmetic (:func:`emulate.cpu.factors.ordinary`: a NaN or
-infinite scale, offset or zero point, one of at least 2**100, or a tensor scale whose
-product with a block's scale leaves float32's normal range), computed as the dequantized
-product: each element's value as :func:`emulate.dequantize` computes it (``(v - z) * m *
-2**e1 * 2**e2 + o``, every step rounded to float32 and flushed below 2**-126 as XLA:CPU
-flushes), times ``x``, summed in float32. NaN and Inf then come out as the dequantized
-product gives them: a zero code against an infinite scale is NaN there, where the kernel's
-block sum times the scale would hide it. Slow (one element at a time), and only reached by
-such blocks.
+factors leave the kernel's arithmetic (:func:`emulate.cpu.factors.ordinary`: a NaN,
+infinite or subnormal scale, offset or zero point, one of at least 2**100, or a tensor
+scale whose product with a block's scale leaves float32's normal range), computed as the
+dequantized product: each element's value as :func:`emulate.dequantize` computes it
+(``(v - z) * m * 2**e1 * 2**e2 + o``, every step rounded to float32 and flushed below
+2**-126 as XLA:CPU flushes), times ``x``, summed in float32. NaN and Inf then come out as
+the dequantized product gives them: a zero code against an infinite scale is NaN there,
+where the kernel's block sum times the scale would hide it. Slow (one element at a time),
+and only reached by such blocks.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import numpy as np
 
 from emulate.cpu.form import ConstantFactor, FactorForm, Form, Kind, LevelSlots, Slot
 from emulate.cpu.lanes import LANES, code_values, half_values
-from emulate.cpu.parts import flushed, frexp32, pow2, reader, rounded
+from emulate.cpu.parts import flushed, frexp32, pow2, reader, rounded, subnormal
 
 __all__ = ["LIMIT", "combined_scale", "factors", "ordinary", "row_factors", "scale_parts"]
 
@@ -168,8 +168,10 @@ def scale_parts(form: Form) -> Callable:
 
 @numba.njit(inline="always")
 def ordinary(v: np.float32) -> bool:
-    """Whether a factor stays in the kernel's arithmetic (finite, below :data:`LIMIT`)."""
-    return bool(abs(v) < LIMIT)
+    """Whether a factor stays in the kernel's arithmetic: finite, below :data:`LIMIT`, and
+    not subnormal (the kernel runs with denormal inputs read as zero: a block's sum times a
+    scale of 2**-127, e8m0's least, would be 0 where the dequantized values are normal)."""
+    return bool(abs(v) < LIMIT) & (not subnormal(v))
 
 
 def _halves_row(form: Slot | ConstantFactor | None) -> Callable:

@@ -41,6 +41,7 @@ __all__ = [
     "reader",
     "rounded",
     "stack_floats",
+    "subnormal",
     "unflat",
 ]
 
@@ -155,6 +156,15 @@ def frexp32(value: np.float32) -> tuple[np.float32, int]:
 def pow2(n: int) -> np.float32:
     """``2**n`` as a float32 built from its bits, for ``-126 <= n <= 127``."""
     return _f32_from_bits(np.uint64(n + 127) << np.uint64(23))
+
+
+@numba.njit(inline="always")
+def subnormal(value: np.float32) -> bool:
+    """Whether the float32 ``value`` is subnormal (nonzero, below 2**-126 in magnitude),
+    from its bits: XLA:CPU runs custom calls with denormal inputs read as zero, so the
+    arithmetic cannot tell."""
+    bits = np.uint64(_bits_of_f32(np.float32(value))) & np.uint64(0x7FFFFFFF)
+    return bool(bits != 0) & bool(bits < np.uint64(0x800000))
 
 
 @numba.njit(inline="always")

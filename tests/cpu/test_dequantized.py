@@ -77,6 +77,24 @@ def test_a_special_scale_in_rows_gives_the_dequantized_product(special) -> None:
     as_dequantized(_dot(jnp.asarray(x), q, NK), x, w, 2)
 
 
+def test_subnormal_scales_in_rows_give_the_dequantized_product() -> None:
+    # 2**-127 (e8m0's least scale), -3 * 2**-129 and 2**-149: the kernel reads its factors with
+    # denormal inputs as zero, so these blocks take the dequantized path, whose values
+    # (v - 8) * scale are rounded to float32 and flushed below 2**-126 as dequantize does;
+    # x near 2**40 puts the sums far above the bound's underflow term
+    rng = np.random.default_rng(15)
+    scales = rng.uniform(0.01, 0.1, (N, K // 32)).astype(np.float32)
+    scales[2], scales[40], scales[71, 0] = 2.0**-127, -3 * 2.0**-129, 2.0**-149
+    q = _q4_rows(rng, scales)
+    codes = np.asarray(emulate.unpack(q.codes), np.float64)  # numpy: no flush
+    w = (codes - 8) * np.repeat(scales.astype(np.float64), 32, axis=1)
+    w = np.where(np.abs(w) < 2.0**-126, 0.0, w).T
+    x = (rng.normal(size=(3, K)) * 2.0**40).astype(np.float32)
+    got = _dot(jnp.asarray(x), q, NK)
+    as_dequantized(got, x, w, 2)
+    assert (np.abs(got[:, [2, 40]]) > 2.0**-100).all()  # columns of subnormal scales only
+
+
 @pytest.mark.long  # two weight forms of their own: numba compiles
 @pytest.mark.parametrize("layout", ["columns", "rows"])
 def test_the_many_rows_kernel_gives_the_dequantized_product(layout) -> None:

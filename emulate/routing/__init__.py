@@ -37,6 +37,9 @@ The rule (:mod:`emulate.routing.choose` gives its order), on a TPU target in mod
 - the activations are bfloat16, float16 or float32 (any weight), or, beside a plain
   low-precision weight, an exact-class format (integers of at most 8 bits, float4_e2m1fn,
   float6_e2m3fn: :func:`emulate.planning.exactness.exact_class`);
+- no operand's type is sharded along a mesh axis (``jax.sharding.AxisType.Explicit``: the
+  kernels take whole operands; the XLA route is partitioned as JAX's own dot, and its
+  result is sharded as JAX's);
 - the kernel takes the call's shapes (``emulate.pallas.matmul``: a 2-D ``(K, N)`` weight as
   stored, activations of any rank with one contracting axis, no batch dimensions);
 - the kernel accepts it: traced on the call's abstract shapes (cached per structure) it

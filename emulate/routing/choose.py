@@ -7,8 +7,11 @@ The rule (the package docstring says what the settings mean), in this order:
 1. the route setting "xla": the XLA route;
 2. a target whose kind is not the platform the op's kernel lowers for: the XLA route
    ("target cpu is not a TPU");
-3. the op's own refusal, known without tracing (operand pairs, shapes, the CPU kernel's
-   switch and rows: :meth:`~emulate.routing.ops.KernelOp.refusal`);
+3. an operand whose type is sharded along an Explicit mesh axis
+   (``jax.typeof(x).sharding``): the kernels take whole operands, and JAX partitions the
+   XLA route as it partitions its own dot (the result's sharding is JAX's);
+   then the op's own refusal, known without tracing (operand pairs, shapes, the CPU
+   kernel's switch and rows: :meth:`~emulate.routing.ops.KernelOp.refusal`);
 4. under "auto", outside :func:`~emulate.routing.setting.planning`: where the program will
    not be lowered for the kernel's platform (no TPU may lower it, or JAX may partition it;
    the CPU kernel where JAX's backend is not the CPU), the XLA route;
@@ -88,6 +91,9 @@ def choose(call: Any, op: KernelOp | None) -> WeightRoute | None:
     if target.kind != op.platform:
         return xla(f"target {target.name} is not {PLATFORMS[op.platform]}", "target")
     x, w = op.operands(call)
+    sharded = _explicitly_sharded(x, w, side)
+    if sharded is not None:
+        return xla(*sharded)
     why = op.refusal(call, x, w)
     if why is None and setting == "auto" and not planning_now():
         if (elsewhere := op.unlowered()) is not None:
@@ -105,3 +111,24 @@ def choose(call: Any, op: KernelOp | None) -> WeightRoute | None:
     )
     reason = f"{side} read as stored by {name} {where}{op.advice(w)}"
     return WeightRoute("kernel", setting, reason, side, target.name, interpret, name)
+
+
+def _explicitly_sharded(x: Any, w: Any, side: str) -> tuple[str, str] | None:
+    """``(reason, argument)`` for the first of ``x`` (the activations) and ``w`` (the
+    weight, the call's ``side``) with a leaf whose type is sharded along a mesh axis (only
+    Explicit axes appear in a type), else None."""
+    for arg, operand in (("lhs" if side == "rhs" else "rhs", x), (side, w)):
+        for leaf in jax.tree.leaves(operand):
+            try:
+                aval = jax.typeof(leaf)
+            except TypeError:
+                continue
+            spec = getattr(getattr(aval, "sharding", None), "spec", None) or ()
+            axes = [a for e in spec for a in (e if isinstance(e, tuple) else (e,)) if a]
+            if axes:
+                return (
+                    f"{aval.str_short()} is sharded along Explicit mesh axis "
+                    f"{axes[0]!r}: the kernels take unsharded operands",
+                    arg,
+                )
+    return None

@@ -314,3 +314,32 @@ def test_a_weight_laid_out_again_on_every_call_is_refused_with_the_fix():
         assert emulate.weight_route(X, prepared, DN).kernel
         with emulate.use_route("interpret"):  # no TPU program: the copy is allowed
             assert emulate.weight_route(X, q32, DN).kernel
+
+
+EXPLICIT = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+SHARDED = "bfloat16[2@data,3,256] is sharded along Explicit mesh axis 'data'"
+
+
+def test_activations_sharded_along_an_explicit_axis_take_the_xla_route_as_jax_shards():
+    # the kernels take whole operands: the XLA route, whose result type is sharded as
+    # jnp.dot's (the CPU kernel's custom call gave P(None, None) before the rule)
+    with jax.set_mesh(EXPLICIT):
+        xs = jax.device_put(X, jax.sharding.PartitionSpec("data"))
+        want = jnp.dot(xs, jnp.asarray(W, jnp.bfloat16), preferred_element_type=jnp.float32)
+        with emulate.use_cpu_kernel(True):
+            r = emulate.weight_route(xs, Q, DN, target="cpu")
+            got = emulate.dot_general(xs, Q, DN, preferred_element_type=jnp.float32)
+        with emulate.target(TPU), emulate.use_route("interpret"), pytest.raises(ValueError) as e:
+            emulate.dot_general(xs, Q, DN)
+    assert r is not None and r.route == "xla"
+    assert r.reason == f"{SHARDED}: the kernels take unsharded operands"
+    assert jax.typeof(got).sharding.spec == jax.typeof(want).sharding.spec
+    assert jax.typeof(got).sharding.spec == jax.sharding.PartitionSpec("data", None, None)
+    with emulate.use_cpu_kernel(False):
+        plain = emulate.dot_general(X, Q, DN, preferred_element_type=jnp.float32)
+    assert np.array_equal(np.asarray(got), np.asarray(plain))
+    assert str(e.value) == (
+        "lhs: route 'interpret' asks for emulate.pallas.matmul, which cannot take this call: "
+        f"{SHARDED}: the kernels take unsharded operands; use emulate.use_route('auto') or "
+        "('xla') for the XLA route"
+    )

@@ -1,11 +1,14 @@
 """A kernel op's kernel traced once on a call's abstract operands: the program the kernel
 route replays (:func:`emulate.routing.run`), or the kernel's refusal as text
 (:func:`emulate.routing.choose` reads it). Cached per op (its XLA route left out), operand
-structure and shapes, so that a call decided and then run traces its kernel once.
+structure and shapes, so that a call decided and then run traces its kernel once; the
+:data:`CACHED` most recently used programs are kept (a server whose shapes change every
+call does not grow it without end).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 from typing import Any
@@ -17,7 +20,10 @@ from emulate.routing.ops import KernelOp
 
 __all__ = ["kernel_program"]
 
-_PROGRAMS: dict[Any, Any] = {}
+#: How many traced programs (or refusals) the cache keeps, least recently used dropped.
+CACHED = 512
+
+_PROGRAMS: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 
 
 def kernel_program(op: KernelOp, x: Any, w: Any) -> Any:
@@ -36,6 +42,7 @@ def kernel_program(op: KernelOp, x: Any, w: Any) -> Any:
     except TypeError:  # an unhashable part (a codebook's table): no cache
         key = None
     if key is not None and key in _PROGRAMS:
+        _PROGRAMS.move_to_end(key)
         return _PROGRAMS[key]
     treedef = jax.tree.structure((x, w))
 
@@ -51,4 +58,6 @@ def kernel_program(op: KernelOp, x: Any, w: Any) -> Any:
         got = f"{op.kernel_name} refuses it: {e}"
     if key is not None:
         _PROGRAMS[key] = got
+        if len(_PROGRAMS) > CACHED:
+            _PROGRAMS.popitem(last=False)
     return got

@@ -268,12 +268,67 @@ def models(results: Sequence[Result]) -> Block:
     return Block("\n".join(lines))
 
 
+# ---------------------------------------------------------------------------------------
+# CPU
+
+
+def cpu_kernel(results: Sequence[Result]) -> Block:
+    """The latest ``benchmarks.qcpu`` row of each (scheme, shape): the CPU kernel's time
+    against the f32 dot on the pre-decoded exact weight, the bf16 floor, reading the
+    stored bytes and its own M = 1 time, XLA's route beside it; then issue 50's goals
+    over those rows (met, or the worst row and its distance); one plot of time against
+    M per K x N, a line per scheme."""
+    latest: dict[tuple[str, int, int, int], dict[str, Any]] = {}
+    for r in results:
+        for row in r.data["rows"]:
+            latest[(row["pair"], row["M"], row["K"], row["N"])] = row
+    rows = [
+        (
+            row["title"], f"{m}x{k}x{n}", units.mb(row["stored_bytes"]),
+            units.ms(row["emulate_s"]), units.ratio(row["emulate_over_f32"]),
+            units.ratio(row["emulate_over_floor"]), units.ratio(row["emulate_over_read"], 1),
+            units.ratio(row.get("emulate_over_m1")), units.ratio(row.get("xla_over_f32")),
+        )
+        for (_, m, k, n), row in sorted(latest.items(), key=lambda kv: kv[0][2:] + kv[0][1:2])
+    ]  # fmt: skip
+    heads = ["scheme", "M x K x N", "stored MB", "emulate (ms)", "x f32 dot", "x bf16 floor",
+             "x read", "x its M = 1", "XLA route x f32"]  # fmt: skip
+    lines = ["bf16 activations, `emulate.dot_general` (the CPU kernel, or XLA's route where "
+             "it does not take the weight), medians of interleaved rounds:", ""]  # fmt: skip
+    lines += markdown_table(heads, rows)
+    goals = [g for r in results[-1:] for g in r.data.get("goals", [])]
+    if goals:
+        lines += ["", f"Issue 50's goals, over `benchmarks/data/{results[-1].path}`:", ""]
+        lines += markdown_table(
+            ["goal", "limit", "worst", "where", "met"],
+            [
+                (g["goal"], g["limit"], units.ratio(g["measured"]), g["worst"], g["met"])
+                for g in goals
+            ],
+        )
+    plots = {}
+    for k, n in dict.fromkeys((key[2], key[3]) for key in latest):
+        series: dict[str, list[tuple[float, float]]] = {}
+        for (_, m, kk, nn), row in sorted(latest.items()):
+            if (kk, nn) == (k, n) and row["emulate_s"]:
+                series.setdefault(row["title"], []).append((m, row["emulate_s"] * 1e3))
+        if any(len(v) > 1 for v in series.values()):
+            name = f"cpu_kernel-{k}x{n}.svg"
+            plots[name] = svg.line_chart(
+                f"CPU: M x {k} x {n}", "rows M", "ms a call", series, log_y=True
+            )
+            lines += ["", f"![time against M, {k} x {n}, CPU](images/performance/{name})"]
+    lines += ["", _source_line(results)]
+    return Block("\n".join(lines), plots)
+
+
 #: The generated sections: name (as the page's markers write it) -> (the folder under
 #: ``benchmarks/data`` it reads, its renderer).
 SECTIONS: dict[str, tuple[str, Callable[[Sequence[Result]], Block]]] = {
     "tpu-chip-programs": ("chip_times", chip_programs),
     "tpu-chip-word-step": ("word_times", word_step),
     "tpu-compiler-models": ("models", models),
+    "cpu-kernel": ("qcpu", cpu_kernel),
 }
 
 

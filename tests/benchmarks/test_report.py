@@ -24,7 +24,7 @@ def test_the_page_and_its_plots_are_up_to_date():
 def test_every_result_the_page_reads_names_its_benchmark_command_date_and_full_commit():
     results = report.load()
     read = {kind for kind, _ in report.SECTIONS.values()}
-    assert read == {"chip_times", "word_times", "models"} and read <= set(results)
+    assert read == {"chip_times", "word_times", "models", "qcpu"} and read <= set(results)
     for kind in read:
         for r in results[kind]:
             module = report.ROOT / "benchmarks" / f"{r.data['benchmark']}.py"
@@ -83,3 +83,15 @@ def test_commit_is_written_in_full():
     assert head is not None and re.fullmatch("[0-9a-f]{40}", head)
     assert provenance.commit(head[:7]) == head
     assert provenance.commit("not-a-commit") == "not-a-commit"
+
+
+def test_the_cpu_table_has_a_row_per_scheme_and_shape_and_each_goal_as_measured():
+    results = report.load()["qcpu"]
+    result = results[-1]  # its rows are the latest of their scheme and shape
+    block = report.cpu_kernel(results).markdown
+    for row in result.data["rows"]:
+        shape = f"{row['M']}x{row['K']}x{row['N']}"
+        ms = f"{row['emulate_s'] * 1e3:.3g}"
+        assert f"| {row['title']} | {shape} | " in block and f" | {ms} | " in block, shape
+    for g in result.data["goals"]:
+        assert f"| {g['goal']} | {g['limit']} | " in block and f"| {g['met']} |" in block

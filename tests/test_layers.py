@@ -784,7 +784,7 @@ TESTED_ELSEWHERE = {
     "emulate.routing.setting": "use_route, use_cpu_kernel, WeightRoute: routing/, cpu/test_route",
     "emulate.routing.ops": "weight_side and operand pairs: routing/test_choose, test_ragged",
     "emulate.routing.prepared": "prepare_weights: routing/test_choose, test_ragged, flax/",
-    "emulate.routing.program": "the traced kernel and its refusal: routing/test_choose",
+    "emulate.routing.program": "the traced kernel, its refusal and its cache: routing/test_choose",
     "emulate.routing.pallas_ops": "the Pallas kernels' routes: routing/test_choose, test_ragged",
     "emulate.routing.run": "the kernel route run: routing/test_choose, test_ragged, cpu/test_route",
     "emulate.routing.query": "weight_route, ragged_dot_route: routing/, test_ragged",

@@ -23,7 +23,9 @@ __all__ = ["kernel_program"]
 #: How many traced programs (or refusals) the cache keeps, least recently used dropped.
 CACHED = 512
 
-_PROGRAMS: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+#: The cache: key (op, operand structure, shapes and dtypes) -> program or refusal, the
+#: most recently used last.
+PROGRAMS: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 
 
 def kernel_program(op: KernelOp, x: Any, w: Any) -> Any:
@@ -41,9 +43,9 @@ def kernel_program(op: KernelOp, x: Any, w: Any) -> Any:
         hash(key)
     except TypeError:  # an unhashable part (a codebook's table): no cache
         key = None
-    if key is not None and key in _PROGRAMS:
-        _PROGRAMS.move_to_end(key)
-        return _PROGRAMS[key]
+    if key is not None and key in PROGRAMS:
+        PROGRAMS.move_to_end(key)
+        return PROGRAMS[key]
     treedef = jax.tree.structure((x, w))
 
     def flat(*leaves: Any) -> jax.Array:
@@ -57,7 +59,7 @@ def kernel_program(op: KernelOp, x: Any, w: Any) -> Any:
     except (NotImplementedError, ValueError, TypeError) as e:
         got = f"{op.kernel_name} refuses it: {e}"
     if key is not None:
-        _PROGRAMS[key] = got
-        if len(_PROGRAMS) > CACHED:
-            _PROGRAMS.popitem(last=False)
+        PROGRAMS[key] = got
+        if len(PROGRAMS) > CACHED:
+            PROGRAMS.popitem(last=False)
     return got

@@ -22,6 +22,7 @@ import emulate.pallas
 from emulate import bounds, compiler, reference
 from emulate.engine.args import dot_args
 from emulate.pallas.qweight import as_qarray
+from emulate.routing import program
 
 assert compiler.available(), "the real TPU compiler (libtpu) is needed: pip install -e .[test]"
 
@@ -32,6 +33,7 @@ W = _RNG.standard_normal((K, N)).astype(np.float32)
 #: int8 codes, a float16 scale per group of 32 rows and column (scales change along K)
 Q = emulate.quantize(W, "int8", block_shape=32, axis=0, scale_fmt="float16")
 DN = (((2,), (0,)), ((), ()))
+DN2 = (((1,), (0,)), ((), ()))
 TPU = "tpu_v5e"
 
 
@@ -314,6 +316,17 @@ def test_a_weight_laid_out_again_on_every_call_is_refused_with_the_fix():
         assert emulate.weight_route(X, prepared, DN).kernel
         with emulate.use_route("interpret"):  # no TPU program: the copy is allowed
             assert emulate.weight_route(X, q32, DN).kernel
+
+
+def test_the_traced_kernels_cache_keeps_the_most_recently_used(monkeypatch) -> None:
+    # emulate.routing.program: one trace per op, structure and shapes, CACHED at most
+    monkeypatch.setattr(program, "CACHED", 3)
+    monkeypatch.setattr(program, "PROGRAMS", type(program.PROGRAMS)())
+    for rows in (1, 2, 3, 4, 1, 5):  # 1 used again after 4: 2 and 3 are the oldest
+        r = emulate.weight_route(jnp.ones((rows, K), jnp.bfloat16), Q, DN2, target=TPU)
+        assert r is not None and r.route == "kernel"
+    kept = [key[2][0][0][0] for key in program.PROGRAMS]  # x's rows, in use order
+    assert kept == [4, 1, 5]
 
 
 EXPLICIT = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))

@@ -14,8 +14,8 @@ the codes are decoded into registers next to the dot; with more, a pass of rows 
 is decoded once into the stack and each row of ``x`` reads it). The block's factors are
 decoded once (:mod:`emulate.cpu.factors`); where the weight has offsets, ``offset *
 sum(x_k)`` over the block is added apart (``xsum``, summed once per call). Blocks whose
-factors are NaN, infinite, huge or subnormal (:func:`emulate.cpu.factors.ordinary`) are computed as
-the dequantized product instead (:mod:`emulate.cpu.dequantized`).
+factors are NaN, infinite, huge or subnormal (:func:`emulate.cpu.factors.ordinary`) are
+computed as the dequantized product instead (:mod:`emulate.cpu.dequantized`).
 
 Numerics: a result element is a float32 sum of products ``x (v - z)``, a group's or a
 block's sum scaled once: the segment route of docs/numerics.md ("Block-scaled operands"),

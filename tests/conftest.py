@@ -51,7 +51,8 @@ if os.environ.get("EMULATE_TEST_XLA_DEFAULT", "") != "1":
     os.environ["XLA_FLAGS"] = with_flags(os.environ.get("XLA_FLAGS", ""), add=True)
 
 # The CPU kernel (emulate.cpu): numba compiles one kernel per weight form, 2-4 s each, so
-# the suite keeps it off (EMULATE_CPU_KERNEL, read when emulate is imported) and the tests
+# the suite keeps it off (EMULATE_CPU_KERNEL, read at the first contraction: emulate's
+# pytest plugin may have imported emulate before this file) and the tests
 # of the kernel turn it on (emulate.use_cpu_kernel): tests/cpu/, and the importers' oracle
 # tests of each convention through it.
 os.environ.setdefault("EMULATE_CPU_KERNEL", "0")
@@ -60,21 +61,9 @@ os.environ.setdefault("EMULATE_CPU_KERNEL", "0")
 # compiles threaded kernels and compares their bits (tests/cpu/test_gemv.py)
 os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 
-import contextlib  # noqa: E402
-import sys  # noqa: E402
-
 import jax  # noqa: E402 - after XLA_FLAGS
 import pytest
 from hypothesis import HealthCheck, settings
-
-# Without -n, pytest loads emulate's plugin (its pytest11 entry point) before this file,
-# and emulate reads EMULATE_CPU_KERNEL at import: the kernel would then be on for every
-# test of such a run. Keep the session's thread as the variable says.
-_SESSION_SETTINGS = contextlib.ExitStack()
-if "emulate.routing.setting" in sys.modules:
-    import emulate
-
-    _SESSION_SETTINGS.enter_context(emulate.use_cpu_kernel(os.environ["EMULATE_CPU_KERNEL"] == "1"))
 
 # pytester runs pytest inside a test: tests/testing/test_plugin.py checks emulate's plugin.
 # emulate's own plugin (its pytest11 entry point has the module's name, so an installed

@@ -38,7 +38,7 @@ __all__ = ["CpuGemv"]
 
 _SWITCHED_OFF = (
     "the CPU kernel is switched off (emulate.use_cpu_kernel(False), or the environment "
-    "variable EMULATE_CPU_KERNEL=0 at import): emulate.use_cpu_kernel(True) lets it in"
+    "variable EMULATE_CPU_KERNEL=0): emulate.use_cpu_kernel(True) lets it in"
 )
 
 

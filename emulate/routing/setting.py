@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -114,18 +115,22 @@ class WeightRoute:
         return f"{head}\n  {self.reason}"
 
 
-def _cpu_kernel_default() -> bool:
+def _cpu_kernel_variable() -> bool:
+    """The environment variable ``EMULATE_CPU_KERNEL``: "1" (also when unset) or "0"."""
     value = os.environ.get("EMULATE_CPU_KERNEL", "1")
     if value not in ("0", "1"):
         raise ValueError(f"EMULATE_CPU_KERNEL: expected '0' or '1', got {value!r}")
     return value == "1"
 
 
-_CPU_KERNEL_DEFAULT = _cpu_kernel_default()
-_CPU_KERNEL: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "emulate_cpu_kernel", default=_CPU_KERNEL_DEFAULT
+_cpu_kernel_variable()  # a bad value fails the import
+#: None outside a use_cpu_kernel block: the variable, read once at the first decision
+#: (so a conftest.py, or any code before the first contraction, may set it)
+_CPU_KERNEL: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+    "emulate_cpu_kernel", default=None
 )
-_CPU_KEY = jax.make_user_context(default_value=_CPU_KERNEL_DEFAULT)
+_CPU_KEY = jax.make_user_context(default_value=None)
+_cpu_kernel_default = functools.cache(_cpu_kernel_variable)
 
 
 @contextlib.contextmanager
@@ -133,7 +138,8 @@ def use_cpu_kernel(enabled: bool) -> Iterator[bool]:
     """Let (True) or keep (False) the CPU kernel (:mod:`emulate.cpu`) take the QArray
     contractions it takes on the CPU (few rows of activations), inside a ``with`` block,
     for this thread or asyncio task; part of ``jax.jit``'s key. The default is the
-    environment variable ``EMULATE_CPU_KERNEL`` ("1", the default, or "0") at import. The
+    environment variable ``EMULATE_CPU_KERNEL`` ("1", the default, or "0"), read once when
+    the first contraction is decided (a bad value also fails ``import emulate``). The
     route setting "xla" (:func:`use_route`) keeps it out too.
 
     Raises:
@@ -148,7 +154,10 @@ def use_cpu_kernel(enabled: bool) -> Iterator[bool]:
 def cpu_kernel_enabled() -> bool:
     """Whether the CPU kernel may take a contraction traced now (:func:`use_cpu_kernel`,
     and a route setting other than "xla")."""
-    return _CPU_KERNEL.get() and _ROUTE.get() != "xla"
+    enabled = _CPU_KERNEL.get()
+    if enabled is None:
+        enabled = _cpu_kernel_default()
+    return enabled and _ROUTE.get() != "xla"
 
 
 _PLANNING: contextvars.ContextVar[bool] = contextvars.ContextVar(

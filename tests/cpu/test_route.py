@@ -178,3 +178,27 @@ def test_a_bad_environment_value_names_the_variable() -> None:
     assert run.stderr.strip().splitlines()[-1] == (
         "ValueError: EMULATE_CPU_KERNEL: expected '0' or '1', got 'yes'"
     )
+
+
+def test_the_environment_value_is_read_once_at_the_first_decision() -> None:
+    # set after `import emulate` (as a conftest.py does when pytest's plugin imported
+    # emulate first): the first decision reads it, later changes do not count
+    env = {k: v for k, v in os.environ.items() if k != "EMULATE_CPU_KERNEL"}
+    code = (
+        "import os\n"
+        "from emulate.routing import setting\n"
+        "os.environ['EMULATE_CPU_KERNEL'] = '0'\n"
+        "print(setting.cpu_kernel_enabled())\n"
+        "os.environ['EMULATE_CPU_KERNEL'] = '1'\n"
+        "print(setting.cpu_kernel_enabled())\n"
+        "with setting.use_cpu_kernel(True):\n"
+        "    print(setting.cpu_kernel_enabled())\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["False", "False", "True"]

@@ -52,7 +52,7 @@ def test_weight_route_reports_the_cpu_kernel_and_why_not():
         off = emulate.weight_route(X2, Q, DN, target="cpu")
     assert off.reason == (
         "the CPU kernel is switched off (emulate.use_cpu_kernel(False), or the environment "
-        "variable EMULATE_CPU_KERNEL=0 at import): emulate.use_cpu_kernel(True) lets it in"
+        "variable EMULATE_CPU_KERNEL=0): emulate.use_cpu_kernel(True) lets it in"
     )
     with emulate.use_route("xla"):
         assert emulate.weight_route(X2, Q, DN, target="cpu").reason == (

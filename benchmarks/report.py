@@ -296,7 +296,7 @@ def cpu_kernel(results: Sequence[Result]) -> Block:
     lines = ["bf16 activations, `emulate.dot_general` (the CPU kernel, or XLA's route where "
              "it does not take the weight), medians of interleaved rounds:", ""]  # fmt: skip
     lines += markdown_table(heads, rows)
-    goals = [g for r in results[-1:] for g in r.data.get("goals", [])]
+    goals = results[-1].data.get("goals", []) if results else []
     if goals:
         lines += ["", f"Issue 50's goals, over `benchmarks/data/{results[-1].path}`:", ""]
         lines += markdown_table(

@@ -119,11 +119,8 @@ def _explicitly_sharded(x: Any, w: Any, side: str) -> tuple[str, str] | None:
     Explicit axes appear in a type), else None."""
     for arg, operand in (("lhs" if side == "rhs" else "rhs", x), (side, w)):
         for leaf in jax.tree.leaves(operand):
-            try:
-                aval = jax.typeof(leaf)
-            except TypeError:
-                continue
-            spec = getattr(getattr(aval, "sharding", None), "spec", None) or ()
+            aval = jax.typeof(leaf)
+            spec = aval.sharding.spec
             axes = [a for e in spec for a in (e if isinstance(e, tuple) else (e,)) if a]
             if axes:
                 return (

@@ -51,7 +51,7 @@ def row(form: Form) -> Callable:
     code, block, parts, element = reader(form.codes), factors(form), scale_parts(form), value(form)
     bn, bk = form.block
 
-    @numba.njit(inline="always")
+    @numba.njit
     def dequantized_row(x, weight, r, acc):
         m_rows, k = x.shape
         for m in range(m_rows):
@@ -74,7 +74,7 @@ def column_block(form: Form) -> Callable:
     code, block, parts, element = reader(form.codes), factors(form), scale_parts(form), value(form)
     bk, bn = form.block
 
-    @numba.njit(inline="always")
+    @numba.njit
     def dequantized_column(x, weight, k0, k1, n, acc):
         z, _, o = block(weight, k0 // bk, n // bn)
         mm, p1, p2 = parts(weight, k0 // bk, n // bn)

@@ -181,7 +181,7 @@ def _halves_row(form: Slot | ConstantFactor | None) -> Callable:
     halves = isinstance(form, Slot) and form.kind in (Kind.FLOAT16, Kind.BFLOAT16)
     brain = int(isinstance(form, Slot) and form.kind == Kind.BFLOAT16)
 
-    @numba.njit(inline="always")
+    @numba.njit
     def each(f, i, out):
         n, done = out.shape[0], 0
         if halves:
@@ -213,7 +213,7 @@ def _level_row(form: LevelSlots) -> Callable:
     )
     step = LANES * slot.group  # codes a step
 
-    @numba.njit(inline="always")
+    @numba.njit
     def level(f, i, out):
         n = out.shape[0]
         done = 0
@@ -254,7 +254,7 @@ def row_factors(form: Form) -> Callable:
     has_scale, scaled = form.scale is not None, _scaled(form)
     combine = combined_scale(form)
 
-    @numba.njit(inline="always")
+    @numba.njit
     def row(weight, i, zb, sb, ob):
         zero_point(weight.zero_point, i, zb)
         if has_scale:

@@ -89,7 +89,7 @@ def _columns_panel(form: Form) -> Callable:
     block, element = factors(form), _value(form)
     has_offset = form.offset is not None
 
-    @numba.njit(inline="always")
+    @numba.njit
     def panel_of(weight, k0, k1, n0, strips, panel, vals, z, s, o, fine):
         codes, table = weight.codes.data, weight.codes.table
         for strip in range(strips):
@@ -200,7 +200,7 @@ def _rows_panel(form: Form) -> Callable:
     code, element = reader(form.codes), _value(form)
     has_zp, has_offset = form.zero_point is not None, form.offset is not None
 
-    @numba.njit(inline="always")
+    @numba.njit
     def panel_row(weight, k0, k1, r, zb, sb, ob, fine, out):
         codes, table = weight.codes.data, weight.codes.table
         if not fine:

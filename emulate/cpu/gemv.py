@@ -175,7 +175,7 @@ def _column_loop(form: Form) -> Callable:
     value = reader(form.codes)
     one_a_byte, byte = _byte_codes(form)
 
-    @numba.njit(inline="always")
+    @numba.njit
     def per_code(x, stored, k0, k1, n0, w, zrow, blk):
         codes, table = stored.data, stored.table
         base = np.uint64(n0)
@@ -201,7 +201,7 @@ def _block_sums(form: Form) -> Callable:
     one_a_byte, byte = _byte_codes(form)
     bk = form.block[1]
 
-    @numba.njit(inline="always")
+    @numba.njit
     def row_sums(x, xe, stored, r, zb, sb, lanes, acc):
         codes, table = stored.data, stored.table
         (m_rows, k), row = x.shape, codes[r]
@@ -232,7 +232,7 @@ def _vector_sums(form: Form) -> Callable:
     per_block = bk // g  # groups a block: bk % g == 0 for these variants
     value = reader(form.codes)
 
-    @numba.njit(inline="always")
+    @numba.njit
     def row_sums(x, xe, stored, r, zb, sb, lanes, acc):
         codes, table = stored.data, stored.table
         m_rows, k = x.shape

@@ -114,7 +114,7 @@ def _call(form: Form, parallel: bool, many: bool) -> Callable:
 
 def listing(form: Form, what: str = "asm", parallel: bool = False, many: bool = False) -> str:
     """The code compiled for ``form``'s kernel (the few-rows one, or the many-rows one where
-    ``many``; every step inlined into it):
+    ``many``; the steps LLVM did not inline are functions in the same listing):
     its optimized LLVM IR (``what="llvm"``) or this host's assembly (``"asm"``), for the
     types the handler calls it with (docs/cpu_kernel.md). Compiles the kernel first if
     needed (seconds).

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as _seed
 from hypothesis import strategies as st
 
@@ -323,6 +323,12 @@ def _resolve(fn: Callable[[Any, Any], Any], lhs: Any, rhs: Any, **kw: Any) -> _C
     )
 
 
+#: hypothesis's phases without "explain": after a failure, explain traces every Python
+#: line of each shrinking run (sys.settrace before Python 3.12, through JAX's tracing of
+#: the function) to print lines the report does not use: the reproducer is the report.
+_PHASES = tuple(p for p in Phase if p is not Phase.explain)
+
+
 def _drive(spec: _CheckSpec, result: CheckResult) -> None:
     """Run ``spec``'s problems through hypothesis, counting into ``result``; on a failure
     set ``result.failure`` and ``result.reproducer`` (of the shrunk example). An error
@@ -357,6 +363,7 @@ def _drive(spec: _CheckSpec, result: CheckResult) -> None:
         database=None,
         derandomize=False,
         suppress_health_check=list(HealthCheck),
+        phases=_PHASES,
     )
     @_seed(spec.seed)
     @given(p=spec.problem)

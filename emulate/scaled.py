@@ -224,25 +224,38 @@ def _segment_layout(q: QArray | None, s, batch, contract, segs: _Segments, side:
     """A per-block array of ``q`` (None: None) laid out (batch..., free..., segment)."""
     if q is None or s is None:
         return None
-    nd = len(q.shape)
-    free = [d for d in range(nd) if d not in batch and d not in contract]
     first = segs.index[side]
     assert first is not None  # a QArray has scales, so a block index
-    idx = jnp.asarray(first)
+    blocks = math.prod(s.shape[d] for d in contract)
+    # one segment per block (the usual case): no gather, which XLA:TPU runs as a separate
+    # program with transposes around it
+    gather = blocks > 0 and not np.array_equal(first, np.arange(blocks))
+    return _laid_out(
+        s,
+        jnp.asarray(first),
+        shape=tuple(q.shape),
+        block_shape=tuple(q.block_shape),
+        batch=tuple(batch),
+        contract=tuple(contract),
+        gather=gather,
+    )
+
+
+# One program per layout, not one eager op per step, when the contraction is not traced.
+@functools.partial(jax.jit, static_argnames=("shape", "block_shape", "batch", "contract", "gather"))
+def _laid_out(s, idx, *, shape, block_shape, batch, contract, gather):
+    nd = len(shape)
+    free = [d for d in range(nd) if d not in batch and d not in contract]
     for d in tuple(batch) + tuple(free):
-        b = q.block_shape[d]
+        b = block_shape[d]
         s = jnp.repeat(s, b, axis=d, total_repeat_length=s.shape[d] * b)
-        s = lax.slice_in_dim(s, 0, q.shape[d], axis=d)
+        s = lax.slice_in_dim(s, 0, shape[d], axis=d)
     s = jnp.transpose(s, tuple(batch) + tuple(free) + tuple(contract))
     kept = len(batch) + len(free)
     s = s.reshape(s.shape[:kept] + (math.prod(s.shape[kept:]),))  # no -1: N may be 0
     if s.shape[-1] == 0:  # K = 0: one empty segment, nothing to scale
         return jnp.zeros(s.shape[:-1] + idx.shape, s.dtype)
-    if np.array_equal(first, np.arange(s.shape[-1])):
-        # one segment per block (the usual case): no gather, which XLA:TPU runs as a
-        # separate program with transposes around it
-        return s
-    return jnp.take(s, idx, axis=-1)
+    return jnp.take(s, idx, axis=-1) if gather else s
 
 
 @functools.partial(

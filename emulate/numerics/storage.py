@@ -147,8 +147,13 @@ def _checked_codes(x: jax.Array | np.ndarray, f: Format, arg: str) -> jax.Array 
 
 
 def _bits_of(x: jax.Array | np.ndarray, f: Format) -> jax.Array:
-    if isinstance(x, np.ndarray) and not f.xla_storable:
-        return jnp.asarray(x.view(np.uint8))
+    if isinstance(x, np.ndarray):
+        # numpy (ml_dtypes) holds a code of under 8 bits in the low bits of a byte: a view,
+        # no XLA program to compile per shape
+        bits = x.view(np.dtype(f"u{x.dtype.itemsize}"))
+        if f.bits < 8:
+            bits = bits & np.uint8(f.code_mask)
+        return jnp.asarray(bits.astype(code_dtype(f), copy=False))
     x = jnp.asarray(x)
     if f.bits == 2:  # jax int2 / uint2 arrays: widen, then keep the code bits
         wide = x.astype(jnp.int8 if f.signed else jnp.uint8)

@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental.pallas import tpu as pltpu
 
 from emulate import formats
 from emulate.kvcache import layout
@@ -233,8 +234,6 @@ def cache_operands(
     and unscaled formats: left out) and their block specs, in that order; outside
     interpret mode each constrained to stay in HBM and be streamed (7x would otherwise
     copy a whole cache into VMEM first)."""
-    from jax.experimental.pallas import tpu as pltpu
-
     k, ks, v, vs = stored
     if ks is None:
         specs, operands = [code_spec, code_spec], [k, v]

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental.pallas import tpu as pltpu
 
 from emulate import formats
 from emulate.numerics import codecs
@@ -124,8 +125,6 @@ def scratch_shapes(cfg: Any) -> list[Any]:
     """Per part (:func:`parts`, in :data:`PARTS` order) a ``(bn / 128, rows, 128)`` VMEM
     array (:func:`part_rows`): f32 scales, offsets and super-block factors, int32 zero
     points."""
-    from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
-
     lanes = cfg.bn // _LANES
     return [
         pltpu.VMEM((lanes, rows, _LANES), jnp.int32 if name == "zero" else jnp.float32)

@@ -49,6 +49,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental.pallas import tpu as pltpu
 
 from emulate import formats, targets
 from emulate.pallas import compute, qcodebook, qsteps, word_groups, words
@@ -149,8 +150,6 @@ def applies(r: compute.Compute, stored: Any, scaling: Any, codebook: Any, bm: in
 def scratch_shapes(cfg: Any) -> list[Any]:
     """The VMEM scratch of :func:`body`: the ``(bn / 128, R * bm, 128)`` f32 partial sums,
     then the per-group parts' (:func:`emulate.pallas.word_groups.scratch_shapes`)."""
-    from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
-
     rows = _dot_groups(cfg.scaling, cfg.compute.target) * cfg.bm
     acc = pltpu.VMEM((cfg.bn // _LANES, rows, _LANES), jnp.float32)
     return [acc, *word_groups.scratch_shapes(cfg)]

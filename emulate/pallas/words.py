@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental.pallas import tpu as pltpu
 
 __all__ = [
     "HIGH_WORDS",
@@ -91,8 +92,6 @@ def bf16_vector_unit(target: Any) -> bool:
 
 def words(block: jax.Array) -> jax.Array:
     """A loaded (R, C) uint8 / int8 block as its (R / 4, C) int32 words (free)."""
-    from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
-
     return pltpu.bitcast(block, jnp.int32)
 
 
@@ -101,15 +100,11 @@ def pack_rows(a: jax.Array, b: jax.Array, interpret: bool) -> jax.Array:
     array whose rows ``2i`` and ``2i + 1`` are ``a[i]`` and ``b[i]``: one pack operation
     per pair of vectors on a TPU (``pltpu.pack_elementwise``); in interpret mode the same
     bits from the f32 bits (exact values: truncation is the rounding)."""
-    from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
-
     return pltpu.bitcast(_packed_words(a, b, interpret), jnp.bfloat16)
 
 
 def _packed_words(a: jax.Array, b: jax.Array, interpret: bool) -> jax.Array:
     """:func:`pack_rows`' pairs as their 32-bit words (``a`` the low halves)."""
-    from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
-
     if interpret:
         lo = lax.shift_right_logical(lax.bitcast_convert_type(a, jnp.uint32), jnp.uint32(16))
         hi = lax.bitcast_convert_type(b, jnp.uint32) & jnp.uint32(0xFFFF0000)
@@ -161,8 +156,6 @@ def _six_bit_tile(
     piece_order: bool,
 ) -> jax.Array:
     """:func:`tile_values` of 6-bit codes (module docstring)."""
-    from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
-
     if signed:
         high = high ^ _CRUMB_SIGN_FLIP  # c ^ 32: its value plus 32
     bias = 128 + (32 if signed else 0)
@@ -177,13 +170,21 @@ def _six_bit_tile(
         z = _rows_of(zero, TILE_WORDS, TILE_WORDS * q, group // 2, jnp.float32)
         off = jnp.float32(bias) + (0 if z is None else z)
         lo, hi = _pair_halves(p)
-        lo, hi = lo - off, hi - off
-        if piece_order:
-            runs += [lo, hi]
-            continue
-        v = pack_rows(lo, hi, interpret)
-        runs.append(v.astype(jnp.float32) if to == "float32" else v)
+        runs += _run_rows(lo - off, hi - off, to=to, interpret=interpret, piece_order=piece_order)
     return jnp.concatenate(runs, axis=0)
+
+
+def _run_rows(
+    lo: jax.Array, hi: jax.Array, *, to: str, interpret: bool, piece_order: bool
+) -> list[jax.Array]:
+    """One run of a tile (64 K rows) from its f32 halves ``lo`` (rows ``2i``) and ``hi``
+    (rows ``2i + 1``), each (32, C) and exact in bfloat16: in piece order the two as they
+    are; else packed into bfloat16 pairs (:func:`pack_rows`), widened back for
+    ``to="float32"``."""
+    if piece_order:
+        return [lo, hi]
+    v = pack_rows(lo, hi, interpret)
+    return [v.astype(jnp.float32) if to == "float32" else v]
 
 
 #: bfloat16 bits of 0.5 (exponent field 126) in both halves: the e2m1 magnitude ``em`` at
@@ -216,8 +217,6 @@ def e2m1_pairs(w: jax.Array, q: int, *, bf16_vpu: bool, interpret: bool) -> jax.
     (:func:`_e2m1_halves`), then ``min(y, 2y - 1)`` with bfloat16 arithmetic
     (``bf16_vpu``: TPU v6e and later) or on each half widened to f32 and one pack
     (:func:`pack_rows`), and the sign bits put in last."""
-    from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
-
     y, sign = _e2m1_halves(w, q)
     if bf16_vpu:
         v = pltpu.bitcast(_subnormal_fixed(pltpu.bitcast(y, jnp.bfloat16)), jnp.int32)
@@ -317,8 +316,6 @@ def tile_values(
     if e2m1:
         return _e2m1_tile(w, to=to, bf16_vpu=bf16_vpu, interpret=interpret, piece_order=piece_order)
     if bf16_vpu and to == "bfloat16":
-        from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415 - kernel-side only
-
         if signed:
             w = w ^ _SIGN_FLIP  # nibble n ^ 8: its value n - 8 (two's complement) plus 8
         bias = 8 if signed else 0
@@ -347,11 +344,7 @@ def tile_values(
             if z is not None and not (isinstance(z, int) and z == 0):
                 c = c - z
             pair.append(c.astype(jnp.float32))
-        if piece_order:
-            runs += pair
-            continue
-        v = pack_rows(pair[0], pair[1], interpret)
-        runs.append(v.astype(jnp.float32) if to == "float32" else v)
+        runs += _run_rows(*pair, to=to, interpret=interpret, piece_order=piece_order)
     return jnp.concatenate(runs, axis=0)
 
 

@@ -25,7 +25,7 @@ is JAX tracing and lowering programs in Python (the cache saves only XLA's part)
 another session's cache.
 
 The CPU kernel is off unless a test turns it on (``EMULATE_CPU_KERNEL=0``: its numba
-compiles cost some 20 s a weight form on 2 cores; tests/cpu/ and the importers' oracle tests
+compiles cost 8-17 s a weight form on 2 cores; tests/cpu/ and the importers' oracle tests
 run it), and compiled for one thread (``NUMBA_THREADING_LAYER=workqueue``: a kernel over
 numba's threads compiles in twice the time); tests/cpu/test_gemv.py checks that the
 threaded kernel gives the same bits. Each worker compiles the forms its tests need (the
@@ -50,14 +50,14 @@ from _xla_flags import with_flags
 if os.environ.get("EMULATE_TEST_XLA_DEFAULT", "") != "1":
     os.environ["XLA_FLAGS"] = with_flags(os.environ.get("XLA_FLAGS", ""), add=True)
 
-# The CPU kernel (emulate.cpu): numba compiles one kernel per weight form, 2-4 s each, so
+# The CPU kernel (emulate.cpu): numba compiles one kernel per weight form, 8-17 s each, so
 # the suite keeps it off (EMULATE_CPU_KERNEL, read at the first contraction: emulate's
 # pytest plugin may have imported emulate before this file) and the tests
 # of the kernel turn it on (emulate.use_cpu_kernel): tests/cpu/, and the importers' oracle
 # tests of each convention through it.
 os.environ.setdefault("EMULATE_CPU_KERNEL", "0")
 # ... and compiles the kernels for one thread (emulate.cpu.parallel is False under numba's
-# workqueue layer): a threaded kernel compiles in 5 s against 2.7 s (Q4_K); one test
+# workqueue layer): a threaded kernel compiles in 20 s against 14 s (Q4_K); one test
 # compiles threaded kernels and compares their bits (tests/cpu/test_gemv.py)
 os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 

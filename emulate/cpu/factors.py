@@ -68,7 +68,7 @@ def _factor(form: FactorForm) -> Callable:
         bi, bj = form.block
         affine = _affine(form)
 
-        @numba.njit(inline="always")
+        @numba.njit
         def nested(f, i, j):
             v = codes(f.stored.data, f.stored.table, i, j)
             s = scales(f.level_scales.data, f.level_scales.table, i // bi, j // bj)
@@ -101,7 +101,7 @@ def factors(form: Form) -> Callable:
     has_scale = form.scale is not None
     combine = combined_scale(form)
 
-    @numba.njit(inline="always")
+    @numba.njit
     def block(weight, i, j):
         z = zero_point(weight.zero_point, i, j)
         s = np.float32(1)
@@ -150,7 +150,7 @@ def scale_parts(form: Form) -> Callable:
     has_scale, scaled, ee = form.scale is not None, _scaled(form), form.exponent
     flush = isinstance(form.scale, LevelSlots)  # dequantize flushes a two-level scale first
 
-    @numba.njit(inline="always")
+    @numba.njit
     def parts(weight, i, j):
         s = scale(weight.scale, i, j) if has_scale else np.float32(1)
         if flush:

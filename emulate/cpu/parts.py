@@ -209,7 +209,7 @@ def reader(slot: Slot) -> Callable:
     kind, bits = slot.kind, slot.bits
     half, full = 1 << (bits - 1), 1 << bits
 
-    @numba.njit(inline="always")
+    @numba.njit
     def value(data, table, i, j):
         c = code(data, i, j)
         if kind == Kind.UNSIGNED:

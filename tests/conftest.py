@@ -27,7 +27,7 @@ another session's cache.
 The CPU kernel is off unless a test turns it on (``EMULATE_CPU_KERNEL=0``: its numba
 compiles cost 8-17 s a weight form on 2 cores; tests/cpu/ and the importers' oracle tests
 run it), and compiled for one thread (``NUMBA_THREADING_LAYER=workqueue``: a kernel over
-numba's threads compiles in twice the time); tests/cpu/test_gemv.py checks that the
+numba's threads compiles in about 1.5x the time); tests/cpu/test_gemv.py checks that the
 threaded kernel gives the same bits. Each worker compiles the forms its tests need (the
 folder of compiled kernels, :mod:`emulate.cpu.kernel_cache`, is switched off).
 

@@ -30,6 +30,7 @@ test.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shlex
 import statistics
@@ -46,6 +47,7 @@ import numpy as np
 
 import emulate
 import emulate.pallas
+from benchmarks.chip_programs import looped
 from benchmarks.chip_programs import word_weight as weight
 from benchmarks.provenance import provenance
 
@@ -58,13 +60,7 @@ _INEXACT = ("nf4",)
 
 
 def _looped(f: Callable[[jax.Array, Any], jax.Array]) -> Callable[..., jax.Array]:
-    def g(x: jax.Array, w: Any) -> jax.Array:
-        def body(_: Any, c: jax.Array) -> jax.Array:
-            return c + f(x + (c * 0).astype(x.dtype), w)[0, 0]
-
-        return jax.lax.fori_loop(0, LOOP, body, jnp.float32(0))
-
-    return jax.jit(g)
+    return jax.jit(functools.partial(looped, call=f, loop=LOOP))
 
 
 def _seconds(fn: Callable[..., jax.Array], *args: Any, repeats: int) -> dict[str, Any]:

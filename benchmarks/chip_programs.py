@@ -152,11 +152,12 @@ def _kernel(x: jax.Array, w: Any, *, target: str, block_shape: tuple[int, ...] |
 
 
 def first_element(y: jax.Array) -> jax.Array:
-    """``y[0, 0]`` of a result computed whole: behind an optimization barrier, so that XLA
-    does not push the slice into a dot and read one column of its weight (it did for
-    ``jnp.dot`` with more than one row: 31 us a 117 MB bf16 projection at 64 rows on a v5e,
-    against 195 us at one row). A Pallas call is computed whole either way."""
-    return jax.lax.optimization_barrier(y)[0, 0]
+    """``y``'s first element (``y[0, 0]`` of a matrix) of a result computed whole: behind an
+    optimization barrier, so that XLA does not push the slice into the computation and
+    read only what that element needs (it did for ``jnp.dot`` with more than one row: 31 us
+    a 117 MB bf16 projection at 64 rows on a v5e, against 195 us at one row). A Pallas
+    call is computed whole either way."""
+    return jax.lax.optimization_barrier(y)[(0,) * y.ndim]
 
 
 def looped(x: jax.Array, w: Any, *, call: Callable[..., jax.Array], loop: int = LOOP) -> jax.Array:
@@ -393,7 +394,7 @@ def looped_attention(q: jax.Array, cache: Any, *, route: str) -> jax.Array:
 
     def body(i: Any, c: jax.Array) -> jax.Array:
         out = emulate.kvcache.attention(q + (c * 0).astype(q.dtype), cache, 0)
-        return c + out[0, 0, 0, 0].astype(jnp.float32)
+        return c + first_element(out).astype(jnp.float32)
 
     with emulate.use_route(route):
         return jax.lax.fori_loop(0, LOOP, body, jnp.float32(0))

@@ -149,7 +149,9 @@ def _checked_codes(x: jax.Array | np.ndarray, f: Format, arg: str) -> jax.Array 
 def _bits_of(x: jax.Array | np.ndarray, f: Format) -> jax.Array:
     if isinstance(x, np.ndarray):
         # numpy (ml_dtypes) holds a code of under 8 bits in the low bits of a byte: a view,
-        # no XLA program to compile per shape
+        # no XLA program to compile per shape (of the bytes in this machine's order)
+        if not x.dtype.isnative:
+            x = x.astype(x.dtype.newbyteorder("="))
         bits = x.view(np.dtype(f"u{x.dtype.itemsize}"))
         if f.bits < 8:
             bits = bits & np.uint8(f.code_mask)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import emulate
 from emulate import formats
-from emulate.numerics.storage import from_codes, unpack_codes
+from emulate.numerics.storage import from_codes, to_codes, unpack_codes
 
 PACKABLE = ["int4", "uint4", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"]
 #: Every format narrower than a byte: the above and the integer code formats.
@@ -219,3 +219,18 @@ def test_int4_from_codes_is_a_value_convert_not_a_bitcast():
         target="tpu_v5e",
     )
     assert np.asarray(out).tolist() == [[-40] * 3] * 2
+
+
+def test_numpy_arrays_give_their_codes_in_any_byte_order():
+    # to_codes reads a numpy array's bits by a view: the codes are the values' bits in
+    # numpy's own encoding (the oracle), whatever the array's byte order
+    values = np.array([1.0, -2.5, 0.0, np.inf], np.float32)
+    want = values.view(np.uint32)
+    for dt in ("<f4", ">f4"):
+        got, f = to_codes(values.astype(dt))
+        assert f.name == "float32" and got.dtype == jnp.uint32
+        np.testing.assert_array_equal(np.asarray(got), want)
+    ints = np.arange(-8, 8)
+    got, f = to_codes(ints.astype(ml_dtypes.int4))
+    assert f.name == "int4" and got.dtype == jnp.uint8
+    np.testing.assert_array_equal(np.asarray(got), ints % 16)  # two's complement nibbles

@@ -241,9 +241,13 @@ def _segment_layout(q: QArray | None, s, batch, contract, segs: _Segments, side:
     )
 
 
-# One program per layout, not one eager op per step, when the contraction is not traced.
 @functools.partial(jax.jit, static_argnames=("shape", "block_shape", "batch", "contract", "gather"))
 def _laid_out(s, idx, *, shape, block_shape, batch, contract, gather):
+    """:func:`_segment_layout`'s array: ``s`` (one entry a block of a QArray of ``shape``
+    and ``block_shape``) repeated over the batch and free dimensions' elements, those
+    first, the blocks along K last, then taken at ``idx`` (each segment's block) where
+    ``gather``. Jitted: one program per layout, not one eager op a step, when the
+    contraction is not traced."""
     nd = len(shape)
     free = [d for d in range(nd) if d not in batch and d not in contract]
     for d in tuple(batch) + tuple(free):

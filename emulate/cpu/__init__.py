@@ -2,7 +2,8 @@
 by a numba-compiled kernel that XLA:CPU calls through JAX's FFI (:mod:`emulate.cpu.call`).
 
 numba (a wheel; it brings its own LLVM, no compiler needed) is a dependency of emulate;
-where it does not import, :func:`available` is False and the XLA route
+where it does not import or compiles nothing (``NUMBA_DISABLE_JIT=1``), :func:`available`
+is False (:func:`unavailable` says why) and the XLA route
 (:mod:`emulate.engine.qtiled`) runs instead, with the same contract. numba's threads run
 the kernel where its threading layer is thread-safe (OpenMP or TBB: XLA may call a kernel
 from several threads at once); with its fallback layer the kernel runs on one thread.
@@ -14,13 +15,30 @@ import functools
 import importlib
 import importlib.util
 
-__all__ = ["available", "parallel", "table_lookups", "vector_isa"]
+__all__ = ["available", "parallel", "table_lookups", "unavailable", "vector_isa"]
 
 
 @functools.cache
+def unavailable() -> str | None:
+    """Why the kernels cannot be compiled in this process, or None where they can: numba
+    is not installed, or its compiler is switched off (``NUMBA_DISABLE_JIT=1``, numba's
+    debugging switch: its functions then run as Python, and XLA calls a kernel as machine
+    code). Read once a process, as numba reads its settings."""
+    if importlib.util.find_spec("numba") is None:
+        return "numba is not installed: the CPU kernel is compiled by numba"
+    import numba
+
+    if getattr(numba.config, "DISABLE_JIT", False):  # set from the environment at import
+        return (
+            "NUMBA_DISABLE_JIT is set: numba compiles nothing, and XLA calls the CPU kernel "
+            "as compiled code"
+        )
+    return None
+
+
 def available() -> bool:
-    """Whether numba imports (the kernels can be compiled)."""
-    return importlib.util.find_spec("numba") is not None
+    """Whether the kernels can be compiled here (:func:`unavailable` gives why not)."""
+    return unavailable() is None
 
 
 @functools.cache

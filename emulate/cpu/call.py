@@ -35,12 +35,14 @@ def contract(q: QArray, x: jax.Array, form: Form) -> jax.Array:
     from :func:`emulate.cpu.form.weight_form` for this contraction).
 
     Raises:
-      RuntimeError: numba is not installed (check :func:`emulate.cpu.available` first).
+      RuntimeError: the kernels cannot be compiled here (:func:`emulate.cpu.unavailable`
+        says why; check :func:`emulate.cpu.available` first).
       ValueError: ``x`` has more than :data:`emulate.cpu.route.MAX_ROWS` rows and the
         many-rows kernel does not take ``form`` (:func:`emulate.cpu.route.many_rows`).
     """
-    if not cpu.available():
-        raise RuntimeError("emulate.cpu.call.contract: numba is not installed")
+    why = cpu.unavailable()
+    if why is not None:
+        raise RuntimeError(f"emulate.cpu.call.contract: {why}")
     columns = form.orientation == Orientation.COLUMNS
     n = q.shape[1] if columns else q.shape[0]
     many = x.shape[0] > MAX_ROWS

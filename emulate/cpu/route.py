@@ -35,14 +35,15 @@ def kernel_form(
 ) -> Form | str:
     """The kernel's form for ``q`` (on ``side``: 0 lhs, 1 rhs) contracted with an operand
     of ``other_shape`` (integers where ``other_integer``), or why the kernel does not take
-    it (a str): numba missing, integer activations, batch dimensions, more than one
-    contracting dimension, an empty weight (K or N of 0: XLA's route gives its zeros), no
-    rows, a weight without a kernel form (:func:`emulate.cpu.form.weight_form`), or more
-    rows than :data:`MAX_ROWS` where the many-rows kernel does not take the form
-    (:func:`many_rows`)."""
+    it (a str): no numba compiler (:func:`emulate.cpu.unavailable`), integer
+    activations, batch dimensions, more than one contracting dimension, an empty weight (K
+    or N of 0: XLA's route gives its zeros), no rows, a weight without a kernel form
+    (:func:`emulate.cpu.form.weight_form`), or more rows than :data:`MAX_ROWS` where the
+    many-rows kernel does not take the form (:func:`many_rows`)."""
     (lc, rc), (lb, rb) = dimension_numbers
-    if not cpu.available():
-        return "numba is not installed: the CPU kernel is compiled by numba"
+    why = cpu.unavailable()
+    if why is not None:
+        return why
     if other_integer:
         return (
             "integer activations: the contract sums integer x integer exactly in int32, "

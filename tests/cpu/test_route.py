@@ -202,3 +202,31 @@ def test_the_environment_value_is_read_once_at_the_first_decision() -> None:
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["False", "False", "True"]
+
+
+def test_numbas_compiler_switched_off_keeps_xla_s_route(monkeypatch) -> None:
+    # NUMBA_DISABLE_JIT=1 (numba's debugging switch) made the kernel's cfunc fail to type
+    # its Python helpers: a raw numba TypingError from inside the contraction
+    import numba
+
+    import emulate.cpu
+
+    x = np.random.default_rng(1).normal(size=(2, 64)).astype(np.float32)
+    q = _q()
+    with emulate.use_cpu_kernel(False):
+        want = np.asarray(emulate.matmul(x, q))
+    emulate.cpu.unavailable.cache_clear()
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(numba.config, "DISABLE_JIT", True)
+            assert route.kernel_form(q, 1, x.shape, KN) == (
+                "NUMBA_DISABLE_JIT is set: numba compiles nothing, and XLA calls the CPU "
+                "kernel as compiled code"
+            )
+            assert emulate.cpu.available() is False
+            with emulate.use_cpu_kernel(True):
+                got = np.asarray(emulate.matmul(x, q))
+    finally:
+        emulate.cpu.unavailable.cache_clear()
+    np.testing.assert_array_equal(got, want)
+    assert emulate.cpu.available()

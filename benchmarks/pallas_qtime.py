@@ -18,6 +18,7 @@ runs in a test (timings are no unit test's business).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -29,7 +30,7 @@ import emulate
 import emulate.pallas
 from benchmarks import harness
 from benchmarks.cases import parse_shape
-from benchmarks.chip_programs import first_element
+from benchmarks.chip_programs import looped
 from benchmarks.qweights import SCHEMES
 from benchmarks.schemes import offset_pairs, pallas_weight
 
@@ -39,16 +40,10 @@ LOOP = 50
 
 
 def _looped(f):
-    """``f(x, w)`` called :data:`LOOP` times in one program, each call's x depending on the
-    previous result (so no call is hoisted out of the loop)."""
-
-    def g(x, w):
-        def body(i, c):
-            return c + first_element(f(x + (c * 0).astype(x.dtype), w))
-
-        return jax.lax.fori_loop(0, LOOP, body, jnp.float32(0))
-
-    return jax.jit(g)
+    """``f(x, w)`` called :data:`LOOP` times in one jitted program
+    (:func:`benchmarks.chip_programs.looped`: each call's x depends on the previous
+    result, so no call is hoisted out of the loop)."""
+    return jax.jit(functools.partial(looped, call=f, loop=LOOP))
 
 
 def _time(fn, *args, repeats: int) -> tuple[float, float]:

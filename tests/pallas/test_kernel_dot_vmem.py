@@ -184,7 +184,9 @@ def test_the_kernel_fits_its_own_limit_on_v4_and_the_raised_one_on_v2():
     compiled = compiler.compile(
         _call(_kernel_module("tpu_v2", limit), blocks), *_ARGS, target="tpu_v2"
     )
-    assert used("tpu_v2", "tpu_v2", blocks) == _used_scoped_vmem(compiled) <= limit
+    # what it uses under the roomy limit (the module docstring's table; measured by
+    # test_the_decode_adds_at_most_dot_vmem_bytes[tpu_v2-128x256x512], long)
+    assert _used_scoped_vmem(compiled) == 1949696 <= limit
 
 
 def _sliced_dot(a, b, *, pet, target, dn):

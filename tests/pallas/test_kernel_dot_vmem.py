@@ -134,7 +134,12 @@ def test_dot_vmem_bytes_counts_each_decoded_element_and_the_exact_sum():
         emulate.pallas.dot_vmem_bytes(x, S((64, 128), jnp.int8), target="tpu_v4")
 
 
-@pytest.mark.parametrize("blocks", BLOCKS, ids=lambda b: "x".join(map(str, b)))
+# The larger blocks under EMULATE_LONG_TESTS=1 (the same program at another size).
+@pytest.mark.parametrize(
+    "blocks",
+    [BLOCKS[0], pytest.param(BLOCKS[1], marks=pytest.mark.long)],
+    ids=lambda b: "x".join(map(str, b)),
+)
 def test_a_native_pair_adds_nothing(blocks):
     # on v5e pallas.dot is the plain int8 dot: the same program, the same VMEM
     assert added_estimate("tpu_v5e", blocks) == 0

@@ -3,7 +3,8 @@ the CPU, and the tpu.matmul operand types each target rejects; emulate.pallas.do
 emulate.pallas.matmul lower to pairs every target runs.
 
 One TPU target of each family by default for the per-target sweeps (FAMILIES; the kernel's
-pairs: half of them on each family target, in turn), and half the probe sample a stratum;
+pairs: half of them on each family target, in turn), and a few of the probe sample a
+stratum (2 compiled, 4 by the recorded rules);
 every target, every pair and the full sample under EMULATE_LONG_TESTS=1."""
 
 from __future__ import annotations
@@ -457,7 +458,7 @@ def _agrees(case, findings):
 @pytest.mark.parametrize("compat", [True, False])
 def test_check_equals_the_compiler_on_the_probe(compat):
     assert HAVE_COMPILER, "libtpu is a test dependency: pip install -e .[test]"
-    rows = [r for r in _probe_sample(examples(3, 14)) if r.case.compat == compat]
+    rows = [r for r in _probe_sample(examples(2, 14)) if r.case.compat == compat]
     results = mosaic_check.check_many([_probe_job(r.case) for r in rows], compat=compat)
     bad = [r.case for r, f in zip(rows, results, strict=True) if not _agrees(r.case, f)]
     assert bad == []

@@ -7,9 +7,9 @@ Each weight form costs a numba compile of some 20 s on CI's 2 cores: most tests 
 (int4 codes packed along K in blocks of 32 with e8m0 scales: columns, two codes a byte),
 a second is rows as stored (N, K) through the vector steps of byte groups (uint3 codes, a
 group of 8 in 3 bytes, zero point 4, float32 scales per 16: _rows_weight, shared with
-tests/cpu/test_dequantized.py and the default case of the code widths; the threads test
-compiles its threaded kernel beside it), a third one code a byte in columns (int8). Each
-other test adds a form that no shared one covers and is long (EMULATE_LONG_TESTS=1): more
+tests/cpu/test_dequantized.py and the default case of the code widths), a third one code
+a byte in columns (int8). Each other test adds a form that no shared one covers and is
+long (EMULATE_LONG_TESTS=1), and so is the threaded kernel of the rows form: more
 code widths, GGUF Q4_0's rows (uint4 codes, zero point 8: the rows' nibble loop, which runs
 by default on Q4_K in tests/importers/test_gguf_qarray.py), an odd K's bit-stream reader in
 the column loop, a table code, NVFP4's tensor scale, stored zero points.
@@ -236,6 +236,9 @@ def _rows_weight(rng: np.random.Generator) -> QArray:
     )
 
 
+# long (EMULATE_LONG_TESTS=1): the threaded kernel is a numba compile of its own (some 20 s;
+# the suite's kernels are compiled for one thread, tests/conftest.py)
+@pytest.mark.long
 def test_threads_give_the_one_thread_bits(monkeypatch) -> None:
     # the suite compiles kernels for one thread (tests/conftest.py); here numba's threads
     # take the rows in tasks of 16 (five tasks): the same bits. The shared rows form (one

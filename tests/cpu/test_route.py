@@ -180,24 +180,28 @@ def test_a_bad_environment_value_names_the_variable() -> None:
     )
 
 
-def test_the_environment_value_is_read_once_at_the_first_decision(monkeypatch) -> None:
+def test_the_environment_value_is_read_once_at_the_first_decision() -> None:
     # set after `import emulate` (as a conftest.py does when pytest's plugin imported
-    # emulate first): the first decision reads it, later changes do not count. In this
-    # process, with its decisions forgotten (the import's own check of the value is
-    # test_a_bad_environment_value_names_the_variable's, in a fresh process)
-    from emulate.routing import setting
-
-    setting._cpu_kernel_default.cache_clear()
-    try:
-        monkeypatch.setenv("EMULATE_CPU_KERNEL", "0")
-        first = setting.cpu_kernel_enabled()
-        monkeypatch.setenv("EMULATE_CPU_KERNEL", "1")
-        later = setting.cpu_kernel_enabled()
-        with setting.use_cpu_kernel(True):
-            inside = setting.cpu_kernel_enabled()
-    finally:
-        setting._cpu_kernel_default.cache_clear()  # the next decision reads the suite's value
-    assert [first, later, inside] == [False, False, True]
+    # emulate first): the first decision reads it, later changes do not count
+    env = {k: v for k, v in os.environ.items() if k != "EMULATE_CPU_KERNEL"}
+    code = (
+        "import os\n"
+        "from emulate.routing import setting\n"
+        "os.environ['EMULATE_CPU_KERNEL'] = '0'\n"
+        "print(setting.cpu_kernel_enabled())\n"
+        "os.environ['EMULATE_CPU_KERNEL'] = '1'\n"
+        "print(setting.cpu_kernel_enabled())\n"
+        "with setting.use_cpu_kernel(True):\n"
+        "    print(setting.cpu_kernel_enabled())\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["False", "False", "True"]
 
 
 def test_numbas_compiler_switched_off_keeps_xla_s_route(monkeypatch) -> None:

@@ -181,16 +181,13 @@ def from_codes(codes: jax.Array, fmt: FormatLike) -> jax.Array:
     f = formats.get(fmt)
     if isinstance(codes, np.ndarray) and not f.xla_storable:
         return codes.astype(code_dtype(f))  # numpy codes stay numpy
-    return _jitted_as_format(codes, f.name)
+    return _as_format(codes, f.name)
 
 
 @functools.partial(jax.jit, static_argnames=("name",))
-def _jitted_as_format(codes: jax.Array, name: str) -> jax.Array:
-    """:func:`_as_format` as one program (per shape) outside a trace."""
-    return _as_format(codes, formats.get(name))
-
-
-def _as_format(codes: Any, f: Format) -> Any:
+def _as_format(codes: jax.Array, name: str) -> jax.Array:
+    """:func:`from_codes` of a jax array: one program (per shape) outside a trace."""
+    f = formats.get(name)
     if not f.xla_storable:
         return codes.astype(code_dtype(f))
     if f.name == "int4":

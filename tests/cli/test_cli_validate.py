@@ -1,24 +1,20 @@
 """emulate validate: rows, JSON, consistency with targets/explain, bad input, and a
 deliberately broken decoder that must be caught with a shrunk reproducer.
 
-``python -m emulate validate``: the run that passes in a subprocess; the usage error
-in-process by default (a real ``python -m emulate`` exiting 2 is tests/cli/test_cli_main.py's),
-in a subprocess under EMULATE_LONG_TESTS=1."""
+Every run is in process; a run of ``python -m emulate validate`` in a fresh interpreter
+(no traceback, no progress bar, no .hypothesis/ left in the working directory) is
+tests/cli/test_cli_main.py's, its bad input under EMULATE_LONG_TESTS=1."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
-import os
 import re
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
-from _sweeps import LONG
 
 import emulate
 from emulate import cli, formats
@@ -284,41 +280,6 @@ def test_bad_environment_target_is_one_line(monkeypatch, capsys) -> None:
         f"emulate validate: error: EMULATE_TARGET: unknown target 'tpu_v99'; known targets: "
         f"{TARGET_CHOICES}\n"
     )
-
-
-def test_python_dash_m_validate_without_traceback(tmp_path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
-    # libtpu (a test dependency) prints start-up warnings when JAX looks for a TPU on a
-    # machine without one; this run is on the CPU.
-    env["JAX_PLATFORMS"] = "cpu"
-    ok = subprocess.run(
-        [sys.executable, "-m", "emulate", "validate", "--target", "cpu", "--formats", "uint4"]
-        + ["--modes", "fast", "--examples", "2"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=tmp_path,
-        env=env,
-    )
-    assert ok.returncode == 0, ok.stderr
-    assert ok.stderr == ""  # no progress bar when stderr is not a terminal
-    assert "cpu     uint4 x uint4  fast  int8" in ok.stdout
-    assert list(tmp_path.iterdir()) == []  # no .hypothesis/ left in the working directory
-    if not LONG:  # in-process (module docstring)
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exc:
-            cli.main(["validate", "--examples", "0"])
-        assert exc.value.code == 2 and "Traceback" not in err.getvalue()
-        assert len(err.getvalue().strip().splitlines()) == 1
-        return
-    bad = subprocess.run(
-        [sys.executable, "-m", "emulate", "validate", "--examples", "0"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    assert len(bad.stderr.strip().splitlines()) == 1
 
 
 # --------------------------------------------------------------------------- broken decoder

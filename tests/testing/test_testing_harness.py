@@ -1,10 +1,12 @@
 """emulate.testing.check_function on a user's kernels: right ones pass, each bug fails on
-every seed within 20 examples, and the reproducer runs in a fresh process and fails the
-same way.
+every seed within 20 examples, and the reproducer runs on its own and fails the same way.
 
 Seeds: seed 0 by default (0 and 1 for the int8 bug); 0 and 1 (0 to 3 for the int8 bug)
-under EMULATE_LONG_TESTS=1. Reproducers: the int4 bug's runs by default, the int8 bug's
-(the same script route with plain operands only) under EMULATE_LONG_TESTS=1."""
+under EMULATE_LONG_TESTS=1. Reproducers: the int4 bug's runs by default, in this process in
+a namespace of its own (tests/test_kernels_tutorial.py runs the same kind of script, the
+docs suite's int4 reproducer, in a fresh interpreter by default); under
+EMULATE_LONG_TESTS=1 also in a fresh interpreter, and the int8 bug's (the same script
+route with plain operands only) both ways."""
 
 from __future__ import annotations
 
@@ -105,7 +107,7 @@ def _run_script(script: str) -> subprocess.CompletedProcess:
 # The int4 reproducer by default: its script rebuilds a plain float32 lhs and a quantized
 # rhs (codes, scales), so it runs the plain operands' route of the int8 one as well; the
 # int8 reproducer (np.full for the repeated 127s, also checked by
-# test_literal_source_never_elides_the_odd_element) is a second fresh process, long.
+# test_literal_source_never_elides_the_odd_element) is long.
 @pytest.mark.parametrize("case", [pytest.param("int8", marks=pytest.mark.long), "int4"])
 def test_reproducers_paste_and_run(case):
     if case == "int8":
@@ -117,10 +119,15 @@ def test_reproducers_paste_and_run(case):
         shows = "rhs_codes = np.array([[-8, -8]], dtype=ml_dtypes.int4)"
     report, script = msg.split("# --- reproducer: save as repro.py and run python repro.py ---\n")
     assert shows in script.splitlines()
-    done = _run_script(script)
-    assert done.returncode == 1
     first = [ln for ln in report.splitlines() if ln.startswith("first mismatch")][0]
-    assert first in done.stderr
+    # pasted into a namespace of its own: the script imports and builds all it uses
+    with pytest.raises(AssertionError) as e:
+        exec(compile(script, "repro.py", "exec"), {"__name__": "__main__"})  # noqa: S102
+    assert first in str(e.value)
+    if LONG:  # and in a fresh interpreter (module docstring)
+        done = _run_script(script)
+        assert done.returncode == 1
+        assert first in done.stderr
 
 
 def test_literal_source_never_elides_the_odd_element():

@@ -3,6 +3,8 @@ the real compiler's recorded verdicts, JAX's table and emulate.plan."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from emulate import capabilities, cli, formats
@@ -208,23 +210,56 @@ def test_targets_unknown_target_is_one_line(capsys: pytest.CaptureFixture) -> No
     )
 
 
-# Every tpu_v5e case, compiled again: tests/compiler/test_probing.py's default reprobe sample
-# leaves tpu_v5e to this test (v6e stands for the family there).
-def test_targets_probe_reprobes_one_generation(tmp_path, capsys: pytest.CaptureFixture) -> None:
-    from emulate import compiler, mosaic
+def _first_of_each_verdict(rows):
+    """Per compatibility setting, the first row of each distinct recorded verdict (ok,
+    stage, message)."""
+    seen, picked = set(), []
+    for r in rows:
+        kind = (r.case.compat, r.verdict.ok, r.verdict.stage, r.verdict.message)
+        if kind not in seen:
+            picked.append(r)
+        seen.add(kind)
+    return picked
 
+
+# tpu_v5e's cases, compiled again: tests/compiler/test_probing.py's default reprobe sample
+# leaves tpu_v5e to this test (v6e stands for the family there). By default the command
+# probes one case of each distinct recorded verdict of each setting (27 of 152: the probe's
+# cases and the recorded probe it compares with are cut to those); every case under
+# EMULATE_LONG_TESTS=1.
+@pytest.mark.parametrize(
+    "every", [False, pytest.param(True, marks=pytest.mark.long)], ids=["sample", "every_case"]
+)
+def test_targets_probe_reprobes_one_generation(
+    every, tmp_path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from emulate import compiler, mosaic
+    from emulate.compiler import probing
+
+    data = mosaic.recorded()
+    rows = [r for r in data.rows if r.case.target == "tpu_v5e"]
+    if not every:
+        rows = _first_of_each_verdict(rows)
+        assert len(rows) == 27
+        cut = dataclasses.replace(data, rows=tuple(rows))
+
+        def probe_cases(targets):
+            assert tuple(targets) == ("tpu_v5e",)
+            return tuple(r.case for r in rows)
+
+        monkeypatch.setattr(probing, "probe_cases", probe_cases)
+        monkeypatch.setattr(probing, "recorded", lambda: cut)
     out = tmp_path / "probe.json"
     assert cli.main(["targets", "--probe", "--target", "v5e", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    libtpu = mosaic.recorded().libtpu
     assert (
-        f"differences from the recorded probe (libtpu {libtpu}), for the targets probed: 0" in text
+        f"differences from the recorded probe (libtpu {data.libtpu}), for the targets probed: 0"
+        in text
     )
     assert "JAX's table vs the compiler, compat off:" in text
     fresh = mosaic.Probe.from_json(out.read_text())
     assert list(fresh.topologies) == ["tpu_v5e"]
-    recorded = {r.case: r.verdict for r in mosaic.recorded().rows if r.case.target == "tpu_v5e"}
-    assert {r.case: r.verdict for r in fresh.rows} == recorded
+    assert {r.case: r.verdict for r in fresh.rows} == {r.case: r.verdict for r in rows}
     assert compiler.differences(fresh, fresh) == []
 
 

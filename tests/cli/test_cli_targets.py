@@ -223,10 +223,9 @@ def _first_of_each_verdict(rows):
 
 
 # tpu_v5e's cases, compiled again: tests/compiler/test_probing.py's default reprobe sample
-# leaves tpu_v5e to this test (v6e stands for the family there). By default the command
-# probes one case of each distinct recorded verdict of each setting (27 of 152: the probe's
-# cases and the recorded probe it compares with are cut to those); every case under
-# EMULATE_LONG_TESTS=1.
+# leaves the v5e/v5p/v6e family to this test. By default the command probes one case of
+# each distinct recorded verdict of each setting (27 of 152: the probe's cases and the
+# recorded probe it compares with are cut to those); every case under EMULATE_LONG_TESTS=1.
 @pytest.mark.parametrize(
     "every", [False, pytest.param(True, marks=pytest.mark.long)], ids=["sample", "every_case"]
 )

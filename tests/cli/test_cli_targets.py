@@ -211,54 +211,73 @@ def test_targets_unknown_target_is_one_line(capsys: pytest.CaptureFixture) -> No
 
 
 def _first_of_each_verdict(rows):
-    """Per compatibility setting, the first row of each distinct recorded verdict (ok,
-    stage, message)."""
+    """Per target and compatibility setting, the first row of each distinct recorded
+    verdict (ok, stage, message)."""
     seen, picked = set(), []
     for r in rows:
-        kind = (r.case.compat, r.verdict.ok, r.verdict.stage, r.verdict.message)
+        kind = (r.case.target, r.case.compat, r.verdict.ok, r.verdict.stage, r.verdict.message)
         if kind not in seen:
             picked.append(r)
         seen.add(kind)
     return picked
 
 
-# tpu_v5e's cases, compiled again: tests/compiler/test_probing.py's default reprobe sample
-# leaves the v5e/v5p/v6e family to this test. By default the command probes one case of
-# each distinct recorded verdict of each setting (27 of 152: the probe's cases and the
-# recorded probe it compares with are cut to those); every case under EMULATE_LONG_TESTS=1.
+#: The sample's targets: one of each family (v2/v3, v4, v5e/v5p/v6e, v7x).
+SAMPLED = ("tpu_v2", "tpu_v4", "tpu_v5e", "tpu_v7x")
+
+
+# The probe cases compiled again through the command, against the recorded probe; this is
+# also the suite's default reprobe (tests/compiler/test_probing.py's are long). By default
+# (sample) the command probes SAMPLED, one case of each distinct recorded verdict of each
+# target and setting (the probe's cases and the recorded probe it compares with are cut to
+# those), or every case of SAMPLED where the installed compiler (libtpu, jax, jaxlib) is
+# not the one the probe was recorded with; every case of tpu_v5e under EMULATE_LONG_TESTS=1.
 @pytest.mark.parametrize(
     "every", [False, pytest.param(True, marks=pytest.mark.long)], ids=["sample", "every_case"]
 )
-def test_targets_probe_reprobes_one_generation(
+def test_targets_probe_reprobes_the_recorded_cases(
     every, tmp_path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import importlib.metadata
+
+    import jax
+
     from emulate import compiler, mosaic
     from emulate.compiler import probing
 
     data = mosaic.recorded()
-    rows = [r for r in data.rows if r.case.target == "tpu_v5e"]
-    if not every:
+    targets = ("tpu_v5e",) if every else SAMPLED
+    rows = [r for r in data.rows if r.case.target in targets]
+    installed = (compiler.libtpu_version(), jax.__version__, importlib.metadata.version("jaxlib"))
+    if not every and installed == (data.libtpu, data.jax, data.jaxlib):
         rows = _first_of_each_verdict(rows)
-        assert len(rows) == 27
+        assert len(rows) < len(data.rows) // 4
         cut = dataclasses.replace(data, rows=tuple(rows))
 
-        def probe_cases(targets):
-            assert tuple(targets) == ("tpu_v5e",)
+        def probe_cases(names):
+            assert tuple(names) == targets
             return tuple(r.case for r in rows)
 
         monkeypatch.setattr(probing, "probe_cases", probe_cases)
         monkeypatch.setattr(probing, "recorded", lambda: cut)
     out = tmp_path / "probe.json"
-    assert cli.main(["targets", "--probe", "--target", "v5e", "--out", str(out)]) == 0
+    argv = ["targets", "--probe", "--target", *targets, "--out", str(out)]
+    rc = cli.main(argv)
     text = capsys.readouterr().out
     assert (
         f"differences from the recorded probe (libtpu {data.libtpu}), for the targets probed: 0"
         in text
+    ), (
+        f"the compiler (libtpu {installed[0]}) differs from the recorded probe (libtpu "
+        f"{data.libtpu}); re-record with python -m emulate targets --probe --out "
+        "emulate/data/mosaic_probe.json and review:\n" + text[-4000:]
     )
+    assert rc == 0
     assert "JAX's table vs the compiler, compat off:" in text
     fresh = mosaic.Probe.from_json(out.read_text())
-    assert list(fresh.topologies) == ["tpu_v5e"]
+    assert list(fresh.topologies) == list(targets)
     assert {r.case: r.verdict for r in fresh.rows} == {r.case: r.verdict for r in rows}
+    assert fresh.libtpu == compiler.libtpu_version()
     assert compiler.differences(fresh, fresh) == []
 
 

@@ -1,9 +1,11 @@
 """emulate's pytest plugin, run inside pytest (pytester): parametrization over targets and
 modes, the marker, and the JSON and HTML report of a session with a failing kernel.
 
-One pytest subprocess runs both suites (:data:`SUITE`, parametrized by the options, and
-:data:`STATUS_SUITE`, whose module marker overrides them): each pytest start-up imports
-JAX and emulate again (about 4 s); the usage errors run in process."""
+One pytest session, in this process, runs both suites (:data:`SUITE`, parametrized by the
+options, and :data:`STATUS_SUITE`, whose module marker overrides them): a pytest
+subprocess would import JAX and emulate again (about 4 s) for what is the plugin's
+parametrization and report, not a process boundary; the usage errors run in process too.
+``python -m emulate`` runs in a fresh interpreter in tests/cli/test_cli_main.py."""
 
 from __future__ import annotations
 
@@ -170,7 +172,7 @@ def _every_test_has_a_status(path: pathlib.Path) -> None:
 
 def test_plugin_parametrizes_and_reports_every_status(pytester: pytest.Pytester):
     pytester.makepyfile(test_suite=SUITE, test_statuses=STATUS_SUITE)
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest_inprocess(
         "-p",
         "emulate.testing.plugin",
         "--emulate-targets",

@@ -27,9 +27,10 @@ another session's cache.
 The CPU kernel is off unless a test turns it on (``EMULATE_CPU_KERNEL=0``: its numba
 compiles cost 8-17 s a weight form on 2 cores; tests/cpu/ and the importers' oracle tests
 run it), and compiled for one thread (``NUMBA_THREADING_LAYER=workqueue``: a kernel over
-numba's threads compiles in about 1.5x the time); tests/cpu/test_gemv.py checks that the
-threaded kernel gives the same bits. Each worker compiles the forms its tests need (the
-folder of compiled kernels, :mod:`emulate.cpu.kernel_cache`, is switched off).
+numba's threads compiles in about 1.5x the time); tests/cpu/test_gemv.py checks, under
+EMULATE_LONG_TESTS=1, that the threaded kernel gives the same bits. Each worker compiles
+the forms its tests need (the folder of compiled kernels, :mod:`emulate.cpu.kernel_cache`,
+is switched off).
 
 XLA:CPU code generation: the session's processes compile with quicker XLA:CPU settings
 than XLA's defaults (tests/_xla_flags.py says what they change; tests/test_suite_codegen.py
@@ -57,7 +58,7 @@ if os.environ.get("EMULATE_TEST_XLA_DEFAULT", "") != "1":
 # tests of each convention through it.
 os.environ.setdefault("EMULATE_CPU_KERNEL", "0")
 # ... and compiles the kernels for one thread (emulate.cpu.parallel is False under numba's
-# workqueue layer): a threaded kernel compiles in 20 s against 14 s (Q4_K); one test
+# workqueue layer): a threaded kernel compiles in 20 s against 14 s (Q4_K); one long test
 # compiles threaded kernels and compares their bits (tests/cpu/test_gemv.py)
 os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
 

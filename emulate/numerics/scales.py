@@ -27,6 +27,7 @@ code is NaN for a bad block. Everything here works on f32 arrays of per-block va
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -130,10 +131,19 @@ def scale_frexp(scales: jax.Array, scale_format: FormatLike) -> tuple[jax.Array,
     (:func:`emulate.numerics.bits.frexp_bits`)."""
     f = formats.get(scale_format)
     if f.is_low_precision:
-        bits = codecs.decode_float_bits(to_codes(scales, f)[0], f)
-    else:
-        bits = f32_bits(jnp.asarray(scales))
-    return frexp_bits(bits)
+        return _frexp_of_codes(to_codes(scales, f)[0], f.name)
+    return _frexp_of_wide(jnp.asarray(scales))
+
+
+# One program each (per shape) for a call outside a trace, not one per operation.
+@functools.partial(jax.jit, static_argnames=("name",))
+def _frexp_of_codes(codes: jax.Array, name: str) -> tuple[jax.Array, jax.Array]:
+    return frexp_bits(codecs.decode_float_bits(codes, formats.get(name)))
+
+
+@jax.jit
+def _frexp_of_wide(scales: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return frexp_bits(f32_bits(scales))
 
 
 def pow2_exponent(amax: jax.Array, f: Format, rule: str, ee: int = 0) -> jax.Array:

@@ -156,7 +156,13 @@ def _bits_of(x: jax.Array | np.ndarray, f: Format) -> jax.Array:
         if f.bits < 8:
             bits = bits & np.uint8(f.code_mask)
         return jnp.asarray(bits.astype(code_dtype(f), copy=False))
-    x = jnp.asarray(x)
+    return _jax_bits(x, f.name)
+
+
+@functools.partial(jax.jit, static_argnames=("name",))
+def _jax_bits(x: jax.Array, name: str) -> jax.Array:
+    """:func:`_bits_of` of a jax array: one program (per shape) outside a trace."""
+    f = formats.get(name)
     if f.bits == 2:  # jax int2 / uint2 arrays: widen, then keep the code bits
         wide = x.astype(jnp.int8 if f.signed else jnp.uint8)
         return lax.bitcast_convert_type(wide, jnp.uint8) & jnp.uint8(f.code_mask)
@@ -173,6 +179,18 @@ def from_codes(codes: jax.Array, fmt: FormatLike) -> jax.Array:
     are. Bits above the format's width must be zero.
     """
     f = formats.get(fmt)
+    if isinstance(codes, np.ndarray) and not f.xla_storable:
+        return codes.astype(code_dtype(f))  # numpy codes stay numpy
+    return _jitted_as_format(codes, f.name)
+
+
+@functools.partial(jax.jit, static_argnames=("name",))
+def _jitted_as_format(codes: jax.Array, name: str) -> jax.Array:
+    """:func:`_as_format` as one program (per shape) outside a trace."""
+    return _as_format(codes, formats.get(name))
+
+
+def _as_format(codes: Any, f: Format) -> Any:
     if not f.xla_storable:
         return codes.astype(code_dtype(f))
     if f.name == "int4":

@@ -515,9 +515,11 @@ def _run_bwd(cfg, res, g):
 _differentiable_run.defvjp(_run_fwd, _run_bwd)
 
 
+@functools.partial(jax.jit, static_argnames=("cfg",))
 def _mapped_run(x: jax.Array, kargs: tuple, cfg: Config) -> jax.Array:
     """:func:`_run`, which ``jax.vmap`` maps one kernel launch at a time (a pallas_call of
-    this grid has no batching rule of its own)."""
+    this grid has no batching rule of its own). Jitted: called outside a trace, the
+    ``custom_vmap`` built here would otherwise be traced and compiled anew at every call."""
 
     @jax.custom_batching.custom_vmap
     def run(x, kargs):

@@ -2,9 +2,9 @@
 dequantized product gives (tests/_dequantized_product.py: NaN where a zero meets an
 infinite scale), in the few-rows kernel (layouts COLUMNS and ROWS) and the many-rows one.
 One special value a test. Each layout and kernel is a weight form of its own (a numba
-compile of some 20 s on 2 cores): the rows of the few-rows kernel by default (GGUF's
-layout; its form is tests/cpu/test_gemv.py's rows form), the others under
-EMULATE_LONG_TESTS=1."""
+compile of some 20 s on 2 cores): the rows of the few-rows kernel by default (rows as
+stored, (N, K), as GGUF's; its form is tests/cpu/test_gemv.py's shared rows form, 3-bit
+codes in byte groups), the others under EMULATE_LONG_TESTS=1."""
 
 from __future__ import annotations
 
@@ -30,12 +30,20 @@ def _dot(x, q, dn=KN):
         return np.asarray(f(x))
 
 
-def _q4_rows(rng: np.random.Generator, scales: np.ndarray) -> QArray:
-    """GGUF-like rows (N, K): uint4 codes, zero point 8, the float32 ``scales`` per 32."""
-    codes = rng.integers(0, 16, (N, K), dtype=np.uint8)
-    return QArray.from_parts(
-        emulate.pack(codes, "uint4", axis=-1), scales, block_shape=(1, 32), zero_points=8
+KR, BR = 144, 16  # the rows: K (18 groups of 8 codes: a vector step and a tail), block
+
+
+def _rows(rng: np.random.Generator, scales: np.ndarray) -> tuple[QArray, np.ndarray]:
+    """Rows (N, KR) as stored: uint3 codes packed along K, zero point 4, the float32
+    ``scales`` (N, KR / 16) per 16 (tests/cpu/test_gemv.py's shared rows form). Returns it
+    and the weight (KR, N) in float64."""
+    codes = rng.integers(0, 8, (N, KR), dtype=np.uint8)
+    q = QArray.from_parts(
+        emulate.pack(codes, "uint3", axis=-1), scales, block_shape=(1, BR), zero_points=4
     )
+    with np.errstate(invalid="ignore", over="ignore"):
+        w = (codes.astype(np.float64) - 4) * np.repeat(scales.astype(np.float64), BR, axis=1)
+    return q, w.T
 
 
 SPECIALS = [np.nan, np.inf, -np.inf, 2.0**110]
@@ -67,14 +75,12 @@ def test_a_special_factor_in_columns_gives_the_dequantized_product(part, special
 )
 def test_a_special_scale_in_rows_gives_the_dequantized_product(special) -> None:
     rng = np.random.default_rng(14)
-    scales = rng.uniform(0.01, 0.1, (N, K // 32)).astype(np.float32)
-    scales[[2, 40], [0, 1]] = special
-    q = _q4_rows(rng, scales)
-    codes = emulate.unpack(q.codes).astype(np.float64)
-    w = ((codes - 8) * np.repeat(scales.astype(np.float64), 32, axis=1)).T
-    x = rng.normal(size=(3, K)).astype(np.float32)
-    x[2, 40:] = 0
-    as_dequantized(_dot(jnp.asarray(x), q, NK), x, w, 2)
+    scales = rng.uniform(0.01, 0.1, (N, KR // BR)).astype(np.float32)
+    scales[[2, 40], [0, 5]] = special
+    q, w = _rows(rng, scales)
+    x = rng.normal(size=(3, KR)).astype(np.float32)
+    x[2, 80:] = 0  # zeros against block 5 of row 40
+    as_dequantized(_dot(jnp.asarray(x), q, NK), x, w, KR // BR)
 
 
 def test_subnormal_scales_in_rows_give_the_dequantized_product() -> None:
@@ -83,15 +89,13 @@ def test_subnormal_scales_in_rows_give_the_dequantized_product() -> None:
     # (v - 8) * scale are rounded to float32 and flushed below 2**-126 as dequantize does;
     # x near 2**40 puts the sums far above the bound's underflow term
     rng = np.random.default_rng(15)
-    scales = rng.uniform(0.01, 0.1, (N, K // 32)).astype(np.float32)
+    scales = rng.uniform(0.01, 0.1, (N, KR // BR)).astype(np.float32)
     scales[2], scales[40], scales[71, 0] = 2.0**-127, -3 * 2.0**-129, 2.0**-149
-    q = _q4_rows(rng, scales)
-    codes = np.asarray(emulate.unpack(q.codes), np.float64)  # numpy: no flush
-    w = (codes - 8) * np.repeat(scales.astype(np.float64), 32, axis=1)
-    w = np.where(np.abs(w) < 2.0**-126, 0.0, w).T
-    x = (rng.normal(size=(3, K)) * 2.0**40).astype(np.float32)
+    q, w = _rows(rng, scales)  # numpy: no flush
+    w = np.where(np.abs(w) < 2.0**-126, 0.0, w)
+    x = (rng.normal(size=(3, KR)) * 2.0**40).astype(np.float32)
     got = _dot(jnp.asarray(x), q, NK)
-    as_dequantized(got, x, w, 2)
+    as_dequantized(got, x, w, KR // BR)
     assert (np.abs(got[:, [2, 40]]) > 2.0**-100).all()  # columns of subnormal scales only
 
 
@@ -101,7 +105,7 @@ def test_the_many_rows_kernel_gives_the_dequantized_product(layout) -> None:
     # more rows than the few-rows kernel takes: the panels hold the dequantized values
     rng = np.random.default_rng(17)
     m = route.MAX_ROWS + 4
-    x = rng.normal(size=(m, K)).astype(np.float32)
+    x = rng.normal(size=(m, K if layout == "columns" else KR)).astype(np.float32)
     x[3, :8] = 0
     if layout == "columns":
         codes = rng.integers(-3, 4, (K, 64)).astype(np.int8)
@@ -111,10 +115,8 @@ def test_the_many_rows_kernel_gives_the_dequantized_product(layout) -> None:
         w = codes.astype(np.float64) * np.repeat(scales.astype(np.float64), 32, axis=0)
         got = _dot(jnp.asarray(x), q)
     else:
-        scales = rng.uniform(0.01, 0.1, (N, K // 32)).astype(np.float32)
+        scales = rng.uniform(0.01, 0.1, (N, KR // BR)).astype(np.float32)
         scales[[2, 40], [0, 1]] = [np.inf, -np.inf]
-        q = _q4_rows(rng, scales)
-        codes = emulate.unpack(q.codes).astype(np.float64)
-        w = ((codes - 8) * np.repeat(scales.astype(np.float64), 32, axis=1)).T
+        q, w = _rows(rng, scales)
         got = _dot(jnp.asarray(x), q, NK)
-    as_dequantized(got, x, w, 2)
+    as_dequantized(got, x, w, -(-x.shape[1] // (32 if layout == "columns" else BR)))

@@ -5,9 +5,13 @@ project's decoder: tests/importers/test_gguf_qarray.py and test_conventions_qarr
 
 Each weight form costs a numba compile of some 20 s on CI's 2 cores: most tests share one
 (int4 codes packed along K in blocks of 32 with e8m0 scales: columns, two codes a byte),
-a second is the rows of GGUF's layout (uint4 codes, zero point 8, float32 scales per 32);
-each other test adds one form that no shared one covers and is long (EMULATE_LONG_TESTS=1)
-but one code width of the rows (uint3): more code widths, an odd K's bit-stream reader in
+a second is rows as stored (N, K) through the vector steps of byte groups (uint3 codes, a
+group of 8 in 3 bytes, zero point 4, float32 scales per 16: _rows_weight, shared with
+tests/cpu/test_dequantized.py and the default case of the code widths), a third one code
+a byte in columns (int8). Each other test adds a form that no shared one covers and is
+long (EMULATE_LONG_TESTS=1), and so is the threaded kernel of the rows form: more
+code widths, GGUF Q4_0's rows (uint4 codes, zero point 8: the rows' nibble loop, which runs
+by default on Q4_K in tests/importers/test_gguf_qarray.py), an odd K's bit-stream reader in
 the column loop, a table code, NVFP4's tensor scale, stored zero points.
 """
 
@@ -155,23 +159,25 @@ def test_one_signed_byte_a_code_in_columns() -> None:
 
 
 #: Rows as stored (N, K) through the vector steps (emulate.cpu.lanes) and the bit-stream
-#: loop: (code format, packed, block along K, K, zero point). The K values leave tails
-#: after the last whole step; a block of 24 groups (48 4-bit codes) fits no step.
+#: loop: (code format, packed, block along K, K, zero point, scale dtype). The K values
+#: leave tails after the last whole step; a block of 24 groups (48 4-bit codes) fits no
+#: step. The default case is the file's shared rows form (_rows_weight).
 ROW_FORMS = [
-    ("uint3", True, 16, 144, 4),  # 2 groups a block; 18 groups: one step and a tail
-    pytest.param("int5", False, 32, 80, None, marks=pytest.mark.long),  # a byte; a last block
-    pytest.param("uint4", True, 48, 96, 8, marks=pytest.mark.long),  # the bit-stream loop
-    pytest.param("uint2", True, 16, 320, None, marks=pytest.mark.long),
-    pytest.param("int6", True, 16, 256, None, marks=pytest.mark.long),
-    pytest.param("uint5", True, 32, 288, 16, marks=pytest.mark.long),
-    pytest.param("int8", False, 32, 100, None, marks=pytest.mark.long),
-    pytest.param("uint4", True, 16, 272, 8, marks=pytest.mark.long),  # 8 groups a block
-    pytest.param("int3", False, 40, 120, None, marks=pytest.mark.long),  # bytes, 40 a block
+    ("uint3", True, 16, 144, 4, np.float32),  # 2 groups a block; 18 groups: a step and a tail
+    pytest.param("int5", False, 32, 80, None, np.float16, marks=pytest.mark.long),  # a last block
+    pytest.param("uint4", True, 48, 96, 8, np.float16, marks=pytest.mark.long),  # bit stream
+    pytest.param("uint2", True, 16, 320, None, np.float16, marks=pytest.mark.long),
+    pytest.param("int6", True, 16, 256, None, np.float16, marks=pytest.mark.long),
+    pytest.param("uint5", True, 32, 288, 16, np.float16, marks=pytest.mark.long),
+    pytest.param("int8", False, 32, 100, None, np.float16, marks=pytest.mark.long),
+    pytest.param("uint4", True, 16, 272, 8, np.float16, marks=pytest.mark.long),  # 8 groups a block
+    pytest.param("uint3", True, 16, 144, 4, np.float16, marks=pytest.mark.long),
+    pytest.param("int3", False, 40, 120, None, np.float16, marks=pytest.mark.long),  # 40 a block
 ]
 
 
-@pytest.mark.parametrize(("fmt", "packed", "bk", "k", "zp"), ROW_FORMS)
-def test_rows_of_every_code_width_within_the_bound(fmt, packed, bk, k, zp) -> None:
+@pytest.mark.parametrize(("fmt", "packed", "bk", "k", "zp", "sdt"), ROW_FORMS)
+def test_rows_of_every_code_width_within_the_bound(fmt, packed, bk, k, zp, sdt) -> None:
     rng = np.random.default_rng(9)
     bits = int(fmt.lstrip("uint"))
     codes = rng.integers(0, 1 << bits, (N, k), dtype=np.uint8)
@@ -179,7 +185,7 @@ def test_rows_of_every_code_width_within_the_bound(fmt, packed, bk, k, zp) -> No
     if fmt.startswith("int"):
         values = np.where(values >= 1 << (bits - 1), values - (1 << bits), values)
     nb = -(-k // bk)
-    scales = rng.uniform(0.01, 0.1, (N, nb)).astype(np.float16)
+    scales = rng.uniform(0.01, 0.1, (N, nb)).astype(sdt)
     stored = emulate.pack(codes, fmt, axis=-1) if packed else codes
     q = QArray.from_parts(stored, scales, block_shape=(1, bk), fmt=fmt, zero_points=zp)
     step = np.repeat(scales.astype(np.float64), bk, axis=1)[:, :k]
@@ -216,41 +222,49 @@ def test_one_table_code_a_byte_in_columns() -> None:
     assert (np.abs(got - x.astype(np.float64) @ w) <= bound).all()
 
 
+#: The rows tests' K: 18 groups of 8 3-bit codes, one vector step of 16 and a tail.
+KR = 144
+
+
+def _rows_weight(rng: np.random.Generator) -> QArray:
+    """The shared rows form: (N, KR) rows of uint3 codes packed along K (a group of 8 in 3
+    bytes), zero point 4, float32 scales per 16 (tests/cpu/test_dequantized.py's too)."""
+    codes = rng.integers(0, 8, (N, KR), dtype=np.uint8)
+    scales = rng.uniform(0.01, 0.1, (N, KR // 16)).astype(np.float32)
+    return QArray.from_parts(
+        emulate.pack(codes, "uint3", axis=-1), scales, block_shape=(1, 16), zero_points=4
+    )
+
+
+# long (EMULATE_LONG_TESTS=1): the threaded kernel is a numba compile of its own (some 20 s;
+# the suite's kernels are compiled for one thread, tests/conftest.py)
+@pytest.mark.long
 def test_threads_give_the_one_thread_bits(monkeypatch) -> None:
     # the suite compiles kernels for one thread (tests/conftest.py); here numba's threads
-    # take the rows in tasks of 16 (five tasks): the same bits
+    # take the rows in tasks of 16 (five tasks): the same bits. The shared rows form (one
+    # numba compile for the one-thread kernel; the threaded kernel is a compile of its own).
+    # The threaded call has a batch of its own (11 rows, rows independent of the batch:
+    # the tests below): a program traced before for this weight keeps the one-thread
+    # kernel's custom call whatever emulate.cpu.parallel says now.
     rng = np.random.default_rng(11)
-    codes = rng.integers(0, 16, (N, K), dtype=np.uint8)
-    scales = rng.uniform(0.01, 0.1, (N, 2)).astype(np.float16)
-    rows = QArray.from_parts(
-        emulate.pack(codes, "uint4", axis=-1), scales, block_shape=(1, 32), zero_points=8
-    )
-    x = jnp.asarray(rng.normal(size=(3, K)), jnp.float32)
+    rows = _rows_weight(rng)
+    x = jnp.asarray(rng.normal(size=(11, KR)), jnp.float32)
     nk = (((1,), (1,)), ((), ()))
     assert not emulate.cpu.parallel()
-    one = _dot(x, rows, nk)
+    one = _dot(x[:3], rows, nk)
     monkeypatch.setattr(emulate.cpu, "parallel", lambda: True)
-    assert np.array_equal(one.view(np.uint32), _dot(x, rows, nk).view(np.uint32))
-
-
-def _q4_rows(rng: np.random.Generator, offsets: np.ndarray | None = None) -> QArray:
-    """GGUF-like rows (N, K): uint4 codes, zero point 8, float32 scales per 32 of K."""
-    codes = rng.integers(0, 16, (N, K), dtype=np.uint8)
-    scales = rng.uniform(0.01, 0.1, (N, K // 32)).astype(np.float32)
-    return QArray.from_parts(
-        emulate.pack(codes, "uint4", axis=-1),
-        scales,
-        block_shape=(1, 32),
-        zero_points=8,
-        offsets=offsets,
-    )
+    with emulate.use_cpu_kernel(True):
+        f = jax.jit(lambda x: emulate.dot_general(x, rows, nk, preferred_element_type=jnp.float32))
+        assert f"{weight_form(rows, 1).name}_p" in f.lower(x).as_text()  # the threaded kernel
+        threaded = np.asarray(f(x))
+    assert np.array_equal(one.view(np.uint32), threaded[:3].view(np.uint32))
 
 
 def test_rows_as_stored_are_independent_of_the_batch() -> None:
     # rows (N, K): every row of x through the same steps, its 16 lanes summed in one order
     rng = np.random.default_rng(12)
-    q = _q4_rows(rng)
-    x = jnp.asarray(rng.normal(size=(route.MAX_ROWS, K)), jnp.float32)
+    q = _rows_weight(rng)
+    x = jnp.asarray(rng.normal(size=(route.MAX_ROWS, KR)), jnp.float32)
     nk = (((1,), (1,)), ((), ()))
     whole = _dot(x, q, nk)
     for i in (0, 5, route.MAX_ROWS - 1):

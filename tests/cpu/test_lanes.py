@@ -5,7 +5,6 @@ emulate.cpu.parts.reader reads them) and exact integer sums."""
 from __future__ import annotations
 
 import functools
-import itertools
 
 import ml_dtypes
 import numba
@@ -68,7 +67,21 @@ def _lanes(bits: int, packed: int, signed: int, per_block: int, lookup: int = 0)
     return run
 
 
-@pytest.mark.parametrize(("bits", "packed", "signed"), itertools.product(WIDTHS, (1, 0), (1, 0)))
+def _values_cases() -> list:
+    """Every width, layout and sign; by default each width and layout with one sign, in
+    turn (each case compiles a kernel of its own), the other sign under
+    EMULATE_LONG_TESTS=1."""
+    return [
+        pytest.param(
+            bits, packed, signed, marks=() if (w + packed) % 2 == signed else pytest.mark.long
+        )
+        for w, bits in enumerate(WIDTHS)
+        for packed in (1, 0)
+        for signed in (1, 0)
+    ]
+
+
+@pytest.mark.parametrize(("bits", "packed", "signed"), _values_cases())
 def test_code_values_are_the_codes_in_order(bits: int, packed: int, signed: int) -> None:
     g, nb = group_shape(bits) if packed else (1, 1)
     steps = 3
@@ -84,13 +97,16 @@ PER_BLOCK = (1, 2, 4, 8, 16, 32)
 
 
 def _sums_cases() -> list:
-    """Every width, sign and block size (groups a block); by default one block size per
-    width and sign, in turn (each case compiles two kernels)."""
+    """Every width, sign and block size (groups a block); by default one case per width:
+    the signs in turn and each block size once (each case compiles two kernels, some 3 s
+    of numba), the others under EMULATE_LONG_TESTS=1."""
     cases = []
-    for i, (bits, signed) in enumerate(itertools.product(WIDTHS, (1, 0))):
-        for j, per_block in enumerate(PER_BLOCK):
-            long = () if j == i % len(PER_BLOCK) else pytest.mark.long
-            cases.append(pytest.param(bits, signed, per_block, marks=long))
+    for i, bits in enumerate(WIDTHS):
+        for signed in (1, 0):
+            for j, per_block in enumerate(PER_BLOCK):
+                default = j == i % len(PER_BLOCK) and signed == (i + 1) % 2
+                long = () if default else pytest.mark.long
+                cases.append(pytest.param(bits, signed, per_block, marks=long))
     return cases
 
 

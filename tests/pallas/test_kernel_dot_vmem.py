@@ -134,7 +134,12 @@ def test_dot_vmem_bytes_counts_each_decoded_element_and_the_exact_sum():
         emulate.pallas.dot_vmem_bytes(x, S((64, 128), jnp.int8), target="tpu_v4")
 
 
-@pytest.mark.parametrize("blocks", BLOCKS, ids=lambda b: "x".join(map(str, b)))
+# The larger blocks under EMULATE_LONG_TESTS=1 (the same program at another size).
+@pytest.mark.parametrize(
+    "blocks",
+    [BLOCKS[0], pytest.param(BLOCKS[1], marks=pytest.mark.long)],
+    ids=lambda b: "x".join(map(str, b)),
+)
 def test_a_native_pair_adds_nothing(blocks):
     # on v5e pallas.dot is the plain int8 dot: the same program, the same VMEM
     assert added_estimate("tpu_v5e", blocks) == 0
@@ -184,7 +189,9 @@ def test_the_kernel_fits_its_own_limit_on_v4_and_the_raised_one_on_v2():
     compiled = compiler.compile(
         _call(_kernel_module("tpu_v2", limit), blocks), *_ARGS, target="tpu_v2"
     )
-    assert used("tpu_v2", "tpu_v2", blocks) == _used_scoped_vmem(compiled) <= limit
+    # what it uses under the roomy limit (the module docstring's table; measured by
+    # test_the_decode_adds_at_most_dot_vmem_bytes[tpu_v2-128x256x512], long)
+    assert _used_scoped_vmem(compiled) == 1949696 <= limit
 
 
 def _sliced_dot(a, b, *, pet, target, dn):

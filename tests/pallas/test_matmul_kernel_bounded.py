@@ -36,11 +36,14 @@ WEIGHTS = [
     "float4_e2m1fn",
 ]
 TPUS = ["tpu_v4", "tpu_v5e", "tpu_v6e", "tpu_v7x"]
-# By default one format of each class (every TPU target among them); uint4 and uint8
-# (int4's and int8's decode without the sign), the other float8 formats (the same decode
-# over another exponent range) and float6_e3m2fn (also in
-# test_float6_codes_and_default_result_type) are long (EMULATE_LONG_TESTS=1).
+# By default one format of each class; uint4 and uint8 (int4's and int8's decode without
+# the sign), the other float8 formats (the same decode over another exponent range) and
+# the float6 formats are long (EMULATE_LONG_TESTS=1): the 6-bit class runs by default in
+# test_float6_codes_and_default_result_type (float6_e3m2fn, bf16 activations, tpu_v6e) and
+# a packed float6_e2m3fn weight in tests/pallas/test_matmul_kernel.py
+# (test_exact_classes_are_bit_identical_to_the_reference, float6 x float6 on tpu_v4).
 LONG_WEIGHTS = {
+    "float6_e2m3fn",
     "uint4",
     "uint8",
     "float8_e5m2",

@@ -17,7 +17,7 @@ tests/importers/test_conventions_qarray.py runs an imported checkpoint bit for b
 tests/pallas/test_qgroups.py the decoded scales bit for bit; tests/pallas/test_qoffsets.py
 the real TPU compiler.
 
-Each example compiles one kernel in interpret mode (1.5-3.5 s here): three by default,
+Each example compiles one kernel in interpret mode (1.5-3.5 s here): two by default,
 more under EMULATE_LONG_TESTS=1.
 """
 
@@ -89,7 +89,7 @@ def _weight(k, n, block, rng, nan_super):
     return q, w.astype(np.float32), nan_cols
 
 
-@settings(max_examples=examples(3, 25), deadline=None)
+@settings(max_examples=examples(2, 25), deadline=None)
 @given(
     layout=st.sampled_from(LAYOUTS),
     m=st.sampled_from([1, 4]),

@@ -2,7 +2,9 @@
 that needs Mosaic's compatibility mode is a finding at its own source line, with a fix for
 that operation (issue 28); pl.kernel kernels, a bf16 accumulator, interpret mode and the
 site a compiler error concerns (issues 25 and 28). Verdicts come from the real compiler
-(libtpu, a test dependency); the compilations are shared in module-scoped fixtures."""
+(libtpu, a test dependency); the compilations are shared in module-scoped fixtures. The
+CLI's compat-off run of the quantizer is long (EMULATE_LONG_TESTS=1; the comment above it
+names the default tests that cover what it checks)."""
 
 from __future__ import annotations
 
@@ -297,6 +299,13 @@ def test_cli_warns_on_zero_sites():
     ]
 
 
+# long (EMULATE_LONG_TESTS=1; its fresh compat-off process takes some 10 s): by default the
+# CLI's compat-off run is test_mosaic_check.py's test_cli_no_compat_refuses_int8_on_v7x,
+# this refusal at the cast with compatibility mode off
+# test_with_compat_off_the_refusal_is_at_the_cast_not_the_matmul, the lines an op finding
+# prints test_an_in_kernel_quantizer_is_compat_only_at_its_cast_on_v5e and the float32
+# cast's fix test_op_fixes_name_the_32_bit_route
+@pytest.mark.long
 def test_cli_no_compat_asks_the_compiler_for_an_in_kernel_quantizer():
     # The file is loaded beside the tests' own import of it, so its functions do not
     # pickle for the API's compat-off subprocess (the recorded rules answered "ok" there,

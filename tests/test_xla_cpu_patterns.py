@@ -5,7 +5,9 @@ for some operands of rank 7 (those with a size-1 dimension among larger ones) th
 dies at run time (SIGSEGV). The per-segment route of a QArray matmul scales and sums its
 segment sums that way, and under ``vmap`` of a five-index einsum its operands reached rank
 7 (issue 17); it now collapses them to (batch, segment, free) first. The crashing runs go
-in subprocesses so that a crash fails one test instead of killing the session.
+in subprocesses so that a crash fails one test instead of killing the session: one
+subprocess runs the issue's call, then the crashing pattern (two fresh interpreters'
+start-up in one), another the pattern without the YNNPACK fusion.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import emulate
 from emulate import bounds, program, reference
@@ -61,11 +64,25 @@ def _run(code: str, env_extra: dict[str, str] | None = None) -> subprocess.Compl
     )
 
 
-def test_vmapped_qarray_einsum_runs_and_is_within_bound(tmp_path):
-    done = _run(f"OUT = {str(tmp_path)!r}\n" + ISSUE_CALL)
-    assert done.returncode == 0, done.stderr[-2000:]
-    got = np.load(tmp_path / "out.npy")
-    x, w = np.load(tmp_path / "x.npy"), np.load(tmp_path / "w.npy")
+#: Printed by :func:`issue_call_then_raw_pattern`'s subprocess between the two programs.
+ISSUE_CALL_DONE = "the issue's call ran"
+
+
+@pytest.fixture(scope="module")
+def issue_call_then_raw_pattern(tmp_path_factory) -> tuple[subprocess.CompletedProcess, str]:
+    """One subprocess: the issue's call (its operands and result saved in the folder, then
+    :data:`ISSUE_CALL_DONE` printed), then the raw pattern, which crashes it."""
+    out = str(tmp_path_factory.mktemp("issue"))
+    code = f"OUT = {out!r}\n" + ISSUE_CALL + f"print({ISSUE_CALL_DONE!r}, flush=True)\n"
+    return _run(code + RAW_PATTERN), out
+
+
+def test_vmapped_qarray_einsum_runs_and_is_within_bound(issue_call_then_raw_pattern):
+    done, out = issue_call_then_raw_pattern
+    assert ISSUE_CALL_DONE in done.stdout.splitlines(), done.stderr[-2000:]
+    folder = pathlib.Path(out)
+    got = np.load(folder / "out.npy")
+    x, w = np.load(folder / "x.npy"), np.load(folder / "w.npy")
     assert got.shape == (3, 2, 2, 1, 1, 16)
     k, segments = 256, 2
     for i in range(x.shape[0]):  # each vmapped slice against the exact sum, "CBTKH"
@@ -95,10 +112,11 @@ def test_per_segment_route_reduces_at_low_rank():
     assert max(len(s) for s in shapes) <= 4, shapes
 
 
-def test_raw_pattern_still_crashes_xla_cpu():
+def test_raw_pattern_still_crashes_xla_cpu(issue_call_then_raw_pattern):
     """Documents the XLA bug (docs/numerics.md, platform notes). When this fails because the
     program runs, JAX has fixed it: say so in the notes."""
-    crashed = _run(RAW_PATTERN)
+    crashed, _ = issue_call_then_raw_pattern
+    assert ISSUE_CALL_DONE in crashed.stdout.splitlines(), crashed.stderr[-2000:]  # then ran
     assert crashed.returncode != 0, "XLA:CPU runs the pattern now: update docs/numerics.md"
     without_ynn = _run(RAW_PATTERN, {"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type="})
     assert without_ynn.returncode == 0, without_ynn.stderr[-2000:]

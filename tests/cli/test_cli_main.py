@@ -1,7 +1,9 @@
 """The emulate command line as a whole: unknown or missing commands, python -m emulate.
 
 Default vs long: the bad commands run in process; python -m emulate runs one command in a
-fresh interpreter by default (explain), the bad command's run under python -m is long."""
+fresh interpreter by default (validate, whose run also checks what
+tests/cli/test_cli_validate.py leaves to it: no progress bar, no .hypothesis/ left behind),
+the bad commands' runs under python -m are long."""
 
 from __future__ import annotations
 
@@ -43,30 +45,36 @@ def test_bad_arguments_exit_2_with_one_line(
     assert "Traceback" not in err
 
 
-# long: a second fresh interpreter; by default the bad command's one line and exit code 2
-# are checked in process (test_bad_arguments_exit_2_with_one_line's ["bogus"]) and
-# python -m emulate runs in test_no_libtpu_start_up_lines_on_a_machine_without_a_tpu
+# long: more fresh interpreters; by default the bad commands' one line and exit code 2 are
+# checked in process (test_bad_arguments_exit_2_with_one_line's ["bogus"],
+# tests/cli/test_cli_validate.py's bad input) and python -m emulate runs in
+# test_python_dash_m_validate_without_libtpu_lines_or_traceback
 @pytest.mark.long
-def test_python_dash_m_runs_without_traceback() -> None:
-    # a command that runs: test_no_libtpu_start_up_lines_on_a_machine_without_a_tpu
+@pytest.mark.parametrize("argv", [["nope"], ["validate", "--examples", "0"]])
+def test_python_dash_m_bad_command_without_traceback(argv: list[str]) -> None:
     bad = subprocess.run(
-        [sys.executable, "-m", "emulate", "nope"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "emulate", *argv], capture_output=True, text=True, check=False
     )
     assert bad.returncode == 2
     assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
-def test_no_libtpu_start_up_lines_on_a_machine_without_a_tpu():
+def test_python_dash_m_validate_without_libtpu_lines_or_traceback(tmp_path) -> None:
     # ALLOW_MULTIPLE_LIBTPU_LOAD: libtpu starts even where another process holds its lock
-    # file, as it does on a CI machine; without the fix it printed five warning lines.
-    env = dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    # file, as it does on a CI machine; without the fix it printed five warning lines. JAX
+    # picks its platform (JAX_PLATFORMS unset) and runs validate's checks on the CPU.
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
     env.pop("JAX_PLATFORMS", None)
     run = subprocess.run(
-        [sys.executable, "-m", "emulate", "explain", "int8", "int8"],
-        capture_output=True, text=True, env=env, check=False, timeout=300,
+        [sys.executable, "-m", "emulate", "validate", "--target", "cpu", "--formats", "uint4",
+         "--modes", "fast", "--examples", "2"],
+        capture_output=True, text=True, env=env, check=False, timeout=300, cwd=tmp_path,
     )  # fmt: skip
-    assert run.returncode == 0 and "int8 x int8" in run.stdout
-    assert run.stderr == ""
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""  # no libtpu lines; no progress bar when stderr is not a terminal
+    assert "cpu     uint4 x uint4  fast  int8" in run.stdout
+    assert list(tmp_path.iterdir()) == []  # no .hypothesis/ left in the working directory
     if devices.libtpu_version() is not None:  # and the compile-only devices still load
         probe = (
             "from emulate import cli, compiler; cli.main(['formats']) ; print(compiler.available())"

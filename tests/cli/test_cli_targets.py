@@ -3,6 +3,8 @@ the real compiler's recorded verdicts, JAX's table and emulate.plan."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from emulate import capabilities, cli, formats
@@ -208,23 +210,74 @@ def test_targets_unknown_target_is_one_line(capsys: pytest.CaptureFixture) -> No
     )
 
 
-# Every tpu_v5e case, compiled again: tests/compiler/test_probing.py's default reprobe sample
-# leaves tpu_v5e to this test (v6e stands for the family there).
-def test_targets_probe_reprobes_one_generation(tmp_path, capsys: pytest.CaptureFixture) -> None:
-    from emulate import compiler, mosaic
+def _first_of_each_verdict(rows):
+    """Per target and compatibility setting, the first row of each distinct recorded
+    verdict (ok, stage, message)."""
+    seen, picked = set(), []
+    for r in rows:
+        kind = (r.case.target, r.case.compat, r.verdict.ok, r.verdict.stage, r.verdict.message)
+        if kind not in seen:
+            picked.append(r)
+        seen.add(kind)
+    return picked
 
+
+#: The sample's targets: one of each family (v2/v3, v4, v5e/v5p/v6e, v7x).
+SAMPLED = ("tpu_v2", "tpu_v4", "tpu_v5e", "tpu_v7x")
+
+
+# The probe cases compiled again through the command, against the recorded probe; this is
+# also the suite's default reprobe (tests/compiler/test_probing.py's are long). By default
+# (sample) the command probes SAMPLED, one case of each distinct recorded verdict of each
+# target and setting (the probe's cases and the recorded probe it compares with are cut to
+# those), or every case of SAMPLED where the installed compiler (libtpu, jax, jaxlib) is
+# not the one the probe was recorded with; every case of tpu_v5e under EMULATE_LONG_TESTS=1.
+@pytest.mark.parametrize(
+    "every", [False, pytest.param(True, marks=pytest.mark.long)], ids=["sample", "every_case"]
+)
+def test_targets_probe_reprobes_the_recorded_cases(
+    every, tmp_path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.metadata
+
+    import jax
+
+    from emulate import compiler, mosaic
+    from emulate.compiler import probing
+
+    data = mosaic.recorded()
+    targets = ("tpu_v5e",) if every else SAMPLED
+    rows = [r for r in data.rows if r.case.target in targets]
+    installed = (compiler.libtpu_version(), jax.__version__, importlib.metadata.version("jaxlib"))
+    if not every and installed == (data.libtpu, data.jax, data.jaxlib):
+        rows = _first_of_each_verdict(rows)
+        assert len(rows) < len(data.rows) // 4
+        cut = dataclasses.replace(data, rows=tuple(rows))
+
+        def probe_cases(names):
+            assert tuple(names) == targets
+            return tuple(r.case for r in rows)
+
+        monkeypatch.setattr(probing, "probe_cases", probe_cases)
+        monkeypatch.setattr(probing, "recorded", lambda: cut)
     out = tmp_path / "probe.json"
-    assert cli.main(["targets", "--probe", "--target", "v5e", "--out", str(out)]) == 0
+    argv = ["targets", "--probe", "--target", *targets, "--out", str(out)]
+    rc = cli.main(argv)
     text = capsys.readouterr().out
-    libtpu = mosaic.recorded().libtpu
     assert (
-        f"differences from the recorded probe (libtpu {libtpu}), for the targets probed: 0" in text
+        f"differences from the recorded probe (libtpu {data.libtpu}), for the targets probed: 0"
+        in text
+    ), (
+        f"the compiler (libtpu {installed[0]}) differs from the recorded probe (libtpu "
+        f"{data.libtpu}); re-record with python -m emulate targets --probe --out "
+        "emulate/data/mosaic_probe.json and review:\n" + text[-4000:]
     )
+    assert rc == 0
     assert "JAX's table vs the compiler, compat off:" in text
     fresh = mosaic.Probe.from_json(out.read_text())
-    assert list(fresh.topologies) == ["tpu_v5e"]
-    recorded = {r.case: r.verdict for r in mosaic.recorded().rows if r.case.target == "tpu_v5e"}
-    assert {r.case: r.verdict for r in fresh.rows} == recorded
+    assert list(fresh.topologies) == list(targets)
+    assert {r.case: r.verdict for r in fresh.rows} == {r.case: r.verdict for r in rows}
+    assert fresh.libtpu == compiler.libtpu_version()
     assert compiler.differences(fresh, fresh) == []
 
 

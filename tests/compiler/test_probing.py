@@ -2,8 +2,10 @@
 compiler (libtpu, a declared test dependency), and a reprobe that fails on any difference
 from the recorded data (emulate/data/mosaic_probe.json).
 
-The reprobe compiles a third of the probe cases (every case where the installed compiler
-is not the recorded one: about a minute on 2 cores); the rest take seconds.
+The reprobe is long (EMULATE_LONG_TESTS=1): a sample holding every distinct verdict of
+every target and setting, and every case (about a minute on 2 cores); by default
+tests/cli/test_cli_targets.py reprobes a sample of one target of each family through the
+command line. The rest take seconds.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import importlib.metadata
 
 import jax
 import pytest
-from _sweeps import LONG
 
 from emulate import compiler, mosaic, targets
 
@@ -121,11 +122,10 @@ def test_differences_name_each_changed_case():
 # the reprobe
 
 
-# The sample's targets: one of each family by default (v2/v3, v4, v5e/v5p/v6e, v7x; tpu_v5e's
-# every case is reprobed by tests/cli/test_cli_targets.py's `targets --probe --target v5e`,
-# so v6e stands for its family here); every offered target under EMULATE_LONG_TESTS=1
-# (where every_case also reprobes every case).
-SAMPLED = OFFERED if LONG else ("tpu_v2", "tpu_v4", "tpu_v6e", "tpu_v7x")
+# The sample's targets: every offered target (the test is long). The suite's default
+# reprobe is tests/cli/test_cli_targets.py's: the same sample of one target of each family
+# through `emulate targets --probe`, in one probe (each starts two compiler subprocesses).
+SAMPLED = OFFERED
 
 
 def _reprobe_cases(data: mosaic.Probe, *, every: bool) -> list[mosaic.ProbeCase] | None:
@@ -152,9 +152,8 @@ def _reprobe_cases(data: mosaic.Probe, *, every: bool) -> list[mosaic.ProbeCase]
     return picked
 
 
-@pytest.mark.parametrize(
-    "every", [False, pytest.param(True, marks=pytest.mark.long)], ids=["sample", "every_case"]
-)
+@pytest.mark.long  # by default: tests/cli/test_cli_targets.py (SAMPLED's comment)
+@pytest.mark.parametrize("every", [False, True], ids=["sample", "every_case"])
 def test_reprobe_matches_the_recorded_probe(every):
     """The probe cases, compiled again with the installed compiler, compat on and off,
     have the recorded verdict and message: every case when the compiler (libtpu, jax,

@@ -1,6 +1,10 @@
 """emulate.reference's rounding and dot_general against brute force: exact sums from plain
 loops over ``fractions.Fraction``, rounding by picking the nearest of the output format's
-enumerated values (tests/reference/_brute.py)."""
+enumerated values (tests/reference/_brute.py).
+
+Default vs long: dot_general runs a covering subset of the operand pairs by default (each
+format with itself, its neighbour, int8 and float32: :func:`_dot_pairs`), every pair under
+EMULATE_LONG_TESTS=1."""
 
 from __future__ import annotations
 
@@ -209,8 +213,22 @@ def dot_operands(draw, lname: str, rname: str):
     return lhs, rhs, ((lc, rc), (lb, rb))
 
 
-@pytest.mark.parametrize("rname", DOT_FORMATS)
-@pytest.mark.parametrize("lname", DOT_FORMATS)
+def _dot_pairs() -> list:
+    """Every (lhs, rhs) pair of DOT_FORMATS; by default (80 of 225) each format with itself,
+    with the next one in DOT_FORMATS' order (int x int of either signedness, int x float,
+    float8 x float8 of other kinds, float x int) and with int8 and float32 on either side;
+    the other pairs, more of the same decoders and result rules, under
+    EMULATE_LONG_TESTS=1."""
+    n, partners = len(DOT_FORMATS), ("int8", "float32")
+    pairs = []
+    for i, lname in enumerate(DOT_FORMATS):
+        for j, rname in enumerate(DOT_FORMATS):
+            default = lname == rname or j == (i + 1) % n or {lname, rname} & set(partners)
+            pairs.append(pytest.param(lname, rname, marks=() if default else pytest.mark.long))
+    return pairs
+
+
+@pytest.mark.parametrize("lname, rname", _dot_pairs())
 @settings(max_examples=4, deadline=None)
 @given(data=st.data())
 def test_dot_general_matches_brute_force(lname, rname, data):

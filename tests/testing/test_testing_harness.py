@@ -1,10 +1,14 @@
 """emulate.testing.check_function on a user's kernels: right ones pass, each bug fails on
-every seed within 20 examples, and the reproducer runs in a fresh process and fails the
-same way.
+every seed within 20 examples, and the reproducer runs on its own and fails the same way.
 
 Seeds: seed 0 by default (0 and 1 for the int8 bug); 0 and 1 (0 to 3 for the int8 bug)
-under EMULATE_LONG_TESTS=1. Reproducers: the int4 bug's runs by default, the int8 bug's
-(the same script route with plain operands only) under EMULATE_LONG_TESTS=1."""
+under EMULATE_LONG_TESTS=1. The int4 group kernel's bugs run in a fresh interpreter
+(:func:`_fresh_failures`), under EMULATE_LONG_TESTS=1: by default
+tests/test_kernels_tutorial.py runs the first of them (code 8 read as +8, in the docs'
+int4_weight_only: the same groups of 32 float32 scales and contract) at seed 0 in a fresh
+interpreter, checks its shrunk example and contract, and runs its reproducer in another.
+Reproducers: the int8 bug's by default, in this process in a namespace of its own; under
+EMULATE_LONG_TESTS=1 also in a fresh interpreter, and the int4 bug's both ways."""
 
 from __future__ import annotations
 
@@ -34,10 +38,15 @@ def _failure(fn, lhs, rhs, **kw) -> str:
     return str(e.value)
 
 
+@functools.cache
+def _int8_failure(seed: int) -> str:
+    """The int8 bug's failure message at ``seed`` (20 examples, check_function's default)."""
+    return _failure(uk.int8_via_f32, "int8", "int8", seed=seed, examples=20)
+
+
 def test_int8_summed_in_f32_is_caught_on_every_seed():
     for seed in INT8_SEEDS:
-        msg = _failure(uk.int8_via_f32, "int8", "int8", seed=seed, examples=20)
-        assert "int8 x int8 -> int32, mode 'exact'" in msg
+        assert "int8 x int8 -> int32, mode 'exact'" in _int8_failure(seed)
 
 
 def test_int8_summed_in_int32_passes():
@@ -48,12 +57,12 @@ def test_int8_summed_in_int32_passes():
 @pytest.mark.parametrize(
     "bug, line",
     [
-        (uk.int4_weight_only_unsigned, "got 8.0, want -8.0"),
+        pytest.param(uk.int4_weight_only_unsigned, "got 8.0, want -8.0", marks=pytest.mark.long),
         pytest.param(
             uk.int4_weight_only_bf16_scales, "rhs_scales = np.array(", marks=pytest.mark.long
         ),
     ],
-)
+)  # long: by default tests/test_kernels_tutorial.py runs the first (module docstring)
 def test_int4_group_kernel_bugs_are_caught_on_every_seed(bug, line):
     msgs = _fresh_failures(bug.__name__)
     assert len(msgs) == len(SEEDS)
@@ -102,14 +111,14 @@ def _run_script(script: str) -> subprocess.CompletedProcess:
     )
 
 
-# The int4 reproducer by default: its script rebuilds a plain float32 lhs and a quantized
-# rhs (codes, scales), so it runs the plain operands' route of the int8 one as well; the
-# int8 reproducer (np.full for the repeated 127s, also checked by
-# test_literal_source_never_elides_the_odd_element) is a second fresh process, long.
-@pytest.mark.parametrize("case", [pytest.param("int8", marks=pytest.mark.long), "int4"])
+# The int8 reproducer by default (np.full for the repeated 127s, also checked by
+# test_literal_source_never_elides_the_odd_element), the int4 one (a plain float32 lhs and a
+# quantized rhs rebuilt from codes and scales; by default the docs suite's int4 reproducer
+# runs in tests/test_kernels_tutorial.py) under EMULATE_LONG_TESTS=1.
+@pytest.mark.parametrize("case", ["int8", pytest.param("int4", marks=pytest.mark.long)])
 def test_reproducers_paste_and_run(case):
     if case == "int8":
-        msg = _failure(uk.int8_via_f32, "int8", "int8")
+        msg = _int8_failure(0)  # seed 0, check_function's default seed
         shows = "lhs = np.full((1, 1041), 127, dtype=np.int8)"
     else:
         # seed 0, check_function's default seed, run in a fresh interpreter
@@ -117,10 +126,15 @@ def test_reproducers_paste_and_run(case):
         shows = "rhs_codes = np.array([[-8, -8]], dtype=ml_dtypes.int4)"
     report, script = msg.split("# --- reproducer: save as repro.py and run python repro.py ---\n")
     assert shows in script.splitlines()
-    done = _run_script(script)
-    assert done.returncode == 1
     first = [ln for ln in report.splitlines() if ln.startswith("first mismatch")][0]
-    assert first in done.stderr
+    # pasted into a namespace of its own: the script imports and builds all it uses
+    with pytest.raises(AssertionError) as e:
+        exec(compile(script, "repro.py", "exec"), {"__name__": "__main__"})  # noqa: S102
+    assert first in str(e.value)
+    if LONG:  # and in a fresh interpreter (module docstring)
+        done = _run_script(script)
+        assert done.returncode == 1
+        assert first in done.stderr
 
 
 def test_literal_source_never_elides_the_odd_element():

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from _sweeps import examples
+from _sweeps import LONG, examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,11 +54,18 @@ def same_bits(got, want) -> bool:
     return bool(np.all((np.isnan(g) & np.isnan(w)) | (g == w)))
 
 
-def _check_correctly_rounded(lhs, rhs, target, layout, data):
+#: The result types of the property tests: by default each case takes one (its ``out``:
+#: float32 and bfloat16 alternate over the default cases, each result type a program of
+#: its own); under EMULATE_LONG_TESTS=1 each example of every case draws either.
+OUTS = [jnp.float32, jnp.bfloat16]
+
+
+def _check_correctly_rounded(lhs, rhs, target, layout, data, out):
     lshape, rshape, dn = LAYOUTS[layout]
     a = data.draw(et.arrays(lhs, lshape))
     b = data.draw(et.arrays(rhs, rshape))
-    out = data.draw(st.sampled_from([jnp.float32, jnp.bfloat16]))
+    if LONG:
+        out = data.draw(st.sampled_from(OUTS))
     got = emulate.dot_general(a, b, dn, preferred_element_type=out, target=target, mode="exact")
     want = reference.dot_general(a, b, dn, preferred_element_type=out)
     assert same_bits(got, want), (got, want)
@@ -100,11 +107,24 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("lhs,rhs,target,layout", CASES)
+def _with_outs(cases: list) -> list:
+    """Each case with its result type (:data:`OUTS`): float32 and bfloat16 in turn over the
+    default cases, None (drawn by each example) for the long ones."""
+    done, default = [], 0
+    for c in cases:
+        if hasattr(c, "marks"):  # a pytest.param: a long case
+            done.append(pytest.param(*c.values, None, marks=c.marks))
+        else:
+            done.append((*c, OUTS[default % 2]))
+            default += 1
+    return done
+
+
+@pytest.mark.parametrize("lhs,rhs,target,layout,out", _with_outs(CASES))
 @settings(max_examples=examples(3, 5))
 @given(data=st.data())
-def test_exact_mode_is_the_correctly_rounded_sum(lhs, rhs, target, layout, data):
-    _check_correctly_rounded(lhs, rhs, target, layout, data)
+def test_exact_mode_is_the_correctly_rounded_sum(lhs, rhs, target, layout, out, data):
+    _check_correctly_rounded(lhs, rhs, target, layout, data, out)
 
 
 E5 = ml_dtypes.float8_e5m2
@@ -154,10 +174,13 @@ def test_nan_and_inf_follow_ieee():
     want = reference.dot_general(a, b, DN, preferred_element_type=np.float32)
     assert same_bits(got, want)
     assert np.isnan(np.asarray(got)[2]).all()  # a NaN row stays NaN
-    inf_minus_inf = np.array([[np.inf, np.inf]], E5)
-    sign = np.array([[1.0], [-1.0]], E5)
+    # Inf - Inf: in the operands' shapes above, so that the program above runs it
+    inf_minus_inf = np.zeros(a.shape, E5)
+    inf_minus_inf[0] = np.inf
+    sign = np.zeros(b.shape, E5)
+    sign[:, 0] = [1.0, -1.0]
     r = emulate.dot_general(
-        inf_minus_inf, sign, DN, preferred_element_type=jnp.float32, mode="exact"
+        inf_minus_inf, sign, DN, preferred_element_type=jnp.float32, target="tpu_v4", mode="exact"
     )
     assert np.isnan(float(r[0, 0]))
 
@@ -380,11 +403,11 @@ WIDE_CASES = [
 
 
 # 2 examples by default, 6 under EMULATE_LONG_TESTS=1 (the first compiles).
-@pytest.mark.parametrize("lhs,rhs,target,layout", WIDE_CASES)
+@pytest.mark.parametrize("lhs,rhs,target,layout,out", _with_outs(WIDE_CASES))
 @settings(max_examples=examples(2, 6))
 @given(data=st.data())
-def test_wide_operands_give_the_correctly_rounded_sum(lhs, rhs, target, layout, data):
-    _check_correctly_rounded(lhs, rhs, target, layout, data)
+def test_wide_operands_give_the_correctly_rounded_sum(lhs, rhs, target, layout, out, data):
+    _check_correctly_rounded(lhs, rhs, target, layout, data, out)
 
 
 BF = ml_dtypes.bfloat16
@@ -420,7 +443,9 @@ def test_wide_rows_far_below_their_maximum(target):
     assert got[0] == np.float32(1.0 + 2.0**-23) and got[1] == 1.0
     assert got[2] == np.float32(2.0**-129) and got[2] != 0  # subnormal, not flushed
     assert got[3] == np.float32(2.0**-133) and got[3] != 0
-    a3 = np.array([[2.0**-133, 2.0**-133, 0.0]], BF)
+    # rows of a's shape, so that the program above runs them
+    a3 = np.zeros(a.shape, BF)
+    a3[0] = [2.0**-133, 2.0**-133, 0.0]
     b3 = np.array([[448.0], [-0.5], [0.0]], E4)
     r = _exact_f32(a3, b3, target)[0, 0]
     assert r == np.float32(447.5 * 2.0**-133)
@@ -449,7 +474,7 @@ def test_wide_nan_and_inf_follow_ieee():
     assert got[2, 0] == np.inf
 
 
-def test_wide_same_bits_across_chunks_rows_layouts_and_targets():
+def _wide_operands_spanning_blocks():
     rng = np.random.default_rng(11)
     a = rng.standard_normal((4, 300)).astype(np.float32)
     a[1, 7] = 3e-30  # row 1 needs a second block of slices; the others do not
@@ -460,13 +485,35 @@ def test_wide_same_bits_across_chunks_rows_layouts_and_targets():
     base = _exact_f32(a, b, "tpu_v4")
     want = reference.dot_general(a, b, DN, preferred_element_type=np.float32)
     np.testing.assert_array_equal(base, want)
+    return a, b, base
+
+
+def _contract_in_chunks(a, b, chunk):
+    """tpu_v4's plan for bfloat16 x float8_e4m3fn with K-chunks of ``chunk`` (None: the
+    plan's own), contracted by emulate.engine.exact under jit."""
     p = emulate.plan("bfloat16", "float8_e4m3fn", target="tpu_v4", mode="exact")
+    q = dataclasses.replace(p, k_chunk=chunk or p.k_chunk, out="float32")
     av = jnp.asarray(a).astype(jnp.float32)
     bv = emulate.decode(b, to=jnp.float32)
-    for chunk in (p.k_chunk, 37):
-        q = dataclasses.replace(p, k_chunk=chunk, out="float32")
-        run = jax.jit(lambda x, y, q=q: exact.contract(q, x, y, DN, None))
-        np.testing.assert_array_equal(run(av, bv), base)
+    return jax.jit(lambda x, y: exact.contract(q, x, y, DN, None))(av, bv)
+
+
+def test_wide_same_bits_across_chunks():
+    a, b, base = _wide_operands_spanning_blocks()
+    np.testing.assert_array_equal(_contract_in_chunks(a, b, 37), base)
+
+
+# Long: the plan's own chunk (the one dot_general ran above), row by row (a row without
+# far-below elements takes the one-block path alone, as the padded rows of
+# test_wide_rows_far_below_their_maximum[tpu_v5e] and the rows of
+# test_wide_overflow_and_cancellation_of_huge_products on tpu_v4 do by default), and the
+# operands swapped on int8 slices (the wide operand on the right, sliced per column, as
+# float32's columns in test_further_blocks_on_both_sides_give_the_correctly_rounded_sum
+# on the default target's int8 slices by default).
+@pytest.mark.long
+def test_wide_same_bits_across_rows_layouts_and_targets():
+    a, b, base = _wide_operands_spanning_blocks()
+    np.testing.assert_array_equal(_contract_in_chunks(a, b, None), base)
     # Row by row: rows without far-below elements take the one-block path alone.
     rows = np.concatenate([_exact_f32(a[i : i + 1], b, "tpu_v4") for i in range(4)])
     np.testing.assert_array_equal(rows, base)
@@ -507,9 +554,20 @@ def _fraction_round(a: np.ndarray, b: np.ndarray, out: str) -> np.ndarray:
     return want
 
 
-# The default target's int8 slices by default; tpu_v4's bf16 slices as a long sweep.
-@pytest.mark.parametrize("target", [None, pytest.param("tpu_v4", marks=pytest.mark.long)])
-def test_further_blocks_on_both_sides_give_the_correctly_rounded_sum(target):
+# The default target's int8 slices into float32 by default; bfloat16 results (the same
+# exact sum rounded once into another type, as the default cases of
+# test_wide_operands_give_the_correctly_rounded_sum do) and tpu_v4's bf16 slices as a long
+# sweep.
+@pytest.mark.parametrize(
+    "target,out",
+    [
+        (None, "float32"),
+        pytest.param(None, "bfloat16", marks=pytest.mark.long),
+        pytest.param("tpu_v4", "float32", marks=pytest.mark.long),
+        pytest.param("tpu_v4", "bfloat16", marks=pytest.mark.long),
+    ],
+)
+def test_further_blocks_on_both_sides_give_the_correctly_rounded_sum(target, out):
     # Both operands sliced per row (column), each with rows (columns) spanning far more
     # than the S*w bits of a first block, so that the loop over pairs of further blocks
     # runs on both sides, several blocks deep; against a Fraction oracle.
@@ -525,12 +583,11 @@ def test_further_blocks_on_both_sides_give_the_correctly_rounded_sum(target):
     b[:, 1] = [2.0**50, 2.0**50, 2.0**-30, 2.0**-70, 0.0, 2.0**-10, 1.0]
     a = a.astype(BF)
     b = b.astype(np.float32)
-    for out, name in ((jnp.float32, "float32"), (jnp.bfloat16, "bfloat16")):
-        got = emulate.dot_general(a, b, DN, preferred_element_type=out, target=target, mode="exact")
-        want = _fraction_round(a, b, name)
-        np.testing.assert_array_equal(np.asarray(got).astype(np.float64), want)
-        if name == "float32":
-            assert want[0, 0] == np.float32(1.0 + 2.0**-23)
+    got = emulate.dot_general(a, b, DN, preferred_element_type=out, target=target, mode="exact")
+    want = _fraction_round(a, b, out)
+    np.testing.assert_array_equal(np.asarray(got).astype(np.float64), want)
+    if out == "float32":
+        assert want[0, 0] == np.float32(1.0 + 2.0**-23)
 
 
 @pytest.mark.parametrize(

@@ -128,6 +128,26 @@ def test_exact_mode_is_the_correctly_rounded_sum(lhs, rhs, target, layout, out, 
 
 
 E5 = ml_dtypes.float8_e5m2
+#: The operands' shapes of test_e5m2_digits_over_the_whole_exponent_range (6 rows, every
+#: finite e5m2 code along K, 5 columns): the small e5m2 checks on tpu_v5e pad theirs with
+#: zeros into these (:func:`_e5m2_dot`), so that they run its program rather than each
+#: building one of their own.
+E5_SHAPES = ((6, len(et.finite_codes(formats.get("float8_e5m2")))), (5,))
+
+
+def _e5m2_dot(a, b, target, mode="exact") -> np.ndarray:
+    """``a @ b`` (float32 result) of e5m2 operands zero-padded into :data:`E5_SHAPES`,
+    cut back to ``a @ b``'s shape. The padding adds exact zeros to every sum (where an
+    Inf or NaN meets a zero, only in the rows and columns cut away)."""
+    (m, k), (n,) = E5_SHAPES
+    pa = np.zeros((m, k), E5)
+    pb = np.zeros((k, n), E5)
+    pa[: a.shape[0], : a.shape[1]] = a
+    pb[: b.shape[0], : b.shape[1]] = b
+    r = emulate.dot_general(
+        pa, pb, DN, preferred_element_type=jnp.float32, target=target, mode=mode
+    )
+    return np.asarray(r)[: a.shape[0], : b.shape[1]]
 
 
 # One target each by default (the property test above runs each slice type); the others
@@ -143,10 +163,7 @@ def test_halfway_and_sticky_cases(target):
     above = np.array([[1.0], [2.0**-12], [2.0**-16]], E5)
 
     def run(b, mode):
-        r = emulate.dot_general(
-            a, b, DN, preferred_element_type=jnp.float32, target=target, mode=mode
-        )
-        return float(r[0, 0])
+        return float(_e5m2_dot(a, b, target, mode)[0, 0])
 
     assert run(tie, "exact") == 1.0
     assert run(above, "exact") == 1.0 + 2.0**-23
@@ -166,23 +183,17 @@ def test_catastrophic_cancellation(target):
 
 
 def test_nan_and_inf_follow_ieee():
+    # on tpu_v5e's int8 digits (in the program of the e5m2 test below); bf16 slices on
+    # tpu_v4: test_wide_nan_and_inf_follow_ieee
     a = np.array([[np.inf, 1.0], [np.inf, 1.0], [np.nan, 1.0], [1.0, 1.0]], E5)
     b = np.array([[1.0, -1.0, 0.0], [2.0, 2.0, 1.0]], E5)
-    got = emulate.dot_general(
-        a, b, DN, preferred_element_type=jnp.float32, target="tpu_v4", mode="exact"
-    )
+    got = _e5m2_dot(a, b, "tpu_v5e")
     want = reference.dot_general(a, b, DN, preferred_element_type=np.float32)
     assert same_bits(got, want)
-    assert np.isnan(np.asarray(got)[2]).all()  # a NaN row stays NaN
-    # Inf - Inf: in the operands' shapes above, so that the program above runs it
-    inf_minus_inf = np.zeros(a.shape, E5)
-    inf_minus_inf[0] = np.inf
-    sign = np.zeros(b.shape, E5)
-    sign[:, 0] = [1.0, -1.0]
-    r = emulate.dot_general(
-        inf_minus_inf, sign, DN, preferred_element_type=jnp.float32, target="tpu_v4", mode="exact"
-    )
-    assert np.isnan(float(r[0, 0]))
+    assert np.isnan(got[2]).all()  # a NaN row stays NaN
+    inf_minus_inf = np.array([[np.inf, np.inf]], E5)
+    sign = np.array([[1.0], [-1.0]], E5)
+    assert np.isnan(_e5m2_dot(inf_minus_inf, sign, "tpu_v5e")[0, 0])
 
 
 def test_long_contraction_k65536():
@@ -294,9 +305,7 @@ def test_route_choice_counts_the_chunk_sums():
 
 
 def test_every_slicing_keeps_chunk_sums_exact():
-    checked = set()  # each slicing's cover is checked once (formats recur among the pairs)
-    # jitted as emulate's programs run it: one compile per slicing, not one per operation
-    slices = jax.jit(static_slices, static_argnums=(1, 2))
+    cover = []  # each slicing's cover is checked once (formats recur among the pairs)
     for lhs, rhs in SLICED:
         for compute, bound in (("int8", 2**31 - 1), ("bfloat16", 2**24), ("float32", 2**24)):
             chosen = slicing.fewest_passes(formats.get(lhs), formats.get(rhs), compute)
@@ -307,22 +316,25 @@ def test_every_slicing_keeps_chunk_sums_exact():
             assert chunk * sa.max_int * sb.max_int <= bound
             if compute == "int8":
                 assert sa.max_int <= 127 and sb.max_int <= 127
-            # Every finite value is covered by some slice as an integer below max_int.
-            for s in (sa, sb):
-                if s in checked:
-                    continue
-                checked.add(s)
-                f = formats.get(s.format)
-                codes = np.array(et.finite_codes(f), np.uint8)
-                v = codes.view(f.dtype).astype(np.float64)
-                parts = [
-                    np.asarray(x, np.float64)
-                    for x in slices(jnp.asarray(v, jnp.float32), s, "float32")
-                ]
-                total = sum(p * 2.0 ** (s.q_min + i * s.width) for i, p in enumerate(parts))
-                np.testing.assert_array_equal(total, v)
-                for p in parts:
-                    assert np.all(p == np.round(p)) and np.abs(p).max() <= s.max_int
+            cover += [s for s in (sa, sb) if s not in cover]
+    # Every finite value is covered by some slice as an integer below max_int. Jitted as
+    # emulate's programs run it, every slicing in one program (not one per slicing or per
+    # operation).
+    values = []
+    for s in cover:
+        f = formats.get(s.format)
+        values.append(np.array(et.finite_codes(f), np.uint8).view(f.dtype).astype(np.float64))
+    every = jax.jit(
+        lambda vs, ss: [static_slices(v, s, "float32") for v, s in zip(vs, ss, strict=True)],
+        static_argnums=1,
+    )
+    sliced = every([jnp.asarray(v, jnp.float32) for v in values], tuple(cover))
+    for s, v, parts in zip(cover, values, sliced, strict=True):
+        parts = [np.asarray(x, np.float64) for x in parts]
+        total = sum(p * 2.0 ** (s.q_min + i * s.width) for i, p in enumerate(parts))
+        np.testing.assert_array_equal(total, v)
+        for p in parts:
+            assert np.all(p == np.round(p)) and np.abs(p).max() <= s.max_int
 
 
 # e5m2 on the int8 route (7-bit digits) and the bf16 route (9-bit digits), against every
@@ -455,7 +467,10 @@ def test_wide_overflow_and_cancellation_of_huge_products():
     big = float(ml_dtypes.finfo(BF).max)
     a = np.array([[big, -big], [big, big]], BF)
     b = np.array([[448.0], [448.0]], E4)
-    got = _exact_f32(a, b, "tpu_v4")[:, 0]
+    # zero-padded into the shapes of _wide_operands_spanning_blocks (its program)
+    pa, pb = np.zeros((4, 300), BF), np.zeros((300, 3), E4)
+    pa[:2, :2], pb[:2, :1] = a, b
+    got = _exact_f32(pa, pb, "tpu_v4")[:2, 0]
     assert got[0] == 0.0  # mode "fast" overflows here
     assert got[1] == np.inf  # beyond float32: Inf, as the reference rounds
     want = reference.dot_general(a, b, DN, preferred_element_type=np.float32)[:, 0]

@@ -17,6 +17,14 @@ import re
 
 import pytest
 
+
+@functools.cache
+def _parsed(source: str) -> ast.Module:
+    """``ast.parse(source)``, once per source text: the guards below read each module
+    several times (every tree is only read, never changed)."""
+    return ast.parse(source)
+
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "emulate"
 
@@ -333,7 +341,7 @@ def _resolve(module: str, node: ast.ImportFrom) -> str:
 def _imports(module: str, source: str | None = None) -> tuple[set[str], list[str]]:
     """The emulate modules ``module`` imports, and the private names it takes from them
     (``source``: the module's text, by default read from its file)."""
-    tree = ast.parse(MODULES[module].read_text() if source is None else source)
+    tree = _parsed(MODULES[module].read_text() if source is None else source)
     targets: set[str] = set()
     private: list[str] = []
     aliases: dict[str, str] = {}  # local name -> emulate module it is bound to
@@ -420,7 +428,7 @@ def test_cpu_kernels_stay_off_the_other_branches() -> None:
 def test_pure_python_layers_do_not_import_jax(layer: str) -> None:
     found = []
     for m in dict(LAYERS)[layer]:
-        for node in ast.walk(ast.parse(MODULES[m].read_text())):
+        for node in ast.walk(_parsed(MODULES[m].read_text())):
             names = (
                 [a.name for a in node.names]
                 if isinstance(node, ast.Import)
@@ -498,7 +506,7 @@ LARGE_MODULES: dict[str, str] = {}
 
 def _size(source: str) -> tuple[int, int]:
     """(lines, top-level function and class definitions) of a module's text."""
-    body = ast.parse(source).body
+    body = _parsed(source).body
     defs = [n for n in body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]
     return len(source.splitlines()), len(defs)
 
@@ -559,7 +567,7 @@ def _long_functions(module: str, source: str) -> dict[str, int]:
                     out[name] = lines
             visit(child, name)
 
-    visit(ast.parse(source), module)
+    visit(_parsed(source), module)
     return out
 
 
@@ -583,7 +591,7 @@ def _script_imports(sources: dict[str, str], scripts: set[str]) -> list[str]:
     ``scripts`` (one script importing another, or a library importing a script)."""
     out = []
     for module, source in sorted(sources.items()):
-        for node in ast.walk(ast.parse(source)):
+        for node in ast.walk(_parsed(source)):
             names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -626,7 +634,7 @@ def _private_reaches(source: str) -> list[str]:
     _y``, ``x._y`` on a name bound to an emulate module (also ``setattr(x, "_y", ...)``
     and its kin, as monkeypatch takes them), and dotted strings passed to a call, such as
     ``monkeypatch.setattr("emulate.x._y", ...)``."""
-    tree = ast.parse(source)
+    tree = _parsed(source)
     found: set[str] = set()
     aliases: dict[str, str] = {}  # local name -> emulate module
     for node in ast.walk(tree):
@@ -986,7 +994,7 @@ MOSAIC_RULE_CALLERS = {
 def _rule_calls(source: str) -> set[str]:
     """The :data:`MOSAIC_RULE` names a module's text takes from ``emulate.mosaic``."""
     found = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parsed(source)):
         if isinstance(node, ast.ImportFrom) and node.module == "emulate.mosaic":
             found |= {a.name for a in node.names if a.name in MOSAIC_RULE}
         elif (
@@ -1008,7 +1016,7 @@ def test_one_owner_of_the_mosaic_rule() -> None:
     defining = [
         m
         for m, path in MODULES.items()
-        for node in ast.parse(path.read_text()).body
+        for node in _parsed(path.read_text()).body
         if isinstance(node, ast.FunctionDef) and node.name == "compiles"
     ]
     assert defining == ["emulate.compiler.probing"]
@@ -1078,7 +1086,7 @@ def _route_scan(module: str, source: str | ast.Module) -> tuple[set[str], bool]:
     """In one walk of a module's text (or its parsed tree): the :data:`ROUTE_RULE` names
     (``owner.name``) it imports or reaches through a module it imports, and whether it
     defines a function named ``choose`` (the route decision's name)."""
-    tree = ast.parse(source) if isinstance(source, str) else source
+    tree = _parsed(source) if isinstance(source, str) else source
     found: set[str] = set()
     aliases: dict[str, str] = {}  # local name -> the dotted path it stands for
     reached: list[str] = []  # a.b.c of each attribute chain over a name
@@ -1232,7 +1240,7 @@ def _part_reads(source: str) -> list[tuple[str, str]]:
     """``(name it starts from, the read as written)`` of each read of a QArray's parts in a
     module's text (:data:`QARRAY_PARTS`, :data:`KIND_TESTED`, :data:`INSIDE`)."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_parsed(source)):
         read = None
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
             inner = node.value

@@ -134,7 +134,9 @@ class Case:
     what: str
     target: str
     fn: Callable[..., Any]
-    specs: tuple[Any, ...]
+    #: the argument shapes, built when the case is compiled (the decoder block's build runs
+    #: JAX; collection, on every xdist worker, only names the cases)
+    specs: Callable[[], tuple[Any, ...]]
     long: bool = False
     #: a kernel case's one compatibility setting in the default run (both under
     #: EMULATE_LONG_TESTS=1); None: every setting of :func:`_compat_settings` by default
@@ -243,12 +245,23 @@ def _cases() -> list[Case]:
             fn = functools.partial(P.pallas_matmul, lhs=a, rhs=w, target=t)
             key = ("pallas.matmul", a, w, *_kernel_key(a, w, t))
             long = t in KERNEL_LONG_GENERATIONS or repeats(key) or _shared_route(a, w, t)
-            out.append(Case("pallas.matmul", f"{a}x{w}", t, fn, P.matmul_specs(a, w), long))
+            out.append(
+                Case(
+                    "pallas.matmul",
+                    f"{a}x{w}",
+                    t,
+                    fn,
+                    functools.partial(P.matmul_specs, a, w),
+                    long,
+                )
+            )
         for a, w in XLA_HELD:
             fn = functools.partial(P.pallas_dot, lhs=a, rhs=w, target=t)
             key = ("pallas.dot", a, w, *_kernel_key(a, w, t))
             long = t in KERNEL_LONG_GENERATIONS or repeats(key) or _shared_route(a, w, t)
-            out.append(Case("pallas.dot", f"{a}x{w}", t, fn, P.dot_specs(a, w), long))
+            out.append(
+                Case("pallas.dot", f"{a}x{w}", t, fn, functools.partial(P.dot_specs, a, w), long)
+            )
         for mode, pairs, conv_pairs, schemes in (
             ("fast", PAIRS, CONV_PAIRS, SCHEMES),
             ("exact", EXACT_PAIRS, EXACT_CONV_PAIRS, EXACT_SCHEMES),
@@ -257,23 +270,40 @@ def _cases() -> list[Case]:
                 if not first("dot_general", mode, a, w, t):
                     continue
                 fn = functools.partial(P.dot_general, lhs=a, rhs=w, target=t, mode=mode)
-                out.append(Case("dot_general", f"{mode}-{a}x{w}", t, fn, P.xla_specs(a, w)))
+                out.append(
+                    Case(
+                        "dot_general",
+                        f"{mode}-{a}x{w}",
+                        t,
+                        fn,
+                        functools.partial(P.xla_specs, a, w),
+                    )
+                )
             for a, w in conv_pairs:
                 if not first("conv", mode, a, w, t):
                     continue
                 fn = functools.partial(P.conv, lhs=a, rhs=w, target=t, mode=mode)
                 long = mode == "exact" and repeats(("conv", mode, a, w))
-                out.append(Case("conv", f"{mode}-{a}x{w}", t, fn, P.conv_specs(a, w), long))
+                out.append(
+                    Case(
+                        "conv",
+                        f"{mode}-{a}x{w}",
+                        t,
+                        fn,
+                        functools.partial(P.conv_specs, a, w),
+                        long,
+                    )
+                )
             for s in schemes:
                 el = getattr(emulate.mx, s).format
                 if not first(f"scaled-{s}", mode, el, el, t):
                     continue
                 fn = functools.partial(P.scaled, scheme=s, target=t, mode=mode)
                 long = repeats(("scaled", mode, s))
-                out.append(Case("scaled", f"{mode}-{s}", t, fn, P.scaled_specs(), long))
+                out.append(Case("scaled", f"{mode}-{s}", t, fn, P.scaled_specs, long))
         fn = functools.partial(P.decoder, target=t)
         key = ("decoder_block", *(_plan_key(a, w, t, "fast") for a, w in DECODER_PAIRS))
-        out.append(Case("decoder_block", "polyfill", t, fn, P.decoder_specs(), repeats(key)))
+        out.append(Case("decoder_block", "polyfill", t, fn, P.decoder_specs, repeats(key)))
     # QArray weights (issue 27): every scheme on every generation, compat on and off; v5e,
     # v2 and v7x in the default run, the others long; NVFP4 on v5e (its word step's decode
     # and scales those of MXFP4's, which runs on v2 too, but for the e4m3 scales).
@@ -282,14 +312,23 @@ def _cases() -> list[Case]:
             fn = functools.partial(P.pallas_matmul_qarray, scheme=s, target=t)
             long = t not in ("tpu_v2", "tpu_v5e", "tpu_v7x")
             long = long or (s == "fp4-nv16-e4m3-tensor" and t != "tpu_v5e")
-            out.append(Case("pallas.matmul", f"qarray-{s}", t, fn, P.qarray_specs(s), long))
+            out.append(
+                Case(
+                    "pallas.matmul",
+                    f"qarray-{s}",
+                    t,
+                    fn,
+                    functools.partial(P.qarray_specs, s),
+                    long,
+                )
+            )
     # The kernel route (issue 39): a prepared weight through emulate.matmul at M = 1 behind a
     # batch axis, and prepared MXFP4 experts through emulate.ragged_dot; route "auto".
     for t in GENERATIONS:
         for program, what, fn, specs, pair in (
-            ("emulate.matmul", "prepared-int4-g32-f16", P.model_matmul, P.model_specs(),
+            ("emulate.matmul", "prepared-int4-g32-f16", P.model_matmul, P.model_specs,
              ("bfloat16", "int4")),
-            ("emulate.ragged_dot", "prepared-mxfp4-experts", P.moe_ragged_dot, P.moe_specs(),
+            ("emulate.ragged_dot", "prepared-mxfp4-experts", P.moe_ragged_dot, P.moe_specs,
              ("bfloat16", "float4_e2m1fn")),
         ):  # fmt: skip
             long = t in KERNEL_LONG_GENERATIONS or repeats((program, *pair, *_kernel_key(*pair, t)))
@@ -299,7 +338,7 @@ def _cases() -> list[Case]:
     # masked in the kernel (TPU v4 has no select on bf16 vectors), x's block all of K.
     for t in ("tpu_v4", "tpu_v5e"):
         fn = functools.partial(P.pallas_matmul_ragged, target=t)
-        out.append(Case("pallas.matmul", "ragged-bfloat16xint4", t, fn, P.ragged_specs()))
+        out.append(Case("pallas.matmul", "ragged-bfloat16xint4", t, fn, P.ragged_specs))
     return _alternate_compat(out)
 
 
@@ -352,7 +391,10 @@ def _compile_all(selected: set[tuple[str, bool]]) -> None:
     the other in this process when it matches this process's setting; both at once."""
     runs = {compat: [c for c in CASES if (c.id, compat) in selected] for compat in (True, False)}
     got = compiler.check_both(
-        {compat: [compiler.Job(c.fn, c.specs, c.target) for c in cs] for compat, cs in runs.items()}
+        {
+            compat: [compiler.Job(c.fn, c.specs(), c.target) for c in cs]
+            for compat, cs in runs.items()
+        }
     )
     for compat, cases in runs.items():
         _verdicts[compat] = {c.id: v for c, v in zip(cases, got[compat], strict=True)}

@@ -26,6 +26,7 @@ K-chunk that keeps each chunk sum exact. :mod:`emulate.engine.exact` executes it
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from emulate import formats
@@ -118,6 +119,7 @@ class Slicing:
         return self.p
 
 
+@functools.cache
 def digit_offset(width: int, count: int) -> int:
     """``sum_{i < count - 1} 2**(width - 1) * 2**(width * i)``: added to ``V``, it turns the
     plain digits of the sum (less ``2**(width - 1)`` each, but the top one) into balanced
@@ -125,6 +127,7 @@ def digit_offset(width: int, count: int) -> int:
     return sum((1 << (width - 1)) << (width * i) for i in range(count - 1))
 
 
+@functools.cache
 def _digit_count(largest: int, width: int) -> int | None:
     """The fewest balanced base-``2**width`` digits of every integer in ``[0, largest]``,
     the top digit at most ``2**(width - 1)`` and ``largest`` plus the offset below 2**32
@@ -202,13 +205,15 @@ def _widths(f: Format) -> range:
     return range(1, 25) if _per_row(f) else range(1, 17)
 
 
+@functools.cache
 def fewest_passes(lhs: Format, rhs: Format, compute: str) -> tuple[Slicing, Slicing, int] | None:
     """The slicings with the fewest passes for ``compute`` ("int8", "bfloat16", "float32"),
     and the K-chunk that keeps every partial sum exact; None if ``compute`` cannot hold
     the slices (int8 and a format with more than 7 significant bits)."""
     best = None
+    rhs_kinds = _kinds(rhs)
     for a in _kinds(lhs):
-        for b in _kinds(rhs):
+        for b in rhs_kinds:
             if compute == "int8":
                 if a.max_int > 127 or b.max_int > 127:
                     continue

@@ -570,11 +570,7 @@ def test_patches_by_gathers_match_patches_by_slices(monkeypatch):
     from emulate import conv
 
     monkeypatch.setattr(conv, "GATHER_TAPS", 0)
-    # GATHER_TAPS is read when the patched route (conv._run_sliced_conv, jitted) traces:
-    # its programs traced with slices must not be reused here, nor these afterwards. Its
-    # cache alone is cleared (jax.clear_caches would make every later test of the process
-    # trace its programs and eager operations again).
-    conv._run_sliced_conv.clear_cache()
+    jax.clear_caches()  # programs traced with slices must not be reused, nor these after
     try:
         rng = np.random.default_rng(6)
         for cfg in GATHER_CONFIGS:
@@ -583,7 +579,7 @@ def test_patches_by_gathers_match_patches_by_slices(monkeypatch):
             got = cfg.run(a, b, preferred_element_type=jnp.float32, target="tpu_v5e", mode="exact")
             assert same_bits(got, conv_reference(a, b, cfg, np.float32)), cfg
     finally:
-        conv._run_sliced_conv.clear_cache()
+        jax.clear_caches()
 
 
 def test_sliced_exact_conv_batch_groups_and_bf16_result():

@@ -2,7 +2,11 @@
 patches (numpy) times weights, contracted by :func:`emulate.reference.dot_general`.
 
 Hypothesis examples per case: 3 by default, 5 under EMULATE_LONG_TESTS=1 (the exact and
-bounded classes); 2 and 4 (sliced exact); 2 and 3 (QArray kernels)."""
+bounded classes); 2 and 4 (sliced exact); 2 and 3 (QArray kernels). By default the
+examples of an exact-class case or a QArray scheme share its configuration (and result
+type or target), the cases taking them in turn; each example draws them in the long run.
+The patches cut by gathers: three configurations by default, every one under
+EMULATE_LONG_TESTS=1."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from _sweeps import examples
+from _sweeps import LONG, examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -241,14 +245,28 @@ EXACT_PAIRS = [
 EXACT_CASES = [(a, b, t) for a, b in EXACT_PAIRS for t in representative(a, b)]
 
 
+def _chosen(data, options: list, case: int, label: str, turn: int = 1):
+    """One of ``options`` for an example: by default the case's own (the ``case //
+    turn``-th, cyclically: the default cases take the options in turn, and every example
+    of a case runs the same program), drawn by each example under
+    EMULATE_LONG_TESTS=1."""
+    if LONG:
+        return data.draw(st.sampled_from(options), label=label)
+    return options[(case // turn) % len(options)]
+
+
+# By default every example of a case takes the case's own configuration and result type
+# (the i-th case the i-th configuration, cyclically, and the result types in turn: one
+# program a case); each example draws both under EMULATE_LONG_TESTS=1.
 @pytest.mark.parametrize("lhs,rhs,target", EXACT_CASES)
 @settings(max_examples=examples(3, 5))
 @given(data=st.data())
 def test_exact_classes_are_bit_identical(lhs, rhs, target, data):
-    cfg = data.draw(st.sampled_from(CONFIGS), label="config")
+    i = EXACT_CASES.index((lhs, rhs, target))
+    cfg = _chosen(data, CONFIGS, i, "config")
     a = data.draw(et.arrays(lhs, cfg.lhs_shape, elements="finite"), label="lhs")
     b = data.draw(et.arrays(rhs, cfg.rhs_shape, elements="finite"), label="rhs")
-    pet = data.draw(st.sampled_from(out_types(lhs, rhs)), label="pet")
+    pet = _chosen(data, out_types(lhs, rhs), i, "pet", turn=len(CONFIGS))
     got = cfg.run(a, b, preferred_element_type=pet, target=target)
     want = conv_reference(a, b, cfg, pet)
     assert same_bits(got, want), (cfg, pet, np.asarray(got), want)
@@ -540,19 +558,28 @@ def test_sliced_exact_conv_is_bit_identical(lhs, rhs, target, configs, data):
     assert same_bits(got, want), (cfg, np.asarray(got), want)
 
 
+# By default three configurations (each a program of mode "exact" of its own): one
+# spatial dimension with a stride, a dilated window and explicit pads; two with "SAME"
+# pads, a stride and a dilated window; two with a dilated input. Every configuration
+# (layouts, groups, more of the same index arithmetic) under EMULATE_LONG_TESTS=1.
+GATHER_CONFIGS = CONFIGS if LONG else [CONFIGS[1], CONFIGS[3], CONFIGS[6]]
+
+
 def test_patches_by_gathers_match_patches_by_slices(monkeypatch):
     # Long windows are cut into patches by gathers: the same bits on every layout.
     from emulate import conv
 
     monkeypatch.setattr(conv, "GATHER_TAPS", 0)
-    jax.clear_caches()  # programs traced with slices must not be reused
-    rng = np.random.default_rng(6)
-    for cfg in CONFIGS:
-        a = rng.standard_normal(cfg.lhs_shape).astype(ml_dtypes.float8_e4m3fn)
-        b = rng.standard_normal(cfg.rhs_shape).astype(ml_dtypes.float8_e4m3fn)
-        got = cfg.run(a, b, preferred_element_type=jnp.float32, target="tpu_v5e", mode="exact")
-        assert same_bits(got, conv_reference(a, b, cfg, np.float32)), cfg
-    jax.clear_caches()
+    jax.clear_caches()  # programs traced with slices must not be reused, nor these after
+    try:
+        rng = np.random.default_rng(6)
+        for cfg in GATHER_CONFIGS:
+            a = rng.standard_normal(cfg.lhs_shape).astype(ml_dtypes.float8_e4m3fn)
+            b = rng.standard_normal(cfg.rhs_shape).astype(ml_dtypes.float8_e4m3fn)
+            got = cfg.run(a, b, preferred_element_type=jnp.float32, target="tpu_v5e", mode="exact")
+            assert same_bits(got, conv_reference(a, b, cfg, np.float32)), cfg
+    finally:
+        jax.clear_caches()
 
 
 def test_sliced_exact_conv_batch_groups_and_bf16_result():
@@ -590,6 +617,9 @@ _QSCHEMES = {
 }
 
 
+# By default every example of a scheme takes the scheme's own configuration and target
+# (the configurations in turn over the schemes, the targets alternating: one program a
+# scheme); each example draws both under EMULATE_LONG_TESTS=1.
 @pytest.mark.parametrize("scheme", sorted(_QSCHEMES))
 @settings(max_examples=examples(2, 3))
 @given(data=st.data())
@@ -597,8 +627,9 @@ def test_qarray_kernel_is_within_the_bound_of_its_dequantized_values(scheme, dat
     """A QArray kernel (per output channel: codes convolved, then scaled; blocks along
     the input features: dequantized values) against the exact convolution of the
     dequantized values (the numpy oracle), within gamma_(K + 4) * sum|a*b|."""
-    cfg = data.draw(st.sampled_from(CONFIGS), label="config")
-    target = data.draw(st.sampled_from(["tpu_v4", "tpu_v7x"]), label="target")
+    i = sorted(_QSCHEMES).index(scheme)
+    cfg = _chosen(data, CONFIGS, i, "config")
+    target = _chosen(data, ["tpu_v4", "tpu_v7x"], i, "target")
     a = data.draw(hnp.arrays(np.float32, cfg.lhs_shape, elements=_ACT), label="lhs")
     w = data.draw(
         hnp.arrays(np.float32, cfg.rhs_shape, elements=st.floats(-8, 8, width=32)), label="w"

@@ -1,8 +1,10 @@
 """emulate.dot_general / matmul / einsum against the reference, on every target.
 
-By default the hypothesis classes draw 2 examples a case and the per-target sweeps run
-one target per distinct plan (see INT8_TARGETS); EMULATE_LONG_TESTS=1 runs 6 examples and
-every target."""
+By default the hypothesis classes draw 2 examples a case, all in the case's own layout
+and result type (the pools' entries taken in turn over the cases: one program a case),
+and the per-target sweeps run one target per distinct plan (see INT8_TARGETS);
+EMULATE_LONG_TESTS=1 runs 6 examples, each drawing its layout and result type, and every
+target."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from _sweeps import examples
+from _sweeps import LONG, examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -76,12 +78,34 @@ EXACT_CASES = [
 ]
 
 
+def _problems(cases: list, lhs: str, rhs: str, target: str, **kw):
+    """``et.dot_general_problems`` of the pair. By default every example of a case is in
+    the case's own layout and result type (each new pair of them compiles a program): the
+    i-th default case takes the i-th layout of ``et.DEFAULT_LAYOUTS`` and the
+    ``i // len(layouts)``-th result type of the pair, cyclically, so that the default cases
+    together meet every layout and result type. Under EMULATE_LONG_TESTS=1 every example
+    draws both."""
+    if LONG:
+        return et.dot_general_problems(lhs, rhs, **kw)
+    i = [c for c in cases if not hasattr(c, "marks")].index((lhs, rhs, target))
+    layouts = et.DEFAULT_LAYOUTS
+    pets = et.result_types(lhs, rhs)
+    return et.dot_general_problems(
+        lhs,
+        rhs,
+        layouts=[layouts[i % len(layouts)]],
+        preferred_element_types=[pets[(i // len(layouts)) % len(pets)]],
+        **kw,
+    )
+
+
 # 2 examples of each case by default, 6 under EMULATE_LONG_TESTS=1 (each new shape compiles).
 @pytest.mark.parametrize("lhs,rhs,target", EXACT_CASES)
 @settings(max_examples=examples(2, 6))
 @given(data=st.data())
 def test_exact_classes_are_bit_identical_to_reference(lhs, rhs, target, data):
-    a, b, dn, pet = data.draw(et.dot_general_problems(lhs, rhs, elements="finite"))
+    problems = _problems(EXACT_CASES, lhs, rhs, target, elements="finite")
+    a, b, dn, pet = data.draw(problems)
     got = emulate.dot_general(a, b, dn, preferred_element_type=pet, target=target)
     et.assert_matches_reference(got, a, b, dn, mode="fast", preferred_element_type=pet)
 
@@ -104,7 +128,7 @@ BOUNDED_CASES = [(a, b, t) for a, b in BOUNDED_PAIRS for t in representative_tar
 @settings(max_examples=examples(2, 6))
 @given(data=st.data())
 def test_bounded_classes_are_within_the_bound(lhs, rhs, target, data):
-    a, b, dn, pet = data.draw(et.dot_general_problems(lhs, rhs))
+    a, b, dn, pet = data.draw(_problems(BOUNDED_CASES, lhs, rhs, target))
     # HIGHEST: the bound's precondition for a float32 operand the caller passes (on a TPU
     # the default precision rounds it to bf16, as for jnp.dot; docs/quantized.md). The
     # same on the CPU; this keeps the test true when the suite runs on a chip.
@@ -542,8 +566,18 @@ def _midpoint_product(dt: np.dtype) -> tuple[float, float, float]:
     raise AssertionError(f"no midpoint product in {dt}")
 
 
-@pytest.mark.parametrize("name", FLOAT8)
-@pytest.mark.parametrize("target", ["cpu", "tpu_v6e"])
+# Every float8 format once by default, the two targets in turn (each case compiles two
+# programs of its own); every format on both targets under EMULATE_LONG_TESTS=1.
+@pytest.mark.parametrize(
+    "name,target",
+    [
+        (name, target)
+        if target == ("cpu", "tpu_v6e")[i % 2]
+        else pytest.param(name, target, marks=pytest.mark.long)
+        for target in ("cpu", "tpu_v6e")
+        for i, name in enumerate(FLOAT8)
+    ],
+)
 def test_a_float8_result_is_rounded_once_from_the_float32_sum(name, target):
     # x * y is halfway between two float8 values and t * t tips it up by less than half a
     # float16 ulp (and more than a float32 one): the f32 sum rounded once gives the upper

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from _sweeps import LONG, examples
+from _sweeps import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -57,13 +57,17 @@ def _weights(scheme, k: int, n: int, seed: int = 0) -> np.ndarray:
 #: EMULATE_LONG_TESTS=1. NVFP4 is long on every target here: bf16 activations times
 #: NVFP4 within the same bound run by default in
 #: test_f32_values_contract_at_full_f32_precision[NVFP4-cpu] and [NVFP4-tpu_v5e].
+#: MXFP8_E5M2 and MXFP6_E3M2 are long too: the route of MXFP8_E4M3 and MXFP6_E2M3 (e8m0
+#: scales in blocks of 32 along K) with another element format, whose decode
+#: tests/numerics checks.
+SAME_ROUTE = (mx.NVFP4, mx.MXFP8_E5M2, mx.MXFP6_E3M2)
 PRESET_CASES = [
     pytest.param(
         scheme,
         target,
         id=f"{scheme.name}-{target}",
         marks=()
-        if TARGETS[(i + 2) % len(TARGETS)] == target and scheme is not mx.NVFP4
+        if TARGETS[(i + 2) % len(TARGETS)] == target and scheme not in SAME_ROUTE
         else pytest.mark.long,
     )
     for i, scheme in enumerate(mx.SCHEMES.values())
@@ -398,15 +402,18 @@ def _negate(codes: np.ndarray, fmt: str) -> np.ndarray:
 def test_exact_breaks_a_tie_that_fast_rounds_away():
     # 2**24 + 1 is halfway between two f32 values: ties-to-even gives 2**24; a term of
     # 2**-50 three blocks away makes it round up to 2**24 + 2, which only an exact sum sees.
+    # In the shapes of test_exact_matches_the_oracle_bit_for_bit (3 x 96 times 96 x 4, in
+    # blocks of 32), so that its program of mode "exact" runs this one; element [0, 0].
     k = 96
-    a = np.zeros((1, k))
-    b = np.zeros((k, 1))
+    a = np.zeros((3, k))
+    b = np.zeros((k, 4))
     a[0, 0], b[0, 0] = 4.0, 1.0  # 4 * 2**22 = 2**24
     a[0, 32], b[32, 0] = 0.5, 2.0  # 1
     a[0, 64], b[64, 0] = 0.5, 0.5  # 0.25 * 2**-48
-    ea = np.array([[22, 0, -48]])
+    ea = np.zeros((3, 3), int)
+    ea[0] = [22, 0, -48]
     qa = _from_parts(a, ea, (1, 32), "float4_e2m1fn")
-    qb = _from_parts(b, np.zeros((3, 1), int), (32, 1), "float4_e2m1fn")
+    qb = _from_parts(b, np.zeros((3, 4), int), (32, 1), "float4_e2m1fn")
     exact = emulate.matmul(qa, qb, mode="exact")
     assert float(exact[0, 0]) == 2.0**24 + 2
     fast = emulate.matmul(qa, qb, mode="fast")
@@ -454,7 +461,11 @@ def test_exact_on_any_scheme_and_bf16_activations(scheme):
     _same_bits(got, want)
 
 
-def test_vmap_over_stacked_qarrays_gives_the_same_bits():
+# Mode "fast" by default; mode "exact" under EMULATE_LONG_TESTS=1: a QArray x QArray
+# program of mode "exact" takes some 5 s to build and its batched form 10 s more (the
+# unbatched program's bits: test_exact_matches_the_oracle_bit_for_bit by default).
+@pytest.mark.parametrize("mode", ["fast", pytest.param("exact", marks=pytest.mark.long)])
+def test_vmap_over_stacked_qarrays_gives_the_same_bits(mode):
     rng = np.random.default_rng(11)
     ws = [
         emulate.quantize(rng.standard_normal((64, 8)).astype(np.float32), mx.MXFP4, axis=0)
@@ -462,11 +473,8 @@ def test_vmap_over_stacked_qarrays_gives_the_same_bits():
     ]
     stacked = jax.tree_util.tree_map(lambda *v: jnp.stack(v), *ws)
     xq = emulate.quantize(rng.standard_normal((2, 64)).astype(np.float32), mx.MXFP4, axis=1)
-    # mode "exact" by default; "fast" under EMULATE_LONG_TESTS=1 (by default
-    # tests/test_xla_cpu_patterns.py vmaps a QArray einsum in mode "fast")
-    for mode in ("fast", "exact") if LONG else ("exact",):
-        got = jax.vmap(lambda q, m=mode: emulate.matmul(xq, q, mode=m))(stacked)
-        _same_bits(got, np.stack([np.asarray(emulate.matmul(xq, w, mode=mode)) for w in ws]))
+    got = jax.vmap(lambda q: emulate.matmul(xq, q, mode=mode))(stacked)
+    _same_bits(got, np.stack([np.asarray(emulate.matmul(xq, w, mode=mode)) for w in ws]))
 
 
 # --- one result-type rule for QArrays and dense weights (issue 40) -------------------------

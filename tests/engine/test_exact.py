@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from _sweeps import examples
+from _sweeps import LONG, examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,11 +54,18 @@ def same_bits(got, want) -> bool:
     return bool(np.all((np.isnan(g) & np.isnan(w)) | (g == w)))
 
 
-def _check_correctly_rounded(lhs, rhs, target, layout, data):
+#: The result types of the property tests: by default each case takes one (its ``out``:
+#: float32 and bfloat16 alternate over the default cases, each result type a program of
+#: its own); under EMULATE_LONG_TESTS=1 each example of every case draws either.
+OUTS = [jnp.float32, jnp.bfloat16]
+
+
+def _check_correctly_rounded(lhs, rhs, target, layout, data, out):
     lshape, rshape, dn = LAYOUTS[layout]
     a = data.draw(et.arrays(lhs, lshape))
     b = data.draw(et.arrays(rhs, rshape))
-    out = data.draw(st.sampled_from([jnp.float32, jnp.bfloat16]))
+    if LONG:
+        out = data.draw(st.sampled_from(OUTS))
     got = emulate.dot_general(a, b, dn, preferred_element_type=out, target=target, mode="exact")
     want = reference.dot_general(a, b, dn, preferred_element_type=out)
     assert same_bits(got, want), (got, want)
@@ -100,14 +107,47 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("lhs,rhs,target,layout", CASES)
+def _with_outs(cases: list) -> list:
+    """Each case with its result type (:data:`OUTS`): float32 and bfloat16 in turn over the
+    default cases, None (drawn by each example) for the long ones."""
+    done, default = [], 0
+    for c in cases:
+        if hasattr(c, "marks"):  # a pytest.param: a long case
+            done.append(pytest.param(*c.values, None, marks=c.marks))
+        else:
+            done.append((*c, OUTS[default % 2]))
+            default += 1
+    return done
+
+
+@pytest.mark.parametrize("lhs,rhs,target,layout,out", _with_outs(CASES))
 @settings(max_examples=examples(3, 5))
 @given(data=st.data())
-def test_exact_mode_is_the_correctly_rounded_sum(lhs, rhs, target, layout, data):
-    _check_correctly_rounded(lhs, rhs, target, layout, data)
+def test_exact_mode_is_the_correctly_rounded_sum(lhs, rhs, target, layout, out, data):
+    _check_correctly_rounded(lhs, rhs, target, layout, data, out)
 
 
 E5 = ml_dtypes.float8_e5m2
+#: The operands' shapes of test_e5m2_digits_over_the_whole_exponent_range (6 rows, every
+#: finite e5m2 code along K, 5 columns): the small e5m2 checks on tpu_v5e pad theirs with
+#: zeros into these (:func:`_e5m2_dot`), so that they run its program rather than each
+#: building one of their own.
+E5_SHAPES = ((6, len(et.finite_codes(formats.get("float8_e5m2")))), (5,))
+
+
+def _e5m2_dot(a, b, target, mode="exact") -> np.ndarray:
+    """``a @ b`` (float32 result) of e5m2 operands zero-padded into :data:`E5_SHAPES`,
+    cut back to ``a @ b``'s shape. The padding adds exact zeros to every sum (where an
+    Inf or NaN meets a zero, only in the rows and columns cut away)."""
+    (m, k), (n,) = E5_SHAPES
+    pa = np.zeros((m, k), E5)
+    pb = np.zeros((k, n), E5)
+    pa[: a.shape[0], : a.shape[1]] = a
+    pb[: b.shape[0], : b.shape[1]] = b
+    r = emulate.dot_general(
+        pa, pb, DN, preferred_element_type=jnp.float32, target=target, mode=mode
+    )
+    return np.asarray(r)[: a.shape[0], : b.shape[1]]
 
 
 # One target each by default (the property test above runs each slice type); the others
@@ -123,43 +163,43 @@ def test_halfway_and_sticky_cases(target):
     above = np.array([[1.0], [2.0**-12], [2.0**-16]], E5)
 
     def run(b, mode):
-        r = emulate.dot_general(
-            a, b, DN, preferred_element_type=jnp.float32, target=target, mode=mode
-        )
-        return float(r[0, 0])
+        return float(_e5m2_dot(a, b, target, mode)[0, 0])
 
     assert run(tie, "exact") == 1.0
     assert run(above, "exact") == 1.0 + 2.0**-23
     assert run(above, "fast") == 1.0  # the f32 accumulator drops the 2**-32
 
 
+# tpu_v5e's int8 digits into float32 by default (in the program of the e5m2 test below);
+# into bfloat16 too, and on the other slice types, under EMULATE_LONG_TESTS=1 (the
+# property tests' default cases run each slice type and both result types).
 @pytest.mark.parametrize(
-    "target", [pytest.param(t, marks=pytest.mark.long) for t in TARGETS[:2]] + [TARGETS[2]]
+    "target", [TARGETS[0]] + [pytest.param(t, marks=pytest.mark.long) for t in TARGETS[1:]]
 )
 def test_catastrophic_cancellation(target):
     # 57344 * 57344 - 57344 * 57344 + 2**-16 * 2**-16: only the tiny product survives.
     a = np.array([[57344.0, -57344.0, 2.0**-16]], E5)
     b = np.array([[57344.0], [57344.0], [2.0**-16]], E5)
-    for out in (jnp.float32, jnp.bfloat16):
-        r = emulate.dot_general(a, b, DN, preferred_element_type=out, target=target, mode="exact")
+    assert _e5m2_dot(a, b, target)[0, 0] == 2.0**-32
+    if LONG:
+        r = emulate.dot_general(
+            a, b, DN, preferred_element_type=jnp.bfloat16, target=target, mode="exact"
+        )
         assert float(r[0, 0]) == 2.0**-32
 
 
 def test_nan_and_inf_follow_ieee():
+    # on tpu_v5e's int8 digits (in the program of the e5m2 test below); bf16 slices on
+    # tpu_v4: test_wide_nan_and_inf_follow_ieee
     a = np.array([[np.inf, 1.0], [np.inf, 1.0], [np.nan, 1.0], [1.0, 1.0]], E5)
     b = np.array([[1.0, -1.0, 0.0], [2.0, 2.0, 1.0]], E5)
-    got = emulate.dot_general(
-        a, b, DN, preferred_element_type=jnp.float32, target="tpu_v4", mode="exact"
-    )
+    got = _e5m2_dot(a, b, "tpu_v5e")
     want = reference.dot_general(a, b, DN, preferred_element_type=np.float32)
     assert same_bits(got, want)
-    assert np.isnan(np.asarray(got)[2]).all()  # a NaN row stays NaN
+    assert np.isnan(got[2]).all()  # a NaN row stays NaN
     inf_minus_inf = np.array([[np.inf, np.inf]], E5)
     sign = np.array([[1.0], [-1.0]], E5)
-    r = emulate.dot_general(
-        inf_minus_inf, sign, DN, preferred_element_type=jnp.float32, mode="exact"
-    )
-    assert np.isnan(float(r[0, 0]))
+    assert np.isnan(_e5m2_dot(inf_minus_inf, sign, "tpu_v5e")[0, 0])
 
 
 def test_long_contraction_k65536():
@@ -271,9 +311,7 @@ def test_route_choice_counts_the_chunk_sums():
 
 
 def test_every_slicing_keeps_chunk_sums_exact():
-    checked = set()  # each slicing's cover is checked once (formats recur among the pairs)
-    # jitted as emulate's programs run it: one compile per slicing, not one per operation
-    slices = jax.jit(static_slices, static_argnums=(1, 2))
+    cover = []  # each slicing's cover is checked once (formats recur among the pairs)
     for lhs, rhs in SLICED:
         for compute, bound in (("int8", 2**31 - 1), ("bfloat16", 2**24), ("float32", 2**24)):
             chosen = slicing.fewest_passes(formats.get(lhs), formats.get(rhs), compute)
@@ -284,22 +322,25 @@ def test_every_slicing_keeps_chunk_sums_exact():
             assert chunk * sa.max_int * sb.max_int <= bound
             if compute == "int8":
                 assert sa.max_int <= 127 and sb.max_int <= 127
-            # Every finite value is covered by some slice as an integer below max_int.
-            for s in (sa, sb):
-                if s in checked:
-                    continue
-                checked.add(s)
-                f = formats.get(s.format)
-                codes = np.array(et.finite_codes(f), np.uint8)
-                v = codes.view(f.dtype).astype(np.float64)
-                parts = [
-                    np.asarray(x, np.float64)
-                    for x in slices(jnp.asarray(v, jnp.float32), s, "float32")
-                ]
-                total = sum(p * 2.0 ** (s.q_min + i * s.width) for i, p in enumerate(parts))
-                np.testing.assert_array_equal(total, v)
-                for p in parts:
-                    assert np.all(p == np.round(p)) and np.abs(p).max() <= s.max_int
+            cover += [s for s in (sa, sb) if s not in cover]
+    # Every finite value is covered by some slice as an integer below max_int. Jitted as
+    # emulate's programs run it, every slicing in one program (not one per slicing or per
+    # operation).
+    values = []
+    for s in cover:
+        f = formats.get(s.format)
+        values.append(np.array(et.finite_codes(f), np.uint8).view(f.dtype).astype(np.float64))
+    every = jax.jit(
+        lambda vs, ss: [static_slices(v, s, "float32") for v, s in zip(vs, ss, strict=True)],
+        static_argnums=1,
+    )
+    sliced = every([jnp.asarray(v, jnp.float32) for v in values], tuple(cover))
+    for s, v, parts in zip(cover, values, sliced, strict=True):
+        parts = [np.asarray(x, np.float64) for x in parts]
+        total = sum(p * 2.0 ** (s.q_min + i * s.width) for i, p in enumerate(parts))
+        np.testing.assert_array_equal(total, v)
+        for p in parts:
+            assert np.all(p == np.round(p)) and np.abs(p).max() <= s.max_int
 
 
 # e5m2 on the int8 route (7-bit digits) and the bf16 route (9-bit digits), against every
@@ -380,11 +421,11 @@ WIDE_CASES = [
 
 
 # 2 examples by default, 6 under EMULATE_LONG_TESTS=1 (the first compiles).
-@pytest.mark.parametrize("lhs,rhs,target,layout", WIDE_CASES)
+@pytest.mark.parametrize("lhs,rhs,target,layout,out", _with_outs(WIDE_CASES))
 @settings(max_examples=examples(2, 6))
 @given(data=st.data())
-def test_wide_operands_give_the_correctly_rounded_sum(lhs, rhs, target, layout, data):
-    _check_correctly_rounded(lhs, rhs, target, layout, data)
+def test_wide_operands_give_the_correctly_rounded_sum(lhs, rhs, target, layout, out, data):
+    _check_correctly_rounded(lhs, rhs, target, layout, data, out)
 
 
 BF = ml_dtypes.bfloat16
@@ -420,7 +461,9 @@ def test_wide_rows_far_below_their_maximum(target):
     assert got[0] == np.float32(1.0 + 2.0**-23) and got[1] == 1.0
     assert got[2] == np.float32(2.0**-129) and got[2] != 0  # subnormal, not flushed
     assert got[3] == np.float32(2.0**-133) and got[3] != 0
-    a3 = np.array([[2.0**-133, 2.0**-133, 0.0]], BF)
+    # rows of a's shape, so that the program above runs them
+    a3 = np.zeros(a.shape, BF)
+    a3[0] = [2.0**-133, 2.0**-133, 0.0]
     b3 = np.array([[448.0], [-0.5], [0.0]], E4)
     r = _exact_f32(a3, b3, target)[0, 0]
     assert r == np.float32(447.5 * 2.0**-133)
@@ -430,7 +473,10 @@ def test_wide_overflow_and_cancellation_of_huge_products():
     big = float(ml_dtypes.finfo(BF).max)
     a = np.array([[big, -big], [big, big]], BF)
     b = np.array([[448.0], [448.0]], E4)
-    got = _exact_f32(a, b, "tpu_v4")[:, 0]
+    # zero-padded into the shapes of _wide_operands_spanning_blocks (its program)
+    pa, pb = np.zeros((4, 300), BF), np.zeros((300, 3), E4)
+    pa[:2, :2], pb[:2, :1] = a, b
+    got = _exact_f32(pa, pb, "tpu_v4")[:2, 0]
     assert got[0] == 0.0  # mode "fast" overflows here
     assert got[1] == np.inf  # beyond float32: Inf, as the reference rounds
     want = reference.dot_general(a, b, DN, preferred_element_type=np.float32)[:, 0]
@@ -449,7 +495,7 @@ def test_wide_nan_and_inf_follow_ieee():
     assert got[2, 0] == np.inf
 
 
-def test_wide_same_bits_across_chunks_rows_layouts_and_targets():
+def _wide_operands_spanning_blocks():
     rng = np.random.default_rng(11)
     a = rng.standard_normal((4, 300)).astype(np.float32)
     a[1, 7] = 3e-30  # row 1 needs a second block of slices; the others do not
@@ -460,13 +506,35 @@ def test_wide_same_bits_across_chunks_rows_layouts_and_targets():
     base = _exact_f32(a, b, "tpu_v4")
     want = reference.dot_general(a, b, DN, preferred_element_type=np.float32)
     np.testing.assert_array_equal(base, want)
+    return a, b, base
+
+
+def _contract_in_chunks(a, b, chunk):
+    """tpu_v4's plan for bfloat16 x float8_e4m3fn with K-chunks of ``chunk`` (None: the
+    plan's own), contracted by emulate.engine.exact under jit."""
     p = emulate.plan("bfloat16", "float8_e4m3fn", target="tpu_v4", mode="exact")
+    q = dataclasses.replace(p, k_chunk=chunk or p.k_chunk, out="float32")
     av = jnp.asarray(a).astype(jnp.float32)
     bv = emulate.decode(b, to=jnp.float32)
-    for chunk in (p.k_chunk, 37):
-        q = dataclasses.replace(p, k_chunk=chunk, out="float32")
-        run = jax.jit(lambda x, y, q=q: exact.contract(q, x, y, DN, None))
-        np.testing.assert_array_equal(run(av, bv), base)
+    return jax.jit(lambda x, y: exact.contract(q, x, y, DN, None))(av, bv)
+
+
+def test_wide_same_bits_across_chunks():
+    a, b, base = _wide_operands_spanning_blocks()
+    np.testing.assert_array_equal(_contract_in_chunks(a, b, 37), base)
+
+
+# Long: the plan's own chunk (the one dot_general ran above), row by row (a row without
+# far-below elements takes the one-block path alone, as the padded rows of
+# test_wide_rows_far_below_their_maximum[tpu_v5e] and the rows of
+# test_wide_overflow_and_cancellation_of_huge_products on tpu_v4 do by default), and the
+# operands swapped on int8 slices (the wide operand on the right, sliced per column, as
+# float32's columns in test_further_blocks_on_both_sides_give_the_correctly_rounded_sum
+# on the default target's int8 slices by default).
+@pytest.mark.long
+def test_wide_same_bits_across_rows_layouts_and_targets():
+    a, b, base = _wide_operands_spanning_blocks()
+    np.testing.assert_array_equal(_contract_in_chunks(a, b, None), base)
     # Row by row: rows without far-below elements take the one-block path alone.
     rows = np.concatenate([_exact_f32(a[i : i + 1], b, "tpu_v4") for i in range(4)])
     np.testing.assert_array_equal(rows, base)
@@ -507,9 +575,20 @@ def _fraction_round(a: np.ndarray, b: np.ndarray, out: str) -> np.ndarray:
     return want
 
 
-# The default target's int8 slices by default; tpu_v4's bf16 slices as a long sweep.
-@pytest.mark.parametrize("target", [None, pytest.param("tpu_v4", marks=pytest.mark.long)])
-def test_further_blocks_on_both_sides_give_the_correctly_rounded_sum(target):
+# The default target's int8 slices into float32 by default; bfloat16 results (the same
+# exact sum rounded once into another type, as the default cases of
+# test_wide_operands_give_the_correctly_rounded_sum do) and tpu_v4's bf16 slices as a long
+# sweep.
+@pytest.mark.parametrize(
+    "target,out",
+    [
+        (None, "float32"),
+        pytest.param(None, "bfloat16", marks=pytest.mark.long),
+        pytest.param("tpu_v4", "float32", marks=pytest.mark.long),
+        pytest.param("tpu_v4", "bfloat16", marks=pytest.mark.long),
+    ],
+)
+def test_further_blocks_on_both_sides_give_the_correctly_rounded_sum(target, out):
     # Both operands sliced per row (column), each with rows (columns) spanning far more
     # than the S*w bits of a first block, so that the loop over pairs of further blocks
     # runs on both sides, several blocks deep; against a Fraction oracle.
@@ -525,12 +604,11 @@ def test_further_blocks_on_both_sides_give_the_correctly_rounded_sum(target):
     b[:, 1] = [2.0**50, 2.0**50, 2.0**-30, 2.0**-70, 0.0, 2.0**-10, 1.0]
     a = a.astype(BF)
     b = b.astype(np.float32)
-    for out, name in ((jnp.float32, "float32"), (jnp.bfloat16, "bfloat16")):
-        got = emulate.dot_general(a, b, DN, preferred_element_type=out, target=target, mode="exact")
-        want = _fraction_round(a, b, name)
-        np.testing.assert_array_equal(np.asarray(got).astype(np.float64), want)
-        if name == "float32":
-            assert want[0, 0] == np.float32(1.0 + 2.0**-23)
+    got = emulate.dot_general(a, b, DN, preferred_element_type=out, target=target, mode="exact")
+    want = _fraction_round(a, b, out)
+    np.testing.assert_array_equal(np.asarray(got).astype(np.float64), want)
+    if out == "float32":
+        assert want[0, 0] == np.float32(1.0 + 2.0**-23)
 
 
 @pytest.mark.parametrize(

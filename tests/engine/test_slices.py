@@ -41,18 +41,22 @@ def test_digit_slices_rebuild_every_code(name):
     codes = np.array(et.finite_codes(f), np.uint8)
     values = [Fraction(float(x)) for x in codes.view(f.dtype).astype(np.float64)]
     decoded = emulate.decode(jnp.asarray(codes), name, to=jnp.float32)
-    # jitted as emulate's programs run it: one compile per width, not one per operation
-    slices = jax.jit(static_slices, static_argnums=(1, 2))
-    widths = 0
+    chosen = {}
     for w in range(1, 17):
         try:
-            s = slicing.slicing(name, w, digits=True)
+            chosen[w] = slicing.slicing(name, w, digits=True)
         except ValueError:
             continue
+    # jitted as emulate's programs run it, every width in one program (one compile per
+    # format, not one per width or per operation)
+    every = jax.jit(lambda d, ss: [static_slices(d, s, "float32") for s in ss], static_argnums=1)
+    sliced = dict(zip(chosen, every(decoded, tuple(chosen.values())), strict=True))
+    widths = 0
+    for w, s in chosen.items():
         widths += 1
         largest = max(abs(v) for v in values) / Fraction(2) ** s.q_min
         assert largest.denominator == 1 and largest <= s.largest < 2**32
-        parts = np.stack([np.asarray(x, np.int64) for x in slices(decoded, s, "float32")])
+        parts = np.stack([np.asarray(x, np.int64) for x in sliced[w]])
         assert parts.shape[0] == s.count and np.abs(parts).max() <= s.max_int == 2 ** (w - 1)
         for j, v in enumerate(values):
             total = sum(int(parts[i, j]) << (w * i) for i in range(s.count))

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _sweeps import LONG
 
 import emulate
 from emulate import formats
@@ -84,7 +85,8 @@ WEIGHTS = [
 # unpacked float8 path); tiles along N by default for the two packings whose planes the N
 # tiles cut (int4 packed along K, float6_e3m2fn packed along N), for the unpacked and
 # the other K-packed weights (the same tiles of decoded values) under
-# EMULATE_LONG_TESTS=1.
+# EMULATE_LONG_TESTS=1. Tiles of 4 and of 8 (each a program of its own; K = 37 leaves a
+# ragged tail for both) in turn over the default cases, both under EMULATE_LONG_TESTS=1.
 N_TILED = {("int4", "k"), ("float6_e3m2fn", "n")}
 
 
@@ -111,7 +113,8 @@ def test_bf16_activations_times_weights_within_bound(fmt, packed, kind):
         w_arg = jnp.asarray(codes)
     else:
         w_arg = jnp.asarray(w_ref)
-    for tile in (4, 8):
+    turn = (WEIGHTS.index((fmt, packed)) + (kind == "n")) % 2
+    for tile in (4, 8) if LONG else ((4, 8)[turn],):
         t = _run_and_check(jnp.asarray(x), w_arg, x, w_ref, dn, side, kind=kind, tile=tile)
         assert t is not None and t.kind == kind and t.tile == tile
         assert t.planar == (packed == "k")
@@ -161,7 +164,9 @@ def test_k_of_one_and_tiles_of_every_length():
 
 
 # The CPU route (float4) and two TPU plans (v4, v5e) by default; int8 x int4 on the CPU
-# and the unsigned pair on tpu_v2 under EMULATE_LONG_TESTS=1.
+# and the unsigned pair on tpu_v2 under EMULATE_LONG_TESTS=1. Each default case tiles
+# along K into float32 and along N into bfloat16 (each a program of its own), every
+# combination under EMULATE_LONG_TESTS=1.
 EXACT_PAIRS = [
     ("int8", "int4", "tpu_v4"),
     pytest.param("int8", "int4", "cpu", marks=pytest.mark.long),
@@ -182,14 +187,12 @@ def test_exact_classes_stay_bit_identical(lhs_fmt, rhs_fmt, target):
     a_ref, w_ref = _as_format(a_codes, lhs_fmt), _as_format(codes, rhs_fmt)
     w = emulate.pack(codes, rhs_fmt, axis=k_axis)
     a = jnp.asarray(a_ref) if formats.get(lhs_fmt).xla_storable else a_ref
-    for pet in (jnp.float32, jnp.bfloat16):
-        for kind in ("k", "n"):
-            with tiled.settings(min_bytes=0, kind=kind, tile=8):
-                assert _choice(a, w, dn, pet, target) is not None
-                got = emulate.dot_general(a, w, dn, preferred_element_type=pet, target=target)
-            et.assert_matches_reference(
-                got, a_ref, w_ref, dn, mode="fast", preferred_element_type=pet
-            )
+    every = [(pet, kind) for pet in (jnp.float32, jnp.bfloat16) for kind in ("k", "n")]
+    for pet, kind in every if LONG else [(jnp.float32, "k"), (jnp.bfloat16, "n")]:
+        with tiled.settings(min_bytes=0, kind=kind, tile=8):
+            assert _choice(a, w, dn, pet, target) is not None
+            got = emulate.dot_general(a, w, dn, preferred_element_type=pet, target=target)
+        et.assert_matches_reference(got, a_ref, w_ref, dn, mode="fast", preferred_element_type=pet)
     if formats.get(lhs_fmt).is_integer and formats.get(rhs_fmt).is_integer:
         with tiled.settings(min_bytes=0, kind="k", tile=8):
             got = emulate.dot_general(a, w, dn, preferred_element_type=jnp.int32, target=target)

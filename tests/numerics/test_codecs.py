@@ -1,7 +1,8 @@
 """decode / encode against ml_dtypes, exhaustively over codes and by property over f32 bits.
 
 Every format runs by default; the bfloat16 inputs' exhaustive sweep takes six formats by
-default and all of them under EMULATE_LONG_TESTS=1 (BF16_FLOATS)."""
+default and all of them under EMULATE_LONG_TESTS=1 (BF16_FLOATS); decode without jit of
+every code takes one result type per format by default, both under EMULATE_LONG_TESTS=1."""
 
 from __future__ import annotations
 
@@ -58,9 +59,12 @@ def test_decode_every_code_is_bit_exact(name, to):
     codes = all_codes(name)
     want = ml_value(codes, name, npto)
     assert_same_bits(_decode_jit(codes, fmt=name, to=jto), want, uint)
-    # The same codes as an array of the format's own dtype, jitted and not.
+    # The same codes as an array of the format's own dtype, jitted and not: without jit
+    # (every operation compiled on its own) into one result type per format by default,
+    # the two in turn over the formats; into both under EMULATE_LONG_TESTS=1.
     typed = codes.view(formats.get(name).dtype)
-    assert_same_bits(emulate.decode(typed, to=jto), want, uint)
+    if LONG or (LOW.index(name) + sorted(TARGETS).index(to)) % 2 == 0:
+        assert_same_bits(emulate.decode(typed, to=jto), want, uint)
     if formats.get(name).xla_storable:
         assert_same_bits(_decode_jit(jnp.asarray(typed), to=jto), want, uint)
 

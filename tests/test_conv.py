@@ -570,7 +570,10 @@ def test_patches_by_gathers_match_patches_by_slices(monkeypatch):
     from emulate import conv
 
     monkeypatch.setattr(conv, "GATHER_TAPS", 0)
-    jax.clear_caches()  # programs traced with slices must not be reused, nor these after
+    # the one jitted program that reads GATHER_TAPS when traced: programs traced with
+    # slices must not be reused, nor these after (jax.clear_caches() would make every
+    # later test of this worker compile its programs again)
+    conv._run_sliced_conv.clear_cache()
     try:
         rng = np.random.default_rng(6)
         for cfg in GATHER_CONFIGS:
@@ -579,7 +582,7 @@ def test_patches_by_gathers_match_patches_by_slices(monkeypatch):
             got = cfg.run(a, b, preferred_element_type=jnp.float32, target="tpu_v5e", mode="exact")
             assert same_bits(got, conv_reference(a, b, cfg, np.float32)), cfg
     finally:
-        jax.clear_caches()
+        conv._run_sliced_conv.clear_cache()
 
 
 def test_sliced_exact_conv_batch_groups_and_bf16_result():

@@ -117,6 +117,26 @@ def sites(monkeypatch):
     return records
 
 
+def _recorded(records, fn, *args):
+    """``nnx.jit(fn)(*args)`` with the sites it records: the arrays of each site come out of
+    the jitted program as results, its other arguments as they were traced (one compile,
+    where an eager call compiles each operation of each site)."""
+    traced = {}
+
+    def run(*a):
+        records.clear()
+        out = fn(*a)
+        flat, traced["tree"] = jax.tree.flatten(list(records))
+        traced["flat"] = flat
+        return out, [x for x in flat if isinstance(x, jax.Array)]
+
+    out, arrays = nnx.jit(run)(*args)
+    it = iter(arrays)
+    flat = [next(it) if isinstance(x, jax.Array) else x for x in traced["flat"]]
+    records[:] = jax.tree.unflatten(traced["tree"], flat)
+    return out
+
+
 def _check_sites(records, expected: int):
     assert len(records) == expected
     for kind, args, kw, out in records:
@@ -156,22 +176,29 @@ def decoder():
 def test_decoder_sites_are_within_the_bound(decoder, sites, target):
     model, _ = decoder
     with emulate.target(target):
-        model(PROMPT, 0, dec.empty_cache(2))
+        _recorded(sites, lambda m, t: m(t, 0, dec.empty_cache(2)), model, PROMPT)
     _check_sites(sites, expected=6)  # q, kv, o, up, down, attend
 
 
 @pytest.mark.parametrize("target", V7X_LONG)
 def test_decoder_agrees_with_the_dequantized_model(decoder, target):
     model, twin = decoder
-    with emulate.target(target):
-        logits, _ = jax.jit(lambda m, t: m(t, 0, dec.empty_cache(2)))(model, PROMPT)
-        tokens = jax.jit(dec.generate, static_argnums=2)(model, PROMPT, 4)
+
+    def run(m, prompt):  # one program: the logits, 4 greedy tokens, and under vmap
+        logits, _ = m(prompt, 0, dec.empty_cache(2))
+        tokens = dec.generate(m, prompt, 4)
         # vmap over the batch: each row alone gives the same logits
-        rows = jax.vmap(lambda t: model(t[None], 0, dec.empty_cache(1))[0][0])(PROMPT)
-    want, _ = twin(PROMPT, 0, dec.empty_cache(2))
+        rows = jax.vmap(lambda t: m(t[None], 0, dec.empty_cache(1))[0][0])(prompt)
+        return logits, tokens, rows
+
+    with emulate.target(target):
+        logits, tokens, rows = nnx.jit(run)(model, PROMPT)
+    want, want_tokens = nnx.jit(
+        lambda m, p: (m(p, 0, dec.empty_cache(2))[0], dec.generate(m, p, 4))
+    )(twin, PROMPT)
     np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(rows, logits, rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(tokens, dec.generate(twin, PROMPT, 4))
+    np.testing.assert_array_equal(tokens, want_tokens)
 
 
 def _loss(model):

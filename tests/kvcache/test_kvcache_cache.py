@@ -63,10 +63,13 @@ def _stored(cache: KVCache, positions: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 #: Formats whose writes run by default: one of each scaled kind (per token, per head, 4-bit
-#: integer blocks with float16 scales, float4 blocks with e8m0 scales; bfloat16's writes
-#: are read back by tests/examples' cached decoding); the others under
-#: EMULATE_LONG_TESTS=1 (each compiles its own quantizer: 2-5 s).
-_DEFAULT = ("int8", "float8_e4m3fn_per_head", "q4_0", "mxfp4")
+#: blocks: q4_0's integer codes with float16 scales; bfloat16's writes are read back by
+#: tests/examples' cached decoding); the others under EMULATE_LONG_TESTS=1 (each compiles
+#: its own quantizer: 2-5 s). mxfp4 writes its 4-bit blocks as q4_0 does, along the same
+#: rows and nibbles; its e2m1 codes and e8m0 scales are emulate.quantize's, checked against
+#: the reference by default in tests/quantized/test_quantizing.py (MXFP4's rule and
+#: formats) and read back in tests/kvcache/test_kvcache_attention.py's mxfp4 case.
+_DEFAULT = ("int8", "float8_e4m3fn_per_head", "q4_0")
 
 
 @pytest.mark.parametrize(

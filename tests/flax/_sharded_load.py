@@ -14,27 +14,41 @@ below 2**24), so the results must be bit-identical whatever order each shard's d
 in. Case "normal":
 Gaussian activations, K = 128; mode "fast" sums in an order that may depend on the shard's
 shape, so only the bound is asserted.
+
+First, before anything else imports flax: whether ``import emulate`` alone imports flax
+(it must not: emulate.flax loads it on first use), and whether ``emulate.flax.Rule`` is
+then reachable ("emulate_imports_flax", "emulate_flax_reachable").
 """
 
 import json
+import sys
 
-import gguf
-import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
-from gguf import GGMLQuantizationType
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+import emulate
 
-import emulate.flax as ef
-from emulate.importers.ggml import parse_blocks
-from emulate.importers.gguf import to_qarray
+EMULATE_IMPORTS_FLAX = "flax" in sys.modules
+EMULATE_FLAX_REACHABLE = emulate.flax.Rule.__name__ == "Rule"
+
+import gguf  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+from gguf import GGMLQuantizationType  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import emulate.flax as ef  # noqa: E402
+from emulate.importers.ggml import parse_blocks  # noqa: E402
+from emulate.importers.gguf import to_qarray  # noqa: E402
 
 N = 64
 mesh = jax.make_mesh((8,), ("n",), axis_types=(jax.sharding.AxisType.Auto,))
 rng = np.random.default_rng(0)
-result: dict = {"devices": jax.device_count()}
+result: dict = {
+    "devices": jax.device_count(),
+    "emulate_imports_flax": EMULATE_IMPORTS_FLAX,
+    "emulate_flax_reachable": EMULATE_FLAX_REACHABLE,
+}
 
 
 class Head(nnx.Module):

@@ -9,7 +9,8 @@ product with the oracle's weights; jit, vmap over stacked experts, ``emulate.ein
 ``emulate.polyfill`` and ``emulate.inspect`` see the same sites; the gradient to the
 activations is JAX's on the oracle's weights; bad names, shapes and parameters left unset
 are refused with messages naming the tensor and the path. The 8-device sharding check runs
-in a subprocess (tests/flax/_sharded_load.py).
+in a subprocess (tests/flax/_sharded_load.py), which first checks that ``import emulate``
+alone imports no flax.
 
 test_zero_points_and_offsets_arrive_oriented[Q4_0, Q4_1, Q5_1] need issue 24's
 representation (zero points, offsets, 5-bit codes): they pass once h24-rep is merged.
@@ -417,6 +418,10 @@ def test_sharded_along_n_on_eight_devices_equals_unsharded() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["devices"] == 8
+    # the same process, first thing: ``import emulate`` alone imports no flax, and
+    # emulate.flax (which does) is reachable from it (one subprocess for both checks)
+    assert result["emulate_imports_flax"] is False
+    assert result["emulate_flax_reachable"] is True
     for case in ("Q8_0 ternary", "MXFP4 ternary", "Q8_0 normal"):
         r = result[case]
         # every leaf of the kernel split along N (its last axis), 8 ways

@@ -142,14 +142,18 @@ def _exact_weight(parts: StoredParts) -> np.ndarray:
     return w if offset is None else w + offset.astype(np.float64)
 
 
-#: By default one type of each kind (zero points: Q4_0; offsets: Q4_1; two-level K-quants
-#: with mins: Q4_K, without: Q6_K; a codebook: IQ4_NL; e8m0 scales: MXFP4), each on one
-#: plan, the plans taken in turn (every plan runs by default). The other types (Q5_0, Q5_1,
-#: Q8_0, Q2_K, Q3_K, Q5_K, IQ4_XS) are the same kinds with other code widths or block
-#: sizes, whose decode test_dequantized_qarray_is_ggmls_decode checks by default and whose
-#: packed codes tests/pallas/test_qweight_codes.py multiplies: every type on every plan
-#: under EMULATE_LONG_TESTS=1.
-MATMUL_DEFAULT = ("Q4_0", "Q4_1", "Q4_K", "Q6_K", "IQ4_NL", "MXFP4")
+#: By default one type of each kind (offsets: Q4_1; two-level K-quants: Q4_K, its mins
+#: the offsets; a codebook: IQ4_NL; e8m0 scales: MXFP4), each on one plan, the plans taken
+#: in turn (every plan runs by default). Q4_0's zero points multiply by default tiled on the
+#: CPU here (test_matmul_tiled_on_the_cpu_is_within_the_bound) and, untiled, in the
+#: zero-point conventions of tests/importers/test_conventions_qarray.py (AWQ and
+#: compressed-tensors asymmetric on the cpu plan); Q6_K's two-level scales are Q4_K's
+#: without mins: both long. The other types (Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q5_K, IQ4_XS)
+#: are the same kinds with other code widths or block sizes, whose decode
+#: test_dequantized_qarray_is_ggmls_decode checks by default and whose packed codes
+#: tests/pallas/test_qweight_codes.py multiplies: every type on every plan under
+#: EMULATE_LONG_TESTS=1.
+MATMUL_DEFAULT = ("Q4_1", "Q4_K", "IQ4_NL", "MXFP4")
 MATMUL_CASES = [
     pytest.param(
         ggml_type,

@@ -63,10 +63,13 @@ def _stored(cache: KVCache, positions: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 #: Formats whose writes run by default: one of each scaled kind (per token, per head, 4-bit
-#: integer blocks with float16 scales, float4 blocks with e8m0 scales; bfloat16's writes
-#: are read back by tests/examples' cached decoding); the others under
-#: EMULATE_LONG_TESTS=1 (each compiles its own quantizer: 2-5 s).
-_DEFAULT = ("int8", "float8_e4m3fn_per_head", "q4_0", "mxfp4")
+#: blocks: q4_0's integer codes with float16 scales; bfloat16's writes are read back by
+#: tests/examples' cached decoding); the others under EMULATE_LONG_TESTS=1 (each compiles
+#: its own quantizer: 2-5 s). mxfp4 writes its 4-bit blocks as q4_0 does, along the same
+#: rows and nibbles; its e2m1 codes and e8m0 scales are emulate.quantize's, checked against
+#: the reference by default in tests/quantized/test_quantizing.py (MXFP4's rule and
+#: formats) and read back in tests/kvcache/test_kvcache_attention.py's mxfp4 case.
+_DEFAULT = ("int8", "float8_e4m3fn_per_head", "q4_0")
 
 
 @pytest.mark.parametrize(
@@ -123,7 +126,7 @@ def test_values_read_back_are_the_codes_times_their_scales(name) -> None:
     rng = np.random.default_rng(2)
     cache = KVCache.create(1, B, KV, HD, 512, name)
     x = rng.standard_normal((B, 260, KV, HD)).astype(np.float32)
-    cache = cache.write(0, x, 2 * x)
+    cache = jax.jit(lambda c, x: c.write(0, x, 2 * x))(cache, x)  # one program
     k, v = (np.asarray(a, np.float64) for a in cache.dequantized(0))
     np.testing.assert_array_equal(k, values(cache, 0, "k").astype(np.float32))
     np.testing.assert_array_equal(v, values(cache, 0, "v").astype(np.float32))
@@ -132,7 +135,7 @@ def test_values_read_back_are_the_codes_times_their_scales(name) -> None:
 def test_a_token_past_the_capacity_is_dropped() -> None:
     cache = KVCache.create(1, B, KV, HD, 256, "q4_0").with_lengths(jnp.array([254, 0]))
     x = np.ones((B, 4, KV, HD), np.float32)
-    cache = cache.write(0, x, x)
+    cache = jax.jit(lambda c, x: c.write(0, x, x))(cache, x)  # one program, not op by op
     k = values(cache, 0, "k")
     assert k.shape[1] == 256
     assert (k[0, 254:] > 0.99).all()  # 256 and 257 fell off the end

@@ -208,8 +208,8 @@ def _bits(a) -> np.ndarray:
     return np.asarray(a, np.float32).view(np.uint32)
 
 
-# 6 examples by default, the ci profile's 20 under EMULATE_LONG_TESTS=1
-@settings(deadline=None, max_examples=examples(6, 20))
+# 4 examples by default, the ci profile's 20 under EMULATE_LONG_TESTS=1
+@settings(deadline=None, max_examples=examples(4, 20))
 @given(p=parts(specials=True), packed=st.booleans(), data=st.data())
 def test_dequantize_matches_the_formula_bit_for_bit(p, packed, data):
     zp_dtype = data.draw(st.sampled_from([np.int32, np.uint8]))

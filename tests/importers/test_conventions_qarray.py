@@ -232,7 +232,7 @@ def test_imported_qarray_matmul_within_bound(tmp_path, name: str, target: str) -
 #: FP8's e4m3 codes) where the host looks their table of that many bits up in registers
 #: (emulate.cpu.table_lookups): FP8 by default, NVFP4 long (each form costs a numba compile
 #: of some 20 s on CI's 2 cores; tests/cpu/test_gemv.py runs an NVFP4 weight from
-#: emulate.quantize through the kernel by default, its tensor scale included). gpt_oss's
+#: emulate.quantize through the kernel, its tensor scale included, long too). gpt_oss's
 #: stacked experts are not a kernel form (a batched dot): checked by default (no compile).
 NOT_KERNEL = ("gpt_oss",)
 TABLE_BITS = {"bnb": 4, "bnb_nested": 4, "nvfp4": 4, "fp8": 8}

@@ -216,7 +216,8 @@ def test_matmul_tiled_on_the_cpu_is_within_the_bound(ggml_type: str) -> None:
 #: EMULATE_LONG_TESTS=1 (each form costs a numba compile of some 20 s on CI's 2 cores).
 #: The kernel's loops for other forms run by default in tests/cpu/ on synthetic weights:
 #: codes a byte group at a time, Q6_K's loop (test_gemv.py's packed uint3 rows with zero
-#: points), and Q4_0's rows (uint4 codes, zero point 8, scales per 32). The codebook and
+#: points); Q4_0's rows (uint4 codes, zero point 8, scales per 32) are long there, their
+#: nibble loop running by default on Q4_K here. The codebook and
 #: float4 types (IQ4_NL, IQ4_XS, MXFP4) take the kernel where the host looks their table up
 #: in a register (emulate.cpu.table_lookups), else XLA's route.
 TABLE_TYPES = ("IQ4_NL", "IQ4_XS", "MXFP4")

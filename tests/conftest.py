@@ -136,13 +136,33 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+#: Modules whose tests hold the session's longest single steps (a shared compile of every
+#: TPU case behind a file lock, the docs build, mypy, the eight-device subprocesses): they
+#: run first, in this order, each module's tests in their own order. pytest-xdist's
+#: worksteal gives each worker a contiguous half of the items, so these start at once on
+#: one worker while the other runs short tests, and the session ends on short tests that
+#: either worker can take; a worker stealing a test_tpu_compile case while the other
+#: compiles them would wait on the lock.
+RUN_FIRST = (
+    "tests/test_tpu_compile.py",
+    "tests/test_docs.py",
+    "tests/test_typing.py",
+    "tests/quantized/test_array_sharding.py",
+    "tests/test_sharding.py",
+    "tests/test_rewrite_sharding.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the items of each opt-in marker whose variable is not set."""
+    """Deselect the items of each opt-in marker whose variable is not set; put the
+    :data:`RUN_FIRST` modules' items first."""
     off = [m for m in OPT_IN if m not in SELECTED]
     dropped = [item for item in items if any(item.get_closest_marker(m) for m in off)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = [item for item in items if not any(item.get_closest_marker(m) for m in off)]
+    rank = {path: i for i, path in enumerate(RUN_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(RUN_FIRST)))
 
 
 def pytest_report_header() -> list[str]:

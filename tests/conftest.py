@@ -32,6 +32,9 @@ EMULATE_LONG_TESTS=1, that the threaded kernel gives the same bits. Each worker 
 the forms its tests need (the folder of compiled kernels, :mod:`emulate.cpu.kernel_cache`,
 is switched off).
 
+Order: the modules of :data:`RUN_FIRST` (the session's longest single steps) run first,
+so that under pytest-xdist they start at once and the session ends on short tests.
+
 XLA:CPU code generation: the session's processes compile with quicker XLA:CPU settings
 than XLA's defaults (tests/_xla_flags.py says what they change; tests/test_suite_codegen.py
 checks it); ``EMULATE_TEST_XLA_DEFAULT=1`` keeps XLA's defaults.

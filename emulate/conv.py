@@ -48,7 +48,7 @@ from emulate.targets import TargetLike
 __all__ = ["GATHER_TAPS", "conv_general_dilated"]
 
 #: Windows with more taps than this are cut into patches by gathers rather than slices (read
-#: when a convolution is traced).
+#: at each call, and part of the compiled program's key: a change takes effect at once).
 GATHER_TAPS = 64
 
 
@@ -202,7 +202,7 @@ def _emulated_conv(call: conv_args.ConvArgs, a: Operand, b: Operand) -> jax.Arra
 def _route(static: tuple, lhs: Operand, rhs: Operand) -> jax.Array:
     p, patched, slice_features, params = static
     if patched:
-        return _run_sliced_conv(p, lhs, rhs, params)
+        return _run_sliced_conv(p, lhs, rhs, params, GATHER_TAPS)
     return _run_conv(p, lhs, rhs, slice_features, params)
 
 
@@ -299,12 +299,13 @@ def _pads(
     return tuple((int(lo), int(hi)) for lo, hi in pads)
 
 
-@functools.partial(jax.jit, static_argnames=("p", "params"))
-def _run_sliced_conv(p: Plan, lhs: Operand, rhs: Operand, params) -> jax.Array:
-    return per_platform(p, functools.partial(_sliced_conv, params=params), lhs, rhs)
+@functools.partial(jax.jit, static_argnames=("p", "params", "gather_taps"))
+def _run_sliced_conv(p: Plan, lhs: Operand, rhs: Operand, params, gather_taps: int) -> jax.Array:
+    run = functools.partial(_sliced_conv, params=params, gather_taps=gather_taps)
+    return per_platform(p, run, lhs, rhs)
 
 
-def _sliced_conv(p: Plan, lhs: Operand, rhs: Operand, *, params) -> jax.Array:
+def _sliced_conv(p: Plan, lhs: Operand, rhs: Operand, *, params, gather_taps: int) -> jax.Array:
     """The windows of the decoded input, moved as bits (no arithmetic, so nothing is
     flushed or rounded), contracted with the weights by :func:`emulate.engine.exact.contract`
     (mode "exact" by slicing) or as the plan's dot (chunked exact-class plans)."""
@@ -319,7 +320,7 @@ def _sliced_conv(p: Plan, lhs: Operand, rhs: Operand, *, params) -> jax.Array:
         )
     x = jnp.transpose(x, dn.lhs_spec)  # (N, C, S...)
     w = jnp.transpose(w, dn.rhs_spec)  # (O, Cg, K...)
-    patches = _patches(x, w.shape[2:], kw)  # (N, C, T, P...)
+    patches = _patches(x, w.shape[2:], kw, gather_taps)  # (N, C, T, P...)
     out_spatial = patches.shape[3:]
     n, c, taps = patches.shape[:3]
     o = w.shape[0]
@@ -348,8 +349,9 @@ def _sliced_conv(p: Plan, lhs: Operand, rhs: Operand, *, params) -> jax.Array:
     return jnp.transpose(r, tuple(int(i) for i in np.argsort(dn.out_spec)))
 
 
-def _patches(x: jax.Array, window, kw) -> jax.Array:
-    """(N, C, T, P...) windows of (N, C, S...) values, T the taps in row-major order."""
+def _patches(x: jax.Array, window, kw, gather_taps: int) -> jax.Array:
+    """(N, C, T, P...) windows of (N, C, S...) values, T the taps in row-major order; by
+    gathers for a window of more than ``gather_taps`` taps, else by slices."""
     uint = formats.unsigned_dtype(8 * x.dtype.itemsize).type
     bits = lax.bitcast_convert_type(x, uint)
     config = [(0, 0, 0), (0, 0, 0)] + [
@@ -361,7 +363,7 @@ def _patches(x: jax.Array, window, kw) -> jax.Array:
         max(0, (size - (k - 1) * r - 1) // s + 1)
         for size, k, r, s in zip(bits.shape[2:], window, rd, strides, strict=True)
     ]
-    if math.prod(window) > GATHER_TAPS:  # a long window: one gather per spatial dimension
+    if math.prod(window) > gather_taps:  # a long window: one gather per spatial dimension
         for i, (o_, k_, r, st) in enumerate(zip(out, window, rd, strides, strict=True)):
             idx = np.arange(o_)[:, None] * st + np.arange(k_)[None, :] * r  # (o, k)
             bits = jnp.take(bits, jnp.asarray(idx, jnp.int32), axis=2 + 2 * i, mode="clip")

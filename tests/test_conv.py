@@ -569,20 +569,13 @@ def test_patches_by_gathers_match_patches_by_slices(monkeypatch):
     # Long windows are cut into patches by gathers: the same bits on every layout.
     from emulate import conv
 
-    monkeypatch.setattr(conv, "GATHER_TAPS", 0)
-    # the one jitted program that reads GATHER_TAPS when traced: programs traced with
-    # slices must not be reused, nor these after (jax.clear_caches() would make every
-    # later test of this worker compile its programs again)
-    conv._run_sliced_conv.clear_cache()
-    try:
-        rng = np.random.default_rng(6)
-        for cfg in GATHER_CONFIGS:
-            a = rng.standard_normal(cfg.lhs_shape).astype(ml_dtypes.float8_e4m3fn)
-            b = rng.standard_normal(cfg.rhs_shape).astype(ml_dtypes.float8_e4m3fn)
-            got = cfg.run(a, b, preferred_element_type=jnp.float32, target="tpu_v5e", mode="exact")
-            assert same_bits(got, conv_reference(a, b, cfg, np.float32)), cfg
-    finally:
-        conv._run_sliced_conv.clear_cache()
+    monkeypatch.setattr(conv, "GATHER_TAPS", 0)  # read at each call: a program of its own
+    rng = np.random.default_rng(6)
+    for cfg in GATHER_CONFIGS:
+        a = rng.standard_normal(cfg.lhs_shape).astype(ml_dtypes.float8_e4m3fn)
+        b = rng.standard_normal(cfg.rhs_shape).astype(ml_dtypes.float8_e4m3fn)
+        got = cfg.run(a, b, preferred_element_type=jnp.float32, target="tpu_v5e", mode="exact")
+        assert same_bits(got, conv_reference(a, b, cfg, np.float32)), cfg
 
 
 def test_sliced_exact_conv_batch_groups_and_bf16_result():

@@ -622,10 +622,6 @@ PRIVATE_REACHES = {
         "tests/pallas/checking/test_mosaic_check.py",
         "emulate.pallas.checking.mosaic_check._warned",
     ): "the same fixture resets the once-per-process warnings",
-    ("tests/test_conv.py", "emulate.conv._run_sliced_conv"): (
-        "the gather test clears the one program that reads GATHER_TAPS when traced, not "
-        "every cache of the worker"
-    ),
 }
 
 

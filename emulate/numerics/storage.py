@@ -179,17 +179,15 @@ def from_codes(codes: jax.Array, fmt: FormatLike) -> jax.Array:
     are. Bits above the format's width must be zero.
     """
     f = formats.get(fmt)
-    if isinstance(codes, np.ndarray) and not f.xla_storable:
+    if not f.xla_storable:
         return codes.astype(code_dtype(f))  # numpy codes stay numpy
     return _as_format(codes, f.name)
 
 
 @functools.partial(jax.jit, static_argnames=("name",))
 def _as_format(codes: jax.Array, name: str) -> jax.Array:
-    """:func:`from_codes` of a jax array: one program (per shape) outside a trace."""
+    """:func:`from_codes` for a format XLA holds: one program (per shape) outside a trace."""
     f = formats.get(name)
-    if not f.xla_storable:
-        return codes.astype(code_dtype(f))
     if f.name == "int4":
         # A value convert of the sign-extended codes, not a uint4 -> int4 bitcast: XLA:TPU
         # (libtpu 0.0.42, v5e) drops that bitcast where it feeds a dot, which then reads
